@@ -1,0 +1,88 @@
+# strata — plain Makefile. `make` builds build/strata; see README.md for the rest.
+# Detects the BLAS (OpenBLAS preferred, then BLIS, then any CBLAS).
+
+CC      ?= gcc
+BUILD   ?= build
+OPT     ?= -O3 -march=native
+CFLAGS  ?=
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -g $(OPT) -Iinclude -pthread
+LDLIBS  += -lyaml -lz -lm -pthread
+
+ifneq ($(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/include/openblas/cblas.h),)
+  CFLAGS += -DST_BLAS_OPENBLAS $(shell pkg-config --cflags openblas 2>/dev/null)
+  LDLIBS += $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+else ifneq ($(shell pkg-config --exists blis 2>/dev/null && echo yes),)
+  CFLAGS += -DST_BLAS_BLIS $(shell pkg-config --cflags blis)
+  LDLIBS += $(shell pkg-config --libs blis)
+else
+  LDLIBS += -lcblas
+endif
+
+LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c)))
+CLI_SRC   := $(sort $(wildcard src/cli/*.c))
+TEST_SRC  := $(sort $(wildcard tests/*/test_*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+DEPS      := $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+
+.PHONY: all deps demo test test-asan test-tsan bench format clean tests benches
+
+all: $(BUILD)/strata
+
+$(BUILD)/libstrata.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libstrata.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libstrata.a $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libstrata.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LDLIBS)
+
+tests: $(BUILD)/strata $(TEST_BIN)
+benches: $(BUILD)/strata $(BENCH_BIN)
+
+deps:
+	@tools/install-deps.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	$(BUILD)/strata train configs/fc_mnist.yaml --out runs/demo
+
+test: deps
+	@$(MAKE) --no-print-directory tests
+	@tools/run-tests.sh $(BUILD)
+
+# Sanitizer builds live in their own folders so they never mix with the fast build.
+test-asan: deps
+	@$(MAKE) --no-print-directory tests BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 tools/run-tests.sh build-asan
+
+test-tsan: deps
+	@$(MAKE) --no-print-directory tests BUILD=build-tsan OPT="-O1 -fsanitize=thread"
+	@tools/run-tests.sh build-tsan
+
+bench: deps
+	@$(MAKE) --no-print-directory benches
+	@tools/run-bench.sh $(BUILD)
+
+format:
+	clang-format -i include/*.h src/*/*.c src/*/*.h tests/*.h tests/*/*.c bench/*.c
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(DEPS)

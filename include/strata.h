@@ -1,0 +1,516 @@
+/*
+ * strata.h — the one public header of strata, a neural-network training engine.
+ *
+ * Data flow (DESIGN.md): config (YAML) -> model spec -> model (blocks, one
+ * parameter slab each) -> executor (mode) -> metrics, checkpoints.
+ * Sections below follow the modules under src/: base, tensor, config, ops,
+ * model, optim, data, io, exec.
+ *
+ * Conventions: functions return 0 or a negative ST_E... code and fill an
+ * st_error; creators are st_x_create / st_x_destroy pairs; kernels take raw
+ * float pointers with explicit sizes (B = batch, C = channels, H/W = height and
+ * width, IC/OC = input/output channels or features).
+ */
+#ifndef STRATA_H
+#define STRATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ base */
+
+/* One table for error codes and their text (X-macro, as libuv's errno map). */
+#define ST_ERROR_MAP(X)                                 \
+  X(OK, 0, "ok")                                        \
+  X(NOMEM, -1, "out of memory")                         \
+  X(IO, -2, "i/o error")                                \
+  X(CONFIG, -3, "invalid configuration")                \
+  X(SHAPE, -4, "impossible shape")                      \
+  X(DATA, -5, "invalid data")                           \
+  X(FORMAT, -6, "invalid file format")                  \
+  X(NONFINITE, -7, "non-finite value")                  \
+  X(ARG, -8, "invalid argument")                        \
+  X(UNSUPPORTED, -9, "unsupported")
+
+typedef enum {
+#define ST_ERROR_ENUM(name, value, text) ST_E##name = value,
+  ST_ERROR_MAP(ST_ERROR_ENUM)
+#undef ST_ERROR_ENUM
+} st_error_code;
+
+typedef struct st_error {
+  int code;       /* ST_E... */
+  char msg[1024]; /* one line: where (file:line:col, key, tensor) and why */
+} st_error;
+
+/* Fills err (may be NULL) with a printf-style message; returns code. */
+int st_error_set(st_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The table's text for a code ("invalid configuration"). */
+const char *st_error_text(int code);
+
+/* Memory: 64-byte aligned, zero-filled. Every allocation strata makes goes
+ * through here so a test can prove that steady-state training allocates
+ * nothing (st_alloc_count). Returns NULL on failure. */
+void *st_alloc(size_t bytes);
+void st_free(void *p);
+uint64_t st_alloc_count(void); /* number of st_alloc calls so far */
+
+/* Monotonic clock in seconds. */
+double st_now(void);
+
+/* A persistent thread pool; the calling thread takes part. st_pool_for runs
+ * fn(arg, task) for task in [0, ntasks); which thread runs which task is not
+ * fixed, so tasks must write disjoint memory. A NULL pool runs inline. */
+typedef struct st_pool st_pool;
+st_pool *st_pool_create(int nthreads); /* nthreads >= 1, includes caller */
+void st_pool_destroy(st_pool *pool);
+int st_pool_threads(const st_pool *pool);
+void st_pool_for(st_pool *pool, int ntasks, void (*fn)(void *arg, int task),
+                 void *arg);
+
+/* GEMM wrapper over CBLAS, row-major: C = alpha * op(A) op(B) + beta * C with
+ * op(A) M x K, op(B) K x N. The caller states its cores by passing its pool.
+ * The output is cut into tiles that depend only on (M, N), each tile is one
+ * single-threaded BLAS call, so results are identical for any thread count and
+ * several workers calling at once never oversubscribe. */
+void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
+             float alpha, const float *A, int lda, const float *B, int ldb,
+             float beta, float *C, int ldc);
+/* Called once at start-up: pins the BLAS library to one thread per call. */
+void st_blas_init(void);
+const char *st_blas_name(void);
+
+/* ---------------------------------------------------------------- tensor */
+
+/* Counter-based RNG (Philox4x32-10): a stream is (seed, purpose); draw i of a
+ * stream is a pure function of (seed, purpose, i), so results never depend on
+ * which thread draws or in which order. */
+typedef enum {
+  ST_RNG_INIT = 1,
+  ST_RNG_SHUFFLE = 2,
+  ST_RNG_DROPOUT = 3,
+  ST_RNG_DATA = 4,
+} st_rng_purpose;
+
+void st_philox(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo, uint32_t out[4]);
+
+typedef struct st_rng {
+  uint64_t key;     /* seed mixed with purpose and sub-stream */
+  uint64_t stream;  /* high counter word */
+  uint64_t counter; /* next block */
+  uint32_t buf[4];
+  int avail;
+} st_rng;
+
+void st_rng_init(st_rng *rng, uint64_t seed, uint32_t purpose, uint64_t stream);
+uint32_t st_rng_u32(st_rng *rng);
+float st_rng_uniform(st_rng *rng);          /* [0, 1) with 24 bits */
+float st_rng_normal(st_rng *rng);           /* Box-Muller */
+uint32_t st_rng_below(st_rng *rng, uint32_t n); /* uniform in [0, n) */
+
+/* Per-sample shape of an activation: (c, h, w); vectors are (c, 1, 1). */
+typedef struct st_shape {
+  int c, h, w;
+} st_shape;
+
+static inline size_t st_shape_numel(st_shape s) {
+  return (size_t)s.c * (size_t)s.h * (size_t)s.w;
+}
+
+/* ---------------------------------------------------------------- config */
+
+#define ST_MAX_LIST 32
+#define ST_PATH_MAX 512
+
+typedef struct st_int_list {
+  int n;
+  int v[ST_MAX_LIST];
+} st_int_list;
+
+/* The resolved configuration. Defaults live in one table (src/config/schema.c)
+ * and are listed in docs/config.md. */
+typedef struct st_config {
+  char path[ST_PATH_MAX]; /* file it came from ("" if none) */
+  struct {
+    char kind[16];          /* mlp | cnn */
+    st_int_list hidden;     /* mlp: hidden widths, default [256, 256] */
+    char activation[16];    /* relu | gelu | gelu_tanh */
+    float dropout;          /* dropout after each hidden activation */
+    char norm[16];          /* none | layernorm (mlp) | groupnorm (cnn) */
+    int groups;             /* groupnorm groups */
+    st_int_list channels;   /* cnn: conv channels per stage */
+    int kernel;             /* cnn: conv kernel size (odd, 'same' padding) */
+    int residual_blocks;    /* cnn: residual blocks per stage */
+    char pool[8];           /* cnn: max | avg */
+    st_int_list dense;      /* cnn: dense widths after the conv stages */
+    int classes;            /* output classes, default 10 */
+  } model;
+  struct {
+    char dataset[24];       /* fashion_mnist | synthetic */
+    char dir[ST_PATH_MAX];  /* where the IDX .gz files are */
+    int train_limit;        /* use only the first N training samples (0 = all) */
+    int test_limit;         /* use only the first N test samples (0 = all) */
+    int shuffle;            /* reshuffle every epoch */
+    int normalize;          /* standardise pixels with the dataset mean/std */
+  } data;
+  struct {
+    char kind[16];          /* sgd | adamw */
+    float lr, momentum;
+    int nesterov;
+    float weight_decay;
+    float beta1, beta2, eps;
+    char schedule[16];      /* constant | cosine | step | linear */
+    int warmup_steps;
+    float min_lr;           /* cosine/linear floor */
+    int step_size;          /* step schedule: decay every step_size steps */
+    float gamma;            /* step schedule factor */
+  } optimizer;
+  struct {
+    int batch, epochs;
+    int64_t steps;          /* > 0 overrides epochs */
+    uint64_t seed;
+    int eval_every;         /* steps; 0 = only at the end of each epoch */
+    int checkpoint_every;   /* steps; 0 = only at the end */
+    int threads;            /* 0 = all cores */
+    int keep_checkpoints;   /* how many step checkpoints to keep */
+  } train;
+  struct {
+    char mode[24];          /* sequential (more modes in later issues) */
+    int micro_batch;        /* 0 = whole batch */
+  } execution;
+  struct {
+    char kind[16];          /* cpu */
+    int cores;              /* 0 = detected */
+  } fabric;
+  struct {
+    int log_every;          /* steps between metrics.jsonl lines */
+    char progress[8];       /* auto | on | off */
+  } metrics;
+} st_config;
+
+/* Fills cfg with defaults. */
+void st_config_defaults(st_config *cfg);
+/* Parses a YAML file over the defaults. Errors name file:line:col and key. */
+int st_config_load(st_config *cfg, const char *path, st_error *err);
+/* Applies "section.key=value" (value in YAML syntax, lists as [a, b]). */
+int st_config_set(st_config *cfg, const char *assignment, st_error *err);
+/* Cross-field checks (batch > 0, known enums, ...). */
+int st_config_validate(const st_config *cfg, st_error *err);
+/* Writes the resolved config as YAML. */
+int st_config_write(const st_config *cfg, FILE *f);
+/* Where a key was set, for error messages: "file:line:col", "--set", or
+ * "default". Returns a static buffer per call site; copy it if kept. */
+const char *st_config_where(const st_config *cfg, const char *key);
+/* Prints the schema (every key, type, default, meaning) for --help. */
+void st_config_print_schema(FILE *f);
+
+/* ------------------------------------------------------------------- ops */
+
+/* Cost of an op per sample: FLOPs of forward and backward, parameter bytes,
+ * activation bytes kept for the backward pass. Used by the compiler. */
+typedef struct st_cost {
+  double flops_fwd, flops_bwd;
+  double param_bytes, act_bytes;
+} st_cost;
+
+/* Kernels. Layout: activations are (B, C, H, W) or (B, C) row-major; weights
+ * follow PyTorch (linear (OC, IC), conv (OC, IC, K, K)). Backward kernels ADD
+ * into weight gradients (dw, db) so micro-batches accumulate, and WRITE the
+ * input gradient din (din may be NULL when not needed). */
+
+/* linear: out (B, OC) = in (B, IC) W^T + b */
+void st_linear_forward(st_pool *pool, float *out, const float *in,
+                       const float *w, const float *b, int B, int IC, int OC);
+void st_linear_backward(st_pool *pool, float *din, float *dw, float *db,
+                        const float *dout, const float *in, const float *w,
+                        int B, int IC, int OC);
+st_cost st_linear_cost(int IC, int OC);
+
+/* pointwise activations over n = B * numel elements */
+void st_relu_forward(float *out, const float *in, size_t n);
+void st_relu_backward(float *din, const float *dout, const float *out, size_t n);
+/* approximate: 0 = exact erf form (PyTorch default), 1 = tanh form (GPT-2) */
+void st_gelu_forward(float *out, const float *in, size_t n, int approximate);
+void st_gelu_backward(float *din, const float *dout, const float *in, size_t n,
+                      int approximate);
+st_cost st_pointwise_cost(size_t numel, double flops_fwd, double flops_bwd);
+
+/* softmax cross-entropy over C classes. losses (B) per sample; probs (B, C)
+ * saved for backward. dlogits = (probs - onehot(label)) * scale, where scale is
+ * 1 / (samples in the whole batch) so micro-batches sum to the batch mean. */
+void st_xent_forward(float *losses, float *probs, const float *logits,
+                     const int *labels, int B, int C);
+void st_xent_backward(float *dlogits, const float *probs, const int *labels,
+                      int B, int C, float scale);
+
+/* conv2d, square kernel K, stride S, zero padding P; (B, IC, H, W) ->
+ * (B, OC, OH, OW), OH = (H + 2P - K) / S + 1. col is scratch of
+ * st_conv2d_scratch_floats(...) floats. */
+size_t st_conv2d_scratch_floats(int B, int IC, int H, int W, int K, int S,
+                                int P);
+void st_conv2d_forward(st_pool *pool, float *out, const float *in,
+                       const float *w, const float *b, float *col, int B,
+                       int IC, int H, int W, int OC, int K, int S, int P);
+void st_conv2d_backward(st_pool *pool, float *din, float *dw, float *db,
+                        const float *dout, const float *in, const float *w,
+                        float *col, int B, int IC, int H, int W, int OC, int K,
+                        int S, int P);
+st_cost st_conv2d_cost(int IC, int H, int W, int OC, int K, int S, int P);
+
+/* pooling, window K, stride S, no padding. maxpool saves the argmax index
+ * (as int32, one per output element) in idx. */
+void st_maxpool_forward(float *out, int32_t *idx, const float *in, int B,
+                        int C, int H, int W, int K, int S);
+void st_maxpool_backward(float *din, const float *dout, const int32_t *idx,
+                         int B, int C, int H, int W, int K, int S);
+void st_avgpool_forward(float *out, const float *in, int B, int C, int H,
+                        int W, int K, int S);
+void st_avgpool_backward(float *din, const float *dout, int B, int C, int H,
+                         int W, int K, int S);
+
+/* layernorm over the last D features of (N, D) rows; saves mean and rstd (N). */
+void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
+                          const float *w, const float *b, int N, int D,
+                          float eps);
+void st_layernorm_backward(float *din, float *dw, float *db, const float *dout,
+                           const float *in, const float *w, const float *mean,
+                           const float *rstd, int N, int D);
+
+/* groupnorm: (B, C, HW) with G groups; saves mean and rstd (B, G). */
+void st_groupnorm_forward(float *out, float *mean, float *rstd,
+                          const float *in, const float *w, const float *b,
+                          int B, int C, int HW, int G, float eps);
+void st_groupnorm_backward(float *din, float *dw, float *db, const float *dout,
+                           const float *in, const float *w, const float *mean,
+                           const float *rstd, int B, int C, int HW, int G);
+
+/* inverted dropout with probability p: the keep decision for element j of
+ * sample s is a pure function of (seed, layer_id, sample_index s, j), so it
+ * does not depend on batching or threads. mask (B * n) stores the scale
+ * applied (0 or 1/(1-p)). */
+void st_dropout_forward(float *out, float *mask, const float *in, int B,
+                        size_t n, float p, uint64_t seed, uint32_t layer_id,
+                        uint64_t first_sample);
+void st_dropout_backward(float *din, const float *dout, const float *mask,
+                         size_t total);
+
+/* ---------------------------------------------------------------- model */
+
+typedef enum {
+  ST_OP_LINEAR,
+  ST_OP_RELU,
+  ST_OP_GELU,
+  ST_OP_CONV2D,
+  ST_OP_MAXPOOL,
+  ST_OP_AVGPOOL,
+  ST_OP_FLATTEN,
+  ST_OP_LAYERNORM,
+  ST_OP_GROUPNORM,
+  ST_OP_RESIDUAL, /* out = in + (input of the enclosing block) */
+  ST_OP_DROPOUT,
+} st_op_kind;
+
+const char *st_op_name(st_op_kind kind);
+
+#define ST_NAME_MAX 64
+#define ST_MAX_DIMS 4
+
+/* A named view into a block's parameter slab. Names follow the checkpoint
+ * naming: "<block>.<layer>.<weight|bias>", e.g. "blocks.1.conv0.weight". */
+typedef struct st_tensor_info {
+  char name[ST_NAME_MAX];
+  int ndim;
+  int64_t dims[ST_MAX_DIMS];
+  size_t offset; /* floats from the start of the block's slab */
+  size_t numel;
+} st_tensor_info;
+
+typedef struct st_layer {
+  st_op_kind kind;
+  char name[24];         /* "linear0", "conv1", "gn0", ... */
+  st_shape in, out;      /* per sample */
+  int k, stride, pad;    /* conv / pool */
+  int groups;            /* groupnorm */
+  int approximate;       /* gelu */
+  float eps, p;          /* norms / dropout */
+  uint32_t id;           /* model-wide layer index (dropout stream) */
+  int w_tensor, b_tensor; /* indices into the block's tensors, -1 if none */
+  size_t out_off;        /* floats per sample into the block's activations */
+  size_t save_off, save_per_sample; /* extra saved state (stats, masks, idx) */
+} st_layer;
+
+/* A block: one input and one output activation per sample, a list of layers
+ * run in order (a residual add inside it refers to the block's input), and
+ * one contiguous parameter slab of n_params floats. */
+typedef struct st_block {
+  char name[ST_NAME_MAX]; /* "blocks.3" */
+  int n_layers;
+  st_layer *layers;
+  int n_tensors;
+  st_tensor_info *tensors;
+  st_shape in, out;
+  size_t n_params;        /* floats in the slab */
+  size_t param_off;       /* floats from the start of the model's slab */
+  size_t act_per_sample;  /* floats of activations + saved state per sample */
+  size_t scratch_floats_per_sample; /* im2col and the like */
+  size_t max_numel;       /* largest layer input/output per sample */
+  int has_residual;
+  st_cost cost;           /* sum over the layers, per sample */
+} st_block;
+
+typedef struct st_model {
+  char kind[16];
+  int n_blocks;
+  st_block *blocks;
+  st_shape in;            /* per-sample input */
+  int classes;
+  size_t n_params;        /* floats over all blocks */
+  size_t max_numel;       /* over all blocks */
+  size_t max_scratch_per_sample;
+  int n_tensors;          /* over all blocks */
+} st_model;
+
+/* Builds the model described by cfg->model for inputs of shape `in`.
+ * Impossible shapes are errors naming the config key and where it was set. */
+int st_model_create(st_model **out, const st_config *cfg, st_shape in,
+                    st_error *err);
+void st_model_destroy(st_model *m);
+/* PyTorch-default initialisation (kaiming-uniform with a = sqrt(5), bias
+ * U(-1/sqrt(fan_in), 1/sqrt(fan_in)), norms 1/0) from the RNG stream
+ * (seed, ST_RNG_INIT, tensor index). params has m->n_params floats. */
+void st_model_init(const st_model *m, float *params, uint64_t seed);
+/* Finds a tensor by name; returns its global offset in floats or -1. */
+int64_t st_model_find(const st_model *m, const char *name,
+                      const st_tensor_info **info);
+/* Prints the blocks, layers, shapes, parameters and FLOPs. */
+void st_model_print(const st_model *m, FILE *f);
+
+/* Execution context handed to block forward/backward. */
+typedef struct st_ctx {
+  st_pool *pool;
+  int training;          /* dropout on */
+  uint64_t seed;         /* dropout stream seed */
+  uint64_t first_sample; /* global index of the batch's first sample */
+} st_ctx;
+
+/* Runs a block's layers on B samples. acts holds B * act_per_sample floats;
+ * the block's output is st_block_output(b, acts, B). */
+void st_block_forward(const st_block *b, const st_ctx *ctx,
+                      const float *params, const float *in, float *acts,
+                      float *scratch, int B);
+const float *st_block_output(const st_block *b, const float *acts, int B);
+/* Backward: adds parameter gradients into grads (the block's slab layout),
+ * writes din (B * numel(in)) unless din is NULL. work holds
+ * 3 * B * max_numel floats; scratch as for forward. */
+void st_block_backward(const st_block *b, const st_ctx *ctx,
+                       const float *params, float *grads, const float *in,
+                       const float *acts, const float *dout, float *din,
+                       float *work, float *scratch, int B);
+
+/* ---------------------------------------------------------------- optim */
+
+typedef enum { ST_OPTIM_SGD, ST_OPTIM_ADAMW } st_optim_kind;
+
+/* SGD as PyTorch: g += wd * w; v = m * v + g (v = g on the first step);
+ * d = nesterov ? g + m * v : v; w -= lr * d. */
+void st_sgd_update(float *w, float *v, const float *g, size_t n, float lr,
+                   float momentum, int nesterov, float weight_decay,
+                   int first_step);
+/* AdamW as PyTorch: w *= 1 - lr * wd; m, v moments; bias-corrected by
+ * step t (1-based). */
+void st_adamw_update(float *w, float *m, float *v, const float *g, size_t n,
+                     float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int64_t t);
+/* Learning rate at (0-based) step of total_steps under cfg's schedule. */
+float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
+/* Floats of optimizer state per parameter (SGD: 1, AdamW: 2). */
+int st_optim_state_per_param(const st_config *cfg);
+
+/* ----------------------------------------------------------------- data */
+
+typedef struct st_dataset {
+  char name[32];
+  int n;             /* samples */
+  st_shape shape;    /* per sample */
+  int classes;
+  uint8_t *pixels;   /* n * numel(shape), raw 0..255 */
+  uint8_t *labels;   /* n */
+  float mean, std;   /* for normalisation */
+} st_dataset;
+
+/* Reads gzip IDX images and labels (Fashion-MNIST layout). limit > 0 keeps
+ * only the first `limit` samples. Errors name the file and what is wrong. */
+int st_dataset_load_idx(st_dataset **out, const char *images_gz,
+                        const char *labels_gz, int limit, st_error *err);
+/* Deterministic synthetic classification data (for tests and benches). */
+int st_dataset_synthetic(st_dataset **out, int n, st_shape shape, int classes,
+                         uint64_t seed, st_error *err);
+void st_dataset_destroy(st_dataset *ds);
+/* Writes samples idx[0..B) as floats (normalised if asked) and labels. */
+void st_dataset_batch(const st_dataset *ds, const int32_t *idx, int B,
+                      int normalize, float *x, int *y);
+/* Permutation of [0, n) for an epoch: a pure function of (seed, epoch). */
+void st_shuffle(int32_t *perm, int n, uint64_t seed, int64_t epoch);
+
+/* ------------------------------------------------------------------- io */
+
+/* safetensors (https://huggingface.co/docs/safetensors): 8-byte little-endian
+ * header length, a JSON header, then the raw data. strata writes F32 (and I32
+ * for integer state) and string metadata. */
+typedef struct st_st_tensor {
+  char name[128];
+  char dtype[8];     /* "F32", "I32", "I64", ... */
+  int ndim;
+  int64_t dims[8];
+  size_t begin, end; /* byte offsets into the data section */
+} st_st_tensor;
+
+typedef struct st_safetensors {
+  char path[ST_PATH_MAX];
+  int n_tensors;
+  st_st_tensor *tensors;
+  int n_meta;
+  char (*meta_keys)[64];
+  char (*meta_values)[256];
+  uint8_t *data;     /* the data section */
+  size_t data_bytes;
+} st_safetensors;
+
+/* Reads and validates a whole file (header JSON, offsets inside the file,
+ * sizes matching dtype x shape). Errors name the file and the tensor. */
+int st_safetensors_read(st_safetensors **out, const char *path, st_error *err);
+void st_safetensors_destroy(st_safetensors *st);
+const st_st_tensor *st_safetensors_find(const st_safetensors *st,
+                                        const char *name);
+const char *st_safetensors_meta(const st_safetensors *st, const char *key);
+
+/* A writer collects (name, dtype, dims, pointer) then writes atomically:
+ * temp file in the same directory, fsync, rename, fsync of the directory. The
+ * data pointers must stay valid until st_safetensors_write returns. */
+typedef struct st_st_writer st_st_writer;
+st_st_writer *st_st_writer_create(void);
+void st_st_writer_destroy(st_st_writer *w);
+int st_st_writer_add(st_st_writer *w, const char *name, const char *dtype,
+                     int ndim, const int64_t *dims, const void *data,
+                     st_error *err);
+int st_st_writer_meta(st_st_writer *w, const char *key, const char *value,
+                      st_error *err);
+int st_st_writer_write(st_st_writer *w, const char *path, st_error *err);
+
+/* Prints each tensor: name, shape, dtype, min, max, mean, std. */
+int st_inspect(const char *path, FILE *f, st_error *err);
+
+/* Atomic small-file write (temp, fsync, rename). */
+int st_write_file_atomic(const char *path, const void *data, size_t bytes,
+                         st_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_H */

@@ -1,0 +1,123 @@
+/*
+ * pool.c — a small persistent thread pool (STYLE.md 18). A stage owns one pool
+ * sized to its cores; each op splits its work into tasks that depend only on
+ * the problem shape, never on the thread count, so results are bitwise the
+ * same with 1 or N threads. Workers spin briefly between jobs (ops come in
+ * quick succession during a step), then sleep on a condition variable.
+ */
+#include "strata.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+struct st_pool {
+  int nthreads; /* including the caller */
+  pthread_t *threads;
+  pthread_mutex_t mu;
+  pthread_cond_t wake;
+  /* The current job; written by the caller before it bumps `generation`,
+   * read by workers after they see the new generation. */
+  void (*fn)(void *arg, int task);
+  void *arg;
+  int ntasks;
+  _Atomic int next_task;
+  _Atomic int busy_workers;
+  _Atomic uint64_t generation;
+  _Atomic int stop;
+};
+
+enum { SPIN_ROUNDS = 1 << 14 };
+
+static void run_tasks(st_pool *p) {
+  for (;;) {
+    int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
+    if (t >= p->ntasks) break;
+    p->fn(p->arg, t);
+  }
+}
+
+static void *worker_main(void *arg) {
+  st_pool *p = arg;
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t g;
+    int spins = 0;
+    while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) ==
+               seen &&
+           !atomic_load(&p->stop)) {
+      if (++spins < SPIN_ROUNDS) continue;
+      pthread_mutex_lock(&p->mu);
+      while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+        pthread_cond_wait(&p->wake, &p->mu);
+      pthread_mutex_unlock(&p->mu);
+    }
+    if (atomic_load(&p->stop)) break;
+    seen = g;
+    run_tasks(p);
+    atomic_fetch_sub_explicit(&p->busy_workers, 1, memory_order_release);
+  }
+  return NULL;
+}
+
+st_pool *st_pool_create(int nthreads) {
+  if (nthreads < 1) nthreads = 1;
+  st_pool *p = st_alloc(sizeof *p);
+  if (!p) return NULL;
+  p->nthreads = nthreads;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->wake, NULL);
+  if (nthreads > 1) {
+    p->threads = st_alloc(sizeof(pthread_t) * (size_t)(nthreads - 1));
+    if (!p->threads) goto fail;
+    for (int i = 0; i < nthreads - 1; i++) {
+      if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) {
+        p->nthreads = i + 1; /* destroy joins the ones that started */
+        goto fail;
+      }
+    }
+  }
+  return p;
+fail:
+  st_pool_destroy(p);
+  return NULL;
+}
+
+void st_pool_destroy(st_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  atomic_store(&p->stop, 1);
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->mu);
+  if (p->threads)
+    for (int i = 0; i < p->nthreads - 1; i++) pthread_join(p->threads[i], NULL);
+  st_free(p->threads);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->wake);
+  st_free(p);
+}
+
+int st_pool_threads(const st_pool *p) { return p ? p->nthreads : 1; }
+
+void st_pool_for(st_pool *p, int ntasks, void (*fn)(void *arg, int task),
+                 void *arg) {
+  if (ntasks <= 0) return;
+  if (!p || p->nthreads == 1 || ntasks == 1) {
+    for (int t = 0; t < ntasks; t++) fn(arg, t);
+    return;
+  }
+  p->fn = fn;
+  p->arg = arg;
+  p->ntasks = ntasks;
+  atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->busy_workers, p->nthreads - 1,
+                        memory_order_relaxed);
+  pthread_mutex_lock(&p->mu);
+  atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->mu);
+  run_tasks(p);
+  int spins = 0;
+  while (atomic_load_explicit(&p->busy_workers, memory_order_acquire) > 0)
+    if (++spins > SPIN_ROUNDS) sched_yield();
+}
