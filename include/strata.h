@@ -127,6 +127,7 @@ static inline size_t st_shape_numel(st_shape s) {
 
 #define ST_MAX_LIST 32
 #define ST_PATH_MAX 512
+#define ST_CONFIG_MAX_KEYS 96 /* rows the schema table may grow to */
 
 typedef struct st_int_list {
   int n;
@@ -192,6 +193,12 @@ typedef struct st_config {
     int log_every;          /* steps between metrics.jsonl lines */
     char progress[8];       /* auto | on | off */
   } metrics;
+  /* Hidden bookkeeping, read through st_config_where: where each key was last
+   * set, one record per row of the schema table (src/config/schema.c).
+   * line > 0: `path` at line:col; line == -1: --set; line == 0: default. */
+  struct st_config_origin {
+    int line, col;
+  } origin[ST_CONFIG_MAX_KEYS];
 } st_config;
 
 /* Fills cfg with defaults. */
@@ -273,6 +280,8 @@ void st_avgpool_forward(float *out, const float *in, int B, int C, int H,
                         int W, int K, int S);
 void st_avgpool_backward(float *din, const float *dout, int B, int C, int H,
                          int W, int K, int S);
+st_cost st_maxpool_cost(int C, int H, int W, int K, int S);
+st_cost st_avgpool_cost(int C, int H, int W, int K, int S);
 
 /* layernorm over the last D features of (N, D) rows; saves mean and rstd (N). */
 void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
@@ -289,6 +298,8 @@ void st_groupnorm_forward(float *out, float *mean, float *rstd,
 void st_groupnorm_backward(float *din, float *dw, float *db, const float *dout,
                            const float *in, const float *w, const float *mean,
                            const float *rstd, int B, int C, int HW, int G);
+st_cost st_layernorm_cost(int D);
+st_cost st_groupnorm_cost(int C, int HW, int G);
 
 /* inverted dropout with probability p: the keep decision for element j of
  * sample s is a pure function of (seed, layer_id, sample_index s, j), so it
@@ -299,6 +310,7 @@ void st_dropout_forward(float *out, float *mask, const float *in, int B,
                         uint64_t first_sample);
 void st_dropout_backward(float *din, const float *dout, const float *mask,
                          size_t total);
+st_cost st_dropout_cost(size_t numel);
 
 /* ---------------------------------------------------------------- model */
 
@@ -349,7 +361,7 @@ typedef struct st_layer {
  * run in order (a residual add inside it refers to the block's input), and
  * one contiguous parameter slab of n_params floats. */
 typedef struct st_block {
-  char name[ST_NAME_MAX]; /* "blocks.3" */
+  char name[24];          /* "blocks.3" */
   int n_layers;
   st_layer *layers;
   int n_tensors;
@@ -509,6 +521,58 @@ int st_inspect(const char *path, FILE *f, st_error *err);
 /* Atomic small-file write (temp, fsync, rename). */
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err);
+
+
+/* ------------------------------------------------------------ checkpoint */
+
+/* Where training stands: enough to resume exactly. */
+typedef struct st_train_pos {
+  int64_t step;       /* optimizer steps done */
+  int64_t epoch;      /* current epoch (0-based) */
+  int64_t epoch_pos;  /* samples of this epoch already consumed */
+  int64_t samples;    /* samples consumed in total (dropout stream) */
+} st_train_pos;
+
+/* Writes weights (by tensor name), optimizer state ("optim.<name>.<slot>")
+ * and the position as metadata, atomically. opt_state may be NULL. */
+int st_checkpoint_save(const char *path, const st_model *m,
+                       const float *params, const float *opt_state,
+                       const char *optim_kind, const st_train_pos *pos,
+                       uint64_t seed, st_error *err);
+/* Reads a checkpoint written by st_checkpoint_save (or any safetensors with
+ * the model's tensor names). Missing or mis-shaped tensors are errors naming
+ * the tensor. opt_state / pos may be NULL to load weights only. */
+int st_checkpoint_load(const char *path, const st_model *m, float *params,
+                       float *opt_state, const char *optim_kind,
+                       st_train_pos *pos, st_error *err);
+
+/* ----------------------------------------------------------------- exec */
+
+/* A trainer owns everything one training run needs: the data, the model,
+ * one slab each for weights, gradients and optimizer state, the executor of
+ * the configured mode and its buffers — all sized and allocated in
+ * st_trainer_create, so steps allocate nothing. */
+typedef struct st_trainer st_trainer;
+
+/* out_dir may be NULL (no files written). */
+int st_trainer_create(st_trainer **out, const st_config *cfg,
+                      const char *out_dir, st_error *err);
+void st_trainer_destroy(st_trainer *t);
+/* One optimizer step on the next batch; *loss is the batch mean loss. */
+int st_trainer_step(st_trainer *t, double *loss, st_error *err);
+/* The whole run: steps, evaluation, metrics, checkpoints, progress, summary. */
+int st_trainer_run(st_trainer *t, st_error *err);
+/* Loss and accuracy over the test set. */
+int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
+                        st_error *err);
+int st_trainer_save(st_trainer *t, const char *path, st_error *err);
+/* weights_only: load weights, keep optimizer state and position. */
+int st_trainer_load(st_trainer *t, const char *path, int weights_only,
+                    st_error *err);
+const st_model *st_trainer_model(const st_trainer *t);
+float *st_trainer_params(st_trainer *t);
+const st_train_pos *st_trainer_pos(const st_trainer *t);
+int64_t st_trainer_total_steps(const st_trainer *t);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,253 @@
+/*
+ * main.c — the `strata` command. The only place that prints errors and picks
+ * exit statuses: library calls return an st_error, turned here into one line
+ * "strata: error: ..." and exit status 1 (2 for a misused command line).
+ */
+#include "strata.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_SETS 64
+
+typedef struct args {
+  const char *config, *out, *resume, *checkpoint;
+  const char *sets[MAX_SETS];
+  int n_sets, help;
+} args;
+
+static const char *usage_main =
+    "usage: strata COMMAND [options]\n"
+    "\n"
+    "Trains neural networks in several execution modes (DESIGN.md).\n"
+    "\n"
+    "commands:\n"
+    "  train CONFIG     train a model described by a YAML config\n"
+    "  eval CONFIG      evaluate a checkpoint on the test set\n"
+    "  inspect FILE     list the tensors of a checkpoint (safetensors)\n"
+    "\n"
+    "Run 'strata COMMAND --help' for a command's options.\n";
+
+static const char *usage_train =
+    "usage: strata train CONFIG [--set key.path=value ...] [--out DIR]\n"
+    "                    [--resume DIR]\n"
+    "\n"
+    "Trains the model of CONFIG and writes to DIR (default runs/<config name>):\n"
+    "  DIR/config.yaml     the resolved config (defaults, file, --set)\n"
+    "  DIR/metrics.jsonl   one JSON object per logged step and per evaluation\n"
+    "  DIR/summary.json    mode, steps, samples, losses, test accuracy, speed\n"
+    "  DIR/checkpoints/    step-NNNNNNNN.safetensors (weights, optimizer state,\n"
+    "                      data position)\n"
+    "\n"
+    "options:\n"
+    "  --set KEY=VALUE  override a config key, e.g. --set train.batch=64,\n"
+    "                   --set model.hidden=[512,512]; repeatable\n"
+    "  --out DIR        output directory\n"
+    "  --resume DIR     continue the run in DIR from its newest checkpoint\n"
+    "                   (bit-identical to an uninterrupted run); CONFIG may be\n"
+    "                   '-' to reuse DIR/config.yaml\n"
+    "  --help           this text, then every config key with its default\n";
+
+static const char *usage_eval =
+    "usage: strata eval CONFIG --checkpoint FILE [--set key.path=value ...]\n"
+    "\n"
+    "Loads the weights of FILE into the model of CONFIG and prints the test\n"
+    "loss and accuracy.\n";
+
+static const char *usage_inspect =
+    "usage: strata inspect FILE\n"
+    "\n"
+    "Lists the tensors of a safetensors file: name, dtype, shape, min, max,\n"
+    "mean, std, and its metadata (step, epoch, optimizer, ...).\n";
+
+static int fail(const st_error *err) {
+  fprintf(stderr, "strata: error: %s\n", err->msg);
+  return 1;
+}
+
+static int usage_error(const char *usage, const char *fmt, const char *what) {
+  fprintf(stderr, "strata: ");
+  fprintf(stderr, fmt, what);
+  fprintf(stderr, "\n%s", usage);
+  return 2;
+}
+
+/* Parses options after the command; positional goes to a->config. */
+static int parse_args(int argc, char **argv, args *a, const char *usage) {
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    const char **slot = NULL;
+    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+      a->help = 1;
+      continue;
+    }
+    if (strcmp(s, "--set") == 0) {
+      if (a->n_sets == MAX_SETS)
+        return usage_error(usage, "too many --set options%s", "");
+      slot = &a->sets[a->n_sets++];
+    } else if (strcmp(s, "--out") == 0) {
+      slot = &a->out;
+    } else if (strcmp(s, "--resume") == 0) {
+      slot = &a->resume;
+    } else if (strcmp(s, "--checkpoint") == 0) {
+      slot = &a->checkpoint;
+    } else if (s[0] == '-' && s[1]) {
+      return usage_error(usage, "unknown option '%s'", s);
+    } else if (!a->config) {
+      a->config = s;
+      continue;
+    } else {
+      return usage_error(usage, "unexpected argument '%s'", s);
+    }
+    if (i + 1 >= argc) return usage_error(usage, "%s needs a value", s);
+    *slot = argv[++i];
+  }
+  return 0;
+}
+
+static int load_config(st_config *cfg, const args *a, st_error *err) {
+  st_config_defaults(cfg);
+  const char *path = a->config;
+  char resumed[ST_PATH_MAX + 16];
+  if (a->resume && strcmp(path, "-") == 0) {
+    snprintf(resumed, sizeof resumed, "%s/config.yaml", a->resume);
+    path = resumed;
+  }
+  int rc = st_config_load(cfg, path, err);
+  for (int i = 0; !rc && i < a->n_sets; i++) rc = st_config_set(cfg, a->sets[i], err);
+  if (!rc) rc = st_config_validate(cfg, err);
+  return rc;
+}
+
+/* Newest DIR/checkpoints/step-*.safetensors, by step number. */
+static int newest_checkpoint(const char *dir, char *out, size_t cap,
+                             st_error *err) {
+  char ck[ST_PATH_MAX + 16];
+  snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+  DIR *d = opendir(ck);
+  if (!d) return st_error_set(err, ST_EIO, "%s: cannot open: no run to resume", ck);
+  long long best = -1;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    long long step;
+    char tail[32];
+    if (sscanf(e->d_name, "step-%lld.%31s", &step, tail) == 2 &&
+        strcmp(tail, "safetensors") == 0 && step > best)
+      best = step;
+  }
+  closedir(d);
+  if (best < 0)
+    return st_error_set(err, ST_EIO, "%s: no step-*.safetensors checkpoint to resume from", ck);
+  snprintf(out, cap, "%s/step-%08lld.safetensors", ck, best);
+  return 0;
+}
+
+static void default_out(char *out, size_t cap, const char *config) {
+  const char *base = strrchr(config, '/');
+  base = base ? base + 1 : config;
+  size_t n = strcspn(base, ".");
+  snprintf(out, cap, "runs/%.*s", (int)n, base);
+}
+
+static int cmd_train(int argc, char **argv) {
+  args a = {0};
+  int rc = parse_args(argc, argv, &a, usage_train);
+  if (rc) return rc;
+  if (a.help) {
+    fputs(usage_train, stdout);
+    printf("\nconfig keys (section.key  type  default  meaning):\n");
+    st_config_print_schema(stdout);
+    return 0;
+  }
+  if (!a.config) return usage_error(usage_train, "train needs a CONFIG%s", "");
+  st_error err = {0};
+  st_config cfg;
+  if (load_config(&cfg, &a, &err)) return fail(&err);
+  char out[ST_PATH_MAX];
+  if (a.resume)
+    snprintf(out, sizeof out, "%s", a.resume);
+  else if (a.out)
+    snprintf(out, sizeof out, "%s", a.out);
+  else
+    default_out(out, sizeof out, a.config);
+  st_trainer *t;
+  if (st_trainer_create(&t, &cfg, out, &err)) return fail(&err);
+  const st_model *m = st_trainer_model(t);
+  printf("strata: %s model, %d blocks, %zu parameters; mode %s, batch %d, "
+         "%lld steps, %s\n",
+         m->kind, m->n_blocks, m->n_params, cfg.execution.mode,
+         cfg.train.batch, (long long)st_trainer_total_steps(t), st_blas_name());
+  if (a.resume) {
+    char ck[ST_PATH_MAX + 64];
+    rc = newest_checkpoint(a.resume, ck, sizeof ck, &err);
+    if (!rc) rc = st_trainer_load(t, ck, 0, &err);
+    if (rc) {
+      st_trainer_destroy(t);
+      return fail(&err);
+    }
+    printf("strata: resumed from %s at step %lld\n", ck,
+           (long long)st_trainer_pos(t)->step);
+  }
+  fflush(stdout);
+  rc = st_trainer_run(t, &err);
+  if (rc) {
+    st_trainer_destroy(t);
+    return fail(&err);
+  }
+  double loss, acc;
+  rc = st_trainer_evaluate(t, &loss, &acc, &err);
+  if (!rc)
+    printf("strata: done: %lld steps, test accuracy %.4f, test loss %.4f; "
+           "wrote %s\n",
+           (long long)st_trainer_pos(t)->step, acc, loss, out);
+  st_trainer_destroy(t);
+  return rc ? fail(&err) : 0;
+}
+
+static int cmd_eval(int argc, char **argv) {
+  args a = {0};
+  int rc = parse_args(argc, argv, &a, usage_eval);
+  if (rc) return rc;
+  if (a.help) return fputs(usage_eval, stdout), 0;
+  if (!a.config || !a.checkpoint)
+    return usage_error(usage_eval, "eval needs CONFIG and --checkpoint FILE%s", "");
+  st_error err = {0};
+  st_config cfg;
+  if (load_config(&cfg, &a, &err)) return fail(&err);
+  st_trainer *t;
+  if (st_trainer_create(&t, &cfg, NULL, &err)) return fail(&err);
+  double loss, acc;
+  rc = st_trainer_load(t, a.checkpoint, 1, &err);
+  if (!rc) rc = st_trainer_evaluate(t, &loss, &acc, &err);
+  if (!rc)
+    printf("test accuracy %.4f, test loss %.4f (%s)\n", acc, loss,
+           a.checkpoint);
+  st_trainer_destroy(t);
+  return rc ? fail(&err) : 0;
+}
+
+static int cmd_inspect(int argc, char **argv) {
+  args a = {0};
+  int rc = parse_args(argc, argv, &a, usage_inspect);
+  if (rc) return rc;
+  if (a.help) return fputs(usage_inspect, stdout), 0;
+  if (!a.config) return usage_error(usage_inspect, "inspect needs a FILE%s", "");
+  st_error err = {0};
+  if (st_inspect(a.config, stdout, &err)) return fail(&err);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  st_blas_init();
+  if (argc < 2) return fputs(usage_main, stderr), 2;
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
+      strcmp(cmd, "help") == 0)
+    return fputs(usage_main, stdout), 0;
+  if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
+  if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
+  if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+  return usage_error(usage_main, "unknown command '%s'", cmd);
+}

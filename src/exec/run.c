@@ -1,0 +1,204 @@
+/*
+ * run.c — the training loop around st_trainer_step: evaluation, metrics
+ * (metrics.jsonl, summary.json), checkpoints every N steps and at the end,
+ * and the live progress line. Shared by every mode; nothing here allocates
+ * per step except the periodic file writes.
+ */
+#include "exec.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct run_state {
+  st_trainer *t;
+  const st_config *cfg;
+  const char *dir;
+  FILE *metrics;
+  double t0, train_s, last_progress;
+  double window_loss;
+  int window_n;
+  double last_loss, test_loss, test_acc;
+  int64_t evaluated_at;
+  int tty, progress;
+} run_state;
+
+static void fmt_duration(char *buf, size_t cap, double s) {
+  if (s < 0 || s > 1e7) s = 0;
+  long v = (long)(s + 0.5);
+  if (v >= 3600)
+    snprintf(buf, cap, "%ld:%02ld:%02ld", v / 3600, v / 60 % 60, v % 60);
+  else
+    snprintf(buf, cap, "%ld:%02ld", v / 60, v % 60);
+}
+
+static void progress(run_state *r, int final) {
+  if (!r->progress) return;
+  double now = st_now();
+  if (!final && now - r->last_progress < (r->tty ? 0.2 : 10.0)) return;
+  r->last_progress = now;
+  const st_train_pos *p = st_trainer_pos(r->t);
+  int64_t total = st_trainer_total_steps(r->t);
+  double rate = r->train_s > 0 ? (double)p->samples / r->train_s : 0;
+  double eta = p->step > 0 ? r->train_s / (double)p->step *
+                                 (double)(total - p->step)
+                           : 0;
+  char eta_s[32];
+  fmt_duration(eta_s, sizeof eta_s, eta);
+  int64_t per_epoch = st_trainer_steps_per_epoch(r->t);
+  int64_t epochs = (total + per_epoch - 1) / per_epoch;
+  fprintf(stderr,
+          "%sepoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  "
+          "ETA %s%s",
+          r->tty ? "\r\033[K" : "", (long long)p->epoch + 1,
+          (long long)epochs, (long long)p->step, (long long)total,
+          r->last_loss, rate, eta_s, r->tty ? "" : "\n");
+  if (r->tty && final) fputc('\n', stderr);
+  fflush(stderr);
+}
+
+static int evaluate(run_state *r, st_error *err) {
+  int rc = st_trainer_evaluate(r->t, &r->test_loss, &r->test_acc, err);
+  if (rc) return rc;
+  const st_train_pos *p = st_trainer_pos(r->t);
+  r->evaluated_at = p->step;
+  if (r->metrics) {
+    fprintf(r->metrics,
+            "{\"type\":\"eval\",\"step\":%lld,\"epoch\":%lld,"
+            "\"test_loss\":%.6f,\"test_accuracy\":%.6f,\"wall_s\":%.3f}\n",
+            (long long)p->step, (long long)p->epoch, r->test_loss, r->test_acc,
+            st_now() - r->t0);
+    fflush(r->metrics);
+  }
+  if (r->progress && r->tty) fputs("\r\033[K", stderr);
+  if (r->progress)
+    fprintf(stderr, "eval  step %lld  test loss %.4f  test accuracy %.4f\n",
+            (long long)p->step, r->test_loss, r->test_acc);
+  return 0;
+}
+
+static void log_train(run_state *r) {
+  const st_train_pos *p = st_trainer_pos(r->t);
+  if (r->metrics && r->window_n) {
+    fprintf(r->metrics,
+            "{\"type\":\"train\",\"step\":%lld,\"epoch\":%lld,"
+            "\"samples\":%lld,\"loss\":%.6f,\"lr\":%.6g,"
+            "\"samples_per_s\":%.1f,\"wall_s\":%.3f}\n",
+            (long long)p->step, (long long)p->epoch, (long long)p->samples,
+            r->window_loss / r->window_n,
+            st_lr_at(r->cfg, p->step - 1, st_trainer_total_steps(r->t)),
+            r->train_s > 0 ? p->samples / r->train_s : 0, st_now() - r->t0);
+    fflush(r->metrics);
+  }
+  r->window_loss = 0;
+  r->window_n = 0;
+}
+
+static int checkpoint(run_state *r, st_error *err) {
+  if (!r->dir) return 0;
+  const st_train_pos *p = st_trainer_pos(r->t);
+  char path[ST_PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/checkpoints/step-%08lld.safetensors", r->dir,
+           (long long)p->step);
+  int rc = st_trainer_save(r->t, path, err);
+  if (rc) return rc;
+  /* Keep the newest keep_checkpoints step files. */
+  int every = r->cfg->train.checkpoint_every, keep = r->cfg->train.keep_checkpoints;
+  if (every > 0 && keep > 0) {
+    long long old = (long long)p->step - (long long)keep * every;
+    old -= old % every;
+    if (old > 0) {
+      snprintf(path, sizeof path, "%s/checkpoints/step-%08lld.safetensors",
+               r->dir, old);
+      unlink(path);
+    }
+  }
+  return 0;
+}
+
+static int write_summary(run_state *r, st_error *err) {
+  if (!r->dir) return 0;
+  const st_train_pos *p = st_trainer_pos(r->t);
+  const st_model *m = st_trainer_model(r->t);
+  char buf[2048], path[ST_PATH_MAX + 32];
+  int n = snprintf(
+      buf, sizeof buf,
+      "{\n  \"mode\": \"%s\",\n  \"model\": \"%s\",\n  \"parameters\": %zu,\n"
+      "  \"steps\": %lld,\n  \"epochs\": %lld,\n  \"samples\": %lld,\n"
+      "  \"batch\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
+      "  \"test_accuracy\": %.6f,\n  \"samples_per_s\": %.1f,\n"
+      "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
+      "  \"blas\": \"%s\"\n}\n",
+      r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
+      (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
+      r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
+      r->train_s > 0 ? p->samples / r->train_s : 0, r->train_s,
+      st_now() - r->t0, r->cfg->train.threads, st_blas_name());
+  snprintf(path, sizeof path, "%s/summary.json", r->dir);
+  return st_write_file_atomic(path, buf, (size_t)n, err);
+}
+
+static int open_outputs(run_state *r, st_error *err) {
+  if (!r->dir) return 0;
+  char path[ST_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/config.yaml", r->dir);
+  FILE *f = fopen(path, "w");
+  if (!f)
+    return st_error_set(err, ST_EIO, "%s: cannot write: %s", path,
+                        strerror(errno));
+  st_config_write(r->cfg, f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/metrics.jsonl", r->dir);
+  int resumed = st_trainer_pos(r->t)->step > 0;
+  r->metrics = fopen(path, resumed ? "a" : "w");
+  if (!r->metrics)
+    return st_error_set(err, ST_EIO, "%s: cannot write: %s", path,
+                        strerror(errno));
+  return 0;
+}
+
+static int loop(run_state *r, st_error *err) {
+  st_trainer *t = r->t;
+  const st_config *c = r->cfg;
+  int64_t total = st_trainer_total_steps(t);
+  while (st_trainer_pos(t)->step < total) {
+    double t_step = st_now(), loss;
+    int rc = st_trainer_step(t, &loss, err);
+    r->train_s += st_now() - t_step;
+    if (rc) return rc;
+    r->last_loss = loss;
+    r->window_loss += loss;
+    r->window_n++;
+    const st_train_pos *p = st_trainer_pos(t);
+    if (p->step % c->metrics.log_every == 0) log_train(r);
+    progress(r, 0);
+    int epoch_done = p->step % st_trainer_steps_per_epoch(t) == 0;
+    if ((c->train.eval_every > 0 && p->step % c->train.eval_every == 0) ||
+        (c->train.eval_every == 0 && epoch_done && p->step < total))
+      if ((rc = evaluate(r, err))) return rc;
+    if (c->train.checkpoint_every > 0 && p->step % c->train.checkpoint_every == 0 &&
+        p->step < total)
+      if ((rc = checkpoint(r, err))) return rc;
+  }
+  return 0;
+}
+
+int st_trainer_run(st_trainer *t, st_error *err) {
+  const st_config *c = st_trainer_config(t);
+  run_state r = {.t = t, .cfg = c, .dir = st_trainer_dir(t), .t0 = st_now(),
+                 .evaluated_at = -1};
+  r.tty = isatty(fileno(stderr));
+  r.progress = strcmp(c->metrics.progress, "off") != 0 &&
+               (r.tty || strcmp(c->metrics.progress, "on") == 0 ||
+                strcmp(c->metrics.progress, "auto") == 0);
+  int rc = open_outputs(&r, err);
+  if (!rc) rc = loop(&r, err);
+  if (!rc && r.window_n) log_train(&r);
+  if (!rc) progress(&r, 1);
+  if (!rc && r.evaluated_at != st_trainer_pos(t)->step) rc = evaluate(&r, err);
+  if (!rc) rc = checkpoint(&r, err);
+  if (!rc) rc = write_summary(&r, err);
+  if (r.metrics) fclose(r.metrics);
+  return rc;
+}

@@ -1,0 +1,330 @@
+/*
+ * trainer.c — one training run, whatever the mode: loads the data, builds the
+ * model, sizes and allocates every buffer once (weights, gradients and
+ * optimizer state are one slab each, blocks hold views into them), then per
+ * step: next batch from the epoch's permutation -> the mode's executor
+ * computes gradients -> one optimizer update over the slab. The position in
+ * the data (epoch, offset, samples seen) is part of the checkpoint, so a
+ * resumed run continues bit for bit.
+ */
+#include "exec.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct st_trainer {
+  st_config cfg;
+  char out_dir[ST_PATH_MAX];
+  st_dataset *train, *test;
+  st_model *model;
+  st_pool *pool;
+  const st_executor *exec;
+  void *exec_state;
+  float *params, *grads, *opt;
+  float *x, *losses, *probs, *dlogits;
+  int *y;
+  int32_t *perm, *eval_idx;
+  int batch, micro_batch, eval_batch;
+  int64_t total_steps, steps_per_epoch;
+  st_train_pos pos;
+};
+
+static const st_executor *find_executor(const char *mode) {
+  static const st_executor *all[] = {&st_exec_sequential};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (strcmp(all[i]->mode, mode) == 0) return all[i];
+  return NULL;
+}
+
+static int load_data(st_trainer *t, st_error *err) {
+  const st_config *c = &t->cfg;
+  if (strcmp(c->data.dataset, "synthetic") == 0) {
+    st_shape shape = {1, 28, 28};
+    int ntrain = c->data.train_limit ? c->data.train_limit : 6000;
+    int ntest = c->data.test_limit ? c->data.test_limit : 1000;
+    int rc = st_dataset_synthetic(&t->train, ntrain, shape, c->model.classes,
+                                  c->train.seed, err);
+    if (!rc)
+      rc = st_dataset_synthetic(&t->test, ntest, shape, c->model.classes,
+                                c->train.seed + 1, err);
+    if (!rc) {
+      /* Test data is standardised with the training statistics. */
+      t->test->mean = t->train->mean;
+      t->test->std = t->train->std;
+    }
+    return rc;
+  }
+  char img[ST_PATH_MAX + 64], lab[ST_PATH_MAX + 64];
+  snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", c->data.dir);
+  snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", c->data.dir);
+  int rc = st_dataset_load_idx(&t->train, img, lab, c->data.train_limit, err);
+  if (rc) return rc;
+  snprintf(img, sizeof img, "%s/t10k-images-idx3-ubyte.gz", c->data.dir);
+  snprintf(lab, sizeof lab, "%s/t10k-labels-idx1-ubyte.gz", c->data.dir);
+  rc = st_dataset_load_idx(&t->test, img, lab, c->data.test_limit, err);
+  if (!rc) {
+    t->test->mean = t->train->mean;
+    t->test->std = t->train->std;
+  }
+  return rc;
+}
+
+static int allocate(st_trainer *t, st_error *err) {
+  const st_model *m = t->model;
+  size_t in_numel = st_shape_numel(m->in);
+  int per_param = st_optim_state_per_param(&t->cfg);
+  int rows = t->micro_batch > t->eval_batch ? t->micro_batch : t->eval_batch;
+  t->params = st_alloc(m->n_params * sizeof(float));
+  t->grads = st_alloc(m->n_params * sizeof(float));
+  t->opt = st_alloc((size_t)per_param * m->n_params * sizeof(float));
+  t->x = st_alloc((size_t)(t->batch > t->eval_batch ? t->batch : t->eval_batch) *
+                  in_numel * sizeof(float));
+  t->y = st_alloc((size_t)(t->batch > t->eval_batch ? t->batch : t->eval_batch) *
+                  sizeof(int));
+  t->losses = st_alloc((size_t)rows * sizeof(float) +
+                       (size_t)t->batch * sizeof(float));
+  t->probs = st_alloc((size_t)rows * (size_t)m->classes * sizeof(float));
+  t->dlogits = st_alloc((size_t)rows * (size_t)m->classes * sizeof(float));
+  t->perm = st_alloc((size_t)t->train->n * sizeof(int32_t));
+  t->eval_idx = st_alloc((size_t)t->eval_batch * sizeof(int32_t));
+  if (!t->params || !t->grads || !t->opt || !t->x || !t->y || !t->losses ||
+      !t->probs || !t->dlogits || !t->perm || !t->eval_idx)
+    return st_error_set(err, ST_ENOMEM,
+                        "out of memory for %zu parameters at batch %d",
+                        m->n_params, t->batch);
+  return t->exec->create(&t->exec_state, m,
+                         t->micro_batch > t->eval_batch ? t->micro_batch
+                                                        : t->eval_batch,
+                         err);
+}
+
+static void make_permutation(st_trainer *t) {
+  int n = t->train->n;
+  if (t->cfg.data.shuffle)
+    st_shuffle(t->perm, n, t->cfg.train.seed, t->pos.epoch);
+  else
+    for (int i = 0; i < n; i++) t->perm[i] = i;
+}
+
+static int mkdir_p(const char *path, st_error *err) {
+  char buf[ST_PATH_MAX + 32];
+  snprintf(buf, sizeof buf, "%s", path);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
+                          strerror(errno));
+    *p = '/';
+  }
+  if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+    return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
+                        strerror(errno));
+  return 0;
+}
+
+int st_trainer_create(st_trainer **out, const st_config *cfg,
+                      const char *out_dir, st_error *err) {
+  *out = NULL;
+  int rc = st_config_validate(cfg, err);
+  if (rc) return rc;
+  st_trainer *t = calloc(1, sizeof *t);
+  if (!t) return st_error_set(err, ST_ENOMEM, "out of memory");
+  t->cfg = *cfg;
+  if (out_dir) snprintf(t->out_dir, sizeof t->out_dir, "%s", out_dir);
+  t->exec = find_executor(cfg->execution.mode);
+  if (!t->exec) {
+    rc = st_error_set(err, ST_EUNSUPPORTED,
+                      "%s: execution.mode: '%s' is not available in this build",
+                      st_config_where(cfg, "execution.mode"),
+                      cfg->execution.mode);
+    goto fail;
+  }
+  t->batch = cfg->train.batch;
+  t->micro_batch = cfg->execution.micro_batch ? cfg->execution.micro_batch
+                                              : cfg->train.batch;
+  t->eval_batch = 256;
+  if ((rc = load_data(t, err))) goto fail;
+  if (t->train->n < t->batch) {
+    rc = st_error_set(err, ST_ECONFIG,
+                      "%s: train.batch: %d is larger than the %d training "
+                      "samples",
+                      st_config_where(cfg, "train.batch"), t->batch,
+                      t->train->n);
+    goto fail;
+  }
+  if ((rc = st_model_create(&t->model, cfg, t->train->shape, err))) goto fail;
+  int threads = cfg->train.threads;
+  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  t->pool = st_pool_create(threads);
+  if (!t->pool) {
+    rc = st_error_set(err, ST_ENOMEM, "cannot start %d threads", threads);
+    goto fail;
+  }
+  if ((rc = allocate(t, err))) goto fail;
+  st_model_init(t->model, t->params, cfg->train.seed);
+  t->steps_per_epoch = t->train->n / t->batch;
+  t->total_steps = cfg->train.steps > 0
+                       ? cfg->train.steps
+                       : t->steps_per_epoch * (int64_t)cfg->train.epochs;
+  make_permutation(t);
+  if (out_dir) {
+    char ck[ST_PATH_MAX + 16];
+    snprintf(ck, sizeof ck, "%s/checkpoints", out_dir);
+    if ((rc = mkdir_p(ck, err))) goto fail;
+  }
+  *out = t;
+  return 0;
+fail:
+  st_trainer_destroy(t);
+  return rc;
+}
+
+void st_trainer_destroy(st_trainer *t) {
+  if (!t) return;
+  if (t->exec && t->exec_state) t->exec->destroy(t->exec_state);
+  st_free(t->params);
+  st_free(t->grads);
+  st_free(t->opt);
+  st_free(t->x);
+  st_free(t->y);
+  st_free(t->losses);
+  st_free(t->probs);
+  st_free(t->dlogits);
+  st_free(t->perm);
+  st_free(t->eval_idx);
+  st_pool_destroy(t->pool);
+  st_model_destroy(t->model);
+  st_dataset_destroy(t->train);
+  st_dataset_destroy(t->test);
+  free(t);
+}
+
+/* Fills x, y with the next batch; starts a new epoch when the current one
+ * cannot supply a whole batch (the remainder is dropped, as PyTorch's
+ * drop_last). */
+static void next_batch(st_trainer *t) {
+  if (t->pos.epoch_pos + t->batch > t->train->n) {
+    t->pos.epoch++;
+    t->pos.epoch_pos = 0;
+    make_permutation(t);
+  }
+  st_dataset_batch(t->train, t->perm + t->pos.epoch_pos, t->batch,
+                   t->cfg.data.normalize, t->x, t->y);
+}
+
+static void update(st_trainer *t) {
+  const st_config *c = &t->cfg;
+  const st_model *m = t->model;
+  float lr = st_lr_at(c, t->pos.step, t->total_steps);
+  if (strcmp(c->optimizer.kind, "adamw") == 0)
+    st_adamw_update(t->params, t->opt, t->opt + m->n_params, t->grads,
+                    m->n_params, lr, c->optimizer.beta1, c->optimizer.beta2,
+                    c->optimizer.eps, c->optimizer.weight_decay,
+                    t->pos.step + 1);
+  else
+    st_sgd_update(t->params, t->opt, t->grads, m->n_params, lr,
+                  c->optimizer.momentum, c->optimizer.nesterov,
+                  c->optimizer.weight_decay, t->pos.step == 0);
+}
+
+int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
+  next_batch(t);
+  memset(t->grads, 0, t->model->n_params * sizeof(float));
+  st_trainer_view v = {
+      .model = t->model,
+      .ctx = {t->pool, 1, t->cfg.train.seed, (uint64_t)t->pos.samples},
+      .params = t->params,
+      .grads = t->grads,
+      .opt = t->opt,
+      .x = t->x,
+      .y = t->y,
+      .losses = t->losses,
+      .probs = t->probs,
+      .dlogits = t->dlogits,
+      .batch = t->batch,
+      .micro_batch = t->micro_batch,
+  };
+  int rc = t->exec->gradients(t->exec_state, &v, err);
+  if (rc) return rc;
+  double sum = 0;
+  for (int s = 0; s < t->batch; s++) sum += t->losses[s];
+  *loss = sum / t->batch;
+  if (!isfinite(*loss))
+    return st_error_set(err, ST_ENONFINITE,
+                        "step %lld: training loss is %s (samples %lld..%lld); "
+                        "stopped before updating, no checkpoint written — "
+                        "lower optimizer.lr",
+                        (long long)t->pos.step + 1,
+                        isnan(*loss) ? "NaN" : "infinite",
+                        (long long)t->pos.samples,
+                        (long long)t->pos.samples + t->batch - 1);
+  update(t);
+  t->pos.step++;
+  t->pos.epoch_pos += t->batch;
+  t->pos.samples += t->batch;
+  return 0;
+}
+
+int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
+                        st_error *err) {
+  (void)err;
+  const st_model *m = t->model;
+  st_stage *s = t->exec_state; /* every executor's state starts as a stage */
+  st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0};
+  double loss_sum = 0;
+  int64_t correct = 0;
+  int n = t->test->n;
+  for (int start = 0; start < n; start += t->eval_batch) {
+    int B = n - start < t->eval_batch ? n - start : t->eval_batch;
+    for (int i = 0; i < B; i++) t->eval_idx[i] = start + i;
+    st_dataset_batch(t->test, t->eval_idx, B, t->cfg.data.normalize, t->x,
+                     t->y);
+    const float *logits = st_stage_forward(s, &ctx, t->params, t->x, B);
+    st_xent_forward(t->losses, t->probs, logits, t->y, B, m->classes);
+    for (int i = 0; i < B; i++) {
+      loss_sum += t->losses[i];
+      const float *z = logits + (size_t)i * m->classes;
+      int best = 0;
+      for (int c = 1; c < m->classes; c++)
+        if (z[c] > z[best]) best = c;
+      correct += best == t->y[i];
+    }
+  }
+  *loss = loss_sum / n;
+  *accuracy = (double)correct / n;
+  return 0;
+}
+
+int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
+  return st_checkpoint_save(path, t->model, t->params, t->opt,
+                            t->cfg.optimizer.kind, &t->pos, t->cfg.train.seed,
+                            err);
+}
+
+int st_trainer_load(st_trainer *t, const char *path, int weights_only,
+                    st_error *err) {
+  if (weights_only)
+    return st_checkpoint_load(path, t->model, t->params, NULL, NULL, NULL,
+                              err);
+  int rc = st_checkpoint_load(path, t->model, t->params, t->opt,
+                              t->cfg.optimizer.kind, &t->pos, err);
+  if (!rc) make_permutation(t);
+  return rc;
+}
+
+const st_model *st_trainer_model(const st_trainer *t) { return t->model; }
+float *st_trainer_params(st_trainer *t) { return t->params; }
+const st_train_pos *st_trainer_pos(const st_trainer *t) { return &t->pos; }
+int64_t st_trainer_total_steps(const st_trainer *t) { return t->total_steps; }
+const st_config *st_trainer_config(const st_trainer *t) { return &t->cfg; }
+const char *st_trainer_dir(const st_trainer *t) {
+  return t->out_dir[0] ? t->out_dir : NULL;
+}
+int64_t st_trainer_steps_per_epoch(const st_trainer *t) {
+  return t->steps_per_epoch;
+}

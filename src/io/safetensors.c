@@ -1,0 +1,536 @@
+/*
+ * safetensors.c — read and write the safetensors format: an 8-byte
+ * little-endian header length N, N bytes of JSON describing each tensor
+ * ({"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}} plus an
+ * optional "__metadata__" object of strings), then the raw little-endian data.
+ * strata's checkpoints and the PyTorch test fixtures both use it, so other
+ * tools read strata's weights without a converter.
+ *
+ * Reading validates everything a truncated or hand-edited file can break:
+ * header length, JSON syntax, dtype, shape x dtype size = byte range, ranges
+ * inside the file. Writing is atomic (temp file, fsync, rename, fsync dir).
+ */
+#include "strata.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ JSON reader */
+
+typedef struct json {
+  const char *start, *p, *end;
+  const char *path;
+  st_error *err;
+} json;
+
+static int json_fail(json *j, const char *what) {
+  return st_error_set(j->err, ST_EFORMAT,
+                      "%s: corrupt safetensors header: %s at header byte %ld",
+                      j->path, what, (long)(j->p - j->start));
+}
+
+static void skip_ws(json *j) {
+  while (j->p < j->end &&
+         (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
+    j->p++;
+}
+
+static int expect(json *j, char c) {
+  skip_ws(j);
+  if (j->p >= j->end || *j->p != c) {
+    char what[32];
+    snprintf(what, sizeof what, "expected '%c'", c);
+    return json_fail(j, what);
+  }
+  j->p++;
+  return 0;
+}
+
+/* Reads a JSON string into out (cap bytes, NUL-terminated). Escapes other
+ * than \" \\ \/ and \uXXXX below 0x80 are rejected: names are ASCII. */
+static int read_string(json *j, char *out, size_t cap) {
+  if (expect(j, '"')) return ST_EFORMAT;
+  size_t n = 0;
+  while (j->p < j->end && *j->p != '"') {
+    char c = *j->p++;
+    if (c == '\\') {
+      if (j->p >= j->end) break;
+      c = *j->p++;
+      if (c == 'u') {
+        if (j->end - j->p < 4) return json_fail(j, "bad \\u escape");
+        char hex[5] = {j->p[0], j->p[1], j->p[2], j->p[3], 0};
+        long v = strtol(hex, NULL, 16);
+        j->p += 4;
+        if (v <= 0 || v >= 0x80) return json_fail(j, "non-ASCII \\u escape");
+        c = (char)v;
+      } else if (c == 'n') {
+        c = '\n';
+      } else if (c == 't') {
+        c = '\t';
+      } else if (c != '"' && c != '\\' && c != '/') {
+        return json_fail(j, "bad escape");
+      }
+    }
+    if (n + 1 >= cap) return json_fail(j, "string too long");
+    out[n++] = c;
+  }
+  if (j->p >= j->end) return json_fail(j, "unterminated string");
+  j->p++;
+  out[n] = 0;
+  return 0;
+}
+
+static int read_int(json *j, int64_t *v) {
+  skip_ws(j);
+  const char *start = j->p;
+  if (j->p < j->end && *j->p == '-') j->p++;
+  while (j->p < j->end && *j->p >= '0' && *j->p <= '9') j->p++;
+  if (j->p == start || j->p - start > 19) return json_fail(j, "bad integer");
+  char buf[24];
+  memcpy(buf, start, (size_t)(j->p - start));
+  buf[j->p - start] = 0;
+  *v = strtoll(buf, NULL, 10);
+  return 0;
+}
+
+static int peek(json *j, char c) {
+  skip_ws(j);
+  return j->p < j->end && *j->p == c;
+}
+
+/* [int, int, ...] into v (at most cap); returns the count in *n. */
+static int read_int_array(json *j, int64_t *v, int cap, int *n) {
+  if (expect(j, '[')) return ST_EFORMAT;
+  *n = 0;
+  if (peek(j, ']')) return j->p++, 0;
+  for (;;) {
+    if (*n >= cap) return json_fail(j, "too many dimensions");
+    if (read_int(j, &v[(*n)++])) return ST_EFORMAT;
+    if (peek(j, ',')) {
+      j->p++;
+      continue;
+    }
+    return expect(j, ']');
+  }
+}
+
+static size_t dtype_size(const char *dtype) {
+  static const struct {
+    const char *name;
+    size_t size;
+  } table[] = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+               {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1},
+               {"U16", 2}, {"U32", 4}, {"U64", 8}};
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (strcmp(dtype, table[i].name) == 0) return table[i].size;
+  return 0;
+}
+
+static int read_metadata(json *j, st_safetensors *st) {
+  if (expect(j, '{')) return ST_EFORMAT;
+  if (peek(j, '}')) return j->p++, 0;
+  for (;;) {
+    void *k = realloc(st->meta_keys, (size_t)(st->n_meta + 1) * 64);
+    if (!k) return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+    st->meta_keys = k;
+    void *v = realloc(st->meta_values, (size_t)(st->n_meta + 1) * 256);
+    if (!v) return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+    st->meta_values = v;
+    if (read_string(j, st->meta_keys[st->n_meta], 64) || expect(j, ':') ||
+        read_string(j, st->meta_values[st->n_meta], 256))
+      return ST_EFORMAT;
+    st->n_meta++;
+    if (peek(j, ',')) {
+      j->p++;
+      continue;
+    }
+    return expect(j, '}');
+  }
+}
+
+static int read_tensor(json *j, st_st_tensor *t) {
+  int have_dtype = 0, have_shape = 0, have_offsets = 0;
+  if (expect(j, '{')) return ST_EFORMAT;
+  while (!peek(j, '}')) {
+    char key[32];
+    if (read_string(j, key, sizeof key) || expect(j, ':')) return ST_EFORMAT;
+    if (strcmp(key, "dtype") == 0) {
+      if (read_string(j, t->dtype, sizeof t->dtype)) return ST_EFORMAT;
+      have_dtype = 1;
+    } else if (strcmp(key, "shape") == 0) {
+      if (read_int_array(j, t->dims, 8, &t->ndim)) return ST_EFORMAT;
+      have_shape = 1;
+    } else if (strcmp(key, "data_offsets") == 0) {
+      int64_t off[2];
+      int n;
+      if (read_int_array(j, off, 2, &n)) return ST_EFORMAT;
+      if (n != 2 || off[0] < 0 || off[1] < off[0])
+        return json_fail(j, "bad data_offsets");
+      t->begin = (size_t)off[0];
+      t->end = (size_t)off[1];
+      have_offsets = 1;
+    } else {
+      return json_fail(j, "unknown tensor field");
+    }
+    if (peek(j, ',')) j->p++;
+  }
+  j->p++;
+  if (!have_dtype || !have_shape || !have_offsets)
+    return json_fail(j, "tensor entry lacks dtype, shape or data_offsets");
+  return 0;
+}
+
+static int parse_header(json *j, st_safetensors *st) {
+  if (expect(j, '{')) return ST_EFORMAT;
+  if (peek(j, '}')) return j->p++, 0;
+  for (;;) {
+    char name[128];
+    if (read_string(j, name, sizeof name) || expect(j, ':')) return ST_EFORMAT;
+    if (strcmp(name, "__metadata__") == 0) {
+      if (read_metadata(j, st)) return ST_EFORMAT;
+    } else {
+      void *grown =
+          realloc(st->tensors, (size_t)(st->n_tensors + 1) * sizeof *st->tensors);
+      if (!grown)
+        return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+      st->tensors = grown;
+      st_st_tensor *t = &st->tensors[st->n_tensors++];
+      memset(t, 0, sizeof *t);
+      snprintf(t->name, sizeof t->name, "%s", name);
+      if (read_tensor(j, t)) return ST_EFORMAT;
+    }
+    if (peek(j, ',')) {
+      j->p++;
+      continue;
+    }
+    return expect(j, '}');
+  }
+}
+
+/* Every tensor's byte range must match its dtype and shape and lie inside
+ * the data section: this is where a truncated file is caught. */
+static int check_tensors(const st_safetensors *st, st_error *err) {
+  for (int i = 0; i < st->n_tensors; i++) {
+    const st_st_tensor *t = &st->tensors[i];
+    size_t es = dtype_size(t->dtype);
+    if (!es)
+      return st_error_set(err, ST_EFORMAT, "%s: tensor '%s': unknown dtype '%s'",
+                          st->path, t->name, t->dtype);
+    size_t numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+      if (t->dims[d] < 0)
+        return st_error_set(err, ST_EFORMAT,
+                            "%s: tensor '%s': negative dimension", st->path,
+                            t->name);
+      numel *= (size_t)t->dims[d];
+    }
+    if (numel * es != t->end - t->begin)
+      return st_error_set(err, ST_EFORMAT,
+                          "%s: tensor '%s': shape needs %zu bytes but "
+                          "data_offsets give %zu",
+                          st->path, t->name, numel * es, t->end - t->begin);
+    if (t->end > st->data_bytes)
+      return st_error_set(err, ST_EFORMAT,
+                          "%s: truncated: tensor '%s' needs bytes [%zu, %zu) "
+                          "of the data section, which has only %zu",
+                          st->path, t->name, t->begin, t->end, st->data_bytes);
+  }
+  return 0;
+}
+
+int st_safetensors_read(st_safetensors **out, const char *path,
+                        st_error *err) {
+  *out = NULL;
+  int rc = 0;
+  uint8_t *buf = NULL;
+  char *header = NULL;
+  st_safetensors *st = calloc(1, sizeof *st);
+  if (!st) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  snprintf(st->path, sizeof st->path, "%s", path);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    rc = st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+    goto fail;
+  }
+  uint8_t len_bytes[8];
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0 || fread(len_bytes, 1, 8, f) != 8) {
+    rc = st_error_set(err, ST_EFORMAT,
+                      "%s: truncated: shorter than the 8-byte header length",
+                      path);
+    goto fail;
+  }
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len_bytes[i];
+  size_t fsize = (size_t)sb.st_size;
+  if (hlen > fsize - 8 || hlen > (100u << 20)) {
+    rc = st_error_set(err, ST_EFORMAT,
+                      "%s: truncated or not safetensors: header length %llu "
+                      "but the file has %zu bytes",
+                      path, (unsigned long long)hlen, fsize);
+    goto fail;
+  }
+  header = malloc(hlen + 1);
+  st->data_bytes = fsize - 8 - hlen;
+  buf = st_alloc(st->data_bytes);
+  if (!header || !buf) {
+    rc = st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
+  if (fread(header, 1, hlen, f) != hlen ||
+      fread(buf, 1, st->data_bytes, f) != st->data_bytes) {
+    rc = st_error_set(err, ST_EIO, "%s: read failed: %s", path,
+                      ferror(f) ? strerror(errno) : "file shrank while reading");
+    goto fail;
+  }
+  json j = {header, header, header + hlen, path, err};
+  if ((rc = parse_header(&j, st))) goto fail;
+  st->data = buf;
+  buf = NULL;
+  if ((rc = check_tensors(st, err))) goto fail;
+  fclose(f);
+  free(header);
+  *out = st;
+  return 0;
+fail:
+  if (f) fclose(f);
+  free(header);
+  st_free(buf);
+  st_safetensors_destroy(st);
+  return rc;
+}
+
+void st_safetensors_destroy(st_safetensors *st) {
+  if (!st) return;
+  free(st->tensors);
+  free(st->meta_keys);
+  free(st->meta_values);
+  st_free(st->data);
+  free(st);
+}
+
+const st_st_tensor *st_safetensors_find(const st_safetensors *st,
+                                        const char *name) {
+  for (int i = 0; i < st->n_tensors; i++)
+    if (strcmp(st->tensors[i].name, name) == 0) return &st->tensors[i];
+  return NULL;
+}
+
+const char *st_safetensors_meta(const st_safetensors *st, const char *key) {
+  for (int i = 0; i < st->n_meta; i++)
+    if (strcmp(st->meta_keys[i], key) == 0) return st->meta_values[i];
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ writer */
+
+typedef struct entry {
+  char name[128];
+  char dtype[8];
+  int ndim;
+  int64_t dims[8];
+  const void *data;
+  size_t bytes;
+} entry;
+
+struct st_st_writer {
+  entry *entries;
+  int n, cap;
+  char (*meta)[2][256];
+  int n_meta;
+};
+
+st_st_writer *st_st_writer_create(void) { return calloc(1, sizeof(st_st_writer)); }
+
+void st_st_writer_destroy(st_st_writer *w) {
+  if (!w) return;
+  free(w->entries);
+  free(w->meta);
+  free(w);
+}
+
+int st_st_writer_add(st_st_writer *w, const char *name, const char *dtype,
+                     int ndim, const int64_t *dims, const void *data,
+                     st_error *err) {
+  size_t es = dtype_size(dtype);
+  if (!es || ndim < 0 || ndim > 8 || strlen(name) >= sizeof w->entries->name)
+    return st_error_set(err, ST_EARG, "safetensors: bad tensor '%s'", name);
+  if (w->n == w->cap) {
+    int cap = w->cap ? 2 * w->cap : 64;
+    entry *grown = realloc(w->entries, (size_t)cap * sizeof *grown);
+    if (!grown) return st_error_set(err, ST_ENOMEM, "out of memory");
+    w->entries = grown;
+    w->cap = cap;
+  }
+  entry *e = &w->entries[w->n++];
+  memset(e, 0, sizeof *e);
+  snprintf(e->name, sizeof e->name, "%s", name);
+  snprintf(e->dtype, sizeof e->dtype, "%s", dtype);
+  e->ndim = ndim;
+  e->bytes = es;
+  for (int d = 0; d < ndim; d++) {
+    e->dims[d] = dims[d];
+    e->bytes *= (size_t)dims[d];
+  }
+  e->data = data;
+  return 0;
+}
+
+int st_st_writer_meta(st_st_writer *w, const char *key, const char *value,
+                      st_error *err) {
+  if (strlen(key) >= 64 || strlen(value) >= 256 || strpbrk(key, "\"\\") ||
+      strpbrk(value, "\"\\"))
+    return st_error_set(err, ST_EARG, "safetensors: bad metadata '%s'", key);
+  void *grown = realloc(w->meta, (size_t)(w->n_meta + 1) * sizeof *w->meta);
+  if (!grown) return st_error_set(err, ST_ENOMEM, "out of memory");
+  w->meta = grown;
+  snprintf(w->meta[w->n_meta][0], 256, "%s", key);
+  snprintf(w->meta[w->n_meta][1], 256, "%s", value);
+  w->n_meta++;
+  return 0;
+}
+
+/* Appends printf output to a growing buffer. */
+typedef struct sbuf {
+  char *s;
+  size_t len, cap;
+  int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  va_list ap;
+  for (;;) {
+    va_start(ap, fmt);
+    int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0,
+                      fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      b->oom = 1;
+      return;
+    }
+    if (b->s && b->len + (size_t)n < b->cap) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->len + (size_t)n + 1) cap *= 2;
+    char *grown = realloc(b->s, cap);
+    if (!grown) {
+      b->oom = 1;
+      return;
+    }
+    b->s = grown;
+    b->cap = cap;
+  }
+}
+
+static char *build_header(const st_st_writer *w, size_t *len) {
+  sbuf b = {0};
+  sb_printf(&b, "{");
+  if (w->n_meta) {
+    sb_printf(&b, "\"__metadata__\":{");
+    for (int i = 0; i < w->n_meta; i++)
+      sb_printf(&b, "%s\"%s\":\"%s\"", i ? "," : "", w->meta[i][0],
+                w->meta[i][1]);
+    sb_printf(&b, "}");
+  }
+  size_t off = 0;
+  for (int i = 0; i < w->n; i++) {
+    const entry *e = &w->entries[i];
+    sb_printf(&b, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
+              (i || w->n_meta) ? "," : "", e->name, e->dtype);
+    for (int d = 0; d < e->ndim; d++)
+      sb_printf(&b, "%s%lld", d ? "," : "", (long long)e->dims[d]);
+    sb_printf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + e->bytes);
+    off += e->bytes;
+  }
+  sb_printf(&b, "}");
+  /* Pad with spaces so the data section starts 8-byte aligned. */
+  while (!b.oom && b.len % 8) sb_printf(&b, " ");
+  if (b.oom) {
+    free(b.s);
+    return NULL;
+  }
+  *len = b.len;
+  return b.s;
+}
+
+int st_st_writer_write(st_st_writer *w, const char *path, st_error *err) {
+  size_t hlen;
+  char *header = build_header(w, &hlen);
+  if (!header) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  size_t total = 8 + hlen;
+  for (int i = 0; i < w->n; i++) total += w->entries[i].bytes;
+  /* Build the whole image in memory, then one atomic write: the file on
+   * disk is either the old one or the complete new one, never a prefix. */
+  uint8_t *img = malloc(total);
+  if (!img) {
+    free(header);
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory (%zu bytes)", path,
+                        total);
+  }
+  for (int i = 0; i < 8; i++) img[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+  memcpy(img + 8, header, hlen);
+  size_t off = 8 + hlen;
+  for (int i = 0; i < w->n; i++) {
+    if (w->entries[i].bytes) memcpy(img + off, w->entries[i].data, w->entries[i].bytes);
+    off += w->entries[i].bytes;
+  }
+  int rc = st_write_file_atomic(path, img, total, err);
+  free(img);
+  free(header);
+  return rc;
+}
+
+int st_write_file_atomic(const char *path, const void *data, size_t bytes,
+                         st_error *err) {
+  char tmp[ST_PATH_MAX + 32];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0)
+    return st_error_set(err, ST_EIO, "%s: cannot create: %s", tmp,
+                        strerror(errno));
+  const uint8_t *p = data;
+  size_t left = bytes;
+  while (left) {
+    ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      close(fd);
+      unlink(tmp);
+      return st_error_set(err, ST_EIO, "%s: write failed: %s", tmp,
+                          strerror(e));
+    }
+    p += n;
+    left -= (size_t)n;
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return st_error_set(err, ST_EIO, "%s: fsync failed: %s", tmp, strerror(e));
+  }
+  if (rename(tmp, path) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return st_error_set(err, ST_EIO, "%s: rename failed: %s", path,
+                        strerror(e));
+  }
+  /* The rename is durable only once the directory entry is on disk. */
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", path);
+  int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  return 0;
+}

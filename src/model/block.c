@@ -1,0 +1,176 @@
+/*
+ * block.c — running a block: its layers in order on B samples (forward) and
+ * in reverse (backward). A block's activations live in one caller-provided
+ * buffer (layer l's output for B samples at out_off * B, its saved state at
+ * save_off * B), so a pipeline stage can keep several micro-batches in flight
+ * by holding several buffers. Parameter gradients are ADDED into the block's
+ * gradient slab, which is how micro-batches accumulate.
+ */
+#include "strata.h"
+
+#include <string.h>
+
+static const float *layer_out(const st_layer *L, const float *acts, int B) {
+  return acts + L->out_off * (size_t)B;
+}
+
+static float *layer_save(const st_layer *L, float *acts, int B) {
+  return acts + L->save_off * (size_t)B;
+}
+
+static const float *param(const st_block *b, const float *slab, int t) {
+  return t < 0 ? NULL : slab + b->tensors[t].offset;
+}
+
+static float *grad(const st_block *b, float *slab, int t) {
+  return t < 0 ? NULL : slab + b->tensors[t].offset;
+}
+
+static void layer_forward(const st_block *b, const st_layer *L,
+                          const st_ctx *ctx, const float *params,
+                          const float *block_in, const float *x, float *acts,
+                          float *scratch, int B) {
+  float *y = (float *)layer_out(L, acts, B);
+  float *save = layer_save(L, acts, B);
+  const float *w = param(b, params, L->w_tensor);
+  const float *bias = param(b, params, L->b_tensor);
+  size_t n_in = st_shape_numel(L->in), n = (size_t)B * st_shape_numel(L->out);
+  switch (L->kind) {
+  case ST_OP_LINEAR:
+    st_linear_forward(ctx->pool, y, x, w, bias, B, (int)n_in, L->out.c);
+    break;
+  case ST_OP_RELU:
+    st_relu_forward(y, x, n);
+    break;
+  case ST_OP_GELU:
+    st_gelu_forward(y, x, n, L->approximate);
+    break;
+  case ST_OP_CONV2D:
+    st_conv2d_forward(ctx->pool, y, x, w, bias, scratch, B, L->in.c, L->in.h,
+                      L->in.w, L->out.c, L->k, L->stride, L->pad);
+    break;
+  case ST_OP_MAXPOOL:
+    st_maxpool_forward(y, (int32_t *)save, x, B, L->in.c, L->in.h, L->in.w,
+                       L->k, L->stride);
+    break;
+  case ST_OP_AVGPOOL:
+    st_avgpool_forward(y, x, B, L->in.c, L->in.h, L->in.w, L->k, L->stride);
+    break;
+  case ST_OP_FLATTEN:
+    memcpy(y, x, n * sizeof *y);
+    break;
+  case ST_OP_LAYERNORM:
+    st_layernorm_forward(y, save, save + B, x, w, bias, B, (int)n_in, L->eps);
+    break;
+  case ST_OP_GROUPNORM:
+    st_groupnorm_forward(y, save, save + (size_t)B * L->groups, x, w, bias, B,
+                         L->in.c, L->in.h * L->in.w, L->groups, L->eps);
+    break;
+  case ST_OP_RESIDUAL:
+    for (size_t i = 0; i < n; i++) y[i] = x[i] + block_in[i];
+    break;
+  case ST_OP_DROPOUT:
+    if (ctx->training)
+      st_dropout_forward(y, save, x, B, n_in, L->p, ctx->seed, L->id,
+                         ctx->first_sample);
+    else
+      memcpy(y, x, n * sizeof *y);
+    break;
+  }
+}
+
+void st_block_forward(const st_block *b, const st_ctx *ctx,
+                      const float *params, const float *in, float *acts,
+                      float *scratch, int B) {
+  const float *x = in;
+  for (int l = 0; l < b->n_layers; l++) {
+    layer_forward(b, &b->layers[l], ctx, params, in, x, acts, scratch, B);
+    x = layer_out(&b->layers[l], acts, B);
+  }
+}
+
+const float *st_block_output(const st_block *b, const float *acts, int B) {
+  return layer_out(&b->layers[b->n_layers - 1], acts, B);
+}
+
+/* Computes the gradient of one layer. dx may be NULL only for layers whose
+ * kernels accept it (linear, conv2d); the caller guarantees that. */
+static void layer_backward(const st_block *b, const st_layer *L,
+                           const st_ctx *ctx, const float *params,
+                           float *grads, const float *x, const float *acts,
+                           const float *g, float *dx, float *scratch, int B) {
+  const float *y = layer_out(L, acts, B);
+  const float *save = acts + L->save_off * (size_t)B;
+  const float *w = param(b, params, L->w_tensor);
+  float *dw = grad(b, grads, L->w_tensor), *db = grad(b, grads, L->b_tensor);
+  size_t n_in = st_shape_numel(L->in), n = (size_t)B * st_shape_numel(L->out);
+  switch (L->kind) {
+  case ST_OP_LINEAR:
+    st_linear_backward(ctx->pool, dx, dw, db, g, x, w, B, (int)n_in,
+                       L->out.c);
+    break;
+  case ST_OP_RELU:
+    st_relu_backward(dx, g, y, n);
+    break;
+  case ST_OP_GELU:
+    st_gelu_backward(dx, g, x, n, L->approximate);
+    break;
+  case ST_OP_CONV2D:
+    st_conv2d_backward(ctx->pool, dx, dw, db, g, x, w, scratch, B, L->in.c,
+                       L->in.h, L->in.w, L->out.c, L->k, L->stride, L->pad);
+    break;
+  case ST_OP_MAXPOOL:
+    st_maxpool_backward(dx, g, (const int32_t *)save, B, L->in.c, L->in.h,
+                        L->in.w, L->k, L->stride);
+    break;
+  case ST_OP_AVGPOOL:
+    st_avgpool_backward(dx, g, B, L->in.c, L->in.h, L->in.w, L->k, L->stride);
+    break;
+  case ST_OP_FLATTEN:
+  case ST_OP_RESIDUAL: /* the skip half is handled by the caller */
+    memcpy(dx, g, n * sizeof *dx);
+    break;
+  case ST_OP_LAYERNORM:
+    st_layernorm_backward(dx, dw, db, g, x, w, save, save + B, B, (int)n_in);
+    break;
+  case ST_OP_GROUPNORM:
+    st_groupnorm_backward(dx, dw, db, g, x, w, save,
+                          save + (size_t)B * L->groups, B, L->in.c,
+                          L->in.h * L->in.w, L->groups);
+    break;
+  case ST_OP_DROPOUT:
+    if (ctx->training)
+      st_dropout_backward(dx, g, save, n);
+    else
+      memcpy(dx, g, n * sizeof *dx);
+    break;
+  }
+}
+
+void st_block_backward(const st_block *b, const st_ctx *ctx,
+                       const float *params, float *grads, const float *in,
+                       const float *acts, const float *dout, float *din,
+                       float *work, float *scratch, int B) {
+  size_t span = (size_t)B * b->max_numel;
+  float *ping = work, *pong = work + span, *skip = work + 2 * span;
+  const float *g = dout;
+  for (int l = b->n_layers - 1; l >= 0; l--) {
+    const st_layer *L = &b->layers[l];
+    const float *x = l == 0 ? in : layer_out(&b->layers[l - 1], acts, B);
+    if (L->kind == ST_OP_RESIDUAL)
+      memcpy(skip, g, (size_t)B * st_shape_numel(L->out) * sizeof *skip);
+    float *dx = g == ping ? pong : ping;
+    if (l == 0) {
+      /* The input gradient goes straight to the caller. A first block with
+       * no caller buffer skips it where the kernel allows (linear, conv). */
+      int optional = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D;
+      dx = din ? din : optional ? NULL : dx;
+    }
+    layer_backward(b, L, ctx, params, grads, x, acts, g, dx, scratch, B);
+    g = dx;
+  }
+  if (b->has_residual && din) {
+    size_t n = (size_t)B * st_shape_numel(b->in);
+    for (size_t i = 0; i < n; i++) din[i] += skip[i];
+  }
+}

@@ -1,0 +1,439 @@
+/*
+ * model.c — builds a model from the config: an ordered array of blocks, each
+ * with its layers, named parameter tensors in one contiguous slab, its
+ * activation layout and its cost per sample. Builders:
+ *   mlp — FC-MNIST: [flatten] (linear, [layernorm], activation, [dropout]) per
+ *         hidden width, then a linear head; one block per hidden layer.
+ *   cnn — per stage of `channels`: a conv block (conv, [groupnorm], relu) and
+ *         `residual_blocks` residual blocks (conv, [gn], relu, conv, [gn], +x,
+ *         relu), then pooling 2x2 on the stage's last block; then flatten,
+ *         dense blocks and a linear head.
+ * Every shape is checked here, so an impossible config fails before any
+ * memory is allocated, naming the key and where it was set.
+ */
+#include "strata.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A builder appends layers to the block under construction. */
+typedef struct builder {
+  st_model *m;
+  st_block *b;        /* current block */
+  int cap_blocks;
+  int cap_layers, cap_tensors;
+  st_shape cur;       /* shape flowing out of the last layer */
+  uint32_t next_id;   /* model-wide layer index */
+  const st_config *cfg;
+  st_error *err;
+  int failed;
+} builder;
+
+static int oom(builder *bd) {
+  bd->failed = 1;
+  return st_error_set(bd->err, ST_ENOMEM, "out of memory building the model");
+}
+
+static void begin_block(builder *bd) {
+  st_model *m = bd->m;
+  if (bd->failed) return;
+  if (m->n_blocks == bd->cap_blocks) {
+    int cap = bd->cap_blocks ? 2 * bd->cap_blocks : 16;
+    st_block *grown = realloc(m->blocks, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      oom(bd);
+      return;
+    }
+    m->blocks = grown;
+    bd->cap_blocks = cap;
+  }
+  bd->b = &m->blocks[m->n_blocks++];
+  memset(bd->b, 0, sizeof *bd->b);
+  snprintf(bd->b->name, sizeof bd->b->name, "blocks.%d", m->n_blocks - 1);
+  bd->b->in = bd->cur;
+  bd->cap_layers = bd->cap_tensors = 0;
+}
+
+static int add_tensor(builder *bd, const char *layer, const char *what,
+                      int ndim, const int64_t *dims) {
+  st_block *b = bd->b;
+  if (b->n_tensors == bd->cap_tensors) {
+    int cap = bd->cap_tensors ? 2 * bd->cap_tensors : 8;
+    st_tensor_info *grown = realloc(b->tensors, (size_t)cap * sizeof *grown);
+    if (!grown) return oom(bd), -1;
+    b->tensors = grown;
+    bd->cap_tensors = cap;
+  }
+  st_tensor_info *t = &b->tensors[b->n_tensors];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s.%s.%s", b->name, layer, what);
+  t->ndim = ndim;
+  t->numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    t->dims[d] = dims[d];
+    t->numel *= (size_t)dims[d];
+  }
+  t->offset = b->n_params;
+  b->n_params += t->numel;
+  return b->n_tensors++;
+}
+
+/* Appends a layer of `kind` whose output shape is `out`; returns it (zeroed
+ * hyperparameters, no tensors) or NULL after an allocation failure. */
+static st_layer *add_layer(builder *bd, st_op_kind kind, st_shape out) {
+  if (bd->failed) return NULL;
+  st_block *b = bd->b;
+  if (b->n_layers == bd->cap_layers) {
+    int cap = bd->cap_layers ? 2 * bd->cap_layers : 8;
+    st_layer *grown = realloc(b->layers, (size_t)cap * sizeof *grown);
+    if (!grown) return oom(bd), NULL;
+    b->layers = grown;
+    bd->cap_layers = cap;
+  }
+  st_layer *L = &b->layers[b->n_layers];
+  memset(L, 0, sizeof *L);
+  L->kind = kind;
+  int same = 0;
+  for (int l = 0; l < b->n_layers; l++) same += b->layers[l].kind == kind;
+  snprintf(L->name, sizeof L->name, "%s%d", st_op_name(kind), same);
+  L->in = bd->cur;
+  L->out = out;
+  L->id = bd->next_id++;
+  L->w_tensor = L->b_tensor = -1;
+  b->n_layers++;
+  bd->cur = out;
+  return L;
+}
+
+static st_shape vec(int n) { return (st_shape){n, 1, 1}; }
+
+static void add_linear(builder *bd, int out_features) {
+  int in = (int)st_shape_numel(bd->cur);
+  st_layer *L = add_layer(bd, ST_OP_LINEAR, vec(out_features));
+  if (!L) return;
+  int64_t wd[2] = {out_features, in}, bd1[1] = {out_features};
+  L->w_tensor = add_tensor(bd, L->name, "weight", 2, wd);
+  L->b_tensor = add_tensor(bd, L->name, "bias", 1, bd1);
+}
+
+static void add_activation(builder *bd, const char *name) {
+  st_op_kind kind = strcmp(name, "relu") == 0 ? ST_OP_RELU : ST_OP_GELU;
+  st_layer *L = add_layer(bd, kind, bd->cur);
+  if (L) L->approximate = strcmp(name, "gelu_tanh") == 0;
+}
+
+static void add_affine_norm(builder *bd, st_op_kind kind, int channels,
+                            int groups) {
+  st_layer *L = add_layer(bd, kind, bd->cur);
+  if (!L) return;
+  L->eps = 1e-5f;
+  L->groups = groups;
+  int64_t d[1] = {channels};
+  L->w_tensor = add_tensor(bd, L->name, "weight", 1, d);
+  L->b_tensor = add_tensor(bd, L->name, "bias", 1, d);
+}
+
+static void add_dropout(builder *bd, float p) {
+  if (p <= 0) return;
+  st_layer *L = add_layer(bd, ST_OP_DROPOUT, bd->cur);
+  if (L) L->p = p;
+}
+
+static void add_conv(builder *bd, int oc, int k) {
+  st_shape in = bd->cur;
+  st_layer *L = add_layer(bd, ST_OP_CONV2D, (st_shape){oc, in.h, in.w});
+  if (!L) return;
+  L->k = k, L->stride = 1, L->pad = k / 2;
+  int64_t wd[4] = {oc, in.c, k, k}, bd1[1] = {oc};
+  L->w_tensor = add_tensor(bd, L->name, "weight", 4, wd);
+  L->b_tensor = add_tensor(bd, L->name, "bias", 1, bd1);
+}
+
+static int shape_error(builder *bd, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int shape_error(builder *bd, const char *key, const char *fmt, ...) {
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  bd->failed = 1;
+  return st_error_set(bd->err, ST_ESHAPE, "%s: %s: %s",
+                      st_config_where(bd->cfg, key), key, why);
+}
+
+static int build_mlp(builder *bd) {
+  const st_config *c = bd->cfg;
+  for (int i = 0; i < c->model.hidden.n; i++) {
+    begin_block(bd);
+    if (i == 0 && (bd->cur.h != 1 || bd->cur.w != 1))
+      add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
+    add_linear(bd, c->model.hidden.v[i]);
+    if (strcmp(c->model.norm, "layernorm") == 0)
+      add_affine_norm(bd, ST_OP_LAYERNORM, c->model.hidden.v[i], 1);
+    else if (strcmp(c->model.norm, "none") != 0)
+      return shape_error(bd, "model.norm",
+                         "the mlp takes 'none' or 'layernorm'");
+    add_activation(bd, c->model.activation);
+    add_dropout(bd, c->model.dropout);
+  }
+  begin_block(bd);
+  if (c->model.hidden.n == 0 && (bd->cur.h != 1 || bd->cur.w != 1))
+    add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
+  add_linear(bd, c->model.classes);
+  return bd->failed ? ST_ENOMEM : 0;
+}
+
+/* conv, [groupnorm], relu */
+static int conv_unit(builder *bd, int oc) {
+  const st_config *c = bd->cfg;
+  add_conv(bd, oc, c->model.kernel);
+  if (strcmp(c->model.norm, "groupnorm") == 0) {
+    if (oc % c->model.groups)
+      return shape_error(bd, "model.groups",
+                         "%d channels do not split into %d groups", oc,
+                         c->model.groups);
+    add_affine_norm(bd, ST_OP_GROUPNORM, oc, c->model.groups);
+  } else if (strcmp(c->model.norm, "none") != 0) {
+    return shape_error(bd, "model.norm",
+                       "the cnn takes 'none' or 'groupnorm'");
+  }
+  return 0;
+}
+
+static int build_cnn(builder *bd) {
+  const st_config *c = bd->cfg;
+  for (int s = 0; s < c->model.channels.n; s++) {
+    int oc = c->model.channels.v[s];
+    begin_block(bd);
+    if (conv_unit(bd, oc)) return ST_ESHAPE;
+    add_activation(bd, "relu");
+    for (int r = 0; r < c->model.residual_blocks; r++) {
+      begin_block(bd);
+      if (conv_unit(bd, oc)) return ST_ESHAPE;
+      add_activation(bd, "relu");
+      if (conv_unit(bd, oc)) return ST_ESHAPE;
+      add_layer(bd, ST_OP_RESIDUAL, bd->cur);
+      bd->b->has_residual = 1;
+      add_activation(bd, "relu");
+    }
+    if (bd->cur.h < 2 || bd->cur.w < 2)
+      return shape_error(bd, "model.channels",
+                         "stage %d would pool a %dx%d map below 1x1: too "
+                         "many stages for the input",
+                         s, bd->cur.h, bd->cur.w);
+    st_shape pooled = {oc, bd->cur.h / 2, bd->cur.w / 2};
+    st_layer *L = add_layer(
+        bd, strcmp(c->model.pool, "avg") == 0 ? ST_OP_AVGPOOL : ST_OP_MAXPOOL,
+        pooled);
+    if (L) L->k = 2, L->stride = 2;
+  }
+  for (int i = 0; i < c->model.dense.n; i++) {
+    begin_block(bd);
+    if (i == 0) add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
+    add_linear(bd, c->model.dense.v[i]);
+    add_activation(bd, c->model.activation);
+    add_dropout(bd, c->model.dropout);
+  }
+  begin_block(bd);
+  if (c->model.dense.n == 0)
+    add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
+  add_linear(bd, c->model.classes);
+  return bd->failed ? ST_ENOMEM : 0;
+}
+
+/* Per-layer saved state, in floats per sample, beside the output. */
+static size_t save_floats(const st_layer *L) {
+  switch (L->kind) {
+  case ST_OP_MAXPOOL: return st_shape_numel(L->out); /* int32 argmax */
+  case ST_OP_LAYERNORM: return 2;                    /* mean, rstd */
+  case ST_OP_GROUPNORM: return 2 * (size_t)L->groups;
+  case ST_OP_DROPOUT: return st_shape_numel(L->out); /* mask */
+  default: return 0;
+  }
+}
+
+static st_cost layer_cost(const st_layer *L) {
+  size_t n = st_shape_numel(L->out);
+  st_cost c;
+  switch (L->kind) {
+  case ST_OP_LINEAR:
+    return st_linear_cost((int)st_shape_numel(L->in), L->out.c);
+  case ST_OP_CONV2D:
+    return st_conv2d_cost(L->in.c, L->in.h, L->in.w, L->out.c, L->k,
+                          L->stride, L->pad);
+  case ST_OP_MAXPOOL:
+  case ST_OP_AVGPOOL:
+    return st_pointwise_cost(n, (double)L->k * L->k, (double)L->k * L->k);
+  case ST_OP_LAYERNORM:
+  case ST_OP_GROUPNORM:
+    c = st_pointwise_cost(n, 8, 12);
+    c.param_bytes = 8.0 * L->in.c;
+    return c;
+  case ST_OP_GELU:
+    return st_pointwise_cost(n, 20, 30);
+  default:
+    return st_pointwise_cost(n, 1, 1);
+  }
+}
+
+static void add_cost(st_cost *sum, st_cost c) {
+  sum->flops_fwd += c.flops_fwd;
+  sum->flops_bwd += c.flops_bwd;
+  sum->param_bytes += c.param_bytes;
+  sum->act_bytes += c.act_bytes;
+}
+
+/* Lays out each block's activations and slab offsets; sums costs. */
+static void finish(st_model *m) {
+  for (int i = 0; i < m->n_blocks; i++) {
+    st_block *b = &m->blocks[i];
+    size_t off = 0;
+    b->max_numel = st_shape_numel(b->in);
+    for (int l = 0; l < b->n_layers; l++) {
+      st_layer *L = &b->layers[l];
+      L->out_off = off;
+      off += st_shape_numel(L->out);
+      L->save_per_sample = save_floats(L);
+      L->save_off = off;
+      off += L->save_per_sample;
+      if (st_shape_numel(L->out) > b->max_numel)
+        b->max_numel = st_shape_numel(L->out);
+      if (L->kind == ST_OP_CONV2D) {
+        size_t s = st_conv2d_scratch_floats(1, L->in.c, L->in.h, L->in.w, L->k,
+                                            L->stride, L->pad);
+        if (s > b->scratch_floats_per_sample) b->scratch_floats_per_sample = s;
+      }
+      add_cost(&b->cost, layer_cost(L));
+    }
+    b->act_per_sample = off;
+    b->out = b->layers[b->n_layers - 1].out;
+    b->param_off = m->n_params;
+    m->n_params += b->n_params;
+    m->n_tensors += b->n_tensors;
+    if (b->max_numel > m->max_numel) m->max_numel = b->max_numel;
+    if (b->scratch_floats_per_sample > m->max_scratch_per_sample)
+      m->max_scratch_per_sample = b->scratch_floats_per_sample;
+  }
+}
+
+int st_model_create(st_model **out, const st_config *cfg, st_shape in,
+                    st_error *err) {
+  *out = NULL;
+  st_model *m = calloc(1, sizeof *m);
+  if (!m) return st_error_set(err, ST_ENOMEM, "out of memory");
+  snprintf(m->kind, sizeof m->kind, "%s", cfg->model.kind);
+  m->in = in;
+  m->classes = cfg->model.classes;
+  builder bd = {.m = m, .cur = in, .cfg = cfg, .err = err};
+  int rc;
+  if (strcmp(cfg->model.kind, "mlp") == 0)
+    rc = build_mlp(&bd);
+  else if (strcmp(cfg->model.kind, "cnn") == 0)
+    rc = build_cnn(&bd);
+  else
+    rc = st_error_set(err, ST_ECONFIG, "%s: model.kind: unknown model '%s'",
+                      st_config_where(cfg, "model.kind"), cfg->model.kind);
+  if (rc) {
+    st_model_destroy(m);
+    return rc;
+  }
+  finish(m);
+  *out = m;
+  return 0;
+}
+
+void st_model_destroy(st_model *m) {
+  if (!m) return;
+  for (int i = 0; i < m->n_blocks; i++) {
+    free(m->blocks[i].layers);
+    free(m->blocks[i].tensors);
+  }
+  free(m->blocks);
+  free(m);
+}
+
+const char *st_op_name(st_op_kind kind) {
+  static const char *names[] = {
+      [ST_OP_LINEAR] = "linear",   [ST_OP_RELU] = "relu",
+      [ST_OP_GELU] = "gelu",       [ST_OP_CONV2D] = "conv",
+      [ST_OP_MAXPOOL] = "maxpool", [ST_OP_AVGPOOL] = "avgpool",
+      [ST_OP_FLATTEN] = "flatten", [ST_OP_LAYERNORM] = "ln",
+      [ST_OP_GROUPNORM] = "gn",    [ST_OP_RESIDUAL] = "residual",
+      [ST_OP_DROPOUT] = "dropout"};
+  return names[kind];
+}
+
+void st_model_init(const st_model *m, float *params, uint64_t seed) {
+  uint64_t index = 0;
+  for (int i = 0; i < m->n_blocks; i++) {
+    const st_block *b = &m->blocks[i];
+    for (int l = 0; l < b->n_layers; l++) {
+      const st_layer *L = &b->layers[l];
+      if (L->w_tensor < 0) continue;
+      const st_tensor_info *w = &b->tensors[L->w_tensor];
+      const st_tensor_info *bias = &b->tensors[L->b_tensor];
+      float *pw = params + b->param_off + w->offset;
+      float *pb = params + b->param_off + bias->offset;
+      if (L->kind == ST_OP_LAYERNORM || L->kind == ST_OP_GROUPNORM) {
+        for (size_t k = 0; k < w->numel; k++) pw[k] = 1.0f, pb[k] = 0.0f;
+        index += 2;
+        continue;
+      }
+      /* PyTorch's default for linear and conv: kaiming_uniform(a=sqrt(5))
+       * gives U(-1/sqrt(fan_in), 1/sqrt(fan_in)); the bias uses the same
+       * bound. One RNG stream per tensor. */
+      size_t fan_in = w->numel / (size_t)w->dims[0];
+      float bound = 1.0f / sqrtf((float)fan_in);
+      st_rng rng;
+      st_rng_init(&rng, seed, ST_RNG_INIT, index++);
+      for (size_t k = 0; k < w->numel; k++)
+        pw[k] = (2.0f * st_rng_uniform(&rng) - 1.0f) * bound;
+      st_rng_init(&rng, seed, ST_RNG_INIT, index++);
+      for (size_t k = 0; k < bias->numel; k++)
+        pb[k] = (2.0f * st_rng_uniform(&rng) - 1.0f) * bound;
+    }
+  }
+}
+
+int64_t st_model_find(const st_model *m, const char *name,
+                      const st_tensor_info **info) {
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++)
+      if (strcmp(m->blocks[i].tensors[t].name, name) == 0) {
+        if (info) *info = &m->blocks[i].tensors[t];
+        return (int64_t)(m->blocks[i].param_off +
+                         m->blocks[i].tensors[t].offset);
+      }
+  return -1;
+}
+
+static void shape_text(char *buf, size_t cap, st_shape s) {
+  if (s.h == 1 && s.w == 1)
+    snprintf(buf, cap, "%d", s.c);
+  else
+    snprintf(buf, cap, "%dx%dx%d", s.c, s.h, s.w);
+}
+
+void st_model_print(const st_model *m, FILE *f) {
+  double flops = 0;
+  for (int i = 0; i < m->n_blocks; i++) {
+    const st_block *b = &m->blocks[i];
+    char in[32], out[32];
+    shape_text(in, sizeof in, b->in);
+    shape_text(out, sizeof out, b->out);
+    fprintf(f, "  %-10s %10s -> %-10s params %9zu  fwd+bwd %8.2f MFLOP/sample  [",
+            b->name, in, out, b->n_params,
+            (b->cost.flops_fwd + b->cost.flops_bwd) / 1e6);
+    for (int l = 0; l < b->n_layers; l++)
+      fprintf(f, "%s%s", l ? " " : "", st_op_name(b->layers[l].kind));
+    fprintf(f, "]\n");
+    flops += b->cost.flops_fwd + b->cost.flops_bwd;
+  }
+  fprintf(f, "  %s: %d blocks, %zu parameters (%.2f MB), %.2f MFLOP/sample "
+             "forward+backward\n",
+          m->kind, m->n_blocks, m->n_params, 4.0 * m->n_params / 1e6,
+          flops / 1e6);
+}

@@ -1,0 +1,66 @@
+/*
+ * optim.c — update rules on a parameter slab, written once and used by every
+ * mode: SGD with momentum/Nesterov (PyTorch's convention: velocity without
+ * dampening, L2 weight decay added to the gradient) and AdamW (decoupled
+ * weight decay, bias-corrected moments), plus learning-rate schedules.
+ * Operation order mirrors torch.optim (1.13, single-tensor path) so that
+ * trajectories follow PyTorch's to fp32 rounding.
+ */
+#include "strata.h"
+
+#include <math.h>
+#include <string.h>
+
+void st_sgd_update(float *restrict w, float *restrict v,
+                   const float *restrict g, size_t n, float lr, float momentum,
+                   int nesterov, float weight_decay, int first_step) {
+  for (size_t i = 0; i < n; i++) {
+    float d = g[i];
+    if (weight_decay != 0.0f) d = d + weight_decay * w[i];
+    if (momentum != 0.0f) {
+      /* torch starts the buffer as a copy of the first gradient */
+      v[i] = first_step ? d : momentum * v[i] + d;
+      d = nesterov ? d + momentum * v[i] : v[i];
+    }
+    w[i] = w[i] - lr * d;
+  }
+}
+
+void st_adamw_update(float *restrict w, float *restrict m, float *restrict v,
+                     const float *restrict g, size_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int64_t t) {
+  float decay = 1.0f - lr * weight_decay;
+  float bc1 = 1.0f - powf(beta1, (float)t);
+  float bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
+  float step_size = lr / bc1;
+  for (size_t i = 0; i < n; i++) {
+    w[i] *= decay;
+    m[i] = m[i] * beta1 + (1.0f - beta1) * g[i];
+    v[i] = v[i] * beta2 + (1.0f - beta2) * (g[i] * g[i]);
+    float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+    w[i] = w[i] - step_size * (m[i] / denom);
+  }
+}
+
+float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps) {
+  double lr = cfg->optimizer.lr, floor_lr = cfg->optimizer.min_lr;
+  int64_t warm = cfg->optimizer.warmup_steps;
+  if (step < warm) return (float)(lr * (double)(step + 1) / (double)warm);
+  int64_t span = total_steps - warm;
+  double progress = span > 0 ? (double)(step - warm) / (double)span : 1.0;
+  if (progress > 1) progress = 1;
+  const char *s = cfg->optimizer.schedule;
+  if (strcmp(s, "cosine") == 0)
+    return (float)(floor_lr +
+                   (lr - floor_lr) * 0.5 * (1.0 + cos(M_PI * progress)));
+  if (strcmp(s, "linear") == 0)
+    return (float)(floor_lr + (lr - floor_lr) * (1.0 - progress));
+  if (strcmp(s, "step") == 0 && cfg->optimizer.step_size > 0)
+    return (float)(lr * pow(cfg->optimizer.gamma,
+                            (double)((step - warm) / cfg->optimizer.step_size)));
+  return (float)lr;
+}
+
+int st_optim_state_per_param(const st_config *cfg) {
+  return strcmp(cfg->optimizer.kind, "adamw") == 0 ? 2 : 1;
+}
