@@ -1,0 +1,1015 @@
+/*
+ * config.c — YAML file and --set text -> a typed, validated st_config.
+ *
+ * Everything about a key (type, field, default, enum values) comes from the
+ * table in schema.c; this file only walks YAML and converts text. A value
+ * from a file, from --set and a default all go through the same typed
+ * conversion (set_value), so they accept and reject exactly the same text.
+ *
+ * Errors are one line that starts with where the offending text is
+ * (file:line:col from libyaml's marks, 1-based, or "--set key=value") and
+ * names the full key, because the user has to find and fix it. Each key also
+ * remembers where it was last set (st_config_where), so that later checks —
+ * st_config_validate here, impossible shapes in model/ — can point back at
+ * the line that caused them.
+ */
+#include "schema.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <yaml.h>
+
+/* origin[].line values other than a file line. */
+enum { ORIGIN_DEFAULT = 0, ORIGIN_SET = -1 };
+
+/* Where the text being converted came from, for the error prefix. */
+typedef struct source {
+  const char *file;  /* YAML file (errors get file:line:col), or NULL */
+  const char *label; /* used when file is NULL: "--set optimizer.lr=fast" */
+} source;
+
+/* A key's full name as messages show it: "model.hidden". */
+typedef struct key_text {
+  char s[96];
+} key_text;
+
+static key_text full_name(const st_config_key *k) {
+  key_text t;
+  snprintf(t.s, sizeof t.s, "%s.%s", k->section, k->name);
+  return t;
+}
+
+/* Quotes user text in a message, cut short so one bad value cannot push the
+ * rest of the message out of st_error's buffer. */
+typedef struct shown_text {
+  char s[72];
+} shown_text;
+
+static shown_text shown(const char *text) {
+  shown_text t;
+  size_t n = strlen(text);
+  if (n < sizeof t.s)
+    memcpy(t.s, text, n + 1);
+  else
+    snprintf(t.s, sizeof t.s, "%.*s...", (int)sizeof t.s - 4, text);
+  return t;
+}
+
+/* Fills err with "<where>: <message>"; returns code. */
+static int fail(st_error *err, int code, const source *src, yaml_mark_t mark,
+                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static int fail(st_error *err, int code, const source *src, yaml_mark_t mark,
+                const char *fmt, ...) {
+  char msg[sizeof err->msg];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (src->file)
+    return st_error_set(err, code, "%s:%zu:%zu: %s", src->file, mark.line + 1,
+                        mark.column + 1, msg);
+  return st_error_set(err, code, "%s: %s", src->label, msg);
+}
+
+/* libyaml's own error, with its mark (or byte offset for unreadable text). */
+static int syntax_error(const yaml_parser_t *parser, const source *src,
+                        st_error *err) {
+  if (parser->error == YAML_MEMORY_ERROR)
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory while parsing YAML",
+                        src->file ? src->file : src->label);
+  const char *problem = parser->problem ? parser->problem : "unknown error";
+  if (parser->error == YAML_READER_ERROR)
+    return st_error_set(
+        err, ST_ECONFIG, "%s: YAML syntax error at byte %zu: %s",
+        src->file ? src->file : src->label, parser->problem_offset, problem);
+  if (parser->context)
+    return fail(err, ST_ECONFIG, src, parser->problem_mark,
+                "YAML syntax error: %s (%s at %zu:%zu)", problem,
+                parser->context, parser->context_mark.line + 1,
+                parser->context_mark.column + 1);
+  return fail(err, ST_ECONFIG, src, parser->problem_mark,
+              "YAML syntax error: %s", problem);
+}
+
+/* ---------------------------------------------------------- suggestions */
+
+/* Optimal-string-alignment distance (Levenshtein plus transpositions), so
+ * "modle" is one edit from "model". Long strings are simply "far". */
+static int edit_distance(const char *a, const char *b) {
+  enum { MAXLEN = 48 };
+  size_t n = strlen(a), m = strlen(b);
+  if (n >= MAXLEN || m >= MAXLEN)
+    return INT_MAX / 2;
+  int d[MAXLEN + 1][MAXLEN + 1];
+  for (size_t i = 0; i <= n; i++)
+    d[i][0] = (int)i;
+  for (size_t j = 0; j <= m; j++)
+    d[0][j] = (int)j;
+  for (size_t i = 1; i <= n; i++)
+    for (size_t j = 1; j <= m; j++) {
+      int cost = a[i - 1] != b[j - 1];
+      int best = d[i - 1][j - 1] + cost;
+      if (d[i - 1][j] + 1 < best)
+        best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best)
+        best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+          d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[n][m];
+}
+
+/* How many edits still count as a typo of a word of this length. */
+static int typo_budget(const char *word) {
+  size_t n = strlen(word);
+  return n <= 3 ? 1 : n <= 8 ? 2 : 3;
+}
+
+/* The known key closest to section.name, or -1. A key with the same name in
+ * another section costs one edit, so "train.lr" suggests "optimizer.lr". */
+static int suggest_key(const char *section, const char *name) {
+  int best = -1, best_d = typo_budget(name) + 1;
+  for (int i = 0; i < st_config_schema_count; i++) {
+    const st_config_key *k = &st_config_schema[i];
+    int d = edit_distance(name, k->name) + (strcmp(section, k->section) != 0);
+    if (d < best_d)
+      best = i, best_d = d;
+  }
+  return best;
+}
+
+/* " (did you mean 'model.hidden'?)" or "". */
+static key_text did_you_mean_key(const char *section, const char *name) {
+  key_text t = {""};
+  int row = suggest_key(section, name);
+  if (row >= 0)
+    snprintf(t.s, sizeof t.s, " (did you mean '%s.%s'?)",
+             st_config_schema[row].section, st_config_schema[row].name);
+  return t;
+}
+
+static key_text did_you_mean_section(const char *name) {
+  key_text t = {""};
+  int best_d = typo_budget(name) + 1;
+  for (int i = 0; i < st_config_schema_count; i++) {
+    const char *s = st_config_schema[i].section;
+    int d = edit_distance(name, s);
+    if (d < best_d) {
+      best_d = d;
+      snprintf(t.s, sizeof t.s, " (did you mean '%s'?)", s);
+    }
+  }
+  return t;
+}
+
+/* ------------------------------------------------------ typed conversion */
+
+/* A plain empty, "~" or "null" scalar: YAML's null, i.e. "key:" with
+ * nothing after it. Quoted '' is an empty string, not null. */
+static int is_null(const yaml_node_t *node) {
+  if (node->type != YAML_SCALAR_NODE)
+    return 0;
+  if (node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+    return 0;
+  const char *s = (const char *)node->data.scalar.value;
+  return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
+         !strcmp(s, "NULL");
+}
+
+static const char *node_kind(const yaml_node_t *node) {
+  if (node->type == YAML_SEQUENCE_NODE)
+    return "a list";
+  if (node->type == YAML_MAPPING_NODE)
+    return "a mapping";
+  return "no value";
+}
+
+static const char *expected_text(st_config_type type) {
+  switch (type) {
+  case ST_CONFIG_INT:
+  case ST_CONFIG_INT64:
+    return "an integer";
+  case ST_CONFIG_UINT64:
+    return "a non-negative integer";
+  case ST_CONFIG_FLOAT:
+    return "a number";
+  case ST_CONFIG_BOOL:
+    return "true or false";
+  case ST_CONFIG_STRING:
+  case ST_CONFIG_ENUM:
+    return "a string";
+  case ST_CONFIG_INT_LIST:
+    return "a list of integers such as [256, 256]";
+  }
+  return "?";
+}
+
+/* Decimal integer in [lo, hi]. Returns 0, or 1 for "not an integer", 2 for
+ * "out of range". strtoll alone would accept leading blanks and "12abc". */
+static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  const char *digits = (*s == '+' || *s == '-') ? s + 1 : s;
+  if (*digits < '0' || *digits > '9')
+    return 1;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (*end)
+    return 1;
+  if (errno == ERANGE || v < lo || v > hi)
+    return 2;
+  *out = v;
+  return 0;
+}
+
+static int parse_uint64(const char *s, uint64_t *out) {
+  const char *digits = *s == '+' ? s + 1 : s;
+  if (*digits < '0' || *digits > '9')
+    return 1; /* strtoull takes "-1" */
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end)
+    return 1;
+  if (errno == ERANGE)
+    return 2;
+  *out = v;
+  return 0;
+}
+
+/* Parsed straight to float (not via double) so that printing with enough
+ * digits and reading back gives the same bits. */
+static int parse_float(const char *s, float *out) {
+  if (!*s || *s == ' ' || *s == '\t')
+    return 1;
+  char *end;
+  errno = 0;
+  float v = strtof(s, &end);
+  if (*end)
+    return 1;
+  if (isnan(v))
+    return 1;
+  if (isinf(v))
+    return errno == ERANGE ? 2 : 1;
+  *out = v;
+  return 0;
+}
+
+static int parse_bool(const char *s, int *out) {
+  static const char *const yes[] = {"true", "yes", "on"};
+  static const char *const no[] = {"false", "no", "off"};
+  for (int i = 0; i < 3; i++) {
+    if (!strcasecmp(s, yes[i]) || !strcasecmp(s, no[i])) {
+      *out = !strcasecmp(s, yes[i]);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* "relu, gelu, gelu_tanh" */
+static void list_choices(const char *const *choices, char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; choices[i]; i++) {
+    int n = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", choices[i]);
+    if (n < 0 || (size_t)n >= cap - used)
+      return;
+    used += (size_t)n;
+  }
+}
+
+static int is_choice(const char *const *choices, const char *s) {
+  for (int i = 0; choices[i]; i++)
+    if (!strcmp(choices[i], s))
+      return 1;
+  return 0;
+}
+
+/* An int from a scalar node; key names it in the message ("model.hidden[1]").
+ */
+static int node_int(const yaml_node_t *node, int64_t lo, int64_t hi,
+                    int64_t *out, const char *key, const source *src,
+                    st_error *err) {
+  if (node->type != YAML_SCALAR_NODE || is_null(node))
+    return fail(err, ST_ECONFIG, src, node->start_mark,
+                "%s: expected an integer, got %s", key, node_kind(node));
+  const char *text = (const char *)node->data.scalar.value;
+  int bad = parse_int(text, lo, hi, out);
+  if (bad == 1)
+    return fail(err, ST_ECONFIG, src, node->start_mark,
+                "%s: expected an integer, got '%s'", key, shown(text).s);
+  if (bad == 2)
+    return fail(err, ST_ECONFIG, src, node->start_mark,
+                "%s: %s is out of range [%" PRId64 ", %" PRId64 "]", key,
+                shown(text).s, lo, hi);
+  return 0;
+}
+
+/* A YAML sequence of ints; stored only once every item has converted. */
+static int set_list(st_int_list *dst, yaml_document_t *doc, yaml_node_t *node,
+                    const char *key, const source *src, st_error *err) {
+  if (node->type != YAML_SEQUENCE_NODE) {
+    const char *what = node->type == YAML_SCALAR_NODE && !is_null(node)
+                           ? (const char *)node->data.scalar.value
+                           : NULL;
+    if (what)
+      return fail(err, ST_ECONFIG, src, node->start_mark,
+                  "%s: expected %s, got '%s'", key,
+                  expected_text(ST_CONFIG_INT_LIST), shown(what).s);
+    return fail(err, ST_ECONFIG, src, node->start_mark,
+                "%s: expected %s, got %s", key,
+                expected_text(ST_CONFIG_INT_LIST), node_kind(node));
+  }
+  st_int_list list;
+  memset(&list, 0, sizeof list);
+  for (yaml_node_item_t *it = node->data.sequence.items.start;
+       it < node->data.sequence.items.top; it++) {
+    yaml_node_t *item = yaml_document_get_node(doc, *it);
+    if (list.n == ST_MAX_LIST)
+      return fail(err, ST_ECONFIG, src, item->start_mark,
+                  "%s: more than %d items", key, ST_MAX_LIST);
+    char item_key[112];
+    snprintf(item_key, sizeof item_key, "%s[%d]", key, list.n);
+    int64_t v;
+    int rc = node_int(item, INT_MIN, INT_MAX, &v, item_key, src, err);
+    if (rc)
+      return rc;
+    list.v[list.n++] = (int)v;
+  }
+  *dst = list;
+  return 0;
+}
+
+/* Converts a scalar's text for key k and stores it at dst. */
+static int set_scalar(void *dst, const st_config_key *k,
+                      const yaml_node_t *node, const char *key,
+                      const source *src, st_error *err) {
+  const char *text = (const char *)node->data.scalar.value;
+  yaml_mark_t at = node->start_mark;
+  int bad = 0;
+  switch (k->type) {
+  case ST_CONFIG_INT: {
+    int64_t v;
+    int rc = node_int(node, INT_MIN, INT_MAX, &v, key, src, err);
+    if (!rc)
+      *(int *)dst = (int)v;
+    return rc;
+  }
+  case ST_CONFIG_INT64:
+    return node_int(node, INT64_MIN, INT64_MAX, (int64_t *)dst, key, src, err);
+  case ST_CONFIG_UINT64:
+    bad = parse_uint64(text, (uint64_t *)dst);
+    break;
+  case ST_CONFIG_FLOAT:
+    bad = parse_float(text, (float *)dst);
+    if (bad == 2)
+      return fail(err, ST_ECONFIG, src, at,
+                  "%s: %s is out of range for a float", key, shown(text).s);
+    break;
+  case ST_CONFIG_BOOL:
+    bad = parse_bool(text, (int *)dst);
+    break;
+  case ST_CONFIG_ENUM:
+    if (!is_choice(k->choices, text)) {
+      char choices[256];
+      list_choices(k->choices, choices, sizeof choices);
+      return fail(err, ST_ECONFIG, src, at, "%s: '%s' is not one of %s", key,
+                  shown(text).s, choices);
+    }
+    /* fall through - an allowed enum value is stored as a string */
+  case ST_CONFIG_STRING:
+    if (node->data.scalar.length >= k->size)
+      return fail(err, ST_ECONFIG, src, at, "%s: longer than %zu characters",
+                  key, k->size - 1);
+    memset(dst, 0, k->size); /* whole field, so equal configs compare equal */
+    memcpy(dst, text, node->data.scalar.length);
+    break;
+  case ST_CONFIG_INT_LIST:
+    break; /* handled by set_list */
+  }
+  if (bad == 2)
+    return fail(err, ST_ECONFIG, src, at, "%s: %s is out of range", key,
+                shown(text).s);
+  if (bad)
+    return fail(err, ST_ECONFIG, src, at, "%s: expected %s, got '%s'", key,
+                expected_text(k->type), shown(text).s);
+  return 0;
+}
+
+/* Converts node for schema row `row` and stores it in cfg; on error cfg's
+ * field is left as it was. */
+static int set_value(st_config *cfg, int row, yaml_document_t *doc,
+                     yaml_node_t *node, const source *src, st_error *err) {
+  const st_config_key *k = &st_config_schema[row];
+  void *dst = (char *)cfg + k->offset;
+  key_text key = full_name(k);
+  if (k->type == ST_CONFIG_INT_LIST)
+    return set_list(dst, doc, node, key.s, src, err);
+  if (node->type != YAML_SCALAR_NODE || is_null(node))
+    return fail(err, ST_ECONFIG, src, node->start_mark,
+                "%s: expected %s, got %s", key.s, expected_text(k->type),
+                node_kind(node));
+  if (strlen((const char *)node->data.scalar.value) != node->data.scalar.length)
+    return fail(err, ST_ECONFIG, src, node->start_mark,
+                "%s: value contains a NUL character", key.s);
+  /* Convert into a copy so a half-written value never reaches cfg. */
+  unsigned char tmp[ST_PATH_MAX];
+  _Static_assert(sizeof tmp >= sizeof(((st_config *)0)->data.dir),
+                 "largest scalar field must fit tmp");
+  memcpy(tmp, dst, k->size);
+  int rc = set_scalar(tmp, k, node, key.s, src, err);
+  if (!rc)
+    memcpy(dst, tmp, k->size);
+  return rc;
+}
+
+/* Parses `text` as one YAML value (scalar or flow/block sequence) for row. */
+static int set_from_text(st_config *cfg, int row, const char *text,
+                         const source *src, st_error *err) {
+  yaml_parser_t parser;
+  yaml_document_t doc;
+  if (!yaml_parser_initialize(&parser))
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", src->label);
+  yaml_parser_set_input_string(&parser, (const unsigned char *)text,
+                               strlen(text));
+  int rc;
+  if (!yaml_parser_load(&parser, &doc)) {
+    rc = syntax_error(&parser, src, err);
+  } else {
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root)
+      rc = set_value(cfg, row, &doc, root, src, err);
+    else
+      rc = st_error_set(err, ST_ECONFIG, "%s: %s.%s: no value", src->label,
+                        st_config_schema[row].section,
+                        st_config_schema[row].name);
+    yaml_document_delete(&doc);
+  }
+  yaml_parser_delete(&parser);
+  return rc;
+}
+
+/* ------------------------------------------------------------ defaults */
+
+void st_config_defaults(st_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  for (int i = 0; i < st_config_schema_count; i++) {
+    /* The defaults are our own text, parsed like user text so the table
+     * cannot hold a value a user could not write; a failure here is a bug
+     * in schema.c (or out of memory), which the config test catches. */
+    source src = {NULL, "default"};
+    int rc = set_from_text(cfg, i, st_config_schema[i].def, &src, NULL);
+    assert(rc == 0 && "a default in schema.c does not parse");
+    (void)rc; /* NDEBUG builds */
+  }
+}
+
+/* ------------------------------------------------------------ file load */
+
+/* Marks of where each key / section was first seen in this file, to report
+ * duplicates; line 0 = not seen. */
+typedef struct seen {
+  struct st_config_origin at[ST_CONFIG_MAX_KEYS];
+} seen;
+
+static struct st_config_origin origin_of(yaml_mark_t mark) {
+  struct st_config_origin o = {(int)mark.line + 1, (int)mark.column + 1};
+  return o;
+}
+
+/* The text of a mapping key, which must be a plain name. */
+static int key_name(const yaml_node_t *node, const char **name,
+                    const source *src, st_error *err) {
+  if (node->type != YAML_SCALAR_NODE || is_null(node))
+    return fail(err, ST_ECONFIG, src, node->start_mark,
+                "expected a key name, got %s", node_kind(node));
+  *name = (const char *)node->data.scalar.value;
+  return 0;
+}
+
+static int load_key(st_config *cfg, yaml_document_t *doc,
+                    yaml_node_pair_t *pair, const char *section, seen *keys,
+                    const source *src, st_error *err) {
+  yaml_node_t *knode = yaml_document_get_node(doc, pair->key);
+  yaml_node_t *value = yaml_document_get_node(doc, pair->value);
+  const char *name = ""; /* initialised: gcc cannot see key_name's rc */
+  int rc = key_name(knode, &name, src, err);
+  if (rc)
+    return rc;
+  int row = st_config_key_find(section, strlen(section), name);
+  if (row < 0)
+    return fail(err, ST_ECONFIG, src, knode->start_mark,
+                "unknown key '%s.%s'%s", section, shown(name).s,
+                did_you_mean_key(section, name).s);
+  if (keys->at[row].line)
+    return fail(err, ST_ECONFIG, src, knode->start_mark,
+                "duplicate key '%s.%s' (first at %d:%d)", section, name,
+                keys->at[row].line, keys->at[row].col);
+  keys->at[row] = origin_of(knode->start_mark);
+  rc = set_value(cfg, row, doc, value, src, err);
+  if (!rc)
+    cfg->origin[row] = origin_of(value->start_mark);
+  return rc;
+}
+
+static int load_section(st_config *cfg, yaml_document_t *doc,
+                        yaml_node_pair_t *pair, seen *sections, seen *keys,
+                        const source *src, st_error *err) {
+  yaml_node_t *knode = yaml_document_get_node(doc, pair->key);
+  yaml_node_t *value = yaml_document_get_node(doc, pair->value);
+  const char *section = "";
+  int rc = key_name(knode, &section, src, err);
+  if (rc)
+    return rc;
+  int first = st_config_section_find(section);
+  if (first < 0)
+    return fail(err, ST_ECONFIG, src, knode->start_mark,
+                "unknown section '%s'%s", shown(section).s,
+                did_you_mean_section(section).s);
+  if (sections->at[first].line)
+    return fail(err, ST_ECONFIG, src, knode->start_mark,
+                "duplicate section '%s' (first at %d:%d)", section,
+                sections->at[first].line, sections->at[first].col);
+  sections->at[first] = origin_of(knode->start_mark);
+  if (is_null(value))
+    return 0; /* "model:" with every key commented out */
+  if (value->type != YAML_MAPPING_NODE)
+    return fail(err, ST_ECONFIG, src, value->start_mark,
+                "section '%s' must be a mapping of key: value, got %s", section,
+                value->type == YAML_SCALAR_NODE ? "a scalar"
+                                                : node_kind(value));
+  for (yaml_node_pair_t *p = value->data.mapping.pairs.start;
+       p < value->data.mapping.pairs.top; p++)
+    if ((rc = load_key(cfg, doc, p, section, keys, src, err)))
+      return rc;
+  return 0;
+}
+
+static int load_document(st_config *cfg, yaml_document_t *doc,
+                         const source *src, st_error *err) {
+  yaml_node_t *root = yaml_document_get_root_node(doc);
+  if (!root || is_null(root))
+    return 0; /* empty file: all defaults */
+  if (root->type != YAML_MAPPING_NODE)
+    return fail(err, ST_ECONFIG, src, root->start_mark,
+                "expected sections (model:, data:, ...) at the top level, "
+                "got %s",
+                root->type == YAML_SCALAR_NODE ? "a scalar" : node_kind(root));
+  seen sections, keys;
+  memset(&sections, 0, sizeof sections);
+  memset(&keys, 0, sizeof keys);
+  for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
+       p < root->data.mapping.pairs.top; p++) {
+    int rc = load_section(cfg, doc, p, &sections, &keys, src, err);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+/* One document, applied to cfg; a second document is an error rather than
+ * silently ignored. */
+static int load_stream(st_config *cfg, yaml_parser_t *parser, const source *src,
+                       st_error *err) {
+  yaml_document_t doc;
+  if (!yaml_parser_load(parser, &doc))
+    return syntax_error(parser, src, err);
+  int rc = load_document(cfg, &doc, src, err);
+  yaml_document_delete(&doc);
+  if (rc)
+    return rc;
+  if (!yaml_parser_load(parser, &doc))
+    return syntax_error(parser, src, err);
+  yaml_node_t *extra = yaml_document_get_root_node(&doc);
+  if (extra)
+    rc = fail(err, ST_ECONFIG, src, extra->start_mark,
+              "expected one YAML document, found a second one");
+  yaml_document_delete(&doc);
+  return rc;
+}
+
+static FILE *open_config(const char *path, st_error *err) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    fclose(f);
+    st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(EISDIR));
+    return NULL;
+  }
+  return f;
+}
+
+/* Starts from the defaults; cfg is replaced only if the whole file is
+ * valid, so a failed load leaves the caller's config untouched. */
+int st_config_load(st_config *cfg, const char *path, st_error *err) {
+  st_config next;
+  st_config_defaults(&next);
+  if (strlen(path) >= sizeof next.path)
+    return st_error_set(err, ST_EIO,
+                        "%.64s...: cannot open: path longer than "
+                        "%d characters",
+                        path, ST_PATH_MAX - 1);
+  strcpy(next.path, path);
+  FILE *f = open_config(path, err);
+  if (!f)
+    return ST_EIO;
+  yaml_parser_t parser;
+  int rc;
+  if (!yaml_parser_initialize(&parser)) {
+    rc = st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  } else {
+    yaml_parser_set_input_file(&parser, f);
+    source src = {path, NULL};
+    rc = load_stream(&next, &parser, &src, err);
+    yaml_parser_delete(&parser);
+  }
+  fclose(f);
+  if (!rc)
+    memcpy(cfg, &next, sizeof next);
+  return rc;
+}
+
+/* ----------------------------------------------------------------- --set */
+
+/* Splits "section.key=value"; row is the key's schema row. */
+static int parse_assignment(const char *assignment, int *row,
+                            const char **value, st_error *err) {
+  const char *eq = strchr(assignment, '=');
+  if (!eq)
+    return st_error_set(err, ST_ECONFIG, "--set %s: expected section.key=value",
+                        assignment);
+  const char *start = assignment, *end = eq;
+  while (start < end && (*start == ' ' || *start == '\t'))
+    start++;
+  while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
+    end--;
+  char key[96];
+  size_t n = (size_t)(end - start);
+  if (n >= sizeof key)
+    n = sizeof key - 1; /* too long to be a key anyway */
+  memcpy(key, start, n);
+  key[n] = '\0';
+  char *dot = strchr(key, '.');
+  *row = dot ? st_config_key_find(key, (size_t)(dot - key), dot + 1) : -1;
+  if (*row < 0) {
+    if (dot)
+      *dot = '\0';
+    key_text hint =
+        dot ? did_you_mean_key(key, dot + 1) : did_you_mean_key("", key);
+    if (dot)
+      *dot = '.';
+    return st_error_set(err, ST_ECONFIG, "--set %s: unknown key '%s'%s",
+                        assignment, key, hint.s);
+  }
+  *value = eq + 1;
+  return 0;
+}
+
+int st_config_set(st_config *cfg, const char *assignment, st_error *err) {
+  int row = -1;
+  const char *value = "";
+  int rc = parse_assignment(assignment, &row, &value, err);
+  if (rc)
+    return rc;
+  char label[sizeof err->msg / 2];
+  snprintf(label, sizeof label, "--set %s", assignment);
+  source src = {NULL, label};
+  rc = set_from_text(cfg, row, value, &src, err);
+  if (!rc)
+    cfg->origin[row].line = ORIGIN_SET, cfg->origin[row].col = 0;
+  return rc;
+}
+
+/* ----------------------------------------------------------------- where */
+
+static int row_of(const char *key) {
+  const char *dot = strchr(key, '.');
+  return dot ? st_config_key_find(key, (size_t)(dot - key), dot + 1) : -1;
+}
+
+const char *st_config_where(const st_config *cfg, const char *key) {
+  /* A few rotating buffers, so two calls can sit in one printf. */
+  static _Thread_local char ring[4][ST_PATH_MAX + 32];
+  static _Thread_local int next;
+  int row = row_of(key);
+  if (row < 0)
+    return "unknown key";
+  struct st_config_origin o = cfg->origin[row];
+  if (o.line == ORIGIN_SET)
+    return "--set";
+  if (o.line <= 0)
+    return "default";
+  char *buf = ring[next++ & 3];
+  snprintf(buf, sizeof ring[0], "%s:%d:%d", cfg->path, o.line, o.col);
+  return buf;
+}
+
+/* ------------------------------------------------------------ validation */
+
+/* "<file:line:col>: key: message" when the key came from a file, so editors
+ * jump to it; otherwise "key (--set): message" or "key (default): ...". */
+static int invalid(const st_config *cfg, st_error *err, const char *key,
+                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int invalid(const st_config *cfg, st_error *err, const char *key,
+                   const char *fmt, ...) {
+  char msg[sizeof err->msg];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  int row = row_of(key);
+  int line = row >= 0 ? cfg->origin[row].line : 0;
+  if (line > 0)
+    return st_error_set(err, ST_ECONFIG, "%s: %s: %s",
+                        st_config_where(cfg, key), key, msg);
+  return st_error_set(err, ST_ECONFIG, "%s (%s): %s", key,
+                      line == ORIGIN_SET ? "--set" : "default", msg);
+}
+
+/* A numeric range a key must lie in; open ends exclude the bound. */
+typedef struct range {
+  const char *key;
+  double lo, hi;
+  int lo_open, hi_open;
+} range;
+
+#define AT_LEAST(k, lo)                                                        \
+  { k, lo, INFINITY, 0, 0 }
+#define ABOVE(k, lo)                                                           \
+  { k, lo, INFINITY, 1, 0 }
+#define UNIT(k)                                                                \
+  { k, 0, 1, 0, 1 } /* [0, 1) */
+
+static const range ranges[] = {
+    UNIT("model.dropout"),
+    AT_LEAST("model.groups", 1),
+    AT_LEAST("model.kernel", 1),
+    AT_LEAST("model.residual_blocks", 0),
+    AT_LEAST("model.classes", 2),
+    AT_LEAST("model.hidden", 1),
+    AT_LEAST("model.channels", 1),
+    AT_LEAST("model.dense", 1),
+    AT_LEAST("data.train_limit", 0),
+    AT_LEAST("data.test_limit", 0),
+    ABOVE("optimizer.lr", 0),
+    UNIT("optimizer.momentum"),
+    AT_LEAST("optimizer.weight_decay", 0),
+    UNIT("optimizer.beta1"),
+    UNIT("optimizer.beta2"),
+    ABOVE("optimizer.eps", 0),
+    AT_LEAST("optimizer.warmup_steps", 0),
+    AT_LEAST("optimizer.min_lr", 0),
+    AT_LEAST("optimizer.step_size", 1),
+    ABOVE("optimizer.gamma", 0),
+    AT_LEAST("train.batch", 1),
+    AT_LEAST("train.epochs", 0),
+    AT_LEAST("train.steps", 0),
+    AT_LEAST("train.eval_every", 0),
+    AT_LEAST("train.checkpoint_every", 0),
+    AT_LEAST("train.threads", 0),
+    AT_LEAST("train.keep_checkpoints", 0),
+    AT_LEAST("execution.micro_batch", 0),
+    AT_LEAST("fabric.cores", 0),
+    AT_LEAST("metrics.log_every", 1),
+};
+
+static int in_range(const range *r, double v) {
+  int lo_ok = r->lo_open ? v > r->lo : v >= r->lo;
+  int hi_ok = r->hi_open ? v < r->hi : v <= r->hi;
+  return lo_ok && hi_ok; /* false for NaN */
+}
+
+static void describe_range(const range *r, char *buf, size_t cap) {
+  if (isinf(r->hi))
+    snprintf(buf, cap, "%s %g", r->lo_open ? ">" : ">=", r->lo);
+  else
+    snprintf(buf, cap, "in %c%g, %g%c", r->lo_open ? '(' : '[', r->lo, r->hi,
+             r->hi_open ? ')' : ']');
+}
+
+static double number_at(const st_config *cfg, const st_config_key *k) {
+  const void *p = (const char *)cfg + k->offset;
+  switch (k->type) {
+  case ST_CONFIG_INT:
+  case ST_CONFIG_BOOL:
+    return *(const int *)p;
+  case ST_CONFIG_INT64:
+    return (double)*(const int64_t *)p;
+  case ST_CONFIG_UINT64:
+    return (double)*(const uint64_t *)p;
+  case ST_CONFIG_FLOAT:
+    return *(const float *)p;
+  default:
+    return NAN;
+  }
+}
+
+static int check_range(const st_config *cfg, const range *r, st_error *err) {
+  int row = row_of(r->key);
+  if (row < 0) /* a typo in the table above must not skip a check quietly */
+    return st_error_set(err, ST_ECONFIG, "%s: no such key to validate", r->key);
+  const st_config_key *k = &st_config_schema[row];
+  char rule[64];
+  describe_range(r, rule, sizeof rule);
+  if (k->type == ST_CONFIG_INT_LIST) {
+    const st_int_list *l = (const st_int_list *)((const char *)cfg + k->offset);
+    for (int i = 0; i < l->n; i++)
+      if (!in_range(r, l->v[i]))
+        return invalid(cfg, err, r->key,
+                       "every entry must be %s, got %d at [%d]", rule, l->v[i],
+                       i);
+    return 0;
+  }
+  double v = number_at(cfg, k);
+  if (!in_range(r, v))
+    return invalid(cfg, err, r->key, "must be %s, got %.9g", rule, v);
+  return 0;
+}
+
+/* Every enum field holds one of its choices (a caller may have filled the
+ * struct by hand), and every string is terminated. */
+static int check_strings(const st_config *cfg, st_error *err) {
+  for (int i = 0; i < st_config_schema_count; i++) {
+    const st_config_key *k = &st_config_schema[i];
+    if (k->type != ST_CONFIG_ENUM && k->type != ST_CONFIG_STRING)
+      continue;
+    const char *s = (const char *)cfg + k->offset;
+    key_text key = full_name(k);
+    if (!memchr(s, '\0', k->size))
+      return invalid(cfg, err, key.s, "not a terminated string");
+    if (k->type == ST_CONFIG_ENUM && !is_choice(k->choices, s)) {
+      char choices[256];
+      list_choices(k->choices, choices, sizeof choices);
+      return invalid(cfg, err, key.s, "'%s' is not one of %s", shown(s).s,
+                     choices);
+    }
+  }
+  return 0;
+}
+
+static int check_lists(const st_config *cfg, st_error *err) {
+  const st_int_list *lists[] = {&cfg->model.hidden, &cfg->model.channels,
+                                &cfg->model.dense};
+  const char *keys[] = {"model.hidden", "model.channels", "model.dense"};
+  for (int i = 0; i < 3; i++)
+    if (lists[i]->n < 0 || lists[i]->n > ST_MAX_LIST)
+      return invalid(cfg, err, keys[i], "has %d entries (0 to %d allowed)",
+                     lists[i]->n, ST_MAX_LIST);
+  return 0;
+}
+
+/* Checks that involve the model's shape or more than one key. */
+static int check_model(const st_config *cfg, st_error *err) {
+  const int cnn = !strcmp(cfg->model.kind, "cnn");
+  if (cfg->model.kernel % 2 == 0)
+    return invalid(cfg, err, "model.kernel",
+                   "must be odd ('same' padding), got %d", cfg->model.kernel);
+  if (cnn && cfg->model.channels.n == 0)
+    return invalid(cfg, err, "model.channels",
+                   "a cnn needs at least one conv stage, got []");
+  if (!strcmp(cfg->model.norm, "layernorm") && cnn)
+    return invalid(cfg, err, "model.norm",
+                   "layernorm is for model.kind mlp; a cnn uses groupnorm");
+  if (!strcmp(cfg->model.norm, "groupnorm") && !cnn)
+    return invalid(cfg, err, "model.norm",
+                   "groupnorm is for model.kind cnn; an mlp uses layernorm");
+  if (!strcmp(cfg->model.norm, "groupnorm"))
+    for (int i = 0; i < cfg->model.channels.n; i++)
+      if (cfg->model.channels.v[i] % cfg->model.groups != 0)
+        return invalid(cfg, err, "model.groups",
+                       "%d groups do not divide model.channels[%d] = %d (%s)",
+                       cfg->model.groups, i, cfg->model.channels.v[i],
+                       st_config_where(cfg, "model.channels"));
+  return 0;
+}
+
+static int check_training(const st_config *cfg, st_error *err) {
+  const int mb = cfg->execution.micro_batch, batch = cfg->train.batch;
+  if (mb > 0 && batch % mb != 0)
+    return invalid(cfg, err, "execution.micro_batch",
+                   "%d does not divide train.batch = %d (%s)", mb, batch,
+                   st_config_where(cfg, "train.batch"));
+  if (cfg->optimizer.nesterov && !(cfg->optimizer.momentum > 0))
+    return invalid(cfg, err, "optimizer.nesterov",
+                   "needs optimizer.momentum > 0, got %g",
+                   (double)cfg->optimizer.momentum);
+  const char *sched = cfg->optimizer.schedule;
+  if ((!strcmp(sched, "cosine") || !strcmp(sched, "linear")) &&
+      cfg->optimizer.min_lr > cfg->optimizer.lr)
+    return invalid(cfg, err, "optimizer.min_lr",
+                   "%g is above optimizer.lr = %g",
+                   (double)cfg->optimizer.min_lr, (double)cfg->optimizer.lr);
+  if (!strcmp(cfg->data.dataset, "fashion_mnist") && !cfg->data.dir[0])
+    return invalid(cfg, err, "data.dir", "fashion_mnist needs a folder");
+  return 0;
+}
+
+int st_config_validate(const st_config *cfg, st_error *err) {
+  int rc = check_strings(cfg, err);
+  if (!rc)
+    rc = check_lists(cfg, err);
+  for (size_t i = 0; !rc && i < sizeof ranges / sizeof ranges[0]; i++)
+    rc = check_range(cfg, &ranges[i], err);
+  if (!rc)
+    rc = check_model(cfg, err);
+  if (!rc)
+    rc = check_training(cfg, err);
+  return rc;
+}
+
+/* --------------------------------------------------------------- writing */
+
+/* Fewest digits that read back (strtof) as the same float: "0.05", not
+ * "0.0500000007"; 9 significant digits always suffice for a float. */
+static void write_float(FILE *f, float v) {
+  char buf[32];
+  for (int digits = 1; digits <= 9; digits++) {
+    snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
+    if (strtof(buf, NULL) == v)
+      break;
+  }
+  fputs(buf, f);
+}
+
+/* Double-quoted YAML string, so any path reads back verbatim. */
+static void write_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      fprintf(f, "\\%c", c);
+    else if (c < 0x20 || c == 0x7f)
+      fprintf(f, "\\x%02x", c);
+    else
+      fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static void write_value(FILE *f, const st_config *cfg, const st_config_key *k) {
+  const void *p = (const char *)cfg + k->offset;
+  switch (k->type) {
+  case ST_CONFIG_INT:
+    fprintf(f, "%d", *(const int *)p);
+    break;
+  case ST_CONFIG_INT64:
+    fprintf(f, "%" PRId64, *(const int64_t *)p);
+    break;
+  case ST_CONFIG_UINT64:
+    fprintf(f, "%" PRIu64, *(const uint64_t *)p);
+    break;
+  case ST_CONFIG_FLOAT:
+    write_float(f, *(const float *)p);
+    break;
+  case ST_CONFIG_BOOL:
+    fputs(*(const int *)p ? "true" : "false", f);
+    break;
+  case ST_CONFIG_ENUM:
+    fputs((const char *)p, f);
+    break; /* a bare word */
+  case ST_CONFIG_STRING:
+    write_string(f, (const char *)p);
+    break;
+  case ST_CONFIG_INT_LIST: {
+    const st_int_list *l = p;
+    fputc('[', f);
+    for (int i = 0; i < l->n; i++)
+      fprintf(f, "%s%d", i ? ", " : "", l->v[i]);
+    fputc(']', f);
+    break;
+  }
+  }
+}
+
+int st_config_write(const st_config *cfg, FILE *f) {
+  const char *section = "";
+  fprintf(f, "# strata config, fully resolved (defaults, file, --set); keys "
+             "in docs/config.md\n");
+  for (int i = 0; i < st_config_schema_count; i++) {
+    const st_config_key *k = &st_config_schema[i];
+    if (strcmp(k->section, section) != 0) {
+      section = k->section;
+      fprintf(f, "%s%s:\n", i ? "\n" : "", section);
+    }
+    fprintf(f, "  %s: ", k->name);
+    write_value(f, cfg, k);
+    fputc('\n', f);
+  }
+  return ferror(f) ? ST_EIO : 0;
+}

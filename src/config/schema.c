@@ -1,0 +1,232 @@
+/*
+ * schema.c — the one table of every config key: section, name, type, where
+ * it lives in st_config, its default (in YAML syntax), the allowed values of
+ * an enum and a one-line meaning. Defaults live only here; config.c parses
+ * them with the same code that parses a file, --help prints this table and
+ * docs/config.md is generated from it, so none of them can drift apart.
+ *
+ * Each row names its field once, as section.name: the macros below turn that
+ * into the key text, the offset and size, and a compile-time check that the
+ * field's C type matches the declared config type (_Generic with no default
+ * branch fails to compile on a mismatch).
+ */
+#include "schema.h"
+
+#include <stddef.h>
+#include <string.h>
+
+/* One row's parts read as one initializer; clang-format would scatter them. */
+// clang-format off
+#define FIELD_OF(sec, name) (((st_config *)0)->sec.name)
+#define ROW(sec, nm, type, ctype, def, choices, meaning)                   \
+  {#sec, #nm, type, offsetof(st_config, sec.nm),                           \
+   sizeof(FIELD_OF(sec, nm)) * _Generic(FIELD_OF(sec, nm), ctype: 1),      \
+   def, choices, meaning}
+// clang-format on
+
+#define INT(s, n, def, m) ROW(s, n, ST_CONFIG_INT, int, def, NULL, m)
+#define INT64(s, n, def, m) ROW(s, n, ST_CONFIG_INT64, int64_t, def, NULL, m)
+#define UINT64(s, n, def, m) ROW(s, n, ST_CONFIG_UINT64, uint64_t, def, NULL, m)
+#define FLOAT(s, n, def, m) ROW(s, n, ST_CONFIG_FLOAT, float, def, NULL, m)
+#define BOOL(s, n, def, m) ROW(s, n, ST_CONFIG_BOOL, int, def, NULL, m)
+#define STRING(s, n, def, m) ROW(s, n, ST_CONFIG_STRING, char *, def, NULL, m)
+#define ENUM(s, n, def, ch, m) ROW(s, n, ST_CONFIG_ENUM, char *, def, ch, m)
+#define LIST(s, n, def, m)                                                     \
+  ROW(s, n, ST_CONFIG_INT_LIST, st_int_list, def, NULL, m)
+
+/* Allowed values of each enum, one per line so a new mode is one line. */
+static const char *const model_kinds[] = {"mlp", "cnn", NULL};
+static const char *const activations[] = {"relu", "gelu", "gelu_tanh", NULL};
+static const char *const norms[] = {"none", "layernorm", "groupnorm", NULL};
+static const char *const pools[] = {"max", "avg", NULL};
+static const char *const datasets[] = {"fashion_mnist", "synthetic", NULL};
+static const char *const optimizers[] = {"sgd", "adamw", NULL};
+static const char *const schedules[] = {"constant", "cosine", "step", "linear",
+                                        NULL};
+static const char *const modes[] = {
+    "sequential",
+    NULL,
+};
+static const char *const fabrics[] = {
+    "cpu",
+    NULL,
+};
+static const char *const progress_modes[] = {"auto", "on", "off", NULL};
+
+const st_config_key st_config_schema[] = {
+    ENUM(model, kind, "mlp", model_kinds, "model family"),
+    LIST(model, hidden, "[256, 256]", "mlp: widths of the hidden layers"),
+    ENUM(model, activation, "relu", activations,
+         "activation after each hidden layer; gelu_tanh is GPT-2's tanh form"),
+    FLOAT(model, dropout, "0",
+          "dropout probability after each hidden activation"),
+    ENUM(model, norm, "none", norms,
+         "normalisation: layernorm (mlp) or groupnorm (cnn)"),
+    INT(model, groups, "8",
+        "groupnorm: groups per layer (must divide channels)"),
+    LIST(model, channels, "[32, 64]", "cnn: conv channels of each stage"),
+    INT(model, kernel, "3", "cnn: conv kernel size, odd ('same' padding)"),
+    INT(model, residual_blocks, "0", "cnn: residual blocks per stage"),
+    ENUM(model, pool, "max", pools, "cnn: pooling between stages"),
+    LIST(model, dense, "[128]",
+         "cnn: widths of the dense layers after the convs"),
+    INT(model, classes, "10", "number of output classes"),
+
+    ENUM(data, dataset, "fashion_mnist", datasets, "training data"),
+    STRING(data, dir, "/usr/share/datasets/fashion-mnist",
+           "folder holding the Fashion-MNIST IDX .gz files"),
+    INT(data, train_limit, "0",
+        "use only the first N training samples (0 = all)"),
+    INT(data, test_limit, "0", "use only the first N test samples (0 = all)"),
+    BOOL(data, shuffle, "true", "reshuffle the training set every epoch"),
+    BOOL(data, normalize, "true",
+         "standardise pixels with the dataset mean/std"),
+
+    ENUM(optimizer, kind, "sgd", optimizers, "update rule"),
+    FLOAT(optimizer, lr, "0.05", "peak learning rate"),
+    FLOAT(optimizer, momentum, "0.9", "sgd: momentum"),
+    BOOL(optimizer, nesterov, "false", "sgd: Nesterov momentum"),
+    FLOAT(optimizer, weight_decay, "0", "weight decay (decoupled for adamw)"),
+    FLOAT(optimizer, beta1, "0.9", "adamw: first-moment decay"),
+    FLOAT(optimizer, beta2, "0.999", "adamw: second-moment decay"),
+    FLOAT(optimizer, eps, "1e-8", "adamw: denominator epsilon"),
+    ENUM(optimizer, schedule, "constant", schedules, "learning-rate schedule"),
+    INT(optimizer, warmup_steps, "0",
+        "linear warm-up from 0 over this many steps"),
+    FLOAT(optimizer, min_lr, "0", "cosine/linear: final learning rate"),
+    INT(optimizer, step_size, "1000", "step: decay every step_size steps"),
+    FLOAT(optimizer, gamma, "0.1", "step: decay factor"),
+
+    INT(train, batch, "32", "samples per optimizer step"),
+    INT(train, epochs, "1", "passes over the training set"),
+    INT64(train, steps, "0", "optimizer steps; > 0 overrides epochs"),
+    UINT64(train, seed, "42", "one seed for init, shuffling and dropout"),
+    INT(train, eval_every, "0",
+        "evaluate every N steps (0 = end of each epoch)"),
+    INT(train, checkpoint_every, "0",
+        "checkpoint every N steps (0 = at the end)"),
+    INT(train, threads, "0", "worker threads (0 = all cores)"),
+    INT(train, keep_checkpoints, "2", "step checkpoints to keep"),
+
+    ENUM(execution, mode, "sequential", modes, "execution mode (DESIGN.md)"),
+    INT(execution, micro_batch, "0",
+        "samples per micro-batch (0 = whole batch)"),
+
+    ENUM(fabric, kind, "cpu", fabrics, "what the plan runs on"),
+    INT(fabric, cores, "0", "cores to use (0 = detected)"),
+
+    INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
+    ENUM(metrics, progress, "auto", progress_modes,
+         "progress line (auto = only on a terminal)"),
+};
+
+const int st_config_schema_count =
+    (int)(sizeof st_config_schema / sizeof st_config_schema[0]);
+
+/* The per-key origin records in st_config are indexed by row. */
+_Static_assert(sizeof st_config_schema / sizeof st_config_schema[0] <=
+                   ST_CONFIG_MAX_KEYS,
+               "raise ST_CONFIG_MAX_KEYS in strata.h");
+
+int st_config_key_find(const char *section, size_t section_len,
+                       const char *name) {
+  for (int i = 0; i < st_config_schema_count; i++) {
+    const st_config_key *k = &st_config_schema[i];
+    if (strlen(k->section) == section_len &&
+        memcmp(k->section, section, section_len) == 0 &&
+        strcmp(k->name, name) == 0)
+      return i;
+  }
+  return -1;
+}
+
+int st_config_section_find(const char *section) {
+  for (int i = 0; i < st_config_schema_count; i++)
+    if (strcmp(st_config_schema[i].section, section) == 0)
+      return i;
+  return -1;
+}
+
+const char *st_config_type_name(st_config_type type) {
+  switch (type) {
+  case ST_CONFIG_INT:
+    return "int";
+  case ST_CONFIG_INT64:
+    return "int64";
+  case ST_CONFIG_UINT64:
+    return "uint64";
+  case ST_CONFIG_FLOAT:
+    return "float";
+  case ST_CONFIG_BOOL:
+    return "bool";
+  case ST_CONFIG_STRING:
+    return "string";
+  case ST_CONFIG_ENUM:
+    return "enum";
+  case ST_CONFIG_INT_LIST:
+    return "int list";
+  }
+  return "?";
+}
+
+/* "relu, gelu, gelu_tanh" into buf. */
+static const char *join_choices(const char *const *choices, char *buf,
+                                size_t cap) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; choices && choices[i]; i++) {
+    int n = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", choices[i]);
+    if (n < 0 || (size_t)n >= cap - used)
+      break;
+    used += (size_t)n;
+  }
+  return buf;
+}
+
+void st_config_print_schema(FILE *f) {
+  const char *section = "";
+  char choices[256];
+  fprintf(
+      f,
+      "config keys (YAML sections; override with --set section.key=value):\n");
+  for (int i = 0; i < st_config_schema_count; i++) {
+    const st_config_key *k = &st_config_schema[i];
+    if (strcmp(k->section, section) != 0) {
+      section = k->section;
+      fprintf(f, "\n%s:\n", section);
+    }
+    char full[64];
+    snprintf(full, sizeof full, "%s.%s", k->section, k->name);
+    fprintf(f, "  %-24s %-8s %-13s", full, st_config_type_name(k->type),
+            k->def);
+    /* A default wider than its column pushes the meaning to its own line
+     * rather than knocking every other row out of alignment. */
+    if (strlen(k->def) > 13)
+      fprintf(f, "\n%49s", "");
+    fprintf(f, " %s", k->meaning);
+    if (k->choices)
+      fprintf(f, "; one of: %s",
+              join_choices(k->choices, choices, sizeof choices));
+    fputc('\n', f);
+  }
+}
+
+void st_config_schema_markdown(FILE *f) {
+  const char *section = "";
+  char choices[256];
+  for (int i = 0; i < st_config_schema_count; i++) {
+    const st_config_key *k = &st_config_schema[i];
+    if (strcmp(k->section, section) != 0) {
+      section = k->section;
+      fprintf(f, "%s### %s\n\n", i ? "\n" : "", section);
+      fprintf(f, "| key | type | default | meaning |\n");
+      fprintf(f, "|---|---|---|---|\n");
+    }
+    fprintf(f, "| `%s.%s` | %s | `%s` | %s", k->section, k->name,
+            st_config_type_name(k->type), k->def, k->meaning);
+    if (k->choices)
+      fprintf(f, "; one of: %s",
+              join_choices(k->choices, choices, sizeof choices));
+    fprintf(f, " |\n");
+  }
+}

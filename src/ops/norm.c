@@ -1,0 +1,181 @@
+/*
+ * norm.c — layer normalisation over the last D features of (N, D) rows (Ba et
+ * al. 2016) and group normalisation over (B, C, HW) with G groups of C/G
+ * channels (Wu & He 2018), each with a per-feature / per-channel affine
+ * (w, b; either may be NULL for none). Both use the biased variance and save
+ * mean and rstd = 1/sqrt(var + eps) for the backward pass, as PyTorch does.
+ *
+ * Statistics and every reduction are taken in double with two passes (mean,
+ * then squared deviations), so the fp32 outputs match PyTorch to a few ulps
+ * even when the mean is large compared with the spread.
+ *
+ * Backward, with xhat = (x - mean) * rstd and g = dout * w over one row or
+ * group of n elements:
+ *   din = rstd * (g - mean(g) - xhat * mean(g * xhat))
+ *   dw += sum dout * xhat,  db += sum dout  (over rows / samples and HW)
+ * Gradients of w and b are summed per feature in a fixed order (rows in
+ * order), so results do not depend on how a caller batches.
+ */
+#include "strata.h"
+
+#include <assert.h>
+#include <math.h>
+
+/* mean and rstd of n floats. */
+static void moments(const float *restrict x, size_t n, float eps,
+                    double *mean, double *rstd) {
+  double sum = 0;
+  for (size_t i = 0; i < n; i++) sum += x[i];
+  double m = sum / (double)n, sq = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = x[i] - m;
+    sq += d * d;
+  }
+  *mean = m;
+  *rstd = 1.0 / sqrt(sq / (double)n + eps);
+}
+
+void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
+                          const float *w, const float *b, int N, int D,
+                          float eps) {
+  for (int r = 0; r < N; r++) {
+    const float *x = in + (size_t)r * D;
+    float *y = out + (size_t)r * D;
+    double m, s;
+    moments(x, (size_t)D, eps, &m, &s);
+    for (int i = 0; i < D; i++) {
+      double v = (x[i] - m) * s;
+      if (w) v *= w[i];
+      if (b) v += b[i];
+      y[i] = (float)v;
+    }
+    mean[r] = (float)m;
+    rstd[r] = (float)s;
+  }
+}
+
+void st_layernorm_backward(float *din, float *dw, float *db, const float *dout,
+                           const float *in, const float *w, const float *mean,
+                           const float *rstd, int N, int D) {
+  if (din)
+    for (int r = 0; r < N; r++) {
+      const float *x = in + (size_t)r * D, *dy = dout + (size_t)r * D;
+      double m = mean[r], s = rstd[r], g_sum = 0, gx_sum = 0;
+      for (int i = 0; i < D; i++) {
+        double g = w ? (double)dy[i] * w[i] : dy[i];
+        g_sum += g;
+        gx_sum += g * (x[i] - m) * s;
+      }
+      double g_mean = g_sum / D, gx_mean = gx_sum / D;
+      float *dx = din + (size_t)r * D;
+      for (int i = 0; i < D; i++) {
+        double g = w ? (double)dy[i] * w[i] : dy[i];
+        dx[i] = (float)(s * (g - g_mean - (x[i] - m) * s * gx_mean));
+      }
+    }
+  for (int i = 0; i < D && (dw || db); i++) {
+    double w_sum = 0, b_sum = 0;
+    for (int r = 0; r < N; r++) {
+      double dy = dout[(size_t)r * D + i];
+      w_sum += dy * (in[(size_t)r * D + i] - (double)mean[r]) * rstd[r];
+      b_sum += dy;
+    }
+    if (dw) dw[i] += (float)w_sum;
+    if (db) db[i] += (float)b_sum;
+  }
+}
+
+void st_groupnorm_forward(float *out, float *mean, float *rstd,
+                          const float *in, const float *w, const float *b,
+                          int B, int C, int HW, int G, float eps) {
+  assert(G > 0 && C % G == 0);
+  int CG = C / G;
+  size_t n = (size_t)CG * HW; /* a group is contiguous in (C, HW) */
+  for (int s = 0; s < B; s++)
+    for (int g = 0; g < G; g++) {
+      size_t base = ((size_t)s * C + (size_t)g * CG) * HW;
+      double m, r;
+      moments(in + base, n, eps, &m, &r);
+      for (int c = g * CG; c < (g + 1) * CG; c++) {
+        const float *x = in + ((size_t)s * C + c) * HW;
+        float *y = out + ((size_t)s * C + c) * HW;
+        double scale = w ? r * w[c] : r, shift = b ? b[c] : 0.0;
+        for (int i = 0; i < HW; i++) y[i] = (float)((x[i] - m) * scale + shift);
+      }
+      mean[(size_t)s * G + g] = (float)m;
+      rstd[(size_t)s * G + g] = (float)r;
+    }
+}
+
+void st_groupnorm_backward(float *din, float *dw, float *db, const float *dout,
+                           const float *in, const float *w, const float *mean,
+                           const float *rstd, int B, int C, int HW, int G) {
+  assert(G > 0 && C % G == 0);
+  int CG = C / G;
+  double n = (double)CG * HW;
+  if (din)
+    for (int s = 0; s < B; s++)
+      for (int g = 0; g < G; g++) {
+        double m = mean[(size_t)s * G + g], r = rstd[(size_t)s * G + g];
+        double g_sum = 0, gx_sum = 0;
+        for (int c = g * CG; c < (g + 1) * CG; c++) {
+          const float *x = in + ((size_t)s * C + c) * HW;
+          const float *dy = dout + ((size_t)s * C + c) * HW;
+          double wc = w ? w[c] : 1.0, dy_sum = 0, dyx_sum = 0;
+          for (int i = 0; i < HW; i++) {
+            dy_sum += dy[i];
+            dyx_sum += dy[i] * (x[i] - m);
+          }
+          g_sum += wc * dy_sum;
+          gx_sum += wc * dyx_sum * r;
+        }
+        double g_mean = g_sum / n, gx_mean = gx_sum / n;
+        for (int c = g * CG; c < (g + 1) * CG; c++) {
+          const float *x = in + ((size_t)s * C + c) * HW;
+          const float *dy = dout + ((size_t)s * C + c) * HW;
+          float *dx = din + ((size_t)s * C + c) * HW;
+          double wc = w ? w[c] : 1.0;
+          for (int i = 0; i < HW; i++)
+            dx[i] = (float)(r * (wc * dy[i] - g_mean -
+                                 (x[i] - m) * r * gx_mean));
+        }
+      }
+  for (int c = 0; c < C && (dw || db); c++) {
+    double w_sum = 0, b_sum = 0;
+    for (int s = 0; s < B; s++) {
+      double m = mean[(size_t)s * G + c / CG], r = rstd[(size_t)s * G + c / CG];
+      const float *x = in + ((size_t)s * C + c) * HW;
+      const float *dy = dout + ((size_t)s * C + c) * HW;
+      double dyx = 0, dys = 0;
+      for (int i = 0; i < HW; i++) {
+        dys += dy[i];
+        dyx += dy[i] * (x[i] - m);
+      }
+      w_sum += dyx * r;
+      b_sum += dys;
+    }
+    if (dw) dw[c] += (float)w_sum;
+    if (db) db[c] += (float)b_sum;
+  }
+}
+
+/* Per sample, counting a handful of flops per element each way; the saved
+ * state is the output plus mean and rstd. */
+st_cost st_layernorm_cost(int D) {
+  st_cost c;
+  c.flops_fwd = 8.0 * D;
+  c.flops_bwd = 12.0 * D;
+  c.param_bytes = 8.0 * D;
+  c.act_bytes = 4.0 * (D + 2.0);
+  return c;
+}
+
+st_cost st_groupnorm_cost(int C, int HW, int G) {
+  double n = (double)C * HW;
+  st_cost c;
+  c.flops_fwd = 8.0 * n;
+  c.flops_bwd = 12.0 * n;
+  c.param_bytes = 8.0 * C;
+  c.act_bytes = 4.0 * (n + 2.0 * G);
+  return c;
+}

@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# test_cli.sh — the `strata` command seen from outside: failure paths (bad
+# YAML, unknown keys, wrong types, impossible shapes, missing and corrupt data,
+# truncated checkpoints, a diverging run) and the happy paths (help texts, a
+# tiny training run and the files it writes, eval, inspect).
+#
+# Every failure must end in exit status 1 and exactly ONE line on stderr,
+# "strata: error: PLACE: CAUSE", where PLACE is a file (with line:col for a
+# config), a --set option or a tensor, and a failed run must leave no
+# half-written file (*.tmp*) behind: writes are atomic (STYLE.md, SQLite).
+#
+# Run from the repo root by tools/run-tests.sh, which sets STRATA_BUILD; ends
+# with the closing line "N passed, N failed". Each run is tiny (512 training
+# samples, 20 steps) so the whole file takes a few seconds.
+set -u
+
+strata="${STRATA_BUILD:-build}/strata"
+passed=0
+failed=0
+
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+
+pass() { passed=$((passed + 1)); }
+fail() {
+  failed=$((failed + 1))
+  printf 'FAIL %s\n' "$1"
+  shift
+  for detail in "$@"; do printf '    %s\n' "$detail"; done
+}
+
+finish() {
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ] && exit 0
+  exit 1
+}
+
+if [ ! -x "$strata" ]; then
+  fail "binary" "$strata is missing or not executable; run make first"
+  finish
+fi
+
+# A regular expression matching the literal text $1 (paths hold dots).
+re_quote() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|/]/\\&/g'; }
+
+# run CMD...: runs strata with CMD, leaving rc, out (stdout) and err (stderr).
+run() {
+  "$strata" "$@" >"$T/stdout" 2>"$T/stderr"
+  rc=$?
+  out=$(cat "$T/stdout")
+  err=$(cat "$T/stderr")
+}
+
+# expect_error NAME ERE -- ARGS...: strata ARGS must exit 1 and print exactly
+# one stderr line "strata: error: ..." matching the extended regex ERE (which
+# must say where and why). Counts two checks: the status and the message.
+expect_error() {
+  local name=$1 ere=$2
+  shift 3
+  run "$@"
+  if [ "$rc" -eq 1 ]; then pass; else
+    fail "$name: exit status" "strata $*" "want 1, got $rc" "stderr: $err"
+  fi
+  local lines
+  lines=$(wc -l <"$T/stderr")
+  if [ "$lines" -eq 1 ] && [[ $err =~ ^strata:\ error:\  ]] &&
+    [[ $err =~ $ere ]]; then
+    pass
+  else
+    fail "$name: message" "strata $*" "want one line matching: strata: error: $ere" \
+      "got $lines line(s):" "$(sed 's/^/  | /' "$T/stderr")"
+  fi
+}
+
+# no_tmp_left NAME DIR: a failed run leaves no half-written file in DIR.
+no_tmp_left() {
+  local left
+  left=$(find "$2" -name '*.tmp*' 2>/dev/null)
+  if [ -z "$left" ]; then pass; else
+    fail "$1: temporary files left behind under $2" "$left"
+  fi
+}
+
+# valid_jsonl NAME FILE: every line of FILE parses as JSON.
+valid_jsonl() {
+  local why
+  if why=$(python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$2" 2>&1); then
+    pass
+  else
+    fail "$1: $2 is not valid JSON lines" "$why"
+  fi
+}
+
+fc=configs/fc_mnist.yaml
+small=(--set data.train_limit=512 --set data.test_limit=256
+  --set train.steps=20 --set train.batch=32 --set metrics.progress=off)
+
+# --- 1. malformed YAML --------------------------------------------------------
+printf 'model: [unclosed\n' >"$T/bad.yaml"
+expect_error "malformed yaml" \
+  "$(re_quote "$T/bad.yaml"):[0-9]+:[0-9]+: .*(YAML|syntax)" \
+  -- train "$T/bad.yaml" --out "$T/o_bad"
+
+# --- 2. unknown key -----------------------------------------------------------
+printf 'model:\n  hiden: [1]\n' >"$T/unknown.yaml"
+expect_error "unknown key" \
+  "$(re_quote "$T/unknown.yaml"):2:3: .*unknown key.*model\.hiden" \
+  -- train "$T/unknown.yaml" --out "$T/o_unknown"
+
+# --- 3. wrong type, unknown --set key, wrong --set type -----------------------
+printf 'optimizer:\n  lr: fast\n' >"$T/type.yaml"
+expect_error "wrong type" \
+  "$(re_quote "$T/type.yaml"):2:7: optimizer\.lr: .*number.*fast" \
+  -- train "$T/type.yaml" --out "$T/o_type"
+expect_error "unknown --set key" \
+  "--set train\.nope=1: .*unknown key.*train\.nope" \
+  -- train "$fc" --set train.nope=1 --out "$T/o_nope"
+expect_error "wrong --set type" \
+  "--set optimizer\.lr=fast: optimizer\.lr: .*number.*fast" \
+  -- train "$fc" --set optimizer.lr=fast --out "$T/o_settype"
+printf 'optimizer:\n  kind: adam\n' >"$T/enum.yaml"
+expect_error "bad enum value" \
+  "$(re_quote "$T/enum.yaml"):2:9: optimizer\.kind: .*adam.*sgd, adamw" \
+  -- train "$T/enum.yaml" --out "$T/o_enum"
+expect_error "missing config file" \
+  "$(re_quote "$T/none.yaml"): cannot open: No such file" \
+  -- train "$T/none.yaml" --out "$T/o_none"
+
+# --- 4. impossible shape ------------------------------------------------------
+# 28 -> 14 -> 7 -> 3 -> 1 -> 0: the fifth pooling leaves no pixel.
+printf 'model:\n  kind: cnn\n  channels: [4, 4, 4, 4, 4, 4]\n' >"$T/shape.yaml"
+expect_error "impossible shape" \
+  "$(re_quote "$T/shape.yaml"):3:13: model\.channels: .*(below 1x1|too many)" \
+  -- train "$T/shape.yaml" --out "$T/o_shape"
+expect_error "impossible shape via --set" \
+  "--set.*model\.channels: .*(below 1x1|too many)" \
+  -- train "$fc" --set model.kind=cnn --set 'model.channels=[4,4,4,4,4,4]' \
+  --out "$T/o_shape_set"
+
+# --- 5. missing dataset -------------------------------------------------------
+expect_error "missing dataset" \
+  "/nonexistent/[a-z0-9-]+\.gz: cannot open: No such file or directory" \
+  -- train "$fc" "${small[@]}" --set data.dir=/nonexistent --out "$T/o_nodata"
+
+# --- 6. corrupt and truncated gzip --------------------------------------------
+# The whole training file is read (no train_limit): a load with a limit stops
+# early and, by design (src/data/idx.c), trusts the bytes it read, so it never
+# reaches the gzip CRC in the trailer.
+mkdir "$T/corrupt" "$T/short"
+cp /usr/share/datasets/fashion-mnist/*.gz "$T/corrupt/"
+cp /usr/share/datasets/fashion-mnist/*.gz "$T/short/"
+images=train-images-idx3-ubyte.gz
+size=$(stat -c %s "$T/corrupt/$images")
+head -c 4096 /dev/zero | tr '\0' '\377' |
+  dd of="$T/corrupt/$images" bs=4096 seek=$((size / 2)) oflag=seek_bytes \
+    conv=notrunc status=none
+expect_error "corrupt gzip" \
+  "$(re_quote "$T/corrupt/$images"): .*corrupt" \
+  -- train "$fc" --set data.test_limit=256 --set train.steps=2 \
+  --set metrics.progress=off --set data.dir="$T/corrupt" --out "$T/o_corrupt"
+head -c $((size / 2)) "/usr/share/datasets/fashion-mnist/$images" >"$T/short/$images"
+expect_error "truncated gzip" \
+  "$(re_quote "$T/short/$images"): .*truncated" \
+  -- train "$fc" --set data.test_limit=256 --set train.steps=2 \
+  --set metrics.progress=off --set data.dir="$T/short" --out "$T/o_short"
+
+# --- 10. happy paths ----------------------------------------------------------
+run --help
+if [ "$rc" -eq 0 ] && [[ $out == *"usage: strata COMMAND"* ]]; then pass; else
+  fail "strata --help" "rc=$rc" "$out$err"
+fi
+run train --help
+if [ "$rc" -eq 0 ] && grep -Eq '^ +optimizer\.lr +float +0\.05 ' "$T/stdout" &&
+  grep -Eq '^ +train\.batch +int +32 ' "$T/stdout"; then pass; else
+  fail "strata train --help lists keys with defaults" "rc=$rc" "$out$err"
+fi
+run eval --help
+if [ "$rc" -eq 0 ] && [[ $out == *"--checkpoint"* ]]; then pass; else
+  fail "strata eval --help" "rc=$rc" "$out$err"
+fi
+run inspect --help
+if [ "$rc" -eq 0 ] && [[ $out == *"usage: strata inspect"* ]]; then pass; else
+  fail "strata inspect --help" "rc=$rc" "$out$err"
+fi
+run bogus
+if [ "$rc" -eq 2 ] && [[ $err == *"unknown command 'bogus'"* ]]; then pass; else
+  fail "unknown command exits 2" "rc=$rc" "$err"
+fi
+run
+if [ "$rc" -eq 2 ]; then pass; else fail "no command exits 2" "rc=$rc"; fi
+run train "$fc" --bogus
+if [ "$rc" -eq 2 ] && [[ $err == *"unknown option '--bogus'"* ]]; then pass; else
+  fail "unknown option exits 2" "rc=$rc" "$err"
+fi
+
+run_dir="$T/run"
+run train "$fc" "${small[@]}" --out "$run_dir"
+if [ "$rc" -eq 0 ] && [ -z "$err" ]; then pass; else
+  fail "tiny training run" "rc=$rc" "$out" "$err"
+fi
+for f in config.yaml metrics.jsonl summary.json; do
+  if [ -s "$run_dir/$f" ]; then pass; else fail "run wrote $f" "$(ls -la "$run_dir")"; fi
+done
+valid_jsonl "metrics.jsonl" "$run_dir/metrics.jsonl"
+if why=$(python3 - "$run_dir/summary.json" 2>&1 <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+need = ["mode", "steps", "samples", "train_loss", "test_accuracy",
+        "samples_per_s", "wall_s"]
+missing = [k for k in need if k not in s]
+assert not missing, "missing keys %s in %s" % (missing, s)
+assert s["steps"] == 20, "steps %r, want 20" % s["steps"]
+assert s["samples"] == 20 * 32, "samples %r, want 640" % s["samples"]
+assert 0 <= s["test_accuracy"] <= 1, s["test_accuracy"]
+EOF
+); then pass; else fail "summary.json" "$why"; fi
+no_tmp_left "tiny training run" "$run_dir"
+
+run train "$run_dir/config.yaml" --set train.steps=1 --out "$T/run_again"
+if [ "$rc" -eq 0 ]; then pass; else
+  fail "resolved config.yaml loads again" "rc=$rc" "$err"
+fi
+
+checkpoint=$(find "$run_dir/checkpoints" -name 'step-*.safetensors' | sort | tail -n 1)
+if [ -n "$checkpoint" ]; then pass; else
+  fail "run wrote a checkpoint" "$(ls -la "$run_dir/checkpoints" 2>&1)"
+fi
+run inspect "$checkpoint"
+if [ "$rc" -eq 0 ] &&
+  grep -Eq '^ +blocks\.0\.linear0\.weight +F32 +256x784 ' "$T/stdout" &&
+  grep -Eq '^ +optim\.blocks\.0\.linear0\.weight\.momentum +F32 +256x784 ' "$T/stdout"; then
+  pass
+else
+  fail "inspect lists weights and optimizer state" "rc=$rc" "$out" "$err"
+fi
+run eval "$fc" "${small[@]}" --checkpoint "$checkpoint"
+if [ "$rc" -eq 0 ] && [[ $out =~ test\ accuracy\ [01]\.[0-9]+ ]]; then pass; else
+  fail "eval prints a test accuracy" "rc=$rc" "$out" "$err"
+fi
+
+# --- 7. truncated checkpoint --------------------------------------------------
+half="$T/half.safetensors"
+checkpoint=${checkpoint:-$T/missing.safetensors} # fails below, not here
+checkpoint_size=$(stat -c %s "$checkpoint" 2>/dev/null || echo 0)
+head -c $((checkpoint_size / 2)) "$checkpoint" >"$half" 2>/dev/null
+expect_error "eval of a truncated checkpoint" \
+  "$(re_quote "$half"): truncated" \
+  -- eval "$fc" "${small[@]}" --checkpoint "$half"
+expect_error "inspect of a truncated checkpoint" \
+  "$(re_quote "$half"): truncated" -- inspect "$half"
+head -c 4 "$checkpoint" >"$T/stub.safetensors"
+expect_error "inspect of a 4-byte checkpoint" \
+  "$(re_quote "$T/stub.safetensors"): truncated" -- inspect "$T/stub.safetensors"
+expect_error "inspect of a missing file" \
+  "$(re_quote "$T/none.safetensors"): cannot open" -- inspect "$T/none.safetensors"
+
+cp -r "$run_dir" "$T/resume"
+resume_checkpoint="$T/resume/checkpoints/${checkpoint##*/}"
+cp "$half" "$resume_checkpoint"
+expect_error "resume from a truncated checkpoint" \
+  "$(re_quote "$resume_checkpoint"): truncated" \
+  -- train - --resume "$T/resume" --set train.steps=30
+no_tmp_left "resume from a truncated checkpoint" "$T/resume"
+if cmp -s "$half" "$resume_checkpoint"; then pass; else
+  fail "failed resume left the checkpoint as it was"
+fi
+
+# --- 8. a diverging run -------------------------------------------------------
+# lr 1e10 blows the loss up within a few steps; checkpoint after every step so
+# that the last good ones are on disk when the NaN arrives.
+nan_dir="$T/nan"
+expect_error "diverging run" \
+  "step [0-9]+: .*(NaN|infinite)" \
+  -- train "$fc" "${small[@]}" --set optimizer.lr=1e10 \
+  --set train.checkpoint_every=1 --out "$nan_dir"
+bad_step=$(sed -n 's/.*step \([0-9][0-9]*\):.*/\1/p' "$T/stderr" | head -n 1)
+no_tmp_left "diverging run" "$nan_dir"
+newest=-1
+present=""
+unreadable=""
+for f in "$nan_dir"/checkpoints/*; do
+  [ -e "$f" ] || continue
+  present="$present ${f##*/}"
+  step=$(printf '%s' "${f##*/}" | sed -n 's/^step-0*\([0-9][0-9]*\)\.safetensors$/\1/p')
+  [ -n "$step" ] && [ "$step" -gt "$newest" ] && newest=$step
+  "$strata" inspect "$f" >/dev/null 2>"$T/inspect_err" ||
+    unreadable="$unreadable ${f##*/}: $(cat "$T/inspect_err")"
+done
+# Step numbers count completed steps, so step N failing leaves N-1 done.
+if [ -n "$bad_step" ] && [ "$newest" -eq $((bad_step - 1)) ]; then pass; else
+  fail "diverging run: checkpoints end just before the failing step" \
+    "failing step '$bad_step', checkpoints present:${present:- none}"
+fi
+if [ -z "$unreadable" ]; then pass; else
+  fail "diverging run: every checkpoint left loads" "$unreadable"
+fi
+valid_jsonl "diverging run metrics" "$nan_dir/metrics.jsonl"
+
+# --- 9. atomic writes ---------------------------------------------------------
+# A checkpoint that cannot be written (its folder is a file) fails the run
+# cleanly; so must every failing run above, without leaving a temporary.
+mkdir -p "$T/blocked"
+: >"$T/blocked/checkpoints"
+expect_error "unwritable checkpoint folder" \
+  "$(re_quote "$T/blocked/checkpoints")/.*(Not a directory|cannot)" \
+  -- train "$fc" "${small[@]}" --out "$T/blocked"
+for dir in "$T"/o_* "$T/blocked" "$T/resume" "$nan_dir"; do
+  [ -e "$dir" ] || continue
+  no_tmp_left "failed run ${dir##*/}" "$dir"
+done
+
+finish

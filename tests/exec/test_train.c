@@ -1,0 +1,152 @@
+/*
+ * test_train.c — contracts of a training run that must hold bit for bit:
+ *  - resume: 2N steps in one go == N steps, checkpoint, new process state,
+ *    load, N more steps (weights, optimizer state, data position, dropout);
+ *  - determinism: the same config and seed give identical weights with 1 and
+ *    3 threads, and twice in a row;
+ *  - steady state allocates nothing: st_alloc_count does not move over 20
+ *    steps after the first.
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <string.h>
+#include <unistd.h>
+
+/* A small CNN with a residual block, group norm, dropout, AdamW, cosine
+ * schedule and shuffling, on 1000 samples so runs cross epoch boundaries
+ * (31 steps per epoch at batch 32): every piece of state a resume needs. */
+static void cnn_config(st_config *c) {
+  st_config_defaults(c);
+  snprintf(c->model.kind, sizeof c->model.kind, "cnn");
+  c->model.channels = (st_int_list){2, {8, 16}};
+  c->model.residual_blocks = 1;
+  snprintf(c->model.norm, sizeof c->model.norm, "groupnorm");
+  c->model.groups = 4;
+  c->model.dense = (st_int_list){1, {32}};
+  c->model.dropout = 0.2f;
+  c->data.train_limit = 1000;
+  c->data.test_limit = 100;
+  c->train.batch = 32;
+  c->train.steps = 80;
+  c->train.threads = 2;
+  snprintf(c->optimizer.kind, sizeof c->optimizer.kind, "adamw");
+  c->optimizer.lr = 2e-3f;
+  c->optimizer.weight_decay = 0.01f;
+  snprintf(c->optimizer.schedule, sizeof c->optimizer.schedule, "cosine");
+  c->optimizer.warmup_steps = 5;
+  snprintf(c->metrics.progress, sizeof c->metrics.progress, "off");
+}
+
+static void mlp_config(st_config *c) {
+  st_config_defaults(c);
+  c->data.train_limit = 2000;
+  c->data.test_limit = 100;
+  c->model.dropout = 0.1f;
+  c->train.batch = 16;
+  c->train.steps = 60;
+  c->optimizer.nesterov = 1;
+  snprintf(c->metrics.progress, sizeof c->metrics.progress, "off");
+}
+
+static st_trainer *make(const st_config *c) {
+  st_error err = {0};
+  st_trainer *t = NULL;
+  int rc = st_trainer_create(&t, c, NULL, &err);
+  CHECK(rc == 0, "trainer: %s", err.msg);
+  return t;
+}
+
+static int steps(st_trainer *t, int n) {
+  st_error err = {0};
+  double loss;
+  for (int i = 0; i < n; i++)
+    if (st_trainer_step(t, &loss, &err)) {
+      CHECK(0, "step: %s", err.msg);
+      return -1;
+    }
+  return 0;
+}
+
+static float *copy_params(st_trainer *t) {
+  size_t n = st_trainer_model(t)->n_params;
+  float *p = malloc(n * sizeof *p);
+  memcpy(p, st_trainer_params(t), n * sizeof *p);
+  return p;
+}
+
+static void test_resume(const char *what, const st_config *c, int n) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/strata-resume-%d.safetensors", (int)getpid());
+  st_error err = {0};
+  st_trainer *a = make(c);
+  if (!a || steps(a, 2 * n)) return;
+  float *want = copy_params(a);
+  size_t np = st_trainer_model(a)->n_params;
+  st_trainer *b = make(c);
+  if (!b || steps(b, n)) return;
+  CHECK(st_trainer_save(b, path, &err) == 0, "save: %s", err.msg);
+  st_trainer_destroy(b);
+  st_trainer *r = make(c); /* fresh state, re-initialised weights */
+  CHECK(st_trainer_load(r, path, 0, &err) == 0, "load: %s", err.msg);
+  CHECK(st_trainer_pos(r)->step == n, "%s: resumed at step %lld, want %d",
+        what, (long long)st_trainer_pos(r)->step, n);
+  steps(r, n);
+  CHECK(memcmp(st_trainer_params(r), want, np * sizeof(float)) == 0,
+        "%s: resumed weights differ from an uninterrupted run", what);
+  CHECK(st_trainer_pos(r)->samples == st_trainer_pos(a)->samples &&
+            st_trainer_pos(r)->epoch == st_trainer_pos(a)->epoch,
+        "%s: data position differs after resume", what);
+  unlink(path);
+  free(want);
+  st_trainer_destroy(a);
+  st_trainer_destroy(r);
+}
+
+static void test_threads(const char *what, st_config c, int n) {
+  c.train.threads = 1;
+  st_trainer *one = make(&c);
+  c.train.threads = 3;
+  st_trainer *three = make(&c);
+  st_trainer *again = make(&c);
+  if (!one || !three || !again) return;
+  steps(one, n);
+  steps(three, n);
+  steps(again, n);
+  size_t np = st_trainer_model(one)->n_params;
+  CHECK(memcmp(st_trainer_params(one), st_trainer_params(three),
+               np * sizeof(float)) == 0,
+        "%s: 1 thread and 3 threads give different weights", what);
+  CHECK(memcmp(st_trainer_params(three), st_trainer_params(again),
+               np * sizeof(float)) == 0,
+        "%s: two identical runs differ", what);
+  st_trainer_destroy(one);
+  st_trainer_destroy(three);
+  st_trainer_destroy(again);
+}
+
+static void test_no_alloc(const char *what, const st_config *c) {
+  st_trainer *t = make(c);
+  if (!t) return;
+  steps(t, 1);
+  uint64_t before = st_alloc_count();
+  steps(t, 40); /* crosses an epoch boundary: reshuffling allocates nothing */
+  uint64_t after = st_alloc_count();
+  CHECK(after == before, "%s: %llu allocations in 40 steady-state steps", what,
+        (unsigned long long)(after - before));
+  st_trainer_destroy(t);
+}
+
+int main(void) {
+  st_blas_init();
+  st_config cnn, mlp;
+  cnn_config(&cnn);
+  mlp_config(&mlp);
+  test_resume("cnn adamw cosine dropout", &cnn, 40);
+  test_resume("mlp sgd nesterov dropout", &mlp, 30);
+  test_threads("cnn", cnn, 12);
+  test_threads("mlp", mlp, 12);
+  test_no_alloc("cnn", &cnn);
+  test_no_alloc("mlp", &mlp);
+  TH_DONE();
+}

@@ -1,0 +1,918 @@
+/*
+ * test_ops.c — the kernels of src/ops/ against three independent oracles:
+ *   1. PyTorch fixtures (tests/fixtures/ops_*.safetensors, written by
+ *      tests/ref/gen_ops.py): outputs and gradients computed in float64 from
+ *      the same float32 inputs, so any difference is our own fp32 rounding;
+ *   2. central finite differences of L = sum(out * dout), accumulated in
+ *      double, for a few input and parameter elements of each op;
+ *   3. a naive plain-loop conv2d (in double) beside the im2col + GEMM one.
+ * It also proves that conv2d is bitwise independent of the pool's thread
+ * count, that kernels allocate nothing, and checks dropout by its properties
+ * (its RNG is not PyTorch's, so there is nothing to compare against).
+ *
+ * Runs from the repository root. Set STRATA_TEST_VERBOSE=1 to print the
+ * worst difference of every comparison.
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define FIXTURE_DIR "tests/fixtures/"
+#define REGENERATE "/usr/bin/python3 tests/ref/gen_ops.py"
+
+/* ------------------------------------------------------------ fixtures */
+
+/* Test-side buffers, freed together at the end of each case. */
+static void *owned[512];
+static int n_owned;
+
+static void *keep(void *p) {
+  if (!p || n_owned == (int)(sizeof owned / sizeof owned[0])) {
+    fprintf(stderr, "test_ops: out of memory or owned[] full\n");
+    exit(2);
+  }
+  owned[n_owned++] = p;
+  return p;
+}
+
+static void release_all(void) {
+  while (n_owned) free(owned[--n_owned]);
+}
+
+static float *new_floats(size_t n) {
+  return keep(calloc(n ? n : 1, sizeof(float)));
+}
+
+static double *new_doubles(size_t n) {
+  return keep(calloc(n ? n : 1, sizeof(double)));
+}
+
+static st_safetensors *open_fixture(const char *op) {
+  char path[256];
+  snprintf(path, sizeof path, FIXTURE_DIR "ops_%s.safetensors", op);
+  st_safetensors *st = NULL;
+  st_error err = {0};
+  int rc = st_safetensors_read(&st, path, &err);
+  CHECK(rc == 0, "%s (regenerate with %s)", err.msg, REGENERATE);
+  if (rc) return NULL;
+  const char *version = st_safetensors_meta(st, "strata_fixture");
+  CHECK(version && strcmp(version, "1") == 0,
+        "%s: fixture version %s, expected 1 (regenerate with %s)", path,
+        version ? version : "missing", REGENERATE);
+  return st;
+}
+
+/* A copy of tensor "<case>.<key>" (so alignment is ours), checked for dtype
+ * and element count; a missing tensor fails and reads as zeros. */
+static void *fixture_tensor(const st_safetensors *st, const char *case_name,
+                            const char *key, const char *dtype, size_t numel) {
+  char name[160];
+  snprintf(name, sizeof name, "%s.%s", case_name, key);
+  void *copy = keep(calloc(numel ? numel : 1, 4));
+  const st_st_tensor *t = st_safetensors_find(st, name);
+  CHECK(t != NULL, "%s: tensor %s missing", st->path, name);
+  if (!t) return copy;
+  CHECK(strcmp(t->dtype, dtype) == 0, "%s: %s is %s, expected %s", st->path,
+        name, t->dtype, dtype);
+  size_t have = (t->end - t->begin) / 4;
+  CHECK(have == numel, "%s: %s has %zu elements, expected %zu", st->path,
+        name, have, numel);
+  memcpy(copy, st->data + t->begin, 4 * (have < numel ? have : numel));
+  return copy;
+}
+
+static float *fx(const st_safetensors *st, const char *c, const char *key,
+                 size_t numel) {
+  return fixture_tensor(st, c, key, "F32", numel);
+}
+
+static int32_t *fx_i32(const st_safetensors *st, const char *c,
+                       const char *key, size_t numel) {
+  return fixture_tensor(st, c, key, "I32", numel);
+}
+
+static void label(char *buf, size_t cap, const char *op, const char *c,
+                  const char *what) {
+  snprintf(buf, cap, "%s %s %s", op, c, what);
+}
+
+/* --------------------------------------------------- finite differences */
+
+/* A scalar loss L(params) = sum(out * dout) evaluated in double. */
+typedef double (*loss_fn)(void *ctx);
+
+static double dot(const float *a, const float *b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+  return s;
+}
+
+/* Central difference of L in element x. The step actually taken is the
+ * difference of the two rounded floats, not 2 * eps. */
+static double central_difference(float *x, loss_fn loss, void *ctx,
+                                 float eps) {
+  float x0 = *x, plus = x0 + eps, minus = x0 - eps;
+  *x = plus;
+  double l_plus = loss(ctx);
+  *x = minus;
+  double l_minus = loss(ctx);
+  *x = x0;
+  return (l_plus - l_minus) / ((double)plus - (double)minus);
+}
+
+/* Finite-difference tolerance. With eps = 1e-2 the truncation error is
+ * eps^2 |L'''| / 6 ~ 2e-5 for the smooth ops here (0 for the linear ones);
+ * fp32 rounding of the perturbed outputs adds ~sqrt(m) * 6e-8 * |out| over
+ * the m affected outputs, divided by the 2e-2 step: ~1e-5. 1e-3 relative to
+ * max(1, |g|) leaves a margin of 50x over both. */
+#define FD_EPS 1e-2f
+#define FD_TOL 1e-3
+
+/* Compares analytic gradient g[i] with the central difference for a few
+ * elements i of x (first, last, and some in between). */
+static void check_fd(const char *what, float *x, size_t n, const float *g,
+                     loss_fn loss, void *ctx) {
+  size_t picks[5] = {0, n / 3, n / 2, (7 * n) / 9, n - 1};
+  double worst = 0;
+  for (int k = 0; k < 5; k++) {
+    size_t i = picks[k];
+    double fd = central_difference(&x[i], loss, ctx, FD_EPS);
+    double den = fabs((double)g[i]) > 1.0 ? fabs((double)g[i]) : 1.0;
+    double r = fabs(fd - (double)g[i]) / den;
+    CHECK(r <= FD_TOL, "%s[%zu]: finite difference %.7g vs analytic %.7g",
+          what, i, fd, (double)g[i]);
+    if (r > worst) worst = r;
+  }
+  if (getenv("STRATA_TEST_VERBOSE"))
+    fprintf(stderr, "  %-40s max fd diff %.3g (tol %.3g)\n", what, worst,
+            FD_TOL);
+}
+
+/* ------------------------------------------------------------- linear */
+
+typedef struct linear_ctx {
+  float *out, *in, *w, *b, *dout;
+  int B, IC, OC;
+} linear_ctx;
+
+static double linear_loss(void *p) {
+  linear_ctx *c = p;
+  st_linear_forward(NULL, c->out, c->in, c->w, c->b, c->B, c->IC, c->OC);
+  return dot(c->out, c->dout, (size_t)c->B * c->OC);
+}
+
+/* GEMM outputs. A dot product of n fp32 terms carries a rounding error of
+ * about sqrt(n) * 6e-8 times the size of its partial sums (Higham, Accuracy
+ * and Stability, ch. 3, for random-sign rounding). Outputs and input
+ * gradients here are sums whose typical size is 1 (weights are scaled by
+ * 1/sqrt(fan_in)): 1e-5 relative above a floor of 1 leaves a margin of 10x
+ * or more. Weight and bias gradients sum n = B*OH*OW unit-sized terms, so
+ * their typical size is sqrt(n) and that is their floor (grad_floor):
+ * values far below it come from cancellation and are held to 1e-5 * sqrt(n)
+ * absolute, which is still 10x the expected rounding. */
+#define GEMM_TOL 1e-5
+#define GEMM_FLOOR 1.0
+
+static double grad_floor(size_t terms) {
+  double f = sqrt((double)terms);
+  return f > 1.0 ? f : 1.0;
+}
+
+static void test_linear(void) {
+  st_safetensors *st = open_fixture("linear");
+  if (!st) return;
+  const char *cases[] = {"bias", "nobias"};
+  for (int k = 0; k < 2; k++) {
+    const char *c = cases[k];
+    char what[96];
+    int32_t *d = fx_i32(st, c, "dims", 4);
+    int B = d[0], IC = d[1], OC = d[2], has_bias = d[3];
+    size_t nin = (size_t)B * IC, nw = (size_t)OC * IC, nout = (size_t)B * OC;
+    float *in = fx(st, c, "in", nin), *w = fx(st, c, "w", nw);
+    float *b = has_bias ? fx(st, c, "b", (size_t)OC) : NULL;
+    float *dout = fx(st, c, "dout", nout);
+    float *out = new_floats(nout), *din = new_floats(nin);
+    float *dw = new_floats(nw), *db = new_floats((size_t)OC);
+    st_linear_forward(NULL, out, in, w, b, B, IC, OC);
+    st_linear_backward(NULL, din, dw, has_bias ? db : NULL, dout, in, w, B, IC,
+                       OC);
+    label(what, sizeof what, "linear", c, "out");
+    CHECK_CLOSE(what, out, fx(st, c, "out", nout), nout, GEMM_TOL, GEMM_FLOOR);
+    label(what, sizeof what, "linear", c, "din");
+    CHECK_CLOSE(what, din, fx(st, c, "din", nin), nin, GEMM_TOL, GEMM_FLOOR);
+    label(what, sizeof what, "linear", c, "dw");
+    CHECK_CLOSE(what, dw, fx(st, c, "dw", nw), nw, GEMM_TOL,
+                grad_floor((size_t)B));
+    if (has_bias) {
+      label(what, sizeof what, "linear", c, "db");
+      CHECK_CLOSE(what, db, fx(st, c, "db", (size_t)OC), (size_t)OC, GEMM_TOL,
+                  grad_floor((size_t)B));
+    }
+    linear_ctx ctx = {new_floats(nout), in, w, b, dout, B, IC, OC};
+    label(what, sizeof what, "linear", c, "fd din");
+    check_fd(what, in, nin, din, linear_loss, &ctx);
+    label(what, sizeof what, "linear", c, "fd dw");
+    check_fd(what, w, nw, dw, linear_loss, &ctx);
+    if (has_bias) {
+      label(what, sizeof what, "linear", c, "fd db");
+      check_fd(what, b, (size_t)OC, db, linear_loss, &ctx);
+    }
+    release_all();
+  }
+  st_safetensors_destroy(st);
+}
+
+/* ------------------------------------------------------- activations */
+
+/* Pointwise ops evaluated in double and rounded once: within an ulp or two
+ * of the float64 reference; 1e-6 relative, floor 1e-6 (tiny outputs near
+ * x = 0 or x << 0 are compared absolutely at 1e-12). */
+#define POINTWISE_TOL 1e-6
+#define POINTWISE_FLOOR 1e-6
+
+static void test_relu(void) {
+  st_safetensors *st = open_fixture("relu");
+  if (!st) return;
+  int32_t *d = fx_i32(st, "relu", "dims", 1);
+  size_t n = (size_t)d[0];
+  float *in = fx(st, "relu", "in", n), *dout = fx(st, "relu", "dout", n);
+  float *out = new_floats(n), *din = new_floats(n);
+  st_relu_forward(out, in, n);
+  st_relu_backward(din, dout, out, n);
+  /* relu is exact: max(x, 0) and a copy or a zero of dout. */
+  CHECK_CLOSE("relu out", out, fx(st, "relu", "out", n), n, 0.0, 1e-30);
+  CHECK_CLOSE("relu din", din, fx(st, "relu", "din", n), n, 0.0, 1e-30);
+  release_all();
+  st_safetensors_destroy(st);
+}
+
+typedef struct gelu_ctx {
+  float *out, *in, *dout;
+  size_t n;
+  int approximate;
+} gelu_ctx;
+
+static double gelu_loss(void *p) {
+  gelu_ctx *c = p;
+  st_gelu_forward(c->out, c->in, c->n, c->approximate);
+  return dot(c->out, c->dout, c->n);
+}
+
+static void test_gelu(void) {
+  st_safetensors *st = open_fixture("gelu");
+  if (!st) return;
+  const char *cases[] = {"exact", "tanh"};
+  for (int k = 0; k < 2; k++) {
+    const char *c = cases[k];
+    char what[96];
+    int32_t *d = fx_i32(st, c, "dims", 2);
+    size_t n = (size_t)d[0];
+    int approximate = d[1];
+    float *in = fx(st, c, "in", n), *dout = fx(st, c, "dout", n);
+    float *out = new_floats(n), *din = new_floats(n);
+    st_gelu_forward(out, in, n, approximate);
+    st_gelu_backward(din, dout, in, n, approximate);
+    label(what, sizeof what, "gelu", c, "out");
+    CHECK_CLOSE(what, out, fx(st, c, "out", n), n, POINTWISE_TOL,
+                POINTWISE_FLOOR);
+    label(what, sizeof what, "gelu", c, "din");
+    CHECK_CLOSE(what, din, fx(st, c, "din", n), n, POINTWISE_TOL,
+                POINTWISE_FLOOR);
+    gelu_ctx ctx = {new_floats(n), in, dout, n, approximate};
+    label(what, sizeof what, "gelu", c, "fd din");
+    check_fd(what, in, n, din, gelu_loss, &ctx);
+    release_all();
+  }
+  st_safetensors_destroy(st);
+}
+
+/* ----------------------------------------------------------------- xent */
+
+typedef struct xent_ctx {
+  float *losses, *probs, *logits;
+  int *labels;
+  int B, C;
+} xent_ctx;
+
+static double xent_mean_loss(void *p) {
+  xent_ctx *c = p;
+  st_xent_forward(c->losses, c->probs, c->logits, c->labels, c->B, c->C);
+  double sum = 0;
+  for (int s = 0; s < c->B; s++) sum += c->losses[s];
+  return sum / c->B;
+}
+
+static void test_xent(void) {
+  st_safetensors *st = open_fixture("xent");
+  if (!st) return;
+  const char *c = "xent";
+  int32_t *d = fx_i32(st, c, "dims", 2);
+  int B = d[0], C = d[1];
+  size_t n = (size_t)B * C;
+  float *logits = fx(st, c, "logits", n);
+  int32_t *labels32 = fx_i32(st, c, "labels", (size_t)B);
+  int *labels = keep(calloc((size_t)B, sizeof(int)));
+  for (int s = 0; s < B; s++) labels[s] = labels32[s];
+  float *losses = new_floats((size_t)B), *probs = new_floats(n);
+  float *dlogits = new_floats(n);
+  st_xent_forward(losses, probs, logits, labels, B, C);
+  st_xent_backward(dlogits, probs, labels, B, C, 1.0f / (float)B);
+  float mean = 0;
+  {
+    double sum = 0;
+    for (int s = 0; s < B; s++) sum += losses[s];
+    mean = (float)(sum / B);
+  }
+  /* computed in double per row, rounded once: ulp-level. */
+  CHECK_CLOSE("xent losses", losses, fx(st, c, "losses", (size_t)B),
+              (size_t)B, 1e-6, 1e-6);
+  CHECK_CLOSE("xent loss mean", &mean, fx(st, c, "loss", 1), 1, 1e-6, 1e-6);
+  CHECK_CLOSE("xent probs", probs, fx(st, c, "probs", n), n, 1e-6, 1e-6);
+  /* dlogits = (p - onehot) / B in fp32: two roundings of O(1/B) values. */
+  CHECK_CLOSE("xent dlogits", dlogits, fx(st, c, "dlogits", n), n, 1e-6,
+              1e-6);
+  xent_ctx ctx = {new_floats((size_t)B), new_floats(n), logits, labels, B, C};
+  check_fd("xent fd dlogits", logits, n, dlogits, xent_mean_loss, &ctx);
+  release_all();
+  st_safetensors_destroy(st);
+}
+
+/* --------------------------------------------------------------- conv2d */
+
+typedef struct conv_shape {
+  int B, IC, H, W, OC, K, S, P;
+} conv_shape;
+
+static int conv_out(int n, int K, int S, int P) { return (n + 2 * P - K) / S + 1; }
+
+static size_t conv_in_numel(conv_shape s) {
+  return (size_t)s.B * s.IC * s.H * s.W;
+}
+static size_t conv_w_numel(conv_shape s) {
+  return (size_t)s.OC * s.IC * s.K * s.K;
+}
+static size_t conv_out_numel(conv_shape s) {
+  return (size_t)s.B * s.OC * conv_out(s.H, s.K, s.S, s.P) *
+         conv_out(s.W, s.K, s.S, s.P);
+}
+
+typedef struct conv_ctx {
+  conv_shape s;
+  float *out, *in, *w, *b, *dout, *col;
+} conv_ctx;
+
+static double conv_loss(void *p) {
+  conv_ctx *c = p;
+  conv_shape s = c->s;
+  st_conv2d_forward(NULL, c->out, c->in, c->w, c->b, c->col, s.B, s.IC, s.H,
+                    s.W, s.OC, s.K, s.S, s.P);
+  return dot(c->out, c->dout, conv_out_numel(s));
+}
+
+/* The oracle: convolution by its definition, in double. */
+static void naive_conv_forward(double *out, const float *in, const float *w,
+                               const float *b, conv_shape s) {
+  int OH = conv_out(s.H, s.K, s.S, s.P), OW = conv_out(s.W, s.K, s.S, s.P);
+  for (int n = 0; n < s.B; n++)
+    for (int o = 0; o < s.OC; o++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++) {
+          double sum = b ? b[o] : 0.0;
+          for (int c = 0; c < s.IC; c++)
+            for (int ki = 0; ki < s.K; ki++)
+              for (int kj = 0; kj < s.K; kj++) {
+                int ih = oh * s.S - s.P + ki, iw = ow * s.S - s.P + kj;
+                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
+                sum += (double)in[((size_t)(n * s.IC + c) * s.H + ih) * s.W +
+                                  iw] *
+                       w[((size_t)(o * s.IC + c) * s.K + ki) * s.K + kj];
+              }
+          out[((size_t)(n * s.OC + o) * OH + oh) * OW + ow] = sum;
+        }
+}
+
+static void naive_conv_backward(double *din, double *dw, double *db,
+                                const float *dout, const float *in,
+                                const float *w, conv_shape s) {
+  int OH = conv_out(s.H, s.K, s.S, s.P), OW = conv_out(s.W, s.K, s.S, s.P);
+  for (int n = 0; n < s.B; n++)
+    for (int o = 0; o < s.OC; o++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++) {
+          double g = dout[((size_t)(n * s.OC + o) * OH + oh) * OW + ow];
+          db[o] += g;
+          for (int c = 0; c < s.IC; c++)
+            for (int ki = 0; ki < s.K; ki++)
+              for (int kj = 0; kj < s.K; kj++) {
+                int ih = oh * s.S - s.P + ki, iw = ow * s.S - s.P + kj;
+                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
+                size_t xi = ((size_t)(n * s.IC + c) * s.H + ih) * s.W + iw;
+                size_t wi = ((size_t)(o * s.IC + c) * s.K + ki) * s.K + kj;
+                dw[wi] += g * in[xi];
+                din[xi] += g * w[wi];
+              }
+        }
+}
+
+static float *to_floats(const double *x, size_t n) {
+  float *y = new_floats(n);
+  for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
+  return y;
+}
+
+static float *random_floats(size_t n, uint64_t seed, float scale) {
+  float *x = new_floats(n);
+  st_rng rng;
+  st_rng_init(&rng, seed, ST_RNG_DATA, 0);
+  for (size_t i = 0; i < n; i++) x[i] = scale * st_rng_normal(&rng);
+  return x;
+}
+
+static void test_conv2d_fixtures(void) {
+  st_safetensors *st = open_fixture("conv2d");
+  if (!st) return;
+  const char *cases[] = {"k3s1p1", "k3s1p1_nobias", "k5s2p2",
+                         "k5s2p2_nobias", "k3s2p0_rect", "k1s1p0"};
+  for (int k = 0; k < 6; k++) {
+    const char *c = cases[k];
+    char what[96];
+    int32_t *d = fx_i32(st, c, "dims", 9);
+    conv_shape s = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+    int has_bias = d[8];
+    size_t nin = conv_in_numel(s), nw = conv_w_numel(s),
+           nout = conv_out_numel(s);
+    float *in = fx(st, c, "in", nin), *w = fx(st, c, "w", nw);
+    float *b = has_bias ? fx(st, c, "b", (size_t)s.OC) : NULL;
+    float *dout = fx(st, c, "dout", nout);
+    float *col = new_floats(
+        st_conv2d_scratch_floats(s.B, s.IC, s.H, s.W, s.K, s.S, s.P));
+    float *out = new_floats(nout), *din = new_floats(nin);
+    float *dw = new_floats(nw), *db = new_floats((size_t)s.OC);
+    /* Backward adds into dw and db: start them at 0.5 and take it off. */
+    for (size_t i = 0; i < nw; i++) dw[i] = 0.5f;
+    for (int o = 0; o < s.OC; o++) db[o] = 0.5f;
+    st_conv2d_forward(NULL, out, in, w, b, col, s.B, s.IC, s.H, s.W, s.OC, s.K,
+                      s.S, s.P);
+    st_conv2d_backward(NULL, din, dw, has_bias ? db : NULL, dout, in, w, col,
+                       s.B, s.IC, s.H, s.W, s.OC, s.K, s.S, s.P);
+    for (size_t i = 0; i < nw; i++) dw[i] -= 0.5f;
+    for (int o = 0; o < s.OC; o++) db[o] -= 0.5f;
+    label(what, sizeof what, "conv2d", c, "out");
+    CHECK_CLOSE(what, out, fx(st, c, "out", nout), nout, GEMM_TOL, GEMM_FLOOR);
+    label(what, sizeof what, "conv2d", c, "din");
+    CHECK_CLOSE(what, din, fx(st, c, "din", nin), nin, GEMM_TOL, GEMM_FLOOR);
+    /* dw and db went through accumulators that started at 0.5; taking 0.5
+     * off again adds at most 3e-8 absolute, far inside the floor below. */
+    size_t terms = nout / (size_t)s.OC; /* B*OH*OW */
+    label(what, sizeof what, "conv2d", c, "dw (added)");
+    CHECK_CLOSE(what, dw, fx(st, c, "dw", nw), nw, GEMM_TOL, grad_floor(terms));
+    if (has_bias) {
+      label(what, sizeof what, "conv2d", c, "db (added)");
+      CHECK_CLOSE(what, db, fx(st, c, "db", (size_t)s.OC), (size_t)s.OC,
+                  GEMM_TOL, grad_floor(terms));
+    } else {
+      int untouched = 1;
+      for (int o = 0; o < s.OC; o++) untouched &= db[o] == 0.0f;
+      CHECK(untouched, "conv2d %s: db written although NULL was passed", c);
+    }
+    /* din == NULL is allowed and must not change dw. */
+    float *dw2 = new_floats(nw);
+    for (size_t i = 0; i < nw; i++) dw2[i] = 0.5f;
+    st_conv2d_backward(NULL, NULL, dw2, NULL, dout, in, w, col, s.B, s.IC, s.H,
+                       s.W, s.OC, s.K, s.S, s.P);
+    for (size_t i = 0; i < nw; i++) dw2[i] -= 0.5f;
+    CHECK(memcmp(dw, dw2, nw * sizeof(float)) == 0,
+          "conv2d %s: dw differs when din is NULL", c);
+
+    conv_ctx ctx = {s, new_floats(nout), in, w, b, dout, col};
+    label(what, sizeof what, "conv2d", c, "fd din");
+    check_fd(what, in, nin, din, conv_loss, &ctx);
+    label(what, sizeof what, "conv2d", c, "fd dw");
+    check_fd(what, w, nw, dw, conv_loss, &ctx);
+    if (has_bias) {
+      label(what, sizeof what, "conv2d", c, "fd db");
+      check_fd(what, b, (size_t)s.OC, db, conv_loss, &ctx);
+    }
+    release_all();
+  }
+  st_safetensors_destroy(st);
+}
+
+/* Fast conv2d against the naive one, including shapes whose last rows and
+ * columns fall outside every window ((H + 2P - K) not a multiple of S). */
+static void test_conv2d_naive(void) {
+  conv_shape shapes[] = {
+      {3, 4, 10, 11, 5, 3, 2, 1},  {2, 5, 12, 9, 6, 5, 3, 1},
+      {2, 3, 7, 7, 8, 1, 1, 0},    {2, 2, 6, 6, 3, 1, 2, 0},
+      {2, 3, 8, 8, 4, 3, 1, 2},    {4, 8, 14, 14, 20, 3, 1, 1},
+  };
+  for (int k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++) {
+    conv_shape s = shapes[k];
+    char what[96], c[48];
+    snprintf(c, sizeof c, "B%d IC%d %dx%d OC%d K%d S%d P%d", s.B, s.IC, s.H,
+             s.W, s.OC, s.K, s.S, s.P);
+    size_t nin = conv_in_numel(s), nw = conv_w_numel(s),
+           nout = conv_out_numel(s);
+    float *in = random_floats(nin, 11 + k, 1.0f);
+    float *w = random_floats(nw, 12 + k, 1.0f / sqrtf((float)(s.IC * s.K * s.K)));
+    float *b = random_floats((size_t)s.OC, 13 + k, 0.3f);
+    float *dout = random_floats(nout, 14 + k, 1.0f);
+    float *col = new_floats(
+        st_conv2d_scratch_floats(s.B, s.IC, s.H, s.W, s.K, s.S, s.P));
+    float *out = new_floats(nout), *din = new_floats(nin);
+    float *dw = new_floats(nw), *db = new_floats((size_t)s.OC);
+    double *ref_out = new_doubles(nout), *ref_din = new_doubles(nin);
+    double *ref_dw = new_doubles(nw), *ref_db = new_doubles((size_t)s.OC);
+    st_conv2d_forward(NULL, out, in, w, b, col, s.B, s.IC, s.H, s.W, s.OC, s.K,
+                      s.S, s.P);
+    st_conv2d_backward(NULL, din, dw, db, dout, in, w, col, s.B, s.IC, s.H,
+                       s.W, s.OC, s.K, s.S, s.P);
+    naive_conv_forward(ref_out, in, w, b, s);
+    naive_conv_backward(ref_din, ref_dw, ref_db, dout, in, w, s);
+    /* Same tolerances and floors as for the fixtures (GEMM_TOL). */
+    size_t terms = nout / (size_t)s.OC; /* B*OH*OW */
+    label(what, sizeof what, "conv2d naive", c, "out");
+    CHECK_CLOSE(what, out, to_floats(ref_out, nout), nout, GEMM_TOL, GEMM_FLOOR);
+    label(what, sizeof what, "conv2d naive", c, "din");
+    CHECK_CLOSE(what, din, to_floats(ref_din, nin), nin, GEMM_TOL, GEMM_FLOOR);
+    label(what, sizeof what, "conv2d naive", c, "dw");
+    CHECK_CLOSE(what, dw, to_floats(ref_dw, nw), nw, GEMM_TOL, grad_floor(terms));
+    label(what, sizeof what, "conv2d naive", c, "db");
+    CHECK_CLOSE(what, db, to_floats(ref_db, (size_t)s.OC), (size_t)s.OC,
+                GEMM_TOL, grad_floor(terms));
+    release_all();
+  }
+}
+
+/* Bitwise equality for 1 and 3 threads (and no pool): every task partition
+ * depends on the shape only. The second shape has several dW tiles. */
+static void test_conv2d_determinism(void) {
+  conv_shape shapes[] = {{8, 8, 14, 14, 16, 3, 1, 1},
+                         {8, 16, 14, 14, 40, 3, 1, 1},
+                         {5, 6, 15, 13, 20, 5, 2, 2}};
+  st_pool *pools[3] = {NULL, st_pool_create(1), st_pool_create(3)};
+  CHECK(pools[1] && pools[2], "st_pool_create failed");
+  if (!pools[1] || !pools[2]) goto done;
+  for (int k = 0; k < 3; k++) {
+    conv_shape s = shapes[k];
+    size_t nin = conv_in_numel(s), nw = conv_w_numel(s),
+           nout = conv_out_numel(s);
+    size_t ncol = st_conv2d_scratch_floats(s.B, s.IC, s.H, s.W, s.K, s.S, s.P);
+    float *in = random_floats(nin, 21 + k, 1.0f);
+    float *w = random_floats(nw, 22 + k, 0.1f);
+    float *b = random_floats((size_t)s.OC, 23 + k, 0.3f);
+    float *dout = random_floats(nout, 24 + k, 1.0f);
+    float *out[3], *din[3], *dw[3], *db[3];
+    for (int p = 0; p < 3; p++) {
+      float *col = new_floats(ncol);
+      out[p] = new_floats(nout), din[p] = new_floats(nin);
+      dw[p] = random_floats(nw, 25, 0.01f); /* a previous micro-batch */
+      db[p] = random_floats((size_t)s.OC, 26, 0.01f);
+      uint64_t allocs = st_alloc_count();
+      st_conv2d_forward(pools[p], out[p], in, w, b, col, s.B, s.IC, s.H, s.W,
+                        s.OC, s.K, s.S, s.P);
+      st_conv2d_backward(pools[p], din[p], dw[p], db[p], dout, in, w, col, s.B,
+                         s.IC, s.H, s.W, s.OC, s.K, s.S, s.P);
+      CHECK(st_alloc_count() == allocs, "conv2d allocated inside the kernel");
+    }
+    for (int p = 1; p < 3; p++) {
+      const char *who = p == 1 ? "1 thread" : "3 threads";
+      CHECK(memcmp(out[0], out[p], nout * 4) == 0,
+            "conv2d shape %d out: %s differs from no pool", k, who);
+      CHECK(memcmp(din[0], din[p], nin * 4) == 0,
+            "conv2d shape %d din: %s differs from no pool", k, who);
+      CHECK(memcmp(dw[0], dw[p], nw * 4) == 0,
+            "conv2d shape %d dw: %s differs from no pool", k, who);
+      CHECK(memcmp(db[0], db[p], (size_t)s.OC * 4) == 0,
+            "conv2d shape %d db: %s differs from no pool", k, who);
+    }
+    release_all();
+  }
+done:
+  st_pool_destroy(pools[1]);
+  st_pool_destroy(pools[2]);
+}
+
+static void test_conv2d_cost(void) {
+  /* 28x28x1 -> 32 channels, K=3 'same': 2 * 32*9*784 MACs + 32*784 bias. */
+  st_cost c = st_conv2d_cost(1, 28, 28, 32, 3, 1, 1);
+  CHECK(c.flops_fwd == 2.0 * 32 * 9 * 784 + 32 * 784, "conv2d cost %g",
+        c.flops_fwd);
+  CHECK(c.param_bytes == 4.0 * (32 * 9 + 32), "conv2d param bytes %g",
+        c.param_bytes);
+  CHECK(st_conv2d_scratch_floats(4, 3, 9, 9, 5, 2, 2) ==
+            (size_t)4 * 3 * 25 * 5 * 5,
+        "conv2d scratch size");
+}
+
+/* -------------------------------------------------------------- pooling */
+
+static void test_maxpool(void) {
+  st_safetensors *st = open_fixture("maxpool");
+  if (!st) return;
+  const char *cases[] = {"k2s2", "k3s2", "k2s2_ties", "k3s2_ties"};
+  for (int k = 0; k < 4; k++) {
+    const char *c = cases[k];
+    char what[96];
+    int32_t *d = fx_i32(st, c, "dims", 6);
+    int B = d[0], C = d[1], H = d[2], W = d[3], K = d[4], S = d[5];
+    size_t nin = (size_t)B * C * H * W,
+           nout = (size_t)B * C * ((H - K) / S + 1) * ((W - K) / S + 1);
+    float *in = fx(st, c, "in", nin), *dout = fx(st, c, "dout", nout);
+    int32_t *want_idx = fx_i32(st, c, "idx", nout);
+    float *out = new_floats(nout), *din = new_floats(nin);
+    int32_t *idx = keep(calloc(nout, sizeof(int32_t)));
+    st_maxpool_forward(out, idx, in, B, C, H, W, K, S);
+    st_maxpool_backward(din, dout, idx, B, C, H, W, K, S);
+    /* A max is a copy and the argmax an integer: both exact, ties included
+     * (first maximum in row-major window order, as PyTorch). din adds at
+     * most two fp32 values per input (K=3, S=2), the same two in the same
+     * order as the reference's float64 sum rounded: exact too. */
+    label(what, sizeof what, "maxpool", c, "out");
+    CHECK_CLOSE(what, out, fx(st, c, "out", nout), nout, 0.0, 1e-30);
+    CHECK(memcmp(idx, want_idx, nout * sizeof(int32_t)) == 0,
+          "maxpool %s: argmax indices differ from PyTorch", c);
+    label(what, sizeof what, "maxpool", c, "din");
+    CHECK_CLOSE(what, din, fx(st, c, "din", nin), nin, 1e-7, 1.0);
+    release_all();
+  }
+  st_safetensors_destroy(st);
+}
+
+static void test_avgpool(void) {
+  st_safetensors *st = open_fixture("avgpool");
+  if (!st) return;
+  const char *cases[] = {"k2s2", "k3s2"};
+  for (int k = 0; k < 2; k++) {
+    const char *c = cases[k];
+    char what[96];
+    int32_t *d = fx_i32(st, c, "dims", 6);
+    int B = d[0], C = d[1], H = d[2], W = d[3], K = d[4], S = d[5];
+    size_t nin = (size_t)B * C * H * W,
+           nout = (size_t)B * C * ((H - K) / S + 1) * ((W - K) / S + 1);
+    float *in = fx(st, c, "in", nin), *dout = fx(st, c, "dout", nout);
+    float *out = new_floats(nout), *din = new_floats(nin);
+    st_avgpool_forward(out, in, B, C, H, W, K, S);
+    st_avgpool_backward(din, dout, B, C, H, W, K, S);
+    /* fp32 sums of K*K <= 9 terms of order 1: a few 1e-7 absolute. */
+    label(what, sizeof what, "avgpool", c, "out");
+    CHECK_CLOSE(what, out, fx(st, c, "out", nout), nout, 1e-6, 1.0);
+    label(what, sizeof what, "avgpool", c, "din");
+    CHECK_CLOSE(what, din, fx(st, c, "din", nin), nin, 1e-6, 1.0);
+    release_all();
+  }
+  st_safetensors_destroy(st);
+}
+
+/* --------------------------------------------------------------- norms */
+
+/* Norm kernels reduce in double and round once, but the backward reads the
+ * saved mean and rstd as fp32 (relative error 6e-8 each); through xhat that
+ * becomes ~|mean|/std * 6e-8 relative, up to ~5e-6 for the "offset" case
+ * (mean 8, std 1). 1e-5 relative above a floor of 0.1 covers it. */
+#define NORM_TOL 1e-5
+#define NORM_FLOOR 0.1
+
+typedef struct layernorm_ctx {
+  float *out, *mean, *rstd, *in, *w, *b, *dout;
+  int N, D;
+  float eps;
+} layernorm_ctx;
+
+static double layernorm_loss(void *p) {
+  layernorm_ctx *c = p;
+  st_layernorm_forward(c->out, c->mean, c->rstd, c->in, c->w, c->b, c->N,
+                       c->D, c->eps);
+  return dot(c->out, c->dout, (size_t)c->N * c->D);
+}
+
+static void test_layernorm(void) {
+  st_safetensors *st = open_fixture("layernorm");
+  if (!st) return;
+  const char *cases[] = {"plain", "offset"};
+  for (int k = 0; k < 2; k++) {
+    const char *c = cases[k];
+    char what[96];
+    int32_t *d = fx_i32(st, c, "dims", 2);
+    int N = d[0], D = d[1];
+    size_t n = (size_t)N * D;
+    float eps = fx(st, c, "eps", 1)[0];
+    float *in = fx(st, c, "in", n), *w = fx(st, c, "w", (size_t)D);
+    float *b = fx(st, c, "b", (size_t)D), *dout = fx(st, c, "dout", n);
+    float *out = new_floats(n), *din = new_floats(n);
+    float *mean = new_floats((size_t)N), *rstd = new_floats((size_t)N);
+    float *dw = new_floats((size_t)D), *db = new_floats((size_t)D);
+    st_layernorm_forward(out, mean, rstd, in, w, b, N, D, eps);
+    st_layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, D);
+    label(what, sizeof what, "layernorm", c, "out");
+    CHECK_CLOSE(what, out, fx(st, c, "out", n), n, NORM_TOL, NORM_FLOOR);
+    label(what, sizeof what, "layernorm", c, "mean");
+    CHECK_CLOSE(what, mean, fx(st, c, "mean", (size_t)N), (size_t)N, 1e-6,
+                1e-3);
+    label(what, sizeof what, "layernorm", c, "rstd");
+    CHECK_CLOSE(what, rstd, fx(st, c, "rstd", (size_t)N), (size_t)N, 1e-6,
+                1e-3);
+    label(what, sizeof what, "layernorm", c, "din");
+    CHECK_CLOSE(what, din, fx(st, c, "din", n), n, NORM_TOL, NORM_FLOOR);
+    label(what, sizeof what, "layernorm", c, "dw");
+    CHECK_CLOSE(what, dw, fx(st, c, "dw", (size_t)D), (size_t)D, NORM_TOL,
+                NORM_FLOOR);
+    label(what, sizeof what, "layernorm", c, "db");
+    CHECK_CLOSE(what, db, fx(st, c, "db", (size_t)D), (size_t)D, NORM_TOL,
+                NORM_FLOOR);
+    layernorm_ctx ctx = {new_floats(n), new_floats((size_t)N),
+                         new_floats((size_t)N), in, w, b, dout, N, D, eps};
+    label(what, sizeof what, "layernorm", c, "fd din");
+    check_fd(what, in, n, din, layernorm_loss, &ctx);
+    label(what, sizeof what, "layernorm", c, "fd dw");
+    check_fd(what, w, (size_t)D, dw, layernorm_loss, &ctx);
+    label(what, sizeof what, "layernorm", c, "fd db");
+    check_fd(what, b, (size_t)D, db, layernorm_loss, &ctx);
+    release_all();
+  }
+  st_safetensors_destroy(st);
+}
+
+typedef struct groupnorm_ctx {
+  float *out, *mean, *rstd, *in, *w, *b, *dout;
+  int B, C, HW, G;
+  float eps;
+} groupnorm_ctx;
+
+static double groupnorm_loss(void *p) {
+  groupnorm_ctx *c = p;
+  st_groupnorm_forward(c->out, c->mean, c->rstd, c->in, c->w, c->b, c->B, c->C,
+                       c->HW, c->G, c->eps);
+  return dot(c->out, c->dout, (size_t)c->B * c->C * c->HW);
+}
+
+static void test_groupnorm(void) {
+  st_safetensors *st = open_fixture("groupnorm");
+  if (!st) return;
+  const char *cases[] = {"g2", "gc", "g1"};
+  for (int k = 0; k < 3; k++) {
+    const char *c = cases[k];
+    char what[96];
+    int32_t *d = fx_i32(st, c, "dims", 4);
+    int B = d[0], C = d[1], HW = d[2], G = d[3];
+    size_t n = (size_t)B * C * HW, ns = (size_t)B * G;
+    float eps = fx(st, c, "eps", 1)[0];
+    float *in = fx(st, c, "in", n), *w = fx(st, c, "w", (size_t)C);
+    float *b = fx(st, c, "b", (size_t)C), *dout = fx(st, c, "dout", n);
+    float *out = new_floats(n), *din = new_floats(n);
+    float *mean = new_floats(ns), *rstd = new_floats(ns);
+    float *dw = new_floats((size_t)C), *db = new_floats((size_t)C);
+    st_groupnorm_forward(out, mean, rstd, in, w, b, B, C, HW, G, eps);
+    st_groupnorm_backward(din, dw, db, dout, in, w, mean, rstd, B, C, HW, G);
+    label(what, sizeof what, "groupnorm", c, "out");
+    CHECK_CLOSE(what, out, fx(st, c, "out", n), n, NORM_TOL, NORM_FLOOR);
+    label(what, sizeof what, "groupnorm", c, "mean");
+    CHECK_CLOSE(what, mean, fx(st, c, "mean", ns), ns, 1e-6, 1e-3);
+    label(what, sizeof what, "groupnorm", c, "rstd");
+    CHECK_CLOSE(what, rstd, fx(st, c, "rstd", ns), ns, 1e-6, 1e-3);
+    label(what, sizeof what, "groupnorm", c, "din");
+    CHECK_CLOSE(what, din, fx(st, c, "din", n), n, NORM_TOL, NORM_FLOOR);
+    label(what, sizeof what, "groupnorm", c, "dw");
+    CHECK_CLOSE(what, dw, fx(st, c, "dw", (size_t)C), (size_t)C, NORM_TOL,
+                NORM_FLOOR);
+    label(what, sizeof what, "groupnorm", c, "db");
+    CHECK_CLOSE(what, db, fx(st, c, "db", (size_t)C), (size_t)C, NORM_TOL,
+                NORM_FLOOR);
+    groupnorm_ctx ctx = {new_floats(n), new_floats(ns), new_floats(ns), in, w,
+                         b, dout, B, C, HW, G, eps};
+    label(what, sizeof what, "groupnorm", c, "fd din");
+    check_fd(what, in, n, din, groupnorm_loss, &ctx);
+    label(what, sizeof what, "groupnorm", c, "fd dw");
+    check_fd(what, w, (size_t)C, dw, groupnorm_loss, &ctx);
+    label(what, sizeof what, "groupnorm", c, "fd db");
+    check_fd(what, b, (size_t)C, db, groupnorm_loss, &ctx);
+    release_all();
+  }
+  st_safetensors_destroy(st);
+}
+
+/* -------------------------------------------------------------- dropout */
+
+static void test_dropout(void) {
+  const float p = 0.3f, scale = 1.0f / (1.0f - p);
+  const uint64_t seed = 1234;
+  const uint32_t layer = 7;
+
+  /* Kept fraction over B*n = 400,000 draws: binomial, sigma =
+   * sqrt(N p (1-p)) ~ 290 (~7e-4 of the mean); 6 sigma bounds a false
+   * failure at ~2e-9 for a correct RNG. Each of the four Philox words
+   * (j mod 4) is checked on its own (N/4, sigma ~ 145). */
+  {
+    int B = 4;
+    size_t n = 100000, N = (size_t)B * n;
+    float *in = random_floats(N, 31, 1.0f);
+    float *out = new_floats(N), *mask = new_floats(N);
+    st_dropout_forward(out, mask, in, B, n, p, seed, layer, 0);
+    size_t kept = 0, kept_lane[4] = {0}, exact = 0;
+    for (size_t i = 0; i < N; i++) {
+      int keep_i = mask[i] != 0.0f;
+      kept += (size_t)keep_i;
+      kept_lane[(i % n) % 4] += (size_t)keep_i;
+      /* 0 or exactly 1/(1-p), and out is exactly in * mask */
+      exact += (mask[i] == 0.0f || mask[i] == scale) &&
+               out[i] == in[i] * mask[i];
+    }
+    double expect = (double)N * (1.0 - p),
+           sigma = sqrt((double)N * p * (1.0 - p));
+    CHECK(fabs((double)kept - expect) <= 6 * sigma,
+          "dropout kept %zu of %zu, expected %.0f +- %.0f", kept, N, expect,
+          6 * sigma);
+    for (int l = 0; l < 4; l++)
+      CHECK(fabs((double)kept_lane[l] - expect / 4) <= 6 * sigma / 2,
+            "dropout lane %d kept %zu, expected %.0f", l, kept_lane[l],
+            expect / 4);
+    CHECK(exact == N, "dropout: %zu of %zu elements not 0 or in/(1-p)",
+          N - exact, N);
+    if (getenv("STRATA_TEST_VERBOSE"))
+      fprintf(stderr, "  dropout kept fraction %.5f (expected %.5f +- %.5f)\n",
+              (double)kept / N, 1.0 - p, 6 * sigma / N);
+    release_all();
+  }
+
+  /* The mask of global sample k does not depend on the batch split; n = 37
+   * is not a multiple of 4, so the last Philox block is cut short. */
+  {
+    size_t n = 37;
+    int B = 6;
+    float *in = random_floats((size_t)B * n, 32, 1.0f);
+    float *out = new_floats((size_t)B * n), *mask = new_floats((size_t)B * n);
+    float *out2 = new_floats((size_t)B * n), *mask2 = new_floats((size_t)B * n);
+    st_dropout_forward(out, mask, in, B, n, p, seed, layer, 100);
+    st_dropout_forward(out2, mask2, in, 2, n, p, seed, layer, 100);
+    st_dropout_forward(out2 + 2 * n, mask2 + 2 * n, in + 2 * n, 1, n, p, seed,
+                       layer, 102);
+    st_dropout_forward(out2 + 3 * n, mask2 + 3 * n, in + 3 * n, 3, n, p, seed,
+                       layer, 103);
+    CHECK(memcmp(mask, mask2, (size_t)B * n * 4) == 0,
+          "dropout mask depends on the batch split");
+    CHECK(memcmp(out, out2, (size_t)B * n * 4) == 0,
+          "dropout out depends on the batch split");
+
+    /* Another layer, seed or sample gives another mask. */
+    float *other = new_floats((size_t)B * n), *tmp = new_floats((size_t)B * n);
+    st_dropout_forward(tmp, other, in, B, n, p, seed, layer + 1, 100);
+    CHECK(memcmp(mask, other, (size_t)B * n * 4) != 0,
+          "dropout: layers share a mask");
+    st_dropout_forward(tmp, other, in, B, n, p, seed + 1, layer, 100);
+    CHECK(memcmp(mask, other, (size_t)B * n * 4) != 0,
+          "dropout: seeds share a mask");
+    CHECK(memcmp(mask, mask + n, n * 4) != 0, "dropout: samples share a mask");
+
+    /* Backward is exactly dout * mask. */
+    float *dout = random_floats((size_t)B * n, 33, 1.0f);
+    float *din = new_floats((size_t)B * n);
+    st_dropout_backward(din, dout, mask, (size_t)B * n);
+    int ok = 1;
+    for (size_t i = 0; i < (size_t)B * n; i++) ok &= din[i] == dout[i] * mask[i];
+    CHECK(ok, "dropout backward is not dout * mask");
+
+    /* p = 0: identity, mask all ones. */
+    st_dropout_forward(out, mask, in, B, n, 0.0f, seed, layer, 100);
+    ok = memcmp(out, in, (size_t)B * n * 4) == 0;
+    for (size_t i = 0; i < (size_t)B * n; i++) ok &= mask[i] == 1.0f;
+    CHECK(ok, "dropout p=0 is not the identity with mask 1");
+    release_all();
+  }
+}
+
+/* ----------------------------------------------------------------- costs */
+
+static void test_costs(void) {
+  st_cost c = st_maxpool_cost(32, 28, 28, 2, 2);
+  CHECK(c.act_bytes == 8.0 * 32 * 14 * 14, "maxpool keeps out + idx");
+  c = st_avgpool_cost(32, 28, 28, 2, 2);
+  CHECK(c.act_bytes == 4.0 * 32 * 14 * 14 && c.param_bytes == 0,
+        "avgpool cost");
+  c = st_layernorm_cost(256);
+  CHECK(c.param_bytes == 8.0 * 256, "layernorm params w and b");
+  c = st_groupnorm_cost(32, 196, 8);
+  CHECK(c.param_bytes == 8.0 * 32, "groupnorm params w and b");
+  c = st_dropout_cost(1000);
+  CHECK(c.act_bytes == 8000.0, "dropout keeps out + mask");
+}
+
+int main(void) {
+  st_blas_init();
+  test_linear();
+  test_relu();
+  test_gelu();
+  test_xent();
+  test_conv2d_fixtures();
+  test_conv2d_naive();
+  test_conv2d_determinism();
+  test_conv2d_cost();
+  test_maxpool();
+  test_avgpool();
+  test_layernorm();
+  test_groupnorm();
+  test_dropout();
+  test_costs();
+  TH_DONE();
+}

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Runs the benchmarks in bench/ and prints strata's figures as ratios against a
+# peer measured in the same run (STYLE.md 13); docs/bench.md explains them.
+#
+#   1. MLP training throughput (bench_mlp vs bench_mlp.py in PyTorch) at batch
+#      1, 32, 256 with threads = nproc and threads = 1. Each pair is run
+#      REPEATS times, strata and torch alternating, and the best of each is
+#      kept, so a neighbour's burst of load lowers one sample, not the ratio.
+#   2. A large linear layer (bench_linear) against raw BLAS sgemm.
+#
+# Targets are printed beside the ratios for the reader; a ratio below its
+# target never fails the run (benchmarks report, they don't gate). The exit
+# status is non-zero only if a benchmark program crashes or prints nothing
+# parseable.
+#
+# Usage: tools/run-bench.sh BUILD_DIR
+# Environment: REPEATS (default 3), SECONDS_PER_RUN (timed span, default 1.5),
+#              TORCH_PYTHON (default /usr/bin/python3, Debian's python3-torch).
+set -u
+build=${1:-build}
+cd "$(dirname "$0")/.."
+repeats=${REPEATS:-3}
+span=${SECONDS_PER_RUN:-1.5}
+py=${TORCH_PYTHON:-/usr/bin/python3}
+nproc=$(nproc)
+status=0
+
+for prog in bench_mlp bench_linear; do
+  if [ ! -x "$build/bench/$prog" ]; then
+    echo "run-bench: error: $build/bench/$prog is missing (run make benches)" >&2
+    exit 1
+  fi
+done
+
+have_torch=0
+if torch_version=$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+  have_torch=1
+else
+  echo "peer unavailable: $py cannot import torch; strata figures only, no ratios"
+fi
+
+echo "machine: $nproc CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))," \
+  "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "blas: openblas $(ls /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas*.so.* 2>/dev/null |
+  head -n1 | sed 's/.*\.so\.//')"
+[ "$have_torch" -eq 1 ] && echo "peer: PyTorch $torch_version ($py)"
+echo
+
+# Runs one benchmark command, prints its samples_per_s value (empty on
+# failure) and reports a crash on stderr.
+samples_per_s() {
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  local v; v=$(printf '%s\n' "$out" | sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p' | tail -n1)
+  if [ "$rc" -ne 0 ] || [ -z "$v" ]; then
+    echo "run-bench: error: '$*' failed (rc=$rc):" >&2
+    printf '%s\n' "$out" | sed 's/^/    | /' >&2
+    return 1
+  fi
+  echo "$v"
+}
+
+# best A B: the larger of two numbers, treating empty as missing.
+best() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "") print b; else if (b == "" || a + 0 >= b + 0) print a; else print b }'; }
+
+target_for() { case $1 in 1) echo 5 ;; 32) echo 2 ;; *) echo 1 ;; esac; }
+
+thread_counts="$nproc"
+[ "$nproc" -ne 1 ] && thread_counts="$nproc 1"
+
+rows=()
+for batch in 1 32 256; do
+  for threads in $thread_counts; do
+    s_best="" t_best=""
+    for ((r = 0; r < repeats; r++)); do
+      if v=$(samples_per_s "$build/bench/bench_mlp" "$batch" "$threads" "$span"); then
+        s_best=$(best "$s_best" "$v")
+      else
+        status=1
+      fi
+      if [ "$have_torch" -eq 1 ]; then
+        if v=$(samples_per_s "$py" bench/bench_mlp.py "$batch" "$threads" "$span"); then
+          t_best=$(best "$t_best" "$v")
+        else
+          status=1
+        fi
+      fi
+    done
+    rows+=("$batch $threads ${s_best:--} ${t_best:--} $(target_for "$batch")")
+  done
+done
+
+echo "MLP 784-256-256-10 training, samples/s (best of $repeats runs of ${span} s each)"
+printf '%s\n' "${rows[@]}" | awk '
+  BEGIN {
+    printf "%6s %8s %14s %14s %8s %8s  %s\n", "batch", "threads", "strata", "torch", "ratio", "target", "verdict"
+  }
+  {
+    ratio = "-"; verdict = "peer unavailable"
+    if ($3 != "-" && $4 != "-" && $4 > 0) {
+      r = $3 / $4; ratio = sprintf("%.2fx", r)
+      verdict = (r >= $5) ? "meets target" : "below target"
+    } else if ($3 == "-") verdict = "strata failed"
+    printf "%6d %8d %14s %14s %8s %7s  %s\n", $1, $2, $3, $4, ratio, ">=" $5 "x", verdict
+  }'
+echo
+
+echo "Linear layer, strata (st_linear_*, own pool, 1-thread BLAS) vs raw sgemm (BLAS threads)"
+linear_lines=()
+for threads in $thread_counts; do
+  out=$("$build/bench/bench_linear" "$threads" 2>&1)
+  rc=$?
+  printf '%s\n' "$out" | grep -v '^linear ' | sed 's/^/    | /'
+  if [ "$rc" -ne 0 ]; then
+    echo "run-bench: error: bench_linear $threads failed (rc=$rc)" >&2
+    status=1
+  fi
+  while IFS= read -r line; do linear_lines+=("$line"); done < <(printf '%s\n' "$out" | grep '^linear ')
+done
+if [ "${#linear_lines[@]}" -gt 0 ]; then
+  printf '%s\n' "${linear_lines[@]}" | awk '
+    BEGIN {
+      printf "%-22s %8s %9s %14s %12s %7s %7s  %s\n", "shape (B, IC, OC)", "threads", "pass", "strata GF/s", "raw GF/s", "ratio", "target", "verdict"
+    }
+    {
+      for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+      shape = f["B"] ", " f["IC"] ", " f["OC"]
+      printf "%-22s %8d %9s %14s %12s %7s %7s  %s\n", shape, f["threads"], f["pass"], f["strata_gflops"], f["raw_gflops"], f["ratio"], ">=0.8", (f["ratio"] >= 0.8 ? "meets target" : "below target")
+    }'
+fi
+
+[ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
+exit "$status"
