@@ -496,8 +496,8 @@ int st_write_file_atomic(const char *path, const void *data, size_t bytes,
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0)
-    return st_error_set(err, ST_EIO, "%s: cannot create: %s", tmp,
-                        strerror(errno));
+    return st_error_set(err, ST_EIO, "%s: cannot create (temp file %s): %s",
+                        path, tmp, strerror(errno));
   const uint8_t *p = data;
   size_t left = bytes;
   while (left) {
@@ -507,7 +507,7 @@ int st_write_file_atomic(const char *path, const void *data, size_t bytes,
       int e = errno;
       close(fd);
       unlink(tmp);
-      return st_error_set(err, ST_EIO, "%s: write failed: %s", tmp,
+      return st_error_set(err, ST_EIO, "%s: write failed: %s", path,
                           strerror(e));
     }
     p += n;
@@ -516,7 +516,7 @@ int st_write_file_atomic(const char *path, const void *data, size_t bytes,
   if (fsync(fd) != 0 || close(fd) != 0) {
     int e = errno;
     unlink(tmp);
-    return st_error_set(err, ST_EIO, "%s: fsync failed: %s", tmp, strerror(e));
+    return st_error_set(err, ST_EIO, "%s: fsync failed: %s", path, strerror(e));
   }
   if (rename(tmp, path) != 0) {
     int e = errno;

@@ -6,7 +6,8 @@
  * (H, W) plane of its channel — PyTorch's return_indices convention — so the
  * backward pass routes each gradient to one input without recomputing.
  * Ties go to the first maximum in row-major window order and a NaN wins over
- * any number, as in PyTorch's CPU kernel. With overlapping windows (K > S)
+ * any number (the last NaN of a window, if several), exactly as PyTorch's CPU
+ * kernel decides. With overlapping windows (K > S)
  * several outputs may route to one input; their gradients add.
  */
 #include "strata.h"
@@ -34,10 +35,8 @@ void st_maxpool_forward(float *out, int32_t *idx, const float *in, int B,
             if (x[i] > best || isnan(x[i])) {
               best = x[i];
               where = i;
-              if (isnan(best)) goto found;
             }
           }
-      found:
         y[oh * OW + ow] = best;
         arg[oh * OW + ow] = where;
       }
