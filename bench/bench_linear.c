@@ -22,7 +22,7 @@
  * and checks that strata's results match the raw sgemm (exit 1 if not).
  *
  * Usage: bench_linear [THREADS] [SECONDS]   (THREADS default: online CPUs;
- *        SECONDS: timed span per measurement, default 0.2)
+ *        SECONDS: timed span per measurement, default 0.15)
  */
 #include "strata.h"
 
@@ -38,7 +38,7 @@
 #define set_blas_threads(n) ((void)(n)) /* no portable knob; raw runs as is */
 #endif
 
-enum { REPEATS = 5 };
+enum { REPEATS = 4 };
 
 typedef struct problem {
   int B, IC, OC;
@@ -201,7 +201,7 @@ done:
 
 int main(int argc, char **argv) {
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  double span = 0.2;
+  double span = 0.15;
   if (argc > 1) threads = atoi(argv[1]);
   if (argc > 2) span = atof(argv[2]);
   if (argc > 3 || threads < 1 || span <= 0) {

@@ -41,8 +41,8 @@ fi
 
 echo "machine: $nproc CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "blas: openblas $(ls /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas*.so.* 2>/dev/null |
-  head -n1 | sed 's/.*\.so\.//')"
+blas_pkg=$(dpkg-query -W -f='${Package} ${Version}' libopenblas0-pthread 2>/dev/null)
+echo "blas: ${blas_pkg:-unknown} (strata pins it to 1 thread; raw sgemm runs threaded)"
 [ "$have_torch" -eq 1 ] && echo "peer: PyTorch $torch_version ($py)"
 echo
 
@@ -96,13 +96,30 @@ printf '%s\n' "${rows[@]}" | awk '
   BEGIN {
     printf "%6s %8s %14s %14s %8s %8s  %s\n", "batch", "threads", "strata", "torch", "ratio", "target", "verdict"
   }
+  function verdict(s, t, target,   r) {
+    if (s == "-") return "strata failed"
+    if (t == "-" || t <= 0) return "peer unavailable"
+    r = s / t
+    return (r >= target) ? "meets target" : "below target"
+  }
+  function with_threads(v, t) { return v == "-" ? "-" : v " (" t ")" }
+  function ratio(s, t) { return (s != "-" && t != "-" && t > 0) ? sprintf("%.2fx", s / t) : "-" }
   {
-    ratio = "-"; verdict = "peer unavailable"
-    if ($3 != "-" && $4 != "-" && $4 > 0) {
-      r = $3 / $4; ratio = sprintf("%.2fx", r)
-      verdict = (r >= $5) ? "meets target" : "below target"
-    } else if ($3 == "-") verdict = "strata failed"
-    printf "%6d %8d %14s %14s %8s %7s  %s\n", $1, $2, $3, $4, ratio, ">=" $5 "x", verdict
+    printf "%6d %8d %14s %14s %8s %7s  %s\n", $1, $2, $3, $4, ratio($3, $4), ">=" $5 "x", verdict($3, $4, $5)
+    # Per batch, each engine at its own best thread count: what a user who
+    # picks the thread count would see (torch is often fastest at 1 here).
+    if (!($1 in bs) || ($3 != "-" && $3 + 0 > bs[$1] + 0)) { bs[$1] = $3; bst[$1] = $2 }
+    if (!($1 in bt) || ($4 != "-" && $4 + 0 > bt[$1] + 0)) { bt[$1] = $4; btt[$1] = $2 }
+    target[$1] = $5; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }
+  }
+  END {
+    print ""
+    print "each at its best thread count:"
+    printf "%6s %22s %22s %8s %8s  %s\n", "batch", "strata (threads)", "torch (threads)", "ratio", "target", "verdict"
+    for (i = 1; i <= n; i++) {
+      b = order[i]
+      printf "%6d %22s %22s %8s %7s  %s\n", b, with_threads(bs[b], bst[b]), with_threads(bt[b], btt[b]), ratio(bs[b], bt[b]), ">=" target[b] "x", verdict(bs[b], bt[b], target[b])
+    }
   }'
 echo
 

@@ -134,7 +134,7 @@ static int write_summary(run_state *r, st_error *err) {
       (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
       r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
       r->train_s > 0 ? p->samples / r->train_s : 0, r->train_s,
-      st_now() - r->t0, r->cfg->train.threads, st_blas_name());
+      st_now() - r->t0, st_trainer_threads(r->t), st_blas_name());
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
   return st_write_file_atomic(path, buf, (size_t)n, err);
 }

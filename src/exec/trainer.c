@@ -328,3 +328,4 @@ const char *st_trainer_dir(const st_trainer *t) {
 int64_t st_trainer_steps_per_epoch(const st_trainer *t) {
   return t->steps_per_epoch;
 }
+int st_trainer_threads(const st_trainer *t) { return st_pool_threads(t->pool); }

@@ -14,7 +14,8 @@
  *   din = rstd * (g - mean(g) - xhat * mean(g * xhat))
  *   dw += sum dout * xhat,  db += sum dout  (over rows / samples and HW)
  * Gradients of w and b are summed per feature in a fixed order (rows in
- * order), so results do not depend on how a caller batches.
+ * order, in double within blocks of BLOCK rows or samples), so results do
+ * not depend on threads.
  */
 #include "strata.h"
 
@@ -29,8 +30,10 @@ static double lane_sum(const float *restrict x, size_t n) {
   double lane[4] = {0, 0, 0, 0};
   size_t i = 0;
   for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; l++) lane[l] += x[i + l];
-  for (int l = 0; i < n; i++, l++) lane[l] += x[i];
+    for (int l = 0; l < 4; l++)
+      lane[l] += x[i + l];
+  for (int l = 0; i < n; i++, l++)
+    lane[l] += x[i];
   return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
 
@@ -69,8 +72,8 @@ static void lane_sums_dy(const float *restrict dy, const float *restrict x,
 }
 
 /* mean and rstd of n floats, two passes. */
-static void moments(const float *restrict x, size_t n, float eps,
-                    double *mean, double *rstd) {
+static void moments(const float *restrict x, size_t n, float eps, double *mean,
+                    double *rstd) {
   double m = lane_sum(x, n) / (double)n;
   *mean = m;
   *rstd = 1.0 / sqrt(lane_sum_sq(x, n, m) / (double)n + eps);
@@ -86,8 +89,10 @@ void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
     moments(x, (size_t)D, eps, &m, &s);
     for (int i = 0; i < D; i++) {
       double v = (x[i] - m) * s;
-      if (w) v *= w[i];
-      if (b) v += b[i];
+      if (w)
+        v *= w[i];
+      if (b)
+        v += b[i];
       y[i] = (float)v;
     }
     mean[r] = (float)m;
@@ -95,40 +100,70 @@ void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
   }
 }
 
-void st_layernorm_backward(float *din, float *dw, float *db, const float *dout,
-                           const float *in, const float *w, const float *mean,
-                           const float *rstd, int N, int D) {
-  if (din)
-    for (int r = 0; r < N; r++) {
-      const float *x = in + (size_t)r * D, *dy = dout + (size_t)r * D;
-      double m = mean[r], s = rstd[r], g_sum = 0, gx_sum = 0;
-      for (int i = 0; i < D; i++) {
-        double g = w ? (double)dy[i] * w[i] : dy[i];
-        g_sum += g;
-        gx_sum += g * (x[i] - m) * s;
-      }
-      double g_mean = g_sum / D, gx_mean = gx_sum / D;
-      float *dx = din + (size_t)r * D;
-      for (int i = 0; i < D; i++) {
-        double g = w ? (double)dy[i] * w[i] : dy[i];
-        dx[i] = (float)(s * (g - g_mean - (x[i] - m) * s * gx_mean));
-      }
-    }
-  for (int i = 0; i < D && (dw || db); i++) {
-    double w_sum = 0, b_sum = 0;
-    for (int r = 0; r < N; r++) {
-      double dy = dout[(size_t)r * D + i];
-      w_sum += dy * (in[(size_t)r * D + i] - (double)mean[r]) * rstd[r];
-      b_sum += dy;
-    }
-    if (dw) dw[i] += (float)w_sum;
-    if (db) db[i] += (float)b_sum;
+/* The saved mean is fp32; when |mean| >> std its rounding (up to 6e-8 |mean|)
+ * shows in x - mean. The backward passes therefore refine it in double, m =
+ * mean + sum(x - mean) / n, one extra pass over the row or group. They work
+ * on blocks of BLOCK rows or samples so the refined means fit on the stack. */
+enum { BLOCK = 32 };
+
+static double refined_mean(const float *restrict x, size_t n, float saved) {
+  double lane[4] = {0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int l = 0; l < 4; l++)
+      lane[l] += x[i + l] - (double)saved;
+  for (int l = 0; i < n; i++, l++)
+    lane[l] += x[i] - (double)saved;
+  return saved + ((lane[0] + lane[1]) + (lane[2] + lane[3])) / (double)n;
+}
+
+static void layernorm_row_grad(float *restrict dx, const float *restrict dy,
+                               const float *restrict x, const float *w,
+                               double m, double s, int D) {
+  double g_sum = 0, gx_sum = 0;
+  for (int i = 0; i < D; i++) {
+    double g = w ? (double)dy[i] * w[i] : dy[i];
+    g_sum += g;
+    gx_sum += g * (x[i] - m) * s;
+  }
+  double g_mean = g_sum / D, gx_mean = gx_sum / D;
+  for (int i = 0; i < D; i++) {
+    double g = w ? (double)dy[i] * w[i] : dy[i];
+    dx[i] = (float)(s * (g - g_mean - (x[i] - m) * s * gx_mean));
   }
 }
 
-void st_groupnorm_forward(float *out, float *mean, float *rstd,
-                          const float *in, const float *w, const float *b,
-                          int B, int C, int HW, int G, float eps) {
+void st_layernorm_backward(float *din, float *dw, float *db, const float *dout,
+                           const float *in, const float *w, const float *mean,
+                           const float *rstd, int N, int D) {
+  for (int r0 = 0; r0 < N; r0 += BLOCK) {
+    int rows = N - r0 < BLOCK ? N - r0 : BLOCK;
+    double m[BLOCK];
+    for (int k = 0; k < rows; k++) {
+      size_t at = (size_t)(r0 + k) * D;
+      m[k] = refined_mean(in + at, (size_t)D, mean[r0 + k]);
+      if (din)
+        layernorm_row_grad(din + at, dout + at, in + at, w, m[k], rstd[r0 + k],
+                           D);
+    }
+    for (int i = 0; i < D && (dw || db); i++) {
+      double w_sum = 0, b_sum = 0;
+      for (int k = 0; k < rows; k++) {
+        size_t at = (size_t)(r0 + k) * D + i;
+        w_sum += (double)dout[at] * (in[at] - m[k]) * rstd[r0 + k];
+        b_sum += dout[at];
+      }
+      if (dw)
+        dw[i] += (float)w_sum;
+      if (db)
+        db[i] += (float)b_sum;
+    }
+  }
+}
+
+void st_groupnorm_forward(float *out, float *mean, float *rstd, const float *in,
+                          const float *w, const float *b, int B, int C, int HW,
+                          int G, float eps) {
   assert(G > 0 && C % G == 0);
   int CG = C / G;
   size_t n = (size_t)CG * HW; /* a group is contiguous in (C, HW) */
@@ -141,11 +176,34 @@ void st_groupnorm_forward(float *out, float *mean, float *rstd,
         const float *x = in + ((size_t)s * C + c) * HW;
         float *y = out + ((size_t)s * C + c) * HW;
         double scale = w ? r * w[c] : r, shift = b ? b[c] : 0.0;
-        for (int i = 0; i < HW; i++) y[i] = (float)((x[i] - m) * scale + shift);
+        for (int i = 0; i < HW; i++)
+          y[i] = (float)((x[i] - m) * scale + shift);
       }
       mean[(size_t)s * G + g] = (float)m;
       rstd[(size_t)s * G + g] = (float)r;
     }
+}
+
+/* din over one group of CG channels (HW each) with refined mean m. */
+static void groupnorm_group_grad(float *restrict dx, const float *restrict dy,
+                                 const float *restrict x, const float *w,
+                                 double m, double r, int CG, int HW) {
+  double g_sum = 0, gx_sum = 0, n = (double)CG * HW;
+  for (int c = 0; c < CG; c++) {
+    double wc = w ? w[c] : 1.0, dy_sum, dyx_sum;
+    lane_sums_dy(dy + (size_t)c * HW, x + (size_t)c * HW, (size_t)HW, m,
+                 &dy_sum, &dyx_sum);
+    g_sum += wc * dy_sum;
+    gx_sum += wc * dyx_sum * r;
+  }
+  double g_mean = g_sum / n, gx_mean = gx_sum / n;
+  for (int c = 0; c < CG; c++) {
+    double wc = w ? w[c] : 1.0;
+    size_t at = (size_t)c * HW;
+    for (int i = 0; i < HW; i++)
+      dx[at + i] = (float)(r * (wc * dy[at + i] - g_mean -
+                                (x[at + i] - m) * r * gx_mean));
+  }
 }
 
 void st_groupnorm_backward(float *din, float *dw, float *db, const float *dout,
@@ -153,44 +211,33 @@ void st_groupnorm_backward(float *din, float *dw, float *db, const float *dout,
                            const float *rstd, int B, int C, int HW, int G) {
   assert(G > 0 && C % G == 0);
   int CG = C / G;
-  double n = (double)CG * HW;
-  if (din)
-    for (int s = 0; s < B; s++)
-      for (int g = 0; g < G; g++) {
-        double m = mean[(size_t)s * G + g], r = rstd[(size_t)s * G + g];
-        double g_sum = 0, gx_sum = 0;
-        for (int c = g * CG; c < (g + 1) * CG; c++) {
-          const float *x = in + ((size_t)s * C + c) * HW;
-          const float *dy = dout + ((size_t)s * C + c) * HW;
-          double wc = w ? w[c] : 1.0, dy_sum, dyx_sum;
-          lane_sums_dy(dy, x, (size_t)HW, m, &dy_sum, &dyx_sum);
-          g_sum += wc * dy_sum;
-          gx_sum += wc * dyx_sum * r;
-        }
-        double g_mean = g_sum / n, gx_mean = gx_sum / n;
-        for (int c = g * CG; c < (g + 1) * CG; c++) {
-          const float *x = in + ((size_t)s * C + c) * HW;
-          const float *dy = dout + ((size_t)s * C + c) * HW;
-          float *dx = din + ((size_t)s * C + c) * HW;
-          double wc = w ? w[c] : 1.0;
-          for (int i = 0; i < HW; i++)
-            dx[i] = (float)(r * (wc * dy[i] - g_mean -
-                                 (x[i] - m) * r * gx_mean));
-        }
+  for (int s0 = 0; s0 < B; s0 += BLOCK) {
+    int samples = B - s0 < BLOCK ? B - s0 : BLOCK;
+    for (int g = 0; g < G; g++) {
+      double m[BLOCK];
+      for (int k = 0; k < samples; k++) {
+        size_t stat = (size_t)(s0 + k) * G + g;
+        size_t at = ((size_t)(s0 + k) * C + (size_t)g * CG) * HW;
+        m[k] = refined_mean(in + at, (size_t)CG * HW, mean[stat]);
+        if (din)
+          groupnorm_group_grad(din + at, dout + at, in + at,
+                               w ? w + g * CG : NULL, m[k], rstd[stat], CG, HW);
       }
-  for (int c = 0; c < C && (dw || db); c++) {
-    double w_sum = 0, b_sum = 0;
-    for (int s = 0; s < B; s++) {
-      double m = mean[(size_t)s * G + c / CG], r = rstd[(size_t)s * G + c / CG];
-      const float *x = in + ((size_t)s * C + c) * HW;
-      const float *dy = dout + ((size_t)s * C + c) * HW;
-      double dys, dyx;
-      lane_sums_dy(dy, x, (size_t)HW, m, &dys, &dyx);
-      w_sum += dyx * r;
-      b_sum += dys;
+      for (int c = g * CG; c < (g + 1) * CG && (dw || db); c++) {
+        double w_sum = 0, b_sum = 0;
+        for (int k = 0; k < samples; k++) {
+          size_t at = ((size_t)(s0 + k) * C + c) * HW;
+          double dys, dyx;
+          lane_sums_dy(dout + at, in + at, (size_t)HW, m[k], &dys, &dyx);
+          w_sum += dyx * rstd[(size_t)(s0 + k) * G + g];
+          b_sum += dys;
+        }
+        if (dw)
+          dw[c] += (float)w_sum;
+        if (db)
+          db[c] += (float)b_sum;
+      }
     }
-    if (dw) dw[c] += (float)w_sum;
-    if (db) db[c] += (float)b_sum;
   }
 }
 

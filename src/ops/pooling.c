@@ -15,10 +15,12 @@
 #include <math.h>
 #include <string.h>
 
-static int pooled_size(int n, int K, int S) { return (n - K) / S + 1; }
+static int pooled_size(int n, int K, int S) {
+  return (n - K) / S + 1;
+}
 
-void st_maxpool_forward(float *out, int32_t *idx, const float *in, int B,
-                        int C, int H, int W, int K, int S) {
+void st_maxpool_forward(float *out, int32_t *idx, const float *in, int B, int C,
+                        int H, int W, int K, int S) {
   int OH = pooled_size(H, K, S), OW = pooled_size(W, K, S);
   for (size_t plane = 0; plane < (size_t)B * C; plane++) {
     const float *x = in + plane * H * W;
@@ -51,12 +53,13 @@ void st_maxpool_backward(float *din, const float *dout, const int32_t *idx,
     float *dx = din + plane * H * W;
     const float *dy = dout + plane * OH * OW;
     const int32_t *arg = idx + plane * OH * OW;
-    for (int o = 0; o < OH * OW; o++) dx[arg[o]] += dy[o];
+    for (int o = 0; o < OH * OW; o++)
+      dx[arg[o]] += dy[o];
   }
 }
 
-void st_avgpool_forward(float *out, const float *in, int B, int C, int H,
-                        int W, int K, int S) {
+void st_avgpool_forward(float *out, const float *in, int B, int C, int H, int W,
+                        int K, int S) {
   int OH = pooled_size(H, K, S), OW = pooled_size(W, K, S);
   float area = (float)(K * K);
   for (size_t plane = 0; plane < (size_t)B * C; plane++) {
@@ -67,7 +70,8 @@ void st_avgpool_forward(float *out, const float *in, int B, int C, int H,
         const float *win = x + (size_t)oh * S * W + (size_t)ow * S;
         float sum = 0.0f;
         for (int ki = 0; ki < K; ki++)
-          for (int kj = 0; kj < K; kj++) sum += win[ki * W + kj];
+          for (int kj = 0; kj < K; kj++)
+            sum += win[ki * W + kj];
         y[oh * OW + ow] = sum / area;
       }
   }
@@ -86,7 +90,8 @@ void st_avgpool_backward(float *din, const float *dout, int B, int C, int H,
         float g = dy[oh * OW + ow] / area;
         float *win = dx + (size_t)oh * S * W + (size_t)ow * S;
         for (int ki = 0; ki < K; ki++)
-          for (int kj = 0; kj < K; kj++) win[ki * W + kj] += g;
+          for (int kj = 0; kj < K; kj++)
+            win[ki * W + kj] += g;
       }
   }
 }
