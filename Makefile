@@ -33,8 +33,11 @@ DEPS      := $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
 
 all: $(BUILD)/strata
 
+# Rebuilt from scratch: `ar r` never drops members, so an object from a renamed
+# or deleted source would otherwise linger and shadow the new one.
 $(BUILD)/libstrata.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
+	@rm -f $@
 	$(AR) rcs $@ $^
 
 $(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata.a

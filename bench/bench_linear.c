@@ -51,7 +51,8 @@ typedef struct problem {
 static void fill(float *x, size_t n, uint32_t stream) {
   st_rng rng;
   st_rng_init(&rng, 7, ST_RNG_DATA, stream);
-  for (size_t i = 0; i < n; i++) x[i] = 2.0f * st_rng_uniform(&rng) - 1.0f;
+  for (size_t i = 0; i < n; i++)
+    x[i] = 2.0f * st_rng_uniform(&rng) - 1.0f;
 }
 
 static void strata_forward(problem *p) {
@@ -59,18 +60,18 @@ static void strata_forward(problem *p) {
 }
 
 static void strata_backward(problem *p) {
-  st_linear_backward(p->pool, p->din, p->dw, p->db, p->dout, p->in, p->w,
-                     p->B, p->IC, p->OC);
+  st_linear_backward(p->pool, p->din, p->dw, p->db, p->dout, p->in, p->w, p->B,
+                     p->IC, p->OC);
 }
 
 static void raw_forward(problem *p) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p->B, p->OC, p->IC,
-              1.0f, p->in, p->IC, p->w, p->IC, 0.0f, p->out_raw, p->OC);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p->B, p->OC, p->IC, 1.0f,
+              p->in, p->IC, p->w, p->IC, 0.0f, p->out_raw, p->OC);
 }
 
 static void raw_backward(problem *p) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, p->OC, p->IC, p->B,
-              1.0f, p->dout, p->OC, p->in, p->IC, 1.0f, p->dw_raw, p->IC);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, p->OC, p->IC, p->B, 1.0f,
+              p->dout, p->OC, p->in, p->IC, 1.0f, p->dw_raw, p->IC);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p->B, p->IC, p->OC,
               1.0f, p->dout, p->OC, p->w, p->IC, 0.0f, p->din_raw, p->IC);
 }
@@ -122,7 +123,8 @@ static int check(problem *p) {
   raw_forward(p);
   raw_backward(p);
   for (size_t s = 0; s < (size_t)p->B; s++)
-    for (int o = 0; o < p->OC; o++) p->out[s * p->OC + o] -= p->b[o];
+    for (int o = 0; o < p->OC; o++)
+      p->out[s * p->OC + o] -= p->b[o];
   double e_out = max_rel_diff(p->out, p->out_raw, n_out);
   double e_din = max_rel_diff(p->din, p->din_raw, n_in);
   if (e_out > 1e-4 || e_din > 1e-4) {
@@ -159,8 +161,8 @@ static int bench_shape(int B, int IC, int OC, int threads, st_pool *pool,
   p.din_raw = st_alloc(n_in * sizeof(float));
   p.dw_raw = st_alloc(n_w * sizeof(float));
   int rc = -1;
-  if (!p.in || !p.w || !p.b || !p.out || !p.dout || !p.din || !p.dw ||
-      !p.db || !p.out_raw || !p.din_raw || !p.dw_raw) {
+  if (!p.in || !p.w || !p.b || !p.out || !p.dout || !p.din || !p.dw || !p.db ||
+      !p.out_raw || !p.din_raw || !p.dw_raw) {
     fprintf(stderr, "bench_linear: error: out of memory for B=%d IC=%d OC=%d\n",
             B, IC, OC);
     goto done;
@@ -169,7 +171,8 @@ static int bench_shape(int B, int IC, int OC, int threads, st_pool *pool,
   fill(p.w, n_w, 2);
   fill(p.b, (size_t)OC, 3);
   fill(p.dout, n_out, 4);
-  if (check(&p)) goto done;
+  if (check(&p))
+    goto done;
 
   /* Interleaved repeats, best of each: a neighbour stealing the CPU for a
    * moment lowers one sample, not the ratio. */
@@ -202,8 +205,10 @@ done:
 int main(int argc, char **argv) {
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   double span = 0.15;
-  if (argc > 1) threads = atoi(argv[1]);
-  if (argc > 2) span = atof(argv[2]);
+  if (argc > 1)
+    threads = atoi(argv[1]);
+  if (argc > 2)
+    span = atof(argv[2]);
   if (argc > 3 || threads < 1 || span <= 0) {
     fprintf(stderr, "usage: bench_linear [THREADS] [SECONDS]\n");
     return 2;

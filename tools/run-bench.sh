@@ -18,7 +18,7 @@
 #              TORCH_PYTHON (default /usr/bin/python3, Debian's python3-torch).
 set -u
 build=${1:-build}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 repeats=${REPEATS:-3}
 span=${SECONDS_PER_RUN:-1.5}
 py=${TORCH_PYTHON:-/usr/bin/python3}
