@@ -1,0 +1,107 @@
+/*
+ * test_optim.c — update rules and schedules against closed forms computed
+ * here in double precision. The trajectories against PyTorch itself are in
+ * tests/exec/test_e2e.c; this file pins each rule's arithmetic on its own.
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Heavy-ball SGD, PyTorch convention: v1 = g1, v_t = m v + g (+ wd w);
+ * Nesterov uses g + m v. Three steps with known gradients. */
+static void test_sgd(int nesterov, float wd) {
+  float w[2] = {1.0f, -2.0f}, v[2] = {0, 0};
+  double wr[2] = {1.0, -2.0}, vr[2] = {0, 0};
+  const float g[3][2] = {{0.5f, -1.0f}, {0.25f, 2.0f}, {-1.0f, 0.125f}};
+  const double lr = 0.1, m = 0.9;
+  for (int t = 0; t < 3; t++) {
+    st_sgd_update(w, v, g[t], 2, (float)lr, (float)m, nesterov, wd, t == 0);
+    for (int i = 0; i < 2; i++) {
+      double d = g[t][i] + wd * wr[i];
+      vr[i] = t == 0 ? d : m * vr[i] + d;
+      wr[i] -= lr * (nesterov ? d + m * vr[i] : vr[i]);
+    }
+  }
+  float want[2] = {(float)wr[0], (float)wr[1]};
+  /* float vs double arithmetic over 3 steps of 4 operations: < 1e-6 rel. */
+  CHECK_CLOSE(nesterov ? "sgd nesterov" : "sgd momentum", w, want, 2, 1e-6,
+              1e-6);
+}
+
+static void test_adamw(void) {
+  float w[2] = {0.5f, -0.25f}, m[2] = {0, 0}, v[2] = {0, 0};
+  double wr[2] = {0.5, -0.25}, mr[2] = {0, 0}, vr[2] = {0, 0};
+  const float g[4][2] = {{0.1f, -0.2f}, {0.3f, 0.1f}, {-0.05f, 0.4f},
+                         {0.2f, -0.3f}};
+  const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+  for (int t = 1; t <= 4; t++) {
+    st_adamw_update(w, m, v, g[t - 1], 2, (float)lr, (float)b1, (float)b2,
+                    (float)eps, (float)wd, t);
+    for (int i = 0; i < 2; i++) {
+      double gi = g[t - 1][i];
+      wr[i] *= 1 - lr * wd;
+      mr[i] = b1 * mr[i] + (1 - b1) * gi;
+      vr[i] = b2 * vr[i] + (1 - b2) * gi * gi;
+      double mhat = mr[i] / (1 - pow(b1, t)), vhat = vr[i] / (1 - pow(b2, t));
+      wr[i] -= lr * mhat / (sqrt(vhat) + eps);
+    }
+  }
+  float want[2] = {(float)wr[0], (float)wr[1]};
+  /* bias corrections in float (powf) vs double: a few ulps per step. */
+  CHECK_CLOSE("adamw", w, want, 2, 1e-5, 1e-6);
+  /* The first AdamW step moves every weight by lr (sign of g) plus decay. */
+  float w1[1] = {1.0f}, m1[1] = {0}, v1[1] = {0}, g1[1] = {-3.0f};
+  st_adamw_update(w1, m1, v1, g1, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+  CHECK(fabsf(w1[0] - 1.01f) < 1e-6f, "adamw first step: %.8f", w1[0]);
+}
+
+static void test_schedules(void) {
+  st_config c;
+  st_config_defaults(&c);
+  c.optimizer.lr = 0.1f;
+  c.optimizer.min_lr = 0.01f;
+  snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "constant");
+  CHECK(st_lr_at(&c, 0, 100) == 0.1f && st_lr_at(&c, 99, 100) == 0.1f,
+        "constant schedule");
+  snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "cosine");
+  CHECK(fabsf(st_lr_at(&c, 0, 100) - 0.1f) < 1e-7f, "cosine start");
+  CHECK(fabsf(st_lr_at(&c, 50, 100) - 0.055f) < 1e-6f, "cosine middle %g",
+        st_lr_at(&c, 50, 100));
+  CHECK(fabsf(st_lr_at(&c, 100, 100) - 0.01f) < 1e-7f, "cosine end");
+  snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "linear");
+  CHECK(fabsf(st_lr_at(&c, 25, 100) - 0.0775f) < 1e-6f, "linear quarter %g",
+        st_lr_at(&c, 25, 100));
+  snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "step");
+  c.optimizer.step_size = 30;
+  c.optimizer.gamma = 0.5f;
+  CHECK(st_lr_at(&c, 29, 100) == 0.1f &&
+            fabsf(st_lr_at(&c, 30, 100) - 0.05f) < 1e-8f &&
+            fabsf(st_lr_at(&c, 95, 100) - 0.0125f) < 1e-8f,
+        "step schedule");
+  /* Linear warm-up reaches lr at the last warm-up step, then the schedule
+   * runs over the remaining steps. */
+  snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "cosine");
+  c.optimizer.warmup_steps = 10;
+  CHECK(fabsf(st_lr_at(&c, 0, 110) - 0.01f) < 1e-7f &&
+            fabsf(st_lr_at(&c, 9, 110) - 0.1f) < 1e-7f &&
+            fabsf(st_lr_at(&c, 10, 110) - 0.1f) < 1e-7f &&
+            fabsf(st_lr_at(&c, 60, 110) - 0.055f) < 1e-6f,
+        "warm-up then cosine");
+}
+
+int main(void) {
+  test_sgd(0, 0.0f);
+  test_sgd(1, 0.0f);
+  test_sgd(0, 0.01f);
+  test_sgd(1, 0.01f);
+  test_adamw();
+  test_schedules();
+  st_config c;
+  st_config_defaults(&c);
+  CHECK(st_optim_state_per_param(&c) == 1, "sgd keeps one slot");
+  snprintf(c.optimizer.kind, sizeof c.optimizer.kind, "adamw");
+  CHECK(st_optim_state_per_param(&c) == 2, "adamw keeps two slots");
+  TH_DONE();
+}
