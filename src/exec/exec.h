@@ -49,6 +49,10 @@ typedef struct st_executor {
   /* Forward and backward of the whole batch; gradients summed into
    * v->grads (zeroed by the caller), losses written per sample. */
   int (*gradients)(void *state, st_trainer_view *v, st_error *err);
+  /* Inference on B samples (B <= the create-time max_batch); returns the
+   * logits, valid until the next call. Used by evaluation. */
+  const float *(*forward)(void *state, const st_ctx *ctx, const float *params,
+                          const float *x, int B);
   int (*create)(void **state, const st_model *m, int max_batch,
                 st_error *err);
   void (*destroy)(void *state);

@@ -34,5 +34,15 @@ static int seq_gradients(void *state, st_trainer_view *v, st_error *err) {
   return 0;
 }
 
-const st_executor st_exec_sequential = {"sequential", seq_gradients,
-                                        seq_create, seq_destroy};
+static const float *seq_forward(void *state, const st_ctx *ctx,
+                                const float *params, const float *x, int B) {
+  return st_stage_forward(state, ctx, params, x, B);
+}
+
+const st_executor st_exec_sequential = {
+    .mode = "sequential",
+    .gradients = seq_gradients,
+    .forward = seq_forward,
+    .create = seq_create,
+    .destroy = seq_destroy,
+};

@@ -73,22 +73,23 @@ static int load_data(st_trainer *t, st_error *err) {
   return rc;
 }
 
+static int max_int(int a, int b) { return a > b ? a : b; }
+
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
-  size_t in_numel = st_shape_numel(m->in);
-  int per_param = st_optim_state_per_param(&t->cfg);
-  int rows = t->micro_batch > t->eval_batch ? t->micro_batch : t->eval_batch;
+  size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->classes;
+  size_t rows = (size_t)max_int(t->batch, t->eval_batch); /* x, y, losses */
+  /* the executor runs micro-batches in training, eval batches in eval */
+  int exec_rows = max_int(t->micro_batch, t->eval_batch);
   t->params = st_alloc(m->n_params * sizeof(float));
   t->grads = st_alloc(m->n_params * sizeof(float));
-  t->opt = st_alloc((size_t)per_param * m->n_params * sizeof(float));
-  t->x = st_alloc((size_t)(t->batch > t->eval_batch ? t->batch : t->eval_batch) *
-                  in_numel * sizeof(float));
-  t->y = st_alloc((size_t)(t->batch > t->eval_batch ? t->batch : t->eval_batch) *
-                  sizeof(int));
-  t->losses = st_alloc((size_t)rows * sizeof(float) +
-                       (size_t)t->batch * sizeof(float));
-  t->probs = st_alloc((size_t)rows * (size_t)m->classes * sizeof(float));
-  t->dlogits = st_alloc((size_t)rows * (size_t)m->classes * sizeof(float));
+  t->opt = st_alloc((size_t)st_optim_state_per_param(&t->cfg) * m->n_params *
+                    sizeof(float));
+  t->x = st_alloc(rows * in_numel * sizeof(float));
+  t->y = st_alloc(rows * sizeof(int));
+  t->losses = st_alloc(rows * sizeof(float));
+  t->probs = st_alloc((size_t)exec_rows * classes * sizeof(float));
+  t->dlogits = st_alloc((size_t)exec_rows * classes * sizeof(float));
   t->perm = st_alloc((size_t)t->train->n * sizeof(int32_t));
   t->eval_idx = st_alloc((size_t)t->eval_batch * sizeof(int32_t));
   if (!t->params || !t->grads || !t->opt || !t->x || !t->y || !t->losses ||
@@ -96,10 +97,7 @@ static int allocate(st_trainer *t, st_error *err) {
     return st_error_set(err, ST_ENOMEM,
                         "out of memory for %zu parameters at batch %d",
                         m->n_params, t->batch);
-  return t->exec->create(&t->exec_state, m,
-                         t->micro_batch > t->eval_batch ? t->micro_batch
-                                                        : t->eval_batch,
-                         err);
+  return t->exec->create(&t->exec_state, m, exec_rows, err);
 }
 
 static void make_permutation(st_trainer *t) {
@@ -274,7 +272,6 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
   (void)err;
   const st_model *m = t->model;
-  st_stage *s = t->exec_state; /* every executor's state starts as a stage */
   st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0};
   double loss_sum = 0;
   int64_t correct = 0;
@@ -284,7 +281,8 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
     for (int i = 0; i < B; i++) t->eval_idx[i] = start + i;
     st_dataset_batch(t->test, t->eval_idx, B, t->cfg.data.normalize, t->x,
                      t->y);
-    const float *logits = st_stage_forward(s, &ctx, t->params, t->x, B);
+    const float *logits = t->exec->forward(t->exec_state, &ctx, t->params,
+                                           t->x, B);
     st_xent_forward(t->losses, t->probs, logits, t->y, B, m->classes);
     for (int i = 0; i < B; i++) {
       loss_sum += t->losses[i];
