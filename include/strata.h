@@ -439,6 +439,15 @@ void st_sgd_update(float *w, float *v, const float *g, size_t n, float lr,
 void st_adamw_update(float *w, float *m, float *v, const float *g, size_t n,
                      float lr, float beta1, float beta2, float eps,
                      float weight_decay, int64_t t);
+/* One optimizer step over a whole slab of n parameters: the configured rule
+ * (cfg->optimizer) at learning rate lr for (0-based) step `step`, run on the
+ * pool in chunks fixed by n alone (bitwise equal to one st_sgd_update /
+ * st_adamw_update call over the slab, for any thread count). Each gradient
+ * chunk is zeroed right after its update, so the next step accumulates into
+ * zeros without a separate pass. opt holds st_optim_state_per_param slots of
+ * n floats each. */
+void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
+                   float *grads, float *opt, size_t n, float lr, int64_t step);
 /* Learning rate at (0-based) step of total_steps under cfg's schedule. */
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
 /* Floats of optimizer state per parameter (SGD: 1, AdamW: 2). */

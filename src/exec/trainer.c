@@ -215,24 +215,10 @@ static void next_batch(st_trainer *t) {
                    t->cfg.data.normalize, t->x, t->y);
 }
 
-static void update(st_trainer *t) {
-  const st_config *c = &t->cfg;
-  const st_model *m = t->model;
-  float lr = st_lr_at(c, t->pos.step, t->total_steps);
-  if (strcmp(c->optimizer.kind, "adamw") == 0)
-    st_adamw_update(t->params, t->opt, t->opt + m->n_params, t->grads,
-                    m->n_params, lr, c->optimizer.beta1, c->optimizer.beta2,
-                    c->optimizer.eps, c->optimizer.weight_decay,
-                    t->pos.step + 1);
-  else
-    st_sgd_update(t->params, t->opt, t->grads, m->n_params, lr,
-                  c->optimizer.momentum, c->optimizer.nesterov,
-                  c->optimizer.weight_decay, t->pos.step == 0);
-}
-
 int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
   next_batch(t);
-  memset(t->grads, 0, t->model->n_params * sizeof(float));
+  /* t->grads is all zeros here: allocated zeroed, and st_optim_step zeroes
+   * each chunk after using it. */
   st_trainer_view v = {
       .model = t->model,
       .ctx = {t->pool, 1, t->cfg.train.seed, (uint64_t)t->pos.samples},
@@ -248,11 +234,15 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
       .micro_batch = t->micro_batch,
   };
   int rc = t->exec->gradients(t->exec_state, &v, err);
-  if (rc) return rc;
+  if (rc) {
+    memset(t->grads, 0, t->model->n_params * sizeof(float));
+    return rc;
+  }
   double sum = 0;
   for (int s = 0; s < t->batch; s++) sum += t->losses[s];
   *loss = sum / t->batch;
-  if (!isfinite(*loss))
+  if (!isfinite(*loss)) {
+    memset(t->grads, 0, t->model->n_params * sizeof(float));
     return st_error_set(err, ST_ENONFINITE,
                         "step %lld: training loss is %s (samples %lld..%lld); "
                         "stopped before updating, no checkpoint written — "
@@ -261,7 +251,10 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
                         isnan(*loss) ? "NaN" : "infinite",
                         (long long)t->pos.samples,
                         (long long)t->pos.samples + t->batch - 1);
-  update(t);
+  }
+  st_optim_step(t->pool, &t->cfg, t->params, t->grads, t->opt,
+                t->model->n_params,
+                st_lr_at(&t->cfg, t->pos.step, t->total_steps), t->pos.step);
   t->pos.step++;
   t->pos.epoch_pos += t->batch;
   t->pos.samples += t->batch;

@@ -42,6 +42,41 @@ void st_adamw_update(float *restrict w, float *restrict m, float *restrict v,
   }
 }
 
+/* 16K floats: 64 KB per array, so a chunk's weights, gradients and state
+ * stay in L2 while it is updated and zeroed. */
+enum { CHUNK = 1 << 14 };
+
+typedef struct step_job {
+  const st_config *cfg;
+  float *w, *g, *s0, *s1;
+  size_t n;
+  float lr;
+  int64_t step;
+  int adamw;
+} step_job;
+
+static void step_chunk(void *arg, int task) {
+  const step_job *j = arg;
+  size_t lo = (size_t)task * CHUNK, len = j->n - lo < CHUNK ? j->n - lo : CHUNK;
+  const st_config *c = j->cfg;
+  if (j->adamw)
+    st_adamw_update(j->w + lo, j->s0 + lo, j->s1 + lo, j->g + lo, len, j->lr,
+                    c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
+                    c->optimizer.weight_decay, j->step + 1);
+  else
+    st_sgd_update(j->w + lo, j->s0 + lo, j->g + lo, len, j->lr,
+                  c->optimizer.momentum, c->optimizer.nesterov,
+                  c->optimizer.weight_decay, j->step == 0);
+  memset(j->g + lo, 0, len * sizeof(float));
+}
+
+void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
+                   float *grads, float *opt, size_t n, float lr, int64_t step) {
+  step_job j = {cfg,  params, grads, opt, opt + n, n, lr, step,
+                strcmp(cfg->optimizer.kind, "adamw") == 0};
+  st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), step_chunk, &j);
+}
+
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps) {
   double lr = cfg->optimizer.lr, floor_lr = cfg->optimizer.min_lr;
   int64_t warm = cfg->optimizer.warmup_steps;
