@@ -179,6 +179,7 @@ static int cmd_train(int argc, char **argv) {
          "%lld steps, %s\n",
          m->kind, m->n_blocks, m->n_params, cfg.execution.mode,
          cfg.train.batch, (long long)st_trainer_total_steps(t), st_blas_name());
+  st_model_print(m, stdout);
   if (a.resume) {
     char ck[ST_PATH_MAX + 64];
     rc = newest_checkpoint(a.resume, ck, sizeof ck, &err);

@@ -147,6 +147,16 @@ static void layer_backward(const st_block *b, const st_layer *L,
   }
 }
 
+/* The lowest layer whose backward must run when the caller wants no input
+ * gradient: the first layer with parameters. Layers below it (a flatten in
+ * front of the first linear layer) would only produce a gradient for the
+ * model's input, which nothing uses. */
+static int lowest_needed(const st_block *b) {
+  for (int l = 0; l < b->n_layers; l++)
+    if (b->layers[l].w_tensor >= 0) return l;
+  return b->n_layers;
+}
+
 void st_block_backward(const st_block *b, const st_ctx *ctx,
                        const float *params, float *grads, const float *in,
                        const float *acts, const float *dout, float *din,
@@ -154,15 +164,17 @@ void st_block_backward(const st_block *b, const st_ctx *ctx,
   size_t span = (size_t)B * b->max_numel;
   float *ping = work, *pong = work + span, *skip = work + 2 * span;
   const float *g = dout;
-  for (int l = b->n_layers - 1; l >= 0; l--) {
+  int stop = din ? 0 : lowest_needed(b);
+  for (int l = b->n_layers - 1; l >= stop; l--) {
     const st_layer *L = &b->layers[l];
     const float *x = l == 0 ? in : layer_out(&b->layers[l - 1], acts, B);
     if (L->kind == ST_OP_RESIDUAL)
       memcpy(skip, g, (size_t)B * st_shape_numel(L->out) * sizeof *skip);
     float *dx = g == ping ? pong : ping;
-    if (l == 0) {
-      /* The input gradient goes straight to the caller. A first block with
-       * no caller buffer skips it where the kernel allows (linear, conv). */
+    if (l == stop) {
+      /* The input gradient goes straight to the caller. Without a caller
+       * buffer, linear and conv skip it; other kernels need somewhere to
+       * write, and ping/pong serves. */
       int optional = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D;
       dx = din ? din : optional ? NULL : dx;
     }

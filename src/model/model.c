@@ -255,9 +255,9 @@ static size_t save_floats(const st_layer *L) {
   }
 }
 
+/* Each op's cost comes from the kernel file that implements it. */
 static st_cost layer_cost(const st_layer *L) {
   size_t n = st_shape_numel(L->out);
-  st_cost c;
   switch (L->kind) {
   case ST_OP_LINEAR:
     return st_linear_cost((int)st_shape_numel(L->in), L->out.c);
@@ -265,18 +265,24 @@ static st_cost layer_cost(const st_layer *L) {
     return st_conv2d_cost(L->in.c, L->in.h, L->in.w, L->out.c, L->k,
                           L->stride, L->pad);
   case ST_OP_MAXPOOL:
+    return st_maxpool_cost(L->in.c, L->in.h, L->in.w, L->k, L->stride);
   case ST_OP_AVGPOOL:
-    return st_pointwise_cost(n, (double)L->k * L->k, (double)L->k * L->k);
+    return st_avgpool_cost(L->in.c, L->in.h, L->in.w, L->k, L->stride);
   case ST_OP_LAYERNORM:
+    return st_layernorm_cost((int)n);
   case ST_OP_GROUPNORM:
-    c = st_pointwise_cost(n, 8, 12);
-    c.param_bytes = 8.0 * L->in.c;
-    return c;
+    return st_groupnorm_cost(L->in.c, L->in.h * L->in.w, L->groups);
+  case ST_OP_DROPOUT:
+    return st_dropout_cost(n);
   case ST_OP_GELU:
-    return st_pointwise_cost(n, 20, 30);
-  default:
+    return st_pointwise_cost(n, 20, 30); /* erf/tanh: ~20 flops each way */
+  case ST_OP_FLATTEN:
+    return st_pointwise_cost(n, 0, 0);    /* a copy */
+  case ST_OP_RELU:
+  case ST_OP_RESIDUAL:
     return st_pointwise_cost(n, 1, 1);
   }
+  return st_pointwise_cost(n, 1, 1);
 }
 
 static void add_cost(st_cost *sum, st_cost c) {
