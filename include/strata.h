@@ -448,6 +448,11 @@ void st_adamw_update(float *w, float *m, float *v, const float *g, size_t n,
  * n floats each. */
 void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
                    float *grads, float *opt, size_t n, float lr, int64_t step);
+/* The same on a range of a larger slab: optimizer slot k of this range is at
+ * opt + k * slot_stride (slot_stride = the whole slab's parameter count). */
+void st_optim_step_range(st_pool *pool, const st_config *cfg, float *params,
+                         float *grads, float *opt, size_t slot_stride,
+                         size_t n, float lr, int64_t step);
 /* Learning rate at (0-based) step of total_steps under cfg's schedule. */
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
 /* Floats of optimizer state per parameter (SGD: 1, AdamW: 2). */

@@ -31,8 +31,18 @@ const float *st_stage_forward(st_stage *s, const st_ctx *ctx,
 void st_stage_backward(st_stage *s, const st_ctx *ctx, const float *params,
                        float *grads, const float *in, const float *dout,
                        float *din, int B);
+/* The same, calling after_block(arg, block index) as soon as each block's
+ * backward is done — its input gradient is computed, so its weights may be
+ * updated while its gradients are still in cache. */
+void st_stage_backward_each(st_stage *s, const st_ctx *ctx,
+                            const float *params, float *grads, const float *in,
+                            const float *dout, float *din, int B,
+                            void (*after_block)(void *arg, int block),
+                            void *arg);
 
-/* A mode: how one optimizer step runs over the trainer's batch. */
+/* A mode: how one optimizer step runs over the trainer's batch. The view
+ * carries what the executor needs to update weights itself, block by block
+ * (st_trainer_update_blocks), as soon as a block's gradient is complete. */
 typedef struct st_trainer_view {
   const st_model *model;
   st_ctx ctx;           /* pool, seed; first_sample set per batch */
@@ -42,13 +52,27 @@ typedef struct st_trainer_view {
   float *losses;        /* per sample (batch) */
   float *probs, *dlogits; /* micro_batch * classes */
   int batch, micro_batch;
+  const st_config *cfg; /* optimizer settings */
+  float lr;             /* this step's learning rate */
+  int64_t step;         /* optimizer steps done before this one */
+  int64_t first_sample; /* global index of the batch's first sample */
 } st_trainer_view;
+
+/* Applies this step's update to blocks [first, first + count) and zeroes
+ * their gradients. */
+void st_trainer_update_blocks(const st_trainer_view *v, int first, int count);
+/* Sums v->losses over the batch into *loss; a non-finite loss is an error
+ * naming the step and samples (nothing may be updated after it). */
+int st_trainer_check_loss(const st_trainer_view *v, double *loss,
+                          st_error *err);
 
 typedef struct st_executor {
   const char *mode;
-  /* Forward and backward of the whole batch; gradients summed into
-   * v->grads (zeroed by the caller), losses written per sample. */
-  int (*gradients)(void *state, st_trainer_view *v, st_error *err);
+  /* One optimizer step on the batch: forward and backward, per-sample
+   * losses into v->losses, loss checked with st_trainer_check_loss before
+   * any weight changes, every block updated once. v->grads is all zeros on
+   * entry and must be all zeros on return (updates zero what they use). */
+  int (*step)(void *state, st_trainer_view *v, double *loss, st_error *err);
   /* Inference on B samples (B <= the create-time max_batch); returns the
    * logits, valid until the next call. Used by evaluation. */
   const float *(*forward)(void *state, const st_ctx *ctx, const float *params,

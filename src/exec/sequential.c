@@ -2,7 +2,9 @@
  * sequential.c — the layer-sequential mode (DESIGN.md): all blocks on one
  * stage, one after another. A batch may be split into micro-batches whose
  * gradients accumulate (the loss gradient of each is scaled by 1/batch), so
- * a pipeline with the same split can be held to bit-identical results.
+ * a pipeline with the same split can be held to bit-identical results. Each
+ * block is updated as soon as the last micro-batch's backward leaves it —
+ * elementwise rules, so the result equals one update after the whole pass.
  */
 #include "exec.h"
 
@@ -14,8 +16,12 @@ static int seq_create(void **state, const st_model *m, int max_batch,
 
 static void seq_destroy(void *state) { st_stage_destroy(state); }
 
-static int seq_gradients(void *state, st_trainer_view *v, st_error *err) {
-  (void)err;
+static void update_block(void *view, int block) {
+  st_trainer_update_blocks(view, block, 1);
+}
+
+static int seq_step(void *state, st_trainer_view *v, double *loss,
+                    st_error *err) {
   st_stage *s = state;
   const st_model *m = v->model;
   size_t in_numel = st_shape_numel(m->in);
@@ -23,13 +29,23 @@ static int seq_gradients(void *state, st_trainer_view *v, st_error *err) {
   st_ctx ctx = v->ctx;
   for (int k = 0; k < v->batch; k += mb) {
     const float *x = v->x + (size_t)k * in_numel;
-    ctx.first_sample = v->ctx.first_sample + (uint64_t)k;
+    int last = k + mb >= v->batch;
+    ctx.first_sample = v->first_sample + (uint64_t)k;
     const float *logits = st_stage_forward(s, &ctx, v->params, x, mb);
     st_xent_forward(v->losses + k, v->probs, logits, v->y + k, mb,
                     m->classes);
+    /* Every loss of the batch is known before the last backward, which is
+     * where weights start to change: a NaN stops the step untouched. */
+    if (last) {
+      int rc = st_trainer_check_loss(v, loss, err);
+      if (rc) return rc;
+    }
     st_xent_backward(v->dlogits, v->probs, v->y + k, mb, m->classes,
                      1.0f / (float)v->batch);
-    st_stage_backward(s, &ctx, v->params, v->grads, x, v->dlogits, NULL, mb);
+    /* The last micro-batch completes each block's gradient as its backward
+     * finishes: update that block then, while its gradient is in cache. */
+    st_stage_backward_each(s, &ctx, v->params, v->grads, x, v->dlogits, NULL,
+                           mb, last ? update_block : NULL, v);
   }
   return 0;
 }
@@ -41,7 +57,7 @@ static const float *seq_forward(void *state, const st_ctx *ctx,
 
 const st_executor st_exec_sequential = {
     .mode = "sequential",
-    .gradients = seq_gradients,
+    .step = seq_step,
     .forward = seq_forward,
     .create = seq_create,
     .destroy = seq_destroy,

@@ -68,6 +68,14 @@ const float *st_stage_forward(st_stage *s, const st_ctx *ctx,
 void st_stage_backward(st_stage *s, const st_ctx *ctx, const float *params,
                        float *grads, const float *in, const float *dout,
                        float *din, int B) {
+  st_stage_backward_each(s, ctx, params, grads, in, dout, din, B, NULL, NULL);
+}
+
+void st_stage_backward_each(st_stage *s, const st_ctx *ctx,
+                            const float *params, float *grads, const float *in,
+                            const float *dout, float *din, int B,
+                            void (*after_block)(void *arg, int block),
+                            void *arg) {
   const float *g = dout;
   for (int i = s->count - 1; i >= 0; i--) {
     const st_block *b = &s->model->blocks[s->first + i];
@@ -79,6 +87,7 @@ void st_stage_backward(st_stage *s, const st_ctx *ctx, const float *params,
                                                     : s->grad_io[0]);
     st_block_backward(b, ctx, params + b->param_off, grads + b->param_off, x,
                       s->acts[i], g, dx, s->work, s->scratch, B);
+    if (after_block) after_block(arg, s->first + i);
     g = dx;
   }
 }

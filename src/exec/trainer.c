@@ -2,8 +2,9 @@
  * trainer.c — one training run, whatever the mode: loads the data, builds the
  * model, sizes and allocates every buffer once (weights, gradients and
  * optimizer state are one slab each, blocks hold views into them), then per
- * step: next batch from the epoch's permutation -> the mode's executor
- * computes gradients -> one optimizer update over the slab. The position in
+ * step: next batch from the epoch's permutation -> the mode's executor runs
+ * forward and backward and updates each block's slab as its gradient
+ * completes (st_trainer_update_blocks). The position in
  * the data (epoch, offset, samples seen) is part of the checkpoint, so a
  * resumed run continues bit for bit.
  */
@@ -215,10 +216,33 @@ static void next_batch(st_trainer *t) {
                    t->cfg.data.normalize, t->x, t->y);
 }
 
+void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
+  const st_model *m = v->model;
+  const st_block *lo = &m->blocks[first], *hi = &m->blocks[first + count - 1];
+  size_t off = lo->param_off, n = hi->param_off + hi->n_params - off;
+  st_optim_step_range(v->ctx.pool, v->cfg, v->params + off, v->grads + off,
+                      v->opt + off, m->n_params, n, v->lr, v->step);
+}
+
+int st_trainer_check_loss(const st_trainer_view *v, double *loss,
+                          st_error *err) {
+  double sum = 0;
+  for (int s = 0; s < v->batch; s++) sum += v->losses[s];
+  *loss = sum / v->batch;
+  if (isfinite(*loss)) return 0;
+  return st_error_set(err, ST_ENONFINITE,
+                      "step %lld: training loss is %s (samples %lld..%lld); "
+                      "stopped before updating, no checkpoint written — "
+                      "lower optimizer.lr",
+                      (long long)v->step + 1, isnan(*loss) ? "NaN" : "infinite",
+                      (long long)v->first_sample,
+                      (long long)v->first_sample + v->batch - 1);
+}
+
 int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
   next_batch(t);
-  /* t->grads is all zeros here: allocated zeroed, and st_optim_step zeroes
-   * each chunk after using it. */
+  /* t->grads is all zeros here: allocated zeroed, and every update zeroes
+   * the gradients it used. */
   st_trainer_view v = {
       .model = t->model,
       .ctx = {t->pool, 1, t->cfg.train.seed, (uint64_t)t->pos.samples},
@@ -232,29 +256,18 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
       .dlogits = t->dlogits,
       .batch = t->batch,
       .micro_batch = t->micro_batch,
+      .cfg = &t->cfg,
+      .lr = st_lr_at(&t->cfg, t->pos.step, t->total_steps),
+      .step = t->pos.step,
+      .first_sample = t->pos.samples,
   };
-  int rc = t->exec->gradients(t->exec_state, &v, err);
+  int rc = t->exec->step(t->exec_state, &v, loss, err);
   if (rc) {
+    /* Nothing was updated; drop the partial gradients of earlier
+     * micro-batches so the zero-gradient invariant holds. */
     memset(t->grads, 0, t->model->n_params * sizeof(float));
     return rc;
   }
-  double sum = 0;
-  for (int s = 0; s < t->batch; s++) sum += t->losses[s];
-  *loss = sum / t->batch;
-  if (!isfinite(*loss)) {
-    memset(t->grads, 0, t->model->n_params * sizeof(float));
-    return st_error_set(err, ST_ENONFINITE,
-                        "step %lld: training loss is %s (samples %lld..%lld); "
-                        "stopped before updating, no checkpoint written — "
-                        "lower optimizer.lr",
-                        (long long)t->pos.step + 1,
-                        isnan(*loss) ? "NaN" : "infinite",
-                        (long long)t->pos.samples,
-                        (long long)t->pos.samples + t->batch - 1);
-  }
-  st_optim_step(t->pool, &t->cfg, t->params, t->grads, t->opt,
-                t->model->n_params,
-                st_lr_at(&t->cfg, t->pos.step, t->total_steps), t->pos.step);
   t->pos.step++;
   t->pos.epoch_pos += t->batch;
   t->pos.samples += t->batch;

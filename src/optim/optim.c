@@ -70,11 +70,17 @@ static void step_chunk(void *arg, int task) {
   memset(j->g + lo, 0, len * sizeof(float));
 }
 
-void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
-                   float *grads, float *opt, size_t n, float lr, int64_t step) {
-  step_job j = {cfg,  params, grads, opt, opt + n, n, lr, step,
+void st_optim_step_range(st_pool *pool, const st_config *cfg, float *params,
+                         float *grads, float *opt, size_t slot_stride,
+                         size_t n, float lr, int64_t step) {
+  step_job j = {cfg, params, grads, opt, opt + slot_stride, n, lr, step,
                 strcmp(cfg->optimizer.kind, "adamw") == 0};
   st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), step_chunk, &j);
+}
+
+void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
+                   float *grads, float *opt, size_t n, float lr, int64_t step) {
+  st_optim_step_range(pool, cfg, params, grads, opt, n, n, lr, step);
 }
 
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps) {

@@ -1,0 +1,743 @@
+/*
+ * test_safetensors.c — src/io/safetensors.c, checkpoint.c and inspect.c:
+ *   - round trip through st_st_writer and st_safetensors_read (F32 and I32,
+ *     0-d to 4-d, a zero-size tensor, metadata), and the raw layout the
+ *     specification fixes (little-endian u64 header length, JSON header,
+ *     data section; strata pads the header to a multiple of 8);
+ *   - every way a file can be malformed or cut short is refused with a
+ *     negative code and a message naming the file and the cause (SQLite's
+ *     habit: failure paths are tested like success paths);
+ *   - atomic writes: a failed write leaves nothing behind, a successful one
+ *     leaves no temp file, an overwrite replaces the file whole;
+ *   - checkpoints: weights, optimizer slots and training position survive a
+ *     round trip bit for bit; the wrong optimizer or a differently shaped
+ *     model is refused naming the key or tensor;
+ *   - st_inspect prints each tensor's shape and statistics.
+ * Files go to a fresh directory under /tmp, removed at the end. Run it under
+ * ASan (make test-asan) to prove the error paths free what they allocate.
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[256]; /* the scratch directory */
+
+/* dir/name in one of a few rotating buffers, so two fit in one call. */
+static const char *in_dir(const char *name) {
+  static char ring[4][512];
+  static int next;
+  char *p = ring[next++ & 3];
+  snprintf(p, sizeof ring[0], "%s/%s", dir, name);
+  return p;
+}
+
+static int contains(const char *hay, const char *needle) {
+  return strstr(hay, needle) != NULL;
+}
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(data, 1, n, f) != n) {
+    fprintf(stderr, "test_safetensors: cannot write %s\n", path);
+    exit(2);
+  }
+  fclose(f);
+}
+
+/* The whole file; NULL if it cannot be read. Caller frees. */
+static uint8_t *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *buf = malloc(size > 0 ? (size_t)size : 1);
+  *n = fread(buf, 1, (size_t)size, f);
+  fclose(f);
+  return buf;
+}
+
+static long file_size(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+/* A hand-made safetensors file: 8-byte little-endian length, the header
+ * text as given, then `data_bytes` bytes of data (0, 1, 2, ...). */
+static void write_handmade(const char *path, const char *header,
+                           size_t data_bytes) {
+  size_t hlen = strlen(header), total = 8 + hlen + data_bytes;
+  uint8_t *img = malloc(total);
+  for (int i = 0; i < 8; i++)
+    img[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+  memcpy(img + 8, header, hlen);
+  for (size_t i = 0; i < data_bytes; i++)
+    img[8 + hlen + i] = (uint8_t)i;
+  write_bytes(path, img, total);
+  free(img);
+}
+
+/* Names of files in dir containing ".tmp." (left-over temp files). */
+static int count_temp_files(const char *where) {
+  DIR *d = opendir(where);
+  if (!d)
+    return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    n += strstr(e->d_name, ".tmp.") != NULL;
+  closedir(d);
+  return n;
+}
+
+/* ------------------------------------------------------------ round trip */
+
+/* The tensors of the round-trip file, in the order they are added. */
+static float t4[2 * 3 * 1 * 2];
+static float scalar = -1.25f;
+static int32_t ints[5] = {-2, 0, 7, INT32_MAX, INT32_MIN};
+static float nothing[1];
+
+static const struct {
+  const char *name, *dtype;
+  int ndim;
+  int64_t dims[4];
+  const void *data;
+  size_t bytes;
+} rt[] = {
+    {"blocks.0.conv0.weight", "F32", 4, {2, 3, 1, 2}, t4, sizeof t4},
+    {"scalar", "F32", 0, {0}, &scalar, 4},
+    {"ints", "I32", 1, {5}, ints, sizeof ints},
+    {"empty", "F32", 2, {0, 5}, nothing, 0},
+};
+#define N_RT (int)(sizeof rt / sizeof rt[0])
+/* commas, colons, braces and spaces inside a string must not confuse the
+ * header parser */
+static const char *meta_note = "lr: 0.1, {tricky} [value]";
+
+static int write_roundtrip_file(const char *path) {
+  for (int i = 0; i < 12; i++)
+    t4[i] = 0.5f * (float)i - 3.0f;
+  st_st_writer *w = st_st_writer_create();
+  st_error err = {0};
+  int rc = w ? 0 : ST_ENOMEM;
+  for (int i = 0; i < N_RT && !rc; i++)
+    rc = st_st_writer_add(w, rt[i].name, rt[i].dtype, rt[i].ndim, rt[i].dims,
+                          rt[i].data, &err);
+  if (!rc)
+    rc = st_st_writer_meta(w, "format", "test", &err);
+  if (!rc)
+    rc = st_st_writer_meta(w, "note", meta_note, &err);
+  if (!rc)
+    rc = st_st_writer_write(w, path, &err);
+  CHECK(rc == 0, "round trip: write %s: %s", path, err.msg);
+  st_st_writer_destroy(w);
+  return rc;
+}
+
+static void test_roundtrip(void) {
+  const char *path = in_dir("rt.safetensors");
+  if (write_roundtrip_file(path))
+    return;
+  st_safetensors *st = NULL;
+  st_error err = {0};
+  int rc = st_safetensors_read(&st, path, &err);
+  CHECK(rc == 0 && st, "round trip: read: %s", err.msg);
+  if (rc)
+    return;
+  CHECK(st->n_tensors == N_RT, "round trip: %d tensors, want %d", st->n_tensors,
+        N_RT);
+  size_t total = 0;
+  for (int i = 0; i < N_RT; i++) {
+    const st_st_tensor *t = st_safetensors_find(st, rt[i].name);
+    CHECK(t != NULL, "round trip: tensor %s missing", rt[i].name);
+    if (!t)
+      continue;
+    int dims_ok = t->ndim == rt[i].ndim;
+    for (int d = 0; dims_ok && d < rt[i].ndim; d++)
+      dims_ok = t->dims[d] == rt[i].dims[d];
+    CHECK(strcmp(t->dtype, rt[i].dtype) == 0 && dims_ok,
+          "round trip: %s came back as %s with %d dims", rt[i].name, t->dtype,
+          t->ndim);
+    CHECK(t->end - t->begin == rt[i].bytes && t->end <= st->data_bytes,
+          "round trip: %s spans [%zu, %zu), want %zu bytes", rt[i].name,
+          t->begin, t->end, rt[i].bytes);
+    CHECK(rt[i].bytes == 0 ||
+              memcmp(st->data + t->begin, rt[i].data, rt[i].bytes) == 0,
+          "round trip: %s bytes differ", rt[i].name);
+    total += rt[i].bytes;
+  }
+  CHECK(st_safetensors_find(st, "nope") == NULL,
+        "round trip: found a tensor that was never written");
+  CHECK(st->data_bytes == total, "round trip: data section %zu bytes, want %zu",
+        st->data_bytes, total);
+  const char *fmt = st_safetensors_meta(st, "format");
+  const char *note = st_safetensors_meta(st, "note");
+  CHECK(st->n_meta == 2 && fmt && strcmp(fmt, "test") == 0 && note &&
+            strcmp(note, meta_note) == 0,
+        "round trip: metadata came back as %d entries, note '%s'", st->n_meta,
+        note ? note : "(missing)");
+  CHECK(st_safetensors_meta(st, "absent") == NULL,
+        "round trip: found metadata that was never written");
+  CHECK(strcmp(st->path, path) == 0, "round trip: st->path is %s", st->path);
+
+  /* The raw layout: u64 little-endian header length N, N bytes of JSON
+   * padded to a multiple of 8 (data 8-byte aligned), then exactly the data,
+   * each tensor at data start + begin. */
+  size_t n = 0;
+  uint8_t *raw = slurp(path, &n);
+  CHECK(raw && n >= 8, "round trip: cannot read back %s", path);
+  if (raw && n >= 8) {
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+      hlen = hlen << 8 | raw[i];
+    CHECK(hlen % 8 == 0, "round trip: header length %llu not a multiple of 8",
+          (unsigned long long)hlen);
+    CHECK(8 + hlen + total == n, "round trip: 8 + %llu + %zu != file size %zu",
+          (unsigned long long)hlen, total, n);
+    CHECK(hlen > 0 && raw[8] == '{',
+          "round trip: header does not start with {");
+    size_t last = 8 + hlen - 1;
+    while (last > 8 && raw[last] == ' ')
+      last--;
+    CHECK(raw[last] == '}', "round trip: header ends in '%c', not '}'",
+          raw[last]);
+    for (int i = 0; i < N_RT && 8 + hlen + total == n; i++) {
+      const st_st_tensor *t = st_safetensors_find(st, rt[i].name);
+      CHECK(t && (rt[i].bytes == 0 || memcmp(raw + 8 + hlen + t->begin,
+                                             rt[i].data, rt[i].bytes) == 0),
+            "round trip: %s is not at data start + begin in the file",
+            rt[i].name);
+    }
+  }
+  free(raw);
+  st_safetensors_destroy(st);
+  st_safetensors_destroy(NULL); /* accepted, as every destroy */
+}
+
+/* ------------------------------------------------------------ malformed */
+
+/* Reads path expecting failure: negative code (want_code unless 0), *out
+ * left NULL, message naming the file and containing each keyword. */
+static void expect_fail(const char *what, const char *path, int want_code,
+                        const char *kw1, const char *kw2) {
+  st_safetensors *st = (st_safetensors *)&st; /* must be reset to NULL */
+  st_error err = {0};
+  int rc = st_safetensors_read(&st, path, &err);
+  CHECK(rc < 0 && (!want_code || rc == want_code), "%s: rc %d, want %d (%s)",
+        what, rc, want_code, err.msg);
+  CHECK(st == NULL, "%s: *out not NULL after failure", what);
+  CHECK(err.code == rc, "%s: err.code %d != rc %d", what, err.code, rc);
+  CHECK(contains(err.msg, path), "%s: message does not name %s: %s", what, path,
+        err.msg);
+  CHECK(!kw1 || contains(err.msg, kw1), "%s: message lacks '%s': %s", what, kw1,
+        err.msg);
+  CHECK(!kw2 || contains(err.msg, kw2), "%s: message lacks '%s': %s", what, kw2,
+        err.msg);
+  if (getenv("STRATA_TEST_VERBOSE"))
+    fprintf(stderr, "  %-36s %s\n", what, err.msg);
+  if (rc == 0)
+    st_safetensors_destroy(st);
+}
+
+static void test_malformed(void) {
+  const char *path = in_dir("bad.safetensors");
+
+  expect_fail("missing file", in_dir("does-not-exist.safetensors"), ST_EIO,
+              "cannot open", NULL);
+
+  write_bytes(path, "\x10\0\0\0\0", 5);
+  expect_fail("5-byte file", path, ST_EFORMAT, "truncated", "8-byte");
+
+  write_bytes(path, "", 0);
+  expect_fail("empty file", path, ST_EFORMAT, "truncated", NULL);
+
+  /* header length 1000, but only 10 bytes follow */
+  uint8_t big[18] = {0xe8, 0x03};
+  memcpy(big + 8, "{}        ", 10);
+  write_bytes(path, big, sizeof big);
+  expect_fail("header length past the end", path, ST_EFORMAT, "truncated",
+              "1000");
+
+  /* a length with the high byte set: the bound check must not overflow */
+  uint8_t huge[16] = {0, 0, 0, 0, 0, 0, 0, 0x80, '{', '}'};
+  write_bytes(path, huge, sizeof huge);
+  expect_fail("header length 2^63", path, ST_EFORMAT, "truncated", NULL);
+
+  write_handmade(path, "{garbage}", 0);
+  expect_fail("garbage JSON", path, ST_EFORMAT, "corrupt", NULL);
+
+  write_handmade(path, "[1, 2]  ", 0);
+  expect_fail("JSON array header", path, ST_EFORMAT, "corrupt", NULL);
+
+  write_handmade(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],", 4);
+  expect_fail("header cut mid-object", path, ST_EFORMAT, "corrupt", NULL);
+
+  write_handmade(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4);
+  expect_fail("tensor without data_offsets", path, ST_EFORMAT, "corrupt",
+              "data_offsets");
+
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                 "\"data_offsets\":[4,0]}}",
+                 4);
+  expect_fail("data_offsets end before begin", path, ST_EFORMAT, "corrupt",
+              "data_offsets");
+
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],"
+                 "\"data_offsets\":[0,4]}}",
+                 8);
+  expect_fail("data_offsets not shape x dtype", path, ST_EFORMAT, "'a'",
+              "data_offsets");
+
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],"
+                 "\"data_offsets\":[0,8]}}",
+                 8);
+  expect_fail("negative dimension", path, ST_EFORMAT, "'a'", "negative");
+
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F33\",\"shape\":[2],"
+                 "\"data_offsets\":[0,8]}}",
+                 8);
+  expect_fail("unknown dtype", path, ST_EFORMAT, "dtype", "F33");
+
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],"
+                 "\"data_offsets\":[8,24]}}",
+                 16);
+  expect_fail("data_offsets past the data section", path, ST_EFORMAT,
+              "truncated", "'a'");
+
+  /* A valid file cut short by truncate(): the last tensor in the data
+   * section ("ints", bytes [52, 72)) no longer fits. */
+  if (write_roundtrip_file(path) == 0) {
+    long size = file_size(path);
+    CHECK(size > 0 && truncate(path, size - 4) == 0, "truncate %s: %s", path,
+          strerror(errno));
+    expect_fail("file truncated by 4 bytes", path, ST_EFORMAT, "truncated",
+                "'ints'");
+    /* cut into the header: the length now points past the end */
+    CHECK(truncate(path, 40) == 0, "truncate %s: %s", path, strerror(errno));
+    expect_fail("file truncated into the header", path, ST_EFORMAT, "truncated",
+                NULL);
+  }
+
+  /* A directory is not a file. */
+  expect_fail("a directory", dir, 0, NULL, NULL);
+}
+
+/* The writer refuses what it could not write as valid JSON or safetensors. */
+static void test_writer_arguments(void) {
+  st_st_writer *w = st_st_writer_create();
+  st_error err = {0};
+  int64_t d[1] = {2};
+  float v[2] = {1, 2};
+  CHECK(st_st_writer_add(w, "x", "F99", 1, d, v, &err) == ST_EARG &&
+            contains(err.msg, "'x'"),
+        "writer: unknown dtype accepted (%s)", err.msg);
+  CHECK(st_st_writer_add(w, "x", "F32", 9, d, v, &err) == ST_EARG,
+        "writer: 9 dimensions accepted");
+  char long_name[200];
+  memset(long_name, 'n', sizeof long_name - 1);
+  long_name[sizeof long_name - 1] = 0;
+  CHECK(st_st_writer_add(w, long_name, "F32", 1, d, v, &err) == ST_EARG,
+        "writer: a 199-character name accepted");
+  CHECK(st_st_writer_meta(w, "k", "say \"hi\"", &err) == ST_EARG,
+        "writer: a metadata value with a quote accepted");
+  CHECK(st_st_writer_meta(w, "k\\", "v", &err) == ST_EARG,
+        "writer: a metadata key with a backslash accepted");
+  /* nothing was added, so the file holds an empty header */
+  const char *path = in_dir("empty.safetensors");
+  CHECK(st_st_writer_write(w, path, &err) == 0, "writer: %s", err.msg);
+  st_st_writer_destroy(w);
+  st_safetensors *st = NULL;
+  CHECK(st_safetensors_read(&st, path, &err) == 0 && st && st->n_tensors == 0 &&
+            st->n_meta == 0 && st->data_bytes == 0,
+        "writer: empty file did not read back empty: %s", err.msg);
+  st_safetensors_destroy(st);
+  st_st_writer_destroy(NULL);
+}
+
+/* ------------------------------------------------------------ atomic */
+
+static void test_atomic(void) {
+  st_error err = {0};
+  float small[1] = {42.0f};
+  static float large[1000];
+  int64_t d_small[1] = {1}, d_large[1] = {1000};
+
+  /* a directory that does not exist: error names the path, nothing left */
+  const char *nowhere = in_dir("no/such/dir/x.safetensors");
+  st_st_writer *w = st_st_writer_create();
+  st_st_writer_add(w, "x", "F32", 1, d_small, small, &err);
+  int rc = st_st_writer_write(w, nowhere, &err);
+  CHECK(rc == ST_EIO, "write into a missing directory: rc %d, want ST_EIO", rc);
+  CHECK(contains(err.msg, nowhere), "missing directory: message lacks %s: %s",
+        nowhere, err.msg);
+  CHECK(access(nowhere, F_OK) != 0 && access(in_dir("no"), F_OK) != 0,
+        "missing directory: something was created");
+  CHECK(count_temp_files(dir) == 0, "missing directory: a temp file is left");
+  st_st_writer_destroy(w);
+
+  /* overwrite a large file with a small one: replaced whole, no tail of
+   * the old one, no temp file left */
+  const char *path = in_dir("over.safetensors");
+  for (int i = 0; i < 1000; i++)
+    large[i] = (float)i;
+  w = st_st_writer_create();
+  st_st_writer_add(w, "big", "F32", 1, d_large, large, &err);
+  rc = st_st_writer_write(w, path, &err);
+  st_st_writer_destroy(w);
+  long first = file_size(path);
+  CHECK(rc == 0 && first > 4000, "large write: rc %d, %ld bytes (%s)", rc,
+        first, err.msg);
+  w = st_st_writer_create();
+  st_st_writer_add(w, "x", "F32", 1, d_small, small, &err);
+  rc = st_st_writer_write(w, path, &err);
+  st_st_writer_destroy(w);
+  long second = file_size(path);
+  CHECK(rc == 0 && second > 0 && second < 200,
+        "overwrite: rc %d, %ld bytes, want a small file (%s)", rc, second,
+        err.msg);
+  st_safetensors *st = NULL;
+  rc = st_safetensors_read(&st, path, &err);
+  CHECK(rc == 0 && st->n_tensors == 1 && st_safetensors_find(st, "x") &&
+            !st_safetensors_find(st, "big") && st->data_bytes == 4,
+        "overwrite: file does not hold only the new tensor (%s)", err.msg);
+  if (rc == 0)
+    st_safetensors_destroy(st);
+  CHECK(count_temp_files(dir) == 0, "after writes: a *.tmp.* file is left");
+
+  /* st_write_file_atomic directly: exact bytes */
+  const char *plain = in_dir("plain.txt");
+  rc = st_write_file_atomic(plain, "hello, world", 12, &err);
+  size_t n = 0;
+  uint8_t *back = slurp(plain, &n);
+  CHECK(rc == 0 && back && n == 12 && memcmp(back, "hello, world", 12) == 0,
+        "st_write_file_atomic: content differs (%s)", err.msg);
+  free(back);
+  rc = st_write_file_atomic(plain, "bye", 3, &err);
+  CHECK(rc == 0 && file_size(plain) == 3,
+        "st_write_file_atomic: overwrite "
+        "left %ld bytes",
+        file_size(plain));
+
+  /* the rename fails (the target is a directory): the error names the
+   * target, the temp file is removed, the directory is untouched */
+  const char *sub = in_dir("adir");
+  CHECK(mkdir(sub, 0755) == 0, "mkdir %s: %s", sub, strerror(errno));
+  rc = st_write_file_atomic(sub, "x", 1, &err);
+  struct stat sb;
+  CHECK(rc == ST_EIO && contains(err.msg, sub),
+        "write onto a directory: rc %d (%s)", rc, err.msg);
+  CHECK(stat(sub, &sb) == 0 && S_ISDIR(sb.st_mode),
+        "write onto a directory: the directory is gone");
+  CHECK(count_temp_files(dir) == 0,
+        "write onto a directory: the temp file was left behind");
+  rmdir(sub);
+}
+
+/* ------------------------------------------------------------ checkpoint */
+
+static st_model *small_model(int width) {
+  st_config c;
+  st_config_defaults(&c);
+  c.model.hidden = (st_int_list){1, {width}};
+  snprintf(c.model.norm, sizeof c.model.norm, "layernorm");
+  c.model.classes = 3;
+  st_model *m = NULL;
+  st_error err = {0};
+  int rc = st_model_create(&m, &c, (st_shape){4, 1, 1}, &err);
+  CHECK(rc == 0, "small model: %s", err.msg);
+  return m;
+}
+
+static void fill(float *v, size_t n, uint64_t seed) {
+  st_rng rng;
+  st_rng_init(&rng, seed, ST_RNG_DATA, 0);
+  for (size_t i = 0; i < n; i++)
+    v[i] = st_rng_normal(&rng);
+}
+
+static void roundtrip_checkpoint(const st_model *m, const char *kind,
+                                 int slots) {
+  size_t np = m->n_params;
+  float *params = calloc(np, sizeof(float));
+  float *opt = calloc(slots * np, sizeof(float));
+  float *params2 = calloc(np, sizeof(float));
+  float *opt2 = calloc(slots * np, sizeof(float));
+  st_model_init(m, params, 3);
+  fill(opt, slots * np, 4);
+  st_train_pos pos = {7, 2, 30, 230}, pos2 = {0};
+  const char *path = in_dir("ckpt.safetensors");
+  st_error err = {0};
+  int rc = st_checkpoint_save(path, m, params, opt, kind, &pos, 99, &err);
+  CHECK(rc == 0, "checkpoint %s: save: %s", kind, err.msg);
+  rc = st_checkpoint_load(path, m, params2, opt2, kind, &pos2, &err);
+  CHECK(rc == 0, "checkpoint %s: load: %s", kind, err.msg);
+  CHECK(memcmp(params, params2, np * sizeof(float)) == 0,
+        "checkpoint %s: weights differ after the round trip", kind);
+  CHECK(memcmp(opt, opt2, slots * np * sizeof(float)) == 0,
+        "checkpoint %s: %d optimizer slot(s) differ after the round trip", kind,
+        slots);
+  CHECK(pos2.step == 7 && pos2.epoch == 2 && pos2.epoch_pos == 30 &&
+            pos2.samples == 230,
+        "checkpoint %s: position came back as %lld %lld %lld %lld", kind,
+        (long long)pos2.step, (long long)pos2.epoch, (long long)pos2.epoch_pos,
+        (long long)pos2.samples);
+
+  /* The file itself: weights under their names, optimizer state under
+   * optim.<name>.<slot>, exactly (1 + slots) tensors per model tensor. */
+  st_safetensors *st = NULL;
+  if (st_safetensors_read(&st, path, &err) == 0) {
+    CHECK(st->n_tensors == (1 + slots) * m->n_tensors,
+          "checkpoint %s: %d tensors, want %d", kind, st->n_tensors,
+          (1 + slots) * m->n_tensors);
+    const char *want = slots == 2 ? "optim.blocks.0.ln0.bias.exp_avg_sq"
+                                  : "optim.blocks.0.ln0.bias.momentum";
+    CHECK(st_safetensors_find(st, want) != NULL, "checkpoint %s: no %s", kind,
+          want);
+    const char *seed = st_safetensors_meta(st, "seed");
+    const char *opt_kind = st_safetensors_meta(st, "optimizer");
+    CHECK(seed && strcmp(seed, "99") == 0 && opt_kind &&
+              strcmp(opt_kind, kind) == 0,
+          "checkpoint %s: metadata seed %s optimizer %s", kind,
+          seed ? seed : "-", opt_kind ? opt_kind : "-");
+    st_safetensors_destroy(st);
+  } else {
+    CHECK(0, "checkpoint %s: %s", kind, err.msg);
+  }
+  free(params);
+  free(opt);
+  free(params2);
+  free(opt2);
+}
+
+static void test_checkpoint(void) {
+  st_model *m = small_model(5), *wide = small_model(6);
+  if (!m || !wide) {
+    st_model_destroy(m);
+    st_model_destroy(wide);
+    return;
+  }
+  roundtrip_checkpoint(m, "sgd", 1);
+  roundtrip_checkpoint(m, "adamw", 2); /* leaves an adamw checkpoint */
+  const char *path = in_dir("ckpt.safetensors");
+  size_t np = m->n_params;
+  float *params = calloc(np, sizeof(float)), *opt = calloc(2 * np, 4);
+  st_train_pos pos;
+  st_error err = {0};
+
+  /* adamw state into an sgd run */
+  int rc = st_checkpoint_load(path, m, params, opt, "sgd", &pos, &err);
+  CHECK(rc < 0 && contains(err.msg, "optimizer.kind") &&
+            contains(err.msg, path) && contains(err.msg, "adamw"),
+        "wrong optimizer: rc %d: %s", rc, err.msg);
+
+  /* a model one unit wider: names the first tensor and both shapes */
+  float *wparams = calloc(wide->n_params, sizeof(float));
+  rc = st_checkpoint_load(path, wide, wparams, NULL, "adamw", NULL, &err);
+  CHECK(rc == ST_EFORMAT && contains(err.msg, "blocks.0.linear0.weight") &&
+            contains(err.msg, "5x4") && contains(err.msg, "6x4") &&
+            contains(err.msg, path),
+        "wider model: rc %d: %s", rc, err.msg);
+  free(wparams);
+
+  /* weights only, from a file with no metadata (as PyTorch would write) */
+  const char *bare = in_dir("bare.safetensors");
+  float *src = calloc(np, sizeof(float));
+  fill(src, np, 5);
+  st_st_writer *w = st_st_writer_create();
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+      const st_tensor_info *ti = &m->blocks[i].tensors[t];
+      st_st_writer_add(w, ti->name, "F32", ti->ndim, ti->dims,
+                       src + m->blocks[i].param_off + ti->offset, &err);
+    }
+  rc = st_st_writer_write(w, bare, &err);
+  st_st_writer_destroy(w);
+  CHECK(rc == 0, "bare file: %s", err.msg);
+  memset(params, 0, np * sizeof(float));
+  rc = st_checkpoint_load(bare, m, params, NULL, "sgd", NULL, &err);
+  CHECK(rc == 0 && memcmp(params, src, np * sizeof(float)) == 0,
+        "weights-only load of a file without metadata: rc %d: %s", rc, err.msg);
+  /* asking the same file for a training position fails, naming the key */
+  rc = st_checkpoint_load(bare, m, params, NULL, "sgd", &pos, &err);
+  CHECK(rc < 0 && contains(err.msg, "'step'") && contains(err.msg, bare),
+        "position from a file without metadata: rc %d: %s", rc, err.msg);
+  /* asking it for optimizer state fails on the optimizer kind */
+  rc = st_checkpoint_load(bare, m, params, opt, "sgd", NULL, &err);
+  CHECK(rc < 0 && contains(err.msg, "optimizer.kind"),
+        "optimizer state from a file without metadata: rc %d: %s", rc, err.msg);
+
+  /* every tensor present, one of them I32: refused naming it and the dtype */
+  w = st_st_writer_create();
+  int32_t as_int[20] = {0};
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+      const st_tensor_info *ti = &m->blocks[i].tensors[t];
+      int as_i32 = strcmp(ti->name, "blocks.0.linear0.weight") == 0;
+      st_st_writer_add(w, ti->name, as_i32 ? "I32" : "F32", ti->ndim, ti->dims,
+                       as_i32 ? (const void *)as_int
+                              : src + m->blocks[i].param_off + ti->offset,
+                       &err);
+    }
+  rc = st_st_writer_write(w, bare, &err);
+  st_st_writer_destroy(w);
+  rc = st_checkpoint_load(bare, m, params, NULL, "sgd", NULL, &err);
+  CHECK(rc == ST_EFORMAT && contains(err.msg, "blocks.0.linear0.weight") &&
+            contains(err.msg, "I32"),
+        "I32 weight: rc %d: %s", rc, err.msg);
+
+  /* one tensor left out: refused naming it */
+  w = st_st_writer_create();
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+      const st_tensor_info *ti = &m->blocks[i].tensors[t];
+      if (strcmp(ti->name, "blocks.1.linear0.bias") == 0)
+        continue;
+      st_st_writer_add(w, ti->name, "F32", ti->ndim, ti->dims,
+                       src + m->blocks[i].param_off + ti->offset, &err);
+    }
+  st_st_writer_write(w, bare, &err);
+  st_st_writer_destroy(w);
+  rc = st_checkpoint_load(bare, m, params, NULL, "sgd", NULL, &err);
+  CHECK(rc == ST_EFORMAT && contains(err.msg, "blocks.1.linear0.bias") &&
+            contains(err.msg, "missing"),
+        "missing tensor: rc %d: %s", rc, err.msg);
+
+  /* loading a file that is not there passes the reader's error through */
+  rc = st_checkpoint_load(in_dir("none.safetensors"), m, params, NULL, "sgd",
+                          NULL, &err);
+  CHECK(rc == ST_EIO && contains(err.msg, "none.safetensors"),
+        "missing checkpoint: rc %d: %s", rc, err.msg);
+
+  free(src);
+  free(params);
+  free(opt);
+  st_model_destroy(m);
+  st_model_destroy(wide);
+}
+
+/* ------------------------------------------------------------ inspect */
+
+/* The inspect line of tensor `name`, parsed; 0 if absent. */
+static int inspect_line(const char *text, const char *name, char *dtype,
+                        char *shape, double stats[4]) {
+  char key[80];
+  snprintf(key, sizeof key, "\n  %s ", name);
+  const char *p = strstr(text, key);
+  if (!p)
+    return 0;
+  char got[64];
+  return sscanf(p + 1, "%63s %7s %31s %lf %lf %lf %lf", got, dtype, shape,
+                &stats[0], &stats[1], &stats[2], &stats[3]) == 7 &&
+         strcmp(got, name) == 0;
+}
+
+static void test_inspect(void) {
+  const char *path = in_dir("inspect.safetensors");
+  float w6[6] = {1, 2, 3, 4, 5, 6}, s = 2.5f;
+  int32_t n3[3] = {-1, 0, 4};
+  int64_t d23[2] = {2, 3}, d3[1] = {3}, d0[2] = {0, 7};
+  st_error err = {0};
+  st_st_writer *w = st_st_writer_create();
+  st_st_writer_add(w, "layer.w", "F32", 2, d23, w6, &err);
+  st_st_writer_add(w, "counts", "I32", 1, d3, n3, &err);
+  st_st_writer_add(w, "s", "F32", 0, d3, &s, &err);
+  st_st_writer_add(w, "void", "F32", 2, d0, w6, &err);
+  st_st_writer_meta(w, "format", "strata-checkpoint", &err);
+  int rc = st_st_writer_write(w, path, &err);
+  st_st_writer_destroy(w);
+  CHECK(rc == 0, "inspect: write: %s", err.msg);
+
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  rc = st_inspect(path, f, &err);
+  fclose(f);
+  CHECK(rc == 0, "inspect: %s", err.msg);
+  CHECK(text && contains(text, path) && contains(text, "4 tensors"),
+        "inspect: no title line naming the file and 4 tensors:\n%s", text);
+  CHECK(text && contains(text, "format") && contains(text, "strata-checkpoint"),
+        "inspect: metadata not printed:\n%s", text);
+
+  /* Statistics are printed with %.5g: 5 significant digits, so 1e-4
+   * relative (plus 1e-9 absolute for zeros) covers the rounding. */
+  char dtype[8], shape[32];
+  double st[4];
+  int ok = text && inspect_line(text, "layer.w", dtype, shape, st);
+  CHECK(ok && strcmp(dtype, "F32") == 0 && strcmp(shape, "2x3") == 0,
+        "inspect: layer.w line missing or wrong:\n%s", text);
+  /* 1..6: min 1, max 6, mean 3.5, population std sqrt(35/12) */
+  double want_w[4] = {1, 6, 3.5, sqrt(35.0 / 12.0)};
+  for (int i = 0; ok && i < 4; i++)
+    CHECK(fabs(st[i] - want_w[i]) <= 1e-4 * fabs(want_w[i]) + 1e-9,
+          "inspect: layer.w stat %d is %g, want %g", i, st[i], want_w[i]);
+  ok = text && inspect_line(text, "counts", dtype, shape, st);
+  CHECK(ok && strcmp(dtype, "I32") == 0 && strcmp(shape, "3") == 0,
+        "inspect: counts line missing or wrong:\n%s", text);
+  /* -1, 0, 4: mean 1, population std sqrt(17/3 - 1) */
+  double want_n[4] = {-1, 4, 1, sqrt(14.0 / 3.0)};
+  for (int i = 0; ok && i < 4; i++)
+    CHECK(fabs(st[i] - want_n[i]) <= 1e-4 * fabs(want_n[i]) + 1e-9,
+          "inspect: counts stat %d is %g, want %g", i, st[i], want_n[i]);
+  ok = text && inspect_line(text, "s", dtype, shape, st);
+  CHECK(ok && strcmp(shape, "scalar") == 0 && st[0] == 2.5 && st[1] == 2.5 &&
+            st[2] == 2.5 && st[3] == 0,
+        "inspect: scalar line missing or wrong:\n%s", text);
+  ok = text && inspect_line(text, "void", dtype, shape, st);
+  CHECK(ok && strcmp(shape, "0x7") == 0 && st[0] == 0 && st[1] == 0 &&
+            st[2] == 0 && st[3] == 0,
+        "inspect: zero-size tensor line missing or wrong:\n%s", text);
+  free(text);
+
+  /* a file that cannot be read: the error, and nothing printed */
+  text = NULL;
+  f = open_memstream(&text, &len);
+  rc = st_inspect(in_dir("nothing.safetensors"), f, &err);
+  fclose(f);
+  CHECK(rc == ST_EIO && contains(err.msg, "nothing.safetensors") && len == 0,
+        "inspect of a missing file: rc %d, %zu bytes printed: %s", rc, len,
+        err.msg);
+  free(text);
+}
+
+/* ------------------------------------------------------------ cleanup */
+
+static void remove_dir(void) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      unlink(in_dir(e->d_name));
+  closedir(d);
+  rmdir(dir);
+}
+
+int main(void) {
+  snprintf(dir, sizeof dir, "/tmp/strata-test-safetensors.XXXXXX");
+  if (!mkdtemp(dir)) {
+    perror("mkdtemp");
+    return 2;
+  }
+  test_roundtrip();
+  test_malformed();
+  test_writer_arguments();
+  test_atomic();
+  test_checkpoint();
+  test_inspect();
+  remove_dir();
+  TH_DONE();
+}
