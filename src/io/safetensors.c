@@ -69,10 +69,9 @@ static int read_string(json *j, char *out, size_t cap) {
         j->p += 4;
         if (v <= 0 || v >= 0x80) return json_fail(j, "non-ASCII \\u escape");
         c = (char)v;
-      } else if (c == 'n') {
-        c = '\n';
-      } else if (c == 't') {
-        c = '\t';
+      } else if (c == 'n' || c == 't' || c == 'r' || c == 'b' || c == 'f') {
+        c = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r'
+            : c == 'b' ? '\b' : '\f';
       } else if (c != '"' && c != '\\' && c != '/') {
         return json_fail(j, "bad escape");
       }
@@ -178,7 +177,10 @@ static int read_tensor(json *j, st_st_tensor *t) {
     } else {
       return json_fail(j, "unknown tensor field");
     }
-    if (peek(j, ',')) j->p++;
+    if (peek(j, ','))
+      j->p++;
+    else if (!peek(j, '}'))
+      return json_fail(j, "expected ',' or '}'");
   }
   j->p++;
   if (!have_dtype || !have_shape || !have_offsets)
@@ -195,6 +197,11 @@ static int parse_header(json *j, st_safetensors *st) {
     if (strcmp(name, "__metadata__") == 0) {
       if (read_metadata(j, st)) return ST_EFORMAT;
     } else {
+      if (st_safetensors_find(st, name))
+        return st_error_set(j->err, ST_EFORMAT,
+                            "%s: corrupt safetensors header: tensor '%s' "
+                            "appears twice",
+                            j->path, name);
       void *grown =
           realloc(st->tensors, (size_t)(st->n_tensors + 1) * sizeof *st->tensors);
       if (!grown)
@@ -213,6 +220,39 @@ static int parse_header(json *j, st_safetensors *st) {
   }
 }
 
+static int by_begin(const void *a, const void *b) {
+  size_t x = (*(const st_st_tensor *const *)a)->begin,
+         y = (*(const st_st_tensor *const *)b)->begin;
+  return x < y ? -1 : x > y;
+}
+
+/* The specification's layout: the byte ranges tile the data section from 0
+ * to its end with no hole and no overlap. */
+static int check_tiling(const st_safetensors *st, st_error *err) {
+  if (st->n_tensors == 0) return 0;
+  const st_st_tensor **order = malloc((size_t)st->n_tensors * sizeof *order);
+  if (!order) return st_error_set(err, ST_ENOMEM, "out of memory");
+  for (int i = 0; i < st->n_tensors; i++) order[i] = &st->tensors[i];
+  qsort(order, (size_t)st->n_tensors, sizeof *order, by_begin);
+  size_t at = 0;
+  int rc = 0;
+  for (int i = 0; i < st->n_tensors && !rc; i++) {
+    if (order[i]->begin != at)
+      rc = st_error_set(err, ST_EFORMAT,
+                        "%s: corrupt safetensors data: tensor '%s' starts at "
+                        "byte %zu, expected %zu (a hole or an overlap)",
+                        st->path, order[i]->name, order[i]->begin, at);
+    at = order[i]->end;
+  }
+  if (!rc && at != st->data_bytes)
+    rc = st_error_set(err, ST_EFORMAT,
+                      "%s: corrupt safetensors data: tensors end at byte %zu "
+                      "but the data section has %zu",
+                      st->path, at, st->data_bytes);
+  free(order);
+  return rc;
+}
+
 /* Every tensor's byte range must match its dtype and shape and lie inside
  * the data section: this is where a truncated file is caught. */
 static int check_tensors(const st_safetensors *st, st_error *err) {
@@ -222,26 +262,30 @@ static int check_tensors(const st_safetensors *st, st_error *err) {
     if (!es)
       return st_error_set(err, ST_EFORMAT, "%s: tensor '%s': unknown dtype '%s'",
                           st->path, t->name, t->dtype);
-    size_t numel = 1;
+    size_t bytes = es;
     for (int d = 0; d < t->ndim; d++) {
       if (t->dims[d] < 0)
         return st_error_set(err, ST_EFORMAT,
                             "%s: tensor '%s': negative dimension", st->path,
                             t->name);
-      numel *= (size_t)t->dims[d];
+      if (t->dims[d] && bytes > SIZE_MAX / (size_t)t->dims[d])
+        return st_error_set(err, ST_EFORMAT,
+                            "%s: tensor '%s': shape too large", st->path,
+                            t->name);
+      bytes *= (size_t)t->dims[d];
     }
-    if (numel * es != t->end - t->begin)
+    if (bytes != t->end - t->begin)
       return st_error_set(err, ST_EFORMAT,
                           "%s: tensor '%s': shape needs %zu bytes but "
                           "data_offsets give %zu",
-                          st->path, t->name, numel * es, t->end - t->begin);
+                          st->path, t->name, bytes, t->end - t->begin);
     if (t->end > st->data_bytes)
       return st_error_set(err, ST_EFORMAT,
                           "%s: truncated: tensor '%s' needs bytes [%zu, %zu) "
                           "of the data section, which has only %zu",
                           st->path, t->name, t->begin, t->end, st->data_bytes);
   }
-  return 0;
+  return check_tiling(st, err);
 }
 
 int st_safetensors_read(st_safetensors **out, const char *path,
@@ -260,7 +304,11 @@ int st_safetensors_read(st_safetensors **out, const char *path,
   }
   uint8_t len_bytes[8];
   struct stat sb;
-  if (fstat(fileno(f), &sb) != 0 || fread(len_bytes, 1, 8, f) != 8) {
+  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    rc = st_error_set(err, ST_EIO, "%s: not a regular file", path);
+    goto fail;
+  }
+  if (fread(len_bytes, 1, 8, f) != 8) {
     rc = st_error_set(err, ST_EFORMAT,
                       "%s: truncated: shorter than the 8-byte header length",
                       path);
@@ -291,6 +339,11 @@ int st_safetensors_read(st_safetensors **out, const char *path,
   }
   json j = {header, header, header + hlen, path, err};
   if ((rc = parse_header(&j, st))) goto fail;
+  skip_ws(&j);
+  if (j.p != j.end) {
+    rc = json_fail(&j, "text after the header object");
+    goto fail;
+  }
   st->data = buf;
   buf = NULL;
   if ((rc = check_tensors(st, err))) goto fail;
@@ -359,8 +412,13 @@ int st_st_writer_add(st_st_writer *w, const char *name, const char *dtype,
                      int ndim, const int64_t *dims, const void *data,
                      st_error *err) {
   size_t es = dtype_size(dtype);
-  if (!es || ndim < 0 || ndim > 8 || strlen(name) >= sizeof w->entries->name)
-    return st_error_set(err, ST_EARG, "safetensors: bad tensor '%s'", name);
+  if (!es || ndim < 0 || ndim > 8 || strlen(name) >= sizeof w->entries->name ||
+      strpbrk(name, "\"\\") || strcmp(name, "__metadata__") == 0)
+    return st_error_set(err, ST_EARG,
+                        "safetensors: tensor name '%s' is too long, reserved "
+                        "or holds a quote or backslash, or its dtype/rank is "
+                        "unsupported",
+                        name);
   if (w->n == w->cap) {
     int cap = w->cap ? 2 * w->cap : 64;
     entry *grown = realloc(w->entries, (size_t)cap * sizeof *grown);
@@ -492,6 +550,9 @@ int st_st_writer_write(st_st_writer *w, const char *path, st_error *err) {
 
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err) {
+  if (strlen(path) >= ST_PATH_MAX)
+    return st_error_set(err, ST_EARG, "%.64s...: path longer than %d bytes",
+                        path, ST_PATH_MAX - 1);
   char tmp[ST_PATH_MAX + 32];
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);

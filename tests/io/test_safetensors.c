@@ -726,6 +726,58 @@ static void remove_dir(void) {
   rmdir(dir);
 }
 
+/* What a strict reader must refuse beyond truncation: the specification's
+ * layout (ranges tile the data section), one object and nothing after it,
+ * unique names, sizes that do not overflow; and a writer that never produces
+ * a file its own reader rejects. */
+static void test_strict(void) {
+  const char *path = in_dir("strict.safetensors");
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":"
+                 "[4611686018427387905,4],\"data_offsets\":[0,16]}}",
+                 16);
+  expect_fail("shape size overflows", path, ST_EFORMAT, "'a'", "too large");
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                 "\"data_offsets\":[0,4]}}garbage",
+                 4);
+  expect_fail("text after the header", path, ST_EFORMAT, "corrupt", NULL);
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                 "\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\","
+                 "\"shape\":[1],\"data_offsets\":[4,8]}}",
+                 8);
+  expect_fail("duplicate name", path, ST_EFORMAT, "'a'", "twice");
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                 "\"data_offsets\":[4,8]}}",
+                 8);
+  expect_fail("hole before a tensor", path, ST_EFORMAT, "'a'", "hole");
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                 "\"data_offsets\":[0,4]}}",
+                 8);
+  expect_fail("unused bytes after the tensors", path, ST_EFORMAT, "end at",
+              NULL);
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\" \"shape\":[1],"
+                 "\"data_offsets\":[0,4]}}",
+                 4);
+  expect_fail("missing comma", path, ST_EFORMAT, "corrupt", NULL);
+  expect_fail("a directory", dir, ST_EIO, "not a regular file", NULL);
+
+  st_st_writer *w = st_st_writer_create();
+  st_error err = {0};
+  int64_t d[1] = {1};
+  float v = 1.0f;
+  CHECK(st_st_writer_add(w, "a\"b", "F32", 1, d, &v, &err) == ST_EARG,
+        "writer accepted a name with a quote");
+  CHECK(st_st_writer_add(w, "__metadata__", "F32", 1, d, &v, &err) ==
+            ST_EARG,
+        "writer accepted the reserved name __metadata__");
+  st_st_writer_destroy(w);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-safetensors.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -738,6 +790,7 @@ int main(void) {
   test_atomic();
   test_checkpoint();
   test_inspect();
+  test_strict();
   remove_dir();
   TH_DONE();
 }
