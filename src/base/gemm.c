@@ -21,9 +21,19 @@
 #include <cblas.h>
 #endif
 
-/* Tile edge. 256 keeps the repacking overhead of a tiled call within a few
- * per cent of one big call while giving 16 cores work on a 1024x1024 output. */
-enum { TILE = 256, SMALL_FLOPS = 1 << 20 };
+/* Tiling policy, a function of (M, N, K) only. Products under MIN_TILE_FLOPS
+ * are one call (splitting them costs more than a thread gains). Larger ones
+ * are halved along their longer side, in multiples of ALIGN, until there are
+ * TARGET_TILES tiles or a tile would fall under MIN_TILE_FLOPS or MIN_EDGE;
+ * no tile edge exceeds MAX_EDGE, which bounds repacking to a few per cent of
+ * one big call and gives 16 cores work on a 1024x1024 output. */
+enum {
+  MIN_TILE_FLOPS = 1 << 19,
+  TARGET_TILES = 16,
+  MIN_EDGE = 128,
+  MAX_EDGE = 512,
+  ALIGN = 16
+};
 
 void st_blas_init(void) {
 #if defined(ST_BLAS_OPENBLAS)
@@ -44,7 +54,7 @@ const char *st_blas_name(void) {
 }
 
 typedef struct gemm_job {
-  int trans_a, trans_b, M, N, K, lda, ldb, ldc, tiles_n;
+  int trans_a, trans_b, M, N, K, lda, ldb, ldc, tiles_n, tm, tn;
   float alpha, beta;
   const float *A, *B;
   float *C;
@@ -52,9 +62,9 @@ typedef struct gemm_job {
 
 static void gemm_tile(void *arg, int t) {
   const gemm_job *j = arg;
-  int i0 = (t / j->tiles_n) * TILE, j0 = (t % j->tiles_n) * TILE;
-  int m = j->M - i0 < TILE ? j->M - i0 : TILE;
-  int n = j->N - j0 < TILE ? j->N - j0 : TILE;
+  int i0 = (t / j->tiles_n) * j->tm, j0 = (t % j->tiles_n) * j->tn;
+  int m = j->M - i0 < j->tm ? j->M - i0 : j->tm;
+  int n = j->N - j0 < j->tn ? j->N - j0 : j->tn;
   /* op(A) rows i0.. : plain A is M x K (row i at A + i*lda); transposed A is
    * stored K x M (row i of op(A) is column i). Likewise for op(B) columns. */
   const float *a = j->trans_a ? j->A + i0 : j->A + (size_t)i0 * j->lda;
@@ -65,18 +75,43 @@ static void gemm_tile(void *arg, int t) {
               j->ldc);
 }
 
+static int halve(int edge) {
+  int h = (edge + 1) / 2;
+  return (h + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+static int count(int total, int tile) { return (total + tile - 1) / tile; }
+
+/* Chooses the tile edges (tm, tn) for an M x N output with inner size K. */
+static void choose_tiles(int M, int N, int K, int *tm, int *tn) {
+  *tm = M, *tn = N;
+  if (2.0 * M * N * K < MIN_TILE_FLOPS) return;
+  while (*tm > MAX_EDGE) *tm = halve(*tm);
+  while (*tn > MAX_EDGE) *tn = halve(*tn);
+  while (count(M, *tm) * count(N, *tn) < TARGET_TILES) {
+    int *longer = *tn >= *tm ? tn : tm;
+    int h = halve(*longer);
+    if (*longer < 2 * MIN_EDGE || 2.0 * h * (longer == tn ? *tm : *tn) * K <
+                                      MIN_TILE_FLOPS) {
+      longer = longer == tn ? tm : tn; /* try the other side once */
+      h = halve(*longer);
+      if (*longer < 2 * MIN_EDGE ||
+          2.0 * h * (longer == tn ? *tm : *tn) * K < MIN_TILE_FLOPS)
+        return;
+    }
+    *longer = h;
+  }
+}
+
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,
              float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
-  gemm_job j = {trans_a, trans_b, M, N, K, lda, ldb, ldc, 1,
-                alpha,   beta,    A, B, C};
-  double flops = 2.0 * M * N * (double)K;
-  int tiles_m = 1;
-  if (flops >= SMALL_FLOPS) {
-    tiles_m = (M + TILE - 1) / TILE;
-    j.tiles_n = (N + TILE - 1) / TILE;
-  }
+  gemm_job j = {trans_a, trans_b, M,    N, K, lda, ldb, ldc,
+                1,       0,       0,    alpha, beta, A, B, C};
+  choose_tiles(M, N, K, &j.tm, &j.tn);
+  int tiles_m = count(M, j.tm);
+  j.tiles_n = count(N, j.tn);
   if (tiles_m * j.tiles_n == 1) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,

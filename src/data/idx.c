@@ -310,20 +310,20 @@ void st_dataset_destroy(st_dataset *ds) {
 
 void st_dataset_batch(const st_dataset *ds, const int32_t *idx, int B,
                       int normalize, float *x, int *y) {
-  /* Every pixel is one of 256 bytes: map them once per batch, on the stack,
-   * so the inner loop is a lookup and the formula is written once. */
-  float table[256];
-  for (int v = 0; v < 256; v++) {
-    float scaled = (float)v / 255.0f;
-    table[v] = normalize ? (scaled - ds->mean) / ds->std : scaled;
-  }
+  /* Straight arithmetic rather than a 256-entry table: the same operations
+   * per pixel (so the same values), but the loop vectorises where a table
+   * lookup is a gather — it was 4% of an MLP step at batch 32. */
   size_t numel = st_shape_numel(ds->shape);
+  const float mean = ds->mean, std = ds->std;
   for (int b = 0; b < B; b++) {
     assert(idx[b] >= 0 && idx[b] < ds->n);
-    const uint8_t *src = ds->pixels + (size_t)idx[b] * numel;
-    float *dst = x + (size_t)b * numel;
-    for (size_t i = 0; i < numel; i++)
-      dst[i] = table[src[i]];
+    const uint8_t *restrict src = ds->pixels + (size_t)idx[b] * numel;
+    float *restrict dst = x + (size_t)b * numel;
+    if (normalize)
+      for (size_t i = 0; i < numel; i++)
+        dst[i] = ((float)src[i] / 255.0f - mean) / std;
+    else
+      for (size_t i = 0; i < numel; i++) dst[i] = (float)src[i] / 255.0f;
     y[b] = ds->labels[idx[b]];
   }
 }
