@@ -184,6 +184,7 @@ typedef struct st_config {
   struct {
     char mode[24];          /* sequential (more modes in later issues) */
     int micro_batch;        /* 0 = whole batch */
+    int fused_update;       /* batch 1: update weights inside the backward */
   } execution;
   struct {
     char kind[16];          /* cpu */
@@ -229,7 +230,8 @@ typedef struct st_cost {
 /* Kernels. Layout: activations are (B, C, H, W) or (B, C) row-major; weights
  * follow PyTorch (linear (OC, IC), conv (OC, IC, K, K)). Backward kernels ADD
  * into weight gradients (dw, db) so micro-batches accumulate, and WRITE the
- * input gradient din (din may be NULL when not needed). */
+ * input gradient din (din may be NULL when not needed; for linear, dw and db
+ * may be NULL too). */
 
 /* linear: out (B, OC) = in (B, IC) W^T + b */
 void st_linear_forward(st_pool *pool, float *out, const float *in,
@@ -403,13 +405,31 @@ int64_t st_model_find(const st_model *m, const char *name,
 /* Prints the blocks, layers, shapes, parameters and FLOPs. */
 void st_model_print(const st_model *m, FILE *f);
 
+typedef struct st_optim_rule st_optim_rule;
+
+/* Folding the optimizer into the backward pass (st_ctx.fused): at batch 1 a
+ * linear layer's weight gradient is the outer product dy x^T, and applying
+ * the update while forming it saves writing, re-reading and clearing the
+ * gradient. Pointers are the model-wide slabs. */
+typedef struct st_fused_update {
+  const st_optim_rule *rule;
+  float *params;
+  float *opt;          /* slot k of parameter i at opt[k * slot_stride + i] */
+  size_t slot_stride;
+} st_fused_update;
+
 /* Execution context handed to block forward/backward. */
 typedef struct st_ctx {
   st_pool *pool;
   int training;          /* dropout on */
   uint64_t seed;         /* dropout stream seed */
   uint64_t first_sample; /* global index of the batch's first sample */
+  const st_fused_update *fused; /* NULL: gradients go to the gradient slab */
 } st_ctx;
+
+/* Whether a layer's parameters are updated inside the backward when
+ * ctx->fused is set (linear layers at batch 1). */
+int st_layer_fuses_update(const st_layer *L, const st_ctx *ctx, int B);
 
 /* Runs a block's layers on B samples. acts holds B * act_per_sample floats;
  * the block's output is st_block_output(b, acts, B). */
@@ -453,6 +473,24 @@ void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
 void st_optim_step_range(st_pool *pool, const st_config *cfg, float *params,
                          float *grads, float *opt, size_t slot_stride,
                          size_t n, float lr, int64_t step);
+/* One step's update rule with everything per-step resolved (learning rate,
+ * AdamW bias corrections), for the fused paths. */
+struct st_optim_rule {
+  int adamw, nesterov, first_step;
+  float lr, momentum, weight_decay;
+  float beta1, beta2, eps, decay, step_size, bc2_sqrt;
+};
+void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,
+                        int64_t step);
+/* Updates an (OC, IC) weight whose gradient is the outer product dy x^T of
+ * one sample, never materialising it; bitwise equal to writing dy[o]*x[i]
+ * into a zeroed gradient and running the rule. s1 is NULL for SGD. */
+void st_optim_update_outer(const st_optim_rule *r, float *w, float *s0,
+                           float *s1, const float *dy, const float *x, int OC,
+                           int IC);
+/* Updates n parameters with gradient g (left as it is). */
+void st_optim_update_vec(const st_optim_rule *r, float *w, float *s0,
+                         float *s1, const float *g, size_t n);
 /* Learning rate at (0-based) step of total_steps under cfg's schedule. */
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
 /* Floats of optimizer state per parameter (SGD: 1, AdamW: 2). */

@@ -111,6 +111,9 @@ const st_config_key st_config_schema[] = {
     ENUM(execution, mode, "sequential", modes, "execution mode (DESIGN.md)"),
     INT(execution, micro_batch, "0",
         "samples per micro-batch (0 = whole batch)"),
+    BOOL(execution, fused_update, "true",
+         "at batch 1, update weights inside the backward (same bits, "
+         "less memory traffic)"),
 
     ENUM(fabric, kind, "cpu", fabrics, "what the plan runs on"),
     INT(fabric, cores, "0", "cores to use (0 = detected)"),

@@ -216,12 +216,33 @@ static void next_batch(st_trainer *t) {
                    t->cfg.data.normalize, t->x, t->y);
 }
 
+static void update_range(const st_trainer_view *v, size_t off, size_t n) {
+  st_optim_step_range(v->ctx.pool, v->cfg, v->params + off, v->grads + off,
+                      v->opt + off, v->model->n_params, n, v->lr, v->step);
+}
+
 void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
   const st_model *m = v->model;
-  const st_block *lo = &m->blocks[first], *hi = &m->blocks[first + count - 1];
-  size_t off = lo->param_off, n = hi->param_off + hi->n_params - off;
-  st_optim_step_range(v->ctx.pool, v->cfg, v->params + off, v->grads + off,
-                      v->opt + off, m->n_params, n, v->lr, v->step);
+  if (!v->ctx.fused) {
+    const st_block *lo = &m->blocks[first], *hi = &m->blocks[first + count - 1];
+    update_range(v, lo->param_off, hi->param_off + hi->n_params - lo->param_off);
+    return;
+  }
+  /* The backward already updated the layers that fuse (linear at batch 1);
+   * the rest (norms) are updated here, tensor by tensor. */
+  for (int i = first; i < first + count; i++) {
+    const st_block *b = &m->blocks[i];
+    for (int l = 0; l < b->n_layers; l++) {
+      const st_layer *L = &b->layers[l];
+      if (L->w_tensor < 0 || st_layer_fuses_update(L, &v->ctx, v->batch))
+        continue;
+      const int tensors[2] = {L->w_tensor, L->b_tensor};
+      for (int k = 0; k < 2; k++)
+        if (tensors[k] >= 0)
+          update_range(v, b->param_off + b->tensors[tensors[k]].offset,
+                       b->tensors[tensors[k]].numel);
+    }
+  }
 }
 
 int st_trainer_check_loss(const st_trainer_view *v, double *loss,
@@ -243,9 +264,16 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
   next_batch(t);
   /* t->grads is all zeros here: allocated zeroed, and every update zeroes
    * the gradients it used. */
+  float lr = st_lr_at(&t->cfg, t->pos.step, t->total_steps);
+  /* A one-sample batch lets linear layers update inside the backward. */
+  st_optim_rule rule;
+  st_fused_update fused = {&rule, t->params, t->opt, t->model->n_params};
+  int fuse = t->batch == 1 && t->cfg.execution.fused_update;
+  if (fuse) st_optim_rule_init(&rule, &t->cfg, lr, t->pos.step);
   st_trainer_view v = {
       .model = t->model,
-      .ctx = {t->pool, 1, t->cfg.train.seed, (uint64_t)t->pos.samples},
+      .ctx = {t->pool, 1, t->cfg.train.seed, (uint64_t)t->pos.samples,
+              fuse ? &fused : NULL},
       .params = t->params,
       .grads = t->grads,
       .opt = t->opt,
@@ -257,7 +285,7 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
       .batch = t->batch,
       .micro_batch = t->micro_batch,
       .cfg = &t->cfg,
-      .lr = st_lr_at(&t->cfg, t->pos.step, t->total_steps),
+      .lr = lr,
       .step = t->pos.step,
       .first_sample = t->pos.samples,
   };
@@ -278,7 +306,7 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
   (void)err;
   const st_model *m = t->model;
-  st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0};
+  st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0, NULL};
   double loss_sum = 0;
   int64_t correct = 0;
   int n = t->test->n;

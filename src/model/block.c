@@ -93,6 +93,10 @@ const float *st_block_output(const st_block *b, const float *acts, int B) {
   return layer_out(&b->layers[b->n_layers - 1], acts, B);
 }
 
+int st_layer_fuses_update(const st_layer *L, const st_ctx *ctx, int B) {
+  return ctx->fused && B == 1 && L->kind == ST_OP_LINEAR;
+}
+
 /* Computes the gradient of one layer. dx may be NULL only for layers whose
  * kernels accept it (linear, conv2d); the caller guarantees that. */
 static void layer_backward(const st_block *b, const st_layer *L,
@@ -106,6 +110,23 @@ static void layer_backward(const st_block *b, const st_layer *L,
   size_t n_in = st_shape_numel(L->in), n = (size_t)B * st_shape_numel(L->out);
   switch (L->kind) {
   case ST_OP_LINEAR:
+    if (st_layer_fuses_update(L, ctx, B)) {
+      /* The input gradient first, with the weights the forward used; then
+       * the update straight from dy and x (BACKGROUND: batch-1 training). */
+      st_linear_backward(ctx->pool, dx, NULL, NULL, g, x, w, B, (int)n_in,
+                         L->out.c);
+      const st_fused_update *f = ctx->fused;
+      size_t wo = b->param_off + b->tensors[L->w_tensor].offset;
+      size_t bo = b->param_off + b->tensors[L->b_tensor].offset;
+      int adamw = f->rule->adamw;
+      st_optim_update_outer(f->rule, f->params + wo, f->opt + wo,
+                            adamw ? f->opt + f->slot_stride + wo : NULL, g, x,
+                            L->out.c, (int)n_in);
+      st_optim_update_vec(f->rule, f->params + bo, f->opt + bo,
+                          adamw ? f->opt + f->slot_stride + bo : NULL, g,
+                          (size_t)L->out.c);
+      break;
+    }
     st_linear_backward(ctx->pool, dx, dw, db, g, x, w, B, (int)n_in,
                        L->out.c);
     break;

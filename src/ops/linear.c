@@ -20,7 +20,7 @@ void st_linear_backward(st_pool *pool, float *din, float *dw, float *db,
                         const float *dout, const float *in, const float *w,
                         int B, int IC, int OC) {
   /* dW (OC, IC) += dout^T (OC, B) . in (B, IC) */
-  st_gemm(pool, 1, 0, OC, IC, B, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
+  if (dw) st_gemm(pool, 1, 0, OC, IC, B, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
   if (db)
     for (int s = 0; s < B; s++)
       for (int o = 0; o < OC; o++) db[o] += dout[(size_t)s * OC + o];

@@ -80,6 +80,71 @@ static void adamw_and_clear(float *restrict w, float *restrict m,
   }
 }
 
+void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,
+                        int64_t step) {
+  memset(r, 0, sizeof *r);
+  r->adamw = strcmp(cfg->optimizer.kind, "adamw") == 0;
+  r->lr = lr;
+  r->weight_decay = cfg->optimizer.weight_decay;
+  r->momentum = cfg->optimizer.momentum;
+  r->nesterov = cfg->optimizer.nesterov;
+  r->first_step = step == 0;
+  r->beta1 = cfg->optimizer.beta1;
+  r->beta2 = cfg->optimizer.beta2;
+  r->eps = cfg->optimizer.eps;
+  /* the same expressions, in the same order, as st_adamw_update */
+  float t = (float)(step + 1);
+  r->decay = 1.0f - lr * r->weight_decay;
+  r->bc2_sqrt = sqrtf(1.0f - powf(r->beta2, t));
+  r->step_size = lr / (1.0f - powf(r->beta1, t));
+}
+
+/* One element of each rule, as the loops above compute it. */
+static inline void sgd_one(const st_optim_rule *r, float *w, float *v,
+                           float g) {
+  float d = g;
+  if (r->weight_decay != 0.0f) d = d + r->weight_decay * *w;
+  if (r->momentum != 0.0f) {
+    *v = r->first_step ? d : r->momentum * *v + d;
+    d = r->nesterov ? d + r->momentum * *v : *v;
+  }
+  *w = *w - r->lr * d;
+}
+
+static inline void adamw_one(const st_optim_rule *r, float *w, float *m,
+                             float *v, float g) {
+  *w *= r->decay;
+  *m = *m * r->beta1 + (1.0f - r->beta1) * g;
+  *v = *v * r->beta2 + (1.0f - r->beta2) * (g * g);
+  float denom = sqrtf(*v) / r->bc2_sqrt + r->eps;
+  *w = *w - r->step_size * (*m / denom);
+}
+
+void st_optim_update_vec(const st_optim_rule *r, float *restrict w,
+                         float *restrict s0, float *restrict s1,
+                         const float *restrict g, size_t n) {
+  if (r->adamw)
+    for (size_t i = 0; i < n; i++) adamw_one(r, &w[i], &s0[i], &s1[i], g[i]);
+  else
+    for (size_t i = 0; i < n; i++) sgd_one(r, &w[i], &s0[i], g[i]);
+}
+
+void st_optim_update_outer(const st_optim_rule *r, float *restrict w,
+                           float *restrict s0, float *restrict s1,
+                           const float *restrict dy, const float *restrict x,
+                           int OC, int IC) {
+  for (int o = 0; o < OC; o++) {
+    const float d = dy[o];
+    float *wr = w + (size_t)o * IC, *ar = s0 + (size_t)o * IC;
+    if (r->adamw) {
+      float *br = s1 + (size_t)o * IC;
+      for (int i = 0; i < IC; i++) adamw_one(r, &wr[i], &ar[i], &br[i], d * x[i]);
+    } else {
+      for (int i = 0; i < IC; i++) sgd_one(r, &wr[i], &ar[i], d * x[i]);
+    }
+  }
+}
+
 /* 16K floats: 64 KB per array, so a chunk's weights, gradients and state
  * stay in L2 while it is updated and zeroed. */
 enum { CHUNK = 1 << 14 };

@@ -184,6 +184,7 @@ static const char *const all_keys[] = {
     "train.keep_checkpoints",
     "execution.mode",
     "execution.micro_batch",
+    "execution.fused_update",
     "fabric.kind",
     "fabric.cores",
     "metrics.log_every",

@@ -5,7 +5,9 @@
  *  - determinism: the same config and seed give identical weights with 1 and
  *    3 threads, and twice in a row;
  *  - steady state allocates nothing: st_alloc_count does not move over 20
- *    steps after the first.
+ *    steps after the first;
+ *  - at batch 1 the update folded into the backward (execution.fused_update)
+ *    gives exactly the weights of computing gradients and then updating.
  */
 #include "harness.h"
 #include "strata.h"
@@ -137,6 +139,27 @@ static void test_no_alloc(const char *what, const st_config *c) {
   st_trainer_destroy(t);
 }
 
+/* Fused and unfused batch-1 training must agree bit for bit: an MLP with a
+ * layernorm (a block whose linear layer fuses and whose norm does not) and
+ * a CNN whose dense layers fuse while its convs do not, with SGD (Nesterov,
+ * weight decay) and AdamW. */
+static void test_fused(const char *what, st_config c, int n) {
+  c.train.batch = 1;
+  c.execution.fused_update = 1;
+  st_trainer *fused = make(&c);
+  c.execution.fused_update = 0;
+  st_trainer *plain = make(&c);
+  if (!fused || !plain) return;
+  steps(fused, n);
+  steps(plain, n);
+  size_t np = st_trainer_model(fused)->n_params;
+  CHECK(memcmp(st_trainer_params(fused), st_trainer_params(plain),
+               np * sizeof(float)) == 0,
+        "%s: fused batch-1 update differs from gradient-then-update", what);
+  st_trainer_destroy(fused);
+  st_trainer_destroy(plain);
+}
+
 int main(void) {
   st_blas_init();
   st_config cnn, mlp;
@@ -148,5 +171,18 @@ int main(void) {
   test_threads("mlp", mlp, 12);
   test_no_alloc("cnn", &cnn);
   test_no_alloc("mlp", &mlp);
+  st_config ln = mlp;
+  snprintf(ln.model.norm, sizeof ln.model.norm, "layernorm");
+  ln.optimizer.weight_decay = 0.01f;
+  ln.optimizer.lr = 0.005f;
+  test_fused("mlp layernorm sgd", ln, 50);
+  snprintf(ln.optimizer.kind, sizeof ln.optimizer.kind, "adamw");
+  ln.optimizer.lr = 1e-3f;
+  test_fused("mlp layernorm adamw", ln, 50);
+  test_fused("cnn adamw", cnn, 20);
+  st_config b1 = mlp;
+  b1.train.batch = 1;
+  b1.optimizer.lr = 0.005f;
+  test_no_alloc("mlp batch 1 fused", &b1);
   TH_DONE();
 }

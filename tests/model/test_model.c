@@ -172,7 +172,7 @@ static int fixture_create(fixture *fx, const char *what, const st_config *c,
   if (rc)
     return rc;
   /* training 0: dropout off, so the loss is a deterministic function */
-  fx->ctx = (st_ctx){NULL, 0, seed, 0};
+  fx->ctx = (st_ctx){NULL, 0, seed, 0, NULL};
   size_t nx = (size_t)fx->B * st_shape_numel(in);
   fx->params = floats(fx->m->n_params);
   fx->grads = floats(fx->m->n_params);
@@ -434,7 +434,7 @@ static void check_residual_block(const char *what, const st_config *c,
   float *all = floats(m->n_params);
   st_model_init(m, all, seed);
   block_run r = {.b = b, .params = all + b->param_off, .B = 2};
-  r.ctx = (st_ctx){NULL, 0, seed, 0};
+  r.ctx = (st_ctx){NULL, 0, seed, 0, NULL};
   size_t nin = (size_t)r.B * st_shape_numel(b->in);
   size_t nout = (size_t)r.B * st_shape_numel(b->out);
   r.in = floats(nin);
