@@ -314,6 +314,45 @@ void st_dropout_backward(float *din, const float *dout, const float *mask,
                          size_t total);
 st_cost st_dropout_cost(size_t numel);
 
+/* GPT kernels. T = time (tokens of a sequence), C = model width, NH = heads
+ * (head size hs = C / NH), V = vocabulary; all layouts row-major. */
+
+/* embedding: out (B, T, C) = wte (V, C)[tokens (B, T)] + wpe (T_max, C)[t];
+ * wpe NULL for none (rotary models). Tokens must be in [0, V). The backward
+ * scatter-adds dout into dwte rows and dwpe in the fixed order b, t
+ * (deterministic with repeated tokens); either gradient may be NULL. Cost per
+ * sample with a wpe of T rows. */
+void st_embedding_forward(float *out, const int32_t *tokens, const float *wte,
+                          const float *wpe, int B, int T, int C);
+void st_embedding_backward(float *dwte, float *dwpe, const float *dout,
+                           const int32_t *tokens, int B, int T, int C);
+st_cost st_embedding_cost(int T, int C, int V);
+
+/* causal self-attention core, between the QKV and output projections: qkv
+ * (B, T, 3C) is [q | k | v], head h in columns h*hs .. (h+1)*hs of each;
+ * out (B, T, C) = softmax(q k^T / sqrt(hs) + causal mask) v per head; att
+ * (B, NH, T, T) saves the probabilities (zero above the diagonal). The
+ * backward WRITES dqkv (B, T, 3C) and needs scratch of
+ * st_attention_scratch_floats(B, T, C, NH) floats. One pool task per (b, h):
+ * bitwise independent of the thread count. */
+size_t st_attention_scratch_floats(int B, int T, int C, int NH);
+void st_attention_forward(st_pool *pool, float *out, float *att,
+                          const float *qkv, int B, int T, int C, int NH);
+void st_attention_backward(st_pool *pool, float *dqkv, const float *dout,
+                           const float *qkv, const float *att, float *scratch,
+                           int B, int T, int C, int NH);
+st_cost st_attention_cost(int T, int C, int NH);
+
+/* rotary position embedding (GPT-NeoX convention, base 10000), in place on
+ * the q and k parts of qkv (B, T, 3C): the first rotary_dim (even, <= hs)
+ * dims of each head, halves rotated as in rotate_half; positions 0 .. T-1.
+ * The backward applies the inverse rotation to dqkv in place. */
+void st_rotary_forward(float *qkv, int B, int T, int C, int NH,
+                       int rotary_dim);
+void st_rotary_backward(float *dqkv, int B, int T, int C, int NH,
+                        int rotary_dim);
+st_cost st_rotary_cost(int T, int NH, int rotary_dim);
+
 /* ---------------------------------------------------------------- model */
 
 typedef enum {

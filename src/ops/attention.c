@@ -1,0 +1,311 @@
+/*
+ * attention.c — the core of causal multi-head self-attention (Vaswani et al.
+ * 2017, "Attention is all you need", eq. 1; GPT-2's masked form), the part
+ * between the QKV projection and the output projection, which are linear
+ * layers of their own. Plus rotary position embedding (RoPE) applied to q and
+ * k in place, for GPT-J / GPT-NeoX shaped models.
+ *
+ * Layout (B batch, T time, C channels, NH heads, hs = C / NH head size):
+ * qkv (B, T, 3C) is [q | k | v] along the last axis and head h uses columns
+ * h*hs .. (h+1)*hs of each part; out (B, T, C) puts head h in the same
+ * columns; att (B, NH, T, T) keeps the softmax probabilities for the backward,
+ * zero above the diagonal. For one (b, h), with scale = 1/sqrt(hs):
+ *   S = scale Q K^T,  A = softmax_row(S + causal mask),  Y = A V
+ * and backward, with dP = dY V^T and r_t = sum_s A[t,s] dP[t,s]:
+ *   dV = A^T dY,  dS = A * (dP - r) * scale,  dQ = dS K,  dK = dS^T Q.
+ *
+ * How it runs: one task per (b, h) pair on the pool; a task's work depends on
+ * the shape only, so results are bitwise independent of the thread count.
+ * Inside a task the T rows go in blocks of BLOCK: a row block [i0, i1) only
+ * needs keys 0 .. i1, so each block is a few single-threaded GEMMs
+ * (st_gemm(NULL, ...)) over the lower-triangular part plus one diagonal
+ * square: about (1 + BLOCK/T) times the causal minimum of multiply-adds
+ * instead of 2x for one full T x T product. Measured forward + backward,
+ * B = 4, NH = 12, hs = 64, one thread, sgemm peak ~99 GFLOP/s: at T = 256
+ * blocks of 32 / 64 / 128 / T rows take 22 / 23 / 28 / 35 ms, llm.c-style
+ * plain loops 134 ms (fp32 dot products cannot be vectorised without
+ * -ffast-math); at T = 1024, 338 / 324 / 325 / 594 ms. 32 is within noise of
+ * the best at every length and needs the least scratch: the backward keeps
+ * a BLOCK x T slice of dP per task.
+ *
+ * Softmax subtracts the row maximum before exp and sums in double; masked
+ * entries are written as exact zeros, never computed from exp(-inf), so a
+ * later position's q, k or v cannot change an earlier output, not even in
+ * its last bit.
+ */
+#include "strata.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+enum { BLOCK = 32 }; /* rows of a block; see the header comment */
+
+static int block_rows(int T) {
+  return T < BLOCK ? T : BLOCK;
+}
+
+size_t st_attention_scratch_floats(int B, int T, int C, int NH) {
+  (void)C; /* slices of dP, T columns wide: nothing per channel */
+  return (size_t)B * NH * (size_t)block_rows(T) * T;
+}
+
+typedef struct attention_job {
+  float *out, *att, *dqkv, *scratch; /* written: forward, backward */
+  const float *qkv, *dout, *probs;   /* read; probs is att in backward */
+  int T, C, NH, hs;
+  float scale;
+} attention_job;
+
+/* Reductions over a row go through LANES independent accumulators combined
+ * in a fixed order: the compiler can then vectorise them (it may not
+ * reorder a single fp accumulator), and the order, hence every bit of the
+ * result, depends on the row length only, on any machine. */
+enum { LANES = 16 };
+
+static double lanes_total(const double *lane) {
+  double s = 0;
+  for (int l = 0; l < LANES; l++)
+    s += lane[l];
+  return s;
+}
+
+/* exp(x) for x <= 0, branch-free so that loops over it vectorise (libm's
+ * expf is a call per element, which made the softmax half the forward
+ * time). Cephes expf: x = n ln2 + r with ln 2 split in two (Cody-Waite) so r
+ * is exact, exp(r) by a degree-6 minimax polynomial on |r| <= ln2/2, then
+ * scaled by 2^n built in the exponent bits; relative error within 2 ulp.
+ * Inputs below -87 are taken as -87 (exp ~ 1.6e-38, 2^-126 keeps the
+ * scale normal): a probability that small is zero next to the row's 1. A NaN
+ * stays NaN. n = round(x log2 e) by adding and subtracting 1.5 * 2^23. */
+static inline float exp_nonpositive(float x) {
+  const float rounder = 12582912.0f, log2e = 1.44269504088896341f;
+  const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  x = x < -87.0f ? -87.0f : x;
+  float t = x * log2e + rounder, n = t - rounder;
+  uint32_t bits;
+  memcpy(&bits, &t, sizeof bits); /* low mantissa bits hold n */
+  uint32_t exponent = (bits - 0x4B400000u + 127u) << 23;
+  float scale;
+  memcpy(&scale, &exponent, sizeof scale);
+  float r = x - n * ln2_hi - n * ln2_lo, z = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return (p * z + r + 1.0f) * scale;
+}
+
+/* Row t of S (n = t + 1 visible keys of T) into softmax probabilities, zero
+ * from column n on. */
+static void softmax_causal_row(float *restrict row, int n, int T) {
+  float lane_max[LANES];
+  for (int l = 0; l < LANES; l++)
+    lane_max[l] = row[0];
+  int s = 0;
+  for (; s + LANES <= n; s += LANES)
+    for (int l = 0; l < LANES; l++)
+      lane_max[l] = row[s + l] > lane_max[l] ? row[s + l] : lane_max[l];
+  for (int l = 0; s < n; s++, l++)
+    lane_max[l] = row[s] > lane_max[l] ? row[s] : lane_max[l];
+  float max = lane_max[0];
+  for (int l = 1; l < LANES; l++)
+    max = lane_max[l] > max ? lane_max[l] : max;
+
+  for (s = 0; s < n; s++)
+    row[s] = exp_nonpositive(row[s] - max);
+  double lane_sum[LANES] = {0};
+  for (s = 0; s + LANES <= n; s += LANES)
+    for (int l = 0; l < LANES; l++)
+      lane_sum[l] += row[s + l];
+  for (int l = 0; s < n; s++, l++)
+    lane_sum[l] += row[s];
+  float inv = (float)(1.0 / lanes_total(lane_sum));
+  for (s = 0; s < n; s++)
+    row[s] *= inv;
+  memset(row + n, 0, sizeof(float) * (size_t)(T - n));
+}
+
+static void forward_task(void *arg, int task) {
+  const attention_job *j = arg;
+  int T = j->T, C = j->C, hs = j->hs, b = task / j->NH, h = task % j->NH;
+  int ld = 3 * C;
+  const float *q = j->qkv + (size_t)b * T * ld + (size_t)h * hs;
+  const float *k = q + C, *v = q + 2 * C;
+  float *a = j->att + (size_t)task * T * T;
+  float *y = j->out + (size_t)b * T * C + (size_t)h * hs;
+  for (int i0 = 0; i0 < T; i0 += BLOCK) {
+    int i1 = T - i0 < BLOCK ? T : i0 + BLOCK, rows = i1 - i0;
+    float *ab = a + (size_t)i0 * T;
+    /* S[i0:i1, 0:i1] = scale Q[i0:i1] K[0:i1]^T */
+    st_gemm(NULL, 0, 1, rows, i1, hs, j->scale, q + (size_t)i0 * ld, ld, k, ld,
+            0.0f, ab, T);
+    for (int t = i0; t < i1; t++)
+      softmax_causal_row(a + (size_t)t * T, t + 1, T);
+    /* Y[i0:i1] = A[i0:i1, 0:i1] V[0:i1] */
+    st_gemm(NULL, 0, 0, rows, hs, i1, 1.0f, ab, T, v, ld, 0.0f,
+            y + (size_t)i0 * C, C);
+  }
+}
+
+void st_attention_forward(st_pool *pool, float *out, float *att,
+                          const float *qkv, int B, int T, int C, int NH) {
+  assert(NH > 0 && C % NH == 0);
+  int hs = C / NH;
+  attention_job j = {.out = out,
+                     .att = att,
+                     .qkv = qkv,
+                     .T = T,
+                     .C = C,
+                     .NH = NH,
+                     .hs = hs,
+                     .scale = (float)(1.0 / sqrt(hs))};
+  st_pool_for(pool, B * NH, forward_task, &j);
+}
+
+/* dP rows (rows x n, leading dimension n) into dS, in place. */
+static void softmax_causal_grad(float *restrict dp, const float *restrict a,
+                                int i0, int rows, int n, int T, float scale) {
+  for (int r = 0; r < rows; r++) {
+    int visible = i0 + r + 1;
+    float *restrict g = dp + (size_t)r * n;
+    const float *restrict p = a + (size_t)(i0 + r) * T;
+    double lane[LANES] = {0};
+    int s = 0;
+    for (; s + LANES <= visible; s += LANES)
+      for (int l = 0; l < LANES; l++)
+        lane[l] += (double)p[s + l] * g[s + l];
+    for (int l = 0; s < visible; s++, l++)
+      lane[l] += (double)p[s] * g[s];
+    float rd = (float)lanes_total(lane);
+    for (int s = 0; s < visible; s++)
+      g[s] = p[s] * (g[s] - rd) * scale;
+    memset(g + visible, 0, sizeof(float) * (size_t)(n - visible));
+  }
+}
+
+static void backward_task(void *arg, int task) {
+  const attention_job *j = arg;
+  int T = j->T, C = j->C, hs = j->hs, b = task / j->NH, h = task % j->NH;
+  int ld = 3 * C;
+  size_t head = (size_t)b * T * ld + (size_t)h * hs;
+  const float *q = j->qkv + head, *k = q + C, *v = q + 2 * C;
+  float *dq = j->dqkv + head, *dk = dq + C, *dv = dq + 2 * C;
+  const float *a = j->probs + (size_t)task * T * T;
+  const float *dy = j->dout + (size_t)b * T * C + (size_t)h * hs;
+  float *dp = j->scratch + (size_t)task * block_rows(T) * T;
+  for (int t = 0; t < T; t++) { /* dK and dV accumulate over row blocks */
+    memset(dk + (size_t)t * ld, 0, sizeof(float) * (size_t)hs);
+    memset(dv + (size_t)t * ld, 0, sizeof(float) * (size_t)hs);
+  }
+  for (int i0 = 0; i0 < T; i0 += BLOCK) {
+    int i1 = T - i0 < BLOCK ? T : i0 + BLOCK, rows = i1 - i0;
+    const float *ab = a + (size_t)i0 * T;
+    const float *dyb = dy + (size_t)i0 * C;
+    /* dV[0:i1] += A[i0:i1, 0:i1]^T dY[i0:i1] */
+    st_gemm(NULL, 1, 0, i1, hs, rows, 1.0f, ab, T, dyb, C, 1.0f, dv, ld);
+    /* dP = dY[i0:i1] V[0:i1]^T, then dS in place */
+    st_gemm(NULL, 0, 1, rows, i1, hs, 1.0f, dyb, C, v, ld, 0.0f, dp, i1);
+    softmax_causal_grad(dp, a, i0, rows, i1, T, j->scale);
+    /* dQ[i0:i1] = dS K[0:i1];  dK[0:i1] += dS^T Q[i0:i1] */
+    st_gemm(NULL, 0, 0, rows, hs, i1, 1.0f, dp, i1, k, ld, 0.0f,
+            dq + (size_t)i0 * ld, ld);
+    st_gemm(NULL, 1, 0, i1, hs, rows, 1.0f, dp, i1, q + (size_t)i0 * ld, ld,
+            1.0f, dk, ld);
+  }
+}
+
+void st_attention_backward(st_pool *pool, float *dqkv, const float *dout,
+                           const float *qkv, const float *att, float *scratch,
+                           int B, int T, int C, int NH) {
+  assert(NH > 0 && C % NH == 0);
+  int hs = C / NH;
+  attention_job j = {.dqkv = dqkv,
+                     .scratch = scratch,
+                     .qkv = qkv,
+                     .probs = att,
+                     .dout = dout,
+                     .T = T,
+                     .C = C,
+                     .NH = NH,
+                     .hs = hs,
+                     .scale = (float)(1.0 / sqrt(hs))};
+  st_pool_for(pool, B * NH, backward_task, &j);
+}
+
+/* Per sample, counting the causal minimum: T(T+1)/2 scores per head, each a
+ * dot product of hs (2 hs flops), likewise for A V, so 2 * C T(T+1) flops of
+ * products forward; the backward has twice as many (dV, dP, dQ, dK). Softmax
+ * takes about 5 flops per score forward (max, subtract, exp, sum, scale) and
+ * 4 backward (dot, subtract, two products). Kept for the backward: the
+ * output and the full T x T probabilities of every head. */
+st_cost st_attention_cost(int T, int C, int NH) {
+  double scores = (double)NH * T * (T + 1) / 2.0;
+  double products = 2.0 * C * (double)T * (T + 1);
+  st_cost c;
+  c.flops_fwd = products + 5.0 * scores;
+  c.flops_bwd = 2.0 * products + 4.0 * scores;
+  c.param_bytes = 0;
+  c.act_bytes = 4.0 * ((double)T * C + (double)NH * T * T);
+  return c;
+}
+
+/* ------------------------------------------------------------------ rotary */
+
+/*
+ * Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34) in the
+ * GPT-NeoX convention (Hugging Face GPTNeoXAttention, "rotate_half"): in each
+ * head of q and of k, the first rd = rotary_dim dims are split into halves
+ * x1 = x[0 : rd/2], x2 = x[rd/2 : rd]; pair i (< rd/2) at position t turns by
+ * theta = t * 10000^(-2i / rd):
+ *   x1' = x1 cos(theta) - x2 sin(theta),  x2' = x2 cos(theta) + x1 sin(theta)
+ * and dims rd .. hs pass through; v is untouched. The original GPT-J weights
+ * pair interleaved dims (2i, 2i+1) instead; permuting the rows of their q and
+ * k projections converts them to this convention. Angles are taken in double
+ * (Hugging Face takes them in fp32, which drifts at large t).
+ *
+ * The backward applies the transpose, a turn by -theta, to dq and dk in place.
+ */
+static void rotate(float *qkv, int B, int T, int C, int NH, int rotary_dim,
+                   double direction) {
+  assert(NH > 0 && C % NH == 0 && rotary_dim % 2 == 0 && rotary_dim <= C / NH);
+  int hs = C / NH, half = rotary_dim / 2;
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      double theta = t * pow(10000.0, -2.0 * i / rotary_dim);
+      double cs = cos(theta), sn = direction * sin(theta);
+      for (int b = 0; b < B; b++) {
+        float *row = qkv + ((size_t)b * T + t) * 3 * C;
+        for (int x = 0; x < 2 * NH; x++) { /* NH heads of q, then of k */
+          float *head = row + (size_t)x * hs;
+          double x1 = head[i], x2 = head[i + half];
+          head[i] = (float)(x1 * cs - x2 * sn);
+          head[i + half] = (float)(x2 * cs + x1 * sn);
+        }
+      }
+    }
+}
+
+void st_rotary_forward(float *qkv, int B, int T, int C, int NH,
+                       int rotary_dim) {
+  rotate(qkv, B, T, C, NH, rotary_dim, 1.0);
+}
+
+void st_rotary_backward(float *dqkv, int B, int T, int C, int NH,
+                        int rotary_dim) {
+  rotate(dqkv, B, T, C, NH, rotary_dim, -1.0);
+}
+
+/* Per sample: rd/2 pairs per head of q and of k, 6 flops a pair each way
+ * (the angles are shared by the batch and not counted). In place, nothing
+ * saved. */
+st_cost st_rotary_cost(int T, int NH, int rotary_dim) {
+  st_cost c;
+  c.flops_fwd = 6.0 * T * NH * rotary_dim;
+  c.flops_bwd = c.flops_fwd;
+  c.param_bytes = 0;
+  c.act_bytes = 0;
+  return c;
+}
