@@ -54,9 +54,11 @@ int st_error_set(st_error *err, int code, const char *fmt, ...)
 /* The table's text for a code ("invalid configuration"). */
 const char *st_error_text(int code);
 
-/* Memory: 64-byte aligned, zero-filled. Every allocation strata makes goes
- * through here so a test can prove that steady-state training allocates
- * nothing (st_alloc_count). Returns NULL on failure. */
+/* Memory: 64-byte aligned, zero-filled. Every tensor-sized buffer (weights,
+ * gradients, optimizer state, activations, data) comes from here, and a test
+ * proves with st_alloc_count that steady-state training allocates nothing;
+ * small descriptors (model layout, file headers) use malloc, never inside a
+ * step. Returns NULL on failure. */
 void *st_alloc(size_t bytes);
 void st_free(void *p);
 uint64_t st_alloc_count(void); /* number of st_alloc calls so far */
@@ -187,8 +189,12 @@ typedef struct st_config {
     int fused_update;       /* batch 1: update weights inside the backward */
   } execution;
   struct {
-    char kind[16];          /* cpu */
-    int cores;              /* 0 = detected */
+    char kind[16];          /* cpu | mesh | wse2 */
+    int cores;              /* cpu: 0 = detected */
+    int width, height;      /* mesh: PEs across and down */
+    float pe_flops;         /* FLOP/s of one PE (mesh; overrides when set) */
+    int64_t pe_memory;      /* bytes of one PE (mesh; overrides when set) */
+    float link_bandwidth;   /* bytes/s of one link, one way (mesh; ditto) */
   } fabric;
   struct {
     int log_every;          /* steps between metrics.jsonl lines */
@@ -213,7 +219,8 @@ int st_config_validate(const st_config *cfg, st_error *err);
 /* Writes the resolved config as YAML. */
 int st_config_write(const st_config *cfg, FILE *f);
 /* Where a key was set, for error messages: "file:line:col", "--set", or
- * "default". Returns a static buffer per call site; copy it if kept. */
+ * "default". Returns one of four rotating thread-local buffers, so two calls
+ * may share one printf; copy the text if it must live longer. */
 const char *st_config_where(const st_config *cfg, const char *key);
 /* Prints the schema (every key, type, default, meaning) for --help. */
 void st_config_print_schema(FILE *f);
@@ -564,8 +571,8 @@ void st_shuffle(int32_t *perm, int n, uint64_t seed, int64_t epoch);
 /* ------------------------------------------------------------------- io */
 
 /* safetensors (https://huggingface.co/docs/safetensors): 8-byte little-endian
- * header length, a JSON header, then the raw data. strata writes F32 (and I32
- * for integer state) and string metadata. */
+ * header length, a JSON header, then the raw data. strata writes F32 tensors
+ * and string metadata; it reads any dtype of the specification. */
 typedef struct st_st_tensor {
   char name[128];
   char dtype[8];     /* "F32", "I32", "I64", ... */
@@ -614,25 +621,156 @@ int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err);
 
 
+/* --------------------------------------------------------------- compile */
+
+/* The compiler (docs/compiler.md) turns a model and a fabric into a plan:
+ * which contiguous blocks form each stage, how many processing elements
+ * (PEs; cores on a cpu) each stage gets, where it sits, and the predicted
+ * time per sample, memory and pipeline utilization. It runs as numbered
+ * passes — 1 cost, 2 partition, 3 allocate, 4 place, 5 report — and every
+ * stage carries a cause string saying why it was cut and sized as it is. */
+
+typedef enum { ST_FABRIC_CPU, ST_FABRIC_MESH } st_fabric_kind;
+
+/* What a plan runs on: a width x height grid of PEs (a cpu is cores x 1). */
+typedef struct st_fabric {
+  st_fabric_kind kind;
+  char name[32];            /* "cpu:16", "mesh:64x64", "wse2" */
+  int width, height;
+  int64_t pes;              /* width * height */
+  double pe_flops;          /* sustained FLOP/s of one PE */
+  double pe_memory;         /* bytes one PE holds */
+  double link_bandwidth;    /* bytes/s: mesh, one link one way; cpu, one
+                               stage-to-stage copy */
+  double efficiency_slope;  /* e(c) = 1 / (1 + slope (c - 1)); 0 on a mesh */
+  double memory_bandwidth;  /* bytes/s, whole fabric (reported, not modelled) */
+  double fabric_bandwidth;  /* bytes/s, whole fabric (reported, not modelled) */
+  int estimated;            /* 1: built-in figures, not calibrated */
+  char source[320];         /* where the figures come from */
+} st_fabric;
+
+/* Writes a --fabric spec — "cpu", "cpu:N", "mesh:WxH" or "wse2" — into
+ * cfg's fabric keys, as --set would. */
+int st_fabric_parse(st_config *cfg, const char *spec, st_error *err);
+/* Resolves cfg->fabric into figures: a cpu's cores and memory are detected
+ * (fabric.cores overrides the count), wse2 is the published preset, a mesh
+ * takes fabric.width/height and the per-PE keys. A fabric.pe_* key that was
+ * set explicitly overrides the built-in figure of every kind. */
+int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err);
+
+/* Pass 1 (cost): what the compiler knows of one block. */
+typedef struct st_block_cost {
+  char name[24];
+  double flops_fwd, flops_bwd; /* per sample */
+  double param_bytes;          /* weights */
+  double state_bytes;          /* gradient + optimizer state */
+  double act_bytes;            /* activations + saved state, per sample */
+  double in_bytes, out_bytes;  /* input and output activation, per sample */
+} st_block_cost;
+
+/* Fills out[0 .. m->n_blocks) from the model's descriptors (no parameter
+ * memory needed) and cfg's optimizer (its state per parameter). */
+void st_plan_costs(st_block_cost *out, const st_model *m, const st_config *cfg);
+
+typedef enum {
+  ST_PARTITION_AUTO,   /* DP over cores on a cpu, bisection otherwise */
+  ST_PARTITION_DP,     /* dynamic programming over (blocks, stages, PEs) */
+  ST_PARTITION_BISECT, /* bisection on the bottleneck, exact DP feasibility */
+} st_partition_algorithm;
+
+typedef struct st_plan_options {
+  int stages;               /* K; 0 = the K with the best throughput */
+  double samples_in_flight; /* activations each stage holds, in samples */
+  double weight_versions;   /* weight copies each stage holds (1) */
+  st_partition_algorithm algorithm;
+} st_plan_options;
+
+#define ST_CAUSE_MAX 320
+
+typedef struct st_plan_stage {
+  int first, count;            /* blocks [first, first + count) */
+  int64_t pes;                 /* PEs (cores) it gets */
+  int x, y, w, h;              /* its rectangle of PEs on the fabric */
+  int64_t pes_for_time;        /* the fewest meeting the bottleneck time */
+  int64_t pes_for_memory;      /* the fewest holding its memory */
+  double flops_fwd, flops_bwd; /* per sample */
+  double time_fwd, time_bwd, time_comm, time; /* seconds per sample */
+  double mem_weights;          /* weights x versions held */
+  double mem_state;            /* gradient + optimizer state */
+  double mem_acts;             /* (input + activations) x samples in flight */
+  double mem_total, mem_capacity; /* bytes: needed, and pes x pe_memory */
+  char cause[ST_CAUSE_MAX];    /* why cut here, why this many PEs */
+} st_plan_stage;
+
+typedef struct st_plan {
+  st_fabric fabric;
+  st_plan_options options;
+  char model[ST_PATH_MAX];     /* config path or "" */
+  char mode[24];               /* execution.mode */
+  int batch, micro_batch, micro_batches; /* M = batch / micro_batch */
+  int n_blocks;
+  st_block_cost *blocks;
+  int n_stages;
+  st_plan_stage *stages;
+  int band_height, bands;      /* mesh: stages sit in bands of rows, snake */
+  int64_t pes_used;
+  int bottleneck;              /* index of the slowest stage */
+  double bottleneck_time;      /* seconds per sample */
+  double throughput;           /* samples/s in steady state, 1 / bottleneck */
+  double balance;              /* mean stage time / bottleneck time */
+  double util_fill_drain;      /* M / (M + S - 1), GPipe bubble */
+  double util_pipelined;       /* steady state of pipelined backprop: 1 */
+  int n_tried;                 /* throughput_by_k[k - 1] for k in 1..n_tried */
+  double *throughput_by_k;     /* (0 = infeasible); NULL if not computed */
+  char cause[ST_CAUSE_MAX];    /* why this many stages */
+} st_plan;
+
+/* Passes 2-4 on given block costs: partition into stages, allocate PEs,
+ * place them. Errors: more stages than blocks or PEs; a model that fits no
+ * plan names the block that does not fit and by how many bytes. */
+int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
+                  const st_fabric *fabric, const st_plan_options *opt,
+                  st_error *err);
+/* All passes for cfg's model on cfg's fabric; stages as in options (0 =
+ * automatic). Samples in flight follow execution.mode (docs/compiler.md). */
+int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
+                    st_error *err);
+void st_plan_destroy(st_plan *p);
+/* Pass 5 (report): the text report, DIR/plan.json and DIR/plan.svg. */
+void st_plan_print(const st_plan *p, FILE *f);
+int st_plan_write_json(const st_plan *p, const char *path, st_error *err);
+int st_plan_write_svg(const st_plan *p, const char *path, st_error *err);
+/* compile --validate-only: builds the model's descriptors and prints its
+ * parameters, FLOPs per sample and memory. Allocates no model memory. */
+int st_plan_validate(const st_config *cfg, FILE *f, st_error *err);
+
 /* ------------------------------------------------------------ checkpoint */
 
-/* Where training stands: enough to resume exactly. */
+/* Where training stands: enough to resume exactly, plus what the position is
+ * relative to (a resume under another seed, batch, training set or shuffling
+ * would not continue the same run, so it is refused). */
 typedef struct st_train_pos {
   int64_t step;       /* optimizer steps done */
   int64_t epoch;      /* current epoch (0-based) */
   int64_t epoch_pos;  /* samples of this epoch already consumed */
   int64_t samples;    /* samples consumed in total (dropout stream) */
+  uint64_t seed;      /* train.seed */
+  int64_t batch;      /* train.batch */
+  int64_t train_samples; /* training-set size */
+  int64_t shuffle;    /* data.shuffle */
 } st_train_pos;
 
 /* Writes weights (by tensor name), optimizer state ("optim.<name>.<slot>")
- * and the position as metadata, atomically. opt_state may be NULL. */
+ * and the position as metadata, atomically. opt_state and pos may be NULL. */
 int st_checkpoint_save(const char *path, const st_model *m,
                        const float *params, const float *opt_state,
                        const char *optim_kind, const st_train_pos *pos,
-                       uint64_t seed, st_error *err);
+                       st_error *err);
 /* Reads a checkpoint written by st_checkpoint_save (or any safetensors with
- * the model's tensor names). Missing or mis-shaped tensors are errors naming
- * the tensor. opt_state / pos may be NULL to load weights only. */
+ * the model's tensor names). Missing or mis-shaped tensors and out-of-range
+ * positions are errors naming the tensor or key; everything is checked
+ * before anything is copied, so on error the outputs are untouched.
+ * opt_state / pos may be NULL to load weights only. */
 int st_checkpoint_load(const char *path, const st_model *m, float *params,
                        float *opt_state, const char *optim_kind,
                        st_train_pos *pos, st_error *err);
@@ -656,6 +794,9 @@ int st_trainer_run(st_trainer *t, st_error *err);
 /* Loss and accuracy over the test set. */
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err);
+/* The last evaluation st_trainer_run made (at the final step); returns 0 if
+ * there was one. */
+int st_trainer_last_eval(const st_trainer *t, double *loss, double *accuracy);
 int st_trainer_save(st_trainer *t, const char *path, st_error *err);
 /* weights_only: load weights, keep optimizer state and position. */
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,

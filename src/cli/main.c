@@ -4,6 +4,7 @@
  * "strata: error: ..." and exit status 1 (2 for a misused command line).
  */
 #include "strata.h"
+#include "cli.h"
 
 #include <dirent.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@ static const char *usage_main =
     "commands:\n"
     "  train CONFIG     train a model described by a YAML config\n"
     "  eval CONFIG      evaluate a checkpoint on the test set\n"
+    "  compile CONFIG   plan the model onto a fabric (cores, a mesh, wse2)\n"
     "  inspect FILE     list the tensors of a checkpoint (safetensors)\n"
     "\n"
     "Run 'strata COMMAND --help' for a command's options.\n";
@@ -172,6 +174,10 @@ static int cmd_train(int argc, char **argv) {
     snprintf(out, sizeof out, "%s", a.out);
   else
     default_out(out, sizeof out, a.config);
+  /* A mistyped --resume fails here, before data is loaded or DIR made. */
+  char ck[ST_PATH_MAX + 64];
+  if (a.resume && newest_checkpoint(a.resume, ck, sizeof ck, &err))
+    return fail(&err);
   st_trainer *t;
   if (st_trainer_create(&t, &cfg, out, &err)) return fail(&err);
   const st_model *m = st_trainer_model(t);
@@ -181,9 +187,7 @@ static int cmd_train(int argc, char **argv) {
          cfg.train.batch, (long long)st_trainer_total_steps(t), st_blas_name());
   st_model_print(m, stdout);
   if (a.resume) {
-    char ck[ST_PATH_MAX + 64];
-    rc = newest_checkpoint(a.resume, ck, sizeof ck, &err);
-    if (!rc) rc = st_trainer_load(t, ck, 0, &err);
+    rc = st_trainer_load(t, ck, 0, &err);
     if (rc) {
       st_trainer_destroy(t);
       return fail(&err);
@@ -198,13 +202,12 @@ static int cmd_train(int argc, char **argv) {
     return fail(&err);
   }
   double loss, acc;
-  rc = st_trainer_evaluate(t, &loss, &acc, &err);
-  if (!rc)
+  if (st_trainer_last_eval(t, &loss, &acc) == 0)
     printf("strata: done: %lld steps, test accuracy %.4f, test loss %.4f; "
            "wrote %s\n",
            (long long)st_trainer_pos(t)->step, acc, loss, out);
   st_trainer_destroy(t);
-  return rc ? fail(&err) : 0;
+  return 0;
 }
 
 static int cmd_eval(int argc, char **argv) {
@@ -249,6 +252,7 @@ int main(int argc, char **argv) {
     return fputs(usage_main, stdout), 0;
   if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
   if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
+  if (strcmp(cmd, "compile") == 0) return st_cli_compile(argc - 2, argv + 2);
   if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
   return usage_error(usage_main, "unknown command '%s'", cmd);
 }

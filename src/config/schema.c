@@ -49,6 +49,8 @@ static const char *const modes[] = {
 };
 static const char *const fabrics[] = {
     "cpu",
+    "mesh",
+    "wse2",
     NULL,
 };
 static const char *const progress_modes[] = {"auto", "on", "off", NULL};
@@ -106,7 +108,7 @@ const st_config_key st_config_schema[] = {
     INT(train, checkpoint_every, "0",
         "checkpoint every N steps (0 = at the end)"),
     INT(train, threads, "0", "worker threads (0 = all cores)"),
-    INT(train, keep_checkpoints, "2", "step checkpoints to keep"),
+    INT(train, keep_checkpoints, "2", "newest step checkpoints to keep (0 = keep all)"),
 
     ENUM(execution, mode, "sequential", modes, "execution mode (DESIGN.md)"),
     INT(execution, micro_batch, "0",
@@ -115,8 +117,22 @@ const st_config_key st_config_schema[] = {
          "at batch 1, update weights inside the backward (same bits, "
          "less memory traffic)"),
 
-    ENUM(fabric, kind, "cpu", fabrics, "what the plan runs on"),
-    INT(fabric, cores, "0", "cores to use (0 = detected)"),
+    ENUM(fabric, kind, "cpu", fabrics,
+         "what the plan runs on: this machine's cores, a W x H mesh of PEs, "
+         "or the WSE-2 preset (docs/compiler.md)"),
+    INT(fabric, cores, "0", "cpu: cores to use (0 = detected)"),
+    INT(fabric, width, "0", "mesh: PEs across"),
+    INT(fabric, height, "0", "mesh: PEs down"),
+    FLOAT(fabric, pe_flops, "2.2e9",
+          "mesh: FLOP/s of one PE (default: a WSE-2 PE, fp32, assumed); "
+          "set, it overrides the cpu and wse2 figures too"),
+    INT64(fabric, pe_memory, "47058",
+          "mesh: bytes of one PE (default: WSE-2, 40 GB / 850,000); set, it "
+          "overrides the cpu and wse2 figures too"),
+    FLOAT(fabric, link_bandwidth, "4.04e9",
+          "mesh: bytes/s of one PE-to-PE link, one way (default: WSE-2, "
+          "220 Pb/s over 850,000 PEs x 8); cpu: stage-to-stage copy; set, "
+          "it overrides the built-in figures"),
 
     INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
     ENUM(metrics, progress, "auto", progress_modes,

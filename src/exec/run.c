@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@ typedef struct run_state {
   const char *dir;
   FILE *metrics;
   double t0, train_s, last_progress;
+  int64_t step0, samples0; /* where this process started (after a resume) */
   double window_loss;
   int window_n;
   double last_loss, test_loss, test_acc;
@@ -33,6 +35,12 @@ static void fmt_duration(char *buf, size_t cap, double s) {
     snprintf(buf, cap, "%ld:%02ld", v / 60, v % 60);
 }
 
+/* Rate of this process: samples before a resume were not timed here. */
+static double samples_per_s(const run_state *r) {
+  int64_t n = st_trainer_pos(r->t)->samples - r->samples0;
+  return r->train_s > 0 ? (double)n / r->train_s : 0;
+}
+
 static void progress(run_state *r, int final) {
   if (!r->progress) return;
   double now = st_now();
@@ -40,10 +48,10 @@ static void progress(run_state *r, int final) {
   r->last_progress = now;
   const st_train_pos *p = st_trainer_pos(r->t);
   int64_t total = st_trainer_total_steps(r->t);
-  double rate = r->train_s > 0 ? (double)p->samples / r->train_s : 0;
-  double eta = p->step > 0 ? r->train_s / (double)p->step *
-                                 (double)(total - p->step)
-                           : 0;
+  double rate = samples_per_s(r);
+  int64_t done = p->step - r->step0;
+  double eta = done > 0 ? r->train_s / (double)done * (double)(total - p->step)
+                        : 0;
   char eta_s[32];
   fmt_duration(eta_s, sizeof eta_s, eta);
   int64_t per_epoch = st_trainer_steps_per_epoch(r->t);
@@ -88,7 +96,7 @@ static void log_train(run_state *r) {
             (long long)p->step, (long long)p->epoch, (long long)p->samples,
             r->window_loss / r->window_n,
             st_lr_at(r->cfg, p->step - 1, st_trainer_total_steps(r->t)),
-            r->train_s > 0 ? p->samples / r->train_s : 0, st_now() - r->t0);
+            samples_per_s(r), st_now() - r->t0);
     fflush(r->metrics);
   }
   r->window_loss = 0;
@@ -133,7 +141,7 @@ static int write_summary(run_state *r, st_error *err) {
       r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
       (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
       r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
-      r->train_s > 0 ? p->samples / r->train_s : 0, r->train_s,
+      samples_per_s(r), r->train_s,
       st_now() - r->t0, st_trainer_threads(r->t), st_blas_name());
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
   return st_write_file_atomic(path, buf, (size_t)n, err);
@@ -143,12 +151,16 @@ static int open_outputs(run_state *r, st_error *err) {
   if (!r->dir) return 0;
   char path[ST_PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/config.yaml", r->dir);
-  FILE *f = fopen(path, "w");
-  if (!f)
-    return st_error_set(err, ST_EIO, "%s: cannot write: %s", path,
-                        strerror(errno));
+  /* Atomically, like checkpoints: `--resume DIR -` reads it back. */
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return st_error_set(err, ST_ENOMEM, "out of memory");
   st_config_write(r->cfg, f);
-  fclose(f);
+  int rc = fclose(f) == 0 ? st_write_file_atomic(path, text, len, err)
+                          : st_error_set(err, ST_ENOMEM, "out of memory");
+  free(text);
+  if (rc) return rc;
   snprintf(path, sizeof path, "%s/metrics.jsonl", r->dir);
   int resumed = st_trainer_pos(r->t)->step > 0;
   r->metrics = fopen(path, resumed ? "a" : "w");
@@ -189,14 +201,16 @@ int st_trainer_run(st_trainer *t, st_error *err) {
   run_state r = {.t = t, .cfg = c, .dir = st_trainer_dir(t), .t0 = st_now(),
                  .evaluated_at = -1};
   r.tty = isatty(fileno(stderr));
-  r.progress = strcmp(c->metrics.progress, "off") != 0 &&
-               (r.tty || strcmp(c->metrics.progress, "on") == 0 ||
-                strcmp(c->metrics.progress, "auto") == 0);
+  r.progress = strcmp(c->metrics.progress, "on") == 0 ||
+               (strcmp(c->metrics.progress, "auto") == 0 && r.tty);
+  r.step0 = st_trainer_pos(t)->step;
+  r.samples0 = st_trainer_pos(t)->samples;
   int rc = open_outputs(&r, err);
   if (!rc) rc = loop(&r, err);
   if (!rc && r.window_n) log_train(&r);
   if (!rc) progress(&r, 1);
   if (!rc && r.evaluated_at != st_trainer_pos(t)->step) rc = evaluate(&r, err);
+  if (!rc) st_trainer_note_eval(t, r.test_loss, r.test_acc);
   if (!rc) rc = checkpoint(&r, err);
   if (!rc) rc = write_summary(&r, err);
   if (r.metrics) fclose(r.metrics);

@@ -11,6 +11,7 @@
 #include "exec.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,8 @@ struct st_trainer {
   int *y;
   int32_t *perm, *eval_idx;
   int batch, micro_batch, eval_batch;
+  int evaluated;              /* st_trainer_note_eval was called */
+  double eval_loss, eval_acc; /* the run's final evaluation */
   int64_t total_steps, steps_per_epoch;
   st_train_pos pos;
 };
@@ -75,6 +78,37 @@ static int load_data(st_trainer *t, st_error *err) {
 }
 
 static int max_int(int a, int b) { return a > b ? a : b; }
+
+/* Labels index the logits and test images fill buffers sized for training
+ * images, so both are checked against the model before anything runs. */
+static int check_data(const st_trainer *t, st_error *err) {
+  const st_config *c = &t->cfg;
+  const st_dataset *sets[2] = {t->train, t->test};
+  for (int i = 0; i < 2; i++)
+    if (sets[i]->classes > c->model.classes)
+      return st_error_set(err, ST_ECONFIG,
+                          "%s: model.classes: %d, but %s has labels up to %d",
+                          st_config_where(c, "model.classes"),
+                          c->model.classes, sets[i]->name,
+                          sets[i]->classes - 1);
+  st_shape a = t->train->shape, b = t->test->shape;
+  if (a.c != b.c || a.h != b.h || a.w != b.w)
+    return st_error_set(err, ST_EDATA,
+                        "%s: test images are %dx%dx%d but the training "
+                        "images (%s) are %dx%dx%d",
+                        t->test->name, b.c, b.h, b.w, t->train->name, a.c, a.h,
+                        a.w);
+  return 0;
+}
+
+/* Cores this process may run on (affinity and cgroup cpusets included). */
+static int usable_cores(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
 
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
@@ -134,6 +168,13 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   st_trainer *t = calloc(1, sizeof *t);
   if (!t) return st_error_set(err, ST_ENOMEM, "out of memory");
   t->cfg = *cfg;
+  /* The longest file written is checkpoints/step-NNNNNNNN.safetensors:
+   * refuse an output path that could not hold it now, not after training. */
+  if (out_dir && strlen(out_dir) + 48 >= ST_PATH_MAX) {
+    rc = st_error_set(err, ST_EARG, "%.64s...: output path too long (max %d)",
+                      out_dir, ST_PATH_MAX - 48);
+    goto fail;
+  }
   if (out_dir) snprintf(t->out_dir, sizeof t->out_dir, "%s", out_dir);
   t->exec = find_executor(cfg->execution.mode);
   if (!t->exec) {
@@ -148,6 +189,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
                                               : cfg->train.batch;
   t->eval_batch = 256;
   if ((rc = load_data(t, err))) goto fail;
+  if ((rc = check_data(t, err))) goto fail;
   if (t->train->n < t->batch) {
     rc = st_error_set(err, ST_ECONFIG,
                       "%s: train.batch: %d is larger than the %d training "
@@ -157,8 +199,8 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     goto fail;
   }
   if ((rc = st_model_create(&t->model, cfg, t->train->shape, err))) goto fail;
-  int threads = cfg->train.threads;
-  if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  st_blas_init(); /* idempotent; library users need not remember it */
+  int threads = cfg->train.threads > 0 ? cfg->train.threads : usable_cores();
   t->pool = st_pool_create(threads);
   if (!t->pool) {
     rc = st_error_set(err, ST_ENOMEM, "cannot start %d threads", threads);
@@ -333,9 +375,37 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
 }
 
 int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
+  st_train_pos pos = t->pos;
+  pos.seed = t->cfg.train.seed;
+  pos.batch = t->batch;
+  pos.train_samples = t->train->n;
+  pos.shuffle = t->cfg.data.shuffle;
   return st_checkpoint_save(path, t->model, t->params, t->opt,
-                            t->cfg.optimizer.kind, &t->pos, t->cfg.train.seed,
-                            err);
+                            t->cfg.optimizer.kind, &pos, err);
+}
+
+/* A checkpoint continues this run only under the same seed, batch, training
+ * set and shuffling; anything else would silently train something else. */
+static int check_same_run(const st_trainer *t, const st_train_pos *p,
+                          const char *path, st_error *err) {
+  const char *what = NULL, *key = NULL;
+  long long had = 0, now = 0;
+  if (p->seed != t->cfg.train.seed)
+    what = "seed", key = "train.seed", had = (long long)p->seed,
+    now = (long long)t->cfg.train.seed;
+  else if (p->batch != t->batch)
+    what = "batch", key = "train.batch", had = p->batch, now = t->batch;
+  else if (p->train_samples != t->train->n)
+    what = "training-set size", key = "data.train_limit",
+    had = p->train_samples, now = t->train->n;
+  else if (p->shuffle != t->cfg.data.shuffle)
+    what = "shuffling", key = "data.shuffle", had = p->shuffle,
+    now = t->cfg.data.shuffle;
+  if (!what) return 0;
+  return st_error_set(err, ST_ECONFIG,
+                      "%s: written with %s %lld, the config (%s) gives %lld: "
+                      "resuming would not continue the same run",
+                      path, what, had, key, now);
 }
 
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
@@ -343,9 +413,26 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
   if (weights_only)
     return st_checkpoint_load(path, t->model, t->params, NULL, NULL, NULL,
                               err);
-  int rc = st_checkpoint_load(path, t->model, t->params, t->opt,
-                              t->cfg.optimizer.kind, &t->pos, err);
-  if (!rc) make_permutation(t);
+  /* Load into copies first: a checkpoint of another run must leave this
+   * trainer as it was. */
+  st_train_pos pos;
+  const st_model *m = t->model;
+  size_t state = (size_t)st_optim_state_per_param(&t->cfg) * m->n_params;
+  float *params = st_alloc(m->n_params * sizeof(float));
+  float *opt = st_alloc(state * sizeof(float));
+  int rc = params && opt ? 0 : st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!rc)
+    rc = st_checkpoint_load(path, m, params, opt, t->cfg.optimizer.kind, &pos,
+                            err);
+  if (!rc) rc = check_same_run(t, &pos, path, err);
+  if (!rc) {
+    memcpy(t->params, params, m->n_params * sizeof(float));
+    memcpy(t->opt, opt, state * sizeof(float));
+    t->pos = pos;
+    make_permutation(t);
+  }
+  st_free(params);
+  st_free(opt);
   return rc;
 }
 
@@ -361,3 +448,16 @@ int64_t st_trainer_steps_per_epoch(const st_trainer *t) {
   return t->steps_per_epoch;
 }
 int st_trainer_threads(const st_trainer *t) { return st_pool_threads(t->pool); }
+
+void st_trainer_note_eval(st_trainer *t, double loss, double accuracy) {
+  t->evaluated = 1;
+  t->eval_loss = loss;
+  t->eval_acc = accuracy;
+}
+
+int st_trainer_last_eval(const st_trainer *t, double *loss, double *accuracy) {
+  if (!t->evaluated) return -1;
+  *loss = t->eval_loss;
+  *accuracy = t->eval_acc;
+  return 0;
+}

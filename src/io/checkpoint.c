@@ -8,6 +8,7 @@
 #include "strata.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,24 @@ static int slots(const char *optim_kind) {
   return strcmp(optim_kind, "adamw") == 0 ? 2 : 1;
 }
 
+/* The integer fields of st_train_pos as metadata keys, with the smallest
+ * value each may take (a hand-edited or corrupt file is refused, never
+ * trusted as an index). */
+static const struct {
+  const char *key;
+  size_t offset;
+  int64_t min;
+} pos_keys[] = {
+    {"step", offsetof(st_train_pos, step), 0},
+    {"epoch", offsetof(st_train_pos, epoch), 0},
+    {"epoch_pos", offsetof(st_train_pos, epoch_pos), 0},
+    {"samples", offsetof(st_train_pos, samples), 0},
+    {"batch", offsetof(st_train_pos, batch), 1},
+    {"train_samples", offsetof(st_train_pos, train_samples), 1},
+    {"shuffle", offsetof(st_train_pos, shuffle), 0},
+};
+enum { N_POS_KEYS = sizeof pos_keys / sizeof pos_keys[0] };
+
 static int add_meta_i64(st_st_writer *w, const char *key, int64_t v,
                         st_error *err) {
   char buf[32];
@@ -30,7 +49,7 @@ static int add_meta_i64(st_st_writer *w, const char *key, int64_t v,
 int st_checkpoint_save(const char *path, const st_model *m,
                        const float *params, const float *opt_state,
                        const char *optim_kind, const st_train_pos *pos,
-                       uint64_t seed, st_error *err) {
+                       st_error *err) {
   st_st_writer *w = st_st_writer_create();
   if (!w) return st_error_set(err, ST_ENOMEM, "out of memory");
   char (*names)[ST_NAME_MAX + 32] = NULL;
@@ -63,12 +82,15 @@ int st_checkpoint_save(const char *path, const st_model *m,
   if (!rc) rc = st_st_writer_meta(w, "version", "1", err);
   if (!rc) rc = st_st_writer_meta(w, "model", m->kind, err);
   if (!rc) rc = st_st_writer_meta(w, "optimizer", optim_kind, err);
-  if (!rc) rc = add_meta_i64(w, "seed", (int64_t)seed, err);
   if (!rc && pos) {
-    rc = add_meta_i64(w, "step", pos->step, err);
-    if (!rc) rc = add_meta_i64(w, "epoch", pos->epoch, err);
-    if (!rc) rc = add_meta_i64(w, "epoch_pos", pos->epoch_pos, err);
-    if (!rc) rc = add_meta_i64(w, "samples", pos->samples, err);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, pos->seed);
+    rc = st_st_writer_meta(w, "seed", seed, err);
+    for (int k = 0; !rc && k < N_POS_KEYS; k++)
+      rc = add_meta_i64(w, pos_keys[k].key,
+                        *(const int64_t *)((const char *)pos +
+                                           pos_keys[k].offset),
+                        err);
   }
   if (!rc) rc = st_st_writer_write(w, path, err);
 done:
@@ -77,13 +99,17 @@ done:
   return rc;
 }
 
-/* Copies one named F32 tensor of the expected shape into dst. */
-static int load_tensor(const st_safetensors *st, const char *name,
-                       const st_tensor_info *ti, float *dst, st_error *err) {
+/* Finds one named F32 tensor of the expected shape; NULL with an error
+ * naming the tensor otherwise. */
+static const st_st_tensor *find_tensor(const st_safetensors *st,
+                                       const char *name,
+                                       const st_tensor_info *ti,
+                                       st_error *err) {
   const st_st_tensor *t = st_safetensors_find(st, name);
-  if (!t)
-    return st_error_set(err, ST_EFORMAT, "%s: tensor '%s' is missing",
-                        st->path, name);
+  if (!t) {
+    st_error_set(err, ST_EFORMAT, "%s: tensor '%s' is missing", st->path, name);
+    return NULL;
+  }
   int same = strcmp(t->dtype, "F32") == 0 && t->ndim == ti->ndim;
   for (int d = 0; same && d < ti->ndim; d++) same = t->dims[d] == ti->dims[d];
   if (!same) {
@@ -94,16 +120,16 @@ static int load_tensor(const st_safetensors *st, const char *name,
     for (int d = 0; d < t->ndim; d++)
       snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld",
                d ? "x" : "", (long long)t->dims[d]);
-    return st_error_set(err, ST_EFORMAT,
-                        "%s: tensor '%s' is %s %s, the model needs F32 %s",
-                        st->path, name, t->dtype, got, want);
+    st_error_set(err, ST_EFORMAT,
+                 "%s: tensor '%s' is %s %s, the model needs F32 %s", st->path,
+                 name, t->dtype, got, want);
+    return NULL;
   }
-  memcpy(dst, st->data + t->begin, ti->numel * sizeof(float));
-  return 0;
+  return t;
 }
 
-static int meta_i64(const st_safetensors *st, const char *key, int64_t *v,
-                    st_error *err) {
+static int meta_i64(const st_safetensors *st, const char *key, int64_t min,
+                    int64_t *v, st_error *err) {
   const char *s = st_safetensors_meta(st, key);
   char *end = NULL;
   if (s) *v = strtoll(s, &end, 10);
@@ -112,6 +138,64 @@ static int meta_i64(const st_safetensors *st, const char *key, int64_t *v,
                         "%s: metadata '%s' is missing or not an integer: not a "
                         "strata training checkpoint",
                         st->path, key);
+  if (*v < min)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: metadata '%s' is %lld, below its minimum %lld: "
+                        "corrupt checkpoint",
+                        st->path, key, (long long)*v, (long long)min);
+  return 0;
+}
+
+static int read_pos(const st_safetensors *st, st_train_pos *pos,
+                    st_error *err) {
+  st_train_pos p = {0};
+  for (int k = 0; k < N_POS_KEYS; k++) {
+    int rc = meta_i64(st, pos_keys[k].key, pos_keys[k].min,
+                      (int64_t *)((char *)&p + pos_keys[k].offset), err);
+    if (rc) return rc;
+  }
+  const char *seed = st_safetensors_meta(st, "seed");
+  char *end = NULL;
+  if (seed) p.seed = strtoull(seed, &end, 10);
+  if (!seed || end == seed || *end)
+    return st_error_set(err, ST_EFORMAT, "%s: metadata 'seed' is missing",
+                        st->path);
+  if (p.epoch_pos > p.train_samples)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: metadata 'epoch_pos' %lld exceeds the %lld "
+                        "training samples: corrupt checkpoint",
+                        st->path, (long long)p.epoch_pos,
+                        (long long)p.train_samples);
+  *pos = p;
+  return 0;
+}
+
+/* Visits every tensor the load needs: slot -1 is the weights, 0.. the
+ * optimizer slots. With copy == 0 it only checks; with 1 it copies. */
+static int visit(const st_safetensors *st, const st_model *m, float *params,
+                 float *opt_state, const char *optim_kind, int ns, int copy,
+                 st_error *err) {
+  for (int s = -1; s < ns; s++)
+    for (int i = 0; i < m->n_blocks; i++) {
+      const st_block *b = &m->blocks[i];
+      for (int k = 0; k < b->n_tensors; k++) {
+        const st_tensor_info *ti = &b->tensors[k];
+        size_t off = b->param_off + ti->offset;
+        char name[ST_NAME_MAX + 32];
+        if (s < 0)
+          snprintf(name, sizeof name, "%s", ti->name);
+        else
+          snprintf(name, sizeof name, "optim.%s.%s", ti->name,
+                   slot_name(optim_kind, s));
+        const st_st_tensor *t = find_tensor(st, name, ti, err);
+        if (!t) return ST_EFORMAT;
+        if (copy) {
+          float *dst = s < 0 ? params + off
+                             : opt_state + (size_t)s * m->n_params + off;
+          memcpy(dst, st->data + t->begin, ti->numel * sizeof(float));
+        }
+      }
+    }
   return 0;
 }
 
@@ -132,30 +216,12 @@ int st_checkpoint_load(const char *path, const st_model *m, float *params,
     }
   }
   int ns = opt_state ? slots(optim_kind) : 0;
-  for (int s = -1; s < ns && !rc; s++) {
-    for (int i = 0; i < m->n_blocks && !rc; i++) {
-      const st_block *b = &m->blocks[i];
-      for (int t = 0; t < b->n_tensors && !rc; t++) {
-        const st_tensor_info *ti = &b->tensors[t];
-        size_t off = b->param_off + ti->offset;
-        if (s < 0) {
-          rc = load_tensor(st, ti->name, ti, params + off, err);
-        } else {
-          char name[ST_NAME_MAX + 32];
-          snprintf(name, sizeof name, "optim.%s.%s", ti->name,
-                   slot_name(optim_kind, s));
-          rc = load_tensor(st, name, ti,
-                           opt_state + (size_t)s * m->n_params + off, err);
-        }
-      }
-    }
-  }
-  if (!rc && pos) {
-    rc = meta_i64(st, "step", &pos->step, err);
-    if (!rc) rc = meta_i64(st, "epoch", &pos->epoch, err);
-    if (!rc) rc = meta_i64(st, "epoch_pos", &pos->epoch_pos, err);
-    if (!rc) rc = meta_i64(st, "samples", &pos->samples, err);
-  }
+  st_train_pos p;
+  rc = visit(st, m, params, opt_state, optim_kind, ns, 0, err);
+  if (!rc && pos) rc = read_pos(st, &p, err);
+  if (rc) goto done;
+  visit(st, m, params, opt_state, optim_kind, ns, 1, err);
+  if (pos) *pos = p;
 done:
   st_safetensors_destroy(st);
   return rc;

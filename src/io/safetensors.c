@@ -64,8 +64,16 @@ static int read_string(json *j, char *out, size_t cap) {
       c = *j->p++;
       if (c == 'u') {
         if (j->end - j->p < 4) return json_fail(j, "bad \\u escape");
-        char hex[5] = {j->p[0], j->p[1], j->p[2], j->p[3], 0};
-        long v = strtol(hex, NULL, 16);
+        long v = 0;
+        for (int h = 0; h < 4; h++) {
+          char x = j->p[h];
+          int d = x >= '0' && x <= '9'   ? x - '0'
+                  : x >= 'a' && x <= 'f' ? x - 'a' + 10
+                  : x >= 'A' && x <= 'F' ? x - 'A' + 10
+                                         : -1;
+          if (d < 0) return json_fail(j, "bad \\u escape");
+          v = v * 16 + d;
+        }
         j->p += 4;
         if (v <= 0 || v >= 0x80) return json_fail(j, "non-ASCII \\u escape");
         c = (char)v;
@@ -89,12 +97,18 @@ static int read_int(json *j, int64_t *v) {
   skip_ws(j);
   const char *start = j->p;
   if (j->p < j->end && *j->p == '-') j->p++;
+  const char *digits = j->p;
   while (j->p < j->end && *j->p >= '0' && *j->p <= '9') j->p++;
-  if (j->p == start || j->p - start > 19) return json_fail(j, "bad integer");
+  /* JSON integers: at least one digit, no leading zero, within int64 */
+  if (j->p == digits || j->p - digits > 19 ||
+      (digits[0] == '0' && j->p - digits > 1))
+    return json_fail(j, "bad integer");
   char buf[24];
   memcpy(buf, start, (size_t)(j->p - start));
   buf[j->p - start] = 0;
+  errno = 0;
   *v = strtoll(buf, NULL, 10);
+  if (errno == ERANGE) return json_fail(j, "integer out of range");
   return 0;
 }
 
@@ -574,8 +588,10 @@ int st_write_file_atomic(const char *path, const void *data, size_t bytes,
     p += n;
     left -= (size_t)n;
   }
-  if (fsync(fd) != 0 || close(fd) != 0) {
-    int e = errno;
+  int synced = fsync(fd) == 0 ? 0 : errno;
+  int closed = close(fd) == 0 ? 0 : errno;
+  if (synced || closed) {
+    int e = synced ? synced : closed;
     unlink(tmp);
     return st_error_set(err, ST_EIO, "%s: fsync failed: %s", path, strerror(e));
   }

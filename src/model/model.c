@@ -215,8 +215,7 @@ static int build_cnn(builder *bd) {
       if (conv_unit(bd, oc)) return ST_ESHAPE;
       add_activation(bd, "relu");
       if (conv_unit(bd, oc)) return ST_ESHAPE;
-      add_layer(bd, ST_OP_RESIDUAL, bd->cur);
-      bd->b->has_residual = 1;
+      if (add_layer(bd, ST_OP_RESIDUAL, bd->cur)) bd->b->has_residual = 1;
       add_activation(bd, "relu");
     }
     if (bd->cur.h < 2 || bd->cur.w < 2)

@@ -296,6 +296,61 @@ if [ -z "$unreadable" ]; then pass; else
 fi
 valid_jsonl "diverging run metrics" "$nan_dir/metrics.jsonl"
 
+# --- 10. data that does not fit the model ---------------------------------------
+# Labels beyond model.classes and test images of another size would index out
+# of bounds: both are refused before training starts.
+expect_error "labels beyond model.classes" \
+  "model\.classes: 5, but .* has labels up to 9" \
+  -- train "$fc" "${small[@]}" --set model.classes=5 --out "$T/o_classes"
+mkdir -p "$T/shapes"
+python3 - "$T/shapes" <<'PY'
+import gzip, struct, sys
+d = sys.argv[1]
+def write(name, magic, dims, payload):
+    with gzip.open(f"{d}/{name}", "wb") as f:
+        f.write(struct.pack(">" + "i" * (len(dims) + 1), magic, *dims) + payload)
+write("train-images-idx3-ubyte.gz", 2051, (64, 28, 28), bytes(64 * 28 * 28))
+write("train-labels-idx1-ubyte.gz", 2049, (64,), bytes(i % 10 for i in range(64)))
+write("t10k-images-idx3-ubyte.gz", 2051, (16, 40, 40), bytes(16 * 40 * 40))
+write("t10k-labels-idx1-ubyte.gz", 2049, (16,), bytes(i % 10 for i in range(16)))
+PY
+expect_error "test images of another size" \
+  "t10k-images-idx3-ubyte\.gz: test images are 1x40x40 but the training images .* are 1x28x28" \
+  -- train "$fc" --set data.dir="$T/shapes" --set train.steps=1 \
+  --set metrics.progress=off --out "$T/o_shapes"
+
+# --- 11. resume refuses another run ---------------------------------------------
+expect_error "resume under another seed" \
+  "step-0*20\.safetensors: written with seed 42, the config \(train\.seed\) gives 7" \
+  -- train "$fc" "${small[@]}" --set train.seed=7 --resume "$T/run"
+expect_error "resume from a missing run" \
+  "$(re_quote "$T/nope")/checkpoints: cannot open" \
+  -- train "$fc" "${small[@]}" --resume "$T/nope"
+if [ ! -e "$T/nope" ]; then pass; else
+  fail "a mistyped --resume creates nothing" "$T/nope exists"
+fi
+
+# --- 12. compile ------------------------------------------------------------------
+run compile --help
+if [ "$rc" -eq 0 ] && printf '%s' "$out" | grep -q -- "--fabric"; then pass; else
+  fail "compile --help" "rc $rc" "$out"
+fi
+run compile "$fc" --validate-only
+if [ "$rc" -eq 0 ] && printf '%s' "$out" | grep -q "269,322\|269322"; then pass; else
+  fail "compile --validate-only names the parameter count" "rc $rc" "$out" "$err"
+fi
+run compile "$fc" --fabric cpu:4 --out "$T/plan"
+if [ "$rc" -eq 0 ] && [ -s "$T/plan/plan.json" ] && [ -s "$T/plan/plan.svg" ] &&
+   python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$T/plan/plan.json"; then
+  pass
+else
+  fail "compile writes plan.json and plan.svg" "rc $rc" "$err"
+fi
+expect_error "compile: unknown fabric" "--fabric toaster: unknown fabric; one of cpu, cpu:N, mesh:WxH, wse2" \
+  -- compile "$fc" --fabric toaster --out "$T/o_fabric"
+expect_error "compile: more stages than blocks" "--stages 9: more stages than the model's 3 blocks" \
+  -- compile "$fc" --fabric cpu:8 --stages 9 --out "$T/o_stages"
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint that cannot be written (its folder is a file) fails the run
 # cleanly; so must every failing run above, without leaving a temporary.

@@ -187,6 +187,11 @@ static const char *const all_keys[] = {
     "execution.fused_update",
     "fabric.kind",
     "fabric.cores",
+    "fabric.width",
+    "fabric.height",
+    "fabric.pe_flops",
+    "fabric.pe_memory",
+    "fabric.link_bandwidth",
     "metrics.log_every",
     "metrics.progress",
 };
@@ -232,6 +237,10 @@ static void test_defaults(void) {
   CHECK(!strcmp(c.execution.mode, "sequential"), "execution.mode");
   CHECK(c.execution.micro_batch == 0, "execution.micro_batch");
   CHECK(!strcmp(c.fabric.kind, "cpu") && c.fabric.cores == 0, "fabric");
+  CHECK(c.fabric.width == 0 && c.fabric.height == 0, "fabric mesh size");
+  CHECK(c.fabric.pe_flops == 2.2e9f && c.fabric.pe_memory == 47058 &&
+            c.fabric.link_bandwidth == 4.04e9f,
+        "fabric per-PE figures");
   CHECK(c.metrics.log_every == 50, "metrics.log_every");
   CHECK(!strcmp(c.metrics.progress, "auto"), "metrics.progress");
 
@@ -302,6 +311,11 @@ static const char *full_yaml =
     "fabric:\n"
     "  kind: cpu\n"
     "  cores: 8\n" /* 50 */
+    "  width: 4\n"
+    "  height: 3\n"
+    "  pe_flops: 1e9\n"
+    "  pe_memory: 65536\n"
+    "  link_bandwidth: 2.5e9\n" /* 55 */
     "metrics:\n"
     "  log_every: 10\n"
     "  progress: off\n";
@@ -340,6 +354,10 @@ static void check_full(const st_config *c) {
   CHECK(!strcmp(c->execution.mode, "sequential"), "execution.mode");
   CHECK(c->execution.micro_batch == 16, "micro_batch (flow mapping)");
   CHECK(!strcmp(c->fabric.kind, "cpu") && c->fabric.cores == 8, "fabric");
+  CHECK(c->fabric.width == 4 && c->fabric.height == 3, "fabric mesh size");
+  CHECK(c->fabric.pe_flops == 1e9f && c->fabric.pe_memory == 65536 &&
+            c->fabric.link_bandwidth == 2.5e9f,
+        "fabric per-PE figures");
   CHECK(c->metrics.log_every == 10, "log_every");
   CHECK(!strcmp(c->metrics.progress, "off"), "progress");
 }
@@ -873,8 +891,31 @@ static void test_docs_in_sync(void) {
   free(table);
 }
 
+/* The fabric kinds the compiler knows; anything else is refused here. */
+static void test_fabric_kinds(void) {
+  const char *ok[] = {"fabric.kind=cpu", "fabric.kind=mesh",
+                      "fabric.kind=wse2"};
+  for (int i = 0; i < 3; i++) {
+    st_config c;
+    st_error e = {0};
+    st_config_defaults(&c);
+    int rc = st_config_set(&c, ok[i], &e);
+    if (!rc)
+      rc = st_config_validate(&c, &e);
+    CHECK(rc == 0 && !strcmp(c.fabric.kind, ok[i] + 12), "--set %s: %s",
+          ok[i], e.msg);
+  }
+  st_config c;
+  st_error e = {0};
+  st_config_defaults(&c);
+  CHECK(st_config_set(&c, "fabric.kind=tpu", &e) == ST_ECONFIG &&
+            strstr(e.msg, "cpu, mesh, wse2") != NULL,
+        "unknown fabric kind: '%s'", e.msg);
+}
+
 int main(void) {
   test_defaults();
+  test_fabric_kinds();
   test_full_file();
   test_partial_and_empty_files();
   test_round_trip();

@@ -160,6 +160,69 @@ static void test_fused(const char *what, st_config c, int n) {
   st_trainer_destroy(plain);
 }
 
+/* A run refuses what would make it index out of bounds or silently train
+ * something else: labels beyond model.classes, a checkpoint of another run
+ * (seed, batch), a checkpoint whose position is out of range. A refused
+ * load leaves the trainer exactly as it was. */
+static void test_refusals(const st_config *base) {
+  st_error err = {0};
+  st_trainer *t = NULL;
+  st_config c = *base;
+  c.model.classes = 5;
+  int rc = st_trainer_create(&t, &c, NULL, &err);
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, "model.classes") &&
+            strstr(err.msg, "labels up to 9"),
+        "classes 5 on Fashion-MNIST: rc %d, %s", rc, err.msg);
+
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/strata-refuse-%d.safetensors",
+           (int)getpid());
+  st_trainer *a = make(base);
+  if (!a) return;
+  steps(a, 3);
+  CHECK(st_trainer_save(a, path, &err) == 0, "save: %s", err.msg);
+  const char *keys[2] = {"train.seed", "train.batch"};
+  for (int k = 0; k < 2; k++) {
+    c = *base;
+    if (k == 0) c.train.seed += 1;
+    if (k == 1) c.train.batch *= 2;
+    st_trainer *b = make(&c);
+    if (!b) continue;
+    size_t np = st_trainer_model(b)->n_params;
+    float *before = copy_params(b);
+    rc = st_trainer_load(b, path, 0, &err);
+    CHECK(rc == ST_ECONFIG && strstr(err.msg, keys[k]) &&
+              strstr(err.msg, "same run"),
+          "resume under another %s: rc %d, %s", keys[k], rc, err.msg);
+    CHECK(memcmp(before, st_trainer_params(b), np * sizeof(float)) == 0 &&
+              st_trainer_pos(b)->step == 0,
+          "a refused load changed the trainer (%s)", keys[k]);
+    free(before);
+    st_trainer_destroy(b);
+  }
+  /* Out-of-range positions written by hand. */
+  st_train_pos bad[2] = {{3, 0, -64, 96, base->train.seed, base->train.batch,
+                          2000, 1},
+                         {3, 0, 4000, 96, base->train.seed, base->train.batch,
+                          2000, 1}};
+  const char *want[2] = {"below its minimum", "exceeds"};
+  for (int k = 0; k < 2; k++) {
+    const st_model *m = st_trainer_model(a);
+    rc = st_checkpoint_save(path, m, st_trainer_params(a), NULL, "sgd",
+                            &bad[k], &err);
+    st_train_pos got;
+    if (!rc)
+      rc = st_checkpoint_load(path, m, st_trainer_params(a), NULL, "sgd", &got,
+                              &err);
+    CHECK(rc == ST_EFORMAT && strstr(err.msg, "epoch_pos") &&
+              strstr(err.msg, want[k]),
+          "tampered epoch_pos %lld: rc %d, %s", (long long)bad[k].epoch_pos,
+          rc, err.msg);
+  }
+  unlink(path);
+  st_trainer_destroy(a);
+}
+
 int main(void) {
   st_blas_init();
   st_config cnn, mlp;
@@ -171,6 +234,7 @@ int main(void) {
   test_threads("mlp", mlp, 12);
   test_no_alloc("cnn", &cnn);
   test_no_alloc("mlp", &mlp);
+  test_refusals(&mlp);
   st_config ln = mlp;
   snprintf(ln.model.norm, sizeof ln.model.norm, "layernorm");
   ln.optimizer.weight_decay = 0.01f;

@@ -477,10 +477,10 @@ static void roundtrip_checkpoint(const st_model *m, const char *kind,
   float *opt2 = calloc(slots * np, sizeof(float));
   st_model_init(m, params, 3);
   fill(opt, slots * np, 4);
-  st_train_pos pos = {7, 2, 30, 230}, pos2 = {0};
+  st_train_pos pos = {7, 2, 30, 230, 99, 10, 300, 1}, pos2 = {0};
   const char *path = in_dir("ckpt.safetensors");
   st_error err = {0};
-  int rc = st_checkpoint_save(path, m, params, opt, kind, &pos, 99, &err);
+  int rc = st_checkpoint_save(path, m, params, opt, kind, &pos, &err);
   CHECK(rc == 0, "checkpoint %s: save: %s", kind, err.msg);
   rc = st_checkpoint_load(path, m, params2, opt2, kind, &pos2, &err);
   CHECK(rc == 0, "checkpoint %s: load: %s", kind, err.msg);

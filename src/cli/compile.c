@@ -1,0 +1,212 @@
+/*
+ * compile.c — `strata compile`: checks a config and its model, or compiles
+ * it onto a fabric and writes the plan (DESIGN.md, "The compiler";
+ * docs/compiler.md). Errors end as one line "strata: error: ..." and exit
+ * status 1; a misused command line prints the usage and exits 2.
+ */
+#include "cli.h"
+#include "strata.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_SETS 64
+
+static const char *usage_compile =
+    "usage: strata compile CONFIG [--set key.path=value ...]\n"
+    "                      [--fabric cpu | cpu:N | mesh:WxH | wse2]\n"
+    "                      [--stages K] [--validate-only | --compile-only]\n"
+    "                      [--out DIR]\n"
+    "\n"
+    "Compiles the model of CONFIG onto a fabric: splits its blocks into\n"
+    "pipeline stages (optimal: the slowest stage is as fast as it can be),\n"
+    "gives each stage cores or PEs in proportion to its work within its\n"
+    "memory, places the stages so neighbours touch, and predicts time per\n"
+    "sample, memory and throughput (docs/compiler.md). Nothing is trained.\n"
+    "\n"
+    "options:\n"
+    "  --set KEY=VALUE   override a config key, e.g. --set train.batch=128;\n"
+    "                    repeatable (fabric keys: fabric.pe_flops,\n"
+    "                    fabric.pe_memory, fabric.link_bandwidth, ...)\n"
+    "  --fabric SPEC     what to compile for (overrides fabric.kind):\n"
+    "                      cpu       this machine's cores (detected)\n"
+    "                      cpu:N     N cores of this machine's kind\n"
+    "                      mesh:WxH  a W x H grid of PEs; per-PE compute,\n"
+    "                                memory and link bandwidth from the\n"
+    "                                fabric.pe_* keys (default: a WSE-2 PE)\n"
+    "                      wse2      Cerebras WSE-2, published figures\n"
+    "                    a cpu plan can run; a mesh plan is a what-if\n"
+    "  --stages K        exactly K pipeline stages (default: the K with the\n"
+    "                    best predicted throughput; ties go to fewer)\n"
+    "  --validate-only   check the config and the model, print parameters,\n"
+    "                    FLOPs per sample and memory; allocate no model\n"
+    "                    memory, write nothing\n"
+    "  --compile-only    compile and write the plan without training (the\n"
+    "                    default of this command)\n"
+    "  --out DIR         where plan.json and plan.svg go (default\n"
+    "                    runs/<config name>)\n"
+    "  --help            this text\n"
+    "\n"
+    "writes:\n"
+    "  DIR/plan.json     the plan, machine-readable: fabric, blocks, stages\n"
+    "                    (blocks, PEs, rectangle, predicted times, memory,\n"
+    "                    cause), throughput, bottleneck, utilization\n"
+    "  DIR/plan.svg      the map: each stage's region coloured and labelled\n";
+
+typedef struct compile_args {
+  const char *config, *out, *fabric, *stages;
+  const char *sets[MAX_SETS];
+  int n_sets, help, validate_only, compile_only;
+} compile_args;
+
+static int usage_error(const char *fmt, const char *what) {
+  fprintf(stderr, "strata: ");
+  fprintf(stderr, fmt, what);
+  fprintf(stderr, "\n%s", usage_compile);
+  return 2;
+}
+
+static int fail(const st_error *err) {
+  fprintf(stderr, "strata: error: %s\n", err->msg);
+  return 1;
+}
+
+static int parse(int argc, char **argv, compile_args *a) {
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    const char **slot = NULL;
+    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+      a->help = 1;
+      continue;
+    }
+    if (strcmp(s, "--validate-only") == 0) {
+      a->validate_only = 1;
+      continue;
+    }
+    if (strcmp(s, "--compile-only") == 0) {
+      a->compile_only = 1;
+      continue;
+    }
+    if (strcmp(s, "--set") == 0) {
+      if (a->n_sets == MAX_SETS)
+        return usage_error("too many --set options%s", "");
+      slot = &a->sets[a->n_sets++];
+    } else if (strcmp(s, "--out") == 0) {
+      slot = &a->out;
+    } else if (strcmp(s, "--fabric") == 0) {
+      slot = &a->fabric;
+    } else if (strcmp(s, "--stages") == 0) {
+      slot = &a->stages;
+    } else if (s[0] == '-' && s[1]) {
+      return usage_error("unknown option '%s'", s);
+    } else if (!a->config) {
+      a->config = s;
+      continue;
+    } else {
+      return usage_error("unexpected argument '%s'", s);
+    }
+    if (i + 1 >= argc)
+      return usage_error("%s needs a value", s);
+    *slot = argv[++i];
+  }
+  if (a->validate_only && a->compile_only)
+    return usage_error("--validate-only and --compile-only exclude each "
+                       "other%s",
+                       "");
+  return 0;
+}
+
+/* --stages K: a whole number >= 1, or 0 when absent; -1 if malformed. */
+static int stages_of(const char *text) {
+  if (!text)
+    return 0;
+  char *end;
+  errno = 0;
+  long k = strtol(text, &end, 10);
+  if (errno || end == text || *end || k < 1 || k > 1000000)
+    return -1;
+  return (int)k;
+}
+
+static int load(st_config *cfg, const compile_args *a, st_error *err) {
+  st_config_defaults(cfg);
+  int rc = st_config_load(cfg, a->config, err);
+  for (int i = 0; !rc && i < a->n_sets; i++)
+    rc = st_config_set(cfg, a->sets[i], err);
+  if (!rc && a->fabric)
+    rc = st_fabric_parse(cfg, a->fabric, err);
+  if (!rc)
+    rc = st_config_validate(cfg, err);
+  return rc;
+}
+
+static int mkdir_p(const char *path, st_error *err) {
+  char buf[ST_PATH_MAX];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+    return st_error_set(err, ST_EARG, "%.64s...: path too long", path);
+  for (char *p = buf + 1;; p++) {
+    if (*p != '/' && *p != '\0')
+      continue;
+    char keep = *p;
+    *p = '\0';
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
+                          strerror(errno));
+    *p = keep;
+    if (!keep)
+      break;
+  }
+  return 0;
+}
+
+static void default_out(char *out, size_t cap, const char *config) {
+  const char *base = strrchr(config, '/');
+  base = base ? base + 1 : config;
+  size_t n = strcspn(base, ".");
+  snprintf(out, cap, "runs/%.*s", (int)n, base);
+}
+
+int st_cli_compile(int argc, char **argv) {
+  compile_args a = {0};
+  int rc = parse(argc, argv, &a);
+  if (rc)
+    return rc;
+  if (a.help)
+    return fputs(usage_compile, stdout), 0;
+  if (!a.config)
+    return usage_error("compile needs a CONFIG%s", "");
+  int stages = stages_of(a.stages);
+  if (stages < 0)
+    return usage_error("--stages takes a whole number >= 1, not '%s'",
+                       a.stages);
+  st_error err = {0};
+  st_config cfg;
+  if (load(&cfg, &a, &err))
+    return fail(&err);
+  if (a.validate_only)
+    return st_plan_validate(&cfg, stdout, &err) ? fail(&err) : 0;
+
+  char out[ST_PATH_MAX], json[ST_PATH_MAX + 16], svg[ST_PATH_MAX + 16];
+  if (a.out)
+    snprintf(out, sizeof out, "%s", a.out);
+  else
+    default_out(out, sizeof out, a.config);
+  snprintf(json, sizeof json, "%s/plan.json", out);
+  snprintf(svg, sizeof svg, "%s/plan.svg", out);
+  st_plan *plan;
+  if (st_plan_compile(&plan, &cfg, stages, &err))
+    return fail(&err);
+  st_plan_print(plan, stdout);
+  rc = mkdir_p(out, &err);
+  if (!rc)
+    rc = st_plan_write_json(plan, json, &err);
+  if (!rc)
+    rc = st_plan_write_svg(plan, svg, &err);
+  st_plan_destroy(plan);
+  if (rc)
+    return fail(&err);
+  printf("wrote %s and %s\n", json, svg);
+  return 0;
+}

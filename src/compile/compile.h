@@ -1,0 +1,104 @@
+/*
+ * compile.h — private to src/compile/: the pieces the passes share.
+ *
+ * The time and memory model of one stage (docs/compiler.md, BACKGROUND.md
+ * §6) lives here once, so that the partitioner optimises exactly what the
+ * report prints. A stage of blocks [i, j) on c PEs of rate r takes, per
+ * sample,
+ *     t = (F_fwd + F_bwd) / (c r e(c)) + (o_{j-1} [j < n] + i_i [i > 0]) / bw
+ * where e(c) = 1 / (1 + slope (c - 1)), o the output bytes sent forward and
+ * i the input-gradient bytes sent back; and it holds
+ *     versions x weights + gradient and optimizer state
+ *       + (input + activations) x samples in flight   <=   c x pe_memory.
+ *
+ * Layout: PEs are handed out in units of one column slice of a band (a band
+ * is `h` whole rows of the mesh; a cpu is one band of height 1, so a unit is
+ * a core). Units are numbered along a snake: band 0 left to right, band 1
+ * right to left, and so on. A stage takes a run of units inside one band (a
+ * rectangle h tall), or whole bands when it needs more than one band (a
+ * rectangle the full width). See layout_place.
+ */
+#ifndef STRATA_COMPILE_H
+#define STRATA_COMPILE_H
+
+#include "strata.h"
+
+#include <math.h>
+
+/* The model of cfg, descriptors only, on its dataset's input shape. */
+int st_plan_model(st_model **out, const st_config *cfg, st_error *err);
+
+/* Text for the report (report.c): "1,234,567", "3.3 MB", "12.5 us". */
+const char *st_plan_fmt_count(char *buf, size_t cap, double v);
+const char *st_plan_fmt_bytes(char *buf, size_t cap, double bytes);
+const char *st_plan_fmt_time(char *buf, size_t cap, double seconds);
+
+/* One partition problem: block costs and sums over every range [i, j). */
+typedef struct problem {
+  const st_block_cost *blocks;
+  int n;
+  const st_fabric *fabric;
+  double in_flight, versions;
+  /* sums over blocks [i, j), summed left to right: index i * (n + 1) + j */
+  double *flops_fwd, *flops_bwd, *memory;
+} problem;
+
+/* The geometry of one candidate layout. */
+typedef struct layout {
+  int h;         /* band height: PEs in one unit */
+  int bands;     /* R */
+  int width;     /* units per band (W) */
+  int64_t units; /* R * W */
+} layout;
+
+int problem_init(problem *p, const st_block_cost *blocks, int n,
+                 const st_fabric *f, double in_flight, double versions,
+                 st_error *err);
+void problem_free(problem *p);
+
+static inline int64_t range_index(const problem *p, int i, int j) {
+  return (int64_t)i * (p->n + 1) + j;
+}
+
+/* Bytes stage [i, j) holds, and the parts of it. */
+double stage_memory(const problem *p, int i, int j);
+/* Seconds per sample of stage [i, j) on `units` units of layout L; the parts
+ * (forward, backward, communication) go to the pointers that are not NULL. */
+double stage_time(const problem *p, const layout *L, int i, int j,
+                  int64_t units, double *fwd, double *bwd, double *comm);
+/* Whether stage [i, j) fits its memory in `units` units. */
+int stage_fits(const problem *p, const layout *L, int i, int j, int64_t units);
+/* The fewest units for which stage [i, j) takes <= T (T = INFINITY: any
+ * time) — or, with memory, also fits; INT64_MAX if no count up to the whole
+ * layout does. */
+int64_t units_for_time(const problem *p, const layout *L, int i, int j,
+                       double T);
+int64_t units_for_memory(const problem *p, const layout *L, int i, int j);
+
+/* A stage of u units after a stage that ended at snake position `end`:
+ * returns its start (inside the same band if it fits there, else at the
+ * next band's start) and sets *span to the units it really occupies (u, or
+ * whole bands when u > W); -1 if it runs past the last band. Monotone: a
+ * later `end` or a larger u never gives an earlier finish. */
+int64_t layout_place(const layout *L, int64_t end, int64_t u, int64_t *span);
+
+/* Pass 2 result: stage k is blocks [cut[k], cut[k + 1]) on units[k] units
+ * (the units it occupies in the layout). */
+typedef struct partition {
+  int k;
+  int *cut;       /* k + 1 entries */
+  int64_t *units; /* k entries */
+  double bottleneck;
+  int n_by_k;   /* by_k[k - 1]: best bottleneck with exactly k stages */
+  double *by_k; /* (INFINITY: none fits); NULL unless asked and cheap */
+} partition;
+
+void partition_free(partition *q);
+/* Optimal partition into between k_lo and k_hi stages (ties: fewest). With
+ * want_by_k, also the best bottleneck for every k in [1, k_hi] when that is
+ * cheap to compute. Returns 0, ST_EUNSUPPORTED when no plan fits (the
+ * caller explains why), or ST_ENOMEM. */
+int partition_solve(const problem *p, const layout *L, int k_lo, int k_hi,
+                    st_partition_algorithm algo, int want_by_k, partition *out);
+
+#endif

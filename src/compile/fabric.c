@@ -1,0 +1,240 @@
+/*
+ * fabric.c — what a plan runs on, as numbers the cost model can use.
+ *
+ *   cpu        this machine: cores from sysconf (or fabric.cores / cpu:N),
+ *              memory = physical RAM split evenly over the cores, a built-in
+ *              per-core rate and parallel efficiency, and a stage-to-stage
+ *              copy rate. All three rates are estimates, not measurements,
+ *              until `strata bench --calibrate` exists (docs/compiler.md).
+ *   mesh:WxH   a W x H grid of PEs; per-PE compute, memory and link bandwidth
+ *              come from fabric.pe_flops, fabric.pe_memory and
+ *              fabric.link_bandwidth (defaults: one WSE-2 PE).
+ *   wse2       Cerebras WSE-2 from its published figures (850,000 cores,
+ *              40 GB on-chip SRAM, 20 PB/s memory and 220 Pb/s fabric
+ *              bandwidth); the per-PE FLOP rate is our stated assumption.
+ * A fabric.pe_* key set explicitly (file or --set) overrides the built-in
+ * figure of every kind.
+ */
+#include "strata.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* cpu: one core's sustained fp32 rate on GEMM-heavy blocks. An estimate
+ * (about two thirds of a recent x86 core's AVX2/AVX-512 sgemm peak; see
+ * BACKGROUND.md §7 for what PyTorch reaches here), not a measurement. */
+#define CPU_CORE_FLOPS 90e9
+/* cpu: e(c) = 1 / (1 + slope (c - 1)): each extra core in a stage loses 5%
+ * to synchronisation, smaller GEMM tiles and shared memory bandwidth. */
+#define CPU_EFFICIENCY_SLOPE 0.05
+/* cpu: handing an activation to the next stage is one memcpy between
+ * threads; ~10 GB/s is a single-threaded copy of buffers beyond the L2. */
+#define CPU_COPY_BANDWIDTH 10e9
+
+/* WSE-2, published (Cerebras, 2021; AnandTech "Cerebras Unveils Wafer Scale
+ * Engine Two (WSE2)", 2021-04-20): 850,000 cores, 40 GB SRAM, 20 PB/s memory
+ * bandwidth, 220 Pb/s fabric bandwidth. The grid is 1000 x 850 so that it
+ * holds exactly the published 850,000 PEs (the Cerebras SDK addresses a
+ * 757 x 996 fabric on a CS-2; use mesh:757x996 for that). */
+#define WSE2_WIDTH 1000
+#define WSE2_HEIGHT 850
+#define WSE2_CORES 850000.0
+#define WSE2_MEMORY 40e9
+#define WSE2_MEMORY_BANDWIDTH 20e15
+#define WSE2_FABRIC_BITS 220e15
+/* Assumption, not a published figure: one fp32 fused multiply-add (2 FLOP)
+ * per PE per cycle at about 1.1 GHz = 2.2 GFLOP/s per PE, 1.87 PFLOP/s for
+ * the wafer. Override with fabric.pe_flops. */
+#define WSE2_PE_FLOPS 2.2e9
+/* One link, one way: 220 Pb/s = 27.5 PB/s spread over 850,000 PEs and the
+ * 8 one-way links of each (4 neighbours, in and out) = 4.04 GB/s. */
+#define WSE2_LINK_BANDWIDTH (WSE2_FABRIC_BITS / 8 / WSE2_CORES / 8)
+
+static int was_set(const st_config *cfg, const char *key) {
+  return strcmp(st_config_where(cfg, key), "default") != 0;
+}
+
+/* Applies explicitly set fabric.pe_* keys over the built-in figures. */
+static void apply_overrides(st_fabric *f, const st_config *cfg) {
+  char note[96] = "";
+  if (was_set(cfg, "fabric.pe_flops")) {
+    f->pe_flops = cfg->fabric.pe_flops;
+    strcat(note, " pe_flops");
+  }
+  if (was_set(cfg, "fabric.pe_memory")) {
+    f->pe_memory = (double)cfg->fabric.pe_memory;
+    strcat(note, " pe_memory");
+  }
+  if (was_set(cfg, "fabric.link_bandwidth")) {
+    f->link_bandwidth = cfg->fabric.link_bandwidth;
+    strcat(note, " link_bandwidth");
+  }
+  if (note[0]) {
+    size_t used = strlen(f->source);
+    snprintf(f->source + used, sizeof f->source - used,
+             "; overridden by fabric keys:%s", note);
+  }
+}
+
+static int positive(const st_config *cfg, const char *key, double v,
+                    st_error *err) {
+  if (v > 0 && isfinite(v))
+    return 0;
+  return st_error_set(err, ST_ECONFIG, "%s: %s: must be > 0 (got %g)",
+                      st_config_where(cfg, key), key, v);
+}
+
+static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
+  long detected = sysconf(_SC_NPROCESSORS_ONLN);
+  int cores = cfg->fabric.cores > 0 ? cfg->fabric.cores
+                                    : (int)(detected > 0 ? detected : 1);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 8e9;
+  f->kind = ST_FABRIC_CPU;
+  snprintf(f->name, sizeof f->name, "cpu:%d", cores);
+  f->width = cores;
+  f->height = 1;
+  f->pes = cores;
+  f->pe_flops = CPU_CORE_FLOPS;
+  f->pe_memory = ram / cores;
+  f->link_bandwidth = CPU_COPY_BANDWIDTH;
+  f->efficiency_slope = CPU_EFFICIENCY_SLOPE;
+  f->estimated = 1;
+  snprintf(f->source, sizeof f->source,
+           "%s cores; RAM %.3g GB from sysconf split over them; 90 GFLOP/s "
+           "per core, e(c) = 1/(1 + 0.05 (c - 1)) and 10 GB/s stage copies "
+           "are built-in estimates, not calibrated",
+           cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9);
+  (void)err;
+  return 0;
+}
+
+static void resolve_wse2(st_fabric *f) {
+  f->kind = ST_FABRIC_MESH;
+  snprintf(f->name, sizeof f->name, "wse2");
+  f->width = WSE2_WIDTH;
+  f->height = WSE2_HEIGHT;
+  f->pes = (int64_t)WSE2_WIDTH * WSE2_HEIGHT;
+  f->pe_flops = WSE2_PE_FLOPS;
+  f->pe_memory = WSE2_MEMORY / WSE2_CORES;
+  f->link_bandwidth = WSE2_LINK_BANDWIDTH;
+  f->efficiency_slope = 0;
+  f->memory_bandwidth = WSE2_MEMORY_BANDWIDTH;
+  f->fabric_bandwidth = WSE2_FABRIC_BITS / 8;
+  f->estimated = 1;
+  snprintf(f->source, sizeof f->source,
+           "Cerebras WSE-2 as published (850,000 cores, 40 GB SRAM, 20 PB/s "
+           "memory, 220 Pb/s fabric), as a 1000 x 850 grid; 2.2 GFLOP/s fp32 "
+           "per PE is an assumption (1 FMA/cycle at ~1.1 GHz), not published");
+}
+
+static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
+  int w = cfg->fabric.width, h = cfg->fabric.height;
+  if (w <= 0 || h <= 0)
+    return st_error_set(
+        err, ST_ECONFIG,
+        "%s: fabric.width, fabric.height: a mesh needs both "
+        "> 0 (got %d x %d); give --fabric mesh:WxH",
+        st_config_where(cfg, w <= 0 ? "fabric.width" : "fabric.height"), w, h);
+  f->kind = ST_FABRIC_MESH;
+  snprintf(f->name, sizeof f->name, "mesh:%dx%d", w, h);
+  f->width = w;
+  f->height = h;
+  f->pes = (int64_t)w * h;
+  f->pe_flops = cfg->fabric.pe_flops;
+  f->pe_memory = (double)cfg->fabric.pe_memory;
+  f->link_bandwidth = cfg->fabric.link_bandwidth;
+  f->efficiency_slope = 0;
+  f->estimated = 0;
+  snprintf(f->source, sizeof f->source,
+           "per-PE figures from fabric.pe_flops, fabric.pe_memory and "
+           "fabric.link_bandwidth (defaults: one WSE-2 PE)");
+  return 0;
+}
+
+int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err) {
+  memset(f, 0, sizeof *f);
+  int rc;
+  if (strcmp(cfg->fabric.kind, "cpu") == 0) {
+    rc = resolve_cpu(f, cfg, err);
+  } else if (strcmp(cfg->fabric.kind, "wse2") == 0) {
+    resolve_wse2(f);
+    rc = 0;
+  } else if (strcmp(cfg->fabric.kind, "mesh") == 0) {
+    rc = resolve_mesh(f, cfg, err);
+  } else {
+    return st_error_set(err, ST_ECONFIG, "%s: fabric.kind: unknown fabric '%s'",
+                        st_config_where(cfg, "fabric.kind"), cfg->fabric.kind);
+  }
+  if (rc)
+    return rc;
+  if (f->kind == ST_FABRIC_CPU || strcmp(f->name, "wse2") == 0)
+    apply_overrides(f, cfg);
+  if ((rc = positive(cfg, "fabric.pe_flops", f->pe_flops, err)) ||
+      (rc = positive(cfg, "fabric.pe_memory", f->pe_memory, err)) ||
+      (rc = positive(cfg, "fabric.link_bandwidth", f->link_bandwidth, err)))
+    return rc;
+  return 0;
+}
+
+/* A positive decimal int that fills the whole of [s, end). */
+static int parse_count(const char *s, const char *end, int *out) {
+  if (s == end)
+    return -1;
+  long v = 0;
+  for (const char *c = s; c < end; c++) {
+    if (!isdigit((unsigned char)*c))
+      return -1;
+    v = v * 10 + (*c - '0');
+    if (v > 1000000000L)
+      return -1;
+  }
+  if (v <= 0)
+    return -1;
+  *out = (int)v;
+  return 0;
+}
+
+int st_fabric_parse(st_config *cfg, const char *spec, st_error *err) {
+  char set[96];
+  int rc;
+  const char *colon = strchr(spec, ':');
+  size_t kind_len = colon ? (size_t)(colon - spec) : strlen(spec);
+  const char *arg = colon ? colon + 1 : NULL;
+  if (kind_len == 3 && strncmp(spec, "cpu", 3) == 0) {
+    int cores = 0;
+    if (arg && parse_count(arg, arg + strlen(arg), &cores))
+      return st_error_set(err, ST_EARG,
+                          "--fabric %s: cpu:N takes a core count >= 1", spec);
+    if ((rc = st_config_set(cfg, "fabric.kind=cpu", err)))
+      return rc;
+    snprintf(set, sizeof set, "fabric.cores=%d", cores);
+    return st_config_set(cfg, set, err);
+  }
+  if (kind_len == 4 && strncmp(spec, "mesh", 4) == 0) {
+    const char *x = arg ? strchr(arg, 'x') : NULL;
+    int w, h;
+    if (!x || parse_count(arg, x, &w) || parse_count(x + 1, x + strlen(x), &h))
+      return st_error_set(err, ST_EARG,
+                          "--fabric %s: a mesh is mesh:WxH, e.g. mesh:64x64",
+                          spec);
+    if ((int64_t)w * h > (int64_t)1 << 40)
+      return st_error_set(err, ST_EARG, "--fabric %s: too many PEs", spec);
+    if ((rc = st_config_set(cfg, "fabric.kind=mesh", err)))
+      return rc;
+    snprintf(set, sizeof set, "fabric.width=%d", w);
+    if ((rc = st_config_set(cfg, set, err)))
+      return rc;
+    snprintf(set, sizeof set, "fabric.height=%d", h);
+    return st_config_set(cfg, set, err);
+  }
+  if (strcmp(spec, "wse2") == 0)
+    return st_config_set(cfg, "fabric.kind=wse2", err);
+  return st_error_set(err, ST_EARG,
+                      "--fabric %s: unknown fabric; one of cpu, cpu:N, "
+                      "mesh:WxH, wse2",
+                      spec);
+}

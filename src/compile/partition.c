@@ -1,0 +1,468 @@
+/*
+ * partition.c — pass 2: contiguous blocks into stages, minimising the
+ * slowest stage, with the PEs of each stage chosen by its demand.
+ *
+ * Two exact algorithms over the same model (compile.h):
+ *
+ *   DP        best[k][j][e] = the smallest bottleneck of blocks [0, j) in k
+ *             stages whose last stage ends at snake position e. Every stage
+ *             size is tried, so it is optimal by construction; it costs
+ *             O(K n^2 U^2) for U units, fine for a cpu's cores.
+ *
+ *   BISECT    for a candidate bottleneck T every stage [i, j) needs at least
+ *             need(i, j, T) units (the fewest that meet T and hold its
+ *             memory; stage time falls and capacity grows with units, so
+ *             that is a threshold). end[k][j] = the earliest snake position
+ *             at which blocks [0, j) can finish in k stages meeting T:
+ *                 end[k][j] = min over i of place(end[k-1][i], need(i, j, T))
+ *             It is exact because place() is monotone in both the previous
+ *             end and the units: finishing a prefix earlier, or giving a
+ *             stage more units than it needs, can never let a later stage
+ *             start earlier. So T is feasible iff some end[k][n] fits, and
+ *             bisection on T (each feasible step lowering the upper bound to
+ *             the bottleneck its plan really has) converges on the optimum
+ *             T* within a few ulps. It costs O(K n^2) per step, independent
+ *             of the PE count, so it serves an 850,000-PE mesh.
+ *
+ * Ties between stage counts go to fewer stages.
+ */
+#include "compile.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Relative slack under which two bottlenecks count as equal when choosing
+ * the number of stages (ties go to fewer stages). */
+#define TIE 1e-9
+
+/* ----------------------------------------------------------- the model */
+
+int problem_init(problem *p, const st_block_cost *blocks, int n,
+                 const st_fabric *f, double in_flight, double versions,
+                 st_error *err) {
+  memset(p, 0, sizeof *p);
+  p->blocks = blocks;
+  p->n = n;
+  p->fabric = f;
+  p->in_flight = in_flight;
+  p->versions = versions;
+  size_t cells = (size_t)(n + 1) * (size_t)(n + 1);
+  p->flops_fwd = st_alloc(cells * sizeof(double));
+  p->flops_bwd = st_alloc(cells * sizeof(double));
+  p->memory = st_alloc(cells * sizeof(double));
+  if (!p->flops_fwd || !p->flops_bwd || !p->memory) {
+    problem_free(p);
+    return st_error_set(err, ST_ENOMEM, "out of memory for %d blocks", n);
+  }
+  for (int i = 0; i < n; i++) {
+    double ff = 0, fb = 0, weights = 0, state = 0, acts = blocks[i].in_bytes;
+    for (int j = i + 1; j <= n; j++) {
+      const st_block_cost *b = &blocks[j - 1];
+      ff += b->flops_fwd;
+      fb += b->flops_bwd;
+      weights += b->param_bytes;
+      state += b->state_bytes;
+      acts += b->act_bytes;
+      int64_t at = range_index(p, i, j);
+      p->flops_fwd[at] = ff;
+      p->flops_bwd[at] = fb;
+      p->memory[at] = versions * weights + state + in_flight * acts;
+    }
+  }
+  return 0;
+}
+
+void problem_free(problem *p) {
+  st_free(p->flops_fwd);
+  st_free(p->flops_bwd);
+  st_free(p->memory);
+  p->flops_fwd = p->flops_bwd = p->memory = NULL;
+}
+
+double stage_memory(const problem *p, int i, int j) {
+  return p->memory[range_index(p, i, j)];
+}
+
+static double comm_bytes(const problem *p, int i, int j) {
+  double bytes = 0;
+  if (j < p->n)
+    bytes += p->blocks[j - 1].out_bytes; /* activation forward */
+  if (i > 0)
+    bytes += p->blocks[i].in_bytes; /* its gradient back */
+  return bytes;
+}
+
+/* Stage-to-stage bandwidth: on a mesh the shared edge of a band is h links
+ * side by side; on a cpu one copy. */
+static double comm_bandwidth(const problem *p, const layout *L) {
+  const st_fabric *f = p->fabric;
+  return f->link_bandwidth * (f->kind == ST_FABRIC_MESH ? L->h : 1);
+}
+
+/* Seconds per FLOP on c PEs: 1 / (c r e(c)) written as (s + (1 - s)/c) / r,
+ * which is the same number but provably non-increasing in c in floating
+ * point too (each operation is monotone), so "the fewest units meeting T"
+ * is well defined. */
+static double seconds_per_flop(const st_fabric *f, double c) {
+  double s = f->efficiency_slope;
+  return (s + (1.0 - s) / c) / f->pe_flops;
+}
+
+double stage_time(const problem *p, const layout *L, int i, int j,
+                  int64_t units, double *fwd, double *bwd, double *comm) {
+  double g = seconds_per_flop(p->fabric, (double)units * L->h);
+  int64_t at = range_index(p, i, j);
+  double tf = p->flops_fwd[at] * g, tb = p->flops_bwd[at] * g;
+  double tc = comm_bytes(p, i, j) / comm_bandwidth(p, L);
+  if (fwd)
+    *fwd = tf;
+  if (bwd)
+    *bwd = tb;
+  if (comm)
+    *comm = tc;
+  return tf + tb + tc;
+}
+
+int stage_fits(const problem *p, const layout *L, int i, int j, int64_t units) {
+  return stage_memory(p, i, j) <= (double)units * L->h * p->fabric->pe_memory;
+}
+
+int64_t units_for_memory(const problem *p, const layout *L, int i, int j) {
+  double unit_bytes = (double)L->h * p->fabric->pe_memory;
+  double guess = ceil(stage_memory(p, i, j) / unit_bytes);
+  if (!(guess <= (double)L->units))
+    return INT64_MAX;
+  int64_t u = guess < 1 ? 1 : (int64_t)guess;
+  /* the division rounds; settle on the exact threshold of stage_fits */
+  while (u > 1 && stage_fits(p, L, i, j, u - 1))
+    u--;
+  while (u <= L->units && !stage_fits(p, L, i, j, u))
+    u++;
+  return u <= L->units ? u : INT64_MAX;
+}
+
+int64_t units_for_time(const problem *p, const layout *L, int i, int j,
+                       double T) {
+  if (T == INFINITY)
+    return 1;
+  const st_fabric *f = p->fabric;
+  int64_t at = range_index(p, i, j);
+  double flops = p->flops_fwd[at] + p->flops_bwd[at];
+  double left = T - comm_bytes(p, i, j) / comm_bandwidth(p, L);
+  if (!(left >= 0))
+    return INT64_MAX;
+  double guess = 1;
+  if (flops > 0) {
+    /* (s + (1 - s)/c) flops / r <= left  <=>  c >= (1 - s) / (left r /
+     * flops - s) */
+    double s = f->efficiency_slope, room = left * f->pe_flops / flops - s;
+    if (!(room > 0))
+      return INT64_MAX;
+    guess = ceil((1.0 - s) / room / L->h);
+  }
+  if (!(guess <= (double)L->units + 1))
+    return INT64_MAX;
+  int64_t u = guess < 1 ? 1 : (int64_t)guess;
+  while (u > 1 && stage_time(p, L, i, j, u - 1, 0, 0, 0) <= T)
+    u--;
+  while (u <= L->units && stage_time(p, L, i, j, u, 0, 0, 0) > T)
+    u++;
+  return u <= L->units ? u : INT64_MAX;
+}
+
+int64_t layout_place(const layout *L, int64_t end, int64_t u, int64_t *span) {
+  int64_t W = L->width, start;
+  if (u <= W) {
+    int64_t off = end % W;
+    start = off + u <= W ? end : (end / W + 1) * W;
+    *span = u;
+  } else { /* whole bands, starting at a band's start */
+    start = end % W == 0 ? end : (end / W + 1) * W;
+    *span = (u + W - 1) / W * W;
+  }
+  return start + *span <= L->units ? start : -1;
+}
+
+void partition_free(partition *q) {
+  st_free(q->cut);
+  st_free(q->units);
+  st_free(q->by_k);
+  memset(q, 0, sizeof *q);
+}
+
+static int partition_alloc(partition *q, int k) {
+  q->k = k;
+  q->cut = st_alloc((size_t)(k + 1) * sizeof *q->cut);
+  q->units = st_alloc((size_t)k * sizeof *q->units);
+  return q->cut && q->units ? 0 : ST_ENOMEM;
+}
+
+/* ------------------------------------------------------------------ DP */
+
+/* The units a stage may take, in increasing order: every count up to one
+ * band, then whole bands (other counts above a band round up to those). */
+static int64_t next_units(const layout *L, int64_t u) {
+  return u < L->width ? u + 1 : (u / L->width + 1) * L->width;
+}
+
+static int solve_dp(const problem *p, const layout *L, int k_lo, int k_hi,
+                    partition *out, double *by_k) {
+  int n = p->n;
+  int64_t U = L->units;
+  size_t per_k = (size_t)(n + 1) * (size_t)(U + 1);
+  size_t cells = (size_t)(k_hi + 1) * per_k;
+  double *best = st_alloc(cells * sizeof *best);
+  int *from_block = st_alloc(cells * sizeof *from_block);
+  int64_t *from_end = st_alloc(cells * sizeof *from_end);
+  int64_t *from_span = st_alloc(cells * sizeof *from_span);
+  if (!best || !from_block || !from_end || !from_span) {
+    st_free(best), st_free(from_block), st_free(from_end), st_free(from_span);
+    return ST_ENOMEM;
+  }
+#define AT(k, j, e)                                                            \
+  ((size_t)(k)*per_k + (size_t)(j) * (size_t)(U + 1) + (size_t)(e))
+  for (size_t c = 0; c < cells; c++)
+    best[c] = INFINITY;
+  best[AT(0, 0, 0)] = 0;
+  for (int k = 1; k <= k_hi; k++)
+    for (int j = k; j <= n; j++)
+      for (int i = k - 1; i < j; i++)
+        for (int64_t e0 = 0; e0 <= U; e0++) {
+          double before = best[AT(k - 1, i, e0)];
+          if (before == INFINITY)
+            continue;
+          for (int64_t u = 1; u <= U; u = next_units(L, u)) {
+            int64_t span, start = layout_place(L, e0, u, &span);
+            if (start < 0)
+              break; /* monotone: larger u cannot fit either */
+            if (!stage_fits(p, L, i, j, span))
+              continue;
+            double t = stage_time(p, L, i, j, span, 0, 0, 0);
+            double v = t > before ? t : before;
+            size_t at = AT(k, j, start + span);
+            if (v < best[at]) {
+              best[at] = v;
+              from_block[at] = i;
+              from_end[at] = e0;
+              from_span[at] = span;
+            }
+          }
+        }
+  /* The best over allowed k; ties (within TIE) go to the fewest stages. */
+  double overall = INFINITY;
+  for (int k = 1; k <= k_hi; k++) {
+    double v = INFINITY;
+    for (int64_t e = 0; e <= U; e++)
+      if (best[AT(k, n, e)] < v)
+        v = best[AT(k, n, e)];
+    if (by_k)
+      by_k[k - 1] = v;
+    if (k >= k_lo && v < overall)
+      overall = v;
+  }
+  int rc = ST_EUNSUPPORTED, pick = -1;
+  for (int k = k_lo; k <= k_hi && pick < 0 && overall < INFINITY; k++)
+    for (int64_t e = 0; e <= U && pick < 0; e++)
+      if (best[AT(k, n, e)] <= overall * (1 + (k_lo < k_hi ? TIE : 0)))
+        pick = k;
+  if (pick > 0 && (rc = partition_alloc(out, pick)) == 0) {
+    int64_t end = -1;
+    double v = INFINITY;
+    for (int64_t e = 0; e <= U; e++)
+      if (best[AT(pick, n, e)] < v)
+        v = best[AT(pick, n, e)], end = e;
+    out->bottleneck = v;
+    int j = n;
+    for (int k = pick; k >= 1; k--) {
+      size_t at = AT(k, j, end);
+      int i = from_block[at];
+      int64_t e0 = from_end[at];
+      out->cut[k] = j;
+      out->units[k - 1] = from_span[at];
+      j = i;
+      end = e0;
+    }
+    out->cut[0] = 0;
+  }
+#undef AT
+  st_free(best);
+  st_free(from_block);
+  st_free(from_end);
+  st_free(from_span);
+  return rc;
+}
+
+/* -------------------------------------------------------------- BISECT */
+
+typedef struct bisect_state {
+  const problem *p;
+  const layout *L;
+  int k_hi;
+  int64_t *mem_units; /* (n + 1)^2: units_for_memory */
+  int64_t *need;      /* (n + 1)^2: need(i, j, T) for the current T */
+  int64_t *end;       /* (k_hi + 1) x (n + 1) */
+  int *from;          /* (k_hi + 1) x (n + 1) */
+} bisect_state;
+
+/* Fills end[k][j] for T; returns the smallest k in [k_lo, k_hi] whose
+ * end[k][n] fits, or 0. */
+static int feasible(bisect_state *b, double T, int k_lo) {
+  const problem *p = b->p;
+  int n = p->n;
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j <= n; j++) {
+      int64_t at = range_index(p, i, j), m = b->mem_units[at];
+      int64_t t = m == INT64_MAX ? INT64_MAX : units_for_time(p, b->L, i, j, T);
+      b->need[at] = t > m ? t : m;
+    }
+  int64_t *end = b->end;
+  for (int c = 0; c < (b->k_hi + 1) * (n + 1); c++)
+    end[c] = INT64_MAX;
+  end[0] = 0;
+  for (int k = 1; k <= b->k_hi; k++)
+    for (int j = k; j <= n; j++)
+      for (int i = k - 1; i < j; i++) {
+        int64_t e0 = end[(k - 1) * (n + 1) + i],
+                u = b->need[range_index(p, i, j)];
+        if (e0 == INT64_MAX || u == INT64_MAX)
+          continue;
+        int64_t span, start = layout_place(b->L, e0, u, &span);
+        if (start < 0)
+          continue;
+        if (start + span < end[k * (n + 1) + j]) {
+          end[k * (n + 1) + j] = start + span;
+          b->from[k * (n + 1) + j] = i;
+        }
+      }
+  for (int k = k_lo; k <= b->k_hi; k++)
+    if (end[k * (n + 1) + n] != INT64_MAX)
+      return k;
+  return 0;
+}
+
+/* The plan of k stages that the last feasible() call found, into out (if
+ * not NULL); returns its real bottleneck. */
+static double extract(bisect_state *b, int k, partition *out) {
+  const problem *p = b->p;
+  int n = p->n, cut[k + 1];
+  cut[k] = n;
+  for (int s = k; s >= 1; s--)
+    cut[s - 1] = b->from[s * (n + 1) + cut[s]];
+  double worst = 0;
+  int64_t e = 0;
+  for (int s = 0; s < k; s++) {
+    int64_t span, u = b->need[range_index(p, cut[s], cut[s + 1])];
+    int64_t start = layout_place(b->L, e, u, &span);
+    e = start + span;
+    double t = stage_time(p, b->L, cut[s], cut[s + 1], span, 0, 0, 0);
+    if (t > worst)
+      worst = t;
+    if (out) {
+      out->cut[s] = cut[s];
+      out->units[s] = span;
+    }
+  }
+  if (out) {
+    out->cut[k] = n;
+    out->bottleneck = worst;
+  }
+  return worst;
+}
+
+static int solve_bisect_range(bisect_state *b, int k_lo, int k_hi,
+                              partition *out) {
+  int k = feasible(b, INFINITY, k_lo);
+  if (!k)
+    return ST_EUNSUPPORTED;
+  (void)k_hi;
+  double lo = 0, hi = extract(b, k, NULL);
+  for (int iter = 0; iter < 2000; iter++) {
+    double mid = lo + (hi - lo) / 2;
+    if (!(mid > lo && mid < hi))
+      break;
+    if ((k = feasible(b, mid, k_lo)))
+      hi = extract(b, k, NULL); /* <= mid: the plan's real bottleneck */
+    else
+      lo = mid;
+  }
+  /* hi is achieved and nothing below lo is: the optimum is in (lo, hi].
+   * Ties go to the fewest stages. */
+  double T = k_lo < b->k_hi ? hi * (1 + TIE) : hi;
+  k = feasible(b, T, k_lo);
+  if (!k)
+    k = feasible(b, hi, k_lo); /* cannot happen; kept for safety */
+  if (!k)
+    return ST_EUNSUPPORTED;
+  int rc = partition_alloc(out, k);
+  if (rc)
+    return rc;
+  extract(b, k, out);
+  return 0;
+}
+
+static int solve_bisect(const problem *p, const layout *L, int k_lo, int k_hi,
+                        partition *out, double *by_k) {
+  int n = p->n;
+  size_t cells = (size_t)(n + 1) * (size_t)(n + 1);
+  bisect_state b = {.p = p, .L = L, .k_hi = k_hi};
+  b.mem_units = st_alloc(cells * sizeof *b.mem_units);
+  b.need = st_alloc(cells * sizeof *b.need);
+  b.end = st_alloc((size_t)(k_hi + 1) * (size_t)(n + 1) * sizeof *b.end);
+  b.from = st_alloc((size_t)(k_hi + 1) * (size_t)(n + 1) * sizeof *b.from);
+  int rc = ST_ENOMEM;
+  if (b.mem_units && b.need && b.end && b.from) {
+    for (int i = 0; i < n; i++)
+      for (int j = i + 1; j <= n; j++)
+        b.mem_units[range_index(p, i, j)] = units_for_memory(p, L, i, j);
+    rc = solve_bisect_range(&b, k_lo, k_hi, out);
+    for (int k = 1; by_k && k <= k_hi && rc != ST_ENOMEM; k++) {
+      partition one = {0};
+      bisect_state bk = b;
+      bk.k_hi = k;
+      int r = solve_bisect_range(&bk, k, k, &one);
+      by_k[k - 1] = r == 0 ? one.bottleneck : INFINITY;
+      partition_free(&one);
+    }
+  }
+  st_free(b.mem_units);
+  st_free(b.need);
+  st_free(b.end);
+  st_free(b.from);
+  return rc;
+}
+
+int partition_solve(const problem *p, const layout *L, int k_lo, int k_hi,
+                    st_partition_algorithm algo, int want_by_k,
+                    partition *out) {
+  memset(out, 0, sizeof *out);
+  int64_t cap = p->n < L->units ? p->n : L->units;
+  if (k_hi > cap)
+    k_hi = (int)cap;
+  if (k_lo < 1)
+    k_lo = 1;
+  if (k_lo > k_hi)
+    return ST_EUNSUPPORTED;
+  double n = p->n, U = (double)L->units;
+  if (algo == ST_PARTITION_AUTO)
+    algo = p->fabric->kind == ST_FABRIC_CPU && k_hi * n * n * U * U <= 2e8
+               ? ST_PARTITION_DP
+               : ST_PARTITION_BISECT;
+  /* The per-k table for the report, when it is cheap: the DP has it for
+   * free, bisection needs one more solve per k. */
+  double *table = NULL;
+  if (want_by_k && k_lo < k_hi &&
+      (algo == ST_PARTITION_DP || (double)k_hi * k_hi * n * n <= 4e6)) {
+    table = st_alloc((size_t)k_hi * sizeof *table);
+    if (!table)
+      return ST_ENOMEM;
+  }
+  int rc = algo == ST_PARTITION_DP ? solve_dp(p, L, k_lo, k_hi, out, table)
+                                   : solve_bisect(p, L, k_lo, k_hi, out, table);
+  if (rc) {
+    st_free(table);
+    return rc;
+  }
+  out->by_k = table;
+  out->n_by_k = table ? k_hi : 0;
+  return 0;
+}

@@ -1,0 +1,594 @@
+/*
+ * plan.c — the compiler's driver: runs the passes in order and keeps why.
+ *
+ *   1 cost       st_plan_costs (cost.c): per block FLOPs and bytes
+ *   2 partition  partition.c: optimal contiguous stages, PEs by demand; on a
+ *                mesh once per band height h (every divisor of the height),
+ *                keeping the best
+ *   3 allocate   here: spare PEs handed out (in proportion to FLOPs, then to
+ *                the slowest stage), gaps at band ends absorbed, each
+ *                stage's cause written (why this many PEs, why cut here)
+ *   4 place      here: each stage's rectangle along the snake of bands
+ *   5 report     report.c: text, plan.json, plan.svg
+ */
+#include "compile.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define TIE 1e-9 /* as partition.c: bottlenecks this close count as equal */
+
+static const char *pe_word(const st_fabric *f) {
+  return f->kind == ST_FABRIC_CPU ? "cores" : "PEs";
+}
+
+static layout make_layout(const st_fabric *f, int h) {
+  layout L = {.h = h, .bands = f->height / h, .width = f->width};
+  L.units = (int64_t)L.bands * L.width;
+  return L;
+}
+
+/* Band heights to try, largest first: every divisor of the height (a cpu
+ * has height 1). Returns the count. */
+static int band_heights(const st_fabric *f, int *out, int cap) {
+  int n = 0;
+  for (int h = f->height; h >= 1 && n < cap; h--)
+    if (f->height % h == 0)
+      out[n++] = h;
+  return n;
+}
+
+/* Lays the stages out one after another; fills start[] and span[] (either
+ * may be NULL... not both needed) and returns the end, or -1 if they do not
+ * fit. units[] are requests; span[] what each occupies. */
+static int64_t lay_out(const layout *L, const int64_t *units, int k,
+                       int64_t *start, int64_t *span) {
+  int64_t end = 0;
+  for (int s = 0; s < k; s++) {
+    int64_t sp, st = layout_place(L, end, units[s], &sp);
+    if (st < 0)
+      return -1;
+    if (start)
+      start[s] = st;
+    if (span)
+      span[s] = sp;
+    end = st + sp;
+  }
+  return end;
+}
+
+/* ------------------------------------------------------------ errors */
+
+/* No plan fits: name the block and the shortfall. First a block that alone
+ * outgrows the whole fabric; else the first prefix of blocks that no layout
+ * can hold in at most `kmax` stages, with the capacity the most compact
+ * layout of it needs. */
+static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
+                          int stages_given, st_error *err) {
+  double total = (double)f->pes * f->pe_memory;
+  char need[32], have[32], short_by[32], w[32], st[32], a[32], pe[32];
+  for (int b = 0; b < p->n; b++) {
+    double m = stage_memory(p, b, b + 1);
+    if (m <= total)
+      continue;
+    const st_block_cost *c = &p->blocks[b];
+    return st_error_set(
+        err, ST_EUNSUPPORTED,
+        "%s does not fit %s: it needs %s (weights %s x %g, gradient and "
+        "optimizer state %s, input and activations %s x %g samples in "
+        "flight) but the whole fabric holds %s (%lld %s x %s): short by %s",
+        c->name, f->name, st_plan_fmt_bytes(need, sizeof need, m),
+        st_plan_fmt_bytes(w, sizeof w, c->param_bytes), p->versions,
+        st_plan_fmt_bytes(st, sizeof st, c->state_bytes),
+        st_plan_fmt_bytes(a, sizeof a, c->in_bytes + c->act_bytes),
+        p->in_flight, st_plan_fmt_bytes(have, sizeof have, total),
+        (long long)f->pes, pe_word(f),
+        st_plan_fmt_bytes(pe, sizeof pe, f->pe_memory),
+        st_plan_fmt_bytes(short_by, sizeof short_by, m - total));
+  }
+  /* Memory-only packing, uncapped: the fewest units each prefix needs. */
+  int hs[64], nh = band_heights(f, hs, 64), n = p->n;
+  double best_need = INFINITY;
+  int worst_block = n - 1;
+  for (int t = 0; t < nh; t++) {
+    layout L = make_layout(f, hs[t]), open = L;
+    open.bands = 1 << 30;
+    open.units = (int64_t)open.bands * open.width;
+    int64_t *end = st_alloc((size_t)(kmax + 1) * (size_t)(n + 1) * sizeof *end);
+    if (!end)
+      return st_error_set(err, ST_ENOMEM, "out of memory");
+    for (int c = 0; c < (kmax + 1) * (n + 1); c++)
+      end[c] = INT64_MAX;
+    end[0] = 0;
+    for (int k = 1; k <= kmax; k++)
+      for (int j = k; j <= n; j++)
+        for (int i = k - 1; i < j; i++) {
+          int64_t e0 = end[(k - 1) * (n + 1) + i];
+          int64_t u = units_for_memory(p, &open, i, j);
+          if (e0 == INT64_MAX || u == INT64_MAX)
+            continue;
+          int64_t span, st = layout_place(&open, e0, u, &span);
+          if (st >= 0 && st + span < end[k * (n + 1) + j])
+            end[k * (n + 1) + j] = st + span;
+        }
+    /* the first prefix that no longer fits, or the whole model at K */
+    for (int j = 1; j <= n; j++) {
+      int64_t e = INT64_MAX;
+      int k_top = j < kmax ? j : kmax;
+      if (j == n && stages_given)
+        e = end[stages_given * (n + 1) + n];
+      else
+        for (int k = 1; k <= k_top; k++)
+          if (end[k * (n + 1) + j] < e)
+            e = end[k * (n + 1) + j];
+      if (e > L.units) {
+        double bytes = (double)e * L.h * f->pe_memory;
+        if (bytes < best_need || (bytes == best_need && j - 1 < worst_block))
+          best_need = bytes, worst_block = j - 1;
+        break;
+      }
+    }
+    st_free(end);
+  }
+  if (best_need == INFINITY)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "no plan of %d stages fits %s: every stage needs "
+                        "whole PE columns and there are not enough",
+                        stages_given ? stages_given : kmax, f->name);
+  char stages[48] = "";
+  if (stages_given)
+    snprintf(stages, sizeof stages, " in %d stages", stages_given);
+  return st_error_set(
+      err, ST_EUNSUPPORTED,
+      "%s does not fit %s: %s and the blocks before it need %s%s (each stage "
+      "holds its weights, gradient and optimizer state, and input and "
+      "activations x %g samples in flight, rounded up to whole PEs) but the "
+      "fabric holds %s: short by %s",
+      p->blocks[worst_block].name, f->name, p->blocks[worst_block].name,
+      st_plan_fmt_bytes(need, sizeof need, best_need), stages, p->in_flight,
+      st_plan_fmt_bytes(have, sizeof have, total),
+      st_plan_fmt_bytes(short_by, sizeof short_by, best_need - total));
+}
+
+/* ---------------------------------------------------- pass 3: allocate */
+
+typedef struct alloc_state {
+  const problem *p;
+  const layout *L;
+  int k;
+  const int *cut;
+  int64_t *units, *start, *span;
+} alloc_state;
+
+static double time_of(const alloc_state *a, int s) {
+  return stage_time(a->p, a->L, a->cut[s], a->cut[s + 1], a->span[s], 0, 0, 0);
+}
+
+/* Grows stage s by up to `want` units (halving on a misfit); returns the
+ * units it took. */
+static int64_t grow(alloc_state *a, int s, int64_t want) {
+  for (; want >= 1; want /= 2) {
+    a->units[s] += want;
+    if (lay_out(a->L, a->units, a->k, a->start, a->span) >= 0) {
+      /* a request above one band occupies whole bands: keep what it got */
+      for (int t = 0; t < a->k; t++)
+        a->units[t] = a->span[t];
+      return want;
+    }
+    a->units[s] -= want;
+  }
+  lay_out(a->L, a->units, a->k, a->start, a->span);
+  return 0;
+}
+
+/* Spare units after the optimal partition: first in proportion to each
+ * stage's FLOPs (flexible workers sized by demand), then one by one to the
+ * slowest stage that can still grow, then gaps left at band ends go to the
+ * stage before them. Every step keeps the layout valid. */
+static void hand_out_spare(alloc_state *a, int64_t *spare_out) {
+  const problem *p = a->p;
+  int k = a->k;
+  int64_t before = 0;
+  for (int s = 0; s < k; s++)
+    before += a->span[s];
+  int64_t spare = a->L->units - lay_out(a->L, a->units, k, a->start, a->span);
+  double flops = 0;
+  for (int s = 0; s < k; s++) {
+    int64_t at = range_index(p, a->cut[s], a->cut[s + 1]);
+    flops += p->flops_fwd[at] + p->flops_bwd[at];
+  }
+  for (int s = 0; s < k && spare > 0 && flops > 0; s++) {
+    int64_t at = range_index(p, a->cut[s], a->cut[s + 1]);
+    double share = (p->flops_fwd[at] + p->flops_bwd[at]) / flops;
+    grow(a, s, (int64_t)(share * (double)spare));
+  }
+  int saturated[k];
+  memset(saturated, 0, sizeof saturated);
+  for (;;) {
+    int s = -1;
+    double worst = -1;
+    for (int t = 0; t < k; t++)
+      if (!saturated[t] && time_of(a, t) > worst)
+        worst = time_of(a, t), s = t;
+    if (s < 0)
+      break;
+    int64_t left = a->L->units - lay_out(a->L, a->units, k, a->start, a->span);
+    int64_t step = left / (2 * k);
+    if (!grow(a, s, step < 1 ? 1 : step))
+      saturated[s] = 1;
+  }
+  /* A stage followed by a gap in its band (the next one did not fit there)
+   * or ending the plan takes the rest of its band: a rectangle still. */
+  for (int s = 0; s < k; s++) {
+    int64_t W = a->L->width, end = a->start[s] + a->span[s];
+    int alone = s == k - 1 || a->start[s + 1] != end;
+    if (a->span[s] <= W && end % W != 0 && alone) {
+      a->units[s] += W - end % W;
+      lay_out(a->L, a->units, k, a->start, a->span);
+    }
+  }
+  int64_t after = 0;
+  for (int s = 0; s < k; s++) {
+    after += a->span[s];
+    a->units[s] = a->span[s];
+  }
+  *spare_out = after - before;
+}
+
+/* ----------------------------------------------------- pass 4: place */
+
+static void place_stage(const layout *L, int64_t start, int64_t span,
+                        st_plan_stage *st) {
+  int64_t W = L->width, band = start / W, off = start % W;
+  if (span <= W) {
+    st->w = (int)span;
+    st->h = L->h;
+    st->x = (int)(band % 2 == 0 ? off : W - off - span);
+  } else {
+    st->w = (int)W;
+    st->h = (int)(span / W) * L->h;
+    st->x = 0;
+  }
+  st->y = (int)band * L->h;
+  st->pes = (int64_t)st->w * st->h;
+}
+
+/* --------------------------------------------------------- the driver */
+
+static void describe_stage(const problem *p, const layout *L,
+                           const st_plan *plan, int s, int64_t spare_here) {
+  const st_fabric *f = &plan->fabric;
+  st_plan_stage *st = &plan->stages[s];
+  const char *word = pe_word(f);
+  char t1[32], t2[32], n1[32], n2[32], n3[32], why_cut[200], why_pes[200];
+  int i = st->first, j = st->first + st->count, later = plan->n_stages - s - 1;
+  if (plan->n_stages == 1) {
+    snprintf(why_cut, sizeof why_cut, "one stage holds the whole model");
+  } else if (j == p->n) {
+    snprintf(why_cut, sizeof why_cut, "last stage: ends with %s",
+             p->blocks[j - 1].name);
+  } else if (p->n - j == later) {
+    snprintf(why_cut, sizeof why_cut,
+             "cut before %s: forced, the %d later stage%s need a block each",
+             p->blocks[j].name, later, later == 1 ? "" : "s");
+  } else {
+    int64_t units = st->pes / L->h;
+    double ext = stage_time(p, L, i, j + 1, units, 0, 0, 0);
+    if (!stage_fits(p, L, i, j + 1, units))
+      snprintf(why_cut, sizeof why_cut,
+               "cut before %s: with it this stage would not fit its memory",
+               p->blocks[j].name);
+    else if (ext > plan->bottleneck_time)
+      snprintf(why_cut, sizeof why_cut,
+               "cut before %s: with it this stage would take %s > bottleneck "
+               "%s",
+               p->blocks[j].name, st_plan_fmt_time(t1, sizeof t1, ext),
+               st_plan_fmt_time(t2, sizeof t2, plan->bottleneck_time));
+    else
+      snprintf(why_cut, sizeof why_cut,
+               "cut before %s: an optimal split (with it this stage would "
+               "take %s, within the bottleneck, but no split beats it)",
+               p->blocks[j].name, st_plan_fmt_time(t1, sizeof t1, ext));
+  }
+  st_plan_fmt_count(n1, sizeof n1, (double)st->pes);
+  st_plan_fmt_count(n2, sizeof n2, (double)st->pes_for_time);
+  st_plan_fmt_count(n3, sizeof n3, (double)st->pes_for_memory);
+  if (st->pes_for_memory > st->pes_for_time)
+    snprintf(why_pes, sizeof why_pes,
+             "%s %s: memory-bound, %s hold its %s (%s would meet the "
+             "bottleneck)",
+             n1, word, n3, st_plan_fmt_bytes(t1, sizeof t1, st->mem_total), n2);
+  else
+    snprintf(why_pes, sizeof why_pes,
+             "%s %s: %s meet the bottleneck %s, %s hold its memory", n1, word,
+             n2, st_plan_fmt_time(t1, sizeof t1, plan->bottleneck_time), n3);
+  int n = snprintf(st->cause, sizeof st->cause, "%s; %s", why_cut, why_pes);
+  if (spare_here > 0 && n > 0 && (size_t)n < sizeof st->cause)
+    snprintf(st->cause + n, sizeof st->cause - (size_t)n, ", +%s spare",
+             st_plan_fmt_count(t1, sizeof t1, (double)spare_here));
+}
+
+/* Bubble utilization of fill-and-drain: M / (M + S - 1) (BACKGROUND.md §1);
+ * pipelined backprop never drains: 1 in steady state. */
+static void set_schedule(st_plan *plan, const char *mode, int batch,
+                         int micro_batch) {
+  snprintf(plan->mode, sizeof plan->mode, "%s", mode);
+  plan->batch = batch;
+  plan->micro_batch = micro_batch > 0 ? micro_batch : batch;
+  plan->micro_batches = plan->micro_batch > 0 ? batch / plan->micro_batch : 1;
+  if (plan->micro_batches < 1)
+    plan->micro_batches = 1;
+  double M = plan->micro_batches, S = plan->n_stages;
+  plan->util_fill_drain = M / (M + S - 1);
+  plan->util_pipelined = 1.0;
+}
+
+static int build_stages(st_plan *plan, const problem *p, const layout *L,
+                        partition *q, st_error *err) {
+  int k = q->k;
+  plan->n_stages = k;
+  plan->band_height = L->h;
+  plan->bands = L->bands;
+  plan->stages = st_alloc((size_t)k * sizeof *plan->stages);
+  int64_t *start = st_alloc((size_t)k * sizeof *start);
+  int64_t *span = st_alloc((size_t)k * sizeof *span);
+  int64_t *before = st_alloc((size_t)k * sizeof *before);
+  if (!plan->stages || !start || !span || !before) {
+    st_free(start), st_free(span), st_free(before);
+    return st_error_set(err, ST_ENOMEM, "out of memory for %d stages", k);
+  }
+  alloc_state a = {.p = p,
+                   .L = L,
+                   .k = k,
+                   .cut = q->cut,
+                   .units = q->units,
+                   .start = start,
+                   .span = span};
+  lay_out(L, q->units, k, start, span);
+  memcpy(before, span, (size_t)k * sizeof *before);
+  int64_t spare;
+  hand_out_spare(&a, &spare);
+
+  double worst = -1, sum = 0;
+  for (int s = 0; s < k; s++) {
+    st_plan_stage *st = &plan->stages[s];
+    int i = q->cut[s], j = q->cut[s + 1];
+    st->first = i;
+    st->count = j - i;
+    place_stage(L, start[s], span[s], st);
+    int64_t at = range_index(p, i, j);
+    st->flops_fwd = p->flops_fwd[at];
+    st->flops_bwd = p->flops_bwd[at];
+    st->time = stage_time(p, L, i, j, span[s], &st->time_fwd, &st->time_bwd,
+                          &st->time_comm);
+    double weights = 0, state = 0, acts = p->blocks[i].in_bytes;
+    for (int b = i; b < j; b++) {
+      weights += p->blocks[b].param_bytes;
+      state += p->blocks[b].state_bytes;
+      acts += p->blocks[b].act_bytes;
+    }
+    st->mem_weights = p->versions * weights;
+    st->mem_state = state;
+    st->mem_acts = p->in_flight * acts;
+    st->mem_total = stage_memory(p, i, j);
+    st->mem_capacity = (double)st->pes * plan->fabric.pe_memory;
+    plan->pes_used += st->pes;
+    sum += st->time;
+    if (st->time > worst)
+      worst = st->time, plan->bottleneck = s;
+  }
+  plan->bottleneck_time = worst;
+  plan->throughput = worst > 0 ? 1.0 / worst : INFINITY;
+  plan->balance = worst > 0 ? sum / k / worst : 1;
+  for (int s = 0; s < k; s++) {
+    st_plan_stage *st = &plan->stages[s];
+    int i = st->first, j = st->first + st->count;
+    int64_t ut = units_for_time(p, L, i, j, worst);
+    st->pes_for_time = ut == INT64_MAX ? st->pes : ut * L->h;
+    st->pes_for_memory = units_for_memory(p, L, i, j) * L->h;
+    describe_stage(p, L, plan, s, (span[s] - before[s]) * L->h);
+  }
+  (void)spare;
+  st_free(start);
+  st_free(span);
+  st_free(before);
+  return 0;
+}
+
+static int choose_stages_text(st_plan *plan, const partition *q,
+                              int stages_given, int n_heights) {
+  char *c = plan->cause;
+  size_t cap = sizeof plan->cause;
+  int n;
+  if (stages_given)
+    n = snprintf(c, cap, "as asked (--stages %d)", plan->n_stages);
+  else if (q->by_k) {
+    n = snprintf(c, cap, "the best predicted throughput of K = 1..%d (",
+                 q->n_by_k);
+    for (int k = 1; k <= q->n_by_k && n > 0 && (size_t)n < cap; k++) {
+      double t = q->by_k[k - 1];
+      char tp[32];
+      if (t < INFINITY)
+        snprintf(tp, sizeof tp, "%.3g/s", 1.0 / t);
+      else
+        snprintf(tp, sizeof tp, "no fit");
+      n += snprintf(c + n, cap - (size_t)n, "%sK=%d %s", k > 1 ? ", " : "", k,
+                    tp);
+    }
+    if (n > 0 && (size_t)n < cap)
+      n += snprintf(c + n, cap - (size_t)n, "); ties go to fewer stages");
+  } else {
+    n = snprintf(c, cap,
+                 "the best predicted throughput of K = 1..%d; ties "
+                 "go to fewer stages",
+                 plan->n_blocks);
+  }
+  if (plan->fabric.kind == ST_FABRIC_MESH && n > 0 && (size_t)n < cap)
+    snprintf(c + n, cap - (size_t)n,
+             "; stages in bands of %d row%s (best of %d band heights)",
+             plan->band_height, plan->band_height == 1 ? "" : "s", n_heights);
+  return 0;
+}
+
+int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
+                  const st_fabric *fabric, const st_plan_options *opt,
+                  st_error *err) {
+  *out = NULL;
+  const char *word = pe_word(fabric);
+  int K = opt->stages;
+  if (n_blocks < 1)
+    return st_error_set(err, ST_EARG, "the model has no blocks to compile");
+  if (K < 0)
+    return st_error_set(err, ST_EARG, "--stages %d: must be >= 1", K);
+  if (K > n_blocks)
+    return st_error_set(err, ST_EARG,
+                        "--stages %d: more stages than the model's %d blocks "
+                        "(a stage holds at least one block)",
+                        K, n_blocks);
+  if (K > fabric->pes)
+    return st_error_set(err, ST_EARG,
+                        "--stages %d: more stages than the %lld %s of %s (a "
+                        "stage needs at least one)",
+                        K, (long long)fabric->pes, word, fabric->name);
+  if (!(fabric->efficiency_slope >= 0 && fabric->efficiency_slope < 1))
+    return st_error_set(err, ST_EARG, "%s: efficiency slope %g not in [0, 1)",
+                        fabric->name, fabric->efficiency_slope);
+  double in_flight = opt->samples_in_flight > 0 ? opt->samples_in_flight : 1;
+  double versions = opt->weight_versions > 0 ? opt->weight_versions : 1;
+
+  st_plan *plan = st_alloc(sizeof *plan);
+  if (!plan)
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  plan->fabric = *fabric;
+  plan->options = *opt;
+  plan->options.samples_in_flight = in_flight;
+  plan->options.weight_versions = versions;
+  plan->n_blocks = n_blocks;
+  plan->blocks = st_alloc((size_t)n_blocks * sizeof *plan->blocks);
+  if (!plan->blocks) {
+    st_plan_destroy(plan);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  memcpy(plan->blocks, blocks, (size_t)n_blocks * sizeof *blocks);
+
+  problem p;
+  int rc = problem_init(&p, plan->blocks, n_blocks, &plan->fabric, in_flight,
+                        versions, err);
+  if (rc) {
+    st_plan_destroy(plan);
+    return rc;
+  }
+  /* Pass 2 once per band height; keep the best (ties: fewer stages, then
+   * taller bands, which are tried first). */
+  int hs[64], nh = band_heights(fabric, hs, 64);
+  int k_lo = K ? K : 1, k_hi = K ? K : n_blocks;
+  partition best = {0};
+  layout best_layout = {0};
+  rc = 0;
+  for (int t = 0; t < nh && rc != ST_ENOMEM; t++) {
+    layout L = make_layout(fabric, hs[t]);
+    partition q;
+    rc = partition_solve(&p, &L, k_lo, k_hi, opt->algorithm, K == 0, &q);
+    if (rc)
+      continue;
+    double b = q.bottleneck, bb = best.bottleneck;
+    int better = !best.k || (q.k < best.k && b <= bb * (1 + TIE)) ||
+                 (q.k == best.k && b < bb) ||
+                 (q.k > best.k && b < bb * (1 - TIE));
+    if (better) {
+      /* keep the per-K table: the best of every band height */
+      if (best.by_k && q.by_k)
+        for (int k = 0; k < q.n_by_k && k < best.n_by_k; k++)
+          if (best.by_k[k] < q.by_k[k])
+            q.by_k[k] = best.by_k[k];
+      partition_free(&best);
+      best = q;
+      best_layout = L;
+    } else {
+      if (best.by_k && q.by_k)
+        for (int k = 0; k < q.n_by_k && k < best.n_by_k; k++)
+          if (q.by_k[k] < best.by_k[k])
+            best.by_k[k] = q.by_k[k];
+      partition_free(&q);
+    }
+  }
+  if (rc == ST_ENOMEM) {
+    partition_free(&best);
+    problem_free(&p);
+    st_plan_destroy(plan);
+    return st_error_set(err, ST_ENOMEM, "out of memory partitioning");
+  }
+  if (!best.k) {
+    int kmax = K ? K : (int)(n_blocks < fabric->pes ? n_blocks : fabric->pes);
+    rc = explain_no_fit(&p, fabric, kmax, K, err);
+    problem_free(&p);
+    st_plan_destroy(plan);
+    return rc;
+  }
+  rc = build_stages(plan, &p, &best_layout, &best, err);
+  if (!rc) {
+    choose_stages_text(plan, &best, K, nh);
+    if (best.by_k) {
+      plan->n_tried = best.n_by_k;
+      plan->throughput_by_k = st_alloc((size_t)best.n_by_k * sizeof(double));
+      for (int k = 0; plan->throughput_by_k && k < best.n_by_k; k++)
+        plan->throughput_by_k[k] =
+            best.by_k[k] < INFINITY ? 1.0 / best.by_k[k] : 0;
+      if (!plan->throughput_by_k)
+        plan->n_tried = 0;
+    }
+    set_schedule(plan, "", 1, 1);
+  }
+  partition_free(&best);
+  problem_free(&p);
+  if (rc) {
+    st_plan_destroy(plan);
+    return rc;
+  }
+  *out = plan;
+  return 0;
+}
+
+int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
+                    st_error *err) {
+  *out = NULL;
+  st_fabric fabric;
+  int rc = st_fabric_resolve(&fabric, cfg, err);
+  if (rc)
+    return rc;
+  st_model *m;
+  if ((rc = st_plan_model(&m, cfg, err)))
+    return rc;
+  st_block_cost *costs = st_alloc((size_t)m->n_blocks * sizeof *costs);
+  if (!costs) {
+    st_model_destroy(m);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  st_plan_costs(costs, m, cfg); /* pass 1 */
+  /* Samples whose activations a stage holds: sequential keeps one batch
+   * (as does GPipe, which holds all M micro-batches of it); weights are
+   * held once. Pipelined backprop and 1F1B will hold fewer activations and,
+   * with stashing, more weight versions (docs/compiler.md). */
+  st_plan_options opt = {.stages = stages,
+                         .samples_in_flight = cfg->train.batch,
+                         .weight_versions = 1,
+                         .algorithm = ST_PARTITION_AUTO};
+  rc = st_plan_build(out, costs, m->n_blocks, &fabric, &opt, err);
+  if (!rc) {
+    snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
+    set_schedule(*out, cfg->execution.mode, cfg->train.batch,
+                 cfg->execution.micro_batch);
+  }
+  st_free(costs);
+  st_model_destroy(m);
+  return rc;
+}
+
+void st_plan_destroy(st_plan *p) {
+  if (!p)
+    return;
+  st_free(p->blocks);
+  st_free(p->stages);
+  st_free(p->throughput_by_k);
+  st_free(p);
+}

@@ -1,0 +1,676 @@
+/*
+ * test_compile.c — the compiler (src/compile/, docs/compiler.md).
+ *
+ * The oracle for the partitioner is brute force written here from the
+ * documented model, independently of src/compile/: every split of the
+ * blocks, every PE count per stage, every band height of a mesh, laid out by
+ * the documented snake rule. The optimum bottleneck must match for both
+ * algorithms (DP and bisection) within 1e-12 relative: both are exact, and
+ * the only differences are the last bits of the sums and of bisection's stop
+ * (which leaves the bracket a few ulps wide, ~1e-15 relative).
+ *
+ * Then: allocation and placement invariants of the plans built there, costs
+ * against closed forms, errors, and --validate-only allocating nothing.
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------ small helpers */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double uniform(void) { /* [0, 1) */
+  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+  return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static int randint(int lo, int hi) { /* [lo, hi] */
+  return lo + (int)(uniform() * (hi - lo + 1));
+}
+
+static double log_uniform(double lo, double hi) {
+  return lo * pow(hi / lo, uniform());
+}
+
+static st_fabric cpu_fabric(int cores, double pe_memory) {
+  st_fabric f;
+  memset(&f, 0, sizeof f);
+  f.kind = ST_FABRIC_CPU;
+  snprintf(f.name, sizeof f.name, "cpu:%d", cores);
+  f.width = cores;
+  f.height = 1;
+  f.pes = cores;
+  f.pe_flops = 90e9;
+  f.pe_memory = pe_memory;
+  f.link_bandwidth = 10e9;
+  f.efficiency_slope = 0.05;
+  return f;
+}
+
+static st_fabric mesh_fabric(int w, int h, double pe_memory) {
+  st_fabric f;
+  memset(&f, 0, sizeof f);
+  f.kind = ST_FABRIC_MESH;
+  snprintf(f.name, sizeof f.name, "mesh:%dx%d", w, h);
+  f.width = w;
+  f.height = h;
+  f.pes = (int64_t)w * h;
+  f.pe_flops = 2.2e9;
+  f.pe_memory = pe_memory;
+  f.link_bandwidth = 4.04e9;
+  return f;
+}
+
+static void random_blocks(st_block_cost *b, int n) {
+  for (int i = 0; i < n; i++) {
+    memset(&b[i], 0, sizeof b[i]);
+    snprintf(b[i].name, sizeof b[i].name, "blocks.%d", i);
+    b[i].flops_fwd = log_uniform(1e3, 1e7);
+    b[i].flops_bwd = b[i].flops_fwd * (1 + uniform() * 2);
+    b[i].param_bytes = log_uniform(1e2, 1e6);
+    b[i].state_bytes = 2 * b[i].param_bytes;
+    b[i].act_bytes = log_uniform(1e2, 1e5);
+    b[i].in_bytes = i ? b[i - 1].out_bytes : log_uniform(1e2, 1e4);
+    b[i].out_bytes = log_uniform(1e1, 1e5);
+  }
+}
+
+/* ------------------------------------------ the oracle: brute force */
+
+/* The documented model (docs/compiler.md), written out again. */
+typedef struct oracle {
+  const st_block_cost *b;
+  int n, K;
+  const st_fabric *f;
+  double in_flight, versions;
+  int h, bands, W; /* layout: band height, bands, units per band */
+  double best;
+} oracle;
+
+static double o_time(const oracle *o, int i, int j, int64_t units) {
+  double c = (double)units * o->h, s = o->f->efficiency_slope;
+  double g = (s + (1 - s) / c) / o->f->pe_flops, ff = 0, fb = 0;
+  for (int k = i; k < j; k++)
+    ff += o->b[k].flops_fwd, fb += o->b[k].flops_bwd;
+  double bytes =
+      (j < o->n ? o->b[j - 1].out_bytes : 0) + (i > 0 ? o->b[i].in_bytes : 0);
+  double bw = o->f->link_bandwidth * (o->f->kind == ST_FABRIC_MESH ? o->h : 1);
+  return ff * g + fb * g + bytes / bw;
+}
+
+static int o_fits(const oracle *o, int i, int j, int64_t units) {
+  double w = 0, st = 0, a = o->b[i].in_bytes;
+  for (int k = i; k < j; k++)
+    w += o->b[k].param_bytes, st += o->b[k].state_bytes, a += o->b[k].act_bytes;
+  return o->versions * w + st + o->in_flight * a <=
+         (double)units * o->h * o->f->pe_memory;
+}
+
+/* The snake rule: a stage of u <= W units goes right after the previous one
+ * if the rest of that band holds it, else at the next band's start; more
+ * than W units take whole bands from a band's start. */
+static int64_t o_place(const oracle *o, int64_t end, int64_t u, int64_t *span) {
+  int64_t W = o->W, start;
+  if (u <= W) {
+    start = end % W + u <= W ? end : (end / W + 1) * W;
+    *span = u;
+  } else {
+    start = end % W ? (end / W + 1) * W : end;
+    *span = (u + W - 1) / W * W;
+  }
+  return start + *span <= (int64_t)o->bands * W ? start : -1;
+}
+
+static void o_search(oracle *o, int s, int i, int64_t end, double worst) {
+  if (s == o->K) {
+    if (i == o->n && worst < o->best)
+      o->best = worst;
+    return;
+  }
+  int64_t U = (int64_t)o->bands * o->W;
+  for (int j = i + 1; j <= o->n - (o->K - s - 1); j++)
+    for (int64_t u = 1; u <= U; u++) {
+      int64_t span, start = o_place(o, end, u, &span);
+      if (start < 0)
+        break;
+      if (!o_fits(o, i, j, span))
+        continue;
+      double t = o_time(o, i, j, span);
+      double w = t > worst ? t : worst;
+      if (w < o->best)
+        o_search(o, s + 1, j, start + span, w);
+    }
+}
+
+/* The optimum over every band height (a cpu: one band of height 1). */
+static double brute_force(const st_block_cost *b, int n, int K,
+                          const st_fabric *f, double in_flight) {
+  oracle o = {.b = b,
+              .n = n,
+              .K = K,
+              .f = f,
+              .in_flight = in_flight,
+              .versions = 1,
+              .W = f->width};
+  double best = INFINITY;
+  for (int h = 1; h <= f->height; h++) {
+    if (f->height % h)
+      continue;
+    o.h = h;
+    o.bands = f->height / h;
+    o.best = INFINITY;
+    o_search(&o, 0, 0, 0, 0);
+    if (o.best < best)
+      best = o.best;
+  }
+  return best;
+}
+
+/* ------------------------------------------------ plan invariants */
+
+static int rects_touch(const st_plan_stage *a, const st_plan_stage *b) {
+  int x_overlap = a->x < b->x + b->w && b->x < a->x + a->w;
+  int y_overlap = a->y < b->y + b->h && b->y < a->y + a->h;
+  int side = (a->x + a->w == b->x || b->x + b->w == a->x) && y_overlap;
+  int top = (a->y + a->h == b->y || b->y + b->h == a->y) && x_overlap;
+  return side || top;
+}
+
+/* Every PE used at most once, inside the grid; stages non-empty, in block
+ * order, covering the model; memory within capacity; neighbours touch. */
+static void check_invariants(const st_plan *p, const char *what) {
+  const st_fabric *f = &p->fabric;
+  static unsigned char used[64 * 64];
+  int ok_small = f->pes <= 64 * 64;
+  if (ok_small)
+    memset(used, 0, (size_t)f->pes);
+  int64_t total = 0;
+  int next_block = 0, bad_pe = 0, bad_rect = 0, bad_mem = 0, bad_touch = 0;
+  for (int s = 0; s < p->n_stages; s++) {
+    const st_plan_stage *st = &p->stages[s];
+    CHECK(st->first == next_block && st->count >= 1,
+          "%s: stage %d blocks [%d, +%d) after %d", what, s, st->first,
+          st->count, next_block);
+    next_block = st->first + st->count;
+    if (st->pes < 1 || st->pes != (int64_t)st->w * st->h)
+      bad_rect++;
+    if (st->x < 0 || st->y < 0 || st->x + st->w > f->width ||
+        st->y + st->h > f->height)
+      bad_rect++;
+    if (!(st->mem_total <= st->mem_capacity) ||
+        st->mem_capacity != (double)st->pes * f->pe_memory)
+      bad_mem++;
+    total += st->pes;
+    for (int y = st->y; ok_small && y < st->y + st->h && y < f->height; y++)
+      for (int x = st->x; x < st->x + st->w && x < f->width; x++)
+        if (used[y * f->width + x]++)
+          bad_pe++;
+    if (s > 0) {
+      const st_plan_stage *pr = &p->stages[s - 1];
+      if (f->kind == ST_FABRIC_CPU ? st->x != pr->x + pr->w
+                                   : !rects_touch(pr, st))
+        bad_touch++;
+    }
+  }
+  CHECK(next_block == p->n_blocks, "%s: stages cover %d of %d blocks", what,
+        next_block, p->n_blocks);
+  CHECK(bad_rect == 0, "%s: %d stages with a bad rectangle", what, bad_rect);
+  CHECK(bad_pe == 0, "%s: %d PEs used twice", what, bad_pe);
+  CHECK(bad_mem == 0, "%s: %d stages over their memory", what, bad_mem);
+  CHECK(bad_touch == 0, "%s: %d consecutive stages not adjacent", what,
+        bad_touch);
+  CHECK(total == p->pes_used && total <= f->pes, "%s: %lld PEs of %lld", what,
+        (long long)total, (long long)f->pes);
+  double worst = 0;
+  for (int s = 0; s < p->n_stages; s++)
+    if (p->stages[s].time > worst)
+      worst = p->stages[s].time;
+  CHECK(worst == p->bottleneck_time && p->stages[p->bottleneck].time == worst,
+        "%s: bottleneck %g vs slowest stage %g", what, p->bottleneck_time,
+        worst);
+}
+
+/* ---------------------------------------------------------- tests */
+
+/* One random instance against brute force with both algorithms. */
+static void compare(const st_block_cost *b, int n, int K, const st_fabric *f,
+                    double in_flight, const char *what, int *agree) {
+  double want = brute_force(b, n, K, f, in_flight);
+  st_partition_algorithm algos[2] = {ST_PARTITION_DP, ST_PARTITION_BISECT};
+  for (int a = 0; a < 2; a++) {
+    st_plan_options opt = {.stages = K,
+                           .samples_in_flight = in_flight,
+                           .weight_versions = 1,
+                           .algorithm = algos[a]};
+    st_plan *p = NULL;
+    st_error err = {0};
+    int rc = st_plan_build(&p, b, n, f, &opt, &err);
+    char label[160];
+    snprintf(label, sizeof label, "%s n=%d K=%d %s %s", what, n, K, f->name,
+             a ? "bisect" : "dp");
+    if (getenv("STRATA_TEST_VERBOSE"))
+      fprintf(stderr, "  %-40s brute force %.6g\n", label, want);
+    if (want == INFINITY) {
+      CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "does not fit"),
+            "%s: brute force finds no plan, got rc %d '%s'", label, rc,
+            err.msg);
+      if (rc == ST_EUNSUPPORTED)
+        ++*agree;
+    } else {
+      CHECK(rc == 0, "%s: %s", label, err.msg);
+      if (rc == 0) {
+        double rel = fabs(p->bottleneck_time - want) / want;
+        /* 1e-12: both are exact; sums and bisection's stop differ in the
+         * last bits only */
+        CHECK(rel <= 1e-12,
+              "%s: bottleneck %.17g, brute force %.17g (rel "
+              "%.3g)",
+              label, p->bottleneck_time, want, rel);
+        CHECK(p->n_stages == K, "%s: %d stages", label, p->n_stages);
+        check_invariants(p, label);
+        if (rel <= 1e-12)
+          ++*agree;
+      }
+    }
+    st_plan_destroy(p);
+  }
+}
+
+static void test_partition_cpu_brute_force(void) {
+  static const int cores[] = {1, 2, 3, 4, 5, 7, 8, 11, 16};
+  st_block_cost b[12];
+  int agree = 0, cases = 0;
+  for (int trial = 0; trial < 300; trial++) {
+    int n = randint(1, 12);
+    int C = cores[randint(0, 8)];
+    int kmax = n < 6 ? n : 6;
+    if (kmax > C)
+      kmax = C;
+    int K = randint(1, kmax);
+    random_blocks(b, n);
+    /* memory from loose to binding: per-core memory around one block's */
+    double in_flight = randint(1, 8);
+    double pe_memory = log_uniform(3e5, 1e8);
+    st_fabric f = cpu_fabric(C, pe_memory);
+    compare(b, n, K, &f, in_flight, "cpu", &agree);
+    cases += 2;
+  }
+  CHECK(agree == cases, "cpu brute force: %d of %d agree", agree, cases);
+}
+
+static void test_partition_mesh_brute_force(void) {
+  st_block_cost b[8];
+  int agree = 0, cases = 0;
+  for (int trial = 0; trial < 300; trial++) {
+    int W = randint(1, 4), H = randint(1, 4), n = randint(1, 7);
+    int kmax = n < 4 ? n : 4;
+    if (kmax > W * H)
+      kmax = W * H;
+    int K = randint(1, kmax);
+    random_blocks(b, n);
+    double in_flight = randint(1, 4);
+    st_fabric f = mesh_fabric(W, H, log_uniform(3e5, 3e7));
+    compare(b, n, K, &f, in_flight, "mesh", &agree);
+    cases += 2;
+  }
+  CHECK(agree == cases, "mesh brute force: %d of %d agree", agree, cases);
+}
+
+/* Automatic K: the chosen plan is at least as fast as every K tried, and a
+ * K with the same throughput but fewer stages would have been chosen. */
+static void test_auto_stages(void) {
+  st_block_cost b[10];
+  for (int trial = 0; trial < 20; trial++) {
+    int n = randint(2, 10);
+    random_blocks(b, n);
+    st_fabric f = trial % 2 ? cpu_fabric(randint(2, 16), 1e9)
+                            : mesh_fabric(randint(2, 12), randint(2, 12), 1e9);
+    st_plan_options opt = {.samples_in_flight = 4, .weight_versions = 1};
+    st_plan *p;
+    st_error err = {0};
+    int rc = st_plan_build(&p, b, n, &f, &opt, &err);
+    CHECK(rc == 0, "auto K: %s", err.msg);
+    if (rc)
+      continue;
+    CHECK(p->throughput_by_k != NULL && p->n_tried >= p->n_stages,
+          "auto K: no table of K tried");
+    for (int k = 1; p->throughput_by_k && k <= p->n_tried; k++) {
+      double t = p->throughput_by_k[k - 1];
+      /* 1e-9: the tie rule's slack (equal within it goes to fewer) */
+      CHECK(t <= p->throughput * (1 + 1e-9),
+            "auto K=%d: %g/s beats the "
+            "chosen %d stages' %g/s",
+            k, t, p->n_stages, p->throughput);
+      if (k < p->n_stages)
+        CHECK(t < p->throughput / (1 + 1e-9) * (1 + 1e-12),
+              "auto: K=%d ties K=%d but more stages were chosen", k,
+              p->n_stages);
+    }
+    check_invariants(p, "auto K");
+    st_plan_destroy(p);
+  }
+}
+
+/* Placement on meshes that force band turns and multi-band stages. */
+static void test_placement_snake(void) {
+  st_block_cost b[9];
+  int shapes[][2] = {{8, 6}, {5, 5}, {3, 7}, {16, 4}, {6, 9}, {1, 12}, {12, 1}};
+  for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+    for (int K = 1; K <= 9; K++) {
+      random_blocks(b, 9);
+      st_fabric f = mesh_fabric(shapes[t][0], shapes[t][1], 1e8);
+      if (K > f.pes)
+        continue;
+      st_plan_options opt = {
+          .stages = K, .samples_in_flight = 2, .weight_versions = 1};
+      st_plan *p;
+      st_error err = {0};
+      int rc = st_plan_build(&p, b, 9, &f, &opt, &err);
+      CHECK(rc == 0, "%s K=%d: %s", f.name, K, err.msg);
+      if (rc)
+        continue;
+      char what[64];
+      snprintf(what, sizeof what, "snake %s K=%d", f.name, K);
+      check_invariants(p, what);
+      CHECK(p->band_height >= 1 && f.height % p->band_height == 0,
+            "%s: band height %d", what, p->band_height);
+      st_plan_destroy(p);
+    }
+}
+
+static void set(st_config *c, const char *kv) {
+  st_error err = {0};
+  int rc = st_config_set(c, kv, &err);
+  CHECK(rc == 0, "--set %s: %s", kv, err.msg);
+}
+
+/* The cost pass against closed forms (src/ops/: linear 2·IC·OC + OC forward,
+ * 4·IC·OC + OC backward; conv 2·OC·IC·K²·OH·OW + OC·OH·OW forward and
+ * 4·… + OC·OH·OW backward). Integers below 2^53: exact in double. */
+static void test_costs_closed_forms(void) {
+  st_cost l = st_linear_cost(784, 256);
+  CHECK(l.flops_fwd == 2.0 * 784 * 256 + 256 &&
+            l.flops_bwd == 4.0 * 784 * 256 + 256,
+        "linear 784->256: %g %g", l.flops_fwd, l.flops_bwd);
+  CHECK(l.param_bytes == 4.0 * (784 * 256 + 256), "linear bytes");
+  st_cost c = st_conv2d_cost(3, 28, 28, 8, 3, 1, 1); /* same: 28x28 out */
+  double macs = 8.0 * 3 * 9 * 28 * 28;
+  CHECK(c.flops_fwd == 2 * macs + 8.0 * 784 &&
+            c.flops_bwd == 4 * macs + 8.0 * 784,
+        "conv 3->8 k3 28x28: %g %g", c.flops_fwd, c.flops_bwd);
+  st_cost s2 = st_conv2d_cost(4, 9, 9, 2, 3, 2, 0); /* (9-3)/2+1 = 4 */
+  CHECK(s2.flops_fwd == 2.0 * 2 * 4 * 9 * 16 + 2.0 * 16, "conv stride 2: %g",
+        s2.flops_fwd);
+
+  /* A small cnn: conv 1->4 (3x3, same), relu, maxpool 2x2; head 784->10. */
+  st_config cfg;
+  st_config_defaults(&cfg);
+  set(&cfg, "model.kind=cnn");
+  set(&cfg, "model.channels=[4]");
+  set(&cfg, "model.dense=[]");
+  set(&cfg, "model.norm=none");
+  set(&cfg, "optimizer.kind=adamw");
+  st_model *m;
+  st_error err = {0};
+  int rc = st_model_create(&m, &cfg, (st_shape){1, 28, 28}, &err);
+  CHECK(rc == 0, "model: %s", err.msg);
+  if (rc)
+    return;
+  st_block_cost bc[4];
+  CHECK(m->n_blocks == 2, "blocks %d", m->n_blocks);
+  st_plan_costs(bc, m, &cfg);
+  double conv_fwd = 2.0 * 4 * 1 * 9 * 784 + 4.0 * 784;
+  double conv_bwd = 4.0 * 4 * 1 * 9 * 784 + 4.0 * 784;
+  st_cost relu = st_pointwise_cost(4 * 784, 1, 1);
+  st_cost pool = st_maxpool_cost(4, 28, 28, 2, 2);
+  CHECK(bc[0].flops_fwd == conv_fwd + relu.flops_fwd + pool.flops_fwd,
+        "block 0 fwd %g", bc[0].flops_fwd);
+  CHECK(bc[0].flops_bwd == conv_bwd + relu.flops_bwd + pool.flops_bwd,
+        "block 0 bwd %g", bc[0].flops_bwd);
+  CHECK(bc[1].flops_fwd == 2.0 * 784 * 10 + 10 &&
+            bc[1].flops_bwd == 4.0 * 784 * 10 + 10,
+        "head %g %g", bc[1].flops_fwd, bc[1].flops_bwd);
+  CHECK(bc[0].param_bytes == 4.0 * (4 * 9 + 4), "conv params");
+  CHECK(bc[1].param_bytes == 4.0 * (7840 + 10), "head params");
+  CHECK(bc[1].state_bytes == 3 * bc[1].param_bytes, "adamw: gradient + 2 "
+                                                    "moments");
+  CHECK(bc[0].in_bytes == 4.0 * 784 && bc[0].out_bytes == 4.0 * 4 * 14 * 14,
+        "block 0 io %g %g", bc[0].in_bytes, bc[0].out_bytes);
+  CHECK(bc[1].in_bytes == bc[0].out_bytes && bc[1].out_bytes == 40, "head io");
+  /* conv out, relu out, pool out + its argmax: 4·784·2 + 4·196·2 floats */
+  CHECK(bc[0].act_bytes == 4.0 * (4 * 784 * 2 + 4 * 196 * 2),
+        "block 0 activations %g", bc[0].act_bytes);
+  st_model_destroy(m);
+}
+
+/* A plan's own arithmetic: a one-block model on cpu:C, by hand. */
+static void test_plan_by_hand(void) {
+  st_block_cost b = {.name = "blocks.0",
+                     .flops_fwd = 3e9,
+                     .flops_bwd = 6e9,
+                     .param_bytes = 1000,
+                     .state_bytes = 2000,
+                     .act_bytes = 100,
+                     .in_bytes = 50,
+                     .out_bytes = 40};
+  st_fabric f = cpu_fabric(4, 1e6);
+  st_plan_options opt = {
+      .stages = 1, .samples_in_flight = 10, .weight_versions = 1};
+  st_plan *p;
+  st_error err = {0};
+  CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
+  /* 9e9 FLOP on 4 cores at 90e9 with e(4) = 1/1.15: 9e9 * 1.15 / 360e9 */
+  double want = 9e9 * 1.15 / (4 * 90e9);
+  CHECK(fabs(p->bottleneck_time - want) <= 1e-15 * want * 8,
+        "time %.17g vs "
+        "%.17g",
+        p->bottleneck_time, want);
+  CHECK(p->stages[0].time_comm == 0, "one stage sends nothing");
+  CHECK(p->stages[0].mem_total == 1000 + 2000 + 10 * (50 + 100), "memory %g",
+        p->stages[0].mem_total);
+  CHECK(p->stages[0].pes == 4 && p->pes_used == 4, "all cores used");
+  CHECK(fabs(p->throughput - 1 / want) <= 1e-12 / want, "throughput");
+  CHECK(p->util_fill_drain == 1.0, "one stage: no bubble");
+  st_plan_destroy(p);
+}
+
+static void test_errors(void) {
+  st_block_cost b[3];
+  random_blocks(b, 3);
+  st_fabric f = cpu_fabric(2, 1e12);
+  st_plan *p = NULL;
+  st_error err = {0};
+  st_plan_options opt = {
+      .stages = 4, .samples_in_flight = 1, .weight_versions = 1};
+  CHECK(st_plan_build(&p, b, 3, &f, &opt, &err) == ST_EARG &&
+            strstr(err.msg, "more stages than the model's 3 blocks"),
+        "K > blocks: '%s'", err.msg);
+  opt.stages = 3;
+  CHECK(st_plan_build(&p, b, 3, &f, &opt, &err) == ST_EARG &&
+            strstr(err.msg, "more stages than the 2 cores of cpu:2"),
+        "K > cores: '%s'", err.msg);
+  CHECK(p == NULL, "no plan on error");
+
+  /* An mlp whose first layer alone outgrows a tiny mesh: named, with the
+   * shortfall. */
+  st_config cfg;
+  st_config_defaults(&cfg);
+  set(&cfg, "model.hidden=[4096, 64]");
+  CHECK(st_fabric_parse(&cfg, "mesh:2x2", &err) == 0, "%s", err.msg);
+  set(&cfg, "fabric.pe_memory=100000");
+  int rc = st_plan_compile(&p, &cfg, 0, &err);
+  CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "blocks.0 does not fit") &&
+            strstr(err.msg, "short by"),
+        "too big for the mesh: rc %d '%s'", rc, err.msg);
+  /* Each block fits alone, the model does not: the block where it stops
+   * fitting is named. */
+  st_block_cost same[4];
+  for (int i = 0; i < 4; i++) {
+    memset(&same[i], 0, sizeof same[i]);
+    snprintf(same[i].name, sizeof same[i].name, "blocks.%d", i);
+    same[i].flops_fwd = same[i].flops_bwd = 1e6;
+    same[i].param_bytes = 300;
+    same[i].in_bytes = same[i].out_bytes = 1;
+  }
+  st_fabric tiny = mesh_fabric(2, 2, 250); /* 1000 bytes in all */
+  opt.stages = 0;
+  rc = st_plan_build(&p, same, 4, &tiny, &opt, &err);
+  CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "blocks.3 does not fit"),
+        "model too big: rc %d '%s'", rc, err.msg);
+
+  /* Fabric specs */
+  st_config_defaults(&cfg);
+  const char *bad[] = {"cpu:0",   "cpu:x", "mesh:4", "mesh:0x4",
+                       "mesh:4x", "tpu",   "wse3",   "mesh:4x4x4"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rc = st_fabric_parse(&cfg, bad[i], &err);
+    CHECK(rc == ST_EARG && strstr(err.msg, bad[i]), "--fabric %s: rc %d '%s'",
+          bad[i], rc, err.msg);
+  }
+  st_config_defaults(&cfg);
+  set(&cfg, "fabric.kind=mesh");
+  st_fabric fm;
+  rc = st_fabric_resolve(&fm, &cfg, &err);
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, "fabric.width"),
+        "mesh without a size: '%s'", err.msg);
+}
+
+static void test_fabrics(void) {
+  st_config cfg;
+  st_error err = {0};
+  st_fabric f;
+  st_config_defaults(&cfg);
+  CHECK(st_fabric_parse(&cfg, "wse2", &err) == 0, "%s", err.msg);
+  CHECK(st_fabric_resolve(&f, &cfg, &err) == 0, "%s", err.msg);
+  CHECK(f.kind == ST_FABRIC_MESH && f.pes == 850000 &&
+            (int64_t)f.width * f.height == f.pes,
+        "wse2: %lld PEs", (long long)f.pes);
+  /* the published totals, back from the per-PE figures (1e-12: rounding) */
+  CHECK(fabs(f.pe_memory * f.pes - 40e9) <= 40e9 * 1e-12, "wse2 40 GB");
+  CHECK(fabs(f.memory_bandwidth - 20e15) <= 1, "wse2 20 PB/s");
+  CHECK(fabs(f.fabric_bandwidth * 8 - 220e15) <= 220e15 * 1e-12,
+        "wse2 220 Pb/s");
+  CHECK(fabs(f.link_bandwidth * 8 * f.pes * 8 - 220e15) <= 220e15 * 1e-12,
+        "wse2 link: 220 Pb/s over 8 one-way links per PE");
+
+  st_config_defaults(&cfg);
+  CHECK(st_fabric_parse(&cfg, "mesh:12x7", &err) == 0, "%s", err.msg);
+  CHECK(st_fabric_resolve(&f, &cfg, &err) == 0, "%s", err.msg);
+  CHECK(f.width == 12 && f.height == 7 && f.pes == 84 &&
+            f.pe_flops == cfg.fabric.pe_flops &&
+            f.pe_memory == (double)cfg.fabric.pe_memory,
+        "mesh:12x7 from the keys");
+  CHECK(!strcmp(st_config_where(&cfg, "fabric.width"), "--set"),
+        "--fabric is recorded like --set");
+
+  st_config_defaults(&cfg);
+  CHECK(st_fabric_parse(&cfg, "cpu:6", &err) == 0, "%s", err.msg);
+  CHECK(st_fabric_resolve(&f, &cfg, &err) == 0, "%s", err.msg);
+  CHECK(f.kind == ST_FABRIC_CPU && f.pes == 6 && f.pe_flops == 90e9 &&
+            f.efficiency_slope == 0.05 && f.estimated,
+        "cpu:6 built-in estimates");
+  set(&cfg, "fabric.pe_flops=5e10");
+  CHECK(st_fabric_resolve(&f, &cfg, &err) == 0 && f.pe_flops == (double)5e10f,
+        "a set fabric.pe_flops overrides the cpu estimate: %g", f.pe_flops);
+  st_config_defaults(&cfg);
+  CHECK(st_fabric_parse(&cfg, "cpu", &err) == 0 &&
+            st_fabric_resolve(&f, &cfg, &err) == 0 &&
+            f.pes == sysconf(_SC_NPROCESSORS_ONLN),
+        "cpu: detected cores");
+}
+
+/* --validate-only builds descriptors and prints; it must not allocate any
+ * model memory (no st_alloc at all). */
+static void test_validate_allocates_nothing(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  set(&cfg, "model.kind=cnn");
+  set(&cfg, "model.channels=[64, 128, 256]");
+  set(&cfg, "model.residual_blocks=2");
+  set(&cfg, "model.norm=groupnorm");
+  set(&cfg, "model.dense=[4096]");
+  FILE *out = tmpfile();
+  st_error err = {0};
+  uint64_t before = st_alloc_count();
+  int rc = st_plan_validate(&cfg, out, &err);
+  uint64_t after = st_alloc_count();
+  CHECK(rc == 0, "validate: %s", err.msg);
+  CHECK(after == before, "validate allocated %llu times",
+        (unsigned long long)(after - before));
+  char text[8192] = {0};
+  rewind(out);
+  size_t n = fread(text, 1, sizeof text - 1, out);
+  text[n] = 0;
+  fclose(out);
+  CHECK(strstr(text, "parameters:") && strstr(text, "FLOPs per sample") &&
+            strstr(text, "optimizer state") && strstr(text, "activations"),
+        "validate output:\n%s", text);
+}
+
+/* The whole pipeline on a config, and the files it writes. */
+static void test_compile_and_write(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  set(&cfg, "model.kind=cnn");
+  set(&cfg, "model.residual_blocks=1");
+  set(&cfg, "model.norm=groupnorm");
+  set(&cfg, "fabric.cores=4");
+  st_plan *p;
+  st_error err = {0};
+  int rc = st_plan_compile(&p, &cfg, 0, &err);
+  CHECK(rc == 0, "compile: %s", err.msg);
+  if (rc)
+    return;
+  CHECK(p->n_blocks == 6 && p->fabric.pes == 4, "blocks %d", p->n_blocks);
+  check_invariants(p, "cnn on cpu:4");
+  CHECK(p->micro_batches == 1 &&
+            fabs(p->util_fill_drain - 1.0 / p->n_stages) < 1e-15,
+        "M = 1: utilization 1/S");
+  char dir[] = "/tmp/strata-compile-XXXXXX", json[64], svg[64];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(json, sizeof json, "%s/plan.json", dir);
+  snprintf(svg, sizeof svg, "%s/plan.svg", dir);
+  CHECK(st_plan_write_json(p, json, &err) == 0, "%s", err.msg);
+  CHECK(st_plan_write_svg(p, svg, &err) == 0, "%s", err.msg);
+  static char text[1 << 16];
+  FILE *f = fopen(json, "rb");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  text[n] = 0;
+  if (f)
+    fclose(f);
+  CHECK(strstr(text, "\"format\": \"strata-plan\"") &&
+            strstr(text, "\"stages\": [") && strstr(text, "\"cause\": ") &&
+            strstr(text, "\"bubble_utilization\""),
+        "plan.json content");
+  f = fopen(svg, "rb");
+  n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  text[n] = 0;
+  if (f)
+    fclose(f);
+  CHECK(strncmp(text, "<svg", 4) == 0 && strstr(text, "</svg>") &&
+            strstr(text, ">S0<"),
+        "plan.svg content");
+  unlink(json);
+  unlink(svg);
+  rmdir(dir);
+  st_plan_destroy(p);
+}
+
+int main(void) {
+  test_partition_cpu_brute_force();
+  test_partition_mesh_brute_force();
+  test_auto_stages();
+  test_placement_snake();
+  test_costs_closed_forms();
+  test_plan_by_hand();
+  test_errors();
+  test_fabrics();
+  test_validate_allocates_nothing();
+  test_compile_and_write();
+  TH_DONE();
+}
