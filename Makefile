@@ -47,7 +47,7 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
-$(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libstrata.a
+$(BUILD)/tests/%: tests/%.c tests/harness.h $(wildcard tests/*/*.h) $(BUILD)/libstrata.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libstrata.a $(LDLIBS)
 

@@ -19,140 +19,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#define FIXTURE_DIR "tests/fixtures/"
 #define REGENERATE "/usr/bin/python3 tests/ref/gen_ops.py"
 
-/* ------------------------------------------------------------ fixtures */
-
-/* Test-side buffers, freed together at the end of each case. */
-static void *owned[512];
-static int n_owned;
-
-static void *keep(void *p) {
-  if (!p || n_owned == (int)(sizeof owned / sizeof owned[0])) {
-    fprintf(stderr, "test_ops: out of memory or owned[] full\n");
-    exit(2);
-  }
-  owned[n_owned++] = p;
-  return p;
-}
-
-static void release_all(void) {
-  while (n_owned)
-    free(owned[--n_owned]);
-}
-
-static float *new_floats(size_t n) {
-  return keep(calloc(n ? n : 1, sizeof(float)));
-}
-
-static double *new_doubles(size_t n) {
-  return keep(calloc(n ? n : 1, sizeof(double)));
-}
-
-static st_safetensors *open_fixture(const char *op) {
-  char path[256];
-  snprintf(path, sizeof path, FIXTURE_DIR "ops_%s.safetensors", op);
-  st_safetensors *st = NULL;
-  st_error err = {0};
-  int rc = st_safetensors_read(&st, path, &err);
-  CHECK(rc == 0, "%s (regenerate with %s)", err.msg, REGENERATE);
-  if (rc)
-    return NULL;
-  const char *version = st_safetensors_meta(st, "strata_fixture");
-  CHECK(version && strcmp(version, "1") == 0,
-        "%s: fixture version %s, expected 1 (regenerate with %s)", path,
-        version ? version : "missing", REGENERATE);
-  return st;
-}
-
-/* A copy of tensor "<case>.<key>" (so alignment is ours), checked for dtype
- * and element count; a missing tensor fails and reads as zeros. */
-static void *fixture_tensor(const st_safetensors *st, const char *case_name,
-                            const char *key, const char *dtype, size_t numel) {
-  char name[160];
-  snprintf(name, sizeof name, "%s.%s", case_name, key);
-  void *copy = keep(calloc(numel ? numel : 1, 4));
-  const st_st_tensor *t = st_safetensors_find(st, name);
-  CHECK(t != NULL, "%s: tensor %s missing", st->path, name);
-  if (!t)
-    return copy;
-  CHECK(strcmp(t->dtype, dtype) == 0, "%s: %s is %s, expected %s", st->path,
-        name, t->dtype, dtype);
-  size_t have = (t->end - t->begin) / 4;
-  CHECK(have == numel, "%s: %s has %zu elements, expected %zu", st->path, name,
-        have, numel);
-  memcpy(copy, st->data + t->begin, 4 * (have < numel ? have : numel));
-  return copy;
-}
-
-static float *fx(const st_safetensors *st, const char *c, const char *key,
-                 size_t numel) {
-  return fixture_tensor(st, c, key, "F32", numel);
-}
-
-static int32_t *fx_i32(const st_safetensors *st, const char *c, const char *key,
-                       size_t numel) {
-  return fixture_tensor(st, c, key, "I32", numel);
-}
-
-static void label(char *buf, size_t cap, const char *op, const char *c,
-                  const char *what) {
-  snprintf(buf, cap, "%s %s %s", op, c, what);
-}
-
-/* --------------------------------------------------- finite differences */
-
-/* A scalar loss L(params) = sum(out * dout) evaluated in double. */
-typedef double (*loss_fn)(void *ctx);
-
-static double dot(const float *a, const float *b, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; i++)
-    s += (double)a[i] * b[i];
-  return s;
-}
-
-/* Central difference of L in element x. The step actually taken is the
- * difference of the two rounded floats, not 2 * eps. */
-static double central_difference(float *x, loss_fn loss, void *ctx, float eps) {
-  float x0 = *x, plus = x0 + eps, minus = x0 - eps;
-  *x = plus;
-  double l_plus = loss(ctx);
-  *x = minus;
-  double l_minus = loss(ctx);
-  *x = x0;
-  return (l_plus - l_minus) / ((double)plus - (double)minus);
-}
-
-/* Finite-difference tolerance. With eps = 1e-2 the truncation error is
- * eps^2 |L'''| / 6 ~ 2e-5 for the smooth ops here (0 for the linear ones);
- * fp32 rounding of the perturbed outputs adds ~sqrt(m) * 6e-8 * |out| over
- * the m affected outputs, divided by the 2e-2 step: ~1e-5. 1e-3 relative to
- * max(1, |g|) leaves a margin of 50x over both. */
-#define FD_EPS 1e-2f
-#define FD_TOL 1e-3
-
-/* Compares analytic gradient g[i] with the central difference for a few
- * elements i of x (first, last, and some in between). */
-static void check_fd(const char *what, float *x, size_t n, const float *g,
-                     loss_fn loss, void *ctx) {
-  size_t picks[5] = {0, n / 3, n / 2, (7 * n) / 9, n - 1};
-  double worst = 0;
-  for (int k = 0; k < 5; k++) {
-    size_t i = picks[k];
-    double fd = central_difference(&x[i], loss, ctx, FD_EPS);
-    double den = fabs((double)g[i]) > 1.0 ? fabs((double)g[i]) : 1.0;
-    double r = fabs(fd - (double)g[i]) / den;
-    CHECK(r <= FD_TOL, "%s[%zu]: finite difference %.7g vs analytic %.7g", what,
-          i, fd, (double)g[i]);
-    if (r > worst)
-      worst = r;
-  }
-  if (getenv("STRATA_TEST_VERBOSE"))
-    fprintf(stderr, "  %-40s max fd diff %.3g (tol %.3g)\n", what, worst,
-            FD_TOL);
-}
+#include "op_fixtures.h"
 
 /* ------------------------------------------------------------- linear */
 
@@ -217,12 +86,12 @@ static void test_linear(void) {
     }
     linear_ctx ctx = {new_floats(nout), in, w, b, dout, B, IC, OC};
     label(what, sizeof what, "linear", c, "fd din");
-    check_fd(what, in, nin, din, linear_loss, &ctx);
+    check_fd(what, in, nin, din, linear_loss, &ctx, 0);
     label(what, sizeof what, "linear", c, "fd dw");
-    check_fd(what, w, nw, dw, linear_loss, &ctx);
+    check_fd(what, w, nw, dw, linear_loss, &ctx, 0);
     if (has_bias) {
       label(what, sizeof what, "linear", c, "fd db");
-      check_fd(what, b, (size_t)OC, db, linear_loss, &ctx);
+      check_fd(what, b, (size_t)OC, db, linear_loss, &ctx, 0);
     }
     release_all();
   }
@@ -289,7 +158,7 @@ static void test_gelu(void) {
                 POINTWISE_FLOOR);
     gelu_ctx ctx = {new_floats(n), in, dout, n, approximate};
     label(what, sizeof what, "gelu", c, "fd din");
-    check_fd(what, in, n, din, gelu_loss, &ctx);
+    check_fd(what, in, n, din, gelu_loss, &ctx, 0);
     release_all();
   }
   st_safetensors_destroy(st);
@@ -344,7 +213,7 @@ static void test_xent(void) {
   /* dlogits = (p - onehot) / B in fp32: two roundings of O(1/B) values. */
   CHECK_CLOSE("xent dlogits", dlogits, fx(st, c, "dlogits", n), n, 1e-6, 1e-6);
   xent_ctx ctx = {new_floats((size_t)B), new_floats(n), logits, labels, B, C};
-  check_fd("xent fd dlogits", logits, n, dlogits, xent_mean_loss, &ctx);
+  check_fd("xent fd dlogits", logits, n, dlogits, xent_mean_loss, &ctx, 0);
   release_all();
   st_safetensors_destroy(st);
 }
@@ -430,22 +299,6 @@ static void naive_conv_backward(double *din, double *dw, double *db,
         }
 }
 
-static float *to_floats(const double *x, size_t n) {
-  float *y = new_floats(n);
-  for (size_t i = 0; i < n; i++)
-    y[i] = (float)x[i];
-  return y;
-}
-
-static float *random_floats(size_t n, uint64_t seed, float scale) {
-  float *x = new_floats(n);
-  st_rng rng;
-  st_rng_init(&rng, seed, ST_RNG_DATA, 0);
-  for (size_t i = 0; i < n; i++)
-    x[i] = scale * st_rng_normal(&rng);
-  return x;
-}
-
 static void test_conv2d_fixtures(void) {
   st_safetensors *st = open_fixture("conv2d");
   if (!st)
@@ -515,12 +368,12 @@ static void test_conv2d_fixtures(void) {
 
     conv_ctx ctx = {s, new_floats(nout), in, w, b, dout, col};
     label(what, sizeof what, "conv2d", c, "fd din");
-    check_fd(what, in, nin, din, conv_loss, &ctx);
+    check_fd(what, in, nin, din, conv_loss, &ctx, 0);
     label(what, sizeof what, "conv2d", c, "fd dw");
-    check_fd(what, w, nw, dw, conv_loss, &ctx);
+    check_fd(what, w, nw, dw, conv_loss, &ctx, 0);
     if (has_bias) {
       label(what, sizeof what, "conv2d", c, "fd db");
-      check_fd(what, b, (size_t)s.OC, db, conv_loss, &ctx);
+      check_fd(what, b, (size_t)s.OC, db, conv_loss, &ctx, 0);
     }
     release_all();
   }
@@ -795,11 +648,11 @@ static void test_layernorm(void) {
                          D,
                          eps};
     label(what, sizeof what, "layernorm", c, "fd din");
-    check_fd(what, in, n, din, layernorm_loss, &ctx);
+    check_fd(what, in, n, din, layernorm_loss, &ctx, 0);
     label(what, sizeof what, "layernorm", c, "fd dw");
-    check_fd(what, w, (size_t)D, dw, layernorm_loss, &ctx);
+    check_fd(what, w, (size_t)D, dw, layernorm_loss, &ctx, 0);
     label(what, sizeof what, "layernorm", c, "fd db");
-    check_fd(what, b, (size_t)D, db, layernorm_loss, &ctx);
+    check_fd(what, b, (size_t)D, db, layernorm_loss, &ctx, 0);
     release_all();
   }
   st_safetensors_destroy(st);
@@ -864,11 +717,11 @@ static void test_groupnorm(void) {
                          G,
                          eps};
     label(what, sizeof what, "groupnorm", c, "fd din");
-    check_fd(what, in, n, din, groupnorm_loss, &ctx);
+    check_fd(what, in, n, din, groupnorm_loss, &ctx, 0);
     label(what, sizeof what, "groupnorm", c, "fd dw");
-    check_fd(what, w, (size_t)C, dw, groupnorm_loss, &ctx);
+    check_fd(what, w, (size_t)C, dw, groupnorm_loss, &ctx, 0);
     label(what, sizeof what, "groupnorm", c, "fd db");
-    check_fd(what, b, (size_t)C, db, groupnorm_loss, &ctx);
+    check_fd(what, b, (size_t)C, db, groupnorm_loss, &ctx, 0);
     release_all();
   }
   st_safetensors_destroy(st);
