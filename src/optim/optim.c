@@ -11,100 +11,15 @@
 #include <math.h>
 #include <string.h>
 
-void st_sgd_update(float *restrict w, float *restrict v,
-                   const float *restrict g, size_t n, float lr, float momentum,
-                   int nesterov, float weight_decay, int first_step) {
-  for (size_t i = 0; i < n; i++) {
-    float d = g[i];
-    if (weight_decay != 0.0f) d = d + weight_decay * w[i];
-    if (momentum != 0.0f) {
-      /* torch starts the buffer as a copy of the first gradient */
-      v[i] = first_step ? d : momentum * v[i] + d;
-      d = nesterov ? d + momentum * v[i] : v[i];
-    }
-    w[i] = w[i] - lr * d;
-  }
-}
-
-void st_adamw_update(float *restrict w, float *restrict m, float *restrict v,
-                     const float *restrict g, size_t n, float lr, float beta1,
-                     float beta2, float eps, float weight_decay, int64_t t) {
-  float decay = 1.0f - lr * weight_decay;
-  float bc1 = 1.0f - powf(beta1, (float)t);
-  float bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
-  float step_size = lr / bc1;
-  for (size_t i = 0; i < n; i++) {
-    w[i] *= decay;
-    m[i] = m[i] * beta1 + (1.0f - beta1) * g[i];
-    v[i] = v[i] * beta2 + (1.0f - beta2) * (g[i] * g[i]);
-    float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-    w[i] = w[i] - step_size * (m[i] / denom);
-  }
-}
-
-/* The slab step's inner loops: the reference rules above, plus clearing
- * each gradient element once used, in the same pass (a separate memset was
- * 10% of a batch-1 step). Same arithmetic, so the same bits. */
-static void sgd_and_clear(float *restrict w, float *restrict v,
-                          float *restrict g, size_t n, float lr,
-                          float momentum, int nesterov, float weight_decay,
-                          int first_step) {
-  for (size_t i = 0; i < n; i++) {
-    float d = g[i];
-    g[i] = 0.0f;
-    if (weight_decay != 0.0f) d = d + weight_decay * w[i];
-    if (momentum != 0.0f) {
-      v[i] = first_step ? d : momentum * v[i] + d;
-      d = nesterov ? d + momentum * v[i] : v[i];
-    }
-    w[i] = w[i] - lr * d;
-  }
-}
-
-static void adamw_and_clear(float *restrict w, float *restrict m,
-                            float *restrict v, float *restrict g, size_t n,
-                            float lr, float beta1, float beta2, float eps,
-                            float weight_decay, int64_t t) {
-  float decay = 1.0f - lr * weight_decay;
-  float bc1 = 1.0f - powf(beta1, (float)t);
-  float bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
-  float step_size = lr / bc1;
-  for (size_t i = 0; i < n; i++) {
-    float gi = g[i];
-    g[i] = 0.0f;
-    w[i] *= decay;
-    m[i] = m[i] * beta1 + (1.0f - beta1) * gi;
-    v[i] = v[i] * beta2 + (1.0f - beta2) * (gi * gi);
-    float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-    w[i] = w[i] - step_size * (m[i] / denom);
-  }
-}
-
-void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,
-                        int64_t step) {
-  memset(r, 0, sizeof *r);
-  r->adamw = strcmp(cfg->optimizer.kind, "adamw") == 0;
-  r->lr = lr;
-  r->weight_decay = cfg->optimizer.weight_decay;
-  r->momentum = cfg->optimizer.momentum;
-  r->nesterov = cfg->optimizer.nesterov;
-  r->first_step = step == 0;
-  r->beta1 = cfg->optimizer.beta1;
-  r->beta2 = cfg->optimizer.beta2;
-  r->eps = cfg->optimizer.eps;
-  /* the same expressions, in the same order, as st_adamw_update */
-  float t = (float)(step + 1);
-  r->decay = 1.0f - lr * r->weight_decay;
-  r->bc2_sqrt = sqrtf(1.0f - powf(r->beta2, t));
-  r->step_size = lr / (1.0f - powf(r->beta1, t));
-}
-
-/* One element of each rule, as the loops above compute it. */
+/* The rules, once, one element at a time. Every path below — the
+ * reference calls, the chunked slab step and the fused batch-1 update —
+ * runs these, so they agree bit for bit by construction. */
 static inline void sgd_one(const st_optim_rule *r, float *w, float *v,
                            float g) {
   float d = g;
   if (r->weight_decay != 0.0f) d = d + r->weight_decay * *w;
   if (r->momentum != 0.0f) {
+    /* torch starts the buffer as a copy of the first gradient */
     *v = r->first_step ? d : r->momentum * *v + d;
     d = r->nesterov ? d + r->momentum * *v : *v;
   }
@@ -120,63 +35,112 @@ static inline void adamw_one(const st_optim_rule *r, float *w, float *m,
   *w = *w - r->step_size * (*m / denom);
 }
 
-void st_optim_update_vec(const st_optim_rule *r, float *restrict w,
-                         float *restrict s0, float *restrict s1,
-                         const float *restrict g, size_t n) {
-  if (r->adamw)
-    for (size_t i = 0; i < n; i++) adamw_one(r, &w[i], &s0[i], &s1[i], g[i]);
-  else
-    for (size_t i = 0; i < n; i++) sgd_one(r, &w[i], &s0[i], g[i]);
+/* AdamW's per-step constants, in torch's order of operations. */
+static void adamw_constants(st_optim_rule *r, int64_t t) {
+  r->decay = 1.0f - r->lr * r->weight_decay;
+  r->bc2_sqrt = sqrtf(1.0f - powf(r->beta2, (float)t));
+  r->step_size = r->lr / (1.0f - powf(r->beta1, (float)t));
 }
 
-void st_optim_update_outer(const st_optim_rule *r, float *restrict w,
+void st_sgd_update(float *restrict w, float *restrict v,
+                   const float *restrict g, size_t n, float lr, float momentum,
+                   int nesterov, float weight_decay, int first_step) {
+  const st_optim_rule r = {.nesterov = nesterov, .first_step = first_step,
+                           .lr = lr, .momentum = momentum,
+                           .weight_decay = weight_decay};
+  for (size_t i = 0; i < n; i++) sgd_one(&r, &w[i], &v[i], g[i]);
+}
+
+void st_adamw_update(float *restrict w, float *restrict m, float *restrict v,
+                     const float *restrict g, size_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int64_t t) {
+  st_optim_rule r = {.adamw = 1, .lr = lr, .weight_decay = weight_decay,
+                     .beta1 = beta1, .beta2 = beta2, .eps = eps};
+  adamw_constants(&r, t);
+  for (size_t i = 0; i < n; i++) adamw_one(&r, &w[i], &m[i], &v[i], g[i]);
+}
+
+void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,
+                        int64_t step) {
+  memset(r, 0, sizeof *r);
+  r->adamw = strcmp(cfg->optimizer.kind, "adamw") == 0;
+  r->lr = lr;
+  r->weight_decay = cfg->optimizer.weight_decay;
+  r->momentum = cfg->optimizer.momentum;
+  r->nesterov = cfg->optimizer.nesterov;
+  r->first_step = step == 0;
+  r->beta1 = cfg->optimizer.beta1;
+  r->beta2 = cfg->optimizer.beta2;
+  r->eps = cfg->optimizer.eps;
+  adamw_constants(r, step + 1);
+}
+
+void st_optim_update_vec(const st_optim_rule *rule, float *restrict w,
+                         float *restrict s0, float *restrict s1,
+                         const float *restrict g, size_t n) {
+  const st_optim_rule r = *rule; /* a local copy: provably not aliased */
+  if (r.adamw)
+    for (size_t i = 0; i < n; i++) adamw_one(&r, &w[i], &s0[i], &s1[i], g[i]);
+  else
+    for (size_t i = 0; i < n; i++) sgd_one(&r, &w[i], &s0[i], g[i]);
+}
+
+void st_optim_update_outer(const st_optim_rule *rule, float *restrict w,
                            float *restrict s0, float *restrict s1,
                            const float *restrict dy, const float *restrict x,
                            int OC, int IC) {
+  const st_optim_rule r = *rule;
   for (int o = 0; o < OC; o++) {
     const float d = dy[o];
     float *wr = w + (size_t)o * IC, *ar = s0 + (size_t)o * IC;
-    if (r->adamw) {
+    if (r.adamw) {
       float *br = s1 + (size_t)o * IC;
-      for (int i = 0; i < IC; i++) adamw_one(r, &wr[i], &ar[i], &br[i], d * x[i]);
+      for (int i = 0; i < IC; i++) adamw_one(&r, &wr[i], &ar[i], &br[i], d * x[i]);
     } else {
-      for (int i = 0; i < IC; i++) sgd_one(r, &wr[i], &ar[i], d * x[i]);
+      for (int i = 0; i < IC; i++) sgd_one(&r, &wr[i], &ar[i], d * x[i]);
     }
   }
 }
 
 /* 16K floats: 64 KB per array, so a chunk's weights, gradients and state
- * stay in L2 while it is updated and zeroed. */
+ * stay in L2 while it is updated; each gradient element is cleared in the
+ * same pass (a separate memset was 10% of a batch-1 step). */
 enum { CHUNK = 1 << 14 };
 
 typedef struct step_job {
-  const st_config *cfg;
+  st_optim_rule rule;
   float *w, *g, *s0, *s1;
   size_t n;
-  float lr;
-  int64_t step;
-  int adamw;
 } step_job;
 
 static void step_chunk(void *arg, int task) {
   const step_job *j = arg;
+  const st_optim_rule r = j->rule;
   size_t lo = (size_t)task * CHUNK, len = j->n - lo < CHUNK ? j->n - lo : CHUNK;
-  const st_config *c = j->cfg;
-  if (j->adamw)
-    adamw_and_clear(j->w + lo, j->s0 + lo, j->s1 + lo, j->g + lo, len, j->lr,
-                    c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
-                    c->optimizer.weight_decay, j->step + 1);
-  else
-    sgd_and_clear(j->w + lo, j->s0 + lo, j->g + lo, len, j->lr,
-                  c->optimizer.momentum, c->optimizer.nesterov,
-                  c->optimizer.weight_decay, j->step == 0);
+  float *restrict w = j->w + lo, *restrict g = j->g + lo;
+  float *restrict s0 = j->s0 + lo;
+  if (r.adamw) {
+    float *restrict s1 = j->s1 + lo;
+    for (size_t i = 0; i < len; i++) {
+      float gi = g[i];
+      g[i] = 0.0f;
+      adamw_one(&r, &w[i], &s0[i], &s1[i], gi);
+    }
+  } else {
+    for (size_t i = 0; i < len; i++) {
+      float gi = g[i];
+      g[i] = 0.0f;
+      sgd_one(&r, &w[i], &s0[i], gi);
+    }
+  }
 }
 
 void st_optim_step_range(st_pool *pool, const st_config *cfg, float *params,
                          float *grads, float *opt, size_t slot_stride,
                          size_t n, float lr, int64_t step) {
-  step_job j = {cfg, params, grads, opt, opt + slot_stride, n, lr, step,
-                strcmp(cfg->optimizer.kind, "adamw") == 0};
+  step_job j = {.w = params, .g = grads, .s0 = opt, .s1 = opt + slot_stride,
+                .n = n};
+  st_optim_rule_init(&j.rule, cfg, lr, step);
   st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), step_chunk, &j);
 }
 
