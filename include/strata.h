@@ -794,9 +794,10 @@ int st_trainer_run(st_trainer *t, st_error *err);
 /* Loss and accuracy over the test set. */
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err);
-/* The last evaluation st_trainer_run made (at the final step); returns 0 if
- * there was one. */
-int st_trainer_last_eval(const st_trainer *t, double *loss, double *accuracy);
+/* The last evaluation st_trainer_run made (at the final step) and the run's
+ * training rate; returns 0 if there was one. samples_per_s may be NULL. */
+int st_trainer_last_eval(const st_trainer *t, double *loss, double *accuracy,
+                         double *samples_per_s);
 int st_trainer_save(st_trainer *t, const char *path, st_error *err);
 /* weights_only: load weights, keep optimizer state and position. */
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,

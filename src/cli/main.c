@@ -146,6 +146,26 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
   return 0;
 }
 
+/* Compiles cfg and writes DIR/plan.json and DIR/plan.svg; prints one line. */
+static int compile_into(st_plan **plan, const st_config *cfg, int stages,
+                        const char *dir, st_error *err) {
+  char json[ST_PATH_MAX + 16], svg[ST_PATH_MAX + 16];
+  snprintf(json, sizeof json, "%s/plan.json", dir);
+  snprintf(svg, sizeof svg, "%s/plan.svg", dir);
+  int rc = st_plan_compile(plan, cfg, stages, err);
+  if (!rc) rc = st_plan_write_json(*plan, json, err);
+  if (!rc) rc = st_plan_write_svg(*plan, svg, err);
+  if (rc) {
+    st_plan_destroy(*plan);
+    *plan = NULL;
+    return rc;
+  }
+  printf("strata: plan: %d stage%s on %s; wrote %s and plan.svg\n",
+         (*plan)->n_stages, (*plan)->n_stages == 1 ? "" : "s",
+         (*plan)->fabric.name, json);
+  return 0;
+}
+
 static void default_out(char *out, size_t cap, const char *config) {
   const char *base = strrchr(config, '/');
   base = base ? base + 1 : config;
@@ -195,17 +215,30 @@ static int cmd_train(int argc, char **argv) {
     printf("strata: resumed from %s at step %lld\n", ck,
            (long long)st_trainer_pos(t)->step);
   }
+  /* Compile first (DESIGN.md): the plan the run follows — one stage for the
+   * sequential mode — beside the run's other files. A plan that cannot be
+   * made does not stop a sequential run; it is reported. */
+  st_plan *plan = NULL;
+  int one_stage = strcmp(cfg.execution.mode, "sequential") == 0;
+  if (compile_into(&plan, &cfg, one_stage ? 1 : 0, out, &err))
+    fprintf(stderr, "strata: warning: no plan: %s\n", err.msg);
   fflush(stdout);
   rc = st_trainer_run(t, &err);
   if (rc) {
     st_trainer_destroy(t);
     return fail(&err);
   }
-  double loss, acc;
-  if (st_trainer_last_eval(t, &loss, &acc) == 0)
+  double loss, acc, rate = 0;
+  if (st_trainer_last_eval(t, &loss, &acc, &rate) == 0)
     printf("strata: done: %lld steps, test accuracy %.4f, test loss %.4f; "
            "wrote %s\n",
            (long long)st_trainer_pos(t)->step, acc, loss, out);
+  if (plan)
+    printf("strata: training rate: measured %.0f samples/s, plan predicted "
+           "%.0f (%s%s)\n",
+           rate, plan->throughput, plan->fabric.name,
+           plan->fabric.estimated ? ", uncalibrated estimate" : "");
+  st_plan_destroy(plan);
   st_trainer_destroy(t);
   return 0;
 }

@@ -89,6 +89,7 @@ const st_config *st_trainer_config(const st_trainer *t);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */
 int64_t st_trainer_steps_per_epoch(const st_trainer *t);
 int st_trainer_threads(const st_trainer *t); /* resolved from train.threads */
-void st_trainer_note_eval(st_trainer *t, double loss, double accuracy);
+void st_trainer_note_result(st_trainer *t, double loss, double accuracy,
+                            double samples_per_s);
 
 #endif

@@ -210,7 +210,7 @@ int st_trainer_run(st_trainer *t, st_error *err) {
   if (!rc && r.window_n) log_train(&r);
   if (!rc) progress(&r, 1);
   if (!rc && r.evaluated_at != st_trainer_pos(t)->step) rc = evaluate(&r, err);
-  if (!rc) st_trainer_note_eval(t, r.test_loss, r.test_acc);
+  if (!rc) st_trainer_note_result(t, r.test_loss, r.test_acc, samples_per_s(&r));
   if (!rc) rc = checkpoint(&r, err);
   if (!rc) rc = write_summary(&r, err);
   if (r.metrics) fclose(r.metrics);

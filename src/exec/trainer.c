@@ -33,6 +33,7 @@ struct st_trainer {
   int batch, micro_batch, eval_batch;
   int evaluated;              /* st_trainer_note_eval was called */
   double eval_loss, eval_acc; /* the run's final evaluation */
+  double samples_per_s;       /* and its training rate */
   int64_t total_steps, steps_per_epoch;
   st_train_pos pos;
 };
@@ -449,15 +450,19 @@ int64_t st_trainer_steps_per_epoch(const st_trainer *t) {
 }
 int st_trainer_threads(const st_trainer *t) { return st_pool_threads(t->pool); }
 
-void st_trainer_note_eval(st_trainer *t, double loss, double accuracy) {
+void st_trainer_note_result(st_trainer *t, double loss, double accuracy,
+                            double samples_per_s) {
   t->evaluated = 1;
   t->eval_loss = loss;
   t->eval_acc = accuracy;
+  t->samples_per_s = samples_per_s;
 }
 
-int st_trainer_last_eval(const st_trainer *t, double *loss, double *accuracy) {
+int st_trainer_last_eval(const st_trainer *t, double *loss, double *accuracy,
+                         double *samples_per_s) {
   if (!t->evaluated) return -1;
   *loss = t->eval_loss;
   *accuracy = t->eval_acc;
+  if (samples_per_s) *samples_per_s = t->samples_per_s;
   return 0;
 }

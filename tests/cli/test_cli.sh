@@ -198,7 +198,7 @@ run train "$fc" "${small[@]}" --out "$run_dir"
 if [ "$rc" -eq 0 ] && [ -z "$err" ]; then pass; else
   fail "tiny training run" "rc=$rc" "$out" "$err"
 fi
-for f in config.yaml metrics.jsonl summary.json; do
+for f in config.yaml metrics.jsonl summary.json plan.json plan.svg; do
   if [ -s "$run_dir/$f" ]; then pass; else fail "run wrote $f" "$(ls -la "$run_dir")"; fi
 done
 valid_jsonl "metrics.jsonl" "$run_dir/metrics.jsonl"
