@@ -14,17 +14,15 @@ gen_ops.py: inputs and dout are drawn in float32, PyTorch computes in float64
 from them and the results are rounded once to float32, so every difference
 the C test reports is the C kernel's own fp32 rounding.
 """
-import json
 import math
 import os
-import struct
 import sys
 import zlib
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_ops  # noqa: E402
 from gen_ops import Case, leaf, randn  # noqa: E402  (same helpers, same rules)
 
 FIXTURE_VERSION = "1"
@@ -33,36 +31,7 @@ OUT_DIR = os.path.join("tests", "fixtures")
 
 def write_safetensors(path, tensors):
     """gen_ops.py's writer, with this script named as the generator."""
-    header = {
-        "__metadata__": {
-            "strata_fixture": FIXTURE_VERSION,
-            "generator": "tests/ref/gen_gpt_ops.py",
-            "torch": torch.__version__,
-            "reference": "float64 computation rounded to float32",
-        }
-    }
-    blobs, offset = [], 0
-    for name, array in tensors:
-        if array.dtype == np.float32:
-            dtype, raw = "F32", array.astype("<f4").tobytes()
-        elif array.dtype == np.int32:
-            dtype, raw = "I32", array.astype("<i4").tobytes()
-        else:
-            raise TypeError(f"{name}: unsupported dtype {array.dtype}")
-        header[name] = {"dtype": dtype, "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for raw in blobs:
-            f.write(raw)
-    os.replace(tmp, path)
-    return 8 + len(text) + offset
+    return gen_ops.write_safetensors(path, tensors, "tests/ref/gen_gpt_ops.py")
 
 
 def gen_embedding():

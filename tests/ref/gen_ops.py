@@ -36,12 +36,13 @@ FIXTURE_VERSION = "1"
 OUT_DIR = os.path.join("tests", "fixtures")
 
 
-def write_safetensors(path, tensors):
-    """tensors: list of (name, numpy array of float32 or int32)."""
+def write_safetensors(path, tensors, generator="tests/ref/gen_ops.py"):
+    """tensors: list of (name, numpy array of float32 or int32); generator
+    names the script in the file's metadata."""
     header = {
         "__metadata__": {
             "strata_fixture": FIXTURE_VERSION,
-            "generator": "tests/ref/gen_ops.py",
+            "generator": generator,
             "torch": torch.__version__,
             "reference": "float64 computation rounded to float32",
         }
