@@ -264,6 +264,9 @@ void st_xent_forward(float *losses, float *probs, const float *logits,
                      const int *labels, int B, int C);
 void st_xent_backward(float *dlogits, const float *probs, const int *labels,
                       int B, int C, float scale);
+/* Per sample over C classes: max, exp, sum, log, normalise (~5C flops);
+ * backward C subtractions and scalings; keeps the C probabilities. */
+st_cost st_xent_cost(int C);
 
 /* conv2d, square kernel K, stride S, zero padding P; (B, IC, H, W) ->
  * (B, OC, OH, OW), OH = (H + 2P - K) / S + 1. col is scratch of

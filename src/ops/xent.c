@@ -33,3 +33,12 @@ void st_xent_backward(float *dlogits, const float *probs, const int *labels,
     d[labels[s]] -= scale;
   }
 }
+
+st_cost st_xent_cost(int C) {
+  st_cost c;
+  c.flops_fwd = 5.0 * C + 2.0; /* max, subtract+exp, sum, log, normalise */
+  c.flops_bwd = 2.0 * C;       /* (p - onehot) * scale */
+  c.param_bytes = 0;
+  c.act_bytes = 4.0 * C + 4.0; /* probabilities and the loss */
+  return c;
+}

@@ -487,6 +487,15 @@ done:
   st_pool_destroy(pools[2]);
 }
 
+static void test_xent_cost(void) {
+  /* 10 classes: 5*10 + 2 forward, 2*10 backward, 10 probabilities + loss. */
+  st_cost c = st_xent_cost(10);
+  CHECK(c.flops_fwd == 52 && c.flops_bwd == 20 && c.param_bytes == 0 &&
+            c.act_bytes == 44,
+        "xent cost %g %g %g %g", c.flops_fwd, c.flops_bwd, c.param_bytes,
+        c.act_bytes);
+}
+
 static void test_conv2d_cost(void) {
   /* 28x28x1 -> 32 channels, K=3 'same': 2 * 32*9*784 MACs + 32*784 bias. */
   st_cost c = st_conv2d_cost(1, 28, 28, 32, 3, 1, 1);
@@ -851,6 +860,7 @@ int main(void) {
   test_conv2d_naive();
   test_conv2d_determinism();
   test_conv2d_cost();
+  test_xent_cost();
   test_maxpool();
   test_maxpool_special();
   test_avgpool();
