@@ -26,56 +26,111 @@ static float *grad(const st_block *b, float *slab, int t) {
   return t < 0 ? NULL : slab + b->tensors[t].offset;
 }
 
-static void layer_forward(const st_block *b, const st_layer *L,
-                          const st_ctx *ctx, const float *params,
-                          const float *block_in, const float *x, float *acts,
-                          float *scratch, int B) {
-  float *y = (float *)layer_out(L, acts, B);
+/* Per-sample layers (everything but linear and conv, which parallelise
+ * inside their GEMMs) run on the stage's pool in chunks of samples whose
+ * size depends only on the layer's shape. Each sample's result depends on
+ * that sample alone, so any thread count gives the same bits. */
+enum { CHUNK_FLOATS = 1 << 15 };
+
+static int rows_per_task(const st_layer *L) {
+  size_t n = st_shape_numel(L->out);
+  return n >= CHUNK_FLOATS ? 1 : (int)((CHUNK_FLOATS + n - 1) / n);
+}
+
+/* Forward of a per-sample layer on samples [s0, s0 + cnt) of a batch of B
+ * (B locates the saved-state arrays, which are laid out per batch). */
+static void forward_rows(const st_block *b, const st_layer *L,
+                         const st_ctx *ctx, const float *params,
+                         const float *block_in, const float *x, float *acts,
+                         int B, int s0, int cnt) {
+  size_t n_in = st_shape_numel(L->in), n_out = st_shape_numel(L->out);
+  float *y = (float *)layer_out(L, acts, B) + (size_t)s0 * n_out;
   float *save = layer_save(L, acts, B);
   const float *w = param(b, params, L->w_tensor);
   const float *bias = param(b, params, L->b_tensor);
-  size_t n_in = st_shape_numel(L->in), n = (size_t)B * st_shape_numel(L->out);
+  size_t n = (size_t)cnt * n_out;
+  x += (size_t)s0 * n_in;
   switch (L->kind) {
-  case ST_OP_LINEAR:
-    st_linear_forward(ctx->pool, y, x, w, bias, B, (int)n_in, L->out.c);
-    break;
   case ST_OP_RELU:
     st_relu_forward(y, x, n);
     break;
   case ST_OP_GELU:
     st_gelu_forward(y, x, n, L->approximate);
     break;
-  case ST_OP_CONV2D:
-    st_conv2d_forward(ctx->pool, y, x, w, bias, scratch, B, L->in.c, L->in.h,
-                      L->in.w, L->out.c, L->k, L->stride, L->pad);
-    break;
   case ST_OP_MAXPOOL:
-    st_maxpool_forward(y, (int32_t *)save, x, B, L->in.c, L->in.h, L->in.w,
-                       L->k, L->stride);
+    st_maxpool_forward(y, (int32_t *)save + (size_t)s0 * n_out, x, cnt,
+                       L->in.c, L->in.h, L->in.w, L->k, L->stride);
     break;
   case ST_OP_AVGPOOL:
-    st_avgpool_forward(y, x, B, L->in.c, L->in.h, L->in.w, L->k, L->stride);
+    st_avgpool_forward(y, x, cnt, L->in.c, L->in.h, L->in.w, L->k, L->stride);
     break;
   case ST_OP_FLATTEN:
     memcpy(y, x, n * sizeof *y);
     break;
   case ST_OP_LAYERNORM:
-    st_layernorm_forward(y, save, save + B, x, w, bias, B, (int)n_in, L->eps);
+    st_layernorm_forward(y, save + s0, save + B + s0, x, w, bias, cnt,
+                         (int)n_in, L->eps);
     break;
-  case ST_OP_GROUPNORM:
-    st_groupnorm_forward(y, save, save + (size_t)B * L->groups, x, w, bias, B,
-                         L->in.c, L->in.h * L->in.w, L->groups, L->eps);
+  case ST_OP_GROUPNORM: {
+    size_t G = (size_t)L->groups;
+    st_groupnorm_forward(y, save + s0 * G, save + (size_t)B * G + s0 * G, x,
+                         w, bias, cnt, L->in.c, L->in.h * L->in.w, L->groups,
+                         L->eps);
     break;
-  case ST_OP_RESIDUAL:
-    for (size_t i = 0; i < n; i++) y[i] = x[i] + block_in[i];
+  }
+  case ST_OP_RESIDUAL: {
+    const float *skip = block_in + (size_t)s0 * n_out;
+    for (size_t i = 0; i < n; i++) y[i] = x[i] + skip[i];
     break;
+  }
   case ST_OP_DROPOUT:
     if (ctx->training)
-      st_dropout_forward(y, save, x, B, n_in, L->p, ctx->seed, L->id,
-                         ctx->first_sample);
+      st_dropout_forward(y, save + (size_t)s0 * n_out, x, cnt, n_in, L->p,
+                         ctx->seed, L->id, ctx->first_sample + (uint64_t)s0);
     else
       memcpy(y, x, n * sizeof *y);
     break;
+  case ST_OP_LINEAR:
+  case ST_OP_CONV2D:
+    break; /* not per-sample: see layer_forward */
+  }
+}
+
+typedef struct rows_job {
+  const st_block *b;
+  const st_layer *L;
+  const st_ctx *ctx;
+  const float *params, *block_in, *x;
+  float *acts;
+  const float *g; /* backward: output gradient */
+  float *dx;      /* backward: input gradient */
+  int B, rows;
+} rows_job;
+
+static void forward_task(void *arg, int task) {
+  const rows_job *j = arg;
+  int s0 = task * j->rows, cnt = j->B - s0 < j->rows ? j->B - s0 : j->rows;
+  forward_rows(j->b, j->L, j->ctx, j->params, j->block_in, j->x, j->acts,
+               j->B, s0, cnt);
+}
+
+static void layer_forward(const st_block *b, const st_layer *L,
+                          const st_ctx *ctx, const float *params,
+                          const float *block_in, const float *x, float *acts,
+                          float *scratch, int B) {
+  float *y = (float *)layer_out(L, acts, B);
+  const float *w = param(b, params, L->w_tensor);
+  const float *bias = param(b, params, L->b_tensor);
+  if (L->kind == ST_OP_LINEAR) {
+    st_linear_forward(ctx->pool, y, x, w, bias, B,
+                      (int)st_shape_numel(L->in), L->out.c);
+  } else if (L->kind == ST_OP_CONV2D) {
+    st_conv2d_forward(ctx->pool, y, x, w, bias, scratch, B, L->in.c, L->in.h,
+                      L->in.w, L->out.c, L->k, L->stride, L->pad);
+  } else {
+    rows_job j = {b, L, ctx, params, block_in, x, acts, NULL, NULL, B,
+                  rows_per_task(L)};
+    st_pool_for(ctx->pool, (B + j.rows - 1) / j.rows, forward_task, &j);
   }
 }
 
@@ -97,17 +152,60 @@ int st_layer_fuses_update(const st_layer *L, const st_ctx *ctx, int B) {
   return ctx->fused && B == 1 && L->kind == ST_OP_LINEAR;
 }
 
+/* Backward of a per-sample layer on samples [s0, s0 + cnt). */
+static void backward_rows(const st_layer *L, const st_ctx *ctx,
+                          const float *x, const float *acts, const float *g,
+                          float *dx, int B, int s0, int cnt) {
+  size_t n_in = st_shape_numel(L->in), n_out = st_shape_numel(L->out);
+  const float *y = layer_out(L, acts, B) + (size_t)s0 * n_out;
+  const float *save = acts + L->save_off * (size_t)B;
+  size_t n = (size_t)cnt * n_out;
+  x += (size_t)s0 * n_in;
+  g += (size_t)s0 * n_out;
+  dx += (size_t)s0 * n_in;
+  switch (L->kind) {
+  case ST_OP_RELU:
+    st_relu_backward(dx, g, y, n);
+    break;
+  case ST_OP_GELU:
+    st_gelu_backward(dx, g, x, n, L->approximate);
+    break;
+  case ST_OP_MAXPOOL:
+    st_maxpool_backward(dx, g, (const int32_t *)save + (size_t)s0 * n_out, cnt,
+                        L->in.c, L->in.h, L->in.w, L->k, L->stride);
+    break;
+  case ST_OP_AVGPOOL:
+    st_avgpool_backward(dx, g, cnt, L->in.c, L->in.h, L->in.w, L->k,
+                        L->stride);
+    break;
+  case ST_OP_DROPOUT:
+    if (ctx->training)
+      st_dropout_backward(dx, g, save + (size_t)s0 * n_out, n);
+    else /* without training dropout is the identity */
+      memcpy(dx, g, n * sizeof *dx);
+    break;
+  default: /* flatten, residual (its skip half is the caller's) */
+    memcpy(dx, g, n * sizeof *dx);
+    break;
+  }
+}
+
+static void backward_task(void *arg, int task) {
+  const rows_job *j = arg;
+  int s0 = task * j->rows, cnt = j->B - s0 < j->rows ? j->B - s0 : j->rows;
+  backward_rows(j->L, j->ctx, j->x, j->acts, j->g, j->dx, j->B, s0, cnt);
+}
+
 /* Computes the gradient of one layer. dx may be NULL only for layers whose
  * kernels accept it (linear, conv2d); the caller guarantees that. */
 static void layer_backward(const st_block *b, const st_layer *L,
                            const st_ctx *ctx, const float *params,
                            float *grads, const float *x, const float *acts,
                            const float *g, float *dx, float *scratch, int B) {
-  const float *y = layer_out(L, acts, B);
   const float *save = acts + L->save_off * (size_t)B;
   const float *w = param(b, params, L->w_tensor);
   float *dw = grad(b, grads, L->w_tensor), *db = grad(b, grads, L->b_tensor);
-  size_t n_in = st_shape_numel(L->in), n = (size_t)B * st_shape_numel(L->out);
+  size_t n_in = st_shape_numel(L->in);
   switch (L->kind) {
   case ST_OP_LINEAR:
     if (st_layer_fuses_update(L, ctx, B)) {
@@ -130,27 +228,22 @@ static void layer_backward(const st_block *b, const st_layer *L,
     st_linear_backward(ctx->pool, dx, dw, db, g, x, w, B, (int)n_in,
                        L->out.c);
     break;
-  case ST_OP_RELU:
-    st_relu_backward(dx, g, y, n);
-    break;
-  case ST_OP_GELU:
-    st_gelu_backward(dx, g, x, n, L->approximate);
-    break;
   case ST_OP_CONV2D:
     st_conv2d_backward(ctx->pool, dx, dw, db, g, x, w, scratch, B, L->in.c,
                        L->in.h, L->in.w, L->out.c, L->k, L->stride, L->pad);
     break;
+  case ST_OP_RELU:
+  case ST_OP_GELU:
   case ST_OP_MAXPOOL:
-    st_maxpool_backward(dx, g, (const int32_t *)save, B, L->in.c, L->in.h,
-                        L->in.w, L->k, L->stride);
-    break;
   case ST_OP_AVGPOOL:
-    st_avgpool_backward(dx, g, B, L->in.c, L->in.h, L->in.w, L->k, L->stride);
-    break;
   case ST_OP_FLATTEN:
   case ST_OP_RESIDUAL: /* the skip half is handled by the caller */
-    memcpy(dx, g, n * sizeof *dx);
+  case ST_OP_DROPOUT: {
+    rows_job j = {b, L, ctx, params, NULL, x, (float *)acts, g, dx, B,
+                  rows_per_task(L)};
+    st_pool_for(ctx->pool, (B + j.rows - 1) / j.rows, backward_task, &j);
     break;
+  }
   case ST_OP_LAYERNORM:
     st_layernorm_backward(dx, dw, db, g, x, w, save, save + B, B, (int)n_in);
     break;
@@ -158,12 +251,6 @@ static void layer_backward(const st_block *b, const st_layer *L,
     st_groupnorm_backward(dx, dw, db, g, x, w, save,
                           save + (size_t)B * L->groups, B, L->in.c,
                           L->in.h * L->in.w, L->groups);
-    break;
-  case ST_OP_DROPOUT:
-    if (ctx->training)
-      st_dropout_backward(dx, g, save, n);
-    else
-      memcpy(dx, g, n * sizeof *dx);
     break;
   }
 }
