@@ -650,6 +650,13 @@ typedef struct st_fabric {
   double fabric_bandwidth;  /* bytes/s, whole fabric (reported, not modelled) */
   int estimated;            /* 1: built-in figures, not calibrated */
   char source[320];         /* where the figures come from */
+  /* cpu with a calibration profile (st_calibration): GEMM work is timed at
+   * gemm_rate[class] per core and the single-threaded ops at their measured
+   * bandwidth, instead of every FLOP at pe_flops. */
+  int calibrated;
+  char calibrated_at[32];   /* the profile's date, "2026-11-22T23:40:00Z" */
+  double gemm_rate[4];      /* FLOP/s of one core, by st_gemm_class */
+  double op_bandwidth[4];   /* bytes/s, one thread, by st_op_class */
 } st_fabric;
 
 /* Writes a --fabric spec — "cpu", "cpu:N", "mesh:WxH" or "wse2" — into
@@ -661,10 +668,61 @@ int st_fabric_parse(st_config *cfg, const char *spec, st_error *err);
  * set explicitly overrides the built-in figure of every kind. */
 int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err);
 
+/* GEMM shape classes, by volume M*N*K of one st_gemm call: calibration
+ * measures one representative shape per class (docs/compiler.md). */
+#define ST_GEMM_CLASSES 4
+int st_gemm_class(double M, double N, double K);
+const char *st_gemm_class_name(int cls);
+/* The single-threaded ops, timed by the bytes they move: 0 pointwise (relu,
+ * gelu, dropout, residual, flatten, softmax-xent), 1 norm (groupnorm,
+ * layernorm), 2 pool, 3 optimizer update. */
+#define ST_OP_CLASSES 4
+const char *st_op_class_name(int cls);
+
+/* A calibration profile: this machine's kernel rates, measured by `strata
+ * bench --calibrate` and stored as JSON (format "strata-calibration",
+ * version 1) at $STRATA_CALIBRATION or ~/.cache/strata/calibration.json. */
+#define ST_CALIBRATION_VERSION 1
+#define ST_CALIBRATION_MAX_THREADS 8
+typedef struct st_calibration {
+  char date[32];             /* UTC, ISO 8601 */
+  int cores;                 /* usable cores when measured */
+  int gemm_shape[ST_GEMM_CLASSES][3]; /* M, N, K measured per class */
+  double gemm_rate[ST_GEMM_CLASSES];  /* FLOP/s, one thread */
+  int n_threads;             /* thread counts measured: 1, 2, 4, ... */
+  int threads[ST_CALIBRATION_MAX_THREADS];
+  double gemm_rate_threads[ST_CALIBRATION_MAX_THREADS]; /* largest class */
+  double efficiency[ST_CALIBRATION_MAX_THREADS]; /* rate(c) / (c rate(1)) */
+  double efficiency_slope;   /* s of e(c) = 1/(1 + s (c - 1)), fitted */
+  double op_bandwidth[ST_OP_CLASSES]; /* bytes/s, one thread */
+  double copy_bandwidth;     /* bytes/s, memcpy of activation-sized buffers */
+} st_calibration;
+
+/* Measures this machine (a few seconds); threads 1, 2, 4, ... up
+ * to max_threads. progress (may be NULL) gets one line per measurement. */
+int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
+                           st_error *err);
+/* Writes the profile atomically / reads and checks one (format, version,
+ * every figure present and positive); errors name the file. */
+int st_calibration_write(const st_calibration *c, const char *path,
+                         st_error *err);
+int st_calibration_read(st_calibration *c, const char *path, st_error *err);
+/* The profile path: $STRATA_CALIBRATION, else
+ * $HOME/.cache/strata/calibration.json. Returns 0 with buf "" when
+ * STRATA_CALIBRATION is "none" (calibration off). */
+int st_calibration_path(char *buf, size_t cap);
+/* Applies a profile to a cpu fabric (rates, slope, copy bandwidth). */
+void st_calibration_apply(const st_calibration *c, st_fabric *f,
+                          const char *path);
+
 /* Pass 1 (cost): what the compiler knows of one block. */
 typedef struct st_block_cost {
   char name[24];
   double flops_fwd, flops_bwd; /* per sample */
+  /* the same work split for a calibrated cost model, per sample: GEMM
+   * FLOPs by class (linear, conv2d) and bytes moved by the other ops */
+  double gemm_fwd[ST_GEMM_CLASSES], gemm_bwd[ST_GEMM_CLASSES];
+  double bytes_fwd[ST_OP_CLASSES], bytes_bwd[ST_OP_CLASSES];
   double param_bytes;          /* weights */
   double state_bytes;          /* gradient + optimizer state */
   double act_bytes;            /* activations + saved state, per sample */

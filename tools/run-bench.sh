@@ -155,5 +155,6 @@ if [ "${#linear_lines[@]}" -gt 0 ]; then
     }'
 fi
 
+echo; tools/run-predict.sh "$build" || status=1  # 3. compiler prediction accuracy
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"

@@ -9,5 +9,7 @@
 
 /* strata compile CONFIG [...] (compile.c) */
 int st_cli_compile(int argc, char **argv);
+/* strata bench --calibrate [...] (bench.c) */
+int st_cli_bench(int argc, char **argv);
 
 #endif

@@ -7,7 +7,10 @@
  * sample,
  *     t = (F_fwd + F_bwd) / (c r e(c)) + (o_{j-1} [j < n] + i_i [i > 0]) / bw
  * where e(c) = 1 / (1 + slope (c - 1)), o the output bytes sent forward and
- * i the input-gradient bytes sent back; and it holds
+ * i the input-gradient bytes sent back. With a calibration profile (cpu),
+ * F / r becomes sum over GEMM classes of F_k / r_k, plus a serial term
+ * sum over op classes of bytes_k / bw_k that does not shrink with c; and
+ * it holds
  *     versions x weights + gradient and optimizer state
  *       + (input + activations) x samples in flight   <=   c x pe_memory.
  *
@@ -41,6 +44,11 @@ typedef struct problem {
   double in_flight, versions;
   /* sums over blocks [i, j), summed left to right: index i * (n + 1) + j */
   double *flops_fwd, *flops_bwd, *memory;
+  /* what the time model uses, same indexing: parallel work (FLOPs at
+   * work_rate = pe_flops uncalibrated; one-core seconds at work_rate = 1
+   * calibrated) and single-threaded seconds (0 uncalibrated) */
+  double *work_fwd, *work_bwd, *serial_fwd, *serial_bwd;
+  double work_rate;
 } problem;
 
 /* The geometry of one candidate layout. */

@@ -19,9 +19,74 @@ static st_shape input_shape(const st_config *cfg) {
   return (st_shape){1, 28, 28};
 }
 
+/* Samples one GEMM of a linear layer covers: the micro-batch (M of its
+ * GEMMs), which decides the GEMM's shape class. */
+static int gemm_batch(const st_config *cfg) {
+  int mb = cfg->execution.micro_batch;
+  return mb > 0 && mb < cfg->train.batch ? mb : cfg->train.batch;
+}
+
+/* Splits one layer's work for the calibrated model: linear and conv2d are
+ * GEMM FLOPs of their shape class; the other ops are bytes moved (fp32
+ * reads and writes of the kernels in src/ops/ and src/model/block.c,
+ * counted per sample). im2col and bias adds ride with their GEMM. */
+static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
+  double n_in = (double)st_shape_numel(L->in), n = (double)st_shape_numel(L->out);
+  switch (L->kind) {
+  case ST_OP_LINEAR: {
+    st_cost k = st_linear_cost((int)n_in, (int)n);
+    int cls = st_gemm_class(batch, n, n_in);
+    c->gemm_fwd[cls] += k.flops_fwd;
+    c->gemm_bwd[cls] += k.flops_bwd;
+    break;
+  }
+  case ST_OP_CONV2D: {
+    st_cost k = st_conv2d_cost(L->in.c, L->in.h, L->in.w, L->out.c, L->k,
+                               L->stride, L->pad);
+    /* per sample: (OC) x (OH OW) x (IC K K), one GEMM per sample */
+    int cls = st_gemm_class(L->out.c, (double)L->out.h * L->out.w,
+                            (double)L->in.c * L->k * L->k);
+    c->gemm_fwd[cls] += k.flops_fwd;
+    c->gemm_bwd[cls] += k.flops_bwd;
+    break;
+  }
+  case ST_OP_RELU:
+  case ST_OP_GELU:
+    c->bytes_fwd[0] += 4 * (n_in + n);     /* read x, write y */
+    c->bytes_bwd[0] += 4 * 3 * n;          /* read dy, y, write dx */
+    break;
+  case ST_OP_DROPOUT:
+    c->bytes_fwd[0] += 4 * (n_in + 2 * n); /* and the mask */
+    c->bytes_bwd[0] += 4 * 3 * n;
+    break;
+  case ST_OP_RESIDUAL:
+    c->bytes_fwd[0] += 4 * 3 * n;          /* y = x + block input */
+    c->bytes_bwd[0] += 4 * 4 * n;          /* copy to dx and to the skip */
+    break;
+  case ST_OP_FLATTEN:
+    c->bytes_fwd[0] += 4 * 2 * n;          /* a memcpy each way */
+    c->bytes_bwd[0] += 4 * 2 * n;
+    break;
+  case ST_OP_LAYERNORM:
+  case ST_OP_GROUPNORM:
+    c->bytes_fwd[1] += 4 * 3 * n;          /* stats pass, normalise pass */
+    c->bytes_bwd[1] += 4 * 5 * n;          /* two passes over dy and x */
+    break;
+  case ST_OP_MAXPOOL:
+    c->bytes_fwd[2] += 4 * (n_in + 2 * n); /* and the argmax index */
+    c->bytes_bwd[2] += 4 * (n_in + 2 * n); /* clear dx, scatter dy */
+    break;
+  case ST_OP_AVGPOOL:
+    c->bytes_fwd[2] += 4 * (n_in + n);
+    c->bytes_bwd[2] += 4 * (n_in + n);
+    break;
+  }
+}
+
 void st_plan_costs(st_block_cost *out, const st_model *m,
                    const st_config *cfg) {
   double slots = st_optim_state_per_param(cfg);
+  int batch = gemm_batch(cfg);
   for (int i = 0; i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
     st_block_cost *c = &out[i];
@@ -34,7 +99,36 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     c->act_bytes = 4.0 * (double)b->act_per_sample;
     c->in_bytes = 4.0 * (double)st_shape_numel(b->in);
     c->out_bytes = 4.0 * (double)st_shape_numel(b->out);
+    for (int l = 0; l < b->n_layers; l++)
+      split_layer(c, &b->layers[l], batch);
+    /* the optimizer step once per batch: read weights, gradients and state,
+     * write weights and state, clear the gradients */
+    c->bytes_bwd[3] += 4.0 * (double)b->n_params * (4.0 + 2.0 * slots) /
+                       (double)cfg->train.batch;
   }
+  /* softmax cross-entropy on the last block's output */
+  if (m->n_blocks > 0) {
+    double C = (double)st_shape_numel(m->blocks[m->n_blocks - 1].out);
+    out[m->n_blocks - 1].bytes_fwd[0] += 4 * 3 * C;
+    out[m->n_blocks - 1].bytes_bwd[0] += 4 * 2 * C;
+  }
+}
+
+int st_gemm_class(double M, double N, double K) {
+  double v = M * N * K;
+  return v < 262144.0 ? 0 : v < 2097152.0 ? 1 : v < 16777216.0 ? 2 : 3;
+}
+
+const char *st_gemm_class_name(int cls) {
+  static const char *names[ST_GEMM_CLASSES] = {"tiny", "small", "medium",
+                                               "large"};
+  return cls >= 0 && cls < ST_GEMM_CLASSES ? names[cls] : "?";
+}
+
+const char *st_op_class_name(int cls) {
+  static const char *names[ST_OP_CLASSES] = {"pointwise", "norm", "pool",
+                                             "optimizer"};
+  return cls >= 0 && cls < ST_OP_CLASSES ? names[cls] : "?";
 }
 
 int st_plan_model(st_model **out, const st_config *cfg, st_error *err) {

@@ -62,6 +62,7 @@ static void apply_overrides(st_fabric *f, const st_config *cfg) {
   char note[96] = "";
   if (was_set(cfg, "fabric.pe_flops")) {
     f->pe_flops = cfg->fabric.pe_flops;
+    f->calibrated = 0; /* one given rate for every FLOP, as uncalibrated */
     strcat(note, " pe_flops");
   }
   if (was_set(cfg, "fabric.pe_memory")) {
@@ -103,12 +104,28 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   f->link_bandwidth = CPU_COPY_BANDWIDTH;
   f->efficiency_slope = CPU_EFFICIENCY_SLOPE;
   f->estimated = 1;
+  /* A calibration profile, when there is one, replaces the three rates. A
+   * profile that exists but does not read is an error, not a silent
+   * fallback: the user asked for it by calibrating. */
+  char path[ST_PATH_MAX];
+  st_calibration_path(path, sizeof path);
+  if (path[0] && access(path, F_OK) == 0) {
+    st_calibration c;
+    int rc = st_calibration_read(&c, path, err);
+    if (rc)
+      return rc;
+    snprintf(f->source, sizeof f->source,
+             "%s cores; RAM %.3g GB from sysconf split over them",
+             cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9);
+    st_calibration_apply(&c, f, path);
+    return 0;
+  }
   snprintf(f->source, sizeof f->source,
            "%s cores; RAM %.3g GB from sysconf split over them; 90 GFLOP/s "
            "per core, e(c) = 1/(1 + 0.05 (c - 1)) and 10 GB/s stage copies "
-           "are built-in estimates, not calibrated",
-           cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9);
-  (void)err;
+           "are built-in estimates, not calibrated (no profile at %.100s)",
+           cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9,
+           path[0] ? path : "STRATA_CALIBRATION=none");
   return 0;
 }
 

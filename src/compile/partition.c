@@ -50,22 +50,49 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   p->flops_fwd = st_alloc(cells * sizeof(double));
   p->flops_bwd = st_alloc(cells * sizeof(double));
   p->memory = st_alloc(cells * sizeof(double));
-  if (!p->flops_fwd || !p->flops_bwd || !p->memory) {
+  p->work_fwd = st_alloc(cells * sizeof(double));
+  p->work_bwd = st_alloc(cells * sizeof(double));
+  p->serial_fwd = st_alloc(cells * sizeof(double));
+  p->serial_bwd = st_alloc(cells * sizeof(double));
+  /* Uncalibrated: the work is every FLOP at pe_flops. Calibrated: GEMM
+   * FLOPs over their class's measured one-core rate (core-seconds, at a
+   * rate of 1), and the single-threaded ops' bytes over their bandwidth. */
+  p->work_rate = f->calibrated ? 1.0 : f->pe_flops;
+  if (!p->flops_fwd || !p->flops_bwd || !p->memory || !p->work_fwd ||
+      !p->work_bwd || !p->serial_fwd || !p->serial_bwd) {
     problem_free(p);
     return st_error_set(err, ST_ENOMEM, "out of memory for %d blocks", n);
   }
   for (int i = 0; i < n; i++) {
     double ff = 0, fb = 0, weights = 0, state = 0, acts = blocks[i].in_bytes;
+    double wf = 0, wb = 0, sf = 0, sb = 0;
     for (int j = i + 1; j <= n; j++) {
       const st_block_cost *b = &blocks[j - 1];
       ff += b->flops_fwd;
       fb += b->flops_bwd;
+      if (f->calibrated) {
+        for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+          wf += b->gemm_fwd[k] / f->gemm_rate[k];
+          wb += b->gemm_bwd[k] / f->gemm_rate[k];
+        }
+        for (int k = 0; k < ST_OP_CLASSES; k++) {
+          sf += b->bytes_fwd[k] / f->op_bandwidth[k];
+          sb += b->bytes_bwd[k] / f->op_bandwidth[k];
+        }
+      } else {
+        wf = ff;
+        wb = fb;
+      }
       weights += b->param_bytes;
       state += b->state_bytes;
       acts += b->act_bytes;
       int64_t at = range_index(p, i, j);
       p->flops_fwd[at] = ff;
       p->flops_bwd[at] = fb;
+      p->work_fwd[at] = wf;
+      p->work_bwd[at] = wb;
+      p->serial_fwd[at] = sf;
+      p->serial_bwd[at] = sb;
       p->memory[at] = versions * weights + state + in_flight * acts;
     }
   }
@@ -76,7 +103,12 @@ void problem_free(problem *p) {
   st_free(p->flops_fwd);
   st_free(p->flops_bwd);
   st_free(p->memory);
+  st_free(p->work_fwd);
+  st_free(p->work_bwd);
+  st_free(p->serial_fwd);
+  st_free(p->serial_bwd);
   p->flops_fwd = p->flops_bwd = p->memory = NULL;
+  p->work_fwd = p->work_bwd = p->serial_fwd = p->serial_bwd = NULL;
 }
 
 double stage_memory(const problem *p, int i, int j) {
@@ -99,20 +131,21 @@ static double comm_bandwidth(const problem *p, const layout *L) {
   return f->link_bandwidth * (f->kind == ST_FABRIC_MESH ? L->h : 1);
 }
 
-/* Seconds per FLOP on c PEs: 1 / (c r e(c)) written as (s + (1 - s)/c) / r,
- * which is the same number but provably non-increasing in c in floating
- * point too (each operation is monotone), so "the fewest units meeting T"
- * is well defined. */
-static double seconds_per_flop(const st_fabric *f, double c) {
-  double s = f->efficiency_slope;
-  return (s + (1.0 - s) / c) / f->pe_flops;
+/* Seconds per unit of work on c PEs: 1 / (c r e(c)) written as
+ * (s + (1 - s)/c) / r, which is the same number but provably non-increasing
+ * in c in floating point too (each operation is monotone), so "the fewest
+ * units meeting T" is well defined. */
+static double seconds_per_work(const problem *p, double c) {
+  double s = p->fabric->efficiency_slope;
+  return (s + (1.0 - s) / c) / p->work_rate;
 }
 
 double stage_time(const problem *p, const layout *L, int i, int j,
                   int64_t units, double *fwd, double *bwd, double *comm) {
-  double g = seconds_per_flop(p->fabric, (double)units * L->h);
+  double g = seconds_per_work(p, (double)units * L->h);
   int64_t at = range_index(p, i, j);
-  double tf = p->flops_fwd[at] * g, tb = p->flops_bwd[at] * g;
+  double tf = p->work_fwd[at] * g + p->serial_fwd[at];
+  double tb = p->work_bwd[at] * g + p->serial_bwd[at];
   double tc = comm_bytes(p, i, j) / comm_bandwidth(p, L);
   if (fwd)
     *fwd = tf;
@@ -147,15 +180,16 @@ int64_t units_for_time(const problem *p, const layout *L, int i, int j,
     return 1;
   const st_fabric *f = p->fabric;
   int64_t at = range_index(p, i, j);
-  double flops = p->flops_fwd[at] + p->flops_bwd[at];
-  double left = T - comm_bytes(p, i, j) / comm_bandwidth(p, L);
+  double flops = p->work_fwd[at] + p->work_bwd[at];
+  double left = T - comm_bytes(p, i, j) / comm_bandwidth(p, L) -
+                (p->serial_fwd[at] + p->serial_bwd[at]);
   if (!(left >= 0))
     return INT64_MAX;
   double guess = 1;
   if (flops > 0) {
-    /* (s + (1 - s)/c) flops / r <= left  <=>  c >= (1 - s) / (left r /
-     * flops - s) */
-    double s = f->efficiency_slope, room = left * f->pe_flops / flops - s;
+    /* (s + (1 - s)/c) work / r <= left  <=>  c >= (1 - s) / (left r /
+     * work - s) */
+    double s = f->efficiency_slope, room = left * p->work_rate / flops - s;
     if (!(room > 0))
       return INT64_MAX;
     guess = ceil((1.0 - s) / room / L->h);

@@ -132,9 +132,18 @@ void st_plan_print(const st_plan *p, FILE *f) {
     fprintf(f, "link %s/s one way; e(c) = 1\n",
             st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth));
   fprintf(f, "  figures: %s\n", fb->source);
-  if (fb->estimated && cpu)
-    fprintf(f, "  uncalibrated: predictions are estimates (calibration, "
-               "strata bench --calibrate, is not done yet)\n");
+  if (fb->calibrated)
+    fprintf(f, "  calibrated %s: GEMM %.3g/%.3g/%.3g/%.3g GFLOP/s per core (tiny/"
+               "small/medium/large); one-thread ops %.3g/%.3g/%.3g/%.3g GB/s "
+               "(pointwise/norm/pool/optimizer)\n",
+            fb->calibrated_at, fb->gemm_rate[0] / 1e9, fb->gemm_rate[1] / 1e9,
+            fb->gemm_rate[2] / 1e9, fb->gemm_rate[3] / 1e9,
+            fb->op_bandwidth[0] / 1e9,
+            fb->op_bandwidth[1] / 1e9, fb->op_bandwidth[2] / 1e9,
+            fb->op_bandwidth[3] / 1e9);
+  else if (fb->estimated && cpu)
+    fprintf(f, "  uncalibrated: predictions are built-in estimates; run "
+               "`strata bench --calibrate` to measure this machine\n");
   fprintf(f,
           "model: %sFLOP per sample (fwd+bwd); every stage holds its "
           "weights x %g + gradient and optimizer state + (input + "
@@ -238,8 +247,13 @@ static void write_json(const st_plan *p, FILE *f) {
   jnum(f, "efficiency_slope", fb->efficiency_slope, 0);
   jnum(f, "memory_bandwidth", fb->memory_bandwidth, 0);
   jnum(f, "fabric_bandwidth", fb->fabric_bandwidth, 0);
-  fprintf(f,
-          "\"estimated\": %s, \"source\": ", fb->estimated ? "true" : "false");
+  fprintf(f, "\"estimated\": %s, \"calibrated\": ",
+          fb->estimated ? "true" : "false");
+  if (fb->calibrated)
+    json_string(f, fb->calibrated_at);
+  else
+    fputs("null", f);
+  fputs(", \"source\": ", f);
   json_string(f, fb->source);
   fprintf(f, "},\n  \"options\": {\"stages_requested\": %d, ",
           p->options.stages);

@@ -662,6 +662,10 @@ static void test_compile_and_write(void) {
 }
 
 int main(void) {
+  /* the built-in cpu estimates are under test here, not a profile that a
+   * `strata bench --calibrate` on this machine may have left (see
+   * test_calibrate.c for those) */
+  setenv("STRATA_CALIBRATION", "none", 1);
   test_partition_cpu_brute_force();
   test_partition_mesh_brute_force();
   test_auto_stages();

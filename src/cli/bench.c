@@ -1,0 +1,112 @@
+/*
+ * bench.c — `strata bench --calibrate`: measures this machine's kernel
+ * rates and writes the calibration profile the cpu fabric loads
+ * (docs/compiler.md, "Calibration"). Errors end as "strata: error: ..." and
+ * exit status 1; a misused command line exits 2.
+ */
+#include "cli.h"
+#include "strata.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *usage_bench =
+    "usage: strata bench --calibrate [--out FILE] [--threads N]\n"
+    "\n"
+    "Measures this machine (a few seconds): GEMM rate by shape class on one\n"
+    "thread, the parallel efficiency e(c) at 1, 2, 4, ... threads, the\n"
+    "single-threaded ops (relu, groupnorm, maxpool, optimizer step) in\n"
+    "bytes/s and the stage-to-stage copy. `strata compile` and `strata\n"
+    "train` then predict cpu plans from these figures (docs/compiler.md).\n"
+    "\n"
+    "options:\n"
+    "  --calibrate   measure and write the profile\n"
+    "  --out FILE    where (default $STRATA_CALIBRATION, else\n"
+    "                ~/.cache/strata/calibration.json)\n"
+    "  --threads N   most threads to measure (default: usable cores)\n";
+
+static int usage_error(const char *fmt, const char *what) {
+  fprintf(stderr, "strata: ");
+  fprintf(stderr, fmt, what);
+  fprintf(stderr, "\n%s", usage_bench);
+  return 2;
+}
+
+/* Creates the directories above path. */
+static int make_parents(const char *path, st_error *err) {
+  char buf[ST_PATH_MAX];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+    return st_error_set(err, ST_EARG, "%.64s...: path too long", path);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
+                          strerror(errno));
+    *p = '/';
+  }
+  return 0;
+}
+
+int st_cli_bench(int argc, char **argv) {
+  int calibrate = 0, threads = 0;
+  const char *out = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0)
+      return fputs(usage_bench, stdout), 0;
+    if (strcmp(s, "--calibrate") == 0) {
+      calibrate = 1;
+    } else if (strcmp(s, "--out") == 0 || strcmp(s, "--threads") == 0) {
+      if (i + 1 >= argc)
+        return usage_error("%s needs a value", s);
+      if (s[2] == 'o') {
+        out = argv[++i];
+      } else {
+        char *end;
+        long n = strtol(argv[++i], &end, 10);
+        if (*end || end == argv[i] || n < 1 || n > 4096)
+          return usage_error("--threads takes a count >= 1, not '%s'",
+                             argv[i]);
+        threads = (int)n;
+      }
+    } else {
+      return usage_error("unknown option '%s'", s);
+    }
+  }
+  if (!calibrate)
+    return usage_error("bench needs --calibrate%s", "");
+  char path[ST_PATH_MAX];
+  if (out)
+    snprintf(path, sizeof path, "%s", out);
+  else
+    st_calibration_path(path, sizeof path);
+  if (!path[0])
+    return usage_error("STRATA_CALIBRATION=none: give --out FILE%s", "");
+  if (threads == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    threads = n > 0 ? (int)n : 1;
+  }
+  st_blas_init();
+  st_error err = {0};
+  st_calibration c;
+  printf("strata: calibrating on %d thread%s (%s)\n", threads,
+         threads == 1 ? "" : "s", st_blas_name());
+  fflush(stdout);
+  double t0 = st_now();
+  int rc = st_calibration_measure(&c, threads, stdout, &err);
+  if (!rc)
+    rc = make_parents(path, &err);
+  if (!rc)
+    rc = st_calibration_write(&c, path, &err);
+  if (rc) {
+    fprintf(stderr, "strata: error: %s\n", err.msg);
+    return 1;
+  }
+  printf("strata: wrote %s (%.1f s)\n", path, st_now() - t0);
+  return 0;
+}

@@ -1,0 +1,502 @@
+/*
+ * calibrate.c — this machine's kernel rates, measured once and stored as a
+ * profile the cpu fabric uses (docs/compiler.md, "Calibration").
+ *
+ * What is measured, each the best of three short timed windows:
+ *   - GEMM rate through st_gemm on one thread, for one representative shape
+ *     per st_gemm_class; each iteration is the three GEMMs of a layer's
+ *     step (forward, weight gradient, input gradient: op(A) op(B) with the
+ *     transposes (N,T), (T,N), (N,N)), so the rate mixes them as training
+ *     does;
+ *   - the large class at 1, 2, 4, ... threads: e(c) = rate(c) / (c rate(1)),
+ *     and the slope s of e(c) = 1/(1 + s (c - 1)) fitted by least squares on
+ *     1/e - 1 = s (c - 1), so the partitioner keeps its closed form;
+ *   - the single-threaded ops (relu, groupnorm, maxpool, the optimizer
+ *     step) as bytes/s, with "bytes" counted exactly as pass 1 counts them
+ *     (cost.c), so time = bytes / bandwidth holds by construction;
+ *   - memcpy of activation-sized buffers: the stage-to-stage copy.
+ * The profile is JSON, format "strata-calibration" version 1 (STYLE 19:
+ * checked on load, with a hint on mismatch).
+ */
+#include "compile.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define FORMAT_NAME "strata-calibration"
+#define WINDOW_S 0.08 /* one timed window; best of three */
+
+/* Representative GEMM per class (M, N, K), at the batch-64 shapes of the
+ * shipped configs: conv1 of cnn_fmnist (32 x 784 x 9), a small linear,
+ * fc_mnist's hidden layer, cnn_fmnist's dense layer. */
+static const int gemm_shapes[ST_GEMM_CLASSES][3] = {
+    {32, 784, 9}, {64, 128, 128}, {64, 256, 256}, {64, 256, 3136}};
+
+/* ------------------------------------------------------------ timing */
+
+typedef void (*work_fn)(void *arg);
+
+/* Seconds per call of fn: the best of three windows of >= WINDOW_S. */
+static double time_per_call(work_fn fn, void *arg) {
+  fn(arg); /* warm caches and pages */
+  double best = INFINITY;
+  for (int rep = 0; rep < 3; rep++) {
+    long calls = 0;
+    double t0 = st_now(), t;
+    do {
+      fn(arg);
+      calls++;
+      t = st_now() - t0;
+    } while (t < WINDOW_S);
+    if (t / (double)calls < best)
+      best = t / (double)calls;
+  }
+  return best;
+}
+
+typedef struct gemm_job {
+  st_pool *pool;
+  int M, N, K;
+  float *a, *b, *c, *d;
+} gemm_job;
+
+/* One layer's step: forward C = A B^T-like, weight gradient, input
+ * gradient (the transposes of st_linear_forward / _backward). */
+static void gemm_step(void *arg) {
+  gemm_job *j = arg;
+  int M = j->M, N = j->N, K = j->K;
+  st_gemm(j->pool, 0, 1, M, N, K, 1.0f, j->a, K, j->b, K, 0.0f, j->c, N);
+  st_gemm(j->pool, 1, 0, N, K, M, 1.0f, j->c, N, j->a, K, 0.0f, j->d, K);
+  st_gemm(j->pool, 0, 0, M, K, N, 1.0f, j->c, N, j->b, K, 0.0f, j->a, K);
+}
+
+static void fill(float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    x[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+}
+
+/* FLOP/s of gemm_step on shape cls with `threads` threads. */
+static int gemm_rate(int cls, int threads, double *rate) {
+  int M = gemm_shapes[cls][0], N = gemm_shapes[cls][1],
+      K = gemm_shapes[cls][2];
+  gemm_job j = {0};
+  j.M = M, j.N = N, j.K = K;
+  j.a = st_alloc((size_t)M * K * sizeof(float));
+  j.b = st_alloc((size_t)N * K * sizeof(float));
+  j.c = st_alloc((size_t)M * N * sizeof(float));
+  j.d = st_alloc((size_t)N * K * sizeof(float));
+  j.pool = threads > 1 ? st_pool_create(threads) : NULL;
+  int ok = j.a && j.b && j.c && j.d && (threads == 1 || j.pool);
+  if (ok) {
+    fill(j.a, (size_t)M * K);
+    fill(j.b, (size_t)N * K);
+    *rate = 3.0 * 2.0 * M * N * K / time_per_call(gemm_step, &j);
+  }
+  if (j.pool)
+    st_pool_destroy(j.pool);
+  st_free(j.a);
+  st_free(j.b);
+  st_free(j.c);
+  st_free(j.d);
+  return ok ? 0 : ST_ENOMEM;
+}
+
+/* ----------------------------------------------- single-threaded ops */
+
+/* Shapes: a batch of 64 of 32 channels at 14 x 14 (2 MB per tensor), the
+ * middle of the shipped configs' activations. */
+enum { OB = 64, OC = 32, OH = 14, OW = 14, OG = 8 };
+
+typedef struct op_job {
+  st_config cfg;
+  size_t n;
+  float *x, *y, *dx, *dy, *mean, *rstd, *w, *b, *dw, *db, *opt;
+  int32_t *idx;
+} op_job;
+
+static void relu_step(void *arg) {
+  op_job *j = arg;
+  st_relu_forward(j->y, j->x, j->n);
+  st_relu_backward(j->dx, j->dy, j->y, j->n);
+}
+
+static void norm_step(void *arg) {
+  op_job *j = arg;
+  st_groupnorm_forward(j->y, j->mean, j->rstd, j->x, j->w, j->b, OB, OC,
+                       OH * OW, OG, 1e-5f);
+  st_groupnorm_backward(j->dx, j->dw, j->db, j->dy, j->x, j->w, j->mean,
+                        j->rstd, OB, OC, OH * OW, OG);
+}
+
+static void pool_step(void *arg) {
+  op_job *j = arg;
+  st_maxpool_forward(j->y, j->idx, j->x, OB, OC, OH, OW, 2, 2);
+  st_maxpool_backward(j->dx, j->dy, j->idx, OB, OC, OH, OW, 2, 2);
+}
+
+static void optim_step(void *arg) {
+  op_job *j = arg;
+  st_optim_step(NULL, &j->cfg, j->w, j->dw, j->opt, j->n, 1e-6f, 1);
+  memset(j->dw, 0, j->n * sizeof(float)); /* the gradient clear */
+}
+
+static void copy_step(void *arg) {
+  op_job *j = arg;
+  memcpy(j->y, j->x, j->n * sizeof(float));
+}
+
+static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
+  op_job j;
+  memset(&j, 0, sizeof j);
+  st_config_defaults(&j.cfg);
+  /* the shipped configs' optimizer: SGD with momentum, one state slot */
+  int rc = st_config_set(&j.cfg, "optimizer.kind=sgd", err);
+  if (!rc)
+    rc = st_config_set(&j.cfg, "optimizer.momentum=0.9", err);
+  if (rc)
+    return rc;
+  double slots = st_optim_state_per_param(&j.cfg);
+  size_t n = (size_t)OB * OC * OH * OW, bytes = n * sizeof(float);
+  j.n = n;
+  float **bufs[] = {&j.x, &j.y, &j.dx, &j.dy, &j.w, &j.dw};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    *bufs[i] = st_alloc(bytes);
+  j.opt = st_alloc(bytes * (size_t)(slots > 0 ? slots : 1));
+  j.idx = st_alloc(n * sizeof(int32_t));
+  j.mean = st_alloc(OB * OG * sizeof(float));
+  j.rstd = st_alloc(OB * OG * sizeof(float));
+  j.b = st_alloc(OC * sizeof(float));
+  j.db = st_alloc(OC * sizeof(float));
+  rc = 0;
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    if (!*bufs[i])
+      rc = ST_ENOMEM;
+  if (rc || !j.opt || !j.idx || !j.mean || !j.rstd || !j.b || !j.db) {
+    rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory");
+    goto done;
+  }
+  fill(j.x, n);
+  fill(j.dy, n);
+  fill(j.w, n);
+  memset(j.dw, 0, bytes);
+  memset(j.opt, 0, bytes * (size_t)(slots > 0 ? slots : 1));
+  memset(j.b, 0, OC * sizeof(float));
+  double dn = (double)n, pooled = dn / 4;
+  /* bytes as cost.c counts them for the same layers */
+  c->op_bandwidth[0] = 4 * (2 * dn + 3 * dn) / time_per_call(relu_step, &j);
+  c->op_bandwidth[1] = 4 * (3 * dn + 5 * dn) / time_per_call(norm_step, &j);
+  c->op_bandwidth[2] =
+      4 * 2 * (dn + 2 * pooled) / time_per_call(pool_step, &j);
+  c->op_bandwidth[3] =
+      4 * dn * (4 + 2 * slots) / time_per_call(optim_step, &j);
+  c->copy_bandwidth = (double)bytes / time_per_call(copy_step, &j);
+  if (progress)
+    for (int k = 0; k < ST_OP_CLASSES; k++)
+      fprintf(progress, "  %-10s %8.2f GB/s (one thread)\n",
+              st_op_class_name(k), c->op_bandwidth[k] / 1e9);
+  if (progress)
+    fprintf(progress, "  %-10s %8.2f GB/s (memcpy of %.1f MB)\n", "copy",
+            c->copy_bandwidth / 1e9, (double)bytes / 1e6);
+done:
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    st_free(*bufs[i]);
+  st_free(j.opt);
+  st_free(j.idx);
+  st_free(j.mean);
+  st_free(j.rstd);
+  st_free(j.b);
+  st_free(j.db);
+  return rc;
+}
+
+/* ----------------------------------------------------------- measure */
+
+int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
+                           st_error *err) {
+  memset(c, 0, sizeof *c);
+  if (max_threads < 1)
+    max_threads = 1;
+  time_t now = time(NULL);
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  strftime(c->date, sizeof c->date, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  c->cores = max_threads;
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    memcpy(c->gemm_shape[k], gemm_shapes[k], sizeof gemm_shapes[k]);
+    if (gemm_rate(k, 1, &c->gemm_rate[k]))
+      return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
+    if (progress)
+      fprintf(progress, "  gemm %-6s %4dx%4dx%4d %8.2f GFLOP/s (one thread)\n",
+              st_gemm_class_name(k), gemm_shapes[k][0], gemm_shapes[k][1],
+              gemm_shapes[k][2], c->gemm_rate[k] / 1e9);
+  }
+  double num = 0, den = 0;
+  for (int t = 1; t <= max_threads && c->n_threads < ST_CALIBRATION_MAX_THREADS;
+       t *= 2) {
+    int i = c->n_threads++;
+    c->threads[i] = t;
+    if (gemm_rate(ST_GEMM_CLASSES - 1, t, &c->gemm_rate_threads[i]))
+      return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
+    c->efficiency[i] = c->gemm_rate_threads[i] / (t * c->gemm_rate_threads[0]);
+    if (t > 1) {
+      num += (t - 1) * (1 / c->efficiency[i] - 1);
+      den += (double)(t - 1) * (t - 1);
+    }
+    if (progress)
+      fprintf(progress, "  gemm large on %d thread%s %8.2f GFLOP/s, e = %.3f\n",
+              t, t == 1 ? " " : "s", c->gemm_rate_threads[i] / 1e9,
+              c->efficiency[i]);
+  }
+  /* one thread only: nothing to fit; the built-in 5% per core stands */
+  double s = den > 0 ? num / den : 0.05;
+  c->efficiency_slope = s < 0 ? 0 : s > 0.99 ? 0.99 : s;
+  if (progress)
+    fprintf(progress, "  e(c) = 1/(1 + %.4f (c - 1)), fitted\n",
+            c->efficiency_slope);
+  return measure_ops(c, progress, err);
+}
+
+/* ------------------------------------------------------------- write */
+
+static void json_array(char *buf, size_t cap, size_t *at, const char *key,
+                       const double *v, int n, int last) {
+  *at += (size_t)snprintf(buf + *at, cap - *at, "  \"%s\": [", key);
+  for (int i = 0; i < n && *at < cap; i++)
+    *at += (size_t)snprintf(buf + *at, cap - *at, "%s%.6g", i ? ", " : "",
+                            v[i]);
+  if (*at < cap)
+    *at += (size_t)snprintf(buf + *at, cap - *at, "]%s\n", last ? "" : ",");
+}
+
+int st_calibration_write(const st_calibration *c, const char *path,
+                         st_error *err) {
+  char buf[4096];
+  size_t cap = sizeof buf, at = 0;
+  at += (size_t)snprintf(
+      buf + at, cap - at,
+      "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"date\": \"%s\",\n"
+      "  \"cores\": %d,\n  \"blas\": \"%s\",\n  \"gemm_classes\": [",
+      FORMAT_NAME, ST_CALIBRATION_VERSION, c->date, c->cores, st_blas_name());
+  for (int k = 0; k < ST_GEMM_CLASSES; k++)
+    at += (size_t)snprintf(buf + at, cap - at, "%s\"%s\"", k ? ", " : "",
+                           st_gemm_class_name(k));
+  at += (size_t)snprintf(buf + at, cap - at, "],\n  \"gemm_shapes\": [");
+  for (int k = 0; k < ST_GEMM_CLASSES; k++)
+    at += (size_t)snprintf(buf + at, cap - at, "%s[%d, %d, %d]", k ? ", " : "",
+                           c->gemm_shape[k][0], c->gemm_shape[k][1],
+                           c->gemm_shape[k][2]);
+  at += (size_t)snprintf(buf + at, cap - at, "],\n");
+  json_array(buf, cap, &at, "gemm_rate", c->gemm_rate, ST_GEMM_CLASSES, 0);
+  double threads[ST_CALIBRATION_MAX_THREADS];
+  for (int i = 0; i < c->n_threads; i++)
+    threads[i] = c->threads[i];
+  json_array(buf, cap, &at, "threads", threads, c->n_threads, 0);
+  json_array(buf, cap, &at, "gemm_rate_threads", c->gemm_rate_threads,
+             c->n_threads, 0);
+  json_array(buf, cap, &at, "efficiency", c->efficiency, c->n_threads, 0);
+  json_array(buf, cap, &at, "efficiency_slope", &c->efficiency_slope, 1, 0);
+  at += (size_t)snprintf(buf + at, cap - at, "  \"op_classes\": [");
+  for (int k = 0; k < ST_OP_CLASSES; k++)
+    at += (size_t)snprintf(buf + at, cap - at, "%s\"%s\"", k ? ", " : "",
+                           st_op_class_name(k));
+  at += (size_t)snprintf(buf + at, cap - at, "],\n");
+  json_array(buf, cap, &at, "op_bandwidth", c->op_bandwidth, ST_OP_CLASSES, 0);
+  json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 1);
+  if (at + 3 > cap)
+    return st_error_set(err, ST_EIO, "%s: calibration profile too long", path);
+  at += (size_t)snprintf(buf + at, cap - at, "}\n");
+  return st_write_file_atomic(path, buf, at, err);
+}
+
+/* -------------------------------------------------------------- read */
+
+/* The text after `"key":` (spaces skipped), or NULL. Keys are unique and
+ * never appear inside string values in this format. */
+static const char *value_of(const char *text, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\"", key);
+  const char *p = strstr(text, pat);
+  if (!p)
+    return NULL;
+  p += strlen(pat);
+  while (isspace((unsigned char)*p))
+    p++;
+  if (*p != ':')
+    return NULL;
+  p++;
+  while (isspace((unsigned char)*p))
+    p++;
+  return p;
+}
+
+/* Numbers of a (possibly nested) array, flattened; returns the count, or
+ * -1 if malformed. */
+static int numbers_of(const char *p, double *out, int cap) {
+  if (!p || *p != '[')
+    return -1;
+  int depth = 0, n = 0;
+  for (;;) {
+    if (*p == '[') {
+      depth++;
+      p++;
+    } else if (*p == ']') {
+      p++;
+      if (--depth == 0)
+        return n;
+    } else if (*p == ',' || isspace((unsigned char)*p)) {
+      p++;
+    } else {
+      char *end;
+      errno = 0;
+      double v = strtod(p, &end);
+      if (end == p || errno || n == cap)
+        return -1;
+      out[n++] = v;
+      p = end;
+    }
+  }
+}
+
+static int bad(st_error *err, const char *path, const char *what) {
+  return st_error_set(err, ST_EFORMAT,
+                      "%s: calibration profile: %s; re-run `strata bench "
+                      "--calibrate` (or set STRATA_CALIBRATION=none)",
+                      path, what);
+}
+
+/* Reads array `key` of exactly n positive finite numbers. */
+static int positive_array(const char *text, const char *path, const char *key,
+                          double *out, int n, st_error *err) {
+  double v[64];
+  int got = numbers_of(value_of(text, key), v, 64);
+  char what[128];
+  if (got != n) {
+    snprintf(what, sizeof what, "\"%s\": expected %d number%s", key, n,
+             n == 1 ? "" : "s");
+    return bad(err, path, what);
+  }
+  for (int i = 0; i < n; i++) {
+    if (!(v[i] > 0) || !isfinite(v[i])) {
+      snprintf(what, sizeof what, "\"%s\": %g is not a positive number", key,
+               v[i]);
+      return bad(err, path, what);
+    }
+    out[i] = v[i];
+  }
+  return 0;
+}
+
+static int parse(st_calibration *c, const char *text, const char *path,
+                 st_error *err) {
+  const char *fmt = value_of(text, "format");
+  size_t flen = strlen(FORMAT_NAME);
+  if (!fmt || fmt[0] != '"' || strncmp(fmt + 1, FORMAT_NAME, flen) != 0 ||
+      fmt[flen + 1] != '"')
+    return bad(err, path, "not a strata calibration profile (no \"format\": "
+                          "\"" FORMAT_NAME "\")");
+  const char *ver = value_of(text, "version");
+  char *end;
+  long version = ver ? strtol(ver, &end, 10) : -1;
+  if (!ver || end == ver) {
+    return bad(err, path, "no \"version\"");
+  }
+  if (version != ST_CALIBRATION_VERSION) {
+    char what[128];
+    snprintf(what, sizeof what,
+             "version %ld, this strata reads version %d", version,
+             ST_CALIBRATION_VERSION);
+    return bad(err, path, what);
+  }
+  const char *date = value_of(text, "date");
+  if (!date || *date != '"')
+    return bad(err, path, "no \"date\"");
+  size_t dlen = strcspn(date + 1, "\"");
+  if (dlen == 0 || dlen >= sizeof c->date || date[1 + dlen] != '"')
+    return bad(err, path, "\"date\": malformed");
+  memcpy(c->date, date + 1, dlen);
+  c->date[dlen] = '\0';
+  double one[1], shapes[3 * ST_GEMM_CLASSES], th[ST_CALIBRATION_MAX_THREADS];
+  int rc;
+  if ((rc = positive_array(text, path, "gemm_rate", c->gemm_rate,
+                           ST_GEMM_CLASSES, err)) ||
+      (rc = positive_array(text, path, "op_bandwidth", c->op_bandwidth,
+                           ST_OP_CLASSES, err)) ||
+      (rc = positive_array(text, path, "copy_bandwidth", &c->copy_bandwidth, 1,
+                           err)) ||
+      (rc = positive_array(text, path, "gemm_shapes", shapes,
+                           3 * ST_GEMM_CLASSES, err)))
+    return rc;
+  for (int k = 0; k < 3 * ST_GEMM_CLASSES; k++)
+    c->gemm_shape[k / 3][k % 3] = (int)shapes[k];
+  int n = numbers_of(value_of(text, "threads"), th, ST_CALIBRATION_MAX_THREADS);
+  if (n < 1)
+    return bad(err, path, "\"threads\": expected 1 to 8 thread counts");
+  c->n_threads = n;
+  for (int i = 0; i < n; i++)
+    c->threads[i] = (int)th[i];
+  if ((rc = positive_array(text, path, "gemm_rate_threads",
+                           c->gemm_rate_threads, n, err)) ||
+      (rc = positive_array(text, path, "efficiency", c->efficiency, n, err)))
+    return rc;
+  int ns = numbers_of(value_of(text, "efficiency_slope"), one, 1);
+  if (ns != 1 || !(one[0] >= 0 && one[0] < 1))
+    return bad(err, path, "\"efficiency_slope\": expected one number in [0, 1)");
+  c->efficiency_slope = one[0];
+  const char *cores = value_of(text, "cores");
+  c->cores = cores ? atoi(cores) : 0;
+  if (c->cores < 1)
+    return bad(err, path, "\"cores\": expected a count >= 1");
+  return 0;
+}
+
+int st_calibration_read(st_calibration *c, const char *path, st_error *err) {
+  memset(c, 0, sizeof *c);
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return st_error_set(err, ST_EIO, "%s: cannot open calibration profile: %s",
+                        path, strerror(errno));
+  char text[16384];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  int too_long = n == sizeof text - 1 && fgetc(f) != EOF;
+  fclose(f);
+  text[n] = '\0';
+  if (too_long)
+    return bad(err, path, "longer than 16 KB");
+  if (strlen(text) != n)
+    return bad(err, path, "binary data (NUL bytes)");
+  return parse(c, text, path, err);
+}
+
+int st_calibration_path(char *buf, size_t cap) {
+  const char *env = getenv("STRATA_CALIBRATION");
+  if (env && *env) {
+    snprintf(buf, cap, "%s", strcmp(env, "none") == 0 ? "" : env);
+    return 0;
+  }
+  const char *home = getenv("HOME");
+  snprintf(buf, cap, "%s/.cache/strata/calibration.json",
+           home && *home ? home : ".");
+  return 0;
+}
+
+void st_calibration_apply(const st_calibration *c, st_fabric *f,
+                          const char *path) {
+  f->calibrated = 1;
+  f->estimated = 0;
+  snprintf(f->calibrated_at, sizeof f->calibrated_at, "%s", c->date);
+  for (int k = 0; k < ST_GEMM_CLASSES; k++)
+    f->gemm_rate[k] = c->gemm_rate[k];
+  for (int k = 0; k < ST_OP_CLASSES; k++)
+    f->op_bandwidth[k] = c->op_bandwidth[k];
+  f->pe_flops = c->gemm_rate[ST_GEMM_CLASSES - 1];
+  f->efficiency_slope = c->efficiency_slope;
+  f->link_bandwidth = c->copy_bandwidth;
+  size_t used = strlen(f->source);
+  snprintf(f->source + used, sizeof f->source - used,
+           "; calibrated %s from %.200s (GEMM by shape class, one-thread ops "
+           "by bytes; measured on %d cores)",
+           c->date, path, c->cores);
+}

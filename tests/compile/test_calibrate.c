@@ -1,0 +1,308 @@
+/*
+ * test_calibrate.c — the calibration profile and the calibrated cost model
+ * (docs/compiler.md, "Calibration"): the profile round-trips through its
+ * file; a corrupt, foreign or wrong-version profile is an error naming the
+ * file; pass 1 splits a block's work into GEMM FLOPs by shape class and
+ * bytes by op class exactly as counted by hand; and a plan on a calibrated
+ * fabric takes the hand-computed time. Nothing here is timed: the profiles
+ * are written by the test with made-up rates.
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <string.h>
+#include <unistd.h>
+
+static char dir[64];
+
+static void path_in(char *buf, size_t cap, const char *name) {
+  snprintf(buf, cap, "%s/%s", dir, name);
+}
+
+/* A profile with round figures (exact in the file's %.6g). */
+static st_calibration sample_profile(void) {
+  st_calibration c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.date, sizeof c.date, "2026-01-02T03:04:05Z");
+  c.cores = 4;
+  int shapes[ST_GEMM_CLASSES][3] = {
+      {32, 784, 9}, {64, 128, 128}, {64, 256, 256}, {64, 256, 3136}};
+  memcpy(c.gemm_shape, shapes, sizeof shapes);
+  double rates[ST_GEMM_CLASSES] = {2e10, 4e10, 5e10, 8e10};
+  memcpy(c.gemm_rate, rates, sizeof rates);
+  c.n_threads = 3;
+  int th[] = {1, 2, 4};
+  double r[] = {8e10, 1.5e11, 2.5e11};
+  for (int i = 0; i < 3; i++) {
+    c.threads[i] = th[i];
+    c.gemm_rate_threads[i] = r[i];
+    c.efficiency[i] = r[i] / (th[i] * r[0]);
+  }
+  c.efficiency_slope = 0.25;
+  double bw[ST_OP_CLASSES] = {1e10, 5e9, 4e9, 2e10};
+  memcpy(c.op_bandwidth, bw, sizeof bw);
+  c.copy_bandwidth = 2.5e10;
+  return c;
+}
+
+static int write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  if (!f)
+    return -1;
+  fputs(text, f);
+  return fclose(f);
+}
+
+static void test_round_trip(void) {
+  char path[128];
+  path_in(path, sizeof path, "cal.json");
+  st_calibration c = sample_profile(), back;
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, path, &err) == 0, "write: %s", err.msg);
+  CHECK(st_calibration_read(&back, path, &err) == 0, "read: %s", err.msg);
+  CHECK(strcmp(back.date, c.date) == 0, "date '%s'", back.date);
+  CHECK(back.cores == 4 && back.n_threads == 3, "cores %d threads %d",
+        back.cores, back.n_threads);
+  int same = 1;
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    same &= back.gemm_rate[k] == c.gemm_rate[k];
+    for (int d = 0; d < 3; d++)
+      same &= back.gemm_shape[k][d] == c.gemm_shape[k][d];
+  }
+  for (int k = 0; k < ST_OP_CLASSES; k++)
+    same &= back.op_bandwidth[k] == c.op_bandwidth[k];
+  for (int i = 0; i < 3; i++)
+    same &= back.threads[i] == c.threads[i] &&
+            back.gemm_rate_threads[i] == c.gemm_rate_threads[i];
+  /* efficiency 1.5e11 / 1.6e11 = 0.9375, 2.5e11 / 3.2e11 = 0.78125: exact
+   * in 6 significant digits */
+  same &= back.efficiency[1] == 0.9375 && back.efficiency[2] == 0.78125;
+  same &= back.efficiency_slope == 0.25 && back.copy_bandwidth == 2.5e10;
+  CHECK(same, "every figure survives the round trip");
+}
+
+/* Reads `text` as a profile; the error must name the file and contain
+ * `want`. */
+static void expect_bad(const char *name, const char *text, const char *want) {
+  char path[128];
+  path_in(path, sizeof path, name);
+  CHECK(write_text(path, text) == 0, "cannot write %s", path);
+  st_calibration c;
+  st_error err = {0};
+  int rc = st_calibration_read(&c, path, &err);
+  CHECK(rc == ST_EFORMAT && strstr(err.msg, path) && strstr(err.msg, want) &&
+            strstr(err.msg, "strata bench --calibrate"),
+        "%s: rc %d, message '%s' (want '%s', the path and the hint)", name, rc,
+        err.msg, want);
+}
+
+static void test_bad_profiles(void) {
+  char good_path[128], text[4096];
+  path_in(good_path, sizeof good_path, "good.json");
+  st_calibration c = sample_profile();
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, good_path, &err) == 0, "%s", err.msg);
+  FILE *f = fopen(good_path, "rb");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f)
+    fclose(f);
+  text[n] = '\0';
+
+  expect_bad("foreign.json", "{\"format\": \"strata-plan\", \"version\": 1}",
+             "not a strata calibration profile");
+  expect_bad("empty.json", "", "not a strata calibration profile");
+  char edited[4096];
+  /* a future version */
+  snprintf(edited, sizeof edited, "%s", text);
+  char *v = strstr(edited, "\"version\": 1");
+  CHECK(v != NULL, "the written profile has a version");
+  if (v)
+    v[strlen("\"version\": ")] = '2';
+  expect_bad("v2.json", edited, "version 2, this strata reads version 1");
+  /* truncated in the middle */
+  snprintf(edited, sizeof edited, "%.*s", (int)(n / 2), text);
+  expect_bad("truncated.json", edited, "\"");
+  /* a negative rate */
+  snprintf(edited, sizeof edited, "%s", text);
+  char *g = strstr(edited, "\"gemm_rate\": [");
+  CHECK(g != NULL, "the written profile has gemm_rate");
+  if (g)
+    g[strlen("\"gemm_rate\": [")] = '-';
+  expect_bad("negative.json", edited, "\"gemm_rate\"");
+
+  /* the cpu fabric refuses a bad profile rather than guess, naming it */
+  char bad_path[128];
+  path_in(bad_path, sizeof bad_path, "v2.json");
+  setenv("STRATA_CALIBRATION", bad_path, 1);
+  st_config cfg;
+  st_config_defaults(&cfg);
+  st_fabric fab;
+  int rc = st_fabric_resolve(&fab, &cfg, &err);
+  CHECK(rc == ST_EFORMAT && strstr(err.msg, bad_path), "fabric: %d '%s'", rc,
+        err.msg);
+  /* no file: the built-in estimate, said so */
+  char none[128];
+  path_in(none, sizeof none, "absent.json");
+  setenv("STRATA_CALIBRATION", none, 1);
+  rc = st_fabric_resolve(&fab, &cfg, &err);
+  CHECK(rc == 0 && fab.estimated && !fab.calibrated &&
+            strstr(fab.source, "not calibrated") && strstr(fab.source, none),
+        "absent profile: rc %d source '%s'", rc, fab.source);
+  /* a good one: calibrated, with its date and file in the source */
+  setenv("STRATA_CALIBRATION", good_path, 1);
+  rc = st_fabric_resolve(&fab, &cfg, &err);
+  CHECK(rc == 0 && fab.calibrated && !fab.estimated &&
+            strstr(fab.source, "calibrated 2026-01-02T03:04:05Z") &&
+            strstr(fab.source, good_path) && fab.efficiency_slope == 0.25 &&
+            fab.link_bandwidth == 2.5e10 && fab.gemm_rate[2] == 5e10,
+        "good profile: rc %d source '%s'", rc, fab.source);
+  /* an explicit fabric.pe_flops means one rate for every FLOP */
+  CHECK(st_config_set(&cfg, "fabric.pe_flops=1e9", &err) == 0, "%s", err.msg);
+  rc = st_fabric_resolve(&fab, &cfg, &err);
+  CHECK(rc == 0 && !fab.calibrated && fab.pe_flops == 1e9,
+        "pe_flops override drops the per-class rates");
+  setenv("STRATA_CALIBRATION", "none", 1);
+}
+
+/* Pass 1's split for a small cnn: conv 1->4 (3x3 same), relu, maxpool 2x2 |
+ * flatten, linear 784->10; sgd with momentum (1 slot), batch 32. */
+static void test_split_by_hand(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  st_error err = {0};
+  const char *sets[] = {"model.kind=cnn",     "model.channels=[4]",
+                        "model.dense=[]",     "model.norm=none",
+                        "optimizer.kind=sgd", "optimizer.momentum=0.9",
+                        "train.batch=32"};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+    CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
+  st_model *m;
+  CHECK(st_model_create(&m, &cfg, (st_shape){1, 28, 28}, &err) == 0, "%s",
+        err.msg);
+  if (!m)
+    return;
+  st_block_cost bc[2];
+  st_plan_costs(bc, m, &cfg);
+  st_cost conv = st_conv2d_cost(1, 28, 28, 4, 3, 1, 1);
+  st_cost lin = st_linear_cost(784, 10);
+  /* conv GEMM (4) x (784) x (9): 28,224 < 2^18, tiny; linear at batch 32:
+   * 32 x 10 x 784 = 250,880 < 2^18, tiny too */
+  CHECK(st_gemm_class(4, 784, 9) == 0 && st_gemm_class(32, 10, 784) == 0 &&
+            st_gemm_class(64, 128, 128) == 1 &&
+            st_gemm_class(64, 256, 256) == 2 &&
+            st_gemm_class(64, 256, 3136) == 3,
+        "gemm classes");
+  CHECK(bc[0].gemm_fwd[0] == conv.flops_fwd &&
+            bc[0].gemm_bwd[0] == conv.flops_bwd && bc[0].gemm_fwd[1] == 0,
+        "block 0 GEMM %g %g", bc[0].gemm_fwd[0], bc[0].gemm_bwd[0]);
+  /* relu on 4x28x28 = 3136: read + write 2n floats forward, 3n backward;
+   * maxpool 3136 -> 784: in + out + index forward and backward */
+  CHECK(bc[0].bytes_fwd[0] == 4.0 * 2 * 3136 &&
+            bc[0].bytes_bwd[0] == 4.0 * 3 * 3136,
+        "block 0 pointwise %g %g", bc[0].bytes_fwd[0], bc[0].bytes_bwd[0]);
+  CHECK(bc[0].bytes_fwd[2] == 4.0 * (3136 + 2 * 784) &&
+            bc[0].bytes_bwd[2] == 4.0 * (3136 + 2 * 784),
+        "block 0 pool %g", bc[0].bytes_fwd[2]);
+  /* optimizer: 40 parameters x (4 + 2 x 1 slot) floats, once per 32 */
+  CHECK(bc[0].bytes_bwd[3] == 4.0 * 40 * 6 / 32, "block 0 optimizer %g",
+        bc[0].bytes_bwd[3]);
+  CHECK(bc[1].gemm_fwd[0] == lin.flops_fwd && bc[1].gemm_bwd[0] == lin.flops_bwd,
+        "block 1 GEMM");
+  /* flatten: a copy each way (784); softmax-xent on 10: 3C and 2C floats */
+  CHECK(bc[1].bytes_fwd[0] == 4.0 * (2 * 784 + 3 * 10) &&
+            bc[1].bytes_bwd[0] == 4.0 * (2 * 784 + 2 * 10),
+        "block 1 pointwise %g %g", bc[1].bytes_fwd[0], bc[1].bytes_bwd[0]);
+  CHECK(bc[1].bytes_bwd[3] == 4.0 * 7850 * 6 / 32, "block 1 optimizer");
+  st_model_destroy(m);
+}
+
+/* A calibrated fabric: t = sum_k G_k / r_k (s + (1 - s)/c) + sum_k B_k / bw_k
+ * + comm / copy bandwidth, by hand. */
+static void test_time_by_hand(void) {
+  st_calibration c = sample_profile();
+  st_fabric f;
+  memset(&f, 0, sizeof f);
+  f.kind = ST_FABRIC_CPU;
+  snprintf(f.name, sizeof f.name, "cpu:4");
+  f.width = 4;
+  f.height = 1;
+  f.pes = 4;
+  f.pe_memory = 1e12;
+  st_calibration_apply(&c, &f, "test");
+  st_block_cost b[2];
+  memset(b, 0, sizeof b);
+  snprintf(b[0].name, sizeof b[0].name, "blocks.0");
+  snprintf(b[1].name, sizeof b[1].name, "blocks.1");
+  b[0].gemm_fwd[0] = 2e6;  /* 2e6 / 2e10 = 100 us on one core */
+  b[0].gemm_bwd[3] = 16e6; /* 16e6 / 8e10 = 200 us */
+  b[0].bytes_fwd[1] = 1e5; /* 1e5 / 5e9 = 20 us, serial */
+  b[0].flops_fwd = 2e6;
+  b[0].flops_bwd = 16e6;
+  b[0].out_bytes = 2.5e5; /* 10 us at 2.5e10 */
+  b[1].in_bytes = 2.5e5;
+  b[1].gemm_fwd[2] = 5e6;  /* 100 us */
+  b[1].bytes_bwd[3] = 4e5; /* 20 us */
+  b[1].flops_fwd = 5e6;
+  st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
+                         .weight_versions = 1};
+  st_plan *p = NULL;
+  st_error err = {0};
+  CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
+  /* one stage on 4 cores, s = 0.25: (0.25 + 0.75/4) = 0.4375 of one core */
+  double g = 0.25 + 0.75 / 4;
+  double want_fwd = (100e-6 + 100e-6) * g + 20e-6;
+  double want_bwd = 200e-6 * g + 20e-6;
+  /* tolerance: a few roundings of sums of doubles */
+  double tol = 1e-12;
+  if (p) {
+    CHECK(fabs(p->stages[0].time_fwd - want_fwd) <= tol * want_fwd &&
+              fabs(p->stages[0].time_bwd - want_bwd) <= tol * want_bwd &&
+              p->stages[0].time_comm == 0,
+          "one stage: fwd %.9g want %.9g, bwd %.9g want %.9g",
+          p->stages[0].time_fwd, want_fwd, p->stages[0].time_bwd, want_bwd);
+    st_plan_destroy(p);
+  }
+  /* two stages: every split of 4 cores; the best is by hand
+   * stage 0 (300 us work, 20 us serial, 10 us send + 0 back):
+   *   c = 3: 300 (0.25 + 0.25) + 20 + 10 = 180 us; c = 2: 300 x 0.625 + 30
+   *   = 217.5 us; stage 1 (100 us work, 20 serial, 10 us gradient back):
+   *   c = 1: 130 us. Best: 3 + 1 cores, bottleneck 180 us. */
+  opt.stages = 2;
+  CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
+  if (p) {
+    double want = 300e-6 * 0.5 + 20e-6 + 10e-6;
+    CHECK(p->n_stages == 2 && p->stages[0].pes == 3 &&
+              p->stages[1].pes == 1 &&
+              fabs(p->bottleneck_time - want) <= tol * want &&
+              fabs(p->stages[1].time - 130e-6) <= tol * 130e-6,
+          "two stages: %lld + %lld cores, bottleneck %.9g want %.9g, "
+          "stage 1 %.9g",
+          (long long)p->stages[0].pes, (long long)p->stages[1].pes,
+          p->bottleneck_time, want, p->stages[1].time);
+    st_plan_destroy(p);
+  }
+}
+
+int main(void) {
+  snprintf(dir, sizeof dir, "/tmp/strata-test-calibrate-XXXXXX");
+  if (!mkdtemp(dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  setenv("STRATA_CALIBRATION", "none", 1);
+  test_round_trip();
+  test_bad_profiles();
+  test_split_by_hand();
+  test_time_by_hand();
+  /* leave nothing behind */
+  const char *files[] = {"cal.json",       "good.json",     "foreign.json",
+                         "empty.json",     "v2.json",       "truncated.json",
+                         "negative.json"};
+  char path[128];
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    path_in(path, sizeof path, files[i]);
+    unlink(path);
+  }
+  rmdir(dir);
+  TH_DONE();
+}
