@@ -226,6 +226,7 @@ static int cmd_train(int argc, char **argv) {
   fflush(stdout);
   rc = st_trainer_run(t, &err);
   if (rc) {
+    st_plan_destroy(plan);
     st_trainer_destroy(t);
     return fail(&err);
   }
