@@ -199,6 +199,8 @@ typedef struct st_config {
   struct {
     int log_every;          /* steps between metrics.jsonl lines */
     char progress[8];       /* auto | on | off */
+    int noise_scale;        /* log B_simple (BACKGROUND.md 5) */
+    float noise_ema;        /* EMA decay of its two estimates */
   } metrics;
   /* Hidden bookkeeping, read through st_config_where: where each key was last
    * set, one record per row of the schema table (src/config/schema.c).
@@ -545,6 +547,27 @@ float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
 /* Floats of optimizer state per parameter (SGD: 1, AdamW: 2). */
 int st_optim_state_per_param(const st_config *cfg);
 
+/* Gradient noise scale (BACKGROUND.md 5, McCandlish et al. 2018): from
+ * squared gradient norms measured at two batch sizes B_s < B_b, the unbiased
+ * estimates |G|^2 = (B_b |G_b|^2 - B_s |G_s|^2) / (B_b - B_s) and
+ * tr(S) = (|G_s|^2 - |G_b|^2) / (1/B_s - 1/B_b) are averaged separately
+ * (bias-corrected EMAs) and only then divided: B_simple = tr(S) / |G|^2. */
+typedef struct st_noise_scale {
+  double beta;        /* EMA decay */
+  double g2, trace;   /* the EMAs, uncorrected */
+  double weight;      /* 1 - beta^n: the correction */
+  int64_t n;          /* pairs added */
+} st_noise_scale;
+
+void st_noise_scale_init(st_noise_scale *ns, double beta);
+/* Adds one measurement: |G_s|^2 on bs samples and |G_b|^2 on bb > bs. */
+void st_noise_scale_add(st_noise_scale *ns, double gs2, int bs, double gb2,
+                        int bb);
+/* B_simple, or NAN before the first measurement or while the |G|^2
+ * estimate is not positive; g2 and trace (may be NULL) get the averages. */
+double st_noise_scale_value(const st_noise_scale *ns, double *g2,
+                            double *trace);
+
 /* ----------------------------------------------------------------- data */
 
 typedef struct st_dataset {
@@ -866,6 +889,8 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
 const st_model *st_trainer_model(const st_trainer *t);
 float *st_trainer_params(st_trainer *t);
 const st_train_pos *st_trainer_pos(const st_trainer *t);
+/* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */
+const st_noise_scale *st_trainer_noise(const st_trainer *t);
 int64_t st_trainer_total_steps(const st_trainer *t);
 
 #ifdef __cplusplus

@@ -917,6 +917,17 @@ static int check_training(const st_config *cfg, st_error *err) {
                    (double)cfg->optimizer.min_lr, (double)cfg->optimizer.lr);
   if (!strcmp(cfg->data.dataset, "fashion_mnist") && !cfg->data.dir[0])
     return invalid(cfg, err, "data.dir", "fashion_mnist needs a folder");
+  if (cfg->metrics.noise_scale) {
+    /* gradients at two batch sizes: the first micro-batch and the batch */
+    if (mb ? mb >= batch : batch < 2 || batch % 2)
+      return invalid(cfg, err, "metrics.noise_scale",
+                     "needs two gradient sizes: an even train.batch >= 2 "
+                     "(%d) or an execution.micro_batch below it (%d)",
+                     batch, mb);
+    if (!(cfg->metrics.noise_ema >= 0 && cfg->metrics.noise_ema < 1))
+      return invalid(cfg, err, "metrics.noise_ema", "must be in [0, 1), got %g",
+                     (double)cfg->metrics.noise_ema);
+  }
   return 0;
 }
 

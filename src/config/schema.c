@@ -137,6 +137,11 @@ const st_config_key st_config_schema[] = {
     INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
     ENUM(metrics, progress, "auto", progress_modes,
          "progress line (auto = only on a terminal)"),
+    BOOL(metrics, noise_scale, "false",
+         "log the gradient noise scale B_simple (BACKGROUND.md 5); the "
+         "batch is measured in two micro-batches"),
+    FLOAT(metrics, noise_ema, "0.99",
+          "noise scale: EMA decay of the |G|^2 and tr(Sigma) estimates"),
 };
 
 const int st_config_schema_count =

@@ -56,6 +56,11 @@ typedef struct st_trainer_view {
   float lr;             /* this step's learning rate */
   int64_t step;         /* optimizer steps done before this one */
   int64_t first_sample; /* global index of the batch's first sample */
+  /* Noise scale (metrics.noise_scale), else NULL: the executor writes the
+   * first micro-batch's squared gradient norm to *gs2 (as a mean over its
+   * samples); st_trainer_update_blocks adds the batch's, block by block,
+   * into *gb2 before updating. */
+  double *gs2, *gb2;
 } st_trainer_view;
 
 /* Applies this step's update to blocks [first, first + count) and zeroes
@@ -89,6 +94,8 @@ const st_config *st_trainer_config(const st_trainer *t);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */
 int64_t st_trainer_steps_per_epoch(const st_trainer *t);
 int st_trainer_threads(const st_trainer *t); /* resolved from train.threads */
+/* Sum of squares, in double, in index order (deterministic). */
+double st_sum_squares(const float *x, size_t n);
 void st_trainer_note_result(st_trainer *t, double loss, double accuracy,
                             double samples_per_s);
 

@@ -7,6 +7,7 @@
 #include "exec.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,17 +87,34 @@ static int evaluate(run_state *r, st_error *err) {
   return 0;
 }
 
+/* ", \"noise_scale\": B, \"noise_g2\": G, \"noise_trace\": S" or "";
+ * JSON has no NaN, so an estimate not available yet is null. */
+static void noise_fields(const run_state *r, char *buf, size_t cap) {
+  const st_noise_scale *ns = st_trainer_noise(r->t);
+  buf[0] = 0;
+  if (!ns) return;
+  double g2, trace, b = st_noise_scale_value(ns, &g2, &trace);
+  char bs[32] = "null", gs[32] = "null", ts[32] = "null";
+  if (isfinite(b)) snprintf(bs, sizeof bs, "%.6g", b);
+  if (isfinite(g2)) snprintf(gs, sizeof gs, "%.6g", g2);
+  if (isfinite(trace)) snprintf(ts, sizeof ts, "%.6g", trace);
+  snprintf(buf, cap, ",\"noise_scale\":%s,\"noise_g2\":%s,\"noise_trace\":%s",
+           bs, gs, ts);
+}
+
 static void log_train(run_state *r) {
   const st_train_pos *p = st_trainer_pos(r->t);
   if (r->metrics && r->window_n) {
+    char noise[160];
+    noise_fields(r, noise, sizeof noise);
     fprintf(r->metrics,
             "{\"type\":\"train\",\"step\":%lld,\"epoch\":%lld,"
             "\"samples\":%lld,\"loss\":%.6f,\"lr\":%.6g,"
-            "\"samples_per_s\":%.1f,\"wall_s\":%.3f}\n",
+            "\"samples_per_s\":%.1f,\"wall_s\":%.3f%s}\n",
             (long long)p->step, (long long)p->epoch, (long long)p->samples,
             r->window_loss / r->window_n,
             st_lr_at(r->cfg, p->step - 1, st_trainer_total_steps(r->t)),
-            samples_per_s(r), st_now() - r->t0);
+            samples_per_s(r), st_now() - r->t0, noise);
     fflush(r->metrics);
   }
   r->window_loss = 0;
@@ -129,7 +147,8 @@ static int write_summary(run_state *r, st_error *err) {
   if (!r->dir) return 0;
   const st_train_pos *p = st_trainer_pos(r->t);
   const st_model *m = st_trainer_model(r->t);
-  char buf[2048], path[ST_PATH_MAX + 32];
+  char buf[2048], path[ST_PATH_MAX + 32], noise[160];
+  noise_fields(r, noise, sizeof noise);
   int n = snprintf(
       buf, sizeof buf,
       "{\n  \"mode\": \"%s\",\n  \"model\": \"%s\",\n  \"parameters\": %zu,\n"
@@ -137,12 +156,12 @@ static int write_summary(run_state *r, st_error *err) {
       "  \"batch\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
       "  \"test_accuracy\": %.6f,\n  \"samples_per_s\": %.1f,\n"
       "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
-      "  \"blas\": \"%s\"\n}\n",
+      "  \"blas\": \"%s\"%s\n}\n",
       r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
       (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
       r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
       samples_per_s(r), r->train_s,
-      st_now() - r->t0, st_trainer_threads(r->t), st_blas_name());
+      st_now() - r->t0, st_trainer_threads(r->t), st_blas_name(), noise);
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
   return st_write_file_atomic(path, buf, (size_t)n, err);
 }

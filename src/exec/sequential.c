@@ -46,6 +46,12 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
      * finishes: update that block then, while its gradient is in cache. */
     st_stage_backward_each(s, &ctx, v->params, v->grads, x, v->dlogits, NULL,
                            mb, last ? update_block : NULL, v);
+    /* The gradient so far is the first micro-batch's sum scaled by 1/batch;
+     * its mean over the micro-batch is batch/mb times that. */
+    if (v->gs2 && k == 0) {
+      double scale = (double)v->batch / mb;
+      *v->gs2 = st_sum_squares(v->grads, m->n_params) * scale * scale;
+    }
   }
   return 0;
 }

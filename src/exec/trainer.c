@@ -31,7 +31,8 @@ struct st_trainer {
   int *y;
   int32_t *perm, *eval_idx;
   int batch, micro_batch, eval_batch;
-  int evaluated;              /* st_trainer_note_eval was called */
+  int evaluated;              /* st_trainer_note_result was called */
+  st_noise_scale noise;       /* metrics.noise_scale */
   double eval_loss, eval_acc; /* the run's final evaluation */
   double samples_per_s;       /* and its training rate */
   int64_t total_steps, steps_per_epoch;
@@ -188,6 +189,11 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   t->batch = cfg->train.batch;
   t->micro_batch = cfg->execution.micro_batch ? cfg->execution.micro_batch
                                               : cfg->train.batch;
+  /* The noise scale needs gradients at two sizes: measure the batch in two
+   * halves unless micro-batches are configured (validated even). */
+  if (cfg->metrics.noise_scale && !cfg->execution.micro_batch)
+    t->micro_batch = cfg->train.batch / 2;
+  st_noise_scale_init(&t->noise, cfg->metrics.noise_ema);
   t->eval_batch = 256;
   if ((rc = load_data(t, err))) goto fail;
   if ((rc = check_data(t, err))) goto fail;
@@ -259,7 +265,14 @@ static void next_batch(st_trainer *t) {
                    t->cfg.data.normalize, t->x, t->y);
 }
 
+double st_sum_squares(const float *x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+  return s;
+}
+
 static void update_range(const st_trainer_view *v, size_t off, size_t n) {
+  if (v->gb2) *v->gb2 += st_sum_squares(v->grads + off, n);
   st_optim_step_range(v->ctx.pool, v->cfg, v->params + off, v->grads + off,
                       v->opt + off, v->model->n_params, n, v->lr, v->step);
 }
@@ -332,6 +345,8 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
       .step = t->pos.step,
       .first_sample = t->pos.samples,
   };
+  double gs2 = 0, gb2 = 0;
+  if (t->cfg.metrics.noise_scale) v.gs2 = &gs2, v.gb2 = &gb2;
   int rc = t->exec->step(t->exec_state, &v, loss, err);
   if (rc) {
     /* Nothing was updated; drop the partial gradients of earlier
@@ -339,6 +354,7 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
     memset(t->grads, 0, t->model->n_params * sizeof(float));
     return rc;
   }
+  if (v.gs2) st_noise_scale_add(&t->noise, gs2, t->micro_batch, gb2, t->batch);
   t->pos.step++;
   t->pos.epoch_pos += t->batch;
   t->pos.samples += t->batch;
@@ -465,4 +481,8 @@ int st_trainer_last_eval(const st_trainer *t, double *loss, double *accuracy,
   *accuracy = t->eval_acc;
   if (samples_per_s) *samples_per_s = t->samples_per_s;
   return 0;
+}
+
+const st_noise_scale *st_trainer_noise(const st_trainer *t) {
+  return t->cfg.metrics.noise_scale ? &t->noise : NULL;
 }

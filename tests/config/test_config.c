@@ -194,6 +194,8 @@ static const char *const all_keys[] = {
     "fabric.link_bandwidth",
     "metrics.log_every",
     "metrics.progress",
+    "metrics.noise_scale",
+    "metrics.noise_ema",
 };
 enum { N_KEYS = sizeof all_keys / sizeof all_keys[0] };
 
