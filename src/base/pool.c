@@ -11,9 +11,20 @@
 #include <sched.h>
 #include <stdatomic.h>
 
+typedef struct worker {
+  struct st_pool *pool;
+  int index; /* 0 .. nthreads - 2 */
+} worker;
+
+/* generation = (job counter << ACTIVE_BITS) | workers taking part: read in
+ * one load, so a slow worker can never pair one job's counter with another
+ * job's participant count. */
+enum { ACTIVE_BITS = 16 };
+
 struct st_pool {
   int nthreads; /* including the caller */
   pthread_t *threads;
+  worker *workers;
   pthread_mutex_t mu;
   pthread_cond_t wake;
   /* The current job; written by the caller before it bumps `generation`,
@@ -38,7 +49,8 @@ static void run_tasks(st_pool *p) {
 }
 
 static void *worker_main(void *arg) {
-  st_pool *p = arg;
+  const worker *self = arg;
+  st_pool *p = self->pool;
   uint64_t seen = 0;
   for (;;) {
     uint64_t g;
@@ -54,6 +66,9 @@ static void *worker_main(void *arg) {
     }
     if (atomic_load(&p->stop)) break;
     seen = g;
+    /* Only the first `active` workers take part; the others go back to
+     * waiting without touching the job. */
+    if (self->index >= (int)(g & ((1u << ACTIVE_BITS) - 1))) continue;
     run_tasks(p);
     atomic_fetch_sub_explicit(&p->busy_workers, 1, memory_order_release);
   }
@@ -62,6 +77,7 @@ static void *worker_main(void *arg) {
 
 st_pool *st_pool_create(int nthreads) {
   if (nthreads < 1) nthreads = 1;
+  if (nthreads > (1 << ACTIVE_BITS)) nthreads = 1 << ACTIVE_BITS;
   st_pool *p = st_alloc(sizeof *p);
   if (!p) return NULL;
   p->nthreads = nthreads;
@@ -69,9 +85,12 @@ st_pool *st_pool_create(int nthreads) {
   pthread_cond_init(&p->wake, NULL);
   if (nthreads > 1) {
     p->threads = st_alloc(sizeof(pthread_t) * (size_t)(nthreads - 1));
-    if (!p->threads) goto fail;
+    p->workers = st_alloc(sizeof(worker) * (size_t)(nthreads - 1));
+    if (!p->threads || !p->workers) goto fail;
     for (int i = 0; i < nthreads - 1; i++) {
-      if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) {
+      p->workers[i] = (worker){p, i};
+      if (pthread_create(&p->threads[i], NULL, worker_main, &p->workers[i]) !=
+          0) {
         p->nthreads = i + 1; /* destroy joins the ones that started */
         goto fail;
       }
@@ -92,6 +111,7 @@ void st_pool_destroy(st_pool *p) {
   if (p->threads)
     for (int i = 0; i < p->nthreads - 1; i++) pthread_join(p->threads[i], NULL);
   st_free(p->threads);
+  st_free(p->workers);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->wake);
   st_free(p);
@@ -106,14 +126,19 @@ void st_pool_for(st_pool *p, int ntasks, void (*fn)(void *arg, int task),
     for (int t = 0; t < ntasks; t++) fn(arg, t);
     return;
   }
+  /* The caller runs tasks too, so ntasks - 1 helpers at most are useful. */
+  int active = ntasks - 1 < p->nthreads - 1 ? ntasks - 1 : p->nthreads - 1;
   p->fn = fn;
   p->arg = arg;
   p->ntasks = ntasks;
   atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->busy_workers, p->nthreads - 1,
-                        memory_order_relaxed);
+  atomic_store_explicit(&p->busy_workers, active, memory_order_relaxed);
   pthread_mutex_lock(&p->mu);
-  atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+  uint64_t g = atomic_load_explicit(&p->generation, memory_order_relaxed);
+  atomic_store_explicit(&p->generation,
+                        ((g >> ACTIVE_BITS) + 1) << ACTIVE_BITS |
+                            (uint64_t)active,
+                        memory_order_release);
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->mu);
   run_tasks(p);

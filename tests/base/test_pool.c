@@ -1,0 +1,56 @@
+/*
+ * test_pool.c — the thread pool under stress: thousands of jobs whose task
+ * counts go below and above the number of workers (so different subsets of
+ * workers take part from one job to the next), on pools of 1, 2, 3 and 8
+ * threads. Every task of every job must run exactly once, and results must
+ * be visible to the caller when st_pool_for returns. Run under
+ * ThreadSanitizer by `make test-tsan`.
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+enum { JOBS = 4000, MAX_TASKS = 24 };
+
+typedef struct job {
+  int hits[MAX_TASKS];
+  _Atomic int total;
+} job;
+
+static void task(void *arg, int t) {
+  job *j = arg;
+  j->hits[t]++; /* each task index belongs to one task: no race */
+  atomic_fetch_add_explicit(&j->total, 1, memory_order_relaxed);
+}
+
+static void stress(int threads) {
+  st_pool *pool = st_pool_create(threads);
+  CHECK(pool && st_pool_threads(pool) == threads, "pool of %d", threads);
+  if (!pool) return;
+  int bad = 0;
+  for (int n = 0; n < JOBS && !bad; n++) {
+    job j;
+    memset(j.hits, 0, sizeof j.hits);
+    atomic_store(&j.total, 0);
+    int ntasks = 1 + (n * 7) % MAX_TASKS; /* 1..24, cycling */
+    st_pool_for(pool, ntasks, task, &j);
+    for (int t = 0; t < MAX_TASKS; t++)
+      bad |= j.hits[t] != (t < ntasks ? 1 : 0);
+    bad |= atomic_load(&j.total) != ntasks;
+    if (bad)
+      CHECK(0, "pool of %d, job %d with %d tasks: a task ran %s", threads, n,
+            ntasks, "twice, never, or out of range");
+  }
+  CHECK(!bad, "pool of %d: %d jobs ran every task exactly once", threads,
+        JOBS);
+  st_pool_destroy(pool);
+}
+
+int main(void) {
+  const int sizes[] = {1, 2, 3, 8};
+  for (int i = 0; i < 4; i++) stress(sizes[i]);
+  st_pool_for(NULL, 3, task, &(job){0}); /* a NULL pool runs inline */
+  TH_DONE();
+}
