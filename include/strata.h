@@ -594,6 +594,66 @@ void st_dataset_batch(const st_dataset *ds, const int32_t *idx, int B,
 /* Permutation of [0, n) for an epoch: a pure function of (seed, epoch). */
 void st_shuffle(int32_t *perm, int n, uint64_t seed, int64_t epoch);
 
+/* Tokenizers for text (tokenizer.c). Token ids 0..255 are the bytes; a BPE
+ * tokenizer adds token 256 + r for its merge r of (left, right), learned by
+ * st_bpe_train. The byte tokenizer is a BPE tokenizer with no merges. Encode
+ * applies the merges in rank order, leftmost first; decode is its exact
+ * inverse for any byte string (no UTF-8 assumption). */
+typedef struct st_tokenizer st_tokenizer;
+
+/* The byte-level tokenizer (vocab 256, token = byte). */
+int st_tokenizer_create_bytes(st_tokenizer **out, st_error *err);
+/* Byte-level BPE on text[0..n): merges the most frequent adjacent pair
+ * (ties: lowest left, then lowest right id) until the vocabulary has `vocab`
+ * tokens, or earlier when no pair occurs twice. vocab >= 256. */
+int st_bpe_train(st_tokenizer **out, const uint8_t *text, size_t n, int vocab,
+                 st_error *err);
+void st_tokenizer_destroy(st_tokenizer *tok);
+int st_tokenizer_vocab(const st_tokenizer *tok);
+/* Merge r as (left, right) ids; r in [0, vocab - 256). */
+void st_tokenizer_merge(const st_tokenizer *tok, int r, int32_t *left,
+                        int32_t *right);
+/* Token ids of text[0..n) into ids (room for n: never more ids than bytes);
+ * *n_ids gets the count. */
+int st_tokenizer_encode(const st_tokenizer *tok, const uint8_t *text, size_t n,
+                        int32_t *ids, size_t *n_ids, st_error *err);
+/* Bytes of ids[0..n_ids) into out[0..cap); *n_out gets the byte count. With
+ * out == NULL it only counts. Fails on an id outside the vocabulary or when
+ * cap is too small. */
+int st_tokenizer_decode(const st_tokenizer *tok, const int32_t *ids,
+                        size_t n_ids, uint8_t *out, size_t cap, size_t *n_out,
+                        st_error *err);
+/* Text file "strata-bpe 1\nvocab N\n" then N - 256 lines "left right";
+ * written atomically (temporary file, then rename). Load checks the magic,
+ * version, every merge and the length; errors name the file. */
+int st_tokenizer_save(const st_tokenizer *tok, const char *path, st_error *err);
+int st_tokenizer_load(st_tokenizer **out, const char *path, st_error *err);
+
+/* Reads a whole file into memory from st_alloc (the caller st_frees *data);
+ * a zero-byte file gives *data == NULL, *n == 0. (text.c) */
+int st_file_read(uint8_t **data, size_t *n, const char *path, st_error *err);
+
+/* A text corpus as token ids, split by position: the first tokens train, the
+ * last floor(n_tokens * val_fraction) validate (deterministic, contiguous). */
+typedef struct st_text_dataset {
+  char path[ST_PATH_MAX];
+  int vocab;          /* of the tokenizer used */
+  size_t n_bytes;     /* of the file */
+  size_t n_tokens;    /* n_train + n_val */
+  int32_t *tokens;    /* (n_tokens), from st_alloc */
+  int32_t *train;     /* view: tokens[0 .. n_train) */
+  size_t n_train;
+  int32_t *val;       /* view: tokens[n_train .. n_tokens) */
+  size_t n_val;
+} st_text_dataset;
+
+/* Reads and tokenizes a text file (tok NULL: bytes). val_fraction in [0, 1);
+ * an empty file, or one too short to give both parts, is an error. */
+int st_text_dataset_load(st_text_dataset **out, const char *path,
+                         const st_tokenizer *tok, double val_fraction,
+                         st_error *err);
+void st_text_dataset_destroy(st_text_dataset *ds);
+
 /* ------------------------------------------------------------------- io */
 
 /* safetensors (https://huggingface.co/docs/safetensors): 8-byte little-endian
@@ -892,6 +952,14 @@ const st_train_pos *st_trainer_pos(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */
 const st_noise_scale *st_trainer_noise(const st_trainer *t);
 int64_t st_trainer_total_steps(const st_trainer *t);
+
+/* Steps-to-result sweep (docs/sweep.md; BACKGROUND.md §5, Shallue et al.
+ * 2018): for each batch size, a quasi-random search over the learning rate
+ * (and momentum for sgd with momentum); the batch size's steps to result is
+ * the fewest steps any trial needed to first meet the target on the test set.
+ * Trials run one after another. */
+typedef enum { ST_TARGET_ACCURACY, ST_TARGET_LOSS } st_target_kind;
+
 
 #ifdef __cplusplus
 }

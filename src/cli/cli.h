@@ -11,5 +11,7 @@
 int st_cli_compile(int argc, char **argv);
 /* strata bench --calibrate [...] (bench.c) */
 int st_cli_bench(int argc, char **argv);
+/* strata tokenize train|encode [...] (tokenize.c) */
+int st_cli_tokenize(int argc, char **argv);
 
 #endif

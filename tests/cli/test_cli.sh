@@ -351,6 +351,22 @@ expect_error "compile: unknown fabric" "--fabric toaster: unknown fabric; one of
 expect_error "compile: more stages than blocks" "--stages 9: more stages than the model's 3 blocks" \
   -- compile "$fc" --fabric cpu:8 --stages 9 --out "$T/o_stages"
 
+# --- 13. tokenize -------------------------------------------------------------------
+python3 -c 'import random; r = random.Random(5); w = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "slept"]; print(" ".join(r.choice(w) for _ in range(4000)))' >"$T/corpus.txt"
+run tokenize train "$T/corpus.txt" --vocab 300 --out "$T/tok.bpe"
+if [ "$rc" -eq 0 ] && head -n 1 "$T/tok.bpe" | grep -q "^strata-bpe 1$"; then pass; else
+  fail "tokenize train writes a tokenizer" "rc $rc" "$out" "$err"
+fi
+run tokenize encode "$T/corpus.txt" --tokenizer "$T/tok.bpe"
+ids=$(printf '%s' "$out" | wc -w)
+bytes=$(wc -c <"$T/corpus.txt")
+if [ "$rc" -eq 0 ] && [ "$ids" -gt 0 ] && [ "$ids" -lt $((bytes / 2)) ]; then pass; else
+  fail "tokenize encode compresses the corpus" "rc $rc, $ids ids for $bytes bytes" "$err"
+fi
+printf 'not a tokenizer\n' >"$T/bad.bpe"
+expect_error "tokenize: not a tokenizer file" "$(re_quote "$T/bad.bpe")" \
+  -- tokenize encode "$T/corpus.txt" --tokenizer "$T/bad.bpe"
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint that cannot be written (its folder is a file) fails the run
 # cleanly; so must every failing run above, without leaving a temporary.

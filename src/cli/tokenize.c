@@ -1,0 +1,212 @@
+/*
+ * tokenize.c — `strata tokenize`: trains a byte-level BPE tokenizer on a
+ * corpus and writes it, or prints the token ids of a file (docs: the
+ * strata-bpe format is described in strata.h beside st_tokenizer_save).
+ * Errors end as one line "strata: error: ..." and exit status 1; a misused
+ * command line prints the usage and exits 2.
+ */
+#include "cli.h"
+#include "strata.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *usage_tokenize =
+    "usage: strata tokenize train CORPUS --vocab N --out FILE\n"
+    "       strata tokenize encode FILE [--tokenizer TOK]\n"
+    "\n"
+    "train   learns a byte-level BPE tokenizer on CORPUS (any file: bytes,\n"
+    "        not necessarily UTF-8): starting from the 256 byte tokens it\n"
+    "        merges the most frequent adjacent pair (ties: lowest ids) until\n"
+    "        the vocabulary has N tokens, or no pair occurs twice. Prints\n"
+    "        merges/s and the compression (bytes per token) on CORPUS, and\n"
+    "        writes FILE (\"strata-bpe 1\", \"vocab N\", one merge a line).\n"
+    "encode  prints the token ids of FILE, space-separated, one line; with\n"
+    "        no --tokenizer the ids are the bytes (vocab 256).\n"
+    "\n"
+    "options:\n"
+    "  --vocab N         vocabulary size, 256 + the number of merges\n"
+    "  --out FILE        where the trained tokenizer goes\n"
+    "  --tokenizer TOK   a file written by `strata tokenize train`\n"
+    "  --help            this text\n";
+
+typedef struct tokenize_args {
+  const char *action, *input, *vocab, *out, *tokenizer;
+  int help;
+} tokenize_args;
+
+static int usage_error(const char *fmt, const char *what) {
+  fprintf(stderr, "strata: ");
+  fprintf(stderr, fmt, what);
+  fprintf(stderr, "\n%s", usage_tokenize);
+  return 2;
+}
+
+static int fail(const st_error *err) {
+  fprintf(stderr, "strata: error: %s\n", err->msg);
+  return 1;
+}
+
+static int parse(int argc, char **argv, tokenize_args *a) {
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    const char **slot = NULL;
+    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+      a->help = 1;
+      continue;
+    }
+    if (strcmp(s, "--vocab") == 0)
+      slot = &a->vocab;
+    else if (strcmp(s, "--out") == 0)
+      slot = &a->out;
+    else if (strcmp(s, "--tokenizer") == 0)
+      slot = &a->tokenizer;
+    else if (s[0] == '-' && s[1] == '-')
+      return usage_error("unknown option '%s'", s);
+    if (!slot) {
+      if (!a->action)
+        a->action = s;
+      else if (!a->input)
+        a->input = s;
+      else
+        return usage_error("unexpected argument '%s'", s);
+      continue;
+    }
+    if (i + 1 >= argc)
+      return usage_error("%s needs a value", s);
+    *slot = argv[++i];
+  }
+  return 0;
+}
+
+static int train(const tokenize_args *a) {
+  if (!a->input)
+    return usage_error("tokenize train needs a CORPUS%s", "");
+  if (!a->vocab)
+    return usage_error("tokenize train needs --vocab N%s", "");
+  if (!a->out)
+    return usage_error("tokenize train needs --out FILE%s", "");
+  char *stop;
+  errno = 0;
+  long vocab = strtol(a->vocab, &stop, 10);
+  if (errno || *stop || stop == a->vocab || vocab < 256 || vocab > 1 << 20)
+    return usage_error("--vocab must be an integer in [256, 1048576], not "
+                       "'%s'",
+                       a->vocab);
+  st_error err = {0};
+  uint8_t *text = NULL;
+  size_t n = 0;
+  st_tokenizer *tok = NULL;
+  int32_t *ids = NULL;
+  int status = 1;
+  if (st_file_read(&text, &n, a->input, &err)) {
+    status = fail(&err);
+    goto done;
+  }
+  if (n == 0) {
+    st_error_set(&err, ST_EDATA, "%s: the corpus is empty", a->input);
+    status = fail(&err);
+    goto done;
+  }
+  double t0 = st_now();
+  if (st_bpe_train(&tok, text, n, (int)vocab, &err)) {
+    status = fail(&err);
+    goto done;
+  }
+  double seconds = st_now() - t0;
+  int merges = st_tokenizer_vocab(tok) - 256;
+  ids = st_alloc(n * sizeof *ids);
+  size_t n_ids = 0;
+  if (!ids) {
+    st_error_set(&err, ST_ENOMEM, "%s: out of memory", a->input);
+    status = fail(&err);
+    goto done;
+  }
+  t0 = st_now();
+  if (st_tokenizer_encode(tok, text, n, ids, &n_ids, &err)) {
+    status = fail(&err);
+    goto done;
+  }
+  double encode_seconds = st_now() - t0;
+  if (st_tokenizer_save(tok, a->out, &err)) {
+    status = fail(&err);
+    goto done;
+  }
+  printf("trained %d merges (vocab %d) on %zu bytes in %.3f s: %.0f "
+         "merges/s\n",
+         merges, st_tokenizer_vocab(tok), n, seconds,
+         seconds > 0 ? merges / seconds : 0.0);
+  if (merges < vocab - 256)
+    printf("stopped early: no pair occurs twice after %d merges\n", merges);
+  printf("compression on %s: %zu bytes -> %zu tokens, %.3f bytes/token "
+         "(encoded in %.3f s)\n",
+         a->input, n, n_ids, (double)n / (double)n_ids, encode_seconds);
+  printf("wrote %s\n", a->out);
+  status = 0;
+done:
+  st_free(ids);
+  st_free(text);
+  st_tokenizer_destroy(tok);
+  return status;
+}
+
+static int encode(const tokenize_args *a) {
+  if (!a->input)
+    return usage_error("tokenize encode needs a FILE%s", "");
+  if (a->vocab || a->out)
+    return usage_error("%s is an option of tokenize train",
+                       a->vocab ? "--vocab" : "--out");
+  st_error err = {0};
+  st_tokenizer *tok = NULL;
+  uint8_t *text = NULL;
+  int32_t *ids = NULL;
+  size_t n = 0, n_ids = 0;
+  int status = 1;
+  int rc = a->tokenizer ? st_tokenizer_load(&tok, a->tokenizer, &err)
+                        : st_tokenizer_create_bytes(&tok, &err);
+  if (!rc)
+    rc = st_file_read(&text, &n, a->input, &err);
+  if (!rc && n) {
+    ids = st_alloc(n * sizeof *ids);
+    if (!ids)
+      rc = st_error_set(&err, ST_ENOMEM, "%s: out of memory", a->input);
+  }
+  if (!rc)
+    rc = st_tokenizer_encode(tok, text, n, ids, &n_ids, &err);
+  if (rc) {
+    status = fail(&err);
+    goto done;
+  }
+  for (size_t i = 0; i < n_ids; i++)
+    printf(i ? " %d" : "%d", ids[i]);
+  printf("\n");
+  status = fflush(stdout) == 0 ? 0 : 1;
+done:
+  st_free(ids);
+  st_free(text);
+  st_tokenizer_destroy(tok);
+  return status;
+}
+
+int st_cli_tokenize(int argc, char **argv) {
+  tokenize_args a = {0};
+  int rc = parse(argc, argv, &a);
+  if (rc)
+    return rc;
+  if (a.help) {
+    fputs(usage_tokenize, stdout);
+    return 0;
+  }
+  if (!a.action)
+    return usage_error("tokenize needs an action: train or encode%s", "");
+  if (strcmp(a.action, "train") == 0) {
+    if (a.tokenizer)
+      return usage_error("--tokenizer is an option of tokenize encode%s", "");
+    return train(&a);
+  }
+  if (strcmp(a.action, "encode") == 0)
+    return encode(&a);
+  return usage_error("unknown tokenize action '%s' (train or encode)",
+                     a.action);
+}
