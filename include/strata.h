@@ -585,6 +585,11 @@ typedef struct st_dataset {
 int st_dataset_load_idx(st_dataset **out, const char *images_gz,
                         const char *labels_gz, int limit, st_error *err);
 /* Deterministic synthetic classification data (for tests and benches). */
+/* Samples [first, first + n) of the same problem (same class prototypes):
+ * a training set and a held-out test set are two disjoint ranges. */
+int st_dataset_synthetic_range(st_dataset **out, int first, int n,
+                               st_shape shape, int classes, uint64_t seed,
+                               st_error *err);
 int st_dataset_synthetic(st_dataset **out, int n, st_shape shape, int classes,
                          uint64_t seed, st_error *err);
 void st_dataset_destroy(st_dataset *ds);

@@ -59,6 +59,12 @@ static int check_args(int n, st_shape shape, int classes, st_error *err) {
 
 int st_dataset_synthetic(st_dataset **out, int n, st_shape shape, int classes,
                          uint64_t seed, st_error *err) {
+  return st_dataset_synthetic_range(out, 0, n, shape, classes, seed, err);
+}
+
+int st_dataset_synthetic_range(st_dataset **out, int first, int n,
+                               st_shape shape, int classes, uint64_t seed,
+                               st_error *err) {
   *out = NULL;
   int rc = check_args(n, shape, classes, err);
   if (rc)
@@ -75,10 +81,11 @@ int st_dataset_synthetic(st_dataset **out, int n, st_shape shape, int classes,
     goto nomem;
   make_prototypes(protos, (size_t)classes * numel, seed);
   for (int s = 0; s < n; s++) {
-    int label = s % classes;
+    int index = first + s; /* a sample depends only on its index */
+    int label = index % classes;
     ds->labels[s] = (uint8_t)label;
     make_sample(ds->pixels + (size_t)s * numel, protos + (size_t)label * numel,
-                numel, seed, s);
+                numel, seed, index);
   }
   st_free(protos);
   ds->classes = classes;

@@ -54,9 +54,11 @@ static int load_data(st_trainer *t, st_error *err) {
     int ntest = c->data.test_limit ? c->data.test_limit : 1000;
     int rc = st_dataset_synthetic(&t->train, ntrain, shape, c->model.classes,
                                   c->train.seed, err);
+    /* the test set: later samples of the same problem, never seen in
+     * training (another seed would draw other class prototypes) */
     if (!rc)
-      rc = st_dataset_synthetic(&t->test, ntest, shape, c->model.classes,
-                                c->train.seed + 1, err);
+      rc = st_dataset_synthetic_range(&t->test, ntrain, ntest, shape,
+                                      c->model.classes, c->train.seed, err);
     if (!rc) {
       /* Test data is standardised with the training statistics. */
       t->test->mean = t->train->mean;

@@ -638,6 +638,26 @@ static void remove_tmp_dir(void) {
     fprintf(stderr, "could not remove %s\n", tmp_dir);
 }
 
+/* A range of a synthetic problem is exactly those samples of the whole
+ * problem: same prototypes, same pixels, same labels. This is how the
+ * trainer holds out its synthetic test set. */
+static void test_synthetic_range(void) {
+  st_error err = {0};
+  st_dataset *all = NULL, *tail = NULL;
+  st_shape shape = {1, 6, 6};
+  int rc = st_dataset_synthetic(&all, 300, shape, 7, 11, &err);
+  if (!rc) rc = st_dataset_synthetic_range(&tail, 200, 100, shape, 7, 11, &err);
+  CHECK(rc == 0, "synthetic range: %s", err.msg);
+  if (!rc) {
+    size_t numel = st_shape_numel(shape);
+    CHECK(memcmp(tail->pixels, all->pixels + 200 * numel, 100 * numel) == 0 &&
+              memcmp(tail->labels, all->labels + 200, 100) == 0,
+          "samples [200, 300) differ between the range and the whole set");
+  }
+  st_dataset_destroy(all);
+  st_dataset_destroy(tail);
+}
+
 int main(void) {
   snprintf(tmp_dir, sizeof tmp_dir, "/tmp/strata-test-data-XXXXXX");
   if (!mkdtemp(tmp_dir)) {
@@ -658,6 +678,7 @@ int main(void) {
   test_batch_standardises();
   test_synthetic();
   test_synthetic_errors();
+  test_synthetic_range();
   remove_tmp_dir();
   TH_DONE();
 }
