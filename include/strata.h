@@ -965,6 +965,39 @@ int64_t st_trainer_total_steps(const st_trainer *t);
  * Trials run one after another. */
 typedef enum { ST_TARGET_ACCURACY, ST_TARGET_LOSS } st_target_kind;
 
+typedef struct st_sweep_target {
+  st_target_kind kind; /* met when accuracy >= value, or loss <= value */
+  double value;
+} st_sweep_target;
+
+/* Parses "accuracy=0.85" or "loss=0.4"; accuracy must lie in (0, 1]. */
+int st_sweep_target_parse(st_sweep_target *t, const char *spec,
+                          st_error *err);
+
+typedef struct st_sweep_options {
+  st_int_list batch_sizes;   /* strictly increasing, each >= 1 */
+  int trials;                /* per batch size, >= 1 */
+  int64_t budget_steps;      /* steps per trial, >= 1 */
+  int eval_every;            /* evaluate every N steps and at the end */
+  double lr_min, lr_max;     /* log-scale search range, 0 < min <= max */
+  st_sweep_target target;
+  char out_dir[ST_PATH_MAX]; /* sweep.csv, steps.csv, steps.svg, report.md */
+  FILE *progress;            /* one line per trial; may be NULL */
+} st_sweep_options;
+
+/* Radical inverse of index in base (the Halton sequence), in [0, 1). */
+double st_sweep_halton(int64_t index, int base);
+/* Trial i's point: Halton index i + 1, base 2 for lr (log scale over
+ * [lr_min, lr_max]), base 3 for momentum = 1 - 10^u over [0.5, 0.99].
+ * *momentum is -1 when the optimizer has none (adamw, or sgd configured with
+ * momentum 0). */
+void st_sweep_point(const st_sweep_options *o, const st_config *base,
+                    int trial, double *lr, double *momentum);
+/* Runs the sweep, writing DIR/sweep.csv after every trial (atomically) and
+ * the other three files at the end. Trials already in DIR/sweep.csv are
+ * read back and not run again. Same options and config: same files. */
+int st_sweep_run(const st_sweep_options *o, const st_config *base,
+                 st_error *err);
 
 #ifdef __cplusplus
 }

@@ -13,5 +13,7 @@ int st_cli_compile(int argc, char **argv);
 int st_cli_bench(int argc, char **argv);
 /* strata tokenize train|encode [...] (tokenize.c) */
 int st_cli_tokenize(int argc, char **argv);
+/* strata sweep CONFIG --batch-sizes ... --target ... (sweep.c) */
+int st_cli_sweep(int argc, char **argv);
 
 #endif

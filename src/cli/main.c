@@ -31,6 +31,7 @@ static const char *usage_main =
     "  inspect FILE     list the tensors of a checkpoint (safetensors)\n"
     "  bench --calibrate  measure this machine's kernel rates for the compiler\n"
     "  tokenize train|encode  train a BPE tokenizer on a corpus, or encode text\n"
+    "  sweep CONFIG     steps to a target across batch sizes (Shallue et al.)\n"
     "\n"
     "Run 'strata COMMAND --help' for a command's options.\n";
 
@@ -291,6 +292,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "compile") == 0) return st_cli_compile(argc - 2, argv + 2);
   if (strcmp(cmd, "bench") == 0) return st_cli_bench(argc - 2, argv + 2);
   if (strcmp(cmd, "tokenize") == 0) return st_cli_tokenize(argc - 2, argv + 2);
+  if (strcmp(cmd, "sweep") == 0) return st_cli_sweep(argc - 2, argv + 2);
   if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
   return usage_error(usage_main, "unknown command '%s'", cmd);
 }

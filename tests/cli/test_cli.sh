@@ -367,6 +367,27 @@ printf 'not a tokenizer\n' >"$T/bad.bpe"
 expect_error "tokenize: not a tokenizer file" "$(re_quote "$T/bad.bpe")" \
   -- tokenize encode "$T/corpus.txt" --tokenizer "$T/bad.bpe"
 
+# --- 14. sweep ------------------------------------------------------------------------
+run sweep "$fc" --batch-sizes 8,16 --target accuracy=0.9 --trials 2 \
+  --budget-steps 40 --eval-every 5 --out "$T/sweep" \
+  --set data.dataset=synthetic --set data.train_limit=512 \
+  --set data.test_limit=128 --set model.hidden=[16] --set metrics.progress=off
+if [ "$rc" -eq 0 ] && [ -s "$T/sweep/sweep.csv" ] && [ -s "$T/sweep/steps.csv" ] &&
+   [ -s "$T/sweep/steps.svg" ] && [ -s "$T/sweep/report.md" ] &&
+   [ "$(wc -l <"$T/sweep/steps.csv")" -eq 3 ]; then
+  pass
+else
+  fail "sweep writes its four files, one steps row per batch size" "rc $rc" "$err"
+fi
+# A malformed --target is command-line misuse: exit 2, the cause first.
+run sweep "$fc" --batch-sizes 8 --target speed=9 --out "$T/o_sweep"
+if [ "$rc" -eq 2 ] && printf '%s\n' "$err" | head -n 1 |
+   grep -q "target 'speed=9': unknown metric 'speed' (accuracy or loss)"; then
+  pass
+else
+  fail "sweep: bad target is a usage error naming the metric" "rc $rc" "$err"
+fi
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint that cannot be written (its folder is a file) fails the run
 # cleanly; so must every failing run above, without leaving a temporary.

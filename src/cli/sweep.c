@@ -1,0 +1,274 @@
+/*
+ * sweep.c — `strata sweep`: steps to reach a target against batch size, the
+ * best of a quasi-random learning-rate (and momentum) search per batch size
+ * (docs/sweep.md; BACKGROUND.md §5). The work is st_sweep_run; this file
+ * reads the command line. Errors end as one line "strata: error: ..." and
+ * exit status 1; a misused command line (a malformed option value included)
+ * prints the usage and exits 2.
+ */
+#include "cli.h"
+#include "strata.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SETS 64
+
+static const char *usage_sweep =
+    "usage: strata sweep CONFIG --batch-sizes B1,B2,... --target METRIC=VALUE\n"
+    "                    [--trials N] [--budget-steps N] [--eval-every N]\n"
+    "                    [--lr-range MIN,MAX]\n"
+    "                    [--optimizer sgd|momentum|nesterov|adam]\n"
+    "                    [--out DIR] [--set key.path=value ...]\n"
+    "\n"
+    "Measures how many steps the model of CONFIG needs to reach a test-set\n"
+    "target at each batch size (Shallue et al. 2018): per batch size, N\n"
+    "trials with the learning rate (and momentum, for sgd with momentum)\n"
+    "from a Halton sequence; a trial evaluates every --eval-every steps and\n"
+    "stops at the first evaluation meeting the target; the batch size's\n"
+    "steps to result is its best trial's. Trials run one after another. A\n"
+    "sweep stopped part-way resumes: trials already in DIR/sweep.csv are\n"
+    "not run again.\n"
+    "\n"
+    "options:\n"
+    "  --batch-sizes LIST  increasing batch sizes, e.g. 1,2,4,8,16 (required)\n"
+    "  --target M=V        accuracy=0.85 (test accuracy >= 0.85) or loss=0.4\n"
+    "                      (test loss <= 0.4) (required)\n"
+    "  --trials N          trials per batch size (default 8)\n"
+    "  --budget-steps N    most steps per trial (default train.steps when "
+    "set,\n"
+    "                      else 1000); the schedule spans this many steps\n"
+    "  --eval-every N      evaluate every N steps and at the end (default\n"
+    "                      train.eval_every when set, else budget / 100)\n"
+    "  --lr-range MIN,MAX  learning rates searched on a log scale (default\n"
+    "                      0.001,1)\n"
+    "  --optimizer NAME    sgd (no momentum), momentum, nesterov (both search\n"
+    "                      momentum in [0.5, 0.99]) or adam (adamw); default:\n"
+    "                      the config's optimizer\n"
+    "  --out DIR           output directory (default runs/sweep-<config "
+    "name>)\n"
+    "  --set KEY=VALUE     override a config key; repeatable\n"
+    "  --help              this text\n"
+    "\n"
+    "writes:\n"
+    "  DIR/sweep.csv   every trial: batch, trial, lr, momentum,\n"
+    "                  steps_to_target (empty: not reached), final metric\n"
+    "  DIR/steps.csv   the best trial per batch size\n"
+    "  DIR/steps.svg   steps against batch size, log-log, with the\n"
+    "                  perfect-scaling line and the regimes shaded\n"
+    "  DIR/report.md   the table and where steps stop halving\n";
+
+typedef struct sweep_args {
+  const char *config, *batch_sizes, *target, *trials, *budget, *eval_every,
+      *lr_range, *optimizer, *out;
+  const char *sets[MAX_SETS];
+  int n_sets, help;
+} sweep_args;
+
+static int usage_error(const char *fmt, const char *what) {
+  fprintf(stderr, "strata: ");
+  fprintf(stderr, fmt, what);
+  fprintf(stderr, "\n%s", usage_sweep);
+  return 2;
+}
+
+static int fail(const st_error *err) {
+  fprintf(stderr, "strata: error: %s\n", err->msg);
+  return 1;
+}
+
+static int parse(int argc, char **argv, sweep_args *a) {
+  static const struct {
+    const char *flag;
+    size_t offset;
+  } flags[] = {
+      {"--batch-sizes", offsetof(sweep_args, batch_sizes)},
+      {"--target", offsetof(sweep_args, target)},
+      {"--trials", offsetof(sweep_args, trials)},
+      {"--budget-steps", offsetof(sweep_args, budget)},
+      {"--eval-every", offsetof(sweep_args, eval_every)},
+      {"--lr-range", offsetof(sweep_args, lr_range)},
+      {"--optimizer", offsetof(sweep_args, optimizer)},
+      {"--out", offsetof(sweep_args, out)},
+  };
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    const char **slot = NULL;
+    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+      a->help = 1;
+      continue;
+    }
+    if (strcmp(s, "--set") == 0) {
+      if (a->n_sets == MAX_SETS)
+        return usage_error("too many --set options%s", "");
+      slot = &a->sets[a->n_sets++];
+    }
+    for (size_t k = 0; !slot && k < sizeof flags / sizeof flags[0]; k++)
+      if (strcmp(s, flags[k].flag) == 0)
+        slot = (const char **)((char *)a + flags[k].offset);
+    if (!slot) {
+      if (s[0] == '-' && s[1])
+        return usage_error("unknown option '%s'", s);
+      if (a->config)
+        return usage_error("unexpected argument '%s'", s);
+      a->config = s;
+      continue;
+    }
+    if (i + 1 >= argc)
+      return usage_error("%s needs a value", s);
+    *slot = argv[++i];
+  }
+  return 0;
+}
+
+/* A whole number in [1, max]; -1 if malformed. */
+static long long positive(const char *text, long long max) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(text, &end, 10);
+  if (!*text || *end || errno || v < 1 || v > max)
+    return -1;
+  return v;
+}
+
+static int parse_batches(st_int_list *l, const char *text) {
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", text);
+  l->n = 0;
+  for (char *save, *p = strtok_r(buf, ",", &save); p;
+       p = strtok_r(NULL, ",", &save)) {
+    long long v = positive(p, 1 << 30);
+    if (v < 0 || l->n == ST_MAX_LIST)
+      return -1;
+    if (l->n && v <= l->v[l->n - 1])
+      return -1;
+    l->v[l->n++] = (int)v;
+  }
+  return l->n ? 0 : -1;
+}
+
+static int parse_range(double *lo, double *hi, const char *text) {
+  char *end;
+  *lo = strtod(text, &end);
+  if (end == text || *end != ',')
+    return -1;
+  const char *second = end + 1;
+  *hi = strtod(second, &end);
+  if (end == second || *end)
+    return -1;
+  return *lo > 0 && *lo <= *hi ? 0 : -1;
+}
+
+/* --optimizer: the config keys it stands for, applied as --set would. */
+static int apply_optimizer(st_config *cfg, const char *name, st_error *err) {
+  static const struct {
+    const char *name, *sets[3];
+  } table[] = {
+      {"sgd",
+       {"optimizer.kind=sgd", "optimizer.momentum=0",
+        "optimizer.nesterov=false"}},
+      {"momentum",
+       {"optimizer.kind=sgd", "optimizer.momentum=0.9",
+        "optimizer.nesterov=false"}},
+      {"nesterov",
+       {"optimizer.kind=sgd", "optimizer.momentum=0.9",
+        "optimizer.nesterov=true"}},
+      {"adam", {"optimizer.kind=adamw", NULL, NULL}},
+  };
+  for (size_t k = 0; k < sizeof table / sizeof table[0]; k++) {
+    if (strcmp(name, table[k].name) != 0)
+      continue;
+    for (int j = 0; j < 3 && table[k].sets[j]; j++) {
+      int rc = st_config_set(cfg, table[k].sets[j], err);
+      if (rc)
+        return rc;
+    }
+    return 0;
+  }
+  return 1;
+}
+
+static void default_out(char *out, size_t cap, const char *config) {
+  const char *base = strrchr(config, '/');
+  base = base ? base + 1 : config;
+  size_t n = strcspn(base, ".");
+  snprintf(out, cap, "runs/sweep-%.*s", (int)n, base);
+}
+
+int st_cli_sweep(int argc, char **argv) {
+  sweep_args a = {0};
+  int rc = parse(argc, argv, &a);
+  if (rc)
+    return rc;
+  if (a.help)
+    return fputs(usage_sweep, stdout), 0;
+  if (!a.config)
+    return usage_error("sweep needs a CONFIG%s", "");
+  if (!a.batch_sizes)
+    return usage_error("sweep needs --batch-sizes%s", "");
+  if (!a.target)
+    return usage_error("sweep needs --target%s", "");
+
+  st_sweep_options o = {0};
+  st_error err = {0};
+  if (parse_batches(&o.batch_sizes, a.batch_sizes))
+    return usage_error("--batch-sizes takes increasing whole numbers >= 1, "
+                       "at most 32, as 1,2,4; not '%s'",
+                       a.batch_sizes);
+  if (st_sweep_target_parse(&o.target, a.target, &err))
+    return usage_error("%s", err.msg);
+  o.trials = 8;
+  if (a.trials && (o.trials = (int)positive(a.trials, 1 << 20)) < 0)
+    return usage_error("--trials takes a whole number >= 1, not '%s'",
+                       a.trials);
+  o.lr_min = 1e-3, o.lr_max = 1;
+  if (a.lr_range && parse_range(&o.lr_min, &o.lr_max, a.lr_range))
+    return usage_error("--lr-range takes MIN,MAX with 0 < MIN <= MAX, not "
+                       "'%s'",
+                       a.lr_range);
+
+  st_config cfg;
+  st_config_defaults(&cfg);
+  rc = st_config_load(&cfg, a.config, &err);
+  if (!rc && a.optimizer && (rc = apply_optimizer(&cfg, a.optimizer, &err)) > 0)
+    return usage_error("--optimizer takes sgd, momentum, nesterov or adam, "
+                       "not '%s'",
+                       a.optimizer);
+  for (int i = 0; !rc && i < a.n_sets; i++)
+    rc = st_config_set(&cfg, a.sets[i], &err);
+  if (!rc)
+    rc = st_config_validate(&cfg, &err);
+  if (rc)
+    return fail(&err);
+
+  o.budget_steps = cfg.train.steps > 0 ? cfg.train.steps : 1000;
+  if (a.budget && (o.budget_steps = positive(a.budget, (long long)1 << 40)) < 0)
+    return usage_error("--budget-steps takes a whole number >= 1, not '%s'",
+                       a.budget);
+  o.eval_every = cfg.train.eval_every > 0 ? cfg.train.eval_every
+                                          : (int)(o.budget_steps / 100);
+  if (o.eval_every < 1)
+    o.eval_every = 1;
+  if (a.eval_every && (o.eval_every = (int)positive(a.eval_every, 1 << 30)) < 0)
+    return usage_error("--eval-every takes a whole number >= 1, not '%s'",
+                       a.eval_every);
+  if (a.out)
+    snprintf(o.out_dir, sizeof o.out_dir, "%s", a.out);
+  else
+    default_out(o.out_dir, sizeof o.out_dir, a.config);
+  o.progress = stdout;
+
+  printf("strata: sweep of %s: %d batch size%s x %d trial%s, at most %lld "
+         "steps each, target %s; writing %s\n",
+         a.config, o.batch_sizes.n, o.batch_sizes.n == 1 ? "" : "s", o.trials,
+         o.trials == 1 ? "" : "s", (long long)o.budget_steps, a.target,
+         o.out_dir);
+  fflush(stdout);
+  if (st_sweep_run(&o, &cfg, &err))
+    return fail(&err);
+  printf("strata: done: wrote %s/sweep.csv, steps.csv, steps.svg and "
+         "report.md\n",
+         o.out_dir);
+  return 0;
+}

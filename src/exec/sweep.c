@@ -1,0 +1,756 @@
+/*
+ * sweep.c — steps to result against batch size (BACKGROUND.md §5; Shallue
+ * et al. 2018, "Measuring the effects of data parallelism").
+ *
+ * For every batch size B a fixed number of trials, each a plain st_trainer
+ * run at train.batch = B with its learning rate (and momentum) taken from a
+ * Halton sequence, so the search points are spread evenly and the same for
+ * every batch size and every run. A trial evaluates the test set every
+ * eval_every steps and stops at the first evaluation that meets the target;
+ * that step is its steps to result. B's steps to result is its best trial's.
+ *
+ * Files in out_dir: sweep.csv (every trial, rewritten atomically after each
+ * one, so a killed sweep resumes from it), steps.csv (best per batch size),
+ * steps.svg (log-log plot) and report.md (table and regimes).
+ * Trials run one after another; running them in parallel is a later step.
+ */
+#include "strata.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* The regime rule of report.md, per doubling of the batch: steps(2B) <=
+ * PERFECT steps(B) is perfect scaling, >= MAXIMAL is maximal data
+ * parallelism, in between diminishing returns. */
+#define PERFECT 0.6
+#define MAXIMAL 0.9
+
+typedef struct trial {
+  int done;
+  int64_t steps; /* first step meeting the target, -1: not reached */
+  double metric; /* at the trial's last evaluation; NaN if it diverged */
+} trial;
+
+typedef struct best {
+  int trial; /* -1: no trial reached the target */
+  int64_t steps;
+} best;
+
+int st_sweep_target_parse(st_sweep_target *t, const char *spec, st_error *err) {
+  const char *eq = spec ? strchr(spec, '=') : NULL;
+  if (!eq)
+    return st_error_set(err, ST_EARG,
+                        "target '%s': expected accuracy=VALUE or loss=VALUE",
+                        spec ? spec : "");
+  size_t n = (size_t)(eq - spec);
+  if (n == 8 && strncmp(spec, "accuracy", 8) == 0)
+    t->kind = ST_TARGET_ACCURACY;
+  else if (n == 4 && strncmp(spec, "loss", 4) == 0)
+    t->kind = ST_TARGET_LOSS;
+  else
+    return st_error_set(err, ST_EARG,
+                        "target '%s': unknown metric '%.*s' (accuracy or "
+                        "loss)",
+                        spec, (int)n, spec);
+  char *end;
+  errno = 0;
+  t->value = strtod(eq + 1, &end);
+  if (eq[1] == 0 || *end != 0 || errno || !isfinite(t->value))
+    return st_error_set(err, ST_EARG, "target '%s': '%s' is not a number", spec,
+                        eq + 1);
+  if (t->kind == ST_TARGET_ACCURACY && !(t->value > 0 && t->value <= 1))
+    return st_error_set(err, ST_EARG,
+                        "target '%s': accuracy must lie in (0, 1]", spec);
+  if (t->kind == ST_TARGET_LOSS && !(t->value > 0))
+    return st_error_set(err, ST_EARG, "target '%s': loss must be > 0", spec);
+  return 0;
+}
+
+double st_sweep_halton(int64_t index, int base) {
+  double f = 1, r = 0;
+  for (int64_t i = index; i > 0; i /= base) {
+    f /= base;
+    r += f * (double)(i % base);
+  }
+  return r;
+}
+
+static int has_momentum(const st_config *c) {
+  return strcmp(c->optimizer.kind, "sgd") == 0 && c->optimizer.momentum != 0;
+}
+
+void st_sweep_point(const st_sweep_options *o, const st_config *base, int trial,
+                    double *lr, double *momentum) {
+  /* Index 0 of the sequence is 0 in every base: start at 1. */
+  double u = st_sweep_halton(trial + 1, 2);
+  *lr = o->lr_min * pow(o->lr_max / o->lr_min, u);
+  if (!has_momentum(base)) {
+    *momentum = -1;
+    return;
+  }
+  /* 1 - momentum log-uniform over [0.01, 0.5]. */
+  double lo = log10(0.01), hi = log10(0.5);
+  double v = st_sweep_halton(trial + 1, 3);
+  *momentum = 1 - pow(10, lo + v * (hi - lo));
+}
+
+static int check_options(const st_sweep_options *o, st_error *err) {
+  const st_int_list *b = &o->batch_sizes;
+  if (b->n < 1)
+    return st_error_set(err, ST_EARG, "sweep: no batch sizes");
+  for (int i = 0; i < b->n; i++) {
+    if (b->v[i] < 1)
+      return st_error_set(err, ST_EARG, "sweep: batch size %d must be >= 1",
+                          b->v[i]);
+    if (i && b->v[i] <= b->v[i - 1])
+      return st_error_set(err, ST_EARG,
+                          "sweep: batch sizes must increase (%d after %d)",
+                          b->v[i], b->v[i - 1]);
+  }
+  if (o->trials < 1)
+    return st_error_set(err, ST_EARG, "sweep: trials = %d must be >= 1",
+                        o->trials);
+  if (o->budget_steps < 1)
+    return st_error_set(err, ST_EARG, "sweep: budget = %lld steps must be >= 1",
+                        (long long)o->budget_steps);
+  if (o->eval_every < 1)
+    return st_error_set(err, ST_EARG, "sweep: eval-every = %d must be >= 1",
+                        o->eval_every);
+  if (!(o->lr_min > 0 && o->lr_min <= o->lr_max && isfinite(o->lr_max)))
+    return st_error_set(err, ST_EARG,
+                        "sweep: learning-rate range %g,%g: need 0 < min <= max",
+                        o->lr_min, o->lr_max);
+  if (!o->out_dir[0])
+    return st_error_set(err, ST_EARG, "sweep: no output directory");
+  return 0;
+}
+
+static int mkdir_p(const char *path, st_error *err) {
+  char buf[ST_PATH_MAX + 32];
+  snprintf(buf, sizeof buf, "%s", path);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = 0;
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
+                          strerror(errno));
+    *p = '/';
+  }
+  if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+    return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
+                        strerror(errno));
+  return 0;
+}
+
+static const char *metric_name(const st_sweep_options *o) {
+  return o->target.kind == ST_TARGET_ACCURACY ? "accuracy" : "loss";
+}
+
+static int meets(const st_sweep_options *o, double metric) {
+  return o->target.kind == ST_TARGET_ACCURACY ? metric >= o->target.value
+                                              : metric <= o->target.value;
+}
+
+/* Writes the text of a memory stream to path atomically, closing it. */
+static int flush_file(FILE *f, char **buf, size_t *len, const char *path,
+                      st_error *err) {
+  if (fclose(f) != 0) {
+    free(*buf);
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  }
+  int rc = st_write_file_atomic(path, *buf, *len, err);
+  free(*buf);
+  return rc;
+}
+
+static void join(char *out, size_t cap, const char *dir, const char *name) {
+  snprintf(out, cap, "%s/%s", dir, name);
+}
+
+/* A number as the CSV writes it; "%.9g" survives a read back and a rewrite
+ * unchanged, which the resume relies on. */
+static void put_num(FILE *f, double v) {
+  fprintf(f, "%.9g", v);
+}
+
+static int write_sweep_csv(const st_sweep_options *o, const st_config *base,
+                           const trial *t, st_error *err) {
+  char path[ST_PATH_MAX + 32];
+  join(path, sizeof path, o->out_dir, "sweep.csv");
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f)
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  fprintf(f, "batch,trial,lr,momentum,steps_to_target,final_%s\n",
+          metric_name(o));
+  for (int b = 0; b < o->batch_sizes.n; b++)
+    for (int i = 0; i < o->trials; i++) {
+      const trial *r = &t[b * o->trials + i];
+      if (!r->done)
+        continue;
+      double lr, mom;
+      st_sweep_point(o, base, i, &lr, &mom);
+      fprintf(f, "%d,%d,", o->batch_sizes.v[b], i);
+      put_num(f, lr);
+      fputc(',', f);
+      if (mom >= 0)
+        put_num(f, mom);
+      fputc(',', f);
+      if (r->steps >= 0)
+        fprintf(f, "%lld", (long long)r->steps);
+      fputc(',', f);
+      put_num(f, r->metric);
+      fputc('\n', f);
+    }
+  return flush_file(f, &buf, &len, path, err);
+}
+
+/* Same decimal text as put_num wrote for this value? */
+static int same_num(const char *text, double v) {
+  char s[64];
+  snprintf(s, sizeof s, "%.9g", v);
+  return strcmp(text, s) == 0;
+}
+
+/* Reads trials from an earlier DIR/sweep.csv. Rows of batch sizes or trial
+ * numbers outside this sweep are ignored; a row whose learning rate or
+ * momentum differs from what this sweep would use means another sweep wrote
+ * the file, which is an error. */
+static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
+                          trial *t, int *reused, st_error *err) {
+  char path[ST_PATH_MAX + 32];
+  join(path, sizeof path, o->out_dir, "sweep.csv");
+  *reused = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    if (errno == ENOENT)
+      return 0;
+    return st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
+                        strerror(errno));
+  }
+  char line[512], want[128];
+  snprintf(want, sizeof want,
+           "batch,trial,lr,momentum,steps_to_target,final_%s", metric_name(o));
+  int rc = 0, lineno = 1;
+  if (!fgets(line, sizeof line, f) ||
+      (line[strcspn(line, "\r\n")] = 0, strcmp(line, want) != 0)) {
+    rc = st_error_set(err, ST_EFORMAT,
+                      "%s:1: header is not '%s' (a sweep with another "
+                      "target metric? use another --out)",
+                      path, want);
+    goto done;
+  }
+  while (fgets(line, sizeof line, f)) {
+    lineno++;
+    line[strcspn(line, "\r\n")] = 0;
+    if (!line[0])
+      continue;
+    char *field[6];
+    int n = 0;
+    for (char *p = line; n < 6; n++) {
+      field[n] = p;
+      char *c = strchr(p, ',');
+      if (!c) {
+        n++;
+        break;
+      }
+      *c = 0;
+      p = c + 1;
+    }
+    if (n != 6) {
+      rc = st_error_set(err, ST_EFORMAT, "%s:%d: expected 6 fields, got %d",
+                        path, lineno, n);
+      goto done;
+    }
+    char *end;
+    long batch = strtol(field[0], &end, 10);
+    int ok = *field[0] && !*end;
+    long index = strtol(field[1], &end, 10);
+    ok = ok && *field[1] && !*end;
+    long long steps = -1;
+    if (ok && *field[4]) {
+      steps = strtoll(field[4], &end, 10);
+      ok = !*end && steps >= 0;
+    }
+    double metric = strtod(field[5], &end);
+    ok = ok && *field[5] && !*end;
+    if (!ok) {
+      rc = st_error_set(err, ST_EFORMAT, "%s:%d: malformed row", path, lineno);
+      goto done;
+    }
+    int b = -1;
+    for (int k = 0; k < o->batch_sizes.n; k++)
+      if (o->batch_sizes.v[k] == batch)
+        b = k;
+    if (b < 0 || index < 0 || index >= o->trials)
+      continue;
+    double lr, mom;
+    st_sweep_point(o, base, (int)index, &lr, &mom);
+    if (!same_num(field[2], lr) ||
+        (mom >= 0 ? !same_num(field[3], mom) : *field[3] != 0)) {
+      rc = st_error_set(err, ST_EFORMAT,
+                        "%s:%d: trial %ld has lr %s momentum '%s', but this "
+                        "sweep would use lr %.9g (another --lr-range or "
+                        "optimizer? use another --out)",
+                        path, lineno, index, field[2], field[3], lr);
+      goto done;
+    }
+    trial *r = &t[b * o->trials + index];
+    if (!r->done)
+      ++*reused;
+    *r = (trial){1, steps, metric};
+  }
+done:
+  fclose(f);
+  return rc;
+}
+
+/* One trial: trains from scratch, evaluating every eval_every steps and at
+ * the budget's end, until the target is met. A diverged run (non-finite
+ * loss) did not reach the target; any other error stops the sweep. */
+static int run_trial(const st_sweep_options *o, const st_config *base,
+                     int batch, int index, trial *r, st_error *err) {
+  st_config c = *base;
+  double lr, mom;
+  st_sweep_point(o, base, index, &lr, &mom);
+  c.train.batch = batch;
+  c.train.steps = o->budget_steps;
+  c.optimizer.lr = (float)lr;
+  if (mom >= 0)
+    c.optimizer.momentum = (float)mom;
+  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
+  int rc = st_config_validate(&c, err);
+  if (rc)
+    return rc;
+  st_trainer *t;
+  if ((rc = st_trainer_create(&t, &c, NULL, err)))
+    return rc;
+  *r = (trial){1, -1, NAN};
+  for (int64_t step = 1; step <= o->budget_steps; step++) {
+    double loss, eval_loss, acc;
+    rc = st_trainer_step(t, &loss, err);
+    if (rc == ST_ENONFINITE) {
+      rc = 0;
+      r->metric = NAN;
+      break;
+    }
+    if (rc)
+      break;
+    if (step % o->eval_every && step != o->budget_steps)
+      continue;
+    if ((rc = st_trainer_evaluate(t, &eval_loss, &acc, err)))
+      break;
+    r->metric = o->target.kind == ST_TARGET_ACCURACY ? acc : eval_loss;
+    if (meets(o, r->metric)) {
+      r->steps = step;
+      break;
+    }
+  }
+  st_trainer_destroy(t);
+  if (rc)
+    r->done = 0;
+  return rc;
+}
+
+static best best_of(const st_sweep_options *o, const trial *t, int b) {
+  best x = {-1, -1};
+  for (int i = 0; i < o->trials; i++) {
+    const trial *r = &t[b * o->trials + i];
+    if (r->steps >= 0 && (x.trial < 0 || r->steps < x.steps))
+      x = (best){i, r->steps};
+  }
+  return x;
+}
+
+static int write_steps_csv(const st_sweep_options *o, const st_config *base,
+                           const best *bs, st_error *err) {
+  char path[ST_PATH_MAX + 32];
+  join(path, sizeof path, o->out_dir, "steps.csv");
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f)
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  fprintf(f, "batch,steps_to_target,trial,lr,momentum\n");
+  for (int b = 0; b < o->batch_sizes.n; b++) {
+    fprintf(f, "%d,", o->batch_sizes.v[b]);
+    if (bs[b].trial >= 0) {
+      double lr, mom;
+      st_sweep_point(o, base, bs[b].trial, &lr, &mom);
+      fprintf(f, "%lld,%d,", (long long)bs[b].steps, bs[b].trial);
+      put_num(f, lr);
+      fputc(',', f);
+      if (mom >= 0)
+        put_num(f, mom);
+    } else {
+      fprintf(f, ",,,");
+    }
+    fputc('\n', f);
+  }
+  return flush_file(f, &buf, &len, path, err);
+}
+
+/* Regime of the step from batch a to batch b (a < b, both reached): the
+ * ratio of steps normalised to one doubling, r^(1 / log2(b / a)). */
+typedef enum { PERFECT_SCALING, DIMINISHING, MAXIMAL_PARALLELISM } regime;
+
+static double per_doubling(int a, int64_t sa, int b, int64_t sb) {
+  return pow((double)sb / (double)sa, 1.0 / log2((double)b / a));
+}
+
+static regime classify(double r) {
+  return r <= PERFECT   ? PERFECT_SCALING
+         : r >= MAXIMAL ? MAXIMAL_PARALLELISM
+                        : DIMINISHING;
+}
+
+static const char *regime_name(regime g) {
+  static const char *names[] = {"perfect scaling", "diminishing returns",
+                                "maximal data parallelism"};
+  return names[g];
+}
+
+/* Indices of the batch sizes that reached the target, in order. */
+static int reached(const st_sweep_options *o, const best *bs, int *idx) {
+  int n = 0;
+  for (int b = 0; b < o->batch_sizes.n; b++)
+    if (bs[b].trial >= 0)
+      idx[n++] = b;
+  return n;
+}
+
+static int write_report(const st_sweep_options *o, const st_config *base,
+                        const best *bs, st_error *err) {
+  char path[ST_PATH_MAX + 32];
+  join(path, sizeof path, o->out_dir, "report.md");
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f)
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  const int *B = o->batch_sizes.v;
+  fprintf(f, "# Steps to result against batch size\n\n");
+  fprintf(f,
+          "Config `%s`, model %s, optimizer %s%s. Target: test %s %s %g. "
+          "%d trial%s per batch size, at most %lld steps each, evaluated "
+          "every %d steps; learning rate searched on a log scale over "
+          "[%g, %g]%s (Halton sequence). Steps to result is the best "
+          "trial's first evaluated step meeting the target (Shallue et al. "
+          "2018; BACKGROUND.md §5).\n\n",
+          base->path[0] ? base->path : "(none)", base->model.kind,
+          base->optimizer.kind,
+          has_momentum(base)
+              ? (base->optimizer.nesterov ? " (Nesterov)" : " (momentum)")
+              : "",
+          metric_name(o),
+          o->target.kind == ST_TARGET_ACCURACY ? ">=" : "<=", o->target.value,
+          o->trials, o->trials == 1 ? "" : "s", (long long)o->budget_steps,
+          o->eval_every, o->lr_min, o->lr_max,
+          has_momentum(base) ? ", momentum as 1 - m log-uniform over "
+                               "[0.01, 0.5]"
+                             : "");
+  fprintf(f, "| batch | steps to target | samples | lr | momentum | steps "
+             "ratio per doubling | regime |\n");
+  fprintf(f, "|---:|---:|---:|---:|---:|---:|---|\n");
+  int prev = -1;
+  for (int b = 0; b < o->batch_sizes.n; b++) {
+    if (bs[b].trial < 0) {
+      fprintf(f, "| %d | not reached | | | | | |\n", B[b]);
+      continue;
+    }
+    double lr, mom;
+    st_sweep_point(o, base, bs[b].trial, &lr, &mom);
+    fprintf(f, "| %d | %lld | %lld | %.4g | ", B[b], (long long)bs[b].steps,
+            (long long)bs[b].steps * B[b], lr);
+    if (mom >= 0)
+      fprintf(f, "%.4g", mom);
+    if (prev >= 0) {
+      double r = per_doubling(B[prev], bs[prev].steps, B[b], bs[b].steps);
+      fprintf(f, " | %.2f | %s |\n", r, regime_name(classify(r)));
+    } else {
+      fprintf(f, " | | |\n");
+    }
+    prev = b;
+  }
+  fprintf(f,
+          "\nRule: between consecutive batch sizes that reached the target, "
+          "the ratio of their steps is taken per doubling of the batch, r = "
+          "(steps(B2) / steps(B1))^(1 / log2(B2 / B1)). r <= %.1f is perfect "
+          "scaling, r >= %.1f is maximal data parallelism, in between "
+          "diminishing returns.\n\n",
+          PERFECT, MAXIMAL);
+  int idx[ST_MAX_LIST];
+  int n = reached(o, bs, idx);
+  if (n < 2) {
+    fprintf(f, "Fewer than two batch sizes reached the target: no regimes "
+               "to name. Raise --budget-steps or ease --target.\n");
+  } else {
+    int end_perfect = -1, start_maximal = -1;
+    for (int k = 1; k < n; k++) {
+      int a = idx[k - 1], b = idx[k];
+      regime g = classify(per_doubling(B[a], bs[a].steps, B[b], bs[b].steps));
+      if (g != PERFECT_SCALING && end_perfect < 0)
+        end_perfect = a;
+      /* Maximal data parallelism starts where no later doubling helps. */
+      if (g != MAXIMAL_PARALLELISM)
+        start_maximal = -1;
+      else if (start_maximal < 0)
+        start_maximal = a;
+    }
+    if (end_perfect < 0)
+      fprintf(f,
+              "Steps halve with every doubling measured: perfect scaling "
+              "up to batch %d, the largest that reached the target.\n",
+              B[idx[n - 1]]);
+    else if (end_perfect == idx[0])
+      fprintf(f,
+              "Steps stop halving at once: already from batch %d, the "
+              "smallest measured, doubling the batch no longer halves the "
+              "steps.\n",
+              B[end_perfect]);
+    else
+      fprintf(f,
+              "Perfect scaling up to batch %d; beyond it steps stop "
+              "halving.\n",
+              B[end_perfect]);
+    if (start_maximal >= 0)
+      fprintf(f,
+              "Maximal data parallelism from batch %d: larger batches "
+              "save (almost) no steps.\n",
+              B[start_maximal]);
+    else
+      fprintf(f, "No maximal data parallelism within the batch sizes "
+                 "measured.\n");
+    fprintf(f,
+            "\nSteps are known to within the evaluation interval (%d "
+            "steps), so ratios between small step counts are coarse.\n",
+            o->eval_every);
+  }
+  int missing = 0;
+  for (int b = 0; b < o->batch_sizes.n; b++)
+    missing += bs[b].trial < 0;
+  if (missing)
+    fprintf(f,
+            "\n%d batch size%s did not reach the target within %lld "
+            "steps in any trial and %s left out of the analysis.\n",
+            missing, missing == 1 ? "" : "s", (long long)o->budget_steps,
+            missing == 1 ? "is" : "are");
+  fprintf(f, "\nFiles: sweep.csv (every trial), steps.csv (best per batch "
+             "size), steps.svg (log-log plot with the perfect-scaling "
+             "line).\n");
+  return flush_file(f, &buf, &len, path, err);
+}
+
+/* The plot: log2 batch across, log10 steps up; measured points joined, the
+ * perfect-scaling line steps(B0) B0 / B dashed, each span between measured
+ * points shaded by its regime. */
+static int write_svg(const st_sweep_options *o, const best *bs, st_error *err) {
+  char path[ST_PATH_MAX + 32];
+  join(path, sizeof path, o->out_dir, "steps.svg");
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f)
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  const int W = 800, H = 480, L = 80, R = 250, T = 50, Bm = 60;
+  const int *B = o->batch_sizes.v;
+  int nb = o->batch_sizes.n;
+  int idx[ST_MAX_LIST];
+  int n = reached(o, bs, idx);
+  double x0 = log2(B[0]), x1 = log2(B[nb - 1]);
+  if (x1 - x0 < 1)
+    x0 -= 0.5, x1 += 0.5;
+  double smin = 1, smax = 10;
+  for (int k = 0; k < n; k++) {
+    double s = (double)bs[idx[k]].steps;
+    if (k == 0 || s < smin)
+      smin = s;
+    if (k == 0 || s > smax)
+      smax = s;
+  }
+  double y0 = floor(log10(smin)), y1 = ceil(log10(smax));
+  if (y1 <= y0)
+    y1 = y0 + 1;
+#define PX(lb) (L + ((lb)-x0) / (x1 - x0) * (W - L - R))
+#define PY(ls) (H - Bm - ((ls)-y0) / (y1 - y0) * (H - T - Bm))
+  fprintf(f,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+          "height=\"%d\" font-family=\"sans-serif\" font-size=\"13\">\n"
+          "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+          "<text x=\"%d\" y=\"28\" font-size=\"16\">Steps to %s %s %g "
+          "against batch size</text>\n",
+          W, H, L, metric_name(o),
+          o->target.kind == ST_TARGET_ACCURACY ? "&#8805;" : "&#8804;",
+          o->target.value);
+  static const char *shade[] = {"#d9f2d9", "#fff2cc", "#f8d7d7"};
+  for (int k = 1; k < n; k++) {
+    int a = idx[k - 1], b = idx[k];
+    regime g = classify(per_doubling(B[a], bs[a].steps, B[b], bs[b].steps));
+    double xa = PX(log2(B[a])), xb = PX(log2(B[b]));
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
+            "fill=\"%s\"/>\n",
+            xa, T, xb - xa, H - T - Bm, shade[g]);
+  }
+  /* axes, grid and ticks */
+  fprintf(f,
+          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+          "stroke=\"black\"/>\n",
+          L, T, W - L - R, H - T - Bm);
+  for (int b = 0; b < nb; b++) {
+    double x = PX(log2(B[b]));
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
+            "stroke=\"#ccc\"/>\n<text x=\"%.1f\" y=\"%d\" "
+            "text-anchor=\"middle\">%d</text>\n",
+            x, T, x, H - Bm, x, H - Bm + 18, B[b]);
+  }
+  for (int e = (int)y0; e <= (int)y1; e++)
+    for (int m = 1; m <= 5; m += m == 1 ? 1 : 3) {
+      double ly = e + log10(m);
+      if (ly > y1 + 1e-9)
+        break;
+      double y = PY(ly);
+      fprintf(f,
+              "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
+              "stroke=\"#ccc\"/>\n<text x=\"%d\" y=\"%.1f\" "
+              "text-anchor=\"end\">%.0f</text>\n",
+              L, y, W - R, y, L - 6, y + 4, pow(10, ly));
+    }
+  fprintf(f,
+          "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">batch size "
+          "(log scale)</text>\n<text x=\"18\" y=\"%d\" "
+          "text-anchor=\"middle\" transform=\"rotate(-90 18 %d)\">steps to "
+          "target (log scale)</text>\n",
+          (L + W - R) / 2, H - 16, (T + H - Bm) / 2, (T + H - Bm) / 2);
+  if (n > 0) {
+    /* Perfect scaling through the smallest reached batch, clipped to the
+     * plot's steps range: log s = log s0 - (log B - log B0) log10 2. */
+    int a = idx[0];
+    double lb0 = log2(B[a]), ls0 = log10((double)bs[a].steps);
+    double lb1 = x1, ls1 = ls0 - (lb1 - lb0) * log10(2.0);
+    if (ls1 < y0)
+      ls1 = y0, lb1 = lb0 + (ls0 - y0) / log10(2.0);
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+            "stroke=\"#555\" stroke-width=\"1.5\" "
+            "stroke-dasharray=\"6 4\"/>\n",
+            PX(lb0), PY(ls0), PX(lb1), PY(ls1));
+    fprintf(f, "<polyline fill=\"none\" stroke=\"#1f5fbf\" "
+               "stroke-width=\"2\" points=\"");
+    for (int k = 0; k < n; k++)
+      fprintf(f, "%s%.1f,%.1f", k ? " " : "", PX(log2(B[idx[k]])),
+              PY(log10((double)bs[idx[k]].steps)));
+    fprintf(f, "\"/>\n");
+    for (int k = 0; k < n; k++)
+      fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#1f5fbf\"/>\n",
+              PX(log2(B[idx[k]])), PY(log10((double)bs[idx[k]].steps)));
+  }
+  for (int b = 0; b < nb; b++)
+    if (bs[b].trial < 0)
+      fprintf(f,
+              "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" "
+              "fill=\"#b00\">&#215;</text>\n",
+              PX(log2(B[b])), T + 16);
+#undef PX
+#undef PY
+  /* legend */
+  int lx = W - R + 14, ly = T + 10;
+  fprintf(f,
+          "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1f5fbf\" "
+          "stroke-width=\"2\"/><text x=\"%d\" y=\"%d\">measured (best "
+          "trial)</text>\n",
+          lx, ly, lx + 24, ly, lx + 30, ly + 4);
+  ly += 22;
+  fprintf(f,
+          "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#555\" "
+          "stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/><text x=\"%d\" "
+          "y=\"%d\">perfect scaling, steps ~ 1/B</text>\n",
+          lx, ly, lx + 24, ly, lx + 30, ly + 4);
+  for (int g = 0; g < 3; g++) {
+    ly += 22;
+    fprintf(f,
+            "<rect x=\"%d\" y=\"%d\" width=\"24\" height=\"12\" "
+            "fill=\"%s\" stroke=\"#999\"/><text x=\"%d\" y=\"%d\">%s</text>\n",
+            lx, ly - 6, shade[g], lx + 30, ly + 4, regime_name(g));
+  }
+  ly += 22;
+  fprintf(f,
+          "<text x=\"%d\" y=\"%d\" fill=\"#b00\">&#215; not reached</text>\n",
+          lx, ly + 4);
+  fprintf(f, "</svg>\n");
+  return flush_file(f, &buf, &len, path, err);
+}
+
+int st_sweep_run(const st_sweep_options *o, const st_config *base,
+                 st_error *err) {
+  int rc = check_options(o, err);
+  if (rc)
+    return rc;
+  if ((rc = mkdir_p(o->out_dir, err)))
+    return rc;
+  int nb = o->batch_sizes.n;
+  trial *t = calloc((size_t)nb * o->trials, sizeof *t);
+  best *bs = calloc((size_t)nb, sizeof *bs);
+  if (!t || !bs) {
+    rc = st_error_set(err, ST_ENOMEM, "sweep: out of memory");
+    goto done;
+  }
+  int reused;
+  if ((rc = read_sweep_csv(o, base, t, &reused, err)))
+    goto done;
+  if (o->progress && reused)
+    fprintf(o->progress, "sweep: %d trial%s reused from %s/sweep.csv\n", reused,
+            reused == 1 ? "" : "s", o->out_dir);
+  for (int b = 0; b < nb; b++)
+    for (int i = 0; i < o->trials; i++) {
+      trial *r = &t[b * o->trials + i];
+      if (r->done)
+        continue;
+      int batch = o->batch_sizes.v[b];
+      if ((rc = run_trial(o, base, batch, i, r, err))) {
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        st_error_set(err, rc, "sweep: batch %d, trial %d: %s", batch, i, msg);
+        goto done;
+      }
+      if ((rc = write_sweep_csv(o, base, t, err)))
+        goto done;
+      if (o->progress) {
+        double lr, mom;
+        st_sweep_point(o, base, i, &lr, &mom);
+        fprintf(o->progress, "sweep: batch %d trial %d/%d lr %.4g", batch,
+                i + 1, o->trials, lr);
+        if (mom >= 0)
+          fprintf(o->progress, " momentum %.4g", mom);
+        if (r->steps >= 0)
+          fprintf(o->progress, ": target at step %lld (%s %.4f)\n",
+                  (long long)r->steps, metric_name(o), r->metric);
+        else if (isnan(r->metric))
+          fprintf(o->progress, ": diverged\n");
+        else
+          fprintf(o->progress, ": not reached (%s %.4f at step %lld)\n",
+                  metric_name(o), r->metric, (long long)o->budget_steps);
+        fflush(o->progress);
+      }
+    }
+  /* Rewritten even when every trial was reused: the same rows, in order. */
+  if ((rc = write_sweep_csv(o, base, t, err)))
+    goto done;
+  for (int b = 0; b < nb; b++)
+    bs[b] = best_of(o, t, b);
+  if ((rc = write_steps_csv(o, base, bs, err)))
+    goto done;
+  if ((rc = write_svg(o, bs, err)))
+    goto done;
+  rc = write_report(o, base, bs, err);
+done:
+  free(t);
+  free(bs);
+  return rc;
+}
