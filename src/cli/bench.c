@@ -28,29 +28,8 @@ static const char *usage_bench =
     "                ~/.cache/strata/calibration.json)\n"
     "  --threads N   most threads to measure (default: usable cores)\n";
 
-static int usage_error(const char *fmt, const char *what) {
-  fprintf(stderr, "strata: ");
-  fprintf(stderr, fmt, what);
-  fprintf(stderr, "\n%s", usage_bench);
-  return 2;
-}
 
 /* Creates the directories above path. */
-static int make_parents(const char *path, st_error *err) {
-  char buf[ST_PATH_MAX];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-    return st_error_set(err, ST_EARG, "%.64s...: path too long", path);
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
-                          strerror(errno));
-    *p = '/';
-  }
-  return 0;
-}
 
 int st_cli_bench(int argc, char **argv) {
   int calibrate = 0, threads = 0;
@@ -63,30 +42,30 @@ int st_cli_bench(int argc, char **argv) {
       calibrate = 1;
     } else if (strcmp(s, "--out") == 0 || strcmp(s, "--threads") == 0) {
       if (i + 1 >= argc)
-        return usage_error("%s needs a value", s);
+        return st_cli_usage_error(usage_bench, "%s needs a value", s);
       if (s[2] == 'o') {
         out = argv[++i];
       } else {
         char *end;
         long n = strtol(argv[++i], &end, 10);
         if (*end || end == argv[i] || n < 1 || n > 4096)
-          return usage_error("--threads takes a count >= 1, not '%s'",
+          return st_cli_usage_error(usage_bench, "--threads takes a count >= 1, not '%s'",
                              argv[i]);
         threads = (int)n;
       }
     } else {
-      return usage_error("unknown option '%s'", s);
+      return st_cli_usage_error(usage_bench, "unknown option '%s'", s);
     }
   }
   if (!calibrate)
-    return usage_error("bench needs --calibrate%s", "");
+    return st_cli_usage_error(usage_bench, "bench needs --calibrate%s", "");
   char path[ST_PATH_MAX];
   if (out)
     snprintf(path, sizeof path, "%s", out);
   else
     st_calibration_path(path, sizeof path);
   if (!path[0])
-    return usage_error("STRATA_CALIBRATION=none: give --out FILE%s", "");
+    return st_cli_usage_error(usage_bench, "STRATA_CALIBRATION=none: give --out FILE%s", "");
   if (threads == 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     threads = n > 0 ? (int)n : 1;
@@ -100,7 +79,7 @@ int st_cli_bench(int argc, char **argv) {
   double t0 = st_now();
   int rc = st_calibration_measure(&c, threads, stdout, &err);
   if (!rc)
-    rc = make_parents(path, &err);
+    rc = st_cli_mkdir_p(path, 0, &err);
   if (!rc)
     rc = st_calibration_write(&c, path, &err);
   if (rc) {

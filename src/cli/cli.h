@@ -7,6 +7,17 @@
 #ifndef STRATA_CLI_H
 #define STRATA_CLI_H
 
+#include "strata.h"
+
+/* Shared conventions (common.c). */
+int st_cli_fail(const st_error *err); /* "strata: error: ...", returns 1 */
+/* "strata: <fmt with what>" then the usage text; returns 2 */
+int st_cli_usage_error(const char *usage, const char *fmt, const char *what);
+/* runs/<config file name without extension> */
+void st_cli_default_out(char *out, size_t cap, const char *config);
+/* mkdir -p of path (or of its parent folders only, include_last = 0) */
+int st_cli_mkdir_p(const char *path, int include_last, st_error *err);
+
 /* strata compile CONFIG [...] (compile.c) */
 int st_cli_compile(int argc, char **argv);
 /* strata bench --calibrate [...] (bench.c) */

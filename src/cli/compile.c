@@ -61,17 +61,7 @@ typedef struct compile_args {
   int n_sets, help, validate_only, compile_only;
 } compile_args;
 
-static int usage_error(const char *fmt, const char *what) {
-  fprintf(stderr, "strata: ");
-  fprintf(stderr, fmt, what);
-  fprintf(stderr, "\n%s", usage_compile);
-  return 2;
-}
 
-static int fail(const st_error *err) {
-  fprintf(stderr, "strata: error: %s\n", err->msg);
-  return 1;
-}
 
 static int parse(int argc, char **argv, compile_args *a) {
   for (int i = 0; i < argc; i++) {
@@ -91,7 +81,7 @@ static int parse(int argc, char **argv, compile_args *a) {
     }
     if (strcmp(s, "--set") == 0) {
       if (a->n_sets == MAX_SETS)
-        return usage_error("too many --set options%s", "");
+        return st_cli_usage_error(usage_compile, "too many --set options%s", "");
       slot = &a->sets[a->n_sets++];
     } else if (strcmp(s, "--out") == 0) {
       slot = &a->out;
@@ -100,19 +90,19 @@ static int parse(int argc, char **argv, compile_args *a) {
     } else if (strcmp(s, "--stages") == 0) {
       slot = &a->stages;
     } else if (s[0] == '-' && s[1]) {
-      return usage_error("unknown option '%s'", s);
+      return st_cli_usage_error(usage_compile, "unknown option '%s'", s);
     } else if (!a->config) {
       a->config = s;
       continue;
     } else {
-      return usage_error("unexpected argument '%s'", s);
+      return st_cli_usage_error(usage_compile, "unexpected argument '%s'", s);
     }
     if (i + 1 >= argc)
-      return usage_error("%s needs a value", s);
+      return st_cli_usage_error(usage_compile, "%s needs a value", s);
     *slot = argv[++i];
   }
   if (a->validate_only && a->compile_only)
-    return usage_error("--validate-only and --compile-only exclude each "
+    return st_cli_usage_error(usage_compile, "--validate-only and --compile-only exclude each "
                        "other%s",
                        "");
   return 0;
@@ -142,31 +132,7 @@ static int load(st_config *cfg, const compile_args *a, st_error *err) {
   return rc;
 }
 
-static int mkdir_p(const char *path, st_error *err) {
-  char buf[ST_PATH_MAX];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-    return st_error_set(err, ST_EARG, "%.64s...: path too long", path);
-  for (char *p = buf + 1;; p++) {
-    if (*p != '/' && *p != '\0')
-      continue;
-    char keep = *p;
-    *p = '\0';
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
-                          strerror(errno));
-    *p = keep;
-    if (!keep)
-      break;
-  }
-  return 0;
-}
 
-static void default_out(char *out, size_t cap, const char *config) {
-  const char *base = strrchr(config, '/');
-  base = base ? base + 1 : config;
-  size_t n = strcspn(base, ".");
-  snprintf(out, cap, "runs/%.*s", (int)n, base);
-}
 
 int st_cli_compile(int argc, char **argv) {
   compile_args a = {0};
@@ -176,37 +142,37 @@ int st_cli_compile(int argc, char **argv) {
   if (a.help)
     return fputs(usage_compile, stdout), 0;
   if (!a.config)
-    return usage_error("compile needs a CONFIG%s", "");
+    return st_cli_usage_error(usage_compile, "compile needs a CONFIG%s", "");
   int stages = stages_of(a.stages);
   if (stages < 0)
-    return usage_error("--stages takes a whole number >= 1, not '%s'",
+    return st_cli_usage_error(usage_compile, "--stages takes a whole number >= 1, not '%s'",
                        a.stages);
   st_error err = {0};
   st_config cfg;
   if (load(&cfg, &a, &err))
-    return fail(&err);
+    return st_cli_fail(&err);
   if (a.validate_only)
-    return st_plan_validate(&cfg, stdout, &err) ? fail(&err) : 0;
+    return st_plan_validate(&cfg, stdout, &err) ? st_cli_fail(&err) : 0;
 
   char out[ST_PATH_MAX], json[ST_PATH_MAX + 16], svg[ST_PATH_MAX + 16];
   if (a.out)
     snprintf(out, sizeof out, "%s", a.out);
   else
-    default_out(out, sizeof out, a.config);
+    st_cli_default_out(out, sizeof out, a.config);
   snprintf(json, sizeof json, "%s/plan.json", out);
   snprintf(svg, sizeof svg, "%s/plan.svg", out);
   st_plan *plan;
   if (st_plan_compile(&plan, &cfg, stages, &err))
-    return fail(&err);
+    return st_cli_fail(&err);
   st_plan_print(plan, stdout);
-  rc = mkdir_p(out, &err);
+  rc = st_cli_mkdir_p(out, 1, &err);
   if (!rc)
     rc = st_plan_write_json(plan, json, &err);
   if (!rc)
     rc = st_plan_write_svg(plan, svg, &err);
   st_plan_destroy(plan);
   if (rc)
-    return fail(&err);
+    return st_cli_fail(&err);
   printf("wrote %s and %s\n", json, svg);
   return 0;
 }

@@ -67,17 +67,7 @@ static const char *usage_inspect =
     "Lists the tensors of a safetensors file: name, dtype, shape, min, max,\n"
     "mean, std, and its metadata (step, epoch, optimizer, ...).\n";
 
-static int fail(const st_error *err) {
-  fprintf(stderr, "strata: error: %s\n", err->msg);
-  return 1;
-}
 
-static int usage_error(const char *usage, const char *fmt, const char *what) {
-  fprintf(stderr, "strata: ");
-  fprintf(stderr, fmt, what);
-  fprintf(stderr, "\n%s", usage);
-  return 2;
-}
 
 /* Parses options after the command; positional goes to a->config. */
 static int parse_args(int argc, char **argv, args *a, const char *usage) {
@@ -90,7 +80,7 @@ static int parse_args(int argc, char **argv, args *a, const char *usage) {
     }
     if (strcmp(s, "--set") == 0) {
       if (a->n_sets == MAX_SETS)
-        return usage_error(usage, "too many --set options%s", "");
+        return st_cli_usage_error(usage, "too many --set options%s", "");
       slot = &a->sets[a->n_sets++];
     } else if (strcmp(s, "--out") == 0) {
       slot = &a->out;
@@ -99,14 +89,14 @@ static int parse_args(int argc, char **argv, args *a, const char *usage) {
     } else if (strcmp(s, "--checkpoint") == 0) {
       slot = &a->checkpoint;
     } else if (s[0] == '-' && s[1]) {
-      return usage_error(usage, "unknown option '%s'", s);
+      return st_cli_usage_error(usage, "unknown option '%s'", s);
     } else if (!a->config) {
       a->config = s;
       continue;
     } else {
-      return usage_error(usage, "unexpected argument '%s'", s);
+      return st_cli_usage_error(usage, "unexpected argument '%s'", s);
     }
-    if (i + 1 >= argc) return usage_error(usage, "%s needs a value", s);
+    if (i + 1 >= argc) return st_cli_usage_error(usage, "%s needs a value", s);
     *slot = argv[++i];
   }
   return 0;
@@ -169,12 +159,6 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
   return 0;
 }
 
-static void default_out(char *out, size_t cap, const char *config) {
-  const char *base = strrchr(config, '/');
-  base = base ? base + 1 : config;
-  size_t n = strcspn(base, ".");
-  snprintf(out, cap, "runs/%.*s", (int)n, base);
-}
 
 static int cmd_train(int argc, char **argv) {
   args a = {0};
@@ -186,23 +170,23 @@ static int cmd_train(int argc, char **argv) {
     st_config_print_schema(stdout);
     return 0;
   }
-  if (!a.config) return usage_error(usage_train, "train needs a CONFIG%s", "");
+  if (!a.config) return st_cli_usage_error(usage_train, "train needs a CONFIG%s", "");
   st_error err = {0};
   st_config cfg;
-  if (load_config(&cfg, &a, &err)) return fail(&err);
+  if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
   char out[ST_PATH_MAX];
   if (a.resume)
     snprintf(out, sizeof out, "%s", a.resume);
   else if (a.out)
     snprintf(out, sizeof out, "%s", a.out);
   else
-    default_out(out, sizeof out, a.config);
+    st_cli_default_out(out, sizeof out, a.config);
   /* A mistyped --resume fails here, before data is loaded or DIR made. */
   char ck[ST_PATH_MAX + 64];
   if (a.resume && newest_checkpoint(a.resume, ck, sizeof ck, &err))
-    return fail(&err);
+    return st_cli_fail(&err);
   st_trainer *t;
-  if (st_trainer_create(&t, &cfg, out, &err)) return fail(&err);
+  if (st_trainer_create(&t, &cfg, out, &err)) return st_cli_fail(&err);
   const st_model *m = st_trainer_model(t);
   printf("strata: %s model, %d blocks, %zu parameters; mode %s, batch %d, "
          "%lld steps, %s\n",
@@ -213,7 +197,7 @@ static int cmd_train(int argc, char **argv) {
     rc = st_trainer_load(t, ck, 0, &err);
     if (rc) {
       st_trainer_destroy(t);
-      return fail(&err);
+      return st_cli_fail(&err);
     }
     printf("strata: resumed from %s at step %lld\n", ck,
            (long long)st_trainer_pos(t)->step);
@@ -230,7 +214,7 @@ static int cmd_train(int argc, char **argv) {
   if (rc) {
     st_plan_destroy(plan);
     st_trainer_destroy(t);
-    return fail(&err);
+    return st_cli_fail(&err);
   }
   double loss, acc, rate = 0;
   if (st_trainer_last_eval(t, &loss, &acc, &rate) == 0)
@@ -253,12 +237,12 @@ static int cmd_eval(int argc, char **argv) {
   if (rc) return rc;
   if (a.help) return fputs(usage_eval, stdout), 0;
   if (!a.config || !a.checkpoint)
-    return usage_error(usage_eval, "eval needs CONFIG and --checkpoint FILE%s", "");
+    return st_cli_usage_error(usage_eval, "eval needs CONFIG and --checkpoint FILE%s", "");
   st_error err = {0};
   st_config cfg;
-  if (load_config(&cfg, &a, &err)) return fail(&err);
+  if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
   st_trainer *t;
-  if (st_trainer_create(&t, &cfg, NULL, &err)) return fail(&err);
+  if (st_trainer_create(&t, &cfg, NULL, &err)) return st_cli_fail(&err);
   double loss, acc;
   rc = st_trainer_load(t, a.checkpoint, 1, &err);
   if (!rc) rc = st_trainer_evaluate(t, &loss, &acc, &err);
@@ -266,7 +250,7 @@ static int cmd_eval(int argc, char **argv) {
     printf("test accuracy %.4f, test loss %.4f (%s)\n", acc, loss,
            a.checkpoint);
   st_trainer_destroy(t);
-  return rc ? fail(&err) : 0;
+  return rc ? st_cli_fail(&err) : 0;
 }
 
 static int cmd_inspect(int argc, char **argv) {
@@ -274,9 +258,9 @@ static int cmd_inspect(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a, usage_inspect);
   if (rc) return rc;
   if (a.help) return fputs(usage_inspect, stdout), 0;
-  if (!a.config) return usage_error(usage_inspect, "inspect needs a FILE%s", "");
+  if (!a.config) return st_cli_usage_error(usage_inspect, "inspect needs a FILE%s", "");
   st_error err = {0};
-  if (st_inspect(a.config, stdout, &err)) return fail(&err);
+  if (st_inspect(a.config, stdout, &err)) return st_cli_fail(&err);
   return 0;
 }
 
@@ -294,5 +278,5 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "tokenize") == 0) return st_cli_tokenize(argc - 2, argv + 2);
   if (strcmp(cmd, "sweep") == 0) return st_cli_sweep(argc - 2, argv + 2);
   if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
-  return usage_error(usage_main, "unknown command '%s'", cmd);
+  return st_cli_usage_error(usage_main, "unknown command '%s'", cmd);
 }

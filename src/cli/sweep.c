@@ -66,17 +66,7 @@ typedef struct sweep_args {
   int n_sets, help;
 } sweep_args;
 
-static int usage_error(const char *fmt, const char *what) {
-  fprintf(stderr, "strata: ");
-  fprintf(stderr, fmt, what);
-  fprintf(stderr, "\n%s", usage_sweep);
-  return 2;
-}
 
-static int fail(const st_error *err) {
-  fprintf(stderr, "strata: error: %s\n", err->msg);
-  return 1;
-}
 
 static int parse(int argc, char **argv, sweep_args *a) {
   static const struct {
@@ -101,7 +91,7 @@ static int parse(int argc, char **argv, sweep_args *a) {
     }
     if (strcmp(s, "--set") == 0) {
       if (a->n_sets == MAX_SETS)
-        return usage_error("too many --set options%s", "");
+        return st_cli_usage_error(usage_sweep, "too many --set options%s", "");
       slot = &a->sets[a->n_sets++];
     }
     for (size_t k = 0; !slot && k < sizeof flags / sizeof flags[0]; k++)
@@ -109,14 +99,14 @@ static int parse(int argc, char **argv, sweep_args *a) {
         slot = (const char **)((char *)a + flags[k].offset);
     if (!slot) {
       if (s[0] == '-' && s[1])
-        return usage_error("unknown option '%s'", s);
+        return st_cli_usage_error(usage_sweep, "unknown option '%s'", s);
       if (a->config)
-        return usage_error("unexpected argument '%s'", s);
+        return st_cli_usage_error(usage_sweep, "unexpected argument '%s'", s);
       a->config = s;
       continue;
     }
     if (i + 1 >= argc)
-      return usage_error("%s needs a value", s);
+      return st_cli_usage_error(usage_sweep, "%s needs a value", s);
     *slot = argv[++i];
   }
   return 0;
@@ -189,12 +179,6 @@ static int apply_optimizer(st_config *cfg, const char *name, st_error *err) {
   return 1;
 }
 
-static void default_out(char *out, size_t cap, const char *config) {
-  const char *base = strrchr(config, '/');
-  base = base ? base + 1 : config;
-  size_t n = strcspn(base, ".");
-  snprintf(out, cap, "runs/sweep-%.*s", (int)n, base);
-}
 
 int st_cli_sweep(int argc, char **argv) {
   sweep_args a = {0};
@@ -204,27 +188,27 @@ int st_cli_sweep(int argc, char **argv) {
   if (a.help)
     return fputs(usage_sweep, stdout), 0;
   if (!a.config)
-    return usage_error("sweep needs a CONFIG%s", "");
+    return st_cli_usage_error(usage_sweep, "sweep needs a CONFIG%s", "");
   if (!a.batch_sizes)
-    return usage_error("sweep needs --batch-sizes%s", "");
+    return st_cli_usage_error(usage_sweep, "sweep needs --batch-sizes%s", "");
   if (!a.target)
-    return usage_error("sweep needs --target%s", "");
+    return st_cli_usage_error(usage_sweep, "sweep needs --target%s", "");
 
   st_sweep_options o = {0};
   st_error err = {0};
   if (parse_batches(&o.batch_sizes, a.batch_sizes))
-    return usage_error("--batch-sizes takes increasing whole numbers >= 1, "
+    return st_cli_usage_error(usage_sweep, "--batch-sizes takes increasing whole numbers >= 1, "
                        "at most 32, as 1,2,4; not '%s'",
                        a.batch_sizes);
   if (st_sweep_target_parse(&o.target, a.target, &err))
-    return usage_error("%s", err.msg);
+    return st_cli_usage_error(usage_sweep, "%s", err.msg);
   o.trials = 8;
   if (a.trials && (o.trials = (int)positive(a.trials, 1 << 20)) < 0)
-    return usage_error("--trials takes a whole number >= 1, not '%s'",
+    return st_cli_usage_error(usage_sweep, "--trials takes a whole number >= 1, not '%s'",
                        a.trials);
   o.lr_min = 1e-3, o.lr_max = 1;
   if (a.lr_range && parse_range(&o.lr_min, &o.lr_max, a.lr_range))
-    return usage_error("--lr-range takes MIN,MAX with 0 < MIN <= MAX, not "
+    return st_cli_usage_error(usage_sweep, "--lr-range takes MIN,MAX with 0 < MIN <= MAX, not "
                        "'%s'",
                        a.lr_range);
 
@@ -232,7 +216,7 @@ int st_cli_sweep(int argc, char **argv) {
   st_config_defaults(&cfg);
   rc = st_config_load(&cfg, a.config, &err);
   if (!rc && a.optimizer && (rc = apply_optimizer(&cfg, a.optimizer, &err)) > 0)
-    return usage_error("--optimizer takes sgd, momentum, nesterov or adam, "
+    return st_cli_usage_error(usage_sweep, "--optimizer takes sgd, momentum, nesterov or adam, "
                        "not '%s'",
                        a.optimizer);
   for (int i = 0; !rc && i < a.n_sets; i++)
@@ -240,23 +224,23 @@ int st_cli_sweep(int argc, char **argv) {
   if (!rc)
     rc = st_config_validate(&cfg, &err);
   if (rc)
-    return fail(&err);
+    return st_cli_fail(&err);
 
   o.budget_steps = cfg.train.steps > 0 ? cfg.train.steps : 1000;
   if (a.budget && (o.budget_steps = positive(a.budget, (long long)1 << 40)) < 0)
-    return usage_error("--budget-steps takes a whole number >= 1, not '%s'",
+    return st_cli_usage_error(usage_sweep, "--budget-steps takes a whole number >= 1, not '%s'",
                        a.budget);
   o.eval_every = cfg.train.eval_every > 0 ? cfg.train.eval_every
                                           : (int)(o.budget_steps / 100);
   if (o.eval_every < 1)
     o.eval_every = 1;
   if (a.eval_every && (o.eval_every = (int)positive(a.eval_every, 1 << 30)) < 0)
-    return usage_error("--eval-every takes a whole number >= 1, not '%s'",
+    return st_cli_usage_error(usage_sweep, "--eval-every takes a whole number >= 1, not '%s'",
                        a.eval_every);
   if (a.out)
     snprintf(o.out_dir, sizeof o.out_dir, "%s", a.out);
   else
-    default_out(o.out_dir, sizeof o.out_dir, a.config);
+    st_cli_default_out(o.out_dir, sizeof o.out_dir, a.config);
   o.progress = stdout;
 
   printf("strata: sweep of %s: %d batch size%s x %d trial%s, at most %lld "
@@ -266,7 +250,7 @@ int st_cli_sweep(int argc, char **argv) {
          o.out_dir);
   fflush(stdout);
   if (st_sweep_run(&o, &cfg, &err))
-    return fail(&err);
+    return st_cli_fail(&err);
   printf("strata: done: wrote %s/sweep.csv, steps.csv, steps.svg and "
          "report.md\n",
          o.out_dir);

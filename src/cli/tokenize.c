@@ -36,17 +36,7 @@ typedef struct tokenize_args {
   int help;
 } tokenize_args;
 
-static int usage_error(const char *fmt, const char *what) {
-  fprintf(stderr, "strata: ");
-  fprintf(stderr, fmt, what);
-  fprintf(stderr, "\n%s", usage_tokenize);
-  return 2;
-}
 
-static int fail(const st_error *err) {
-  fprintf(stderr, "strata: error: %s\n", err->msg);
-  return 1;
-}
 
 static int parse(int argc, char **argv, tokenize_args *a) {
   for (int i = 0; i < argc; i++) {
@@ -63,18 +53,18 @@ static int parse(int argc, char **argv, tokenize_args *a) {
     else if (strcmp(s, "--tokenizer") == 0)
       slot = &a->tokenizer;
     else if (s[0] == '-' && s[1] == '-')
-      return usage_error("unknown option '%s'", s);
+      return st_cli_usage_error(usage_tokenize, "unknown option '%s'", s);
     if (!slot) {
       if (!a->action)
         a->action = s;
       else if (!a->input)
         a->input = s;
       else
-        return usage_error("unexpected argument '%s'", s);
+        return st_cli_usage_error(usage_tokenize, "unexpected argument '%s'", s);
       continue;
     }
     if (i + 1 >= argc)
-      return usage_error("%s needs a value", s);
+      return st_cli_usage_error(usage_tokenize, "%s needs a value", s);
     *slot = argv[++i];
   }
   return 0;
@@ -82,16 +72,16 @@ static int parse(int argc, char **argv, tokenize_args *a) {
 
 static int train(const tokenize_args *a) {
   if (!a->input)
-    return usage_error("tokenize train needs a CORPUS%s", "");
+    return st_cli_usage_error(usage_tokenize, "tokenize train needs a CORPUS%s", "");
   if (!a->vocab)
-    return usage_error("tokenize train needs --vocab N%s", "");
+    return st_cli_usage_error(usage_tokenize, "tokenize train needs --vocab N%s", "");
   if (!a->out)
-    return usage_error("tokenize train needs --out FILE%s", "");
+    return st_cli_usage_error(usage_tokenize, "tokenize train needs --out FILE%s", "");
   char *stop;
   errno = 0;
   long vocab = strtol(a->vocab, &stop, 10);
   if (errno || *stop || stop == a->vocab || vocab < 256 || vocab > 1 << 20)
-    return usage_error("--vocab must be an integer in [256, 1048576], not "
+    return st_cli_usage_error(usage_tokenize, "--vocab must be an integer in [256, 1048576], not "
                        "'%s'",
                        a->vocab);
   st_error err = {0};
@@ -101,17 +91,17 @@ static int train(const tokenize_args *a) {
   int32_t *ids = NULL;
   int status = 1;
   if (st_file_read(&text, &n, a->input, &err)) {
-    status = fail(&err);
+    status = st_cli_fail(&err);
     goto done;
   }
   if (n == 0) {
     st_error_set(&err, ST_EDATA, "%s: the corpus is empty", a->input);
-    status = fail(&err);
+    status = st_cli_fail(&err);
     goto done;
   }
   double t0 = st_now();
   if (st_bpe_train(&tok, text, n, (int)vocab, &err)) {
-    status = fail(&err);
+    status = st_cli_fail(&err);
     goto done;
   }
   double seconds = st_now() - t0;
@@ -120,17 +110,17 @@ static int train(const tokenize_args *a) {
   size_t n_ids = 0;
   if (!ids) {
     st_error_set(&err, ST_ENOMEM, "%s: out of memory", a->input);
-    status = fail(&err);
+    status = st_cli_fail(&err);
     goto done;
   }
   t0 = st_now();
   if (st_tokenizer_encode(tok, text, n, ids, &n_ids, &err)) {
-    status = fail(&err);
+    status = st_cli_fail(&err);
     goto done;
   }
   double encode_seconds = st_now() - t0;
   if (st_tokenizer_save(tok, a->out, &err)) {
-    status = fail(&err);
+    status = st_cli_fail(&err);
     goto done;
   }
   printf("trained %d merges (vocab %d) on %zu bytes in %.3f s: %.0f "
@@ -153,9 +143,9 @@ done:
 
 static int encode(const tokenize_args *a) {
   if (!a->input)
-    return usage_error("tokenize encode needs a FILE%s", "");
+    return st_cli_usage_error(usage_tokenize, "tokenize encode needs a FILE%s", "");
   if (a->vocab || a->out)
-    return usage_error("%s is an option of tokenize train",
+    return st_cli_usage_error(usage_tokenize, "%s is an option of tokenize train",
                        a->vocab ? "--vocab" : "--out");
   st_error err = {0};
   st_tokenizer *tok = NULL;
@@ -175,7 +165,7 @@ static int encode(const tokenize_args *a) {
   if (!rc)
     rc = st_tokenizer_encode(tok, text, n, ids, &n_ids, &err);
   if (rc) {
-    status = fail(&err);
+    status = st_cli_fail(&err);
     goto done;
   }
   for (size_t i = 0; i < n_ids; i++)
@@ -199,14 +189,14 @@ int st_cli_tokenize(int argc, char **argv) {
     return 0;
   }
   if (!a.action)
-    return usage_error("tokenize needs an action: train or encode%s", "");
+    return st_cli_usage_error(usage_tokenize, "tokenize needs an action: train or encode%s", "");
   if (strcmp(a.action, "train") == 0) {
     if (a.tokenizer)
-      return usage_error("--tokenizer is an option of tokenize encode%s", "");
+      return st_cli_usage_error(usage_tokenize, "--tokenizer is an option of tokenize encode%s", "");
     return train(&a);
   }
   if (strcmp(a.action, "encode") == 0)
     return encode(&a);
-  return usage_error("unknown tokenize action '%s' (train or encode)",
+  return st_cli_usage_error(usage_tokenize, "unknown tokenize action '%s' (train or encode)",
                      a.action);
 }
