@@ -18,6 +18,28 @@ void st_cli_default_out(char *out, size_t cap, const char *config);
 /* mkdir -p of path (or of its parent folders only, include_last = 0) */
 int st_cli_mkdir_p(const char *path, int include_last, st_error *err);
 
+/* Command-line parsing shared by every command: --help/-h, a repeatable
+ * --set KEY=VALUE, valued options ("--out DIR"), flags, and up to two
+ * positional operands. Misuse gives a usage error (exit status 2). */
+#define ST_CLI_MAX_SETS 64
+
+typedef struct st_cli_option {
+  const char *name;   /* "--out" */
+  const char **value; /* valued option: where its text goes */
+  int *flag;          /* flag (no value): set to 1 */
+} st_cli_option;
+
+typedef struct st_cli_spec {
+  const char *usage;
+  const st_cli_option *options; /* ends with a {NULL} entry */
+  const char **positional[2];   /* where operands go; NULL = none accepted */
+  const char **sets;            /* ST_CLI_MAX_SETS slots, or NULL: no --set */
+  int *n_sets;
+  int *help;
+} st_cli_spec;
+
+int st_cli_parse(int argc, char **argv, const st_cli_spec *spec);
+
 /* strata compile CONFIG [...] (compile.c) */
 int st_cli_compile(int argc, char **argv);
 /* strata bench --calibrate [...] (bench.c) */

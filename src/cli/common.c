@@ -45,3 +45,46 @@ int st_cli_mkdir_p(const char *path, int include_last, st_error *err) {
   }
   return 0;
 }
+
+/* The option a word names, or NULL. */
+static const st_cli_option *find_option(const st_cli_spec *spec,
+                                        const char *word) {
+  for (const st_cli_option *o = spec->options; o && o->name; o++)
+    if (strcmp(o->name, word) == 0) return o;
+  return NULL;
+}
+
+int st_cli_parse(int argc, char **argv, const st_cli_spec *spec) {
+  int n_pos = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    const char **slot = NULL;
+    const st_cli_option *o = find_option(spec, s);
+    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+      *spec->help = 1;
+      continue;
+    }
+    if (o && o->flag) {
+      *o->flag = 1;
+      continue;
+    }
+    if (o) {
+      slot = o->value;
+    } else if (spec->sets && strcmp(s, "--set") == 0) {
+      if (*spec->n_sets == ST_CLI_MAX_SETS)
+        return st_cli_usage_error(spec->usage, "too many --set options%s", "");
+      slot = &spec->sets[(*spec->n_sets)++];
+    } else if (s[0] == '-' && s[1]) {
+      return st_cli_usage_error(spec->usage, "unknown option '%s'", s);
+    } else if (n_pos < 2 && spec->positional[n_pos]) {
+      *spec->positional[n_pos++] = s;
+      continue;
+    } else {
+      return st_cli_usage_error(spec->usage, "unexpected argument '%s'", s);
+    }
+    if (i + 1 >= argc)
+      return st_cli_usage_error(spec->usage, "%s needs a value", s);
+    *slot = argv[++i];
+  }
+  return 0;
+}

@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define MAX_SETS 64
 
 static const char *usage_compile =
     "usage: strata compile CONFIG [--set key.path=value ...]\n"
@@ -57,55 +56,29 @@ static const char *usage_compile =
 
 typedef struct compile_args {
   const char *config, *out, *fabric, *stages;
-  const char *sets[MAX_SETS];
+  const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help, validate_only, compile_only;
 } compile_args;
 
 
 
 static int parse(int argc, char **argv, compile_args *a) {
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i];
-    const char **slot = NULL;
-    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-      a->help = 1;
-      continue;
-    }
-    if (strcmp(s, "--validate-only") == 0) {
-      a->validate_only = 1;
-      continue;
-    }
-    if (strcmp(s, "--compile-only") == 0) {
-      a->compile_only = 1;
-      continue;
-    }
-    if (strcmp(s, "--set") == 0) {
-      if (a->n_sets == MAX_SETS)
-        return st_cli_usage_error(usage_compile, "too many --set options%s", "");
-      slot = &a->sets[a->n_sets++];
-    } else if (strcmp(s, "--out") == 0) {
-      slot = &a->out;
-    } else if (strcmp(s, "--fabric") == 0) {
-      slot = &a->fabric;
-    } else if (strcmp(s, "--stages") == 0) {
-      slot = &a->stages;
-    } else if (s[0] == '-' && s[1]) {
-      return st_cli_usage_error(usage_compile, "unknown option '%s'", s);
-    } else if (!a->config) {
-      a->config = s;
-      continue;
-    } else {
-      return st_cli_usage_error(usage_compile, "unexpected argument '%s'", s);
-    }
-    if (i + 1 >= argc)
-      return st_cli_usage_error(usage_compile, "%s needs a value", s);
-    *slot = argv[++i];
-  }
-  if (a->validate_only && a->compile_only)
-    return st_cli_usage_error(usage_compile, "--validate-only and --compile-only exclude each "
-                       "other%s",
-                       "");
-  return 0;
+  const st_cli_option options[] = {
+      {"--validate-only", NULL, &a->validate_only},
+      {"--compile-only", NULL, &a->compile_only},
+      {"--out", &a->out, NULL},
+      {"--fabric", &a->fabric, NULL},
+      {"--stages", &a->stages, NULL},
+      {NULL, NULL, NULL}};
+  const st_cli_spec spec = {usage_compile, options, {&a->config, NULL},
+                            a->sets,       &a->n_sets, &a->help};
+  int rc = st_cli_parse(argc, argv, &spec);
+  if (!rc && a->validate_only && a->compile_only)
+    return st_cli_usage_error(usage_compile,
+                              "--validate-only and --compile-only exclude "
+                              "each other%s",
+                              "");
+  return rc;
 }
 
 /* --stages K: a whole number >= 1, or 0 when absent; -1 if malformed. */

@@ -11,11 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_SETS 64
 
 typedef struct args {
   const char *config, *out, *resume, *checkpoint;
-  const char *sets[MAX_SETS];
+  const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help;
 } args;
 
@@ -71,35 +70,13 @@ static const char *usage_inspect =
 
 /* Parses options after the command; positional goes to a->config. */
 static int parse_args(int argc, char **argv, args *a, const char *usage) {
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i];
-    const char **slot = NULL;
-    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-      a->help = 1;
-      continue;
-    }
-    if (strcmp(s, "--set") == 0) {
-      if (a->n_sets == MAX_SETS)
-        return st_cli_usage_error(usage, "too many --set options%s", "");
-      slot = &a->sets[a->n_sets++];
-    } else if (strcmp(s, "--out") == 0) {
-      slot = &a->out;
-    } else if (strcmp(s, "--resume") == 0) {
-      slot = &a->resume;
-    } else if (strcmp(s, "--checkpoint") == 0) {
-      slot = &a->checkpoint;
-    } else if (s[0] == '-' && s[1]) {
-      return st_cli_usage_error(usage, "unknown option '%s'", s);
-    } else if (!a->config) {
-      a->config = s;
-      continue;
-    } else {
-      return st_cli_usage_error(usage, "unexpected argument '%s'", s);
-    }
-    if (i + 1 >= argc) return st_cli_usage_error(usage, "%s needs a value", s);
-    *slot = argv[++i];
-  }
-  return 0;
+  const st_cli_option options[] = {{"--out", &a->out, NULL},
+                                   {"--resume", &a->resume, NULL},
+                                   {"--checkpoint", &a->checkpoint, NULL},
+                                   {NULL, NULL, NULL}};
+  const st_cli_spec spec = {usage, options, {&a->config, NULL}, a->sets,
+                            &a->n_sets, &a->help};
+  return st_cli_parse(argc, argv, &spec);
 }
 
 static int load_config(st_config *cfg, const args *a, st_error *err) {

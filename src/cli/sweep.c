@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_SETS 64
 
 static const char *usage_sweep =
     "usage: strata sweep CONFIG --batch-sizes B1,B2,... --target METRIC=VALUE\n"
@@ -62,54 +61,25 @@ static const char *usage_sweep =
 typedef struct sweep_args {
   const char *config, *batch_sizes, *target, *trials, *budget, *eval_every,
       *lr_range, *optimizer, *out;
-  const char *sets[MAX_SETS];
+  const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help;
 } sweep_args;
 
 
 
 static int parse(int argc, char **argv, sweep_args *a) {
-  static const struct {
-    const char *flag;
-    size_t offset;
-  } flags[] = {
-      {"--batch-sizes", offsetof(sweep_args, batch_sizes)},
-      {"--target", offsetof(sweep_args, target)},
-      {"--trials", offsetof(sweep_args, trials)},
-      {"--budget-steps", offsetof(sweep_args, budget)},
-      {"--eval-every", offsetof(sweep_args, eval_every)},
-      {"--lr-range", offsetof(sweep_args, lr_range)},
-      {"--optimizer", offsetof(sweep_args, optimizer)},
-      {"--out", offsetof(sweep_args, out)},
-  };
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i];
-    const char **slot = NULL;
-    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-      a->help = 1;
-      continue;
-    }
-    if (strcmp(s, "--set") == 0) {
-      if (a->n_sets == MAX_SETS)
-        return st_cli_usage_error(usage_sweep, "too many --set options%s", "");
-      slot = &a->sets[a->n_sets++];
-    }
-    for (size_t k = 0; !slot && k < sizeof flags / sizeof flags[0]; k++)
-      if (strcmp(s, flags[k].flag) == 0)
-        slot = (const char **)((char *)a + flags[k].offset);
-    if (!slot) {
-      if (s[0] == '-' && s[1])
-        return st_cli_usage_error(usage_sweep, "unknown option '%s'", s);
-      if (a->config)
-        return st_cli_usage_error(usage_sweep, "unexpected argument '%s'", s);
-      a->config = s;
-      continue;
-    }
-    if (i + 1 >= argc)
-      return st_cli_usage_error(usage_sweep, "%s needs a value", s);
-    *slot = argv[++i];
-  }
-  return 0;
+  const st_cli_option options[] = {{"--batch-sizes", &a->batch_sizes, NULL},
+                                   {"--target", &a->target, NULL},
+                                   {"--trials", &a->trials, NULL},
+                                   {"--budget-steps", &a->budget, NULL},
+                                   {"--eval-every", &a->eval_every, NULL},
+                                   {"--lr-range", &a->lr_range, NULL},
+                                   {"--optimizer", &a->optimizer, NULL},
+                                   {"--out", &a->out, NULL},
+                                   {NULL, NULL, NULL}};
+  const st_cli_spec spec = {usage_sweep, options, {&a->config, NULL},
+                            a->sets,     &a->n_sets, &a->help};
+  return st_cli_parse(argc, argv, &spec);
 }
 
 /* A whole number in [1, max]; -1 if malformed. */

@@ -39,35 +39,13 @@ typedef struct tokenize_args {
 
 
 static int parse(int argc, char **argv, tokenize_args *a) {
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i];
-    const char **slot = NULL;
-    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-      a->help = 1;
-      continue;
-    }
-    if (strcmp(s, "--vocab") == 0)
-      slot = &a->vocab;
-    else if (strcmp(s, "--out") == 0)
-      slot = &a->out;
-    else if (strcmp(s, "--tokenizer") == 0)
-      slot = &a->tokenizer;
-    else if (s[0] == '-' && s[1] == '-')
-      return st_cli_usage_error(usage_tokenize, "unknown option '%s'", s);
-    if (!slot) {
-      if (!a->action)
-        a->action = s;
-      else if (!a->input)
-        a->input = s;
-      else
-        return st_cli_usage_error(usage_tokenize, "unexpected argument '%s'", s);
-      continue;
-    }
-    if (i + 1 >= argc)
-      return st_cli_usage_error(usage_tokenize, "%s needs a value", s);
-    *slot = argv[++i];
-  }
-  return 0;
+  const st_cli_option options[] = {{"--vocab", &a->vocab, NULL},
+                                   {"--out", &a->out, NULL},
+                                   {"--tokenizer", &a->tokenizer, NULL},
+                                   {NULL, NULL, NULL}};
+  const st_cli_spec spec = {usage_tokenize, options,
+                            {&a->action, &a->input}, NULL, NULL, &a->help};
+  return st_cli_parse(argc, argv, &spec);
 }
 
 static int train(const tokenize_args *a) {
