@@ -141,7 +141,7 @@ typedef struct st_int_list {
 typedef struct st_config {
   char path[ST_PATH_MAX]; /* file it came from ("" if none) */
   struct {
-    char kind[16];          /* mlp | cnn */
+    char kind[16];          /* mlp | cnn | gpt */
     st_int_list hidden;     /* mlp: hidden widths, default [256, 256] */
     char activation[16];    /* relu | gelu | gelu_tanh */
     float dropout;          /* dropout after each hidden activation */
@@ -153,14 +153,27 @@ typedef struct st_config {
     char pool[8];           /* cnn: max | avg */
     st_int_list dense;      /* cnn: dense widths after the conv stages */
     int classes;            /* output classes, default 10 */
+    int vocab;              /* gpt: vocabulary (0 = the tokenizer's) */
+    int context;            /* gpt: tokens per sequence (context length) */
+    int layers;             /* gpt: transformer layers */
+    int heads;              /* gpt: attention heads */
+    int width;              /* gpt: model width d_model */
+    int mlp_ratio;          /* gpt: MLP hidden width / model width */
+    int tied;               /* gpt: output head shares the token embedding */
+    char positions[16];     /* gpt: learned | rotary */
+    int rotary_dim;         /* gpt: rotated dims per head (0 = all) */
   } model;
   struct {
-    char dataset[24];       /* fashion_mnist | synthetic */
+    char dataset[24];       /* fashion_mnist | synthetic | text */
     char dir[ST_PATH_MAX];  /* where the IDX .gz files are */
     int train_limit;        /* use only the first N training samples (0 = all) */
     int test_limit;         /* use only the first N test samples (0 = all) */
     int shuffle;            /* reshuffle every epoch */
     int normalize;          /* standardise pixels with the dataset mean/std */
+    char path[ST_PATH_MAX]; /* text: the corpus file */
+    char tokenizer[ST_PATH_MAX]; /* text: "bytes" or a strata-bpe file */
+    char encoding[8];       /* text: bytes | utf8 (checked) */
+    float val_fraction;     /* text: share of the tokens held out */
   } data;
   struct {
     char kind[16];          /* sgd | adamw */
@@ -248,6 +261,14 @@ void st_linear_forward(st_pool *pool, float *out, const float *in,
 void st_linear_backward(st_pool *pool, float *din, float *dw, float *db,
                         const float *dout, const float *in, const float *w,
                         int B, int IC, int OC);
+/* The same with W stored transposed, (IC, OC) — the layout of Hugging Face's
+ * GPT-2 Conv1D, so checkpoints carry HF shapes: out = in W + b. */
+void st_linear_t_forward(st_pool *pool, float *out, const float *in,
+                         const float *w, const float *b, int B, int IC,
+                         int OC);
+void st_linear_t_backward(st_pool *pool, float *din, float *dw, float *db,
+                          const float *dout, const float *in, const float *w,
+                          int B, int IC, int OC);
 st_cost st_linear_cost(int IC, int OC);
 
 /* pointwise activations over n = B * numel elements */
@@ -377,8 +398,11 @@ typedef enum {
   ST_OP_FLATTEN,
   ST_OP_LAYERNORM,
   ST_OP_GROUPNORM,
-  ST_OP_RESIDUAL, /* out = in + (input of the enclosing block) */
+  ST_OP_RESIDUAL, /* out = in + (block input, or an earlier layer's output) */
   ST_OP_DROPOUT,
+  ST_OP_EMBED,     /* token ids -> wte[token] + wpe[position] */
+  ST_OP_ATTENTION, /* causal self-attention core: qkv -> heads' outputs */
+  ST_OP_ROTARY,    /* rotary positions applied to q and k of qkv */
 } st_op_kind;
 
 const char *st_op_name(st_op_kind kind);
@@ -394,6 +418,11 @@ typedef struct st_tensor_info {
   int64_t dims[ST_MAX_DIMS];
   size_t offset; /* floats from the start of the block's slab */
   size_t numel;
+  /* A tied copy (a GPT's output head sharing the token embedding): the
+   * global offset of the tensor it mirrors, else -1. Each block keeps its own
+   * copy, as a pipeline stage must; the trainer sums the two gradients and
+   * gives both copies the same update, checkpoints store only the source. */
+  int64_t tie;
 } st_tensor_info;
 
 typedef struct st_layer {
@@ -406,6 +435,16 @@ typedef struct st_layer {
   float eps, p;          /* norms / dropout */
   uint32_t id;           /* model-wide layer index (dropout stream) */
   int w_tensor, b_tensor; /* indices into the block's tensors, -1 if none */
+  /* Sequence layers (gpt): a sample is `rows` positions of `in.c` features,
+   * position-major; linear and layernorm act on each position. 1 elsewhere. */
+  int rows;
+  int wt;                /* linear: weight stored (IC, OC), as HF's Conv1D */
+  int heads, rotary_dim; /* attention, rotary */
+  int vocab;             /* embed: rows of the token table */
+  int skip;              /* residual: layer whose output is added, -1 = the
+                            block's input */
+  float init_std;        /* > 0: weights N(0, init_std), biases 0 (gpt, as
+                            GPT-2); 0: PyTorch's default for the layer */
   size_t out_off;        /* floats per sample into the block's activations */
   size_t save_off, save_per_sample; /* extra saved state (stats, masks, idx) */
 } st_layer;
@@ -435,6 +474,10 @@ typedef struct st_model {
   st_block *blocks;
   st_shape in;            /* per-sample input */
   int classes;
+  /* gpt: inputs are `in.h` token ids per sample (as floats, exact below
+   * 2^24) and every position has a label; 1 for classifiers. */
+  int label_rows;
+  int n_ties;             /* tied tensor copies (st_tensor_info.tie) */
   size_t n_params;        /* floats over all blocks */
   size_t max_numel;       /* over all blocks */
   size_t max_scratch_per_sample;
@@ -450,6 +493,13 @@ void st_model_destroy(st_model *m);
  * U(-1/sqrt(fan_in), 1/sqrt(fan_in)), norms 1/0) from the RNG stream
  * (seed, ST_RNG_INIT, tensor index). params has m->n_params floats. */
 void st_model_init(const st_model *m, float *params, uint64_t seed);
+/* Parameters counting each tied pair once (the published figure). */
+size_t st_model_unique_params(const st_model *m);
+/* Copies every tied tensor's source into the copy, in each of `slots` slabs
+ * laid out slot_stride floats apart (weights: 1, 0; optimizer state: its
+ * slots, n_params). */
+void st_model_sync_ties(const st_model *m, float *slab, int slots,
+                        size_t slot_stride);
 /* Finds a tensor by name; returns its global offset in floats or -1. */
 int64_t st_model_find(const st_model *m, const char *name,
                       const st_tensor_info **info);
@@ -658,6 +708,18 @@ int st_text_dataset_load(st_text_dataset **out, const char *path,
                          const st_tokenizer *tok, double val_fraction,
                          st_error *err);
 void st_text_dataset_destroy(st_text_dataset *ds);
+/* Offset of the first byte of data[0..n) that is not part of a valid UTF-8
+ * sequence (overlongs, surrogates and code points above U+10FFFF are
+ * invalid), or n when all of it is valid. */
+size_t st_utf8_invalid(const uint8_t *data, size_t n);
+/* The configured tokenizer (data.tokenizer: "bytes" or a strata-bpe file). */
+int st_text_tokenizer(st_tokenizer **out, const st_config *cfg, st_error *err);
+/* The corpus of cfg->data (path, tokenizer, encoding, val_fraction); *tok
+ * gets the tokenizer. Errors name the file and, for encoding, line:col. */
+int st_text_open(st_text_dataset **out, st_tokenizer **tok,
+                 const st_config *cfg, st_error *err);
+/* model.vocab, or when 0 the configured tokenizer's vocabulary. */
+int st_text_vocab(const st_config *cfg, int *vocab, st_error *err);
 
 /* ------------------------------------------------------------------- io */
 

@@ -15,7 +15,8 @@
 /* Per-sample input of the configured dataset, known without loading it:
  * Fashion-MNIST and the synthetic set are both 1 x 28 x 28 (data/). */
 static st_shape input_shape(const st_config *cfg) {
-  (void)cfg;
+  if (strcmp(cfg->model.kind, "gpt") == 0) /* the builder sets its own */
+    return (st_shape){1, cfg->model.context, 1};
   return (st_shape){1, 28, 28};
 }
 
@@ -34,12 +35,32 @@ static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
   double n_in = (double)st_shape_numel(L->in), n = (double)st_shape_numel(L->out);
   switch (L->kind) {
   case ST_OP_LINEAR: {
-    st_cost k = st_linear_cost((int)n_in, (int)n);
-    int cls = st_gemm_class(batch, n, n_in);
+    /* a sequence layer is one GEMM over batch x positions rows */
+    double rows = L->rows;
+    st_cost k = st_linear_cost((int)(n_in / rows), (int)(n / rows));
+    int cls = st_gemm_class(batch * rows, n / rows, n_in / rows);
+    c->gemm_fwd[cls] += k.flops_fwd * rows;
+    c->gemm_bwd[cls] += k.flops_bwd * rows;
+    break;
+  }
+  case ST_OP_ATTENTION: {
+    /* per (sample, head): row blocks of 32 against up to T keys, K = the
+     * head size (attention.c) */
+    st_cost k = st_attention_cost(L->out.h, L->out.c, L->heads);
+    double T = L->out.h, hs = (double)L->out.c / L->heads;
+    int cls = st_gemm_class(T < 32 ? T : 32, T, hs);
     c->gemm_fwd[cls] += k.flops_fwd;
     c->gemm_bwd[cls] += k.flops_bwd;
     break;
   }
+  case ST_OP_EMBED:
+    c->bytes_fwd[0] += 4 * 3 * n;          /* two table rows in, one out */
+    c->bytes_bwd[0] += 4 * 5 * n;          /* two read-add-writes, dy */
+    break;
+  case ST_OP_ROTARY:
+    c->bytes_fwd[0] += 4 * 2 * n;          /* copy and rotate */
+    c->bytes_bwd[0] += 4 * 2 * n;
+    break;
   case ST_OP_CONV2D: {
     st_cost k = st_conv2d_cost(L->in.c, L->in.h, L->in.w, L->out.c, L->k,
                                L->stride, L->pad);
@@ -106,7 +127,7 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     c->bytes_bwd[3] += 4.0 * (double)b->n_params * (4.0 + 2.0 * slots) /
                        (double)cfg->train.batch;
   }
-  /* softmax cross-entropy on the last block's output */
+  /* softmax cross-entropy on the last block's output (every position) */
   if (m->n_blocks > 0) {
     double C = (double)st_shape_numel(m->blocks[m->n_blocks - 1].out);
     out[m->n_blocks - 1].bytes_fwd[0] += 4 * 3 * C;
@@ -132,6 +153,12 @@ const char *st_op_class_name(int cls) {
 }
 
 int st_plan_model(st_model **out, const st_config *cfg, st_error *err) {
+  if (strcmp(cfg->model.kind, "gpt") == 0 && cfg->model.vocab == 0) {
+    /* the vocabulary comes from the tokenizer (its file's header) */
+    st_config resolved = *cfg;
+    int rc = st_text_vocab(cfg, &resolved.model.vocab, err);
+    return rc ? rc : st_model_create(out, &resolved, input_shape(cfg), err);
+  }
   return st_model_create(out, cfg, input_shape(cfg), err);
 }
 
@@ -154,12 +181,21 @@ int st_plan_validate(const st_config *cfg, FILE *f, st_error *err) {
   double weights = 4.0 * (double)m->n_params;
   char a[32], b[32], c[32], d[32];
   fprintf(f, "config %s: valid\n", cfg->path[0] ? cfg->path : "(defaults)");
-  fprintf(f, "model: %s, %d blocks, input %dx%dx%d, %d classes\n", m->kind,
-          m->n_blocks, m->in.c, m->in.h, m->in.w, m->classes);
+  if (m->label_rows > 1)
+    fprintf(f, "model: %s, %d blocks, %d tokens per sequence, vocabulary %d\n",
+            m->kind, m->n_blocks, m->in.h, m->classes);
+  else
+    fprintf(f, "model: %s, %d blocks, input %dx%dx%d, %d classes\n", m->kind,
+            m->n_blocks, m->in.c, m->in.h, m->in.w, m->classes);
   st_model_print(m, f);
-  fprintf(f, "parameters: %s (%s as fp32)\n",
-          st_plan_fmt_count(a, sizeof a, (double)m->n_params),
-          st_plan_fmt_bytes(b, sizeof b, weights));
+  size_t unique = st_model_unique_params(m);
+  fprintf(f, "parameters: %s (%zu; %s as fp32)", 
+          st_plan_fmt_count(a, sizeof a, (double)unique), unique,
+          st_plan_fmt_bytes(b, sizeof b, 4.0 * (double)unique));
+  if (unique != m->n_params)
+    fprintf(f, "; the tied output head's copy adds %s",
+            st_plan_fmt_count(c, sizeof c, (double)(m->n_params - unique)));
+  fputc('\n', f);
   fprintf(f,
           "FLOPs per sample: forward %.4g M, backward %.4g M, total "
           "%.4g M\n",

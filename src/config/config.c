@@ -765,6 +765,13 @@ static const range ranges[] = {
     AT_LEAST("model.hidden", 1),
     AT_LEAST("model.channels", 1),
     AT_LEAST("model.dense", 1),
+    AT_LEAST("model.vocab", 0),
+    AT_LEAST("model.context", 1),
+    AT_LEAST("model.layers", 0),
+    AT_LEAST("model.heads", 1),
+    AT_LEAST("model.width", 1),
+    AT_LEAST("model.mlp_ratio", 1),
+    AT_LEAST("model.rotary_dim", 0),
     AT_LEAST("data.train_limit", 0),
     AT_LEAST("data.test_limit", 0),
     ABOVE("optimizer.lr", 0),
@@ -917,6 +924,19 @@ static int check_training(const st_config *cfg, st_error *err) {
                    (double)cfg->optimizer.min_lr, (double)cfg->optimizer.lr);
   if (!strcmp(cfg->data.dataset, "fashion_mnist") && !cfg->data.dir[0])
     return invalid(cfg, err, "data.dir", "fashion_mnist needs a folder");
+  const int gpt = !strcmp(cfg->model.kind, "gpt");
+  const int text = !strcmp(cfg->data.dataset, "text");
+  if (gpt != text)
+    return invalid(cfg, err, gpt ? "model.kind" : "data.dataset",
+                   gpt ? "gpt trains on data.dataset text, not %s (%s)"
+                       : "text data needs model.kind gpt, not %s (%s)",
+                   gpt ? cfg->data.dataset : cfg->model.kind,
+                   st_config_where(cfg, gpt ? "data.dataset" : "model.kind"));
+  if (text && !(cfg->data.val_fraction > 0 && cfg->data.val_fraction < 1))
+    return invalid(cfg, err, "data.val_fraction", "must be in (0, 1), got %g",
+                   (double)cfg->data.val_fraction);
+  if (text && !cfg->data.path[0])
+    return invalid(cfg, err, "data.path", "text data needs a corpus file");
   if (cfg->metrics.noise_scale) {
     /* gradients at two batch sizes: the first micro-batch and the batch */
     if (mb ? mb >= batch : batch < 2 || batch % 2)

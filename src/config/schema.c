@@ -35,11 +35,14 @@
   ROW(s, n, ST_CONFIG_INT_LIST, st_int_list, def, NULL, m)
 
 /* Allowed values of each enum, one per line so a new mode is one line. */
-static const char *const model_kinds[] = {"mlp", "cnn", NULL};
+static const char *const model_kinds[] = {"mlp", "cnn", "gpt", NULL};
+static const char *const positions[] = {"learned", "rotary", NULL};
+static const char *const encodings[] = {"bytes", "utf8", NULL};
 static const char *const activations[] = {"relu", "gelu", "gelu_tanh", NULL};
 static const char *const norms[] = {"none", "layernorm", "groupnorm", NULL};
 static const char *const pools[] = {"max", "avg", NULL};
-static const char *const datasets[] = {"fashion_mnist", "synthetic", NULL};
+static const char *const datasets[] = {"fashion_mnist", "synthetic", "text",
+                                       NULL};
 static const char *const optimizers[] = {"sgd", "adamw", NULL};
 static const char *const schedules[] = {"constant", "cosine", "step", "linear",
                                         NULL};
@@ -73,6 +76,20 @@ const st_config_key st_config_schema[] = {
     LIST(model, dense, "[128]",
          "cnn: widths of the dense layers after the convs"),
     INT(model, classes, "10", "number of output classes"),
+    INT(model, vocab, "0",
+        "gpt: vocabulary size (0 = the tokenizer's, with data.dataset text)"),
+    INT(model, context, "128", "gpt: context length, tokens per sequence"),
+    INT(model, layers, "4", "gpt: transformer layers (one block each)"),
+    INT(model, heads, "4", "gpt: attention heads (must divide width)"),
+    INT(model, width, "128", "gpt: model width d_model"),
+    INT(model, mlp_ratio, "4", "gpt: MLP hidden width over model width"),
+    BOOL(model, tied, "true",
+         "gpt: the output head shares the token embedding's weights"),
+    ENUM(model, positions, "learned", positions,
+         "gpt: learned positional embeddings (GPT-2/3) or rotary (GPT-J, "
+         "NeoX)"),
+    INT(model, rotary_dim, "0",
+        "gpt: rotary dims per head (0 = the whole head; even)"),
 
     ENUM(data, dataset, "fashion_mnist", datasets, "training data"),
     STRING(data, dir, "/usr/share/datasets/fashion-mnist",
@@ -83,6 +100,17 @@ const st_config_key st_config_schema[] = {
     BOOL(data, shuffle, "true", "reshuffle the training set every epoch"),
     BOOL(data, normalize, "true",
          "standardise pixels with the dataset mean/std"),
+    STRING(data, path, "/usr/share/games/fortunes/cookie",
+           "text: the corpus, any file of bytes (default: Debian's fortunes "
+           "package)"),
+    STRING(data, tokenizer, "bytes",
+           "text: 'bytes' (vocabulary 256) or a file from strata tokenize "
+           "train"),
+    ENUM(data, encoding, "bytes", encodings,
+         "text: what the corpus must be; utf8 refuses invalid UTF-8, naming "
+         "the line"),
+    FLOAT(data, val_fraction, "0.1",
+          "text: share of the corpus, from its end, held out for validation"),
 
     ENUM(optimizer, kind, "sgd", optimizers, "update rule"),
     FLOAT(optimizer, lr, "0.05", "peak learning rate"),

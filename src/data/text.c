@@ -116,3 +116,97 @@ fail:
   st_text_dataset_destroy(ds);
   return rc;
 }
+
+size_t st_utf8_invalid(const uint8_t *d, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    uint8_t c = d[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    int len;
+    uint32_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;      /* no overlongs */
+      if (c == 0xED) hi = 0x9F;      /* no surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;      /* no overlongs */
+      if (c == 0xF4) hi = 0x8F;      /* nothing above U+10FFFF */
+    } else
+      return i;
+    if (n - i < (size_t)len) return i;
+    if (d[i + 1] < lo || d[i + 1] > hi) return i;
+    for (int k = 2; k < len; k++)
+      if (d[i + k] < 0x80 || d[i + k] > 0xBF) return i;
+    i += (size_t)len;
+  }
+  return n;
+}
+
+static int uses_bytes(const st_config *cfg) {
+  return !cfg->data.tokenizer[0] || !strcmp(cfg->data.tokenizer, "bytes");
+}
+
+int st_text_tokenizer(st_tokenizer **out, const st_config *cfg,
+                      st_error *err) {
+  if (uses_bytes(cfg)) return st_tokenizer_create_bytes(out, err);
+  return st_tokenizer_load(out, cfg->data.tokenizer, err);
+}
+
+int st_text_vocab(const st_config *cfg, int *vocab, st_error *err) {
+  if (cfg->model.vocab > 0) {
+    *vocab = cfg->model.vocab;
+    return 0;
+  }
+  st_tokenizer *tok;
+  int rc = st_text_tokenizer(&tok, cfg, err);
+  if (rc) return rc;
+  *vocab = st_tokenizer_vocab(tok);
+  st_tokenizer_destroy(tok);
+  return 0;
+}
+
+/* Refuses a corpus that is not valid UTF-8, naming line and column (in
+ * bytes, 1-based) of the first bad byte. */
+static int check_utf8(const char *path, st_error *err) {
+  uint8_t *data;
+  size_t n;
+  int rc = st_file_read(&data, &n, path, err);
+  if (rc) return rc;
+  size_t bad = st_utf8_invalid(data, n);
+  if (bad < n) {
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < bad; i++) {
+      col++;
+      if (data[i] == '\n') line++, col = 1;
+    }
+    rc = st_error_set(err, ST_EDATA,
+                      "%s:%zu:%zu: byte 0x%02X is not valid UTF-8 "
+                      "(data.encoding utf8; use bytes to accept any file)",
+                      path, line, col, data[bad]);
+  }
+  st_free(data);
+  return rc;
+}
+
+int st_text_open(st_text_dataset **out, st_tokenizer **tok,
+                 const st_config *cfg, st_error *err) {
+  *out = NULL;
+  *tok = NULL;
+  int rc = 0;
+  if (!strcmp(cfg->data.encoding, "utf8")) rc = check_utf8(cfg->data.path, err);
+  if (!rc) rc = st_text_tokenizer(tok, cfg, err);
+  if (!rc)
+    rc = st_text_dataset_load(out, cfg->data.path, *tok,
+                              cfg->data.val_fraction, err);
+  if (rc) {
+    st_tokenizer_destroy(*tok);
+    *tok = NULL;
+  }
+  return rc;
+}

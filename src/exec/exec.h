@@ -64,8 +64,13 @@ typedef struct st_trainer_view {
 } st_trainer_view;
 
 /* Applies this step's update to blocks [first, first + count) and zeroes
- * their gradients. */
+ * their gradients. A tied copy (st_tensor_info.tie) is updated with its
+ * source: the source's block must be updated after the copy's gradient is
+ * complete (the embedding comes first, so its backward ends the pass). */
 void st_trainer_update_blocks(const st_trainer_view *v, int first, int count);
+/* The squared norm of the gradient in v->grads, a tied pair counted as one
+ * weight with the sum of the two gradients. */
+double st_trainer_grad_sq(const st_trainer_view *v);
 /* Sums v->losses over the batch into *loss; a non-finite loss is an error
  * naming the step and samples (nothing may be updated after it). */
 int st_trainer_check_loss(const st_trainer_view *v, double *loss,

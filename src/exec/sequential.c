@@ -25,23 +25,23 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
   st_stage *s = state;
   const st_model *m = v->model;
   size_t in_numel = st_shape_numel(m->in);
-  int mb = v->micro_batch;
+  int mb = v->micro_batch, R = m->label_rows; /* R labels per sample */
   st_ctx ctx = v->ctx;
   for (int k = 0; k < v->batch; k += mb) {
     const float *x = v->x + (size_t)k * in_numel;
     int last = k + mb >= v->batch;
     ctx.first_sample = v->first_sample + (uint64_t)k;
     const float *logits = st_stage_forward(s, &ctx, v->params, x, mb);
-    st_xent_forward(v->losses + k, v->probs, logits, v->y + k, mb,
-                    m->classes);
+    st_xent_forward(v->losses + (size_t)k * R, v->probs, logits,
+                    v->y + (size_t)k * R, mb * R, m->classes);
     /* Every loss of the batch is known before the last backward, which is
      * where weights start to change: a NaN stops the step untouched. */
     if (last) {
       int rc = st_trainer_check_loss(v, loss, err);
       if (rc) return rc;
     }
-    st_xent_backward(v->dlogits, v->probs, v->y + k, mb, m->classes,
-                     1.0f / (float)v->batch);
+    st_xent_backward(v->dlogits, v->probs, v->y + (size_t)k * R, mb * R,
+                     m->classes, 1.0f / ((float)v->batch * (float)R));
     /* The last micro-batch completes each block's gradient as its backward
      * finishes: update that block then, while its gradient is in cache. */
     st_stage_backward_each(s, &ctx, v->params, v->grads, x, v->dlogits, NULL,
@@ -50,7 +50,7 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
      * its mean over the micro-batch is batch/mb times that. */
     if (v->gs2 && k == 0) {
       double scale = (double)v->batch / mb;
-      *v->gs2 = st_sum_squares(v->grads, m->n_params) * scale * scale;
+      *v->gs2 = st_trainer_grad_sq(v) * scale * scale;
     }
   }
   return 0;

@@ -21,7 +21,12 @@
 struct st_trainer {
   st_config cfg;
   char out_dir[ST_PATH_MAX];
-  st_dataset *train, *test;
+  st_dataset *train, *test;  /* images (mlp, cnn) */
+  st_text_dataset *text;      /* or a corpus (gpt): sample i of a split is
+                                 the window of T + 1 tokens from i * T */
+  st_tokenizer *tok;
+  int n_train, n_test;        /* samples (windows for text) */
+  int rows;                   /* labels per sample: 1, or T for text */
   st_model *model;
   st_pool *pool;
   const st_executor *exec;
@@ -46,8 +51,45 @@ static const st_executor *find_executor(const char *mode) {
   return NULL;
 }
 
+/* Windows of T + 1 tokens starting every T tokens: each token but the last
+ * is a label once. */
+static int windows(size_t tokens, int T, int limit) {
+  size_t n = tokens > (size_t)T ? (tokens - 1) / (size_t)T : 0;
+  if (n > INT32_MAX) n = INT32_MAX;
+  return limit > 0 && (size_t)limit < n ? limit : (int)n;
+}
+
+static int load_text(st_trainer *t, st_error *err) {
+  st_config *c = &t->cfg;
+  int rc = st_text_open(&t->text, &t->tok, c, err);
+  if (rc) return rc;
+  int vocab = st_tokenizer_vocab(t->tok);
+  if (c->model.vocab == 0)
+    c->model.vocab = vocab; /* the tokenizer's */
+  else if (c->model.vocab < vocab)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: model.vocab: %d, but the tokenizer (%s) makes ids "
+                        "up to %d",
+                        st_config_where(c, "model.vocab"), c->model.vocab,
+                        c->data.tokenizer, vocab - 1);
+  int T = c->model.context;
+  t->rows = T;
+  t->n_train = windows(t->text->n_train, T, c->data.train_limit);
+  t->n_test = windows(t->text->n_val, T, c->data.test_limit);
+  if (t->n_train < 1 || t->n_test < 1)
+    return st_error_set(
+        err, ST_EDATA,
+        "%s: %zu training and %zu validation tokens: each part needs more "
+        "than model.context = %d (%s) to give one sequence",
+        c->data.path, t->text->n_train, t->text->n_val, T,
+        st_config_where(c, "model.context"));
+  return 0;
+}
+
 static int load_data(st_trainer *t, st_error *err) {
   const st_config *c = &t->cfg;
+  if (strcmp(c->data.dataset, "text") == 0) return load_text(t, err);
+  t->rows = 1;
   if (strcmp(c->data.dataset, "synthetic") == 0) {
     st_shape shape = {1, 28, 28};
     int ntrain = c->data.train_limit ? c->data.train_limit : 6000;
@@ -63,6 +105,7 @@ static int load_data(st_trainer *t, st_error *err) {
       /* Test data is standardised with the training statistics. */
       t->test->mean = t->train->mean;
       t->test->std = t->train->std;
+      t->n_train = t->train->n, t->n_test = t->test->n;
     }
     return rc;
   }
@@ -77,6 +120,7 @@ static int load_data(st_trainer *t, st_error *err) {
   if (!rc) {
     t->test->mean = t->train->mean;
     t->test->std = t->train->std;
+    t->n_train = t->train->n, t->n_test = t->test->n;
   }
   return rc;
 }
@@ -87,6 +131,7 @@ static int max_int(int a, int b) { return a > b ? a : b; }
  * images, so both are checked against the model before anything runs. */
 static int check_data(const st_trainer *t, st_error *err) {
   const st_config *c = &t->cfg;
+  if (t->text) return 0; /* ids below the vocabulary: load_text */
   const st_dataset *sets[2] = {t->train, t->test};
   for (int i = 0; i < 2; i++)
     if (sets[i]->classes > c->model.classes)
@@ -117,30 +162,34 @@ static int usable_cores(void) {
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
   size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->classes;
-  size_t rows = (size_t)max_int(t->batch, t->eval_batch); /* x, y, losses */
+  /* x, y, losses; y and losses have a row per label */
+  size_t rows = (size_t)max_int(t->batch, t->eval_batch);
+  size_t labels = rows * (size_t)t->rows;
   /* the executor runs micro-batches in training, eval batches in eval */
-  int exec_rows = max_int(t->micro_batch, t->eval_batch);
+  size_t exec_rows =
+      (size_t)max_int(t->micro_batch, t->eval_batch) * (size_t)t->rows;
   t->params = st_alloc(m->n_params * sizeof(float));
   t->grads = st_alloc(m->n_params * sizeof(float));
   t->opt = st_alloc((size_t)st_optim_state_per_param(&t->cfg) * m->n_params *
                     sizeof(float));
   t->x = st_alloc(rows * in_numel * sizeof(float));
-  t->y = st_alloc(rows * sizeof(int));
-  t->losses = st_alloc(rows * sizeof(float));
-  t->probs = st_alloc((size_t)exec_rows * classes * sizeof(float));
-  t->dlogits = st_alloc((size_t)exec_rows * classes * sizeof(float));
-  t->perm = st_alloc((size_t)t->train->n * sizeof(int32_t));
+  t->y = st_alloc(labels * sizeof(int));
+  t->losses = st_alloc(labels * sizeof(float));
+  t->probs = st_alloc(exec_rows * classes * sizeof(float));
+  t->dlogits = st_alloc(exec_rows * classes * sizeof(float));
+  t->perm = st_alloc((size_t)t->n_train * sizeof(int32_t));
   t->eval_idx = st_alloc((size_t)t->eval_batch * sizeof(int32_t));
   if (!t->params || !t->grads || !t->opt || !t->x || !t->y || !t->losses ||
       !t->probs || !t->dlogits || !t->perm || !t->eval_idx)
     return st_error_set(err, ST_ENOMEM,
                         "out of memory for %zu parameters at batch %d",
                         m->n_params, t->batch);
-  return t->exec->create(&t->exec_state, m, exec_rows, err);
+  return t->exec->create(&t->exec_state, m,
+                         max_int(t->micro_batch, t->eval_batch), err);
 }
 
 static void make_permutation(st_trainer *t) {
-  int n = t->train->n;
+  int n = t->n_train;
   if (t->cfg.data.shuffle)
     st_shuffle(t->perm, n, t->cfg.train.seed, t->pos.epoch);
   else
@@ -196,18 +245,25 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if (cfg->metrics.noise_scale && !cfg->execution.micro_batch)
     t->micro_batch = cfg->train.batch / 2;
   st_noise_scale_init(&t->noise, cfg->metrics.noise_ema);
-  t->eval_batch = 256;
   if ((rc = load_data(t, err))) goto fail;
   if ((rc = check_data(t, err))) goto fail;
-  if (t->train->n < t->batch) {
+  if (t->n_train < t->batch) {
     rc = st_error_set(err, ST_ECONFIG,
                       "%s: train.batch: %d is larger than the %d training "
-                      "samples",
+                      "%s",
                       st_config_where(cfg, "train.batch"), t->batch,
-                      t->train->n);
+                      t->n_train, t->text ? "sequences" : "samples");
     goto fail;
   }
-  if ((rc = st_model_create(&t->model, cfg, t->train->shape, err))) goto fail;
+  st_shape in = t->text ? (st_shape){1, cfg->model.context, 1}
+                        : t->train->shape;
+  if ((rc = st_model_create(&t->model, &t->cfg, in, err))) goto fail;
+  /* evaluation batches: 256 samples, fewer when their logits would pass
+   * 64 MiB (a GPT's vocabulary at every position) */
+  size_t per_sample = (size_t)t->rows * (size_t)t->model->classes;
+  t->eval_batch = (int)(((size_t)16 << 20) / per_sample);
+  t->eval_batch = t->eval_batch < 1 ? 1 : t->eval_batch > 256 ? 256
+                                                               : t->eval_batch;
   st_blas_init(); /* idempotent; library users need not remember it */
   int threads = cfg->train.threads > 0 ? cfg->train.threads : usable_cores();
   t->pool = st_pool_create(threads);
@@ -217,7 +273,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   }
   if ((rc = allocate(t, err))) goto fail;
   st_model_init(t->model, t->params, cfg->train.seed);
-  t->steps_per_epoch = t->train->n / t->batch;
+  t->steps_per_epoch = t->n_train / t->batch;
   t->total_steps = cfg->train.steps > 0
                        ? cfg->train.steps
                        : t->steps_per_epoch * (int64_t)cfg->train.epochs;
@@ -251,20 +307,41 @@ void st_trainer_destroy(st_trainer *t) {
   st_model_destroy(t->model);
   st_dataset_destroy(t->train);
   st_dataset_destroy(t->test);
+  st_text_dataset_destroy(t->text);
+  st_tokenizer_destroy(t->tok);
   free(t);
 }
 
 /* Fills x, y with the next batch; starts a new epoch when the current one
  * cannot supply a whole batch (the remainder is dropped, as PyTorch's
  * drop_last). */
+/* Samples idx[0..B) of the training (test == 0) or test split into x and
+ * y: images and labels, or token windows (inputs as floats, and each
+ * position's next token). */
+static void fill_batch(st_trainer *t, int test, const int32_t *idx, int B) {
+  if (!t->text) {
+    st_dataset_batch(test ? t->test : t->train, idx, B, t->cfg.data.normalize,
+                     t->x, t->y);
+    return;
+  }
+  const int32_t *tok = test ? t->text->val : t->text->train;
+  size_t T = (size_t)t->rows;
+  for (int b = 0; b < B; b++) {
+    const int32_t *w = tok + (size_t)idx[b] * T;
+    for (size_t i = 0; i < T; i++) {
+      t->x[(size_t)b * T + i] = (float)w[i];
+      t->y[(size_t)b * T + i] = w[i + 1];
+    }
+  }
+}
+
 static void next_batch(st_trainer *t) {
-  if (t->pos.epoch_pos + t->batch > t->train->n) {
+  if (t->pos.epoch_pos + t->batch > t->n_train) {
     t->pos.epoch++;
     t->pos.epoch_pos = 0;
     make_permutation(t);
   }
-  st_dataset_batch(t->train, t->perm + t->pos.epoch_pos, t->batch,
-                   t->cfg.data.normalize, t->x, t->y);
+  fill_batch(t, 0, t->perm + t->pos.epoch_pos, t->batch);
 }
 
 double st_sum_squares(const float *x, size_t n) {
@@ -279,35 +356,97 @@ static void update_range(const st_trainer_view *v, size_t off, size_t n) {
                       v->opt + off, v->model->n_params, n, v->lr, v->step);
 }
 
-void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
+/* Whether block b holds a tied copy (its update rides with the source's). */
+static int has_tied_copy(const st_block *b) {
+  for (int t = 0; t < b->n_tensors; t++)
+    if (b->tensors[t].tie >= 0) return 1;
+  return 0;
+}
+
+/* Before the update of the blocks holding [lo, hi): each tied copy whose
+ * source lies there adds its gradient into the source's and clears its own,
+ * so the source is updated with the gradient of the shared weight. */
+static void gather_tied(const st_trainer_view *v, size_t lo, size_t hi) {
   const st_model *m = v->model;
-  if (!v->ctx.fused) {
-    const st_block *lo = &m->blocks[first], *hi = &m->blocks[first + count - 1];
-    update_range(v, lo->param_off, hi->param_off + hi->n_params - lo->param_off);
-    return;
-  }
-  /* The backward already updated the layers that fuse (linear at batch 1);
-   * the rest (norms) are updated here, tensor by tensor. */
-  for (int i = first; i < first + count; i++) {
+  for (int i = 0; m->n_ties && i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
-    for (int l = 0; l < b->n_layers; l++) {
-      const st_layer *L = &b->layers[l];
-      if (L->w_tensor < 0 || st_layer_fuses_update(L, &v->ctx, v->batch))
+    for (int t = 0; t < b->n_tensors; t++) {
+      const st_tensor_info *ti = &b->tensors[t];
+      if (ti->tie < 0 || (size_t)ti->tie < lo || (size_t)ti->tie >= hi)
         continue;
-      const int tensors[2] = {L->w_tensor, L->b_tensor};
-      for (int k = 0; k < 2; k++)
-        if (tensors[k] >= 0)
-          update_range(v, b->param_off + b->tensors[tensors[k]].offset,
-                       b->tensors[tensors[k]].numel);
+      float *g = v->grads + b->param_off + ti->offset;
+      float *src = v->grads + ti->tie;
+      for (size_t k = 0; k < ti->numel; k++) src[k] += g[k];
+      memset(g, 0, ti->numel * sizeof *g);
     }
   }
+}
+
+/* After it: every copy takes its source's new weights and state. */
+static void scatter_tied(const st_trainer_view *v) {
+  const st_model *m = v->model;
+  if (!m->n_ties) return;
+  st_model_sync_ties(m, v->params, 1, 0);
+  st_model_sync_ties(m, v->opt, st_optim_state_per_param(v->cfg),
+                     m->n_params);
+}
+
+void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
+  const st_model *m = v->model;
+  const st_block *lo = &m->blocks[first], *hi = &m->blocks[first + count - 1];
+  gather_tied(v, lo->param_off, hi->param_off + hi->n_params);
+  int per_tensor = v->ctx.fused != NULL;
+  for (int i = first; i < first + count && !per_tensor; i++)
+    per_tensor = has_tied_copy(&m->blocks[i]);
+  if (!per_tensor) {
+    update_range(v, lo->param_off, hi->param_off + hi->n_params - lo->param_off);
+  } else {
+    /* Tensor by tensor: the layers that fuse (linear at batch 1) were
+     * updated in the backward, and tied copies are updated with their
+     * source (the elementwise rules give the same bits either way). */
+    for (int i = first; i < first + count; i++) {
+      const st_block *b = &m->blocks[i];
+      for (int l = 0; l < b->n_layers; l++) {
+        const st_layer *L = &b->layers[l];
+        if (L->w_tensor < 0 ||
+            (st_layer_fuses_update(L, &v->ctx, v->batch) &&
+             b->tensors[L->w_tensor].tie < 0))
+          continue;
+        const int tensors[2] = {L->w_tensor, L->b_tensor};
+        for (int k = 0; k < 2; k++)
+          if (tensors[k] >= 0 && b->tensors[tensors[k]].tie < 0)
+            update_range(v, b->param_off + b->tensors[tensors[k]].offset,
+                         b->tensors[tensors[k]].numel);
+      }
+    }
+  }
+  scatter_tied(v);
+}
+
+double st_trainer_grad_sq(const st_trainer_view *v) {
+  const st_model *m = v->model;
+  double s = st_sum_squares(v->grads, m->n_params);
+  /* a tied pair is one weight: its gradient is the sum of the two */
+  for (int i = 0; m->n_ties && i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+      const st_tensor_info *ti = &m->blocks[i].tensors[t];
+      if (ti->tie < 0) continue;
+      const float *a = v->grads + m->blocks[i].param_off + ti->offset;
+      const float *b = v->grads + ti->tie;
+      for (size_t k = 0; k < ti->numel; k++) {
+        double sum = (double)a[k] + b[k];
+        s += sum * sum - (double)a[k] * a[k] - (double)b[k] * b[k];
+      }
+    }
+  return s;
 }
 
 int st_trainer_check_loss(const st_trainer_view *v, double *loss,
                           st_error *err) {
   double sum = 0;
-  for (int s = 0; s < v->batch; s++) sum += v->losses[s];
-  *loss = sum / v->batch;
+  size_t n = (size_t)v->batch * (size_t)v->model->label_rows;
+  for (size_t s = 0; s < n; s++) sum += v->losses[s];
+  *loss = sum / (double)n;
   if (isfinite(*loss)) return 0;
   return st_error_set(err, ST_ENONFINITE,
                       "step %lld: training loss is %s (samples %lld..%lld); "
@@ -370,26 +509,26 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
   st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0, NULL};
   double loss_sum = 0;
   int64_t correct = 0;
-  int n = t->test->n;
+  int n = t->n_test, R = t->rows, V = m->classes;
   for (int start = 0; start < n; start += t->eval_batch) {
     int B = n - start < t->eval_batch ? n - start : t->eval_batch;
     for (int i = 0; i < B; i++) t->eval_idx[i] = start + i;
-    st_dataset_batch(t->test, t->eval_idx, B, t->cfg.data.normalize, t->x,
-                     t->y);
+    fill_batch(t, 1, t->eval_idx, B);
     const float *logits = t->exec->forward(t->exec_state, &ctx, t->params,
                                            t->x, B);
-    st_xent_forward(t->losses, t->probs, logits, t->y, B, m->classes);
-    for (int i = 0; i < B; i++) {
+    st_xent_forward(t->losses, t->probs, logits, t->y, B * R, V);
+    for (size_t i = 0; i < (size_t)B * R; i++) {
       loss_sum += t->losses[i];
-      const float *z = logits + (size_t)i * m->classes;
+      const float *z = logits + i * (size_t)V;
       int best = 0;
-      for (int c = 1; c < m->classes; c++)
+      for (int c = 1; c < V; c++)
         if (z[c] > z[best]) best = c;
       correct += best == t->y[i];
     }
   }
-  *loss = loss_sum / n;
-  *accuracy = (double)correct / n;
+  /* per label: per image, or per token */
+  *loss = loss_sum / ((double)n * R);
+  *accuracy = (double)correct / ((double)n * R);
   return 0;
 }
 
@@ -397,7 +536,7 @@ int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
   st_train_pos pos = t->pos;
   pos.seed = t->cfg.train.seed;
   pos.batch = t->batch;
-  pos.train_samples = t->train->n;
+  pos.train_samples = t->n_train;
   pos.shuffle = t->cfg.data.shuffle;
   return st_checkpoint_save(path, t->model, t->params, t->opt,
                             t->cfg.optimizer.kind, &pos, err);
@@ -414,9 +553,9 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
     now = (long long)t->cfg.train.seed;
   else if (p->batch != t->batch)
     what = "batch", key = "train.batch", had = p->batch, now = t->batch;
-  else if (p->train_samples != t->train->n)
+  else if (p->train_samples != t->n_train)
     what = "training-set size", key = "data.train_limit",
-    had = p->train_samples, now = t->train->n;
+    had = p->train_samples, now = t->n_train;
   else if (p->shuffle != t->cfg.data.shuffle)
     what = "shuffling", key = "data.shuffle", had = p->shuffle,
     now = t->cfg.data.shuffle;

@@ -66,6 +66,7 @@ int st_checkpoint_save(const char *path, const st_model *m,
       for (int t = 0; t < b->n_tensors && !rc; t++) {
         const st_tensor_info *ti = &b->tensors[t];
         size_t off = b->param_off + ti->offset;
+        if (ti->tie >= 0) continue; /* a tied copy: its source is stored */
         if (s < 0) {
           rc = st_st_writer_add(w, ti->name, "F32", ti->ndim, ti->dims,
                                 params + off, err);
@@ -181,6 +182,7 @@ static int visit(const st_safetensors *st, const st_model *m, float *params,
       for (int k = 0; k < b->n_tensors; k++) {
         const st_tensor_info *ti = &b->tensors[k];
         size_t off = b->param_off + ti->offset;
+        if (ti->tie >= 0) continue; /* filled from its source */
         char name[ST_NAME_MAX + 32];
         if (s < 0)
           snprintf(name, sizeof name, "%s", ti->name);
@@ -221,6 +223,8 @@ int st_checkpoint_load(const char *path, const st_model *m, float *params,
   if (!rc && pos) rc = read_pos(st, &p, err);
   if (rc) goto done;
   visit(st, m, params, opt_state, optim_kind, ns, 1, err);
+  st_model_sync_ties(m, params, 1, 0);
+  if (opt_state) st_model_sync_ties(m, opt_state, ns, m->n_params);
   if (pos) *pos = p;
 done:
   st_safetensors_destroy(st);

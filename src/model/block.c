@@ -43,6 +43,7 @@ static void forward_rows(const st_block *b, const st_layer *L,
                          const st_ctx *ctx, const float *params,
                          const float *block_in, const float *x, float *acts,
                          int B, int s0, int cnt) {
+  size_t R = (size_t)L->rows; /* positions per sample */
   size_t n_in = st_shape_numel(L->in), n_out = st_shape_numel(L->out);
   float *y = (float *)layer_out(L, acts, B) + (size_t)s0 * n_out;
   float *save = layer_save(L, acts, B);
@@ -67,9 +68,14 @@ static void forward_rows(const st_block *b, const st_layer *L,
   case ST_OP_FLATTEN:
     memcpy(y, x, n * sizeof *y);
     break;
-  case ST_OP_LAYERNORM:
-    st_layernorm_forward(y, save + s0, save + B + s0, x, w, bias, cnt,
-                         (int)n_in, L->eps);
+  case ST_OP_LAYERNORM: /* each position of each sample */
+    st_layernorm_forward(y, save + s0 * R, save + B * R + s0 * R, x, w, bias,
+                         (int)(cnt * R), (int)(n_in / R), L->eps);
+    break;
+  case ST_OP_ROTARY:
+    memcpy(y, x, n * sizeof *y);
+    st_rotary_forward(y, cnt, L->out.h, L->out.c / 3, L->heads,
+                      L->rotary_dim);
     break;
   case ST_OP_GROUPNORM: {
     size_t G = (size_t)L->groups;
@@ -79,7 +85,9 @@ static void forward_rows(const st_block *b, const st_layer *L,
     break;
   }
   case ST_OP_RESIDUAL: {
-    const float *skip = block_in + (size_t)s0 * n_out;
+    const float *from =
+        L->skip < 0 ? block_in : layer_out(&b->layers[L->skip], acts, B);
+    const float *skip = from + (size_t)s0 * n_out;
     for (size_t i = 0; i < n; i++) y[i] = x[i] + skip[i];
     break;
   }
@@ -92,6 +100,8 @@ static void forward_rows(const st_block *b, const st_layer *L,
     break;
   case ST_OP_LINEAR:
   case ST_OP_CONV2D:
+  case ST_OP_EMBED:
+  case ST_OP_ATTENTION:
     break; /* not per-sample: see layer_forward */
   }
 }
@@ -121,9 +131,23 @@ static void layer_forward(const st_block *b, const st_layer *L,
   float *y = (float *)layer_out(L, acts, B);
   const float *w = param(b, params, L->w_tensor);
   const float *bias = param(b, params, L->b_tensor);
+  int R = L->rows;
   if (L->kind == ST_OP_LINEAR) {
-    st_linear_forward(ctx->pool, y, x, w, bias, B,
-                      (int)st_shape_numel(L->in), L->out.c);
+    int ic = (int)(st_shape_numel(L->in) / R), oc = L->out.c;
+    if (L->wt)
+      st_linear_t_forward(ctx->pool, y, x, w, bias, B * R, ic, oc);
+    else
+      st_linear_forward(ctx->pool, y, x, w, bias, B * R, ic, oc);
+  } else if (L->kind == ST_OP_EMBED) {
+    /* token ids arrive as floats (exact below 2^24); kept as int32 for the
+     * backward's scatter */
+    int32_t *tok = (int32_t *)layer_save(L, acts, B);
+    size_t n = (size_t)B * L->out.h;
+    for (size_t i = 0; i < n; i++) tok[i] = (int32_t)x[i];
+    st_embedding_forward(y, tok, w, bias, B, L->out.h, L->out.c);
+  } else if (L->kind == ST_OP_ATTENTION) {
+    st_attention_forward(ctx->pool, y, layer_save(L, acts, B), x, B,
+                         L->out.h, L->out.c, L->heads);
   } else if (L->kind == ST_OP_CONV2D) {
     st_conv2d_forward(ctx->pool, y, x, w, bias, scratch, B, L->in.c, L->in.h,
                       L->in.w, L->out.c, L->k, L->stride, L->pad);
@@ -149,7 +173,9 @@ const float *st_block_output(const st_block *b, const float *acts, int B) {
 }
 
 int st_layer_fuses_update(const st_layer *L, const st_ctx *ctx, int B) {
-  return ctx->fused && B == 1 && L->kind == ST_OP_LINEAR;
+  /* one position (a tied copy is updated with its source's gradient) */
+  return ctx->fused && B == 1 && L->kind == ST_OP_LINEAR && L->rows == 1 &&
+         !L->wt;
 }
 
 /* Backward of a per-sample layer on samples [s0, s0 + cnt). */
@@ -177,6 +203,11 @@ static void backward_rows(const st_layer *L, const st_ctx *ctx,
   case ST_OP_AVGPOOL:
     st_avgpool_backward(dx, g, cnt, L->in.c, L->in.h, L->in.w, L->k,
                         L->stride);
+    break;
+  case ST_OP_ROTARY:
+    memcpy(dx, g, n * sizeof *dx);
+    st_rotary_backward(dx, cnt, L->out.h, L->out.c / 3, L->heads,
+                       L->rotary_dim);
     break;
   case ST_OP_DROPOUT:
     if (ctx->training)
@@ -206,9 +237,10 @@ static void layer_backward(const st_block *b, const st_layer *L,
   const float *w = param(b, params, L->w_tensor);
   float *dw = grad(b, grads, L->w_tensor), *db = grad(b, grads, L->b_tensor);
   size_t n_in = st_shape_numel(L->in);
+  int R = L->rows;
   switch (L->kind) {
   case ST_OP_LINEAR:
-    if (st_layer_fuses_update(L, ctx, B)) {
+    if (st_layer_fuses_update(L, ctx, B) && b->tensors[L->w_tensor].tie < 0) {
       /* The input gradient first, with the weights the forward used; then
        * the update straight from dy and x (BACKGROUND: batch-1 training). */
       st_linear_backward(ctx->pool, dx, NULL, NULL, g, x, w, B, (int)n_in,
@@ -225,8 +257,21 @@ static void layer_backward(const st_block *b, const st_layer *L,
                           (size_t)L->out.c);
       break;
     }
-    st_linear_backward(ctx->pool, dx, dw, db, g, x, w, B, (int)n_in,
-                       L->out.c);
+    if (L->wt)
+      st_linear_t_backward(ctx->pool, dx, dw, db, g, x, w, B * R,
+                           (int)(n_in / R), L->out.c);
+    else
+      st_linear_backward(ctx->pool, dx, dw, db, g, x, w, B * R,
+                         (int)(n_in / R), L->out.c);
+    break;
+  case ST_OP_EMBED:
+    st_embedding_backward(dw, db, g, (const int32_t *)save, B, L->out.h,
+                          L->out.c);
+    if (dx) memset(dx, 0, (size_t)B * n_in * sizeof *dx); /* token ids */
+    break;
+  case ST_OP_ATTENTION:
+    st_attention_backward(ctx->pool, dx, g, x, save, scratch, B, L->out.h,
+                          L->out.c, L->heads);
     break;
   case ST_OP_CONV2D:
     st_conv2d_backward(ctx->pool, dx, dw, db, g, x, w, scratch, B, L->in.c,
@@ -238,6 +283,7 @@ static void layer_backward(const st_block *b, const st_layer *L,
   case ST_OP_AVGPOOL:
   case ST_OP_FLATTEN:
   case ST_OP_RESIDUAL: /* the skip half is handled by the caller */
+  case ST_OP_ROTARY:
   case ST_OP_DROPOUT: {
     rows_job j = {b, L, ctx, params, NULL, x, (float *)acts, g, dx, B,
                   rows_per_task(L)};
@@ -245,7 +291,8 @@ static void layer_backward(const st_block *b, const st_layer *L,
     break;
   }
   case ST_OP_LAYERNORM:
-    st_layernorm_backward(dx, dw, db, g, x, w, save, save + B, B, (int)n_in);
+    st_layernorm_backward(dx, dw, db, g, x, w, save, save + (size_t)B * R,
+                          B * R, (int)(n_in / R));
     break;
   case ST_OP_GROUPNORM:
     st_groupnorm_backward(dx, dw, db, g, x, w, save,
@@ -273,23 +320,38 @@ void st_block_backward(const st_block *b, const st_ctx *ctx,
   float *ping = work, *pong = work + span, *skip = work + 2 * span;
   const float *g = dout;
   int stop = din ? 0 : lowest_needed(b);
+  /* A residual's skip gradient waits in `skip` until the backward reaches
+   * the layer it came from: NONE, -1 (the block input) or a layer index.
+   * Residual spans never overlap (the builders' rule), so one buffer
+   * serves. */
+  enum { NONE = -2 };
+  int pending = NONE;
   for (int l = b->n_layers - 1; l >= stop; l--) {
     const st_layer *L = &b->layers[l];
     const float *x = l == 0 ? in : layer_out(&b->layers[l - 1], acts, B);
-    if (L->kind == ST_OP_RESIDUAL)
+    if (L->kind == ST_OP_RESIDUAL) {
       memcpy(skip, g, (size_t)B * st_shape_numel(L->out) * sizeof *skip);
+      pending = L->skip;
+    }
     float *dx = g == ping ? pong : ping;
     if (l == stop) {
       /* The input gradient goes straight to the caller. Without a caller
-       * buffer, linear and conv skip it; other kernels need somewhere to
-       * write, and ping/pong serves. */
-      int optional = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D;
+       * buffer, these kernels skip it; others need somewhere to write, and
+       * ping/pong serves. */
+      int optional = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D ||
+                     L->kind == ST_OP_EMBED;
       dx = din ? din : optional ? NULL : dx;
     }
     layer_backward(b, L, ctx, params, grads, x, acts, g, dx, scratch, B);
+    if (pending == l - 1 && l > 0 && dx) {
+      /* dx is the gradient of layer l-1's output: the skip joins here */
+      size_t n = (size_t)B * st_shape_numel(L->in);
+      for (size_t i = 0; i < n; i++) dx[i] += skip[i];
+      pending = NONE;
+    }
     g = dx;
   }
-  if (b->has_residual && din) {
+  if (pending == -1 && din && b->has_residual) {
     size_t n = (size_t)B * st_shape_numel(b->in);
     for (size_t i = 0; i < n; i++) din[i] += skip[i];
   }

@@ -26,6 +26,10 @@ typedef struct builder {
   int cap_layers, cap_tensors;
   st_shape cur;       /* shape flowing out of the last layer */
   uint32_t next_id;   /* model-wide layer index */
+  int rows;           /* positions per sample of the layers added (gpt) */
+  /* Tensor-name prefix of the next layer's parameters; "" means
+   * "<block>.<layer>" (gpt sets the Hugging Face module path). */
+  char module[ST_NAME_MAX - 8];
   const st_config *cfg;
   st_error *err;
   int failed;
@@ -56,7 +60,7 @@ static void begin_block(builder *bd) {
   bd->cap_layers = bd->cap_tensors = 0;
 }
 
-static int add_tensor(builder *bd, const char *layer, const char *what,
+static int add_tensor(builder *bd, const st_layer *L, const char *what,
                       int ndim, const int64_t *dims) {
   st_block *b = bd->b;
   if (b->n_tensors == bd->cap_tensors) {
@@ -68,7 +72,10 @@ static int add_tensor(builder *bd, const char *layer, const char *what,
   }
   st_tensor_info *t = &b->tensors[b->n_tensors];
   memset(t, 0, sizeof *t);
-  snprintf(t->name, sizeof t->name, "%s.%s.%s", b->name, layer, what);
+  if (bd->module[0])
+    snprintf(t->name, sizeof t->name, "%s.%s", bd->module, what);
+  else
+    snprintf(t->name, sizeof t->name, "%s.%s.%s", b->name, L->name, what);
   t->ndim = ndim;
   t->numel = 1;
   for (int d = 0; d < ndim; d++) {
@@ -76,6 +83,7 @@ static int add_tensor(builder *bd, const char *layer, const char *what,
     t->numel *= (size_t)dims[d];
   }
   t->offset = b->n_params;
+  t->tie = -1;
   b->n_params += t->numel;
   return b->n_tensors++;
 }
@@ -102,6 +110,8 @@ static st_layer *add_layer(builder *bd, st_op_kind kind, st_shape out) {
   L->out = out;
   L->id = bd->next_id++;
   L->w_tensor = L->b_tensor = -1;
+  L->rows = bd->rows ? bd->rows : 1;
+  L->skip = -1;
   b->n_layers++;
   bd->cur = out;
   return L;
@@ -114,8 +124,8 @@ static void add_linear(builder *bd, int out_features) {
   st_layer *L = add_layer(bd, ST_OP_LINEAR, vec(out_features));
   if (!L) return;
   int64_t wd[2] = {out_features, in}, bd1[1] = {out_features};
-  L->w_tensor = add_tensor(bd, L->name, "weight", 2, wd);
-  L->b_tensor = add_tensor(bd, L->name, "bias", 1, bd1);
+  L->w_tensor = add_tensor(bd, L, "weight", 2, wd);
+  L->b_tensor = add_tensor(bd, L, "bias", 1, bd1);
 }
 
 static void add_activation(builder *bd, const char *name) {
@@ -131,8 +141,8 @@ static void add_affine_norm(builder *bd, st_op_kind kind, int channels,
   L->eps = 1e-5f;
   L->groups = groups;
   int64_t d[1] = {channels};
-  L->w_tensor = add_tensor(bd, L->name, "weight", 1, d);
-  L->b_tensor = add_tensor(bd, L->name, "bias", 1, d);
+  L->w_tensor = add_tensor(bd, L, "weight", 1, d);
+  L->b_tensor = add_tensor(bd, L, "bias", 1, d);
 }
 
 static void add_dropout(builder *bd, float p) {
@@ -147,8 +157,8 @@ static void add_conv(builder *bd, int oc, int k) {
   if (!L) return;
   L->k = k, L->stride = 1, L->pad = k / 2;
   int64_t wd[4] = {oc, in.c, k, k}, bd1[1] = {oc};
-  L->w_tensor = add_tensor(bd, L->name, "weight", 4, wd);
-  L->b_tensor = add_tensor(bd, L->name, "bias", 1, bd1);
+  L->w_tensor = add_tensor(bd, L, "weight", 4, wd);
+  L->b_tensor = add_tensor(bd, L, "bias", 1, bd1);
 }
 
 static int shape_error(builder *bd, const char *key, const char *fmt, ...)
@@ -243,23 +253,181 @@ static int build_cnn(builder *bd) {
   return bd->failed ? ST_ENOMEM : 0;
 }
 
+/* ------------------------------------------------------------------- gpt */
+
+/* Sets the next layer's tensor prefix (printf-style), "" for the default. */
+static void set_module(builder *bd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void set_module(builder *bd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(bd->module, sizeof bd->module, fmt, ap);
+  va_end(ap);
+}
+
+static void name_layer(st_layer *L, const char *name) {
+  if (L) snprintf(L->name, sizeof L->name, "%s", name);
+}
+
+/* A linear layer on each of the `rows` positions: (rows, IC) -> (rows, OC).
+ * wt: weight stored (IC, OC) as HF's Conv1D; bias: whether there is one. */
+static st_layer *add_seq_linear(builder *bd, const char *name, int oc, int wt,
+                                int bias, float std) {
+  int ic = bd->cur.c;
+  st_layer *L = add_layer(bd, ST_OP_LINEAR, (st_shape){oc, bd->cur.h, 1});
+  if (!L) return NULL;
+  name_layer(L, name);
+  L->wt = wt;
+  L->init_std = std;
+  int64_t wd[2] = {wt ? ic : oc, wt ? oc : ic}, bd1[1] = {oc};
+  L->w_tensor = add_tensor(bd, L, "weight", 2, wd);
+  if (bias) L->b_tensor = add_tensor(bd, L, "bias", 1, bd1);
+  return L;
+}
+
+static void add_seq_layernorm(builder *bd, const char *name) {
+  st_layer *L = add_layer(bd, ST_OP_LAYERNORM, bd->cur);
+  if (!L) return;
+  name_layer(L, name);
+  L->eps = 1e-5f;
+  int64_t d[1] = {bd->cur.c};
+  L->w_tensor = add_tensor(bd, L, "weight", 1, d);
+  L->b_tensor = add_tensor(bd, L, "bias", 1, d);
+}
+
+/* GPT-2 style (Radford et al. 2019), pre-layernorm: an embedding block,
+ * `layers` transformer blocks
+ *   x + c_proj(attention(c_attn(ln_1(x))))  then  y + mlp(ln_2(y)),
+ * and a head block (ln_f, lm_head). Activations are (T, C) per sample,
+ * position-major, written as the shape {C, T, 1}. Tensor names are Hugging
+ * Face GPT-2's, c_attn / c_proj / c_fc weights in its (IC, OC) layout; the
+ * initialisation is GPT-2's: N(0, 0.02), residual projections N(0, 0.02 /
+ * sqrt(2 layers)), biases 0, layernorms 1 and 0. */
+static int build_gpt(builder *bd) {
+  const st_config *c = bd->cfg;
+  int T = c->model.context, C = c->model.width, NH = c->model.heads;
+  int V = c->model.vocab, NL = c->model.layers, R = c->model.mlp_ratio;
+  int rotary = strcmp(c->model.positions, "rotary") == 0;
+  if (V < 1)
+    return shape_error(bd, "model.vocab",
+                       "%d; set it, or leave it 0 with a text dataset to take "
+                       "the tokenizer's",
+                       V);
+  if (T < 1) return shape_error(bd, "model.context", "%d; must be >= 1", T);
+  if (NL < 0) return shape_error(bd, "model.layers", "%d; must be >= 0", NL);
+  if (C < 1) return shape_error(bd, "model.width", "%d; must be >= 1", C);
+  if (NH < 1 || C % NH)
+    return shape_error(bd, "model.heads",
+                       "%d heads do not split model.width %d evenly", NH, C);
+  if (R < 1) return shape_error(bd, "model.mlp_ratio", "%d; must be >= 1", R);
+  int hs = C / NH, rd = c->model.rotary_dim ? c->model.rotary_dim : hs;
+  if (rotary && (rd < 2 || rd % 2 || rd > hs))
+    return shape_error(bd, "model.rotary_dim",
+                       "%d; must be even and at most the head size %d", rd,
+                       hs);
+  /* the attention probabilities of one sample and head are T x T floats */
+  if ((double)T * T * NH > 1e12)
+    return shape_error(bd, "model.context", "%d is too long", T);
+  bd->m->in = bd->cur = (st_shape){1, T, 1};
+  bd->m->label_rows = T;
+  bd->m->classes = V;
+  bd->rows = T;
+  const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (NL ? NL : 1));
+
+  begin_block(bd);
+  if (bd->failed) return ST_ENOMEM;
+  snprintf(bd->b->name, sizeof bd->b->name, "embed");
+  st_layer *E = add_layer(bd, ST_OP_EMBED, (st_shape){C, T, 1});
+  if (E) {
+    name_layer(E, "wte");
+    E->init_std = std;
+    E->vocab = V;
+    set_module(bd, "transformer.wte");
+    int64_t wd[2] = {V, C}, pd[2] = {T, C};
+    E->w_tensor = add_tensor(bd, E, "weight", 2, wd);
+    if (!rotary) {
+      set_module(bd, "transformer.wpe");
+      E->b_tensor = add_tensor(bd, E, "weight", 2, pd);
+    }
+  }
+  add_dropout(bd, c->model.dropout);
+
+  for (int i = 0; i < NL; i++) {
+    begin_block(bd);
+    if (bd->failed) return ST_ENOMEM;
+    snprintf(bd->b->name, sizeof bd->b->name, "h.%d", i);
+    set_module(bd, "transformer.h.%d.ln_1", i);
+    add_seq_layernorm(bd, "ln_1");
+    set_module(bd, "transformer.h.%d.attn.c_attn", i);
+    add_seq_linear(bd, "c_attn", 3 * C, 1, 1, std);
+    if (rotary) {
+      st_layer *L = add_layer(bd, ST_OP_ROTARY, bd->cur);
+      if (L) L->heads = NH, L->rotary_dim = rd;
+    }
+    st_layer *A = add_layer(bd, ST_OP_ATTENTION, (st_shape){C, T, 1});
+    if (A) A->heads = NH;
+    set_module(bd, "transformer.h.%d.attn.c_proj", i);
+    add_seq_linear(bd, "attn_proj", C, 1, 1, proj_std);
+    add_dropout(bd, c->model.dropout);
+    st_layer *r1 = add_layer(bd, ST_OP_RESIDUAL, bd->cur);
+    int r1_index = bd->b->n_layers - 1;
+    if (r1) bd->b->has_residual = 1;
+    set_module(bd, "transformer.h.%d.ln_2", i);
+    add_seq_layernorm(bd, "ln_2");
+    set_module(bd, "transformer.h.%d.mlp.c_fc", i);
+    add_seq_linear(bd, "c_fc", R * C, 1, 1, std);
+    add_activation(bd, c->model.activation);
+    set_module(bd, "transformer.h.%d.mlp.c_proj", i);
+    add_seq_linear(bd, "mlp_proj", C, 1, 1, proj_std);
+    add_dropout(bd, c->model.dropout);
+    st_layer *r2 = add_layer(bd, ST_OP_RESIDUAL, bd->cur);
+    if (r2) r2->skip = r1_index;
+  }
+
+  begin_block(bd);
+  if (bd->failed) return ST_ENOMEM;
+  snprintf(bd->b->name, sizeof bd->b->name, "head");
+  set_module(bd, "transformer.ln_f");
+  add_seq_layernorm(bd, "ln_f");
+  set_module(bd, "lm_head");
+  st_layer *H = add_seq_linear(bd, "lm_head", V, 0, 0, std);
+  if (H && c->model.tied) bd->b->tensors[H->w_tensor].tie = -2; /* below */
+  bd->module[0] = '\0';
+  return bd->failed ? ST_ENOMEM : 0;
+}
+
 /* Per-layer saved state, in floats per sample, beside the output. */
 static size_t save_floats(const st_layer *L) {
   switch (L->kind) {
   case ST_OP_MAXPOOL: return st_shape_numel(L->out); /* int32 argmax */
-  case ST_OP_LAYERNORM: return 2;                    /* mean, rstd */
+  case ST_OP_LAYERNORM: return 2 * (size_t)L->rows;  /* mean, rstd */
+  case ST_OP_EMBED: return (size_t)L->in.h;           /* int32 tokens */
+  case ST_OP_ATTENTION: /* the probabilities, (heads, T, T) */
+    return (size_t)L->heads * (size_t)L->out.h * (size_t)L->out.h;
   case ST_OP_GROUPNORM: return 2 * (size_t)L->groups;
   case ST_OP_DROPOUT: return st_shape_numel(L->out); /* mask */
   default: return 0;
   }
 }
 
+/* Per-position cost times the positions (sequence layers); the parameters
+ * are held once. */
+static st_cost per_position(st_cost c, int rows) {
+  c.flops_fwd *= rows;
+  c.flops_bwd *= rows;
+  c.act_bytes *= rows;
+  return c;
+}
+
 /* Each op's cost comes from the kernel file that implements it. */
 static st_cost layer_cost(const st_layer *L) {
   size_t n = st_shape_numel(L->out);
+  int rows = L->rows;
   switch (L->kind) {
   case ST_OP_LINEAR:
-    return st_linear_cost((int)st_shape_numel(L->in), L->out.c);
+    return per_position(st_linear_cost((int)(st_shape_numel(L->in) / rows),
+                                       (int)(n / rows)),
+                        rows);
   case ST_OP_CONV2D:
     return st_conv2d_cost(L->in.c, L->in.h, L->in.w, L->out.c, L->k,
                           L->stride, L->pad);
@@ -268,7 +436,7 @@ static st_cost layer_cost(const st_layer *L) {
   case ST_OP_AVGPOOL:
     return st_avgpool_cost(L->in.c, L->in.h, L->in.w, L->k, L->stride);
   case ST_OP_LAYERNORM:
-    return st_layernorm_cost((int)n);
+    return per_position(st_layernorm_cost((int)(n / rows)), rows);
   case ST_OP_GROUPNORM:
     return st_groupnorm_cost(L->in.c, L->in.h * L->in.w, L->groups);
   case ST_OP_DROPOUT:
@@ -280,6 +448,15 @@ static st_cost layer_cost(const st_layer *L) {
   case ST_OP_RELU:
   case ST_OP_RESIDUAL:
     return st_pointwise_cost(n, 1, 1);
+  case ST_OP_EMBED: {
+    st_cost c = st_embedding_cost(L->out.h, L->out.c, L->vocab);
+    if (L->b_tensor < 0) c.param_bytes -= 4.0 * L->out.h * L->out.c;
+    return c;
+  }
+  case ST_OP_ATTENTION:
+    return st_attention_cost(L->out.h, L->out.c, L->heads);
+  case ST_OP_ROTARY:
+    return st_rotary_cost(L->out.h, L->heads, L->rotary_dim);
   }
   return st_pointwise_cost(n, 1, 1);
 }
@@ -306,11 +483,13 @@ static void finish(st_model *m) {
       off += L->save_per_sample;
       if (st_shape_numel(L->out) > b->max_numel)
         b->max_numel = st_shape_numel(L->out);
-      if (L->kind == ST_OP_CONV2D) {
-        size_t s = st_conv2d_scratch_floats(1, L->in.c, L->in.h, L->in.w, L->k,
-                                            L->stride, L->pad);
-        if (s > b->scratch_floats_per_sample) b->scratch_floats_per_sample = s;
-      }
+      size_t s = 0;
+      if (L->kind == ST_OP_CONV2D)
+        s = st_conv2d_scratch_floats(1, L->in.c, L->in.h, L->in.w, L->k,
+                                     L->stride, L->pad);
+      if (L->kind == ST_OP_ATTENTION)
+        s = st_attention_scratch_floats(1, L->out.h, L->out.c, L->heads);
+      if (s > b->scratch_floats_per_sample) b->scratch_floats_per_sample = s;
       add_cost(&b->cost, layer_cost(L));
     }
     b->act_per_sample = off;
@@ -322,6 +501,14 @@ static void finish(st_model *m) {
     if (b->scratch_floats_per_sample > m->max_scratch_per_sample)
       m->max_scratch_per_sample = b->scratch_floats_per_sample;
   }
+  /* A tied output head mirrors the token embedding (gpt). */
+  int64_t wte = st_model_find(m, "transformer.wte.weight", NULL);
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++)
+      if (m->blocks[i].tensors[t].tie == -2) {
+        m->blocks[i].tensors[t].tie = wte;
+        m->n_ties++;
+      }
 }
 
 int st_model_create(st_model **out, const st_config *cfg, st_shape in,
@@ -332,12 +519,15 @@ int st_model_create(st_model **out, const st_config *cfg, st_shape in,
   snprintf(m->kind, sizeof m->kind, "%s", cfg->model.kind);
   m->in = in;
   m->classes = cfg->model.classes;
+  m->label_rows = 1;
   builder bd = {.m = m, .cur = in, .cfg = cfg, .err = err};
   int rc;
   if (strcmp(cfg->model.kind, "mlp") == 0)
     rc = build_mlp(&bd);
   else if (strcmp(cfg->model.kind, "cnn") == 0)
     rc = build_cnn(&bd);
+  else if (strcmp(cfg->model.kind, "gpt") == 0)
+    rc = build_gpt(&bd);
   else
     rc = st_error_set(err, ST_ECONFIG, "%s: model.kind: unknown model '%s'",
                       st_config_where(cfg, "model.kind"), cfg->model.kind);
@@ -367,24 +557,49 @@ const char *st_op_name(st_op_kind kind) {
       [ST_OP_MAXPOOL] = "maxpool", [ST_OP_AVGPOOL] = "avgpool",
       [ST_OP_FLATTEN] = "flatten", [ST_OP_LAYERNORM] = "ln",
       [ST_OP_GROUPNORM] = "gn",    [ST_OP_RESIDUAL] = "residual",
-      [ST_OP_DROPOUT] = "dropout"};
+      [ST_OP_DROPOUT] = "dropout", [ST_OP_EMBED] = "embed",
+      [ST_OP_ATTENTION] = "attention", [ST_OP_ROTARY] = "rotary"};
   return names[kind];
 }
 
+/* Fills n floats with N(0, std) from stream `index`. */
+static void init_normal(float *w, size_t n, float std, uint64_t seed,
+                        uint64_t index) {
+  st_rng rng;
+  st_rng_init(&rng, seed, ST_RNG_INIT, index);
+  for (size_t k = 0; k < n; k++) w[k] = std * st_rng_normal(&rng);
+}
+
 void st_model_init(const st_model *m, float *params, uint64_t seed) {
-  uint64_t index = 0;
+  uint64_t index = 0; /* one RNG stream per (weight, bias) slot */
   for (int i = 0; i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
       if (L->w_tensor < 0) continue;
       const st_tensor_info *w = &b->tensors[L->w_tensor];
-      const st_tensor_info *bias = &b->tensors[L->b_tensor];
+      const st_tensor_info *bias =
+          L->b_tensor >= 0 ? &b->tensors[L->b_tensor] : NULL;
       float *pw = params + b->param_off + w->offset;
-      float *pb = params + b->param_off + bias->offset;
+      float *pb = bias ? params + b->param_off + bias->offset : NULL;
       if (L->kind == ST_OP_LAYERNORM || L->kind == ST_OP_GROUPNORM) {
         for (size_t k = 0; k < w->numel; k++) pw[k] = 1.0f, pb[k] = 0.0f;
         index += 2;
+        continue;
+      }
+      if (w->tie >= 0) { /* filled from its source below */
+        index += 2;
+        continue;
+      }
+      if (L->init_std > 0) {
+        /* GPT-2: normal weights; zero biases, except that the embedding's
+         * second table (learned positions) is drawn like the first */
+        init_normal(pw, w->numel, L->init_std, seed, index++);
+        if (pb && L->kind == ST_OP_EMBED)
+          init_normal(pb, bias->numel, L->init_std, seed, index);
+        else if (pb)
+          for (size_t k = 0; k < bias->numel; k++) pb[k] = 0.0f;
+        index++;
         continue;
       }
       /* PyTorch's default for linear and conv: kaiming_uniform(a=sqrt(5))
@@ -397,8 +612,33 @@ void st_model_init(const st_model *m, float *params, uint64_t seed) {
       for (size_t k = 0; k < w->numel; k++)
         pw[k] = (2.0f * st_rng_uniform(&rng) - 1.0f) * bound;
       st_rng_init(&rng, seed, ST_RNG_INIT, index++);
-      for (size_t k = 0; k < bias->numel; k++)
+      for (size_t k = 0; pb && k < bias->numel; k++)
         pb[k] = (2.0f * st_rng_uniform(&rng) - 1.0f) * bound;
+    }
+  }
+  st_model_sync_ties(m, params, 1, 0);
+}
+
+size_t st_model_unique_params(const st_model *m) {
+  size_t n = m->n_params;
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++)
+      if (m->blocks[i].tensors[t].tie >= 0) n -= m->blocks[i].tensors[t].numel;
+  return n;
+}
+
+void st_model_sync_ties(const st_model *m, float *slab, int slots,
+                        size_t slot_stride) {
+  if (!m->n_ties) return;
+  for (int i = 0; i < m->n_blocks; i++) {
+    const st_block *b = &m->blocks[i];
+    for (int t = 0; t < b->n_tensors; t++) {
+      const st_tensor_info *ti = &b->tensors[t];
+      if (ti->tie < 0) continue;
+      size_t dst = b->param_off + ti->offset, src = (size_t)ti->tie;
+      for (int s = 0; s < slots; s++)
+        memcpy(slab + dst + (size_t)s * slot_stride,
+               slab + src + (size_t)s * slot_stride, ti->numel * sizeof *slab);
     }
   }
 }

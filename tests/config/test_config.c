@@ -155,12 +155,25 @@ static const char *const all_keys[] = {
     "model.pool",
     "model.dense",
     "model.classes",
+    "model.vocab",
+    "model.context",
+    "model.layers",
+    "model.heads",
+    "model.width",
+    "model.mlp_ratio",
+    "model.tied",
+    "model.positions",
+    "model.rotary_dim",
     "data.dataset",
     "data.dir",
     "data.train_limit",
     "data.test_limit",
     "data.shuffle",
     "data.normalize",
+    "data.path",
+    "data.tokenizer",
+    "data.encoding",
+    "data.val_fraction",
     "optimizer.kind",
     "optimizer.lr",
     "optimizer.momentum",
@@ -801,7 +814,7 @@ static void test_validate(void) {
   strcpy(c.model.kind, "rnn");
   CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&
             !strcmp(err.msg, "model.kind (default): 'rnn' is not one of "
-                             "mlp, cnn"),
+                             "mlp, cnn, gpt"),
         "hand-set enum: '%s'", err.msg);
   st_config_defaults(&c);
   c.optimizer.lr = NAN;
