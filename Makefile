@@ -29,7 +29,7 @@ TEST_BIN  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 DEPS      := $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
 
-.PHONY: all deps demo test test-asan test-tsan bench format clean tests benches
+.PHONY: all deps demo demo-gpt test test-asan test-tsan bench format clean tests benches
 
 all: $(BUILD)/strata
 
@@ -64,6 +64,15 @@ deps:
 demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/strata train configs/fc_mnist.yaml --out runs/demo
+
+# gpt_tiny on the `fortunes` package's cookie file: validation loss, then a
+# sample from the final checkpoint.
+demo-gpt: deps
+	@$(MAKE) --no-print-directory all
+	$(BUILD)/strata train configs/gpt_tiny.yaml --out runs/demo-gpt
+	@ck=$$(ls -1 runs/demo-gpt/checkpoints/step-*.safetensors | tail -n 1); \
+	echo "$(BUILD)/strata generate configs/gpt_tiny.yaml --checkpoint $$ck --prompt 'The '"; \
+	$(BUILD)/strata generate configs/gpt_tiny.yaml --checkpoint $$ck --prompt 'The ' --tokens 300
 
 test: deps
 	@$(MAKE) --no-print-directory tests

@@ -98,6 +98,7 @@ typedef enum {
   ST_RNG_SHUFFLE = 2,
   ST_RNG_DROPOUT = 3,
   ST_RNG_DATA = 4,
+  ST_RNG_SAMPLE = 5, /* text generation */
 } st_rng_purpose;
 
 void st_philox(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo, uint32_t out[4]);
@@ -1019,6 +1020,25 @@ const st_train_pos *st_trainer_pos(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */
 const st_noise_scale *st_trainer_noise(const st_trainer *t);
 int64_t st_trainer_total_steps(const st_trainer *t);
+
+/* Sampling from a trained GPT (generate.c). */
+typedef struct st_generate_options {
+  int tokens;        /* new tokens to sample, >= 0 */
+  float temperature; /* > 0 scales the logits; 0 = always the likeliest */
+  int top_k;         /* sample among the k likeliest (0 = all) */
+  uint64_t seed;     /* the sampling stream */
+} st_generate_options;
+
+/* Loads the weights of `checkpoint` into the gpt model of cfg (its
+ * tokenizer from data.tokenizer; no corpus needed), encodes the prompt,
+ * then samples o->tokens tokens one at a time, writing the prompt and each
+ * token's bytes to out as they come. Past the context length the window
+ * slides (the model sees the newest model.context tokens). A prompt longer
+ * than the context, an empty one, or a checkpoint of another shape is an
+ * error naming it. Same seed, same text. */
+int st_generate(const st_config *cfg, const char *checkpoint,
+                const uint8_t *prompt, size_t prompt_len,
+                const st_generate_options *o, FILE *out, st_error *err);
 
 /* Steps-to-result sweep (docs/sweep.md; BACKGROUND.md §5, Shallue et al.
  * 2018): for each batch size, a quasi-random search over the learning rate

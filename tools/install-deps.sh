@@ -12,6 +12,7 @@ needs=(
   "libyaml-dev:/usr/include/yaml.h"
   "zlib1g-dev:/usr/include/zlib.h"
   "dataset-fashion-mnist:/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+  "fortunes:/usr/share/games/fortunes/cookie"
 )
 
 missing=()

@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@ static const char *usage_main =
     "  bench --calibrate  measure this machine's kernel rates for the compiler\n"
     "  tokenize train|encode  train a BPE tokenizer on a corpus, or encode text\n"
     "  sweep CONFIG     steps to a target across batch sizes (Shallue et al.)\n"
+    "  generate CONFIG  sample text from a trained gpt checkpoint\n"
     "\n"
     "Run 'strata COMMAND --help' for a command's options.\n";
 
@@ -59,6 +61,23 @@ static const char *usage_eval =
     "\n"
     "Loads the weights of FILE into the model of CONFIG and prints the test\n"
     "loss and accuracy.\n";
+
+static const char *usage_generate =
+    "usage: strata generate CONFIG --checkpoint FILE --prompt TEXT\n"
+    "                       [--tokens N] [--temperature T] [--top-k K]\n"
+    "                       [--seed S] [--set key.path=value ...]\n"
+    "\n"
+    "Samples text from the gpt model of CONFIG with the weights of FILE: the\n"
+    "prompt, then N new tokens, printed as they come. The tokenizer is the\n"
+    "config's data.tokenizer; no corpus is read.\n"
+    "\n"
+    "options:\n"
+    "  --tokens N        new tokens (default 200)\n"
+    "  --temperature T   divides the logits; 0 always takes the likeliest\n"
+    "                    token (default 0.8)\n"
+    "  --top-k K         sample among the K likeliest tokens (default 40;\n"
+    "                    0 = all)\n"
+    "  --seed S          the sampling stream (default 1): same seed, same text\n";
 
 static const char *usage_inspect =
     "usage: strata inspect FILE\n"
@@ -194,15 +213,22 @@ static int cmd_train(int argc, char **argv) {
     return st_cli_fail(&err);
   }
   double loss, acc, rate = 0;
-  if (st_trainer_last_eval(t, &loss, &acc, &rate) == 0)
+  int text = m->label_rows > 1;
+  if (st_trainer_last_eval(t, &loss, &acc, &rate) == 0 && text)
+    printf("strata: done: %lld steps, validation loss %.4f (%.3f bits per "
+           "token), next-token accuracy %.4f; wrote %s\n",
+           (long long)st_trainer_pos(t)->step, loss, loss / log(2.0), acc,
+           out);
+  else if (st_trainer_last_eval(t, &loss, &acc, &rate) == 0)
     printf("strata: done: %lld steps, test accuracy %.4f, test loss %.4f; "
            "wrote %s\n",
            (long long)st_trainer_pos(t)->step, acc, loss, out);
   if (plan)
     printf("strata: training rate: measured %.0f samples/s, plan predicted "
-           "%.0f (%s%s)\n",
+           "%.0f (%s%s)%s\n",
            rate, plan->throughput, plan->fabric.name,
-           plan->fabric.estimated ? ", uncalibrated estimate" : "");
+           plan->fabric.estimated ? ", uncalibrated estimate" : "",
+           text ? "; a sample is one sequence" : "");
   st_plan_destroy(plan);
   st_trainer_destroy(t);
   return 0;
@@ -223,11 +249,66 @@ static int cmd_eval(int argc, char **argv) {
   double loss, acc;
   rc = st_trainer_load(t, a.checkpoint, 1, &err);
   if (!rc) rc = st_trainer_evaluate(t, &loss, &acc, &err);
-  if (!rc)
+  if (!rc && st_trainer_model(t)->label_rows > 1)
+    printf("validation loss %.4f, next-token accuracy %.4f (%s)\n", loss, acc,
+           a.checkpoint);
+  else if (!rc)
     printf("test accuracy %.4f, test loss %.4f (%s)\n", acc, loss,
            a.checkpoint);
   st_trainer_destroy(t);
   return rc ? st_cli_fail(&err) : 0;
+}
+
+/* A whole-string number: strtoll / strtod that must consume everything. */
+static int parse_number(const char *text, double lo, double *v) {
+  char *end;
+  *v = strtod(text, &end);
+  return end != text && !*end && *v >= lo && isfinite(*v);
+}
+
+static int cmd_generate(int argc, char **argv) {
+  args a = {0};
+  const char *prompt = NULL, *tokens = "200", *temp = "0.8", *topk = "40",
+             *seed = "1";
+  const st_cli_option options[] = {{"--checkpoint", &a.checkpoint, NULL},
+                                   {"--prompt", &prompt, NULL},
+                                   {"--tokens", &tokens, NULL},
+                                   {"--temperature", &temp, NULL},
+                                   {"--top-k", &topk, NULL},
+                                   {"--seed", &seed, NULL},
+                                   {NULL, NULL, NULL}};
+  const st_cli_spec spec = {usage_generate, options, {&a.config, NULL},
+                            a.sets, &a.n_sets, &a.help};
+  int rc = st_cli_parse(argc, argv, &spec);
+  if (rc) return rc;
+  if (a.help) return fputs(usage_generate, stdout), 0;
+  if (!a.config || !a.checkpoint || !prompt)
+    return st_cli_usage_error(
+        usage_generate, "generate needs CONFIG, --checkpoint FILE and "
+                        "--prompt TEXT%s", "");
+  double n, t, k, s;
+  if (!parse_number(tokens, 0, &n) || n != (int)n)
+    return st_cli_usage_error(usage_generate,
+                              "--tokens: '%s' is not a whole number >= 0",
+                              tokens);
+  if (!parse_number(temp, 0, &t))
+    return st_cli_usage_error(usage_generate,
+                              "--temperature: '%s' is not a number >= 0", temp);
+  if (!parse_number(topk, 0, &k) || k != (int)k)
+    return st_cli_usage_error(usage_generate,
+                              "--top-k: '%s' is not a whole number >= 0", topk);
+  if (!parse_number(seed, 0, &s) || s != (double)(uint64_t)s)
+    return st_cli_usage_error(usage_generate,
+                              "--seed: '%s' is not a whole number >= 0", seed);
+  st_error err = {0};
+  st_config cfg;
+  if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
+  st_generate_options o = {(int)n, (float)t, (int)k, (uint64_t)s};
+  rc = st_generate(&cfg, a.checkpoint, (const uint8_t *)prompt, strlen(prompt),
+                   &o, stdout, &err);
+  if (rc) return st_cli_fail(&err);
+  fputc('\n', stdout);
+  return 0;
 }
 
 static int cmd_inspect(int argc, char **argv) {
@@ -255,5 +336,6 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "tokenize") == 0) return st_cli_tokenize(argc - 2, argv + 2);
   if (strcmp(cmd, "sweep") == 0) return st_cli_sweep(argc - 2, argv + 2);
   if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+  if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
   return st_cli_usage_error(usage_main, "unknown command '%s'", cmd);
 }

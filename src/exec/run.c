@@ -57,12 +57,15 @@ static void progress(run_state *r, int final) {
   fmt_duration(eta_s, sizeof eta_s, eta);
   int64_t per_epoch = st_trainer_steps_per_epoch(r->t);
   int64_t epochs = (total + per_epoch - 1) / per_epoch;
+  /* a language model's samples are sequences: count its tokens */
+  int rows = st_trainer_model(r->t)->label_rows;
   fprintf(stderr,
-          "%sepoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  "
+          "%sepoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f %s/s  "
           "ETA %s%s",
           r->tty ? "\r\033[K" : "", (long long)p->epoch + 1,
           (long long)epochs, (long long)p->step, (long long)total,
-          r->last_loss, rate, eta_s, r->tty ? "" : "\n");
+          r->last_loss, rate * rows, rows > 1 ? "tokens" : "samples", eta_s,
+          r->tty ? "" : "\n");
   if (r->tty && final) fputc('\n', stderr);
   fflush(stderr);
 }
@@ -81,7 +84,12 @@ static int evaluate(run_state *r, st_error *err) {
     fflush(r->metrics);
   }
   if (r->progress && r->tty) fputs("\r\033[K", stderr);
-  if (r->progress)
+  if (r->progress && st_trainer_model(r->t)->label_rows > 1)
+    fprintf(stderr,
+            "eval  step %lld  validation loss %.4f  next-token accuracy "
+            "%.4f\n",
+            (long long)p->step, r->test_loss, r->test_acc);
+  else if (r->progress)
     fprintf(stderr, "eval  step %lld  test loss %.4f  test accuracy %.4f\n",
             (long long)p->step, r->test_loss, r->test_acc);
   return 0;

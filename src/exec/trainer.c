@@ -258,12 +258,17 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   st_shape in = t->text ? (st_shape){1, cfg->model.context, 1}
                         : t->train->shape;
   if ((rc = st_model_create(&t->model, &t->cfg, in, err))) goto fail;
-  /* evaluation batches: 256 samples, fewer when their logits would pass
-   * 64 MiB (a GPT's vocabulary at every position) */
-  size_t per_sample = (size_t)t->rows * (size_t)t->model->classes;
-  t->eval_batch = (int)(((size_t)16 << 20) / per_sample);
-  t->eval_batch = t->eval_batch < 1 ? 1 : t->eval_batch > 256 ? 256
-                                                               : t->eval_batch;
+  /* Evaluation batches: 256 samples, fewer when their logits or
+   * activations would pass 64 MiB each (a GPT's vocabulary at every
+   * position, its attention probabilities) — but never fewer than a
+   * training micro-batch, whose buffers exist anyway. */
+  size_t logits = (size_t)t->rows * (size_t)t->model->classes, acts = 0;
+  for (int i = 0; i < t->model->n_blocks; i++)
+    acts += t->model->blocks[i].act_per_sample;
+  size_t per_sample = logits > acts ? logits : acts, budget = (size_t)16 << 20;
+  size_t fit = budget / (per_sample ? per_sample : 1);
+  t->eval_batch = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
+  if (t->eval_batch < t->micro_batch) t->eval_batch = t->micro_batch;
   st_blas_init(); /* idempotent; library users need not remember it */
   int threads = cfg->train.threads > 0 ? cfg->train.threads : usable_cores();
   t->pool = st_pool_create(threads);
