@@ -388,6 +388,71 @@ else
   fail "sweep: bad target is a usage error naming the metric" "rc $rc" "$err"
 fi
 
+# --- 8b. gpt: train, generate, and their bad inputs ---------------------------
+# A one-layer GPT on a small generated corpus, then sampling from it.
+for i in $(seq 1 400); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7 % 13))"; done >"$T/corpus.txt"
+gpt=(--set model.kind=gpt --set data.dataset=text --set data.path="$T/corpus.txt"
+     --set model.context=16 --set model.layers=1 --set model.heads=2
+     --set model.width=16 --set train.batch=4 --set train.steps=5
+     --set optimizer.kind=adamw --set optimizer.lr=0.01)
+run train "$fc" "${gpt[@]}" --out "$T/gpt"
+gck="$T/gpt/checkpoints/step-00000005.safetensors"
+if [ "$rc" -eq 0 ] && [ -s "$gck" ] &&
+   printf '%s\n' "$out" | grep -q "validation loss .* next-token accuracy"; then
+  pass
+else
+  fail "gpt trains on a text corpus and reports its validation loss" "rc $rc" "$out" "$err"
+fi
+# The HF GPT-2 names; the tied head is stored once, as transformer.wte.
+run inspect "$gck"
+if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -q "transformer.h.0.attn.c_attn.weight  *F32  *16x48" &&
+   ! printf '%s\n' "$out" | grep -q "lm_head"; then
+  pass
+else
+  fail "gpt checkpoint uses HF GPT-2 names, tied head stored once" "$out"
+fi
+run generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "line 7" --tokens 20 --seed 3
+first=$out
+run generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "line 7" --tokens 20 --seed 3
+if [ "$rc" -eq 0 ] && [ "$out" = "$first" ] && [[ $out == "line 7"* ]] &&
+   [ "${#out}" -ge 26 ]; then
+  pass
+else
+  fail "generate: prompt then 20 tokens, same seed same text" "rc $rc" "$first" "$out" "$err"
+fi
+expect_error "generate: prompt longer than the context" \
+  "the prompt is 17 tokens, longer than the context of 16 \(model.context, --set\)" \
+  -- generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "0123456789abcdefg"
+expect_error "generate: checkpoint of another shape" \
+  "$(re_quote "$gck"): tensor 'transformer.wte.weight' is F32 256x16, the model needs F32 256x32" \
+  -- generate "$fc" "${gpt[@]}" --set model.width=32 --checkpoint "$gck" --prompt "x"
+expect_error "generate: empty prompt" "the prompt is empty" \
+  -- generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt ""
+run generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "x" --tokens many
+if [ "$rc" -eq 2 ] && printf '%s\n' "$err" | head -n 1 | grep -q "\-\-tokens: 'many' is not a whole number"; then
+  pass
+else
+  fail "generate: a bad --tokens is a usage error" "rc $rc" "$err"
+fi
+: >"$T/empty.txt"
+expect_error "gpt: empty corpus" "$(re_quote "$T/empty.txt"): the corpus is empty" \
+  -- train "$fc" "${gpt[@]}" --set data.path="$T/empty.txt" --out "$T/o_gpt_empty"
+printf 'good line\nbad \xff byte\n' >"$T/latin.txt"
+expect_error "gpt: corpus not UTF-8 as configured" \
+  "$(re_quote "$T/latin.txt"):2:5: byte 0xFF is not valid UTF-8" \
+  -- train "$fc" "${gpt[@]}" --set data.encoding=utf8 --set data.path="$T/latin.txt" --out "$T/o_gpt_utf8"
+head -c 20 "$T/corpus.txt" >"$T/short.txt"
+expect_error "gpt: corpus shorter than a sequence" \
+  "$(re_quote "$T/short.txt"): .* each part needs more than model.context = 16" \
+  -- train "$fc" "${gpt[@]}" --set data.path="$T/short.txt" --out "$T/o_gpt_short"
+expect_error "gpt: vocabulary below the tokenizer's" \
+  "model.vocab: 100, but the tokenizer \(bytes\) makes ids up to 255" \
+  -- train "$fc" "${gpt[@]}" --set model.vocab=100 --out "$T/o_gpt_vocab"
+expect_error "gpt needs text data" "model.kind \(--set\): gpt trains on data.dataset text, not fashion_mnist \(configs/fc_mnist.yaml:8:12\)" \
+  -- train "$fc" --set model.kind=gpt --out "$T/o_gpt_data"
+expect_error "gpt: heads must divide the width" "model.heads: 3 heads do not split model.width 16 evenly" \
+  -- train "$fc" "${gpt[@]}" --set model.heads=3 --out "$T/o_gpt_heads"
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint that cannot be written (its folder is a file) fails the run
 # cleanly; so must every failing run above, without leaving a temporary.
