@@ -31,8 +31,10 @@
 /* The model of cfg, descriptors only, on its dataset's input shape. */
 int st_plan_model(st_model **out, const st_config *cfg, st_error *err);
 
-/* Text for the report (report.c): "1,234,567", "3.3 MB", "12.5 us". */
+/* Text for the report (report.c): "1,234,567", "0.0476" (a rate below
+ * 100), "3.3 MB", "12.5 us". */
 const char *st_plan_fmt_count(char *buf, size_t cap, double v);
+const char *st_plan_fmt_rate(char *buf, size_t cap, double v);
 const char *st_plan_fmt_bytes(char *buf, size_t cap, double bytes);
 const char *st_plan_fmt_time(char *buf, size_t cap, double seconds);
 

@@ -138,16 +138,21 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
   char stages[48] = "";
   if (stages_given)
     snprintf(stages, sizeof stages, " in %d stages", stages_given);
+  /* the first prefix that fails can be far from the whole story (a 20B
+   * model can miss 40 GB by a few GB at its fourth block): say what all
+   * the blocks need, a lower bound for any split */
+  char all[32];
   return st_error_set(
       err, ST_EUNSUPPORTED,
       "%s does not fit %s: %s and the blocks before it need %s%s (each stage "
       "holds its weights, gradient and optimizer state, and input and "
       "activations x %g samples in flight, rounded up to whole PEs) but the "
-      "fabric holds %s: short by %s",
+      "fabric holds %s: short by %s; all %d blocks need at least %s",
       p->blocks[worst_block].name, f->name, p->blocks[worst_block].name,
       st_plan_fmt_bytes(need, sizeof need, best_need), stages, p->in_flight,
       st_plan_fmt_bytes(have, sizeof have, total),
-      st_plan_fmt_bytes(short_by, sizeof short_by, best_need - total));
+      st_plan_fmt_bytes(short_by, sizeof short_by, best_need - total), n,
+      st_plan_fmt_bytes(all, sizeof all, stage_memory(p, 0, n)));
 }
 
 /* ---------------------------------------------------- pass 3: allocate */
@@ -395,6 +400,19 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
   return 0;
 }
 
+/* "K=3 1.28e+03/s" or "K=3 no fit": one entry of the throughput list. */
+static void by_k_text(char *buf, size_t cap, const partition *q, int k) {
+  double t = q->by_k[k - 1];
+  if (t < INFINITY)
+    snprintf(buf, cap, "K=%d %.3g/s", k, 1.0 / t);
+  else
+    snprintf(buf, cap, "K=%d no fit", k);
+}
+
+/* Room the end of the cause keeps: the elision with the last K, "); ties go
+ * to fewer stages" and a mesh's band height. */
+#define CAUSE_TAIL 120
+
 static int choose_stages_text(st_plan *plan, const partition *q,
                               int stages_given, int n_heights) {
   char *c = plan->cause;
@@ -405,15 +423,17 @@ static int choose_stages_text(st_plan *plan, const partition *q,
   else if (q->by_k) {
     n = snprintf(c, cap, "the best predicted throughput of K = 1..%d (",
                  q->n_by_k);
+    /* a long model's list would not fit the cause: the first K that fit,
+     * then "...", then the last (plan.json has them all) */
     for (int k = 1; k <= q->n_by_k && n > 0 && (size_t)n < cap; k++) {
-      double t = q->by_k[k - 1];
-      char tp[32];
-      if (t < INFINITY)
-        snprintf(tp, sizeof tp, "%.3g/s", 1.0 / t);
-      else
-        snprintf(tp, sizeof tp, "no fit");
-      n += snprintf(c + n, cap - (size_t)n, "%sK=%d %s", k > 1 ? ", " : "", k,
-                    tp);
+      char entry[48];
+      by_k_text(entry, sizeof entry, q, k);
+      if (k < q->n_by_k && (size_t)n + strlen(entry) + CAUSE_TAIL > cap) {
+        by_k_text(entry, sizeof entry, q, q->n_by_k);
+        n += snprintf(c + n, cap - (size_t)n, ", ..., %s", entry);
+        break;
+      }
+      n += snprintf(c + n, cap - (size_t)n, "%s%s", k > 1 ? ", " : "", entry);
     }
     if (n > 0 && (size_t)n < cap)
       n += snprintf(c + n, cap - (size_t)n, "); ties go to fewer stages");

@@ -31,6 +31,16 @@ const char *st_plan_fmt_count(char *buf, size_t cap, double v) {
   return buf;
 }
 
+/* A rate (samples/s) as a count, or to three significant digits below 100:
+ * a 20B-parameter model on a cpu trains well under one sample a second. */
+const char *st_plan_fmt_rate(char *buf, size_t cap, double v) {
+  if (v < 99.5 && v > -99.5)
+    snprintf(buf, cap, "%.3g", v);
+  else
+    st_plan_fmt_count(buf, cap, v);
+  return buf;
+}
+
 const char *st_plan_fmt_bytes(char *buf, size_t cap, double b) {
   static const char *unit[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
   int u = 0;
@@ -173,7 +183,7 @@ void st_plan_print(const st_plan *p, FILE *f) {
           "\nthroughput: %s samples/s in steady state; bottleneck stage "
           "%d at %s per sample; balance %.2f (mean stage time / "
           "bottleneck)\n",
-          st_plan_fmt_count(a, sizeof a, p->throughput), p->bottleneck,
+          st_plan_fmt_rate(a, sizeof a, p->throughput), p->bottleneck,
           st_plan_fmt_time(b, sizeof b, p->bottleneck_time), p->balance);
   fprintf(f, "%s in use: %s, idle: %s\n", word,
           st_plan_fmt_count(c, sizeof c, (double)p->pes_used),
@@ -189,9 +199,9 @@ void st_plan_print(const st_plan *p, FILE *f) {
             p->mode[0] ? p->mode : "-", as, p->micro_batches,
             p->micro_batches == 1 ? "" : "es", p->batch, p->micro_batch,
             p->util_fill_drain,
-            st_plan_fmt_count(e, sizeof e, p->throughput * p->util_fill_drain),
+            st_plan_fmt_rate(e, sizeof e, p->throughput * p->util_fill_drain),
             p->util_pipelined,
-            st_plan_fmt_count(a, sizeof a, p->throughput * p->util_pipelined));
+            st_plan_fmt_rate(a, sizeof a, p->throughput * p->util_pipelined));
   } else if (p->n_stages == 1) {
     fprintf(f, "utilization: one stage, no pipeline bubble (1.00)\n");
   }
@@ -632,7 +642,7 @@ static void write_svg(const st_plan *p, FILE *f) {
           "<text x='%.0f' y='56' font-size='14' fill='#333'>predicted %s "
           "samples/s in steady state; bottleneck S%d at %s per sample; "
           "%s</text>\n",
-          margin, st_plan_fmt_count(a, sizeof a, p->throughput), p->bottleneck,
+          margin, st_plan_fmt_rate(a, sizeof a, p->throughput), p->bottleneck,
           st_plan_fmt_time(b, sizeof b, p->bottleneck_time),
           p->fabric.kind == ST_FABRIC_CPU ? "uncalibrated estimate"
                                           : "what-if estimate");
@@ -691,7 +701,7 @@ static void write_svg(const st_plan *p, FILE *f) {
             margin, y,
             strcmp(p->mode, "pipeline") == 0 ? "gpipe" : "if run as gpipe",
             p->micro_batches, p->util_fill_drain,
-            st_plan_fmt_count(e, sizeof e, p->throughput * p->util_fill_drain),
+            st_plan_fmt_rate(e, sizeof e, p->throughput * p->util_fill_drain),
             p->util_pipelined);
   fprintf(
       f,

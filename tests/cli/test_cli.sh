@@ -350,6 +350,20 @@ expect_error "compile: unknown fabric" "--fabric toaster: unknown fabric; one of
   -- compile "$fc" --fabric toaster --out "$T/o_fabric"
 expect_error "compile: more stages than blocks" "--stages 9: more stages than the model's 3 blocks" \
   -- compile "$fc" --fabric cpu:8 --stages 9 --out "$T/o_stages"
+# The published GPT shapes (docs/models.md): sized from descriptors alone,
+# strata's exact parameter count (tests/compile/test_gpt_configs.c).
+for gpt in gpt2_124m:124,439,808 gpt3_xl_1.3b:1,315,723,264 \
+  gptj_6b:6,051,520,512 gpt3_13b:12,952,938,780 gpt_neox_20b:20,554,567,680; do
+  run compile "configs/${gpt%%:*}.yaml" --validate-only
+  if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -q "^parameters: ${gpt#*:} "; then
+    pass
+  else
+    fail "compile --validate-only ${gpt%%:*}: parameters ${gpt#*:}" "rc $rc" "$out" "$err"
+  fi
+done
+expect_error "compile: gpt_neox_20b does not fit a wse2" \
+  "does not fit wse2: .*short by" \
+  -- compile configs/gpt_neox_20b.yaml --fabric wse2 --out "$T/o_neox"
 
 # --- 13. tokenize -------------------------------------------------------------------
 python3 -c 'import random; r = random.Random(5); w = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "slept"]; print(" ".join(r.choice(w) for _ in range(4000)))' >"$T/corpus.txt"
