@@ -421,8 +421,9 @@ typedef struct st_tensor_info {
   size_t numel;
   /* A tied copy (a GPT's output head sharing the token embedding): the
    * global offset of the tensor it mirrors, else -1. Each block keeps its own
-   * copy, as a pipeline stage must; the trainer sums the two gradients and
-   * gives both copies the same update, checkpoints store only the source. */
+   * copy, as a pipeline stage must; the trainer adds the copy's gradient
+   * into the source's, updates the source and copies its new weights over
+   * (the copy's optimizer state is unused); checkpoints store the source. */
   int64_t tie;
 } st_tensor_info;
 

@@ -387,13 +387,10 @@ static void gather_tied(const st_trainer_view *v, size_t lo, size_t hi) {
   }
 }
 
-/* After it: every copy takes its source's new weights and state. */
+/* After it: every copy takes its source's new weights. (A copy's optimizer
+ * state is never read: the copy is only ever overwritten.) */
 static void scatter_tied(const st_trainer_view *v) {
-  const st_model *m = v->model;
-  if (!m->n_ties) return;
-  st_model_sync_ties(m, v->params, 1, 0);
-  st_model_sync_ties(m, v->opt, st_optim_state_per_param(v->cfg),
-                     m->n_params);
+  if (v->model->n_ties) st_model_sync_ties(v->model, v->params, 1, 0);
 }
 
 void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {

@@ -51,6 +51,24 @@ static void mlp_config(st_config *c) {
   snprintf(c->metrics.progress, sizeof c->metrics.progress, "off");
 }
 
+/* A GPT with a tied head, dropout, AdamW and shuffled windows of the
+ * committed corpus (337 windows of 16: 42 steps per epoch at batch 8). */
+static void gpt_config(st_config *c) {
+  st_config_defaults(c);
+  st_error err = {0};
+  const char *sets[] = {"model.kind=gpt", "data.dataset=text",
+                        "data.path=tests/fixtures/gpt_corpus.txt",
+                        "model.context=16", "model.layers=2", "model.heads=2",
+                        "model.width=32", "model.dropout=0.1",
+                        "model.activation=gelu_tanh", "train.batch=8",
+                        "train.threads=2", "optimizer.kind=adamw",
+                        "optimizer.lr=0.003", "optimizer.weight_decay=0.1",
+                        "optimizer.schedule=cosine", "train.steps=100",
+                        "metrics.progress=off"};
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+    CHECK(st_config_set(c, sets[i], &err) == 0, "%s: %s", sets[i], err.msg);
+}
+
 static st_trainer *make(const st_config *c) {
   st_error err = {0};
   st_trainer *t = NULL;
@@ -230,6 +248,11 @@ int main(void) {
   mlp_config(&mlp);
   test_resume("cnn adamw cosine dropout", &cnn, 40);
   test_resume("mlp sgd nesterov dropout", &mlp, 30);
+  st_config gpt;
+  gpt_config(&gpt);
+  test_resume("gpt tied adamw dropout", &gpt, 50);
+  test_threads("gpt", gpt, 12);
+  test_no_alloc("gpt", &gpt);
   test_threads("cnn", cnn, 12);
   test_threads("mlp", mlp, 12);
   test_no_alloc("cnn", &cnn);
