@@ -434,6 +434,20 @@ if [ "$rc" -eq 0 ] && [ "$out" = "$first" ] && [[ $out == "line 7"* ]] &&
 else
   fail "generate: prompt then 20 tokens, same seed same text" "rc $rc" "$first" "$out" "$err"
 fi
+# A BPE tokenizer strata trained itself: the model takes its vocabulary.
+run tokenize train "$T/corpus.txt" --vocab 300 --out "$T/bpe.txt"
+run train "$fc" "${gpt[@]}" --set data.tokenizer="$T/bpe.txt" --out "$T/gpt_bpe"
+bck="$T/gpt_bpe/checkpoints/step-00000005.safetensors"
+run inspect "$bck"
+if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -q "transformer.wte.weight  *F32  *300x16"; then
+  pass
+else
+  fail "gpt trains with a BPE tokenizer of vocabulary 300" "rc $rc" "$out" "$err"
+fi
+run generate "$fc" "${gpt[@]}" --set data.tokenizer="$T/bpe.txt" --checkpoint "$bck" --prompt "line 7" --tokens 5
+if [ "$rc" -eq 0 ] && [[ $out == "line 7"* ]]; then pass; else
+  fail "generate decodes BPE tokens" "rc $rc" "$out" "$err"
+fi
 expect_error "generate: prompt longer than the context" \
   "the prompt is 17 tokens, longer than the context of 16 \(model.context, --set\)" \
   -- generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "0123456789abcdefg"
