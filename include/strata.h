@@ -290,6 +290,12 @@ void st_xent_backward(float *dlogits, const float *probs, const int *labels,
                       int B, int C, float scale);
 /* Per sample over C classes: max, exp, sum, log, normalise (~5C flops);
  * backward C subtractions and scalings; keeps the C probabilities. */
+/* The same on a pool, in chunks of rows (same bits as the calls above). */
+void st_xent_forward_pool(st_pool *pool, float *losses, float *probs,
+                          const float *logits, const int *labels, int B,
+                          int C);
+void st_xent_backward_pool(st_pool *pool, float *dlogits, const float *probs,
+                           const int *labels, int B, int C, float scale);
 st_cost st_xent_cost(int C);
 
 /* conv2d, square kernel K, stride S, zero padding P; (B, IC, H, W) ->

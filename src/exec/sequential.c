@@ -32,16 +32,17 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
     int last = k + mb >= v->batch;
     ctx.first_sample = v->first_sample + (uint64_t)k;
     const float *logits = st_stage_forward(s, &ctx, v->params, x, mb);
-    st_xent_forward(v->losses + (size_t)k * R, v->probs, logits,
-                    v->y + (size_t)k * R, mb * R, m->classes);
+    st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * R, v->probs,
+                         logits, v->y + (size_t)k * R, mb * R, m->classes);
     /* Every loss of the batch is known before the last backward, which is
      * where weights start to change: a NaN stops the step untouched. */
     if (last) {
       int rc = st_trainer_check_loss(v, loss, err);
       if (rc) return rc;
     }
-    st_xent_backward(v->dlogits, v->probs, v->y + (size_t)k * R, mb * R,
-                     m->classes, 1.0f / ((float)v->batch * (float)R));
+    st_xent_backward_pool(ctx.pool, v->dlogits, v->probs,
+                          v->y + (size_t)k * R, mb * R, m->classes,
+                          1.0f / ((float)v->batch * (float)R));
     /* The last micro-batch completes each block's gradient as its backward
      * finishes: update that block then, while its gradient is in cache. */
     st_stage_backward_each(s, &ctx, v->params, v->grads, x, v->dlogits, NULL,

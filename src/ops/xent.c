@@ -45,6 +45,52 @@ void st_xent_backward(float *dlogits, const float *probs, const int *labels,
   }
 }
 
+/* The pooled forms: rows are independent, so chunks of rows (a count fixed
+ * by C, about 64K logits each) run as pool tasks with the same bits as one
+ * call. A GPT has B * T rows over its whole vocabulary. */
+typedef struct xent_job {
+  float *losses, *probs, *dlogits;
+  const float *logits;
+  const int *labels;
+  int B, C, rows;
+  float scale;
+} xent_job;
+
+static int xent_rows(int C) {
+  int r = (1 << 16) / (C > 0 ? C : 1);
+  return r < 1 ? 1 : r;
+}
+
+static void xent_fwd_task(void *arg, int task) {
+  const xent_job *j = arg;
+  int s0 = task * j->rows, n = j->B - s0 < j->rows ? j->B - s0 : j->rows;
+  size_t o = (size_t)s0 * j->C;
+  st_xent_forward(j->losses + s0, j->probs + o, j->logits + o, j->labels + s0,
+                  n, j->C);
+}
+
+static void xent_bwd_task(void *arg, int task) {
+  const xent_job *j = arg;
+  int s0 = task * j->rows, n = j->B - s0 < j->rows ? j->B - s0 : j->rows;
+  size_t o = (size_t)s0 * j->C;
+  st_xent_backward(j->dlogits + o, j->probs + o, j->labels + s0, n, j->C,
+                   j->scale);
+}
+
+void st_xent_forward_pool(st_pool *pool, float *losses, float *probs,
+                          const float *logits, const int *labels, int B,
+                          int C) {
+  xent_job j = {losses, probs, NULL, logits, labels, B, C, xent_rows(C), 0};
+  st_pool_for(pool, (B + j.rows - 1) / j.rows, xent_fwd_task, &j);
+}
+
+void st_xent_backward_pool(st_pool *pool, float *dlogits, const float *probs,
+                           const int *labels, int B, int C, float scale) {
+  xent_job j = {NULL,  (float *)probs, dlogits, NULL, labels,
+                B,     C,              xent_rows(C),    scale};
+  st_pool_for(pool, (B + j.rows - 1) / j.rows, xent_bwd_task, &j);
+}
+
 st_cost st_xent_cost(int C) {
   st_cost c;
   c.flops_fwd = 5.0 * C + 2.0; /* max, subtract+exp, sum, log, normalise */
