@@ -7,6 +7,11 @@
 #      REPEATS times, strata and torch alternating, and the best of each is
 #      kept, so a neighbour's burst of load lowers one sample, not the ratio.
 #   2. A large linear layer (bench_linear) against raw BLAS sgemm.
+#   3. The compiler's predicted throughput against measured (run-predict.sh).
+#   4. GPT training throughput (bench_gpt vs bench_gpt.py in PyTorch): the
+#      GPT-2-124M shape at context 256, batch 4, and gpt_tiny at batch 1,
+#      each at threads = nproc and 1, alternating as in 1; strata's share of
+#      the sgemm peak measured in the same run.
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit
@@ -15,7 +20,9 @@
 #
 # Usage: tools/run-bench.sh BUILD_DIR
 # Environment: REPEATS (default 3), SECONDS_PER_RUN (timed span, default 1.5),
-#              TORCH_PYTHON (default /usr/bin/python3, Debian's python3-torch).
+#              TORCH_PYTHON (default /usr/bin/python3, Debian's python3-torch),
+#              REPEATS_124M (runs per 124M-shape pair, default REPEATS; a
+#              step takes seconds there, so this section dominates the time).
 set -u
 build=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
@@ -25,7 +32,7 @@ py=${TORCH_PYTHON:-/usr/bin/python3}
 nproc=$(nproc)
 status=0
 
-for prog in bench_mlp bench_linear; do
+for prog in bench_mlp bench_linear bench_gpt; do
   if [ ! -x "$build/bench/$prog" ]; then
     echo "run-bench: error: $build/bench/$prog is missing (run make benches)" >&2
     exit 1
@@ -156,5 +163,96 @@ if [ "${#linear_lines[@]}" -gt 0 ]; then
 fi
 
 echo; tools/run-predict.sh "$build" || status=1  # 3. compiler prediction accuracy
+
+# 4. GPT training. gpt_line CMD...: runs a bench_gpt program and prints its
+# result line (empty on failure, reported on stderr).
+gpt_line() {
+  local out rc line
+  out=$("$@" 2>&1)
+  rc=$?
+  line=$(printf '%s\n' "$out" | grep 'tokens_per_s=' | tail -n1)
+  if [ "$rc" -ne 0 ] || [ -z "$line" ]; then
+    echo "run-bench: error: '$*' failed (rc=$rc):" >&2
+    printf '%s\n' "$out" | sed 's/^/    | /' >&2
+    return 1
+  fi
+  echo "$line"
+}
+# field NAME LINE: the value of NAME=... in LINE.
+field() { printf '%s\n' "$2" | sed -n "s/.*[ (]$1=\([^ )]*\).*/\1/p"; }
+
+echo
+echo "GPT training, tokens/s, strata and torch alternating, best of" \
+  "${REPEATS_124M:-$repeats} (124m) / $repeats (tiny) runs"
+gpt_rows=()
+for gpt_case in "124m 4 1.3 ${REPEATS_124M:-$repeats}" "tiny 1 5 $repeats"; do
+  read -r model batch target runs <<<"$gpt_case"
+  for threads in $thread_counts; do
+    s_best="" s_line="" t_best="" t_line=""
+    for ((r = 0; r < runs; r++)); do
+      if line=$(gpt_line "$build/bench/bench_gpt" "$model" "$batch" "$threads" "$span"); then
+        v=$(field tokens_per_s "$line")
+        [ "$(best "$s_best" "$v")" = "$v" ] && s_best=$v s_line=$line
+      else
+        status=1
+      fi
+      if [ "$have_torch" -eq 1 ]; then
+        if line=$(gpt_line "$py" bench/bench_gpt.py "$model" "$batch" "$threads" "$span"); then
+          v=$(field tokens_per_s "$line")
+          [ "$(best "$t_best" "$v")" = "$v" ] && t_best=$v t_line=$line
+        else
+          status=1
+        fi
+      fi
+    done
+    extra=""
+    for f in peak_fraction peak_gflops gflops; do
+      v=$(field $f "$s_line"); extra="$extra ${v:--}"
+    done
+    for f in intra_op attention; do
+      v=$(field $f "$t_line"); extra="$extra ${v:--}"
+    done
+    gpt_rows+=("$model $batch $threads ${s_best:--} ${t_best:--} $target$extra")
+  done
+done
+printf '%s\n' "${gpt_rows[@]}" | awk '
+  # fields: model batch threads strata torch target peak_fraction peak_gflops
+  #         gflops torch_intra_op torch_attention
+  function ratio(s, t) { return (s != "-" && t != "-" && t > 0) ? sprintf("%.2fx", s / t) : "-" }
+  function verdict(s, t, target) {
+    if (s == "-") return "strata failed"
+    if (t == "-" || t <= 0) return "peer unavailable"
+    return (s / t >= target) ? "meets target" : "below target"
+  }
+  {
+    row[++nrows] = $0
+    if ($3 == 1) torch1[$1] = $5
+    # each engine at its own best thread count, as for the MLP
+    if (!($1 in bs) || ($4 != "-" && $4 + 0 > bs[$1] + 0)) { bs[$1] = $4; bst[$1] = $3 }
+    if (!($1 in bt) || ($5 != "-" && $5 + 0 > bt[$1] + 0)) { bt[$1] = $5; btt[$1] = $3 }
+    if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1; bb[$1] = $2; tg[$1] = $6 }
+  }
+  END {
+    printf "%-6s %5s %7s %10s %10s %7s %7s  %-13s %s\n", "model", "batch", "threads", "strata",
+      "torch", "ratio", "target", "verdict", "strata GF/s of sgemm peak; torch split"
+    for (i = 1; i <= nrows; i++) {
+      split(row[i], f, " ")
+      v = verdict(f[4], f[5], f[6])
+      if (f[3] > 1 && f[5] != "-" && torch1[f[1]] != "" && torch1[f[1]] != "-" && f[5] + 0 < torch1[f[1]] + 0)
+        v = v " (torch slower here than at 1 thread)"
+      printf "%-6s %5d %7d %10s %10s %7s %7s  %-13s %s of %s (%s); intra_op=%s %s\n", f[1], f[2], f[3],
+        f[4], f[5], ratio(f[4], f[5]), ">=" f[6] "x", v, f[9], f[8],
+        (f[7] == "-" ? "-" : sprintf("%.0f%%", 100 * f[7])), f[10], f[11]
+    }
+    print ""
+    print "each at its best thread count (the headline figure):"
+    printf "%-6s %5s %18s %18s %7s %7s  %s\n", "model", "batch", "strata (threads)", "torch (threads)",
+      "ratio", "target", "verdict"
+    for (i = 1; i <= n; i++) {
+      m = order[i]
+      printf "%-6s %5d %18s %18s %7s %7s  %s\n", m, bb[m], bs[m] " (" bst[m] ")", bt[m] " (" btt[m] ")",
+        ratio(bs[m], bt[m]), ">=" tg[m] "x", verdict(bs[m], bt[m], tg[m])
+    }
+  }'
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"

@@ -10,12 +10,12 @@
 #
 # Usage: tools/run-predict.sh BUILD_DIR
 # Environment: PREDICT_STEPS (default 300), PREDICT_CONFIGS (default
-#              "fc_mnist cnn_fmnist").
+#              "fc_mnist cnn_fmnist gpt_tiny").
 set -u
 build=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 steps=${PREDICT_STEPS:-300}
-configs=${PREDICT_CONFIGS:-fc_mnist cnn_fmnist}
+configs=${PREDICT_CONFIGS:-fc_mnist cnn_fmnist gpt_tiny}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export STRATA_CALIBRATION="$tmp/calibration.json"

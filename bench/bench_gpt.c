@@ -1,0 +1,272 @@
+/*
+ * bench_gpt.c — GPT training throughput of strata's own engine, in tokens
+ * per second, with the share of this machine's sgemm peak it reaches.
+ *
+ * A config built in code (model.kind gpt with the shape from the command
+ * line: pre-LN GPT-2, learned positions, gelu tanh, tied head, no dropout;
+ * data.dataset text on a file of deterministic random bytes, byte tokenizer;
+ * AdamW lr 3e-4, betas 0.9 / 0.95, weight decay 0.1, constant schedule) goes
+ * through the public trainer API: st_trainer_create, then st_trainer_step
+ * (next batch of token windows, forward, softmax cross-entropy at every
+ * position, backward, update). The 124M shape keeps model.vocab = 50257, as
+ * GPT-2; the byte tokenizer's ids all lie below it, and the logits, the loss
+ * and the tied embedding are computed over the whole vocabulary all the same.
+ *
+ * FLOPs per step come from the model's own cost descriptors: the sum of
+ * every block's cost.flops_fwd + cost.flops_bwd per sample (embedding,
+ * transformer blocks, ln_f and the head), times the batch, plus the softmax
+ * cross-entropy (st_xent_cost) at every position. The sgemm peak is measured
+ * in the same process after the timed steps: one large square cblas_sgemm
+ * with the BLAS given THREADS threads, best of a few calls; the fraction is
+ * (FLOPs per step x steps/s) / peak.
+ *
+ * The peer is bench/bench_gpt.py (the same model in PyTorch); the ratio is
+ * printed by tools/run-bench.sh, which runs both in the same session
+ * (STYLE.md 13). This program prints one line:
+ *
+ *   strata gpt model=M layers=L width=C heads=NH context=T vocab=V batch=B
+ *     threads=N warmup_steps=W steps=S steps_per_s=X tokens_per_s=Y
+ *     gflop_per_step=F gflops=G peak_gflops=P peak_fraction=R
+ *
+ * (gflops: the FLOP rate reached, F x X; peak_fraction: gflops / P.)
+ *
+ * Usage: bench_gpt MODEL BATCH THREADS [SECONDS]   (timed span, default 1.5;
+ *        at least 2 steps are timed whatever the span)
+ *   MODEL: 124m  GPT-2 small: 12 layers, width 768, 12 heads, context 256,
+ *                vocab 50257
+ *          tiny  configs/gpt_tiny.yaml: 4 layers, width 128, 4 heads,
+ *                context 64, vocab 256
+ *          L,C,NH,T,V  any other shape
+ */
+#include "strata.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(ST_BLAS_OPENBLAS)
+#define set_blas_threads(n) openblas_set_num_threads(n)
+#else
+#define set_blas_threads(n) ((void)(n)) /* no portable knob; runs as is */
+#endif
+
+typedef struct gpt_shape {
+  const char *name;
+  int layers, width, heads, context, vocab;
+} gpt_shape;
+
+static const gpt_shape presets[] = {
+    {"124m", 12, 768, 12, 256, 50257},
+    {"tiny", 4, 128, 4, 64, 256},
+};
+
+enum {
+  CORPUS_BYTES = 1 << 18, /* 256 KiB: 921 training windows of 256 tokens */
+  PEAK_N = 2048           /* the square sgemm of the peak: 17 GFLOP a call */
+};
+
+static int parse_int(const char *s, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*s == '\0' || *end != '\0' || v < 1 || v > 1 << 20)
+    return -1;
+  *out = (int)v;
+  return 0;
+}
+
+static int parse_shape(const char *s, gpt_shape *out) {
+  for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+    if (strcmp(s, presets[i].name) == 0) {
+      *out = presets[i];
+      return 0;
+    }
+  gpt_shape g = {s, 0, 0, 0, 0, 0};
+  char tail;
+  if (sscanf(s, "%d,%d,%d,%d,%d%c", &g.layers, &g.width, &g.heads, &g.context,
+             &g.vocab, &tail) != 5)
+    return -1;
+  *out = g;
+  return 0;
+}
+
+/* Writes CORPUS_BYTES deterministic random bytes to a new temporary file;
+ * path gets its name. Returns 0 or -1. */
+static int write_corpus(char *path, size_t cap) {
+  const char *dir = getenv("TMPDIR");
+  snprintf(path, cap, "%s/strata-bench-gpt-XXXXXX", dir && *dir ? dir : "/tmp");
+  int fd = mkstemp(path);
+  if (fd < 0)
+    return -1;
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    close(fd);
+    unlink(path);
+    return -1;
+  }
+  st_rng rng;
+  st_rng_init(&rng, 42, ST_RNG_DATA, 0);
+  int ok = 1;
+  for (int i = 0; i < CORPUS_BYTES && ok; i++)
+    ok = fputc((int)(st_rng_u32(&rng) & 0xff), f) != EOF;
+  if (fclose(f) != 0 || !ok) {
+    unlink(path);
+    return -1;
+  }
+  return 0;
+}
+
+/* The trainer config for shape g, batch and threads, through the same
+ * key=value path as --set so every value is validated as a user's would be. */
+static int make_config(st_config *cfg, const gpt_shape *g, int batch,
+                       int threads, const char *corpus, st_error *err) {
+  char sets[32][ST_PATH_MAX + 32];
+  int n = 0;
+#define SET(...) snprintf(sets[n++], sizeof sets[0], __VA_ARGS__)
+  SET("model.kind=gpt");
+  SET("model.layers=%d", g->layers);
+  SET("model.width=%d", g->width);
+  SET("model.heads=%d", g->heads);
+  SET("model.context=%d", g->context);
+  SET("model.vocab=%d", g->vocab);
+  SET("model.mlp_ratio=4");
+  SET("model.activation=gelu_tanh");
+  SET("model.positions=learned");
+  SET("model.tied=true");
+  SET("model.dropout=0");
+  SET("data.dataset=text");
+  SET("data.path=%s", corpus);
+  SET("data.tokenizer=bytes");
+  SET("optimizer.kind=adamw");
+  SET("optimizer.lr=3e-4");
+  SET("optimizer.beta1=0.9");
+  SET("optimizer.beta2=0.95");
+  SET("optimizer.eps=1e-8");
+  SET("optimizer.weight_decay=0.1");
+  SET("optimizer.schedule=constant");
+  SET("train.batch=%d", batch);
+  SET("train.threads=%d", threads);
+  SET("train.steps=1000000000");
+  SET("metrics.progress=off");
+#undef SET
+  st_config_defaults(cfg);
+  for (int i = 0; i < n; i++) {
+    int rc = st_config_set(cfg, sets[i], err);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+/* FLOPs of one training step of B samples, from the cost descriptors. */
+static double step_flops(const st_model *m, int B) {
+  double per_sample = 0;
+  for (int i = 0; i < m->n_blocks; i++)
+    per_sample += m->blocks[i].cost.flops_fwd + m->blocks[i].cost.flops_bwd;
+  st_cost loss = st_xent_cost(m->classes);
+  per_sample += (loss.flops_fwd + loss.flops_bwd) * m->label_rows;
+  return per_sample * B;
+}
+
+/* FLOP/s of a PEAK_N-square sgemm with the BLAS on `threads` threads, best
+ * of at least 3 calls and 0.5 s; the BLAS is pinned back to one thread (as
+ * st_blas_init leaves it) afterwards. Returns 0 if out of memory. */
+static double sgemm_peak(int threads) {
+  size_t n = (size_t)PEAK_N * PEAK_N;
+  float *a = st_alloc(n * sizeof(float)), *b = st_alloc(n * sizeof(float));
+  float *c = st_alloc(n * sizeof(float));
+  double best = 0;
+  if (a && b && c) {
+    st_rng rng;
+    st_rng_init(&rng, 7, ST_RNG_DATA, 1);
+    for (size_t i = 0; i < n; i++) {
+      a[i] = 2.0f * st_rng_uniform(&rng) - 1.0f;
+      b[i] = 2.0f * st_rng_uniform(&rng) - 1.0f;
+    }
+    set_blas_threads(threads);
+    double flops = 2.0 * PEAK_N * PEAK_N * PEAK_N, start = st_now();
+    for (int k = 0; k < 4 || st_now() - start < 0.5; k++) {
+      double t0 = st_now();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, PEAK_N, PEAK_N,
+                  PEAK_N, 1.0f, a, PEAK_N, b, PEAK_N, 0.0f, c, PEAK_N);
+      double rate = flops / (st_now() - t0);
+      if (k > 0 && rate > best)
+        best = rate; /* call 0 warms up */
+    }
+    st_blas_init();
+  }
+  st_free(a);
+  st_free(b);
+  st_free(c);
+  return best;
+}
+
+int main(int argc, char **argv) {
+  gpt_shape g;
+  int batch, threads;
+  double seconds = 1.5;
+  if (argc < 4 || argc > 5 || parse_shape(argv[1], &g) ||
+      parse_int(argv[2], &batch) || parse_int(argv[3], &threads) ||
+      (argc == 5 && (seconds = atof(argv[4])) <= 0)) {
+    fprintf(stderr,
+            "usage: bench_gpt MODEL BATCH THREADS [SECONDS]\n"
+            "  MODEL: 124m, tiny or LAYERS,WIDTH,HEADS,CONTEXT,VOCAB\n");
+    return 2;
+  }
+  st_blas_init();
+
+  char corpus[ST_PATH_MAX];
+  if (write_corpus(corpus, sizeof corpus)) {
+    perror("bench_gpt: error: cannot write the corpus to a temporary file");
+    return 1;
+  }
+  st_config cfg;
+  st_trainer *t = NULL;
+  st_error err = {0};
+  int rc = make_config(&cfg, &g, batch, threads, corpus, &err);
+  if (!rc)
+    rc = st_trainer_create(&t, &cfg, NULL, &err);
+  unlink(corpus); /* read whole at create: no longer needed */
+  if (rc) {
+    fprintf(stderr, "bench_gpt: error: %s\n", err.msg);
+    return 1;
+  }
+
+  /* Warm-up: steps until 0.25 s have passed, at least one. The first step
+   * touches every buffer for the first time (page faults over gigabytes at
+   * the 124M shape, whose steps take seconds: one is all it gets). The timed
+   * span follows: at least `seconds` and 2 steps. */
+  double loss, warm = st_now();
+  int warm_steps = 0;
+  do {
+    rc = st_trainer_step(t, &loss, &err);
+    warm_steps++;
+  } while (!rc && st_now() - warm < 0.25);
+  int64_t steps = 0;
+  double start = st_now(), elapsed = 0;
+  while (!rc && (steps < 2 || elapsed < seconds)) {
+    rc = st_trainer_step(t, &loss, &err);
+    steps++;
+    elapsed = st_now() - start;
+  }
+  if (rc) {
+    fprintf(stderr, "bench_gpt: error: %s\n", err.msg);
+    st_trainer_destroy(t);
+    return 1;
+  }
+  double flops = step_flops(st_trainer_model(t), batch);
+  st_trainer_destroy(t); /* frees its memory before the peak's matrices */
+  double peak = sgemm_peak(threads);
+  double steps_per_s = (double)steps / elapsed;
+  printf("strata gpt model=%s layers=%d width=%d heads=%d context=%d "
+         "vocab=%d batch=%d threads=%d warmup_steps=%d steps=%lld "
+         "steps_per_s=%.4f tokens_per_s=%.1f gflop_per_step=%.2f gflops=%.1f "
+         "peak_gflops=%.1f peak_fraction=%.3f\n",
+         g.name, g.layers, g.width, g.heads, g.context, g.vocab, batch, threads,
+         warm_steps, (long long)steps, steps_per_s,
+         steps_per_s * batch * g.context, flops / 1e9,
+         flops * steps_per_s / 1e9, peak / 1e9,
+         peak > 0 ? flops * steps_per_s / peak : 0.0);
+  return 0;
+}
