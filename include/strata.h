@@ -198,8 +198,10 @@ typedef struct st_config {
     int keep_checkpoints;   /* how many step checkpoints to keep */
   } train;
   struct {
-    char mode[24];          /* sequential (more modes in later issues) */
+    char mode[24];          /* sequential | pipeline */
     int micro_batch;        /* 0 = whole batch */
+    char schedule[8];       /* pipeline: gpipe | 1f1b */
+    int stages;             /* pipeline: stages (0 = one per core) */
     int fused_update;       /* batch 1: update weights inside the backward */
   } execution;
   struct {

@@ -792,6 +792,7 @@ static const range ranges[] = {
     AT_LEAST("train.threads", 0),
     AT_LEAST("train.keep_checkpoints", 0),
     AT_LEAST("execution.micro_batch", 0),
+    AT_LEAST("execution.stages", 0),
     AT_LEAST("fabric.cores", 0),
     AT_LEAST("metrics.log_every", 1),
 };

@@ -48,8 +48,10 @@ static const char *const schedules[] = {"constant", "cosine", "step", "linear",
                                         NULL};
 static const char *const modes[] = {
     "sequential",
+    "pipeline",
     NULL,
 };
+static const char *const schedules_pipe[] = {"gpipe", "1f1b", NULL};
 static const char *const fabrics[] = {
     "cpu",
     "mesh",
@@ -141,6 +143,12 @@ const st_config_key st_config_schema[] = {
     ENUM(execution, mode, "sequential", modes, "execution mode (DESIGN.md)"),
     INT(execution, micro_batch, "0",
         "samples per micro-batch (0 = whole batch)"),
+    ENUM(execution, schedule, "1f1b", schedules_pipe,
+         "pipeline: fill and drain all micro-batches (gpipe) or one forward, "
+         "one backward (1f1b, at most S micro-batches in flight)"),
+    INT(execution, stages, "0",
+        "pipeline: stages, contiguous runs of blocks balanced by FLOPs (0 = "
+        "one per core, at most one per block)"),
     BOOL(execution, fused_update, "true",
          "at batch 1, update weights inside the backward (same bits, "
          "less memory traffic)"),

@@ -87,12 +87,23 @@ typedef struct st_executor {
    * logits, valid until the next call. Used by evaluation. */
   const float *(*forward)(void *state, const st_ctx *ctx, const float *params,
                           const float *x, int B);
-  int (*create)(void **state, const st_model *m, int max_batch,
-                st_error *err);
+  /* Buffers for micro-batches of cfg's split and inference batches of up
+   * to max_batch samples. */
+  int (*create)(void **state, const st_model *m, const st_config *cfg,
+                int micro_batch, int max_batch, st_error *err);
   void (*destroy)(void *state);
 } st_executor;
 
 extern const st_executor st_exec_sequential;
+extern const st_executor st_exec_pipeline;
+/* Pipeline introspection (tests): the most micro-batches stage s held in
+ * flight during the last step; the stages' block ranges (returns S). */
+int st_pipeline_held(const void *state, int stage);
+int st_pipeline_stages(const void *state, int *first, int *count);
+/* Executor state of a trainer (tests). */
+void *st_trainer_exec_state(st_trainer *t);
+/* Cores this process may run on (affinity and cgroup cpusets included). */
+int st_usable_cores(void);
 
 /* Trainer internals the run loop needs. */
 const st_config *st_trainer_config(const st_trainer *t);

@@ -8,10 +8,11 @@
  */
 #include "exec.h"
 
-static int seq_create(void **state, const st_model *m, int max_batch,
-                      st_error *err) {
-  return st_stage_create((st_stage **)state, m, 0, m->n_blocks, max_batch,
-                         err);
+static int seq_create(void **state, const st_model *m, const st_config *cfg,
+                      int micro_batch, int max_batch, st_error *err) {
+  (void)cfg;
+  int rows = micro_batch > max_batch ? micro_batch : max_batch;
+  return st_stage_create((st_stage **)state, m, 0, m->n_blocks, rows, err);
 }
 
 static void seq_destroy(void *state) { st_stage_destroy(state); }

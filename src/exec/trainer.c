@@ -45,7 +45,7 @@ struct st_trainer {
 };
 
 static const st_executor *find_executor(const char *mode) {
-  static const st_executor *all[] = {&st_exec_sequential};
+  static const st_executor *all[] = {&st_exec_sequential, &st_exec_pipeline};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (strcmp(all[i]->mode, mode) == 0) return all[i];
   return NULL;
@@ -151,7 +151,7 @@ static int check_data(const st_trainer *t, st_error *err) {
 }
 
 /* Cores this process may run on (affinity and cgroup cpusets included). */
-static int usable_cores(void) {
+int st_usable_cores(void) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
     return CPU_COUNT(&set);
@@ -184,8 +184,8 @@ static int allocate(st_trainer *t, st_error *err) {
     return st_error_set(err, ST_ENOMEM,
                         "out of memory for %zu parameters at batch %d",
                         m->n_params, t->batch);
-  return t->exec->create(&t->exec_state, m,
-                         max_int(t->micro_batch, t->eval_batch), err);
+  return t->exec->create(&t->exec_state, m, &t->cfg, t->micro_batch,
+                         t->eval_batch, err);
 }
 
 static void make_permutation(st_trainer *t) {
@@ -270,7 +270,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   t->eval_batch = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
   if (t->eval_batch < t->micro_batch) t->eval_batch = t->micro_batch;
   st_blas_init(); /* idempotent; library users need not remember it */
-  int threads = cfg->train.threads > 0 ? cfg->train.threads : usable_cores();
+  int threads = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
   t->pool = st_pool_create(threads);
   if (!t->pool) {
     rc = st_error_set(err, ST_ENOMEM, "cannot start %d threads", threads);
@@ -619,6 +619,7 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
 }
 
 const st_model *st_trainer_model(const st_trainer *t) { return t->model; }
+void *st_trainer_exec_state(st_trainer *t) { return t->exec_state; }
 float *st_trainer_params(st_trainer *t) { return t->params; }
 const st_train_pos *st_trainer_pos(const st_trainer *t) { return &t->pos; }
 int64_t st_trainer_total_steps(const st_trainer *t) { return t->total_steps; }

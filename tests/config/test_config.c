@@ -197,6 +197,8 @@ static const char *const all_keys[] = {
     "train.keep_checkpoints",
     "execution.mode",
     "execution.micro_batch",
+    "execution.schedule",
+    "execution.stages",
     "execution.fused_update",
     "fabric.kind",
     "fabric.cores",
@@ -615,7 +617,7 @@ static void test_set_errors(void) {
             "of relu, gelu, gelu_tanh");
   SET_ERROR("execution.mode=pipe", "--set execution.mode=pipe: "
                                    "execution.mode: 'pipe' is not one of "
-                                   "sequential");
+                                   "sequential, pipeline");
   SET_ERROR("model.hidden=5", "--set model.hidden=5: model.hidden: expected a "
                               "list of integers such as [256, 256], got '5'");
   SET_ERROR("model.hidden=[1, x]", "--set model.hidden=[1, x]: "
@@ -679,7 +681,8 @@ static void test_load_errors(void) {
              "  lr:     fast\n",
              "%s:5:11: optimizer.lr: expected a number, got 'fast'");
   LOAD_ERROR("execution:\n  mode: pipe\n",
-             "%s:2:9: execution.mode: 'pipe' is not one of sequential");
+             "%s:2:9: execution.mode: 'pipe' is not one of sequential, "
+             "pipeline");
   LOAD_ERROR("train:\n  batch: 8\n  epochs: 2\n  batch: 16\n",
              "%s:4:3: duplicate key 'train.batch' (first at 2:3)");
   LOAD_ERROR("train:\n  batch: 8\nmodel: {}\ntrain:\n  epochs: 2\n",

@@ -1,0 +1,204 @@
+/*
+ * test_pipeline.c — the pipeline mode's contract (src/exec/pipeline.c):
+ *  - gpipe and 1f1b give weights bit-identical to the sequential mode after
+ *    20 steps at the same batch and micro-batch split, for an MLP, a CNN
+ *    (residual blocks, group norm, dropout) and a GPT (tied head, dropout),
+ *    with S in {2, 3, 4} stages and M in {1, 2, 4, 8} micro-batches, each
+ *    case run twice (the threads' timing differs from run to run; the bits
+ *    may not);
+ *  - 1f1b holds at most S - s micro-batches in flight at stage s, gpipe M
+ *    (the runtime's own counters);
+ *  - a non-finite loss stops the step before any weight changes;
+ *  - impossible settings fail before any work starts.
+ */
+#include "harness.h"
+#include "strata.h"
+#include "../../src/exec/exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { STEPS = 20, BATCH = 16 };
+
+static void set_all(st_config *c, const char *const *sets, size_t n) {
+  st_error err = {0};
+  for (size_t i = 0; i < n; i++)
+    CHECK(st_config_set(c, sets[i], &err) == 0, "%s: %s", sets[i], err.msg);
+}
+
+static void mlp_config(st_config *c) {
+  st_config_defaults(c);
+  const char *sets[] = {"data.dataset=synthetic", "data.train_limit=512",
+                        "data.test_limit=64", "model.hidden=[64,32,32]",
+                        "model.dropout=0.1", "optimizer.nesterov=true",
+                        "train.threads=2", "metrics.progress=off"};
+  set_all(c, sets, sizeof sets / sizeof sets[0]);
+}
+
+static void cnn_config(st_config *c) {
+  st_config_defaults(c);
+  const char *sets[] = {"data.dataset=synthetic", "data.train_limit=512",
+                        "data.test_limit=64", "model.kind=cnn",
+                        "model.channels=[4,8]", "model.residual_blocks=1",
+                        "model.norm=groupnorm", "model.groups=2",
+                        "model.dense=[16]", "model.dropout=0.1",
+                        "optimizer.kind=adamw", "optimizer.lr=0.002",
+                        "optimizer.weight_decay=0.01", "train.threads=2",
+                        "metrics.progress=off"};
+  set_all(c, sets, sizeof sets / sizeof sets[0]);
+}
+
+static void gpt_config(st_config *c) {
+  st_config_defaults(c);
+  const char *sets[] = {"model.kind=gpt", "data.dataset=text",
+                        "data.path=tests/fixtures/gpt_corpus.txt",
+                        "model.context=16", "model.layers=2", "model.heads=2",
+                        "model.width=16", "model.dropout=0.1",
+                        "model.activation=gelu_tanh", "optimizer.kind=adamw",
+                        "optimizer.lr=0.003", "train.threads=2",
+                        "metrics.progress=off"};
+  set_all(c, sets, sizeof sets / sizeof sets[0]);
+}
+
+static st_trainer *make(const st_config *c, st_error *err) {
+  st_trainer *t = NULL;
+  if (st_trainer_create(&t, c, NULL, err)) return NULL;
+  return t;
+}
+
+/* Weights after STEPS steps (malloc'd), or NULL after a failure. */
+static float *train(const st_config *c, size_t *n, st_trainer **keep) {
+  st_error err = {0};
+  st_trainer *t = make(c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return NULL;
+  double loss;
+  for (int i = 0; i < STEPS; i++)
+    if (st_trainer_step(t, &loss, &err)) {
+      CHECK(0, "step %d: %s", i, err.msg);
+      st_trainer_destroy(t);
+      return NULL;
+    }
+  *n = st_trainer_model(t)->n_params;
+  float *w = malloc(*n * sizeof *w);
+  memcpy(w, st_trainer_params(t), *n * sizeof *w);
+  if (keep)
+    *keep = t;
+  else
+    st_trainer_destroy(t);
+  return w;
+}
+
+static void test_equivalence(const char *what, const st_config *base) {
+  const int Ms[] = {1, 2, 4, 8};
+  const char *schedules[] = {"gpipe", "1f1b"};
+  for (int mi = 0; mi < 4; mi++) {
+    st_config seq = *base;
+    seq.train.batch = BATCH;
+    seq.execution.micro_batch = BATCH / Ms[mi];
+    size_t n = 0, np;
+    float *want = train(&seq, &n, NULL);
+    if (!want) return;
+    for (int S = 2; S <= 4; S++)
+      for (int sc = 0; sc < 2; sc++)
+        for (int rep = 0; rep < 2; rep++) {
+          st_config c = seq;
+          snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+          snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s",
+                   schedules[sc]);
+          c.execution.stages = S;
+          st_trainer *t = NULL;
+          float *got = train(&c, &np, &t);
+          if (!got) continue;
+          CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
+                "%s: %s S=%d M=%d run %d: weights differ from sequential",
+                what, schedules[sc], S, Ms[mi], rep);
+          /* the runtime's own in-flight counters */
+          void *state = st_trainer_exec_state(t);
+          int worst = 0;
+          for (int s = 0; s < S; s++) {
+            int held = st_pipeline_held(state, s);
+            int bound = sc == 0 ? Ms[mi]
+                                : (S - s < Ms[mi] ? S - s : Ms[mi]);
+            if (held != bound) worst = 1;
+            CHECK(held == bound,
+                  "%s: %s S=%d M=%d: stage %d held %d micro-batches, want %d",
+                  what, schedules[sc], S, Ms[mi], s, held, bound);
+          }
+          (void)worst;
+          free(got);
+          st_trainer_destroy(t);
+        }
+    free(want);
+  }
+}
+
+/* A step whose loss is not finite changes no weight, on any stage. */
+static void test_nan(const st_config *base) {
+  st_config c = *base;
+  c.train.batch = BATCH;
+  c.execution.micro_batch = 4;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  c.execution.stages = 3;
+  c.optimizer.lr = 1e30f; /* the second step's loss overflows */
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return;
+  double loss;
+  int rc = 0, i;
+  size_t n = st_trainer_model(t)->n_params;
+  float *before = malloc(n * sizeof *before);
+  for (i = 0; i < 10 && !rc; i++) {
+    memcpy(before, st_trainer_params(t), n * sizeof *before);
+    rc = st_trainer_step(t, &loss, &err);
+  }
+  CHECK(rc == ST_ENONFINITE && strstr(err.msg, "stopped before updating"),
+        "huge lr: rc %d after %d steps: %s", rc, i, err.msg);
+  CHECK(memcmp(before, st_trainer_params(t), n * sizeof *before) == 0,
+        "a non-finite step changed weights");
+  /* the pipeline is usable again: the next steps run (and fail) cleanly */
+  rc = st_trainer_step(t, &loss, &err);
+  CHECK(rc == ST_ENONFINITE, "step after an aborted one: rc %d: %s", rc,
+        err.msg);
+  free(before);
+  st_trainer_destroy(t);
+}
+
+static void test_refusals(const st_config *base) {
+  st_config c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  c.execution.stages = 9; /* the MLP has 4 blocks */
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(!t && err.code == ST_ECONFIG && strstr(err.msg, "execution.stages") &&
+            strstr(err.msg, "4 blocks"),
+        "more stages than blocks: %s", err.msg);
+  st_trainer_destroy(t);
+  c = *base;
+  st_config_defaults(&c);
+  CHECK(st_config_set(&c, "execution.schedule=zigzag", &err) == ST_ECONFIG &&
+            strstr(err.msg, "gpipe, 1f1b"),
+        "unknown schedule: %s", err.msg);
+  c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  c.train.batch = 16;
+  c.execution.micro_batch = 5;
+  CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&
+            strstr(err.msg, "execution.micro_batch"),
+        "micro-batch not dividing the batch: %s", err.msg);
+}
+
+int main(void) {
+  st_blas_init();
+  st_config mlp, cnn, gpt;
+  mlp_config(&mlp);
+  cnn_config(&cnn);
+  gpt_config(&gpt);
+  test_equivalence("mlp", &mlp);
+  test_equivalence("cnn", &cnn);
+  test_equivalence("gpt", &gpt);
+  test_nan(&mlp);
+  test_refusals(&mlp);
+  TH_DONE();
+}
