@@ -100,6 +100,9 @@ extern const st_executor st_exec_pipeline;
  * flight during the last step; the stages' block ranges (returns S). */
 int st_pipeline_held(const void *state, int stage);
 int st_pipeline_stages(const void *state, int *first, int *count);
+/* Test knob: each stage sleeps a pseudo-random 0 .. max_us microseconds
+ * before every forward and backward (0 turns it off). Call between steps. */
+void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
 /* Executor state of a trainer (tests). */
 void *st_trainer_exec_state(st_trainer *t);
 /* Cores this process may run on (affinity and cgroup cpusets included). */

@@ -36,6 +36,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct msg {
   int k;
@@ -59,6 +60,7 @@ typedef struct pipe_stage {
   float **dgrad;       /* [M] input gradients (stages > 0) */
   chan fwd, bwd;       /* from the stage before / after */
   int held, max_held;  /* micro-batches in flight, and the most this step */
+  uint32_t jitter_state; /* test knob: this stage's sleep stream */
   pthread_t thread;
   int started;
 } pipe_stage;
@@ -74,6 +76,7 @@ typedef struct pipe {
   pthread_cond_t cv;
   uint64_t generation;
   int done, stop, abort;
+  int jitter_us;       /* test knob: sleep up to this long before each op */
   st_trainer_view *v;
   double loss;
   int rc;
@@ -122,8 +125,19 @@ static void update_block(void *view, int block) {
   st_trainer_update_blocks(view, block, 1);
 }
 
+/* Test knob (st_pipeline_set_jitter): a random pause before each op, so
+ * the stress test sees many interleavings of the stages. */
+static void jitter(pipe_stage *st) {
+  if (!st->p->jitter_us) return;
+  st->jitter_state = st->jitter_state * 1664525u + 1013904223u;
+  long us = (long)((st->jitter_state >> 8) % (uint32_t)st->p->jitter_us);
+  struct timespec ts = {0, us * 1000L};
+  nanosleep(&ts, NULL);
+}
+
 static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
   pipe *p = st->p;
+  jitter(st);
   const st_model *m = p->model;
   int slot = k % st->slots, mb = p->mb, R = m->label_rows;
   const float *in =
@@ -164,6 +178,7 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
 
 static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
   pipe *p = st->p;
+  jitter(st);
   const st_model *m = p->model;
   int slot = k % st->slots, mb = p->mb, R = m->label_rows;
   const float *dout;
@@ -414,6 +429,12 @@ static const float *pipe_forward(void *state, const st_ctx *ctx,
 int st_pipeline_held(const void *state, int stage) {
   const pipe *p = state;
   return stage >= 0 && stage < p->S ? p->stages[stage].max_held : -1;
+}
+
+void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed) {
+  pipe *p = state;
+  p->jitter_us = max_us;
+  for (int s = 0; s < p->S; s++) p->stages[s].jitter_state = seed + 7919u * s;
 }
 
 int st_pipeline_stages(const void *state, int *first, int *count) {
