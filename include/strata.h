@@ -1024,6 +1024,8 @@ int st_trainer_save(st_trainer *t, const char *path, st_error *err);
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err);
 const st_model *st_trainer_model(const st_trainer *t);
+/* Stages the configured mode runs: 1 for sequential, S for a pipeline. */
+int st_trainer_stages(const st_trainer *t);
 float *st_trainer_params(st_trainer *t);
 const st_train_pos *st_trainer_pos(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */

@@ -202,9 +202,7 @@ static int cmd_train(int argc, char **argv) {
    * sequential mode — beside the run's other files. A plan that cannot be
    * made does not stop a sequential run; it is reported. */
   st_plan *plan = NULL;
-  int one_stage = strcmp(cfg.execution.mode, "sequential") == 0;
-  if (compile_into(&plan, &cfg, one_stage ? 1 : cfg.execution.stages, out,
-                   &err))
+  if (compile_into(&plan, &cfg, st_trainer_stages(t), out, &err))
     fprintf(stderr, "strata: warning: no plan: %s\n", err.msg);
   fflush(stdout);
   rc = st_trainer_run(t, &err);

@@ -92,6 +92,8 @@ typedef struct st_executor {
   int (*create)(void **state, const st_model *m, const st_config *cfg,
                 int micro_batch, int max_batch, st_error *err);
   void (*destroy)(void *state);
+  /* Stages the mode runs (NULL: one). */
+  int (*stages)(void *state);
 } st_executor;
 
 extern const st_executor st_exec_sequential;

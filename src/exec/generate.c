@@ -65,19 +65,22 @@ static int by_prob(const void *a, const void *b, void *probs) {
   return *(const int *)a - *(const int *)b; /* ties: lower id first */
 }
 
-/* The next token from logits z (V of them). */
+/* The next token from logits z. Only ids the tokenizer can decode are
+ * drawn: a model's vocabulary may be padded past the tokenizer's (GPT-2's
+ * 50257 over bytes), and its extra rows are never targets. */
 static int32_t sample(gen *g, const float *z, const st_generate_options *o,
                       st_rng *rng) {
-  int V = g->model->classes;
+  int V = st_tokenizer_vocab(g->tok);
   int best = 0;
   for (int c = 1; c < V; c++)
     if (z[c] > z[best]) best = c;
-  if (!(o->temperature > 0)) return best;
+  if (!(o->temperature > 0) || !isfinite(z[best])) return best;
   double sum = 0;
   for (int c = 0; c < V; c++) {
     g->probs[c] = (float)exp(((double)z[c] - z[best]) / o->temperature);
     sum += g->probs[c];
   }
+  if (!(sum > 0) || !isfinite(sum)) return best; /* NaN logits */
   int k = o->top_k > 0 && o->top_k < V ? o->top_k : V;
   for (int c = 0; c < V; c++) g->order[c] = c;
   if (k < V) {

@@ -389,9 +389,11 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
   }
   if (!ok) {
     pipe_destroy(p);
+    /* a stage's own allocation error, else ours */
     return err->code ? err->code
                      : st_error_set(err, ST_ENOMEM,
-                                    "out of memory for a %d-stage pipeline",
+                                    "out of memory or threads for a %d-stage "
+                                    "pipeline",
                                     S);
   }
   *state = p;
@@ -446,10 +448,13 @@ int st_pipeline_stages(const void *state, int *first, int *count) {
   return p->S;
 }
 
+static int pipe_stage_count(void *state) { return ((pipe *)state)->S; }
+
 const st_executor st_exec_pipeline = {
     .mode = "pipeline",
     .step = pipe_step,
     .forward = pipe_forward,
     .create = pipe_create,
     .destroy = pipe_destroy,
+    .stages = pipe_stage_count,
 };

@@ -620,6 +620,9 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
 
 const st_model *st_trainer_model(const st_trainer *t) { return t->model; }
 void *st_trainer_exec_state(st_trainer *t) { return t->exec_state; }
+int st_trainer_stages(const st_trainer *t) {
+  return t->exec->stages ? t->exec->stages(t->exec_state) : 1;
+}
 float *st_trainer_params(st_trainer *t) { return t->params; }
 const st_train_pos *st_trainer_pos(const st_trainer *t) { return &t->pos; }
 int64_t st_trainer_total_steps(const st_trainer *t) { return t->total_steps; }

@@ -247,14 +247,16 @@ static void layer_backward(const st_block *b, const st_layer *L,
                          L->out.c);
       const st_fused_update *f = ctx->fused;
       size_t wo = b->param_off + b->tensors[L->w_tensor].offset;
-      size_t bo = b->param_off + b->tensors[L->b_tensor].offset;
       int adamw = f->rule->adamw;
       st_optim_update_outer(f->rule, f->params + wo, f->opt + wo,
                             adamw ? f->opt + f->slot_stride + wo : NULL, g, x,
                             L->out.c, (int)n_in);
-      st_optim_update_vec(f->rule, f->params + bo, f->opt + bo,
-                          adamw ? f->opt + f->slot_stride + bo : NULL, g,
-                          (size_t)L->out.c);
+      if (L->b_tensor >= 0) { /* a GPT's lm_head has none */
+        size_t bo = b->param_off + b->tensors[L->b_tensor].offset;
+        st_optim_update_vec(f->rule, f->params + bo, f->opt + bo,
+                            adamw ? f->opt + f->slot_stride + bo : NULL, g,
+                            (size_t)L->out.c);
+      }
       break;
     }
     if (L->wt)

@@ -481,6 +481,24 @@ expect_error "gpt needs text data" "model.kind \(--set\): gpt trains on data.dat
 expect_error "gpt: heads must divide the width" "model.heads: 3 heads do not split model.width 16 evenly" \
   -- train "$fc" "${gpt[@]}" --set model.heads=3 --out "$T/o_gpt_heads"
 
+# --- 8c. the pipeline mode through the command ------------------------------
+# Three stages, four micro-batches: the same checkpoint, byte for byte, as
+# the sequential mode at the same split; and the plan has the run's stages.
+pipe_args=(--set data.train_limit=512 --set data.test_limit=64 --set train.steps=12
+           --set train.batch=16 --set execution.micro_batch=4 --set metrics.progress=off)
+run train "$fc" "${pipe_args[@]}" --out "$T/p_seq"
+run train "$fc" "${pipe_args[@]}" --set execution.mode=pipeline --set execution.stages=3 \
+  --set execution.schedule=gpipe --out "$T/p_pipe"
+if [ "$rc" -eq 0 ] && cmp -s "$T/p_seq/checkpoints/step-00000012.safetensors" \
+     "$T/p_pipe/checkpoints/step-00000012.safetensors"; then
+  pass
+else
+  fail "pipeline checkpoint equals sequential's byte for byte" "rc $rc" "$err"
+fi
+expect_error "pipeline: more stages than blocks" \
+  "^strata: error: --set: execution.stages: 7 stages for a model of 3 blocks; each stage needs at least one block$" \
+  -- train "$fc" "${pipe_args[@]}" --set execution.mode=pipeline --set execution.stages=7 --out "$T/o_pipe7"
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint that cannot be written (its folder is a file) fails the run
 # cleanly; so must every failing run above, without leaving a temporary.

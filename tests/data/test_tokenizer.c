@@ -472,7 +472,44 @@ static void test_text_dataset(void) {
   st_tokenizer_destroy(tok);
 }
 
+/* st_utf8_invalid against the Unicode well-formedness table (Unicode 15,
+ * table 3-7): the offset of the first byte of the first ill-formed
+ * sequence, or the length when all is well formed. */
+static void test_utf8(void) {
+  static const struct {
+    const char *bytes;
+    size_t n, want;
+  } cases[] = {
+      {"", 0, 0},
+      {"plain ascii", 11, 11},
+      {"\xC3\xA9t\xC3\xA9", 5, 5},         /* été */
+      {"\xE2\x82\xAC", 3, 3},               /* euro sign */
+      {"\xF0\x9F\x98\x80", 4, 4},           /* U+1F600 */
+      {"\xF4\x8F\xBF\xBF", 4, 4},           /* U+10FFFF, the last */
+      {"a\xC0\xAF", 3, 1},                  /* overlong '/' */
+      {"\xC1\xBF", 2, 0},                   /* overlong */
+      {"\xE0\x80\xAF", 3, 0},               /* overlong 3-byte */
+      {"\xE0\x9F\xBF", 3, 0},               /* overlong U+07FF */
+      {"\xE0\xA0\x80", 3, 3},               /* U+0800, the first */
+      {"\xED\x9F\xBF", 3, 3},               /* U+D7FF */
+      {"\xED\xA0\x80", 3, 0},               /* a surrogate, U+D800 */
+      {"\xF0\x8F\xBF\xBF", 4, 0},           /* overlong 4-byte */
+      {"\xF4\x90\x80\x80", 4, 0},           /* U+110000 */
+      {"\xF5\x80\x80\x80", 4, 0},           /* F5: never valid */
+      {"ab\xE2\x82", 4, 2},                 /* truncated at the end */
+      {"\xE2\x28\xA1", 3, 0},               /* bad continuation */
+      {"\x80", 1, 0},                        /* a lone continuation */
+      {"ok\xFF", 3, 2},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t got = st_utf8_invalid((const uint8_t *)cases[i].bytes, cases[i].n);
+    CHECK(got == cases[i].want, "utf8 case %zu: first invalid at %zu, want %zu",
+          i, got, cases[i].want);
+  }
+}
+
 int main(void) {
+  test_utf8();
   snprintf(tmp_dir, sizeof tmp_dir, "/tmp/strata-tok-XXXXXX");
   if (!mkdtemp(tmp_dir)) {
     perror("mkdtemp");

@@ -135,6 +135,27 @@ static void test_equivalence(const char *what, const st_config *base) {
   }
 }
 
+/* One pipeline case against sequential at the config's batch (M
+ * micro-batches of it), bitwise. */
+static void test_one(const st_config *base, const char *what, int M,
+                     const char *schedule, int S) {
+  st_config seq = *base;
+  if (seq.train.batch < M) seq.train.batch = M;
+  seq.execution.micro_batch = seq.train.batch / M;
+  size_t n = 0, np = 0;
+  float *want = train(&seq, &n, NULL);
+  st_config c = seq;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s", schedule);
+  c.execution.stages = S;
+  float *got = train(&c, &np, NULL);
+  CHECK(want && got && n == np && memcmp(want, got, n * sizeof *got) == 0,
+        "%s: %s S=%d M=%d: weights differ from sequential", what, schedule, S,
+        M);
+  free(want);
+  free(got);
+}
+
 /* 10,000 steps of a 4-stage 1f1b pipeline with random pauses in every
  * stage (a test-only knob) end with the same weights as without: no
  * deadlock, no lost or reordered message. */
@@ -170,11 +191,12 @@ static void test_stress(const st_config *base) {
 }
 
 /* A step whose loss is not finite changes no weight, on any stage. */
-static void test_nan(const st_config *base) {
+static void test_nan(const st_config *base, const char *schedule) {
   st_config c = *base;
   c.train.batch = BATCH;
   c.execution.micro_batch = 4;
   snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s", schedule);
   c.execution.stages = 3;
   c.optimizer.lr = 1e30f; /* the second step's loss overflows */
   st_error err = {0};
@@ -190,13 +212,13 @@ static void test_nan(const st_config *base) {
     rc = st_trainer_step(t, &loss, &err);
   }
   CHECK(rc == ST_ENONFINITE && strstr(err.msg, "stopped before updating"),
-        "huge lr: rc %d after %d steps: %s", rc, i, err.msg);
+        "%s: huge lr: rc %d after %d steps: %s", schedule, rc, i, err.msg);
   CHECK(memcmp(before, st_trainer_params(t), n * sizeof *before) == 0,
-        "a non-finite step changed weights");
+        "%s: a non-finite step changed weights", schedule);
   /* the pipeline is usable again: the next steps run (and fail) cleanly */
   rc = st_trainer_step(t, &loss, &err);
-  CHECK(rc == ST_ENONFINITE, "step after an aborted one: rc %d: %s", rc,
-        err.msg);
+  CHECK(rc == ST_ENONFINITE, "%s: step after an aborted one: rc %d: %s",
+        schedule, rc, err.msg);
   free(before);
   st_trainer_destroy(t);
 }
@@ -234,7 +256,21 @@ int main(void) {
   test_equivalence("mlp", &mlp);
   test_equivalence("cnn", &cnn);
   test_equivalence("gpt", &gpt);
-  test_nan(&mlp);
+  test_nan(&mlp, "1f1b");
+  test_nan(&mlp, "gpipe");
+  test_nan(&gpt, "1f1b"); /* the tied copy is updated by stage 0 */
+  /* stage pools of several threads (8 threads over 2-4 stages), batch 1
+   * with fused updates */
+  st_config wide = mlp;
+  wide.train.threads = 8;
+  test_one(&wide, "mlp 8 threads", 4, "1f1b", 3);
+  st_config b1 = mlp;
+  b1.train.batch = 1;
+  b1.execution.micro_batch = 1;
+  test_one(&b1, "mlp batch 1 fused", 1, "gpipe", 4);
+  st_config wgpt = gpt;
+  wgpt.train.threads = 8;
+  test_one(&wgpt, "gpt 8 threads", 4, "gpipe", 2);
   test_refusals(&mlp);
   test_stress(&mlp);
   TH_DONE();

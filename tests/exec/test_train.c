@@ -271,5 +271,13 @@ int main(void) {
   b1.train.batch = 1;
   b1.optimizer.lr = 0.005f;
   test_no_alloc("mlp batch 1 fused", &b1);
+  /* a one-token context: the GPT's linear layers see one row, so they fuse,
+   * including the untied lm_head, which has no bias */
+  st_config g1 = gpt;
+  g1.model.context = 1;
+  g1.model.tied = 0;
+  test_fused("gpt context 1 untied", g1, 30);
+  g1.model.tied = 1; /* a tied head never fuses: its gradient is gathered */
+  test_fused("gpt context 1 tied", g1, 30);
   TH_DONE();
 }
