@@ -343,7 +343,7 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
   p->gpipe = strcmp(cfg->execution.schedule, "gpipe") == 0;
   p->stages = calloc((size_t)S, sizeof *p->stages);
   int *cuts = malloc((size_t)(S + 1) * sizeof *cuts);
-  int ok = p->stages && cuts;
+  int ok = p->stages && cuts, rc = 0; /* rc: a stage buffer's own error */
   if (ok) balance(m, S, cuts);
   int per_stage = threads / S > 0 ? threads / S : 1;
   int R = m->label_rows;
@@ -364,8 +364,8 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
     st->fwd.cap = st->bwd.cap = p->M;
     ok = st->pool && st->run && st->in && st->fwd.buf && st->bwd.buf;
     for (int j = 0; ok && j < st->slots; j++)
-      ok = st_stage_create(&st->run[j], m, st->first, st->count, micro_batch,
-                           err) == 0;
+      ok = (rc = st_stage_create(&st->run[j], m, st->first, st->count,
+                                 micro_batch, err)) == 0;
     if (ok && s == S - 1) {
       st->probs = st_alloc((size_t)st->slots * per_mb * sizeof(float));
       st->dlogits = st_alloc(per_mb * sizeof(float));
@@ -382,19 +382,19 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
   }
   free(cuts);
   if (ok)
-    ok = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err) == 0;
+    ok = (rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch,
+                               err)) == 0;
   for (int s = 0; ok && s < S; s++) {
     ok = pthread_create(&p->stages[s].thread, NULL, worker, &p->stages[s]) == 0;
     p->stages[s].started = ok;
   }
   if (!ok) {
     pipe_destroy(p);
-    /* a stage's own allocation error, else ours */
-    return err->code ? err->code
-                     : st_error_set(err, ST_ENOMEM,
-                                    "out of memory or threads for a %d-stage "
-                                    "pipeline",
-                                    S);
+    return rc ? rc
+              : st_error_set(err, ST_ENOMEM,
+                             "out of memory or threads for a %d-stage "
+                             "pipeline",
+                             S);
   }
   *state = p;
   return 0;
