@@ -505,11 +505,8 @@ void st_model_destroy(st_model *m);
 void st_model_init(const st_model *m, float *params, uint64_t seed);
 /* Parameters counting each tied pair once (the published figure). */
 size_t st_model_unique_params(const st_model *m);
-/* Copies every tied tensor's source into the copy, in each of `slots` slabs
- * laid out slot_stride floats apart (weights: 1, 0; optimizer state: its
- * slots, n_params). */
-void st_model_sync_ties(const st_model *m, float *slab, int slots,
-                        size_t slot_stride);
+/* Copies every tied tensor's source weights into the copy. */
+void st_model_sync_ties(const st_model *m, float *params);
 /* Finds a tensor by name; returns its global offset in floats or -1. */
 int64_t st_model_find(const st_model *m, const char *name,
                       const st_tensor_info **info);

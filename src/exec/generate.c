@@ -19,8 +19,9 @@ typedef struct gen {
   st_pool *pool;
   st_stage *stage;
   float *params, *x;
-  int32_t *ids;     /* the whole text so far, prompt first */
-  size_t n_ids, cap_ids;
+  int32_t *ids;     /* the whole text so far, prompt first: room for the
+                       prompt's bytes (at most as many ids) and the new */
+  size_t n_ids;
   float *probs;     /* vocab */
   int *order;       /* vocab: indices sorted for top-k */
   uint8_t *bytes;   /* decode buffer */
@@ -96,19 +97,6 @@ static int32_t sample(gen *g, const float *z, const st_generate_options *o,
   return g->order[k - 1]; /* rounding left u at the very top */
 }
 
-static int grow_ids(gen *g, size_t need, st_error *err) {
-  if (need <= g->cap_ids) return 0;
-  size_t cap = g->cap_ids ? g->cap_ids : 256;
-  while (cap < need) cap *= 2;
-  int32_t *ids = st_alloc(cap * sizeof *ids);
-  if (!ids) return st_error_set(err, ST_ENOMEM, "out of memory");
-  if (g->n_ids) memcpy(ids, g->ids, g->n_ids * sizeof *ids);
-  st_free(g->ids);
-  g->ids = ids;
-  g->cap_ids = cap;
-  return 0;
-}
-
 int st_generate(const st_config *cfg_in, const char *checkpoint,
                 const uint8_t *prompt, size_t prompt_len,
                 const st_generate_options *o, FILE *out, st_error *err) {
@@ -136,7 +124,9 @@ int st_generate(const st_config *cfg_in, const char *checkpoint,
                       cfg.data.tokenizer, st_tokenizer_vocab(g.tok) - 1);
   int T = cfg.model.context;
   if (!rc) rc = st_model_create(&g.model, &cfg, (st_shape){1, T, 1}, err);
-  if (!rc) rc = grow_ids(&g, prompt_len + (size_t)o->tokens, err);
+  if (!rc && !(g.ids = st_alloc((prompt_len + (size_t)o->tokens) *
+                                 sizeof *g.ids)))
+    rc = st_error_set(err, ST_ENOMEM, "out of memory");
   if (!rc)
     rc = st_tokenizer_encode(g.tok, prompt, prompt_len, g.ids, &g.n_ids, err);
   if (!rc && g.n_ids > (size_t)T)

@@ -223,7 +223,7 @@ int st_checkpoint_load(const char *path, const st_model *m, float *params,
   if (!rc && pos) rc = read_pos(st, &p, err);
   if (rc) goto done;
   visit(st, m, params, opt_state, optim_kind, ns, 1, err);
-  st_model_sync_ties(m, params, 1, 0); /* tied copies are not stored */
+  st_model_sync_ties(m, params); /* tied copies are not stored */
   if (pos) *pos = p;
 done:
   st_safetensors_destroy(st);

@@ -616,7 +616,7 @@ void st_model_init(const st_model *m, float *params, uint64_t seed) {
         pb[k] = (2.0f * st_rng_uniform(&rng) - 1.0f) * bound;
     }
   }
-  st_model_sync_ties(m, params, 1, 0);
+  st_model_sync_ties(m, params);
 }
 
 size_t st_model_unique_params(const st_model *m) {
@@ -627,18 +627,14 @@ size_t st_model_unique_params(const st_model *m) {
   return n;
 }
 
-void st_model_sync_ties(const st_model *m, float *slab, int slots,
-                        size_t slot_stride) {
-  if (!m->n_ties) return;
-  for (int i = 0; i < m->n_blocks; i++) {
+void st_model_sync_ties(const st_model *m, float *params) {
+  for (int i = 0; m->n_ties && i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
     for (int t = 0; t < b->n_tensors; t++) {
       const st_tensor_info *ti = &b->tensors[t];
-      if (ti->tie < 0) continue;
-      size_t dst = b->param_off + ti->offset, src = (size_t)ti->tie;
-      for (int s = 0; s < slots; s++)
-        memcpy(slab + dst + (size_t)s * slot_stride,
-               slab + src + (size_t)s * slot_stride, ti->numel * sizeof *slab);
+      if (ti->tie >= 0)
+        memcpy(params + b->param_off + ti->offset, params + ti->tie,
+               ti->numel * sizeof *params);
     }
   }
 }

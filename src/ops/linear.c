@@ -6,51 +6,58 @@
  */
 #include "strata.h"
 
-void st_linear_forward(st_pool *pool, float *out, const float *in,
-                       const float *w, const float *b, int B, int IC, int OC) {
+/* Both weight layouts share one body: wt = 0 is W (OC, IC), wt = 1 is W
+ * (IC, OC), which only changes the GEMMs' transpose flags and the weight's
+ * leading dimension. */
+static void forward(st_pool *pool, int wt, float *out, const float *in,
+                    const float *w, const float *b, int B, int IC, int OC) {
   if (b) {
     for (int s = 0; s < B; s++)
       for (int o = 0; o < OC; o++) out[(size_t)s * OC + o] = b[o];
   }
-  st_gemm(pool, 0, 1, B, OC, IC, 1.0f, in, IC, w, IC, b ? 1.0f : 0.0f, out,
-          OC);
+  /* out (B, OC) = in (B, IC) . W^T, or in . W for the transposed layout */
+  st_gemm(pool, 0, !wt, B, OC, IC, 1.0f, in, IC, w, wt ? OC : IC,
+          b ? 1.0f : 0.0f, out, OC);
+}
+
+static void backward(st_pool *pool, int wt, float *din, float *dw, float *db,
+                     const float *dout, const float *in, const float *w,
+                     int B, int IC, int OC) {
+  /* dW (OC, IC) += dout^T . in, or (IC, OC) += in^T . dout */
+  if (dw && !wt)
+    st_gemm(pool, 1, 0, OC, IC, B, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
+  if (dw && wt)
+    st_gemm(pool, 1, 0, IC, OC, B, 1.0f, in, IC, dout, OC, 1.0f, dw, OC);
+  if (db)
+    for (int s = 0; s < B; s++)
+      for (int o = 0; o < OC; o++) db[o] += dout[(size_t)s * OC + o];
+  /* din (B, IC) = dout (B, OC) . W, or dout . W^T */
+  if (din)
+    st_gemm(pool, 0, wt, B, IC, OC, 1.0f, dout, OC, w, wt ? OC : IC, 0.0f, din,
+            IC);
+}
+
+void st_linear_forward(st_pool *pool, float *out, const float *in,
+                       const float *w, const float *b, int B, int IC, int OC) {
+  forward(pool, 0, out, in, w, b, B, IC, OC);
 }
 
 void st_linear_backward(st_pool *pool, float *din, float *dw, float *db,
                         const float *dout, const float *in, const float *w,
                         int B, int IC, int OC) {
-  /* dW (OC, IC) += dout^T (OC, B) . in (B, IC) */
-  if (dw) st_gemm(pool, 1, 0, OC, IC, B, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
-  if (db)
-    for (int s = 0; s < B; s++)
-      for (int o = 0; o < OC; o++) db[o] += dout[(size_t)s * OC + o];
-  /* din (B, IC) = dout (B, OC) . W (OC, IC) */
-  if (din) st_gemm(pool, 0, 0, B, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
+  backward(pool, 0, din, dw, db, dout, in, w, B, IC, OC);
 }
 
-/* Transposed weight W (IC, OC): the three GEMMs with the other transpose
- * flags; the bias is the same. */
 void st_linear_t_forward(st_pool *pool, float *out, const float *in,
                          const float *w, const float *b, int B, int IC,
                          int OC) {
-  if (b) {
-    for (int s = 0; s < B; s++)
-      for (int o = 0; o < OC; o++) out[(size_t)s * OC + o] = b[o];
-  }
-  st_gemm(pool, 0, 0, B, OC, IC, 1.0f, in, IC, w, OC, b ? 1.0f : 0.0f, out,
-          OC);
+  forward(pool, 1, out, in, w, b, B, IC, OC);
 }
 
 void st_linear_t_backward(st_pool *pool, float *din, float *dw, float *db,
                           const float *dout, const float *in, const float *w,
                           int B, int IC, int OC) {
-  /* dW (IC, OC) += in^T (IC, B) . dout (B, OC) */
-  if (dw) st_gemm(pool, 1, 0, IC, OC, B, 1.0f, in, IC, dout, OC, 1.0f, dw, OC);
-  if (db)
-    for (int s = 0; s < B; s++)
-      for (int o = 0; o < OC; o++) db[o] += dout[(size_t)s * OC + o];
-  /* din (B, IC) = dout (B, OC) . W^T (OC, IC) */
-  if (din) st_gemm(pool, 0, 1, B, IC, OC, 1.0f, dout, OC, w, OC, 0.0f, din, IC);
+  backward(pool, 1, din, dw, db, dout, in, w, B, IC, OC);
 }
 
 st_cost st_linear_cost(int IC, int OC) {

@@ -162,7 +162,7 @@ static void set_weights(const st_model *m, float *params,
       untied += m->blocks[i].tensors[k].tie < 0;
   CHECK(set_count == untied, "%s: %d of the model's %d parameters set", v,
         set_count, untied);
-  st_model_sync_ties(m, params, 1, 0);
+  st_model_sync_ties(m, params);
 }
 
 /* ------------------------------------------------------------- set-up */
