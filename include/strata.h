@@ -73,6 +73,12 @@ typedef struct st_pool st_pool;
 st_pool *st_pool_create(int nthreads); /* nthreads >= 1, includes caller */
 void st_pool_destroy(st_pool *pool);
 int st_pool_threads(const st_pool *pool);
+/* Pins the pool's worker threads (not the caller's) to the cpus
+ * cpus[0 .. n) (each may run on any of them); -1 if the system refused. */
+int st_pool_pin(st_pool *pool, const int *cpus, int n);
+/* The cpu ids this process may run on (affinity and cgroup cpusets
+ * included), at most cap of them; returns how many there are. */
+int st_usable_cpus(int *cpus, int cap);
 void st_pool_for(st_pool *pool, int ntasks, void (*fn)(void *arg, int task),
                  void *arg);
 
@@ -198,10 +204,13 @@ typedef struct st_config {
     int keep_checkpoints;   /* how many step checkpoints to keep */
   } train;
   struct {
-    char mode[24];          /* sequential | pipeline */
+    char mode[24];          /* sequential | pipeline | block_sequential */
     int micro_batch;        /* 0 = whole batch */
     char schedule[8];       /* pipeline: gpipe | 1f1b */
-    int stages;             /* pipeline: stages (0 = one per core) */
+    int stages;             /* pipeline: stages (0 = the compiler's plan) */
+    int blocks_per_segment; /* block_sequential (0 = from memory) */
+    int replicas;           /* data-parallel copies, >= 1 */
+    int pin;                /* pin stage threads to their cores */
     int fused_update;       /* batch 1: update weights inside the backward */
   } execution;
   struct {
@@ -780,6 +789,34 @@ int st_inspect(const char *path, FILE *f, st_error *err);
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err);
 
+/* A trace of a run (`strata train --trace FILE`): timed spans on tracks,
+ * one track per stage and replica, written as Chrome trace-event JSON
+ * (opens in Perfetto or chrome://tracing). Each track has a fixed number
+ * of events, allocated once; later events are dropped and counted. A track
+ * is written by one thread only, so recording takes no lock. */
+typedef enum {
+  ST_TRACE_FORWARD,
+  ST_TRACE_BACKWARD,
+  ST_TRACE_UPDATE,
+  ST_TRACE_SEND,
+  ST_TRACE_RECV,   /* waiting for a message: the stage is idle */
+  ST_TRACE_IDLE,   /* between steps: data loading, evaluation */
+  ST_TRACE_REDUCE, /* replicas: all-reduce of the gradients */
+  ST_TRACE_KINDS
+} st_trace_kind;
+
+typedef struct st_trace st_trace;
+int st_trace_create(st_trace **out, int tracks, int events_per_track,
+                    st_error *err);
+void st_trace_destroy(st_trace *t);
+void st_trace_name(st_trace *t, int track, const char *name);
+/* A span [t0, t1] in st_now() seconds; step and micro-batch (or block, for
+ * updates) go into its args (-1: none). NULL t records nothing. */
+void st_trace_add(st_trace *t, int track, st_trace_kind kind, int64_t step,
+                  int index, double t0, double t1);
+int64_t st_trace_dropped(const st_trace *t);
+int st_trace_write(const st_trace *t, const char *path, st_error *err);
+
 
 /* --------------------------------------------------------------- compile */
 
@@ -1028,6 +1065,21 @@ const st_train_pos *st_trainer_pos(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */
 const st_noise_scale *st_trainer_noise(const st_trainer *t);
 int64_t st_trainer_total_steps(const st_trainer *t);
+/* Where the mode's time went: one entry per stage (and replica), the
+ * seconds each spent on forward, backward and update since the trainer was
+ * made; *wall is the seconds spent inside steps. Returns the number of
+ * tracks (at most cap are filled). busy / wall is a stage's busy fraction;
+ * their mean is the measured pipeline utilization. */
+typedef struct st_track_stats {
+  char name[48];  /* "stage 2", "replica 1 stage 0" */
+  double busy_s;
+} st_track_stats;
+int st_trainer_stats(const st_trainer *t, st_track_stats *out, int cap,
+                     double *wall);
+/* Records every later step's spans (forward, backward, update, send,
+ * receive, idle) until st_trainer_write_trace: `--trace FILE`. */
+int st_trainer_trace(st_trainer *t, int events_per_track, st_error *err);
+int st_trainer_write_trace(st_trainer *t, const char *path, st_error *err);
 
 /* Sampling from a trained GPT (generate.c). */
 typedef struct st_generate_options {

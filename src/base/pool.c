@@ -146,3 +146,20 @@ void st_pool_for(st_pool *p, int ntasks, void (*fn)(void *arg, int task),
   while (atomic_load_explicit(&p->busy_workers, memory_order_acquire) > 0)
     if (++spins > SPIN_ROUNDS) sched_yield();
 }
+
+int st_pin_thread(pthread_t thread, const int *cpus, int n) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int i = 0; i < n; i++)
+    if (cpus[i] >= 0 && cpus[i] < CPU_SETSIZE) CPU_SET(cpus[i], &set);
+  return CPU_COUNT(&set) && pthread_setaffinity_np(thread, sizeof set, &set) == 0
+             ? 0
+             : -1;
+}
+
+int st_pool_pin(st_pool *p, const int *cpus, int n) {
+  int rc = 0;
+  for (int i = 0; p && i < p->nthreads - 1; i++)
+    if (st_pin_thread(p->threads[i], cpus, n)) rc = -1;
+  return rc;
+}

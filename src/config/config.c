@@ -793,6 +793,8 @@ static const range ranges[] = {
     AT_LEAST("train.keep_checkpoints", 0),
     AT_LEAST("execution.micro_batch", 0),
     AT_LEAST("execution.stages", 0),
+    AT_LEAST("execution.blocks_per_segment", 0),
+    AT_LEAST("execution.replicas", 1),
     AT_LEAST("fabric.cores", 0),
     AT_LEAST("metrics.log_every", 1),
 };
@@ -913,6 +915,23 @@ static int check_training(const st_config *cfg, st_error *err) {
     return invalid(cfg, err, "execution.micro_batch",
                    "%d does not divide train.batch = %d (%s)", mb, batch,
                    st_config_where(cfg, "train.batch"));
+  const int R = cfg->execution.replicas, mode_seq =
+      !strcmp(cfg->execution.mode, "sequential");
+  if (R > 1 && !mode_seq && strcmp(cfg->execution.mode, "pipeline"))
+    return invalid(cfg, err, "execution.replicas",
+                   "%d replicas of execution.mode %s: replicas run the "
+                   "sequential and pipeline modes (%s)",
+                   R, cfg->execution.mode,
+                   st_config_where(cfg, "execution.mode"));
+  if (R > 1 && batch % (R * (mb > 0 ? mb : 1)) != 0)
+    return invalid(cfg, err, "execution.replicas",
+                   "train.batch = %d does not split into %d replicas of "
+                   "whole micro-batches (execution.micro_batch = %d)",
+                   batch, R, mb);
+  if (R > 1 && cfg->metrics.noise_scale)
+    return invalid(cfg, err, "execution.replicas",
+                   "metrics.noise_scale is not available with replicas yet "
+                   "(%s)", st_config_where(cfg, "metrics.noise_scale"));
   if (cfg->optimizer.nesterov && !(cfg->optimizer.momentum > 0))
     return invalid(cfg, err, "optimizer.nesterov",
                    "needs optimizer.momentum > 0, got %g",

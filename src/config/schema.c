@@ -49,6 +49,7 @@ static const char *const schedules[] = {"constant", "cosine", "step", "linear",
 static const char *const modes[] = {
     "sequential",
     "pipeline",
+    "block_sequential",
     NULL,
 };
 static const char *const schedules_pipe[] = {"gpipe", "1f1b", NULL};
@@ -147,8 +148,18 @@ const st_config_key st_config_schema[] = {
          "pipeline: fill and drain all micro-batches (gpipe) or one forward, "
          "one backward (1f1b, at most S micro-batches in flight)"),
     INT(execution, stages, "0",
-        "pipeline: stages, contiguous runs of blocks balanced by FLOPs (0 = "
-        "one per core, at most one per block)"),
+        "pipeline: stages, contiguous runs of blocks cut by the compiler's "
+        "plan (0 = the plan's choice, at most one per core); "
+        "block_sequential: stages inside each segment (0 = one per core)"),
+    INT(execution, blocks_per_segment, "0",
+        "block_sequential: blocks in each segment (0 = the fewest segments "
+        "whose weights, state and activations fit the cores' memory)"),
+    INT(execution, replicas, "1",
+        "data-parallel copies (sequential, pipeline), each on its share of "
+        "the cores; gradients summed in a fixed order every step"),
+    BOOL(execution, pin, "true",
+         "pin each stage's threads to its own cores (when they fit the "
+         "usable cores)"),
     BOOL(execution, fused_update, "true",
          "at batch 1, update weights inside the backward (same bits, "
          "less memory traffic)"),

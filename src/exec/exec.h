@@ -10,6 +10,8 @@
 
 #include "strata.h"
 
+#include <pthread.h>
+
 typedef struct st_stage {
   const st_model *model;
   int first, count;   /* blocks [first, first + count) */
@@ -52,6 +54,14 @@ typedef struct st_trainer_view {
   float *losses;        /* per sample (batch) */
   float *probs, *dlogits; /* micro_batch * classes */
   int batch, micro_batch;
+  int loss_batch;       /* the loss is a mean over this many samples: the
+                           step's whole batch (replicas run a share of it,
+                           `batch`, each) */
+  int grads_only;       /* replicas: accumulate gradients and check the
+                           loss, but update nothing; the caller reduces the
+                           replicas' gradients and updates */
+  st_trace *trace;      /* --trace, else NULL */
+  int track;            /* this executor's first trace track */
   const st_config *cfg; /* optimizer settings */
   float lr;             /* this step's learning rate */
   int64_t step;         /* optimizer steps done before this one */
@@ -68,6 +78,9 @@ typedef struct st_trainer_view {
  * source: the source's block must be updated after the copy's gradient is
  * complete (the embedding comes first, so its backward ends the pass). */
 void st_trainer_update_blocks(const st_trainer_view *v, int first, int count);
+/* st_trainer_update_blocks of one block, as an st_stage_backward_each
+ * callback (view is a st_trainer_view); traced on v->track. */
+void st_exec_update_block(void *view, int block);
 /* The squared norm of the gradient in v->grads, a tied pair counted as one
  * weight with the sum of the two gradients. */
 double st_trainer_grad_sq(const st_trainer_view *v);
@@ -94,10 +107,23 @@ typedef struct st_executor {
   void (*destroy)(void *state);
   /* Stages the mode runs (NULL: one). */
   int (*stages)(void *state);
+  /* Its trace tracks (one per stage and replica): names and the seconds
+   * each spent working (forward, backward, update) since create; *wall is
+   * the seconds spent inside steps. Returns the number of tracks (at most
+   * cap are filled). */
+  int (*stats)(void *state, st_track_stats *out, int cap, double *wall);
 } st_executor;
 
 extern const st_executor st_exec_sequential;
 extern const st_executor st_exec_pipeline;
+extern const st_executor st_exec_block_sequential;
+/* execution.replicas > 1: R copies of the mode's executor (sequential or
+ * pipeline) on a share of the cores each; gradients are summed in replica
+ * order, then every block is updated once. */
+extern const st_executor st_exec_replicas;
+
+/* The executor of an execution.mode, NULL if none. */
+const st_executor *st_find_executor(const char *mode);
 /* Pipeline introspection (tests): the most micro-batches stage s held in
  * flight during the last step; the stages' block ranges (returns S). */
 int st_pipeline_held(const void *state, int stage);
@@ -105,6 +131,12 @@ int st_pipeline_stages(const void *state, int *first, int *count);
 /* Test knob: each stage sleeps a pseudo-random 0 .. max_us microseconds
  * before every forward and backward (0 turns it off). Call between steps. */
 void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
+/* Pins a thread to the cpus cpus[0 .. n); -1 if the system refused. */
+int st_pin_thread(pthread_t thread, const int *cpus, int n);
+/* Pins the pipeline's stages to cpus[0 .. n), each stage to its own share
+ * (the plan's cores per stage); -1 when they do not fit (nothing pinned).
+ * The replicas executor gives each replica its own cpus this way. */
+int st_pipeline_pin(void *state, const int *cpus, int n);
 /* Executor state of a trainer (tests). */
 void *st_trainer_exec_state(st_trainer *t);
 /* Cores this process may run on (affinity and cgroup cpusets included). */

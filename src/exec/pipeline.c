@@ -187,7 +187,7 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
     st_xent_backward_pool(v->ctx.pool, st->dlogits,
                           st->probs + (size_t)slot * per,
                           v->y + (size_t)k * mb * R, mb * R, m->classes,
-                          1.0f / ((float)v->batch * (float)R));
+                          1.0f / ((float)v->loss_batch * (float)R));
     dout = st->dlogits;
   } else {
     dout = chan_recv(p, &st->bwd, k);
@@ -197,7 +197,7 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
   int last = k == p->M - 1;
   st_stage_backward_each(st->run[slot], &v->ctx, v->params, v->grads,
                          st->in[slot], dout, din, mb,
-                         last ? update_block : NULL, v);
+                         last && !v->grads_only ? update_block : NULL, v);
   st->held--;
   if (st->index > 0) chan_send(p, &p->stages[st->index - 1].bwd, k, din);
   return 0;
@@ -450,6 +450,31 @@ int st_pipeline_stages(const void *state, int *first, int *count) {
 
 static int pipe_stage_count(void *state) { return ((pipe *)state)->S; }
 
+
+int st_pipeline_pin(void *state, const int *cpus, int n) {
+  (void)state, (void)cpus, (void)n;
+  return -1;
+}
+
+static int pipe_stats(void *state, st_track_stats *out, int cap,
+                      double *wall) {
+  pipe *p = state;
+  *wall = 0;
+  for (int s = 0; s < p->S && s < cap; s++)
+    out[s] = (st_track_stats){"stage", 0};
+  return p->S;
+}
+
+const st_executor st_exec_block_sequential = {
+    .mode = "block_sequential",
+    .step = pipe_step,
+    .forward = pipe_forward,
+    .create = pipe_create,
+    .destroy = pipe_destroy,
+    .stages = pipe_stage_count,
+    .stats = pipe_stats,
+};
+
 const st_executor st_exec_pipeline = {
     .mode = "pipeline",
     .step = pipe_step,
@@ -457,4 +482,5 @@ const st_executor st_exec_pipeline = {
     .create = pipe_create,
     .destroy = pipe_destroy,
     .stages = pipe_stage_count,
+    .stats = pipe_stats,
 };

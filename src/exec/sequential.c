@@ -8,59 +8,98 @@
  */
 #include "exec.h"
 
+#include <stdlib.h>
+
+typedef struct seq {
+  st_stage *stage;
+  double busy, last_end; /* seconds in steps; when the last step ended */
+} seq;
+
+static void seq_destroy(void *state) {
+  seq *q = state;
+  if (!q) return;
+  st_stage_destroy(q->stage);
+  free(q);
+}
+
 static int seq_create(void **state, const st_model *m, const st_config *cfg,
                       int micro_batch, int max_batch, st_error *err) {
   (void)cfg;
+  *state = NULL;
+  seq *q = calloc(1, sizeof *q);
+  if (!q) return st_error_set(err, ST_ENOMEM, "out of memory");
   int rows = micro_batch > max_batch ? micro_batch : max_batch;
-  return st_stage_create((st_stage **)state, m, 0, m->n_blocks, rows, err);
+  int rc = st_stage_create(&q->stage, m, 0, m->n_blocks, rows, err);
+  if (rc) {
+    seq_destroy(q);
+    return rc;
+  }
+  *state = q;
+  return 0;
 }
 
-static void seq_destroy(void *state) { st_stage_destroy(state); }
-
-static void update_block(void *view, int block) {
-  st_trainer_update_blocks(view, block, 1);
+static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
+                  double t0) {
+  if (v->trace) st_trace_add(v->trace, v->track, kind, v->step, k, t0, st_now());
 }
 
 static int seq_step(void *state, st_trainer_view *v, double *loss,
                     st_error *err) {
-  st_stage *s = state;
+  seq *q = state;
+  st_stage *s = q->stage;
   const st_model *m = v->model;
   size_t in_numel = st_shape_numel(m->in);
   int mb = v->micro_batch, R = m->label_rows; /* R labels per sample */
   st_ctx ctx = v->ctx;
+  double start = st_now(), t0;
+  if (q->last_end > 0) trace(v, ST_TRACE_IDLE, -1, q->last_end);
+  int rc = 0;
   for (int k = 0; k < v->batch; k += mb) {
     const float *x = v->x + (size_t)k * in_numel;
     int last = k + mb >= v->batch;
     ctx.first_sample = v->first_sample + (uint64_t)k;
+    t0 = st_now();
     const float *logits = st_stage_forward(s, &ctx, v->params, x, mb);
     st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * R, v->probs,
                          logits, v->y + (size_t)k * R, mb * R, m->classes);
+    trace(v, ST_TRACE_FORWARD, k / mb, t0);
     /* Every loss of the batch is known before the last backward, which is
      * where weights start to change: a NaN stops the step untouched. */
-    if (last) {
-      int rc = st_trainer_check_loss(v, loss, err);
-      if (rc) return rc;
-    }
+    if (last && (rc = st_trainer_check_loss(v, loss, err))) break;
+    t0 = st_now();
     st_xent_backward_pool(ctx.pool, v->dlogits, v->probs,
                           v->y + (size_t)k * R, mb * R, m->classes,
-                          1.0f / ((float)v->batch * (float)R));
+                          1.0f / ((float)v->loss_batch * (float)R));
     /* The last micro-batch completes each block's gradient as its backward
      * finishes: update that block then, while its gradient is in cache. */
     st_stage_backward_each(s, &ctx, v->params, v->grads, x, v->dlogits, NULL,
-                           mb, last ? update_block : NULL, v);
+                           mb, last && !v->grads_only ? st_exec_update_block
+                                                      : NULL,
+                           v);
+    trace(v, ST_TRACE_BACKWARD, k / mb, t0);
     /* The gradient so far is the first micro-batch's sum scaled by 1/batch;
      * its mean over the micro-batch is batch/mb times that. */
     if (v->gs2 && k == 0) {
-      double scale = (double)v->batch / mb;
+      double scale = (double)v->loss_batch / mb;
       *v->gs2 = st_trainer_grad_sq(v) * scale * scale;
     }
   }
-  return 0;
+  q->last_end = st_now();
+  q->busy += q->last_end - start;
+  return rc;
 }
 
 static const float *seq_forward(void *state, const st_ctx *ctx,
                                 const float *params, const float *x, int B) {
-  return st_stage_forward(state, ctx, params, x, B);
+  return st_stage_forward(((seq *)state)->stage, ctx, params, x, B);
+}
+
+static int seq_stats(void *state, st_track_stats *out, int cap,
+                     double *wall) {
+  const seq *q = state;
+  *wall = q->busy;
+  if (cap > 0) out[0] = (st_track_stats){"stage 0", q->busy};
+  return 1;
 }
 
 const st_executor st_exec_sequential = {
@@ -69,4 +108,5 @@ const st_executor st_exec_sequential = {
     .forward = seq_forward,
     .create = seq_create,
     .destroy = seq_destroy,
+    .stats = seq_stats,
 };

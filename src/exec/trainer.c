@@ -42,10 +42,12 @@ struct st_trainer {
   double samples_per_s;       /* and its training rate */
   int64_t total_steps, steps_per_epoch;
   st_train_pos pos;
+  st_trace *trace;            /* --trace, else NULL */
 };
 
-static const st_executor *find_executor(const char *mode) {
-  static const st_executor *all[] = {&st_exec_sequential, &st_exec_pipeline};
+const st_executor *st_find_executor(const char *mode) {
+  static const st_executor *all[] = {&st_exec_sequential, &st_exec_pipeline,
+                                     &st_exec_block_sequential};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (strcmp(all[i]->mode, mode) == 0) return all[i];
   return NULL;
@@ -151,6 +153,23 @@ static int check_data(const st_trainer *t, st_error *err) {
 }
 
 /* Cores this process may run on (affinity and cgroup cpusets included). */
+int st_usable_cpus(int *cpus, int cap) {
+  cpu_set_t set;
+  int n = 0;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) {
+    for (int c = 0; c < CPU_SETSIZE; c++)
+      if (CPU_ISSET(c, &set)) {
+        if (n < cap) cpus[n] = c;
+        n++;
+      }
+    return n;
+  }
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  n = online > 0 ? (int)online : 1;
+  for (int c = 0; c < n && c < cap; c++) cpus[c] = c;
+  return n;
+}
+
 int st_usable_cores(void) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
@@ -229,7 +248,8 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     goto fail;
   }
   if (out_dir) snprintf(t->out_dir, sizeof t->out_dir, "%s", out_dir);
-  t->exec = find_executor(cfg->execution.mode);
+  t->exec = cfg->execution.replicas > 1 ? &st_exec_replicas
+                                        : st_find_executor(cfg->execution.mode);
   if (!t->exec) {
     rc = st_error_set(err, ST_EUNSUPPORTED,
                       "%s: execution.mode: '%s' is not available in this build",
@@ -298,6 +318,7 @@ fail:
 void st_trainer_destroy(st_trainer *t) {
   if (!t) return;
   if (t->exec && t->exec_state) t->exec->destroy(t->exec_state);
+  st_trace_destroy(t->trace);
   st_free(t->params);
   st_free(t->grads);
   st_free(t->opt);
@@ -446,6 +467,15 @@ void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
   for_ties(v, v->params, begin, end, 0);
 }
 
+void st_exec_update_block(void *view, int block) {
+  const st_trainer_view *v = view;
+  double t0 = v->trace ? st_now() : 0;
+  st_trainer_update_blocks(v, block, 1);
+  if (v->trace)
+    st_trace_add(v->trace, v->track, ST_TRACE_UPDATE, v->step, block, t0,
+                 st_now());
+}
+
 double st_trainer_grad_sq(const st_trainer_view *v) {
   const st_model *m = v->model;
   double s = st_sum_squares(v->grads, m->n_params);
@@ -504,6 +534,8 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
       .dlogits = t->dlogits,
       .batch = t->batch,
       .micro_batch = t->micro_batch,
+      .loss_batch = t->batch,
+      .trace = t->trace,
       .cfg = &t->cfg,
       .lr = lr,
       .step = t->pos.step,
@@ -634,6 +666,30 @@ int64_t st_trainer_steps_per_epoch(const st_trainer *t) {
   return t->steps_per_epoch;
 }
 int st_trainer_threads(const st_trainer *t) { return st_pool_threads(t->pool); }
+
+int st_trainer_stats(const st_trainer *t, st_track_stats *out, int cap,
+                     double *wall) {
+  return t->exec->stats(t->exec_state, out, cap, wall);
+}
+
+int st_trainer_trace(st_trainer *t, int events_per_track, st_error *err) {
+  if (t->trace) return 0;
+  double wall;
+  int n = st_trainer_stats(t, NULL, 0, &wall);
+  st_track_stats *names = malloc((size_t)n * sizeof *names);
+  if (!names) return st_error_set(err, ST_ENOMEM, "out of memory");
+  st_trainer_stats(t, names, n, &wall);
+  int rc = st_trace_create(&t->trace, n, events_per_track, err);
+  for (int i = 0; !rc && i < n; i++) st_trace_name(t->trace, i, names[i].name);
+  free(names);
+  return rc;
+}
+
+int st_trainer_write_trace(st_trainer *t, const char *path, st_error *err) {
+  if (!t->trace)
+    return st_error_set(err, ST_EARG, "%s: no trace was recorded", path);
+  return st_trace_write(t->trace, path, err);
+}
 
 void st_trainer_note_result(st_trainer *t, double loss, double accuracy,
                             double samples_per_s) {
