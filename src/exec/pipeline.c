@@ -1,9 +1,12 @@
 /*
- * pipeline.c — the synchronous layer-pipelined mode (DESIGN.md; GPipe,
- * Huang et al. 2019; 1F1B, Narayanan et al. 2019): the blocks are cut into S
- * stages of contiguous blocks balanced by FLOPs, each stage a worker thread
- * with its own pool; a batch of M micro-batches flows forward through
- * channels and its gradients flow back.
+ * pipeline.c — the synchronous layer-pipelined modes (DESIGN.md): pipeline
+ * (fill and drain; GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2019)
+ * and block_sequential. The compiler's plan (st_plan_build on this
+ * machine's cores) cuts the blocks into S stages of contiguous blocks and
+ * gives each stage its cores; each stage is a worker thread with its own
+ * pool of that many threads, pinned to its own cpus when they fit. A batch
+ * of M micro-batches flows forward through channels and its gradients flow
+ * back.
  *
  * Contract: the weights after every step are bit-identical to the
  * sequential mode at the same micro-batch split, whatever the thread timing.
@@ -11,7 +14,7 @@
  * makes — the same forward and backward kernels on the same micro-batch,
  * whose results do not depend on the pool size (st_gemm, chunked per-sample
  * layers) — and accumulates its gradient over micro-batches in the same
- * order, 0 .. M-1: both schedules run a stage's backwards in micro-batch
+ * order, 0 .. M-1: every schedule runs a stage's backwards in micro-batch
  * order. A block is updated right after the last micro-batch's backward
  * leaves it, as in the sequential mode. The loss of every micro-batch is
  * known at the last stage before its last backward, which is where weights
@@ -21,10 +24,15 @@
  *   gpipe  F0 .. F(M-1), then B0 .. B(M-1): M micro-batches in flight;
  *   1f1b   w = min(M, S-1-s) forwards, then alternately one forward and one
  *          backward, then the remaining backwards: at most S - s in flight.
+ * block_sequential cuts the blocks into segments first (blocks_per_segment,
+ * or the fewest whose memory fits the machine) and each segment into
+ * stages; it runs the forwards of all M micro-batches through segment 0,
+ * then segment 1, ..., then the backwards from the last segment down: one
+ * segment on the cores at a time, pipelined inside (gpipe order).
+ *
  * A stage keeps one activation slot per micro-batch it may hold in flight
  * (micro-batch k uses slot k mod slots; by the schedule, k - slots has
  * finished its backward when k starts), and counts what it holds.
- *
  * Channels carry (micro-batch, pointer): a forward message points at the
  * sender's output in its slot, which the sender does not reuse before this
  * stage has sent back that micro-batch's input gradient; a backward message
@@ -33,7 +41,6 @@
  */
 #include "exec.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,7 +57,9 @@ typedef struct chan {
 
 typedef struct pipe_stage {
   struct pipe *p;
-  int index, first, count;
+  int index, first, count; /* index among all stages (every segment) */
+  int cores, cpu_off;  /* its share of the cores: cpus [cpu_off, +cores) */
+  char name[48];
   st_pool *pool;
   int slots;
   st_stage **run;      /* [slots]: the stage's blocks for one micro-batch */
@@ -60,41 +69,61 @@ typedef struct pipe_stage {
   float **dgrad;       /* [M] input gradients (stages > 0) */
   chan fwd, bwd;       /* from the stage before / after */
   int held, max_held;  /* micro-batches in flight, and the most this step */
+  double busy;         /* seconds of forward, backward and update */
+  double last_end;     /* when it last finished work (trace: idle) */
   uint32_t jitter_state; /* test knob: this stage's sleep stream */
   pthread_t thread;
   int started;
 } pipe_stage;
 
+enum { PHASE_ALL, PHASE_FORWARD, PHASE_BACKWARD };
+
 typedef struct pipe {
   const st_model *model;
-  int S, M, mb, gpipe;
+  int S, M, mb, gpipe, blockseq;
+  int segments;        /* block_sequential: G segments; pipeline: 1 */
+  int *seg;            /* [G + 1]: segment g runs stages [seg[g], seg[g+1]) */
   pipe_stage *stages;
   st_stage *eval;      /* all blocks, for inference batches */
-  /* step control: the caller publishes a view and bumps `generation`;
-   * each worker runs its schedule and counts itself done */
+  /* step control: the caller publishes a view and a phase over stages
+   * [lo, hi), then bumps `generation`; those workers run it and count
+   * themselves done */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t generation;
+  int phase, lo, hi;
   int done, stop, abort;
   int jitter_us;       /* test knob: sleep up to this long before each op */
   st_trainer_view *v;
-  double loss;
+  double loss, wall;
   int rc;
   st_error err;
 } pipe;
 
 /* ------------------------------------------------------------ channels */
 
-static void chan_send(pipe *p, chan *c, int k, const float *data) {
+static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
+                  double t0, double t1) {
+  if (v->trace) st_trace_add(v->trace, v->track, kind, v->step, k, t0, t1);
+}
+
+static void chan_send(pipe_stage *st, const st_trainer_view *v, chan *c, int k,
+                      const float *data) {
+  pipe *p = st->p;
+  double t0 = v->trace ? st_now() : 0;
   pthread_mutex_lock(&p->mu);
   c->buf[(c->head + c->count) % c->cap] = (msg){k, data};
   c->count++;
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
+  if (v->trace) trace(v, ST_TRACE_SEND, k, t0, st_now());
 }
 
 /* The next message, or NULL when the step was aborted. */
-static const float *chan_recv(pipe *p, chan *c, int k) {
+static const float *chan_recv(pipe_stage *st, const st_trainer_view *v,
+                              chan *c, int k) {
+  pipe *p = st->p;
+  double t0 = v->trace ? st_now() : 0;
   pthread_mutex_lock(&p->mu);
   while (!c->count && !p->abort) pthread_cond_wait(&p->cv, &p->mu);
   const float *data = NULL;
@@ -116,14 +145,11 @@ static const float *chan_recv(pipe *p, chan *c, int k) {
     }
   }
   pthread_mutex_unlock(&p->mu);
+  if (v->trace) trace(v, ST_TRACE_RECV, k, t0, st_now());
   return data;
 }
 
 /* ------------------------------------------------------------- a stage */
-
-static void update_block(void *view, int block) {
-  st_trainer_update_blocks(view, block, 1);
-}
 
 /* Test knob (st_pipeline_set_jitter): a random pause before each op, so
  * the stress test sees many interleavings of the stages. */
@@ -143,21 +169,28 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
   const float *in =
       st->index == 0
           ? v->x + (size_t)k * mb * st_shape_numel(m->in)
-          : chan_recv(p, &st->fwd, k);
+          : chan_recv(st, v, &st->fwd, k);
   if (!in) return -1;
+  double t0 = st_now();
   st->in[slot] = in;
   if (++st->held > st->max_held) st->max_held = st->held;
   st_ctx ctx = v->ctx;
   ctx.first_sample = (uint64_t)v->first_sample + (uint64_t)k * mb;
   const float *out = st_stage_forward(st->run[slot], &ctx, v->params, in, mb);
   if (st->index < p->S - 1) {
-    chan_send(p, &p->stages[st->index + 1].fwd, k, out);
+    double t1 = st_now();
+    trace(v, ST_TRACE_FORWARD, k, t0, t1);
+    chan_send(st, v, &p->stages[st->index + 1].fwd, k, out);
+    st->busy += st_now() - t0;
     return 0;
   }
   size_t per = (size_t)mb * R * m->classes;
   st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * mb * R,
                        st->probs + (size_t)slot * per, out,
                        v->y + (size_t)k * mb * R, mb * R, m->classes);
+  double t1 = st_now();
+  trace(v, ST_TRACE_FORWARD, k, t0, t1);
+  st->busy += t1 - t0;
   if (k == p->M - 1) {
     /* every loss of the batch is known; no weight has changed yet */
     double loss;
@@ -182,7 +215,9 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
   const st_model *m = p->model;
   int slot = k % st->slots, mb = p->mb, R = m->label_rows;
   const float *dout;
+  double t0;
   if (st->index == p->S - 1) {
+    t0 = st_now();
     size_t per = (size_t)mb * R * m->classes;
     st_xent_backward_pool(v->ctx.pool, st->dlogits,
                           st->probs + (size_t)slot * per,
@@ -190,34 +225,49 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
                           1.0f / ((float)v->loss_batch * (float)R));
     dout = st->dlogits;
   } else {
-    dout = chan_recv(p, &st->bwd, k);
+    dout = chan_recv(st, v, &st->bwd, k);
     if (!dout) return -1;
+    t0 = st_now();
   }
   float *din = st->index == 0 ? NULL : st->dgrad[k];
   int last = k == p->M - 1;
   st_stage_backward_each(st->run[slot], &v->ctx, v->params, v->grads,
                          st->in[slot], dout, din, mb,
-                         last && !v->grads_only ? update_block : NULL, v);
+                         last && !v->grads_only ? st_exec_update_block : NULL,
+                         v);
   st->held--;
-  if (st->index > 0) chan_send(p, &p->stages[st->index - 1].bwd, k, din);
+  trace(v, ST_TRACE_BACKWARD, k, t0, st_now());
+  if (st->index > 0) chan_send(st, v, &p->stages[st->index - 1].bwd, k, din);
+  st->busy += st_now() - t0;
   return 0;
 }
 
-static void run_schedule(pipe_stage *st) {
+static void run_phase(pipe_stage *st, int phase) {
   pipe *p = st->p;
   st_trainer_view view = *p->v, *v = &view; /* with this stage's pool */
   view.ctx.pool = st->pool;
-  st->held = st->max_held = 0;
-  int M = p->M, w = p->gpipe ? M : p->S - 1 - st->index;
-  if (w > M) w = M;
-  for (int k = 0; k < w; k++)
-    if (forward_one(st, v, k)) return;
-  for (int i = 0; i < M - w; i++) {
-    if (forward_one(st, v, w + i)) return;
-    if (backward_one(st, v, i)) return;
+  view.track = p->v->track + st->index;
+  double now = st_now();
+  if (st->last_end > 0) trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
+  int M = p->M;
+  if (phase == PHASE_FORWARD) {
+    st->held = st->max_held = 0;
+    for (int k = 0; k < M; k++)
+      if (forward_one(st, v, k)) break;
+  } else if (phase == PHASE_BACKWARD) {
+    for (int k = 0; k < M; k++)
+      if (backward_one(st, v, k)) break;
+  } else {
+    st->held = st->max_held = 0;
+    int w = p->gpipe ? M : p->S - 1 - st->index;
+    if (w > M) w = M;
+    int ok = 1;
+    for (int k = 0; ok && k < w; k++) ok = !forward_one(st, v, k);
+    for (int i = 0; ok && i < M - w; i++)
+      ok = !forward_one(st, v, w + i) && !backward_one(st, v, i);
+    for (int k = M - w; ok && k < M; k++) ok = !backward_one(st, v, k);
   }
-  for (int k = M - w; k < M; k++)
-    if (backward_one(st, v, k)) return;
+  st->last_end = st_now();
 }
 
 static void *worker(void *arg) {
@@ -232,8 +282,10 @@ static void *worker(void *arg) {
       return NULL;
     }
     seen = p->generation;
+    int phase = p->phase, mine = st->index >= p->lo && st->index < p->hi;
     pthread_mutex_unlock(&p->mu);
-    run_schedule(st);
+    if (!mine) continue;
+    run_phase(st, phase);
     pthread_mutex_lock(&p->mu);
     p->done++;
     pthread_cond_broadcast(&p->cv);
@@ -241,23 +293,22 @@ static void *worker(void *arg) {
   }
 }
 
-/* ----------------------------------------------------------- the split */
+/* ----------------------------------------------------------- the plan */
 
-/* Cuts the blocks into S contiguous runs minimising the largest run's FLOPs
- * (forward + backward per sample): a small dynamic program. cut[s] is the
- * first block of stage s. */
-static void balance(const st_model *m, int S, int *cut) {
-  int n = m->n_blocks;
+/* FLOP-balanced contiguous split into S runs, one core each (the fallback
+ * when the compiler finds no plan): a small dynamic program minimising the
+ * largest run's forward + backward FLOPs. */
+static void balance(const st_block_cost *c, int n, int S, int *first,
+                    int *count) {
   double *pre = calloc((size_t)n + 1, sizeof *pre);
   double *best = malloc((size_t)(S + 1) * (n + 1) * sizeof *best);
   int *from = malloc((size_t)(S + 1) * (n + 1) * sizeof *from);
-  if (!pre || !best || !from) { /* fall back to an even split by count */
-    for (int s = 0; s < S; s++) cut[s] = s * n / S;
+  if (!pre || !best || !from) { /* an even split by count */
+    for (int s = 0; s < S; s++) first[s] = s * n / S;
     goto done;
   }
   for (int i = 0; i < n; i++)
-    pre[i + 1] = pre[i] + m->blocks[i].cost.flops_fwd +
-                 m->blocks[i].cost.flops_bwd;
+    pre[i + 1] = pre[i] + c[i].flops_fwd + c[i].flops_bwd;
 #define AT(s, i) ((size_t)(s) * (n + 1) + (i))
   for (int s = 0; s <= S; s++)
     for (int i = 0; i <= n; i++) best[AT(s, i)] = -1;
@@ -275,13 +326,69 @@ static void balance(const st_model *m, int S, int *cut) {
       }
   for (int s = S, i = n; s > 0; s--) {
     i = from[AT(s, i)];
-    cut[s - 1] = i;
+    first[s - 1] = i;
   }
 #undef AT
 done:
+  for (int s = 0; s < S; s++)
+    count[s] = (s + 1 < S ? first[s + 1] : n) - first[s];
   free(pre);
   free(best);
   free(from);
+}
+
+/* Splits blocks [0, n) of c into stages on `cores` cores as the compiler
+ * plans it (S = 0: the plan's choice): first/count/pes per stage, at most
+ * cap of them; returns the stage count. More stages than cores share them
+ * (one thread each); a model the planner cannot place falls back to the
+ * FLOP balance with the cores shared evenly. */
+static int split(const st_block_cost *c, int n, const st_fabric *fab, int S,
+                 int cores, int *first, int *count, int *pes) {
+  st_plan_options opt = {.stages = S,
+                         .samples_in_flight = 1,
+                         .weight_versions = 1,
+                         .algorithm = ST_PARTITION_AUTO};
+  st_plan *plan = NULL;
+  st_error err = {0};
+  if (st_plan_build(&plan, c, n, fab, &opt, &err) == 0) {
+    int k = plan->n_stages;
+    for (int s = 0; s < k; s++) {
+      first[s] = plan->stages[s].first;
+      count[s] = plan->stages[s].count;
+      pes[s] = (int)plan->stages[s].pes;
+      if (S > cores || pes[s] < 1) pes[s] = 1;
+    }
+    st_plan_destroy(plan);
+    return k;
+  }
+  if (S == 0) S = cores < n ? cores : n;
+  balance(c, n, S, first, count);
+  for (int s = 0; s < S; s++)
+    pes[s] = S > cores ? 1 : cores / S + (s < cores % S);
+  return S;
+}
+
+/* block_sequential segments: blocks_per_segment each, or (0) the fewest
+ * runs of blocks whose weights, optimizer state and batch activations fit
+ * the machine's memory. Returns the count; starts[g] is a first block. */
+static int segment(const st_block_cost *c, int n, const st_fabric *fab,
+                   int per, int batch, int *starts) {
+  int g = 0;
+  if (per > 0) {
+    for (int b = 0; b < n; b += per) starts[g++] = b;
+    return g;
+  }
+  double cap = (double)fab->pes * fab->pe_memory, used = 0;
+  for (int b = 0; b < n; b++) {
+    double need = c[b].param_bytes + c[b].state_bytes +
+                  (c[b].act_bytes + c[b].in_bytes) * batch;
+    if (b == 0 || used + need > cap) {
+      starts[g++] = b;
+      used = 0;
+    }
+    used += need;
+  }
+  return g;
 }
 
 /* ------------------------------------------------------- the executor */
@@ -308,19 +415,118 @@ static void pipe_destroy(void *state) {
     st_pool_destroy(st->pool);
   }
   free(p->stages);
+  free(p->seg);
   st_stage_destroy(p->eval);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
   free(p);
 }
 
-static int pipe_create(void **state, const st_model *m, const st_config *cfg,
-                       int micro_batch, int max_batch, st_error *err) {
+/* The stages of both modes: S stages per segment (0: the plan's), every
+ * stage's blocks, cores and cpu offset, in p->stages and p->seg. */
+static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
+                   st_error *err) {
+  const st_model *m = p->model;
+  int n = m->n_blocks, S = cfg->execution.stages, rc = 0;
+  st_block_cost *c = malloc((size_t)n * sizeof *c);
+  st_config *cpu = malloc(sizeof *cpu);
+  int *starts = malloc(((size_t)n + 1) * sizeof *starts);
+  int *first = malloc((size_t)n * 3 * sizeof *first);
+  if (!c || !cpu || !starts || !first) {
+    rc = st_error_set(err, ST_ENOMEM, "out of memory");
+    goto done;
+  }
+  int *count = first + n, *pes = first + 2 * n;
+  st_plan_costs(c, m, cfg);
+  /* The plan for this machine's cores, whatever fabric the config plans
+   * for otherwise (a mesh is a what-if; a run runs here). More stages than
+   * cores share them. */
+  st_fabric fab;
+  char spec[32];
+  *cpu = *cfg;
+  snprintf(spec, sizeof spec, "cpu:%d", S > cores ? S : cores);
+  if ((rc = st_fabric_parse(cpu, spec, err)) ||
+      (rc = st_fabric_resolve(&fab, cpu, err)))
+    goto done;
+  int G = blockseq ? segment(c, n, &fab, cfg->execution.blocks_per_segment,
+                             cfg->train.batch, starts)
+                   : (starts[0] = 0, 1);
+  starts[G] = n;
+  if (blockseq && cfg->execution.blocks_per_segment > 0 &&
+      S > cfg->execution.blocks_per_segment) {
+    rc = st_error_set(err, ST_ECONFIG,
+                      "%s: execution.stages: %d stages in segments of %d "
+                      "blocks (execution.blocks_per_segment); each stage "
+                      "needs at least one block",
+                      st_config_where(cfg, "execution.stages"), S,
+                      cfg->execution.blocks_per_segment);
+    goto done;
+  }
+  p->segments = G;
+  p->seg = calloc((size_t)G + 1, sizeof *p->seg);
+  p->stages = calloc((size_t)n, sizeof *p->stages); /* at most one a block */
+  if (!p->seg || !p->stages) {
+    rc = st_error_set(err, ST_ENOMEM, "out of memory");
+    goto done;
+  }
+  int total = 0;
+  for (int g = 0; g < G; g++) {
+    int b0 = starts[g], nb = starts[g + 1] - b0;
+    int want = S == 0 && blockseq ? (cores < nb ? cores : nb)
+               : S > nb           ? nb
+                                  : S;
+    int k = split(c + b0, nb, &fab, want, cores, first, count, pes);
+    p->seg[g] = total;
+    for (int s = 0, off = 0; s < k; s++, total++) {
+      pipe_stage *st = &p->stages[total];
+      st->p = p;
+      st->index = total;
+      st->first = b0 + first[s];
+      st->count = count[s];
+      st->cores = pes[s];
+      st->cpu_off = off;
+      off += pes[s];
+      if (blockseq)
+        snprintf(st->name, sizeof st->name, "segment %d stage %d", g, s);
+      else
+        snprintf(st->name, sizeof st->name, "stage %d", s);
+    }
+  }
+  p->seg[G] = total;
+  p->S = total;
+done:
+  free(c);
+  free(cpu);
+  free(starts);
+  free(first);
+  return rc;
+}
+
+/* Pins each stage (its thread and its pool) to cpus[cpu_off, +cores). */
+static int pin(pipe *p, const int *cpus, int n) {
+  for (int s = 0; s < p->S; s++)
+    if (p->stages[s].cpu_off + p->stages[s].cores > n) return -1;
+  int rc = 0;
+  for (int s = 0; s < p->S; s++) {
+    pipe_stage *st = &p->stages[s];
+    const int *mine = cpus + st->cpu_off;
+    if (st_pin_thread(st->thread, mine, st->cores) ||
+        st_pool_pin(st->pool, mine, st->cores))
+      rc = -1;
+  }
+  return rc;
+}
+
+int st_pipeline_pin(void *state, const int *cpus, int n) {
+  return pin(state, cpus, n);
+}
+
+static int create(void **state, const st_model *m, const st_config *cfg,
+                  int micro_batch, int max_batch, int blockseq,
+                  st_error *err) {
   *state = NULL;
   int S = cfg->execution.stages;
-  int threads = cfg->train.threads > 0 ? cfg->train.threads
-                                       : st_usable_cores();
-  if (S == 0) S = threads < m->n_blocks ? threads : m->n_blocks;
+  int cores = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
   if (S > m->n_blocks)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.stages: %d stages for a model of %d "
@@ -330,33 +536,31 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
   if (cfg->metrics.noise_scale)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "%s: metrics.noise_scale is not available in the "
-                        "pipeline mode yet",
-                        st_config_where(cfg, "metrics.noise_scale"));
+                        "%s mode yet",
+                        st_config_where(cfg, "metrics.noise_scale"),
+                        cfg->execution.mode);
   pipe *p = calloc(1, sizeof *p);
   if (!p) return st_error_set(err, ST_ENOMEM, "out of memory");
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
   p->model = m;
-  p->S = S;
   p->mb = micro_batch;
   p->M = cfg->train.batch / micro_batch;
-  p->gpipe = strcmp(cfg->execution.schedule, "gpipe") == 0;
-  p->stages = calloc((size_t)S, sizeof *p->stages);
-  int *cuts = malloc((size_t)(S + 1) * sizeof *cuts);
-  int ok = p->stages && cuts, rc = 0; /* rc: a stage buffer's own error */
-  if (ok) balance(m, S, cuts);
-  int per_stage = threads / S > 0 ? threads / S : 1;
-  int R = m->label_rows;
+  p->blockseq = blockseq;
+  p->gpipe = blockseq || strcmp(cfg->execution.schedule, "gpipe") == 0;
+  int rc = lay_out(p, cfg, blockseq, cores, err);
+  if (rc) {
+    pipe_destroy(p);
+    return rc;
+  }
+  int ok = 1, R = m->label_rows;
   size_t per_mb = (size_t)micro_batch * R * m->classes;
-  for (int s = 0; ok && s < S; s++) {
+  for (int s = 0; ok && s < p->S; s++) {
     pipe_stage *st = &p->stages[s];
-    st->p = p;
-    st->index = s;
-    st->first = cuts[s];
-    st->count = (s + 1 < S ? cuts[s + 1] : m->n_blocks) - cuts[s];
-    int w = p->gpipe ? p->M : S - s;
+    /* 1f1b: stage s of its pipeline holds at most S - s micro-batches */
+    int w = p->gpipe ? p->M : p->S - s;
     st->slots = w < p->M ? w : p->M;
-    st->pool = st_pool_create(per_stage);
+    st->pool = st_pool_create(st->cores);
     st->run = calloc((size_t)st->slots, sizeof *st->run);
     st->in = calloc((size_t)st->slots, sizeof *st->in);
     st->fwd.buf = malloc((size_t)p->M * sizeof(msg));
@@ -366,7 +570,7 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
     for (int j = 0; ok && j < st->slots; j++)
       ok = (rc = st_stage_create(&st->run[j], m, st->first, st->count,
                                  micro_batch, err)) == 0;
-    if (ok && s == S - 1) {
+    if (ok && s == p->S - 1) {
       st->probs = st_alloc((size_t)st->slots * per_mb * sizeof(float));
       st->dlogits = st_alloc(per_mb * sizeof(float));
       ok = st->probs && st->dlogits;
@@ -380,11 +584,10 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
         ok = (st->dgrad[k] = st_alloc(in_floats * sizeof(float))) != NULL;
     }
   }
-  free(cuts);
   if (ok)
     ok = (rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch,
                                err)) == 0;
-  for (int s = 0; ok && s < S; s++) {
+  for (int s = 0; ok && s < p->S; s++) {
     ok = pthread_create(&p->stages[s].thread, NULL, worker, &p->stages[s]) == 0;
     p->stages[s].started = ok;
   }
@@ -394,31 +597,69 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
               : st_error_set(err, ST_ENOMEM,
                              "out of memory or threads for a %d-stage "
                              "pipeline",
-                             S);
+                             p->S);
+  }
+  /* Pinned when every stage's cores are real cpus of this process; more
+   * stages or threads than cpus share them, unpinned. */
+  if (cfg->execution.pin) {
+    int cpus[CPU_SETSIZE], n = st_usable_cpus(cpus, CPU_SETSIZE);
+    if (cores <= n) pin(p, cpus, cores);
   }
   *state = p;
   return 0;
 }
 
+static int pipe_create(void **state, const st_model *m, const st_config *cfg,
+                       int micro_batch, int max_batch, st_error *err) {
+  return create(state, m, cfg, micro_batch, max_batch, 0, err);
+}
+
+static int blockseq_create(void **state, const st_model *m,
+                           const st_config *cfg, int micro_batch,
+                           int max_batch, st_error *err) {
+  return create(state, m, cfg, micro_batch, max_batch, 1, err);
+}
+
+/* Runs one phase on stages [lo, hi) and waits for them; returns the
+ * step's error code. Called with p->mu held. */
+static int run_on(pipe *p, int ph, int lo, int hi) {
+  p->phase = ph;
+  p->lo = lo;
+  p->hi = hi;
+  p->done = 0;
+  p->generation++;
+  pthread_cond_broadcast(&p->cv);
+  while (p->done < hi - lo) pthread_cond_wait(&p->cv, &p->mu);
+  return p->rc;
+}
+
 static int pipe_step(void *state, st_trainer_view *v, double *loss,
                      st_error *err) {
   pipe *p = state;
+  double t0 = st_now();
   pthread_mutex_lock(&p->mu);
   p->v = v;
-  p->done = 0;
   p->abort = 0;
   p->rc = 0;
   for (int s = 0; s < p->S; s++) {
     p->stages[s].fwd.head = p->stages[s].fwd.count = 0;
     p->stages[s].bwd.head = p->stages[s].bwd.count = 0;
   }
-  p->generation++;
-  pthread_cond_broadcast(&p->cv);
-  while (p->done < p->S) pthread_cond_wait(&p->cv, &p->mu);
-  int rc = p->rc;
+  int rc = 0;
+  if (!p->blockseq) {
+    rc = run_on(p, PHASE_ALL, 0, p->S);
+  } else {
+    /* block_sequential: every segment's forwards, then the backwards from
+     * the last segment down; the loss is checked in the last forward */
+    for (int g = 0; !rc && g < p->segments; g++)
+      rc = run_on(p, PHASE_FORWARD, p->seg[g], p->seg[g + 1]);
+    for (int g = p->segments - 1; !rc && g >= 0; g--)
+      rc = run_on(p, PHASE_BACKWARD, p->seg[g], p->seg[g + 1]);
+  }
   if (rc) *err = p->err;
   pthread_mutex_unlock(&p->mu);
   if (!rc) *loss = p->loss;
+  p->wall += st_now() - t0;
   return rc;
 }
 
@@ -448,25 +689,29 @@ int st_pipeline_stages(const void *state, int *first, int *count) {
   return p->S;
 }
 
-static int pipe_stage_count(void *state) { return ((pipe *)state)->S; }
-
-
-int st_pipeline_pin(void *state, const int *cpus, int n) {
-  (void)state, (void)cpus, (void)n;
-  return -1;
+/* The plan's stage count: per segment for block_sequential (the most). */
+static int pipe_stage_count(void *state) {
+  const pipe *p = state;
+  int most = 0;
+  for (int g = 0; g < p->segments; g++)
+    if (p->seg[g + 1] - p->seg[g] > most) most = p->seg[g + 1] - p->seg[g];
+  return most;
 }
 
+/* Busy seconds are read between steps, when no worker writes them. */
 static int pipe_stats(void *state, st_track_stats *out, int cap,
                       double *wall) {
   pipe *p = state;
-  *wall = 0;
-  for (int s = 0; s < p->S && s < cap; s++)
-    out[s] = (st_track_stats){"stage", 0};
+  *wall = p->wall;
+  for (int s = 0; s < p->S && s < cap; s++) {
+    snprintf(out[s].name, sizeof out[s].name, "%s", p->stages[s].name);
+    out[s].busy_s = p->stages[s].busy;
+  }
   return p->S;
 }
 
-const st_executor st_exec_block_sequential = {
-    .mode = "block_sequential",
+const st_executor st_exec_pipeline = {
+    .mode = "pipeline",
     .step = pipe_step,
     .forward = pipe_forward,
     .create = pipe_create,
@@ -475,11 +720,11 @@ const st_executor st_exec_block_sequential = {
     .stats = pipe_stats,
 };
 
-const st_executor st_exec_pipeline = {
-    .mode = "pipeline",
+const st_executor st_exec_block_sequential = {
+    .mode = "block_sequential",
     .step = pipe_step,
     .forward = pipe_forward,
-    .create = pipe_create,
+    .create = blockseq_create,
     .destroy = pipe_destroy,
     .stages = pipe_stage_count,
     .stats = pipe_stats,

@@ -11,14 +11,21 @@
  *  - a non-finite loss stops the step before any weight changes;
  *  - 10,000 steps with random pauses in the stages give the same weights
  *    as without (no deadlock, no lost or reordered message);
+ *  - block_sequential (segments of blocks, each pipelined inside) gives the
+ *    same bits for the three models, S in {2, 3, 4}, M in {1, 2, 4, 8},
+ *    segments of S blocks and of half the model, each case twice;
+ *  - the stages are the compiler's plan (its cut points on this machine's
+ *    cores), and the runtime's busy times and trace cover every stage;
  *  - impossible settings fail before any work starts.
  */
 #include "harness.h"
 #include "strata.h"
 #include "../../src/exec/exec.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { STEPS = 20, BATCH = 16 };
 
@@ -135,6 +142,151 @@ static void test_equivalence(const char *what, const st_config *base) {
   }
 }
 
+/* block_sequential against sequential: segments of S blocks and of half
+ * the model (at least S), every stage holding all M micro-batches. */
+static void test_block_sequential(const char *what, const st_config *base) {
+  const int Ms[] = {1, 2, 4, 8};
+  for (int mi = 0; mi < 4; mi++) {
+    st_config seq = *base;
+    seq.train.batch = BATCH;
+    seq.execution.micro_batch = BATCH / Ms[mi];
+    size_t n = 0, np;
+    st_trainer *t0 = NULL;
+    float *want = train(&seq, &n, &t0);
+    if (!want) return;
+    int blocks = st_trainer_model(t0)->n_blocks;
+    st_trainer_destroy(t0);
+    for (int S = 2; S <= 4; S++)
+      for (int half = 0; half < 2; half++)
+        for (int rep = 0; rep < 2; rep++) {
+          int per = half ? (blocks + 1) / 2 : S;
+          if (per < S) per = S;
+          st_config c = seq;
+          snprintf(c.execution.mode, sizeof c.execution.mode,
+                   "block_sequential");
+          c.execution.stages = S;
+          c.execution.blocks_per_segment = per;
+          st_trainer *t = NULL;
+          float *got = train(&c, &np, &t);
+          if (!got) continue;
+          CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
+                "%s: block_sequential S=%d segments of %d M=%d run %d: "
+                "weights differ from sequential",
+                what, S, per, Ms[mi], rep);
+          /* segments of `per` blocks, each cut into min(S, its blocks) */
+          void *state = st_trainer_exec_state(t);
+          int first[64], count[64], k = st_pipeline_stages(state, first, count);
+          int expect = 0;
+          for (int b = 0; b < blocks; b += per)
+            expect += blocks - b < per ? (blocks - b < S ? blocks - b : S) : S;
+          CHECK(k == expect, "%s: block_sequential S=%d per=%d: %d stages, "
+                "want %d", what, S, per, k, expect);
+          for (int s = 0; s < k; s++) {
+            CHECK(first[s] / per == (first[s] + count[s] - 1) / per,
+                  "%s: stage %d (blocks %d..%d) crosses a segment of %d",
+                  what, s, first[s], first[s] + count[s] - 1, per);
+            CHECK(st_pipeline_held(state, s) == Ms[mi],
+                  "%s: block_sequential stage %d held %d, want %d", what, s,
+                  st_pipeline_held(state, s), Ms[mi]);
+          }
+          free(got);
+          st_trainer_destroy(t);
+        }
+    free(want);
+  }
+}
+
+/* The stages are the compiler's plan for this machine's cores: the same
+ * cut points as st_plan_compile on fabric cpu:threads. */
+static void test_plan(const st_config *base, const char *what, int S) {
+  st_config c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  c.execution.stages = S;
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return;
+  char spec[32];
+  snprintf(spec, sizeof spec, "cpu:%d", c.train.threads);
+  CHECK(st_fabric_parse(&c, spec, &err) == 0, "%s", err.msg);
+  st_plan *plan = NULL;
+  CHECK(st_plan_compile(&plan, &c, S, &err) == 0, "%s: %s", what, err.msg);
+  int first[64], count[64];
+  int k = st_pipeline_stages(st_trainer_exec_state(t), first, count);
+  CHECK(plan && k == plan->n_stages, "%s: %d stages, plan %d", what, k,
+        plan ? plan->n_stages : -1);
+  for (int s = 0; plan && s < k && s < plan->n_stages; s++)
+    CHECK(first[s] == plan->stages[s].first &&
+              count[s] == plan->stages[s].count,
+          "%s: stage %d is blocks %d+%d, the plan's %d+%d", what, s, first[s],
+          count[s], plan->stages[s].first, plan->stages[s].count);
+  st_plan_destroy(plan);
+  st_trainer_destroy(t);
+}
+
+/* Busy seconds per stage and the trace: S tracks, each with M forwards and
+ * M backwards a step and one update per block. */
+static void test_stats_trace(const st_config *base, const char *mode) {
+  enum { M = 4, S = 2, NSTEPS = 3 };
+  st_config c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "%s", mode);
+  c.train.batch = BATCH;
+  c.execution.micro_batch = BATCH / M;
+  c.execution.stages = S;
+  c.execution.blocks_per_segment = 2;
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return;
+  CHECK(st_trainer_trace(t, 1000, &err) == 0, "%s", err.msg);
+  double loss, wall = 0;
+  for (int i = 0; i < NSTEPS; i++)
+    CHECK(st_trainer_step(t, &loss, &err) == 0, "%s", err.msg);
+  st_track_stats st[16];
+  int n = st_trainer_stats(t, st, 16, &wall);
+  int stages = st_pipeline_stages(st_trainer_exec_state(t), NULL, NULL);
+  CHECK(n == stages && wall > 0, "%s: %d tracks, %d stages, wall %g", mode, n,
+        stages, wall);
+  for (int i = 0; i < n && i < 16; i++)
+    CHECK(st[i].busy_s > 0 && st[i].busy_s <= wall,
+          "%s: %s busy %g of %g s", mode, st[i].name, st[i].busy_s, wall);
+  char path[] = "/tmp/strata_trace_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0, "mkstemp");
+  if (fd >= 0) close(fd);
+  CHECK(st_trainer_write_trace(t, path, &err) == 0, "%s", err.msg);
+  FILE *f = fopen(path, "r");
+  char *text = calloc(1, 1 << 22);
+  size_t len = f ? fread(text, 1, (1 << 22) - 1, f) : 0;
+  if (f) fclose(f);
+  CHECK(len > 0 && strncmp(text, "{\"displayTimeUnit\"", 18) == 0 &&
+            strstr(text, "\"dropped_events\":0"),
+        "%s: trace file: %.60s", mode, text);
+  int first[16], count[16];
+  st_pipeline_stages(st_trainer_exec_state(t), first, count);
+  for (int s = 0; s < n; s++) {
+    char key[96];
+    int fwd = 0, bwd = 0, upd = 0;
+    const char *names[3] = {"forward", "backward", "update"};
+    int *counts[3] = {&fwd, &bwd, &upd};
+    for (int kind = 0; kind < 3; kind++) {
+      snprintf(key, sizeof key, "\"tid\":%d,\"name\":\"%s\"", s,
+               names[kind]);
+      for (const char *q = text; (q = strstr(q, key)); q++) (*counts[kind])++;
+    }
+    CHECK(fwd == M * NSTEPS && bwd == M * NSTEPS &&
+              upd == count[s] * NSTEPS,
+          "%s: track %d: %d forwards, %d backwards, %d updates", mode, s, fwd,
+          bwd, upd);
+    snprintf(key, sizeof key, "\"name\":\"%.47s\"", st[s].name);
+    CHECK(strstr(text, key) != NULL, "%s: no track named %s", mode,
+          st[s].name);
+  }
+  free(text);
+  unlink(path);
+  st_trainer_destroy(t);
+}
+
 /* One pipeline case against sequential at the config's batch (M
  * micro-batches of it), bitwise. */
 static void test_one(const st_config *base, const char *what, int M,
@@ -233,6 +385,16 @@ static void test_refusals(const st_config *base) {
             strstr(err.msg, "4 blocks"),
         "more stages than blocks: %s", err.msg);
   st_trainer_destroy(t);
+  snprintf(c.execution.mode, sizeof c.execution.mode, "block_sequential");
+  c.execution.stages = 3;
+  c.execution.blocks_per_segment = 2;
+  t = make(&c, &err);
+  CHECK(!t && err.code == ST_ECONFIG && strstr(err.msg, "execution.stages") &&
+            strstr(err.msg, "segments of 2 blocks"),
+        "more stages than a segment's blocks: %s", err.msg);
+  st_trainer_destroy(t);
+  c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
   c = *base;
   st_config_defaults(&c);
   CHECK(st_config_set(&c, "execution.schedule=zigzag", &err) == ST_ECONFIG &&
@@ -256,6 +418,18 @@ int main(void) {
   test_equivalence("mlp", &mlp);
   test_equivalence("cnn", &cnn);
   test_equivalence("gpt", &gpt);
+  /* block_sequential on deeper models: 8, 6 and 6 blocks */
+  st_config deep = mlp, deep_gpt = gpt;
+  set_all(&deep, (const char *[]){"model.hidden=[32,32,32,32,32,32,32]"}, 1);
+  set_all(&deep_gpt, (const char *[]){"model.layers=4"}, 1);
+  test_block_sequential("mlp", &deep);
+  test_block_sequential("cnn", &cnn);
+  test_block_sequential("gpt", &deep_gpt);
+  test_plan(&mlp, "mlp S=2", 2);
+  test_plan(&cnn, "cnn S=2", 2);
+  test_plan(&cnn, "cnn S=0 (the plan's count)", 0);
+  test_stats_trace(&mlp, "pipeline");
+  test_stats_trace(&deep, "block_sequential");
   test_nan(&mlp, "1f1b");
   test_nan(&mlp, "gpipe");
   test_nan(&gpt, "1f1b"); /* the tied copy is updated by stage 0 */
