@@ -1076,6 +1076,15 @@ typedef struct st_track_stats {
 } st_track_stats;
 int st_trainer_stats(const st_trainer *t, st_track_stats *out, int cap,
                      double *wall);
+/* The measured pipeline utilization: the stages' busy seconds over the
+ * seconds they could have worked (stages running at once x step time); 1
+ * for sequential. *bubble gets the fill-and-drain formula M / (M + S - 1)
+ * at this run's S and M. */
+double st_trainer_utilization(const st_trainer *t, double *bubble);
+/* The plan's predictions, for summary.json beside what was measured
+ * (samples/s, utilization; 0 = no plan). */
+void st_trainer_set_prediction(st_trainer *t, double samples_per_s,
+                               double utilization);
 /* Records every later step's spans (forward, backward, update, send,
  * receive, idle) until st_trainer_write_trace: `--trace FILE`. */
 int st_trainer_trace(st_trainer *t, int events_per_track, st_error *err);

@@ -14,7 +14,7 @@
 
 
 typedef struct args {
-  const char *config, *out, *resume, *checkpoint;
+  const char *config, *out, *resume, *checkpoint, *trace;
   const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help;
 } args;
@@ -38,7 +38,7 @@ static const char *usage_main =
 
 static const char *usage_train =
     "usage: strata train CONFIG [--set key.path=value ...] [--out DIR]\n"
-    "                    [--resume DIR]\n"
+    "                    [--resume DIR] [--trace FILE]\n"
     "\n"
     "Trains the model of CONFIG and writes to DIR (default runs/<config name>):\n"
     "  DIR/config.yaml     the resolved config (defaults, file, --set)\n"
@@ -54,6 +54,10 @@ static const char *usage_train =
     "  --resume DIR     continue the run in DIR from its newest checkpoint\n"
     "                   (bit-identical to an uninterrupted run); CONFIG may be\n"
     "                   '-' to reuse DIR/config.yaml\n"
+    "  --trace FILE     write a Chrome trace-event JSON of the run (open it in\n"
+    "                   Perfetto or chrome://tracing): one track per stage and\n"
+    "                   replica; forward, backward, update, send, recv, idle\n"
+    "                   (the first 200,000 spans of each track)\n"
     "  --help           this text, then every config key with its default\n";
 
 static const char *usage_eval =
@@ -92,6 +96,7 @@ static int parse_args(int argc, char **argv, args *a, const char *usage) {
   const st_cli_option options[] = {{"--out", &a->out, NULL},
                                    {"--resume", &a->resume, NULL},
                                    {"--checkpoint", &a->checkpoint, NULL},
+                                   {"--trace", &a->trace, NULL},
                                    {NULL, NULL, NULL}};
   const st_cli_spec spec = {usage, options, {&a->config, NULL}, a->sets,
                             &a->n_sets, &a->help};
@@ -156,6 +161,33 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
 }
 
 
+/* Where the pipeline's time went: each stage's busy fraction, and the
+ * measured utilization beside the plan's and the bubble formula's. */
+static void print_stages(const st_trainer *t, const st_config *c,
+                         const st_plan *plan) {
+  if (!strcmp(c->execution.mode, "sequential") && c->execution.replicas == 1)
+    return;
+  double wall = 0, bubble = 1;
+  int n = st_trainer_stats(t, NULL, 0, &wall);
+  st_track_stats *st = malloc((size_t)n * sizeof *st);
+  if (!st || wall <= 0) {
+    free(st);
+    return;
+  }
+  st_trainer_stats(t, st, n, &wall);
+  printf("strata: busy fraction of the step time:");
+  for (int i = 0; i < n; i++)
+    printf("%s %s %.2f", i ? "," : "", st[i].name, st[i].busy_s / wall);
+  free(st);
+  double util = st_trainer_utilization(t, &bubble);
+  int S = st_trainer_stages(t);
+  printf("\nstrata: pipeline utilization %.2f measured", util);
+  if (plan && plan->n_stages == S)
+    printf(", %.2f planned (stage balance %.2f)",
+           plan->balance * plan->util_fill_drain, plan->balance);
+  printf(", %.2f by the bubble formula M/(M+S-1) at S = %d\n", bubble, S);
+}
+
 static int cmd_train(int argc, char **argv) {
   args a = {0};
   int rc = parse_args(argc, argv, &a, usage_train);
@@ -204,8 +236,23 @@ static int cmd_train(int argc, char **argv) {
   st_plan *plan = NULL;
   if (compile_into(&plan, &cfg, st_trainer_stages(t), out, &err))
     fprintf(stderr, "strata: warning: no plan: %s\n", err.msg);
+  /* the plan's utilization: the bubble at its stage balance */
+  if (plan)
+    st_trainer_set_prediction(t, plan->throughput,
+                              plan->n_stages == st_trainer_stages(t)
+                                  ? plan->balance * plan->util_fill_drain
+                                  : 0);
   fflush(stdout);
+  if (a.trace && (rc = st_trainer_trace(t, 200000, &err))) {
+    st_plan_destroy(plan);
+    st_trainer_destroy(t);
+    return st_cli_fail(&err);
+  }
   rc = st_trainer_run(t, &err);
+  if (!rc && a.trace) {
+    rc = st_trainer_write_trace(t, a.trace, &err);
+    if (!rc) printf("strata: wrote trace %s\n", a.trace);
+  }
   if (rc) {
     st_plan_destroy(plan);
     st_trainer_destroy(t);
@@ -228,6 +275,7 @@ static int cmd_train(int argc, char **argv) {
            rate, plan->throughput, plan->fabric.name,
            plan->fabric.estimated ? ", uncalibrated estimate" : "",
            text ? "; a sample is one sequence" : "");
+  print_stages(t, &cfg, plan);
   st_plan_destroy(plan);
   st_trainer_destroy(t);
   return 0;
@@ -238,6 +286,9 @@ static int cmd_eval(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a, usage_eval);
   if (rc) return rc;
   if (a.help) return fputs(usage_eval, stdout), 0;
+  if (a.trace)
+    return st_cli_usage_error(usage_eval, "--trace is an option of train%s",
+                              "");
   if (!a.config || !a.checkpoint)
     return st_cli_usage_error(usage_eval, "eval needs CONFIG and --checkpoint FILE%s", "");
   st_error err = {0};

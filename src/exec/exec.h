@@ -149,6 +149,8 @@ int64_t st_trainer_steps_per_epoch(const st_trainer *t);
 int st_trainer_threads(const st_trainer *t); /* resolved from train.threads */
 /* Sum of squares, in double, in index order (deterministic). */
 double st_sum_squares(const float *x, size_t n);
+/* What st_trainer_set_prediction stored. */
+double st_trainer_plan_rate(const st_trainer *t, double *utilization);
 void st_trainer_note_result(st_trainer *t, double loss, double accuracy,
                             double samples_per_s);
 

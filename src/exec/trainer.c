@@ -43,6 +43,7 @@ struct st_trainer {
   int64_t total_steps, steps_per_epoch;
   st_train_pos pos;
   st_trace *trace;            /* --trace, else NULL */
+  double plan_rate, plan_util; /* the plan's predictions (0: none) */
 };
 
 const st_executor *st_find_executor(const char *mode) {
@@ -670,6 +671,33 @@ int st_trainer_threads(const st_trainer *t) { return st_pool_threads(t->pool); }
 int st_trainer_stats(const st_trainer *t, st_track_stats *out, int cap,
                      double *wall) {
   return t->exec->stats(t->exec_state, out, cap, wall);
+}
+
+double st_trainer_utilization(const st_trainer *t, double *bubble) {
+  double wall = 0, busy = 0;
+  int n = st_trainer_stats(t, NULL, 0, &wall);
+  st_track_stats *all = malloc((size_t)n * sizeof *all);
+  if (all) st_trainer_stats(t, all, n, &wall);
+  for (int i = 0; all && i < n; i++) busy += all[i].busy_s;
+  free(all);
+  /* stages that run at once: every track, except that block_sequential's
+   * segments take turns on the same cores */
+  int R = t->cfg.execution.replicas, S = st_trainer_stages(t);
+  int at_once = n < R * S ? n : R * S;
+  double M = (double)t->batch / R / t->micro_batch;
+  if (bubble) *bubble = M / (M + S - 1);
+  return wall > 0 && at_once > 0 ? busy / (wall * at_once) : 0;
+}
+
+void st_trainer_set_prediction(st_trainer *t, double samples_per_s,
+                               double utilization) {
+  t->plan_rate = samples_per_s;
+  t->plan_util = utilization;
+}
+
+double st_trainer_plan_rate(const st_trainer *t, double *utilization) {
+  if (utilization) *utilization = t->plan_util;
+  return t->plan_rate;
 }
 
 int st_trainer_trace(st_trainer *t, int events_per_track, st_error *err) {

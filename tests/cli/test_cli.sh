@@ -495,6 +495,37 @@ if [ "$rc" -eq 0 ] && cmp -s "$T/p_seq/checkpoints/step-00000012.safetensors" \
 else
   fail "pipeline checkpoint equals sequential's byte for byte" "rc $rc" "$err"
 fi
+# block_sequential: segments of one block, each its own stage; the same
+# bytes again. The run prints each stage's busy fraction and the measured
+# utilization beside the bubble formula; summary.json has them; --trace
+# writes a Chrome trace with a track per stage.
+run train "$fc" "${pipe_args[@]}" --set execution.mode=block_sequential \
+  --set execution.blocks_per_segment=1 --out "$T/p_bseq" --trace "$T/p_bseq.json"
+if [ "$rc" -eq 0 ] && cmp -s "$T/p_seq/checkpoints/step-00000012.safetensors" \
+     "$T/p_bseq/checkpoints/step-00000012.safetensors"; then
+  pass
+else
+  fail "block_sequential checkpoint equals sequential's byte for byte" "rc $rc" "$err"
+fi
+if grep -Eq "busy fraction of the step time: segment 0 stage 0 [01]\.[0-9]{2}, segment 1 stage 0 [01]\.[0-9]{2}, segment 2 stage 0" <<<"$out" &&
+   grep -Eq "pipeline utilization [01]\.[0-9]{2} measured.* by the bubble formula M/\(M\+S-1\) at S = 1" <<<"$out" &&
+   grep -q '"utilization_bubble": 1.0000' "$T/p_bseq/summary.json" &&
+   grep -q '"name": "segment 2 stage 0", "busy_fraction"' "$T/p_bseq/summary.json"; then
+  pass
+else
+  fail "block_sequential: stage busy fractions and utilization" "$out"
+fi
+if grep -q '"traceEvents"' "$T/p_bseq.json" &&
+   grep -q '"tid":2,"name":"thread_name","args":{"name":"segment 2 stage 0"}' "$T/p_bseq.json" &&
+   [ "$(grep -c '"tid":1,"name":"forward"' "$T/p_bseq.json")" -eq 48 ]; then
+  pass
+else
+  fail "--trace: a track per stage, 12 steps x 4 forwards on each" "$(head -c 400 "$T/p_bseq.json")"
+fi
+run eval "$fc" --checkpoint "$T/p_seq/checkpoints/step-00000012.safetensors" --trace "$T/x.json"
+if [ "$rc" -eq 2 ] && grep -q "^strata: --trace is an option of train$" <<<"$err"; then pass; else
+  fail "--trace belongs to train (a usage error)" "rc $rc" "$err"
+fi
 expect_error "pipeline: more stages than blocks" \
   "^strata: error: --set: execution.stages: 7 stages for a model of 3 blocks; each stage needs at least one block$" \
   -- train "$fc" "${pipe_args[@]}" --set execution.mode=pipeline --set execution.stages=7 --out "$T/o_pipe7"
