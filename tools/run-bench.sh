@@ -12,6 +12,10 @@
 #      GPT-2-124M shape at context 256, batch 4, and gpt_tiny at batch 1,
 #      each at threads = nproc and 1, alternating as in 1; strata's share of
 #      the sgemm peak measured in the same run.
+#   5. The pipeline modes against the sequential mode (bench_pipeline): a
+#      1-stage pipeline's overhead, gpipe's measured utilization against the
+#      bubble formula, and 2 .. 16 stages (as many as there are cores)
+#      against sequential on all cores and on one.
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit
@@ -32,7 +36,7 @@ py=${TORCH_PYTHON:-/usr/bin/python3}
 nproc=$(nproc)
 status=0
 
-for prog in bench_mlp bench_linear bench_gpt; do
+for prog in bench_mlp bench_linear bench_gpt bench_pipeline; do
   if [ ! -x "$build/bench/$prog" ]; then
     echo "run-bench: error: $build/bench/$prog is missing (run make benches)" >&2
     exit 1
@@ -254,5 +258,11 @@ printf '%s\n' "${gpt_rows[@]}" | awk '
         ratio(bs[m], bt[m]), ">=" tg[m] "x", verdict(bs[m], bt[m], tg[m])
     }
   }'
+# 5. The synchronous pipeline modes against sequential, in one program
+# (mode vs mode: the peer is strata's own sequential mode, same run).
+echo
+echo "Pipeline modes (bench_pipeline: best of $repeats runs of ${span} s each, alternating)"
+"$build/bench/bench_pipeline" "$span" "$repeats" || status=1
+
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"

@@ -104,6 +104,33 @@ static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
   }
 }
 
+/* The model's first block computes no gradient for the model's input
+ * (st_block_backward without a din): layers below its first weighted layer
+ * run no backward, and that layer (linear, conv2d) skips its input-gradient
+ * GEMM, which has the forward GEMM's FLOPs. Stage 0 is that much cheaper
+ * than its blocks' full backward. */
+static void skip_input_gradient(st_block_cost *c, const st_block *b,
+                                int batch) {
+  int first = 0;
+  while (first < b->n_layers && b->layers[first].w_tensor < 0) first++;
+  for (int l = 0; l <= first && l < b->n_layers; l++) {
+    const st_layer *L = &b->layers[l];
+    st_block_cost one;
+    memset(&one, 0, sizeof one);
+    split_layer(&one, L, batch);
+    int gemm = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D;
+    if (l == first && !gemm) break; /* it needs somewhere to write: runs */
+    for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+      /* below `first`: nothing; at it: the dW GEMM stays */
+      double drop = l < first ? one.gemm_bwd[k] : one.gemm_fwd[k];
+      c->gemm_bwd[k] -= drop;
+      c->flops_bwd -= drop;
+    }
+    if (l < first)
+      for (int k = 0; k < ST_OP_CLASSES; k++) c->bytes_bwd[k] -= one.bytes_bwd[k];
+  }
+}
+
 void st_plan_costs(st_block_cost *out, const st_model *m,
                    const st_config *cfg) {
   double slots = st_optim_state_per_param(cfg);
@@ -122,6 +149,7 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     c->out_bytes = 4.0 * (double)st_shape_numel(b->out);
     for (int l = 0; l < b->n_layers; l++)
       split_layer(c, &b->layers[l], batch);
+    if (i == 0) skip_input_gradient(c, b, batch);
     /* the optimizer step once per batch: read weights, gradients and state,
      * write weights and state, clear the gradients */
     c->bytes_bwd[3] += 4.0 * (double)b->n_params * (4.0 + 2.0 * slots) /

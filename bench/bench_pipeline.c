@@ -1,0 +1,195 @@
+/*
+ * bench_pipeline.c — the synchronous pipeline modes against the sequential
+ * mode, measured in the same run (mode vs mode; STYLE.md 13). Every figure
+ * is samples/s of st_trainer_step on synthetic 28x28 data, best of REPEATS
+ * timed spans with the two sides alternating, so a burst of load elsewhere
+ * lowers one sample, not the ratio.
+ *
+ *   overhead     a 1-stage pipeline against sequential on the same threads:
+ *                the runtime's cost (stage thread, channels, step hand-off);
+ *                target: within 5%.
+ *   utilization  gpipe with S = 2 and M = 4S on a model of equal blocks:
+ *                the runtime's measured utilization (stages' busy seconds
+ *                over S x step time) against the bubble formula
+ *                M / (M + S - 1); target: within 10%.
+ *   stages       pipelines of 2, 4, 8, 16 stages (as many as there are
+ *                cores) for the CNN and an MLP, against sequential on all
+ *                the cores and on one core; the goal on 16 cores is 8 stages
+ *                at 5x one-core sequential for the CNN.
+ *
+ * Usage: bench_pipeline [SECONDS [REPEATS]]   (defaults 1.5 and 3)
+ * Prints one line per figure; targets are printed, never enforced.
+ */
+#include "strata.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_SETS = 24 };
+
+typedef struct run {
+  const char *sets[MAX_SETS];
+  int n;
+} run;
+
+static void add(run *r, const char *set) {
+  if (r->n < MAX_SETS) r->sets[r->n++] = set;
+}
+
+/* samples/s over `seconds` after a warm-up, and the utilization of those
+ * steps (busy seconds over stages-at-once x step seconds). */
+static int measure(const run *r, double seconds, double *rate, double *util) {
+  st_config cfg;
+  st_error err = {0};
+  st_config_defaults(&cfg);
+  const char *base[] = {"data.dataset=synthetic", "data.train_limit=4096",
+                        "data.test_limit=64", "metrics.progress=off",
+                        "optimizer.lr=0.01", "optimizer.momentum=0.9"};
+  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+    if (st_config_set(&cfg, base[i], &err)) goto fail;
+  for (int i = 0; i < r->n; i++)
+    if (st_config_set(&cfg, r->sets[i], &err)) goto fail;
+  st_trainer *t;
+  if (st_trainer_create(&t, &cfg, NULL, &err)) goto fail;
+  double loss, wall0 = 0, wall1 = 0, busy0 = 0, busy1 = 0;
+  for (int i = 0; i < 3; i++)
+    if (st_trainer_step(t, &loss, &err)) goto fail_t;
+  int n = st_trainer_stats(t, NULL, 0, &wall0);
+  st_track_stats *st = malloc((size_t)n * sizeof *st);
+  if (!st) goto fail_t;
+  st_trainer_stats(t, st, n, &wall0);
+  for (int i = 0; i < n; i++) busy0 += st[i].busy_s;
+  int64_t steps = 0;
+  double t0 = st_now(), elapsed = 0;
+  while (elapsed < seconds) {
+    if (st_trainer_step(t, &loss, &err)) {
+      free(st);
+      goto fail_t;
+    }
+    steps++;
+    elapsed = st_now() - t0;
+  }
+  st_trainer_stats(t, st, n, &wall1);
+  for (int i = 0; i < n; i++) busy1 += st[i].busy_s;
+  free(st);
+  /* stages at once: all tracks but block_sequential's turn-takers */
+  int S = st_trainer_stages(t);
+  int at_once = n < S * cfg.execution.replicas ? n : S * cfg.execution.replicas;
+  *rate = (double)steps * cfg.train.batch / elapsed;
+  *util = wall1 > wall0 ? (busy1 - busy0) / ((wall1 - wall0) * at_once) : 0;
+  st_trainer_destroy(t);
+  return 0;
+fail_t:
+  st_trainer_destroy(t);
+fail:
+  fprintf(stderr, "bench_pipeline: %s\n", err.msg);
+  return -1;
+}
+
+/* Best of `repeats` for each of two runs, alternating. */
+static int pair(const run *a, const run *b, double seconds, int repeats,
+                double *ra, double *rb, double *ua, double *ub) {
+  *ra = *rb = 0;
+  for (int i = 0; i < repeats; i++) {
+    double r, u;
+    if (measure(a, seconds, &r, &u)) return -1;
+    if (r > *ra) *ra = r, *ua = u;
+    if (measure(b, seconds, &r, &u)) return -1;
+    if (r > *rb) *rb = r, *ub = u;
+  }
+  return 0;
+}
+
+static const char *verdict(int ok) { return ok ? "meets target" : "BELOW TARGET"; }
+
+int main(int argc, char **argv) {
+  double seconds = argc > 1 ? atof(argv[1]) : 1.5;
+  int repeats = argc > 2 ? atoi(argv[2]) : 3;
+  if (argc > 3 || seconds <= 0 || repeats < 1) {
+    fprintf(stderr, "usage: bench_pipeline [SECONDS [REPEATS]]\n");
+    return 2;
+  }
+  st_blas_init();
+  int cores = st_usable_cpus(NULL, 0);
+  static char threads[32];
+  snprintf(threads, sizeof threads, "train.threads=%d", cores);
+  double ra, rb, ua, ub;
+
+  /* 1. overhead: the same model, threads and batch; one stage. */
+  run seq = {0}, one = {0};
+  const char *mlp[] = {"model.hidden=[1024,1024,1024]", "train.batch=128"};
+  for (int i = 0; i < 2; i++) add(&seq, mlp[i]), add(&one, mlp[i]);
+  add(&seq, threads);
+  add(&one, threads);
+  add(&one, "execution.mode=pipeline");
+  add(&one, "execution.stages=1");
+  if (pair(&seq, &one, seconds, repeats, &ra, &rb, &ua, &ub)) return 1;
+  printf("overhead: MLP 784-1024x3-10 batch 128, %d threads: sequential %.0f "
+         "samples/s, 1-stage pipeline %.0f: ratio %.3f (target >= 0.95: %s)\n",
+         cores, ra, rb, rb / ra, verdict(rb / ra >= 0.95));
+
+  /* 2. utilization: equal blocks (784 -> 784 eight times, then a small
+   * head), S = 2 stages of one core each, M = 4S = 8 micro-batches. */
+  run gp = {0};
+  add(&gp, "model.hidden=[784,784,784,784,784,784,784,784]");
+  add(&gp, "train.batch=256");
+  add(&gp, "execution.micro_batch=32");
+  add(&gp, "execution.mode=pipeline");
+  add(&gp, "execution.schedule=gpipe");
+  add(&gp, "execution.stages=2");
+  add(&gp, "train.threads=2");
+  double best_util = 0;
+  for (int i = 0; i < repeats; i++) {
+    double r, u;
+    if (measure(&gp, seconds, &r, &u)) return 1;
+    if (u > best_util) best_util = u;
+  }
+  double M = 8, S = 2, bubble = M / (M + S - 1);
+  printf("utilization: gpipe S=2 M=8, MLP of equal blocks: measured %.3f, "
+         "bubble formula M/(M+S-1) = %.3f: ratio %.3f (target within 10%%: "
+         "%s)\n",
+         best_util, bubble, best_util / bubble,
+         verdict(best_util >= 0.9 * bubble && best_util <= 1.1 * bubble));
+
+  /* 3. stages: CNN (conv 32, 64, dense 256, as configs/cnn_fmnist.yaml)
+   * and an MLP; S stages of cores / S threads against sequential. */
+  const char *models[2][6] = {
+      {"model.kind=cnn", "model.channels=[32,64]", "model.norm=groupnorm",
+       "model.dense=[256]", "train.batch=64", "execution.micro_batch=8"},
+      {"model.hidden=[1024,1024,1024,1024]", "train.batch=128",
+       "execution.micro_batch=16", NULL, NULL, NULL}};
+  const char *names[2] = {"CNN fmnist (32, 64, 256), batch 64, M=8",
+                          "MLP 784-1024x4-10, batch 128, M=8"};
+  for (int mi = 0; mi < 2; mi++) {
+    run s_all = {0}, s_one = {0};
+    for (int i = 0; i < 6 && models[mi][i]; i++)
+      add(&s_all, models[mi][i]), add(&s_one, models[mi][i]);
+    add(&s_all, threads);
+    add(&s_one, "train.threads=1");
+    if (pair(&s_all, &s_one, seconds, repeats, &ra, &rb, &ua, &ub)) return 1;
+    printf("%s: sequential %.0f samples/s on %d threads, %.0f on 1\n",
+           names[mi], ra, cores, rb);
+    for (int k = 2; k <= 16 && k <= cores; k *= 2) {
+      static char st[32];
+      snprintf(st, sizeof st, "execution.stages=%d", k);
+      run p = s_all;
+      add(&p, "execution.mode=pipeline");
+      add(&p, st);
+      double best = 0, bu = 0;
+      for (int i = 0; i < repeats; i++) {
+        double r, u;
+        if (measure(&p, seconds, &r, &u)) return 1;
+        if (r > best) best = r, bu = u;
+      }
+      printf("  %2d stages (1f1b): %.0f samples/s, %.2fx sequential on %d "
+             "threads, %.2fx on 1; utilization %.2f%s\n",
+             k, best, best / ra, cores, best / rb, bu,
+             mi == 0 && k == 8
+                 ? best / rb >= 5 ? " (goal 5x one core: met)"
+                                  : " (goal 5x one core: NOT met)"
+                 : "");
+    }
+  }
+  return 0;
+}
