@@ -1071,7 +1071,8 @@ int64_t st_trainer_total_steps(const st_trainer *t);
  * tracks (at most cap are filled). busy / wall is a stage's busy fraction;
  * their mean is the measured pipeline utilization. */
 typedef struct st_track_stats {
-  char name[48];  /* "stage 2", "replica 1 stage 0" */
+  char name[48];    /* "stage 2", "replica 1 stage 0" */
+  int first, count; /* its blocks */
   double busy_s;
 } st_track_stats;
 int st_trainer_stats(const st_trainer *t, st_track_stats *out, int cap,

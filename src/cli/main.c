@@ -161,28 +161,44 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
 }
 
 
-/* Where the pipeline's time went: each stage's busy fraction, and the
- * measured utilization beside the plan's and the bubble formula's. */
+/* Where the pipeline's time went: each stage's busy fraction and its
+ * measured time per sample beside the plan's prediction (where the plan
+ * cut the same blocks), and the measured utilization beside the plan's and
+ * the bubble formula's. `samples`: trained by this process. */
 static void print_stages(const st_trainer *t, const st_config *c,
-                         const st_plan *plan) {
+                         const st_plan *plan, int64_t samples) {
   if (!strcmp(c->execution.mode, "sequential") && c->execution.replicas == 1)
     return;
   double wall = 0, bubble = 1;
   int n = st_trainer_stats(t, NULL, 0, &wall);
   st_track_stats *st = malloc((size_t)n * sizeof *st);
-  if (!st || wall <= 0) {
+  if (!st || wall <= 0 || samples <= 0) {
     free(st);
     return;
   }
   st_trainer_stats(t, st, n, &wall);
-  printf("strata: busy fraction of the step time:");
-  for (int i = 0; i < n; i++)
-    printf("%s %s %.2f", i ? "," : "", st[i].name, st[i].busy_s / wall);
+  /* each replica's stages see its share of the samples */
+  double per = (double)samples / c->execution.replicas;
+  printf("strata: stage          blocks   busy   measured/sample   "
+         "planned/sample\n");
+  for (int i = 0; i < n; i++) {
+    char blocks[32], planned[32] = "-";
+    snprintf(blocks, sizeof blocks, "%d-%d", st[i].first,
+             st[i].first + st[i].count - 1);
+    for (int k = 0; plan && k < plan->n_stages; k++)
+      if (plan->stages[k].first == st[i].first &&
+          plan->stages[k].count == st[i].count)
+        snprintf(planned, sizeof planned, "%.1f us",
+                 plan->stages[k].time * 1e6);
+    printf("strata:   %-18s %-6s %5.2f   %12.1f us   %14s\n", st[i].name,
+           blocks, st[i].busy_s / wall, st[i].busy_s / per * 1e6, planned);
+  }
   free(st);
   double util = st_trainer_utilization(t, &bubble);
   int S = st_trainer_stages(t);
-  printf("\nstrata: pipeline utilization %.2f measured", util);
-  if (plan && plan->n_stages == S)
+  printf("strata: pipeline utilization %.2f measured", util);
+  if (plan && plan->n_stages == S && c->execution.replicas == 1 &&
+      strcmp(c->execution.mode, "block_sequential") != 0)
     printf(", %.2f planned (stage balance %.2f)",
            plan->balance * plan->util_fill_drain, plan->balance);
   printf(", %.2f by the bubble formula M/(M+S-1) at S = %d\n", bubble, S);
@@ -236,10 +252,15 @@ static int cmd_train(int argc, char **argv) {
   st_plan *plan = NULL;
   if (compile_into(&plan, &cfg, st_trainer_stages(t), out, &err))
     fprintf(stderr, "strata: warning: no plan: %s\n", err.msg);
-  /* the plan's utilization: the bubble at its stage balance */
+  /* the plan's utilization: the bubble at its stage balance — for the
+   * modes it describes (the printed plan cuts the whole model on all the
+   * cores: not block_sequential's segments, not one replica's share) */
+  int comparable = cfg.execution.replicas == 1 &&
+                   strcmp(cfg.execution.mode, "block_sequential") != 0;
   if (plan)
     st_trainer_set_prediction(t, plan->throughput,
-                              plan->n_stages == st_trainer_stages(t)
+                              comparable &&
+                                      plan->n_stages == st_trainer_stages(t)
                                   ? plan->balance * plan->util_fill_drain
                                   : 0);
   fflush(stdout);
@@ -248,10 +269,17 @@ static int cmd_train(int argc, char **argv) {
     st_trainer_destroy(t);
     return st_cli_fail(&err);
   }
+  int64_t samples0 = st_trainer_pos(t)->samples;
   rc = st_trainer_run(t, &err);
-  if (!rc && a.trace) {
-    rc = st_trainer_write_trace(t, a.trace, &err);
-    if (!rc) printf("strata: wrote trace %s\n", a.trace);
+  /* the trace of a failed run too: that is when it is wanted most */
+  if (a.trace) {
+    st_error terr = {0};
+    if (st_trainer_write_trace(t, a.trace, &terr) == 0)
+      printf("strata: wrote trace %s\n", a.trace);
+    else if (!rc)
+      rc = (err = terr).code;
+    else
+      fprintf(stderr, "strata: warning: %s\n", terr.msg);
   }
   if (rc) {
     st_plan_destroy(plan);
@@ -275,7 +303,7 @@ static int cmd_train(int argc, char **argv) {
            rate, plan->throughput, plan->fabric.name,
            plan->fabric.estimated ? ", uncalibrated estimate" : "",
            text ? "; a sample is one sequence" : "");
-  print_stages(t, &cfg, plan);
+  print_stages(t, &cfg, plan, st_trainer_pos(t)->samples - samples0);
   st_plan_destroy(plan);
   st_trainer_destroy(t);
   return 0;

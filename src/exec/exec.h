@@ -128,6 +128,8 @@ const st_executor *st_find_executor(const char *mode);
  * flight during the last step; the stages' block ranges (returns S). */
 int st_pipeline_held(const void *state, int stage);
 int st_pipeline_stages(const void *state, int *first, int *count);
+/* The threads stage s runs on (its share of the cores). */
+int st_pipeline_cores(const void *state, int stage);
 /* Test knob: each stage sleeps a pseudo-random 0 .. max_us microseconds
  * before every forward and backward (0 turns it off). Call between steps. */
 void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);

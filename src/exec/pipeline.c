@@ -248,7 +248,9 @@ static void run_phase(pipe_stage *st, int phase) {
   view.ctx.pool = st->pool;
   view.track = p->v->track + st->index;
   double now = st_now();
-  if (st->last_end > 0) trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
+  /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
+  if (st->last_end > 0 && !v->grads_only)
+    trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
   int M = p->M;
   if (phase == PHASE_FORWARD) {
     st->held = st->max_held = 0;
@@ -338,25 +340,25 @@ done:
 }
 
 /* Splits blocks [0, n) of c into stages on `cores` cores as the compiler
- * plans it (S = 0: the plan's choice): first/count/pes per stage, at most
- * cap of them; returns the stage count. More stages than cores share them
- * (one thread each); a model the planner cannot place falls back to the
+ * plans it on fab (S = 0: the plan's choice): first/count/pes per stage;
+ * returns the stage count. `shared`: more stages than cores, one thread
+ * each. A model the planner cannot place (or no fab) falls back to the
  * FLOP balance with the cores shared evenly. */
 static int split(const st_block_cost *c, int n, const st_fabric *fab, int S,
-                 int cores, int *first, int *count, int *pes) {
+                 int cores, int shared, int *first, int *count, int *pes) {
   st_plan_options opt = {.stages = S,
                          .samples_in_flight = 1,
                          .weight_versions = 1,
                          .algorithm = ST_PARTITION_AUTO};
   st_plan *plan = NULL;
   st_error err = {0};
-  if (st_plan_build(&plan, c, n, fab, &opt, &err) == 0) {
+  if (fab && st_plan_build(&plan, c, n, fab, &opt, &err) == 0) {
     int k = plan->n_stages;
     for (int s = 0; s < k; s++) {
       first[s] = plan->stages[s].first;
       count[s] = plan->stages[s].count;
       pes[s] = (int)plan->stages[s].pes;
-      if (S > cores || pes[s] < 1) pes[s] = 1;
+      if (shared || pes[s] < 1) pes[s] = 1;
     }
     st_plan_destroy(plan);
     return k;
@@ -364,7 +366,7 @@ static int split(const st_block_cost *c, int n, const st_fabric *fab, int S,
   if (S == 0) S = cores < n ? cores : n;
   balance(c, n, S, first, count);
   for (int s = 0; s < S; s++)
-    pes[s] = S > cores ? 1 : cores / S + (s < cores % S);
+    pes[s] = shared || S > cores ? 1 : cores / S + (s < cores % S);
   return S;
 }
 
@@ -440,16 +442,19 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
   st_plan_costs(c, m, cfg);
   /* The plan for this machine's cores, whatever fabric the config plans
    * for otherwise (a mesh is a what-if; a run runs here). More stages than
-   * cores share them. */
-  st_fabric fab;
+   * cores share them. A calibration profile that cannot be read leaves no
+   * plan: the FLOP balance runs, as for a model the planner cannot place. */
+  st_fabric fab, *plan_on = &fab;
+  st_error no_plan = {0};
   char spec[32];
   *cpu = *cfg;
   snprintf(spec, sizeof spec, "cpu:%d", S > cores ? S : cores);
-  if ((rc = st_fabric_parse(cpu, spec, err)) ||
-      (rc = st_fabric_resolve(&fab, cpu, err)))
-    goto done;
-  int G = blockseq ? segment(c, n, &fab, cfg->execution.blocks_per_segment,
-                             cfg->train.batch, starts)
+  if (st_fabric_parse(cpu, spec, &no_plan) ||
+      st_fabric_resolve(&fab, cpu, &no_plan))
+    plan_on = NULL;
+  int per = cfg->execution.blocks_per_segment;
+  if (blockseq && !per && !plan_on) per = n; /* no memory figure: one */
+  int G = blockseq ? segment(c, n, plan_on, per, cfg->train.batch, starts)
                    : (starts[0] = 0, 1);
   starts[G] = n;
   if (blockseq && cfg->execution.blocks_per_segment > 0 &&
@@ -475,7 +480,8 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
     int want = S == 0 && blockseq ? (cores < nb ? cores : nb)
                : S > nb           ? nb
                                   : S;
-    int k = split(c + b0, nb, &fab, want, cores, first, count, pes);
+    int k = split(c + b0, nb, plan_on, want, cores, S > cores, first, count,
+                  pes);
     p->seg[g] = total;
     for (int s = 0, off = 0; s < k; s++, total++) {
       pipe_stage *st = &p->stages[total];
@@ -680,6 +686,11 @@ void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed) {
   for (int s = 0; s < p->S; s++) p->stages[s].jitter_state = seed + 7919u * s;
 }
 
+int st_pipeline_cores(const void *state, int stage) {
+  const pipe *p = state;
+  return stage >= 0 && stage < p->S ? p->stages[stage].cores : -1;
+}
+
 int st_pipeline_stages(const void *state, int *first, int *count) {
   const pipe *p = state;
   for (int s = 0; s < p->S; s++) {
@@ -705,6 +716,8 @@ static int pipe_stats(void *state, st_track_stats *out, int cap,
   *wall = p->wall;
   for (int s = 0; s < p->S && s < cap; s++) {
     snprintf(out[s].name, sizeof out[s].name, "%s", p->stages[s].name);
+    out[s].first = p->stages[s].first;
+    out[s].count = p->stages[s].count;
     out[s].busy_s = p->stages[s].busy;
   }
   return p->S;

@@ -382,6 +382,8 @@ static int rep_stats(void *state, st_track_stats *out, int cap,
       int len = snprintf(prefix, sizeof prefix, "replica %d ", r);
       snprintf(o->name, sizeof o->name, "%s%.*s", prefix,
                (int)sizeof o->name - len - 1, in->name);
+      o->first = in->first;
+      o->count = in->count;
       o->busy_s = in->busy_s;
     }
     n += k;

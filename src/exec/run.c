@@ -153,63 +153,58 @@ static int checkpoint(run_state *r, st_error *err) {
 
 /* ",\n  \"stages\": [...], \"utilization\": ..." — where the time went,
  * beside the plan's prediction and the bubble formula (null: no plan). */
-static void stage_fields(const run_state *r, char *buf, size_t cap) {
+static void stage_fields(const run_state *r, FILE *f) {
   double wall = 0, bubble = 1, plan_util = 0;
   int n = st_trainer_stats(r->t, NULL, 0, &wall);
   st_track_stats *st = malloc((size_t)n * sizeof *st);
   double util = st_trainer_utilization(r->t, &bubble);
   double plan_rate = st_trainer_plan_rate(r->t, &plan_util);
-  size_t len = 0;
-  len += (size_t)snprintf(buf, cap, ",\n  \"stages\": [");
+  fprintf(f, ",\n  \"stages\": [");
   if (st) st_trainer_stats(r->t, st, n, &wall);
-  for (int i = 0; st && i < n && len < cap; i++)
-    len += (size_t)snprintf(buf + len, cap - len,
-                            "%s{\"name\": \"%s\", \"busy_fraction\": %.4f}",
-                            i ? ", " : "", st[i].name,
-                            wall > 0 ? st[i].busy_s / wall : 0);
+  for (int i = 0; st && i < n; i++)
+    fprintf(f,
+            "%s{\"name\": \"%s\", \"blocks\": [%d, %d], "
+            "\"busy_fraction\": %.4f}",
+            i ? ", " : "", st[i].name, st[i].first,
+            st[i].first + st[i].count - 1, wall > 0 ? st[i].busy_s / wall : 0);
   free(st);
   char pu[32] = "null", pr[32] = "null";
   if (plan_util > 0) snprintf(pu, sizeof pu, "%.4f", plan_util);
   if (plan_rate > 0) snprintf(pr, sizeof pr, "%.1f", plan_rate);
-  if (len < cap)
-    snprintf(buf + len, cap - len,
-             "],\n  \"utilization\": %.4f,\n  \"utilization_plan\": %s,\n"
-             "  \"utilization_bubble\": %.4f,\n  \"plan_samples_per_s\": %s",
-             util, pu, bubble, pr);
+  fprintf(f,
+          "],\n  \"utilization\": %.4f,\n  \"utilization_plan\": %s,\n"
+          "  \"utilization_bubble\": %.4f,\n  \"plan_samples_per_s\": %s",
+          util, pu, bubble, pr);
 }
 
 static int write_summary(run_state *r, st_error *err) {
   if (!r->dir) return 0;
   const st_train_pos *p = st_trainer_pos(r->t);
   const st_model *m = st_trainer_model(r->t);
-  enum { STAGES = 16384, CAP = STAGES + 4096 };
-  char *buf = malloc(CAP), *stages = malloc(STAGES);
-  if (!buf || !stages) {
-    free(buf);
-    free(stages);
-    return st_error_set(err, ST_ENOMEM, "out of memory");
-  }
-  char path[ST_PATH_MAX + 32], noise[160];
+  char *text = NULL, path[ST_PATH_MAX + 32], noise[160];
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return st_error_set(err, ST_ENOMEM, "out of memory");
   noise_fields(r, noise, sizeof noise);
-  stage_fields(r, stages, STAGES);
-  int n = snprintf(
-      buf, CAP,
-      "{\n  \"mode\": \"%s\",\n  \"model\": \"%s\",\n  \"parameters\": %zu,\n"
-      "  \"steps\": %lld,\n  \"epochs\": %lld,\n  \"samples\": %lld,\n"
-      "  \"batch\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
-      "  \"test_accuracy\": %.6f,\n  \"samples_per_s\": %.1f,\n"
-      "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
-      "  \"replicas\": %d,\n  \"blas\": \"%s\"%s%s\n}\n",
-      r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
-      (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
-      r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
-      samples_per_s(r), r->train_s,
-      st_now() - r->t0, st_trainer_threads(r->t), r->cfg->execution.replicas,
-      st_blas_name(), noise, stages);
+  fprintf(f,
+          "{\n  \"mode\": \"%s\",\n  \"model\": \"%s\",\n  \"parameters\": %zu,\n"
+          "  \"steps\": %lld,\n  \"epochs\": %lld,\n  \"samples\": %lld,\n"
+          "  \"batch\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
+          "  \"test_accuracy\": %.6f,\n  \"samples_per_s\": %.1f,\n"
+          "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
+          "  \"replicas\": %d,\n  \"blas\": \"%s\"%s",
+          r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
+          (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
+          r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
+          samples_per_s(r), r->train_s, st_now() - r->t0,
+          st_trainer_threads(r->t), r->cfg->execution.replicas, st_blas_name(),
+          noise);
+  stage_fields(r, f);
+  fprintf(f, "\n}\n");
+  int rc = fclose(f) == 0 ? 0 : st_error_set(err, ST_ENOMEM, "out of memory");
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
-  int rc = st_write_file_atomic(path, buf, (size_t)n, err);
-  free(buf);
-  free(stages);
+  if (!rc) rc = st_write_file_atomic(path, text, len, err);
+  free(text);
   return rc;
 }
 

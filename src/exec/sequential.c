@@ -52,7 +52,9 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
   int mb = v->micro_batch, R = m->label_rows; /* R labels per sample */
   st_ctx ctx = v->ctx;
   double start = st_now(), t0;
-  if (q->last_end > 0) trace(v, ST_TRACE_IDLE, -1, q->last_end);
+  /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
+  if (q->last_end > 0 && !v->grads_only)
+    trace(v, ST_TRACE_IDLE, -1, q->last_end);
   int rc = 0;
   for (int k = 0; k < v->batch; k += mb) {
     const float *x = v->x + (size_t)k * in_numel;
@@ -98,7 +100,8 @@ static int seq_stats(void *state, st_track_stats *out, int cap,
                      double *wall) {
   const seq *q = state;
   *wall = q->busy;
-  if (cap > 0) out[0] = (st_track_stats){"stage 0", q->busy};
+  if (cap > 0)
+    out[0] = (st_track_stats){"stage 0", 0, q->stage->count, q->busy};
   return 1;
 }
 

@@ -684,7 +684,8 @@ double st_trainer_utilization(const st_trainer *t, double *bubble) {
    * segments take turns on the same cores */
   int R = t->cfg.execution.replicas, S = st_trainer_stages(t);
   int at_once = n < R * S ? n : R * S;
-  double M = (double)t->batch / R / t->micro_batch;
+  int share = t->batch / R, mb = t->micro_batch < share ? t->micro_batch : share;
+  double M = (double)share / mb;
   if (bubble) *bubble = M / (M + S - 1);
   return wall > 0 && at_once > 0 ? busy / (wall * at_once) : 0;
 }

@@ -497,7 +497,8 @@ else
 fi
 # block_sequential: segments of one block, each its own stage; the same
 # bytes again. The run prints each stage's busy fraction and the measured
-# utilization beside the bubble formula; summary.json has them; --trace
+# utilization beside the bubble formula, each stage's time per sample beside
+# the plan's where the plan cut the same blocks; summary.json has them; --trace
 # writes a Chrome trace with a track per stage.
 run train "$fc" "${pipe_args[@]}" --set execution.mode=block_sequential \
   --set execution.blocks_per_segment=1 --out "$T/p_bseq" --trace "$T/p_bseq.json"
@@ -507,10 +508,12 @@ if [ "$rc" -eq 0 ] && cmp -s "$T/p_seq/checkpoints/step-00000012.safetensors" \
 else
   fail "block_sequential checkpoint equals sequential's byte for byte" "rc $rc" "$err"
 fi
-if grep -Eq "busy fraction of the step time: segment 0 stage 0 [01]\.[0-9]{2}, segment 1 stage 0 [01]\.[0-9]{2}, segment 2 stage 0" <<<"$out" &&
+if grep -Eq "^strata:   segment 0 stage 0 +0-0 +[01]\.[0-9]{2} +[0-9]+\.[0-9] us +([0-9.]+ us|-)$" <<<"$out" &&
+   grep -Eq "^strata:   segment 2 stage 0 +2-2 +[01]\.[0-9]{2} +[0-9]+\.[0-9] us" <<<"$out" &&
    grep -Eq "pipeline utilization [01]\.[0-9]{2} measured.* by the bubble formula M/\(M\+S-1\) at S = 1" <<<"$out" &&
    grep -q '"utilization_bubble": 1.0000' "$T/p_bseq/summary.json" &&
-   grep -q '"name": "segment 2 stage 0", "busy_fraction"' "$T/p_bseq/summary.json"; then
+   grep -q '"name": "segment 2 stage 0", "blocks": \[2, 2\], "busy_fraction"' "$T/p_bseq/summary.json" &&
+   grep -q '"utilization_plan": null' "$T/p_bseq/summary.json"; then
   pass
 else
   fail "block_sequential: stage busy fractions and utilization" "$out"

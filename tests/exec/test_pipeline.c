@@ -197,11 +197,14 @@ static void test_block_sequential(const char *what, const st_config *base) {
 }
 
 /* The stages are the compiler's plan for this machine's cores: the same
- * cut points as st_plan_compile on fabric cpu:threads. */
-static void test_plan(const st_config *base, const char *what, int S) {
+ * cut points and cores per stage as st_plan_compile on fabric
+ * cpu:threads. More stages than threads: one thread each. */
+static void test_plan(const st_config *base, const char *what, int S,
+                      int threads) {
   st_config c = *base;
   snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
   c.execution.stages = S;
+  c.train.threads = threads;
   st_error err = {0};
   st_trainer *t = make(&c, &err);
   CHECK(t != NULL, "%s", err.msg);
@@ -210,17 +213,53 @@ static void test_plan(const st_config *base, const char *what, int S) {
   snprintf(spec, sizeof spec, "cpu:%d", c.train.threads);
   CHECK(st_fabric_parse(&c, spec, &err) == 0, "%s", err.msg);
   st_plan *plan = NULL;
+  if (S > threads) { /* shared cores: one thread a stage */
+    for (int s = 0; s < S; s++)
+      CHECK(st_pipeline_cores(st_trainer_exec_state(t), s) == 1,
+            "%s: stage %d of %d on %d threads: %d threads", what, s, S,
+            threads, st_pipeline_cores(st_trainer_exec_state(t), s));
+    st_trainer_destroy(t);
+    return;
+  }
   CHECK(st_plan_compile(&plan, &c, S, &err) == 0, "%s: %s", what, err.msg);
   int first[64], count[64];
   int k = st_pipeline_stages(st_trainer_exec_state(t), first, count);
   CHECK(plan && k == plan->n_stages, "%s: %d stages, plan %d", what, k,
         plan ? plan->n_stages : -1);
-  for (int s = 0; plan && s < k && s < plan->n_stages; s++)
+  for (int s = 0; plan && s < k && s < plan->n_stages; s++) {
     CHECK(first[s] == plan->stages[s].first &&
               count[s] == plan->stages[s].count,
           "%s: stage %d is blocks %d+%d, the plan's %d+%d", what, s, first[s],
           count[s], plan->stages[s].first, plan->stages[s].count);
+    int cores = st_pipeline_cores(st_trainer_exec_state(t), s);
+    CHECK(cores == plan->stages[s].pes, "%s: stage %d runs on %d threads, "
+          "the plan gives it %lld cores", what, s, cores,
+          (long long)plan->stages[s].pes);
+  }
   st_plan_destroy(plan);
+  st_trainer_destroy(t);
+}
+
+/* Steps allocate nothing once running (st_alloc counts every buffer). */
+static void test_steady(const st_config *base, const char *mode) {
+  st_config c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "%s", mode);
+  c.train.batch = BATCH;
+  c.execution.micro_batch = 4;
+  c.execution.stages = 2;
+  c.execution.blocks_per_segment = 3;
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return;
+  double loss;
+  uint64_t before = 0;
+  for (int i = 0; i < 10; i++) {
+    if (i == 3) before = st_alloc_count();
+    CHECK(st_trainer_step(t, &loss, &err) == 0, "%s", err.msg);
+  }
+  CHECK(st_alloc_count() == before, "%s: %llu allocations in 7 steps", mode,
+        (unsigned long long)(st_alloc_count() - before));
   st_trainer_destroy(t);
 }
 
@@ -347,9 +386,14 @@ static void test_nan(const st_config *base, const char *schedule) {
   st_config c = *base;
   c.train.batch = BATCH;
   c.execution.micro_batch = 4;
-  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
-  snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s", schedule);
-  c.execution.stages = 3;
+  int bseq = strcmp(schedule, "block_sequential") == 0;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "%s",
+           bseq ? "block_sequential" : "pipeline");
+  if (!bseq)
+    snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s",
+             schedule);
+  c.execution.stages = bseq ? 2 : 3;
+  c.execution.blocks_per_segment = 2;
   c.optimizer.lr = 1e30f; /* the second step's loss overflows */
   st_error err = {0};
   st_trainer *t = make(&c, &err);
@@ -394,8 +438,6 @@ static void test_refusals(const st_config *base) {
         "more stages than a segment's blocks: %s", err.msg);
   st_trainer_destroy(t);
   c = *base;
-  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
-  c = *base;
   st_config_defaults(&c);
   CHECK(st_config_set(&c, "execution.schedule=zigzag", &err) == ST_ECONFIG &&
             strstr(err.msg, "gpipe, 1f1b"),
@@ -425,14 +467,25 @@ int main(void) {
   test_block_sequential("mlp", &deep);
   test_block_sequential("cnn", &cnn);
   test_block_sequential("gpt", &deep_gpt);
-  test_plan(&mlp, "mlp S=2", 2);
-  test_plan(&cnn, "cnn S=2", 2);
-  test_plan(&cnn, "cnn S=0 (the plan's count)", 0);
+  test_plan(&mlp, "mlp S=2", 2, 2);
+  test_plan(&cnn, "cnn S=2", 2, 2);
+  test_plan(&cnn, "cnn S=0 (the plan's count)", 0, 2);
+  /* 784-128x7-10: a FLOP balance gives the first block a stage of its
+   * own; the plan gives stage 0 two of 3 cores and blocks 0-3 */
+  st_config mlp128 = mlp;
+  set_all(&mlp128, (const char *[]){"model.hidden=[128,128,128,128,128,128,128]"}, 1);
+  test_plan(&mlp128, "mlp 128x7 S=2 on 3 threads", 2, 3);
+  test_plan(&deep, "deep mlp S=3 on 8 threads", 3, 8);
+  test_plan(&deep, "deep mlp S=4 on 2 threads", 4, 2);
+  test_steady(&mlp, "pipeline");
+  test_steady(&deep, "block_sequential");
   test_stats_trace(&mlp, "pipeline");
   test_stats_trace(&deep, "block_sequential");
   test_nan(&mlp, "1f1b");
   test_nan(&mlp, "gpipe");
   test_nan(&gpt, "1f1b"); /* the tied copy is updated by stage 0 */
+  test_nan(&mlp, "block_sequential");
+  test_nan(&gpt, "block_sequential");
   /* stage pools of several threads (8 threads over 2-4 stages), batch 1
    * with fused updates */
   st_config wide = mlp;
