@@ -19,6 +19,7 @@
  *  - impossible settings fail before any work starts.
  */
 #include "harness.h"
+#include "models.h"
 #include "strata.h"
 #include "../../src/exec/exec.h"
 
@@ -28,46 +29,6 @@
 #include <unistd.h>
 
 enum { STEPS = 20, BATCH = 16 };
-
-static void set_all(st_config *c, const char *const *sets, size_t n) {
-  st_error err = {0};
-  for (size_t i = 0; i < n; i++)
-    CHECK(st_config_set(c, sets[i], &err) == 0, "%s: %s", sets[i], err.msg);
-}
-
-static void mlp_config(st_config *c) {
-  st_config_defaults(c);
-  const char *sets[] = {"data.dataset=synthetic", "data.train_limit=512",
-                        "data.test_limit=64", "model.hidden=[64,32,32]",
-                        "model.dropout=0.1", "optimizer.nesterov=true",
-                        "train.threads=2", "metrics.progress=off"};
-  set_all(c, sets, sizeof sets / sizeof sets[0]);
-}
-
-static void cnn_config(st_config *c) {
-  st_config_defaults(c);
-  const char *sets[] = {"data.dataset=synthetic", "data.train_limit=512",
-                        "data.test_limit=64", "model.kind=cnn",
-                        "model.channels=[4,8]", "model.residual_blocks=1",
-                        "model.norm=groupnorm", "model.groups=2",
-                        "model.dense=[16]", "model.dropout=0.1",
-                        "optimizer.kind=adamw", "optimizer.lr=0.002",
-                        "optimizer.weight_decay=0.01", "train.threads=2",
-                        "metrics.progress=off"};
-  set_all(c, sets, sizeof sets / sizeof sets[0]);
-}
-
-static void gpt_config(st_config *c) {
-  st_config_defaults(c);
-  const char *sets[] = {"model.kind=gpt", "data.dataset=text",
-                        "data.path=tests/fixtures/gpt_corpus.txt",
-                        "model.context=16", "model.layers=2", "model.heads=2",
-                        "model.width=16", "model.dropout=0.1",
-                        "model.activation=gelu_tanh", "optimizer.kind=adamw",
-                        "optimizer.lr=0.003", "train.threads=2",
-                        "metrics.progress=off"};
-  set_all(c, sets, sizeof sets / sizeof sets[0]);
-}
 
 static st_trainer *make(const st_config *c, st_error *err) {
   st_trainer *t = NULL;
