@@ -5,7 +5,7 @@
  *    (residual blocks, group norm, dropout) and a GPT (tied head, dropout),
  *    with S in {2, 3, 4} stages and M in {1, 2, 4, 8} micro-batches, each
  *    case run twice (the threads' timing differs from run to run; the bits
- *    may not);
+ *    may not); configs/gpt_tiny.yaml itself in three cases;
  *  - 1f1b holds at most S - s micro-batches in flight at stage s, gpipe M
  *    (the runtime's own counters);
  *  - a non-finite loss stops the step before any weight changes;
@@ -287,6 +287,45 @@ static void test_stats_trace(const st_config *base, const char *mode) {
   st_trainer_destroy(t);
 }
 
+/* configs/gpt_tiny.yaml itself (4 layers, width 128, context 64, AdamW
+ * with warm-up and cosine) on the fixture corpus: each synchronous mode
+ * against sequential at its micro-batch split, bit for bit. */
+static void test_gpt_tiny(void) {
+  st_config base;
+  st_error err = {0};
+  st_config_defaults(&base);
+  CHECK(st_config_load(&base, "configs/gpt_tiny.yaml", &err) == 0, "%s",
+        err.msg);
+  const char *sets[] = {"data.path=tests/fixtures/gpt_corpus.txt",
+                        "train.threads=2", "metrics.progress=off",
+                        "model.dropout=0.1"};
+  set_all(&base, sets, sizeof sets / sizeof sets[0]);
+  const struct {
+    const char *mode, *schedule;
+    int S, M, per;
+  } cases[] = {{"pipeline", "gpipe", 3, 4, 0},
+               {"pipeline", "1f1b", 4, 8, 0},
+               {"block_sequential", "1f1b", 2, 2, 3}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    st_config seq = base;
+    seq.execution.micro_batch = seq.train.batch / cases[i].M;
+    size_t n = 0, np = 0;
+    float *want = train(&seq, &n, NULL);
+    st_config c = seq;
+    snprintf(c.execution.mode, sizeof c.execution.mode, "%s", cases[i].mode);
+    snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s",
+             cases[i].schedule);
+    c.execution.stages = cases[i].S;
+    c.execution.blocks_per_segment = cases[i].per;
+    float *got = train(&c, &np, NULL);
+    CHECK(want && got && n == np && memcmp(want, got, n * sizeof *got) == 0,
+          "gpt_tiny.yaml: %s %s S=%d M=%d: weights differ from sequential",
+          cases[i].mode, cases[i].schedule, cases[i].S, cases[i].M);
+    free(want);
+    free(got);
+  }
+}
+
 /* One pipeline case against sequential at the config's batch (M
  * micro-batches of it), bitwise. */
 static void test_one(const st_config *base, const char *what, int M,
@@ -421,6 +460,7 @@ int main(void) {
   test_equivalence("mlp", &mlp);
   test_equivalence("cnn", &cnn);
   test_equivalence("gpt", &gpt);
+  test_gpt_tiny();
   /* block_sequential on deeper models: 8, 6 and 6 blocks */
   st_config deep = mlp, deep_gpt = gpt;
   set_all(&deep, (const char *[]){"model.hidden=[32,32,32,32,32,32,32]"}, 1);
