@@ -28,37 +28,6 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { STEPS = 20, BATCH = 16 };
-
-static st_trainer *make(const st_config *c, st_error *err) {
-  st_trainer *t = NULL;
-  if (st_trainer_create(&t, c, NULL, err)) return NULL;
-  return t;
-}
-
-/* Weights after STEPS steps (malloc'd), or NULL after a failure. */
-static float *train(const st_config *c, size_t *n, st_trainer **keep) {
-  st_error err = {0};
-  st_trainer *t = make(c, &err);
-  CHECK(t != NULL, "%s", err.msg);
-  if (!t) return NULL;
-  double loss;
-  for (int i = 0; i < STEPS; i++)
-    if (st_trainer_step(t, &loss, &err)) {
-      CHECK(0, "step %d: %s", i, err.msg);
-      st_trainer_destroy(t);
-      return NULL;
-    }
-  *n = st_trainer_model(t)->n_params;
-  float *w = malloc(*n * sizeof *w);
-  memcpy(w, st_trainer_params(t), *n * sizeof *w);
-  if (keep)
-    *keep = t;
-  else
-    st_trainer_destroy(t);
-  return w;
-}
-
 static void test_equivalence(const char *what, const st_config *base) {
   const int Ms[] = {1, 2, 4, 8};
   const char *schedules[] = {"gpipe", "1f1b"};

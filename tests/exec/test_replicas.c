@@ -21,8 +21,6 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { STEPS = 20, BATCH = 16 };
-
 /* The three models of models.h, each with SGD + momentum: the
  * equivalence bound below is stated for it (AdamW divides by sqrt(v) and
  * so turns rounding in near-zero gradients into O(lr) steps). */
@@ -51,31 +49,6 @@ static void set_mode(st_config *c, int mode) {
   c->execution.stages = mode == 0 ? 0 : 2;
 }
 
-static st_trainer *make(const st_config *c, st_error *err) {
-  st_trainer *t = NULL;
-  if (st_trainer_create(&t, c, NULL, err)) return NULL;
-  return t;
-}
-
-/* Weights after STEPS steps (malloc'd), or NULL after a failure. */
-static float *train(const st_config *c, size_t *n) {
-  st_error err = {0};
-  st_trainer *t = make(c, &err);
-  CHECK(t != NULL, "%s", err.msg);
-  if (!t) return NULL;
-  double loss;
-  for (int i = 0; i < STEPS; i++)
-    if (st_trainer_step(t, &loss, &err)) {
-      CHECK(0, "step %d: %s", i, err.msg);
-      st_trainer_destroy(t);
-      return NULL;
-    }
-  *n = st_trainer_model(t)->n_params;
-  float *w = malloc(*n * sizeof *w);
-  memcpy(w, st_trainer_params(t), *n * sizeof *w);
-  st_trainer_destroy(t);
-  return w;
-}
 
 /* ||a - b|| / ||b||, in double. */
 static double rel_dist(const float *a, const float *b, size_t n) {
@@ -106,7 +79,7 @@ static void test_equivalence(const char *what, const st_config *base,
   ref.execution.micro_batch = micro_batch;
   if (with_adamw) adamw(&ref);
   size_t n = 0, na = 0, nb = 0;
-  float *want = with_adamw ? NULL : train(&ref, &n);
+  float *want = with_adamw ? NULL : train(&ref, &n, NULL);
   if (!with_adamw && !want) return;
   for (int ri = 0; ri < nR; ri++) {
     float *first = NULL; /* the sequential inner mode's weights */
@@ -114,7 +87,7 @@ static void test_equivalence(const char *what, const st_config *base,
       st_config c = ref;
       c.execution.replicas = Rs[ri];
       set_mode(&c, mode);
-      float *a = train(&c, &na), *b = train(&c, &nb);
+      float *a = train(&c, &na, NULL), *b = train(&c, &nb, NULL);
       if (!a || !b) {
         free(a);
         free(b);
