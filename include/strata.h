@@ -840,6 +840,9 @@ typedef struct st_fabric {
   double link_bandwidth;    /* bytes/s: mesh, one link one way; cpu, one
                                stage-to-stage copy */
   double efficiency_slope;  /* e(c) = 1 / (1 + slope (c - 1)); 0 on a mesh */
+  double sharing_slope;     /* cpu, calibrated: m(n) = 1/(1 + slope (n-1)),
+                               the rate each of n busy cores keeps; 0 = cores
+                               independent (see compile.h) */
   double memory_bandwidth;  /* bytes/s, whole fabric (reported, not modelled) */
   double fabric_bandwidth;  /* bytes/s, whole fabric (reported, not modelled) */
   int estimated;            /* 1: built-in figures, not calibrated */
@@ -888,6 +891,12 @@ typedef struct st_calibration {
   double gemm_rate_threads[ST_CALIBRATION_MAX_THREADS]; /* largest class */
   double efficiency[ST_CALIBRATION_MAX_THREADS]; /* rate(c) / (c rate(1)) */
   double efficiency_slope;   /* s of e(c) = 1/(1 + s (c - 1)), fitted */
+  /* n one-thread GEMMs at once (independent stages), n = threads[i]:
+   * their summed rate / (n rate(1)); the slope of m(n) = 1/(1 + s (n-1)).
+   * Hyperthreads sharing a core, or a shared memory bus, show here. A
+   * profile without them (older) reads as 1 and 0: independent cores. */
+  double sharing[ST_CALIBRATION_MAX_THREADS];
+  double sharing_slope;
   double op_bandwidth[ST_OP_CLASSES]; /* bytes/s, one thread */
   double copy_bandwidth;     /* bytes/s, memcpy of activation-sized buffers */
 } st_calibration;

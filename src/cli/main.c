@@ -258,7 +258,7 @@ static int cmd_train(int argc, char **argv) {
   int comparable = cfg.execution.replicas == 1 &&
                    strcmp(cfg.execution.mode, "block_sequential") != 0;
   if (plan)
-    st_trainer_set_prediction(t, plan->throughput,
+    st_trainer_set_prediction(t, plan->throughput * plan->util_fill_drain,
                               comparable &&
                                       plan->n_stages == st_trainer_stages(t)
                                   ? plan->balance * plan->util_fill_drain
@@ -297,10 +297,12 @@ static int cmd_train(int argc, char **argv) {
     printf("strata: done: %lld steps, test accuracy %.4f, test loss %.4f; "
            "wrote %s\n",
            (long long)st_trainer_pos(t)->step, acc, loss, out);
+  /* the synchronous modes fill and drain every step: the plan's steady
+   * state times the bubble (1 for one stage) */
   if (plan)
     printf("strata: training rate: measured %.0f samples/s, plan predicted "
            "%.0f (%s%s)%s\n",
-           rate, plan->throughput, plan->fabric.name,
+           rate, plan->throughput * plan->util_fill_drain, plan->fabric.name,
            plan->fabric.estimated ? ", uncalibrated estimate" : "",
            text ? "; a sample is one sequence" : "");
   print_stages(t, &cfg, plan, st_trainer_pos(t)->samples - samples0);

@@ -22,6 +22,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -102,6 +103,40 @@ static int gemm_rate(int cls, int threads, double *rate) {
   st_free(j.c);
   st_free(j.d);
   return ok ? 0 : ST_ENOMEM;
+}
+
+/* n one-thread GEMM streams at once, as n one-core stages run: each
+ * thread measures its own rate while the others run. */
+typedef struct stream {
+  double rate;
+  int rc;
+} stream;
+
+static void *stream_main(void *arg) {
+  stream *s = arg;
+  s->rc = gemm_rate(ST_GEMM_CLASSES - 1, 1, &s->rate);
+  return NULL;
+}
+
+/* Their summed rate, or -1 when threads or memory ran out. */
+static double streams_rate(int n) {
+  stream *s = calloc((size_t)n, sizeof *s);
+  pthread_t *th = calloc((size_t)n, sizeof *th);
+  double sum = -1;
+  int started = 0;
+  if (s && th) {
+    for (; started < n; started++)
+      if (pthread_create(&th[started], NULL, stream_main, &s[started])) break;
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (started == n) {
+      sum = 0;
+      for (int i = 0; i < n && sum >= 0; i++)
+        sum = s[i].rc ? -1 : sum + s[i].rate;
+    }
+  }
+  free(s);
+  free(th);
+  return sum;
 }
 
 /* ----------------------------------------------- single-threaded ops */
@@ -256,6 +291,29 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
   if (progress)
     fprintf(progress, "  e(c) = 1/(1 + %.4f (c - 1)), fitted\n",
             c->efficiency_slope);
+  /* independent one-thread GEMMs on 1, 2, 4, ... cores at once */
+  num = den = 0;
+  for (int i = 0; i < c->n_threads; i++) {
+    int t = c->threads[i];
+    double sum = t == 1 ? c->gemm_rate_threads[0] : streams_rate(t);
+    if (sum <= 0)
+      return st_error_set(err, ST_ENOMEM,
+                          "calibration: cannot run %d GEMM threads", t);
+    c->sharing[i] = sum / (t * c->gemm_rate_threads[0]);
+    if (t > 1) {
+      num += (t - 1) * (1 / c->sharing[i] - 1);
+      den += (double)(t - 1) * (t - 1);
+    }
+    if (progress && t > 1)
+      fprintf(progress,
+              "  gemm large, %d one-thread streams %8.2f GFLOP/s, m = %.3f\n",
+              t, sum / 1e9, c->sharing[i]);
+  }
+  s = den > 0 ? num / den : 0;
+  c->sharing_slope = s < 0 ? 0 : s > 0.99 ? 0.99 : s;
+  if (progress)
+    fprintf(progress, "  m(n) = 1/(1 + %.4f (n - 1)), fitted\n",
+            c->sharing_slope);
   return measure_ops(c, progress, err);
 }
 
@@ -298,6 +356,8 @@ int st_calibration_write(const st_calibration *c, const char *path,
              c->n_threads, 0);
   json_array(buf, cap, &at, "efficiency", c->efficiency, c->n_threads, 0);
   json_array(buf, cap, &at, "efficiency_slope", &c->efficiency_slope, 1, 0);
+  json_array(buf, cap, &at, "sharing", c->sharing, c->n_threads, 0);
+  json_array(buf, cap, &at, "sharing_slope", &c->sharing_slope, 1, 0);
   at += (size_t)snprintf(buf + at, cap - at, "  \"op_classes\": [");
   for (int k = 0; k < ST_OP_CLASSES; k++)
     at += (size_t)snprintf(buf + at, cap - at, "%s\"%s\"", k ? ", " : "",
@@ -445,6 +505,17 @@ static int parse(st_calibration *c, const char *text, const char *path,
   if (ns != 1 || !(one[0] >= 0 && one[0] < 1))
     return bad(err, path, "\"efficiency_slope\": expected one number in [0, 1)");
   c->efficiency_slope = one[0];
+  /* optional (profiles before it): independent cores */
+  for (int i = 0; i < n; i++) c->sharing[i] = 1;
+  c->sharing_slope = 0;
+  if (value_of(text, "sharing_slope")) {
+    if ((rc = positive_array(text, path, "sharing", c->sharing, n, err)))
+      return rc;
+    ns = numbers_of(value_of(text, "sharing_slope"), one, 1);
+    if (ns != 1 || !(one[0] >= 0 && one[0] < 1))
+      return bad(err, path, "\"sharing_slope\": expected one number in [0, 1)");
+    c->sharing_slope = one[0];
+  }
   const char *cores = value_of(text, "cores");
   c->cores = cores ? atoi(cores) : 0;
   if (c->cores < 1)
@@ -493,6 +564,7 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
     f->op_bandwidth[k] = c->op_bandwidth[k];
   f->pe_flops = c->gemm_rate[ST_GEMM_CLASSES - 1];
   f->efficiency_slope = c->efficiency_slope;
+  f->sharing_slope = c->sharing_slope;
   f->link_bandwidth = c->copy_bandwidth;
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,

@@ -9,7 +9,12 @@
  * where e(c) = 1 / (1 + slope (c - 1)), o the output bytes sent forward and
  * i the input-gradient bytes sent back. With a calibration profile (cpu),
  * F / r becomes sum over GEMM classes of F_k / r_k, plus a serial term
- * sum over op classes of bytes_k / bw_k that does not shrink with c; and
+ * sum over op classes of bytes_k / bw_k that does not shrink with c. The
+ * calibration's core sharing m(n) = 1/(1 + sigma (n - 1)) — the rate each
+ * of n independent one-thread GEMMs keeps when run at once (hyperthreads
+ * of one core, a shared memory bus) — scales the GEMM time of a stage on c
+ * of the fabric's P cores by m(c) / m(P): e(c) was measured with only c
+ * busy, a plan keeps all P busy. And
  * it holds
  *     versions x weights + gradient and optimizer state
  *       + (input + activations) x samples in flight   <=   c x pe_memory.

@@ -134,10 +134,16 @@ static double comm_bandwidth(const problem *p, const layout *L) {
 /* Seconds per unit of work on c PEs: 1 / (c r e(c)) written as
  * (s + (1 - s)/c) / r, which is the same number but provably non-increasing
  * in c in floating point too (each operation is monotone), so "the fewest
- * units meeting T" is well defined. */
+ * units meeting T" is well defined. With core sharing (a calibrated cpu,
+ * compile.h), times m(c) / m(P): e(c) was measured with c cores busy, the
+ * plan keeps all P busy; also non-increasing in c. */
 static double seconds_per_work(const problem *p, double c) {
-  double s = p->fabric->efficiency_slope;
-  return (s + (1.0 - s) / c) / p->work_rate;
+  const st_fabric *f = p->fabric;
+  double s = f->efficiency_slope, t = (s + (1.0 - s) / c) / p->work_rate;
+  double m = f->sharing_slope;
+  if (m > 0 && c < (double)f->pes)
+    t *= (1.0 + m * ((double)f->pes - 1.0)) / (1.0 + m * (c - 1.0));
+  return t;
 }
 
 double stage_time(const problem *p, const layout *L, int i, int j,

@@ -39,6 +39,9 @@ static st_calibration sample_profile(void) {
     c.efficiency[i] = r[i] / (th[i] * r[0]);
   }
   c.efficiency_slope = 0.25;
+  double m[] = {1, 0.75, 0.5};
+  memcpy(c.sharing, m, sizeof m);
+  c.sharing_slope = 0.375;
   double bw[ST_OP_CLASSES] = {1e10, 5e9, 4e9, 2e10};
   memcpy(c.op_bandwidth, bw, sizeof bw);
   c.copy_bandwidth = 2.5e10;
@@ -78,7 +81,82 @@ static void test_round_trip(void) {
    * in 6 significant digits */
   same &= back.efficiency[1] == 0.9375 && back.efficiency[2] == 0.78125;
   same &= back.efficiency_slope == 0.25 && back.copy_bandwidth == 2.5e10;
+  same &= back.sharing[1] == 0.75 && back.sharing[2] == 0.5 &&
+          back.sharing_slope == 0.375;
   CHECK(same, "every figure survives the round trip");
+}
+
+/* A profile written before core sharing was measured reads as independent
+ * cores (m = 1, slope 0); with sharing, a plan that keeps every core busy
+ * with one-core stages is slower than one without, a one-stage plan on all
+ * the cores is not. */
+static void test_sharing(void) {
+  char path[128], text[4096], old[4096];
+  path_in(path, sizeof path, "shared.json");
+  st_calibration c = sample_profile(), back;
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, path, &err) == 0, "%s", err.msg);
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = '\0';
+  /* drop the two sharing lines */
+  size_t o = 0;
+  for (const char *line = text; *line;) {
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) + 1 : strlen(line);
+    if (!memmem(line, len, "\"sharing", 8)) {
+      memcpy(old + o, line, len);
+      o += len;
+    }
+    line += len;
+  }
+  old[o] = '\0';
+  CHECK(o < n && write_text(path, old) == 0, "an older profile");
+  CHECK(st_calibration_read(&back, path, &err) == 0, "older profile: %s",
+        err.msg);
+  CHECK(back.sharing_slope == 0 && back.sharing[0] == 1 &&
+            back.sharing[2] == 1,
+        "older profile: sharing slope %g", back.sharing_slope);
+
+  st_calibration_write(&c, path, &err);
+  setenv("STRATA_CALIBRATION", path, 1);
+  st_config cfg;
+  st_config_defaults(&cfg);
+  CHECK(st_config_set(&cfg, "fabric.cores=4", &err) == 0, "%s", err.msg);
+  CHECK(st_config_set(&cfg, "model.hidden=[256,256,256]", &err) == 0, "%s",
+        err.msg);
+  st_fabric fab;
+  CHECK(st_fabric_resolve(&fab, &cfg, &err) == 0 && fab.sharing_slope == 0.375,
+        "fabric: %s", err.msg);
+  setenv("STRATA_CALIBRATION", "none", 1);
+  st_model *m = NULL;
+  CHECK(st_model_create(&m, &cfg, (st_shape){1, 28, 28}, &err) == 0, "%s",
+        err.msg);
+  if (!m) return;
+  st_block_cost bc[8];
+  st_plan_costs(bc, m, &cfg);
+  double t[2][2]; /* [sharing off/on][1 stage / 4 stages] */
+  for (int on = 0; on < 2; on++) {
+    st_fabric fb = fab;
+    fb.sharing_slope = on ? 0.375 : 0;
+    for (int k = 0; k < 2; k++) {
+      st_plan_options opt = {.stages = k ? 4 : 1, .samples_in_flight = 1,
+                             .weight_versions = 1};
+      st_plan *plan = NULL;
+      CHECK(st_plan_build(&plan, bc, m->n_blocks, &fb, &opt, &err) == 0,
+            "%s", err.msg);
+      t[on][k] = plan ? plan->bottleneck_time : 0;
+      st_plan_destroy(plan);
+    }
+  }
+  CHECK(t[1][0] == t[0][0], "one stage on all 4 cores: %g vs %g", t[1][0],
+        t[0][0]);
+  /* one core each while all 4 are busy: GEMM time x m(1)/m(4) = 2.125 */
+  CHECK(t[1][1] > 1.2 * t[0][1] && t[1][1] <= 2.125 * t[0][1] * (1 + 1e-12),
+        "four one-core stages: %g with sharing, %g without", t[1][1],
+        t[0][1]);
+  st_model_destroy(m);
 }
 
 /* Reads `text` as a profile; the error must name the file and contain
@@ -231,6 +309,7 @@ static void test_time_by_hand(void) {
   f.pes = 4;
   f.pe_memory = 1e12;
   st_calibration_apply(&c, &f, "test");
+  f.sharing_slope = 0; /* e(c) alone here; test_sharing has m(n) */
   st_block_cost b[2];
   memset(b, 0, sizeof b);
   snprintf(b[0].name, sizeof b[0].name, "blocks.0");
@@ -293,6 +372,7 @@ int main(void) {
   }
   setenv("STRATA_CALIBRATION", "none", 1);
   test_round_trip();
+  test_sharing();
   test_bad_profiles();
   test_split_by_hand();
   test_time_by_hand();
