@@ -171,13 +171,7 @@ int st_usable_cpus(int *cpus, int cap) {
   return n;
 }
 
-int st_usable_cores(void) {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
+int st_usable_cores(void) { return st_usable_cpus(NULL, 0); }
 
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
