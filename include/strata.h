@@ -1123,7 +1123,7 @@ int st_generate(const st_config *cfg, const char *checkpoint,
  * 2018): for each batch size, a quasi-random search over the learning rate
  * (and momentum for sgd with momentum); the batch size's steps to result is
  * the fewest steps any trial needed to first meet the target on the test set.
- * Trials run one after another. */
+ * Up to `jobs` trials run at once, each its own st_trainer. */
 typedef enum { ST_TARGET_ACCURACY, ST_TARGET_LOSS } st_target_kind;
 
 typedef struct st_sweep_target {
@@ -1144,6 +1144,10 @@ typedef struct st_sweep_options {
   st_sweep_target target;
   char out_dir[ST_PATH_MAX]; /* sweep.csv, steps.csv, steps.svg, report.md */
   FILE *progress;            /* one line per trial; may be NULL */
+  int jobs;                  /* trials run at once, >= 1 (the CLI's default:
+                              * st_usable_cpus). With jobs > 1 each trial
+                              * runs on one thread unless train.threads is
+                              * set (then jobs x threads threads run). */
 } st_sweep_options;
 
 /* Radical inverse of index in base (the Halton sequence), in [0, 1). */
@@ -1154,9 +1158,48 @@ double st_sweep_halton(int64_t index, int base);
  * momentum 0). */
 void st_sweep_point(const st_sweep_options *o, const st_config *base,
                     int trial, double *lr, double *momentum);
-/* Runs the sweep, writing DIR/sweep.csv after every trial (atomically) and
- * the other three files at the end. Trials already in DIR/sweep.csv are
- * read back and not run again. Same options and config: same files. */
+/* The regimes (docs/sweep.md, BACKGROUND.md §5). Between consecutive batch
+ * sizes that reached the target, B1 < B2, the steps ratio per doubling of
+ * the batch is r = (steps(B2) / steps(B1))^(1 / log2(B2 / B1));
+ * r <= ST_SWEEP_PERFECT is perfect scaling, r >= ST_SWEEP_MAXIMAL maximal
+ * data parallelism, in between diminishing returns. */
+#define ST_SWEEP_PERFECT 0.6
+#define ST_SWEEP_MAXIMAL 0.9
+
+typedef enum {
+  ST_REGIME_NONE = -1, /* no span ends at this batch size: the first that
+                        * reached the target, or one that did not */
+  ST_REGIME_PERFECT,
+  ST_REGIME_DIMINISHING,
+  ST_REGIME_MAXIMAL
+} st_sweep_regime;
+
+typedef struct st_sweep_scaling {
+  int reached;       /* batch sizes that reached the target */
+  int end_perfect;   /* index of the batch size where perfect scaling ends:
+                      * where the first span that is not perfect starts, or
+                      * the last one reached when every span is perfect;
+                      * -1 when fewer than two reached */
+  int start_maximal; /* index from which every later span is maximal data
+                      * parallelism; -1 if the last span is not */
+} st_sweep_scaling;
+
+/* Classifies steps to result against batch size by the rule above, the one
+ * report.md and steps.svg use. batch: n increasing sizes; steps: their
+ * steps to result, < 1 for not reached. ratio[k] and regime[k] (each may
+ * be NULL) describe the span ending at batch[k]: r, and an st_sweep_regime;
+ * NaN and ST_REGIME_NONE where no span ends. */
+st_sweep_scaling st_sweep_regimes(const int *batch, const int64_t *steps,
+                                  int n, double *ratio, int *regime);
+
+/* Runs the sweep, writing DIR/sweep.csv after every finished trial
+ * (atomically; only finished trials, in (batch, trial) order) and the other
+ * three files at the end. Trials already in DIR/sweep.csv are read back and
+ * not run again. Same options and config: same files, whatever jobs is and
+ * in whatever order the trials finish. On an error no further trial
+ * starts, the running ones finish (and are recorded), and the error of the
+ * first failed trial in (batch, trial) order is returned. progress gets
+ * one line per finished trial, in the order they finish. */
 int st_sweep_run(const st_sweep_options *o, const st_config *base,
                  st_error *err);
 

@@ -17,7 +17,7 @@
 static const char *usage_sweep =
     "usage: strata sweep CONFIG --batch-sizes B1,B2,... --target METRIC=VALUE\n"
     "                    [--trials N] [--budget-steps N] [--eval-every N]\n"
-    "                    [--lr-range MIN,MAX]\n"
+    "                    [--lr-range MIN,MAX] [--jobs N]\n"
     "                    [--optimizer sgd|momentum|nesterov|adam]\n"
     "                    [--out DIR] [--set key.path=value ...]\n"
     "\n"
@@ -26,9 +26,10 @@ static const char *usage_sweep =
     "trials with the learning rate (and momentum, for sgd with momentum)\n"
     "from a Halton sequence; a trial evaluates every --eval-every steps and\n"
     "stops at the first evaluation meeting the target; the batch size's\n"
-    "steps to result is its best trial's. Trials run one after another. A\n"
-    "sweep stopped part-way resumes: trials already in DIR/sweep.csv are\n"
-    "not run again.\n"
+    "steps to result is its best trial's. --jobs trials run at once, each\n"
+    "on one thread unless train.threads is set; the files are the same\n"
+    "whatever --jobs is. A sweep stopped part-way resumes: trials already\n"
+    "in DIR/sweep.csv are not run again.\n"
     "\n"
     "options:\n"
     "  --batch-sizes LIST  increasing batch sizes, e.g. 1,2,4,8,16 (required)\n"
@@ -42,6 +43,9 @@ static const char *usage_sweep =
     "                      train.eval_every when set, else budget / 100)\n"
     "  --lr-range MIN,MAX  learning rates searched on a log scale (default\n"
     "                      0.001,1)\n"
+    "  --jobs N            trials run at once (default: the cores this\n"
+    "                      process may use); with N > 1 each trial gets one\n"
+    "                      thread, or train.threads when the config sets it\n"
     "  --optimizer NAME    sgd (no momentum), momentum, nesterov (both search\n"
     "                      momentum in [0.5, 0.99]) or adam (adamw); default:\n"
     "                      the config's optimizer\n"
@@ -60,7 +64,7 @@ static const char *usage_sweep =
 
 typedef struct sweep_args {
   const char *config, *batch_sizes, *target, *trials, *budget, *eval_every,
-      *lr_range, *optimizer, *out;
+      *lr_range, *optimizer, *out, *jobs;
   const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help;
 } sweep_args;
@@ -74,6 +78,7 @@ static int parse(int argc, char **argv, sweep_args *a) {
                                    {"--budget-steps", &a->budget, NULL},
                                    {"--eval-every", &a->eval_every, NULL},
                                    {"--lr-range", &a->lr_range, NULL},
+                                   {"--jobs", &a->jobs, NULL},
                                    {"--optimizer", &a->optimizer, NULL},
                                    {"--out", &a->out, NULL},
                                    {NULL, NULL, NULL}};
@@ -176,6 +181,10 @@ int st_cli_sweep(int argc, char **argv) {
   if (a.trials && (o.trials = (int)positive(a.trials, 1 << 20)) < 0)
     return st_cli_usage_error(usage_sweep, "--trials takes a whole number >= 1, not '%s'",
                        a.trials);
+  o.jobs = st_usable_cpus(NULL, 0);
+  if (a.jobs && (o.jobs = (int)positive(a.jobs, 1 << 16)) < 0)
+    return st_cli_usage_error(
+        usage_sweep, "--jobs takes a whole number >= 1, not '%s'", a.jobs);
   o.lr_min = 1e-3, o.lr_max = 1;
   if (a.lr_range && parse_range(&o.lr_min, &o.lr_max, a.lr_range))
     return st_cli_usage_error(usage_sweep, "--lr-range takes MIN,MAX with 0 < MIN <= MAX, not "
@@ -214,10 +223,10 @@ int st_cli_sweep(int argc, char **argv) {
   o.progress = stdout;
 
   printf("strata: sweep of %s: %d batch size%s x %d trial%s, at most %lld "
-         "steps each, target %s; writing %s\n",
+         "steps each, target %s, %d at once; writing %s\n",
          a.config, o.batch_sizes.n, o.batch_sizes.n == 1 ? "" : "s", o.trials,
          o.trials == 1 ? "" : "s", (long long)o.budget_steps, a.target,
-         o.out_dir);
+         o.jobs, o.out_dir);
   fflush(stdout);
   if (st_sweep_run(&o, &cfg, &err))
     return st_cli_fail(&err);

@@ -12,21 +12,23 @@
  * Files in out_dir: sweep.csv (every trial, rewritten atomically after each
  * one, so a killed sweep resumes from it), steps.csv (best per batch size),
  * steps.svg (log-log plot) and report.md (table and regimes).
- * Trials run one after another; running them in parallel is a later step.
+ *
+ * Trials run in parallel: o->jobs workers (the calling thread and jobs - 1
+ * pthreads) take the trials still to run in (batch, trial) order from one
+ * mutex-guarded index, each trial its own st_trainer, on one thread unless
+ * the config sets train.threads. A trial's result depends only on its
+ * config (the trainer is bitwise independent of its thread count), and
+ * every file is written from the results in (batch, trial) order, so the
+ * files do not depend on jobs or on the order in which trials finish.
  */
 #include "strata.h"
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-/* The regime rule of report.md, per doubling of the batch: steps(2B) <=
- * PERFECT steps(B) is perfect scaling, >= MAXIMAL is maximal data
- * parallelism, in between diminishing returns. */
-#define PERFECT 0.6
-#define MAXIMAL 0.9
 
 typedef struct trial {
   int done;
@@ -125,6 +127,10 @@ static int check_options(const st_sweep_options *o, st_error *err) {
                         o->lr_min, o->lr_max);
   if (!o->out_dir[0])
     return st_error_set(err, ST_EARG, "sweep: no output directory");
+  if (o->jobs < 1)
+    return st_error_set(err, ST_EARG,
+                        "sweep: jobs = %d must be >= 1 (trials run at once)",
+                        o->jobs);
   return 0;
 }
 
@@ -395,24 +401,69 @@ static int write_steps_csv(const st_sweep_options *o, const st_config *base,
   return flush_file(f, &buf, &len, path, err);
 }
 
-/* Regime of the step from batch a to batch b (a < b, both reached): the
- * ratio of steps normalised to one doubling, r^(1 / log2(b / a)). */
-typedef enum { PERFECT_SCALING, DIMINISHING, MAXIMAL_PARALLELISM } regime;
-
+/* The steps ratio from batch a to batch b (a < b, both reached) normalised
+ * to one doubling: r^(1 / log2(b / a)). */
 static double per_doubling(int a, int64_t sa, int b, int64_t sb) {
   return pow((double)sb / (double)sa, 1.0 / log2((double)b / a));
 }
 
-static regime classify(double r) {
-  return r <= PERFECT   ? PERFECT_SCALING
-         : r >= MAXIMAL ? MAXIMAL_PARALLELISM
-                        : DIMINISHING;
+static st_sweep_regime classify(double r) {
+  return r <= ST_SWEEP_PERFECT   ? ST_REGIME_PERFECT
+         : r >= ST_SWEEP_MAXIMAL ? ST_REGIME_MAXIMAL
+                                 : ST_REGIME_DIMINISHING;
 }
 
-static const char *regime_name(regime g) {
+static const char *regime_name(st_sweep_regime g) {
   static const char *names[] = {"perfect scaling", "diminishing returns",
                                 "maximal data parallelism"};
   return names[g];
+}
+
+/* The one regime rule: report.md's table and summary and steps.svg's
+ * shading all come from here (and tests/exec/test_nqm.c checks it against
+ * the noisy quadratic model). */
+st_sweep_scaling st_sweep_regimes(const int *batch, const int64_t *steps, int n,
+                                  double *ratio, int *regime) {
+  st_sweep_scaling s = {0, -1, -1};
+  int prev = -1, end_perfect = -1;
+  for (int k = 0; k < n; k++) {
+    if (ratio)
+      ratio[k] = NAN;
+    if (regime)
+      regime[k] = ST_REGIME_NONE;
+    if (steps[k] < 1)
+      continue;
+    s.reached++;
+    if (prev >= 0) {
+      double r = per_doubling(batch[prev], steps[prev], batch[k], steps[k]);
+      st_sweep_regime g = classify(r);
+      if (ratio)
+        ratio[k] = r;
+      if (regime)
+        regime[k] = g;
+      if (g != ST_REGIME_PERFECT && end_perfect < 0)
+        end_perfect = prev;
+      /* Maximal data parallelism starts where no later doubling helps. */
+      if (g != ST_REGIME_MAXIMAL)
+        s.start_maximal = -1;
+      else if (s.start_maximal < 0)
+        s.start_maximal = prev;
+    }
+    prev = k;
+  }
+  if (s.reached >= 2)
+    s.end_perfect = end_perfect >= 0 ? end_perfect : prev;
+  return s;
+}
+
+/* Steps to result per batch size as st_sweep_regimes takes them. */
+static st_sweep_scaling regimes_of(const st_sweep_options *o, const best *bs,
+                                   double *ratio, int *regime) {
+  int64_t steps[ST_MAX_LIST] = {0};
+  for (int b = 0; b < o->batch_sizes.n; b++)
+    steps[b] = bs[b].trial >= 0 ? bs[b].steps : -1;
+  return st_sweep_regimes(o->batch_sizes.v, steps, o->batch_sizes.n, ratio,
+                          regime);
 }
 
 /* Indices of the batch sizes that reached the target, in order. */
@@ -457,7 +508,9 @@ static int write_report(const st_sweep_options *o, const st_config *base,
   fprintf(f, "| batch | steps to target | samples | lr | momentum | steps "
              "ratio per doubling | regime |\n");
   fprintf(f, "|---:|---:|---:|---:|---:|---:|---|\n");
-  int prev = -1;
+  double ratio[ST_MAX_LIST];
+  int regime[ST_MAX_LIST];
+  st_sweep_scaling sc = regimes_of(o, bs, ratio, regime);
   for (int b = 0; b < o->batch_sizes.n; b++) {
     if (bs[b].trial < 0) {
       fprintf(f, "| %d | not reached | | | | | |\n", B[b]);
@@ -469,13 +522,10 @@ static int write_report(const st_sweep_options *o, const st_config *base,
             (long long)bs[b].steps * B[b], lr);
     if (mom >= 0)
       fprintf(f, "%.4g", mom);
-    if (prev >= 0) {
-      double r = per_doubling(B[prev], bs[prev].steps, B[b], bs[b].steps);
-      fprintf(f, " | %.2f | %s |\n", r, regime_name(classify(r)));
-    } else {
+    if (regime[b] != ST_REGIME_NONE)
+      fprintf(f, " | %.2f | %s |\n", ratio[b], regime_name(regime[b]));
+    else
       fprintf(f, " | | |\n");
-    }
-    prev = b;
   }
   fprintf(f,
           "\nRule: between consecutive batch sizes that reached the target, "
@@ -483,26 +533,15 @@ static int write_report(const st_sweep_options *o, const st_config *base,
           "(steps(B2) / steps(B1))^(1 / log2(B2 / B1)). r <= %.1f is perfect "
           "scaling, r >= %.1f is maximal data parallelism, in between "
           "diminishing returns.\n\n",
-          PERFECT, MAXIMAL);
+          ST_SWEEP_PERFECT, ST_SWEEP_MAXIMAL);
   int idx[ST_MAX_LIST];
   int n = reached(o, bs, idx);
   if (n < 2) {
     fprintf(f, "Fewer than two batch sizes reached the target: no regimes "
                "to name. Raise --budget-steps or ease --target.\n");
   } else {
-    int end_perfect = -1, start_maximal = -1;
-    for (int k = 1; k < n; k++) {
-      int a = idx[k - 1], b = idx[k];
-      regime g = classify(per_doubling(B[a], bs[a].steps, B[b], bs[b].steps));
-      if (g != PERFECT_SCALING && end_perfect < 0)
-        end_perfect = a;
-      /* Maximal data parallelism starts where no later doubling helps. */
-      if (g != MAXIMAL_PARALLELISM)
-        start_maximal = -1;
-      else if (start_maximal < 0)
-        start_maximal = a;
-    }
-    if (end_perfect < 0)
+    int end_perfect = sc.end_perfect, start_maximal = sc.start_maximal;
+    if (end_perfect == idx[n - 1])
       fprintf(f,
               "Steps halve with every doubling measured: perfect scaling "
               "up to batch %d, the largest that reached the target.\n",
@@ -588,9 +627,10 @@ static int write_svg(const st_sweep_options *o, const best *bs, st_error *err) {
           o->target.kind == ST_TARGET_ACCURACY ? "&#8805;" : "&#8804;",
           o->target.value);
   static const char *shade[] = {"#d9f2d9", "#fff2cc", "#f8d7d7"};
+  int regime[ST_MAX_LIST];
+  regimes_of(o, bs, NULL, regime);
   for (int k = 1; k < n; k++) {
-    int a = idx[k - 1], b = idx[k];
-    regime g = classify(per_doubling(B[a], bs[a].steps, B[b], bs[b].steps));
+    int a = idx[k - 1], b = idx[k], g = regime[b];
     double xa = PX(log2(B[a])), xb = PX(log2(B[b]));
     fprintf(f,
             "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
@@ -687,6 +727,136 @@ static int write_svg(const st_sweep_options *o, const best *bs, st_error *err) {
   return flush_file(f, &buf, &len, path, err);
 }
 
+/* The trials of one st_sweep_run, shared by its workers. The fields above
+ * `lock` are set before the workers start and only read by them; the ones
+ * below are touched only under lock. */
+typedef struct work {
+  const st_sweep_options *o;
+  const st_config *base;  /* the sweep's config, for the trial points */
+  const st_config *trial; /* the same with train.threads as trials run */
+  const int *todo;        /* trials to run, as b * trials + i, increasing */
+  int n_todo;
+  pthread_mutex_t lock;
+  trial *t;       /* every trial; a running one is not written here */
+  int next;       /* next entry of todo to hand out */
+  int failed_at;  /* the first failed trial in (batch, trial) order, or -1 */
+  int failed_rc;  /* its error code */
+  st_error error; /* its message */
+} work;
+
+/* Under lock: keeps the error of trial k if it comes before any kept. */
+static void keep_error(work *w, int k, int rc, const st_error *err) {
+  if (w->failed_at >= 0 && w->failed_at < k)
+    return;
+  w->failed_at = k;
+  w->failed_rc = rc;
+  w->error = *err;
+}
+
+/* Under lock: one line for a finished trial. */
+static void report_trial(const work *w, int batch, int i, const trial *r) {
+  const st_sweep_options *o = w->o;
+  double lr, mom;
+  st_sweep_point(o, w->base, i, &lr, &mom);
+  fprintf(o->progress, "sweep: batch %d trial %d/%d lr %.4g", batch, i + 1,
+          o->trials, lr);
+  if (mom >= 0)
+    fprintf(o->progress, " momentum %.4g", mom);
+  if (r->steps >= 0)
+    fprintf(o->progress, ": target at step %lld (%s %.4f)\n",
+            (long long)r->steps, metric_name(o), r->metric);
+  else if (isnan(r->metric))
+    fprintf(o->progress, ": diverged\n");
+  else
+    fprintf(o->progress, ": not reached (%s %.4f at step %lld)\n",
+            metric_name(o), r->metric, (long long)o->budget_steps);
+  fflush(o->progress);
+}
+
+/* A worker: takes the next trial to run until none is left or one has
+ * failed, runs it outside the lock, then records it under the lock and
+ * rewrites sweep.csv, so the file always holds exactly the finished
+ * trials. Trials already running when another fails still finish and are
+ * recorded (a resumed sweep then need not run them again). */
+static void *worker(void *arg) {
+  work *w = arg;
+  const st_sweep_options *o = w->o;
+  for (;;) {
+    pthread_mutex_lock(&w->lock);
+    if (w->failed_at >= 0 || w->next == w->n_todo) {
+      pthread_mutex_unlock(&w->lock);
+      return NULL;
+    }
+    int k = w->todo[w->next++];
+    pthread_mutex_unlock(&w->lock);
+
+    int b = k / o->trials, i = k % o->trials, batch = o->batch_sizes.v[b];
+    trial r;
+    st_error err = {0};
+    int rc = run_trial(o, w->trial, batch, i, &r, &err);
+    if (rc) {
+      char msg[sizeof err.msg];
+      snprintf(msg, sizeof msg, "%s", err.msg);
+      st_error_set(&err, rc, "sweep: batch %d, trial %d: %s", batch, i, msg);
+    }
+    pthread_mutex_lock(&w->lock);
+    if (!rc) {
+      w->t[k] = r;
+      rc = write_sweep_csv(o, w->base, w->t, &err);
+      if (!rc && o->progress)
+        report_trial(w, batch, i, &r);
+    }
+    if (rc)
+      keep_error(w, k, rc, &err);
+    pthread_mutex_unlock(&w->lock);
+  }
+}
+
+/* Runs the trials not yet done with up to o->jobs workers: the calling
+ * thread and jobs - 1 pthreads. A pthread that cannot be started only
+ * means fewer workers. Returns the first error in (batch, trial) order. */
+static int run_trials(const st_sweep_options *o, const st_config *base,
+                      trial *t, st_error *err) {
+  int n = o->batch_sizes.n * o->trials, n_todo = 0;
+  int *todo = malloc((size_t)n * sizeof *todo);
+  if (!todo)
+    return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
+  for (int k = 0; k < n; k++)
+    if (!t[k].done)
+      todo[n_todo++] = k;
+  int jobs = o->jobs < n_todo ? o->jobs : n_todo;
+  /* Trials sharing the machine get a core each; a train.threads the user
+   * set is kept (then jobs x threads cores are busy). */
+  st_config trial_config = *base;
+  if (jobs > 1 && base->train.threads == 0)
+    trial_config.train.threads = 1;
+  work w = {.o = o,
+            .base = base,
+            .trial = &trial_config,
+            .todo = todo,
+            .n_todo = n_todo,
+            .lock = PTHREAD_MUTEX_INITIALIZER,
+            .t = t,
+            .failed_at = -1};
+  pthread_t *threads = calloc(jobs > 1 ? (size_t)jobs - 1 : 1, sizeof *threads);
+  int started = 0;
+  if (threads)
+    while (started < jobs - 1 &&
+           pthread_create(&threads[started], NULL, worker, &w) == 0)
+      started++;
+  worker(&w);
+  for (int j = 0; j < started; j++)
+    pthread_join(threads[j], NULL);
+  free(threads);
+  free(todo);
+  pthread_mutex_destroy(&w.lock);
+  if (w.failed_at < 0)
+    return 0;
+  if (err)
+    *err = w.error;
+  return w.failed_rc;
+}
+
 int st_sweep_run(const st_sweep_options *o, const st_config *base,
                  st_error *err) {
   int rc = check_options(o, err);
@@ -707,38 +877,8 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   if (o->progress && reused)
     fprintf(o->progress, "sweep: %d trial%s reused from %s/sweep.csv\n", reused,
             reused == 1 ? "" : "s", o->out_dir);
-  for (int b = 0; b < nb; b++)
-    for (int i = 0; i < o->trials; i++) {
-      trial *r = &t[b * o->trials + i];
-      if (r->done)
-        continue;
-      int batch = o->batch_sizes.v[b];
-      if ((rc = run_trial(o, base, batch, i, r, err))) {
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        st_error_set(err, rc, "sweep: batch %d, trial %d: %s", batch, i, msg);
-        goto done;
-      }
-      if ((rc = write_sweep_csv(o, base, t, err)))
-        goto done;
-      if (o->progress) {
-        double lr, mom;
-        st_sweep_point(o, base, i, &lr, &mom);
-        fprintf(o->progress, "sweep: batch %d trial %d/%d lr %.4g", batch,
-                i + 1, o->trials, lr);
-        if (mom >= 0)
-          fprintf(o->progress, " momentum %.4g", mom);
-        if (r->steps >= 0)
-          fprintf(o->progress, ": target at step %lld (%s %.4f)\n",
-                  (long long)r->steps, metric_name(o), r->metric);
-        else if (isnan(r->metric))
-          fprintf(o->progress, ": diverged\n");
-        else
-          fprintf(o->progress, ": not reached (%s %.4f at step %lld)\n",
-                  metric_name(o), r->metric, (long long)o->budget_steps);
-        fflush(o->progress);
-      }
-    }
+  if ((rc = run_trials(o, base, t, err)))
+    goto done;
   /* Rewritten even when every trial was reused: the same rows, in order. */
   if ((rc = write_sweep_csv(o, base, t, err)))
     goto done;

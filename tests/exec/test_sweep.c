@@ -9,6 +9,12 @@
  *  - determinism: two sweeps give byte-identical sweep.csv;
  *  - resume: a sweep.csv with one row deleted is filled back to the full
  *    file, and rows from another learning-rate range are refused;
+ *  - parallel trials: jobs = 3 writes the same four files byte for byte as
+ *    jobs = 1, also when resuming a partial sweep that jobs = 3 began;
+ *    jobs < 1 is refused; when several trials fail the error is the first
+ *    failed trial's in (batch, trial) order, whichever failed first in
+ *    time, and a trial already running when another failed is recorded;
+ *  - the regime rule (st_sweep_regimes) on hand-made step counts;
  *  - target parsing accepts accuracy=/loss= and refuses the rest.
  */
 #include "harness.h"
@@ -92,6 +98,7 @@ static void tiny_options(st_sweep_options *o, const char *dir) {
   o->lr_max = 1;
   o->target = (st_sweep_target){ST_TARGET_ACCURACY, 0.9};
   snprintf(o->out_dir, sizeof o->out_dir, "%s", dir);
+  o->jobs = 1;
 }
 
 /* Whole file into a malloc'd string (caller frees); NULL if unreadable. */
@@ -115,6 +122,13 @@ static int count_lines(const char *s) {
   int n = 0;
   for (; s && *s; s++)
     n += *s == '\n';
+  return n;
+}
+
+static int count_matches(const char *s, const char *what) {
+  int n = 0;
+  for (; s && (s = strstr(s, what)); s++)
+    n++;
   return n;
 }
 
@@ -163,6 +177,65 @@ static void test_halton(void) {
   CHECK(mom == -1, "no momentum for plain sgd: %g", mom);
 }
 
+/* The regime rule on hand-made step counts, boundaries included: the
+ * ratios below are exact quotients (150/250 is the double nearest 0.6, as
+ * is the constant), so r == 0.6 must count as perfect and r == 0.9 as
+ * maximal. */
+static void test_regimes(void) {
+  const int batch[] = {1, 2, 4, 8, 16, 32, 64};
+  const int64_t steps[] = {1000, 500, 250, 150, 120, 108, 106};
+  double ratio[7];
+  int regime[7];
+  st_sweep_scaling s = st_sweep_regimes(batch, steps, 7, ratio, regime);
+  const int want[] = {ST_REGIME_NONE,        ST_REGIME_PERFECT,
+                      ST_REGIME_PERFECT,     ST_REGIME_PERFECT,
+                      ST_REGIME_DIMINISHING, ST_REGIME_MAXIMAL,
+                      ST_REGIME_MAXIMAL};
+  for (int k = 0; k < 7; k++)
+    CHECK(regime[k] == want[k], "batch %d: regime %d, want %d (r %g)", batch[k],
+          regime[k], want[k], ratio[k]);
+  CHECK(isnan(ratio[0]) && ratio[1] == 0.5 && ratio[3] == 0.6 &&
+            ratio[5] == 0.9,
+        "ratios %g %g %g %g", ratio[0], ratio[1], ratio[3], ratio[5]);
+  CHECK(s.reached == 7 && s.end_perfect == 3 && s.start_maximal == 4,
+        "perfect up to batch 8, maximal from 16: reached %d end %d start %d",
+        s.reached, s.end_perfect, s.start_maximal);
+
+  /* A batch size that was not reached is skipped, and a span over two
+   * doublings is normalised to one: (100 / 400)^(1/2) = 0.5. */
+  const int b2[] = {4, 8, 16, 32};
+  const int64_t s2[] = {400, -1, 100, 90};
+  s = st_sweep_regimes(b2, s2, 4, ratio, regime);
+  CHECK(regime[1] == ST_REGIME_NONE && isnan(ratio[1]) &&
+            fabs(ratio[2] - 0.5) < 1e-15 && regime[2] == ST_REGIME_PERFECT &&
+            regime[3] == ST_REGIME_MAXIMAL,
+        "gap: regimes %d %d %d, r %g", regime[1], regime[2], regime[3],
+        ratio[2]);
+  CHECK(s.reached == 3 && s.end_perfect == 2 && s.start_maximal == 2,
+        "gap: reached %d end %d start %d", s.reached, s.end_perfect,
+        s.start_maximal);
+
+  /* Every span perfect: perfect scaling ends at the last batch size. */
+  const int64_t s3[] = {100, 50, 25};
+  s = st_sweep_regimes(batch, s3, 3, NULL, NULL);
+  CHECK(s.end_perfect == 2 && s.start_maximal == -1, "all perfect: %d %d",
+        s.end_perfect, s.start_maximal);
+  /* Maximal first, then a helpful doubling: no maximal data parallelism,
+   * and perfect scaling ends at once. */
+  const int64_t s4[] = {100, 95, 40};
+  s = st_sweep_regimes(batch, s4, 3, NULL, regime);
+  CHECK(regime[1] == ST_REGIME_MAXIMAL && s.end_perfect == 0 &&
+            s.start_maximal == -1,
+        "maximal then perfect: %d %d %d", regime[1], s.end_perfect,
+        s.start_maximal);
+  /* Fewer than two reached: nothing to name. */
+  const int64_t s5[] = {-1, 5};
+  s = st_sweep_regimes(batch, s5, 2, ratio, regime);
+  CHECK(s.reached == 1 && s.end_perfect == -1 && s.start_maximal == -1 &&
+            regime[1] == ST_REGIME_NONE,
+        "one reached: %d %d %d", s.reached, s.end_perfect, s.start_maximal);
+}
+
 static void test_target_parse(void) {
   st_sweep_target t;
   st_error err = {0};
@@ -184,6 +257,162 @@ static void test_target_parse(void) {
   }
 }
 
+static const char *files[] = {"sweep.csv", "steps.csv", "steps.svg",
+                              "report.md"};
+
+/* Each of the four files in dir equals want[i] byte for byte. */
+static void check_same_files(const char *dir, char *const want[4],
+                             const char *what) {
+  for (int i = 0; i < 4; i++) {
+    char *got = slurp(dir, files[i]);
+    CHECK(got && want[i] && strcmp(got, want[i]) == 0,
+          "%s: %s differs from the jobs = 1 sweep's:\n%s---\n%s", what,
+          files[i], want[i] ? want[i] : "", got ? got : "(missing)");
+    free(got);
+  }
+}
+
+/* Drops the row of sweep.csv starting with prefix ("16,1,"). */
+static int drop_row(const char *dir, const char *prefix) {
+  char *s = slurp(dir, "sweep.csv");
+  char key[32];
+  snprintf(key, sizeof key, "\n%s", prefix);
+  char *row = s ? strstr(s, key) : NULL;
+  if (row) {
+    char *next = strchr(row + 1, '\n');
+    memmove(row + 1, next + 1, strlen(next + 1) + 1);
+    put(dir, "sweep.csv", s);
+  }
+  free(s);
+  return row ? 0 : -1;
+}
+
+/* want: the four files of the jobs = 1 sweep (tiny_options). Three jobs run
+ * the six trials two or three at a time, finishing in an order that depends
+ * on timing; the files may not. */
+static void test_jobs(const char *root, char *const want[4]) {
+  st_config c;
+  tiny_config(&c);
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+
+  snprintf(dir, sizeof dir, "%s/jobs3", root);
+  tiny_options(&o, dir);
+  o.jobs = 3;
+  char *log = NULL;
+  size_t log_len = 0;
+  o.progress = open_memstream(&log, &log_len);
+  int rc = run(&o, &c);
+  fclose(o.progress);
+  if (rc == 0) {
+    check_same_files(dir, want, "jobs = 3");
+    CHECK(count_lines(log) == 6 && count_matches(log, ": target at") +
+                                           count_matches(log, ": not reached") +
+                                           count_matches(log, ": diverged") ==
+                                       6,
+          "jobs = 3: one progress line per trial:\n%s", log);
+  }
+  free(log);
+
+  /* train.threads left at 0 (all cores): with jobs > 1 each trial is put
+   * on one thread, which must not change a bit either. */
+  snprintf(dir, sizeof dir, "%s/jobs3-threads0", root);
+  tiny_options(&o, dir);
+  o.jobs = 3;
+  c.train.threads = 0;
+  if (run(&o, &c) == 0)
+    check_same_files(dir, want, "jobs = 3, train.threads = 0");
+  c.train.threads = 1;
+
+  /* More jobs than trials: the extra ones have nothing to do. */
+  snprintf(dir, sizeof dir, "%s/jobs16", root);
+  tiny_options(&o, dir);
+  o.jobs = 16;
+  if (run(&o, &c) == 0)
+    check_same_files(dir, want, "jobs = 16");
+
+  /* Resume with jobs > 1: a first sweep over batch sizes 8 and 32 (what a
+   * sweep killed part-way leaves: some finished trials), one of its rows
+   * lost as well, then the full sweep into the same folder runs the three
+   * missing trials and must end with the uninterrupted sweep's files. */
+  snprintf(dir, sizeof dir, "%s/resume3", root);
+  tiny_options(&o, dir);
+  o.jobs = 3;
+  o.batch_sizes = (st_int_list){2, {8, 32}};
+  if (run(&o, &c) == 0) {
+    char *part = slurp(dir, "sweep.csv");
+    CHECK(count_lines(part) == 1 + 2 * 2, "partial sweep: 4 trials, got %d",
+          count_lines(part) - 1);
+    free(part);
+    CHECK(drop_row(dir, "32,0,") == 0, "partial sweep.csv has 32,0");
+    tiny_options(&o, dir);
+    o.jobs = 3;
+    o.progress = open_memstream(&log, &log_len);
+    rc = run(&o, &c);
+    fclose(o.progress);
+    if (rc == 0) {
+      check_same_files(dir, want, "resumed with jobs = 3");
+      /* Only the three missing trials ran: 16,0, 16,1 and 32,0. */
+      CHECK(count_lines(log) == 4 && strstr(log, "3 trials reused") &&
+                count_matches(log, "sweep: batch 16 trial") == 2 &&
+                count_matches(log, "sweep: batch 32 trial 1/") == 1,
+            "resume runs the missing trials only:\n%s", log);
+    }
+    free(log);
+  }
+
+  /* jobs < 1 is refused before anything runs, naming the option. */
+  for (int jobs = 0; jobs >= -1; jobs--) {
+    snprintf(dir, sizeof dir, "%s/nojobs", root);
+    tiny_options(&o, dir);
+    o.jobs = jobs;
+    st_error err = {0};
+    int rc = st_sweep_run(&o, &c, &err);
+    CHECK(rc == ST_EARG && strstr(err.msg, "jobs"),
+          "jobs = %d refused: rc %d '%s'", jobs, rc, err.msg);
+    struct stat st;
+    CHECK(stat(dir, &st) != 0, "jobs = %d: nothing written", jobs);
+  }
+
+  /* Errors: batch sizes 1024 and 2048 exceed the 512 training samples, so
+   * their trials fail at once, in whichever order the threads get there;
+   * the error must be batch 1024's, the first in (batch, trial) order. The
+   * trial of batch 8 was handed out before them, so it was running and
+   * finishes, and sweep.csv records it. */
+  snprintf(dir, sizeof dir, "%s/fail", root);
+  tiny_options(&o, dir);
+  o.jobs = 3;
+  o.trials = 1;
+  o.batch_sizes = (st_int_list){3, {8, 1024, 2048}};
+  st_error err = {0};
+  rc = st_sweep_run(&o, &c, &err);
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, "sweep: batch 1024, trial 0:") &&
+            strstr(err.msg, "larger than the 512 training"),
+        "first error in order wins: rc %d '%s'", rc, err.msg);
+  char *rows = slurp(dir, "sweep.csv");
+  CHECK(rows && strstr(rows, "\n8,0,") && count_lines(rows) == 2,
+        "the running batch-8 trial is recorded, nothing else:\n%s",
+        rows ? rows : "(missing)");
+  free(rows);
+
+  /* The order is (batch, trial), not time: batch 8's trial trains before
+   * its sweep.csv write fails (a folder sits where the atomic write puts its
+   * temp file), long after batch 1024's trial failed at creation; the
+   * error returned is still batch 8's. */
+  snprintf(dir, sizeof dir, "%s/fail2", root);
+  tiny_options(&o, dir);
+  o.jobs = 2;
+  o.trials = 1;
+  o.batch_sizes = (st_int_list){2, {8, 1024}};
+  char tmp[ST_PATH_MAX + 64];
+  snprintf(tmp, sizeof tmp, "%s/sweep.csv.tmp.%ld", dir, (long)getpid());
+  CHECK(mkdir(dir, 0755) == 0 && mkdir(tmp, 0755) == 0, "mkdir %s", tmp);
+  err.msg[0] = 0;
+  rc = st_sweep_run(&o, &c, &err);
+  CHECK(rc == ST_EIO && strstr(err.msg, "sweep.csv"),
+        "the earlier trial's later error wins: rc %d '%s'", rc, err.msg);
+}
+
 static void test_sweep(const char *root) {
   st_config c;
   tiny_config(&c);
@@ -195,7 +424,6 @@ static void test_sweep(const char *root) {
   tiny_options(&o, a);
   if (run(&o, &c))
     return;
-  const char *files[] = {"sweep.csv", "steps.csv", "steps.svg", "report.md"};
   char *text[4];
   for (int i = 0; i < 4; i++) {
     text[i] = slurp(a, files[i]);
@@ -225,6 +453,8 @@ static void test_sweep(const char *root) {
   CHECK(text[3] && strstr(text[3], "| batch |") && strstr(text[3], "Rule:") &&
             strstr(text[3], "0.6") && strstr(text[3], "0.9"),
         "report.md has the table and states the rule");
+
+  test_jobs(root, text);
 
   /* Determinism: a second sweep into another folder. */
   tiny_options(&o, b);
@@ -282,6 +512,7 @@ out:
 
 int main(void) {
   test_halton();
+  test_regimes();
   test_target_parse();
   char root[] = "/tmp/strata-test-sweep-XXXXXX";
   if (!mkdtemp(root)) {
