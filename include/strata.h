@@ -788,6 +788,9 @@ int st_inspect(const char *path, FILE *f, st_error *err);
 /* Atomic small-file write (temp, fsync, rename). */
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err);
+/* mkdir -p: every folder of path, the last component too when
+ * include_last (else path names a file to come). */
+int st_mkdir_p(const char *path, int include_last, st_error *err);
 
 /* A trace of a run (`strata train --trace FILE`): timed spans on tracks,
  * one track per stage and replica, written as Chrome trace-event JSON

@@ -79,7 +79,7 @@ int st_cli_bench(int argc, char **argv) {
   double t0 = st_now();
   int rc = st_calibration_measure(&c, threads, stdout, &err);
   if (!rc)
-    rc = st_cli_mkdir_p(path, 0, &err);
+    rc = st_mkdir_p(path, 0, &err);
   if (!rc)
     rc = st_calibration_write(&c, path, &err);
   if (rc) {

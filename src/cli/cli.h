@@ -15,8 +15,6 @@ int st_cli_fail(const st_error *err); /* "strata: error: ...", returns 1 */
 int st_cli_usage_error(const char *usage, const char *fmt, const char *what);
 /* runs/<config file name without extension> */
 void st_cli_default_out(char *out, size_t cap, const char *config);
-/* mkdir -p of path (or of its parent folders only, include_last = 0) */
-int st_cli_mkdir_p(const char *path, int include_last, st_error *err);
 
 /* Command-line parsing shared by every command: --help/-h, a repeatable
  * --set KEY=VALUE, valued options ("--out DIR"), flags, and up to two

@@ -138,7 +138,7 @@ int st_cli_compile(int argc, char **argv) {
   if (st_plan_compile(&plan, &cfg, stages, &err))
     return st_cli_fail(&err);
   st_plan_print(plan, stdout);
-  rc = st_cli_mkdir_p(out, 1, &err);
+  rc = st_mkdir_p(out, 1, &err);
   if (!rc)
     rc = st_plan_write_json(plan, json, &err);
   if (!rc)

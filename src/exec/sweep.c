@@ -28,7 +28,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 typedef struct trial {
   int done;
@@ -131,24 +130,6 @@ static int check_options(const st_sweep_options *o, st_error *err) {
     return st_error_set(err, ST_EARG,
                         "sweep: jobs = %d must be >= 1 (trials run at once)",
                         o->jobs);
-  return 0;
-}
-
-static int mkdir_p(const char *path, st_error *err) {
-  char buf[ST_PATH_MAX + 32];
-  snprintf(buf, sizeof buf, "%s", path);
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/')
-      continue;
-    *p = 0;
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
-                          strerror(errno));
-    *p = '/';
-  }
-  if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-    return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
-                        strerror(errno));
   return 0;
 }
 
@@ -862,7 +843,7 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   int rc = check_options(o, err);
   if (rc)
     return rc;
-  if ((rc = mkdir_p(o->out_dir, err)))
+  if ((rc = st_mkdir_p(o->out_dir, 1, err)))
     return rc;
   int nb = o->batch_sizes.n;
   trial *t = calloc((size_t)nb * o->trials, sizeof *t);

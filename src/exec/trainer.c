@@ -10,12 +10,10 @@
  */
 #include "exec.h"
 
-#include <errno.h>
 #include <sched.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 struct st_trainer {
@@ -210,23 +208,6 @@ static void make_permutation(st_trainer *t) {
     for (int i = 0; i < n; i++) t->perm[i] = i;
 }
 
-static int mkdir_p(const char *path, st_error *err) {
-  char buf[ST_PATH_MAX + 32];
-  snprintf(buf, sizeof buf, "%s", path);
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
-                          strerror(errno));
-    *p = '/';
-  }
-  if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-    return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
-                        strerror(errno));
-  return 0;
-}
-
 int st_trainer_create(st_trainer **out, const st_config *cfg,
                       const char *out_dir, st_error *err) {
   *out = NULL;
@@ -301,7 +282,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if (out_dir) {
     char ck[ST_PATH_MAX + 16];
     snprintf(ck, sizeof ck, "%s/checkpoints", out_dir);
-    if ((rc = mkdir_p(ck, err))) goto fail;
+    if ((rc = st_mkdir_p(ck, 1, err))) goto fail;
   }
   *out = t;
   return 0;

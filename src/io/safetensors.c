@@ -562,6 +562,24 @@ int st_st_writer_write(st_st_writer *w, const char *path, st_error *err) {
   return rc;
 }
 
+int st_mkdir_p(const char *path, int include_last, st_error *err) {
+  char buf[ST_PATH_MAX];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+    return st_error_set(err, ST_EARG, "%.64s...: path too long", path);
+  for (char *p = buf + 1;; p++) {
+    if (*p != '/' && *p != '\0') continue;
+    if (*p == '\0' && !include_last) break;
+    char keep = *p;
+    *p = '\0';
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
+                          strerror(errno));
+    *p = keep;
+    if (!keep) break;
+  }
+  return 0;
+}
+
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err) {
   if (strlen(path) >= ST_PATH_MAX)
