@@ -137,6 +137,8 @@ static inline size_t st_shape_numel(st_shape s) {
 #define ST_MAX_LIST 32
 #define ST_PATH_MAX 512
 #define ST_CONFIG_MAX_KEYS 96 /* rows the schema table may grow to */
+/* execution.stages: per_block (every block its own stage). */
+#define ST_STAGES_PER_BLOCK 0x7fffffff
 
 typedef struct st_int_list {
   int n;
@@ -193,6 +195,7 @@ typedef struct st_config {
     float min_lr;           /* cosine/linear floor */
     int step_size;          /* step schedule: decay every step_size steps */
     float gamma;            /* step schedule factor */
+    int reference_batch;    /* batch lr/momentum were tuned for (0: none) */
   } optimizer;
   struct {
     int batch, epochs;
@@ -204,14 +207,21 @@ typedef struct st_config {
     int keep_checkpoints;   /* how many step checkpoints to keep */
   } train;
   struct {
-    char mode[24];          /* sequential | pipeline | block_sequential */
+    char mode[24];          /* sequential, pipeline, block_sequential,
+                               pipelined_backprop */
     int micro_batch;        /* 0 = whole batch */
     char schedule[8];       /* pipeline: gpipe | 1f1b */
-    int stages;             /* pipeline: stages (0 = the compiler's plan) */
+    int stages;             /* pipeline: stages (0 = the compiler's plan,
+                               ST_STAGES_PER_BLOCK = one per block) */
     int blocks_per_segment; /* block_sequential (0 = from memory) */
     int replicas;           /* data-parallel copies, >= 1 */
     int pin;                /* pin stage threads to their cores */
     int fused_update;       /* batch 1: update weights inside the backward */
+    char mitigation[16];    /* pipelined_backprop: none | stash | sc | lwp |
+                               sc+lwp | spectrain | pipemare */
+    int emulate;            /* pipelined_backprop: single-threaded ticks */
+    int pipemare_warmup;    /* pipemare: T (updates) */
+    float pipemare_gamma;   /* pipemare: gamma */
   } execution;
   struct {
     char kind[16];          /* cpu | mesh | wse2 */
@@ -610,6 +620,34 @@ void st_optim_update_vec(const st_optim_rule *r, float *w, float *s0,
                          float *s1, const float *g, size_t n);
 /* Learning rate at (0-based) step of total_steps under cfg's schedule. */
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
+/* Pipelined backprop's update of one stage (BACKGROUND.md 2), heavy-ball:
+ * d = g + wd w;  v <- m v + d (v <- d on the first update);
+ * w <- w - lr (a v + b d) with spike compensation (a = m^D, b = (1 - m^D) /
+ * (1 - m)), else w <- w - lr v (w - lr d without momentum). With a pipemare
+ * delta: delta <- gamma delta + (1 - gamma) (w_new - w_old). Zeroes g. */
+typedef struct st_pb_rule {
+  float lr, momentum, weight_decay;
+  int first_step, sc;
+  float a, b;   /* spike compensation's coefficients */
+  float gamma;  /* pipemare's delta decay (used when delta != NULL) */
+} st_pb_rule;
+/* The rule for a stage with delay `delay` that has made `updates` updates
+ * (sc: spike compensation, which D = 0 or m = 0 turns off). */
+void st_pb_rule_init(st_pb_rule *r, float lr, float momentum,
+                     float weight_decay, int delay, int sc, int64_t updates);
+void st_pb_update(st_pool *pool, const st_pb_rule *r, float *w, float *g,
+                  float *v, float *delta, size_t n);
+/* out = w - k v: linear weight prediction (k = lr D, v the velocity) and
+ * pipemare's backward weights (k = D, v the delta). */
+void st_pb_predict(st_pool *pool, float *out, const float *w, const float *v,
+                   float k, size_t n);
+/* optimizer.reference_batch (BACKGROUND.md 2): a heavy-ball recipe (lr,
+ * momentum) tuned at batch `reference`, moved to `batch` keeping the
+ * momentum horizon in samples and each sample's total contribution:
+ * m' = m^(b/B), lr' = lr (b/B) (1 - m') / (1 - m). min_lr (may be NULL)
+ * scales with lr. */
+void st_optim_scale_batch(float *lr, float *momentum, float *min_lr,
+                          int reference, int batch);
 /* Floats of optimizer state per parameter (SGD: 1, AdamW: 2). */
 int st_optim_state_per_param(const st_config *cfg);
 

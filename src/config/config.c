@@ -360,6 +360,12 @@ static int set_scalar(void *dst, const st_config_key *k,
   int bad = 0;
   switch (k->type) {
   case ST_CONFIG_INT: {
+    /* execution.stages also takes a word: every block its own stage */
+    if (node->type == YAML_SCALAR_NODE && !strcmp(key, "execution.stages") &&
+        !strcmp(text, "per_block")) {
+      *(int *)dst = ST_STAGES_PER_BLOCK;
+      return 0;
+    }
     int64_t v;
     int rc = node_int(node, INT_MIN, INT_MAX, &v, key, src, err);
     if (!rc)
@@ -795,6 +801,9 @@ static const range ranges[] = {
     AT_LEAST("execution.stages", 0),
     AT_LEAST("execution.blocks_per_segment", 0),
     AT_LEAST("execution.replicas", 1),
+    AT_LEAST("execution.pipemare_warmup", 0),
+    UNIT("execution.pipemare_gamma"),
+    AT_LEAST("optimizer.reference_batch", 0),
     AT_LEAST("fabric.cores", 0),
     AT_LEAST("metrics.log_every", 1),
 };
@@ -932,6 +941,31 @@ static int check_training(const st_config *cfg, st_error *err) {
     return invalid(cfg, err, "execution.replicas",
                    "metrics.noise_scale is not available with replicas yet "
                    "(%s)", st_config_where(cfg, "metrics.noise_scale"));
+  const int pb = !strcmp(cfg->execution.mode, "pipelined_backprop");
+  const int sgd = !strcmp(cfg->optimizer.kind, "sgd");
+  const char *mit = cfg->execution.mitigation;
+  if (cfg->execution.emulate && !pb)
+    return invalid(cfg, err, "execution.emulate",
+                   "emulates pipelined_backprop, not execution.mode %s (%s)",
+                   cfg->execution.mode, st_config_where(cfg, "execution.mode"));
+  if (pb && !sgd && strcmp(mit, "none") && strcmp(mit, "stash"))
+    return invalid(cfg, err, "execution.mitigation",
+                   "%s is defined for momentum SGD (BACKGROUND.md 2); with "
+                   "optimizer.kind %s use none or stash (%s)",
+                   mit, cfg->optimizer.kind,
+                   st_config_where(cfg, "optimizer.kind"));
+  if (pb && cfg->optimizer.nesterov)
+    return invalid(cfg, err, "optimizer.nesterov",
+                   "pipelined_backprop updates with heavy-ball momentum "
+                   "(BACKGROUND.md 2); set optimizer.nesterov: false");
+  if (pb && cfg->metrics.noise_scale)
+    return invalid(cfg, err, "metrics.noise_scale",
+                   "is not available in pipelined_backprop (every update "
+                   "sees one micro-batch)");
+  if (cfg->optimizer.reference_batch > 0 && !sgd)
+    return invalid(cfg, err, "optimizer.reference_batch",
+                   "rescales SGD's lr and momentum; optimizer.kind is %s (%s)",
+                   cfg->optimizer.kind, st_config_where(cfg, "optimizer.kind"));
   if (cfg->optimizer.nesterov && !(cfg->optimizer.momentum > 0))
     return invalid(cfg, err, "optimizer.nesterov",
                    "needs optimizer.momentum > 0, got %g",
@@ -1017,7 +1051,11 @@ static void write_value(FILE *f, const st_config *cfg, const st_config_key *k) {
   const void *p = (const char *)cfg + k->offset;
   switch (k->type) {
   case ST_CONFIG_INT:
-    fprintf(f, "%d", *(const int *)p);
+    if (*(const int *)p == ST_STAGES_PER_BLOCK &&
+        !strcmp(k->section, "execution") && !strcmp(k->name, "stages"))
+      fputs("per_block", f);
+    else
+      fprintf(f, "%d", *(const int *)p);
     break;
   case ST_CONFIG_INT64:
     fprintf(f, "%" PRId64, *(const int64_t *)p);

@@ -50,7 +50,11 @@ static const char *const modes[] = {
     "sequential",
     "pipeline",
     "block_sequential",
+    "pipelined_backprop",
     NULL,
+};
+static const char *const mitigations[] = {
+    "none", "stash", "sc", "lwp", "sc+lwp", "spectrain", "pipemare", NULL,
 };
 static const char *const schedules_pipe[] = {"gpipe", "1f1b", NULL};
 static const char *const fabrics[] = {
@@ -129,6 +133,10 @@ const st_config_key st_config_schema[] = {
     FLOAT(optimizer, min_lr, "0", "cosine/linear: final learning rate"),
     INT(optimizer, step_size, "1000", "step: decay every step_size steps"),
     FLOAT(optimizer, gamma, "0.1", "step: decay factor"),
+    INT(optimizer, reference_batch, "0",
+        "sgd: the batch lr and momentum were tuned for; strata rescales "
+        "them to the batch each update sees (BACKGROUND.md 2; 0 = as "
+        "given)"),
 
     INT(train, batch, "32", "samples per optimizer step"),
     INT(train, epochs, "1", "passes over the training set"),
@@ -143,14 +151,15 @@ const st_config_key st_config_schema[] = {
 
     ENUM(execution, mode, "sequential", modes, "execution mode (DESIGN.md)"),
     INT(execution, micro_batch, "0",
-        "samples per micro-batch (0 = whole batch)"),
+        "samples per micro-batch (0 = whole batch; pipelined_backprop: 1)"),
     ENUM(execution, schedule, "1f1b", schedules_pipe,
          "pipeline: fill and drain all micro-batches (gpipe) or one forward, "
          "one backward (1f1b, at most S micro-batches in flight)"),
     INT(execution, stages, "0",
         "pipeline: stages, contiguous runs of blocks cut by the compiler's "
         "plan (0 = the plan's choice, at most one per core); "
-        "block_sequential: stages inside each segment (0 = one per core)"),
+        "block_sequential: stages inside each segment (0 = one per core); "
+        "per_block = every block its own stage"),
     INT(execution, blocks_per_segment, "0",
         "block_sequential: blocks in each segment (0 = the fewest segments "
         "whose weights, state and activations fit the cores' memory)"),
@@ -163,6 +172,18 @@ const st_config_key st_config_schema[] = {
     BOOL(execution, fused_update, "true",
          "at batch 1, update weights inside the backward (same bits, "
          "less memory traffic)"),
+
+    ENUM(execution, mitigation, "sc+lwp", mitigations,
+         "pipelined_backprop: how stages correct delayed gradients and "
+         "weight inconsistency (BACKGROUND.md 2)"),
+    BOOL(execution, emulate, "false",
+         "pipelined_backprop: one thread runs every stage tick by tick "
+         "(same weights as the threaded runtime)"),
+    INT(execution, pipemare_warmup, "1000",
+        "pipemare: T, updates over which each stage's lr rises to the "
+        "base"),
+    FLOAT(execution, pipemare_gamma, "0.9",
+          "pipemare: EMA decay of the weight-change estimate"),
 
     ENUM(fabric, kind, "cpu", fabrics,
          "what the plan runs on: this machine's cores, a W x H mesh of PEs, "

@@ -20,6 +20,9 @@ typedef struct st_stage {
   float *work;        /* 3 * max_batch * model->max_numel */
   float *scratch;     /* max_batch * model->max_scratch_per_sample */
   float *grad_io[2];  /* gradients between blocks: max_batch * max_numel */
+  size_t base;        /* params/grads passed in start at this slab offset
+                         (0: the model's slab; pipelined_backprop passes
+                         its stage's own weight versions) */
 } st_stage;
 
 int st_stage_create(st_stage **out, const st_model *m, int first, int count,
@@ -117,6 +120,7 @@ typedef struct st_executor {
 extern const st_executor st_exec_sequential;
 extern const st_executor st_exec_pipeline;
 extern const st_executor st_exec_block_sequential;
+extern const st_executor st_exec_pipelined_backprop;
 /* execution.replicas > 1: R copies of the mode's executor (sequential or
  * pipeline) on a share of the cores each; gradients are summed in replica
  * order, then every block is updated once. */
@@ -133,6 +137,25 @@ int st_pipeline_cores(const void *state, int stage);
 /* Test knob: each stage sleeps a pseudo-random 0 .. max_us microseconds
  * before every forward and backward (0 turns it off). Call between steps. */
 void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
+/* The compiler's cut of all blocks into stages on `cores` cores (S = 0:
+ * the plan's choice; more stages than cores share them, one thread each),
+ * or the FLOP balance when no plan can be made: first/count/pes per stage
+ * (arrays of n_blocks); returns the stage count, or -1 out of memory. */
+int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
+                      int cores, int *first, int *count, int *pes);
+/* Pipelined backprop introspection (tests): stage s's delay D(s); the
+ * fewest and most updates counted between a micro-batch's forward and its
+ * update, over the micro-batches with a full pipeline ahead (n >= D(s))
+ * and over all; the most weight versions it held at once (the live
+ * weights and stashed copies). Returns -1 for a bad stage. */
+int st_pb_delay(const void *state, int stage, int *steady_min,
+                int *steady_max, int *max_all);
+int st_pb_versions(const void *state, int stage);
+/* Test probe: called with the weights each forward and backward at each
+ * stage used (fwd = 1 for a forward), the stage's slab of n floats. */
+typedef void (*st_pb_probe)(void *arg, int stage, int64_t micro_batch,
+                            int fwd, const float *w, size_t n);
+void st_pb_set_probe(void *state, st_pb_probe fn, void *arg);
 /* Pins a thread to the cpus cpus[0 .. n); -1 if the system refused. */
 int st_pin_thread(pthread_t thread, const int *cpus, int n);
 /* Pins the pipeline's stages to cpus[0 .. n), each stage to its own share

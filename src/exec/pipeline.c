@@ -370,6 +370,37 @@ static int split(const st_block_cost *c, int n, const st_fabric *fab, int S,
   return S;
 }
 
+/* The cpu fabric of `cores` cores (S of them when there are more stages)
+ * in *fab, or NULL when it cannot be resolved (an unreadable calibration
+ * profile). cpu: scratch space for the config it is resolved from. */
+static st_fabric *plan_fabric(st_fabric *fab, st_config *cpu,
+                              const st_config *cfg, int S, int cores) {
+  st_error no_plan = {0};
+  char spec[32];
+  *cpu = *cfg;
+  snprintf(spec, sizeof spec, "cpu:%d", S > cores ? S : cores);
+  if (st_fabric_parse(cpu, spec, &no_plan) ||
+      st_fabric_resolve(fab, cpu, &no_plan))
+    return NULL;
+  return fab;
+}
+
+int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
+                      int cores, int *first, int *count, int *pes) {
+  int n = m->n_blocks;
+  st_block_cost *c = malloc((size_t)n * sizeof *c);
+  st_config *cpu = malloc(sizeof *cpu);
+  int k = -1;
+  if (c && cpu) {
+    st_plan_costs(c, m, cfg);
+    st_fabric fab, *on = plan_fabric(&fab, cpu, cfg, S, cores);
+    k = split(c, n, on, S, cores, S > cores, first, count, pes);
+  }
+  free(c);
+  free(cpu);
+  return k;
+}
+
 /* block_sequential segments: blocks_per_segment each, or (0) the fewest
  * runs of blocks whose weights, optimizer state and batch activations fit
  * the machine's memory. Returns the count; starts[g] is a first block. */
@@ -430,6 +461,8 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
                    st_error *err) {
   const st_model *m = p->model;
   int n = m->n_blocks, S = cfg->execution.stages, rc = 0;
+  int per_block = S == ST_STAGES_PER_BLOCK;
+  if (per_block) S = n;
   st_block_cost *c = malloc((size_t)n * sizeof *c);
   st_config *cpu = malloc(sizeof *cpu);
   int *starts = malloc(((size_t)n + 1) * sizeof *starts);
@@ -444,20 +477,13 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
    * for otherwise (a mesh is a what-if; a run runs here). More stages than
    * cores share them. A calibration profile that cannot be read leaves no
    * plan: the FLOP balance runs, as for a model the planner cannot place. */
-  st_fabric fab, *plan_on = &fab;
-  st_error no_plan = {0};
-  char spec[32];
-  *cpu = *cfg;
-  snprintf(spec, sizeof spec, "cpu:%d", S > cores ? S : cores);
-  if (st_fabric_parse(cpu, spec, &no_plan) ||
-      st_fabric_resolve(&fab, cpu, &no_plan))
-    plan_on = NULL;
+  st_fabric fab, *plan_on = plan_fabric(&fab, cpu, cfg, S, cores);
   int per = cfg->execution.blocks_per_segment;
   if (blockseq && !per && !plan_on) per = n; /* no memory figure: one */
   int G = blockseq ? segment(c, n, plan_on, per, cfg->train.batch, starts)
                    : (starts[0] = 0, 1);
   starts[G] = n;
-  if (blockseq && cfg->execution.blocks_per_segment > 0 &&
+  if (blockseq && cfg->execution.blocks_per_segment > 0 && !per_block &&
       S > cfg->execution.blocks_per_segment) {
     rc = st_error_set(err, ST_ECONFIG,
                       "%s: execution.stages: %d stages in segments of %d "
@@ -533,7 +559,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   *state = NULL;
   int S = cfg->execution.stages;
   int cores = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
-  if (S > m->n_blocks)
+  if (S > m->n_blocks && S != ST_STAGES_PER_BLOCK)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.stages: %d stages for a model of %d "
                         "blocks; each stage needs at least one block",

@@ -58,8 +58,8 @@ const float *st_stage_forward(st_stage *s, const st_ctx *ctx,
   const float *x = in;
   for (int i = 0; i < s->count; i++) {
     const st_block *b = &s->model->blocks[s->first + i];
-    st_block_forward(b, ctx, params + b->param_off, x, s->acts[i], s->scratch,
-                     B);
+    st_block_forward(b, ctx, params + (b->param_off - s->base), x, s->acts[i],
+                     s->scratch, B);
     x = st_block_output(b, s->acts[i], B);
   }
   return x;
@@ -85,8 +85,9 @@ void st_stage_backward_each(st_stage *s, const st_ctx *ctx,
                                  s->acts[i - 1], B);
     float *dx = i == 0 ? din : (g == s->grad_io[0] ? s->grad_io[1]
                                                     : s->grad_io[0]);
-    st_block_backward(b, ctx, params + b->param_off, grads + b->param_off, x,
-                      s->acts[i], g, dx, s->work, s->scratch, B);
+    size_t at = b->param_off - s->base;
+    st_block_backward(b, ctx, params + at, grads + at, x, s->acts[i], g, dx,
+                      s->work, s->scratch, B);
     if (after_block) after_block(arg, s->first + i);
     g = dx;
   }

@@ -46,7 +46,8 @@ struct st_trainer {
 
 const st_executor *st_find_executor(const char *mode) {
   static const st_executor *all[] = {&st_exec_sequential, &st_exec_pipeline,
-                                     &st_exec_block_sequential};
+                                     &st_exec_block_sequential,
+                                     &st_exec_pipelined_backprop};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (strcmp(all[i]->mode, mode) == 0) return all[i];
   return NULL;
@@ -234,8 +235,25 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     goto fail;
   }
   t->batch = cfg->train.batch;
+  int pb = t->exec == &st_exec_pipelined_backprop;
   t->micro_batch = cfg->execution.micro_batch ? cfg->execution.micro_batch
+                   : pb                       ? 1
                                               : cfg->train.batch;
+  if (pb && t->batch % t->micro_batch) {
+    rc = st_error_set(err, ST_ECONFIG,
+                      "%s: train.batch: %d is not a whole number of "
+                      "micro-batches of %d",
+                      st_config_where(cfg, "train.batch"), t->batch,
+                      t->micro_batch);
+    goto fail;
+  }
+  /* A recipe tuned at optimizer.reference_batch, rescaled to the batch
+   * every update sees (the trainer's copy of the config is what runs). */
+  if (cfg->optimizer.reference_batch > 0)
+    st_optim_scale_batch(&t->cfg.optimizer.lr, &t->cfg.optimizer.momentum,
+                         &t->cfg.optimizer.min_lr,
+                         cfg->optimizer.reference_batch,
+                         pb ? t->micro_batch : t->batch);
   /* The noise scale needs gradients at two sizes: measure the batch in two
    * halves unless micro-batches are configured (validated even). */
   if (cfg->metrics.noise_scale && !cfg->execution.micro_batch)

@@ -149,6 +149,73 @@ void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
   st_optim_step_range(pool, cfg, params, grads, opt, n, n, lr, step);
 }
 
+/* Pipelined backprop (BACKGROUND.md 2): heavy-ball SGD, element by element
+ * in sgd_one's order of operations so that a rule with no compensation is
+ * sgd_one's bits; spike compensation applies a*v + b*d in place of v; with
+ * a pipemare delta, the change the update made is folded into it. */
+typedef struct pb_job {
+  st_pb_rule r;
+  float *w, *g, *v, *delta;
+  const float *src;
+  size_t n;
+} pb_job;
+
+static void pb_chunk(void *arg, int task) {
+  const pb_job *j = arg;
+  const st_pb_rule r = j->r;
+  size_t lo = (size_t)task * CHUNK, len = j->n - lo < CHUNK ? j->n - lo : CHUNK;
+  float *restrict w = j->w + lo, *restrict g = j->g + lo, *restrict v = j->v + lo;
+  float *restrict delta = j->delta ? j->delta + lo : NULL;
+  for (size_t i = 0; i < len; i++) {
+    float d = g[i], old = w[i];
+    g[i] = 0.0f;
+    if (r.weight_decay != 0.0f) d = d + r.weight_decay * old;
+    if (r.momentum != 0.0f) {
+      v[i] = r.first_step ? d : r.momentum * v[i] + d;
+      d = r.sc ? r.a * v[i] + r.b * d : v[i];
+    }
+    w[i] = old - r.lr * d;
+    if (delta)
+      delta[i] = r.gamma * delta[i] + (1.0f - r.gamma) * (w[i] - old);
+  }
+}
+
+void st_pb_update(st_pool *pool, const st_pb_rule *r, float *w, float *g,
+                  float *v, float *delta, size_t n) {
+  pb_job j = {.r = *r, .w = w, .g = g, .v = v, .delta = delta, .n = n};
+  st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), pb_chunk, &j);
+}
+
+static void predict_chunk(void *arg, int task) {
+  const pb_job *j = arg;
+  size_t lo = (size_t)task * CHUNK, len = j->n - lo < CHUNK ? j->n - lo : CHUNK;
+  float *restrict out = j->w + lo;
+  const float *restrict w = j->src + lo, *restrict v = j->v + lo;
+  const float k = j->r.lr;
+  for (size_t i = 0; i < len; i++) out[i] = w[i] - k * v[i];
+}
+
+void st_pb_predict(st_pool *pool, float *out, const float *w, const float *v,
+                   float k, size_t n) {
+  pb_job j = {.r = {.lr = k}, .w = out, .src = w, .v = (float *)v, .n = n};
+  st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), predict_chunk, &j);
+}
+
+void st_pb_rule_init(st_pb_rule *r, float lr, float momentum,
+                     float weight_decay, int delay, int sc, int64_t updates) {
+  memset(r, 0, sizeof *r);
+  r->lr = lr;
+  r->momentum = momentum;
+  r->weight_decay = weight_decay;
+  r->first_step = updates == 0;
+  r->sc = sc && delay > 0 && momentum != 0.0f;
+  if (r->sc) {
+    double mD = pow((double)momentum, delay);
+    r->a = (float)mD;
+    r->b = (float)((1.0 - mD) / (1.0 - (double)momentum));
+  }
+}
+
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps) {
   double lr = cfg->optimizer.lr, floor_lr = cfg->optimizer.min_lr;
   int64_t warm = cfg->optimizer.warmup_steps;
@@ -166,6 +233,17 @@ float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps) {
     return (float)(lr * pow(cfg->optimizer.gamma,
                             (double)((step - warm) / cfg->optimizer.step_size)));
   return (float)lr;
+}
+
+void st_optim_scale_batch(float *lr, float *momentum, float *min_lr,
+                          int reference, int batch) {
+  double r = (double)batch / reference, m = *momentum;
+  double m_hat = m > 0 ? pow(m, r) : 0;
+  /* (1 - m^r) / (1 - m) -> r as m -> 1: the momentum-free factor is r */
+  double f = m > 0 && m < 1 ? r * (1 - m_hat) / (1 - m) : r;
+  *lr = (float)(*lr * f);
+  if (min_lr) *min_lr = (float)(*min_lr * f);
+  *momentum = (float)m_hat;
 }
 
 int st_optim_state_per_param(const st_config *cfg) {

@@ -1,0 +1,784 @@
+/*
+ * pb.c — pipelined backpropagation (DESIGN.md; BACKGROUND.md 2; Petrowski
+ * et al. 1993; Kosson et al., MLSys 2021): a layer pipeline that is never
+ * drained. Every stage updates its own blocks after every micro-batch's
+ * backward (default one sample), so the stages stay busy at batch size one;
+ * the gradients are delayed and the forward and backward of a micro-batch
+ * may see different weights, which the mitigations correct.
+ *
+ * The schedule, per stage: stage s of S has delay D(s) = 2 (S - 1 - s);
+ * for each micro-batch n in turn it runs the forward of n, then the
+ * backward of n - D(s) and the update with its gradient. That is BACKGROUND
+ * .md's tick convention (at tick t stage s forwards t - s and backs t -
+ * 2(S - 1) + s) read stage by stage: the last stage forwards, takes the
+ * loss and backs the same micro-batch; D(s) updates happen at stage s
+ * between a micro-batch's forward and its own update.
+ *
+ * A trainer step hands the executor train.batch samples, K micro-batches:
+ * every stage runs its (forward, backward + update) pairs for those K, so
+ * when the step returns every loss of the batch is known and the pipeline
+ * is still full — the next step carries on where this one stopped. The
+ * last micro-batches' gradients reach the early stages during later steps.
+ *
+ * Two drivers run the same per-stage pairs on the same buffers:
+ *   threaded  each stage is a thread with a pool of its cores (the
+ *             compiler's plan), pinned when they fit, messages passed
+ *             through single-producer rings; a stage runs ahead as far as
+ *             its inputs allow;
+ *   emulated  (execution.emulate) one thread, tick by tick: for t, for s,
+ *             the pair of micro-batch t - s.
+ * Each stage's sequence of operations and the data each one reads are the
+ * same in both, and no kernel's result depends on its pool size, so the
+ * weights are bit-identical whatever the timing.
+ *
+ * Buffers, at stage s: D(s) + 1 activation slots (micro-batch n in slot n
+ * mod (D + 1); by the schedule n - D - 1 has finished its backward when n
+ * starts); stage 0 copies its input there too (the batch it came from is
+ * gone when its backward runs); DIN_RING input-gradient buffers toward the
+ * stage before (at most three are ever unread, see chan_send). A forward
+ * message points at the sender's output in its slot, which it keeps until
+ * this stage has sent back that micro-batch's gradient.
+ *
+ * Weights: the stage's blocks are one contiguous range of the model's slab
+ * (its live weights, updated in place, optimizer state beside them); the
+ * stage ops take weight pointers relative to it (st_stage.base), so a
+ * forward or backward can run on a prediction or a stashed copy.
+ *   none       forward and backward on the live weights;
+ *   stash      the backward on the copy its forward used: D copies in a
+ *              ring (copy n mod D holds the version micro-batch n saw,
+ *              written just before the update that would change it);
+ *   sc         the update applies a v + b d (st_pb_update);
+ *   lwp, spectrain  the forward on w - lr D v (BACKGROUND.md's two rules
+ *              coincide in fine-grained PB: spectrain's backward predicts
+ *              0 updates ahead);
+ *   sc+lwp     both;
+ *   pipemare   each stage's lr warmed up by D^-(1 - min(t/T, 1)) and the
+ *              backward on w - D delta, delta an EMA of the updates.
+ * A non-finite loss stops every stage before the backward of its
+ * micro-batch: no gradient of it reaches any weight. The pipeline cannot go
+ * on after that; further steps are refused.
+ */
+#include "exec.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum {
+  DIN_RING = 4, /* input-gradient buffers per stage (3 unread + 1 in use) */
+  SPIN = 4000,  /* polls before a waiting stage sleeps */
+};
+
+enum { MIT_NONE, MIT_STASH, MIT_SC, MIT_LWP, MIT_SC_LWP, MIT_SPECTRAIN,
+       MIT_PIPEMARE };
+
+typedef struct msg {
+  int64_t n;
+  const float *data;
+} msg;
+
+/* One producer, one consumer. */
+typedef struct chan {
+  atomic_llong sent, taken;
+  msg *buf;
+  int cap;
+} chan;
+
+typedef struct pb_stage {
+  struct pb *p;
+  int index, first, count, D;
+  size_t off, n;        /* its weights: slab floats [off, off + n) */
+  int cores, cpu_off;
+  char name[32];
+  st_pool *pool;
+  int slots;            /* D + 1 */
+  st_stage **run;       /* [slots] */
+  const float **in;     /* [slots]: each slot's input */
+  int64_t *fwd_version; /* [slots]: updates done when its forward ran */
+  float *x_copy;        /* stage 0: slots x mb x input floats */
+  float *probs, *dlogits; /* last stage: mb x R x classes */
+  float *din[DIN_RING]; /* stages > 0 */
+  float *wf;            /* lwp/spectrain/sc+lwp: predicted forward weights */
+  float *wb, *delta;    /* pipemare: backward weights, update EMA */
+  float **stash;        /* stash: [D] copies */
+  chan fwd, bwd;        /* incoming: from the stage before / after */
+  int64_t updates;
+  int delay_min, delay_max, delay_all; /* counted (tests) */
+  int versions, max_versions;
+  double busy, last_end;
+  /* waiting: the stage's thread sleeps here (threaded driver) */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  atomic_int sleeping;
+  pthread_t thread;
+  int started, sync_ready;
+} pb_stage;
+
+typedef struct pb {
+  const st_model *model;
+  int S, mb, mitigation, emulate, spin, adamw;
+  float pipemare_gamma;
+  int pipemare_warmup;
+  pb_stage *stages;
+  st_stage *eval;
+  int64_t next;         /* micro-batches started so far */
+  /* step control (threaded): the caller publishes the step and bumps
+   * generation; every stage runs its pairs and counts itself finished */
+  atomic_llong generation;
+  atomic_int finished, stop, abort;
+  pthread_mutex_t mu;   /* the caller's wait, and the error */
+  pthread_cond_t cv;
+  atomic_int sleeping;
+  int64_t n0;
+  int K;
+  st_trainer_view *v;
+  int rc, broken;
+  st_error err;
+  double wall;
+  st_pb_probe probe;
+  void *probe_arg;
+} pb;
+
+/* ------------------------------------------------------ waiting, errors */
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static void wake(pthread_mutex_t *mu, pthread_cond_t *cv, atomic_int *sleeping) {
+  if (!atomic_load(sleeping)) return;
+  pthread_mutex_lock(mu);
+  pthread_cond_broadcast(cv);
+  pthread_mutex_unlock(mu);
+}
+
+/* Waits until *val >= want, or (returns -1) the executor is stopped or,
+ * when `abortable`, the step aborted. The
+ * sleeper sets `sleeping` before its last look at *val and the waker
+ * publishes *val before it looks at `sleeping` (both sequentially
+ * consistent): one of them sees the other. */
+static int wait_ge(pb *p, pthread_mutex_t *mu, pthread_cond_t *cv,
+                   atomic_int *sleeping, atomic_llong *val, long long want,
+                   int spin, int abortable) {
+  for (int i = 0; i < spin; i++) {
+    if (atomic_load(val) >= want) return 0;
+    if ((abortable && atomic_load(&p->abort)) || atomic_load(&p->stop))
+      return -1;
+    cpu_relax();
+  }
+  pthread_mutex_lock(mu);
+  atomic_store(sleeping, 1);
+  while (atomic_load(val) < want &&
+         !(abortable && atomic_load(&p->abort)) && !atomic_load(&p->stop))
+    pthread_cond_wait(cv, mu);
+  atomic_store(sleeping, 0);
+  pthread_mutex_unlock(mu);
+  return atomic_load(val) >= want ? 0 : -1;
+}
+
+/* Stops every stage; the first error wins. */
+static void fail(pb *p, const st_error *err) {
+  pthread_mutex_lock(&p->mu);
+  if (!p->rc) {
+    p->rc = err->code;
+    p->err = *err;
+  }
+  pthread_mutex_unlock(&p->mu);
+  atomic_store(&p->abort, 1);
+  for (int s = 0; s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    if (!st->sync_ready) continue;
+    pthread_mutex_lock(&st->mu);
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+  }
+  pthread_mutex_lock(&p->mu);
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void internal(pb *p, const char *what, int64_t n, int stage) {
+  st_error err = {0};
+  st_error_set(&err, ST_EUNSUPPORTED,
+               "internal error: pipelined backprop: %s (micro-batch %lld, "
+               "stage %d)",
+               what, (long long)n, stage);
+  fail(p, &err);
+}
+
+/* ------------------------------------------------------------ channels */
+
+static void trace(const st_trainer_view *v, st_trace_kind kind, int64_t n,
+                  double t0, double t1) {
+  if (v->trace)
+    st_trace_add(v->trace, v->track, kind, v->step, (int)n, t0, t1);
+}
+
+/* To stage `to`'s channel c. By the schedule a channel never holds more
+ * than its capacity: once stage s has a full pipeline ahead (n >= D(s)),
+ * sending its forward of n + 1 follows its backward of n - D(s), which
+ * needed stage s + 1's backward of the same micro-batch, n + 2 - D(s + 1),
+ * done after its forward of n - 2: three unread. Before that, stage s may
+ * send all of its first D(s) + 1 forwards. Backward messages mirror this
+ * (three unread; the first three are three). More is a schedule bug. */
+static int chan_send(pb_stage *to, const st_trainer_view *v, chan *c,
+                     int64_t n, const float *data) {
+  pb *p = to->p;
+  double t0 = v->trace ? st_now() : 0;
+  long long s = atomic_load_explicit(&c->sent, memory_order_relaxed);
+  if (s - atomic_load(&c->taken) >= c->cap) {
+    internal(p, "a channel overflowed", n, to->index);
+    return -1;
+  }
+  c->buf[s % c->cap] = (msg){n, data};
+  atomic_store(&c->sent, s + 1);
+  if (!p->emulate) wake(&to->mu, &to->cv, &to->sleeping);
+  if (v->trace) trace(v, ST_TRACE_SEND, n, t0, st_now());
+  return 0;
+}
+
+/* The message for micro-batch n on stage st's channel c, or NULL. */
+static const float *chan_recv(pb_stage *st, const st_trainer_view *v, chan *c,
+                              int64_t n) {
+  pb *p = st->p;
+  double t0 = v->trace ? st_now() : 0;
+  long long t = atomic_load_explicit(&c->taken, memory_order_relaxed);
+  if (p->emulate ? atomic_load(&c->sent) <= t
+                 : wait_ge(p, &st->mu, &st->cv, &st->sleeping, &c->sent, t + 1,
+                           p->spin, 1)) {
+    if (p->emulate) internal(p, "a message was not ready", n, st->index);
+    return NULL;
+  }
+  msg m = c->buf[t % c->cap];
+  atomic_store(&c->taken, t + 1);
+  if (v->trace) trace(v, ST_TRACE_RECV, n, t0, st_now());
+  if (m.n != n) {
+    internal(p, "a message arrived out of order", n, st->index);
+    return NULL;
+  }
+  return m.data;
+}
+
+/* ------------------------------------------------------------- a stage */
+
+static float *live(const pb_stage *st, const st_trainer_view *v) {
+  return v->params + st->off;
+}
+
+static int lwp_like(int mit) {
+  return mit == MIT_LWP || mit == MIT_SC_LWP || mit == MIT_SPECTRAIN;
+}
+
+/* The forward of micro-batch n (index n - n0 in this step's batch). */
+static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
+  pb *p = st->p;
+  const st_model *m = p->model;
+  int slot = (int)(n % st->slots), mb = p->mb, R = m->label_rows;
+  int64_t k = n - p->n0;
+  size_t in_floats = (size_t)mb * st_shape_numel(m->in);
+  const float *in;
+  if (st->index == 0) {
+    float *x = st->x_copy + (size_t)slot * in_floats;
+    memcpy(x, v->x + (size_t)k * in_floats, in_floats * sizeof *x);
+    in = x;
+  } else if (!(in = chan_recv(st, v, &st->fwd, n))) {
+    return -1;
+  }
+  double t0 = st_now();
+  const float *w = live(st, v);
+  if (lwp_like(p->mitigation) && st->D > 0) {
+    st_pb_predict(v->ctx.pool, st->wf, w, v->opt + st->off,
+                  v->lr * (float)st->D, st->n);
+    w = st->wf;
+  }
+  if (p->probe) p->probe(p->probe_arg, st->index, n, 1, w, st->n);
+  st->in[slot] = in;
+  st->fwd_version[slot] = st->updates;
+  st_ctx ctx = v->ctx;
+  ctx.first_sample = (uint64_t)v->first_sample + (uint64_t)k * mb;
+  const float *out = st_stage_forward(st->run[slot], &ctx, w, in, mb);
+  /* stash: micro-batches started before the first update all saw the
+   * initial weights; later ones are saved just before their update */
+  if (p->mitigation == MIT_STASH && st->D > 0 && n < st->D) {
+    memcpy(st->stash[n % st->D], live(st, v), st->n * sizeof(float));
+    if (++st->versions > st->max_versions) st->max_versions = st->versions;
+  }
+  if (st->index < p->S - 1) {
+    double t1 = st_now();
+    trace(v, ST_TRACE_FORWARD, n, t0, t1);
+    st->busy += t1 - t0;
+    return chan_send(&p->stages[st->index + 1], v,
+                     &p->stages[st->index + 1].fwd, n, out);
+  }
+  size_t rows = (size_t)mb * R;
+  float *losses = v->losses + (size_t)k * rows;
+  st_xent_forward_pool(ctx.pool, losses, st->probs, out,
+                       v->y + (size_t)k * rows, (int)rows, m->classes);
+  double sum = 0;
+  for (size_t i = 0; i < rows; i++) sum += losses[i];
+  double t1 = st_now();
+  trace(v, ST_TRACE_FORWARD, n, t0, t1);
+  st->busy += t1 - t0;
+  if (!isfinite(sum)) {
+    st_error err = {0};
+    st_error_set(&err, ST_ENONFINITE,
+                 "step %lld: training loss is %s (samples %lld..%lld); "
+                 "pipelined backprop stopped before its backward, no "
+                 "checkpoint written — lower optimizer.lr",
+                 (long long)v->step + 1, isnan(sum) ? "NaN" : "infinite",
+                 (long long)(v->first_sample + k * mb),
+                 (long long)(v->first_sample + k * mb + mb - 1));
+    fail(p, &err);
+    return -1;
+  }
+  return 0;
+}
+
+/* The backward of micro-batch j (forwarded D updates ago) and the update
+ * with its gradient. */
+static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
+  pb *p = st->p;
+  const st_model *m = p->model;
+  int slot = (int)(j % st->slots), mb = p->mb, R = m->label_rows;
+  const float *dout;
+  double t0;
+  if (st->index == p->S - 1) {
+    t0 = st_now();
+    size_t rows = (size_t)mb * R;
+    st_xent_backward_pool(v->ctx.pool, st->dlogits, st->probs,
+                          v->y + (size_t)(j - p->n0) * rows, (int)rows,
+                          m->classes, 1.0f / ((float)mb * (float)R));
+    dout = st->dlogits;
+  } else {
+    if (!(dout = chan_recv(st, v, &st->bwd, j))) return -1;
+    t0 = st_now();
+  }
+  float *w = live(st, v), *g = v->grads + st->off, *vel = v->opt + st->off;
+  const float *wb = w;
+  if (p->mitigation == MIT_STASH && st->D > 0) {
+    wb = st->stash[j % st->D];
+  } else if (p->mitigation == MIT_PIPEMARE && st->D > 0) {
+    st_pb_predict(v->ctx.pool, st->wb, w, st->delta, (float)st->D, st->n);
+    wb = st->wb;
+  }
+  if (p->probe) p->probe(p->probe_arg, st->index, j, 0, wb, st->n);
+  float *din = st->index ? st->din[j % DIN_RING] : NULL;
+  st_stage_backward(st->run[slot], &v->ctx, wb, g, st->in[slot], dout, din,
+                    mb);
+  double t1 = st_now();
+  trace(v, ST_TRACE_BACKWARD, j, t0, t1);
+  st->busy += t1 - t0;
+  /* the stage before may go on while this one updates */
+  if (st->index &&
+      chan_send(&p->stages[st->index - 1], v, &p->stages[st->index - 1].bwd,
+                j, din))
+    return -1;
+  t0 = st_now();
+  int delay = (int)(st->updates - st->fwd_version[slot]);
+  if (delay > st->delay_all) st->delay_all = delay;
+  if (j >= st->D) {
+    if (st->delay_min < 0 || delay < st->delay_min) st->delay_min = delay;
+    if (delay > st->delay_max) st->delay_max = delay;
+  }
+  if (p->mitigation == MIT_STASH && st->D > 0)
+    /* copy (j + D) mod D = j mod D held j's version and is free now: it
+     * takes the version of j + D, forwarded just before this backward,
+     * which this update is about to change */
+    memcpy(st->stash[j % st->D], w, st->n * sizeof(float));
+  if (p->adamw) { /* none or stash (st_config_validate) */
+    st_optim_step_range(v->ctx.pool, v->cfg, w, g, vel, m->n_params, st->n,
+                        v->lr, st->updates);
+  } else {
+    float lr = v->lr;
+    int mit = p->mitigation;
+    if (mit == MIT_PIPEMARE && st->D > 1) {
+      double T = p->pipemare_warmup, t = (double)st->updates;
+      double done = T > 0 ? (t / T < 1 ? t / T : 1) : 1;
+      lr = (float)(lr * pow((double)st->D, -(1.0 - done)));
+    }
+    st_pb_rule rule;
+    st_pb_rule_init(&rule, lr, v->cfg->optimizer.momentum,
+                    v->cfg->optimizer.weight_decay, st->D,
+                    mit == MIT_SC || mit == MIT_SC_LWP, st->updates);
+    rule.gamma = p->pipemare_gamma;
+    st_pb_update(v->ctx.pool, &rule, w, g, vel,
+                 mit == MIT_PIPEMARE && st->D > 0 ? st->delta : NULL, st->n);
+  }
+  st->updates++;
+  t1 = st_now();
+  trace(v, ST_TRACE_UPDATE, j, t0, t1);
+  st->busy += t1 - t0;
+  return 0;
+}
+
+/* Stage st's share of micro-batch n: its forward, then the backward and
+ * update of the micro-batch D(s) behind it. */
+static int pair(pb_stage *st, st_trainer_view *v, int64_t n) {
+  if (forward(st, v, n)) return -1;
+  return n >= st->D ? backward(st, v, n - st->D) : 0;
+}
+
+/* ----------------------------------------------------------- drivers */
+
+static void run_stage(pb_stage *st) {
+  pb *p = st->p;
+  st_trainer_view view = *p->v, *v = &view;
+  view.ctx.pool = st->pool;
+  view.track = p->v->track + st->index;
+  double now = st_now();
+  if (st->last_end > 0) trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
+  for (int64_t n = p->n0; n < p->n0 + p->K; n++)
+    if (atomic_load(&p->abort) || pair(st, v, n)) break;
+  st->last_end = st_now();
+}
+
+static void *worker(void *arg) {
+  pb_stage *st = arg;
+  pb *p = st->p;
+  long long seen = 0;
+  for (;;) {
+    if (wait_ge(p, &st->mu, &st->cv, &st->sleeping, &p->generation, seen + 1,
+                p->spin, 0))
+      return NULL; /* stopped */
+    seen = atomic_load(&p->generation);
+    run_stage(st);
+    atomic_fetch_add(&p->finished, 1);
+    wake(&p->mu, &p->cv, &p->sleeping);
+  }
+}
+
+/* One thread, tick by tick: at tick t stage s runs micro-batch t - s. */
+static void emulate(pb *p, st_trainer_view *v) {
+  for (int64_t t = p->n0; t < p->n0 + p->K + p->S - 1; t++)
+    for (int s = 0; s < p->S; s++) {
+      int64_t n = t - s;
+      if (n < p->n0 || n >= p->n0 + p->K) continue;
+      st_trainer_view view = *v;
+      view.track = v->track + s;
+      if (pair(&p->stages[s], &view, n)) return;
+    }
+}
+
+/* ------------------------------------------------------- the executor */
+
+static int mitigation_of(const char *name) {
+  static const char *const names[] = {"none",   "stash",     "sc",
+                                      "lwp",    "sc+lwp",    "spectrain",
+                                      "pipemare"};
+  for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+    if (!strcmp(name, names[i])) return i;
+  return -1;
+}
+
+static void pb_destroy(void *state) {
+  pb *p = state;
+  if (!p) return;
+  atomic_store(&p->stop, 1);
+  for (int s = 0; p->stages && s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    if (st->sync_ready) {
+      pthread_mutex_lock(&st->mu);
+      pthread_cond_broadcast(&st->cv);
+      pthread_mutex_unlock(&st->mu);
+    }
+  }
+  for (int s = 0; p->stages && s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    if (st->started) pthread_join(st->thread, NULL);
+    for (int j = 0; st->run && j < st->slots; j++) st_stage_destroy(st->run[j]);
+    free(st->run);
+    free(st->in);
+    free(st->fwd_version);
+    free(st->fwd.buf);
+    free(st->bwd.buf);
+    st_free(st->x_copy);
+    st_free(st->probs);
+    st_free(st->dlogits);
+    for (int k = 0; k < DIN_RING; k++) st_free(st->din[k]);
+    st_free(st->wf);
+    st_free(st->wb);
+    st_free(st->delta);
+    for (int k = 0; st->stash && k < st->D; k++) st_free(st->stash[k]);
+    free(st->stash);
+    st_pool_destroy(st->pool);
+    if (st->sync_ready) {
+      pthread_mutex_destroy(&st->mu);
+      pthread_cond_destroy(&st->cv);
+    }
+  }
+  free(p->stages);
+  st_stage_destroy(p->eval);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->cv);
+  free(p);
+}
+
+/* A model whose tied tensors would sit in two stages (a GPT's head and
+ * embedding) cannot be pipelined this way: each stage updates its own
+ * weights at its own delay. */
+static int tie_crosses(const st_model *m, const pb_stage *st, int S) {
+  for (int s = 0; s < S; s++)
+    for (int b = st[s].first; b < st[s].first + st[s].count; b++)
+      for (int t = 0; t < m->blocks[b].n_tensors; t++) {
+        long tie = m->blocks[b].tensors[t].tie;
+        if (tie >= 0 && ((size_t)tie < st[s].off ||
+                         (size_t)tie >= st[s].off + st[s].n))
+          return 1;
+      }
+  return 0;
+}
+
+static int alloc_stage(pb *p, pb_stage *st, const st_config *cfg,
+                       st_error *err) {
+  const st_model *m = p->model;
+  int mb = p->mb, R = m->label_rows, rc = 0;
+  st->slots = st->D + 1;
+  st->pool = p->emulate ? NULL : st_pool_create(st->cores);
+  st->run = calloc((size_t)st->slots, sizeof *st->run);
+  st->in = calloc((size_t)st->slots, sizeof *st->in);
+  st->fwd_version = calloc((size_t)st->slots, sizeof *st->fwd_version);
+  /* forward messages come from the stage before: D(s) + 2 + 1 of them */
+  st->fwd.cap = st->D + 3 > 3 ? st->D + 3 : 3;
+  st->bwd.cap = 3;
+  st->fwd.buf = calloc((size_t)st->fwd.cap, sizeof(msg));
+  st->bwd.buf = calloc((size_t)st->bwd.cap, sizeof(msg));
+  int ok = (p->emulate || st->pool) && st->run && st->in && st->fwd_version &&
+           st->fwd.buf && st->bwd.buf;
+  for (int j = 0; ok && j < st->slots; j++) {
+    ok = (rc = st_stage_create(&st->run[j], m, st->first, st->count, mb,
+                               err)) == 0;
+    if (ok) st->run[j]->base = st->off;
+  }
+  size_t per = (size_t)mb * R * m->classes;
+  if (ok && st->index == 0)
+    ok = (st->x_copy = st_alloc((size_t)st->slots * mb *
+                                st_shape_numel(m->in) * sizeof(float))) != NULL;
+  if (ok && st->index == p->S - 1)
+    ok = (st->probs = st_alloc(per * sizeof(float))) &&
+         (st->dlogits = st_alloc(per * sizeof(float)));
+  size_t in_floats = (size_t)mb * st_shape_numel(m->blocks[st->first].in);
+  for (int k = 0; ok && st->index > 0 && k < DIN_RING; k++)
+    ok = (st->din[k] = st_alloc(in_floats * sizeof(float))) != NULL;
+  size_t wbytes = st->n * sizeof(float);
+  if (ok && st->D > 0 && lwp_like(p->mitigation))
+    ok = (st->wf = st_alloc(wbytes)) != NULL;
+  if (ok && st->D > 0 && p->mitigation == MIT_PIPEMARE)
+    ok = (st->wb = st_alloc(wbytes)) && (st->delta = st_alloc(wbytes));
+  if (ok && st->D > 0 && p->mitigation == MIT_STASH) {
+    ok = (st->stash = calloc((size_t)st->D, sizeof *st->stash)) != NULL;
+    for (int k = 0; ok && k < st->D; k++)
+      ok = (st->stash[k] = st_alloc(wbytes)) != NULL;
+  }
+  if (ok && st->delta) memset(st->delta, 0, wbytes);
+  st->versions = st->max_versions = 1; /* the live weights */
+  st->delay_min = -1;
+  (void)cfg;
+  if (ok) return 0;
+  return rc ? rc
+            : st_error_set(err, ST_ENOMEM,
+                           "out of memory for pipelined backprop stage %d "
+                           "(%d weight versions of %zu floats)",
+                           st->index, st->D + 1, st->n);
+}
+
+static int pb_create(void **state, const st_model *m, const st_config *cfg,
+                     int micro_batch, int max_batch, st_error *err) {
+  *state = NULL;
+  int S = cfg->execution.stages;
+  int cores = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
+  if (S == ST_STAGES_PER_BLOCK) S = m->n_blocks;
+  if (S > m->n_blocks)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.stages: %d stages for a model of %d "
+                        "blocks; each stage needs at least one block",
+                        st_config_where(cfg, "execution.stages"), S,
+                        m->n_blocks);
+  pb *p = calloc(1, sizeof *p);
+  if (!p) return st_error_set(err, ST_ENOMEM, "out of memory");
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  p->model = m;
+  p->mb = micro_batch;
+  p->mitigation = mitigation_of(cfg->execution.mitigation);
+  p->emulate = cfg->execution.emulate;
+  p->adamw = !strcmp(cfg->optimizer.kind, "adamw");
+  p->pipemare_gamma = cfg->execution.pipemare_gamma;
+  p->pipemare_warmup = cfg->execution.pipemare_warmup;
+  int n = m->n_blocks, rc = 0;
+  int *first = malloc((size_t)n * 3 * sizeof *first);
+  p->stages = calloc((size_t)n, sizeof *p->stages);
+  if (!first || !p->stages || p->mitigation < 0) {
+    int unknown = p->mitigation < 0;
+    free(first);
+    pb_destroy(p);
+    return unknown
+               ? st_error_set(err, ST_ECONFIG, "%s: execution.mitigation: "
+                              "unknown '%s'",
+                              st_config_where(cfg, "execution.mitigation"),
+                              cfg->execution.mitigation)
+               : st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  int *count = first + n, *pes = first + 2 * n;
+  int k = st_pipeline_split(m, cfg, S, cores, first, count, pes);
+  if (k < 0) {
+    free(first);
+    pb_destroy(p);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  p->S = k;
+  int threads = 0;
+  for (int s = 0, off = 0; s < k; s++) {
+    pb_stage *st = &p->stages[s];
+    const st_block *lo = &m->blocks[first[s]],
+                   *hi = &m->blocks[first[s] + count[s] - 1];
+    st->p = p;
+    st->index = s;
+    st->first = first[s];
+    st->count = count[s];
+    st->cores = pes[s];
+    st->cpu_off = off;
+    off += pes[s];
+    threads += pes[s];
+    st->D = 2 * (k - 1 - s);
+    st->off = lo->param_off;
+    st->n = hi->param_off + hi->n_params - lo->param_off;
+    snprintf(st->name, sizeof st->name, "stage %d", s);
+  }
+  free(first);
+  if (m->n_ties && tie_crosses(m, p->stages, p->S)) {
+    pb_destroy(p);
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: model.tied: the head and the token embedding "
+                        "share weights but land in different stages, which "
+                        "update at different delays in pipelined_backprop; "
+                        "set model.tied: false",
+                        st_config_where(cfg, "model.tied"));
+  }
+  /* Spin before sleeping only when every stage has a core of its own. */
+  p->spin = threads <= st_usable_cores() && p->S <= cores ? SPIN : 0;
+  for (int s = 0; !rc && s < p->S; s++)
+    rc = alloc_stage(p, &p->stages[s], cfg, err);
+  if (!rc)
+    rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
+  for (int s = 0; !rc && s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    st->sync_ready = 1;
+    if (p->emulate) continue;
+    if (pthread_create(&st->thread, NULL, worker, st))
+      rc = st_error_set(err, ST_ENOMEM,
+                        "cannot start the threads of a %d-stage pipeline",
+                        p->S);
+    else
+      st->started = 1;
+  }
+  if (rc) {
+    pb_destroy(p);
+    return rc;
+  }
+  if (cfg->execution.pin && !p->emulate) {
+    int cpus[CPU_SETSIZE], nc = st_usable_cpus(cpus, CPU_SETSIZE);
+    int fits = threads <= nc;
+    for (int s = 0; fits && s < p->S; s++) {
+      pb_stage *st = &p->stages[s];
+      st_pin_thread(st->thread, cpus + st->cpu_off, st->cores);
+      st_pool_pin(st->pool, cpus + st->cpu_off, st->cores);
+    }
+  }
+  *state = p;
+  return 0;
+}
+
+static int pb_step(void *state, st_trainer_view *v, double *loss,
+                   st_error *err) {
+  pb *p = state;
+  if (p->broken)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "pipelined backprop stopped at an earlier error; "
+                        "its pipeline cannot go on");
+  double t0 = st_now();
+  v->ctx.fused = NULL; /* updates are this executor's own, per stage */
+  p->v = v;
+  p->n0 = p->next;
+  p->K = v->batch / p->mb;
+  p->rc = 0;
+  atomic_store(&p->abort, 0);
+  if (p->emulate) {
+    emulate(p, v);
+  } else {
+    atomic_store(&p->finished, 0);
+    atomic_fetch_add(&p->generation, 1);
+    for (int s = 0; s < p->S; s++)
+      wake(&p->stages[s].mu, &p->stages[s].cv, &p->stages[s].sleeping);
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->sleeping, 1);
+    while (atomic_load(&p->finished) < p->S) pthread_cond_wait(&p->cv, &p->mu);
+    atomic_store(&p->sleeping, 0);
+    pthread_mutex_unlock(&p->mu);
+  }
+  p->wall += st_now() - t0;
+  if (p->rc) {
+    p->broken = 1;
+    *err = p->err;
+    return p->rc;
+  }
+  p->next += p->K;
+  return st_trainer_check_loss(v, loss, err);
+}
+
+static const float *pb_forward(void *state, const st_ctx *ctx,
+                               const float *params, const float *x, int B) {
+  pb *p = state;
+  return st_stage_forward(p->eval, ctx, params, x, B);
+}
+
+static int pb_stage_count(void *state) { return ((pb *)state)->S; }
+
+static int pb_stats(void *state, st_track_stats *out, int cap, double *wall) {
+  pb *p = state;
+  *wall = p->wall;
+  for (int s = 0; s < p->S && s < cap; s++) {
+    snprintf(out[s].name, sizeof out[s].name, "%s", p->stages[s].name);
+    out[s].first = p->stages[s].first;
+    out[s].count = p->stages[s].count;
+    out[s].busy_s = p->stages[s].busy;
+  }
+  return p->S;
+}
+
+int st_pb_delay(const void *state, int stage, int *steady_min,
+                int *steady_max, int *max_all) {
+  const pb *p = state;
+  if (stage < 0 || stage >= p->S) return -1;
+  const pb_stage *st = &p->stages[stage];
+  *steady_min = st->delay_min;
+  *steady_max = st->delay_max;
+  *max_all = st->delay_all;
+  return st->D;
+}
+
+int st_pb_versions(const void *state, int stage) {
+  const pb *p = state;
+  return stage >= 0 && stage < p->S ? p->stages[stage].max_versions : -1;
+}
+
+void st_pb_set_probe(void *state, st_pb_probe fn, void *arg) {
+  pb *p = state;
+  p->probe = fn;
+  p->probe_arg = arg;
+}
+
+const st_executor st_exec_pipelined_backprop = {
+    .mode = "pipelined_backprop",
+    .step = pb_step,
+    .forward = pb_forward,
+    .create = pb_create,
+    .destroy = pb_destroy,
+    .stages = pb_stage_count,
+    .stats = pb_stats,
+};
