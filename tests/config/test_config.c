@@ -187,6 +187,7 @@ static const char *const all_keys[] = {
     "optimizer.min_lr",
     "optimizer.step_size",
     "optimizer.gamma",
+    "optimizer.reference_batch",
     "train.batch",
     "train.epochs",
     "train.steps",
@@ -203,6 +204,10 @@ static const char *const all_keys[] = {
     "execution.replicas",
     "execution.pin",
     "execution.fused_update",
+    "execution.mitigation",
+    "execution.emulate",
+    "execution.pipemare_warmup",
+    "execution.pipemare_gamma",
     "fabric.kind",
     "fabric.cores",
     "fabric.width",
@@ -620,7 +625,8 @@ static void test_set_errors(void) {
             "of relu, gelu, gelu_tanh");
   SET_ERROR("execution.mode=pipe", "--set execution.mode=pipe: "
                                    "execution.mode: 'pipe' is not one of "
-                                   "sequential, pipeline, block_sequential");
+                                   "sequential, pipeline, block_sequential, "
+                                   "pipelined_backprop");
   SET_ERROR("model.hidden=5", "--set model.hidden=5: model.hidden: expected a "
                               "list of integers such as [256, 256], got '5'");
   SET_ERROR("model.hidden=[1, x]", "--set model.hidden=[1, x]: "
@@ -685,7 +691,7 @@ static void test_load_errors(void) {
              "%s:5:11: optimizer.lr: expected a number, got 'fast'");
   LOAD_ERROR("execution:\n  mode: pipe\n",
              "%s:2:9: execution.mode: 'pipe' is not one of sequential, "
-             "pipeline, block_sequential");
+             "pipeline, block_sequential, pipelined_backprop");
   LOAD_ERROR("train:\n  batch: 8\n  epochs: 2\n  batch: 16\n",
              "%s:4:3: duplicate key 'train.batch' (first at 2:3)");
   LOAD_ERROR("train:\n  batch: 8\nmodel: {}\ntrain:\n  epochs: 2\n",

@@ -1,0 +1,418 @@
+/*
+ * test_pb.c — pipelined backprop's contract (src/exec/pb.c, BACKGROUND.md
+ * 2):
+ *  - the threaded runtime gives exactly the emulator's weights (one thread,
+ *    tick by tick) for every mitigation, S in {2, 4, 8}, 200 steps, on an
+ *    8-block MLP with dropout and weight decay; on the CNN (group norm,
+ *    residual blocks) for two mitigations, and with AdamW for none/stash;
+ *  - the delay each stage counts between a micro-batch's forward and its
+ *    update is D(s) = 2 (S - 1 - s) (min(n, D) while the pipeline fills);
+ *  - one stage (D = 0) is plain SGD: every mitigation gives the weights of
+ *    the sequential mode at batch = micro-batch, momentum SGD and AdamW;
+ *  - spike compensation with a gradient constant in time: after the first
+ *    D steps its trajectory is undelayed momentum SGD's shifted by D;
+ *  - stash: every backward sees exactly the weights its forward saw (a
+ *    probe hashes them), while none's differ once updates happen in
+ *    between; stage s holds D(s) + 1 versions, no more;
+ *  - the steady state allocates nothing; a non-finite loss stops before
+ *    its micro-batch's backward and the pipeline refuses to go on;
+ *  - optimizer.reference_batch's rescaling against its closed form;
+ *  - impossible settings fail before any work.
+ */
+#include "harness.h"
+#include "models.h"
+#include "strata.h"
+#include "../../src/exec/exec.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const MITIGATIONS[] = {"none",   "stash",     "sc",
+                                          "lwp",    "sc+lwp",    "spectrain",
+                                          "pipemare"};
+enum { N_MIT = 7 };
+
+/* An 8-block MLP, heavy-ball SGD with weight decay, dropout. */
+static void deep_config(st_config *c) {
+  mlp_config(c);
+  set_all(c,
+          (const char *[]){"model.hidden=[16,16,16,16,16,16,16]",
+                           "optimizer.nesterov=false",
+                           "optimizer.weight_decay=0.001", "optimizer.lr=0.02",
+                           "execution.mode=pipelined_backprop",
+                           "execution.pipemare_warmup=50", "train.batch=2"},
+          7);
+}
+
+static float *run_steps(const st_config *c, int steps, st_trainer **keep) {
+  st_error err = {0};
+  st_trainer *t = make(c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return NULL;
+  double loss;
+  for (int i = 0; i < steps; i++)
+    if (st_trainer_step(t, &loss, &err)) {
+      CHECK(0, "step %d: %s", i, err.msg);
+      st_trainer_destroy(t);
+      return NULL;
+    }
+  size_t n = st_trainer_model(t)->n_params;
+  float *w = malloc(n * sizeof *w);
+  memcpy(w, st_trainer_params(t), n * sizeof *w);
+  if (keep)
+    *keep = t;
+  else
+    st_trainer_destroy(t);
+  return w;
+}
+
+static void test_threaded_emulated(const char *what, const st_config *base,
+                                   const int *Ss, int nS,
+                                   const char *const *mits, int nmit) {
+  enum { N = 200 };
+  for (int si = 0; si < nS; si++)
+    for (int mi = 0; mi < nmit; mi++) {
+      st_config c = *base;
+      c.execution.stages = Ss[si];
+      snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "%s",
+               mits[mi]);
+      c.execution.emulate = 1;
+      st_trainer *t = NULL;
+      float *want = run_steps(&c, N, &t);
+      if (!want) continue;
+      size_t n = st_trainer_model(t)->n_params;
+      st_trainer_destroy(t);
+      c.execution.emulate = 0;
+      float *got = run_steps(&c, N, &t);
+      if (got) {
+        CHECK(memcmp(got, want, n * sizeof *got) == 0,
+              "%s %s S=%d: threaded weights differ from the emulator's",
+              what, mits[mi], Ss[si]);
+        /* and they moved, and stayed finite */
+        int finite = 1;
+        for (size_t i = 0; i < n; i++) finite &= isfinite(got[i]) != 0;
+        CHECK(finite, "%s %s S=%d: non-finite weights", what, mits[mi],
+              Ss[si]);
+        /* the delay each stage counted */
+        void *state = st_trainer_exec_state(t);
+        CHECK(st_trainer_stages(t) == Ss[si], "%s: %d stages, want %d", what,
+              st_trainer_stages(t), Ss[si]);
+        for (int s = 0; s < Ss[si]; s++) {
+          int lo, hi, all, D = st_pb_delay(state, s, &lo, &hi, &all);
+          CHECK(D == 2 * (Ss[si] - 1 - s) && lo == D && hi == D && all == D,
+                "%s %s S=%d stage %d: delay %d..%d (all %d), want D = %d",
+                what, mits[mi], Ss[si], s, lo, hi, all, 2 * (Ss[si] - 1 - s));
+        }
+        st_trainer_destroy(t);
+      }
+      free(got);
+      free(want);
+    }
+}
+
+/* One stage: every mitigation is plain SGD at batch = micro-batch. */
+static void test_one_stage(const char *what, const st_config *base,
+                           const char *const *mits, int nmit) {
+  enum { N = 30, B = 4 };
+  st_config seq = *base;
+  snprintf(seq.execution.mode, sizeof seq.execution.mode, "sequential");
+  seq.train.batch = 1;
+  seq.execution.micro_batch = 0;
+  st_trainer *t = NULL;
+  float *want = run_steps(&seq, N * B, &t);
+  if (!want) return;
+  size_t n = st_trainer_model(t)->n_params;
+  st_trainer_destroy(t);
+  for (int mi = 0; mi < nmit; mi++) {
+    st_config c = *base;
+    c.train.batch = B;
+    c.execution.stages = 1;
+    snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "%s",
+             mits[mi]);
+    float *got = run_steps(&c, N, NULL);
+    if (got)
+      CHECK(memcmp(got, want, n * sizeof *got) == 0,
+            "%s %s S=1: weights differ from sequential SGD at batch 1", what,
+            mits[mi]);
+    free(got);
+  }
+  free(want);
+}
+
+/* BACKGROUND.md 2: with a constant gradient, SC's j-th update equals the
+ * undelayed run's (j + D)-th, so w_sc(j) = w0 + w(j + D) - w(D). */
+static void test_sc_constant(void) {
+  enum { D = 6, STEPS = 60, NW = 3 };
+  const float m = 0.9f, lr = 0.05f, g0[NW] = {1.0f, -0.5f, 0.25f};
+  st_pool *pool = st_pool_create(1);
+  float w[NW] = {0}, v[NW] = {0}, g[NW];
+  double ref[STEPS + D + 1][NW];
+  memcpy(ref[0], w, sizeof w);
+  for (int t = 0; t < STEPS + D; t++) {
+    st_pb_rule r;
+    st_pb_rule_init(&r, lr, m, 0, 0, 0, t);
+    memcpy(g, g0, sizeof g);
+    st_pb_update(pool, &r, w, g, v, NULL, NW);
+    for (int i = 0; i < NW; i++) ref[t + 1][i] = w[i];
+  }
+  float ws[NW] = {0}, vs[NW] = {0};
+  double worst = 0;
+  for (int j = 0; j < STEPS; j++) {
+    st_pb_rule r;
+    st_pb_rule_init(&r, lr, m, 0, D, 1, j);
+    memcpy(g, g0, sizeof g);
+    st_pb_update(pool, &r, ws, g, vs, NULL, NW);
+    for (int i = 0; i < NW; i++) {
+      double want = ref[j + 1 + D][i] - ref[D][i];
+      double e = fabs(ws[i] - want) / (fabs(want) + 1e-3);
+      if (e > worst) worst = e;
+    }
+  }
+  CHECK(worst < 1e-5, "sc constant gradient: relative error %.3g", worst);
+  /* and the gradient is zeroed; an uncompensated delayed run is not this */
+  CHECK(g[0] == 0 && g[1] == 0, "st_pb_update left the gradient");
+  st_pb_rule r;
+  st_pb_rule_init(&r, lr, m, 0, D, 1, 1);
+  CHECK(fabsf(r.a - powf(m, D)) < 1e-6f &&
+            fabsf(r.b - (1 - powf(m, D)) / (1 - m)) < 1e-5f,
+        "sc coefficients a %g b %g", r.a, r.b);
+  st_pb_rule_init(&r, lr, m, 0, 0, 1, 1);
+  CHECK(!r.sc, "sc at D = 0 must be plain momentum SGD");
+  st_pool_destroy(pool);
+}
+
+/* Hashes of the weights each forward and backward used, per stage and
+ * micro-batch. */
+enum { PROBE_S = 4, PROBE_N = 64 };
+typedef struct probe {
+  uint64_t fwd[PROBE_S][PROBE_N], bwd[PROBE_S][PROBE_N];
+  int seen_b[PROBE_S][PROBE_N];
+} probe;
+
+static uint64_t hash(const float *w, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char *b = (const unsigned char *)w;
+  for (size_t i = 0; i < n * sizeof *w; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+static void on_probe(void *arg, int stage, int64_t n, int fwd, const float *w,
+                     size_t count) {
+  probe *p = arg;
+  if (stage >= PROBE_S || n >= PROBE_N) return;
+  if (fwd) {
+    p->fwd[stage][n] = hash(w, count);
+  } else {
+    p->bwd[stage][n] = hash(w, count);
+    p->seen_b[stage][n] = 1;
+  }
+}
+
+static void test_stash(const st_config *base) {
+  for (int stash = 0; stash < 2; stash++) {
+    st_config c = *base;
+    c.execution.stages = PROBE_S;
+    snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "%s",
+             stash ? "stash" : "none");
+    st_error err = {0};
+    st_trainer *t = make(&c, &err);
+    CHECK(t != NULL, "%s", err.msg);
+    if (!t) return;
+    probe *p = calloc(1, sizeof *p);
+    st_pb_set_probe(st_trainer_exec_state(t), on_probe, p);
+    double loss;
+    for (int i = 0; i < PROBE_N / c.train.batch; i++)
+      CHECK(st_trainer_step(t, &loss, &err) == 0, "%s", err.msg);
+    int same = 0, differ = 0, backs = 0;
+    for (int s = 0; s < PROBE_S; s++)
+      for (int n = 0; n < PROBE_N; n++) {
+        if (!p->seen_b[s][n]) continue;
+        backs++;
+        int eq = p->fwd[s][n] == p->bwd[s][n];
+        same += eq;
+        /* updates happened in between from micro-batch 1 on (D > 0) */
+        differ += !eq && n >= 1 && s < PROBE_S - 1;
+      }
+    if (stash)
+      CHECK(same == backs && backs > 100,
+            "stash: %d of %d backwards saw their forward's weights", same,
+            backs);
+    else
+      CHECK(differ > 100, "none: only %d backwards saw other weights", differ);
+    for (int s = 0; s < PROBE_S; s++) {
+      int want = stash ? 2 * (PROBE_S - 1 - s) + 1 : 1;
+      int got = st_pb_versions(st_trainer_exec_state(t), s);
+      CHECK(got == want, "%s stage %d: %d weight versions, want %d",
+            c.execution.mitigation, s, got, want);
+    }
+    free(p);
+    st_trainer_destroy(t);
+  }
+}
+
+static void test_steady_and_nan(const st_config *base) {
+  for (int emu = 0; emu < 2; emu++) {
+    st_config c = *base;
+    c.execution.stages = 4;
+    c.execution.emulate = emu;
+    c.train.batch = 4;
+    st_error err = {0};
+    st_trainer *t = make(&c, &err);
+    CHECK(t != NULL, "%s", err.msg);
+    if (!t) return;
+    double loss;
+    uint64_t before = 0;
+    for (int i = 0; i < 12; i++) {
+      if (i == 4) before = st_alloc_count();
+      CHECK(st_trainer_step(t, &loss, &err) == 0, "%s", err.msg);
+    }
+    CHECK(st_alloc_count() == before, "emulate=%d: %llu allocations in 8 steps",
+          emu, (unsigned long long)(st_alloc_count() - before));
+    st_trainer_destroy(t);
+
+    c.optimizer.lr = 1e30f;
+    t = make(&c, &err);
+    if (!t) return;
+    int rc = 0, i;
+    for (i = 0; i < 50 && !rc; i++) rc = st_trainer_step(t, &loss, &err);
+    CHECK(rc == ST_ENONFINITE && strstr(err.msg, "before its backward") &&
+              strstr(err.msg, "samples"),
+          "emulate=%d: huge lr: rc %d after %d steps: %s", emu, rc, i,
+          err.msg);
+    rc = st_trainer_step(t, &loss, &err);
+    CHECK(rc != 0 && strstr(err.msg, "cannot go on"),
+          "emulate=%d: a step after the error: rc %d: %s", emu, rc, err.msg);
+    st_trainer_destroy(t);
+  }
+}
+
+static void test_reference_batch(const st_config *base) {
+  float lr = 0.1f, m = 0.9f, floor_lr = 0.01f;
+  st_optim_scale_batch(&lr, &m, &floor_lr, 128, 1);
+  double mh = pow(0.9, 1.0 / 128);
+  double lh = 0.1 / 128 * (1 - mh) / 0.1;
+  CHECK(fabs(m - mh) < 1e-7 && fabs(lr - lh) / lh < 1e-5 &&
+            fabs(floor_lr / lr - 0.1) < 1e-5,
+        "reference 128 -> 1: lr %g (want %g), momentum %.7f (want %.7f)", lr,
+        lh, m, mh);
+  /* per-sample step: (lr/(1-m)) / B kept */
+  CHECK(fabs(lh / (1 - mh) - 0.1 / 0.1 / 128) < 1e-6,
+        "each sample's total contribution changed");
+  lr = 0.1f, m = 0;
+  st_optim_scale_batch(&lr, &m, NULL, 8, 32);
+  CHECK(fabsf(lr - 0.4f) < 1e-6f && m == 0, "no momentum: lr %g", lr);
+  /* the trainer runs the rescaled recipe (micro-batch 1 in PB) */
+  st_config c = *base;
+  c.optimizer.lr = 0.1f;
+  c.optimizer.momentum = 0.9f;
+  c.optimizer.reference_batch = 128;
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return;
+  const st_config *rc = st_trainer_config(t);
+  CHECK(fabs(rc->optimizer.momentum - mh) < 1e-7 &&
+            fabs(rc->optimizer.lr - lh) / lh < 1e-5,
+        "trainer: lr %g momentum %g", rc->optimizer.lr, rc->optimizer.momentum);
+  st_trainer_destroy(t);
+}
+
+static void test_refusals(const st_config *base) {
+  st_error err = {0};
+  st_config c = *base;
+  set_all(&c, (const char *[]){"optimizer.kind=adamw"}, 1);
+  CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&
+            strstr(err.msg, "execution.mitigation") &&
+            strstr(err.msg, "none or stash"),
+        "adamw with sc+lwp: %s", err.msg);
+  c = *base;
+  c.optimizer.nesterov = 1;
+  CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&
+            strstr(err.msg, "heavy-ball"),
+        "nesterov: %s", err.msg);
+  c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "sequential");
+  c.execution.emulate = 1;
+  CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&
+            strstr(err.msg, "execution.emulate"),
+        "emulate in sequential: %s", err.msg);
+  c = *base;
+  c.execution.replicas = 2;
+  CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&
+            strstr(err.msg, "execution.replicas"),
+        "replicas: %s", err.msg);
+  c = *base;
+  CHECK(st_config_set(&c, "execution.mitigation=magic", &err) == ST_ECONFIG &&
+            strstr(err.msg, "sc+lwp"),
+        "unknown mitigation: %s", err.msg);
+  CHECK(st_config_set(&c, "execution.stages=per_block", &err) == 0 &&
+            c.execution.stages == ST_STAGES_PER_BLOCK,
+        "per_block: %s", err.msg);
+  c = *base;
+  c.execution.stages = 9; /* 8 blocks */
+  st_trainer *t = make(&c, &err);
+  CHECK(!t && strstr(err.msg, "8 blocks"), "9 stages: %s", err.msg);
+  st_trainer_destroy(t);
+  /* a GPT's tied head and embedding in two stages */
+  st_config g;
+  gpt_config(&g);
+  set_all(&g, (const char *[]){"execution.mode=pipelined_backprop",
+                               "optimizer.kind=sgd", "execution.stages=2",
+                               "execution.mitigation=none"},
+          4);
+  t = make(&g, &err);
+  CHECK(!t && err.code == ST_ECONFIG && strstr(err.msg, "model.tied"),
+        "tied gpt: %s", err.msg);
+  st_trainer_destroy(t);
+  /* untied, it trains */
+  g.model.tied = 0;
+  float *w = run_steps(&g, 5, NULL);
+  CHECK(w != NULL, "untied gpt in 2 stages");
+  free(w);
+}
+
+int main(void) {
+  (void)train; /* models.h's 20-step helper; these tests count their own */
+  st_blas_init();
+  st_config deep;
+  deep_config(&deep);
+  const int all_S[] = {2, 4, 8};
+  test_threaded_emulated("mlp", &deep, all_S, 3, MITIGATIONS, N_MIT);
+  /* every block its own stage */
+  st_config per = deep;
+  per.execution.stages = ST_STAGES_PER_BLOCK;
+  {
+    st_error err = {0};
+    st_trainer *t = make(&per, &err);
+    CHECK(t && st_trainer_stages(t) == 8, "per_block: %d stages: %s",
+          t ? st_trainer_stages(t) : -1, err.msg);
+    st_trainer_destroy(t);
+  }
+  st_config cnn;
+  cnn_config(&cnn);
+  set_all(&cnn,
+          (const char *[]){"optimizer.kind=sgd", "optimizer.lr=0.02",
+                           "optimizer.weight_decay=0.001",
+                           "execution.mode=pipelined_backprop",
+                           "train.batch=2"},
+          5);
+  const int cnn_S[] = {2, 4};
+  const char *const cnn_mits[] = {"stash", "sc+lwp", "pipemare"};
+  test_threaded_emulated("cnn", &cnn, cnn_S, 2, cnn_mits, 3);
+  st_config adam = deep;
+  set_all(&adam, (const char *[]){"optimizer.kind=adamw", "optimizer.lr=0.003"},
+          2);
+  const int adam_S[] = {4};
+  test_threaded_emulated("mlp adamw", &adam, adam_S, 1, MITIGATIONS, 2);
+  test_one_stage("mlp", &deep, MITIGATIONS, N_MIT);
+  test_one_stage("mlp adamw", &adam, MITIGATIONS, 2);
+  test_one_stage("cnn", &cnn, cnn_mits, 3);
+  test_sc_constant();
+  test_stash(&deep);
+  test_steady_and_nan(&deep);
+  test_reference_batch(&deep);
+  test_refusals(&deep);
+  TH_DONE();
+}
