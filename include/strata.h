@@ -604,6 +604,8 @@ void st_optim_step_range(st_pool *pool, const st_config *cfg, float *params,
  * AdamW bias corrections), for the fused paths. */
 struct st_optim_rule {
   int adamw, nesterov, first_step;
+  int sc;             /* sgd: spike compensation (st_pb_rule), a v + b d */
+  float sc_a, sc_b;
   float lr, momentum, weight_decay;
   float beta1, beta2, eps, decay, step_size, bc2_sqrt;
 };
@@ -1108,6 +1110,9 @@ int st_trainer_save(st_trainer *t, const char *path, st_error *err);
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err);
 const st_model *st_trainer_model(const st_trainer *t);
+/* The configuration the trainer runs: the one it was given, with
+ * optimizer.reference_batch's rescaled lr and momentum applied. */
+const st_config *st_trainer_config(const st_trainer *t);
 /* Stages the configured mode runs: 1 for sequential, S for a pipeline. */
 int st_trainer_stages(const st_trainer *t);
 float *st_trainer_params(st_trainer *t);
@@ -1243,6 +1248,54 @@ st_sweep_scaling st_sweep_regimes(const int *batch, const int64_t *steps,
  * one line per finished trial, in the order they finish. */
 int st_sweep_run(const st_sweep_options *o, const st_config *base,
                  st_error *err);
+
+/* Pipelined-backprop experiment (`strata experiment pb`; BACKGROUND.md 2):
+ * one config's SGD recipe, tuned at its train.batch B, run as eight
+ * variants for the same steps and samples — "baseline" (execution.mode
+ * sequential at batch B, as configured) and pipelined_backprop under each
+ * mitigation (heavy-ball momentum, optimizer.reference_batch = B, B
+ * micro-batches per step) — each for several seeds, comparing test
+ * accuracy against samples seen, final training loss and speed. */
+#define ST_EXPERIMENT_PB_VARIANTS 8 /* baseline + the 7 mitigations */
+
+typedef struct st_experiment_options {
+  int seeds;                 /* runs per variant: train.seed + 0 .. seeds-1 */
+  int points;                /* test evaluations per run, evenly spaced in
+                              * steps, the last at the final step, >= 1 */
+  int jobs;                  /* runs at once, >= 1. With jobs > 1 each run
+                              * gets one thread unless train.threads is set,
+                              * and no run pins its threads. */
+  char out_dir[ST_PATH_MAX]; /* results.md, results.csv, curves.svg */
+  FILE *log;                 /* one line per finished run; may be NULL */
+} st_experiment_options;
+
+/* Variant k's name: "baseline", then the mitigations none, stash, sc, lwp,
+ * sc+lwp, spectrain, pipemare; NULL outside [0, ST_EXPERIMENT_PB_VARIANTS). */
+const char *st_experiment_pb_variant(int k);
+/* The validated config run `seed` (0-based) of variant k trains: base with
+ * train.seed + seed, metrics.progress off, one replica, no noise scale, and
+ *   baseline  execution.mode sequential, whole-batch steps, no
+ *             optimizer.reference_batch, no emulation;
+ *   others    execution.mode pipelined_backprop, execution.mitigation the
+ *             variant's, optimizer.nesterov false, reference_batch B,
+ *             execution.stages as configured (0 becomes per_block), and
+ *             execution.emulate on for per_block or more stages than the
+ *             run's threads (bit-identical to threaded), else as set.
+ * Errors name the variant and the seed. */
+int st_experiment_pb_config(st_config *out, const st_config *base,
+                            const st_experiment_options *o, int variant,
+                            int seed, st_error *err);
+/* Runs every variant for o->seeds seeds, up to o->jobs at once, and writes
+ * DIR/results.md (settings and the comparison table), DIR/results.csv (one
+ * row per run) and DIR/curves.svg (mean test accuracy against samples
+ * seen, one line per variant). Every config is checked before any run
+ * starts. A run whose training loss turns non-finite is recorded as
+ * diverged; any other error starts no further run, lets the running ones
+ * finish and returns the error of the first failed run in (variant, seed)
+ * order. Every number but the measured speeds (samples/s, seconds)
+ * depends only on the config, seeds and points: not on jobs or timing. */
+int st_experiment_pb(const st_experiment_options *o, const st_config *base,
+                     st_error *err);
 
 #ifdef __cplusplus
 }

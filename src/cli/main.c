@@ -200,8 +200,17 @@ static void print_stages(const st_trainer *t, const st_config *c,
   if (plan && plan->n_stages == S && c->execution.replicas == 1 &&
       strcmp(c->execution.mode, "block_sequential") != 0)
     printf(", %.2f planned (stage balance %.2f)",
-           plan->balance * plan->util_fill_drain, plan->balance);
-  printf(", %.2f by the bubble formula M/(M+S-1) at S = %d\n", bubble, S);
+           plan->balance * (strcmp(c->execution.mode, "pipelined_backprop")
+                                ? plan->util_fill_drain
+                                : plan->util_pipelined),
+           plan->balance);
+  if (!strcmp(c->execution.mode, "pipelined_backprop"))
+    printf(", 1.00 in steady state for a never-drained pipeline of %d "
+           "stages%s\n",
+           S, c->execution.emulate ? " (emulated: one thread runs them all)"
+                                   : "");
+  else
+    printf(", %.2f by the bubble formula M/(M+S-1) at S = %d\n", bubble, S);
 }
 
 static int cmd_train(int argc, char **argv) {
@@ -237,6 +246,18 @@ static int cmd_train(int argc, char **argv) {
          m->kind, m->n_blocks, m->n_params, cfg.execution.mode,
          cfg.train.batch, (long long)st_trainer_total_steps(t), st_blas_name());
   st_model_print(m, stdout);
+  if (cfg.optimizer.reference_batch > 0) {
+    const st_config *run = st_trainer_config(t);
+    int pb = !strcmp(cfg.execution.mode, "pipelined_backprop");
+    int each = pb ? (cfg.execution.micro_batch ? cfg.execution.micro_batch : 1)
+                  : cfg.train.batch;
+    printf("strata: optimizer tuned at batch %d (lr %g, momentum %g); every "
+           "update sees %d sample%s: lr %.6g, momentum %.6g "
+           "(optimizer.reference_batch)\n",
+           cfg.optimizer.reference_batch, (double)cfg.optimizer.lr,
+           (double)cfg.optimizer.momentum, each, each == 1 ? "" : "s",
+           (double)run->optimizer.lr, (double)run->optimizer.momentum);
+  }
   if (a.resume) {
     rc = st_trainer_load(t, ck, 0, &err);
     if (rc) {
@@ -257,11 +278,16 @@ static int cmd_train(int argc, char **argv) {
    * cores: not block_sequential's segments, not one replica's share) */
   int comparable = cfg.execution.replicas == 1 &&
                    strcmp(cfg.execution.mode, "block_sequential") != 0;
+  /* a never-drained pipeline has no bubble; the others fill and drain */
+  double plan_util = !plan ? 0
+                     : strcmp(cfg.execution.mode, "pipelined_backprop")
+                         ? plan->util_fill_drain
+                         : plan->util_pipelined;
   if (plan)
-    st_trainer_set_prediction(t, plan->throughput * plan->util_fill_drain,
+    st_trainer_set_prediction(t, plan->throughput * plan_util,
                               comparable &&
                                       plan->n_stages == st_trainer_stages(t)
-                                  ? plan->balance * plan->util_fill_drain
+                                  ? plan->balance * plan_util
                                   : 0);
   fflush(stdout);
   if (a.trace && (rc = st_trainer_trace(t, 200000, &err))) {
@@ -298,11 +324,11 @@ static int cmd_train(int argc, char **argv) {
            "wrote %s\n",
            (long long)st_trainer_pos(t)->step, acc, loss, out);
   /* the synchronous modes fill and drain every step: the plan's steady
-   * state times the bubble (1 for one stage) */
+   * state times the bubble (1 for one stage, and for pipelined backprop) */
   if (plan)
     printf("strata: training rate: measured %.0f samples/s, plan predicted "
            "%.0f (%s%s)%s\n",
-           rate, plan->throughput * plan->util_fill_drain, plan->fabric.name,
+           rate, plan->throughput * plan_util, plan->fabric.name,
            plan->fabric.estimated ? ", uncalibrated estimate" : "",
            text ? "; a sample is one sequence" : "");
   print_stages(t, &cfg, plan, st_trainer_pos(t)->samples - samples0);

@@ -168,7 +168,6 @@ void *st_trainer_exec_state(st_trainer *t);
 int st_usable_cores(void);
 
 /* Trainer internals the run loop needs. */
-const st_config *st_trainer_config(const st_trainer *t);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */
 int64_t st_trainer_steps_per_epoch(const st_trainer *t);
 int st_trainer_threads(const st_trainer *t); /* resolved from train.threads */

@@ -104,7 +104,10 @@ typedef struct pb_stage {
   float *wb, *delta;    /* pipemare: backward weights, update EMA */
   float **stash;        /* stash: [D] copies */
   chan fwd, bwd;        /* incoming: from the stage before / after */
-  int64_t updates;
+  int64_t updates;       /* since create */
+  int64_t updates0;      /* a resumed run's updates before it (the rules'
+                            step count: momentum's first step, AdamW's bias
+                            correction, pipemare's warm-up) */
   int delay_min, delay_max, delay_all; /* counted (tests) */
   int versions, max_versions;
   double busy, last_end;
@@ -119,6 +122,8 @@ typedef struct pb_stage {
 typedef struct pb {
   const st_model *model;
   int S, mb, mitigation, emulate, spin, adamw;
+  int fuse;             /* micro-batch 1: linear layers update inside the
+                           backward (execution.fused_update) */
   float pipemare_gamma;
   int pipemare_warmup;
   pb_stage *stages;
@@ -338,6 +343,27 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
   return 0;
 }
 
+/* After a fused backward: the tensors the backward did not update (every
+ * layer but the linear ones), tensor by tensor, by the same rule. */
+static void update_unfused(pb_stage *st, const st_trainer_view *v,
+                           const st_ctx *ctx, const st_pb_rule *rule) {
+  const st_model *m = st->p->model;
+  for (int i = st->first; i < st->first + st->count; i++) {
+    const st_block *b = &m->blocks[i];
+    for (int l = 0; l < b->n_layers; l++) {
+      const st_layer *L = &b->layers[l];
+      if (L->w_tensor < 0 || st_layer_fuses_update(L, ctx, 1)) continue;
+      const int tensors[2] = {L->w_tensor, L->b_tensor};
+      for (int k = 0; k < 2; k++) {
+        if (tensors[k] < 0) continue;
+        size_t at = b->param_off + b->tensors[tensors[k]].offset;
+        st_pb_update(v->ctx.pool, rule, v->params + at, v->grads + at,
+                     v->opt + at, NULL, b->tensors[tensors[k]].numel);
+      }
+    }
+  }
+}
+
 /* The backward of micro-batch j (forwarded D updates ago) and the update
  * with its gradient. */
 static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
@@ -366,9 +392,31 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     wb = st->wb;
   }
   if (p->probe) p->probe(p->probe_arg, st->index, j, 0, wb, st->n);
+  int mit = p->mitigation;
+  float lr = v->lr;
+  if (mit == MIT_PIPEMARE && st->D > 1) {
+    double T = p->pipemare_warmup, t = (double)(st->updates0 + st->updates);
+    double done = T > 0 ? (t / T < 1 ? t / T : 1) : 1;
+    lr = (float)(lr * pow((double)st->D, -(1.0 - done)));
+  }
+  st_pb_rule rule;
+  st_pb_rule_init(&rule, lr, v->cfg->optimizer.momentum,
+                  v->cfg->optimizer.weight_decay, st->D,
+                  mit == MIT_SC || mit == MIT_SC_LWP,
+                  st->updates0 + st->updates);
+  rule.gamma = p->pipemare_gamma;
+  st_ctx ctx = v->ctx;
+  st_optim_rule fused_rule;
+  st_fused_update fused = {&fused_rule, v->params, v->opt, m->n_params};
+  if (p->fuse) {
+    st_optim_rule_init(&fused_rule, v->cfg, lr, st->updates0 + st->updates);
+    fused_rule.sc = rule.sc;
+    fused_rule.sc_a = rule.a;
+    fused_rule.sc_b = rule.b;
+    ctx.fused = &fused;
+  }
   float *din = st->index ? st->din[j % DIN_RING] : NULL;
-  st_stage_backward(st->run[slot], &v->ctx, wb, g, st->in[slot], dout, din,
-                    mb);
+  st_stage_backward(st->run[slot], &ctx, wb, g, st->in[slot], dout, din, mb);
   double t1 = st_now();
   trace(v, ST_TRACE_BACKWARD, j, t0, t1);
   st->busy += t1 - t0;
@@ -391,20 +439,10 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     memcpy(st->stash[j % st->D], w, st->n * sizeof(float));
   if (p->adamw) { /* none or stash (st_config_validate) */
     st_optim_step_range(v->ctx.pool, v->cfg, w, g, vel, m->n_params, st->n,
-                        v->lr, st->updates);
+                        v->lr, st->updates0 + st->updates);
+  } else if (p->fuse) {
+    update_unfused(st, v, &ctx, &rule);
   } else {
-    float lr = v->lr;
-    int mit = p->mitigation;
-    if (mit == MIT_PIPEMARE && st->D > 1) {
-      double T = p->pipemare_warmup, t = (double)st->updates;
-      double done = T > 0 ? (t / T < 1 ? t / T : 1) : 1;
-      lr = (float)(lr * pow((double)st->D, -(1.0 - done)));
-    }
-    st_pb_rule rule;
-    st_pb_rule_init(&rule, lr, v->cfg->optimizer.momentum,
-                    v->cfg->optimizer.weight_decay, st->D,
-                    mit == MIT_SC || mit == MIT_SC_LWP, st->updates);
-    rule.gamma = p->pipemare_gamma;
     st_pb_update(v->ctx.pool, &rule, w, g, vel,
                  mit == MIT_PIPEMARE && st->D > 0 ? st->delta : NULL, st->n);
   }
@@ -606,6 +644,11 @@ static int pb_create(void **state, const st_model *m, const st_config *cfg,
   p->mitigation = mitigation_of(cfg->execution.mitigation);
   p->emulate = cfg->execution.emulate;
   p->adamw = !strcmp(cfg->optimizer.kind, "adamw");
+  /* the update may go inside the backward when the backward runs on the
+   * live weights and the rule is the elementwise SGD one (stash needs the
+   * live weights copied before the update, pipemare the change after) */
+  p->fuse = cfg->execution.fused_update && micro_batch == 1 && !p->adamw &&
+            p->mitigation != MIT_STASH && p->mitigation != MIT_PIPEMARE;
   p->pipemare_gamma = cfg->execution.pipemare_gamma;
   p->pipemare_warmup = cfg->execution.pipemare_warmup;
   int n = m->n_blocks, rc = 0;
@@ -706,6 +749,13 @@ static int pb_step(void *state, st_trainer_view *v, double *loss,
   p->v = v;
   p->n0 = p->next;
   p->K = v->batch / p->mb;
+  /* A resumed run starts with an empty pipeline; by its checkpoint's step
+   * stage s had updated for every micro-batch but the last D(s). */
+  if (p->next == 0 && v->step > 0)
+    for (int s = 0; s < p->S; s++) {
+      int64_t done = v->step * p->K - p->stages[s].D;
+      p->stages[s].updates0 = done > 0 ? done : 0;
+    }
   p->rc = 0;
   atomic_store(&p->abort, 0);
   if (p->emulate) {

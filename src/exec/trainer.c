@@ -679,7 +679,9 @@ double st_trainer_utilization(const st_trainer *t, double *bubble) {
   int at_once = n < R * S ? n : R * S;
   int share = t->batch / R, mb = t->micro_batch < share ? t->micro_batch : share;
   double M = (double)share / mb;
-  if (bubble) *bubble = M / (M + S - 1);
+  /* pipelined backprop never drains: no bubble in steady state */
+  if (bubble)
+    *bubble = t->exec == &st_exec_pipelined_backprop ? 1 : M / (M + S - 1);
   return wall > 0 && at_once > 0 ? busy / (wall * at_once) : 0;
 }
 

@@ -21,7 +21,9 @@ static inline void sgd_one(const st_optim_rule *r, float *w, float *v,
   if (r->momentum != 0.0f) {
     /* torch starts the buffer as a copy of the first gradient */
     *v = r->first_step ? d : r->momentum * *v + d;
-    d = r->nesterov ? d + r->momentum * *v : *v;
+    d = r->nesterov ? d + r->momentum * *v
+        : r->sc     ? r->sc_a * *v + r->sc_b * d
+                    : *v;
   }
   *w = *w - r->lr * d;
 }

@@ -7,6 +7,8 @@
  *    residual blocks) for two mitigations, and with AdamW for none/stash;
  *  - the delay each stage counts between a micro-batch's forward and its
  *    update is D(s) = 2 (S - 1 - s) (min(n, D) while the pipeline fills);
+ *  - at micro-batch 1 the updates folded into the backward give the bits
+ *    of updating after it, for every mitigation;
  *  - one stage (D = 0) is plain SGD: every mitigation gives the weights of
  *    the sequential mode at batch = micro-batch, momentum SGD and AdamW;
  *  - spike compensation with a gradient constant in time: after the first
@@ -406,6 +408,25 @@ int main(void) {
           2);
   const int adam_S[] = {4};
   test_threaded_emulated("mlp adamw", &adam, adam_S, 1, MITIGATIONS, 2);
+  /* micro-batch 1 folds linear layers' updates into the backward: the
+   * same bits as updating after it */
+  for (int mi = 0; mi < N_MIT; mi++) {
+    st_config c = deep;
+    c.execution.stages = 4;
+    snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "%s",
+             MITIGATIONS[mi]);
+    st_trainer *t = NULL;
+    float *fused = run_steps(&c, 50, &t);
+    size_t n = t ? st_trainer_model(t)->n_params : 0;
+    st_trainer_destroy(t);
+    c.execution.fused_update = 0;
+    float *plain = run_steps(&c, 50, NULL);
+    CHECK(fused && plain && memcmp(fused, plain, n * sizeof *fused) == 0,
+          "%s: fused updates differ from updates after the backward",
+          MITIGATIONS[mi]);
+    free(fused);
+    free(plain);
+  }
   test_one_stage("mlp", &deep, MITIGATIONS, N_MIT);
   test_one_stage("mlp adamw", &adam, MITIGATIONS, 2);
   test_one_stage("cnn", &cnn, cnn_mits, 3);

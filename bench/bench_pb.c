@@ -1,0 +1,155 @@
+/*
+ * bench_pb.c — pipelined backprop against the modes it competes with,
+ * measured in the same run (mode vs mode; STYLE.md 13). Figures are
+ * samples/s of st_trainer_step on synthetic 28x28 data, best of REPEATS
+ * timed spans, the runs alternating so a burst of load elsewhere lowers
+ * one sample, not a ratio.
+ *
+ *   utilization  the threaded runtime at micro-batch 1 on S = 2 stages of
+ *                one core each (the plan's cut of a model of equal
+ *                blocks): the least busy stage's busy seconds (forward,
+ *                backward, update, from the runtime's counters) over the
+ *                wall time of the steps; target: at least 0.95 — no
+ *                bubbles — with sc, whose stages do the work the plan
+ *                balanced; sc+lwp is printed beside it: its prediction
+ *                pass (a read of w and v, a write of the forward's weights)
+ *                runs only at stages with D > 0, a cost the plan does not
+ *                model, so the stages it balanced are no longer equal.
+ *   rates        the same PB pipeline against sequential training at
+ *                batch 1 (on all the cores and on one) and against the
+ *                fill-and-drain pipeline (gpipe) at batch 32, M = 8, on
+ *                the same two stages.
+ *
+ * Usage: bench_pb [SECONDS [REPEATS]]   (defaults 1.5 and 3)
+ * Prints one line per figure; targets are printed, never enforced.
+ */
+#include "strata.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { MAX_SETS = 16 };
+
+typedef struct run {
+  const char *sets[MAX_SETS];
+  int n;
+} run;
+
+static void add(run *r, const char *set) {
+  if (r->n < MAX_SETS) r->sets[r->n++] = set;
+}
+
+/* samples/s over `seconds` after a warm-up; the least busy stage's busy
+ * fraction over those steps in *worst (1 for one track). */
+static int measure(const run *r, double seconds, double *rate,
+                   double *worst) {
+  st_config cfg;
+  st_error err = {0};
+  st_config_defaults(&cfg);
+  const char *base[] = {"data.dataset=synthetic", "data.train_limit=8192",
+                        "data.test_limit=64",     "metrics.progress=off",
+                        "optimizer.lr=0.01",      "optimizer.momentum=0.9",
+                        "optimizer.nesterov=false"};
+  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+    if (st_config_set(&cfg, base[i], &err)) goto fail;
+  for (int i = 0; i < r->n; i++)
+    if (st_config_set(&cfg, r->sets[i], &err)) goto fail;
+  st_trainer *t;
+  if (st_trainer_create(&t, &cfg, NULL, &err)) goto fail;
+  double loss, wall0 = 0, wall1 = 0;
+  for (int i = 0; i < 3; i++)
+    if (st_trainer_step(t, &loss, &err)) goto fail_t;
+  int n = st_trainer_stats(t, NULL, 0, &wall0);
+  st_track_stats *a = malloc(2 * (size_t)n * sizeof *a), *b = a + n;
+  if (!a) goto fail_t;
+  st_trainer_stats(t, a, n, &wall0);
+  int64_t steps = 0;
+  double t0 = st_now(), elapsed = 0;
+  while (elapsed < seconds) {
+    if (st_trainer_step(t, &loss, &err)) {
+      free(a);
+      goto fail_t;
+    }
+    steps++;
+    elapsed = st_now() - t0;
+  }
+  st_trainer_stats(t, b, n, &wall1);
+  *worst = 1;
+  for (int i = 0; i < n && wall1 > wall0; i++) {
+    double f = (b[i].busy_s - a[i].busy_s) / (wall1 - wall0);
+    if (f < *worst) *worst = f;
+  }
+  free(a);
+  *rate = (double)steps * cfg.train.batch / elapsed;
+  st_trainer_destroy(t);
+  return 0;
+fail_t:
+  st_trainer_destroy(t);
+fail:
+  fprintf(stderr, "bench_pb: %s\n", err.msg);
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  double seconds = argc > 1 ? atof(argv[1]) : 1.5;
+  int repeats = argc > 2 ? atoi(argv[2]) : 3;
+  if (argc > 3 || seconds <= 0 || repeats < 1) {
+    fprintf(stderr, "usage: bench_pb [SECONDS [REPEATS]]\n");
+    return 2;
+  }
+  st_blas_init();
+  int cores = st_usable_cpus(NULL, 0);
+  static char threads[32];
+  snprintf(threads, sizeof threads, "train.threads=%d", cores);
+  /* two models of equal blocks, cut by the plan into 2 stages */
+  const char *models[2][4] = {
+      {"model.hidden=[512,512,512,512,512,512,512,512]", NULL, NULL, NULL},
+      {"model.kind=cnn", "model.channels=[16,32]", "model.norm=groupnorm",
+       "model.residual_blocks=3"}};
+  const char *names[2] = {"MLP 784-512x8-10 (9 blocks)",
+                          "CNN [16,32] with 3 residual blocks a stage "
+                          "(10 blocks, group norm)"};
+  for (int mi = 0; mi < 2; mi++) {
+    run pb = {0}, seq = {0}, seq1 = {0}, gp = {0}, sc = {0};
+    for (int i = 0; i < 4 && models[mi][i]; i++)
+      add(&pb, models[mi][i]), add(&seq, models[mi][i]),
+          add(&seq1, models[mi][i]), add(&gp, models[mi][i]);
+    add(&pb, "execution.mode=pipelined_backprop");
+    add(&pb, "execution.stages=2");
+    add(&pb, "train.batch=64"); /* 64 micro-batches of 1 a trainer step */
+    add(&pb, "train.threads=2");
+    sc = pb;
+    add(&sc, "execution.mitigation=sc");
+    add(&seq, "train.batch=1");
+    add(&seq, threads);
+    add(&seq1, "train.batch=1");
+    add(&seq1, "train.threads=1");
+    add(&gp, "execution.mode=pipeline");
+    add(&gp, "execution.schedule=gpipe");
+    add(&gp, "execution.stages=2");
+    add(&gp, "train.batch=32");
+    add(&gp, "execution.micro_batch=4");
+    add(&gp, "train.threads=2");
+    double best[5] = {0}, util[5] = {0};
+    const run *runs[5] = {&pb, &seq, &seq1, &gp, &sc};
+    for (int rep = 0; rep < repeats; rep++)
+      for (int k = 0; k < 5; k++) {
+        double r, w;
+        if (measure(runs[k], seconds, &r, &w)) return 1;
+        if (r > best[k]) best[k] = r;
+        if (w > util[k]) util[k] = w;
+      }
+    printf("%s:\n", names[mi]);
+    printf("  utilization: PB, 2 stages of one core, micro-batch 1: least "
+           "busy stage %.3f with sc (target >= 0.95: %s), %.3f with sc+lwp "
+           "(%.0f samples/s with sc)\n",
+           util[4], util[4] >= 0.95 ? "meets target" : "BELOW TARGET",
+           util[0], best[4]);
+    printf("  PB (sc+lwp) %.0f samples/s; sequential batch 1: %.0f on %d threads "
+           "(PB %.2fx), %.0f on 1 (PB %.2fx); gpipe batch 32 M=8 on the "
+           "same 2 stages: %.0f (PB %.2fx)\n",
+           best[0], best[1], cores, best[0] / best[1], best[2],
+           best[0] / best[2], best[3], best[0] / best[3]);
+  }
+  return 0;
+}
