@@ -16,6 +16,9 @@
 #      1-stage pipeline's overhead, gpipe's measured utilization against the
 #      bubble formula, and 2 .. 16 stages (as many as there are cores)
 #      against sequential on all cores and on one.
+#   6. Pipelined backprop (bench_pb): its stages' busy fractions at
+#      micro-batch 1 on 2 stages, and its samples/s against sequential at
+#      batch 1 and gpipe at batch 32 on the same stages.
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit
@@ -36,7 +39,7 @@ py=${TORCH_PYTHON:-/usr/bin/python3}
 nproc=$(nproc)
 status=0
 
-for prog in bench_mlp bench_linear bench_gpt bench_pipeline; do
+for prog in bench_mlp bench_linear bench_gpt bench_pipeline bench_pb; do
   if [ ! -x "$build/bench/$prog" ]; then
     echo "run-bench: error: $build/bench/$prog is missing (run make benches)" >&2
     exit 1
@@ -263,6 +266,12 @@ printf '%s\n' "${gpt_rows[@]}" | awk '
 echo
 echo "Pipeline modes (bench_pipeline: best of $repeats runs of ${span} s each, alternating)"
 "$build/bench/bench_pipeline" "$span" "$repeats" || status=1
+
+# 6. Pipelined backprop against sequential batch 1 and gpipe batch 32, and
+# its stages' busy fractions (the runtime's counters), in one program.
+echo
+echo "Pipelined backprop (bench_pb: best of $repeats runs of ${span} s each, alternating)"
+"$build/bench/bench_pb" "$span" "$repeats" || status=1
 
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"
