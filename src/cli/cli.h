@@ -46,5 +46,7 @@ int st_cli_bench(int argc, char **argv);
 int st_cli_tokenize(int argc, char **argv);
 /* strata sweep CONFIG --batch-sizes ... --target ... (sweep.c) */
 int st_cli_sweep(int argc, char **argv);
+/* strata experiment pb CONFIG [...] (experiment.c) */
+int st_cli_experiment(int argc, char **argv);
 
 #endif

@@ -32,6 +32,8 @@ static const char *usage_main =
     "  bench --calibrate  measure this machine's kernel rates for the compiler\n"
     "  tokenize train|encode  train a BPE tokenizer on a corpus, or encode text\n"
     "  sweep CONFIG     steps to a target across batch sizes (Shallue et al.)\n"
+    "  experiment pb CONFIG  pipelined backprop's mitigations against the\n"
+    "                   sequential baseline, over seeds\n"
     "  generate CONFIG  sample text from a trained gpt checkpoint\n"
     "\n"
     "Run 'strata COMMAND --help' for a command's options.\n";
@@ -441,6 +443,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "bench") == 0) return st_cli_bench(argc - 2, argv + 2);
   if (strcmp(cmd, "tokenize") == 0) return st_cli_tokenize(argc - 2, argv + 2);
   if (strcmp(cmd, "sweep") == 0) return st_cli_sweep(argc - 2, argv + 2);
+  if (strcmp(cmd, "experiment") == 0) return st_cli_experiment(argc - 2, argv + 2);
   if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
   if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
   return st_cli_usage_error(usage_main, "unknown command '%s'", cmd);

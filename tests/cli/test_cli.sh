@@ -402,6 +402,45 @@ else
   fail "sweep: bad target is a usage error naming the metric" "rc $rc" "$err"
 fi
 
+# --- 15. experiment -----------------------------------------------------------------
+# A missing or unknown kind, a missing CONFIG and a bad count are command-line
+# misuse: exit 2, the cause first, then the usage.
+run experiment
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: experiment needs a kind: pb" ] &&
+   grep -q "^usage: strata experiment pb CONFIG" <<<"$err"; then pass; else
+  fail "experiment without a kind exits 2 with the usage" "rc $rc" "$err"
+fi
+run experiment pb
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: experiment pb needs a CONFIG" ] &&
+   grep -q "^usage: strata experiment pb CONFIG" <<<"$err"; then pass; else
+  fail "experiment pb without CONFIG exits 2 with the usage" "rc $rc" "$err"
+fi
+run experiment bogus "$fc"
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: unknown experiment 'bogus' (pb)" ]; then pass; else
+  fail "unknown experiment exits 2" "rc $rc" "$err"
+fi
+run experiment pb "$fc" --seeds 0 --out "$T/o_exp"
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: --seeds takes a whole number >= 1, not '0'" ]; then pass; else
+  fail "experiment: a bad --seeds is a usage error" "rc $rc" "$err"
+fi
+run experiment --help
+if [ "$rc" -eq 0 ] && [[ $out == *"usage: strata experiment pb"* ]]; then pass; else
+  fail "strata experiment --help" "rc $rc" "$out$err"
+fi
+exp_args=(--set data.dataset=synthetic --set data.train_limit=64 --set data.test_limit=64
+  --set model.hidden=[8,8] --set train.steps=6 --set train.batch=4)
+run experiment pb "$fc" --seeds 1 --points 3 --jobs 2 --out "$T/exp" "${exp_args[@]}"
+if [ "$rc" -eq 0 ] && [ "$(grep -c '^strata: experiment: \[[0-9]/8\] ' <<<"$out")" -eq 8 ] &&
+   [ "$(wc -l <"$T/exp/results.csv")" -eq 9 ] && [ -s "$T/exp/results.md" ] &&
+   head -c 4 "$T/exp/curves.svg" | grep -q '<svg'; then
+  pass
+else
+  fail "experiment pb: a line per run, results.csv, results.md, curves.svg" "rc $rc" "$out" "$err"
+fi
+expect_error "experiment pb refuses adamw, naming the variant" \
+  "^strata: error: experiment pb: variant none, seed 42: --set: optimizer\.kind: adamw" \
+  -- experiment pb "$fc" "${exp_args[@]}" --set optimizer.kind=adamw --out "$T/o_exp_adamw"
+
 # --- 8b. gpt: train, generate, and their bad inputs ---------------------------
 # A one-layer GPT on a small generated corpus, then sampling from it.
 for i in $(seq 1 400); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7 % 13))"; done >"$T/corpus.txt"

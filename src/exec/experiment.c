@@ -1,0 +1,687 @@
+/*
+ * experiment.c — `strata experiment pb`: does pipelined backprop train as
+ * well as the sequential mode it replaces, and which mitigation of its
+ * delayed, mismatched gradients (BACKGROUND.md 2; Kosson et al., MLSys
+ * 2021) closes the gap?
+ *
+ * One config, eight variants (st_experiment_pb_config): the config's
+ * recipe run sequentially at its batch B, and pipelined_backprop under
+ * each mitigation. Every PB variant keeps train.batch = B, so a trainer
+ * step hands the pipeline B micro-batches of one sample: the step count,
+ * the lr schedule and the samples seen are the baseline's, and the
+ * recipe tuned at B is moved to the micro-batch by
+ * optimizer.reference_batch = B (st_optim_scale_batch). Each variant runs
+ * for o->seeds seeds; each run evaluates the test set at o->points evenly
+ * spaced steps, the last at the final step.
+ *
+ * Runs are independent st_trainers (no output folder, no progress) run in
+ * parallel like sweep.c's trials: o->jobs workers (the calling thread and
+ * jobs - 1 pthreads) take runs in (variant, seed) order from one
+ * mutex-guarded index. A run's numbers depend only on its config (the
+ * trainer is bitwise independent of its thread count, and emulated
+ * pipelined backprop of the threaded one), and the files are written at
+ * the end from the results in (variant, seed) order, so no number in them
+ * but the measured speeds depends on jobs or on the order runs finish in.
+ *
+ * Files in out_dir: results.csv (a row per run), results.md (settings and
+ * the comparison table), curves.svg (mean test accuracy against samples).
+ */
+#include "strata.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const variants[ST_EXPERIMENT_PB_VARIANTS] = {
+    "baseline", "none",   "stash",     "sc",
+    "lwp",      "sc+lwp", "spectrain", "pipemare"};
+
+/* One run's results. curve holds (samples seen, test accuracy) at each
+ * evaluation point; accuracy is NaN at the points after a divergence. */
+typedef struct run {
+  int64_t steps;        /* the run's total steps */
+  int64_t diverged_at;  /* step whose training loss was non-finite; 0: none */
+  double accuracy;      /* test accuracy at the last point; NaN: diverged */
+  double final_loss;    /* mean step loss over the last 10% of steps */
+  double samples_per_s; /* samples / seconds inside st_trainer_step */
+  double seconds;       /* the whole run: create, steps, evaluations */
+  int points;
+  double *curve; /* (points, 2), malloc'd */
+  /* what the trainer ran, for results.md */
+  int blocks, stages, micro_batch, emulated;
+  float lr, momentum;
+} run;
+
+const char *st_experiment_pb_variant(int k) {
+  return k >= 0 && k < ST_EXPERIMENT_PB_VARIANTS ? variants[k] : NULL;
+}
+
+static int check_options(const st_experiment_options *o, st_error *err) {
+  if (o->seeds < 1)
+    return st_error_set(err, ST_EARG, "experiment pb: seeds = %d must be >= 1",
+                        o->seeds);
+  if (o->points < 1)
+    return st_error_set(err, ST_EARG, "experiment pb: points = %d must be >= 1",
+                        o->points);
+  if (o->jobs < 1)
+    return st_error_set(err, ST_EARG,
+                        "experiment pb: jobs = %d must be >= 1 (runs at once)",
+                        o->jobs);
+  if (!o->out_dir[0])
+    return st_error_set(err, ST_EARG, "experiment pb: no output directory");
+  return 0;
+}
+
+/* Puts "experiment pb: variant V, seed S: " before err's message. */
+static int name_run(st_error *err, int rc, int variant, uint64_t seed) {
+  if (!err)
+    return rc;
+  char msg[sizeof err->msg];
+  snprintf(msg, sizeof msg, "%s", err->msg);
+  return st_error_set(err, rc, "experiment pb: variant %s, seed %llu: %s",
+                      variants[variant], (unsigned long long)seed, msg);
+}
+
+int st_experiment_pb_config(st_config *out, const st_config *base,
+                            const st_experiment_options *o, int variant,
+                            int seed, st_error *err) {
+  if (!st_experiment_pb_variant(variant))
+    return st_error_set(err, ST_EARG, "experiment pb: no variant %d (0..%d)",
+                        variant, ST_EXPERIMENT_PB_VARIANTS - 1);
+  st_config c = *base;
+  c.train.seed = base->train.seed + (uint64_t)seed;
+  c.execution.replicas = 1;
+  c.metrics.noise_scale = 0;
+  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
+  /* Runs sharing the machine get a core each (a train.threads the user set
+   * is kept), and none pins: they would all pin to the same first cores. */
+  if (o->jobs > 1) {
+    if (c.train.threads == 0)
+      c.train.threads = 1;
+    c.execution.pin = 0;
+  }
+  if (variant == 0) {
+    snprintf(c.execution.mode, sizeof c.execution.mode, "sequential");
+    c.execution.micro_batch = 0;
+    c.execution.emulate = 0;
+    c.optimizer.reference_batch = 0;
+  } else {
+    /* reference_batch would refuse it too, but naming its own key */
+    if (strcmp(c.optimizer.kind, "sgd") != 0) {
+      st_error_set(err, ST_ECONFIG,
+                   "%s: optimizer.kind: %s, but the pipelined_backprop "
+                   "variants move an SGD recipe tuned at train.batch to the "
+                   "micro-batch (optimizer.reference_batch); use sgd",
+                   st_config_where(base, "optimizer.kind"), c.optimizer.kind);
+      return name_run(err, ST_ECONFIG, variant, c.train.seed);
+    }
+    snprintf(c.execution.mode, sizeof c.execution.mode, "pipelined_backprop");
+    snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "%s",
+             variants[variant]);
+    c.optimizer.nesterov = 0;
+    c.optimizer.reference_batch = base->train.batch;
+    if (c.execution.stages == 0)
+      c.execution.stages = ST_STAGES_PER_BLOCK;
+    /* More stages than threads would time-share the cores: one thread
+     * running every stage tick by tick does the same work, bit for bit. */
+    int threads =
+        c.train.threads > 0 ? c.train.threads : st_usable_cpus(NULL, 0);
+    if (c.execution.stages == ST_STAGES_PER_BLOCK ||
+        c.execution.stages > threads)
+      c.execution.emulate = 1;
+  }
+  int rc = st_config_validate(&c, err);
+  if (rc)
+    return name_run(err, rc, variant, c.train.seed);
+  *out = c;
+  return 0;
+}
+
+/* Step of evaluation point i of n over total steps: evenly spaced, the
+ * last at total (n <= total, so no two coincide). */
+static int64_t point_step(int i, int n, int64_t total) {
+  return (int64_t)(i + 1) * total / n;
+}
+
+/* One run from scratch. A non-finite training loss ends it as diverged;
+ * any other error is returned. */
+static int run_one(const st_config *c, int points, run *r, st_error *err) {
+  double t0 = st_now();
+  *r = (run){.accuracy = NAN, .final_loss = NAN};
+  st_trainer *t;
+  int rc = st_trainer_create(&t, c, NULL, err);
+  if (rc)
+    return rc;
+  const st_config *used = st_trainer_config(t);
+  r->blocks = st_trainer_model(t)->n_blocks;
+  r->stages = st_trainer_stages(t);
+  /* execution.micro_batch 0: one sample in pipelined_backprop, else all */
+  int pb = !strcmp(c->execution.mode, "pipelined_backprop");
+  r->micro_batch = c->execution.micro_batch ? c->execution.micro_batch
+                   : pb                     ? 1
+                                            : c->train.batch;
+  r->emulated = c->execution.emulate;
+  r->lr = used->optimizer.lr;
+  r->momentum = used->optimizer.momentum;
+  r->steps = st_trainer_total_steps(t);
+  if (r->steps < 1) {
+    st_trainer_destroy(t);
+    return st_error_set(err, ST_ECONFIG,
+                        "train.steps and train.epochs give no step to train");
+  }
+  r->points = points < r->steps ? points : (int)r->steps;
+  r->curve = malloc((size_t)r->points * 2 * sizeof *r->curve);
+  if (!r->curve) {
+    st_trainer_destroy(t);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  for (int i = 0; i < r->points; i++) {
+    r->curve[2 * i] =
+        (double)point_step(i, r->points, r->steps) * c->train.batch;
+    r->curve[2 * i + 1] = NAN;
+  }
+  /* the final loss window: the last 10% of steps, at least one */
+  int64_t tail = (r->steps + 9) / 10;
+  double step_s = 0, tail_sum = 0;
+  int next = 0;
+  for (int64_t step = 1; step <= r->steps; step++) {
+    double loss, s0 = st_now();
+    rc = st_trainer_step(t, &loss, err);
+    step_s += st_now() - s0;
+    if (rc == ST_ENONFINITE) {
+      rc = 0;
+      r->diverged_at = step;
+      break;
+    }
+    if (rc)
+      break;
+    if (step > r->steps - tail)
+      tail_sum += loss;
+    if (step != point_step(next, r->points, r->steps))
+      continue;
+    double test_loss, acc;
+    if ((rc = st_trainer_evaluate(t, &test_loss, &acc, err)))
+      break;
+    r->curve[2 * next] = (double)st_trainer_pos(t)->samples;
+    r->curve[2 * next + 1] = acc;
+    next++;
+  }
+  if (!rc && !r->diverged_at) {
+    r->accuracy = r->points ? r->curve[2 * (r->points - 1) + 1] : NAN;
+    r->final_loss = tail ? tail_sum / (double)tail : NAN;
+  }
+  r->samples_per_s =
+      step_s > 0 ? (double)st_trainer_pos(t)->samples / step_s : 0;
+  st_trainer_destroy(t);
+  r->seconds = st_now() - t0;
+  return rc;
+}
+
+/* The runs of one st_experiment_pb, shared by its workers. The fields
+ * above `lock` are set before the workers start and only read by them;
+ * the ones below are touched only under lock. */
+typedef struct work {
+  const st_experiment_options *o;
+  const st_config *configs; /* per variant, seed offset 0 */
+  int n_runs; /* variants x seeds, run k = variant * seeds + seed */
+  pthread_mutex_t lock;
+  run *runs;      /* every run; a running one is not written here */
+  int next;       /* next run to hand out */
+  int finished;   /* runs finished so far, for the log */
+  int failed_at;  /* the first failed run in (variant, seed) order, or -1 */
+  int failed_rc;  /* its error code */
+  st_error error; /* its message */
+} work;
+
+/* Under lock: one line for a finished run. */
+static void log_run(work *w, int variant, uint64_t seed, const run *r) {
+  FILE *f = w->o->log;
+  fprintf(f, "strata: experiment: [%d/%d] %s seed %llu: ", ++w->finished,
+          w->n_runs, variants[variant], (unsigned long long)seed);
+  if (r->diverged_at)
+    fprintf(f, "diverged at step %lld of %lld", (long long)r->diverged_at,
+            (long long)r->steps);
+  else
+    fprintf(f, "test accuracy %.4f, final train loss %.3f", r->accuracy,
+            r->final_loss);
+  fprintf(f, ", %.0f samples/s (%.1f s)\n", r->samples_per_s, r->seconds);
+  fflush(f);
+}
+
+/* A worker: takes the next run until none is left or one has failed, runs
+ * it outside the lock, records it under the lock. */
+static void *worker(void *arg) {
+  work *w = arg;
+  const int seeds = w->o->seeds;
+  for (;;) {
+    pthread_mutex_lock(&w->lock);
+    if (w->failed_at >= 0 || w->next == w->n_runs) {
+      pthread_mutex_unlock(&w->lock);
+      return NULL;
+    }
+    int k = w->next++;
+    pthread_mutex_unlock(&w->lock);
+
+    int variant = k / seeds;
+    st_config c = w->configs[variant];
+    c.train.seed += (uint64_t)(k % seeds);
+    run r;
+    st_error err = {0};
+    int rc = run_one(&c, w->o->points, &r, &err);
+    if (rc) {
+      free(r.curve);
+      name_run(&err, rc, variant, c.train.seed);
+    }
+    pthread_mutex_lock(&w->lock);
+    if (rc && (w->failed_at < 0 || k < w->failed_at)) {
+      w->failed_at = k;
+      w->failed_rc = rc;
+      w->error = err;
+    } else if (!rc) {
+      w->runs[k] = r;
+      if (w->o->log)
+        log_run(w, variant, c.train.seed, &r);
+    }
+    pthread_mutex_unlock(&w->lock);
+  }
+}
+
+/* Runs every run with up to o->jobs workers: the calling thread and
+ * jobs - 1 pthreads (one that cannot start only means fewer workers).
+ * Returns the first error in (variant, seed) order. */
+static int run_all(const st_experiment_options *o, const st_config *configs,
+                   run *runs, st_error *err) {
+  int n = ST_EXPERIMENT_PB_VARIANTS * o->seeds;
+  int jobs = o->jobs < n ? o->jobs : n;
+  work w = {.o = o,
+            .configs = configs,
+            .n_runs = n,
+            .lock = PTHREAD_MUTEX_INITIALIZER,
+            .runs = runs,
+            .failed_at = -1};
+  pthread_t *threads = calloc(jobs > 1 ? (size_t)jobs - 1 : 1, sizeof *threads);
+  int started = 0;
+  if (threads)
+    while (started < jobs - 1 &&
+           pthread_create(&threads[started], NULL, worker, &w) == 0)
+      started++;
+  worker(&w);
+  for (int j = 0; j < started; j++)
+    pthread_join(threads[j], NULL);
+  free(threads);
+  pthread_mutex_destroy(&w.lock);
+  if (w.failed_at < 0)
+    return 0;
+  if (err)
+    *err = w.error;
+  return w.failed_rc;
+}
+
+/* A variant over its seeds: the finite final accuracies' mean and sample
+ * standard deviation, the mean final loss of the runs that did not
+ * diverge, the mean speed of all. */
+typedef struct summary {
+  int ok, diverged;
+  double acc_mean, acc_std, loss_mean, speed_mean;
+} summary;
+
+static summary summarize(const st_experiment_options *o, const run *runs,
+                         int variant) {
+  summary s = {0};
+  const run *v = runs + (size_t)variant * o->seeds;
+  double acc = 0, loss = 0, speed = 0;
+  for (int i = 0; i < o->seeds; i++) {
+    speed += v[i].samples_per_s;
+    if (v[i].diverged_at) {
+      s.diverged++;
+      continue;
+    }
+    s.ok++;
+    acc += v[i].accuracy;
+    loss += v[i].final_loss;
+  }
+  s.speed_mean = speed / o->seeds;
+  s.acc_mean = s.ok ? acc / s.ok : NAN;
+  s.loss_mean = s.ok ? loss / s.ok : NAN;
+  double ss = 0;
+  for (int i = 0; i < o->seeds; i++)
+    if (!v[i].diverged_at)
+      ss += (v[i].accuracy - s.acc_mean) * (v[i].accuracy - s.acc_mean);
+  s.acc_std = s.ok > 1 ? sqrt(ss / (s.ok - 1)) : NAN;
+  return s;
+}
+
+/* Writes the text of a memory stream to path atomically, closing it. */
+static int flush_file(FILE *f, char **buf, size_t *len, const char *path,
+                      st_error *err) {
+  if (fclose(f) != 0) {
+    free(*buf);
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  }
+  int rc = st_write_file_atomic(path, *buf, *len, err);
+  free(*buf);
+  return rc;
+}
+
+/* Opens a memory stream for DIR/name; path gets the file's path. */
+static FILE *open_text(char *path, size_t cap, const char *dir,
+                       const char *name, char **buf, size_t *len,
+                       st_error *err) {
+  snprintf(path, cap, "%s/%s", dir, name);
+  *buf = NULL;
+  *len = 0;
+  FILE *f = open_memstream(buf, len);
+  if (!f)
+    st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  return f;
+}
+
+static int write_csv(const st_experiment_options *o, const st_config *base,
+                     const run *runs, st_error *err) {
+  char path[ST_PATH_MAX + 32], *buf;
+  size_t len;
+  FILE *f =
+      open_text(path, sizeof path, o->out_dir, "results.csv", &buf, &len, err);
+  if (!f)
+    return ST_ENOMEM;
+  fprintf(f, "variant,seed,test_accuracy,final_train_loss,samples_per_s,"
+             "seconds\n");
+  for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++)
+    for (int i = 0; i < o->seeds; i++) {
+      const run *r = &runs[v * o->seeds + i];
+      /* "nan" for a diverged run: what CSV readers take as missing */
+      fprintf(f, "%s,%llu,%.9g,%.9g,%.1f,%.3f\n", variants[v],
+              (unsigned long long)(base->train.seed + (uint64_t)i), r->accuracy,
+              r->final_loss, r->samples_per_s, r->seconds);
+    }
+  return flush_file(f, &buf, &len, path, err);
+}
+
+/* "85.12 ± 0.31" in percent; the spread needs two runs. */
+static void put_accuracy(FILE *f, const summary *s) {
+  if (!s->ok) {
+    fprintf(f, "diverged");
+    return;
+  }
+  fprintf(f, "%.2f", 100 * s->acc_mean);
+  if (s->ok > 1)
+    fprintf(f, " ± %.2f", 100 * s->acc_std);
+  if (s->diverged)
+    fprintf(f, " (%d of %d diverged)", s->diverged, s->ok + s->diverged);
+}
+
+static int write_report(const st_experiment_options *o, const st_config *base,
+                        const st_config *configs, const run *runs,
+                        st_error *err) {
+  char path[ST_PATH_MAX + 32], *buf;
+  size_t len;
+  FILE *f =
+      open_text(path, sizeof path, o->out_dir, "results.md", &buf, &len, err);
+  if (!f)
+    return ST_ENOMEM;
+  const run *seq = &runs[0], *pb = &runs[o->seeds]; /* first of each */
+  const st_config *pc = &configs[1];
+  int B = base->train.batch;
+  fprintf(f, "# Pipelined backprop against sequential training\n\n");
+  fprintf(f,
+          "Config `%s`: model %s, %d blocks; optimizer sgd, lr %g, momentum "
+          "%g%s, schedule %s, tuned at train.batch B = %d. Every run trains "
+          "%lld steps of %d samples (%lld samples), evaluating the test set "
+          "at %d evenly spaced steps, the last at the end; %d seed%s "
+          "(train.seed %llu..%llu).\n\n",
+          base->path[0] ? base->path : "(none)", base->model.kind, seq->blocks,
+          (double)base->optimizer.lr, (double)base->optimizer.momentum,
+          base->optimizer.nesterov ? " (Nesterov)" : "",
+          base->optimizer.schedule, B, (long long)seq->steps, B,
+          (long long)seq->steps * B, seq->points, o->seeds,
+          o->seeds == 1 ? "" : "s", (unsigned long long)base->train.seed,
+          (unsigned long long)(base->train.seed + (uint64_t)o->seeds - 1));
+  fprintf(f, "- **baseline**: `strata train CONFIG --set "
+             "execution.mode=sequential --set execution.micro_batch=0`, the "
+             "recipe as given.\n");
+  fprintf(f,
+          "- **pipelined backprop** (the other rows, M the row's name): "
+          "`strata train CONFIG "
+          "--set execution.mode=pipelined_backprop --set "
+          "execution.mitigation=M --set optimizer.nesterov=false --set "
+          "optimizer.reference_batch=%d --set execution.stages=",
+          B);
+  if (pc->execution.stages == ST_STAGES_PER_BLOCK)
+    fprintf(f, "per_block");
+  else
+    fprintf(f, "%d", pc->execution.stages);
+  fprintf(f,
+          "%s`: %d stages, micro-batches of %d sample%s (%d per step), "
+          "%s. Heavy-ball momentum with the recipe moved from batch %d "
+          "to the micro-batch (m' = m^(b/B), lr' = lr (b/B) (1 - m') / "
+          "(1 - m); BACKGROUND.md 2): lr %g -> %.6g, momentum %g -> "
+          "%.6g.\n",
+          pc->execution.emulate ? " --set execution.emulate=true" : "",
+          pb->stages, pb->micro_batch, pb->micro_batch == 1 ? "" : "s",
+          B / pb->micro_batch,
+          pb->emulated ? "emulated (one thread runs every stage, tick by "
+                         "tick; bit-identical to threaded)"
+                       : "one thread per stage",
+          B, (double)base->optimizer.lr, (double)pb->lr,
+          (double)base->optimizer.momentum, (double)pb->momentum);
+  fprintf(f, "- The same `--set` options given to the experiment apply to "
+             "every run; run k uses train.seed + k.\n\n");
+  fprintf(f, "| variant | test accuracy (%%) | Δ vs baseline (pp) | final "
+             "train loss | samples/s |\n");
+  fprintf(f, "|---|---:|---:|---:|---:|\n");
+  summary s0 = summarize(o, runs, 0);
+  int any_diverged = 0;
+  for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++) {
+    summary s = summarize(o, runs, v);
+    any_diverged |= s.diverged > 0;
+    fprintf(f, "| %s | ", variants[v]);
+    put_accuracy(f, &s);
+    fprintf(f, " | ");
+    if (v == 0)
+      fprintf(f, "—");
+    else if (s.ok && s0.ok)
+      fprintf(f, "%+.2f", 100 * (s.acc_mean - s0.acc_mean));
+    fprintf(f, " | ");
+    if (s.ok)
+      fprintf(f, "%.4f", s.loss_mean);
+    fprintf(f, " | %.0f |\n", s.speed_mean);
+  }
+  fprintf(f,
+          "\nTest accuracy: at the final step, mean ± sample standard "
+          "deviation over seeds; Δ is the difference of the means in "
+          "percentage points. Final train loss: the mean training loss over "
+          "the last 10%% of steps, averaged over seeds. samples/s: samples "
+          "over the seconds spent inside training steps (evaluation "
+          "excluded), averaged over seeds. They were measured with up to %d "
+          "run%s sharing the cores at once, and emulated runs run every "
+          "stage on one thread, so they compare what the variants cost on "
+          "this machine, not a pipeline's speed.\n",
+          o->jobs, o->jobs == 1 ? "" : "s");
+  if (any_diverged)
+    fprintf(f, "\nA diverged run's training loss turned non-finite; it is "
+               "left out of the accuracy and loss columns (results.csv has "
+               "nan) and its curve ends there.\n");
+  fprintf(f, "\nFiles: results.csv (every run), curves.svg (mean test "
+             "accuracy against samples seen, per variant).\n");
+  return flush_file(f, &buf, &len, path, err);
+}
+
+/* A tick spacing of 1, 2 or 5 x 10^k giving about `want` ticks over span. */
+static double tick_step(double span, int want) {
+  double raw = span / want, p = pow(10, floor(log10(raw)));
+  double m = raw / p;
+  return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+}
+
+/* A sample count as a tick label: 800, 12k, 1.5M. */
+static void put_count(FILE *f, double v) {
+  if (v >= 1e6)
+    fprintf(f, "%gM", v / 1e6);
+  else if (v >= 1e4)
+    fprintf(f, "%gk", v / 1e3);
+  else
+    fprintf(f, "%.0f", v);
+}
+
+/* Mean test accuracy of a variant at point i over the seeds that have one
+ * (NaN when none has). */
+static double mean_at(const st_experiment_options *o, const run *runs,
+                      int variant, int i, double *x) {
+  const run *v = runs + (size_t)variant * o->seeds;
+  double sum = 0;
+  int n = 0;
+  *x = v[0].curve[2 * i];
+  for (int k = 0; k < o->seeds; k++)
+    if (isfinite(v[k].curve[2 * i + 1]))
+      sum += v[k].curve[2 * i + 1], n++;
+  return n ? sum / n : NAN;
+}
+
+/* The plot: samples seen across, test accuracy (percent) up, one line per
+ * variant through its mean at each evaluation point. */
+static int write_svg(const st_experiment_options *o, const run *runs,
+                     st_error *err) {
+  char path[ST_PATH_MAX + 32], *buf;
+  size_t len;
+  FILE *f =
+      open_text(path, sizeof path, o->out_dir, "curves.svg", &buf, &len, err);
+  if (!f)
+    return ST_ENOMEM;
+  static const char *color[ST_EXPERIMENT_PB_VARIANTS] = {
+      "#000000", "#1f77b4", "#ff7f0e", "#2ca02c",
+      "#d62728", "#9467bd", "#8c564b", "#e377c2"};
+  const int W = 800, H = 480, L = 80, R = 190, T = 50, Bm = 60;
+  const int n = runs[0].points;
+  double xmax = runs[0].curve[2 * (n - 1)], lo = 1, hi = 0, x;
+  for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++)
+    for (int i = 0; i < n; i++) {
+      double y = mean_at(o, runs, v, i, &x);
+      if (isfinite(y))
+        lo = y < lo ? y : lo, hi = y > hi ? y : hi;
+    }
+  if (hi < lo) /* nothing finite */
+    lo = 0, hi = 1;
+  double y0 = floor(lo * 10) / 10, y1 = ceil(hi * 10) / 10;
+  if (y1 - y0 < 0.1)
+    y1 = y0 + 0.1;
+  if (xmax <= 0)
+    xmax = 1;
+#define PX(s) (L + (s) / xmax * (W - L - R))
+#define PY(a) (H - Bm - ((a)-y0) / (y1 - y0) * (H - T - Bm))
+  fprintf(f,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+          "height=\"%d\" font-family=\"sans-serif\" font-size=\"13\">\n"
+          "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+          "<text x=\"%d\" y=\"28\" font-size=\"16\">Pipelined backprop "
+          "against sequential: test accuracy, mean of %d seed%s</text>\n",
+          W, H, L, o->seeds, o->seeds == 1 ? "" : "s");
+  fprintf(f,
+          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+          "stroke=\"black\"/>\n",
+          L, T, W - L - R, H - T - Bm);
+  double dx = tick_step(xmax, 5);
+  for (double s = 0; s <= xmax * (1 + 1e-9); s += dx) {
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
+            "stroke=\"#ddd\"/>\n<text x=\"%.1f\" y=\"%d\" "
+            "text-anchor=\"middle\">",
+            PX(s), T, PX(s), H - Bm, PX(s), H - Bm + 18);
+    put_count(f, s);
+    fprintf(f, "</text>\n");
+  }
+  double dy = tick_step(y1 - y0, 5);
+  for (double a = y0; a <= y1 + 1e-9; a += dy)
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
+            "stroke=\"#ddd\"/>\n<text x=\"%d\" y=\"%.1f\" "
+            "text-anchor=\"end\">%g%%</text>\n",
+            L, PY(a), W - R, PY(a), L - 6, PY(a) + 4, round(a * 1000) / 10);
+  fprintf(f,
+          "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">samples seen"
+          "</text>\n<text x=\"18\" y=\"%d\" text-anchor=\"middle\" "
+          "transform=\"rotate(-90 18 %d)\">test accuracy</text>\n",
+          (L + W - R) / 2, H - 16, (T + H - Bm) / 2, (T + H - Bm) / 2);
+  for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++) {
+    /* one polyline per stretch of points that have a mean */
+    int open = 0;
+    for (int i = 0; i < n; i++) {
+      double y = mean_at(o, runs, v, i, &x);
+      if (!isfinite(y)) {
+        if (open)
+          fprintf(f, "\"/>\n");
+        open = 0;
+        continue;
+      }
+      if (!open)
+        fprintf(f,
+                "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s "
+                "points=\"",
+                color[v], v ? "1.8" : "2.5",
+                v ? "" : " stroke-dasharray=\"7 4\"");
+      fprintf(f, "%s%.1f,%.1f", open ? " " : "", PX(x), PY(y));
+      open = 1;
+    }
+    if (open)
+      fprintf(f, "\"/>\n");
+    for (int i = 0; i < n; i++) {
+      double y = mean_at(o, runs, v, i, &x);
+      if (isfinite(y))
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
+                PX(x), PY(y), color[v]);
+    }
+  }
+#undef PX
+#undef PY
+  /* legend */
+  int lx = W - R + 14, ly = T + 10;
+  for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++, ly += 22) {
+    summary s = summarize(o, runs, v);
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
+            "stroke-width=\"%s\"%s/><text x=\"%d\" y=\"%d\">%s%s",
+            lx, ly, lx + 24, ly, color[v], v ? "1.8" : "2.5",
+            v ? "" : " stroke-dasharray=\"7 4\"", lx + 30, ly + 4, variants[v],
+            v ? "" : " (sequential)");
+    if (s.diverged)
+      fprintf(f, " (%d/%d diverged)", s.diverged, o->seeds);
+    fprintf(f, "</text>\n");
+  }
+  fprintf(f, "</svg>\n");
+  return flush_file(f, &buf, &len, path, err);
+}
+
+int st_experiment_pb(const st_experiment_options *o, const st_config *base,
+                     st_error *err) {
+  int rc = check_options(o, err);
+  if (rc)
+    return rc;
+  /* Every variant's config is checked before any run starts. */
+  st_config *configs = malloc(ST_EXPERIMENT_PB_VARIANTS * sizeof *configs);
+  run *runs =
+      calloc((size_t)ST_EXPERIMENT_PB_VARIANTS * o->seeds, sizeof *runs);
+  if (!configs || !runs) {
+    rc = st_error_set(err, ST_ENOMEM, "experiment pb: out of memory");
+    goto done;
+  }
+  for (int v = 0; !rc && v < ST_EXPERIMENT_PB_VARIANTS; v++)
+    rc = st_experiment_pb_config(&configs[v], base, o, v, 0, err);
+  if (rc)
+    goto done;
+  if ((rc = st_mkdir_p(o->out_dir, 1, err)))
+    goto done;
+  if ((rc = run_all(o, configs, runs, err)))
+    goto done;
+  if ((rc = write_csv(o, base, runs, err)))
+    goto done;
+  if ((rc = write_report(o, base, configs, runs, err)))
+    goto done;
+  rc = write_svg(o, runs, err);
+done:
+  if (runs)
+    for (int k = 0; k < ST_EXPERIMENT_PB_VARIANTS * o->seeds; k++)
+      free(runs[k].curve);
+  free(runs);
+  free(configs);
+  return rc;
+}

@@ -1,0 +1,284 @@
+/*
+ * test_experiment.c — `strata experiment pb` (src/exec/experiment.c) on a
+ * tiny problem: a 4-block MLP (hidden [8, 8, 8]) on 64 synthetic samples,
+ * batch 4, 6 steps, so the 8 variants x 2 seeds take well under a second.
+ *  - the variants' configs: the baseline is sequential with the recipe as
+ *    given, the others pipelined_backprop with heavy-ball momentum,
+ *    reference_batch = train.batch, per_block stages emulated, the seed
+ *    offset, one thread and no pinning when runs share the machine;
+ *  - jobs = 1 (all cores per run) and jobs = 2 (one each) write the same
+ *    results.csv apart from the measured speeds, one row per run in
+ *    (variant, seed) order;
+ *  - results.md has one table row per variant, curves.svg is an SVG with a
+ *    line per variant;
+ *  - a run whose loss turns non-finite is recorded as diverged;
+ *  - errors: a config the variants refuse (adamw) fails before any run or
+ *    file, naming the variant and seed; a failure at run time reports the
+ *    first failed run in (variant, seed) order whatever jobs is; bad
+ *    options are refused.
+ */
+#include "harness.h"
+#include "models.h"
+#include "strata.h"
+
+#include <string.h>
+#include <sys/stat.h>
+
+/* The tiny problem; Nesterov, so the baseline differs from PB's rule. */
+static void tiny_config(st_config *c) {
+  mlp_config(c);
+  set_all(c,
+          (const char *[]){"model.hidden=[8,8,8]", "optimizer.nesterov=true",
+                           "train.steps=6", "train.batch=4",
+                           "data.train_limit=64"},
+          5);
+}
+
+static st_experiment_options options(const char *dir, int seeds, int jobs) {
+  st_experiment_options o = {.seeds = seeds, .points = 3, .jobs = jobs};
+  snprintf(o.out_dir, sizeof o.out_dir, "%s", dir);
+  return o;
+}
+
+/* A whole file (malloc'd, NUL-terminated), or NULL. */
+static char *slurp(const char *dir, const char *name) {
+  char path[ST_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *text = malloc((size_t)n + 1);
+  if (text && fread(text, 1, (size_t)n, f) != (size_t)n)
+    free(text), text = NULL;
+  if (text)
+    text[n] = 0;
+  fclose(f);
+  return text;
+}
+
+/* results.csv with the last two fields (samples_per_s, seconds) of every
+ * line cut off, in place. */
+static void drop_speeds(char *csv) {
+  char *out = csv;
+  for (char *line = csv; *line;) {
+    char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    size_t keep = len;
+    for (int cut = 0; cut < 2 && keep > 0; cut++)
+      while (keep > 0 && line[--keep] != ',') {
+      }
+    memmove(out, line, keep);
+    out += keep;
+    *out++ = '\n';
+    line += len + (end != NULL);
+  }
+  *out = 0;
+}
+
+static int count_lines_starting(const char *text, const char *prefix) {
+  int n = 0;
+  for (const char *p = text; p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+    n += strncmp(p, prefix, strlen(prefix)) == 0;
+  return n;
+}
+
+static void test_variant_configs(const st_config *base) {
+  CHECK(!strcmp(st_experiment_pb_variant(0), "baseline") &&
+            !strcmp(st_experiment_pb_variant(5), "sc+lwp") &&
+            !strcmp(st_experiment_pb_variant(7), "pipemare") &&
+            !st_experiment_pb_variant(8) && !st_experiment_pb_variant(-1),
+        "variant names");
+  st_experiment_options o = options("unused", 2, 2);
+  st_config c;
+  st_error err = {0};
+  CHECK(st_experiment_pb_config(&c, base, &o, 0, 1, &err) == 0, "%s", err.msg);
+  CHECK(!strcmp(c.execution.mode, "sequential") && c.optimizer.nesterov &&
+            c.optimizer.reference_batch == 0 && c.execution.micro_batch == 0 &&
+            !c.execution.emulate && c.train.seed == base->train.seed + 1 &&
+            c.train.batch == 4,
+        "baseline: mode %s nesterov %d reference %d seed %llu",
+        c.execution.mode, c.optimizer.nesterov, c.optimizer.reference_batch,
+        (unsigned long long)c.train.seed);
+  /* train.threads = 2 is the config's own: kept; pinning is off */
+  CHECK(st_experiment_pb_config(&c, base, &o, 3, 0, &err) == 0, "%s", err.msg);
+  CHECK(!strcmp(c.execution.mode, "pipelined_backprop") &&
+            !strcmp(c.execution.mitigation, "sc") && !c.optimizer.nesterov &&
+            c.optimizer.reference_batch == 4 && c.train.batch == 4 &&
+            c.execution.stages == ST_STAGES_PER_BLOCK && c.execution.emulate &&
+            c.train.threads == 2 && !c.execution.pin &&
+            c.train.seed == base->train.seed,
+        "sc: mode %s mitigation %s stages %d emulate %d threads %d pin %d",
+        c.execution.mode, c.execution.mitigation, c.execution.stages,
+        c.execution.emulate, c.train.threads, c.execution.pin);
+  /* two stages fit two threads: threaded as configured; three do not */
+  st_config two = *base;
+  two.execution.stages = 2;
+  CHECK(st_experiment_pb_config(&c, &two, &o, 1, 0, &err) == 0 &&
+            c.execution.stages == 2 && !c.execution.emulate,
+        "2 stages on 2 threads: emulate %d (%s)", c.execution.emulate, err.msg);
+  two.execution.stages = 3;
+  CHECK(st_experiment_pb_config(&c, &two, &o, 1, 0, &err) == 0 &&
+            c.execution.emulate,
+        "3 stages on 2 threads: emulate %d (%s)", c.execution.emulate, err.msg);
+  /* one job on a config without train.threads keeps all cores and pins */
+  st_config all = *base;
+  all.train.threads = 0;
+  o.jobs = 1;
+  CHECK(st_experiment_pb_config(&c, &all, &o, 2, 0, &err) == 0 &&
+            c.train.threads == 0 && c.execution.pin == base->execution.pin,
+        "jobs 1: threads %d pin %d", c.train.threads, c.execution.pin);
+  o.jobs = 4;
+  CHECK(st_experiment_pb_config(&c, &all, &o, 2, 0, &err) == 0 &&
+            c.train.threads == 1,
+        "jobs 4: threads %d", c.train.threads);
+  CHECK(st_experiment_pb_config(&c, base, &o, 8, 0, &err) == ST_EARG,
+        "variant 8 accepted");
+}
+
+static void test_runs(const st_config *base, const char *root) {
+  char one[256], two[256];
+  snprintf(one, sizeof one, "%s/jobs1", root);
+  snprintf(two, sizeof two, "%s/jobs2", root);
+  st_experiment_options o1 = options(one, 2, 1), o2 = options(two, 2, 2);
+  st_error err = {0};
+  int rc = st_experiment_pb(&o1, base, &err);
+  CHECK(rc == 0, "jobs 1: %s", err.msg);
+  rc = rc ? rc : st_experiment_pb(&o2, base, &err);
+  CHECK(rc == 0, "jobs 2: %s", err.msg);
+  if (rc)
+    return;
+  char *csv1 = slurp(one, "results.csv"), *csv2 = slurp(two, "results.csv");
+  CHECK(csv1 && csv2, "results.csv missing");
+  if (csv1 && csv2) {
+    drop_speeds(csv1);
+    drop_speeds(csv2);
+    CHECK(strcmp(csv1, csv2) == 0,
+          "results.csv differs between jobs 1 and 2:\n%s---\n%s", csv1, csv2);
+    CHECK(!strncmp(csv1, "variant,seed,test_accuracy,final_train_loss\n", 44),
+          "header: %.60s", csv1);
+    /* (variant, seed) order, seeds 42 and 43 (mlp_config's 42) */
+    char want[64];
+    const char *p = strchr(csv1, '\n') + 1;
+    for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++)
+      for (int s = 0; s < 2; s++) {
+        snprintf(want, sizeof want, "%s,%d,", st_experiment_pb_variant(v),
+                 42 + s);
+        CHECK(!strncmp(p, want, strlen(want)), "row %d: want %s, got %.40s",
+              v * 2 + s, want, p);
+        double acc = atof(p + strlen(want));
+        CHECK(acc > 0 && acc <= 1, "%s accuracy %g", want, acc);
+        p = strchr(p, '\n');
+        p = p ? p + 1 : "";
+      }
+    CHECK(*p == 0, "extra rows: %.40s", p);
+  }
+  free(csv1);
+  free(csv2);
+  char *md = slurp(one, "results.md");
+  CHECK(md != NULL, "results.md missing");
+  if (md) {
+    CHECK(count_lines_starting(md, "| ") == 1 + ST_EXPERIMENT_PB_VARIANTS,
+          "results.md: %d table lines", count_lines_starting(md, "| "));
+    for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++) {
+      char row[32];
+      snprintf(row, sizeof row, "| %s | ", st_experiment_pb_variant(v));
+      CHECK(count_lines_starting(md, row) == 1, "no row for %s", row);
+    }
+    /* the recipe moved from batch 4 to micro-batch 1: momentum 0.9^(1/4) */
+    char moved[64];
+    snprintf(moved, sizeof moved, "momentum %g -> %.6g",
+             (double)base->optimizer.momentum,
+             (double)(float)pow(base->optimizer.momentum, 0.25));
+    CHECK(strstr(md, moved) && strstr(md, "4 stages") &&
+              strstr(md, "optimizer.reference_batch=4"),
+          "results.md settings: want '%s' and 4 stages", moved);
+  }
+  free(md);
+  char *svg = slurp(one, "curves.svg");
+  CHECK(svg && !strncmp(svg, "<svg", 4) && strstr(svg, "</svg>"),
+        "curves.svg is not an SVG");
+  CHECK(svg &&
+            count_lines_starting(svg, "<polyline") == ST_EXPERIMENT_PB_VARIANTS,
+        "curves.svg: want a line per variant");
+  free(svg);
+}
+
+static void test_divergence(const st_config *base, const char *root) {
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s/diverged", root);
+  st_config c = *base;
+  c.optimizer.lr = 1e5f; /* non-finite within a few steps in every mode */
+  st_experiment_options o = options(dir, 1, 2);
+  st_error err = {0};
+  CHECK(st_experiment_pb(&o, &c, &err) == 0, "%s", err.msg);
+  char *csv = slurp(dir, "results.csv"), *md = slurp(dir, "results.md");
+  CHECK(csv && strstr(csv, "\nbaseline,42,nan,nan,"),
+        "diverged baseline not recorded: %s", csv ? csv : "(none)");
+  CHECK(md && strstr(md, "| baseline | diverged |"),
+        "results.md does not say diverged");
+  free(csv);
+  free(md);
+}
+
+static void test_errors(const st_config *base, const char *root) {
+  char dir[256];
+  struct stat sb;
+  st_error err = {0};
+  /* adamw: every variant's config is checked before anything runs */
+  snprintf(dir, sizeof dir, "%s/adamw", root);
+  st_config c = *base;
+  set_all(&c, (const char *[]){"optimizer.kind=adamw"}, 1);
+  st_experiment_options o = options(dir, 2, 2);
+  int rc = st_experiment_pb(&o, &c, &err);
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, "variant none, seed 42") &&
+            strstr(err.msg, "optimizer.kind"),
+        "adamw: rc %d: %s", rc, err.msg);
+  CHECK(stat(dir, &sb) != 0, "adamw: %s was created", dir);
+  /* 7 stages for 4 blocks fails when the trainer is made: the first failed
+   * run in (variant, seed) order is reported, whichever failed first */
+  for (int jobs = 1; jobs <= 3; jobs += 2) {
+    snprintf(dir, sizeof dir, "%s/stages%d", root, jobs);
+    c = *base;
+    c.execution.stages = 7;
+    o = options(dir, 2, jobs);
+    rc = st_experiment_pb(&o, &c, &err);
+    CHECK(rc == ST_ECONFIG && strstr(err.msg, "variant none, seed 42: ") &&
+              strstr(err.msg, "execution.stages"),
+          "jobs %d: rc %d: %s", jobs, rc, err.msg);
+  }
+  o = options(dir, 0, 1);
+  CHECK(st_experiment_pb(&o, base, &err) == ST_EARG, "seeds 0 accepted");
+  o = options(dir, 1, 0);
+  CHECK(st_experiment_pb(&o, base, &err) == ST_EARG, "jobs 0 accepted");
+  o = options(dir, 1, 1);
+  o.points = 0;
+  CHECK(st_experiment_pb(&o, base, &err) == ST_EARG, "points 0 accepted");
+  o = options("", 1, 1);
+  CHECK(st_experiment_pb(&o, base, &err) == ST_EARG, "no out_dir accepted");
+}
+
+int main(void) {
+  (void)train, (void)cnn_config, (void)gpt_config; /* models.h's others */
+  st_config base;
+  tiny_config(&base);
+  test_variant_configs(&base);
+  char root[] = "/tmp/strata-test-experiment-XXXXXX";
+  if (!mkdtemp(root)) {
+    CHECK(0, "mkdtemp");
+    TH_DONE();
+  }
+  /* train.threads unset: jobs 1 runs on every core, jobs 2 on one each */
+  st_config any_threads = base;
+  any_threads.train.threads = 0;
+  test_runs(&any_threads, root);
+  test_divergence(&base, root);
+  test_errors(&base, root);
+  char cmd[sizeof root + 16];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", root);
+  TH_DONE();
+}
