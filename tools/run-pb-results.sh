@@ -6,17 +6,19 @@
 # from their results.md files (the runs stay in runs/experiment-pb-*).
 #
 # Usage: tools/run-pb-results.sh [BUILD_DIR]
-# Environment: SEEDS (default 3), JOBS (runs at once; default every core).
+# Environment: SEEDS (default 3), JOBS (runs at once; default every core),
+#              POINTS (test evaluations per run, default 10).
 set -eu
 build=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 seeds=${SEEDS:-3}
 jobs=${JOBS:-$(nproc)}
+points=${POINTS:-10}
 out=docs/results/pb.md
 mkdir -p docs/results
 for c in pb_mlp_fmnist pb_cnn_fmnist; do
   "$build/strata" experiment pb "configs/$c.yaml" --seeds "$seeds" \
-    --jobs "$jobs" --out "runs/experiment-$c"
+    --jobs "$jobs" --points "$points" --out "runs/experiment-$c"
 done
 {
   echo "# Pipelined backprop on Fashion-MNIST: mitigations against the SGD baseline"
