@@ -570,8 +570,7 @@ static int tie_crosses(const st_model *m, const pb_stage *st, int S) {
   return 0;
 }
 
-static int alloc_stage(pb *p, pb_stage *st, const st_config *cfg,
-                       st_error *err) {
+static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
   const st_model *m = p->model;
   int mb = p->mb, R = m->label_rows, rc = 0;
   st->slots = st->D + 1;
@@ -614,7 +613,6 @@ static int alloc_stage(pb *p, pb_stage *st, const st_config *cfg,
   if (ok && st->delta) memset(st->delta, 0, wbytes);
   st->versions = st->max_versions = 1; /* the live weights */
   st->delay_min = -1;
-  (void)cfg;
   if (ok) return 0;
   return rc ? rc
             : st_error_set(err, ST_ENOMEM,
@@ -704,7 +702,7 @@ static int pb_create(void **state, const st_model *m, const st_config *cfg,
   /* Spin before sleeping only when every stage has a core of its own. */
   p->spin = threads <= st_usable_cores() && p->S <= cores ? SPIN : 0;
   for (int s = 0; !rc && s < p->S; s++)
-    rc = alloc_stage(p, &p->stages[s], cfg, err);
+    rc = alloc_stage(p, &p->stages[s], err);
   if (!rc)
     rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
   for (int s = 0; !rc && s < p->S; s++) {
