@@ -6,12 +6,13 @@
  * one sample, not a ratio.
  *
  *   utilization  the threaded runtime at micro-batch 1 on S = 2 stages of
- *                one core each (the plan's cut of a model of equal
- *                blocks): the least busy stage's busy seconds (forward,
+ *                one core each (the plan's cut of the model): the
+ *                least busy stage's busy seconds (forward,
  *                backward, update, from the runtime's counters) over the
  *                wall time of the steps; target: at least 0.95 — no
- *                bubbles — with sc, whose stages do the work the plan
- *                balanced; sc+lwp is printed beside it: its prediction
+ *                bubbles — with sc on the balanced plan (the CNN: its
+ *                blocks cut evenly in two; the MLP's first block is 1.5x
+ *                the others, so its cut is not); sc+lwp is printed beside it: its prediction
  *                pass (a read of w and v, a write of the forward's weights)
  *                runs only at stages with D > 0, a cost the plan does not
  *                model, so the stages it balanced are no longer equal.
@@ -48,7 +49,7 @@ static int measure(const run *r, double seconds, double *rate,
   st_config_defaults(&cfg);
   const char *base[] = {"data.dataset=synthetic", "data.train_limit=8192",
                         "data.test_limit=64",     "metrics.progress=off",
-                        "optimizer.lr=0.01",      "optimizer.momentum=0.9",
+                        "optimizer.lr=0.001",     "optimizer.momentum=0.9",
                         "optimizer.nesterov=false"};
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
     if (st_config_set(&cfg, base[i], &err)) goto fail;
@@ -140,11 +141,15 @@ int main(int argc, char **argv) {
         if (w > util[k]) util[k] = w;
       }
     printf("%s:\n", names[mi]);
+    /* The target is for a balanced plan: the CNN's blocks cut evenly in
+     * two; the MLP's first block is 1.5x the others, so no cut is. */
+    const char *verdict = mi == 0              ? "plan not balanced, no target"
+                          : util[4] >= 0.95 ? "target >= 0.95: meets target"
+                                            : "target >= 0.95: BELOW TARGET";
     printf("  utilization: PB, 2 stages of one core, micro-batch 1: least "
-           "busy stage %.3f with sc (target >= 0.95: %s), %.3f with sc+lwp "
+           "busy stage %.3f with sc (%s), %.3f with sc+lwp "
            "(%.0f samples/s with sc)\n",
-           util[4], util[4] >= 0.95 ? "meets target" : "BELOW TARGET",
-           util[0], best[4]);
+           util[4], verdict, util[0], best[4]);
     printf("  PB (sc+lwp) %.0f samples/s; sequential batch 1: %.0f on %d threads "
            "(PB %.2fx), %.0f on 1 (PB %.2fx); gpipe batch 32 M=8 on the "
            "same 2 stages: %.0f (PB %.2fx)\n",

@@ -543,6 +543,10 @@ typedef struct st_fused_update {
   float *params;
   float *opt;          /* slot k of parameter i at opt[k * slot_stride + i] */
   size_t slot_stride;
+  /* Linear weight prediction folded in (pipelined backprop), else NULL:
+   * parameter i's w - rule->pk v goes to predict[i - predict_base]. */
+  float *predict;
+  size_t predict_base;
 } st_fused_update;
 
 /* Execution context handed to block forward/backward. */
@@ -608,18 +612,22 @@ struct st_optim_rule {
   float sc_a, sc_b;
   float lr, momentum, weight_decay;
   float beta1, beta2, eps, decay, step_size, bc2_sqrt;
+  float pk;           /* sgd: with a prediction array p, p = w - pk v
+                       * after the update (linear weight prediction) */
 };
 void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,
                         int64_t step);
 /* Updates an (OC, IC) weight whose gradient is the outer product dy x^T of
  * one sample, never materialising it; bitwise equal to writing dy[o]*x[i]
- * into a zeroed gradient and running the rule. s1 is NULL for SGD. */
+ * into a zeroed gradient and running the rule. s1 is NULL for SGD. p, when
+ * not NULL (SGD only), gets w - r->pk s0 of the updated values: the same
+ * bits as st_pb_predict after the update, without another pass. */
 void st_optim_update_outer(const st_optim_rule *r, float *w, float *s0,
                            float *s1, const float *dy, const float *x, int OC,
-                           int IC);
-/* Updates n parameters with gradient g (left as it is). */
+                           int IC, float *p);
+/* Updates n parameters with gradient g (left as it is); p as above. */
 void st_optim_update_vec(const st_optim_rule *r, float *w, float *s0,
-                         float *s1, const float *g, size_t n);
+                         float *s1, const float *g, size_t n, float *p);
 /* Learning rate at (0-based) step of total_steps under cfg's schedule. */
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
 /* Pipelined backprop's update of one stage (BACKGROUND.md 2), heavy-ball:
@@ -632,13 +640,14 @@ typedef struct st_pb_rule {
   int first_step, sc;
   float a, b;   /* spike compensation's coefficients */
   float gamma;  /* pipemare's delta decay (used when delta != NULL) */
+  float pk;     /* the prediction's k (used when pred != NULL) */
 } st_pb_rule;
 /* The rule for a stage with delay `delay` that has made `updates` updates
  * (sc: spike compensation, which D = 0 or m = 0 turns off). */
 void st_pb_rule_init(st_pb_rule *r, float lr, float momentum,
                      float weight_decay, int delay, int sc, int64_t updates);
 void st_pb_update(st_pool *pool, const st_pb_rule *r, float *w, float *g,
-                  float *v, float *delta, size_t n);
+                  float *v, float *delta, float *pred, size_t n);
 /* out = w - k v: linear weight prediction (k = lr D, v the velocity) and
  * pipemare's backward weights (k = D, v the delta). */
 void st_pb_predict(st_pool *pool, float *out, const float *w, const float *v,

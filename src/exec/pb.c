@@ -101,6 +101,10 @@ typedef struct pb_stage {
   float *probs, *dlogits; /* last stage: mb x R x classes */
   float *din[DIN_RING]; /* stages > 0 */
   float *wf;            /* lwp/spectrain/sc+lwp: predicted forward weights */
+  int64_t wf_n0;        /* the step (its first micro-batch, pb.n0) whose
+                           last update wrote wf along with the weights, so
+                           the next forward of that step finds it ready;
+                           -1: never */
   float *wb, *delta;    /* pipemare: backward weights, update EMA */
   float **stash;        /* stash: [D] copies */
   chan fwd, bwd;        /* incoming: from the stage before / after */
@@ -296,8 +300,11 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
   double t0 = st_now();
   const float *w = live(st, v);
   if (lwp_like(p->mitigation) && st->D > 0) {
-    st_pb_predict(v->ctx.pool, st->wf, w, v->opt + st->off,
-                  v->lr * (float)st->D, st->n);
+    /* An update of this step already wrote the prediction (its k, lr D,
+     * is the step's); else, in a new step or before any update, a pass. */
+    if (st->wf_n0 != p->n0)
+      st_pb_predict(v->ctx.pool, st->wf, w, v->opt + st->off,
+                    v->lr * (float)st->D, st->n);
     w = st->wf;
   }
   if (p->probe) p->probe(p->probe_arg, st->index, n, 1, w, st->n);
@@ -346,7 +353,8 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
 /* After a fused backward: the tensors the backward did not update (every
  * layer but the linear ones), tensor by tensor, by the same rule. */
 static void update_unfused(pb_stage *st, const st_trainer_view *v,
-                           const st_ctx *ctx, const st_pb_rule *rule) {
+                           const st_ctx *ctx, const st_pb_rule *rule,
+                           float *pred) {
   const st_model *m = st->p->model;
   for (int i = st->first; i < st->first + st->count; i++) {
     const st_block *b = &m->blocks[i];
@@ -358,7 +366,8 @@ static void update_unfused(pb_stage *st, const st_trainer_view *v,
         if (tensors[k] < 0) continue;
         size_t at = b->param_off + b->tensors[tensors[k]].offset;
         st_pb_update(v->ctx.pool, rule, v->params + at, v->grads + at,
-                     v->opt + at, NULL, b->tensors[tensors[k]].numel);
+                     v->opt + at, NULL, pred ? pred + (at - st->off) : NULL,
+                     b->tensors[tensors[k]].numel);
       }
     }
   }
@@ -405,14 +414,22 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
                   mit == MIT_SC || mit == MIT_SC_LWP,
                   st->updates0 + st->updates);
   rule.gamma = p->pipemare_gamma;
+  /* With the update folded into the backward, linear weight prediction is
+   * folded in too: each parameter's prediction for the next forward is
+   * written as it is updated (the forward's k, this step's lr D), instead
+   * of a pass over w and v before that forward. */
+  float *pred = p->fuse && lwp_like(mit) && st->D > 0 ? st->wf : NULL;
+  rule.pk = v->lr * (float)st->D;
   st_ctx ctx = v->ctx;
   st_optim_rule fused_rule;
-  st_fused_update fused = {&fused_rule, v->params, v->opt, m->n_params};
+  st_fused_update fused = {&fused_rule, v->params, v->opt, m->n_params, pred,
+                           st->off};
   if (p->fuse) {
     st_optim_rule_init(&fused_rule, v->cfg, lr, st->updates0 + st->updates);
     fused_rule.sc = rule.sc;
     fused_rule.sc_a = rule.a;
     fused_rule.sc_b = rule.b;
+    fused_rule.pk = rule.pk;
     ctx.fused = &fused;
   }
   float *din = st->index ? st->din[j % DIN_RING] : NULL;
@@ -441,11 +458,13 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     st_optim_step_range(v->ctx.pool, v->cfg, w, g, vel, m->n_params, st->n,
                         v->lr, st->updates0 + st->updates);
   } else if (p->fuse) {
-    update_unfused(st, v, &ctx, &rule);
+    update_unfused(st, v, &ctx, &rule, pred);
   } else {
     st_pb_update(v->ctx.pool, &rule, w, g, vel,
-                 mit == MIT_PIPEMARE && st->D > 0 ? st->delta : NULL, st->n);
+                 mit == MIT_PIPEMARE && st->D > 0 ? st->delta : NULL, NULL,
+                 st->n);
   }
+  if (pred) st->wf_n0 = p->n0;
   st->updates++;
   t1 = st_now();
   trace(v, ST_TRACE_UPDATE, j, t0, t1);
@@ -613,6 +632,7 @@ static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
   if (ok && st->delta) memset(st->delta, 0, wbytes);
   st->versions = st->max_versions = 1; /* the live weights */
   st->delay_min = -1;
+  st->wf_n0 = -1;
   if (ok) return 0;
   return rc ? rc
             : st_error_set(err, ST_ENOMEM,

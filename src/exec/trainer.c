@@ -511,7 +511,8 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
   float lr = st_lr_at(&t->cfg, t->pos.step, t->total_steps);
   /* A one-sample batch lets linear layers update inside the backward. */
   st_optim_rule rule;
-  st_fused_update fused = {&rule, t->params, t->opt, t->model->n_params};
+  st_fused_update fused = {.rule = &rule, .params = t->params,
+                           .opt = t->opt, .slot_stride = t->model->n_params};
   int fuse = t->batch == 1 && t->cfg.execution.fused_update;
   if (fuse) st_optim_rule_init(&rule, &t->cfg, lr, t->pos.step);
   st_trainer_view v = {

@@ -248,14 +248,16 @@ static void layer_backward(const st_block *b, const st_layer *L,
       const st_fused_update *f = ctx->fused;
       size_t wo = b->param_off + b->tensors[L->w_tensor].offset;
       int adamw = f->rule->adamw;
+      float *pw = f->predict ? f->predict + (wo - f->predict_base) : NULL;
       st_optim_update_outer(f->rule, f->params + wo, f->opt + wo,
                             adamw ? f->opt + f->slot_stride + wo : NULL, g, x,
-                            L->out.c, (int)n_in);
+                            L->out.c, (int)n_in, pw);
       if (L->b_tensor >= 0) { /* a GPT's lm_head has none */
         size_t bo = b->param_off + b->tensors[L->b_tensor].offset;
+        float *pb = f->predict ? f->predict + (bo - f->predict_base) : NULL;
         st_optim_update_vec(f->rule, f->params + bo, f->opt + bo,
                             adamw ? f->opt + f->slot_stride + bo : NULL, g,
-                            (size_t)L->out.c);
+                            (size_t)L->out.c, pb);
       }
       break;
     }

@@ -77,20 +77,31 @@ void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,
   adamw_constants(r, step + 1);
 }
 
+/* p[i] = w[i] - k v[i]: predict_chunk's expression, so the folded
+ * prediction has its bits. */
+static inline float predicted(float w, float k, float v) { return w - k * v; }
+
 void st_optim_update_vec(const st_optim_rule *rule, float *restrict w,
                          float *restrict s0, float *restrict s1,
-                         const float *restrict g, size_t n) {
+                         const float *restrict g, size_t n,
+                         float *restrict p) {
   const st_optim_rule r = *rule; /* a local copy: provably not aliased */
-  if (r.adamw)
+  if (r.adamw) {
     for (size_t i = 0; i < n; i++) adamw_one(&r, &w[i], &s0[i], &s1[i], g[i]);
-  else
+  } else if (p) {
+    for (size_t i = 0; i < n; i++) {
+      sgd_one(&r, &w[i], &s0[i], g[i]);
+      p[i] = predicted(w[i], r.pk, s0[i]);
+    }
+  } else {
     for (size_t i = 0; i < n; i++) sgd_one(&r, &w[i], &s0[i], g[i]);
+  }
 }
 
 void st_optim_update_outer(const st_optim_rule *rule, float *restrict w,
                            float *restrict s0, float *restrict s1,
                            const float *restrict dy, const float *restrict x,
-                           int OC, int IC) {
+                           int OC, int IC, float *restrict p) {
   const st_optim_rule r = *rule;
   for (int o = 0; o < OC; o++) {
     const float d = dy[o];
@@ -98,6 +109,12 @@ void st_optim_update_outer(const st_optim_rule *rule, float *restrict w,
     if (r.adamw) {
       float *br = s1 + (size_t)o * IC;
       for (int i = 0; i < IC; i++) adamw_one(&r, &wr[i], &ar[i], &br[i], d * x[i]);
+    } else if (p) {
+      float *pr = p + (size_t)o * IC;
+      for (int i = 0; i < IC; i++) {
+        sgd_one(&r, &wr[i], &ar[i], d * x[i]);
+        pr[i] = predicted(wr[i], r.pk, ar[i]);
+      }
     } else {
       for (int i = 0; i < IC; i++) sgd_one(&r, &wr[i], &ar[i], d * x[i]);
     }
@@ -157,7 +174,7 @@ void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
  * a pipemare delta, the change the update made is folded into it. */
 typedef struct pb_job {
   st_pb_rule r;
-  float *w, *g, *v, *delta;
+  float *w, *g, *v, *delta, *pred;
   const float *src;
   size_t n;
 } pb_job;
@@ -168,6 +185,7 @@ static void pb_chunk(void *arg, int task) {
   size_t lo = (size_t)task * CHUNK, len = j->n - lo < CHUNK ? j->n - lo : CHUNK;
   float *restrict w = j->w + lo, *restrict g = j->g + lo, *restrict v = j->v + lo;
   float *restrict delta = j->delta ? j->delta + lo : NULL;
+  float *restrict pred = j->pred ? j->pred + lo : NULL;
   for (size_t i = 0; i < len; i++) {
     float d = g[i], old = w[i];
     g[i] = 0.0f;
@@ -179,12 +197,14 @@ static void pb_chunk(void *arg, int task) {
     w[i] = old - r.lr * d;
     if (delta)
       delta[i] = r.gamma * delta[i] + (1.0f - r.gamma) * (w[i] - old);
+    if (pred) pred[i] = predicted(w[i], r.pk, v[i]);
   }
 }
 
 void st_pb_update(st_pool *pool, const st_pb_rule *r, float *w, float *g,
-                  float *v, float *delta, size_t n) {
-  pb_job j = {.r = *r, .w = w, .g = g, .v = v, .delta = delta, .n = n};
+                  float *v, float *delta, float *pred, size_t n) {
+  pb_job j = {.r = *r, .w = w, .g = g, .v = v, .delta = delta, .pred = pred,
+              .n = n};
   st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), pb_chunk, &j);
 }
 
@@ -194,7 +214,7 @@ static void predict_chunk(void *arg, int task) {
   float *restrict out = j->w + lo;
   const float *restrict w = j->src + lo, *restrict v = j->v + lo;
   const float k = j->r.lr;
-  for (size_t i = 0; i < len; i++) out[i] = w[i] - k * v[i];
+  for (size_t i = 0; i < len; i++) out[i] = predicted(w[i], k, v[i]);
 }
 
 void st_pb_predict(st_pool *pool, float *out, const float *w, const float *v,

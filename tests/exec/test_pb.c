@@ -8,7 +8,10 @@
  *  - the delay each stage counts between a micro-batch's forward and its
  *    update is D(s) = 2 (S - 1 - s) (min(n, D) while the pipeline fills);
  *  - at micro-batch 1 the updates folded into the backward give the bits
- *    of updating after it, for every mitigation;
+ *    of updating after it, for every mitigation, and so does the linear
+ *    weight prediction written in the same pass (lwp, sc+lwp, spectrain)
+ *    against a separate pass before each forward (train.batch 2: the
+ *    second forward of every step uses the folded one);
  *  - one stage (D = 0) is plain SGD: every mitigation gives the weights of
  *    the sequential mode at batch = micro-batch, momentum SGD and AdamW;
  *  - spike compensation with a gradient constant in time: after the first
@@ -156,7 +159,7 @@ static void test_sc_constant(void) {
     st_pb_rule r;
     st_pb_rule_init(&r, lr, m, 0, 0, 0, t);
     memcpy(g, g0, sizeof g);
-    st_pb_update(pool, &r, w, g, v, NULL, NW);
+    st_pb_update(pool, &r, w, g, v, NULL, NULL, NW);
     for (int i = 0; i < NW; i++) ref[t + 1][i] = w[i];
   }
   float ws[NW] = {0}, vs[NW] = {0};
@@ -165,7 +168,7 @@ static void test_sc_constant(void) {
     st_pb_rule r;
     st_pb_rule_init(&r, lr, m, 0, D, 1, j);
     memcpy(g, g0, sizeof g);
-    st_pb_update(pool, &r, ws, g, vs, NULL, NW);
+    st_pb_update(pool, &r, ws, g, vs, NULL, NULL, NW);
     for (int i = 0; i < NW; i++) {
       double want = ref[j + 1 + D][i] - ref[D][i];
       double e = fabs(ws[i] - want) / (fabs(want) + 1e-3);
@@ -408,8 +411,9 @@ int main(void) {
           2);
   const int adam_S[] = {4};
   test_threaded_emulated("mlp adamw", &adam, adam_S, 1, MITIGATIONS, 2);
-  /* micro-batch 1 folds linear layers' updates into the backward: the
-   * same bits as updating after it */
+  /* micro-batch 1 folds linear layers' updates, and the prediction of the
+   * next forward's weights, into the backward: the same bits as updating
+   * after it and predicting in a pass of its own */
   for (int mi = 0; mi < N_MIT; mi++) {
     st_config c = deep;
     c.execution.stages = 4;
