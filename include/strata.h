@@ -1194,7 +1194,18 @@ typedef struct st_sweep_options {
   st_int_list batch_sizes;   /* strictly increasing, each >= 1 */
   int trials;                /* per batch size, >= 1 */
   int64_t budget_steps;      /* steps per trial, >= 1 */
+  double budget_epochs;      /* > 0: a trial at batch B has at most
+                              * ceil(budget_epochs x training samples / B)
+                              * steps when that is fewer; 0: off */
   int eval_every;            /* evaluate every N steps and at the end */
+  double eval_growth;        /* > 1: the evaluation after step s comes at
+                              * max(s + eval_every, ceil(s x eval_growth)),
+                              * steps known to a ratio; <= 1: every
+                              * eval_every steps */
+  int noise_batch;           /* > 0: one of batch_sizes, even; after the
+                              * trials its best trial is run again with
+                              * metrics.noise_scale, for B_simple beside the
+                              * critical batch size (DIR/noise.csv) */
   double lr_min, lr_max;     /* log-scale search range, 0 < min <= max */
   st_sweep_target target;
   char out_dir[ST_PATH_MAX]; /* sweep.csv, steps.csv, steps.svg, report.md */
@@ -1246,6 +1257,15 @@ typedef struct st_sweep_scaling {
  * NaN and ST_REGIME_NONE where no span ends. */
 st_sweep_scaling st_sweep_regimes(const int *batch, const int64_t *steps,
                                   int n, double *ratio, int *regime);
+
+/* Fits McCandlish et al.'s S(B) = S_min (1 + B_crit / B) to the batch sizes
+ * that reached the target (steps >= 1): least squares on the relative
+ * error, sum ((S_min + E_min / B) / steps - 1)^2. Returns B_crit =
+ * E_min / S_min and sets *s_min, *e_min (each may be NULL); NaN (and NaN
+ * coefficients) with fewer than two points or when either coefficient
+ * comes out <= 0 (steps that do not level off, or do not fall). */
+double st_sweep_fit(const int *batch, const int64_t *steps, int n,
+                    double *s_min, double *e_min);
 
 /* Runs the sweep, writing DIR/sweep.csv after every finished trial
  * (atomically; only finished trials, in (batch, trial) order) and the other

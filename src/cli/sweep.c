@@ -10,14 +10,16 @@
 #include "strata.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 
 static const char *usage_sweep =
     "usage: strata sweep CONFIG --batch-sizes B1,B2,... --target METRIC=VALUE\n"
-    "                    [--trials N] [--budget-steps N] [--eval-every N]\n"
-    "                    [--lr-range MIN,MAX] [--jobs N]\n"
+    "                    [--trials N] [--budget-steps N] [--budget-epochs E]\n"
+    "                    [--eval-every N] [--eval-growth G]\n"
+    "                    [--lr-range MIN,MAX] [--noise-batch B] [--jobs N]\n"
     "                    [--optimizer sgd|momentum|nesterov|adam]\n"
     "                    [--out DIR] [--set key.path=value ...]\n"
     "\n"
@@ -39,10 +41,20 @@ static const char *usage_sweep =
     "  --budget-steps N    most steps per trial (default train.steps when "
     "set,\n"
     "                      else 1000); the schedule spans this many steps\n"
+    "  --budget-epochs E   and at most E passes over the training set: a\n"
+    "                      trial at batch B stops after ceil(E n / B) steps\n"
+    "                      when that is fewer (default: no such limit)\n"
     "  --eval-every N      evaluate every N steps and at the end (default\n"
     "                      train.eval_every when set, else budget / 100)\n"
+    "  --eval-growth G     evaluate at step N, then after step s at\n"
+    "                      max(s + N, ceil(G s)): steps known to a factor G\n"
+    "                      at every batch size (default 1: every N steps)\n"
     "  --lr-range MIN,MAX  learning rates searched on a log scale (default\n"
     "                      0.001,1)\n"
+    "  --noise-batch B     after the trials, run batch B's best trial again\n"
+    "                      measuring the gradient noise scale B_simple, and\n"
+    "                      report it beside the critical batch size (B: one\n"
+    "                      of the batch sizes, even)\n"
     "  --jobs N            trials run at once (default: the cores this\n"
     "                      process may use); with N > 1 each trial gets one\n"
     "                      thread, or train.threads when the config sets it\n"
@@ -60,11 +72,13 @@ static const char *usage_sweep =
     "  DIR/steps.csv   the best trial per batch size\n"
     "  DIR/steps.svg   steps against batch size, log-log, with the\n"
     "                  perfect-scaling line and the regimes shaded\n"
-    "  DIR/report.md   the table and where steps stop halving\n";
+    "  DIR/report.md   the table, where steps stop halving, the fitted\n"
+    "                  critical batch size and B_simple\n"
+    "  DIR/noise.csv   B_simple along the noise run (with --noise-batch)\n";
 
 typedef struct sweep_args {
-  const char *config, *batch_sizes, *target, *trials, *budget, *eval_every,
-      *lr_range, *optimizer, *out, *jobs;
+  const char *config, *batch_sizes, *target, *trials, *budget, *epochs,
+      *eval_every, *growth, *lr_range, *noise_batch, *optimizer, *out, *jobs;
   const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help;
 } sweep_args;
@@ -76,7 +90,10 @@ static int parse(int argc, char **argv, sweep_args *a) {
                                    {"--target", &a->target, NULL},
                                    {"--trials", &a->trials, NULL},
                                    {"--budget-steps", &a->budget, NULL},
+                                   {"--budget-epochs", &a->epochs, NULL},
                                    {"--eval-every", &a->eval_every, NULL},
+                                   {"--eval-growth", &a->growth, NULL},
+                                   {"--noise-batch", &a->noise_batch, NULL},
                                    {"--lr-range", &a->lr_range, NULL},
                                    {"--jobs", &a->jobs, NULL},
                                    {"--optimizer", &a->optimizer, NULL},
@@ -94,6 +111,16 @@ static long long positive(const char *text, long long max) {
   long long v = strtoll(text, &end, 10);
   if (!*text || *end || errno || v < 1 || v > max)
     return -1;
+  return v;
+}
+
+/* A finite number >= lo; NAN if malformed. */
+static double at_least(const char *text, double lo) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (!*text || *end || errno || !isfinite(v) || v < lo)
+    return NAN;
   return v;
 }
 
@@ -216,10 +243,26 @@ int st_cli_sweep(int argc, char **argv) {
   if (a.eval_every && (o.eval_every = (int)positive(a.eval_every, 1 << 30)) < 0)
     return st_cli_usage_error(usage_sweep, "--eval-every takes a whole number >= 1, not '%s'",
                        a.eval_every);
+  if (a.epochs && isnan(o.budget_epochs = at_least(a.epochs, 0)))
+    return st_cli_usage_error(
+        usage_sweep, "--budget-epochs takes a number >= 0, not '%s'",
+        a.epochs);
+  if (a.growth && isnan(o.eval_growth = at_least(a.growth, 1)))
+    return st_cli_usage_error(
+        usage_sweep, "--eval-growth takes a number >= 1, not '%s'", a.growth);
+  if (a.noise_batch &&
+      (o.noise_batch = (int)positive(a.noise_batch, 1 << 30)) < 0)
+    return st_cli_usage_error(
+        usage_sweep, "--noise-batch takes a whole number >= 1, not '%s'",
+        a.noise_batch);
   if (a.out)
     snprintf(o.out_dir, sizeof o.out_dir, "%s", a.out);
-  else
-    st_cli_default_out(o.out_dir, sizeof o.out_dir, a.config);
+  else {
+    /* runs/sweep-<name>, beside the runs/<name> of `strata train` */
+    char dir[ST_PATH_MAX - 16];
+    st_cli_default_out(dir, sizeof dir, a.config);
+    snprintf(o.out_dir, sizeof o.out_dir, "runs/sweep-%s", dir + 5);
+  }
   o.progress = stdout;
 
   printf("strata: sweep of %s: %d batch size%s x %d trial%s, at most %lld "

@@ -170,6 +170,8 @@ int st_usable_cores(void);
 /* Trainer internals the run loop needs. */
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */
 int64_t st_trainer_steps_per_epoch(const st_trainer *t);
+/* Training samples (windows for text) one epoch passes over. */
+int st_trainer_train_size(const st_trainer *t);
 int st_trainer_threads(const st_trainer *t); /* resolved from train.threads */
 /* Sum of squares, in double, in index order (deterministic). */
 double st_sum_squares(const float *x, size_t n);

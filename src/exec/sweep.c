@@ -21,13 +21,14 @@
  * every file is written from the results in (batch, trial) order, so the
  * files do not depend on jobs or on the order in which trials finish.
  */
-#include "strata.h"
+#include "exec.h"
 
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct trial {
   int done;
@@ -39,6 +40,22 @@ typedef struct best {
   int trial; /* -1: no trial reached the target */
   int64_t steps;
 } best;
+
+/* The gradient noise scale along one batch size's best trial, run again
+ * with metrics.noise_scale (o->noise_batch). */
+typedef struct noise {
+  int batch;       /* 0: not measured */
+  int64_t steps;   /* the run's length: that trial's steps to result */
+  double b10, b50; /* B_simple after 10% and 50% of the steps */
+  double b_end;    /* and at the last step */
+} noise;
+
+/* What the report and the plot say beyond the table. */
+typedef struct summary {
+  int n_train;                 /* training samples, for budget_at */
+  double s_min, e_min, b_crit; /* st_sweep_fit; NaN without a fit */
+  noise ns;
+} summary;
 
 int st_sweep_target_parse(st_sweep_target *t, const char *spec, st_error *err) {
   const char *eq = spec ? strchr(spec, '=') : NULL;
@@ -120,6 +137,26 @@ static int check_options(const st_sweep_options *o, st_error *err) {
   if (o->eval_every < 1)
     return st_error_set(err, ST_EARG, "sweep: eval-every = %d must be >= 1",
                         o->eval_every);
+  if (!(o->budget_epochs >= 0 && isfinite(o->budget_epochs)))
+    return st_error_set(err, ST_EARG,
+                        "sweep: budget = %g epochs must be >= 0 (0: off)",
+                        o->budget_epochs);
+  if (!isfinite(o->eval_growth) || o->eval_growth > 100)
+    return st_error_set(err, ST_EARG,
+                        "sweep: eval-growth = %g must be at most 100 (<= 1: "
+                        "every eval-every steps)",
+                        o->eval_growth);
+  if (o->noise_batch) {
+    int in = 0;
+    for (int i = 0; i < b->n; i++)
+      in |= b->v[i] == o->noise_batch;
+    if (!in || o->noise_batch < 2 || o->noise_batch % 2)
+      return st_error_set(err, ST_EARG,
+                          "sweep: noise batch %d must be one of the batch "
+                          "sizes, even (its gradient is measured on each "
+                          "half and on the whole)",
+                          o->noise_batch);
+  }
   if (!(o->lr_min > 0 && o->lr_min <= o->lr_max && isfinite(o->lr_max)))
     return st_error_set(err, ST_EARG,
                         "sweep: learning-rate range %g,%g: need 0 < min <= max",
@@ -131,6 +168,29 @@ static int check_options(const st_sweep_options *o, st_error *err) {
                         "sweep: jobs = %d must be >= 1 (trials run at once)",
                         o->jobs);
   return 0;
+}
+
+/* A trial's steps at this batch size: budget_steps, or budget_epochs passes
+ * over the n_train training samples when that is fewer. */
+static int64_t budget_at(const st_sweep_options *o, int n_train, int batch) {
+  int64_t s = o->budget_steps;
+  if (o->budget_epochs > 0) {
+    double e = ceil(o->budget_epochs * n_train / batch);
+    if (e < (double)s)
+      s = e < 1 ? 1 : (int64_t)e;
+  }
+  return s;
+}
+
+/* The step of the evaluation after step s (s = 0: the first). */
+static int64_t next_eval(const st_sweep_options *o, int64_t s) {
+  int64_t n = s + o->eval_every;
+  if (o->eval_growth > 1) {
+    double g = ceil((double)s * o->eval_growth);
+    if (g > (double)n)
+      n = (int64_t)g;
+  }
+  return n;
 }
 
 static const char *metric_name(const st_sweep_options *o) {
@@ -297,28 +357,40 @@ done:
   return rc;
 }
 
-/* One trial: trains from scratch, evaluating every eval_every steps and at
- * the budget's end, until the target is met. A diverged run (non-finite
- * loss) did not reach the target; any other error stops the sweep. */
-static int run_trial(const st_sweep_options *o, const st_config *base,
-                     int batch, int index, trial *r, st_error *err) {
-  st_config c = *base;
+/* Trial `index`'s config at this batch size: its point of the search, the
+ * budget as the schedule's length, no progress line. */
+static int trial_config(const st_sweep_options *o, const st_config *base,
+                        int n_train, int batch, int index, st_config *c,
+                        st_error *err) {
+  *c = *base;
   double lr, mom;
   st_sweep_point(o, base, index, &lr, &mom);
-  c.train.batch = batch;
-  c.train.steps = o->budget_steps;
-  c.optimizer.lr = (float)lr;
+  c->train.batch = batch;
+  c->train.steps = budget_at(o, n_train, batch);
+  c->optimizer.lr = (float)lr;
   if (mom >= 0)
-    c.optimizer.momentum = (float)mom;
-  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
-  int rc = st_config_validate(&c, err);
+    c->optimizer.momentum = (float)mom;
+  snprintf(c->metrics.progress, sizeof c->metrics.progress, "off");
+  return st_config_validate(c, err);
+}
+
+/* One trial: trains from scratch, evaluating on the schedule of next_eval
+ * and at the budget's end, until the target is met. A diverged run
+ * (non-finite loss) did not reach the target; any other error stops the
+ * sweep. */
+static int run_trial(const st_sweep_options *o, const st_config *base,
+                     int n_train, int batch, int index, trial *r,
+                     st_error *err) {
+  st_config c;
+  int rc = trial_config(o, base, n_train, batch, index, &c, err);
   if (rc)
     return rc;
   st_trainer *t;
   if ((rc = st_trainer_create(&t, &c, NULL, err)))
     return rc;
   *r = (trial){1, -1, NAN};
-  for (int64_t step = 1; step <= o->budget_steps; step++) {
+  int64_t budget = c.train.steps, eval_at = next_eval(o, 0);
+  for (int64_t step = 1; step <= budget; step++) {
     double loss, eval_loss, acc;
     rc = st_trainer_step(t, &loss, err);
     if (rc == ST_ENONFINITE) {
@@ -328,8 +400,9 @@ static int run_trial(const st_sweep_options *o, const st_config *base,
     }
     if (rc)
       break;
-    if (step % o->eval_every && step != o->budget_steps)
+    if (step < eval_at && step != budget)
       continue;
+    eval_at = next_eval(o, step);
     if ((rc = st_trainer_evaluate(t, &eval_loss, &acc, err)))
       break;
     r->metric = o->target.kind == ST_TARGET_ACCURACY ? acc : eval_loss;
@@ -456,8 +529,181 @@ static int reached(const st_sweep_options *o, const best *bs, int *idx) {
   return n;
 }
 
+double st_sweep_fit(const int *batch, const int64_t *steps, int n,
+                    double *s_min, double *e_min) {
+  /* With u = 1/steps and v = 1/(B steps) the residual is a u + c v - 1:
+   * linear least squares in (a, c) = (S_min, E_min). */
+  double uu = 0, uv = 0, vv = 0, su = 0, sv = 0;
+  int m = 0;
+  for (int k = 0; k < n; k++) {
+    if (steps[k] < 1)
+      continue;
+    double u = 1.0 / (double)steps[k], v = u / batch[k];
+    uu += u * u, uv += u * v, vv += v * v, su += u, sv += v;
+    m++;
+  }
+  double det = uu * vv - uv * uv, a = NAN, c = NAN;
+  if (m >= 2 && det > 1e-12 * uu * vv) {
+    a = (su * vv - sv * uv) / det;
+    c = (sv * uu - su * uv) / det;
+  }
+  if (!(a > 0 && c > 0))
+    a = c = NAN;
+  if (s_min)
+    *s_min = a;
+  if (e_min)
+    *e_min = c;
+  return c / a;
+}
+
+/* Runs batch o->noise_batch's best trial again with metrics.noise_scale for
+ * its steps to result (the same run but for rounding: the batch's gradient
+ * is summed from its two halves) and writes DIR/noise.csv: the estimate on
+ * the evaluation schedule and at the last step. Not measured (ns->batch 0)
+ * when that batch size never reached the target. */
+static int run_noise(const st_sweep_options *o, const st_config *base,
+                     int n_train, const best *bs, noise *ns, st_error *err) {
+  *ns = (noise){0, 0, NAN, NAN, NAN};
+  int b = 0;
+  while (o->batch_sizes.v[b] != o->noise_batch)
+    b++;
+  if (bs[b].trial < 0)
+    return 0;
+  st_config c;
+  int rc = trial_config(o, base, n_train, o->noise_batch, bs[b].trial, &c,
+                        err);
+  if (rc)
+    return rc;
+  c.metrics.noise_scale = 1;
+  if ((rc = st_config_validate(&c, err)))
+    return rc;
+  if (o->progress) {
+    fprintf(o->progress,
+            "sweep: gradient noise scale along batch %d's best trial (%lld "
+            "steps)\n",
+            o->noise_batch, (long long)bs[b].steps);
+    fflush(o->progress);
+  }
+  char path[ST_PATH_MAX + 32];
+  join(path, sizeof path, o->out_dir, "noise.csv");
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f)
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  fprintf(f, "step,samples,b_simple,g2,trace\n");
+  st_trainer *t;
+  if ((rc = st_trainer_create(&t, &c, NULL, err))) {
+    fclose(f);
+    free(buf);
+    return rc;
+  }
+  int64_t S = bs[b].steps, at10 = S / 10 > 0 ? S / 10 : 1,
+          at50 = S / 2 > 0 ? S / 2 : 1, eval_at = next_eval(o, 0);
+  ns->batch = o->noise_batch;
+  for (int64_t step = 1; step <= S; step++) {
+    double loss, g2, trace;
+    if ((rc = st_trainer_step(t, &loss, err)))
+      break;
+    double v = st_noise_scale_value(st_trainer_noise(t), &g2, &trace);
+    ns->steps = step;
+    if (step == at10)
+      ns->b10 = v;
+    if (step == at50)
+      ns->b50 = v;
+    ns->b_end = v;
+    if (step < eval_at && step != S)
+      continue;
+    eval_at = next_eval(o, step);
+    fprintf(f, "%lld,%lld,", (long long)step, (long long)step * o->noise_batch);
+    put_num(f, v);
+    fputc(',', f);
+    put_num(f, g2);
+    fputc(',', f);
+    put_num(f, trace);
+    fputc('\n', f);
+  }
+  st_trainer_destroy(t);
+  /* A divergence here (the trial itself did not diverge) ends the
+   * measurement early; the rows so far stand. */
+  if (rc == ST_ENONFINITE)
+    rc = 0;
+  if (rc) {
+    fclose(f);
+    free(buf);
+    return rc;
+  }
+  return flush_file(f, &buf, &len, path, err);
+}
+
+/* The fitted critical batch size and the noise scale, as report.md says
+ * them. */
+static void report_critical(FILE *f, const st_sweep_options *o,
+                            const st_config *base, const best *bs,
+                            const summary *sum, st_sweep_scaling sc) {
+  const int *B = o->batch_sizes.v;
+  fprintf(f, "\n## Critical batch size\n\n");
+  if (isnan(sum->b_crit))
+    fprintf(f, "No fit of McCandlish et al.'s S(B) = S_min (1 + B_crit / B): "
+               "it needs at least two batch sizes that reached the target, "
+               "with steps that fall and level off.\n");
+  else
+    fprintf(f,
+            "Fit of McCandlish et al.'s S(B) = S_min (1 + B_crit / B) to "
+            "the batch sizes that reached the target (least squares on the "
+            "relative error): S_min = %.0f steps, E_min = %.0f samples, "
+            "**B_crit = E_min / S_min = %.0f**. On that curve a doubling "
+            "from B takes the steps down by (B + B_crit/2) / (B + B_crit): "
+            "the rule's perfect scaling ends near B_crit / 4 and maximal "
+            "data parallelism starts near 4 B_crit.",
+            sum->s_min, sum->e_min, sum->b_crit);
+  if (sc.end_perfect >= 0 && sc.start_maximal >= 0)
+    fprintf(f,
+            " By the rule the turn lies between batch %d and batch %d, "
+            "geometric middle %.0f.",
+            B[sc.end_perfect], B[sc.start_maximal],
+            sqrt((double)B[sc.end_perfect] * B[sc.start_maximal]));
+  fputc('\n', f);
+  if (!o->noise_batch)
+    return;
+  const noise *ns = &sum->ns;
+  if (!ns->batch) {
+    fprintf(f,
+            "\nGradient noise scale: not measured, batch %d never reached "
+            "the target.\n",
+            o->noise_batch);
+    return;
+  }
+  int b = 0;
+  while (B[b] != o->noise_batch)
+    b++;
+  double lr, mom;
+  st_sweep_point(o, base, bs[b].trial, &lr, &mom);
+  fprintf(f,
+          "\nGradient noise scale B_simple = tr(S) / |G|^2 (BACKGROUND.md "
+          "§5; McCandlish et al. appendix A), along batch %d's best trial "
+          "(lr %.4g",
+          ns->batch, lr);
+  if (mom >= 0)
+    fprintf(f, ", momentum %.4g", mom);
+  fprintf(f,
+          ") run again for %lld steps, gradient norms on each half of the "
+          "batch and on the whole, both estimates averaged (EMA %g) before "
+          "dividing: **%.0f** after 10%% of the steps, **%.0f** half-way, "
+          "**%.0f** at the target (noise.csv has the whole run).",
+          (long long)ns->steps, (double)base->metrics.noise_ema, ns->b10,
+          ns->b50, ns->b_end);
+  if (!isnan(sum->b_crit) && ns->b_end > 0)
+    fprintf(f,
+            " At the target B_simple is %.2f times the fitted B_crit "
+            "(McCandlish et al. find B_crit close to B_noise, of which "
+            "B_simple is the Hessian-free proxy).",
+            ns->b_end / sum->b_crit);
+  fputc('\n', f);
+}
+
 static int write_report(const st_sweep_options *o, const st_config *base,
-                        const best *bs, st_error *err) {
+                        const best *bs, const summary *sum, st_error *err) {
   char path[ST_PATH_MAX + 32];
   join(path, sizeof path, o->out_dir, "report.md");
   char *buf = NULL;
@@ -466,11 +712,21 @@ static int write_report(const st_sweep_options *o, const st_config *base,
   if (!f)
     return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   const int *B = o->batch_sizes.v;
+  char epochs[96] = "", evals[160];
+  if (o->budget_epochs > 0)
+    snprintf(epochs, sizeof epochs, " and at most %g epochs",
+             o->budget_epochs);
+  if (o->eval_growth > 1)
+    snprintf(evals, sizeof evals,
+             "at step %d and then at max(s + %d, ceil(%g s)) after step s",
+             o->eval_every, o->eval_every, o->eval_growth);
+  else
+    snprintf(evals, sizeof evals, "every %d steps", o->eval_every);
   fprintf(f, "# Steps to result against batch size\n\n");
   fprintf(f,
           "Config `%s`, model %s, optimizer %s%s. Target: test %s %s %g. "
-          "%d trial%s per batch size, at most %lld steps each, evaluated "
-          "every %d steps; learning rate searched on a log scale over "
+          "%d trial%s per batch size, at most %lld steps each%s, evaluated "
+          "%s; learning rate searched on a log scale over "
           "[%g, %g]%s (Halton sequence). Steps to result is the best "
           "trial's first evaluated step meeting the target (Shallue et al. "
           "2018; BACKGROUND.md §5).\n\n",
@@ -482,19 +738,20 @@ static int write_report(const st_sweep_options *o, const st_config *base,
           metric_name(o),
           o->target.kind == ST_TARGET_ACCURACY ? ">=" : "<=", o->target.value,
           o->trials, o->trials == 1 ? "" : "s", (long long)o->budget_steps,
-          o->eval_every, o->lr_min, o->lr_max,
+          epochs, evals, o->lr_min, o->lr_max,
           has_momentum(base) ? ", momentum as 1 - m log-uniform over "
                                "[0.01, 0.5]"
                              : "");
   fprintf(f, "| batch | steps to target | samples | lr | momentum | steps "
-             "ratio per doubling | regime |\n");
-  fprintf(f, "|---:|---:|---:|---:|---:|---:|---|\n");
+             "ratio per doubling | regime | budget |\n");
+  fprintf(f, "|---:|---:|---:|---:|---:|---:|---|---:|\n");
   double ratio[ST_MAX_LIST];
   int regime[ST_MAX_LIST];
   st_sweep_scaling sc = regimes_of(o, bs, ratio, regime);
   for (int b = 0; b < o->batch_sizes.n; b++) {
+    long long budget = (long long)budget_at(o, sum->n_train, B[b]);
     if (bs[b].trial < 0) {
-      fprintf(f, "| %d | not reached | | | | | |\n", B[b]);
+      fprintf(f, "| %d | not reached | | | | | | %lld |\n", B[b], budget);
       continue;
     }
     double lr, mom;
@@ -504,9 +761,10 @@ static int write_report(const st_sweep_options *o, const st_config *base,
     if (mom >= 0)
       fprintf(f, "%.4g", mom);
     if (regime[b] != ST_REGIME_NONE)
-      fprintf(f, " | %.2f | %s |\n", ratio[b], regime_name(regime[b]));
+      fprintf(f, " | %.2f | %s | %lld |\n", ratio[b], regime_name(regime[b]),
+              budget);
     else
-      fprintf(f, " | | |\n");
+      fprintf(f, " | | | %lld |\n", budget);
   }
   fprintf(f,
           "\nRule: between consecutive batch sizes that reached the target, "
@@ -546,30 +804,39 @@ static int write_report(const st_sweep_options *o, const st_config *base,
     else
       fprintf(f, "No maximal data parallelism within the batch sizes "
                  "measured.\n");
-    fprintf(f,
-            "\nSteps are known to within the evaluation interval (%d "
-            "steps), so ratios between small step counts are coarse.\n",
-            o->eval_every);
+    if (o->eval_growth > 1)
+      fprintf(f,
+              "\nSteps are known to within the evaluation schedule (a "
+              "factor %g, or %d steps), so ratios are coarse by as much.\n",
+              o->eval_growth, o->eval_every);
+    else
+      fprintf(f,
+              "\nSteps are known to within the evaluation interval (%d "
+              "steps), so ratios between small step counts are coarse.\n",
+              o->eval_every);
   }
   int missing = 0;
   for (int b = 0; b < o->batch_sizes.n; b++)
     missing += bs[b].trial < 0;
   if (missing)
     fprintf(f,
-            "\n%d batch size%s did not reach the target within %lld "
-            "steps in any trial and %s left out of the analysis.\n",
-            missing, missing == 1 ? "" : "s", (long long)o->budget_steps,
+            "\n%d batch size%s did not reach the target within %s budget "
+            "in any trial and %s left out of the analysis.\n",
+            missing, missing == 1 ? "" : "s", missing == 1 ? "its" : "their",
             missing == 1 ? "is" : "are");
+  report_critical(f, o, base, bs, sum, sc);
   fprintf(f, "\nFiles: sweep.csv (every trial), steps.csv (best per batch "
              "size), steps.svg (log-log plot with the perfect-scaling "
-             "line).\n");
+             "line and the fit)%s.\n",
+          sum->ns.batch ? ", noise.csv (B_simple along the noise run)" : "");
   return flush_file(f, &buf, &len, path, err);
 }
 
 /* The plot: log2 batch across, log10 steps up; measured points joined, the
  * perfect-scaling line steps(B0) B0 / B dashed, each span between measured
  * points shaded by its regime. */
-static int write_svg(const st_sweep_options *o, const best *bs, st_error *err) {
+static int write_svg(const st_sweep_options *o, const best *bs,
+                     const summary *sum, st_error *err) {
   char path[ST_PATH_MAX + 32];
   join(path, sizeof path, o->out_dir, "steps.svg");
   char *buf = NULL;
@@ -672,6 +939,34 @@ static int write_svg(const st_sweep_options *o, const best *bs, st_error *err) {
       fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#1f5fbf\"/>\n",
               PX(log2(B[idx[k]])), PY(log10((double)bs[idx[k]].steps)));
   }
+  if (!isnan(sum->b_crit)) {
+    /* The fit S_min (1 + B_crit / B), sampled across the plot and clipped
+     * to its steps range. */
+    fprintf(f, "<polyline fill=\"none\" stroke=\"#2a8a2a\" "
+               "stroke-width=\"1.5\" stroke-dasharray=\"2 3\" points=\"");
+    int first = 1;
+    for (int k = 0; k <= 64; k++) {
+      double lb = x0 + (x1 - x0) * k / 64;
+      double ls = log10(sum->s_min * (1 + sum->b_crit / pow(2, lb)));
+      if (ls < y0 || ls > y1)
+        continue;
+      fprintf(f, "%s%.1f,%.1f", first ? "" : " ", PX(lb), PY(ls));
+      first = 0;
+    }
+    fprintf(f, "\"/>\n");
+  }
+  /* Vertical markers: the fitted B_crit and B_simple at the target. */
+  double mark[2] = {sum->b_crit, sum->ns.batch ? sum->ns.b_end : NAN};
+  static const char *mark_color[2] = {"#2a8a2a", "#c06000"};
+  for (int m = 0; m < 2; m++) {
+    if (!(mark[m] > 0) || log2(mark[m]) < x0 || log2(mark[m]) > x1)
+      continue;
+    double x = PX(log2(mark[m]));
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
+            "stroke=\"%s\" stroke-width=\"1.5\"/>\n",
+            x, T, x, H - Bm, mark_color[m]);
+  }
   for (int b = 0; b < nb; b++)
     if (bs[b].trial < 0)
       fprintf(f,
@@ -704,6 +999,29 @@ static int write_svg(const st_sweep_options *o, const best *bs, st_error *err) {
   fprintf(f,
           "<text x=\"%d\" y=\"%d\" fill=\"#b00\">&#215; not reached</text>\n",
           lx, ly + 4);
+  if (!isnan(sum->b_crit)) {
+    ly += 22;
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
+            "stroke=\"#2a8a2a\" stroke-width=\"1.5\" "
+            "stroke-dasharray=\"2 3\"/><text x=\"%d\" y=\"%d\">fit "
+            "S_min (1 + B_crit/B)</text>\n",
+            lx, ly, lx + 24, ly, lx + 30, ly + 4);
+    ly += 22;
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
+            "stroke=\"#2a8a2a\" stroke-width=\"1.5\"/><text x=\"%d\" "
+            "y=\"%d\">B_crit = %.0f (fit)</text>\n",
+            lx, ly, lx + 24, ly, lx + 30, ly + 4, sum->b_crit);
+  }
+  if (sum->ns.batch && sum->ns.b_end > 0) {
+    ly += 22;
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
+            "stroke=\"#c06000\" stroke-width=\"1.5\"/><text x=\"%d\" "
+            "y=\"%d\">B_simple = %.0f (at target)</text>\n",
+            lx, ly, lx + 24, ly, lx + 30, ly + 4, sum->ns.b_end);
+  }
   fprintf(f, "</svg>\n");
   return flush_file(f, &buf, &len, path, err);
 }
@@ -717,6 +1035,7 @@ typedef struct work {
   const st_config *trial; /* the same with train.threads as trials run */
   const int *todo;        /* trials to run, as b * trials + i, increasing */
   int n_todo;
+  int n_train;            /* training samples, for budget_at */
   pthread_mutex_t lock;
   trial *t;       /* every trial; a running one is not written here */
   int next;       /* next entry of todo to hand out */
@@ -750,7 +1069,8 @@ static void report_trial(const work *w, int batch, int i, const trial *r) {
     fprintf(o->progress, ": diverged\n");
   else
     fprintf(o->progress, ": not reached (%s %.4f at step %lld)\n",
-            metric_name(o), r->metric, (long long)o->budget_steps);
+            metric_name(o), r->metric,
+            (long long)budget_at(o, w->n_train, batch));
   fflush(o->progress);
 }
 
@@ -774,7 +1094,7 @@ static void *worker(void *arg) {
     int b = k / o->trials, i = k % o->trials, batch = o->batch_sizes.v[b];
     trial r;
     st_error err = {0};
-    int rc = run_trial(o, w->trial, batch, i, &r, &err);
+    int rc = run_trial(o, w->trial, w->n_train, batch, i, &r, &err);
     if (rc) {
       char msg[sizeof err.msg];
       snprintf(msg, sizeof msg, "%s", err.msg);
@@ -797,7 +1117,7 @@ static void *worker(void *arg) {
  * thread and jobs - 1 pthreads. A pthread that cannot be started only
  * means fewer workers. Returns the first error in (batch, trial) order. */
 static int run_trials(const st_sweep_options *o, const st_config *base,
-                      trial *t, st_error *err) {
+                      int n_train, trial *t, st_error *err) {
   int n = o->batch_sizes.n * o->trials, n_todo = 0;
   int *todo = malloc((size_t)n * sizeof *todo);
   if (!todo)
@@ -816,6 +1136,7 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
             .trial = &trial_config,
             .todo = todo,
             .n_todo = n_todo,
+            .n_train = n_train,
             .lock = PTHREAD_MUTEX_INITIALIZER,
             .t = t,
             .failed_at = -1};
@@ -838,6 +1159,94 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
   return w.failed_rc;
 }
 
+/* DIR/sweep.key: everything that decides a trial's result besides its
+ * batch size and point — the target, budget, evaluation schedule, search
+ * range and the whole resolved config (threads and progress aside, which
+ * do not change results). A sweep resuming from DIR/sweep.csv must have
+ * the same key; the file is written before any trial runs. */
+static int sweep_key(const st_sweep_options *o, const st_config *base,
+                     char **text, size_t *len, st_error *err) {
+  FILE *f = open_memstream(text, len);
+  if (!f)
+    return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
+  st_config c = *base;
+  c.train.threads = 0;
+  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
+  fprintf(f, "# strata sweep: what decides a trial's result; a sweep that "
+             "resumes from sweep.csv must match\n");
+  fprintf(f, "target: %s %s %.9g\n", metric_name(o),
+          o->target.kind == ST_TARGET_ACCURACY ? ">=" : "<=", o->target.value);
+  fprintf(f, "budget_steps: %lld\nbudget_epochs: %.9g\n",
+          (long long)o->budget_steps, o->budget_epochs);
+  fprintf(f, "eval_every: %d\neval_growth: %.9g\n", o->eval_every,
+          o->eval_growth > 1 ? o->eval_growth : 1);
+  fprintf(f, "lr_range: %.9g,%.9g\n", o->lr_min, o->lr_max);
+  st_config_write(&c, f);
+  if (fclose(f) != 0) {
+    free(*text);
+    return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
+  }
+  return 0;
+}
+
+/* Refuses to resume a sweep.csv another sweep wrote (its sweep.key differs;
+ * the first differing line is named), then writes this sweep's key. A
+ * sweep.csv without a key (strata before keys) is resumed unchecked. */
+static int check_key(const st_sweep_options *o, const st_config *base,
+                     st_error *err) {
+  char *key;
+  size_t len;
+  int rc = sweep_key(o, base, &key, &len, err);
+  if (rc)
+    return rc;
+  char csv[ST_PATH_MAX + 32], path[ST_PATH_MAX + 32];
+  join(csv, sizeof csv, o->out_dir, "sweep.csv");
+  join(path, sizeof path, o->out_dir, "sweep.key");
+  FILE *f = access(csv, F_OK) == 0 ? fopen(path, "r") : NULL;
+  if (f) {
+    char line[1024];
+    const char *want = key;
+    for (int lineno = 1;; lineno++) {
+      const char *eol = strchr(want, '\n');
+      size_t n = eol ? (size_t)(eol - want) : strlen(want);
+      int got = fgets(line, sizeof line, f) != NULL;
+      if (got)
+        line[strcspn(line, "\n")] = 0;
+      if (!got && !*want)
+        break;
+      if (!got || strlen(line) != n || strncmp(line, want, n) != 0) {
+        rc = st_error_set(err, ST_EFORMAT,
+                          "%s was written by another sweep: %s:%d is '%s', "
+                          "this sweep's is '%.*s' (use another --out)",
+                          csv, path, lineno, got ? line : "(end)", (int)n,
+                          want);
+        break;
+      }
+      want = eol ? eol + 1 : want + n;
+    }
+    fclose(f);
+  }
+  if (!rc)
+    rc = st_write_file_atomic(path, key, len, err);
+  free(key);
+  return rc;
+}
+
+/* The training samples one epoch of this config passes over (for
+ * --budget-epochs): a trainer is made to load the data and asked. */
+static int train_size(const st_config *base, int *n, st_error *err) {
+  st_config c = *base;
+  c.train.steps = 1;
+  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
+  st_trainer *t;
+  int rc = st_trainer_create(&t, &c, NULL, err);
+  if (rc)
+    return rc;
+  *n = st_trainer_train_size(t);
+  st_trainer_destroy(t);
+  return 0;
+}
+
 int st_sweep_run(const st_sweep_options *o, const st_config *base,
                  st_error *err) {
   int rc = check_options(o, err);
@@ -852,24 +1261,37 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
     rc = st_error_set(err, ST_ENOMEM, "sweep: out of memory");
     goto done;
   }
+  if ((rc = check_key(o, base, err)))
+    goto done;
+  summary sum = {0, NAN, NAN, NAN, {0, 0, NAN, NAN, NAN}};
+  if (o->budget_epochs > 0 && (rc = train_size(base, &sum.n_train, err)))
+    goto done;
   int reused;
   if ((rc = read_sweep_csv(o, base, t, &reused, err)))
     goto done;
   if (o->progress && reused)
     fprintf(o->progress, "sweep: %d trial%s reused from %s/sweep.csv\n", reused,
             reused == 1 ? "" : "s", o->out_dir);
-  if ((rc = run_trials(o, base, t, err)))
+  if ((rc = run_trials(o, base, sum.n_train, t, err)))
     goto done;
   /* Rewritten even when every trial was reused: the same rows, in order. */
   if ((rc = write_sweep_csv(o, base, t, err)))
     goto done;
-  for (int b = 0; b < nb; b++)
+  int64_t steps[ST_MAX_LIST];
+  for (int b = 0; b < nb; b++) {
     bs[b] = best_of(o, t, b);
+    steps[b] = bs[b].trial >= 0 ? bs[b].steps : -1;
+  }
+  sum.b_crit =
+      st_sweep_fit(o->batch_sizes.v, steps, nb, &sum.s_min, &sum.e_min);
+  if (o->noise_batch &&
+      (rc = run_noise(o, base, sum.n_train, bs, &sum.ns, err)))
+    goto done;
   if ((rc = write_steps_csv(o, base, bs, err)))
     goto done;
-  if ((rc = write_svg(o, bs, err)))
+  if ((rc = write_svg(o, bs, &sum, err)))
     goto done;
-  rc = write_report(o, base, bs, err);
+  rc = write_report(o, base, bs, &sum, err);
 done:
   free(t);
   free(bs);

@@ -657,6 +657,7 @@ const st_config *st_trainer_config(const st_trainer *t) { return &t->cfg; }
 const char *st_trainer_dir(const st_trainer *t) {
   return t->out_dir[0] ? t->out_dir : NULL;
 }
+int st_trainer_train_size(const st_trainer *t) { return t->n_train; }
 int64_t st_trainer_steps_per_epoch(const st_trainer *t) {
   return t->steps_per_epoch;
 }

@@ -402,6 +402,29 @@ else
   fail "sweep: bad target is a usage error naming the metric" "rc $rc" "$err"
 fi
 
+# Per-batch budgets, a geometric evaluation schedule and the noise run.
+run sweep "$fc" --batch-sizes 8,16 --target accuracy=0.9 --trials 2 \
+  --budget-steps 40 --budget-epochs 1 --eval-every 2 --eval-growth 1.5 \
+  --noise-batch 16 --out "$T/sweep2" \
+  --set data.dataset=synthetic --set data.train_limit=512 \
+  --set data.test_limit=128 --set model.hidden=[16] --set metrics.progress=off
+if [ "$rc" -eq 0 ] && grep -q "^## Critical batch size" "$T/sweep2/report.md" &&
+   grep -q "^| 16 |.* 32 |$" "$T/sweep2/report.md" &&
+   { [ -s "$T/sweep2/noise.csv" ] || grep -q "not measured" "$T/sweep2/report.md"; }; then
+  pass
+else
+  fail "sweep --budget-epochs --eval-growth --noise-batch" "rc $rc" "$err" \
+    "$(cat "$T/sweep2/report.md" 2>/dev/null)"
+fi
+run sweep "$fc" --batch-sizes 8 --target accuracy=0.9 --eval-growth 0.5 --out "$T/o_sweep"
+if [ "$rc" -eq 2 ] && head -n 1 <<<"$err" |
+   grep -q "eval-growth takes a number >= 1, not '0.5'"; then pass; else
+  fail "sweep: --eval-growth below 1 is a usage error" "rc $rc" "$err"
+fi
+expect_error "sweep: noise batch not swept" "noise batch 12 must be one of the batch sizes" \
+  -- sweep "$fc" --batch-sizes 8,16 --target accuracy=0.9 --noise-batch 12 \
+  --out "$T/o_sweep" --set data.dataset=synthetic
+
 # --- 15. experiment -----------------------------------------------------------------
 # A missing or unknown kind, a missing CONFIG and a bad count are command-line
 # misuse: exit 2, the cause first, then the usage.

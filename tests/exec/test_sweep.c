@@ -8,18 +8,26 @@
  *  - trial points follow the Halton sequence (closed form for the first two);
  *  - determinism: two sweeps give byte-identical sweep.csv;
  *  - resume: a sweep.csv with one row deleted is filled back to the full
- *    file, and rows from another learning-rate range are refused;
+ *    file, and rows from another learning-rate range, target or config
+ *    are refused (sweep.key), other thread counts accepted;
  *  - parallel trials: jobs = 3 writes the same four files byte for byte as
  *    jobs = 1, also when resuming a partial sweep that jobs = 3 began;
  *    jobs < 1 is refused; when several trials fail the error is the first
  *    failed trial's in (batch, trial) order, whichever failed first in
  *    time, and a trial already running when another failed is recorded;
- *  - the regime rule (st_sweep_regimes) on hand-made step counts;
+ *  - the regime rule (st_sweep_regimes) on hand-made step counts, and the
+ *    fit of S_min (1 + B_crit / B) (st_sweep_fit) on exact and perturbed
+ *    curves;
+ *  - budget_epochs caps each batch size's steps at ceil(E n / B);
+ *    eval_growth puts every steps to result on the geometric schedule;
+ *    noise_batch reruns that batch's best trial and writes the same B_simple
+ *    an independent trainer with metrics.noise_scale gives, bit for bit;
  *  - target parsing accepts accuracy=/loss= and refuses the rest.
  */
 #include "harness.h"
 #include "strata.h"
 
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -255,6 +263,40 @@ static void test_target_parse(void) {
           "'%s' refused with a message naming the target (rc %d, '%s')", bad[i],
           rc, err.msg);
   }
+}
+
+static void test_fit(void) {
+  /* Exact points of S = 1024 (1 + 64 / B) for B = 1 .. 1024 (whole
+   * numbers): the fit is exact up to rounding. */
+  int batch[11];
+  int64_t steps[11];
+  for (int k = 0; k < 11; k++) {
+    batch[k] = 1 << k;
+    steps[k] = 1024 + 65536 / batch[k];
+  }
+  double s_min, e_min, b = st_sweep_fit(batch, steps, 11, &s_min, &e_min);
+  CHECK(fabs(b - 64) < 1e-6 && fabs(s_min - 1024) < 1e-6 &&
+            fabs(e_min - 65536) < 1e-3,
+        "fit of an exact curve: B_crit %.9g S_min %.9g E_min %.9g", b, s_min,
+        e_min);
+  /* Steps off by +-10% alternately: B_crit within 25%. */
+  for (int k = 0; k < 11; k++)
+    steps[k] = (int64_t)llround((1024 + 65536.0 / batch[k]) *
+                                (k % 2 ? 1.1 : 0.9));
+  b = st_sweep_fit(batch, steps, 11, NULL, NULL);
+  CHECK(fabs(b / 64 - 1) < 0.25, "fit of +-10%% noisy steps: B_crit %.2f", b);
+  /* Not-reached entries are skipped: the same exact curve with holes. */
+  for (int k = 0; k < 11; k++)
+    steps[k] = k % 3 == 1 ? -1 : 1024 + 65536 / batch[k];
+  b = st_sweep_fit(batch, steps, 11, NULL, NULL);
+  CHECK(fabs(b - 64) < 1e-6, "not-reached batch sizes skipped: %.9g", b);
+  /* No fit: one point; steps that grow with the batch. */
+  b = st_sweep_fit(batch, steps, 1, &s_min, &e_min);
+  CHECK(isnan(b) && isnan(s_min) && isnan(e_min), "one point: no fit");
+  for (int k = 0; k < 11; k++)
+    steps[k] = 100 + 10 * k;
+  b = st_sweep_fit(batch, steps, 11, NULL, NULL);
+  CHECK(isnan(b), "growing steps: no fit (%g)", b);
 }
 
 static const char *files[] = {"sweep.csv", "steps.csv", "steps.svg",
@@ -499,6 +541,25 @@ static void test_sweep(const char *root) {
             strstr(err.msg, "lr"),
         "another lr range refused: rc %d '%s'", rc, err.msg);
 
+  /* So are a changed target or config (DIR/sweep.key), naming the line. */
+  tiny_options(&o, b);
+  o.target.value = 0.8;
+  rc = st_sweep_run(&o, &c, &err);
+  CHECK(rc == ST_EFORMAT && strstr(err.msg, "sweep.key:2") &&
+            strstr(err.msg, "accuracy >= 0.9") &&
+            strstr(err.msg, "accuracy >= 0.8"),
+        "another target refused: '%s'", err.msg);
+  tiny_options(&o, b);
+  st_config other = c;
+  other.model.hidden.v[0] = 17;
+  rc = st_sweep_run(&o, &other, &err);
+  CHECK(rc == ST_EFORMAT && strstr(err.msg, "hidden"),
+        "another config refused: '%s'", err.msg);
+  other = c;
+  other.train.threads = 2; /* does not change results: accepted */
+  CHECK(st_sweep_run(&o, &other, &err) == 0,
+        "another train.threads accepted: '%s'", err.msg);
+
   /* Bad options are refused before anything runs. */
   tiny_options(&o, b);
   o.batch_sizes = (st_int_list){2, {16, 8}};
@@ -510,8 +571,152 @@ out:
     free(text[i]);
 }
 
+/* In a report.md table, the budget column of batch B's row. */
+static long budget_column(const char *report, int batch) {
+  char row[32];
+  snprintf(row, sizeof row, "\n| %d |", batch);
+  const char *p = report ? strstr(report, row) : NULL;
+  const char *eol = p ? strchr(p + 1, '\n') : NULL;
+  if (!eol)
+    return -1;
+  const char *bar = eol - 1; /* the closing '|' */
+  while (bar > p && bar[-1] != '|')
+    bar--;
+  return strtol(bar, NULL, 10);
+}
+
+/* budget_epochs, eval_growth and noise_batch. */
+static void test_budget_noise(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/noise", root);
+  tiny_options(&o, dir);
+  /* 512 training samples: half an epoch is 32, 16 and 8 steps. */
+  o.budget_epochs = 0.5;
+  o.eval_every = 2;
+  o.eval_growth = 1.5; /* evaluations at 2, 4, 6, 9, 14, 21, 32 */
+  o.noise_batch = 16;
+  o.target.value = 0.8;
+  char *progress = NULL;
+  size_t plen = 0;
+  o.progress = open_memstream(&progress, &plen);
+  int rc = run(&o, &c);
+  fclose(o.progress);
+  if (rc) {
+    free(progress);
+    return;
+  }
+  char *report = slurp(dir, "report.md"), *steps = slurp(dir, "steps.csv"),
+       *sweep = slurp(dir, "sweep.csv"), *noise = slurp(dir, "noise.csv");
+  const int budget[3] = {32, 16, 8};
+  for (int b = 0; b < 3; b++)
+    CHECK(budget_column(report, o.batch_sizes.v[b]) == budget[b],
+          "batch %d: budget %ld steps, want %d", o.batch_sizes.v[b],
+          budget_column(report, o.batch_sizes.v[b]), budget[b]);
+  /* Every trial stopped on the schedule, or at its batch's budget. */
+  int on_grid = 1, reached = 0;
+  for (const char *p = sweep ? strchr(sweep, '\n') : NULL; p && p[1];
+       p = strchr(p + 1, '\n')) {
+    int batch, k;
+    double lr;
+    long st = -1;
+    if (sscanf(p + 1, "%d,%d,%lf,", &batch, &k, &lr) != 3)
+      break;
+    const char *f = p + 1;
+    for (int comma = 0; comma < 4; comma++)
+      f = strchr(f, ',') + 1;
+    if (*f != ',')
+      st = strtol(f, NULL, 10);
+    if (st < 0)
+      continue;
+    reached++;
+    int b = batch == 8 ? 0 : batch == 16 ? 1 : 2;
+    on_grid &= st == 2 || st == 4 || st == 6 || st == 9 || st == 14 ||
+               st == 21 || st == 32 || st == budget[b];
+    on_grid &= st <= budget[b];
+  }
+  CHECK(reached > 0 && on_grid,
+        "%d trials reached the target, all at scheduled steps:\n%s", reached,
+        sweep ? sweep : "");
+  CHECK(count_matches(progress, "not reached") == 0 ||
+            strstr(progress, "at step 32)") || strstr(progress, "at step 16)") ||
+            strstr(progress, "at step 8)"),
+        "a trial not reaching the target ran to its budget:\n%s", progress);
+
+  /* The noise run: batch 16's best trial, as steps.csv names it. */
+  long s16 = -1, trial16 = -1;
+  const char *row = steps ? strstr(steps, "\n16,") : NULL;
+  if (row && sscanf(row + 4, "%ld,%ld,", &s16, &trial16) != 2)
+    s16 = -1;
+  CHECK(s16 > 0 && noise && report && strstr(report, "B_simple") &&
+            strstr(report, "at the target"),
+        "batch 16 reached the target (step %ld) and noise.csv and the report "
+        "say B_simple",
+        s16);
+  if (s16 > 0 && noise) {
+    st_config n = c;
+    double lr, mom;
+    st_sweep_point(&o, &c, (int)trial16, &lr, &mom);
+    n.train.batch = 16;
+    n.train.steps = 16; /* the budget: the schedule's length */
+    n.optimizer.lr = (float)lr;
+    if (mom >= 0)
+      n.optimizer.momentum = (float)mom;
+    n.metrics.noise_scale = 1;
+    st_trainer *t;
+    st_error err = {0};
+    if (st_config_validate(&n, &err) == 0 &&
+        st_trainer_create(&t, &n, NULL, &err) == 0) {
+      double loss;
+      for (long k = 0; k < s16; k++)
+        st_trainer_step(t, &loss, &err);
+      double want = st_noise_scale_value(st_trainer_noise(t), NULL, NULL);
+      st_trainer_destroy(t);
+      char last[96];
+      snprintf(last, sizeof last, "\n%ld,%ld,%.9g,", s16, s16 * 16, want);
+      CHECK(strstr(noise, last) != NULL && want > 0,
+            "noise.csv ends with step %ld, B_simple %.9g as a trainer gives "
+            "it:\n%s",
+            s16, want, noise);
+      char said[64];
+      snprintf(said, sizeof said, "**%.0f** at the target", want);
+      CHECK(report && strstr(report, said), "report says %s", said);
+    } else {
+      CHECK(0, "noise trainer: %s", err.msg);
+    }
+  }
+  CHECK(report && strstr(report, "## Critical batch size"),
+        "report has the critical-batch section");
+
+  /* Refused: a noise batch outside the list, an odd one, negative epochs. */
+  st_error err = {0};
+  tiny_options(&o, dir);
+  o.noise_batch = 12;
+  rc = st_sweep_run(&o, &c, &err);
+  CHECK(rc == ST_EARG && strstr(err.msg, "noise batch 12"),
+        "noise batch outside the list refused: '%s'", err.msg);
+  o.batch_sizes = (st_int_list){2, {7, 8}};
+  o.noise_batch = 7;
+  rc = st_sweep_run(&o, &c, &err);
+  CHECK(rc == ST_EARG && strstr(err.msg, "even"),
+        "odd noise batch refused: '%s'", err.msg);
+  tiny_options(&o, dir);
+  o.budget_epochs = -1;
+  rc = st_sweep_run(&o, &c, &err);
+  CHECK(rc == ST_EARG && strstr(err.msg, "epochs"),
+        "negative epochs refused: '%s'", err.msg);
+  free(progress);
+  free(report);
+  free(steps);
+  free(sweep);
+  free(noise);
+}
+
 int main(void) {
   test_halton();
+  test_fit();
   test_regimes();
   test_target_parse();
   char root[] = "/tmp/strata-test-sweep-XXXXXX";
@@ -520,8 +725,10 @@ int main(void) {
     TH_DONE();
   }
   snprintf(data_dir, sizeof data_dir, "%s", root);
-  if (write_data() == 0)
+  if (write_data() == 0) {
     test_sweep(root);
+    test_budget_noise(root);
+  }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
   if (system(cmd) != 0)
