@@ -11,7 +11,8 @@
 # Environment: TARGET (default 0.84), JOBS (trials at once; default every
 #              core), NOISE_BATCH (default 256), OPTIMIZERS (default
 #              "sgd momentum"). A sweep interrupted part-way resumes from
-#              runs/sweep-fc_mnist-<optimizer>/sweep.csv when run again.
+#              runs/sweep-fc_mnist-<optimizer>/sweep.csv when run again; the
+#              wall time of a sweep run from scratch is kept in wall_s there.
 set -eu
 build=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
@@ -25,13 +26,20 @@ mkdir -p docs/results
 declare -A took
 for opt in $optimizers; do
   dir=runs/sweep-fc_mnist-$opt
+  fresh=0
+  [ -f "$dir/sweep.csv" ] || fresh=1
   start=$(date +%s)
   "$build/strata" sweep configs/fc_mnist.yaml --batch-sizes "$batches" \
     --target "accuracy=$target" --trials 8 --optimizer "$opt" \
     --budget-steps 60000 --budget-epochs 20 --eval-every 1 \
     --eval-growth 1.1 --lr-range 0.001,3 --noise-batch "$noise" \
     --jobs "$jobs" --set optimizer.schedule=constant --out "$dir"
-  took[$opt]=$(($(date +%s) - start))
+  # the wall time of a sweep run from scratch, kept beside it; a resumed
+  # sweep's time would be a part of it
+  if [ "$fresh" = 1 ]; then
+    echo $(($(date +%s) - start)) >"$dir/wall_s"
+  fi
+  took[$opt]=$(cat "$dir/wall_s" 2>/dev/null || echo "")
   cp "$dir/steps.svg" "docs/results/batch-$opt.svg"
 done
 {
@@ -55,8 +63,13 @@ done
     echo
     echo "## Optimizer: $opt"
     echo
-    echo "Wall time of the sweep: $((took[$opt] / 60)) min $((took[$opt] % 60)) s"
-    echo "($jobs trials at once, 104 trials and the noise run)."
+    if [ -n "${took[$opt]}" ]; then
+      echo "Wall time of the sweep, run from scratch: $((took[$opt] / 60)) min $((took[$opt] % 60)) s"
+      echo "($jobs trials at once, 104 trials and the noise run)."
+    else
+      echo "Wall time: not known (the sweep was resumed, or run before"
+      echo "runs/sweep-fc_mnist-$opt/wall_s was kept)."
+    fi
     echo
     echo "![steps to target against batch size, $opt](batch-$opt.svg)"
     echo

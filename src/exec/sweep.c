@@ -46,8 +46,11 @@ typedef struct best {
 typedef struct noise {
   int batch;       /* 0: not measured */
   int64_t steps;   /* the run's length: that trial's steps to result */
-  double b10, b50; /* B_simple after 10% and 50% of the steps */
-  double b_end;    /* and at the last step */
+  /* B_simple over three windows of the run: the steps' estimates of
+   * tr(S) and |G|^2 each averaged over the window, then divided */
+  double b_early;  /* the first 10% of the steps */
+  double b_mid;    /* 40% to 60% */
+  double b_end;    /* the last 20%: at the target */
 } noise;
 
 /* What the report and the plot say beyond the table. */
@@ -556,11 +559,30 @@ double st_sweep_fit(const int *batch, const int64_t *steps, int n,
   return c / a;
 }
 
+/* Estimates of tr(S) and |G|^2 summed over a window of steps. */
+typedef struct window {
+  double trace, g2;
+  int64_t n;
+} window;
+
+static void window_add(window *w, double trace, double g2) {
+  w->trace += trace, w->g2 += g2, w->n++;
+}
+
+static double window_b(const window *w) {
+  return w->n > 0 && w->g2 > 0 ? w->trace / w->g2 : NAN;
+}
+
 /* Runs batch o->noise_batch's best trial again with metrics.noise_scale for
  * its steps to result (the same run but for rounding: the batch's gradient
- * is summed from its two halves) and writes DIR/noise.csv: the estimate on
- * the evaluation schedule and at the last step. Not measured (ns->batch 0)
- * when that batch size never reached the target. */
+ * is summed from its two halves). Each step gives unbiased estimates of
+ * tr(S) and |G|^2 (metrics.noise_ema 0: the step's own); B_simple over a
+ * window of steps is the ratio of their means there. An exponential moving
+ * average would not do: |G|^2 falls by orders of magnitude early on, and
+ * over a run of a few hundred steps an average of ~100 steps still carries
+ * the start. DIR/noise.csv has one row per evaluation-schedule point, the
+ * window since the row before. Not measured (ns->batch 0) when that batch
+ * size never reached the target. */
 static int run_noise(const st_sweep_options *o, const st_config *base,
                      int n_train, const best *bs, noise *ns, st_error *err) {
   *ns = (noise){0, 0, NAN, NAN, NAN};
@@ -575,6 +597,7 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
   if (rc)
     return rc;
   c.metrics.noise_scale = 1;
+  c.metrics.noise_ema = 0;
   if ((rc = st_config_validate(&c, err)))
     return rc;
   if (o->progress) {
@@ -598,31 +621,37 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
     free(buf);
     return rc;
   }
-  int64_t S = bs[b].steps, at10 = S / 10 > 0 ? S / 10 : 1,
-          at50 = S / 2 > 0 ? S / 2 : 1, eval_at = next_eval(o, 0);
+  int64_t S = bs[b].steps, eval_at = next_eval(o, 0);
+  window row = {0}, early = {0}, mid = {0}, end = {0};
   ns->batch = o->noise_batch;
   for (int64_t step = 1; step <= S; step++) {
     double loss, g2, trace;
     if ((rc = st_trainer_step(t, &loss, err)))
       break;
-    double v = st_noise_scale_value(st_trainer_noise(t), &g2, &trace);
+    st_noise_scale_value(st_trainer_noise(t), &g2, &trace);
     ns->steps = step;
-    if (step == at10)
-      ns->b10 = v;
-    if (step == at50)
-      ns->b50 = v;
-    ns->b_end = v;
+    window_add(&row, trace, g2);
+    if (10 * step <= S || step == 1)
+      window_add(&early, trace, g2);
+    if (5 * step > 2 * S && 5 * step <= 3 * S)
+      window_add(&mid, trace, g2);
+    if (5 * step > 4 * S)
+      window_add(&end, trace, g2);
     if (step < eval_at && step != S)
       continue;
     eval_at = next_eval(o, step);
     fprintf(f, "%lld,%lld,", (long long)step, (long long)step * o->noise_batch);
-    put_num(f, v);
+    put_num(f, window_b(&row));
     fputc(',', f);
-    put_num(f, g2);
+    put_num(f, row.g2 / (double)row.n);
     fputc(',', f);
-    put_num(f, trace);
+    put_num(f, row.trace / (double)row.n);
     fputc('\n', f);
+    row = (window){0};
   }
+  ns->b_early = window_b(&early);
+  ns->b_mid = window_b(&mid);
+  ns->b_end = window_b(&end);
   st_trainer_destroy(t);
   /* A divergence here (the trial itself did not diverge) ends the
    * measurement early; the rows so far stand. */
@@ -653,10 +682,12 @@ static void report_critical(FILE *f, const st_sweep_options *o,
             "the batch sizes that reached the target (least squares on the "
             "relative error): S_min = %.0f steps, E_min = %.0f samples, "
             "**B_crit = E_min / S_min = %.0f**. On that curve a doubling "
-            "from B takes the steps down by (B + B_crit/2) / (B + B_crit): "
-            "the rule's perfect scaling ends near B_crit / 4 and maximal "
-            "data parallelism starts near 4 B_crit.",
-            sum->s_min, sum->e_min, sum->b_crit);
+            "from B takes the steps down by (B + B_crit/2) / (B + B_crit), "
+            "so by the rule's thresholds perfect scaling ends near B_crit / "
+            "4 = %.0f and maximal data parallelism starts near 4 B_crit = "
+            "%.0f.",
+            sum->s_min, sum->e_min, sum->b_crit, sum->b_crit / 4,
+            4 * sum->b_crit);
   if (sc.end_perfect >= 0 && sc.start_maximal >= 0)
     fprintf(f,
             " By the rule the turn lies between batch %d and batch %d, "
@@ -687,12 +718,13 @@ static void report_critical(FILE *f, const st_sweep_options *o,
   if (mom >= 0)
     fprintf(f, ", momentum %.4g", mom);
   fprintf(f,
-          ") run again for %lld steps, gradient norms on each half of the "
-          "batch and on the whole, both estimates averaged (EMA %g) before "
-          "dividing: **%.0f** after 10%% of the steps, **%.0f** half-way, "
-          "**%.0f** at the target (noise.csv has the whole run).",
-          (long long)ns->steps, (double)base->metrics.noise_ema, ns->b10,
-          ns->b50, ns->b_end);
+          ") run again for %lld steps; each step's gradient norms on each "
+          "half of the batch and on the whole give unbiased estimates of "
+          "tr(S) and |G|^2, averaged over a window of steps and then "
+          "divided: **%.0f** over the first 10%% of the steps, **%.0f** "
+          "over 40-60%%, **%.0f** over the last 20%%, at the target "
+          "(noise.csv: every evaluation interval).",
+          (long long)ns->steps, ns->b_early, ns->b_mid, ns->b_end);
   if (!isnan(sum->b_crit) && ns->b_end > 0)
     fprintf(f,
             " At the target B_simple is %.2f times the fitted B_crit "
@@ -804,11 +836,26 @@ static int write_report(const st_sweep_options *o, const st_config *base,
     else
       fprintf(f, "No maximal data parallelism within the batch sizes "
                  "measured.\n");
+    /* Noisy step counts make single spans jump between regimes; then the
+     * statements above rest on one span each, and the fit is the better
+     * reading. */
+    int order = 1, seen = ST_REGIME_PERFECT;
+    for (int b = 0; b < o->batch_sizes.n; b++) {
+      if (regime[b] == ST_REGIME_NONE) continue;
+      order &= regime[b] >= seen;
+      if (regime[b] > seen) seen = regime[b];
+    }
+    if (!order)
+      fprintf(f,
+              "\nThe spans' regimes are out of order (a span scales better "
+              "than one at smaller batch sizes): the step counts are noisy "
+              "at this number of trials, and each statement above rests on "
+              "one span. The fit below uses every batch size at once.\n");
     if (o->eval_growth > 1)
       fprintf(f,
               "\nSteps are known to within the evaluation schedule (a "
-              "factor %g, or %d steps), so ratios are coarse by as much.\n",
-              o->eval_growth, o->eval_every);
+              "factor %g, or %d step%s), so ratios are coarse by as much.\n",
+              o->eval_growth, o->eval_every, o->eval_every == 1 ? "" : "s");
     else
       fprintf(f,
               "\nSteps are known to within the evaluation interval (%d "
@@ -1161,8 +1208,8 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
 
 /* DIR/sweep.key: everything that decides a trial's result besides its
  * batch size and point — the target, budget, evaluation schedule, search
- * range and the whole resolved config (threads and progress aside, which
- * do not change results). A sweep resuming from DIR/sweep.csv must have
+ * range and the config's keys that differ from their defaults (threads and
+ * progress aside, which do not change results). A sweep resuming from DIR/sweep.csv must have
  * the same key; the file is written before any trial runs. */
 static int sweep_key(const st_sweep_options *o, const st_config *base,
                      char **text, size_t *len, st_error *err) {
@@ -1181,8 +1228,31 @@ static int sweep_key(const st_sweep_options *o, const st_config *base,
   fprintf(f, "eval_every: %d\neval_growth: %.9g\n", o->eval_every,
           o->eval_growth > 1 ? o->eval_growth : 1);
   fprintf(f, "lr_range: %.9g,%.9g\n", o->lr_min, o->lr_max);
-  st_config_write(&c, f);
-  if (fclose(f) != 0) {
+  /* The config's keys that differ from the defaults, as section.key:
+   * value — so a strata with more keys (at their defaults) resumes it. */
+  st_config d;
+  st_config_defaults(&d);
+  char *ct = NULL, *dt = NULL;
+  size_t cn = 0, dn = 0;
+  FILE *cf = open_memstream(&ct, &cn), *df = open_memstream(&dt, &dn);
+  int ok = cf && df;
+  if (cf) st_config_write(&c, cf), ok &= fclose(cf) == 0;
+  if (df) st_config_write(&d, df), ok &= fclose(df) == 0;
+  char section[64] = "";
+  for (char *a = ok ? ct : NULL, *b = dt; a && *a && b && *b;) {
+    char *ae = strchr(a, '\n'), *be = strchr(b, '\n');
+    size_t al = ae ? (size_t)(ae - a) : strlen(a),
+           bl = be ? (size_t)(be - b) : strlen(b);
+    if (al > 1 && a[0] != ' ' && a[0] != '#' && a[al - 1] == ':')
+      snprintf(section, sizeof section, "%.*s", (int)(al - 1), a);
+    else if (a[0] == ' ' && (al != bl || memcmp(a, b, al) != 0))
+      fprintf(f, "%s.%.*s\n", section, (int)(al - 2), a + 2);
+    a = ae ? ae + 1 : a + al;
+    b = be ? be + 1 : b + bl;
+  }
+  free(ct);
+  free(dt);
+  if (fclose(f) != 0 || !ok) {
     free(*text);
     return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
   }
