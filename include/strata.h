@@ -208,7 +208,7 @@ typedef struct st_config {
   } train;
   struct {
     char mode[24];          /* sequential, pipeline, block_sequential,
-                               pipelined_backprop */
+                               pipelined_backprop, weight_streaming */
     int micro_batch;        /* 0 = whole batch */
     char schedule[8];       /* pipeline: gpipe | 1f1b */
     int stages;             /* pipeline: stages (0 = the compiler's plan,
@@ -222,6 +222,10 @@ typedef struct st_config {
     int emulate;            /* pipelined_backprop: single-threaded ticks */
     int pipemare_warmup;    /* pipemare: T (updates) */
     float pipemare_gamma;   /* pipemare: gamma */
+    char store[8];          /* weight_streaming: memory */
+    int prefetch;           /* weight_streaming: blocks fetched ahead */
+    int keep_activations;   /* weight_streaming: else recompute */
+    int64_t compute_memory_limit; /* weight_streaming: bytes, 0 = none */
   } execution;
   struct {
     char kind[16];          /* cpu | mesh | wse2 */
@@ -1141,6 +1145,18 @@ typedef struct st_track_stats {
 } st_track_stats;
 int st_trainer_stats(const st_trainer *t, st_track_stats *out, int cap,
                      double *wall);
+/* Weight streaming's counters since the trainer was made (docs/modes.md). */
+typedef struct st_stream_stats {
+  int64_t steps;
+  int64_t bytes_in;        /* weights (and partial gradients) fetched */
+  int64_t bytes_out;       /* gradients sent to the store */
+  double stall_s;          /* compute waiting for weights */
+  double wait_optimizer_s; /* step ends waiting for the store's updates */
+  int max_blocks_held;     /* most blocks of weights on the compute side */
+  int64_t compute_bytes;   /* the compute side's buffers */
+} st_stream_stats;
+/* 0 and *out filled in execution.mode weight_streaming; -1 otherwise. */
+int st_trainer_stream_stats(const st_trainer *t, st_stream_stats *out);
 /* The measured pipeline utilization: the stages' busy seconds over the
  * seconds they could have worked (stages running at once x step time); 1
  * for sequential. *bubble gets the fill-and-drain formula M / (M + S - 1)

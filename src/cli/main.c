@@ -167,8 +167,30 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
  * measured time per sample beside the plan's prediction (where the plan
  * cut the same blocks), and the measured utilization beside the plan's and
  * the bubble formula's. `samples`: trained by this process. */
+/* Weight streaming: what crossed between the store and the compute side,
+ * the compute side's waits and what it held. */
+static void print_stream(const st_trainer *t) {
+  st_stream_stats s;
+  double wall = 0;
+  if (st_trainer_stream_stats(t, &s) || s.steps < 1) return;
+  st_trainer_stats(t, NULL, 0, &wall);
+  double mb = 1024.0 * 1024.0, per = (double)s.steps;
+  printf("strata: weight streaming: %.1f MB per step from the store, %.1f "
+         "MB of gradients to it; waiting for weights %.1f%% of the step "
+         "time, for the store's last updates %.1f%%; at most %d block%s of "
+         "weights held, compute-side buffers %.1f MB\n",
+         (double)s.bytes_in / per / mb, (double)s.bytes_out / per / mb,
+         wall > 0 ? 100 * s.stall_s / wall : 0,
+         wall > 0 ? 100 * s.wait_optimizer_s / wall : 0, s.max_blocks_held,
+         s.max_blocks_held == 1 ? "" : "s", (double)s.compute_bytes / mb);
+}
+
 static void print_stages(const st_trainer *t, const st_config *c,
                          const st_plan *plan, int64_t samples) {
+  if (!strcmp(c->execution.mode, "weight_streaming")) {
+    print_stream(t);
+    return;
+  }
   if (!strcmp(c->execution.mode, "sequential") && c->execution.replicas == 1)
     return;
   double wall = 0, bubble = 1;

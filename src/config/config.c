@@ -803,6 +803,8 @@ static const range ranges[] = {
     AT_LEAST("execution.replicas", 1),
     AT_LEAST("execution.pipemare_warmup", 0),
     UNIT("execution.pipemare_gamma"),
+    AT_LEAST("execution.prefetch", 0),
+    AT_LEAST("execution.compute_memory_limit", 0),
     AT_LEAST("optimizer.reference_batch", 0),
     AT_LEAST("fabric.cores", 0),
     AT_LEAST("metrics.log_every", 1),

@@ -51,8 +51,10 @@ static const char *const modes[] = {
     "pipeline",
     "block_sequential",
     "pipelined_backprop",
+    "weight_streaming",
     NULL,
 };
+static const char *const stores[] = {"memory", NULL};
 static const char *const mitigations[] = {
     "none", "stash", "sc", "lwp", "sc+lwp", "spectrain", "pipemare", NULL,
 };
@@ -184,6 +186,19 @@ const st_config_key st_config_schema[] = {
         "base"),
     FLOAT(execution, pipemare_gamma, "0.9",
           "pipemare: EMA decay of the weight-change estimate"),
+    ENUM(execution, store, "memory", stores,
+         "weight_streaming: where weights and optimizer state live (the "
+         "parameter store; memory: this process's RAM)"),
+    INT(execution, prefetch, "1",
+        "weight_streaming: blocks fetched ahead of the one computing (the "
+        "compute side holds prefetch + 1 blocks of weights)"),
+    BOOL(execution, keep_activations, "true",
+         "weight_streaming: keep every block's activations for the backward "
+         "(false: keep each block's input and recompute its forward)"),
+    INT64(execution, compute_memory_limit, "0",
+          "weight_streaming: bytes the compute side may hold (weights in "
+          "flight, gradient, activations, workspace; 0 = no limit); a run "
+          "that cannot fit is refused at start, naming the block"),
 
     ENUM(fabric, kind, "cpu", fabrics,
          "what the plan runs on: this machine's cores, a W x H mesh of PEs, "

@@ -121,6 +121,9 @@ extern const st_executor st_exec_sequential;
 extern const st_executor st_exec_pipeline;
 extern const st_executor st_exec_block_sequential;
 extern const st_executor st_exec_pipelined_backprop;
+extern const st_executor st_exec_weight_streaming;
+/* Weight streaming's counters (executor state of that mode). */
+int st_ws_stats(const void *state, st_stream_stats *out);
 /* execution.replicas > 1: R copies of the mode's executor (sequential or
  * pipeline) on a share of the cores each; gradients are summed in replica
  * order, then every block is updated once. */

@@ -47,7 +47,8 @@ struct st_trainer {
 const st_executor *st_find_executor(const char *mode) {
   static const st_executor *all[] = {&st_exec_sequential, &st_exec_pipeline,
                                      &st_exec_block_sequential,
-                                     &st_exec_pipelined_backprop};
+                                     &st_exec_pipelined_backprop,
+                                     &st_exec_weight_streaming};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (strcmp(all[i]->mode, mode) == 0) return all[i];
   return NULL;
@@ -658,6 +659,10 @@ const char *st_trainer_dir(const st_trainer *t) {
   return t->out_dir[0] ? t->out_dir : NULL;
 }
 int st_trainer_train_size(const st_trainer *t) { return t->n_train; }
+int st_trainer_stream_stats(const st_trainer *t, st_stream_stats *out) {
+  if (t->exec != &st_exec_weight_streaming) return -1;
+  return st_ws_stats(t->exec_state, out);
+}
 int64_t st_trainer_steps_per_epoch(const st_trainer *t) {
   return t->steps_per_epoch;
 }

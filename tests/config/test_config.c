@@ -208,6 +208,10 @@ static const char *const all_keys[] = {
     "execution.emulate",
     "execution.pipemare_warmup",
     "execution.pipemare_gamma",
+    "execution.store",
+    "execution.prefetch",
+    "execution.keep_activations",
+    "execution.compute_memory_limit",
     "fabric.kind",
     "fabric.cores",
     "fabric.width",
@@ -626,7 +630,7 @@ static void test_set_errors(void) {
   SET_ERROR("execution.mode=pipe", "--set execution.mode=pipe: "
                                    "execution.mode: 'pipe' is not one of "
                                    "sequential, pipeline, block_sequential, "
-                                   "pipelined_backprop");
+                                   "pipelined_backprop, weight_streaming");
   SET_ERROR("model.hidden=5", "--set model.hidden=5: model.hidden: expected a "
                               "list of integers such as [256, 256], got '5'");
   SET_ERROR("model.hidden=[1, x]", "--set model.hidden=[1, x]: "
@@ -691,7 +695,8 @@ static void test_load_errors(void) {
              "%s:5:11: optimizer.lr: expected a number, got 'fast'");
   LOAD_ERROR("execution:\n  mode: pipe\n",
              "%s:2:9: execution.mode: 'pipe' is not one of sequential, "
-             "pipeline, block_sequential, pipelined_backprop");
+             "pipeline, block_sequential, pipelined_backprop, "
+             "weight_streaming");
   LOAD_ERROR("train:\n  batch: 8\n  epochs: 2\n  batch: 16\n",
              "%s:4:3: duplicate key 'train.batch' (first at 2:3)");
   LOAD_ERROR("train:\n  batch: 8\nmodel: {}\ntrain:\n  epochs: 2\n",

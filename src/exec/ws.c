@@ -1,0 +1,493 @@
+/*
+ * ws.c — weight streaming (DESIGN.md; BACKGROUND.md 4): weights and
+ * optimizer state live in a parameter store; the compute side holds only
+ * the blocks in flight. Per micro-batch the forward walks the blocks
+ * 0 .. n-1 and the backward n-1 .. 0; each walk fetches the block's
+ * weights from the store into one of prefetch + 1 slots, and a fetch thread
+ * fills the slots ahead of the compute, so the copy overlaps the compute
+ * of the block before. The backward forms the block's gradient in a
+ * compute-side buffer and sends it to the store; after the last
+ * micro-batch an optimizer thread updates that block in the store while
+ * the compute side goes on to the block before it.
+ *
+ * The store here is memory: the trainer's parameter, gradient and optimizer
+ * slabs (execution.store: memory). The update is the sequential mode's
+ * st_trainer_update_blocks on the same slabs, and every kernel sees the
+ * same inputs in the same order, so the weights are the sequential mode's
+ * bit for bit — with micro-batches too: a block's partial gradient goes to
+ * the store and comes back for the next micro-batch's backward to add to,
+ * as the sequential mode adds into its gradient slab.
+ *
+ * keep_activations: false keeps only each block's output (the next one's
+ * input) and reruns the block's forward, with the same weights and dropout
+ * stream, just before its backward.
+ *
+ * Threads: the calling (compute) thread with the trainer's pool; a fetch
+ * thread (when prefetch > 0); an optimizer thread with a pool of one. A
+ * step returns once every update of it is done, so the trainer may read or
+ * save the weights between steps.
+ */
+#include "exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ws {
+  const st_model *model;
+  int nb, slots, keep, rows;
+  size_t max_params;     /* the largest block's parameters */
+  float *wslot;          /* slots x max_params: weights in flight */
+  float *gbuf;           /* max_params: the gradient being formed */
+  float **acts;          /* keep: per block; else only acts[0], shared */
+  float **outs;          /* recompute: per block, its output */
+  float *work, *scratch, *grad_io[2];
+  int64_t compute_bytes; /* what the buffers above hold */
+
+  /* One step's walk: use u needs block use_block[u]'s weights in slot
+   * u % slots. The fetch thread fills use u once use u - slots is
+   * released. Counters only grow within a step; under mu. */
+  int *use_block;
+  int n_use;
+  const float *store_params; /* this step's store weights */
+  int64_t fetched, released;
+  long long generation;      /* bumped to start the fetch of a step */
+  int stop;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t fetcher;
+  int fetch_thread;
+
+  /* The optimizer thread: blocks whose gradient is complete in the store,
+   * updated in order; under mu. */
+  int *queue;
+  int q_head, q_tail, q_done;
+  const st_trainer_view *qv; /* the step's view, with the thread's pool */
+  st_trainer_view opt_view;
+  st_pool *opt_pool;
+  pthread_t optimizer;
+  int opt_thread;
+
+  /* Counters (st_ws_stats). */
+  int held_max;           /* most slots filled and not released at once */
+  double stall_s;         /* compute waiting for weights */
+  double wait_opt_s;      /* step end waiting for the optimizer */
+  int64_t bytes_in, bytes_out, steps;
+  double busy;
+} ws;
+
+/* ------------------------------------------------------------- fetching */
+
+static void *fetch_main(void *arg) {
+  ws *w = arg;
+  long long seen = 0;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (!w->stop && w->generation == seen)
+      pthread_cond_wait(&w->cv, &w->mu);
+    if (w->stop) break;
+    seen = w->generation;
+    for (int u = 0; u < w->n_use && !w->stop; u++) {
+      while (!w->stop && w->released < u + 1 - w->slots)
+        pthread_cond_wait(&w->cv, &w->mu);
+      if (w->stop) break;
+      const st_block *b = &w->model->blocks[w->use_block[u]];
+      const float *src = w->store_params + b->param_off;
+      float *dst = w->wslot + (size_t)(u % w->slots) * w->max_params;
+      pthread_mutex_unlock(&w->mu);
+      memcpy(dst, src, b->n_params * sizeof(float));
+      pthread_mutex_lock(&w->mu);
+      w->fetched = u + 1;
+      int held = (int)(w->fetched - w->released);
+      if (held > w->held_max) w->held_max = held;
+      pthread_cond_broadcast(&w->cv);
+    }
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+/* The weights of use u, once fetched; without a fetch thread, copied here. */
+static const float *acquire(ws *w, int u) {
+  float *slot = w->wslot + (size_t)(u % w->slots) * w->max_params;
+  const st_block *b = &w->model->blocks[w->use_block[u]];
+  w->bytes_in += (int64_t)(b->n_params * sizeof(float));
+  if (!w->fetch_thread) {
+    memcpy(slot, w->store_params + b->param_off, b->n_params * sizeof(float));
+    w->fetched = u + 1;
+    if (w->fetched - w->released > w->held_max)
+      w->held_max = (int)(w->fetched - w->released);
+    return slot;
+  }
+  pthread_mutex_lock(&w->mu);
+  if (w->fetched <= u) {
+    double t0 = st_now();
+    while (w->fetched <= u) pthread_cond_wait(&w->cv, &w->mu);
+    w->stall_s += st_now() - t0;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return slot;
+}
+
+static void release(ws *w, int u) {
+  if (!w->fetch_thread) {
+    w->released = u + 1;
+    return;
+  }
+  pthread_mutex_lock(&w->mu);
+  w->released = u + 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* ------------------------------------------------------------ the store */
+
+static void *optimizer_main(void *arg) {
+  ws *w = arg;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (!w->stop && w->q_head == w->q_tail)
+      pthread_cond_wait(&w->cv, &w->mu);
+    if (w->stop && w->q_head == w->q_tail) break;
+    int block = w->queue[w->q_head % w->nb];
+    const st_trainer_view *v = w->qv;
+    pthread_mutex_unlock(&w->mu);
+    st_trainer_update_blocks(v, block, 1);
+    pthread_mutex_lock(&w->mu);
+    w->q_head++;
+    w->q_done++;
+    pthread_cond_broadcast(&w->cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+/* Block b's gradient is complete in the store: update it there. */
+static void submit(ws *w, int b) {
+  if (!w->opt_thread) {
+    st_trainer_update_blocks(w->qv, b, 1);
+    return;
+  }
+  pthread_mutex_lock(&w->mu);
+  w->queue[w->q_tail % w->nb] = b;
+  w->q_tail++;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+static void drain(ws *w) {
+  if (!w->opt_thread) return;
+  pthread_mutex_lock(&w->mu);
+  if (w->q_head != w->q_tail) {
+    double t0 = st_now();
+    while (w->q_head != w->q_tail) pthread_cond_wait(&w->cv, &w->mu);
+    w->wait_opt_s += st_now() - t0;
+  }
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static void ws_destroy(void *state) {
+  ws *w = state;
+  if (!w) return;
+  pthread_mutex_lock(&w->mu);
+  w->stop = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  if (w->fetch_thread) pthread_join(w->fetcher, NULL);
+  if (w->opt_thread) pthread_join(w->optimizer, NULL);
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  st_pool_destroy(w->opt_pool);
+  if (w->acts)
+    for (int i = 0; i < w->nb; i++) st_free(w->acts[i]);
+  if (w->outs)
+    for (int i = 0; i < w->nb; i++) st_free(w->outs[i]);
+  free(w->acts);
+  free(w->outs);
+  st_free(w->wslot);
+  st_free(w->gbuf);
+  st_free(w->work);
+  st_free(w->scratch);
+  st_free(w->grad_io[0]);
+  st_free(w->grad_io[1]);
+  free(w->use_block);
+  free(w->queue);
+  free(w);
+}
+
+static float *alloc_floats(ws *w, size_t n, int *ok) {
+  float *p = *ok ? st_alloc(n * sizeof(float)) : NULL;
+  if (!p) *ok = 0;
+  w->compute_bytes += (int64_t)(n * sizeof(float));
+  return p;
+}
+
+/* What the compute side holds for a block at `rows` samples: the weight
+ * slots, the gradient, its activations (all blocks' when kept) and the
+ * shared workspace — the figure compute_memory_limit is checked against. */
+static int check_limit(const st_model *m, const st_config *cfg, int rows,
+                       int64_t have, st_error *err) {
+  int64_t limit = cfg->execution.compute_memory_limit;
+  if (limit <= 0 || have <= limit) return 0;
+  /* name the block that needs the most of it */
+  int worst = 0;
+  for (int i = 1; i < m->n_blocks; i++)
+    if (m->blocks[i].n_params + (size_t)rows * m->blocks[i].act_per_sample >
+        m->blocks[worst].n_params + (size_t)rows * m->blocks[worst].act_per_sample)
+      worst = i;
+  const st_block *b = &m->blocks[worst];
+  return st_error_set(
+      err, ST_ECONFIG,
+      "%s: execution.compute_memory_limit: %lld bytes cannot hold block %d "
+      "(%s): %d slot%s of its %zu weights, its gradient and activations "
+      "for %d samples need %lld bytes in all (raise the limit, lower "
+      "execution.prefetch or train.batch, or set "
+      "execution.keep_activations: false)",
+      st_config_where(cfg, "execution.compute_memory_limit"),
+      (long long)limit, worst, b->name, cfg->execution.prefetch + 1,
+      cfg->execution.prefetch ? "s" : "", b->n_params, rows,
+      (long long)have);
+}
+
+static int ws_create(void **state, const st_model *m, const st_config *cfg,
+                     int micro_batch, int max_batch, st_error *err) {
+  *state = NULL;
+  ws *w = calloc(1, sizeof *w);
+  if (!w) return st_error_set(err, ST_ENOMEM, "out of memory");
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  w->model = m;
+  w->nb = m->n_blocks;
+  w->slots = cfg->execution.prefetch + 1;
+  w->keep = cfg->execution.keep_activations;
+  w->rows = micro_batch > max_batch ? micro_batch : max_batch;
+  for (int i = 0; i < m->n_blocks; i++)
+    if (m->blocks[i].n_params > w->max_params)
+      w->max_params = m->blocks[i].n_params;
+  int ok = 1;
+  size_t span = (size_t)w->rows * m->max_numel;
+  w->wslot = alloc_floats(w, (size_t)w->slots * w->max_params, &ok);
+  w->gbuf = alloc_floats(w, w->max_params, &ok);
+  w->work = alloc_floats(w, 3 * span, &ok);
+  w->scratch =
+      alloc_floats(w, (size_t)w->rows * m->max_scratch_per_sample, &ok);
+  w->grad_io[0] = alloc_floats(w, span, &ok);
+  w->grad_io[1] = alloc_floats(w, span, &ok);
+  w->acts = calloc((size_t)w->nb, sizeof *w->acts);
+  w->outs = calloc((size_t)w->nb, sizeof *w->outs);
+  ok = ok && w->acts && w->outs;
+  size_t max_act = 0;
+  for (int i = 0; i < w->nb; i++)
+    if (m->blocks[i].act_per_sample > max_act)
+      max_act = m->blocks[i].act_per_sample;
+  for (int i = 0; ok && i < w->nb; i++) {
+    const st_block *b = &m->blocks[i];
+    if (w->keep) {
+      w->acts[i] = alloc_floats(w, (size_t)w->rows * b->act_per_sample, &ok);
+    } else {
+      if (i == 0) w->acts[0] = alloc_floats(w, (size_t)w->rows * max_act, &ok);
+      w->outs[i] = alloc_floats(w, (size_t)w->rows * st_shape_numel(b->out), &ok);
+    }
+  }
+  w->use_block = malloc(2 * (size_t)w->nb * sizeof *w->use_block);
+  w->queue = malloc((size_t)w->nb * sizeof *w->queue);
+  w->opt_pool = st_pool_create(1);
+  ok = ok && w->use_block && w->queue && w->opt_pool;
+  int rc = ok ? check_limit(m, cfg, w->rows, w->compute_bytes, err)
+              : st_error_set(err, ST_ENOMEM,
+                             "out of memory for weight streaming's compute "
+                             "side (%lld bytes)",
+                             (long long)w->compute_bytes);
+  if (!rc && cfg->execution.prefetch > 0) {
+    w->fetch_thread = pthread_create(&w->fetcher, NULL, fetch_main, w) == 0;
+    if (!w->fetch_thread)
+      rc = st_error_set(err, ST_ENOMEM, "cannot start the fetch thread");
+  }
+  if (!rc) {
+    w->opt_thread = pthread_create(&w->optimizer, NULL, optimizer_main, w) == 0;
+    if (!w->opt_thread)
+      rc = st_error_set(err, ST_ENOMEM, "cannot start the optimizer thread");
+  }
+  if (rc) {
+    ws_destroy(w);
+    return rc;
+  }
+  *state = w;
+  return 0;
+}
+
+/* -------------------------------------------------------------- a step */
+
+static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
+                  double t0) {
+  if (v->trace)
+    st_trace_add(v->trace, v->track, kind, v->step, k, t0, st_now());
+}
+
+/* Block i's input for these rows: the batch, or the block before's output. */
+static const float *input_of(const ws *w, int i, const float *x, int B) {
+  if (i == 0) return x;
+  const st_block *p = &w->model->blocks[i - 1];
+  return w->keep ? st_block_output(p, w->acts[i - 1], B) : w->outs[i - 1];
+}
+
+static int ws_step(void *state, st_trainer_view *v, double *loss,
+                   st_error *err) {
+  ws *w = state;
+  const st_model *m = v->model;
+  size_t in_numel = st_shape_numel(m->in);
+  int mb = v->micro_batch, R = m->label_rows, nb = w->nb;
+  double start = st_now();
+  /* The store's update is the sequential mode's, on the optimizer thread's
+   * pool, never fused into the backward (the compute side does not touch
+   * the store's weights). Same bits: the rules are elementwise. */
+  w->opt_view = *v;
+  w->opt_view.ctx.pool = w->opt_pool;
+  w->opt_view.ctx.fused = NULL;
+  w->opt_view.trace = NULL;
+  w->qv = &w->opt_view;
+  st_ctx ctx = v->ctx;
+  ctx.fused = NULL;
+  /* this step's walk: forward 0 .. n-1, backward n-1 .. 0 */
+  for (int i = 0; i < nb; i++) {
+    w->use_block[i] = i;
+    w->use_block[nb + i] = nb - 1 - i;
+  }
+  int rc = 0;
+  for (int k = 0; k < v->batch && !rc; k += mb) {
+    const float *x = v->x + (size_t)k * in_numel;
+    int first = k == 0, last = k + mb >= v->batch;
+    ctx.first_sample = v->first_sample + (uint64_t)k;
+    /* the walk of this micro-batch */
+    pthread_mutex_lock(&w->mu);
+    w->n_use = 2 * nb;
+    w->store_params = v->params;
+    w->fetched = w->released = 0;
+    w->generation++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+
+    double t0 = st_now();
+    const float *h = x;
+    for (int i = 0; i < nb; i++) {
+      const st_block *b = &m->blocks[i];
+      const float *wb = acquire(w, i);
+      float *acts = w->keep ? w->acts[i] : w->acts[0];
+      st_block_forward(b, &ctx, wb, h, acts, w->scratch, mb);
+      h = st_block_output(b, acts, mb);
+      if (!w->keep) {
+        memcpy(w->outs[i], h, (size_t)mb * st_shape_numel(b->out) * sizeof *h);
+        h = w->outs[i];
+      }
+      release(w, i);
+    }
+    st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * R, v->probs, h,
+                         v->y + (size_t)k * R, mb * R, m->classes);
+    trace(v, ST_TRACE_FORWARD, k / mb, t0);
+    /* every loss is known before the last backward, where weights start
+     * to change: a NaN stops the step untouched */
+    if (last && (rc = st_trainer_check_loss(v, loss, err))) {
+      /* let the fetch thread finish the walk it was given */
+      for (int u = nb; u < 2 * nb; u++) {
+        acquire(w, u);
+        release(w, u);
+      }
+      break;
+    }
+    t0 = st_now();
+    st_xent_backward_pool(ctx.pool, v->dlogits, v->probs,
+                          v->y + (size_t)k * R, mb * R, m->classes,
+                          1.0f / ((float)v->loss_batch * (float)R));
+    const float *g = v->dlogits;
+    for (int u = nb; u < 2 * nb; u++) {
+      int i = w->use_block[u];
+      const st_block *b = &m->blocks[i];
+      const float *wb = acquire(w, u);
+      const float *in = input_of(w, i, x, mb);
+      float *acts = w->keep ? w->acts[i] : w->acts[0];
+      if (!w->keep) st_block_forward(b, &ctx, wb, in, acts, w->scratch, mb);
+      /* the gradient so far: none on the first micro-batch, else what the
+       * store holds (fetched back to add to) */
+      float *store_g = v->grads + b->param_off;
+      size_t bytes = b->n_params * sizeof(float);
+      if (first) {
+        memset(w->gbuf, 0, bytes);
+      } else {
+        memcpy(w->gbuf, store_g, bytes);
+        w->bytes_in += (int64_t)bytes;
+      }
+      float *dx = i == 0 ? NULL : g == w->grad_io[0] ? w->grad_io[1]
+                                                     : w->grad_io[0];
+      st_block_backward(b, &ctx, wb, w->gbuf, in, acts, g, dx, w->work,
+                        w->scratch, mb);
+      release(w, u);
+      /* send it to the store; after the last micro-batch the store
+       * updates the block while the compute side goes on */
+      memcpy(store_g, w->gbuf, bytes);
+      w->bytes_out += (int64_t)bytes;
+      if (last && !v->grads_only) submit(w, i);
+      g = dx;
+    }
+    trace(v, ST_TRACE_BACKWARD, k / mb, t0);
+    if (v->gs2 && first) {
+      double scale = (double)v->loss_batch / mb;
+      *v->gs2 = st_trainer_grad_sq(v) * scale * scale;
+    }
+  }
+  drain(w);
+  w->steps++;
+  w->busy += st_now() - start;
+  return rc;
+}
+
+static const float *ws_forward(void *state, const st_ctx *ctx,
+                               const float *params, const float *x, int B) {
+  /* Evaluation: the same walk without a backward, fetching each block from
+   * the store (synchronously: evaluation is not where the time goes). */
+  ws *w = state;
+  const float *h = x;
+  float *slot = w->wslot;
+  for (int i = 0; i < w->nb; i++) {
+    const st_block *b = &w->model->blocks[i];
+    memcpy(slot, params + b->param_off, b->n_params * sizeof(float));
+    float *acts = w->keep ? w->acts[i] : w->acts[0];
+    st_block_forward(b, ctx, slot, h, acts, w->scratch, B);
+    h = st_block_output(b, acts, B);
+    if (!w->keep) {
+      memcpy(w->outs[i], h, (size_t)B * st_shape_numel(b->out) * sizeof *h);
+      h = w->outs[i];
+    }
+  }
+  return h;
+}
+
+static int ws_stats(void *state, st_track_stats *out, int cap, double *wall) {
+  const ws *w = state;
+  *wall = w->busy;
+  if (cap > 0)
+    out[0] = (st_track_stats){"compute", 0, w->nb, w->busy - w->stall_s};
+  return 1;
+}
+
+int st_ws_stats(const void *state, st_stream_stats *out) {
+  const ws *w = state;
+  if (!w) return -1;
+  out->steps = w->steps;
+  out->bytes_in = w->bytes_in;
+  out->bytes_out = w->bytes_out;
+  out->stall_s = w->stall_s;
+  out->wait_optimizer_s = w->wait_opt_s;
+  out->max_blocks_held = w->held_max;
+  out->compute_bytes = w->compute_bytes;
+  return 0;
+}
+
+const st_executor st_exec_weight_streaming = {
+    .mode = "weight_streaming",
+    .step = ws_step,
+    .forward = ws_forward,
+    .create = ws_create,
+    .destroy = ws_destroy,
+    .stats = ws_stats,
+};
