@@ -19,6 +19,9 @@
 #   6. Pipelined backprop (bench_pb): its stages' busy fractions at
 #      micro-batch 1 on 2 stages, and its samples/s against sequential at
 #      batch 1 and gpipe at batch 32 on the same stages.
+#   7. Weight streaming (bench_ws): the memory store against sequential on a
+#      GPT-2-124M-shaped model, and whether their weights stayed identical
+#      (a difference fails the run).
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit
@@ -39,7 +42,7 @@ py=${TORCH_PYTHON:-/usr/bin/python3}
 nproc=$(nproc)
 status=0
 
-for prog in bench_mlp bench_linear bench_gpt bench_pipeline bench_pb; do
+for prog in bench_mlp bench_linear bench_gpt bench_pipeline bench_pb bench_ws; do
   if [ ! -x "$build/bench/$prog" ]; then
     echo "run-bench: error: $build/bench/$prog is missing (run make benches)" >&2
     exit 1
@@ -272,6 +275,12 @@ echo "Pipeline modes (bench_pipeline: best of $repeats runs of ${span} s each, a
 echo
 echo "Pipelined backprop (bench_pb: best of $repeats runs of ${span} s each, alternating)"
 "$build/bench/bench_pb" "$span" "$repeats" || status=1
+
+# 7. Weight streaming from the memory store against sequential on a
+# GPT-2-124M-shaped model, alternating bursts of steps, in one program.
+echo
+echo "Weight streaming (bench_ws: best of 3 bursts of 2 steps each, alternating)"
+"$build/bench/bench_ws" 2 3 || status=1
 
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"
