@@ -38,6 +38,7 @@
  *                context 64, vocab 256
  *          L,C,NH,T,V  any other shape
  */
+#include "corpus.h"
 #include "strata.h"
 
 #include <cblas.h>
@@ -88,32 +89,6 @@ static int parse_shape(const char *s, gpt_shape *out) {
              &g.vocab, &tail) != 5)
     return -1;
   *out = g;
-  return 0;
-}
-
-/* Writes CORPUS_BYTES deterministic random bytes to a new temporary file;
- * path gets its name. Returns 0 or -1. */
-static int write_corpus(char *path, size_t cap) {
-  const char *dir = getenv("TMPDIR");
-  snprintf(path, cap, "%s/strata-bench-gpt-XXXXXX", dir && *dir ? dir : "/tmp");
-  int fd = mkstemp(path);
-  if (fd < 0)
-    return -1;
-  FILE *f = fdopen(fd, "wb");
-  if (!f) {
-    close(fd);
-    unlink(path);
-    return -1;
-  }
-  st_rng rng;
-  st_rng_init(&rng, 42, ST_RNG_DATA, 0);
-  int ok = 1;
-  for (int i = 0; i < CORPUS_BYTES && ok; i++)
-    ok = fputc((int)(st_rng_u32(&rng) & 0xff), f) != EOF;
-  if (fclose(f) != 0 || !ok) {
-    unlink(path);
-    return -1;
-  }
   return 0;
 }
 
@@ -217,7 +192,7 @@ int main(int argc, char **argv) {
   st_blas_init();
 
   char corpus[ST_PATH_MAX];
-  if (write_corpus(corpus, sizeof corpus)) {
+  if (bench_write_corpus(corpus, sizeof corpus, "gpt", CORPUS_BYTES, 42)) {
     perror("bench_gpt: error: cannot write the corpus to a temporary file");
     return 1;
   }

@@ -14,6 +14,7 @@
  * Usage: bench_ws [STEPS [REPEATS]]   (steps per burst, default 2; bursts
  *        per mode, default 3; one warm-up step each first)
  */
+#include "corpus.h"
 #include "strata.h"
 
 #include <stdio.h>
@@ -22,29 +23,6 @@
 #include <unistd.h>
 
 enum { CORPUS_BYTES = 1 << 20 };
-
-static int write_corpus(char *path, size_t cap) {
-  const char *dir = getenv("TMPDIR");
-  snprintf(path, cap, "%s/strata-bench-ws-XXXXXX", dir && *dir ? dir : "/tmp");
-  int fd = mkstemp(path);
-  if (fd < 0) return -1;
-  FILE *f = fdopen(fd, "wb");
-  if (!f) {
-    close(fd);
-    unlink(path);
-    return -1;
-  }
-  st_rng rng;
-  st_rng_init(&rng, 7, ST_RNG_DATA, 0);
-  int ok = 1;
-  for (int i = 0; i < CORPUS_BYTES && ok; i++)
-    ok = fputc((int)(st_rng_u32(&rng) & 0xff), f) != EOF;
-  if (fclose(f) != 0 || !ok) {
-    unlink(path);
-    return -1;
-  }
-  return 0;
-}
 
 static int make(st_trainer **t, const char *corpus, const char *mode,
                 st_error *err) {
@@ -74,8 +52,10 @@ static int make(st_trainer **t, const char *corpus, const char *mode,
   st_config cfg;
   st_config_defaults(&cfg);
   for (int i = 0; i < n; i++)
-    if (st_config_set(&cfg, sets[i], err)) return -1;
-  if (st_config_validate(&cfg, err)) return -1;
+    if (st_config_set(&cfg, sets[i], err))
+      return -1;
+  if (st_config_validate(&cfg, err))
+    return -1;
   return st_trainer_create(t, &cfg, NULL, err);
 }
 
@@ -83,7 +63,8 @@ static int make(st_trainer **t, const char *corpus, const char *mode,
 static double burst(st_trainer *t, int steps, st_error *err) {
   double loss, t0 = st_now();
   for (int i = 0; i < steps; i++)
-    if (st_trainer_step(t, &loss, err)) return -1;
+    if (st_trainer_step(t, &loss, err))
+      return -1;
   return (st_now() - t0) / steps;
 }
 
@@ -96,7 +77,7 @@ int main(int argc, char **argv) {
   }
   st_blas_init();
   char corpus[ST_PATH_MAX];
-  if (write_corpus(corpus, sizeof corpus)) {
+  if (bench_write_corpus(corpus, sizeof corpus, "ws", CORPUS_BYTES, 7)) {
     fprintf(stderr, "bench_ws: cannot write a corpus in TMPDIR or /tmp\n");
     return 1;
   }
@@ -109,12 +90,15 @@ int main(int argc, char **argv) {
   double best[2] = {0, 0};
   st_trainer *t[2] = {seq, ws};
   for (int k = 0; k < 2; k++)
-    if (burst(t[k], 1, &err) < 0) goto out; /* warm-up */
+    if (burst(t[k], 1, &err) < 0)
+      goto out; /* warm-up */
   for (int r = 0; r < repeats; r++)
     for (int k = 0; k < 2; k++) {
       double s = burst(t[k], steps, &err);
-      if (s < 0) goto out;
-      if (best[k] == 0 || s < best[k]) best[k] = s;
+      if (s < 0)
+        goto out;
+      if (best[k] == 0 || s < best[k])
+        best[k] = s;
     }
   st_stream_stats st;
   double wall = 0;
@@ -141,7 +125,8 @@ int main(int argc, char **argv) {
          same ? "identical" : "DIFFERENT (a bug)");
   rc = same ? 0 : 1;
 out:
-  if (rc && err.msg[0]) fprintf(stderr, "bench_ws: %s\n", err.msg);
+  if (rc && err.msg[0])
+    fprintf(stderr, "bench_ws: %s\n", err.msg);
   st_trainer_destroy(seq);
   st_trainer_destroy(ws);
   unlink(corpus);

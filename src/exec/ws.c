@@ -35,11 +35,11 @@
 typedef struct ws {
   const st_model *model;
   int nb, slots, keep, rows;
-  size_t max_params;     /* the largest block's parameters */
-  float *wslot;          /* slots x max_params: weights in flight */
-  float *gbuf;           /* max_params: the gradient being formed */
-  float **acts;          /* keep: per block; else only acts[0], shared */
-  float **outs;          /* recompute: per block, its output */
+  size_t max_params; /* the largest block's parameters */
+  float *wslot;      /* slots x max_params: weights in flight */
+  float *gbuf;       /* max_params: the gradient being formed */
+  float **acts;      /* keep: per block; else only acts[0], shared */
+  float **outs;      /* recompute: per block, its output */
   float *work, *scratch, *grad_io[2];
   int64_t compute_bytes; /* what the buffers above hold */
 
@@ -50,7 +50,7 @@ typedef struct ws {
   int n_use;
   const float *store_params; /* this step's store weights */
   int64_t fetched, released;
-  long long generation;      /* bumped to start the fetch of a step */
+  long long generation; /* bumped to start the fetch of a step */
   int stop;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -68,9 +68,9 @@ typedef struct ws {
   int opt_thread;
 
   /* Counters (st_ws_stats). */
-  int held_max;           /* most slots filled and not released at once */
-  double stall_s;         /* compute waiting for weights */
-  double wait_opt_s;      /* step end waiting for the optimizer */
+  int held_max;      /* most slots filled and not released at once */
+  double stall_s;    /* compute waiting for weights */
+  double wait_opt_s; /* step end waiting for the optimizer */
   int64_t bytes_in, bytes_out, steps;
   double busy;
 } ws;
@@ -84,12 +84,14 @@ static void *fetch_main(void *arg) {
   for (;;) {
     while (!w->stop && w->generation == seen)
       pthread_cond_wait(&w->cv, &w->mu);
-    if (w->stop) break;
+    if (w->stop)
+      break;
     seen = w->generation;
     for (int u = 0; u < w->n_use && !w->stop; u++) {
       while (!w->stop && w->released < u + 1 - w->slots)
         pthread_cond_wait(&w->cv, &w->mu);
-      if (w->stop) break;
+      if (w->stop)
+        break;
       const st_block *b = &w->model->blocks[w->use_block[u]];
       const float *src = w->store_params + b->param_off;
       float *dst = w->wslot + (size_t)(u % w->slots) * w->max_params;
@@ -98,7 +100,8 @@ static void *fetch_main(void *arg) {
       pthread_mutex_lock(&w->mu);
       w->fetched = u + 1;
       int held = (int)(w->fetched - w->released);
-      if (held > w->held_max) w->held_max = held;
+      if (held > w->held_max)
+        w->held_max = held;
       pthread_cond_broadcast(&w->cv);
     }
   }
@@ -121,7 +124,8 @@ static const float *acquire(ws *w, int u) {
   pthread_mutex_lock(&w->mu);
   if (w->fetched <= u) {
     double t0 = st_now();
-    while (w->fetched <= u) pthread_cond_wait(&w->cv, &w->mu);
+    while (w->fetched <= u)
+      pthread_cond_wait(&w->cv, &w->mu);
     w->stall_s += st_now() - t0;
   }
   pthread_mutex_unlock(&w->mu);
@@ -147,7 +151,8 @@ static void *optimizer_main(void *arg) {
   for (;;) {
     while (!w->stop && w->q_head == w->q_tail)
       pthread_cond_wait(&w->cv, &w->mu);
-    if (w->stop && w->q_head == w->q_tail) break;
+    if (w->stop && w->q_head == w->q_tail)
+      break;
     int block = w->queue[w->q_head % w->nb];
     const st_trainer_view *v = w->qv;
     pthread_mutex_unlock(&w->mu);
@@ -175,11 +180,13 @@ static void submit(ws *w, int b) {
 }
 
 static void drain(ws *w) {
-  if (!w->opt_thread) return;
+  if (!w->opt_thread)
+    return;
   pthread_mutex_lock(&w->mu);
   if (w->q_head != w->q_tail) {
     double t0 = st_now();
-    while (w->q_head != w->q_tail) pthread_cond_wait(&w->cv, &w->mu);
+    while (w->q_head != w->q_tail)
+      pthread_cond_wait(&w->cv, &w->mu);
     w->wait_opt_s += st_now() - t0;
   }
   pthread_mutex_unlock(&w->mu);
@@ -189,20 +196,25 @@ static void drain(ws *w) {
 
 static void ws_destroy(void *state) {
   ws *w = state;
-  if (!w) return;
+  if (!w)
+    return;
   pthread_mutex_lock(&w->mu);
   w->stop = 1;
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
-  if (w->fetch_thread) pthread_join(w->fetcher, NULL);
-  if (w->opt_thread) pthread_join(w->optimizer, NULL);
+  if (w->fetch_thread)
+    pthread_join(w->fetcher, NULL);
+  if (w->opt_thread)
+    pthread_join(w->optimizer, NULL);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   st_pool_destroy(w->opt_pool);
   if (w->acts)
-    for (int i = 0; i < w->nb; i++) st_free(w->acts[i]);
+    for (int i = 0; i < w->nb; i++)
+      st_free(w->acts[i]);
   if (w->outs)
-    for (int i = 0; i < w->nb; i++) st_free(w->outs[i]);
+    for (int i = 0; i < w->nb; i++)
+      st_free(w->outs[i]);
   free(w->acts);
   free(w->outs);
   st_free(w->wslot);
@@ -218,7 +230,8 @@ static void ws_destroy(void *state) {
 
 static float *alloc_floats(ws *w, size_t n, int *ok) {
   float *p = *ok ? st_alloc(n * sizeof(float)) : NULL;
-  if (!p) *ok = 0;
+  if (!p)
+    *ok = 0;
   w->compute_bytes += (int64_t)(n * sizeof(float));
   return p;
 }
@@ -229,12 +242,14 @@ static float *alloc_floats(ws *w, size_t n, int *ok) {
 static int check_limit(const st_model *m, const st_config *cfg, int rows,
                        int64_t have, st_error *err) {
   int64_t limit = cfg->execution.compute_memory_limit;
-  if (limit <= 0 || have <= limit) return 0;
+  if (limit <= 0 || have <= limit)
+    return 0;
   /* name the block that needs the most of it */
   int worst = 0;
   for (int i = 1; i < m->n_blocks; i++)
     if (m->blocks[i].n_params + (size_t)rows * m->blocks[i].act_per_sample >
-        m->blocks[worst].n_params + (size_t)rows * m->blocks[worst].act_per_sample)
+        m->blocks[worst].n_params +
+            (size_t)rows * m->blocks[worst].act_per_sample)
       worst = i;
   const st_block *b = &m->blocks[worst];
   return st_error_set(
@@ -244,17 +259,17 @@ static int check_limit(const st_model *m, const st_config *cfg, int rows,
       "for %d samples need %lld bytes in all (raise the limit, lower "
       "execution.prefetch or train.batch, or set "
       "execution.keep_activations: false)",
-      st_config_where(cfg, "execution.compute_memory_limit"),
-      (long long)limit, worst, b->name, cfg->execution.prefetch + 1,
-      cfg->execution.prefetch ? "s" : "", b->n_params, rows,
-      (long long)have);
+      st_config_where(cfg, "execution.compute_memory_limit"), (long long)limit,
+      worst, b->name, cfg->execution.prefetch + 1,
+      cfg->execution.prefetch ? "s" : "", b->n_params, rows, (long long)have);
 }
 
 static int ws_create(void **state, const st_model *m, const st_config *cfg,
                      int micro_batch, int max_batch, st_error *err) {
   *state = NULL;
   ws *w = calloc(1, sizeof *w);
-  if (!w) return st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!w)
+    return st_error_set(err, ST_ENOMEM, "out of memory");
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
   w->model = m;
@@ -286,8 +301,10 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
     if (w->keep) {
       w->acts[i] = alloc_floats(w, (size_t)w->rows * b->act_per_sample, &ok);
     } else {
-      if (i == 0) w->acts[0] = alloc_floats(w, (size_t)w->rows * max_act, &ok);
-      w->outs[i] = alloc_floats(w, (size_t)w->rows * st_shape_numel(b->out), &ok);
+      if (i == 0)
+        w->acts[0] = alloc_floats(w, (size_t)w->rows * max_act, &ok);
+      w->outs[i] =
+          alloc_floats(w, (size_t)w->rows * st_shape_numel(b->out), &ok);
     }
   }
   w->use_block = malloc(2 * (size_t)w->nb * sizeof *w->use_block);
@@ -327,7 +344,8 @@ static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
 
 /* Block i's input for these rows: the batch, or the block before's output. */
 static const float *input_of(const ws *w, int i, const float *x, int B) {
-  if (i == 0) return x;
+  if (i == 0)
+    return x;
   const st_block *p = &w->model->blocks[i - 1];
   return w->keep ? st_block_output(p, w->acts[i - 1], B) : w->outs[i - 1];
 }
@@ -396,8 +414,8 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       break;
     }
     t0 = st_now();
-    st_xent_backward_pool(ctx.pool, v->dlogits, v->probs,
-                          v->y + (size_t)k * R, mb * R, m->classes,
+    st_xent_backward_pool(ctx.pool, v->dlogits, v->probs, v->y + (size_t)k * R,
+                          mb * R, m->classes,
                           1.0f / ((float)v->loss_batch * (float)R));
     const float *g = v->dlogits;
     for (int u = nb; u < 2 * nb; u++) {
@@ -406,7 +424,8 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       const float *wb = acquire(w, u);
       const float *in = input_of(w, i, x, mb);
       float *acts = w->keep ? w->acts[i] : w->acts[0];
-      if (!w->keep) st_block_forward(b, &ctx, wb, in, acts, w->scratch, mb);
+      if (!w->keep)
+        st_block_forward(b, &ctx, wb, in, acts, w->scratch, mb);
       /* the gradient so far: none on the first micro-batch, else what the
        * store holds (fetched back to add to) */
       float *store_g = v->grads + b->param_off;
@@ -417,8 +436,9 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
         memcpy(w->gbuf, store_g, bytes);
         w->bytes_in += (int64_t)bytes;
       }
-      float *dx = i == 0 ? NULL : g == w->grad_io[0] ? w->grad_io[1]
-                                                     : w->grad_io[0];
+      float *dx = i == 0               ? NULL
+                  : g == w->grad_io[0] ? w->grad_io[1]
+                                       : w->grad_io[0];
       st_block_backward(b, &ctx, wb, w->gbuf, in, acts, g, dx, w->work,
                         w->scratch, mb);
       release(w, u);
@@ -426,7 +446,8 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
        * updates the block while the compute side goes on */
       memcpy(store_g, w->gbuf, bytes);
       w->bytes_out += (int64_t)bytes;
-      if (last && !v->grads_only) submit(w, i);
+      if (last && !v->grads_only)
+        submit(w, i);
       g = dx;
     }
     trace(v, ST_TRACE_BACKWARD, k / mb, t0);
@@ -472,7 +493,8 @@ static int ws_stats(void *state, st_track_stats *out, int cap, double *wall) {
 
 int st_ws_stats(const void *state, st_stream_stats *out) {
   const ws *w = state;
-  if (!w) return -1;
+  if (!w)
+    return -1;
   out->steps = w->steps;
   out->bytes_in = w->bytes_in;
   out->bytes_out = w->bytes_out;

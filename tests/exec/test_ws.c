@@ -36,7 +36,8 @@ static void streaming(st_config *c, int prefetch, int keep) {
 static void test_equal(const char *what, const st_config *base) {
   size_t n = 0, n2 = 0;
   float *want = train(base, &n, NULL);
-  if (!want) return;
+  if (!want)
+    return;
   for (int keep = 0; keep <= 1; keep++)
     for (int prefetch = 0; prefetch <= 2; prefetch++) {
       st_config c = *base;
@@ -121,11 +122,13 @@ static void test_nan_alloc(void) {
   st_error err = {0};
   st_trainer *t = make(&c, &err);
   CHECK(t != NULL, "%s", err.msg);
-  if (!t) return;
+  if (!t)
+    return;
   double loss;
   uint64_t before = 0;
   for (int i = 0; i < 8; i++) {
-    if (i == 4) before = st_alloc_count();
+    if (i == 4)
+      before = st_alloc_count();
     st_trainer_step(t, &loss, &err);
   }
   CHECK(st_alloc_count() == before, "%llu allocations in 4 steps",
