@@ -446,7 +446,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
        * updates the block while the compute side goes on */
       memcpy(store_g, w->gbuf, bytes);
       w->bytes_out += (int64_t)bytes;
-      if (last && !v->grads_only)
+      if (last && !v->grads_only && i > 0)
         submit(w, i);
       g = dx;
     }
@@ -457,6 +457,16 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
     }
   }
   drain(w);
+  /* The first block's update comes last, when the compute side has nothing
+   * left to do: the store runs it on the compute side's cores (the same
+   * bits: the rules are elementwise). */
+  if (!rc && !v->grads_only) {
+    st_trainer_view last_view = w->opt_view;
+    last_view.ctx.pool = v->ctx.pool;
+    double t0 = st_now();
+    st_trainer_update_blocks(&last_view, 0, 1);
+    w->wait_opt_s += st_now() - t0;
+  }
   w->steps++;
   w->busy += st_now() - start;
   return rc;
