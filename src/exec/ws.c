@@ -23,9 +23,11 @@
  * stream, just before its backward.
  *
  * Threads: the calling (compute) thread with the trainer's pool; a fetch
- * thread (when prefetch > 0); an optimizer thread with a pool of one. A
- * step returns once every update of it is done, so the trainer may read or
- * save the weights between steps.
+ * thread (when prefetch > 0); an optimizer thread with a pool of one. The
+ * first block's update, the step's last, runs on the compute side's pool
+ * once the optimizer thread is done: nothing else is left to overlap it
+ * with. A step returns once every update of it is done, so the trainer may
+ * read or save the weights between steps.
  */
 #include "exec.h"
 
