@@ -110,13 +110,15 @@ int main(int argc, char **argv) {
          "s/step: %+.1f%% (target <= +10%%: %s)\n",
          st_usable_cpus(NULL, 0), best[0], best[1], 100 * over,
          over <= 0.10 ? "meets target" : "ABOVE TARGET");
-  printf("  streamed per step: %.0f MB in, %.0f MB out; waiting for weights "
-         "%.1f%% of the time, for the store's last updates %.1f%%; at most "
-         "%d blocks held, compute-side buffers %.0f MB\n",
+  printf("  streamed per step: %.0f MB in, %.0f MB out; of the time, "
+         "waiting for weights %.1f%%, for the store's optimizer thread "
+         "%.1f%%, its last update (on the compute cores) %.1f%%; at most %d "
+         "blocks held, compute-side buffers %.0f MB\n",
          (double)st.bytes_in / st.steps / 1048576.0,
          (double)st.bytes_out / st.steps / 1048576.0,
          wall > 0 ? 100 * st.stall_s / wall : 0,
-         wall > 0 ? 100 * st.wait_optimizer_s / wall : 0, st.max_blocks_held,
+         wall > 0 ? 100 * st.wait_optimizer_s / wall : 0,
+         wall > 0 ? 100 * st.last_update_s / wall : 0, st.max_blocks_held,
          (double)st.compute_bytes / 1048576.0);
   size_t n = st_trainer_model(seq)->n_params;
   int same = memcmp(st_trainer_params(seq), st_trainer_params(ws),

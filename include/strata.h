@@ -1152,6 +1152,9 @@ typedef struct st_stream_stats {
   int64_t bytes_out;       /* gradients sent to the store */
   double stall_s;          /* compute waiting for weights */
   double wait_optimizer_s; /* step ends waiting for the store's updates */
+  double last_update_s;    /* the store's last update of each step (the
+                            * first block's), run on the compute side's
+                            * cores */
   int max_blocks_held;     /* most blocks of weights on the compute side */
   int64_t compute_bytes;   /* the compute side's buffers */
 } st_stream_stats;

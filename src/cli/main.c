@@ -176,12 +176,14 @@ static void print_stream(const st_trainer *t) {
   st_trainer_stats(t, NULL, 0, &wall);
   double mb = 1024.0 * 1024.0, per = (double)s.steps;
   printf("strata: weight streaming: %.1f MB per step from the store, %.1f "
-         "MB of gradients to it; waiting for weights %.1f%% of the step "
-         "time, for the store's last updates %.1f%%; at most %d block%s of "
-         "weights held, compute-side buffers %.1f MB\n",
+         "MB of gradients to it; of the step time, waiting for weights "
+         "%.1f%%, for the store's optimizer thread %.1f%%, its last update "
+         "(on the compute cores) %.1f%%; at most %d block%s of weights held, "
+         "compute-side buffers %.1f MB\n",
          (double)s.bytes_in / per / mb, (double)s.bytes_out / per / mb,
          wall > 0 ? 100 * s.stall_s / wall : 0,
-         wall > 0 ? 100 * s.wait_optimizer_s / wall : 0, s.max_blocks_held,
+         wall > 0 ? 100 * s.wait_optimizer_s / wall : 0,
+         wall > 0 ? 100 * s.last_update_s / wall : 0, s.max_blocks_held,
          s.max_blocks_held == 1 ? "" : "s", (double)s.compute_bytes / mb);
 }
 

@@ -51,6 +51,7 @@ typedef struct noise {
   double b_early;  /* the first 10% of the steps */
   double b_mid;    /* 40% to 60% */
   double b_end;    /* the last 20%: at the target */
+  int failed;      /* the run stopped at an error */
 } noise;
 
 /* What the report and the plot say beyond the table. */
@@ -573,6 +574,39 @@ static double window_b(const window *w) {
   return w->n > 0 && w->g2 > 0 ? w->trace / w->g2 : NAN;
 }
 
+/* The noise run's config: trial `index` at the noise batch, measuring. */
+static int noise_config(const st_sweep_options *o, const st_config *base,
+                        int n_train, int index, st_config *c, st_error *err) {
+  int rc = trial_config(o, base, n_train, o->noise_batch, index, c, err);
+  if (rc)
+    return rc;
+  c->metrics.noise_scale = 1;
+  c->metrics.noise_ema = 0; /* each step's own estimates (windows below) */
+  return st_config_validate(c, err);
+}
+
+/* Before any trial: the noise run must be possible with this config (its
+ * mode measures the noise scale, its batch splits), or the sweep would
+ * fail after all its trials. A trainer is made and dropped. */
+static int check_noise(const st_sweep_options *o, const st_config *base,
+                       int n_train, st_error *err) {
+  st_config c;
+  st_trainer *t = NULL;
+  int rc = noise_config(o, base, n_train, 0, &c, err);
+  if (!rc)
+    rc = st_trainer_create(&t, &c, NULL, err);
+  st_trainer_destroy(t);
+  if (rc) {
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    st_error_set(err, rc,
+                 "sweep: --noise-batch %d: the noise run cannot measure "
+                 "with this config: %s",
+                 o->noise_batch, msg);
+  }
+  return rc;
+}
+
 /* Runs batch o->noise_batch's best trial again with metrics.noise_scale for
  * its steps to result (the same run but for rounding: the batch's gradient
  * is summed from its two halves). Each step gives unbiased estimates of
@@ -585,20 +619,19 @@ static double window_b(const window *w) {
  * size never reached the target. */
 static int run_noise(const st_sweep_options *o, const st_config *base,
                      int n_train, const best *bs, noise *ns, st_error *err) {
-  *ns = (noise){0, 0, NAN, NAN, NAN};
+  *ns = (noise){0, 0, NAN, NAN, NAN, 0};
   int b = 0;
   while (o->batch_sizes.v[b] != o->noise_batch)
     b++;
-  if (bs[b].trial < 0)
+  char path[ST_PATH_MAX + 32];
+  join(path, sizeof path, o->out_dir, "noise.csv");
+  if (bs[b].trial < 0) {
+    unlink(path); /* not measured: no earlier run's file stands for it */
     return 0;
+  }
   st_config c;
-  int rc = trial_config(o, base, n_train, o->noise_batch, bs[b].trial, &c,
-                        err);
+  int rc = noise_config(o, base, n_train, bs[b].trial, &c, err);
   if (rc)
-    return rc;
-  c.metrics.noise_scale = 1;
-  c.metrics.noise_ema = 0;
-  if ((rc = st_config_validate(&c, err)))
     return rc;
   if (o->progress) {
     fprintf(o->progress,
@@ -607,8 +640,6 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
             o->noise_batch, (long long)bs[b].steps);
     fflush(o->progress);
   }
-  char path[ST_PATH_MAX + 32];
-  join(path, sizeof path, o->out_dir, "noise.csv");
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
@@ -700,8 +731,10 @@ static void report_critical(FILE *f, const st_sweep_options *o,
   const noise *ns = &sum->ns;
   if (!ns->batch) {
     fprintf(f,
-            "\nGradient noise scale: not measured, batch %d never reached "
-            "the target.\n",
+            ns->failed ? "\nGradient noise scale: not measured, the run at "
+                         "batch %d stopped at an error (the sweep's).\n"
+                       : "\nGradient noise scale: not measured, batch %d "
+                         "never reached the target.\n",
             o->noise_batch);
     return;
   }
@@ -1216,9 +1249,20 @@ static int sweep_key(const st_sweep_options *o, const st_config *base,
   FILE *f = open_memstream(text, len);
   if (!f)
     return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
-  st_config c = *base;
-  c.train.threads = 0;
-  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
+  /* The keys every trial sets itself (batch, budget, its point) and those
+   * that do not change results (threads, progress) are left at their
+   * defaults, so they never make two sweeps differ. */
+  st_config c = *base, d;
+  st_config_defaults(&d);
+  c.train.threads = d.train.threads;
+  c.train.batch = d.train.batch;
+  c.train.steps = d.train.steps;
+  c.train.epochs = d.train.epochs;
+  c.optimizer.lr = d.optimizer.lr;
+  if (has_momentum(base))
+    c.optimizer.momentum = d.optimizer.momentum;
+  snprintf(c.metrics.progress, sizeof c.metrics.progress, "%s",
+           d.metrics.progress);
   fprintf(f, "# strata sweep: what decides a trial's result; a sweep that "
              "resumes from sweep.csv must match\n");
   fprintf(f, "target: %s %s %.9g\n", metric_name(o),
@@ -1230,8 +1274,6 @@ static int sweep_key(const st_sweep_options *o, const st_config *base,
   fprintf(f, "lr_range: %.9g,%.9g\n", o->lr_min, o->lr_max);
   /* The config's keys that differ from the defaults, as section.key:
    * value — so a strata with more keys (at their defaults) resumes it. */
-  st_config d;
-  st_config_defaults(&d);
   char *ct = NULL, *dt = NULL;
   size_t cn = 0, dn = 0;
   FILE *cf = open_memstream(&ct, &cn), *df = open_memstream(&dt, &dn);
@@ -1333,8 +1375,11 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   }
   if ((rc = check_key(o, base, err)))
     goto done;
-  summary sum = {0, NAN, NAN, NAN, {0, 0, NAN, NAN, NAN}};
-  if (o->budget_epochs > 0 && (rc = train_size(base, &sum.n_train, err)))
+  summary sum = {0, NAN, NAN, NAN, {0, 0, NAN, NAN, NAN, 0}};
+  if ((o->budget_epochs > 0 || o->noise_batch) &&
+      (rc = train_size(base, &sum.n_train, err)))
+    goto done;
+  if (o->noise_batch && (rc = check_noise(o, base, sum.n_train, err)))
     goto done;
   int reused;
   if ((rc = read_sweep_csv(o, base, t, &reused, err)))
@@ -1354,14 +1399,23 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   }
   sum.b_crit =
       st_sweep_fit(o->batch_sizes.v, steps, nb, &sum.s_min, &sum.e_min);
+  /* A failed noise run (the trials stand) still leaves the other files,
+   * the report saying it was not measured; its error is returned. */
+  int noise_rc = 0;
+  st_error noise_err = {0};
   if (o->noise_batch &&
-      (rc = run_noise(o, base, sum.n_train, bs, &sum.ns, err)))
-    goto done;
+      (noise_rc = run_noise(o, base, sum.n_train, bs, &sum.ns, &noise_err)))
+    sum.ns = (noise){0, 0, NAN, NAN, NAN, 1};
   if ((rc = write_steps_csv(o, base, bs, err)))
     goto done;
   if ((rc = write_svg(o, bs, &sum, err)))
     goto done;
-  rc = write_report(o, base, bs, &sum, err);
+  if ((rc = write_report(o, base, bs, &sum, err)))
+    goto done;
+  if (noise_rc) {
+    rc = noise_rc;
+    *err = noise_err;
+  }
 done:
   free(t);
   free(bs);

@@ -70,9 +70,10 @@ typedef struct ws {
   int opt_thread;
 
   /* Counters (st_ws_stats). */
-  int held_max;      /* most slots filled and not released at once */
-  double stall_s;    /* compute waiting for weights */
-  double wait_opt_s; /* step end waiting for the optimizer */
+  int held_max;         /* most slots filled and not released at once */
+  double stall_s;       /* compute waiting for weights */
+  double wait_opt_s;    /* step end waiting for the optimizer thread */
+  double last_update_s; /* the first block's update on the compute side */
   int64_t bytes_in, bytes_out, steps;
   double busy;
 } ws;
@@ -230,19 +231,62 @@ static void ws_destroy(void *state) {
   free(w);
 }
 
-static float *alloc_floats(ws *w, size_t n, int *ok) {
+/* Counts n floats into w->compute_bytes and, unless dry, allocates them. */
+static float *alloc_floats(ws *w, size_t n, int dry, int *ok) {
+  w->compute_bytes += (int64_t)(n * sizeof(float));
+  if (dry)
+    return NULL;
   float *p = *ok ? st_alloc(n * sizeof(float)) : NULL;
   if (!p)
     *ok = 0;
-  w->compute_bytes += (int64_t)(n * sizeof(float));
   return p;
 }
 
-/* What the compute side holds for a block at `rows` samples: the weight
- * slots, the gradient, its activations (all blocks' when kept) and the
- * shared workspace — the figure compute_memory_limit is checked against. */
+/* The compute side's buffers, sized for w->rows samples; dry: only
+ * counted, so the limit is checked before anything is allocated. */
+static int buffers(ws *w, int dry) {
+  const st_model *m = w->model;
+  int ok = 1;
+  w->compute_bytes = 0;
+  size_t span = (size_t)w->rows * m->max_numel;
+  w->wslot = alloc_floats(w, (size_t)w->slots * w->max_params, dry, &ok);
+  w->gbuf = alloc_floats(w, w->max_params, dry, &ok);
+  w->work = alloc_floats(w, 3 * span, dry, &ok);
+  w->scratch =
+      alloc_floats(w, (size_t)w->rows * m->max_scratch_per_sample, dry, &ok);
+  w->grad_io[0] = alloc_floats(w, span, dry, &ok);
+  w->grad_io[1] = alloc_floats(w, span, dry, &ok);
+  size_t max_act = 0;
+  for (int i = 0; i < w->nb; i++)
+    if (m->blocks[i].act_per_sample > max_act)
+      max_act = m->blocks[i].act_per_sample;
+  for (int i = 0; i < w->nb; i++) {
+    const st_block *b = &m->blocks[i];
+    if (w->keep) {
+      float *a = alloc_floats(w, (size_t)w->rows * b->act_per_sample, dry, &ok);
+      if (!dry)
+        w->acts[i] = a;
+      continue;
+    }
+    if (i == 0) {
+      float *a = alloc_floats(w, (size_t)w->rows * max_act, dry, &ok);
+      if (!dry)
+        w->acts[0] = a;
+    }
+    float *o =
+        alloc_floats(w, (size_t)w->rows * st_shape_numel(b->out), dry, &ok);
+    if (!dry)
+      w->outs[i] = o;
+  }
+  return ok;
+}
+
+/* What the compute side holds for `rows` samples: the weight slots, the
+ * gradient, the activations (all blocks' when kept) and the shared
+ * workspace — the figure compute_memory_limit is checked against. rows is
+ * the larger of the micro-batch and the evaluation batch (eval_rows). */
 static int check_limit(const st_model *m, const st_config *cfg, int rows,
-                       int64_t have, st_error *err) {
+                       int eval_rows, int64_t have, st_error *err) {
   int64_t limit = cfg->execution.compute_memory_limit;
   if (limit <= 0 || have <= limit)
     return 0;
@@ -258,12 +302,14 @@ static int check_limit(const st_model *m, const st_config *cfg, int rows,
       err, ST_ECONFIG,
       "%s: execution.compute_memory_limit: %lld bytes cannot hold block %d "
       "(%s): %d slot%s of its %zu weights, its gradient and activations "
-      "for %d samples need %lld bytes in all (raise the limit, lower "
-      "execution.prefetch or train.batch, or set "
+      "for %d samples (%s) need %lld bytes in all (raise the limit, lower "
+      "execution.prefetch or the samples, or set "
       "execution.keep_activations: false)",
       st_config_where(cfg, "execution.compute_memory_limit"), (long long)limit,
       worst, b->name, cfg->execution.prefetch + 1,
-      cfg->execution.prefetch ? "s" : "", b->n_params, rows, (long long)have);
+      cfg->execution.prefetch ? "s" : "", b->n_params, rows,
+      rows == eval_rows ? "the evaluation batch" : "the micro-batch",
+      (long long)have);
 }
 
 static int ws_create(void **state, const st_model *m, const st_config *cfg,
@@ -276,48 +322,30 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
   pthread_cond_init(&w->cv, NULL);
   w->model = m;
   w->nb = m->n_blocks;
-  w->slots = cfg->execution.prefetch + 1;
+  /* a walk uses 2 n slots at most: more prefetch would fill nothing */
+  w->slots = cfg->execution.prefetch < 2 * w->nb ? cfg->execution.prefetch + 1
+                                                 : 2 * w->nb;
   w->keep = cfg->execution.keep_activations;
   w->rows = micro_batch > max_batch ? micro_batch : max_batch;
   for (int i = 0; i < m->n_blocks; i++)
     if (m->blocks[i].n_params > w->max_params)
       w->max_params = m->blocks[i].n_params;
-  int ok = 1;
-  size_t span = (size_t)w->rows * m->max_numel;
-  w->wslot = alloc_floats(w, (size_t)w->slots * w->max_params, &ok);
-  w->gbuf = alloc_floats(w, w->max_params, &ok);
-  w->work = alloc_floats(w, 3 * span, &ok);
-  w->scratch =
-      alloc_floats(w, (size_t)w->rows * m->max_scratch_per_sample, &ok);
-  w->grad_io[0] = alloc_floats(w, span, &ok);
-  w->grad_io[1] = alloc_floats(w, span, &ok);
-  w->acts = calloc((size_t)w->nb, sizeof *w->acts);
-  w->outs = calloc((size_t)w->nb, sizeof *w->outs);
-  ok = ok && w->acts && w->outs;
-  size_t max_act = 0;
-  for (int i = 0; i < w->nb; i++)
-    if (m->blocks[i].act_per_sample > max_act)
-      max_act = m->blocks[i].act_per_sample;
-  for (int i = 0; ok && i < w->nb; i++) {
-    const st_block *b = &m->blocks[i];
-    if (w->keep) {
-      w->acts[i] = alloc_floats(w, (size_t)w->rows * b->act_per_sample, &ok);
-    } else {
-      if (i == 0)
-        w->acts[0] = alloc_floats(w, (size_t)w->rows * max_act, &ok);
-      w->outs[i] =
-          alloc_floats(w, (size_t)w->rows * st_shape_numel(b->out), &ok);
-    }
+  /* size first, check the limit, then allocate */
+  buffers(w, 1);
+  int rc = check_limit(m, cfg, w->rows, max_batch, w->compute_bytes, err);
+  if (!rc) {
+    w->acts = calloc((size_t)w->nb, sizeof *w->acts);
+    w->outs = calloc((size_t)w->nb, sizeof *w->outs);
+    w->use_block = malloc(2 * (size_t)w->nb * sizeof *w->use_block);
+    w->queue = malloc((size_t)w->nb * sizeof *w->queue);
+    w->opt_pool = st_pool_create(1);
+    if (!(w->acts && w->outs && w->use_block && w->queue && w->opt_pool &&
+          buffers(w, 0)))
+      rc = st_error_set(err, ST_ENOMEM,
+                        "out of memory for weight streaming's compute side "
+                        "(%lld bytes)",
+                        (long long)w->compute_bytes);
   }
-  w->use_block = malloc(2 * (size_t)w->nb * sizeof *w->use_block);
-  w->queue = malloc((size_t)w->nb * sizeof *w->queue);
-  w->opt_pool = st_pool_create(1);
-  ok = ok && w->use_block && w->queue && w->opt_pool;
-  int rc = ok ? check_limit(m, cfg, w->rows, w->compute_bytes, err)
-              : st_error_set(err, ST_ENOMEM,
-                             "out of memory for weight streaming's compute "
-                             "side (%lld bytes)",
-                             (long long)w->compute_bytes);
   if (!rc && cfg->execution.prefetch > 0) {
     w->fetch_thread = pthread_create(&w->fetcher, NULL, fetch_main, w) == 0;
     if (!w->fetch_thread)
@@ -465,9 +493,10 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
   if (!rc && !v->grads_only) {
     st_trainer_view last_view = w->opt_view;
     last_view.ctx.pool = v->ctx.pool;
+    last_view.trace = v->trace; /* traced as the compute side's update */
     double t0 = st_now();
-    st_trainer_update_blocks(&last_view, 0, 1);
-    w->wait_opt_s += st_now() - t0;
+    st_exec_update_block(&last_view, 0);
+    w->last_update_s += st_now() - t0;
   }
   w->steps++;
   w->busy += st_now() - start;
@@ -512,6 +541,7 @@ int st_ws_stats(const void *state, st_stream_stats *out) {
   out->bytes_out = w->bytes_out;
   out->stall_s = w->stall_s;
   out->wait_optimizer_s = w->wait_opt_s;
+  out->last_update_s = w->last_update_s;
   out->max_blocks_held = w->held_max;
   out->compute_bytes = w->compute_bytes;
   return 0;
