@@ -74,7 +74,9 @@ static const char *usage_sweep =
     "                  perfect-scaling line and the regimes shaded\n"
     "  DIR/report.md   the table, where steps stop halving, the fitted\n"
     "                  critical batch size and B_simple\n"
-    "  DIR/noise.csv   B_simple along the noise run (with --noise-batch)\n";
+    "  DIR/noise.csv   B_simple along the noise run (with --noise-batch)\n"
+    "  DIR/sweep.key   the target, budgets and config a resumed sweep must\n"
+    "                  match\n";
 
 typedef struct sweep_args {
   const char *config, *batch_sizes, *target, *trials, *budget, *epochs,
