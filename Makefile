@@ -55,7 +55,7 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(wildcard tests/*/*.h) $(BUILD)/lib
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libstrata.a $(LDLIBS)
 
-$(BUILD)/bench/%: bench/%.c $(BUILD)/libstrata.a
+$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(BUILD)/libstrata.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LDLIBS)
 
