@@ -81,6 +81,11 @@ int st_pool_pin(st_pool *pool, const int *cpus, int n);
 int st_usable_cpus(int *cpus, int cap);
 void st_pool_for(st_pool *pool, int ntasks, void (*fn)(void *arg, int task),
                  void *arg);
+/* Runs fn(arg) on `workers` threads at once — the calling thread and
+ * workers - 1 new ones — and returns when all have returned. A thread that
+ * cannot be started only means fewer workers (fn must take its work from
+ * a shared queue). */
+void st_run_workers(int workers, void *(*fn)(void *arg), void *arg);
 
 /* GEMM wrapper over CBLAS, row-major: C = alpha * op(A) op(B) + beta * C with
  * op(A) M x K, op(B) K x N. The caller states its cores by passing its pool.

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
 typedef struct worker {
   struct st_pool *pool;
@@ -162,4 +163,18 @@ int st_pool_pin(st_pool *p, const int *cpus, int n) {
   for (int i = 0; p && i < p->nthreads - 1; i++)
     if (st_pin_thread(p->threads[i], cpus, n)) rc = -1;
   return rc;
+}
+
+void st_run_workers(int workers, void *(*fn)(void *arg), void *arg) {
+  pthread_t *threads =
+      calloc(workers > 1 ? (size_t)workers - 1 : 1, sizeof *threads);
+  int started = 0;
+  if (threads)
+    while (started < workers - 1 &&
+           pthread_create(&threads[started], NULL, fn, arg) == 0)
+      started++;
+  fn(arg);
+  for (int j = 0; j < started; j++)
+    pthread_join(threads[j], NULL);
+  free(threads);
 }

@@ -1220,16 +1220,7 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
             .lock = PTHREAD_MUTEX_INITIALIZER,
             .t = t,
             .failed_at = -1};
-  pthread_t *threads = calloc(jobs > 1 ? (size_t)jobs - 1 : 1, sizeof *threads);
-  int started = 0;
-  if (threads)
-    while (started < jobs - 1 &&
-           pthread_create(&threads[started], NULL, worker, &w) == 0)
-      started++;
-  worker(&w);
-  for (int j = 0; j < started; j++)
-    pthread_join(threads[j], NULL);
-  free(threads);
+  st_run_workers(jobs, worker, &w);
   free(todo);
   pthread_mutex_destroy(&w.lock);
   if (w.failed_at < 0)
