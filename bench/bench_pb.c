@@ -25,73 +25,32 @@
  * Usage: bench_pb [SECONDS [REPEATS]]   (defaults 1.5 and 3)
  * Prints one line per figure; targets are printed, never enforced.
  */
+#include "span.h"
 #include "strata.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-enum { MAX_SETS = 16 };
-
-typedef struct run {
-  const char *sets[MAX_SETS];
-  int n;
-} run;
-
-static void add(run *r, const char *set) {
-  if (r->n < MAX_SETS) r->sets[r->n++] = set;
-}
 
 /* samples/s over `seconds` after a warm-up; the least and the most busy
  * stage's busy fractions over those steps in *worst and *most (1 for one
  * track). */
 static int measure(const run *r, double seconds, double *rate,
                    double *worst, double *most) {
-  st_config cfg;
-  st_error err = {0};
-  st_config_defaults(&cfg);
-  const char *base[] = {"data.dataset=synthetic", "data.train_limit=8192",
-                        "data.test_limit=64",     "metrics.progress=off",
-                        "optimizer.lr=0.001",     "optimizer.momentum=0.9",
-                        "optimizer.nesterov=false"};
-  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-    if (st_config_set(&cfg, base[i], &err)) goto fail;
-  for (int i = 0; i < r->n; i++)
-    if (st_config_set(&cfg, r->sets[i], &err)) goto fail;
-  st_trainer *t;
-  if (st_trainer_create(&t, &cfg, NULL, &err)) goto fail;
-  double loss, wall0 = 0, wall1 = 0;
-  for (int i = 0; i < 3; i++)
-    if (st_trainer_step(t, &loss, &err)) goto fail_t;
-  int n = st_trainer_stats(t, NULL, 0, &wall0);
-  st_track_stats *a = malloc(2 * (size_t)n * sizeof *a), *b = a + n;
-  if (!a) goto fail_t;
-  st_trainer_stats(t, a, n, &wall0);
-  int64_t steps = 0;
-  double t0 = st_now(), elapsed = 0;
-  while (elapsed < seconds) {
-    if (st_trainer_step(t, &loss, &err)) {
-      free(a);
-      goto fail_t;
-    }
-    steps++;
-    elapsed = st_now() - t0;
-  }
-  st_trainer_stats(t, b, n, &wall1);
-  *worst = 1, *most = n > 1 ? 0 : 1;
-  for (int i = 0; i < n && wall1 > wall0; i++) {
-    double f = (b[i].busy_s - a[i].busy_s) / (wall1 - wall0);
+  static const char *const common[] = {
+      "data.dataset=synthetic", "data.train_limit=8192",
+      "data.test_limit=64",     "metrics.progress=off",
+      "optimizer.lr=0.001",     "optimizer.momentum=0.9",
+      "optimizer.nesterov=false"};
+  span s;
+  if (measure_span("bench_pb", common, 7, r, seconds, &s)) return -1;
+  *worst = 1, *most = s.tracks > 1 ? 0 : 1;
+  for (int i = 0; i < s.tracks && s.wall > 0; i++) {
+    double f = s.busy[i] / s.wall;
     if (f < *worst) *worst = f;
     if (f > *most) *most = f;
   }
-  free(a);
-  *rate = (double)steps * cfg.train.batch / elapsed;
-  st_trainer_destroy(t);
+  *rate = s.rate;
   return 0;
-fail_t:
-  st_trainer_destroy(t);
-fail:
-  fprintf(stderr, "bench_pb: %s\n", err.msg);
-  return -1;
 }
 
 int main(int argc, char **argv) {

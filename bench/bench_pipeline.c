@@ -21,73 +21,31 @@
  * Usage: bench_pipeline [SECONDS [REPEATS]]   (defaults 1.5 and 3)
  * Prints one line per figure; targets are printed, never enforced.
  */
+#include "span.h"
 #include "strata.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_SETS = 24 };
-
-typedef struct run {
-  const char *sets[MAX_SETS];
-  int n;
-} run;
-
-static void add(run *r, const char *set) {
-  if (r->n < MAX_SETS) r->sets[r->n++] = set;
-}
-
 /* samples/s over `seconds` after a warm-up, and the utilization of those
  * steps (busy seconds over stages-at-once x step seconds). */
 static int measure(const run *r, double seconds, double *rate, double *util,
                    int *blocks) {
-  st_config cfg;
-  st_error err = {0};
-  st_config_defaults(&cfg);
-  const char *base[] = {"data.dataset=synthetic", "data.train_limit=4096",
-                        "data.test_limit=64", "metrics.progress=off",
-                        "optimizer.lr=0.01", "optimizer.momentum=0.9"};
-  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-    if (st_config_set(&cfg, base[i], &err)) goto fail;
-  for (int i = 0; i < r->n; i++)
-    if (st_config_set(&cfg, r->sets[i], &err)) goto fail;
-  st_trainer *t;
-  if (st_trainer_create(&t, &cfg, NULL, &err)) goto fail;
-  if (blocks) *blocks = st_trainer_model(t)->n_blocks;
-  double loss, wall0 = 0, wall1 = 0, busy0 = 0, busy1 = 0;
-  for (int i = 0; i < 3; i++)
-    if (st_trainer_step(t, &loss, &err)) goto fail_t;
-  int n = st_trainer_stats(t, NULL, 0, &wall0);
-  st_track_stats *st = malloc((size_t)n * sizeof *st);
-  if (!st) goto fail_t;
-  st_trainer_stats(t, st, n, &wall0);
-  for (int i = 0; i < n; i++) busy0 += st[i].busy_s;
-  int64_t steps = 0;
-  double t0 = st_now(), elapsed = 0;
-  while (elapsed < seconds) {
-    if (st_trainer_step(t, &loss, &err)) {
-      free(st);
-      goto fail_t;
-    }
-    steps++;
-    elapsed = st_now() - t0;
-  }
-  st_trainer_stats(t, st, n, &wall1);
-  for (int i = 0; i < n; i++) busy1 += st[i].busy_s;
-  free(st);
+  static const char *const common[] = {
+      "data.dataset=synthetic", "data.train_limit=4096", "data.test_limit=64",
+      "metrics.progress=off",   "optimizer.lr=0.01",     "optimizer.momentum=0.9"};
+  span s;
+  if (measure_span("bench_pipeline", common, 6, r, seconds, &s)) return -1;
+  if (blocks) *blocks = s.blocks;
+  double busy = 0;
+  for (int i = 0; i < s.tracks; i++) busy += s.busy[i];
   /* stages at once: all tracks but block_sequential's turn-takers */
-  int S = st_trainer_stages(t);
-  int at_once = n < S * cfg.execution.replicas ? n : S * cfg.execution.replicas;
-  *rate = (double)steps * cfg.train.batch / elapsed;
-  *util = wall1 > wall0 ? (busy1 - busy0) / ((wall1 - wall0) * at_once) : 0;
-  st_trainer_destroy(t);
+  int at_once = s.tracks < s.stages * s.replicas ? s.tracks
+                                                 : s.stages * s.replicas;
+  *rate = s.rate;
+  *util = s.wall > 0 ? busy / (s.wall * at_once) : 0;
   return 0;
-fail_t:
-  st_trainer_destroy(t);
-fail:
-  fprintf(stderr, "bench_pipeline: %s\n", err.msg);
-  return -1;
 }
 
 /* Best of `repeats` for each of two runs, alternating. */
