@@ -227,7 +227,8 @@ typedef struct st_config {
     int emulate;            /* pipelined_backprop: single-threaded ticks */
     int pipemare_warmup;    /* pipemare: T (updates) */
     float pipemare_gamma;   /* pipemare: gamma */
-    char store[8];          /* weight_streaming: memory */
+    char store[8];          /* weight_streaming: memory | file */
+    char store_path[ST_PATH_MAX]; /* store file ("" = DIR/store.strata) */
     int prefetch;           /* weight_streaming: blocks fetched ahead */
     int keep_activations;   /* weight_streaming: else recompute */
     int64_t compute_memory_limit; /* weight_streaming: bytes, 0 = none */
@@ -531,6 +532,10 @@ void st_model_destroy(st_model *m);
  * U(-1/sqrt(fan_in), 1/sqrt(fan_in)), norms 1/0) from the RNG stream
  * (seed, ST_RNG_INIT, tensor index). params has m->n_params floats. */
 void st_model_init(const st_model *m, float *params, uint64_t seed);
+/* The same for blocks [first, first + count) only (what st_model_init
+ * writes there; a tied copy's source must already hold its values). */
+void st_model_init_blocks(const st_model *m, float *params, uint64_t seed,
+                          int first, int count);
 /* Parameters counting each tied pair once (the published figure). */
 size_t st_model_unique_params(const st_model *m);
 /* Copies every tied tensor's source weights into the copy. */
@@ -1123,6 +1128,16 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
  * training rate; returns 0 if there was one. samples_per_s may be NULL. */
 int st_trainer_last_eval(const st_trainer *t, double *loss, double *accuracy,
                          double *samples_per_s);
+/* Waits for anything the mode still writes in the background (weight
+ * streaming's file store commits each step while the next one runs) and
+ * reports its error; 0 when there is nothing. */
+int st_trainer_sync(st_trainer *t, st_error *err);
+/* The file that keeps the weights and optimizer state, committed every step
+ * (weight streaming's file store), else NULL. */
+const char *st_trainer_store(const st_trainer *t);
+/* 1 when cfg keeps its weights in a file store, whose path (set when
+ * empty) is then cfg->execution.store_path: DIR/store.strata by default. */
+int st_store_resolve(st_config *cfg, const char *out_dir);
 int st_trainer_save(st_trainer *t, const char *path, st_error *err);
 /* weights_only: load weights, keep optimizer state and position. */
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 
@@ -35,6 +36,7 @@ static const char *usage_main =
     "  experiment pb CONFIG  pipelined backprop's mitigations against the\n"
     "                   sequential baseline, over seeds\n"
     "  generate CONFIG  sample text from a trained gpt checkpoint\n"
+    "  export DIR       write the weights a run's store holds as safetensors\n"
     "\n"
     "Run 'strata COMMAND --help' for a command's options.\n";
 
@@ -61,6 +63,15 @@ static const char *usage_train =
     "                   replica; forward, backward, update, send, recv, idle\n"
     "                   (the first 200,000 spans of each track)\n"
     "  --help           this text, then every config key with its default\n";
+
+static const char *usage_export =
+    "usage: strata export DIR [--out FILE]\n"
+    "\n"
+    "Writes the state that the weight-streaming file store of the run in DIR\n"
+    "(execution.store: file) last committed -- weights, optimizer state and\n"
+    "data position -- as a safetensors checkpoint, FILE (default\n"
+    "DIR/checkpoints/step-NNNNNNNN.safetensors), which `strata eval`,\n"
+    "`strata generate` and `strata inspect` read.\n";
 
 static const char *usage_eval =
     "usage: strata eval CONFIG --checkpoint FILE [--set key.path=value ...]\n"
@@ -169,10 +180,28 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
  * the bubble formula's. `samples`: trained by this process. */
 /* Weight streaming: what crossed between the store and the compute side,
  * the compute side's waits and what it held. */
+/* This process's peak resident memory (VmHWM), in bytes; -1 if unknown. */
+static long long peak_rss(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
 static void print_stream(const st_trainer *t) {
   st_stream_stats s;
   double wall = 0;
   if (st_trainer_stream_stats(t, &s) || s.steps < 1) return;
+  long long peak = peak_rss();
+  const char *store = st_trainer_store(t);
+  if (store)
+    printf("strata: store %s committed step %lld; peak resident memory "
+           "%.2f GiB (VmHWM)\n",
+           store, (long long)st_trainer_pos(t)->step,
+           peak < 0 ? -1.0 : (double)peak / (1u << 30));
   st_trainer_stats(t, NULL, 0, &wall);
   double mb = 1024.0 * 1024.0, per = (double)s.steps;
   printf("strata: weight streaming: %.1f MB per step from the store, %.1f "
@@ -260,9 +289,26 @@ static int cmd_train(int argc, char **argv) {
     snprintf(out, sizeof out, "%s", a.out);
   else
     st_cli_default_out(out, sizeof out, a.config);
-  /* A mistyped --resume fails here, before data is loaded or DIR made. */
+  /* A mistyped --resume fails here, before data is loaded or DIR made. A
+   * file store is the run's checkpoint: resumed from, never overwritten. */
   char ck[ST_PATH_MAX + 64];
-  if (a.resume && newest_checkpoint(a.resume, ck, sizeof ck, &err))
+  st_config kept = cfg;
+  int stored = st_store_resolve(&kept, out);
+  struct stat sb;
+  int have_store = stored && stat(kept.execution.store_path, &sb) == 0;
+  if (stored && a.resume && !have_store) {
+    st_error_set(&err, ST_EIO, "%s: no store to resume from",
+                 kept.execution.store_path);
+    return st_cli_fail(&err);
+  }
+  if (have_store && !a.resume) {
+    st_error_set(&err, ST_ECONFIG,
+                 "%s: the store of an earlier run is there: --resume %s "
+                 "continues it; remove it to start over",
+                 kept.execution.store_path, out);
+    return st_cli_fail(&err);
+  }
+  if (a.resume && !stored && newest_checkpoint(a.resume, ck, sizeof ck, &err))
     return st_cli_fail(&err);
   st_trainer *t;
   if (st_trainer_create(&t, &cfg, out, &err)) return st_cli_fail(&err);
@@ -284,7 +330,10 @@ static int cmd_train(int argc, char **argv) {
            (double)cfg.optimizer.momentum, each, each == 1 ? "" : "s",
            (double)run->optimizer.lr, (double)run->optimizer.momentum);
   }
-  if (a.resume) {
+  if (a.resume && stored) {
+    printf("strata: resumed from the store %s at step %lld\n",
+           kept.execution.store_path, (long long)st_trainer_pos(t)->step);
+  } else if (a.resume) {
     rc = st_trainer_load(t, ck, 0, &err);
     if (rc) {
       st_trainer_destroy(t);
@@ -361,6 +410,48 @@ static int cmd_train(int argc, char **argv) {
   st_plan_destroy(plan);
   st_trainer_destroy(t);
   return 0;
+}
+
+static int cmd_export(int argc, char **argv) {
+  args a = {0};
+  int rc = parse_args(argc, argv, &a, usage_export);
+  if (rc) return rc;
+  if (a.help) return fputs(usage_export, stdout), 0;
+  if (!a.config || a.resume || a.checkpoint || a.trace || a.n_sets)
+    return st_cli_usage_error(usage_export, "export takes DIR and --out FILE%s",
+                              "");
+  st_error err = {0};
+  st_config cfg;
+  a.resume = a.config; /* the run's own config.yaml */
+  const char *dir = a.config;
+  a.config = "-";
+  if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
+  struct stat sb;
+  if (!st_store_resolve(&cfg, dir)) {
+    st_error_set(&err, ST_ECONFIG,
+                 "%s/config.yaml: the run keeps no store (execution.store: "
+                 "file); its checkpoints are safetensors already", dir);
+    return st_cli_fail(&err);
+  }
+  if (stat(cfg.execution.store_path, &sb) != 0) {
+    st_error_set(&err, ST_EIO, "%s: no store to export",
+                 cfg.execution.store_path);
+    return st_cli_fail(&err);
+  }
+  st_trainer *t;
+  if (st_trainer_create(&t, &cfg, dir, &err)) return st_cli_fail(&err);
+  char path[ST_PATH_MAX + 64];
+  if (a.out)
+    snprintf(path, sizeof path, "%s", a.out);
+  else
+    snprintf(path, sizeof path, "%s/checkpoints/step-%08lld.safetensors", dir,
+             (long long)st_trainer_pos(t)->step);
+  rc = st_trainer_save(t, path, &err);
+  if (!rc)
+    printf("strata: wrote %s: step %lld of %s\n", path,
+           (long long)st_trainer_pos(t)->step, cfg.execution.store_path);
+  st_trainer_destroy(t);
+  return rc ? st_cli_fail(&err) : 0;
 }
 
 static int cmd_eval(int argc, char **argv) {
@@ -463,6 +554,7 @@ int main(int argc, char **argv) {
     return fputs(usage_main, stdout), 0;
   if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
   if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
+  if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
   if (strcmp(cmd, "compile") == 0) return st_cli_compile(argc - 2, argv + 2);
   if (strcmp(cmd, "bench") == 0) return st_cli_bench(argc - 2, argv + 2);
   if (strcmp(cmd, "tokenize") == 0) return st_cli_tokenize(argc - 2, argv + 2);

@@ -54,7 +54,7 @@ static const char *const modes[] = {
     "weight_streaming",
     NULL,
 };
-static const char *const stores[] = {"memory", NULL};
+static const char *const stores[] = {"memory", "file", NULL};
 static const char *const mitigations[] = {
     "none", "stash", "sc", "lwp", "sc+lwp", "spectrain", "pipemare", NULL,
 };
@@ -188,7 +188,11 @@ const st_config_key st_config_schema[] = {
           "pipemare: EMA decay of the weight-change estimate"),
     ENUM(execution, store, "memory", stores,
          "weight_streaming: where weights and optimizer state live (the "
-         "parameter store; memory: this process's RAM)"),
+         "parameter store; memory: this process's RAM; file: a file on "
+         "disk, committed every step, that a run resumes from)"),
+    STRING(execution, store_path, "\"\"",
+           "weight_streaming, store file: the store's file (\"\": "
+           "store.strata in the run's directory)"),
     INT(execution, prefetch, "1",
         "weight_streaming: blocks fetched ahead of the one computing (the "
         "compute side holds prefetch + 1 blocks of weights)"),

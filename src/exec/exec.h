@@ -81,6 +81,14 @@ typedef struct st_trainer_view {
  * source: the source's block must be updated after the copy's gradient is
  * complete (the embedding comes first, so its backward ends the pass). */
 void st_trainer_update_blocks(const st_trainer_view *v, int first, int count);
+/* What st_trainer_update_blocks runs before the rule: each tied copy
+ * whose source is in these blocks adds its gradient into the source's
+ * (zeroing its own); then fn(arg, off, n) on each slab range to update,
+ * its squared gradient first added into *v->gb2. Tied copies' weights are
+ * left to the caller. */
+typedef void (*st_range_fn)(void *arg, size_t off, size_t n);
+void st_trainer_each_range(const st_trainer_view *v, int first, int count,
+                           st_range_fn fn, void *arg);
 /* st_trainer_update_blocks of one block, as an st_stage_backward_each
  * callback (view is a st_trainer_view); traced on v->track. */
 void st_exec_update_block(void *view, int block);
@@ -115,7 +123,58 @@ typedef struct st_executor {
    * the seconds spent inside steps. Returns the number of tracks (at most
    * cap are filled). */
   int (*stats)(void *state, st_track_stats *out, int cap, double *wall);
+  /* Executors that keep the weights and optimizer state themselves
+   * (weight streaming's file store): the slabs of the current state and
+   * the gradient slab, returning 1; NULL or 0: the trainer allocates them.
+   * Asked again after every step (the state may move). */
+  int (*slabs)(void *state, float **params, float **grads, float **opt);
+  /* Where the kept state's run stands (step 0: a new one). */
+  const st_train_pos *(*stored_pos)(void *state);
+  /* After a step and the position's advance: make both durable. wait = 0
+   * may finish in the background (an error then surfaces at the next
+   * call); wait = 1 finishes everything pending. */
+  int (*commit)(void *state, const st_train_pos *pos, int wait,
+                st_error *err);
 } st_executor;
+
+/* Weight streaming's file store (store.c): a model's weights and optimizer
+ * state, twice (the live copy and the one a step writes), committed step by
+ * step. Regions: 0 the weights, 1 + k optimizer slot k. */
+typedef struct st_store st_store;
+/* Opens the store at path for model m under cfg's optimizer, first making
+ * it (weights from train.seed, optimizer state zero) if there is none. */
+int st_store_open(st_store **out, const char *path, const st_model *m,
+                  const st_config *cfg, st_error *err);
+void st_store_close(st_store *s);
+const char *st_store_path(const st_store *s);
+/* The position after the last committed step (step 0: a new store). */
+const st_train_pos *st_store_pos(const st_store *s);
+/* A region of the live copy, mapped (touch it, then st_store_drop it). */
+float *st_store_slab(const st_store *s, int region);
+int st_store_live(const st_store *s);
+/* n floats at slab offset off: read from the live copy, written into the
+ * other one. */
+int st_store_read(const st_store *s, int region, size_t off, size_t n,
+                  float *dst, st_error *err);
+int st_store_write(const st_store *s, int region, size_t off, size_t n,
+                   const float *src, st_error *err);
+/* Every value of the other copy is written: reads move to it. */
+void st_store_advance(st_store *s);
+/* Makes copy and pos the committed state: data synced, then the header. */
+int st_store_commit(st_store *s, int copy, const st_train_pos *pos,
+                    st_error *err);
+/* Drops this process's pages of a mapped range (the page cache keeps them). */
+void st_store_drop(const void *p, size_t n);
+/* Test knob: SIGKILL the process at `point` of step `step` (0-based). */
+enum {
+  ST_CRASH_MID_UPDATE = 1,    /* half of the step's blocks written */
+  ST_CRASH_BEFORE_HEADER = 2, /* data synced, header not written */
+  ST_CRASH_AFTER_HEADER = 3   /* committed */
+};
+void st_store_set_crash(st_store *s, int64_t step, int point);
+int st_store_crash_point(const st_store *s, int64_t step);
+/* The weight streaming executor's store (NULL: memory). */
+st_store *st_ws_store(void *state);
 
 extern const st_executor st_exec_sequential;
 extern const st_executor st_exec_pipeline;

@@ -130,6 +130,9 @@ static void log_train(run_state *r) {
 }
 
 static int checkpoint(run_state *r, st_error *err) {
+  /* A store that keeps the weights commits every step: it is the
+   * checkpoint (wait for its last commit). */
+  if (st_trainer_store(r->t)) return st_trainer_sync(r->t, err);
   if (!r->dir) return 0;
   const st_train_pos *p = st_trainer_pos(r->t);
   char path[ST_PATH_MAX + 64];
@@ -274,6 +277,11 @@ int st_trainer_run(st_trainer *t, st_error *err) {
   if (!rc) st_trainer_note_result(t, r.test_loss, r.test_acc, samples_per_s(&r));
   if (!rc) rc = checkpoint(&r, err);
   if (!rc) rc = write_summary(&r, err);
+  /* a failed run still waits for its store's last commit */
+  if (rc) {
+    st_error ignored = {0};
+    st_trainer_sync(t, &ignored);
+  }
   if (r.metrics) fclose(r.metrics);
   return rc;
 }

@@ -30,6 +30,8 @@ struct st_trainer {
   const st_executor *exec;
   void *exec_state;
   float *params, *grads, *opt;
+  int owned;                  /* the three above are the trainer's (else the
+                                 executor's: a file store) */
   float *x, *losses, *probs, *dlogits;
   int *y;
   int32_t *perm, *eval_idx;
@@ -43,6 +45,10 @@ struct st_trainer {
   st_trace *trace;            /* --trace, else NULL */
   double plan_rate, plan_util; /* the plan's predictions (0: none) */
 };
+
+static int check_same_run(const st_trainer *t, const st_train_pos *p,
+                          const char *path, st_error *err);
+static st_train_pos run_pos(const st_trainer *t);
 
 const st_executor *st_find_executor(const char *mode) {
   static const st_executor *all[] = {&st_exec_sequential, &st_exec_pipeline,
@@ -182,10 +188,19 @@ static int allocate(st_trainer *t, st_error *err) {
   /* the executor runs micro-batches in training, eval batches in eval */
   size_t exec_rows =
       (size_t)max_int(t->micro_batch, t->eval_batch) * (size_t)t->rows;
-  t->params = st_alloc(m->n_params * sizeof(float));
-  t->grads = st_alloc(m->n_params * sizeof(float));
-  t->opt = st_alloc((size_t)st_optim_state_per_param(&t->cfg) * m->n_params *
-                    sizeof(float));
+  /* The executor first: one that keeps the weights (a file store) makes
+   * them and says where they are. */
+  int rc = t->exec->create(&t->exec_state, m, &t->cfg, t->micro_batch,
+                           t->eval_batch, err);
+  if (rc) return rc;
+  t->owned = !(t->exec->slabs &&
+               t->exec->slabs(t->exec_state, &t->params, &t->grads, &t->opt));
+  if (t->owned) {
+    t->params = st_alloc(m->n_params * sizeof(float));
+    t->grads = st_alloc(m->n_params * sizeof(float));
+    t->opt = st_alloc((size_t)st_optim_state_per_param(&t->cfg) *
+                      m->n_params * sizeof(float));
+  }
   t->x = st_alloc(rows * in_numel * sizeof(float));
   t->y = st_alloc(labels * sizeof(int));
   t->losses = st_alloc(labels * sizeof(float));
@@ -198,8 +213,7 @@ static int allocate(st_trainer *t, st_error *err) {
     return st_error_set(err, ST_ENOMEM,
                         "out of memory for %zu parameters at batch %d",
                         m->n_params, t->batch);
-  return t->exec->create(&t->exec_state, m, &t->cfg, t->micro_batch,
-                         t->eval_batch, err);
+  return 0;
 }
 
 static void make_permutation(st_trainer *t) {
@@ -291,18 +305,35 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     rc = st_error_set(err, ST_ENOMEM, "cannot start %d threads", threads);
     goto fail;
   }
-  if ((rc = allocate(t, err))) goto fail;
-  st_model_init(t->model, t->params, cfg->train.seed);
-  t->steps_per_epoch = t->n_train / t->batch;
-  t->total_steps = cfg->train.steps > 0
-                       ? cfg->train.steps
-                       : t->steps_per_epoch * (int64_t)cfg->train.epochs;
-  make_permutation(t);
+  st_store_resolve(&t->cfg, out_dir);
+  /* the run's directory first: a store in it is made with the executor */
   if (out_dir) {
     char ck[ST_PATH_MAX + 16];
     snprintf(ck, sizeof ck, "%s/checkpoints", out_dir);
     if ((rc = st_mkdir_p(ck, 1, err))) goto fail;
   }
+  if ((rc = allocate(t, err))) goto fail;
+  if (t->owned) st_model_init(t->model, t->params, cfg->train.seed);
+  t->steps_per_epoch = t->n_train / t->batch;
+  t->total_steps = cfg->train.steps > 0
+                       ? cfg->train.steps
+                       : t->steps_per_epoch * (int64_t)cfg->train.epochs;
+  /* A kept state (a file store) that has trained continues where it
+   * stopped, under the same run's settings. */
+  const st_train_pos *kept =
+      t->exec->stored_pos ? t->exec->stored_pos(t->exec_state) : NULL;
+  if (kept) {
+    /* a new store has only its weights' seed to agree on */
+    st_train_pos p = *kept;
+    if (p.step == 0) {
+      p = run_pos(t);
+      p.seed = kept->seed;
+    }
+    if ((rc = check_same_run(t, &p, t->cfg.execution.store_path, err)))
+      goto fail;
+    if (kept->step > 0) t->pos = *kept;
+  }
+  make_permutation(t);
   *out = t;
   return 0;
 fail:
@@ -314,9 +345,11 @@ void st_trainer_destroy(st_trainer *t) {
   if (!t) return;
   if (t->exec && t->exec_state) t->exec->destroy(t->exec_state);
   st_trace_destroy(t->trace);
-  st_free(t->params);
-  st_free(t->grads);
-  st_free(t->opt);
+  if (t->owned) {
+    st_free(t->params);
+    st_free(t->grads);
+    st_free(t->opt);
+  }
   st_free(t->x);
   st_free(t->y);
   st_free(t->losses);
@@ -371,8 +404,8 @@ double st_sum_squares(const float *x, size_t n) {
   return s;
 }
 
-static void update_range(const st_trainer_view *v, size_t off, size_t n) {
-  if (v->gb2) *v->gb2 += st_sum_squares(v->grads + off, n);
+static void update_range(void *arg, size_t off, size_t n) {
+  const st_trainer_view *v = arg;
   st_optim_step_range(v->ctx.pool, v->cfg, v->params + off, v->grads + off,
                       v->opt + off, v->model->n_params, n, v->lr, v->step);
 }
@@ -425,41 +458,56 @@ static void for_ties(const st_trainer_view *v, float *slab, size_t lo,
   }
 }
 
-void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
+/* fn on one range, its squared gradient first into *v->gb2. */
+static void each(const st_trainer_view *v, st_range_fn fn, void *arg,
+                 size_t off, size_t n) {
+  if (v->gb2) *v->gb2 += st_sum_squares(v->grads + off, n);
+  fn(arg, off, n);
+}
+
+void st_trainer_each_range(const st_trainer_view *v, int first, int count,
+                           st_range_fn fn, void *arg) {
   const st_model *m = v->model;
   const st_block *lo = &m->blocks[first], *hi = &m->blocks[first + count - 1];
   size_t begin = lo->param_off, end = hi->param_off + hi->n_params;
   /* Each tied copy whose source is updated here adds its gradient into the
-   * source's first (the copy's gradient is complete: see exec.h) ... */
+   * source's first (the copy's gradient is complete: see exec.h). */
   for_ties(v, v->grads, begin, end, 1);
   int per_tensor = v->ctx.fused != NULL;
   for (int i = first; i < first + count && !per_tensor; i++)
     per_tensor = has_tied_copy(&m->blocks[i]);
   if (!per_tensor) {
-    update_range(v, lo->param_off, hi->param_off + hi->n_params - lo->param_off);
-  } else {
-    /* Tensor by tensor: the layers that fuse (linear at batch 1) were
-     * updated in the backward, and tied copies are updated with their
-     * source (the elementwise rules give the same bits either way). */
-    for (int i = first; i < first + count; i++) {
-      const st_block *b = &m->blocks[i];
-      for (int l = 0; l < b->n_layers; l++) {
-        const st_layer *L = &b->layers[l];
-        if (L->w_tensor < 0 ||
-            (st_layer_fuses_update(L, &v->ctx, v->batch) &&
-             b->tensors[L->w_tensor].tie < 0))
-          continue;
-        const int tensors[2] = {L->w_tensor, L->b_tensor};
-        for (int k = 0; k < 2; k++)
-          if (tensors[k] >= 0 && b->tensors[tensors[k]].tie < 0)
-            update_range(v, b->param_off + b->tensors[tensors[k]].offset,
-                         b->tensors[tensors[k]].numel);
-      }
+    each(v, fn, arg, begin, end - begin);
+    return;
+  }
+  /* Tensor by tensor: the layers that fuse (linear at batch 1) were
+   * updated in the backward, and tied copies are updated with their
+   * source (the elementwise rules give the same bits either way). */
+  for (int i = first; i < first + count; i++) {
+    const st_block *b = &m->blocks[i];
+    for (int l = 0; l < b->n_layers; l++) {
+      const st_layer *L = &b->layers[l];
+      if (L->w_tensor < 0 ||
+          (st_layer_fuses_update(L, &v->ctx, v->batch) &&
+           b->tensors[L->w_tensor].tie < 0))
+        continue;
+      const int tensors[2] = {L->w_tensor, L->b_tensor};
+      for (int k = 0; k < 2; k++)
+        if (tensors[k] >= 0 && b->tensors[tensors[k]].tie < 0)
+          each(v, fn, arg, b->param_off + b->tensors[tensors[k]].offset,
+               b->tensors[tensors[k]].numel);
     }
   }
-  /* ... and takes the source's new weights after. (A copy's optimizer state
+}
+
+void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
+  st_trainer_each_range(v, first, count, update_range, (void *)v);
+  /* Tied copies take their source's new weights. (A copy's optimizer state
    * is never read: the copy is only ever overwritten.) */
-  for_ties(v, v->params, begin, end, 0);
+  const st_model *m = v->model;
+  const st_block *hi = &m->blocks[first + count - 1];
+  for_ties(v, v->params, m->blocks[first].param_off,
+           hi->param_off + hi->n_params, 0);
 }
 
 void st_exec_update_block(void *view, int block) {
@@ -505,6 +553,16 @@ int st_trainer_check_loss(const st_trainer_view *v, double *loss,
                       (long long)v->first_sample + v->batch - 1);
 }
 
+/* The position with the settings a resumed run must share (check_same_run). */
+static st_train_pos run_pos(const st_trainer *t) {
+  st_train_pos pos = t->pos;
+  pos.seed = t->cfg.train.seed;
+  pos.batch = t->batch;
+  pos.train_samples = t->n_train;
+  pos.shuffle = t->cfg.data.shuffle;
+  return pos;
+}
+
 int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
   next_batch(t);
   /* t->grads is all zeros here: allocated zeroed, and every update zeroes
@@ -542,15 +600,43 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
   int rc = t->exec->step(t->exec_state, &v, loss, err);
   if (rc) {
     /* Nothing was updated; drop the partial gradients of earlier
-     * micro-batches so the zero-gradient invariant holds. */
-    memset(t->grads, 0, t->model->n_params * sizeof(float));
+     * micro-batches so the zero-gradient invariant holds (an executor
+     * that keeps the slabs clears its own). */
+    if (t->owned) memset(t->grads, 0, t->model->n_params * sizeof(float));
     return rc;
   }
   if (v.gs2) st_noise_scale_add(&t->noise, gs2, t->micro_batch, gb2, t->batch);
   t->pos.step++;
   t->pos.epoch_pos += t->batch;
   t->pos.samples += t->batch;
+  if (!t->owned) {
+    /* the kept state moved: commit it with the position (in the
+     * background), and follow it */
+    st_train_pos pos = run_pos(t);
+    if ((rc = t->exec->commit(t->exec_state, &pos, 0, err))) return rc;
+    t->exec->slabs(t->exec_state, &t->params, &t->grads, &t->opt);
+  }
   return 0;
+}
+
+int st_store_resolve(st_config *cfg, const char *out_dir) {
+  if (strcmp(cfg->execution.mode, "weight_streaming") ||
+      strcmp(cfg->execution.store, "file"))
+    return 0;
+  /* with no path given, the store lives in the run's directory */
+  if (!cfg->execution.store_path[0] && out_dir)
+    snprintf(cfg->execution.store_path, sizeof cfg->execution.store_path,
+             "%s/store.strata", out_dir);
+  return 1;
+}
+
+const char *st_trainer_store(const st_trainer *t) {
+  return t->owned ? NULL : t->cfg.execution.store_path;
+}
+
+int st_trainer_sync(st_trainer *t, st_error *err) {
+  if (t->owned || !t->exec->commit) return 0;
+  return t->exec->commit(t->exec_state, NULL, 1, err);
 }
 
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
@@ -585,11 +671,7 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
 }
 
 int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
-  st_train_pos pos = t->pos;
-  pos.seed = t->cfg.train.seed;
-  pos.batch = t->batch;
-  pos.train_samples = t->n_train;
-  pos.shuffle = t->cfg.data.shuffle;
+  st_train_pos pos = run_pos(t);
   return st_checkpoint_save(path, t->model, t->params, t->opt,
                             t->cfg.optimizer.kind, &pos, err);
 }
@@ -620,6 +702,12 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
 
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err) {
+  if (!t->owned)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: the weights live in the store %s, which is this "
+                        "run's checkpoint: a checkpoint file cannot be loaded "
+                        "into it (use execution.store: memory)",
+                        path, t->cfg.execution.store_path);
   if (weights_only)
     return st_checkpoint_load(path, t->model, t->params, NULL, NULL, NULL,
                               err);

@@ -10,8 +10,15 @@
  * micro-batch an optimizer thread updates that block in the store while
  * the compute side goes on to the block before it.
  *
- * The store here is memory: the trainer's parameter, gradient and optimizer
- * slabs (execution.store: memory). The update is the sequential mode's
+ * The memory store is the trainer's parameter, gradient and optimizer
+ * slabs (execution.store: memory). The file store (store.c) keeps two
+ * copies of the weights and optimizer state in a file: fetches read the
+ * live copy, the update reads a chunk of the block's weights and state
+ * from it, applies the same rule and writes the chunk into the other copy;
+ * the step is committed (synced, then the header) on the optimizer thread
+ * while the next step's forward runs, and that step's first update waits
+ * for it. Gradients stay in this process, in a mapping whose pages are
+ * given back once a block is updated. The update is the sequential mode's
  * st_trainer_update_blocks on the same slabs, and every kernel sees the
  * same inputs in the same order, so the weights are the sequential mode's
  * bit for bit — with micro-batches too: a block's partial gradient goes to
@@ -33,6 +40,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/mman.h>
 
 typedef struct ws {
   const st_model *model;
@@ -69,6 +78,20 @@ typedef struct ws {
   pthread_t optimizer;
   int opt_thread;
 
+  /* The file store (NULL: memory), its gradient slab (an anonymous
+   * mapping) and the update's chunk buffers: weights then each optimizer
+   * slot, UCHUNK floats each. I/O errors on either thread land in io_err
+   * (under mu) and fail the step. */
+  st_store *store;
+  float *grads;
+  size_t grads_len;
+  float *ubuf;
+  int opt_slots;
+  int io_rc;
+  st_error io_err;
+  st_train_pos commit_pos; /* the queued commit's (queue entry -1) */
+  int commit_copy;
+
   /* Counters (st_ws_stats). */
   int held_max;         /* most slots filled and not released at once */
   double stall_s;       /* compute waiting for weights */
@@ -79,6 +102,36 @@ typedef struct ws {
 } ws;
 
 /* ------------------------------------------------------------- fetching */
+
+static void io_failed(ws *w, const st_error *e) {
+  pthread_mutex_lock(&w->mu);
+  if (!w->io_rc) {
+    w->io_rc = e->code ? e->code : ST_EIO;
+    w->io_err = *e;
+  }
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* The first I/O error of either thread, if any, into err. */
+static int pending_error(ws *w, st_error *err) {
+  pthread_mutex_lock(&w->mu);
+  int rc = w->io_rc;
+  if (rc) *err = w->io_err;
+  pthread_mutex_unlock(&w->mu);
+  return rc;
+}
+
+/* Block b's weights from the store into dst. */
+static void fetch_block(ws *w, const st_block *b, const float *params,
+                        float *dst) {
+  if (!w->store) {
+    memcpy(dst, params + b->param_off, b->n_params * sizeof(float));
+    return;
+  }
+  st_error e = {0};
+  if (st_store_read(w->store, 0, b->param_off, b->n_params, dst, &e))
+    io_failed(w, &e);
+}
 
 static void *fetch_main(void *arg) {
   ws *w = arg;
@@ -96,10 +149,9 @@ static void *fetch_main(void *arg) {
       if (w->stop)
         break;
       const st_block *b = &w->model->blocks[w->use_block[u]];
-      const float *src = w->store_params + b->param_off;
       float *dst = w->wslot + (size_t)(u % w->slots) * w->max_params;
       pthread_mutex_unlock(&w->mu);
-      memcpy(dst, src, b->n_params * sizeof(float));
+      fetch_block(w, b, w->store_params, dst);
       pthread_mutex_lock(&w->mu);
       w->fetched = u + 1;
       int held = (int)(w->fetched - w->released);
@@ -118,7 +170,7 @@ static const float *acquire(ws *w, int u) {
   const st_block *b = &w->model->blocks[w->use_block[u]];
   w->bytes_in += (int64_t)(b->n_params * sizeof(float));
   if (!w->fetch_thread) {
-    memcpy(slot, w->store_params + b->param_off, b->n_params * sizeof(float));
+    fetch_block(w, b, w->store_params, slot);
     w->fetched = u + 1;
     if (w->fetched - w->released > w->held_max)
       w->held_max = (int)(w->fetched - w->released);
@@ -148,6 +200,81 @@ static void release(ws *w, int u) {
 
 /* ------------------------------------------------------------ the store */
 
+enum { UCHUNK = 1 << 20 }; /* floats per array in one file update chunk */
+
+typedef struct file_job {
+  ws *w;
+  const st_trainer_view *v;
+  st_error err;
+  int rc;
+} file_job;
+
+/* One range of the slab: chunk by chunk, weights and state read from the
+ * live copy, the rule applied (zeroing the gradient), written into the
+ * other copy — and into every tied copy of these weights. */
+static void file_range(void *arg, size_t off, size_t n) {
+  file_job *j = arg;
+  ws *w = j->w;
+  const st_trainer_view *v = j->v;
+  const st_model *m = v->model;
+  float *p = w->ubuf, *o = w->ubuf + UCHUNK;
+  for (size_t lo = 0; lo < n && !j->rc; lo += UCHUNK) {
+    size_t at = off + lo, len = n - lo < UCHUNK ? n - lo : UCHUNK;
+    j->rc = st_store_read(w->store, 0, at, len, p, &j->err);
+    for (int k = 0; k < w->opt_slots && !j->rc; k++)
+      j->rc = st_store_read(w->store, 1 + k, at, len, o + (size_t)k * UCHUNK,
+                            &j->err);
+    if (j->rc) break;
+    st_optim_step_range(v->ctx.pool, v->cfg, p, v->grads + at, o, UCHUNK, len,
+                        v->lr, v->step);
+    j->rc = st_store_write(w->store, 0, at, len, p, &j->err);
+    for (int k = 0; k < w->opt_slots && !j->rc; k++)
+      j->rc = st_store_write(w->store, 1 + k, at, len, o + (size_t)k * UCHUNK,
+                             &j->err);
+    for (int i = 0; m->n_ties && i < m->n_blocks && !j->rc; i++)
+      for (int t = 0; t < m->blocks[i].n_tensors && !j->rc; t++) {
+        const st_tensor_info *ti = &m->blocks[i].tensors[t];
+        if (ti->tie < 0) continue;
+        size_t src = (size_t)ti->tie, a = at > src ? at : src;
+        size_t b = at + len < src + ti->numel ? at + len : src + ti->numel;
+        if (a < b)
+          j->rc = st_store_write(w->store, 0,
+                                 m->blocks[i].param_off + ti->offset + (a - src),
+                                 b - a, p + (a - at), &j->err);
+      }
+  }
+}
+
+/* Updates block b in the store (v: the step's view, whose pool runs it). */
+static void update_block(ws *w, const st_trainer_view *v, int b) {
+  if (!w->store) {
+    st_trainer_update_blocks(v, b, 1);
+    return;
+  }
+  file_job j = {.w = w, .v = v};
+  st_trainer_each_range(v, b, 1, file_range, &j);
+  /* The rule zeroed the block's gradient: give its pages back — but a
+   * tied copy's gradient waits for its source's update, which gathers and
+   * zeroes it. */
+  const st_model *m = v->model;
+  const st_block *blk = &m->blocks[b];
+  size_t lo = blk->param_off, hi = lo + blk->n_params;
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+      const st_tensor_info *ti = &m->blocks[i].tensors[t];
+      size_t at = m->blocks[i].param_off + ti->offset;
+      int mine = i == b && ti->tie < 0;
+      int gathered = ti->tie >= 0 && (size_t)ti->tie >= lo &&
+                     (size_t)ti->tie < hi;
+      if (mine || gathered)
+        st_store_drop(w->grads + at, ti->numel * sizeof(float));
+    }
+  if (j.rc) io_failed(w, &j.err);
+  if (b == w->nb / 2 &&
+      st_store_crash_point(w->store, v->step) == ST_CRASH_MID_UPDATE)
+    raise(SIGKILL);
+}
+
 static void *optimizer_main(void *arg) {
   ws *w = arg;
   pthread_mutex_lock(&w->mu);
@@ -156,10 +283,16 @@ static void *optimizer_main(void *arg) {
       pthread_cond_wait(&w->cv, &w->mu);
     if (w->stop && w->q_head == w->q_tail)
       break;
-    int block = w->queue[w->q_head % w->nb];
+    int block = w->queue[w->q_head % (w->nb + 1)];
     const st_trainer_view *v = w->qv;
+    st_train_pos pos = w->commit_pos;
+    int copy = w->commit_copy, failed = w->io_rc;
     pthread_mutex_unlock(&w->mu);
-    st_trainer_update_blocks(v, block, 1);
+    st_error e = {0};
+    if (block >= 0)
+      update_block(w, v, block);
+    else if (!failed && st_store_commit(w->store, copy, &pos, &e))
+      io_failed(w, &e);
     pthread_mutex_lock(&w->mu);
     w->q_head++;
     w->q_done++;
@@ -172,11 +305,11 @@ static void *optimizer_main(void *arg) {
 /* Block b's gradient is complete in the store: update it there. */
 static void submit(ws *w, int b) {
   if (!w->opt_thread) {
-    st_trainer_update_blocks(w->qv, b, 1);
+    update_block(w, w->qv, b);
     return;
   }
   pthread_mutex_lock(&w->mu);
-  w->queue[w->q_tail % w->nb] = b;
+  w->queue[w->q_tail % (w->nb + 1)] = b;
   w->q_tail++;
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
@@ -212,6 +345,9 @@ static void ws_destroy(void *state) {
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   st_pool_destroy(w->opt_pool);
+  st_store_close(w->store);
+  if (w->grads) munmap(w->grads, w->grads_len);
+  st_free(w->ubuf);
   if (w->acts)
     for (int i = 0; i < w->nb; i++)
       st_free(w->acts[i]);
@@ -312,6 +448,32 @@ static int check_limit(const st_model *m, const st_config *cfg, int rows,
       (long long)have);
 }
 
+/* The file store, the gradient slab beside it and the update's buffers. */
+static int open_store(ws *w, const st_model *m, const st_config *cfg,
+                      st_error *err) {
+  if (!cfg->execution.store_path[0])
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.store: file needs execution.store_path "
+                        "when the run has no directory",
+                        st_config_where(cfg, "execution.store"));
+  int rc = st_store_open(&w->store, cfg->execution.store_path, m, cfg, err);
+  if (rc) return rc;
+  w->opt_slots = st_optim_state_per_param(cfg);
+  /* anonymous: untouched pages cost nothing, and a block's are given back
+   * (and read as zeros again) once it is updated */
+  w->grads_len = m->n_params * sizeof(float);
+  void *g = mmap(NULL, w->grads_len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  w->ubuf = st_alloc((1 + (size_t)w->opt_slots) * UCHUNK * sizeof(float));
+  if (g == MAP_FAILED || !w->ubuf) {
+    if (g != MAP_FAILED) munmap(g, w->grads_len);
+    return st_error_set(err, ST_ENOMEM, "out of memory for the store's "
+                        "gradients (%zu bytes)", w->grads_len);
+  }
+  w->grads = g;
+  return 0;
+}
+
 static int ws_create(void **state, const st_model *m, const st_config *cfg,
                      int micro_batch, int max_batch, st_error *err) {
   *state = NULL;
@@ -337,7 +499,7 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
     w->acts = calloc((size_t)w->nb, sizeof *w->acts);
     w->outs = calloc((size_t)w->nb, sizeof *w->outs);
     w->use_block = malloc(2 * (size_t)w->nb * sizeof *w->use_block);
-    w->queue = malloc((size_t)w->nb * sizeof *w->queue);
+    w->queue = malloc(((size_t)w->nb + 1) * sizeof *w->queue);
     w->opt_pool = st_pool_create(1);
     if (!(w->acts && w->outs && w->use_block && w->queue && w->opt_pool &&
           buffers(w, 0)))
@@ -346,6 +508,8 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
                         "(%lld bytes)",
                         (long long)w->compute_bytes);
   }
+  if (!rc && strcmp(cfg->execution.store, "file") == 0)
+    rc = open_store(w, m, cfg, err);
   if (!rc && cfg->execution.prefetch > 0) {
     w->fetch_thread = pthread_create(&w->fetcher, NULL, fetch_main, w) == 0;
     if (!w->fetch_thread)
@@ -386,6 +550,8 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
   const st_model *m = v->model;
   size_t in_numel = st_shape_numel(m->in);
   int mb = v->micro_batch, R = m->label_rows, nb = w->nb;
+  /* an earlier commit that failed stops the run here */
+  if (pending_error(w, err)) return err->code;
   double start = st_now();
   /* The store's update is the sequential mode's, on the optimizer thread's
    * pool, never fused into the backward (the compute side does not touch
@@ -493,11 +659,16 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
   if (!rc && !v->grads_only) {
     st_trainer_view last_view = w->opt_view;
     last_view.ctx.pool = v->ctx.pool;
-    last_view.trace = v->trace; /* traced as the compute side's update */
     double t0 = st_now();
-    st_exec_update_block(&last_view, 0);
+    update_block(w, &last_view, 0);
+    trace(v, ST_TRACE_UPDATE, 0, t0);
     w->last_update_s += st_now() - t0;
+    /* every value of the other copy is written: the next step reads it */
+    rc = pending_error(w, err);
+    if (!rc && w->store) st_store_advance(w->store);
   }
+  if (rc && w->store) /* nothing is committed: the gradients start over */
+    st_store_drop(w->grads, w->grads_len);
   w->steps++;
   w->busy += st_now() - start;
   return rc;
@@ -512,7 +683,7 @@ static const float *ws_forward(void *state, const st_ctx *ctx,
   float *slot = w->wslot;
   for (int i = 0; i < w->nb; i++) {
     const st_block *b = &w->model->blocks[i];
-    memcpy(slot, params + b->param_off, b->n_params * sizeof(float));
+    fetch_block(w, b, params, slot);
     float *acts = w->keep ? w->acts[i] : w->acts[0];
     st_block_forward(b, ctx, slot, h, acts, w->scratch, B);
     h = st_block_output(b, acts, B);
@@ -547,6 +718,46 @@ int st_ws_stats(const void *state, st_stream_stats *out) {
   return 0;
 }
 
+static int ws_slabs(void *state, float **params, float **grads,
+                    float **opt) {
+  ws *w = state;
+  if (!w->store) return 0;
+  *params = st_store_slab(w->store, 0);
+  *opt = st_store_slab(w->store, 1);
+  *grads = w->grads;
+  return 1;
+}
+
+static const st_train_pos *ws_stored_pos(void *state) {
+  ws *w = state;
+  return w->store ? st_store_pos(w->store) : NULL;
+}
+
+/* The step just taken, committed on the optimizer thread while the next
+ * one's forward runs (its first update queues behind the commit). */
+static int ws_commit(void *state, const st_train_pos *pos, int wait,
+                     st_error *err) {
+  ws *w = state;
+  if (!w->store) return 0;
+  if (pending_error(w, err)) return err->code;
+  if (pos) {
+    pthread_mutex_lock(&w->mu);
+    w->commit_pos = *pos;
+    w->commit_copy = st_store_live(w->store);
+    pthread_mutex_unlock(&w->mu);
+    if (w->opt_thread) {
+      submit(w, -1);
+    } else {
+      st_error e = {0};
+      if (st_store_commit(w->store, w->commit_copy, pos, &e)) io_failed(w, &e);
+    }
+  }
+  if (wait) drain(w);
+  return pending_error(w, err) ? err->code : 0;
+}
+
+st_store *st_ws_store(void *state) { return ((ws *)state)->store; }
+
 const st_executor st_exec_weight_streaming = {
     .mode = "weight_streaming",
     .step = ws_step,
@@ -554,4 +765,7 @@ const st_executor st_exec_weight_streaming = {
     .create = ws_create,
     .destroy = ws_destroy,
     .stats = ws_stats,
+    .slabs = ws_slabs,
+    .stored_pos = ws_stored_pos,
+    .commit = ws_commit,
 };

@@ -571,12 +571,21 @@ static void init_normal(float *w, size_t n, float std, uint64_t seed,
 }
 
 void st_model_init(const st_model *m, float *params, uint64_t seed) {
+  st_model_init_blocks(m, params, seed, 0, m->n_blocks);
+}
+
+void st_model_init_blocks(const st_model *m, float *params, uint64_t seed,
+                          int first, int count) {
   uint64_t index = 0; /* one RNG stream per (weight, bias) slot */
-  for (int i = 0; i < m->n_blocks; i++) {
+  for (int i = 0; i < first + count; i++) {
     const st_block *b = &m->blocks[i];
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
       if (L->w_tensor < 0) continue;
+      if (i < first) { /* an earlier block: only its streams are counted */
+        index += 2;
+        continue;
+      }
       const st_tensor_info *w = &b->tensors[L->w_tensor];
       const st_tensor_info *bias =
           L->b_tensor >= 0 ? &b->tensors[L->b_tensor] : NULL;
@@ -616,7 +625,16 @@ void st_model_init(const st_model *m, float *params, uint64_t seed) {
         pb[k] = (2.0f * st_rng_uniform(&rng) - 1.0f) * bound;
     }
   }
-  st_model_sync_ties(m, params);
+  /* tied copies in these blocks take their source's values */
+  for (int i = first; m->n_ties && i < first + count; i++) {
+    const st_block *b = &m->blocks[i];
+    for (int t = 0; t < b->n_tensors; t++) {
+      const st_tensor_info *ti = &b->tensors[t];
+      if (ti->tie >= 0)
+        memcpy(params + b->param_off + ti->offset, params + ti->tie,
+               ti->numel * sizeof *params);
+    }
+  }
 }
 
 size_t st_model_unique_params(const st_model *m) {

@@ -595,6 +595,46 @@ expect_error "pipeline: more stages than blocks" \
   "^strata: error: --set: execution.stages: 7 stages for a model of 3 blocks; each stage needs at least one block$" \
   -- train "$fc" "${pipe_args[@]}" --set execution.mode=pipeline --set execution.stages=7 --out "$T/o_pipe7"
 
+# --- 8d. weight streaming from a file store ----------------------------------
+# The store is the run's checkpoint: a run killed with SIGKILL at a random
+# moment and resumed ends with the sequential run's checkpoint byte for
+# byte (exported from the store); a store is never overwritten by a new run.
+ws_args=(--set data.train_limit=2048 --set data.test_limit=64 --set train.steps=300
+         --set train.batch=64 --set metrics.progress=off)
+ws_file=(--set execution.mode=weight_streaming --set execution.store=file)
+run train "$fc" "${ws_args[@]}" --out "$T/w_seq"
+"$strata" train "$fc" "${ws_args[@]}" "${ws_file[@]}" --out "$T/w_ws" >/dev/null 2>&1 &
+ws_pid=$!
+sleep "0.$((RANDOM % 9 + 1))"
+kill -9 "$ws_pid" 2>/dev/null
+wait "$ws_pid" 2>/dev/null
+ws_rc=$?
+run train - --resume "$T/w_ws" "${ws_args[@]}"
+if [ "$rc" -eq 0 ] && grep -q "^strata: resumed from the store $(re_quote "$T/w_ws/store.strata") at step" <<<"$out"; then
+  pass
+else
+  fail "a killed weight-streaming run resumes from its store (killed: rc $ws_rc)" "rc $rc" "$out" "$err"
+fi
+run export "$T/w_ws"
+if [ "$rc" -eq 0 ] && cmp -s "$T/w_seq/checkpoints/step-00000300.safetensors" \
+     "$T/w_ws/checkpoints/step-00000300.safetensors"; then
+  pass
+else
+  fail "killed (rc $ws_rc), resumed and exported: the sequential checkpoint byte for byte" "rc $rc" "$out" "$err"
+fi
+expect_error "a new run over an earlier run's store" \
+  "^strata: error: $(re_quote "$T/w_ws/store.strata"): the store of an earlier run is there: --resume $(re_quote "$T/w_ws") continues it" \
+  -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --out "$T/w_ws"
+expect_error "--resume with no store" \
+  "^strata: error: $(re_quote "$T/w_none/store.strata"): no store to resume from$" \
+  -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --resume "$T/w_none"
+expect_error "export of a run without a store" \
+  "^strata: error: $(re_quote "$T/w_seq/config.yaml"): the run keeps no store" \
+  -- export "$T/w_seq"
+expect_error "a store path in a missing folder" \
+  "^strata: error: $(re_quote "$T/nowhere/s.strata").tmp: cannot create: No such file or directory$" \
+  -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T/nowhere/s.strata" --out "$T/o_ws_nowhere"
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint that cannot be written (its folder is a file) fails the run
 # cleanly; so must every failing run above, without leaving a temporary.

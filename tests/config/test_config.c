@@ -209,6 +209,7 @@ static const char *const all_keys[] = {
     "execution.pipemare_warmup",
     "execution.pipemare_gamma",
     "execution.store",
+    "execution.store_path",
     "execution.prefetch",
     "execution.keep_activations",
     "execution.compute_memory_limit",

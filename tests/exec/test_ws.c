@@ -25,6 +25,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void streaming(st_config *c, int prefetch, int keep) {
@@ -33,21 +34,33 @@ static void streaming(st_config *c, int prefetch, int keep) {
   c->execution.keep_activations = keep;
 }
 
+static char dir[] = "/tmp/strata_test_ws_XXXXXX";
+
+/* execution.store: file, in a new file of the test's directory. */
+static void file_store(st_config *c) {
+  static int serial;
+  snprintf(c->execution.store, sizeof c->execution.store, "file");
+  snprintf(c->execution.store_path, sizeof c->execution.store_path,
+           "%s/%d.strata", dir, serial++);
+}
+
 static void test_equal(const char *what, const st_config *base) {
   size_t n = 0, n2 = 0;
   float *want = train(base, &n, NULL);
   if (!want)
     return;
+  for (int file = 0; file <= 1; file++)
   for (int keep = 0; keep <= 1; keep++)
     for (int prefetch = 0; prefetch <= 2; prefetch++) {
       st_config c = *base;
       streaming(&c, prefetch, keep);
+      if (file) file_store(&c);
       st_trainer *t = NULL;
       float *got = train(&c, &n2, &t);
       CHECK(got && n2 == n && memcmp(got, want, n * sizeof *got) == 0,
-            "%s, keep_activations %d, prefetch %d: weights after %d steps "
-            "equal sequential's",
-            what, keep, prefetch, STEPS);
+            "%s, %s store, keep_activations %d, prefetch %d: weights after "
+            "%d steps equal sequential's",
+            what, c.execution.store, keep, prefetch, STEPS);
       st_stream_stats s;
       if (t && st_trainer_stream_stats(t, &s) == 0) {
         /* one step's walk, per micro-batch: in, every block twice; out,
@@ -168,6 +181,10 @@ static void test_limit(void) {
 
 int main(void) {
   st_blas_init();
+  if (!mkdtemp(dir)) {
+    perror(dir);
+    return 1;
+  }
   st_config c;
   mlp_config(&c);
   test_equal("mlp", &c);
@@ -187,5 +204,8 @@ int main(void) {
   test_noise();
   test_nan_alloc();
   test_limit();
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0, "%s", cmd);
   TH_DONE();
 }

@@ -1,0 +1,406 @@
+/*
+ * store.c — weight streaming's file store (execution.store: file): the
+ * weights and optimizer state of a model in one file, which is also the
+ * run's checkpoint.
+ *
+ * Layout: two 4 KiB header slots, then two copies of the state, each the
+ * weights (n_params floats) then each optimizer slot (n_params floats),
+ * rounded up to a page. A header names the copy that holds its step's state
+ * and the training position after that step, under a CRC.
+ *
+ * A step reads the live copy and writes every updated value into the other
+ * one (st_store_write); st_store_commit then syncs the data, writes the
+ * header into the slot the last commit did not use, and syncs again. A
+ * crash at any point leaves the newest valid header naming a copy that was
+ * completely written and synced: the previous step's state, or this one's.
+ * The file is created whole under a temporary name and renamed into place,
+ * so a store that exists is never half made.
+ *
+ * Reads go through pread, and the trainer reads the state through a shared
+ * mapping, whose pages this process drops again after touching them (the
+ * page cache keeps them): resident memory stays a block's worth however
+ * large the store is.
+ */
+#include "exec.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <zlib.h>
+
+enum { SLOT_BYTES = 4096, STORE_VERSION = 1 };
+static const char MAGIC[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'W', 'S'};
+
+/* One header slot as stored (little-endian fields, the build's layout:
+ * a store moves between machines of the same kind). */
+typedef struct header {
+  char magic[8];
+  uint32_t version, bytes;
+  uint64_t seq;         /* commits so far; the newer valid slot wins */
+  uint64_t fingerprint; /* the model's tensor layout */
+  uint64_t n_params;
+  uint32_t n_blocks, opt_slots;
+  char optimizer[16];
+  uint64_t data_off, copy_bytes;
+  uint32_t cur;         /* the copy holding this commit's state */
+  uint32_t dtype;       /* 0: fp32 */
+  st_train_pos pos;     /* after the committed step */
+  uint32_t crc;         /* of everything above */
+} header;
+
+struct st_store {
+  char path[ST_PATH_MAX];
+  int fd;
+  const st_model *model;
+  header h;        /* the last committed header */
+  int live;        /* the copy reads come from (written, maybe uncommitted) */
+  char *map;       /* the whole file, shared */
+  size_t map_len;
+  int crash_point; /* test knob: st_store_set_crash */
+  int64_t crash_step;
+};
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Every tensor's name, size, place and tie: stores of another layout (the
+ * same count differently cut) are told apart. */
+static uint64_t fingerprint(const st_model *m) {
+  uint64_t h = 14695981039346656037ull;
+  for (int i = 0; i < m->n_blocks; i++) {
+    const st_block *b = &m->blocks[i];
+    h = fnv(h, &b->param_off, sizeof b->param_off);
+    for (int t = 0; t < b->n_tensors; t++) {
+      const st_tensor_info *ti = &b->tensors[t];
+      h = fnv(h, ti->name, strlen(ti->name) + 1);
+      h = fnv(h, &ti->numel, sizeof ti->numel);
+      h = fnv(h, &ti->offset, sizeof ti->offset);
+      h = fnv(h, &ti->tie, sizeof ti->tie);
+    }
+  }
+  return h;
+}
+
+static uint32_t header_crc(const header *h) {
+  return (uint32_t)crc32(0, (const Bytef *)h, offsetof(header, crc));
+}
+
+static size_t page_round(size_t n) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  return (n + page - 1) / page * page;
+}
+
+/* pread/pwrite of all n bytes (short transfers continue; EINTR retries). */
+static int io_all(int fd, int write_, void *buf, size_t n, off_t off) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t k = write_ ? pwrite(fd, p, n, off) : pread(fd, p, n, off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      if (k == 0) errno = write_ ? ENOSPC : EIO; /* EOF: a short file */
+      return -1;
+    }
+    p += k, off += k, n -= (size_t)k;
+  }
+  return 0;
+}
+
+static size_t region_bytes(const st_store *s) {
+  return s->h.n_params * sizeof(float);
+}
+
+static off_t offset_of(const st_store *s, int copy, int region, size_t off) {
+  return (off_t)(s->h.data_off + (uint64_t)copy * s->h.copy_bytes +
+                 (uint64_t)region * region_bytes(s) + off * sizeof(float));
+}
+
+/* Drops this process's pages of [p, p + n) (whole pages inside it): the
+ * page cache keeps the data, dirty or not. */
+void st_store_drop(const void *p, size_t n) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t)p + page - 1) / page * page;
+  uintptr_t hi = ((uintptr_t)p + n) / page * page;
+  if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+static void fill_header(header *h, const st_model *m, const st_config *cfg) {
+  memset(h, 0, sizeof *h);
+  memcpy(h->magic, MAGIC, sizeof MAGIC);
+  h->version = STORE_VERSION;
+  h->bytes = sizeof *h;
+  h->fingerprint = fingerprint(m);
+  h->n_params = m->n_params;
+  h->n_blocks = (uint32_t)m->n_blocks;
+  h->opt_slots = (uint32_t)st_optim_state_per_param(cfg);
+  snprintf(h->optimizer, sizeof h->optimizer, "%s", cfg->optimizer.kind);
+  h->data_off = 2 * SLOT_BYTES;
+  h->copy_bytes = page_round((1 + (size_t)h->opt_slots) * m->n_params *
+                             sizeof(float));
+}
+
+static int write_header(int fd, header *h) {
+  h->crc = header_crc(h);
+  char slot[SLOT_BYTES] = {0};
+  memcpy(slot, h, sizeof *h);
+  return io_all(fd, 1, slot, SLOT_BYTES, (off_t)(h->seq % 2) * SLOT_BYTES);
+}
+
+static double gib(uint64_t bytes) { return (double)bytes / (1u << 30); }
+
+/* Makes the store at path: under a temporary name, space reserved, weights
+ * initialised block by block (train.seed, as every mode), optimizer state
+ * zero, one header; synced, then renamed into place. */
+static int create_store(const char *path, const st_model *m,
+                        const st_config *cfg, st_error *err) {
+  header h;
+  fill_header(&h, m, cfg);
+  uint64_t total = h.data_off + 2 * h.copy_bytes;
+  char tmp[ST_PATH_MAX + 16], dir[ST_PATH_MAX];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash)
+    *slash = '\0';
+  else
+    snprintf(dir, sizeof dir, ".");
+  struct statvfs vfs;
+  if (statvfs(dir, &vfs) == 0 &&
+      (uint64_t)vfs.f_bavail * vfs.f_frsize < total)
+    return st_error_set(
+        err, ST_EIO,
+        "%s: the store needs %.2f GiB (two copies of %zu weights and their "
+        "%s state), and %s has %.2f GiB free",
+        path, gib(total), m->n_params, h.optimizer, dir,
+        gib((uint64_t)vfs.f_bavail * vfs.f_frsize));
+  int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return st_error_set(err, ST_EIO, "%s: cannot create: %s", tmp,
+                        strerror(errno));
+  int rc = 0;
+  int e = posix_fallocate(fd, 0, (off_t)total);
+  if (e)
+    rc = st_error_set(err, ST_EIO, "%s: cannot reserve %.2f GiB for the "
+                      "store: %s", path, gib(total), strerror(e));
+  char *map = MAP_FAILED;
+  if (!rc) {
+    map = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+      rc = st_error_set(err, ST_EIO, "%s: cannot map: %s", tmp,
+                        strerror(errno));
+  }
+  if (!rc) {
+    float *params = (float *)(map + h.data_off);
+    for (int i = 0; i < m->n_blocks; i++) {
+      const st_block *b = &m->blocks[i];
+      st_model_init_blocks(m, params, cfg->train.seed, i, 1);
+      st_store_drop(params + b->param_off, b->n_params * sizeof(float));
+    }
+    if (m->n_ties) st_store_drop(params, m->n_params * sizeof(float));
+    h.seq = 1;
+    h.cur = 0;
+    h.pos.seed = cfg->train.seed;
+    if (msync(map, (size_t)total, MS_SYNC) != 0 || write_header(fd, &h) ||
+        fdatasync(fd) != 0)
+      rc = st_error_set(err, ST_EIO, "%s: cannot write: %s", tmp,
+                        strerror(errno));
+  }
+  if (map != MAP_FAILED) munmap(map, (size_t)total);
+  if (close(fd) != 0 && !rc)
+    rc = st_error_set(err, ST_EIO, "%s: %s", tmp, strerror(errno));
+  if (!rc && rename(tmp, path) != 0)
+    rc = st_error_set(err, ST_EIO, "%s: cannot rename into place: %s", path,
+                      strerror(errno));
+  if (rc) {
+    unlink(tmp);
+    return rc;
+  }
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  return 0;
+}
+
+/* The newer valid header slot, or an error saying why neither is. */
+static int read_header(st_store *s, const st_model *m, const st_config *cfg,
+                       off_t size, st_error *err) {
+  header best = {0}, h;
+  int found = 0, foreign = 0;
+  for (int k = 0; k < 2; k++) {
+    char slot[SLOT_BYTES];
+    if (io_all(s->fd, 0, slot, SLOT_BYTES, (off_t)k * SLOT_BYTES)) continue;
+    memcpy(&h, slot, sizeof h);
+    if (memcmp(h.magic, MAGIC, sizeof MAGIC) != 0) {
+      foreign = 1;
+      continue;
+    }
+    if (h.version != STORE_VERSION || h.bytes != sizeof h ||
+        h.crc != header_crc(&h) || h.seq % 2 != (uint64_t)k || h.cur > 1)
+      continue;
+    if (!found || h.seq > best.seq) best = h;
+    found = 1;
+  }
+  if (!found)
+    return st_error_set(err, ST_EDATA,
+                        "%s: %s", s->path,
+                        foreign ? "not a strata weight store"
+                                : "no valid header (both copies fail their "
+                                  "checksum): the store is corrupt");
+  header want;
+  fill_header(&want, m, cfg);
+  if (best.n_params != want.n_params || best.n_blocks != want.n_blocks)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: the store holds a model of %llu parameters in %u "
+                        "blocks; this config's model has %zu in %d",
+                        s->path, (unsigned long long)best.n_params,
+                        best.n_blocks, m->n_params, m->n_blocks);
+  if (best.fingerprint != want.fingerprint)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: the store holds another model of the same size "
+                        "(its tensors' names or layout differ from this "
+                        "config's)",
+                        s->path);
+  if (strcmp(best.optimizer, want.optimizer) != 0 ||
+      best.opt_slots != want.opt_slots)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: the store holds %s state; this config's "
+                        "optimizer.kind is %s",
+                        s->path, best.optimizer, want.optimizer);
+  if (best.data_off != want.data_off || best.copy_bytes != want.copy_bytes)
+    return st_error_set(err, ST_EDATA, "%s: the header's layout is corrupt",
+                        s->path);
+  uint64_t total = want.data_off + 2 * want.copy_bytes;
+  if ((uint64_t)size < total)
+    return st_error_set(err, ST_EDATA,
+                        "%s: truncated: %lld bytes, and this model's store "
+                        "has %llu",
+                        s->path, (long long)size, (unsigned long long)total);
+  s->h = best;
+  s->live = (int)best.cur;
+  return 0;
+}
+
+int st_store_open(st_store **out, const char *path, const st_model *m,
+                  const st_config *cfg, st_error *err) {
+  *out = NULL;
+  struct stat st;
+  int rc = 0;
+  if (stat(path, &st) != 0) {
+    if (errno != ENOENT)
+      return st_error_set(err, ST_EIO, "%s: %s", path, strerror(errno));
+    if ((rc = create_store(path, m, cfg, err))) return rc;
+  }
+  st_store *s = calloc(1, sizeof *s);
+  if (!s) return st_error_set(err, ST_ENOMEM, "out of memory");
+  snprintf(s->path, sizeof s->path, "%s", path);
+  s->model = m;
+  s->map = MAP_FAILED;
+  s->fd = open(path, O_RDWR | O_CLOEXEC);
+  if (s->fd < 0) {
+    rc = st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
+                      strerror(errno));
+    goto fail;
+  }
+  /* one run per store: two writers would corrupt it */
+  if (flock(s->fd, LOCK_EX | LOCK_NB) != 0) {
+    rc = st_error_set(err, ST_EIO, "%s: in use by another process", path);
+    goto fail;
+  }
+  if (fstat(s->fd, &st) != 0) {
+    rc = st_error_set(err, ST_EIO, "%s: %s", path, strerror(errno));
+    goto fail;
+  }
+  if ((rc = read_header(s, m, cfg, st.st_size, err))) goto fail;
+  s->map_len = (size_t)(s->h.data_off + 2 * s->h.copy_bytes);
+  s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd,
+                0);
+  if (s->map == MAP_FAILED) {
+    rc = st_error_set(err, ST_EIO, "%s: cannot map: %s", path,
+                      strerror(errno));
+    goto fail;
+  }
+  *out = s;
+  return 0;
+fail:
+  st_store_close(s);
+  return rc;
+}
+
+void st_store_close(st_store *s) {
+  if (!s) return;
+  if (s->map != MAP_FAILED) munmap(s->map, s->map_len);
+  if (s->fd >= 0) close(s->fd); /* releases the lock */
+  free(s);
+}
+
+const char *st_store_path(const st_store *s) { return s->path; }
+
+const st_train_pos *st_store_pos(const st_store *s) { return &s->h.pos; }
+
+float *st_store_slab(const st_store *s, int region) {
+  return (float *)(s->map + offset_of(s, s->live, region, 0));
+}
+
+int st_store_live(const st_store *s) { return s->live; }
+
+int st_store_read(const st_store *s, int region, size_t off, size_t n,
+                  float *dst, st_error *err) {
+  if (!io_all(s->fd, 0, dst, n * sizeof(float),
+              offset_of(s, s->live, region, off)))
+    return 0;
+  return st_error_set(err, ST_EIO, "%s: read failed: %s", s->path,
+                      strerror(errno));
+}
+
+int st_store_write(const st_store *s, int region, size_t off, size_t n,
+                   const float *src, st_error *err) {
+  if (!io_all(s->fd, 1, (void *)src, n * sizeof(float),
+              offset_of(s, 1 - s->live, region, off)))
+    return 0;
+  return st_error_set(err, ST_EIO, "%s: write failed: %s", s->path,
+                      strerror(errno));
+}
+
+void st_store_advance(st_store *s) { s->live = 1 - s->live; }
+
+void st_store_set_crash(st_store *s, int64_t step, int point) {
+  s->crash_step = step;
+  s->crash_point = point;
+}
+
+int st_store_crash_point(const st_store *s, int64_t step) {
+  return s->crash_step == step ? s->crash_point : 0;
+}
+
+int st_store_commit(st_store *s, int copy, const st_train_pos *pos,
+                    st_error *err) {
+  if (fdatasync(s->fd) != 0)
+    return st_error_set(err, ST_EIO, "%s: sync failed: %s (the previous "
+                        "step's state is intact)", s->path, strerror(errno));
+  if (st_store_crash_point(s, pos->step - 1) == ST_CRASH_BEFORE_HEADER)
+    raise(SIGKILL);
+  header h = s->h;
+  h.seq++;
+  h.cur = (uint32_t)copy;
+  h.pos = *pos;
+  if (write_header(s->fd, &h) || fdatasync(s->fd) != 0)
+    return st_error_set(err, ST_EIO, "%s: cannot write the header: %s (the "
+                        "previous step's state is intact)", s->path,
+                        strerror(errno));
+  s->h = h;
+  if (st_store_crash_point(s, pos->step - 1) == ST_CRASH_AFTER_HEADER)
+    raise(SIGKILL);
+  return 0;
+}

@@ -1,0 +1,274 @@
+/*
+ * test_store.c — weight streaming's file store (src/exec/store.c) as a
+ * checkpoint:
+ *  - a process killed (SIGKILL) in the middle of a step's updates, after
+ *    the data is synced but before the header, and just after the header,
+ *    resumes at the step the store committed, and the weights after 20
+ *    steps are the uninterrupted sequential run's bit for bit (MLP with
+ *    SGD, GPT with AdamW and a tied head);
+ *  - a store trained to step k and reopened continues as if never stopped;
+ *  - bad stores are refused with the path and the cause, and left as they
+ *    were: another model's, another optimizer's, another seed's, a
+ *    truncated one, one whose headers are both corrupt, a file that is no
+ *    store, one in use by another trainer;
+ *  - a store that cannot get its space (a size-limited file: RLIMIT_FSIZE)
+ *    is refused at start, leaving no file behind;
+ *  - a checkpoint file cannot be loaded over the store.
+ */
+#include "harness.h"
+#include "models.h"
+#include "strata.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The store's test knob (src/exec/exec.h). */
+typedef struct st_store st_store;
+st_store *st_ws_store(void *state);
+void *st_trainer_exec_state(st_trainer *t);
+void st_store_set_crash(st_store *s, int64_t step, int point);
+
+static char dir[] = "/tmp/strata_test_store_XXXXXX";
+
+static void file_store(st_config *c, const char *name) {
+  snprintf(c->execution.mode, sizeof c->execution.mode, "weight_streaming");
+  snprintf(c->execution.store, sizeof c->execution.store, "file");
+  snprintf(c->execution.store_path, sizeof c->execution.store_path, "%s/%s",
+           dir, name);
+}
+
+/* Runs steps until the trainer's position reaches `to`. */
+static int run_until(st_trainer *t, int64_t to, st_error *err) {
+  double loss;
+  while (st_trainer_pos(t)->step < to)
+    if (st_trainer_step(t, &loss, err)) return -1;
+  return st_trainer_sync(t, err);
+}
+
+/* In a child: train on the store, killed at `point` of step `step`. */
+static int killed_at(const st_config *c, int64_t step, int point) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    st_error err = {0};
+    st_trainer *t = make(c, &err);
+    if (!t) _exit(2);
+    st_store_set_crash(st_ws_store(st_trainer_exec_state(t)), step, point);
+    run_until(t, STEPS, &err);
+    _exit(3); /* not killed */
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
+static void test_crash(const char *what, const st_config *base) {
+  size_t n = 0;
+  float *want = train(base, &n, NULL);
+  if (!want) return;
+  static const char *points[] = {NULL, "mid-update", "before the header",
+                                 "after the header"};
+  char name[64];
+  for (int point = 1; point <= 3; point++) {
+    st_config c = *base;
+    snprintf(name, sizeof name, "crash-%s-%d", what, point);
+    file_store(&c, name);
+    int64_t at = 7; /* the eighth step */
+    CHECK(killed_at(&c, at, point), "%s: killed %s in step %lld", what,
+          points[point], (long long)at + 1);
+    st_error err = {0};
+    st_trainer *t = make(&c, &err);
+    CHECK(t != NULL, "%s, %s: reopens: %s", what, points[point], err.msg);
+    if (!t) continue;
+    int64_t resumed = st_trainer_pos(t)->step;
+    int64_t expect = point == 3 ? at + 1 : at;
+    CHECK(resumed == expect, "%s, killed %s: resumes at step %lld (want %lld)",
+          what, points[point], (long long)resumed, (long long)expect);
+    int rc = run_until(t, STEPS, &err);
+    CHECK(rc == 0 && memcmp(st_trainer_params(t), want, n * sizeof *want) == 0,
+          "%s, killed %s and resumed: weights after %d steps equal an "
+          "uninterrupted sequential run's (%s)",
+          what, points[point], STEPS, err.msg);
+    st_trainer_destroy(t);
+  }
+  /* stopped cleanly at step 9 and reopened */
+  st_config c = *base;
+  snprintf(name, sizeof name, "stop-%s", what);
+  file_store(&c, name);
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  int rc = t ? run_until(t, 9, &err) : -1;
+  st_trainer_destroy(t);
+  t = rc ? NULL : make(&c, &err);
+  CHECK(t && st_trainer_pos(t)->step == 9, "%s: a stopped store reopens at "
+        "step 9 (%s)", what, err.msg);
+  if (t) {
+    rc = run_until(t, STEPS, &err);
+    CHECK(rc == 0 && memcmp(st_trainer_params(t), want, n * sizeof *want) == 0,
+          "%s: stopped at 9 and reopened: the uninterrupted weights", what);
+  }
+  st_trainer_destroy(t);
+  free(want);
+}
+
+static unsigned long file_sum(const char *path, off_t *size) {
+  FILE *f = fopen(path, "rb");
+  unsigned long h = 5381;
+  *size = 0;
+  if (!f) return 0;
+  int ch;
+  while ((ch = getc(f)) != EOF) h = h * 33 + (unsigned)ch, (*size)++;
+  fclose(f);
+  return h;
+}
+
+/* make() must fail with every word of want in its message, leaving the
+ * file as it was. */
+static void refused(const st_config *c, const char *what, const char *want1,
+                    const char *want2) {
+  off_t size0, size1;
+  unsigned long before = file_sum(c->execution.store_path, &size0);
+  st_error err = {0};
+  st_trainer *t = make(c, &err);
+  unsigned long after = file_sum(c->execution.store_path, &size1);
+  CHECK(!t && strstr(err.msg, c->execution.store_path) &&
+            strstr(err.msg, want1) && (!want2 || strstr(err.msg, want2)),
+        "%s is refused, naming the store and '%s': '%s'", what, want1,
+        err.msg);
+  CHECK(before == after && size0 == size1, "%s: the store is left as it was",
+        what);
+  st_trainer_destroy(t);
+}
+
+static void test_bad(void) {
+  st_config mlp, c;
+  mlp_config(&mlp);
+  file_store(&mlp, "mlp.strata");
+  st_error err = {0};
+  st_trainer *t = make(&mlp, &err);
+  int rc = t ? run_until(t, 3, &err) : -1;
+  CHECK(rc == 0, "an MLP store at step 3: %s", err.msg);
+  /* a second trainer on the same store while the first holds it */
+  st_trainer *t2 = make(&mlp, &err);
+  CHECK(!t2 && strstr(err.msg, "in use"), "a store in use is refused: '%s'",
+        err.msg);
+  st_trainer_destroy(t2);
+  /* a checkpoint file cannot be loaded over the store */
+  char ck[ST_PATH_MAX + 32];
+  snprintf(ck, sizeof ck, "%s/w.safetensors", dir);
+  rc = st_trainer_save(t, ck, &err);
+  CHECK(rc == 0, "a store's state saves as safetensors: %s", err.msg);
+  rc = st_trainer_load(t, ck, 0, &err);
+  CHECK(rc != 0 && strstr(err.msg, "store"),
+        "loading a checkpoint over the store is refused: '%s'", err.msg);
+  st_trainer_destroy(t);
+
+  c = mlp;
+  c.model.hidden.v[0] += 8;
+  refused(&c, "another model's store", "parameters", NULL);
+  c = mlp;
+  snprintf(c.optimizer.kind, sizeof c.optimizer.kind, "adamw");
+  refused(&c, "an SGD store under adamw", "sgd", "adamw");
+  c = mlp;
+  c.train.seed += 1;
+  refused(&c, "another seed's store", "seed", NULL);
+  c = mlp;
+  c.train.batch *= 2;
+  refused(&c, "another batch's store", "batch", NULL);
+
+  /* truncated: a copy of the store, cut */
+  char path[128], cmd[1024];
+  snprintf(path, sizeof path, "%s/cut.strata", dir);
+  snprintf(cmd, sizeof cmd, "cp %s %s && truncate -s -4096 %s",
+           mlp.execution.store_path, path, path);
+  CHECK(system(cmd) == 0, "%s", cmd);
+  c = mlp;
+  snprintf(c.execution.store_path, sizeof c.execution.store_path, "%s", path);
+  refused(&c, "a truncated store", "truncated", NULL);
+  /* both headers corrupt */
+  snprintf(cmd, sizeof cmd,
+           "cp %s %s && printf 'xx' | dd of=%s bs=1 seek=40 conv=notrunc "
+           "2>/dev/null && printf 'xx' | dd of=%s bs=1 seek=4136 "
+           "conv=notrunc 2>/dev/null",
+           mlp.execution.store_path, path, path, path);
+  CHECK(system(cmd) == 0, "%s", cmd);
+  refused(&c, "a store with both headers corrupt", "corrupt", NULL);
+  /* one header corrupt: the other is used (an older commit) */
+  snprintf(cmd, sizeof cmd,
+           "cp %s %s && printf 'xx' | dd of=%s bs=1 seek=40 conv=notrunc "
+           "2>/dev/null",
+           mlp.execution.store_path, path, path);
+  CHECK(system(cmd) == 0, "%s", cmd);
+  t = make(&c, &err);
+  CHECK(t && st_trainer_pos(t)->step == 2,
+        "with the newest header corrupt, the one before is used: step %lld "
+        "(%s)",
+        t ? (long long)st_trainer_pos(t)->step : -1LL, err.msg);
+  st_trainer_destroy(t);
+  /* no store at all */
+  snprintf(cmd, sizeof cmd, "printf 'not a store at all' > %s && "
+           "truncate -s 8192 %s", path, path);
+  CHECK(system(cmd) == 0, "%s", cmd);
+  refused(&c, "a file that is no store", "not a strata weight store", NULL);
+}
+
+/* A size-limited file: the store cannot reserve its space. */
+static void test_full(void) {
+  st_config c;
+  mlp_config(&c);
+  file_store(&c, "full.strata");
+  fflush(NULL);
+  int fds[2];
+  if (pipe(fds) != 0) return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {1 << 16, 1 << 16};
+    setrlimit(RLIMIT_FSIZE, &rl);
+    st_error err = {0};
+    st_trainer *t = make(&c, &err);
+    if (write(fds[1], err.msg, strlen(err.msg) + 1) < 0) _exit(4);
+    _exit(t ? 3 : 0);
+  }
+  close(fds[1]);
+  char msg[512] = {0};
+  ssize_t got = read(fds[0], msg, sizeof msg - 1);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  struct stat st;
+  char tmp[ST_PATH_MAX + 16];
+  snprintf(tmp, sizeof tmp, "%s.tmp", c.execution.store_path);
+  CHECK(got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+            strstr(msg, c.execution.store_path) && strstr(msg, "reserve"),
+        "a store that cannot get its space is refused: '%s'", msg);
+  CHECK(stat(c.execution.store_path, &st) != 0 && stat(tmp, &st) != 0,
+        "and leaves no file behind");
+}
+
+int main(void) {
+  st_blas_init();
+  if (!mkdtemp(dir)) {
+    perror(dir);
+    return 1;
+  }
+  st_config c;
+  (void)cnn_config; /* the MLP and the GPT cover both optimizers */
+  mlp_config(&c);
+  test_crash("mlp", &c);
+  gpt_config(&c);
+  test_crash("gpt", &c);
+  test_bad();
+  test_full();
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0, "%s", cmd);
+  TH_DONE();
+}
