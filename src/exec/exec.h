@@ -83,12 +83,12 @@ typedef struct st_trainer_view {
 void st_trainer_update_blocks(const st_trainer_view *v, int first, int count);
 /* What st_trainer_update_blocks runs before the rule: each tied copy
  * whose source is in these blocks adds its gradient into the source's
- * (zeroing its own); then fn(arg, off, n) on each slab range to update,
- * its squared gradient first added into *v->gb2. Tied copies' weights are
- * left to the caller. */
+ * (zeroing its own; unless gather is 0: the caller does it); then fn(arg,
+ * off, n) on each slab range to update, its squared gradient first added
+ * into *v->gb2. Tied copies' weights are left to the caller. */
 typedef void (*st_range_fn)(void *arg, size_t off, size_t n);
 void st_trainer_each_range(const st_trainer_view *v, int first, int count,
-                           st_range_fn fn, void *arg);
+                           int gather, st_range_fn fn, void *arg);
 /* st_trainer_update_blocks of one block, as an st_stage_backward_each
  * callback (view is a st_trainer_view); traced on v->track. */
 void st_exec_update_block(void *view, int block);
@@ -158,6 +158,11 @@ int st_store_read(const st_store *s, int region, size_t off, size_t n,
                   float *dst, st_error *err);
 int st_store_write(const st_store *s, int region, size_t off, size_t n,
                    const float *src, st_error *err);
+/* The gradient slab (mapped), and n of its floats at off read (write 0)
+ * or written (write 1). */
+float *st_store_grads(const st_store *s);
+int st_store_grad_io(const st_store *s, int write, size_t off, size_t n,
+                     float *buf, st_error *err);
 /* Every value of the other copy is written: reads move to it. */
 void st_store_advance(st_store *s);
 /* Makes copy and pos the committed state: data synced, then the header. */

@@ -5,7 +5,9 @@
  *
  * Layout: two 4 KiB header slots, then two copies of the state, each the
  * weights (n_params floats) then each optimizer slot (n_params floats),
- * rounded up to a page. A header names the copy that holds its step's state
+ * rounded up to a page, then the gradients (n_params floats: what the
+ * compute side sends, in no copy — a step's are complete before its
+ * updates read them). A header names the copy that holds its step's state
  * and the training position after that step, under a CRC.
  *
  * A step reads the live copy and writes every updated value into the other
@@ -27,6 +29,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -60,7 +63,9 @@ struct st_store {
   char path[ST_PATH_MAX];
   int fd;
   const st_model *model;
-  header h;        /* the last committed header */
+  header h;        /* the last committed header (the optimizer thread's) */
+  /* its layout, fixed when opened: what every thread reads */
+  uint64_t n_params, data_off, copy_bytes;
   int live;        /* the copy reads come from (written, maybe uncommitted) */
   char *map;       /* the whole file, shared */
   size_t map_len;
@@ -117,11 +122,21 @@ static int io_all(int fd, int write_, void *buf, size_t n, off_t off) {
 }
 
 static size_t region_bytes(const st_store *s) {
-  return s->h.n_params * sizeof(float);
+  return s->n_params * sizeof(float);
+}
+
+/* The file's length: header slots, two copies, the gradients. */
+static uint64_t total_bytes(const header *h) {
+  return h->data_off + 2 * h->copy_bytes +
+         page_round(h->n_params * sizeof(float));
+}
+
+static off_t grad_offset(const st_store *s, size_t off) {
+  return (off_t)(s->data_off + 2 * s->copy_bytes + off * sizeof(float));
 }
 
 static off_t offset_of(const st_store *s, int copy, int region, size_t off) {
-  return (off_t)(s->h.data_off + (uint64_t)copy * s->h.copy_bytes +
+  return (off_t)(s->data_off + (uint64_t)copy * s->copy_bytes +
                  (uint64_t)region * region_bytes(s) + off * sizeof(float));
 }
 
@@ -165,7 +180,7 @@ static int create_store(const char *path, const st_model *m,
                         const st_config *cfg, st_error *err) {
   header h;
   fill_header(&h, m, cfg);
-  uint64_t total = h.data_off + 2 * h.copy_bytes;
+  uint64_t total = total_bytes(&h);
   char tmp[ST_PATH_MAX + 16], dir[ST_PATH_MAX];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   snprintf(dir, sizeof dir, "%s", path);
@@ -174,13 +189,14 @@ static int create_store(const char *path, const st_model *m,
     *slash = '\0';
   else
     snprintf(dir, sizeof dir, ".");
+  unlink(tmp); /* a creation killed before: its space is free again */
   struct statvfs vfs;
   if (statvfs(dir, &vfs) == 0 &&
       (uint64_t)vfs.f_bavail * vfs.f_frsize < total)
     return st_error_set(
         err, ST_EIO,
         "%s: the store needs %.2f GiB (two copies of %zu weights and their "
-        "%s state), and %s has %.2f GiB free",
+        "%s state, and their gradients), and %s has %.2f GiB free",
         path, gib(total), m->n_params, h.optimizer, dir,
         gib((uint64_t)vfs.f_bavail * vfs.f_frsize));
   int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -218,7 +234,8 @@ static int create_store(const char *path, const st_model *m,
   if (map != MAP_FAILED) munmap(map, (size_t)total);
   if (close(fd) != 0 && !rc)
     rc = st_error_set(err, ST_EIO, "%s: %s", tmp, strerror(errno));
-  if (!rc && rename(tmp, path) != 0)
+  /* never over a store another process made meanwhile */
+  if (!rc && renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0)
     rc = st_error_set(err, ST_EIO, "%s: cannot rename into place: %s", path,
                       strerror(errno));
   if (rc) {
@@ -237,15 +254,13 @@ static int create_store(const char *path, const st_model *m,
 static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                        off_t size, st_error *err) {
   header best = {0}, h;
-  int found = 0, foreign = 0;
+  int found = 0, marked = 0; /* valid slots; slots with the magic */
   for (int k = 0; k < 2; k++) {
     char slot[SLOT_BYTES];
     if (io_all(s->fd, 0, slot, SLOT_BYTES, (off_t)k * SLOT_BYTES)) continue;
     memcpy(&h, slot, sizeof h);
-    if (memcmp(h.magic, MAGIC, sizeof MAGIC) != 0) {
-      foreign = 1;
-      continue;
-    }
+    if (memcmp(h.magic, MAGIC, sizeof MAGIC) != 0) continue;
+    marked = 1;
     if (h.version != STORE_VERSION || h.bytes != sizeof h ||
         h.crc != header_crc(&h) || h.seq % 2 != (uint64_t)k || h.cur > 1)
       continue;
@@ -255,9 +270,9 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
   if (!found)
     return st_error_set(err, ST_EDATA,
                         "%s: %s", s->path,
-                        foreign ? "not a strata weight store"
-                                : "no valid header (both copies fail their "
-                                  "checksum): the store is corrupt");
+                        !marked ? "not a strata weight store"
+                                : "no valid header (both header slots fail "
+                                  "their checksum): the store is corrupt");
   header want;
   fill_header(&want, m, cfg);
   if (best.n_params != want.n_params || best.n_blocks != want.n_blocks)
@@ -281,13 +296,16 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
   if (best.data_off != want.data_off || best.copy_bytes != want.copy_bytes)
     return st_error_set(err, ST_EDATA, "%s: the header's layout is corrupt",
                         s->path);
-  uint64_t total = want.data_off + 2 * want.copy_bytes;
+  uint64_t total = total_bytes(&want);
   if ((uint64_t)size < total)
     return st_error_set(err, ST_EDATA,
                         "%s: truncated: %lld bytes, and this model's store "
                         "has %llu",
                         s->path, (long long)size, (unsigned long long)total);
   s->h = best;
+  s->n_params = best.n_params;
+  s->data_off = best.data_off;
+  s->copy_bytes = best.copy_bytes;
   s->live = (int)best.cur;
   return 0;
 }
@@ -315,7 +333,10 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
   }
   /* one run per store: two writers would corrupt it */
   if (flock(s->fd, LOCK_EX | LOCK_NB) != 0) {
-    rc = st_error_set(err, ST_EIO, "%s: in use by another process", path);
+    rc = errno == EWOULDBLOCK
+             ? st_error_set(err, ST_EIO, "%s: in use by another process", path)
+             : st_error_set(err, ST_EIO, "%s: cannot lock: %s", path,
+                            strerror(errno));
     goto fail;
   }
   if (fstat(s->fd, &st) != 0) {
@@ -323,7 +344,7 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
     goto fail;
   }
   if ((rc = read_header(s, m, cfg, st.st_size, err))) goto fail;
-  s->map_len = (size_t)(s->h.data_off + 2 * s->h.copy_bytes);
+  s->map_len = (size_t)total_bytes(&s->h);
   s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd,
                 0);
   if (s->map == MAP_FAILED) {
@@ -371,6 +392,18 @@ int st_store_write(const st_store *s, int region, size_t off, size_t n,
     return 0;
   return st_error_set(err, ST_EIO, "%s: write failed: %s", s->path,
                       strerror(errno));
+}
+
+float *st_store_grads(const st_store *s) {
+  return (float *)(s->map + grad_offset(s, 0));
+}
+
+int st_store_grad_io(const st_store *s, int write, size_t off, size_t n,
+                     float *buf, st_error *err) {
+  if (!io_all(s->fd, write, buf, n * sizeof(float), grad_offset(s, off)))
+    return 0;
+  return st_error_set(err, ST_EIO, "%s: gradient %s failed: %s", s->path,
+                      write ? "write" : "read", strerror(errno));
 }
 
 void st_store_advance(st_store *s) { s->live = 1 - s->live; }

@@ -32,6 +32,7 @@ struct st_trainer {
   float *params, *grads, *opt;
   int owned;                  /* the three above are the trainer's (else the
                                  executor's: a file store) */
+  char store_path[ST_PATH_MAX]; /* that file store's */
   float *x, *losses, *probs, *dlogits;
   int *y;
   int32_t *perm, *eval_idx;
@@ -190,8 +191,14 @@ static int allocate(st_trainer *t, st_error *err) {
       (size_t)max_int(t->micro_batch, t->eval_batch) * (size_t)t->rows;
   /* The executor first: one that keeps the weights (a file store) makes
    * them and says where they are. */
-  int rc = t->exec->create(&t->exec_state, m, &t->cfg, t->micro_batch,
-                           t->eval_batch, err);
+  st_config resolved = t->cfg; /* a file store's path, in the run's dir
+                                 unless given (the config keeps "") */
+  int stored = st_store_resolve(&resolved, t->out_dir[0] ? t->out_dir : NULL);
+  if (stored)
+    snprintf(t->store_path, sizeof t->store_path, "%s",
+             resolved.execution.store_path);
+  int rc = t->exec->create(&t->exec_state, m, stored ? &resolved : &t->cfg,
+                           t->micro_batch, t->eval_batch, err);
   if (rc) return rc;
   t->owned = !(t->exec->slabs &&
                t->exec->slabs(t->exec_state, &t->params, &t->grads, &t->opt));
@@ -305,7 +312,6 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     rc = st_error_set(err, ST_ENOMEM, "cannot start %d threads", threads);
     goto fail;
   }
-  st_store_resolve(&t->cfg, out_dir);
   /* the run's directory first: a store in it is made with the executor */
   if (out_dir) {
     char ck[ST_PATH_MAX + 16];
@@ -329,7 +335,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
       p = run_pos(t);
       p.seed = kept->seed;
     }
-    if ((rc = check_same_run(t, &p, t->cfg.execution.store_path, err)))
+    if ((rc = check_same_run(t, &p, t->store_path, err)))
       goto fail;
     if (kept->step > 0) t->pos = *kept;
   }
@@ -466,13 +472,13 @@ static void each(const st_trainer_view *v, st_range_fn fn, void *arg,
 }
 
 void st_trainer_each_range(const st_trainer_view *v, int first, int count,
-                           st_range_fn fn, void *arg) {
+                           int gather, st_range_fn fn, void *arg) {
   const st_model *m = v->model;
   const st_block *lo = &m->blocks[first], *hi = &m->blocks[first + count - 1];
   size_t begin = lo->param_off, end = hi->param_off + hi->n_params;
   /* Each tied copy whose source is updated here adds its gradient into the
    * source's first (the copy's gradient is complete: see exec.h). */
-  for_ties(v, v->grads, begin, end, 1);
+  if (gather) for_ties(v, v->grads, begin, end, 1);
   int per_tensor = v->ctx.fused != NULL;
   for (int i = first; i < first + count && !per_tensor; i++)
     per_tensor = has_tied_copy(&m->blocks[i]);
@@ -501,7 +507,7 @@ void st_trainer_each_range(const st_trainer_view *v, int first, int count,
 }
 
 void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
-  st_trainer_each_range(v, first, count, update_range, (void *)v);
+  st_trainer_each_range(v, first, count, 1, update_range, (void *)v);
   /* Tied copies take their source's new weights. (A copy's optimizer state
    * is never read: the copy is only ever overwritten.) */
   const st_model *m = v->model;
@@ -626,12 +632,13 @@ int st_store_resolve(st_config *cfg, const char *out_dir) {
   /* with no path given, the store lives in the run's directory */
   if (!cfg->execution.store_path[0] && out_dir)
     snprintf(cfg->execution.store_path, sizeof cfg->execution.store_path,
-             "%s/store.strata", out_dir);
+             "%.*s/store.strata",
+             (int)sizeof cfg->execution.store_path - 16, out_dir);
   return 1;
 }
 
 const char *st_trainer_store(const st_trainer *t) {
-  return t->owned ? NULL : t->cfg.execution.store_path;
+  return t->owned ? NULL : t->store_path;
 }
 
 int st_trainer_sync(st_trainer *t, st_error *err) {
@@ -707,7 +714,7 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                         "%s: the weights live in the store %s, which is this "
                         "run's checkpoint: a checkpoint file cannot be loaded "
                         "into it (use execution.store: memory)",
-                        path, t->cfg.execution.store_path);
+                        path, t->store_path);
   if (weights_only)
     return st_checkpoint_load(path, t->model, t->params, NULL, NULL, NULL,
                               err);

@@ -17,8 +17,10 @@
  * from it, applies the same rule and writes the chunk into the other copy;
  * the step is committed (synced, then the header) on the optimizer thread
  * while the next step's forward runs, and that step's first update waits
- * for it. Gradients stay in this process, in a mapping whose pages are
- * given back once a block is updated. The update is the sequential mode's
+ * for it. Gradients go to the store's gradient slab in the file and the
+ * update reads them from there, chunk by chunk with the weights and state,
+ * so this process holds no slab of any kind: only its buffers (and the
+ * page cache, not this process's memory, holds the file). The update is the sequential mode's
  * st_trainer_update_blocks on the same slabs, and every kernel sees the
  * same inputs in the same order, so the weights are the sequential mode's
  * bit for bit — with micro-batches too: a block's partial gradient goes to
@@ -41,7 +43,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
-#include <sys/mman.h>
 
 typedef struct ws {
   const st_model *model;
@@ -78,14 +79,13 @@ typedef struct ws {
   pthread_t optimizer;
   int opt_thread;
 
-  /* The file store (NULL: memory), its gradient slab (an anonymous
-   * mapping) and the update's chunk buffers: weights then each optimizer
-   * slot, UCHUNK floats each. I/O errors on either thread land in io_err
-   * (under mu) and fail the step. */
+  /* The file store (NULL: memory) and the update's chunk buffers: weights,
+   * each optimizer slot, the gradient and a tied copy's gradient, UCHUNK
+   * floats each. I/O errors on either thread land in io_err (under mu) and
+   * fail the step. */
   st_store *store;
-  float *grads;
-  size_t grads_len;
   float *ubuf;
+  int ubuf_tasks; /* buffer sets in ubuf: the compute side's threads */
   int opt_slots;
   int io_rc;
   st_error io_err;
@@ -119,6 +119,13 @@ static int pending_error(ws *w, st_error *err) {
   if (rc) *err = w->io_err;
   pthread_mutex_unlock(&w->mu);
   return rc;
+}
+
+/* Block b's gradient to (write 1) or from the file store. */
+static void grad_io(ws *w, int write, const st_block *b, float *buf) {
+  st_error e = {0};
+  if (st_store_grad_io(w->store, write, b->param_off, b->n_params, buf, &e))
+    io_failed(w, &e);
 }
 
 /* Block b's weights from the store into dst. */
@@ -200,49 +207,96 @@ static void release(ws *w, int u) {
 
 /* ------------------------------------------------------------ the store */
 
-enum { UCHUNK = 1 << 20 }; /* floats per array in one file update chunk */
+enum { UCHUNK = 1 << 15 }; /* floats per array in one file update chunk:
+                              its six arrays stay in L2 */
+
+enum { MAX_TASKS = 64 }; /* chunk tasks of one range, at most */
 
 typedef struct file_job {
   ws *w;
   const st_trainer_view *v;
-  st_error err;
-  int rc;
+  double *gb2; /* the noise scale's sum of squared gradients, else NULL */
+  size_t off, n; /* the range file_range was given */
+  int tasks;     /* its chunks, task t taking t, t + tasks, ... */
+  st_error err[MAX_TASKS];
+  int rc[MAX_TASKS];
 } file_job;
 
-/* One range of the slab: chunk by chunk, weights and state read from the
- * live copy, the rule applied (zeroing the gradient), written into the
- * other copy — and into every tied copy of these weights. */
-static void file_range(void *arg, size_t off, size_t n) {
+/* Chunk by chunk (task t's share of the range, with its own buffers):
+ * weights and state read from the live copy and the gradient from the
+ * store, every tied copy's gradient added in (as st_trainer_update_blocks
+ * gathers them), the rule applied, the results written into the other
+ * copy — and into every tied copy of these weights. */
+static void file_chunks(void *arg, int task) {
   file_job *j = arg;
   ws *w = j->w;
   const st_trainer_view *v = j->v;
   const st_model *m = v->model;
-  float *p = w->ubuf, *o = w->ubuf + UCHUNK;
-  for (size_t lo = 0; lo < n && !j->rc; lo += UCHUNK) {
-    size_t at = off + lo, len = n - lo < UCHUNK ? n - lo : UCHUNK;
-    j->rc = st_store_read(w->store, 0, at, len, p, &j->err);
-    for (int k = 0; k < w->opt_slots && !j->rc; k++)
-      j->rc = st_store_read(w->store, 1 + k, at, len, o + (size_t)k * UCHUNK,
-                            &j->err);
-    if (j->rc) break;
-    st_optim_step_range(v->ctx.pool, v->cfg, p, v->grads + at, o, UCHUNK, len,
-                        v->lr, v->step);
-    j->rc = st_store_write(w->store, 0, at, len, p, &j->err);
-    for (int k = 0; k < w->opt_slots && !j->rc; k++)
-      j->rc = st_store_write(w->store, 1 + k, at, len, o + (size_t)k * UCHUNK,
-                             &j->err);
-    for (int i = 0; m->n_ties && i < m->n_blocks && !j->rc; i++)
-      for (int t = 0; t < m->blocks[i].n_tensors && !j->rc; t++) {
+  const st_store *s = w->store;
+  float *p = w->ubuf + (size_t)task * (3 + w->opt_slots) * UCHUNK;
+  float *o = p + UCHUNK;
+  float *g = o + (size_t)w->opt_slots * UCHUNK, *tg = g + UCHUNK;
+  st_error *err = &j->err[task];
+  int rc = 0;
+  double sq = 0; /* one task: in index order, as st_sum_squares */
+  for (size_t lo = (size_t)task * UCHUNK; lo < j->n && !rc;
+       lo += (size_t)j->tasks * UCHUNK) {
+    size_t at = j->off + lo, len = j->n - lo < UCHUNK ? j->n - lo : UCHUNK;
+    rc = st_store_read(s, 0, at, len, p, err);
+    for (int k = 0; k < w->opt_slots && !rc; k++)
+      rc = st_store_read(s, 1 + k, at, len, o + (size_t)k * UCHUNK, err);
+    if (!rc) rc = st_store_grad_io(s, 0, at, len, g, err);
+    /* tied copies of [at, at + len): their gradients first */
+    for (int i = 0; m->n_ties && i < m->n_blocks && !rc; i++)
+      for (int t = 0; t < m->blocks[i].n_tensors && !rc; t++) {
+        const st_tensor_info *ti = &m->blocks[i].tensors[t];
+        if (ti->tie < 0) continue;
+        size_t src = (size_t)ti->tie, a = at > src ? at : src;
+        size_t b = at + len < src + ti->numel ? at + len : src + ti->numel;
+        if (a >= b) continue;
+        rc = st_store_grad_io(
+            s, 0, m->blocks[i].param_off + ti->offset + (a - src), b - a, tg,
+            err);
+        for (size_t k = 0; !rc && k < b - a; k++) g[a - at + k] += tg[k];
+      }
+    if (rc) break;
+    if (j->gb2)
+      for (size_t k = 0; k < len; k++) sq += (double)g[k] * g[k];
+    st_optim_step_range(NULL, v->cfg, p, g, o, UCHUNK, len, v->lr, v->step);
+    rc = st_store_write(s, 0, at, len, p, err);
+    for (int k = 0; k < w->opt_slots && !rc; k++)
+      rc = st_store_write(s, 1 + k, at, len, o + (size_t)k * UCHUNK, err);
+    for (int i = 0; m->n_ties && i < m->n_blocks && !rc; i++)
+      for (int t = 0; t < m->blocks[i].n_tensors && !rc; t++) {
         const st_tensor_info *ti = &m->blocks[i].tensors[t];
         if (ti->tie < 0) continue;
         size_t src = (size_t)ti->tie, a = at > src ? at : src;
         size_t b = at + len < src + ti->numel ? at + len : src + ti->numel;
         if (a < b)
-          j->rc = st_store_write(w->store, 0,
-                                 m->blocks[i].param_off + ti->offset + (a - src),
-                                 b - a, p + (a - at), &j->err);
+          rc = st_store_write(s, 0,
+                              m->blocks[i].param_off + ti->offset + (a - src),
+                              b - a, p + (a - at), err);
       }
   }
+  j->rc[task] = rc;
+  if (j->gb2) *j->gb2 += sq; /* one task when summing: see file_range */
+}
+
+/* One range of the slab, its chunks spread over the view's pool — or on
+ * one thread when the noise scale sums the squared gradients, which must
+ * be in index order to be the sequential mode's bits. */
+static void file_range(void *arg, size_t off, size_t n) {
+  file_job *j = arg;
+  if (j->rc[0]) return; /* an earlier range failed */
+  size_t chunks = (n + UCHUNK - 1) / UCHUNK;
+  int threads = j->v->ctx.pool ? st_pool_threads(j->v->ctx.pool) : 1;
+  j->off = off;
+  j->n = n;
+  j->tasks = j->gb2 || threads > j->w->ubuf_tasks ? 1 : threads;
+  if ((size_t)j->tasks > chunks) j->tasks = (int)chunks;
+  st_pool_for(j->v->ctx.pool, j->tasks, file_chunks, j);
+  for (int t = 1; t < j->tasks; t++)
+    if (j->rc[t] && !j->rc[0]) j->rc[0] = j->rc[t], j->err[0] = j->err[t];
 }
 
 /* Updates block b in the store (v: the step's view, whose pool runs it). */
@@ -251,25 +305,12 @@ static void update_block(ws *w, const st_trainer_view *v, int b) {
     st_trainer_update_blocks(v, b, 1);
     return;
   }
-  file_job j = {.w = w, .v = v};
-  st_trainer_each_range(v, b, 1, file_range, &j);
-  /* The rule zeroed the block's gradient: give its pages back — but a
-   * tied copy's gradient waits for its source's update, which gathers and
-   * zeroes it. */
-  const st_model *m = v->model;
-  const st_block *blk = &m->blocks[b];
-  size_t lo = blk->param_off, hi = lo + blk->n_params;
-  for (int i = 0; i < m->n_blocks; i++)
-    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
-      const st_tensor_info *ti = &m->blocks[i].tensors[t];
-      size_t at = m->blocks[i].param_off + ti->offset;
-      int mine = i == b && ti->tie < 0;
-      int gathered = ti->tie >= 0 && (size_t)ti->tie >= lo &&
-                     (size_t)ti->tie < hi;
-      if (mine || gathered)
-        st_store_drop(w->grads + at, ti->numel * sizeof(float));
-    }
-  if (j.rc) io_failed(w, &j.err);
+  /* the ranges only: the gradients and their squares are file_range's */
+  st_trainer_view ranges = *v;
+  ranges.gb2 = NULL;
+  file_job j = {.w = w, .v = v, .gb2 = v->gb2};
+  st_trainer_each_range(&ranges, b, 1, 0, file_range, &j);
+  if (j.rc[0]) io_failed(w, &j.err[0]);
   if (b == w->nb / 2 &&
       st_store_crash_point(w->store, v->step) == ST_CRASH_MID_UPDATE)
     raise(SIGKILL);
@@ -289,9 +330,13 @@ static void *optimizer_main(void *arg) {
     int copy = w->commit_copy, failed = w->io_rc;
     pthread_mutex_unlock(&w->mu);
     st_error e = {0};
-    if (block >= 0)
+    /* after a failed commit nothing more is written: the other copy is
+     * the one the last good header names */
+    if (failed)
+      ;
+    else if (block >= 0)
       update_block(w, v, block);
-    else if (!failed && st_store_commit(w->store, copy, &pos, &e))
+    else if (st_store_commit(w->store, copy, &pos, &e))
       io_failed(w, &e);
     pthread_mutex_lock(&w->mu);
     w->q_head++;
@@ -346,7 +391,6 @@ static void ws_destroy(void *state) {
   pthread_cond_destroy(&w->cv);
   st_pool_destroy(w->opt_pool);
   st_store_close(w->store);
-  if (w->grads) munmap(w->grads, w->grads_len);
   st_free(w->ubuf);
   if (w->acts)
     for (int i = 0; i < w->nb; i++)
@@ -448,7 +492,7 @@ static int check_limit(const st_model *m, const st_config *cfg, int rows,
       (long long)have);
 }
 
-/* The file store, the gradient slab beside it and the update's buffers. */
+/* The file store and the update's buffers. */
 static int open_store(ws *w, const st_model *m, const st_config *cfg,
                       st_error *err) {
   if (!cfg->execution.store_path[0])
@@ -459,18 +503,15 @@ static int open_store(ws *w, const st_model *m, const st_config *cfg,
   int rc = st_store_open(&w->store, cfg->execution.store_path, m, cfg, err);
   if (rc) return rc;
   w->opt_slots = st_optim_state_per_param(cfg);
-  /* anonymous: untouched pages cost nothing, and a block's are given back
-   * (and read as zeros again) once it is updated */
-  w->grads_len = m->n_params * sizeof(float);
-  void *g = mmap(NULL, w->grads_len, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  w->ubuf = st_alloc((1 + (size_t)w->opt_slots) * UCHUNK * sizeof(float));
-  if (g == MAP_FAILED || !w->ubuf) {
-    if (g != MAP_FAILED) munmap(g, w->grads_len);
-    return st_error_set(err, ST_ENOMEM, "out of memory for the store's "
-                        "gradients (%zu bytes)", w->grads_len);
-  }
-  w->grads = g;
+  /* a set of chunk buffers for each thread of the trainer's pool (the
+   * compute side runs the step's last update) */
+  int threads = cfg->train.threads > 0 ? cfg->train.threads
+                                        : st_usable_cores();
+  w->ubuf_tasks = threads < MAX_TASKS ? threads : MAX_TASKS;
+  w->ubuf = st_alloc((size_t)w->ubuf_tasks * (3 + (size_t)w->opt_slots) *
+                     UCHUNK * sizeof(float));
+  if (!w->ubuf)
+    return st_error_set(err, ST_ENOMEM, "out of memory");
   return 0;
 }
 
@@ -484,6 +525,8 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
   pthread_cond_init(&w->cv, NULL);
   w->model = m;
   w->nb = m->n_blocks;
+  w->qv = &w->opt_view; /* the step's view, rewritten by each step (the
+                           updates of a step are queued after its start) */
   /* a walk uses 2 n slots at most: more prefetch would fill nothing */
   w->slots = cfg->execution.prefetch < 2 * w->nb ? cfg->execution.prefetch + 1
                                                  : 2 * w->nb;
@@ -495,6 +538,10 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
   /* size first, check the limit, then allocate */
   buffers(w, 1);
   int rc = check_limit(m, cfg, w->rows, max_batch, w->compute_bytes, err);
+  /* the store before the buffers: making one touches a block or two of
+   * its pages, which should not add to the buffers' resident memory */
+  if (!rc && strcmp(cfg->execution.store, "file") == 0)
+    rc = open_store(w, m, cfg, err);
   if (!rc) {
     w->acts = calloc((size_t)w->nb, sizeof *w->acts);
     w->outs = calloc((size_t)w->nb, sizeof *w->outs);
@@ -508,8 +555,6 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
                         "(%lld bytes)",
                         (long long)w->compute_bytes);
   }
-  if (!rc && strcmp(cfg->execution.store, "file") == 0)
-    rc = open_store(w, m, cfg, err);
   if (!rc && cfg->execution.prefetch > 0) {
     w->fetch_thread = pthread_create(&w->fetcher, NULL, fetch_main, w) == 0;
     if (!w->fetch_thread)
@@ -560,7 +605,6 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
   w->opt_view.ctx.pool = w->opt_pool;
   w->opt_view.ctx.fused = NULL;
   w->opt_view.trace = NULL;
-  w->qv = &w->opt_view;
   st_ctx ctx = v->ctx;
   ctx.fused = NULL;
   /* this step's walk: forward 0 .. n-1, backward n-1 .. 0 */
@@ -629,7 +673,10 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       if (first) {
         memset(w->gbuf, 0, bytes);
       } else {
-        memcpy(w->gbuf, store_g, bytes);
+        if (w->store)
+          grad_io(w, 0, b, w->gbuf);
+        else
+          memcpy(w->gbuf, store_g, bytes);
         w->bytes_in += (int64_t)bytes;
       }
       float *dx = i == 0               ? NULL
@@ -640,7 +687,10 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       release(w, u);
       /* send it to the store; after the last micro-batch the store
        * updates the block while the compute side goes on */
-      memcpy(store_g, w->gbuf, bytes);
+      if (w->store)
+        grad_io(w, 1, b, w->gbuf);
+      else
+        memcpy(store_g, w->gbuf, bytes);
       w->bytes_out += (int64_t)bytes;
       if (last && !v->grads_only && i > 0)
         submit(w, i);
@@ -656,6 +706,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
   /* The first block's update comes last, when the compute side has nothing
    * left to do: the store runs it on the compute side's cores (the same
    * bits: the rules are elementwise). */
+  if (!rc) rc = pending_error(w, err); /* a failed commit: write nothing */
   if (!rc && !v->grads_only) {
     st_trainer_view last_view = w->opt_view;
     last_view.ctx.pool = v->ctx.pool;
@@ -667,8 +718,6 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
     rc = pending_error(w, err);
     if (!rc && w->store) st_store_advance(w->store);
   }
-  if (rc && w->store) /* nothing is committed: the gradients start over */
-    st_store_drop(w->grads, w->grads_len);
   w->steps++;
   w->busy += st_now() - start;
   return rc;
@@ -724,7 +773,7 @@ static int ws_slabs(void *state, float **params, float **grads,
   if (!w->store) return 0;
   *params = st_store_slab(w->store, 0);
   *opt = st_store_slab(w->store, 1);
-  *grads = w->grads;
+  *grads = st_store_grads(w->store);
   return 1;
 }
 

@@ -605,7 +605,13 @@ ws_file=(--set execution.mode=weight_streaming --set execution.store=file)
 run train "$fc" "${ws_args[@]}" --out "$T/w_seq"
 "$strata" train "$fc" "${ws_args[@]}" "${ws_file[@]}" --out "$T/w_ws" >/dev/null 2>&1 &
 ws_pid=$!
-sleep "0.$((RANDOM % 9 + 1))"
+# once training has started (the store and config.yaml are written), a
+# random moment within the next half second
+for _ in $(seq 200); do
+  [ -e "$T/w_ws/store.strata" ] && [ -e "$T/w_ws/config.yaml" ] && break
+  sleep 0.05
+done
+sleep "0.$((RANDOM % 5))"
 kill -9 "$ws_pid" 2>/dev/null
 wait "$ws_pid" 2>/dev/null
 ws_rc=$?
