@@ -222,6 +222,32 @@ typedef struct file_job {
   int rc[MAX_TASKS];
 } file_job;
 
+/* The tied copies of slab range [at, at + len): write 0 adds each copy's
+ * gradient into buf (the range's, tmp a scratch chunk), in the order
+ * st_trainer_update_blocks gathers them; write 1 writes buf (the range's
+ * new weights) over the copies in the other copy of the store. */
+static int chunk_ties(const ws *w, size_t at, size_t len, int write,
+                      float *buf, float *tmp, st_error *err) {
+  const st_model *m = w->model;
+  int rc = 0;
+  for (int i = 0; m->n_ties && i < m->n_blocks && !rc; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors && !rc; t++) {
+      const st_tensor_info *ti = &m->blocks[i].tensors[t];
+      if (ti->tie < 0) continue;
+      size_t src = (size_t)ti->tie, a = at > src ? at : src;
+      size_t b = at + len < src + ti->numel ? at + len : src + ti->numel;
+      if (a >= b) continue;
+      size_t copy = m->blocks[i].param_off + ti->offset + (a - src);
+      if (write) {
+        rc = st_store_write(w->store, 0, copy, b - a, buf + (a - at), err);
+        continue;
+      }
+      rc = st_store_grad_io(w->store, 0, copy, b - a, tmp, err);
+      for (size_t k = 0; !rc && k < b - a; k++) buf[a - at + k] += tmp[k];
+    }
+  return rc;
+}
+
 /* Chunk by chunk (task t's share of the range, with its own buffers):
  * weights and state read from the live copy and the gradient from the
  * store, every tied copy's gradient added in (as st_trainer_update_blocks
@@ -231,7 +257,6 @@ static void file_chunks(void *arg, int task) {
   file_job *j = arg;
   ws *w = j->w;
   const st_trainer_view *v = j->v;
-  const st_model *m = v->model;
   const st_store *s = w->store;
   float *p = w->ubuf + (size_t)task * (3 + w->opt_slots) * UCHUNK;
   float *o = p + UCHUNK;
@@ -247,18 +272,7 @@ static void file_chunks(void *arg, int task) {
       rc = st_store_read(s, 1 + k, at, len, o + (size_t)k * UCHUNK, err);
     if (!rc) rc = st_store_grad_io(s, 0, at, len, g, err);
     /* tied copies of [at, at + len): their gradients first */
-    for (int i = 0; m->n_ties && i < m->n_blocks && !rc; i++)
-      for (int t = 0; t < m->blocks[i].n_tensors && !rc; t++) {
-        const st_tensor_info *ti = &m->blocks[i].tensors[t];
-        if (ti->tie < 0) continue;
-        size_t src = (size_t)ti->tie, a = at > src ? at : src;
-        size_t b = at + len < src + ti->numel ? at + len : src + ti->numel;
-        if (a >= b) continue;
-        rc = st_store_grad_io(
-            s, 0, m->blocks[i].param_off + ti->offset + (a - src), b - a, tg,
-            err);
-        for (size_t k = 0; !rc && k < b - a; k++) g[a - at + k] += tg[k];
-      }
+    if (!rc) rc = chunk_ties(w, at, len, 0, g, tg, err);
     if (rc) break;
     if (j->gb2)
       for (size_t k = 0; k < len; k++) sq += (double)g[k] * g[k];
@@ -266,17 +280,7 @@ static void file_chunks(void *arg, int task) {
     rc = st_store_write(s, 0, at, len, p, err);
     for (int k = 0; k < w->opt_slots && !rc; k++)
       rc = st_store_write(s, 1 + k, at, len, o + (size_t)k * UCHUNK, err);
-    for (int i = 0; m->n_ties && i < m->n_blocks && !rc; i++)
-      for (int t = 0; t < m->blocks[i].n_tensors && !rc; t++) {
-        const st_tensor_info *ti = &m->blocks[i].tensors[t];
-        if (ti->tie < 0) continue;
-        size_t src = (size_t)ti->tie, a = at > src ? at : src;
-        size_t b = at + len < src + ti->numel ? at + len : src + ti->numel;
-        if (a < b)
-          rc = st_store_write(s, 0,
-                              m->blocks[i].param_off + ti->offset + (a - src),
-                              b - a, p + (a - at), err);
-      }
+    if (!rc) rc = chunk_ties(w, at, len, 1, p, NULL, err);
   }
   j->rc[task] = rc;
   if (j->gb2) *j->gb2 += sq; /* one task when summing: see file_range */
