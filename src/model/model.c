@@ -562,6 +562,20 @@ const char *st_op_name(st_op_kind kind) {
   return names[kind];
 }
 
+/* Tied copies in blocks [first, first + count) take their source's values. */
+static void sync_ties(const st_model *m, float *params, int first,
+                      int count) {
+  for (int i = first; m->n_ties && i < first + count; i++) {
+    const st_block *b = &m->blocks[i];
+    for (int t = 0; t < b->n_tensors; t++) {
+      const st_tensor_info *ti = &b->tensors[t];
+      if (ti->tie >= 0)
+        memcpy(params + b->param_off + ti->offset, params + ti->tie,
+               ti->numel * sizeof *params);
+    }
+  }
+}
+
 /* Fills n floats with N(0, std) from stream `index`. */
 static void init_normal(float *w, size_t n, float std, uint64_t seed,
                         uint64_t index) {
@@ -626,15 +640,7 @@ void st_model_init_blocks(const st_model *m, float *params, uint64_t seed,
     }
   }
   /* tied copies in these blocks take their source's values */
-  for (int i = first; m->n_ties && i < first + count; i++) {
-    const st_block *b = &m->blocks[i];
-    for (int t = 0; t < b->n_tensors; t++) {
-      const st_tensor_info *ti = &b->tensors[t];
-      if (ti->tie >= 0)
-        memcpy(params + b->param_off + ti->offset, params + ti->tie,
-               ti->numel * sizeof *params);
-    }
-  }
+  sync_ties(m, params, first, count);
 }
 
 size_t st_model_unique_params(const st_model *m) {
@@ -646,15 +652,7 @@ size_t st_model_unique_params(const st_model *m) {
 }
 
 void st_model_sync_ties(const st_model *m, float *params) {
-  for (int i = 0; m->n_ties && i < m->n_blocks; i++) {
-    const st_block *b = &m->blocks[i];
-    for (int t = 0; t < b->n_tensors; t++) {
-      const st_tensor_info *ti = &b->tensors[t];
-      if (ti->tie >= 0)
-        memcpy(params + b->param_off + ti->offset, params + ti->tie,
-               ti->numel * sizeof *params);
-    }
-  }
+  sync_ties(m, params, 0, m->n_blocks);
 }
 
 int64_t st_model_find(const st_model *m, const char *name,
