@@ -110,6 +110,7 @@ typedef enum {
   ST_RNG_DROPOUT = 3,
   ST_RNG_DATA = 4,
   ST_RNG_SAMPLE = 5, /* text generation */
+  ST_RNG_ROUND = 6,  /* stochastic rounding to bf16 */
 } st_rng_purpose;
 
 void st_philox(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo, uint32_t out[4]);
@@ -127,6 +128,20 @@ uint32_t st_rng_u32(st_rng *rng);
 float st_rng_uniform(st_rng *rng);          /* [0, 1) with 24 bits */
 float st_rng_normal(st_rng *rng);           /* Box-Muller */
 uint32_t st_rng_below(st_rng *rng, uint32_t n); /* uniform in [0, n) */
+
+/* bfloat16: the upper half of an fp32 (8 exponent bits, 7 stored mantissa
+ * bits). Weight streaming's file store can hold its weights so
+ * (execution.store_weights: bf16); compute and optimizer state stay fp32. */
+uint16_t st_bf16_from(float x); /* to nearest, ties to even; NaN stays NaN */
+float st_bf16_to(uint16_t h);   /* exact */
+/* Rounds x[0 .. n) in place to values bf16 holds. Stochastic rounding
+ * goes up with probability (x - down) / (up - down), so it is unbiased;
+ * its bits are a pure function of (seed, step, first + i), whatever the
+ * chunking or thread. */
+void st_bf16_round(float *x, size_t n, int stochastic, uint64_t seed,
+                   uint64_t step, uint64_t first);
+void st_bf16_pack(const float *x, uint16_t *h, size_t n);   /* st_bf16_from */
+void st_bf16_unpack(const uint16_t *h, float *x, size_t n); /* st_bf16_to */
 
 /* Per-sample shape of an activation: (c, h, w); vectors are (c, 1, 1). */
 typedef struct st_shape {
@@ -229,6 +244,8 @@ typedef struct st_config {
     float pipemare_gamma;   /* pipemare: gamma */
     char store[8];          /* weight_streaming: memory | file */
     char store_path[ST_PATH_MAX]; /* store file ("" = DIR/store.strata) */
+    char store_weights[8];  /* store file: fp32 | bf16 */
+    char store_rounding[16]; /* bf16 weights: nearest | stochastic */
     int prefetch;           /* weight_streaming: blocks fetched ahead */
     int keep_activations;   /* weight_streaming: else recompute */
     int64_t compute_memory_limit; /* weight_streaming: bytes, 0 = none */
@@ -1096,8 +1113,15 @@ int st_checkpoint_save(const char *path, const st_model *m,
                        const float *params, const float *opt_state,
                        const char *optim_kind, const st_train_pos *pos,
                        st_error *err);
+/* The same with the weights in params_dtype: "F32" (floats) or "BF16"
+ * (uint16_t bf16 values, as weight streaming's file store keeps them). */
+int st_checkpoint_save_as(const char *path, const st_model *m,
+                          const void *params, const char *params_dtype,
+                          const float *opt_state, const char *optim_kind,
+                          const st_train_pos *pos, st_error *err);
 /* Reads a checkpoint written by st_checkpoint_save (or any safetensors with
- * the model's tensor names). Missing or mis-shaped tensors and out-of-range
+ * the model's tensor names). Weights may be F32 or BF16 (widened exactly);
+ * optimizer state is F32. Missing or mis-shaped tensors and out-of-range
  * positions are errors naming the tensor or key; everything is checked
  * before anything is copied, so on error the outputs are untouched.
  * opt_state / pos may be NULL to load weights only. */
@@ -1148,6 +1172,8 @@ const st_model *st_trainer_model(const st_trainer *t);
 const st_config *st_trainer_config(const st_trainer *t);
 /* Stages the configured mode runs: 1 for sequential, S for a pipeline. */
 int st_trainer_stages(const st_trainer *t);
+/* The weights, as floats; NULL when a file store keeps them as bf16
+ * (st_trainer_save writes them, as BF16). */
 float *st_trainer_params(st_trainer *t);
 const st_train_pos *st_trainer_pos(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */

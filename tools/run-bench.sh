@@ -19,9 +19,10 @@
 #   6. Pipelined backprop (bench_pb): its stages' busy fractions at
 #      micro-batch 1 on 2 stages, and its samples/s against sequential at
 #      batch 1 and gpipe at batch 32 on the same stages.
-#   7. Weight streaming (bench_ws): the memory store against sequential on a
-#      GPT-2-124M-shaped model, and whether their weights stayed identical
-#      (a difference fails the run).
+#   7. Weight streaming (bench_ws): the memory store, the file store and a
+#      file store of bf16 weights against sequential on a GPT-2-124M-shaped
+#      model, and whether the fp32 trainers' weights stayed identical (a
+#      difference fails the run).
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit

@@ -198,9 +198,10 @@ static void print_stream(const st_trainer *t) {
   long long peak = peak_rss();
   const char *store = st_trainer_store(t);
   if (store)
-    printf("strata: store %s committed step %lld; peak resident memory "
-           "%.2f GiB (VmHWM)\n",
-           store, (long long)st_trainer_pos(t)->step,
+    printf("strata: store %s (%s weights) committed step %lld; peak "
+           "resident memory %.2f GiB (VmHWM)\n",
+           store, st_trainer_config(t)->execution.store_weights,
+           (long long)st_trainer_pos(t)->step,
            peak < 0 ? -1.0 : (double)peak / (1u << 30));
   st_trainer_stats(t, NULL, 0, &wall);
   double mb = 1024.0 * 1024.0, per = (double)s.steps;

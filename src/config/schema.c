@@ -55,6 +55,8 @@ static const char *const modes[] = {
     NULL,
 };
 static const char *const stores[] = {"memory", "file", NULL};
+static const char *const weight_dtypes[] = {"fp32", "bf16", NULL};
+static const char *const roundings[] = {"nearest", "stochastic", NULL};
 static const char *const mitigations[] = {
     "none", "stash", "sc", "lwp", "sc+lwp", "spectrain", "pipemare", NULL,
 };
@@ -193,6 +195,13 @@ const st_config_key st_config_schema[] = {
     STRING(execution, store_path, "\"\"",
            "weight_streaming, store file: the store's file (\"\": "
            "store.strata in the run's directory)"),
+    ENUM(execution, store_weights, "fp32", weight_dtypes,
+         "weight_streaming, store file: the stored weights' type (bf16 "
+         "halves their bytes on disk and streamed; compute, gradients and "
+         "optimizer state stay fp32)"),
+    ENUM(execution, store_rounding, "nearest", roundings,
+         "store_weights bf16: how each update's fp32 result is rounded "
+         "(stochastic: unbiased, from the seed, the step and the index)"),
     INT(execution, prefetch, "1",
         "weight_streaming: blocks fetched ahead of the one computing (the "
         "compute side holds prefetch + 1 blocks of weights)"),

@@ -126,8 +126,10 @@ typedef struct st_executor {
   /* Executors that keep the weights and optimizer state themselves
    * (weight streaming's file store): the slabs of the current state and
    * the gradient slab, returning 1; NULL or 0: the trainer allocates them.
-   * Asked again after every step (the state may move). */
-  int (*slabs)(void *state, float **params, float **grads, float **opt);
+   * Weights stored as bf16 come as *bf16, with *params NULL. Asked again
+   * after every step (the state may move). */
+  int (*slabs)(void *state, float **params, const uint16_t **bf16,
+               float **grads, float **opt);
   /* Where the kept state's run stands (step 0: a new one). */
   const st_train_pos *(*stored_pos)(void *state);
   /* After a step and the position's advance: make both durable. wait = 0
@@ -149,11 +151,14 @@ void st_store_close(st_store *s);
 const char *st_store_path(const st_store *s);
 /* The position after the last committed step (step 0: a new store). */
 const st_train_pos *st_store_pos(const st_store *s);
-/* A region of the live copy, mapped (touch it, then st_store_drop it). */
-float *st_store_slab(const st_store *s, int region);
+/* A region of the live copy, mapped (touch it, then st_store_drop it):
+ * floats, but uint16_t bf16 values for the weights when st_store_bf16. */
+void *st_store_slab(const st_store *s, int region);
+int st_store_bf16(const st_store *s);
 int st_store_live(const st_store *s);
 /* n floats at slab offset off: read from the live copy, written into the
- * other one. */
+ * other one. bf16 weights are widened on the way in; written, they must be
+ * bf16 values already (st_bf16_round). */
 int st_store_read(const st_store *s, int region, size_t off, size_t n,
                   float *dst, st_error *err);
 int st_store_write(const st_store *s, int region, size_t off, size_t n,

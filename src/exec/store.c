@@ -4,7 +4,8 @@
  * run's checkpoint.
  *
  * Layout: two 4 KiB header slots, then two copies of the state, each the
- * weights (n_params floats) then each optimizer slot (n_params floats),
+ * weights (n_params floats, or bf16 values with execution.store_weights:
+ * bf16, padded to 4 bytes) then each optimizer slot (n_params floats),
  * rounded up to a page, then the gradients (n_params floats: what the
  * compute side sends, in no copy — a step's are complete before its
  * updates read them). A header names the copy that holds its step's state
@@ -54,7 +55,7 @@ typedef struct header {
   char optimizer[16];
   uint64_t data_off, copy_bytes;
   uint32_t cur;         /* the copy holding this commit's state */
-  uint32_t dtype;       /* 0: fp32 */
+  uint32_t dtype;       /* the weights': 0 fp32, 1 bf16 */
   st_train_pos pos;     /* after the committed step */
   uint32_t crc;         /* of everything above */
 } header;
@@ -66,6 +67,8 @@ struct st_store {
   header h;        /* the last committed header (the optimizer thread's) */
   /* its layout, fixed when opened: what every thread reads */
   uint64_t n_params, data_off, copy_bytes;
+  uint64_t weight_bytes; /* the weights' region of a copy */
+  int bf16;              /* the weights are bf16 */
   int live;        /* the copy reads come from (written, maybe uncommitted) */
   char *map;       /* the whole file, shared */
   size_t map_len;
@@ -121,8 +124,10 @@ static int io_all(int fd, int write_, void *buf, size_t n, off_t off) {
   return 0;
 }
 
-static size_t region_bytes(const st_store *s) {
-  return s->n_params * sizeof(float);
+/* The weights' region of a copy: fp32 or bf16 values, padded so the
+ * optimizer state after it stays aligned. */
+static uint64_t weight_bytes(uint64_t n_params, uint32_t dtype) {
+  return (n_params * (dtype ? 2 : 4) + 3) / 4 * 4;
 }
 
 /* The file's length: header slots, two copies, the gradients. */
@@ -135,9 +140,12 @@ static off_t grad_offset(const st_store *s, size_t off) {
   return (off_t)(s->data_off + 2 * s->copy_bytes + off * sizeof(float));
 }
 
+/* Element off of region (0 the weights, 1.. the optimizer slots) of copy. */
 static off_t offset_of(const st_store *s, int copy, int region, size_t off) {
-  return (off_t)(s->data_off + (uint64_t)copy * s->copy_bytes +
-                 (uint64_t)region * region_bytes(s) + off * sizeof(float));
+  uint64_t at = s->data_off + (uint64_t)copy * s->copy_bytes;
+  if (region == 0) return (off_t)(at + off * (s->bf16 ? 2 : 4));
+  return (off_t)(at + s->weight_bytes +
+                 ((uint64_t)(region - 1) * s->n_params + off) * sizeof(float));
 }
 
 /* Drops this process's pages of [p, p + n) (whole pages inside it): the
@@ -159,9 +167,15 @@ static void fill_header(header *h, const st_model *m, const st_config *cfg) {
   h->n_blocks = (uint32_t)m->n_blocks;
   h->opt_slots = (uint32_t)st_optim_state_per_param(cfg);
   snprintf(h->optimizer, sizeof h->optimizer, "%s", cfg->optimizer.kind);
+  h->dtype = strcmp(cfg->execution.store_weights, "bf16") == 0;
   h->data_off = 2 * SLOT_BYTES;
-  h->copy_bytes = page_round((1 + (size_t)h->opt_slots) * m->n_params *
-                             sizeof(float));
+  h->copy_bytes = page_round(weight_bytes(m->n_params, h->dtype) +
+                             (size_t)h->opt_slots * m->n_params *
+                                 sizeof(float));
+}
+
+static const char *dtype_name(uint32_t dtype) {
+  return dtype ? "bf16" : "fp32";
 }
 
 static int write_header(int fd, header *h) {
@@ -195,9 +209,9 @@ static int create_store(const char *path, const st_model *m,
       (uint64_t)vfs.f_bavail * vfs.f_frsize < total)
     return st_error_set(
         err, ST_EIO,
-        "%s: the store needs %.2f GiB (two copies of %zu weights and their "
-        "%s state, and their gradients), and %s has %.2f GiB free",
-        path, gib(total), m->n_params, h.optimizer, dir,
+        "%s: the store needs %.2f GiB (two copies of %zu %s weights and "
+        "their %s state, and their gradients), and %s has %.2f GiB free",
+        path, gib(total), m->n_params, dtype_name(h.dtype), h.optimizer, dir,
         gib((uint64_t)vfs.f_bavail * vfs.f_frsize));
   int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
@@ -216,10 +230,20 @@ static int create_store(const char *path, const st_model *m,
                         strerror(errno));
   }
   if (!rc) {
-    float *params = (float *)(map + h.data_off);
+    /* bf16 weights are made in fp32 where the gradients will be (a tied
+     * copy reads its source back from there), then rounded to nearest into
+     * copy 0 */
+    char *weights = map + h.data_off;
+    float *params = h.dtype ? (float *)(weights + 2 * h.copy_bytes)
+                            : (float *)weights;
     for (int i = 0; i < m->n_blocks; i++) {
       const st_block *b = &m->blocks[i];
       st_model_init_blocks(m, params, cfg->train.seed, i, 1);
+      if (h.dtype) {
+        uint16_t *packed = (uint16_t *)weights + b->param_off;
+        st_bf16_pack(params + b->param_off, packed, b->n_params);
+        st_store_drop(packed, b->n_params * sizeof *packed);
+      }
       st_store_drop(params + b->param_off, b->n_params * sizeof(float));
     }
     if (m->n_ties) st_store_drop(params, m->n_params * sizeof(float));
@@ -287,6 +311,12 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                         "(its tensors' names or layout differ from this "
                         "config's)",
                         s->path);
+  if (best.dtype != want.dtype)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: the store holds %s weights; this config's "
+                        "execution.store_weights is %s",
+                        s->path, dtype_name(best.dtype),
+                        dtype_name(want.dtype));
   if (strcmp(best.optimizer, want.optimizer) != 0 ||
       best.opt_slots != want.opt_slots)
     return st_error_set(err, ST_ECONFIG,
@@ -306,6 +336,8 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
   s->n_params = best.n_params;
   s->data_off = best.data_off;
   s->copy_bytes = best.copy_bytes;
+  s->bf16 = best.dtype == 1;
+  s->weight_bytes = weight_bytes(best.n_params, best.dtype);
   s->live = (int)best.cur;
   return 0;
 }
@@ -370,16 +402,36 @@ const char *st_store_path(const st_store *s) { return s->path; }
 
 const st_train_pos *st_store_pos(const st_store *s) { return &s->h.pos; }
 
-float *st_store_slab(const st_store *s, int region) {
-  return (float *)(s->map + offset_of(s, s->live, region, 0));
+void *st_store_slab(const st_store *s, int region) {
+  return s->map + offset_of(s, s->live, region, 0);
+}
+
+int st_store_bf16(const st_store *s) { return s->bf16; }
+
+enum { CONVERT = 1 << 14 }; /* bf16 values converted per pread/pwrite */
+
+/* n bf16 weights at file offset at, widened into dst (write 0), or dst's
+ * values narrowed and written there (write 1; they are bf16 values
+ * already: the update rounded them). */
+static int bf16_io(int fd, int write_, float *dst, size_t n, off_t at) {
+  uint16_t h[CONVERT];
+  for (size_t lo = 0; lo < n; lo += CONVERT) {
+    size_t k = n - lo < CONVERT ? n - lo : CONVERT;
+    off_t where = at + (off_t)(lo * sizeof *h);
+    if (write_) st_bf16_pack(dst + lo, h, k);
+    if (io_all(fd, write_, h, k * sizeof *h, where)) return -1;
+    if (!write_) st_bf16_unpack(h, dst + lo, k);
+  }
+  return 0;
 }
 
 int st_store_live(const st_store *s) { return s->live; }
 
 int st_store_read(const st_store *s, int region, size_t off, size_t n,
                   float *dst, st_error *err) {
-  if (!io_all(s->fd, 0, dst, n * sizeof(float),
-              offset_of(s, s->live, region, off)))
+  off_t at = offset_of(s, s->live, region, off);
+  if (region == 0 && s->bf16 ? !bf16_io(s->fd, 0, dst, n, at)
+                             : !io_all(s->fd, 0, dst, n * sizeof(float), at))
     return 0;
   return st_error_set(err, ST_EIO, "%s: read failed: %s", s->path,
                       strerror(errno));
@@ -387,8 +439,10 @@ int st_store_read(const st_store *s, int region, size_t off, size_t n,
 
 int st_store_write(const st_store *s, int region, size_t off, size_t n,
                    const float *src, st_error *err) {
-  if (!io_all(s->fd, 1, (void *)src, n * sizeof(float),
-              offset_of(s, 1 - s->live, region, off)))
+  off_t at = offset_of(s, 1 - s->live, region, off);
+  if (region == 0 && s->bf16
+          ? !bf16_io(s->fd, 1, (float *)src, n, at)
+          : !io_all(s->fd, 1, (void *)src, n * sizeof(float), at))
     return 0;
   return st_error_set(err, ST_EIO, "%s: write failed: %s", s->path,
                       strerror(errno));

@@ -30,6 +30,7 @@ struct st_trainer {
   const st_executor *exec;
   void *exec_state;
   float *params, *grads, *opt;
+  const uint16_t *params_bf16; /* a file store's bf16 weights (params NULL) */
   int owned;                  /* the three above are the trainer's (else the
                                  executor's: a file store) */
   char store_path[ST_PATH_MAX]; /* that file store's */
@@ -201,7 +202,8 @@ static int allocate(st_trainer *t, st_error *err) {
                            t->micro_batch, t->eval_batch, err);
   if (rc) return rc;
   t->owned = !(t->exec->slabs &&
-               t->exec->slabs(t->exec_state, &t->params, &t->grads, &t->opt));
+               t->exec->slabs(t->exec_state, &t->params, &t->params_bf16,
+                              &t->grads, &t->opt));
   if (t->owned) {
     t->params = st_alloc(m->n_params * sizeof(float));
     t->grads = st_alloc(m->n_params * sizeof(float));
@@ -215,8 +217,8 @@ static int allocate(st_trainer *t, st_error *err) {
   t->dlogits = st_alloc(exec_rows * classes * sizeof(float));
   t->perm = st_alloc((size_t)t->n_train * sizeof(int32_t));
   t->eval_idx = st_alloc((size_t)t->eval_batch * sizeof(int32_t));
-  if (!t->params || !t->grads || !t->opt || !t->x || !t->y || !t->losses ||
-      !t->probs || !t->dlogits || !t->perm || !t->eval_idx)
+  if ((t->owned && !t->params) || !t->grads || !t->opt || !t->x || !t->y ||
+      !t->losses || !t->probs || !t->dlogits || !t->perm || !t->eval_idx)
     return st_error_set(err, ST_ENOMEM,
                         "out of memory for %zu parameters at batch %d",
                         m->n_params, t->batch);
@@ -620,7 +622,8 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
      * background), and follow it */
     st_train_pos pos = run_pos(t);
     if ((rc = t->exec->commit(t->exec_state, &pos, 0, err))) return rc;
-    t->exec->slabs(t->exec_state, &t->params, &t->grads, &t->opt);
+    t->exec->slabs(t->exec_state, &t->params, &t->params_bf16, &t->grads,
+                   &t->opt);
   }
   return 0;
 }
@@ -679,6 +682,9 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
 
 int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
   st_train_pos pos = run_pos(t);
+  if (!t->params) /* a store's bf16 weights: written as they are */
+    return st_checkpoint_save_as(path, t->model, t->params_bf16, "BF16",
+                                 t->opt, t->cfg.optimizer.kind, &pos, err);
   return st_checkpoint_save(path, t->model, t->params, t->opt,
                             t->cfg.optimizer.kind, &pos, err);
 }

@@ -87,6 +87,8 @@ typedef struct ws {
   float *ubuf;
   int ubuf_tasks; /* buffer sets in ubuf: the compute side's threads */
   int opt_slots;
+  size_t weight_size; /* bytes of a stored weight: 4, or 2 for bf16 */
+  int stochastic;     /* bf16: round updates stochastically */
   int io_rc;
   st_error io_err;
   st_train_pos commit_pos; /* the queued commit's (queue entry -1) */
@@ -175,7 +177,7 @@ static void *fetch_main(void *arg) {
 static const float *acquire(ws *w, int u) {
   float *slot = w->wslot + (size_t)(u % w->slots) * w->max_params;
   const st_block *b = &w->model->blocks[w->use_block[u]];
-  w->bytes_in += (int64_t)(b->n_params * sizeof(float));
+  w->bytes_in += (int64_t)(b->n_params * w->weight_size);
   if (!w->fetch_thread) {
     fetch_block(w, b, w->store_params, slot);
     w->fetched = u + 1;
@@ -277,6 +279,9 @@ static void file_chunks(void *arg, int task) {
     if (j->gb2)
       for (size_t k = 0; k < len; k++) sq += (double)g[k] * g[k];
     st_optim_step_range(NULL, v->cfg, p, g, o, UCHUNK, len, v->lr, v->step);
+    if (w->weight_size == 2) /* element by element: the chunking is free */
+      st_bf16_round(p, len, w->stochastic, v->cfg->train.seed,
+                    (uint64_t)v->step, at);
     rc = st_store_write(s, 0, at, len, p, err);
     for (int k = 0; k < w->opt_slots && !rc; k++)
       rc = st_store_write(s, 1 + k, at, len, o + (size_t)k * UCHUNK, err);
@@ -506,6 +511,8 @@ static int open_store(ws *w, const st_model *m, const st_config *cfg,
                         st_config_where(cfg, "execution.store"));
   int rc = st_store_open(&w->store, cfg->execution.store_path, m, cfg, err);
   if (rc) return rc;
+  if (st_store_bf16(w->store)) w->weight_size = 2;
+  w->stochastic = strcmp(cfg->execution.store_rounding, "stochastic") == 0;
   w->opt_slots = st_optim_state_per_param(cfg);
   /* a set of chunk buffers for each thread of the trainer's pool (the
    * compute side runs the step's last update) */
@@ -529,6 +536,7 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
   pthread_cond_init(&w->cv, NULL);
   w->model = m;
   w->nb = m->n_blocks;
+  w->weight_size = sizeof(float);
   w->qv = &w->opt_view; /* the step's view, rewritten by each step (the
                            updates of a step are queued after its start) */
   /* a walk uses 2 n slots at most: more prefetch would fill nothing */
@@ -542,6 +550,13 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
   /* size first, check the limit, then allocate */
   buffers(w, 1);
   int rc = check_limit(m, cfg, w->rows, max_batch, w->compute_bytes, err);
+  if (!rc && strcmp(cfg->execution.store, "file") != 0 &&
+      strcmp(cfg->execution.store_weights, "bf16") == 0)
+    rc = st_error_set(err, ST_ECONFIG,
+                      "%s: execution.store_weights: bf16 needs "
+                      "execution.store: file (the memory store is the "
+                      "trainer's own fp32 weights)",
+                      st_config_where(cfg, "execution.store_weights"));
   /* the store before the buffers: making one touches a block or two of
    * its pages, which should not add to the buffers' resident memory */
   if (!rc && strcmp(cfg->execution.store, "file") == 0)
@@ -771,11 +786,12 @@ int st_ws_stats(const void *state, st_stream_stats *out) {
   return 0;
 }
 
-static int ws_slabs(void *state, float **params, float **grads,
-                    float **opt) {
+static int ws_slabs(void *state, float **params, const uint16_t **bf16,
+                    float **grads, float **opt) {
   ws *w = state;
   if (!w->store) return 0;
-  *params = st_store_slab(w->store, 0);
+  *params = st_store_bf16(w->store) ? NULL : st_store_slab(w->store, 0);
+  *bf16 = st_store_bf16(w->store) ? st_store_slab(w->store, 0) : NULL;
   *opt = st_store_slab(w->store, 1);
   *grads = st_store_grads(w->store);
   return 1;

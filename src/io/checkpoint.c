@@ -50,6 +50,15 @@ int st_checkpoint_save(const char *path, const st_model *m,
                        const float *params, const float *opt_state,
                        const char *optim_kind, const st_train_pos *pos,
                        st_error *err) {
+  return st_checkpoint_save_as(path, m, params, "F32", opt_state, optim_kind,
+                               pos, err);
+}
+
+int st_checkpoint_save_as(const char *path, const st_model *m,
+                          const void *params, const char *params_dtype,
+                          const float *opt_state, const char *optim_kind,
+                          const st_train_pos *pos, st_error *err) {
+  size_t wsize = strcmp(params_dtype, "BF16") == 0 ? 2 : sizeof(float);
   st_st_writer *w = st_st_writer_create();
   if (!w) return st_error_set(err, ST_ENOMEM, "out of memory");
   char (*names)[ST_NAME_MAX + 32] = NULL;
@@ -68,8 +77,9 @@ int st_checkpoint_save(const char *path, const st_model *m,
         size_t off = b->param_off + ti->offset;
         if (ti->tie >= 0) continue; /* a tied copy: its source is stored */
         if (s < 0) {
-          rc = st_st_writer_add(w, ti->name, "F32", ti->ndim, ti->dims,
-                                params + off, err);
+          rc = st_st_writer_add(w, ti->name, params_dtype, ti->ndim,
+                                ti->dims, (const char *)params + off * wsize,
+                                err);
         } else {
           snprintf(names[k], sizeof names[k], "optim.%s.%s", ti->name,
                    slot_name(optim_kind, s));
@@ -104,14 +114,17 @@ done:
  * naming the tensor otherwise. */
 static const st_st_tensor *find_tensor(const st_safetensors *st,
                                        const char *name,
-                                       const st_tensor_info *ti,
+                                       const st_tensor_info *ti, int weights,
                                        st_error *err) {
   const st_st_tensor *t = st_safetensors_find(st, name);
   if (!t) {
     st_error_set(err, ST_EFORMAT, "%s: tensor '%s' is missing", st->path, name);
     return NULL;
   }
-  int same = strcmp(t->dtype, "F32") == 0 && t->ndim == ti->ndim;
+  /* weights may be bf16 (a bf16 store's export); optimizer state not */
+  int same = (strcmp(t->dtype, "F32") == 0 ||
+              (weights && strcmp(t->dtype, "BF16") == 0)) &&
+             t->ndim == ti->ndim;
   for (int d = 0; same && d < ti->ndim; d++) same = t->dims[d] == ti->dims[d];
   if (!same) {
     char want[64] = "", got[64] = "";
@@ -189,12 +202,20 @@ static int visit(const st_safetensors *st, const st_model *m, float *params,
         else
           snprintf(name, sizeof name, "optim.%s.%s", ti->name,
                    slot_name(optim_kind, s));
-        const st_st_tensor *t = find_tensor(st, name, ti, err);
+        const st_st_tensor *t = find_tensor(st, name, ti, s < 0, err);
         if (!t) return ST_EFORMAT;
         if (copy) {
           float *dst = s < 0 ? params + off
                              : opt_state + (size_t)s * m->n_params + off;
-          memcpy(dst, st->data + t->begin, ti->numel * sizeof(float));
+          const unsigned char *src = st->data + t->begin;
+          if (strcmp(t->dtype, "BF16") == 0) /* may be unaligned */
+            for (size_t k = 0; k < ti->numel; k++) {
+              uint16_t h;
+              memcpy(&h, src + 2 * k, sizeof h);
+              dst[k] = st_bf16_to(h);
+            }
+          else
+            memcpy(dst, src, ti->numel * sizeof(float));
         }
       }
     }

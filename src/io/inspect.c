@@ -14,6 +14,11 @@ static double element(const uint8_t *p, const char *dtype, size_t i) {
     memcpy(&v, p + 4 * i, 4);
     return v;
   }
+  if (strcmp(dtype, "BF16") == 0) {
+    uint16_t v;
+    memcpy(&v, p + 2 * i, 2);
+    return st_bf16_to(v);
+  }
   if (strcmp(dtype, "I32") == 0) {
     int32_t v;
     memcpy(&v, p + 4 * i, 4);

@@ -641,6 +641,36 @@ expect_error "a store path in a missing folder" \
   "^strata: error: $(re_quote "$T/nowhere/s.strata").tmp: cannot create: No such file or directory$" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T/nowhere/s.strata" --out "$T/o_ws_nowhere"
 
+# A store of bf16 weights: the summary says so, the export writes BF16
+# weights (inspect reads them), and evaluating the export gives the run's
+# final test loss and accuracy to the printed digit (the same widened
+# weights); resuming it as fp32 is refused.
+run train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set train.steps=40 \
+  --set execution.store_weights=bf16 --set execution.store_rounding=stochastic --out "$T/w_bf16"
+bf16_done=$(grep -o "test accuracy .*, test loss [0-9.]*" <<<"$out")
+if [ "$rc" -eq 0 ] && grep -q "^strata: store $(re_quote "$T/w_bf16/store.strata") (bf16 weights) committed step 40;" <<<"$out"; then
+  pass
+else
+  fail "a bf16 store trains and says so" "rc $rc" "$out" "$err"
+fi
+run export "$T/w_bf16" --out "$T/w_bf16.safetensors"
+ins=$("$strata" inspect "$T/w_bf16.safetensors" 2>&1)
+if [ "$rc" -eq 0 ] && grep -Eq "^  blocks\.0\.linear0\.weight +BF16 +256x784 +-?[0-9]" <<<"$ins" &&
+   grep -Eq "^  optim\.blocks\.0\.linear0\.weight\.momentum +F32 " <<<"$ins"; then
+  pass
+else
+  fail "a bf16 store exports BF16 weights and F32 state" "rc $rc" "$ins"
+fi
+run eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_bf16.safetensors"
+if [ "$rc" -eq 0 ] && [ -n "$bf16_done" ] && grep -q "^$bf16_done " <<<"$out"; then
+  pass
+else
+  fail "the bf16 export evaluates as the run ended ($bf16_done)" "rc $rc" "$out" "$err"
+fi
+expect_error "a bf16 store resumed as fp32" \
+  "^strata: error: $(re_quote "$T/w_bf16/store.strata"): the store holds bf16 weights; this config's execution.store_weights is fp32$" \
+  -- train - --resume "$T/w_bf16" "${ws_args[@]}" --set execution.store_weights=fp32
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint that cannot be written (its folder is a file) fails the run
 # cleanly; so must every failing run above, without leaving a temporary.

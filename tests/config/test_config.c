@@ -210,6 +210,8 @@ static const char *const all_keys[] = {
     "execution.pipemare_gamma",
     "execution.store",
     "execution.store_path",
+    "execution.store_weights",
+    "execution.store_rounding",
     "execution.prefetch",
     "execution.keep_activations",
     "execution.compute_memory_limit",

@@ -11,8 +11,10 @@
 #include "harness.h"
 #include "strata.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { STEPS = 20, BATCH = 16 };
 
@@ -65,6 +67,23 @@ static st_trainer *make(const st_config *c, st_error *err) {
   return t;
 }
 
+/* The trainer's weights as floats into dst: its slab, or, when a file store
+ * keeps them as bf16 (no float slab), exported and read back (widened). */
+static int trainer_weights(st_trainer *t, float *dst, st_error *err) {
+  const st_model *m = st_trainer_model(t);
+  if (st_trainer_params(t)) {
+    memcpy(dst, st_trainer_params(t), m->n_params * sizeof *dst);
+    return 0;
+  }
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/strata_weights_%d.safetensors",
+           (int)getpid());
+  int rc = st_trainer_save(t, path, err);
+  if (!rc) rc = st_checkpoint_load(path, m, dst, NULL, NULL, NULL, err);
+  unlink(path);
+  return rc;
+}
+
 /* Weights after STEPS steps (malloc'd), or NULL after a failure. */
 static float *train(const st_config *c, size_t *n, st_trainer **keep) {
   st_error err = {0};
@@ -80,11 +99,52 @@ static float *train(const st_config *c, size_t *n, st_trainer **keep) {
     }
   *n = st_trainer_model(t)->n_params;
   float *w = malloc(*n * sizeof *w);
-  memcpy(w, st_trainer_params(t), *n * sizeof *w);
+  if (trainer_weights(t, w, &err)) {
+    CHECK(0, "the weights: %s", err.msg);
+    free(w);
+    w = NULL;
+  }
   if (keep)
     *keep = t;
   else
     st_trainer_destroy(t);
+  return w;
+}
+
+/* The reference for a store of bf16 weights: the sequential mode with its
+ * weights rounded to bf16 after initialisation (to nearest, as the store
+ * makes them) and after every step (execution.store_rounding, with the
+ * step and the slab index the store rounds with; a tied copy takes its
+ * source's rounded value). Weights after STEPS steps, malloc'd. */
+static float *train_bf16_reference(const st_config *base, size_t *n) {
+  st_config c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "sequential");
+  snprintf(c.execution.store, sizeof c.execution.store, "memory");
+  snprintf(c.execution.store_weights, sizeof c.execution.store_weights,
+           "fp32");
+  int stochastic = strcmp(base->execution.store_rounding, "stochastic") == 0;
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return NULL;
+  const st_model *m = st_trainer_model(t);
+  float *p = st_trainer_params(t);
+  st_bf16_round(p, m->n_params, 0, 0, 0, 0);
+  double loss;
+  for (int i = 0; i < STEPS; i++) {
+    if (st_trainer_step(t, &loss, &err)) {
+      CHECK(0, "reference step %d: %s", i, err.msg);
+      st_trainer_destroy(t);
+      return NULL;
+    }
+    st_bf16_round(p, m->n_params, stochastic, c.train.seed,
+                  (uint64_t)st_trainer_pos(t)->step - 1, 0);
+    st_model_sync_ties(m, p);
+  }
+  *n = m->n_params;
+  float *w = malloc(*n * sizeof *w);
+  memcpy(w, p, *n * sizeof *w);
+  st_trainer_destroy(t);
   return w;
 }
 

@@ -5,7 +5,9 @@
  *    the data is synced but before the header, and just after the header,
  *    resumes at the step the store committed, and the weights after 20
  *    steps are the uninterrupted sequential run's bit for bit (MLP with
- *    SGD, GPT with AdamW and a tied head);
+ *    SGD, GPT with AdamW and a tied head; and the GPT with bf16 weights
+ *    rounded stochastically, against the sequential run rounding its
+ *    weights after every step);
  *  - a store trained to step k and reopened continues as if never stopped;
  *  - bad stores are refused with the path and the cause, and left as they
  *    were: another model's, another optimizer's, another seed's, a
@@ -68,9 +70,23 @@ static int killed_at(const st_config *c, int64_t step, int point) {
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
+/* Whether t's weights are want's n, bit for bit. */
+static int same_weights(st_trainer *t, const float *want, size_t n) {
+  float *got = malloc(n * sizeof *got);
+  st_error err = {0};
+  int same = got && trainer_weights(t, got, &err) == 0 &&
+             memcmp(got, want, n * sizeof *got) == 0;
+  free(got);
+  return same;
+}
+
+/* base: the sequential config, or a bf16 store's (whose reference is the
+ * sequential mode rounding its weights to bf16 after every step). */
 static void test_crash(const char *what, const st_config *base) {
   size_t n = 0;
-  float *want = train(base, &n, NULL);
+  float *want = strcmp(base->execution.store_weights, "bf16") == 0
+                    ? train_bf16_reference(base, &n)
+                    : train(base, &n, NULL);
   if (!want) return;
   static const char *points[] = {NULL, "mid-update", "before the header",
                                  "after the header"};
@@ -91,7 +107,7 @@ static void test_crash(const char *what, const st_config *base) {
     CHECK(resumed == expect, "%s, killed %s: resumes at step %lld (want %lld)",
           what, points[point], (long long)resumed, (long long)expect);
     int rc = run_until(t, STEPS, &err);
-    CHECK(rc == 0 && memcmp(st_trainer_params(t), want, n * sizeof *want) == 0,
+    CHECK(rc == 0 && same_weights(t, want, n),
           "%s, killed %s and resumed: weights after %d steps equal an "
           "uninterrupted sequential run's (%s)",
           what, points[point], STEPS, err.msg);
@@ -110,7 +126,7 @@ static void test_crash(const char *what, const st_config *base) {
         "step 9 (%s)", what, err.msg);
   if (t) {
     rc = run_until(t, STEPS, &err);
-    CHECK(rc == 0 && memcmp(st_trainer_params(t), want, n * sizeof *want) == 0,
+    CHECK(rc == 0 && same_weights(t, want, n),
           "%s: stopped at 9 and reopened: the uninterrupted weights", what);
   }
   st_trainer_destroy(t);
@@ -265,6 +281,11 @@ int main(void) {
   test_crash("mlp", &c);
   gpt_config(&c);
   test_crash("gpt", &c);
+  st_error err = {0};
+  CHECK(st_config_set(&c, "execution.store_weights=bf16", &err) == 0 &&
+            st_config_set(&c, "execution.store_rounding=stochastic", &err) == 0,
+        "%s", err.msg);
+  test_crash("gpt, bf16 weights", &c);
   test_bad();
   test_full();
   char cmd[64];
