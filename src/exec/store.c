@@ -40,7 +40,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-enum { SLOT_BYTES = 4096, STORE_VERSION = 1 };
+enum { SLOT_BYTES = 4096, STORE_VERSION = 2 }; /* 2: bf16 weights */
 static const char MAGIC[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'W', 'S'};
 
 /* One header slot as stored (little-endian fields, the build's layout:
@@ -56,6 +56,7 @@ typedef struct header {
   uint64_t data_off, copy_bytes;
   uint32_t cur;         /* the copy holding this commit's state */
   uint32_t dtype;       /* the weights': 0 fp32, 1 bf16 */
+  uint32_t rounding;    /* bf16: 0 to nearest, 1 stochastic */
   st_train_pos pos;     /* after the committed step */
   uint32_t crc;         /* of everything above */
 } header;
@@ -168,6 +169,8 @@ static void fill_header(header *h, const st_model *m, const st_config *cfg) {
   h->opt_slots = (uint32_t)st_optim_state_per_param(cfg);
   snprintf(h->optimizer, sizeof h->optimizer, "%s", cfg->optimizer.kind);
   h->dtype = strcmp(cfg->execution.store_weights, "bf16") == 0;
+  h->rounding = h->dtype &&
+                strcmp(cfg->execution.store_rounding, "stochastic") == 0;
   h->data_off = 2 * SLOT_BYTES;
   h->copy_bytes = page_round(weight_bytes(m->n_params, h->dtype) +
                              (size_t)h->opt_slots * m->n_params *
@@ -279,18 +282,26 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                        off_t size, st_error *err) {
   header best = {0}, h;
   int found = 0, marked = 0; /* valid slots; slots with the magic */
+  uint32_t other_version = 0;  /* a slot of another format version */
   for (int k = 0; k < 2; k++) {
     char slot[SLOT_BYTES];
     if (io_all(s->fd, 0, slot, SLOT_BYTES, (off_t)k * SLOT_BYTES)) continue;
     memcpy(&h, slot, sizeof h);
     if (memcmp(h.magic, MAGIC, sizeof MAGIC) != 0) continue;
     marked = 1;
+    if (h.version != STORE_VERSION) other_version = h.version;
     if (h.version != STORE_VERSION || h.bytes != sizeof h ||
         h.crc != header_crc(&h) || h.seq % 2 != (uint64_t)k || h.cur > 1)
       continue;
     if (!found || h.seq > best.seq) best = h;
     found = 1;
   }
+  if (!found && other_version)
+    return st_error_set(err, ST_EDATA,
+                        "%s: a store of format version %u; this strata "
+                        "reads version %d (export it with the strata that "
+                        "wrote it)",
+                        s->path, other_version, STORE_VERSION);
   if (!found)
     return st_error_set(err, ST_EDATA,
                         "%s: %s", s->path,
@@ -317,6 +328,13 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                         "execution.store_weights is %s",
                         s->path, dtype_name(best.dtype),
                         dtype_name(want.dtype));
+  if (best.rounding != want.rounding)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: the store's bf16 weights were rounded %s; this "
+                        "config's execution.store_rounding is %s (a change "
+                        "would not continue the same run)",
+                        s->path, best.rounding ? "stochastically" : "to nearest",
+                        want.rounding ? "stochastic" : "nearest");
   if (strcmp(best.optimizer, want.optimizer) != 0 ||
       best.opt_slots != want.opt_slots)
     return st_error_set(err, ST_ECONFIG,

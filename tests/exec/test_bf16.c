@@ -9,7 +9,8 @@
  *    of the two neighbours, the frequency of rounding up is the closed
  *    form (x - down) / (up - down) within 5 standard deviations, and the
  *    bits are a pure function of (seed, step, index): a range rounded in
- *    two pieces equals it rounded whole;
+ *    two pieces equals it rounded whole; elements 1 to 16 apart round
+ *    up together at the independent rate;
  *  - after 20 steps a bf16 store's weights equal, bit for bit, the
  *    sequential mode's with its weights rounded to bf16 after every step,
  *    for the MLP (SGD), the CNN (AdamW) and the GPT (AdamW, tied head),
@@ -17,8 +18,9 @@
  *    recomputed and in micro-batches;
  *  - the weights stream in at 2 bytes each; the store file is the size
  *    the layout gives; the export writes BF16 weights and F32 state;
- *  - a bf16 store opened as fp32 (and the reverse) and bf16 with the
- *    memory store are refused, naming the key.
+ *  - a bf16 store opened as fp32 (and the reverse), with the other
+ *    rounding, or written by another store format version, and bf16 with
+ *    the memory store are refused, naming the key or the version.
  */
 #include "harness.h"
 #include "models.h"
@@ -144,6 +146,24 @@ static void test_stochastic(void) {
   f = (double)ups / N;
   CHECK(fabs(f - p) < 5 * sd, "negative: away from zero %.5f, closed form "
         "%.5f", f, p);
+  /* neighbours round independently: at probability 1/2, two elements k
+   * apart (within and across a Philox block of 8) both go up a quarter of
+   * the time, within 5 standard deviations */
+  const float half = 1.0f + 0.5f * ulp;
+  for (int i = 0; i < N; i++) y[i] = half;
+  st_bf16_round(y, N, 1, 42, 7, 0);
+  int worst_lag = 0;
+  double worst = 0, sd2 = sqrt(0.25 * 0.75 / (N - 16));
+  for (int k = 1; k <= 16; k++) {
+    int both = 0;
+    for (int i = 0; i + k < N; i++)
+      both += y[i] != 1.0f && y[i + k] != 1.0f;
+    double dev = fabs((double)both / (N - k) - 0.25);
+    if (dev > worst) worst = dev, worst_lag = k;
+  }
+  CHECK(worst < 5 * sd2, "elements 1..16 apart round up together at the "
+        "independent rate 1/4 (worst lag %d: off by %.5f, 5 sd = %.5f)",
+        worst_lag, worst, 5 * sd2);
   /* bf16 values stay */
   for (int i = 0; i < N; i++) x[i] = st_bf16_to((uint16_t)(0x3F00 + i % 256));
   memcpy(y, x, N * sizeof *x);
@@ -237,7 +257,7 @@ static void test_layout(void) {
         "no float slab of the weights is offered (they are bf16)");
   /* headers, two copies of (weights at 2 bytes, padded to 4; AdamW's two
    * slots at 4), each a whole number of pages, then the fp32 gradients */
-  size_t page = 4096, copy = ((n * 2 + 3) / 4 * 4 + 2 * n * 4 + page - 1) /
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), copy = ((n * 2 + 3) / 4 * 4 + 2 * n * 4 + page - 1) /
                                  page * page;
   size_t want = 2 * page + 2 * copy + (n * 4 + page - 1) / page * page;
   struct stat sb;
@@ -281,6 +301,32 @@ static void test_layout(void) {
   t = make(&f, &err);
   CHECK(!t && strstr(err.msg, "fp32") && strstr(err.msg, "store_weights"),
         "an fp32 store opened as bf16 is refused: '%s'", err.msg);
+  st_trainer_destroy(t);
+  /* the rounding is part of the run: another one is refused */
+  f = c;
+  snprintf(f.execution.store_rounding, sizeof f.execution.store_rounding,
+           "stochastic");
+  t = make(&f, &err);
+  CHECK(!t && strstr(err.msg, "rounded to nearest") &&
+            strstr(err.msg, "store_rounding is stochastic"),
+        "a store rounded to nearest, opened to round stochastically, is "
+        "refused: '%s'", err.msg);
+  st_trainer_destroy(t);
+  /* a store of another format version: named, not called corrupt */
+  char old[ST_PATH_MAX], cmd[4 * ST_PATH_MAX + 256];
+  snprintf(old, sizeof old, "%s/v1.strata", dir);
+  snprintf(cmd, sizeof cmd,
+           "cp %s %s && printf '\\001' | dd of=%s bs=1 seek=8 conv=notrunc "
+           "2>/dev/null && printf '\\001' | dd of=%s bs=1 seek=4104 "
+           "conv=notrunc 2>/dev/null",
+           c.execution.store_path, old, old, old);
+  CHECK(system(cmd) == 0, "%s", cmd);
+  f = c;
+  snprintf(f.execution.store_path, sizeof f.execution.store_path, "%s", old);
+  t = make(&f, &err);
+  CHECK(!t && strstr(err.msg, "format version 1") &&
+            strstr(err.msg, "reads version 2"),
+        "a store of format version 1 is refused as such: '%s'", err.msg);
   st_trainer_destroy(t);
   /* the memory store is the trainer's fp32 slabs */
   f = c;
