@@ -21,6 +21,16 @@ else
   LDLIBS += -lcblas
 endif
 
+# MPI (Open MPI, Debian's libopenmpi-dev): multi-process runs. Used when its
+# compiler wrapper is there; `make MPI=0` builds without it (a run started by
+# mpirun then says what is missing). Changing it rebuilds everything (see
+# $(BUILD)/flags below).
+MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+ifeq ($(MPI),1)
+  CFLAGS += -DST_MPI $(shell mpicc --showme:compile)
+  LDLIBS += $(shell mpicc --showme:link)
+endif
+
 LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c)))
 CLI_SRC   := $(sort $(wildcard src/cli/*.c))
 TEST_SRC  := $(sort $(wildcard tests/*/test_*.c))
@@ -32,7 +42,7 @@ TEST_BIN  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 DEPS      := $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
 
-.PHONY: all deps demo demo-gpt demo-stream test test-asan test-tsan bench format clean tests benches
+.PHONY: FORCE all deps demo demo-gpt demo-stream test test-asan test-tsan bench format clean tests benches
 
 all: $(BUILD)/strata
 
@@ -46,8 +56,15 @@ $(BUILD)/libstrata.a: $(LIB_OBJ)
 $(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-# Objects depend on this file too: a change of flags rebuilds them.
-$(BUILD)/obj/%.o: %.c Makefile
+# Objects depend on this file too, and on the flags they were built with: a
+# change of either (OPT, MPI, ...) rebuilds them.
+FORCE:
+
+$(BUILD)/flags: FORCE
+	@mkdir -p $(@D)
+	@echo '$(CC) $(CFLAGS) $(LDLIBS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(LDLIBS)' >$@
+
+$(BUILD)/obj/%.o: %.c Makefile $(BUILD)/flags
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 

@@ -235,6 +235,8 @@ typedef struct st_config {
                                ST_STAGES_PER_BLOCK = one per block) */
     int blocks_per_segment; /* block_sequential (0 = from memory) */
     int replicas;           /* data-parallel copies, >= 1 */
+    int deterministic;      /* over MPI ranks: gradients summed in rank
+                               order (else MPI_Allreduce's own order) */
     int pin;                /* pin stage threads to their cores */
     int fused_update;       /* batch 1: update weights inside the backward */
     char mitigation[16];    /* pipelined_backprop: none | stash | sc | lwp |
@@ -1128,6 +1130,24 @@ int st_checkpoint_save_as(const char *path, const st_model *m,
 int st_checkpoint_load(const char *path, const st_model *m, float *params,
                        float *opt_state, const char *optim_kind,
                        st_train_pos *pos, st_error *err);
+
+/* ----------------------------------------------------------------- dist */
+
+/* The processes of one run (src/dist/mpi.c). Started by mpirun, strata is
+ * one MPI rank per process; otherwise a world of one. st_dist_init starts
+ * MPI only when a launcher started this process (and refuses a world of
+ * several in a build without MPI, saying so). */
+int st_dist_init(int *argc, char ***argv, st_error *err);
+void st_dist_finalize(void);
+/* Ends every rank of the job (after this rank's error was printed). */
+void st_dist_abort(int code);
+int st_dist_rank(void);
+int st_dist_size(void);
+int st_dist_built(void); /* 1 when built with MPI */
+/* Whether the last error is every rank's alike (a failed step, a mismatch
+ * found at start): then only rank 0 need print it. */
+int st_dist_error_shared(void);
+void st_dist_share_error(void);
 
 /* ----------------------------------------------------------------- exec */
 

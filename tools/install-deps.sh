@@ -13,13 +13,18 @@ needs=(
   "zlib1g-dev:/usr/include/zlib.h"
   "dataset-fashion-mnist:/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
   "fortunes:/usr/share/games/fortunes/cookie"
+  "libopenmpi-dev:/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h"
+  "openmpi-bin:/usr/bin/mpirun.openmpi"
 )
 
 missing=()
 for entry in "${needs[@]}"; do
   pkg=${entry%%:*}; file=${entry#*:}
-  # Accept any multiarch location of the BLAS header.
+  # Accept any multiarch location of the BLAS and MPI headers.
   if [ "$pkg" = libopenblas-dev ] && ls /usr/include/*/openblas-pthread/cblas.h /usr/include/openblas/cblas.h >/dev/null 2>&1; then
+    continue
+  fi
+  if [ "$pkg" = libopenmpi-dev ] && ls /usr/lib/*/openmpi/include/mpi.h >/dev/null 2>&1; then
     continue
   fi
   [ -e "$file" ] || missing+=("$pkg")

@@ -23,6 +23,8 @@
 #      file store of bf16 weights against sequential on a GPT-2-124M-shaped
 #      model, and whether the fp32 trainers' weights stayed identical (a
 #      difference fails the run).
+#   8. Data parallelism across MPI ranks: samples/s at 1, 2 and 4 ranks
+#      beside the in-process replicas, and the scaling efficiency.
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit
@@ -282,6 +284,48 @@ echo "Pipelined backprop (bench_pb: best of $repeats runs of ${span} s each, alt
 echo
 echo "Weight streaming (bench_ws: best of 3 bursts of 2 steps each, alternating)"
 "$build/bench/bench_ws" 2 3 || status=1
+
+# 8. Data parallelism across MPI ranks: the CNN at batch 64, one thread per
+# rank, 1, 2 and 4 ranks (alternating, best of 3), each rank count beside
+# the in-process replicas at the same R on as many threads (the peer: the
+# same arithmetic without MPI). Scaling efficiency = rate(R) / (R x
+# rate(1)); with more ranks than cores (4 here) it measures sharing, not
+# scaling.
+if ldd "$build/strata" | grep -q libmpi && command -v mpirun >/dev/null; then
+  echo
+  echo "Data parallelism across MPI ranks (CNN, batch 64, 1 thread per rank; best of 3)"
+  mpi_rate() { # ranks, then extra args: the measured samples/s
+    local n=$1
+    shift
+    if [ "$n" -eq 0 ]; then
+      "$build/strata" train configs/cnn_fmnist.yaml "${dp[@]}" "$@" --out "$tmp/dp" 2>/dev/null
+    else
+      mpirun --allow-run-as-root --oversubscribe -np "$n" "$build/strata" train \
+        configs/cnn_fmnist.yaml "${dp[@]}" "$@" --out "$tmp/dp" 2>/dev/null
+    fi | sed -n 's/^strata: training rate: measured \([0-9]*\) samples.*/\1/p'
+  }
+  tmp=$(mktemp -d)
+  dp=(--set data.train_limit=4096 --set data.test_limit=64 --set train.batch=64
+      --set train.steps=40 --set train.threads=1 --set metrics.progress=off)
+  declare -A best
+  for _ in 1 2 3; do
+    for n in 1 2 4; do
+      r=$(mpi_rate "$n")
+      [ -n "$r" ] && [ "${r:-0}" -gt "${best[m$n]:-0}" ] && best[m$n]=$r
+      r=$(mpi_rate 0 --set execution.replicas=$n --set train.threads=$n)
+      [ -n "$r" ] && [ "${r:-0}" -gt "${best[p$n]:-0}" ] && best[p$n]=$r
+    done
+  done
+  rm -rf "$tmp"
+  for n in 1 2 4; do
+    m=${best[m$n]:-0} p=${best[p$n]:-0} one=${best[m1]:-1}
+    awk -v n="$n" -v m="$m" -v p="$p" -v one="$one" 'BEGIN {
+      printf "  %d rank%s: %6d samples/s; in process, %d replica%s on %d thread%s: %6d; ranks/in-process %.2fx; scaling efficiency %.2f\n",
+        n, (n > 1 ? "s" : " "), m, n, (n > 1 ? "s" : ""), n, (n > 1 ? "s" : ""), p,
+        (p > 0 ? m / p : 0), (one > 0 ? m / (n * one) : 0) }'
+  done
+  echo "  (this machine has 2 vCPUs: 4 ranks share them)"
+fi
 
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"

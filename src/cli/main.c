@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,9 +312,19 @@ static int cmd_train(int argc, char **argv) {
   }
   if (a.resume && !stored && newest_checkpoint(a.resume, ck, sizeof ck, &err))
     return st_cli_fail(&err);
+  /* Over MPI ranks, rank 0 alone prints and writes the run's files. */
+  int speaks = st_dist_rank() == 0;
+  if (!speaks && !freopen("/dev/null", "w", stdout)) {
+    st_error_set(&err, ST_EIO, "/dev/null: %s", strerror(errno));
+    return st_cli_fail(&err);
+  }
   st_trainer *t;
-  if (st_trainer_create(&t, &cfg, out, &err)) return st_cli_fail(&err);
+  if (st_trainer_create(&t, &cfg, speaks ? out : NULL, &err))
+    return st_cli_fail(&err);
   const st_model *m = st_trainer_model(t);
+  if (st_dist_size() > 1)
+    printf("strata: %d MPI ranks, each a replica of %d samples per step\n",
+           st_dist_size(), cfg.train.batch / st_dist_size());
   printf("strata: %s model, %d blocks, %zu parameters; mode %s, batch %d, "
          "%lld steps, %s\n",
          m->kind, m->n_blocks, m->n_params, cfg.execution.mode,
@@ -347,7 +358,7 @@ static int cmd_train(int argc, char **argv) {
    * sequential mode — beside the run's other files. A plan that cannot be
    * made does not stop a sequential run; it is reported. */
   st_plan *plan = NULL;
-  if (compile_into(&plan, &cfg, st_trainer_stages(t), out, &err))
+  if (speaks && compile_into(&plan, &cfg, st_trainer_stages(t), out, &err))
     fprintf(stderr, "strata: warning: no plan: %s\n", err.msg);
   /* the plan's utilization: the bubble at its stage balance — for the
    * modes it describes (the printed plan cuts the whole model on all the
@@ -366,6 +377,7 @@ static int cmd_train(int argc, char **argv) {
                                   ? plan->balance * plan_util
                                   : 0);
   fflush(stdout);
+  if (!speaks) a.trace = NULL;
   if (a.trace && (rc = st_trainer_trace(t, 200000, &err))) {
     st_plan_destroy(plan);
     st_trainer_destroy(t);
@@ -553,7 +565,16 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
       strcmp(cmd, "help") == 0)
     return fputs(usage_main, stdout), 0;
-  if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
+  if (strcmp(cmd, "train") == 0) {
+    /* mpirun's processes: ranks of one run (a plain start: a world of one) */
+    st_error err = {0};
+    if (st_dist_init(&argc, &argv, &err)) return st_cli_fail(&err);
+    int rc = cmd_train(argc - 2, argv + 2);
+    /* an error only this rank has: the others may wait on it forever */
+    if (rc && st_dist_size() > 1 && !st_dist_error_shared()) st_dist_abort(rc);
+    st_dist_finalize();
+    return rc;
+  }
   if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
   if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
   if (strcmp(cmd, "compile") == 0) return st_cli_compile(argc - 2, argv + 2);

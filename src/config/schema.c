@@ -170,6 +170,10 @@ const st_config_key st_config_schema[] = {
     INT(execution, replicas, "1",
         "data-parallel copies (sequential, pipeline), each on its share of "
         "the cores; gradients summed in a fixed order every step"),
+    BOOL(execution, deterministic, "true",
+         "over MPI ranks: sum the gradients in rank order, as the "
+         "in-process replicas do (false: MPI_Allreduce, in the MPI "
+         "library's order)"),
     BOOL(execution, pin, "true",
          "pin each stage's threads to its own cores (when they fit the "
          "usable cores)"),

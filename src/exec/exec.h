@@ -197,6 +197,17 @@ int st_ws_stats(const void *state, st_stream_stats *out);
  * pipeline) on a share of the cores each; gradients are summed in replica
  * order, then every block is updated once. */
 extern const st_executor st_exec_replicas;
+extern const st_executor st_exec_ranks;
+/* Data parallelism's split (replicas.c): cfg's execution.replicas shares of
+ * the batch, each of whole micro-batches of *mb, run by *inner (sequential
+ * or pipeline); refused, naming the key, when the batch does not split. */
+int st_replicas_split(const st_config *cfg, int micro_batch,
+                      const st_executor **inner, int *share, int *mb,
+                      st_error *err);
+/* Replica `index`'s part of the step v: its share of the samples (and of
+ * the losses), the loss scaled by the whole batch, gradients only. */
+void st_replica_view(st_trainer_view *w, const st_trainer_view *v,
+                     const st_model *m, int index, int share, int mb);
 
 /* The executor of an execution.mode, NULL if none. */
 const st_executor *st_find_executor(const char *mode);

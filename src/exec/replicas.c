@@ -226,27 +226,56 @@ static int make_replica(reps *p, int r, const st_config *cfg, int per,
   return 0;
 }
 
-static int rep_create(void **state, const st_model *m, const st_config *cfg,
-                      int micro_batch, int max_batch, st_error *err) {
-  *state = NULL;
+int st_replicas_split(const st_config *cfg, int micro_batch,
+                      const st_executor **inner, int *share, int *mb,
+                      st_error *err) {
   const int R = cfg->execution.replicas, batch = cfg->train.batch;
-  const st_executor *inner = st_find_executor(cfg->execution.mode);
+  *inner = st_find_executor(cfg->execution.mode);
   /* st_config_validate refuses these; checked again because a bad split
    * would index past the batch. */
-  if (inner != &st_exec_sequential && inner != &st_exec_pipeline)
+  if (*inner != &st_exec_sequential && *inner != &st_exec_pipeline)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.replicas: replicas run the sequential "
                         "and pipeline modes, not '%s'",
                         st_config_where(cfg, "execution.replicas"),
                         cfg->execution.mode);
-  int share = R > 0 ? batch / R : 0;
-  int mb = micro_batch < share ? micro_batch : share;
-  if (R < 2 || share < 1 || mb < 1 || batch % R != 0 || share % mb != 0)
+  *share = R > 0 ? batch / R : 0;
+  *mb = micro_batch < *share ? micro_batch : *share;
+  if (R < 2 || *share < 1 || *mb < 1 || batch % R != 0 || *share % *mb != 0)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.replicas: train.batch = %d does not "
                         "split into %d replicas of whole micro-batches of %d",
                         st_config_where(cfg, "execution.replicas"), batch, R,
                         micro_batch);
+  return 0;
+}
+
+void st_replica_view(st_trainer_view *w, const st_trainer_view *v,
+                     const st_model *m, int index, int share, int mb) {
+  size_t first = (size_t)index * share;
+  size_t rows = (size_t)m->label_rows, in = st_shape_numel(m->in);
+  *w = *v;
+  w->x = v->x + first * in;
+  w->y = v->y + first * rows;
+  w->losses = v->losses + first * rows;
+  w->batch = share;
+  w->micro_batch = mb;
+  w->loss_batch = v->loss_batch;
+  w->first_sample = v->first_sample + (int64_t)first;
+  w->ctx.first_sample = v->ctx.first_sample + first;
+  w->ctx.fused = NULL; /* nothing may update inside a replica */
+  w->grads_only = 1;
+  w->gs2 = w->gb2 = NULL;
+}
+
+static int rep_create(void **state, const st_model *m, const st_config *cfg,
+                      int micro_batch, int max_batch, st_error *err) {
+  *state = NULL;
+  const int R = cfg->execution.replicas;
+  const st_executor *inner;
+  int share, mb;
+  int rc = st_replicas_split(cfg, micro_batch, &inner, &share, &mb, err);
+  if (rc) return rc;
   int C = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
   int per = C / R > 0 ? C / R : 1;
   reps *p = calloc(1, sizeof *p);
@@ -258,7 +287,6 @@ static int rep_create(void **state, const st_model *m, const st_config *cfg,
   p->R = R;
   p->share = share;
   p->mb = mb;
-  int rc = 0;
   if (!(p->rep = calloc((size_t)R, sizeof *p->rep)))
     rc = st_error_set(err, ST_ENOMEM, "out of memory");
   for (int r = 0; !rc && r < R; r++) {
@@ -293,28 +321,14 @@ static void trace(const st_trainer_view *v, st_trace_kind kind, double t0) {
 /* Replica r's part of the step: its share of the samples, its own slab and
  * buffers, the loss scaled by the whole batch, gradients only. */
 static void share_view(const reps *p, replica *rp, const st_trainer_view *v) {
-  const st_model *m = p->model;
-  size_t first = (size_t)rp->index * p->share;
-  size_t rows = (size_t)m->label_rows, in = st_shape_numel(m->in);
   st_trainer_view *w = &rp->view;
-  *w = *v;
-  w->x = v->x + first * in;
-  w->y = v->y + first * rows;
-  w->losses = v->losses + first * rows;
-  w->batch = p->share;
-  w->micro_batch = p->mb;
-  w->loss_batch = v->loss_batch;
-  w->first_sample = v->first_sample + (int64_t)first;
-  w->ctx.first_sample = v->ctx.first_sample + first;
+  st_replica_view(w, v, p->model, rp->index, p->share, p->mb);
   w->ctx.pool = rp->pool; /* a pipeline runs on its stages' pools */
-  w->ctx.fused = NULL;    /* nothing may update inside a replica */
   if (rp->index > 0) {
     w->grads = rp->grads;
     w->probs = rp->probs;
     w->dlogits = rp->dlogits;
   }
-  w->grads_only = 1;
-  w->gs2 = w->gb2 = NULL;
   w->track = v->track + rp->first_track;
 }
 

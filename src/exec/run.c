@@ -265,8 +265,9 @@ int st_trainer_run(st_trainer *t, st_error *err) {
   run_state r = {.t = t, .cfg = c, .dir = st_trainer_dir(t), .t0 = st_now(),
                  .evaluated_at = -1};
   r.tty = isatty(fileno(stderr));
-  r.progress = strcmp(c->metrics.progress, "on") == 0 ||
-               (strcmp(c->metrics.progress, "auto") == 0 && r.tty);
+  r.progress = st_dist_rank() == 0 && /* over MPI, rank 0 speaks */
+               (strcmp(c->metrics.progress, "on") == 0 ||
+                (strcmp(c->metrics.progress, "auto") == 0 && r.tty));
   r.step0 = st_trainer_pos(t)->step;
   r.samples0 = st_trainer_pos(t)->samples;
   int rc = open_outputs(&r, err);

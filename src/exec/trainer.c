@@ -10,6 +10,8 @@
  */
 #include "exec.h"
 
+#include "../dist/dist.h"
+
 #include <sched.h>
 #include <math.h>
 #include <stdlib.h>
@@ -233,11 +235,34 @@ static void make_permutation(st_trainer *t) {
     for (int i = 0; i < n; i++) t->perm[i] = i;
 }
 
+/* The config as config.yaml writes it, hashed (FNV-1a): ranks compare it. */
+static uint64_t config_hash(const st_config *cfg) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return 0;
+  st_config_write(cfg, f);
+  fclose(f);
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
+  free(text);
+  return h;
+}
+
 int st_trainer_create(st_trainer **out, const st_config *cfg,
                       const char *out_dir, st_error *err) {
   *out = NULL;
-  int rc = st_config_validate(cfg, err);
-  if (rc) return rc;
+  /* Started by mpirun: rank r is replica r (ranks.c). Every rank must run
+   * the same config, so every rank finds the same fault in it. */
+  int rc = 0;
+  if (st_dist_size() > 1 &&
+      (rc = st_dist_check_same(config_hash(cfg), "config", err)))
+    return rc;
+  if ((rc = st_config_validate(cfg, err))) {
+    if (st_dist_size() > 1) st_dist_share_error();
+    return rc;
+  }
   st_trainer *t = calloc(1, sizeof *t);
   if (!t) return st_error_set(err, ST_ENOMEM, "out of memory");
   t->cfg = *cfg;
@@ -249,8 +274,9 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     goto fail;
   }
   if (out_dir) snprintf(t->out_dir, sizeof t->out_dir, "%s", out_dir);
-  t->exec = cfg->execution.replicas > 1 ? &st_exec_replicas
-                                        : st_find_executor(cfg->execution.mode);
+  t->exec = st_dist_size() > 1            ? &st_exec_ranks
+            : cfg->execution.replicas > 1 ? &st_exec_replicas
+                                          : st_find_executor(cfg->execution.mode);
   if (!t->exec) {
     rc = st_error_set(err, ST_EUNSUPPORTED,
                       "%s: execution.mode: '%s' is not available in this build",
@@ -285,6 +311,10 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   st_noise_scale_init(&t->noise, cfg->metrics.noise_ema);
   if ((rc = load_data(t, err))) goto fail;
   if ((rc = check_data(t, err))) goto fail;
+  if ((rc = st_dist_check_same((uint64_t)t->n_train << 32 | (uint32_t)t->n_test,
+                               "data (its training and test set sizes)",
+                               err)))
+    goto fail;
   if (t->n_train < t->batch) {
     rc = st_error_set(err, ST_ECONFIG,
                       "%s: train.batch: %d is larger than the %d training "
@@ -308,7 +338,11 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   t->eval_batch = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
   if (t->eval_batch < t->micro_batch) t->eval_batch = t->micro_batch;
   st_blas_init(); /* idempotent; library users need not remember it */
-  int threads = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
+  /* all the cores, or over MPI ranks this rank's share of its machine's */
+  int threads = cfg->train.threads > 0
+                    ? cfg->train.threads
+                    : st_usable_cores() / st_dist_local_size();
+  if (threads < 1) threads = 1;
   t->pool = st_pool_create(threads);
   if (!t->pool) {
     rc = st_error_set(err, ST_ENOMEM, "cannot start %d threads", threads);

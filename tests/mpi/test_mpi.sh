@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# test_mpi.sh — strata over MPI ranks (src/dist/mpi.c, src/exec/ranks.c),
+# started with mpirun on this machine (--oversubscribe: more ranks than
+# cores is fine for correctness):
+#  - data-parallel over 2 and 4 ranks gives the in-process replicas'
+#    checkpoint at the same R byte for byte: the MLP with dropout
+#    (sequential inside each rank), the CNN at 4 ranks, and the CNN with a
+#    gpipe and a 1f1b pipeline inside each rank;
+#  - with execution.deterministic: false (MPI_Allreduce) the run trains;
+#  - rank 0 alone prints and writes: one summary, one progress stream;
+#  - a checkpoint written by 2 ranks resumes on 4, as the in-process run
+#    resumed from replicas 2 to 4 does, byte for byte;
+#  - ranks started with different configs stop at start-up with one error
+#    naming the rank, not a hang; replicas that do not match the ranks and
+#    a batch that does not split are refused once;
+#  - a rank killed mid-run (SIGKILL) ends the job within 30 seconds, mpirun
+#    naming the lost rank, and the last checkpoint resumes.
+# A build without MPI (make MPI=0) must instead refuse a multi-process
+# start, saying so. Closing line: "N passed, N failed".
+set -u
+
+strata="${STRATA_BUILD:-build}/strata"
+passed=0
+failed=0
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass() { passed=$((passed + 1)); }
+fail() {
+  failed=$((failed + 1))
+  printf 'FAIL %s\n' "$1"
+  shift
+  for detail in "$@"; do printf '    %s\n' "$detail"; done
+}
+finish() {
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit
+}
+
+if ! command -v mpirun >/dev/null; then
+  fail "mpirun is missing: make test installs openmpi-bin (tools/install-deps.sh)"
+  finish
+fi
+# root may run Open MPI here (a test machine); more ranks than cores too.
+# Under the sanitizers (make test-asan, test-tsan) Open MPI's own code is
+# excused: its start-up allocations (libmpi and its plugins) are never
+# freed, so the ranks skip the leak check (strata's code is leak-checked by
+# every other test), and its threads' lock order and races are suppressed
+# (tests/mpi/tsan.supp: Open MPI's libraries only).
+mpi=(env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+     TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS:}suppressions=$PWD/tests/mpi/tsan.supp"
+     mpirun --allow-run-as-root --oversubscribe)
+
+# run_mpi N ARGS...: strata ARGS on N ranks; leaves rc, out, err.
+run_mpi() {
+  local n=$1
+  shift
+  timeout 120 "${mpi[@]}" -np "$n" "$strata" "$@" >"$T/stdout" 2>"$T/stderr"
+  rc=$?
+  out=$(cat "$T/stdout")
+  err=$(cat "$T/stderr")
+}
+run() {
+  "$strata" "$@" >"$T/stdout" 2>"$T/stderr"
+  rc=$?
+  out=$(cat "$T/stdout")
+  err=$(cat "$T/stderr")
+}
+
+if ! ldd "$strata" | grep -q libmpi; then
+  run_mpi 2 train configs/fc_mnist.yaml --set train.steps=1 --out "$T/nompi"
+  if [ "$rc" -ne 0 ] && grep -q "^strata: error: mpirun started 2 processes, but this strata was built without MPI" <<<"$err"; then
+    pass
+  else
+    fail "a build without MPI refuses a 2-process start, saying why" "rc $rc" "$err"
+  fi
+  finish
+fi
+
+fc=configs/fc_mnist.yaml
+cnn=configs/cnn_fmnist.yaml
+small=(--set data.train_limit=1024 --set data.test_limit=128 --set train.batch=32
+       --set train.steps=12 --set metrics.progress=off)
+ck=checkpoints/step-00000012.safetensors
+
+# same NAME A B: the checkpoints A and B are byte-identical.
+same() {
+  if [ "$rc" -eq 0 ] && cmp -s "$2" "$3"; then pass; else
+    fail "$1" "rc $rc" "$err"
+  fi
+}
+
+# --- data parallel: the in-process replicas' bytes --------------------------
+run train "$fc" "${small[@]}" --set model.dropout=0.1 --set execution.replicas=2 --out "$T/fc_r2"
+run_mpi 2 train "$fc" "${small[@]}" --set model.dropout=0.1 --out "$T/fc_m2"
+same "MLP with dropout, 2 ranks: the in-process replicas' checkpoint" \
+  "$T/fc_r2/$ck" "$T/fc_m2/$ck"
+if [ "$(grep -c '^strata: done:' <<<"$out")" -eq 1 ] &&
+   grep -q "^strata: 2 MPI ranks, each a replica of 16 samples per step$" <<<"$out" &&
+   [ -e "$T/fc_m2/summary.json" ] && [ "$(grep -c '"type":"eval"' "$T/fc_m2/metrics.jsonl")" -eq 1 ]; then
+  pass
+else
+  fail "rank 0 alone prints and writes (one summary, one eval record)" "$out"
+fi
+
+run train "$cnn" "${small[@]}" --set execution.replicas=4 --out "$T/cnn_r4"
+run_mpi 4 train "$cnn" "${small[@]}" --out "$T/cnn_m4"
+same "CNN, 4 ranks: the in-process replicas' checkpoint" "$T/cnn_r4/$ck" "$T/cnn_m4/$ck"
+
+for sched in gpipe 1f1b; do
+  pipe=(--set execution.mode=pipeline --set execution.schedule=$sched
+        --set execution.stages=2 --set execution.micro_batch=4)
+  run train "$cnn" "${small[@]}" "${pipe[@]}" --set execution.replicas=2 --out "$T/p_r2_$sched"
+  run_mpi 2 train "$cnn" "${small[@]}" "${pipe[@]}" --out "$T/p_m2_$sched"
+  same "CNN, 2 ranks each running a $sched pipeline of 2 stages: the in-process replicas' checkpoint" \
+    "$T/p_r2_$sched/$ck" "$T/p_m2_$sched/$ck"
+done
+
+run_mpi 2 train "$fc" "${small[@]}" --set execution.deterministic=false --out "$T/fc_nd"
+if [ "$rc" -eq 0 ] && grep -q "^strata: done: 12 steps, test accuracy" <<<"$out"; then pass; else
+  fail "deterministic: false (MPI_Allreduce) trains" "rc $rc" "$err"
+fi
+
+# --- resume with another number of ranks ------------------------------------
+# 2 ranks to step 12, then 4 ranks to 24; in process: replicas 2, then 4
+run train - --resume "$T/fc_r2" --set train.steps=24 --set execution.replicas=4
+run_mpi 4 train - --resume "$T/fc_m2" --set train.steps=24
+if [ "$rc" -eq 0 ] && grep -q "^strata: resumed from .*step-00000012.safetensors at step 12$" <<<"$out"; then
+  pass
+else
+  fail "a 2-rank checkpoint resumes on 4 ranks" "rc $rc" "$out" "$err"
+fi
+same "resumed on 4 ranks: the in-process run resumed with 4 replicas" \
+  "$T/fc_r2/checkpoints/step-00000024.safetensors" "$T/fc_m2/checkpoints/step-00000024.safetensors"
+
+# --- refusals: one clear line, no hang ----------------------------------------
+timeout 60 "${mpi[@]}" -np 1 "$strata" train "$fc" "${small[@]}" --out "$T/mix" : \
+  -np 1 "$strata" train "$fc" "${small[@]}" --set train.seed=7 --out "$T/mix" \
+  >"$T/stdout" 2>"$T/stderr"
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
+   [ "$(grep -c '^strata: error:' "$T/stderr")" -eq 1 ] &&
+   grep -q "^strata: error: rank 1's config differs from rank 0's" "$T/stderr"; then
+  pass
+else
+  fail "ranks with different configs: one error naming the rank, no hang" "rc $rc" "$(cat "$T/stderr")"
+fi
+run_mpi 2 train "$fc" "${small[@]}" --set execution.replicas=4 --out "$T/r4"
+if [ "$rc" -ne 0 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+   grep -q "^strata: error: --set: execution.replicas: 4, but mpirun started 2 ranks" <<<"$err"; then
+  pass
+else
+  fail "replicas that do not match the ranks: refused once" "rc $rc" "$err"
+fi
+run_mpi 3 train "$fc" "${small[@]}" --out "$T/b3"
+if [ "$rc" -ne 0 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+   grep -q "train.batch = 32 does not split into 3 replicas" <<<"$err"; then
+  pass
+else
+  fail "a batch that does not split over the ranks: refused once" "rc $rc" "$err"
+fi
+
+# --- a rank dies -----------------------------------------------------------------
+long=(--set data.train_limit=1024 --set data.test_limit=128 --set train.batch=32
+      --set train.steps=100000 --set train.checkpoint_every=20 --set metrics.progress=off)
+"${mpi[@]}" -np 2 "$strata" train "$fc" "${long[@]}" --out "$T/kill" >"$T/kill.out" 2>&1 &
+job=$!
+for _ in $(seq 300); do
+  [ "$(ls "$T/kill/checkpoints" 2>/dev/null | wc -l)" -ge 2 ] && break
+  sleep 0.1
+done
+# rank 1 (rank 0 writes the checkpoints): the process mpirun told so
+victim=
+for pid in $(pgrep -f "train $fc .*--out $T/kill"); do
+  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
+done
+kill -9 "$victim" 2>/dev/null
+start=$SECONDS
+while kill -0 "$job" 2>/dev/null && [ $((SECONDS - start)) -lt 40 ]; do sleep 0.2; done
+if kill -0 "$job" 2>/dev/null; then
+  kill -9 "$job"
+  fail "a killed rank ends the job within 30 s" "still running after 40 s"
+else
+  wait "$job"
+  jrc=$?
+  if [ "$jrc" -ne 0 ] && [ $((SECONDS - start)) -le 30 ] &&
+     grep -Eq "process rank 1 .*exited on signal 9" "$T/kill.out"; then
+    pass
+  else
+    fail "a killed rank ends the job within 30 s, mpirun naming it" \
+      "rc $jrc after $((SECONDS - start)) s" "$(tail -n 8 "$T/kill.out")"
+  fi
+fi
+last=$(ls "$T/kill/checkpoints" | tail -n 1)
+run train - --resume "$T/kill" --set train.steps=$((10#${last//[^0-9]/} + 4)) --set execution.replicas=2
+if [ "$rc" -eq 0 ] && grep -q "^strata: resumed from .*$last at step" <<<"$out"; then pass; else
+  fail "after the kill the last checkpoint ($last) resumes" "rc $rc" "$out" "$err"
+fi
+no_tmp=$(find "$T/kill" -name '*.tmp*')
+if [ -z "$no_tmp" ]; then pass; else fail "no temporary left by the killed job" "$no_tmp"; fi
+
+finish
