@@ -12,44 +12,10 @@
 # Run from the repo root by tools/run-tests.sh, which sets STRATA_BUILD; ends
 # with the closing line "N passed, N failed". Each run is tiny (512 training
 # samples, 20 steps) so the whole file takes a few seconds.
-set -u
-
-strata="${STRATA_BUILD:-build}/strata"
-passed=0
-failed=0
-
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-
-pass() { passed=$((passed + 1)); }
-fail() {
-  failed=$((failed + 1))
-  printf 'FAIL %s\n' "$1"
-  shift
-  for detail in "$@"; do printf '    %s\n' "$detail"; done
-}
-
-finish() {
-  echo "$passed passed, $failed failed"
-  [ "$failed" -eq 0 ] && exit 0
-  exit 1
-}
-
-if [ ! -x "$strata" ]; then
-  fail "binary" "$strata is missing or not executable; run make first"
-  finish
-fi
+. "$(dirname "$0")/../harness.sh"
 
 # A regular expression matching the literal text $1 (paths hold dots).
 re_quote() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|/]/\\&/g'; }
-
-# run CMD...: runs strata with CMD, leaving rc, out (stdout) and err (stderr).
-run() {
-  "$strata" "$@" >"$T/stdout" 2>"$T/stderr"
-  rc=$?
-  out=$(cat "$T/stdout")
-  err=$(cat "$T/stderr")
-}
 
 # expect_error NAME ERE -- ARGS...: strata ARGS must exit 1 and print exactly
 # one stderr line "strata: error: ..." matching the extended regex ERE (which

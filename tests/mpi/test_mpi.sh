@@ -17,25 +17,7 @@
 #    naming the lost rank, and the last checkpoint resumes.
 # A build without MPI (make MPI=0) must instead refuse a multi-process
 # start, saying so. Closing line: "N passed, N failed".
-set -u
-
-strata="${STRATA_BUILD:-build}/strata"
-passed=0
-failed=0
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass() { passed=$((passed + 1)); }
-fail() {
-  failed=$((failed + 1))
-  printf 'FAIL %s\n' "$1"
-  shift
-  for detail in "$@"; do printf '    %s\n' "$detail"; done
-}
-finish() {
-  echo "$passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit
-}
+. "$(dirname "$0")/../harness.sh"
 
 if ! command -v mpirun >/dev/null; then
   fail "mpirun is missing: make test installs openmpi-bin (tools/install-deps.sh)"
@@ -56,12 +38,6 @@ run_mpi() {
   local n=$1
   shift
   timeout 120 "${mpi[@]}" -np "$n" "$strata" "$@" >"$T/stdout" 2>"$T/stderr"
-  rc=$?
-  out=$(cat "$T/stdout")
-  err=$(cat "$T/stderr")
-}
-run() {
-  "$strata" "$@" >"$T/stdout" 2>"$T/stderr"
   rc=$?
   out=$(cat "$T/stdout")
   err=$(cat "$T/stderr")
