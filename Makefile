@@ -21,11 +21,11 @@ else
   LDLIBS += -lcblas
 endif
 
-# MPI (Open MPI, Debian's libopenmpi-dev): multi-process runs. Used when its
-# compiler wrapper is there; `make MPI=0` builds without it (a run started by
-# mpirun then says what is missing). Changing it rebuilds everything (see
-# $(BUILD)/flags below).
-MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+# MPI (Open MPI, Debian's libopenmpi-dev): multi-process runs. Used when
+# Open MPI's compiler wrapper answers `mpicc --showme`; `make MPI=0` builds
+# without it (a run started by mpirun then says what is missing). Changing
+# it rebuilds everything (see $(BUILD)/flags below).
+MPI ?= $(if $(shell mpicc --showme:compile 2>/dev/null),1,0)
 ifeq ($(MPI),1)
   CFLAGS += -DST_MPI $(shell mpicc --showme:compile)
   LDLIBS += $(shell mpicc --showme:link)

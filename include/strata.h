@@ -1148,6 +1148,9 @@ int st_dist_built(void); /* 1 when built with MPI */
  * found at start): then only rank 0 need print it. */
 int st_dist_error_shared(void);
 void st_dist_share_error(void);
+/* Refuses, naming the first rank that differs from rank 0, unless every
+ * rank passes the same value (a collective: every rank must call it). */
+int st_dist_check_same(uint64_t value, const char *what, st_error *err);
 
 /* ----------------------------------------------------------------- exec */
 

@@ -354,6 +354,12 @@ static int cmd_train(int argc, char **argv) {
     printf("strata: resumed from %s at step %lld\n", ck,
            (long long)st_trainer_pos(t)->step);
   }
+  /* over MPI ranks: every rank resumed from the same step */
+  if (st_dist_check_same((uint64_t)st_trainer_pos(t)->step,
+                         "step resumed from", &err)) {
+    st_trainer_destroy(t);
+    return st_cli_fail(&err);
+  }
   /* Compile first (DESIGN.md): the plan the run follows — one stage for the
    * sequential mode — beside the run's other files. A plan that cannot be
    * made does not stop a sequential run; it is reported. */

@@ -205,6 +205,8 @@ int st_dist_allreduce(float *grads, size_t n, st_error *err) {
 size_t st_dist_sum_scratch(size_t n) {
   size_t W = (size_t)world_size, part = (n + W - 1) / W;
   if (part > DIST_PART) part = DIST_PART;
+  /* MPI's counts and displacements are ints: a round's W parts must fit */
+  if (part > (size_t)INT32_MAX / W) part = (size_t)INT32_MAX / W;
   return W * part;
 }
 

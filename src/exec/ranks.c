@@ -56,6 +56,11 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
                         "ranks)",
                         st_config_where(cfg, "execution.replicas"),
                         cfg->execution.replicas, W);
+  if (cfg->metrics.noise_scale)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: metrics.noise_scale is measured in one process "
+                        "(not over MPI ranks yet)",
+                        st_config_where(cfg, "metrics.noise_scale"));
   if (strcmp(cfg->execution.mode, "weight_streaming") == 0)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "%s: execution.mode: weight_streaming runs in one "
@@ -79,15 +84,23 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
   p->cfg.train.batch = share;
   p->cfg.execution.micro_batch = mb;
   p->cfg.execution.replicas = 1;
-  rc = inner->create(&p->state, m, &p->cfg, mb, max_batch, err);
-  if (!rc) st_dist_unshare_error(); /* from here errors are this rank's */
-  if (!rc) {
-    if (cfg->execution.deterministic)
-      p->scratch = st_alloc(st_dist_sum_scratch(m->n_params) * sizeof(float));
-    if (cfg->execution.deterministic && !p->scratch)
-      rc = st_error_set(err, ST_ENOMEM,
-                        "out of memory for the gradient exchange");
+  /* the rank's share of its machine's cores, as the trainer's pool; ranks
+   * sharing a machine would pin their stages to the same cores */
+  if (p->cfg.train.threads == 0) {
+    int per = st_usable_cores() / st_dist_local_size();
+    p->cfg.train.threads = per > 0 ? per : 1;
   }
+  if (st_dist_local_size() > 1) p->cfg.execution.pin = 0;
+  /* from here a failure may be this rank's alone (memory, threads): every
+   * rank learns of it, so none waits in the first step's exchange */
+  st_dist_unshare_error();
+  rc = inner->create(&p->state, m, &p->cfg, mb, max_batch, err);
+  if (!rc && cfg->execution.deterministic &&
+      !(p->scratch =
+            st_alloc(st_dist_sum_scratch(m->n_params) * sizeof(float))))
+    rc = st_error_set(err, ST_ENOMEM,
+                      "out of memory for the gradient exchange");
+  rc = st_dist_agree(rc, err);
   if (rc) {
     ranks_destroy(p);
     return rc;
