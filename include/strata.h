@@ -870,6 +870,10 @@ int st_inspect(const char *path, FILE *f, st_error *err);
 /* Atomic small-file write (temp, fsync, rename). */
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err);
+/* The same for the text of a memory stream (open_memstream(text, len)):
+ * closes f, writes *text to path atomically, frees *text. */
+int st_write_stream_atomic(FILE *f, char **text, size_t *len,
+                           const char *path, st_error *err);
 /* mkdir -p: every folder of path, the last component too when
  * include_last (else path names a file to come). */
 int st_mkdir_p(const char *path, int include_last, st_error *err);

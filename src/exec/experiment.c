@@ -343,18 +343,6 @@ static summary summarize(const st_experiment_options *o, const run *runs,
   return s;
 }
 
-/* Writes the text of a memory stream to path atomically, closing it. */
-static int flush_file(FILE *f, char **buf, size_t *len, const char *path,
-                      st_error *err) {
-  if (fclose(f) != 0) {
-    free(*buf);
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
-  }
-  int rc = st_write_file_atomic(path, *buf, *len, err);
-  free(*buf);
-  return rc;
-}
-
 /* Opens a memory stream for DIR/name; path gets the file's path. */
 static FILE *open_text(char *path, size_t cap, const char *dir,
                        const char *name, char **buf, size_t *len,
@@ -386,7 +374,7 @@ static int write_csv(const st_experiment_options *o, const st_config *base,
               (unsigned long long)(base->train.seed + (uint64_t)i), r->accuracy,
               r->final_loss, r->samples_per_s, r->seconds);
     }
-  return flush_file(f, &buf, &len, path, err);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
 /* "85.12 ± 0.31" in percent; the spread needs two runs. */
@@ -495,7 +483,7 @@ static int write_report(const st_experiment_options *o, const st_config *base,
                "nan) and its curve ends there.\n");
   fprintf(f, "\nFiles: results.csv (every run), curves.svg (mean test "
              "accuracy against samples seen, per variant).\n");
-  return flush_file(f, &buf, &len, path, err);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
 /* A tick spacing of 1, 2 or 5 x 10^k giving about `want` ticks over span. */
@@ -639,7 +627,7 @@ static int write_svg(const st_experiment_options *o, const run *runs,
     fprintf(f, "</text>\n");
   }
   fprintf(f, "</svg>\n");
-  return flush_file(f, &buf, &len, path, err);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
 int st_experiment_pb(const st_experiment_options *o, const st_config *base,

@@ -204,11 +204,8 @@ static int write_summary(run_state *r, st_error *err) {
           noise);
   stage_fields(r, f);
   fprintf(f, "\n}\n");
-  int rc = fclose(f) == 0 ? 0 : st_error_set(err, ST_ENOMEM, "out of memory");
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
-  if (!rc) rc = st_write_file_atomic(path, text, len, err);
-  free(text);
-  return rc;
+  return st_write_stream_atomic(f, &text, &len, path, err);
 }
 
 static int open_outputs(run_state *r, st_error *err) {
@@ -221,9 +218,7 @@ static int open_outputs(run_state *r, st_error *err) {
   FILE *f = open_memstream(&text, &len);
   if (!f) return st_error_set(err, ST_ENOMEM, "out of memory");
   st_config_write(r->cfg, f);
-  int rc = fclose(f) == 0 ? st_write_file_atomic(path, text, len, err)
-                          : st_error_set(err, ST_ENOMEM, "out of memory");
-  free(text);
+  int rc = st_write_stream_atomic(f, &text, &len, path, err);
   if (rc) return rc;
   snprintf(path, sizeof path, "%s/metrics.jsonl", r->dir);
   int resumed = st_trainer_pos(r->t)->step > 0;

@@ -206,18 +206,6 @@ static int meets(const st_sweep_options *o, double metric) {
                                               : metric <= o->target.value;
 }
 
-/* Writes the text of a memory stream to path atomically, closing it. */
-static int flush_file(FILE *f, char **buf, size_t *len, const char *path,
-                      st_error *err) {
-  if (fclose(f) != 0) {
-    free(*buf);
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
-  }
-  int rc = st_write_file_atomic(path, *buf, *len, err);
-  free(*buf);
-  return rc;
-}
-
 static void join(char *out, size_t cap, const char *dir, const char *name) {
   snprintf(out, cap, "%s/%s", dir, name);
 }
@@ -258,7 +246,7 @@ static int write_sweep_csv(const st_sweep_options *o, const st_config *base,
       put_num(f, r->metric);
       fputc('\n', f);
     }
-  return flush_file(f, &buf, &len, path, err);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
 /* Same decimal text as put_num wrote for this value? */
@@ -456,7 +444,7 @@ static int write_steps_csv(const st_sweep_options *o, const st_config *base,
     }
     fputc('\n', f);
   }
-  return flush_file(f, &buf, &len, path, err);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
 /* The steps ratio from batch a to batch b (a < b, both reached) normalised
@@ -693,7 +681,7 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
     free(buf);
     return rc;
   }
-  return flush_file(f, &buf, &len, path, err);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
 /* The fitted critical batch size and the noise scale, as report.md says
@@ -909,7 +897,7 @@ static int write_report(const st_sweep_options *o, const st_config *base,
              "size), steps.svg (log-log plot with the perfect-scaling "
              "line and the fit)%s.\n",
           sum->ns.batch ? ", noise.csv (B_simple along the noise run)" : "");
-  return flush_file(f, &buf, &len, path, err);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
 /* The plot: log2 batch across, log10 steps up; measured points joined, the
@@ -1103,7 +1091,7 @@ static int write_svg(const st_sweep_options *o, const best *bs,
             lx, ly, lx + 24, ly, lx + 30, ly + 4, sum->ns.b_end);
   }
   fprintf(f, "</svg>\n");
-  return flush_file(f, &buf, &len, path, err);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
 /* The trials of one st_sweep_run, shared by its workers. The fields above

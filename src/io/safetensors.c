@@ -580,6 +580,17 @@ int st_mkdir_p(const char *path, int include_last, st_error *err) {
   return 0;
 }
 
+int st_write_stream_atomic(FILE *f, char **text, size_t *len,
+                           const char *path, st_error *err) {
+  /* the stream's text and length are final only once it is closed */
+  int rc = fclose(f) == 0
+               ? st_write_file_atomic(path, *text, *len, err)
+               : st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  free(*text);
+  *text = NULL;
+  return rc;
+}
+
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err) {
   if (strlen(path) >= ST_PATH_MAX)

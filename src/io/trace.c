@@ -134,11 +134,5 @@ int st_trace_write(const st_trace *t, const char *path, st_error *err) {
   fprintf(f, "\n],\"otherData\":{\"dropped_events\":%lld,"
              "\"events_per_track\":%d}}\n",
           (long long)st_trace_dropped(t), t->cap);
-  if (fclose(f) != 0) {
-    free(text);
-    return st_error_set(err, ST_ENOMEM, "out of memory for the trace");
-  }
-  int rc = st_write_file_atomic(path, text, len, err);
-  free(text);
-  return rc;
+  return st_write_stream_atomic(f, &text, &len, path, err);
 }
