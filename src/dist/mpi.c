@@ -135,13 +135,11 @@ int st_dist_allgather(void *buf, size_t bytes_per_rank, st_error *err) {
 int st_dist_agree(int rc, st_error *err) {
   if (world_size == 1) return rc;
 #ifdef ST_MPI
-  int *all = malloc((size_t)world_size * sizeof *all);
-  if (!all) return st_error_set(err, ST_ENOMEM, "out of memory");
+  int all[ST_DIST_MAX_RANKS]; /* every step: nothing allocated */
   int e = MPI_Allgather(&rc, 1, MPI_INT, all, 1, MPI_INT, MPI_COMM_WORLD);
   int first = -1;
   for (int r = 0; e == MPI_SUCCESS && r < world_size && first < 0; r++)
     if (all[r]) first = r;
-  free(all);
   if (e != MPI_SUCCESS) return mpi_failed(e, "the step's check", err);
   if (first < 0) return 0;
   /* the first failure's message, on every rank */
@@ -164,14 +162,12 @@ int st_dist_agree(int rc, st_error *err) {
 int st_dist_check_same(uint64_t value, const char *what, st_error *err) {
   if (world_size == 1) return 0;
 #ifdef ST_MPI
-  uint64_t *all = malloc((size_t)world_size * sizeof *all);
-  if (!all) return st_error_set(err, ST_ENOMEM, "out of memory");
+  uint64_t all[ST_DIST_MAX_RANKS];
   int rc = MPI_Allgather(&value, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T,
                          MPI_COMM_WORLD);
   int differs = -1;
   for (int r = 1; rc == MPI_SUCCESS && r < world_size && differs < 0; r++)
     if (all[r] != all[0]) differs = r;
-  free(all);
   if (rc != MPI_SUCCESS) return mpi_failed(rc, "the start-up check", err);
   shared_error = differs >= 0;
   if (differs >= 0)
