@@ -235,6 +235,8 @@ typedef struct st_config {
                                ST_STAGES_PER_BLOCK = one per block) */
     int blocks_per_segment; /* block_sequential (0 = from memory) */
     int replicas;           /* data-parallel copies, >= 1 */
+    char placement[8];      /* threads | ranks: where a pipeline's stages
+                               run under mpirun */
     int deterministic;      /* over MPI ranks: gradients summed in rank
                                order (else MPI_Allreduce's own order) */
     int pin;                /* pin stage threads to their cores */

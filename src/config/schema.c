@@ -46,6 +46,7 @@ static const char *const datasets[] = {"fashion_mnist", "synthetic", "text",
 static const char *const optimizers[] = {"sgd", "adamw", NULL};
 static const char *const schedules[] = {"constant", "cosine", "step", "linear",
                                         NULL};
+static const char *const placements[] = {"threads", "ranks", NULL};
 static const char *const modes[] = {
     "sequential",
     "pipeline",
@@ -170,6 +171,11 @@ const st_config_key st_config_schema[] = {
     INT(execution, replicas, "1",
         "data-parallel copies (sequential, pipeline), each on its share of "
         "the cores; gradients summed in a fixed order every step"),
+    ENUM(execution, placement, "threads", placements,
+         "under mpirun: threads = every rank a whole replica (data "
+         "parallel); ranks = the pipeline's stages spread over the ranks, "
+         "one stage or a group of stages each (with replicas R: a grid of "
+         "R replicas x ranks/R stages)"),
     BOOL(execution, deterministic, "true",
          "over MPI ranks: sum the gradients in rank order, as the "
          "in-process replicas do (false: MPI_Allreduce, in the MPI "

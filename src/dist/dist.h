@@ -8,6 +8,8 @@
 
 #include "strata.h"
 
+#include <stdatomic.h>
+
 enum {
   ST_DIST_MAX_RANKS = 1024,
   DIST_PART = 1 << 22 /* floats of one rank's part per exchange round */
@@ -31,5 +33,57 @@ size_t st_dist_sum_scratch(size_t n);
 int st_dist_sum_ranks(float *grads, size_t n, float *scratch, st_error *err);
 /* The same by MPI_Allreduce: the MPI library's order and algorithm. */
 int st_dist_allreduce(float *grads, size_t n, st_error *err);
+
+/* A group of ranks: the world split by color, members ordered by key
+ * (collective over the world). Pipelines across ranks and the replicas of
+ * one stage are groups. A group has two channels for point-to-point
+ * messages (0: forward, 1: backward), kept apart from each other and from
+ * the group's collectives. */
+typedef struct st_dist_group st_dist_group;
+int st_dist_group_create(st_dist_group **out, int color, int key,
+                         st_error *err);
+void st_dist_group_destroy(st_dist_group *g);
+int st_dist_group_rank(const st_dist_group *g);
+int st_dist_group_size(const st_dist_group *g);
+/* The world rank of the group's member `member`. */
+int st_dist_group_world(const st_dist_group *g, int member);
+/* 1 when threads other than the one that started MPI may call it (the
+ * stages of a pipeline across ranks do). */
+int st_dist_threads_ok(void);
+/* bytes at buf from member root to every member of g. */
+int st_dist_bcast(st_dist_group *g, void *buf, size_t bytes, int root,
+                  st_error *err);
+/* Every member's bytes_per_member bytes at buf + member * bytes, in place. */
+int st_dist_group_allgather(st_dist_group *g, void *buf,
+                            size_t bytes_per_member, st_error *err);
+/* st_dist_sum_scratch and st_dist_sum_ranks over the members of g, in
+ * member order (g NULL: the world). */
+size_t st_dist_sum_scratch_in(const st_dist_group *g, size_t n);
+int st_dist_sum_in(st_dist_group *g, float *grads, size_t n, float *scratch,
+                   st_error *err);
+int st_dist_allreduce_in(st_dist_group *g, float *grads, size_t n,
+                         st_error *err);
+
+/* A message in flight (opaque). */
+typedef struct st_dist_req {
+  unsigned char h[16]; /* the MPI request */
+  int live, send;
+} st_dist_req;
+/* Non-blocking send and receive of up to `bytes` bytes on channel chan of
+ * g, to or from member peer, with tag `tag` (messages between two members
+ * on one channel and tag arrive in the order they were sent). buf must
+ * stay untouched until the request is done. */
+int st_dist_isend(st_dist_group *g, int chan, const void *buf, size_t bytes,
+                  int peer, int tag, st_dist_req *r, st_error *err);
+int st_dist_irecv(st_dist_group *g, int chan, void *buf, size_t bytes,
+                  int peer, int tag, st_dist_req *r, st_error *err);
+/* Waits for r (polling, then sleeping between polls); *got: the bytes
+ * received. Returns 0 when done, 1 (r still live) when *stop became
+ * nonzero first, or an error. A request that is not live is done. */
+int st_dist_wait(st_dist_req *r, size_t *got, const atomic_int *stop,
+                 st_error *err);
+/* Gives r up: a receive is cancelled, a send left to finish on its own
+ * (its buffer must outlive the run). */
+void st_dist_drop(st_dist_req *r);
 
 #endif

@@ -22,12 +22,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef ST_MPI
 #include <mpi.h>
 #endif
 
-static int world_rank = 0, world_size = 1, started = 0;
+static int world_rank = 0, world_size = 1, started = 0, threads_ok = 0;
 static int shared_error; /* the last error is every rank's (st_dist_agree) */
 
 void st_dist_share_error(void) { shared_error = 1; }
@@ -71,11 +72,13 @@ int st_dist_init(int *argc, char ***argv, st_error *err) {
     return st_error_set(err, ST_EUNSUPPORTED, "mpirun started %d processes; "
                         "strata runs at most %d ranks", n, ST_DIST_MAX_RANKS);
   int provided = 0;
-  /* MPI is called from the thread that runs the steps only */
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) !=
+  /* the stages of a pipeline across ranks send and receive from their own
+   * threads; data parallelism calls MPI from the stepping thread only */
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) !=
       MPI_SUCCESS)
     return st_error_set(err, ST_EIO, "MPI_Init failed");
   started = 1;
+  threads_ok = provided >= MPI_THREAD_MULTIPLE;
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -99,6 +102,7 @@ void st_dist_abort(int code) {
 }
 
 int st_dist_rank(void) { return world_rank; }
+int st_dist_threads_ok(void) { return world_size == 1 || threads_ok; }
 
 int st_dist_local_size(void) {
   const char *v = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
@@ -182,13 +186,139 @@ int st_dist_check_same(uint64_t value, const char *what, st_error *err) {
 #endif
 }
 
-int st_dist_allreduce(float *grads, size_t n, st_error *err) {
-  if (world_size == 1) return 0;
+
+
+/* ------------------------------------------------------------ groups */
+
+struct st_dist_group {
 #ifdef ST_MPI
+  MPI_Comm comm, chan[2];
+#endif
+  int rank, size;
+  int *world; /* [size]: members' world ranks */
+};
+
+int st_dist_group_create(st_dist_group **out, int color, int key,
+                         st_error *err) {
+  *out = NULL;
+  st_dist_group *g = calloc(1, sizeof *g);
+  if (!g) return st_error_set(err, ST_ENOMEM, "out of memory");
+  g->size = 1;
+#ifdef ST_MPI
+  g->comm = g->chan[0] = g->chan[1] = MPI_COMM_NULL;
+  if (started) {
+    int rc = MPI_Comm_split(MPI_COMM_WORLD, color, key, &g->comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(g->comm, &g->chan[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(g->comm, &g->chan[1]);
+    if (rc != MPI_SUCCESS) {
+      st_dist_group_destroy(g);
+      return mpi_failed(rc, "making a group of ranks", err);
+    }
+    for (int c = 0; c < 3; c++)
+      MPI_Comm_set_errhandler(c ? g->chan[c - 1] : g->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(g->comm, &g->rank);
+    MPI_Comm_size(g->comm, &g->size);
+  }
+#else
+  (void)color, (void)key;
+#endif
+  g->world = malloc((size_t)g->size * sizeof *g->world);
+  if (!g->world) {
+    st_dist_group_destroy(g);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  g->world[0] = world_rank;
+#ifdef ST_MPI
+  if (started &&
+      MPI_Allgather(&world_rank, 1, MPI_INT, g->world, 1, MPI_INT, g->comm) !=
+          MPI_SUCCESS) {
+    st_dist_group_destroy(g);
+    return st_error_set(err, ST_EIO, "rank %d: making a group of ranks "
+                        "failed", world_rank);
+  }
+#endif
+  *out = g;
+  return 0;
+}
+
+void st_dist_group_destroy(st_dist_group *g) {
+  if (!g) return;
+#ifdef ST_MPI
+  for (int c = 0; c < 2; c++)
+    if (g->chan[c] != MPI_COMM_NULL) MPI_Comm_free(&g->chan[c]);
+  if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
+#endif
+  free(g->world);
+  free(g);
+}
+
+int st_dist_group_rank(const st_dist_group *g) { return g->rank; }
+int st_dist_group_size(const st_dist_group *g) { return g->size; }
+int st_dist_group_world(const st_dist_group *g, int member) {
+  return member >= 0 && member < g->size ? g->world[member] : -1;
+}
+
+int st_dist_bcast(st_dist_group *g, void *buf, size_t bytes, int root,
+                  st_error *err) {
+  if (g->size == 1) return 0;
+#ifdef ST_MPI
+  for (size_t at = 0; at < bytes; at += (size_t)INT32_MAX / 2) {
+    size_t len = bytes - at < (size_t)INT32_MAX / 2 ? bytes - at
+                                                    : (size_t)INT32_MAX / 2;
+    int rc = MPI_Bcast((char *)buf + at, (int)len, MPI_BYTE, root, g->comm);
+    if (rc != MPI_SUCCESS) return mpi_failed(rc, "a broadcast", err);
+  }
+  return 0;
+#else
+  (void)buf, (void)bytes, (void)root, (void)err;
+  return 0;
+#endif
+}
+
+int st_dist_group_allgather(st_dist_group *g, void *buf,
+                            size_t bytes_per_member, st_error *err) {
+  if (g->size == 1) return 0;
+#ifdef ST_MPI
+  if (bytes_per_member > (size_t)INT32_MAX)
+    return st_error_set(err, ST_EARG, "rank %d: %zu bytes per rank exceed "
+                        "one all-gather", world_rank, bytes_per_member);
+  int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf,
+                         (int)bytes_per_member, MPI_BYTE, g->comm);
+  return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "the all-gather", err);
+#else
+  (void)buf, (void)bytes_per_member, (void)err;
+  return 0;
+#endif
+}
+
+static size_t sum_scratch(size_t W, size_t n) {
+  size_t part = (n + W - 1) / W;
+  if (part > DIST_PART) part = DIST_PART;
+  /* MPI's counts and displacements are ints: a round's W parts must fit */
+  if (part > (size_t)INT32_MAX / W) part = (size_t)INT32_MAX / W;
+  return W * part;
+}
+
+size_t st_dist_sum_scratch(size_t n) {
+  return sum_scratch((size_t)world_size, n);
+}
+size_t st_dist_sum_scratch_in(const st_dist_group *g, size_t n) {
+  return sum_scratch(g ? (size_t)g->size : (size_t)world_size, n);
+}
+
+int st_dist_allreduce(float *grads, size_t n, st_error *err) {
+  return st_dist_allreduce_in(NULL, grads, n, err);
+}
+
+int st_dist_allreduce_in(st_dist_group *g, float *grads, size_t n,
+                         st_error *err) {
+  if ((g ? g->size : world_size) == 1) return 0;
+#ifdef ST_MPI
+  MPI_Comm comm = g ? g->comm : MPI_COMM_WORLD;
   for (size_t s = 0; s < n; s += (size_t)INT32_MAX / 2) {
     size_t len = n - s < (size_t)INT32_MAX / 2 ? n - s : (size_t)INT32_MAX / 2;
     int rc = MPI_Allreduce(MPI_IN_PLACE, grads + s, (int)len, MPI_FLOAT,
-                           MPI_SUM, MPI_COMM_WORLD);
+                           MPI_SUM, comm);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "the all-reduce", err);
   }
   return 0;
@@ -198,21 +328,20 @@ int st_dist_allreduce(float *grads, size_t n, st_error *err) {
 #endif
 }
 
-size_t st_dist_sum_scratch(size_t n) {
-  size_t W = (size_t)world_size, part = (n + W - 1) / W;
-  if (part > DIST_PART) part = DIST_PART;
-  /* MPI's counts and displacements are ints: a round's W parts must fit */
-  if (part > (size_t)INT32_MAX / W) part = (size_t)INT32_MAX / W;
-  return W * part;
+int st_dist_sum_ranks(float *grads, size_t n, float *scratch, st_error *err) {
+  return st_dist_sum_in(NULL, grads, n, scratch, err);
 }
 
-int st_dist_sum_ranks(float *grads, size_t n, float *scratch, st_error *err) {
-  if (world_size == 1) return 0;
+int st_dist_sum_in(st_dist_group *g, float *grads, size_t n, float *scratch,
+                   st_error *err) {
+  const int W = g ? g->size : world_size;
+  if (W == 1) return 0;
 #ifdef ST_MPI
-  const int W = world_size, me = world_rank;
+  const int me = g ? g->rank : world_rank;
+  MPI_Comm comm = g ? g->comm : MPI_COMM_WORLD;
   int cnt[ST_DIST_MAX_RANKS], off[ST_DIST_MAX_RANKS], rcnt[ST_DIST_MAX_RANKS],
       roff[ST_DIST_MAX_RANKS];
-  size_t step = st_dist_sum_scratch(n); /* floats of grads per round */
+  size_t step = sum_scratch((size_t)W, n); /* floats of grads per round */
   for (size_t s = 0; s < n; s += step) {
     size_t len = n - s < step ? n - s : step;
     /* the round's W parts, as even as they come: part k is rank k's */
@@ -223,17 +352,17 @@ int st_dist_sum_ranks(float *grads, size_t n, float *scratch, st_error *err) {
     }
     for (int k = 0; k < W; k++) rcnt[k] = cnt[me], roff[k] = k * cnt[me];
     int rc = MPI_Alltoallv(grads + s, cnt, off, MPI_FLOAT, scratch, rcnt, roff,
-                           MPI_FLOAT, MPI_COMM_WORLD);
+                           MPI_FLOAT, comm);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "the gradient exchange", err);
     /* rank order, as the in-process replicas: ((g0 + g1) + g2) + ... */
     float *restrict sum = grads + s + off[me];
     memcpy(sum, scratch, (size_t)cnt[me] * sizeof *sum);
     for (int k = 1; k < W; k++) {
-      const float *restrict g = scratch + (size_t)k * cnt[me];
-      for (int i = 0; i < cnt[me]; i++) sum[i] += g[i];
+      const float *restrict add = scratch + (size_t)k * cnt[me];
+      for (int i = 0; i < cnt[me]; i++) sum[i] += add[i];
     }
     rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, grads + s, cnt, off,
-                        MPI_FLOAT, MPI_COMM_WORLD);
+                        MPI_FLOAT, comm);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "the gradient all-gather", err);
   }
   return 0;
@@ -241,4 +370,97 @@ int st_dist_sum_ranks(float *grads, size_t n, float *scratch, st_error *err) {
   (void)grads, (void)n, (void)scratch, (void)err;
   return 0;
 #endif
+}
+
+/* ---------------------------------------------------- point to point */
+
+#ifdef ST_MPI
+_Static_assert(sizeof(MPI_Request) <= sizeof(((st_dist_req *)0)->h),
+               "st_dist_req holds an MPI_Request");
+static MPI_Request *req_of(st_dist_req *r) { return (MPI_Request *)r->h; }
+#endif
+
+int st_dist_isend(st_dist_group *g, int chan, const void *buf, size_t bytes,
+                  int peer, int tag, st_dist_req *r, st_error *err) {
+#ifdef ST_MPI
+  if (bytes > (size_t)INT32_MAX)
+    return st_error_set(err, ST_EARG, "rank %d: a %zu-byte message is larger "
+                        "than one MPI send", world_rank, bytes);
+  int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, g->chan[chan],
+                     req_of(r));
+  if (rc != MPI_SUCCESS) return mpi_failed(rc, "a send", err);
+  r->live = 1;
+  r->send = 1;
+  return 0;
+#else
+  (void)g, (void)chan, (void)buf, (void)bytes, (void)peer, (void)tag, (void)r;
+  return st_error_set(err, ST_EUNSUPPORTED, "built without MPI");
+#endif
+}
+
+int st_dist_irecv(st_dist_group *g, int chan, void *buf, size_t bytes,
+                  int peer, int tag, st_dist_req *r, st_error *err) {
+#ifdef ST_MPI
+  if (bytes > (size_t)INT32_MAX)
+    return st_error_set(err, ST_EARG, "rank %d: a %zu-byte message is larger "
+                        "than one MPI receive", world_rank, bytes);
+  int rc = MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, g->chan[chan],
+                     req_of(r));
+  if (rc != MPI_SUCCESS) return mpi_failed(rc, "a receive", err);
+  r->live = 1;
+  r->send = 0;
+  return 0;
+#else
+  (void)g, (void)chan, (void)buf, (void)bytes, (void)peer, (void)tag, (void)r;
+  return st_error_set(err, ST_EUNSUPPORTED, "built without MPI");
+#endif
+}
+
+int st_dist_wait(st_dist_req *r, size_t *got, const atomic_int *stop,
+                 st_error *err) {
+  if (got) *got = 0;
+  if (!r->live) return 0;
+#ifdef ST_MPI
+  /* poll at first (a neighbour's message is usually close), then sleep
+   * between polls so that ranks sharing cores leave them to the work */
+  for (long i = 0;; i++) {
+    int done = 0;
+    MPI_Status status;
+    int rc = MPI_Test(req_of(r), &done, &status);
+    if (rc != MPI_SUCCESS) {
+      r->live = 0;
+      return mpi_failed(rc, r->send ? "a send" : "a receive", err);
+    }
+    if (done) {
+      r->live = 0;
+      if (got && !r->send) {
+        int n = 0;
+        MPI_Get_count(&status, MPI_BYTE, &n);
+        *got = (size_t)n;
+      }
+      return 0;
+    }
+    if (stop && atomic_load(stop)) return 1;
+    if (i >= 2000) {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+#else
+  (void)stop;
+  return st_error_set(err, ST_EUNSUPPORTED, "built without MPI");
+#endif
+}
+
+void st_dist_drop(st_dist_req *r) {
+  if (!r->live) return;
+#ifdef ST_MPI
+  if (r->send) {
+    MPI_Request_free(req_of(r));
+  } else {
+    MPI_Cancel(req_of(r));
+    MPI_Wait(req_of(r), MPI_STATUS_IGNORE);
+  }
+#endif
+  r->live = 0;
 }

@@ -130,6 +130,11 @@ typedef struct st_executor {
    * after every step (the state may move). */
   int (*slabs)(void *state, float **params, const uint16_t **bf16,
                float **grads, float **opt);
+  /* Stages placed over ranks: every block's weights and optimizer state
+   * (opt: the trainer's slots) brought to this rank from the rank that
+   * updates it. Collective: every rank calls it at the same point (the
+   * trainer, through st_trainer_gather). NULL: nothing to gather. */
+  int (*gather)(void *state, float *params, float *opt, st_error *err);
   /* Where the kept state's run stands (step 0: a new one). */
   const st_train_pos *(*stored_pos)(void *state);
   /* After a step and the position's advance: make both durable. wait = 0
@@ -209,6 +214,38 @@ int st_replicas_split(const st_config *cfg, int micro_batch,
 void st_replica_view(st_trainer_view *w, const st_trainer_view *v,
                      const st_model *m, int index, int share, int mb);
 
+/* Stages over MPI ranks (execution.placement: ranks; ranks.c): the
+ * pipeline modes spread their stages over the members of `group`, stage s
+ * of a segment of k stages on member s * P / k, each member running its
+ * stages with `threads` cores. The cut is the one the same stage count
+ * gets with threads in one process (one core per stage), so the weights
+ * are the threaded run's, bit for bit. A non-finite loss stops the step
+ * at the last stage before any update and the stop travels back along
+ * the pipeline; a rank stopped that way returns ST_EXEC_PEER_STOPPED (the
+ * caller learns the cause from the rank that found it) and the executor
+ * refuses further steps. Only the stages' owners update their blocks:
+ * st_placed_layout says which member holds which blocks. */
+typedef struct st_dist_group st_dist_group;
+typedef struct st_placement {
+  st_dist_group *group;
+  int threads;
+} st_placement;
+enum { ST_EXEC_PEER_STOPPED = 1000 };
+int st_pipeline_create_placed(void **state, const st_model *m,
+                              const st_config *cfg, int micro_batch,
+                              int max_batch, int blockseq,
+                              const st_placement *pl, st_error *err);
+int st_pb_create_placed(void **state, const st_model *m, const st_config *cfg,
+                        int micro_batch, int max_batch,
+                        const st_placement *pl, st_error *err);
+/* The stages' block ranges and owners (members); returns the count. */
+int st_pipeline_layout(const void *state, int *first, int *count, int *owner);
+int st_pb_layout(const void *state, int *first, int *count, int *owner);
+/* Stage s of a segment of k stages, over P members: its member. */
+static inline int st_placed_owner(int s, int k, int P) {
+  return (int)((long long)s * P / k);
+}
+
 /* The executor of an execution.mode, NULL if none. */
 const st_executor *st_find_executor(const char *mode);
 /* Pipeline introspection (tests): the most micro-batches stage s held in
@@ -251,6 +288,9 @@ void *st_trainer_exec_state(st_trainer *t);
 int st_usable_cores(void);
 
 /* Trainer internals the run loop needs. */
+/* Before reading every block's weights (evaluation, a checkpoint): over
+ * ranks, the blocks other ranks updated are fetched. Every rank calls it. */
+int st_trainer_gather(st_trainer *t, st_error *err);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */
 int64_t st_trainer_steps_per_epoch(const st_trainer *t);
 /* Training samples (windows for text) one epoch passes over. */

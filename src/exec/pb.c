@@ -57,8 +57,22 @@
  * A non-finite loss stops every stage before the backward of its
  * micro-batch: no gradient of it reaches any weight. The pipeline cannot go
  * on after that; further steps are refused.
+ *
+ * Placed over MPI ranks (st_pb_create_placed), each rank runs its own
+ * stages on the threaded driver, and a stage whose neighbour is on another
+ * rank exchanges MPI messages with it instead: forward messages are sent
+ * from the sender's slot (not overwritten before the send is done) into
+ * per-slot buffers of the receiver, each posted as soon as the slot's
+ * backward has read it; gradients are sent from the DIN_RING buffers into
+ * a ring of BWD_RING receive buffers. The receives stay posted from one
+ * step to the next, as the pipeline stays full. A stop (a non-finite loss)
+ * sends an empty message in place of the gradient each remote stage
+ * before a stopped one waits for; every rank then stops before the
+ * backward of that micro-batch reaches it.
  */
 #include "exec.h"
+
+#include "../dist/dist.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -68,6 +82,7 @@
 
 enum {
   DIN_RING = 4, /* input-gradient buffers per stage (3 unread + 1 in use) */
+  BWD_RING = 4, /* over ranks: gradients received ahead, per stage */
   SPIN = 4000,  /* polls before a waiting stage sleeps */
 };
 
@@ -108,6 +123,15 @@ typedef struct pb_stage {
   float *wb, *delta;    /* pipemare: backward weights, update EMA */
   float **stash;        /* stash: [D] copies */
   chan fwd, bwd;        /* incoming: from the stage before / after */
+  /* placed over ranks: the member running it, and its links to stages on
+   * other ranks */
+  int owner, local, remote_prev, remote_next;
+  float **rx_fwd;       /* [slots]: inputs received from the stage before */
+  st_dist_req *rx_fwd_req;
+  float *rx_bwd[BWD_RING]; /* gradients received from the stage after */
+  st_dist_req rx_bwd_req[BWD_RING];
+  st_dist_req *tx_fwd;  /* [slots]: each slot's output, sent */
+  st_dist_req tx_bwd[DIN_RING]; /* each din buffer, sent */
   int64_t updates;       /* since create */
   int64_t updates0;      /* a resumed run's updates before it (the rules'
                             step count: momentum's first step, AdamW's bias
@@ -148,6 +172,9 @@ typedef struct pb {
   double wall;
   st_pb_probe probe;
   void *probe_arg;
+  /* placed over ranks: this rank is member `me` of group */
+  st_dist_group *group;
+  int me, local, peer_stop; /* local: this rank's stages */
 } pb;
 
 /* ------------------------------------------------------ waiting, errors */
@@ -272,6 +299,82 @@ static const float *chan_recv(pb_stage *st, const st_trainer_view *v, chan *c,
   return m.data;
 }
 
+/* ------------------------------------------- links to other ranks */
+
+enum { CH_FWD = 0, CH_BWD = 1 };
+
+/* Bytes of a message between stage s - 1 and stage s (either way). */
+static size_t link_bytes(const pb *p, int s) {
+  return (size_t)p->mb *
+         st_shape_numel(p->model->blocks[p->stages[s].first].in) *
+         sizeof(float);
+}
+
+static int post_fwd(pb_stage *st, int64_t n) {
+  pb *p = st->p;
+  st_error err = {0};
+  int slot = (int)(n % st->slots);
+  if (st_dist_irecv(p->group, CH_FWD, st->rx_fwd[slot],
+                    link_bytes(p, st->index), p->stages[st->index - 1].owner,
+                    st->index, &st->rx_fwd_req[slot], &err))
+    return fail(p, &err), -1;
+  return 0;
+}
+
+static int post_bwd(pb_stage *st, int64_t j) {
+  pb *p = st->p;
+  st_error err = {0};
+  if (st_dist_irecv(p->group, CH_BWD, st->rx_bwd[j % BWD_RING],
+                    link_bytes(p, st->index + 1),
+                    p->stages[st->index + 1].owner, st->index,
+                    &st->rx_bwd_req[j % BWD_RING], &err))
+    return fail(p, &err), -1;
+  return 0;
+}
+
+/* The message of request r, received into buf; NULL when the step stops
+ * (an empty message: another rank stopped it). */
+static const float *link_recv(pb_stage *st, const st_trainer_view *v,
+                              st_dist_req *r, const float *buf, int64_t n) {
+  pb *p = st->p;
+  double t0 = v->trace ? st_now() : 0;
+  size_t got = 0;
+  st_error err = {0};
+  int rc = st_dist_wait(r, &got, &p->abort, &err);
+  if (v->trace) trace(v, ST_TRACE_RECV, n, t0, st_now());
+  if (rc < 0) return fail(p, &err), NULL;
+  if (rc > 0) return NULL;
+  if (got == 0) { /* stopped by another rank: no error of this one's */
+    st_error none = {0};
+    pthread_mutex_lock(&p->mu);
+    p->peer_stop = 1;
+    pthread_mutex_unlock(&p->mu);
+    fail(p, &none);
+    return NULL;
+  }
+  return buf;
+}
+
+static int link_send(pb_stage *st, const st_trainer_view *v, int ch, int to,
+                     const float *data, int64_t n, st_dist_req *r) {
+  pb *p = st->p;
+  double t0 = v->trace ? st_now() : 0;
+  st_error err = {0};
+  if (st_dist_isend(p->group, ch, data, link_bytes(p, ch ? st->index : to),
+                    p->stages[to].owner, to, r, &err))
+    return fail(p, &err), -1;
+  if (v->trace) trace(v, ST_TRACE_SEND, n, t0, st_now());
+  return 0;
+}
+
+/* Waits for an earlier send from a buffer about to be written. */
+static int link_sent(pb_stage *st, st_dist_req *r) {
+  st_error err = {0};
+  int rc = st_dist_wait(r, NULL, &st->p->abort, &err);
+  if (rc < 0) fail(st->p, &err);
+  return rc ? -1 : 0;
+}
+
 /* ------------------------------------------------------------- a stage */
 
 static float *live(const pb_stage *st, const st_trainer_view *v) {
@@ -294,9 +397,13 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
     float *x = st->x_copy + (size_t)slot * in_floats;
     memcpy(x, v->x + (size_t)k * in_floats, in_floats * sizeof *x);
     in = x;
-  } else if (!(in = chan_recv(st, v, &st->fwd, n))) {
+  } else if (!(in = st->remote_prev ? link_recv(st, v, &st->rx_fwd_req[slot],
+                                                st->rx_fwd[slot], n)
+                                    : chan_recv(st, v, &st->fwd, n))) {
     return -1;
   }
+  /* the slot's output goes to another rank: its last send is done */
+  if (st->remote_next && link_sent(st, &st->tx_fwd[slot])) return -1;
   double t0 = st_now();
   const float *w = live(st, v);
   if (lwp_like(p->mitigation) && st->D > 0) {
@@ -323,6 +430,9 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
     double t1 = st_now();
     trace(v, ST_TRACE_FORWARD, n, t0, t1);
     st->busy += t1 - t0;
+    if (st->remote_next)
+      return link_send(st, v, CH_FWD, st->index + 1, out, n,
+                       &st->tx_fwd[slot]);
     return chan_send(&p->stages[st->index + 1], v,
                      &p->stages[st->index + 1].fwd, n, out);
   }
@@ -389,7 +499,11 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
                           m->classes, 1.0f / ((float)mb * (float)R));
     dout = st->dlogits;
   } else {
-    if (!(dout = chan_recv(st, v, &st->bwd, j))) return -1;
+    if (!(dout = st->remote_next
+                     ? link_recv(st, v, &st->rx_bwd_req[j % BWD_RING],
+                                 st->rx_bwd[j % BWD_RING], j)
+                     : chan_recv(st, v, &st->bwd, j)))
+      return -1;
     t0 = st_now();
   }
   float *w = live(st, v), *g = v->grads + st->off, *vel = v->opt + st->off;
@@ -433,15 +547,24 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     ctx.fused = &fused;
   }
   float *din = st->index ? st->din[j % DIN_RING] : NULL;
+  if (st->remote_prev && link_sent(st, &st->tx_bwd[j % DIN_RING])) return -1;
   st_stage_backward(st->run[slot], &ctx, wb, g, st->in[slot], dout, din, mb);
   double t1 = st_now();
   trace(v, ST_TRACE_BACKWARD, j, t0, t1);
   st->busy += t1 - t0;
+  /* the buffers just read are free: post the receives that reuse them */
+  if (st->remote_next && post_bwd(st, j + BWD_RING)) return -1;
+  if (st->remote_prev && post_fwd(st, j + st->slots)) return -1;
   /* the stage before may go on while this one updates */
-  if (st->index &&
-      chan_send(&p->stages[st->index - 1], v, &p->stages[st->index - 1].bwd,
-                j, din))
+  if (st->remote_prev) {
+    if (link_send(st, v, CH_BWD, st->index - 1, din, j,
+                  &st->tx_bwd[j % DIN_RING]))
+      return -1;
+  } else if (st->index &&
+             chan_send(&p->stages[st->index - 1], v,
+                       &p->stages[st->index - 1].bwd, j, din)) {
     return -1;
+  }
   t0 = st_now();
   int delay = (int)(st->updates - st->fwd_version[slot]);
   if (delay > st->delay_all) st->delay_all = delay;
@@ -562,6 +685,20 @@ static void pb_destroy(void *state) {
     for (int k = 0; st->stash && k < st->D; k++) st_free(st->stash[k]);
     free(st->stash);
     st_pool_destroy(st->pool);
+    /* links: the receives posted ahead are cancelled; a send still in
+     * flight has no receive left for it (its pipeline neighbour stopped
+     * or is being torn down too), so nothing reads its buffer */
+    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
+      st_dist_drop(&st->rx_fwd_req[j]);
+    for (int j = 0; j < BWD_RING; j++) st_dist_drop(&st->rx_bwd_req[j]);
+    for (int j = 0; st->tx_fwd && j < st->slots; j++)
+      st_dist_drop(&st->tx_fwd[j]);
+    for (int j = 0; j < DIN_RING; j++) st_dist_drop(&st->tx_bwd[j]);
+    for (int j = 0; st->rx_fwd && j < st->slots; j++) st_free(st->rx_fwd[j]);
+    free(st->rx_fwd);
+    free(st->rx_fwd_req);
+    free(st->tx_fwd);
+    for (int j = 0; j < BWD_RING; j++) st_free(st->rx_bwd[j]);
     if (st->sync_ready) {
       pthread_mutex_destroy(&st->mu);
       pthread_cond_destroy(&st->cv);
@@ -630,6 +767,18 @@ static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
       ok = (st->stash[k] = st_alloc(wbytes)) != NULL;
   }
   if (ok && st->delta) memset(st->delta, 0, wbytes);
+  if (ok && st->remote_prev) {
+    st->rx_fwd = calloc((size_t)st->slots, sizeof *st->rx_fwd);
+    st->rx_fwd_req = calloc((size_t)st->slots, sizeof *st->rx_fwd_req);
+    ok = st->rx_fwd && st->rx_fwd_req;
+    for (int j = 0; ok && j < st->slots; j++)
+      ok = (st->rx_fwd[j] = st_alloc(link_bytes(p, st->index))) != NULL;
+  }
+  if (ok && st->remote_next) {
+    ok = (st->tx_fwd = calloc((size_t)st->slots, sizeof *st->tx_fwd)) != NULL;
+    for (int j = 0; ok && j < BWD_RING; j++)
+      ok = (st->rx_bwd[j] = st_alloc(link_bytes(p, st->index + 1))) != NULL;
+  }
   st->versions = st->max_versions = 1; /* the live weights */
   st->delay_min = -1;
   st->wf_n0 = -1;
@@ -641,12 +790,67 @@ static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
                            st->index, st->D + 1, st->n);
 }
 
-static int pb_create(void **state, const st_model *m, const st_config *cfg,
-                     int micro_batch, int max_batch, st_error *err) {
+/* Placed over ranks: stage s on member s * P / S, this rank's stages
+ * sharing its cores; the links to other ranks' stages are marked. */
+static int place(pb *p, const st_placement *pl, const st_config *cfg,
+                 st_error *err) {
+  int P = st_dist_group_size(pl->group);
+  p->group = pl->group;
+  p->me = st_dist_group_rank(pl->group);
+  if (p->S < P)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.stages: %d stages over %d ranks "
+                        "(execution.placement: ranks): each rank needs a "
+                        "stage",
+                        st_config_where(cfg, "execution.stages"), p->S, P);
+  p->local = 0;
+  for (int s = 0; s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    st->owner = st_placed_owner(s, p->S, P);
+    st->local = st->owner == p->me;
+    p->local += st->local;
+  }
+  for (int s = 0, off = 0, i = 0; s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    st->remote_prev = st->local && s > 0 && p->stages[s - 1].owner != p->me;
+    st->remote_next =
+        st->local && s < p->S - 1 && p->stages[s + 1].owner != p->me;
+    snprintf(st->name, sizeof st->name, "stage %d (rank %d)", s,
+             st_dist_group_world(pl->group, st->owner));
+    if (!st->local) continue;
+    int share = pl->threads / p->local + (i++ < pl->threads % p->local);
+    st->cores = share > 0 ? share : 1;
+    st->cpu_off = off;
+    off += st->cores;
+  }
+  return 0;
+}
+
+/* The receives every remote link keeps posted ahead. */
+static int post_ahead(pb *p) {
+  for (int s = 0; s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    for (int n = 0; st->remote_prev && n < st->slots; n++)
+      if (post_fwd(st, n)) return -1;
+    for (int j = 0; st->remote_next && j < BWD_RING; j++)
+      if (post_bwd(st, j)) return -1;
+  }
+  return 0;
+}
+
+static int create(void **state, const st_model *m, const st_config *cfg,
+                  int micro_batch, int max_batch, const st_placement *pl,
+                  st_error *err) {
   *state = NULL;
   int S = cfg->execution.stages;
   int cores = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
   if (S == ST_STAGES_PER_BLOCK) S = m->n_blocks;
+  /* over ranks, the cut of S stages on one core each (the threaded run's
+   * cut when it has no more cores than stages); 0: a stage per rank */
+  if (pl) {
+    if (S == 0) S = st_dist_group_size(pl->group);
+    cores = S;
+  }
   if (S > m->n_blocks)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.stages: %d stages for a model of %d "
@@ -710,6 +914,12 @@ static int pb_create(void **state, const st_model *m, const st_config *cfg,
     snprintf(st->name, sizeof st->name, "stage %d", s);
   }
   free(first);
+  for (int s = 0; s < p->S; s++) p->stages[s].local = 1;
+  p->local = p->S;
+  if (pl && (rc = place(p, pl, cfg, err))) {
+    pb_destroy(p);
+    return rc;
+  }
   if (m->n_ties && tie_crosses(m, p->stages, p->S)) {
     pb_destroy(p);
     return st_error_set(err, ST_ECONFIG,
@@ -721,12 +931,19 @@ static int pb_create(void **state, const st_model *m, const st_config *cfg,
   }
   /* Spin before sleeping only when every stage has a core of its own. */
   p->spin = threads <= st_usable_cores() && p->S <= cores ? SPIN : 0;
+  if (pl) /* ranks sharing this machine's cores: spin only on spare ones */
+    p->spin = st_dist_local_size() <= st_usable_cores() ? SPIN : 0;
   for (int s = 0; !rc && s < p->S; s++)
-    rc = alloc_stage(p, &p->stages[s], err);
+    if (p->stages[s].local) rc = alloc_stage(p, &p->stages[s], err);
   if (!rc)
     rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
+  if (!rc && pl && post_ahead(p)) {
+    rc = p->rc;
+    *err = p->err;
+  }
   for (int s = 0; !rc && s < p->S; s++) {
     pb_stage *st = &p->stages[s];
+    if (!st->local) continue;
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->cv, NULL);
     st->sync_ready = 1;
@@ -742,7 +959,7 @@ static int pb_create(void **state, const st_model *m, const st_config *cfg,
     pb_destroy(p);
     return rc;
   }
-  if (cfg->execution.pin && !p->emulate) {
+  if (cfg->execution.pin && !p->emulate && !pl) {
     int cpus[CPU_SETSIZE], nc = st_usable_cpus(cpus, CPU_SETSIZE);
     int fits = threads <= nc;
     for (int s = 0; fits && s < p->S; s++) {
@@ -753,6 +970,42 @@ static int pb_create(void **state, const st_model *m, const st_config *cfg,
   }
   *state = p;
   return 0;
+}
+
+static int pb_create(void **state, const st_model *m, const st_config *cfg,
+                     int micro_batch, int max_batch, st_error *err) {
+  return create(state, m, cfg, micro_batch, max_batch, NULL, err);
+}
+
+int st_pb_create_placed(void **state, const st_model *m, const st_config *cfg,
+                        int micro_batch, int max_batch,
+                        const st_placement *pl, st_error *err) {
+  return create(state, m, cfg, micro_batch, max_batch, pl, err);
+}
+
+int st_pb_layout(const void *state, int *first, int *count, int *owner) {
+  const pb *p = state;
+  for (int s = 0; s < p->S; s++) {
+    first[s] = p->stages[s].first;
+    count[s] = p->stages[s].count;
+    owner[s] = p->stages[s].owner;
+  }
+  return p->S;
+}
+
+/* After a step over ranks that stopped: an empty message in place of the
+ * next gradient each remote stage before one of this rank's waits for
+ * (the pipeline cannot go on: the executor is broken). */
+static void stop_links(pb *p) {
+  static const float none[1];
+  for (int s = 1; s < p->S; s++) {
+    if (!p->stages[s].remote_prev) continue;
+    st_dist_req r = {0};
+    st_error ignored = {0};
+    if (!st_dist_isend(p->group, CH_BWD, none, 0, p->stages[s - 1].owner,
+                       s - 1, &r, &ignored))
+      st_dist_drop(&r);
+  }
 }
 
 static int pb_step(void *state, st_trainer_view *v, double *loss,
@@ -782,20 +1035,29 @@ static int pb_step(void *state, st_trainer_view *v, double *loss,
     atomic_store(&p->finished, 0);
     atomic_fetch_add(&p->generation, 1);
     for (int s = 0; s < p->S; s++)
-      wake(&p->stages[s].mu, &p->stages[s].cv, &p->stages[s].sleeping);
+      if (p->stages[s].sync_ready)
+        wake(&p->stages[s].mu, &p->stages[s].cv, &p->stages[s].sleeping);
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->sleeping, 1);
-    while (atomic_load(&p->finished) < p->S) pthread_cond_wait(&p->cv, &p->mu);
+    while (atomic_load(&p->finished) < p->local)
+      pthread_cond_wait(&p->cv, &p->mu);
     atomic_store(&p->sleeping, 0);
     pthread_mutex_unlock(&p->mu);
   }
   p->wall += st_now() - t0;
-  if (p->rc) {
+  if (p->rc || p->peer_stop) {
     p->broken = 1;
-    *err = p->err;
-    return p->rc;
+    if (p->group) stop_links(p);
+    if (p->rc) {
+      *err = p->err;
+      return p->rc;
+    }
+    st_error_set(err, ST_EIO, "stopped by a stage on another rank");
+    return ST_EXEC_PEER_STOPPED;
   }
   p->next += p->K;
+  /* over ranks the losses are the last stage's rank's (ranks.c) */
+  if (!p->stages[p->S - 1].local) return 0;
   return st_trainer_check_loss(v, loss, err);
 }
 
@@ -810,13 +1072,19 @@ static int pb_stage_count(void *state) { return ((pb *)state)->S; }
 static int pb_stats(void *state, st_track_stats *out, int cap, double *wall) {
   pb *p = state;
   *wall = p->wall;
-  for (int s = 0; s < p->S && s < cap; s++) {
-    snprintf(out[s].name, sizeof out[s].name, "%s", p->stages[s].name);
-    out[s].first = p->stages[s].first;
-    out[s].count = p->stages[s].count;
-    out[s].busy_s = p->stages[s].busy;
+  int n = 0; /* this rank's stages */
+  for (int s = 0; s < p->S; s++) {
+    const pb_stage *st = &p->stages[s];
+    if (!st->local) continue;
+    if (n < cap) {
+      snprintf(out[n].name, sizeof out[n].name, "%s", st->name);
+      out[n].first = st->first;
+      out[n].count = st->count;
+      out[n].busy_s = st->busy;
+    }
+    n++;
   }
-  return p->S;
+  return n;
 }
 
 int st_pb_delay(const void *state, int stage, int *steady_min,

@@ -38,10 +38,26 @@
  * stage has sent back that micro-batch's input gradient; a backward message
  * points at the sender's per-micro-batch input-gradient buffer. Each
  * channel's messages arrive in micro-batch order.
+ *
+ * Placed over MPI ranks (st_pipeline_create_placed), each rank runs its own
+ * stages as above, and a stage whose neighbour is on another rank sends
+ * and receives MPI messages instead (the stage's own thread, non-blocking):
+ * a forward message is sent from the sender's slot, which it does not
+ * overwrite before that send is done; it is received into one of the
+ * receiver's per-slot buffers, posted as soon as the slot is free. Input
+ * gradients are sent from the per-micro-batch buffers and received into a
+ * ring of two, the next ones posted while a backward runs. Every stage
+ * does the same work on the same data as with threads, so the weights are
+ * the same bits. A step stopped by a non-finite loss sends an empty
+ * message to each remote stage before one of its stages in place of the
+ * gradient it waits for: every rank stops before any update.
  */
 #include "exec.h"
 
+#include "../dist/dist.h"
+
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -68,6 +84,16 @@ typedef struct pipe_stage {
   float *dlogits;      /* last stage: mb x R x classes */
   float **dgrad;       /* [M] input gradients (stages > 0) */
   chan fwd, bwd;       /* from the stage before / after */
+  /* placed over ranks: the member running it, and its links to stages on
+   * other ranks (remote_prev / remote_next) */
+  int owner, local, remote_prev, remote_next;
+  float **rx_fwd;      /* [slots]: inputs received from the stage before */
+  st_dist_req *rx_fwd_req;
+  float *rx_bwd[2];    /* gradients received from the stage after */
+  st_dist_req rx_bwd_req[2];
+  st_dist_req *tx_fwd; /* [slots]: each slot's output, sent */
+  st_dist_req *tx_bwd; /* [M]: input gradients, sent */
+  int bwd_sent;        /* of them, this step */
   int held, max_held;  /* micro-batches in flight, and the most this step */
   double busy;         /* seconds of forward, backward and update */
   double last_end;     /* when it last finished work (trace: idle) */
@@ -98,6 +124,10 @@ typedef struct pipe {
   double loss, wall;
   int rc;
   st_error err;
+  /* placed over ranks: this rank is member `me` of group */
+  st_dist_group *group;
+  int me, broken, peer_stop;
+  atomic_int stopped; /* abort, for the waits on other ranks */
 } pipe;
 
 /* ------------------------------------------------------------ channels */
@@ -105,6 +135,13 @@ typedef struct pipe {
 static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
                   double t0, double t1) {
   if (v->trace) st_trace_add(v->trace, v->track, kind, v->step, k, t0, t1);
+}
+
+/* Stops every stage of this rank. Called with p->mu held. */
+static void stop_all(pipe *p) {
+  p->abort = 1;
+  atomic_store(&p->stopped, 1);
+  pthread_cond_broadcast(&p->cv);
 }
 
 static void chan_send(pipe_stage *st, const st_trainer_view *v, chan *c, int k,
@@ -140,13 +177,100 @@ static const float *chan_recv(pipe_stage *st, const st_trainer_view *v,
                            "internal error: pipeline message for micro-batch "
                            "%d arrived where %d was due",
                            m.k, k);
-      p->abort = 1;
-      pthread_cond_broadcast(&p->cv);
+      stop_all(p);
     }
   }
   pthread_mutex_unlock(&p->mu);
   if (v->trace) trace(v, ST_TRACE_RECV, k, t0, st_now());
   return data;
+}
+
+/* ------------------------------------------- links to other ranks */
+
+enum { CH_FWD = 0, CH_BWD = 1 };
+
+/* Bytes of a message between stage s - 1 and stage s (either way). */
+static size_t link_bytes(const pipe *p, int s) {
+  return (size_t)p->mb *
+         st_shape_numel(p->model->blocks[p->stages[s].first].in) *
+         sizeof(float);
+}
+
+/* An MPI failure stops the step (the first error wins). */
+static int link_failed(pipe *p, const st_error *err) {
+  pthread_mutex_lock(&p->mu);
+  if (!p->rc) {
+    p->rc = err->code;
+    p->err = *err;
+  }
+  stop_all(p);
+  pthread_mutex_unlock(&p->mu);
+  return -1;
+}
+
+/* Posts the receive of micro-batch k's input into its slot's buffer. */
+static int post_fwd(pipe_stage *st, int k) {
+  pipe *p = st->p;
+  st_error err = {0};
+  int slot = k % st->slots;
+  if (st_dist_irecv(p->group, CH_FWD, st->rx_fwd[slot],
+                    link_bytes(p, st->index), p->stages[st->index - 1].owner,
+                    st->index, &st->rx_fwd_req[slot], &err))
+    return link_failed(p, &err);
+  return 0;
+}
+
+/* Posts the receive of micro-batch k's output gradient (ring of two). */
+static int post_bwd(pipe_stage *st, int k) {
+  pipe *p = st->p;
+  st_error err = {0};
+  if (st_dist_irecv(p->group, CH_BWD, st->rx_bwd[k % 2],
+                    link_bytes(p, st->index + 1),
+                    p->stages[st->index + 1].owner, st->index,
+                    &st->rx_bwd_req[k % 2], &err))
+    return link_failed(p, &err);
+  return 0;
+}
+
+/* The message of request r, received into buf; NULL when the step stops
+ * (an empty message: another rank stopped it). */
+static const float *link_recv(pipe_stage *st, const st_trainer_view *v,
+                              st_dist_req *r, const float *buf, int k) {
+  pipe *p = st->p;
+  double t0 = v->trace ? st_now() : 0;
+  size_t got = 0;
+  st_error err = {0};
+  int rc = st_dist_wait(r, &got, &p->stopped, &err);
+  if (v->trace) trace(v, ST_TRACE_RECV, k, t0, st_now());
+  if (rc < 0) return link_failed(p, &err), NULL;
+  if (rc > 0) return NULL;
+  if (got == 0) {
+    pthread_mutex_lock(&p->mu);
+    p->peer_stop = 1;
+    stop_all(p);
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+  }
+  return buf;
+}
+
+static int link_send(pipe_stage *st, const st_trainer_view *v, int ch, int to,
+                     const float *data, int k, st_dist_req *r) {
+  pipe *p = st->p;
+  double t0 = v->trace ? st_now() : 0;
+  st_error err = {0};
+  if (st_dist_isend(p->group, ch, data, link_bytes(p, ch ? st->index : to),
+                    p->stages[to].owner, to, r, &err))
+    return link_failed(p, &err);
+  if (v->trace) trace(v, ST_TRACE_SEND, k, t0, st_now());
+  return 0;
+}
+
+/* Waits for an earlier send from a buffer about to be written. */
+static int link_sent(pipe_stage *st, st_dist_req *r) {
+  st_error err = {0};
+  int rc = st_dist_wait(r, NULL, &st->p->stopped, &err);
+  return rc < 0 ? link_failed(st->p, &err) : rc ? -1 : 0;
 }
 
 /* ------------------------------------------------------------- a stage */
@@ -167,10 +291,13 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
   const st_model *m = p->model;
   int slot = k % st->slots, mb = p->mb, R = m->label_rows;
   const float *in =
-      st->index == 0
-          ? v->x + (size_t)k * mb * st_shape_numel(m->in)
+      st->index == 0 ? v->x + (size_t)k * mb * st_shape_numel(m->in)
+      : st->remote_prev
+          ? link_recv(st, v, &st->rx_fwd_req[slot], st->rx_fwd[slot], k)
           : chan_recv(st, v, &st->fwd, k);
   if (!in) return -1;
+  /* the slot's output goes to another rank: its last send is done */
+  if (st->remote_next && link_sent(st, &st->tx_fwd[slot])) return -1;
   double t0 = st_now();
   st->in[slot] = in;
   if (++st->held > st->max_held) st->max_held = st->held;
@@ -180,9 +307,13 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
   if (st->index < p->S - 1) {
     double t1 = st_now();
     trace(v, ST_TRACE_FORWARD, k, t0, t1);
-    chan_send(st, v, &p->stages[st->index + 1].fwd, k, out);
+    int rc = 0;
+    if (st->remote_next)
+      rc = link_send(st, v, CH_FWD, st->index + 1, out, k, &st->tx_fwd[slot]);
+    else
+      chan_send(st, v, &p->stages[st->index + 1].fwd, k, out);
     st->busy += st_now() - t0;
-    return 0;
+    return rc;
   }
   size_t per = (size_t)mb * R * m->classes;
   st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * mb * R,
@@ -199,8 +330,7 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
       pthread_mutex_lock(&p->mu);
       p->rc = err.code;
       p->err = err;
-      p->abort = 1;
-      pthread_cond_broadcast(&p->cv);
+      stop_all(p);
       pthread_mutex_unlock(&p->mu);
       return -1;
     }
@@ -225,7 +355,9 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
                           1.0f / ((float)v->loss_batch * (float)R));
     dout = st->dlogits;
   } else {
-    dout = chan_recv(st, v, &st->bwd, k);
+    dout = st->remote_next ? link_recv(st, v, &st->rx_bwd_req[k % 2],
+                                       st->rx_bwd[k % 2], k)
+                           : chan_recv(st, v, &st->bwd, k);
     if (!dout) return -1;
     t0 = st_now();
   }
@@ -237,9 +369,19 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
                          v);
   st->held--;
   trace(v, ST_TRACE_BACKWARD, k, t0, st_now());
-  if (st->index > 0) chan_send(st, v, &p->stages[st->index - 1].bwd, k, din);
+  int rc = 0;
+  /* the buffers just read are free: post the receives that reuse them */
+  if (st->remote_next && k + 2 < p->M) rc = post_bwd(st, k + 2);
+  if (!rc && st->remote_prev && k + st->slots < p->M)
+    rc = post_fwd(st, k + st->slots);
+  if (!rc && st->remote_prev) {
+    rc = link_send(st, v, CH_BWD, st->index - 1, din, k, &st->tx_bwd[k]);
+    st->bwd_sent += !rc;
+  } else if (!rc && st->index > 0) {
+    chan_send(st, v, &p->stages[st->index - 1].bwd, k, din);
+  }
   st->busy += st_now() - t0;
-  return 0;
+  return rc;
 }
 
 static void run_phase(pipe_stage *st, int phase) {
@@ -251,8 +393,16 @@ static void run_phase(pipe_stage *st, int phase) {
   /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
   if (st->last_end > 0 && !v->grads_only)
     trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
-  int M = p->M;
-  if (phase == PHASE_FORWARD) {
+  int M = p->M, ok = 1;
+  /* receives from other ranks, posted ahead: every free input slot, and
+   * the first two gradients */
+  if (phase != PHASE_BACKWARD && st->remote_prev)
+    for (int k = 0; ok && k < st->slots && k < M; k++) ok = !post_fwd(st, k);
+  if (phase != PHASE_FORWARD && st->remote_next)
+    for (int k = 0; ok && k < 2 && k < M; k++) ok = !post_bwd(st, k);
+  if (!ok) {
+    /* nothing runs */
+  } else if (phase == PHASE_FORWARD) {
     st->held = st->max_held = 0;
     for (int k = 0; k < M; k++)
       if (forward_one(st, v, k)) break;
@@ -263,7 +413,6 @@ static void run_phase(pipe_stage *st, int phase) {
     st->held = st->max_held = 0;
     int w = p->gpipe ? M : p->S - 1 - st->index;
     if (w > M) w = M;
-    int ok = 1;
     for (int k = 0; ok && k < w; k++) ok = !forward_one(st, v, k);
     for (int i = 0; ok && i < M - w; i++)
       ok = !forward_one(st, v, w + i) && !backward_one(st, v, i);
@@ -446,6 +595,18 @@ static void pipe_destroy(void *state) {
     free(st->fwd.buf);
     free(st->bwd.buf);
     st_pool_destroy(st->pool);
+    /* links: every request is done or was given up (finish_links); a
+     * send given up after a stopped step has no receive posted for it
+     * any more, so nothing reads its buffer */
+    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
+      st_dist_drop(&st->rx_fwd_req[j]);
+    for (int j = 0; j < 2; j++) st_dist_drop(&st->rx_bwd_req[j]);
+    for (int j = 0; st->rx_fwd && j < st->slots; j++) st_free(st->rx_fwd[j]);
+    free(st->rx_fwd);
+    free(st->rx_fwd_req);
+    for (int j = 0; j < 2; j++) st_free(st->rx_bwd[j]);
+    free(st->tx_fwd);
+    free(st->tx_bwd);
   }
   free(p->stages);
   free(p->seg);
@@ -517,6 +678,7 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
       st->count = count[s];
       st->cores = pes[s];
       st->cpu_off = off;
+      st->local = 1;
       off += pes[s];
       if (blockseq)
         snprintf(st->name, sizeof st->name, "segment %d stage %d", g, s);
@@ -553,12 +715,72 @@ int st_pipeline_pin(void *state, const int *cpus, int n) {
   return pin(state, cpus, n);
 }
 
+/* Placed over ranks: each segment's k stages go to the members in order,
+ * stage s to member s * P / k, and this rank's stages in a segment share
+ * its `threads` cores; the links to other ranks' stages are marked. */
+static void place(pipe *p, const st_placement *pl) {
+  int P = st_dist_group_size(pl->group);
+  for (int g = 0; g < p->segments; g++) {
+    int lo = p->seg[g], k = p->seg[g + 1] - lo, mine = 0;
+    for (int s = lo; s < lo + k; s++) {
+      pipe_stage *st = &p->stages[s];
+      st->owner = st_placed_owner(s - lo, k, P);
+      st->local = st->owner == p->me;
+      mine += st->local;
+    }
+    for (int s = lo, off = 0, i = 0; s < lo + k; s++) {
+      pipe_stage *st = &p->stages[s];
+      if (!st->local) continue;
+      int share = pl->threads / mine + (i++ < pl->threads % mine);
+      st->cores = share > 0 ? share : 1;
+      st->cpu_off = off;
+      off += st->cores;
+    }
+  }
+  for (int s = 0; s < p->S; s++) {
+    pipe_stage *st = &p->stages[s];
+    st->remote_prev = st->local && s > 0 && p->stages[s - 1].owner != p->me;
+    st->remote_next =
+        st->local && s < p->S - 1 && p->stages[s + 1].owner != p->me;
+    snprintf(st->name + strlen(st->name),
+             sizeof st->name - strlen(st->name), " (rank %d)",
+             st_dist_group_world(pl->group, st->owner));
+  }
+}
+
+/* A placed stage's link buffers and requests. */
+static int alloc_links(pipe *p, pipe_stage *st) {
+  int ok = 1;
+  if (st->remote_prev) {
+    size_t bytes = link_bytes(p, st->index);
+    st->rx_fwd = calloc((size_t)st->slots, sizeof *st->rx_fwd);
+    st->rx_fwd_req = calloc((size_t)st->slots, sizeof *st->rx_fwd_req);
+    st->tx_bwd = calloc((size_t)p->M, sizeof *st->tx_bwd);
+    ok = st->rx_fwd && st->rx_fwd_req && st->tx_bwd;
+    for (int j = 0; ok && j < st->slots; j++)
+      ok = (st->rx_fwd[j] = st_alloc(bytes)) != NULL;
+  }
+  if (ok && st->remote_next) {
+    size_t bytes = link_bytes(p, st->index + 1);
+    st->tx_fwd = calloc((size_t)st->slots, sizeof *st->tx_fwd);
+    ok = st->tx_fwd && (st->rx_bwd[0] = st_alloc(bytes)) &&
+         (st->rx_bwd[1] = st_alloc(bytes));
+  }
+  return ok;
+}
+
 static int create(void **state, const st_model *m, const st_config *cfg,
                   int micro_batch, int max_batch, int blockseq,
-                  st_error *err) {
+                  const st_placement *pl, st_error *err) {
   *state = NULL;
   int S = cfg->execution.stages;
   int cores = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
+  /* over ranks, the cut of S stages on one core each (the threaded run's
+   * cut when it has no more cores than stages); 0: a stage per rank */
+  if (pl)
+    cores = S == ST_STAGES_PER_BLOCK ? m->n_blocks
+            : S > 0                 ? S
+                                    : st_dist_group_size(pl->group);
   if (S > m->n_blocks && S != ST_STAGES_PER_BLOCK)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.stages: %d stages for a model of %d "
@@ -581,6 +803,18 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   p->blockseq = blockseq;
   p->gpipe = blockseq || strcmp(cfg->execution.schedule, "gpipe") == 0;
   int rc = lay_out(p, cfg, blockseq, cores, err);
+  if (!rc && pl) {
+    p->group = pl->group;
+    p->me = st_dist_group_rank(pl->group);
+    place(p, pl);
+    int P = st_dist_group_size(pl->group);
+    if (!blockseq && p->S < P)
+      rc = st_error_set(err, ST_ECONFIG,
+                        "%s: execution.stages: %d stages over %d ranks "
+                        "(execution.placement: ranks): each rank needs a "
+                        "stage",
+                        st_config_where(cfg, "execution.stages"), p->S, P);
+  }
   if (rc) {
     pipe_destroy(p);
     return rc;
@@ -592,6 +826,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     /* 1f1b: stage s of its pipeline holds at most S - s micro-batches */
     int w = p->gpipe ? p->M : p->S - s;
     st->slots = w < p->M ? w : p->M;
+    if (!st->local) continue; /* another rank's */
     st->pool = st_pool_create(st->cores);
     st->run = calloc((size_t)st->slots, sizeof *st->run);
     st->in = calloc((size_t)st->slots, sizeof *st->in);
@@ -615,11 +850,13 @@ static int create(void **state, const st_model *m, const st_config *cfg,
       for (int k = 0; ok && k < p->M; k++)
         ok = (st->dgrad[k] = st_alloc(in_floats * sizeof(float))) != NULL;
     }
+    if (ok) ok = alloc_links(p, st);
   }
   if (ok)
     ok = (rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch,
                                err)) == 0;
   for (int s = 0; ok && s < p->S; s++) {
+    if (!p->stages[s].local) continue;
     ok = pthread_create(&p->stages[s].thread, NULL, worker, &p->stages[s]) == 0;
     p->stages[s].started = ok;
   }
@@ -633,7 +870,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   }
   /* Pinned when every stage's cores are real cpus of this process; more
    * stages or threads than cpus share them, unpinned. */
-  if (cfg->execution.pin) {
+  if (cfg->execution.pin && !pl) {
     int cpus[CPU_SETSIZE], n = st_usable_cpus(cpus, CPU_SETSIZE);
     if (cores <= n) pin(p, cpus, cores);
   }
@@ -643,39 +880,99 @@ static int create(void **state, const st_model *m, const st_config *cfg,
 
 static int pipe_create(void **state, const st_model *m, const st_config *cfg,
                        int micro_batch, int max_batch, st_error *err) {
-  return create(state, m, cfg, micro_batch, max_batch, 0, err);
+  return create(state, m, cfg, micro_batch, max_batch, 0, NULL, err);
 }
 
 static int blockseq_create(void **state, const st_model *m,
                            const st_config *cfg, int micro_batch,
                            int max_batch, st_error *err) {
-  return create(state, m, cfg, micro_batch, max_batch, 1, err);
+  return create(state, m, cfg, micro_batch, max_batch, 1, NULL, err);
+}
+
+int st_pipeline_create_placed(void **state, const st_model *m,
+                              const st_config *cfg, int micro_batch,
+                              int max_batch, int blockseq,
+                              const st_placement *pl, st_error *err) {
+  return create(state, m, cfg, micro_batch, max_batch, blockseq, pl, err);
+}
+
+int st_pipeline_layout(const void *state, int *first, int *count,
+                       int *owner) {
+  const pipe *p = state;
+  for (int s = 0; s < p->S; s++) {
+    first[s] = p->stages[s].first;
+    count[s] = p->stages[s].count;
+    owner[s] = p->stages[s].owner;
+  }
+  return p->S;
 }
 
 /* Runs one phase on stages [lo, hi) and waits for them; returns the
  * step's error code. Called with p->mu held. */
 static int run_on(pipe *p, int ph, int lo, int hi) {
+  int mine = 0; /* stages of this rank (all, in one process) */
+  for (int s = lo; s < hi; s++) mine += p->stages[s].local;
   p->phase = ph;
   p->lo = lo;
   p->hi = hi;
   p->done = 0;
   p->generation++;
   pthread_cond_broadcast(&p->cv);
-  while (p->done < hi - lo) pthread_cond_wait(&p->cv, &p->mu);
-  return p->rc;
+  while (p->done < mine) pthread_cond_wait(&p->cv, &p->mu);
+  return p->rc ? p->rc : p->peer_stop ? ST_EXEC_PEER_STOPPED : 0;
+}
+
+/* After a step over ranks: every send done, or, when the step stopped, an
+ * empty message in place of each gradient a stage on another rank still
+ * waits for, and every request given up (the pipeline cannot go on). */
+static int finish_links(pipe *p, int stopped, st_error *err) {
+  static const float none[1];
+  int rc = 0;
+  for (int s = 0; s < p->S; s++) {
+    pipe_stage *st = &p->stages[s];
+    if (!st->local) continue;
+    for (int j = 0; st->remote_next && j < st->slots; j++) {
+      if (stopped) st_dist_drop(&st->tx_fwd[j]);
+      else if (!rc) rc = st_dist_wait(&st->tx_fwd[j], NULL, NULL, err);
+    }
+    for (int k = 0; st->remote_prev && k < p->M; k++) {
+      if (stopped) st_dist_drop(&st->tx_bwd[k]);
+      else if (!rc) rc = st_dist_wait(&st->tx_bwd[k], NULL, NULL, err);
+    }
+    if (!stopped) continue;
+    for (int j = 0; st->remote_prev && j < st->slots; j++)
+      st_dist_drop(&st->rx_fwd_req[j]);
+    for (int j = 0; st->remote_next && j < 2; j++)
+      st_dist_drop(&st->rx_bwd_req[j]);
+    if (st->remote_prev && st->bwd_sent < p->M) {
+      st_dist_req r = {0};
+      st_error ignored = {0};
+      if (!st_dist_isend(p->group, CH_BWD, none, 0,
+                         p->stages[s - 1].owner, s - 1, &r, &ignored))
+        st_dist_drop(&r);
+    }
+  }
+  if (stopped) p->broken = 1;
+  return rc;
 }
 
 static int pipe_step(void *state, st_trainer_view *v, double *loss,
                      st_error *err) {
   pipe *p = state;
+  if (p->broken)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "the pipeline across ranks stopped at an earlier "
+                        "error; it cannot go on");
   double t0 = st_now();
   pthread_mutex_lock(&p->mu);
   p->v = v;
   p->abort = 0;
+  atomic_store(&p->stopped, 0);
   p->rc = 0;
   for (int s = 0; s < p->S; s++) {
     p->stages[s].fwd.head = p->stages[s].fwd.count = 0;
     p->stages[s].bwd.head = p->stages[s].bwd.count = 0;
+    p->stages[s].bwd_sent = 0;
   }
   int rc = 0;
   if (!p->blockseq) {
@@ -688,8 +985,14 @@ static int pipe_step(void *state, st_trainer_view *v, double *loss,
     for (int g = p->segments - 1; !rc && g >= 0; g--)
       rc = run_on(p, PHASE_BACKWARD, p->seg[g], p->seg[g + 1]);
   }
-  if (rc) *err = p->err;
+  if (rc && rc != ST_EXEC_PEER_STOPPED) *err = p->err;
+  if (rc == ST_EXEC_PEER_STOPPED)
+    st_error_set(err, ST_EIO, "stopped by a stage on another rank");
   pthread_mutex_unlock(&p->mu);
+  if (p->group) {
+    int frc = finish_links(p, rc != 0, err);
+    if (!rc) rc = frc;
+  }
   if (!rc) *loss = p->loss;
   p->wall += st_now() - t0;
   return rc;
@@ -740,13 +1043,19 @@ static int pipe_stats(void *state, st_track_stats *out, int cap,
                       double *wall) {
   pipe *p = state;
   *wall = p->wall;
-  for (int s = 0; s < p->S && s < cap; s++) {
-    snprintf(out[s].name, sizeof out[s].name, "%s", p->stages[s].name);
-    out[s].first = p->stages[s].first;
-    out[s].count = p->stages[s].count;
-    out[s].busy_s = p->stages[s].busy;
+  int n = 0; /* this rank's stages */
+  for (int s = 0; s < p->S; s++) {
+    const pipe_stage *st = &p->stages[s];
+    if (!st->local) continue;
+    if (n < cap) {
+      snprintf(out[n].name, sizeof out[n].name, "%s", st->name);
+      out[n].first = st->first;
+      out[n].count = st->count;
+      out[n].busy_s = st->busy;
+    }
+    n++;
   }
-  return p->S;
+  return n;
 }
 
 const st_executor st_exec_pipeline = {

@@ -14,8 +14,20 @@
  * the sum adds the ranks' gradients element by element in the order the
  * replicas add their slabs, ((g0 + g1) + g2) + ..., whatever the MPI
  * library's own algorithms (execution.deterministic: false hands the sum
- * to MPI_Allreduce instead: the library's order, maybe faster). Every rank reads the whole batch (the data is
- * small beside the step) and takes its share.
+ * to MPI_Allreduce instead: the library's order, maybe faster). Every rank
+ * reads the whole batch (the data is small beside the step) and takes its
+ * share.
+ *
+ * execution.placement: ranks spreads a pipeline's stages over the ranks
+ * instead (pipeline, block_sequential, pipelined_backprop; pipeline.c and
+ * pb.c send the activations and gradients between ranks). With replicas R
+ * the W ranks form a grid: replica i is ranks i P .. i P + P - 1 (P = W /
+ * R), a pipeline of its share of the batch; the R ranks holding the same
+ * stage sum that stage's gradients in replica order and update it, as the
+ * in-process replicas of the pipeline do. Each rank updates only its own
+ * stages' blocks: the others' weights reach it when the trainer gathers
+ * them (evaluation, checkpoints). The last stage's rank holds the losses;
+ * they are broadcast to every rank.
  */
 #include "exec.h"
 
@@ -28,6 +40,12 @@ typedef struct ranks {
   const st_executor *inner;
   const st_model *model;
   int rank, share, mb;
+  /* placement: ranks — this rank's pipeline (its members are the stages'
+   * ranks) and, with replicas, the ranks of the same stage in the other
+   * replicas; every stage's blocks and owner */
+  int placed, R, P, replica, opt_slots, last_owner;
+  st_dist_group *pipeline, *peers;
+  int S, *first, *count, *owner;
   st_config cfg; /* the inner executor's: this rank's share, one replica */
   void *state;   /* the inner executor's */
   float *scratch; /* st_dist_sum_scratch floats: the exchange's parts */
@@ -39,7 +57,134 @@ static void ranks_destroy(void *state) {
   if (!p) return;
   if (p->state) p->inner->destroy(p->state);
   st_free(p->scratch);
+  st_dist_group_destroy(p->pipeline);
+  st_dist_group_destroy(p->peers);
+  free(p->first);
   free(p);
+}
+
+/* Stage s's slab range. */
+static void stage_range(const ranks *p, int s, size_t *off, size_t *n) {
+  const st_block *lo = &p->model->blocks[p->first[s]],
+                 *hi = &p->model->blocks[p->first[s] + p->count[s] - 1];
+  *off = lo->param_off;
+  *n = hi->param_off + hi->n_params - lo->param_off;
+}
+
+/* The stage whose slab range holds offset at. */
+static int stage_at(const ranks *p, size_t at) {
+  for (int s = 0; s < p->S; s++) {
+    size_t off, n;
+    stage_range(p, s, &off, &n);
+    if (at >= off && at < off + n) return s;
+  }
+  return -1;
+}
+
+/* A tensor tied to one that another rank updates (a GPT's head and token
+ * embedding in stages on two ranks): its gradient and weights would have
+ * to cross ranks every step, which is not built. */
+static int tie_crosses(const ranks *p) {
+  const st_model *m = p->model;
+  for (int s = 0; s < p->S; s++)
+    for (int b = p->first[s]; b < p->first[s] + p->count[s]; b++)
+      for (int t = 0; t < m->blocks[b].n_tensors; t++) {
+        long tie = m->blocks[b].tensors[t].tie;
+        if (tie >= 0 && p->owner[stage_at(p, (size_t)tie)] != p->owner[s])
+          return 1;
+      }
+  return 0;
+}
+
+/* execution.placement: ranks — the pipeline (or grid) over the ranks. */
+static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
+                         int micro_batch, int max_batch, st_error *err) {
+  const int W = st_dist_size();
+  const char *mode = cfg->execution.mode;
+  int pb = !strcmp(mode, "pipelined_backprop");
+  int bs = !strcmp(mode, "block_sequential");
+  if (!pb && !bs && strcmp(mode, "pipeline"))
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.placement: ranks spreads a pipeline's "
+                        "stages over the ranks, and execution.mode %s has "
+                        "one stage (%s); placement: threads makes each rank "
+                        "a replica",
+                        st_config_where(cfg, "execution.placement"), mode,
+                        st_config_where(cfg, "execution.mode"));
+  if (pb && cfg->execution.emulate)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.emulate runs every stage in one "
+                        "thread, not over ranks (execution.placement: "
+                        "ranks)",
+                        st_config_where(cfg, "execution.emulate"));
+  p->R = cfg->execution.replicas;
+  if (W % p->R)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.replicas: %d replicas do not split "
+                        "%d ranks into pipelines of equal size",
+                        st_config_where(cfg, "execution.replicas"), p->R, W);
+  p->P = W / p->R;
+  p->replica = p->rank / p->P;
+  p->share = cfg->train.batch;
+  p->mb = micro_batch;
+  int rc = 0;
+  if (p->R > 1) {
+    const st_executor *inner;
+    rc = st_replicas_split(cfg, micro_batch, &inner, &p->share, &p->mb, err);
+    if (rc) return rc;
+  }
+  p->cfg.train.batch = p->share;
+  p->cfg.execution.micro_batch = p->mb;
+  p->cfg.execution.replicas = 1;
+  p->opt_slots = st_optim_state_per_param(cfg);
+  p->inner = pb   ? &st_exec_pipelined_backprop
+             : bs ? &st_exec_block_sequential
+                  : &st_exec_pipeline;
+  if (!st_dist_threads_ok())
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: execution.placement: ranks needs an MPI "
+                        "library that lets threads call it at once "
+                        "(MPI_THREAD_MULTIPLE); this one does not",
+                        st_config_where(cfg, "execution.placement"));
+  /* from here a failure may be this rank's alone */
+  st_dist_unshare_error();
+  rc = st_dist_group_create(&p->pipeline, p->replica, p->rank % p->P, err);
+  if (!rc && p->R > 1)
+    rc = st_dist_group_create(&p->peers, p->rank % p->P, p->replica, err);
+  st_placement pl = {p->pipeline, p->cfg.train.threads};
+  if (!rc)
+    rc = pb ? st_pb_create_placed(&p->state, m, &p->cfg, p->mb, max_batch,
+                                  &pl, err)
+            : st_pipeline_create_placed(&p->state, m, &p->cfg, p->mb,
+                                        max_batch, bs, &pl, err);
+  if (!rc && !(p->first = malloc((size_t)m->n_blocks * 3 * sizeof(int))))
+    rc = st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!rc) {
+    p->count = p->first + m->n_blocks;
+    p->owner = p->first + 2 * m->n_blocks;
+    p->S = pb ? st_pb_layout(p->state, p->first, p->count, p->owner)
+              : st_pipeline_layout(p->state, p->first, p->count, p->owner);
+    p->last_owner = p->owner[p->S - 1];
+    if (m->n_ties && tie_crosses(p))
+      rc = st_error_set(err, ST_ECONFIG,
+                        "%s: model.tied: the head and the token embedding "
+                        "share weights but land on different ranks "
+                        "(execution.placement: ranks); set model.tied: "
+                        "false or use placement: threads",
+                        st_config_where(cfg, "model.tied"));
+  }
+  size_t most = 0; /* the largest stage: the exchange's scratch */
+  for (int s = 0; !rc && s < p->S; s++) {
+    size_t off, n;
+    stage_range(p, s, &off, &n);
+    if (n > most) most = n;
+  }
+  if (!rc && p->R > 1 && cfg->execution.deterministic &&
+      !(p->scratch =
+            st_alloc(st_dist_sum_scratch_in(p->peers, most) * sizeof(float))))
+    rc = st_error_set(err, ST_ENOMEM,
+                      "out of memory for the gradient exchange");
+  return rc;
 }
 
 static int ranks_create(void **state, const st_model *m, const st_config *cfg,
@@ -49,7 +194,9 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
    * trainer checked): each rank finds the same one. */
   st_dist_share_error();
   const int W = st_dist_size();
-  if (cfg->execution.replicas != 1 && cfg->execution.replicas != W)
+  const int placed = !strcmp(cfg->execution.placement, "ranks");
+  if (!placed && cfg->execution.replicas != 1 &&
+      cfg->execution.replicas != W)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.replicas: %d, but mpirun started %d "
                         "ranks: one replica per rank (1 takes the number of "
@@ -69,10 +216,11 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
                         st_config_where(cfg, "execution.mode"));
   st_config world = *cfg; /* the replicas: the ranks */
   world.execution.replicas = W;
-  const st_executor *inner;
-  int share, mb;
-  int rc = st_replicas_split(&world, micro_batch, &inner, &share, &mb, err);
-  if (rc) return rc;
+  const st_executor *inner = NULL;
+  int share = 0, mb = 0, rc;
+  if (!placed &&
+      (rc = st_replicas_split(&world, micro_batch, &inner, &share, &mb, err)))
+    return rc;
   ranks *p = calloc(1, sizeof *p);
   if (!p) return st_error_set(err, ST_ENOMEM, "out of memory");
   p->inner = inner;
@@ -91,15 +239,21 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
     p->cfg.train.threads = per > 0 ? per : 1;
   }
   if (st_dist_local_size() > 1) p->cfg.execution.pin = 0;
-  /* from here a failure may be this rank's alone (memory, threads): every
-   * rank learns of it, so none waits in the first step's exchange */
-  st_dist_unshare_error();
-  rc = inner->create(&p->state, m, &p->cfg, mb, max_batch, err);
-  if (!rc && cfg->execution.deterministic &&
-      !(p->scratch =
-            st_alloc(st_dist_sum_scratch(m->n_params) * sizeof(float))))
-    rc = st_error_set(err, ST_ENOMEM,
-                      "out of memory for the gradient exchange");
+  if (placed) {
+    p->placed = 1;
+    rc = placed_create(p, m, cfg, micro_batch, max_batch, err);
+  } else {
+    /* from here a failure may be this rank's alone (memory, threads):
+     * every rank learns of it, so none waits in the first step's
+     * exchange */
+    st_dist_unshare_error();
+    rc = inner->create(&p->state, m, &p->cfg, mb, max_batch, err);
+    if (!rc && cfg->execution.deterministic &&
+        !(p->scratch =
+              st_alloc(st_dist_sum_scratch(m->n_params) * sizeof(float))))
+      rc = st_error_set(err, ST_ENOMEM,
+                        "out of memory for the gradient exchange");
+  }
   rc = st_dist_agree(rc, err);
   if (rc) {
     ranks_destroy(p);
@@ -109,9 +263,82 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
   return 0;
 }
 
+/* Over a grid: the stages of this rank, their gradients summed over the
+ * replicas (replica order, or the library's), then updated. */
+static int grid_update(ranks *p, st_trainer_view *v, st_error *err) {
+  int me = p->rank % p->P, rc = 0;
+  double t0 = st_now();
+  for (int s = 0; !rc && s < p->S; s++) {
+    if (p->owner[s] != me) continue;
+    size_t off, n;
+    stage_range(p, s, &off, &n);
+    rc = p->cfg.execution.deterministic
+             ? st_dist_sum_in(p->peers, v->grads + off, n, p->scratch, err)
+             : st_dist_allreduce_in(p->peers, v->grads + off, n, err);
+  }
+  if (v->trace)
+    st_trace_add(v->trace, v->track, ST_TRACE_REDUCE, v->step, -1, t0,
+                 st_now());
+  t0 = st_now();
+  for (int s = 0; !rc && s < p->S; s++)
+    if (p->owner[s] == me) st_trainer_update_blocks(v, p->first[s], p->count[s]);
+  if (v->trace && !rc)
+    st_trace_add(v->trace, v->track, ST_TRACE_UPDATE, v->step, -1, t0,
+                 st_now());
+  return rc;
+}
+
+static int placed_step(ranks *p, st_trainer_view *v, double *loss,
+                       st_error *err) {
+  const st_model *m = p->model;
+  double start = st_now(), inner_loss;
+  st_trainer_view w = *v;
+  if (p->R > 1) st_replica_view(&w, v, m, p->replica, p->share, p->mb);
+  int rc = p->inner->step(p->state, &w, &inner_loss, err);
+  /* a rank stopped by another learns the cause from the one that found it */
+  int stopped = rc == ST_EXEC_PEER_STOPPED;
+  rc = st_dist_agree(stopped ? 0 : rc, err);
+  if (!rc && stopped)
+    rc = st_error_set(err, ST_EIO,
+                      "rank %d: internal error: the step was stopped by "
+                      "another rank, which reported no error",
+                      p->rank);
+  /* the losses: from the last stage to its pipeline, then (a grid) from
+   * every replica to all */
+  size_t bytes = (size_t)p->share * m->label_rows * sizeof(float);
+  if (!rc) rc = st_dist_bcast(p->pipeline, w.losses, bytes, p->last_owner, err);
+  if (!rc && p->R > 1)
+    rc = st_dist_group_allgather(p->peers, v->losses, bytes, err);
+  if (!rc && (rc = st_trainer_check_loss(v, loss, err)))
+    st_dist_share_error(); /* every rank checked the same losses */
+  if (!rc && p->R > 1) rc = grid_update(p, v, err);
+  p->busy += st_now() - start;
+  return rc;
+}
+
+/* Every stage's weights and optimizer state, from the rank that updates it
+ * to the rest of its pipeline (the replicas of a stage hold the same). */
+static int ranks_gather(void *state, float *params, float *opt,
+                        st_error *err) {
+  ranks *p = state;
+  if (!p->placed) return 0;
+  int rc = 0;
+  for (int s = 0; !rc && s < p->S; s++) {
+    size_t off, n;
+    stage_range(p, s, &off, &n);
+    rc = st_dist_bcast(p->pipeline, params + off, n * sizeof(float),
+                       p->owner[s], err);
+    for (int k = 0; !rc && k < p->opt_slots; k++)
+      rc = st_dist_bcast(p->pipeline, opt + (size_t)k * p->model->n_params + off,
+                         n * sizeof(float), p->owner[s], err);
+  }
+  return rc;
+}
+
 static int ranks_step(void *state, st_trainer_view *v, double *loss,
                       st_error *err) {
   ranks *p = state;
+  if (p->placed) return placed_step(p, v, loss, err);
   const st_model *m = p->model;
   double start = st_now(), inner_loss;
   st_trainer_view w;
@@ -179,4 +406,5 @@ const st_executor st_exec_ranks = {
     .destroy = ranks_destroy,
     .stages = ranks_stages,
     .stats = ranks_stats,
+    .gather = ranks_gather,
 };

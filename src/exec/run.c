@@ -133,13 +133,14 @@ static int checkpoint(run_state *r, st_error *err) {
   /* A store that keeps the weights commits every step: it is the
    * checkpoint (wait for its last commit). */
   if (st_trainer_store(r->t)) return st_trainer_sync(r->t, err);
-  if (!r->dir) return 0;
+  /* over ranks, every rank takes part in fetching the weights */
+  int rc = st_trainer_gather(r->t, err);
+  if (rc || !r->dir) return rc;
   const st_train_pos *p = st_trainer_pos(r->t);
   char path[ST_PATH_MAX + 64];
   snprintf(path, sizeof path, "%s/checkpoints/step-%08lld.safetensors", r->dir,
            (long long)p->step);
-  int rc = st_trainer_save(r->t, path, err);
-  if (rc) return rc;
+  if ((rc = st_trainer_save(r->t, path, err))) return rc;
   /* Keep the newest keep_checkpoints step files. */
   int every = r->cfg->train.checkpoint_every, keep = r->cfg->train.keep_checkpoints;
   if (every > 0 && keep > 0) {

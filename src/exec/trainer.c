@@ -48,6 +48,8 @@ struct st_trainer {
   st_train_pos pos;
   st_trace *trace;            /* --trace, else NULL */
   double plan_rate, plan_util; /* the plan's predictions (0: none) */
+  int scattered; /* over ranks: blocks updated on other ranks since the last
+                    st_trainer_gather */
 };
 
 static int check_same_run(const st_trainer *t, const st_train_pos *p,
@@ -285,7 +287,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     goto fail;
   }
   t->batch = cfg->train.batch;
-  int pb = t->exec == &st_exec_pipelined_backprop;
+  int pb = !strcmp(cfg->execution.mode, "pipelined_backprop");
   t->micro_batch = cfg->execution.micro_batch ? cfg->execution.micro_batch
                    : pb                       ? 1
                                               : cfg->train.batch;
@@ -648,6 +650,7 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
     return rc;
   }
   if (v.gs2) st_noise_scale_add(&t->noise, gs2, t->micro_batch, gb2, t->batch);
+  t->scattered = t->exec->gather != NULL;
   t->pos.step++;
   t->pos.epoch_pos += t->batch;
   t->pos.samples += t->batch;
@@ -683,9 +686,17 @@ int st_trainer_sync(st_trainer *t, st_error *err) {
   return t->exec->commit(t->exec_state, NULL, 1, err);
 }
 
+int st_trainer_gather(st_trainer *t, st_error *err) {
+  if (!t->exec->gather || !t->scattered) return 0;
+  int rc = t->exec->gather(t->exec_state, t->params, t->opt, err);
+  if (!rc) t->scattered = 0;
+  return rc;
+}
+
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
-  (void)err;
+  int rc = st_trainer_gather(t, err);
+  if (rc) return rc;
   const st_model *m = t->model;
   st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0, NULL};
   double loss_sum = 0;
@@ -715,6 +726,11 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
 }
 
 int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
+  if (t->scattered) /* a bug of the caller: st_trainer_gather first */
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: internal error: the weights of blocks on other "
+                        "ranks were not gathered before saving",
+                        path);
   st_train_pos pos = run_pos(t);
   if (!t->params) /* a store's bf16 weights: written as they are */
     return st_checkpoint_save_as(path, t->model, t->params_bf16, "BF16",
@@ -823,7 +839,9 @@ double st_trainer_utilization(const st_trainer *t, double *bubble) {
   double M = (double)share / mb;
   /* pipelined backprop never drains: no bubble in steady state */
   if (bubble)
-    *bubble = t->exec == &st_exec_pipelined_backprop ? 1 : M / (M + S - 1);
+    *bubble = !strcmp(t->cfg.execution.mode, "pipelined_backprop")
+                  ? 1
+                  : M / (M + S - 1);
   return wall > 0 && at_once > 0 ? busy / (wall * at_once) : 0;
 }
 

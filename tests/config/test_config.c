@@ -202,6 +202,7 @@ static const char *const all_keys[] = {
     "execution.stages",
     "execution.blocks_per_segment",
     "execution.replicas",
+    "execution.placement",
     "execution.deterministic",
     "execution.pin",
     "execution.fused_update",

@@ -116,7 +116,7 @@ static float *train(const st_config *c, size_t *n, st_trainer **keep) {
  * makes them) and after every step (execution.store_rounding, with the
  * step and the slab index the store rounds with; a tied copy takes its
  * source's rounded value). Weights after STEPS steps, malloc'd. */
-static float *train_bf16_reference(const st_config *base, size_t *n) {
+static inline float *train_bf16_reference(const st_config *base, size_t *n) {
   st_config c = *base;
   snprintf(c.execution.mode, sizeof c.execution.mode, "sequential");
   snprintf(c.execution.store, sizeof c.execution.store, "memory");
