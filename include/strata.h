@@ -1157,6 +1157,11 @@ void st_dist_share_error(void);
 /* Refuses, naming the first rank that differs from rank 0, unless every
  * rank passes the same value (a collective: every rank must call it). */
 int st_dist_check_same(uint64_t value, const char *what, st_error *err);
+/* rc and err: this rank's result. Every rank learns whether any failed:
+ * returns 0 when none did, else the first failure's code (in rank order)
+ * with its message (naming the rank) in err, on every rank (the error is
+ * then shared: rank 0 alone prints it). */
+int st_dist_agree(int rc, st_error *err);
 
 /* ----------------------------------------------------------------- exec */
 

@@ -283,7 +283,9 @@ static int cmd_train(int argc, char **argv) {
   if (!a.config) return st_cli_usage_error(usage_train, "train needs a CONFIG%s", "");
   st_error err = {0};
   st_config cfg;
-  if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
+  /* over ranks the same config fails the same way on each: said once */
+  if (st_dist_agree(load_config(&cfg, &a, &err), &err))
+    return st_cli_fail(&err);
   char out[ST_PATH_MAX];
   if (a.resume)
     snprintf(out, sizeof out, "%s", a.resume);

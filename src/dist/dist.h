@@ -22,10 +22,6 @@ int st_dist_local_size(void);
 /* Every rank's bytes_per_rank bytes at buf + rank * bytes_per_rank, in
  * place. */
 int st_dist_allgather(void *buf, size_t bytes_per_rank, st_error *err);
-/* rc and err: this rank's result. Every rank learns whether any failed:
- * returns 0 when none did, else the first failure's code (in rank order)
- * with its message (naming the rank) in err, on every rank. */
-int st_dist_agree(int rc, st_error *err);
 /* Floats of scratch st_dist_sum_ranks needs for n gradients. */
 size_t st_dist_sum_scratch(size_t n);
 /* grads[0 .. n) summed over the ranks in rank order, element by element:

@@ -17,6 +17,16 @@
 #  - a rank killed mid-run (SIGKILL) ends the job within 30 seconds, mpirun
 #    naming the lost rank, and the last checkpoint resumes;
 #  - metrics.noise_scale over ranks is refused (not measured there yet).
+#  - execution.placement: ranks, a pipeline's stages over 2 and 4 ranks
+#    gives the threaded pipeline's checkpoint byte for byte (gpipe, 1f1b,
+#    pipelined backprop with sc+lwp and with stash, two stages a rank,
+#    block_sequential), and a 2 x 2 grid of replicas and stages the
+#    in-process replicas'; rank 0's summary lists its own stages; a placed
+#    run's checkpoint resumes on another number of ranks as the threaded
+#    run resumes; a NaN loss stops every rank with one error; sequential,
+#    fewer stages than ranks, a tied head and embedding on two ranks and
+#    replicas that do not divide the ranks are refused once;
+#  - a rank of a data-parallel and of a pipelined job killed: the same.
 # A build without MPI (make MPI=0) must instead refuse a multi-process
 # start, saying so. Closing line: "N passed, N failed".
 . "$(dirname "$0")/../harness.sh"
@@ -106,6 +116,84 @@ else
   fail "the noise scale over ranks: refused once" "rc $rc" "$err"
 fi
 
+# --- pipelines across ranks (execution.placement: ranks) -------------------------
+# The same stages as threads in one process (train.threads: 2, no more cores
+# than stages: the same cut), weights and optimizer state byte for byte.
+place=(--set execution.placement=ranks)
+# placed NAME NP ARGS...: threads in one process, then NP ranks; same bytes.
+placed() {
+  local name=$1 np=$2
+  shift 2
+  run train "$cnn" "${small[@]}" "$@" --set train.threads=2 --out "$T/t_$name"
+  run_mpi "$np" train "$cnn" "${small[@]}" "$@" "${place[@]}" --out "$T/m_$name"
+  same "CNN, $name over $np ranks: the threaded pipeline's checkpoint" \
+    "$T/t_$name/$ck" "$T/m_$name/$ck"
+}
+pbo=(--set execution.mode=pipelined_backprop --set optimizer.nesterov=false
+     --set optimizer.lr=0.005 --set execution.mitigation=sc+lwp)
+for np in 2 4; do
+  for sched in gpipe 1f1b; do
+    placed "$sched-$np" "$np" --set execution.mode=pipeline --set execution.schedule=$sched \
+      --set execution.stages=$np --set execution.micro_batch=4
+  done
+  placed "pb-sc+lwp-$np" "$np" "${pbo[@]}" --set execution.stages=$np
+done
+# two stages a rank; block_sequential's segments over the ranks
+placed "1f1b-4-stages" 2 --set execution.mode=pipeline --set execution.stages=4 \
+  --set execution.micro_batch=4
+placed "pb-stash-4-stages" 2 "${pbo[@]}" --set execution.mitigation=stash --set execution.stages=4
+placed "block_sequential" 2 --set execution.mode=block_sequential \
+  --set execution.blocks_per_segment=2 --set execution.stages=2 --set execution.micro_batch=4
+grep -q '"name": "stage 0 (rank 0)"' "$T/m_1f1b-4/summary.json" &&
+  ! grep -q '(rank 1)' "$T/m_1f1b-4/summary.json" && pass ||
+  fail "rank 0's summary names its own stages and their rank" "$(cat "$T/m_1f1b-4/summary.json")"
+# a grid: 2 replicas x 2 stages = the in-process replicas of a 2-stage pipeline
+grid=(--set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4
+      --set execution.replicas=2)
+run train "$cnn" "${small[@]}" "${grid[@]}" --set train.threads=4 --out "$T/t_grid"
+run_mpi 4 train "$cnn" "${small[@]}" "${grid[@]}" "${place[@]}" --out "$T/m_grid"
+same "CNN, 2 replicas x 2 stages over 4 ranks: the in-process replicas' checkpoint" \
+  "$T/t_grid/$ck" "$T/m_grid/$ck"
+# resumed on another number of ranks: 2 ranks to step 12, then 4 to 24
+run train - --resume "$T/t_1f1b-4-stages" --set train.steps=24
+run_mpi 4 train - --resume "$T/m_1f1b-4-stages" --set train.steps=24
+same "a 2-rank pipeline's checkpoint resumed on 4 ranks: the threaded run resumed" \
+  "$T/t_1f1b-4-stages/checkpoints/step-00000024.safetensors" \
+  "$T/m_1f1b-4-stages/checkpoints/step-00000024.safetensors"
+# a non-finite loss: every rank stops before any update, one error
+for mode in pipeline pipelined_backprop; do
+  run_mpi 2 train "$cnn" "${small[@]}" --set execution.mode=$mode --set execution.stages=2 \
+    --set optimizer.nesterov=false --set execution.micro_batch=4 "${place[@]}" \
+    --set optimizer.lr=1e10 --set train.checkpoint_every=1 --out "$T/nan_$mode"
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+     grep -Eq "^strata: error: rank 1: step [0-9]+: training loss is NaN" <<<"$err"; then
+    pass
+  else
+    fail "$mode over ranks, a NaN loss: one error naming the rank and step, no hang" "rc $rc" "$err"
+  fi
+done
+# refusals, once each
+refused() {
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+     grep -q "$2" <<<"$err"; then
+    pass
+  else
+    fail "$1" "rc $rc" "$err"
+  fi
+}
+run_mpi 2 train "$fc" "${small[@]}" "${place[@]}" --out "$T/p_seq"
+refused "placement: ranks with the sequential mode: refused" \
+  "execution.placement: ranks spreads a pipeline's stages over the ranks, and execution.mode sequential has one stage"
+run_mpi 4 train "$cnn" "${small[@]}" --set execution.mode=pipeline --set execution.stages=2 "${place[@]}" --out "$T/p_few"
+refused "fewer stages than ranks: refused" "execution.stages: 2 stages over 4 ranks"
+run_mpi 2 train configs/gpt_tiny.yaml --set train.steps=1 --set metrics.progress=off \
+  --set execution.mode=pipeline --set execution.stages=2 "${place[@]}" --out "$T/p_tied"
+refused "a tied head and embedding on two ranks: refused" \
+  "model.tied: the head and the token embedding share weights but land on different ranks"
+run_mpi 4 train "$cnn" "${small[@]}" "${grid[@]}" --set execution.replicas=3 --set train.batch=48 \
+  "${place[@]}" --out "$T/p_grid3"
+refused "replicas that do not divide the ranks: refused" "3 replicas do not split 4 ranks"
+
 # --- resume with another number of ranks ------------------------------------
 # 2 ranks to step 12, then 4 ranks to 24; in process: replicas 2, then 4
 run train - --resume "$T/fc_r2" --set train.steps=24 --set execution.replicas=4
@@ -148,43 +236,61 @@ fi
 # --- a rank dies -----------------------------------------------------------------
 long=(--set data.train_limit=1024 --set data.test_limit=128 --set train.batch=32
       --set train.steps=100000 --set train.checkpoint_every=20 --set metrics.progress=off)
-"${mpi[@]}" -np 2 "$strata" train "$fc" "${long[@]}" --out "$T/kill" >"$T/kill.out" 2>&1 &
-job=$!
-# whole checkpoints only (a .tmp is one being written)
-whole() { ls "$T/kill/checkpoints" 2>/dev/null | grep '\.safetensors$'; }
-for _ in $(seq 300); do
-  [ "$(whole | wc -l)" -ge 2 ] && break
-  sleep 0.1
-done
-# rank 1 (rank 0 writes the checkpoints): the process mpirun told so
-victim=
-for pid in $(pgrep -f "train $fc .*--out $T/kill"); do
-  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
-done
-if [ -z "$victim" ]; then
-  fail "rank 1 of the job to kill was not found"
-  pkill -9 -f "train $fc .*--out $T/kill"
-fi
-kill -9 "$victim" 2>/dev/null
-start=$SECONDS
-while kill -0 "$job" 2>/dev/null && [ $((SECONDS - start)) -lt 40 ]; do sleep 0.2; done
-if kill -0 "$job" 2>/dev/null; then
-  kill -9 "$job"
-  fail "a killed rank ends the job within 30 s" "still running after 40 s"
-else
-  wait "$job"
-  jrc=$?
-  if [ "$jrc" -ne 0 ] && [ $((SECONDS - start)) -le 30 ] &&
-     grep -Eq "process rank 1 .*exited on signal 9" "$T/kill.out"; then
-    pass
-  else
-    fail "a killed rank ends the job within 30 s, mpirun naming it" \
-      "rc $jrc after $((SECONDS - start)) s" "$(tail -n 8 "$T/kill.out")"
+# killed NAME RESUME-ARGS -- TRAIN-ARGS...: 2 ranks training; rank 1 killed
+# once two checkpoints are on disk; the job must end within 30 s, mpirun
+# naming the rank, and the last checkpoint must resume (RESUME-ARGS: in one
+# process).
+killed() {
+  local name=$1 resume=()
+  shift
+  while [ "$1" != -- ]; do
+    resume+=("$1")
+    shift
+  done
+  shift
+  local dir="$T/kill_$name"
+  "${mpi[@]}" -np 2 "$strata" train "$@" "${long[@]}" --out "$dir" >"$dir.out" 2>&1 &
+  local job=$!
+  # whole checkpoints only (a .tmp is one being written)
+  whole() { ls "$dir/checkpoints" 2>/dev/null | grep '\.safetensors$'; }
+  for _ in $(seq 300); do
+    [ "$(whole | wc -l)" -ge 2 ] && break
+    sleep 0.1
+  done
+  # rank 1 (rank 0 writes the checkpoints): the process mpirun told so
+  local victim=
+  for pid in $(pgrep -f "train .*--out $dir\$"); do
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
+  done
+  if [ -z "$victim" ]; then
+    fail "$name: rank 1 of the job to kill was not found"
+    pkill -9 -f "train .*--out $dir\$"
   fi
-fi
-last=$(whole | tail -n 1)
-run train - --resume "$T/kill" --set train.steps=$((10#${last//[^0-9]/} + 4)) --set execution.replicas=2
-if [ "$rc" -eq 0 ] && grep -q "^strata: resumed from .*$last at step" <<<"$out"; then pass; else
-  fail "after the kill the last checkpoint ($last) resumes" "rc $rc" "$out" "$err"
-fi
+  kill -9 "$victim" 2>/dev/null
+  local start=$SECONDS
+  while kill -0 "$job" 2>/dev/null && [ $((SECONDS - start)) -lt 40 ]; do sleep 0.2; done
+  if kill -0 "$job" 2>/dev/null; then
+    kill -9 "$job"
+    fail "$name: a killed rank ends the job within 30 s" "still running after 40 s"
+  else
+    wait "$job"
+    local jrc=$?
+    if [ "$jrc" -ne 0 ] && [ $((SECONDS - start)) -le 30 ] &&
+       grep -Eq "process rank 1 .*exited on signal 9" "$dir.out"; then
+      pass
+    else
+      fail "$name: a killed rank ends the job within 30 s, mpirun naming it" \
+        "rc $jrc after $((SECONDS - start)) s" "$(tail -n 8 "$dir.out")"
+    fi
+  fi
+  local last
+  last=$(whole | tail -n 1)
+  run train - --resume "$dir" --set train.steps=$((10#${last//[^0-9]/} + 4)) "${resume[@]}"
+  if [ "$rc" -eq 0 ] && grep -q "^strata: resumed from .*$last at step" <<<"$out"; then pass; else
+    fail "$name: after the kill the last checkpoint ($last) resumes" "rc $rc" "$out" "$err"
+  fi
+}
+killed data-parallel --set execution.replicas=2 -- "$fc"
+killed pipeline -- "$cnn" --set execution.mode=pipeline \
+  --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
 finish
