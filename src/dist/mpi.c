@@ -13,6 +13,11 @@
  *    sends the sum to all (an all-gather);
  *  - st_dist_check_same: a value every rank must share (the config's hash),
  *    checked at start so mismatched ranks stop with an error, not a hang.
+ *  - groups (st_dist_group): the world split into pipelines and into the
+ *    replicas of one stage (execution.placement: ranks), each with its
+ *    collectives and two channels (forward, backward) of non-blocking
+ *    point-to-point messages, which the stages' own threads send and wait
+ *    for (MPI_THREAD_MULTIPLE).
  * Errors come back as codes (MPI_ERRORS_RETURN) and become st_error
  * messages; the CLI then aborts the job, so no rank waits forever on one
  * that has stopped.
