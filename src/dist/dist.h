@@ -62,7 +62,7 @@ int st_dist_allreduce_in(st_dist_group *g, float *grads, size_t n,
 
 /* A message in flight (opaque). */
 typedef struct st_dist_req {
-  unsigned char h[16]; /* the MPI request */
+  _Alignas(8) unsigned char h[16]; /* the MPI request */
   int live, send;
 } st_dist_req;
 /* Non-blocking send and receive of up to `bytes` bytes on channel chan of
@@ -78,8 +78,15 @@ int st_dist_irecv(st_dist_group *g, int chan, void *buf, size_t bytes,
  * nonzero first, or an error. A request that is not live is done. */
 int st_dist_wait(st_dist_req *r, size_t *got, const atomic_int *stop,
                  st_error *err);
-/* Gives r up: a receive is cancelled, a send left to finish on its own
- * (its buffer must outlive the run). */
+/* Gives r up: a receive is cancelled (or, already matched, completed), a
+ * send left to finish on its own (nothing may write its buffer before the
+ * matching receive is done or cancelled). */
 void st_dist_drop(st_dist_req *r);
+/* Gives r up without waiting at all: its buffer may be read or written by
+ * MPI at any later time, so it must never be freed (an executor torn down
+ * after an error keeps such buffers). Returns 1 if r was live. */
+int st_dist_forget(st_dist_req *r);
+/* Every member of g reaches this point. */
+int st_dist_barrier(st_dist_group *g, st_error *err);
 
 #endif

@@ -469,3 +469,24 @@ void st_dist_drop(st_dist_req *r) {
 #endif
   r->live = 0;
 }
+
+int st_dist_forget(st_dist_req *r) {
+  if (!r->live) return 0;
+#ifdef ST_MPI
+  if (!r->send) MPI_Cancel(req_of(r));
+  MPI_Request_free(req_of(r));
+#endif
+  r->live = 0;
+  return 1;
+}
+
+int st_dist_barrier(st_dist_group *g, st_error *err) {
+  if (g->size == 1) return 0;
+#ifdef ST_MPI
+  int rc = MPI_Barrier(g->comm);
+  return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "a barrier", err);
+#else
+  (void)err;
+  return 0;
+#endif
+}

@@ -135,6 +135,9 @@ typedef struct st_executor {
    * updates it. Collective: every rank calls it at the same point (the
    * trainer, through st_trainer_gather). NULL: nothing to gather. */
   int (*gather)(void *state, float *params, float *opt, st_error *err);
+  /* The run ended on every rank (collective, like gather): what is still
+   * in flight between ranks is finished. NULL: nothing to do. */
+  int (*finish)(void *state, st_error *err);
   /* Where the kept state's run stands (step 0: a new one). */
   const st_train_pos *(*stored_pos)(void *state);
   /* After a step and the position's advance: make both durable. wait = 0
@@ -238,6 +241,12 @@ int st_pipeline_create_placed(void **state, const st_model *m,
 int st_pb_create_placed(void **state, const st_model *m, const st_config *cfg,
                         int micro_batch, int max_batch,
                         const st_placement *pl, st_error *err);
+/* Pipelined backprop over ranks, at the end of a run every rank finished:
+ * the receives posted ahead completed or cancelled, and (collective over
+ * the pipeline's ranks) then every send, so that destroying it frees
+ * everything. Without it, an executor torn down with messages in flight
+ * keeps their buffers. No step may follow. */
+int st_pb_close_links(void *state, st_error *err);
 /* The stages' block ranges and owners (members); returns the count. */
 int st_pipeline_layout(const void *state, int *first, int *count, int *owner);
 int st_pb_layout(const void *state, int *first, int *count, int *owner);
@@ -291,6 +300,8 @@ int st_usable_cores(void);
 /* Before reading every block's weights (evaluation, a checkpoint): over
  * ranks, the blocks other ranks updated are fetched. Every rank calls it. */
 int st_trainer_gather(st_trainer *t, st_error *err);
+/* After a run that ended well on every rank (every rank calls it). */
+int st_trainer_finish(st_trainer *t, st_error *err);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */
 int64_t st_trainer_steps_per_epoch(const st_trainer *t);
 /* Training samples (windows for text) one epoch passes over. */

@@ -132,6 +132,9 @@ typedef struct pb_stage {
   st_dist_req rx_bwd_req[BWD_RING];
   st_dist_req *tx_fwd;  /* [slots]: each slot's output, sent */
   st_dist_req tx_bwd[DIN_RING]; /* each din buffer, sent */
+  int leaky;            /* requests given up (a stop, or torn down before
+                           st_pb_close_links): MPI may still use the
+                           buffers, which are never freed */
   int64_t updates;       /* since create */
   int64_t updates0;      /* a resumed run's updates before it (the rules'
                             step count: momentum's first step, AdamW's bias
@@ -175,6 +178,7 @@ typedef struct pb {
   /* placed over ranks: this rank is member `me` of group */
   st_dist_group *group;
   int me, local, peer_stop; /* local: this rank's stages */
+  int closed;               /* st_pb_close_links done */
 } pb;
 
 /* ------------------------------------------------------ waiting, errors */
@@ -645,6 +649,8 @@ static void emulate(pb *p, st_trainer_view *v) {
 
 /* ------------------------------------------------------- the executor */
 
+static void forget_links(pb *p);
+
 static int mitigation_of(const char *name) {
   static const char *const names[] = {"none",   "stash",     "sc",
                                       "lwp",    "sc+lwp",    "spectrain",
@@ -666,9 +672,16 @@ static void pb_destroy(void *state) {
       pthread_mutex_unlock(&st->mu);
     }
   }
+  if (p->group && p->stages) forget_links(p); /* none live once closed */
   for (int s = 0; p->stages && s < p->S; s++) {
     pb_stage *st = &p->stages[s];
     if (st->started) pthread_join(st->thread, NULL);
+    if (st->leaky) { /* MPI may still read or write these */
+      st->run = NULL;
+      for (int k = 0; k < DIN_RING; k++) st->din[k] = NULL;
+      st->rx_fwd = NULL;
+      for (int k = 0; k < BWD_RING; k++) st->rx_bwd[k] = NULL;
+    }
     for (int j = 0; st->run && j < st->slots; j++) st_stage_destroy(st->run[j]);
     free(st->run);
     free(st->in);
@@ -685,15 +698,6 @@ static void pb_destroy(void *state) {
     for (int k = 0; st->stash && k < st->D; k++) st_free(st->stash[k]);
     free(st->stash);
     st_pool_destroy(st->pool);
-    /* links: the receives posted ahead are cancelled; a send still in
-     * flight has no receive left for it (its pipeline neighbour stopped
-     * or is being torn down too), so nothing reads its buffer */
-    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
-      st_dist_drop(&st->rx_fwd_req[j]);
-    for (int j = 0; j < BWD_RING; j++) st_dist_drop(&st->rx_bwd_req[j]);
-    for (int j = 0; st->tx_fwd && j < st->slots; j++)
-      st_dist_drop(&st->tx_fwd[j]);
-    for (int j = 0; j < DIN_RING; j++) st_dist_drop(&st->tx_bwd[j]);
     for (int j = 0; st->rx_fwd && j < st->slots; j++) st_free(st->rx_fwd[j]);
     free(st->rx_fwd);
     free(st->rx_fwd_req);
@@ -993,9 +997,26 @@ int st_pb_layout(const void *state, int *first, int *count, int *owner) {
   return p->S;
 }
 
+/* Every request of this rank's stages given up without waiting; the
+ * buffers of the live ones are never freed. */
+static void forget_links(pb *p) {
+  for (int s = 0; s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
+      st->leaky |= st_dist_forget(&st->rx_fwd_req[j]);
+    for (int j = 0; st->tx_fwd && j < st->slots; j++)
+      st->leaky |= st_dist_forget(&st->tx_fwd[j]);
+    for (int j = 0; j < BWD_RING; j++)
+      st->leaky |= st_dist_forget(&st->rx_bwd_req[j]);
+    for (int j = 0; j < DIN_RING; j++)
+      st->leaky |= st_dist_forget(&st->tx_bwd[j]);
+  }
+}
+
 /* After a step over ranks that stopped: an empty message in place of the
- * next gradient each remote stage before one of this rank's waits for
- * (the pipeline cannot go on: the executor is broken). */
+ * next gradient each remote stage before one of this rank's waits for,
+ * and every request given up (the pipeline cannot go on: the executor is
+ * broken). */
 static void stop_links(pb *p) {
   static const float none[1];
   for (int s = 1; s < p->S; s++) {
@@ -1004,8 +1025,36 @@ static void stop_links(pb *p) {
     st_error ignored = {0};
     if (!st_dist_isend(p->group, CH_BWD, none, 0, p->stages[s - 1].owner,
                        s - 1, &r, &ignored))
-      st_dist_drop(&r);
+      st_dist_forget(&r);
   }
+  forget_links(p);
+}
+
+int st_pb_close_links(void *state, st_error *err) {
+  pb *p = state;
+  if (!p->group || p->closed || p->broken) return 0;
+  /* The pipeline is never drained: gradients of the last micro-batches are
+   * in flight toward receives posted for them, and receives are posted
+   * for messages never to be sent. Each rank completes or cancels its
+   * receives (reading from senders that are all still here), then waits
+   * for every rank to have done so; no send can be matched after that,
+   * so its buffer is free. */
+  for (int s = 0; s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
+      st_dist_drop(&st->rx_fwd_req[j]);
+    for (int j = 0; j < BWD_RING; j++) st_dist_drop(&st->rx_bwd_req[j]);
+  }
+  int rc = st_dist_barrier(p->group, err);
+  for (int s = 0; !rc && s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    for (int j = 0; st->tx_fwd && j < st->slots; j++)
+      st_dist_drop(&st->tx_fwd[j]);
+    for (int j = 0; j < DIN_RING; j++) st_dist_drop(&st->tx_bwd[j]);
+  }
+  p->closed = !rc;
+  p->broken = 1; /* no more steps */
+  return rc;
 }
 
 static int pb_step(void *state, st_trainer_view *v, double *loss,

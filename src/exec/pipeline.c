@@ -94,6 +94,8 @@ typedef struct pipe_stage {
   st_dist_req *tx_fwd; /* [slots]: each slot's output, sent */
   st_dist_req *tx_bwd; /* [M]: input gradients, sent */
   int bwd_sent;        /* of them, this step */
+  int leaky;           /* requests given up after a stop: MPI may still use
+                          the buffers, which are never freed */
   int held, max_held;  /* micro-batches in flight, and the most this step */
   double busy;         /* seconds of forward, backward and update */
   double last_end;     /* when it last finished work (trace: idle) */
@@ -585,6 +587,12 @@ static void pipe_destroy(void *state) {
   for (int s = 0; p->stages && s < p->S; s++) {
     pipe_stage *st = &p->stages[s];
     if (st->started) pthread_join(st->thread, NULL);
+    if (st->leaky) { /* MPI may still read or write these */
+      st->run = NULL;
+      st->dgrad = NULL;
+      st->rx_fwd = NULL;
+      st->rx_bwd[0] = st->rx_bwd[1] = NULL;
+    }
     for (int j = 0; st->run && j < st->slots; j++) st_stage_destroy(st->run[j]);
     free(st->run);
     free(st->in);
@@ -595,12 +603,8 @@ static void pipe_destroy(void *state) {
     free(st->fwd.buf);
     free(st->bwd.buf);
     st_pool_destroy(st->pool);
-    /* links: every request is done or was given up (finish_links); a
-     * send given up after a stopped step has no receive posted for it
-     * any more, so nothing reads its buffer */
-    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
-      st_dist_drop(&st->rx_fwd_req[j]);
-    for (int j = 0; j < 2; j++) st_dist_drop(&st->rx_bwd_req[j]);
+    /* links: after a whole step every request is done; after a stopped
+     * one each was given up, its buffers kept (leaky, above) */
     for (int j = 0; st->rx_fwd && j < st->slots; j++) st_free(st->rx_fwd[j]);
     free(st->rx_fwd);
     free(st->rx_fwd_req);
@@ -922,37 +926,41 @@ static int run_on(pipe *p, int ph, int lo, int hi) {
   return p->rc ? p->rc : p->peer_stop ? ST_EXEC_PEER_STOPPED : 0;
 }
 
-/* After a step over ranks: every send done, or, when the step stopped, an
- * empty message in place of each gradient a stage on another rank still
- * waits for, and every request given up (the pipeline cannot go on). */
+/* After a step over ranks: every send done, or, when the step stopped (or
+ * a send failed), an empty message in place of each gradient a stage on
+ * another rank still waits for, and every request given up: the pipeline
+ * cannot go on, and the buffers of those requests are never freed. */
 static int finish_links(pipe *p, int stopped, st_error *err) {
   static const float none[1];
   int rc = 0;
+  for (int s = 0; !stopped && s < p->S; s++) {
+    pipe_stage *st = &p->stages[s];
+    for (int j = 0; !rc && st->local && st->remote_next && j < st->slots; j++)
+      rc = st_dist_wait(&st->tx_fwd[j], NULL, NULL, err);
+    for (int k = 0; !rc && st->local && st->remote_prev && k < p->M; k++)
+      rc = st_dist_wait(&st->tx_bwd[k], NULL, NULL, err);
+    stopped = rc != 0;
+  }
+  if (!stopped) return 0;
   for (int s = 0; s < p->S; s++) {
     pipe_stage *st = &p->stages[s];
     if (!st->local) continue;
-    for (int j = 0; st->remote_next && j < st->slots; j++) {
-      if (stopped) st_dist_drop(&st->tx_fwd[j]);
-      else if (!rc) rc = st_dist_wait(&st->tx_fwd[j], NULL, NULL, err);
-    }
-    for (int k = 0; st->remote_prev && k < p->M; k++) {
-      if (stopped) st_dist_drop(&st->tx_bwd[k]);
-      else if (!rc) rc = st_dist_wait(&st->tx_bwd[k], NULL, NULL, err);
-    }
-    if (!stopped) continue;
-    for (int j = 0; st->remote_prev && j < st->slots; j++)
-      st_dist_drop(&st->rx_fwd_req[j]);
-    for (int j = 0; st->remote_next && j < 2; j++)
-      st_dist_drop(&st->rx_bwd_req[j]);
+    for (int j = 0; st->tx_fwd && j < st->slots; j++)
+      st->leaky |= st_dist_forget(&st->tx_fwd[j]);
+    for (int k = 0; st->tx_bwd && k < p->M; k++)
+      st->leaky |= st_dist_forget(&st->tx_bwd[k]);
+    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
+      st->leaky |= st_dist_forget(&st->rx_fwd_req[j]);
+    for (int j = 0; j < 2; j++) st->leaky |= st_dist_forget(&st->rx_bwd_req[j]);
     if (st->remote_prev && st->bwd_sent < p->M) {
       st_dist_req r = {0};
       st_error ignored = {0};
       if (!st_dist_isend(p->group, CH_BWD, none, 0,
                          p->stages[s - 1].owner, s - 1, &r, &ignored))
-        st_dist_drop(&r);
+        st_dist_forget(&r);
     }
   }
-  if (stopped) p->broken = 1;
+  p->broken = 1;
   return rc;
 }
 

@@ -295,6 +295,15 @@ static int placed_step(ranks *p, st_trainer_view *v, double *loss,
   st_trainer_view w = *v;
   if (p->R > 1) st_replica_view(&w, v, m, p->replica, p->share, p->mb);
   int rc = p->inner->step(p->state, &w, &inner_loss, err);
+  /* An error of this rank's own (a failed message): stages on other ranks
+   * may wait for this one's forever, so it is not shared but ends the job
+   * (the caller aborts it). A non-finite loss is found at a last stage
+   * and stops the others before their updates: agreed on. */
+  if (rc && rc != ST_ENONFINITE && rc != ST_EXEC_PEER_STOPPED) {
+    st_dist_unshare_error();
+    p->busy += st_now() - start;
+    return rc;
+  }
   /* a rank stopped by another learns the cause from the one that found it */
   int stopped = rc == ST_EXEC_PEER_STOPPED;
   rc = st_dist_agree(stopped ? 0 : rc, err);
@@ -333,6 +342,13 @@ static int ranks_gather(void *state, float *params, float *opt,
                          n * sizeof(float), p->owner[s], err);
   }
   return rc;
+}
+
+static int ranks_finish(void *state, st_error *err) {
+  ranks *p = state;
+  return p->placed && p->inner == &st_exec_pipelined_backprop
+             ? st_pb_close_links(p->state, err)
+             : 0;
 }
 
 static int ranks_step(void *state, st_trainer_view *v, double *loss,
@@ -407,4 +423,5 @@ const st_executor st_exec_ranks = {
     .stages = ranks_stages,
     .stats = ranks_stats,
     .gather = ranks_gather,
+    .finish = ranks_finish,
 };

@@ -273,6 +273,7 @@ int st_trainer_run(st_trainer *t, st_error *err) {
   if (!rc && r.evaluated_at != st_trainer_pos(t)->step) rc = evaluate(&r, err);
   if (!rc) st_trainer_note_result(t, r.test_loss, r.test_acc, samples_per_s(&r));
   if (!rc) rc = checkpoint(&r, err);
+  if (!rc) rc = st_trainer_finish(t, err); /* over ranks: every rank */
   if (!rc) rc = write_summary(&r, err);
   /* a failed run still waits for its store's last commit */
   if (rc) {

@@ -693,6 +693,10 @@ int st_trainer_gather(st_trainer *t, st_error *err) {
   return rc;
 }
 
+int st_trainer_finish(st_trainer *t, st_error *err) {
+  return t->exec->finish ? t->exec->finish(t->exec_state, err) : 0;
+}
+
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
   int rc = st_trainer_gather(t, err);
