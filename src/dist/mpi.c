@@ -385,40 +385,37 @@ _Static_assert(sizeof(MPI_Request) <= sizeof(((st_dist_req *)0)->h),
 static MPI_Request *req_of(st_dist_req *r) { return (MPI_Request *)r->h; }
 #endif
 
-int st_dist_isend(st_dist_group *g, int chan, const void *buf, size_t bytes,
-                  int peer, int tag, st_dist_req *r, st_error *err) {
+/* A non-blocking send (send = 1) or receive on channel chan of g. */
+static int post(int send, st_dist_group *g, int chan, void *buf, size_t bytes,
+                int peer, int tag, st_dist_req *r, st_error *err) {
 #ifdef ST_MPI
+  const char *what = send ? "a send" : "a receive";
   if (bytes > (size_t)INT32_MAX)
-    return st_error_set(err, ST_EARG, "rank %d: a %zu-byte message is larger "
-                        "than one MPI send", world_rank, bytes);
-  int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, g->chan[chan],
-                     req_of(r));
-  if (rc != MPI_SUCCESS) return mpi_failed(rc, "a send", err);
+    return st_error_set(err, ST_EARG, "rank %d: %s of %zu bytes is larger "
+                        "than one MPI message", world_rank, what, bytes);
+  int rc = send ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag,
+                            g->chan[chan], req_of(r))
+                : MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag,
+                            g->chan[chan], req_of(r));
+  if (rc != MPI_SUCCESS) return mpi_failed(rc, what, err);
   r->live = 1;
-  r->send = 1;
+  r->send = send;
   return 0;
 #else
-  (void)g, (void)chan, (void)buf, (void)bytes, (void)peer, (void)tag, (void)r;
+  (void)send, (void)g, (void)chan, (void)buf, (void)bytes, (void)peer;
+  (void)tag, (void)r;
   return st_error_set(err, ST_EUNSUPPORTED, "built without MPI");
 #endif
 }
 
+int st_dist_isend(st_dist_group *g, int chan, const void *buf, size_t bytes,
+                  int peer, int tag, st_dist_req *r, st_error *err) {
+  return post(1, g, chan, (void *)buf, bytes, peer, tag, r, err);
+}
+
 int st_dist_irecv(st_dist_group *g, int chan, void *buf, size_t bytes,
                   int peer, int tag, st_dist_req *r, st_error *err) {
-#ifdef ST_MPI
-  if (bytes > (size_t)INT32_MAX)
-    return st_error_set(err, ST_EARG, "rank %d: a %zu-byte message is larger "
-                        "than one MPI receive", world_rank, bytes);
-  int rc = MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, g->chan[chan],
-                     req_of(r));
-  if (rc != MPI_SUCCESS) return mpi_failed(rc, "a receive", err);
-  r->live = 1;
-  r->send = 0;
-  return 0;
-#else
-  (void)g, (void)chan, (void)buf, (void)bytes, (void)peer, (void)tag, (void)r;
-  return st_error_set(err, ST_EUNSUPPORTED, "built without MPI");
-#endif
+  return post(0, g, chan, buf, bytes, peer, tag, r, err);
 }
 
 int st_dist_wait(st_dist_req *r, size_t *got, const atomic_int *stop,
