@@ -83,23 +83,10 @@
 enum {
   DIN_RING = 4, /* input-gradient buffers per stage (3 unread + 1 in use) */
   BWD_RING = 4, /* over ranks: gradients received ahead, per stage */
-  SPIN = 4000,  /* polls before a waiting stage sleeps */
 };
 
 enum { MIT_NONE, MIT_STASH, MIT_SC, MIT_LWP, MIT_SC_LWP, MIT_SPECTRAIN,
        MIT_PIPEMARE };
-
-typedef struct msg {
-  int64_t n;
-  const float *data;
-} msg;
-
-/* One producer, one consumer. */
-typedef struct chan {
-  atomic_llong sent, taken;
-  msg *buf;
-  int cap;
-} chan;
 
 typedef struct pb_stage {
   struct pb *p;
@@ -122,7 +109,7 @@ typedef struct pb_stage {
                            -1: never */
   float *wb, *delta;    /* pipemare: backward weights, update EMA */
   float **stash;        /* stash: [D] copies */
-  chan fwd, bwd;        /* incoming: from the stage before / after */
+  st_chan fwd, bwd;     /* incoming: from the stage before / after */
   /* placed over ranks: the member running it, and its links to stages on
    * other ranks */
   int owner, local, remote_prev, remote_next;
@@ -143,9 +130,7 @@ typedef struct pb_stage {
   int versions, max_versions;
   double busy, last_end;
   /* waiting: the stage's thread sleeps here (threaded driver) */
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  atomic_int sleeping;
+  st_waiter w;
   pthread_t thread;
   int started, sync_ready;
 } pb_stage;
@@ -162,11 +147,10 @@ typedef struct pb {
   int64_t next;         /* micro-batches started so far */
   /* step control (threaded): the caller publishes the step and bumps
    * generation; every stage runs its pairs and counts itself finished */
-  atomic_llong generation;
-  atomic_int finished, stop, abort;
-  pthread_mutex_t mu;   /* the caller's wait, and the error */
-  pthread_cond_t cv;
-  atomic_int sleeping;
+  atomic_llong generation, finished;
+  atomic_int stop, abort;
+  pthread_mutex_t mu;   /* the error */
+  st_waiter w;          /* the caller's wait */
   int64_t n0;
   int K;
   st_trainer_view *v;
@@ -183,41 +167,12 @@ typedef struct pb {
 
 /* ------------------------------------------------------ waiting, errors */
 
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-static void wake(pthread_mutex_t *mu, pthread_cond_t *cv, atomic_int *sleeping) {
-  if (!atomic_load(sleeping)) return;
-  pthread_mutex_lock(mu);
-  pthread_cond_broadcast(cv);
-  pthread_mutex_unlock(mu);
-}
-
 /* Waits until *val >= want, or (returns -1) the executor is stopped or,
- * when `abortable`, the step aborted. The
- * sleeper sets `sleeping` before its last look at *val and the waker
- * publishes *val before it looks at `sleeping` (both sequentially
- * consistent): one of them sees the other. */
-static int wait_ge(pb *p, pthread_mutex_t *mu, pthread_cond_t *cv,
-                   atomic_int *sleeping, atomic_llong *val, long long want,
-                   int spin, int abortable) {
-  for (int i = 0; i < spin; i++) {
-    if (atomic_load(val) >= want) return 0;
-    if ((abortable && atomic_load(&p->abort)) || atomic_load(&p->stop))
-      return -1;
-    cpu_relax();
-  }
-  pthread_mutex_lock(mu);
-  atomic_store(sleeping, 1);
-  while (atomic_load(val) < want &&
-         !(abortable && atomic_load(&p->abort)) && !atomic_load(&p->stop))
-    pthread_cond_wait(cv, mu);
-  atomic_store(sleeping, 0);
-  pthread_mutex_unlock(mu);
-  return atomic_load(val) >= want ? 0 : -1;
+ * when `abortable`, the step aborted. */
+static int wait_ge(pb *p, st_waiter *w, atomic_llong *val, long long want,
+                   int abortable) {
+  return st_wait_ge(w, val, want, p->spin, abortable ? &p->abort : NULL,
+                    &p->stop);
 }
 
 /* Stops every stage; the first error wins. */
@@ -231,14 +186,9 @@ static void fail(pb *p, const st_error *err) {
   atomic_store(&p->abort, 1);
   for (int s = 0; s < p->S; s++) {
     pb_stage *st = &p->stages[s];
-    if (!st->sync_ready) continue;
-    pthread_mutex_lock(&st->mu);
-    pthread_cond_broadcast(&st->cv);
-    pthread_mutex_unlock(&st->mu);
+    if (st->sync_ready) st_waiter_wake_always(&st->w);
   }
-  pthread_mutex_lock(&p->mu);
-  pthread_cond_broadcast(&p->cv);
-  pthread_mutex_unlock(&p->mu);
+  st_waiter_wake_always(&p->w);
 }
 
 static void internal(pb *p, const char *what, int64_t n, int stage) {
@@ -265,36 +215,30 @@ static void trace(const st_trainer_view *v, st_trace_kind kind, int64_t n,
  * done after its forward of n - 2: three unread. Before that, stage s may
  * send all of its first D(s) + 1 forwards. Backward messages mirror this
  * (three unread; the first three are three). More is a schedule bug. */
-static int chan_send(pb_stage *to, const st_trainer_view *v, chan *c,
+static int chan_send(pb_stage *to, const st_trainer_view *v, st_chan *c,
                      int64_t n, const float *data) {
   pb *p = to->p;
   double t0 = v->trace ? st_now() : 0;
-  long long s = atomic_load_explicit(&c->sent, memory_order_relaxed);
-  if (s - atomic_load(&c->taken) >= c->cap) {
+  if (st_chan_put(c, n, data)) {
     internal(p, "a channel overflowed", n, to->index);
     return -1;
   }
-  c->buf[s % c->cap] = (msg){n, data};
-  atomic_store(&c->sent, s + 1);
-  if (!p->emulate) wake(&to->mu, &to->cv, &to->sleeping);
+  if (!p->emulate) st_waiter_wake(&to->w);
   if (v->trace) trace(v, ST_TRACE_SEND, n, t0, st_now());
   return 0;
 }
 
 /* The message for micro-batch n on stage st's channel c, or NULL. */
-static const float *chan_recv(pb_stage *st, const st_trainer_view *v, chan *c,
-                              int64_t n) {
+static const float *chan_recv(pb_stage *st, const st_trainer_view *v,
+                              st_chan *c, int64_t n) {
   pb *p = st->p;
   double t0 = v->trace ? st_now() : 0;
-  long long t = atomic_load_explicit(&c->taken, memory_order_relaxed);
-  if (p->emulate ? atomic_load(&c->sent) <= t
-                 : wait_ge(p, &st->mu, &st->cv, &st->sleeping, &c->sent, t + 1,
-                           p->spin, 1)) {
-    if (p->emulate) internal(p, "a message was not ready", n, st->index);
+  if (p->emulate && atomic_load(&c->sent) <= atomic_load(&c->taken)) {
+    internal(p, "a message was not ready", n, st->index);
     return NULL;
   }
-  msg m = c->buf[t % c->cap];
-  atomic_store(&c->taken, t + 1);
+  st_msg m;
+  if (st_chan_take(c, &st->w, p->spin, &p->abort, &p->stop, &m)) return NULL;
   if (v->trace) trace(v, ST_TRACE_RECV, n, t0, st_now());
   if (m.n != n) {
     internal(p, "a message arrived out of order", n, st->index);
@@ -625,13 +569,12 @@ static void *worker(void *arg) {
   pb *p = st->p;
   long long seen = 0;
   for (;;) {
-    if (wait_ge(p, &st->mu, &st->cv, &st->sleeping, &p->generation, seen + 1,
-                p->spin, 0))
+    if (wait_ge(p, &st->w, &p->generation, seen + 1, 0))
       return NULL; /* stopped */
     seen = atomic_load(&p->generation);
     run_stage(st);
     atomic_fetch_add(&p->finished, 1);
-    wake(&p->mu, &p->cv, &p->sleeping);
+    st_waiter_wake(&p->w);
   }
 }
 
@@ -666,11 +609,7 @@ static void pb_destroy(void *state) {
   atomic_store(&p->stop, 1);
   for (int s = 0; p->stages && s < p->S; s++) {
     pb_stage *st = &p->stages[s];
-    if (st->sync_ready) {
-      pthread_mutex_lock(&st->mu);
-      pthread_cond_broadcast(&st->cv);
-      pthread_mutex_unlock(&st->mu);
-    }
+    if (st->sync_ready) st_waiter_wake_always(&st->w);
   }
   if (p->group && p->stages) forget_links(p); /* none live once closed */
   for (int s = 0; p->stages && s < p->S; s++) {
@@ -686,8 +625,8 @@ static void pb_destroy(void *state) {
     free(st->run);
     free(st->in);
     free(st->fwd_version);
-    free(st->fwd.buf);
-    free(st->bwd.buf);
+    st_chan_free(&st->fwd);
+    st_chan_free(&st->bwd);
     st_free(st->x_copy);
     st_free(st->probs);
     st_free(st->dlogits);
@@ -703,15 +642,12 @@ static void pb_destroy(void *state) {
     free(st->rx_fwd_req);
     free(st->tx_fwd);
     for (int j = 0; j < BWD_RING; j++) st_free(st->rx_bwd[j]);
-    if (st->sync_ready) {
-      pthread_mutex_destroy(&st->mu);
-      pthread_cond_destroy(&st->cv);
-    }
+    if (st->sync_ready) st_waiter_destroy(&st->w);
   }
   free(p->stages);
   st_stage_destroy(p->eval);
   pthread_mutex_destroy(&p->mu);
-  pthread_cond_destroy(&p->cv);
+  st_waiter_destroy(&p->w);
   free(p);
 }
 
@@ -739,12 +675,9 @@ static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
   st->in = calloc((size_t)st->slots, sizeof *st->in);
   st->fwd_version = calloc((size_t)st->slots, sizeof *st->fwd_version);
   /* forward messages come from the stage before: D(s) + 2 + 1 of them */
-  st->fwd.cap = st->D + 3 > 3 ? st->D + 3 : 3;
-  st->bwd.cap = 3;
-  st->fwd.buf = calloc((size_t)st->fwd.cap, sizeof(msg));
-  st->bwd.buf = calloc((size_t)st->bwd.cap, sizeof(msg));
   int ok = (p->emulate || st->pool) && st->run && st->in && st->fwd_version &&
-           st->fwd.buf && st->bwd.buf;
+           !st_chan_init(&st->fwd, st->D + 3 > 3 ? st->D + 3 : 3) &&
+           !st_chan_init(&st->bwd, 3);
   for (int j = 0; ok && j < st->slots; j++) {
     ok = (rc = st_stage_create(&st->run[j], m, st->first, st->count, mb,
                                err)) == 0;
@@ -864,7 +797,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   pb *p = calloc(1, sizeof *p);
   if (!p) return st_error_set(err, ST_ENOMEM, "out of memory");
   pthread_mutex_init(&p->mu, NULL);
-  pthread_cond_init(&p->cv, NULL);
+  st_waiter_init(&p->w);
   p->model = m;
   p->mb = micro_batch;
   p->mitigation = mitigation_of(cfg->execution.mitigation);
@@ -934,9 +867,9 @@ static int create(void **state, const st_model *m, const st_config *cfg,
                         st_config_where(cfg, "model.tied"));
   }
   /* Spin before sleeping only when every stage has a core of its own. */
-  p->spin = threads <= st_usable_cores() && p->S <= cores ? SPIN : 0;
+  p->spin = threads <= st_usable_cores() && p->S <= cores ? ST_SPIN : 0;
   if (pl) /* ranks sharing this machine's cores: spin only on spare ones */
-    p->spin = st_dist_local_size() <= st_usable_cores() ? SPIN : 0;
+    p->spin = st_dist_local_size() <= st_usable_cores() ? ST_SPIN : 0;
   for (int s = 0; !rc && s < p->S; s++)
     if (p->stages[s].local) rc = alloc_stage(p, &p->stages[s], err);
   if (!rc)
@@ -948,8 +881,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   for (int s = 0; !rc && s < p->S; s++) {
     pb_stage *st = &p->stages[s];
     if (!st->local) continue;
-    pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->cv, NULL);
+    st_waiter_init(&st->w);
     st->sync_ready = 1;
     if (p->emulate) continue;
     if (pthread_create(&st->thread, NULL, worker, st))
@@ -1084,14 +1016,9 @@ static int pb_step(void *state, st_trainer_view *v, double *loss,
     atomic_store(&p->finished, 0);
     atomic_fetch_add(&p->generation, 1);
     for (int s = 0; s < p->S; s++)
-      if (p->stages[s].sync_ready)
-        wake(&p->stages[s].mu, &p->stages[s].cv, &p->stages[s].sleeping);
-    pthread_mutex_lock(&p->mu);
-    atomic_store(&p->sleeping, 1);
-    while (atomic_load(&p->finished) < p->local)
-      pthread_cond_wait(&p->cv, &p->mu);
-    atomic_store(&p->sleeping, 0);
-    pthread_mutex_unlock(&p->mu);
+      if (p->stages[s].sync_ready) st_waiter_wake(&p->stages[s].w);
+    /* the caller sleeps: the stages have the cores */
+    st_wait_ge(&p->w, &p->finished, p->local, 0, NULL, NULL);
   }
   p->wall += st_now() - t0;
   if (p->rc || p->peer_stop) {

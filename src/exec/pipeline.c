@@ -61,16 +61,6 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct msg {
-  int k;
-  const float *data;
-} msg;
-
-typedef struct chan {
-  msg *buf; /* M entries: never more in flight in one step */
-  int head, count, cap;
-} chan;
-
 typedef struct pipe_stage {
   struct pipe *p;
   int index, first, count; /* index among all stages (every segment) */
@@ -83,7 +73,9 @@ typedef struct pipe_stage {
   float *probs;        /* last stage: slots x mb x R x classes */
   float *dlogits;      /* last stage: mb x R x classes */
   float **dgrad;       /* [M] input gradients (stages > 0) */
-  chan fwd, bwd;       /* from the stage before / after */
+  st_chan fwd, bwd;    /* from the stage before / after: M entries, never
+                          more in flight in one step */
+  st_waiter w;         /* where its thread waits (messages, the next step) */
   /* placed over ranks: the member running it, and its links to stages on
    * other ranks (remote_prev / remote_next) */
   int owner, local, remote_prev, remote_next;
@@ -114,13 +106,14 @@ typedef struct pipe {
   pipe_stage *stages;
   st_stage *eval;      /* all blocks, for inference batches */
   /* step control: the caller publishes a view and a phase over stages
-   * [lo, hi), then bumps `generation`; those workers run it and count
-   * themselves done */
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  uint64_t generation;
+   * [lo, hi), then bumps `generation`; every worker of this rank looks,
+   * those in range run it, and all count themselves done */
+  pthread_mutex_t mu;  /* the error */
+  st_waiter w;         /* the caller's wait */
+  atomic_llong generation, done;
   int phase, lo, hi;
-  int done, stop, abort;
+  int spin;            /* polls before a waiting stage sleeps */
+  atomic_int stop;
   int jitter_us;       /* test knob: sleep up to this long before each op */
   st_trainer_view *v;
   double loss, wall;
@@ -129,7 +122,7 @@ typedef struct pipe {
   /* placed over ranks: this rank is member `me` of group */
   st_dist_group *group;
   int me, broken, peer_stop;
-  atomic_int stopped; /* abort, for the waits on other ranks */
+  atomic_int stopped; /* the step stopped (aborted): every wait gives up */
 } pipe;
 
 /* ------------------------------------------------------------ channels */
@@ -139,52 +132,62 @@ static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
   if (v->trace) st_trace_add(v->trace, v->track, kind, v->step, k, t0, t1);
 }
 
-/* Stops every stage of this rank. Called with p->mu held. */
+/* Stops every stage of this rank and wakes every wait. */
 static void stop_all(pipe *p) {
-  p->abort = 1;
   atomic_store(&p->stopped, 1);
-  pthread_cond_broadcast(&p->cv);
+  for (int s = 0; s < p->S; s++)
+    if (p->stages[s].local) st_waiter_wake_always(&p->stages[s].w);
+  st_waiter_wake_always(&p->w);
 }
 
-static void chan_send(pipe_stage *st, const st_trainer_view *v, chan *c, int k,
-                      const float *data) {
-  pipe *p = st->p;
-  double t0 = v->trace ? st_now() : 0;
+/* Stops the step with an error (the first one wins). */
+static void stop_with(pipe *p, const st_error *err) {
   pthread_mutex_lock(&p->mu);
-  c->buf[(c->head + c->count) % c->cap] = (msg){k, data};
-  c->count++;
-  pthread_cond_broadcast(&p->cv);
+  if (!p->rc) {
+    p->rc = err->code;
+    p->err = *err;
+  }
   pthread_mutex_unlock(&p->mu);
+  stop_all(p);
+}
+
+static void chan_send(pipe_stage *st, const st_trainer_view *v,
+                      pipe_stage *to, st_chan *c, int k, const float *data) {
+  double t0 = v->trace ? st_now() : 0;
+  /* a channel holds at most M messages, all of one step */
+  if (st_chan_put(c, k, data)) {
+    st_error err = {0};
+    st_error_set(&err, ST_EUNSUPPORTED,
+                 "internal error: pipeline channel to %s overflowed at "
+                 "micro-batch %d",
+                 to->name, k);
+    stop_with(st->p, &err);
+    return;
+  }
+  st_waiter_wake(&to->w);
   if (v->trace) trace(v, ST_TRACE_SEND, k, t0, st_now());
 }
 
-/* The next message, or NULL when the step was aborted. */
+/* The next message, or NULL when the step was stopped. */
 static const float *chan_recv(pipe_stage *st, const st_trainer_view *v,
-                              chan *c, int k) {
+                              st_chan *c, int k) {
   pipe *p = st->p;
   double t0 = v->trace ? st_now() : 0;
-  pthread_mutex_lock(&p->mu);
-  while (!c->count && !p->abort) pthread_cond_wait(&p->cv, &p->mu);
-  const float *data = NULL;
-  if (c->count) {
-    msg m = c->buf[c->head];
-    c->head = (c->head + 1) % c->cap;
-    c->count--;
-    /* FIFO per channel and both ends in micro-batch order: anything else
-     * is a bug in the schedules, stopped rather than computed on */
-    if (m.k == k) {
-      data = m.data;
-    } else {
-      p->rc = st_error_set(&p->err, ST_EUNSUPPORTED,
-                           "internal error: pipeline message for micro-batch "
-                           "%d arrived where %d was due",
-                           m.k, k);
-      stop_all(p);
-    }
-  }
-  pthread_mutex_unlock(&p->mu);
+  st_msg m;
+  if (st_chan_take(c, &st->w, p->spin, &p->stopped, NULL, &m)) return NULL;
   if (v->trace) trace(v, ST_TRACE_RECV, k, t0, st_now());
-  return data;
+  /* FIFO per channel and both ends in micro-batch order: anything else
+   * is a bug in the schedules, stopped rather than computed on */
+  if (m.n != k) {
+    st_error err = {0};
+    st_error_set(&err, ST_EUNSUPPORTED,
+                 "internal error: pipeline message for micro-batch %lld "
+                 "arrived where %d was due",
+                 (long long)m.n, k);
+    stop_with(p, &err);
+    return NULL;
+  }
+  return m.data;
 }
 
 /* ------------------------------------------- links to other ranks */
@@ -200,13 +203,7 @@ static size_t link_bytes(const pipe *p, int s) {
 
 /* An MPI failure stops the step (the first error wins). */
 static int link_failed(pipe *p, const st_error *err) {
-  pthread_mutex_lock(&p->mu);
-  if (!p->rc) {
-    p->rc = err->code;
-    p->err = *err;
-  }
-  stop_all(p);
-  pthread_mutex_unlock(&p->mu);
+  stop_with(p, err);
   return -1;
 }
 
@@ -249,8 +246,8 @@ static const float *link_recv(pipe_stage *st, const st_trainer_view *v,
   if (got == 0) {
     pthread_mutex_lock(&p->mu);
     p->peer_stop = 1;
-    stop_all(p);
     pthread_mutex_unlock(&p->mu);
+    stop_all(p);
     return NULL;
   }
   return buf;
@@ -313,7 +310,8 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
     if (st->remote_next)
       rc = link_send(st, v, CH_FWD, st->index + 1, out, k, &st->tx_fwd[slot]);
     else
-      chan_send(st, v, &p->stages[st->index + 1].fwd, k, out);
+      chan_send(st, v, &p->stages[st->index + 1],
+                &p->stages[st->index + 1].fwd, k, out);
     st->busy += st_now() - t0;
     return rc;
   }
@@ -329,11 +327,7 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
     double loss;
     st_error err = {0};
     if (st_trainer_check_loss(v, &loss, &err)) {
-      pthread_mutex_lock(&p->mu);
-      p->rc = err.code;
-      p->err = err;
-      stop_all(p);
-      pthread_mutex_unlock(&p->mu);
+      stop_with(p, &err);
       return -1;
     }
     p->loss = loss;
@@ -380,7 +374,8 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
     rc = link_send(st, v, CH_BWD, st->index - 1, din, k, &st->tx_bwd[k]);
     st->bwd_sent += !rc;
   } else if (!rc && st->index > 0) {
-    chan_send(st, v, &p->stages[st->index - 1].bwd, k, din);
+    chan_send(st, v, &p->stages[st->index - 1],
+              &p->stages[st->index - 1].bwd, k, din);
   }
   st->busy += st_now() - t0;
   return rc;
@@ -426,23 +421,15 @@ static void run_phase(pipe_stage *st, int phase) {
 static void *worker(void *arg) {
   pipe_stage *st = arg;
   pipe *p = st->p;
-  uint64_t seen = 0;
+  long long seen = 0;
   for (;;) {
-    pthread_mutex_lock(&p->mu);
-    while (p->generation == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
-    if (p->stop) {
-      pthread_mutex_unlock(&p->mu);
-      return NULL;
-    }
-    seen = p->generation;
-    int phase = p->phase, mine = st->index >= p->lo && st->index < p->hi;
-    pthread_mutex_unlock(&p->mu);
-    if (!mine) continue;
-    run_phase(st, phase);
-    pthread_mutex_lock(&p->mu);
-    p->done++;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    if (st_wait_ge(&st->w, &p->generation, seen + 1, p->spin, &p->stop, NULL))
+      return NULL; /* destroyed */
+    seen = atomic_load(&p->generation);
+    /* published before the generation */
+    if (st->index >= p->lo && st->index < p->hi) run_phase(st, p->phase);
+    atomic_fetch_add(&p->done, 1);
+    st_waiter_wake(&p->w);
   }
 }
 
@@ -580,10 +567,9 @@ static int segment(const st_block_cost *c, int n, const st_fabric *fab,
 static void pipe_destroy(void *state) {
   pipe *p = state;
   if (!p) return;
-  pthread_mutex_lock(&p->mu);
-  p->stop = 1;
-  pthread_cond_broadcast(&p->cv);
-  pthread_mutex_unlock(&p->mu);
+  atomic_store(&p->stop, 1);
+  for (int s = 0; p->stages && s < p->S; s++)
+    if (p->stages[s].started) st_waiter_wake_always(&p->stages[s].w);
   for (int s = 0; p->stages && s < p->S; s++) {
     pipe_stage *st = &p->stages[s];
     if (st->started) pthread_join(st->thread, NULL);
@@ -600,8 +586,9 @@ static void pipe_destroy(void *state) {
     st_free(st->dlogits);
     for (int k = 0; st->dgrad && k < p->M; k++) st_free(st->dgrad[k]);
     free(st->dgrad);
-    free(st->fwd.buf);
-    free(st->bwd.buf);
+    st_chan_free(&st->fwd);
+    st_chan_free(&st->bwd);
+    st_waiter_destroy(&st->w);
     st_pool_destroy(st->pool);
     /* links: after a whole step every request is done; after a stopped
      * one each was given up, its buffers kept (leaky, above) */
@@ -616,7 +603,7 @@ static void pipe_destroy(void *state) {
   free(p->seg);
   st_stage_destroy(p->eval);
   pthread_mutex_destroy(&p->mu);
-  pthread_cond_destroy(&p->cv);
+  st_waiter_destroy(&p->w);
   free(p);
 }
 
@@ -692,6 +679,7 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
   }
   p->seg[G] = total;
   p->S = total;
+  for (int i = 0; i < total; i++) st_waiter_init(&p->stages[i].w);
 done:
   free(c);
   free(cpu);
@@ -800,7 +788,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   pipe *p = calloc(1, sizeof *p);
   if (!p) return st_error_set(err, ST_ENOMEM, "out of memory");
   pthread_mutex_init(&p->mu, NULL);
-  pthread_cond_init(&p->cv, NULL);
+  st_waiter_init(&p->w);
   p->model = m;
   p->mb = micro_batch;
   p->M = cfg->train.batch / micro_batch;
@@ -823,6 +811,13 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     pipe_destroy(p);
     return rc;
   }
+  /* Spin before sleeping only when every stage thread has a core of its
+   * own (over ranks: when the ranks on this machine have one each). */
+  int threads = 0;
+  for (int s = 0; s < p->S; s++)
+    if (p->stages[s].local) threads += p->stages[s].cores;
+  p->spin = threads <= st_usable_cores() ? ST_SPIN : 0;
+  if (pl) p->spin = st_dist_local_size() <= st_usable_cores() ? ST_SPIN : 0;
   int ok = 1, R = m->label_rows;
   size_t per_mb = (size_t)micro_batch * R * m->classes;
   for (int s = 0; ok && s < p->S; s++) {
@@ -834,10 +829,8 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     st->pool = st_pool_create(st->cores);
     st->run = calloc((size_t)st->slots, sizeof *st->run);
     st->in = calloc((size_t)st->slots, sizeof *st->in);
-    st->fwd.buf = malloc((size_t)p->M * sizeof(msg));
-    st->bwd.buf = malloc((size_t)p->M * sizeof(msg));
-    st->fwd.cap = st->bwd.cap = p->M;
-    ok = st->pool && st->run && st->in && st->fwd.buf && st->bwd.buf;
+    ok = st->pool && st->run && st->in && !st_chan_init(&st->fwd, p->M) &&
+         !st_chan_init(&st->bwd, p->M);
     for (int j = 0; ok && j < st->slots; j++)
       ok = (rc = st_stage_create(&st->run[j], m, st->first, st->count,
                                  micro_batch, err)) == 0;
@@ -911,18 +904,20 @@ int st_pipeline_layout(const void *state, int *first, int *count,
   return p->S;
 }
 
-/* Runs one phase on stages [lo, hi) and waits for them; returns the
- * step's error code. Called with p->mu held. */
+/* Runs one phase on stages [lo, hi) and waits for every worker of this
+ * rank to have seen it; returns the step's error code. */
 static int run_on(pipe *p, int ph, int lo, int hi) {
-  int mine = 0; /* stages of this rank (all, in one process) */
-  for (int s = lo; s < hi; s++) mine += p->stages[s].local;
+  int mine = 0; /* workers of this rank (all, in one process) */
+  for (int s = 0; s < p->S; s++) mine += p->stages[s].local;
   p->phase = ph;
   p->lo = lo;
   p->hi = hi;
-  p->done = 0;
-  p->generation++;
-  pthread_cond_broadcast(&p->cv);
-  while (p->done < mine) pthread_cond_wait(&p->cv, &p->mu);
+  atomic_store(&p->done, 0);
+  atomic_fetch_add(&p->generation, 1);
+  for (int s = 0; s < p->S; s++)
+    if (p->stages[s].local) st_waiter_wake(&p->stages[s].w);
+  /* the caller sleeps: the stages have the cores */
+  st_wait_ge(&p->w, &p->done, mine, 0, NULL, NULL);
   return p->rc ? p->rc : p->peer_stop ? ST_EXEC_PEER_STOPPED : 0;
 }
 
@@ -972,14 +967,12 @@ static int pipe_step(void *state, st_trainer_view *v, double *loss,
                         "the pipeline across ranks stopped at an earlier "
                         "error; it cannot go on");
   double t0 = st_now();
-  pthread_mutex_lock(&p->mu);
   p->v = v;
-  p->abort = 0;
   atomic_store(&p->stopped, 0);
   p->rc = 0;
   for (int s = 0; s < p->S; s++) {
-    p->stages[s].fwd.head = p->stages[s].fwd.count = 0;
-    p->stages[s].bwd.head = p->stages[s].bwd.count = 0;
+    st_chan_reset(&p->stages[s].fwd);
+    st_chan_reset(&p->stages[s].bwd);
     p->stages[s].bwd_sent = 0;
   }
   int rc = 0;
@@ -996,7 +989,6 @@ static int pipe_step(void *state, st_trainer_view *v, double *loss,
   if (rc && rc != ST_EXEC_PEER_STOPPED) *err = p->err;
   if (rc == ST_EXEC_PEER_STOPPED)
     st_error_set(err, ST_EIO, "stopped by a stage on another rank");
-  pthread_mutex_unlock(&p->mu);
   if (p->group) {
     int frc = finish_links(p, rc != 0, err);
     if (!rc) rc = frc;
