@@ -945,6 +945,11 @@ typedef struct st_fabric {
   char calibrated_at[32];   /* the profile's date, "2026-11-22T23:40:00Z" */
   double gemm_rate[4];      /* FLOP/s of one core, by st_gemm_class */
   double op_bandwidth[4];   /* bytes/s, one thread, by st_op_class */
+  /* the caller's serial work between steps (0: not modelled): filling the
+   * next batch's input, bytes/s of model input written; and the hand-off
+   * of a step to the stage threads and back, seconds */
+  double input_bandwidth;
+  double step_latency;
 } st_fabric;
 
 /* Writes a --fabric spec — "cpu", "cpu:N", "mesh:WxH" or "wse2" — into
@@ -990,6 +995,12 @@ typedef struct st_calibration {
   double sharing_slope;
   double op_bandwidth[ST_OP_CLASSES]; /* bytes/s, one thread */
   double copy_bandwidth;     /* bytes/s, memcpy of activation-sized buffers */
+  /* the caller's work between steps: a batch's input filled from a
+   * dataset larger than the caches (bytes/s of fp32 input written), and a
+   * step handed to a stage thread and back (seconds). A profile without
+   * them (older) reads as 0: not modelled. */
+  double input_bandwidth;
+  double step_latency;
 } st_calibration;
 
 /* Measures this machine (a few seconds); threads 1, 2, 4, ... up
@@ -1075,6 +1086,10 @@ typedef struct st_plan {
   double balance;              /* mean stage time / bottleneck time */
   double util_fill_drain;      /* M / (M + S - 1), GPipe bubble */
   double util_pipelined;       /* steady state of pipelined backprop: 1 */
+  double host_time;            /* seconds per sample the caller spends
+                                  between steps, serial with the stages
+                                  (batch input, step hand-off; 0 unless
+                                  calibrated) */
   int n_tried;                 /* throughput_by_k[k - 1] for k in 1..n_tried */
   double *throughput_by_k;     /* (0 = infeasible); NULL if not computed */
   char cause[ST_CAUSE_MAX];    /* why this many stages */
@@ -1091,6 +1106,11 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
 int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                     st_error *err);
 void st_plan_destroy(st_plan *p);
+/* The plan's predicted training rate, samples/s: the steady-state
+ * throughput at the schedule's utilization (pipelined != 0: pipelined
+ * backprop's, else fill-and-drain's), with the caller's serial time
+ * between steps (host_time) added to each sample's. */
+double st_plan_rate(const st_plan *p, int pipelined);
 /* Pass 5 (report): the text report, DIR/plan.json and DIR/plan.svg. */
 void st_plan_print(const st_plan *p, FILE *f);
 int st_plan_write_json(const st_plan *p, const char *path, st_error *err);

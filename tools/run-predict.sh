@@ -10,12 +10,14 @@
 # never gates: the exit status is non-zero only if a program fails.
 #
 # Usage: tools/run-predict.sh BUILD_DIR
-# Environment: PREDICT_STEPS (default 300), PREDICT_CONFIGS (default
-#              "fc_mnist cnn_fmnist gpt_tiny").
+# Environment: PREDICT_STEPS (default 300), PREDICT_REPEATS (trainings per
+#              row, the median rate is reported; default 3), PREDICT_CONFIGS
+#              (default "fc_mnist cnn_fmnist gpt_tiny").
 set -u
 build=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 steps=${PREDICT_STEPS:-300}
+repeats=${PREDICT_REPEATS:-3}
 configs=${PREDICT_CONFIGS:-fc_mnist cnn_fmnist gpt_tiny}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -34,16 +36,16 @@ num() { # the first number after "key": in a JSON file
 }
 
 status=0
-# predicted: the plan's steady-state throughput times the fill-and-drain
-# bubble (plan.json's utilization.gpipe.throughput; 1 stage: no bubble)
+# predicted: plan.json's utilization.gpipe.throughput — the steady-state
+# throughput times the fill-and-drain bubble (1 stage: none), with the
+# caller's time between steps (host_time, calibrated only) added
 gpipe_throughput() {
-  awk -v t="$(num throughput "$1")" -v u="$(num bubble_utilization "$1")" \
-    'BEGIN { printf "%.3f", t * u }'
+  sed -n 's/.*"gpipe": {[^}]*"throughput": *\([-0-9.eE+]*\).*/\1/p' "$1" | head -1
 }
 # Each config as shipped (sequential), then as a 2-stage 1f1b pipeline of
 # 8 micro-batches.
 pipe=(--set execution.mode=pipeline --set execution.stages=2 --set execution.schedule=1f1b)
-printf '%-12s %-10s %7s %12s %12s %7s %14s %7s  %s\n' config mode steps measured predicted ratio uncalibrated ratio "target: ratio in [0.75, 1.25]"
+printf '%-12s %-10s %7s %12s %12s %7s %14s %7s  %s\n' config mode steps "measured(med)" predicted ratio uncalibrated ratio "target: ratio in [0.75, 1.25]"
 for cfg in $configs; do
   for mode in sequential pipeline; do
     out="$tmp/$cfg-$mode"
@@ -54,14 +56,26 @@ for cfg in $configs; do
       sets+=("${pipe[@]}" --set execution.micro_batch=$((batch / 8)))
       stages=2
     fi
-    if ! "$build/strata" train "configs/$cfg.yaml" --out "$out" "${sets[@]}" \
-        >"$tmp/$cfg-$mode.log" 2>&1; then
-      cat "$tmp/$cfg-$mode.log" >&2
-      echo "run-predict: error: strata train $cfg ($mode) failed" >&2
+    # the median of the repeats: on a shared machine one run's rate moves
+    # by up to 25% from the next one's
+    rates=() failed=0
+    for ((r = 0; r < repeats; r++)); do
+      rm -rf "$out"
+      if ! "$build/strata" train "configs/$cfg.yaml" --out "$out" "${sets[@]}" \
+          >"$tmp/$cfg-$mode.log" 2>&1; then
+        cat "$tmp/$cfg-$mode.log" >&2
+        echo "run-predict: error: strata train $cfg ($mode) failed" >&2
+        failed=1
+        break
+      fi
+      rates+=("$(num samples_per_s "$out/summary.json")")
+    done
+    if [ "$failed" -ne 0 ]; then
       status=1
       continue
     fi
-    measured=$(num samples_per_s "$out/summary.json")
+    measured=$(printf '%s\n' "${rates[@]}" | sort -g | awk '{ v[NR] = $1 }
+      END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
     predicted=$(gpipe_throughput "$out/plan.json")
     STRATA_CALIBRATION=none "$build/strata" compile "configs/$cfg.yaml" "${sets[@]}" \
       --stages "$stages" --out "$tmp/$cfg-$mode-estimate" >/dev/null 2>&1 || status=1

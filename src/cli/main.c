@@ -379,7 +379,9 @@ static int cmd_train(int argc, char **argv) {
                          ? plan->util_fill_drain
                          : plan->util_pipelined;
   if (plan)
-    st_trainer_set_prediction(t, plan->throughput * plan_util,
+    st_trainer_set_prediction(t,
+                              st_plan_rate(plan, !strcmp(cfg.execution.mode,
+                                                         "pipelined_backprop")),
                               comparable &&
                                       plan->n_stages == st_trainer_stages(t)
                                   ? plan->balance * plan_util

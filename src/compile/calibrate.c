@@ -14,11 +14,19 @@
  *   - the single-threaded ops (relu, groupnorm, maxpool, the optimizer
  *     step) as bytes/s, with "bytes" counted exactly as pass 1 counts them
  *     (cost.c), so time = bytes / bandwidth holds by construction;
- *   - memcpy of activation-sized buffers: the stage-to-stage copy.
+ *   - memcpy of activation-sized buffers: the stage-to-stage copy;
+ *   - the optimizer step on a slab larger than any last-level cache: in a
+ *     run its weights, gradients and state are touched once a step and
+ *     come from memory (a hot-cache figure was 2-3x too fast);
+ *   - the caller's work between steps: a batch of 64 Fashion-MNIST-shaped
+ *     samples filled from a dataset larger than the caches, as bytes/s of
+ *     fp32 input written; and a step handed to a spinning stage thread and
+ *     back to the sleeping caller (st_waiter, as the pipelines do).
  * The profile is JSON, format "strata-calibration" version 1 (STYLE 19:
  * checked on load, with a hint on mismatch).
  */
 #include "compile.h"
+#include "../exec/exec.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -148,7 +156,7 @@ enum { OB = 64, OC = 32, OH = 14, OW = 14, OG = 8 };
 typedef struct op_job {
   st_config cfg;
   size_t n;
-  float *x, *y, *dx, *dy, *mean, *rstd, *w, *b, *dw, *db, *opt;
+  float *x, *y, *dx, *dy, *mean, *rstd, *w, *b, *dw, *db;
   int32_t *idx;
 } op_job;
 
@@ -172,10 +180,128 @@ static void pool_step(void *arg) {
   st_maxpool_backward(j->dx, j->dy, j->idx, OB, OC, OH, OW, 2, 2);
 }
 
+/* The optimizer's slab: 3 x 64 MB with one state slot, past any
+ * last-level cache. The step clears the gradients itself. */
+enum { OPT_FLOATS = 1 << 24 };
+
+typedef struct optim_job {
+  st_config cfg;
+  float *w, *g, *s;
+} optim_job;
+
 static void optim_step(void *arg) {
-  op_job *j = arg;
-  st_optim_step(NULL, &j->cfg, j->w, j->dw, j->opt, j->n, 1e-6f, 1);
-  memset(j->dw, 0, j->n * sizeof(float)); /* the gradient clear */
+  optim_job *j = arg;
+  st_optim_step(NULL, &j->cfg, j->w, j->g, j->s, OPT_FLOATS, 1e-6f, 1);
+}
+
+/* bytes/s of the optimizer step as cost.c counts them (4 + 2 slots floats
+ * per parameter), or -1 out of memory */
+static double optim_bandwidth(const st_config *cfg) {
+  optim_job j = {.cfg = *cfg};
+  double slots = st_optim_state_per_param(cfg), bw = -1;
+  size_t bytes = (size_t)OPT_FLOATS * sizeof(float);
+  j.w = st_alloc(bytes);
+  j.g = st_alloc(bytes);
+  j.s = st_alloc(bytes * (size_t)(slots > 1 ? slots : 1));
+  if (j.w && j.g && j.s) {
+    fill(j.w, OPT_FLOATS);
+    memset(j.g, 0, bytes);
+    memset(j.s, 0, bytes * (size_t)(slots > 1 ? slots : 1));
+    bw = 4.0 * OPT_FLOATS * (4 + 2 * slots) / time_per_call(optim_step, &j);
+  }
+  st_free(j.w);
+  st_free(j.g);
+  st_free(j.s);
+  return bw;
+}
+
+/* A batch's input from a dataset of 60,000 28 x 28 samples (47 MB). */
+enum { IN_SAMPLES = 60000, IN_BATCH = 64 };
+
+typedef struct input_job {
+  st_dataset ds;
+  int32_t idx[IN_BATCH];
+  float *x;
+  int y[IN_BATCH];
+  uint32_t state;
+} input_job;
+
+static void input_step(void *arg) {
+  input_job *j = arg;
+  for (int b = 0; b < IN_BATCH; b++) { /* a shuffled epoch's draw */
+    j->state = j->state * 1664525u + 1013904223u;
+    j->idx[b] = (int32_t)((j->state >> 8) % IN_SAMPLES);
+  }
+  st_dataset_batch(&j->ds, j->idx, IN_BATCH, 1, j->x, j->y);
+}
+
+static double input_bandwidth(void) {
+  input_job j;
+  memset(&j, 0, sizeof j);
+  j.ds.n = IN_SAMPLES;
+  j.ds.shape = (st_shape){1, 28, 28};
+  j.ds.classes = 10;
+  j.ds.mean = 0.25f;
+  j.ds.std = 0.35f;
+  size_t numel = 28 * 28;
+  j.ds.pixels = st_alloc((size_t)IN_SAMPLES * numel);
+  j.ds.labels = st_alloc(IN_SAMPLES);
+  j.x = st_alloc((size_t)IN_BATCH * numel * sizeof(float));
+  double bw = -1;
+  if (j.ds.pixels && j.ds.labels && j.x) {
+    for (size_t i = 0; i < (size_t)IN_SAMPLES * numel; i++)
+      j.ds.pixels[i] = (uint8_t)(i * 2654435761u >> 24);
+    memset(j.ds.labels, 0, IN_SAMPLES);
+    bw = 4.0 * IN_BATCH * numel / time_per_call(input_step, &j);
+  }
+  st_free(j.ds.pixels);
+  st_free(j.ds.labels);
+  st_free(j.x);
+  return bw;
+}
+
+/* A step handed to a stage thread and back: the caller publishes it and
+ * sleeps; the stage, spinning as between steps, counts it done. */
+typedef struct handoff {
+  st_waiter caller, stage;
+  atomic_llong generation, done;
+  atomic_int stop;
+} handoff;
+
+static void *handoff_stage(void *arg) {
+  handoff *h = arg;
+  for (long long seen = 1;; seen++) {
+    if (st_wait_ge(&h->stage, &h->generation, seen, ST_SPIN, &h->stop, NULL))
+      return NULL;
+    atomic_fetch_add(&h->done, 1);
+    st_waiter_wake(&h->caller);
+  }
+}
+
+static void handoff_step(void *arg) {
+  handoff *h = arg;
+  long long want = atomic_load(&h->done) + 1;
+  atomic_fetch_add(&h->generation, 1);
+  st_waiter_wake(&h->stage);
+  st_wait_ge(&h->caller, &h->done, want, 0, NULL, NULL);
+}
+
+static double step_latency(void) {
+  handoff h;
+  memset(&h, 0, sizeof h);
+  st_waiter_init(&h.caller);
+  st_waiter_init(&h.stage);
+  pthread_t th;
+  double t = -1;
+  if (pthread_create(&th, NULL, handoff_stage, &h) == 0) {
+    t = time_per_call(handoff_step, &h);
+    atomic_store(&h.stop, 1);
+    st_waiter_wake_always(&h.stage);
+    pthread_join(th, NULL);
+  }
+  st_waiter_destroy(&h.caller);
+  st_waiter_destroy(&h.stage);
+  return t;
 }
 
 static void copy_step(void *arg) {
@@ -193,13 +319,11 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
     rc = st_config_set(&j.cfg, "optimizer.momentum=0.9", err);
   if (rc)
     return rc;
-  double slots = st_optim_state_per_param(&j.cfg);
   size_t n = (size_t)OB * OC * OH * OW, bytes = n * sizeof(float);
   j.n = n;
   float **bufs[] = {&j.x, &j.y, &j.dx, &j.dy, &j.w, &j.dw};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     *bufs[i] = st_alloc(bytes);
-  j.opt = st_alloc(bytes * (size_t)(slots > 0 ? slots : 1));
   j.idx = st_alloc(n * sizeof(int32_t));
   j.mean = st_alloc(OB * OG * sizeof(float));
   j.rstd = st_alloc(OB * OG * sizeof(float));
@@ -209,7 +333,7 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     if (!*bufs[i])
       rc = ST_ENOMEM;
-  if (rc || !j.opt || !j.idx || !j.mean || !j.rstd || !j.b || !j.db) {
+  if (rc || !j.idx || !j.mean || !j.rstd || !j.b || !j.db) {
     rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory");
     goto done;
   }
@@ -217,7 +341,6 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   fill(j.dy, n);
   fill(j.w, n);
   memset(j.dw, 0, bytes);
-  memset(j.opt, 0, bytes * (size_t)(slots > 0 ? slots : 1));
   memset(j.b, 0, OC * sizeof(float));
   double dn = (double)n, pooled = dn / 4;
   /* bytes as cost.c counts them for the same layers */
@@ -225,20 +348,31 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   c->op_bandwidth[1] = 4 * (3 * dn + 5 * dn) / time_per_call(norm_step, &j);
   c->op_bandwidth[2] =
       4 * 2 * (dn + 2 * pooled) / time_per_call(pool_step, &j);
-  c->op_bandwidth[3] =
-      4 * dn * (4 + 2 * slots) / time_per_call(optim_step, &j);
+  c->op_bandwidth[3] = optim_bandwidth(&j.cfg);
   c->copy_bandwidth = (double)bytes / time_per_call(copy_step, &j);
+  c->input_bandwidth = input_bandwidth();
+  c->step_latency = step_latency();
+  if (c->op_bandwidth[3] <= 0 || c->input_bandwidth <= 0 ||
+      c->step_latency <= 0) {
+    rc = st_error_set(err, ST_ENOMEM,
+                      "calibration: out of memory or threads");
+    goto done;
+  }
   if (progress)
     for (int k = 0; k < ST_OP_CLASSES; k++)
       fprintf(progress, "  %-10s %8.2f GB/s (one thread)\n",
               st_op_class_name(k), c->op_bandwidth[k] / 1e9);
-  if (progress)
+  if (progress) {
     fprintf(progress, "  %-10s %8.2f GB/s (memcpy of %.1f MB)\n", "copy",
             c->copy_bandwidth / 1e9, (double)bytes / 1e6);
+    fprintf(progress, "  %-10s %8.2f GB/s (a batch's fp32 input filled)\n",
+            "input", c->input_bandwidth / 1e9);
+    fprintf(progress, "  %-10s %8.2f us (a step to a stage thread and back)\n",
+            "hand-off", c->step_latency * 1e6);
+  }
 done:
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     st_free(*bufs[i]);
-  st_free(j.opt);
   st_free(j.idx);
   st_free(j.mean);
   st_free(j.rstd);
@@ -364,7 +498,9 @@ int st_calibration_write(const st_calibration *c, const char *path,
                            st_op_class_name(k));
   at += (size_t)snprintf(buf + at, cap - at, "],\n");
   json_array(buf, cap, &at, "op_bandwidth", c->op_bandwidth, ST_OP_CLASSES, 0);
-  json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 1);
+  json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 0);
+  json_array(buf, cap, &at, "input_bandwidth", &c->input_bandwidth, 1, 0);
+  json_array(buf, cap, &at, "step_latency", &c->step_latency, 1, 1);
   if (at + 3 > cap)
     return st_error_set(err, ST_EIO, "%s: calibration profile too long", path);
   at += (size_t)snprintf(buf + at, cap - at, "}\n");
@@ -516,6 +652,16 @@ static int parse(st_calibration *c, const char *text, const char *path,
       return bad(err, path, "\"sharing_slope\": expected one number in [0, 1)");
     c->sharing_slope = one[0];
   }
+  /* optional (profiles before them): the caller's time not modelled */
+  c->input_bandwidth = c->step_latency = 0;
+  if (value_of(text, "input_bandwidth") &&
+      (rc = positive_array(text, path, "input_bandwidth", &c->input_bandwidth,
+                           1, err)))
+    return rc;
+  if (value_of(text, "step_latency") &&
+      (rc = positive_array(text, path, "step_latency", &c->step_latency, 1,
+                           err)))
+    return rc;
   const char *cores = value_of(text, "cores");
   c->cores = cores ? atoi(cores) : 0;
   if (c->cores < 1)
@@ -566,6 +712,8 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   f->efficiency_slope = c->efficiency_slope;
   f->sharing_slope = c->sharing_slope;
   f->link_bandwidth = c->copy_bandwidth;
+  f->input_bandwidth = c->input_bandwidth;
+  f->step_latency = c->step_latency;
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,
            "; calibrated %s from %.200s (GEMM by shape class, one-thread ops "

@@ -326,6 +326,24 @@ static void set_schedule(st_plan *plan, const char *mode, int batch,
   double M = plan->micro_batches, S = plan->n_stages;
   plan->util_fill_drain = M / (M + S - 1);
   plan->util_pipelined = 1.0;
+  /* Between steps the caller fills the next batch's input, and the modes
+   * on stage threads hand the step to them and wait (calibrated cpu only:
+   * 0 otherwise). Serial with the stages: it adds to every sample. */
+  const st_fabric *fb = &plan->fabric;
+  plan->host_time = 0;
+  if (fb->input_bandwidth > 0 && plan->n_blocks > 0)
+    plan->host_time += plan->blocks[0].in_bytes / fb->input_bandwidth;
+  int threaded = !strcmp(mode, "pipeline") ||
+                 !strcmp(mode, "block_sequential") ||
+                 !strcmp(mode, "pipelined_backprop");
+  if (threaded && batch > 0) plan->host_time += fb->step_latency / batch;
+}
+
+double st_plan_rate(const st_plan *p, int pipelined) {
+  double rate =
+      p->throughput * (pipelined ? p->util_pipelined : p->util_fill_drain);
+  if (!(rate > 0) || !isfinite(rate)) return rate;
+  return 1.0 / (1.0 / rate + p->host_time);
 }
 
 static int build_stages(st_plan *plan, const problem *p, const layout *L,

@@ -199,12 +199,17 @@ void st_plan_print(const st_plan *p, FILE *f) {
             p->mode[0] ? p->mode : "-", as, p->micro_batches,
             p->micro_batches == 1 ? "" : "es", p->batch, p->micro_batch,
             p->util_fill_drain,
-            st_plan_fmt_rate(e, sizeof e, p->throughput * p->util_fill_drain),
+            st_plan_fmt_rate(e, sizeof e, st_plan_rate(p, 0)),
             p->util_pipelined,
-            st_plan_fmt_rate(a, sizeof a, p->throughput * p->util_pipelined));
+            st_plan_fmt_rate(a, sizeof a, st_plan_rate(p, 1)));
   } else if (p->n_stages == 1) {
     fprintf(f, "utilization: one stage, no pipeline bubble (1.00)\n");
   }
+  if (p->host_time > 0)
+    fprintf(f,
+            "between steps: %s per sample on the caller (the next batch's "
+            "input and the step hand-off), included in the rates above\n",
+            st_plan_fmt_time(e, sizeof e, p->host_time));
   if (!cpu)
     fprintf(f, "note: a mesh plan is a what-if estimate; only cpu plans run\n");
 }
@@ -257,6 +262,8 @@ static void write_json(const st_plan *p, FILE *f) {
   jnum(f, "efficiency_slope", fb->efficiency_slope, 0);
   jnum(f, "memory_bandwidth", fb->memory_bandwidth, 0);
   jnum(f, "fabric_bandwidth", fb->fabric_bandwidth, 0);
+  jnum(f, "input_bandwidth", fb->input_bandwidth, 0);
+  jnum(f, "step_latency", fb->step_latency, 0);
   fprintf(f, "\"estimated\": %s, \"calibrated\": ",
           fb->estimated ? "true" : "false");
   if (fb->calibrated)
@@ -333,11 +340,13 @@ static void write_json(const st_plan *p, FILE *f) {
           "    \"gpipe\": {",
           p->batch, p->micro_batch, p->micro_batches);
   jnum(f, "bubble_utilization", p->util_fill_drain, 0);
-  jnum(f, "throughput", p->throughput * p->util_fill_drain, 1);
+  jnum(f, "throughput", st_plan_rate(p, 0), 1);
   fputs("},\n    \"pipelined_backprop\": {", f);
   jnum(f, "utilization", p->util_pipelined, 0);
-  jnum(f, "throughput", p->throughput * p->util_pipelined, 1);
-  fputs("}},\n  \"throughput_by_stages\": ", f);
+  jnum(f, "throughput", st_plan_rate(p, 1), 1);
+  fputs("},\n    ", f);
+  jnum(f, "host_time", p->host_time, 1);
+  fputs("},\n  \"throughput_by_stages\": ", f);
   if (p->throughput_by_k) {
     fputc('[', f);
     for (int k = 0; k < p->n_tried; k++) {
@@ -351,8 +360,7 @@ static void write_json(const st_plan *p, FILE *f) {
   }
   fputs(",\n  \"cause\": ", f);
   json_string(f, p->cause);
-  fputs(",\n  \"not_yet\": [\"calibration (strata bench --calibrate)\", "
-        "\"predicted beside measured after a run\"]\n}\n",
+  fputs("\n}\n",
         f);
 }
 
@@ -701,7 +709,7 @@ static void write_svg(const st_plan *p, FILE *f) {
             margin, y,
             strcmp(p->mode, "pipeline") == 0 ? "gpipe" : "if run as gpipe",
             p->micro_batches, p->util_fill_drain,
-            st_plan_fmt_rate(e, sizeof e, p->throughput * p->util_fill_drain),
+            st_plan_fmt_rate(e, sizeof e, st_plan_rate(p, 0)),
             p->util_pipelined);
   fprintf(
       f,

@@ -45,6 +45,8 @@ static st_calibration sample_profile(void) {
   double bw[ST_OP_CLASSES] = {1e10, 5e9, 4e9, 2e10};
   memcpy(c.op_bandwidth, bw, sizeof bw);
   c.copy_bandwidth = 2.5e10;
+  c.input_bandwidth = 4e9;
+  c.step_latency = 2e-5;
   return c;
 }
 
@@ -83,6 +85,7 @@ static void test_round_trip(void) {
   same &= back.efficiency_slope == 0.25 && back.copy_bandwidth == 2.5e10;
   same &= back.sharing[1] == 0.75 && back.sharing[2] == 0.5 &&
           back.sharing_slope == 0.375;
+  same &= back.input_bandwidth == 4e9 && back.step_latency == 2e-5;
   CHECK(same, "every figure survives the round trip");
 }
 
@@ -100,12 +103,18 @@ static void test_sharing(void) {
   size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
   if (f) fclose(f);
   text[n] = '\0';
-  /* drop the two sharing lines */
+  /* drop the two sharing lines and the caller's time (input_bandwidth;
+   * step_latency, the last, leaves "copy_bandwidth" ending the object) */
   size_t o = 0;
   for (const char *line = text; *line;) {
     const char *end = strchr(line, '\n');
     size_t len = end ? (size_t)(end - line) + 1 : strlen(line);
-    if (!memmem(line, len, "\"sharing", 8)) {
+    if (memmem(line, len, "\"step_latency", 13) && o > 2 &&
+        old[o - 2] == ',') {
+      old[o - 2] = '\n'; /* the line before it now ends the object */
+      o--;
+    } else if (!memmem(line, len, "\"sharing", 8) &&
+               !memmem(line, len, "\"input_bandwidth", 16)) {
       memcpy(old + o, line, len);
       o += len;
     }
@@ -118,6 +127,9 @@ static void test_sharing(void) {
   CHECK(back.sharing_slope == 0 && back.sharing[0] == 1 &&
             back.sharing[2] == 1,
         "older profile: sharing slope %g", back.sharing_slope);
+  CHECK(back.input_bandwidth == 0 && back.step_latency == 0,
+        "older profile: the caller's time not modelled (%g, %g)",
+        back.input_bandwidth, back.step_latency);
 
   st_calibration_write(&c, path, &err);
   setenv("STRATA_CALIBRATION", path, 1);
@@ -364,6 +376,59 @@ static void test_time_by_hand(void) {
   }
 }
 
+/* The caller's time between steps, by hand: the batch input at the
+ * profile's input bandwidth per sample, plus (modes on stage threads) one
+ * step hand-off per batch; the predicted rate adds it to each sample's
+ * time at the schedule's utilization. Without a profile: none. */
+static void test_host_time(void) {
+  char path[128];
+  path_in(path, sizeof path, "host.json");
+  st_calibration c = sample_profile();
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, path, &err) == 0, "%s", err.msg);
+  st_config cfg;
+  st_config_defaults(&cfg);
+  const char *sets[] = {"model.kind=mlp", "model.hidden=[256,256]",
+                        "train.batch=64", "fabric.cores=2",
+                        "execution.micro_batch=8"};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+    CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
+  const double input = 4.0 * 784 / 4e9; /* 784 fp32 per sample */
+  const char *modes[] = {"sequential", "pipeline", "pipelined_backprop"};
+  for (int k = 0; k < 3; k++) {
+    CHECK(st_config_set(&cfg, k == 0   ? "execution.mode=sequential"
+                              : k == 1 ? "execution.mode=pipeline"
+                                       : "execution.mode=pipelined_backprop",
+                        &err) == 0,
+          "%s", err.msg);
+    setenv("STRATA_CALIBRATION", path, 1);
+    st_plan *p = NULL;
+    CHECK(st_plan_compile(&p, &cfg, k ? 2 : 1, &err) == 0, "%s: %s",
+          modes[k], err.msg);
+    setenv("STRATA_CALIBRATION", "none", 1);
+    if (!p) continue;
+    double want = input + (k ? 2e-5 / 64 : 0);
+    double tol = 1e-12 * want;
+    CHECK(fabs(p->host_time - want) <= tol, "%s: host time %.9g want %.9g",
+          modes[k], p->host_time, want);
+    int pb = k == 2;
+    double util = pb ? 1.0 : 8.0 / (8 + p->n_stages - 1);
+    double rate = 1.0 / (1.0 / (p->throughput * util) + want);
+    CHECK(fabs(st_plan_rate(p, pb) - rate) <= 1e-12 * rate &&
+              st_plan_rate(p, pb) < p->throughput * util,
+          "%s: rate %.9g want %.9g", modes[k], st_plan_rate(p, pb), rate);
+    st_plan_destroy(p);
+    /* the built-in estimate models no caller time */
+    CHECK(st_plan_compile(&p, &cfg, k ? 2 : 1, &err) == 0, "%s", err.msg);
+    if (p)
+      CHECK(p->host_time == 0 &&
+                st_plan_rate(p, pb) == p->throughput * (pb ? 1.0
+                                                           : p->util_fill_drain),
+            "%s uncalibrated: host time %g", modes[k], p->host_time);
+    st_plan_destroy(p);
+  }
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-calibrate-XXXXXX");
   if (!mkdtemp(dir)) {
@@ -376,10 +441,11 @@ int main(void) {
   test_bad_profiles();
   test_split_by_hand();
   test_time_by_hand();
+  test_host_time();
   /* leave nothing behind */
   const char *files[] = {"cal.json",       "good.json",     "foreign.json",
                          "empty.json",     "v2.json",       "truncated.json",
-                         "negative.json"};
+                         "negative.json",  "shared.json",   "host.json"};
   char path[128];
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     path_in(path, sizeof path, files[i]);
