@@ -426,7 +426,10 @@ static int cmd_train(int argc, char **argv) {
   if (plan)
     printf("strata: training rate: measured %.0f samples/s, plan predicted "
            "%.0f (%s%s)%s\n",
-           rate, plan->throughput * plan_util, plan->fabric.name,
+           rate,
+           st_plan_rate(plan,
+                        !strcmp(cfg.execution.mode, "pipelined_backprop")),
+           plan->fabric.name,
            plan->fabric.estimated ? ", uncalibrated estimate" : "",
            text ? "; a sample is one sequence" : "");
   print_stages(t, &cfg, plan, st_trainer_pos(t)->samples - samples0);

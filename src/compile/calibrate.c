@@ -266,12 +266,13 @@ typedef struct handoff {
   st_waiter caller, stage;
   atomic_llong generation, done;
   atomic_int stop;
+  int spin; /* as a pipeline's stages: only with a core of their own */
 } handoff;
 
 static void *handoff_stage(void *arg) {
   handoff *h = arg;
   for (long long seen = 1;; seen++) {
-    if (st_wait_ge(&h->stage, &h->generation, seen, ST_SPIN, &h->stop, NULL))
+    if (st_wait_ge(&h->stage, &h->generation, seen, h->spin, &h->stop, NULL))
       return NULL;
     atomic_fetch_add(&h->done, 1);
     st_waiter_wake(&h->caller);
@@ -291,6 +292,7 @@ static double step_latency(void) {
   memset(&h, 0, sizeof h);
   st_waiter_init(&h.caller);
   st_waiter_init(&h.stage);
+  h.spin = st_usable_cores() > 1 ? ST_SPIN : 0;
   pthread_t th;
   double t = -1;
   if (pthread_create(&th, NULL, handoff_stage, &h) == 0) {

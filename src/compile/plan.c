@@ -316,7 +316,7 @@ static void describe_stage(const problem *p, const layout *L,
 /* Bubble utilization of fill-and-drain: M / (M + S - 1) (BACKGROUND.md §1);
  * pipelined backprop never drains: 1 in steady state. */
 static void set_schedule(st_plan *plan, const char *mode, int batch,
-                         int micro_batch) {
+                         int micro_batch, int threaded) {
   snprintf(plan->mode, sizeof plan->mode, "%s", mode);
   plan->batch = batch;
   plan->micro_batch = micro_batch > 0 ? micro_batch : batch;
@@ -333,16 +333,13 @@ static void set_schedule(st_plan *plan, const char *mode, int batch,
   plan->host_time = 0;
   if (fb->input_bandwidth > 0 && plan->n_blocks > 0)
     plan->host_time += plan->blocks[0].in_bytes / fb->input_bandwidth;
-  int threaded = !strcmp(mode, "pipeline") ||
-                 !strcmp(mode, "block_sequential") ||
-                 !strcmp(mode, "pipelined_backprop");
   if (threaded && batch > 0) plan->host_time += fb->step_latency / batch;
 }
 
 double st_plan_rate(const st_plan *p, int pipelined) {
   double rate =
       p->throughput * (pipelined ? p->util_pipelined : p->util_fill_drain);
-  if (!(rate > 0) || !isfinite(rate)) return rate;
+  if (!(p->host_time > 0) || !(rate > 0) || !isfinite(rate)) return rate;
   return 1.0 / (1.0 / rate + p->host_time);
 }
 
@@ -575,7 +572,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
       if (!plan->throughput_by_k)
         plan->n_tried = 0;
     }
-    set_schedule(plan, "", 1, 1);
+    set_schedule(plan, "", 1, 1, 0);
   }
   partition_free(&best);
   problem_free(&p);
@@ -614,8 +611,15 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
   rc = st_plan_build(out, costs, m->n_blocks, &fabric, &opt, err);
   if (!rc) {
     snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
-    set_schedule(*out, cfg->execution.mode, cfg->train.batch,
-                 cfg->execution.micro_batch);
+    /* the modes on stage threads hand each step over (block_sequential:
+     * once a phase, counted once; emulated pipelined backprop: none) */
+    const char *mode = cfg->execution.mode;
+    int threaded = !strcmp(mode, "pipeline") ||
+                   !strcmp(mode, "block_sequential") ||
+                   (!strcmp(mode, "pipelined_backprop") &&
+                    !cfg->execution.emulate);
+    set_schedule(*out, mode, cfg->train.batch, cfg->execution.micro_batch,
+                 threaded);
   }
   st_free(costs);
   st_model_destroy(m);

@@ -275,7 +275,8 @@ int st_wait_ge(st_waiter *w, const atomic_llong *val, long long want,
                int spin, const atomic_int *stop_a, const atomic_int *stop_b);
 /* A one-producer, one-consumer ring of messages (micro-batch n, buffer).
  * st_chan_put returns -1 when the ring is full (the caller's schedule
- * allows no more: a bug); the caller then wakes the receiver's waiter.
+ * allows no more: a bug); after a message is put, the caller wakes the
+ * receiver's waiter.
  * st_chan_take waits on the receiver's waiter (-1: stopped). Reset only
  * while neither end runs. */
 typedef struct st_msg {

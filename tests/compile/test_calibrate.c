@@ -394,12 +394,18 @@ static void test_host_time(void) {
   for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
     CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
   const double input = 4.0 * 784 / 4e9; /* 784 fp32 per sample */
-  const char *modes[] = {"sequential", "pipeline", "pipelined_backprop"};
-  for (int k = 0; k < 3; k++) {
-    CHECK(st_config_set(&cfg, k == 0   ? "execution.mode=sequential"
-                              : k == 1 ? "execution.mode=pipeline"
-                                       : "execution.mode=pipelined_backprop",
-                        &err) == 0,
+  /* one thread runs an emulated pipelined backprop: no hand-off */
+  const char *modes[] = {"sequential", "pipeline", "pipelined_backprop",
+                         "block_sequential", "pipelined_backprop"};
+  const int handoff[] = {0, 1, 1, 1, 0};
+  for (int k = 0; k < 5; k++) {
+    char set[64];
+    snprintf(set, sizeof set, "execution.mode=%s", modes[k]);
+    CHECK(st_config_set(&cfg, set, &err) == 0 &&
+              st_config_set(&cfg,
+                            k == 4 ? "execution.emulate=true"
+                                   : "execution.emulate=false",
+                            &err) == 0,
           "%s", err.msg);
     setenv("STRATA_CALIBRATION", path, 1);
     st_plan *p = NULL;
@@ -407,11 +413,11 @@ static void test_host_time(void) {
           modes[k], err.msg);
     setenv("STRATA_CALIBRATION", "none", 1);
     if (!p) continue;
-    double want = input + (k ? 2e-5 / 64 : 0);
+    double want = input + (handoff[k] ? 2e-5 / 64 : 0);
     double tol = 1e-12 * want;
     CHECK(fabs(p->host_time - want) <= tol, "%s: host time %.9g want %.9g",
           modes[k], p->host_time, want);
-    int pb = k == 2;
+    int pb = k == 2 || k == 4;
     double util = pb ? 1.0 : 8.0 / (8 + p->n_stages - 1);
     double rate = 1.0 / (1.0 / (p->throughput * util) + want);
     CHECK(fabs(st_plan_rate(p, pb) - rate) <= 1e-12 * rate &&
