@@ -918,6 +918,17 @@ int st_trace_write(const st_trace *t, const char *path, st_error *err);
  * passes — 1 cost, 2 partition, 3 allocate, 4 place, 5 report — and every
  * stage carries a cause string saying why it was cut and sized as it is. */
 
+/* GEMM shape classes, by volume M*N*K of one st_gemm call: calibration
+ * measures one representative shape per class (docs/compiler.md). conv2d
+ * and attention, whose kernels do more than their GEMMs (im2col and
+ * col2im; softmax), have rates of their own by the same classes. */
+#define ST_GEMM_CLASSES 4
+/* The single-threaded ops, timed by the bytes they move: 0 pointwise (relu,
+ * dropout, residual, flatten, softmax-xent), 1 norm (groupnorm, layernorm),
+ * 2 pool, 3 optimizer update, 4 gelu (its tanh or erf makes it compute
+ * bound: it moved bytes 8x slower than relu). */
+#define ST_OP_CLASSES 5
+
 typedef enum { ST_FABRIC_CPU, ST_FABRIC_MESH } st_fabric_kind;
 
 /* What a plan runs on: a width x height grid of PEs (a cpu is cores x 1). */
@@ -943,8 +954,12 @@ typedef struct st_fabric {
    * bandwidth, instead of every FLOP at pe_flops. */
   int calibrated;
   char calibrated_at[32];   /* the profile's date, "2026-11-22T23:40:00Z" */
-  double gemm_rate[4];      /* FLOP/s of one core, by st_gemm_class */
-  double op_bandwidth[4];   /* bytes/s, one thread, by st_op_class */
+  double gemm_rate[ST_GEMM_CLASSES]; /* FLOP/s of one core, by class */
+  double op_bandwidth[ST_OP_CLASSES]; /* bytes/s, one thread, by op class */
+  /* FLOP/s of one core in the conv2d and attention kernels, [0] forward,
+   * [1] backward, by the class of their GEMMs; 0: timed as GEMMs */
+  double conv_rate[2][ST_GEMM_CLASSES];
+  double attention_rate[2][ST_GEMM_CLASSES];
   /* the caller's serial work between steps (0: not modelled): filling the
    * next batch's input, bytes/s of model input written; and the hand-off
    * of a step to the stage threads and back, seconds */
@@ -961,15 +976,8 @@ int st_fabric_parse(st_config *cfg, const char *spec, st_error *err);
  * set explicitly overrides the built-in figure of every kind. */
 int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err);
 
-/* GEMM shape classes, by volume M*N*K of one st_gemm call: calibration
- * measures one representative shape per class (docs/compiler.md). */
-#define ST_GEMM_CLASSES 4
 int st_gemm_class(double M, double N, double K);
 const char *st_gemm_class_name(int cls);
-/* The single-threaded ops, timed by the bytes they move: 0 pointwise (relu,
- * gelu, dropout, residual, flatten, softmax-xent), 1 norm (groupnorm,
- * layernorm), 2 pool, 3 optimizer update. */
-#define ST_OP_CLASSES 4
 const char *st_op_class_name(int cls);
 
 /* A calibration profile: this machine's kernel rates, measured by `strata
@@ -994,6 +1002,15 @@ typedef struct st_calibration {
   double sharing[ST_CALIBRATION_MAX_THREADS];
   double sharing_slope;
   double op_bandwidth[ST_OP_CLASSES]; /* bytes/s, one thread */
+  /* the conv2d and attention kernels, forward [0] and backward [1], FLOP/s
+   * of one thread by class; shapes: conv (batch, in channels, height =
+   * width, out channels), 3x3 same-padded; attention (batch, context,
+   * width, heads). A profile without them (older) reads as 0: timed at
+   * the GEMM rates; its gelu reads as pointwise. */
+  int conv_shape[ST_GEMM_CLASSES][4];
+  double conv_rate[2][ST_GEMM_CLASSES];
+  int attention_shape[ST_GEMM_CLASSES][4];
+  double attention_rate[2][ST_GEMM_CLASSES];
   double copy_bandwidth;     /* bytes/s, memcpy of activation-sized buffers */
   /* the caller's work between steps: a batch's input filled from a
    * dataset larger than the caches (bytes/s of fp32 input written), and a
@@ -1024,9 +1041,12 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
 typedef struct st_block_cost {
   char name[24];
   double flops_fwd, flops_bwd; /* per sample */
-  /* the same work split for a calibrated cost model, per sample: GEMM
-   * FLOPs by class (linear, conv2d) and bytes moved by the other ops */
+  /* the same work split for a calibrated cost model, per sample: FLOPs
+   * of linear layers' GEMMs, of conv2d and of attention by GEMM class, and
+   * bytes moved by the other ops */
   double gemm_fwd[ST_GEMM_CLASSES], gemm_bwd[ST_GEMM_CLASSES];
+  double conv_fwd[ST_GEMM_CLASSES], conv_bwd[ST_GEMM_CLASSES];
+  double attn_fwd[ST_GEMM_CLASSES], attn_bwd[ST_GEMM_CLASSES];
   double bytes_fwd[ST_OP_CLASSES], bytes_bwd[ST_OP_CLASSES];
   double param_bytes;          /* weights */
   double state_bytes;          /* gradient + optimizer state */

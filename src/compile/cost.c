@@ -27,10 +27,12 @@ static int gemm_batch(const st_config *cfg) {
   return mb > 0 && mb < cfg->train.batch ? mb : cfg->train.batch;
 }
 
-/* Splits one layer's work for the calibrated model: linear and conv2d are
- * GEMM FLOPs of their shape class; the other ops are bytes moved (fp32
- * reads and writes of the kernels in src/ops/ and src/model/block.c,
- * counted per sample). im2col and bias adds ride with their GEMM. */
+/* Splits one layer's work for the calibrated model: linear layers are
+ * GEMM FLOPs of their shape class, conv2d and attention FLOPs of their own
+ * kernels (im2col and col2im, softmax ride with them) by the class of
+ * their GEMMs; the other ops are bytes moved (fp32 reads and writes of the
+ * kernels in src/ops/ and src/model/block.c, counted per sample). Bias
+ * adds ride with their GEMM. */
 static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
   double n_in = (double)st_shape_numel(L->in), n = (double)st_shape_numel(L->out);
   switch (L->kind) {
@@ -49,8 +51,8 @@ static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
     st_cost k = st_attention_cost(L->out.h, L->out.c, L->heads);
     double T = L->out.h, hs = (double)L->out.c / L->heads;
     int cls = st_gemm_class(T < 32 ? T : 32, T, hs);
-    c->gemm_fwd[cls] += k.flops_fwd;
-    c->gemm_bwd[cls] += k.flops_bwd;
+    c->attn_fwd[cls] += k.flops_fwd;
+    c->attn_bwd[cls] += k.flops_bwd;
     break;
   }
   case ST_OP_EMBED:
@@ -67,14 +69,17 @@ static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
     /* per sample: (OC) x (OH OW) x (IC K K), one GEMM per sample */
     int cls = st_gemm_class(L->out.c, (double)L->out.h * L->out.w,
                             (double)L->in.c * L->k * L->k);
-    c->gemm_fwd[cls] += k.flops_fwd;
-    c->gemm_bwd[cls] += k.flops_bwd;
+    c->conv_fwd[cls] += k.flops_fwd;
+    c->conv_bwd[cls] += k.flops_bwd;
     break;
   }
   case ST_OP_RELU:
-  case ST_OP_GELU:
     c->bytes_fwd[0] += 4 * (n_in + n);     /* read x, write y */
     c->bytes_bwd[0] += 4 * 3 * n;          /* read dy, y, write dx */
+    break;
+  case ST_OP_GELU:
+    c->bytes_fwd[4] += 4 * (n_in + n);     /* read x, write y */
+    c->bytes_bwd[4] += 4 * 3 * n;          /* read dy, x, write dx */
     break;
   case ST_OP_DROPOUT:
     c->bytes_fwd[0] += 4 * (n_in + 2 * n); /* and the mask */
@@ -123,8 +128,12 @@ static void skip_input_gradient(st_block_cost *c, const st_block *b,
     for (int k = 0; k < ST_GEMM_CLASSES; k++) {
       /* below `first`: nothing; at it: the dW GEMM stays */
       double drop = l < first ? one.gemm_bwd[k] : one.gemm_fwd[k];
+      double conv = l < first ? one.conv_bwd[k] : one.conv_fwd[k];
+      double attn = l < first ? one.attn_bwd[k] : one.attn_fwd[k];
       c->gemm_bwd[k] -= drop;
-      c->flops_bwd -= drop;
+      c->conv_bwd[k] -= conv;
+      c->attn_bwd[k] -= attn;
+      c->flops_bwd -= drop + conv + attn;
     }
     if (l < first)
       for (int k = 0; k < ST_OP_CLASSES; k++) c->bytes_bwd[k] -= one.bytes_bwd[k];
@@ -176,7 +185,7 @@ const char *st_gemm_class_name(int cls) {
 
 const char *st_op_class_name(int cls) {
   static const char *names[ST_OP_CLASSES] = {"pointwise", "norm", "pool",
-                                             "optimizer"};
+                                             "optimizer", "gelu"};
   return cls >= 0 && cls < ST_OP_CLASSES ? names[cls] : "?";
 }
 

@@ -54,9 +54,10 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   p->work_bwd = st_alloc(cells * sizeof(double));
   p->serial_fwd = st_alloc(cells * sizeof(double));
   p->serial_bwd = st_alloc(cells * sizeof(double));
-  /* Uncalibrated: the work is every FLOP at pe_flops. Calibrated: GEMM
-   * FLOPs over their class's measured one-core rate (core-seconds, at a
-   * rate of 1), and the single-threaded ops' bytes over their bandwidth. */
+  /* Uncalibrated: the work is every FLOP at pe_flops. Calibrated: GEMM,
+   * conv2d and attention FLOPs over their class's measured one-core rate
+   * (core-seconds, at a rate of 1), and the single-threaded ops' bytes over
+   * their bandwidth. */
   p->work_rate = f->calibrated ? 1.0 : f->pe_flops;
   if (!p->flops_fwd || !p->flops_bwd || !p->memory || !p->work_fwd ||
       !p->work_bwd || !p->serial_fwd || !p->serial_bwd) {
@@ -72,8 +73,14 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       fb += b->flops_bwd;
       if (f->calibrated) {
         for (int k = 0; k < ST_GEMM_CLASSES; k++) {
-          wf += b->gemm_fwd[k] / f->gemm_rate[k];
-          wb += b->gemm_bwd[k] / f->gemm_rate[k];
+          /* conv2d and attention at their kernels' rates when measured */
+          double r = f->gemm_rate[k];
+          double cf = f->conv_rate[0][k] > 0 ? f->conv_rate[0][k] : r;
+          double cb = f->conv_rate[1][k] > 0 ? f->conv_rate[1][k] : r;
+          double af = f->attention_rate[0][k] > 0 ? f->attention_rate[0][k] : r;
+          double ab = f->attention_rate[1][k] > 0 ? f->attention_rate[1][k] : r;
+          wf += b->gemm_fwd[k] / r + b->conv_fwd[k] / cf + b->attn_fwd[k] / af;
+          wb += b->gemm_bwd[k] / r + b->conv_bwd[k] / cb + b->attn_bwd[k] / ab;
         }
         for (int k = 0; k < ST_OP_CLASSES; k++) {
           sf += b->bytes_fwd[k] / f->op_bandwidth[k];

@@ -142,15 +142,28 @@ void st_plan_print(const st_plan *p, FILE *f) {
     fprintf(f, "link %s/s one way; e(c) = 1\n",
             st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth));
   fprintf(f, "  figures: %s\n", fb->source);
-  if (fb->calibrated)
+  if (fb->calibrated) {
     fprintf(f, "  calibrated %s: GEMM %.3g/%.3g/%.3g/%.3g GFLOP/s per core (tiny/"
-               "small/medium/large); one-thread ops %.3g/%.3g/%.3g/%.3g GB/s "
-               "(pointwise/norm/pool/optimizer)\n",
+               "small/medium/large); one-thread ops %.3g/%.3g/%.3g/%.3g/%.3g "
+               "GB/s (pointwise/norm/pool/optimizer/gelu)\n",
             fb->calibrated_at, fb->gemm_rate[0] / 1e9, fb->gemm_rate[1] / 1e9,
             fb->gemm_rate[2] / 1e9, fb->gemm_rate[3] / 1e9,
-            fb->op_bandwidth[0] / 1e9,
-            fb->op_bandwidth[1] / 1e9, fb->op_bandwidth[2] / 1e9,
-            fb->op_bandwidth[3] / 1e9);
+            fb->op_bandwidth[0] / 1e9, fb->op_bandwidth[1] / 1e9,
+            fb->op_bandwidth[2] / 1e9, fb->op_bandwidth[3] / 1e9,
+            fb->op_bandwidth[4] / 1e9);
+    if (fb->conv_rate[0][0] > 0)
+      fprintf(f, "    conv2d %.3g/%.3g/%.3g/%.3g forward, %.3g/%.3g/%.3g/%.3g "
+                 "backward; attention %.3g/%.3g/%.3g/%.3g forward, "
+                 "%.3g/%.3g/%.3g/%.3g backward GFLOP/s per core\n",
+              fb->conv_rate[0][0] / 1e9, fb->conv_rate[0][1] / 1e9,
+              fb->conv_rate[0][2] / 1e9, fb->conv_rate[0][3] / 1e9,
+              fb->conv_rate[1][0] / 1e9, fb->conv_rate[1][1] / 1e9,
+              fb->conv_rate[1][2] / 1e9, fb->conv_rate[1][3] / 1e9,
+              fb->attention_rate[0][0] / 1e9, fb->attention_rate[0][1] / 1e9,
+              fb->attention_rate[0][2] / 1e9, fb->attention_rate[0][3] / 1e9,
+              fb->attention_rate[1][0] / 1e9, fb->attention_rate[1][1] / 1e9,
+              fb->attention_rate[1][2] / 1e9, fb->attention_rate[1][3] / 1e9);
+  }
   else if (fb->estimated && cpu)
     fprintf(f, "  uncalibrated: predictions are built-in estimates; run "
                "`strata bench --calibrate` to measure this machine\n");

@@ -42,8 +42,20 @@ static st_calibration sample_profile(void) {
   double m[] = {1, 0.75, 0.5};
   memcpy(c.sharing, m, sizeof m);
   c.sharing_slope = 0.375;
-  double bw[ST_OP_CLASSES] = {1e10, 5e9, 4e9, 2e10};
+  double bw[ST_OP_CLASSES] = {1e10, 5e9, 4e9, 2e10, 2.5e9};
   memcpy(c.op_bandwidth, bw, sizeof bw);
+  int conv[ST_GEMM_CLASSES][4] = {
+      {8, 1, 28, 32}, {8, 32, 14, 32}, {8, 32, 14, 64}, {8, 64, 28, 64}};
+  int attn[ST_GEMM_CLASSES][4] = {
+      {8, 64, 128, 4}, {2, 256, 256, 4}, {1, 1024, 256, 2}, {1, 1024, 256, 2}};
+  memcpy(c.conv_shape, conv, sizeof conv);
+  memcpy(c.attention_shape, attn, sizeof attn);
+  double cr[2][ST_GEMM_CLASSES] = {{1e10, 3e10, 4e10, 6e10},
+                                   {5e9, 2e10, 3.5e10, 5.5e10}};
+  double ar[2][ST_GEMM_CLASSES] = {{2.5e10, 4.5e10, 5e10, 5e10},
+                                   {4e10, 6.5e10, 7e10, 7e10}};
+  memcpy(c.conv_rate, cr, sizeof cr);
+  memcpy(c.attention_rate, ar, sizeof ar);
   c.copy_bandwidth = 2.5e10;
   c.input_bandwidth = 4e9;
   c.step_latency = 2e-5;
@@ -76,6 +88,14 @@ static void test_round_trip(void) {
   }
   for (int k = 0; k < ST_OP_CLASSES; k++)
     same &= back.op_bandwidth[k] == c.op_bandwidth[k];
+  for (int k = 0; k < ST_GEMM_CLASSES; k++)
+    for (int d = 0; d < 4; d++)
+      same &= back.conv_shape[k][d] == c.conv_shape[k][d] &&
+              back.attention_shape[k][d] == c.attention_shape[k][d];
+  for (int dir = 0; dir < 2; dir++)
+    for (int k = 0; k < ST_GEMM_CLASSES; k++)
+      same &= back.conv_rate[dir][k] == c.conv_rate[dir][k] &&
+              back.attention_rate[dir][k] == c.attention_rate[dir][k];
   for (int i = 0; i < 3; i++)
     same &= back.threads[i] == c.threads[i] &&
             back.gemm_rate_threads[i] == c.gemm_rate_threads[i];
@@ -113,8 +133,19 @@ static void test_sharing(void) {
         old[o - 2] == ',') {
       old[o - 2] = '\n'; /* the line before it now ends the object */
       o--;
+    } else if (memmem(line, len, "\"op_bandwidth", 13)) {
+      /* before gelu's class: four op bandwidths */
+      size_t keep = 0; /* up to the last ", " between numbers */
+      for (size_t i = 0; i + 1 < len; i++)
+        if (line[i] == ',' && line[i + 1] == ' ') keep = i;
+      memcpy(old + o, line, keep);
+      o += keep;
+      memcpy(old + o, "],\n", 3);
+      o += 3;
     } else if (!memmem(line, len, "\"sharing", 8) &&
-               !memmem(line, len, "\"input_bandwidth", 16)) {
+               !memmem(line, len, "\"input_bandwidth", 16) &&
+               !memmem(line, len, "\"conv_", 6) &&
+               !memmem(line, len, "\"attention_", 11)) {
       memcpy(old + o, line, len);
       o += len;
     }
@@ -130,6 +161,12 @@ static void test_sharing(void) {
   CHECK(back.input_bandwidth == 0 && back.step_latency == 0,
         "older profile: the caller's time not modelled (%g, %g)",
         back.input_bandwidth, back.step_latency);
+  CHECK(back.op_bandwidth[3] == 2e10 && back.op_bandwidth[4] == 1e10,
+        "older profile: gelu timed as pointwise (%g, optimizer %g)",
+        back.op_bandwidth[4], back.op_bandwidth[3]);
+  CHECK(back.conv_rate[0][0] == 0 && back.conv_rate[1][3] == 0 &&
+            back.attention_rate[0][0] == 0 && back.attention_rate[1][3] == 0,
+        "older profile: conv2d and attention timed as GEMMs");
 
   st_calibration_write(&c, path, &err);
   setenv("STRATA_CALIBRATION", path, 1);
@@ -282,11 +319,12 @@ static void test_split_by_hand(void) {
             st_gemm_class(64, 256, 256) == 2 &&
             st_gemm_class(64, 256, 3136) == 3,
         "gemm classes");
-  CHECK(bc[0].gemm_fwd[0] == conv.flops_fwd &&
+  CHECK(bc[0].conv_fwd[0] == conv.flops_fwd &&
             /* no input gradient in the first block: dW only */
-            bc[0].gemm_bwd[0] == conv.flops_bwd - conv.flops_fwd &&
-            bc[0].gemm_fwd[1] == 0,
-        "block 0 GEMM %g %g", bc[0].gemm_fwd[0], bc[0].gemm_bwd[0]);
+            bc[0].conv_bwd[0] == conv.flops_bwd - conv.flops_fwd &&
+            bc[0].conv_fwd[1] == 0 && bc[0].gemm_fwd[0] == 0 &&
+            bc[0].gemm_bwd[0] == 0,
+        "block 0 conv2d %g %g", bc[0].conv_fwd[0], bc[0].conv_bwd[0]);
   /* relu on 4x28x28 = 3136: read + write 2n floats forward, 3n backward;
    * maxpool 3136 -> 784: in + out + index forward and backward */
   CHECK(bc[0].bytes_fwd[0] == 4.0 * 2 * 3136 &&
@@ -306,6 +344,96 @@ static void test_split_by_hand(void) {
         "block 1 pointwise %g %g", bc[1].bytes_fwd[0], bc[1].bytes_bwd[0]);
   CHECK(bc[1].bytes_bwd[3] == 4.0 * 7850 * 6 / 32, "block 1 optimizer");
   st_model_destroy(m);
+}
+
+/* A GPT block's split: attention FLOPs apart from the linear layers' GEMMs,
+ * in the class of its (32 rows, T, head size) tiles, and gelu's bytes in
+ * the gelu class, not pointwise. */
+static void test_split_gpt(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  st_error err = {0};
+  const char *sets[] = {"model.kind=gpt",  "model.vocab=256",
+                        "model.context=64", "model.layers=1",
+                        "model.heads=4",   "model.width=128",
+                        "model.activation=gelu_tanh", "train.batch=8"};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+    CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
+  st_model *m;
+  CHECK(st_model_create(&m, &cfg, (st_shape){1, 64, 1}, &err) == 0, "%s",
+        err.msg);
+  if (!m)
+    return;
+  CHECK(m->n_blocks == 3, "embed, h.0, head: %d blocks", m->n_blocks);
+  st_block_cost bc[3];
+  st_plan_costs(bc, m, &cfg);
+  st_cost a = st_attention_cost(64, 128, 4);
+  int cls = st_gemm_class(32, 64, 32); /* 65,536: tiny */
+  double conv = 0, attn_other = 0;
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    conv += bc[1].conv_fwd[k] + bc[1].conv_bwd[k];
+    if (k != cls) attn_other += bc[1].attn_fwd[k] + bc[1].attn_bwd[k];
+  }
+  CHECK(cls == 0 && bc[1].attn_fwd[0] == a.flops_fwd &&
+            bc[1].attn_bwd[0] == a.flops_bwd && attn_other == 0 && conv == 0,
+        "h.0 attention %g %g (want %g %g)", bc[1].attn_fwd[0],
+        bc[1].attn_bwd[0], a.flops_fwd, a.flops_bwd);
+  /* gelu on 64 positions x 512: read x, write y; read dy and x, write dx */
+  double n = 64.0 * 512;
+  CHECK(bc[1].bytes_fwd[4] == 4 * 2 * n && bc[1].bytes_bwd[4] == 4 * 3 * n,
+        "h.0 gelu %g %g", bc[1].bytes_fwd[4], bc[1].bytes_bwd[4]);
+  /* the four linear layers (qkv, projection, MLP up and down) stay GEMMs:
+   * 2 x 64 x 128 x (384 + 128 + 512 + 512) forward */
+  double gemm = 0;
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) gemm += bc[1].gemm_fwd[k];
+  CHECK(gemm == 2.0 * 64 * 128 * (384 + 128 + 512 + 512) + 64.0 * (384 + 128 + 512 + 128),
+        "h.0 linear forward FLOPs %g", gemm);
+  st_model_destroy(m);
+}
+
+/* conv2d and attention at their kernels' calibrated rates, by hand; with a
+ * profile that lacks them (older), at the GEMM rate of their class. */
+static void test_kernel_time(void) {
+  st_calibration c = sample_profile();
+  st_block_cost b;
+  memset(&b, 0, sizeof b);
+  snprintf(b.name, sizeof b.name, "blocks.0");
+  b.conv_fwd[1] = 3e6;   /* 3e6 / 3e10 = 100 us; as a GEMM 3e6 / 4e10 */
+  b.conv_bwd[1] = 4e6;   /* 4e6 / 2e10 = 200 us; 4e6 / 4e10 */
+  b.attn_fwd[0] = 2e6;   /* 2e6 / 2.5e10 = 80 us; 2e6 / 2e10 */
+  b.attn_bwd[2] = 7e6;   /* 7e6 / 7e10 = 100 us; 7e6 / 5e10 */
+  b.bytes_fwd[4] = 2.5e5; /* gelu: 2.5e5 / 2.5e9 = 100 us */
+  b.flops_fwd = 5e6;
+  b.flops_bwd = 11e6;
+  for (int older = 0; older < 2; older++) {
+    st_fabric f;
+    memset(&f, 0, sizeof f);
+    f.kind = ST_FABRIC_CPU;
+    snprintf(f.name, sizeof f.name, "cpu:1");
+    f.width = f.height = 1;
+    f.pes = 1;
+    f.pe_memory = 1e12;
+    if (older) {
+      memset(c.conv_rate, 0, sizeof c.conv_rate);
+      memset(c.attention_rate, 0, sizeof c.attention_rate);
+    }
+    st_calibration_apply(&c, &f, "test");
+    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
+                           .weight_versions = 1};
+    st_plan *p = NULL;
+    st_error err = {0};
+    CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
+    if (!p)
+      continue;
+    double fwd = older ? 3e6 / 4e10 + 2e6 / 2e10 + 1e-4 : 100e-6 + 80e-6 + 1e-4;
+    double bwd = older ? 4e6 / 4e10 + 7e6 / 5e10 : 200e-6 + 100e-6;
+    CHECK(fabs(p->stages[0].time_fwd - fwd) <= 1e-12 * fwd &&
+              fabs(p->stages[0].time_bwd - bwd) <= 1e-12 * bwd,
+          "%s: fwd %.9g want %.9g, bwd %.9g want %.9g",
+          older ? "older profile" : "kernel rates", p->stages[0].time_fwd, fwd,
+          p->stages[0].time_bwd, bwd);
+    st_plan_destroy(p);
+  }
 }
 
 /* A calibrated fabric: t = sum_k G_k / r_k (s + (1 - s)/c) + sum_k B_k / bw_k
@@ -447,6 +575,8 @@ int main(void) {
   test_bad_profiles();
   test_split_by_hand();
   test_time_by_hand();
+  test_split_gpt();
+  test_kernel_time();
   test_host_time();
   /* leave nothing behind */
   const char *files[] = {"cal.json",       "good.json",     "foreign.json",
