@@ -8,7 +8,8 @@
  *     t = (F_fwd + F_bwd) / (c r e(c)) + (o_{j-1} [j < n] + i_i [i > 0]) / bw
  * where e(c) = 1 / (1 + slope (c - 1)), o the output bytes sent forward and
  * i the input-gradient bytes sent back. With a calibration profile (cpu),
- * F / r becomes sum over GEMM classes of F_k / r_k, plus a serial term
+ * F / r becomes sum over GEMM classes of F_k / r_k (linear GEMMs, conv2d
+ * and attention each at their own measured rate), plus a serial term
  * sum over op classes of bytes_k / bw_k that does not shrink with c. The
  * calibration's core sharing m(n) = 1/(1 + sigma (n - 1)) — the rate each
  * of n independent one-thread GEMMs keeps when run at once (hyperthreads

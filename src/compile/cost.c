@@ -123,13 +123,18 @@ static void skip_input_gradient(st_block_cost *c, const st_block *b,
     st_block_cost one;
     memset(&one, 0, sizeof one);
     split_layer(&one, L, batch);
+    double n_out = (double)st_shape_numel(L->out);
     int gemm = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D;
     if (l == first && !gemm) break; /* it needs somewhere to write: runs */
     for (int k = 0; k < ST_GEMM_CLASSES; k++) {
-      /* below `first`: nothing; at it: the dW GEMM stays */
-      double drop = l < first ? one.gemm_bwd[k] : one.gemm_fwd[k];
-      double conv = l < first ? one.conv_bwd[k] : one.conv_fwd[k];
-      double attn = l < first ? one.attn_bwd[k] : one.attn_fwd[k];
+      /* below `first` nothing runs; at it, the skipped input-gradient
+       * GEMM has the forward's products but not its bias term (one FLOP
+       * per output): the weight and bias gradients still run */
+      double drop = l < first ? one.gemm_bwd[k]
+                    : one.gemm_fwd[k] > 0 ? one.gemm_fwd[k] - n_out : 0;
+      double conv = l < first ? one.conv_bwd[k]
+                    : one.conv_fwd[k] > 0 ? one.conv_fwd[k] - n_out : 0;
+      double attn = l < first ? one.attn_bwd[k] : 0;
       c->gemm_bwd[k] -= drop;
       c->conv_bwd[k] -= conv;
       c->attn_bwd[k] -= attn;
