@@ -135,7 +135,6 @@ static int gemm_rate(int cls, int threads, double *rate) {
 #define STREAM_S 0.25
 
 typedef struct streams {
-  int n;
   atomic_int ready, go; /* go: 1 run, -1 abort */
   double deadline;      /* st_now() at which each stream stops */
 } streams;
@@ -172,7 +171,7 @@ static void *stream_main(void *arg) {
 
 /* Their summed rate, or -1 when threads or memory ran out. */
 static double streams_rate(int n) {
-  streams all = {.n = n};
+  streams all;
   atomic_init(&all.ready, 0);
   atomic_init(&all.go, 0);
   stream *s = calloc((size_t)n, sizeof *s);
@@ -462,6 +461,7 @@ static const int attention_shapes[ST_GEMM_CLASSES][4] = {
 typedef struct kernel_job {
   int B, IC, HW, OC;      /* conv2d */
   int T, C, NH;           /* attention */
+  /* attention: in is qkv, col the probabilities, w the backward's scratch */
   float *in, *w, *b, *out, *col, *dout, *din, *dw, *db;
 } kernel_job;
 
@@ -488,10 +488,18 @@ static void attention_bwd_step(void *arg) {
                         j->T, j->C, j->NH);
 }
 
+/* j's buffers, in the order kernel_alloc's counts give them */
+enum { KERNEL_BUFS = 9 };
+static void kernel_bufs(kernel_job *j, float **bufs[KERNEL_BUFS]) {
+  float **all[KERNEL_BUFS] = {&j->in,   &j->w,   &j->b,  &j->out, &j->col,
+                              &j->dout, &j->din, &j->dw, &j->db};
+  memcpy(bufs, all, sizeof all);
+}
+
 static void kernel_free(kernel_job *j) {
-  float **bufs[] = {&j->in, &j->w,    &j->b,  &j->out, &j->col,
-                    &j->dout, &j->din, &j->dw, &j->db};
-  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+  float **bufs[KERNEL_BUFS];
+  kernel_bufs(j, bufs);
+  for (int i = 0; i < KERNEL_BUFS; i++) {
     st_free(*bufs[i]);
     *bufs[i] = NULL;
   }
@@ -499,10 +507,10 @@ static void kernel_free(kernel_job *j) {
 
 /* Allocates each buffer of j with its float count in n[] (0: none) and
  * fills the inputs; 0 or ST_ENOMEM. */
-static int kernel_alloc(kernel_job *j, const size_t n[9]) {
-  float **bufs[] = {&j->in, &j->w,    &j->b,  &j->out, &j->col,
-                    &j->dout, &j->din, &j->dw, &j->db};
-  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+static int kernel_alloc(kernel_job *j, const size_t n[KERNEL_BUFS]) {
+  float **bufs[KERNEL_BUFS];
+  kernel_bufs(j, bufs);
+  for (int i = 0; i < KERNEL_BUFS; i++) {
     if (!n[i])
       continue;
     if (!(*bufs[i] = st_alloc(n[i] * sizeof(float)))) {
@@ -520,7 +528,7 @@ static int conv_rates(int k, double *fwd, double *bwd) {
   kernel_job j = {.B = s[0], .IC = s[1], .HW = s[2], .OC = s[3]};
   size_t in = (size_t)j.B * j.IC * j.HW * j.HW, out = (size_t)j.B * j.OC * j.HW * j.HW;
   size_t w = (size_t)j.OC * j.IC * 9;
-  size_t n[9] = {in, w, (size_t)j.OC, out,
+  size_t n[KERNEL_BUFS] = {in, w, (size_t)j.OC, out,
                  st_conv2d_scratch_floats(j.B, j.IC, j.HW, j.HW, 3, 1, 1),
                  out, in, w, (size_t)j.OC};
   if (kernel_alloc(&j, n))
@@ -537,7 +545,7 @@ static int attention_rates(int k, double *fwd, double *bwd) {
   const int *s = attention_shapes[k];
   kernel_job j = {.B = s[0], .T = s[1], .C = s[2], .NH = s[3]};
   size_t qkv = (size_t)j.B * j.T * 3 * j.C, y = (size_t)j.B * j.T * j.C;
-  size_t n[9] = {qkv, st_attention_scratch_floats(j.B, j.T, j.C, j.NH) + 1, 0,
+  size_t n[KERNEL_BUFS] = {qkv, st_attention_scratch_floats(j.B, j.T, j.C, j.NH) + 1, 0,
                  y, (size_t)j.B * j.NH * j.T * j.T, y, qkv, 0, 0};
   if (kernel_alloc(&j, n))
     return ST_ENOMEM;
@@ -574,6 +582,25 @@ static int measure_kernels(st_calibration *c, FILE *progress, st_error *err) {
 
 /* ----------------------------------------------------------- measure */
 
+/* The large GEMM's best one-thread rate and best rate on t threads (one
+ * pool, or with `streams` t independent one-thread streams) over ROUNDS
+ * rounds, each timing one thread and then t back to back: a burst of other
+ * load on the host (a shared VM's neighbours) that hits one window is
+ * outvoted. Measured once each, one burst made e(2) 0.57 against 0.8-0.96
+ * in every other run. 0, or ST_ENOMEM when memory or threads ran out. */
+static int paired_rates(int t, int streams, double *one, double *many) {
+  *one = *many = 0;
+  for (int r = 0; r < ROUNDS; r++) {
+    double a, b = streams ? streams_rate(t) : 0;
+    if ((streams ? b <= 0 : gemm_rate(ST_GEMM_CLASSES - 1, t, &b)) ||
+        gemm_rate(ST_GEMM_CLASSES - 1, 1, &a))
+      return ST_ENOMEM;
+    *one = a > *one ? a : *one;
+    *many = b > *many ? b : *many;
+  }
+  return 0;
+}
+
 int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
                            st_error *err) {
   memset(c, 0, sizeof *c);
@@ -602,25 +629,12 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
       if (gemm_rate(ST_GEMM_CLASSES - 1, 1, &c->gemm_rate_threads[0]))
         return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
       c->efficiency[0] = 1;
-    }
-    /* ROUNDS rounds, each one thread then t back to back, and the best
-     * of each over the rounds: a burst of other load on the host (a shared
-     * VM's neighbours) that hits one window is outvoted; measured once
-     * each, one burst made e(2) 0.57 against 0.8-0.96 in every other run */
-    double best_one = 0, best_many = 0;
-    for (int r = 0; t > 1 && r < ROUNDS; r++) {
+    } else {
       double one, many;
-      if (gemm_rate(ST_GEMM_CLASSES - 1, 1, &one) ||
-          gemm_rate(ST_GEMM_CLASSES - 1, t, &many))
+      if (paired_rates(t, 0, &one, &many))
         return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
-      best_one = one > best_one ? one : best_one;
-      best_many = many > best_many ? many : best_many;
-    }
-    if (t > 1) {
-      c->gemm_rate_threads[i] = best_many;
-      c->efficiency[i] = best_many / (t * best_one);
-    }
-    if (t > 1) {
+      c->gemm_rate_threads[i] = many;
+      c->efficiency[i] = many / (t * one);
       num += (t - 1) * (1 / c->efficiency[i] - 1);
       den += (double)(t - 1) * (t - 1);
     }
@@ -639,19 +653,13 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
   num = den = 0;
   for (int i = 0; i < c->n_threads; i++) {
     int t = c->threads[i];
-    double sum = 0, best_one = 0; /* as for e(c), over ROUNDS rounds */
+    double one = 0, sum = 0;
     c->sharing[i] = 1;
-    for (int r = 0; t > 1 && r < ROUNDS; r++) {
-      double one, streams = streams_rate(t);
-      if (streams <= 0 || gemm_rate(ST_GEMM_CLASSES - 1, 1, &one))
+    if (t > 1) {
+      if (paired_rates(t, 1, &one, &sum))
         return st_error_set(err, ST_ENOMEM,
                             "calibration: cannot run %d GEMM threads", t);
-      best_one = one > best_one ? one : best_one;
-      sum = streams > sum ? streams : sum;
-    }
-    if (t > 1)
-      c->sharing[i] = sum / (t * best_one);
-    if (t > 1) {
+      c->sharing[i] = sum / (t * one);
       num += (t - 1) * (1 / c->sharing[i] - 1);
       den += (double)(t - 1) * (t - 1);
     }
