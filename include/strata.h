@@ -928,6 +928,14 @@ int st_trace_write(const st_trace *t, const char *path, st_error *err);
  * 2 pool, 3 optimizer update, 4 gelu (its tanh or erf makes it compute
  * bound: it moved bytes 8x slower than relu). */
 #define ST_OP_CLASSES 5
+/* Rows (M) of the calibration's linear GEMM shapes: a linear layer's GEMMs
+ * are classed by their weights at this many rows. Below it, weights larger
+ * than a core's L2 are re-read from the next level once per call, which the
+ * rate at this many rows amortises and a narrow call does not (the narrow
+ * term of the calibrated model, docs/compiler.md). */
+#define ST_GEMM_REF_ROWS 64
+/* Points of the calibrated cache-spill curve (working set -> fraction). */
+#define ST_SPILL_POINTS 10
 
 typedef enum { ST_FABRIC_CPU, ST_FABRIC_MESH } st_fabric_kind;
 
@@ -965,6 +973,16 @@ typedef struct st_fabric {
    * of a step to the stage threads and back, seconds */
   double input_bandwidth;
   double step_latency;
+  /* The memory terms of linear layers' GEMMs (0: not modelled). A call of
+   * r rows, 2 <= r < ref_rows, adds (1 - r / ref_rows) narrow_cost
+   * max(0, W - l2_bytes) seconds, W its weight bytes; every call adds
+   * spill(S) spill_cost W, S the bytes its stage touches per micro-batch and
+   * spill() the fraction interpolated on (spill_ws, spill_fraction) — 0
+   * below the first point, 1 past the last. Both per layer step of three
+   * GEMMs; a stage's share on c cores shrinks as its GEMM time does. */
+  double l2_bytes, narrow_cost, narrow_ref_rows, spill_cost;
+  int n_spill;
+  double spill_ws[ST_SPILL_POINTS], spill_fraction[ST_SPILL_POINTS];
 } st_fabric;
 
 /* Writes a --fabric spec — "cpu", "cpu:N", "mesh:WxH" or "wse2" — into
@@ -977,6 +995,9 @@ int st_fabric_parse(st_config *cfg, const char *spec, st_error *err);
 int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err);
 
 int st_gemm_class(double M, double N, double K);
+/* The calibrated share of spill_cost a stage touching ws bytes per
+ * micro-batch pays (st_fabric; 0 without the measurement). */
+double st_spill_fraction(const st_fabric *f, double ws);
 const char *st_gemm_class_name(int cls);
 const char *st_op_class_name(int cls);
 
@@ -1018,6 +1039,17 @@ typedef struct st_calibration {
    * them (older) reads as 0: not modelled. */
   double input_bandwidth;
   double step_latency;
+  /* The memory terms of linear GEMMs (st_fabric). narrow_rate: FLOP/s of
+   * the large class's layer step at narrow_rows rows (hot), beside
+   * gemm_rate at the class's own rows; l2_bytes: one core's L2 (sysfs).
+   * spill_cost: seconds per weight byte the same narrow step adds when its
+   * weights come from memory; spill_ws / spill_fraction: the share of that
+   * it paid with spill_ws bytes touched between steps. A profile without
+   * them (older) reads as 0: not modelled. */
+  int narrow_rows;
+  double narrow_rate, l2_bytes, spill_cost;
+  int n_spill;
+  double spill_ws[ST_SPILL_POINTS], spill_fraction[ST_SPILL_POINTS];
 } st_calibration;
 
 /* Measures this machine (a few seconds); threads 1, 2, 4, ... up
@@ -1052,6 +1084,18 @@ typedef struct st_block_cost {
   double state_bytes;          /* gradient + optimizer state */
   double act_bytes;            /* activations + saved state, per sample */
   double in_bytes, out_bytes;  /* input and output activation, per sample */
+  /* Linear layers' weights for the calibrated memory terms (st_fabric):
+   * per layer its weight bytes, the rows of its GEMM calls (micro-batch x
+   * positions) and the GEMMs of its step (3, or 2 without an input
+   * gradient); a block with more than ST_BLOCK_LINEARS folds the rest into
+   * the last. A call covers call_samples samples. ws_bytes: what one
+   * micro-batch's forward and another's backward touch in this block
+   * (weights, gradients, activations and inputs). */
+#define ST_BLOCK_LINEARS 8
+  int n_linear;
+  double linear_bytes[ST_BLOCK_LINEARS], linear_rows[ST_BLOCK_LINEARS];
+  double linear_gemms[ST_BLOCK_LINEARS];
+  double call_samples, ws_bytes;
 } st_block_cost;
 
 /* Fills out[0 .. m->n_blocks) from the model's descriptors (no parameter
@@ -1085,6 +1129,9 @@ typedef struct st_plan_stage {
   double mem_state;            /* gradient + optimizer state */
   double mem_acts;             /* (input + activations) x samples in flight */
   double mem_total, mem_capacity; /* bytes: needed, and pes x pe_memory */
+  double working_set;          /* bytes a micro-batch's step touches */
+  double spill;                /* calibrated share of the weights' memory
+                                  time it pays (st_fabric), 0..1 */
   char cause[ST_CAUSE_MAX];    /* why cut here, why this many PEs */
 } st_plan_stage;
 

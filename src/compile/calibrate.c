@@ -77,13 +77,14 @@ typedef struct gemm_job {
   float *a, *b, *c, *d;
 } gemm_job;
 
-/* One layer's step: forward C = A B^T-like, weight gradient, input
- * gradient (the transposes of st_linear_forward / _backward). */
+/* One layer's step: forward C = A B^T-like, weight gradient added to the
+ * gradient as training does, input gradient (the transposes and betas of
+ * st_linear_forward / _backward). */
 static void gemm_step(void *arg) {
   gemm_job *j = arg;
   int M = j->M, N = j->N, K = j->K;
   st_gemm(j->pool, 0, 1, M, N, K, 1.0f, j->a, K, j->b, K, 0.0f, j->c, N);
-  st_gemm(j->pool, 1, 0, N, K, M, 1.0f, j->c, N, j->a, K, 0.0f, j->d, K);
+  st_gemm(j->pool, 1, 0, N, K, M, 1.0f, j->c, N, j->a, K, 1.0f, j->d, K);
   st_gemm(j->pool, 0, 0, M, K, N, 1.0f, j->c, N, j->b, K, 0.0f, j->a, K);
 }
 
@@ -102,6 +103,7 @@ static int gemm_job_alloc(gemm_job *j) {
     return ST_ENOMEM;
   fill(j->a, (size_t)j->M * j->K);
   fill(j->b, (size_t)j->N * j->K);
+  memset(j->d, 0, (size_t)j->N * j->K * sizeof(float));
   return 0;
 }
 
@@ -127,6 +129,122 @@ static int gemm_rate(int cls, int threads, double *rate) {
     st_pool_destroy(j.pool);
   gemm_job_free(&j);
   return rc;
+}
+
+/* ------------------------------------- narrow GEMMs and cache spill */
+
+#define NARROW_ROWS 8 /* the pipelines' micro-batch of 8 */
+
+/* One core's cache of `level` (2, 3) from sysfs, bytes; 0 if unknown. */
+static double cache_bytes(int level) {
+  for (int i = 0; i < 8; i++) {
+    char path[96], text[32];
+    double size = 0;
+    int lv = 0, ok = 0;
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+    FILE *f = fopen(path, "r");
+    if (!f)
+      return 0;
+    ok = fscanf(f, "%d", &lv) == 1;
+    fclose(f);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+    if (!ok || lv != level || !(f = fopen(path, "r")))
+      continue;
+    ok = fgets(text, sizeof text, f) && strncmp(text, "Instruction", 11) != 0;
+    fclose(f);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    if (!ok || !(f = fopen(path, "r")))
+      continue;
+    char unit = 0;
+    if (fscanf(f, "%lf%c", &size, &unit) >= 1)
+      size *= unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : 1.0;
+    fclose(f);
+    return size;
+  }
+  return 0;
+}
+
+/* Seconds per gemm_step with `junk_n` floats written between steps (not
+ * timed): the best of three windows of WINDOW_S / 2 of step time. */
+static double step_after(gemm_job *j, float *junk, size_t junk_n) {
+  double best = INFINITY;
+  gemm_step(j);
+  for (int rep = 0; rep < 3; rep++) {
+    long calls = 0;
+    double busy = 0;
+    do {
+      for (size_t i = 0; i < junk_n; i++) junk[i] += 1.0f;
+      double t0 = st_now();
+      gemm_step(j);
+      busy += st_now() - t0;
+      calls++;
+    } while (busy < WINDOW_S / 2);
+    if (busy / (double)calls < best)
+      best = busy / (double)calls;
+  }
+  return best;
+}
+
+/* The large class's layer step at NARROW_ROWS rows: its rate with the
+ * weights hot, then with 0.5 .. 32 MB and a cold amount (twice the L3, at
+ * least 64 MB) written between steps, which evicts its weights and
+ * gradient to memory on the way. */
+static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
+  const int *shape = gemm_shapes[ST_GEMM_CLASSES - 1];
+  gemm_job j = {.M = NARROW_ROWS, .N = shape[1], .K = shape[2]};
+  double l3 = cache_bytes(3), cold = 2 * l3 > 64e6 ? 2 * l3 : 64e6;
+  size_t junk_n = (size_t)(cold / sizeof(float));
+  float *junk = st_alloc(junk_n * sizeof(float));
+  int rc = gemm_job_alloc(&j);
+  if (rc || !junk) {
+    gemm_job_free(&j);
+    st_free(junk);
+    return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
+  }
+  memset(junk, 0, junk_n * sizeof(float));
+  c->narrow_rows = NARROW_ROWS;
+  c->l2_bytes = cache_bytes(2);
+  double w = 4.0 * j.N * j.K, flops = 6.0 * j.M * j.N * j.K;
+  double base = 2 * w + 4.0 * j.M * (j.N + j.K); /* weights, gradient, rows */
+  double hot = step_after(&j, junk, 0);
+  c->narrow_rate = flops / hot;
+  double t[ST_SPILL_POINTS], mb = 0.5;
+  int n = 0;
+  c->spill_ws[n] = base;
+  t[n++] = hot;
+  for (; n < ST_SPILL_POINTS - 1 && mb * 1048576.0 < cold; n++, mb *= 2) {
+    c->spill_ws[n] = base + mb * 1048576.0;
+    t[n] = step_after(&j, junk, (size_t)(mb * 1048576.0 / sizeof(float)));
+  }
+  c->spill_ws[n] = base + cold;
+  t[n] = step_after(&j, junk, junk_n);
+  c->n_spill = ++n;
+  /* the share of the cold step's extra time paid at each amount, made
+   * monotone (a window slowed by the host cannot undo a spill) */
+  double extra = t[n - 1] - hot;
+  c->spill_cost = extra > 0 ? extra / w : 0;
+  for (int k = 0; k < n; k++) {
+    double fr = extra > 0 ? (t[k] - hot) / extra : 0;
+    fr = fr < 0 ? 0 : fr > 1 ? 1 : fr;
+    c->spill_fraction[k] = k && fr < c->spill_fraction[k - 1]
+                               ? c->spill_fraction[k - 1] : fr;
+  }
+  c->spill_fraction[0] = 0;
+  c->spill_fraction[n - 1] = extra > 0 ? 1 : 0;
+  if (progress) {
+    fprintf(progress,
+            "  gemm large at %d rows %8.2f GFLOP/s (weights hot; L2 %.0f KB)\n",
+            j.M, c->narrow_rate / 1e9, c->l2_bytes / 1024);
+    fprintf(progress, "  spill: %.1f us per MB of weights from memory; share "
+                      "paid by MB touched:", c->spill_cost * 1048576.0 * 1e6);
+    for (int k = 0; k < n; k++)
+      fprintf(progress, " %.1f:%.2f", c->spill_ws[k] / 1048576.0,
+              c->spill_fraction[k]);
+    fprintf(progress, "\n");
+  }
+  gemm_job_free(&j);
+  st_free(junk);
+  return 0;
 }
 
 /* n one-thread GEMM streams at once, as n one-core stages run. They start
@@ -673,7 +791,9 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
   if (progress)
     fprintf(progress, "  m(n) = 1/(1 + %.4f (n - 1)), fitted\n",
             c->sharing_slope);
-  int rc = measure_kernels(c, progress, err);
+  int rc = measure_narrow(c, progress, err);
+  if (!rc)
+    rc = measure_kernels(c, progress, err);
   return rc ? rc : measure_ops(c, progress, err);
 }
 
@@ -746,7 +866,16 @@ int st_calibration_write(const st_calibration *c, const char *path,
              ST_GEMM_CLASSES, 0);
   json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 0);
   json_array(buf, cap, &at, "input_bandwidth", &c->input_bandwidth, 1, 0);
-  json_array(buf, cap, &at, "step_latency", &c->step_latency, 1, 1);
+  int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
+  json_array(buf, cap, &at, "step_latency", &c->step_latency, 1, !narrow);
+  if (narrow) {
+    double v[3] = {c->narrow_rows, c->narrow_rate, c->l2_bytes};
+    json_array(buf, cap, &at, "narrow_rows_rate_l2", v, 3, 0);
+    json_array(buf, cap, &at, "spill_cost", &c->spill_cost, 1, 0);
+    json_array(buf, cap, &at, "spill_ws", c->spill_ws, c->n_spill, 0);
+    json_array(buf, cap, &at, "spill_fraction", c->spill_fraction, c->n_spill,
+               1);
+  }
   if (at + 3 > cap)
     return st_error_set(err, ST_EIO, "%s: calibration profile too long", path);
   at += (size_t)snprintf(buf + at, cap - at, "}\n");
@@ -938,6 +1067,36 @@ static int parse(st_calibration *c, const char *text, const char *path,
       (rc = positive_array(text, path, "step_latency", &c->step_latency, 1,
                            err)))
     return rc;
+  /* optional (profiles before them): linear GEMMs' memory not modelled */
+  c->narrow_rows = c->n_spill = 0;
+  c->narrow_rate = c->l2_bytes = c->spill_cost = 0;
+  if (value_of(text, "narrow_rows_rate_l2")) {
+    double v[ST_SPILL_POINTS];
+    if (numbers_of(value_of(text, "narrow_rows_rate_l2"), v, 3) != 3 ||
+        !(v[0] >= 1 && v[0] < ST_GEMM_REF_ROWS) || !(v[1] > 0) ||
+        !isfinite(v[1]) || !(v[2] >= 0) || !isfinite(v[2]))
+      return bad(err, path, "\"narrow_rows_rate_l2\": expected rows in [1, "
+                            "64), a positive rate and bytes >= 0");
+    c->narrow_rows = (int)v[0];
+    c->narrow_rate = v[1];
+    c->l2_bytes = v[2];
+    int nw = numbers_of(value_of(text, "spill_ws"), c->spill_ws, ST_SPILL_POINTS);
+    int nf = numbers_of(value_of(text, "spill_fraction"), v, ST_SPILL_POINTS);
+    if (numbers_of(value_of(text, "spill_cost"), &c->spill_cost, 1) != 1 ||
+        !(c->spill_cost >= 0) || !isfinite(c->spill_cost))
+      return bad(err, path, "\"spill_cost\": expected one number >= 0");
+    if (nw < 2 || nf != nw)
+      return bad(err, path, "\"spill_ws\" and \"spill_fraction\": expected "
+                            "2 to 10 numbers each, as many of one as the other");
+    for (int k = 0; k < nw; k++)
+      if (!(c->spill_ws[k] > (k ? c->spill_ws[k - 1] : 0)) ||
+          !isfinite(c->spill_ws[k]) || !(v[k] >= (k ? v[k - 1] : 0)) ||
+          !(v[k] <= 1))
+        return bad(err, path, "\"spill_ws\" must rise and \"spill_fraction\" "
+                              "rise within [0, 1]");
+    memcpy(c->spill_fraction, v, (size_t)nw * sizeof *v);
+    c->n_spill = nw;
+  }
   const char *cores = value_of(text, "cores");
   c->cores = cores ? atoi(cores) : 0;
   if (c->cores < 1)
@@ -992,6 +1151,26 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   f->link_bandwidth = c->copy_bandwidth;
   f->input_bandwidth = c->input_bandwidth;
   f->step_latency = c->step_latency;
+  /* the narrow term: the large class's step at narrow_rows rows against
+   * (narrow_rows / ref rows) of it at the class's own rows; the rest is
+   * its weights over L2 re-read once per call */
+  const int *ls = c->gemm_shape[ST_GEMM_CLASSES - 1];
+  double w = 4.0 * ls[1] * ls[2], ref = ls[0], r = c->narrow_rows;
+  f->narrow_cost = f->l2_bytes = f->spill_cost = 0;
+  f->narrow_ref_rows = ST_GEMM_REF_ROWS;
+  f->n_spill = 0;
+  if (c->narrow_rate > 0 && r < ref && w > c->l2_bytes) {
+    double t_ref = 6.0 * ref * ls[1] * ls[2] / c->gemm_rate[ST_GEMM_CLASSES - 1];
+    double t_r = 6.0 * r * ls[1] * ls[2] / c->narrow_rate;
+    double x = (t_r - r / ref * t_ref) / (1 - r / ref);
+    f->narrow_cost = x > 0 ? x / (w - c->l2_bytes) : 0;
+    f->narrow_ref_rows = ref;
+    f->l2_bytes = c->l2_bytes;
+    f->spill_cost = c->spill_cost;
+    f->n_spill = c->n_spill;
+    memcpy(f->spill_ws, c->spill_ws, sizeof f->spill_ws);
+    memcpy(f->spill_fraction, c->spill_fraction, sizeof f->spill_fraction);
+  }
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,
            "; calibrated %s from %.200s (GEMM, conv2d and attention by shape "

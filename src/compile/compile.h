@@ -76,6 +76,12 @@ static inline int64_t range_index(const problem *p, int i, int j) {
   return (int64_t)i * (p->n + 1) + j;
 }
 
+/* One block's calibrated narrow term (seconds per sample) and weight
+ * traffic (weight bytes per sample, to multiply by spill_cost and
+ * st_spill_fraction), see st_fabric. */
+void linear_memory(const st_fabric *f, const st_block_cost *b, double *narrow,
+                   double *traffic);
+
 /* Bytes stage [i, j) holds, and the parts of it. */
 double stage_memory(const problem *p, int i, int j);
 /* Seconds per sample of stage [i, j) on `units` units of layout L; the parts

@@ -40,9 +40,24 @@ static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
     /* a sequence layer is one GEMM over batch x positions rows */
     double rows = L->rows;
     st_cost k = st_linear_cost((int)(n_in / rows), (int)(n / rows));
-    int cls = st_gemm_class(batch * rows, n / rows, n_in / rows);
+    /* classed by its weights at the calibration's rows: a narrower call
+     * runs at that rate plus the narrow memory term (partition.c) */
+    double M = batch * rows;
+    int cls = st_gemm_class(M > ST_GEMM_REF_ROWS ? M : ST_GEMM_REF_ROWS,
+                            n / rows, n_in / rows);
     c->gemm_fwd[cls] += k.flops_fwd * rows;
     c->gemm_bwd[cls] += k.flops_bwd * rows;
+    int at = c->n_linear < ST_BLOCK_LINEARS ? c->n_linear++ : ST_BLOCK_LINEARS - 1;
+    double w = 4.0 * (n_in / rows) * (n / rows);
+    if (c->linear_bytes[at] > 0) { /* folded: the narrowest call's rows */
+      c->linear_gemms[at] = (c->linear_gemms[at] * c->linear_bytes[at] +
+                             3 * w) / (c->linear_bytes[at] + w);
+      c->linear_rows[at] = M < c->linear_rows[at] ? M : c->linear_rows[at];
+    } else {
+      c->linear_gemms[at] = 3;
+      c->linear_rows[at] = M;
+    }
+    c->linear_bytes[at] += w;
     break;
   }
   case ST_OP_ATTENTION: {
@@ -126,6 +141,8 @@ static void skip_input_gradient(st_block_cost *c, const st_block *b,
     double n_out = (double)st_shape_numel(L->out);
     int gemm = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D;
     if (l == first && !gemm) break; /* it needs somewhere to write: runs */
+    if (l == first && L->kind == ST_OP_LINEAR && c->n_linear > 0)
+      c->linear_gemms[0] = 2; /* the block's first linear layer is this one */
     for (int k = 0; k < ST_GEMM_CLASSES; k++) {
       /* below `first` nothing runs; at it, the skipped input-gradient
        * GEMM has the forward's products but not its bias term (one FLOP
@@ -163,6 +180,10 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     c->out_bytes = 4.0 * (double)st_shape_numel(b->out);
     for (int l = 0; l < b->n_layers; l++)
       split_layer(c, &b->layers[l], batch);
+    c->call_samples = batch;
+    /* a micro-batch's forward beside another's backward: weights and
+     * gradients, two micro-batches' activations and inputs */
+    c->ws_bytes = 2 * c->param_bytes + 2 * batch * (c->act_bytes + c->in_bytes);
     if (i == 0) skip_input_gradient(c, b, batch);
     /* the optimizer step once per batch: read weights, gradients and state,
      * write weights and state, clear the gradients */

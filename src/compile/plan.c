@@ -382,7 +382,9 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
     st->time = stage_time(p, L, i, j, span[s], &st->time_fwd, &st->time_bwd,
                           &st->time_comm);
     double weights = 0, state = 0, acts = p->blocks[i].in_bytes;
+    st->working_set = 0;
     for (int b = i; b < j; b++) {
+      st->working_set += p->blocks[b].ws_bytes;
       weights += p->blocks[b].param_bytes;
       state += p->blocks[b].state_bytes;
       acts += p->blocks[b].act_bytes;
@@ -390,6 +392,7 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
     st->mem_weights = p->versions * weights;
     st->mem_state = state;
     st->mem_acts = p->in_flight * acts;
+    st->spill = st_spill_fraction(&plan->fabric, st->working_set);
     st->mem_total = stage_memory(p, i, j);
     st->mem_capacity = (double)st->pes * plan->fabric.pe_memory;
     plan->pes_used += st->pes;

@@ -191,6 +191,11 @@ void st_plan_print(const st_plan *p, FILE *f) {
             st_plan_fmt_bytes(b, sizeof b, st->mem_capacity),
             s == p->bottleneck ? "  <- bottleneck" : "");
     fprintf(f, "       why: %s\n", st->cause);
+    if (st->spill > 0)
+      fprintf(f, "       cache: a micro-batch touches %s here; its weights "
+                 "pay %.0f%% of their calibrated time from memory\n",
+              st_plan_fmt_bytes(a, sizeof a, st->working_set),
+              100 * st->spill);
   }
   fprintf(f,
           "\nthroughput: %s samples/s in steady state; bottleneck stage "
@@ -334,7 +339,9 @@ static void write_json(const st_plan *p, FILE *f) {
     jnum(f, "state", st->mem_state, 0);
     jnum(f, "activations", st->mem_acts, 0);
     jnum(f, "total", st->mem_total, 0);
-    jnum(f, "capacity", st->mem_capacity, 1);
+    jnum(f, "capacity", st->mem_capacity, 0);
+    jnum(f, "working_set", st->working_set, 0);
+    jnum(f, "spill", st->spill, 1);
     fprintf(f, "},\n     \"bottleneck\": %s, \"cause\": ",
             s == p->bottleneck ? "true" : "false");
     json_string(f, st->cause);

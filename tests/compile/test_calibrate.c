@@ -62,6 +62,21 @@ static st_calibration sample_profile(void) {
   return c;
 }
 
+/* The same with the linear GEMMs' memory terms: the large class's step at
+ * 8 rows at 4e10 against 8e10 at 64, a 1 MiB L2, and a spill curve. */
+static st_calibration narrow_profile(void) {
+  st_calibration c = sample_profile();
+  c.narrow_rows = 8;
+  c.narrow_rate = 4e10;
+  c.l2_bytes = 1048576;
+  c.spill_cost = 2e-10;
+  c.n_spill = 3;
+  double ws[] = {6e6, 1e7, 4e7}, fr[] = {0, 0.25, 1};
+  memcpy(c.spill_ws, ws, sizeof ws);
+  memcpy(c.spill_fraction, fr, sizeof fr);
+  return c;
+}
+
 static int write_text(const char *path, const char *text) {
   FILE *f = fopen(path, "wb");
   if (!f)
@@ -106,7 +121,110 @@ static void test_round_trip(void) {
   same &= back.sharing[1] == 0.75 && back.sharing[2] == 0.5 &&
           back.sharing_slope == 0.375;
   same &= back.input_bandwidth == 4e9 && back.step_latency == 2e-5;
+  same &= back.narrow_rows == 0 && back.n_spill == 0;
   CHECK(same, "every figure survives the round trip");
+  c = narrow_profile();
+  CHECK(st_calibration_write(&c, path, &err) == 0, "write: %s", err.msg);
+  CHECK(st_calibration_read(&back, path, &err) == 0, "read: %s", err.msg);
+  CHECK(back.narrow_rows == 8 && back.narrow_rate == 4e10 &&
+            fabs(back.l2_bytes - 1048576) <= 8 && /* 6 digits written */
+            back.spill_cost == 2e-10 &&
+            back.n_spill == 3 && back.spill_ws[1] == 1e7 &&
+            back.spill_fraction[1] == 0.25 && back.spill_fraction[2] == 1 &&
+            back.step_latency == 2e-5,
+        "the memory terms survive the round trip: rows %d, %d points",
+        back.narrow_rows, back.n_spill);
+}
+
+/* The memory terms by hand, on one block of one 256 x 3136 linear layer
+ * (the large class's weights, 3,211,264 bytes) with no FLOPs of its own:
+ * per sample t = (narrow + spill(ws) spill_cost W) / call_samples, a third
+ * of it forward. narrow_cost from the profile: the 8-row step takes
+ * t8 = 6 8 256 3136 / 4e10, the 64-row one t64 = 6 64 256 3136 / 8e10;
+ * x = (t8 - t64 / 8) / (1 - 8 / 64) over the weights past L2. */
+static void test_memory_terms(void) {
+  st_calibration c = narrow_profile();
+  double w = 4.0 * 256 * 3136, l2 = 1048576;
+  double t8 = 6.0 * 8 * 256 * 3136 / 4e10, t64 = 6.0 * 64 * 256 * 3136 / 8e10;
+  double x = (t8 - t64 / 8) / (1 - 8.0 / 64);
+  st_fabric f;
+  memset(&f, 0, sizeof f);
+  f.kind = ST_FABRIC_CPU;
+  snprintf(f.name, sizeof f.name, "cpu:1");
+  f.width = f.height = 1;
+  f.pes = 1;
+  f.pe_memory = 1e12;
+  st_calibration_apply(&c, &f, "test");
+  CHECK(fabs(f.narrow_cost - x / (w - l2)) <= 1e-12 * f.narrow_cost &&
+            f.narrow_ref_rows == 64 && f.l2_bytes == l2,
+        "narrow cost %g want %g", f.narrow_cost, x / (w - l2));
+  /* the spill curve: 0 up to its first point, linear between, 1 past */
+  double probe[][2] = {{1e6, 0},     {6e6, 0},   {8e6, 0.125}, {1e7, 0.25},
+                       {2.5e7, 0.625}, {4e7, 1}, {1e9, 1}};
+  for (size_t i = 0; i < sizeof probe / sizeof *probe; i++)
+    CHECK(fabs(st_spill_fraction(&f, probe[i][0]) - probe[i][1]) <= 1e-15,
+          "spill(%g) = %g want %g", probe[i][0],
+          st_spill_fraction(&f, probe[i][0]), probe[i][1]);
+  /* {rows, call samples, weight bytes, working set, GEMMs}, and the
+   * narrow and spill shares expected */
+  struct {
+    double rows, samples, bytes, ws, gemms, narrow, spill;
+  } cases[] = {
+      {8, 8, w, 8e6, 3, (1 - 8.0 / 64) * x / 8, 0.125 * 2e-10 * w / 8},
+      {16, 8, w, 1e6, 3, (1 - 16.0 / 64) * x / 8, 0}, /* 2 positions */
+      {8, 8, w, 8e6, 2, (1 - 8.0 / 64) * x / 12, 0.125 * 2e-10 * w / 12},
+      {64, 64, w, 5e7, 3, 0, 2e-10 * w / 64},    /* no narrow term */
+      {1, 1, w, 1e6, 3, 0, 0},                   /* batch 1: no GEMMs */
+      {8, 8, l2, 1e6, 3, 0, 0},                  /* weights in L2 */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    st_block_cost b;
+    memset(&b, 0, sizeof b);
+    snprintf(b.name, sizeof b.name, "blocks.0");
+    b.n_linear = 1;
+    b.linear_rows[0] = cases[i].rows;
+    b.linear_bytes[0] = cases[i].bytes;
+    b.linear_gemms[0] = cases[i].gemms;
+    b.call_samples = cases[i].samples;
+    b.ws_bytes = cases[i].ws;
+    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
+                           .weight_versions = 1};
+    st_plan *p = NULL;
+    st_error err = {0};
+    CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
+    if (!p)
+      continue;
+    double t = cases[i].narrow + cases[i].spill;
+    CHECK(fabs(p->stages[0].time_fwd - t / 3) <= 1e-12 * t &&
+              fabs(p->stages[0].time_bwd - 2 * t / 3) <= 1e-12 * t &&
+              fabs(p->stages[0].spill - st_spill_fraction(&f, cases[i].ws)) == 0,
+          "case %zu: fwd %.9g bwd %.9g want %.9g %.9g", i,
+          p->stages[0].time_fwd, p->stages[0].time_bwd, t / 3, 2 * t / 3);
+    st_plan_destroy(p);
+  }
+  /* a falling spill curve, or narrow rows at the reference, are refused */
+  char path[128];
+  path_in(path, sizeof path, "falling.json");
+  st_error err = {0};
+  st_calibration bad = narrow_profile(), back;
+  bad.spill_fraction[1] = 1.5;
+  CHECK(st_calibration_write(&bad, path, &err) == 0, "%s", err.msg);
+  CHECK(st_calibration_read(&back, path, &err) == ST_EFORMAT &&
+            strstr(err.msg, "\"spill_fraction\" rise within [0, 1]") &&
+            strstr(err.msg, path),
+        "a spill share above 1: '%s'", err.msg);
+  bad = narrow_profile();
+  bad.narrow_rows = 64;
+  CHECK(st_calibration_write(&bad, path, &err) == 0, "%s", err.msg);
+  CHECK(st_calibration_read(&back, path, &err) == ST_EFORMAT &&
+            strstr(err.msg, "\"narrow_rows_rate_l2\""),
+        "narrow rows 64: '%s'", err.msg);
+  /* a profile without the measurement: neither term */
+  c = sample_profile();
+  st_calibration_apply(&c, &f, "test");
+  CHECK(f.narrow_cost == 0 && f.spill_cost == 0 && f.n_spill == 0 &&
+            st_spill_fraction(&f, 1e9) == 0,
+        "older profile: no memory terms");
 }
 
 /* A profile written before core sharing was measured reads as independent
@@ -145,6 +263,8 @@ static void test_sharing(void) {
     } else if (!memmem(line, len, "\"sharing", 8) &&
                !memmem(line, len, "\"input_bandwidth", 16) &&
                !memmem(line, len, "\"conv_", 6) &&
+               !memmem(line, len, "\"narrow_", 8) &&
+               !memmem(line, len, "\"spill_", 7) &&
                !memmem(line, len, "\"attention_", 11)) {
       memcpy(old + o, line, len);
       o += len;
@@ -312,8 +432,8 @@ static void test_split_by_hand(void) {
   st_plan_costs(bc, m, &cfg);
   st_cost conv = st_conv2d_cost(1, 28, 28, 4, 3, 1, 1);
   st_cost lin = st_linear_cost(784, 10);
-  /* conv GEMM (4) x (784) x (9): 28,224 < 2^18, tiny; linear at batch 32:
-   * 32 x 10 x 784 = 250,880 < 2^18, tiny too */
+  /* conv GEMM (4) x (784) x (9): 28,224 < 2^18, tiny; linear at batch 32,
+   * classed by its weights at 64 rows: 64 x 10 x 784 = 501,760, small */
   CHECK(st_gemm_class(4, 784, 9) == 0 && st_gemm_class(32, 10, 784) == 0 &&
             st_gemm_class(64, 128, 128) == 1 &&
             st_gemm_class(64, 256, 256) == 2 &&
@@ -337,8 +457,22 @@ static void test_split_by_hand(void) {
   /* optimizer: 40 parameters x (4 + 2 x 1 slot) floats, once per 32 */
   CHECK(bc[0].bytes_bwd[3] == 4.0 * 40 * 6 / 32, "block 0 optimizer %g",
         bc[0].bytes_bwd[3]);
-  CHECK(bc[1].gemm_fwd[0] == lin.flops_fwd && bc[1].gemm_bwd[0] == lin.flops_bwd,
+  CHECK(bc[1].gemm_fwd[1] == lin.flops_fwd && bc[1].gemm_bwd[1] == lin.flops_bwd &&
+            bc[1].gemm_fwd[0] == 0,
         "block 1 GEMM");
+  /* the memory terms' inputs: one linear layer of 784 x 10 weights, calls
+   * of 32 rows, its three GEMMs; none in block 0 (a conv); a micro-batch's
+   * step touches weights and gradient, two micro-batches' activations and
+   * inputs */
+  CHECK(bc[0].n_linear == 0 && bc[1].n_linear == 1 &&
+            bc[1].linear_bytes[0] == 4.0 * 7840 &&
+            bc[1].linear_rows[0] == 32 && bc[1].linear_gemms[0] == 3 &&
+            bc[1].call_samples == 32,
+        "block 1 linear: %d, %g bytes, %g rows, %g gemms", bc[1].n_linear,
+        bc[1].linear_bytes[0], bc[1].linear_rows[0], bc[1].linear_gemms[0]);
+  CHECK(bc[1].ws_bytes == 2 * 4.0 * 7850 +
+                              2 * 32 * (bc[1].act_bytes + 4.0 * 784),
+        "block 1 working set %g", bc[1].ws_bytes);
   /* flatten: a copy each way (784); softmax-xent on 10: 3C and 2C floats */
   CHECK(bc[1].bytes_fwd[0] == 4.0 * (2 * 784 + 3 * 10) &&
             bc[1].bytes_bwd[0] == 4.0 * (2 * 784 + 2 * 10),
@@ -578,6 +712,7 @@ int main(void) {
   test_time_by_hand();
   test_split_gpt();
   test_kernel_time();
+  test_memory_terms();
   test_host_time();
   /* leave nothing behind */
   const char *files[] = {"cal.json",       "good.json",     "foreign.json",
