@@ -16,7 +16,7 @@
 static const char *usage_bench =
     "usage: strata bench --calibrate [--out FILE] [--threads N]\n"
     "\n"
-    "Measures this machine (about 15 seconds): GEMM rate by shape class on\n"
+    "Measures this machine (about 13 seconds): GEMM rate by shape class on\n"
     "one thread, the parallel efficiency e(c) at 1, 2, 4, ... threads, a\n"
     "narrow (8-row) GEMM hot and with its weights pushed out of the caches,\n"
     "the conv2d and attention kernels by shape class, the single-threaded ops\n"

@@ -138,21 +138,22 @@ static int gemm_rate(int cls, int threads, double *rate) {
 /* One core's cache of `level` (2, 3) from sysfs, bytes; 0 if unknown. */
 static double cache_bytes(int level) {
   for (int i = 0; i < 8; i++) {
+    const char *dir = "/sys/devices/system/cpu/cpu0/cache";
     char path[96], text[32];
     double size = 0;
     int lv = 0, ok = 0;
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+    snprintf(path, sizeof path, "%s/index%d/level", dir, i);
     FILE *f = fopen(path, "r");
     if (!f)
       return 0;
     ok = fscanf(f, "%d", &lv) == 1;
     fclose(f);
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+    snprintf(path, sizeof path, "%s/index%d/type", dir, i);
     if (!ok || lv != level || !(f = fopen(path, "r")))
       continue;
     ok = fgets(text, sizeof text, f) && strncmp(text, "Instruction", 11) != 0;
     fclose(f);
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    snprintf(path, sizeof path, "%s/index%d/size", dir, i);
     if (!ok || !(f = fopen(path, "r")))
       continue;
     char unit = 0;
@@ -186,9 +187,9 @@ static double step_after(gemm_job *j, float *junk, size_t junk_n) {
 }
 
 /* The large class's layer step at NARROW_ROWS rows: its rate with the
- * weights hot, then with 0.5 .. 32 MB and a cold amount (twice the L3, at
- * least 64 MB) written between steps, which evicts its weights and
- * gradient to memory on the way. */
+ * weights hot, then with 0.5, 1, 2, ... MB below a cold amount (twice the
+ * L3, at least 64 MB) and that amount written between steps, which evicts
+ * its weights and gradient to memory on the way. */
 static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
   const int *shape = gemm_shapes[ST_GEMM_CLASSES - 1];
   gemm_job j = {.M = NARROW_ROWS, .N = shape[1], .K = shape[2]};
@@ -869,8 +870,10 @@ int st_calibration_write(const st_calibration *c, const char *path,
   int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
   json_array(buf, cap, &at, "step_latency", &c->step_latency, 1, !narrow);
   if (narrow) {
-    double v[3] = {c->narrow_rows, c->narrow_rate, c->l2_bytes};
-    json_array(buf, cap, &at, "narrow_rows_rate_l2", v, 3, 0);
+    double rows = c->narrow_rows;
+    json_array(buf, cap, &at, "narrow_rows", &rows, 1, 0);
+    json_array(buf, cap, &at, "narrow_rate", &c->narrow_rate, 1, 0);
+    json_array(buf, cap, &at, "l2_bytes", &c->l2_bytes, 1, 0);
     json_array(buf, cap, &at, "spill_cost", &c->spill_cost, 1, 0);
     json_array(buf, cap, &at, "spill_ws", c->spill_ws, c->n_spill, 0);
     json_array(buf, cap, &at, "spill_fraction", c->spill_fraction, c->n_spill,
@@ -1070,30 +1073,38 @@ static int parse(st_calibration *c, const char *text, const char *path,
   /* optional (profiles before them): linear GEMMs' memory not modelled */
   c->narrow_rows = c->n_spill = 0;
   c->narrow_rate = c->l2_bytes = c->spill_cost = 0;
-  if (value_of(text, "narrow_rows_rate_l2")) {
+  if (value_of(text, "narrow_rows")) {
     double v[ST_SPILL_POINTS];
-    if (numbers_of(value_of(text, "narrow_rows_rate_l2"), v, 3) != 3 ||
-        !(v[0] >= 1 && v[0] < ST_GEMM_REF_ROWS) || !(v[1] > 0) ||
-        !isfinite(v[1]) || !(v[2] >= 0) || !isfinite(v[2]))
-      return bad(err, path, "\"narrow_rows_rate_l2\": expected rows in [1, "
-                            "64), a positive rate and bytes >= 0");
+    if (numbers_of(value_of(text, "narrow_rows"), v, 1) != 1 ||
+        !(v[0] >= 2 && v[0] < ST_GEMM_REF_ROWS) || v[0] != floor(v[0]))
+      return bad(err, path, "\"narrow_rows\": expected a whole number in "
+                            "[2, 64)");
     c->narrow_rows = (int)v[0];
-    c->narrow_rate = v[1];
-    c->l2_bytes = v[2];
-    int nw = numbers_of(value_of(text, "spill_ws"), c->spill_ws, ST_SPILL_POINTS);
-    int nf = numbers_of(value_of(text, "spill_fraction"), v, ST_SPILL_POINTS);
+    if ((rc = positive_array(text, path, "narrow_rate", &c->narrow_rate, 1,
+                             err)))
+      return rc;
+    if (numbers_of(value_of(text, "l2_bytes"), &c->l2_bytes, 1) != 1 ||
+        !(c->l2_bytes >= 0) || !isfinite(c->l2_bytes))
+      return bad(err, path, "\"l2_bytes\": expected one number >= 0 (0: "
+                            "unknown)");
     if (numbers_of(value_of(text, "spill_cost"), &c->spill_cost, 1) != 1 ||
         !(c->spill_cost >= 0) || !isfinite(c->spill_cost))
       return bad(err, path, "\"spill_cost\": expected one number >= 0");
+    int nw = numbers_of(value_of(text, "spill_ws"), c->spill_ws,
+                        ST_SPILL_POINTS);
+    int nf = numbers_of(value_of(text, "spill_fraction"), v, ST_SPILL_POINTS);
     if (nw < 2 || nf != nw)
       return bad(err, path, "\"spill_ws\" and \"spill_fraction\": expected "
-                            "2 to 10 numbers each, as many of one as the other");
+                            "2 to 10 numbers each, as many of one as the "
+                            "other");
+    int ok = v[0] == 0 && v[nw - 1] == 1;
     for (int k = 0; k < nw; k++)
-      if (!(c->spill_ws[k] > (k ? c->spill_ws[k - 1] : 0)) ||
-          !isfinite(c->spill_ws[k]) || !(v[k] >= (k ? v[k - 1] : 0)) ||
-          !(v[k] <= 1))
-        return bad(err, path, "\"spill_ws\" must rise and \"spill_fraction\" "
-                              "rise within [0, 1]");
+      ok &= c->spill_ws[k] > (k ? c->spill_ws[k - 1] : 0) &&
+            isfinite(c->spill_ws[k]) && v[k] >= (k ? v[k - 1] : 0) &&
+            v[k] <= 1;
+    if (!ok)
+      return bad(err, path, "\"spill_ws\" must rise, and \"spill_fraction\" "
+                            "rise from 0 to 1");
     memcpy(c->spill_fraction, v, (size_t)nw * sizeof *v);
     c->n_spill = nw;
   }
@@ -1152,28 +1163,33 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   f->input_bandwidth = c->input_bandwidth;
   f->step_latency = c->step_latency;
   /* the narrow term: the large class's step at narrow_rows rows against
-   * (narrow_rows / ref rows) of it at the class's own rows; the rest is
-   * its weights over L2 re-read once per call */
+   * (narrow_rows / ref) of it at ref rows; the rest is its weights past L2
+   * re-read once per call. Off when L2 is unknown, or the large shape's
+   * rows are not the reference cost.c classes linear layers at. */
   const int *ls = c->gemm_shape[ST_GEMM_CLASSES - 1];
-  double w = 4.0 * ls[1] * ls[2], ref = ls[0], r = c->narrow_rows;
-  f->narrow_cost = f->l2_bytes = f->spill_cost = 0;
-  f->narrow_ref_rows = ST_GEMM_REF_ROWS;
-  f->n_spill = 0;
-  if (c->narrow_rate > 0 && r < ref && w > c->l2_bytes) {
+  double w = 4.0 * ls[1] * ls[2], ref = ST_GEMM_REF_ROWS, r = c->narrow_rows;
+  f->narrow_cost = f->l2_bytes = 0;
+  f->narrow_ref_rows = ref;
+  if (c->narrow_rate > 0 && r >= 2 && r < ref && ls[0] == ST_GEMM_REF_ROWS &&
+      c->l2_bytes > 0 && w > c->l2_bytes) {
     double t_ref = 6.0 * ref * ls[1] * ls[2] / c->gemm_rate[ST_GEMM_CLASSES - 1];
     double t_r = 6.0 * r * ls[1] * ls[2] / c->narrow_rate;
     double x = (t_r - r / ref * t_ref) / (1 - r / ref);
     f->narrow_cost = x > 0 ? x / (w - c->l2_bytes) : 0;
-    f->narrow_ref_rows = ref;
     f->l2_bytes = c->l2_bytes;
-    f->spill_cost = c->spill_cost;
-    f->n_spill = c->n_spill;
-    memcpy(f->spill_ws, c->spill_ws, sizeof f->spill_ws);
-    memcpy(f->spill_fraction, c->spill_fraction, sizeof f->spill_fraction);
   }
+  /* the spill curve stands on its own */
+  f->spill_cost = c->n_spill >= 2 ? c->spill_cost : 0;
+  f->n_spill = c->n_spill >= 2 ? c->n_spill : 0;
+  memcpy(f->spill_ws, c->spill_ws, sizeof f->spill_ws);
+  memcpy(f->spill_fraction, c->spill_fraction, sizeof f->spill_fraction);
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,
            "; calibrated %s from %.200s (GEMM, conv2d and attention by shape "
-           "class, one-thread ops by bytes; measured on %d cores)",
-           c->date, path, c->cores);
+           "class, one-thread ops by bytes%s; measured on %d cores)",
+           c->date, path,
+           f->narrow_cost > 0 || f->n_spill
+               ? ", linear layers' narrow and spill memory terms"
+               : "",
+           c->cores);
 }

@@ -40,16 +40,21 @@ static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
     /* a sequence layer is one GEMM over batch x positions rows */
     double rows = L->rows;
     st_cost k = st_linear_cost((int)(n_in / rows), (int)(n / rows));
-    /* classed by its weights at the calibration's rows: a narrower call
-     * runs at that rate plus the narrow memory term (partition.c) */
+    /* a narrow call (2 .. 63 rows) is classed by its weights at the
+     * calibration's rows: it runs at that rate plus the narrow memory term
+     * (partition.c); one row is a matrix-vector product, classed as is */
     double M = batch * rows;
-    int cls = st_gemm_class(M > ST_GEMM_REF_ROWS ? M : ST_GEMM_REF_ROWS,
-                            n / rows, n_in / rows);
+    double Mc = M >= 2 && M < ST_GEMM_REF_ROWS ? ST_GEMM_REF_ROWS : M;
+    int cls = st_gemm_class(Mc, n / rows, n_in / rows);
     c->gemm_fwd[cls] += k.flops_fwd * rows;
     c->gemm_bwd[cls] += k.flops_bwd * rows;
-    int at = c->n_linear < ST_BLOCK_LINEARS ? c->n_linear++ : ST_BLOCK_LINEARS - 1;
+    int at = c->n_linear < ST_BLOCK_LINEARS ? c->n_linear++
+                                            : ST_BLOCK_LINEARS - 1;
     double w = 4.0 * (n_in / rows) * (n / rows);
-    if (c->linear_bytes[at] > 0) { /* folded: the narrowest call's rows */
+    if (c->linear_bytes[at] > 0) {
+      /* folded (no shipped model has more than 4 linear layers a block):
+       * exact for the spill traffic; the narrow term sees one layer of the
+       * summed weights at the narrowest call's rows */
       c->linear_gemms[at] = (c->linear_gemms[at] * c->linear_bytes[at] +
                              3 * w) / (c->linear_bytes[at] + w);
       c->linear_rows[at] = M < c->linear_rows[at] ? M : c->linear_rows[at];
@@ -181,9 +186,12 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     for (int l = 0; l < b->n_layers; l++)
       split_layer(c, &b->layers[l], batch);
     c->call_samples = batch;
-    /* a micro-batch's forward beside another's backward: weights and
-     * gradients, two micro-batches' activations and inputs */
-    c->ws_bytes = 2 * c->param_bytes + 2 * batch * (c->act_bytes + c->in_bytes);
+    /* weights and gradients, and the activations and inputs of one
+     * micro-batch's forward beside another's backward (one batch's when
+     * the batch is not split) */
+    c->ws_bytes = 2 * c->param_bytes +
+                  (batch < cfg->train.batch ? 2 : 1) * batch *
+                      (c->act_bytes + c->in_bytes);
     if (i == 0) skip_input_gradient(c, b, batch);
     /* the optimizer step once per batch: read weights, gradients and state,
      * write weights and state, clear the gradients */

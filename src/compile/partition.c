@@ -66,16 +66,19 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   }
   for (int i = 0; i < n; i++) {
     double ff = 0, fb = 0, weights = 0, state = 0, acts = blocks[i].in_bytes;
-    double wf = 0, wb = 0, sf = 0, sb = 0, narrow = 0, traffic = 0, ws = 0;
+    double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0;
+    double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
     for (int j = i + 1; j <= n; j++) {
       const st_block_cost *b = &blocks[j - 1];
       ff += b->flops_fwd;
       fb += b->flops_bwd;
       if (f->calibrated) {
-        double nb, tb;
-        linear_memory(f, b, &nb, &tb);
-        narrow += nb;
-        traffic += tb;
+        double nb[2], tb[2];
+        linear_memory(f, b, nb, tb);
+        for (int d = 0; d < 2; d++) {
+          narrow[d] += nb[d];
+          traffic[d] += tb[d];
+        }
         ws += b->ws_bytes;
         for (int k = 0; k < ST_GEMM_CLASSES; k++) {
           /* conv2d and attention at their kernels' rates when measured */
@@ -99,13 +102,12 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       state += b->state_bytes;
       acts += b->act_bytes;
       int64_t at = range_index(p, i, j);
-      /* the memory terms ride with the GEMMs' work, a third forward (one
-       * GEMM of the step's three) */
-      double extra = narrow + st_spill_fraction(f, ws) * f->spill_cost * traffic;
+      /* the memory terms ride with the GEMMs' work */
+      double spill = st_spill_fraction(f, ws) * f->spill_cost;
       p->flops_fwd[at] = ff;
       p->flops_bwd[at] = fb;
-      p->work_fwd[at] = wf + extra / 3;
-      p->work_bwd[at] = wb + 2 * extra / 3;
+      p->work_fwd[at] = wf + narrow[0] + spill * traffic[0];
+      p->work_bwd[at] = wb + narrow[1] + spill * traffic[1];
       p->serial_fwd[at] = sf;
       p->serial_bwd[at] = sb;
       p->memory[at] = versions * weights + state + in_flight * acts;
@@ -116,7 +118,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
 
 double st_spill_fraction(const st_fabric *f, double ws) {
   int n = f->n_spill;
-  if (n < 1 || !(f->spill_cost > 0) || ws <= f->spill_ws[0])
+  if (!f->calibrated || n < 1 || !(f->spill_cost > 0) || ws <= f->spill_ws[0])
     return 0;
   for (int k = 1; k < n; k++)
     if (ws <= f->spill_ws[k]) {
@@ -127,20 +129,26 @@ double st_spill_fraction(const st_fabric *f, double ws) {
   return 1;
 }
 
-void linear_memory(const st_fabric *f, const st_block_cost *b, double *narrow,
-                   double *traffic) {
-  *narrow = *traffic = 0;
+void linear_memory(const st_fabric *f, const st_block_cost *b,
+                   double narrow[2], double traffic[2]) {
+  narrow[0] = narrow[1] = traffic[0] = traffic[1] = 0;
   if (!(b->call_samples > 0))
     return;
   double ref = f->narrow_ref_rows;
   for (int l = 0; l < b->n_linear; l++) {
     double w = b->linear_bytes[l], r = b->linear_rows[l];
-    double share = b->linear_gemms[l] / 3 / b->call_samples; /* per sample */
-    *traffic += share * w;
+    double g = b->linear_gemms[l];
+    /* per sample, each GEMM of the step a third of it: one forward, the
+     * rest (one or two) backward */
+    double gemm = 1.0 / 3 / b->call_samples, nar = 0;
     /* at one row the linear kernels are matrix-vector products, not GEMMs
      * (st_linear_forward / _backward at batch 1): not this law */
     if (r >= 2 && r < ref && w > f->l2_bytes)
-      *narrow += share * (1 - r / ref) * f->narrow_cost * (w - f->l2_bytes);
+      nar = (1 - r / ref) * f->narrow_cost * (w - f->l2_bytes);
+    narrow[0] += gemm * nar;
+    narrow[1] += (g - 1) * gemm * nar;
+    traffic[0] += gemm * w;
+    traffic[1] += (g - 1) * gemm * w;
   }
 }
 

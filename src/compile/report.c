@@ -163,6 +163,17 @@ void st_plan_print(const st_plan *p, FILE *f) {
               fb->attention_rate[0][2] / 1e9, fb->attention_rate[0][3] / 1e9,
               fb->attention_rate[1][0] / 1e9, fb->attention_rate[1][1] / 1e9,
               fb->attention_rate[1][2] / 1e9, fb->attention_rate[1][3] / 1e9);
+    if (fb->narrow_cost > 0 || fb->n_spill > 0)
+      fprintf(f, "    linear layers, per layer step: narrow (r < %3$g rows) "
+                 "(1 - r/%3$g) x %1$.3g us per MB of weights past L2 (%2$s); "
+                 "from memory %4$.3g us per MB of weights, the share by "
+                 "working set calibrated up to %5$s\n",
+              fb->narrow_cost * 1048576.0 * 1e6,
+              st_plan_fmt_bytes(a, sizeof a, fb->l2_bytes),
+              fb->narrow_ref_rows, fb->spill_cost * 1048576.0 * 1e6,
+              st_plan_fmt_bytes(b, sizeof b,
+                                fb->n_spill ? fb->spill_ws[fb->n_spill - 1]
+                                            : 0));
   }
   else if (fb->estimated && cpu)
     fprintf(f, "  uncalibrated: predictions are built-in estimates; run "
