@@ -77,6 +77,30 @@ static st_calibration narrow_profile(void) {
   return c;
 }
 
+/* cfg with the assignments applied, and its model on input `in` (NULL,
+ * with the failure counted, if either is refused). */
+static st_model *model_of(st_config *cfg, const char **sets, size_t n,
+                          st_shape in) {
+  st_error err = {0};
+  for (size_t i = 0; i < n; i++)
+    CHECK(st_config_set(cfg, sets[i], &err) == 0, "%s", err.msg);
+  st_model *m = NULL;
+  CHECK(st_model_create(&m, cfg, in, &err) == 0, "%s", err.msg);
+  return m;
+}
+
+/* A one-core cpu fabric with room for anything, to apply profiles to. */
+static st_fabric one_core(void) {
+  st_fabric f;
+  memset(&f, 0, sizeof f);
+  f.kind = ST_FABRIC_CPU;
+  snprintf(f.name, sizeof f.name, "cpu:1");
+  f.width = f.height = 1;
+  f.pes = 1;
+  f.pe_memory = 1e12;
+  return f;
+}
+
 static int write_text(const char *path, const char *text) {
   FILE *f = fopen(path, "wb");
   if (!f)
@@ -146,13 +170,7 @@ static void test_round_trip(void) {
 static void test_narrow_reproduces(void) {
   st_calibration c = narrow_profile();
   c.spill_ws[0] = 1e12, c.spill_ws[1] = 2e12, c.spill_ws[2] = 3e12;
-  st_fabric f;
-  memset(&f, 0, sizeof f);
-  f.kind = ST_FABRIC_CPU;
-  snprintf(f.name, sizeof f.name, "cpu:1");
-  f.width = f.height = 1;
-  f.pes = 1;
-  f.pe_memory = 1e12;
+  st_fabric f = one_core();
   st_calibration_apply(&c, &f, "test");
   for (int half = 0; half < 2; half++) {
     st_config cfg;
@@ -162,11 +180,8 @@ static void test_narrow_reproduces(void) {
                           half ? "model.dense=[128]" : "model.dense=[256]",
                           "train.batch=64", "execution.mode=pipeline",
                           "execution.micro_batch=8"};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
-      CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
-    st_model *m;
-    CHECK(st_model_create(&m, &cfg, (st_shape){1, 28, 28}, &err) == 0, "%s",
-          err.msg);
+    st_model *m = model_of(&cfg, sets, sizeof sets / sizeof *sets,
+                          (st_shape){1, 28, 28});
     if (!m)
       return;
     st_block_cost bc[4];
@@ -212,13 +227,7 @@ static void test_memory_terms(void) {
   double w = 4.0 * 256 * 3136, l2 = 1048576;
   double t8 = 6.0 * 8 * 256 * 3136 / 4e10, t64 = 6.0 * 64 * 256 * 3136 / 8e10;
   double x = (t8 - t64 / 8) / (1 - 8.0 / 64);
-  st_fabric f;
-  memset(&f, 0, sizeof f);
-  f.kind = ST_FABRIC_CPU;
-  snprintf(f.name, sizeof f.name, "cpu:1");
-  f.width = f.height = 1;
-  f.pes = 1;
-  f.pe_memory = 1e12;
+  st_fabric f = one_core();
   st_calibration_apply(&c, &f, "test");
   CHECK(fabs(f.narrow_cost - x / (w - l2)) <= 1e-12 * f.narrow_cost &&
             f.narrow_ref_rows == 64 && f.l2_bytes == l2,
@@ -493,16 +502,12 @@ static void test_bad_profiles(void) {
 static void test_split_by_hand(void) {
   st_config cfg;
   st_config_defaults(&cfg);
-  st_error err = {0};
   const char *sets[] = {"model.kind=cnn",     "model.channels=[4]",
                         "model.dense=[]",     "model.norm=none",
                         "optimizer.kind=sgd", "optimizer.momentum=0.9",
                         "train.batch=32"};
-  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
-    CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
-  st_model *m;
-  CHECK(st_model_create(&m, &cfg, (st_shape){1, 28, 28}, &err) == 0, "%s",
-        err.msg);
+  st_model *m = model_of(&cfg, sets, sizeof sets / sizeof *sets,
+                        (st_shape){1, 28, 28});
   if (!m)
     return;
   st_block_cost bc[2];
@@ -564,16 +569,12 @@ static void test_split_by_hand(void) {
 static void test_split_gpt(void) {
   st_config cfg;
   st_config_defaults(&cfg);
-  st_error err = {0};
   const char *sets[] = {"model.kind=gpt",  "model.vocab=256",
                         "model.context=64", "model.layers=1",
                         "model.heads=4",   "model.width=128",
                         "model.activation=gelu_tanh", "train.batch=8"};
-  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
-    CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
-  st_model *m;
-  CHECK(st_model_create(&m, &cfg, (st_shape){1, 64, 1}, &err) == 0, "%s",
-        err.msg);
+  st_model *m = model_of(&cfg, sets, sizeof sets / sizeof *sets,
+                        (st_shape){1, 64, 1});
   if (!m)
     return;
   CHECK(m->n_blocks == 3, "embed, h.0, head: %d blocks", m->n_blocks);
@@ -627,13 +628,7 @@ static void test_kernel_time(void) {
   b.flops_fwd = 5e6;
   b.flops_bwd = 11e6;
   for (int older = 0; older < 2; older++) {
-    st_fabric f;
-    memset(&f, 0, sizeof f);
-    f.kind = ST_FABRIC_CPU;
-    snprintf(f.name, sizeof f.name, "cpu:1");
-    f.width = f.height = 1;
-    f.pes = 1;
-    f.pe_memory = 1e12;
+    st_fabric f = one_core();
     if (older) {
       memset(c.conv_rate, 0, sizeof c.conv_rate);
       memset(c.attention_rate, 0, sizeof c.attention_rate);
