@@ -231,7 +231,9 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
                                ? c->spill_fraction[k - 1] : fr;
   }
   c->spill_fraction[0] = 0;
-  c->spill_fraction[n - 1] = extra > 0 ? 1 : 0;
+  c->spill_fraction[n - 1] = 1;
+  if (!(extra > 0))
+    c->n_spill = 0; /* the cold step was no slower: no curve */
   if (progress) {
     fprintf(progress,
             "  gemm large at %d rows %8.2f GFLOP/s (weights hot; L2 %.0f KB)\n",
@@ -874,10 +876,13 @@ int st_calibration_write(const st_calibration *c, const char *path,
     json_array(buf, cap, &at, "narrow_rows", &rows, 1, 0);
     json_array(buf, cap, &at, "narrow_rate", &c->narrow_rate, 1, 0);
     json_array(buf, cap, &at, "l2_bytes", &c->l2_bytes, 1, 0);
-    json_array(buf, cap, &at, "spill_cost", &c->spill_cost, 1, 0);
-    json_array(buf, cap, &at, "spill_ws", c->spill_ws, c->n_spill, 0);
-    json_array(buf, cap, &at, "spill_fraction", c->spill_fraction, c->n_spill,
-               1);
+    json_array(buf, cap, &at, "spill_cost", &c->spill_cost, 1,
+               c->n_spill < 2);
+    if (c->n_spill >= 2) {
+      json_array(buf, cap, &at, "spill_ws", c->spill_ws, c->n_spill, 0);
+      json_array(buf, cap, &at, "spill_fraction", c->spill_fraction,
+                 c->n_spill, 1);
+    }
   }
   if (at + 3 > cap)
     return st_error_set(err, ST_EIO, "%s: calibration profile too long", path);
@@ -1090,23 +1095,26 @@ static int parse(st_calibration *c, const char *text, const char *path,
     if (numbers_of(value_of(text, "spill_cost"), &c->spill_cost, 1) != 1 ||
         !(c->spill_cost >= 0) || !isfinite(c->spill_cost))
       return bad(err, path, "\"spill_cost\": expected one number >= 0");
+    /* no curve when the cold step measured no slower */
     int nw = numbers_of(value_of(text, "spill_ws"), c->spill_ws,
                         ST_SPILL_POINTS);
     int nf = numbers_of(value_of(text, "spill_fraction"), v, ST_SPILL_POINTS);
-    if (nw < 2 || nf != nw)
-      return bad(err, path, "\"spill_ws\" and \"spill_fraction\": expected "
-                            "2 to 10 numbers each, as many of one as the "
-                            "other");
-    int ok = v[0] == 0 && v[nw - 1] == 1;
-    for (int k = 0; k < nw; k++)
-      ok &= c->spill_ws[k] > (k ? c->spill_ws[k - 1] : 0) &&
-            isfinite(c->spill_ws[k]) && v[k] >= (k ? v[k - 1] : 0) &&
-            v[k] <= 1;
-    if (!ok)
-      return bad(err, path, "\"spill_ws\" must rise, and \"spill_fraction\" "
-                            "rise from 0 to 1");
-    memcpy(c->spill_fraction, v, (size_t)nw * sizeof *v);
-    c->n_spill = nw;
+    if (value_of(text, "spill_ws") || value_of(text, "spill_fraction")) {
+      if (nw < 2 || nf != nw)
+        return bad(err, path, "\"spill_ws\" and \"spill_fraction\": "
+                              "expected 2 to 10 numbers each, as many of one "
+                              "as the other");
+      int ok = v[0] == 0 && v[nw - 1] == 1;
+      for (int k = 0; k < nw; k++)
+        ok &= c->spill_ws[k] > (k ? c->spill_ws[k - 1] : 0) &&
+              isfinite(c->spill_ws[k]) && v[k] >= (k ? v[k - 1] : 0) &&
+              v[k] <= 1;
+      if (!ok)
+        return bad(err, path, "\"spill_ws\" must rise, and "
+                              "\"spill_fraction\" rise from 0 to 1");
+      memcpy(c->spill_fraction, v, (size_t)nw * sizeof *v);
+      c->n_spill = nw;
+    }
   }
   const char *cores = value_of(text, "cores");
   c->cores = cores ? atoi(cores) : 0;

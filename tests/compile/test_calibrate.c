@@ -158,6 +158,12 @@ static void test_round_trip(void) {
             back.step_latency == 2e-5,
         "the memory terms survive the round trip: rows %d, %d points",
         back.narrow_rows, back.n_spill);
+  /* a cold step measured no slower leaves no curve, and reads back so */
+  c.n_spill = 0;
+  CHECK(st_calibration_write(&c, path, &err) == 0, "write: %s", err.msg);
+  CHECK(st_calibration_read(&back, path, &err) == 0 && back.n_spill == 0 &&
+            back.narrow_rate == 4e10,
+        "no spill curve: %s", err.msg);
 }
 
 /* The model reproduces its own calibration point: cnn_fmnist's dense
