@@ -974,13 +974,13 @@ typedef struct st_fabric {
   double input_bandwidth;
   double step_latency;
   /* The memory terms of linear layers' GEMMs (0: not modelled). A call of
-   * r rows, 2 <= r < ref_rows, adds (1 - r / ref_rows) narrow_cost
+   * r rows, 2 <= r < ST_GEMM_REF_ROWS = R, adds (1 - r / R) narrow_cost
    * max(0, W - l2_bytes) seconds, W its weight bytes; every call adds
    * spill(S) spill_cost W, S the bytes its stage touches per micro-batch and
    * spill() the fraction interpolated on (spill_ws, spill_fraction) — 0
    * below the first point, 1 past the last. Both per layer step of three
    * GEMMs; a stage's share on c cores shrinks as its GEMM time does. */
-  double l2_bytes, narrow_cost, narrow_ref_rows, spill_cost;
+  double l2_bytes, narrow_cost, spill_cost;
   int n_spill;
   double spill_ws[ST_SPILL_POINTS], spill_fraction[ST_SPILL_POINTS];
 } st_fabric;

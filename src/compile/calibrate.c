@@ -1177,7 +1177,6 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   const int *ls = c->gemm_shape[ST_GEMM_CLASSES - 1];
   double w = 4.0 * ls[1] * ls[2], ref = ST_GEMM_REF_ROWS, r = c->narrow_rows;
   f->narrow_cost = f->l2_bytes = 0;
-  f->narrow_ref_rows = ref;
   if (c->narrow_rate > 0 && r >= 2 && r < ref && ls[0] == ST_GEMM_REF_ROWS &&
       c->l2_bytes > 0 && w > c->l2_bytes) {
     double t_ref = 6.0 * ref * ls[1] * ls[2] / c->gemm_rate[ST_GEMM_CLASSES - 1];

@@ -134,7 +134,7 @@ void linear_memory(const st_fabric *f, const st_block_cost *b,
   narrow[0] = narrow[1] = traffic[0] = traffic[1] = 0;
   if (!(b->call_samples > 0))
     return;
-  double ref = f->narrow_ref_rows;
+  double ref = ST_GEMM_REF_ROWS;
   for (int l = 0; l < b->n_linear; l++) {
     double w = b->linear_bytes[l], r = b->linear_rows[l];
     double g = b->linear_gemms[l];

@@ -170,7 +170,7 @@ void st_plan_print(const st_plan *p, FILE *f) {
                  "working set calibrated up to %5$s\n",
               fb->narrow_cost * 1048576.0 * 1e6,
               st_plan_fmt_bytes(a, sizeof a, fb->l2_bytes),
-              fb->narrow_ref_rows, fb->spill_cost * 1048576.0 * 1e6,
+              (double)ST_GEMM_REF_ROWS, fb->spill_cost * 1048576.0 * 1e6,
               st_plan_fmt_bytes(b, sizeof b,
                                 fb->n_spill ? fb->spill_ws[fb->n_spill - 1]
                                             : 0));
