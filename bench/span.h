@@ -1,7 +1,8 @@
 /*
  * span.h — one timed span of training, as the mode benchmarks measure it
  * (bench_pipeline, bench_pb): a config from key=value settings, three
- * warm-up steps, then steps for a number of seconds, with each trace
+ * warm-up steps, then steps for a number of seconds (each next one started
+ * before the last returns, where the mode can), with each trace
  * track's busy seconds over the span from the runtime's counters.
  */
 #ifndef STRATA_BENCH_SPAN_H
@@ -56,8 +57,12 @@ static int measure_span(const char *prog, const char *const *common,
   if (n > BENCH_MAX_TRACKS) n = BENCH_MAX_TRACKS;
   int64_t steps = 0;
   double t0 = st_now(), elapsed = 0;
-  while (elapsed < seconds) {
-    if (st_trainer_step(t, &loss, &err)) goto fail_t;
+  /* each step lets the next start before it returns (a mode that can:
+   * pipelined backprop), as `strata train` does; the last one does not,
+   * so the counters are read with nothing running */
+  for (int last = 0; !last;) {
+    last = elapsed >= seconds;
+    if (st_trainer_step_ahead(t, !last, &loss, &err)) goto fail_t;
     steps++;
     elapsed = st_now() - t0;
   }

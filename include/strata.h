@@ -1264,6 +1264,13 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
 void st_trainer_destroy(st_trainer *t);
 /* One optimizer step on the next batch; *loss is the batch mean loss. */
 int st_trainer_step(st_trainer *t, double *loss, st_error *err);
+/* The same; ahead = 1 promises that the caller's next call on t is another
+ * step: an executor that can (pipelined backprop) then starts the next
+ * batch before this step returns, so its workers do not wait at the step
+ * boundary. The weights and losses are those of st_trainer_step's; only
+ * the time differs. Evaluating or saving after ahead = 1 is an error. */
+int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
+                          st_error *err);
 /* The whole run: steps, evaluation, metrics, checkpoints, progress, summary. */
 int st_trainer_run(st_trainer *t, st_error *err);
 /* Loss and accuracy over the test set. */

@@ -108,6 +108,17 @@ typedef struct st_executor {
    * any weight changes, every block updated once. v->grads is all zeros on
    * entry and must be all zeros on return (updates zero what they use). */
   int (*step)(void *state, st_trainer_view *v, double *loss, st_error *err);
+  /* Optional, both or neither: step in two halves, so that the trainer
+   * can start the next step before it waits for this one and the mode's
+   * workers go from one batch into the next without waiting at the
+   * boundary (pipelined backprop: no bubble between steps). start copies
+   * the view (whose buffers must stay untouched until the step is waited
+   * for); wait finishes the oldest started step as step would (0 and
+   * *loss, or the error). At most two steps started and not waited for;
+   * anything else the trainer asks of the executor (forward, stats,
+   * gather, ...) only with none in flight. */
+  int (*start)(void *state, const st_trainer_view *v, st_error *err);
+  int (*wait)(void *state, double *loss, st_error *err);
   /* Inference on B samples (B <= the create-time max_batch); returns the
    * logits, valid until the next call. Used by evaluation. */
   const float *(*forward)(void *state, const st_ctx *ctx, const float *params,

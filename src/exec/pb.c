@@ -129,11 +129,24 @@ typedef struct pb_stage {
   int delay_min, delay_max, delay_all; /* counted (tests) */
   int versions, max_versions;
   double busy, last_end;
+  int64_t n0;           /* the first micro-batch of the step it runs */
+  atomic_llong done;    /* steps it has finished (threaded driver) */
+  atomic_llong clean;   /* of those, run to the end before any stop */
   /* waiting: the stage's thread sleeps here (threaded driver) */
   st_waiter w;
   pthread_t thread;
   int started, sync_ready;
 } pb_stage;
+
+/* A trainer step as the stages see it: its view (copied: the caller's goes
+ * out of scope; the buffers it points at stay untouched until the step is
+ * waited for) and its micro-batches [n0, n0 + K). */
+typedef struct pb_job {
+  st_trainer_view v;
+  int64_t n0;
+  int K;
+  int emulated_ok; /* emulated: every pair of it ran */
+} pb_job;
 
 typedef struct pb {
   const st_model *model;
@@ -145,18 +158,20 @@ typedef struct pb {
   pb_stage *stages;
   st_stage *eval;
   int64_t next;         /* micro-batches started so far */
-  /* step control (threaded): the caller publishes the step and bumps
-   * generation; every stage runs its pairs and counts itself finished */
-  atomic_llong generation, finished;
+  /* Step control: the caller writes step g into jobs[g % 2] and (threaded)
+   * publishes it by bumping generation to g + 1; each stage runs the steps
+   * in order, going from one into the next without waiting, and counts
+   * them in its `done`. At most two steps are started and not waited for
+   * (pb_start), so a job is rewritten only after every stage finished it. */
+  pb_job jobs[2];
+  long long started, waited; /* the caller's counts */
+  atomic_llong generation;
   atomic_int stop, abort;
   pthread_mutex_t mu;   /* the error */
   st_waiter w;          /* the caller's wait */
-  int64_t n0;
-  int K;
-  st_trainer_view *v;
   int rc, broken;
   st_error err;
-  double wall;
+  double wall, wall_t0; /* seconds with a step in flight; since when */
   st_pb_probe probe;
   void *probe_arg;
   /* placed over ranks: this rank is member `me` of group */
@@ -338,7 +353,7 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
   pb *p = st->p;
   const st_model *m = p->model;
   int slot = (int)(n % st->slots), mb = p->mb, R = m->label_rows;
-  int64_t k = n - p->n0;
+  int64_t k = n - st->n0;
   size_t in_floats = (size_t)mb * st_shape_numel(m->in);
   const float *in;
   if (st->index == 0) {
@@ -357,7 +372,7 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
   if (lwp_like(p->mitigation) && st->D > 0) {
     /* An update of this step already wrote the prediction (its k, lr D,
      * is the step's); else, in a new step or before any update, a pass. */
-    if (st->wf_n0 != p->n0)
+    if (st->wf_n0 != st->n0)
       st_pb_predict(v->ctx.pool, st->wf, w, v->opt + st->off,
                     v->lr * (float)st->D, st->n);
     w = st->wf;
@@ -443,7 +458,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     t0 = st_now();
     size_t rows = (size_t)mb * R;
     st_xent_backward_pool(v->ctx.pool, st->dlogits, st->probs,
-                          v->y + (size_t)(j - p->n0) * rows, (int)rows,
+                          v->y + (size_t)(j - st->n0) * rows, (int)rows,
                           m->classes, 1.0f / ((float)mb * (float)R));
     dout = st->dlogits;
   } else {
@@ -535,7 +550,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
                  mit == MIT_PIPEMARE && st->D > 0 ? st->delta : NULL, NULL,
                  st->n);
   }
-  if (pred) st->wf_n0 = p->n0;
+  if (pred) st->wf_n0 = st->n0;
   st->updates++;
   t1 = st_now();
   trace(v, ST_TRACE_UPDATE, j, t0, t1);
@@ -552,42 +567,52 @@ static int pair(pb_stage *st, st_trainer_view *v, int64_t n) {
 
 /* ----------------------------------------------------------- drivers */
 
-static void run_stage(pb_stage *st) {
+/* Stage st's pairs of one step; 0 if it ran them all. */
+static int run_stage(pb_stage *st, const pb_job *job) {
   pb *p = st->p;
-  st_trainer_view view = *p->v, *v = &view;
+  st_trainer_view view = job->v, *v = &view;
   view.ctx.pool = st->pool;
-  view.track = p->v->track + st->index;
+  view.track = job->v.track + st->index;
+  st->n0 = job->n0;
   double now = st_now();
   if (st->last_end > 0) trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
-  for (int64_t n = p->n0; n < p->n0 + p->K; n++)
-    if (atomic_load(&p->abort) || pair(st, v, n)) break;
+  int rc = 0;
+  for (int64_t n = job->n0; n < job->n0 + job->K && !rc; n++)
+    rc = atomic_load(&p->abort) || pair(st, v, n) ? -1 : 0;
   st->last_end = st_now();
+  return rc;
 }
 
+/* A stage's thread: the steps in order, each as soon as it is published
+ * (the next one may already be: then the stage goes straight on). */
 static void *worker(void *arg) {
   pb_stage *st = arg;
   pb *p = st->p;
-  long long seen = 0;
+  long long done = 0;
   for (;;) {
-    if (wait_ge(p, &st->w, &p->generation, seen + 1, 0))
+    if (wait_ge(p, &st->w, &p->generation, done + 1, 0))
       return NULL; /* stopped */
-    seen = atomic_load(&p->generation);
-    run_stage(st);
-    atomic_fetch_add(&p->finished, 1);
+    int ok = !run_stage(st, &p->jobs[done % 2]);
+    /* clean counts the steps before the first stop (none after it) */
+    if (ok && atomic_load(&st->clean) == done) atomic_store(&st->clean, done + 1);
+    atomic_store(&st->done, ++done);
     st_waiter_wake(&p->w);
   }
 }
 
 /* One thread, tick by tick: at tick t stage s runs micro-batch t - s. */
-static void emulate(pb *p, st_trainer_view *v) {
-  for (int64_t t = p->n0; t < p->n0 + p->K + p->S - 1; t++)
+static void emulate(pb *p, pb_job *job) {
+  job->emulated_ok = 0;
+  for (int s = 0; s < p->S; s++) p->stages[s].n0 = job->n0;
+  for (int64_t t = job->n0; t < job->n0 + job->K + p->S - 1; t++)
     for (int s = 0; s < p->S; s++) {
       int64_t n = t - s;
-      if (n < p->n0 || n >= p->n0 + p->K) continue;
-      st_trainer_view view = *v;
-      view.track = v->track + s;
+      if (n < job->n0 || n >= job->n0 + job->K) continue;
+      st_trainer_view view = job->v;
+      view.track = job->v.track + s;
       if (pair(&p->stages[s], &view, n)) return;
     }
+  job->emulated_ok = 1;
 }
 
 /* ------------------------------------------------------- the executor */
@@ -612,9 +637,12 @@ static void pb_destroy(void *state) {
     if (st->sync_ready) st_waiter_wake_always(&st->w);
   }
   if (p->group && p->stages) forget_links(p); /* none live once closed */
+  /* every thread first: a stage still in a step (one started ahead) may
+   * send to its neighbours until it sees the stop */
+  for (int s = 0; p->stages && s < p->S; s++)
+    if (p->stages[s].started) pthread_join(p->stages[s].thread, NULL);
   for (int s = 0; p->stages && s < p->S; s++) {
     pb_stage *st = &p->stages[s];
-    if (st->started) pthread_join(st->thread, NULL);
     if (st->leaky) { /* MPI may still read or write these */
       st->run = NULL;
       for (int k = 0; k < DIN_RING; k++) st->din[k] = NULL;
@@ -989,52 +1017,94 @@ int st_pb_close_links(void *state, st_error *err) {
   return rc;
 }
 
-static int pb_step(void *state, st_trainer_view *v, double *loss,
-                   st_error *err) {
+/* Starts a step: the stages may still be running the one before (at most
+ * one), and go on into this one as soon as each is done with it — no stage
+ * waits at the boundary for the others to finish the earlier step. */
+static int pb_start(void *state, const st_trainer_view *v, st_error *err) {
   pb *p = state;
   if (p->broken)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "pipelined backprop stopped at an earlier error; "
                         "its pipeline cannot go on");
-  double t0 = st_now();
-  v->ctx.fused = NULL; /* updates are this executor's own, per stage */
-  p->v = v;
-  p->n0 = p->next;
-  p->K = v->batch / p->mb;
+  if (p->started - p->waited >= 2)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "internal error: pipelined backprop: a third step "
+                        "started before the first was waited for");
+  pb_job *job = &p->jobs[p->started % 2];
+  job->v = *v;
+  job->v.ctx.fused = NULL; /* updates are this executor's own, per stage */
+  job->n0 = p->next;
+  job->K = v->batch / p->mb;
   /* A resumed run starts with an empty pipeline; by its checkpoint's step
    * stage s had updated for every micro-batch but the last D(s). */
   if (p->next == 0 && v->step > 0)
     for (int s = 0; s < p->S; s++) {
-      int64_t done = v->step * p->K - p->stages[s].D;
+      int64_t done = v->step * job->K - p->stages[s].D;
       p->stages[s].updates0 = done > 0 ? done : 0;
     }
-  p->rc = 0;
-  atomic_store(&p->abort, 0);
+  if (p->started == p->waited) p->wall_t0 = st_now();
+  p->next += job->K;
+  p->started++;
   if (p->emulate) {
-    emulate(p, v);
+    job->emulated_ok = 0;
+    if (!atomic_load(&p->abort)) emulate(p, job); /* else stopped before */
   } else {
-    atomic_store(&p->finished, 0);
-    atomic_fetch_add(&p->generation, 1);
+    atomic_store(&p->generation, p->started);
     for (int s = 0; s < p->S; s++)
       if (p->stages[s].sync_ready) st_waiter_wake(&p->stages[s].w);
-    /* the caller sleeps: the stages have the cores */
-    st_wait_ge(&p->w, &p->finished, p->local, 0, NULL, NULL);
   }
-  p->wall += st_now() - t0;
-  if (p->rc || p->peer_stop) {
-    p->broken = 1;
-    if (p->group) stop_links(p);
-    if (p->rc) {
-      *err = p->err;
-      return p->rc;
-    }
-    st_error_set(err, ST_EIO, "stopped by a stage on another rank");
-    return ST_EXEC_PEER_STOPPED;
+  return 0;
+}
+
+/* Waits for the oldest started step: its loss, or the error that stopped
+ * the stages (then the pipeline cannot go on). */
+static int pb_wait(void *state, double *loss, st_error *err) {
+  pb *p = state;
+  if (p->waited == p->started)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "internal error: pipelined backprop: no step to "
+                        "wait for");
+  const pb_job *job = &p->jobs[p->waited % 2];
+  /* the caller sleeps: the stages have the cores */
+  int ok = p->emulate ? job->emulated_ok : 1;
+  for (int s = 0; !p->emulate && s < p->S; s++) {
+    pb_stage *st = &p->stages[s];
+    if (!st->local) continue;
+    st_wait_ge(&p->w, &st->done, p->waited + 1, 0, NULL, NULL);
+    if (atomic_load(&st->clean) < p->waited + 1) ok = 0;
   }
-  p->next += p->K;
-  /* over ranks the losses are the last stage's rank's (ranks.c) */
-  if (!p->stages[p->S - 1].local) return 0;
-  return st_trainer_check_loss(v, loss, err);
+  p->waited++;
+  if (p->waited == p->started) p->wall += st_now() - p->wall_t0;
+  /* A step every stage ran to its end is whole, whatever stopped the one
+   * after it (that one's wait reports it). */
+  if (ok && !p->broken) {
+    /* over ranks the losses are the last stage's rank's (ranks.c) */
+    if (!p->stages[p->S - 1].local) return 0;
+    return st_trainer_check_loss(&job->v, loss, err);
+  }
+  if (p->broken)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "pipelined backprop stopped at an earlier error; "
+                        "its pipeline cannot go on");
+  p->broken = 1;
+  if (p->group) stop_links(p);
+  pthread_mutex_lock(&p->mu);
+  int rc = p->rc, peer = p->peer_stop;
+  if (rc) *err = p->err;
+  pthread_mutex_unlock(&p->mu);
+  if (rc) return rc;
+  if (!peer)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "internal error: pipelined backprop: a step stopped "
+                        "with no error");
+  st_error_set(err, ST_EIO, "stopped by a stage on another rank");
+  return ST_EXEC_PEER_STOPPED;
+}
+
+static int pb_step(void *state, st_trainer_view *v, double *loss,
+                   st_error *err) {
+  int rc = pb_start(state, v, err);
+  return rc ? rc : pb_wait(state, loss, err);
 }
 
 static const float *pb_forward(void *state, const st_ctx *ctx,
@@ -1088,6 +1158,8 @@ void st_pb_set_probe(void *state, st_pb_probe fn, void *arg) {
 const st_executor st_exec_pipelined_backprop = {
     .mode = "pipelined_backprop",
     .step = pb_step,
+    .start = pb_start,
+    .wait = pb_wait,
     .forward = pb_forward,
     .create = pb_create,
     .destroy = pb_destroy,

@@ -230,13 +230,29 @@ static int open_outputs(run_state *r, st_error *err) {
   return 0;
 }
 
+/* What the loop does after `step` steps besides logging: evaluate (bit 1)
+ * and checkpoint (bit 2); the run's end is the caller's. */
+static int pauses_after(const run_state *r, int64_t step, int64_t total) {
+  const st_config *c = r->cfg;
+  int epoch_done = step % st_trainer_steps_per_epoch(r->t) == 0;
+  int eval = (c->train.eval_every > 0 && step % c->train.eval_every == 0) ||
+             (c->train.eval_every == 0 && epoch_done && step < total);
+  int ckpt = c->train.checkpoint_every > 0 &&
+             step % c->train.checkpoint_every == 0 && step < total;
+  return eval | ckpt << 1;
+}
+
 static int loop(run_state *r, st_error *err) {
   st_trainer *t = r->t;
   const st_config *c = r->cfg;
   int64_t total = st_trainer_total_steps(t);
   while (st_trainer_pos(t)->step < total) {
     double t_step = st_now(), loss;
-    int rc = st_trainer_step(t, &loss, err);
+    /* with nothing to do between this step and the next, the next may
+     * start before this one returns */
+    int64_t after = st_trainer_pos(t)->step + 1;
+    int ahead = after < total && !pauses_after(r, after, total);
+    int rc = st_trainer_step_ahead(t, ahead, &loss, err);
     r->train_s += st_now() - t_step;
     if (rc) return rc;
     r->last_loss = loss;
@@ -245,13 +261,9 @@ static int loop(run_state *r, st_error *err) {
     const st_train_pos *p = st_trainer_pos(t);
     if (p->step % c->metrics.log_every == 0) log_train(r);
     progress(r, 0);
-    int epoch_done = p->step % st_trainer_steps_per_epoch(t) == 0;
-    if ((c->train.eval_every > 0 && p->step % c->train.eval_every == 0) ||
-        (c->train.eval_every == 0 && epoch_done && p->step < total))
-      if ((rc = evaluate(r, err))) return rc;
-    if (c->train.checkpoint_every > 0 && p->step % c->train.checkpoint_every == 0 &&
-        p->step < total)
-      if ((rc = checkpoint(r, err))) return rc;
+    int pause = pauses_after(r, p->step, total);
+    if ((pause & 1) && (rc = evaluate(r, err))) return rc;
+    if ((pause & 2) && (rc = checkpoint(r, err))) return rc;
   }
   return 0;
 }

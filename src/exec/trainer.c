@@ -38,6 +38,14 @@ struct st_trainer {
   char store_path[ST_PATH_MAX]; /* that file store's */
   float *x, *losses, *probs, *dlogits;
   int *y;
+  /* An executor that starts a step before the last is waited for
+   * (st_executor.start): the batch buffers of the two steps in flight,
+   * [0] the ones above; cur: the current step's. pending: the next step
+   * was started too (st_trainer_step_ahead), its position in ahead_pos. */
+  float *xb[2], *lb[2];
+  int *yb[2];
+  int cur, pending;
+  st_train_pos ahead_pos;
   int32_t *perm, *eval_idx;
   int batch, micro_batch, eval_batch;
   int evaluated;              /* st_trainer_note_result was called */
@@ -185,6 +193,14 @@ int st_usable_cpus(int *cpus, int cap) {
 
 int st_usable_cores(void) { return st_usable_cpus(NULL, 0); }
 
+/* Whether steps may overlap: the executor starts one before the last is
+ * waited for, on the trainer's slabs, with no noise-scale sums (their
+ * pointers are a step's own). */
+static int overlaps(const st_trainer *t) {
+  return t->exec->start && t->exec->wait && t->owned &&
+         !t->cfg.metrics.noise_scale;
+}
+
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
   size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->classes;
@@ -221,18 +237,27 @@ static int allocate(st_trainer *t, st_error *err) {
   t->dlogits = st_alloc(exec_rows * classes * sizeof(float));
   t->perm = st_alloc((size_t)t->n_train * sizeof(int32_t));
   t->eval_idx = st_alloc((size_t)t->eval_batch * sizeof(int32_t));
+  t->xb[0] = t->x, t->yb[0] = t->y, t->lb[0] = t->losses;
+  int two = overlaps(t);
+  if (two) {
+    t->xb[1] = st_alloc((size_t)t->batch * in_numel * sizeof(float));
+    t->yb[1] = st_alloc((size_t)t->batch * t->rows * sizeof(int));
+    t->lb[1] = st_alloc((size_t)t->batch * t->rows * sizeof(float));
+  }
   if ((t->owned && !t->params) || !t->grads || !t->opt || !t->x || !t->y ||
-      !t->losses || !t->probs || !t->dlogits || !t->perm || !t->eval_idx)
+      !t->losses || !t->probs || !t->dlogits || !t->perm || !t->eval_idx ||
+      (two && (!t->xb[1] || !t->yb[1] || !t->lb[1])))
     return st_error_set(err, ST_ENOMEM,
                         "out of memory for %zu parameters at batch %d",
                         m->n_params, t->batch);
   return 0;
 }
 
-static void make_permutation(st_trainer *t) {
+/* The order of the training samples in an epoch. */
+static void make_permutation(st_trainer *t, int64_t epoch) {
   int n = t->n_train;
   if (t->cfg.data.shuffle)
-    st_shuffle(t->perm, n, t->cfg.train.seed, t->pos.epoch);
+    st_shuffle(t->perm, n, t->cfg.train.seed, epoch);
   else
     for (int i = 0; i < n; i++) t->perm[i] = i;
 }
@@ -377,7 +402,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
       goto fail;
     if (kept->step > 0) t->pos = *kept;
   }
-  make_permutation(t);
+  make_permutation(t, t->pos.epoch);
   *out = t;
   return 0;
 fail:
@@ -397,6 +422,9 @@ void st_trainer_destroy(st_trainer *t) {
   st_free(t->x);
   st_free(t->y);
   st_free(t->losses);
+  st_free(t->xb[1]);
+  st_free(t->yb[1]);
+  st_free(t->lb[1]);
   st_free(t->probs);
   st_free(t->dlogits);
   st_free(t->perm);
@@ -410,16 +438,14 @@ void st_trainer_destroy(st_trainer *t) {
   free(t);
 }
 
-/* Fills x, y with the next batch; starts a new epoch when the current one
- * cannot supply a whole batch (the remainder is dropped, as PyTorch's
- * drop_last). */
 /* Samples idx[0..B) of the training (test == 0) or test split into x and
  * y: images and labels, or token windows (inputs as floats, and each
  * position's next token). */
-static void fill_batch(st_trainer *t, int test, const int32_t *idx, int B) {
+static void fill_batch(st_trainer *t, int test, const int32_t *idx, int B,
+                       float *x, int *y) {
   if (!t->text) {
     st_dataset_batch(test ? t->test : t->train, idx, B, t->cfg.data.normalize,
-                     t->x, t->y);
+                     x, y);
     return;
   }
   const int32_t *tok = test ? t->text->val : t->text->train;
@@ -427,19 +453,22 @@ static void fill_batch(st_trainer *t, int test, const int32_t *idx, int B) {
   for (int b = 0; b < B; b++) {
     const int32_t *w = tok + (size_t)idx[b] * T;
     for (size_t i = 0; i < T; i++) {
-      t->x[(size_t)b * T + i] = (float)w[i];
-      t->y[(size_t)b * T + i] = w[i + 1];
+      x[(size_t)b * T + i] = (float)w[i];
+      y[(size_t)b * T + i] = w[i + 1];
     }
   }
 }
 
-static void next_batch(st_trainer *t) {
-  if (t->pos.epoch_pos + t->batch > t->n_train) {
-    t->pos.epoch++;
-    t->pos.epoch_pos = 0;
-    make_permutation(t);
+/* Fills x, y with the batch of the step at *pos; starts a new epoch (in
+ * *pos) when the current one cannot supply a whole batch (the remainder is
+ * dropped, as PyTorch's drop_last). */
+static void next_batch(st_trainer *t, st_train_pos *pos, float *x, int *y) {
+  if (pos->epoch_pos + t->batch > t->n_train) {
+    pos->epoch++;
+    pos->epoch_pos = 0;
+    make_permutation(t, pos->epoch);
   }
-  fill_batch(t, 0, t->perm + t->pos.epoch_pos, t->batch);
+  fill_batch(t, 0, t->perm + pos->epoch_pos, t->batch, x, y);
 }
 
 double st_sum_squares(const float *x, size_t n) {
@@ -607,27 +636,28 @@ static st_train_pos run_pos(const st_trainer *t) {
   return pos;
 }
 
-int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
-  next_batch(t);
-  /* t->grads is all zeros here: allocated zeroed, and every update zeroes
-   * the gradients it used. */
-  float lr = st_lr_at(&t->cfg, t->pos.step, t->total_steps);
-  /* A one-sample batch lets linear layers update inside the backward. */
-  st_optim_rule rule;
-  st_fused_update fused = {.rule = &rule, .params = t->params,
-                           .opt = t->opt, .slot_stride = t->model->n_params};
-  int fuse = t->batch == 1 && t->cfg.execution.fused_update;
-  if (fuse) st_optim_rule_init(&rule, &t->cfg, lr, t->pos.step);
-  st_trainer_view v = {
+/* Evaluating or saving while st_trainer_step_ahead left a step running
+ * (the caller broke its promise): the weights are moving. */
+static int in_flight(st_error *err) {
+  return st_error_set(err, ST_EUNSUPPORTED,
+                      "internal error: a training step is still running "
+                      "(st_trainer_step_ahead was told another step would "
+                      "follow)");
+}
+
+/* The view of the step at pos on batch buffers (x, y, losses). */
+static st_trainer_view view_of(const st_trainer *t, const st_train_pos *pos,
+                               float *x, int *y, float *losses,
+                               st_fused_update *fused) {
+  return (st_trainer_view){
       .model = t->model,
-      .ctx = {t->pool, 1, t->cfg.train.seed, (uint64_t)t->pos.samples,
-              fuse ? &fused : NULL},
+      .ctx = {t->pool, 1, t->cfg.train.seed, (uint64_t)pos->samples, fused},
       .params = t->params,
       .grads = t->grads,
       .opt = t->opt,
-      .x = t->x,
-      .y = t->y,
-      .losses = t->losses,
+      .x = x,
+      .y = y,
+      .losses = losses,
       .probs = t->probs,
       .dlogits = t->dlogits,
       .batch = t->batch,
@@ -635,10 +665,90 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
       .loss_batch = t->batch,
       .trace = t->trace,
       .cfg = &t->cfg,
-      .lr = lr,
-      .step = t->pos.step,
-      .first_sample = t->pos.samples,
+      .lr = st_lr_at(&t->cfg, pos->step, t->total_steps),
+      .step = pos->step,
+      .first_sample = pos->samples,
   };
+}
+
+/* After a step: the position moves past its batch; a kept state (a file
+ * store) is committed with it and followed. */
+static int advance(st_trainer *t, st_error *err) {
+  t->scattered = t->exec->gather != NULL;
+  t->pos.step++;
+  t->pos.epoch_pos += t->batch;
+  t->pos.samples += t->batch;
+  if (t->owned) return 0;
+  /* the kept state moved: commit it with the position (in the
+   * background), and follow it */
+  st_train_pos pos = run_pos(t);
+  int rc = t->exec->commit(t->exec_state, &pos, 0, err);
+  if (rc) return rc;
+  t->exec->slabs(t->exec_state, &t->params, &t->params_bf16, &t->grads,
+                 &t->opt);
+  return 0;
+}
+
+/* Steps on an executor that overlaps them: the step at t->pos is started
+ * here unless the last call started it; with `ahead` the next one is
+ * started before this one is waited for. */
+static int step_overlapped(st_trainer *t, int ahead, double *loss,
+                           st_error *err) {
+  int rc;
+  if (t->pending) { /* started by the last call: take its batch's position */
+    t->pending = 0;
+    t->cur ^= 1;
+    t->pos = t->ahead_pos;
+  } else {
+    next_batch(t, &t->pos, t->xb[t->cur], t->yb[t->cur]);
+    st_trainer_view v = view_of(t, &t->pos, t->xb[t->cur], t->yb[t->cur],
+                                t->lb[t->cur], NULL);
+    if ((rc = t->exec->start(t->exec_state, &v, err))) return rc;
+  }
+  if (ahead) {
+    /* the next step's position once this one is done, its batch in the
+     * other buffers (a new epoch's order is a function of the epoch) */
+    st_train_pos q = t->pos;
+    q.step++;
+    q.epoch_pos += t->batch;
+    q.samples += t->batch;
+    int nb = t->cur ^ 1;
+    next_batch(t, &q, t->xb[nb], t->yb[nb]);
+    st_trainer_view v = view_of(t, &q, t->xb[nb], t->yb[nb], t->lb[nb], NULL);
+    st_error ignored = {0}; /* a stopped executor: the wait below says why */
+    if (!t->exec->start(t->exec_state, &v, &ignored)) {
+      t->pending = 1;
+      t->ahead_pos = q;
+    }
+  }
+  rc = t->exec->wait(t->exec_state, loss, err);
+  if (rc && t->pending) { /* stopped: the next step is not taken either */
+    double ignored_loss;
+    st_error ignored = {0};
+    t->exec->wait(t->exec_state, &ignored_loss, &ignored);
+    t->pending = 0;
+  }
+  if (rc) {
+    memset(t->grads, 0, t->model->n_params * sizeof(float));
+    return rc;
+  }
+  return advance(t, err);
+}
+
+int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
+                          st_error *err) {
+  if (overlaps(t)) return step_overlapped(t, ahead, loss, err);
+  next_batch(t, &t->pos, t->x, t->y);
+  /* t->grads is all zeros here: allocated zeroed, and every update zeroes
+   * the gradients it used. */
+  /* A one-sample batch lets linear layers update inside the backward. */
+  st_optim_rule rule;
+  st_fused_update fused = {.rule = &rule, .params = t->params,
+                           .opt = t->opt, .slot_stride = t->model->n_params};
+  int fuse = t->batch == 1 && t->cfg.execution.fused_update;
+  st_trainer_view v =
+      view_of(t, &t->pos, t->x, t->y, t->losses, fuse ? &fused : NULL);
+  if (fuse) st_optim_rule_init(&rule, &t->cfg, v.lr, t->pos.step);
   double gs2 = 0, gb2 = 0;
   if (t->cfg.metrics.noise_scale) v.gs2 = &gs2, v.gb2 = &gb2;
   int rc = t->exec->step(t->exec_state, &v, loss, err);
@@ -650,19 +760,11 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
     return rc;
   }
   if (v.gs2) st_noise_scale_add(&t->noise, gs2, t->micro_batch, gb2, t->batch);
-  t->scattered = t->exec->gather != NULL;
-  t->pos.step++;
-  t->pos.epoch_pos += t->batch;
-  t->pos.samples += t->batch;
-  if (!t->owned) {
-    /* the kept state moved: commit it with the position (in the
-     * background), and follow it */
-    st_train_pos pos = run_pos(t);
-    if ((rc = t->exec->commit(t->exec_state, &pos, 0, err))) return rc;
-    t->exec->slabs(t->exec_state, &t->params, &t->params_bf16, &t->grads,
-                   &t->opt);
-  }
-  return 0;
+  return advance(t, err);
+}
+
+int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
+  return st_trainer_step_ahead(t, 0, loss, err);
 }
 
 int st_store_resolve(st_config *cfg, const char *out_dir) {
@@ -699,6 +801,7 @@ int st_trainer_finish(st_trainer *t, st_error *err) {
 
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
+  if (t->pending) return in_flight(err);
   int rc = st_trainer_gather(t, err);
   if (rc) return rc;
   const st_model *m = t->model;
@@ -709,7 +812,7 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
   for (int start = 0; start < n; start += t->eval_batch) {
     int B = n - start < t->eval_batch ? n - start : t->eval_batch;
     for (int i = 0; i < B; i++) t->eval_idx[i] = start + i;
-    fill_batch(t, 1, t->eval_idx, B);
+    fill_batch(t, 1, t->eval_idx, B, t->x, t->y);
     const float *logits = t->exec->forward(t->exec_state, &ctx, t->params,
                                            t->x, B);
     st_xent_forward_pool(t->pool, t->losses, t->probs, logits, t->y, B * R,
@@ -730,6 +833,7 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
 }
 
 int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
+  if (t->pending) return in_flight(err);
   if (t->scattered) /* a bug of the caller: st_trainer_gather first */
     return st_error_set(err, ST_EUNSUPPORTED,
                         "%s: internal error: the weights of blocks on other "
@@ -769,6 +873,7 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
 
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err) {
+  if (t->pending) return in_flight(err);
   if (!t->owned)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "%s: the weights live in the store %s, which is this "
@@ -794,7 +899,7 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
     memcpy(t->params, params, m->n_params * sizeof(float));
     memcpy(t->opt, opt, state * sizeof(float));
     t->pos = pos;
-    make_permutation(t);
+    make_permutation(t, t->pos.epoch);
   }
   st_free(params);
   st_free(opt);

@@ -52,14 +52,17 @@ static void deep_config(st_config *c) {
           7);
 }
 
-static float *run_steps(const st_config *c, int steps, st_trainer **keep) {
+/* The weights after `steps` steps; with `ahead` every step but the last
+ * lets the next one start before it returns (st_trainer_step_ahead). */
+static float *run_steps_ahead(const st_config *c, int steps, int ahead,
+                              st_trainer **keep) {
   st_error err = {0};
   st_trainer *t = make(c, &err);
   CHECK(t != NULL, "%s", err.msg);
   if (!t) return NULL;
   double loss;
   for (int i = 0; i < steps; i++)
-    if (st_trainer_step(t, &loss, &err)) {
+    if (st_trainer_step_ahead(t, ahead && i + 1 < steps, &loss, &err)) {
       CHECK(0, "step %d: %s", i, err.msg);
       st_trainer_destroy(t);
       return NULL;
@@ -72,6 +75,10 @@ static float *run_steps(const st_config *c, int steps, st_trainer **keep) {
   else
     st_trainer_destroy(t);
   return w;
+}
+
+static float *run_steps(const st_config *c, int steps, st_trainer **keep) {
+  return run_steps_ahead(c, steps, 0, keep);
 }
 
 static void test_threaded_emulated(const char *what, const st_config *base,
@@ -90,8 +97,10 @@ static void test_threaded_emulated(const char *what, const st_config *base,
       if (!want) continue;
       size_t n = st_trainer_model(t)->n_params;
       st_trainer_destroy(t);
+      /* the threaded runtime with each next step started before the last
+       * returned: the stages go on without waiting at step boundaries */
       c.execution.emulate = 0;
-      float *got = run_steps(&c, N, &t);
+      float *got = run_steps_ahead(&c, N, 1, &t);
       if (got) {
         CHECK(memcmp(got, want, n * sizeof *got) == 0,
               "%s %s S=%d: threaded weights differ from the emulator's",
@@ -259,7 +268,10 @@ static void test_stash(const st_config *base) {
 }
 
 static void test_steady_and_nan(const st_config *base) {
-  for (int emu = 0; emu < 2; emu++) {
+  char first_msg[sizeof(st_error){0}.msg] = "";
+  int first_at = -1;
+  for (int k = 0; k < 4; k++) {
+    int emu = k % 2, ahead = k / 2;
     st_config c = *base;
     c.execution.stages = 4;
     c.execution.emulate = emu;
@@ -272,26 +284,97 @@ static void test_steady_and_nan(const st_config *base) {
     uint64_t before = 0;
     for (int i = 0; i < 12; i++) {
       if (i == 4) before = st_alloc_count();
-      CHECK(st_trainer_step(t, &loss, &err) == 0, "%s", err.msg);
+      CHECK(st_trainer_step_ahead(t, ahead && i < 11, &loss, &err) == 0, "%s",
+            err.msg);
     }
-    CHECK(st_alloc_count() == before, "emulate=%d: %llu allocations in 8 steps",
-          emu, (unsigned long long)(st_alloc_count() - before));
+    CHECK(st_alloc_count() == before,
+          "emulate=%d ahead=%d: %llu allocations in 8 steps", emu, ahead,
+          (unsigned long long)(st_alloc_count() - before));
     st_trainer_destroy(t);
 
-    c.optimizer.lr = 1e30f;
+    /* a huge lr: the same step fails with the same message whether or not
+     * the next step was already running */
+    c.optimizer.lr = 1e38f;
     t = make(&c, &err);
     if (!t) return;
     int rc = 0, i;
-    for (i = 0; i < 50 && !rc; i++) rc = st_trainer_step(t, &loss, &err);
+    for (i = 0; i < 50 && !rc; i++)
+      rc = st_trainer_step_ahead(t, ahead, &loss, &err);
     CHECK(rc == ST_ENONFINITE && strstr(err.msg, "before its backward") &&
               strstr(err.msg, "samples"),
-          "emulate=%d: huge lr: rc %d after %d steps: %s", emu, rc, i,
-          err.msg);
+          "emulate=%d ahead=%d: huge lr: rc %d after %d steps: %s", emu, ahead,
+          rc, i, err.msg);
+    if (first_at < 0) {
+      first_at = i;
+      snprintf(first_msg, sizeof first_msg, "%s", err.msg);
+    } else {
+      CHECK(i == first_at && !strcmp(err.msg, first_msg),
+            "emulate=%d ahead=%d: failed at step %d (%s), first run at %d (%s)",
+            emu, ahead, i, err.msg, first_at, first_msg);
+    }
+    CHECK(st_trainer_pos(t)->step == i - 1,
+          "emulate=%d ahead=%d: position %lld after failing step %d", emu,
+          ahead, (long long)st_trainer_pos(t)->step, i);
     rc = st_trainer_step(t, &loss, &err);
     CHECK(rc != 0 && strstr(err.msg, "cannot go on"),
-          "emulate=%d: a step after the error: rc %d: %s", emu, rc, err.msg);
+          "emulate=%d ahead=%d: a step after the error: rc %d: %s", emu, ahead,
+          rc, err.msg);
     st_trainer_destroy(t);
   }
+}
+
+/* Steps started ahead (st_trainer_step_ahead): the same weights and
+ * position as one at a time, across epochs (the next epoch's order made
+ * for the step started early) and a cosine schedule (each step its own
+ * lr); evaluating or saving with a step still running is refused, and a
+ * trainer destroyed then stops it cleanly. */
+static void test_ahead(const st_config *base) {
+  enum { N = 60 };
+  st_config c = *base;
+  set_all(&c,
+          (const char *[]){"data.train_limit=50", "data.shuffle=true",
+                           "optimizer.schedule=cosine",
+                           "execution.mitigation=sc+lwp",
+                           "execution.stages=4"},
+          5);
+  c.execution.emulate = 1;
+  st_trainer *t = NULL;
+  float *want = run_steps(&c, N, &t);
+  if (!want) return;
+  size_t n = st_trainer_model(t)->n_params;
+  st_train_pos pos = *st_trainer_pos(t);
+  st_trainer_destroy(t);
+  CHECK(pos.epoch >= 2, "the test crosses epochs: epoch %lld",
+        (long long)pos.epoch);
+  for (int emu = 0; emu < 2; emu++) {
+    c.execution.emulate = emu;
+    float *got = run_steps_ahead(&c, N, 1, &t);
+    if (!got) continue;
+    const st_train_pos *p = st_trainer_pos(t);
+    CHECK(!memcmp(got, want, n * sizeof *got),
+          "emulate=%d: steps started ahead: the weights differ", emu);
+    CHECK(p->step == pos.step && p->epoch == pos.epoch &&
+              p->epoch_pos == pos.epoch_pos && p->samples == pos.samples,
+          "emulate=%d: position step %lld epoch %lld+%lld samples %lld, "
+          "want %lld %lld+%lld %lld",
+          emu, (long long)p->step, (long long)p->epoch,
+          (long long)p->epoch_pos, (long long)p->samples, (long long)pos.step,
+          (long long)pos.epoch, (long long)pos.epoch_pos,
+          (long long)pos.samples);
+    /* a broken promise: evaluate and save refuse while a step runs */
+    double loss, acc;
+    st_error err = {0};
+    CHECK(st_trainer_step_ahead(t, 1, &loss, &err) == 0, "%s", err.msg);
+    CHECK(st_trainer_evaluate(t, &loss, &acc, &err) != 0 &&
+              strstr(err.msg, "still running"),
+          "emulate=%d: evaluate with a step running: %s", emu, err.msg);
+    CHECK(st_trainer_save(t, "/nonexistent/x", &err) != 0 &&
+              strstr(err.msg, "still running"),
+          "emulate=%d: save with a step running: %s", emu, err.msg);
+    st_trainer_destroy(t);
+    free(got);
+  }
+  free(want);
 }
 
 static void test_reference_batch(const st_config *base) {
@@ -412,6 +495,7 @@ int main(void) {
           2);
   const int adam_S[] = {4};
   test_threaded_emulated("mlp adamw", &adam, adam_S, 1, MITIGATIONS, 2);
+  test_ahead(&deep);
   /* micro-batch 1 folds linear layers' updates, and the prediction of the
    * next forward's weights, into the backward: the same bits as updating
    * after it and predicting in a pass of its own */
