@@ -1113,6 +1113,9 @@ typedef struct st_plan_options {
   double samples_in_flight; /* activations each stage holds, in samples */
   double weight_versions;   /* weight copies each stage holds (1) */
   st_partition_algorithm algorithm;
+  const char *stages_key;   /* what asked for K, in messages (NULL:
+                               "--stages"; "execution.stages") */
+  const char *stages_where; /* and where, prefixed to its errors (NULL) */
 } st_plan_options;
 
 #define ST_CAUSE_MAX 320
@@ -1169,7 +1172,9 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
                   const st_fabric *fabric, const st_plan_options *opt,
                   st_error *err);
 /* All passes for cfg's model on cfg's fabric; stages as in options (0 =
- * automatic). Samples in flight follow execution.mode (docs/compiler.md). */
+ * the number a pipeline or pipelined_backprop config's execution.stages
+ * gives, else automatic). Samples in flight follow execution.mode
+ * (docs/compiler.md). */
 int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                     st_error *err);
 void st_plan_destroy(st_plan *p);

@@ -432,12 +432,13 @@ static void by_k_text(char *buf, size_t cap, const partition *q, int k) {
 #define CAUSE_TAIL 120
 
 static int choose_stages_text(st_plan *plan, const partition *q,
-                              int stages_given, int n_heights) {
+                              int stages_given, const char *key,
+                              int n_heights) {
   char *c = plan->cause;
   size_t cap = sizeof plan->cause;
   int n;
   if (stages_given)
-    n = snprintf(c, cap, "as asked (--stages %d)", plan->n_stages);
+    n = snprintf(c, cap, "as asked (%s %d)", key, plan->n_stages);
   else if (q->by_k) {
     n = snprintf(c, cap, "the best predicted throughput of K = 1..%d (",
                  q->n_by_k);
@@ -474,20 +475,25 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   *out = NULL;
   const char *word = pe_word(fabric);
   int K = opt->stages;
+  const char *key = opt->stages_key ? opt->stages_key : "--stages";
+  const char *where = opt->stages_where ? opt->stages_where : "";
+  const char *sep = opt->stages_where ? ": " : "";
   if (n_blocks < 1)
     return st_error_set(err, ST_EARG, "the model has no blocks to compile");
   if (K < 0)
-    return st_error_set(err, ST_EARG, "--stages %d: must be >= 1", K);
+    return st_error_set(err, ST_EARG, "%s%s%s %d: must be >= 1", where, sep,
+                        key, K);
   if (K > n_blocks)
     return st_error_set(err, ST_EARG,
-                        "--stages %d: more stages than the model's %d blocks "
+                        "%s%s%s %d: more stages than the model's %d blocks "
                         "(a stage holds at least one block)",
-                        K, n_blocks);
+                        where, sep, key, K, n_blocks);
   if (K > fabric->pes)
     return st_error_set(err, ST_EARG,
-                        "--stages %d: more stages than the %lld %s of %s (a "
+                        "%s%s%s %d: more stages than the %lld %s of %s (a "
                         "stage needs at least one)",
-                        K, (long long)fabric->pes, word, fabric->name);
+                        where, sep, key, K, (long long)fabric->pes, word,
+                        fabric->name);
   if (!(fabric->efficiency_slope >= 0 && fabric->efficiency_slope < 1))
     return st_error_set(err, ST_EARG, "%s: efficiency slope %g not in [0, 1)",
                         fabric->name, fabric->efficiency_slope);
@@ -565,7 +571,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   }
   rc = build_stages(plan, &p, &best_layout, &best, err);
   if (!rc) {
-    choose_stages_text(plan, &best, K, nh);
+    choose_stages_text(plan, &best, K, key, nh);
     if (best.by_k) {
       plan->n_tried = best.n_by_k;
       plan->throughput_by_k = st_alloc((size_t)best.n_by_k * sizeof(double));
@@ -611,12 +617,26 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                          .samples_in_flight = cfg->train.batch,
                          .weight_versions = 1,
                          .algorithm = ST_PARTITION_AUTO};
+  /* a config that asks a pipelined mode for K stages compiles to K (what
+   * `strata train` runs); per_block there is the run's affair (an emulated
+   * 20-stage run fits any machine, a plan of it does not) */
+  const char *mode = cfg->execution.mode;
+  int pipelined = !strcmp(mode, "pipeline") ||
+                  !strcmp(mode, "pipelined_backprop");
+  char where[160];
+  if (!stages && pipelined && cfg->execution.stages > 0 &&
+      cfg->execution.stages != ST_STAGES_PER_BLOCK) {
+    opt.stages = cfg->execution.stages;
+    opt.stages_key = "execution.stages";
+    snprintf(where, sizeof where, "%s",
+             st_config_where(cfg, "execution.stages"));
+    opt.stages_where = where;
+  }
   rc = st_plan_build(out, costs, m->n_blocks, &fabric, &opt, err);
   if (!rc) {
     snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
     /* the modes on stage threads hand each step over (block_sequential:
      * once a phase, counted once; emulated pipelined backprop: none) */
-    const char *mode = cfg->execution.mode;
     int threaded = !strcmp(mode, "pipeline") ||
                    !strcmp(mode, "block_sequential") ||
                    (!strcmp(mode, "pipelined_backprop") &&

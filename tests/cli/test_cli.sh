@@ -316,6 +316,16 @@ expect_error "compile: unknown fabric" "--fabric toaster: unknown fabric; one of
   -- compile "$fc" --fabric toaster --out "$T/o_fabric"
 expect_error "compile: more stages than blocks" "--stages 9: more stages than the model's 3 blocks" \
   -- compile "$fc" --fabric cpu:8 --stages 9 --out "$T/o_stages"
+# without --stages, a pipelined config's execution.stages is the plan's K
+printf 'model:\n  hidden: [64, 64]\nexecution:\n  mode: pipelined_backprop\n  stages: 3\noptimizer:\n  nesterov: false\n' >"$T/pb3.yaml"
+run compile "$T/pb3.yaml" --fabric cpu:4 --out "$T/o_pb3"
+if [ "$rc" -eq 0 ] && printf '%s' "$out" | grep -q "in 3 stages" &&
+   printf '%s' "$out" | grep -q "as asked (execution.stages 3)"; then pass; else
+  fail "compile takes the config's execution.stages" "rc $rc" "$out" "$err"
+fi
+expect_error "compile: the config's stages exceed the cores" \
+  "pb3.yaml:5:11: execution.stages 3: more stages than the 2 cores of cpu:2" \
+  -- compile "$T/pb3.yaml" --fabric cpu:2 --out "$T/o_pb3b"
 # The published GPT shapes (docs/models.md): sized from descriptors alone,
 # strata's exact parameter count (tests/compile/test_gpt_configs.c).
 for gpt in gpt2_124m:124,439,808 gpt3_xl_1.3b:1,315,723,264 \
