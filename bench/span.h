@@ -32,6 +32,8 @@ typedef struct span {
   int tracks;                    /* trace tracks (stages x replicas) */
   double busy[BENCH_MAX_TRACKS]; /* each track's busy seconds */
   int stages, replicas, blocks;
+  double plan_balance;           /* the compiler's predicted stage balance
+                                    for the stages run (0: not compiled) */
 } span;
 
 /* Trains the config of common[0 .. n_common) and r's settings for
@@ -49,6 +51,12 @@ static int measure_span(const char *prog, const char *const *common,
     if (st_config_set(&cfg, r->sets[i], &err)) goto fail;
   st_trainer *t;
   if (st_trainer_create(&t, &cfg, NULL, &err)) goto fail;
+  out->plan_balance = 0;
+  st_plan *plan = NULL;
+  st_error plan_err = {0};
+  if (!st_plan_compile(&plan, &cfg, st_trainer_stages(t), &plan_err))
+    out->plan_balance = plan->balance;
+  st_plan_destroy(plan);
   double loss, wall0 = 0, wall1 = 0;
   for (int i = 0; i < 3; i++)
     if (st_trainer_step(t, &loss, &err)) goto fail_t;

@@ -54,6 +54,20 @@ for prog in bench_mlp bench_linear bench_gpt bench_pipeline bench_pb bench_ws; d
   fi
 done
 
+# The compiler cuts the pipelines' stages (sections 5, 6, 9) by its cost
+# model: with no calibration profile in effect, measure this machine first
+# (about 15 s) so the plans are its own, not the built-in estimates.
+if [ -z "${STRATA_CALIBRATION:-}" ] && [ ! -f "${HOME:-.}/.cache/strata/calibration.json" ]; then
+  cal_dir=$(mktemp -d)
+  trap 'rm -rf "$cal_dir"' EXIT
+  echo "run-bench: no calibration profile: measuring this machine for the plans (strata bench --calibrate)"
+  if STRATA_CALIBRATION="$cal_dir/calibration.json" "$build/strata" bench --calibrate >/dev/null 2>&1; then
+    export STRATA_CALIBRATION="$cal_dir/calibration.json"
+  else
+    echo "run-bench: calibration failed; the plans use the built-in estimates" >&2
+  fi
+fi
+
 have_torch=0
 if torch_version=$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
   have_torch=1

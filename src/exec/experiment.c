@@ -187,7 +187,9 @@ static int run_one(const st_config *c, int points, run *r, st_error *err) {
   int next = 0;
   for (int64_t step = 1; step <= r->steps; step++) {
     double loss, s0 = st_now();
-    rc = st_trainer_step(t, &loss, err);
+    /* the next step may start early unless this one is evaluated after */
+    int ahead = step < r->steps && step != point_step(next, r->points, r->steps);
+    rc = st_trainer_step_ahead(t, ahead, &loss, err);
     step_s += st_now() - s0;
     if (rc == ST_ENONFINITE) {
       rc = 0;
