@@ -10,11 +10,13 @@
  *                least busy stage's busy seconds (forward,
  *                backward, update, from the runtime's counters) over the
  *                wall time of the steps; target: at least 0.95 — no
- *                bubbles — with sc on a balanced plan (the CNN: the
- *                compiler cuts its 10 blocks into halves of equal predicted
- *                time, balance printed, 0.99 with this machine's
- *                calibration; the MLP's first block is 1.5x the others, so
- *                its cut is not); sc+lwp is printed beside it: its prediction
+ *                bubbles — with sc on a balanced plan: judged for a model
+ *                whose cut the compiler predicts balanced within 1% (its
+ *                balance is printed; the CNN's 10 blocks cut into halves
+ *                within 1% with this machine's calibration, the MLP's
+ *                into 0.97, its first block being 1.5x the others; with
+ *                the built-in estimates it can be the other way round);
+ *                sc+lwp is printed beside it: its prediction
  *                pass (a read of w and v, a write of the forward's weights)
  *                runs only at stages with D > 0, a cost the plan does not
  *                model, so the stages it balanced are no longer equal.
@@ -106,12 +108,12 @@ int main(int argc, char **argv) {
         if (w > util[k]) util[k] = w;
         if (t > top[k]) top[k] = t;
       }
-    printf("%s; the compiler's plan of the 2 stages: balance %.2f\n",
-           names[mi], balance);
-    /* The target is for a balanced plan (the CNN's 10 blocks cut into
-     * halves of equal predicted time, where the cost model says so); the
-     * MLP's first block is 1.5x the others, so no cut of it is. The
-     * busiest stage measures the bubbles alone. */
+    printf("%s; the compiler's plan of the 2 stages: balance %.3f%s\n",
+           names[mi], balance,
+           balance > 0 ? "" : " (unknown: no plan made the run's cut)");
+    /* The target is for a balanced plan: judged where the cost model in
+     * effect predicts the run's cut balanced within 1%. The busiest stage
+     * measures the bubbles alone. */
     const char *verdict = balance < 0.99
                               ? "plan balance below 0.99: no target"
                           : util[4] >= 0.95 ? "target >= 0.95: meets target"

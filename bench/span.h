@@ -33,8 +33,36 @@ typedef struct span {
   double busy[BENCH_MAX_TRACKS]; /* each track's busy seconds */
   int stages, replicas, blocks;
   double plan_balance;           /* the compiler's predicted stage balance
-                                    for the stages run (0: not compiled) */
+                                    of the cut the run made (0: unknown) */
 } span;
+
+/* The compiler's predicted balance of the stages t runs: its plan on the
+ * fabric the runtime cuts on (cpu:max(stages, train.threads)), used only
+ * when that plan made the run's cut; else 0. */
+static double plan_balance(const st_trainer *t, const st_config *cfg) {
+  int S = st_trainer_stages(t);
+  st_track_stats run[BENCH_MAX_TRACKS];
+  double wall;
+  if (S < 2 || S > BENCH_MAX_TRACKS ||
+      st_trainer_stats(t, run, BENCH_MAX_TRACKS, &wall) != S)
+    return 0;
+  st_config c = *cfg;
+  char spec[32];
+  st_error err = {0};
+  snprintf(spec, sizeof spec, "cpu:%d",
+           S > cfg->train.threads ? S : cfg->train.threads);
+  st_plan *plan = NULL;
+  double balance = 0;
+  if (!st_fabric_parse(&c, spec, &err) && !st_plan_compile(&plan, &c, S, &err)) {
+    balance = plan->balance;
+    for (int s = 0; s < S; s++)
+      if (plan->stages[s].first != run[s].first ||
+          plan->stages[s].count != run[s].count)
+        balance = 0;
+  }
+  st_plan_destroy(plan);
+  return balance;
+}
 
 /* Trains the config of common[0 .. n_common) and r's settings for
  * `seconds` after 3 warm-up steps; 0, or -1 with the error on stderr
@@ -51,12 +79,7 @@ static int measure_span(const char *prog, const char *const *common,
     if (st_config_set(&cfg, r->sets[i], &err)) goto fail;
   st_trainer *t;
   if (st_trainer_create(&t, &cfg, NULL, &err)) goto fail;
-  out->plan_balance = 0;
-  st_plan *plan = NULL;
-  st_error plan_err = {0};
-  if (!st_plan_compile(&plan, &cfg, st_trainer_stages(t), &plan_err))
-    out->plan_balance = plan->balance;
-  st_plan_destroy(plan);
+  out->plan_balance = plan_balance(t, &cfg);
   double loss, wall0 = 0, wall1 = 0;
   for (int i = 0; i < 3; i++)
     if (st_trainer_step(t, &loss, &err)) goto fail_t;

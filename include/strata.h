@@ -1272,8 +1272,12 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err);
 /* The same; ahead = 1 promises that the caller's next call on t is another
  * step: an executor that can (pipelined backprop) then starts the next
  * batch before this step returns, so its workers do not wait at the step
- * boundary. The weights and losses are those of st_trainer_step's; only
- * the time differs. Evaluating or saving after ahead = 1 is an error. */
+ * boundary. The steps compute the bits st_trainer_step's would, and the
+ * position reads the same after each call; but until the next step call
+ * returns, the next step may be running: the weights, the stage counters
+ * (st_trainer_stats) and the trace are moving. Evaluating, saving, loading,
+ * gathering or finishing then is an error; call with ahead = 0 before
+ * anything but logging the loss and position. */
 int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
                           st_error *err);
 /* The whole run: steps, evaluation, metrics, checkpoints, progress, summary. */

@@ -491,9 +491,13 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   if (K > fabric->pes)
     return st_error_set(err, ST_EARG,
                         "%s%s%s %d: more stages than the %lld %s of %s (a "
-                        "stage needs at least one)",
+                        "stage needs at least one%s)",
                         where, sep, key, K, (long long)fabric->pes, word,
-                        fabric->name);
+                        fabric->name,
+                        opt->stages_key ? "; a run shares them, a plan "
+                                          "needs --stages or a larger "
+                                          "--fabric"
+                                        : "");
   if (!(fabric->efficiency_slope >= 0 && fabric->efficiency_slope < 1))
     return st_error_set(err, ST_EARG, "%s: efficiency slope %g not in [0, 1)",
                         fabric->name, fabric->efficiency_slope);
@@ -618,8 +622,10 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                          .weight_versions = 1,
                          .algorithm = ST_PARTITION_AUTO};
   /* a config that asks a pipelined mode for K stages compiles to K (what
-   * `strata train` runs); per_block there is the run's affair (an emulated
-   * 20-stage run fits any machine, a plan of it does not) */
+   * `strata train` runs; more than the fabric's cores is an error naming
+   * the key, where the run would share them); per_block stays automatic,
+   * as the shipped per_block configs are emulated experiments of 10-20
+   * stages that no small machine's plan holds */
   const char *mode = cfg->execution.mode;
   int pipelined = !strcmp(mode, "pipeline") ||
                   !strcmp(mode, "pipelined_backprop");

@@ -578,7 +578,9 @@ static int run_stage(pb_stage *st, const pb_job *job) {
   if (st->last_end > 0) trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
   int rc = 0;
   for (int64_t n = job->n0; n < job->n0 + job->K && !rc; n++)
-    rc = atomic_load(&p->abort) || pair(st, v, n) ? -1 : 0;
+    rc = atomic_load(&p->abort) || atomic_load(&p->stop) || pair(st, v, n)
+             ? -1
+             : 0;
   st->last_end = st_now();
   return rc;
 }

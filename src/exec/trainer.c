@@ -636,7 +636,7 @@ static st_train_pos run_pos(const st_trainer *t) {
   return pos;
 }
 
-/* Evaluating or saving while st_trainer_step_ahead left a step running
+/* Evaluating, saving, ... while st_trainer_step_ahead left a step running
  * (the caller broke its promise): the weights are moving. */
 static int in_flight(st_error *err) {
   return st_error_set(err, ST_EUNSUPPORTED,
@@ -789,6 +789,7 @@ int st_trainer_sync(st_trainer *t, st_error *err) {
 }
 
 int st_trainer_gather(st_trainer *t, st_error *err) {
+  if (t->pending) return in_flight(err);
   if (!t->exec->gather || !t->scattered) return 0;
   int rc = t->exec->gather(t->exec_state, t->params, t->opt, err);
   if (!rc) t->scattered = 0;
@@ -796,6 +797,7 @@ int st_trainer_gather(st_trainer *t, st_error *err) {
 }
 
 int st_trainer_finish(st_trainer *t, st_error *err) {
+  if (t->pending) return in_flight(err);
   return t->exec->finish ? t->exec->finish(t->exec_state, err) : 0;
 }
 

@@ -22,6 +22,10 @@
  *    between; stage s holds D(s) + 1 versions, no more;
  *  - the steady state allocates nothing; a non-finite loss stops before
  *    its micro-batch's backward and the pipeline refuses to go on;
+ *  - steps started before the last returns (st_trainer_step_ahead) give
+ *    the same weights and position, across epochs and a schedule; a NaN
+ *    in the step started ahead fails at its own step, with the message
+ *    of the run without overlap; evaluating or saving meanwhile is refused;
  *  - optimizer.reference_batch's rescaling against its closed form;
  *  - impossible settings fail before any work.
  */
@@ -323,6 +327,60 @@ static void test_steady_and_nan(const st_config *base) {
   }
 }
 
+/* Poisons the last stage's weights just before the forward of one
+ * micro-batch: its loss is NaN, on any machine. */
+typedef struct poison {
+  int stage;
+  int64_t micro_batch;
+} poison;
+
+static void on_poison(void *arg, int stage, int64_t micro_batch, int fwd,
+                      const float *w, size_t n) {
+  const poison *p = arg;
+  /* all of them (a ReLU would turn one NaN unit into 0): the live weights
+   * at the last stage (D = 0), which the forward about to run reads */
+  if (stage == p->stage && micro_batch == p->micro_batch && fwd)
+    for (size_t i = 0; i < n; i++) ((float *)w)[i] = NAN;
+}
+
+/* A NaN in the step started ahead: the step before it still returns its
+ * loss, and the NaN's step fails with the message it fails with when the
+ * steps do not overlap (and emulated). */
+static void test_nan_ahead(const st_config *base) {
+  enum { K = 4, S = 4 };
+  poison target = {S - 1, 2 * K + 1}; /* the third step's second sample */
+  char first_msg[sizeof(st_error){0}.msg] = "";
+  for (int k = 0; k < 4; k++) {
+    int emu = k % 2, ahead = k / 2;
+    st_config c = *base;
+    c.execution.stages = S;
+    c.execution.emulate = emu;
+    c.train.batch = K;
+    st_error err = {0};
+    st_trainer *t = make(&c, &err);
+    CHECK(t != NULL, "%s", err.msg);
+    if (!t) return;
+    st_pb_set_probe(st_trainer_exec_state(t), on_poison, &target);
+    double loss;
+    int rc = 0, i;
+    for (i = 0; i < 6 && !rc; i++)
+      rc = st_trainer_step_ahead(t, ahead, &loss, &err);
+    CHECK(rc == ST_ENONFINITE && i == 3 && strstr(err.msg, "step 3:") &&
+              strstr(err.msg, "samples 9..9"),
+          "emulate=%d ahead=%d: NaN at micro-batch 9: rc %d at call %d: %s",
+          emu, ahead, rc, i, err.msg);
+    if (!k)
+      snprintf(first_msg, sizeof first_msg, "%s", err.msg);
+    else
+      CHECK(!strcmp(err.msg, first_msg),
+            "emulate=%d ahead=%d: '%s', not '%s'", emu, ahead, err.msg,
+            first_msg);
+    CHECK(st_trainer_pos(t)->step == 2, "emulate=%d ahead=%d: position %lld",
+          emu, ahead, (long long)st_trainer_pos(t)->step);
+    st_trainer_destroy(t);
+  }
+}
+
 /* Steps started ahead (st_trainer_step_ahead): the same weights and
  * position as one at a time, across epochs (the next epoch's order made
  * for the step started early) and a cosine schedule (each step its own
@@ -496,6 +554,7 @@ int main(void) {
   const int adam_S[] = {4};
   test_threaded_emulated("mlp adamw", &adam, adam_S, 1, MITIGATIONS, 2);
   test_ahead(&deep);
+  test_nan_ahead(&deep);
   /* micro-batch 1 folds linear layers' updates, and the prediction of the
    * next forward's weights, into the backward: the same bits as updating
    * after it and predicting in a pass of its own */
