@@ -570,6 +570,29 @@ fi
 expect_error "pipeline: more stages than blocks" \
   "^strata: error: --set: execution.stages: 7 stages for a model of 3 blocks; each stage needs at least one block$" \
   -- train "$fc" "${pipe_args[@]}" --set execution.mode=pipeline --set execution.stages=7 --out "$T/o_pipe7"
+# Pipelined backprop through the command: the threaded run (the stages going
+# from one step into the next between evaluations and checkpoints) writes
+# every checkpoint byte for byte as its single-threaded emulation does with
+# an evaluation after every step (so no step ever starts early there).
+pb_args=(--set data.train_limit=600 --set data.test_limit=64 --set model.hidden=[32,32,32]
+         --set execution.mode=pipelined_backprop --set execution.stages=2
+         --set optimizer.nesterov=false --set optimizer.lr=0.002 --set train.batch=8
+         --set train.epochs=3 --set train.eval_every=20 --set train.checkpoint_every=30
+         --set metrics.progress=off)
+run train "$fc" "${pb_args[@]}" --out "$T/pb_thr"
+rc_thr=$rc
+run train "$fc" "${pb_args[@]}" --set execution.emulate=true --set train.eval_every=1 \
+  --out "$T/pb_emu"
+pb_same=1
+for f in "$T"/pb_emu/checkpoints/step-*.safetensors; do
+  cmp -s "$f" "$T/pb_thr/checkpoints/${f##*/}" || pb_same=0
+done
+n_ck=$(find "$T/pb_thr/checkpoints" -name 'step-*.safetensors' | wc -l)
+if [ "$rc_thr" -eq 0 ] && [ "$rc" -eq 0 ] && [ "$pb_same" -eq 1 ] && [ "$n_ck" -ge 2 ]; then
+  pass
+else
+  fail "pipelined backprop: threaded checkpoints equal the emulator's" "rc $rc_thr/$rc, $n_ck checkpoints, same $pb_same" "$err"
+fi
 
 # --- 8d. weight streaming from a file store ----------------------------------
 # The store is the run's checkpoint: a run killed with SIGKILL at a random
