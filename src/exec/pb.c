@@ -19,6 +19,10 @@
  * when the step returns every loss of the batch is known and the pipeline
  * is still full — the next step carries on where this one stopped. The
  * last micro-batches' gradients reach the early stages during later steps.
+ * A step comes in two halves (pb_start, pb_wait) so that the trainer can
+ * start the next one before it waits for this one: each stage then goes
+ * from its last pair of one step into its first of the next, instead of
+ * idling while the later stages finish the step (S - 1 pairs' time a step).
  *
  * Two drivers run the same per-stage pairs on the same buffers:
  *   threaded  each stage is a thread with a pool of its cores (the
