@@ -608,7 +608,6 @@ static void *worker(void *arg) {
 
 /* One thread, tick by tick: at tick t stage s runs micro-batch t - s. */
 static void emulate(pb *p, pb_job *job) {
-  job->emulated_ok = 0;
   for (int s = 0; s < p->S; s++) p->stages[s].n0 = job->n0;
   for (int64_t t = job->n0; t < job->n0 + job->K + p->S - 1; t++)
     for (int s = 0; s < p->S; s++) {
@@ -1023,15 +1022,20 @@ int st_pb_close_links(void *state, st_error *err) {
   return rc;
 }
 
+/* A step asked of a pipeline an earlier error stopped. */
+static int stopped_earlier(st_error *err) {
+  return st_error_set(err, ST_EUNSUPPORTED,
+                      "pipelined backprop stopped at an earlier error; its "
+                      "pipeline cannot go on");
+}
+
 /* Starts a step: the stages may still be running the one before (at most
  * one), and go on into this one as soon as each is done with it — no stage
  * waits at the boundary for the others to finish the earlier step. */
 static int pb_start(void *state, const st_trainer_view *v, st_error *err) {
   pb *p = state;
   if (p->broken)
-    return st_error_set(err, ST_EUNSUPPORTED,
-                        "pipelined backprop stopped at an earlier error; "
-                        "its pipeline cannot go on");
+    return stopped_earlier(err);
   if (p->started - p->waited >= 2)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "internal error: pipelined backprop: a third step "
@@ -1089,9 +1093,7 @@ static int pb_wait(void *state, double *loss, st_error *err) {
     return st_trainer_check_loss(&job->v, loss, err);
   }
   if (p->broken)
-    return st_error_set(err, ST_EUNSUPPORTED,
-                        "pipelined backprop stopped at an earlier error; "
-                        "its pipeline cannot go on");
+    return stopped_earlier(err);
   p->broken = 1;
   if (p->group) stop_links(p);
   pthread_mutex_lock(&p->mu);

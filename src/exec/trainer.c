@@ -803,8 +803,7 @@ int st_trainer_finish(st_trainer *t, st_error *err) {
 
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
-  if (t->pending) return in_flight(err);
-  int rc = st_trainer_gather(t, err);
+  int rc = st_trainer_gather(t, err); /* refused with a step in flight */
   if (rc) return rc;
   const st_model *m = t->model;
   st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0, NULL};
