@@ -91,7 +91,13 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg);
  * op(A) M x K, op(B) K x N. The caller states its cores by passing its pool.
  * The output is cut into tiles that depend only on (M, N), each tile is one
  * single-threaded BLAS call, so results are identical for any thread count and
- * several workers calling at once never oversubscribe. */
+ * several workers calling at once never oversubscribe. A narrow op(A) (A
+ * untransposed, at most ST_NARROW_ROWS rows: a linear layer's forward and
+ * input gradient at a small batch) is not packed as sgemm would: one row
+ * is the BLAS's matrix-vector product, a few rows strata's own kernels
+ * where they are faster (src/base/narrow.c); equally independent of the
+ * thread count. */
+#define ST_NARROW_ROWS 16
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,
              float beta, float *C, int ldc);

@@ -1,0 +1,21 @@
+/*
+ * narrow.h — private to src/base/: the GEMMs of a narrow batch (narrow.c).
+ */
+#ifndef STRATA_BASE_NARROW_H
+#define STRATA_BASE_NARROW_H
+
+#include "strata.h"
+
+/* Rows of A (untransposed) up to which narrow.c's kernels run: with B
+ * transposed (dot), and without (axpy, for K up to ST_NARROW_AXPY_K). */
+#define ST_NARROW_DOT_ROWS 8
+#define ST_NARROW_AXPY_K 512
+
+/* Computes C = alpha op(A) op(B) + beta C as st_gemm does and returns 1
+ * when the call is one narrow.c handles (A untransposed, 2 .. M rows as
+ * above, K >= 1); returns 0, touching nothing, otherwise. */
+int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
+                   int K, float alpha, const float *A, int lda, const float *B,
+                   int ldb, float beta, float *C, int ldc);
+
+#endif

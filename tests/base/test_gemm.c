@@ -1,0 +1,131 @@
+/*
+ * test_gemm.c — st_gemm on every path it takes: one row (the BLAS's
+ * matrix-vector product), a few rows (src/base/narrow.c's dot and axpy
+ * kernels, each side of their limits), and the tiled sgemm, for every
+ * transpose pair, alpha and beta.
+ *
+ * Reference: the same products summed in double. Tolerance: each element
+ * within 1e-5 of the sum of its terms' magnitudes (|alpha| sum |a b| +
+ * |beta c|): fp32 with K <= 1100 terms summed in any order errs by at most
+ * about K 2^-24 of that sum (6.6e-5 in the worst case, ~1e-6 typically), and
+ * a wrong or missing term is off by a whole term (>= 1e-3 of it here).
+ * Also: beta = 0 ignores a NaN in C (BLAS semantics); nothing outside C's
+ * M x N window is written (leading dimensions padded with a sentinel); the
+ * result is bitwise the same on pools of 1, 2 and 3 threads and none.
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <string.h>
+
+static uint64_t rng_state = 88172645463325252ull;
+static float uniform(void) { /* xorshift, in [-1, 1) */
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (float)((rng_state >> 40) / (double)(1 << 23)) - 1.0f;
+}
+
+static const float SENTINEL = 1234.5f;
+
+typedef struct shape {
+  int ta, tb, M, N, K;
+  const char *path; /* which path it takes, for the failure message */
+} shape;
+
+static void run(const shape *s, float alpha, float beta, int nan_c,
+                st_pool **pools, int npools) {
+  int M = s->M, N = s->N, K = s->K, pad = 3;
+  /* stored shapes: A is M x K (or K x M), B is K x N (or N x K) */
+  int a_rows = s->ta ? K : M, a_cols = s->ta ? M : K;
+  int b_rows = s->tb ? N : K, b_cols = s->tb ? K : N;
+  int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+  size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb,
+         nc = (size_t)M * ldc;
+  float *A = malloc(na * 4), *B = malloc(nb * 4), *C0 = malloc(nc * 4),
+        *C = malloc(nc * 4), *first = malloc(nc * 4);
+  for (size_t i = 0; i < na; i++) A[i] = uniform();
+  for (size_t i = 0; i < nb; i++) B[i] = uniform();
+  for (int r = 0; r < M; r++)
+    for (int c = 0; c < ldc; c++)
+      C0[(size_t)r * ldc + c] =
+          c >= N ? SENTINEL : nan_c && (r + c) % 3 == 0 ? NAN : uniform();
+  char what[160];
+  snprintf(what, sizeof what, "%s ta%d tb%d %dx%dx%d alpha %g beta %g%s",
+           s->path, s->ta, s->tb, M, N, K, alpha, beta,
+           nan_c ? " (NaN in C)" : "");
+  for (int p = 0; p < npools; p++) {
+    memcpy(C, C0, nc * 4);
+    st_gemm(pools[p], s->ta, s->tb, M, N, K, alpha, A, lda, B, ldb, beta, C,
+            ldc);
+    if (p == 0) {
+      double worst = 0;
+      int outside = 0;
+      for (int r = 0; r < M; r++) {
+        for (int c = 0; c < N; c++) {
+          double sum = 0, mag = 0;
+          for (int k = 0; k < K; k++) {
+            double a = s->ta ? A[(size_t)k * lda + r] : A[(size_t)r * lda + k];
+            double b = s->tb ? B[(size_t)c * ldb + k] : B[(size_t)k * ldb + c];
+            sum += a * b;
+            mag += fabs(a * b);
+          }
+          double c0 = C0[(size_t)r * ldc + c];
+          double want = alpha * sum + (beta == 0 ? 0 : beta * c0);
+          double scale = fabs(alpha) * mag + (beta == 0 ? 0 : fabs(beta * c0));
+          double err = fabs(C[(size_t)r * ldc + c] - want) / (scale + 1e-30);
+          if (!(err <= worst)) worst = err; /* NaN fails */
+        }
+        for (int c = N; c < ldc; c++)
+          outside += C[(size_t)r * ldc + c] != SENTINEL;
+      }
+      CHECK(worst <= 1e-5, "%s: worst error %.3g of the terms' sum > 1e-5",
+            what, worst);
+      CHECK(outside == 0, "%s: %d elements written past column N", what,
+            outside);
+      memcpy(first, C, nc * 4);
+    } else {
+      CHECK(memcmp(first, C, nc * 4) == 0,
+            "%s: %d threads differ from the pool-less result in some bit",
+            what, st_pool_threads(pools[p]));
+    }
+  }
+  free(A), free(B), free(C0), free(C), free(first);
+}
+
+int main(void) {
+  st_blas_init();
+  st_pool *pools[4] = {NULL, st_pool_create(1), st_pool_create(2),
+                       st_pool_create(3)};
+  const shape shapes[] = {
+      /* one row: matrix-vector, both layouts, one tile and several */
+      {0, 1, 1, 256, 784, "gemv"},   {0, 0, 1, 784, 256, "gemv"},
+      {0, 1, 1, 10, 37, "gemv"},     {0, 0, 1, 37, 10, "gemv"},
+      {0, 1, 1, 2304, 600, "gemv tiled"}, {0, 0, 1, 3000, 400, "gemv tiled"},
+      /* dot: 2 .. 8 rows, every row-pair remainder, K tails, N tails */
+      {0, 1, 2, 256, 784, "dot"},    {0, 1, 3, 13, 29, "dot"},
+      {0, 1, 5, 7, 8, "dot"},        {0, 1, 8, 256, 256, "dot"},
+      {0, 1, 7, 1030, 517, "dot tasks"}, {0, 1, 4, 3, 1, "dot K=1"},
+      /* axpy: 2 .. 16 rows (blocks of 6 and each remainder), N tails */
+      {0, 0, 2, 784, 256, "axpy"},   {0, 0, 5, 19, 13, "axpy"},
+      {0, 0, 6, 8, 1, "axpy K=1"},   {0, 0, 11, 33, 64, "axpy"},
+      {0, 0, 16, 784, 512, "axpy"},  {0, 0, 13, 2051, 300, "axpy tasks"},
+      {0, 0, 9, 1, 5, "axpy N=1"},
+      /* past the kernels' limits: the tiled sgemm */
+      {0, 1, 9, 300, 200, "sgemm"},  {0, 0, 8, 64, 513, "sgemm K>512"},
+      {0, 0, 17, 64, 64, "sgemm"},   {1, 0, 256, 784, 8, "sgemm dW"},
+      {1, 0, 2, 3, 1, "sgemm dW"},   {1, 1, 5, 6, 7, "sgemm"},
+      {0, 1, 200, 300, 100, "sgemm tiled"},
+  };
+  int n = (int)(sizeof shapes / sizeof shapes[0]);
+  const float alphas[] = {1.0f, 0.5f}, betas[] = {0.0f, 1.0f, -0.75f};
+  for (int i = 0; i < n; i++)
+    for (int a = 0; a < 2; a++)
+      for (int b = 0; b < 3; b++)
+        run(&shapes[i], alphas[a], betas[b], 0, pools, 4);
+  for (int i = 0; i < n; i++) /* beta = 0 never reads C */
+    run(&shapes[i], 1.0f, 0.0f, 1, pools, 1);
+  for (int p = 1; p < 4; p++) st_pool_destroy(pools[p]);
+  printf("%d passed, %d failed\n", th_passed, th_failed);
+  return th_failed != 0;
+}
