@@ -989,6 +989,9 @@ typedef struct st_fabric {
   double l2_bytes, narrow_cost, spill_cost;
   int n_spill;
   double spill_ws[ST_SPILL_POINTS], spill_fraction[ST_SPILL_POINTS];
+  /* bytes/s one core streams through a one-row linear product (weights
+   * past L2, within the last-level cache); 0: those are timed as GEMMs */
+  double row_bandwidth;
 } st_fabric;
 
 /* Writes a --fabric spec — "cpu", "cpu:N", "mesh:WxH" or "wse2" — into
@@ -1056,6 +1059,11 @@ typedef struct st_calibration {
   double narrow_rate, l2_bytes, spill_cost;
   int n_spill;
   double spill_ws[ST_SPILL_POINTS], spill_fraction[ST_SPILL_POINTS];
+  /* A linear layer's products at one row, forward and input gradient
+   * (matrix-vector) and weight gradient (rank one), on weights past L2:
+   * bytes of weights streamed per second (once, once, read and written).
+   * A profile without it (older) reads as 0: timed as GEMMs. */
+  double row_bandwidth;
 } st_calibration;
 
 /* Measures this machine (a few seconds); threads 1, 2, 4, ... up
@@ -1099,6 +1107,17 @@ typedef struct st_block_cost {
    * (weights, gradients, activations and inputs). */
 #define ST_BLOCK_LINEARS 8
   int n_linear;
+  /* Linear layers at one row (a micro-batch of one sample at one
+   * position): matrix-vector products and rank-one updates, which stream
+   * the weights more than they compute. Their FLOPs by class, kept apart
+   * from gemm_fwd/bwd (timed at the GEMM rates when the profile has no
+   * row bandwidth), and the bytes they stream per sample: forward, the
+   * weights once; backward, once more for the input gradient, and read and
+   * written for the weight gradient, or, where pipelined backprop folds the
+   * update into the backward, the weights and optimizer state read and
+   * written. */
+  double row_gemm_fwd[ST_GEMM_CLASSES], row_gemm_bwd[ST_GEMM_CLASSES];
+  double row_bytes_fwd, row_bytes_bwd;
   double linear_bytes[ST_BLOCK_LINEARS], linear_rows[ST_BLOCK_LINEARS];
   double linear_gemms[ST_BLOCK_LINEARS];
   double call_samples, ws_bytes;

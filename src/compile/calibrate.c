@@ -250,6 +250,31 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
   return 0;
 }
 
+/* The large class's layer step at one row — matrix-vector products
+ * forward and for the input gradient, a rank-one weight gradient — on its
+ * weights, which are past L2 and within the last-level cache, as they are
+ * in pipelined backprop's stages: bytes of weights streamed per second,
+ * 4 per weight byte (read, read, gradient read and written). At one row
+ * these layers move bytes more than they compute: timed as GEMM FLOPs at
+ * their class's rate, a stage of them was predicted 3.4x too fast. */
+static int measure_row(st_calibration *c, FILE *progress, st_error *err) {
+  const int *shape = gemm_shapes[ST_GEMM_CLASSES - 1];
+  gemm_job j = {.M = 1, .N = shape[1], .K = shape[2]};
+  if (gemm_job_alloc(&j)) {
+    gemm_job_free(&j);
+    return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
+  }
+  double w = 4.0 * j.N * j.K;
+  c->row_bandwidth = 4 * w / time_per_call(gemm_step, &j);
+  if (progress)
+    fprintf(progress,
+            "  gemm large at 1 row  %8.2f GB/s of weights streamed "
+            "(matrix-vector, rank one; %.1f MB)\n",
+            c->row_bandwidth / 1e9, w / 1048576.0);
+  gemm_job_free(&j);
+  return 0;
+}
+
 /* n one-thread GEMM streams at once, as n one-core stages run. They start
  * together and run to one deadline, so every timed call overlaps the
  * others' (a best-of-windows per thread could time a window run alone). */
@@ -796,6 +821,8 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
             c->sharing_slope);
   int rc = measure_narrow(c, progress, err);
   if (!rc)
+    rc = measure_row(c, progress, err);
+  if (!rc)
     rc = measure_kernels(c, progress, err);
   return rc ? rc : measure_ops(c, progress, err);
 }
@@ -870,7 +897,11 @@ int st_calibration_write(const st_calibration *c, const char *path,
   json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 0);
   json_array(buf, cap, &at, "input_bandwidth", &c->input_bandwidth, 1, 0);
   int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
-  json_array(buf, cap, &at, "step_latency", &c->step_latency, 1, !narrow);
+  int row = c->row_bandwidth > 0;   /* likewise */
+  json_array(buf, cap, &at, "step_latency", &c->step_latency, 1,
+             !narrow && !row);
+  if (row)
+    json_array(buf, cap, &at, "row_bandwidth", &c->row_bandwidth, 1, !narrow);
   if (narrow) {
     double rows = c->narrow_rows;
     json_array(buf, cap, &at, "narrow_rows", &rows, 1, 0);
@@ -1075,6 +1106,11 @@ static int parse(st_calibration *c, const char *text, const char *path,
       (rc = positive_array(text, path, "step_latency", &c->step_latency, 1,
                            err)))
     return rc;
+  c->row_bandwidth = 0; /* optional (profiles before it): GEMM rates */
+  if (value_of(text, "row_bandwidth") &&
+      (rc = positive_array(text, path, "row_bandwidth", &c->row_bandwidth, 1,
+                           err)))
+    return rc;
   /* optional (profiles before them): linear GEMMs' memory not modelled */
   c->narrow_rows = c->n_spill = 0;
   c->narrow_rate = c->l2_bytes = c->spill_cost = 0;
@@ -1190,13 +1226,14 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   f->n_spill = c->n_spill >= 2 ? c->n_spill : 0;
   memcpy(f->spill_ws, c->spill_ws, sizeof f->spill_ws);
   memcpy(f->spill_fraction, c->spill_fraction, sizeof f->spill_fraction);
+  f->row_bandwidth = c->row_bandwidth;
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,
            "; calibrated %s from %.200s (GEMM, conv2d and attention by shape "
            "class, one-thread ops by bytes%s; measured on %d cores)",
            c->date, path,
-           f->narrow_cost > 0 || f->n_spill
-               ? ", linear layers' narrow and spill memory terms"
+           f->narrow_cost > 0 || f->n_spill || f->row_bandwidth > 0
+               ? ", linear layers' memory terms"
                : "",
            c->cores);
 }

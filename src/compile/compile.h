@@ -37,6 +37,10 @@
 /* The model of cfg, descriptors only, on its dataset's input shape. */
 int st_plan_model(st_model **out, const st_config *cfg, st_error *err);
 
+/* Samples per micro-batch as the trainer runs cfg: execution.micro_batch,
+ * else 1 in pipelined backprop and the whole batch in the other modes. */
+int st_plan_micro_batch(const st_config *cfg);
+
 /* Text for the report (report.c): "1,234,567", "0.0476" (a rate below
  * 100), "3.3 MB", "12.5 us". */
 const char *st_plan_fmt_count(char *buf, size_t cap, double v);

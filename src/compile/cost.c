@@ -20,11 +20,44 @@ static st_shape input_shape(const st_config *cfg) {
   return (st_shape){1, 28, 28};
 }
 
+static int is_pb(const st_config *cfg) {
+  return strcmp(cfg->execution.mode, "pipelined_backprop") == 0;
+}
+
+int st_plan_micro_batch(const st_config *cfg) {
+  int mb = cfg->execution.micro_batch > 0 ? cfg->execution.micro_batch
+           : is_pb(cfg)                   ? 1 /* the trainer's default */
+                                          : cfg->train.batch;
+  return mb < cfg->train.batch ? mb : cfg->train.batch;
+}
+
 /* Samples one GEMM of a linear layer covers: the micro-batch (M of its
- * GEMMs), which decides the GEMM's shape class. */
-static int gemm_batch(const st_config *cfg) {
-  int mb = cfg->execution.micro_batch;
-  return mb > 0 && mb < cfg->train.batch ? mb : cfg->train.batch;
+ * GEMMs), which decides the GEMM's shape class. (Pipelined backprop's
+ * default micro-batch of one was costed as the whole batch before.) */
+static int gemm_batch(const st_config *cfg) { return st_plan_micro_batch(cfg); }
+
+/* What the costs of a block depend on besides its layers. */
+typedef struct cost_ctx {
+  int batch;     /* samples per GEMM call (gemm_batch) */
+  int fused;     /* pipelined backprop updates linear weights inside the
+                    backward (pb.c's condition; block.c's per layer) */
+  double slots;  /* optimizer state floats per parameter */
+} cost_ctx;
+
+/* pb.c fuses the update into a micro-batch of one's backward for the
+ * elementwise SGD rules (not AdamW, stash or pipemare) when asked to. */
+static int pb_fuses(const st_config *cfg) {
+  return is_pb(cfg) && gemm_batch(cfg) == 1 && cfg->execution.fused_update &&
+         strcmp(cfg->optimizer.kind, "adamw") != 0 &&
+         strcmp(cfg->execution.mitigation, "stash") != 0 &&
+         strcmp(cfg->execution.mitigation, "pipemare") != 0;
+}
+
+/* A linear layer whose update rides in its backward (st_layer_fuses_update
+ * at one sample, its weights not a tied copy). */
+static int fuses(const cost_ctx *x, const st_block *b, const st_layer *L) {
+  return x->fused && L->kind == ST_OP_LINEAR && L->rows == 1 && !L->wt &&
+         L->w_tensor >= 0 && b->tensors[L->w_tensor].tie < 0;
 }
 
 /* Splits one layer's work for the calibrated model: linear layers are
@@ -33,8 +66,10 @@ static int gemm_batch(const st_config *cfg) {
  * their GEMMs; the other ops are bytes moved (fp32 reads and writes of the
  * kernels in src/ops/ and src/model/block.c, counted per sample). Bias
  * adds ride with their GEMM. */
-static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
+static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
+                        const cost_ctx *x) {
   double n_in = (double)st_shape_numel(L->in), n = (double)st_shape_numel(L->out);
+  int batch = x->batch;
   switch (L->kind) {
   case ST_OP_LINEAR: {
     /* a sequence layer is one GEMM over batch x positions rows */
@@ -42,15 +77,25 @@ static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
     st_cost k = st_linear_cost((int)(n_in / rows), (int)(n / rows));
     /* a narrow call (2 .. 63 rows) is classed by its weights at the
      * calibration's rows: it runs at that rate plus the narrow memory term
-     * (partition.c); one row is a matrix-vector product, classed as is */
+     * (partition.c); one row is a matrix-vector product, classed as is and
+     * timed by the bytes it streams where the profile has the bandwidth */
     double M = batch * rows;
     double Mc = M >= 2 && M < ST_GEMM_REF_ROWS ? ST_GEMM_REF_ROWS : M;
     int cls = st_gemm_class(Mc, n / rows, n_in / rows);
-    c->gemm_fwd[cls] += k.flops_fwd * rows;
-    c->gemm_bwd[cls] += k.flops_bwd * rows;
+    double w = 4.0 * (n_in / rows) * (n / rows);
+    if (M == 1) {
+      c->row_gemm_fwd[cls] += k.flops_fwd;
+      c->row_gemm_bwd[cls] += k.flops_bwd;
+      c->row_bytes_fwd += w;
+      /* the input gradient reads the weights; the weight gradient reads and
+       * writes its slab, or the fused update the weights and their state */
+      c->row_bytes_bwd += w + (fuses(x, b, L) ? w * (2 + 2 * x->slots) : 2 * w);
+    } else {
+      c->gemm_fwd[cls] += k.flops_fwd * rows;
+      c->gemm_bwd[cls] += k.flops_bwd * rows;
+    }
     int at = c->n_linear < ST_BLOCK_LINEARS ? c->n_linear++
                                             : ST_BLOCK_LINEARS - 1;
-    double w = 4.0 * (n_in / rows) * (n / rows);
     if (c->linear_bytes[at] > 0) {
       /* folded (no shipped model has more than 4 linear layers a block):
        * exact for the spill traffic; the narrow term sees one layer of the
@@ -135,14 +180,14 @@ static void split_layer(st_block_cost *c, const st_layer *L, int batch) {
  * GEMM, which has the forward GEMM's FLOPs. Stage 0 is that much cheaper
  * than its blocks' full backward. */
 static void skip_input_gradient(st_block_cost *c, const st_block *b,
-                                int batch) {
+                                const cost_ctx *x) {
   int first = 0;
   while (first < b->n_layers && b->layers[first].w_tensor < 0) first++;
   for (int l = 0; l <= first && l < b->n_layers; l++) {
     const st_layer *L = &b->layers[l];
     st_block_cost one;
     memset(&one, 0, sizeof one);
-    split_layer(&one, L, batch);
+    split_layer(&one, b, L, x);
     double n_out = (double)st_shape_numel(L->out);
     int gemm = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D;
     if (l == first && !gemm) break; /* it needs somewhere to write: runs */
@@ -157,11 +202,16 @@ static void skip_input_gradient(st_block_cost *c, const st_block *b,
       double conv = l < first ? one.conv_bwd[k]
                     : one.conv_fwd[k] > 0 ? one.conv_fwd[k] - n_out : 0;
       double attn = l < first ? one.attn_bwd[k] : 0;
+      double row = l < first ? one.row_gemm_bwd[k]
+                   : one.row_gemm_fwd[k] > 0 ? one.row_gemm_fwd[k] - n_out : 0;
       c->gemm_bwd[k] -= drop;
       c->conv_bwd[k] -= conv;
       c->attn_bwd[k] -= attn;
-      c->flops_bwd -= drop + conv + attn;
+      c->row_gemm_bwd[k] -= row;
+      c->flops_bwd -= drop + conv + attn + row;
     }
+    /* at one row: the skipped product's read of the weights */
+    c->row_bytes_bwd -= l < first ? one.row_bytes_bwd : one.row_bytes_fwd;
     if (l < first)
       for (int k = 0; k < ST_OP_CLASSES; k++) c->bytes_bwd[k] -= one.bytes_bwd[k];
   }
@@ -171,6 +221,10 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
                    const st_config *cfg) {
   double slots = st_optim_state_per_param(cfg);
   int batch = gemm_batch(cfg);
+  cost_ctx x = {batch, pb_fuses(cfg), slots};
+  /* updates per sample: one a batch, or one a micro-batch in pipelined
+   * backprop */
+  double updates = 1.0 / (is_pb(cfg) ? batch : cfg->train.batch);
   for (int i = 0; i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
     st_block_cost *c = &out[i];
@@ -183,8 +237,14 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     c->act_bytes = 4.0 * (double)b->act_per_sample;
     c->in_bytes = 4.0 * (double)st_shape_numel(b->in);
     c->out_bytes = 4.0 * (double)st_shape_numel(b->out);
-    for (int l = 0; l < b->n_layers; l++)
-      split_layer(c, &b->layers[l], batch);
+    double fused = 0; /* parameters updated inside the backward */
+    for (int l = 0; l < b->n_layers; l++) {
+      const st_layer *L = &b->layers[l];
+      split_layer(c, b, L, &x);
+      if (fuses(&x, b, L))
+        fused += (double)st_shape_numel(L->in) * st_shape_numel(L->out) +
+                 (L->b_tensor >= 0 ? (double)st_shape_numel(L->out) : 0);
+    }
     c->call_samples = batch;
     /* weights and gradients, and the activations and inputs of one
      * micro-batch's forward beside another's backward (one batch's when
@@ -192,11 +252,12 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     c->ws_bytes = 2 * c->param_bytes +
                   (batch < cfg->train.batch ? 2 : 1) * batch *
                       (c->act_bytes + c->in_bytes);
-    if (i == 0) skip_input_gradient(c, b, batch);
-    /* the optimizer step once per batch: read weights, gradients and state,
-     * write weights and state, clear the gradients */
-    c->bytes_bwd[3] += 4.0 * (double)b->n_params * (4.0 + 2.0 * slots) /
-                       (double)cfg->train.batch;
+    if (i == 0) skip_input_gradient(c, b, &x);
+    /* the optimizer step: read weights, gradients and state, write weights
+     * and state, clear the gradients; a fused update's weights are in
+     * row_bytes_bwd (its biases, one per output, are left out) */
+    c->bytes_bwd[3] += 4.0 * ((double)b->n_params - fused) *
+                       (4.0 + 2.0 * slots) * updates;
   }
   /* softmax cross-entropy on the last block's output (every position) */
   if (m->n_blocks > 0) {

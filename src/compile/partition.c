@@ -80,7 +80,17 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
           traffic[d] += tb[d];
         }
         ws += b->ws_bytes;
+        /* one-row linear products by the bytes they stream, where the
+         * profile has the bandwidth; else at their class's GEMM rate */
+        if (f->row_bandwidth > 0) {
+          wf += b->row_bytes_fwd / f->row_bandwidth;
+          wb += b->row_bytes_bwd / f->row_bandwidth;
+        }
         for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+          if (!(f->row_bandwidth > 0)) {
+            wf += b->row_gemm_fwd[k] / f->gemm_rate[k];
+            wb += b->row_gemm_bwd[k] / f->gemm_rate[k];
+          }
           /* conv2d and attention at their kernels' rates when measured */
           double r = f->gemm_rate[k];
           double cf = f->conv_rate[0][k] > 0 ? f->conv_rate[0][k] : r;

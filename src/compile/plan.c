@@ -647,7 +647,7 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                    !strcmp(mode, "block_sequential") ||
                    (!strcmp(mode, "pipelined_backprop") &&
                     !cfg->execution.emulate);
-    set_schedule(*out, mode, cfg->train.batch, cfg->execution.micro_batch,
+    set_schedule(*out, mode, cfg->train.batch, st_plan_micro_batch(cfg),
                  threaded);
   }
   st_free(costs);

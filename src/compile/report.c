@@ -174,6 +174,10 @@ void st_plan_print(const st_plan *p, FILE *f) {
               st_plan_fmt_bytes(b, sizeof b,
                                 fb->n_spill ? fb->spill_ws[fb->n_spill - 1]
                                             : 0));
+    if (fb->row_bandwidth > 0)
+      fprintf(f, "    linear layers at one row (matrix-vector, rank one): "
+                 "%.3g GB/s of weights streamed per core\n",
+              fb->row_bandwidth / 1e9);
   }
   else if (fb->estimated && cpu)
     fprintf(f, "  uncalibrated: predictions are built-in estimates; run "

@@ -145,11 +145,21 @@ static void test_round_trip(void) {
   same &= back.sharing[1] == 0.75 && back.sharing[2] == 0.5 &&
           back.sharing_slope == 0.375;
   same &= back.input_bandwidth == 4e9 && back.step_latency == 2e-5;
-  same &= back.narrow_rows == 0 && back.n_spill == 0;
+  same &= back.narrow_rows == 0 && back.n_spill == 0 &&
+          back.row_bandwidth == 0;
   CHECK(same, "every figure survives the round trip");
+  /* the one-row bandwidth, alone and beside the narrow terms */
+  c.row_bandwidth = 6.5e10;
+  CHECK(st_calibration_write(&c, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0 &&
+            back.row_bandwidth == 6.5e10 && back.narrow_rows == 0,
+        "row bandwidth alone: %s (%g)", err.msg, back.row_bandwidth);
   c = narrow_profile();
+  c.row_bandwidth = 6.5e10;
   CHECK(st_calibration_write(&c, path, &err) == 0, "write: %s", err.msg);
   CHECK(st_calibration_read(&back, path, &err) == 0, "read: %s", err.msg);
+  CHECK(back.row_bandwidth == 6.5e10, "row bandwidth beside the narrow "
+        "terms: %g", back.row_bandwidth);
   CHECK(back.narrow_rows == 8 && back.narrow_rate == 4e10 &&
             fabs(back.l2_bytes - 1048576) <= 8 && /* 6 digits written */
             back.spill_cost == 2e-10 &&
@@ -468,6 +478,20 @@ static void test_bad_profiles(void) {
   if (g)
     g[strlen("\"gemm_rate\": [")] = '-';
   expect_bad("negative.json", edited, "\"gemm_rate\"");
+  /* an optional figure, present, is checked like the others */
+  st_calibration with_row = sample_profile();
+  with_row.row_bandwidth = 6.5e10;
+  CHECK(st_calibration_write(&with_row, good_path, &err) == 0, "%s", err.msg);
+  f = fopen(good_path, "rb");
+  n = f ? fread(edited, 1, sizeof edited - 1, f) : 0;
+  if (f)
+    fclose(f);
+  edited[n] = '\0';
+  g = strstr(edited, "\"row_bandwidth\": [");
+  CHECK(g != NULL, "the written profile has row_bandwidth");
+  if (g)
+    g[strlen("\"row_bandwidth\": [")] = '-';
+  expect_bad("negative.json", edited, "\"row_bandwidth\"");
 
   /* the cpu fabric refuses a bad profile rather than guess, naming it */
   char bad_path[128];
@@ -785,6 +809,110 @@ static void test_host_time(void) {
   }
 }
 
+/* Linear layers at one row (pipelined backprop's default micro-batch of
+ * one): pass 1 moves their FLOPs out of the GEMM classes and counts the
+ * bytes they stream, by hand: forward the weights W once; backward W for
+ * the input gradient (none in the first block) and 2 W for the weight
+ * gradient, or, where the update is fused, the weights and one momentum
+ * slot read and written (4 W). The optimizer's bytes come once a
+ * micro-batch, less the fused weights'. A plan on a profile with a row
+ * bandwidth takes bytes / bandwidth for them. */
+static void test_one_row(void) {
+  /* 784 -> 64 -> 10, heavy-ball SGD (one slot) */
+  double w0 = 4.0 * 784 * 64, w1 = 4.0 * 64 * 10;
+  double p0 = 784 * 64 + 64, p1 = 64 * 10 + 10;
+  struct {
+    const char *mode, *mitigation, *mb;
+    int fused, rows1;
+    double updates; /* optimizer steps per sample */
+  } cases[] = {
+      {"pipelined_backprop", "sc", NULL, 1, 1, 1},
+      {"pipelined_backprop", "stash", NULL, 0, 1, 1},
+      {"pipelined_backprop", "sc", "execution.micro_batch=4", 0, 0, 0.25},
+      {"sequential", "none", NULL, 0, 0, 1.0 / 64},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    st_config cfg;
+    st_config_defaults(&cfg);
+    char mode[64], mit[64];
+    snprintf(mode, sizeof mode, "execution.mode=%s", cases[i].mode);
+    snprintf(mit, sizeof mit, "execution.mitigation=%s", cases[i].mitigation);
+    const char *sets[] = {"model.hidden=[64]", "optimizer.momentum=0.9",
+                          "train.batch=64", mode, mit,
+                          cases[i].mb ? cases[i].mb : "train.batch=64"};
+    st_model *m = model_of(&cfg, sets, sizeof sets / sizeof *sets,
+                          (st_shape){1, 28, 28});
+    if (!m)
+      return;
+    st_block_cost bc[2];
+    st_plan_costs(bc, m, &cfg);
+    int one = cases[i].rows1, fused = cases[i].fused;
+    double g0 = 0, g1 = 0, r0 = 0, r1 = 0;
+    for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+      g0 += bc[0].gemm_fwd[k] + bc[0].gemm_bwd[k];
+      g1 += bc[1].gemm_fwd[k] + bc[1].gemm_bwd[k];
+      r0 += bc[0].row_gemm_fwd[k] + bc[0].row_gemm_bwd[k];
+      r1 += bc[1].row_gemm_fwd[k] + bc[1].row_gemm_bwd[k];
+    }
+    /* linear 784->64 without an input gradient: 2+2 FLOPs a weight and
+     * the bias twice; 64->10 with one: 2+4 and twice */
+    double f0 = 4 * 784 * 64 + 2 * 64, f1 = 6 * 64 * 10 + 2 * 10;
+    CHECK(one ? g0 == 0 && g1 == 0 && r0 == f0 && r1 == f1
+              : r0 == 0 && r1 == 0 && g0 == f0 && g1 == f1,
+          "case %zu: GEMM FLOPs %g %g, one-row %g %g", i, g0, g1, r0, r1);
+    double want_f0 = one ? w0 : 0, want_f1 = one ? w1 : 0;
+    double want_b0 = one ? (fused ? 4 * w0 : 2 * w0) : 0;
+    double want_b1 = one ? w1 + (fused ? 4 * w1 : 2 * w1) : 0;
+    CHECK(bc[0].row_bytes_fwd == want_f0 && bc[1].row_bytes_fwd == want_f1 &&
+              bc[0].row_bytes_bwd == want_b0 && bc[1].row_bytes_bwd == want_b1,
+          "case %zu: row bytes %g %g / %g %g, want %g %g / %g %g", i,
+          bc[0].row_bytes_fwd, bc[0].row_bytes_bwd, bc[1].row_bytes_fwd,
+          bc[1].row_bytes_bwd, want_f0, want_b0, want_f1, want_b1);
+    /* read w, g, v; write w, v; clear g: 6 floats, per update */
+    double o0 = 4 * (fused ? 0 : p0) * 6 * cases[i].updates;
+    double o1 = 4 * (fused ? 0 : p1) * 6 * cases[i].updates;
+    CHECK(fabs(bc[0].bytes_bwd[3] - o0) <= 1e-9 * o0 &&
+              fabs(bc[1].bytes_bwd[3] - o1) <= 1e-9 * o1,
+          "case %zu: optimizer bytes %g %g, want %g %g", i, bc[0].bytes_bwd[3],
+          bc[1].bytes_bwd[3], o0, o1);
+    if (i == 0) {
+      /* the plan: one block, its op bytes cleared, spill off */
+      st_calibration c = narrow_profile();
+      c.spill_ws[0] = 1e12, c.spill_ws[1] = 2e12, c.spill_ws[2] = 3e12;
+      c.row_bandwidth = 5e10;
+      st_fabric f = one_core();
+      st_calibration_apply(&c, &f, "test");
+      st_block_cost b = bc[1];
+      memset(b.bytes_fwd, 0, sizeof b.bytes_fwd);
+      memset(b.bytes_bwd, 0, sizeof b.bytes_bwd);
+      st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
+                             .weight_versions = 1};
+      st_plan *p = NULL;
+      st_error err = {0};
+      CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
+      double want = (w1 + 5 * w1) / 5e10;
+      if (p)
+        CHECK(fabs(p->stages[0].time - want) <= 1e-12 * want,
+              "one-row block: %.9g s, want %.9g", p->stages[0].time, want);
+      st_plan_destroy(p);
+      /* without the bandwidth (an older profile): at the class's rate */
+      c.row_bandwidth = 0;
+      f = one_core();
+      st_calibration_apply(&c, &f, "test");
+      CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
+      want = 0;
+      for (int k = 0; k < ST_GEMM_CLASSES; k++)
+        want += (b.row_gemm_fwd[k] + b.row_gemm_bwd[k]) / c.gemm_rate[k];
+      if (p)
+        CHECK(fabs(p->stages[0].time - want) <= 1e-12 * want,
+              "one-row block, no bandwidth: %.9g s, want %.9g",
+              p->stages[0].time, want);
+      st_plan_destroy(p);
+    }
+    st_model_destroy(m);
+  }
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-calibrate-XXXXXX");
   if (!mkdtemp(dir)) {
@@ -802,6 +930,7 @@ int main(void) {
   test_memory_terms();
   test_narrow_reproduces();
   test_host_time();
+  test_one_row();
   /* leave nothing behind */
   const char *files[] = {"cal.json",       "good.json",     "foreign.json",
                          "empty.json",     "v2.json",       "truncated.json",
