@@ -75,7 +75,8 @@ $(BUILD)/obj/%.o: %.c Makefile $(BUILD)/flags
 
 # The narrow GEMM kernels ask for a * b + c as one FMA where the target has
 # one (-std=c11 otherwise leaves products and sums apart): src/base/narrow.c.
-$(BUILD)/obj/src/base/narrow.o: CFLAGS += -ffp-contract=fast
+# (private: not passed on to its prerequisites, $(BUILD)/flags among them)
+$(BUILD)/obj/src/base/narrow.o: private CFLAGS += -ffp-contract=fast
 
 $(BUILD)/tests/%: tests/%.c tests/harness.h $(wildcard tests/*/*.h) $(BUILD)/libstrata.a
 	@mkdir -p $(@D)

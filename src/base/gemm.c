@@ -1,6 +1,8 @@
 /*
  * gemm.c — the one way strata multiplies matrices: CBLAS sgemm behind a
- * wrapper whose caller passes its thread pool (its cores).
+ * wrapper whose caller passes its thread pool (its cores). One row of A
+ * goes to the BLAS's sgemv instead, and a few rows to narrow.c's kernels
+ * where they are faster (both tiled by shape, as below).
  *
  * Why tiles: the BLAS is pinned to one thread per call (st_blas_init) so that
  * several stage workers calling at once never oversubscribe the machine; the

@@ -23,15 +23,15 @@
  * Determinism: every element of C is computed by the same instructions in
  * the same order wherever it falls in a register block or a task, so the
  * result depends only on the call's shape and operands, never on the thread
- * count. Register blocks are written with GCC's vector extension (AVX2
- * registers where the target has them, SSE pairs where not); this file is
+ * count. Register blocks are written with GCC's vector extension (8-float
+ * AVX registers where the target has them, 4-float SSE ones where not); this file is
  * compiled with -ffp-contract=fast (Makefile) so that a * b + c becomes one
  * FMA where the target has one.
  */
 #include "strata.h"
 #include "narrow.h"
 
-/* A register of floats: 8 with AVX, else 4 (SSE; a 32-byte vector there
+/* A register of floats: 8 with AVX (or AVX2), else 4 (SSE; a 32-byte vector there
  * would be split in two and would change the ABI of these inline helpers).
  * aligned(4) makes every load and store an unaligned one. */
 #if defined(__AVX__)
@@ -99,7 +99,7 @@ typedef struct narrow_job {
 /* ---------------------------------------------------------------- dot */
 
 /* C[r][j] for RR rows from r0 and RJ columns from j0: lanes accumulate
- * k = lane (mod 8) in order, then a fixed tree, then the tail in order. */
+ * k = lane (mod VL) in order, then a fixed tree, then the tail in order. */
 INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ) {
   const float *A = J->A, *B = J->B;
   int K = J->K, lda = J->lda, ldb = J->ldb;
@@ -221,7 +221,8 @@ static void axpy_task(void *arg, int t) {
 enum { TASK_FLOPS = 1 << 19, TASK_ALIGN = 16 };
 
 static int task_edge(int edge, double flops_per_column) {
-  int units = (int)(TASK_FLOPS / (flops_per_column > 1 ? flops_per_column : 1));
+  double fit = TASK_FLOPS / (flops_per_column > 1 ? flops_per_column : 1);
+  int units = fit < 1 ? 1 : fit > edge ? edge : (int)fit; /* a column at least */
   units = (units + TASK_ALIGN - 1) / TASK_ALIGN * TASK_ALIGN;
   return units < edge ? units : edge;
 }
@@ -229,7 +230,8 @@ static int task_edge(int edge, double flops_per_column) {
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
                    int K, float alpha, const float *A, int lda, const float *B,
                    int ldb, float beta, float *C, int ldc) {
-  if (trans_a || M < 2 || K < 1 ||
+  /* alpha 0: C = beta C without reading A or B, as the BLAS does */
+  if (trans_a || M < 2 || K < 1 || alpha == 0.0f ||
       (trans_b ? M > ST_NARROW_DOT_ROWS
                : M > ST_NARROW_ROWS || K > ST_NARROW_AXPY_K))
     return 0;

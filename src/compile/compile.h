@@ -38,7 +38,9 @@
 int st_plan_model(st_model **out, const st_config *cfg, st_error *err);
 
 /* Samples per micro-batch as the trainer runs cfg: execution.micro_batch,
- * else 1 in pipelined backprop and the whole batch in the other modes. */
+ * else 1 in pipelined backprop and the whole batch in the other modes
+ * (not modelled: the halves the trainer measures for metrics.noise_scale
+ * when no micro-batch is set). */
 int st_plan_micro_batch(const st_config *cfg);
 
 /* Text for the report (report.c): "1,234,567", "0.0476" (a rate below

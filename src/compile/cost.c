@@ -39,18 +39,23 @@ static int gemm_batch(const st_config *cfg) { return st_plan_micro_batch(cfg); }
 /* What the costs of a block depend on besides its layers. */
 typedef struct cost_ctx {
   int batch;     /* samples per GEMM call (gemm_batch) */
-  int fused;     /* pipelined backprop updates linear weights inside the
-                    backward (pb.c's condition; block.c's per layer) */
+  int fused;     /* linear weights are updated inside the backward
+                    (fuses_update; per layer, fuses) */
   double slots;  /* optimizer state floats per parameter */
 } cost_ctx;
 
-/* pb.c fuses the update into a micro-batch of one's backward for the
- * elementwise SGD rules (not AdamW, stash or pipemare) when asked to. */
-static int pb_fuses(const st_config *cfg) {
-  return is_pb(cfg) && gemm_batch(cfg) == 1 && cfg->execution.fused_update &&
-         strcmp(cfg->optimizer.kind, "adamw") != 0 &&
-         strcmp(cfg->execution.mitigation, "stash") != 0 &&
-         strcmp(cfg->execution.mitigation, "pipemare") != 0;
+/* Whether linear layers' updates ride in a one-sample backward: pb.c's
+ * condition (a micro-batch of one, the elementwise SGD rules: not AdamW,
+ * stash or pipemare); elsewhere the trainer's (a batch of one, any rule),
+ * except in replicas and weight streaming, which never fuse. */
+static int fuses_update(const st_config *cfg) {
+  if (!cfg->execution.fused_update) return 0;
+  if (is_pb(cfg))
+    return gemm_batch(cfg) == 1 && strcmp(cfg->optimizer.kind, "adamw") != 0 &&
+           strcmp(cfg->execution.mitigation, "stash") != 0 &&
+           strcmp(cfg->execution.mitigation, "pipemare") != 0;
+  return cfg->train.batch == 1 && cfg->execution.replicas <= 1 &&
+         strcmp(cfg->execution.mode, "weight_streaming") != 0;
 }
 
 /* A linear layer whose update rides in its backward (st_layer_fuses_update
@@ -221,7 +226,7 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
                    const st_config *cfg) {
   double slots = st_optim_state_per_param(cfg);
   int batch = gemm_batch(cfg);
-  cost_ctx x = {batch, pb_fuses(cfg), slots};
+  cost_ctx x = {batch, fuses_update(cfg), slots};
   /* updates per sample: one a batch, or one a micro-batch in pipelined
    * backprop */
   double updates = 1.0 / (is_pb(cfg) ? batch : cfg->train.batch);

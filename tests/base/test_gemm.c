@@ -9,6 +9,9 @@
  * |beta c|): fp32 with K <= 1100 terms summed in any order errs by at most
  * about K 2^-24 of that sum (6.6e-5 in the worst case, ~1e-6 typically), and
  * a wrong or missing term is off by a whole term (>= 1e-3 of it here).
+ * At K = 140000 the worst case would pass 1e-5, but with terms of random
+ * sign the running sums stay far below sum |a b|, and so do their
+ * roundings. Alpha 0 gives beta C exactly.
  * Also: beta = 0 ignores a NaN in C (BLAS semantics); nothing outside C's
  * M x N window is written (leading dimensions padded with a sentinel); the
  * result is bitwise the same on pools of 1, 2 and 3 threads and none.
@@ -106,6 +109,7 @@ int main(void) {
       {0, 1, 2, 256, 784, "dot"},    {0, 1, 3, 13, 29, "dot"},
       {0, 1, 5, 7, 8, "dot"},        {0, 1, 8, 256, 256, "dot"},
       {0, 1, 7, 1030, 517, "dot tasks"}, {0, 1, 4, 3, 1, "dot K=1"},
+      {0, 1, 2, 5, 140000, "dot K past a task's FLOPs"},
       /* axpy: 2 .. 16 rows (blocks of 6 and each remainder), N tails */
       {0, 0, 2, 784, 256, "axpy"},   {0, 0, 5, 19, 13, "axpy"},
       {0, 0, 6, 8, 1, "axpy K=1"},   {0, 0, 11, 33, 64, "axpy"},
@@ -118,9 +122,9 @@ int main(void) {
       {0, 1, 200, 300, 100, "sgemm tiled"},
   };
   int n = (int)(sizeof shapes / sizeof shapes[0]);
-  const float alphas[] = {1.0f, 0.5f}, betas[] = {0.0f, 1.0f, -0.75f};
+  const float alphas[] = {1.0f, 0.5f, 0.0f}, betas[] = {0.0f, 1.0f, -0.75f};
   for (int i = 0; i < n; i++)
-    for (int a = 0; a < 2; a++)
+    for (int a = 0; a < 3; a++)
       for (int b = 0; b < 3; b++)
         run(&shapes[i], alphas[a], betas[b], 0, pools, 4);
   for (int i = 0; i < n; i++) /* beta = 0 never reads C */

@@ -911,6 +911,24 @@ static void test_one_row(void) {
     }
     st_model_destroy(m);
   }
+  /* sequential at batch 1 fuses too (trainer.c), AdamW included: two
+   * slots, (2 + 2 x 2) W for the update, no optimizer pass for them */
+  st_config cfg;
+  st_config_defaults(&cfg);
+  const char *sets[] = {"model.hidden=[64]", "optimizer.kind=adamw",
+                        "train.batch=1"};
+  st_model *m = model_of(&cfg, sets, 3, (st_shape){1, 28, 28});
+  if (!m)
+    return;
+  st_block_cost bc[2];
+  st_plan_costs(bc, m, &cfg);
+  CHECK(bc[1].row_bytes_fwd == w1 && bc[1].row_bytes_bwd == w1 + 6 * w1 &&
+            bc[0].row_bytes_bwd == 6 * w0 && bc[0].bytes_bwd[3] == 0 &&
+            bc[1].bytes_bwd[3] == 0,
+        "sequential batch 1, adamw: row bytes %g / %g, optimizer %g %g",
+        bc[1].row_bytes_fwd, bc[1].row_bytes_bwd, bc[0].bytes_bwd[3],
+        bc[1].bytes_bwd[3]);
+  st_model_destroy(m);
 }
 
 int main(void) {
