@@ -24,15 +24,16 @@
  * the same order wherever it falls in a register block or a task, so the
  * result depends only on the call's shape and operands, never on the thread
  * count. Register blocks are written with GCC's vector extension (8-float
- * AVX registers where the target has them, 4-float SSE ones where not); this file is
- * compiled with -ffp-contract=fast (Makefile) so that a * b + c becomes one
- * FMA where the target has one.
+ * AVX registers where the target has them, 4-float SSE ones where not);
+ * this file is compiled with -ffp-contract=fast (Makefile) so that
+ * a * b + c becomes one FMA where the target has one.
  */
 #include "strata.h"
 #include "narrow.h"
 
-/* A register of floats: 8 with AVX (or AVX2), else 4 (SSE; a 32-byte vector there
- * would be split in two and would change the ABI of these inline helpers).
+/* A register of floats: 8 with AVX (or AVX2), else 4 (SSE; a 32-byte
+ * vector there would be split in two and would change the ABI of these
+ * inline helpers).
  * aligned(4) makes every load and store an unaligned one. */
 #if defined(__AVX__)
 typedef float vf __attribute__((vector_size(32), aligned(4), may_alias));
