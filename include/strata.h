@@ -1113,8 +1113,9 @@ typedef struct st_block_cost {
    * from gemm_fwd/bwd (timed at the GEMM rates when the profile has no
    * row bandwidth), and the bytes they stream per sample: forward, the
    * weights once; backward, once more for the input gradient, and read and
-   * written for the weight gradient, or, where pipelined backprop folds the
-   * update into the backward, the weights and optimizer state read and
+   * written for the weight gradient, or, where the update is folded into
+   * the backward (pipelined backprop at a micro-batch of one, the other
+   * modes at a batch of one), the weights and optimizer state read and
    * written. */
   double row_gemm_fwd[ST_GEMM_CLASSES], row_gemm_bwd[ST_GEMM_CLASSES];
   double row_bytes_fwd, row_bytes_bwd;

@@ -255,8 +255,7 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
  * weights, which are past L2 and within the last-level cache, as they are
  * in pipelined backprop's stages: bytes of weights streamed per second,
  * 4 per weight byte (read, read, gradient read and written). At one row
- * these layers move bytes more than they compute: timed as GEMM FLOPs at
- * their class's rate, a stage of them was predicted 3.4x too fast. */
+ * these layers move bytes more than they compute (cost.c). */
 static int measure_row(st_calibration *c, FILE *progress, st_error *err) {
   const int *shape = gemm_shapes[ST_GEMM_CLASSES - 1];
   gemm_job j = {.M = 1, .N = shape[1], .K = shape[2]};

@@ -31,14 +31,10 @@ int st_plan_micro_batch(const st_config *cfg) {
   return mb < cfg->train.batch ? mb : cfg->train.batch;
 }
 
-/* Samples one GEMM of a linear layer covers: the micro-batch (M of its
- * GEMMs), which decides the GEMM's shape class. (Pipelined backprop's
- * default micro-batch of one was costed as the whole batch before.) */
-static int gemm_batch(const st_config *cfg) { return st_plan_micro_batch(cfg); }
-
 /* What the costs of a block depend on besides its layers. */
 typedef struct cost_ctx {
-  int batch;     /* samples per GEMM call (gemm_batch) */
+  int batch;     /* samples per GEMM call: the micro-batch, which decides
+                    the GEMMs' shape class (st_plan_micro_batch) */
   int fused;     /* linear weights are updated inside the backward
                     (fuses_update; per layer, fuses) */
   double slots;  /* optimizer state floats per parameter */
@@ -51,7 +47,7 @@ typedef struct cost_ctx {
 static int fuses_update(const st_config *cfg) {
   if (!cfg->execution.fused_update) return 0;
   if (is_pb(cfg))
-    return gemm_batch(cfg) == 1 && strcmp(cfg->optimizer.kind, "adamw") != 0 &&
+    return st_plan_micro_batch(cfg) == 1 && strcmp(cfg->optimizer.kind, "adamw") != 0 &&
            strcmp(cfg->execution.mitigation, "stash") != 0 &&
            strcmp(cfg->execution.mitigation, "pipemare") != 0;
   return cfg->train.batch == 1 && cfg->execution.replicas <= 1 &&
@@ -225,7 +221,7 @@ static void skip_input_gradient(st_block_cost *c, const st_block *b,
 void st_plan_costs(st_block_cost *out, const st_model *m,
                    const st_config *cfg) {
   double slots = st_optim_state_per_param(cfg);
-  int batch = gemm_batch(cfg);
+  int batch = st_plan_micro_batch(cfg);
   cost_ctx x = {batch, fuses_update(cfg), slots};
   /* updates per sample: one a batch, or one a micro-batch in pipelined
    * backprop */

@@ -294,6 +294,36 @@ static void test_memory_terms(void) {
           p->stages[0].time_fwd, p->stages[0].time_bwd, fwd, bwd);
     st_plan_destroy(p);
   }
+  /* with a row bandwidth, a one-row layer pays no spill term (it streams
+   * its weights every call at that bandwidth): the case above at 25 MB */
+  {
+    st_fabric g = f;
+    g.row_bandwidth = 5e10;
+    st_block_cost b;
+    memset(&b, 0, sizeof b);
+    snprintf(b.name, sizeof b.name, "blocks.0");
+    b.n_linear = 1;
+    b.linear_rows[0] = 1, b.linear_bytes[0] = w, b.linear_gemms[0] = 3;
+    b.call_samples = 1, b.ws_bytes = 2.5e7;
+    b.row_bytes_fwd = w;
+    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
+                           .weight_versions = 1};
+    st_plan *p = NULL;
+    st_error e = {0};
+    CHECK(st_plan_build(&p, &b, 1, &g, &opt, &e) == 0, "%s", e.msg);
+    if (p)
+      CHECK(fabs(p->stages[0].time - w / 5e10) <= 1e-12 * w / 5e10,
+            "one row, 25 MB: %.9g s, want %.9g", p->stages[0].time, w / 5e10);
+    st_plan_destroy(p);
+    /* and without it (an older profile), the spill term as before */
+    g.row_bandwidth = 0;
+    b.row_bytes_fwd = 0;
+    CHECK(st_plan_build(&p, &b, 1, &g, &opt, &e) == 0, "%s", e.msg);
+    if (p)
+      CHECK(fabs(p->stages[0].time - 0.625 * 2e-10 * w) <= 1e-9 * w * 2e-10,
+            "one row, 25 MB, no row bandwidth: %.9g s", p->stages[0].time);
+    st_plan_destroy(p);
+  }
   /* a spill curve that falls, leaves [0, 1] or does not run from 0 to 1,
    * narrow rows at the reference, a falling working set: refused, naming
    * the file and the key */
