@@ -247,6 +247,7 @@ typedef struct st_config {
                                order (else MPI_Allreduce's own order) */
     int pin;                /* pin stage threads to their cores */
     int fused_update;       /* batch 1: update weights inside the backward */
+    char block_costs[12];   /* model | measured: what stages are cut by */
     char mitigation[16];    /* pipelined_backprop: none | stash | sc | lwp |
                                sc+lwp | spectrain | pipemare */
     int emulate;            /* pipelined_backprop: single-threaded ticks */
@@ -1122,11 +1123,29 @@ typedef struct st_block_cost {
   double linear_bytes[ST_BLOCK_LINEARS], linear_rows[ST_BLOCK_LINEARS];
   double linear_gemms[ST_BLOCK_LINEARS];
   double call_samples, ws_bytes;
+  /* Measured (execution.block_costs: measured, st_plan_measure): this
+   * block's forward, and backward with its update, timed here on one core
+   * at the plan's micro-batch, seconds per sample; the partitioner takes
+   * them in place of every modelled term above. 0: modelled. */
+  double measured_fwd, measured_bwd;
 } st_block_cost;
 
 /* Fills out[0 .. m->n_blocks) from the model's descriptors (no parameter
  * memory needed) and cfg's optimizer (its state per parameter). */
 void st_plan_costs(st_block_cost *out, const st_model *m, const st_config *cfg);
+/* Times every block of m on this machine and writes out[i].measured_fwd and
+ * .measured_bwd: one thread, st_plan_micro_batch(cfg) samples, the forward,
+ * then the backward with the optimizer's update as training runs it (fused
+ * into the backward where the trainer fuses it), on freshly initialised
+ * weights; the median over repeated runs (at least 5, about 0.25 s in all),
+ * so that a burst of load elsewhere moves no block's figure. Allocates the
+ * model's weights, gradients and optimizer state. */
+int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
+                    st_error *err);
+/* st_plan_costs, then st_plan_measure when cfg's execution.block_costs is
+ * measured: the costs every plan of cfg's model is cut by. */
+int st_plan_block_costs(st_block_cost *out, const st_model *m,
+                        const st_config *cfg, st_error *err);
 
 typedef enum {
   ST_PARTITION_AUTO,   /* DP over cores on a cpu, bisection otherwise */

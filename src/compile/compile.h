@@ -43,6 +43,13 @@ int st_plan_model(st_model **out, const st_config *cfg, st_error *err);
  * when no micro-batch is set). */
 int st_plan_micro_batch(const st_config *cfg);
 
+/* Whether linear layers' updates ride in a one-sample backward as the
+ * trainer runs cfg: pb.c's condition (a micro-batch of one, the
+ * elementwise SGD rules: not AdamW, stash or pipemare); elsewhere the
+ * trainer's (a batch of one, any rule), except in replicas and weight
+ * streaming, which never fuse. */
+int st_plan_fuses_update(const st_config *cfg);
+
 /* Text for the report (report.c): "1,234,567", "0.0476" (a rate below
  * 100), "3.3 MB", "12.5 us". */
 const char *st_plan_fmt_count(char *buf, size_t cap, double v);

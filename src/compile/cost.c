@@ -36,15 +36,12 @@ typedef struct cost_ctx {
   int batch;     /* samples per GEMM call: the micro-batch, which decides
                     the GEMMs' shape class (st_plan_micro_batch) */
   int fused;     /* linear weights are updated inside the backward
-                    (fuses_update; per layer, fuses) */
+                    (st_plan_fuses_update; per layer, fuses) */
   double slots;  /* optimizer state floats per parameter */
 } cost_ctx;
 
-/* Whether linear layers' updates ride in a one-sample backward: pb.c's
- * condition (a micro-batch of one, the elementwise SGD rules: not AdamW,
- * stash or pipemare); elsewhere the trainer's (a batch of one, any rule),
- * except in replicas and weight streaming, which never fuse. */
-static int fuses_update(const st_config *cfg) {
+/* compile.h */
+int st_plan_fuses_update(const st_config *cfg) {
   if (!cfg->execution.fused_update) return 0;
   if (is_pb(cfg))
     return st_plan_micro_batch(cfg) == 1 && strcmp(cfg->optimizer.kind, "adamw") != 0 &&
@@ -222,7 +219,7 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
                    const st_config *cfg) {
   double slots = st_optim_state_per_param(cfg);
   int batch = st_plan_micro_batch(cfg);
-  cost_ctx x = {batch, fuses_update(cfg), slots};
+  cost_ctx x = {batch, st_plan_fuses_update(cfg), slots};
   /* updates per sample: one a batch, or one a micro-batch in pipelined
    * backprop */
   double updates = 1.0 / (is_pb(cfg) ? batch : cfg->train.batch);

@@ -72,7 +72,13 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       const st_block_cost *b = &blocks[j - 1];
       ff += b->flops_fwd;
       fb += b->flops_bwd;
-      if (f->calibrated) {
+      if (b->measured_fwd > 0 || b->measured_bwd > 0) {
+        /* timed on one core (st_plan_measure): its seconds stand for
+         * every modelled term, as work that takes them at one core */
+        wf += b->measured_fwd * p->work_rate;
+        wb += b->measured_bwd * p->work_rate;
+        ws += b->ws_bytes;
+      } else if (f->calibrated) {
         double nb[2], tb[2];
         linear_memory(f, b, nb, tb);
         for (int d = 0; d < 2; d++) {
@@ -105,8 +111,8 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
           sb += b->bytes_bwd[k] / f->op_bandwidth[k];
         }
       } else {
-        wf = ff;
-        wb = fb;
+        wf += b->flops_fwd;
+        wb += b->flops_bwd;
       }
       weights += b->param_bytes;
       state += b->state_bytes;

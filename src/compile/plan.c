@@ -612,7 +612,12 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
     st_model_destroy(m);
     return st_error_set(err, ST_ENOMEM, "out of memory");
   }
-  st_plan_costs(costs, m, cfg); /* pass 1 */
+  /* pass 1 (measured: each block timed here) */
+  if ((rc = st_plan_block_costs(costs, m, cfg, err))) {
+    st_free(costs);
+    st_model_destroy(m);
+    return rc;
+  }
   /* Samples whose activations a stage holds: sequential keeps one batch
    * (as does GPipe, which holds all M micro-batches of it); weights are
    * held once. Pipelined backprop and 1F1B will hold fewer activations and,

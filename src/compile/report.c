@@ -182,6 +182,11 @@ void st_plan_print(const st_plan *p, FILE *f) {
   else if (fb->estimated && cpu)
     fprintf(f, "  uncalibrated: predictions are built-in estimates; run "
                "`strata bench --calibrate` to measure this machine\n");
+  if (p->n_blocks > 0 &&
+      (p->blocks[0].measured_fwd > 0 || p->blocks[0].measured_bwd > 0))
+    fprintf(f, "  block costs: measured (execution.block_costs): each "
+               "block's forward and backward with its update timed here on "
+               "one core, in place of the modelled terms\n");
   fprintf(f,
           "model: %sFLOP per sample (fwd+bwd); every stage holds its "
           "weights x %g + gradient and optimizer state + (input + "
@@ -324,7 +329,13 @@ static void write_json(const st_plan *p, FILE *f) {
     jnum(f, "state_bytes", b->state_bytes, 0);
     jnum(f, "act_bytes", b->act_bytes, 0);
     jnum(f, "in_bytes", b->in_bytes, 0);
-    jnum(f, "out_bytes", b->out_bytes, 1);
+    if (b->measured_fwd > 0 || b->measured_bwd > 0) {
+      jnum(f, "out_bytes", b->out_bytes, 0);
+      jnum(f, "measured_fwd", b->measured_fwd, 0);
+      jnum(f, "measured_bwd", b->measured_bwd, 1);
+    } else {
+      jnum(f, "out_bytes", b->out_bytes, 1);
+    }
     fputc('}', f);
   }
   fprintf(f, "\n  ],\n  \"stages\": [");

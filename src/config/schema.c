@@ -62,6 +62,7 @@ static const char *const mitigations[] = {
     "none", "stash", "sc", "lwp", "sc+lwp", "spectrain", "pipemare", NULL,
 };
 static const char *const schedules_pipe[] = {"gpipe", "1f1b", NULL};
+static const char *const block_costs[] = {"model", "measured", NULL};
 static const char *const fabrics[] = {
     "cpu",
     "mesh",
@@ -186,6 +187,12 @@ const st_config_key st_config_schema[] = {
     BOOL(execution, fused_update, "true",
          "at batch 1, update weights inside the backward (same bits, "
          "less memory traffic)"),
+    ENUM(execution, block_costs, "model", block_costs,
+         "what the compiler cuts stages by: model (the blocks' FLOPs and "
+         "bytes at the calibration profile's rates) or measured (each "
+         "block's forward and backward timed on this machine before the "
+         "run; the cut, and in pipelined_backprop the delays, then follow "
+         "the timing)"),
 
     ENUM(execution, mitigation, "sc+lwp", mitigations,
          "pipelined_backprop: how stages correct delayed gradients and "

@@ -320,9 +320,12 @@ void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
 /* The compiler's cut of all blocks into stages on `cores` cores (S = 0:
  * the plan's choice; more stages than cores share them, one thread each),
  * or the FLOP balance when no plan can be made: first/count/pes per stage
- * (arrays of n_blocks); returns the stage count, or -1 out of memory. */
+ * (arrays of n_blocks); the blocks' costs as cfg's execution.block_costs
+ * says (st_plan_block_costs). Returns the stage count, or -1 with *err
+ * (out of memory; a measurement that failed). */
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
-                      int cores, int *first, int *count, int *pes);
+                      int cores, int *first, int *count, int *pes,
+                      st_error *err);
 /* Pipelined backprop introspection (tests): stage s's delay D(s); the
  * fewest and most updates counted between a micro-batch's forward and its
  * update, over the micro-batches with a full pipeline ahead (n >= D(s))

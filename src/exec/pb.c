@@ -858,11 +858,11 @@ static int create(void **state, const st_model *m, const st_config *cfg,
                : st_error_set(err, ST_ENOMEM, "out of memory");
   }
   int *count = first + n, *pes = first + 2 * n;
-  int k = st_pipeline_split(m, cfg, S, cores, first, count, pes);
+  int k = st_pipeline_split(m, cfg, S, cores, first, count, pes, err);
   if (k < 0) {
     free(first);
     pb_destroy(p);
-    return st_error_set(err, ST_ENOMEM, "out of memory");
+    return err && err->code ? err->code : ST_ENOMEM;
   }
   p->S = k;
   int threads = 0;

@@ -437,7 +437,7 @@ static void *worker(void *arg) {
 
 /* FLOP-balanced contiguous split into S runs, one core each (the fallback
  * when the compiler finds no plan): a small dynamic program minimising the
- * largest run's forward + backward FLOPs. */
+ * largest run's forward + backward FLOPs (measured blocks: seconds). */
 static void balance(const st_block_cost *c, int n, int S, int *first,
                     int *count) {
   double *pre = calloc((size_t)n + 1, sizeof *pre);
@@ -448,7 +448,9 @@ static void balance(const st_block_cost *c, int n, int S, int *first,
     goto done;
   }
   for (int i = 0; i < n; i++)
-    pre[i + 1] = pre[i] + c[i].flops_fwd + c[i].flops_bwd;
+    pre[i + 1] = pre[i] + (c[i].measured_fwd + c[i].measured_bwd > 0
+                               ? c[i].measured_fwd + c[i].measured_bwd
+                               : c[i].flops_fwd + c[i].flops_bwd);
 #define AT(s, i) ((size_t)(s) * (n + 1) + (i))
   for (int s = 0; s <= S; s++)
     for (int i = 0; i <= n; i++) best[AT(s, i)] = -1;
@@ -524,13 +526,15 @@ static st_fabric *plan_fabric(st_fabric *fab, st_config *cpu,
 }
 
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
-                      int cores, int *first, int *count, int *pes) {
+                      int cores, int *first, int *count, int *pes,
+                      st_error *err) {
   int n = m->n_blocks;
   st_block_cost *c = malloc((size_t)n * sizeof *c);
   st_config *cpu = malloc(sizeof *cpu);
   int k = -1;
-  if (c && cpu) {
-    st_plan_costs(c, m, cfg);
+  if (!c || !cpu) {
+    st_error_set(err, ST_ENOMEM, "out of memory");
+  } else if (!st_plan_block_costs(c, m, cfg, err)) {
     st_fabric fab, *on = plan_fabric(&fab, cpu, cfg, S, cores);
     k = split(c, n, on, S, cores, S > cores, first, count, pes);
   }
@@ -624,7 +628,7 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
     goto done;
   }
   int *count = first + n, *pes = first + 2 * n;
-  st_plan_costs(c, m, cfg);
+  if ((rc = st_plan_block_costs(c, m, cfg, err))) goto done;
   /* The plan for this machine's cores, whatever fabric the config plans
    * for otherwise (a mesh is a what-if; a run runs here). More stages than
    * cores share them. A calibration profile that cannot be read leaves no

@@ -214,6 +214,13 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
                         "process (a store serving several ranks is not "
                         "built)",
                         st_config_where(cfg, "execution.mode"));
+  if (placed && !strcmp(cfg->execution.block_costs, "measured"))
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: execution.block_costs: measured times the "
+                        "blocks on each rank, and ranks that timed them "
+                        "differently would cut different stages; use model "
+                        "with execution.placement: ranks",
+                        st_config_where(cfg, "execution.block_costs"));
   st_config world = *cfg; /* the replicas: the ranks */
   world.execution.replicas = W;
   const st_executor *inner = NULL;

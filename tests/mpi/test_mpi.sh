@@ -24,8 +24,9 @@
 #    in-process replicas'; rank 0's summary lists its own stages; a placed
 #    run's checkpoint resumes on another number of ranks as the threaded
 #    run resumes; a NaN loss stops every rank with one error; sequential,
-#    fewer stages than ranks, a tied head and embedding on two ranks and
-#    replicas that do not divide the ranks are refused once;
+#    fewer stages than ranks, a tied head and embedding on two ranks,
+#    replicas that do not divide the ranks and stages cut by blocks timed
+#    on each rank (execution.block_costs: measured) are refused once;
 #  - a rank of a data-parallel and of a pipelined job killed: the same.
 # A build without MPI (make MPI=0) must instead refuse a multi-process
 # start, saying so. Closing line: "N passed, N failed".
@@ -193,6 +194,10 @@ refused "a tied head and embedding on two ranks: refused" \
 run_mpi 4 train "$cnn" "${small[@]}" "${grid[@]}" --set execution.replicas=3 --set train.batch=48 \
   "${place[@]}" --out "$T/p_grid3"
 refused "replicas that do not divide the ranks: refused" "3 replicas do not split 4 ranks"
+run_mpi 2 train "$cnn" "${small[@]}" --set execution.mode=pipeline --set execution.stages=2 \
+  --set execution.block_costs=measured "${place[@]}" --out "$T/p_meas"
+refused "stages cut by blocks timed on each rank: refused" \
+  "execution.block_costs: measured times the blocks on each rank"
 
 # --- resume with another number of ranks ------------------------------------
 # 2 ranks to step 12, then 4 ranks to 24; in process: replicas 2, then 4

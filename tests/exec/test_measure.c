@@ -1,0 +1,257 @@
+/*
+ * test_measure.c — stages cut by blocks timed on this machine
+ * (execution.block_costs: measured; src/exec/measure.c, partition.c):
+ *  - the partitioner takes measured seconds in place of every modelled
+ *    term: hand-made costs whose FLOPs call for one cut and whose timings
+ *    for another are cut by the timings, each stage's time their sum;
+ *  - st_plan_measure gives every block of an MLP (fused one-sample SGD
+ *    updates), a CNN and a GPT (AdamW) a finite positive forward and
+ *    backward; block_costs model measures nothing; a second request for
+ *    the same model and settings returns the same bits (the process keeps
+ *    its measurements, so a run and the plan printed beside it agree);
+ *  - a threaded pipelined-backprop run and a pipeline run cut their stages
+ *    where st_plan_compile's plan does, and the report and plan.json say
+ *    the costs were measured;
+ *  - the timing decides only the cut: gpipe on measured costs trains the
+ *    sequential mode's bits, and pipelined backprop threaded the emulated
+ *    run's, both cut by the same measurement.
+ * No timing is compared with a threshold: the figures' values are the
+ * machine's; what is checked is where they go.
+ */
+#include "harness.h"
+#include "models.h"
+#include "strata.h"
+#include "../../src/exec/exec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void set(st_config *c, const char *kv) {
+  st_error err = {0};
+  CHECK(st_config_set(c, kv, &err) == 0, "%s: %s", kv, err.msg);
+}
+
+/* Four blocks of equal FLOPs (the model's cut: two and two) timed at 1, 1,
+ * 1 and 3 ms: the measured cut is three and one, 3 ms a stage. */
+static void test_partition(void) {
+  st_config c;
+  st_config_defaults(&c);
+  st_error err = {0};
+  st_fabric f;
+  CHECK(st_fabric_parse(&c, "cpu:2", &err) == 0, "%s", err.msg);
+  CHECK(st_fabric_resolve(&f, &c, &err) == 0, "%s", err.msg);
+  st_block_cost b[4];
+  memset(b, 0, sizeof b);
+  for (int i = 0; i < 4; i++) {
+    snprintf(b[i].name, sizeof b[i].name, "blocks.%d", i);
+    b[i].flops_fwd = 1e6;
+    b[i].flops_bwd = 2e6;
+    for (int k = 0; k < ST_GEMM_CLASSES; k++)
+      b[i].gemm_fwd[k] = b[i].gemm_bwd[k] = k == 2 ? 1e6 : 0;
+  }
+  st_plan_options opt = {.stages = 2, .samples_in_flight = 1,
+                         .weight_versions = 1,
+                         .algorithm = ST_PARTITION_AUTO};
+  st_plan *p = NULL;
+  CHECK(st_plan_build(&p, b, 4, &f, &opt, &err) == 0, "%s", err.msg);
+  CHECK(p && p->stages[0].count == 2 && p->stages[1].count == 2,
+        "modelled: equal blocks cut two and two, got %d+%d",
+        p ? p->stages[0].count : -1, p ? p->stages[1].count : -1);
+  st_plan_destroy(p);
+  for (int i = 0; i < 3; i++) b[i].measured_fwd = 0.4e-3, b[i].measured_bwd = 0.6e-3;
+  b[3].measured_fwd = 1e-3, b[3].measured_bwd = 2e-3;
+  for (int a = 0; a < 2; a++) {
+    opt.algorithm = a ? ST_PARTITION_BISECT : ST_PARTITION_DP;
+    p = NULL;
+    CHECK(st_plan_build(&p, b, 4, &f, &opt, &err) == 0, "%s", err.msg);
+    if (!p) continue;
+    CHECK(p->stages[0].first == 0 && p->stages[0].count == 3 &&
+              p->stages[1].first == 3 && p->stages[1].count == 1,
+          "measured (%s): cut 3+1, got %d+%d", a ? "bisect" : "dp",
+          p->stages[0].count, p->stages[1].count);
+    /* one core a stage: the timing itself (uncalibrated e(1) = 1; no
+     * activations cross, so no copy time); 1e-12: the sums' last bits */
+    double want[2] = {3e-3, 3e-3}, fwd[2] = {1.2e-3, 1e-3};
+    for (int s = 0; s < 2 && s < p->n_stages; s++) {
+      CHECK(fabs(p->stages[s].time - want[s]) <= 1e-12 * want[s] &&
+                fabs(p->stages[s].time_fwd - fwd[s]) <= 1e-12 * fwd[s],
+            "stage %d: %.9g s (fwd %.9g), want %.9g (fwd %.9g)", s,
+            p->stages[s].time, p->stages[s].time_fwd, want[s], fwd[s]);
+    }
+    CHECK(fabs(p->balance - 1) <= 1e-12, "balance %.12g, want 1", p->balance);
+    st_plan_destroy(p);
+  }
+}
+
+/* The model of c's config (descriptors), or NULL. */
+static st_model *model_of(const st_config *c, st_shape in) {
+  st_model *m = NULL;
+  st_error err = {0};
+  CHECK(st_model_create(&m, c, in, &err) == 0, "%s", err.msg);
+  return m;
+}
+
+static void test_measure(const char *what, const st_config *c, st_shape in) {
+  st_model *m = model_of(c, in);
+  if (!m) return;
+  int n = m->n_blocks;
+  st_block_cost *a = calloc((size_t)n, sizeof *a);
+  st_block_cost *b = calloc((size_t)n, sizeof *b);
+  st_error err = {0};
+  st_config cm = *c;
+  set(&cm, "execution.block_costs=model");
+  CHECK(st_plan_block_costs(a, m, &cm, &err) == 0, "%s: %s", what, err.msg);
+  int zero = 1;
+  for (int i = 0; i < n; i++)
+    zero &= a[i].measured_fwd == 0 && a[i].measured_bwd == 0;
+  CHECK(zero, "%s: block_costs model measured something", what);
+  st_config cx = *c;
+  set(&cx, "execution.block_costs=measured");
+  CHECK(st_plan_block_costs(a, m, &cx, &err) == 0, "%s: %s", what, err.msg);
+  CHECK(st_plan_block_costs(b, m, &cx, &err) == 0, "%s: %s", what, err.msg);
+  for (int i = 0; i < n; i++) {
+    CHECK(isfinite(a[i].measured_fwd) && a[i].measured_fwd > 0 &&
+              isfinite(a[i].measured_bwd) && a[i].measured_bwd > 0,
+          "%s: %s measured %g s forward, %g s backward", what, a[i].name,
+          a[i].measured_fwd, a[i].measured_bwd);
+    CHECK(a[i].measured_fwd == b[i].measured_fwd &&
+              a[i].measured_bwd == b[i].measured_bwd,
+          "%s: %s measured again: %g / %g, first %g / %g", what, a[i].name,
+          b[i].measured_fwd, b[i].measured_bwd, a[i].measured_fwd,
+          a[i].measured_bwd);
+    /* the modelled terms are still filled in beside the timing */
+    CHECK(a[i].flops_fwd == b[i].flops_fwd && a[i].flops_fwd > 0,
+          "%s: %s flops %g", what, a[i].name, a[i].flops_fwd);
+  }
+  /* st_plan_measure itself times again (no cache): positive again */
+  CHECK(st_plan_measure(b, m, &cx, &err) == 0, "%s: %s", what, err.msg);
+  int pos = 1;
+  for (int i = 0; i < n; i++) pos &= b[i].measured_fwd > 0 && b[i].measured_bwd > 0;
+  CHECK(pos, "%s: a second measurement has a block at 0", what);
+  free(a);
+  free(b);
+  st_model_destroy(m);
+}
+
+/* The stages a run cut, as the plan of the same config. */
+static void test_cut(const char *what, const st_config *base,
+                     const char *mode) {
+  st_config c = *base;
+  set(&c, "execution.block_costs=measured");
+  snprintf(c.execution.mode, sizeof c.execution.mode, "%s", mode);
+  c.execution.stages = 2;
+  c.train.threads = 2;
+  if (!strcmp(mode, "pipelined_backprop")) {
+    set(&c, "optimizer.nesterov=false");
+    set(&c, "execution.mitigation=sc");
+  }
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s: %s", what, err.msg);
+  if (!t) return;
+  CHECK(st_fabric_parse(&c, "cpu:2", &err) == 0, "%s", err.msg);
+  st_plan *plan = NULL;
+  CHECK(st_plan_compile(&plan, &c, 2, &err) == 0, "%s: %s", what, err.msg);
+  int first[64], count[64], owner[64];
+  int k = !strcmp(mode, "pipelined_backprop")
+              ? st_pb_layout(st_trainer_exec_state(t), first, count, owner)
+              : st_pipeline_stages(st_trainer_exec_state(t), first, count);
+  CHECK(plan && k == plan->n_stages, "%s: %d stages, plan %d", what, k,
+        plan ? plan->n_stages : -1);
+  for (int s = 0; plan && s < k && s < plan->n_stages; s++)
+    CHECK(first[s] == plan->stages[s].first &&
+              count[s] == plan->stages[s].count,
+          "%s: stage %d is blocks %d+%d, the plan's %d+%d", what, s, first[s],
+          count[s], plan->stages[s].first, plan->stages[s].count);
+  if (plan) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/strata_measure_%d.json", (int)getpid());
+    CHECK(st_plan_write_json(plan, path, &err) == 0, "%s", err.msg);
+    FILE *f = fopen(path, "r");
+    char buf[1 << 16];
+    size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[got] = '\0';
+    if (f) fclose(f);
+    unlink(path);
+    CHECK(strstr(buf, "\"measured_fwd\"") && strstr(buf, "\"measured_bwd\""),
+          "%s: plan.json has no measured costs", what);
+    snprintf(path, sizeof path, "/tmp/strata_measure_%d.txt", (int)getpid());
+    f = fopen(path, "w+");
+    if (f) {
+      st_plan_print(plan, f);
+      rewind(f);
+      got = fread(buf, 1, sizeof buf - 1, f);
+      buf[got] = '\0';
+      fclose(f);
+    }
+    unlink(path);
+    CHECK(strstr(buf, "block costs: measured") != NULL,
+          "%s: the report does not say the costs were measured", what);
+  }
+  st_plan_destroy(plan);
+  st_trainer_destroy(t);
+}
+
+/* gpipe on measured costs against the sequential mode; pipelined backprop
+ * threaded against emulated, both on measured costs. */
+static void test_bits(const char *what, const st_config *base) {
+  st_config seq = *base, gp = *base;
+  seq.train.batch = gp.train.batch = BATCH;
+  seq.execution.micro_batch = gp.execution.micro_batch = BATCH / 4;
+  set(&gp, "execution.mode=pipeline");
+  set(&gp, "execution.schedule=gpipe");
+  set(&gp, "execution.stages=2");
+  set(&gp, "execution.block_costs=measured");
+  size_t n = 0, n2 = 0;
+  float *want = train(&seq, &n, NULL), *got = train(&gp, &n2, NULL);
+  CHECK(want && got && n == n2 && !memcmp(want, got, n * sizeof *got),
+        "%s: gpipe on measured costs differs from sequential", what);
+  free(want);
+  free(got);
+  st_config pb = *base;
+  set(&pb, "execution.mode=pipelined_backprop");
+  set(&pb, "execution.stages=2");
+  set(&pb, "execution.block_costs=measured");
+  set(&pb, "optimizer.kind=sgd");
+  set(&pb, "optimizer.nesterov=false");
+  set(&pb, "optimizer.momentum=0.9");
+  set(&pb, "optimizer.lr=0.001"); /* one sample an update */
+  set(&pb, "execution.mitigation=sc+lwp");
+  st_config em = pb;
+  set(&em, "execution.emulate=true");
+  want = train(&em, &n, NULL);
+  got = train(&pb, &n2, NULL);
+  CHECK(want && got && n == n2 && !memcmp(want, got, n * sizeof *got),
+        "%s: pipelined backprop threaded differs from emulated on measured "
+        "costs", what);
+  free(want);
+  free(got);
+}
+
+int main(void) {
+  setenv("STRATA_CALIBRATION", "none", 1);
+  st_blas_init();
+  test_partition();
+  st_config mlp, cnn, gpt;
+  mlp_config(&mlp);
+  cnn_config(&cnn);
+  gpt_config(&gpt);
+  set(&gpt, "model.vocab=256"); /* built without its corpus: byte tokens */
+  st_shape img = {1, 28, 28}, tokens = {1, 16, 1};
+  st_config pb = mlp; /* one-sample fused SGD updates */
+  set(&pb, "execution.mode=pipelined_backprop");
+  set(&pb, "optimizer.nesterov=false");
+  set(&pb, "execution.mitigation=sc");
+  test_measure("mlp pb", &pb, img);
+  test_measure("mlp sequential", &mlp, img);
+  test_measure("cnn", &cnn, img);
+  test_measure("gpt", &gpt, tokens);
+  test_cut("mlp pb", &mlp, "pipelined_backprop");
+  test_cut("cnn pipeline", &cnn, "pipeline");
+  test_bits("mlp", &mlp);
+  test_bits("cnn", &cnn);
+  printf("%d passed, %d failed\n", th_passed, th_failed);
+  return th_failed != 0;
+}
