@@ -42,13 +42,14 @@ struct st_pool {
 
 /* A worker waits for the next job spinning for about SPIN_S, then sleeps.
  * The ops of a step come microseconds apart, but a serial stretch between
- * them (a small op the caller runs alone, the optimizer's hand-off) can
- * last tens of microseconds: a worker that fell asleep there costs a futex
- * wake and a reschedule, 10-50 us, on the next op. With 2 threads on
- * gpt_tiny at batch 1 a spin of ~16k rounds (about 20 us here) slept 15,000
- * times in a 3 s run, ~200 us 3,000 times, and ran 1.2-1.4x the step rate
- * of the short spin. The caller spins as long before it yields. */
-#define SPIN_S 200e-6
+ * them (a small op the caller runs alone, the loss, the next batch) can
+ * last hundreds of microseconds: a worker that fell asleep there costs a
+ * futex wake and a reschedule, 10-50 us, on the next op. With 2 threads on
+ * gpt_tiny at batch 1, in a 2-3 s run: a spin of 16k rounds (about 20 us
+ * here) slept 15,000 times; 200 us, 1,500-2,000 times, at 1.14-1.24x the
+ * step rate of the short spin; 1 ms, 120-170 times. The caller spins as
+ * long before it yields. */
+#define SPIN_S 1e-3
 enum { SPIN_CHECK = 256 }; /* rounds between looks at the clock */
 
 static inline void cpu_relax(void) {
