@@ -173,24 +173,6 @@ static int check_data(const st_trainer *t, st_error *err) {
   return 0;
 }
 
-/* Cores this process may run on (affinity and cgroup cpusets included). */
-int st_usable_cpus(int *cpus, int cap) {
-  cpu_set_t set;
-  int n = 0;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) {
-    for (int c = 0; c < CPU_SETSIZE; c++)
-      if (CPU_ISSET(c, &set)) {
-        if (n < cap) cpus[n] = c;
-        n++;
-      }
-    return n;
-  }
-  long online = sysconf(_SC_NPROCESSORS_ONLN);
-  n = online > 0 ? (int)online : 1;
-  for (int c = 0; c < n && c < cap; c++) cpus[c] = c;
-  return n;
-}
-
 int st_usable_cores(void) { return st_usable_cpus(NULL, 0); }
 
 /* Whether steps may overlap: the executor starts one before the last is

@@ -3,14 +3,20 @@
  * counts go below and above the number of workers (so different subsets of
  * workers take part from one job to the next), on pools of 1, 2, 3 and 8
  * threads. Every task of every job must run exactly once, and results must
- * be visible to the caller when st_pool_for returns. Run under
- * ThreadSanitizer by `make test-tsan`.
+ * be visible to the caller when st_pool_for returns. And jobs that come
+ * after a pause longer than the workers spin (so they sleep, and a job must
+ * wake them: a lost wake would leave the caller waiting for ever, which the
+ * alarm turns into a failure). Run under ThreadSanitizer by
+ * `make test-tsan`.
  */
 #include "harness.h"
 #include "strata.h"
 
+#include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 enum { JOBS = 4000, MAX_TASKS = 24 };
 
@@ -48,9 +54,45 @@ static void stress(int threads) {
   st_pool_destroy(pool);
 }
 
+/* Jobs after pauses of 3 ms (longer than the pool's spin): the workers
+ * have gone to sleep, and each such job must wake the ones it needs; the
+ * jobs between them come at once, to workers still spinning or just
+ * announcing their sleep. */
+static void sleepy(int threads) {
+  st_pool *pool = st_pool_create(threads);
+  CHECK(pool != NULL, "pool of %d", threads);
+  if (!pool) return;
+  int bad = 0;
+  for (int n = 0; n < 120 && !bad; n++) {
+    if (n % 3 == 0) nanosleep(&(struct timespec){0, 3000000}, NULL);
+    job j;
+    memset(j.hits, 0, sizeof j.hits);
+    atomic_store(&j.total, 0);
+    int ntasks = 1 + (n * 5) % MAX_TASKS;
+    st_pool_for(pool, ntasks, task, &j);
+    for (int t = 0; t < MAX_TASKS; t++)
+      bad |= j.hits[t] != (t < ntasks ? 1 : 0);
+    bad |= atomic_load(&j.total) != ntasks;
+  }
+  CHECK(!bad, "pool of %d: jobs after the workers slept ran every task "
+        "exactly once", threads);
+  st_pool_destroy(pool);
+}
+
+static void timed_out(int sig) {
+  (void)sig;
+  static const char msg[] = "FAIL tests/base/test_pool.c: a job waited 120 s "
+                            "for its workers (a lost wake)\n";
+  (void)!write(2, msg, sizeof msg - 1);
+  _exit(1);
+}
+
 int main(void) {
+  signal(SIGALRM, timed_out);
+  alarm(120);
   const int sizes[] = {1, 2, 3, 8};
   for (int i = 0; i < 4; i++) stress(sizes[i]);
+  for (int i = 1; i < 4; i++) sleepy(sizes[i]);
   st_pool_for(NULL, 3, task, &(job){0}); /* a NULL pool runs inline */
   TH_DONE();
 }
