@@ -120,6 +120,12 @@ int main(void) {
       {0, 0, 17, 64, 64, "sgemm"},   {1, 0, 256, 784, 8, "sgemm dW"},
       {1, 0, 2, 3, 1, "sgemm dW"},   {1, 1, 5, 6, 7, "sgemm"},
       {0, 1, 200, 300, 100, "sgemm tiled"},
+      /* too few tiles at the usual edge: split further (gpt_tiny's
+       * shapes at batch 1) */
+      {0, 1, 64, 128, 512, "sgemm few tiles"},
+      {0, 0, 64, 128, 128, "sgemm few tiles"},
+      {1, 0, 384, 128, 64, "sgemm few tiles dW"},
+      {0, 1, 64, 384, 128, "sgemm few tiles"},
   };
   int n = (int)(sizeof shapes / sizeof shapes[0]);
   const float alphas[] = {1.0f, 0.5f, 0.0f}, betas[] = {0.0f, 1.0f, -0.75f};
