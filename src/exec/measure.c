@@ -24,6 +24,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { WARM_RUNS = 3, MIN_RUNS = 5, MAX_RUNS = 201 };
 #define MEASURE_S 0.25
@@ -83,6 +84,19 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
   const int n = m->n_blocks, mb = st_plan_micro_batch(cfg);
   const size_t P = m->n_params;
   const int slots = st_optim_state_per_param(cfg);
+  /* the model must fit beside everything else: a model only weight
+   * streaming can train is refused, not swapped through */
+  double need = (double)P * sizeof(float) * (2 + slots);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+  if (ram > 0 && need > ram / 2)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: execution.block_costs: measured times the "
+                        "blocks with the whole model in memory: %.3g GB of "
+                        "weights, gradients and optimizer state, more than "
+                        "half of this machine's %.3g GB; use model",
+                        st_config_where(cfg, "execution.block_costs"),
+                        need / 1e9, ram / 1e9);
   const size_t in_n = (size_t)mb * st_shape_numel(m->in);
   const size_t out_n = (size_t)mb * st_shape_numel(m->blocks[n - 1].out);
   float *params = st_alloc(P * sizeof(float));
@@ -99,10 +113,11 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
   if (!params || !grads || !opt || !x || !dout || !fwd || !bwd || !col ||
       !pool) {
     rc = st_error_set(err, ST_ENOMEM,
-                      "execution.block_costs: measured: out of memory for "
-                      "the model's %.3g GB of weights, gradients and "
+                      "%s: execution.block_costs: measured: out of memory "
+                      "for the model's %.3g GB of weights, gradients and "
                       "optimizer state to time its blocks",
-                      (double)P * 4 * (2 + slots) / 1e9);
+                      st_config_where(cfg, "execution.block_costs"),
+                      need / 1e9);
     goto done;
   }
   if ((rc = st_stage_create(&s, m, 0, n, mb, err))) goto done;

@@ -14,7 +14,9 @@
  *    the costs were measured;
  *  - the timing decides only the cut: gpipe on measured costs trains the
  *    sequential mode's bits, and pipelined backprop threaded the emulated
- *    run's, both cut by the same measurement.
+ *    run's, both cut by the same measurement;
+ *  - a model too big to hold in memory (GPT-NeoX 20B) is refused, naming
+ *    the key, before anything is allocated.
  * No timing is compared with a threshold: the figures' values are the
  * machine's; what is checked is where they go.
  */
@@ -230,6 +232,25 @@ static void test_bits(const char *what, const st_config *base) {
   free(got);
 }
 
+/* A model only weight streaming trains here: measuring it would need it
+ * all in memory, refused with the key and the sizes (a machine with 640 GB
+ * or more would try, and is skipped). */
+static void test_too_big(void) {
+  st_config c;
+  st_error err = {0};
+  const char *path = "configs/gpt_neox_20b.yaml";
+  CHECK(st_config_load(&c, path, &err) == 0, "%s", err.msg);
+  set(&c, "execution.block_costs=measured");
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if ((double)pages * (double)page > 640e9) return;
+  st_plan *p = NULL;
+  int rc = st_plan_compile(&p, &c, 0, &err);
+  CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "execution.block_costs") &&
+            strstr(err.msg, "more than half of this machine's"),
+        "20B measured: rc %d '%s'", rc, err.msg);
+  st_plan_destroy(p);
+}
+
 int main(void) {
   setenv("STRATA_CALIBRATION", "none", 1);
   st_blas_init();
@@ -252,6 +273,7 @@ int main(void) {
   test_cut("cnn pipeline", &cnn, "pipeline");
   test_bits("mlp", &mlp);
   test_bits("cnn", &cnn);
+  test_too_big();
   printf("%d passed, %d failed\n", th_passed, th_failed);
   return th_failed != 0;
 }
