@@ -78,7 +78,8 @@ static double predicted_balance(const run *r) {
     if (st_config_set(&c, r->sets[i], &err)) return -1;
   st_plan *plan = NULL;
   double b = -1;
-  if (!st_fabric_parse(&c, "cpu:2", &err) && !st_plan_compile(&plan, &c, 2, &err))
+  if (!st_fabric_parse(&c, "cpu:2", &err) &&
+      !st_plan_compile(&plan, &c, 2, &err))
     b = plan->balance;
   else
     fprintf(stderr, "bench_pb: %s\n", err.msg);
@@ -135,7 +136,8 @@ int main(int argc, char **argv) {
       add(&r, "execution.block_costs=measured");
       bal[k] = predicted_balance(&r);
       int at = k;
-      while (at > 0 && bal[order[at - 1]] < bal[k]) order[at] = order[at - 1], at--;
+      while (at > 0 && bal[order[at - 1]] < bal[k])
+        order[at] = order[at - 1], at--;
       order[at] = k;
     }
     double probe = -1;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static _Atomic uint64_t alloc_count;
@@ -28,11 +29,18 @@ enum { BIG = 1 << 19, BIG_ALIGN = 1 << 21 };
 void *st_alloc(size_t bytes) {
   atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
   if (bytes == 0) bytes = 1;
+  if (bytes > SIZE_MAX - 2 * (size_t)BIG_ALIGN) return NULL;
   size_t rounded = (bytes + 63) & ~(size_t)63;
   size_t align = rounded >= BIG ? BIG_ALIGN : 64;
-  if (rounded > SIZE_MAX - align) return NULL;
-  void *p = aligned_alloc(align, (rounded + align - 1) & ~(align - 1));
-  if (p) memset(p, 0, rounded);
+  size_t size = (rounded + align - 1) & ~(align - 1);
+  void *p = aligned_alloc(align, size);
+  if (!p) return NULL;
+  /* Where transparent huge pages are always on, a 2 MB-aligned block
+   * would be backed by a whole huge page at its first touch: not for one
+   * under 2 MB (advice only; a failure leaves the default). */
+  if (align == BIG_ALIGN && size == BIG_ALIGN && rounded < size)
+    (void)madvise(p, size, MADV_NOHUGEPAGE);
+  memset(p, 0, rounded);
   return p;
 }
 

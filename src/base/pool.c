@@ -54,7 +54,9 @@ struct st_pool {
 #define SPIN_S 1e-3
 /* A pool with more threads than the usable cores spins briefly: there a
  * spinning worker holds a core the caller or another worker needs (a pool
- * of 8 threads on 2 cores ran test_pool 25x slower at 1 ms). */
+ * of 8 threads on 2 cores ran test_pool 25x slower at 1 ms). Decided per
+ * pool: pools that each fit but run at once (a sweep's jobs with
+ * train.threads set) still spin long. */
 #define SPIN_SHARED_S 20e-6
 enum { SPIN_CHECK = 256 }; /* rounds between looks at the clock */
 
@@ -78,16 +80,14 @@ static void *worker_main(void *arg) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t g;
-    int spins = 0;
-    double since = 0;
+    unsigned spins = 0;
+    double since = st_now(), spin = p->spin_s;
     while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) ==
                seen &&
            !atomic_load(&p->stop)) {
       cpu_relax();
       if (++spins % SPIN_CHECK) continue;
-      double now = st_now();
-      if (since == 0) since = now;
-      if (now - since < p->spin_s) continue;
+      if (st_now() - since < spin) continue;
       /* Announce the sleep before the last look at generation (both
        * sequentially consistent, as the caller's store of generation and
        * its load of sleepers): either the caller sees this sleeper and
@@ -197,14 +197,14 @@ void st_pool_for(st_pool *p, int ntasks, void (*fn)(void *arg, int task),
     pthread_mutex_unlock(&p->mu);
   }
   run_tasks(p);
-  int spins = 0;
-  double since = 0;
+  unsigned spins = 0;
+  double since = 0, spin = 0;
   while (atomic_load_explicit(&p->busy_workers, memory_order_acquire) > 0) {
     cpu_relax();
     if (++spins % SPIN_CHECK) continue;
     double now = st_now();
-    if (since == 0) since = now;
-    if (now - since >= p->spin_s) sched_yield();
+    if (since == 0) since = now, spin = p->spin_s;
+    if (now - since >= spin) sched_yield();
   }
 }
 

@@ -37,6 +37,44 @@
 
 /* ----------------------------------------------------------- the model */
 
+/* One block's calibrated terms (without the narrow and spill terms, which
+ * depend on the stage): t[0], t[1] the forward and backward work (one-core
+ * seconds that more cores share), t[2], t[3] their serial seconds.
+ * Uncalibrated: the FLOPs as work, no serial time. */
+static void block_terms(const st_fabric *f, const st_block_cost *b,
+                        double t[4]) {
+  t[0] = t[1] = t[2] = t[3] = 0;
+  if (!f->calibrated) {
+    t[0] = b->flops_fwd;
+    t[1] = b->flops_bwd;
+    return;
+  }
+  /* one-row linear products by the bytes they stream, where the profile
+   * has the bandwidth; else at their class's GEMM rate */
+  if (f->row_bandwidth > 0) {
+    t[0] += b->row_bytes_fwd / f->row_bandwidth;
+    t[1] += b->row_bytes_bwd / f->row_bandwidth;
+  }
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    if (!(f->row_bandwidth > 0)) {
+      t[0] += b->row_gemm_fwd[k] / f->gemm_rate[k];
+      t[1] += b->row_gemm_bwd[k] / f->gemm_rate[k];
+    }
+    /* conv2d and attention at their kernels' rates when measured */
+    double r = f->gemm_rate[k];
+    double cf = f->conv_rate[0][k] > 0 ? f->conv_rate[0][k] : r;
+    double cb = f->conv_rate[1][k] > 0 ? f->conv_rate[1][k] : r;
+    double af = f->attention_rate[0][k] > 0 ? f->attention_rate[0][k] : r;
+    double ab = f->attention_rate[1][k] > 0 ? f->attention_rate[1][k] : r;
+    t[0] += b->gemm_fwd[k] / r + b->conv_fwd[k] / cf + b->attn_fwd[k] / af;
+    t[1] += b->gemm_bwd[k] / r + b->conv_bwd[k] / cb + b->attn_bwd[k] / ab;
+  }
+  for (int k = 0; k < ST_OP_CLASSES; k++) {
+    t[2] += b->bytes_fwd[k] / f->op_bandwidth[k];
+    t[3] += b->bytes_bwd[k] / f->op_bandwidth[k];
+  }
+}
+
 int problem_init(problem *p, const st_block_cost *blocks, int n,
                  const st_fabric *f, double in_flight, double versions,
                  st_error *err) {
@@ -74,42 +112,30 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       fb += b->flops_bwd;
       if (b->measured_fwd > 0 || b->measured_bwd > 0) {
         /* timed on one core (st_plan_measure): its seconds stand for
-         * every modelled term, as work that takes them at one core */
-        wf += b->measured_fwd * p->work_rate;
-        wb += b->measured_bwd * p->work_rate;
+         * every modelled term, shared between work that more cores speed
+         * up and serial time as the model shares the block's */
+        double m[4];
+        block_terms(f, b, m);
+        double par_f = m[0] + m[2] > 0 ? m[0] / (m[0] + m[2]) : 1;
+        double par_b = m[1] + m[3] > 0 ? m[1] / (m[1] + m[3]) : 1;
+        wf += b->measured_fwd * par_f * p->work_rate;
+        wb += b->measured_bwd * par_b * p->work_rate;
+        sf += b->measured_fwd * (1 - par_f);
+        sb += b->measured_bwd * (1 - par_b);
         ws += b->ws_bytes;
       } else if (f->calibrated) {
-        double nb[2], tb[2];
+        double nb[2], tb[2], m[4];
         linear_memory(f, b, nb, tb);
         for (int d = 0; d < 2; d++) {
           narrow[d] += nb[d];
           traffic[d] += tb[d];
         }
         ws += b->ws_bytes;
-        /* one-row linear products by the bytes they stream, where the
-         * profile has the bandwidth; else at their class's GEMM rate */
-        if (f->row_bandwidth > 0) {
-          wf += b->row_bytes_fwd / f->row_bandwidth;
-          wb += b->row_bytes_bwd / f->row_bandwidth;
-        }
-        for (int k = 0; k < ST_GEMM_CLASSES; k++) {
-          if (!(f->row_bandwidth > 0)) {
-            wf += b->row_gemm_fwd[k] / f->gemm_rate[k];
-            wb += b->row_gemm_bwd[k] / f->gemm_rate[k];
-          }
-          /* conv2d and attention at their kernels' rates when measured */
-          double r = f->gemm_rate[k];
-          double cf = f->conv_rate[0][k] > 0 ? f->conv_rate[0][k] : r;
-          double cb = f->conv_rate[1][k] > 0 ? f->conv_rate[1][k] : r;
-          double af = f->attention_rate[0][k] > 0 ? f->attention_rate[0][k] : r;
-          double ab = f->attention_rate[1][k] > 0 ? f->attention_rate[1][k] : r;
-          wf += b->gemm_fwd[k] / r + b->conv_fwd[k] / cf + b->attn_fwd[k] / af;
-          wb += b->gemm_bwd[k] / r + b->conv_bwd[k] / cb + b->attn_bwd[k] / ab;
-        }
-        for (int k = 0; k < ST_OP_CLASSES; k++) {
-          sf += b->bytes_fwd[k] / f->op_bandwidth[k];
-          sb += b->bytes_bwd[k] / f->op_bandwidth[k];
-        }
+        block_terms(f, b, m);
+        wf += m[0];
+        wb += m[1];
+        sf += m[2];
+        sb += m[3];
       } else {
         wf += b->flops_fwd;
         wb += b->flops_bwd;

@@ -612,8 +612,17 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
     st_model_destroy(m);
     return st_error_set(err, ST_ENOMEM, "out of memory");
   }
-  /* pass 1 (measured: each block timed here) */
-  if ((rc = st_plan_block_costs(costs, m, cfg, err))) {
+  /* pass 1 (measured: each block timed here, for this machine's cores
+   * only: a mesh's PEs are not this cpu's) */
+  if (fabric.kind != ST_FABRIC_CPU &&
+      !strcmp(cfg->execution.block_costs, "measured"))
+    rc = st_error_set(err, ST_ECONFIG,
+                      "%s: execution.block_costs: measured times the blocks "
+                      "on this machine's cores; fabric %s plans another "
+                      "machine: use model",
+                      st_config_where(cfg, "execution.block_costs"),
+                      fabric.name);
+  if (rc || (rc = st_plan_block_costs(costs, m, cfg, err))) {
     st_free(costs);
     st_model_destroy(m);
     return rc;

@@ -323,6 +323,11 @@ void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
  * (arrays of n_blocks); the blocks' costs as cfg's execution.block_costs
  * says (st_plan_block_costs). Returns the stage count, or -1 with *err
  * (out of memory; a measurement that failed). */
+/* Tests: files fwd[i] and bwd[i] (seconds per sample) as the measurement
+ * of m's blocks under cfg, so that the plans and runs made next with
+ * execution.block_costs: measured cut by them (src/exec/measure.c). */
+void st_measure_seed(const st_model *m, const st_config *cfg,
+                     const double *fwd, const double *bwd);
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
                       int cores, int *first, int *count, int *pes,
                       st_error *err);

@@ -1,17 +1,20 @@
 /*
  * measure.c — block costs timed on this machine (execution.block_costs:
  * measured), for a cut that is balanced in fact and not only as the cost
- * model predicts it (the model is within about 5% on a stage, and a
- * pipeline runs at the pace of its slowest stage).
+ * model predicts it (a pipeline runs at the pace of its slowest stage, and
+ * the model misses a stage by up to 17% on some models, docs/compiler.md).
  *
  * Each block runs as training runs it: one thread, the plan's micro-batch
- * (st_plan_micro_batch), the forward of every block in order, then the
- * backward in reverse with the update folded in where the trainer folds it
- * (st_plan_fuses_update: linear layers at one sample), then each block's
- * remaining tensors updated by the configured rule. A block's forward time
- * is the span of its st_block_forward; its backward time the span of its
- * st_block_backward plus that of its update. The loss (a few hundred
- * floats) and the hand-off between stages are not a block's and stay out.
+ * (st_plan_micro_batch), the forward of every block in order, the loss,
+ * then the backward in reverse with the update folded in where the trainer
+ * folds it (st_plan_fuses_update: linear layers at one sample), then each
+ * block's remaining tensors updated by the configured rule. A block's
+ * forward figure is the span of its st_block_forward; its backward figure
+ * the span of its st_block_backward, plus its update's span once per
+ * update: every micro-batch in pipelined backprop, once a batch in the
+ * other modes. The loss (softmax cross-entropy) goes to the last block,
+ * whose stage runs it. The hand-off between stages is nobody's block and
+ * stays out (the plan models the copy).
  *
  * Repeats: a few untimed runs warm caches and the pool, then timed runs
  * until MEASURE_S has passed (at least MIN_RUNS, at most MAX_RUNS); each
@@ -22,6 +25,7 @@
 
 #include "../compile/compile.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -79,60 +83,93 @@ static void update_block(const st_block *b, const st_ctx *ctx,
   }
 }
 
+/* Bytes this process may use: physical memory, or the cgroup's limit
+ * when it sets a lower one (cgroup v2); 0 if unknown. */
+static double memory_limit(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+  FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+  double lim;
+  if (f && fscanf(f, "%lf", &lim) == 1 && lim > 0 && (ram == 0 || lim < ram))
+    ram = lim; /* "max" (no limit) does not scan as a number */
+  if (f) fclose(f);
+  return ram;
+}
+
+/* Whether the model's input is token ids: its first layer an embedding
+ * (then ids below that layer's vocabulary). */
+static int token_input(const st_model *m, int *vocab) {
+  const st_block *b = &m->blocks[0];
+  if (b->n_layers < 1 || b->layers[0].kind != ST_OP_EMBED) return 0;
+  *vocab = b->layers[0].vocab;
+  return 1;
+}
+
 int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
                     st_error *err) {
   const int n = m->n_blocks, mb = st_plan_micro_batch(cfg);
   const size_t P = m->n_params;
   const int slots = st_optim_state_per_param(cfg);
+  const int R = m->label_rows, C = m->classes;
+  const int pb = !strcmp(cfg->execution.mode, "pipelined_backprop");
+  /* updates per sample: each micro-batch's in pipelined backprop, each
+   * batch's elsewhere */
+  const double per_update = pb ? 1.0 / mb : 1.0 / cfg->train.batch;
   /* the model must fit beside everything else: a model only weight
    * streaming can train is refused, not swapped through */
-  double need = (double)P * sizeof(float) * (2 + slots);
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+  double acts = 0;
+  for (int i = 0; i < n; i++) acts += (double)m->blocks[i].act_per_sample;
+  double need = ((double)P * (2 + slots) +
+                 (double)mb * (acts + 6.0 * (double)m->max_numel +
+                               (double)m->max_scratch_per_sample)) *
+                sizeof(float);
+  double ram = memory_limit();
   if (ram > 0 && need > ram / 2)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "%s: execution.block_costs: measured times the "
                         "blocks with the whole model in memory: %.3g GB of "
-                        "weights, gradients and optimizer state, more than "
-                        "half of this machine's %.3g GB; use model",
+                        "weights, gradients, optimizer state and "
+                        "activations, more than half of the %.3g GB this "
+                        "process may use; use model",
                         st_config_where(cfg, "execution.block_costs"),
                         need / 1e9, ram / 1e9);
   const size_t in_n = (size_t)mb * st_shape_numel(m->in);
-  const size_t out_n = (size_t)mb * st_shape_numel(m->blocks[n - 1].out);
+  const size_t rows = (size_t)mb * R;
   float *params = st_alloc(P * sizeof(float));
   float *grads = st_alloc(P * sizeof(float));
   float *opt = st_alloc((slots > 0 ? (size_t)slots : 1) * P * sizeof(float));
   float *x = st_alloc(in_n * sizeof(float));
-  float *dout = st_alloc(out_n * sizeof(float));
+  float *losses = st_alloc(rows * sizeof(float));
+  float *probs = st_alloc(rows * C * sizeof(float));
+  float *dlogits = st_alloc(rows * C * sizeof(float));
+  int *labels = st_alloc(rows * sizeof(int));
   double *fwd = malloc((size_t)MAX_RUNS * n * sizeof *fwd);
   double *bwd = malloc((size_t)MAX_RUNS * n * sizeof *bwd);
   double *col = malloc((size_t)MAX_RUNS * sizeof *col);
   st_pool *pool = st_pool_create(1);
   st_stage *s = NULL;
   int rc = 0;
-  if (!params || !grads || !opt || !x || !dout || !fwd || !bwd || !col ||
-      !pool) {
+  if (!params || !grads || !opt || !x || !losses || !probs || !dlogits ||
+      !labels || !fwd || !bwd || !col || !pool) {
     rc = st_error_set(err, ST_ENOMEM,
                       "%s: execution.block_costs: measured: out of memory "
-                      "for the model's %.3g GB of weights, gradients and "
-                      "optimizer state to time its blocks",
+                      "for the model's %.3g GB to time its blocks",
                       st_config_where(cfg, "execution.block_costs"),
                       need / 1e9);
     goto done;
   }
   if ((rc = st_stage_create(&s, m, 0, n, mb, err))) goto done;
   st_model_init(m, params, cfg->train.seed);
-  memset(grads, 0, P * sizeof(float));
-  memset(opt, 0, (size_t)slots * P * sizeof(float));
   /* inputs: token ids below the vocabulary for a sequence model, else
-   * values in [-1, 1); the output gradient a small pattern, as a loss's */
+   * values in [-1, 1); labels below the classes */
   st_rng rng;
   st_rng_init(&rng, cfg->train.seed, 0x6d656173u /* "meas" */, 0);
+  int vocab = 0, tokens = token_input(m, &vocab);
   for (size_t i = 0; i < in_n; i++)
-    x[i] = m->label_rows > 1 ? (float)st_rng_below(&rng, (uint32_t)m->classes)
-                             : 2 * st_rng_uniform(&rng) - 1;
-  for (size_t i = 0; i < out_n; i++)
-    dout[i] = (st_rng_uniform(&rng) - 0.5f) * 1e-2f;
+    x[i] = tokens ? (float)st_rng_below(&rng, (uint32_t)vocab)
+                  : 2 * st_rng_uniform(&rng) - 1;
+  for (size_t i = 0; i < rows; i++)
+    labels[i] = (int)st_rng_below(&rng, (uint32_t)C);
   st_optim_rule rule;
   st_optim_rule_init(&rule, cfg, cfg->optimizer.lr, 1);
   st_fused_update fused = {&rule, params, opt, P, NULL, 0};
@@ -154,13 +191,21 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
       f[i] = st_now() - t0;
       in = st_block_output(blk, s->acts[i], mb);
     }
-    stamps st = {st_now(), b};
-    st_stage_backward_each(s, &ctx, params, grads, x, dout, NULL, mb, stamp,
-                           &st);
+    /* the loss, the last block's stage's: its logits are `in` */
+    double t0 = st_now();
+    st_xent_forward_pool(pool, losses, probs, in, labels, (int)rows, C);
+    double t1 = st_now();
+    st_xent_backward_pool(pool, dlogits, probs, labels, (int)rows, C,
+                          1.0f / (float)rows);
+    f[n - 1] += t1 - t0;
+    stamps st = {t1, b};
+    st_stage_backward_each(s, &ctx, params, grads, x, dlogits, NULL, mb,
+                           stamp, &st);
+    /* scaled now to one micro-batch's share of an update */
     for (int i = 0; i < n; i++) {
-      double t0 = st_now();
+      t0 = st_now();
       update_block(&m->blocks[i], &ctx, cfg, params, grads, opt, P, mb);
-      b[i] += st_now() - t0;
+      b[i] += (st_now() - t0) * per_update * mb;
     }
     ctx.first_sample += (uint64_t)mb;
     if (timed && ++runs >= MIN_RUNS && st_now() - began >= MEASURE_S) break;
@@ -178,7 +223,10 @@ done:
   st_free(grads);
   st_free(opt);
   st_free(x);
-  st_free(dout);
+  st_free(losses);
+  st_free(probs);
+  st_free(dlogits);
+  st_free(labels);
   free(fwd);
   free(bwd);
   free(col);
@@ -188,9 +236,8 @@ done:
 /* The measurements made, kept for the rest of the process: the run's
  * executor and the plan printed beside it (st_plan_compile on a model of
  * its own) cut by the same figures, as does a run made again (a bench's
- * repeats, a sweep's points). Keyed by what the figures depend on: the
- * blocks' shapes and layers, the micro-batch, whether updates fuse, the
- * optimizer and the seed. CACHED entries, the oldest replaced first. */
+ * repeats, a sweep's points). Keyed by what the figures depend on
+ * (key_of). CACHED entries, the oldest replaced first. */
 enum { CACHED = 32 };
 typedef struct cached {
   uint64_t key;
@@ -206,30 +253,87 @@ static uint64_t mix(uint64_t h, uint64_t v) {
   return h * 0x100000001b3ull;
 }
 
+static uint64_t mix_shape(uint64_t h, st_shape a) {
+  return mix(mix(mix(h, (uint64_t)a.c), (uint64_t)a.h), (uint64_t)a.w);
+}
+
+static uint64_t mix_float(uint64_t h, float v) {
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof bits);
+  return mix(h, bits);
+}
+
+static uint64_t mix_text(uint64_t h, const char *t) {
+  for (; *t; t++) h = mix(h, (uint64_t)(unsigned char)*t);
+  return mix(h, 0);
+}
+
+/* Everything a block's time depends on: every layer's kind, shapes and
+ * settings, and what decides the update (mode, batch, micro-batch, fusing,
+ * the optimizer's rule and its constants' zero tests) and the weights
+ * (seed). */
 static uint64_t key_of(const st_model *m, const st_config *cfg) {
   uint64_t h = 0xcbf29ce484222325ull;
   h = mix(h, (uint64_t)m->n_blocks);
-  h = mix(h, st_shape_numel(m->in));
-  h = mix(h, (uint64_t)m->classes);
+  h = mix_shape(h, m->in);
+  h = mix(mix(h, (uint64_t)m->classes), (uint64_t)m->label_rows);
   for (int i = 0; i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
-    h = mix(h, b->n_params);
-    h = mix(h, st_shape_numel(b->in));
-    h = mix(h, st_shape_numel(b->out));
-    h = mix(h, (uint64_t)b->n_layers);
+    h = mix(mix(h, b->n_params), (uint64_t)b->n_layers);
+    h = mix_shape(mix_shape(h, b->in), b->out);
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
-      h = mix(h, (uint64_t)L->kind);
-      h = mix(h, st_shape_numel(L->in));
-      h = mix(h, st_shape_numel(L->out));
-      h = mix(h, (uint64_t)L->rows);
+      h = mix_shape(mix_shape(mix(h, (uint64_t)L->kind), L->in), L->out);
+      const int ints[] = {L->k,     L->stride, L->pad,        L->groups,
+                          L->approximate,      L->rows,     L->wt,
+                          L->heads, L->rotary_dim, L->vocab, L->skip,
+                          L->w_tensor, L->b_tensor};
+      for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
+        h = mix(h, (uint64_t)(int64_t)ints[k]);
+      h = mix_float(mix_float(h, L->eps), L->p);
     }
   }
+  h = mix_text(h, cfg->execution.mode);
+  h = mix_text(h, cfg->execution.mitigation);
+  h = mix(h, (uint64_t)cfg->train.batch);
   h = mix(h, (uint64_t)st_plan_micro_batch(cfg));
   h = mix(h, (uint64_t)st_plan_fuses_update(cfg));
-  for (const char *c = cfg->optimizer.kind; *c; c++)
-    h = mix(h, (uint64_t)(unsigned char)*c);
+  h = mix_text(h, cfg->optimizer.kind);
+  h = mix_float(h, cfg->optimizer.momentum);
+  h = mix_float(h, cfg->optimizer.weight_decay);
+  h = mix(h, (uint64_t)cfg->optimizer.nesterov);
   return mix(h, (uint64_t)cfg->train.seed);
+}
+
+/* Keeps figures under key (cache_mu held); a failed allocation keeps
+ * nothing, and the next plan measures again. */
+static void cache_put(uint64_t key, int n, const double *fwd,
+                      const double *bwd, size_t stride) {
+  cached *c = &cache[cache_next];
+  for (int k = 0; k < CACHED; k++) /* the same key's entry is replaced */
+    if (cache[k].fwd && cache[k].n == n && cache[k].key == key) {
+      c = &cache[k];
+      break;
+    }
+  int fresh = c == &cache[cache_next];
+  double *f = realloc(c->fwd, 2 * (size_t)n * sizeof *f);
+  if (!f) return;
+  c->fwd = f;
+  c->bwd = f + n;
+  c->n = n;
+  c->key = key;
+  for (int i = 0; i < n; i++) {
+    c->fwd[i] = *(const double *)((const char *)fwd + i * stride);
+    c->bwd[i] = *(const double *)((const char *)bwd + i * stride);
+  }
+  if (fresh) cache_next = (cache_next + 1) % CACHED;
+}
+
+void st_measure_seed(const st_model *m, const st_config *cfg,
+                     const double *fwd, const double *bwd) {
+  pthread_mutex_lock(&cache_mu);
+  cache_put(key_of(m, cfg), m->n_blocks, fwd, bwd, sizeof *fwd);
+  pthread_mutex_unlock(&cache_mu);
 }
 
 int st_plan_block_costs(st_block_cost *out, const st_model *m,
@@ -250,19 +354,8 @@ int st_plan_block_costs(st_block_cost *out, const st_model *m,
       out[i].measured_bwd = hit->bwd[i];
     }
   } else if (!(rc = st_plan_measure(out, m, cfg, err))) {
-    cached *c = &cache[cache_next];
-    double *f = realloc(c->fwd, 2 * (size_t)n * sizeof *f);
-    if (f) { /* else not kept: the next plan measures again */
-      c->fwd = f;
-      c->bwd = f + n;
-      c->n = n;
-      c->key = key;
-      for (int i = 0; i < n; i++) {
-        c->fwd[i] = out[i].measured_fwd;
-        c->bwd[i] = out[i].measured_bwd;
-      }
-      cache_next = (cache_next + 1) % CACHED;
-    }
+    cache_put(key, n, &out[0].measured_fwd, &out[0].measured_bwd,
+              sizeof *out);
   }
   pthread_mutex_unlock(&cache_mu);
   return rc;

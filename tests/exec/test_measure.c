@@ -10,13 +10,14 @@
  *    the same model and settings returns the same bits (the process keeps
  *    its measurements, so a run and the plan printed beside it agree);
  *  - a threaded pipelined-backprop run and a pipeline run cut their stages
- *    where st_plan_compile's plan does, and the report and plan.json say
- *    the costs were measured;
+ *    by the figures (seeded so that the cut is one the model never makes),
+ *    as st_plan_compile's plan does, and the report and plan.json say the
+ *    costs were measured;
  *  - the timing decides only the cut: gpipe on measured costs trains the
  *    sequential mode's bits, and pipelined backprop threaded the emulated
  *    run's, both cut by the same measurement;
  *  - a model too big to hold in memory (GPT-NeoX 20B) is refused, naming
- *    the key, before anything is allocated.
+ *    the key, before anything is allocated; so is a plan for a mesh.
  * No timing is compared with a threshold: the figures' values are the
  * machine's; what is checked is where they go.
  */
@@ -62,7 +63,8 @@ static void test_partition(void) {
         "modelled: equal blocks cut two and two, got %d+%d",
         p ? p->stages[0].count : -1, p ? p->stages[1].count : -1);
   st_plan_destroy(p);
-  for (int i = 0; i < 3; i++) b[i].measured_fwd = 0.4e-3, b[i].measured_bwd = 0.6e-3;
+  for (int i = 0; i < 3; i++)
+    b[i].measured_fwd = 0.4e-3, b[i].measured_bwd = 0.6e-3;
   b[3].measured_fwd = 1e-3, b[3].measured_bwd = 2e-3;
   for (int a = 0; a < 2; a++) {
     opt.algorithm = a ? ST_PARTITION_BISECT : ST_PARTITION_DP;
@@ -130,16 +132,19 @@ static void test_measure(const char *what, const st_config *c, st_shape in) {
   /* st_plan_measure itself times again (no cache): positive again */
   CHECK(st_plan_measure(b, m, &cx, &err) == 0, "%s: %s", what, err.msg);
   int pos = 1;
-  for (int i = 0; i < n; i++) pos &= b[i].measured_fwd > 0 && b[i].measured_bwd > 0;
+  for (int i = 0; i < n; i++)
+    pos &= b[i].measured_fwd > 0 && b[i].measured_bwd > 0;
   CHECK(pos, "%s: a second measurement has a block at 0", what);
   free(a);
   free(b);
   st_model_destroy(m);
 }
 
-/* The stages a run cut, as the plan of the same config. */
+/* The stages a run cuts on measured costs: figures seeded so that the last
+ * block alone outweighs the rest (a cut the model never makes here: it is
+ * checked), then the runtime's cut, the plan's, the report and plan.json. */
 static void test_cut(const char *what, const st_config *base,
-                     const char *mode) {
+                     const char *mode, st_shape in) {
   st_config c = *base;
   set(&c, "execution.block_costs=measured");
   snprintf(c.execution.mode, sizeof c.execution.mode, "%s", mode);
@@ -149,24 +154,45 @@ static void test_cut(const char *what, const st_config *base,
     set(&c, "optimizer.nesterov=false");
     set(&c, "execution.mitigation=sc");
   }
+  st_model *m = model_of(&c, in);
+  if (!m) return;
+  int n = m->n_blocks;
+  double fwd[64], bwd[64];
+  for (int i = 0; i < n && i < 64; i++)
+    fwd[i] = 1e-4, bwd[i] = 2e-4;
+  fwd[n - 1] = 1e-3 * n, bwd[n - 1] = 2e-3 * n; /* 10x the rest together */
+  st_measure_seed(m, &c, fwd, bwd);
+  st_model_destroy(m);
   st_error err = {0};
-  st_trainer *t = make(&c, &err);
+  st_config cm = c;
+  set(&cm, "execution.block_costs=model");
+  st_trainer *t = make(&cm, &err);
+  CHECK(t != NULL, "%s: %s", what, err.msg);
+  int first[64], count[64], owner[64], k;
+  int pb = !strcmp(mode, "pipelined_backprop");
+#define LAYOUT(t)                                                            \
+  (pb ? st_pb_layout(st_trainer_exec_state(t), first, count, owner)         \
+      : st_pipeline_stages(st_trainer_exec_state(t), first, count))
+  if (t) {
+    k = LAYOUT(t);
+    CHECK(k == 2 && count[1] != 1, "%s: the model's own cut is %d+%d: the "
+          "seeded cut would not show", what, count[0], count[1]);
+    st_trainer_destroy(t);
+  }
+  t = make(&c, &err);
   CHECK(t != NULL, "%s: %s", what, err.msg);
   if (!t) return;
+  k = LAYOUT(t);
+#undef LAYOUT
+  CHECK(k == 2 && first[0] == 0 && count[0] == n - 1 && first[1] == n - 1 &&
+            count[1] == 1,
+        "%s: measured cut %d+%d, want %d+1", what, count[0], count[1], n - 1);
   CHECK(st_fabric_parse(&c, "cpu:2", &err) == 0, "%s", err.msg);
   st_plan *plan = NULL;
   CHECK(st_plan_compile(&plan, &c, 2, &err) == 0, "%s: %s", what, err.msg);
-  int first[64], count[64], owner[64];
-  int k = !strcmp(mode, "pipelined_backprop")
-              ? st_pb_layout(st_trainer_exec_state(t), first, count, owner)
-              : st_pipeline_stages(st_trainer_exec_state(t), first, count);
-  CHECK(plan && k == plan->n_stages, "%s: %d stages, plan %d", what, k,
-        plan ? plan->n_stages : -1);
-  for (int s = 0; plan && s < k && s < plan->n_stages; s++)
-    CHECK(first[s] == plan->stages[s].first &&
-              count[s] == plan->stages[s].count,
-          "%s: stage %d is blocks %d+%d, the plan's %d+%d", what, s, first[s],
-          count[s], plan->stages[s].first, plan->stages[s].count);
+  CHECK(plan && plan->n_stages == 2 && plan->stages[1].first == n - 1 &&
+            plan->blocks[n - 1].measured_fwd == fwd[n - 1],
+        "%s: the plan does not cut by the seeded figures", what);
   if (plan) {
     char path[64];
     snprintf(path, sizeof path, "/tmp/strata_measure_%d.json", (int)getpid());
@@ -246,8 +272,23 @@ static void test_too_big(void) {
   st_plan *p = NULL;
   int rc = st_plan_compile(&p, &c, 0, &err);
   CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "execution.block_costs") &&
-            strstr(err.msg, "more than half of this machine's"),
+            strstr(err.msg, "this process may use"),
         "20B measured: rc %d '%s'", rc, err.msg);
+  st_plan_destroy(p);
+}
+
+/* Measured costs are this machine's: a plan for a mesh is refused. */
+static void test_mesh(void) {
+  st_config c;
+  st_error err = {0};
+  mlp_config(&c);
+  set(&c, "execution.block_costs=measured");
+  CHECK(st_fabric_parse(&c, "wse2", &err) == 0, "%s", err.msg);
+  st_plan *p = NULL;
+  int rc = st_plan_compile(&p, &c, 0, &err);
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, "execution.block_costs") &&
+            strstr(err.msg, "plans another machine"),
+        "wse2 measured: rc %d '%s'", rc, err.msg);
   st_plan_destroy(p);
 }
 
@@ -269,11 +310,15 @@ int main(void) {
   test_measure("mlp sequential", &mlp, img);
   test_measure("cnn", &cnn, img);
   test_measure("gpt", &gpt, tokens);
-  test_cut("mlp pb", &mlp, "pipelined_backprop");
-  test_cut("cnn pipeline", &cnn, "pipeline");
+  st_config gpt1 = gpt; /* one position: inputs still token ids */
+  set(&gpt1, "model.context=1");
+  test_measure("gpt context 1", &gpt1, (st_shape){1, 1, 1});
+  test_cut("mlp pb", &mlp, "pipelined_backprop", img);
+  test_cut("cnn pipeline", &cnn, "pipeline", img);
   test_bits("mlp", &mlp);
   test_bits("cnn", &cnn);
   test_too_big();
+  test_mesh();
   printf("%d passed, %d failed\n", th_passed, th_failed);
   return th_failed != 0;
 }
