@@ -87,6 +87,21 @@ static double predicted_balance(const run *r) {
   return b;
 }
 
+/* A width's PB run as the bench judges it: 2 stages, micro-batch 1, sc,
+ * cut by the blocks timed here. */
+static run candidate(const char *width, const char *const *fixed) {
+  run r = {0};
+  add(&r, width);
+  for (int i = 0; i < 3 && fixed[i]; i++) add(&r, fixed[i]);
+  add(&r, "execution.mode=pipelined_backprop");
+  add(&r, "execution.stages=2");
+  add(&r, "train.batch=64");
+  add(&r, "train.threads=2");
+  add(&r, "execution.mitigation=sc");
+  add(&r, "execution.block_costs=measured");
+  return r;
+}
+
 enum { MLP_WIDTHS = 20, CNN_WIDTHS = 32, MAX_WIDTHS = 32, SHORTLIST = 5 };
 #define PROBE_S 0.5
 
@@ -125,15 +140,7 @@ int main(int argc, char **argv) {
     double bal[MAX_WIDTHS];
     int order[MAX_WIDTHS];
     for (int k = 0; k < n_widths[mi]; k++) {
-      run r = {0};
-      add(&r, widths[mi][k]);
-      for (int i = 0; i < 3 && fixed[mi][i]; i++) add(&r, fixed[mi][i]);
-      add(&r, "execution.mode=pipelined_backprop");
-      add(&r, "execution.stages=2");
-      add(&r, "train.batch=64");
-      add(&r, "train.threads=2");
-      add(&r, "execution.mitigation=sc");
-      add(&r, "execution.block_costs=measured");
+      run r = candidate(widths[mi][k], fixed[mi]);
       bal[k] = predicted_balance(&r);
       int at = k;
       while (at > 0 && bal[order[at - 1]] < bal[k])
@@ -148,15 +155,7 @@ int main(int argc, char **argv) {
        * is not on a probe's word */
       if (bal[k] < 0 || (j > 0 && bal[order[0]] >= 0.99 && bal[k] < 0.99))
         continue;
-      run r = {0};
-      add(&r, widths[mi][k]);
-      for (int i = 0; i < 3 && fixed[mi][i]; i++) add(&r, fixed[mi][i]);
-      add(&r, "execution.mode=pipelined_backprop");
-      add(&r, "execution.stages=2");
-      add(&r, "train.batch=64");
-      add(&r, "train.threads=2");
-      add(&r, "execution.mitigation=sc");
-      add(&r, "execution.block_costs=measured");
+      run r = candidate(widths[mi][k], fixed[mi]);
       double rate, w, t, b;
       if (measure(&r, PROBE_S, &rate, &w, &t, &b)) return 1;
       if (t > 0 && w / t > probe) probe = w / t, pick = k;
