@@ -16,7 +16,7 @@ static _Atomic uint64_t alloc_count;
 /* Buffers of BIG bytes or more start on a 2 MB boundary. Left to glibc
  * (a mapping of their own, 64 bytes in), the MLP's batch-1 step ran at
  * 3.7-3.9k samples/s in every run with address randomization off and at
- * anything from 3.8k to 16.7k with it on, 84% of the slow runs in the
+ * anything from 3.8k to 16.7k with it on, 84% of a slow run in the
  * fused update that streams the weights and their momentum
  * (st_optim_update_outer); 2 MB-aligned, 14.3-16.3k either way. The cause
  * lies in how the big slabs sit relative to one another above the 4 KB
