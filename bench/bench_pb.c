@@ -12,8 +12,8 @@
  *                — no bubbles — with sc on a balanced plan. The stages
  *                are cut by the blocks timed on this machine
  *                (execution.block_costs: measured; the cost model misses
- *                a stage by 5-17% here, docs/compiler.md). Blocks come in
- *                few sizes, so whether equal halves exist depends on the
+ *                a stage by up to 17% here, docs/compiler.md). Blocks
+ *                come in few sizes, so whether equal halves exist depends on the
  *                width: of 20 widths of the MLP's first hidden layer and
  *                32 channel pairs of the CNN, the 5 whose plans predict
  *                the best balance (those within 1% of equal, where any
