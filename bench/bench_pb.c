@@ -13,8 +13,9 @@
  *                are cut by the blocks timed on this machine
  *                (execution.block_costs: measured; the cost model misses
  *                a stage by up to 17% here, docs/compiler.md). Blocks
- *                come in few sizes, so whether equal halves exist depends on the
- *                width: of 20 widths of the MLP's first hidden layer and
+ *                come in few sizes, so whether equal halves exist
+ *                depends on the width: of 20 widths of the MLP's first
+ *                hidden layer and
  *                32 channel pairs of the CNN, the 5 whose plans predict
  *                the best balance (those within 1% of equal, where any
  *                is) are probed for 0.5 s and the one whose stages the
