@@ -7,6 +7,8 @@
  */
 #include "strata.h"
 
+#include "relax.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -60,11 +62,6 @@ struct st_pool {
 #define SPIN_SHARED_S 20e-6
 enum { SPIN_CHECK = 256 }; /* rounds between looks at the clock */
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause(); /* lets an SMT sibling have the core */
-#endif
-}
 
 static void run_tasks(st_pool *p) {
   for (;;) {
@@ -85,7 +82,7 @@ static void *worker_main(void *arg) {
     while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) ==
                seen &&
            !atomic_load(&p->stop)) {
-      cpu_relax();
+      st_cpu_relax();
       if (++spins % SPIN_CHECK) continue;
       if (st_now() - since < spin) continue;
       /* Announce the sleep before the last look at generation (both
@@ -200,7 +197,7 @@ void st_pool_for(st_pool *p, int ntasks, void (*fn)(void *arg, int task),
   unsigned spins = 0;
   double since = 0, spin = 0;
   while (atomic_load_explicit(&p->busy_workers, memory_order_acquire) > 0) {
-    cpu_relax();
+    st_cpu_relax();
     if (++spins % SPIN_CHECK) continue;
     double now = st_now();
     if (since == 0) since = now, spin = p->spin_s;

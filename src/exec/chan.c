@@ -16,13 +16,9 @@
  */
 #include "exec.h"
 
-#include <stdlib.h>
+#include "../base/relax.h"
 
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
+#include <stdlib.h>
 
 void st_waiter_init(st_waiter *w) {
   pthread_mutex_init(&w->mu, NULL);
@@ -55,7 +51,7 @@ int st_wait_ge(st_waiter *w, const atomic_llong *val, long long want,
   for (int i = 0; i < spin; i++) {
     if (atomic_load(val) >= want) return 0;
     if (stopped(stop_a, stop_b)) return -1;
-    cpu_relax();
+    st_cpu_relax();
   }
   pthread_mutex_lock(&w->mu);
   atomic_store(&w->sleeping, 1);
