@@ -90,6 +90,13 @@ void st_trainer_update_blocks(const st_trainer_view *v, int first, int count);
 typedef void (*st_range_fn)(void *arg, size_t off, size_t n);
 void st_trainer_each_range(const st_trainer_view *v, int first, int count,
                            int gather, st_range_fn fn, void *arg);
+/* Each tied copy whose source lies in slab offsets [lo, hi): gather 1 adds
+ * the copy's values into the source's and zeroes the copy's (gradients);
+ * gather 0 copies the source's values over the copy's (weights, optimizer
+ * state). slab[k - base] holds the value of slab offset k; the copies must
+ * lie in the slab too. Runs on v->ctx.pool. */
+void st_trainer_ties(const st_trainer_view *v, float *slab, size_t base,
+                     size_t lo, size_t hi, int gather);
 /* st_trainer_update_blocks of one block, as an st_stage_backward_each
  * callback (view is a st_trainer_view); traced on v->track. */
 void st_exec_update_block(void *view, int block);

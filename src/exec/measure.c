@@ -72,7 +72,9 @@ static void update_block(const st_block *b, const st_ctx *ctx,
   }
   for (int l = 0; l < b->n_layers; l++) {
     const st_layer *L = &b->layers[l];
-    if (L->w_tensor < 0 || st_layer_fuses_update(L, ctx, mb)) continue;
+    if (L->w_tensor < 0 || (st_layer_fuses_update(L, ctx, mb) &&
+                            b->tensors[L->w_tensor].tie < 0))
+      continue; /* a tied copy is not fused: its time stands for the tie's */
     const int tensors[2] = {L->w_tensor, L->b_tensor};
     for (int k = 0; k < 2; k++) {
       if (tensors[k] < 0) continue;

@@ -437,10 +437,12 @@ static void update_unfused(pb_stage *st, const st_trainer_view *v,
     const st_block *b = &m->blocks[i];
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
-      if (L->w_tensor < 0 || st_layer_fuses_update(L, ctx, 1)) continue;
+      if (L->w_tensor < 0 || (st_layer_fuses_update(L, ctx, 1) &&
+                              b->tensors[L->w_tensor].tie < 0))
+        continue;
       const int tensors[2] = {L->w_tensor, L->b_tensor};
-      for (int k = 0; k < 2; k++) {
-        if (tensors[k] < 0) continue;
+      for (int k = 0; k < 2; k++) { /* tied copies: see mirror_ties */
+        if (tensors[k] < 0 || b->tensors[tensors[k]].tie >= 0) continue;
         size_t at = b->param_off + b->tensors[tensors[k]].offset;
         st_pb_update(v->ctx.pool, rule, v->params + at, v->grads + at,
                      v->opt + at, NULL, pred ? pred + (at - st->off) : NULL,
@@ -448,6 +450,27 @@ static void update_unfused(pb_stage *st, const st_trainer_view *v,
       }
     }
   }
+}
+
+/* A tied pair (a GPT's embedding and head, refused across stages) is one
+ * weight: after the backward the copy's gradient joins the source's
+ * (gather 1); after the update the copy takes every per-weight value of
+ * the source (gather 0): weights, optimizer slots, and the mitigations'
+ * per-weight buffers, so that its next forward and update are the
+ * source's. */
+static void mirror_ties(pb_stage *st, const st_trainer_view *v, int gather) {
+  const st_model *m = st->p->model;
+  size_t lo = st->off, hi = st->off + st->n;
+  if (!m->n_ties) return;
+  if (gather) {
+    st_trainer_ties(v, v->grads, 0, lo, hi, 1);
+    return;
+  }
+  st_trainer_ties(v, live(st, v), lo, lo, hi, 0);
+  for (int k = 0; k < (st->p->adamw ? 2 : 1); k++)
+    st_trainer_ties(v, v->opt + (size_t)k * m->n_params, 0, lo, hi, 0);
+  if (st->wf) st_trainer_ties(v, st->wf, lo, lo, hi, 0);
+  if (st->delta) st_trainer_ties(v, st->delta, lo, lo, hi, 0);
 }
 
 /* The backward of micro-batch j (forwarded D updates ago) and the update
@@ -544,6 +567,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
      * takes the version of j + D, forwarded just before this backward,
      * which this update is about to change */
     memcpy(st->stash[j % st->D], w, st->n * sizeof(float));
+  mirror_ties(st, v, 1);
   if (p->adamw) { /* none or stash (st_config_validate) */
     st_optim_step_range(v->ctx.pool, v->cfg, w, g, vel, m->n_params, st->n,
                         v->lr, st->updates0 + st->updates);
@@ -554,6 +578,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
                  mit == MIT_PIPEMARE && st->D > 0 ? st->delta : NULL, NULL,
                  st->n);
   }
+  mirror_ties(st, v, 0);
   if (pred) st->wf_n0 = st->n0;
   st->updates++;
   t1 = st_now();

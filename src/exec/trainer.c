@@ -495,9 +495,8 @@ static void tie_task(void *arg, int task) {
   memset(copy, 0, n * sizeof *copy);
 }
 
-/* Runs tie_task over every tied copy whose source lies in slab [lo, hi). */
-static void for_ties(const st_trainer_view *v, float *slab, size_t lo,
-                     size_t hi, int gather) {
+void st_trainer_ties(const st_trainer_view *v, float *slab, size_t base,
+                     size_t lo, size_t hi, int gather) {
   const st_model *m = v->model;
   for (int i = 0; m->n_ties && i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
@@ -505,8 +504,9 @@ static void for_ties(const st_trainer_view *v, float *slab, size_t lo,
       const st_tensor_info *ti = &b->tensors[t];
       if (ti->tie < 0 || (size_t)ti->tie < lo || (size_t)ti->tie >= hi)
         continue;
-      tie_job j = {slab + ti->tie, slab + b->param_off + ti->offset,
-                   ti->numel, gather};
+      tie_job j = {slab + ((size_t)ti->tie - base),
+                   slab + (b->param_off + ti->offset - base), ti->numel,
+                   gather};
       st_pool_for(v->ctx.pool, (int)((ti->numel + TIE_CHUNK - 1) / TIE_CHUNK),
                   tie_task, &j);
     }
@@ -527,7 +527,7 @@ void st_trainer_each_range(const st_trainer_view *v, int first, int count,
   size_t begin = lo->param_off, end = hi->param_off + hi->n_params;
   /* Each tied copy whose source is updated here adds its gradient into the
    * source's first (the copy's gradient is complete: see exec.h). */
-  if (gather) for_ties(v, v->grads, begin, end, 1);
+  if (gather) st_trainer_ties(v, v->grads, 0, begin, end, 1);
   int per_tensor = v->ctx.fused != NULL;
   for (int i = first; i < first + count && !per_tensor; i++)
     per_tensor = has_tied_copy(&m->blocks[i]);
@@ -561,8 +561,8 @@ void st_trainer_update_blocks(const st_trainer_view *v, int first, int count) {
    * is never read: the copy is only ever overwritten.) */
   const st_model *m = v->model;
   const st_block *hi = &m->blocks[first + count - 1];
-  for_ties(v, v->params, m->blocks[first].param_off,
-           hi->param_off + hi->n_params, 0);
+  st_trainer_ties(v, v->params, 0, m->blocks[first].param_off,
+                  hi->param_off + hi->n_params, 0);
 }
 
 void st_exec_update_block(void *view, int block) {

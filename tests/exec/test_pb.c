@@ -586,6 +586,21 @@ int main(void) {
   test_one_stage("mlp", &deep, MITIGATIONS, N_MIT);
   test_one_stage("mlp adamw", &adam, MITIGATIONS, 2);
   test_one_stage("cnn", &cnn, cnn_mits, 3);
+  /* a tied GPT fits only one stage: its head's gradient must reach the
+   * embedding, and the head must follow it (context 1: the head's update
+   * would be fused, but a tied copy never is) */
+  for (int k = 0; k < 4; k++) {
+    st_config g;
+    gpt_config(&g);
+    set_all(&g, (const char *[]){"execution.mode=pipelined_backprop",
+                                 "model.dropout=0", k & 1 ? "model.context=1"
+                                                          : "model.context=8",
+                                 k & 2 ? "optimizer.kind=adamw"
+                                       : "optimizer.kind=sgd"},
+            4);
+    test_one_stage(k & 1 ? "tied gpt, context 1" : "tied gpt", &g,
+                   MITIGATIONS, k & 2 ? 2 : N_MIT);
+  }
   test_sc_constant();
   test_stash(&deep);
   test_steady_and_nan(&deep);
