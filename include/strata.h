@@ -388,9 +388,14 @@ st_cost st_avgpool_cost(int C, int H, int W, int K, int S);
 void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
                           const float *w, const float *b, int N, int D,
                           float eps);
-void st_layernorm_backward(float *din, float *dw, float *db, const float *dout,
-                           const float *in, const float *w, const float *mean,
-                           const float *rstd, int N, int D);
+/* Backward on the pool, one task per block of 32 rows (results do not depend
+ * on the threads); dw and db (either may be NULL) are added to. scratch:
+ * st_layernorm_scratch_floats(N, D) floats, unless dw and db are NULL. */
+void st_layernorm_backward(st_pool *pool, float *din, float *dw, float *db,
+                           const float *dout, const float *in, const float *w,
+                           const float *mean, const float *rstd,
+                           float *scratch, int N, int D);
+size_t st_layernorm_scratch_floats(int N, int D);
 
 /* groupnorm: (B, C, HW) with G groups; saves mean and rstd (B, G). */
 void st_groupnorm_forward(float *out, float *mean, float *rstd,

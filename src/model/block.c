@@ -37,13 +37,71 @@ static int rows_per_task(const st_layer *L) {
   return n >= CHUNK_FLOATS ? 1 : (int)((CHUNK_FLOATS + n - 1) / n);
 }
 
+/* gelu (a tanh or an erf per element) and layernorm (two passes in double
+ * per row) cost enough per element to split below a sample: at batch 1 a
+ * GPT's 64 positions would otherwise be one task and leave the other
+ * threads idle. Chunks of about FINE_FLOATS elements (gelu) or whole rows
+ * (layernorm), by shape alone; each element or row is computed alone, so
+ * the chunking does not change a bit. */
+enum { FINE_FLOATS = 1 << 12 };
+
+typedef struct fine_job {
+  const st_layer *L;
+  const float *x, *w, *bias, *g; /* g: backward's output gradient */
+  float *y, *mean, *rstd, *dx;
+  size_t n;  /* elements (gelu) or rows (layernorm) */
+  size_t per; /* of them per task */
+  int D;      /* layernorm's features */
+} fine_job;
+
+static int fine_layer(const st_layer *L) {
+  return L->kind == ST_OP_GELU || L->kind == ST_OP_LAYERNORM;
+}
+
+static fine_job fine_split(const st_layer *L, int B) {
+  fine_job j = {.L = L};
+  size_t numel = (size_t)B * st_shape_numel(L->out);
+  if (L->kind == ST_OP_LAYERNORM) {
+    j.D = (int)(st_shape_numel(L->in) / (size_t)L->rows);
+    j.n = (size_t)B * (size_t)L->rows;
+    j.per = FINE_FLOATS / (size_t)j.D ? FINE_FLOATS / (size_t)j.D : 1;
+  } else {
+    j.n = numel;
+    j.per = FINE_FLOATS;
+  }
+  return j;
+}
+
+static int fine_tasks(const fine_job *j) {
+  return (int)((j->n + j->per - 1) / j->per);
+}
+
+static void fine_forward_task(void *arg, int task) {
+  const fine_job *j = arg;
+  size_t lo = (size_t)task * j->per, cnt = j->n - lo < j->per ? j->n - lo
+                                                              : j->per;
+  if (j->L->kind == ST_OP_GELU) {
+    st_gelu_forward(j->y + lo, j->x + lo, cnt, j->L->approximate);
+    return;
+  }
+  size_t at = lo * (size_t)j->D;
+  st_layernorm_forward(j->y + at, j->mean + lo, j->rstd + lo, j->x + at, j->w,
+                       j->bias, (int)cnt, j->D, j->L->eps);
+}
+
+static void fine_backward_task(void *arg, int task) {
+  const fine_job *j = arg;
+  size_t lo = (size_t)task * j->per, cnt = j->n - lo < j->per ? j->n - lo
+                                                              : j->per;
+  st_gelu_backward(j->dx + lo, j->g + lo, j->x + lo, cnt, j->L->approximate);
+}
+
 /* Forward of a per-sample layer on samples [s0, s0 + cnt) of a batch of B
  * (B locates the saved-state arrays, which are laid out per batch). */
 static void forward_rows(const st_block *b, const st_layer *L,
                          const st_ctx *ctx, const float *params,
                          const float *block_in, const float *x, float *acts,
                          int B, int s0, int cnt) {
-  size_t R = (size_t)L->rows; /* positions per sample */
   size_t n_in = st_shape_numel(L->in), n_out = st_shape_numel(L->out);
   float *y = (float *)layer_out(L, acts, B) + (size_t)s0 * n_out;
   float *save = layer_save(L, acts, B);
@@ -55,9 +113,6 @@ static void forward_rows(const st_block *b, const st_layer *L,
   case ST_OP_RELU:
     st_relu_forward(y, x, n);
     break;
-  case ST_OP_GELU:
-    st_gelu_forward(y, x, n, L->approximate);
-    break;
   case ST_OP_MAXPOOL:
     st_maxpool_forward(y, (int32_t *)save + (size_t)s0 * n_out, x, cnt,
                        L->in.c, L->in.h, L->in.w, L->k, L->stride);
@@ -67,10 +122,6 @@ static void forward_rows(const st_block *b, const st_layer *L,
     break;
   case ST_OP_FLATTEN:
     memcpy(y, x, n * sizeof *y);
-    break;
-  case ST_OP_LAYERNORM: /* each position of each sample */
-    st_layernorm_forward(y, save + s0 * R, save + B * R + s0 * R, x, w, bias,
-                         (int)(cnt * R), (int)(n_in / R), L->eps);
     break;
   case ST_OP_ROTARY:
     memcpy(y, x, n * sizeof *y);
@@ -98,6 +149,8 @@ static void forward_rows(const st_block *b, const st_layer *L,
     else
       memcpy(y, x, n * sizeof *y);
     break;
+  case ST_OP_GELU:
+  case ST_OP_LAYERNORM:
   case ST_OP_LINEAR:
   case ST_OP_CONV2D:
   case ST_OP_EMBED:
@@ -151,6 +204,12 @@ static void layer_forward(const st_block *b, const st_layer *L,
   } else if (L->kind == ST_OP_CONV2D) {
     st_conv2d_forward(ctx->pool, y, x, w, bias, scratch, B, L->in.c, L->in.h,
                       L->in.w, L->out.c, L->k, L->stride, L->pad);
+  } else if (fine_layer(L)) {
+    fine_job j = fine_split(L, B);
+    j.x = x, j.w = w, j.bias = bias, j.y = y;
+    j.mean = layer_save(L, acts, B);
+    j.rstd = j.mean + (size_t)B * (size_t)R;
+    st_pool_for(ctx->pool, fine_tasks(&j), fine_forward_task, &j);
   } else {
     rows_job j = {b, L, ctx, params, block_in, x, acts, NULL, NULL, B,
                   rows_per_task(L)};
@@ -192,9 +251,6 @@ static void backward_rows(const st_layer *L, const st_ctx *ctx,
   switch (L->kind) {
   case ST_OP_RELU:
     st_relu_backward(dx, g, y, n);
-    break;
-  case ST_OP_GELU:
-    st_gelu_backward(dx, g, x, n, L->approximate);
     break;
   case ST_OP_MAXPOOL:
     st_maxpool_backward(dx, g, (const int32_t *)save + (size_t)s0 * n_out, cnt,
@@ -281,8 +337,13 @@ static void layer_backward(const st_block *b, const st_layer *L,
     st_conv2d_backward(ctx->pool, dx, dw, db, g, x, w, scratch, B, L->in.c,
                        L->in.h, L->in.w, L->out.c, L->k, L->stride, L->pad);
     break;
+  case ST_OP_GELU: {
+    fine_job j = fine_split(L, B);
+    j.x = x, j.g = g, j.dx = dx;
+    st_pool_for(ctx->pool, fine_tasks(&j), fine_backward_task, &j);
+    break;
+  }
   case ST_OP_RELU:
-  case ST_OP_GELU:
   case ST_OP_MAXPOOL:
   case ST_OP_AVGPOOL:
   case ST_OP_FLATTEN:
@@ -295,8 +356,9 @@ static void layer_backward(const st_block *b, const st_layer *L,
     break;
   }
   case ST_OP_LAYERNORM:
-    st_layernorm_backward(dx, dw, db, g, x, w, save, save + (size_t)B * R,
-                          B * R, (int)(n_in / R));
+    st_layernorm_backward(ctx->pool, dx, dw, db, g, x, w, save,
+                          save + (size_t)B * R, scratch, B * R,
+                          (int)(n_in / R));
     break;
   case ST_OP_GROUPNORM:
     st_groupnorm_backward(dx, dw, db, g, x, w, save,

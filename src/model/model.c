@@ -489,6 +489,9 @@ static void finish(st_model *m) {
                                      L->stride, L->pad);
       if (L->kind == ST_OP_ATTENTION)
         s = st_attention_scratch_floats(1, L->out.h, L->out.c, L->heads);
+      if (L->kind == ST_OP_LAYERNORM) /* B samples' blocks <= B x one's */
+        s = st_layernorm_scratch_floats(
+            L->rows, (int)(st_shape_numel(L->in) / (size_t)L->rows));
       if (s > b->scratch_floats_per_sample) b->scratch_floats_per_sample = s;
       add_cost(&b->cost, layer_cost(L));
     }

@@ -133,30 +133,58 @@ static void layernorm_row_grad(float *restrict dx, const float *restrict dy,
   }
 }
 
-void st_layernorm_backward(float *din, float *dw, float *db, const float *dout,
-                           const float *in, const float *w, const float *mean,
-                           const float *rstd, int N, int D) {
-  for (int r0 = 0; r0 < N; r0 += BLOCK) {
-    int rows = N - r0 < BLOCK ? N - r0 : BLOCK;
-    double m[BLOCK];
+size_t st_layernorm_scratch_floats(int N, int D) {
+  return 2 * (size_t)((N + BLOCK - 1) / BLOCK) * (size_t)D;
+}
+
+typedef struct ln_bwd_job {
+  float *din, *part;
+  const float *dout, *in, *w, *mean, *rstd;
+  int N, D, sums; /* sums: the block partials of dw and db are wanted */
+} ln_bwd_job;
+
+/* Rows [BLOCK t, BLOCK (t + 1)): their din, and the block's sums of
+ * dout * xhat and dout per feature, rounded to float, at part + 2 D t. */
+static void ln_bwd_block(void *arg, int t) {
+  const ln_bwd_job *j = arg;
+  int r0 = t * BLOCK, rows = j->N - r0 < BLOCK ? j->N - r0 : BLOCK, D = j->D;
+  double m[BLOCK];
+  for (int k = 0; k < rows; k++) {
+    size_t at = (size_t)(r0 + k) * D;
+    m[k] = refined_mean(j->in + at, (size_t)D, j->mean[r0 + k]);
+    if (j->din)
+      layernorm_row_grad(j->din + at, j->dout + at, j->in + at, j->w, m[k],
+                         j->rstd[r0 + k], D);
+  }
+  if (!j->sums) return;
+  float *pw = j->part + (size_t)2 * D * t, *pb = pw + D;
+  for (int i = 0; i < D; i++) {
+    double w_sum = 0, b_sum = 0;
     for (int k = 0; k < rows; k++) {
-      size_t at = (size_t)(r0 + k) * D;
-      m[k] = refined_mean(in + at, (size_t)D, mean[r0 + k]);
-      if (din)
-        layernorm_row_grad(din + at, dout + at, in + at, w, m[k], rstd[r0 + k],
-                           D);
+      size_t at = (size_t)(r0 + k) * D + i;
+      w_sum += (double)j->dout[at] * (j->in[at] - m[k]) * j->rstd[r0 + k];
+      b_sum += j->dout[at];
     }
-    for (int i = 0; i < D && (dw || db); i++) {
-      double w_sum = 0, b_sum = 0;
-      for (int k = 0; k < rows; k++) {
-        size_t at = (size_t)(r0 + k) * D + i;
-        w_sum += (double)dout[at] * (in[at] - m[k]) * rstd[r0 + k];
-        b_sum += dout[at];
-      }
-      if (dw)
-        dw[i] += (float)w_sum;
-      if (db)
-        db[i] += (float)b_sum;
+    pw[i] = (float)w_sum;
+    pb[i] = (float)b_sum;
+  }
+}
+
+void st_layernorm_backward(st_pool *pool, float *din, float *dw, float *db,
+                           const float *dout, const float *in, const float *w,
+                           const float *mean, const float *rstd,
+                           float *scratch, int N, int D) {
+  int blocks = (N + BLOCK - 1) / BLOCK;
+  ln_bwd_job j = {din,  scratch, dout, in, w, mean, rstd,
+                  N,    D,       dw || db};
+  assert(scratch || !j.sums);
+  st_pool_for(pool, blocks, ln_bwd_block, &j);
+  /* the blocks' partials in block order, whatever ran them */
+  for (int t = 0; t < blocks && j.sums; t++) {
+    const float *pw = scratch + (size_t)2 * D * t, *pb = pw + D;
+    for (int i = 0; i < D; i++) {
+      if (dw) dw[i] += pw[i];
+      if (db) db[i] += pb[i];
     }
   }
 }

@@ -631,7 +631,8 @@ static void test_layernorm(void) {
     float *mean = new_floats((size_t)N), *rstd = new_floats((size_t)N);
     float *dw = new_floats((size_t)D), *db = new_floats((size_t)D);
     st_layernorm_forward(out, mean, rstd, in, w, b, N, D, eps);
-    st_layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, D);
+    st_layernorm_backward(NULL, din, dw, db, dout, in, w, mean, rstd,
+                          new_floats(st_layernorm_scratch_floats(N, D)), N, D);
     label(what, sizeof what, "layernorm", c, "out");
     CHECK_CLOSE(what, out, fx(st, c, "out", n), n, NORM_TOL, NORM_FLOOR);
     label(what, sizeof what, "layernorm", c, "mean");
@@ -667,6 +668,51 @@ static void test_layernorm(void) {
     release_all();
   }
   st_safetensors_destroy(st);
+}
+
+/* The backward on pools of 1 and 3 threads gives the bits of no pool: 100
+ * rows are 4 blocks (the last partial), dw and db are added to. */
+static void test_layernorm_threads(void) {
+  enum { N = 100, D = 48 };
+  st_pool *pools[3] = {NULL, st_pool_create(1), st_pool_create(3)};
+  CHECK(pools[1] && pools[2], "st_pool_create failed");
+  if (!pools[1] || !pools[2])
+    goto done;
+  size_t n = (size_t)N * D;
+  float *in = random_floats(n, 31, 2.0f), *dout = random_floats(n, 32, 1.0f);
+  float *w = random_floats(D, 33, 1.0f), *b = random_floats(D, 34, 0.5f);
+  float *mean = new_floats(N), *rstd = new_floats(N), *out = new_floats(n);
+  st_layernorm_forward(out, mean, rstd, in, w, b, N, D, 1e-5f);
+  float *din[3], *dw[3], *db[3];
+  for (int p = 0; p < 3; p++) {
+    din[p] = new_floats(n);
+    dw[p] = random_floats(D, 35, 0.01f); /* a previous micro-batch */
+    db[p] = random_floats(D, 36, 0.01f);
+    float *part = new_floats(st_layernorm_scratch_floats(N, D));
+    uint64_t allocs = st_alloc_count();
+    st_layernorm_backward(pools[p], din[p], dw[p], db[p], dout, in, w, mean,
+                          rstd, part, N, D);
+    CHECK(st_alloc_count() == allocs, "layernorm allocated inside the kernel");
+  }
+  for (int p = 1; p < 3; p++) {
+    const char *who = p == 1 ? "1 thread" : "3 threads";
+    CHECK(memcmp(din[0], din[p], n * 4) == 0,
+          "layernorm din: %s differs from no pool", who);
+    CHECK(memcmp(dw[0], dw[p], D * 4) == 0,
+          "layernorm dw: %s differs from no pool", who);
+    CHECK(memcmp(db[0], db[p], D * 4) == 0,
+          "layernorm db: %s differs from no pool", who);
+  }
+  /* without dw and db no scratch is needed, and din is the same */
+  float *din_only = new_floats(n);
+  st_layernorm_backward(pools[2], din_only, NULL, NULL, dout, in, w, mean,
+                        rstd, NULL, N, D);
+  CHECK(memcmp(din[0], din_only, n * 4) == 0,
+        "layernorm din without dw, db differs");
+  release_all();
+done:
+  st_pool_destroy(pools[1]);
+  st_pool_destroy(pools[2]);
 }
 
 typedef struct groupnorm_ctx {
@@ -867,6 +913,7 @@ int main(void) {
   test_maxpool_special();
   test_avgpool();
   test_layernorm();
+  test_layernorm_threads();
   test_groupnorm();
   test_dropout();
   test_costs();
