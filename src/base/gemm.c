@@ -75,20 +75,23 @@ typedef struct gemm_job {
   float *C;
 } gemm_job;
 
-/* C = alpha op(A) op(B) + beta C, one BLAS call. For beta 0 the output is
- * zeroed here and the call accumulates into it: OpenBLAS's own beta pass
- * (sgemm_beta, 3.9% of gpt_tiny's batch-1 step in a profile) is slower
- * than memset, and it too zeroes C and then adds the product, so the bits
- * are the same. A single call on 1 thread, gpt_tiny's 12 products: 1,058
- * us before, 980 after. */
+/* C = alpha op(A) op(B) + beta C, one BLAS call. With OpenBLAS, for beta 0
+ * the output is zeroed here and the call accumulates into it: OpenBLAS's
+ * own beta pass (sgemm_beta, 3.9% of gpt_tiny's batch-1 step in a
+ * profile) is slower than memset, and it too zeroes C and then adds the
+ * product, so the bits are the same. A single call on 1 thread, gpt_tiny's
+ * 12 products: 1,058 us before, 980 after. (BLIS writes C at beta 0
+ * without a pass of its own.) */
 static void sgemm(int trans_a, int trans_b, int m, int n, int K, float alpha,
                   const float *a, int lda, const float *b, int ldb, float beta,
                   float *c, int ldc) {
+#if defined(ST_BLAS_OPENBLAS)
   if (beta == 0.0f) {
     for (int i = 0; i < m; i++)
       memset(c + (size_t)i * ldc, 0, (size_t)n * sizeof *c);
     beta = 1.0f;
   }
+#endif
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, m, n, K, alpha, a, lda, b,
               ldb, beta, c, ldc);

@@ -78,6 +78,7 @@
 
 #include "../dist/dist.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -452,25 +453,26 @@ static void update_unfused(pb_stage *st, const st_trainer_view *v,
   }
 }
 
-/* A tied pair (a GPT's embedding and head, refused across stages) is one
- * weight: after the backward the copy's gradient joins the source's
- * (gather 1); after the update the copy takes every per-weight value of
- * the source (gather 0): weights, optimizer slots, and the mitigations'
- * per-weight buffers, so that its next forward and update are the
- * source's. */
+/* A tied pair (a GPT's embedding and head) is one weight: after the
+ * backward the copy's gradient joins the source's (gather 1); after the
+ * update the copy takes the source's weights and optimizer slots (gather
+ * 0), so that its next forward and update are the source's. A pair is
+ * refused across stages, and the embedding is the first block and the
+ * head the last, so a tied model runs as one stage: D = 0, and no
+ * mitigation keeps per-weight buffers (stash, prediction, pipemare's
+ * delta) to mirror. */
 static void mirror_ties(pb_stage *st, const st_trainer_view *v, int gather) {
   const st_model *m = st->p->model;
   size_t lo = st->off, hi = st->off + st->n;
   if (!m->n_ties) return;
+  assert(st->D == 0 && !st->wf && !st->delta);
   if (gather) {
     st_trainer_ties(v, v->grads, 0, lo, hi, 1);
     return;
   }
-  st_trainer_ties(v, live(st, v), lo, lo, hi, 0);
+  st_trainer_ties(v, v->params, 0, lo, hi, 0);
   for (int k = 0; k < (st->p->adamw ? 2 : 1); k++)
     st_trainer_ties(v, v->opt + (size_t)k * m->n_params, 0, lo, hi, 0);
-  if (st->wf) st_trainer_ties(v, st->wf, lo, lo, hi, 0);
-  if (st->delta) st_trainer_ties(v, st->delta, lo, lo, hi, 0);
 }
 
 /* The backward of micro-batch j (forwarded D updates ago) and the update

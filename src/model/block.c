@@ -27,9 +27,10 @@ static float *grad(const st_block *b, float *slab, int t) {
 }
 
 /* Per-sample layers (everything but linear and conv, which parallelise
- * inside their GEMMs) run on the stage's pool in chunks of samples whose
- * size depends only on the layer's shape. Each sample's result depends on
- * that sample alone, so any thread count gives the same bits. */
+ * inside their GEMMs, and gelu and layernorm, which split finer: see
+ * fine_job) run on the stage's pool in chunks of samples whose size
+ * depends only on the layer's shape. Each sample's result depends on that
+ * sample alone, so any thread count gives the same bits. */
 enum { CHUNK_FLOATS = 1 << 15 };
 
 static int rows_per_task(const st_layer *L) {

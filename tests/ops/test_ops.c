@@ -703,6 +703,21 @@ static void test_layernorm_threads(void) {
     CHECK(memcmp(db[0], db[p], D * 4) == 0,
           "layernorm db: %s differs from no pool", who);
   }
+  /* the old serial loop's order: blocks of 32 rows, each block's sum
+   * rounded to float and added to dw and db in turn */
+  float *dw_ser = random_floats(D, 35, 0.01f);
+  float *db_ser = random_floats(D, 36, 0.01f);
+  float *din_ser = new_floats(n), *part1 = new_floats(2 * D);
+  for (int r0 = 0; r0 < N; r0 += 32) {
+    int rows = N - r0 < 32 ? N - r0 : 32;
+    size_t at = (size_t)r0 * D;
+    st_layernorm_backward(NULL, din_ser + at, dw_ser, db_ser, dout + at,
+                          in + at, w, mean + r0, rstd + r0, part1, rows, D);
+  }
+  CHECK(memcmp(din[0], din_ser, n * 4) == 0 &&
+            memcmp(dw[0], dw_ser, D * 4) == 0 &&
+            memcmp(db[0], db_ser, D * 4) == 0,
+        "layernorm backward differs from 32-row blocks summed in order");
   /* without dw and db no scratch is needed, and din is the same */
   float *din_only = new_floats(n);
   st_layernorm_backward(pools[2], din_only, NULL, NULL, dout, in, w, mean,
