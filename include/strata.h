@@ -79,6 +79,9 @@ int st_pool_pin(st_pool *pool, const int *cpus, int n);
 /* The cpu ids this process may run on (affinity and cgroup cpusets
  * included), at most cap of them; returns how many there are. */
 int st_usable_cpus(int *cpus, int cap);
+/* Bytes of memory this process may use: physical memory, or the cgroup's
+ * limit (cgroup v2 memory.max) where it sets a lower one; 0 if unknown. */
+double st_usable_memory(void);
 void st_pool_for(st_pool *pool, int ntasks, void (*fn)(void *arg, int task),
                  void *arg);
 /* Runs fn(arg) on `workers` threads at once — the calling thread and

@@ -6,10 +6,12 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Atomic uint64_t alloc_count;
 
@@ -54,4 +56,15 @@ double st_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double st_usable_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+  FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+  double lim;
+  if (f && fscanf(f, "%lf", &lim) == 1 && lim > 0 && (ram == 0 || lim < ram))
+    ram = lim; /* "max" (no limit) does not scan as a number */
+  if (f) fclose(f);
+  return ram;
 }

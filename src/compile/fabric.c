@@ -2,10 +2,11 @@
  * fabric.c — what a plan runs on, as numbers the cost model can use.
  *
  *   cpu        this machine: cores from sysconf (or fabric.cores / cpu:N),
- *              memory = physical RAM split evenly over the cores, a built-in
- *              per-core rate and parallel efficiency, and a stage-to-stage
- *              copy rate. All three rates are estimates, not measurements,
- *              until `strata bench --calibrate` exists (docs/compiler.md).
+ *              memory = physical RAM (or a lower cgroup v2 memory.max)
+ *              split evenly over the cores, a built-in per-core rate and
+ *              parallel efficiency, and a stage-to-stage copy rate. All
+ *              three rates are estimates, not measurements, until
+ *              `strata bench --calibrate` exists (docs/compiler.md).
  *   mesh:WxH   a W x H grid of PEs; per-PE compute, memory and link bandwidth
  *              come from fabric.pe_flops, fabric.pe_memory and
  *              fabric.link_bandwidth (defaults: one WSE-2 PE).
@@ -92,8 +93,8 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   long detected = sysconf(_SC_NPROCESSORS_ONLN);
   int cores = cfg->fabric.cores > 0 ? cfg->fabric.cores
                                     : (int)(detected > 0 ? detected : 1);
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 8e9;
+  double ram = st_usable_memory(); /* a container's limit counts */
+  if (ram <= 0) ram = 8e9;
   f->kind = ST_FABRIC_CPU;
   snprintf(f->name, sizeof f->name, "cpu:%d", cores);
   f->width = cores;
@@ -115,13 +116,13 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
     if (rc)
       return rc;
     snprintf(f->source, sizeof f->source,
-             "%s cores; RAM %.3g GB from sysconf split over them",
+             "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split over them",
              cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9);
     st_calibration_apply(&c, f, path);
     return 0;
   }
   snprintf(f->source, sizeof f->source,
-           "%s cores; RAM %.3g GB from sysconf split over them; 90 GFLOP/s "
+           "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split over them; 90 GFLOP/s "
            "per core, e(c) = 1/(1 + 0.05 (c - 1)) and 10 GB/s stage copies "
            "are built-in estimates, not calibrated (no profile at %.100s)",
            cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9,

@@ -85,19 +85,6 @@ static void update_block(const st_block *b, const st_ctx *ctx,
   }
 }
 
-/* Bytes this process may use: physical memory, or the cgroup's limit
- * when it sets a lower one (cgroup v2); 0 if unknown. */
-static double memory_limit(void) {
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
-  FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
-  double lim;
-  if (f && fscanf(f, "%lf", &lim) == 1 && lim > 0 && (ram == 0 || lim < ram))
-    ram = lim; /* "max" (no limit) does not scan as a number */
-  if (f) fclose(f);
-  return ram;
-}
-
 /* Whether the model's input is token ids: its first layer an embedding
  * (then ids below that layer's vocabulary). */
 static int token_input(const st_model *m, int *vocab) {
@@ -125,7 +112,7 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
                  (double)mb * (acts + 6.0 * (double)m->max_numel +
                                (double)m->max_scratch_per_sample)) *
                 sizeof(float);
-  double ram = memory_limit();
+  double ram = st_usable_memory();
   if (ram > 0 && need > ram / 2)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "%s: execution.block_costs: measured times the "
