@@ -242,6 +242,9 @@ typedef struct st_config {
     char schedule[8];       /* pipeline: gpipe | 1f1b */
     int stages;             /* pipeline: stages (0 = the compiler's plan,
                                ST_STAGES_PER_BLOCK = one per block) */
+    st_int_list stage_blocks; /* pipeline, pipelined_backprop: blocks of
+                                 each stage, pinning the cut ([] = the
+                                 compiler's) */
     int blocks_per_segment; /* block_sequential (0 = from memory) */
     int replicas;           /* data-parallel copies, >= 1 */
     char placement[8];      /* threads | ranks: where a pipeline's stages
@@ -1169,6 +1172,10 @@ typedef struct st_plan_options {
   const char *stages_key;   /* what asked for K, in messages (NULL:
                                "--stages"; "execution.stages") */
   const char *stages_where; /* and where, prefixed to its errors (NULL) */
+  /* blocks of each stage, pinning the cut (execution.stage_blocks; K is
+   * then their count); NULL for the partitioner's cut */
+  const int *stage_blocks;
+  int n_stage_blocks;
 } st_plan_options;
 
 #define ST_CAUSE_MAX 320

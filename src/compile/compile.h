@@ -70,6 +70,9 @@ typedef struct problem {
    * calibrated) and single-threaded seconds (0 uncalibrated) */
   double *work_fwd, *work_bwd, *serial_fwd, *serial_bwd;
   double work_rate;
+  /* where a stage may begin or end: cut_ok[j] for the boundary before
+   * block j (0 .. n); NULL = anywhere (execution.stage_blocks pins them) */
+  const unsigned char *cut_ok;
 } problem;
 
 /* The geometry of one candidate layout. */

@@ -343,6 +343,11 @@ static int partition_alloc(partition *q, int k) {
 
 /* The units a stage may take, in increasing order: every count up to one
  * band, then whole bands (other counts above a band round up to those). */
+/* Whether blocks [i, j) may form a stage (execution.stage_blocks). */
+static int range_allowed(const problem *p, int i, int j) {
+  return !p->cut_ok || (p->cut_ok[i] && p->cut_ok[j]);
+}
+
 static int64_t next_units(const layout *L, int64_t u) {
   return u < L->width ? u + 1 : (u / L->width + 1) * L->width;
 }
@@ -369,7 +374,7 @@ static int solve_dp(const problem *p, const layout *L, int k_lo, int k_hi,
   for (int k = 1; k <= k_hi; k++)
     for (int j = k; j <= n; j++)
       for (int i = k - 1; i < j; i++)
-        for (int64_t e0 = 0; e0 <= U; e0++) {
+        for (int64_t e0 = 0; e0 <= U && range_allowed(p, i, j); e0++) {
           double before = best[AT(k - 1, i, e0)];
           if (before == INFINITY)
             continue;
@@ -454,6 +459,8 @@ static int feasible(bisect_state *b, double T, int k_lo) {
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j <= n; j++) {
       int64_t at = range_index(p, i, j), m = b->mem_units[at];
+      if (!range_allowed(p, i, j))
+        m = INT64_MAX;
       int64_t t = m == INT64_MAX ? INT64_MAX : units_for_time(p, b->L, i, j, T);
       b->need[at] = t > m ? t : m;
     }

@@ -272,6 +272,10 @@ static void describe_stage(const problem *p, const layout *L,
   } else if (j == p->n) {
     snprintf(why_cut, sizeof why_cut, "last stage: ends with %s",
              p->blocks[j - 1].name);
+  } else if (p->cut_ok) {
+    snprintf(why_cut, sizeof why_cut,
+             "cut before %s: pinned (execution.stage_blocks)",
+             p->blocks[j].name);
   } else if (p->n - j == later) {
     snprintf(why_cut, sizeof why_cut,
              "cut before %s: forced, the %d later stage%s need a block each",
@@ -437,7 +441,9 @@ static int choose_stages_text(st_plan *plan, const partition *q,
   char *c = plan->cause;
   size_t cap = sizeof plan->cause;
   int n;
-  if (stages_given)
+  if (plan->options.n_stage_blocks > 0)
+    n = snprintf(c, cap, "as pinned (%s)", key);
+  else if (stages_given)
     n = snprintf(c, cap, "as asked (%s %d)", key, plan->n_stages);
   else if (q->by_k) {
     n = snprintf(c, cap, "the best predicted throughput of K = 1..%d (",
@@ -480,6 +486,22 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   const char *sep = opt->stages_where ? ": " : "";
   if (n_blocks < 1)
     return st_error_set(err, ST_EARG, "the model has no blocks to compile");
+  int pinned = opt->stage_blocks && opt->n_stage_blocks > 0;
+  if (pinned) { /* execution.stage_blocks: the cut is given */
+    int sum = 0;
+    for (int s = 0; s < opt->n_stage_blocks; s++)
+      sum += opt->stage_blocks[s] > 0 ? opt->stage_blocks[s] : n_blocks + 1;
+    if (K && K != opt->n_stage_blocks)
+      return st_error_set(err, ST_EARG,
+                          "%s%s%s: %d stages, but %d asked for: give one",
+                          where, sep, key, opt->n_stage_blocks, K);
+    if (sum != n_blocks)
+      return st_error_set(err, ST_EARG,
+                          "%s%s%s: the stages hold %d blocks in all; the "
+                          "model has %d",
+                          where, sep, key, sum, n_blocks);
+    K = opt->n_stage_blocks;
+  }
   if (K < 0)
     return st_error_set(err, ST_EARG, "%s%s%s %d: must be >= 1", where, sep,
                         key, K);
@@ -519,12 +541,22 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   }
   memcpy(plan->blocks, blocks, (size_t)n_blocks * sizeof *blocks);
 
+  plan->options.stage_blocks = NULL; /* the caller's; the stages say it */
   problem p;
   int rc = problem_init(&p, plan->blocks, n_blocks, &plan->fabric, in_flight,
                         versions, err);
   if (rc) {
     st_plan_destroy(plan);
     return rc;
+  }
+  unsigned char cut_ok[n_blocks + 1];
+  if (pinned) {
+    memset(cut_ok, 0, sizeof cut_ok);
+    for (int s = 0, at = 0; s <= opt->n_stage_blocks; s++) {
+      cut_ok[at] = 1;
+      if (s < opt->n_stage_blocks) at += opt->stage_blocks[s];
+    }
+    p.cut_ok = cut_ok;
   }
   /* Pass 2 once per band height; keep the best (ties: fewer stages, then
    * taller bands, which are tried first). */
@@ -644,8 +676,16 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
   int pipelined = !strcmp(mode, "pipeline") ||
                   !strcmp(mode, "pipelined_backprop");
   char where[160];
-  if (!stages && pipelined && cfg->execution.stages > 0 &&
-      cfg->execution.stages != ST_STAGES_PER_BLOCK) {
+  const st_int_list *pin = &cfg->execution.stage_blocks;
+  if (pipelined && pin->n > 0) { /* the cut is given */
+    opt.stage_blocks = pin->v;
+    opt.n_stage_blocks = pin->n;
+    opt.stages_key = "execution.stage_blocks";
+    snprintf(where, sizeof where, "%s",
+             st_config_where(cfg, "execution.stage_blocks"));
+    opt.stages_where = where;
+  } else if (!stages && pipelined && cfg->execution.stages > 0 &&
+             cfg->execution.stages != ST_STAGES_PER_BLOCK) {
     opt.stages = cfg->execution.stages;
     opt.stages_key = "execution.stages";
     snprintf(where, sizeof where, "%s",

@@ -886,12 +886,37 @@ static int check_strings(const st_config *cfg, st_error *err) {
 
 static int check_lists(const st_config *cfg, st_error *err) {
   const st_int_list *lists[] = {&cfg->model.hidden, &cfg->model.channels,
-                                &cfg->model.dense};
-  const char *keys[] = {"model.hidden", "model.channels", "model.dense"};
-  for (int i = 0; i < 3; i++)
+                                &cfg->model.dense, &cfg->execution.stage_blocks};
+  const char *keys[] = {"model.hidden", "model.channels", "model.dense",
+                        "execution.stage_blocks"};
+  for (int i = 0; i < 4; i++)
     if (lists[i]->n < 0 || lists[i]->n > ST_MAX_LIST)
       return invalid(cfg, err, keys[i], "has %d entries (0 to %d allowed)",
                      lists[i]->n, ST_MAX_LIST);
+  const st_int_list *sb = &cfg->execution.stage_blocks;
+  for (int i = 0; i < sb->n; i++)
+    if (sb->v[i] < 1)
+      return invalid(cfg, err, "execution.stage_blocks",
+                     "entry %d is %d: a stage holds at least one block", i,
+                     sb->v[i]);
+  if (sb->n > 0 && strcmp(cfg->execution.mode, "pipeline") &&
+      strcmp(cfg->execution.mode, "pipelined_backprop"))
+    return invalid(cfg, err, "execution.stage_blocks",
+                   "cuts the stages of pipeline and pipelined_backprop, "
+                   "not execution.mode %s (%s)",
+                   cfg->execution.mode,
+                   st_config_where(cfg, "execution.mode"));
+  int S = cfg->execution.stages;
+  if (sb->n > 0 && S != 0 && S != sb->n)
+    return S == ST_STAGES_PER_BLOCK
+               ? invalid(cfg, err, "execution.stage_blocks",
+                         "has %d stages; execution.stages is per_block "
+                         "(%s): give one of the two",
+                         sb->n, st_config_where(cfg, "execution.stages"))
+               : invalid(cfg, err, "execution.stage_blocks",
+                         "has %d stages; execution.stages is %d (%s): give "
+                         "one of the two, or both alike",
+                         sb->n, S, st_config_where(cfg, "execution.stages"));
   return 0;
 }
 

@@ -166,6 +166,10 @@ const st_config_key st_config_schema[] = {
         "plan (0 = the plan's choice, at most one per core); "
         "block_sequential: stages inside each segment (0 = one per core); "
         "per_block = every block its own stage"),
+    LIST(execution, stage_blocks, "[]",
+         "pipeline, pipelined_backprop: how many blocks each stage holds, "
+         "in order (their sum the model's blocks), pinning the cut the "
+         "plan prints; [] = the compiler cuts"),
     INT(execution, blocks_per_segment, "0",
         "block_sequential: blocks in each segment (0 = the fewest segments "
         "whose weights, state and activations fit the cores' memory)"),

@@ -324,17 +324,21 @@ int st_pipeline_cores(const void *state, int stage);
 /* Test knob: each stage sleeps a pseudo-random 0 .. max_us microseconds
  * before every forward and backward (0 turns it off). Call between steps. */
 void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
-/* The compiler's cut of all blocks into stages on `cores` cores (S = 0:
- * the plan's choice; more stages than cores share them, one thread each),
- * or the FLOP balance when no plan can be made: first/count/pes per stage
- * (arrays of n_blocks); the blocks' costs as cfg's execution.block_costs
- * says (st_plan_block_costs). Returns the stage count, or -1 with *err
- * (out of memory; a measurement that failed). */
 /* Tests: files fwd[i] and bwd[i] (seconds per sample) as the measurement
  * of m's blocks under cfg, so that the plans and runs made next with
  * execution.block_costs: measured cut by them (src/exec/measure.c). */
 void st_measure_seed(const st_model *m, const st_config *cfg,
                      const double *fwd, const double *bwd);
+/* The stages a pipelined mode asks for: execution.stage_blocks' count when
+ * the cut is pinned, else execution.stages (0, N or ST_STAGES_PER_BLOCK). */
+int st_pipeline_asked_stages(const st_config *cfg);
+/* The compiler's cut of all blocks into stages on `cores` cores (S = 0:
+ * the plan's choice; more stages than cores share them, one thread each;
+ * execution.stage_blocks pins the cut), or the FLOP balance when no plan
+ * can be made: first/count/pes per stage (arrays of n_blocks); the blocks'
+ * costs as cfg's execution.block_costs says (st_plan_block_costs).
+ * Returns the stage count, or -1 with *err (out of memory; a measurement
+ * that failed). */
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
                       int cores, int *first, int *count, int *pes,
                       st_error *err);

@@ -839,7 +839,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
                   int micro_batch, int max_batch, const st_placement *pl,
                   st_error *err) {
   *state = NULL;
-  int S = cfg->execution.stages;
+  int S = st_pipeline_asked_stages(cfg);
   int cores = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
   if (S == ST_STAGES_PER_BLOCK) S = m->n_blocks;
   /* over ranks, the cut of S stages on one core each (the threaded run's

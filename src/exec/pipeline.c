@@ -485,11 +485,16 @@ done:
  * each. A model the planner cannot place (or no fab) falls back to the
  * FLOP balance with the cores shared evenly. */
 static int split(const st_block_cost *c, int n, const st_fabric *fab, int S,
-                 int cores, int shared, int *first, int *count, int *pes) {
+                 int cores, int shared, const st_int_list *pin, int *first,
+                 int *count, int *pes) {
   st_plan_options opt = {.stages = S,
                          .samples_in_flight = 1,
                          .weight_versions = 1,
                          .algorithm = ST_PARTITION_AUTO};
+  if (pin && pin->n > 0) { /* execution.stage_blocks */
+    opt.stage_blocks = pin->v;
+    opt.n_stage_blocks = pin->n;
+  }
   st_plan *plan = NULL;
   st_error err = {0};
   if (fab && st_plan_build(&plan, c, n, fab, &opt, &err) == 0) {
@@ -504,7 +509,11 @@ static int split(const st_block_cost *c, int n, const st_fabric *fab, int S,
     return k;
   }
   if (S == 0) S = cores < n ? cores : n;
-  balance(c, n, S, first, count);
+  if (pin && pin->n == S) /* validated against n by the caller */
+    for (int s = 0, at = 0; s < S; at += pin->v[s++])
+      first[s] = at, count[s] = pin->v[s];
+  else
+    balance(c, n, S, first, count);
   for (int s = 0; s < S; s++)
     pes[s] = shared || S > cores ? 1 : cores / S + (s < cores % S);
   return S;
@@ -525,6 +534,26 @@ static st_fabric *plan_fabric(st_fabric *fab, st_config *cpu,
   return fab;
 }
 
+/* execution.stage_blocks against the model: the stages must hold its n
+ * blocks exactly (the config checked each entry and the count). */
+static int check_pin(const st_config *cfg, int n, st_error *err) {
+  const st_int_list *pin = &cfg->execution.stage_blocks;
+  int sum = 0;
+  for (int s = 0; s < pin->n; s++) sum += pin->v[s];
+  if (pin->n > 0 && sum != n)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.stage_blocks: the stages hold %d "
+                        "blocks in all; the model has %d",
+                        st_config_where(cfg, "execution.stage_blocks"), sum,
+                        n);
+  return 0;
+}
+
+int st_pipeline_asked_stages(const st_config *cfg) {
+  const st_int_list *pin = &cfg->execution.stage_blocks;
+  return pin->n > 0 ? pin->n : cfg->execution.stages;
+}
+
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
                       int cores, int *first, int *count, int *pes,
                       st_error *err) {
@@ -534,9 +563,11 @@ int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
   int k = -1;
   if (!c || !cpu) {
     st_error_set(err, ST_ENOMEM, "out of memory");
-  } else if (!st_plan_block_costs(c, m, cfg, err)) {
+  } else if (!check_pin(cfg, n, err) &&
+             !st_plan_block_costs(c, m, cfg, err)) {
     st_fabric fab, *on = plan_fabric(&fab, cpu, cfg, S, cores);
-    k = split(c, n, on, S, cores, S > cores, first, count, pes);
+    k = split(c, n, on, S, cores, S > cores, &cfg->execution.stage_blocks,
+              first, count, pes);
   }
   free(c);
   free(cpu);
@@ -616,7 +647,7 @@ static void pipe_destroy(void *state) {
 static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
                    st_error *err) {
   const st_model *m = p->model;
-  int n = m->n_blocks, S = cfg->execution.stages, rc = 0;
+  int n = m->n_blocks, S = st_pipeline_asked_stages(cfg), rc = 0;
   int per_block = S == ST_STAGES_PER_BLOCK;
   if (per_block) S = n;
   st_block_cost *c = malloc((size_t)n * sizeof *c);
@@ -628,6 +659,7 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
     goto done;
   }
   int *count = first + n, *pes = first + 2 * n;
+  if (!blockseq && (rc = check_pin(cfg, n, err))) goto done;
   if ((rc = st_plan_block_costs(c, m, cfg, err))) goto done;
   /* The plan for this machine's cores, whatever fabric the config plans
    * for otherwise (a mesh is a what-if; a run runs here). More stages than
@@ -662,7 +694,8 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
     int want = S == 0 && blockseq ? (cores < nb ? cores : nb)
                : S > nb           ? nb
                                   : S;
-    int k = split(c + b0, nb, plan_on, want, cores, S > cores, first, count,
+    int k = split(c + b0, nb, plan_on, want, cores, S > cores,
+                  blockseq ? NULL : &cfg->execution.stage_blocks, first, count,
                   pes);
     p->seg[g] = total;
     for (int s = 0, off = 0; s < k; s++, total++) {
@@ -769,7 +802,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
                   int micro_batch, int max_batch, int blockseq,
                   const st_placement *pl, st_error *err) {
   *state = NULL;
-  int S = cfg->execution.stages;
+  int S = st_pipeline_asked_stages(cfg);
   int cores = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
   /* over ranks, the cut of S stages on one core each (the threaded run's
    * cut when it has no more cores than stages); 0: a stage per rank */

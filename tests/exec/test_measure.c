@@ -17,7 +17,10 @@
  *    sequential mode's bits, and pipelined backprop threaded the emulated
  *    run's, both cut by the same measurement;
  *  - a model too big to hold in memory (GPT-NeoX 20B) is refused, naming
- *    the key, before anything is allocated; so is a plan for a mesh.
+ *    the key, before anything is allocated; so is a plan for a mesh;
+ *  - execution.stage_blocks pins the cut over what model or measured costs
+ *    would choose, in the run and the plan, with the same bits as the
+ *    unpinned modes' equivalences; a pin of the wrong size is refused.
  * No timing is compared with a threshold: the figures' values are the
  * machine's; what is checked is where they go.
  */
@@ -292,6 +295,119 @@ static void test_mesh(void) {
   st_plan_destroy(p);
 }
 
+/* The cut a trainer of c runs: its stage count, first and count. */
+static int run_cut(const st_config *c, int *first, int *count, st_error *err) {
+  st_trainer *t = make(c, err);
+  if (!t) return -1;
+  int owner[64], k = !strcmp(c->execution.mode, "pipelined_backprop")
+                         ? st_pb_layout(st_trainer_exec_state(t), first,
+                                        count, owner)
+                         : st_pipeline_stages(st_trainer_exec_state(t),
+                                              first, count);
+  st_trainer_destroy(t);
+  return k;
+}
+
+/* execution.stage_blocks pins the cut: both pipelined modes, on model
+ * costs and on measured figures seeded to call for the last block alone,
+ * run (and plan) the pinned stages where the costs would cut elsewhere
+ * (checked); pinned, gpipe trains the sequential bits and pipelined
+ * backprop threaded the emulated bits; a pin that does not add up to the
+ * model's blocks is refused by the run and by the plan, naming the key. */
+static void test_pin(const char *what, const st_config *base, st_shape in) {
+  st_model *m = model_of(base, in);
+  if (!m) return;
+  int n = m->n_blocks;
+  double fwd[64], bwd[64];
+  for (int i = 0; i < n && i < 64; i++)
+    fwd[i] = 1e-4, bwd[i] = 2e-4;
+  fwd[n - 1] = 1e-3 * n, bwd[n - 1] = 2e-3 * n;
+  static const char *const modes[] = {"pipeline", "pipelined_backprop"};
+  st_error err = {0};
+  for (int k = 0; k < 4; k++) {
+    st_config c = *base;
+    set(&c, k & 1 ? "execution.block_costs=measured"
+                  : "execution.block_costs=model");
+    snprintf(c.execution.mode, sizeof c.execution.mode, "%s", modes[k / 2]);
+    if (k / 2) { /* one sample an update */
+      set(&c, "optimizer.kind=sgd");
+      set(&c, "optimizer.nesterov=false");
+      set(&c, "optimizer.momentum=0.9");
+      set(&c, "optimizer.lr=0.001");
+      set(&c, "execution.mitigation=sc+lwp");
+    }
+    c.train.threads = 2;
+    if (k & 1) st_measure_seed(m, &c, fwd, bwd);
+    c.execution.stages = 2;
+    int first[64], count[64];
+    int got = run_cut(&c, first, count, &err);
+    CHECK(got == 2, "%s %s: %s", what, modes[k / 2], err.msg);
+    if (got != 2) continue;
+    /* a pin the costs do not choose */
+    int p1 = count[0] == 1 ? n - 1 : 1;
+    char pin[64];
+    snprintf(pin, sizeof pin, "execution.stage_blocks=[%d, %d]", p1, n - p1);
+    c.execution.stages = 0;
+    set(&c, pin);
+    got = run_cut(&c, first, count, &err);
+    CHECK(got == 2 && first[0] == 0 && count[0] == p1 && first[1] == p1 &&
+              count[1] == n - p1,
+          "%s %s (%s costs): pinned [%d, %d], ran %d stages [%d, %d]: %s",
+          what, modes[k / 2], k & 1 ? "measured" : "model", p1, n - p1, got,
+          count[0], got > 1 ? count[1] : -1, err.msg);
+    st_config cp = c;
+    CHECK(st_fabric_parse(&cp, "cpu:2", &err) == 0, "%s", err.msg);
+    st_plan *plan = NULL;
+    CHECK(st_plan_compile(&plan, &cp, 0, &err) == 0 && plan->n_stages == 2 &&
+              plan->stages[0].count == p1 && plan->stages[1].count == n - p1,
+          "%s %s: the plan does not follow the pin: %s", what, modes[k / 2],
+          err.msg);
+    st_plan_destroy(plan);
+    /* pinned, the bits are the unpinned modes' */
+    size_t nw = 0, nw2 = 0;
+    float *want = NULL, *have = NULL;
+    if (k / 2) {
+      st_config em = c;
+      set(&em, "execution.emulate=true");
+      want = train(&em, &nw, NULL);
+      have = train(&c, &nw2, NULL);
+    } else {
+      st_config seq = c, gp = c;
+      seq.execution.stage_blocks.n = 0;
+      set(&seq, "execution.mode=sequential");
+      set(&gp, "execution.schedule=gpipe");
+      seq.train.batch = gp.train.batch = BATCH;
+      seq.execution.micro_batch = gp.execution.micro_batch = BATCH / 4;
+      want = train(&seq, &nw, NULL);
+      have = train(&gp, &nw2, NULL);
+    }
+    CHECK(want && have && nw == nw2 && !memcmp(want, have, nw * sizeof *have),
+          "%s %s pinned [%d, %d]: differs from %s", what, modes[k / 2], p1,
+          n - p1, k / 2 ? "the emulated run" : "sequential");
+    free(want);
+    free(have);
+    /* a pin of the wrong size */
+    snprintf(pin, sizeof pin, "execution.stage_blocks=[%d, %d]", p1, n);
+    set(&c, pin);
+    err.msg[0] = '\0';
+    st_trainer *t = make(&c, &err);
+    CHECK(!t && strstr(err.msg, "execution.stage_blocks") &&
+              strstr(err.msg, "the model has"),
+          "%s %s: a pin of %d blocks for %d: %s", what, modes[k / 2], n + p1,
+          n, err.msg);
+    st_trainer_destroy(t);
+    cp = c;
+    CHECK(st_fabric_parse(&cp, "cpu:2", &err) == 0, "%s", err.msg);
+    plan = NULL;
+    CHECK(st_plan_compile(&plan, &cp, 0, &err) != 0 &&
+              strstr(err.msg, "execution.stage_blocks"),
+          "%s %s: the plan took a pin of the wrong size: %s", what,
+          modes[k / 2], err.msg);
+    st_plan_destroy(plan);
+  }
+  st_model_destroy(m);
+}
+
 int main(void) {
   setenv("STRATA_CALIBRATION", "none", 1);
   st_blas_init();
@@ -317,6 +433,8 @@ int main(void) {
   test_cut("cnn pipeline", &cnn, "pipeline", img);
   test_bits("mlp", &mlp);
   test_bits("cnn", &cnn);
+  test_pin("mlp", &mlp, img);
+  test_pin("cnn", &cnn, img);
   test_too_big();
   test_mesh();
   printf("%d passed, %d failed\n", th_passed, th_failed);
