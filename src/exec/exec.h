@@ -332,6 +332,10 @@ void st_measure_seed(const st_model *m, const st_config *cfg,
 /* The stages a pipelined mode asks for: execution.stage_blocks' count when
  * the cut is pinned, else execution.stages (0, N or ST_STAGES_PER_BLOCK). */
 int st_pipeline_asked_stages(const st_config *cfg);
+/* execution.stage_blocks against a model of n blocks: 0, or ST_ECONFIG
+ * naming the key when the stages do not hold exactly n blocks (the config
+ * checked each entry and their count). */
+int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err);
 /* The compiler's cut of all blocks into stages on `cores` cores (S = 0:
  * the plan's choice; more stages than cores share them, one thread each;
  * execution.stage_blocks pins the cut), or the FLOP balance when no plan

@@ -848,6 +848,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     if (S == 0) S = st_dist_group_size(pl->group);
     cores = S;
   }
+  if (st_pipeline_check_pin(cfg, m->n_blocks, err)) return err->code;
   if (S > m->n_blocks)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.stages: %d stages for a model of %d "

@@ -534,9 +534,7 @@ static st_fabric *plan_fabric(st_fabric *fab, st_config *cpu,
   return fab;
 }
 
-/* execution.stage_blocks against the model: the stages must hold its n
- * blocks exactly (the config checked each entry and the count). */
-static int check_pin(const st_config *cfg, int n, st_error *err) {
+int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err) {
   const st_int_list *pin = &cfg->execution.stage_blocks;
   int sum = 0;
   for (int s = 0; s < pin->n; s++) sum += pin->v[s];
@@ -563,7 +561,7 @@ int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
   int k = -1;
   if (!c || !cpu) {
     st_error_set(err, ST_ENOMEM, "out of memory");
-  } else if (!check_pin(cfg, n, err) &&
+  } else if (!st_pipeline_check_pin(cfg, n, err) &&
              !st_plan_block_costs(c, m, cfg, err)) {
     st_fabric fab, *on = plan_fabric(&fab, cpu, cfg, S, cores);
     k = split(c, n, on, S, cores, S > cores, &cfg->execution.stage_blocks,
@@ -659,7 +657,7 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
     goto done;
   }
   int *count = first + n, *pes = first + 2 * n;
-  if (!blockseq && (rc = check_pin(cfg, n, err))) goto done;
+  if (!blockseq && (rc = st_pipeline_check_pin(cfg, n, err))) goto done;
   if ((rc = st_plan_block_costs(c, m, cfg, err))) goto done;
   /* The plan for this machine's cores, whatever fabric the config plans
    * for otherwise (a mesh is a what-if; a run runs here). More stages than
@@ -810,6 +808,8 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     cores = S == ST_STAGES_PER_BLOCK ? m->n_blocks
             : S > 0                 ? S
                                     : st_dist_group_size(pl->group);
+  if (!blockseq && st_pipeline_check_pin(cfg, m->n_blocks, err))
+    return err->code;
   if (S > m->n_blocks && S != ST_STAGES_PER_BLOCK)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.stages: %d stages for a model of %d "

@@ -396,6 +396,15 @@ static void test_pin(const char *what, const st_config *base, st_shape in) {
           "%s %s: a pin of %d blocks for %d: %s", what, modes[k / 2], n + p1,
           n, err.msg);
     st_trainer_destroy(t);
+    /* more stages than blocks: still the pin's error, not execution.stages' */
+    st_config many = c;
+    many.execution.stage_blocks.n = n + 1;
+    for (int s2 = 0; s2 <= n; s2++) many.execution.stage_blocks.v[s2] = 1;
+    t = make(&many, &err);
+    CHECK(!t && strstr(err.msg, "execution.stage_blocks"),
+          "%s %s: %d one-block stages for %d blocks: %s", what, modes[k / 2],
+          n + 1, n, err.msg);
+    st_trainer_destroy(t);
     cp = c;
     CHECK(st_fabric_parse(&cp, "cpu:2", &err) == 0, "%s", err.msg);
     plan = NULL;
