@@ -341,13 +341,13 @@ static int partition_alloc(partition *q, int k) {
 
 /* ------------------------------------------------------------------ DP */
 
-/* The units a stage may take, in increasing order: every count up to one
- * band, then whole bands (other counts above a band round up to those). */
 /* Whether blocks [i, j) may form a stage (execution.stage_blocks). */
 static int range_allowed(const problem *p, int i, int j) {
   return !p->cut_ok || (p->cut_ok[i] && p->cut_ok[j]);
 }
 
+/* The units a stage may take, in increasing order: every count up to one
+ * band, then whole bands (other counts above a band round up to those). */
 static int64_t next_units(const layout *L, int64_t u) {
   return u < L->width ? u + 1 : (u / L->width + 1) * L->width;
 }

@@ -59,6 +59,32 @@ static int64_t lay_out(const layout *L, const int64_t *units, int k,
 
 /* ------------------------------------------------------------ errors */
 
+/* A pinned cut (execution.stage_blocks) that no assignment of PEs holds:
+ * the PEs its stages need for their memory, and its largest stage. */
+static int explain_pin_no_fit(const problem *p, const st_fabric *f,
+                              const char *where, const char *sep,
+                              const char *key, st_error *err) {
+  double pes = 0, worst = -1;
+  int wi = 0, wj = 0;
+  for (int i = 0; i < p->n;) {
+    int j = i + 1;
+    while (!p->cut_ok[j]) j++;
+    double m = stage_memory(p, i, j);
+    pes += ceil(m / f->pe_memory);
+    if (m > worst) worst = m, wi = i, wj = j;
+    i = j;
+  }
+  char need[32], each[32];
+  return st_error_set(err, ST_EARG,
+                      "%s%s%s: the pinned stages do not fit %s: their memory "
+                      "needs %.0f %s of %s at least (the largest stage, %s "
+                      "to %s, holds %s)",
+                      where, sep, key, f->name, pes, pe_word(f),
+                      st_plan_fmt_bytes(each, sizeof each, f->pe_memory),
+                      p->blocks[wi].name, p->blocks[wj - 1].name,
+                      st_plan_fmt_bytes(need, sizeof need, worst));
+}
+
 /* No plan fits: name the block and the shortfall. First a block that alone
  * outgrows the whole fabric; else the first prefix of blocks that no layout
  * can hold in at most `kmax` stages, with the capacity the most compact
@@ -488,16 +514,23 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
     return st_error_set(err, ST_EARG, "the model has no blocks to compile");
   int pinned = opt->stage_blocks && opt->n_stage_blocks > 0;
   if (pinned) { /* execution.stage_blocks: the cut is given */
-    int sum = 0;
-    for (int s = 0; s < opt->n_stage_blocks; s++)
-      sum += opt->stage_blocks[s] > 0 ? opt->stage_blocks[s] : n_blocks + 1;
+    long long sum = 0;
+    for (int s = 0; s < opt->n_stage_blocks; s++) {
+      int b = opt->stage_blocks[s];
+      if (b < 1 || b > n_blocks)
+        return st_error_set(err, ST_EARG,
+                            "%s%s%s: entry %d is %d: a stage holds 1 to %d "
+                            "blocks",
+                            where, sep, key, s, b, n_blocks);
+      sum += b;
+    }
     if (K && K != opt->n_stage_blocks)
       return st_error_set(err, ST_EARG,
                           "%s%s%s: %d stages, but %d asked for: give one",
                           where, sep, key, opt->n_stage_blocks, K);
     if (sum != n_blocks)
       return st_error_set(err, ST_EARG,
-                          "%s%s%s: the stages hold %d blocks in all; the "
+                          "%s%s%s: the stages hold %lld blocks in all; the "
                           "model has %d",
                           where, sep, key, sum, n_blocks);
     K = opt->n_stage_blocks;
@@ -516,10 +549,11 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
                         "stage needs at least one%s)",
                         where, sep, key, K, (long long)fabric->pes, word,
                         fabric->name,
-                        opt->stages_key ? "; a run shares them, a plan "
-                                          "needs --stages or a larger "
-                                          "--fabric"
-                                        : "");
+                        pinned ? "; a plan needs a larger --fabric"
+                        : opt->stages_key ? "; a run shares them, a plan "
+                                            "needs --stages or a larger "
+                                            "--fabric"
+                                          : "");
   if (!(fabric->efficiency_slope >= 0 && fabric->efficiency_slope < 1))
     return st_error_set(err, ST_EARG, "%s: efficiency slope %g not in [0, 1)",
                         fabric->name, fabric->efficiency_slope);
@@ -541,7 +575,10 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   }
   memcpy(plan->blocks, blocks, (size_t)n_blocks * sizeof *blocks);
 
-  plan->options.stage_blocks = NULL; /* the caller's; the stages say it */
+  /* the caller's memory (the stages say what the pin said) */
+  plan->options.stage_blocks = NULL;
+  plan->options.n_stage_blocks = pinned ? opt->n_stage_blocks : 0;
+  plan->options.stages_where = NULL;
   problem p;
   int rc = problem_init(&p, plan->blocks, n_blocks, &plan->fabric, in_flight,
                         versions, err);
@@ -600,7 +637,8 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   }
   if (!best.k) {
     int kmax = K ? K : (int)(n_blocks < fabric->pes ? n_blocks : fabric->pes);
-    rc = explain_no_fit(&p, fabric, kmax, K, err);
+    rc = pinned ? explain_pin_no_fit(&p, fabric, where, sep, key, err)
+                : explain_no_fit(&p, fabric, kmax, K, err);
     problem_free(&p);
     st_plan_destroy(plan);
     return rc;

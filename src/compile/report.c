@@ -311,7 +311,9 @@ static void write_json(const st_plan *p, FILE *f) {
   fputs(", \"source\": ", f);
   json_string(f, fb->source);
   fprintf(f, "},\n  \"options\": {\"stages_requested\": %d, ",
-          p->options.stages);
+          p->options.n_stage_blocks > 0 ? p->n_stages : p->options.stages);
+  fprintf(f, "\"stages_pinned\": %s, ",
+          p->options.n_stage_blocks > 0 ? "true" : "false");
   jnum(f, "samples_in_flight", p->options.samples_in_flight, 0);
   jnum(f, "weight_versions", p->options.weight_versions, 1);
   fprintf(f,

@@ -332,6 +332,11 @@ void st_measure_seed(const st_model *m, const st_config *cfg,
 /* The stages a pipelined mode asks for: execution.stage_blocks' count when
  * the cut is pinned, else execution.stages (0, N or ST_STAGES_PER_BLOCK). */
 int st_pipeline_asked_stages(const st_config *cfg);
+/* The key that set that count, for messages. */
+static inline const char *st_stages_key(const st_config *cfg) {
+  return cfg->execution.stage_blocks.n > 0 ? "execution.stage_blocks"
+                                           : "execution.stages";
+}
 /* execution.stage_blocks against a model of n blocks: 0, or ST_ECONFIG
  * naming the key when the stages do not hold exactly n blocks (the config
  * checked each entry and their count). */

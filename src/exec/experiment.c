@@ -105,6 +105,7 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
     snprintf(c.execution.mode, sizeof c.execution.mode, "sequential");
     c.execution.micro_batch = 0;
     c.execution.emulate = 0;
+    c.execution.stage_blocks.n = 0; /* a pipelined mode's */
     c.optimizer.reference_batch = 0;
   } else {
     /* reference_batch would refuse it too, but naming its own key */
@@ -121,14 +122,15 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
              variants[variant]);
     c.optimizer.nesterov = 0;
     c.optimizer.reference_batch = base->train.batch;
-    if (c.execution.stages == 0)
+    if (c.execution.stages == 0 && c.execution.stage_blocks.n == 0)
       c.execution.stages = ST_STAGES_PER_BLOCK;
     /* More stages than threads would time-share the cores: one thread
      * running every stage tick by tick does the same work, bit for bit. */
     int threads =
         c.train.threads > 0 ? c.train.threads : st_usable_cpus(NULL, 0);
-    if (c.execution.stages == ST_STAGES_PER_BLOCK ||
-        c.execution.stages > threads)
+    int S = c.execution.stage_blocks.n ? c.execution.stage_blocks.n
+                                       : c.execution.stages;
+    if (S == ST_STAGES_PER_BLOCK || S > threads)
       c.execution.emulate = 1;
   }
   int rc = st_config_validate(&c, err);
@@ -428,10 +430,17 @@ static int write_report(const st_experiment_options *o, const st_config *base,
           "execution.mitigation=M --set optimizer.nesterov=false --set "
           "optimizer.reference_batch=%d --set execution.stages=",
           B);
-  if (pc->execution.stages == ST_STAGES_PER_BLOCK)
+  const st_int_list *pin = &pc->execution.stage_blocks;
+  if (pin->n > 0) { /* the pinned cut: execution.stages stays 0 */
+    fprintf(f, "0 --set execution.stage_blocks=[");
+    for (int i = 0; i < pin->n; i++)
+      fprintf(f, "%s%d", i ? "," : "", pin->v[i]);
+    fprintf(f, "]");
+  } else if (pc->execution.stages == ST_STAGES_PER_BLOCK) {
     fprintf(f, "per_block");
-  else
+  } else {
     fprintf(f, "%d", pc->execution.stages);
+  }
   fprintf(f,
           "%s`: %d stages, micro-batches of %d sample%s (%d per step), "
           "%s. Heavy-ball momentum with the recipe moved from batch %d "

@@ -796,10 +796,11 @@ static int place(pb *p, const st_placement *pl, const st_config *cfg,
   p->me = st_dist_group_rank(pl->group);
   if (p->S < P)
     return st_error_set(err, ST_ECONFIG,
-                        "%s: execution.stages: %d stages over %d ranks "
+                        "%s: %s: %d stages over %d ranks "
                         "(execution.placement: ranks): each rank needs a "
                         "stage",
-                        st_config_where(cfg, "execution.stages"), p->S, P);
+                        st_config_where(cfg, st_stages_key(cfg)),
+                        st_stages_key(cfg), p->S, P);
   p->local = 0;
   for (int s = 0; s < p->S; s++) {
     pb_stage *st = &p->stages[s];

@@ -536,11 +536,19 @@ static st_fabric *plan_fabric(st_fabric *fab, st_config *cpu,
 
 int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err) {
   const st_int_list *pin = &cfg->execution.stage_blocks;
-  int sum = 0;
-  for (int s = 0; s < pin->n; s++) sum += pin->v[s];
+  long long sum = 0;
+  for (int s = 0; s < pin->n; s++) {
+    if (pin->v[s] > n)
+      return st_error_set(err, ST_ECONFIG,
+                          "%s: execution.stage_blocks: entry %d is %d: the "
+                          "model has %d blocks",
+                          st_config_where(cfg, "execution.stage_blocks"), s,
+                          pin->v[s], n);
+    sum += pin->v[s];
+  }
   if (pin->n > 0 && sum != n)
     return st_error_set(err, ST_ECONFIG,
-                        "%s: execution.stage_blocks: the stages hold %d "
+                        "%s: execution.stage_blocks: the stages hold %lld "
                         "blocks in all; the model has %d",
                         st_config_where(cfg, "execution.stage_blocks"), sum,
                         n);
@@ -839,10 +847,11 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     int P = st_dist_group_size(pl->group);
     if (!blockseq && p->S < P)
       rc = st_error_set(err, ST_ECONFIG,
-                        "%s: execution.stages: %d stages over %d ranks "
+                        "%s: %s: %d stages over %d ranks "
                         "(execution.placement: ranks): each rank needs a "
                         "stage",
-                        st_config_where(cfg, "execution.stages"), p->S, P);
+                        st_config_where(cfg, st_stages_key(cfg)),
+                        st_stages_key(cfg), p->S, P);
   }
   if (rc) {
     pipe_destroy(p);

@@ -123,6 +123,23 @@ static void test_variant_configs(const st_config *base) {
   CHECK(st_experiment_pb_config(&c, &two, &o, 1, 0, &err) == 0 &&
             c.execution.emulate,
         "3 stages on 2 threads: emulate %d (%s)", c.execution.emulate, err.msg);
+  /* a pinned cut: the baseline drops it (sequential has no stages), the
+   * variants keep it, per_block is not forced beside it, and its count
+   * decides emulation (three pinned stages on two threads) */
+  st_config pin = *base;
+  pin.execution.stages = 0;
+  pin.execution.stage_blocks.n = 3;
+  pin.execution.stage_blocks.v[0] = pin.execution.stage_blocks.v[1] = 1;
+  pin.execution.stage_blocks.v[2] = 2;
+  CHECK(st_experiment_pb_config(&c, &pin, &o, 0, 0, &err) == 0 &&
+            c.execution.stage_blocks.n == 0,
+        "pinned baseline: %s", err.msg);
+  CHECK(st_experiment_pb_config(&c, &pin, &o, 1, 0, &err) == 0 &&
+            c.execution.stage_blocks.n == 3 && c.execution.stages == 0 &&
+            c.execution.emulate,
+        "pinned variant: stages %d, pin %d, emulate %d (%s)",
+        c.execution.stages, c.execution.stage_blocks.n, c.execution.emulate,
+        err.msg);
   /* one job on a config without train.threads keeps all cores and pins */
   st_config all = *base;
   all.train.threads = 0;

@@ -396,6 +396,24 @@ static void test_pin(const char *what, const st_config *base, st_shape in) {
           "%s %s: a pin of %d blocks for %d: %s", what, modes[k / 2], n + p1,
           n, err.msg);
     st_trainer_destroy(t);
+    /* entries whose int sum would wrap to the model's blocks */
+    st_config wrap = c;
+    wrap.execution.stage_blocks.n = 3;
+    wrap.execution.stage_blocks.v[0] = wrap.execution.stage_blocks.v[1] =
+        2147483647;
+    wrap.execution.stage_blocks.v[2] = n + 2;
+    t = make(&wrap, &err);
+    CHECK(!t && strstr(err.msg, "execution.stage_blocks"),
+          "%s %s: a pin of huge entries: %s", what, modes[k / 2], err.msg);
+    st_trainer_destroy(t);
+    cp = wrap;
+    CHECK(st_fabric_parse(&cp, "cpu:2", &err) == 0, "%s", err.msg);
+    plan = NULL;
+    CHECK(st_plan_compile(&plan, &cp, 0, &err) != 0 &&
+              strstr(err.msg, "execution.stage_blocks"),
+          "%s %s: the plan took a pin of huge entries: %s", what,
+          modes[k / 2], err.msg);
+    st_plan_destroy(plan);
     /* more stages than blocks: still the pin's error, not execution.stages' */
     st_config many = c;
     many.execution.stage_blocks.n = n + 1;
