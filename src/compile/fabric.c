@@ -116,13 +116,15 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
     if (rc)
       return rc;
     snprintf(f->source, sizeof f->source,
-             "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split over them",
+             "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split "
+             "over them",
              cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9);
     st_calibration_apply(&c, f, path);
     return 0;
   }
   snprintf(f->source, sizeof f->source,
-           "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split over them; 90 GFLOP/s "
+           "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split "
+           "over them; 90 GFLOP/s "
            "per core, e(c) = 1/(1 + 0.05 (c - 1)) and 10 GB/s stage copies "
            "are built-in estimates, not calibrated (no profile at %.100s)",
            cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9,

@@ -338,8 +338,8 @@ static inline const char *st_stages_key(const st_config *cfg) {
                                            : "execution.stages";
 }
 /* execution.stage_blocks against a model of n blocks: 0, or ST_ECONFIG
- * naming the key when the stages do not hold exactly n blocks (the config
- * checked each entry and their count). */
+ * naming the key when an entry exceeds n or the stages do not hold exactly
+ * n blocks (the config checked that entries are >= 1, and their count). */
 int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err);
 /* The compiler's cut of all blocks into stages on `cores` cores (S = 0:
  * the plan's choice; more stages than cores share them, one thread each;
