@@ -308,6 +308,25 @@ static int run_cut(const st_config *c, int *first, int *count, st_error *err) {
   return k;
 }
 
+/* A run of c and its plan on cpu:2 are both refused, naming
+ * execution.stage_blocks (and `also`, if given, in the run's message). */
+static void pin_refused(const st_config *c, const char *what,
+                        const char *mode, const char *label, const char *also) {
+  st_error err = {0};
+  st_trainer *t = make(c, &err);
+  CHECK(!t && strstr(err.msg, "execution.stage_blocks") &&
+            (!also || strstr(err.msg, also)),
+        "%s %s: %s: the run: %s", what, mode, label, err.msg);
+  st_trainer_destroy(t);
+  st_config cp = *c;
+  CHECK(st_fabric_parse(&cp, "cpu:2", &err) == 0, "%s", err.msg);
+  st_plan *plan = NULL;
+  CHECK(st_plan_compile(&plan, &cp, 0, &err) != 0 &&
+            strstr(err.msg, "execution.stage_blocks"),
+        "%s %s: %s: the plan: %s", what, mode, label, err.msg);
+  st_plan_destroy(plan);
+}
+
 /* execution.stage_blocks pins the cut: both pipelined modes, on model
  * costs and on measured figures seeded to call for the last block alone,
  * run (and plan) the pinned stages where the costs would cut elsewhere
@@ -389,48 +408,21 @@ static void test_pin(const char *what, const st_config *base, st_shape in) {
     /* a pin of the wrong size */
     snprintf(pin, sizeof pin, "execution.stage_blocks=[%d, %d]", p1, n);
     set(&c, pin);
-    err.msg[0] = '\0';
-    st_trainer *t = make(&c, &err);
-    CHECK(!t && strstr(err.msg, "execution.stage_blocks") &&
-              strstr(err.msg, "the model has"),
-          "%s %s: a pin of %d blocks for %d: %s", what, modes[k / 2], n + p1,
-          n, err.msg);
-    st_trainer_destroy(t);
+    pin_refused(&c, what, modes[k / 2], "a pin of the wrong size",
+                "the model has");
     /* entries whose int sum would wrap to the model's blocks */
     st_config wrap = c;
     wrap.execution.stage_blocks.n = 3;
     wrap.execution.stage_blocks.v[0] = wrap.execution.stage_blocks.v[1] =
         2147483647;
     wrap.execution.stage_blocks.v[2] = n + 2;
-    t = make(&wrap, &err);
-    CHECK(!t && strstr(err.msg, "execution.stage_blocks"),
-          "%s %s: a pin of huge entries: %s", what, modes[k / 2], err.msg);
-    st_trainer_destroy(t);
-    cp = wrap;
-    CHECK(st_fabric_parse(&cp, "cpu:2", &err) == 0, "%s", err.msg);
-    plan = NULL;
-    CHECK(st_plan_compile(&plan, &cp, 0, &err) != 0 &&
-              strstr(err.msg, "execution.stage_blocks"),
-          "%s %s: the plan took a pin of huge entries: %s", what,
-          modes[k / 2], err.msg);
-    st_plan_destroy(plan);
+    pin_refused(&wrap, what, modes[k / 2], "a pin of huge entries", NULL);
     /* more stages than blocks: still the pin's error, not execution.stages' */
     st_config many = c;
     many.execution.stage_blocks.n = n + 1;
     for (int s2 = 0; s2 <= n; s2++) many.execution.stage_blocks.v[s2] = 1;
-    t = make(&many, &err);
-    CHECK(!t && strstr(err.msg, "execution.stage_blocks"),
-          "%s %s: %d one-block stages for %d blocks: %s", what, modes[k / 2],
-          n + 1, n, err.msg);
-    st_trainer_destroy(t);
-    cp = c;
-    CHECK(st_fabric_parse(&cp, "cpu:2", &err) == 0, "%s", err.msg);
-    plan = NULL;
-    CHECK(st_plan_compile(&plan, &cp, 0, &err) != 0 &&
-              strstr(err.msg, "execution.stage_blocks"),
-          "%s %s: the plan took a pin of the wrong size: %s", what,
-          modes[k / 2], err.msg);
-    st_plan_destroy(plan);
+    pin_refused(&many, what, modes[k / 2], "more one-block stages than blocks",
+                NULL);
   }
   st_model_destroy(m);
 }
