@@ -98,8 +98,10 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg);
  * untransposed, at most ST_NARROW_ROWS rows: a linear layer's forward and
  * input gradient at a small batch) is not packed as sgemm would: one row
  * is the BLAS's matrix-vector product, a few rows strata's own kernels
- * where they are faster (src/base/narrow.c); equally independent of the
- * thread count. */
+ * where they are faster (src/base/narrow.c). So are products with a short
+ * inner size (K <= 512, at most 1024 rows: a GPT's at a batch of a few
+ * sequences, attention's blocks), which only copy strips of op(B); all
+ * equally independent of the thread count. */
 #define ST_NARROW_ROWS 16
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,

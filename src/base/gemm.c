@@ -1,8 +1,9 @@
 /*
  * gemm.c — the one way strata multiplies matrices: CBLAS sgemm behind a
  * wrapper whose caller passes its thread pool (its cores). One row of A
- * goes to the BLAS's sgemv instead, and a few rows to narrow.c's kernels
- * where they are faster (both tiled by shape, as below).
+ * goes to the BLAS's sgemv instead, and a few rows or a short inner size
+ * to narrow.c's kernels where they are faster (both tiled by shape, as
+ * below).
  *
  * Why tiles: the BLAS is pinned to one thread per call (st_blas_init) so that
  * several stage workers calling at once never oversubscribe the machine; the
@@ -39,7 +40,9 @@
  * after; on 1 thread 1.4% slower (mean of 6 alternating pairs). A MIN_EDGE
  * of 64 for every product did as well there, but also cut the MLP's batch
  * 256 products into 16 smaller tiles (2-13% slower on 2 threads in 2 of 3
- * noisy pairs); small tiles only where there would be too few. */
+ * noisy pairs); small tiles only where there would be too few. (Those
+ * gpt_tiny products have since gone to narrow.c's packed kernel; the
+ * rule still splits, for one, its weight gradients at batch 2.) */
 enum {
   MIN_TILE_FLOPS = 1 << 19,
   TARGET_TILES = 16,

@@ -12,8 +12,9 @@
 #define ST_NARROW_AXPY_K 512
 
 /* Computes C = alpha op(A) op(B) + beta C as st_gemm does and returns 1
- * when the call is one narrow.c handles (A untransposed, 2 .. M rows as
- * above, K >= 1); returns 0, touching nothing, otherwise. */
+ * when the call is one narrow.c handles (2 .. M rows, K >= 1: A
+ * untransposed with rows as above, or the packed kernel's limits in
+ * narrow.c); returns 0, touching nothing, otherwise. */
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
                    int K, float alpha, const float *A, int lda, const float *B,
                    int ldb, float beta, float *C, int ldc);

@@ -1,8 +1,8 @@
 /*
  * test_gemm.c — st_gemm on every path it takes: one row (the BLAS's
  * matrix-vector product), a few rows (src/base/narrow.c's dot and axpy
- * kernels, each side of their limits), and the tiled sgemm, for every
- * transpose pair, alpha and beta.
+ * kernels), its packed kernel (each side of the limits), and the tiled
+ * sgemm, for every transpose pair, alpha and beta.
  *
  * Reference: the same products summed in double. Tolerance: each element
  * within 1e-5 of the sum of its terms' magnitudes (|alpha| sum |a b| +
@@ -115,17 +115,29 @@ int main(void) {
       {0, 0, 6, 8, 1, "axpy K=1"},   {0, 0, 11, 33, 64, "axpy"},
       {0, 0, 16, 784, 512, "axpy"},  {0, 0, 13, 2051, 300, "axpy tasks"},
       {0, 0, 9, 1, 5, "axpy N=1"},
+      /* packed: more rows, or A or B transposed; blocks of 6 rows and
+       * each remainder, strips of 16 columns and every tail (past 8 and
+       * below), K tails of the 8 x 8 transpose, both edges of the limits */
+      {0, 1, 9, 300, 200, "packed"},  {0, 0, 17, 64, 64, "packed"},
+      {0, 0, 23, 27, 29, "packed"},   {0, 1, 19, 27, 29, "packed"},
+      {0, 1, 20, 5, 3, "packed"},     {0, 0, 22, 13, 1, "packed K=1"},
+      {1, 0, 256, 784, 8, "packed dW"}, {1, 0, 2, 3, 1, "packed dW"},
+      {1, 0, 21, 40, 64, "packed dW"}, {1, 1, 5, 6, 7, "packed"},
+      {1, 1, 25, 35, 17, "packed"},   {0, 1, 200, 300, 100, "packed tasks"},
+      {0, 0, 20, 2051, 100, "packed tasks"},
+      {0, 0, 1024, 40, 512, "packed limits"},
+      {0, 1, 1024, 40, 512, "packed limits"},
+      /* gpt_tiny's products at batch 1 */
+      {0, 1, 64, 128, 512, "packed"}, {0, 0, 64, 128, 128, "packed"},
+      {1, 0, 384, 128, 64, "packed dW"}, {0, 1, 64, 384, 128, "packed"},
       /* past the kernels' limits: the tiled sgemm */
-      {0, 1, 9, 300, 200, "sgemm"},  {0, 0, 8, 64, 513, "sgemm K>512"},
-      {0, 0, 17, 64, 64, "sgemm"},   {1, 0, 256, 784, 8, "sgemm dW"},
-      {1, 0, 2, 3, 1, "sgemm dW"},   {1, 1, 5, 6, 7, "sgemm"},
-      {0, 1, 200, 300, 100, "sgemm tiled"},
+      {0, 0, 8, 64, 513, "sgemm K>512"}, {0, 0, 64, 40, 513, "sgemm K>512"},
+      {0, 1, 1025, 40, 30, "sgemm M>1024"}, {1, 0, 30, 40, 65, "sgemm dW"},
+      {1, 1, 30, 40, 65, "sgemm"},    {0, 1, 200, 300, 600, "sgemm tiled"},
       /* too few tiles at the usual edge: split further (gpt_tiny's
-       * shapes at batch 1) */
-      {0, 1, 64, 128, 512, "sgemm few tiles"},
-      {0, 0, 64, 128, 128, "sgemm few tiles"},
-      {1, 0, 384, 128, 64, "sgemm few tiles dW"},
-      {0, 1, 64, 384, 128, "sgemm few tiles"},
+       * weight gradient at batch 2) */
+      {1, 0, 384, 128, 128, "sgemm few tiles dW"},
+      {0, 1, 64, 128, 520, "sgemm few tiles"},
   };
   int n = (int)(sizeof shapes / sizeof shapes[0]);
   const float alphas[] = {1.0f, 0.5f, 0.0f}, betas[] = {0.0f, 1.0f, -0.75f};
