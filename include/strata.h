@@ -106,6 +106,13 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg);
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,
              float beta, float *C, int ldc);
+/* C = op(A) op(B) + bias, the bias (N floats) added to every row; the same
+ * bits as C filled with the bias and then st_gemm with alpha and beta 1,
+ * without the fill where narrow.c's kernels run (they add the bias as
+ * they store). */
+void st_gemm_bias(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
+                  const float *A, int lda, const float *B, int ldb,
+                  const float *bias, float *C, int ldc);
 /* Called once at start-up: pins the BLAS library to one thread per call. */
 void st_blas_init(void);
 const char *st_blas_name(void);

@@ -195,7 +195,7 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     return;
   }
   if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
-                     beta, C, ldc))
+                     beta, C, ldc, NULL))
     return;
   gemm_job j = {trans_a, trans_b, M,    N, K, lda, ldb, ldc,
                 1,       0,       0,    alpha, beta, A, B, C};
@@ -207,4 +207,16 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     return;
   }
   st_pool_for(pool, tiles_m * j.tiles_n, gemm_tile, &j);
+}
+
+void st_gemm_bias(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
+                  const float *A, int lda, const float *B, int ldb,
+                  const float *bias, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb,
+                     1.0f, C, ldc, bias))
+    return;
+  for (int i = 0; i < M; i++)
+    memcpy(C + (size_t)i * ldc, bias, (size_t)N * sizeof *C);
+  st_gemm(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
 }

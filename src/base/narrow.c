@@ -110,7 +110,14 @@ typedef struct narrow_job {
   float *C;
   int per_task; /* columns of C per task */
   int ta, tb;   /* the packed path's transposes */
+  const float *bias; /* with how ADD: added in place of C (C not read) */
 } narrow_job;
+
+/* What a sum of C's row is added to (how ADD): C's own element, or with a
+ * bias the bias's element of the same column. */
+INLINE const float *addend(const narrow_job *J, const float *c, int col) {
+  return J->bias ? J->bias + col : c;
+}
 
 /* ---------------------------------------------------------------- dot */
 
@@ -142,7 +149,7 @@ INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ) {
       float s = hsum(acc[r][j]);
       for (int t = k; t < K; t++) s += a[t] * b[t];
       float *c = C + (r0 + r) * ldc + j0 + j;
-      *c = finish(how, s, alpha, beta, c);
+      *c = finish(how, s, alpha, beta, addend(J, c, j0 + j));
     }
 }
 
@@ -190,7 +197,7 @@ INLINE void axpy_block(const narrow_job *J, int r0, int n, int RR, int NV) {
   for (int r = 0; r < RR; r++)
     for (int v = 0; v < NV; v++) {
       float *c = C + (r0 + r) * ldc + n + v * VL;
-      store(c, finish_v(how, acc[r][v], alpha, beta, c));
+      store(c, finish_v(how, acc[r][v], alpha, beta, addend(J, c, n + v * VL)));
     }
 }
 
@@ -201,7 +208,7 @@ static void axpy_column(const narrow_job *J, int n) {
     float s = 0.0f;
     for (int k = 0; k < J->K; k++) s += a[k] * J->B[(size_t)k * J->ldb + n];
     float *c = J->C + (size_t)r * J->ldc + n;
-    *c = finish(J->how, s, J->alpha, J->beta, c);
+    *c = finish(J->how, s, J->alpha, J->beta, addend(J, c, n));
   }
 }
 
@@ -326,14 +333,15 @@ INLINE void packed_block(const narrow_job *J, const float *strip, int r0,
   for (int r = 0; r < RR; r++) {
     float *c = C + (r0 + r) * ldc + n;
     if (w == STRIP) {
-      store(c, finish_v(how, acc[r][0], alpha, beta, c));
-      store(c + VL, finish_v(how, acc[r][1], alpha, beta, c + VL));
+      store(c, finish_v(how, acc[r][0], alpha, beta, addend(J, c, n)));
+      store(c + VL,
+            finish_v(how, acc[r][1], alpha, beta, addend(J, c + VL, n + VL)));
     } else {
       float lane[STRIP]; /* acc itself stays in registers */
       store(lane, acc[r][0]);
       store(lane + VL, acc[r][1]);
       for (int j = 0; j < w; j++)
-        c[j] = finish(how, lane[j], alpha, beta, c + j);
+        c[j] = finish(how, lane[j], alpha, beta, addend(J, c + j, n + j));
     }
   }
 }
@@ -389,7 +397,8 @@ static int task_edge(int edge, double flops_per_column) {
 
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
                    int K, float alpha, const float *A, int lda, const float *B,
-                   int ldb, float beta, float *C, int ldc) {
+                   int ldb, float beta, float *C, int ldc,
+                   const float *bias) {
   /* alpha 0: C = beta C without reading A or B, as the BLAS does */
   if (M < 2 || K < 1 || alpha == 0.0f) return 0;
   int direct = !trans_a && (trans_b ? M <= ST_NARROW_DOT_ROWS
@@ -397,10 +406,12 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
   int packed = !direct && K <= ST_NARROW_AXPY_K && M <= PACKED_ROWS &&
                (!trans_a || K <= PACKED_TRANS_A_K);
   if (!direct && !packed) return 0;
-  int how = beta == 0.0f                     ? SET
-            : alpha == 1.0f && beta == 1.0f ? ADD
-                                            : SCALED;
-  narrow_job J = {M, N, K, lda, ldb, ldc, how, alpha, beta, A, B, C, 0, 0, 0};
+  int how = bias                                       ? ADD
+            : beta == 0.0f                               ? SET
+            : alpha == 1.0f && beta == 1.0f              ? ADD
+                                                         : SCALED;
+  narrow_job J = {M,    N, K, lda, ldb, ldc, how, alpha, beta, A, B, C,
+                  0,    0, 0, bias};
   J.per_task = task_edge(N, 2.0 * M * K); /* tasks over C's columns */
   J.ta = trans_a, J.tb = trans_b;
   st_pool_for(pool, (N + J.per_task - 1) / J.per_task,

@@ -11,13 +11,13 @@
  * leading dimension. */
 static void forward(st_pool *pool, int wt, float *out, const float *in,
                     const float *w, const float *b, int B, int IC, int OC) {
-  if (b) {
-    for (int s = 0; s < B; s++)
-      for (int o = 0; o < OC; o++) out[(size_t)s * OC + o] = b[o];
-  }
-  /* out (B, OC) = in (B, IC) . W^T, or in . W for the transposed layout */
-  st_gemm(pool, 0, !wt, B, OC, IC, 1.0f, in, IC, w, wt ? OC : IC,
-          b ? 1.0f : 0.0f, out, OC);
+  /* out (B, OC) = in (B, IC) . W^T (+ b), or in . W for the transposed
+   * layout */
+  if (b)
+    st_gemm_bias(pool, 0, !wt, B, OC, IC, in, IC, w, wt ? OC : IC, b, out, OC);
+  else
+    st_gemm(pool, 0, !wt, B, OC, IC, 1.0f, in, IC, w, wt ? OC : IC, 0.0f, out,
+            OC);
 }
 
 static void backward(st_pool *pool, int wt, float *din, float *dw, float *db,

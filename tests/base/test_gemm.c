@@ -15,6 +15,7 @@
  * Also: beta = 0 ignores a NaN in C (BLAS semantics); nothing outside C's
  * M x N window is written (leading dimensions padded with a sentinel); the
  * result is bitwise the same on pools of 1, 2 and 3 threads and none.
+ * st_gemm_bias equals filling C with the bias and adding, bit for bit.
  */
 #include "harness.h"
 #include "strata.h"
@@ -96,6 +97,36 @@ static void run(const shape *s, float alpha, float beta, int nan_c,
   free(A), free(B), free(C0), free(C), free(first);
 }
 
+/* st_gemm_bias: the same bits as C filled with the bias and st_gemm with
+ * alpha and beta 1, on every path; C's old contents (NaN here) never read;
+ * nothing past column N written. */
+static void run_bias(const shape *s, st_pool **pools, int npools) {
+  int M = s->M, N = s->N, K = s->K, pad = 3;
+  int lda = (s->ta ? M : K) + pad, ldb = (s->tb ? K : N) + pad, ldc = N + pad;
+  size_t na = (size_t)(s->ta ? K : M) * lda, nb = (size_t)(s->tb ? N : K) * ldb,
+         nc = (size_t)M * ldc;
+  float *A = malloc(na * 4), *B = malloc(nb * 4), *bias = malloc((size_t)N * 4),
+        *want = malloc(nc * 4), *C = malloc(nc * 4);
+  for (size_t i = 0; i < na; i++) A[i] = uniform();
+  for (size_t i = 0; i < nb; i++) B[i] = uniform();
+  for (int j = 0; j < N; j++) bias[j] = uniform();
+  for (int r = 0; r < M; r++)
+    for (int c = 0; c < ldc; c++)
+      want[(size_t)r * ldc + c] = c < N ? bias[c] : SENTINEL;
+  st_gemm(NULL, s->ta, s->tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, want, ldc);
+  for (int p = 0; p < npools; p++) {
+    for (int r = 0; r < M; r++)
+      for (int c = 0; c < ldc; c++)
+        C[(size_t)r * ldc + c] = c < N ? NAN : SENTINEL;
+    st_gemm_bias(pools[p], s->ta, s->tb, M, N, K, A, lda, B, ldb, bias, C, ldc);
+    CHECK(memcmp(want, C, nc * 4) == 0,
+          "%s ta%d tb%d %dx%dx%d with a bias (%d threads): not the bits of the "
+          "bias filled in and then added to",
+          s->path, s->ta, s->tb, M, N, K, st_pool_threads(pools[p]));
+  }
+  free(A), free(B), free(bias), free(want), free(C);
+}
+
 int main(void) {
   st_blas_init();
   st_pool *pools[4] = {NULL, st_pool_create(1), st_pool_create(2),
@@ -147,6 +178,7 @@ int main(void) {
         run(&shapes[i], alphas[a], betas[b], 0, pools, 4);
   for (int i = 0; i < n; i++) /* beta = 0 never reads C */
     run(&shapes[i], 1.0f, 0.0f, 1, pools, 1);
+  for (int i = 0; i < n; i++) run_bias(&shapes[i], pools, 4);
   for (int p = 1; p < 4; p++) st_pool_destroy(pools[p]);
   printf("%d passed, %d failed\n", th_passed, th_failed);
   return th_failed != 0;
