@@ -31,6 +31,9 @@ typedef struct span {
   double wall;                   /* seconds inside steps over the span */
   int tracks;                    /* trace tracks (stages x replicas) */
   double busy[BENCH_MAX_TRACKS]; /* each track's busy seconds */
+  double bound;                  /* pipelined backprop: the span's wall
+                                    with free hand-offs (st_track_stats
+                                    bound_s); 0 in other modes */
   int stages, replicas, blocks;
   double plan_balance;           /* the compiler's predicted stage balance
                                     of the cut the run made (0: unknown) */
@@ -102,6 +105,7 @@ static int measure_span(const char *prog, const char *const *common,
   out->wall = wall1 - wall0;
   out->tracks = n;
   for (int i = 0; i < n; i++) out->busy[i] = b[i].busy_s - a[i].busy_s;
+  out->bound = n > 0 ? b[0].bound_s - a[0].bound_s : 0;
   out->stages = st_trainer_stages(t);
   out->replicas = cfg.execution.replicas;
   out->blocks = st_trainer_model(t)->n_blocks;

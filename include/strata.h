@@ -1394,6 +1394,12 @@ typedef struct st_track_stats {
   char name[48];    /* "stage 2", "replica 1 stage 0" */
   int first, count; /* its blocks */
   double busy_s;
+  /* pipelined backprop: the wall seconds its steps would have taken with
+   * every hand-off between stages free, the busy times replayed through
+   * the schedule's dependencies (the same for every stage); busy_s /
+   * bound_s is the utilization those times allow, whatever the runtime.
+   * 0 in other modes, and over replicas or ranks. */
+  double bound_s;
 } st_track_stats;
 int st_trainer_stats(const st_trainer *t, st_track_stats *out, int cap,
                      double *wall);

@@ -234,6 +234,9 @@ static void print_stages(const st_trainer *t, const st_config *c,
     return;
   }
   st_trainer_stats(t, st, n, &wall);
+  /* pipelined backprop's replay: the utilization its busy times allow */
+  double busy = 0, bound = n > 0 ? st[0].bound_s : 0;
+  for (int i = 0; i < n; i++) busy += st[i].busy_s;
   /* each replica's stages see its share of the samples */
   double per = (double)samples / c->execution.replicas;
   printf("strata: stage          blocks   busy   measured/sample   "
@@ -261,11 +264,17 @@ static void print_stages(const st_trainer *t, const st_config *c,
                                 ? plan->util_fill_drain
                                 : plan->util_pipelined),
            plan->balance);
-  if (!strcmp(c->execution.mode, "pipelined_backprop"))
+  if (!strcmp(c->execution.mode, "pipelined_backprop")) {
     printf(", 1.00 in steady state for a never-drained pipeline of %d "
            "stages%s\n",
            S, c->execution.emulate ? " (emulated: one thread runs them all)"
                                    : "");
+    if (bound > 0 && !c->execution.emulate)
+      printf("strata: the stages' own busy times allow %.2f (replayed with "
+             "free hand-offs); the hand-offs and the runtime cost the "
+             "rest\n",
+             busy / n / bound);
+  }
   else
     printf(", %.2f by the bubble formula M/(M+S-1) at S = %d\n", bubble, S);
 }

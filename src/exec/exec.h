@@ -359,6 +359,31 @@ int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
 int st_pb_delay(const void *state, int stage, int *steady_min,
                 int *steady_max, int *max_all);
 int st_pb_versions(const void *state, int stage);
+/* The replay (pb.c): pipelined backprop's steps run once more on paper,
+ * each stage's forward, backward and update taking the busy seconds it
+ * measured, but every hand-off free: a stage starts a forward as soon as
+ * it is free and the stage before has finished that forward, a backward
+ * as soon as the stage after has finished that backward (its send comes
+ * before its update). The wall this gives bounds the real one from below
+ * for the same busy times: busy / replay wall is the utilization those
+ * times allow; what the real run falls short of it, the hand-offs and the
+ * runtime cost. Pair n of stage s is its forward of n and its backward of
+ * n - D(s), D(s) = 2 (S - 1 - s). */
+enum { ST_PB_REPLAY_RING = 4 }; /* backward ends kept per stage */
+typedef struct st_pb_replay {
+  int S;
+  double *clock; /* [S]: when each stage is next free */
+  double *bend;  /* [S][ST_PB_REPLAY_RING]: when stage s's backward of
+                    micro-batch j ended, at j mod the ring */
+  double wall;   /* the latest clock: the steps' replayed wall */
+} st_pb_replay;
+int st_pb_replay_init(st_pb_replay *r, int S); /* -1: out of memory */
+void st_pb_replay_free(st_pb_replay *r);
+/* Replays pairs n0 .. n0 + K - 1 (the steps in order, each once): stage s's
+ * busy seconds in pair n0 + i are times[(s K + i) 3 + 0, 1, 2] (forward,
+ * backward, update; 0 where the pair has no backward). */
+void st_pb_replay_step(st_pb_replay *r, int64_t n0, int K,
+                       const double *times);
 /* Test probe: called with the weights each forward and backward at each
  * stage used (fwd = 1 for a forward), the stage's slab of n floats. */
 typedef void (*st_pb_probe)(void *arg, int stage, int64_t micro_batch,

@@ -134,6 +134,10 @@ typedef struct pb_stage {
   int delay_min, delay_max, delay_all; /* counted (tests) */
   int versions, max_versions;
   double busy, last_end;
+  /* the busy seconds of its last forward, backward (to the send) and
+   * update, and where pair() files them (its row of the job's times) */
+  double last_f, last_bk, last_u;
+  double *rec;
   int64_t n0;           /* the first micro-batch of the step it runs */
   atomic_llong done;    /* steps it has finished (threaded driver) */
   atomic_llong clean;   /* of those, run to the end before any stop */
@@ -151,6 +155,10 @@ typedef struct pb_job {
   int64_t n0;
   int K;
   int emulated_ok; /* emulated: every pair of it ran */
+  /* stage s's busy seconds in its pair n0 + i: forward, backward and
+   * update at times[(s K + i) 3 + 0, 1, 2] (cap pairs a stage) */
+  double *times;
+  int cap;
 } pb_job;
 
 typedef struct pb {
@@ -177,6 +185,7 @@ typedef struct pb {
   int rc, broken;
   st_error err;
   double wall, wall_t0; /* seconds with a step in flight; since when */
+  st_pb_replay replay;  /* the steps' busy times with free hand-offs */
   st_pb_probe probe;
   void *probe_arg;
   /* placed over ranks: this rank is member `me` of group */
@@ -398,6 +407,7 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
     double t1 = st_now();
     trace(v, ST_TRACE_FORWARD, n, t0, t1);
     st->busy += t1 - t0;
+    st->last_f = t1 - t0;
     if (st->remote_next)
       return link_send(st, v, CH_FWD, st->index + 1, out, n,
                        &st->tx_fwd[slot]);
@@ -413,6 +423,7 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
   double t1 = st_now();
   trace(v, ST_TRACE_FORWARD, n, t0, t1);
   st->busy += t1 - t0;
+  st->last_f = t1 - t0;
   if (!isfinite(sum)) {
     st_error err = {0};
     st_error_set(&err, ST_ENONFINITE,
@@ -544,6 +555,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
   double t1 = st_now();
   trace(v, ST_TRACE_BACKWARD, j, t0, t1);
   st->busy += t1 - t0;
+  st->last_bk = t1 - t0;
   /* the buffers just read are free: post the receives that reuse them */
   if (st->remote_next && post_bwd(st, j + BWD_RING)) return -1;
   if (st->remote_prev && post_fwd(st, j + st->slots)) return -1;
@@ -586,14 +598,64 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
   t1 = st_now();
   trace(v, ST_TRACE_UPDATE, j, t0, t1);
   st->busy += t1 - t0;
+  st->last_u = t1 - t0;
   return 0;
 }
 
 /* Stage st's share of micro-batch n: its forward, then the backward and
  * update of the micro-batch D(s) behind it. */
 static int pair(pb_stage *st, st_trainer_view *v, int64_t n) {
-  if (forward(st, v, n)) return -1;
-  return n >= st->D ? backward(st, v, n - st->D) : 0;
+  st->last_f = st->last_bk = st->last_u = 0;
+  int rc = forward(st, v, n) || (n >= st->D && backward(st, v, n - st->D));
+  if (st->rec) {
+    double *r = st->rec + (n - st->n0) * 3;
+    r[0] = st->last_f, r[1] = st->last_bk, r[2] = st->last_u;
+  }
+  return rc ? -1 : 0;
+}
+
+/* ------------------------------------------------------------ replay */
+
+int st_pb_replay_init(st_pb_replay *r, int S) {
+  *r = (st_pb_replay){.S = S};
+  r->clock = calloc((size_t)S, sizeof *r->clock);
+  r->bend = calloc((size_t)S * ST_PB_REPLAY_RING, sizeof *r->bend);
+  if (r->clock && r->bend) return 0;
+  st_pb_replay_free(r);
+  return -1;
+}
+
+void st_pb_replay_free(st_pb_replay *r) {
+  free(r->clock);
+  free(r->bend);
+  r->clock = r->bend = NULL;
+}
+
+/* Within pair n the stages go in order, so stage s - 1 reads the backward
+ * of stage s that ended two pairs before (D(s - 1) = D(s) + 2), and the
+ * ring of ends is never overwritten before it is read. */
+void st_pb_replay_step(st_pb_replay *r, int64_t n0, int K,
+                       const double *times) {
+  const int S = r->S, ring = ST_PB_REPLAY_RING;
+  for (int i = 0; i < K; i++) {
+    double fwd_end = 0; /* stage s - 1's forward of this micro-batch */
+    for (int s = 0; s < S; s++) {
+      const double *t = times + ((size_t)s * K + i) * 3;
+      double at = r->clock[s];
+      if (s > 0 && fwd_end > at) at = fwd_end;
+      fwd_end = at + t[0];
+      r->clock[s] = fwd_end;
+      int64_t j = n0 + i - 2 * (S - 1 - s);
+      if (j < 0) continue;
+      at = r->clock[s];
+      if (s < S - 1 && r->bend[(s + 1) * ring + j % ring] > at)
+        at = r->bend[(s + 1) * ring + j % ring];
+      r->bend[s * ring + j % ring] = at + t[1];
+      r->clock[s] = at + t[1] + t[2];
+    }
+  }
+  for (int s = 0; s < S; s++)
+    if (r->clock[s] > r->wall) r->wall = r->clock[s];
 }
 
 /* ----------------------------------------------------------- drivers */
@@ -605,6 +667,7 @@ static int run_stage(pb_stage *st, const pb_job *job) {
   view.ctx.pool = st->pool;
   view.track = job->v.track + st->index;
   st->n0 = job->n0;
+  st->rec = job->times ? job->times + (size_t)st->index * job->K * 3 : NULL;
   double now = st_now();
   if (st->last_end > 0) trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
   int rc = 0;
@@ -635,7 +698,11 @@ static void *worker(void *arg) {
 
 /* One thread, tick by tick: at tick t stage s runs micro-batch t - s. */
 static void emulate(pb *p, pb_job *job) {
-  for (int s = 0; s < p->S; s++) p->stages[s].n0 = job->n0;
+  for (int s = 0; s < p->S; s++) {
+    p->stages[s].n0 = job->n0;
+    p->stages[s].rec =
+        job->times ? job->times + (size_t)s * job->K * 3 : NULL;
+  }
   for (int64_t t = job->n0; t < job->n0 + job->K + p->S - 1; t++)
     for (int s = 0; s < p->S; s++) {
       int64_t n = t - s;
@@ -706,6 +773,8 @@ static void pb_destroy(void *state) {
   }
   free(p->stages);
   st_stage_destroy(p->eval);
+  for (int k = 0; k < 2; k++) free(p->jobs[k].times);
+  st_pb_replay_free(&p->replay);
   pthread_mutex_destroy(&p->mu);
   st_waiter_destroy(&p->w);
   free(p);
@@ -932,6 +1001,9 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   p->spin = threads <= st_usable_cores() && p->S <= cores ? ST_SPIN : 0;
   if (pl) /* ranks sharing this machine's cores: spin only on spare ones */
     p->spin = st_dist_local_size() <= st_usable_cores() ? ST_SPIN : 0;
+  /* the replay needs every stage's times: all stages in this process */
+  if (p->local == p->S && st_pb_replay_init(&p->replay, p->S))
+    rc = st_error_set(err, ST_ENOMEM, "out of memory (pipelined backprop)");
   for (int s = 0; !rc && s < p->S; s++)
     if (p->stages[s].local) rc = alloc_stage(p, &p->stages[s], err);
   if (!rc)
@@ -1074,6 +1146,13 @@ static int pb_start(void *state, const st_trainer_view *v, st_error *err) {
   job->v.ctx.fused = NULL; /* updates are this executor's own, per stage */
   job->n0 = p->next;
   job->K = v->batch / p->mb;
+  if (p->replay.clock && job->K > job->cap) {
+    double *t = realloc(job->times, (size_t)p->S * job->K * 3 * sizeof *t);
+    if (!t)
+      return st_error_set(err, ST_ENOMEM,
+                          "out of memory (pipelined backprop's step times)");
+    job->times = t, job->cap = job->K;
+  }
   /* A resumed run starts with an empty pipeline; by its checkpoint's step
    * stage s had updated for every micro-batch but the last D(s). */
   if (p->next == 0 && v->step > 0)
@@ -1114,6 +1193,8 @@ static int pb_wait(void *state, double *loss, st_error *err) {
   }
   p->waited++;
   if (p->waited == p->started) p->wall += st_now() - p->wall_t0;
+  if (ok && !p->broken && job->times)
+    st_pb_replay_step(&p->replay, job->n0, job->K, job->times);
   /* A step every stage ran to its end is whole, whatever stopped the one
    * after it (that one's wait reports it). */
   if (ok && !p->broken) {
@@ -1164,6 +1245,7 @@ static int pb_stats(void *state, st_track_stats *out, int cap, double *wall) {
       out[n].first = st->first;
       out[n].count = st->count;
       out[n].busy_s = st->busy;
+      out[n].bound_s = p->replay.wall;
     }
     n++;
   }

@@ -1098,6 +1098,7 @@ static int pipe_stats(void *state, st_track_stats *out, int cap,
       out[n].first = st->first;
       out[n].count = st->count;
       out[n].busy_s = st->busy;
+      out[n].bound_s = 0;
     }
     n++;
   }

@@ -418,6 +418,8 @@ static int ranks_stats(void *state, st_track_stats *out, int cap,
   double inner_wall;
   int n = p->inner->stats(p->state, out, cap, &inner_wall);
   *wall = p->busy;
+  for (int i = 0; i < n && i < cap; i++)
+    out[i].bound_s = 0; /* the inner mode's timeline, not this wall's */
   return n;
 }
 

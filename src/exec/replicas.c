@@ -399,6 +399,7 @@ static int rep_stats(void *state, st_track_stats *out, int cap,
       o->first = in->first;
       o->count = in->count;
       o->busy_s = in->busy_s;
+      o->bound_s = 0; /* each replica's own timeline, not this wall's */
     }
     n += k;
   }

@@ -165,20 +165,26 @@ static void stage_fields(const run_state *r, FILE *f) {
   double plan_rate = st_trainer_plan_rate(r->t, &plan_util);
   fprintf(f, ",\n  \"stages\": [");
   if (st) st_trainer_stats(r->t, st, n, &wall);
-  for (int i = 0; st && i < n; i++)
+  double busy = 0, bound = st && n > 0 ? st[0].bound_s : 0;
+  for (int i = 0; st && i < n; i++) {
     fprintf(f,
             "%s{\"name\": \"%s\", \"blocks\": [%d, %d], "
             "\"busy_fraction\": %.4f}",
             i ? ", " : "", st[i].name, st[i].first,
             st[i].first + st[i].count - 1, wall > 0 ? st[i].busy_s / wall : 0);
+    busy += st[i].busy_s;
+  }
   free(st);
-  char pu[32] = "null", pr[32] = "null";
+  char pu[32] = "null", pr[32] = "null", al[32] = "null";
   if (plan_util > 0) snprintf(pu, sizeof pu, "%.4f", plan_util);
   if (plan_rate > 0) snprintf(pr, sizeof pr, "%.1f", plan_rate);
+  /* pipelined backprop: what its busy times allow with free hand-offs */
+  if (bound > 0) snprintf(al, sizeof al, "%.4f", busy / n / bound);
   fprintf(f,
           "],\n  \"utilization\": %.4f,\n  \"utilization_plan\": %s,\n"
-          "  \"utilization_bubble\": %.4f,\n  \"plan_samples_per_s\": %s",
-          util, pu, bubble, pr);
+          "  \"utilization_bubble\": %.4f,\n  \"utilization_allowed\": %s,"
+          "\n  \"plan_samples_per_s\": %s",
+          util, pu, bubble, al, pr);
 }
 
 static int write_summary(run_state *r, st_error *err) {

@@ -101,7 +101,7 @@ static int seq_stats(void *state, st_track_stats *out, int cap,
   const seq *q = state;
   *wall = q->busy;
   if (cap > 0)
-    out[0] = (st_track_stats){"stage 0", 0, q->stage->count, q->busy};
+    out[0] = (st_track_stats){"stage 0", 0, q->stage->count, q->busy, 0};
   return 1;
 }
 

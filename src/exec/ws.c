@@ -767,7 +767,7 @@ static int ws_stats(void *state, st_track_stats *out, int cap, double *wall) {
   const ws *w = state;
   *wall = w->busy;
   if (cap > 0)
-    out[0] = (st_track_stats){"compute", 0, w->nb, w->busy - w->stall_s};
+    out[0] = (st_track_stats){"compute", 0, w->nb, w->busy - w->stall_s, 0};
   return 1;
 }
 

@@ -593,6 +593,14 @@ if [ "$rc_thr" -eq 0 ] && [ "$rc" -eq 0 ] && [ "$pb_same" -eq 1 ] && [ "$n_ck" -
 else
   fail "pipelined backprop: threaded checkpoints equal the emulator's" "rc $rc_thr/$rc, $n_ck checkpoints, same $pb_same" "$err"
 fi
+# its summary carries the utilization its busy times allow (the replay with
+# free hand-offs); block_sequential's has none
+if grep -Eq '"utilization_allowed": (0\.[0-9]{4}|1\.0000),' "$T/pb_thr/summary.json" &&
+   grep -q '"utilization_allowed": null,' "$T/p_bseq/summary.json"; then
+  pass
+else
+  fail "pipelined backprop: utilization_allowed in summary.json" "$(grep utilization "$T/pb_thr/summary.json")"
+fi
 
 # --- 8d. weight streaming from a file store ----------------------------------
 # The store is the run's checkpoint: a run killed with SIGKILL at a random

@@ -27,6 +27,8 @@
  *    in the step started ahead fails at its own step, with the message
  *    of the run without overlap; evaluating or saving meanwhile is refused;
  *  - optimizer.reference_batch's rescaling against its closed form;
+ *  - the replay of the stages' busy times with free hand-offs, on
+ *    hand-worked schedules, and below the real wall of a threaded run;
  *  - impossible settings fail before any work.
  */
 #include "harness.h"
@@ -520,6 +522,70 @@ static void test_refusals(const st_config *base) {
   free(w);
 }
 
+/* The replay (st_pb_replay_step) on hand-worked schedules, and on a real
+ * threaded run: its wall is no more than the run's (the same busy times
+ * with free hand-offs) and no less than any stage's busy time. */
+static void test_replay(const st_config *base) {
+  st_pb_replay r;
+  CHECK(st_pb_replay_init(&r, 2) == 0, "replay: out of memory");
+  /* S = 2 (D = 2, 0), forward 1, backward 2, no update, K = 4 a step:
+   * stage 0 waits for stage 1's backward of 0 until 4, then both run a
+   * pair every 3; ends 9 and 13 after one step, 21 and 25 after two */
+  double t[2 * 4 * 3];
+  for (int i = 0; i < 2 * 4; i++) t[i * 3] = 1, t[i * 3 + 1] = 2, t[i * 3 + 2] = 0;
+  for (int i = 0; i < 2; i++) t[i * 3 + 1] = 0; /* pairs 0, 1: no backward */
+  st_pb_replay_step(&r, 0, 4, t);
+  CHECK(r.clock[0] == 9 && r.clock[1] == 13 && r.wall == 13,
+        "replay, first step: clocks %g %g wall %g, want 9 13 13", r.clock[0],
+        r.clock[1], r.wall);
+  for (int i = 0; i < 2; i++) t[i * 3 + 1] = 2; /* pairs 4, 5 have one */
+  st_pb_replay_step(&r, 4, 4, t);
+  CHECK(r.clock[0] == 21 && r.clock[1] == 25 && r.wall == 25,
+        "replay, second step: clocks %g %g wall %g, want 21 25 25", r.clock[0],
+        r.clock[1], r.wall);
+  st_pb_replay_free(&r);
+  /* the stage after sends before it updates: stage 1's update (1) delays
+   * its next pair, not stage 0's backward (which starts at 4, not 5) */
+  CHECK(st_pb_replay_init(&r, 2) == 0, "replay: out of memory");
+  double u[2 * 3 * 3] = {1, 0, 0, 1, 0, 0, 1, 1, 0,  /* stage 0 */
+                         1, 2, 1, 1, 2, 1, 1, 2, 1}; /* stage 1 */
+  st_pb_replay_step(&r, 0, 3, u);
+  CHECK(r.clock[0] == 5 && r.clock[1] == 13 && r.wall == 13,
+        "replay with updates: clocks %g %g wall %g, want 5 13 13", r.clock[0],
+        r.clock[1], r.wall);
+  st_pb_replay_free(&r);
+
+  for (int S = 2; S <= 4; S += 2) {
+    st_config c = *base;
+    c.execution.stages = S;
+    c.train.batch = 16;
+    snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "sc");
+    st_error err = {0};
+    st_trainer *tr = make(&c, &err);
+    CHECK(tr != NULL, "%s", err.msg);
+    if (!tr) return;
+    double loss;
+    for (int i = 0; i < 20; i++)
+      CHECK(st_trainer_step_ahead(tr, i < 19, &loss, &err) == 0, "%s", err.msg);
+    st_track_stats st[8];
+    double wall = 0;
+    int n = st_trainer_stats(tr, st, 8, &wall);
+    CHECK(n == S, "S=%d: %d tracks", S, n);
+    for (int i = 0; i < n && i < 8; i++) {
+      CHECK(st[i].bound_s > 0 && st[i].bound_s == st[0].bound_s,
+            "S=%d stage %d: replayed wall %g (stage 0's %g)", S, i,
+            st[i].bound_s, st[0].bound_s);
+      CHECK(st[i].bound_s >= st[i].busy_s * (1 - 1e-12),
+            "S=%d stage %d: replayed wall %g under its busy %g", S, i,
+            st[i].bound_s, st[i].busy_s);
+    }
+    CHECK(st[0].bound_s <= wall * (1 + 1e-9),
+          "S=%d: replayed wall %g over the real one %g", S, st[0].bound_s,
+          wall);
+    st_trainer_destroy(tr);
+  }
+}
+
 int main(void) {
   (void)train; /* models.h's 20-step helper; these tests count their own */
   st_blas_init();
@@ -608,5 +674,6 @@ int main(void) {
   test_steady_and_nan(&deep);
   test_reference_batch(&deep);
   test_refusals(&deep);
+  test_replay(&deep);
   TH_DONE();
 }
