@@ -99,17 +99,17 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg);
  * input gradient at a small batch) is not packed as sgemm would: one row
  * is the BLAS's matrix-vector product, a few rows strata's own kernels
  * where they are faster (src/base/narrow.c). So are products with a short
- * inner size (K <= 512, at most 1024 rows: a GPT's at a batch of a few
- * sequences, attention's blocks), which only copy strips of op(B); all
- * equally independent of the thread count. */
+ * inner size (K <= 512, K <= 64 with A transposed, at most 1024 rows: a
+ * GPT's at a batch of a few sequences, attention's blocks), which only
+ * copy strips of op(B); all equally independent of the thread count. */
 #define ST_NARROW_ROWS 16
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,
              float beta, float *C, int ldc);
-/* C = op(A) op(B) + bias, the bias (N floats) added to every row; the same
- * bits as C filled with the bias and then st_gemm with alpha and beta 1,
- * without the fill where narrow.c's kernels run (they add the bias as
- * they store). */
+/* C = op(A) op(B) + bias, the bias (N floats, not NULL, not inside C)
+ * added to every row; the same bits as C filled with the bias and then
+ * st_gemm with alpha and beta 1, without the fill where narrow.c's kernels
+ * run (they add the bias as they store). */
 void st_gemm_bias(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                   const float *A, int lda, const float *B, int ldb,
                   const float *bias, float *C, int ldc);

@@ -241,33 +241,53 @@ static void axpy_task(void *arg, int t) {
 /* A strip of op(B): K rows of STRIP consecutive columns of C, copied into
  * one contiguous buffer (the columns past N zero). */
 enum { STRIP = 2 * VL };
+/* The packed kernel's limits (this file's header): its strip of K x STRIP
+ * floats lives on the task's stack, 32 KB at K = 512. It runs only where
+ * the target has FMA: without it (a build without -march=native) each
+ * product and sum round apart, and a CNN's AdamW trajectory in test_e2e
+ * drifted from PyTorch's by 5.5e-4 in 100 steps (1e-4 allowed), where
+ * OpenBLAS picks FMA kernels at run time. */
+#if defined(__FMA__)
+enum { PACKED_ROWS = 1024 };
+#else
+enum { PACKED_ROWS = 0 };
+#endif
+enum { PACKED_K = 512, PACKED_TRANS_A_K = 64 };
 
 #if defined(__AVX__)
+/* Lanes of a and b (0-7 a's, 8-15 b's) picked by 8 constant indices:
+ * GCC's and clang's spellings of the same shuffle. */
+#if defined(__clang__)
+#define SHUF(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                            \
+  __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
+#else
 typedef int vi __attribute__((vector_size(32)));
+#define SHUF(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                            \
+  __builtin_shuffle(a, b, (vi){i0, i1, i2, i3, i4, i5, i6, i7})
+#endif
+
 /* dst[j * STRIP + i] = src[i * ld + j] for an 8 x 8 block: pairs, then
  * quads within each half, then the halves (unpack, shuffle, permute). */
 INLINE void transpose8(const float *src, size_t ld, float *dst) {
   vf r[8], t[8];
   for (int i = 0; i < 8; i++) r[i] = load(src + i * ld);
   for (int i = 0; i < 8; i += 2) {
-    t[i] = __builtin_shuffle(r[i], r[i + 1], (vi){0, 8, 1, 9, 4, 12, 5, 13});
-    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (vi){2, 10, 3, 11, 6, 14, 7, 15});
+    t[i] = SHUF(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = SHUF(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
   }
   for (int i = 0; i < 8; i += 4)
     for (int h = 0; h < 2; h++) {
-      r[i + h] = __builtin_shuffle(t[i + h], t[i + h + 2],
-                                   (vi){0, 1, 8, 9, 4, 5, 12, 13});
-      r[i + h + 2] = __builtin_shuffle(t[i + h], t[i + h + 2],
-                                       (vi){2, 3, 10, 11, 6, 7, 14, 15});
+      r[i + h] = SHUF(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      r[i + h + 2] = SHUF(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
     }
   /* r[0..3]: columns 0, 2, 1, 3 of rows 0-3 (low half) and 4, 6, 5, 7
    * (high half); r[4..7] the same for rows 4-7 */
   static const int col[4] = {0, 2, 1, 3};
   for (int q = 0; q < 4; q++) {
     store(dst + (size_t)col[q] * STRIP,
-          __builtin_shuffle(r[q], r[q + 4], (vi){0, 1, 2, 3, 8, 9, 10, 11}));
+          SHUF(r[q], r[q + 4], 0, 1, 2, 3, 8, 9, 10, 11));
     store(dst + (size_t)(col[q] + 4) * STRIP,
-          __builtin_shuffle(r[q], r[q + 4], (vi){4, 5, 6, 7, 12, 13, 14, 15}));
+          SHUF(r[q], r[q + 4], 4, 5, 6, 7, 12, 13, 14, 15));
   }
 }
 #endif
@@ -371,7 +391,7 @@ static void packed_strip(const narrow_job *J, const float *strip, int n,
 
 static void packed_task(void *arg, int t) {
   const narrow_job *J = arg;
-  float strip[ST_NARROW_AXPY_K * STRIP] __attribute__((aligned(64)));
+  float strip[PACKED_K * STRIP] __attribute__((aligned(64)));
   int n = t * J->per_task, end = n + J->per_task < J->N ? n + J->per_task : J->N;
   for (; n < end; n += STRIP) {
     int w = end - n < STRIP ? end - n : STRIP;
@@ -383,10 +403,10 @@ static void packed_task(void *arg, int t) {
 /* ------------------------------------------------------------ dispatch */
 
 /* Work of one task at least this many FLOPs; a task's edge a multiple of
- * 16 (every block's width divides it: 4 columns for dot, 2 VL for axpy), so
- * where the tasks fall never changes which block computes an element. */
+ * 16 (every block's width divides it: 4 columns for dot, 2 VL for axpy and
+ * packed's strips), so where the tasks fall never changes which block
+ * computes an element. */
 enum { TASK_FLOPS = 1 << 19, TASK_ALIGN = 16 };
-enum { PACKED_ROWS = 1024, PACKED_TRANS_A_K = 64 };
 
 static int task_edge(int edge, double flops_per_column) {
   double fit = TASK_FLOPS / (flops_per_column > 1 ? flops_per_column : 1);
@@ -403,7 +423,7 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
   if (M < 2 || K < 1 || alpha == 0.0f) return 0;
   int direct = !trans_a && (trans_b ? M <= ST_NARROW_DOT_ROWS
                                     : M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K);
-  int packed = !direct && K <= ST_NARROW_AXPY_K && M <= PACKED_ROWS &&
+  int packed = !direct && K <= PACKED_K && M <= PACKED_ROWS &&
                (!trans_a || K <= PACKED_TRANS_A_K);
   if (!direct && !packed) return 0;
   int how = bias                                       ? ADD

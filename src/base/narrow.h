@@ -6,8 +6,9 @@
 
 #include "strata.h"
 
-/* Rows of A (untransposed) up to which narrow.c's kernels run: with B
- * transposed (dot), and without (axpy, for K up to ST_NARROW_AXPY_K). */
+/* Rows of A (untransposed) up to which narrow.c's dot and axpy kernels run:
+ * with B transposed (dot), and without (axpy, for K up to
+ * ST_NARROW_AXPY_K). Its packed kernel takes more rows (narrow.c). */
 #define ST_NARROW_DOT_ROWS 8
 #define ST_NARROW_AXPY_K 512
 

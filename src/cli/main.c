@@ -274,9 +274,9 @@ static void print_stages(const st_trainer *t, const st_config *c,
              "free hand-offs); the hand-offs and the runtime cost the "
              "rest\n",
              busy / n / bound);
-  }
-  else
+  } else {
     printf(", %.2f by the bubble formula M/(M+S-1) at S = %d\n", bubble, S);
+  }
 }
 
 static int cmd_train(int argc, char **argv) {

@@ -367,8 +367,9 @@ int st_pb_versions(const void *state, int stage);
  * before its update). The wall this gives bounds the real one from below
  * for the same busy times: busy / replay wall is the utilization those
  * times allow; what the real run falls short of it, the hand-offs and the
- * runtime cost. Pair n of stage s is its forward of n and its backward of
- * n - D(s), D(s) = 2 (S - 1 - s). */
+ * runtime cost (a wait at a step boundary, where a step did not start
+ * before the last returned, among them). Pair n of stage s is its forward
+ * of n and its backward of n - D(s), D(s) = 2 (S - 1 - s). */
 enum { ST_PB_REPLAY_RING = 4 }; /* backward ends kept per stage */
 typedef struct st_pb_replay {
   int S;

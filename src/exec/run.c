@@ -178,8 +178,10 @@ static void stage_fields(const run_state *r, FILE *f) {
   char pu[32] = "null", pr[32] = "null", al[32] = "null";
   if (plan_util > 0) snprintf(pu, sizeof pu, "%.4f", plan_util);
   if (plan_rate > 0) snprintf(pr, sizeof pr, "%.1f", plan_rate);
-  /* pipelined backprop: what its busy times allow with free hand-offs */
-  if (bound > 0) snprintf(al, sizeof al, "%.4f", busy / n / bound);
+  /* pipelined backprop: what its busy times allow with free hand-offs
+   * (not emulated: one thread ran every stage, no hand-off to replay) */
+  if (bound > 0 && !r->cfg->execution.emulate)
+    snprintf(al, sizeof al, "%.4f", busy / n / bound);
   fprintf(f,
           "],\n  \"utilization\": %.4f,\n  \"utilization_plan\": %s,\n"
           "  \"utilization_bubble\": %.4f,\n  \"utilization_allowed\": %s,"
