@@ -78,6 +78,18 @@ INLINE vf splat(float x) {
 #endif
 }
 
+/* a b + c as one FMA where the target has one. Spelled out for scalar
+ * loops: GCC vectorises `s += a[k] * b[k]` as an in-order reduction whose
+ * products round apart from its sums, unlike the kernels' lanes (an axpy
+ * tail column broke test_gemm's one-chain check that way). */
+INLINE float fma1(float a, float b, float c) {
+#if defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 /* The lanes' sum in a fixed tree. */
 INLINE float hsum(vf v) {
 #if defined(__AVX__)
@@ -206,7 +218,8 @@ static void axpy_column(const narrow_job *J, int n) {
   for (int r = 0; r < J->M; r++) {
     const float *a = J->A + (size_t)r * J->lda;
     float s = 0.0f;
-    for (int k = 0; k < J->K; k++) s += a[k] * J->B[(size_t)k * J->ldb + n];
+    for (int k = 0; k < J->K; k++)
+      s = fma1(a[k], J->B[(size_t)k * J->ldb + n], s);
     float *c = J->C + (size_t)r * J->ldc + n;
     *c = finish(J->how, s, J->alpha, J->beta, addend(J, c, n));
   }

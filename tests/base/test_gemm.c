@@ -16,6 +16,10 @@
  * M x N window is written (leading dimensions padded with a sentinel); the
  * result is bitwise the same on pools of 1, 2 and 3 threads and none.
  * st_gemm_bias equals filling C with the bias and adding, bit for bit.
+ * Where the target has FMA, the axpy and packed kernels give each element
+ * exactly one fmaf chain over k in order from 0 (then C's term), as
+ * narrow.c's header says: so their vector width and register blocks
+ * change no bit.
  */
 #include "harness.h"
 #include "strata.h"
@@ -127,6 +131,42 @@ static void run_bias(const shape *s, st_pool **pools, int npools) {
   free(A), free(B), free(bias), free(want), free(C);
 }
 
+#if defined(__FMA__)
+/* The axpy and packed paths at alpha 1, beta 0 and 1: each element is
+ * s = fmaf(a_k, b_k, s) for k = 0, 1, ... from s = 0, then C = s or
+ * C + s, bit for bit. */
+static void run_chain(const shape *s) {
+  int M = s->M, N = s->N, K = s->K;
+  int lda = s->ta ? M : K, ldb = s->tb ? K : N;
+  float *A = malloc((size_t)M * K * 4), *B = malloc((size_t)K * N * 4),
+        *C0 = malloc((size_t)M * N * 4), *C = malloc((size_t)M * N * 4);
+  for (size_t i = 0; i < (size_t)M * K; i++) A[i] = uniform();
+  for (size_t i = 0; i < (size_t)K * N; i++) B[i] = uniform();
+  for (size_t i = 0; i < (size_t)M * N; i++) C0[i] = uniform();
+  for (int beta = 0; beta <= 1; beta++) {
+    memcpy(C, C0, (size_t)M * N * 4);
+    st_gemm(NULL, s->ta, s->tb, M, N, K, 1.0f, A, lda, B, ldb, (float)beta, C,
+            N);
+    int off = 0;
+    for (int r = 0; r < M; r++)
+      for (int c = 0; c < N; c++) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; k++)
+          acc = fmaf(s->ta ? A[(size_t)k * lda + r] : A[(size_t)r * lda + k],
+                     s->tb ? B[(size_t)c * ldb + k] : B[(size_t)k * ldb + c],
+                     acc);
+        float want = beta ? C0[(size_t)r * N + c] + acc : acc;
+        off += memcmp(&want, &C[(size_t)r * N + c], 4) != 0;
+      }
+    CHECK(off == 0,
+          "%s ta%d tb%d %dx%dx%d beta %d: %d elements not one fmaf chain over "
+          "k in order",
+          s->path, s->ta, s->tb, M, N, K, beta, off);
+  }
+  free(A), free(B), free(C0), free(C);
+}
+#endif
+
 int main(void) {
   st_blas_init();
   st_pool *pools[4] = {NULL, st_pool_create(1), st_pool_create(2),
@@ -156,6 +196,9 @@ int main(void) {
       {1, 0, 21, 40, 64, "packed dW"}, {1, 1, 5, 6, 7, "packed"},
       {1, 1, 25, 35, 17, "packed"},   {0, 1, 200, 300, 100, "packed tasks"},
       {0, 0, 20, 2051, 100, "packed tasks"},
+      {0, 1, 13, 45, 37, "packed"},   {0, 0, 20, 95, 40, "packed"},
+      {1, 0, 31, 61, 33, "packed dW"}, {0, 0, 12, 29, 16, "axpy"},
+      {0, 0, 14, 95, 40, "axpy"},
       {0, 0, 1024, 40, 512, "packed limits"},
       {0, 1, 1024, 40, 512, "packed limits"},
       /* gpt_tiny's products at batch 1 */
@@ -179,6 +222,12 @@ int main(void) {
   for (int i = 0; i < n; i++) /* beta = 0 never reads C */
     run(&shapes[i], 1.0f, 0.0f, 1, pools, 1);
   for (int i = 0; i < n; i++) run_bias(&shapes[i], pools, 4);
+#if defined(__FMA__)
+  for (int i = 0; i < n; i++)
+    if (!strncmp(shapes[i].path, "packed", 6) ||
+        !strncmp(shapes[i].path, "axpy", 4))
+      run_chain(&shapes[i]);
+#endif
   for (int p = 1; p < 4; p++) st_pool_destroy(pools[p]);
   printf("%d passed, %d failed\n", th_passed, th_failed);
   return th_failed != 0;
