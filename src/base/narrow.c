@@ -15,11 +15,12 @@
  *         2 <= M <= 8: 1.1x at 8 rows, 1.7x at 4, 3.8x at 2;
  *   axpy: C (M x N) = A (M x K) . B,   B stored K x N   (trans_a 0, trans_b 0)
  *         2 <= M <= 16 and K <= 512: 1.3x to 3x. Past K = 512 its walk
- *         down a 16-column strip of B falls out of L1 (and, with B's rows
+ *         down a strip of B (2 VL columns) falls out of L1 (and, with B's
+ *         rows
  *         a multiple of 4 KB apart, into a few cache sets): 0.4x to 0.6x.
  *   packed: C = op(A) op(B) with any transposes, 2 <= M <= 1024 rows, K <=
  *         512 (and K <= 64 with A transposed), where the two above do not
- *         run. A strip of op(B), K x 16 columns, is copied into one
+ *         run. A strip of op(B), K x 2 VL columns, is copied into one
  *         contiguous buffer (B transposed: 8 x 8 blocks at a time, in
  *         registers), and blocks of 6 rows of op(A) pass over it as in
  *         axpy; op(A) is read in place. The copy keeps the strip in L1
@@ -33,45 +34,73 @@
  *         past K = 64 (512 x 512 x 128: 82 against 84; 1024 x 1024 x 512:
  *         67 against 92), hence its limit.
  *
+ * VL, the lanes of the axpy and packed kernels, is 16 where the target has
+ * AVX-512, else 8 (AVX) or 4. On Zen 5 (2026-11-27: one thread, hot caches,
+ * best of 7 x 200 calls), 16 lanes against 8: gpt_tiny's 15 products at
+ * batch 1 at 248 GFLOP/s against 132, axpy's shapes of 2-16 rows 1.1x to
+ * 1.8x; gpt_tiny's batch-1 step on one thread 32-33k tokens/s against 20k,
+ * the MLP's at batch 32 1.35x. (With 8 lanes GCC merged pairs of them
+ * into 16-lane FMAs, but not the loads and broadcasts around them.)
+ *
  * Determinism: every element of C is computed by the same instructions in
  * the same order wherever it falls in a register block, a strip or a task
  * (a lane of a vector FMA rounds as the scalar FMA does), so the
  * result depends only on the call's shape and operands, never on the thread
- * count. Register blocks are written with GCC's vector extension (8-float
- * AVX registers where the target has them, 4-float SSE ones where not);
+ * count. Register blocks are written with GCC's vector extension (16-float
+ * AVX-512 registers for axpy and packed, 8-float AVX ones, 4-float SSE
+ * ones, the widest the target has; the dot kernel at most 8);
  * this file is compiled with -ffp-contract=fast (Makefile) so that
  * a * b + c becomes one FMA where the target has one.
  */
 #include "strata.h"
 #include "narrow.h"
 
-/* A register of floats: 8 with AVX (or AVX2), else 4 (SSE; a 32-byte
- * vector there would be split in two and would change the ABI of these
- * inline helpers).
+/* Registers of floats. vd, DL lanes: the dot kernel's and the
+ * transposes', 8 with AVX (or AVX2), else 4 (SSE; a 32-byte vector there
+ * would be split in two and would change the ABI of these inline
+ * helpers). vf, VL lanes: the axpy and packed kernels', 16 where the
+ * target has AVX-512, else vd's width. A lane of those two kernels is one
+ * element's FMA chain over k, so their width changes no bit; the dot
+ * kernel's lanes split the sum over k, so its width stays put. (One Zen 5
+ * core: 286 GFLOP/s of 16-lane FMAs, 143 of 8-lane ones.)
  * aligned(4) makes every load and store an unaligned one. */
 #if defined(__AVX__)
-typedef float vf __attribute__((vector_size(32), aligned(4), may_alias));
-enum { VL = 8 };
+typedef float vd __attribute__((vector_size(32), aligned(4), may_alias));
+enum { DL = 8 };
 #else
-typedef float vf __attribute__((vector_size(16), aligned(4), may_alias));
-enum { VL = 4 };
+typedef float vd __attribute__((vector_size(16), aligned(4), may_alias));
+enum { DL = 4 };
+#endif
+#if defined(__AVX512F__)
+typedef float vf __attribute__((vector_size(64), aligned(4), may_alias));
+enum { VL = 16 };
+#else
+typedef vd vf;
+enum { VL = DL };
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
 
 INLINE vf load(const float *p) { return *(const vf *)p; }
+INLINE vd load_d(const float *p) { return *(const vd *)p; }
 
 /* Keeps v in a register: without it GCC folds a value that several FMAs
  * use into each of them as a memory operand, and the loads, not the FMAs,
- * bound the loop (the dot kernel ran at 37 GFLOP/s instead of 50). */
-#if defined(__x86_64__) || defined(__i386__)
+ * bound the loop (the dot kernel ran at 37 GFLOP/s instead of 50). With
+ * AVX-512 any of the 32 vector registers ("v"), else one of the 16. */
+#if defined(__AVX512F__)
+#define KEEP(v) __asm__("" : "+v"(v))
+#elif defined(__x86_64__) || defined(__i386__)
 #define KEEP(v) __asm__("" : "+x"(v)) /* an xmm or ymm register */
 #else
 #define KEEP(v) ((void)0)
 #endif
 INLINE void store(float *p, vf v) { *(vf *)p = v; }
+INLINE void store_d(float *p, vd v) { *(vd *)p = v; }
 INLINE vf splat(float x) {
-#if defined(__AVX__)
+#if defined(__AVX512F__)
+  return (vf){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+#elif defined(__AVX__)
   return (vf){x, x, x, x, x, x, x, x};
 #else
   return (vf){x, x, x, x};
@@ -80,8 +109,8 @@ INLINE vf splat(float x) {
 
 /* a b + c as one FMA where the target has one. Spelled out for scalar
  * loops: GCC vectorises `s += a[k] * b[k]` as an in-order reduction whose
- * products round apart from its sums, unlike the kernels' lanes (an axpy
- * tail column broke test_gemm's one-chain check that way). */
+ * products round apart from the sums, and so differs from the kernels'
+ * lanes (an axpy tail column broke the one-chain rule of test_gemm). */
 INLINE float fma1(float a, float b, float c) {
 #if defined(__FMA__)
   return __builtin_fmaf(a, b, c);
@@ -91,7 +120,7 @@ INLINE float fma1(float a, float b, float c) {
 }
 
 /* The lanes' sum in a fixed tree. */
-INLINE float hsum(vf v) {
+INLINE float hsum(vd v) {
 #if defined(__AVX__)
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 #else
@@ -134,19 +163,19 @@ INLINE const float *addend(const narrow_job *J, const float *c, int col) {
 /* ---------------------------------------------------------------- dot */
 
 /* C[r][j] for RR rows from r0 and RJ columns from j0: lanes accumulate
- * k = lane (mod VL) in order, then a fixed tree, then the tail in order. */
+ * k = lane (mod DL) in order, then a fixed tree, then the tail in order. */
 INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ) {
   const float *A = J->A, *B = J->B;
   int K = J->K, lda = J->lda, ldb = J->ldb;
-  vf acc[2][4];
+  vd acc[2][4];
   for (int r = 0; r < RR; r++)
-    for (int j = 0; j < RJ; j++) acc[r][j] = splat(0.0f);
+    for (int j = 0; j < RJ; j++) acc[r][j] = (vd){};
   int k = 0;
-  for (; k + VL <= K; k += VL) {
-    vf b[4];
-    for (int j = 0; j < RJ; j++) b[j] = load(B + (size_t)(j0 + j) * ldb + k);
+  for (; k + DL <= K; k += DL) {
+    vd b[4];
+    for (int j = 0; j < RJ; j++) b[j] = load_d(B + (size_t)(j0 + j) * ldb + k);
     for (int r = 0; r < RR; r++) {
-      vf a = load(A + (size_t)(r0 + r) * lda + k);
+      vd a = load_d(A + (size_t)(r0 + r) * lda + k);
       KEEP(a);
       for (int j = 0; j < RJ; j++) acc[r][j] += a * b[j];
     }
@@ -213,7 +242,7 @@ INLINE void axpy_block(const narrow_job *J, int r0, int n, int RR, int NV) {
     }
 }
 
-/* The same sums for one column (the last N mod 8). */
+/* The same sums for one column (the last N mod VL). */
 static void axpy_column(const narrow_job *J, int n) {
   for (int r = 0; r < J->M; r++) {
     const float *a = J->A + (size_t)r * J->lda;
@@ -226,8 +255,9 @@ static void axpy_column(const narrow_job *J, int n) {
 }
 
 /* Rows in blocks of 6 (the rest in one block) against 2 VL columns (16
- * with AVX): 12 accumulators, 8 loads per 12 FMAs. The strip of B (K x 16
- * floats, at most 32 KB) stays in L1 while the blocks of rows pass over
+ * with AVX, 32 with AVX-512): 12 accumulators, 8 loads per 12 FMAs. The
+ * strip of B (K x 2 VL floats, at most 32 KB, 64 with AVX-512) stays in
+ * cache while the blocks of rows pass over
  * it. */
 INLINE void axpy_columns(const narrow_job *J, int n, int NV) {
   int r = 0;
@@ -255,11 +285,11 @@ static void axpy_task(void *arg, int t) {
  * one contiguous buffer (the columns past N zero). */
 enum { STRIP = 2 * VL };
 /* The packed kernel's limits (this file's header): its strip of K x STRIP
- * floats lives on the task's stack, 32 KB at K = 512. It runs only where
- * the target has FMA: without it (a build without -march=native) each
- * product and sum round apart, and a CNN's AdamW trajectory in test_e2e
- * drifted from PyTorch's by 5.5e-4 in 100 steps (1e-4 allowed), where
- * OpenBLAS picks FMA kernels at run time. */
+ * floats lives on the task's stack, 32 KB at K = 512 (64 KB with
+ * AVX-512). It runs only where the target has FMA: without it (a build
+ * without -march=native) each product and sum round apart, and a CNN's
+ * AdamW trajectory in test_e2e drifted from PyTorch's by 5.5e-4 in 100
+ * steps (1e-4 allowed), where OpenBLAS picks FMA kernels at run time. */
 #if defined(__FMA__)
 enum { PACKED_ROWS = 1024 };
 #else
@@ -282,8 +312,8 @@ typedef int vi __attribute__((vector_size(32)));
 /* dst[j * STRIP + i] = src[i * ld + j] for an 8 x 8 block: pairs, then
  * quads within each half, then the halves (unpack, shuffle, permute). */
 INLINE void transpose8(const float *src, size_t ld, float *dst) {
-  vf r[8], t[8];
-  for (int i = 0; i < 8; i++) r[i] = load(src + i * ld);
+  vd r[8], t[8];
+  for (int i = 0; i < 8; i++) r[i] = load_d(src + i * ld);
   for (int i = 0; i < 8; i += 2) {
     t[i] = SHUF(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
     t[i + 1] = SHUF(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
@@ -297,10 +327,10 @@ INLINE void transpose8(const float *src, size_t ld, float *dst) {
    * (high half); r[4..7] the same for rows 4-7 */
   static const int col[4] = {0, 2, 1, 3};
   for (int q = 0; q < 4; q++) {
-    store(dst + (size_t)col[q] * STRIP,
-          SHUF(r[q], r[q + 4], 0, 1, 2, 3, 8, 9, 10, 11));
-    store(dst + (size_t)(col[q] + 4) * STRIP,
-          SHUF(r[q], r[q + 4], 4, 5, 6, 7, 12, 13, 14, 15));
+    store_d(dst + (size_t)col[q] * STRIP,
+            SHUF(r[q], r[q + 4], 0, 1, 2, 3, 8, 9, 10, 11));
+    store_d(dst + (size_t)(col[q] + 4) * STRIP,
+            SHUF(r[q], r[q + 4], 4, 5, 6, 7, 12, 13, 14, 15));
   }
 }
 #endif
@@ -416,10 +446,11 @@ static void packed_task(void *arg, int t) {
 /* ------------------------------------------------------------ dispatch */
 
 /* Work of one task at least this many FLOPs; a task's edge a multiple of
- * 16 (every block's width divides it: 4 columns for dot, 2 VL for axpy and
- * packed's strips), so where the tasks fall never changes which block
- * computes an element. */
-enum { TASK_FLOPS = 1 << 19, TASK_ALIGN = 16 };
+ * 16, or of 2 VL where that is wider (every block's width divides it: 4
+ * columns for dot, 2 VL for axpy and packed's strips), so that no block
+ * but the last of a product is cut short. (An element's bits never depend
+ * on its block: see the header.) */
+enum { TASK_FLOPS = 1 << 19, TASK_ALIGN = 2 * VL > 16 ? 2 * VL : 16 };
 
 static int task_edge(int edge, double flops_per_column) {
   double fit = TASK_FLOPS / (flops_per_column > 1 ? flops_per_column : 1);
