@@ -20,7 +20,7 @@
  *         a multiple of 4 KB apart, into a few cache sets): 0.4x to 0.6x.
  *   packed: C = op(A) op(B) with any transposes, 2 <= M <= 1024 rows, K <=
  *         512 (and K <= 64 with A transposed), where the two above do not
- *         run. A strip of op(B), K x 2 VL columns, is copied into one
+ *         run; with AVX-512, far larger products (the limits below). A strip of op(B), K x 2 VL columns, is copied into one
  *         contiguous buffer (B transposed: 8 x 8 blocks at a time, in
  *         registers), and blocks of 6 rows of op(A) pass over it as in
  *         axpy; op(A) is read in place. The copy keeps the strip in L1
@@ -284,18 +284,41 @@ static void axpy_task(void *arg, int t) {
 /* A strip of op(B): K rows of STRIP consecutive columns of C, copied into
  * one contiguous buffer (the columns past N zero). */
 enum { STRIP = 2 * VL };
-/* The packed kernel's limits (this file's header): its strip of K x STRIP
- * floats lives on the task's stack, 32 KB at K = 512 (64 KB with
- * AVX-512). It runs only where the target has FMA: without it (a build
- * without -march=native) each product and sum round apart, and a CNN's
- * AdamW trajectory in test_e2e drifted from PyTorch's by 5.5e-4 in 100
- * steps (1e-4 allowed), where OpenBLAS picks FMA kernels at run time. */
-#if defined(__FMA__)
-enum { PACKED_ROWS = 1024 };
+/* The packed kernel's limits (this file's header). It runs only where the
+ * target has FMA: without it (a build without -march=native) each product
+ * and sum round apart, and a CNN's AdamW trajectory in test_e2e drifted
+ * from PyTorch's by 5.5e-4 in 100 steps (1e-4 allowed), where OpenBLAS
+ * picks FMA kernels at run time.
+ *
+ * With AVX-512 it takes far larger products: up to 4096 rows and K =
+ * 4096, where on Zen 5 (one thread, OpenBLAS 0.3.21 running its 8-lane
+ * Haswell kernels there) it ran a GPT-2-124M layer's products at 1024
+ * rows 257-274 GFLOP/s at K <= 1536 and 188-192 at K = 2048-3072, against
+ * the BLAS's 127-137; 4096 x 768 x 768 at 270 against 135. A transposed
+ * A past K = 64 is read down its columns, 6 floats a row: at 1024 rows
+ * of 768 columns 200-270 against 126-131, except where A's rows lie a
+ * multiple of 4 KB apart, which folds them into a few L1 sets (lda 1024,
+ * 2048, 3072, 4096: 115-143), left to the BLAS. (On a CPU whose BLAS has
+ * AVX-512 kernels of its own, which is faster is not measured.) Without
+ * AVX-512 the limits are those measured against OpenBLAS's native 8-lane
+ * kernels on Zen 3. The strip, K x STRIP floats, lives on the task's
+ * stack: 32 KB at K = 512 with AVX2, 512 KB at K = 4096 with AVX-512. */
+#if defined(__AVX512F__) && defined(__FMA__)
+enum { PACKED_ROWS = 4096, PACKED_K = 4096, PACKED_TRANS_A_K = 4096 };
+#elif defined(__FMA__)
+enum { PACKED_ROWS = 1024, PACKED_K = 512, PACKED_TRANS_A_K = 64 };
 #else
-enum { PACKED_ROWS = 0 };
+enum { PACKED_ROWS = 0, PACKED_K = 0, PACKED_TRANS_A_K = 0 };
 #endif
-enum { PACKED_K = 512, PACKED_TRANS_A_K = 64 };
+/* A transposed is read in place down its columns up to this K whatever
+ * its stride. */
+enum { PACKED_TRANS_A_ANY_K = 64, ALIAS_STRIDE = 1024 /* floats: 4 KB */ };
+
+static int packed_fits(int trans_a, int M, int K, int lda) {
+  if (M > PACKED_ROWS || K > PACKED_K) return 0;
+  if (!trans_a || K <= PACKED_TRANS_A_ANY_K) return 1;
+  return K <= PACKED_TRANS_A_K && lda % ALIAS_STRIDE != 0;
+}
 
 #if defined(__AVX__)
 /* Lanes of a and b (0-7 a's, 8-15 b's) picked by 8 constant indices:
@@ -434,7 +457,7 @@ static void packed_strip(const narrow_job *J, const float *strip, int n,
 
 static void packed_task(void *arg, int t) {
   const narrow_job *J = arg;
-  float strip[PACKED_K * STRIP] __attribute__((aligned(64)));
+  float strip[(size_t)J->K * STRIP] __attribute__((aligned(64)));
   int n = t * J->per_task, end = n + J->per_task < J->N ? n + J->per_task : J->N;
   for (; n < end; n += STRIP) {
     int w = end - n < STRIP ? end - n : STRIP;
@@ -459,17 +482,22 @@ static int task_edge(int edge, double flops_per_column) {
   return units < edge ? units : edge;
 }
 
+int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int K, int lda) {
+  if (M < 2 || K < 1) return NARROW_NONE;
+  if (!trans_a && trans_b && M <= ST_NARROW_DOT_ROWS) return NARROW_DOT;
+  if (!trans_a && !trans_b && M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K)
+    return NARROW_AXPY;
+  return packed_fits(trans_a, M, K, lda) ? NARROW_PACKED : NARROW_NONE;
+}
+
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
                    int K, float alpha, const float *A, int lda, const float *B,
                    int ldb, float beta, float *C, int ldc,
                    const float *bias) {
   /* alpha 0: C = beta C without reading A or B, as the BLAS does */
-  if (M < 2 || K < 1 || alpha == 0.0f) return 0;
-  int direct = !trans_a && (trans_b ? M <= ST_NARROW_DOT_ROWS
-                                    : M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K);
-  int packed = !direct && K <= PACKED_K && M <= PACKED_ROWS &&
-               (!trans_a || K <= PACKED_TRANS_A_K);
-  if (!direct && !packed) return 0;
+  int kernel =
+      alpha == 0.0f ? NARROW_NONE : st_gemm_narrow_kernel(trans_a, trans_b, M, K, lda);
+  if (kernel == NARROW_NONE) return 0;
   int how = bias                                       ? ADD
             : beta == 0.0f                               ? SET
             : alpha == 1.0f && beta == 1.0f              ? ADD
@@ -479,6 +507,9 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
   J.per_task = task_edge(N, 2.0 * M * K); /* tasks over C's columns */
   J.ta = trans_a, J.tb = trans_b;
   st_pool_for(pool, (N + J.per_task - 1) / J.per_task,
-              packed ? packed_task : trans_b ? dot_task : axpy_task, &J);
+              kernel == NARROW_PACKED ? packed_task
+              : kernel == NARROW_DOT  ? dot_task
+                                      : axpy_task,
+              &J);
   return 1;
 }

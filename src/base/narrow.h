@@ -12,6 +12,12 @@
 #define ST_NARROW_DOT_ROWS 8
 #define ST_NARROW_AXPY_K 512
 
+/* Which of narrow.c's kernels a product goes to (alpha not 0): NARROW_NONE
+ * (the BLAS's), or dot, axpy, packed; a function of the shape, A's row
+ * stride and the target alone. */
+enum { NARROW_NONE, NARROW_DOT, NARROW_AXPY, NARROW_PACKED };
+int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int K, int lda);
+
 /* Computes C = alpha op(A) op(B) + beta C as st_gemm does and returns 1
  * when the call is one narrow.c handles (2 .. M rows, K >= 1: A
  * untransposed with rows as above, or the packed kernel's limits in

@@ -23,6 +23,7 @@
  */
 #include "harness.h"
 #include "strata.h"
+#include "../../src/base/narrow.h"
 
 #include <string.h>
 
@@ -41,9 +42,12 @@ typedef struct shape {
   const char *path; /* which path it takes, for the failure message */
 } shape;
 
-static void run(const shape *s, float alpha, float beta, int nan_c,
+/* Leading dimensions: the stored width plus this (a sentinel between rows). */
+enum { PAD = 3 };
+
+static void run(const shape *s, int pad, float alpha, float beta, int nan_c,
                 st_pool **pools, int npools) {
-  int M = s->M, N = s->N, K = s->K, pad = 3;
+  int M = s->M, N = s->N, K = s->K;
   /* stored shapes: A is M x K (or K x M), B is K x N (or N x K) */
   int a_rows = s->ta ? K : M, a_cols = s->ta ? M : K;
   int b_rows = s->tb ? N : K, b_cols = s->tb ? K : N;
@@ -105,7 +109,7 @@ static void run(const shape *s, float alpha, float beta, int nan_c,
  * alpha and beta 1, on every path; C's old contents (NaN here) never read;
  * nothing past column N written. */
 static void run_bias(const shape *s, st_pool **pools, int npools) {
-  int M = s->M, N = s->N, K = s->K, pad = 3;
+  int M = s->M, N = s->N, K = s->K, pad = PAD;
   int lda = (s->ta ? M : K) + pad, ldb = (s->tb ? K : N) + pad, ldc = N + pad;
   size_t na = (size_t)(s->ta ? K : M) * lda, nb = (size_t)(s->tb ? N : K) * ldb,
          nc = (size_t)M * ldc;
@@ -204,10 +208,20 @@ int main(void) {
       /* gpt_tiny's products at batch 1 */
       {0, 1, 64, 128, 512, "packed"}, {0, 0, 64, 128, 128, "packed"},
       {1, 0, 384, 128, 64, "packed dW"}, {0, 1, 64, 384, 128, "packed"},
+      /* with AVX-512 packed up to 4096 rows and K = 4096 (A transposed
+       * too, unless its rows lie a multiple of 4 KB apart: lda 1024,
+       * pad 0); past them, and without AVX-512, the tiled sgemm */
+      {0, 1, 64, 40, 4096, "packed K=4096"},
+      {0, 0, 30, 40, 4097, "sgemm K>4096"},
+      {0, 0, 4096, 20, 64, "packed 4096 rows"},
+      {0, 1, 4097, 20, 40, "sgemm M>4096"},
+      {1, 0, 100, 40, 300, "packed dW K=300"},
       /* past the kernels' limits: the tiled sgemm */
-      {0, 0, 8, 64, 513, "sgemm K>512"}, {0, 0, 64, 40, 513, "sgemm K>512"},
-      {0, 1, 1025, 40, 30, "sgemm M>1024"}, {1, 0, 30, 40, 65, "sgemm dW"},
-      {1, 1, 30, 40, 65, "sgemm"},    {0, 1, 200, 300, 600, "sgemm tiled"},
+      {0, 0, 8, 64, 513, "K>512 (AVX2 sgemm)"},
+      {0, 0, 64, 40, 513, "K>512 (AVX2 sgemm)"},
+      {0, 1, 1025, 40, 30, "M>1024 (AVX2 sgemm)"},
+      {1, 0, 30, 40, 65, "dW K>64 (AVX2 sgemm)"},
+      {1, 1, 30, 40, 65, "K>64 (AVX2 sgemm)"},    {0, 1, 200, 300, 600, "sgemm tiled"},
       /* too few tiles at the usual edge: split further (gpt_tiny's
        * weight gradient at batch 2) */
       {1, 0, 384, 128, 128, "sgemm few tiles dW"},
@@ -218,15 +232,29 @@ int main(void) {
   for (int i = 0; i < n; i++)
     for (int a = 0; a < 3; a++)
       for (int b = 0; b < 3; b++)
-        run(&shapes[i], alphas[a], betas[b], 0, pools, 4);
+        run(&shapes[i], PAD, alphas[a], betas[b], 0, pools, 4);
   for (int i = 0; i < n; i++) /* beta = 0 never reads C */
-    run(&shapes[i], 1.0f, 0.0f, 1, pools, 1);
+    run(&shapes[i], PAD, 1.0f, 0.0f, 1, pools, 1);
+  /* A transposed with rows a multiple of 4 KB apart (lda 1024 and 2048):
+   * the tiled sgemm past K = 64, whatever the target */
+  const shape aliased[] = {{1, 0, 1021, 20, 100, "sgemm dW lda 1024"},
+                           {1, 0, 1024, 20, 100, "sgemm dW lda 2048"}};
+  const int alias_pad[] = {3, 1024};
+  for (int i = 0; i < 2; i++) {
+    const shape *s = &aliased[i];
+    CHECK(st_gemm_narrow_kernel(1, 0, s->M, s->K, s->M + alias_pad[i]) ==
+              NARROW_NONE,
+          "%s: went to narrow.c's kernels", s->path);
+    run(s, alias_pad[i], 1.0f, 1.0f, 0, pools, 4);
+  }
   for (int i = 0; i < n; i++) run_bias(&shapes[i], pools, 4);
 #if defined(__FMA__)
-  for (int i = 0; i < n; i++)
-    if (!strncmp(shapes[i].path, "packed", 6) ||
-        !strncmp(shapes[i].path, "axpy", 4))
-      run_chain(&shapes[i]);
+  for (int i = 0; i < n; i++) {
+    const shape *s = &shapes[i];
+    int kernel = st_gemm_narrow_kernel(s->ta, s->tb, s->M, s->K,
+                                       s->ta ? s->M : s->K);
+    if (kernel == NARROW_PACKED || kernel == NARROW_AXPY) run_chain(s);
+  }
 #endif
   for (int p = 1; p < 4; p++) st_pool_destroy(pools[p]);
   printf("%d passed, %d failed\n", th_passed, th_failed);
