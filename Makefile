@@ -74,7 +74,8 @@ $(BUILD)/obj/%.o: %.c Makefile $(BUILD)/flags
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 # The narrow GEMM kernels ask for a * b + c as one FMA where the target has
-# one (-std=c11 otherwise leaves products and sums apart): src/base/narrow.c.
+# one (-std=c11 otherwise leaves products and sums apart): src/base/narrow.c
+# spells its FMAs out on x86; this is for other targets.
 # (private: not passed on to its prerequisites, $(BUILD)/flags among them)
 $(BUILD)/obj/src/base/narrow.o: private CFLAGS += -ffp-contract=fast
 
