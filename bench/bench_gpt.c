@@ -218,14 +218,14 @@ static double strata_gemm_peak(int threads) {
 
 /* The FMA ceiling: each of `threads` threads runs FMA_CHAINS independent
  * chains of vector FMAs (the widest the target has) in registers for
- * FMA_ROUNDS rounds; the threads' rates are added. 0 where the target has
- * no FMA. */
+ * FMA_ROUNDS rounds; all their FLOPs over the span from the first thread's
+ * start to the last one's end. 0 where the target has no FMA. */
 enum { FMA_CHAINS = 12, FMA_ROUNDS = 20000000 };
-static _Atomic long long fma_flops_per_s;
+static _Atomic long long fma_flops;
 
 static void *fma_thread(void *arg) {
   (void)arg;
-  double flops = 0, t0 = st_now(), sink = 0;
+  double flops = 0, sink = 0;
 #if defined(__AVX512F__)
   __m512 acc[FMA_CHAINS], x = _mm512_set1_ps(0.5f), y = _mm512_set1_ps(0.25f);
   for (int i = 0; i < FMA_CHAINS; i++) acc[i] = _mm512_setzero_ps();
@@ -245,16 +245,16 @@ static void *fma_thread(void *arg) {
   }
   flops = 2.0 * 8 * FMA_CHAINS * (double)FMA_ROUNDS;
 #endif
-  double rate = flops / (st_now() - t0);
-  if (sink == 42.0) rate += 1; /* keeps the chains live (never: they go to 0.5) */
-  atomic_fetch_add(&fma_flops_per_s, (long long)rate);
+  if (sink == 42.0) flops += 1; /* keeps the chains live (never: they go to 0.5) */
+  atomic_fetch_add(&fma_flops, (long long)flops);
   return NULL;
 }
 
 static double fma_peak(int threads) {
-  atomic_store(&fma_flops_per_s, 0);
+  atomic_store(&fma_flops, 0);
+  double t0 = st_now();
   st_run_workers(threads, fma_thread, NULL);
-  return (double)atomic_load(&fma_flops_per_s);
+  return (double)atomic_load(&fma_flops) / (st_now() - t0);
 }
 
 int main(int argc, char **argv) {
@@ -315,15 +315,17 @@ int main(int argc, char **argv) {
   double blas = sgemm_peak(threads), own = strata_gemm_peak(threads);
   double peak = blas > own ? blas : own, fma = fma_peak(threads);
   double steps_per_s = (double)steps / elapsed, rate = flops * steps_per_s;
+  char fma_text[32] = "-"; /* no FMA: no ceiling measured */
+  if (fma > 0) snprintf(fma_text, sizeof fma_text, "%.3f", rate / fma);
   printf("strata gpt model=%s layers=%d width=%d heads=%d context=%d "
          "vocab=%d batch=%d threads=%d warmup_steps=%d steps=%lld "
          "steps_per_s=%.4f tokens_per_s=%.1f gflop_per_step=%.2f gflops=%.1f "
          "peak_gflops=%.1f peak_fraction=%.3f blas_peak_gflops=%.1f "
-         "strata_peak_gflops=%.1f fma_peak_gflops=%.1f fma_fraction=%.3f\n",
+         "strata_peak_gflops=%.1f fma_peak_gflops=%.1f fma_fraction=%s\n",
          g.name, g.layers, g.width, g.heads, g.context, g.vocab, batch, threads,
          warm_steps, (long long)steps, steps_per_s,
          steps_per_s * batch * g.context, flops / 1e9, rate / 1e9, peak / 1e9,
          peak > 0 ? rate / peak : 0.0, blas / 1e9, own / 1e9, fma / 1e9,
-         fma > 0 ? rate / fma : 0.0);
+         fma_text);
   return 0;
 }

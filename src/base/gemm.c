@@ -16,6 +16,7 @@
 #include "strata.h"
 #include "narrow.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 #if defined(ST_BLAS_OPENBLAS)
@@ -59,6 +60,25 @@ void st_blas_init(void) {
 #elif defined(ST_BLAS_BLIS)
   bli_thread_set_num_threads(1);
 #endif
+}
+
+/* narrow.h. The answer cannot change within a process (OpenBLAS picks
+ * its kernels when it loads), so it is worked out once. */
+int st_blas_avx512(void) {
+  static _Atomic int known = -1;
+  int v = atomic_load_explicit(&known, memory_order_relaxed);
+  if (v >= 0) return v;
+#if defined(ST_BLAS_OPENBLAS)
+  const char *core = openblas_get_corename();
+  v = core && (strcasestr(core, "skylakex") || strcasestr(core, "cooperlake") ||
+               strcasestr(core, "sapphire"));
+#elif defined(ST_BLAS_BLIS)
+  v = 1;
+#else
+  v = 0;
+#endif
+  atomic_store_explicit(&known, v, memory_order_relaxed);
+  return v;
 }
 
 const char *st_blas_name(void) {

@@ -16,11 +16,12 @@
  *   axpy: C (M x N) = A (M x K) . B,   B stored K x N   (trans_a 0, trans_b 0)
  *         2 <= M <= 16 and K <= 512: 1.3x to 3x. Past K = 512 its walk
  *         down a strip of B (2 VL columns) falls out of L1 (and, with B's
- *         rows
- *         a multiple of 4 KB apart, into a few cache sets): 0.4x to 0.6x.
+ *         rows a multiple of 4 KB apart, into a few cache sets): 0.4x to
+ *         0.6x.
  *   packed: C = op(A) op(B) with any transposes, 2 <= M <= 1024 rows, K <=
  *         512 (and K <= 64 with A transposed), where the two above do not
- *         run; with AVX-512, far larger products (the limits below). A strip of op(B), K x 2 VL columns, is copied into one
+ *         run; with AVX-512, far larger products (the limits below). A
+ *         strip of op(B), K x 2 VL columns, is copied into one
  *         contiguous buffer (B transposed: 8 x 8 blocks at a time, in
  *         registers), and blocks of 6 rows of op(A) pass over it as in
  *         axpy; op(A) is read in place. The copy keeps the strip in L1
@@ -37,7 +38,8 @@
  * VL, the lanes of the axpy and packed kernels, is 16 where the target has
  * AVX-512, else 8 (AVX) or 4. On Zen 5 (2026-11-27: one thread, hot caches,
  * best of 7 x 200 calls), 16 lanes against 8: gpt_tiny's 15 products at
- * batch 1 at 248 GFLOP/s against 132, axpy's shapes of 2-16 rows 1.1x to
+ * batch 1 (forward, input and weight gradients of its 5 linear layers) at
+ * 248 GFLOP/s against 132, axpy's shapes of 2-16 rows 1.1x to
  * 1.8x; gpt_tiny's batch-1 step on one thread 32-33k tokens/s against 20k,
  * the MLP's at batch 32 1.35x. (With 8 lanes GCC merged pairs of them
  * into 16-lane FMAs, but not the loads and broadcasts around them.)
@@ -117,7 +119,7 @@ INLINE vf splat(float x) {
  * products round apart from the sums, and so differs from the kernels'
  * lanes (an axpy tail column broke the one-chain rule of test_gemm). */
 INLINE float fma1(float a, float b, float c) {
-#if defined(__FMA__)
+#if defined(__FMA__) || defined(__FP_FAST_FMAF)
   return __builtin_fmaf(a, b, c);
 #else
   return a * b + c;
@@ -182,6 +184,9 @@ typedef struct narrow_job {
   int per_task; /* columns of C per task */
   int ta, tb;   /* the packed path's transposes */
   const float *bias; /* with how ADD: added in place of C (C not read) */
+  /* The packed path's tasks: col_tasks across C's columns times row
+   * chunks of rows_per_task (1 chunk of M rows unless few columns). */
+  int col_tasks, rows_per_task;
 } narrow_job;
 
 /* What a sum of C's row is added to (how ADD): C's own element, or with a
@@ -318,36 +323,52 @@ enum { STRIP = 2 * VL };
  * target has FMA: without it (a build without -march=native) each product
  * and sum round apart, and a CNN's AdamW trajectory in test_e2e drifted
  * from PyTorch's by 5.5e-4 in 100 steps (1e-4 allowed), where OpenBLAS
- * picks FMA kernels at run time.
+ * picks FMA kernels at run time. Without AVX-512 the limits are those
+ * measured against OpenBLAS's 8-lane kernels on Zen 3 (above).
  *
- * With AVX-512 it takes far larger products: up to 4096 rows and K =
- * 4096, where on Zen 5 (one thread, OpenBLAS 0.3.21 running its 8-lane
- * Haswell kernels there) it ran a GPT-2-124M layer's products at 1024
- * rows 257-274 GFLOP/s at K <= 1536 and 188-192 at K = 2048-3072, against
- * the BLAS's 127-137; 4096 x 768 x 768 at 270 against 135. A transposed
- * A past K = 64 is read down its columns, 6 floats a row: at 1024 rows
- * of 768 columns 200-270 against 126-131, except where A's rows lie a
- * multiple of 4 KB apart, which folds them into a few L1 sets (lda 1024,
- * 2048, 3072, 4096: 115-143), left to the BLAS. (On a CPU whose BLAS has
- * AVX-512 kernels of its own, which is faster is not measured.) Without
- * AVX-512 the limits are those measured against OpenBLAS's native 8-lane
- * kernels on Zen 3. The strip, K x STRIP floats, lives on the task's
- * stack: 32 KB at K = 512 with AVX2, 512 KB at K = 4096 with AVX-512. */
+ * With AVX-512 it takes far larger products, up to 4096 rows and K =
+ * 3072. Measured on Zen 5 (2026-11-27, one thread unless said), where
+ * OpenBLAS 0.3.21 does not know the CPU and runs its 8-lane Haswell
+ * kernels:
+ *   - a GPT-2-124M layer's products at 1024 rows: 257-274 GFLOP/s at K <=
+ *     1536, 166-192 at K = 2048-3072, against the BLAS's 122-137;
+ *     4096 x 768 x 768 at 270 against 135, and on 2 threads 4096 x 768 x
+ *     3072 at 335 against 245;
+ *   - a transposed A past K = 64, read in place down its columns: at 768
+ *     columns and K = 1024, 190-270 against 126-131, except with A's rows
+ *     a multiple of 4 KB apart (lda 1024, 2048, 3072, 4096 measured:
+ *     115-143, about the BLAS's), which go to the BLAS;
+ *   - where OpenBLAS runs its own AVX-512 kernels (OPENBLAS_CORETYPE=
+ *     SkylakeX on the same machine) it reached 223-235 on the 124M
+ *     products and 195-231 at K = 2048-3072: there the packed kernel
+ *     takes K up to 1536 only (st_blas_avx512). Other BLAS libraries
+ *     count as having such kernels.
+ * The strip, K x STRIP floats, lives on the task's stack: 32 KB at K =
+ * 512 with AVX2, 384 KB at K = 3072 with AVX-512 (glibc's threads get 8
+ * MB, the size of the main thread's; a smaller `ulimit -s` than about 1
+ * MB is not supported). */
 #if defined(__AVX512F__) && defined(__FMA__)
-enum { PACKED_ROWS = 4096, PACKED_K = 4096, PACKED_TRANS_A_K = 4096 };
+enum { PACKED_ROWS = 4096, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 1536 };
 #elif defined(__FMA__)
-enum { PACKED_ROWS = 1024, PACKED_K = 512, PACKED_TRANS_A_K = 64 };
+enum { PACKED_ROWS = 1024, PACKED_K = 512, PACKED_K_WIDE_BLAS = 512 };
 #else
-enum { PACKED_ROWS = 0, PACKED_K = 0, PACKED_TRANS_A_K = 0 };
+enum { PACKED_ROWS = 0, PACKED_K = 0, PACKED_K_WIDE_BLAS = 0 };
 #endif
 /* A transposed is read in place down its columns up to this K whatever
- * its stride. */
-enum { PACKED_TRANS_A_ANY_K = 64, ALIAS_STRIDE = 1024 /* floats: 4 KB */ };
+ * its stride, and past it (with AVX-512 only) where its rows do not lie a
+ * multiple of ALIAS_STRIDE floats (4 KB) apart. */
+enum { PACKED_TRANS_A_ANY_K = 64, ALIAS_STRIDE = 1024 };
 
 static int packed_fits(int trans_a, int M, int K, int lda) {
-  if (M > PACKED_ROWS || K > PACKED_K) return 0;
+  int k_max = st_blas_avx512() ? PACKED_K_WIDE_BLAS : PACKED_K;
+  if (M > PACKED_ROWS || K > k_max) return 0;
   if (!trans_a || K <= PACKED_TRANS_A_ANY_K) return 1;
-  return K <= PACKED_TRANS_A_K && lda % ALIAS_STRIDE != 0;
+#if defined(__AVX512F__)
+  return lda % ALIAS_STRIDE != 0;
+#else
+  (void)lda;
+  return 0;
+#endif
 }
 
 #if defined(__AVX__)
@@ -465,10 +486,9 @@ INLINE void packed_block(const narrow_job *J, const float *strip, int r0,
 /* Rows in blocks of 6 (the rest in one block) against one packed strip:
  * 12 accumulators, 2 loads and 6 broadcasts per 12 FMAs. */
 INLINE void packed_rows(const narrow_job *J, const float *strip, int n, int w,
-                        int TA) {
-  int r = 0;
-  for (; r + 6 <= J->M; r += 6) packed_block(J, strip, r, n, w, 6, TA);
-  switch (J->M - r) {
+                        int TA, int r, int end) {
+  for (; r + 6 <= end; r += 6) packed_block(J, strip, r, n, w, 6, TA);
+  switch (end - r) {
   case 5: packed_block(J, strip, r, n, w, 5, TA); break;
   case 4: packed_block(J, strip, r, n, w, 4, TA); break;
   case 3: packed_block(J, strip, r, n, w, 3, TA); break;
@@ -478,21 +498,24 @@ INLINE void packed_rows(const narrow_job *J, const float *strip, int n, int w,
 }
 
 static void packed_strip(const narrow_job *J, const float *strip, int n,
-                         int w) {
+                         int w, int r0, int r1) {
   if (J->ta)
-    packed_rows(J, strip, n, w, 1);
+    packed_rows(J, strip, n, w, 1, r0, r1);
   else
-    packed_rows(J, strip, n, w, 0);
+    packed_rows(J, strip, n, w, 0, r0, r1);
 }
 
 static void packed_task(void *arg, int t) {
   const narrow_job *J = arg;
   float strip[(size_t)J->K * STRIP] __attribute__((aligned(64)));
-  int n = t * J->per_task, end = n + J->per_task < J->N ? n + J->per_task : J->N;
+  int n = (t % J->col_tasks) * J->per_task;
+  int end = n + J->per_task < J->N ? n + J->per_task : J->N;
+  int r0 = (t / J->col_tasks) * J->rows_per_task;
+  int r1 = r0 + J->rows_per_task < J->M ? r0 + J->rows_per_task : J->M;
   for (; n < end; n += STRIP) {
     int w = end - n < STRIP ? end - n : STRIP;
     pack_strip(J, n, w, strip);
-    packed_strip(J, strip, n, w);
+    packed_strip(J, strip, n, w, r0, r1);
   }
 }
 
@@ -510,6 +533,25 @@ static int task_edge(int edge, double flops_per_column) {
   int units = fit < 1 ? 1 : fit > edge ? edge : (int)fit; /* a column at least */
   units = (units + TASK_ALIGN - 1) / TASK_ALIGN * TASK_ALIGN;
   return units < edge ? units : edge;
+}
+
+/* Rows of a packed task. A product with few column tasks (a tall, narrow
+ * C: 4096 x 32 was one task) is cut across its rows too, in chunks of a
+ * multiple of 6 rows and at least ROW_CHUNK, towards TARGET_TASKS tasks of
+ * at least TASK_FLOPS; each chunk packs its own strips of op(B), K x STRIP
+ * floats against at least ROW_CHUNK x K x STRIP FMAs. From the shape
+ * alone, so no bit depends on the thread count. */
+enum { TARGET_TASKS = 16, ROW_CHUNK = 96 };
+
+static int packed_row_chunk(int M, int K, int per_task, int col_tasks) {
+  int chunks = (TARGET_TASKS + col_tasks - 1) / col_tasks;
+  double task_flops = 2.0 * K * per_task * ((double)M / chunks);
+  while (chunks > 1 && (M / chunks < ROW_CHUNK || task_flops < TASK_FLOPS)) {
+    chunks--;
+    task_flops = 2.0 * K * per_task * ((double)M / chunks);
+  }
+  int rows = (M + chunks - 1) / chunks;
+  return (rows + 5) / 6 * 6;
 }
 
 int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int K, int lda) {
@@ -532,11 +574,17 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
             : beta == 0.0f                               ? SET
             : alpha == 1.0f && beta == 1.0f              ? ADD
                                                          : SCALED;
-  narrow_job J = {M,    N, K, lda, ldb, ldc, how, alpha, beta, A, B, C,
-                  0,    0, 0, bias};
+  narrow_job J = {M, N, K, lda, ldb, ldc, how, alpha, beta, A, B, C,
+                  0, 0, 0, bias, 0, 0};
   J.per_task = task_edge(N, 2.0 * M * K); /* tasks over C's columns */
   J.ta = trans_a, J.tb = trans_b;
-  st_pool_for(pool, (N + J.per_task - 1) / J.per_task,
+  J.col_tasks = (N + J.per_task - 1) / J.per_task;
+  int tasks = J.col_tasks;
+  if (kernel == NARROW_PACKED) {
+    J.rows_per_task = packed_row_chunk(M, K, J.per_task, J.col_tasks);
+    tasks *= (M + J.rows_per_task - 1) / J.rows_per_task;
+  }
+  st_pool_for(pool, tasks,
               kernel == NARROW_PACKED ? packed_task
               : kernel == NARROW_DOT  ? dot_task
                                       : axpy_task,

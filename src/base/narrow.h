@@ -12,6 +12,12 @@
 #define ST_NARROW_DOT_ROWS 8
 #define ST_NARROW_AXPY_K 512
 
+/* Whether the BLAS runs vector kernels of 16 floats (AVX-512) here:
+ * OpenBLAS's SkylakeX, Cooperlake and SapphireRapids kernels; any other
+ * BLAS library is assumed to; OpenBLAS's others and a plain CBLAS not. It
+ * bounds narrow.c's packed products (gemm.c, asked once). */
+int st_blas_avx512(void);
+
 /* Which of narrow.c's kernels a product goes to (alpha not 0): NARROW_NONE
  * (the BLAS's), or dot, axpy, packed; a function of the shape, A's row
  * stride and the target alone. */

@@ -136,9 +136,10 @@ static void run_bias(const shape *s, st_pool **pools, int npools) {
 }
 
 #if defined(__FMA__)
-/* The axpy and packed paths at alpha 1, beta 0 and 1: each element is
- * s = fmaf(a_k, b_k, s) for k = 0, 1, ... from s = 0, then C = s or
- * C + s, bit for bit. */
+/* The axpy and packed paths: each element is s = fmaf(a_k, b_k, s) for
+ * k = 0, 1, ... from s = 0, then C = s (alpha 1, beta 0), C + s (alpha 1,
+ * beta 1) or fmaf(alpha, s, beta C) (alpha 0.5, beta -0.75), bit for
+ * bit. */
 static void run_chain(const shape *s) {
   int M = s->M, N = s->N, K = s->K;
   int lda = s->ta ? M : K, ldb = s->tb ? K : N;
@@ -147,10 +148,11 @@ static void run_chain(const shape *s) {
   for (size_t i = 0; i < (size_t)M * K; i++) A[i] = uniform();
   for (size_t i = 0; i < (size_t)K * N; i++) B[i] = uniform();
   for (size_t i = 0; i < (size_t)M * N; i++) C0[i] = uniform();
-  for (int beta = 0; beta <= 1; beta++) {
+  const float alphas[] = {1.0f, 1.0f, 0.5f}, betas[] = {0.0f, 1.0f, -0.75f};
+  for (int v = 0; v < 3; v++) {
+    float alpha = alphas[v], beta = betas[v];
     memcpy(C, C0, (size_t)M * N * 4);
-    st_gemm(NULL, s->ta, s->tb, M, N, K, 1.0f, A, lda, B, ldb, (float)beta, C,
-            N);
+    st_gemm(NULL, s->ta, s->tb, M, N, K, alpha, A, lda, B, ldb, beta, C, N);
     int off = 0;
     for (int r = 0; r < M; r++)
       for (int c = 0; c < N; c++) {
@@ -159,13 +161,14 @@ static void run_chain(const shape *s) {
           acc = fmaf(s->ta ? A[(size_t)k * lda + r] : A[(size_t)r * lda + k],
                      s->tb ? B[(size_t)c * ldb + k] : B[(size_t)k * ldb + c],
                      acc);
-        float want = beta ? C0[(size_t)r * N + c] + acc : acc;
+        float c0 = C0[(size_t)r * N + c];
+        float want = v == 0 ? acc : v == 1 ? c0 + acc : fmaf(alpha, acc, beta * c0);
         off += memcmp(&want, &C[(size_t)r * N + c], 4) != 0;
       }
     CHECK(off == 0,
-          "%s ta%d tb%d %dx%dx%d beta %d: %d elements not one fmaf chain over "
-          "k in order",
-          s->path, s->ta, s->tb, M, N, K, beta, off);
+          "%s ta%d tb%d %dx%dx%d alpha %g beta %g: %d elements not one fmaf "
+          "chain over k in order",
+          s->path, s->ta, s->tb, M, N, K, alpha, beta, off);
   }
   free(A), free(B), free(C0), free(C);
 }
@@ -208,24 +211,32 @@ int main(void) {
       /* gpt_tiny's products at batch 1 */
       {0, 1, 64, 128, 512, "packed"}, {0, 0, 64, 128, 128, "packed"},
       {1, 0, 384, 128, 64, "packed dW"}, {0, 1, 64, 384, 128, "packed"},
-      /* with AVX-512 packed up to 4096 rows and K = 4096 (A transposed
-       * too, unless its rows lie a multiple of 4 KB apart: lda 1024,
-       * pad 0); past them, and without AVX-512, the tiled sgemm */
-      {0, 1, 64, 40, 4096, "packed K=4096"},
-      {0, 0, 30, 40, 4097, "sgemm K>4096"},
-      {0, 0, 4096, 20, 64, "packed 4096 rows"},
+      /* with AVX-512 packed up to 4096 rows and K = 3072 (A transposed
+       * too, unless its rows lie a multiple of 4 KB apart, below; K =
+       * 1536 where the BLAS has AVX-512 kernels); past them, and without
+       * AVX-512, the tiled sgemm. Few columns: row chunks of 256 and of
+       * 102 (the last 82). */
+      {0, 1, 64, 40, 3072, "K=3072 (AVX-512 packed)"},
+      {0, 0, 30, 40, 3073, "sgemm K>3072"},
+      {0, 0, 4096, 20, 64, "4096 rows (AVX-512 packed, row chunks)"},
+      {0, 1, 1000, 20, 100, "1000 rows (AVX-512 packed, row chunks)"},
       {0, 1, 4097, 20, 40, "sgemm M>4096"},
-      {1, 0, 100, 40, 300, "packed dW K=300"},
+      {1, 0, 100, 40, 300, "dW K=300 (AVX-512 packed)"},
+      {1, 0, 100, 40, 3072, "dW K=3072 (AVX-512 packed)"},
+      {1, 0, 100, 40, 3073, "sgemm dW K>3072"},
       /* past the kernels' limits: the tiled sgemm */
       {0, 0, 8, 64, 513, "K>512 (AVX2 sgemm)"},
       {0, 0, 64, 40, 513, "K>512 (AVX2 sgemm)"},
       {0, 1, 1025, 40, 30, "M>1024 (AVX2 sgemm)"},
       {1, 0, 30, 40, 65, "dW K>64 (AVX2 sgemm)"},
-      {1, 1, 30, 40, 65, "K>64 (AVX2 sgemm)"},    {0, 1, 200, 300, 600, "sgemm tiled"},
+      {1, 1, 30, 40, 65, "K>64 (AVX2 sgemm)"},
+      {0, 1, 200, 300, 600, "tiled (AVX2 sgemm)"},
+      {0, 1, 130, 140, 3100, "sgemm tiled K>3072"},
       /* too few tiles at the usual edge: split further (gpt_tiny's
        * weight gradient at batch 2) */
-      {1, 0, 384, 128, 128, "sgemm few tiles dW"},
-      {0, 1, 64, 128, 520, "sgemm few tiles"},
+      {1, 0, 384, 128, 128, "few tiles dW (AVX2 sgemm)"},
+      {0, 1, 64, 128, 520, "few tiles (AVX2 sgemm)"},
+      {0, 1, 64, 128, 3080, "sgemm few tiles K>3072"},
   };
   int n = (int)(sizeof shapes / sizeof shapes[0]);
   const float alphas[] = {1.0f, 0.5f, 0.0f}, betas[] = {0.0f, 1.0f, -0.75f};
