@@ -34,10 +34,13 @@
  *     threads=N warmup_steps=W steps=S steps_per_s=X tokens_per_s=Y
  *     gflop_per_step=F gflops=G peak_gflops=P peak_fraction=R
  *     blas_peak_gflops=PB strata_peak_gflops=PS fma_peak_gflops=PF
- *     fma_fraction=RF
+ *     fma_fraction=RF round_trip_ns=BEFORE/AFTER
  *
  * (gflops: the FLOP rate reached, F x X; P: the larger of PB and PS;
- * peak_fraction: gflops / P; fma_fraction: gflops / PF.)
+ * peak_fraction: gflops / P; fma_fraction: gflops / PF; round_trip_ns: a
+ * cache line's round trip between two threads just before the warm-up
+ * and just after the timed steps (the trainer and its pool gone), 0 on
+ * one thread.)
  *
  * Usage: bench_gpt MODEL BATCH THREADS [SECONDS]   (timed span, default 1.5;
  *        at least 2 steps are timed whatever the span)
@@ -257,6 +260,36 @@ static double fma_peak(int threads) {
   return (double)atomic_load(&fma_flops) / (st_now() - t0);
 }
 
+/* A cache line's round trip between two threads, in ns: the mean of
+ * PING_ROUNDS hand-offs of an atomic counter back and forth. It tells how
+ * far apart the VM's vCPUs sit when it is measured (on the 2-vCPU Zen 5
+ * VM here: about 90-100 ns at times, 360 ns at others, when each vCPU
+ * has an L3 of its own), which is what a batch-1 step's many small
+ * parallel ops pay for. 0 with fewer than 2 threads. */
+enum { PING_ROUNDS = 20000 };
+static _Atomic int ping_turn, ping_who;
+
+static void *ping_thread(void *arg) {
+  (void)arg;
+  int me = atomic_fetch_add(&ping_who, 1); /* 0 or 1 */
+  for (int i = 0; i < PING_ROUNDS; i++) {
+    while (atomic_load_explicit(&ping_turn, memory_order_acquire) !=
+           2 * i + me)
+      ;
+    atomic_store_explicit(&ping_turn, 2 * i + me + 1, memory_order_release);
+  }
+  return NULL;
+}
+
+static double core_round_trip_ns(int threads) {
+  if (threads < 2) return 0;
+  atomic_store(&ping_turn, 0);
+  atomic_store(&ping_who, 0);
+  double t0 = st_now();
+  st_run_workers(2, ping_thread, NULL);
+  return (st_now() - t0) / PING_ROUNDS * 1e9;
+}
+
 int main(int argc, char **argv) {
   gpt_shape g;
   int batch, threads;
@@ -292,6 +325,7 @@ int main(int argc, char **argv) {
    * touches every buffer for the first time (page faults over gigabytes at
    * the 124M shape, whose steps take seconds: one is all it gets). The timed
    * span follows: at least `seconds` and 2 steps. */
+  double round_trip_before = core_round_trip_ns(threads);
   double loss, warm = st_now();
   int warm_steps = 0;
   do {
@@ -312,6 +346,7 @@ int main(int argc, char **argv) {
   }
   double flops = step_flops(st_trainer_model(t), batch);
   st_trainer_destroy(t); /* frees its memory before the peak's matrices */
+  double round_trip_after = core_round_trip_ns(threads); /* its pool gone */
   double blas = sgemm_peak(threads), own = strata_gemm_peak(threads);
   double peak = blas > own ? blas : own, fma = fma_peak(threads);
   double steps_per_s = (double)steps / elapsed, rate = flops * steps_per_s;
@@ -321,11 +356,12 @@ int main(int argc, char **argv) {
          "vocab=%d batch=%d threads=%d warmup_steps=%d steps=%lld "
          "steps_per_s=%.4f tokens_per_s=%.1f gflop_per_step=%.2f gflops=%.1f "
          "peak_gflops=%.1f peak_fraction=%.3f blas_peak_gflops=%.1f "
-         "strata_peak_gflops=%.1f fma_peak_gflops=%.1f fma_fraction=%s\n",
+         "strata_peak_gflops=%.1f fma_peak_gflops=%.1f fma_fraction=%s "
+         "round_trip_ns=%.0f/%.0f\n",
          g.name, g.layers, g.width, g.heads, g.context, g.vocab, batch, threads,
          warm_steps, (long long)steps, steps_per_s,
          steps_per_s * batch * g.context, flops / 1e9, rate / 1e9, peak / 1e9,
          peak > 0 ? rate / peak : 0.0, blas / 1e9, own / 1e9, fma / 1e9,
-         fma_text);
+         fma_text, round_trip_before, round_trip_after);
   return 0;
 }

@@ -236,7 +236,7 @@ for gpt_case in "124m 4 1.3 ${REPEATS_124M:-$repeats}" "tiny 1 5 $repeats"; do
       fi
     done
     extra=""
-    for f in peak_fraction peak_gflops gflops fma_fraction; do
+    for f in peak_fraction peak_gflops gflops fma_fraction round_trip_ns; do
       v=$(field $f "$s_line"); extra="$extra ${v:--}"
     done
     for f in intra_op attention; do
@@ -247,7 +247,7 @@ for gpt_case in "124m 4 1.3 ${REPEATS_124M:-$repeats}" "tiny 1 5 $repeats"; do
 done
 printf '%s\n' "${gpt_rows[@]}" | awk '
   # fields: model batch threads strata torch target peak_fraction peak_gflops
-  #         gflops fma_fraction torch_intra_op torch_attention
+  #         gflops fma_fraction round_trip_ns torch_intra_op torch_attention
   function ratio(s, t) { return (s != "-" && t != "-" && t > 0) ? sprintf("%.2fx", s / t) : "-" }
   function verdict(s, t, target) {
     if (s == "-") return "strata failed"
@@ -264,16 +264,17 @@ printf '%s\n' "${gpt_rows[@]}" | awk '
   }
   END {
     printf "%-6s %5s %7s %10s %10s %7s %7s  %-13s %s\n", "model", "batch", "threads", "strata",
-      "torch", "ratio", "target", "verdict", "strata GF/s of sgemm peak, of FMA peak; torch split"
+      "torch", "ratio", "target", "verdict", "strata GF/s of sgemm peak, of FMA peak; core round trip ns; torch split"
     for (i = 1; i <= nrows; i++) {
       split(row[i], f, " ")
       v = verdict(f[4], f[5], f[6])
       if (f[3] > 1 && f[5] != "-" && torch1[f[1]] != "" && torch1[f[1]] != "-" && f[5] + 0 < torch1[f[1]] + 0)
         v = v " (torch slower here than at 1 thread)"
-      printf "%-6s %5d %7d %10s %10s %7s %7s  %-13s %s of %s (%s), %s of FMA peak; intra_op=%s %s\n", f[1], f[2], f[3],
+      printf "%-6s %5d %7d %10s %10s %7s %7s  %-13s %s of %s (%s), %s of FMA peak; %s; intra_op=%s %s\n", f[1], f[2], f[3],
         f[4], f[5], ratio(f[4], f[5]), ">=" f[6] "x", v, f[9], f[8],
         (f[7] == "-" ? "-" : sprintf("%.0f%%", 100 * f[7])),
-        (f[10] == "-" ? "-" : sprintf("%.0f%%", 100 * f[10])), f[11], f[12]
+        (f[10] == "-" ? "-" : sprintf("%.0f%%", 100 * f[10])),
+        (f[3] > 1 ? f[11] : "-"), f[12], f[13]
     }
     print ""
     print "each at its best thread count (the headline figure):"
