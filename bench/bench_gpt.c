@@ -38,9 +38,8 @@
  *
  * (gflops: the FLOP rate reached, F x X; P: the larger of PB and PS;
  * peak_fraction: gflops / P; fma_fraction: gflops / PF; round_trip_ns: a
- * cache line's round trip between two threads just before the warm-up
- * and just after the timed steps (the trainer and its pool gone), 0 on
- * one thread.)
+ * cache line's round trip between two threads before the trainer is made
+ * and after it is gone, 0 on one thread.)
  *
  * Usage: bench_gpt MODEL BATCH THREADS [SECONDS]   (timed span, default 1.5;
  *        at least 2 steps are timed whatever the span)
@@ -51,6 +50,7 @@
  *          L,C,NH,T,V  any other shape
  */
 #include "corpus.h"
+#include "roundtrip.h"
 #include "strata.h"
 
 #include <cblas.h>
@@ -260,36 +260,6 @@ static double fma_peak(int threads) {
   return (double)atomic_load(&fma_flops) / (st_now() - t0);
 }
 
-/* A cache line's round trip between two threads, in ns: the mean of
- * PING_ROUNDS hand-offs of an atomic counter back and forth. It tells how
- * far apart the VM's vCPUs sit when it is measured (on the 2-vCPU Zen 5
- * VM here: about 90-100 ns at times, 360 ns at others, when each vCPU
- * has an L3 of its own), which is what a batch-1 step's many small
- * parallel ops pay for. 0 with fewer than 2 threads. */
-enum { PING_ROUNDS = 20000 };
-static _Atomic int ping_turn, ping_who;
-
-static void *ping_thread(void *arg) {
-  (void)arg;
-  int me = atomic_fetch_add(&ping_who, 1); /* 0 or 1 */
-  for (int i = 0; i < PING_ROUNDS; i++) {
-    while (atomic_load_explicit(&ping_turn, memory_order_acquire) !=
-           2 * i + me)
-      ;
-    atomic_store_explicit(&ping_turn, 2 * i + me + 1, memory_order_release);
-  }
-  return NULL;
-}
-
-static double core_round_trip_ns(int threads) {
-  if (threads < 2) return 0;
-  atomic_store(&ping_turn, 0);
-  atomic_store(&ping_who, 0);
-  double t0 = st_now();
-  st_run_workers(2, ping_thread, NULL);
-  return (st_now() - t0) / PING_ROUNDS * 1e9;
-}
-
 int main(int argc, char **argv) {
   gpt_shape g;
   int batch, threads;
@@ -309,6 +279,8 @@ int main(int argc, char **argv) {
     perror("bench_gpt: error: cannot write the corpus to a temporary file");
     return 1;
   }
+  /* before the trainer's pool, whose idle workers would share the cores */
+  double round_trip_before = core_round_trip_ns(threads);
   st_config cfg;
   st_trainer *t = NULL;
   st_error err = {0};
@@ -325,7 +297,6 @@ int main(int argc, char **argv) {
    * touches every buffer for the first time (page faults over gigabytes at
    * the 124M shape, whose steps take seconds: one is all it gets). The timed
    * span follows: at least `seconds` and 2 steps. */
-  double round_trip_before = core_round_trip_ns(threads);
   double loss, warm = st_now();
   int warm_steps = 0;
   do {

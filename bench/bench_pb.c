@@ -44,6 +44,7 @@
  * Usage: bench_pb [SECONDS [REPEATS]]   (defaults 1.5 and 3)
  * Prints one line per figure; targets are printed, never enforced.
  */
+#include "roundtrip.h"
 #include "span.h"
 #include "strata.h"
 
@@ -201,6 +202,7 @@ int main(int argc, char **argv) {
     double best[5] = {0}, util[5] = {0}, top[5] = {0}, balance = 0;
     double allow[5] = {0}; /* in the run of util[k] */
     const run *runs[5] = {&pb, &seq, &seq1, &gp, &sc};
+    double trip_before = core_round_trip_ns(2);
     for (int rep = 0; rep < repeats; rep++)
       for (int k = 0; k < 5; k++) {
         double r, w, t, b, a;
@@ -241,6 +243,9 @@ int main(int argc, char **argv) {
            "%.3f with sc+lwp (short of 1: the stages' imbalance and the "
            "host's variation from sample to sample, not the runtime)\n",
            allow[4], allow[0]);
+    printf("  a cache line's round trip between two threads before and "
+           "after these runs: %.0f / %.0f ns\n",
+           trip_before, core_round_trip_ns(2));
     printf("  PB (sc+lwp) %.0f samples/s; sequential batch 1: %.0f on %d threads "
            "(PB %.2fx), %.0f on 1 (PB %.2fx); gpipe batch 32 M=8 on 2 "
            "stages: %.0f (PB %.2fx)\n",

@@ -1,0 +1,43 @@
+/*
+ * roundtrip.h — how far apart two threads' cores are, for the benchmarks
+ * that split small work across cores (bench_gpt, bench_pb): a cache
+ * line's round trip between two threads.
+ */
+#ifndef STRATA_BENCH_ROUNDTRIP_H
+#define STRATA_BENCH_ROUNDTRIP_H
+
+#include "strata.h"
+
+#include <stdatomic.h>
+
+/* A cache line's round trip between two threads, in ns: the mean of
+ * PING_ROUNDS hand-offs of an atomic counter back and forth. It tells how
+ * far apart the VM's vCPUs sit when it is measured (on the 2-vCPU Zen 5
+ * VM here: about 90-100 ns at times, 360 ns at others, when each vCPU
+ * has an L3 of its own), which is what a batch-1 step's many small
+ * parallel ops pay for. 0 with fewer than 2 threads. */
+enum { PING_ROUNDS = 20000 };
+static _Atomic int ping_turn, ping_who;
+
+static inline void *ping_thread(void *arg) {
+  (void)arg;
+  int me = atomic_fetch_add(&ping_who, 1); /* 0 or 1 */
+  for (int i = 0; i < PING_ROUNDS; i++) {
+    while (atomic_load_explicit(&ping_turn, memory_order_acquire) !=
+           2 * i + me)
+      ;
+    atomic_store_explicit(&ping_turn, 2 * i + me + 1, memory_order_release);
+  }
+  return NULL;
+}
+
+static inline double core_round_trip_ns(int threads) {
+  if (threads < 2) return 0;
+  atomic_store(&ping_turn, 0);
+  atomic_store(&ping_who, 0);
+  double t0 = st_now();
+  st_run_workers(2, ping_thread, NULL);
+  return (st_now() - t0) / PING_ROUNDS * 1e9;
+}
+
+#endif
