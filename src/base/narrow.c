@@ -292,8 +292,7 @@ static void axpy_column(const narrow_job *J, int n) {
 /* Rows in blocks of 6 (the rest in one block) against 2 VL columns (16
  * with AVX, 32 with AVX-512): 12 accumulators, 8 loads per 12 FMAs. The
  * strip of B (K x 2 VL floats, at most 32 KB, 64 with AVX-512) stays in
- * cache while the blocks of rows pass over
- * it. */
+ * cache while the blocks of rows pass over it. */
 INLINE void axpy_columns(const narrow_job *J, int n, int NV) {
   int r = 0;
   for (; r + 6 <= J->M; r += 6) axpy_block(J, r, n, 6, NV);
@@ -344,9 +343,9 @@ enum { STRIP = 2 * VL };
  *     takes K up to 1536 only (st_blas_avx512). Other BLAS libraries
  *     count as having such kernels.
  * The strip, K x STRIP floats, lives on the task's stack: 32 KB at K =
- * 512 with AVX2, 384 KB at K = 3072 with AVX-512 (glibc's threads get 8
- * MB, the size of the main thread's; a smaller `ulimit -s` than about 1
- * MB is not supported). */
+ * 512 with AVX2, 384 KB at K = 3072 with AVX-512. glibc gives the main
+ * thread and every new thread the stack size limit, 8 MB unless set
+ * otherwise; a limit (`ulimit -s`) under about 1 MB is not supported. */
 #if defined(__AVX512F__) && defined(__FMA__)
 enum { PACKED_ROWS = 4096, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 1536 };
 #elif defined(__FMA__)

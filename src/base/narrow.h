@@ -20,7 +20,7 @@ int st_blas_avx512(void);
 
 /* Which of narrow.c's kernels a product goes to (alpha not 0): NARROW_NONE
  * (the BLAS's), or dot, axpy, packed; a function of the shape, A's row
- * stride and the target alone. */
+ * stride, the target and the BLAS's kernels (st_blas_avx512) alone. */
 enum { NARROW_NONE, NARROW_DOT, NARROW_AXPY, NARROW_PACKED };
 int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int K, int lda);
 
