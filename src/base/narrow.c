@@ -12,7 +12,8 @@
  * The two products of a linear layer's forward and input gradient, with
  * either weight layout, and where each beats OpenBLAS's sgemm (measured):
  *   dot:  C (M x N) = A (M x K) . B^T, B stored N x K   (trans_a 0, trans_b 1)
- *         2 <= M <= 8: 1.1x at 8 rows, 1.7x at 4, 3.8x at 2;
+ *         2 <= M <= 8: 1.1x at 8 rows, 1.7x at 4, 3.8x at 2 (with AVX-512,
+ *         6-8 rows go to the packed kernel unless N < 32: below);
  *   axpy: C (M x N) = A (M x K) . B,   B stored K x N   (trans_a 0, trans_b 0)
  *         2 <= M <= 16 and K <= 512: 1.3x to 3x. Past K = 512 its walk
  *         down a strip of B (2 VL columns) falls out of L1 (and, with B's
@@ -49,8 +50,8 @@
  * (a lane of a vector FMA rounds as the scalar FMA does), so the
  * result depends only on the call's shape and operands, never on the thread
  * count. Register blocks are written with GCC's vector extension (16-float
- * AVX-512 registers for axpy and packed, 8-float AVX ones, 4-float SSE
- * ones, the widest the target has; the dot kernel at most 8). Each
+ * AVX-512 registers, 8-float AVX ones, 4-float SSE ones, the widest the
+ * target has). Each
  * a * b + c is one FMA where the target has one: spelled out with the
  * x86 intrinsics (vfma, fma1), elsewhere left to -ffp-contract=fast
  * (Makefile).
@@ -62,14 +63,15 @@
 #include <immintrin.h>
 #endif
 
-/* Registers of floats. vd, DL lanes: the dot kernel's and the
- * transposes', 8 with AVX (or AVX2), else 4 (SSE; a 32-byte vector there
- * would be split in two and would change the ABI of these inline
- * helpers). vf, VL lanes: the axpy and packed kernels', 16 where the
- * target has AVX-512, else vd's width. A lane of those two kernels is one
- * element's FMA chain over k, so their width changes no bit; the dot
- * kernel's lanes split the sum over k, so its width stays put. (One Zen 5
- * core: 286 GFLOP/s of 16-lane FMAs, 143 of 8-lane ones.)
+/* Registers of floats. vd, DL lanes: the 8 x 8 transposes', 8 with AVX
+ * (or AVX2), else 4 (SSE; a 32-byte vector there would be split in two
+ * and would change the ABI of these inline helpers). vf, VL lanes: the
+ * kernels', 16 where the target has AVX-512, else vd's width. A lane of
+ * the axpy and packed kernels is one element's FMA chain over k, so their
+ * width changes no bit; the dot kernel's lanes split the sum over k, so
+ * its bits differ between a target with AVX-512 and one without. (One
+ * Zen 5 core: 286 GFLOP/s of 16-lane FMAs, 143 of 8-lane ones; the dot
+ * kernel at 8 rows of K = 784 ran 73 GFLOP/s with 16 lanes, 58 with 8.)
  * aligned(4) makes every load and store an unaligned one. */
 #if defined(__AVX__)
 typedef float vd __attribute__((vector_size(32), aligned(4), may_alias));
@@ -141,17 +143,14 @@ INLINE vf vfma(vf a, vf b, vf c) {
 #endif
 }
 
-INLINE vd vfma_d(vd a, vd b, vd c) {
-#if defined(__FMA__)
-  return (vd)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-  return a * b + c;
-#endif
-}
-
-/* The lanes' sum in a fixed tree. */
-INLINE float hsum(vd v) {
-#if defined(__AVX__)
+/* The lanes' sum in a fixed tree: 16 lanes fold into 8 (lane i + lane
+ * i + 8), then 8 as before. */
+INLINE float hsum(vf v) {
+#if defined(__AVX512F__)
+  float u[8];
+  for (int i = 0; i < 8; i++) u[i] = v[i] + v[i + 8];
+  return ((u[0] + u[4]) + (u[2] + u[6])) + ((u[1] + u[5]) + (u[3] + u[7]));
+#elif defined(__AVX__)
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 #else
   return (v[0] + v[2]) + (v[1] + v[3]);
@@ -198,21 +197,21 @@ INLINE const float *addend(const narrow_job *J, const float *c, int col) {
 /* ---------------------------------------------------------------- dot */
 
 /* C[r][j] for RR rows from r0 and RJ columns from j0: lanes accumulate
- * k = lane (mod DL) in order, then a fixed tree, then the tail in order. */
+ * k = lane (mod VL) in order, then a fixed tree, then the tail in order. */
 INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ) {
   const float *A = J->A, *B = J->B;
   int K = J->K, lda = J->lda, ldb = J->ldb;
-  vd acc[2][4];
+  vf acc[2][4];
   for (int r = 0; r < RR; r++)
-    for (int j = 0; j < RJ; j++) acc[r][j] = (vd){};
+    for (int j = 0; j < RJ; j++) acc[r][j] = splat(0.0f);
   int k = 0;
-  for (; k + DL <= K; k += DL) {
-    vd b[4];
-    for (int j = 0; j < RJ; j++) b[j] = load_d(B + (size_t)(j0 + j) * ldb + k);
+  for (; k + VL <= K; k += VL) {
+    vf b[4];
+    for (int j = 0; j < RJ; j++) b[j] = load(B + (size_t)(j0 + j) * ldb + k);
     for (int r = 0; r < RR; r++) {
-      vd a = load_d(A + (size_t)(r0 + r) * lda + k);
+      vf a = load(A + (size_t)(r0 + r) * lda + k);
       KEEP(a);
-      for (int j = 0; j < RJ; j++) acc[r][j] = vfma_d(a, b[j], acc[r][j]);
+      for (int j = 0; j < RJ; j++) acc[r][j] = vfma(a, b[j], acc[r][j]);
     }
   }
   float alpha = J->alpha, beta = J->beta, *C = J->C;
@@ -553,9 +552,24 @@ static int packed_row_chunk(int M, int K, int per_task, int col_tasks) {
   return (rows + 5) / 6 * 6;
 }
 
-int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int K, int lda) {
+/* With AVX-512, B transposed: rows up to which the dot kernel runs, and
+ * up to ST_NARROW_DOT_ROWS where C is narrower than DOT_NARROW_N. On Zen 5
+ * (2026-11-27, one thread, K = 784 unless said) the packed kernel against
+ * the dot kernel's 16 lanes: at 8 rows 91-121 GFLOP/s against 64-73 (K =
+ * 256-784, N >= 32), at 6 rows 84-110 against 61-79; at 5 rows 73 against
+ * 78, at 2 31 against 70; and at N = 10, 8 rows, 21 against 55. */
+#if defined(__AVX512F__)
+enum { DOT_ROWS = 5, DOT_NARROW_N = 32 };
+#else
+enum { DOT_ROWS = ST_NARROW_DOT_ROWS, DOT_NARROW_N = 0 };
+#endif
+
+int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
+                          int lda) {
   if (M < 2 || K < 1) return NARROW_NONE;
-  if (!trans_a && trans_b && M <= ST_NARROW_DOT_ROWS) return NARROW_DOT;
+  if (!trans_a && trans_b &&
+      (M <= DOT_ROWS || (M <= ST_NARROW_DOT_ROWS && N < DOT_NARROW_N)))
+    return NARROW_DOT;
   if (!trans_a && !trans_b && M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K)
     return NARROW_AXPY;
   return packed_fits(trans_a, M, K, lda) ? NARROW_PACKED : NARROW_NONE;
@@ -567,7 +581,8 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
                    const float *bias) {
   /* alpha 0: C = beta C without reading A or B, as the BLAS does */
   int kernel =
-      alpha == 0.0f ? NARROW_NONE : st_gemm_narrow_kernel(trans_a, trans_b, M, K, lda);
+      alpha == 0.0f ? NARROW_NONE
+                    : st_gemm_narrow_kernel(trans_a, trans_b, M, N, K, lda);
   if (kernel == NARROW_NONE) return 0;
   int how = bias                                       ? ADD
             : beta == 0.0f                               ? SET

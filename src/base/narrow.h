@@ -22,7 +22,8 @@ int st_blas_avx512(void);
  * (the BLAS's), or dot, axpy, packed; a function of the shape, A's row
  * stride, the target and the BLAS's kernels (st_blas_avx512) alone. */
 enum { NARROW_NONE, NARROW_DOT, NARROW_AXPY, NARROW_PACKED };
-int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int K, int lda);
+int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
+                          int lda);
 
 /* Computes C = alpha op(A) op(B) + beta C as st_gemm does and returns 1
  * when the call is one narrow.c handles (2 .. M rows, K >= 1: A

@@ -185,8 +185,11 @@ int main(void) {
       {0, 1, 1, 2304, 600, "gemv tiled"}, {0, 0, 1, 3000, 400, "gemv tiled"},
       /* dot: 2 .. 8 rows, every row-pair remainder, K tails, N tails */
       {0, 1, 2, 256, 784, "dot"},    {0, 1, 3, 13, 29, "dot"},
-      {0, 1, 5, 7, 8, "dot"},        {0, 1, 8, 256, 256, "dot"},
-      {0, 1, 7, 1030, 517, "dot tasks"}, {0, 1, 4, 3, 1, "dot K=1"},
+      {0, 1, 5, 7, 8, "dot"},
+      {0, 1, 8, 256, 256, "8 rows (AVX2 dot, AVX-512 packed)"},
+      {0, 1, 7, 1030, 517, "7 rows, tasks (AVX2 dot, AVX-512 packed)"},
+      {0, 1, 5, 1030, 517, "dot tasks"}, {0, 1, 4, 3, 1, "dot K=1"},
+      {0, 1, 8, 31, 300, "dot, 8 rows of 31"},
       {0, 1, 2, 5, 140000, "dot K past a task's FLOPs"},
       /* axpy: 2 .. 16 rows (blocks of 6 and each remainder), N tails */
       {0, 0, 2, 784, 256, "axpy"},   {0, 0, 5, 19, 13, "axpy"},
@@ -253,7 +256,7 @@ int main(void) {
   const int alias_pad[] = {3, 1024};
   for (int i = 0; i < 2; i++) {
     const shape *s = &aliased[i];
-    CHECK(st_gemm_narrow_kernel(1, 0, s->M, s->K, s->M + alias_pad[i]) ==
+    CHECK(st_gemm_narrow_kernel(1, 0, s->M, s->N, s->K, s->M + alias_pad[i]) ==
               NARROW_NONE,
           "%s: went to narrow.c's kernels", s->path);
     run(s, alias_pad[i], 1.0f, 1.0f, 0, pools, 4);
@@ -262,7 +265,7 @@ int main(void) {
 #if defined(__FMA__)
   for (int i = 0; i < n; i++) {
     const shape *s = &shapes[i];
-    int kernel = st_gemm_narrow_kernel(s->ta, s->tb, s->M, s->K,
+    int kernel = st_gemm_narrow_kernel(s->ta, s->tb, s->M, s->N, s->K,
                                        s->ta ? s->M : s->K);
     if (kernel == NARROW_PACKED || kernel == NARROW_AXPY) run_chain(s);
   }
