@@ -1008,8 +1008,11 @@ typedef struct st_fabric {
    * spill(S) spill_cost W, S the bytes its stage touches per micro-batch and
    * spill() the fraction interpolated on (spill_ws, spill_fraction) — 0
    * below the first point, 1 past the last. Both per layer step of three
-   * GEMMs; a stage's share on c cores shrinks as its GEMM time does. */
-  double l2_bytes, narrow_cost, spill_cost;
+   * GEMMs; a stage's share on c cores shrinks as its GEMM time does.
+   * A call of r rows also adds (1 - r / R) narrow_flop_cost seconds per
+   * GEMM FLOP, whatever its weights: narrow kernels compute slower than
+   * the class rate at R rows even from L2 (0: not modelled). */
+  double l2_bytes, narrow_cost, spill_cost, narrow_flop_cost;
   int n_spill;
   double spill_ws[ST_SPILL_POINTS], spill_fraction[ST_SPILL_POINTS];
   /* bytes/s one core streams through a one-row linear product (weights
@@ -1082,6 +1085,11 @@ typedef struct st_calibration {
   double narrow_rate, l2_bytes, spill_cost;
   int n_spill;
   double spill_ws[ST_SPILL_POINTS], spill_fraction[ST_SPILL_POINTS];
+  /* FLOP/s of the medium class's layer step at narrow_rows rows, its
+   * weights in L2: what few rows cost beside the class's own rate with no
+   * memory behind it. A profile without it (older) reads as 0: narrow
+   * rows then cost only the memory term. */
+  double narrow_l2_rate;
   /* A linear layer's products at one row, forward and input gradient
    * (matrix-vector) and weight gradient (rank one), on weights past L2:
    * bytes of weights streamed per second (once, once, read and written).

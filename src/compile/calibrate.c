@@ -209,6 +209,16 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
   double base = 2 * w + 4.0 * j.M * (j.N + j.K); /* weights, gradient, rows */
   double hot = step_after(&j, junk, 0);
   c->narrow_rate = flops / hot;
+  /* the medium class at the same rows, its weights (256 KB) in L2 */
+  const int *mid = gemm_shapes[ST_GEMM_CLASSES - 2];
+  gemm_job m = {.M = NARROW_ROWS, .N = mid[1], .K = mid[2]};
+  if (gemm_job_alloc(&m)) {
+    gemm_job_free(&j);
+    st_free(junk);
+    return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
+  }
+  c->narrow_l2_rate = 6.0 * m.M * m.N * m.K / step_after(&m, junk, 0);
+  gemm_job_free(&m);
   double t[ST_SPILL_POINTS], mb = 0.5;
   int n = 0;
   c->spill_ws[n] = base;
@@ -238,6 +248,9 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
     fprintf(progress,
             "  gemm large at %d rows %8.2f GFLOP/s (weights hot; L2 %.0f KB)\n",
             j.M, c->narrow_rate / 1e9, c->l2_bytes / 1024);
+    fprintf(progress,
+            "  gemm medium at %d rows %7.2f GFLOP/s (weights in L2)\n", j.M,
+            c->narrow_l2_rate / 1e9);
     fprintf(progress, "  spill: %.1f us per MB of weights from memory; share "
                       "paid by MB touched:", c->spill_cost * 1048576.0 * 1e6);
     for (int k = 0; k < n; k++)
@@ -905,6 +918,8 @@ int st_calibration_write(const st_calibration *c, const char *path,
     double rows = c->narrow_rows;
     json_array(buf, cap, &at, "narrow_rows", &rows, 1, 0);
     json_array(buf, cap, &at, "narrow_rate", &c->narrow_rate, 1, 0);
+    if (c->narrow_l2_rate > 0)
+      json_array(buf, cap, &at, "narrow_l2_rate", &c->narrow_l2_rate, 1, 0);
     json_array(buf, cap, &at, "l2_bytes", &c->l2_bytes, 1, 0);
     json_array(buf, cap, &at, "spill_cost", &c->spill_cost, 1,
                c->n_spill < 2);
@@ -1112,7 +1127,7 @@ static int parse(st_calibration *c, const char *text, const char *path,
     return rc;
   /* optional (profiles before them): linear GEMMs' memory not modelled */
   c->narrow_rows = c->n_spill = 0;
-  c->narrow_rate = c->l2_bytes = c->spill_cost = 0;
+  c->narrow_rate = c->l2_bytes = c->spill_cost = c->narrow_l2_rate = 0;
   if (value_of(text, "narrow_rows")) {
     double v[ST_SPILL_POINTS];
     if (numbers_of(value_of(text, "narrow_rows"), v, 1) != 1 ||
@@ -1122,6 +1137,11 @@ static int parse(st_calibration *c, const char *text, const char *path,
     c->narrow_rows = (int)v[0];
     if ((rc = positive_array(text, path, "narrow_rate", &c->narrow_rate, 1,
                              err)))
+      return rc;
+    /* optional (profiles before it): no compute term */
+    if (value_of(text, "narrow_l2_rate") &&
+        (rc = positive_array(text, path, "narrow_l2_rate", &c->narrow_l2_rate,
+                             1, err)))
       return rc;
     if (numbers_of(value_of(text, "l2_bytes"), &c->l2_bytes, 1) != 1 ||
         !(c->l2_bytes >= 0) || !isfinite(c->l2_bytes))
@@ -1210,15 +1230,37 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
    * re-read once per call. Off when L2 is unknown, or the large shape's
    * rows are not the reference cost.c classes linear layers at. */
   const int *ls = c->gemm_shape[ST_GEMM_CLASSES - 1];
+  const int *ms = c->gemm_shape[ST_GEMM_CLASSES - 2];
   double w = 4.0 * ls[1] * ls[2], ref = ST_GEMM_REF_ROWS, r = c->narrow_rows;
-  f->narrow_cost = f->l2_bytes = 0;
-  if (c->narrow_rate > 0 && r >= 2 && r < ref && ls[0] == ST_GEMM_REF_ROWS &&
-      c->l2_bytes > 0 && w > c->l2_bytes) {
+  f->narrow_cost = f->l2_bytes = f->narrow_flop_cost = 0;
+  /* the compute term first: the medium class's step at r rows from L2
+   * against its rate at ref rows, per FLOP, as (1 - r / ref) of a slope */
+  double e = 0; /* seconds per FLOP past the class rate, at r rows */
+  if (c->narrow_l2_rate > 0 && r >= 2 && r < ref &&
+      ms[0] == ST_GEMM_REF_ROWS && c->gemm_rate[ST_GEMM_CLASSES - 2] > 0) {
+    e = 1 / c->narrow_l2_rate - 1 / c->gemm_rate[ST_GEMM_CLASSES - 2];
+    e = e > 0 ? e : 0;
+    f->narrow_flop_cost = e / (1 - r / ref);
+  }
+  /* then the memory term: what the large class's step at r rows takes
+   * past its scaled 64-row time and that compute term. Where the compute
+   * term alone would exceed that excess, it is cut to it (no memory
+   * term), so that the two never predict the large step slower than it
+   * was measured. */
+  if (c->narrow_rate > 0 && r >= 2 && r < ref && ls[0] == ST_GEMM_REF_ROWS) {
+    double flops_r = 6.0 * r * ls[1] * ls[2];
     double t_ref = 6.0 * ref * ls[1] * ls[2] / c->gemm_rate[ST_GEMM_CLASSES - 1];
-    double t_r = 6.0 * r * ls[1] * ls[2] / c->narrow_rate;
-    double x = (t_r - r / ref * t_ref) / (1 - r / ref);
-    f->narrow_cost = x > 0 ? x / (w - c->l2_bytes) : 0;
-    f->l2_bytes = c->l2_bytes;
+    double excess = flops_r / c->narrow_rate - r / ref * t_ref;
+    excess = excess > 0 ? excess : 0;
+    if (flops_r * e > excess) {
+      e = excess / flops_r;
+      f->narrow_flop_cost = e / (1 - r / ref);
+    }
+    if (c->l2_bytes > 0 && w > c->l2_bytes) {
+      double x = (excess - flops_r * e) / (1 - r / ref);
+      f->narrow_cost = x > 0 ? x / (w - c->l2_bytes) : 0;
+      f->l2_bytes = c->l2_bytes;
+    }
   }
   /* the spill curve stands on its own */
   f->spill_cost = c->n_spill >= 2 ? c->spill_cost : 0;

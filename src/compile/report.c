@@ -174,6 +174,11 @@ void st_plan_print(const st_plan *p, FILE *f) {
               st_plan_fmt_bytes(b, sizeof b,
                                 fb->n_spill ? fb->spill_ws[fb->n_spill - 1]
                                             : 0));
+    if (fb->narrow_flop_cost > 0)
+      fprintf(f, "    linear layers at r < %g rows, from L2 too: (1 - r/%g) x "
+                 "%.3g us per MFLOP beside the class rate\n",
+              (double)ST_GEMM_REF_ROWS, (double)ST_GEMM_REF_ROWS,
+              fb->narrow_flop_cost * 1e12);
     if (fb->row_bandwidth > 0)
       fprintf(f, "    linear layers at one row (matrix-vector, rank one): "
                  "%.3g GB/s of weights streamed per core\n",

@@ -238,6 +238,86 @@ static void test_narrow_reproduces(void) {
  * of it forward. narrow_cost from the profile: the 8-row step takes
  * t8 = 6 8 256 3136 / 4e10, the 64-row one t64 = 6 64 256 3136 / 8e10;
  * x = (t8 - t64 / 8) / (1 - 8 / 64) over the weights past L2. */
+/* The narrow kernels' compute term: the medium class (64 x 256 x 256,
+ * 5e10 FLOP/s) at 8 rows from L2 at 4e10, so e = 1/4e10 - 1/5e10 =
+ * 5e-12 s per FLOP at 8 rows, narrow_flop_cost = e / (1 - 8/64). It
+ * survives a profile's round trip (and reads as 0 from one without it);
+ * a layer whose weights fit L2 pays (1 - r/64) narrow_flop_cost per FLOP
+ * of its step; the memory term gives up what the compute term explains,
+ * so the large class's 8-row step is still reproduced exactly. And where
+ * the compute term would explain more than that step's excess over its
+ * scaled 64-row time (8 rows from L2 at 2.5e10: e k8 = 7.7e-4 s, the
+ * excess 4.8e-4), it is cut to the excess and the memory term is 0. */
+static void test_narrow_compute(void) {
+  st_calibration c = narrow_profile(), back;
+  c.narrow_l2_rate = 4e10;
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/strata_test_cal_l2_%d.json", (int)getpid());
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0 &&
+            back.narrow_l2_rate == 4e10,
+        "narrow_l2_rate round trip: %s (%g)", err.msg, back.narrow_l2_rate);
+  st_calibration old = narrow_profile();
+  CHECK(st_calibration_write(&old, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0 &&
+            back.narrow_l2_rate == 0,
+        "a profile without narrow_l2_rate reads 0: %s", err.msg);
+  remove(path);
+
+  st_fabric f = one_core();
+  st_calibration_apply(&c, &f, "test");
+  double e = 1 / 4e10 - 1 / 5e10, nfc = e / (1 - 8.0 / 64);
+  CHECK(fabs(f.narrow_flop_cost - nfc) <= 1e-12 * nfc,
+        "narrow_flop_cost %g want %g", f.narrow_flop_cost, nfc);
+  double wl = 4.0 * 256 * 3136, l2 = 1048576, k8 = 6.0 * 8 * 256 * 3136;
+  double t8 = k8 / 4e10, t64 = 6.0 * 64 * 256 * 3136 / 8e10;
+  double x = (t8 - t64 / 8 - k8 * e) / (1 - 8.0 / 64);
+  CHECK(fabs(f.narrow_cost - x / (wl - l2)) <= 1e-12 * f.narrow_cost,
+        "narrow cost %g want %g", f.narrow_cost, x / (wl - l2));
+  /* {rows, weight bytes}: per sample, the step's narrow terms */
+  double ws = 4.0 * 256 * 256; /* in L2 */
+  struct {
+    double rows, bytes, want;
+  } cases[] = {
+      {8, ws, (1 - 8.0 / 64) * nfc * 1.5 * 8 * ws / 8},
+      {16, ws, (1 - 16.0 / 64) * nfc * 1.5 * 16 * ws / 16},
+      {8, wl, (t8 - t64 / 8) / 8}, /* the calibration point, both terms */
+      {64, ws, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    st_block_cost b;
+    memset(&b, 0, sizeof b);
+    snprintf(b.name, sizeof b.name, "blocks.0");
+    b.n_linear = 1;
+    b.linear_rows[0] = cases[i].rows;
+    b.linear_bytes[0] = cases[i].bytes;
+    b.linear_gemms[0] = 3;
+    b.call_samples = cases[i].rows;
+    b.ws_bytes = 1e6; /* below the spill curve */
+    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
+                           .weight_versions = 1};
+    st_plan *p = NULL;
+    CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
+    if (!p)
+      continue;
+    double t = p->stages[0].time, want = cases[i].want;
+    CHECK(fabs(t - want) <= 1e-9 * (want > 0 ? want : 1e-9),
+          "case %zu (%g rows, %g bytes): %.9g s per sample, want %.9g", i,
+          cases[i].rows, cases[i].bytes, t, want);
+    st_plan_destroy(p);
+  }
+  /* the cut: 2.5e10 from L2 would explain more than the large step's
+   * excess */
+  c.narrow_l2_rate = 2.5e10;
+  st_fabric g = one_core();
+  st_calibration_apply(&c, &g, "test");
+  double cut = (t8 - t64 / 8) / k8 / (1 - 8.0 / 64);
+  CHECK(fabs(g.narrow_flop_cost - cut) <= 1e-12 * cut && g.narrow_cost == 0,
+        "cut compute term %g want %g, memory term %g want 0",
+        g.narrow_flop_cost, cut, g.narrow_cost);
+}
+
 static void test_memory_terms(void) {
   st_calibration c = narrow_profile();
   double w = 4.0 * 256 * 3136, l2 = 1048576;
@@ -976,6 +1056,7 @@ int main(void) {
   test_split_gpt();
   test_kernel_time();
   test_memory_terms();
+  test_narrow_compute();
   test_narrow_reproduces();
   test_host_time();
   test_one_row();
