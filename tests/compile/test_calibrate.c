@@ -238,6 +238,22 @@ static void test_narrow_reproduces(void) {
  * of it forward. narrow_cost from the profile: the 8-row step takes
  * t8 = 6 8 256 3136 / 4e10, the 64-row one t64 = 6 64 256 3136 / 8e10;
  * x = (t8 - t64 / 8) / (1 - 8 / 64) over the weights past L2. */
+/* One block of one linear layer with no FLOPs of its own: only the
+ * memory and narrow terms price it. */
+static st_block_cost linear_block(double rows, double samples, double bytes,
+                                  double ws, double gemms) {
+  st_block_cost b;
+  memset(&b, 0, sizeof b);
+  snprintf(b.name, sizeof b.name, "blocks.0");
+  b.n_linear = 1;
+  b.linear_rows[0] = rows;
+  b.linear_bytes[0] = bytes;
+  b.linear_gemms[0] = gemms;
+  b.call_samples = samples;
+  b.ws_bytes = ws;
+  return b;
+}
+
 /* The narrow kernels' compute term: the medium class (64 x 256 x 256,
  * 5e10 FLOP/s) at 8 rows from L2 at 4e10, so e = 1/4e10 - 1/5e10 =
  * 5e-12 s per FLOP at 8 rows, narrow_flop_cost = e / (1 - 8/64). It
@@ -286,15 +302,9 @@ static void test_narrow_compute(void) {
       {64, ws, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    st_block_cost b;
-    memset(&b, 0, sizeof b);
-    snprintf(b.name, sizeof b.name, "blocks.0");
-    b.n_linear = 1;
-    b.linear_rows[0] = cases[i].rows;
-    b.linear_bytes[0] = cases[i].bytes;
-    b.linear_gemms[0] = 3;
-    b.call_samples = cases[i].rows;
-    b.ws_bytes = 1e6; /* below the spill curve */
+    /* working set below the spill curve */
+    st_block_cost b =
+        linear_block(cases[i].rows, cases[i].rows, cases[i].bytes, 1e6, 3);
     st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
                            .weight_versions = 1};
     st_plan *p = NULL;
@@ -350,15 +360,8 @@ static void test_memory_terms(void) {
       {8, 8, l2, 1e6, 3, 0, 0},                  /* weights in L2 */
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    st_block_cost b;
-    memset(&b, 0, sizeof b);
-    snprintf(b.name, sizeof b.name, "blocks.0");
-    b.n_linear = 1;
-    b.linear_rows[0] = cases[i].rows;
-    b.linear_bytes[0] = cases[i].bytes;
-    b.linear_gemms[0] = cases[i].gemms;
-    b.call_samples = cases[i].samples;
-    b.ws_bytes = cases[i].ws;
+    st_block_cost b = linear_block(cases[i].rows, cases[i].samples,
+                                   cases[i].bytes, cases[i].ws, cases[i].gemms);
     st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
                            .weight_versions = 1};
     st_plan *p = NULL;
