@@ -8,6 +8,7 @@
 
 #include "strata.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 /* A cache line's round trip between two threads, in ns: hand-offs of an
@@ -41,11 +42,17 @@ static inline void *ping_thread(void *arg) {
   return NULL;
 }
 
+/* 0 as well where fewer than 2 cpus are usable (two spinning threads on
+ * one would hand off only when the scheduler preempts one: minutes) or
+ * the second thread cannot be started. */
 static inline double core_round_trip_ns(int threads) {
-  if (threads < 2) return 0;
+  if (threads < 2 || st_usable_cpus(NULL, 0) < 2) return 0;
   atomic_store(&ping_turn, 0);
   atomic_store(&ping_who, 0);
-  st_run_workers(2, ping_thread, NULL);
+  pthread_t other;
+  if (pthread_create(&other, NULL, ping_thread, NULL) != 0) return 0;
+  ping_thread(NULL);
+  pthread_join(other, NULL);
   return ping_best_s / PING_ROUNDS * 1e9;
 }
 

@@ -553,12 +553,13 @@ static int packed_row_chunk(int M, int K, int per_task, int col_tasks) {
 }
 
 /* With AVX-512, B transposed: rows up to which the dot kernel runs, and
- * up to ST_NARROW_DOT_ROWS where C is narrower than DOT_NARROW_N. On Zen 5
+ * up to ST_NARROW_DOT_ROWS where C is narrower than DOT_NARROW_N or the
+ * packed kernel does not take the product. On Zen 5
  * (2026-11-27, one thread, K = 784 unless said) the packed kernel against
  * the dot kernel's 16 lanes: at 8 rows 91-121 GFLOP/s against 64-73 (K =
  * 256-784, N >= 32), at 6 rows 84-110 against 61-79; at 5 rows 73 against
  * 78, at 2 31 against 70; and at N = 10, 8 rows, 21 against 55. */
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__FMA__)
 enum { DOT_ROWS = 5, DOT_NARROW_N = 32 };
 #else
 enum { DOT_ROWS = ST_NARROW_DOT_ROWS, DOT_NARROW_N = 0 };
@@ -567,9 +568,9 @@ enum { DOT_ROWS = ST_NARROW_DOT_ROWS, DOT_NARROW_N = 0 };
 int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
                           int lda) {
   if (M < 2 || K < 1) return NARROW_NONE;
-  if (!trans_a && trans_b &&
-      (M <= DOT_ROWS || (M <= ST_NARROW_DOT_ROWS && N < DOT_NARROW_N)))
-    return NARROW_DOT;
+  if (!trans_a && trans_b && M <= ST_NARROW_DOT_ROWS &&
+      (M <= DOT_ROWS || N < DOT_NARROW_N || !packed_fits(0, M, K, lda)))
+    return NARROW_DOT; /* (past the packed kernel's K: dot, as before) */
   if (!trans_a && !trans_b && M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K)
     return NARROW_AXPY;
   return packed_fits(trans_a, M, K, lda) ? NARROW_PACKED : NARROW_NONE;

@@ -213,6 +213,7 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
   const int *mid = gemm_shapes[ST_GEMM_CLASSES - 2];
   gemm_job m = {.M = NARROW_ROWS, .N = mid[1], .K = mid[2]};
   if (gemm_job_alloc(&m)) {
+    gemm_job_free(&m);
     gemm_job_free(&j);
     st_free(junk);
     return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
@@ -1273,7 +1274,8 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
            "; calibrated %s from %.200s (GEMM, conv2d and attention by shape "
            "class, one-thread ops by bytes%s; measured on %d cores)",
            c->date, path,
-           f->narrow_cost > 0 || f->n_spill || f->row_bandwidth > 0
+           f->narrow_cost > 0 || f->narrow_flop_cost > 0 || f->n_spill ||
+                   f->row_bandwidth > 0
                ? ", linear layers' memory terms"
                : "",
            c->cores);

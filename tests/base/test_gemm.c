@@ -190,6 +190,7 @@ int main(void) {
       {0, 1, 7, 1030, 517, "7 rows, tasks (AVX2 dot, AVX-512 packed)"},
       {0, 1, 5, 1030, 517, "dot tasks"}, {0, 1, 4, 3, 1, "dot K=1"},
       {0, 1, 8, 31, 300, "dot, 8 rows of 31"},
+      {0, 1, 8, 64, 3073, "dot, 8 rows past the packed K"},
       {0, 1, 2, 5, 140000, "dot K past a task's FLOPs"},
       /* axpy: 2 .. 16 rows (blocks of 6 and each remainder), N tails */
       {0, 0, 2, 784, 256, "axpy"},   {0, 0, 5, 19, 13, "axpy"},
@@ -249,6 +250,10 @@ int main(void) {
         run(&shapes[i], PAD, alphas[a], betas[b], 0, pools, 4);
   for (int i = 0; i < n; i++) /* beta = 0 never reads C */
     run(&shapes[i], PAD, 1.0f, 0.0f, 1, pools, 1);
+  /* 8 rows, B transposed, K past the packed kernel's: the dot kernel on
+   * every target (with AVX-512 these rows go to packed where it fits) */
+  CHECK(st_gemm_narrow_kernel(0, 1, 8, 64, 3073, 3073) == NARROW_DOT,
+        "8 x 64 x 3073, B transposed: not the dot kernel");
   /* A transposed with rows a multiple of 4 KB apart (lda 1024 and 2048):
    * the tiled sgemm past K = 64, whatever the target */
   const shape aliased[] = {{1, 0, 1021, 20, 100, "sgemm dW lda 1024"},
