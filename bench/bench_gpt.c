@@ -160,15 +160,36 @@ static double step_flops(const st_model *m, int B) {
   return per_sample * B;
 }
 
-/* FLOP/s of a PEAK_N-square sgemm with the BLAS on `threads` threads, best
- * of at least 3 calls and 0.5 s; the BLAS is pinned back to one thread (as
- * st_blas_init leaves it) afterwards. Returns 0 if out of memory. */
-static double sgemm_peak(int threads) {
+/* Best FLOP/s of one PEAK_N-square product, at least 3 calls and 0.5 s
+ * (call 0 warms up), by the BLAS on `threads` threads (`own` 0) or by
+ * st_gemm on `pool` (`own` 1). */
+static double square_rate(const float *a, const float *b, float *c,
+                          st_pool *pool, int own) {
+  double best = 0, flops = 2.0 * PEAK_N * PEAK_N * PEAK_N, start = st_now();
+  for (int k = 0; k < 4 || st_now() - start < 0.5; k++) {
+    double t0 = st_now();
+    if (own)
+      st_gemm(pool, 0, 0, PEAK_N, PEAK_N, PEAK_N, 1.0f, a, PEAK_N, b, PEAK_N,
+              0.0f, c, PEAK_N);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, PEAK_N, PEAK_N,
+                  PEAK_N, 1.0f, a, PEAK_N, b, PEAK_N, 0.0f, c, PEAK_N);
+    double rate = flops / (st_now() - t0);
+    if (k > 0 && rate > best) best = rate;
+  }
+  return best;
+}
+
+/* The sgemm peaks on `threads` threads: the BLAS's (given that many
+ * threads, then pinned back to one, as st_blas_init leaves it) and
+ * st_gemm's (a pool of that many). Both 0 if out of memory. */
+static void sgemm_peaks(int threads, double *blas, double *own) {
   size_t n = (size_t)PEAK_N * PEAK_N;
   float *a = st_alloc(n * sizeof(float)), *b = st_alloc(n * sizeof(float));
   float *c = st_alloc(n * sizeof(float));
-  double best = 0;
-  if (a && b && c) {
+  st_pool *pool = st_pool_create(threads);
+  *blas = *own = 0;
+  if (a && b && c && pool) {
     st_rng rng;
     st_rng_init(&rng, 7, ST_RNG_DATA, 1);
     for (size_t i = 0; i < n; i++) {
@@ -176,47 +197,14 @@ static double sgemm_peak(int threads) {
       b[i] = 2.0f * st_rng_uniform(&rng) - 1.0f;
     }
     set_blas_threads(threads);
-    double flops = 2.0 * PEAK_N * PEAK_N * PEAK_N, start = st_now();
-    for (int k = 0; k < 4 || st_now() - start < 0.5; k++) {
-      double t0 = st_now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, PEAK_N, PEAK_N,
-                  PEAK_N, 1.0f, a, PEAK_N, b, PEAK_N, 0.0f, c, PEAK_N);
-      double rate = flops / (st_now() - t0);
-      if (k > 0 && rate > best)
-        best = rate; /* call 0 warms up */
-    }
+    *blas = square_rate(a, b, c, NULL, 0);
     st_blas_init();
-  }
-  st_free(a);
-  st_free(b);
-  st_free(c);
-  return best;
-}
-
-/* FLOP/s of st_gemm on the same square with a pool of `threads`, best of
- * at least 3 calls and 0.5 s; 0 if out of memory. */
-static double strata_gemm_peak(int threads) {
-  size_t n = (size_t)PEAK_N * PEAK_N;
-  float *a = st_alloc(n * sizeof(float)), *b = st_alloc(n * sizeof(float));
-  float *c = st_alloc(n * sizeof(float));
-  st_pool *pool = st_pool_create(threads);
-  double best = 0;
-  if (a && b && c && pool) {
-    for (size_t i = 0; i < n; i++) a[i] = b[i] = (float)(i % 13) - 6.0f;
-    double flops = 2.0 * PEAK_N * PEAK_N * PEAK_N, start = st_now();
-    for (int k = 0; k < 4 || st_now() - start < 0.5; k++) {
-      double t0 = st_now();
-      st_gemm(pool, 0, 0, PEAK_N, PEAK_N, PEAK_N, 1.0f, a, PEAK_N, b, PEAK_N,
-              0.0f, c, PEAK_N);
-      double rate = flops / (st_now() - t0);
-      if (k > 0 && rate > best) best = rate;
-    }
+    *own = square_rate(a, b, c, pool, 1);
   }
   st_pool_destroy(pool);
   st_free(a);
   st_free(b);
   st_free(c);
-  return best;
 }
 
 /* The FMA ceiling: each of `threads` threads runs FMA_CHAINS independent
@@ -318,7 +306,8 @@ int main(int argc, char **argv) {
   double flops = step_flops(st_trainer_model(t), batch);
   st_trainer_destroy(t); /* frees its memory before the peak's matrices */
   double round_trip_after = core_round_trip_ns(threads); /* its pool gone */
-  double blas = sgemm_peak(threads), own = strata_gemm_peak(threads);
+  double blas, own;
+  sgemm_peaks(threads, &blas, &own);
   double peak = blas > own ? blas : own, fma = fma_peak(threads);
   double steps_per_s = (double)steps / elapsed, rate = flops * steps_per_s;
   char fma_text[32] = "-"; /* no FMA: no ceiling measured */

@@ -38,7 +38,8 @@ typedef struct worker {
 /* One participant's block of the current job's tasks: next is the next
  * task not yet taken, end one past its last. Others take from it once
  * their own block is done. A cache line each, so that taking a task from
- * one's own block touches no line another thread writes. */
+ * one's own block touches no line another thread writes, unless it comes
+ * to steal. */
 typedef struct block {
   _Alignas(64) _Atomic int next;
   int end;

@@ -1234,34 +1234,32 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   const int *ms = c->gemm_shape[ST_GEMM_CLASSES - 2];
   double w = 4.0 * ls[1] * ls[2], ref = ST_GEMM_REF_ROWS, r = c->narrow_rows;
   f->narrow_cost = f->l2_bytes = f->narrow_flop_cost = 0;
-  /* the compute term first: the medium class's step at r rows from L2
-   * against its rate at ref rows, per FLOP, as (1 - r / ref) of a slope */
-  double e = 0; /* seconds per FLOP past the class rate, at r rows */
-  if (c->narrow_l2_rate > 0 && r >= 2 && r < ref &&
-      ms[0] == ST_GEMM_REF_ROWS && c->gemm_rate[ST_GEMM_CLASSES - 2] > 0) {
-    e = 1 / c->narrow_l2_rate - 1 / c->gemm_rate[ST_GEMM_CLASSES - 2];
-    e = e > 0 ? e : 0;
-    f->narrow_flop_cost = e / (1 - r / ref);
-  }
-  /* then the memory term: what the large class's step at r rows takes
-   * past its scaled 64-row time and that compute term. Where the compute
-   * term alone would exceed that excess, it is cut to it (no memory
-   * term), so that the two never predict the large step slower than it
-   * was measured. */
-  if (c->narrow_rate > 0 && r >= 2 && r < ref && ls[0] == ST_GEMM_REF_ROWS) {
-    double flops_r = 6.0 * r * ls[1] * ls[2];
-    double t_ref = 6.0 * ref * ls[1] * ls[2] / c->gemm_rate[ST_GEMM_CLASSES - 1];
-    double excess = flops_r / c->narrow_rate - r / ref * t_ref;
-    excess = excess > 0 ? excess : 0;
-    if (flops_r * e > excess) {
-      e = excess / flops_r;
-      f->narrow_flop_cost = e / (1 - r / ref);
+  if (r >= 2 && r < ref) {
+    /* the compute term first: the medium class's step at r rows from L2
+     * against its rate at ref rows, seconds per FLOP at r rows */
+    double e = 0;
+    if (c->narrow_l2_rate > 0 && ms[0] == ST_GEMM_REF_ROWS &&
+        c->gemm_rate[ST_GEMM_CLASSES - 2] > 0)
+      e = fmax(1 / c->narrow_l2_rate - 1 / c->gemm_rate[ST_GEMM_CLASSES - 2],
+               0);
+    /* then the memory term: what the large class's step at r rows takes
+     * past its scaled 64-row time and that compute term. Where the
+     * compute term alone would exceed that excess, it is cut to it (no
+     * memory term), so that the two never predict the large step slower
+     * than it was measured. */
+    if (c->narrow_rate > 0 && ls[0] == ST_GEMM_REF_ROWS) {
+      double flops_r = 6.0 * r * ls[1] * ls[2];
+      double t_ref =
+          6.0 * ref * ls[1] * ls[2] / c->gemm_rate[ST_GEMM_CLASSES - 1];
+      double excess = fmax(flops_r / c->narrow_rate - r / ref * t_ref, 0);
+      e = fmin(e, excess / flops_r);
+      if (c->l2_bytes > 0 && w > c->l2_bytes) {
+        double x = (excess - flops_r * e) / (1 - r / ref);
+        f->narrow_cost = x > 0 ? x / (w - c->l2_bytes) : 0;
+        f->l2_bytes = c->l2_bytes;
+      }
     }
-    if (c->l2_bytes > 0 && w > c->l2_bytes) {
-      double x = (excess - flops_r * e) / (1 - r / ref);
-      f->narrow_cost = x > 0 ? x / (w - c->l2_bytes) : 0;
-      f->l2_bytes = c->l2_bytes;
-    }
+    f->narrow_flop_cost = e / (1 - r / ref); /* the slope of (1 - r / ref) */
   }
   /* the spill curve stands on its own */
   f->spill_cost = c->n_spill >= 2 ? c->spill_cost : 0;

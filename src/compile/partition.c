@@ -192,12 +192,11 @@ void linear_memory(const st_fabric *f, const st_block_cost *b,
     double gemm = 1.0 / 3 / b->call_samples, nar = 0;
     /* at one row the linear kernels are matrix-vector products, not GEMMs
      * (st_linear_forward / _backward at batch 1): not this law */
-    if (r >= 2 && r < ref && w > f->l2_bytes)
-      nar = (1 - r / ref) * f->narrow_cost * (w - f->l2_bytes);
     /* and whatever the weights, the narrow kernels' slower FLOPs: a layer
      * step's three GEMMs are 6 r (w / 4) of them */
     if (r >= 2 && r < ref)
-      nar += (1 - r / ref) * f->narrow_flop_cost * 1.5 * r * w;
+      nar = (1 - r / ref) * (f->narrow_cost * fmax(w - f->l2_bytes, 0) +
+                             f->narrow_flop_cost * 1.5 * r * w);
     narrow[0] += gemm * nar;
     narrow[1] += (g - 1) * gemm * nar;
     traffic[0] += gemm * w;
