@@ -19,14 +19,29 @@
  *                32 channel pairs of the CNN, the 5 whose plans predict
  *                the best balance (those within 1% of equal, where any
  *                is) are probed for 0.5 s and the one whose stages the
- *                probe finds most nearly equal is run. It is
- *                judged where its plan predicts the cut balanced within
- *                1%, or the judged runs measured its stages within 2%
- *                (least over most busy; both are printed). sc+lwp is
- *                printed beside it: its prediction pass (a read of w and
- *                v, a write of the forward's weights) runs only at stages
- *                with D > 0, a cost of the stage, not of its blocks, so
- *                the stages it balanced are no longer equal.
+ *                probe finds most nearly equal is run.
+ *                It is judged on the runs whose two stages were busy for
+ *                equal times in fact: least over most busy within 2% (one
+ *                wall divides both, and each stage runs every sample, so
+ *                that is equal time a sample: a balanced plan in fact),
+ *                on the median of those runs by the least busy stage.
+ *                What the plan predicted is printed, and does not decide:
+ *                on this VM the same blocks on the same core ran at 113
+ *                us a sample in one minute and 130 in another, as the
+ *                hypervisor moved the vCPUs and their neighbours' load,
+ *                and a cut balanced on the blocks' timings is balanced
+ *                in some runs only. So sc runs SC_RUNS trainers a round
+ *                between the others, each run's ratio is printed with
+ *                how many were within 2%, and where none was there is no
+ *                verdict. In the runs judged, what a stage idles is the
+ *                runtime's (hand-offs, waits, bubbles) or the host's
+ *                variation from sample to sample, which the replay below
+ *                tells apart. Also printed: the busiest stage's fraction
+ *                in every sc run, equal or not, which bubbles would lower.
+ *                sc+lwp is printed beside it: its prediction pass (a read
+ *                of w and v, a write of the forward's weights) runs only
+ *                at stages with D > 0, a cost of the stage, not of its
+ *                blocks, so the stages it balanced are no longer equal.
  *                Printed under both: what the stages' own busy times
  *                allow, the same seconds replayed through PB's
  *                dependencies with every hand-off free (the runtime's
@@ -36,12 +51,23 @@
  *                them: each slow sample of one idles the other. A
  *                measured figure at the allowed one means the runtime
  *                added no bubble of its own.
+ *                The MLP's other hidden layers are 384 wide. At 512 (its
+ *                weights and momentum 18 MB, read and written by every
+ *                sample's fused update) each trainer drew one of two
+ *                speeds for a stage, about 10% apart (172 or 188 us a
+ *                sample), and kept it for its life; under perf the slow
+ *                draw spent 13% more in the update's kernel. Huge pages,
+ *                4 KB alignment of every buffer, and fresh mappings for
+ *                each trainer did not remove it; where its pages fall in
+ *                this VM's caches is the likely cause, not proven. At 384
+ *                wide (10.7 MB) one trainer and the next stayed within
+ *                2-3% in this session's runs, as the CNN did.
  *   rates        the same PB pipeline against sequential training at
  *                batch 1 (on all the cores and on one) and against the
  *                fill-and-drain pipeline (gpipe) at batch 32, M = 8, on
  *                two stages (cut by its own micro-batch's timings).
  *
- * Usage: bench_pb [SECONDS [REPEATS]]   (defaults 1.5 and 3)
+ * Usage: bench_pb [SECONDS [REPEATS]]   (defaults 1.5 and 3; REPEATS <= 20)
  * Prints one line per figure; targets are printed, never enforced.
  */
 #include "roundtrip.h"
@@ -116,14 +142,47 @@ static run candidate(const char *width, const char *const *fixed) {
   return r;
 }
 
+/* One PB run: its least and most busy stage's busy fractions, the least
+ * busy one's under the replay of the stages' own busy times, and its
+ * samples/s. */
+typedef struct pb_run {
+  double least, most, allowed, rate;
+} pb_run;
+
+/* Whether run r's two stages were busy for equal times, within 2% (least
+ * over most busy: one wall divides both). Each stage runs every sample,
+ * so that is equal time a sample: a plan balanced in fact. */
+static int equal_busy(const pb_run *r) {
+  return r->most > 0 && r->least / r->most >= 0.98;
+}
+
+/* The median run of r[0 .. n) by its least busy stage (the lower of two
+ * middles): of those with equal busy times if `equal`, else of all that
+ * measured anything; -1 if none qualifies. *count: how many did. */
+static int median_run(const pb_run *r, int n, int equal, int *count) {
+  int idx[256], m = 0;
+  for (int i = 0; i < n && m < 256; i++)
+    if (r[i].most > 0 && (!equal || equal_busy(&r[i]))) idx[m++] = i;
+  for (int i = 1; i < m; i++) /* insertion sort by least busy */
+    for (int j = i; j > 0 && r[idx[j]].least < r[idx[j - 1]].least; j--) {
+      int t = idx[j];
+      idx[j] = idx[j - 1], idx[j - 1] = t;
+    }
+  *count = m;
+  return m ? idx[(m - 1) / 2] : -1;
+}
+
+enum { MAX_REPEATS = 20, SC_RUNS = 4 };
+_Static_assert(SC_RUNS * MAX_REPEATS <= 256, "median_run's index");
 enum { MLP_WIDTHS = 20, CNN_WIDTHS = 32, MAX_WIDTHS = 32, SHORTLIST = 5 };
 #define PROBE_S 0.5
 
 int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 1.5;
   int repeats = argc > 2 ? atoi(argv[2]) : 3;
-  if (argc > 3 || seconds <= 0 || repeats < 1) {
-    fprintf(stderr, "usage: bench_pb [SECONDS [REPEATS]]\n");
+  if (argc > 3 || seconds <= 0 || repeats < 1 || repeats > MAX_REPEATS) {
+    fprintf(stderr, "usage: bench_pb [SECONDS [REPEATS]] (REPEATS 1..%d)\n",
+            MAX_REPEATS);
     return 2;
   }
   st_blas_init();
@@ -141,7 +200,7 @@ int main(int argc, char **argv) {
       {"model.kind=cnn", "model.norm=groupnorm", "model.residual_blocks=3"}};
   for (int k = 0; k < MLP_WIDTHS; k++)
     snprintf(widths[0][k], sizeof widths[0][k],
-             "model.hidden=[%d,512,512,512,512,512,512,512]", 512 - 8 * k);
+             "model.hidden=[%d,384,384,384,384,384,384,384]", 384 - 8 * k);
   /* CNN channels: multiples of the 8 groups, 8..32 then 16..72 */
   for (int k = 0; k < CNN_WIDTHS; k++)
     snprintf(widths[1][k], sizeof widths[1][k], "model.channels=[%d,%d]",
@@ -199,50 +258,80 @@ int main(int argc, char **argv) {
     add(&gp, "execution.micro_batch=4");
     add(&gp, "train.threads=2");
     add(&gp, "execution.block_costs=measured"); /* its own micro-batch's */
-    double best[5] = {0}, util[5] = {0}, top[5] = {0}, balance = 0;
-    double allow[5] = {0}; /* in the run of util[k] */
+    /* sc's runs are judged, on those whose stages were busy for equal
+     * times in fact, which the host decides run by run (see the top): it
+     * runs SC_RUNS trainers a round, between the others. */
+    double best[5] = {0}, balance = 0;
+    pb_run pbr[2][SC_RUNS * MAX_REPEATS];
+    int n_pb[2] = {0, 0};
     const run *runs[5] = {&pb, &seq, &seq1, &gp, &sc};
+    const int round[] = {4, 0, 4, 1, 4, 2, 4, 3};
+    _Static_assert(sizeof round / sizeof *round == SC_RUNS + 4,
+                   "a round: SC_RUNS of sc, one of each other run");
     double trip_before = core_round_trip_ns(2);
     for (int rep = 0; rep < repeats; rep++)
-      for (int k = 0; k < 5; k++) {
+      for (int k = 0; k < SC_RUNS + 4; k++) {
+        int c = round[k];
         double r, w, t, b, a;
-        if (measure(runs[k], seconds, &r, &w, &t, &b, &a)) return 1;
-        if (k == 4) balance = b; /* sc's plan, the one judged */
-        if (r > best[k]) best[k] = r;
-        if (w > util[k]) util[k] = w, allow[k] = a;
-        if (t > top[k]) top[k] = t;
+        if (measure(runs[c], seconds, &r, &w, &t, &b, &a)) return 1;
+        if (c == 4) balance = b; /* sc's plan, the one judged */
+        if (r > best[c]) best[c] = r;
+        if (c == 0 || c == 4) {
+          int i = c == 4;
+          pbr[i][n_pb[i]++] = (pb_run){w, t, a, r};
+        }
       }
     if (mi == 0)
-      printf("MLP 784-%d-512x7-10 (9 blocks; first width of 512, 504, ..., "
-             "%d)", 512 - 8 * pick, 512 - 8 * (MLP_WIDTHS - 1));
+      printf("MLP 784-%d-384x7-10 (9 blocks; first width of 384, 376, ..., "
+             "%d)", 384 - 8 * pick, 384 - 8 * (MLP_WIDTHS - 1));
     else
       printf("CNN %s with 3 residual blocks a stage (10 blocks, group norm; "
              "channels of [8..32, 16..72])", widths[1][pick] + 15);
     printf("; the plan of the 2 stages on measured block costs: balance "
            "%.3f%s (best of the %d: %.3f); least / most busy stage in a "
-           "%.1f s probe %.3f, in the runs below %.3f\n", balance,
+           "%.1f s probe %.3f\n", balance,
            balance > 0 ? "" : " (unknown: no plan made the run's cut)",
-           n_widths[mi], bal[order[0]], PROBE_S, probe,
-           top[4] > 0 ? util[4] / top[4] : 0);
-    /* The target is for a balanced plan: judged where the plan on the
-     * blocks timed here predicts the run's cut balanced within 1%, or the
-     * judged runs themselves measured its stages within 2% (least over
-     * most busy; not the probe, which picked the best of a few noisy
-     * figures). The busiest stage measures the bubbles alone. */
-    double measured = top[4] > 0 ? util[4] / top[4] : 0;
-    const char *verdict = balance < 0.99 && measured < 0.98
-                              ? "plan not balanced: no target"
-                          : util[4] >= 0.95 ? "target >= 0.95: meets target"
-                                            : "target >= 0.95: BELOW TARGET";
+           n_widths[mi], bal[order[0]], PROBE_S, probe);
+    /* The target is for a balanced plan: judged on the runs whose stages
+     * were busy for equal times in fact, within 2%, whatever the plan
+     * predicted; the median of them, not the best. */
+    int n_equal, n_all = 0, n_lwp;
+    int j_sc = median_run(pbr[1], n_pb[1], 1, &n_equal);
+    if (j_sc < 0) j_sc = median_run(pbr[1], n_pb[1], 0, &n_all);
+    int j_lwp = median_run(pbr[0], n_pb[0], 0, &n_lwp);
+    if (j_sc < 0 || j_lwp < 0) {
+      fprintf(stderr, "bench_pb: no run measured a step\n");
+      return 1;
+    }
+    const pb_run *v = &pbr[1][j_sc], *l = &pbr[0][j_lwp];
+    double min_top = 1;
+    for (int i = 0; i < n_pb[1]; i++)
+      if (pbr[1][i].most < min_top) min_top = pbr[1][i].most;
+    const char *verdict =
+        !n_equal ? "no verdict: in no run were the stages busy for equal "
+                   "times"
+        : v->least >= 0.95 ? "target >= 0.95: meets target"
+                           : "target >= 0.95: BELOW TARGET";
+    printf("  the stages' busy times (least over most busy) in the %d runs "
+           "with sc:", n_pb[1]);
+    for (int i = 0; i < n_pb[1]; i++)
+      printf(" %.3f", pbr[1][i].most > 0 ? pbr[1][i].least / pbr[1][i].most
+                                         : 0);
+    printf(" (%d within 2%%)\n", n_equal);
     printf("  utilization: PB, 2 stages of one core, micro-batch 1: least "
-           "busy stage %.3f with sc (%s; busiest %.3f), %.3f with sc+lwp "
-           "(busiest %.3f) (%.0f samples/s with sc)\n",
-           util[4], verdict, top[4], util[0], top[0], best[4]);
+           "busy stage %.3f with sc (the median run of %s; %s; busiest "
+           "%.3f; %.0f samples/s), %.3f with sc+lwp (busiest %.3f; the "
+           "median of its %d runs); the busiest stage in every sc run: at "
+           "least %.3f\n",
+           v->least,
+           n_equal ? "those with equal busy times" : "all", verdict,
+           v->most, v->rate, l->least, l->most, n_pb[0], min_top);
     printf("  what the stages' own busy times allow (the same times "
-           "replayed with free hand-offs): least busy stage %.3f with sc, "
-           "%.3f with sc+lwp (short of 1: the stages' imbalance and the "
-           "host's variation from sample to sample, not the runtime)\n",
-           allow[4], allow[0]);
+           "replayed with free hand-offs), in those runs: least busy stage "
+           "%.3f with sc, %.3f with sc+lwp (short of 1: the stages' "
+           "imbalance and the host's variation from sample to sample, not "
+           "the runtime)\n",
+           v->allowed, l->allowed);
     printf("  a cache line's round trip between two threads before and "
            "after these runs: %.0f / %.0f ns\n",
            trip_before, core_round_trip_ns(2));
