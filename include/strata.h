@@ -1158,6 +1158,16 @@ typedef struct st_block_cost {
    * at the plan's micro-batch, seconds per sample; the partitioner takes
    * them in place of every modelled term above. 0: modelled. */
   double measured_fwd, measured_bwd;
+  /* Pipelined backprop with linear weight prediction (lwp, sc+lwp,
+   * spectrain): what the prediction adds to the block at a stage with
+   * D > 0, every stage but the last, per sample. Modelled, the bytes it
+   * moves: where the update is folded into the backward, each update
+   * writes the predicted weights (and each step's first forward makes
+   * them in a pass); else every forward makes them in a pass (a read of
+   * w and v, a write). Measured (execution.block_costs: measured), the
+   * seconds: the block's forward on the prediction and backward writing
+   * it, less its plain forward and backward. 0 in other configurations. */
+  double lwp_bytes, measured_lwp;
 } st_block_cost;
 
 /* Fills out[0 .. m->n_blocks) from the model's descriptors (no parameter

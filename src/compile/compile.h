@@ -50,6 +50,10 @@ int st_plan_micro_batch(const st_config *cfg);
  * streaming, which never fuse. */
 int st_plan_fuses_update(const st_config *cfg);
 
+/* Whether cfg's mitigation predicts the forward's weights (lwp, sc+lwp,
+ * spectrain): in pipelined backprop, work at every stage but the last. */
+int st_plan_predicts(const st_config *cfg);
+
 /* Text for the report (report.c): "1,234,567", "0.0476" (a rate below
  * 100), "3.3 MB", "12.5 us". */
 const char *st_plan_fmt_count(char *buf, size_t cap, double v);
@@ -69,6 +73,10 @@ typedef struct problem {
    * work_rate = pe_flops uncalibrated; one-core seconds at work_rate = 1
    * calibrated) and single-threaded seconds (0 uncalibrated) */
   double *work_fwd, *work_bwd, *serial_fwd, *serial_bwd;
+  /* the same, paid by a stage unless it is the last: pipelined
+   * backprop's weight prediction (st_block_cost.lwp_bytes, measured_lwp),
+   * with the backward; NULL when no block has any */
+  double *last_free_work, *last_free_serial;
   double work_rate;
   /* where a stage may begin or end: cut_ok[j] for the boundary before
    * block j (0 .. n); NULL = anywhere (execution.stage_blocks pins them) */

@@ -41,6 +41,11 @@ typedef struct cost_ctx {
 } cost_ctx;
 
 /* compile.h */
+int st_plan_predicts(const st_config *cfg) {
+  const char *m = cfg->execution.mitigation;
+  return !strcmp(m, "lwp") || !strcmp(m, "sc+lwp") || !strcmp(m, "spectrain");
+}
+
 int st_plan_fuses_update(const st_config *cfg) {
   if (!cfg->execution.fused_update) return 0;
   if (is_pb(cfg))
@@ -223,6 +228,7 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
   /* updates per sample: one a batch, or one a micro-batch in pipelined
    * backprop */
   double updates = 1.0 / (is_pb(cfg) ? batch : cfg->train.batch);
+  int lwp = is_pb(cfg) && st_plan_predicts(cfg);
   for (int i = 0; i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
     st_block_cost *c = &out[i];
@@ -256,6 +262,15 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
      * row_bytes_bwd (its biases, one per output, are left out) */
     c->bytes_bwd[3] += 4.0 * ((double)b->n_params - fused) *
                        (4.0 + 2.0 * slots) * updates;
+    /* linear weight prediction at a stage with D > 0 (the partitioner
+     * charges it to every stage but the last): folded into a fused
+     * update, a write of the prediction an update, and a pass (read w
+     * and v, write the prediction) at a step's first forward; else that
+     * pass before every forward */
+    if (lwp)
+      c->lwp_bytes = 4.0 * (double)b->n_params *
+                     (x.fused ? updates + 3.0 / cfg->train.batch
+                              : 3.0 / batch);
   }
   /* softmax cross-entropy on the last block's output (every position) */
   if (m->n_blocks > 0) {

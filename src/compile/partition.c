@@ -102,8 +102,23 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
     problem_free(p);
     return st_error_set(err, ST_ENOMEM, "out of memory for %d blocks", n);
   }
+  /* weight prediction's arrays only where some block has it: measured, or
+   * modelled by bytes (calibrated: no bandwidth prices them otherwise) */
+  int last_free = 0;
+  for (int i = 0; i < n; i++)
+    last_free |= blocks[i].measured_lwp > 0 ||
+                 (f->calibrated && blocks[i].lwp_bytes > 0);
+  if (last_free) {
+    p->last_free_work = st_alloc(cells * sizeof(double));
+    p->last_free_serial = st_alloc(cells * sizeof(double));
+    if (!p->last_free_work || !p->last_free_serial) {
+      problem_free(p);
+      return st_error_set(err, ST_ENOMEM, "out of memory for %d blocks", n);
+    }
+  }
   for (int i = 0; i < n; i++) {
     double ff = 0, fb = 0, weights = 0, state = 0, acts = blocks[i].in_bytes;
+    double lw = 0, ls = 0; /* weight prediction: work, serial seconds */
     double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0;
     double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
     for (int j = i + 1; j <= n; j++) {
@@ -122,6 +137,8 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         wb += b->measured_bwd * par_b * p->work_rate;
         sf += b->measured_fwd * (1 - par_f);
         sb += b->measured_bwd * (1 - par_b);
+        lw += b->measured_lwp * par_b * p->work_rate;
+        ls += b->measured_lwp * (1 - par_b);
         ws += b->ws_bytes;
       } else if (f->calibrated) {
         double nb[2], tb[2], m[4];
@@ -136,6 +153,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         wb += m[1];
         sf += m[2];
         sb += m[3];
+        ls += b->lwp_bytes / f->op_bandwidth[3]; /* as the update's bytes */
       } else {
         wf += b->flops_fwd;
         wb += b->flops_bwd;
@@ -152,6 +170,10 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       p->work_bwd[at] = wb + narrow[1] + spill * traffic[1];
       p->serial_fwd[at] = sf;
       p->serial_bwd[at] = sb;
+      if (last_free) {
+        p->last_free_work[at] = lw;
+        p->last_free_serial[at] = ls;
+      }
       p->memory[at] = versions * weights + state + in_flight * acts;
     }
   }
@@ -212,8 +234,11 @@ void problem_free(problem *p) {
   st_free(p->work_bwd);
   st_free(p->serial_fwd);
   st_free(p->serial_bwd);
+  st_free(p->last_free_work);
+  st_free(p->last_free_serial);
   p->flops_fwd = p->flops_bwd = p->memory = NULL;
   p->work_fwd = p->work_bwd = p->serial_fwd = p->serial_bwd = NULL;
+  p->last_free_work = p->last_free_serial = NULL;
 }
 
 double stage_memory(const problem *p, int i, int j) {
@@ -257,6 +282,8 @@ double stage_time(const problem *p, const layout *L, int i, int j,
   int64_t at = range_index(p, i, j);
   double tf = p->work_fwd[at] * g + p->serial_fwd[at];
   double tb = p->work_bwd[at] * g + p->serial_bwd[at];
+  if (p->last_free_work && j < p->n)
+    tb += p->last_free_work[at] * g + p->last_free_serial[at];
   double tc = comm_bytes(p, i, j) / comm_bandwidth(p, L);
   if (fwd)
     *fwd = tf;
@@ -294,6 +321,10 @@ int64_t units_for_time(const problem *p, const layout *L, int i, int j,
   double flops = p->work_fwd[at] + p->work_bwd[at];
   double left = T - comm_bytes(p, i, j) / comm_bandwidth(p, L) -
                 (p->serial_fwd[at] + p->serial_bwd[at]);
+  if (p->last_free_work && j < p->n) { /* as stage_time adds them */
+    flops += p->last_free_work[at];
+    left -= p->last_free_serial[at];
+  }
   if (!(left >= 0))
     return INT64_MAX;
   double guess = 1;

@@ -192,6 +192,16 @@ void st_plan_print(const st_plan *p, FILE *f) {
     fprintf(f, "  block costs: measured (execution.block_costs): each "
                "block's forward and backward with its update timed here on "
                "one core, in place of the modelled terms\n");
+  double lwp_bytes = 0, lwp_s = 0;
+  for (int i = 0; i < p->n_blocks; i++)
+    lwp_bytes += p->blocks[i].lwp_bytes, lwp_s += p->blocks[i].measured_lwp;
+  if (lwp_bytes > 0 || lwp_s > 0)
+    fprintf(f, "  weight prediction (execution.mitigation): every stage "
+               "but the last also writes its forward's predicted weights, "
+               "%s a sample over all the blocks%s\n",
+            lwp_s > 0 ? st_plan_fmt_time(a, sizeof a, lwp_s)
+                      : st_plan_fmt_bytes(a, sizeof a, lwp_bytes),
+            lwp_s > 0 ? " (measured)" : "");
   fprintf(f,
           "model: %sFLOP per sample (fwd+bwd); every stage holds its "
           "weights x %g + gradient and optimizer state + (input + "
@@ -336,12 +346,17 @@ static void write_json(const st_plan *p, FILE *f) {
     jnum(f, "state_bytes", b->state_bytes, 0);
     jnum(f, "act_bytes", b->act_bytes, 0);
     jnum(f, "in_bytes", b->in_bytes, 0);
-    if (b->measured_fwd > 0 || b->measured_bwd > 0) {
-      jnum(f, "out_bytes", b->out_bytes, 0);
+    int measured = b->measured_fwd > 0 || b->measured_bwd > 0;
+    int lwp = b->lwp_bytes > 0 || b->measured_lwp > 0;
+    jnum(f, "out_bytes", b->out_bytes, !measured && !lwp);
+    if (measured) {
       jnum(f, "measured_fwd", b->measured_fwd, 0);
-      jnum(f, "measured_bwd", b->measured_bwd, 1);
-    } else {
-      jnum(f, "out_bytes", b->out_bytes, 1);
+      jnum(f, "measured_bwd", b->measured_bwd, !lwp);
+    }
+    if (lwp) { /* weight prediction, paid by every stage but the last */
+      jnum(f, "lwp_bytes", b->lwp_bytes, !measured);
+      if (measured)
+        jnum(f, "measured_lwp", b->measured_lwp, 1);
     }
     fputc('}', f);
   }

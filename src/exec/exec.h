@@ -324,11 +324,13 @@ int st_pipeline_cores(const void *state, int stage);
 /* Test knob: each stage sleeps a pseudo-random 0 .. max_us microseconds
  * before every forward and backward (0 turns it off). Call between steps. */
 void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
-/* Tests: files fwd[i] and bwd[i] (seconds per sample) as the measurement
- * of m's blocks under cfg, so that the plans and runs made next with
- * execution.block_costs: measured cut by them (src/exec/measure.c). */
+/* Tests: files fwd[i], bwd[i] and lwp[i] (seconds per sample; lwp NULL
+ * for none) as the measurement of m's blocks under cfg, so that the plans
+ * and runs made next with execution.block_costs: measured cut by them
+ * (src/exec/measure.c). */
 void st_measure_seed(const st_model *m, const st_config *cfg,
-                     const double *fwd, const double *bwd);
+                     const double *fwd, const double *bwd,
+                     const double *lwp);
 /* The stages a pipelined mode asks for: execution.stage_blocks' count when
  * the cut is pinned, else execution.stages (0, N or ST_STAGES_PER_BLOCK). */
 int st_pipeline_asked_stages(const st_config *cfg);

@@ -16,6 +16,14 @@
  * whose stage runs it. The hand-off between stages is nobody's block and
  * stays out (the plan models the copy).
  *
+ * With linear weight prediction (pipelined backprop, st_plan_predicts),
+ * every stage but the last also predicts its forward's weights: each run
+ * is followed by one made as such a stage makes it, the forward reading
+ * the prediction and the update writing it beside the weights (or, where
+ * the update is not fused, a pass over w and v before each forward). A
+ * block's measured_lwp is that run's time less the plain run's, which the
+ * partitioner charges to every stage but the last.
+ *
  * Repeats: a few untimed runs warm caches and the pool, then timed runs
  * until MEASURE_S has passed (at least MIN_RUNS, at most MAX_RUNS); each
  * block's figure is the median of its runs, so a burst of load elsewhere
@@ -62,7 +70,8 @@ static void stamp(void *arg, int block) {
  * nothing is fused), by the configured rule, as the executors do. */
 static void update_block(const st_block *b, const st_ctx *ctx,
                          const st_config *cfg, float *params, float *grads,
-                         float *opt, size_t n_params, int mb) {
+                         float *opt, size_t n_params, int mb,
+                         const st_pb_rule *pred_rule, float *pred) {
   float lr = cfg->optimizer.lr;
   if (!ctx->fused) {
     st_optim_step_range(ctx->pool, cfg, params + b->param_off,
@@ -79,8 +88,13 @@ static void update_block(const st_block *b, const st_ctx *ctx,
     for (int k = 0; k < 2; k++) {
       if (tensors[k] < 0) continue;
       size_t at = b->param_off + b->tensors[tensors[k]].offset;
-      st_optim_step_range(ctx->pool, cfg, params + at, grads + at, opt + at,
-                          n_params, b->tensors[tensors[k]].numel, lr, 1);
+      if (pred) /* as pb.c's update of these tensors writes a prediction */
+        st_pb_update(ctx->pool, pred_rule, params + at, grads + at, opt + at,
+                     NULL, pred + at, b->tensors[tensors[k]].numel);
+      else
+        st_optim_step_range(ctx->pool, cfg, params + at, grads + at,
+                            opt + at, n_params, b->tensors[tensors[k]].numel,
+                            lr, 1);
     }
   }
 }
@@ -132,14 +146,20 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
   float *probs = st_alloc(rows * C * sizeof(float));
   float *dlogits = st_alloc(rows * C * sizeof(float));
   int *labels = st_alloc(rows * sizeof(int));
-  double *fwd = malloc((size_t)MAX_RUNS * n * sizeof *fwd);
-  double *bwd = malloc((size_t)MAX_RUNS * n * sizeof *bwd);
+  /* linear weight prediction (pipelined backprop): each run is followed
+   * by one of the blocks as a stage with D > 0 runs them, the forward on
+   * the predicted weights and the update writing them (a pass over w and
+   * v before each forward where the update is not fused) */
+  const int lwp = pb && st_plan_predicts(cfg), variants = 1 + lwp;
+  float *pred = lwp ? st_alloc(P * sizeof(float)) : NULL;
+  double *fwd = malloc((size_t)variants * MAX_RUNS * n * sizeof *fwd);
+  double *bwd = malloc((size_t)variants * MAX_RUNS * n * sizeof *bwd);
   double *col = malloc((size_t)MAX_RUNS * sizeof *col);
   st_pool *pool = st_pool_create(1);
   st_stage *s = NULL;
   int rc = 0;
   if (!params || !grads || !opt || !x || !losses || !probs || !dlogits ||
-      !labels || !fwd || !bwd || !col || !pool) {
+      !labels || !fwd || !bwd || !col || !pool || (lwp && !pred)) {
     rc = st_error_set(err, ST_ENOMEM,
                       "%s: execution.block_costs: measured: out of memory "
                       "for the model's %.3g GB to time its blocks",
@@ -161,49 +181,81 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
     labels[i] = (int)st_rng_below(&rng, (uint32_t)C);
   st_optim_rule rule;
   st_optim_rule_init(&rule, cfg, cfg->optimizer.lr, 1);
+  const int fuses = st_plan_fuses_update(cfg) && mb == 1;
   st_fused_update fused = {&rule, params, opt, P, NULL, 0};
-  st_ctx ctx = {pool, 1, cfg->train.seed, 0,
-                st_plan_fuses_update(cfg) && mb == 1 ? &fused : NULL};
+  /* the prediction's variant: k = lr D at the first stage of a pipeline
+   * of two (D = 2), the update as pb.c makes it */
+  const float pk = 2 * cfg->optimizer.lr;
+  st_optim_rule rule_p = rule;
+  rule_p.pk = pk;
+  st_fused_update fused_p = {&rule_p, params, opt, P, pred, 0};
+  st_pb_rule pb_rule;
+  st_pb_rule_init(&pb_rule, cfg->optimizer.lr, cfg->optimizer.momentum,
+                  cfg->optimizer.weight_decay, 2,
+                  !strcmp(cfg->execution.mitigation, "sc+lwp"), 1);
+  pb_rule.pk = pk;
+  if (pred) memcpy(pred, params, P * sizeof(float));
+  st_ctx ctx = {pool, 1, cfg->train.seed, 0, fuses ? &fused : NULL};
   double began = 0;
   int runs = 0;
   for (int r = 0; r < WARM_RUNS + MAX_RUNS; r++) {
     int timed = r >= WARM_RUNS;
     if (r == WARM_RUNS) began = st_now();
-    double *f = fwd + (size_t)(timed ? runs : 0) * n;
-    double *b = bwd + (size_t)(timed ? runs : 0) * n;
-    const float *in = x;
-    for (int i = 0; i < n; i++) {
-      const st_block *blk = &m->blocks[i];
+    for (int v = 0; v < variants; v++) {
+      size_t row = (size_t)v * MAX_RUNS + (size_t)(timed ? runs : 0);
+      double *f = fwd + row * n, *b = bwd + row * n;
+      const float *w = v ? pred : params; /* what the forward reads */
+      ctx.fused = fuses ? (v ? &fused_p : &fused) : NULL;
+      const float *in = x;
+      for (int i = 0; i < n; i++) {
+        const st_block *blk = &m->blocks[i];
+        double t0 = st_now();
+        if (v && !fuses) /* the pass before the forward */
+          st_pb_predict(pool, pred + blk->param_off, params + blk->param_off,
+                        opt + blk->param_off, pk, blk->n_params);
+        st_block_forward(blk, &ctx, w + blk->param_off, in, s->acts[i],
+                         s->scratch, mb);
+        f[i] = st_now() - t0;
+        in = st_block_output(blk, s->acts[i], mb);
+      }
+      /* the loss, the last block's stage's: its logits are `in` */
       double t0 = st_now();
-      st_block_forward(blk, &ctx, params + blk->param_off, in, s->acts[i],
-                       s->scratch, mb);
-      f[i] = st_now() - t0;
-      in = st_block_output(blk, s->acts[i], mb);
+      st_xent_forward_pool(pool, losses, probs, in, labels, (int)rows, C);
+      double t1 = st_now();
+      st_xent_backward_pool(pool, dlogits, probs, labels, (int)rows, C,
+                            1.0f / (float)rows);
+      f[n - 1] += t1 - t0;
+      stamps st = {t1, b};
+      st_stage_backward_each(s, &ctx, params, grads, x, dlogits, NULL, mb,
+                             stamp, &st);
+      /* scaled now to one micro-batch's share of an update */
+      for (int i = 0; i < n; i++) {
+        t0 = st_now();
+        update_block(&m->blocks[i], &ctx, cfg, params, grads, opt, P, mb,
+                     &pb_rule, v && fuses ? pred : NULL);
+        b[i] += (st_now() - t0) * per_update * mb;
+      }
+      ctx.first_sample += (uint64_t)mb;
     }
-    /* the loss, the last block's stage's: its logits are `in` */
-    double t0 = st_now();
-    st_xent_forward_pool(pool, losses, probs, in, labels, (int)rows, C);
-    double t1 = st_now();
-    st_xent_backward_pool(pool, dlogits, probs, labels, (int)rows, C,
-                          1.0f / (float)rows);
-    f[n - 1] += t1 - t0;
-    stamps st = {t1, b};
-    st_stage_backward_each(s, &ctx, params, grads, x, dlogits, NULL, mb,
-                           stamp, &st);
-    /* scaled now to one micro-batch's share of an update */
-    for (int i = 0; i < n; i++) {
-      t0 = st_now();
-      update_block(&m->blocks[i], &ctx, cfg, params, grads, opt, P, mb);
-      b[i] += (st_now() - t0) * per_update * mb;
-    }
-    ctx.first_sample += (uint64_t)mb;
-    if (timed && ++runs >= MIN_RUNS && st_now() - began >= MEASURE_S) break;
+    if (timed && ++runs >= MIN_RUNS &&
+        st_now() - began >= MEASURE_S * variants)
+      break;
   }
   for (int i = 0; i < n; i++) {
     for (int r = 0; r < runs; r++) col[r] = fwd[(size_t)r * n + i];
     out[i].measured_fwd = median(col, runs) / mb;
     for (int r = 0; r < runs; r++) col[r] = bwd[(size_t)r * n + i];
     out[i].measured_bwd = median(col, runs) / mb;
+    out[i].measured_lwp = 0;
+    if (!lwp) continue;
+    /* the prediction's seconds: its run's block, less the plain one's
+     * (each the median of its runs; never below 0) */
+    for (int r = 0; r < runs; r++)
+      col[r] = fwd[((size_t)MAX_RUNS + r) * n + i] +
+               bwd[((size_t)MAX_RUNS + r) * n + i];
+    double with = median(col, runs) / mb;
+    double plain = out[i].measured_fwd + out[i].measured_bwd;
+    out[i].measured_lwp = with > plain ? with - plain : 0;
   }
 done:
   st_stage_destroy(s);
@@ -216,6 +268,7 @@ done:
   st_free(probs);
   st_free(dlogits);
   st_free(labels);
+  st_free(pred);
   free(fwd);
   free(bwd);
   free(col);
@@ -231,7 +284,7 @@ enum { CACHED = 32 };
 typedef struct cached {
   uint64_t key;
   int n;
-  double *fwd, *bwd; /* [n] each, one allocation */
+  double *fwd, *bwd, *lwp; /* [n] each, one allocation */
 } cached;
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static cached cache[CACHED];
@@ -297,7 +350,7 @@ static uint64_t key_of(const st_model *m, const st_config *cfg) {
 /* Keeps figures under key (cache_mu held); a failed allocation keeps
  * nothing, and the next plan measures again. */
 static void cache_put(uint64_t key, int n, const double *fwd,
-                      const double *bwd, size_t stride) {
+                      const double *bwd, const double *lwp, size_t stride) {
   cached *c = &cache[cache_next];
   for (int k = 0; k < CACHED; k++) /* the same key's entry is replaced */
     if (cache[k].fwd && cache[k].n == n && cache[k].key == key) {
@@ -305,23 +358,26 @@ static void cache_put(uint64_t key, int n, const double *fwd,
       break;
     }
   int fresh = c == &cache[cache_next];
-  double *f = realloc(c->fwd, 2 * (size_t)n * sizeof *f);
+  double *f = realloc(c->fwd, 3 * (size_t)n * sizeof *f);
   if (!f) return;
   c->fwd = f;
   c->bwd = f + n;
+  c->lwp = f + 2 * (size_t)n;
   c->n = n;
   c->key = key;
   for (int i = 0; i < n; i++) {
     c->fwd[i] = *(const double *)((const char *)fwd + i * stride);
     c->bwd[i] = *(const double *)((const char *)bwd + i * stride);
+    c->lwp[i] = lwp ? *(const double *)((const char *)lwp + i * stride) : 0;
   }
   if (fresh) cache_next = (cache_next + 1) % CACHED;
 }
 
 void st_measure_seed(const st_model *m, const st_config *cfg,
-                     const double *fwd, const double *bwd) {
+                     const double *fwd, const double *bwd,
+                     const double *lwp) {
   pthread_mutex_lock(&cache_mu);
-  cache_put(key_of(m, cfg), m->n_blocks, fwd, bwd, sizeof *fwd);
+  cache_put(key_of(m, cfg), m->n_blocks, fwd, bwd, lwp, sizeof *fwd);
   pthread_mutex_unlock(&cache_mu);
 }
 
@@ -341,10 +397,11 @@ int st_plan_block_costs(st_block_cost *out, const st_model *m,
     for (int i = 0; i < n; i++) {
       out[i].measured_fwd = hit->fwd[i];
       out[i].measured_bwd = hit->bwd[i];
+      out[i].measured_lwp = hit->lwp[i];
     }
   } else if (!(rc = st_plan_measure(out, m, cfg, err))) {
     cache_put(key, n, &out[0].measured_fwd, &out[0].measured_bwd,
-              sizeof *out);
+              &out[0].measured_lwp, sizeof *out);
   }
   pthread_mutex_unlock(&cache_mu);
   return rc;

@@ -16,6 +16,11 @@
  *  - the timing decides only the cut: gpipe on measured costs trains the
  *    sequential mode's bits, and pipelined backprop threaded the emulated
  *    run's, both cut by the same measurement;
+ *  - linear weight prediction (lwp, sc+lwp, spectrain) in pipelined
+ *    backprop: its modelled bytes in closed form, its measured seconds
+ *    finite and 0 without it, and the partitioner charging them to every
+ *    stage but the last (hand-made costs, and seeded figures that move a
+ *    threaded run's cut and the plan's);
  *  - a model too big to hold in memory (GPT-NeoX 20B) is refused, naming
  *    the key, before anything is allocated; so is a plan for a mesh;
  *  - execution.stage_blocks pins the cut over what model or measured costs
@@ -92,6 +97,72 @@ static void test_partition(void) {
   }
 }
 
+/* Weight prediction's seconds (measured_lwp, or lwp_bytes over the
+ * calibrated update bandwidth) go to every stage but the last: six blocks
+ * of 3 ms, each with 1.5 ms of prediction, are cut two and four (stage
+ * times 9 ms with the prediction, 12 without: the last stage pays none),
+ * where without it they are cut three and three. */
+static void test_partition_lwp(void) {
+  st_config c;
+  st_config_defaults(&c);
+  st_error err = {0};
+  st_fabric f;
+  CHECK(st_fabric_parse(&c, "cpu:2", &err) == 0, "%s", err.msg);
+  CHECK(st_fabric_resolve(&f, &c, &err) == 0, "%s", err.msg);
+  st_block_cost b[6];
+  memset(b, 0, sizeof b);
+  for (int i = 0; i < 6; i++) {
+    snprintf(b[i].name, sizeof b[i].name, "blocks.%d", i);
+    b[i].flops_fwd = 1e6;
+    b[i].flops_bwd = 2e6;
+    b[i].measured_fwd = 1e-3;
+    b[i].measured_bwd = 2e-3;
+  }
+  st_plan_options opt = {.stages = 2, .samples_in_flight = 1,
+                         .weight_versions = 1,
+                         .algorithm = ST_PARTITION_AUTO};
+  /* the second pass: modelled, on a calibrated fabric (made here) whose
+   * op bandwidths turn the same seconds into bytes */
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass) {
+      f.calibrated = 1;
+      for (int k = 0; k < ST_GEMM_CLASSES; k++) f.gemm_rate[k] = 1e11;
+      for (int k = 0; k < ST_OP_CLASSES; k++) f.op_bandwidth[k] = 1e9;
+      for (int i = 0; i < 6; i++) {
+        b[i].measured_fwd = b[i].measured_bwd = 0;
+        b[i].bytes_fwd[0] = 1e6, b[i].bytes_bwd[0] = 2e6; /* 1 and 2 ms */
+      }
+    }
+  for (int lwp = 0; lwp < 2; lwp++)
+    for (int a = 0; a < 2; a++) {
+      for (int i = 0; i < 6; i++) {
+        b[i].measured_lwp = lwp && !pass ? 1.5e-3 : 0;
+        b[i].lwp_bytes = lwp && pass ? 1.5e6 : 0; /* 1.5 ms */
+      }
+      opt.algorithm = a ? ST_PARTITION_BISECT : ST_PARTITION_DP;
+      st_plan *p = NULL;
+      CHECK(st_plan_build(&p, b, 6, &f, &opt, &err) == 0, "%s", err.msg);
+      if (!p) continue;
+      int want = lwp ? 2 : 3;
+      CHECK(p->n_stages == 2 && p->stages[0].count == want,
+            "prediction %s (%s, %s): cut %d+%d, want %d+%d",
+            lwp ? "on" : "off", a ? "bisect" : "dp",
+            pass ? "modelled" : "measured", p->stages[0].count,
+            p->n_stages > 1 ? p->stages[1].count : 0, want, 6 - want);
+      /* one core a stage, no activations crossing: the sums themselves */
+      double t[2] = {9e-3, lwp ? 12e-3 : 9e-3};
+      double bw[2] = {lwp ? 7e-3 : 6e-3, lwp ? 8e-3 : 6e-3};
+      for (int st = 0; st < 2 && st < p->n_stages; st++)
+        CHECK(fabs(p->stages[st].time - t[st]) <= 1e-12 * t[st] &&
+                  fabs(p->stages[st].time_bwd - bw[st]) <= 1e-12 * bw[st],
+              "prediction %s (%s): stage %d %.9g s (backward %.9g), want "
+              "%.9g (%.9g)", lwp ? "on" : "off", a ? "bisect" : "dp", st,
+              p->stages[st].time, p->stages[st].time_bwd, t[st], bw[st]);
+      st_plan_destroy(p);
+    }
+  }
+}
+
 /* The model of c's config (descriptors), or NULL. */
 static st_model *model_of(const st_config *c, st_shape in) {
   st_model *m = NULL;
@@ -143,6 +214,64 @@ static void test_measure(const char *what, const st_config *c, st_shape in) {
   st_model_destroy(m);
 }
 
+/* Weight prediction's costs of pipelined backprop's blocks: modelled, the
+ * bytes it moves a sample (closed form: a fused update writes the
+ * prediction, 4 bytes a parameter an update, and each step's first
+ * forward makes it in a pass of 12; unfused, that pass before every
+ * forward), none without lwp or outside pipelined backprop; measured, a
+ * finite figure of at least 0 for every block, 0 without lwp. */
+static void test_lwp_costs(const st_config *mlp, st_shape in) {
+  const char *const cases[][3] = {
+      /* mitigation, micro-batch, mode */
+      {"sc+lwp", "1", "pipelined_backprop"},
+      {"lwp", "2", "pipelined_backprop"},
+      {"spectrain", "1", "pipelined_backprop"},
+      {"sc", "1", "pipelined_backprop"},
+      {"sc+lwp", "1", "pipeline"}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    st_config c = *mlp;
+    char kv[64];
+    snprintf(kv, sizeof kv, "execution.mode=%s", cases[k][2]);
+    set(&c, kv);
+    set(&c, "optimizer.nesterov=false");
+    set(&c, "train.batch=8");
+    snprintf(kv, sizeof kv, "execution.mitigation=%s", cases[k][0]);
+    set(&c, kv);
+    if (!strcmp(cases[k][2], "pipelined_backprop")) {
+      snprintf(kv, sizeof kv, "execution.micro_batch=%s", cases[k][1]);
+      set(&c, kv);
+    }
+    st_model *m = model_of(&c, in);
+    if (!m) continue;
+    int n = m->n_blocks, mb = atoi(cases[k][1]);
+    int lwp = strcmp(cases[k][0], "sc") && !strcmp(cases[k][2],
+                                                    "pipelined_backprop");
+    st_block_cost *a = calloc((size_t)n, sizeof *a);
+    st_error err = {0};
+    CHECK(st_plan_block_costs(a, m, &c, &err) == 0, "%s", err.msg);
+    for (int i = 0; a && i < n; i++) {
+      double P = (double)m->blocks[i].n_params;
+      double want = !lwp ? 0
+                    : mb == 1 ? 4 * P * (1.0 + 3.0 / 8)
+                              : 4 * P * 3.0 / mb;
+      CHECK(fabs(a[i].lwp_bytes - want) <= 1e-12 * want,
+            "%s mb %d %s: %s predicts %.6g bytes a sample, want %.6g",
+            cases[k][0], mb, cases[k][2], a[i].name, a[i].lwp_bytes, want);
+    }
+    if (!strcmp(cases[k][2], "pipelined_backprop") && mb == 1) {
+      set(&c, "execution.block_costs=measured");
+      CHECK(st_plan_block_costs(a, m, &c, &err) == 0, "%s", err.msg);
+      for (int i = 0; a && i < n; i++)
+        CHECK(isfinite(a[i].measured_lwp) && a[i].measured_lwp >= 0 &&
+                  (lwp || a[i].measured_lwp == 0) && a[i].measured_fwd > 0,
+              "%s: %s measured %g s of prediction", cases[k][0],
+              a[i].name, a[i].measured_lwp);
+    }
+    free(a);
+    st_model_destroy(m);
+  }
+}
+
 /* The stages a run cuts on measured costs: figures seeded so that the last
  * block alone outweighs the rest (a cut the model never makes here: it is
  * checked), then the runtime's cut, the plan's, the report and plan.json. */
@@ -164,7 +293,7 @@ static void test_cut(const char *what, const st_config *base,
   for (int i = 0; i < n && i < 64; i++)
     fwd[i] = 1e-4, bwd[i] = 2e-4;
   fwd[n - 1] = 1e-3 * n, bwd[n - 1] = 2e-3 * n; /* 10x the rest together */
-  st_measure_seed(m, &c, fwd, bwd);
+  st_measure_seed(m, &c, fwd, bwd, NULL);
   st_model_destroy(m);
   st_error err = {0};
   st_config cm = c;
@@ -223,6 +352,61 @@ static void test_cut(const char *what, const st_config *base,
   }
   st_plan_destroy(plan);
   st_trainer_destroy(t);
+}
+
+/* A threaded pipelined-backprop run with weight prediction cuts by it:
+ * blocks seeded equal, each with a prediction of twice its time; the
+ * first stage, which pays it, takes the blocks the 2-stage cut with the
+ * prediction charged to it alone wants, fewer than without, in the run
+ * and in st_plan_compile's plan. */
+static void test_lwp_run(const st_config *base, st_shape in) {
+  int cut[2] = {-1, -1}; /* first stage's blocks: sc, sc+lwp */
+  for (int lwp = 0; lwp < 2; lwp++) {
+    st_config c = *base;
+    set(&c, "execution.block_costs=measured");
+    set(&c, "execution.mode=pipelined_backprop");
+    set(&c, "execution.stages=2");
+    set(&c, "train.threads=2");
+    set(&c, "optimizer.nesterov=false");
+    set(&c, lwp ? "execution.mitigation=sc+lwp" : "execution.mitigation=sc");
+    st_model *m = model_of(&c, in);
+    if (!m) return;
+    int n = m->n_blocks;
+    double fwd[64], bwd[64], pred[64];
+    for (int i = 0; i < n && i < 64; i++)
+      fwd[i] = 1e-4, bwd[i] = 2e-4, pred[i] = 6e-4;
+    st_measure_seed(m, &c, fwd, bwd, lwp ? pred : NULL);
+    st_model_destroy(m);
+    /* the cut wanted: k blocks first, each 3e-4 s (9e-4 with the
+     * prediction), the rest 3e-4 s each */
+    int want = 1;
+    double best = INFINITY;
+    for (int k = 1; k < n; k++) {
+      double a = k * (lwp ? 9e-4 : 3e-4), b = (n - k) * 3e-4;
+      if ((a > b ? a : b) < best) best = a > b ? a : b, want = k;
+    }
+    st_error err = {0};
+    st_trainer *t = make(&c, &err);
+    CHECK(t != NULL, "lwp %d: %s", lwp, err.msg);
+    if (!t) return;
+    int first[64], count[64], owner[64];
+    int k = st_pb_layout(st_trainer_exec_state(t), first, count, owner);
+    CHECK(k == 2 && count[0] == want,
+          "prediction %s: the run cut %d+%d, want %d+%d", lwp ? "on" : "off",
+          count[0], k > 1 ? count[1] : 0, want, n - want);
+    cut[lwp] = count[0];
+    st_trainer_destroy(t);
+    CHECK(st_fabric_parse(&c, "cpu:2", &err) == 0, "%s", err.msg);
+    st_plan *plan = NULL;
+    CHECK(st_plan_compile(&plan, &c, 2, &err) == 0, "%s", err.msg);
+    CHECK(plan && plan->n_stages == 2 && plan->stages[0].count == want &&
+              plan->blocks[0].measured_lwp == (lwp ? pred[0] : 0),
+          "prediction %s: the plan does not cut by the seeded figures",
+          lwp ? "on" : "off");
+    st_plan_destroy(plan);
+  }
+  CHECK(cut[1] < cut[0], "the prediction moved no block: %d, %d", cut[0],
+        cut[1]);
 }
 
 /* gpipe on measured costs against the sequential mode; pipelined backprop
@@ -356,7 +540,7 @@ static void test_pin(const char *what, const st_config *base, st_shape in) {
       set(&c, "execution.mitigation=sc+lwp");
     }
     c.train.threads = 2;
-    if (k & 1) st_measure_seed(m, &c, fwd, bwd);
+    if (k & 1) st_measure_seed(m, &c, fwd, bwd, NULL);
     c.execution.stages = 2;
     int first[64], count[64];
     int got = run_cut(&c, first, count, &err);
@@ -431,6 +615,7 @@ int main(void) {
   setenv("STRATA_CALIBRATION", "none", 1);
   st_blas_init();
   test_partition();
+  test_partition_lwp();
   st_config mlp, cnn, gpt;
   mlp_config(&mlp);
   cnn_config(&cnn);
@@ -448,6 +633,8 @@ int main(void) {
   st_config gpt1 = gpt; /* one position: inputs still token ids */
   set(&gpt1, "model.context=1");
   test_measure("gpt context 1", &gpt1, (st_shape){1, 1, 1});
+  test_lwp_costs(&mlp, img);
+  test_lwp_run(&mlp, img);
   test_cut("mlp pb", &mlp, "pipelined_backprop", img);
   test_cut("cnn pipeline", &cnn, "pipeline", img);
   test_bits("mlp", &mlp);
