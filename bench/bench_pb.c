@@ -9,17 +9,20 @@
  *                one core each: the least busy stage's busy seconds
  *                (forward, backward, update, from the runtime's counters)
  *                over the wall time of the steps; target: at least 0.95
- *                — no bubbles — with sc on a balanced plan. The stages
+ *                — no bubbles — on a balanced plan, with sc (the
+ *                pipeline alone) and with sc+lwp (the default, whose
+ *                weight prediction every stage but the last pays; the
+ *                plan charges it there, docs/compiler.md). The stages
  *                are cut by the blocks timed on this machine
  *                (execution.block_costs: measured; the cost model misses
- *                a stage by up to 17% here, docs/compiler.md). Blocks
- *                come in few sizes, so whether equal halves exist
- *                depends on the width: of 20 widths of the MLP's first
- *                hidden layer and
- *                32 channel pairs of the CNN, the 5 whose plans predict
- *                the best balance (those within 1% of equal, where any
- *                is) are probed for 0.5 s and the one whose stages the
- *                probe finds most nearly equal is run.
+ *                a stage by up to 17% here). Blocks come in few sizes, so
+ *                whether equal halves exist depends on the width: for
+ *                each mitigation, of 20 widths of the MLP's first hidden
+ *                layer and 32 channel pairs of the CNN, the 10 whose
+ *                plans predict the best balance are probed for 0.5 s and
+ *                the one whose stages the probe finds most nearly equal
+ *                is run (the plan's prediction is a shortlist only: see
+ *                below).
  *                It is judged on the runs whose two stages were busy for
  *                equal times in fact: least over most busy within 2% (one
  *                wall divides both, and each stage runs every sample, so
@@ -31,26 +34,20 @@
  *                hypervisor moved the vCPUs and their neighbours' load,
  *                and a cut balanced on the blocks' timings is balanced
  *                in some runs only. So sc runs SC_RUNS trainers a round
- *                between the others, each run's ratio is printed with
- *                how many were within 2%, and where none was there is no
- *                verdict. In the runs judged, what a stage idles is the
- *                runtime's (hand-offs, waits, bubbles) or the host's
- *                variation from sample to sample, which the replay below
- *                tells apart. Also printed: the busiest stage's fraction
- *                in every sc run, equal or not, which bubbles would lower.
- *                sc+lwp is printed beside it: its prediction pass (a read
- *                of w and v, a write of the forward's weights) runs only
- *                at stages with D > 0, a cost of the stage, not of its
- *                blocks, so the stages it balanced are no longer equal.
- *                Printed under both: what the stages' own busy times
- *                allow, the same seconds replayed through PB's
- *                dependencies with every hand-off free (the runtime's
- *                replay, st_track_stats.bound_s), in the run whose
- *                utilization is printed. The host's speed varies from
- *                sample to sample, and two stages have no slack between
- *                them: each slow sample of one idles the other. A
- *                measured figure at the allowed one means the runtime
- *                added no bubble of its own.
+ *                and sc+lwp LWP_RUNS, between the others; each run's
+ *                ratio is printed with how many were within 2%, and
+ *                where none was there is no verdict. In the runs judged,
+ *                what a stage idles is the runtime's (hand-offs, waits,
+ *                bubbles) or the host's variation from sample to sample,
+ *                which the replay tells apart: printed beside, what the
+ *                stages' own busy times allow, the same seconds replayed
+ *                through PB's dependencies with every hand-off free (the
+ *                runtime's replay, st_track_stats.bound_s), in the run
+ *                judged. Two stages have no slack between them: each slow
+ *                sample of one idles the other. A measured figure at the
+ *                allowed one means the runtime added no bubble of its
+ *                own. Also printed: the busiest stage's fraction in every
+ *                run, equal or not, which bubbles would lower.
  *                The MLP's other hidden layers are 384 wide. At 512 (its
  *                weights and momentum 18 MB, read and written by every
  *                sample's fused update) each trainer drew one of two
@@ -62,10 +59,11 @@
  *                this VM's caches is the likely cause, not proven. At 384
  *                wide (10.7 MB) one trainer and the next stayed within
  *                2-3% in this session's runs, as the CNN did.
- *   rates        the same PB pipeline against sequential training at
- *                batch 1 (on all the cores and on one) and against the
- *                fill-and-drain pipeline (gpipe) at batch 32, M = 8, on
- *                two stages (cut by its own micro-batch's timings).
+ *   rates        the sc+lwp pipeline, on its width, against sequential
+ *                training of the same model at batch 1 (on all the cores
+ *                and on one) and against the fill-and-drain pipeline
+ *                (gpipe) at batch 32, M = 8, on two stages (cut by its
+ *                own micro-batch's timings).
  *
  * Usage: bench_pb [SECONDS [REPEATS]]   (defaults 1.5 and 3; REPEATS <= 20)
  * Prints one line per figure; targets are printed, never enforced.
@@ -127,19 +125,55 @@ static double predicted_balance(const run *r) {
   return b;
 }
 
-/* A width's PB run as the bench judges it: 2 stages, micro-batch 1, sc,
- * cut by the blocks timed here. */
-static run candidate(const char *width, const char *const *fixed) {
+/* A width's PB run as the bench judges it: 2 stages, micro-batch 1,
+ * `mitigation` (a setting), cut by the blocks timed here. */
+static run candidate(const char *width, const char *const *fixed,
+                     const char *mitigation) {
   run r = {0};
   add(&r, width);
   for (int i = 0; i < 3 && fixed[i]; i++) add(&r, fixed[i]);
   add(&r, "execution.mode=pipelined_backprop");
   add(&r, "execution.stages=2");
-  add(&r, "train.batch=64");
+  add(&r, "train.batch=64"); /* 64 micro-batches of 1 a trainer step */
   add(&r, "train.threads=2");
-  add(&r, "execution.mitigation=sc");
+  add(&r, mitigation);
   add(&r, "execution.block_costs=measured");
   return r;
+}
+
+enum { MLP_WIDTHS = 20, CNN_WIDTHS = 32, MAX_WIDTHS = 32, SHORTLIST = 10 };
+#define PROBE_S 0.5
+
+/* The width of w[0 .. n) to run `mitigation` at: the stages cut by the
+ * blocks timed here (execution.block_costs: measured); of the widths, the
+ * SHORTLIST whose plans predict the best balance, and of those the one
+ * whose stages a short probe finds most nearly equal (the best of many
+ * noisy predictions flatters itself). *best: the best predicted balance,
+ * *probe: the pick's probe (least over most busy); -1 if no width has a
+ * plan (reported), -2 if a run failed. */
+static int pick_width(char w[][64], int n, const char *const *fixed,
+                      const char *mitigation, double *best, double *probe) {
+  double bal[MAX_WIDTHS];
+  int order[MAX_WIDTHS];
+  for (int k = 0; k < n; k++) {
+    run r = candidate(w[k], fixed, mitigation);
+    bal[k] = predicted_balance(&r);
+    int at = k;
+    while (at > 0 && bal[order[at - 1]] < bal[k])
+      order[at] = order[at - 1], at--;
+    order[at] = k;
+  }
+  *best = bal[order[0]], *probe = -1;
+  int pick = -1;
+  for (int j = 0; j < SHORTLIST && j < n; j++) {
+    int k = order[j];
+    if (bal[k] < 0) continue;
+    run r = candidate(w[k], fixed, mitigation);
+    double rate, u, t, b, a;
+    if (measure(&r, PROBE_S, &rate, &u, &t, &b, &a)) return -2;
+    if (t > 0 && u / t > *probe) *probe = u / t, pick = k;
+  }
+  return pick;
 }
 
 /* One PB run: its least and most busy stage's busy fractions, the least
@@ -172,11 +206,44 @@ static int median_run(const pb_run *r, int n, int equal, int *count) {
   return m ? idx[(m - 1) / 2] : -1;
 }
 
-enum { MAX_REPEATS = 20, SC_RUNS = 4 };
-_Static_assert(SC_RUNS * MAX_REPEATS <= 256, "median_run's index");
-enum { MLP_WIDTHS = 20, CNN_WIDTHS = 32, MAX_WIDTHS = 32, SHORTLIST = 5 };
-#define PROBE_S 0.5
+/* Prints the verdict on one mitigation's runs r[0 .. n): the target is
+ * for a balanced plan, so it is judged on the runs whose stages were busy
+ * for equal times in fact, within 2%, whatever the plan predicted; on the
+ * median of them, not the best. */
+static void judge(const char *mit, const pb_run *r, int n) {
+  int n_equal, n_all = 0;
+  int j = median_run(r, n, 1, &n_equal);
+  if (j < 0) j = median_run(r, n, 0, &n_all);
+  printf("  %s: the stages' busy times (least over most busy) in its %d "
+         "runs:", mit, n);
+  double min_top = 1;
+  for (int i = 0; i < n; i++) {
+    printf(" %.3f", r[i].most > 0 ? r[i].least / r[i].most : 0);
+    if (r[i].most < min_top) min_top = r[i].most;
+  }
+  printf(" (%d within 2%%)\n", n_equal);
+  if (j < 0) {
+    printf("  utilization with %s: no run measured a step\n", mit);
+    return;
+  }
+  const pb_run *v = &r[j];
+  const char *verdict =
+      !n_equal ? "no verdict: in no run were the stages busy for equal "
+                 "times"
+      : v->least >= 0.95 ? "target >= 0.95: meets target"
+                         : "target >= 0.95: BELOW TARGET";
+  printf("  utilization with %s, 2 stages of one core, micro-batch 1: least "
+         "busy stage %.3f (the median run of %s; %s; busiest %.3f; %.0f "
+         "samples/s); what the stages' own busy times allow, replayed with "
+         "free hand-offs, in that run: %.3f (short of 1: the stages' "
+         "imbalance and the host's variation from sample to sample, not the "
+         "runtime); the busiest stage in every run: at least %.3f\n",
+         mit, v->least, n_equal ? "those with equal busy times" : "all",
+         verdict, v->most, v->rate, v->allowed, min_top);
+}
 
+enum { MAX_REPEATS = 20, SC_RUNS = 4, LWP_RUNS = 2 };
+_Static_assert(SC_RUNS * MAX_REPEATS <= 256, "median_run's index");
 int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 1.5;
   int repeats = argc > 2 ? atoi(argv[2]) : 3;
@@ -206,47 +273,25 @@ int main(int argc, char **argv) {
     snprintf(widths[1][k], sizeof widths[1][k], "model.channels=[%d,%d]",
              8 * (1 + k / 8), 8 * (2 + k % 8));
   for (int mi = 0; mi < 2; mi++) {
-    /* The stages cut by the blocks timed here (execution.block_costs:
-     * measured); of the widths, the SHORTLIST whose plans predict the best
-     * balance, and of those the one whose stages a short probe finds most
-     * nearly equal (the best of many noisy predictions flatters itself). */
-    double bal[MAX_WIDTHS];
-    int order[MAX_WIDTHS];
-    for (int k = 0; k < n_widths[mi]; k++) {
-      run r = candidate(widths[mi][k], fixed[mi]);
-      bal[k] = predicted_balance(&r);
-      int at = k;
-      while (at > 0 && bal[order[at - 1]] < bal[k])
-        order[at] = order[at - 1], at--;
-      order[at] = k;
+    /* a width for each mitigation judged: sc, and sc+lwp, whose
+     * prediction its stages other than the last pay (docs/compiler.md);
+     * the rates are sc+lwp's, on its width */
+    const char *const mits[2] = {"execution.mitigation=sc",
+                                 "execution.mitigation=sc+lwp"};
+    int pick[2];
+    double bal_best[2], probe[2];
+    for (int v = 0; v < 2; v++) {
+      pick[v] = pick_width(widths[mi], n_widths[mi], fixed[mi], mits[v],
+                           &bal_best[v], &probe[v]);
+      if (pick[v] < 0) return 1; /* reported */
     }
-    double probe = -1;
-    int pick = -1;
-    for (int j = 0; j < SHORTLIST && j < n_widths[mi]; j++) {
-      int k = order[j];
-      /* a plan predicted balanced within 1% is never traded for one that
-       * is not on a probe's word */
-      if (bal[k] < 0 || (j > 0 && bal[order[0]] >= 0.99 && bal[k] < 0.99))
-        continue;
-      run r = candidate(widths[mi][k], fixed[mi]);
-      double rate, w, t, b, a;
-      if (measure(&r, PROBE_S, &rate, &w, &t, &b, &a)) return 1;
-      if (t > 0 && w / t > probe) probe = w / t, pick = k;
-    }
-    if (pick < 0) return 1; /* no plan for any width (reported above) */
-    const char *model[4] = {widths[mi][pick], fixed[mi][0], fixed[mi][1],
+    run sc = candidate(widths[mi][pick[0]], fixed[mi], mits[0]);
+    run pb = candidate(widths[mi][pick[1]], fixed[mi], mits[1]);
+    const char *model[4] = {widths[mi][pick[1]], fixed[mi][0], fixed[mi][1],
                             fixed[mi][2]};
-    run pb = {0}, seq = {0}, seq1 = {0}, gp = {0}, sc = {0};
+    run seq = {0}, seq1 = {0}, gp = {0};
     for (int i = 0; i < 4 && model[i]; i++)
-      add(&pb, model[i]), add(&seq, model[i]), add(&seq1, model[i]),
-          add(&gp, model[i]);
-    add(&pb, "execution.mode=pipelined_backprop");
-    add(&pb, "execution.stages=2");
-    add(&pb, "train.batch=64"); /* 64 micro-batches of 1 a trainer step */
-    add(&pb, "train.threads=2");
-    add(&pb, "execution.block_costs=measured"); /* the cut picked above */
-    sc = pb;
-    add(&sc, "execution.mitigation=sc");
+      add(&seq, model[i]), add(&seq1, model[i]), add(&gp, model[i]);
     add(&seq, "train.batch=1");
     add(&seq, threads);
     add(&seq1, "train.batch=1");
@@ -258,80 +303,49 @@ int main(int argc, char **argv) {
     add(&gp, "execution.micro_batch=4");
     add(&gp, "train.threads=2");
     add(&gp, "execution.block_costs=measured"); /* its own micro-batch's */
-    /* sc's runs are judged, on those whose stages were busy for equal
-     * times in fact, which the host decides run by run (see the top): it
-     * runs SC_RUNS trainers a round, between the others. */
-    double best[5] = {0}, balance = 0;
+    /* Both mitigations' runs are judged, on those whose stages were busy
+     * for equal times in fact, which the host decides run by run (see the
+     * top): SC_RUNS trainers of sc and LWP_RUNS of sc+lwp a round, between
+     * the others. */
+    double best[5] = {0}, plan_bal[2] = {0, 0};
     pb_run pbr[2][SC_RUNS * MAX_REPEATS];
     int n_pb[2] = {0, 0};
     const run *runs[5] = {&pb, &seq, &seq1, &gp, &sc};
-    const int round[] = {4, 0, 4, 1, 4, 2, 4, 3};
-    _Static_assert(sizeof round / sizeof *round == SC_RUNS + 4,
-                   "a round: SC_RUNS of sc, one of each other run");
+    const int round[] = {4, 0, 4, 1, 4, 0, 4, 2, 3};
+    _Static_assert(sizeof round / sizeof *round == SC_RUNS + LWP_RUNS + 3,
+                   "a round: SC_RUNS of sc, LWP_RUNS of sc+lwp, one of each "
+                   "other run");
     double trip_before = core_round_trip_ns(2);
     for (int rep = 0; rep < repeats; rep++)
-      for (int k = 0; k < SC_RUNS + 4; k++) {
+      for (size_t k = 0; k < sizeof round / sizeof *round; k++) {
         int c = round[k];
         double r, w, t, b, a;
         if (measure(runs[c], seconds, &r, &w, &t, &b, &a)) return 1;
-        if (c == 4) balance = b; /* sc's plan, the one judged */
         if (r > best[c]) best[c] = r;
         if (c == 0 || c == 4) {
-          int i = c == 4;
+          int i = c == 4 ? 0 : 1; /* sc, sc+lwp */
           pbr[i][n_pb[i]++] = (pb_run){w, t, a, r};
+          plan_bal[i] = b;
         }
       }
-    if (mi == 0)
-      printf("MLP 784-%d-384x7-10 (9 blocks; first width of 384, 376, ..., "
-             "%d)", 384 - 8 * pick, 384 - 8 * (MLP_WIDTHS - 1));
-    else
-      printf("CNN %s with 3 residual blocks a stage (10 blocks, group norm; "
-             "channels of [8..32, 16..72])", widths[1][pick] + 15);
-    printf("; the plan of the 2 stages on measured block costs: balance "
-           "%.3f%s (best of the %d: %.3f); least / most busy stage in a "
-           "%.1f s probe %.3f\n", balance,
-           balance > 0 ? "" : " (unknown: no plan made the run's cut)",
-           n_widths[mi], bal[order[0]], PROBE_S, probe);
-    /* The target is for a balanced plan: judged on the runs whose stages
-     * were busy for equal times in fact, within 2%, whatever the plan
-     * predicted; the median of them, not the best. */
-    int n_equal, n_all = 0, n_lwp;
-    int j_sc = median_run(pbr[1], n_pb[1], 1, &n_equal);
-    if (j_sc < 0) j_sc = median_run(pbr[1], n_pb[1], 0, &n_all);
-    int j_lwp = median_run(pbr[0], n_pb[0], 0, &n_lwp);
-    if (j_sc < 0 || j_lwp < 0) {
-      fprintf(stderr, "bench_pb: no run measured a step\n");
-      return 1;
+    for (int v = 0; v < 2; v++) {
+      const char *at = widths[mi][pick[v]];
+      if (v == 0 && mi == 0)
+        printf("MLP 784-W-384x7-10 (9 blocks; first width W of 384, 376, "
+               "..., %d)", 384 - 8 * (MLP_WIDTHS - 1));
+      else if (v == 0)
+        printf("CNN with 3 residual blocks a stage (10 blocks, group norm; "
+               "channels of [8..32, 16..72])");
+      printf("%s %s at %s: the plan of its 2 stages on measured block "
+             "costs: balance %.3f%s (best of the %d: %.3f); least / most "
+             "busy stage in a %.1f s probe %.3f", v ? ";" : ":",
+             mits[v] + 21, at + 6, plan_bal[v],
+             plan_bal[v] > 0 ? "" : " (unknown: no plan made the run's cut)",
+             n_widths[mi], bal_best[v], PROBE_S, probe[v]);
     }
-    const pb_run *v = &pbr[1][j_sc], *l = &pbr[0][j_lwp];
-    double min_top = 1;
-    for (int i = 0; i < n_pb[1]; i++)
-      if (pbr[1][i].most < min_top) min_top = pbr[1][i].most;
-    const char *verdict =
-        !n_equal ? "no verdict: in no run were the stages busy for equal "
-                   "times"
-        : v->least >= 0.95 ? "target >= 0.95: meets target"
-                           : "target >= 0.95: BELOW TARGET";
-    printf("  the stages' busy times (least over most busy) in the %d runs "
-           "with sc:", n_pb[1]);
-    for (int i = 0; i < n_pb[1]; i++)
-      printf(" %.3f", pbr[1][i].most > 0 ? pbr[1][i].least / pbr[1][i].most
-                                         : 0);
-    printf(" (%d within 2%%)\n", n_equal);
-    printf("  utilization: PB, 2 stages of one core, micro-batch 1: least "
-           "busy stage %.3f with sc (the median run of %s; %s; busiest "
-           "%.3f; %.0f samples/s), %.3f with sc+lwp (busiest %.3f; the "
-           "median of its %d runs); the busiest stage in every sc run: at "
-           "least %.3f\n",
-           v->least,
-           n_equal ? "those with equal busy times" : "all", verdict,
-           v->most, v->rate, l->least, l->most, n_pb[0], min_top);
-    printf("  what the stages' own busy times allow (the same times "
-           "replayed with free hand-offs), in those runs: least busy stage "
-           "%.3f with sc, %.3f with sc+lwp (short of 1: the stages' "
-           "imbalance and the host's variation from sample to sample, not "
-           "the runtime)\n",
-           v->allowed, l->allowed);
+    printf("\n");
+    for (int v = 0; v < 2; v++)
+      judge(mits[v] + 21, pbr[v], n_pb[v]);
     printf("  a cache line's round trip between two threads before and "
            "after these runs: %.0f / %.0f ns\n",
            trip_before, core_round_trip_ns(2));
