@@ -403,6 +403,22 @@ static void test_lwp_run(const st_config *base, st_shape in) {
               plan->blocks[0].measured_lwp == (lwp ? pred[0] : 0),
           "prediction %s: the plan does not cut by the seeded figures",
           lwp ? "on" : "off");
+    /* the report says what the prediction adds, only where there is one */
+    char path[64], buf[1 << 16];
+    snprintf(path, sizeof path, "/tmp/strata_lwp_%d.txt", (int)getpid());
+    FILE *f = plan ? fopen(path, "w+") : NULL;
+    size_t got = 0;
+    if (f) {
+      st_plan_print(plan, f);
+      rewind(f);
+      got = fread(buf, 1, sizeof buf - 1, f);
+      fclose(f);
+    }
+    buf[got] = '\0';
+    unlink(path);
+    CHECK(!strstr(buf, "weight prediction") == !lwp,
+          "prediction %s: the report %s it", lwp ? "on" : "off",
+          lwp ? "does not mention" : "mentions");
     st_plan_destroy(plan);
   }
   CHECK(cut[1] < cut[0], "the prediction moved no block: %d, %d", cut[0],
