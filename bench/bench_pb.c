@@ -150,7 +150,7 @@ enum { MLP_WIDTHS = 20, CNN_WIDTHS = 32, MAX_WIDTHS = 32, SHORTLIST = 10 };
  * whose stages a short probe finds most nearly equal (the best of many
  * noisy predictions flatters itself). *best: the best predicted balance,
  * *probe: the pick's probe (least over most busy); -1 if no width has a
- * plan (reported), -2 if a run failed. */
+ * plan (reported) or no probe measured, -2 if a run failed (reported). */
 static int pick_width(char w[][64], int n, const char *const *fixed,
                       const char *mitigation, double *best, double *probe) {
   double bal[MAX_WIDTHS];
@@ -219,7 +219,7 @@ static void judge(const char *mit, const pb_run *r, int n) {
   double min_top = 1;
   for (int i = 0; i < n; i++) {
     printf(" %.3f", r[i].most > 0 ? r[i].least / r[i].most : 0);
-    if (r[i].most < min_top) min_top = r[i].most;
+    if (r[i].most > 0 && r[i].most < min_top) min_top = r[i].most;
   }
   printf(" (%d within 2%%)\n", n_equal);
   if (j < 0) {
@@ -283,7 +283,10 @@ int main(int argc, char **argv) {
     for (int v = 0; v < 2; v++) {
       pick[v] = pick_width(widths[mi], n_widths[mi], fixed[mi], mits[v],
                            &bal_best[v], &probe[v]);
-      if (pick[v] < 0) return 1; /* reported */
+      if (pick[v] == -1)
+        fprintf(stderr, "bench_pb: no width's probe measured both stages "
+                        "(%s)\n", mits[v]);
+      if (pick[v] < 0) return 1; /* a failed run is reported */
     }
     run sc = candidate(widths[mi][pick[0]], fixed[mi], mits[0]);
     run pb = candidate(widths[mi][pick[1]], fixed[mi], mits[1]);
@@ -311,10 +314,18 @@ int main(int argc, char **argv) {
     pb_run pbr[2][SC_RUNS * MAX_REPEATS];
     int n_pb[2] = {0, 0};
     const run *runs[5] = {&pb, &seq, &seq1, &gp, &sc};
+    /* a round: SC_RUNS of sc (4), LWP_RUNS of sc+lwp (0), one of each
+     * other run; pbr holds SC_RUNS a round */
     const int round[] = {4, 0, 4, 1, 4, 0, 4, 2, 3};
-    _Static_assert(sizeof round / sizeof *round == SC_RUNS + LWP_RUNS + 3,
-                   "a round: SC_RUNS of sc, LWP_RUNS of sc+lwp, one of each "
-                   "other run");
+    int in_round[5] = {0};
+    for (size_t k = 0; k < sizeof round / sizeof *round; k++)
+      in_round[round[k]]++;
+    if (in_round[4] != SC_RUNS || in_round[0] != LWP_RUNS ||
+        LWP_RUNS > SC_RUNS) {
+      fprintf(stderr, "bench_pb: a round does not hold SC_RUNS and "
+                      "LWP_RUNS\n");
+      return 1;
+    }
     double trip_before = core_round_trip_ns(2);
     for (int rep = 0; rep < repeats; rep++)
       for (size_t k = 0; k < sizeof round / sizeof *round; k++) {

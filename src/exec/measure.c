@@ -67,11 +67,14 @@ static void stamp(void *arg, int block) {
 }
 
 /* The tensors of block b the backward did not update (all of them when
- * nothing is fused), by the configured rule, as the executors do. */
+ * nothing is fused), by the configured rule, as the executors do: where
+ * the update is fused in pipelined backprop, by pb_rule (st_pb_update, as
+ * pb.c's update of those tensors), writing their prediction to pred too
+ * when pred is not NULL. */
 static void update_block(const st_block *b, const st_ctx *ctx,
                          const st_config *cfg, float *params, float *grads,
                          float *opt, size_t n_params, int mb,
-                         const st_pb_rule *pred_rule, float *pred) {
+                         const st_pb_rule *pb_rule, float *pred) {
   float lr = cfg->optimizer.lr;
   if (!ctx->fused) {
     st_optim_step_range(ctx->pool, cfg, params + b->param_off,
@@ -88,9 +91,10 @@ static void update_block(const st_block *b, const st_ctx *ctx,
     for (int k = 0; k < 2; k++) {
       if (tensors[k] < 0) continue;
       size_t at = b->param_off + b->tensors[tensors[k]].offset;
-      if (pred) /* as pb.c's update of these tensors writes a prediction */
-        st_pb_update(ctx->pool, pred_rule, params + at, grads + at, opt + at,
-                     NULL, pred + at, b->tensors[tensors[k]].numel);
+      if (pb_rule)
+        st_pb_update(ctx->pool, pb_rule, params + at, grads + at, opt + at,
+                     NULL, pred ? pred + at : NULL,
+                     b->tensors[tensors[k]].numel);
       else
         st_optim_step_range(ctx->pool, cfg, params + at, grads + at,
                             opt + at, n_params, b->tensors[tensors[k]].numel,
@@ -184,15 +188,19 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
   const int fuses = st_plan_fuses_update(cfg) && mb == 1;
   st_fused_update fused = {&rule, params, opt, P, NULL, 0};
   /* the prediction's variant: k = lr D at the first stage of a pipeline
-   * of two (D = 2), the update as pb.c makes it */
+   * of two (D = 2), the update as pb.c makes it; both variants update the
+   * tensors the backward does not by pb_rule in pipelined backprop (with
+   * pb.c's spike compensation at that stage), so that they differ by the
+   * prediction alone */
   const float pk = 2 * cfg->optimizer.lr;
   st_optim_rule rule_p = rule;
   rule_p.pk = pk;
   st_fused_update fused_p = {&rule_p, params, opt, P, pred, 0};
+  const char *mit = cfg->execution.mitigation;
   st_pb_rule pb_rule;
   st_pb_rule_init(&pb_rule, cfg->optimizer.lr, cfg->optimizer.momentum,
                   cfg->optimizer.weight_decay, 2,
-                  !strcmp(cfg->execution.mitigation, "sc+lwp"), 1);
+                  !strcmp(mit, "sc") || !strcmp(mit, "sc+lwp"), 1);
   pb_rule.pk = pk;
   if (pred) memcpy(pred, params, P * sizeof(float));
   st_ctx ctx = {pool, 1, cfg->train.seed, 0, fuses ? &fused : NULL};
@@ -210,12 +218,16 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
       for (int i = 0; i < n; i++) {
         const st_block *blk = &m->blocks[i];
         double t0 = st_now();
-        if (v && !fuses) /* the pass before the forward */
+        /* the pass before the forward: every one where the update is not
+         * fused; else a step's first, its share a micro-batch here */
+        if (v)
           st_pb_predict(pool, pred + blk->param_off, params + blk->param_off,
                         opt + blk->param_off, pk, blk->n_params);
+        double t1 = st_now();
         st_block_forward(blk, &ctx, w + blk->param_off, in, s->acts[i],
                          s->scratch, mb);
-        f[i] = st_now() - t0;
+        f[i] = st_now() - t1 +
+               (t1 - t0) * (fuses ? (double)mb / cfg->train.batch : 1);
         in = st_block_output(blk, s->acts[i], mb);
       }
       /* the loss, the last block's stage's: its logits are `in` */
@@ -232,7 +244,7 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
       for (int i = 0; i < n; i++) {
         t0 = st_now();
         update_block(&m->blocks[i], &ctx, cfg, params, grads, opt, P, mb,
-                     &pb_rule, v && fuses ? pred : NULL);
+                     pb ? &pb_rule : NULL, v && fuses ? pred : NULL);
         b[i] += (st_now() - t0) * per_update * mb;
       }
       ctx.first_sample += (uint64_t)mb;
@@ -248,8 +260,9 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
     out[i].measured_bwd = median(col, runs) / mb;
     out[i].measured_lwp = 0;
     if (!lwp) continue;
-    /* the prediction's seconds: its run's block, less the plain one's
-     * (each the median of its runs; never below 0) */
+    /* the prediction's seconds: the median of its runs' forward plus
+     * backward, less the plain runs' median forward and median backward
+     * (never below 0) */
     for (int r = 0; r < runs; r++)
       col[r] = fwd[((size_t)MAX_RUNS + r) * n + i] +
                bwd[((size_t)MAX_RUNS + r) * n + i];
