@@ -44,21 +44,34 @@ static void set(st_config *c, const char *kv) {
   CHECK(st_config_set(c, kv, &err) == 0, "%s: %s", kv, err.msg);
 }
 
-/* Four blocks of equal FLOPs (the model's cut: two and two) timed at 1, 1,
- * 1 and 3 ms: the measured cut is three and one, 3 ms a stage. */
-static void test_partition(void) {
+/* The uncalibrated fabric of two cores, and n blocks of equal FLOPs (1 and
+ * 2 MFLOP a sample) named blocks.0 .. for the partitioner's cases. */
+static void two_cores(st_fabric *f) {
   st_config c;
   st_config_defaults(&c);
   st_error err = {0};
-  st_fabric f;
   CHECK(st_fabric_parse(&c, "cpu:2", &err) == 0, "%s", err.msg);
-  CHECK(st_fabric_resolve(&f, &c, &err) == 0, "%s", err.msg);
-  st_block_cost b[4];
-  memset(b, 0, sizeof b);
-  for (int i = 0; i < 4; i++) {
+  CHECK(st_fabric_resolve(f, &c, &err) == 0, "%s", err.msg);
+}
+
+static void equal_blocks(st_block_cost *b, int n) {
+  memset(b, 0, (size_t)n * sizeof *b);
+  for (int i = 0; i < n; i++) {
     snprintf(b[i].name, sizeof b[i].name, "blocks.%d", i);
     b[i].flops_fwd = 1e6;
     b[i].flops_bwd = 2e6;
+  }
+}
+
+/* Four blocks of equal FLOPs (the model's cut: two and two) timed at 1, 1,
+ * 1 and 3 ms: the measured cut is three and one, 3 ms a stage. */
+static void test_partition(void) {
+  st_error err = {0};
+  st_fabric f;
+  two_cores(&f);
+  st_block_cost b[4];
+  equal_blocks(b, 4);
+  for (int i = 0; i < 4; i++) {
     for (int k = 0; k < ST_GEMM_CLASSES; k++)
       b[i].gemm_fwd[k] = b[i].gemm_bwd[k] = k == 2 ? 1e6 : 0;
   }
@@ -103,18 +116,12 @@ static void test_partition(void) {
  * times 9 ms with the prediction, 12 without: the last stage pays none),
  * where without it they are cut three and three. */
 static void test_partition_lwp(void) {
-  st_config c;
-  st_config_defaults(&c);
   st_error err = {0};
   st_fabric f;
-  CHECK(st_fabric_parse(&c, "cpu:2", &err) == 0, "%s", err.msg);
-  CHECK(st_fabric_resolve(&f, &c, &err) == 0, "%s", err.msg);
+  two_cores(&f);
   st_block_cost b[6];
-  memset(b, 0, sizeof b);
+  equal_blocks(b, 6);
   for (int i = 0; i < 6; i++) {
-    snprintf(b[i].name, sizeof b[i].name, "blocks.%d", i);
-    b[i].flops_fwd = 1e6;
-    b[i].flops_bwd = 2e6;
     b[i].measured_fwd = 1e-3;
     b[i].measured_bwd = 2e-3;
   }
