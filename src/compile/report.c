@@ -201,7 +201,9 @@ void st_plan_print(const st_plan *p, FILE *f) {
                "%s a sample over all the blocks%s\n",
             lwp_s > 0 ? st_plan_fmt_time(a, sizeof a, lwp_s)
                       : st_plan_fmt_bytes(a, sizeof a, lwp_bytes),
-            lwp_s > 0 ? " (measured)" : "");
+            lwp_s > 0                ? " (measured)"
+            : p->fabric.calibrated ? ", at the update's bandwidth"
+                                   : " (not priced: uncalibrated)");
   fprintf(f,
           "model: %sFLOP per sample (fwd+bwd); every stage holds its "
           "weights x %g + gradient and optimizer state + (input + "

@@ -218,16 +218,12 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
       for (int i = 0; i < n; i++) {
         const st_block *blk = &m->blocks[i];
         double t0 = st_now();
-        /* the pass before the forward: every one where the update is not
-         * fused; else a step's first, its share a micro-batch here */
-        if (v)
+        if (v && !fuses) /* the pass before every forward */
           st_pb_predict(pool, pred + blk->param_off, params + blk->param_off,
                         opt + blk->param_off, pk, blk->n_params);
-        double t1 = st_now();
         st_block_forward(blk, &ctx, w + blk->param_off, in, s->acts[i],
                          s->scratch, mb);
-        f[i] = st_now() - t1 +
-               (t1 - t0) * (fuses ? (double)mb / cfg->train.batch : 1);
+        f[i] = st_now() - t0;
         in = st_block_output(blk, s->acts[i], mb);
       }
       /* the loss, the last block's stage's: its logits are `in` */
@@ -246,6 +242,17 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
         update_block(&m->blocks[i], &ctx, cfg, params, grads, opt, P, mb,
                      pb ? &pb_rule : NULL, v && fuses ? pred : NULL);
         b[i] += (st_now() - t0) * per_update * mb;
+      }
+      /* fused: the pass at a step's first forward, its share a micro-batch
+       * (timed after the updates, as it follows the step before's last;
+       * just before this run's forward it would have warmed what that
+       * forward reads) */
+      for (int i = 0; v && fuses && i < n; i++) {
+        const st_block *blk = &m->blocks[i];
+        t0 = st_now();
+        st_pb_predict(pool, pred + blk->param_off, params + blk->param_off,
+                      opt + blk->param_off, pk, blk->n_params);
+        f[i] += (st_now() - t0) * mb / cfg->train.batch;
       }
       ctx.first_sample += (uint64_t)mb;
     }
