@@ -50,8 +50,9 @@ int st_plan_micro_batch(const st_config *cfg);
  * streaming, which never fuse. */
 int st_plan_fuses_update(const st_config *cfg);
 
-/* Whether cfg's mitigation predicts the forward's weights (lwp, sc+lwp,
- * spectrain): in pipelined backprop, work at every stage but the last. */
+/* Whether cfg runs pipelined backprop with a mitigation that predicts the
+ * forward's weights (lwp, sc+lwp, spectrain): work at every stage but the
+ * last. */
 int st_plan_predicts(const st_config *cfg);
 
 /* Text for the report (report.c): "1,234,567", "0.0476" (a rate below

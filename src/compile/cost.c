@@ -43,7 +43,8 @@ typedef struct cost_ctx {
 /* compile.h */
 int st_plan_predicts(const st_config *cfg) {
   const char *m = cfg->execution.mitigation;
-  return !strcmp(m, "lwp") || !strcmp(m, "sc+lwp") || !strcmp(m, "spectrain");
+  return is_pb(cfg) && (!strcmp(m, "lwp") || !strcmp(m, "sc+lwp") ||
+                        !strcmp(m, "spectrain"));
 }
 
 int st_plan_fuses_update(const st_config *cfg) {
@@ -228,7 +229,7 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
   /* updates per sample: one a batch, or one a micro-batch in pipelined
    * backprop */
   double updates = 1.0 / (is_pb(cfg) ? batch : cfg->train.batch);
-  int lwp = is_pb(cfg) && st_plan_predicts(cfg);
+  int lwp = st_plan_predicts(cfg);
   for (int i = 0; i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
     st_block_cost *c = &out[i];

@@ -154,7 +154,7 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
    * by one of the blocks as a stage with D > 0 runs them, the forward on
    * the predicted weights and the update writing them (a pass over w and
    * v before each forward where the update is not fused) */
-  const int lwp = pb && st_plan_predicts(cfg), variants = 1 + lwp;
+  const int lwp = st_plan_predicts(cfg), variants = 1 + lwp;
   float *pred = lwp ? st_alloc(P * sizeof(float)) : NULL;
   double *fwd = malloc((size_t)variants * MAX_RUNS * n * sizeof *fwd);
   double *bwd = malloc((size_t)variants * MAX_RUNS * n * sizeof *bwd);
