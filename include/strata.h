@@ -314,6 +314,12 @@ int st_config_write(const st_config *cfg, FILE *f);
  * "default". Returns one of four rotating thread-local buffers, so two calls
  * may share one printf; copy the text if it must live longer. */
 const char *st_config_where(const st_config *cfg, const char *key);
+/* The keys set away from their defaults that cfg's execution.mode does
+ * not use (execution.stages under sequential, execution.mitigation under
+ * pipeline, ...): up to cap of them in keys; returns how many. A user
+ * switches modes by changing one word, so these get a notice, not an
+ * error (the CLI prints one line each). */
+int st_config_unused(const st_config *cfg, const char **keys, int cap);
 /* Prints the schema (every key, type, default, meaning) for --help. */
 void st_config_print_schema(FILE *f);
 
@@ -1405,6 +1411,8 @@ const st_train_pos *st_trainer_pos(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */
 const st_noise_scale *st_trainer_noise(const st_trainer *t);
 int64_t st_trainer_total_steps(const st_trainer *t);
+/* Training samples (windows for text) one epoch passes over. */
+int st_trainer_train_size(const st_trainer *t);
 /* Where the mode's time went: one entry per stage (and replica), the
  * seconds each spent on forward, backward and update since the trainer was
  * made; *wall is the seconds spent inside steps. Returns the number of

@@ -30,7 +30,7 @@
  * checked on load, with a hint on mismatch).
  */
 #include "compile.h"
-#include "../exec/exec.h"
+#include "../base/chan.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -509,7 +509,7 @@ static double step_latency(void) {
   memset(&h, 0, sizeof h);
   st_waiter_init(&h.caller);
   st_waiter_init(&h.stage);
-  h.spin = st_usable_cores() > 1 ? ST_SPIN : 0;
+  h.spin = st_usable_cpus(NULL, 0) > 1 ? ST_SPIN : 0;
   pthread_t th;
   double t = -1;
   if (pthread_create(&th, NULL, handoff_stage, &h) == 0) {

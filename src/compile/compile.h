@@ -36,6 +36,15 @@
 
 /* The model of cfg, descriptors only, on its dataset's input shape. */
 int st_plan_model(st_model **out, const st_config *cfg, st_error *err);
+/* cfg's fabric, resolved, and its model (st_plan_model). */
+int st_plan_prepare(st_fabric *fabric, st_model **m, const st_config *cfg,
+                    st_error *err);
+/* st_plan_compile's plan once the n blocks' costs are known (measured ones
+ * come from the executors' timing, src/exec/measure.c: an input here, so
+ * that the compiler never runs a block itself). */
+int st_plan_from_costs(st_plan **out, const st_config *cfg,
+                       const st_fabric *fabric, const st_block_cost *costs,
+                       int n, int stages, st_error *err);
 
 /* Samples per micro-batch as the trainer runs cfg: execution.micro_batch,
  * else 1 in pipelined backprop and the whole batch in the other modes

@@ -308,13 +308,18 @@ int st_plan_model(st_model **out, const st_config *cfg, st_error *err) {
   return st_model_create(out, cfg, input_shape(cfg), err);
 }
 
+int st_plan_prepare(st_fabric *fabric, st_model **m, const st_config *cfg,
+                    st_error *err) {
+  *m = NULL;
+  int rc = st_fabric_resolve(fabric, cfg, err);
+  return rc ? rc : st_plan_model(m, cfg, err);
+}
+
 int st_plan_validate(const st_config *cfg, FILE *f, st_error *err) {
   st_fabric fabric;
-  int rc = st_fabric_resolve(&fabric, cfg, err);
-  if (rc)
-    return rc;
   st_model *m;
-  if ((rc = st_plan_model(&m, cfg, err)))
+  int rc = st_plan_prepare(&fabric, &m, cfg, err);
+  if (rc)
     return rc;
   double fwd = 0, bwd = 0, acts = 0;
   for (int i = 0; i < m->n_blocks; i++) {

@@ -667,36 +667,10 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   return 0;
 }
 
-int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
-                    st_error *err) {
+int st_plan_from_costs(st_plan **out, const st_config *cfg,
+                       const st_fabric *fabric, const st_block_cost *costs,
+                       int n, int stages, st_error *err) {
   *out = NULL;
-  st_fabric fabric;
-  int rc = st_fabric_resolve(&fabric, cfg, err);
-  if (rc)
-    return rc;
-  st_model *m;
-  if ((rc = st_plan_model(&m, cfg, err)))
-    return rc;
-  st_block_cost *costs = st_alloc((size_t)m->n_blocks * sizeof *costs);
-  if (!costs) {
-    st_model_destroy(m);
-    return st_error_set(err, ST_ENOMEM, "out of memory");
-  }
-  /* pass 1 (measured: each block timed here, for this machine's cores
-   * only: a mesh's PEs are not this cpu's) */
-  if (fabric.kind != ST_FABRIC_CPU &&
-      !strcmp(cfg->execution.block_costs, "measured"))
-    rc = st_error_set(err, ST_ECONFIG,
-                      "%s: execution.block_costs: measured times the blocks "
-                      "on this machine's cores; fabric %s plans another "
-                      "machine: use model",
-                      st_config_where(cfg, "execution.block_costs"),
-                      fabric.name);
-  if (rc || (rc = st_plan_block_costs(costs, m, cfg, err))) {
-    st_free(costs);
-    st_model_destroy(m);
-    return rc;
-  }
   /* Samples whose activations a stage holds: sequential keeps one batch
    * (as does GPipe, which holds all M micro-batches of it); weights are
    * held once. Pipelined backprop and 1F1B will hold fewer activations and,
@@ -730,7 +704,7 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
              st_config_where(cfg, "execution.stages"));
     opt.stages_where = where;
   }
-  rc = st_plan_build(out, costs, m->n_blocks, &fabric, &opt, err);
+  int rc = st_plan_build(out, costs, n, fabric, &opt, err);
   if (!rc) {
     snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
     /* the modes on stage threads hand each step over (block_sequential:
@@ -742,8 +716,6 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
     set_schedule(*out, mode, cfg->train.batch, st_plan_micro_batch(cfg),
                  threaded);
   }
-  st_free(costs);
-  st_model_destroy(m);
   return rc;
 }
 

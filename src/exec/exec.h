@@ -1,81 +1,16 @@
 /*
  * exec.h — internal interface of the executors (not part of the public API).
- * A stage is the shared worker every mode runs on: a contiguous range of
- * blocks with their activation buffers for up to max_batch samples, a
- * backward workspace and the pool of cores it may use. The sequential mode
- * is one stage holding all blocks; pipeline modes (later) run several.
+ * An executor is one execution.mode: a schedule over the stage runtime
+ * (src/runtime/runtime.h). sequential runs one st_stage holding every
+ * block; pipeline, block_sequential and pipelined_backprop run several on
+ * the runtime's stage threads and links; replicas and ranks wrap those.
  */
 #ifndef STRATA_EXEC_H
 #define STRATA_EXEC_H
 
 #include "strata.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
-
-typedef struct st_stage {
-  const st_model *model;
-  int first, count;   /* blocks [first, first + count) */
-  int max_batch;
-  float **acts;       /* per block: max_batch * act_per_sample */
-  float *work;        /* 3 * max_batch * model->max_numel */
-  float *scratch;     /* max_batch * model->max_scratch_per_sample */
-  float *grad_io[2];  /* gradients between blocks: max_batch * max_numel */
-  size_t base;        /* params/grads passed in start at this slab offset
-                         (0: the model's slab; pipelined_backprop passes
-                         its stage's own weight versions) */
-} st_stage;
-
-int st_stage_create(st_stage **out, const st_model *m, int first, int count,
-                    int max_batch, st_error *err);
-void st_stage_destroy(st_stage *s);
-/* Runs the stage's blocks on B samples; returns the last block's output. */
-const float *st_stage_forward(st_stage *s, const st_ctx *ctx,
-                              const float *params, const float *in, int B);
-/* Backward through the stage's blocks; adds into grads (model-wide slab
- * layout); writes din unless it is NULL. */
-void st_stage_backward(st_stage *s, const st_ctx *ctx, const float *params,
-                       float *grads, const float *in, const float *dout,
-                       float *din, int B);
-/* The same, calling after_block(arg, block index) as soon as each block's
- * backward is done — its input gradient is computed, so its weights may be
- * updated while its gradients are still in cache. */
-void st_stage_backward_each(st_stage *s, const st_ctx *ctx,
-                            const float *params, float *grads, const float *in,
-                            const float *dout, float *din, int B,
-                            void (*after_block)(void *arg, int block),
-                            void *arg);
-
-/* A mode: how one optimizer step runs over the trainer's batch. The view
- * carries what the executor needs to update weights itself, block by block
- * (st_trainer_update_blocks), as soon as a block's gradient is complete. */
-typedef struct st_trainer_view {
-  const st_model *model;
-  st_ctx ctx;           /* pool, seed; first_sample set per batch */
-  float *params, *grads, *opt;
-  const float *x;       /* batch inputs */
-  const int *y;         /* batch labels */
-  float *losses;        /* per sample (batch) */
-  float *probs, *dlogits; /* micro_batch * classes */
-  int batch, micro_batch;
-  int loss_batch;       /* the loss is a mean over this many samples: the
-                           step's whole batch (replicas run a share of it,
-                           `batch`, each) */
-  int grads_only;       /* replicas: accumulate gradients and check the
-                           loss, but update nothing; the caller reduces the
-                           replicas' gradients and updates */
-  st_trace *trace;      /* --trace, else NULL */
-  int track;            /* this executor's first trace track */
-  const st_config *cfg; /* optimizer settings */
-  float lr;             /* this step's learning rate */
-  int64_t step;         /* optimizer steps done before this one */
-  int64_t first_sample; /* global index of the batch's first sample */
-  /* Noise scale (metrics.noise_scale), else NULL: the executor writes the
-   * first micro-batch's squared gradient norm to *gs2 (as a mean over its
-   * samples); st_trainer_update_blocks adds the batch's, block by block,
-   * into *gb2 before updating. */
-  double *gs2, *gb2;
-} st_trainer_view;
+#include "../runtime/runtime.h"
 
 /* Applies this step's update to blocks [first, first + count) and zeroes
  * their gradients. A tied copy (st_tensor_info.tie) is updated with its
@@ -252,7 +187,6 @@ typedef struct st_placement {
   st_dist_group *group;
   int threads;
 } st_placement;
-enum { ST_EXEC_PEER_STOPPED = 1000 };
 int st_pipeline_create_placed(void **state, const st_model *m,
                               const st_config *cfg, int micro_batch,
                               int max_batch, int blockseq,
@@ -269,49 +203,6 @@ int st_pb_close_links(void *state, st_error *err);
 /* The stages' block ranges and owners (members); returns the count. */
 int st_pipeline_layout(const void *state, int *first, int *count, int *owner);
 int st_pb_layout(const void *state, int *first, int *count, int *owner);
-/* Stage s of a segment of k stages, over P members: its member. */
-static inline int st_placed_owner(int s, int k, int P) {
-  return (int)((long long)s * P / k);
-}
-
-/* Hand-offs between the stage threads of one process (chan.c). A waiter
- * is where one thread sleeps: st_wait_ge spins `spin` polls, then sleeps
- * until *val >= want (0) or either stop flag is set (-1; a NULL flag is
- * never set). st_waiter_wake wakes it only if it sleeps, after the value
- * was published; st_waiter_wake_always after a stop flag was set. */
-enum { ST_SPIN = 4000 }; /* polls before a waiting stage thread sleeps */
-typedef struct st_waiter {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  atomic_int sleeping;
-} st_waiter;
-void st_waiter_init(st_waiter *w);
-void st_waiter_destroy(st_waiter *w);
-void st_waiter_wake(st_waiter *w);
-void st_waiter_wake_always(st_waiter *w);
-int st_wait_ge(st_waiter *w, const atomic_llong *val, long long want,
-               int spin, const atomic_int *stop_a, const atomic_int *stop_b);
-/* A one-producer, one-consumer ring of messages (micro-batch n, buffer).
- * st_chan_put returns -1 when the ring is full (the caller's schedule
- * allows no more: a bug); after a message is put, the caller wakes the
- * receiver's waiter.
- * st_chan_take waits on the receiver's waiter (-1: stopped). Reset only
- * while neither end runs. */
-typedef struct st_msg {
-  int64_t n;
-  const float *data;
-} st_msg;
-typedef struct st_chan {
-  atomic_llong sent, taken;
-  st_msg *buf;
-  int cap;
-} st_chan;
-int st_chan_init(st_chan *c, int cap);
-void st_chan_free(st_chan *c);
-void st_chan_reset(st_chan *c);
-int st_chan_put(st_chan *c, int64_t n, const float *data);
-int st_chan_take(st_chan *c, st_waiter *w, int spin, const atomic_int *stop_a,
-                 const atomic_int *stop_b, st_msg *out);
 
 /* The executor of an execution.mode, NULL if none. */
 const st_executor *st_find_executor(const char *mode);
@@ -353,6 +244,24 @@ int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err);
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
                       int cores, int *first, int *count, int *pes,
                       st_error *err);
+/* The cut of blocks [0, n) of c into stages on `cores` cores as the
+ * compiler plans it on fab (S = 0: the plan's choice): first/count/pes per
+ * stage; returns the stage count. `shared`: more stages than cores, one
+ * thread each. A model the planner cannot place (or no fab) falls back to
+ * the FLOP balance with the cores shared evenly. */
+int st_cut_split(const st_block_cost *c, int n, const st_fabric *fab, int S,
+                 int cores, int shared, const st_int_list *pin, int *first,
+                 int *count, int *pes);
+/* The cpu fabric of `cores` cores (S of them when there are more stages)
+ * in *fab, or NULL when it cannot be resolved (an unreadable calibration
+ * profile). cpu: scratch space for the config it is resolved from. */
+st_fabric *st_cut_fabric(st_fabric *fab, st_config *cpu, const st_config *cfg,
+                         int S, int cores);
+/* block_sequential's segments: `per` blocks each, or (0) the fewest runs
+ * of blocks whose weights, optimizer state and batch activations fit the
+ * machine's memory. Returns the count; starts[g] is a first block. */
+int st_cut_segments(const st_block_cost *c, int n, const st_fabric *fab,
+                    int per, int batch, int *starts);
 /* Pipelined backprop introspection (tests): stage s's delay D(s); the
  * fewest and most updates counted between a micro-batch's forward and its
  * update, over the micro-batches with a full pipeline ahead (n >= D(s))
@@ -392,8 +301,6 @@ void st_pb_replay_step(st_pb_replay *r, int64_t n0, int K,
 typedef void (*st_pb_probe)(void *arg, int stage, int64_t micro_batch,
                             int fwd, const float *w, size_t n);
 void st_pb_set_probe(void *state, st_pb_probe fn, void *arg);
-/* Pins a thread to the cpus cpus[0 .. n); -1 if the system refused. */
-int st_pin_thread(pthread_t thread, const int *cpus, int n);
 /* Pins the pipeline's stages to cpus[0 .. n), each stage to its own share
  * (the plan's cores per stage); -1 when they do not fit (nothing pinned).
  * The replicas executor gives each replica its own cpus this way. */
@@ -411,8 +318,6 @@ int st_trainer_gather(st_trainer *t, st_error *err);
 int st_trainer_finish(st_trainer *t, st_error *err);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */
 int64_t st_trainer_steps_per_epoch(const st_trainer *t);
-/* Training samples (windows for text) one epoch passes over. */
-int st_trainer_train_size(const st_trainer *t);
 int st_trainer_threads(const st_trainer *t); /* resolved from train.threads */
 /* Sum of squares, in double, in index order (deterministic). */
 double st_sum_squares(const float *x, size_t n);

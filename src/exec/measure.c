@@ -28,6 +28,9 @@
  * until MEASURE_S has passed (at least MIN_RUNS, at most MAX_RUNS); each
  * block's figure is the median of its runs, so a burst of load elsewhere
  * (a shared VM's neighbours) moves no block.
+ *
+ * st_plan_compile lives here, not in compile/: it is the config's plan on
+ * costs that may be measured, and the compiler takes costs as an input.
  */
 #include "exec.h"
 
@@ -424,5 +427,34 @@ int st_plan_block_costs(st_block_cost *out, const st_model *m,
               &out[0].measured_lwp, sizeof *out);
   }
   pthread_mutex_unlock(&cache_mu);
+  return rc;
+}
+
+int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
+                    st_error *err) {
+  *out = NULL;
+  st_fabric fabric;
+  st_model *m;
+  int rc = st_plan_prepare(&fabric, &m, cfg, err);
+  if (rc)
+    return rc;
+  st_block_cost *costs = st_alloc((size_t)m->n_blocks * sizeof *costs);
+  if (!costs)
+    rc = st_error_set(err, ST_ENOMEM, "out of memory");
+  /* pass 1 (measured: each block timed here, for this machine's cores
+   * only: a mesh's PEs are not this cpu's) */
+  else if (fabric.kind != ST_FABRIC_CPU &&
+           !strcmp(cfg->execution.block_costs, "measured"))
+    rc = st_error_set(err, ST_ECONFIG,
+                      "%s: execution.block_costs: measured times the blocks "
+                      "on this machine's cores; fabric %s plans another "
+                      "machine: use model",
+                      st_config_where(cfg, "execution.block_costs"),
+                      fabric.name);
+  if (!rc && !(rc = st_plan_block_costs(costs, m, cfg, err)))
+    rc = st_plan_from_costs(out, cfg, &fabric, costs, m->n_blocks, stages,
+                            err);
+  st_free(costs);
+  st_model_destroy(m);
   return rc;
 }

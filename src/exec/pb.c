@@ -76,8 +76,6 @@
  */
 #include "exec.h"
 
-#include "../dist/dist.h"
-
 #include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -94,15 +92,10 @@ enum { MIT_NONE, MIT_STASH, MIT_SC, MIT_LWP, MIT_SC_LWP, MIT_SPECTRAIN,
        MIT_PIPEMARE };
 
 typedef struct pb_stage {
+  st_rt_stage rt;       /* first: the runtime's part (cores, slots, links) */
   struct pb *p;
-  int index, first, count, D;
+  int D;
   size_t off, n;        /* its weights: slab floats [off, off + n) */
-  int cores, cpu_off;
-  char name[32];
-  st_pool *pool;
-  int slots;            /* D + 1 */
-  st_stage **run;       /* [slots] */
-  const float **in;     /* [slots]: each slot's input */
   int64_t *fwd_version; /* [slots]: updates done when its forward ran */
   float *x_copy;        /* stage 0: slots x mb x input floats */
   float *probs, *dlogits; /* last stage: mb x R x classes */
@@ -114,26 +107,12 @@ typedef struct pb_stage {
                            -1: never */
   float *wb, *delta;    /* pipemare: backward weights, update EMA */
   float **stash;        /* stash: [D] copies */
-  st_chan fwd, bwd;     /* incoming: from the stage before / after */
-  /* placed over ranks: the member running it, and its links to stages on
-   * other ranks */
-  int owner, local, remote_prev, remote_next;
-  float **rx_fwd;       /* [slots]: inputs received from the stage before */
-  st_dist_req *rx_fwd_req;
-  float *rx_bwd[BWD_RING]; /* gradients received from the stage after */
-  st_dist_req rx_bwd_req[BWD_RING];
-  st_dist_req *tx_fwd;  /* [slots]: each slot's output, sent */
-  st_dist_req tx_bwd[DIN_RING]; /* each din buffer, sent */
-  int leaky;            /* requests given up (a stop, or torn down before
-                           st_pb_close_links): MPI may still use the
-                           buffers, which are never freed */
   int64_t updates;       /* since create */
   int64_t updates0;      /* a resumed run's updates before it (the rules'
                             step count: momentum's first step, AdamW's bias
                             correction, pipemare's warm-up) */
   int delay_min, delay_max, delay_all; /* counted (tests) */
   int versions, max_versions;
-  double busy, last_end;
   /* the busy seconds of its last forward, backward (to the send) and
    * update, and where pair() files them (its row of the job's times) */
   double last_f, last_bk, last_u;
@@ -141,10 +120,6 @@ typedef struct pb_stage {
   int64_t n0;           /* the first micro-batch of the step it runs */
   atomic_llong done;    /* steps it has finished (threaded driver) */
   atomic_llong clean;   /* of those, run to the end before any stop */
-  /* waiting: the stage's thread sleeps here (threaded driver) */
-  st_waiter w;
-  pthread_t thread;
-  int started, sync_ready;
 } pb_stage;
 
 /* A trainer step as the stages see it: its view (copied: the caller's goes
@@ -162,8 +137,8 @@ typedef struct pb_job {
 } pb_job;
 
 typedef struct pb {
-  const st_model *model;
-  int S, mb, mitigation, emulate, spin, adamw;
+  st_rt rt;             /* the stages' runtime: S, mb, errors, links */
+  int mitigation, adamw;
   int fuse;             /* micro-batch 1: linear layers update inside the
                            backward (execution.fused_update) */
   float pipemare_gamma;
@@ -179,178 +154,14 @@ typedef struct pb {
   pb_job jobs[2];
   long long started, waited; /* the caller's counts */
   atomic_llong generation;
-  atomic_int stop, abort;
-  pthread_mutex_t mu;   /* the error */
-  st_waiter w;          /* the caller's wait */
-  int rc, broken;
-  st_error err;
+  int broken;
   double wall, wall_t0; /* seconds with a step in flight; since when */
   st_pb_replay replay;  /* the steps' busy times with free hand-offs */
   st_pb_probe probe;
   void *probe_arg;
-  /* placed over ranks: this rank is member `me` of group */
-  st_dist_group *group;
-  int me, local, peer_stop; /* local: this rank's stages */
+  int local;                /* this rank's stages */
   int closed;               /* st_pb_close_links done */
 } pb;
-
-/* ------------------------------------------------------ waiting, errors */
-
-/* Waits until *val >= want, or (returns -1) the executor is stopped or,
- * when `abortable`, the step aborted. */
-static int wait_ge(pb *p, st_waiter *w, atomic_llong *val, long long want,
-                   int abortable) {
-  return st_wait_ge(w, val, want, p->spin, abortable ? &p->abort : NULL,
-                    &p->stop);
-}
-
-/* Stops every stage; the first error wins. */
-static void fail(pb *p, const st_error *err) {
-  pthread_mutex_lock(&p->mu);
-  if (!p->rc) {
-    p->rc = err->code;
-    p->err = *err;
-  }
-  pthread_mutex_unlock(&p->mu);
-  atomic_store(&p->abort, 1);
-  for (int s = 0; s < p->S; s++) {
-    pb_stage *st = &p->stages[s];
-    if (st->sync_ready) st_waiter_wake_always(&st->w);
-  }
-  st_waiter_wake_always(&p->w);
-}
-
-static void internal(pb *p, const char *what, int64_t n, int stage) {
-  st_error err = {0};
-  st_error_set(&err, ST_EUNSUPPORTED,
-               "internal error: pipelined backprop: %s (micro-batch %lld, "
-               "stage %d)",
-               what, (long long)n, stage);
-  fail(p, &err);
-}
-
-/* ------------------------------------------------------------ channels */
-
-static void trace(const st_trainer_view *v, st_trace_kind kind, int64_t n,
-                  double t0, double t1) {
-  if (v->trace)
-    st_trace_add(v->trace, v->track, kind, v->step, (int)n, t0, t1);
-}
-
-/* To stage `to`'s channel c. By the schedule a channel never holds more
- * than its capacity: once stage s has a full pipeline ahead (n >= D(s)),
- * sending its forward of n + 1 follows its backward of n - D(s), which
- * needed stage s + 1's backward of the same micro-batch, n + 2 - D(s + 1),
- * done after its forward of n - 2: three unread. Before that, stage s may
- * send all of its first D(s) + 1 forwards. Backward messages mirror this
- * (three unread; the first three are three). More is a schedule bug. */
-static int chan_send(pb_stage *to, const st_trainer_view *v, st_chan *c,
-                     int64_t n, const float *data) {
-  pb *p = to->p;
-  double t0 = v->trace ? st_now() : 0;
-  if (st_chan_put(c, n, data)) {
-    internal(p, "a channel overflowed", n, to->index);
-    return -1;
-  }
-  if (!p->emulate) st_waiter_wake(&to->w);
-  if (v->trace) trace(v, ST_TRACE_SEND, n, t0, st_now());
-  return 0;
-}
-
-/* The message for micro-batch n on stage st's channel c, or NULL. */
-static const float *chan_recv(pb_stage *st, const st_trainer_view *v,
-                              st_chan *c, int64_t n) {
-  pb *p = st->p;
-  double t0 = v->trace ? st_now() : 0;
-  if (p->emulate && atomic_load(&c->sent) <= atomic_load(&c->taken)) {
-    internal(p, "a message was not ready", n, st->index);
-    return NULL;
-  }
-  st_msg m;
-  if (st_chan_take(c, &st->w, p->spin, &p->abort, &p->stop, &m)) return NULL;
-  if (v->trace) trace(v, ST_TRACE_RECV, n, t0, st_now());
-  if (m.n != n) {
-    internal(p, "a message arrived out of order", n, st->index);
-    return NULL;
-  }
-  return m.data;
-}
-
-/* ------------------------------------------- links to other ranks */
-
-enum { CH_FWD = 0, CH_BWD = 1 };
-
-/* Bytes of a message between stage s - 1 and stage s (either way). */
-static size_t link_bytes(const pb *p, int s) {
-  return (size_t)p->mb *
-         st_shape_numel(p->model->blocks[p->stages[s].first].in) *
-         sizeof(float);
-}
-
-static int post_fwd(pb_stage *st, int64_t n) {
-  pb *p = st->p;
-  st_error err = {0};
-  int slot = (int)(n % st->slots);
-  if (st_dist_irecv(p->group, CH_FWD, st->rx_fwd[slot],
-                    link_bytes(p, st->index), p->stages[st->index - 1].owner,
-                    st->index, &st->rx_fwd_req[slot], &err))
-    return fail(p, &err), -1;
-  return 0;
-}
-
-static int post_bwd(pb_stage *st, int64_t j) {
-  pb *p = st->p;
-  st_error err = {0};
-  if (st_dist_irecv(p->group, CH_BWD, st->rx_bwd[j % BWD_RING],
-                    link_bytes(p, st->index + 1),
-                    p->stages[st->index + 1].owner, st->index,
-                    &st->rx_bwd_req[j % BWD_RING], &err))
-    return fail(p, &err), -1;
-  return 0;
-}
-
-/* The message of request r, received into buf; NULL when the step stops
- * (an empty message: another rank stopped it). */
-static const float *link_recv(pb_stage *st, const st_trainer_view *v,
-                              st_dist_req *r, const float *buf, int64_t n) {
-  pb *p = st->p;
-  double t0 = v->trace ? st_now() : 0;
-  size_t got = 0;
-  st_error err = {0};
-  int rc = st_dist_wait(r, &got, &p->abort, &err);
-  if (v->trace) trace(v, ST_TRACE_RECV, n, t0, st_now());
-  if (rc < 0) return fail(p, &err), NULL;
-  if (rc > 0) return NULL;
-  if (got == 0) { /* stopped by another rank: no error of this one's */
-    st_error none = {0};
-    pthread_mutex_lock(&p->mu);
-    p->peer_stop = 1;
-    pthread_mutex_unlock(&p->mu);
-    fail(p, &none);
-    return NULL;
-  }
-  return buf;
-}
-
-static int link_send(pb_stage *st, const st_trainer_view *v, int ch, int to,
-                     const float *data, int64_t n, st_dist_req *r) {
-  pb *p = st->p;
-  double t0 = v->trace ? st_now() : 0;
-  st_error err = {0};
-  if (st_dist_isend(p->group, ch, data, link_bytes(p, ch ? st->index : to),
-                    p->stages[to].owner, to, r, &err))
-    return fail(p, &err), -1;
-  if (v->trace) trace(v, ST_TRACE_SEND, n, t0, st_now());
-  return 0;
-}
-
-/* Waits for an earlier send from a buffer about to be written. */
-static int link_sent(pb_stage *st, st_dist_req *r) {
-  st_error err = {0};
-  int rc = st_dist_wait(r, NULL, &st->p->abort, &err);
-  if (rc < 0) fail(st->p, &err);
-  return rc ? -1 : 0;
-}
 
 /* ------------------------------------------------------------- a stage */
 
@@ -365,22 +176,20 @@ static int lwp_like(int mit) {
 /* The forward of micro-batch n (index n - n0 in this step's batch). */
 static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
   pb *p = st->p;
-  const st_model *m = p->model;
-  int slot = (int)(n % st->slots), mb = p->mb, R = m->label_rows;
+  const st_model *m = p->rt.model;
+  int slot = (int)(n % st->rt.slots), mb = p->rt.mb, R = m->label_rows;
   int64_t k = n - st->n0;
   size_t in_floats = (size_t)mb * st_shape_numel(m->in);
   const float *in;
-  if (st->index == 0) {
+  if (st->rt.index == 0) {
     float *x = st->x_copy + (size_t)slot * in_floats;
     memcpy(x, v->x + (size_t)k * in_floats, in_floats * sizeof *x);
     in = x;
-  } else if (!(in = st->remote_prev ? link_recv(st, v, &st->rx_fwd_req[slot],
-                                                st->rx_fwd[slot], n)
-                                    : chan_recv(st, v, &st->fwd, n))) {
+  } else if (!(in = st_rt_recv(&st->rt, v, ST_RT_FWD, n))) {
     return -1;
   }
   /* the slot's output goes to another rank: its last send is done */
-  if (st->remote_next && link_sent(st, &st->tx_fwd[slot])) return -1;
+  if (st_rt_reuse(&st->rt, ST_RT_FWD, n)) return -1;
   double t0 = st_now();
   const float *w = live(st, v);
   if (lwp_like(p->mitigation) && st->D > 0) {
@@ -391,28 +200,24 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
                     v->lr * (float)st->D, st->n);
     w = st->wf;
   }
-  if (p->probe) p->probe(p->probe_arg, st->index, n, 1, w, st->n);
-  st->in[slot] = in;
+  if (p->probe) p->probe(p->probe_arg, st->rt.index, n, 1, w, st->n);
+  st->rt.in[slot] = in;
   st->fwd_version[slot] = st->updates;
   st_ctx ctx = v->ctx;
   ctx.first_sample = (uint64_t)v->first_sample + (uint64_t)k * mb;
-  const float *out = st_stage_forward(st->run[slot], &ctx, w, in, mb);
+  const float *out = st_stage_forward(st->rt.run[slot], &ctx, w, in, mb);
   /* stash: micro-batches started before the first update all saw the
    * initial weights; later ones are saved just before their update */
   if (p->mitigation == MIT_STASH && st->D > 0 && n < st->D) {
     memcpy(st->stash[n % st->D], live(st, v), st->n * sizeof(float));
     if (++st->versions > st->max_versions) st->max_versions = st->versions;
   }
-  if (st->index < p->S - 1) {
+  if (st->rt.index < p->rt.S - 1) {
     double t1 = st_now();
-    trace(v, ST_TRACE_FORWARD, n, t0, t1);
-    st->busy += t1 - t0;
+    st_rt_trace(v, ST_TRACE_FORWARD, n, t0, t1);
+    st->rt.busy += t1 - t0;
     st->last_f = t1 - t0;
-    if (st->remote_next)
-      return link_send(st, v, CH_FWD, st->index + 1, out, n,
-                       &st->tx_fwd[slot]);
-    return chan_send(&p->stages[st->index + 1], v,
-                     &p->stages[st->index + 1].fwd, n, out);
+    return st_rt_send(&st->rt, v, ST_RT_FWD, n, out);
   }
   size_t rows = (size_t)mb * R;
   float *losses = v->losses + (size_t)k * rows;
@@ -421,8 +226,8 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
   double sum = 0;
   for (size_t i = 0; i < rows; i++) sum += losses[i];
   double t1 = st_now();
-  trace(v, ST_TRACE_FORWARD, n, t0, t1);
-  st->busy += t1 - t0;
+  st_rt_trace(v, ST_TRACE_FORWARD, n, t0, t1);
+  st->rt.busy += t1 - t0;
   st->last_f = t1 - t0;
   if (!isfinite(sum)) {
     st_error err = {0};
@@ -433,7 +238,7 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
                  (long long)v->step + 1, isnan(sum) ? "NaN" : "infinite",
                  (long long)(v->first_sample + k * mb),
                  (long long)(v->first_sample + k * mb + mb - 1));
-    fail(p, &err);
+    st_rt_fail(&p->rt, &err);
     return -1;
   }
   return 0;
@@ -444,8 +249,8 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
 static void update_unfused(pb_stage *st, const st_trainer_view *v,
                            const st_ctx *ctx, const st_pb_rule *rule,
                            float *pred) {
-  const st_model *m = st->p->model;
-  for (int i = st->first; i < st->first + st->count; i++) {
+  const st_model *m = st->p->rt.model;
+  for (int i = st->rt.first; i < st->rt.first + st->rt.count; i++) {
     const st_block *b = &m->blocks[i];
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
@@ -473,7 +278,7 @@ static void update_unfused(pb_stage *st, const st_trainer_view *v,
  * mitigation keeps per-weight buffers (stash, prediction, pipemare's
  * delta) to mirror. */
 static void mirror_ties(pb_stage *st, const st_trainer_view *v, int gather) {
-  const st_model *m = st->p->model;
+  const st_model *m = st->p->rt.model;
   size_t lo = st->off, hi = st->off + st->n;
   if (!m->n_ties) return;
   assert(st->D == 0 && !st->wf && !st->delta);
@@ -490,11 +295,11 @@ static void mirror_ties(pb_stage *st, const st_trainer_view *v, int gather) {
  * with its gradient. */
 static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
   pb *p = st->p;
-  const st_model *m = p->model;
-  int slot = (int)(j % st->slots), mb = p->mb, R = m->label_rows;
+  const st_model *m = p->rt.model;
+  int slot = (int)(j % st->rt.slots), mb = p->rt.mb, R = m->label_rows;
   const float *dout;
   double t0;
-  if (st->index == p->S - 1) {
+  if (st->rt.index == p->rt.S - 1) {
     t0 = st_now();
     size_t rows = (size_t)mb * R;
     st_xent_backward_pool(v->ctx.pool, st->dlogits, st->probs,
@@ -502,10 +307,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
                           m->classes, 1.0f / ((float)mb * (float)R));
     dout = st->dlogits;
   } else {
-    if (!(dout = st->remote_next
-                     ? link_recv(st, v, &st->rx_bwd_req[j % BWD_RING],
-                                 st->rx_bwd[j % BWD_RING], j)
-                     : chan_recv(st, v, &st->bwd, j)))
+    if (!(dout = st_rt_recv(&st->rt, v, ST_RT_BWD, j)))
       return -1;
     t0 = st_now();
   }
@@ -517,7 +319,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     st_pb_predict(v->ctx.pool, st->wb, w, st->delta, (float)st->D, st->n);
     wb = st->wb;
   }
-  if (p->probe) p->probe(p->probe_arg, st->index, j, 0, wb, st->n);
+  if (p->probe) p->probe(p->probe_arg, st->rt.index, j, 0, wb, st->n);
   int mit = p->mitigation;
   float lr = v->lr;
   if (mit == MIT_PIPEMARE && st->D > 1) {
@@ -549,26 +351,21 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     fused_rule.pk = rule.pk;
     ctx.fused = &fused;
   }
-  float *din = st->index ? st->din[j % DIN_RING] : NULL;
-  if (st->remote_prev && link_sent(st, &st->tx_bwd[j % DIN_RING])) return -1;
-  st_stage_backward(st->run[slot], &ctx, wb, g, st->in[slot], dout, din, mb);
+  float *din = st->rt.index ? st->din[j % DIN_RING] : NULL;
+  if (st_rt_reuse(&st->rt, ST_RT_BWD, j)) return -1;
+  st_stage_backward(st->rt.run[slot], &ctx, wb, g, st->rt.in[slot], dout, din,
+                    mb);
   double t1 = st_now();
-  trace(v, ST_TRACE_BACKWARD, j, t0, t1);
-  st->busy += t1 - t0;
+  st_rt_trace(v, ST_TRACE_BACKWARD, j, t0, t1);
+  st->rt.busy += t1 - t0;
   st->last_bk = t1 - t0;
   /* the buffers just read are free: post the receives that reuse them */
-  if (st->remote_next && post_bwd(st, j + BWD_RING)) return -1;
-  if (st->remote_prev && post_fwd(st, j + st->slots)) return -1;
-  /* the stage before may go on while this one updates */
-  if (st->remote_prev) {
-    if (link_send(st, v, CH_BWD, st->index - 1, din, j,
-                  &st->tx_bwd[j % DIN_RING]))
-      return -1;
-  } else if (st->index &&
-             chan_send(&p->stages[st->index - 1], v,
-                       &p->stages[st->index - 1].bwd, j, din)) {
+  if (st->rt.remote_next && st_rt_post(&st->rt, ST_RT_BWD, j + BWD_RING))
     return -1;
-  }
+  if (st->rt.remote_prev && st_rt_post(&st->rt, ST_RT_FWD, j + st->rt.slots))
+    return -1;
+  /* the stage before may go on while this one updates */
+  if (st->rt.index && st_rt_send(&st->rt, v, ST_RT_BWD, j, din)) return -1;
   t0 = st_now();
   int delay = (int)(st->updates - st->fwd_version[slot]);
   if (delay > st->delay_all) st->delay_all = delay;
@@ -596,8 +393,8 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
   if (pred) st->wf_n0 = st->n0;
   st->updates++;
   t1 = st_now();
-  trace(v, ST_TRACE_UPDATE, j, t0, t1);
-  st->busy += t1 - t0;
+  st_rt_trace(v, ST_TRACE_UPDATE, j, t0, t1);
+  st->rt.busy += t1 - t0;
   st->last_u = t1 - t0;
   return 0;
 }
@@ -664,18 +461,19 @@ void st_pb_replay_step(st_pb_replay *r, int64_t n0, int K,
 static int run_stage(pb_stage *st, const pb_job *job) {
   pb *p = st->p;
   st_trainer_view view = job->v, *v = &view;
-  view.ctx.pool = st->pool;
-  view.track = job->v.track + st->index;
+  view.ctx.pool = st->rt.pool;
+  view.track = job->v.track + st->rt.index;
   st->n0 = job->n0;
-  st->rec = job->times ? job->times + (size_t)st->index * job->K * 3 : NULL;
+  st->rec = job->times ? job->times + (size_t)st->rt.index * job->K * 3 : NULL;
   double now = st_now();
-  if (st->last_end > 0) trace(v, ST_TRACE_IDLE, -1, st->last_end, now);
+  if (st->rt.last_end > 0)
+    st_rt_trace(v, ST_TRACE_IDLE, -1, st->rt.last_end, now);
   int rc = 0;
   for (int64_t n = job->n0; n < job->n0 + job->K && !rc; n++)
-    rc = atomic_load(&p->abort) || atomic_load(&p->stop) || pair(st, v, n)
+    rc = atomic_load(&p->rt.abort) || atomic_load(&p->rt.stop) || pair(st, v, n)
              ? -1
              : 0;
-  st->last_end = st_now();
+  st->rt.last_end = st_now();
   return rc;
 }
 
@@ -686,25 +484,26 @@ static void *worker(void *arg) {
   pb *p = st->p;
   long long done = 0;
   for (;;) {
-    if (wait_ge(p, &st->w, &p->generation, done + 1, 0))
+    if (st_wait_ge(&st->rt.w, &p->generation, done + 1, p->rt.spin, NULL,
+                   &p->rt.stop))
       return NULL; /* stopped */
     int ok = !run_stage(st, &p->jobs[done % 2]);
     /* clean counts the steps before the first stop (none after it) */
     if (ok && atomic_load(&st->clean) == done) atomic_store(&st->clean, done + 1);
     atomic_store(&st->done, ++done);
-    st_waiter_wake(&p->w);
+    st_waiter_wake(&p->rt.w);
   }
 }
 
 /* One thread, tick by tick: at tick t stage s runs micro-batch t - s. */
 static void emulate(pb *p, pb_job *job) {
-  for (int s = 0; s < p->S; s++) {
+  for (int s = 0; s < p->rt.S; s++) {
     p->stages[s].n0 = job->n0;
     p->stages[s].rec =
         job->times ? job->times + (size_t)s * job->K * 3 : NULL;
   }
-  for (int64_t t = job->n0; t < job->n0 + job->K + p->S - 1; t++)
-    for (int s = 0; s < p->S; s++) {
+  for (int64_t t = job->n0; t < job->n0 + job->K + p->rt.S - 1; t++)
+    for (int s = 0; s < p->rt.S; s++) {
       int64_t n = t - s;
       if (n < job->n0 || n >= job->n0 + job->K) continue;
       st_trainer_view view = job->v;
@@ -715,8 +514,6 @@ static void emulate(pb *p, pb_job *job) {
 }
 
 /* ------------------------------------------------------- the executor */
-
-static void forget_links(pb *p);
 
 static int mitigation_of(const char *name) {
   static const char *const names[] = {"none",   "stash",     "sc",
@@ -730,30 +527,14 @@ static int mitigation_of(const char *name) {
 static void pb_destroy(void *state) {
   pb *p = state;
   if (!p) return;
-  atomic_store(&p->stop, 1);
-  for (int s = 0; p->stages && s < p->S; s++) {
-    pb_stage *st = &p->stages[s];
-    if (st->sync_ready) st_waiter_wake_always(&st->w);
-  }
-  if (p->group && p->stages) forget_links(p); /* none live once closed */
   /* every thread first: a stage still in a step (one started ahead) may
    * send to its neighbours until it sees the stop */
-  for (int s = 0; p->stages && s < p->S; s++)
-    if (p->stages[s].started) pthread_join(p->stages[s].thread, NULL);
-  for (int s = 0; p->stages && s < p->S; s++) {
+  if (p->stages) st_rt_stop_threads(&p->rt);
+  for (int s = 0; p->stages && s < p->rt.S; s++) {
     pb_stage *st = &p->stages[s];
-    if (st->leaky) { /* MPI may still read or write these */
-      st->run = NULL;
+    if (st->rt.leaky) /* MPI may still read these */
       for (int k = 0; k < DIN_RING; k++) st->din[k] = NULL;
-      st->rx_fwd = NULL;
-      for (int k = 0; k < BWD_RING; k++) st->rx_bwd[k] = NULL;
-    }
-    for (int j = 0; st->run && j < st->slots; j++) st_stage_destroy(st->run[j]);
-    free(st->run);
-    free(st->in);
     free(st->fwd_version);
-    st_chan_free(&st->fwd);
-    st_chan_free(&st->bwd);
     st_free(st->x_copy);
     st_free(st->probs);
     st_free(st->dlogits);
@@ -763,20 +544,13 @@ static void pb_destroy(void *state) {
     st_free(st->delta);
     for (int k = 0; st->stash && k < st->D; k++) st_free(st->stash[k]);
     free(st->stash);
-    st_pool_destroy(st->pool);
-    for (int j = 0; st->rx_fwd && j < st->slots; j++) st_free(st->rx_fwd[j]);
-    free(st->rx_fwd);
-    free(st->rx_fwd_req);
-    free(st->tx_fwd);
-    for (int j = 0; j < BWD_RING; j++) st_free(st->rx_bwd[j]);
-    if (st->sync_ready) st_waiter_destroy(&st->w);
+    st_rt_stage_free(&st->rt);
   }
   free(p->stages);
   st_stage_destroy(p->eval);
   for (int k = 0; k < 2; k++) free(p->jobs[k].times);
   st_pb_replay_free(&p->replay);
-  pthread_mutex_destroy(&p->mu);
-  st_waiter_destroy(&p->w);
+  st_rt_free(&p->rt);
   free(p);
 }
 
@@ -785,7 +559,7 @@ static void pb_destroy(void *state) {
  * weights at its own delay. */
 static int tie_crosses(const st_model *m, const pb_stage *st, int S) {
   for (int s = 0; s < S; s++)
-    for (int b = st[s].first; b < st[s].first + st[s].count; b++)
+    for (int b = st[s].rt.first; b < st[s].rt.first + st[s].rt.count; b++)
       for (int t = 0; t < m->blocks[b].n_tensors; t++) {
         long tie = m->blocks[b].tensors[t].tie;
         if (tie >= 0 && ((size_t)tie < st[s].off ||
@@ -796,31 +570,26 @@ static int tie_crosses(const st_model *m, const pb_stage *st, int S) {
 }
 
 static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
-  const st_model *m = p->model;
-  int mb = p->mb, R = m->label_rows, rc = 0;
-  st->slots = st->D + 1;
-  st->pool = p->emulate ? NULL : st_pool_create(st->cores);
-  st->run = calloc((size_t)st->slots, sizeof *st->run);
-  st->in = calloc((size_t)st->slots, sizeof *st->in);
-  st->fwd_version = calloc((size_t)st->slots, sizeof *st->fwd_version);
+  const st_model *m = p->rt.model;
+  int mb = p->rt.mb, R = m->label_rows;
+  st->rt.slots = st->D + 1;
+  st->rt.rx_ring = BWD_RING;
+  st->rt.tx_ring = DIN_RING;
   /* forward messages come from the stage before: D(s) + 2 + 1 of them */
-  int ok = (p->emulate || st->pool) && st->run && st->in && st->fwd_version &&
-           !st_chan_init(&st->fwd, st->D + 3 > 3 ? st->D + 3 : 3) &&
-           !st_chan_init(&st->bwd, 3);
-  for (int j = 0; ok && j < st->slots; j++) {
-    ok = (rc = st_stage_create(&st->run[j], m, st->first, st->count, mb,
-                               err)) == 0;
-    if (ok) st->run[j]->base = st->off;
-  }
+  int rc = st_rt_stage_alloc(&st->rt, !p->rt.emulate,
+                             st->D + 3 > 3 ? st->D + 3 : 3, 3, st->off, err);
+  if (rc) return rc;
+  st->fwd_version = calloc((size_t)st->rt.slots, sizeof *st->fwd_version);
+  int ok = st->fwd_version != NULL;
   size_t per = (size_t)mb * R * m->classes;
-  if (ok && st->index == 0)
-    ok = (st->x_copy = st_alloc((size_t)st->slots * mb *
+  if (ok && st->rt.index == 0)
+    ok = (st->x_copy = st_alloc((size_t)st->rt.slots * mb *
                                 st_shape_numel(m->in) * sizeof(float))) != NULL;
-  if (ok && st->index == p->S - 1)
+  if (ok && st->rt.index == p->rt.S - 1)
     ok = (st->probs = st_alloc(per * sizeof(float))) &&
          (st->dlogits = st_alloc(per * sizeof(float)));
-  size_t in_floats = (size_t)mb * st_shape_numel(m->blocks[st->first].in);
-  for (int k = 0; ok && st->index > 0 && k < DIN_RING; k++)
+  size_t in_floats = (size_t)mb * st_shape_numel(m->blocks[st->rt.first].in);
+  for (int k = 0; ok && st->rt.index > 0 && k < DIN_RING; k++)
     ok = (st->din[k] = st_alloc(in_floats * sizeof(float))) != NULL;
   size_t wbytes = st->n * sizeof(float);
   if (ok && st->D > 0 && lwp_like(p->mitigation))
@@ -833,74 +602,24 @@ static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
       ok = (st->stash[k] = st_alloc(wbytes)) != NULL;
   }
   if (ok && st->delta) memset(st->delta, 0, wbytes);
-  if (ok && st->remote_prev) {
-    st->rx_fwd = calloc((size_t)st->slots, sizeof *st->rx_fwd);
-    st->rx_fwd_req = calloc((size_t)st->slots, sizeof *st->rx_fwd_req);
-    ok = st->rx_fwd && st->rx_fwd_req;
-    for (int j = 0; ok && j < st->slots; j++)
-      ok = (st->rx_fwd[j] = st_alloc(link_bytes(p, st->index))) != NULL;
-  }
-  if (ok && st->remote_next) {
-    ok = (st->tx_fwd = calloc((size_t)st->slots, sizeof *st->tx_fwd)) != NULL;
-    for (int j = 0; ok && j < BWD_RING; j++)
-      ok = (st->rx_bwd[j] = st_alloc(link_bytes(p, st->index + 1))) != NULL;
-  }
   st->versions = st->max_versions = 1; /* the live weights */
   st->delay_min = -1;
   st->wf_n0 = -1;
   if (ok) return 0;
-  return rc ? rc
-            : st_error_set(err, ST_ENOMEM,
-                           "out of memory for pipelined backprop stage %d "
-                           "(%d weight versions of %zu floats)",
-                           st->index, st->D + 1, st->n);
-}
-
-/* Placed over ranks: stage s on member s * P / S, this rank's stages
- * sharing its cores; the links to other ranks' stages are marked. */
-static int place(pb *p, const st_placement *pl, const st_config *cfg,
-                 st_error *err) {
-  int P = st_dist_group_size(pl->group);
-  p->group = pl->group;
-  p->me = st_dist_group_rank(pl->group);
-  if (p->S < P)
-    return st_error_set(err, ST_ECONFIG,
-                        "%s: %s: %d stages over %d ranks "
-                        "(execution.placement: ranks): each rank needs a "
-                        "stage",
-                        st_config_where(cfg, st_stages_key(cfg)),
-                        st_stages_key(cfg), p->S, P);
-  p->local = 0;
-  for (int s = 0; s < p->S; s++) {
-    pb_stage *st = &p->stages[s];
-    st->owner = st_placed_owner(s, p->S, P);
-    st->local = st->owner == p->me;
-    p->local += st->local;
-  }
-  for (int s = 0, off = 0, i = 0; s < p->S; s++) {
-    pb_stage *st = &p->stages[s];
-    st->remote_prev = st->local && s > 0 && p->stages[s - 1].owner != p->me;
-    st->remote_next =
-        st->local && s < p->S - 1 && p->stages[s + 1].owner != p->me;
-    snprintf(st->name, sizeof st->name, "stage %d (rank %d)", s,
-             st_dist_group_world(pl->group, st->owner));
-    if (!st->local) continue;
-    int share = pl->threads / p->local + (i++ < pl->threads % p->local);
-    st->cores = share > 0 ? share : 1;
-    st->cpu_off = off;
-    off += st->cores;
-  }
-  return 0;
+  return st_error_set(err, ST_ENOMEM,
+                      "out of memory for pipelined backprop stage %d "
+                      "(%d weight versions of %zu floats)",
+                      st->rt.index, st->D + 1, st->n);
 }
 
 /* The receives every remote link keeps posted ahead. */
 static int post_ahead(pb *p) {
-  for (int s = 0; s < p->S; s++) {
-    pb_stage *st = &p->stages[s];
+  for (int s = 0; s < p->rt.S; s++) {
+    st_rt_stage *st = &p->stages[s].rt;
     for (int n = 0; st->remote_prev && n < st->slots; n++)
-      if (post_fwd(st, n)) return -1;
-    for (int j = 0; st->remote_next && j < BWD_RING; j++)
-      if (post_bwd(st, j)) return -1;
+      if (st_rt_post(st, ST_RT_FWD, n)) return -1;
+    for (int j = 0; st->remote_next && j < st->rx_ring; j++)
+      if (st_rt_post(st, ST_RT_BWD, j)) return -1;
   }
   return 0;
 }
@@ -927,12 +646,13 @@ static int create(void **state, const st_model *m, const st_config *cfg,
                         m->n_blocks);
   pb *p = calloc(1, sizeof *p);
   if (!p) return st_error_set(err, ST_ENOMEM, "out of memory");
-  pthread_mutex_init(&p->mu, NULL);
-  st_waiter_init(&p->w);
-  p->model = m;
-  p->mb = micro_batch;
+  int n = m->n_blocks, rc = 0;
+  if (st_rt_init(&p->rt, m, micro_batch, n, "pipelined backprop")) {
+    pb_destroy(p);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
   p->mitigation = mitigation_of(cfg->execution.mitigation);
-  p->emulate = cfg->execution.emulate;
+  p->rt.emulate = cfg->execution.emulate;
   p->adamw = !strcmp(cfg->optimizer.kind, "adamw");
   /* the update may go inside the backward when the backward runs on the
    * live weights and the rule is the elementwise SGD one (stash needs the
@@ -941,7 +661,6 @@ static int create(void **state, const st_model *m, const st_config *cfg,
             p->mitigation != MIT_STASH && p->mitigation != MIT_PIPEMARE;
   p->pipemare_gamma = cfg->execution.pipemare_gamma;
   p->pipemare_warmup = cfg->execution.pipemare_warmup;
-  int n = m->n_blocks, rc = 0;
   int *first = malloc((size_t)n * 3 * sizeof *first);
   p->stages = calloc((size_t)n, sizeof *p->stages);
   if (!first || !p->stages || p->mitigation < 0) {
@@ -962,33 +681,46 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     pb_destroy(p);
     return err && err->code ? err->code : ST_ENOMEM;
   }
-  p->S = k;
+  p->rt.S = k;
   int threads = 0;
   for (int s = 0, off = 0; s < k; s++) {
     pb_stage *st = &p->stages[s];
     const st_block *lo = &m->blocks[first[s]],
                    *hi = &m->blocks[first[s] + count[s] - 1];
     st->p = p;
-    st->index = s;
-    st->first = first[s];
-    st->count = count[s];
-    st->cores = pes[s];
-    st->cpu_off = off;
+    p->rt.st[s] = &st->rt;
+    st->rt.rt = &p->rt;
+    st->rt.index = s;
+    st->rt.first = first[s];
+    st->rt.count = count[s];
+    st->rt.cores = pes[s];
+    st->rt.cpu_off = off;
     off += pes[s];
     threads += pes[s];
     st->D = 2 * (k - 1 - s);
     st->off = lo->param_off;
     st->n = hi->param_off + hi->n_params - lo->param_off;
-    snprintf(st->name, sizeof st->name, "stage %d", s);
+    snprintf(st->rt.name, sizeof st->rt.name, "stage %d", s);
   }
   free(first);
-  for (int s = 0; s < p->S; s++) p->stages[s].local = 1;
-  p->local = p->S;
-  if (pl && (rc = place(p, pl, cfg, err))) {
+  for (int s = 0; s < p->rt.S; s++) p->stages[s].rt.local = 1;
+  p->local = p->rt.S;
+  if (pl && p->rt.S < st_dist_group_size(pl->group)) {
     pb_destroy(p);
-    return rc;
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: %s: %d stages over %d ranks "
+                        "(execution.placement: ranks): each rank needs a "
+                        "stage",
+                        st_config_where(cfg, st_stages_key(cfg)),
+                        st_stages_key(cfg), k, st_dist_group_size(pl->group));
   }
-  if (m->n_ties && tie_crosses(m, p->stages, p->S)) {
+  if (pl) { /* stage s on member s P / S, sharing its cores */
+    st_rt_place(&p->rt, pl->group, 0, p->rt.S, pl->threads);
+    st_rt_mark_links(&p->rt);
+    p->local = 0;
+    for (int s = 0; s < p->rt.S; s++) p->local += p->stages[s].rt.local;
+  }
+  if (m->n_ties && tie_crosses(m, p->stages, p->rt.S)) {
     pb_destroy(p);
     return st_error_set(err, ST_ECONFIG,
                         "%s: model.tied: the head and the token embedding "
@@ -998,45 +730,31 @@ static int create(void **state, const st_model *m, const st_config *cfg,
                         st_config_where(cfg, "model.tied"));
   }
   /* Spin before sleeping only when every stage has a core of its own. */
-  p->spin = threads <= st_usable_cores() && p->S <= cores ? ST_SPIN : 0;
+  p->rt.spin = threads <= st_usable_cores() && p->rt.S <= cores ? ST_SPIN : 0;
   if (pl) /* ranks sharing this machine's cores: spin only on spare ones */
-    p->spin = st_dist_local_size() <= st_usable_cores() ? ST_SPIN : 0;
+    p->rt.spin = st_dist_local_size() <= st_usable_cores() ? ST_SPIN : 0;
   /* the replay needs every stage's times: all stages in this process */
-  if (p->local == p->S && st_pb_replay_init(&p->replay, p->S))
+  if (p->local == p->rt.S && st_pb_replay_init(&p->replay, p->rt.S))
     rc = st_error_set(err, ST_ENOMEM, "out of memory (pipelined backprop)");
-  for (int s = 0; !rc && s < p->S; s++)
-    if (p->stages[s].local) rc = alloc_stage(p, &p->stages[s], err);
+  for (int s = 0; !rc && s < p->rt.S; s++)
+    if (p->stages[s].rt.local) rc = alloc_stage(p, &p->stages[s], err);
   if (!rc)
     rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
   if (!rc && pl && post_ahead(p)) {
-    rc = p->rc;
-    *err = p->err;
+    rc = p->rt.rc;
+    *err = p->rt.err;
   }
-  for (int s = 0; !rc && s < p->S; s++) {
-    pb_stage *st = &p->stages[s];
-    if (!st->local) continue;
-    st_waiter_init(&st->w);
-    st->sync_ready = 1;
-    if (p->emulate) continue;
-    if (pthread_create(&st->thread, NULL, worker, st))
-      rc = st_error_set(err, ST_ENOMEM,
-                        "cannot start the threads of a %d-stage pipeline",
-                        p->S);
-    else
-      st->started = 1;
-  }
+  if (!rc && !p->rt.emulate && st_rt_start(&p->rt, worker))
+    rc = st_error_set(err, ST_ENOMEM,
+                      "cannot start the threads of a %d-stage pipeline",
+                      p->rt.S);
   if (rc) {
     pb_destroy(p);
     return rc;
   }
-  if (cfg->execution.pin && !p->emulate && !pl) {
+  if (cfg->execution.pin && !p->rt.emulate && !pl) {
     int cpus[CPU_SETSIZE], nc = st_usable_cpus(cpus, CPU_SETSIZE);
-    int fits = threads <= nc;
-    for (int s = 0; fits && s < p->S; s++) {
-      pb_stage *st = &p->stages[s];
-      st_pin_thread(st->thread, cpus + st->cpu_off, st->cores);
-      st_pool_pin(st->pool, cpus + st->cpu_off, st->cores);
-    }
+    if (threads <= nc) st_rt_pin(&p->rt, cpus, nc);
   }
   *state = p;
   return 0;
@@ -1054,69 +772,31 @@ int st_pb_create_placed(void **state, const st_model *m, const st_config *cfg,
 }
 
 int st_pb_layout(const void *state, int *first, int *count, int *owner) {
-  const pb *p = state;
-  for (int s = 0; s < p->S; s++) {
-    first[s] = p->stages[s].first;
-    count[s] = p->stages[s].count;
-    owner[s] = p->stages[s].owner;
-  }
-  return p->S;
-}
-
-/* Every request of this rank's stages given up without waiting; the
- * buffers of the live ones are never freed. */
-static void forget_links(pb *p) {
-  for (int s = 0; s < p->S; s++) {
-    pb_stage *st = &p->stages[s];
-    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
-      st->leaky |= st_dist_forget(&st->rx_fwd_req[j]);
-    for (int j = 0; st->tx_fwd && j < st->slots; j++)
-      st->leaky |= st_dist_forget(&st->tx_fwd[j]);
-    for (int j = 0; j < BWD_RING; j++)
-      st->leaky |= st_dist_forget(&st->rx_bwd_req[j]);
-    for (int j = 0; j < DIN_RING; j++)
-      st->leaky |= st_dist_forget(&st->tx_bwd[j]);
-  }
-}
-
-/* After a step over ranks that stopped: an empty message in place of the
- * next gradient each remote stage before one of this rank's waits for,
- * and every request given up (the pipeline cannot go on: the executor is
- * broken). */
-static void stop_links(pb *p) {
-  static const float none[1];
-  for (int s = 1; s < p->S; s++) {
-    if (!p->stages[s].remote_prev) continue;
-    st_dist_req r = {0};
-    st_error ignored = {0};
-    if (!st_dist_isend(p->group, CH_BWD, none, 0, p->stages[s - 1].owner,
-                       s - 1, &r, &ignored))
-      st_dist_forget(&r);
-  }
-  forget_links(p);
+  return st_rt_layout(&((const pb *)state)->rt, first, count, owner);
 }
 
 int st_pb_close_links(void *state, st_error *err) {
   pb *p = state;
-  if (!p->group || p->closed || p->broken) return 0;
+  if (!p->rt.group || p->closed || p->broken) return 0;
   /* The pipeline is never drained: gradients of the last micro-batches are
    * in flight toward receives posted for them, and receives are posted
    * for messages never to be sent. Each rank completes or cancels its
    * receives (reading from senders that are all still here), then waits
    * for every rank to have done so; no send can be matched after that,
    * so its buffer is free. */
-  for (int s = 0; s < p->S; s++) {
+  for (int s = 0; s < p->rt.S; s++) {
     pb_stage *st = &p->stages[s];
-    for (int j = 0; st->rx_fwd_req && j < st->slots; j++)
-      st_dist_drop(&st->rx_fwd_req[j]);
-    for (int j = 0; j < BWD_RING; j++) st_dist_drop(&st->rx_bwd_req[j]);
+    for (int j = 0; st->rt.rx_fwd_req && j < st->rt.slots; j++)
+      st_dist_drop(&st->rt.rx_fwd_req[j]);
+    for (int j = 0; j < ST_RT_RX_RING; j++) st_dist_drop(&st->rt.rx_bwd_req[j]);
   }
-  int rc = st_dist_barrier(p->group, err);
-  for (int s = 0; !rc && s < p->S; s++) {
+  int rc = st_dist_barrier(p->rt.group, err);
+  for (int s = 0; !rc && s < p->rt.S; s++) {
     pb_stage *st = &p->stages[s];
-    for (int j = 0; st->tx_fwd && j < st->slots; j++)
-      st_dist_drop(&st->tx_fwd[j]);
-    for (int j = 0; j < DIN_RING; j++) st_dist_drop(&st->tx_bwd[j]);
+    for (int j = 0; st->rt.tx_fwd && j < st->rt.slots; j++)
+      st_dist_drop(&st->rt.tx_fwd[j]);
+    for (int j = 0; st->rt.tx_bwd && j < st->rt.tx_ring; j++)
+      st_dist_drop(&st->rt.tx_bwd[j]);
   }
   p->closed = !rc;
   p->broken = 1; /* no more steps */
@@ -1145,9 +825,9 @@ static int pb_start(void *state, const st_trainer_view *v, st_error *err) {
   job->v = *v;
   job->v.ctx.fused = NULL; /* updates are this executor's own, per stage */
   job->n0 = p->next;
-  job->K = v->batch / p->mb;
+  job->K = v->batch / p->rt.mb;
   if (p->replay.clock && job->K > job->cap) {
-    double *t = realloc(job->times, (size_t)p->S * job->K * 3 * sizeof *t);
+    double *t = realloc(job->times, (size_t)p->rt.S * job->K * 3 * sizeof *t);
     if (!t)
       return st_error_set(err, ST_ENOMEM,
                           "out of memory (pipelined backprop's step times)");
@@ -1156,20 +836,20 @@ static int pb_start(void *state, const st_trainer_view *v, st_error *err) {
   /* A resumed run starts with an empty pipeline; by its checkpoint's step
    * stage s had updated for every micro-batch but the last D(s). */
   if (p->next == 0 && v->step > 0)
-    for (int s = 0; s < p->S; s++) {
+    for (int s = 0; s < p->rt.S; s++) {
       int64_t done = v->step * job->K - p->stages[s].D;
       p->stages[s].updates0 = done > 0 ? done : 0;
     }
   if (p->started == p->waited) p->wall_t0 = st_now();
   p->next += job->K;
   p->started++;
-  if (p->emulate) {
+  if (p->rt.emulate) {
     job->emulated_ok = 0;
-    if (!atomic_load(&p->abort)) emulate(p, job); /* else stopped before */
+    if (!atomic_load(&p->rt.abort)) emulate(p, job); /* else stopped before */
   } else {
     atomic_store(&p->generation, p->started);
-    for (int s = 0; s < p->S; s++)
-      if (p->stages[s].sync_ready) st_waiter_wake(&p->stages[s].w);
+    for (int s = 0; s < p->rt.S; s++)
+      if (p->stages[s].rt.waiter_ready) st_waiter_wake(&p->stages[s].rt.w);
   }
   return 0;
 }
@@ -1184,11 +864,11 @@ static int pb_wait(void *state, double *loss, st_error *err) {
                         "wait for");
   const pb_job *job = &p->jobs[p->waited % 2];
   /* the caller sleeps: the stages have the cores */
-  int ok = p->emulate ? job->emulated_ok : 1;
-  for (int s = 0; !p->emulate && s < p->S; s++) {
+  int ok = p->rt.emulate ? job->emulated_ok : 1;
+  for (int s = 0; !p->rt.emulate && s < p->rt.S; s++) {
     pb_stage *st = &p->stages[s];
-    if (!st->local) continue;
-    st_wait_ge(&p->w, &st->done, p->waited + 1, 0, NULL, NULL);
+    if (!st->rt.local) continue;
+    st_wait_ge(&p->rt.w, &st->done, p->waited + 1, 0, NULL, NULL);
     if (atomic_load(&st->clean) < p->waited + 1) ok = 0;
   }
   p->waited++;
@@ -1199,24 +879,24 @@ static int pb_wait(void *state, double *loss, st_error *err) {
    * after it (that one's wait reports it). */
   if (ok && !p->broken) {
     /* over ranks the losses are the last stage's rank's (ranks.c) */
-    if (!p->stages[p->S - 1].local) return 0;
+    if (!p->stages[p->rt.S - 1].rt.local) return 0;
     return st_trainer_check_loss(&job->v, loss, err);
   }
   if (p->broken)
     return stopped_earlier(err);
   p->broken = 1;
-  if (p->group) stop_links(p);
-  pthread_mutex_lock(&p->mu);
-  int rc = p->rc, peer = p->peer_stop;
-  if (rc) *err = p->err;
-  pthread_mutex_unlock(&p->mu);
+  if (p->rt.group) {
+    /* an empty message in place of the next gradient each remote stage
+     * before one of this rank's waits for, and every request given up */
+    for (int s = 1; s < p->rt.S; s++)
+      if (p->stages[s].rt.remote_prev) st_rt_send_stop(&p->rt, s);
+    st_rt_forget_links(&p->rt);
+  }
+  int rc = st_rt_result(&p->rt, err);
   if (rc) return rc;
-  if (!peer)
-    return st_error_set(err, ST_EUNSUPPORTED,
-                        "internal error: pipelined backprop: a step stopped "
-                        "with no error");
-  st_error_set(err, ST_EIO, "stopped by a stage on another rank");
-  return ST_EXEC_PEER_STOPPED;
+  return st_error_set(err, ST_EUNSUPPORTED,
+                      "internal error: pipelined backprop: a step stopped "
+                      "with no error");
 }
 
 static int pb_step(void *state, st_trainer_view *v, double *loss,
@@ -1231,31 +911,18 @@ static const float *pb_forward(void *state, const st_ctx *ctx,
   return st_stage_forward(p->eval, ctx, params, x, B);
 }
 
-static int pb_stage_count(void *state) { return ((pb *)state)->S; }
+static int pb_stage_count(void *state) { return ((pb *)state)->rt.S; }
 
 static int pb_stats(void *state, st_track_stats *out, int cap, double *wall) {
   pb *p = state;
   *wall = p->wall;
-  int n = 0; /* this rank's stages */
-  for (int s = 0; s < p->S; s++) {
-    const pb_stage *st = &p->stages[s];
-    if (!st->local) continue;
-    if (n < cap) {
-      snprintf(out[n].name, sizeof out[n].name, "%s", st->name);
-      out[n].first = st->first;
-      out[n].count = st->count;
-      out[n].busy_s = st->busy;
-      out[n].bound_s = p->replay.wall;
-    }
-    n++;
-  }
-  return n;
+  return st_rt_stats(&p->rt, out, cap, p->replay.wall);
 }
 
 int st_pb_delay(const void *state, int stage, int *steady_min,
                 int *steady_max, int *max_all) {
   const pb *p = state;
-  if (stage < 0 || stage >= p->S) return -1;
+  if (stage < 0 || stage >= p->rt.S) return -1;
   const pb_stage *st = &p->stages[stage];
   *steady_min = st->delay_min;
   *steady_max = st->delay_max;
@@ -1265,7 +932,7 @@ int st_pb_delay(const void *state, int stage, int *steady_min,
 
 int st_pb_versions(const void *state, int stage) {
   const pb *p = state;
-  return stage >= 0 && stage < p->S ? p->stages[stage].max_versions : -1;
+  return stage >= 0 && stage < p->rt.S ? p->stages[stage].max_versions : -1;
 }
 
 void st_pb_set_probe(void *state, st_pb_probe fn, void *arg) {

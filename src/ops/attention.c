@@ -101,6 +101,14 @@ static void softmax_causal_row(float *restrict row, int n, int T) {
   memset(row + n, 0, sizeof(float) * (size_t)(T - n));
 }
 
+/* The shape part of a job: batch rows of T tokens, C channels, NH heads. */
+static attention_job job_of(int T, int C, int NH) {
+  assert(NH > 0 && C % NH == 0);
+  attention_job j = {.T = T, .C = C, .NH = NH, .hs = C / NH};
+  j.scale = (float)(1.0 / sqrt(j.hs));
+  return j;
+}
+
 static void forward_task(void *arg, int task) {
   const attention_job *j = arg;
   int T = j->T, C = j->C, hs = j->hs, b = task / j->NH, h = task % j->NH;
@@ -125,16 +133,8 @@ static void forward_task(void *arg, int task) {
 
 void st_attention_forward(st_pool *pool, float *out, float *att,
                           const float *qkv, int B, int T, int C, int NH) {
-  assert(NH > 0 && C % NH == 0);
-  int hs = C / NH;
-  attention_job j = {.out = out,
-                     .att = att,
-                     .qkv = qkv,
-                     .T = T,
-                     .C = C,
-                     .NH = NH,
-                     .hs = hs,
-                     .scale = (float)(1.0 / sqrt(hs))};
+  attention_job j = job_of(T, C, NH);
+  j.out = out, j.att = att, j.qkv = qkv;
   st_pool_for(pool, B * NH, forward_task, &j);
 }
 
@@ -193,18 +193,9 @@ static void backward_task(void *arg, int task) {
 void st_attention_backward(st_pool *pool, float *dqkv, const float *dout,
                            const float *qkv, const float *att, float *scratch,
                            int B, int T, int C, int NH) {
-  assert(NH > 0 && C % NH == 0);
-  int hs = C / NH;
-  attention_job j = {.dqkv = dqkv,
-                     .scratch = scratch,
-                     .qkv = qkv,
-                     .probs = att,
-                     .dout = dout,
-                     .T = T,
-                     .C = C,
-                     .NH = NH,
-                     .hs = hs,
-                     .scale = (float)(1.0 / sqrt(hs))};
+  attention_job j = job_of(T, C, NH);
+  j.dqkv = dqkv, j.scratch = scratch, j.qkv = qkv, j.probs = att;
+  j.dout = dout;
   st_pool_for(pool, B * NH, backward_task, &j);
 }
 

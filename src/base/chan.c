@@ -1,6 +1,6 @@
 /*
- * chan.c — how the stage threads of one process hand work to each other
- * (pipeline.c, pb.c): a waiter (spin a while, then sleep on a condition
+ * chan.c — how the threads of one process hand work to each other (the
+ * stage runtime's in-process links, calibration): a waiter (spin a while, then sleep on a condition
  * variable, woken only when asleep) and a one-producer, one-consumer ring
  * of (micro-batch, buffer) messages.
  *
@@ -14,9 +14,9 @@
  * before it looks at `sleeping`; both are sequentially consistent, so one
  * of them sees the other and no wake-up is lost.
  */
-#include "exec.h"
+#include "chan.h"
 
-#include "../base/relax.h"
+#include "relax.h"
 
 #include <stdlib.h>
 

@@ -1,5 +1,5 @@
 /*
- * test_sweep.c — the steps-to-result sweep (src/exec/sweep.c) on a tiny
+ * test_sweep.c — the steps-to-result sweep (src/lab/sweep.c) on a tiny
  * problem: an MLP with one hidden layer of 16 on 512 synthetic samples
  * (128 to test, from the same prototypes, written as IDX files),
  * batch sizes 8, 16, 32, two trials each, 60 steps, evaluation every 5.
@@ -254,9 +254,18 @@ static void test_target_parse(void) {
   CHECK(st_sweep_target_parse(&t, "loss=0.4", &err) == 0 &&
             t.kind == ST_TARGET_LOSS && t.value == 0.4,
         "loss=0.4: %s", err.msg);
+  /* the names the run's own files give the metrics (summary.json,
+   * metrics.jsonl) */
+  CHECK(st_sweep_target_parse(&t, "test_accuracy=0.8", &err) == 0 &&
+            t.kind == ST_TARGET_ACCURACY && t.value == 0.8,
+        "test_accuracy=0.8: %s", err.msg);
+  CHECK(st_sweep_target_parse(&t, "test_loss=0.5", &err) == 0 &&
+            t.kind == ST_TARGET_LOSS && t.value == 0.5,
+        "test_loss=0.5: %s", err.msg);
   const char *bad[] = {
       "accuracy",   "acc=0.5", "accuracy=", "accuracy=x", "accuracy=1.5",
-      "accuracy=0", "loss=-1", "loss=0.4x", "=0.4",       ""};
+      "accuracy=0", "loss=-1", "loss=0.4x", "=0.4",       "",
+      "test_accuracy=1.5", "test_acc=0.8", "train_loss=0.4", "test_loss="};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     err.msg[0] = 0;
     int rc = st_sweep_target_parse(&t, bad[i], &err);

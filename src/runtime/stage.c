@@ -1,11 +1,11 @@
 /*
- * stage.c — the stage worker shared by every mode: a range of blocks, their
- * activation buffers and a backward workspace, sized once for max_batch
- * samples. Forward chains the blocks' outputs; backward walks them in reverse
+ * stage.c — the compute of a stage, shared by every mode: a range of
+ * blocks, their activation buffers and a backward workspace, sized once for
+ * max_batch samples. Forward chains the blocks' outputs; backward walks them in reverse
  * passing the input gradient of one block as the output gradient of the one
  * before, ping-ponging between two buffers.
  */
-#include "exec.h"
+#include "runtime.h"
 
 #include <stdlib.h>
 

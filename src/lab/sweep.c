@@ -21,7 +21,7 @@
  * every file is written from the results in (batch, trial) order, so the
  * files do not depend on jobs or on the order in which trials finish.
  */
-#include "exec.h"
+#include "strata.h"
 
 #include <errno.h>
 #include <math.h>
@@ -67,16 +67,26 @@ int st_sweep_target_parse(st_sweep_target *t, const char *spec, st_error *err) {
     return st_error_set(err, ST_EARG,
                         "target '%s': expected accuracy=VALUE or loss=VALUE",
                         spec ? spec : "");
+  /* the metric is the test set's: also by the names summary.json and
+   * metrics.jsonl give it */
+  static const struct {
+    const char *name;
+    int kind;
+  } names[] = {{"accuracy", ST_TARGET_ACCURACY},
+               {"test_accuracy", ST_TARGET_ACCURACY},
+               {"loss", ST_TARGET_LOSS},
+               {"test_loss", ST_TARGET_LOSS}};
   size_t n = (size_t)(eq - spec);
-  if (n == 8 && strncmp(spec, "accuracy", 8) == 0)
-    t->kind = ST_TARGET_ACCURACY;
-  else if (n == 4 && strncmp(spec, "loss", 4) == 0)
-    t->kind = ST_TARGET_LOSS;
-  else
+  int k = 0, count = (int)(sizeof names / sizeof names[0]);
+  while (k < count &&
+         !(strlen(names[k].name) == n && !strncmp(spec, names[k].name, n)))
+    k++;
+  if (k == count)
     return st_error_set(err, ST_EARG,
-                        "target '%s': unknown metric '%.*s' (accuracy or "
-                        "loss)",
+                        "target '%s': unknown metric '%.*s' (accuracy, "
+                        "test_accuracy, loss or test_loss)",
                         spec, (int)n, spec);
+  t->kind = names[k].kind;
   char *end;
   errno = 0;
   t->value = strtod(eq + 1, &end);

@@ -1,5 +1,5 @@
 /*
- * test_experiment.c — `strata experiment pb` (src/exec/experiment.c) on a
+ * test_experiment.c — `strata experiment pb` (src/lab/experiment.c) on a
  * tiny problem: a 4-block MLP (hidden [8, 8, 8]) on 64 synthetic samples,
  * batch 4, 6 steps, so the 8 variants x 2 seeds take well under a second.
  *  - the variants' configs: the baseline is sequential with the recipe as
@@ -18,7 +18,7 @@
  *    options are refused.
  */
 #include "harness.h"
-#include "models.h"
+#include "../exec/models.h"
 #include "strata.h"
 
 #include <string.h>

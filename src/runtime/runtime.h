@@ -1,0 +1,230 @@
+/*
+ * runtime.h — the stage runtime every pipelined schedule runs on (internal,
+ * not part of the public API). A stage is a contiguous range of blocks with
+ * its activation slots, its share of the cores (a pool, a pinned thread)
+ * and its links to the stages before and after it: in-process channels or
+ * MPI messages behind one interface (st_rt_send, st_rt_recv). The runtime
+ * owns what every schedule repeats — the first error that stops a step,
+ * placement of stages on ranks, threads and pinning, link buffers, busy
+ * counters and the trace — and a schedule (exec/pipeline.c: gpipe, 1f1b,
+ * block_sequential; exec/pb.c: pipelined backprop) says only in which
+ * order each stage runs which micro-batch's forward and backward, and what
+ * it does to its weights.
+ *
+ * st_stage (stage.c) is the compute part alone: a stage's blocks, their
+ * activations for up to max_batch samples, the backward's workspace. The
+ * sequential mode and weight streaming run one; the pipelined schedules
+ * one per activation slot.
+ */
+#ifndef STRATA_RUNTIME_H
+#define STRATA_RUNTIME_H
+
+#include "strata.h"
+
+#include "../base/chan.h"
+#include "../dist/dist.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* Stage s of a segment of k stages, over P members: its member. */
+static inline int st_placed_owner(int s, int k, int P) {
+  return (int)((long long)s * P / k);
+}
+/* Pins a thread to the cpus cpus[0 .. n); -1 if the system refused
+ * (base/pool.c). */
+int st_pin_thread(pthread_t thread, const int *cpus, int n);
+
+/* ------------------------------------------------- a step's inputs */
+
+/* One optimizer step over the trainer's batch, as a mode's stages see it:
+ * its data, weights, buffers and settings. The view carries what the executor needs to update weights itself, block by block
+ * (st_trainer_update_blocks), as soon as a block's gradient is complete. */
+typedef struct st_trainer_view {
+  const st_model *model;
+  st_ctx ctx;           /* pool, seed; first_sample set per batch */
+  float *params, *grads, *opt;
+  const float *x;       /* batch inputs */
+  const int *y;         /* batch labels */
+  float *losses;        /* per sample (batch) */
+  float *probs, *dlogits; /* micro_batch * classes */
+  int batch, micro_batch;
+  int loss_batch;       /* the loss is a mean over this many samples: the
+                           step's whole batch (replicas run a share of it,
+                           `batch`, each) */
+  int grads_only;       /* replicas: accumulate gradients and check the
+                           loss, but update nothing; the caller reduces the
+                           replicas' gradients and updates */
+  st_trace *trace;      /* --trace, else NULL */
+  int track;            /* this executor's first trace track */
+  const st_config *cfg; /* optimizer settings */
+  float lr;             /* this step's learning rate */
+  int64_t step;         /* optimizer steps done before this one */
+  int64_t first_sample; /* global index of the batch's first sample */
+  /* Noise scale (metrics.noise_scale), else NULL: the executor writes the
+   * first micro-batch's squared gradient norm to *gs2 (as a mean over its
+   * samples); st_trainer_update_blocks adds the batch's, block by block,
+   * into *gb2 before updating. */
+  double *gs2, *gb2;
+} st_trainer_view;
+
+/* A step stopped by a stage on another rank (the cause is that rank's). */
+enum { ST_EXEC_PEER_STOPPED = 1000 };
+
+/* ------------------------------------------------- blocks of one stage */
+
+typedef struct st_stage {
+  const st_model *model;
+  int first, count;   /* blocks [first, first + count) */
+  int max_batch;
+  float **acts;       /* per block: max_batch * act_per_sample */
+  float *work;        /* 3 * max_batch * model->max_numel */
+  float *scratch;     /* max_batch * model->max_scratch_per_sample */
+  float *grad_io[2];  /* gradients between blocks: max_batch * max_numel */
+  size_t base;        /* params/grads passed in start at this slab offset
+                         (0: the model's slab; pipelined_backprop passes
+                         its stage's own weight versions) */
+} st_stage;
+
+int st_stage_create(st_stage **out, const st_model *m, int first, int count,
+                    int max_batch, st_error *err);
+void st_stage_destroy(st_stage *s);
+/* Runs the stage's blocks on B samples; returns the last block's output. */
+const float *st_stage_forward(st_stage *s, const st_ctx *ctx,
+                              const float *params, const float *in, int B);
+/* Backward through the stage's blocks; adds into grads (model-wide slab
+ * layout); writes din unless it is NULL. */
+void st_stage_backward(st_stage *s, const st_ctx *ctx, const float *params,
+                       float *grads, const float *in, const float *dout,
+                       float *din, int B);
+/* The same, calling after_block(arg, block index) as soon as each block's
+ * backward is done — its input gradient is computed, so its weights may be
+ * updated while its gradients are still in cache. */
+void st_stage_backward_each(st_stage *s, const st_ctx *ctx,
+                            const float *params, float *grads, const float *in,
+                            const float *dout, float *din, int B,
+                            void (*after_block)(void *arg, int block),
+                            void *arg);
+
+/* --------------------------------------------- the stages of a schedule */
+
+enum { ST_RT_FWD = 0, ST_RT_BWD = 1 }; /* a link's direction (MPI channel) */
+enum { ST_RT_RX_RING = 4 };            /* most gradients received ahead */
+
+typedef struct st_rt st_rt;
+
+/* What every schedule's stage holds; a schedule's own stage struct starts
+ * with one (so st_rt_start's threads get the schedule's struct). */
+typedef struct st_rt_stage {
+  st_rt *rt;
+  int index, first, count; /* index among all stages (every segment) */
+  int cores, cpu_off;      /* its share of the cores: cpus [cpu_off, +cores) */
+  char name[48];
+  st_pool *pool;           /* NULL where the schedule runs on the caller */
+  int slots;               /* activation slots: micro-batch n in n mod slots */
+  st_stage **run;          /* [slots]: the stage's blocks for one micro-batch */
+  const float **in;        /* [slots]: each slot's input */
+  st_chan fwd, bwd;        /* in-process messages from the stage before /
+                              after */
+  st_waiter w;             /* where its thread waits */
+  int waiter_ready;
+  /* placed over ranks: the member running it, and its links to stages on
+   * other ranks (remote_prev / remote_next) */
+  int owner, local, remote_prev, remote_next;
+  int rx_ring;             /* gradients received ahead (<= ST_RT_RX_RING) */
+  int tx_ring;             /* its input-gradient buffers, each sent */
+  float **rx_fwd;          /* [slots]: inputs received from the stage before */
+  st_dist_req *rx_fwd_req;
+  float *rx_bwd[ST_RT_RX_RING]; /* gradients received from the stage after */
+  st_dist_req rx_bwd_req[ST_RT_RX_RING];
+  st_dist_req *tx_fwd;     /* [slots]: each slot's output, sent */
+  st_dist_req *tx_bwd;     /* [tx_ring]: each input-gradient buffer, sent */
+  int leaky;               /* requests given up after a stop: MPI may still
+                              use the buffers, which are never freed */
+  double busy;             /* seconds of forward, backward and update */
+  double last_end;         /* when it last finished work (trace: idle) */
+  pthread_t thread;
+  int started;
+} st_rt_stage;
+
+struct st_rt {
+  const st_model *model;
+  const char *what;       /* the schedule, for internal errors */
+  int S, mb;
+  st_rt_stage **st;       /* [S] */
+  pthread_mutex_t mu;     /* rc, err, peer_stop */
+  st_waiter w;            /* the caller's wait */
+  atomic_int stop;        /* torn down: every thread leaves */
+  atomic_int abort;       /* the step stopped: every wait gives up */
+  int spin;               /* polls before a waiting stage sleeps */
+  int emulate;            /* one thread runs every stage: nothing waits */
+  int rc, peer_stop;
+  st_error err;
+  /* placed over ranks: this process is member `me` of group */
+  st_dist_group *group;
+  int me;
+};
+
+/* Room for up to n stages (rt->st[s] set by the schedule). */
+int st_rt_init(st_rt *rt, const st_model *m, int mb, int n, const char *what);
+/* After st_rt_stop_threads and every stage's st_rt_stage_free. */
+void st_rt_free(st_rt *rt);
+/* Stops the step with err (the first error wins; code 0: only stops) and
+ * wakes every wait. */
+void st_rt_fail(st_rt *rt, const st_error *err);
+void st_rt_internal(st_rt *rt, const char *what, int64_t n, int stage);
+/* The step's error code: the first error, else ST_EXEC_PEER_STOPPED
+ * (another rank stopped it: err says so), else 0. */
+int st_rt_result(st_rt *rt, st_error *err);
+void st_rt_trace(const st_trainer_view *v, st_trace_kind kind, int64_t n,
+                 double t0, double t1);
+
+/* Placed over ranks: stages [lo, hi) (one segment) go to the group's
+ * members in order, stage lo + i to member i P / (hi - lo), and this
+ * process's stages among them share its `threads` cores. */
+void st_rt_place(st_rt *rt, st_dist_group *group, int lo, int hi,
+                 int threads);
+/* After every segment is placed: the links to other ranks' stages marked
+ * and each stage's name given its rank. */
+void st_rt_mark_links(st_rt *rt);
+
+/* A local stage's pool, activation slots (slots st_stages of micro-batch
+ * rows each, weights at slab offset base), channels of fwd_cap and bwd_cap
+ * messages, and (over ranks) its link buffers and requests: st->slots,
+ * rx_ring and tx_ring are set first. pooled = 0: no pool. */
+int st_rt_stage_alloc(st_rt_stage *st, int pooled, int fwd_cap, int bwd_cap,
+                      size_t base, st_error *err);
+void st_rt_stage_free(st_rt_stage *st);
+/* A thread running worker(stage) for each local stage; -1 when one could
+ * not start (the others run). */
+int st_rt_start(st_rt *rt, void *(*worker)(void *stage));
+void st_rt_stop_threads(st_rt *rt);
+/* Pins each local stage (its thread and its pool) to cpus[cpu_off, +cores);
+ * -1 when they do not fit in n (nothing pinned). */
+int st_rt_pin(st_rt *rt, const int *cpus, int n);
+/* Stats of this process's stages (bound_s = bound). */
+int st_rt_stats(const st_rt *rt, st_track_stats *out, int cap, double bound);
+int st_rt_layout(const st_rt *rt, int *first, int *count, int *owner);
+
+/* Micro-batch n's message from the stage before (ST_RT_FWD: its input) or
+ * after (ST_RT_BWD: its output gradient), or NULL when the step stopped. */
+const float *st_rt_recv(st_rt_stage *st, const st_trainer_view *v, int dir,
+                        int64_t n);
+/* Sends micro-batch n's output to the stage after (ST_RT_FWD, from slot
+ * n mod slots) or its input gradient to the stage before (ST_RT_BWD, from
+ * buffer n mod tx_ring); -1 when the step stopped. */
+int st_rt_send(st_rt_stage *st, const st_trainer_view *v, int dir, int64_t n,
+               const float *data);
+/* Over ranks, before a send's buffer is written again: the earlier send
+ * from it (slot n mod slots, or gradient buffer n mod tx_ring) is done. */
+int st_rt_reuse(st_rt_stage *st, int dir, int64_t n);
+/* Over ranks: posts the receive of micro-batch n's input (into its slot)
+ * or output gradient (ring of rx_ring). */
+int st_rt_post(st_rt_stage *st, int dir, int64_t n);
+/* Every request of this process's stages given up without waiting. */
+void st_rt_forget_links(st_rt *rt);
+/* An empty message to the stage before s, in place of the gradient it
+ * waits for: it stops. */
+void st_rt_send_stop(st_rt *rt, int s);
+
+#endif
