@@ -295,6 +295,14 @@ static int cmd_train(int argc, char **argv) {
   /* over ranks the same config fails the same way on each: said once */
   if (st_dist_agree(load_config(&cfg, &a, &err), &err))
     return st_cli_fail(&err);
+  /* keys the mode does not read: said once, and the run goes on */
+  const char *unused[32];
+  int n_unused = st_config_unused(&cfg, unused, 32);
+  for (int i = 0; st_dist_rank() == 0 && i < n_unused && i < 32; i++)
+    fprintf(stderr,
+            "strata: notice: %s: %s is not used by execution.mode %s; "
+            "ignored\n",
+            st_config_where(&cfg, unused[i]), unused[i], cfg.execution.mode);
   char out[ST_PATH_MAX];
   if (a.resume)
     snprintf(out, sizeof out, "%s", a.resume);

@@ -971,10 +971,6 @@ static int check_training(const st_config *cfg, st_error *err) {
   const int pb = !strcmp(cfg->execution.mode, "pipelined_backprop");
   const int sgd = !strcmp(cfg->optimizer.kind, "sgd");
   const char *mit = cfg->execution.mitigation;
-  if (cfg->execution.emulate && !pb)
-    return invalid(cfg, err, "execution.emulate",
-                   "emulates pipelined_backprop, not execution.mode %s (%s)",
-                   cfg->execution.mode, st_config_where(cfg, "execution.mode"));
   if (pb && !sgd && strcmp(mit, "none") && strcmp(mit, "stash"))
     return invalid(cfg, err, "execution.mitigation",
                    "%s is defined for momentum SGD (BACKGROUND.md 2); with "
@@ -1030,6 +1026,65 @@ static int check_training(const st_config *cfg, st_error *err) {
                      (double)cfg->metrics.noise_ema);
   }
   return 0;
+}
+
+/* Keys only some modes read (every other key applies to every mode, or is
+ * refused where it cannot apply, as replicas are). */
+static const struct {
+  const char *key, *modes;
+} mode_keys[] = {
+    {"execution.schedule", "pipeline"},
+    {"execution.stages", "pipeline block_sequential pipelined_backprop"},
+    {"execution.stage_blocks", "pipeline pipelined_backprop"},
+    {"execution.blocks_per_segment", "block_sequential"},
+    {"execution.mitigation", "pipelined_backprop"},
+    {"execution.emulate", "pipelined_backprop"},
+    {"execution.pipemare_warmup", "pipelined_backprop"},
+    {"execution.pipemare_gamma", "pipelined_backprop"},
+    {"execution.store", "weight_streaming"},
+    {"execution.store_path", "weight_streaming"},
+    {"execution.store_weights", "weight_streaming"},
+    {"execution.store_rounding", "weight_streaming"},
+    {"execution.prefetch", "weight_streaming"},
+    {"execution.keep_activations", "weight_streaming"},
+    {"execution.compute_memory_limit", "weight_streaming"},
+};
+
+/* Whether mode is a word of the space-separated list. */
+static int listed(const char *list, const char *mode) {
+  size_t n = strlen(mode);
+  for (const char *p = list; (p = strstr(p, mode)); p += n)
+    if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) return 1;
+  return 0;
+}
+
+/* Whether row k of cfg holds its default value. */
+static int at_default(const st_config *cfg, const st_config *def, int k) {
+  const st_config_key *key = &st_config_schema[k];
+  const char *a = (const char *)cfg + key->offset,
+             *b = (const char *)def + key->offset;
+  if (key->type == ST_CONFIG_STRING || key->type == ST_CONFIG_ENUM)
+    return strcmp(a, b) == 0;
+  if (key->type == ST_CONFIG_INT_LIST) {
+    const st_int_list *x = (const void *)a, *y = (const void *)b;
+    return x->n == y->n && !memcmp(x->v, y->v, (size_t)x->n * sizeof *x->v);
+  }
+  return memcmp(a, b, key->size) == 0;
+}
+
+int st_config_unused(const st_config *cfg, const char **keys, int cap) {
+  st_config def;
+  st_config_defaults(&def);
+  int n = 0;
+  for (size_t i = 0; i < sizeof mode_keys / sizeof mode_keys[0]; i++) {
+    int k = row_of(mode_keys[i].key);
+    if (k < 0 || listed(mode_keys[i].modes, cfg->execution.mode) ||
+        at_default(cfg, &def, k))
+      continue;
+    if (n < cap) keys[n] = mode_keys[i].key;
+    n++;
+  }
+  return n;
 }
 
 int st_config_validate(const st_config *cfg, st_error *err) {

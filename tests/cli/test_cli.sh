@@ -372,7 +372,7 @@ fi
 # A malformed --target is command-line misuse: exit 2, the cause first.
 run sweep "$fc" --batch-sizes 8 --target speed=9 --out "$T/o_sweep"
 if [ "$rc" -eq 2 ] && printf '%s\n' "$err" | head -n 1 |
-   grep -q "target 'speed=9': unknown metric 'speed' (accuracy or loss)"; then
+   grep -q "target 'speed=9': unknown metric 'speed' (accuracy, test_accuracy, loss or test_loss)"; then
   pass
 else
   fail "sweep: bad target is a usage error naming the metric" "rc $rc" "$err"
@@ -677,6 +677,27 @@ fi
 expect_error "a bf16 store resumed as fp32" \
   "^strata: error: $(re_quote "$T/w_bf16/store.strata"): the store holds bf16 weights; this config's execution.store_weights is fp32$" \
   -- train - --resume "$T/w_bf16" "${ws_args[@]}" --set execution.store_weights=fp32
+
+# --- 8b. keys the mode does not use --------------------------------------------
+# A user switches modes by changing one word: a key set for another mode gets
+# one notice line naming the key, where it was set and the mode, and the run
+# goes on; keys left at their defaults, or that the mode reads, get none.
+run train "$fc" "${small[@]}" --set execution.stages=4 \
+  --set execution.mitigation=pipemare --set execution.emulate=true \
+  --set execution.schedule=1f1b --out "$T/unused_seq"
+if [ "$rc" -eq 0 ]; then pass; else fail "unused keys: run goes on" "rc $rc" "$err"; fi
+n_notice=$(printf '%s\n' "$err" | grep -c '^strata: notice: ')
+if [ "$n_notice" -eq 3 ]; then pass; else
+  fail "unused keys: one notice each (stages, mitigation, emulate)" "$err"; fi
+for key in execution.stages execution.mitigation execution.emulate; do
+  if printf '%s\n' "$err" | grep -Eq "^strata: notice: --set: $(re_quote "$key") is not used by execution\.mode sequential; ignored$"; then
+    pass; else fail "unused keys: notice for $key" "$err"; fi
+done
+run train "$fc" "${small[@]}" --set execution.mode=pipeline \
+  --set execution.stages=2 --set execution.mitigation=sc --out "$T/unused_pipe"
+if [ "$rc" -eq 0 ] && printf '%s\n' "$err" | grep -q 'execution.mitigation is not used by execution.mode pipeline' &&
+   ! printf '%s\n' "$err" | grep -q 'execution.stages is not used'; then pass; else
+  fail "unused keys: pipeline reads stages, not mitigation" "rc $rc" "$err"; fi
 
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint that cannot be written (its folder is a file) fails the run
