@@ -47,7 +47,7 @@ TEST_BIN  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 DEPS      := $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
 
-.PHONY: FORCE all deps demo demo-gpt demo-stream test test-asan test-tsan bench format clean tests benches
+.PHONY: FORCE all deps demo demo-gpt demo-stream test test-asan test-tsan bench format format-check clean tests benches
 
 all: $(BUILD)/strata
 
@@ -134,8 +134,14 @@ bench: deps
 	@$(MAKE) --no-print-directory benches
 	@tools/run-bench.sh $(BUILD)
 
+FORMAT_SRC = include/*.h src/*/*.c src/*/*.h tests/*.h tests/*/*.c tests/*/*.h bench/*.c bench/*.h
+
 format:
-	clang-format -i include/*.h src/*/*.c src/*/*.h tests/*.h tests/*/*.c bench/*.c
+	clang-format -i $(FORMAT_SRC)
+
+# Fails, naming each file and line, where `make format` would change a thing.
+format-check: deps
+	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: every file as clang-format writes it"
 
 clean:
 	rm -rf build build-asan build-tsan

@@ -87,8 +87,7 @@ enum {
 static int parse_int(const char *s, int *out) {
   char *end;
   long v = strtol(s, &end, 10);
-  if (*s == '\0' || *end != '\0' || v < 1 || v > 1 << 20)
-    return -1;
+  if (*s == '\0' || *end != '\0' || v < 1 || v > 1 << 20) return -1;
   *out = (int)v;
   return 0;
 }
@@ -144,8 +143,7 @@ static int make_config(st_config *cfg, const gpt_shape *g, int batch,
   st_config_defaults(cfg);
   for (int i = 0; i < n; i++) {
     int rc = st_config_set(cfg, sets[i], err);
-    if (rc)
-      return rc;
+    if (rc) return rc;
   }
   return 0;
 }
@@ -236,7 +234,8 @@ static void *fma_thread(void *arg) {
   }
   flops = 2.0 * 8 * FMA_CHAINS * (double)FMA_ROUNDS;
 #endif
-  if (sink == 42.0) flops += 1; /* keeps the chains live (never: they go to 0.5) */
+  if (sink == 42.0)
+    flops += 1; /* keeps the chains live (never: they go to 0.5) */
   atomic_fetch_add(&fma_flops, (long long)flops);
   return NULL;
 }
@@ -273,8 +272,7 @@ int main(int argc, char **argv) {
   st_trainer *t = NULL;
   st_error err = {0};
   int rc = make_config(&cfg, &g, batch, threads, corpus, &err);
-  if (!rc)
-    rc = st_trainer_create(&t, &cfg, NULL, &err);
+  if (!rc) rc = st_trainer_create(&t, &cfg, NULL, &err);
   unlink(corpus); /* read whole at create: no longer needed */
   if (rc) {
     fprintf(stderr, "bench_gpt: error: %s\n", err.msg);

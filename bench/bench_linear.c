@@ -51,8 +51,7 @@ typedef struct problem {
 static void fill(float *x, size_t n, uint32_t stream) {
   st_rng rng;
   st_rng_init(&rng, 7, ST_RNG_DATA, stream);
-  for (size_t i = 0; i < n; i++)
-    x[i] = 2.0f * st_rng_uniform(&rng) - 1.0f;
+  for (size_t i = 0; i < n; i++) x[i] = 2.0f * st_rng_uniform(&rng) - 1.0f;
 }
 
 static void strata_forward(problem *p) {
@@ -123,8 +122,7 @@ static int check(problem *p) {
   raw_forward(p);
   raw_backward(p);
   for (size_t s = 0; s < (size_t)p->B; s++)
-    for (int o = 0; o < p->OC; o++)
-      p->out[s * p->OC + o] -= p->b[o];
+    for (int o = 0; o < p->OC; o++) p->out[s * p->OC + o] -= p->b[o];
   double e_out = max_rel_diff(p->out, p->out_raw, n_out);
   double e_din = max_rel_diff(p->din, p->din_raw, n_in);
   if (e_out > 1e-4 || e_din > 1e-4) {
@@ -171,8 +169,7 @@ static int bench_shape(int B, int IC, int OC, int threads, st_pool *pool,
   fill(p.w, n_w, 2);
   fill(p.b, (size_t)OC, 3);
   fill(p.dout, n_out, 4);
-  if (check(&p))
-    goto done;
+  if (check(&p)) goto done;
 
   /* Interleaved repeats, best of each: a neighbour stealing the CPU for a
    * moment lowers one sample, not the ratio. */
@@ -205,10 +202,8 @@ done:
 int main(int argc, char **argv) {
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   double span = 0.15;
-  if (argc > 1)
-    threads = atoi(argv[1]);
-  if (argc > 2)
-    span = atof(argv[2]);
+  if (argc > 1) threads = atoi(argv[1]);
+  if (argc > 2) span = atof(argv[2]);
   if (argc > 3 || threads < 1 || span <= 0) {
     fprintf(stderr, "usage: bench_linear [THREADS] [SECONDS]\n");
     return 2;

@@ -21,8 +21,7 @@
 static int parse_int(const char *s, int *out) {
   char *end;
   long v = strtol(s, &end, 10);
-  if (*s == '\0' || *end != '\0' || v < 1 || v > 1 << 20)
-    return -1;
+  if (*s == '\0' || *end != '\0' || v < 1 || v > 1 << 20) return -1;
   *out = (int)v;
   return 0;
 }
@@ -31,8 +30,7 @@ static int run_steps(st_trainer *t, int64_t n, st_error *err) {
   double loss;
   for (int64_t i = 0; i < n; i++) {
     int rc = st_trainer_step(t, &loss, err);
-    if (rc)
-      return rc;
+    if (rc) return rc;
   }
   return 0;
 }
@@ -88,8 +86,7 @@ int main(int argc, char **argv) {
   int64_t steps = 0;
   if (!rc) {
     steps = (int64_t)(seconds * (double)warm / elapsed) + 1;
-    if (steps < 10)
-      steps = 10;
+    if (steps < 10) steps = 10;
     t0 = st_now();
     rc = run_steps(t, steps, &err);
     elapsed = st_now() - t0;

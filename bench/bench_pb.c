@@ -79,14 +79,13 @@
  * stage's busy fractions over those steps in *worst and *most (1 for one
  * track). */
 static const char *const common[] = {
-    "data.dataset=synthetic", "data.train_limit=8192",
-    "data.test_limit=64",     "metrics.progress=off",
-    "optimizer.lr=0.001",     "optimizer.momentum=0.9",
+    "data.dataset=synthetic",  "data.train_limit=8192",
+    "data.test_limit=64",      "metrics.progress=off",
+    "optimizer.lr=0.001",      "optimizer.momentum=0.9",
     "optimizer.nesterov=false"};
 
-static int measure(const run *r, double seconds, double *rate,
-                   double *worst, double *most, double *balance,
-                   double *allowed) {
+static int measure(const run *r, double seconds, double *rate, double *worst,
+                   double *most, double *balance, double *allowed) {
   span s;
   if (measure_span("bench_pb", common, 7, r, seconds, &s)) return -1;
   *worst = 1, *most = s.tracks > 1 ? 0 : 1, *allowed = 1;
@@ -215,7 +214,8 @@ static void judge(const char *mit, const pb_run *r, int n) {
   int j = median_run(r, n, 1, &n_equal);
   if (j < 0) j = median_run(r, n, 0, &n_all);
   printf("  %s: the stages' busy times (least over most busy) in its %d "
-         "runs:", mit, n);
+         "runs:",
+         mit, n);
   double min_top = 1;
   for (int i = 0; i < n; i++) {
     printf(" %.3f", r[i].most > 0 ? r[i].least / r[i].most : 0);
@@ -243,7 +243,7 @@ static void judge(const char *mit, const pb_run *r, int n) {
 }
 
 enum { MAX_REPEATS = 20, SC_RUNS = 4, LWP_RUNS = 2 };
-_Static_assert(SC_RUNS * MAX_REPEATS <= 256, "median_run's index");
+_Static_assert(SC_RUNS *MAX_REPEATS <= 256, "median_run's index");
 int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 1.5;
   int repeats = argc > 2 ? atoi(argv[2]) : 3;
@@ -284,8 +284,10 @@ int main(int argc, char **argv) {
       pick[v] = pick_width(widths[mi], n_widths[mi], fixed[mi], mits[v],
                            &bal_best[v], &probe[v]);
       if (pick[v] == -1)
-        fprintf(stderr, "bench_pb: no width's probe measured both stages "
-                        "(%s)\n", mits[v]);
+        fprintf(stderr,
+                "bench_pb: no width's probe measured both stages "
+                "(%s)\n",
+                mits[v]);
       if (pick[v] < 0) return 1; /* a failed run is reported */
     }
     run sc = candidate(widths[mi][pick[0]], fixed[mi], mits[0]);
@@ -343,28 +345,29 @@ int main(int argc, char **argv) {
       const char *at = widths[mi][pick[v]];
       if (v == 0 && mi == 0)
         printf("MLP 784-W-384x7-10 (9 blocks; first width W of 384, 376, "
-               "..., %d)", 384 - 8 * (MLP_WIDTHS - 1));
+               "..., %d)",
+               384 - 8 * (MLP_WIDTHS - 1));
       else if (v == 0)
         printf("CNN with 3 residual blocks a stage (10 blocks, group norm; "
                "channels of [8..32, 16..72])");
       printf("%s %s at %s: the plan of its 2 stages on measured block "
              "costs: balance %.3f%s (best of the %d: %.3f); least / most "
-             "busy stage in a %.1f s probe %.3f", v ? ";" : ":",
-             mits[v] + 21, at + 6, plan_bal[v],
+             "busy stage in a %.1f s probe %.3f",
+             v ? ";" : ":", mits[v] + 21, at + 6, plan_bal[v],
              plan_bal[v] > 0 ? "" : " (unknown: no plan made the run's cut)",
              n_widths[mi], bal_best[v], PROBE_S, probe[v]);
     }
     printf("\n");
-    for (int v = 0; v < 2; v++)
-      judge(mits[v] + 21, pbr[v], n_pb[v]);
+    for (int v = 0; v < 2; v++) judge(mits[v] + 21, pbr[v], n_pb[v]);
     printf("  a cache line's round trip between two threads before and "
            "after these runs: %.0f / %.0f ns\n",
            trip_before, core_round_trip_ns(2));
-    printf("  PB (sc+lwp) %.0f samples/s; sequential batch 1: %.0f on %d threads "
-           "(PB %.2fx), %.0f on 1 (PB %.2fx); gpipe batch 32 M=8 on 2 "
-           "stages: %.0f (PB %.2fx)\n",
-           best[0], best[1], cores, best[0] / best[1], best[2],
-           best[0] / best[2], best[3], best[0] / best[3]);
+    printf(
+        "  PB (sc+lwp) %.0f samples/s; sequential batch 1: %.0f on %d threads "
+        "(PB %.2fx), %.0f on 1 (PB %.2fx); gpipe batch 32 M=8 on 2 "
+        "stages: %.0f (PB %.2fx)\n",
+        best[0], best[1], cores, best[0] / best[1], best[2], best[0] / best[2],
+        best[3], best[0] / best[3]);
   }
   return 0;
 }

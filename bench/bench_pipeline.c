@@ -33,16 +33,17 @@
 static int measure(const run *r, double seconds, double *rate, double *util,
                    int *blocks) {
   static const char *const common[] = {
-      "data.dataset=synthetic", "data.train_limit=4096", "data.test_limit=64",
-      "metrics.progress=off",   "optimizer.lr=0.01",     "optimizer.momentum=0.9"};
+      "data.dataset=synthetic", "data.train_limit=4096",
+      "data.test_limit=64",     "metrics.progress=off",
+      "optimizer.lr=0.01",      "optimizer.momentum=0.9"};
   span s;
   if (measure_span("bench_pipeline", common, 6, r, seconds, &s)) return -1;
   if (blocks) *blocks = s.blocks;
   double busy = 0;
   for (int i = 0; i < s.tracks; i++) busy += s.busy[i];
   /* stages at once: all tracks but block_sequential's turn-takers */
-  int at_once = s.tracks < s.stages * s.replicas ? s.tracks
-                                                 : s.stages * s.replicas;
+  int at_once =
+      s.tracks < s.stages * s.replicas ? s.tracks : s.stages * s.replicas;
   *rate = s.rate;
   *util = s.wall > 0 ? busy / (s.wall * at_once) : 0;
   return 0;
@@ -62,7 +63,9 @@ static int pair(const run *a, const run *b, double seconds, int repeats,
   return 0;
 }
 
-static const char *verdict(int ok) { return ok ? "meets target" : "BELOW TARGET"; }
+static const char *verdict(int ok) {
+  return ok ? "meets target" : "BELOW TARGET";
+}
 
 int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 1.5;
@@ -154,10 +157,9 @@ int main(int argc, char **argv) {
       printf("  %2d stages (1f1b): %.0f samples/s, %.2fx sequential on %d "
              "threads, %.2fx on 1; utilization %.2f%s\n",
              k, best, best / ra, cores, best / rb, bu,
-             mi == 0 && k == 8
-                 ? best / rb >= 5 ? " (goal 5x one core: met)"
-                                  : " (goal 5x one core: NOT met)"
-                 : "");
+             mi == 0 && k == 8 ? best / rb >= 5 ? " (goal 5x one core: met)"
+                                                : " (goal 5x one core: NOT met)"
+                               : "");
     }
   }
   return 0;

@@ -63,10 +63,8 @@ static int make(st_trainer **t, const char *corpus, const char *mode,
   st_config cfg;
   st_config_defaults(&cfg);
   for (int i = 0; i < n; i++)
-    if (st_config_set(&cfg, sets[i], err))
-      return -1;
-  if (st_config_validate(&cfg, err))
-    return -1;
+    if (st_config_set(&cfg, sets[i], err)) return -1;
+  if (st_config_validate(&cfg, err)) return -1;
   return st_trainer_create(t, &cfg, NULL, err);
 }
 
@@ -74,8 +72,7 @@ static int make(st_trainer **t, const char *corpus, const char *mode,
 static double burst(st_trainer *t, int steps, st_error *err) {
   double loss, t0 = st_now();
   for (int i = 0; i < steps; i++)
-    if (st_trainer_step(t, &loss, err))
-      return -1;
+    if (st_trainer_step(t, &loss, err)) return -1;
   return (st_now() - t0) / steps;
 }
 
@@ -110,15 +107,12 @@ int main(int argc, char **argv) {
     goto out;
   double best[N] = {0, 0, 0, 0};
   for (int k = 0; k < N; k++)
-    if (burst(t[k], 1, &err) < 0)
-      goto out; /* warm-up */
+    if (burst(t[k], 1, &err) < 0) goto out; /* warm-up */
   for (int r = 0; r < repeats; r++)
     for (int k = 0; k < N; k++) {
       double s = burst(t[k], steps, &err);
-      if (s < 0)
-        goto out;
-      if (best[k] == 0 || s < best[k])
-        best[k] = s;
+      if (s < 0) goto out;
+      if (best[k] == 0 || s < best[k]) best[k] = s;
     }
   printf("GPT-2-124M shape (context 128, batch 4), %d cores: sequential "
          "%.3f s/step\n",
@@ -131,7 +125,8 @@ int main(int argc, char **argv) {
     st_trainer_stats(t[k], NULL, 0, &wall);
     if (target[k] < 0)
       printf("  weight streaming, %s, prefetch 1: %.3f s/step: %+.1f%% (no "
-             "target)\n", names[k], best[k], 100 * over);
+             "target)\n",
+             names[k], best[k], 100 * over);
     else
       printf("  weight streaming, %s, prefetch 1: %.3f s/step: %+.1f%% "
              "(target <= +%.0f%%: %s)\n",
@@ -157,10 +152,8 @@ int main(int argc, char **argv) {
          same ? "identical" : "DIFFERENT (a bug)");
   rc = same ? 0 : 1;
 out:
-  if (rc && err.msg[0])
-    fprintf(stderr, "bench_ws: %s\n", err.msg);
-  for (int k = 0; k < N; k++)
-    st_trainer_destroy(t[k]);
+  if (rc && err.msg[0]) fprintf(stderr, "bench_ws: %s\n", err.msg);
+  for (int k = 0; k < N; k++) st_trainer_destroy(t[k]);
   unlink(corpus);
   unlink(store);
   unlink(store16);

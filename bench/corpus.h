@@ -21,8 +21,7 @@ static int bench_write_corpus(char *path, size_t cap, const char *tag,
   snprintf(path, cap, "%s/strata-bench-%s-XXXXXX", dir && *dir ? dir : "/tmp",
            tag);
   int fd = mkstemp(path);
-  if (fd < 0)
-    return -1;
+  if (fd < 0) return -1;
   FILE *f = fdopen(fd, "wb");
   if (!f) {
     close(fd);

@@ -26,7 +26,7 @@ static double ping_best_s;
 static inline void *ping_thread(void *arg) {
   (void)arg;
   int me = atomic_fetch_add(&ping_who, 1); /* 0 or 1 */
-  while (atomic_load(&ping_who) < 2) /* both running */
+  while (atomic_load(&ping_who) < 2)       /* both running */
     ;
   for (int trial = 0; trial < PING_TRIALS; trial++) {
     double t0 = st_now();

@@ -35,8 +35,8 @@ typedef struct span {
                                     with free hand-offs (st_track_stats
                                     bound_s); 0 in other modes */
   int stages, replicas, blocks;
-  double plan_balance;           /* the compiler's predicted stage balance
-                                    of the cut the run made (0: unknown) */
+  double plan_balance; /* the compiler's predicted stage balance
+                          of the cut the run made (0: unknown) */
 } span;
 
 /* The compiler's predicted balance of the stages t runs: its plan on the
@@ -56,7 +56,8 @@ static double plan_balance(const st_trainer *t, const st_config *cfg) {
            S > cfg->train.threads ? S : cfg->train.threads);
   st_plan *plan = NULL;
   double balance = 0;
-  if (!st_fabric_parse(&c, spec, &err) && !st_plan_compile(&plan, &c, S, &err)) {
+  if (!st_fabric_parse(&c, spec, &err) &&
+      !st_plan_compile(&plan, &c, S, &err)) {
     balance = plan->balance;
     for (int s = 0; s < S; s++)
       if (plan->stages[s].first != run[s].first ||
@@ -71,8 +72,7 @@ static double plan_balance(const st_trainer *t, const st_config *cfg) {
  * `seconds` after 3 warm-up steps; 0, or -1 with the error on stderr
  * after `prog`. */
 static int measure_span(const char *prog, const char *const *common,
-                        int n_common, const run *r, double seconds,
-                        span *out) {
+                        int n_common, const run *r, double seconds, span *out) {
   st_config cfg;
   st_error err = {0};
   st_config_defaults(&cfg);

@@ -25,16 +25,16 @@ extern "C" {
 /* ------------------------------------------------------------------ base */
 
 /* One table for error codes and their text (X-macro, as libuv's errno map). */
-#define ST_ERROR_MAP(X)                                 \
-  X(OK, 0, "ok")                                        \
-  X(NOMEM, -1, "out of memory")                         \
-  X(IO, -2, "i/o error")                                \
-  X(CONFIG, -3, "invalid configuration")                \
-  X(SHAPE, -4, "impossible shape")                      \
-  X(DATA, -5, "invalid data")                           \
-  X(FORMAT, -6, "invalid file format")                  \
-  X(NONFINITE, -7, "non-finite value")                  \
-  X(ARG, -8, "invalid argument")                        \
+#define ST_ERROR_MAP(X)                                                        \
+  X(OK, 0, "ok")                                                               \
+  X(NOMEM, -1, "out of memory")                                                \
+  X(IO, -2, "i/o error")                                                       \
+  X(CONFIG, -3, "invalid configuration")                                       \
+  X(SHAPE, -4, "impossible shape")                                             \
+  X(DATA, -5, "invalid data")                                                  \
+  X(FORMAT, -6, "invalid file format")                                         \
+  X(NONFINITE, -7, "non-finite value")                                         \
+  X(ARG, -8, "invalid argument")                                               \
   X(UNSUPPORTED, -9, "unsupported")
 
 typedef enum {
@@ -145,8 +145,8 @@ typedef struct st_rng {
 
 void st_rng_init(st_rng *rng, uint64_t seed, uint32_t purpose, uint64_t stream);
 uint32_t st_rng_u32(st_rng *rng);
-float st_rng_uniform(st_rng *rng);          /* [0, 1) with 24 bits */
-float st_rng_normal(st_rng *rng);           /* Box-Muller */
+float st_rng_uniform(st_rng *rng);              /* [0, 1) with 24 bits */
+float st_rng_normal(st_rng *rng);               /* Box-Muller */
 uint32_t st_rng_below(st_rng *rng, uint32_t n); /* uniform in [0, n) */
 
 /* bfloat16: the upper half of an fp32 (8 exponent bits, 7 stored mantissa
@@ -190,107 +190,107 @@ typedef struct st_int_list {
 typedef struct st_config {
   char path[ST_PATH_MAX]; /* file it came from ("" if none) */
   struct {
-    char kind[16];          /* mlp | cnn | gpt */
-    st_int_list hidden;     /* mlp: hidden widths, default [256, 256] */
-    char activation[16];    /* relu | gelu | gelu_tanh */
-    float dropout;          /* dropout after each hidden activation */
-    char norm[16];          /* none | layernorm (mlp) | groupnorm (cnn) */
-    int groups;             /* groupnorm groups */
-    st_int_list channels;   /* cnn: conv channels per stage */
-    int kernel;             /* cnn: conv kernel size (odd, 'same' padding) */
-    int residual_blocks;    /* cnn: residual blocks per stage */
-    char pool[8];           /* cnn: max | avg */
-    st_int_list dense;      /* cnn: dense widths after the conv stages */
-    int classes;            /* output classes, default 10 */
-    int vocab;              /* gpt: vocabulary (0 = the tokenizer's) */
-    int context;            /* gpt: tokens per sequence (context length) */
-    int layers;             /* gpt: transformer layers */
-    int heads;              /* gpt: attention heads */
-    int width;              /* gpt: model width d_model */
-    int mlp_ratio;          /* gpt: MLP hidden width / model width */
-    int tied;               /* gpt: output head shares the token embedding */
-    char positions[16];     /* gpt: learned | rotary */
-    int rotary_dim;         /* gpt: rotated dims per head (0 = all) */
+    char kind[16];        /* mlp | cnn | gpt */
+    st_int_list hidden;   /* mlp: hidden widths, default [256, 256] */
+    char activation[16];  /* relu | gelu | gelu_tanh */
+    float dropout;        /* dropout after each hidden activation */
+    char norm[16];        /* none | layernorm (mlp) | groupnorm (cnn) */
+    int groups;           /* groupnorm groups */
+    st_int_list channels; /* cnn: conv channels per stage */
+    int kernel;           /* cnn: conv kernel size (odd, 'same' padding) */
+    int residual_blocks;  /* cnn: residual blocks per stage */
+    char pool[8];         /* cnn: max | avg */
+    st_int_list dense;    /* cnn: dense widths after the conv stages */
+    int classes;          /* output classes, default 10 */
+    int vocab;            /* gpt: vocabulary (0 = the tokenizer's) */
+    int context;          /* gpt: tokens per sequence (context length) */
+    int layers;           /* gpt: transformer layers */
+    int heads;            /* gpt: attention heads */
+    int width;            /* gpt: model width d_model */
+    int mlp_ratio;        /* gpt: MLP hidden width / model width */
+    int tied;             /* gpt: output head shares the token embedding */
+    char positions[16];   /* gpt: learned | rotary */
+    int rotary_dim;       /* gpt: rotated dims per head (0 = all) */
   } model;
   struct {
-    char dataset[24];       /* fashion_mnist | synthetic | text */
-    char dir[ST_PATH_MAX];  /* where the IDX .gz files are */
-    int train_limit;        /* use only the first N training samples (0 = all) */
-    int test_limit;         /* use only the first N test samples (0 = all) */
-    int shuffle;            /* reshuffle every epoch */
-    int normalize;          /* standardise pixels with the dataset mean/std */
-    char path[ST_PATH_MAX]; /* text: the corpus file */
+    char dataset[24];      /* fashion_mnist | synthetic | text */
+    char dir[ST_PATH_MAX]; /* where the IDX .gz files are */
+    int train_limit;       /* use only the first N training samples (0 = all) */
+    int test_limit;        /* use only the first N test samples (0 = all) */
+    int shuffle;           /* reshuffle every epoch */
+    int normalize;         /* standardise pixels with the dataset mean/std */
+    char path[ST_PATH_MAX];      /* text: the corpus file */
     char tokenizer[ST_PATH_MAX]; /* text: "bytes" or a strata-bpe file */
-    char encoding[8];       /* text: bytes | utf8 (checked) */
-    float val_fraction;     /* text: share of the tokens held out */
+    char encoding[8];            /* text: bytes | utf8 (checked) */
+    float val_fraction;          /* text: share of the tokens held out */
   } data;
   struct {
-    char kind[16];          /* sgd | adamw */
+    char kind[16]; /* sgd | adamw */
     float lr, momentum;
     int nesterov;
     float weight_decay;
     float beta1, beta2, eps;
-    char schedule[16];      /* constant | cosine | step | linear */
+    char schedule[16]; /* constant | cosine | step | linear */
     int warmup_steps;
-    float min_lr;           /* cosine/linear floor */
-    int step_size;          /* step schedule: decay every step_size steps */
-    float gamma;            /* step schedule factor */
-    int reference_batch;    /* batch lr/momentum were tuned for (0: none) */
+    float min_lr;        /* cosine/linear floor */
+    int step_size;       /* step schedule: decay every step_size steps */
+    float gamma;         /* step schedule factor */
+    int reference_batch; /* batch lr/momentum were tuned for (0: none) */
   } optimizer;
   struct {
     int batch, epochs;
-    int64_t steps;          /* > 0 overrides epochs */
+    int64_t steps; /* > 0 overrides epochs */
     uint64_t seed;
-    int eval_every;         /* steps; 0 = only at the end of each epoch */
-    int checkpoint_every;   /* steps; 0 = only at the end */
-    int threads;            /* 0 = all cores */
-    int keep_checkpoints;   /* how many step checkpoints to keep */
+    int eval_every;       /* steps; 0 = only at the end of each epoch */
+    int checkpoint_every; /* steps; 0 = only at the end */
+    int threads;          /* 0 = all cores */
+    int keep_checkpoints; /* how many step checkpoints to keep */
   } train;
   struct {
-    char mode[24];          /* sequential, pipeline, block_sequential,
-                               pipelined_backprop, weight_streaming */
-    int micro_batch;        /* 0 = whole batch */
-    char schedule[8];       /* pipeline: gpipe | 1f1b */
-    int stages;             /* pipeline: stages (0 = the compiler's plan,
-                               ST_STAGES_PER_BLOCK = one per block) */
+    char mode[24];            /* sequential, pipeline, block_sequential,
+                                 pipelined_backprop, weight_streaming */
+    int micro_batch;          /* 0 = whole batch */
+    char schedule[8];         /* pipeline: gpipe | 1f1b */
+    int stages;               /* pipeline: stages (0 = the compiler's plan,
+                                 ST_STAGES_PER_BLOCK = one per block) */
     st_int_list stage_blocks; /* pipeline, pipelined_backprop: blocks of
                                  each stage, pinning the cut ([] = the
                                  compiler's) */
-    int blocks_per_segment; /* block_sequential (0 = from memory) */
-    int replicas;           /* data-parallel copies, >= 1 */
-    char placement[8];      /* threads | ranks: where a pipeline's stages
-                               run under mpirun */
-    int deterministic;      /* over MPI ranks: gradients summed in rank
-                               order (else MPI_Allreduce's own order) */
-    int pin;                /* pin stage threads to their cores */
-    int fused_update;       /* batch 1: update weights inside the backward */
-    char block_costs[12];   /* model | measured: what stages are cut by */
-    char mitigation[16];    /* pipelined_backprop: none | stash | sc | lwp |
-                               sc+lwp | spectrain | pipemare */
-    int emulate;            /* pipelined_backprop: single-threaded ticks */
-    int pipemare_warmup;    /* pipemare: T (updates) */
-    float pipemare_gamma;   /* pipemare: gamma */
-    char store[8];          /* weight_streaming: memory | file */
+    int blocks_per_segment;   /* block_sequential (0 = from memory) */
+    int replicas;             /* data-parallel copies, >= 1 */
+    char placement[8];        /* threads | ranks: where a pipeline's stages
+                                 run under mpirun */
+    int deterministic;        /* over MPI ranks: gradients summed in rank
+                                 order (else MPI_Allreduce's own order) */
+    int pin;                  /* pin stage threads to their cores */
+    int fused_update;         /* batch 1: update weights inside the backward */
+    char block_costs[12];     /* model | measured: what stages are cut by */
+    char mitigation[16];      /* pipelined_backprop: none | stash | sc | lwp |
+                                 sc+lwp | spectrain | pipemare */
+    int emulate;              /* pipelined_backprop: single-threaded ticks */
+    int pipemare_warmup;      /* pipemare: T (updates) */
+    float pipemare_gamma;     /* pipemare: gamma */
+    char store[8];            /* weight_streaming: memory | file */
     char store_path[ST_PATH_MAX]; /* store file ("" = DIR/store.strata) */
-    char store_weights[8];  /* store file: fp32 | bf16 */
-    char store_rounding[16]; /* bf16 weights: nearest | stochastic */
-    int prefetch;           /* weight_streaming: blocks fetched ahead */
-    int keep_activations;   /* weight_streaming: else recompute */
+    char store_weights[8];        /* store file: fp32 | bf16 */
+    char store_rounding[16];      /* bf16 weights: nearest | stochastic */
+    int prefetch;                 /* weight_streaming: blocks fetched ahead */
+    int keep_activations;         /* weight_streaming: else recompute */
     int64_t compute_memory_limit; /* weight_streaming: bytes, 0 = none */
   } execution;
   struct {
-    char kind[16];          /* cpu | mesh | wse2 */
-    int cores;              /* cpu: 0 = detected */
-    int width, height;      /* mesh: PEs across and down */
-    float pe_flops;         /* FLOP/s of one PE (mesh; overrides when set) */
-    int64_t pe_memory;      /* bytes of one PE (mesh; overrides when set) */
-    float link_bandwidth;   /* bytes/s of one link, one way (mesh; ditto) */
+    char kind[16];        /* cpu | mesh | wse2 */
+    int cores;            /* cpu: 0 = detected */
+    int width, height;    /* mesh: PEs across and down */
+    float pe_flops;       /* FLOP/s of one PE (mesh; overrides when set) */
+    int64_t pe_memory;    /* bytes of one PE (mesh; overrides when set) */
+    float link_bandwidth; /* bytes/s of one link, one way (mesh; ditto) */
   } fabric;
   struct {
-    int log_every;          /* steps between metrics.jsonl lines */
-    char progress[8];       /* auto | on | off */
-    int noise_scale;        /* log B_simple (BACKGROUND.md 5) */
-    float noise_ema;        /* EMA decay of its two estimates */
+    int log_every;    /* steps between metrics.jsonl lines */
+    char progress[8]; /* auto | on | off */
+    int noise_scale;  /* log B_simple (BACKGROUND.md 5) */
+    float noise_ema;  /* EMA decay of its two estimates */
   } metrics;
   /* Hidden bookkeeping, read through st_config_where: where each key was last
    * set, one record per row of the schema table (src/config/schema.c).
@@ -347,8 +347,7 @@ void st_linear_backward(st_pool *pool, float *din, float *dw, float *db,
 /* The same with W stored transposed, (IC, OC) — the layout of Hugging Face's
  * GPT-2 Conv1D, so checkpoints carry HF shapes: out = in W + b. */
 void st_linear_t_forward(st_pool *pool, float *out, const float *in,
-                         const float *w, const float *b, int B, int IC,
-                         int OC);
+                         const float *w, const float *b, int B, int IC, int OC);
 void st_linear_t_backward(st_pool *pool, float *din, float *dw, float *db,
                           const float *dout, const float *in, const float *w,
                           int B, int IC, int OC);
@@ -356,7 +355,8 @@ st_cost st_linear_cost(int IC, int OC);
 
 /* pointwise activations over n = B * numel elements */
 void st_relu_forward(float *out, const float *in, size_t n);
-void st_relu_backward(float *din, const float *dout, const float *out, size_t n);
+void st_relu_backward(float *din, const float *dout, const float *out,
+                      size_t n);
 /* approximate: 0 = exact erf form (PyTorch default), 1 = tanh form (GPT-2) */
 void st_gelu_forward(float *out, const float *in, size_t n, int approximate);
 void st_gelu_backward(float *din, const float *dout, const float *in, size_t n,
@@ -374,8 +374,7 @@ void st_xent_backward(float *dlogits, const float *probs, const int *labels,
  * backward C subtractions and scalings; keeps the C probabilities. */
 /* The same on a pool, in chunks of rows (same bits as the calls above). */
 void st_xent_forward_pool(st_pool *pool, float *losses, float *probs,
-                          const float *logits, const int *labels, int B,
-                          int C);
+                          const float *logits, const int *labels, int B, int C);
 void st_xent_backward_pool(st_pool *pool, float *dlogits, const float *probs,
                            const int *labels, int B, int C, float scale);
 st_cost st_xent_cost(int C);
@@ -396,18 +395,19 @@ st_cost st_conv2d_cost(int IC, int H, int W, int OC, int K, int S, int P);
 
 /* pooling, window K, stride S, no padding. maxpool saves the argmax index
  * (as int32, one per output element) in idx. */
-void st_maxpool_forward(float *out, int32_t *idx, const float *in, int B,
-                        int C, int H, int W, int K, int S);
+void st_maxpool_forward(float *out, int32_t *idx, const float *in, int B, int C,
+                        int H, int W, int K, int S);
 void st_maxpool_backward(float *din, const float *dout, const int32_t *idx,
                          int B, int C, int H, int W, int K, int S);
-void st_avgpool_forward(float *out, const float *in, int B, int C, int H,
-                        int W, int K, int S);
+void st_avgpool_forward(float *out, const float *in, int B, int C, int H, int W,
+                        int K, int S);
 void st_avgpool_backward(float *din, const float *dout, int B, int C, int H,
                          int W, int K, int S);
 st_cost st_maxpool_cost(int C, int H, int W, int K, int S);
 st_cost st_avgpool_cost(int C, int H, int W, int K, int S);
 
-/* layernorm over the last D features of (N, D) rows; saves mean and rstd (N). */
+/* layernorm over the last D features of (N, D) rows; saves mean and rstd (N).
+ */
 void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
                           const float *w, const float *b, int N, int D,
                           float eps);
@@ -416,14 +416,14 @@ void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
  * st_layernorm_scratch_floats(N, D) floats, unless dw and db are NULL. */
 void st_layernorm_backward(st_pool *pool, float *din, float *dw, float *db,
                            const float *dout, const float *in, const float *w,
-                           const float *mean, const float *rstd,
-                           float *scratch, int N, int D);
+                           const float *mean, const float *rstd, float *scratch,
+                           int N, int D);
 size_t st_layernorm_scratch_floats(int N, int D);
 
 /* groupnorm: (B, C, HW) with G groups; saves mean and rstd (B, G). */
-void st_groupnorm_forward(float *out, float *mean, float *rstd,
-                          const float *in, const float *w, const float *b,
-                          int B, int C, int HW, int G, float eps);
+void st_groupnorm_forward(float *out, float *mean, float *rstd, const float *in,
+                          const float *w, const float *b, int B, int C, int HW,
+                          int G, float eps);
 void st_groupnorm_backward(float *din, float *dw, float *db, const float *dout,
                            const float *in, const float *w, const float *mean,
                            const float *rstd, int B, int C, int HW, int G);
@@ -474,8 +474,7 @@ st_cost st_attention_cost(int T, int C, int NH);
  * the q and k parts of qkv (B, T, 3C): the first rotary_dim (even, <= hs)
  * dims of each head, halves rotated as in rotate_half; positions 0 .. T-1.
  * The backward applies the inverse rotation to dqkv in place. */
-void st_rotary_forward(float *qkv, int B, int T, int C, int NH,
-                       int rotary_dim);
+void st_rotary_forward(float *qkv, int B, int T, int C, int NH, int rotary_dim);
 void st_rotary_backward(float *dqkv, int B, int T, int C, int NH,
                         int rotary_dim);
 st_cost st_rotary_cost(int T, int NH, int rotary_dim);
@@ -522,13 +521,13 @@ typedef struct st_tensor_info {
 
 typedef struct st_layer {
   st_op_kind kind;
-  char name[24];         /* "linear0", "conv1", "gn0", ... */
-  st_shape in, out;      /* per sample */
-  int k, stride, pad;    /* conv / pool */
-  int groups;            /* groupnorm */
-  int approximate;       /* gelu */
-  float eps, p;          /* norms / dropout */
-  uint32_t id;           /* model-wide layer index (dropout stream) */
+  char name[24];          /* "linear0", "conv1", "gn0", ... */
+  st_shape in, out;       /* per sample */
+  int k, stride, pad;     /* conv / pool */
+  int groups;             /* groupnorm */
+  int approximate;        /* gelu */
+  float eps, p;           /* norms / dropout */
+  uint32_t id;            /* model-wide layer index (dropout stream) */
   int w_tensor, b_tensor; /* indices into the block's tensors, -1 if none */
   /* Sequence layers (gpt): a sample is `rows` positions of `in.c` features,
    * position-major; linear and layernorm act on each position. 1 elsewhere. */
@@ -548,35 +547,35 @@ typedef struct st_layer {
  * run in order (a residual add inside it refers to the block's input), and
  * one contiguous parameter slab of n_params floats. */
 typedef struct st_block {
-  char name[24];          /* "blocks.3" */
+  char name[24]; /* "blocks.3" */
   int n_layers;
   st_layer *layers;
   int n_tensors;
   st_tensor_info *tensors;
   st_shape in, out;
-  size_t n_params;        /* floats in the slab */
-  size_t param_off;       /* floats from the start of the model's slab */
-  size_t act_per_sample;  /* floats of activations + saved state per sample */
+  size_t n_params;       /* floats in the slab */
+  size_t param_off;      /* floats from the start of the model's slab */
+  size_t act_per_sample; /* floats of activations + saved state per sample */
   size_t scratch_floats_per_sample; /* im2col and the like */
-  size_t max_numel;       /* largest layer input/output per sample */
+  size_t max_numel;                 /* largest layer input/output per sample */
   int has_residual;
-  st_cost cost;           /* sum over the layers, per sample */
+  st_cost cost; /* sum over the layers, per sample */
 } st_block;
 
 typedef struct st_model {
   char kind[16];
   int n_blocks;
   st_block *blocks;
-  st_shape in;            /* per-sample input */
+  st_shape in; /* per-sample input */
   int classes;
   /* gpt: inputs are `in.h` token ids per sample (as floats, exact below
    * 2^24) and every position has a label; 1 for classifiers. */
   int label_rows;
-  int n_ties;             /* tied tensor copies (st_tensor_info.tie) */
-  size_t n_params;        /* floats over all blocks */
-  size_t max_numel;       /* over all blocks */
+  int n_ties;       /* tied tensor copies (st_tensor_info.tie) */
+  size_t n_params;  /* floats over all blocks */
+  size_t max_numel; /* over all blocks */
   size_t max_scratch_per_sample;
-  int n_tensors;          /* over all blocks */
+  int n_tensors; /* over all blocks */
 } st_model;
 
 /* Builds the model described by cfg->model for inputs of shape `in`.
@@ -611,7 +610,7 @@ typedef struct st_optim_rule st_optim_rule;
 typedef struct st_fused_update {
   const st_optim_rule *rule;
   float *params;
-  float *opt;          /* slot k of parameter i at opt[k * slot_stride + i] */
+  float *opt; /* slot k of parameter i at opt[k * slot_stride + i] */
   size_t slot_stride;
   /* Linear weight prediction folded in (pipelined backprop), else NULL:
    * parameter i's w - rule->pk v goes to predict[i - predict_base]. */
@@ -622,9 +621,9 @@ typedef struct st_fused_update {
 /* Execution context handed to block forward/backward. */
 typedef struct st_ctx {
   st_pool *pool;
-  int training;          /* dropout on */
-  uint64_t seed;         /* dropout stream seed */
-  uint64_t first_sample; /* global index of the batch's first sample */
+  int training;                 /* dropout on */
+  uint64_t seed;                /* dropout stream seed */
+  uint64_t first_sample;        /* global index of the batch's first sample */
   const st_fused_update *fused; /* NULL: gradients go to the gradient slab */
 } st_ctx;
 
@@ -634,9 +633,8 @@ int st_layer_fuses_update(const st_layer *L, const st_ctx *ctx, int B);
 
 /* Runs a block's layers on B samples. acts holds B * act_per_sample floats;
  * the block's output is st_block_output(b, acts, B). */
-void st_block_forward(const st_block *b, const st_ctx *ctx,
-                      const float *params, const float *in, float *acts,
-                      float *scratch, int B);
+void st_block_forward(const st_block *b, const st_ctx *ctx, const float *params,
+                      const float *in, float *acts, float *scratch, int B);
 const float *st_block_output(const st_block *b, const float *acts, int B);
 /* Backward: adds parameter gradients into grads (the block's slab layout),
  * writes din (B * numel(in)) unless din is NULL. work holds
@@ -672,18 +670,18 @@ void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
 /* The same on a range of a larger slab: optimizer slot k of this range is at
  * opt + k * slot_stride (slot_stride = the whole slab's parameter count). */
 void st_optim_step_range(st_pool *pool, const st_config *cfg, float *params,
-                         float *grads, float *opt, size_t slot_stride,
-                         size_t n, float lr, int64_t step);
+                         float *grads, float *opt, size_t slot_stride, size_t n,
+                         float lr, int64_t step);
 /* One step's update rule with everything per-step resolved (learning rate,
  * AdamW bias corrections), for the fused paths. */
 struct st_optim_rule {
   int adamw, nesterov, first_step;
-  int sc;             /* sgd: spike compensation (st_pb_rule), a v + b d */
+  int sc; /* sgd: spike compensation (st_pb_rule), a v + b d */
   float sc_a, sc_b;
   float lr, momentum, weight_decay;
   float beta1, beta2, eps, decay, step_size, bc2_sqrt;
-  float pk;           /* sgd: with a prediction array p, p = w - pk v
-                       * after the update (linear weight prediction) */
+  float pk; /* sgd: with a prediction array p, p = w - pk v
+             * after the update (linear weight prediction) */
 };
 void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,
                         int64_t step);
@@ -696,8 +694,8 @@ void st_optim_update_outer(const st_optim_rule *r, float *w, float *s0,
                            float *s1, const float *dy, const float *x, int OC,
                            int IC, float *p);
 /* Updates n parameters with gradient g (left as it is); p as above. */
-void st_optim_update_vec(const st_optim_rule *r, float *w, float *s0,
-                         float *s1, const float *g, size_t n, float *p);
+void st_optim_update_vec(const st_optim_rule *r, float *w, float *s0, float *s1,
+                         const float *g, size_t n, float *p);
 /* Learning rate at (0-based) step of total_steps under cfg's schedule. */
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
 /* Pipelined backprop's update of one stage (BACKGROUND.md 2), heavy-ball:
@@ -708,9 +706,9 @@ float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
 typedef struct st_pb_rule {
   float lr, momentum, weight_decay;
   int first_step, sc;
-  float a, b;   /* spike compensation's coefficients */
-  float gamma;  /* pipemare's delta decay (used when delta != NULL) */
-  float pk;     /* the prediction's k (used when pred != NULL) */
+  float a, b;  /* spike compensation's coefficients */
+  float gamma; /* pipemare's delta decay (used when delta != NULL) */
+  float pk;    /* the prediction's k (used when pred != NULL) */
 } st_pb_rule;
 /* The rule for a stage with delay `delay` that has made `updates` updates
  * (sc: spike compensation, which D = 0 or m = 0 turns off). */
@@ -738,10 +736,10 @@ int st_optim_state_per_param(const st_config *cfg);
  * tr(S) = (|G_s|^2 - |G_b|^2) / (1/B_s - 1/B_b) are averaged separately
  * (bias-corrected EMAs) and only then divided: B_simple = tr(S) / |G|^2. */
 typedef struct st_noise_scale {
-  double beta;        /* EMA decay */
-  double g2, trace;   /* the EMAs, uncorrected */
-  double weight;      /* 1 - beta^n: the correction */
-  int64_t n;          /* pairs added */
+  double beta;      /* EMA decay */
+  double g2, trace; /* the EMAs, uncorrected */
+  double weight;    /* 1 - beta^n: the correction */
+  int64_t n;        /* pairs added */
 } st_noise_scale;
 
 void st_noise_scale_init(st_noise_scale *ns, double beta);
@@ -757,12 +755,12 @@ double st_noise_scale_value(const st_noise_scale *ns, double *g2,
 
 typedef struct st_dataset {
   char name[32];
-  int n;             /* samples */
-  st_shape shape;    /* per sample */
+  int n;          /* samples */
+  st_shape shape; /* per sample */
   int classes;
-  uint8_t *pixels;   /* n * numel(shape), raw 0..255 */
-  uint8_t *labels;   /* n */
-  float mean, std;   /* for normalisation */
+  uint8_t *pixels; /* n * numel(shape), raw 0..255 */
+  uint8_t *labels; /* n */
+  float mean, std; /* for normalisation */
 } st_dataset;
 
 /* Reads gzip IDX images and labels (Fashion-MNIST layout). limit > 0 keeps
@@ -827,13 +825,13 @@ int st_file_read(uint8_t **data, size_t *n, const char *path, st_error *err);
  * last floor(n_tokens * val_fraction) validate (deterministic, contiguous). */
 typedef struct st_text_dataset {
   char path[ST_PATH_MAX];
-  int vocab;          /* of the tokenizer used */
-  size_t n_bytes;     /* of the file */
-  size_t n_tokens;    /* n_train + n_val */
-  int32_t *tokens;    /* (n_tokens), from st_alloc */
-  int32_t *train;     /* view: tokens[0 .. n_train) */
+  int vocab;       /* of the tokenizer used */
+  size_t n_bytes;  /* of the file */
+  size_t n_tokens; /* n_train + n_val */
+  int32_t *tokens; /* (n_tokens), from st_alloc */
+  int32_t *train;  /* view: tokens[0 .. n_train) */
   size_t n_train;
-  int32_t *val;       /* view: tokens[n_train .. n_tokens) */
+  int32_t *val; /* view: tokens[n_train .. n_tokens) */
   size_t n_val;
 } st_text_dataset;
 
@@ -863,7 +861,7 @@ int st_text_vocab(const st_config *cfg, int *vocab, st_error *err);
  * and string metadata; it reads any dtype of the specification. */
 typedef struct st_st_tensor {
   char name[128];
-  char dtype[8];     /* "F32", "I32", "I64", ... */
+  char dtype[8]; /* "F32", "I32", "I64", ... */
   int ndim;
   int64_t dims[8];
   size_t begin, end; /* byte offsets into the data section */
@@ -876,7 +874,7 @@ typedef struct st_safetensors {
   int n_meta;
   char (*meta_keys)[64];
   char (*meta_values)[256];
-  uint8_t *data;     /* the data section */
+  uint8_t *data; /* the data section */
   size_t data_bytes;
 } st_safetensors;
 
@@ -909,8 +907,8 @@ int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err);
 /* The same for the text of a memory stream (open_memstream(text, len)):
  * closes f, writes *text to path atomically, frees *text. */
-int st_write_stream_atomic(FILE *f, char **text, size_t *len,
-                           const char *path, st_error *err);
+int st_write_stream_atomic(FILE *f, char **text, size_t *len, const char *path,
+                           st_error *err);
 /* mkdir -p: every folder of path, the last component too when
  * include_last (else path names a file to come). */
 int st_mkdir_p(const char *path, int include_last, st_error *err);
@@ -942,7 +940,6 @@ void st_trace_add(st_trace *t, int track, st_trace_kind kind, int64_t step,
                   int index, double t0, double t1);
 int64_t st_trace_dropped(const st_trace *t);
 int st_trace_write(const st_trace *t, const char *path, st_error *err);
-
 
 /* --------------------------------------------------------------- compile */
 
@@ -977,27 +974,27 @@ typedef enum { ST_FABRIC_CPU, ST_FABRIC_MESH } st_fabric_kind;
 /* What a plan runs on: a width x height grid of PEs (a cpu is cores x 1). */
 typedef struct st_fabric {
   st_fabric_kind kind;
-  char name[32];            /* "cpu:16", "mesh:64x64", "wse2" */
+  char name[32]; /* "cpu:16", "mesh:64x64", "wse2" */
   int width, height;
-  int64_t pes;              /* width * height */
-  double pe_flops;          /* sustained FLOP/s of one PE */
-  double pe_memory;         /* bytes one PE holds */
-  double link_bandwidth;    /* bytes/s: mesh, one link one way; cpu, one
-                               stage-to-stage copy */
-  double efficiency_slope;  /* e(c) = 1 / (1 + slope (c - 1)); 0 on a mesh */
-  double sharing_slope;     /* cpu, calibrated: m(n) = 1/(1 + slope (n-1)),
-                               the rate each of n busy cores keeps; 0 = cores
-                               independent (see compile.h) */
-  double memory_bandwidth;  /* bytes/s, whole fabric (reported, not modelled) */
-  double fabric_bandwidth;  /* bytes/s, whole fabric (reported, not modelled) */
-  int estimated;            /* 1: built-in figures, not calibrated */
-  char source[320];         /* where the figures come from */
+  int64_t pes;             /* width * height */
+  double pe_flops;         /* sustained FLOP/s of one PE */
+  double pe_memory;        /* bytes one PE holds */
+  double link_bandwidth;   /* bytes/s: mesh, one link one way; cpu, one
+                              stage-to-stage copy */
+  double efficiency_slope; /* e(c) = 1 / (1 + slope (c - 1)); 0 on a mesh */
+  double sharing_slope;    /* cpu, calibrated: m(n) = 1/(1 + slope (n-1)),
+                              the rate each of n busy cores keeps; 0 = cores
+                              independent (see compile.h) */
+  double memory_bandwidth; /* bytes/s, whole fabric (reported, not modelled) */
+  double fabric_bandwidth; /* bytes/s, whole fabric (reported, not modelled) */
+  int estimated;           /* 1: built-in figures, not calibrated */
+  char source[320];        /* where the figures come from */
   /* cpu with a calibration profile (st_calibration): GEMM work is timed at
    * gemm_rate[class] per core and the single-threaded ops at their measured
    * bandwidth, instead of every FLOP at pe_flops. */
   int calibrated;
-  char calibrated_at[32];   /* the profile's date, "2026-11-22T23:40:00Z" */
-  double gemm_rate[ST_GEMM_CLASSES]; /* FLOP/s of one core, by class */
+  char calibrated_at[32]; /* the profile's date, "2026-11-22T23:40:00Z" */
+  double gemm_rate[ST_GEMM_CLASSES];  /* FLOP/s of one core, by class */
   double op_bandwidth[ST_OP_CLASSES]; /* bytes/s, one thread, by op class */
   /* FLOP/s of one core in the conv2d and attention kernels, [0] forward,
    * [1] backward, by the class of their GEMMs; 0: timed as GEMMs */
@@ -1048,15 +1045,15 @@ const char *st_op_class_name(int cls);
 #define ST_CALIBRATION_VERSION 1
 #define ST_CALIBRATION_MAX_THREADS 8
 typedef struct st_calibration {
-  char date[32];             /* UTC, ISO 8601 */
-  int cores;                 /* usable cores when measured */
+  char date[32];                      /* UTC, ISO 8601 */
+  int cores;                          /* usable cores when measured */
   int gemm_shape[ST_GEMM_CLASSES][3]; /* M, N, K measured per class */
   double gemm_rate[ST_GEMM_CLASSES];  /* FLOP/s, one thread */
-  int n_threads;             /* thread counts measured: 1, 2, 4, ... */
+  int n_threads;                      /* thread counts measured: 1, 2, 4, ... */
   int threads[ST_CALIBRATION_MAX_THREADS];
   double gemm_rate_threads[ST_CALIBRATION_MAX_THREADS]; /* largest class */
   double efficiency[ST_CALIBRATION_MAX_THREADS]; /* rate(c) / (c rate(1)) */
-  double efficiency_slope;   /* s of e(c) = 1/(1 + s (c - 1)), fitted */
+  double efficiency_slope; /* s of e(c) = 1/(1 + s (c - 1)), fitted */
   /* n one-thread GEMMs at once (independent stages), n = threads[i]:
    * their summed rate / (n rate(1)); the slope of m(n) = 1/(1 + s (n-1)).
    * Hyperthreads sharing a core, or a shared memory bus, show here. A
@@ -1073,7 +1070,7 @@ typedef struct st_calibration {
   double conv_rate[2][ST_GEMM_CLASSES];
   int attention_shape[ST_GEMM_CLASSES][4];
   double attention_rate[2][ST_GEMM_CLASSES];
-  double copy_bandwidth;     /* bytes/s, memcpy of activation-sized buffers */
+  double copy_bandwidth; /* bytes/s, memcpy of activation-sized buffers */
   /* the caller's work between steps: a batch's input filled from a
    * dataset larger than the caches (bytes/s of fp32 input written), and a
    * step handed to a stage thread and back (seconds). A profile without
@@ -1131,10 +1128,10 @@ typedef struct st_block_cost {
   double conv_fwd[ST_GEMM_CLASSES], conv_bwd[ST_GEMM_CLASSES];
   double attn_fwd[ST_GEMM_CLASSES], attn_bwd[ST_GEMM_CLASSES];
   double bytes_fwd[ST_OP_CLASSES], bytes_bwd[ST_OP_CLASSES];
-  double param_bytes;          /* weights */
-  double state_bytes;          /* gradient + optimizer state */
-  double act_bytes;            /* activations + saved state, per sample */
-  double in_bytes, out_bytes;  /* input and output activation, per sample */
+  double param_bytes;         /* weights */
+  double state_bytes;         /* gradient + optimizer state */
+  double act_bytes;           /* activations + saved state, per sample */
+  double in_bytes, out_bytes; /* input and output activation, per sample */
   /* Linear layers' weights for the calibrated memory terms (st_fabric):
    * per layer its weight bytes, the rows of its GEMM calls (micro-batch x
    * positions) and the GEMMs of its step (3, or 2 without an input
@@ -1223,41 +1220,41 @@ typedef struct st_plan_stage {
   int64_t pes_for_memory;      /* the fewest holding its memory */
   double flops_fwd, flops_bwd; /* per sample */
   double time_fwd, time_bwd, time_comm, time; /* seconds per sample */
-  double mem_weights;          /* weights x versions held */
-  double mem_state;            /* gradient + optimizer state */
-  double mem_acts;             /* (input + activations) x samples in flight */
+  double mem_weights;                         /* weights x versions held */
+  double mem_state;                           /* gradient + optimizer state */
+  double mem_acts; /* (input + activations) x samples in flight */
   double mem_total, mem_capacity; /* bytes: needed, and pes x pe_memory */
-  double working_set;          /* bytes a micro-batch's step touches */
-  double spill;                /* calibrated share of the weights' memory
-                                  time it pays (st_fabric), 0..1 */
-  char cause[ST_CAUSE_MAX];    /* why cut here, why this many PEs */
+  double working_set;             /* bytes a micro-batch's step touches */
+  double spill;                   /* calibrated share of the weights' memory
+                                     time it pays (st_fabric), 0..1 */
+  char cause[ST_CAUSE_MAX];       /* why cut here, why this many PEs */
 } st_plan_stage;
 
 typedef struct st_plan {
   st_fabric fabric;
   st_plan_options options;
-  char model[ST_PATH_MAX];     /* config path or "" */
-  char mode[24];               /* execution.mode */
+  char model[ST_PATH_MAX];               /* config path or "" */
+  char mode[24];                         /* execution.mode */
   int batch, micro_batch, micro_batches; /* M = batch / micro_batch */
   int n_blocks;
   st_block_cost *blocks;
   int n_stages;
   st_plan_stage *stages;
-  int band_height, bands;      /* mesh: stages sit in bands of rows, snake */
+  int band_height, bands; /* mesh: stages sit in bands of rows, snake */
   int64_t pes_used;
-  int bottleneck;              /* index of the slowest stage */
-  double bottleneck_time;      /* seconds per sample */
-  double throughput;           /* samples/s in steady state, 1 / bottleneck */
-  double balance;              /* mean stage time / bottleneck time */
-  double util_fill_drain;      /* M / (M + S - 1), GPipe bubble */
-  double util_pipelined;       /* steady state of pipelined backprop: 1 */
-  double host_time;            /* seconds per sample the caller spends
-                                  between steps, serial with the stages
-                                  (batch input, step hand-off; 0 unless
-                                  calibrated) */
-  int n_tried;                 /* throughput_by_k[k - 1] for k in 1..n_tried */
-  double *throughput_by_k;     /* (0 = infeasible); NULL if not computed */
-  char cause[ST_CAUSE_MAX];    /* why this many stages */
+  int bottleneck;           /* index of the slowest stage */
+  double bottleneck_time;   /* seconds per sample */
+  double throughput;        /* samples/s in steady state, 1 / bottleneck */
+  double balance;           /* mean stage time / bottleneck time */
+  double util_fill_drain;   /* M / (M + S - 1), GPipe bubble */
+  double util_pipelined;    /* steady state of pipelined backprop: 1 */
+  double host_time;         /* seconds per sample the caller spends
+                               between steps, serial with the stages
+                               (batch input, step hand-off; 0 unless
+                               calibrated) */
+  int n_tried;              /* throughput_by_k[k - 1] for k in 1..n_tried */
+  double *throughput_by_k;  /* (0 = infeasible); NULL if not computed */
+  char cause[ST_CAUSE_MAX]; /* why this many stages */
 } st_plan;
 
 /* Passes 2-4 on given block costs: partition into stages, allocate PEs,
@@ -1292,22 +1289,21 @@ int st_plan_validate(const st_config *cfg, FILE *f, st_error *err);
  * relative to (a resume under another seed, batch, training set or shuffling
  * would not continue the same run, so it is refused). */
 typedef struct st_train_pos {
-  int64_t step;       /* optimizer steps done */
-  int64_t epoch;      /* current epoch (0-based) */
-  int64_t epoch_pos;  /* samples of this epoch already consumed */
-  int64_t samples;    /* samples consumed in total (dropout stream) */
-  uint64_t seed;      /* train.seed */
-  int64_t batch;      /* train.batch */
+  int64_t step;          /* optimizer steps done */
+  int64_t epoch;         /* current epoch (0-based) */
+  int64_t epoch_pos;     /* samples of this epoch already consumed */
+  int64_t samples;       /* samples consumed in total (dropout stream) */
+  uint64_t seed;         /* train.seed */
+  int64_t batch;         /* train.batch */
   int64_t train_samples; /* training-set size */
-  int64_t shuffle;    /* data.shuffle */
+  int64_t shuffle;       /* data.shuffle */
 } st_train_pos;
 
 /* Writes weights (by tensor name), optimizer state ("optim.<name>.<slot>")
  * and the position as metadata, atomically. opt_state and pos may be NULL. */
-int st_checkpoint_save(const char *path, const st_model *m,
-                       const float *params, const float *opt_state,
-                       const char *optim_kind, const st_train_pos *pos,
-                       st_error *err);
+int st_checkpoint_save(const char *path, const st_model *m, const float *params,
+                       const float *opt_state, const char *optim_kind,
+                       const st_train_pos *pos, st_error *err);
 /* The same with the weights in params_dtype: "F32" (floats) or "BF16"
  * (uint16_t bf16 values, as weight streaming's file store keeps them). */
 int st_checkpoint_save_as(const char *path, const st_model *m,
@@ -1492,26 +1488,25 @@ typedef struct st_sweep_target {
 } st_sweep_target;
 
 /* Parses "accuracy=0.85" or "loss=0.4"; accuracy must lie in (0, 1]. */
-int st_sweep_target_parse(st_sweep_target *t, const char *spec,
-                          st_error *err);
+int st_sweep_target_parse(st_sweep_target *t, const char *spec, st_error *err);
 
 typedef struct st_sweep_options {
-  st_int_list batch_sizes;   /* strictly increasing, each >= 1 */
-  int trials;                /* per batch size, >= 1 */
-  int64_t budget_steps;      /* steps per trial, >= 1 */
-  double budget_epochs;      /* > 0: a trial at batch B has at most
-                              * ceil(budget_epochs x training samples / B)
-                              * steps when that is fewer; 0: off */
-  int eval_every;            /* evaluate every N steps and at the end */
-  double eval_growth;        /* > 1: the evaluation after step s comes at
-                              * max(s + eval_every, ceil(s x eval_growth)),
-                              * steps known to a ratio; <= 1: every
-                              * eval_every steps */
-  int noise_batch;           /* > 0: one of batch_sizes, even; after the
-                              * trials its best trial is run again with
-                              * metrics.noise_scale, for B_simple beside the
-                              * critical batch size (DIR/noise.csv) */
-  double lr_min, lr_max;     /* log-scale search range, 0 < min <= max */
+  st_int_list batch_sizes; /* strictly increasing, each >= 1 */
+  int trials;              /* per batch size, >= 1 */
+  int64_t budget_steps;    /* steps per trial, >= 1 */
+  double budget_epochs;    /* > 0: a trial at batch B has at most
+                            * ceil(budget_epochs x training samples / B)
+                            * steps when that is fewer; 0: off */
+  int eval_every;          /* evaluate every N steps and at the end */
+  double eval_growth;      /* > 1: the evaluation after step s comes at
+                            * max(s + eval_every, ceil(s x eval_growth)),
+                            * steps known to a ratio; <= 1: every
+                            * eval_every steps */
+  int noise_batch;         /* > 0: one of batch_sizes, even; after the
+                            * trials its best trial is run again with
+                            * metrics.noise_scale, for B_simple beside the
+                            * critical batch size (DIR/noise.csv) */
+  double lr_min, lr_max;   /* log-scale search range, 0 < min <= max */
   st_sweep_target target;
   char out_dir[ST_PATH_MAX]; /* sweep.csv, steps.csv, steps.svg, report.md */
   FILE *progress;            /* one line per trial; may be NULL */
@@ -1527,8 +1522,8 @@ double st_sweep_halton(int64_t index, int base);
  * [lr_min, lr_max]), base 3 for momentum = 1 - 10^u over [0.5, 0.99].
  * *momentum is -1 when the optimizer has none (adamw, or sgd configured with
  * momentum 0). */
-void st_sweep_point(const st_sweep_options *o, const st_config *base,
-                    int trial, double *lr, double *momentum);
+void st_sweep_point(const st_sweep_options *o, const st_config *base, int trial,
+                    double *lr, double *momentum);
 /* The regimes (docs/sweep.md, BACKGROUND.md §5). Between consecutive batch
  * sizes that reached the target, B1 < B2, the steps ratio per doubling of
  * the batch is r = (steps(B2) / steps(B1))^(1 / log2(B2 / B1));
@@ -1560,8 +1555,8 @@ typedef struct st_sweep_scaling {
  * steps to result, < 1 for not reached. ratio[k] and regime[k] (each may
  * be NULL) describe the span ending at batch[k]: r, and an st_sweep_regime;
  * NaN and ST_REGIME_NONE where no span ends. */
-st_sweep_scaling st_sweep_regimes(const int *batch, const int64_t *steps,
-                                  int n, double *ratio, int *regime);
+st_sweep_scaling st_sweep_regimes(const int *batch, const int64_t *steps, int n,
+                                  double *ratio, int *regime);
 
 /* Fits McCandlish et al.'s S(B) = S_min (1 + B_crit / B) to the batch sizes
  * that reached the target (steps >= 1): least squares on the relative

@@ -13,16 +13,16 @@
 
 static int th_passed, th_failed;
 
-#define CHECK(cond, ...)                                                     \
-  do {                                                                       \
-    if (cond) {                                                              \
-      th_passed++;                                                           \
-    } else {                                                                 \
-      th_failed++;                                                           \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                   \
-      fprintf(stderr, __VA_ARGS__);                                          \
-      fprintf(stderr, "\n");                                                 \
-    }                                                                        \
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (cond) {                                                                \
+      th_passed++;                                                             \
+    } else {                                                                   \
+      th_failed++;                                                             \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                     \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, "\n");                                                   \
+    }                                                                          \
   } while (0)
 
 /* Largest |a - b| / max(|b|, floor) over n floats; floor keeps tiny
@@ -49,20 +49,20 @@ static inline double th_max_abs(const float *a, const float *b, size_t n) {
 }
 
 /* Compares two arrays and prints the worst difference, llm.c style. */
-#define CHECK_CLOSE(what, got, want, n, tol, floor_abs)                      \
-  do {                                                                       \
-    double th_r = th_max_rel((got), (want), (n), (floor_abs));              \
-    CHECK(th_r <= (tol), "%s: max rel diff %.3g > tol %.3g", (what), th_r,   \
-          (double)(tol));                                                    \
-    if (getenv("STRATA_TEST_VERBOSE"))                                       \
-      fprintf(stderr, "  %-40s max rel diff %.3g (tol %.3g)\n", (what), th_r, \
-              (double)(tol));                                                \
+#define CHECK_CLOSE(what, got, want, n, tol, floor_abs)                        \
+  do {                                                                         \
+    double th_r = th_max_rel((got), (want), (n), (floor_abs));                 \
+    CHECK(th_r <= (tol), "%s: max rel diff %.3g > tol %.3g", (what), th_r,     \
+          (double)(tol));                                                      \
+    if (getenv("STRATA_TEST_VERBOSE"))                                         \
+      fprintf(stderr, "  %-40s max rel diff %.3g (tol %.3g)\n", (what), th_r,  \
+              (double)(tol));                                                  \
   } while (0)
 
-#define TH_DONE()                                                            \
-  do {                                                                       \
-    printf("%d passed, %d failed\n", th_passed, th_failed);                  \
-    return th_failed ? 1 : 0;                                                \
+#define TH_DONE()                                                              \
+  do {                                                                         \
+    printf("%d passed, %d failed\n", th_passed, th_failed);                    \
+    return th_failed ? 1 : 0;                                                  \
   } while (0)
 
 #endif

@@ -15,6 +15,7 @@ needs=(
   "fortunes:/usr/share/games/fortunes/cookie"
   "libopenmpi-dev:/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h"
   "openmpi-bin:/usr/bin/mpirun.openmpi"
+  "clang-format:/usr/bin/clang-format"
 )
 
 missing=()

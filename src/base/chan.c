@@ -1,8 +1,8 @@
 /*
  * chan.c — how the threads of one process hand work to each other (the
- * stage runtime's in-process links, calibration): a waiter (spin a while, then sleep on a condition
- * variable, woken only when asleep) and a one-producer, one-consumer ring
- * of (micro-batch, buffer) messages.
+ * stage runtime's in-process links, calibration): a waiter (spin a while, then
+ * sleep on a condition variable, woken only when asleep) and a one-producer,
+ * one-consumer ring of (micro-batch, buffer) messages.
  *
  * Why not one mutex and a broadcast: every hand-off then costs a futex
  * system call and wakes threads that have nothing to do. A stage whose
@@ -46,8 +46,8 @@ static int stopped(const atomic_int *a, const atomic_int *b) {
   return (a && atomic_load(a)) || (b && atomic_load(b));
 }
 
-int st_wait_ge(st_waiter *w, const atomic_llong *val, long long want,
-               int spin, const atomic_int *stop_a, const atomic_int *stop_b) {
+int st_wait_ge(st_waiter *w, const atomic_llong *val, long long want, int spin,
+               const atomic_int *stop_a, const atomic_int *stop_b) {
   for (int i = 0; i < spin; i++) {
     if (atomic_load(val) >= want) return 0;
     if (stopped(stop_a, stop_b)) return -1;

@@ -12,8 +12,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* A waiter is where one thread sleeps: st_wait_ge spins `spin` polls, then sleeps
- * until *val >= want (0) or either stop flag is set (-1; a NULL flag is
+/* A waiter is where one thread sleeps: st_wait_ge spins `spin` polls, then
+ * sleeps until *val >= want (0) or either stop flag is set (-1; a NULL flag is
  * never set). st_waiter_wake wakes it only if it sleeps, after the value
  * was published; st_waiter_wake_always after a stop flag was set. */
 enum { ST_SPIN = 4000 }; /* polls before a waiting stage thread sleeps */
@@ -26,8 +26,8 @@ void st_waiter_init(st_waiter *w);
 void st_waiter_destroy(st_waiter *w);
 void st_waiter_wake(st_waiter *w);
 void st_waiter_wake_always(st_waiter *w);
-int st_wait_ge(st_waiter *w, const atomic_llong *val, long long want,
-               int spin, const atomic_int *stop_a, const atomic_int *stop_b);
+int st_wait_ge(st_waiter *w, const atomic_llong *val, long long want, int spin,
+               const atomic_int *stop_a, const atomic_int *stop_b);
 /* A one-producer, one-consumer ring of messages (micro-batch n, buffer).
  * st_chan_put returns -1 when the ring is full (the caller's schedule
  * allows no more: a bug); after a message is put, the caller wakes the

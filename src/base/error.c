@@ -23,8 +23,8 @@ int st_error_set(st_error *err, int code, const char *fmt, ...) {
 
 const char *st_error_text(int code) {
   switch (code) {
-#define ST_ERROR_CASE(name, value, text) \
-  case value:                            \
+#define ST_ERROR_CASE(name, value, text)                                       \
+  case value:                                                                  \
     return text;
     ST_ERROR_MAP(ST_ERROR_CASE)
 #undef ST_ERROR_CASE

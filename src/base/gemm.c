@@ -148,8 +148,8 @@ static void split_to(int M, int N, int K, int target, int min_edge, int *tm,
   while (count(M, *tm) * count(N, *tn) < target) {
     int *longer = *tn >= *tm ? tn : tm;
     int h = halve(*longer);
-    if (*longer < 2 * min_edge || 2.0 * h * (longer == tn ? *tm : *tn) * K <
-                                      MIN_TILE_FLOPS) {
+    if (*longer < 2 * min_edge ||
+        2.0 * h * (longer == tn ? *tm : *tn) * K < MIN_TILE_FLOPS) {
       longer = longer == tn ? tm : tn; /* try the other side once */
       h = halve(*longer);
       if (*longer < 2 * min_edge ||
@@ -198,7 +198,8 @@ static void gemv_tile_run(void *arg, int tile) {
   int t = tile * g->w, n = g->N - t < g->w ? g->N - t : g->w;
   if (g->trans_b) /* B stored N x K: y[j] = x . B[j] */
     cblas_sgemv(CblasRowMajor, CblasNoTrans, n, g->K, g->alpha,
-                g->B + (size_t)t * g->ldb, g->ldb, g->x, 1, g->beta, g->y + t, 1);
+                g->B + (size_t)t * g->ldb, g->ldb, g->x, 1, g->beta, g->y + t,
+                1);
   else /* B stored K x N: y = sum_k x[k] B[k] */
     cblas_sgemv(CblasRowMajor, CblasTrans, g->K, n, g->alpha, g->B + t, g->ldb,
                 g->x, 1, g->beta, g->y + t, 1);
@@ -209,16 +210,16 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (M == 1 && !trans_a && K > 0) { /* one row: a matrix-vector product */
-    gemv_job g = {trans_b, N, K, ldb, gemv_tile(trans_b, N, K), alpha, beta, A, B,
-                  C};
+    gemv_job g = {trans_b, N,    K, ldb, gemv_tile(trans_b, N, K),
+                  alpha,   beta, A, B,   C};
     st_pool_for(pool, count(N, g.w), gemv_tile_run, &g);
     return;
   }
   if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
                      beta, C, ldc, NULL))
     return;
-  gemm_job j = {trans_a, trans_b, M,    N, K, lda, ldb, ldc,
-                1,       0,       0,    alpha, beta, A, B, C};
+  gemm_job j = {trans_a, trans_b, M, N,     K,    lda, ldb, ldc,
+                1,       0,       0, alpha, beta, A,   B,   C};
   choose_tiles(M, N, K, &j.tm, &j.tn);
   int tiles_m = count(M, j.tm);
   j.tiles_n = count(N, j.tn);

@@ -180,8 +180,8 @@ typedef struct narrow_job {
   float alpha, beta;
   const float *A, *B;
   float *C;
-  int per_task; /* columns of C per task */
-  int ta, tb;   /* the packed path's transposes */
+  int per_task;      /* columns of C per task */
+  int ta, tb;        /* the packed path's transposes */
   const float *bias; /* with how ADD: added in place of C (C not read) */
   /* The packed path's tasks: col_tasks across C's columns times row
    * chunks of rows_per_task (1 chunk of M rows unless few columns). */
@@ -240,7 +240,8 @@ INLINE void dot_columns(const narrow_job *J, int j0, int RJ) {
 
 static void dot_task(void *arg, int t) {
   const narrow_job *J = arg;
-  int j = t * J->per_task, end = j + J->per_task < J->N ? j + J->per_task : J->N;
+  int j = t * J->per_task,
+      end = j + J->per_task < J->N ? j + J->per_task : J->N;
   for (; j + 4 <= end; j += 4) dot_columns(J, j, 4);
   for (; j < end; j++) dot_columns(J, j, 1);
 }
@@ -296,17 +297,28 @@ INLINE void axpy_columns(const narrow_job *J, int n, int NV) {
   int r = 0;
   for (; r + 6 <= J->M; r += 6) axpy_block(J, r, n, 6, NV);
   switch (J->M - r) {
-  case 5: axpy_block(J, r, n, 5, NV); break;
-  case 4: axpy_block(J, r, n, 4, NV); break;
-  case 3: axpy_block(J, r, n, 3, NV); break;
-  case 2: axpy_block(J, r, n, 2, NV); break;
-  case 1: axpy_block(J, r, n, 1, NV); break;
+  case 5:
+    axpy_block(J, r, n, 5, NV);
+    break;
+  case 4:
+    axpy_block(J, r, n, 4, NV);
+    break;
+  case 3:
+    axpy_block(J, r, n, 3, NV);
+    break;
+  case 2:
+    axpy_block(J, r, n, 2, NV);
+    break;
+  case 1:
+    axpy_block(J, r, n, 1, NV);
+    break;
   }
 }
 
 static void axpy_task(void *arg, int t) {
   const narrow_job *J = arg;
-  int n = t * J->per_task, end = n + J->per_task < J->N ? n + J->per_task : J->N;
+  int n = t * J->per_task,
+      end = n + J->per_task < J->N ? n + J->per_task : J->N;
   for (; n + 2 * VL <= end; n += 2 * VL) axpy_columns(J, n, 2);
   for (; n + VL <= end; n += VL) axpy_columns(J, n, 1);
   for (; n < end; n++) axpy_column(J, n);
@@ -373,11 +385,11 @@ static int packed_fits(int trans_a, int M, int K, int lda) {
 /* Lanes of a and b (0-7 a's, 8-15 b's) picked by 8 constant indices:
  * GCC's and clang's spellings of the same shuffle. */
 #if defined(__clang__)
-#define SHUF(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                            \
+#define SHUF(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                             \
   __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
 #else
 typedef int vi __attribute__((vector_size(32)));
-#define SHUF(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                            \
+#define SHUF(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                             \
   __builtin_shuffle(a, b, (vi){i0, i1, i2, i3, i4, i5, i6, i7})
 #endif
 
@@ -446,14 +458,15 @@ static void pack_strip(const narrow_job *J, int n, int w, float *strip) {
 /* C[r][n .. n + w) for RR rows of op(A) from r0 against a packed strip:
  * as axpy_block, each lane sums over k in order. op(A)'s element (r, k)
  * lies at A + r * rs + k * ks (A transposed or not). */
-INLINE void packed_block(const narrow_job *J, const float *strip, int r0,
-                         int n, int w, int RR, int TA) {
+INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
+                         int w, int RR, int TA) {
   const float *A = J->A;
   size_t rs = TA ? 1 : (size_t)J->lda, ks = TA ? (size_t)J->lda : 1;
   vf acc[6][2];
   for (int r = 0; r < RR; r++) acc[r][0] = acc[r][1] = splat(0.0f);
   for (int k = 0; k < J->K; k++) {
-    vf b0 = load(strip + (size_t)k * STRIP), b1 = load(strip + (size_t)k * STRIP + VL);
+    vf b0 = load(strip + (size_t)k * STRIP),
+       b1 = load(strip + (size_t)k * STRIP + VL);
     KEEP(b0);
     KEEP(b1);
     for (int r = 0; r < RR; r++) {
@@ -487,16 +500,26 @@ INLINE void packed_rows(const narrow_job *J, const float *strip, int n, int w,
                         int TA, int r, int end) {
   for (; r + 6 <= end; r += 6) packed_block(J, strip, r, n, w, 6, TA);
   switch (end - r) {
-  case 5: packed_block(J, strip, r, n, w, 5, TA); break;
-  case 4: packed_block(J, strip, r, n, w, 4, TA); break;
-  case 3: packed_block(J, strip, r, n, w, 3, TA); break;
-  case 2: packed_block(J, strip, r, n, w, 2, TA); break;
-  case 1: packed_block(J, strip, r, n, w, 1, TA); break;
+  case 5:
+    packed_block(J, strip, r, n, w, 5, TA);
+    break;
+  case 4:
+    packed_block(J, strip, r, n, w, 4, TA);
+    break;
+  case 3:
+    packed_block(J, strip, r, n, w, 3, TA);
+    break;
+  case 2:
+    packed_block(J, strip, r, n, w, 2, TA);
+    break;
+  case 1:
+    packed_block(J, strip, r, n, w, 1, TA);
+    break;
   }
 }
 
-static void packed_strip(const narrow_job *J, const float *strip, int n,
-                         int w, int r0, int r1) {
+static void packed_strip(const narrow_job *J, const float *strip, int n, int w,
+                         int r0, int r1) {
   if (J->ta)
     packed_rows(J, strip, n, w, 1, r0, r1);
   else
@@ -528,7 +551,9 @@ enum { TASK_FLOPS = 1 << 19, TASK_ALIGN = 2 * VL > 16 ? 2 * VL : 16 };
 
 static int task_edge(int edge, double flops_per_column) {
   double fit = TASK_FLOPS / (flops_per_column > 1 ? flops_per_column : 1);
-  int units = fit < 1 ? 1 : fit > edge ? edge : (int)fit; /* a column at least */
+  int units = fit < 1      ? 1
+              : fit > edge ? edge
+                           : (int)fit; /* a column at least */
   units = (units + TASK_ALIGN - 1) / TASK_ALIGN * TASK_ALIGN;
   return units < edge ? units : edge;
 }
@@ -576,21 +601,20 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
   return packed_fits(trans_a, M, K, lda) ? NARROW_PACKED : NARROW_NONE;
 }
 
-int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
-                   int K, float alpha, const float *A, int lda, const float *B,
-                   int ldb, float beta, float *C, int ldc,
-                   const float *bias) {
+int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
+                   float alpha, const float *A, int lda, const float *B,
+                   int ldb, float beta, float *C, int ldc, const float *bias) {
   /* alpha 0: C = beta C without reading A or B, as the BLAS does */
-  int kernel =
-      alpha == 0.0f ? NARROW_NONE
-                    : st_gemm_narrow_kernel(trans_a, trans_b, M, N, K, lda);
+  int kernel = alpha == 0.0f
+                   ? NARROW_NONE
+                   : st_gemm_narrow_kernel(trans_a, trans_b, M, N, K, lda);
   if (kernel == NARROW_NONE) return 0;
-  int how = bias                                       ? ADD
-            : beta == 0.0f                               ? SET
-            : alpha == 1.0f && beta == 1.0f              ? ADD
-                                                         : SCALED;
-  narrow_job J = {M, N, K, lda, ldb, ldc, how, alpha, beta, A, B, C,
-                  0, 0, 0, bias, 0, 0};
+  int how = bias                            ? ADD
+            : beta == 0.0f                  ? SET
+            : alpha == 1.0f && beta == 1.0f ? ADD
+                                            : SCALED;
+  narrow_job J = {M, N, K, lda, ldb, ldc, how,  alpha, beta,
+                  A, B, C, 0,   0,   0,   bias, 0,     0};
   J.per_task = task_edge(N, 2.0 * M * K); /* tasks over C's columns */
   J.ta = trans_a, J.tb = trans_b;
   J.col_tasks = (N + J.per_task - 1) / J.per_task;

@@ -31,8 +31,8 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
  * narrow.c); returns 0, touching nothing, otherwise. With a bias (alpha
  * and beta 1 then), C = op(A) op(B) + bias on every row, C not read: the
  * bits of C filled with the bias and then C += op(A) op(B). */
-int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N,
-                   int K, float alpha, const float *A, int lda, const float *B,
+int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
+                   float alpha, const float *A, int lda, const float *B,
                    int ldb, float beta, float *C, int ldc, const float *bias);
 
 #endif

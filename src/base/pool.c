@@ -60,7 +60,7 @@ struct st_pool {
    * read by workers after they see the new generation. */
   void (*fn)(void *arg, int task);
   void *arg;
-  int parts; /* the caller and the workers taking part */
+  int parts;     /* the caller and the workers taking part */
   block *blocks; /* nthreads of them: participant i (caller 0, worker w w+1) */
   _Atomic int busy_workers;
   _Atomic uint64_t generation;
@@ -86,7 +86,6 @@ struct st_pool {
  * train.threads set) still spin long. */
 #define SPIN_SHARED_S 20e-6
 enum { SPIN_CHECK = 256 }; /* rounds between looks at the clock */
-
 
 /* Participant `me` runs its own block, then what is left of the others',
  * going round from the next one. */
@@ -248,7 +247,8 @@ int st_pin_thread(pthread_t thread, const int *cpus, int n) {
   CPU_ZERO(&set);
   for (int i = 0; i < n; i++)
     if (cpus[i] >= 0 && cpus[i] < CPU_SETSIZE) CPU_SET(cpus[i], &set);
-  return CPU_COUNT(&set) && pthread_setaffinity_np(thread, sizeof set, &set) == 0
+  return CPU_COUNT(&set) &&
+                 pthread_setaffinity_np(thread, sizeof set, &set) == 0
              ? 0
              : -1;
 }
@@ -269,7 +269,6 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg) {
            pthread_create(&threads[started], NULL, fn, arg) == 0)
       started++;
   fn(arg);
-  for (int j = 0; j < started; j++)
-    pthread_join(threads[j], NULL);
+  for (int j = 0; j < started; j++) pthread_join(threads[j], NULL);
   free(threads);
 }

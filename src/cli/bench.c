@@ -30,7 +30,6 @@ static const char *usage_bench =
     "                ~/.cache/strata/calibration.json)\n"
     "  --threads N   most threads to measure (default: usable cores)\n";
 
-
 /* Creates the directories above path. */
 
 int st_cli_bench(int argc, char **argv) {
@@ -51,8 +50,8 @@ int st_cli_bench(int argc, char **argv) {
         char *end;
         long n = strtol(argv[++i], &end, 10);
         if (*end || end == argv[i] || n < 1 || n > 4096)
-          return st_cli_usage_error(usage_bench, "--threads takes a count >= 1, not '%s'",
-                             argv[i]);
+          return st_cli_usage_error(
+              usage_bench, "--threads takes a count >= 1, not '%s'", argv[i]);
         threads = (int)n;
       }
     } else {
@@ -67,7 +66,8 @@ int st_cli_bench(int argc, char **argv) {
   else
     st_calibration_path(path, sizeof path);
   if (!path[0])
-    return st_cli_usage_error(usage_bench, "STRATA_CALIBRATION=none: give --out FILE%s", "");
+    return st_cli_usage_error(usage_bench,
+                              "STRATA_CALIBRATION=none: give --out FILE%s", "");
   if (threads == 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     threads = n > 0 ? (int)n : 1;
@@ -80,10 +80,8 @@ int st_cli_bench(int argc, char **argv) {
   fflush(stdout);
   double t0 = st_now();
   int rc = st_calibration_measure(&c, threads, stdout, &err);
-  if (!rc)
-    rc = st_mkdir_p(path, 0, &err);
-  if (!rc)
-    rc = st_calibration_write(&c, path, &err);
+  if (!rc) rc = st_mkdir_p(path, 0, &err);
+  if (!rc) rc = st_calibration_write(&c, path, &err);
   if (rc) {
     fprintf(stderr, "strata: error: %s\n", err.msg);
     return 1;

@@ -12,8 +12,7 @@ int st_cli_fail(const st_error *err) {
    * one rank's own error names the rank */
   if (st_dist_size() > 1 && st_dist_rank() > 0) {
     if (!st_dist_error_shared())
-      fprintf(stderr, "strata: error: rank %d: %s\n", st_dist_rank(),
-              err->msg);
+      fprintf(stderr, "strata: error: rank %d: %s\n", st_dist_rank(), err->msg);
     return 1;
   }
   fprintf(stderr, "strata: error: %s\n", err->msg);

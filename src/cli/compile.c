@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-
 static const char *usage_compile =
     "usage: strata compile CONFIG [--set key.path=value ...]\n"
     "                      [--fabric cpu | cpu:N | mesh:WxH | wse2]\n"
@@ -63,17 +62,14 @@ typedef struct compile_args {
   int n_sets, help, validate_only, compile_only;
 } compile_args;
 
-
-
 static int parse(int argc, char **argv, compile_args *a) {
-  const st_cli_option options[] = {
-      {"--validate-only", NULL, &a->validate_only},
-      {"--compile-only", NULL, &a->compile_only},
-      {"--out", &a->out, NULL},
-      {"--fabric", &a->fabric, NULL},
-      {"--stages", &a->stages, NULL},
-      {NULL, NULL, NULL}};
-  const st_cli_spec spec = {usage_compile, options, {&a->config, NULL},
+  const st_cli_option options[] = {{"--validate-only", NULL, &a->validate_only},
+                                   {"--compile-only", NULL, &a->compile_only},
+                                   {"--out", &a->out, NULL},
+                                   {"--fabric", &a->fabric, NULL},
+                                   {"--stages", &a->stages, NULL},
+                                   {NULL, NULL, NULL}};
+  const st_cli_spec spec = {usage_compile, options,    {&a->config, NULL},
                             a->sets,       &a->n_sets, &a->help};
   int rc = st_cli_parse(argc, argv, &spec);
   if (!rc && a->validate_only && a->compile_only)
@@ -86,13 +82,11 @@ static int parse(int argc, char **argv, compile_args *a) {
 
 /* --stages K: a whole number >= 1, or 0 when absent; -1 if malformed. */
 static int stages_of(const char *text) {
-  if (!text)
-    return 0;
+  if (!text) return 0;
   char *end;
   errno = 0;
   long k = strtol(text, &end, 10);
-  if (errno || end == text || *end || k < 1 || k > 1000000)
-    return -1;
+  if (errno || end == text || *end || k < 1 || k > 1000000) return -1;
   return (int)k;
 }
 
@@ -101,32 +95,26 @@ static int load(st_config *cfg, const compile_args *a, st_error *err) {
   int rc = st_config_load(cfg, a->config, err);
   for (int i = 0; !rc && i < a->n_sets; i++)
     rc = st_config_set(cfg, a->sets[i], err);
-  if (!rc && a->fabric)
-    rc = st_fabric_parse(cfg, a->fabric, err);
-  if (!rc)
-    rc = st_config_validate(cfg, err);
+  if (!rc && a->fabric) rc = st_fabric_parse(cfg, a->fabric, err);
+  if (!rc) rc = st_config_validate(cfg, err);
   return rc;
 }
-
-
 
 int st_cli_compile(int argc, char **argv) {
   compile_args a = {0};
   int rc = parse(argc, argv, &a);
-  if (rc)
-    return rc;
-  if (a.help)
-    return fputs(usage_compile, stdout), 0;
+  if (rc) return rc;
+  if (a.help) return fputs(usage_compile, stdout), 0;
   if (!a.config)
     return st_cli_usage_error(usage_compile, "compile needs a CONFIG%s", "");
   int stages = stages_of(a.stages);
   if (stages < 0)
-    return st_cli_usage_error(usage_compile, "--stages takes a whole number >= 1, not '%s'",
-                       a.stages);
+    return st_cli_usage_error(usage_compile,
+                              "--stages takes a whole number >= 1, not '%s'",
+                              a.stages);
   st_error err = {0};
   st_config cfg;
-  if (load(&cfg, &a, &err))
-    return st_cli_fail(&err);
+  if (load(&cfg, &a, &err)) return st_cli_fail(&err);
   if (a.validate_only)
     return st_plan_validate(&cfg, stdout, &err) ? st_cli_fail(&err) : 0;
 
@@ -138,17 +126,13 @@ int st_cli_compile(int argc, char **argv) {
   snprintf(json, sizeof json, "%s/plan.json", out);
   snprintf(svg, sizeof svg, "%s/plan.svg", out);
   st_plan *plan;
-  if (st_plan_compile(&plan, &cfg, stages, &err))
-    return st_cli_fail(&err);
+  if (st_plan_compile(&plan, &cfg, stages, &err)) return st_cli_fail(&err);
   st_plan_print(plan, stdout);
   rc = st_mkdir_p(out, 1, &err);
-  if (!rc)
-    rc = st_plan_write_json(plan, json, &err);
-  if (!rc)
-    rc = st_plan_write_svg(plan, svg, &err);
+  if (!rc) rc = st_plan_write_json(plan, json, &err);
+  if (!rc) rc = st_plan_write_svg(plan, svg, &err);
   st_plan_destroy(plan);
-  if (rc)
-    return st_cli_fail(&err);
+  if (rc) return st_cli_fail(&err);
   printf("wrote %s and %s\n", json, svg);
   return 0;
 }

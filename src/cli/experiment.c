@@ -85,17 +85,14 @@ static int positive(const char *text, int max) {
   char *end;
   errno = 0;
   long v = strtol(text, &end, 10);
-  if (!*text || *end || errno || v < 1 || v > max)
-    return -1;
+  if (!*text || *end || errno || v < 1 || v > max) return -1;
   return (int)v;
 }
 
 /* --NAME's value into *out when given; a usage error when malformed. */
 static int count_option(int *out, const char *name, const char *text, int max) {
-  if (!text)
-    return 0;
-  if ((*out = positive(text, max)) > 0)
-    return 0;
+  if (!text) return 0;
+  if ((*out = positive(text, max)) > 0) return 0;
   char what[160];
   snprintf(what, sizeof what, "%s takes a whole number >= 1, not '%s'", name,
            text);
@@ -105,10 +102,8 @@ static int count_option(int *out, const char *name, const char *text, int max) {
 int st_cli_experiment(int argc, char **argv) {
   experiment_args a = {0};
   int rc = parse(argc, argv, &a);
-  if (rc)
-    return rc;
-  if (a.help)
-    return fputs(usage_experiment, stdout), 0;
+  if (rc) return rc;
+  if (a.help) return fputs(usage_experiment, stdout), 0;
   if (!a.kind)
     return st_cli_usage_error(usage_experiment, "experiment needs a kind: pb%s",
                               "");
@@ -146,16 +141,14 @@ int st_cli_experiment(int argc, char **argv) {
   rc = st_config_load(&cfg, a.config, &err);
   for (int i = 0; !rc && i < a.n_sets; i++)
     rc = st_config_set(&cfg, a.sets[i], &err);
-  if (rc)
-    return st_cli_fail(&err);
+  if (rc) return st_cli_fail(&err);
 
   printf("strata: experiment pb of %s: %d variants x %d seed%s, %d at "
          "once; writing %s\n",
          a.config, ST_EXPERIMENT_PB_VARIANTS, o.seeds, o.seeds == 1 ? "" : "s",
          o.jobs, o.out_dir);
   fflush(stdout);
-  if (st_experiment_pb(&o, &cfg, &err))
-    return st_cli_fail(&err);
+  if (st_experiment_pb(&o, &cfg, &err)) return st_cli_fail(&err);
   printf("strata: done: wrote %s/results.md, results.csv and curves.svg\n",
          o.out_dir);
   return 0;

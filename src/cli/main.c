@@ -14,7 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
 typedef struct args {
   const char *config, *out, *resume, *checkpoint, *trace;
   const char *sets[ST_CLI_MAX_SETS];
@@ -31,8 +30,10 @@ static const char *usage_main =
     "  eval CONFIG      evaluate a checkpoint on the test set\n"
     "  compile CONFIG   plan the model onto a fabric (cores, a mesh, wse2)\n"
     "  inspect FILE     list the tensors of a checkpoint (safetensors)\n"
-    "  bench --calibrate  measure this machine's kernel rates for the compiler\n"
-    "  tokenize train|encode  train a BPE tokenizer on a corpus, or encode text\n"
+    "  bench --calibrate  measure this machine's kernel rates for the "
+    "compiler\n"
+    "  tokenize train|encode  train a BPE tokenizer on a corpus, or encode "
+    "text\n"
     "  sweep CONFIG     steps to a target across batch sizes (Shallue et al.)\n"
     "  experiment pb CONFIG  pipelined backprop's mitigations against the\n"
     "                   sequential baseline, over seeds\n"
@@ -45,11 +46,13 @@ static const char *usage_train =
     "usage: strata train CONFIG [--set key.path=value ...] [--out DIR]\n"
     "                    [--resume DIR] [--trace FILE]\n"
     "\n"
-    "Trains the model of CONFIG and writes to DIR (default runs/<config name>):\n"
+    "Trains the model of CONFIG and writes to DIR (default runs/<config "
+    "name>):\n"
     "  DIR/config.yaml     the resolved config (defaults, file, --set)\n"
     "  DIR/metrics.jsonl   one JSON object per logged step and per evaluation\n"
     "  DIR/summary.json    mode, steps, samples, losses, test accuracy, speed\n"
-    "  DIR/checkpoints/    step-NNNNNNNN.safetensors (weights, optimizer state,\n"
+    "  DIR/checkpoints/    step-NNNNNNNN.safetensors (weights, optimizer "
+    "state,\n"
     "                      data position)\n"
     "\n"
     "options:\n"
@@ -57,10 +60,13 @@ static const char *usage_train =
     "                   --set model.hidden=[512,512]; repeatable\n"
     "  --out DIR        output directory\n"
     "  --resume DIR     continue the run in DIR from its newest checkpoint\n"
-    "                   (bit-identical to an uninterrupted run); CONFIG may be\n"
+    "                   (bit-identical to an uninterrupted run); CONFIG may "
+    "be\n"
     "                   '-' to reuse DIR/config.yaml\n"
-    "  --trace FILE     write a Chrome trace-event JSON of the run (open it in\n"
-    "                   Perfetto or chrome://tracing): one track per stage and\n"
+    "  --trace FILE     write a Chrome trace-event JSON of the run (open it "
+    "in\n"
+    "                   Perfetto or chrome://tracing): one track per stage "
+    "and\n"
     "                   replica; forward, backward, update, send, recv, idle\n"
     "                   (the first 200,000 spans of each track)\n"
     "  --help           this text, then every config key with its default\n";
@@ -95,15 +101,14 @@ static const char *usage_generate =
     "                    token (default 0.8)\n"
     "  --top-k K         sample among the K likeliest tokens (default 40;\n"
     "                    0 = all)\n"
-    "  --seed S          the sampling stream (default 1): same seed, same text\n";
+    "  --seed S          the sampling stream (default 1): same seed, same "
+    "text\n";
 
 static const char *usage_inspect =
     "usage: strata inspect FILE\n"
     "\n"
     "Lists the tensors of a safetensors file: name, dtype, shape, min, max,\n"
     "mean, std, and its metadata (step, epoch, optimizer, ...).\n";
-
-
 
 /* Parses options after the command; positional goes to a->config. */
 static int parse_args(int argc, char **argv, args *a, const char *usage) {
@@ -112,8 +117,8 @@ static int parse_args(int argc, char **argv, args *a, const char *usage) {
                                    {"--checkpoint", &a->checkpoint, NULL},
                                    {"--trace", &a->trace, NULL},
                                    {NULL, NULL, NULL}};
-  const st_cli_spec spec = {usage, options, {&a->config, NULL}, a->sets,
-                            &a->n_sets, &a->help};
+  const st_cli_spec spec = {usage,   options,    {&a->config, NULL},
+                            a->sets, &a->n_sets, &a->help};
   return st_cli_parse(argc, argv, &spec);
 }
 
@@ -126,7 +131,8 @@ static int load_config(st_config *cfg, const args *a, st_error *err) {
     path = resumed;
   }
   int rc = st_config_load(cfg, path, err);
-  for (int i = 0; !rc && i < a->n_sets; i++) rc = st_config_set(cfg, a->sets[i], err);
+  for (int i = 0; !rc && i < a->n_sets; i++)
+    rc = st_config_set(cfg, a->sets[i], err);
   if (!rc) rc = st_config_validate(cfg, err);
   return rc;
 }
@@ -137,7 +143,8 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
   char ck[ST_PATH_MAX + 16];
   snprintf(ck, sizeof ck, "%s/checkpoints", dir);
   DIR *d = opendir(ck);
-  if (!d) return st_error_set(err, ST_EIO, "%s: cannot open: no run to resume", ck);
+  if (!d)
+    return st_error_set(err, ST_EIO, "%s: cannot open: no run to resume", ck);
   long long best = -1;
   struct dirent *e;
   while ((e = readdir(d))) {
@@ -149,7 +156,8 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
   }
   closedir(d);
   if (best < 0)
-    return st_error_set(err, ST_EIO, "%s: no step-*.safetensors checkpoint to resume from", ck);
+    return st_error_set(
+        err, ST_EIO, "%s: no step-*.safetensors checkpoint to resume from", ck);
   snprintf(out, cap, "%s/step-%08lld.safetensors", ck, best);
   return 0;
 }
@@ -173,7 +181,6 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
          (*plan)->fabric.name, json);
   return 0;
 }
-
 
 /* Where the pipeline's time went: each stage's busy fraction and its
  * measured time per sample beside the plan's prediction (where the plan
@@ -267,8 +274,8 @@ static void print_stages(const st_trainer *t, const st_config *c,
   if (!strcmp(c->execution.mode, "pipelined_backprop")) {
     printf(", 1.00 in steady state for a never-drained pipeline of %d "
            "stages%s\n",
-           S, c->execution.emulate ? " (emulated: one thread runs them all)"
-                                   : "");
+           S,
+           c->execution.emulate ? " (emulated: one thread runs them all)" : "");
     if (bound > 0 && !c->execution.emulate)
       printf("strata: the stages' own busy times allow %.2f (replayed with "
              "free hand-offs); the hand-offs and the runtime cost the "
@@ -289,7 +296,8 @@ static int cmd_train(int argc, char **argv) {
     st_config_print_schema(stdout);
     return 0;
   }
-  if (!a.config) return st_cli_usage_error(usage_train, "train needs a CONFIG%s", "");
+  if (!a.config)
+    return st_cli_usage_error(usage_train, "train needs a CONFIG%s", "");
   st_error err = {0};
   st_config cfg;
   /* over ranks the same config fails the same way on each: said once */
@@ -346,8 +354,8 @@ static int cmd_train(int argc, char **argv) {
            st_dist_size(), cfg.train.batch / st_dist_size());
   printf("strata: %s model, %d blocks, %zu parameters; mode %s, batch %d, "
          "%lld steps, %s\n",
-         m->kind, m->n_blocks, m->n_params, cfg.execution.mode,
-         cfg.train.batch, (long long)st_trainer_total_steps(t), st_blas_name());
+         m->kind, m->n_blocks, m->n_params, cfg.execution.mode, cfg.train.batch,
+         (long long)st_trainer_total_steps(t), st_blas_name());
   st_model_print(m, stdout);
   if (cfg.optimizer.reference_batch > 0) {
     const st_config *run = st_trainer_config(t);
@@ -374,8 +382,8 @@ static int cmd_train(int argc, char **argv) {
            (long long)st_trainer_pos(t)->step);
   }
   /* over MPI ranks: every rank resumed from the same step */
-  if (st_dist_check_same((uint64_t)st_trainer_pos(t)->step,
-                         "step resumed from", &err)) {
+  if (st_dist_check_same((uint64_t)st_trainer_pos(t)->step, "step resumed from",
+                         &err)) {
     st_trainer_destroy(t);
     return st_cli_fail(&err);
   }
@@ -396,13 +404,12 @@ static int cmd_train(int argc, char **argv) {
                          ? plan->util_fill_drain
                          : plan->util_pipelined;
   if (plan)
-    st_trainer_set_prediction(t,
-                              st_plan_rate(plan, !strcmp(cfg.execution.mode,
-                                                         "pipelined_backprop")),
-                              comparable &&
-                                      plan->n_stages == st_trainer_stages(t)
-                                  ? plan->balance * plan_util
-                                  : 0);
+    st_trainer_set_prediction(
+        t,
+        st_plan_rate(plan, !strcmp(cfg.execution.mode, "pipelined_backprop")),
+        comparable && plan->n_stages == st_trainer_stages(t)
+            ? plan->balance * plan_util
+            : 0);
   fflush(stdout);
   if (!speaks) a.trace = NULL;
   if (a.trace && (rc = st_trainer_trace(t, 200000, &err))) {
@@ -432,8 +439,7 @@ static int cmd_train(int argc, char **argv) {
   if (st_trainer_last_eval(t, &loss, &acc, &rate) == 0 && text)
     printf("strata: done: %lld steps, validation loss %.4f (%.3f bits per "
            "token), next-token accuracy %.4f; wrote %s\n",
-           (long long)st_trainer_pos(t)->step, loss, loss / log(2.0), acc,
-           out);
+           (long long)st_trainer_pos(t)->step, loss, loss / log(2.0), acc, out);
   else if (st_trainer_last_eval(t, &loss, &acc, &rate) == 0)
     printf("strata: done: %lld steps, test accuracy %.4f, test loss %.4f; "
            "wrote %s\n",
@@ -441,14 +447,14 @@ static int cmd_train(int argc, char **argv) {
   /* the synchronous modes fill and drain every step: the plan's steady
    * state times the bubble (1 for one stage, and for pipelined backprop) */
   if (plan)
-    printf("strata: training rate: measured %.0f samples/s, plan predicted "
-           "%.0f (%s%s)%s\n",
-           rate,
-           st_plan_rate(plan,
-                        !strcmp(cfg.execution.mode, "pipelined_backprop")),
-           plan->fabric.name,
-           plan->fabric.estimated ? ", uncalibrated estimate" : "",
-           text ? "; a sample is one sequence" : "");
+    printf(
+        "strata: training rate: measured %.0f samples/s, plan predicted "
+        "%.0f (%s%s)%s\n",
+        rate,
+        st_plan_rate(plan, !strcmp(cfg.execution.mode, "pipelined_backprop")),
+        plan->fabric.name,
+        plan->fabric.estimated ? ", uncalibrated estimate" : "",
+        text ? "; a sample is one sequence" : "");
   print_stages(t, &cfg, plan, st_trainer_pos(t)->samples - samples0);
   st_plan_destroy(plan);
   st_trainer_destroy(t);
@@ -473,7 +479,8 @@ static int cmd_export(int argc, char **argv) {
   if (!st_store_resolve(&cfg, dir)) {
     st_error_set(&err, ST_ECONFIG,
                  "%s/config.yaml: the run keeps no store (execution.store: "
-                 "file); its checkpoints are safetensors already", dir);
+                 "file); its checkpoints are safetensors already",
+                 dir);
     return st_cli_fail(&err);
   }
   if (stat(cfg.execution.store_path, &sb) != 0) {
@@ -506,7 +513,8 @@ static int cmd_eval(int argc, char **argv) {
     return st_cli_usage_error(usage_eval, "--trace is an option of train%s",
                               "");
   if (!a.config || !a.checkpoint)
-    return st_cli_usage_error(usage_eval, "eval needs CONFIG and --checkpoint FILE%s", "");
+    return st_cli_usage_error(usage_eval,
+                              "eval needs CONFIG and --checkpoint FILE%s", "");
   st_error err = {0};
   st_config cfg;
   if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
@@ -543,20 +551,20 @@ static int cmd_generate(int argc, char **argv) {
                                    {"--top-k", &topk, NULL},
                                    {"--seed", &seed, NULL},
                                    {NULL, NULL, NULL}};
-  const st_cli_spec spec = {usage_generate, options, {&a.config, NULL},
-                            a.sets, &a.n_sets, &a.help};
+  const st_cli_spec spec = {usage_generate, options,   {&a.config, NULL},
+                            a.sets,         &a.n_sets, &a.help};
   int rc = st_cli_parse(argc, argv, &spec);
   if (rc) return rc;
   if (a.help) return fputs(usage_generate, stdout), 0;
   if (!a.config || !a.checkpoint || !prompt)
-    return st_cli_usage_error(
-        usage_generate, "generate needs CONFIG, --checkpoint FILE and "
-                        "--prompt TEXT%s", "");
+    return st_cli_usage_error(usage_generate,
+                              "generate needs CONFIG, --checkpoint FILE and "
+                              "--prompt TEXT%s",
+                              "");
   double n, t, k, s;
   if (!parse_number(tokens, 0, &n) || n != (int)n)
-    return st_cli_usage_error(usage_generate,
-                              "--tokens: '%s' is not a whole number >= 0",
-                              tokens);
+    return st_cli_usage_error(
+        usage_generate, "--tokens: '%s' is not a whole number >= 0", tokens);
   if (!parse_number(temp, 0, &t))
     return st_cli_usage_error(usage_generate,
                               "--temperature: '%s' is not a number >= 0", temp);
@@ -582,7 +590,8 @@ static int cmd_inspect(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a, usage_inspect);
   if (rc) return rc;
   if (a.help) return fputs(usage_inspect, stdout), 0;
-  if (!a.config) return st_cli_usage_error(usage_inspect, "inspect needs a FILE%s", "");
+  if (!a.config)
+    return st_cli_usage_error(usage_inspect, "inspect needs a FILE%s", "");
   st_error err = {0};
   if (st_inspect(a.config, stdout, &err)) return st_cli_fail(&err);
   return 0;
@@ -611,7 +620,8 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "bench") == 0) return st_cli_bench(argc - 2, argv + 2);
   if (strcmp(cmd, "tokenize") == 0) return st_cli_tokenize(argc - 2, argv + 2);
   if (strcmp(cmd, "sweep") == 0) return st_cli_sweep(argc - 2, argv + 2);
-  if (strcmp(cmd, "experiment") == 0) return st_cli_experiment(argc - 2, argv + 2);
+  if (strcmp(cmd, "experiment") == 0)
+    return st_cli_experiment(argc - 2, argv + 2);
   if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
   if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
   return st_cli_usage_error(usage_main, "unknown command '%s'", cmd);

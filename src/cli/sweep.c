@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 static const char *usage_sweep =
     "usage: strata sweep CONFIG --batch-sizes B1,B2,... --target METRIC=VALUE\n"
     "                    [--trials N] [--budget-steps N] [--budget-epochs E]\n"
@@ -85,8 +84,6 @@ typedef struct sweep_args {
   int n_sets, help;
 } sweep_args;
 
-
-
 static int parse(int argc, char **argv, sweep_args *a) {
   const st_cli_option options[] = {{"--batch-sizes", &a->batch_sizes, NULL},
                                    {"--target", &a->target, NULL},
@@ -101,7 +98,7 @@ static int parse(int argc, char **argv, sweep_args *a) {
                                    {"--optimizer", &a->optimizer, NULL},
                                    {"--out", &a->out, NULL},
                                    {NULL, NULL, NULL}};
-  const st_cli_spec spec = {usage_sweep, options, {&a->config, NULL},
+  const st_cli_spec spec = {usage_sweep, options,    {&a->config, NULL},
                             a->sets,     &a->n_sets, &a->help};
   return st_cli_parse(argc, argv, &spec);
 }
@@ -111,8 +108,7 @@ static long long positive(const char *text, long long max) {
   char *end;
   errno = 0;
   long long v = strtoll(text, &end, 10);
-  if (!*text || *end || errno || v < 1 || v > max)
-    return -1;
+  if (!*text || *end || errno || v < 1 || v > max) return -1;
   return v;
 }
 
@@ -121,8 +117,7 @@ static double at_least(const char *text, double lo) {
   char *end;
   errno = 0;
   double v = strtod(text, &end);
-  if (!*text || *end || errno || !isfinite(v) || v < lo)
-    return NAN;
+  if (!*text || *end || errno || !isfinite(v) || v < lo) return NAN;
   return v;
 }
 
@@ -133,10 +128,8 @@ static int parse_batches(st_int_list *l, const char *text) {
   for (char *save, *p = strtok_r(buf, ",", &save); p;
        p = strtok_r(NULL, ",", &save)) {
     long long v = positive(p, 1 << 30);
-    if (v < 0 || l->n == ST_MAX_LIST)
-      return -1;
-    if (l->n && v <= l->v[l->n - 1])
-      return -1;
+    if (v < 0 || l->n == ST_MAX_LIST) return -1;
+    if (l->n && v <= l->v[l->n - 1]) return -1;
     l->v[l->n++] = (int)v;
   }
   return l->n ? 0 : -1;
@@ -145,12 +138,10 @@ static int parse_batches(st_int_list *l, const char *text) {
 static int parse_range(double *lo, double *hi, const char *text) {
   char *end;
   *lo = strtod(text, &end);
-  if (end == text || *end != ',')
-    return -1;
+  if (end == text || *end != ',') return -1;
   const char *second = end + 1;
   *hi = strtod(second, &end);
-  if (end == second || *end)
-    return -1;
+  if (end == second || *end) return -1;
   return *lo > 0 && *lo <= *hi ? 0 : -1;
 }
 
@@ -171,26 +162,21 @@ static int apply_optimizer(st_config *cfg, const char *name, st_error *err) {
       {"adam", {"optimizer.kind=adamw", NULL, NULL}},
   };
   for (size_t k = 0; k < sizeof table / sizeof table[0]; k++) {
-    if (strcmp(name, table[k].name) != 0)
-      continue;
+    if (strcmp(name, table[k].name) != 0) continue;
     for (int j = 0; j < 3 && table[k].sets[j]; j++) {
       int rc = st_config_set(cfg, table[k].sets[j], err);
-      if (rc)
-        return rc;
+      if (rc) return rc;
     }
     return 0;
   }
   return 1;
 }
 
-
 int st_cli_sweep(int argc, char **argv) {
   sweep_args a = {0};
   int rc = parse(argc, argv, &a);
-  if (rc)
-    return rc;
-  if (a.help)
-    return fputs(usage_sweep, stdout), 0;
+  if (rc) return rc;
+  if (a.help) return fputs(usage_sweep, stdout), 0;
   if (!a.config)
     return st_cli_usage_error(usage_sweep, "sweep needs a CONFIG%s", "");
   if (!a.batch_sizes)
@@ -201,54 +187,58 @@ int st_cli_sweep(int argc, char **argv) {
   st_sweep_options o = {0};
   st_error err = {0};
   if (parse_batches(&o.batch_sizes, a.batch_sizes))
-    return st_cli_usage_error(usage_sweep, "--batch-sizes takes increasing whole numbers >= 1, "
-                       "at most 32, as 1,2,4; not '%s'",
-                       a.batch_sizes);
+    return st_cli_usage_error(
+        usage_sweep,
+        "--batch-sizes takes increasing whole numbers >= 1, "
+        "at most 32, as 1,2,4; not '%s'",
+        a.batch_sizes);
   if (st_sweep_target_parse(&o.target, a.target, &err))
     return st_cli_usage_error(usage_sweep, "%s", err.msg);
   o.trials = 8;
   if (a.trials && (o.trials = (int)positive(a.trials, 1 << 20)) < 0)
-    return st_cli_usage_error(usage_sweep, "--trials takes a whole number >= 1, not '%s'",
-                       a.trials);
+    return st_cli_usage_error(
+        usage_sweep, "--trials takes a whole number >= 1, not '%s'", a.trials);
   o.jobs = st_usable_cpus(NULL, 0);
   if (a.jobs && (o.jobs = (int)positive(a.jobs, 1 << 16)) < 0)
     return st_cli_usage_error(
         usage_sweep, "--jobs takes a whole number >= 1, not '%s'", a.jobs);
   o.lr_min = 1e-3, o.lr_max = 1;
   if (a.lr_range && parse_range(&o.lr_min, &o.lr_max, a.lr_range))
-    return st_cli_usage_error(usage_sweep, "--lr-range takes MIN,MAX with 0 < MIN <= MAX, not "
-                       "'%s'",
-                       a.lr_range);
+    return st_cli_usage_error(
+        usage_sweep,
+        "--lr-range takes MIN,MAX with 0 < MIN <= MAX, not "
+        "'%s'",
+        a.lr_range);
 
   st_config cfg;
   st_config_defaults(&cfg);
   rc = st_config_load(&cfg, a.config, &err);
   if (!rc && a.optimizer && (rc = apply_optimizer(&cfg, a.optimizer, &err)) > 0)
-    return st_cli_usage_error(usage_sweep, "--optimizer takes sgd, momentum, nesterov or adam, "
-                       "not '%s'",
-                       a.optimizer);
+    return st_cli_usage_error(
+        usage_sweep,
+        "--optimizer takes sgd, momentum, nesterov or adam, "
+        "not '%s'",
+        a.optimizer);
   for (int i = 0; !rc && i < a.n_sets; i++)
     rc = st_config_set(&cfg, a.sets[i], &err);
-  if (!rc)
-    rc = st_config_validate(&cfg, &err);
-  if (rc)
-    return st_cli_fail(&err);
+  if (!rc) rc = st_config_validate(&cfg, &err);
+  if (rc) return st_cli_fail(&err);
 
   o.budget_steps = cfg.train.steps > 0 ? cfg.train.steps : 1000;
   if (a.budget && (o.budget_steps = positive(a.budget, (long long)1 << 40)) < 0)
-    return st_cli_usage_error(usage_sweep, "--budget-steps takes a whole number >= 1, not '%s'",
-                       a.budget);
+    return st_cli_usage_error(
+        usage_sweep, "--budget-steps takes a whole number >= 1, not '%s'",
+        a.budget);
   o.eval_every = cfg.train.eval_every > 0 ? cfg.train.eval_every
                                           : (int)(o.budget_steps / 100);
-  if (o.eval_every < 1)
-    o.eval_every = 1;
+  if (o.eval_every < 1) o.eval_every = 1;
   if (a.eval_every && (o.eval_every = (int)positive(a.eval_every, 1 << 30)) < 0)
-    return st_cli_usage_error(usage_sweep, "--eval-every takes a whole number >= 1, not '%s'",
-                       a.eval_every);
+    return st_cli_usage_error(
+        usage_sweep, "--eval-every takes a whole number >= 1, not '%s'",
+        a.eval_every);
   if (a.epochs && isnan(o.budget_epochs = at_least(a.epochs, 0)))
     return st_cli_usage_error(
-        usage_sweep, "--budget-epochs takes a number >= 0, not '%s'",
-        a.epochs);
+        usage_sweep, "--budget-epochs takes a number >= 0, not '%s'", a.epochs);
   if (a.growth && isnan(o.eval_growth = at_least(a.growth, 1)))
     return st_cli_usage_error(
         usage_sweep, "--eval-growth takes a number >= 1, not '%s'", a.growth);
@@ -270,11 +260,10 @@ int st_cli_sweep(int argc, char **argv) {
   printf("strata: sweep of %s: %d batch size%s x %d trial%s, at most %lld "
          "steps each, target %s, %d at once; writing %s\n",
          a.config, o.batch_sizes.n, o.batch_sizes.n == 1 ? "" : "s", o.trials,
-         o.trials == 1 ? "" : "s", (long long)o.budget_steps, a.target,
-         o.jobs, o.out_dir);
+         o.trials == 1 ? "" : "s", (long long)o.budget_steps, a.target, o.jobs,
+         o.out_dir);
   fflush(stdout);
-  if (st_sweep_run(&o, &cfg, &err))
-    return st_cli_fail(&err);
+  if (st_sweep_run(&o, &cfg, &err)) return st_cli_fail(&err);
   printf("strata: done: wrote %s/sweep.csv, steps.csv, steps.svg and "
          "report.md\n",
          o.out_dir);

@@ -36,32 +36,35 @@ typedef struct tokenize_args {
   int help;
 } tokenize_args;
 
-
-
 static int parse(int argc, char **argv, tokenize_args *a) {
   const st_cli_option options[] = {{"--vocab", &a->vocab, NULL},
                                    {"--out", &a->out, NULL},
                                    {"--tokenizer", &a->tokenizer, NULL},
                                    {NULL, NULL, NULL}};
-  const st_cli_spec spec = {usage_tokenize, options,
-                            {&a->action, &a->input}, NULL, NULL, &a->help};
+  const st_cli_spec spec = {usage_tokenize, options, {&a->action, &a->input},
+                            NULL,           NULL,    &a->help};
   return st_cli_parse(argc, argv, &spec);
 }
 
 static int train(const tokenize_args *a) {
   if (!a->input)
-    return st_cli_usage_error(usage_tokenize, "tokenize train needs a CORPUS%s", "");
+    return st_cli_usage_error(usage_tokenize, "tokenize train needs a CORPUS%s",
+                              "");
   if (!a->vocab)
-    return st_cli_usage_error(usage_tokenize, "tokenize train needs --vocab N%s", "");
+    return st_cli_usage_error(usage_tokenize,
+                              "tokenize train needs --vocab N%s", "");
   if (!a->out)
-    return st_cli_usage_error(usage_tokenize, "tokenize train needs --out FILE%s", "");
+    return st_cli_usage_error(usage_tokenize,
+                              "tokenize train needs --out FILE%s", "");
   char *stop;
   errno = 0;
   long vocab = strtol(a->vocab, &stop, 10);
   if (errno || *stop || stop == a->vocab || vocab < 256 || vocab > 1 << 20)
-    return st_cli_usage_error(usage_tokenize, "--vocab must be an integer in [256, 1048576], not "
-                       "'%s'",
-                       a->vocab);
+    return st_cli_usage_error(
+        usage_tokenize,
+        "--vocab must be an integer in [256, 1048576], not "
+        "'%s'",
+        a->vocab);
   st_error err = {0};
   uint8_t *text = NULL;
   size_t n = 0;
@@ -121,10 +124,12 @@ done:
 
 static int encode(const tokenize_args *a) {
   if (!a->input)
-    return st_cli_usage_error(usage_tokenize, "tokenize encode needs a FILE%s", "");
+    return st_cli_usage_error(usage_tokenize, "tokenize encode needs a FILE%s",
+                              "");
   if (a->vocab || a->out)
-    return st_cli_usage_error(usage_tokenize, "%s is an option of tokenize train",
-                       a->vocab ? "--vocab" : "--out");
+    return st_cli_usage_error(usage_tokenize,
+                              "%s is an option of tokenize train",
+                              a->vocab ? "--vocab" : "--out");
   st_error err = {0};
   st_tokenizer *tok = NULL;
   uint8_t *text = NULL;
@@ -133,21 +138,17 @@ static int encode(const tokenize_args *a) {
   int status = 1;
   int rc = a->tokenizer ? st_tokenizer_load(&tok, a->tokenizer, &err)
                         : st_tokenizer_create_bytes(&tok, &err);
-  if (!rc)
-    rc = st_file_read(&text, &n, a->input, &err);
+  if (!rc) rc = st_file_read(&text, &n, a->input, &err);
   if (!rc && n) {
     ids = st_alloc(n * sizeof *ids);
-    if (!ids)
-      rc = st_error_set(&err, ST_ENOMEM, "%s: out of memory", a->input);
+    if (!ids) rc = st_error_set(&err, ST_ENOMEM, "%s: out of memory", a->input);
   }
-  if (!rc)
-    rc = st_tokenizer_encode(tok, text, n, ids, &n_ids, &err);
+  if (!rc) rc = st_tokenizer_encode(tok, text, n, ids, &n_ids, &err);
   if (rc) {
     status = st_cli_fail(&err);
     goto done;
   }
-  for (size_t i = 0; i < n_ids; i++)
-    printf(i ? " %d" : "%d", ids[i]);
+  for (size_t i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
   printf("\n");
   status = fflush(stdout) == 0 ? 0 : 1;
 done:
@@ -160,21 +161,22 @@ done:
 int st_cli_tokenize(int argc, char **argv) {
   tokenize_args a = {0};
   int rc = parse(argc, argv, &a);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   if (a.help) {
     fputs(usage_tokenize, stdout);
     return 0;
   }
   if (!a.action)
-    return st_cli_usage_error(usage_tokenize, "tokenize needs an action: train or encode%s", "");
+    return st_cli_usage_error(
+        usage_tokenize, "tokenize needs an action: train or encode%s", "");
   if (strcmp(a.action, "train") == 0) {
     if (a.tokenizer)
-      return st_cli_usage_error(usage_tokenize, "--tokenizer is an option of tokenize encode%s", "");
+      return st_cli_usage_error(
+          usage_tokenize, "--tokenizer is an option of tokenize encode%s", "");
     return train(&a);
   }
-  if (strcmp(a.action, "encode") == 0)
-    return encode(&a);
-  return st_cli_usage_error(usage_tokenize, "unknown tokenize action '%s' (train or encode)",
-                     a.action);
+  if (strcmp(a.action, "encode") == 0) return encode(&a);
+  return st_cli_usage_error(usage_tokenize,
+                            "unknown tokenize action '%s' (train or encode)",
+                            a.action);
 }

@@ -16,8 +16,8 @@
  *     causal mask, beside their GEMMs) for one shape per GEMM class; their
  *     GEMMs alone ran 1.3-2.5x faster than the kernels;
  *   - the single-threaded ops (relu, groupnorm, maxpool, the optimizer
- *     step, gelu) as bytes/s, with "bytes" counted exactly as pass 1 counts them
- *     (cost.c), so time = bytes / bandwidth holds by construction;
+ *     step, gelu) as bytes/s, with "bytes" counted exactly as pass 1 counts
+ * them (cost.c), so time = bytes / bandwidth holds by construction;
  *   - memcpy of activation-sized buffers: the stage-to-stage copy;
  *   - the optimizer step on a slab larger than any last-level cache: in a
  *     run its weights, gradients and state are touched once a step and
@@ -65,8 +65,7 @@ static double time_per_call(work_fn fn, void *arg) {
       calls++;
       t = st_now() - t0;
     } while (t < WINDOW_S);
-    if (t / (double)calls < best)
-      best = t / (double)calls;
+    if (t / (double)calls < best) best = t / (double)calls;
   }
   return best;
 }
@@ -99,8 +98,7 @@ static int gemm_job_alloc(gemm_job *j) {
   j->b = st_alloc((size_t)j->N * j->K * sizeof(float));
   j->c = st_alloc((size_t)j->M * j->N * sizeof(float));
   j->d = st_alloc((size_t)j->N * j->K * sizeof(float));
-  if (!j->a || !j->b || !j->c || !j->d)
-    return ST_ENOMEM;
+  if (!j->a || !j->b || !j->c || !j->d) return ST_ENOMEM;
   fill(j->a, (size_t)j->M * j->K);
   fill(j->b, (size_t)j->N * j->K);
   memset(j->d, 0, (size_t)j->N * j->K * sizeof(float));
@@ -117,16 +115,14 @@ static void gemm_job_free(gemm_job *j) {
 
 /* FLOP/s of gemm_step on shape cls with `threads` threads. */
 static int gemm_rate(int cls, int threads, double *rate) {
-  gemm_job j = {.M = gemm_shapes[cls][0], .N = gemm_shapes[cls][1],
+  gemm_job j = {.M = gemm_shapes[cls][0],
+                .N = gemm_shapes[cls][1],
                 .K = gemm_shapes[cls][2]};
   j.pool = threads > 1 ? st_pool_create(threads) : NULL;
   int rc = gemm_job_alloc(&j);
-  if (!rc && threads > 1 && !j.pool)
-    rc = ST_ENOMEM;
-  if (!rc)
-    *rate = 6.0 * j.M * j.N * j.K / time_per_call(gemm_step, &j);
-  if (j.pool)
-    st_pool_destroy(j.pool);
+  if (!rc && threads > 1 && !j.pool) rc = ST_ENOMEM;
+  if (!rc) *rate = 6.0 * j.M * j.N * j.K / time_per_call(gemm_step, &j);
+  if (j.pool) st_pool_destroy(j.pool);
   gemm_job_free(&j);
   return rc;
 }
@@ -144,18 +140,15 @@ static double cache_bytes(int level) {
     int lv = 0, ok = 0;
     snprintf(path, sizeof path, "%s/index%d/level", dir, i);
     FILE *f = fopen(path, "r");
-    if (!f)
-      return 0;
+    if (!f) return 0;
     ok = fscanf(f, "%d", &lv) == 1;
     fclose(f);
     snprintf(path, sizeof path, "%s/index%d/type", dir, i);
-    if (!ok || lv != level || !(f = fopen(path, "r")))
-      continue;
+    if (!ok || lv != level || !(f = fopen(path, "r"))) continue;
     ok = fgets(text, sizeof text, f) && strncmp(text, "Instruction", 11) != 0;
     fclose(f);
     snprintf(path, sizeof path, "%s/index%d/size", dir, i);
-    if (!ok || !(f = fopen(path, "r")))
-      continue;
+    if (!ok || !(f = fopen(path, "r"))) continue;
     char unit = 0;
     if (fscanf(f, "%lf%c", &size, &unit) >= 1)
       size *= unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : 1.0;
@@ -180,8 +173,7 @@ static double step_after(gemm_job *j, float *junk, size_t junk_n) {
       busy += st_now() - t0;
       calls++;
     } while (busy < WINDOW_S / 2);
-    if (busy / (double)calls < best)
-      best = busy / (double)calls;
+    if (busy / (double)calls < best) best = busy / (double)calls;
   }
   return best;
 }
@@ -238,13 +230,12 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
   for (int k = 0; k < n; k++) {
     double fr = extra > 0 ? (t[k] - hot) / extra : 0;
     fr = fr < 0 ? 0 : fr > 1 ? 1 : fr;
-    c->spill_fraction[k] = k && fr < c->spill_fraction[k - 1]
-                               ? c->spill_fraction[k - 1] : fr;
+    c->spill_fraction[k] =
+        k && fr < c->spill_fraction[k - 1] ? c->spill_fraction[k - 1] : fr;
   }
   c->spill_fraction[0] = 0;
   c->spill_fraction[n - 1] = 1;
-  if (!(extra > 0))
-    c->n_spill = 0; /* the cold step was no slower: no curve */
+  if (!(extra > 0)) c->n_spill = 0; /* the cold step was no slower: no curve */
   if (progress) {
     fprintf(progress,
             "  gemm large at %d rows %8.2f GFLOP/s (weights hot; L2 %.0f KB)\n",
@@ -252,8 +243,10 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
     fprintf(progress,
             "  gemm medium at %d rows %7.2f GFLOP/s (weights in L2)\n", j.M,
             c->narrow_l2_rate / 1e9);
-    fprintf(progress, "  spill: %.1f us per MB of weights from memory; share "
-                      "paid by MB touched:", c->spill_cost * 1048576.0 * 1e6);
+    fprintf(progress,
+            "  spill: %.1f us per MB of weights from memory; share "
+            "paid by MB touched:",
+            c->spill_cost * 1048576.0 * 1e6);
     for (int k = 0; k < n; k++)
       fprintf(progress, " %.1f:%.2f", c->spill_ws[k] / 1048576.0,
               c->spill_fraction[k]);
@@ -309,8 +302,7 @@ static void *stream_main(void *arg) {
   const int *shape = gemm_shapes[ST_GEMM_CLASSES - 1];
   gemm_job j = {.M = shape[0], .N = shape[1], .K = shape[2]};
   s->rc = gemm_job_alloc(&j);
-  if (!s->rc)
-    gemm_step(&j); /* warm */
+  if (!s->rc) gemm_step(&j); /* warm */
   atomic_fetch_add(&s->all->ready, 1);
   int go;
   while ((go = atomic_load(&s->all->go)) == 0)
@@ -534,10 +526,8 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   st_config_defaults(&j.cfg);
   /* the shipped configs' optimizer: SGD with momentum, one state slot */
   int rc = st_config_set(&j.cfg, "optimizer.kind=sgd", err);
-  if (!rc)
-    rc = st_config_set(&j.cfg, "optimizer.momentum=0.9", err);
-  if (rc)
-    return rc;
+  if (!rc) rc = st_config_set(&j.cfg, "optimizer.momentum=0.9", err);
+  if (rc) return rc;
   size_t n = (size_t)OB * OC * OH * OW, bytes = n * sizeof(float);
   j.n = n;
   float **bufs[] = {&j.x, &j.y, &j.dx, &j.dy, &j.w, &j.dw};
@@ -550,8 +540,7 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   j.db = st_alloc(OC * sizeof(float));
   rc = 0;
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-    if (!*bufs[i])
-      rc = ST_ENOMEM;
+    if (!*bufs[i]) rc = ST_ENOMEM;
   if (rc || !j.idx || !j.mean || !j.rstd || !j.b || !j.db) {
     rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory");
     goto done;
@@ -565,8 +554,7 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   /* bytes as cost.c counts them for the same layers */
   c->op_bandwidth[0] = 4 * (2 * dn + 3 * dn) / time_per_call(relu_step, &j);
   c->op_bandwidth[1] = 4 * (3 * dn + 5 * dn) / time_per_call(norm_step, &j);
-  c->op_bandwidth[2] =
-      4 * 2 * (dn + 2 * pooled) / time_per_call(pool_step, &j);
+  c->op_bandwidth[2] = 4 * 2 * (dn + 2 * pooled) / time_per_call(pool_step, &j);
   c->op_bandwidth[3] = optim_bandwidth(&j.cfg);
   c->op_bandwidth[4] = 4 * (2 * dn + 3 * dn) / time_per_call(gelu_step, &j);
   c->copy_bandwidth = (double)bytes / time_per_call(copy_step, &j);
@@ -574,8 +562,7 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   c->step_latency = step_latency();
   if (c->op_bandwidth[3] <= 0 || c->input_bandwidth <= 0 ||
       c->step_latency <= 0) {
-    rc = st_error_set(err, ST_ENOMEM,
-                      "calibration: out of memory or threads");
+    rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory or threads");
     goto done;
   }
   if (progress)
@@ -591,8 +578,7 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
             "hand-off", c->step_latency * 1e6);
   }
 done:
-  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-    st_free(*bufs[i]);
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) st_free(*bufs[i]);
   st_free(j.idx);
   st_free(j.mean);
   st_free(j.rstd);
@@ -618,16 +604,16 @@ static const int attention_shapes[ST_GEMM_CLASSES][4] = {
     {8, 64, 128, 4}, {2, 256, 256, 4}, {1, 1024, 256, 2}, {1, 2048, 256, 1}};
 
 typedef struct kernel_job {
-  int B, IC, HW, OC;      /* conv2d */
-  int T, C, NH;           /* attention */
+  int B, IC, HW, OC; /* conv2d */
+  int T, C, NH;      /* attention */
   /* attention: in is qkv, col the probabilities, w the backward's scratch */
   float *in, *w, *b, *out, *col, *dout, *din, *dw, *db;
 } kernel_job;
 
 static void conv_fwd_step(void *arg) {
   kernel_job *j = arg;
-  st_conv2d_forward(NULL, j->out, j->in, j->w, j->b, j->col, j->B, j->IC,
-                    j->HW, j->HW, j->OC, 3, 1, 1);
+  st_conv2d_forward(NULL, j->out, j->in, j->w, j->b, j->col, j->B, j->IC, j->HW,
+                    j->HW, j->OC, 3, 1, 1);
 }
 
 static void conv_bwd_step(void *arg) {
@@ -643,8 +629,8 @@ static void attention_fwd_step(void *arg) {
 
 static void attention_bwd_step(void *arg) {
   kernel_job *j = arg;
-  st_attention_backward(NULL, j->din, j->dout, j->in, j->col, j->w, j->B,
-                        j->T, j->C, j->NH);
+  st_attention_backward(NULL, j->din, j->dout, j->in, j->col, j->w, j->B, j->T,
+                        j->C, j->NH);
 }
 
 /* j's buffers, in the order kernel_alloc's counts give them */
@@ -670,8 +656,7 @@ static int kernel_alloc(kernel_job *j, const size_t n[KERNEL_BUFS]) {
   float **bufs[KERNEL_BUFS];
   kernel_bufs(j, bufs);
   for (int i = 0; i < KERNEL_BUFS; i++) {
-    if (!n[i])
-      continue;
+    if (!n[i]) continue;
     if (!(*bufs[i] = st_alloc(n[i] * sizeof(float)))) {
       kernel_free(j);
       return ST_ENOMEM;
@@ -685,13 +670,20 @@ static int kernel_alloc(kernel_job *j, const size_t n[KERNEL_BUFS]) {
 static int conv_rates(int k, double *fwd, double *bwd) {
   const int *s = conv_shapes[k];
   kernel_job j = {.B = s[0], .IC = s[1], .HW = s[2], .OC = s[3]};
-  size_t in = (size_t)j.B * j.IC * j.HW * j.HW, out = (size_t)j.B * j.OC * j.HW * j.HW;
+  size_t in = (size_t)j.B * j.IC * j.HW * j.HW,
+         out = (size_t)j.B * j.OC * j.HW * j.HW;
   size_t w = (size_t)j.OC * j.IC * 9;
-  size_t n[KERNEL_BUFS] = {in, w, (size_t)j.OC, out,
-                 st_conv2d_scratch_floats(j.B, j.IC, j.HW, j.HW, 3, 1, 1),
-                 out, in, w, (size_t)j.OC};
-  if (kernel_alloc(&j, n))
-    return ST_ENOMEM;
+  size_t n[KERNEL_BUFS] = {
+      in,
+      w,
+      (size_t)j.OC,
+      out,
+      st_conv2d_scratch_floats(j.B, j.IC, j.HW, j.HW, 3, 1, 1),
+      out,
+      in,
+      w,
+      (size_t)j.OC};
+  if (kernel_alloc(&j, n)) return ST_ENOMEM;
   st_cost c = st_conv2d_cost(j.IC, j.HW, j.HW, j.OC, 3, 1, 1);
   *fwd = j.B * c.flops_fwd / time_per_call(conv_fwd_step, &j);
   *bwd = j.B * c.flops_bwd / time_per_call(conv_bwd_step, &j);
@@ -704,10 +696,16 @@ static int attention_rates(int k, double *fwd, double *bwd) {
   const int *s = attention_shapes[k];
   kernel_job j = {.B = s[0], .T = s[1], .C = s[2], .NH = s[3]};
   size_t qkv = (size_t)j.B * j.T * 3 * j.C, y = (size_t)j.B * j.T * j.C;
-  size_t n[KERNEL_BUFS] = {qkv, st_attention_scratch_floats(j.B, j.T, j.C, j.NH) + 1, 0,
-                 y, (size_t)j.B * j.NH * j.T * j.T, y, qkv, 0, 0};
-  if (kernel_alloc(&j, n))
-    return ST_ENOMEM;
+  size_t n[KERNEL_BUFS] = {qkv,
+                           st_attention_scratch_floats(j.B, j.T, j.C, j.NH) + 1,
+                           0,
+                           y,
+                           (size_t)j.B * j.NH * j.T * j.T,
+                           y,
+                           qkv,
+                           0,
+                           0};
+  if (kernel_alloc(&j, n)) return ST_ENOMEM;
   st_cost c = st_attention_cost(j.T, j.C, j.NH);
   attention_fwd_step(&j); /* the probabilities the backward reads */
   *fwd = j.B * c.flops_fwd / time_per_call(attention_fwd_step, &j);
@@ -725,8 +723,7 @@ static int measure_kernels(st_calibration *c, FILE *progress, st_error *err) {
       return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
     if (attention_rates(k, &c->attention_rate[0][k], &c->attention_rate[1][k]))
       return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
-    if (!progress)
-      continue;
+    if (!progress) continue;
     const int *s = conv_shapes[k], *a = attention_shapes[k];
     fprintf(progress,
             "  conv2d %-6s %2dx%2dx%2d->%-3d fwd %6.2f bwd %6.2f GFLOP/s; "
@@ -763,8 +760,7 @@ static int paired_rates(int t, int streams, double *one, double *many) {
 int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
                            st_error *err) {
   memset(c, 0, sizeof *c);
-  if (max_threads < 1)
-    max_threads = 1;
+  if (max_threads < 1) max_threads = 1;
   time_t now = time(NULL);
   struct tm tm;
   gmtime_r(&now, &tm);
@@ -833,10 +829,8 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
     fprintf(progress, "  m(n) = 1/(1 + %.4f (n - 1)), fitted\n",
             c->sharing_slope);
   int rc = measure_narrow(c, progress, err);
-  if (!rc)
-    rc = measure_row(c, progress, err);
-  if (!rc)
-    rc = measure_kernels(c, progress, err);
+  if (!rc) rc = measure_row(c, progress, err);
+  if (!rc) rc = measure_kernels(c, progress, err);
   return rc ? rc : measure_ops(c, progress, err);
 }
 
@@ -846,8 +840,8 @@ static void json_array(char *buf, size_t cap, size_t *at, const char *key,
                        const double *v, int n, int last) {
   *at += (size_t)snprintf(buf + *at, cap - *at, "  \"%s\": [", key);
   for (int i = 0; i < n && *at < cap; i++)
-    *at += (size_t)snprintf(buf + *at, cap - *at, "%s%.6g", i ? ", " : "",
-                            v[i]);
+    *at +=
+        (size_t)snprintf(buf + *at, cap - *at, "%s%.6g", i ? ", " : "", v[i]);
   if (*at < cap)
     *at += (size_t)snprintf(buf + *at, cap - *at, "]%s\n", last ? "" : ",");
 }
@@ -860,8 +854,7 @@ static void json_shapes(char *buf, size_t cap, size_t *at, const char *key,
     *at += (size_t)snprintf(buf + *at, cap - *at, "%s[%d, %d, %d, %d]",
                             k ? ", " : "", shape[k][0], shape[k][1],
                             shape[k][2], shape[k][3]);
-  if (*at < cap)
-    *at += (size_t)snprintf(buf + *at, cap - *at, "],\n");
+  if (*at < cap) *at += (size_t)snprintf(buf + *at, cap - *at, "],\n");
 }
 
 int st_calibration_write(const st_calibration *c, const char *path,
@@ -884,8 +877,7 @@ int st_calibration_write(const st_calibration *c, const char *path,
   at += (size_t)snprintf(buf + at, cap - at, "],\n");
   json_array(buf, cap, &at, "gemm_rate", c->gemm_rate, ST_GEMM_CLASSES, 0);
   double threads[ST_CALIBRATION_MAX_THREADS];
-  for (int i = 0; i < c->n_threads; i++)
-    threads[i] = c->threads[i];
+  for (int i = 0; i < c->n_threads; i++) threads[i] = c->threads[i];
   json_array(buf, cap, &at, "threads", threads, c->n_threads, 0);
   json_array(buf, cap, &at, "gemm_rate_threads", c->gemm_rate_threads,
              c->n_threads, 0);
@@ -900,8 +892,10 @@ int st_calibration_write(const st_calibration *c, const char *path,
   at += (size_t)snprintf(buf + at, cap - at, "],\n");
   json_array(buf, cap, &at, "op_bandwidth", c->op_bandwidth, ST_OP_CLASSES, 0);
   json_shapes(buf, cap, &at, "conv_shapes", c->conv_shape);
-  json_array(buf, cap, &at, "conv_rate_fwd", c->conv_rate[0], ST_GEMM_CLASSES, 0);
-  json_array(buf, cap, &at, "conv_rate_bwd", c->conv_rate[1], ST_GEMM_CLASSES, 0);
+  json_array(buf, cap, &at, "conv_rate_fwd", c->conv_rate[0], ST_GEMM_CLASSES,
+             0);
+  json_array(buf, cap, &at, "conv_rate_bwd", c->conv_rate[1], ST_GEMM_CLASSES,
+             0);
   json_shapes(buf, cap, &at, "attention_shapes", c->attention_shape);
   json_array(buf, cap, &at, "attention_rate_fwd", c->attention_rate[0],
              ST_GEMM_CLASSES, 0);
@@ -910,7 +904,7 @@ int st_calibration_write(const st_calibration *c, const char *path,
   json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 0);
   json_array(buf, cap, &at, "input_bandwidth", &c->input_bandwidth, 1, 0);
   int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
-  int row = c->row_bandwidth > 0;   /* likewise */
+  int row = c->row_bandwidth > 0;  /* likewise */
   json_array(buf, cap, &at, "step_latency", &c->step_latency, 1,
              !narrow && !row);
   if (row)
@@ -922,12 +916,11 @@ int st_calibration_write(const st_calibration *c, const char *path,
     if (c->narrow_l2_rate > 0)
       json_array(buf, cap, &at, "narrow_l2_rate", &c->narrow_l2_rate, 1, 0);
     json_array(buf, cap, &at, "l2_bytes", &c->l2_bytes, 1, 0);
-    json_array(buf, cap, &at, "spill_cost", &c->spill_cost, 1,
-               c->n_spill < 2);
+    json_array(buf, cap, &at, "spill_cost", &c->spill_cost, 1, c->n_spill < 2);
     if (c->n_spill >= 2) {
       json_array(buf, cap, &at, "spill_ws", c->spill_ws, c->n_spill, 0);
-      json_array(buf, cap, &at, "spill_fraction", c->spill_fraction,
-                 c->n_spill, 1);
+      json_array(buf, cap, &at, "spill_fraction", c->spill_fraction, c->n_spill,
+                 1);
     }
   }
   if (at + 3 > cap)
@@ -944,24 +937,19 @@ static const char *value_of(const char *text, const char *key) {
   char pat[64];
   snprintf(pat, sizeof pat, "\"%s\"", key);
   const char *p = strstr(text, pat);
-  if (!p)
-    return NULL;
+  if (!p) return NULL;
   p += strlen(pat);
-  while (isspace((unsigned char)*p))
-    p++;
-  if (*p != ':')
-    return NULL;
+  while (isspace((unsigned char)*p)) p++;
+  if (*p != ':') return NULL;
   p++;
-  while (isspace((unsigned char)*p))
-    p++;
+  while (isspace((unsigned char)*p)) p++;
   return p;
 }
 
 /* Numbers of a (possibly nested) array, flattened; returns the count, or
  * -1 if malformed. */
 static int numbers_of(const char *p, double *out, int cap) {
-  if (!p || *p != '[')
-    return -1;
+  if (!p || *p != '[') return -1;
   int depth = 0, n = 0;
   for (;;) {
     if (*p == '[') {
@@ -969,16 +957,14 @@ static int numbers_of(const char *p, double *out, int cap) {
       p++;
     } else if (*p == ']') {
       p++;
-      if (--depth == 0)
-        return n;
+      if (--depth == 0) return n;
     } else if (*p == ',' || isspace((unsigned char)*p)) {
       p++;
     } else {
       char *end;
       errno = 0;
       double v = strtod(p, &end);
-      if (end == p || errno || n == cap)
-        return -1;
+      if (end == p || errno || n == cap) return -1;
       out[n++] = v;
       p = end;
     }
@@ -1020,8 +1006,9 @@ static int parse(st_calibration *c, const char *text, const char *path,
   size_t flen = strlen(FORMAT_NAME);
   if (!fmt || fmt[0] != '"' || strncmp(fmt + 1, FORMAT_NAME, flen) != 0 ||
       fmt[flen + 1] != '"')
-    return bad(err, path, "not a strata calibration profile (no \"format\": "
-                          "\"" FORMAT_NAME "\")");
+    return bad(err, path,
+               "not a strata calibration profile (no \"format\": "
+               "\"" FORMAT_NAME "\")");
   const char *ver = value_of(text, "version");
   char *end;
   long version = ver ? strtol(ver, &end, 10) : -1;
@@ -1030,14 +1017,12 @@ static int parse(st_calibration *c, const char *text, const char *path,
   }
   if (version != ST_CALIBRATION_VERSION) {
     char what[128];
-    snprintf(what, sizeof what,
-             "version %ld, this strata reads version %d", version,
-             ST_CALIBRATION_VERSION);
+    snprintf(what, sizeof what, "version %ld, this strata reads version %d",
+             version, ST_CALIBRATION_VERSION);
     return bad(err, path, what);
   }
   const char *date = value_of(text, "date");
-  if (!date || *date != '"')
-    return bad(err, path, "no \"date\"");
+  if (!date || *date != '"') return bad(err, path, "no \"date\"");
   size_t dlen = strcspn(date + 1, "\"");
   if (dlen == 0 || dlen >= sizeof c->date || date[1 + dlen] != '"')
     return bad(err, path, "\"date\": malformed");
@@ -1067,8 +1052,8 @@ static int parse(st_calibration *c, const char *text, const char *path,
   /* optional (profiles before them): conv2d and attention as GEMMs */
   if (value_of(text, "conv_rate_fwd")) {
     double sh[4 * ST_GEMM_CLASSES];
-    if ((rc = positive_array(text, path, "conv_shapes", sh,
-                             4 * ST_GEMM_CLASSES, err)) ||
+    if ((rc = positive_array(text, path, "conv_shapes", sh, 4 * ST_GEMM_CLASSES,
+                             err)) ||
         (rc = positive_array(text, path, "conv_rate_fwd", c->conv_rate[0],
                              ST_GEMM_CLASSES, err)) ||
         (rc = positive_array(text, path, "conv_rate_bwd", c->conv_rate[1],
@@ -1090,15 +1075,15 @@ static int parse(st_calibration *c, const char *text, const char *path,
   if (n < 1)
     return bad(err, path, "\"threads\": expected 1 to 8 thread counts");
   c->n_threads = n;
-  for (int i = 0; i < n; i++)
-    c->threads[i] = (int)th[i];
+  for (int i = 0; i < n; i++) c->threads[i] = (int)th[i];
   if ((rc = positive_array(text, path, "gemm_rate_threads",
                            c->gemm_rate_threads, n, err)) ||
       (rc = positive_array(text, path, "efficiency", c->efficiency, n, err)))
     return rc;
   int ns = numbers_of(value_of(text, "efficiency_slope"), one, 1);
   if (ns != 1 || !(one[0] >= 0 && one[0] < 1))
-    return bad(err, path, "\"efficiency_slope\": expected one number in [0, 1)");
+    return bad(err, path,
+               "\"efficiency_slope\": expected one number in [0, 1)");
   c->efficiency_slope = one[0];
   /* optional (profiles before it): independent cores */
   for (int i = 0; i < n; i++) c->sharing[i] = 1;
@@ -1133,8 +1118,9 @@ static int parse(st_calibration *c, const char *text, const char *path,
     double v[ST_SPILL_POINTS];
     if (numbers_of(value_of(text, "narrow_rows"), v, 1) != 1 ||
         !(v[0] >= 2 && v[0] < ST_GEMM_REF_ROWS) || v[0] != floor(v[0]))
-      return bad(err, path, "\"narrow_rows\": expected a whole number in "
-                            "[2, 64)");
+      return bad(err, path,
+                 "\"narrow_rows\": expected a whole number in "
+                 "[2, 64)");
     c->narrow_rows = (int)v[0];
     if ((rc = positive_array(text, path, "narrow_rate", &c->narrow_rate, 1,
                              err)))
@@ -1146,36 +1132,38 @@ static int parse(st_calibration *c, const char *text, const char *path,
       return rc;
     if (numbers_of(value_of(text, "l2_bytes"), &c->l2_bytes, 1) != 1 ||
         !(c->l2_bytes >= 0) || !isfinite(c->l2_bytes))
-      return bad(err, path, "\"l2_bytes\": expected one number >= 0 (0: "
-                            "unknown)");
+      return bad(err, path,
+                 "\"l2_bytes\": expected one number >= 0 (0: "
+                 "unknown)");
     if (numbers_of(value_of(text, "spill_cost"), &c->spill_cost, 1) != 1 ||
         !(c->spill_cost >= 0) || !isfinite(c->spill_cost))
       return bad(err, path, "\"spill_cost\": expected one number >= 0");
     /* no curve when the cold step measured no slower */
-    int nw = numbers_of(value_of(text, "spill_ws"), c->spill_ws,
-                        ST_SPILL_POINTS);
+    int nw =
+        numbers_of(value_of(text, "spill_ws"), c->spill_ws, ST_SPILL_POINTS);
     int nf = numbers_of(value_of(text, "spill_fraction"), v, ST_SPILL_POINTS);
     if (value_of(text, "spill_ws") || value_of(text, "spill_fraction")) {
       if (nw < 2 || nf != nw)
-        return bad(err, path, "\"spill_ws\" and \"spill_fraction\": "
-                              "expected 2 to 10 numbers each, as many of one "
-                              "as the other");
+        return bad(err, path,
+                   "\"spill_ws\" and \"spill_fraction\": "
+                   "expected 2 to 10 numbers each, as many of one "
+                   "as the other");
       int ok = v[0] == 0 && v[nw - 1] == 1;
       for (int k = 0; k < nw; k++)
         ok &= c->spill_ws[k] > (k ? c->spill_ws[k - 1] : 0) &&
               isfinite(c->spill_ws[k]) && v[k] >= (k ? v[k - 1] : 0) &&
               v[k] <= 1;
       if (!ok)
-        return bad(err, path, "\"spill_ws\" must rise, and "
-                              "\"spill_fraction\" rise from 0 to 1");
+        return bad(err, path,
+                   "\"spill_ws\" must rise, and "
+                   "\"spill_fraction\" rise from 0 to 1");
       memcpy(c->spill_fraction, v, (size_t)nw * sizeof *v);
       c->n_spill = nw;
     }
   }
   const char *cores = value_of(text, "cores");
   c->cores = cores ? atoi(cores) : 0;
-  if (c->cores < 1)
-    return bad(err, path, "\"cores\": expected a count >= 1");
+  if (c->cores < 1) return bad(err, path, "\"cores\": expected a count >= 1");
   return 0;
 }
 
@@ -1190,10 +1178,8 @@ int st_calibration_read(st_calibration *c, const char *path, st_error *err) {
   int too_long = n == sizeof text - 1 && fgetc(f) != EOF;
   fclose(f);
   text[n] = '\0';
-  if (too_long)
-    return bad(err, path, "longer than 16 KB");
-  if (strlen(text) != n)
-    return bad(err, path, "binary data (NUL bytes)");
+  if (too_long) return bad(err, path, "longer than 16 KB");
+  if (strlen(text) != n) return bad(err, path, "binary data (NUL bytes)");
   return parse(c, text, path, err);
 }
 
@@ -1214,8 +1200,7 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   f->calibrated = 1;
   f->estimated = 0;
   snprintf(f->calibrated_at, sizeof f->calibrated_at, "%s", c->date);
-  for (int k = 0; k < ST_GEMM_CLASSES; k++)
-    f->gemm_rate[k] = c->gemm_rate[k];
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) f->gemm_rate[k] = c->gemm_rate[k];
   for (int k = 0; k < ST_OP_CLASSES; k++)
     f->op_bandwidth[k] = c->op_bandwidth[k];
   memcpy(f->conv_rate, c->conv_rate, sizeof f->conv_rate);

@@ -113,8 +113,8 @@ static inline int64_t range_index(const problem *p, int i, int j) {
 /* One block's calibrated narrow term (seconds per sample) and weight
  * traffic (weight bytes per sample, to multiply by spill_cost and
  * st_spill_fraction), see st_fabric; [0] forward, [1] backward. */
-void linear_memory(const st_fabric *f, const st_block_cost *b,
-                   double narrow[2], double traffic[2]);
+void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
+                   double traffic[2]);
 
 /* Bytes stage [i, j) holds, and the parts of it. */
 double stage_memory(const problem *p, int i, int j);

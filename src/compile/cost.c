@@ -33,24 +33,25 @@ int st_plan_micro_batch(const st_config *cfg) {
 
 /* What the costs of a block depend on besides its layers. */
 typedef struct cost_ctx {
-  int batch;     /* samples per GEMM call: the micro-batch, which decides
-                    the GEMMs' shape class (st_plan_micro_batch) */
-  int fused;     /* linear weights are updated inside the backward
-                    (st_plan_fuses_update; per layer, fuses) */
-  double slots;  /* optimizer state floats per parameter */
+  int batch;    /* samples per GEMM call: the micro-batch, which decides
+                   the GEMMs' shape class (st_plan_micro_batch) */
+  int fused;    /* linear weights are updated inside the backward
+                   (st_plan_fuses_update; per layer, fuses) */
+  double slots; /* optimizer state floats per parameter */
 } cost_ctx;
 
 /* compile.h */
 int st_plan_predicts(const st_config *cfg) {
   const char *m = cfg->execution.mitigation;
-  return is_pb(cfg) && (!strcmp(m, "lwp") || !strcmp(m, "sc+lwp") ||
-                        !strcmp(m, "spectrain"));
+  return is_pb(cfg) &&
+         (!strcmp(m, "lwp") || !strcmp(m, "sc+lwp") || !strcmp(m, "spectrain"));
 }
 
 int st_plan_fuses_update(const st_config *cfg) {
   if (!cfg->execution.fused_update) return 0;
   if (is_pb(cfg))
-    return st_plan_micro_batch(cfg) == 1 && strcmp(cfg->optimizer.kind, "adamw") != 0 &&
+    return st_plan_micro_batch(cfg) == 1 &&
+           strcmp(cfg->optimizer.kind, "adamw") != 0 &&
            strcmp(cfg->execution.mitigation, "stash") != 0 &&
            strcmp(cfg->execution.mitigation, "pipemare") != 0;
   return cfg->train.batch == 1 && cfg->execution.replicas <= 1 &&
@@ -72,7 +73,8 @@ static int fuses(const cost_ctx *x, const st_block *b, const st_layer *L) {
  * adds ride with their GEMM. */
 static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
                         const cost_ctx *x) {
-  double n_in = (double)st_shape_numel(L->in), n = (double)st_shape_numel(L->out);
+  double n_in = (double)st_shape_numel(L->in),
+         n = (double)st_shape_numel(L->out);
   int batch = x->batch;
   switch (L->kind) {
   case ST_OP_LINEAR: {
@@ -98,14 +100,15 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
       c->gemm_fwd[cls] += k.flops_fwd * rows;
       c->gemm_bwd[cls] += k.flops_bwd * rows;
     }
-    int at = c->n_linear < ST_BLOCK_LINEARS ? c->n_linear++
-                                            : ST_BLOCK_LINEARS - 1;
+    int at =
+        c->n_linear < ST_BLOCK_LINEARS ? c->n_linear++ : ST_BLOCK_LINEARS - 1;
     if (c->linear_bytes[at] > 0) {
       /* folded (no shipped model has more than 4 linear layers a block):
        * exact for the spill traffic; the narrow term sees one layer of the
        * summed weights at the narrowest call's rows */
-      c->linear_gemms[at] = (c->linear_gemms[at] * c->linear_bytes[at] +
-                             3 * w) / (c->linear_bytes[at] + w);
+      c->linear_gemms[at] =
+          (c->linear_gemms[at] * c->linear_bytes[at] + 3 * w) /
+          (c->linear_bytes[at] + w);
       c->linear_rows[at] = M < c->linear_rows[at] ? M : c->linear_rows[at];
     } else {
       c->linear_gemms[at] = 3;
@@ -125,11 +128,11 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
     break;
   }
   case ST_OP_EMBED:
-    c->bytes_fwd[0] += 4 * 3 * n;          /* two table rows in, one out */
-    c->bytes_bwd[0] += 4 * 5 * n;          /* two read-add-writes, dy */
+    c->bytes_fwd[0] += 4 * 3 * n; /* two table rows in, one out */
+    c->bytes_bwd[0] += 4 * 5 * n; /* two read-add-writes, dy */
     break;
   case ST_OP_ROTARY:
-    c->bytes_fwd[0] += 4 * 2 * n;          /* copy and rotate */
+    c->bytes_fwd[0] += 4 * 2 * n; /* copy and rotate */
     c->bytes_bwd[0] += 4 * 2 * n;
     break;
   case ST_OP_CONV2D: {
@@ -143,29 +146,29 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
     break;
   }
   case ST_OP_RELU:
-    c->bytes_fwd[0] += 4 * (n_in + n);     /* read x, write y */
-    c->bytes_bwd[0] += 4 * 3 * n;          /* read dy, y, write dx */
+    c->bytes_fwd[0] += 4 * (n_in + n); /* read x, write y */
+    c->bytes_bwd[0] += 4 * 3 * n;      /* read dy, y, write dx */
     break;
   case ST_OP_GELU:
-    c->bytes_fwd[4] += 4 * (n_in + n);     /* read x, write y */
-    c->bytes_bwd[4] += 4 * 3 * n;          /* read dy, x, write dx */
+    c->bytes_fwd[4] += 4 * (n_in + n); /* read x, write y */
+    c->bytes_bwd[4] += 4 * 3 * n;      /* read dy, x, write dx */
     break;
   case ST_OP_DROPOUT:
     c->bytes_fwd[0] += 4 * (n_in + 2 * n); /* and the mask */
     c->bytes_bwd[0] += 4 * 3 * n;
     break;
   case ST_OP_RESIDUAL:
-    c->bytes_fwd[0] += 4 * 3 * n;          /* y = x + block input */
-    c->bytes_bwd[0] += 4 * 4 * n;          /* copy to dx and to the skip */
+    c->bytes_fwd[0] += 4 * 3 * n; /* y = x + block input */
+    c->bytes_bwd[0] += 4 * 4 * n; /* copy to dx and to the skip */
     break;
   case ST_OP_FLATTEN:
-    c->bytes_fwd[0] += 4 * 2 * n;          /* a memcpy each way */
+    c->bytes_fwd[0] += 4 * 2 * n; /* a memcpy each way */
     c->bytes_bwd[0] += 4 * 2 * n;
     break;
   case ST_OP_LAYERNORM:
   case ST_OP_GROUPNORM:
-    c->bytes_fwd[1] += 4 * 3 * n;          /* stats pass, normalise pass */
-    c->bytes_bwd[1] += 4 * 5 * n;          /* two passes over dy and x */
+    c->bytes_fwd[1] += 4 * 3 * n; /* stats pass, normalise pass */
+    c->bytes_bwd[1] += 4 * 5 * n; /* two passes over dy and x */
     break;
   case ST_OP_MAXPOOL:
     c->bytes_fwd[2] += 4 * (n_in + 2 * n); /* and the argmax index */
@@ -201,13 +204,16 @@ static void skip_input_gradient(st_block_cost *c, const st_block *b,
       /* below `first` nothing runs; at it, the skipped input-gradient
        * GEMM has the forward's products but not its bias term (one FLOP
        * per output): the weight and bias gradients still run */
-      double drop = l < first ? one.gemm_bwd[k]
-                    : one.gemm_fwd[k] > 0 ? one.gemm_fwd[k] - n_out : 0;
-      double conv = l < first ? one.conv_bwd[k]
-                    : one.conv_fwd[k] > 0 ? one.conv_fwd[k] - n_out : 0;
+      double drop = l < first             ? one.gemm_bwd[k]
+                    : one.gemm_fwd[k] > 0 ? one.gemm_fwd[k] - n_out
+                                          : 0;
+      double conv = l < first             ? one.conv_bwd[k]
+                    : one.conv_fwd[k] > 0 ? one.conv_fwd[k] - n_out
+                                          : 0;
       double attn = l < first ? one.attn_bwd[k] : 0;
-      double row = l < first ? one.row_gemm_bwd[k]
-                   : one.row_gemm_fwd[k] > 0 ? one.row_gemm_fwd[k] - n_out : 0;
+      double row = l < first                 ? one.row_gemm_bwd[k]
+                   : one.row_gemm_fwd[k] > 0 ? one.row_gemm_fwd[k] - n_out
+                                             : 0;
       c->gemm_bwd[k] -= drop;
       c->conv_bwd[k] -= conv;
       c->attn_bwd[k] -= attn;
@@ -217,7 +223,8 @@ static void skip_input_gradient(st_block_cost *c, const st_block *b,
     /* at one row: the skipped product's read of the weights */
     c->row_bytes_bwd -= l < first ? one.row_bytes_bwd : one.row_bytes_fwd;
     if (l < first)
-      for (int k = 0; k < ST_OP_CLASSES; k++) c->bytes_bwd[k] -= one.bytes_bwd[k];
+      for (int k = 0; k < ST_OP_CLASSES; k++)
+        c->bytes_bwd[k] -= one.bytes_bwd[k];
   }
 }
 
@@ -254,15 +261,14 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     /* weights and gradients, and the activations and inputs of one
      * micro-batch's forward beside another's backward (one batch's when
      * the batch is not split) */
-    c->ws_bytes = 2 * c->param_bytes +
-                  (batch < cfg->train.batch ? 2 : 1) * batch *
-                      (c->act_bytes + c->in_bytes);
+    c->ws_bytes = 2 * c->param_bytes + (batch < cfg->train.batch ? 2 : 1) *
+                                           batch * (c->act_bytes + c->in_bytes);
     if (i == 0) skip_input_gradient(c, b, &x);
     /* the optimizer step: read weights, gradients and state, write weights
      * and state, clear the gradients; a fused update's weights are in
      * row_bytes_bwd (its biases, one per output, are left out) */
-    c->bytes_bwd[3] += 4.0 * ((double)b->n_params - fused) *
-                       (4.0 + 2.0 * slots) * updates;
+    c->bytes_bwd[3] +=
+        4.0 * ((double)b->n_params - fused) * (4.0 + 2.0 * slots) * updates;
     /* linear weight prediction at a stage with D > 0 (the partitioner
      * charges it to every stage but the last): folded into a fused
      * update, a write of the prediction an update, and a pass (read w
@@ -270,8 +276,7 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
      * pass before every forward */
     if (lwp)
       c->lwp_bytes = 4.0 * (double)b->n_params *
-                     (x.fused ? updates + 3.0 / cfg->train.batch
-                              : 3.0 / batch);
+                     (x.fused ? updates + 3.0 / cfg->train.batch : 3.0 / batch);
   }
   /* softmax cross-entropy on the last block's output (every position) */
   if (m->n_blocks > 0) {
@@ -319,8 +324,7 @@ int st_plan_validate(const st_config *cfg, FILE *f, st_error *err) {
   st_fabric fabric;
   st_model *m;
   int rc = st_plan_prepare(&fabric, &m, cfg, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   double fwd = 0, bwd = 0, acts = 0;
   for (int i = 0; i < m->n_blocks; i++) {
     fwd += m->blocks[i].cost.flops_fwd;
@@ -340,7 +344,7 @@ int st_plan_validate(const st_config *cfg, FILE *f, st_error *err) {
             m->n_blocks, m->in.c, m->in.h, m->in.w, m->classes);
   st_model_print(m, f);
   size_t unique = st_model_unique_params(m);
-  fprintf(f, "parameters: %s (%zu; %s as fp32)", 
+  fprintf(f, "parameters: %s (%zu; %s as fp32)",
           st_plan_fmt_count(a, sizeof a, (double)unique), unique,
           st_plan_fmt_bytes(b, sizeof b, 4.0 * (double)unique));
   if (unique != m->n_params)

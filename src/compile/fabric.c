@@ -83,8 +83,7 @@ static void apply_overrides(st_fabric *f, const st_config *cfg) {
 
 static int positive(const st_config *cfg, const char *key, double v,
                     st_error *err) {
-  if (v > 0 && isfinite(v))
-    return 0;
+  if (v > 0 && isfinite(v)) return 0;
   return st_error_set(err, ST_ECONFIG, "%s: %s: must be > 0 (got %g)",
                       st_config_where(cfg, key), key, v);
 }
@@ -113,8 +112,7 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   if (path[0] && access(path, F_OK) == 0) {
     st_calibration c;
     int rc = st_calibration_read(&c, path, err);
-    if (rc)
-      return rc;
+    if (rc) return rc;
     snprintf(f->source, sizeof f->source,
              "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split "
              "over them",
@@ -189,8 +187,7 @@ int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err) {
     return st_error_set(err, ST_ECONFIG, "%s: fabric.kind: unknown fabric '%s'",
                         st_config_where(cfg, "fabric.kind"), cfg->fabric.kind);
   }
-  if (rc)
-    return rc;
+  if (rc) return rc;
   if (f->kind == ST_FABRIC_CPU || strcmp(f->name, "wse2") == 0)
     apply_overrides(f, cfg);
   if ((rc = positive(cfg, "fabric.pe_flops", f->pe_flops, err)) ||
@@ -202,18 +199,14 @@ int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err) {
 
 /* A positive decimal int that fills the whole of [s, end). */
 static int parse_count(const char *s, const char *end, int *out) {
-  if (s == end)
-    return -1;
+  if (s == end) return -1;
   long v = 0;
   for (const char *c = s; c < end; c++) {
-    if (!isdigit((unsigned char)*c))
-      return -1;
+    if (!isdigit((unsigned char)*c)) return -1;
     v = v * 10 + (*c - '0');
-    if (v > 1000000000L)
-      return -1;
+    if (v > 1000000000L) return -1;
   }
-  if (v <= 0)
-    return -1;
+  if (v <= 0) return -1;
   *out = (int)v;
   return 0;
 }
@@ -229,8 +222,7 @@ int st_fabric_parse(st_config *cfg, const char *spec, st_error *err) {
     if (arg && parse_count(arg, arg + strlen(arg), &cores))
       return st_error_set(err, ST_EARG,
                           "--fabric %s: cpu:N takes a core count >= 1", spec);
-    if ((rc = st_config_set(cfg, "fabric.kind=cpu", err)))
-      return rc;
+    if ((rc = st_config_set(cfg, "fabric.kind=cpu", err))) return rc;
     snprintf(set, sizeof set, "fabric.cores=%d", cores);
     return st_config_set(cfg, set, err);
   }
@@ -243,11 +235,9 @@ int st_fabric_parse(st_config *cfg, const char *spec, st_error *err) {
                           spec);
     if ((int64_t)w * h > (int64_t)1 << 40)
       return st_error_set(err, ST_EARG, "--fabric %s: too many PEs", spec);
-    if ((rc = st_config_set(cfg, "fabric.kind=mesh", err)))
-      return rc;
+    if ((rc = st_config_set(cfg, "fabric.kind=mesh", err))) return rc;
     snprintf(set, sizeof set, "fabric.width=%d", w);
-    if ((rc = st_config_set(cfg, set, err)))
-      return rc;
+    if ((rc = st_config_set(cfg, set, err))) return rc;
     snprintf(set, sizeof set, "fabric.height=%d", h);
     return st_config_set(cfg, set, err);
   }

@@ -193,11 +193,10 @@ double st_spill_fraction(const st_fabric *f, double ws) {
   return 1;
 }
 
-void linear_memory(const st_fabric *f, const st_block_cost *b,
-                   double narrow[2], double traffic[2]) {
+void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
+                   double traffic[2]) {
   narrow[0] = narrow[1] = traffic[0] = traffic[1] = 0;
-  if (!(b->call_samples > 0))
-    return;
+  if (!(b->call_samples > 0)) return;
   double ref = ST_GEMM_REF_ROWS;
   for (int l = 0; l < b->n_linear; l++) {
     double w = b->linear_bytes[l], r = b->linear_rows[l];
@@ -207,8 +206,7 @@ void linear_memory(const st_fabric *f, const st_block_cost *b,
      * the spill law, a re-read of weights a hot step keeps in cache, is
      * not its cost (with it a PB stage of 9.6 MB was planned at 574 us,
      * without it 455, measured 353-464) */
-    if (r < 2 && f->row_bandwidth > 0)
-      continue;
+    if (r < 2 && f->row_bandwidth > 0) continue;
     /* per sample, each GEMM of the step a third of it: one forward, the
      * rest (one or two) backward */
     double gemm = 1.0 / 3 / b->call_samples, nar = 0;
@@ -247,10 +245,8 @@ double stage_memory(const problem *p, int i, int j) {
 
 static double comm_bytes(const problem *p, int i, int j) {
   double bytes = 0;
-  if (j < p->n)
-    bytes += p->blocks[j - 1].out_bytes; /* activation forward */
-  if (i > 0)
-    bytes += p->blocks[i].in_bytes; /* its gradient back */
+  if (j < p->n) bytes += p->blocks[j - 1].out_bytes; /* activation forward */
+  if (i > 0) bytes += p->blocks[i].in_bytes;         /* its gradient back */
   return bytes;
 }
 
@@ -285,12 +281,9 @@ double stage_time(const problem *p, const layout *L, int i, int j,
   if (p->last_free_work && j < p->n)
     tb += p->last_free_work[at] * g + p->last_free_serial[at];
   double tc = comm_bytes(p, i, j) / comm_bandwidth(p, L);
-  if (fwd)
-    *fwd = tf;
-  if (bwd)
-    *bwd = tb;
-  if (comm)
-    *comm = tc;
+  if (fwd) *fwd = tf;
+  if (bwd) *bwd = tb;
+  if (comm) *comm = tc;
   return tf + tb + tc;
 }
 
@@ -301,21 +294,17 @@ int stage_fits(const problem *p, const layout *L, int i, int j, int64_t units) {
 int64_t units_for_memory(const problem *p, const layout *L, int i, int j) {
   double unit_bytes = (double)L->h * p->fabric->pe_memory;
   double guess = ceil(stage_memory(p, i, j) / unit_bytes);
-  if (!(guess <= (double)L->units))
-    return INT64_MAX;
+  if (!(guess <= (double)L->units)) return INT64_MAX;
   int64_t u = guess < 1 ? 1 : (int64_t)guess;
   /* the division rounds; settle on the exact threshold of stage_fits */
-  while (u > 1 && stage_fits(p, L, i, j, u - 1))
-    u--;
-  while (u <= L->units && !stage_fits(p, L, i, j, u))
-    u++;
+  while (u > 1 && stage_fits(p, L, i, j, u - 1)) u--;
+  while (u <= L->units && !stage_fits(p, L, i, j, u)) u++;
   return u <= L->units ? u : INT64_MAX;
 }
 
 int64_t units_for_time(const problem *p, const layout *L, int i, int j,
                        double T) {
-  if (T == INFINITY)
-    return 1;
+  if (T == INFINITY) return 1;
   const st_fabric *f = p->fabric;
   int64_t at = range_index(p, i, j);
   double flops = p->work_fwd[at] + p->work_bwd[at];
@@ -325,24 +314,19 @@ int64_t units_for_time(const problem *p, const layout *L, int i, int j,
     flops += p->last_free_work[at];
     left -= p->last_free_serial[at];
   }
-  if (!(left >= 0))
-    return INT64_MAX;
+  if (!(left >= 0)) return INT64_MAX;
   double guess = 1;
   if (flops > 0) {
     /* (s + (1 - s)/c) work / r <= left  <=>  c >= (1 - s) / (left r /
      * work - s) */
     double s = f->efficiency_slope, room = left * p->work_rate / flops - s;
-    if (!(room > 0))
-      return INT64_MAX;
+    if (!(room > 0)) return INT64_MAX;
     guess = ceil((1.0 - s) / room / L->h);
   }
-  if (!(guess <= (double)L->units + 1))
-    return INT64_MAX;
+  if (!(guess <= (double)L->units + 1)) return INT64_MAX;
   int64_t u = guess < 1 ? 1 : (int64_t)guess;
-  while (u > 1 && stage_time(p, L, i, j, u - 1, 0, 0, 0) <= T)
-    u--;
-  while (u <= L->units && stage_time(p, L, i, j, u, 0, 0, 0) > T)
-    u++;
+  while (u > 1 && stage_time(p, L, i, j, u - 1, 0, 0, 0) <= T) u--;
+  while (u <= L->units && stage_time(p, L, i, j, u, 0, 0, 0) > T) u++;
   return u <= L->units ? u : INT64_MAX;
 }
 
@@ -402,22 +386,18 @@ static int solve_dp(const problem *p, const layout *L, int k_lo, int k_hi,
   }
 #define AT(k, j, e)                                                            \
   ((size_t)(k)*per_k + (size_t)(j) * (size_t)(U + 1) + (size_t)(e))
-  for (size_t c = 0; c < cells; c++)
-    best[c] = INFINITY;
+  for (size_t c = 0; c < cells; c++) best[c] = INFINITY;
   best[AT(0, 0, 0)] = 0;
   for (int k = 1; k <= k_hi; k++)
     for (int j = k; j <= n; j++)
       for (int i = k - 1; i < j; i++)
         for (int64_t e0 = 0; e0 <= U && range_allowed(p, i, j); e0++) {
           double before = best[AT(k - 1, i, e0)];
-          if (before == INFINITY)
-            continue;
+          if (before == INFINITY) continue;
           for (int64_t u = 1; u <= U; u = next_units(L, u)) {
             int64_t span, start = layout_place(L, e0, u, &span);
-            if (start < 0)
-              break; /* monotone: larger u cannot fit either */
-            if (!stage_fits(p, L, i, j, span))
-              continue;
+            if (start < 0) break; /* monotone: larger u cannot fit either */
+            if (!stage_fits(p, L, i, j, span)) continue;
             double t = stage_time(p, L, i, j, span, 0, 0, 0);
             double v = t > before ? t : before;
             size_t at = AT(k, j, start + span);
@@ -434,12 +414,9 @@ static int solve_dp(const problem *p, const layout *L, int k_lo, int k_hi,
   for (int k = 1; k <= k_hi; k++) {
     double v = INFINITY;
     for (int64_t e = 0; e <= U; e++)
-      if (best[AT(k, n, e)] < v)
-        v = best[AT(k, n, e)];
-    if (by_k)
-      by_k[k - 1] = v;
-    if (k >= k_lo && v < overall)
-      overall = v;
+      if (best[AT(k, n, e)] < v) v = best[AT(k, n, e)];
+    if (by_k) by_k[k - 1] = v;
+    if (k >= k_lo && v < overall) overall = v;
   }
   int rc = ST_EUNSUPPORTED, pick = -1;
   for (int k = k_lo; k <= k_hi && pick < 0 && overall < INFINITY; k++)
@@ -450,8 +427,7 @@ static int solve_dp(const problem *p, const layout *L, int k_lo, int k_hi,
     int64_t end = -1;
     double v = INFINITY;
     for (int64_t e = 0; e <= U; e++)
-      if (best[AT(pick, n, e)] < v)
-        v = best[AT(pick, n, e)], end = e;
+      if (best[AT(pick, n, e)] < v) v = best[AT(pick, n, e)], end = e;
     out->bottleneck = v;
     int j = n;
     for (int k = pick; k >= 1; k--) {
@@ -493,33 +469,28 @@ static int feasible(bisect_state *b, double T, int k_lo) {
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j <= n; j++) {
       int64_t at = range_index(p, i, j), m = b->mem_units[at];
-      if (!range_allowed(p, i, j))
-        m = INT64_MAX;
+      if (!range_allowed(p, i, j)) m = INT64_MAX;
       int64_t t = m == INT64_MAX ? INT64_MAX : units_for_time(p, b->L, i, j, T);
       b->need[at] = t > m ? t : m;
     }
   int64_t *end = b->end;
-  for (int c = 0; c < (b->k_hi + 1) * (n + 1); c++)
-    end[c] = INT64_MAX;
+  for (int c = 0; c < (b->k_hi + 1) * (n + 1); c++) end[c] = INT64_MAX;
   end[0] = 0;
   for (int k = 1; k <= b->k_hi; k++)
     for (int j = k; j <= n; j++)
       for (int i = k - 1; i < j; i++) {
         int64_t e0 = end[(k - 1) * (n + 1) + i],
                 u = b->need[range_index(p, i, j)];
-        if (e0 == INT64_MAX || u == INT64_MAX)
-          continue;
+        if (e0 == INT64_MAX || u == INT64_MAX) continue;
         int64_t span, start = layout_place(b->L, e0, u, &span);
-        if (start < 0)
-          continue;
+        if (start < 0) continue;
         if (start + span < end[k * (n + 1) + j]) {
           end[k * (n + 1) + j] = start + span;
           b->from[k * (n + 1) + j] = i;
         }
       }
   for (int k = k_lo; k <= b->k_hi; k++)
-    if (end[k * (n + 1) + n] != INT64_MAX)
-      return k;
+    if (end[k * (n + 1) + n] != INT64_MAX) return k;
   return 0;
 }
 
@@ -529,8 +500,7 @@ static double extract(bisect_state *b, int k, partition *out) {
   const problem *p = b->p;
   int n = p->n, cut[k + 1];
   cut[k] = n;
-  for (int s = k; s >= 1; s--)
-    cut[s - 1] = b->from[s * (n + 1) + cut[s]];
+  for (int s = k; s >= 1; s--) cut[s - 1] = b->from[s * (n + 1) + cut[s]];
   double worst = 0;
   int64_t e = 0;
   for (int s = 0; s < k; s++) {
@@ -538,8 +508,7 @@ static double extract(bisect_state *b, int k, partition *out) {
     int64_t start = layout_place(b->L, e, u, &span);
     e = start + span;
     double t = stage_time(p, b->L, cut[s], cut[s + 1], span, 0, 0, 0);
-    if (t > worst)
-      worst = t;
+    if (t > worst) worst = t;
     if (out) {
       out->cut[s] = cut[s];
       out->units[s] = span;
@@ -555,14 +524,12 @@ static double extract(bisect_state *b, int k, partition *out) {
 static int solve_bisect_range(bisect_state *b, int k_lo, int k_hi,
                               partition *out) {
   int k = feasible(b, INFINITY, k_lo);
-  if (!k)
-    return ST_EUNSUPPORTED;
+  if (!k) return ST_EUNSUPPORTED;
   (void)k_hi;
   double lo = 0, hi = extract(b, k, NULL);
   for (int iter = 0; iter < 2000; iter++) {
     double mid = lo + (hi - lo) / 2;
-    if (!(mid > lo && mid < hi))
-      break;
+    if (!(mid > lo && mid < hi)) break;
     if ((k = feasible(b, mid, k_lo)))
       hi = extract(b, k, NULL); /* <= mid: the plan's real bottleneck */
     else
@@ -572,13 +539,10 @@ static int solve_bisect_range(bisect_state *b, int k_lo, int k_hi,
    * Ties go to the fewest stages. */
   double T = k_lo < b->k_hi ? hi * (1 + TIE) : hi;
   k = feasible(b, T, k_lo);
-  if (!k)
-    k = feasible(b, hi, k_lo); /* cannot happen; kept for safety */
-  if (!k)
-    return ST_EUNSUPPORTED;
+  if (!k) k = feasible(b, hi, k_lo); /* cannot happen; kept for safety */
+  if (!k) return ST_EUNSUPPORTED;
   int rc = partition_alloc(out, k);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   extract(b, k, out);
   return 0;
 }
@@ -619,12 +583,9 @@ int partition_solve(const problem *p, const layout *L, int k_lo, int k_hi,
                     partition *out) {
   memset(out, 0, sizeof *out);
   int64_t cap = p->n < L->units ? p->n : L->units;
-  if (k_hi > cap)
-    k_hi = (int)cap;
-  if (k_lo < 1)
-    k_lo = 1;
-  if (k_lo > k_hi)
-    return ST_EUNSUPPORTED;
+  if (k_hi > cap) k_hi = (int)cap;
+  if (k_lo < 1) k_lo = 1;
+  if (k_lo > k_hi) return ST_EUNSUPPORTED;
   double n = p->n, U = (double)L->units;
   if (algo == ST_PARTITION_AUTO)
     algo = p->fabric->kind == ST_FABRIC_CPU && k_hi * n * n * U * U <= 2e8
@@ -640,8 +601,7 @@ int partition_solve(const problem *p, const layout *L, int k_lo, int k_hi,
   if (want_by_k && k_lo < k_hi &&
       (algo == ST_PARTITION_DP || (double)k_hi * k_hi * n * n <= 1e6)) {
     table = st_alloc((size_t)k_hi * sizeof *table);
-    if (!table)
-      return ST_ENOMEM;
+    if (!table) return ST_ENOMEM;
   }
   int rc = algo == ST_PARTITION_DP ? solve_dp(p, L, k_lo, k_hi, out, table)
                                    : solve_bisect(p, L, k_lo, k_hi, out, table);

@@ -33,8 +33,7 @@ static layout make_layout(const st_fabric *f, int h) {
 static int band_heights(const st_fabric *f, int *out, int cap) {
   int n = 0;
   for (int h = f->height; h >= 1 && n < cap; h--)
-    if (f->height % h == 0)
-      out[n++] = h;
+    if (f->height % h == 0) out[n++] = h;
   return n;
 }
 
@@ -46,12 +45,9 @@ static int64_t lay_out(const layout *L, const int64_t *units, int k,
   int64_t end = 0;
   for (int s = 0; s < k; s++) {
     int64_t sp, st = layout_place(L, end, units[s], &sp);
-    if (st < 0)
-      return -1;
-    if (start)
-      start[s] = st;
-    if (span)
-      span[s] = sp;
+    if (st < 0) return -1;
+    if (start) start[s] = st;
+    if (span) span[s] = sp;
     end = st + sp;
   }
   return end;
@@ -95,8 +91,7 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
   char need[32], have[32], short_by[32], w[32], st[32], a[32], pe[32];
   for (int b = 0; b < p->n; b++) {
     double m = stage_memory(p, b, b + 1);
-    if (m <= total)
-      continue;
+    if (m <= total) continue;
     const st_block_cost *c = &p->blocks[b];
     return st_error_set(
         err, ST_EUNSUPPORTED,
@@ -121,18 +116,15 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
     open.bands = 1 << 30;
     open.units = (int64_t)open.bands * open.width;
     int64_t *end = st_alloc((size_t)(kmax + 1) * (size_t)(n + 1) * sizeof *end);
-    if (!end)
-      return st_error_set(err, ST_ENOMEM, "out of memory");
-    for (int c = 0; c < (kmax + 1) * (n + 1); c++)
-      end[c] = INT64_MAX;
+    if (!end) return st_error_set(err, ST_ENOMEM, "out of memory");
+    for (int c = 0; c < (kmax + 1) * (n + 1); c++) end[c] = INT64_MAX;
     end[0] = 0;
     for (int k = 1; k <= kmax; k++)
       for (int j = k; j <= n; j++)
         for (int i = k - 1; i < j; i++) {
           int64_t e0 = end[(k - 1) * (n + 1) + i];
           int64_t u = units_for_memory(p, &open, i, j);
-          if (e0 == INT64_MAX || u == INT64_MAX)
-            continue;
+          if (e0 == INT64_MAX || u == INT64_MAX) continue;
           int64_t span, st = layout_place(&open, e0, u, &span);
           if (st >= 0 && st + span < end[k * (n + 1) + j])
             end[k * (n + 1) + j] = st + span;
@@ -145,8 +137,7 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
         e = end[stages_given * (n + 1) + n];
       else
         for (int k = 1; k <= k_top; k++)
-          if (end[k * (n + 1) + j] < e)
-            e = end[k * (n + 1) + j];
+          if (end[k * (n + 1) + j] < e) e = end[k * (n + 1) + j];
       if (e > L.units) {
         double bytes = (double)e * L.h * f->pe_memory;
         if (bytes < best_need || (bytes == best_need && j - 1 < worst_block))
@@ -202,8 +193,7 @@ static int64_t grow(alloc_state *a, int s, int64_t want) {
     a->units[s] += want;
     if (lay_out(a->L, a->units, a->k, a->start, a->span) >= 0) {
       /* a request above one band occupies whole bands: keep what it got */
-      for (int t = 0; t < a->k; t++)
-        a->units[t] = a->span[t];
+      for (int t = 0; t < a->k; t++) a->units[t] = a->span[t];
       return want;
     }
     a->units[s] -= want;
@@ -220,8 +210,7 @@ static void hand_out_spare(alloc_state *a, int64_t *spare_out) {
   const problem *p = a->p;
   int k = a->k;
   int64_t before = 0;
-  for (int s = 0; s < k; s++)
-    before += a->span[s];
+  for (int s = 0; s < k; s++) before += a->span[s];
   int64_t spare = a->L->units - lay_out(a->L, a->units, k, a->start, a->span);
   double flops = 0;
   for (int s = 0; s < k; s++) {
@@ -239,14 +228,11 @@ static void hand_out_spare(alloc_state *a, int64_t *spare_out) {
     int s = -1;
     double worst = -1;
     for (int t = 0; t < k; t++)
-      if (!saturated[t] && time_of(a, t) > worst)
-        worst = time_of(a, t), s = t;
-    if (s < 0)
-      break;
+      if (!saturated[t] && time_of(a, t) > worst) worst = time_of(a, t), s = t;
+    if (s < 0) break;
     int64_t left = a->L->units - lay_out(a->L, a->units, k, a->start, a->span);
     int64_t step = left / (2 * k);
-    if (!grow(a, s, step < 1 ? 1 : step))
-      saturated[s] = 1;
+    if (!grow(a, s, step < 1 ? 1 : step)) saturated[s] = 1;
   }
   /* A stage followed by a gap in its band (the next one did not fit there)
    * or ending the plan takes the rest of its band: a rectangle still. */
@@ -351,8 +337,7 @@ static void set_schedule(st_plan *plan, const char *mode, int batch,
   plan->batch = batch;
   plan->micro_batch = micro_batch > 0 ? micro_batch : batch;
   plan->micro_batches = plan->micro_batch > 0 ? batch / plan->micro_batch : 1;
-  if (plan->micro_batches < 1)
-    plan->micro_batches = 1;
+  if (plan->micro_batches < 1) plan->micro_batches = 1;
   double M = plan->micro_batches, S = plan->n_stages;
   plan->util_fill_drain = M / (M + S - 1);
   plan->util_pipelined = 1.0;
@@ -427,8 +412,7 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
     st->mem_capacity = (double)st->pes * plan->fabric.pe_memory;
     plan->pes_used += st->pes;
     sum += st->time;
-    if (st->time > worst)
-      worst = st->time, plan->bottleneck = s;
+    if (st->time > worst) worst = st->time, plan->bottleneck = s;
   }
   plan->bottleneck_time = worst;
   plan->throughput = worst > 0 ? 1.0 / worst : INFINITY;
@@ -549,7 +533,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
                         "stage needs at least one%s)",
                         where, sep, key, K, (long long)fabric->pes, word,
                         fabric->name,
-                        pinned ? "; a plan needs a larger --fabric"
+                        pinned            ? "; a plan needs a larger --fabric"
                         : opt->stages_key ? "; a run shares them, a plan "
                                             "needs --stages or a larger "
                                             "--fabric"
@@ -561,8 +545,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   double versions = opt->weight_versions > 0 ? opt->weight_versions : 1;
 
   st_plan *plan = st_alloc(sizeof *plan);
-  if (!plan)
-    return st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!plan) return st_error_set(err, ST_ENOMEM, "out of memory");
   plan->fabric = *fabric;
   plan->options = *opt;
   plan->options.samples_in_flight = in_flight;
@@ -606,8 +589,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
     layout L = make_layout(fabric, hs[t]);
     partition q;
     rc = partition_solve(&p, &L, k_lo, k_hi, opt->algorithm, K == 0, &q);
-    if (rc)
-      continue;
+    if (rc) continue;
     double b = q.bottleneck, bb = best.bottleneck;
     int better = !best.k || (q.k < best.k && b <= bb * (1 + TIE)) ||
                  (q.k == best.k && b < bb) ||
@@ -616,16 +598,14 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
       /* keep the per-K table: the best of every band height */
       if (best.by_k && q.by_k)
         for (int k = 0; k < q.n_by_k && k < best.n_by_k; k++)
-          if (best.by_k[k] < q.by_k[k])
-            q.by_k[k] = best.by_k[k];
+          if (best.by_k[k] < q.by_k[k]) q.by_k[k] = best.by_k[k];
       partition_free(&best);
       best = q;
       best_layout = L;
     } else {
       if (best.by_k && q.by_k)
         for (int k = 0; k < q.n_by_k && k < best.n_by_k; k++)
-          if (q.by_k[k] < best.by_k[k])
-            best.by_k[k] = q.by_k[k];
+          if (q.by_k[k] < best.by_k[k]) best.by_k[k] = q.by_k[k];
       partition_free(&q);
     }
   }
@@ -652,8 +632,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
       for (int k = 0; plan->throughput_by_k && k < best.n_by_k; k++)
         plan->throughput_by_k[k] =
             best.by_k[k] < INFINITY ? 1.0 / best.by_k[k] : 0;
-      if (!plan->throughput_by_k)
-        plan->n_tried = 0;
+      if (!plan->throughput_by_k) plan->n_tried = 0;
     }
     set_schedule(plan, "", 1, 1, 0);
   }
@@ -685,8 +664,8 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
    * as the shipped per_block configs are emulated experiments of 10-20
    * stages that no small machine's plan holds */
   const char *mode = cfg->execution.mode;
-  int pipelined = !strcmp(mode, "pipeline") ||
-                  !strcmp(mode, "pipelined_backprop");
+  int pipelined =
+      !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
   char where[160];
   const st_int_list *pin = &cfg->execution.stage_blocks;
   if (pipelined && pin->n > 0) { /* the cut is given */
@@ -709,10 +688,9 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
     snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
     /* the modes on stage threads hand each step over (block_sequential:
      * once a phase, counted once; emulated pipelined backprop: none) */
-    int threaded = !strcmp(mode, "pipeline") ||
-                   !strcmp(mode, "block_sequential") ||
-                   (!strcmp(mode, "pipelined_backprop") &&
-                    !cfg->execution.emulate);
+    int threaded =
+        !strcmp(mode, "pipeline") || !strcmp(mode, "block_sequential") ||
+        (!strcmp(mode, "pipelined_backprop") && !cfg->execution.emulate);
     set_schedule(*out, mode, cfg->train.batch, st_plan_micro_batch(cfg),
                  threaded);
   }
@@ -720,8 +698,7 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
 }
 
 void st_plan_destroy(st_plan *p) {
-  if (!p)
-    return;
+  if (!p) return;
   st_free(p->blocks);
   st_free(p->stages);
   st_free(p->throughput_by_k);

@@ -23,8 +23,7 @@ const char *st_plan_fmt_count(char *buf, size_t cap, double v) {
   snprintf(digits, sizeof digits, "%.0f", v);
   size_t n = strlen(digits), o = 0;
   for (size_t i = 0; i < n && o + 2 < cap; i++) {
-    if (i && digits[i - 1] != '-' && (n - i) % 3 == 0)
-      buf[o++] = ',';
+    if (i && digits[i - 1] != '-' && (n - i) % 3 == 0) buf[o++] = ',';
     buf[o++] = digits[i];
   }
   buf[o] = '\0';
@@ -44,8 +43,7 @@ const char *st_plan_fmt_rate(char *buf, size_t cap, double v) {
 const char *st_plan_fmt_bytes(char *buf, size_t cap, double b) {
   static const char *unit[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
   int u = 0;
-  while (b >= 999.5 && u < 6)
-    b /= 1000, u++;
+  while (b >= 999.5 && u < 6) b /= 1000, u++;
   snprintf(buf, cap, u ? "%.3g %s" : "%.0f %s", b, unit[u]);
   return buf;
 }
@@ -143,18 +141,20 @@ void st_plan_print(const st_plan *p, FILE *f) {
             st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth));
   fprintf(f, "  figures: %s\n", fb->source);
   if (fb->calibrated) {
-    fprintf(f, "  calibrated %s: GEMM %.3g/%.3g/%.3g/%.3g GFLOP/s per core (tiny/"
-               "small/medium/large); one-thread ops %.3g/%.3g/%.3g/%.3g/%.3g "
-               "GB/s (pointwise/norm/pool/optimizer/gelu)\n",
+    fprintf(f,
+            "  calibrated %s: GEMM %.3g/%.3g/%.3g/%.3g GFLOP/s per core (tiny/"
+            "small/medium/large); one-thread ops %.3g/%.3g/%.3g/%.3g/%.3g "
+            "GB/s (pointwise/norm/pool/optimizer/gelu)\n",
             fb->calibrated_at, fb->gemm_rate[0] / 1e9, fb->gemm_rate[1] / 1e9,
             fb->gemm_rate[2] / 1e9, fb->gemm_rate[3] / 1e9,
             fb->op_bandwidth[0] / 1e9, fb->op_bandwidth[1] / 1e9,
             fb->op_bandwidth[2] / 1e9, fb->op_bandwidth[3] / 1e9,
             fb->op_bandwidth[4] / 1e9);
     if (fb->conv_rate[0][0] > 0)
-      fprintf(f, "    conv2d %.3g/%.3g/%.3g/%.3g forward, %.3g/%.3g/%.3g/%.3g "
-                 "backward; attention %.3g/%.3g/%.3g/%.3g forward, "
-                 "%.3g/%.3g/%.3g/%.3g backward GFLOP/s per core\n",
+      fprintf(f,
+              "    conv2d %.3g/%.3g/%.3g/%.3g forward, %.3g/%.3g/%.3g/%.3g "
+              "backward; attention %.3g/%.3g/%.3g/%.3g forward, "
+              "%.3g/%.3g/%.3g/%.3g backward GFLOP/s per core\n",
               fb->conv_rate[0][0] / 1e9, fb->conv_rate[0][1] / 1e9,
               fb->conv_rate[0][2] / 1e9, fb->conv_rate[0][3] / 1e9,
               fb->conv_rate[1][0] / 1e9, fb->conv_rate[1][1] / 1e9,
@@ -164,27 +164,29 @@ void st_plan_print(const st_plan *p, FILE *f) {
               fb->attention_rate[1][0] / 1e9, fb->attention_rate[1][1] / 1e9,
               fb->attention_rate[1][2] / 1e9, fb->attention_rate[1][3] / 1e9);
     if (fb->narrow_cost > 0 || fb->n_spill > 0)
-      fprintf(f, "    linear layers, per layer step: narrow (r < %3$g rows) "
-                 "(1 - r/%3$g) x %1$.3g us per MB of weights past L2 (%2$s); "
-                 "from memory %4$.3g us per MB of weights, the share by "
-                 "working set calibrated up to %5$s\n",
-              fb->narrow_cost * 1048576.0 * 1e6,
-              st_plan_fmt_bytes(a, sizeof a, fb->l2_bytes),
-              (double)ST_GEMM_REF_ROWS, fb->spill_cost * 1048576.0 * 1e6,
-              st_plan_fmt_bytes(b, sizeof b,
-                                fb->n_spill ? fb->spill_ws[fb->n_spill - 1]
-                                            : 0));
+      fprintf(
+          f,
+          "    linear layers, per layer step: narrow (r < %3$g rows) "
+          "(1 - r/%3$g) x %1$.3g us per MB of weights past L2 (%2$s); "
+          "from memory %4$.3g us per MB of weights, the share by "
+          "working set calibrated up to %5$s\n",
+          fb->narrow_cost * 1048576.0 * 1e6,
+          st_plan_fmt_bytes(a, sizeof a, fb->l2_bytes),
+          (double)ST_GEMM_REF_ROWS, fb->spill_cost * 1048576.0 * 1e6,
+          st_plan_fmt_bytes(b, sizeof b,
+                            fb->n_spill ? fb->spill_ws[fb->n_spill - 1] : 0));
     if (fb->narrow_flop_cost > 0)
-      fprintf(f, "    linear layers at r < %g rows, from L2 too: (1 - r/%g) x "
-                 "%.3g us per MFLOP beside the class rate\n",
+      fprintf(f,
+              "    linear layers at r < %g rows, from L2 too: (1 - r/%g) x "
+              "%.3g us per MFLOP beside the class rate\n",
               (double)ST_GEMM_REF_ROWS, (double)ST_GEMM_REF_ROWS,
               fb->narrow_flop_cost * 1e12);
     if (fb->row_bandwidth > 0)
-      fprintf(f, "    linear layers at one row (matrix-vector, rank one): "
-                 "%.3g GB/s of weights streamed per core\n",
+      fprintf(f,
+              "    linear layers at one row (matrix-vector, rank one): "
+              "%.3g GB/s of weights streamed per core\n",
               fb->row_bandwidth / 1e9);
-  }
-  else if (fb->estimated && cpu)
+  } else if (fb->estimated && cpu)
     fprintf(f, "  uncalibrated: predictions are built-in estimates; run "
                "`strata bench --calibrate` to measure this machine\n");
   if (p->n_blocks > 0 &&
@@ -196,12 +198,13 @@ void st_plan_print(const st_plan *p, FILE *f) {
   for (int i = 0; i < p->n_blocks; i++)
     lwp_bytes += p->blocks[i].lwp_bytes, lwp_s += p->blocks[i].measured_lwp;
   if (lwp_bytes > 0 || lwp_s > 0)
-    fprintf(f, "  weight prediction (execution.mitigation): every stage "
-               "but the last also writes its forward's predicted weights, "
-               "%s a sample over all the blocks%s\n",
+    fprintf(f,
+            "  weight prediction (execution.mitigation): every stage "
+            "but the last also writes its forward's predicted weights, "
+            "%s a sample over all the blocks%s\n",
             lwp_s > 0 ? st_plan_fmt_time(a, sizeof a, lwp_s)
                       : st_plan_fmt_bytes(a, sizeof a, lwp_bytes),
-            lwp_s > 0                ? " (measured)"
+            lwp_s > 0              ? " (measured)"
             : p->fabric.calibrated ? ", at the update's bandwidth"
                                    : " (not priced: uncalibrated)");
   fprintf(f,
@@ -229,10 +232,10 @@ void st_plan_print(const st_plan *p, FILE *f) {
             s == p->bottleneck ? "  <- bottleneck" : "");
     fprintf(f, "       why: %s\n", st->cause);
     if (st->spill > 0)
-      fprintf(f, "       cache: a micro-batch touches %s here; its weights "
-                 "pay %.0f%% of their calibrated time from memory\n",
-              st_plan_fmt_bytes(a, sizeof a, st->working_set),
-              100 * st->spill);
+      fprintf(f,
+              "       cache: a micro-batch touches %s here; its weights "
+              "pay %.0f%% of their calibrated time from memory\n",
+              st_plan_fmt_bytes(a, sizeof a, st->working_set), 100 * st->spill);
   }
   fprintf(f,
           "\nthroughput: %s samples/s in steady state; bottleneck stage "
@@ -246,17 +249,16 @@ void st_plan_print(const st_plan *p, FILE *f) {
   if (p->n_stages > 1 && strcmp(p->mode, "pipelined_backprop") != 0) {
     const char *as =
         strcmp(p->mode, "pipeline") == 0 ? "as configured" : "if run as gpipe";
-    fprintf(f,
-            "utilization: mode %s; %s with M = %d micro-batch%s (batch %d / "
-            "micro-batch %d): fill-and-drain M/(M+S-1) = %.3f -> %s "
-            "samples/s; as pipelined backprop: %.2f in steady state -> %s "
-            "samples/s\n",
-            p->mode[0] ? p->mode : "-", as, p->micro_batches,
-            p->micro_batches == 1 ? "" : "es", p->batch, p->micro_batch,
-            p->util_fill_drain,
-            st_plan_fmt_rate(e, sizeof e, st_plan_rate(p, 0)),
-            p->util_pipelined,
-            st_plan_fmt_rate(a, sizeof a, st_plan_rate(p, 1)));
+    fprintf(
+        f,
+        "utilization: mode %s; %s with M = %d micro-batch%s (batch %d / "
+        "micro-batch %d): fill-and-drain M/(M+S-1) = %.3f -> %s "
+        "samples/s; as pipelined backprop: %.2f in steady state -> %s "
+        "samples/s\n",
+        p->mode[0] ? p->mode : "-", as, p->micro_batches,
+        p->micro_batches == 1 ? "" : "es", p->batch, p->micro_batch,
+        p->util_fill_drain, st_plan_fmt_rate(e, sizeof e, st_plan_rate(p, 0)),
+        p->util_pipelined, st_plan_fmt_rate(a, sizeof a, st_plan_rate(p, 1)));
   } else if (p->n_stages == 1) {
     fprintf(f, "utilization: one stage, no pipeline bubble (1.00)\n");
   }
@@ -357,8 +359,7 @@ static void write_json(const st_plan *p, FILE *f) {
     }
     if (lwp) { /* weight prediction, paid by every stage but the last */
       jnum(f, "lwp_bytes", b->lwp_bytes, !measured);
-      if (measured)
-        jnum(f, "measured_lwp", b->measured_lwp, 1);
+      if (measured) jnum(f, "measured_lwp", b->measured_lwp, 1);
     }
     fputc('}', f);
   }
@@ -367,8 +368,7 @@ static void write_json(const st_plan *p, FILE *f) {
     const st_plan_stage *st = &p->stages[s];
     fprintf(f, "%s\n    {\"index\": %d, \"blocks\": [", s ? "," : "", s);
     for (int b = 0; b < st->count; b++) {
-      if (b)
-        fputs(", ", f);
+      if (b) fputs(", ", f);
       json_string(f, p->blocks[st->first + b].name);
     }
     fprintf(f,
@@ -420,8 +420,7 @@ static void write_json(const st_plan *p, FILE *f) {
   if (p->throughput_by_k) {
     fputc('[', f);
     for (int k = 0; k < p->n_tried; k++) {
-      if (k)
-        fputs(", ", f);
+      if (k) fputs(", ", f);
       json_number(f, p->throughput_by_k[k]);
     }
     fputc(']', f);
@@ -430,8 +429,7 @@ static void write_json(const st_plan *p, FILE *f) {
   }
   fputs(",\n  \"cause\": ", f);
   json_string(f, p->cause);
-  fputs("\n}\n",
-        f);
+  fputs("\n}\n", f);
 }
 
 /* Renders with `emit` into memory and writes the file atomically. */
@@ -440,8 +438,7 @@ static int write_atomic(const st_plan *p, const char *path,
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  if (!f)
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  if (!f) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   emit(p, f);
   if (fclose(f) != 0) {
     free(buf);
@@ -500,8 +497,7 @@ static int labelled_inside(const st_plan_stage *st, double k) {
 
 static int needs_callouts(const st_plan *p, double k) {
   for (int s = 0; s < p->n_stages; s++)
-    if (!labelled_inside(&p->stages[s], k))
-      return 1;
+    if (!labelled_inside(&p->stages[s], k)) return 1;
   return 0;
 }
 
@@ -527,12 +523,9 @@ static void draw_mesh(const st_plan *p, FILE *f, double x0, double y0,
       double rx = x0 + st->x * k, ry = y0 + st->y * k, rw = st->w * k,
              rh = st->h * k;
       int thin = rw < 3 || rh < 3;
-      if (thin != pass)
-        continue;
-      if (rw < 3)
-        rx -= (3 - rw) / 2, rw = 3;
-      if (rh < 3)
-        ry -= (3 - rh) / 2, rh = 3;
+      if (thin != pass) continue;
+      if (rw < 3) rx -= (3 - rw) / 2, rw = 3;
+      if (rh < 3) ry -= (3 - rh) / 2, rh = 3;
       double edge = rw < rh ? rw : rh, stroke = edge / 6 < 1.5 ? edge / 6 : 1.5;
       fprintf(f,
               "<rect x='%.2f' y='%.2f' width='%.2f' height='%.2f' "
@@ -565,8 +558,7 @@ static void draw_mesh(const st_plan *p, FILE *f, double x0, double y0,
   /* Labels last, over everything; a dark or light halo keeps them legible
    * on any colour and over the path. */
   double last_x[CALLOUT_ROWS];
-  for (int r = 0; r < CALLOUT_ROWS; r++)
-    last_x[r] = -1e9;
+  for (int r = 0; r < CALLOUT_ROWS; r++) last_x[r] = -1e9;
   for (int s = 0; s < p->n_stages; s++) {
     const st_plan_stage *st = &p->stages[s];
     double rx = x0 + st->x * k, ry = y0 + st->y * k, rw = st->w * k,
@@ -597,8 +589,7 @@ static void draw_mesh(const st_plan *p, FILE *f, double x0, double y0,
     }
     /* a callout above the map, on the first row where it does not collide */
     int row = 0;
-    while (row < CALLOUT_ROWS - 1 && cx - last_x[row] < 26)
-      row++;
+    while (row < CALLOUT_ROWS - 1 && cx - last_x[row] < 26) row++;
     last_x[row] = cx;
     double ty = y0 - 6 - row * CALLOUT_ROW_H;
     fprintf(f,
@@ -623,15 +614,13 @@ static double draw_cpu(const st_plan *p, FILE *f, double x0, double y0,
                        double max_w) {
   int cores = p->fabric.width, per_row = cores < 32 ? cores : 32;
   double gap = 4, cell = (max_w - gap * (per_row - 1)) / per_row;
-  if (cell > 56)
-    cell = 56;
+  if (cell > 56) cell = 56;
   int rows = (cores + per_row - 1) / per_row;
   double label_h = 22, row_h = label_h + cell + 10;
   for (int c = 0; c < cores; c++) {
     int row = c / per_row, col = c % per_row, s = -1;
     for (int t = 0; t < p->n_stages; t++)
-      if (c >= p->stages[t].x && c < p->stages[t].x + p->stages[t].w)
-        s = t;
+      if (c >= p->stages[t].x && c < p->stages[t].x + p->stages[t].w) s = t;
     double x = x0 + col * (cell + gap), y = y0 + row * row_h + label_h;
     fprintf(f,
             "<rect x='%.2f' y='%.2f' width='%.2f' height='%.2f' rx='3' "
@@ -651,8 +640,7 @@ static double draw_cpu(const st_plan *p, FILE *f, double x0, double y0,
     const st_plan_stage *st = &p->stages[s];
     for (int c = st->x; c < st->x + st->w;) {
       int row = c / per_row, end = (row + 1) * per_row;
-      if (end > st->x + st->w)
-        end = st->x + st->w;
+      if (end > st->x + st->w) end = st->x + st->w;
       double xa = x0 + (c % per_row) * (cell + gap);
       double xb = x0 + ((end - 1) % per_row) * (cell + gap) + cell;
       double y = y0 + row * row_h + label_h - 5;
@@ -687,14 +675,12 @@ static void write_svg(const st_plan *p, FILE *f) {
   if (cpu) {
     int per_row = p->fabric.width < 32 ? p->fabric.width : 32;
     double gap = 4, cell = (map_w - gap * (per_row - 1)) / per_row;
-    if (cell > 56)
-      cell = 56;
+    if (cell > 56) cell = 56;
     int rows = (p->fabric.width + per_row - 1) / per_row;
     map_h = rows * (22 + cell + 10) + 14;
   } else {
     double k = mesh_scale(&p->fabric, map_w, mesh_h);
-    if (needs_callouts(p, k))
-      top += CALLOUT_ROWS * CALLOUT_ROW_H;
+    if (needs_callouts(p, k)) top += CALLOUT_ROWS * CALLOUT_ROW_H;
     map_h = p->fabric.height * k + 22;
   }
   double legend_y = top + map_h + 20;

@@ -107,21 +107,16 @@ static int syntax_error(const yaml_parser_t *parser, const source *src,
 static int edit_distance(const char *a, const char *b) {
   enum { MAXLEN = 48 };
   size_t n = strlen(a), m = strlen(b);
-  if (n >= MAXLEN || m >= MAXLEN)
-    return INT_MAX / 2;
+  if (n >= MAXLEN || m >= MAXLEN) return INT_MAX / 2;
   int d[MAXLEN + 1][MAXLEN + 1];
-  for (size_t i = 0; i <= n; i++)
-    d[i][0] = (int)i;
-  for (size_t j = 0; j <= m; j++)
-    d[0][j] = (int)j;
+  for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
   for (size_t i = 1; i <= n; i++)
     for (size_t j = 1; j <= m; j++) {
       int cost = a[i - 1] != b[j - 1];
       int best = d[i - 1][j - 1] + cost;
-      if (d[i - 1][j] + 1 < best)
-        best = d[i - 1][j] + 1;
-      if (d[i][j - 1] + 1 < best)
-        best = d[i][j - 1] + 1;
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
           d[i - 2][j - 2] + 1 < best)
         best = d[i - 2][j - 2] + 1;
@@ -143,8 +138,7 @@ static int suggest_key(const char *section, const char *name) {
   for (int i = 0; i < st_config_schema_count; i++) {
     const st_config_key *k = &st_config_schema[i];
     int d = edit_distance(name, k->name) + (strcmp(section, k->section) != 0);
-    if (d < best_d)
-      best = i, best_d = d;
+    if (d < best_d) best = i, best_d = d;
   }
   return best;
 }
@@ -178,20 +172,16 @@ static key_text did_you_mean_section(const char *name) {
 /* A plain empty, "~" or "null" scalar: YAML's null, i.e. "key:" with
  * nothing after it. Quoted '' is an empty string, not null. */
 static int is_null(const yaml_node_t *node) {
-  if (node->type != YAML_SCALAR_NODE)
-    return 0;
-  if (node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
-    return 0;
+  if (node->type != YAML_SCALAR_NODE) return 0;
+  if (node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return 0;
   const char *s = (const char *)node->data.scalar.value;
   return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
          !strcmp(s, "NULL");
 }
 
 static const char *node_kind(const yaml_node_t *node) {
-  if (node->type == YAML_SEQUENCE_NODE)
-    return "a list";
-  if (node->type == YAML_MAPPING_NODE)
-    return "a mapping";
+  if (node->type == YAML_SEQUENCE_NODE) return "a list";
+  if (node->type == YAML_MAPPING_NODE) return "a mapping";
   return "no value";
 }
 
@@ -219,30 +209,24 @@ static const char *expected_text(st_config_type type) {
  * "out of range". strtoll alone would accept leading blanks and "12abc". */
 static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   const char *digits = (*s == '+' || *s == '-') ? s + 1 : s;
-  if (*digits < '0' || *digits > '9')
-    return 1;
+  if (*digits < '0' || *digits > '9') return 1;
   char *end;
   errno = 0;
   long long v = strtoll(s, &end, 10);
-  if (*end)
-    return 1;
-  if (errno == ERANGE || v < lo || v > hi)
-    return 2;
+  if (*end) return 1;
+  if (errno == ERANGE || v < lo || v > hi) return 2;
   *out = v;
   return 0;
 }
 
 static int parse_uint64(const char *s, uint64_t *out) {
   const char *digits = *s == '+' ? s + 1 : s;
-  if (*digits < '0' || *digits > '9')
-    return 1; /* strtoull takes "-1" */
+  if (*digits < '0' || *digits > '9') return 1; /* strtoull takes "-1" */
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (*end)
-    return 1;
-  if (errno == ERANGE)
-    return 2;
+  if (*end) return 1;
+  if (errno == ERANGE) return 2;
   *out = v;
   return 0;
 }
@@ -250,17 +234,13 @@ static int parse_uint64(const char *s, uint64_t *out) {
 /* Parsed straight to float (not via double) so that printing with enough
  * digits and reading back gives the same bits. */
 static int parse_float(const char *s, float *out) {
-  if (!*s || *s == ' ' || *s == '\t')
-    return 1;
+  if (!*s || *s == ' ' || *s == '\t') return 1;
   char *end;
   errno = 0;
   float v = strtof(s, &end);
-  if (*end)
-    return 1;
-  if (isnan(v))
-    return 1;
-  if (isinf(v))
-    return errno == ERANGE ? 2 : 1;
+  if (*end) return 1;
+  if (isnan(v)) return 1;
+  if (isinf(v)) return errno == ERANGE ? 2 : 1;
   *out = v;
   return 0;
 }
@@ -283,16 +263,14 @@ static void list_choices(const char *const *choices, char *buf, size_t cap) {
   buf[0] = '\0';
   for (int i = 0; choices[i]; i++) {
     int n = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", choices[i]);
-    if (n < 0 || (size_t)n >= cap - used)
-      return;
+    if (n < 0 || (size_t)n >= cap - used) return;
     used += (size_t)n;
   }
 }
 
 static int is_choice(const char *const *choices, const char *s) {
   for (int i = 0; choices[i]; i++)
-    if (!strcmp(choices[i], s))
-      return 1;
+    if (!strcmp(choices[i], s)) return 1;
   return 0;
 }
 
@@ -343,8 +321,7 @@ static int set_list(st_int_list *dst, yaml_document_t *doc, yaml_node_t *node,
     snprintf(item_key, sizeof item_key, "%s[%d]", key, list.n);
     int64_t v;
     int rc = node_int(item, INT_MIN, INT_MAX, &v, item_key, src, err);
-    if (rc)
-      return rc;
+    if (rc) return rc;
     list.v[list.n++] = (int)v;
   }
   *dst = list;
@@ -368,8 +345,7 @@ static int set_scalar(void *dst, const st_config_key *k,
     }
     int64_t v;
     int rc = node_int(node, INT_MIN, INT_MAX, &v, key, src, err);
-    if (!rc)
-      *(int *)dst = (int)v;
+    if (!rc) *(int *)dst = (int)v;
     return rc;
   }
   case ST_CONFIG_INT64:
@@ -435,8 +411,7 @@ static int set_value(st_config *cfg, int row, yaml_document_t *doc,
                  "largest scalar field must fit tmp");
   memcpy(tmp, dst, k->size);
   int rc = set_scalar(tmp, k, node, key.s, src, err);
-  if (!rc)
-    memcpy(dst, tmp, k->size);
+  if (!rc) memcpy(dst, tmp, k->size);
   return rc;
 }
 
@@ -511,8 +486,7 @@ static int load_key(st_config *cfg, yaml_document_t *doc,
   yaml_node_t *value = yaml_document_get_node(doc, pair->value);
   const char *name = ""; /* initialised: gcc cannot see key_name's rc */
   int rc = key_name(knode, &name, src, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   int row = st_config_key_find(section, strlen(section), name);
   if (row < 0)
     return fail(err, ST_ECONFIG, src, knode->start_mark,
@@ -524,8 +498,7 @@ static int load_key(st_config *cfg, yaml_document_t *doc,
                 keys->at[row].line, keys->at[row].col);
   keys->at[row] = origin_of(knode->start_mark);
   rc = set_value(cfg, row, doc, value, src, err);
-  if (!rc)
-    cfg->origin[row] = origin_of(value->start_mark);
+  if (!rc) cfg->origin[row] = origin_of(value->start_mark);
   return rc;
 }
 
@@ -536,8 +509,7 @@ static int load_section(st_config *cfg, yaml_document_t *doc,
   yaml_node_t *value = yaml_document_get_node(doc, pair->value);
   const char *section = "";
   int rc = key_name(knode, &section, src, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   int first = st_config_section_find(section);
   if (first < 0)
     return fail(err, ST_ECONFIG, src, knode->start_mark,
@@ -548,8 +520,7 @@ static int load_section(st_config *cfg, yaml_document_t *doc,
                 "duplicate section '%s' (first at %d:%d)", section,
                 sections->at[first].line, sections->at[first].col);
   sections->at[first] = origin_of(knode->start_mark);
-  if (is_null(value))
-    return 0; /* "model:" with every key commented out */
+  if (is_null(value)) return 0; /* "model:" with every key commented out */
   if (value->type != YAML_MAPPING_NODE)
     return fail(err, ST_ECONFIG, src, value->start_mark,
                 "section '%s' must be a mapping of key: value, got %s", section,
@@ -557,16 +528,14 @@ static int load_section(st_config *cfg, yaml_document_t *doc,
                                                 : node_kind(value));
   for (yaml_node_pair_t *p = value->data.mapping.pairs.start;
        p < value->data.mapping.pairs.top; p++)
-    if ((rc = load_key(cfg, doc, p, section, keys, src, err)))
-      return rc;
+    if ((rc = load_key(cfg, doc, p, section, keys, src, err))) return rc;
   return 0;
 }
 
 static int load_document(st_config *cfg, yaml_document_t *doc,
                          const source *src, st_error *err) {
   yaml_node_t *root = yaml_document_get_root_node(doc);
-  if (!root || is_null(root))
-    return 0; /* empty file: all defaults */
+  if (!root || is_null(root)) return 0; /* empty file: all defaults */
   if (root->type != YAML_MAPPING_NODE)
     return fail(err, ST_ECONFIG, src, root->start_mark,
                 "expected sections (model:, data:, ...) at the top level, "
@@ -578,8 +547,7 @@ static int load_document(st_config *cfg, yaml_document_t *doc,
   for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
        p < root->data.mapping.pairs.top; p++) {
     int rc = load_section(cfg, doc, p, &sections, &keys, src, err);
-    if (rc)
-      return rc;
+    if (rc) return rc;
   }
   return 0;
 }
@@ -589,14 +557,11 @@ static int load_document(st_config *cfg, yaml_document_t *doc,
 static int load_stream(st_config *cfg, yaml_parser_t *parser, const source *src,
                        st_error *err) {
   yaml_document_t doc;
-  if (!yaml_parser_load(parser, &doc))
-    return syntax_error(parser, src, err);
+  if (!yaml_parser_load(parser, &doc)) return syntax_error(parser, src, err);
   int rc = load_document(cfg, &doc, src, err);
   yaml_document_delete(&doc);
-  if (rc)
-    return rc;
-  if (!yaml_parser_load(parser, &doc))
-    return syntax_error(parser, src, err);
+  if (rc) return rc;
+  if (!yaml_parser_load(parser, &doc)) return syntax_error(parser, src, err);
   yaml_node_t *extra = yaml_document_get_root_node(&doc);
   if (extra)
     rc = fail(err, ST_ECONFIG, src, extra->start_mark,
@@ -632,8 +597,7 @@ int st_config_load(st_config *cfg, const char *path, st_error *err) {
                         path, ST_PATH_MAX - 1);
   strcpy(next.path, path);
   FILE *f = open_config(path, err);
-  if (!f)
-    return ST_EIO;
+  if (!f) return ST_EIO;
   yaml_parser_t parser;
   int rc;
   if (!yaml_parser_initialize(&parser)) {
@@ -645,8 +609,7 @@ int st_config_load(st_config *cfg, const char *path, st_error *err) {
     yaml_parser_delete(&parser);
   }
   fclose(f);
-  if (!rc)
-    memcpy(cfg, &next, sizeof next);
+  if (!rc) memcpy(cfg, &next, sizeof next);
   return rc;
 }
 
@@ -660,25 +623,20 @@ static int parse_assignment(const char *assignment, int *row,
     return st_error_set(err, ST_ECONFIG, "--set %s: expected section.key=value",
                         assignment);
   const char *start = assignment, *end = eq;
-  while (start < end && (*start == ' ' || *start == '\t'))
-    start++;
-  while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
-    end--;
+  while (start < end && (*start == ' ' || *start == '\t')) start++;
+  while (end > start && (end[-1] == ' ' || end[-1] == '\t')) end--;
   char key[96];
   size_t n = (size_t)(end - start);
-  if (n >= sizeof key)
-    n = sizeof key - 1; /* too long to be a key anyway */
+  if (n >= sizeof key) n = sizeof key - 1; /* too long to be a key anyway */
   memcpy(key, start, n);
   key[n] = '\0';
   char *dot = strchr(key, '.');
   *row = dot ? st_config_key_find(key, (size_t)(dot - key), dot + 1) : -1;
   if (*row < 0) {
-    if (dot)
-      *dot = '\0';
+    if (dot) *dot = '\0';
     key_text hint =
         dot ? did_you_mean_key(key, dot + 1) : did_you_mean_key("", key);
-    if (dot)
-      *dot = '.';
+    if (dot) *dot = '.';
     return st_error_set(err, ST_ECONFIG, "--set %s: unknown key '%s'%s",
                         assignment, key, hint.s);
   }
@@ -690,14 +648,12 @@ int st_config_set(st_config *cfg, const char *assignment, st_error *err) {
   int row = -1;
   const char *value = "";
   int rc = parse_assignment(assignment, &row, &value, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   char label[sizeof err->msg / 2];
   snprintf(label, sizeof label, "--set %s", assignment);
   source src = {NULL, label};
   rc = set_from_text(cfg, row, value, &src, err);
-  if (!rc)
-    cfg->origin[row].line = ORIGIN_SET, cfg->origin[row].col = 0;
+  if (!rc) cfg->origin[row].line = ORIGIN_SET, cfg->origin[row].col = 0;
   return rc;
 }
 
@@ -713,13 +669,10 @@ const char *st_config_where(const st_config *cfg, const char *key) {
   static _Thread_local char ring[4][ST_PATH_MAX + 32];
   static _Thread_local int next;
   int row = row_of(key);
-  if (row < 0)
-    return "unknown key";
+  if (row < 0) return "unknown key";
   struct st_config_origin o = cfg->origin[row];
-  if (o.line == ORIGIN_SET)
-    return "--set";
-  if (o.line <= 0)
-    return "default";
+  if (o.line == ORIGIN_SET) return "--set";
+  if (o.line <= 0) return "default";
   char *buf = ring[next++ & 3];
   snprintf(buf, sizeof ring[0], "%s:%d:%d", cfg->path, o.line, o.col);
   return buf;
@@ -868,8 +821,7 @@ static int check_range(const st_config *cfg, const range *r, st_error *err) {
 static int check_strings(const st_config *cfg, st_error *err) {
   for (int i = 0; i < st_config_schema_count; i++) {
     const st_config_key *k = &st_config_schema[i];
-    if (k->type != ST_CONFIG_ENUM && k->type != ST_CONFIG_STRING)
-      continue;
+    if (k->type != ST_CONFIG_ENUM && k->type != ST_CONFIG_STRING) continue;
     const char *s = (const char *)cfg + k->offset;
     key_text key = full_name(k);
     if (!memchr(s, '\0', k->size))
@@ -886,7 +838,8 @@ static int check_strings(const st_config *cfg, st_error *err) {
 
 static int check_lists(const st_config *cfg, st_error *err) {
   const st_int_list *lists[] = {&cfg->model.hidden, &cfg->model.channels,
-                                &cfg->model.dense, &cfg->execution.stage_blocks};
+                                &cfg->model.dense,
+                                &cfg->execution.stage_blocks};
   const char *keys[] = {"model.hidden", "model.channels", "model.dense",
                         "execution.stage_blocks"};
   for (int i = 0; i < 4; i++)
@@ -904,8 +857,7 @@ static int check_lists(const st_config *cfg, st_error *err) {
     return invalid(cfg, err, "execution.stage_blocks",
                    "cuts the stages of pipeline and pipelined_backprop, "
                    "not execution.mode %s (%s)",
-                   cfg->execution.mode,
-                   st_config_where(cfg, "execution.mode"));
+                   cfg->execution.mode, st_config_where(cfg, "execution.mode"));
   int S = cfg->execution.stages;
   if (sb->n > 0 && S != 0 && S != sb->n)
     return S == ST_STAGES_PER_BLOCK
@@ -951,8 +903,8 @@ static int check_training(const st_config *cfg, st_error *err) {
     return invalid(cfg, err, "execution.micro_batch",
                    "%d does not divide train.batch = %d (%s)", mb, batch,
                    st_config_where(cfg, "train.batch"));
-  const int R = cfg->execution.replicas, mode_seq =
-      !strcmp(cfg->execution.mode, "sequential");
+  const int R = cfg->execution.replicas,
+            mode_seq = !strcmp(cfg->execution.mode, "sequential");
   if (R > 1 && !mode_seq && strcmp(cfg->execution.mode, "pipeline"))
     return invalid(cfg, err, "execution.replicas",
                    "%d replicas of execution.mode %s: replicas run the "
@@ -967,7 +919,8 @@ static int check_training(const st_config *cfg, st_error *err) {
   if (R > 1 && cfg->metrics.noise_scale)
     return invalid(cfg, err, "execution.replicas",
                    "metrics.noise_scale is not available with replicas yet "
-                   "(%s)", st_config_where(cfg, "metrics.noise_scale"));
+                   "(%s)",
+                   st_config_where(cfg, "metrics.noise_scale"));
   const int pb = !strcmp(cfg->execution.mode, "pipelined_backprop");
   const int sgd = !strcmp(cfg->optimizer.kind, "sgd");
   const char *mit = cfg->execution.mitigation;
@@ -1089,14 +1042,11 @@ int st_config_unused(const st_config *cfg, const char **keys, int cap) {
 
 int st_config_validate(const st_config *cfg, st_error *err) {
   int rc = check_strings(cfg, err);
-  if (!rc)
-    rc = check_lists(cfg, err);
+  if (!rc) rc = check_lists(cfg, err);
   for (size_t i = 0; !rc && i < sizeof ranges / sizeof ranges[0]; i++)
     rc = check_range(cfg, &ranges[i], err);
-  if (!rc)
-    rc = check_model(cfg, err);
-  if (!rc)
-    rc = check_training(cfg, err);
+  if (!rc) rc = check_model(cfg, err);
+  if (!rc) rc = check_training(cfg, err);
   return rc;
 }
 
@@ -1108,8 +1058,7 @@ static void write_float(FILE *f, float v) {
   char buf[32];
   for (int digits = 1; digits <= 9; digits++) {
     snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
-    if (strtof(buf, NULL) == v)
-      break;
+    if (strtof(buf, NULL) == v) break;
   }
   fputs(buf, f);
 }
@@ -1160,8 +1109,7 @@ static void write_value(FILE *f, const st_config *cfg, const st_config_key *k) {
   case ST_CONFIG_INT_LIST: {
     const st_int_list *l = p;
     fputc('[', f);
-    for (int i = 0; i < l->n; i++)
-      fprintf(f, "%s%d", i ? ", " : "", l->v[i]);
+    for (int i = 0; i < l->n; i++) fprintf(f, "%s%d", i ? ", " : "", l->v[i]);
     fputc(']', f);
     break;
   }

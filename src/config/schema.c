@@ -48,12 +48,8 @@ static const char *const schedules[] = {"constant", "cosine", "step", "linear",
                                         NULL};
 static const char *const placements[] = {"threads", "ranks", NULL};
 static const char *const modes[] = {
-    "sequential",
-    "pipeline",
-    "block_sequential",
-    "pipelined_backprop",
-    "weight_streaming",
-    NULL,
+    "sequential",         "pipeline",         "block_sequential",
+    "pipelined_backprop", "weight_streaming", NULL,
 };
 static const char *const stores[] = {"memory", "file", NULL};
 static const char *const weight_dtypes[] = {"fp32", "bf16", NULL};
@@ -153,7 +149,8 @@ const st_config_key st_config_schema[] = {
     INT(train, checkpoint_every, "0",
         "checkpoint every N steps (0 = at the end)"),
     INT(train, threads, "0", "worker threads (0 = all cores)"),
-    INT(train, keep_checkpoints, "2", "newest step checkpoints to keep (0 = keep all)"),
+    INT(train, keep_checkpoints, "2",
+        "newest step checkpoints to keep (0 = keep all)"),
 
     ENUM(execution, mode, "sequential", modes, "execution mode (DESIGN.md)"),
     INT(execution, micro_batch, "0",
@@ -283,8 +280,7 @@ int st_config_key_find(const char *section, size_t section_len,
 
 int st_config_section_find(const char *section) {
   for (int i = 0; i < st_config_schema_count; i++)
-    if (strcmp(st_config_schema[i].section, section) == 0)
-      return i;
+    if (strcmp(st_config_schema[i].section, section) == 0) return i;
   return -1;
 }
 
@@ -317,8 +313,7 @@ static const char *join_choices(const char *const *choices, char *buf,
   buf[0] = '\0';
   for (int i = 0; choices && choices[i]; i++) {
     int n = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", choices[i]);
-    if (n < 0 || (size_t)n >= cap - used)
-      break;
+    if (n < 0 || (size_t)n >= cap - used) break;
     used += (size_t)n;
   }
   return buf;
@@ -342,8 +337,7 @@ void st_config_print_schema(FILE *f) {
             k->def);
     /* A default wider than its column pushes the meaning to its own line
      * rather than knocking every other row out of alignment. */
-    if (strlen(k->def) > 13)
-      fprintf(f, "\n%49s", "");
+    if (strlen(k->def) > 13) fprintf(f, "\n%49s", "");
     fprintf(f, " %s", k->meaning);
     if (k->choices)
       fprintf(f, "; one of: %s",

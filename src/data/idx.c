@@ -49,8 +49,7 @@ static int idx_open(idx_file *f, const char *kind, st_error *err) {
 }
 
 static void idx_close(idx_file *f) {
-  if (f->gz)
-    gzclose_r(f->gz);
+  if (f->gz) gzclose_r(f->gz);
   f->gz = NULL;
 }
 
@@ -88,11 +87,9 @@ static int idx_read(idx_file *f, void *buf, size_t bytes, const char *what,
   size_t got = 0;
   while (got < bytes) {
     size_t slice = bytes - got;
-    if (slice > (1u << 30))
-      slice = 1u << 30;
+    if (slice > (1u << 30)) slice = 1u << 30;
     int n = gzread(f->gz, (uint8_t *)buf + got, (unsigned)slice);
-    if (n <= 0)
-      return short_read(f, bytes, got, what, err);
+    if (n <= 0) return short_read(f, bytes, got, what, err);
     got += (size_t)n;
   }
   return 0;
@@ -108,25 +105,20 @@ static int idx_read_header(idx_file *f, uint32_t magic, int ndims,
                            uint32_t *dims, st_error *err) {
   uint8_t raw[4 * 4];
   int rc = idx_read(f, raw, 4, "header bytes", err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   uint32_t found = be32(raw);
   if (found != magic) {
     const char *hint = "";
-    if (found == IDX_LABEL_MAGIC)
-      hint = "; this is a label file";
-    if (found == IDX_IMAGE_MAGIC)
-      hint = "; this is an image file";
+    if (found == IDX_LABEL_MAGIC) hint = "; this is a label file";
+    if (found == IDX_IMAGE_MAGIC) hint = "; this is an image file";
     return st_error_set(
         err, ST_EFORMAT,
         "%s: not a gzip IDX %s file (magic 0x%08x, expected %u)%s", f->path,
         f->kind, found, magic, hint);
   }
   rc = idx_read(f, raw, 4 * (size_t)ndims, "header bytes", err);
-  if (rc)
-    return rc;
-  for (int d = 0; d < ndims; d++)
-    dims[d] = be32(raw + 4 * d);
+  if (rc) return rc;
+  for (int d = 0; d < ndims; d++) dims[d] = be32(raw + 4 * d);
   if (dims[0] == 0 || dims[0] > INT_MAX)
     return st_error_set(err, ST_EDATA,
                         "%s: sample count %u out of range (1..%d)", f->path,
@@ -151,8 +143,7 @@ static int idx_expect_end(idx_file *f, int count, st_error *err) {
     return st_error_set(err, ST_EFORMAT,
                         "%s: truncated: gzip trailer missing after %d %ss",
                         f->path, count, f->kind);
-  if (zerr != Z_OK)
-    return short_read(f, 1, 0, "trailer bytes", err);
+  if (zerr != Z_OK) return short_read(f, 1, 0, "trailer bytes", err);
   return 0;
 }
 
@@ -161,14 +152,10 @@ static int open_pair(idx_file *images, idx_file *labels, int *count,
                      st_shape *shape, st_error *err) {
   uint32_t label_dims[1] = {0}, image_dims[3] = {0};
   int rc = idx_open(labels, "label", err);
-  if (!rc)
-    rc = idx_read_header(labels, IDX_LABEL_MAGIC, 1, label_dims, err);
-  if (!rc)
-    rc = idx_open(images, "image", err);
-  if (!rc)
-    rc = idx_read_header(images, IDX_IMAGE_MAGIC, 3, image_dims, err);
-  if (rc)
-    return rc;
+  if (!rc) rc = idx_read_header(labels, IDX_LABEL_MAGIC, 1, label_dims, err);
+  if (!rc) rc = idx_open(images, "image", err);
+  if (!rc) rc = idx_read_header(images, IDX_IMAGE_MAGIC, 3, image_dims, err);
+  if (rc) return rc;
   uint32_t rows = image_dims[1], cols = image_dims[2];
   if (rows < 1 || rows > IDX_MAX_SIDE || cols < 1 || cols > IDX_MAX_SIDE)
     return st_error_set(
@@ -200,16 +187,12 @@ static int read_body(st_dataset *ds, idx_file *images, idx_file *labels,
   if (!rc)
     rc =
         idx_read(images, ds->pixels, (size_t)ds->n * numel, "image bytes", err);
-  if (!rc && ds->n == count)
-    rc = idx_expect_end(labels, count, err);
-  if (!rc && ds->n == count)
-    rc = idx_expect_end(images, count, err);
-  if (rc)
-    return rc;
+  if (!rc && ds->n == count) rc = idx_expect_end(labels, count, err);
+  if (!rc && ds->n == count) rc = idx_expect_end(images, count, err);
+  if (rc) return rc;
   int max_label = 0;
   for (int s = 0; s < ds->n; s++)
-    if (ds->labels[s] > max_label)
-      max_label = ds->labels[s];
+    if (ds->labels[s] > max_label) max_label = ds->labels[s];
   ds->classes = max_label + 1;
   return 0;
 }
@@ -225,15 +208,12 @@ int st_dataset_load_idx(st_dataset **out, const char *images_gz,
   int count = 0;
   st_shape shape;
   int rc = open_pair(&images, &labels, &count, &shape, err);
-  if (rc)
-    goto fail;
+  if (rc) goto fail;
   int n = limit > 0 && limit < count ? limit : count;
   rc = st_dataset_alloc(&ds, base_name(images_gz), n, shape, err);
-  if (rc)
-    goto fail;
+  if (rc) goto fail;
   rc = read_body(ds, &images, &labels, count, err);
-  if (rc)
-    goto fail;
+  if (rc) goto fail;
   idx_close(&images);
   idx_close(&labels);
   st_dataset_compute_stats(ds);
@@ -259,15 +239,13 @@ int st_dataset_alloc(st_dataset **out, const char *name, int n, st_shape shape,
                         "%s: %d samples of %zu bytes do not fit in memory",
                         name, n, numel);
   st_dataset *ds = st_alloc(sizeof *ds);
-  if (!ds)
-    goto nomem;
+  if (!ds) goto nomem;
   snprintf(ds->name, sizeof ds->name, "%s", name);
   ds->n = n;
   ds->shape = shape;
   ds->pixels = st_alloc((size_t)n * numel);
   ds->labels = st_alloc((size_t)n);
-  if (!ds->pixels || !ds->labels)
-    goto nomem;
+  if (!ds->pixels || !ds->labels) goto nomem;
   *out = ds;
   return 0;
 nomem:
@@ -284,11 +262,9 @@ nomem:
 void st_dataset_compute_stats(st_dataset *ds) {
   uint64_t hist[256] = {0};
   size_t total = (size_t)ds->n * st_shape_numel(ds->shape);
-  for (size_t i = 0; i < total; i++)
-    hist[ds->pixels[i]]++;
+  for (size_t i = 0; i < total; i++) hist[ds->pixels[i]]++;
   double sum = 0, mean, var = 0;
-  for (int v = 0; v < 256; v++)
-    sum += (double)hist[v] * v;
+  for (int v = 0; v < 256; v++) sum += (double)hist[v] * v;
   mean = total ? sum / 255.0 / (double)total : 0;
   for (int v = 0; v < 256; v++) {
     double d = v / 255.0 - mean;
@@ -301,8 +277,7 @@ void st_dataset_compute_stats(st_dataset *ds) {
 }
 
 void st_dataset_destroy(st_dataset *ds) {
-  if (!ds)
-    return;
+  if (!ds) return;
   st_free(ds->pixels);
   st_free(ds->labels);
   st_free(ds);

@@ -9,8 +9,7 @@
 void st_shuffle(int32_t *perm, int n, uint64_t seed, int64_t epoch) {
   st_rng rng;
   st_rng_init(&rng, seed, ST_RNG_SHUFFLE, (uint64_t)epoch);
-  for (int i = 0; i < n; i++)
-    perm[i] = i;
+  for (int i = 0; i < n; i++) perm[i] = i;
   /* Walking down and drawing j in [0, i] gives every permutation with equal
    * probability (Knuth, TAOCP vol. 2, Algorithm 3.4.2P). */
   for (int i = n - 1; i > 0; i--) {

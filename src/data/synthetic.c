@@ -21,8 +21,7 @@ void st_dataset_compute_stats(st_dataset *ds);
 static void make_prototypes(uint8_t *protos, size_t bytes, uint64_t seed) {
   st_rng rng;
   st_rng_init(&rng, seed, ST_RNG_DATA, 0);
-  for (size_t i = 0; i < bytes; i++)
-    protos[i] = (uint8_t)st_rng_u32(&rng);
+  for (size_t i = 0; i < bytes; i++) protos[i] = (uint8_t)st_rng_u32(&rng);
 }
 
 /* The difference of two uniform bytes is triangular on [-255, 255] (std
@@ -67,18 +66,14 @@ int st_dataset_synthetic_range(st_dataset **out, int first, int n,
                                st_error *err) {
   *out = NULL;
   int rc = check_args(n, shape, classes, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   size_t numel = st_shape_numel(shape);
   st_dataset *ds = NULL;
   rc = st_dataset_alloc(&ds, "synthetic", n, shape, err);
-  if (rc)
-    return rc;
-  if (numel > SIZE_MAX / (size_t)classes)
-    goto nomem;
+  if (rc) return rc;
+  if (numel > SIZE_MAX / (size_t)classes) goto nomem;
   uint8_t *protos = st_alloc((size_t)classes * numel); /* (classes, numel) */
-  if (!protos)
-    goto nomem;
+  if (!protos) goto nomem;
   make_prototypes(protos, (size_t)classes * numel, seed);
   for (int s = 0; s < n; s++) {
     int index = first + s; /* a sample depends only on its index */

@@ -51,8 +51,7 @@ int st_file_read(uint8_t **data, size_t *n, const char *path, st_error *err) {
 }
 
 void st_text_dataset_destroy(st_text_dataset *ds) {
-  if (!ds)
-    return;
+  if (!ds) return;
   st_free(ds->tokens);
   free(ds);
 }
@@ -68,17 +67,14 @@ int st_text_dataset_load(st_text_dataset **out, const char *path,
   st_tokenizer *bytes = NULL;
   uint8_t *text = NULL;
   st_text_dataset *ds = calloc(1, sizeof *ds);
-  if (!ds)
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  if (!ds) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   int rc = 0;
   if (!tok) {
     rc = st_tokenizer_create_bytes(&bytes, err);
     tok = bytes;
   }
-  if (!rc)
-    rc = st_file_read(&text, &ds->n_bytes, path, err);
-  if (rc)
-    goto fail;
+  if (!rc) rc = st_file_read(&text, &ds->n_bytes, path, err);
+  if (rc) goto fail;
   if (ds->n_bytes == 0) {
     rc = st_error_set(err, ST_EDATA, "%s: the corpus is empty", path);
     goto fail;
@@ -93,8 +89,7 @@ int st_text_dataset_load(st_text_dataset **out, const char *path,
   }
   rc = st_tokenizer_encode(tok, text, ds->n_bytes, ds->tokens, &ds->n_tokens,
                            err);
-  if (rc)
-    goto fail;
+  if (rc) goto fail;
   ds->n_val = (size_t)floor((double)ds->n_tokens * val_fraction);
   ds->n_train = ds->n_tokens - ds->n_val;
   if (ds->n_train == 0 || (val_fraction > 0 && ds->n_val == 0)) {
@@ -131,12 +126,12 @@ size_t st_utf8_invalid(const uint8_t *d, size_t n) {
       len = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
       len = 3;
-      if (c == 0xE0) lo = 0xA0;      /* no overlongs */
-      if (c == 0xED) hi = 0x9F;      /* no surrogates */
+      if (c == 0xE0) lo = 0xA0; /* no overlongs */
+      if (c == 0xED) hi = 0x9F; /* no surrogates */
     } else if (c >= 0xF0 && c <= 0xF4) {
       len = 4;
-      if (c == 0xF0) lo = 0x90;      /* no overlongs */
-      if (c == 0xF4) hi = 0x8F;      /* nothing above U+10FFFF */
+      if (c == 0xF0) lo = 0x90; /* no overlongs */
+      if (c == 0xF4) hi = 0x8F; /* nothing above U+10FFFF */
     } else
       return i;
     if (n - i < (size_t)len) return i;
@@ -152,8 +147,7 @@ static int uses_bytes(const st_config *cfg) {
   return !cfg->data.tokenizer[0] || !strcmp(cfg->data.tokenizer, "bytes");
 }
 
-int st_text_tokenizer(st_tokenizer **out, const st_config *cfg,
-                      st_error *err) {
+int st_text_tokenizer(st_tokenizer **out, const st_config *cfg, st_error *err) {
   if (uses_bytes(cfg)) return st_tokenizer_create_bytes(out, err);
   return st_tokenizer_load(out, cfg->data.tokenizer, err);
 }
@@ -202,8 +196,8 @@ int st_text_open(st_text_dataset **out, st_tokenizer **tok,
   if (!strcmp(cfg->data.encoding, "utf8")) rc = check_utf8(cfg->data.path, err);
   if (!rc) rc = st_text_tokenizer(tok, cfg, err);
   if (!rc)
-    rc = st_text_dataset_load(out, cfg->data.path, *tok,
-                              cfg->data.val_fraction, err);
+    rc = st_text_dataset_load(out, cfg->data.path, *tok, cfg->data.val_fraction,
+                              err);
   if (rc) {
     st_tokenizer_destroy(*tok);
     *tok = NULL;

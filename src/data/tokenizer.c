@@ -60,14 +60,11 @@ static size_t hash_key(uint64_t key) {
 /* Grows *buf (malloc'd) to hold at least `need` elements. Training scratch
  * grows with the pairs it discovers, so it cannot be sized up front. */
 static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap)
-    return 0;
+  if (need <= *cap) return 0;
   size_t next = *cap ? *cap : 1024;
-  while (next < need)
-    next *= 2;
+  while (next < need) next *= 2;
   void *p = realloc(*buf, next * elem);
-  if (!p)
-    return ST_ENOMEM;
+  if (!p) return ST_ENOMEM;
   *buf = p;
   *cap = next;
   return 0;
@@ -76,8 +73,7 @@ static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
 /* ------------------------------------------------------------ tokenizer */
 
 void st_tokenizer_destroy(st_tokenizer *tok) {
-  if (!tok)
-    return;
+  if (!tok) return;
   free(tok->merges);
   free(tok->offset);
   st_free(tok->bytes);
@@ -86,9 +82,7 @@ void st_tokenizer_destroy(st_tokenizer *tok) {
   free(tok);
 }
 
-int st_tokenizer_vocab(const st_tokenizer *tok) {
-  return tok->vocab;
-}
+int st_tokenizer_vocab(const st_tokenizer *tok) { return tok->vocab; }
 
 void st_tokenizer_merge(const st_tokenizer *tok, int r, int32_t *left,
                         int32_t *right) {
@@ -100,10 +94,8 @@ static int32_t rank_of(const st_tokenizer *tok, int32_t left, int32_t right) {
   uint64_t key = pair_key(left, right);
   size_t mask = tok->rank_cap - 1;
   for (size_t i = hash_key(key) & mask;; i = (i + 1) & mask) {
-    if (tok->rank_keys[i] == key)
-      return tok->ranks[i];
-    if (tok->rank_keys[i] == EMPTY_KEY)
-      return -1;
+    if (tok->rank_keys[i] == key) return tok->ranks[i];
+    if (tok->rank_keys[i] == EMPTY_KEY) return -1;
   }
 }
 
@@ -113,8 +105,7 @@ static int tokenizer_finish(st_tokenizer *tok, const char *where,
                             st_error *err) {
   int n = tok->n_merges;
   tok->rank_cap = 16;
-  while (tok->rank_cap < 2 * (size_t)n + 2)
-    tok->rank_cap *= 2;
+  while (tok->rank_cap < 2 * (size_t)n + 2) tok->rank_cap *= 2;
   tok->rank_keys = malloc(tok->rank_cap * sizeof *tok->rank_keys);
   tok->ranks = malloc(tok->rank_cap * sizeof *tok->ranks);
   tok->offset = malloc(((size_t)tok->vocab + 1) * sizeof *tok->offset);
@@ -123,8 +114,7 @@ static int tokenizer_finish(st_tokenizer *tok, const char *where,
   memset(tok->rank_keys, 0xff, tok->rank_cap * sizeof *tok->rank_keys);
 
   size_t total = BYTE_TOKENS;
-  for (int t = 0; t <= BYTE_TOKENS; t++)
-    tok->offset[t] = (size_t)t;
+  for (int t = 0; t <= BYTE_TOKENS; t++) tok->offset[t] = (size_t)t;
   size_t mask = tok->rank_cap - 1;
   for (int r = 0; r < n; r++) {
     int32_t left = tok->merges[2 * r], right = tok->merges[2 * r + 1];
@@ -156,8 +146,7 @@ static int tokenizer_finish(st_tokenizer *tok, const char *where,
   tok->bytes = st_alloc(total);
   if (!tok->bytes)
     return st_error_set(err, ST_ENOMEM, "%s: out of memory", where);
-  for (int t = 0; t < BYTE_TOKENS; t++)
-    tok->bytes[t] = (uint8_t)t;
+  for (int t = 0; t < BYTE_TOKENS; t++) tok->bytes[t] = (uint8_t)t;
   for (int r = 0; r < n; r++) {
     int32_t left = tok->merges[2 * r], right = tok->merges[2 * r + 1];
     size_t ll = tok->offset[left + 1] - tok->offset[left];
@@ -188,8 +177,7 @@ int st_tokenizer_create_bytes(st_tokenizer **out, st_error *err) {
   *out = NULL;
   st_tokenizer *tok = NULL;
   int rc = tokenizer_new(&tok, 0, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   rc = tokenizer_finish(tok, "byte tokenizer", err);
   if (rc) {
     st_tokenizer_destroy(tok);
@@ -240,11 +228,9 @@ static int map_rehash(trainer *t, size_t cap) {
   }
   memset(keys, 0xff, cap * sizeof *keys);
   for (size_t i = 0; i < t->map_cap; i++) {
-    if (t->keys[i] == EMPTY_KEY)
-      continue;
+    if (t->keys[i] == EMPTY_KEY) continue;
     size_t j = hash_key(t->keys[i]) & (cap - 1);
-    while (keys[j] != EMPTY_KEY)
-      j = (j + 1) & (cap - 1);
+    while (keys[j] != EMPTY_KEY) j = (j + 1) & (cap - 1);
     keys[j] = t->keys[i];
     ids[j] = t->ids[i];
   }
@@ -264,8 +250,7 @@ static int pair_add(trainer *t, int32_t left, int32_t right, int64_t delta,
     return ST_ENOMEM;
   uint64_t key = pair_key(left, right);
   size_t mask = t->map_cap - 1, i = hash_key(key) & mask;
-  while (t->keys[i] != EMPTY_KEY && t->keys[i] != key)
-    i = (i + 1) & mask;
+  while (t->keys[i] != EMPTY_KEY && t->keys[i] != key) i = (i + 1) & mask;
   if (t->keys[i] == EMPTY_KEY) {
     if (grow((void **)&t->pairs, &t->pairs_cap, t->n_pairs + 1,
              sizeof *t->pairs))
@@ -302,10 +287,8 @@ static int pair_add(trainer *t, int32_t left, int32_t right, int64_t delta,
 
 /* Heap order: higher count first, then lower left, then lower right. */
 static int heap_before(const heap_entry *a, const heap_entry *b) {
-  if (a->count != b->count)
-    return a->count > b->count;
-  if (a->left != b->left)
-    return a->left < b->left;
+  if (a->count != b->count) return a->count > b->count;
+  if (a->left != b->left) return a->left < b->left;
   return a->right < b->right;
 }
 
@@ -315,8 +298,7 @@ static int heap_push(trainer *t, heap_entry e) {
   size_t i = t->n_heap++;
   while (i > 0) {
     size_t up = (i - 1) / 2;
-    if (!heap_before(&e, &t->heap[up]))
-      break;
+    if (!heap_before(&e, &t->heap[up])) break;
     t->heap[i] = t->heap[up];
     i = up;
   }
@@ -329,17 +311,13 @@ static heap_entry heap_pop(trainer *t) {
   size_t i = 0, n = t->n_heap;
   for (;;) {
     size_t c = 2 * i + 1;
-    if (c >= n)
-      break;
-    if (c + 1 < n && heap_before(&t->heap[c + 1], &t->heap[c]))
-      c++;
-    if (!heap_before(&t->heap[c], &last))
-      break;
+    if (c >= n) break;
+    if (c + 1 < n && heap_before(&t->heap[c + 1], &t->heap[c])) c++;
+    if (!heap_before(&t->heap[c], &last)) break;
     t->heap[i] = t->heap[c];
     i = c;
   }
-  if (n)
-    t->heap[i] = last;
+  if (n) t->heap[i] = last;
   return top;
 }
 
@@ -386,13 +364,11 @@ static int merge_pair(trainer *t, int32_t id, int32_t m) {
     if (r >= 0)
       rc |= pair_add(t, b, tok[r], -1, 0) | pair_add(t, m, tok[r], 1, p);
     rc |= pair_add(t, a, b, -1, 0);
-    if (rc)
-      return ST_ENOMEM;
+    if (rc) return ST_ENOMEM;
     tok[p] = m;
     tok[q] = -1;
     next[p] = r;
-    if (r >= 0)
-      prev[r] = p;
+    if (r >= 0) prev[r] = p;
   }
   return 0;
 }
@@ -426,8 +402,7 @@ int st_bpe_train(st_tokenizer **out, const uint8_t *text, size_t n, int vocab,
                         n, INT32_MAX - 1);
   st_tokenizer *tok = NULL;
   int rc = tokenizer_new(&tok, vocab - BYTE_TOKENS, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   trainer t = {0};
   int n_merges = 0;
   size_t cells = n ? n : 1;
@@ -439,11 +414,9 @@ int st_bpe_train(st_tokenizer **out, const uint8_t *text, size_t n, int vocab,
     t.tok[i] = text[i];
     t.prev[i] = (int32_t)i - 1;
     t.next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
-    if (i + 1 < n)
-      rc = pair_add(&t, text[i], text[i + 1], 1, (int32_t)i);
+    if (i + 1 < n) rc = pair_add(&t, text[i], text[i + 1], 1, (int32_t)i);
   }
-  if (!rc)
-    rc = push_dirty(&t);
+  if (!rc) rc = push_dirty(&t);
   while (!rc && n_merges < tok->n_merges) {
     /* Skip entries whose count has moved on since they were pushed. */
     int found = 0;
@@ -455,8 +428,7 @@ int st_bpe_train(st_tokenizer **out, const uint8_t *text, size_t n, int vocab,
     if (!found)
       break; /* no pair occurs twice: more merges would not compress */
     rc = merge_pair(&t, best.id, BYTE_TOKENS + n_merges);
-    if (!rc)
-      rc = push_dirty(&t);
+    if (!rc) rc = push_dirty(&t);
     tok->merges[2 * n_merges] = best.left;
     tok->merges[2 * n_merges + 1] = best.right;
     n_merges++;
@@ -493,17 +465,13 @@ static uint64_t minheap_pop(uint64_t *heap, size_t *n) {
   size_t i = 0;
   for (;;) {
     size_t c = 2 * i + 1;
-    if (c >= *n)
-      break;
-    if (c + 1 < *n && heap[c + 1] < heap[c])
-      c++;
-    if (heap[c] >= last)
-      break;
+    if (c >= *n) break;
+    if (c + 1 < *n && heap[c + 1] < heap[c]) c++;
+    if (heap[c] >= last) break;
     heap[i] = heap[c];
     i = c;
   }
-  if (*n)
-    heap[i] = last;
+  if (*n) heap[i] = last;
   return top;
 }
 
@@ -511,8 +479,7 @@ int st_tokenizer_encode(const st_tokenizer *tok, const uint8_t *text, size_t n,
                         int32_t *ids, size_t *n_ids, st_error *err) {
   *n_ids = 0;
   if (tok->n_merges == 0 || n < 2) {
-    for (size_t i = 0; i < n; i++)
-      ids[i] = text[i];
+    for (size_t i = 0; i < n; i++) ids[i] = text[i];
     *n_ids = n;
     return 0;
   }
@@ -541,8 +508,7 @@ int st_tokenizer_encode(const st_tokenizer *tok, const uint8_t *text, size_t n,
   }
   for (size_t i = 0; i + 1 < n; i++) {
     int32_t r = rank_of(tok, ids[i], ids[i + 1]);
-    if (r >= 0)
-      minheap_push(heap, &n_heap, (uint64_t)r << 32 | i);
+    if (r >= 0) minheap_push(heap, &n_heap, (uint64_t)r << 32 | i);
   }
   while (n_heap) {
     uint64_t e = minheap_pop(heap, &n_heap);
@@ -554,18 +520,14 @@ int st_tokenizer_encode(const st_tokenizer *tok, const uint8_t *text, size_t n,
     ids[p] = m;
     ids[q] = -1;
     next[p] = after;
-    if (after >= 0)
-      prev[after] = p;
+    if (after >= 0) prev[after] = p;
     int32_t rl = l >= 0 ? rank_of(tok, ids[l], m) : -1;
-    if (rl >= 0)
-      minheap_push(heap, &n_heap, (uint64_t)rl << 32 | (uint32_t)l);
+    if (rl >= 0) minheap_push(heap, &n_heap, (uint64_t)rl << 32 | (uint32_t)l);
     int32_t rr = after >= 0 ? rank_of(tok, m, ids[after]) : -1;
-    if (rr >= 0)
-      minheap_push(heap, &n_heap, (uint64_t)rr << 32 | (uint32_t)p);
+    if (rr >= 0) minheap_push(heap, &n_heap, (uint64_t)rr << 32 | (uint32_t)p);
   }
   size_t k = 0;
-  for (int32_t p = 0; p >= 0; p = next[p])
-    ids[k++] = ids[p];
+  for (int32_t p = 0; p >= 0; p = next[p]) ids[k++] = ids[p];
   *n_ids = k;
   st_free(prev);
   st_free(next);
@@ -588,8 +550,7 @@ int st_tokenizer_decode(const st_tokenizer *tok, const int32_t *ids,
     total += tok->offset[ids[i] + 1] - tok->offset[ids[i]];
   }
   *n_out = total;
-  if (!out)
-    return 0;
+  if (!out) return 0;
   if (cap < total)
     return st_error_set(err, ST_EARG,
                         "decode: output of %zu bytes does not fit in %zu",
@@ -634,28 +595,22 @@ int st_tokenizer_save(const st_tokenizer *tok, const char *path,
  * (0 at the end of the text, -1 for a malformed line). */
 static int read_line_ints(const char **at, const char *end, long *v, int want) {
   const char *s = *at;
-  if (s >= end)
-    return 0;
+  if (s >= end) return 0;
   const char *eol = memchr(s, '\n', (size_t)(end - s));
-  if (!eol)
-    return -1; /* the last line lost its newline: truncated */
+  if (!eol) return -1; /* the last line lost its newline: truncated */
   for (int i = 0; i < want; i++) {
     if (i > 0) {
-      if (*s != ' ')
-        return -1;
+      if (*s != ' ') return -1;
       s++;
     }
-    if (s >= eol || *s < '0' || *s > '9' || eol - s > 24)
-      return -1;
+    if (s >= eol || *s < '0' || *s > '9' || eol - s > 24) return -1;
     char *stop;
     errno = 0;
     v[i] = strtol(s, &stop, 10);
-    if (errno || stop > eol)
-      return -1;
+    if (errno || stop > eol) return -1;
     s = stop;
   }
-  if (s != eol)
-    return -1;
+  if (s != eol) return -1;
   *at = eol + 1;
   return want;
 }
@@ -665,8 +620,7 @@ int st_tokenizer_load(st_tokenizer **out, const char *path, st_error *err) {
   uint8_t *data = NULL;
   size_t n = 0;
   int rc = st_file_read(&data, &n, path, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   const char *s = (const char *)data, *end = s + n;
   size_t magic_len = strlen(BPE_MAGIC);
   st_tokenizer *tok = NULL;
@@ -714,8 +668,7 @@ int st_tokenizer_load(st_tokenizer **out, const char *path, st_error *err) {
   }
   int n_merges = (int)v[0] - BYTE_TOKENS;
   rc = tokenizer_new(&tok, n_merges, err);
-  if (rc)
-    goto done;
+  if (rc) goto done;
   for (int r = 0; r < n_merges; r++) {
     int got = read_line_ints(&s, end, v, 2);
     if (got == 0 || (got < 0 && !memchr(s, '\n', (size_t)(end - s)))) {

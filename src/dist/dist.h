@@ -71,8 +71,8 @@ typedef struct st_dist_req {
  * stay untouched until the request is done. */
 int st_dist_isend(st_dist_group *g, int chan, const void *buf, size_t bytes,
                   int peer, int tag, st_dist_req *r, st_error *err);
-int st_dist_irecv(st_dist_group *g, int chan, void *buf, size_t bytes,
-                  int peer, int tag, st_dist_req *r, st_error *err);
+int st_dist_irecv(st_dist_group *g, int chan, void *buf, size_t bytes, int peer,
+                  int tag, st_dist_req *r, st_error *err);
 /* Waits for r (polling, then sleeping between polls); *got: the bytes
  * received. Returns 0 when done, 1 (r still live) when *stop became
  * nonzero first, or an error. A request that is not live is done. */

@@ -74,8 +74,10 @@ int st_dist_init(int *argc, char ***argv, st_error *err) {
   return 0;
 #else
   if (n > ST_DIST_MAX_RANKS)
-    return st_error_set(err, ST_EUNSUPPORTED, "mpirun started %d processes; "
-                        "strata runs at most %d ranks", n, ST_DIST_MAX_RANKS);
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "mpirun started %d processes; "
+                        "strata runs at most %d ranks",
+                        n, ST_DIST_MAX_RANKS);
   int provided = 0;
   /* the stages of a pipeline across ranks send and receive from their own
    * threads; data parallelism calls MPI from the stepping thread only */
@@ -130,8 +132,10 @@ int st_dist_allgather(void *buf, size_t bytes_per_rank, st_error *err) {
   if (world_size == 1) return 0;
 #ifdef ST_MPI
   if (bytes_per_rank > (size_t)INT32_MAX)
-    return st_error_set(err, ST_EARG, "rank %d: %zu bytes per rank exceed "
-                        "one all-gather", world_rank, bytes_per_rank);
+    return st_error_set(err, ST_EARG,
+                        "rank %d: %zu bytes per rank exceed "
+                        "one all-gather",
+                        world_rank, bytes_per_rank);
   int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes_per_rank,
                          MPI_BYTE, MPI_COMM_WORLD);
   return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "the all-gather", err);
@@ -191,8 +195,6 @@ int st_dist_check_same(uint64_t value, const char *what, st_error *err) {
 #endif
 }
 
-
-
 /* ------------------------------------------------------------ groups */
 
 struct st_dist_group {
@@ -234,12 +236,13 @@ int st_dist_group_create(st_dist_group **out, int color, int key,
   }
   g->world[0] = world_rank;
 #ifdef ST_MPI
-  if (started &&
-      MPI_Allgather(&world_rank, 1, MPI_INT, g->world, 1, MPI_INT, g->comm) !=
-          MPI_SUCCESS) {
+  if (started && MPI_Allgather(&world_rank, 1, MPI_INT, g->world, 1, MPI_INT,
+                               g->comm) != MPI_SUCCESS) {
     st_dist_group_destroy(g);
-    return st_error_set(err, ST_EIO, "rank %d: making a group of ranks "
-                        "failed", world_rank);
+    return st_error_set(err, ST_EIO,
+                        "rank %d: making a group of ranks "
+                        "failed",
+                        world_rank);
   }
 #endif
   *out = g;
@@ -268,8 +271,8 @@ int st_dist_bcast(st_dist_group *g, void *buf, size_t bytes, int root,
   if (g->size == 1) return 0;
 #ifdef ST_MPI
   for (size_t at = 0; at < bytes; at += (size_t)INT32_MAX / 2) {
-    size_t len = bytes - at < (size_t)INT32_MAX / 2 ? bytes - at
-                                                    : (size_t)INT32_MAX / 2;
+    size_t len =
+        bytes - at < (size_t)INT32_MAX / 2 ? bytes - at : (size_t)INT32_MAX / 2;
     int rc = MPI_Bcast((char *)buf + at, (int)len, MPI_BYTE, root, g->comm);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "a broadcast", err);
   }
@@ -285,10 +288,12 @@ int st_dist_group_allgather(st_dist_group *g, void *buf,
   if (g->size == 1) return 0;
 #ifdef ST_MPI
   if (bytes_per_member > (size_t)INT32_MAX)
-    return st_error_set(err, ST_EARG, "rank %d: %zu bytes per rank exceed "
-                        "one all-gather", world_rank, bytes_per_member);
-  int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf,
-                         (int)bytes_per_member, MPI_BYTE, g->comm);
+    return st_error_set(err, ST_EARG,
+                        "rank %d: %zu bytes per rank exceed "
+                        "one all-gather",
+                        world_rank, bytes_per_member);
+  int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes_per_member,
+                         MPI_BYTE, g->comm);
   return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "the all-gather", err);
 #else
   (void)buf, (void)bytes_per_member, (void)err;
@@ -368,7 +373,8 @@ int st_dist_sum_in(st_dist_group *g, float *grads, size_t n, float *scratch,
     }
     rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, grads + s, cnt, off,
                         MPI_FLOAT, comm);
-    if (rc != MPI_SUCCESS) return mpi_failed(rc, "the gradient all-gather", err);
+    if (rc != MPI_SUCCESS)
+      return mpi_failed(rc, "the gradient all-gather", err);
   }
   return 0;
 #else
@@ -391,12 +397,14 @@ static int post(int send, st_dist_group *g, int chan, void *buf, size_t bytes,
 #ifdef ST_MPI
   const char *what = send ? "a send" : "a receive";
   if (bytes > (size_t)INT32_MAX)
-    return st_error_set(err, ST_EARG, "rank %d: %s of %zu bytes is larger "
-                        "than one MPI message", world_rank, what, bytes);
-  int rc = send ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag,
-                            g->chan[chan], req_of(r))
-                : MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag,
-                            g->chan[chan], req_of(r));
+    return st_error_set(err, ST_EARG,
+                        "rank %d: %s of %zu bytes is larger "
+                        "than one MPI message",
+                        world_rank, what, bytes);
+  int rc = send ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, g->chan[chan],
+                            req_of(r))
+                : MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, g->chan[chan],
+                            req_of(r));
   if (rc != MPI_SUCCESS) return mpi_failed(rc, what, err);
   r->live = 1;
   r->send = send;
@@ -413,8 +421,8 @@ int st_dist_isend(st_dist_group *g, int chan, const void *buf, size_t bytes,
   return post(1, g, chan, (void *)buf, bytes, peer, tag, r, err);
 }
 
-int st_dist_irecv(st_dist_group *g, int chan, void *buf, size_t bytes,
-                  int peer, int tag, st_dist_req *r, st_error *err) {
+int st_dist_irecv(st_dist_group *g, int chan, void *buf, size_t bytes, int peer,
+                  int tag, st_dist_req *r, st_error *err) {
   return post(0, g, chan, buf, bytes, peer, tag, r, err);
 }
 

@@ -127,8 +127,7 @@ int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err) {
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.stage_blocks: the stages hold %lld "
                         "blocks in all; the model has %d",
-                        st_config_where(cfg, "execution.stage_blocks"), sum,
-                        n);
+                        st_config_where(cfg, "execution.stage_blocks"), sum, n);
   return 0;
 }
 
@@ -137,9 +136,8 @@ int st_pipeline_asked_stages(const st_config *cfg) {
   return pin->n > 0 ? pin->n : cfg->execution.stages;
 }
 
-int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
-                      int cores, int *first, int *count, int *pes,
-                      st_error *err) {
+int st_pipeline_split(const st_model *m, const st_config *cfg, int S, int cores,
+                      int *first, int *count, int *pes, st_error *err) {
   int n = m->n_blocks;
   st_block_cost *c = malloc((size_t)n * sizeof *c);
   st_config *cpu = malloc(sizeof *cpu);
@@ -149,8 +147,8 @@ int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
   } else if (!st_pipeline_check_pin(cfg, n, err) &&
              !st_plan_block_costs(c, m, cfg, err)) {
     st_fabric fab, *on = st_cut_fabric(&fab, cpu, cfg, S, cores);
-    k = st_cut_split(c, n, on, S, cores, S > cores, &cfg->execution.stage_blocks,
-              first, count, pes);
+    k = st_cut_split(c, n, on, S, cores, S > cores,
+                     &cfg->execution.stage_blocks, first, count, pes);
   }
   free(c);
   free(cpu);

@@ -97,8 +97,7 @@ typedef struct st_executor {
   /* After a step and the position's advance: make both durable. wait = 0
    * may finish in the background (an error then surfaces at the next
    * call); wait = 1 finishes everything pending. */
-  int (*commit)(void *state, const st_train_pos *pos, int wait,
-                st_error *err);
+  int (*commit)(void *state, const st_train_pos *pos, int wait, st_error *err);
 } st_executor;
 
 /* Weight streaming's file store (store.c): a model's weights and optimizer
@@ -192,8 +191,8 @@ int st_pipeline_create_placed(void **state, const st_model *m,
                               int max_batch, int blockseq,
                               const st_placement *pl, st_error *err);
 int st_pb_create_placed(void **state, const st_model *m, const st_config *cfg,
-                        int micro_batch, int max_batch,
-                        const st_placement *pl, st_error *err);
+                        int micro_batch, int max_batch, const st_placement *pl,
+                        st_error *err);
 /* Pipelined backprop over ranks, at the end of a run every rank finished:
  * the receives posted ahead completed or cancelled, and (collective over
  * the pipeline's ranks) then every send, so that destroying it frees
@@ -219,9 +218,8 @@ void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
  * for none) as the measurement of m's blocks under cfg, so that the plans
  * and runs made next with execution.block_costs: measured cut by them
  * (src/exec/measure.c). */
-void st_measure_seed(const st_model *m, const st_config *cfg,
-                     const double *fwd, const double *bwd,
-                     const double *lwp);
+void st_measure_seed(const st_model *m, const st_config *cfg, const double *fwd,
+                     const double *bwd, const double *lwp);
 /* The stages a pipelined mode asks for: execution.stage_blocks' count when
  * the cut is pinned, else execution.stages (0, N or ST_STAGES_PER_BLOCK). */
 int st_pipeline_asked_stages(const st_config *cfg);
@@ -241,9 +239,8 @@ int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err);
  * costs as cfg's execution.block_costs says (st_plan_block_costs).
  * Returns the stage count, or -1 with *err (out of memory; a measurement
  * that failed). */
-int st_pipeline_split(const st_model *m, const st_config *cfg, int S,
-                      int cores, int *first, int *count, int *pes,
-                      st_error *err);
+int st_pipeline_split(const st_model *m, const st_config *cfg, int S, int cores,
+                      int *first, int *count, int *pes, st_error *err);
 /* The cut of blocks [0, n) of c into stages on `cores` cores as the
  * compiler plans it on fab (S = 0: the plan's choice): first/count/pes per
  * stage; returns the stage count. `shared`: more stages than cores, one
@@ -267,8 +264,8 @@ int st_cut_segments(const st_block_cost *c, int n, const st_fabric *fab,
  * update, over the micro-batches with a full pipeline ahead (n >= D(s))
  * and over all; the most weight versions it held at once (the live
  * weights and stashed copies). Returns -1 for a bad stage. */
-int st_pb_delay(const void *state, int stage, int *steady_min,
-                int *steady_max, int *max_all);
+int st_pb_delay(const void *state, int stage, int *steady_min, int *steady_max,
+                int *max_all);
 int st_pb_versions(const void *state, int stage);
 /* The replay (pb.c): pipelined backprop's steps run once more on paper,
  * each stage's forward, backward and update taking the busy seconds it
@@ -294,12 +291,11 @@ void st_pb_replay_free(st_pb_replay *r);
 /* Replays pairs n0 .. n0 + K - 1 (the steps in order, each once): stage s's
  * busy seconds in pair n0 + i are times[(s K + i) 3 + 0, 1, 2] (forward,
  * backward, update; 0 where the pair has no backward). */
-void st_pb_replay_step(st_pb_replay *r, int64_t n0, int K,
-                       const double *times);
+void st_pb_replay_step(st_pb_replay *r, int64_t n0, int K, const double *times);
 /* Test probe: called with the weights each forward and backward at each
  * stage used (fwd = 1 for a forward), the stage's slab of n floats. */
-typedef void (*st_pb_probe)(void *arg, int stage, int64_t micro_batch,
-                            int fwd, const float *w, size_t n);
+typedef void (*st_pb_probe)(void *arg, int stage, int64_t micro_batch, int fwd,
+                            const float *w, size_t n);
 void st_pb_set_probe(void *state, st_pb_probe fn, void *arg);
 /* Pins the pipeline's stages to cpus[0 .. n), each stage to its own share
  * (the plan's cores per stage); -1 when they do not fit (nothing pinned).

@@ -19,12 +19,12 @@ typedef struct gen {
   st_pool *pool;
   st_stage *stage;
   float *params, *x;
-  int32_t *ids;     /* the whole text so far, prompt first: room for the
-                       prompt's bytes (at most as many ids) and the new */
+  int32_t *ids; /* the whole text so far, prompt first: room for the
+                   prompt's bytes (at most as many ids) and the new */
   size_t n_ids;
-  float *probs;     /* vocab */
-  int *order;       /* vocab: indices sorted for top-k */
-  uint8_t *bytes;   /* decode buffer */
+  float *probs;   /* vocab */
+  int *order;     /* vocab: indices sorted for top-k */
+  uint8_t *bytes; /* decode buffer */
   size_t cap_bytes;
 } gen;
 
@@ -101,10 +101,9 @@ int st_generate(const st_config *cfg_in, const char *checkpoint,
                 const uint8_t *prompt, size_t prompt_len,
                 const st_generate_options *o, FILE *out, st_error *err) {
   if (strcmp(cfg_in->model.kind, "gpt") != 0)
-    return st_error_set(err, ST_ECONFIG,
-                        "%s: model.kind: generate needs a gpt, not %s",
-                        st_config_where(cfg_in, "model.kind"),
-                        cfg_in->model.kind);
+    return st_error_set(
+        err, ST_ECONFIG, "%s: model.kind: generate needs a gpt, not %s",
+        st_config_where(cfg_in, "model.kind"), cfg_in->model.kind);
   if (prompt_len == 0)
     return st_error_set(err, ST_EARG,
                         "the prompt is empty: give at least one character");
@@ -124,8 +123,8 @@ int st_generate(const st_config *cfg_in, const char *checkpoint,
                       cfg.data.tokenizer, st_tokenizer_vocab(g.tok) - 1);
   int T = cfg.model.context;
   if (!rc) rc = st_model_create(&g.model, &cfg, (st_shape){1, T, 1}, err);
-  if (!rc && !(g.ids = st_alloc((prompt_len + (size_t)o->tokens) *
-                                 sizeof *g.ids)))
+  if (!rc &&
+      !(g.ids = st_alloc((prompt_len + (size_t)o->tokens) * sizeof *g.ids)))
     rc = st_error_set(err, ST_ENOMEM, "out of memory");
   if (!rc)
     rc = st_tokenizer_encode(g.tok, prompt, prompt_len, g.ids, &g.n_ids, err);

@@ -87,8 +87,8 @@ static void update_block(const st_block *b, const st_ctx *ctx,
   }
   for (int l = 0; l < b->n_layers; l++) {
     const st_layer *L = &b->layers[l];
-    if (L->w_tensor < 0 || (st_layer_fuses_update(L, ctx, mb) &&
-                            b->tensors[L->w_tensor].tie < 0))
+    if (L->w_tensor < 0 ||
+        (st_layer_fuses_update(L, ctx, mb) && b->tensors[L->w_tensor].tie < 0))
       continue; /* a tied copy is not fused: its time stands for the tie's */
     const int tensors[2] = {L->w_tensor, L->b_tensor};
     for (int k = 0; k < 2; k++) {
@@ -99,9 +99,8 @@ static void update_block(const st_block *b, const st_ctx *ctx,
                      NULL, pred ? pred + at : NULL,
                      b->tensors[tensors[k]].numel);
       else
-        st_optim_step_range(ctx->pool, cfg, params + at, grads + at,
-                            opt + at, n_params, b->tensors[tensors[k]].numel,
-                            lr, 1);
+        st_optim_step_range(ctx->pool, cfg, params + at, grads + at, opt + at,
+                            n_params, b->tensors[tensors[k]].numel, lr, 1);
     }
   }
 }
@@ -167,11 +166,11 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
   int rc = 0;
   if (!params || !grads || !opt || !x || !losses || !probs || !dlogits ||
       !labels || !fwd || !bwd || !col || !pool || (lwp && !pred)) {
-    rc = st_error_set(err, ST_ENOMEM,
-                      "%s: execution.block_costs: measured: out of memory "
-                      "for the model's %.3g GB to time its blocks",
-                      st_config_where(cfg, "execution.block_costs"),
-                      need / 1e9);
+    rc =
+        st_error_set(err, ST_ENOMEM,
+                     "%s: execution.block_costs: measured: out of memory "
+                     "for the model's %.3g GB to time its blocks",
+                     st_config_where(cfg, "execution.block_costs"), need / 1e9);
     goto done;
   }
   if ((rc = st_stage_create(&s, m, 0, n, mb, err))) goto done;
@@ -259,8 +258,7 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
       }
       ctx.first_sample += (uint64_t)mb;
     }
-    if (timed && ++runs >= MIN_RUNS &&
-        st_now() - began >= MEASURE_S * variants)
+    if (timed && ++runs >= MIN_RUNS && st_now() - began >= MEASURE_S * variants)
       break;
   }
   for (int i = 0; i < n; i++) {
@@ -349,10 +347,10 @@ static uint64_t key_of(const st_model *m, const st_config *cfg) {
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
       h = mix_shape(mix_shape(mix(h, (uint64_t)L->kind), L->in), L->out);
-      const int ints[] = {L->k,     L->stride, L->pad,        L->groups,
-                          L->approximate,      L->rows,     L->wt,
-                          L->heads, L->rotary_dim, L->vocab, L->skip,
-                          L->w_tensor, L->b_tensor};
+      const int ints[] = {L->k,           L->stride, L->pad,  L->groups,
+                          L->approximate, L->rows,   L->wt,   L->heads,
+                          L->rotary_dim,  L->vocab,  L->skip, L->w_tensor,
+                          L->b_tensor};
       for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
         h = mix(h, (uint64_t)(int64_t)ints[k]);
       h = mix_float(mix_float(h, L->eps), L->p);
@@ -372,8 +370,8 @@ static uint64_t key_of(const st_model *m, const st_config *cfg) {
 
 /* Keeps figures under key (cache_mu held); a failed allocation keeps
  * nothing, and the next plan measures again. */
-static void cache_put(uint64_t key, int n, const double *fwd,
-                      const double *bwd, const double *lwp, size_t stride) {
+static void cache_put(uint64_t key, int n, const double *fwd, const double *bwd,
+                      const double *lwp, size_t stride) {
   cached *c = &cache[cache_next];
   for (int k = 0; k < CACHED; k++) /* the same key's entry is replaced */
     if (cache[k].fwd && cache[k].n == n && cache[k].key == key) {
@@ -396,9 +394,8 @@ static void cache_put(uint64_t key, int n, const double *fwd,
   if (fresh) cache_next = (cache_next + 1) % CACHED;
 }
 
-void st_measure_seed(const st_model *m, const st_config *cfg,
-                     const double *fwd, const double *bwd,
-                     const double *lwp) {
+void st_measure_seed(const st_model *m, const st_config *cfg, const double *fwd,
+                     const double *bwd, const double *lwp) {
   pthread_mutex_lock(&cache_mu);
   cache_put(key_of(m, cfg), m->n_blocks, fwd, bwd, lwp, sizeof *fwd);
   pthread_mutex_unlock(&cache_mu);
@@ -436,11 +433,9 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
   st_fabric fabric;
   st_model *m;
   int rc = st_plan_prepare(&fabric, &m, cfg, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   st_block_cost *costs = st_alloc((size_t)m->n_blocks * sizeof *costs);
-  if (!costs)
-    rc = st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!costs) rc = st_error_set(err, ST_ENOMEM, "out of memory");
   /* pass 1 (measured: each block timed here, for this machine's cores
    * only: a mesh's PEs are not this cpu's) */
   else if (fabric.kind != ST_FABRIC_CPU &&
@@ -452,8 +447,7 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                       st_config_where(cfg, "execution.block_costs"),
                       fabric.name);
   if (!rc && !(rc = st_plan_block_costs(costs, m, cfg, err)))
-    rc = st_plan_from_costs(out, cfg, &fabric, costs, m->n_blocks, stages,
-                            err);
+    rc = st_plan_from_costs(out, cfg, &fabric, costs, m->n_blocks, stages, err);
   st_free(costs);
   st_model_destroy(m);
   return rc;

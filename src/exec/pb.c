@@ -88,38 +88,45 @@ enum {
   BWD_RING = 4, /* over ranks: gradients received ahead, per stage */
 };
 
-enum { MIT_NONE, MIT_STASH, MIT_SC, MIT_LWP, MIT_SC_LWP, MIT_SPECTRAIN,
-       MIT_PIPEMARE };
+enum {
+  MIT_NONE,
+  MIT_STASH,
+  MIT_SC,
+  MIT_LWP,
+  MIT_SC_LWP,
+  MIT_SPECTRAIN,
+  MIT_PIPEMARE
+};
 
 typedef struct pb_stage {
-  st_rt_stage rt;       /* first: the runtime's part (cores, slots, links) */
+  st_rt_stage rt; /* first: the runtime's part (cores, slots, links) */
   struct pb *p;
   int D;
-  size_t off, n;        /* its weights: slab floats [off, off + n) */
-  int64_t *fwd_version; /* [slots]: updates done when its forward ran */
-  float *x_copy;        /* stage 0: slots x mb x input floats */
+  size_t off, n;          /* its weights: slab floats [off, off + n) */
+  int64_t *fwd_version;   /* [slots]: updates done when its forward ran */
+  float *x_copy;          /* stage 0: slots x mb x input floats */
   float *probs, *dlogits; /* last stage: mb x R x classes */
-  float *din[DIN_RING]; /* stages > 0 */
-  float *wf;            /* lwp/spectrain/sc+lwp: predicted forward weights */
-  int64_t wf_n0;        /* the step (its first micro-batch, pb.n0) whose
-                           last update wrote wf along with the weights, so
-                           the next forward of that step finds it ready;
-                           -1: never */
-  float *wb, *delta;    /* pipemare: backward weights, update EMA */
-  float **stash;        /* stash: [D] copies */
-  int64_t updates;       /* since create */
-  int64_t updates0;      /* a resumed run's updates before it (the rules'
-                            step count: momentum's first step, AdamW's bias
-                            correction, pipemare's warm-up) */
+  float *din[DIN_RING];   /* stages > 0 */
+  float *wf;              /* lwp/spectrain/sc+lwp: predicted forward weights */
+  int64_t wf_n0;          /* the step (its first micro-batch, pb.n0) whose
+                             last update wrote wf along with the weights, so
+                             the next forward of that step finds it ready;
+                             -1: never */
+  float *wb, *delta;      /* pipemare: backward weights, update EMA */
+  float **stash;          /* stash: [D] copies */
+  int64_t updates;        /* since create */
+  int64_t updates0;       /* a resumed run's updates before it (the rules'
+                             step count: momentum's first step, AdamW's bias
+                             correction, pipemare's warm-up) */
   int delay_min, delay_max, delay_all; /* counted (tests) */
   int versions, max_versions;
   /* the busy seconds of its last forward, backward (to the send) and
    * update, and where pair() files them (its row of the job's times) */
   double last_f, last_bk, last_u;
   double *rec;
-  int64_t n0;           /* the first micro-batch of the step it runs */
-  atomic_llong done;    /* steps it has finished (threaded driver) */
-  atomic_llong clean;   /* of those, run to the end before any stop */
+  int64_t n0;         /* the first micro-batch of the step it runs */
+  atomic_llong done;  /* steps it has finished (threaded driver) */
+  atomic_llong clean; /* of those, run to the end before any stop */
 } pb_stage;
 
 /* A trainer step as the stages see it: its view (copied: the caller's goes
@@ -137,15 +144,15 @@ typedef struct pb_job {
 } pb_job;
 
 typedef struct pb {
-  st_rt rt;             /* the stages' runtime: S, mb, errors, links */
+  st_rt rt; /* the stages' runtime: S, mb, errors, links */
   int mitigation, adamw;
-  int fuse;             /* micro-batch 1: linear layers update inside the
-                           backward (execution.fused_update) */
+  int fuse; /* micro-batch 1: linear layers update inside the
+               backward (execution.fused_update) */
   float pipemare_gamma;
   int pipemare_warmup;
   pb_stage *stages;
   st_stage *eval;
-  int64_t next;         /* micro-batches started so far */
+  int64_t next; /* micro-batches started so far */
   /* Step control: the caller writes step g into jobs[g % 2] and (threaded)
    * publishes it by bumping generation to g + 1; each stage runs the steps
    * in order, going from one into the next without waiting, and counts
@@ -159,8 +166,8 @@ typedef struct pb {
   st_pb_replay replay;  /* the steps' busy times with free hand-offs */
   st_pb_probe probe;
   void *probe_arg;
-  int local;                /* this rank's stages */
-  int closed;               /* st_pb_close_links done */
+  int local;  /* this rank's stages */
+  int closed; /* st_pb_close_links done */
 } pb;
 
 /* ------------------------------------------------------------- a stage */
@@ -254,8 +261,8 @@ static void update_unfused(pb_stage *st, const st_trainer_view *v,
     const st_block *b = &m->blocks[i];
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
-      if (L->w_tensor < 0 || (st_layer_fuses_update(L, ctx, 1) &&
-                              b->tensors[L->w_tensor].tie < 0))
+      if (L->w_tensor < 0 ||
+          (st_layer_fuses_update(L, ctx, 1) && b->tensors[L->w_tensor].tie < 0))
         continue;
       const int tensors[2] = {L->w_tensor, L->b_tensor};
       for (int k = 0; k < 2; k++) { /* tied copies: see mirror_ties */
@@ -307,8 +314,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
                           m->classes, 1.0f / ((float)mb * (float)R));
     dout = st->dlogits;
   } else {
-    if (!(dout = st_rt_recv(&st->rt, v, ST_RT_BWD, j)))
-      return -1;
+    if (!(dout = st_rt_recv(&st->rt, v, ST_RT_BWD, j))) return -1;
     t0 = st_now();
   }
   float *w = live(st, v), *g = v->grads + st->off, *vel = v->opt + st->off;
@@ -328,10 +334,9 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     lr = (float)(lr * pow((double)st->D, -(1.0 - done)));
   }
   st_pb_rule rule;
-  st_pb_rule_init(&rule, lr, v->cfg->optimizer.momentum,
-                  v->cfg->optimizer.weight_decay, st->D,
-                  mit == MIT_SC || mit == MIT_SC_LWP,
-                  st->updates0 + st->updates);
+  st_pb_rule_init(
+      &rule, lr, v->cfg->optimizer.momentum, v->cfg->optimizer.weight_decay,
+      st->D, mit == MIT_SC || mit == MIT_SC_LWP, st->updates0 + st->updates);
   rule.gamma = p->pipemare_gamma;
   /* With the update folded into the backward, linear weight prediction is
    * folded in too: each parameter's prediction for the next forward is
@@ -341,8 +346,8 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
   rule.pk = v->lr * (float)st->D;
   st_ctx ctx = v->ctx;
   st_optim_rule fused_rule;
-  st_fused_update fused = {&fused_rule, v->params, v->opt, m->n_params, pred,
-                           st->off};
+  st_fused_update fused = {&fused_rule, v->params, v->opt,
+                           m->n_params, pred,      st->off};
   if (p->fuse) {
     st_optim_rule_init(&fused_rule, v->cfg, lr, st->updates0 + st->updates);
     fused_rule.sc = rule.sc;
@@ -489,7 +494,8 @@ static void *worker(void *arg) {
       return NULL; /* stopped */
     int ok = !run_stage(st, &p->jobs[done % 2]);
     /* clean counts the steps before the first stop (none after it) */
-    if (ok && atomic_load(&st->clean) == done) atomic_store(&st->clean, done + 1);
+    if (ok && atomic_load(&st->clean) == done)
+      atomic_store(&st->clean, done + 1);
     atomic_store(&st->done, ++done);
     st_waiter_wake(&p->rt.w);
   }
@@ -499,8 +505,7 @@ static void *worker(void *arg) {
 static void emulate(pb *p, pb_job *job) {
   for (int s = 0; s < p->rt.S; s++) {
     p->stages[s].n0 = job->n0;
-    p->stages[s].rec =
-        job->times ? job->times + (size_t)s * job->K * 3 : NULL;
+    p->stages[s].rec = job->times ? job->times + (size_t)s * job->K * 3 : NULL;
   }
   for (int64_t t = job->n0; t < job->n0 + job->K + p->rt.S - 1; t++)
     for (int s = 0; s < p->rt.S; s++) {
@@ -516,9 +521,8 @@ static void emulate(pb *p, pb_job *job) {
 /* ------------------------------------------------------- the executor */
 
 static int mitigation_of(const char *name) {
-  static const char *const names[] = {"none",   "stash",     "sc",
-                                      "lwp",    "sc+lwp",    "spectrain",
-                                      "pipemare"};
+  static const char *const names[] = {"none",   "stash",     "sc",      "lwp",
+                                      "sc+lwp", "spectrain", "pipemare"};
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (!strcmp(name, names[i])) return i;
   return -1;
@@ -562,8 +566,8 @@ static int tie_crosses(const st_model *m, const pb_stage *st, int S) {
     for (int b = st[s].rt.first; b < st[s].rt.first + st[s].rt.count; b++)
       for (int t = 0; t < m->blocks[b].n_tensors; t++) {
         long tie = m->blocks[b].tensors[t].tie;
-        if (tie >= 0 && ((size_t)tie < st[s].off ||
-                         (size_t)tie >= st[s].off + st[s].n))
+        if (tie >= 0 &&
+            ((size_t)tie < st[s].off || (size_t)tie >= st[s].off + st[s].n))
           return 1;
       }
   return 0;
@@ -667,12 +671,12 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     int unknown = p->mitigation < 0;
     free(first);
     pb_destroy(p);
-    return unknown
-               ? st_error_set(err, ST_ECONFIG, "%s: execution.mitigation: "
-                              "unknown '%s'",
-                              st_config_where(cfg, "execution.mitigation"),
-                              cfg->execution.mitigation)
-               : st_error_set(err, ST_ENOMEM, "out of memory");
+    return unknown ? st_error_set(err, ST_ECONFIG,
+                                  "%s: execution.mitigation: "
+                                  "unknown '%s'",
+                                  st_config_where(cfg, "execution.mitigation"),
+                                  cfg->execution.mitigation)
+                   : st_error_set(err, ST_ENOMEM, "out of memory");
   }
   int *count = first + n, *pes = first + 2 * n;
   int k = st_pipeline_split(m, cfg, S, cores, first, count, pes, err);
@@ -738,8 +742,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     rc = st_error_set(err, ST_ENOMEM, "out of memory (pipelined backprop)");
   for (int s = 0; !rc && s < p->rt.S; s++)
     if (p->stages[s].rt.local) rc = alloc_stage(p, &p->stages[s], err);
-  if (!rc)
-    rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
+  if (!rc) rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
   if (!rc && pl && post_ahead(p)) {
     rc = p->rt.rc;
     *err = p->rt.err;
@@ -766,8 +769,8 @@ static int pb_create(void **state, const st_model *m, const st_config *cfg,
 }
 
 int st_pb_create_placed(void **state, const st_model *m, const st_config *cfg,
-                        int micro_batch, int max_batch,
-                        const st_placement *pl, st_error *err) {
+                        int micro_batch, int max_batch, const st_placement *pl,
+                        st_error *err) {
   return create(state, m, cfg, micro_batch, max_batch, pl, err);
 }
 
@@ -815,8 +818,7 @@ static int stopped_earlier(st_error *err) {
  * waits at the boundary for the others to finish the earlier step. */
 static int pb_start(void *state, const st_trainer_view *v, st_error *err) {
   pb *p = state;
-  if (p->broken)
-    return stopped_earlier(err);
+  if (p->broken) return stopped_earlier(err);
   if (p->started - p->waited >= 2)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "internal error: pipelined backprop: a third step "
@@ -882,8 +884,7 @@ static int pb_wait(void *state, double *loss, st_error *err) {
     if (!p->stages[p->rt.S - 1].rt.local) return 0;
     return st_trainer_check_loss(&job->v, loss, err);
   }
-  if (p->broken)
-    return stopped_earlier(err);
+  if (p->broken) return stopped_earlier(err);
   p->broken = 1;
   if (p->rt.group) {
     /* an empty message in place of the next gradient each remote stage
@@ -919,8 +920,8 @@ static int pb_stats(void *state, st_track_stats *out, int cap, double *wall) {
   return st_rt_stats(&p->rt, out, cap, p->replay.wall);
 }
 
-int st_pb_delay(const void *state, int stage, int *steady_min,
-                int *steady_max, int *max_all) {
+int st_pb_delay(const void *state, int stage, int *steady_min, int *steady_max,
+                int *max_all) {
   const pb *p = state;
   if (stage < 0 || stage >= p->rt.S) return -1;
   const pb_stage *st = &p->stages[stage];

@@ -60,31 +60,31 @@
 #include <time.h>
 
 typedef struct pipe_stage {
-  st_rt_stage rt;      /* first: the runtime's part (cores, slots, links) */
+  st_rt_stage rt; /* first: the runtime's part (cores, slots, links) */
   struct pipe *p;
-  float *probs;        /* last stage: slots x mb x R x classes */
-  float *dlogits;      /* last stage: mb x R x classes */
-  float **dgrad;       /* [M] input gradients (stages > 0) */
-  int bwd_sent;        /* over ranks: of them, sent this step */
-  int held, max_held;  /* micro-batches in flight, and the most this step */
+  float *probs;          /* last stage: slots x mb x R x classes */
+  float *dlogits;        /* last stage: mb x R x classes */
+  float **dgrad;         /* [M] input gradients (stages > 0) */
+  int bwd_sent;          /* over ranks: of them, sent this step */
+  int held, max_held;    /* micro-batches in flight, and the most this step */
   uint32_t jitter_state; /* test knob: this stage's sleep stream */
 } pipe_stage;
 
 enum { PHASE_ALL, PHASE_FORWARD, PHASE_BACKWARD };
 
 typedef struct pipe {
-  st_rt rt;            /* the stages' runtime: S, mb, errors, links */
+  st_rt rt; /* the stages' runtime: S, mb, errors, links */
   int M, gpipe, blockseq;
-  int segments;        /* block_sequential: G segments; pipeline: 1 */
-  int *seg;            /* [G + 1]: segment g runs stages [seg[g], seg[g+1]) */
+  int segments; /* block_sequential: G segments; pipeline: 1 */
+  int *seg;     /* [G + 1]: segment g runs stages [seg[g], seg[g+1]) */
   pipe_stage *stages;
-  st_stage *eval;      /* all blocks, for inference batches */
+  st_stage *eval; /* all blocks, for inference batches */
   /* step control: the caller publishes a view and a phase over stages
    * [lo, hi), then bumps `generation`; every worker of this rank looks,
    * those in range run it, and all count themselves done */
   atomic_llong generation, done;
   int phase, lo, hi;
-  int jitter_us;       /* test knob: sleep up to this long before each op */
+  int jitter_us; /* test knob: sleep up to this long before each op */
   st_trainer_view *v;
   double loss, wall;
   int broken;
@@ -168,10 +168,9 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
   }
   float *din = r->index == 0 ? NULL : st->dgrad[k];
   int last = k == p->M - 1;
-  st_stage_backward_each(r->run[slot], &v->ctx, v->params, v->grads,
-                         r->in[slot], dout, din, mb,
-                         last && !v->grads_only ? st_exec_update_block : NULL,
-                         v);
+  st_stage_backward_each(
+      r->run[slot], &v->ctx, v->params, v->grads, r->in[slot], dout, din, mb,
+      last && !v->grads_only ? st_exec_update_block : NULL, v);
   st->held--;
   st_rt_trace(v, ST_TRACE_BACKWARD, k, t0, st_now());
   int rc = 0;
@@ -233,13 +232,12 @@ static void *worker(void *arg) {
   pipe *p = st->p;
   long long seen = 0;
   for (;;) {
-    if (st_wait_ge(&st->rt.w, &p->generation, seen + 1, p->rt.spin,
-                   &p->rt.stop, NULL))
+    if (st_wait_ge(&st->rt.w, &p->generation, seen + 1, p->rt.spin, &p->rt.stop,
+                   NULL))
       return NULL; /* destroyed */
     seen = atomic_load(&p->generation);
     /* published before the generation */
-    if (st->rt.index >= p->lo && st->rt.index < p->hi)
-      run_phase(st, p->phase);
+    if (st->rt.index >= p->lo && st->rt.index < p->hi) run_phase(st, p->phase);
     atomic_fetch_add(&p->done, 1);
     st_waiter_wake(&p->rt.w);
   }
@@ -293,8 +291,9 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
   st_fabric fab, *plan_on = st_cut_fabric(&fab, cpu, cfg, S, cores);
   int per = cfg->execution.blocks_per_segment;
   if (blockseq && !per && !plan_on) per = n; /* no memory figure: one */
-  int G = blockseq ? st_cut_segments(c, n, plan_on, per, cfg->train.batch, starts)
-                   : (starts[0] = 0, 1);
+  int G = blockseq
+              ? st_cut_segments(c, n, plan_on, per, cfg->train.batch, starts)
+              : (starts[0] = 0, 1);
   starts[G] = n;
   if (blockseq && cfg->execution.blocks_per_segment > 0 && !per_block &&
       S > cfg->execution.blocks_per_segment) {
@@ -316,12 +315,10 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
   int total = 0;
   for (int g = 0; g < G; g++) {
     int b0 = starts[g], nb = starts[g + 1] - b0;
-    int want = S == 0 && blockseq ? (cores < nb ? cores : nb)
-               : S > nb           ? nb
-                                  : S;
+    int want = S == 0 && blockseq ? (cores < nb ? cores : nb) : S > nb ? nb : S;
     int k = st_cut_split(c + b0, nb, plan_on, want, cores, S > cores,
-                  blockseq ? NULL : &cfg->execution.stage_blocks, first, count,
-                  pes);
+                         blockseq ? NULL : &cfg->execution.stage_blocks, first,
+                         count, pes);
     p->seg[g] = total;
     for (int s = 0, off = 0; s < k; s++, total++) {
       pipe_stage *ps = &p->stages[total];
@@ -366,8 +363,8 @@ static int create(void **state, const st_model *m, const st_config *cfg,
    * cut when it has no more cores than stages); 0: a stage per rank */
   if (pl)
     cores = S == ST_STAGES_PER_BLOCK ? m->n_blocks
-            : S > 0                 ? S
-                                    : st_dist_group_size(pl->group);
+            : S > 0                  ? S
+                                     : st_dist_group_size(pl->group);
   if (!blockseq && st_pipeline_check_pin(cfg, m->n_blocks, err))
     return err->code;
   if (S > m->n_blocks && S != ST_STAGES_PER_BLOCK)
@@ -425,8 +422,8 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     /* 1f1b: stage s of its pipeline holds at most S - s micro-batches */
     int w = p->gpipe ? p->M : p->rt.S - s;
     st->slots = w < p->M ? w : p->M;
-    st->rx_ring = 2;    /* the next gradient posted while one is used */
-    st->tx_ring = p->M; /* an input-gradient buffer per micro-batch */
+    st->rx_ring = 2;          /* the next gradient posted while one is used */
+    st->tx_ring = p->M;       /* an input-gradient buffer per micro-batch */
     if (!st->local) continue; /* another rank's */
     /* a channel holds at most M messages, all of one step */
     if ((rc = st_rt_stage_alloc(st, 1, p->M, p->M, 0, err))) break;
@@ -472,8 +469,8 @@ static int pipe_create(void **state, const st_model *m, const st_config *cfg,
 }
 
 static int blockseq_create(void **state, const st_model *m,
-                           const st_config *cfg, int micro_batch,
-                           int max_batch, st_error *err) {
+                           const st_config *cfg, int micro_batch, int max_batch,
+                           st_error *err) {
   return create(state, m, cfg, micro_batch, max_batch, 1, NULL, err);
 }
 
@@ -484,8 +481,7 @@ int st_pipeline_create_placed(void **state, const st_model *m,
   return create(state, m, cfg, micro_batch, max_batch, blockseq, pl, err);
 }
 
-int st_pipeline_layout(const void *state, int *first, int *count,
-                       int *owner) {
+int st_pipeline_layout(const void *state, int *first, int *count, int *owner) {
   return st_rt_layout(&((const pipe *)state)->rt, first, count, owner);
 }
 
@@ -602,8 +598,7 @@ static int pipe_stage_count(void *state) {
   return most;
 }
 
-static int pipe_stats(void *state, st_track_stats *out, int cap,
-                      double *wall) {
+static int pipe_stats(void *state, st_track_stats *out, int cap, double *wall) {
   pipe *p = state;
   *wall = p->wall;
   return st_rt_stats(&p->rt, out, cap, 0);

@@ -46,8 +46,8 @@ typedef struct ranks {
   int placed, R, P, replica, opt_slots, last_owner;
   st_dist_group *pipeline, *peers;
   int S, *first, *count, *owner;
-  st_config cfg; /* the inner executor's: this rank's share, one replica */
-  void *state;   /* the inner executor's */
+  st_config cfg;  /* the inner executor's: this rank's share, one replica */
+  void *state;    /* the inner executor's */
   float *scratch; /* st_dist_sum_scratch floats: the exchange's parts */
   double busy;
 } ranks;
@@ -153,10 +153,10 @@ static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
     rc = st_dist_group_create(&p->peers, p->rank % p->P, p->replica, err);
   st_placement pl = {p->pipeline, p->cfg.train.threads};
   if (!rc)
-    rc = pb ? st_pb_create_placed(&p->state, m, &p->cfg, p->mb, max_batch,
-                                  &pl, err)
-            : st_pipeline_create_placed(&p->state, m, &p->cfg, p->mb,
-                                        max_batch, bs, &pl, err);
+    rc = pb ? st_pb_create_placed(&p->state, m, &p->cfg, p->mb, max_batch, &pl,
+                                  err)
+            : st_pipeline_create_placed(&p->state, m, &p->cfg, p->mb, max_batch,
+                                        bs, &pl, err);
   if (!rc && !(p->first = malloc((size_t)m->n_blocks * 3 * sizeof(int))))
     rc = st_error_set(err, ST_ENOMEM, "out of memory");
   if (!rc) {
@@ -182,8 +182,8 @@ static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
   if (!rc && p->R > 1 && cfg->execution.deterministic &&
       !(p->scratch =
             st_alloc(st_dist_sum_scratch_in(p->peers, most) * sizeof(float))))
-    rc = st_error_set(err, ST_ENOMEM,
-                      "out of memory for the gradient exchange");
+    rc =
+        st_error_set(err, ST_ENOMEM, "out of memory for the gradient exchange");
   return rc;
 }
 
@@ -195,8 +195,7 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
   st_dist_share_error();
   const int W = st_dist_size();
   const int placed = !strcmp(cfg->execution.placement, "ranks");
-  if (!placed && cfg->execution.replicas != 1 &&
-      cfg->execution.replicas != W)
+  if (!placed && cfg->execution.replicas != 1 && cfg->execution.replicas != W)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.replicas: %d, but mpirun started %d "
                         "ranks: one replica per rank (1 takes the number of "
@@ -288,7 +287,8 @@ static int grid_update(ranks *p, st_trainer_view *v, st_error *err) {
                  st_now());
   t0 = st_now();
   for (int s = 0; !rc && s < p->S; s++)
-    if (p->owner[s] == me) st_trainer_update_blocks(v, p->first[s], p->count[s]);
+    if (p->owner[s] == me)
+      st_trainer_update_blocks(v, p->first[s], p->count[s]);
   if (v->trace && !rc)
     st_trace_add(v->trace, v->track, ST_TRACE_UPDATE, v->step, -1, t0,
                  st_now());
@@ -334,8 +334,7 @@ static int placed_step(ranks *p, st_trainer_view *v, double *loss,
 
 /* Every stage's weights and optimizer state, from the rank that updates it
  * to the rest of its pipeline (the replicas of a stage hold the same). */
-static int ranks_gather(void *state, float *params, float *opt,
-                        st_error *err) {
+static int ranks_gather(void *state, float *params, float *opt, st_error *err) {
   ranks *p = state;
   if (!p->placed) return 0;
   int rc = 0;
@@ -345,8 +344,9 @@ static int ranks_gather(void *state, float *params, float *opt,
     rc = st_dist_bcast(p->pipeline, params + off, n * sizeof(float),
                        p->owner[s], err);
     for (int k = 0; !rc && k < p->opt_slots; k++)
-      rc = st_dist_bcast(p->pipeline, opt + (size_t)k * p->model->n_params + off,
-                         n * sizeof(float), p->owner[s], err);
+      rc =
+          st_dist_bcast(p->pipeline, opt + (size_t)k * p->model->n_params + off,
+                        n * sizeof(float), p->owner[s], err);
   }
   return rc;
 }

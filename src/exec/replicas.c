@@ -380,8 +380,7 @@ static int rep_stages(void *state) {
 /* The replicas' tracks in replica order, named "replica r " + the inner
  * mode's name ("replica 1 stage 0"). *wall is this executor's own time
  * inside steps (replicas, reduce and update), not an inner executor's. */
-static int rep_stats(void *state, st_track_stats *out, int cap,
-                     double *wall) {
+static int rep_stats(void *state, st_track_stats *out, int cap, double *wall) {
   reps *p = state;
   int n = 0;
   for (int r = 0; r < p->R; r++) {

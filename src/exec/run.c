@@ -51,8 +51,8 @@ static void progress(run_state *r, int final) {
   int64_t total = st_trainer_total_steps(r->t);
   double rate = samples_per_s(r);
   int64_t done = p->step - r->step0;
-  double eta = done > 0 ? r->train_s / (double)done * (double)(total - p->step)
-                        : 0;
+  double eta =
+      done > 0 ? r->train_s / (double)done * (double)(total - p->step) : 0;
   char eta_s[32];
   fmt_duration(eta_s, sizeof eta_s, eta);
   int64_t per_epoch = st_trainer_steps_per_epoch(r->t);
@@ -62,10 +62,9 @@ static void progress(run_state *r, int final) {
   fprintf(stderr,
           "%sepoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f %s/s  "
           "ETA %s%s",
-          r->tty ? "\r\033[K" : "", (long long)p->epoch + 1,
-          (long long)epochs, (long long)p->step, (long long)total,
-          r->last_loss, rate * rows, rows > 1 ? "tokens" : "samples", eta_s,
-          r->tty ? "" : "\n");
+          r->tty ? "\r\033[K" : "", (long long)p->epoch + 1, (long long)epochs,
+          (long long)p->step, (long long)total, r->last_loss, rate * rows,
+          rows > 1 ? "tokens" : "samples", eta_s, r->tty ? "" : "\n");
   if (r->tty && final) fputc('\n', stderr);
   fflush(stderr);
 }
@@ -142,7 +141,8 @@ static int checkpoint(run_state *r, st_error *err) {
            (long long)p->step);
   if ((rc = st_trainer_save(r->t, path, err))) return rc;
   /* Keep the newest keep_checkpoints step files. */
-  int every = r->cfg->train.checkpoint_every, keep = r->cfg->train.keep_checkpoints;
+  int every = r->cfg->train.checkpoint_every,
+      keep = r->cfg->train.keep_checkpoints;
   if (every > 0 && keep > 0) {
     long long old = (long long)p->step - (long long)keep * every;
     old -= old % every;
@@ -198,19 +198,19 @@ static int write_summary(run_state *r, st_error *err) {
   FILE *f = open_memstream(&text, &len);
   if (!f) return st_error_set(err, ST_ENOMEM, "out of memory");
   noise_fields(r, noise, sizeof noise);
-  fprintf(f,
-          "{\n  \"mode\": \"%s\",\n  \"model\": \"%s\",\n  \"parameters\": %zu,\n"
-          "  \"steps\": %lld,\n  \"epochs\": %lld,\n  \"samples\": %lld,\n"
-          "  \"batch\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
-          "  \"test_accuracy\": %.6f,\n  \"samples_per_s\": %.1f,\n"
-          "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
-          "  \"replicas\": %d,\n  \"blas\": \"%s\"%s",
-          r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
-          (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
-          r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
-          samples_per_s(r), r->train_s, st_now() - r->t0,
-          st_trainer_threads(r->t), r->cfg->execution.replicas, st_blas_name(),
-          noise);
+  fprintf(
+      f,
+      "{\n  \"mode\": \"%s\",\n  \"model\": \"%s\",\n  \"parameters\": %zu,\n"
+      "  \"steps\": %lld,\n  \"epochs\": %lld,\n  \"samples\": %lld,\n"
+      "  \"batch\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
+      "  \"test_accuracy\": %.6f,\n  \"samples_per_s\": %.1f,\n"
+      "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
+      "  \"replicas\": %d,\n  \"blas\": \"%s\"%s",
+      r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
+      (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
+      r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
+      samples_per_s(r), r->train_s, st_now() - r->t0, st_trainer_threads(r->t),
+      r->cfg->execution.replicas, st_blas_name(), noise);
   stage_fields(r, f);
   fprintf(f, "\n}\n");
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
@@ -278,7 +278,10 @@ static int loop(run_state *r, st_error *err) {
 
 int st_trainer_run(st_trainer *t, st_error *err) {
   const st_config *c = st_trainer_config(t);
-  run_state r = {.t = t, .cfg = c, .dir = st_trainer_dir(t), .t0 = st_now(),
+  run_state r = {.t = t,
+                 .cfg = c,
+                 .dir = st_trainer_dir(t),
+                 .t0 = st_now(),
                  .evaluated_at = -1};
   r.tty = isatty(fileno(stderr));
   r.progress = st_dist_rank() == 0 && /* over MPI, rank 0 speaks */
@@ -291,7 +294,8 @@ int st_trainer_run(st_trainer *t, st_error *err) {
   if (!rc && r.window_n) log_train(&r);
   if (!rc) progress(&r, 1);
   if (!rc && r.evaluated_at != st_trainer_pos(t)->step) rc = evaluate(&r, err);
-  if (!rc) st_trainer_note_result(t, r.test_loss, r.test_acc, samples_per_s(&r));
+  if (!rc)
+    st_trainer_note_result(t, r.test_loss, r.test_acc, samples_per_s(&r));
   if (!rc) rc = checkpoint(&r, err);
   if (!rc) rc = st_trainer_finish(t, err); /* over ranks: every rank */
   if (!rc) rc = write_summary(&r, err);

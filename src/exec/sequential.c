@@ -40,7 +40,8 @@ static int seq_create(void **state, const st_model *m, const st_config *cfg,
 
 static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
                   double t0) {
-  if (v->trace) st_trace_add(v->trace, v->track, kind, v->step, k, t0, st_now());
+  if (v->trace)
+    st_trace_add(v->trace, v->track, kind, v->step, k, t0, st_now());
 }
 
 static int seq_step(void *state, st_trainer_view *v, double *loss,
@@ -62,22 +63,21 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
     ctx.first_sample = v->first_sample + (uint64_t)k;
     t0 = st_now();
     const float *logits = st_stage_forward(s, &ctx, v->params, x, mb);
-    st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * R, v->probs,
-                         logits, v->y + (size_t)k * R, mb * R, m->classes);
+    st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * R, v->probs, logits,
+                         v->y + (size_t)k * R, mb * R, m->classes);
     trace(v, ST_TRACE_FORWARD, k / mb, t0);
     /* Every loss of the batch is known before the last backward, which is
      * where weights start to change: a NaN stops the step untouched. */
     if (last && (rc = st_trainer_check_loss(v, loss, err))) break;
     t0 = st_now();
-    st_xent_backward_pool(ctx.pool, v->dlogits, v->probs,
-                          v->y + (size_t)k * R, mb * R, m->classes,
+    st_xent_backward_pool(ctx.pool, v->dlogits, v->probs, v->y + (size_t)k * R,
+                          mb * R, m->classes,
                           1.0f / ((float)v->loss_batch * (float)R));
     /* The last micro-batch completes each block's gradient as its backward
      * finishes: update that block then, while its gradient is in cache. */
-    st_stage_backward_each(s, &ctx, v->params, v->grads, x, v->dlogits, NULL,
-                           mb, last && !v->grads_only ? st_exec_update_block
-                                                      : NULL,
-                           v);
+    st_stage_backward_each(
+        s, &ctx, v->params, v->grads, x, v->dlogits, NULL, mb,
+        last && !v->grads_only ? st_exec_update_block : NULL, v);
     trace(v, ST_TRACE_BACKWARD, k / mb, t0);
     /* The gradient so far is the first micro-batch's sum scaled by 1/batch;
      * its mean over the micro-batch is batch/mb times that. */
@@ -96,8 +96,7 @@ static const float *seq_forward(void *state, const st_ctx *ctx,
   return st_stage_forward(((seq *)state)->stage, ctx, params, x, B);
 }
 
-static int seq_stats(void *state, st_track_stats *out, int cap,
-                     double *wall) {
+static int seq_stats(void *state, st_track_stats *out, int cap, double *wall) {
   const seq *q = state;
   *wall = q->busy;
   if (cap > 0)

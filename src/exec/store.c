@@ -54,24 +54,24 @@ typedef struct header {
   uint32_t n_blocks, opt_slots;
   char optimizer[16];
   uint64_t data_off, copy_bytes;
-  uint32_t cur;         /* the copy holding this commit's state */
-  uint32_t dtype;       /* the weights': 0 fp32, 1 bf16 */
-  uint32_t rounding;    /* bf16: 0 to nearest, 1 stochastic */
-  st_train_pos pos;     /* after the committed step */
-  uint32_t crc;         /* of everything above */
+  uint32_t cur;      /* the copy holding this commit's state */
+  uint32_t dtype;    /* the weights': 0 fp32, 1 bf16 */
+  uint32_t rounding; /* bf16: 0 to nearest, 1 stochastic */
+  st_train_pos pos;  /* after the committed step */
+  uint32_t crc;      /* of everything above */
 } header;
 
 struct st_store {
   char path[ST_PATH_MAX];
   int fd;
   const st_model *model;
-  header h;        /* the last committed header (the optimizer thread's) */
+  header h; /* the last committed header (the optimizer thread's) */
   /* its layout, fixed when opened: what every thread reads */
   uint64_t n_params, data_off, copy_bytes;
   uint64_t weight_bytes; /* the weights' region of a copy */
   int bf16;              /* the weights are bf16 */
-  int live;        /* the copy reads come from (written, maybe uncommitted) */
-  char *map;       /* the whole file, shared */
+  int live;  /* the copy reads come from (written, maybe uncommitted) */
+  char *map; /* the whole file, shared */
   size_t map_len;
   int crash_point; /* test knob: st_store_set_crash */
   int64_t crash_step;
@@ -169,12 +169,12 @@ static void fill_header(header *h, const st_model *m, const st_config *cfg) {
   h->opt_slots = (uint32_t)st_optim_state_per_param(cfg);
   snprintf(h->optimizer, sizeof h->optimizer, "%s", cfg->optimizer.kind);
   h->dtype = strcmp(cfg->execution.store_weights, "bf16") == 0;
-  h->rounding = h->dtype &&
-                strcmp(cfg->execution.store_rounding, "stochastic") == 0;
+  h->rounding =
+      h->dtype && strcmp(cfg->execution.store_rounding, "stochastic") == 0;
   h->data_off = 2 * SLOT_BYTES;
-  h->copy_bytes = page_round(weight_bytes(m->n_params, h->dtype) +
-                             (size_t)h->opt_slots * m->n_params *
-                                 sizeof(float));
+  h->copy_bytes =
+      page_round(weight_bytes(m->n_params, h->dtype) +
+                 (size_t)h->opt_slots * m->n_params * sizeof(float));
 }
 
 static const char *dtype_name(uint32_t dtype) {
@@ -208,8 +208,7 @@ static int create_store(const char *path, const st_model *m,
     snprintf(dir, sizeof dir, ".");
   unlink(tmp); /* a creation killed before: its space is free again */
   struct statvfs vfs;
-  if (statvfs(dir, &vfs) == 0 &&
-      (uint64_t)vfs.f_bavail * vfs.f_frsize < total)
+  if (statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < total)
     return st_error_set(
         err, ST_EIO,
         "%s: the store needs %.2f GiB (two copies of %zu %s weights and "
@@ -223,22 +222,24 @@ static int create_store(const char *path, const st_model *m,
   int rc = 0;
   int e = posix_fallocate(fd, 0, (off_t)total);
   if (e)
-    rc = st_error_set(err, ST_EIO, "%s: cannot reserve %.2f GiB for the "
-                      "store: %s", path, gib(total), strerror(e));
+    rc = st_error_set(err, ST_EIO,
+                      "%s: cannot reserve %.2f GiB for the "
+                      "store: %s",
+                      path, gib(total), strerror(e));
   char *map = MAP_FAILED;
   if (!rc) {
     map = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
-      rc = st_error_set(err, ST_EIO, "%s: cannot map: %s", tmp,
-                        strerror(errno));
+      rc =
+          st_error_set(err, ST_EIO, "%s: cannot map: %s", tmp, strerror(errno));
   }
   if (!rc) {
     /* bf16 weights are made in fp32 where the gradients will be (a tied
      * copy reads its source back from there), then rounded to nearest into
      * copy 0 */
     char *weights = map + h.data_off;
-    float *params = h.dtype ? (float *)(weights + 2 * h.copy_bytes)
-                            : (float *)weights;
+    float *params =
+        h.dtype ? (float *)(weights + 2 * h.copy_bytes) : (float *)weights;
     for (int i = 0; i < m->n_blocks; i++) {
       const st_block *b = &m->blocks[i];
       st_model_init_blocks(m, params, cfg->train.seed, i, 1);
@@ -281,8 +282,8 @@ static int create_store(const char *path, const st_model *m,
 static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                        off_t size, st_error *err) {
   header best = {0}, h;
-  int found = 0, marked = 0; /* valid slots; slots with the magic */
-  uint32_t other_version = 0;  /* a slot of another format version */
+  int found = 0, marked = 0;  /* valid slots; slots with the magic */
+  uint32_t other_version = 0; /* a slot of another format version */
   for (int k = 0; k < 2; k++) {
     char slot[SLOT_BYTES];
     if (io_all(s->fd, 0, slot, SLOT_BYTES, (off_t)k * SLOT_BYTES)) continue;
@@ -303,8 +304,7 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                         "wrote it)",
                         s->path, other_version, STORE_VERSION);
   if (!found)
-    return st_error_set(err, ST_EDATA,
-                        "%s: %s", s->path,
+    return st_error_set(err, ST_EDATA, "%s: %s", s->path,
                         !marked ? "not a strata weight store"
                                 : "no valid header (both header slots fail "
                                   "their checksum): the store is corrupt");
@@ -333,7 +333,8 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                         "%s: the store's bf16 weights were rounded %s; this "
                         "config's execution.store_rounding is %s (a change "
                         "would not continue the same run)",
-                        s->path, best.rounding ? "stochastically" : "to nearest",
+                        s->path,
+                        best.rounding ? "stochastically" : "to nearest",
                         want.rounding ? "stochastic" : "nearest");
   if (strcmp(best.optimizer, want.optimizer) != 0 ||
       best.opt_slots != want.opt_slots)
@@ -377,8 +378,8 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
   s->map = MAP_FAILED;
   s->fd = open(path, O_RDWR | O_CLOEXEC);
   if (s->fd < 0) {
-    rc = st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
-                      strerror(errno));
+    rc =
+        st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
     goto fail;
   }
   /* one run per store: two writers would corrupt it */
@@ -395,11 +396,9 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
   }
   if ((rc = read_header(s, m, cfg, st.st_size, err))) goto fail;
   s->map_len = (size_t)total_bytes(&s->h);
-  s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd,
-                0);
+  s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
   if (s->map == MAP_FAILED) {
-    rc = st_error_set(err, ST_EIO, "%s: cannot map: %s", path,
-                      strerror(errno));
+    rc = st_error_set(err, ST_EIO, "%s: cannot map: %s", path, strerror(errno));
     goto fail;
   }
   *out = s;
@@ -492,8 +491,10 @@ int st_store_crash_point(const st_store *s, int64_t step) {
 int st_store_commit(st_store *s, int copy, const st_train_pos *pos,
                     st_error *err) {
   if (fdatasync(s->fd) != 0)
-    return st_error_set(err, ST_EIO, "%s: sync failed: %s (the previous "
-                        "step's state is intact)", s->path, strerror(errno));
+    return st_error_set(err, ST_EIO,
+                        "%s: sync failed: %s (the previous "
+                        "step's state is intact)",
+                        s->path, strerror(errno));
   if (st_store_crash_point(s, pos->step - 1) == ST_CRASH_BEFORE_HEADER)
     raise(SIGKILL);
   header h = s->h;
@@ -501,9 +502,10 @@ int st_store_commit(st_store *s, int copy, const st_train_pos *pos,
   h.cur = (uint32_t)copy;
   h.pos = *pos;
   if (write_header(s->fd, &h) || fdatasync(s->fd) != 0)
-    return st_error_set(err, ST_EIO, "%s: cannot write the header: %s (the "
-                        "previous step's state is intact)", s->path,
-                        strerror(errno));
+    return st_error_set(err, ST_EIO,
+                        "%s: cannot write the header: %s (the "
+                        "previous step's state is intact)",
+                        s->path, strerror(errno));
   s->h = h;
   if (st_store_crash_point(s, pos->step - 1) == ST_CRASH_AFTER_HEADER)
     raise(SIGKILL);

@@ -21,20 +21,20 @@
 struct st_trainer {
   st_config cfg;
   char out_dir[ST_PATH_MAX];
-  st_dataset *train, *test;  /* images (mlp, cnn) */
-  st_text_dataset *text;      /* or a corpus (gpt): sample i of a split is
-                                 the window of T + 1 tokens from i * T */
+  st_dataset *train, *test; /* images (mlp, cnn) */
+  st_text_dataset *text;    /* or a corpus (gpt): sample i of a split is
+                               the window of T + 1 tokens from i * T */
   st_tokenizer *tok;
-  int n_train, n_test;        /* samples (windows for text) */
-  int rows;                   /* labels per sample: 1, or T for text */
+  int n_train, n_test; /* samples (windows for text) */
+  int rows;            /* labels per sample: 1, or T for text */
   st_model *model;
   st_pool *pool;
   const st_executor *exec;
   void *exec_state;
   float *params, *grads, *opt;
-  const uint16_t *params_bf16; /* a file store's bf16 weights (params NULL) */
-  int owned;                  /* the three above are the trainer's (else the
-                                 executor's: a file store) */
+  const uint16_t *params_bf16;  /* a file store's bf16 weights (params NULL) */
+  int owned;                    /* the three above are the trainer's (else the
+                                   executor's: a file store) */
   char store_path[ST_PATH_MAX]; /* that file store's */
   float *x, *losses, *probs, *dlogits;
   int *y;
@@ -54,7 +54,7 @@ struct st_trainer {
   double samples_per_s;       /* and its training rate */
   int64_t total_steps, steps_per_epoch;
   st_train_pos pos;
-  st_trace *trace;            /* --trace, else NULL */
+  st_trace *trace;             /* --trace, else NULL */
   double plan_rate, plan_util; /* the plan's predictions (0: none) */
   int scattered; /* over ranks: blocks updated on other ranks since the last
                     st_trainer_gather */
@@ -65,10 +65,9 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
 static st_train_pos run_pos(const st_trainer *t);
 
 const st_executor *st_find_executor(const char *mode) {
-  static const st_executor *all[] = {&st_exec_sequential, &st_exec_pipeline,
-                                     &st_exec_block_sequential,
-                                     &st_exec_pipelined_backprop,
-                                     &st_exec_weight_streaming};
+  static const st_executor *all[] = {
+      &st_exec_sequential, &st_exec_pipeline, &st_exec_block_sequential,
+      &st_exec_pipelined_backprop, &st_exec_weight_streaming};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (strcmp(all[i]->mode, mode) == 0) return all[i];
   return NULL;
@@ -160,9 +159,8 @@ static int check_data(const st_trainer *t, st_error *err) {
     if (sets[i]->classes > c->model.classes)
       return st_error_set(err, ST_ECONFIG,
                           "%s: model.classes: %d, but %s has labels up to %d",
-                          st_config_where(c, "model.classes"),
-                          c->model.classes, sets[i]->name,
-                          sets[i]->classes - 1);
+                          st_config_where(c, "model.classes"), c->model.classes,
+                          sets[i]->name, sets[i]->classes - 1);
   st_shape a = t->train->shape, b = t->test->shape;
   if (a.c != b.c || a.h != b.h || a.w != b.w)
     return st_error_set(err, ST_EDATA,
@@ -203,14 +201,14 @@ static int allocate(st_trainer *t, st_error *err) {
   int rc = t->exec->create(&t->exec_state, m, stored ? &resolved : &t->cfg,
                            t->micro_batch, t->eval_batch, err);
   if (rc) return rc;
-  t->owned = !(t->exec->slabs &&
-               t->exec->slabs(t->exec_state, &t->params, &t->params_bf16,
-                              &t->grads, &t->opt));
+  t->owned =
+      !(t->exec->slabs && t->exec->slabs(t->exec_state, &t->params,
+                                         &t->params_bf16, &t->grads, &t->opt));
   if (t->owned) {
     t->params = st_alloc(m->n_params * sizeof(float));
     t->grads = st_alloc(m->n_params * sizeof(float));
-    t->opt = st_alloc((size_t)st_optim_state_per_param(&t->cfg) *
-                      m->n_params * sizeof(float));
+    t->opt = st_alloc((size_t)st_optim_state_per_param(&t->cfg) * m->n_params *
+                      sizeof(float));
   }
   t->x = st_alloc(rows * in_numel * sizeof(float));
   t->y = st_alloc(labels * sizeof(int));
@@ -283,9 +281,10 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     goto fail;
   }
   if (out_dir) snprintf(t->out_dir, sizeof t->out_dir, "%s", out_dir);
-  t->exec = st_dist_size() > 1            ? &st_exec_ranks
-            : cfg->execution.replicas > 1 ? &st_exec_replicas
-                                          : st_find_executor(cfg->execution.mode);
+  t->exec = st_dist_size() > 1 ? &st_exec_ranks
+            : cfg->execution.replicas > 1
+                ? &st_exec_replicas
+                : st_find_executor(cfg->execution.mode);
   if (!t->exec) {
     rc = st_error_set(err, ST_EUNSUPPORTED,
                       "%s: execution.mode: '%s' is not available in this build",
@@ -321,19 +320,18 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if ((rc = load_data(t, err))) goto fail;
   if ((rc = check_data(t, err))) goto fail;
   if ((rc = st_dist_check_same((uint64_t)t->n_train << 32 | (uint32_t)t->n_test,
-                               "data (its training and test set sizes)",
-                               err)))
+                               "data (its training and test set sizes)", err)))
     goto fail;
   if (t->n_train < t->batch) {
     rc = st_error_set(err, ST_ECONFIG,
                       "%s: train.batch: %d is larger than the %d training "
                       "%s",
-                      st_config_where(cfg, "train.batch"), t->batch,
-                      t->n_train, t->text ? "sequences" : "samples");
+                      st_config_where(cfg, "train.batch"), t->batch, t->n_train,
+                      t->text ? "sequences" : "samples");
     goto fail;
   }
-  st_shape in = t->text ? (st_shape){1, cfg->model.context, 1}
-                        : t->train->shape;
+  st_shape in =
+      t->text ? (st_shape){1, cfg->model.context, 1} : t->train->shape;
   if ((rc = st_model_create(&t->model, &t->cfg, in, err))) goto fail;
   /* Evaluation batches: 256 samples, fewer when their logits or
    * activations would pass 64 MiB each (a GPT's vocabulary at every
@@ -380,8 +378,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
       p = run_pos(t);
       p.seed = kept->seed;
     }
-    if ((rc = check_same_run(t, &p, t->store_path, err)))
-      goto fail;
+    if ((rc = check_same_run(t, &p, t->store_path, err))) goto fail;
     if (kept->step > 0) t->pos = *kept;
   }
   make_permutation(t, t->pos.epoch);
@@ -569,9 +566,8 @@ static void each_range(const st_trainer_view *v, int first, int count,
     const st_block *b = &m->blocks[i];
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
-      if (L->w_tensor < 0 ||
-          (st_layer_fuses_update(L, &v->ctx, v->batch) &&
-           b->tensors[L->w_tensor].tie < 0))
+      if (L->w_tensor < 0 || (st_layer_fuses_update(L, &v->ctx, v->batch) &&
+                              b->tensors[L->w_tensor].tie < 0))
         continue;
       const int tensors[2] = {L->w_tensor, L->b_tensor};
       for (int k = 0; k < 2; k++)
@@ -716,8 +712,8 @@ static int step_overlapped(st_trainer *t, int ahead, double *loss,
     t->pos = t->ahead_pos;
   } else {
     next_batch(t, &t->pos, t->xb[t->cur], t->yb[t->cur]);
-    st_trainer_view v = view_of(t, &t->pos, t->xb[t->cur], t->yb[t->cur],
-                                t->lb[t->cur], NULL);
+    st_trainer_view v =
+        view_of(t, &t->pos, t->xb[t->cur], t->yb[t->cur], t->lb[t->cur], NULL);
     if ((rc = t->exec->start(t->exec_state, &v, err))) return rc;
   }
   if (ahead) {
@@ -758,8 +754,10 @@ int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
    * the gradients it used. */
   /* A one-sample batch lets linear layers update inside the backward. */
   st_optim_rule rule;
-  st_fused_update fused = {.rule = &rule, .params = t->params,
-                           .opt = t->opt, .slot_stride = t->model->n_params};
+  st_fused_update fused = {.rule = &rule,
+                           .params = t->params,
+                           .opt = t->opt,
+                           .slot_stride = t->model->n_params};
   int fuse = t->batch == 1 && t->cfg.execution.fused_update;
   st_trainer_view v =
       view_of(t, &t->pos, t->x, t->y, t->losses, fuse ? &fused : NULL);
@@ -789,8 +787,8 @@ int st_store_resolve(st_config *cfg, const char *out_dir) {
   /* with no path given, the store lives in the run's directory */
   if (!cfg->execution.store_path[0] && out_dir)
     snprintf(cfg->execution.store_path, sizeof cfg->execution.store_path,
-             "%.*s/store.strata",
-             (int)sizeof cfg->execution.store_path - 16, out_dir);
+             "%.*s/store.strata", (int)sizeof cfg->execution.store_path - 16,
+             out_dir);
   return 1;
 }
 
@@ -829,10 +827,9 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
     int B = n - start < t->eval_batch ? n - start : t->eval_batch;
     for (int i = 0; i < B; i++) t->eval_idx[i] = start + i;
     fill_batch(t, 1, t->eval_idx, B, t->x, t->y);
-    const float *logits = t->exec->forward(t->exec_state, &ctx, t->params,
-                                           t->x, B);
-    st_xent_forward_pool(t->pool, t->losses, t->probs, logits, t->y, B * R,
-                         V);
+    const float *logits =
+        t->exec->forward(t->exec_state, &ctx, t->params, t->x, B);
+    st_xent_forward_pool(t->pool, t->losses, t->probs, logits, t->y, B * R, V);
     for (size_t i = 0; i < (size_t)B * R; i++) {
       loss_sum += t->losses[i];
       const float *z = logits + i * (size_t)V;
@@ -857,8 +854,8 @@ int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
                         path);
   st_train_pos pos = run_pos(t);
   if (!t->params) /* a store's bf16 weights: written as they are */
-    return st_checkpoint_save_as(path, t->model, t->params_bf16, "BF16",
-                                 t->opt, t->cfg.optimizer.kind, &pos, err);
+    return st_checkpoint_save_as(path, t->model, t->params_bf16, "BF16", t->opt,
+                                 t->cfg.optimizer.kind, &pos, err);
   return st_checkpoint_save(path, t->model, t->params, t->opt,
                             t->cfg.optimizer.kind, &pos, err);
 }
@@ -897,8 +894,7 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                         "into it (use execution.store: memory)",
                         path, t->store_path);
   if (weights_only)
-    return st_checkpoint_load(path, t->model, t->params, NULL, NULL, NULL,
-                              err);
+    return st_checkpoint_load(path, t->model, t->params, NULL, NULL, NULL, err);
   /* Load into copies first: a checkpoint of another run must leave this
    * trainer as it was. */
   st_train_pos pos;
@@ -960,7 +956,8 @@ double st_trainer_utilization(const st_trainer *t, double *bubble) {
    * segments take turns on the same cores */
   int R = t->cfg.execution.replicas, S = st_trainer_stages(t);
   int at_once = n < R * S ? n : R * S;
-  int share = t->batch / R, mb = t->micro_batch < share ? t->micro_batch : share;
+  int share = t->batch / R,
+      mb = t->micro_batch < share ? t->micro_batch : share;
   double M = (double)share / mb;
   /* pipelined backprop never drains: no bubble in steady state */
   if (bubble)

@@ -20,12 +20,12 @@
  * for it. Gradients go to the store's gradient slab in the file and the
  * update reads them from there, chunk by chunk with the weights and state,
  * so this process holds no slab of any kind: only its buffers (and the
- * page cache, not this process's memory, holds the file). The update is the sequential mode's
- * st_trainer_update_blocks on the same slabs, and every kernel sees the
- * same inputs in the same order, so the weights are the sequential mode's
- * bit for bit — with micro-batches too: a block's partial gradient goes to
- * the store and comes back for the next micro-batch's backward to add to,
- * as the sequential mode adds into its gradient slab.
+ * page cache, not this process's memory, holds the file). The update is the
+ * sequential mode's st_trainer_update_blocks on the same slabs, and every
+ * kernel sees the same inputs in the same order, so the weights are the
+ * sequential mode's bit for bit — with micro-batches too: a block's partial
+ * gradient goes to the store and comes back for the next micro-batch's backward
+ * to add to, as the sequential mode adds into its gradient slab.
  *
  * keep_activations: false keeps only each block's output (the next one's
  * input) and reruns the block's forward, with the same weights and dropout
@@ -147,16 +147,13 @@ static void *fetch_main(void *arg) {
   long long seen = 0;
   pthread_mutex_lock(&w->mu);
   for (;;) {
-    while (!w->stop && w->generation == seen)
-      pthread_cond_wait(&w->cv, &w->mu);
-    if (w->stop)
-      break;
+    while (!w->stop && w->generation == seen) pthread_cond_wait(&w->cv, &w->mu);
+    if (w->stop) break;
     seen = w->generation;
     for (int u = 0; u < w->n_use && !w->stop; u++) {
       while (!w->stop && w->released < u + 1 - w->slots)
         pthread_cond_wait(&w->cv, &w->mu);
-      if (w->stop)
-        break;
+      if (w->stop) break;
       const st_block *b = &w->model->blocks[w->use_block[u]];
       float *dst = w->wslot + (size_t)(u % w->slots) * w->max_params;
       pthread_mutex_unlock(&w->mu);
@@ -164,8 +161,7 @@ static void *fetch_main(void *arg) {
       pthread_mutex_lock(&w->mu);
       w->fetched = u + 1;
       int held = (int)(w->fetched - w->released);
-      if (held > w->held_max)
-        w->held_max = held;
+      if (held > w->held_max) w->held_max = held;
       pthread_cond_broadcast(&w->cv);
     }
   }
@@ -188,8 +184,7 @@ static const float *acquire(ws *w, int u) {
   pthread_mutex_lock(&w->mu);
   if (w->fetched <= u) {
     double t0 = st_now();
-    while (w->fetched <= u)
-      pthread_cond_wait(&w->cv, &w->mu);
+    while (w->fetched <= u) pthread_cond_wait(&w->cv, &w->mu);
     w->stall_s += st_now() - t0;
   }
   pthread_mutex_unlock(&w->mu);
@@ -209,15 +204,17 @@ static void release(ws *w, int u) {
 
 /* ------------------------------------------------------------ the store */
 
-enum { UCHUNK = 1 << 15 }; /* floats per array in one file update chunk:
-                              its six arrays stay in L2 */
+enum {
+  UCHUNK = 1 << 15
+}; /* floats per array in one file update chunk:
+      its six arrays stay in L2 */
 
 enum { MAX_TASKS = 64 }; /* chunk tasks of one range, at most */
 
 typedef struct file_job {
   ws *w;
   const st_trainer_view *v;
-  double *gb2; /* the noise scale's sum of squared gradients, else NULL */
+  double *gb2;   /* the noise scale's sum of squared gradients, else NULL */
   size_t off, n; /* the range file_range was given */
   int tasks;     /* its chunks, task t taking t, t + tasks, ... */
   st_error err[MAX_TASKS];
@@ -228,8 +225,8 @@ typedef struct file_job {
  * gradient into buf (the range's, tmp a scratch chunk), in the order
  * st_trainer_update_blocks gathers them; write 1 writes buf (the range's
  * new weights) over the copies in the other copy of the store. */
-static int chunk_ties(const ws *w, size_t at, size_t len, int write,
-                      float *buf, float *tmp, st_error *err) {
+static int chunk_ties(const ws *w, size_t at, size_t len, int write, float *buf,
+                      float *tmp, st_error *err) {
   const st_model *m = w->model;
   int rc = 0;
   for (int i = 0; m->n_ties && i < m->n_blocks && !rc; i++)
@@ -331,8 +328,7 @@ static void *optimizer_main(void *arg) {
   for (;;) {
     while (!w->stop && w->q_head == w->q_tail)
       pthread_cond_wait(&w->cv, &w->mu);
-    if (w->stop && w->q_head == w->q_tail)
-      break;
+    if (w->stop && w->q_head == w->q_tail) break;
     int block = w->queue[w->q_head % (w->nb + 1)];
     const st_trainer_view *v = w->qv;
     st_train_pos pos = w->commit_pos;
@@ -370,13 +366,11 @@ static void submit(ws *w, int b) {
 }
 
 static void drain(ws *w) {
-  if (!w->opt_thread)
-    return;
+  if (!w->opt_thread) return;
   pthread_mutex_lock(&w->mu);
   if (w->q_head != w->q_tail) {
     double t0 = st_now();
-    while (w->q_head != w->q_tail)
-      pthread_cond_wait(&w->cv, &w->mu);
+    while (w->q_head != w->q_tail) pthread_cond_wait(&w->cv, &w->mu);
     w->wait_opt_s += st_now() - t0;
   }
   pthread_mutex_unlock(&w->mu);
@@ -386,27 +380,22 @@ static void drain(ws *w) {
 
 static void ws_destroy(void *state) {
   ws *w = state;
-  if (!w)
-    return;
+  if (!w) return;
   pthread_mutex_lock(&w->mu);
   w->stop = 1;
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
-  if (w->fetch_thread)
-    pthread_join(w->fetcher, NULL);
-  if (w->opt_thread)
-    pthread_join(w->optimizer, NULL);
+  if (w->fetch_thread) pthread_join(w->fetcher, NULL);
+  if (w->opt_thread) pthread_join(w->optimizer, NULL);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   st_pool_destroy(w->opt_pool);
   st_store_close(w->store);
   st_free(w->ubuf);
   if (w->acts)
-    for (int i = 0; i < w->nb; i++)
-      st_free(w->acts[i]);
+    for (int i = 0; i < w->nb; i++) st_free(w->acts[i]);
   if (w->outs)
-    for (int i = 0; i < w->nb; i++)
-      st_free(w->outs[i]);
+    for (int i = 0; i < w->nb; i++) st_free(w->outs[i]);
   free(w->acts);
   free(w->outs);
   st_free(w->wslot);
@@ -423,11 +412,9 @@ static void ws_destroy(void *state) {
 /* Counts n floats into w->compute_bytes and, unless dry, allocates them. */
 static float *alloc_floats(ws *w, size_t n, int dry, int *ok) {
   w->compute_bytes += (int64_t)(n * sizeof(float));
-  if (dry)
-    return NULL;
+  if (dry) return NULL;
   float *p = *ok ? st_alloc(n * sizeof(float)) : NULL;
-  if (!p)
-    *ok = 0;
+  if (!p) *ok = 0;
   return p;
 }
 
@@ -453,19 +440,16 @@ static int buffers(ws *w, int dry) {
     const st_block *b = &m->blocks[i];
     if (w->keep) {
       float *a = alloc_floats(w, (size_t)w->rows * b->act_per_sample, dry, &ok);
-      if (!dry)
-        w->acts[i] = a;
+      if (!dry) w->acts[i] = a;
       continue;
     }
     if (i == 0) {
       float *a = alloc_floats(w, (size_t)w->rows * max_act, dry, &ok);
-      if (!dry)
-        w->acts[0] = a;
+      if (!dry) w->acts[0] = a;
     }
     float *o =
         alloc_floats(w, (size_t)w->rows * st_shape_numel(b->out), dry, &ok);
-    if (!dry)
-      w->outs[i] = o;
+    if (!dry) w->outs[i] = o;
   }
   return ok;
 }
@@ -477,8 +461,7 @@ static int buffers(ws *w, int dry) {
 static int check_limit(const st_model *m, const st_config *cfg, int rows,
                        int eval_rows, int64_t have, st_error *err) {
   int64_t limit = cfg->execution.compute_memory_limit;
-  if (limit <= 0 || have <= limit)
-    return 0;
+  if (limit <= 0 || have <= limit) return 0;
   /* name the block that needs the most of it */
   int worst = 0;
   for (int i = 1; i < m->n_blocks; i++)
@@ -516,13 +499,11 @@ static int open_store(ws *w, const st_model *m, const st_config *cfg,
   w->opt_slots = st_optim_state_per_param(cfg);
   /* a set of chunk buffers for each thread of the trainer's pool (the
    * compute side runs the step's last update) */
-  int threads = cfg->train.threads > 0 ? cfg->train.threads
-                                        : st_usable_cores();
+  int threads = cfg->train.threads > 0 ? cfg->train.threads : st_usable_cores();
   w->ubuf_tasks = threads < MAX_TASKS ? threads : MAX_TASKS;
   w->ubuf = st_alloc((size_t)w->ubuf_tasks * (3 + (size_t)w->opt_slots) *
                      UCHUNK * sizeof(float));
-  if (!w->ubuf)
-    return st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!w->ubuf) return st_error_set(err, ST_ENOMEM, "out of memory");
   return 0;
 }
 
@@ -530,8 +511,7 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
                      int micro_batch, int max_batch, st_error *err) {
   *state = NULL;
   ws *w = calloc(1, sizeof *w);
-  if (!w)
-    return st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!w) return st_error_set(err, ST_ENOMEM, "out of memory");
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
   w->model = m;
@@ -602,8 +582,7 @@ static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
 
 /* Block i's input for these rows: the batch, or the block before's output. */
 static const float *input_of(const ws *w, int i, const float *x, int B) {
-  if (i == 0)
-    return x;
+  if (i == 0) return x;
   const st_block *p = &w->model->blocks[i - 1];
   return w->keep ? st_block_output(p, w->acts[i - 1], B) : w->outs[i - 1];
 }
@@ -683,8 +662,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       const float *wb = acquire(w, u);
       const float *in = input_of(w, i, x, mb);
       float *acts = w->keep ? w->acts[i] : w->acts[0];
-      if (!w->keep)
-        st_block_forward(b, &ctx, wb, in, acts, w->scratch, mb);
+      if (!w->keep) st_block_forward(b, &ctx, wb, in, acts, w->scratch, mb);
       /* the gradient so far: none on the first micro-batch, else what the
        * store holds (fetched back to add to) */
       float *store_g = v->grads + b->param_off;
@@ -711,8 +689,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       else
         memcpy(store_g, w->gbuf, bytes);
       w->bytes_out += (int64_t)bytes;
-      if (last && !v->grads_only && i > 0)
-        submit(w, i);
+      if (last && !v->grads_only && i > 0) submit(w, i);
       g = dx;
     }
     trace(v, ST_TRACE_BACKWARD, k / mb, t0);
@@ -773,8 +750,7 @@ static int ws_stats(void *state, st_track_stats *out, int cap, double *wall) {
 
 int st_ws_stats(const void *state, st_stream_stats *out) {
   const ws *w = state;
-  if (!w)
-    return -1;
+  if (!w) return -1;
   out->steps = w->steps;
   out->bytes_in = w->bytes_in;
   out->bytes_out = w->bytes_out;

@@ -46,10 +46,9 @@ static int add_meta_i64(st_st_writer *w, const char *key, int64_t v,
   return st_st_writer_meta(w, key, buf, err);
 }
 
-int st_checkpoint_save(const char *path, const st_model *m,
-                       const float *params, const float *opt_state,
-                       const char *optim_kind, const st_train_pos *pos,
-                       st_error *err) {
+int st_checkpoint_save(const char *path, const st_model *m, const float *params,
+                       const float *opt_state, const char *optim_kind,
+                       const st_train_pos *pos, st_error *err) {
   return st_checkpoint_save_as(path, m, params, "F32", opt_state, optim_kind,
                                pos, err);
 }
@@ -61,7 +60,7 @@ int st_checkpoint_save_as(const char *path, const st_model *m,
   size_t wsize = strcmp(params_dtype, "BF16") == 0 ? 2 : sizeof(float);
   st_st_writer *w = st_st_writer_create();
   if (!w) return st_error_set(err, ST_ENOMEM, "out of memory");
-  char (*names)[ST_NAME_MAX + 32] = NULL;
+  char(*names)[ST_NAME_MAX + 32] = NULL;
   int rc = 0, ns = opt_state ? slots(optim_kind) : 0;
   names = malloc((size_t)(m->n_tensors * ns + 1) * sizeof *names);
   if (!names) {
@@ -77,9 +76,8 @@ int st_checkpoint_save_as(const char *path, const st_model *m,
         size_t off = b->param_off + ti->offset;
         if (ti->tie >= 0) continue; /* a tied copy: its source is stored */
         if (s < 0) {
-          rc = st_st_writer_add(w, ti->name, params_dtype, ti->ndim,
-                                ti->dims, (const char *)params + off * wsize,
-                                err);
+          rc = st_st_writer_add(w, ti->name, params_dtype, ti->ndim, ti->dims,
+                                (const char *)params + off * wsize, err);
         } else {
           snprintf(names[k], sizeof names[k], "optim.%s.%s", ti->name,
                    slot_name(optim_kind, s));
@@ -98,10 +96,9 @@ int st_checkpoint_save_as(const char *path, const st_model *m,
     snprintf(seed, sizeof seed, "%" PRIu64, pos->seed);
     rc = st_st_writer_meta(w, "seed", seed, err);
     for (int k = 0; !rc && k < N_POS_KEYS; k++)
-      rc = add_meta_i64(w, pos_keys[k].key,
-                        *(const int64_t *)((const char *)pos +
-                                           pos_keys[k].offset),
-                        err);
+      rc = add_meta_i64(
+          w, pos_keys[k].key,
+          *(const int64_t *)((const char *)pos + pos_keys[k].offset), err);
   }
   if (!rc) rc = st_st_writer_write(w, path, err);
 done:
@@ -205,8 +202,8 @@ static int visit(const st_safetensors *st, const st_model *m, float *params,
         const st_st_tensor *t = find_tensor(st, name, ti, s < 0, err);
         if (!t) return ST_EFORMAT;
         if (copy) {
-          float *dst = s < 0 ? params + off
-                             : opt_state + (size_t)s * m->n_params + off;
+          float *dst =
+              s < 0 ? params + off : opt_state + (size_t)s * m->n_params + off;
           const unsigned char *src = st->data + t->begin;
           if (strcmp(t->dtype, "BF16") == 0) /* may be unaligned */
             for (size_t k = 0; k < ti->numel; k++) {

@@ -78,8 +78,11 @@ static int read_string(json *j, char *out, size_t cap) {
         if (v <= 0 || v >= 0x80) return json_fail(j, "non-ASCII \\u escape");
         c = (char)v;
       } else if (c == 'n' || c == 't' || c == 'r' || c == 'b' || c == 'f') {
-        c = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r'
-            : c == 'b' ? '\b' : '\f';
+        c = c == 'n'   ? '\n'
+            : c == 't' ? '\t'
+            : c == 'r' ? '\r'
+            : c == 'b' ? '\b'
+                       : '\f';
       } else if (c != '"' && c != '\\' && c != '/') {
         return json_fail(j, "bad escape");
       }
@@ -150,10 +153,12 @@ static int read_metadata(json *j, st_safetensors *st) {
   if (peek(j, '}')) return j->p++, 0;
   for (;;) {
     void *k = realloc(st->meta_keys, (size_t)(st->n_meta + 1) * 64);
-    if (!k) return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+    if (!k)
+      return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
     st->meta_keys = k;
     void *v = realloc(st->meta_values, (size_t)(st->n_meta + 1) * 256);
-    if (!v) return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+    if (!v)
+      return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
     st->meta_values = v;
     if (read_string(j, st->meta_keys[st->n_meta], 64) || expect(j, ':') ||
         read_string(j, st->meta_values[st->n_meta], 256))
@@ -216,8 +221,8 @@ static int parse_header(json *j, st_safetensors *st) {
                             "%s: corrupt safetensors header: tensor '%s' "
                             "appears twice",
                             j->path, name);
-      void *grown =
-          realloc(st->tensors, (size_t)(st->n_tensors + 1) * sizeof *st->tensors);
+      void *grown = realloc(st->tensors,
+                            (size_t)(st->n_tensors + 1) * sizeof *st->tensors);
       if (!grown)
         return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
       st->tensors = grown;
@@ -274,8 +279,9 @@ static int check_tensors(const st_safetensors *st, st_error *err) {
     const st_st_tensor *t = &st->tensors[i];
     size_t es = dtype_size(t->dtype);
     if (!es)
-      return st_error_set(err, ST_EFORMAT, "%s: tensor '%s': unknown dtype '%s'",
-                          st->path, t->name, t->dtype);
+      return st_error_set(err, ST_EFORMAT,
+                          "%s: tensor '%s': unknown dtype '%s'", st->path,
+                          t->name, t->dtype);
     size_t bytes = es;
     for (int d = 0; d < t->ndim; d++) {
       if (t->dims[d] < 0)
@@ -283,9 +289,8 @@ static int check_tensors(const st_safetensors *st, st_error *err) {
                             "%s: tensor '%s': negative dimension", st->path,
                             t->name);
       if (t->dims[d] && bytes > SIZE_MAX / (size_t)t->dims[d])
-        return st_error_set(err, ST_EFORMAT,
-                            "%s: tensor '%s': shape too large", st->path,
-                            t->name);
+        return st_error_set(err, ST_EFORMAT, "%s: tensor '%s': shape too large",
+                            st->path, t->name);
       bytes *= (size_t)t->dims[d];
     }
     if (bytes != t->end - t->begin)
@@ -302,8 +307,7 @@ static int check_tensors(const st_safetensors *st, st_error *err) {
   return check_tiling(st, err);
 }
 
-int st_safetensors_read(st_safetensors **out, const char *path,
-                        st_error *err) {
+int st_safetensors_read(st_safetensors **out, const char *path, st_error *err) {
   *out = NULL;
   int rc = 0;
   uint8_t *buf = NULL;
@@ -313,7 +317,8 @@ int st_safetensors_read(st_safetensors **out, const char *path,
   snprintf(st->path, sizeof st->path, "%s", path);
   FILE *f = fopen(path, "rb");
   if (!f) {
-    rc = st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+    rc =
+        st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
     goto fail;
   }
   uint8_t len_bytes[8];
@@ -347,8 +352,9 @@ int st_safetensors_read(st_safetensors **out, const char *path,
   }
   if (fread(header, 1, hlen, f) != hlen ||
       fread(buf, 1, st->data_bytes, f) != st->data_bytes) {
-    rc = st_error_set(err, ST_EIO, "%s: read failed: %s", path,
-                      ferror(f) ? strerror(errno) : "file shrank while reading");
+    rc =
+        st_error_set(err, ST_EIO, "%s: read failed: %s", path,
+                     ferror(f) ? strerror(errno) : "file shrank while reading");
     goto fail;
   }
   json j = {header, header, header + hlen, path, err};
@@ -413,7 +419,9 @@ struct st_st_writer {
   int n_meta;
 };
 
-st_st_writer *st_st_writer_create(void) { return calloc(1, sizeof(st_st_writer)); }
+st_st_writer *st_st_writer_create(void) {
+  return calloc(1, sizeof(st_st_writer));
+}
 
 void st_st_writer_destroy(st_st_writer *w) {
   if (!w) return;
@@ -553,7 +561,8 @@ int st_st_writer_write(st_st_writer *w, const char *path, st_error *err) {
   memcpy(img + 8, header, hlen);
   size_t off = 8 + hlen;
   for (int i = 0; i < w->n; i++) {
-    if (w->entries[i].bytes) memcpy(img + off, w->entries[i].data, w->entries[i].bytes);
+    if (w->entries[i].bytes)
+      memcpy(img + off, w->entries[i].data, w->entries[i].bytes);
     off += w->entries[i].bytes;
   }
   int rc = st_write_file_atomic(path, img, total, err);
@@ -580,8 +589,8 @@ int st_mkdir_p(const char *path, int include_last, st_error *err) {
   return 0;
 }
 
-int st_write_stream_atomic(FILE *f, char **text, size_t *len,
-                           const char *path, st_error *err) {
+int st_write_stream_atomic(FILE *f, char **text, size_t *len, const char *path,
+                           st_error *err) {
   /* the stream's text and length are final only once it is closed */
   int rc = fclose(f) == 0
                ? st_write_file_atomic(path, *text, *len, err)

@@ -106,12 +106,14 @@ int st_trace_write(const st_trace *t, const char *path, st_error *err) {
   fprintf(f, "{\"ph\":\"M\",\"pid\":1,\"name\":\"process_name\","
              "\"args\":{\"name\":\"strata\"}}");
   for (int i = 0; i < t->tracks; i++) {
-    fprintf(f, ",\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"name\":\"thread_name\","
-               "\"args\":{\"name\":\"",
+    fprintf(f,
+            ",\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"name\":\"thread_name\","
+            "\"args\":{\"name\":\"",
             i);
     json_name(f, t->t[i].name);
-    fprintf(f, "\"}},\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,"
-               "\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":%d}}",
+    fprintf(f,
+            "\"}},\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,"
+            "\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":%d}}",
             i, i);
   }
   for (int i = 0; i < t->tracks; i++)
@@ -119,8 +121,9 @@ int st_trace_write(const st_trace *t, const char *path, st_error *err) {
       const event *ev = &t->t[i].ev[e];
       double ts = (ev->t0 - t->origin) * 1e6, dur = (ev->t1 - ev->t0) * 1e6;
       if (dur < 0) dur = 0;
-      fprintf(f, ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"name\":\"%s\","
-                 "\"ts\":%.3f,\"dur\":%.3f,\"args\":{",
+      fprintf(f,
+              ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"name\":\"%s\","
+              "\"ts\":%.3f,\"dur\":%.3f,\"args\":{",
               i, kind_names[ev->kind], ts, dur);
       int any = 0;
       if (ev->step >= 0)
@@ -131,8 +134,9 @@ int st_trace_write(const st_trace *t, const char *path, st_error *err) {
                 ev->index);
       fputs("}}", f);
     }
-  fprintf(f, "\n],\"otherData\":{\"dropped_events\":%lld,"
-             "\"events_per_track\":%d}}\n",
+  fprintf(f,
+          "\n],\"otherData\":{\"dropped_events\":%lld,"
+          "\"events_per_track\":%d}}\n",
           (long long)st_trace_dropped(t), t->cap);
   return st_write_stream_atomic(f, &text, &len, path, err);
 }

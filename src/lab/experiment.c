@@ -75,8 +75,7 @@ static int check_options(const st_experiment_options *o, st_error *err) {
 
 /* Puts "experiment pb: variant V, seed S: " before err's message. */
 static int name_run(st_error *err, int rc, int variant, uint64_t seed) {
-  if (!err)
-    return rc;
+  if (!err) return rc;
   char msg[sizeof err->msg];
   snprintf(msg, sizeof msg, "%s", err->msg);
   return st_error_set(err, rc, "experiment pb: variant %s, seed %llu: %s",
@@ -97,8 +96,7 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
   /* Runs sharing the machine get a core each (a train.threads the user set
    * is kept), and none pins: they would all pin to the same first cores. */
   if (o->jobs > 1) {
-    if (c.train.threads == 0)
-      c.train.threads = 1;
+    if (c.train.threads == 0) c.train.threads = 1;
     c.execution.pin = 0;
   }
   if (variant == 0) {
@@ -130,12 +128,10 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
         c.train.threads > 0 ? c.train.threads : st_usable_cpus(NULL, 0);
     int S = c.execution.stage_blocks.n ? c.execution.stage_blocks.n
                                        : c.execution.stages;
-    if (S == ST_STAGES_PER_BLOCK || S > threads)
-      c.execution.emulate = 1;
+    if (S == ST_STAGES_PER_BLOCK || S > threads) c.execution.emulate = 1;
   }
   int rc = st_config_validate(&c, err);
-  if (rc)
-    return name_run(err, rc, variant, c.train.seed);
+  if (rc) return name_run(err, rc, variant, c.train.seed);
   *out = c;
   return 0;
 }
@@ -153,8 +149,7 @@ static int run_one(const st_config *c, int points, run *r, st_error *err) {
   *r = (run){.accuracy = NAN, .final_loss = NAN};
   st_trainer *t;
   int rc = st_trainer_create(&t, c, NULL, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   const st_config *used = st_trainer_config(t);
   r->blocks = st_trainer_model(t)->n_blocks;
   r->stages = st_trainer_stages(t);
@@ -190,7 +185,8 @@ static int run_one(const st_config *c, int points, run *r, st_error *err) {
   for (int64_t step = 1; step <= r->steps; step++) {
     double loss, s0 = st_now();
     /* the next step may start early unless this one is evaluated after */
-    int ahead = step < r->steps && step != point_step(next, r->points, r->steps);
+    int ahead =
+        step < r->steps && step != point_step(next, r->points, r->steps);
     rc = st_trainer_step_ahead(t, ahead, &loss, err);
     step_s += st_now() - s0;
     if (rc == ST_ENONFINITE) {
@@ -198,15 +194,11 @@ static int run_one(const st_config *c, int points, run *r, st_error *err) {
       r->diverged_at = step;
       break;
     }
-    if (rc)
-      break;
-    if (step > r->steps - tail)
-      tail_sum += loss;
-    if (step != point_step(next, r->points, r->steps))
-      continue;
+    if (rc) break;
+    if (step > r->steps - tail) tail_sum += loss;
+    if (step != point_step(next, r->points, r->steps)) continue;
     double test_loss, acc;
-    if ((rc = st_trainer_evaluate(t, &test_loss, &acc, err)))
-      break;
+    if ((rc = st_trainer_evaluate(t, &test_loss, &acc, err))) break;
     r->curve[2 * next] = (double)st_trainer_pos(t)->samples;
     r->curve[2 * next + 1] = acc;
     next++;
@@ -284,8 +276,7 @@ static void *worker(void *arg) {
       w->error = err;
     } else if (!rc) {
       w->runs[k] = r;
-      if (w->o->log)
-        log_run(w, variant, c.train.seed, &r);
+      if (w->o->log) log_run(w, variant, c.train.seed, &r);
     }
     pthread_mutex_unlock(&w->lock);
   }
@@ -306,10 +297,8 @@ static int run_all(const st_experiment_options *o, const st_config *configs,
             .failed_at = -1};
   st_run_workers(jobs, worker, &w);
   pthread_mutex_destroy(&w.lock);
-  if (w.failed_at < 0)
-    return 0;
-  if (err)
-    *err = w.error;
+  if (w.failed_at < 0) return 0;
+  if (err) *err = w.error;
   return w.failed_rc;
 }
 
@@ -355,8 +344,7 @@ static FILE *open_text(char *path, size_t cap, const char *dir,
   *buf = NULL;
   *len = 0;
   FILE *f = open_memstream(buf, len);
-  if (!f)
-    st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  if (!f) st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   return f;
 }
 
@@ -366,8 +354,7 @@ static int write_csv(const st_experiment_options *o, const st_config *base,
   size_t len;
   FILE *f =
       open_text(path, sizeof path, o->out_dir, "results.csv", &buf, &len, err);
-  if (!f)
-    return ST_ENOMEM;
+  if (!f) return ST_ENOMEM;
   fprintf(f, "variant,seed,test_accuracy,final_train_loss,samples_per_s,"
              "seconds\n");
   for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++)
@@ -388,8 +375,7 @@ static void put_accuracy(FILE *f, const summary *s) {
     return;
   }
   fprintf(f, "%.2f", 100 * s->acc_mean);
-  if (s->ok > 1)
-    fprintf(f, " ± %.2f", 100 * s->acc_std);
+  if (s->ok > 1) fprintf(f, " ± %.2f", 100 * s->acc_std);
   if (s->diverged)
     fprintf(f, " (%d of %d diverged)", s->diverged, s->ok + s->diverged);
 }
@@ -401,8 +387,7 @@ static int write_report(const st_experiment_options *o, const st_config *base,
   size_t len;
   FILE *f =
       open_text(path, sizeof path, o->out_dir, "results.md", &buf, &len, err);
-  if (!f)
-    return ST_ENOMEM;
+  if (!f) return ST_ENOMEM;
   const run *seq = &runs[0], *pb = &runs[o->seeds]; /* first of each */
   const st_config *pc = &configs[1];
   int B = base->train.batch;
@@ -473,8 +458,7 @@ static int write_report(const st_experiment_options *o, const st_config *base,
     else if (s.ok && s0.ok)
       fprintf(f, "%+.2f", 100 * (s.acc_mean - s0.acc_mean));
     fprintf(f, " | ");
-    if (s.ok)
-      fprintf(f, "%.4f", s.loss_mean);
+    if (s.ok) fprintf(f, "%.4f", s.loss_mean);
     fprintf(f, " | %.0f |\n", s.speed_mean);
   }
   fprintf(f,
@@ -523,8 +507,7 @@ static double mean_at(const st_experiment_options *o, const run *runs,
   int n = 0;
   *x = v[0].curve[2 * i];
   for (int k = 0; k < o->seeds; k++)
-    if (isfinite(v[k].curve[2 * i + 1]))
-      sum += v[k].curve[2 * i + 1], n++;
+    if (isfinite(v[k].curve[2 * i + 1])) sum += v[k].curve[2 * i + 1], n++;
   return n ? sum / n : NAN;
 }
 
@@ -536,8 +519,7 @@ static int write_svg(const st_experiment_options *o, const run *runs,
   size_t len;
   FILE *f =
       open_text(path, sizeof path, o->out_dir, "curves.svg", &buf, &len, err);
-  if (!f)
-    return ST_ENOMEM;
+  if (!f) return ST_ENOMEM;
   static const char *color[ST_EXPERIMENT_PB_VARIANTS] = {
       "#000000", "#1f77b4", "#ff7f0e", "#2ca02c",
       "#d62728", "#9467bd", "#8c564b", "#e377c2"};
@@ -547,16 +529,13 @@ static int write_svg(const st_experiment_options *o, const run *runs,
   for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++)
     for (int i = 0; i < n; i++) {
       double y = mean_at(o, runs, v, i, &x);
-      if (isfinite(y))
-        lo = y < lo ? y : lo, hi = y > hi ? y : hi;
+      if (isfinite(y)) lo = y < lo ? y : lo, hi = y > hi ? y : hi;
     }
   if (hi < lo) /* nothing finite */
     lo = 0, hi = 1;
   double y0 = floor(lo * 10) / 10, y1 = ceil(hi * 10) / 10;
-  if (y1 - y0 < 0.1)
-    y1 = y0 + 0.1;
-  if (xmax <= 0)
-    xmax = 1;
+  if (y1 - y0 < 0.1) y1 = y0 + 0.1;
+  if (xmax <= 0) xmax = 1;
 #define PX(s) (L + (s) / xmax * (W - L - R))
 #define PY(a) (H - Bm - ((a)-y0) / (y1 - y0) * (H - T - Bm))
   fprintf(f,
@@ -598,8 +577,7 @@ static int write_svg(const st_experiment_options *o, const run *runs,
     for (int i = 0; i < n; i++) {
       double y = mean_at(o, runs, v, i, &x);
       if (!isfinite(y)) {
-        if (open)
-          fprintf(f, "\"/>\n");
+        if (open) fprintf(f, "\"/>\n");
         open = 0;
         continue;
       }
@@ -612,8 +590,7 @@ static int write_svg(const st_experiment_options *o, const run *runs,
       fprintf(f, "%s%.1f,%.1f", open ? " " : "", PX(x), PY(y));
       open = 1;
     }
-    if (open)
-      fprintf(f, "\"/>\n");
+    if (open) fprintf(f, "\"/>\n");
     for (int i = 0; i < n; i++) {
       double y = mean_at(o, runs, v, i, &x);
       if (isfinite(y))
@@ -633,8 +610,7 @@ static int write_svg(const st_experiment_options *o, const run *runs,
             lx, ly, lx + 24, ly, color[v], v ? "1.8" : "2.5",
             v ? "" : " stroke-dasharray=\"7 4\"", lx + 30, ly + 4, variants[v],
             v ? "" : " (sequential)");
-    if (s.diverged)
-      fprintf(f, " (%d/%d diverged)", s.diverged, o->seeds);
+    if (s.diverged) fprintf(f, " (%d/%d diverged)", s.diverged, o->seeds);
     fprintf(f, "</text>\n");
   }
   fprintf(f, "</svg>\n");
@@ -644,8 +620,7 @@ static int write_svg(const st_experiment_options *o, const run *runs,
 int st_experiment_pb(const st_experiment_options *o, const st_config *base,
                      st_error *err) {
   int rc = check_options(o, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   /* Every variant's config is checked before any run starts. */
   st_config *configs = malloc(ST_EXPERIMENT_PB_VARIANTS * sizeof *configs);
   run *runs =
@@ -656,16 +631,11 @@ int st_experiment_pb(const st_experiment_options *o, const st_config *base,
   }
   for (int v = 0; !rc && v < ST_EXPERIMENT_PB_VARIANTS; v++)
     rc = st_experiment_pb_config(&configs[v], base, o, v, 0, err);
-  if (rc)
-    goto done;
-  if ((rc = st_mkdir_p(o->out_dir, 1, err)))
-    goto done;
-  if ((rc = run_all(o, configs, runs, err)))
-    goto done;
-  if ((rc = write_csv(o, base, runs, err)))
-    goto done;
-  if ((rc = write_report(o, base, configs, runs, err)))
-    goto done;
+  if (rc) goto done;
+  if ((rc = st_mkdir_p(o->out_dir, 1, err))) goto done;
+  if ((rc = run_all(o, configs, runs, err))) goto done;
+  if ((rc = write_csv(o, base, runs, err))) goto done;
+  if ((rc = write_report(o, base, configs, runs, err))) goto done;
   rc = write_svg(o, runs, err);
 done:
   if (runs)

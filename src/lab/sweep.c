@@ -44,14 +44,14 @@ typedef struct best {
 /* The gradient noise scale along one batch size's best trial, run again
  * with metrics.noise_scale (o->noise_batch). */
 typedef struct noise {
-  int batch;       /* 0: not measured */
-  int64_t steps;   /* the run's length: that trial's steps to result */
+  int batch;     /* 0: not measured */
+  int64_t steps; /* the run's length: that trial's steps to result */
   /* B_simple over three windows of the run: the steps' estimates of
    * tr(S) and |G|^2 each averaged over the window, then divided */
-  double b_early;  /* the first 10% of the steps */
-  double b_mid;    /* 40% to 60% */
-  double b_end;    /* the last 20%: at the target */
-  int failed;      /* the run stopped at an error */
+  double b_early; /* the first 10% of the steps */
+  double b_mid;   /* 40% to 60% */
+  double b_end;   /* the last 20%: at the target */
+  int failed;     /* the run stopped at an error */
 } noise;
 
 /* What the report and the plot say beyond the table. */
@@ -131,8 +131,7 @@ void st_sweep_point(const st_sweep_options *o, const st_config *base, int trial,
 
 static int check_options(const st_sweep_options *o, st_error *err) {
   const st_int_list *b = &o->batch_sizes;
-  if (b->n < 1)
-    return st_error_set(err, ST_EARG, "sweep: no batch sizes");
+  if (b->n < 1) return st_error_set(err, ST_EARG, "sweep: no batch sizes");
   for (int i = 0; i < b->n; i++) {
     if (b->v[i] < 1)
       return st_error_set(err, ST_EARG, "sweep: batch size %d must be >= 1",
@@ -162,8 +161,7 @@ static int check_options(const st_sweep_options *o, st_error *err) {
                         o->eval_growth);
   if (o->noise_batch) {
     int in = 0;
-    for (int i = 0; i < b->n; i++)
-      in |= b->v[i] == o->noise_batch;
+    for (int i = 0; i < b->n; i++) in |= b->v[i] == o->noise_batch;
     if (!in || o->noise_batch < 2 || o->noise_batch % 2)
       return st_error_set(err, ST_EARG,
                           "sweep: noise batch %d must be one of the batch "
@@ -190,8 +188,7 @@ static int64_t budget_at(const st_sweep_options *o, int n_train, int batch) {
   int64_t s = o->budget_steps;
   if (o->budget_epochs > 0) {
     double e = ceil(o->budget_epochs * n_train / batch);
-    if (e < (double)s)
-      s = e < 1 ? 1 : (int64_t)e;
+    if (e < (double)s) s = e < 1 ? 1 : (int64_t)e;
   }
   return s;
 }
@@ -201,8 +198,7 @@ static int64_t next_eval(const st_sweep_options *o, int64_t s) {
   int64_t n = s + o->eval_every;
   if (o->eval_growth > 1) {
     double g = ceil((double)s * o->eval_growth);
-    if (g > (double)n)
-      n = (int64_t)g;
+    if (g > (double)n) n = (int64_t)g;
   }
   return n;
 }
@@ -222,9 +218,7 @@ static void join(char *out, size_t cap, const char *dir, const char *name) {
 
 /* A number as the CSV writes it; "%.9g" survives a read back and a rewrite
  * unchanged, which the resume relies on. */
-static void put_num(FILE *f, double v) {
-  fprintf(f, "%.9g", v);
-}
+static void put_num(FILE *f, double v) { fprintf(f, "%.9g", v); }
 
 static int write_sweep_csv(const st_sweep_options *o, const st_config *base,
                            const trial *t, st_error *err) {
@@ -233,25 +227,21 @@ static int write_sweep_csv(const st_sweep_options *o, const st_config *base,
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  if (!f)
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  if (!f) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   fprintf(f, "batch,trial,lr,momentum,steps_to_target,final_%s\n",
           metric_name(o));
   for (int b = 0; b < o->batch_sizes.n; b++)
     for (int i = 0; i < o->trials; i++) {
       const trial *r = &t[b * o->trials + i];
-      if (!r->done)
-        continue;
+      if (!r->done) continue;
       double lr, mom;
       st_sweep_point(o, base, i, &lr, &mom);
       fprintf(f, "%d,%d,", o->batch_sizes.v[b], i);
       put_num(f, lr);
       fputc(',', f);
-      if (mom >= 0)
-        put_num(f, mom);
+      if (mom >= 0) put_num(f, mom);
       fputc(',', f);
-      if (r->steps >= 0)
-        fprintf(f, "%lld", (long long)r->steps);
+      if (r->steps >= 0) fprintf(f, "%lld", (long long)r->steps);
       fputc(',', f);
       put_num(f, r->metric);
       fputc('\n', f);
@@ -277,8 +267,7 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
   *reused = 0;
   FILE *f = fopen(path, "r");
   if (!f) {
-    if (errno == ENOENT)
-      return 0;
+    if (errno == ENOENT) return 0;
     return st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
                         strerror(errno));
   }
@@ -297,8 +286,7 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
   while (fgets(line, sizeof line, f)) {
     lineno++;
     line[strcspn(line, "\r\n")] = 0;
-    if (!line[0])
-      continue;
+    if (!line[0]) continue;
     char *field[6];
     int n = 0;
     for (char *p = line; n < 6; n++) {
@@ -334,10 +322,8 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
     }
     int b = -1;
     for (int k = 0; k < o->batch_sizes.n; k++)
-      if (o->batch_sizes.v[k] == batch)
-        b = k;
-    if (b < 0 || index < 0 || index >= o->trials)
-      continue;
+      if (o->batch_sizes.v[k] == batch) b = k;
+    if (b < 0 || index < 0 || index >= o->trials) continue;
     double lr, mom;
     st_sweep_point(o, base, (int)index, &lr, &mom);
     if (!same_num(field[2], lr) ||
@@ -350,8 +336,7 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
       goto done;
     }
     trial *r = &t[b * o->trials + index];
-    if (!r->done)
-      ++*reused;
+    if (!r->done) ++*reused;
     *r = (trial){1, steps, metric};
   }
 done:
@@ -370,8 +355,7 @@ static int trial_config(const st_sweep_options *o, const st_config *base,
   c->train.batch = batch;
   c->train.steps = budget_at(o, n_train, batch);
   c->optimizer.lr = (float)lr;
-  if (mom >= 0)
-    c->optimizer.momentum = (float)mom;
+  if (mom >= 0) c->optimizer.momentum = (float)mom;
   snprintf(c->metrics.progress, sizeof c->metrics.progress, "off");
   return st_config_validate(c, err);
 }
@@ -385,11 +369,9 @@ static int run_trial(const st_sweep_options *o, const st_config *base,
                      st_error *err) {
   st_config c;
   int rc = trial_config(o, base, n_train, batch, index, &c, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   st_trainer *t;
-  if ((rc = st_trainer_create(&t, &c, NULL, err)))
-    return rc;
+  if ((rc = st_trainer_create(&t, &c, NULL, err))) return rc;
   *r = (trial){1, -1, NAN};
   int64_t budget = c.train.steps, eval_at = next_eval(o, 0);
   for (int64_t step = 1; step <= budget; step++) {
@@ -400,13 +382,10 @@ static int run_trial(const st_sweep_options *o, const st_config *base,
       r->metric = NAN;
       break;
     }
-    if (rc)
-      break;
-    if (step < eval_at && step != budget)
-      continue;
+    if (rc) break;
+    if (step < eval_at && step != budget) continue;
     eval_at = next_eval(o, step);
-    if ((rc = st_trainer_evaluate(t, &eval_loss, &acc, err)))
-      break;
+    if ((rc = st_trainer_evaluate(t, &eval_loss, &acc, err))) break;
     r->metric = o->target.kind == ST_TARGET_ACCURACY ? acc : eval_loss;
     if (meets(o, r->metric)) {
       r->steps = step;
@@ -414,8 +393,7 @@ static int run_trial(const st_sweep_options *o, const st_config *base,
     }
   }
   st_trainer_destroy(t);
-  if (rc)
-    r->done = 0;
+  if (rc) r->done = 0;
   return rc;
 }
 
@@ -436,8 +414,7 @@ static int write_steps_csv(const st_sweep_options *o, const st_config *base,
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  if (!f)
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  if (!f) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   fprintf(f, "batch,steps_to_target,trial,lr,momentum\n");
   for (int b = 0; b < o->batch_sizes.n; b++) {
     fprintf(f, "%d,", o->batch_sizes.v[b]);
@@ -447,8 +424,7 @@ static int write_steps_csv(const st_sweep_options *o, const st_config *base,
       fprintf(f, "%lld,%d,", (long long)bs[b].steps, bs[b].trial);
       put_num(f, lr);
       fputc(',', f);
-      if (mom >= 0)
-        put_num(f, mom);
+      if (mom >= 0) put_num(f, mom);
     } else {
       fprintf(f, ",,,");
     }
@@ -483,22 +459,16 @@ st_sweep_scaling st_sweep_regimes(const int *batch, const int64_t *steps, int n,
   st_sweep_scaling s = {0, -1, -1};
   int prev = -1, end_perfect = -1;
   for (int k = 0; k < n; k++) {
-    if (ratio)
-      ratio[k] = NAN;
-    if (regime)
-      regime[k] = ST_REGIME_NONE;
-    if (steps[k] < 1)
-      continue;
+    if (ratio) ratio[k] = NAN;
+    if (regime) regime[k] = ST_REGIME_NONE;
+    if (steps[k] < 1) continue;
     s.reached++;
     if (prev >= 0) {
       double r = per_doubling(batch[prev], steps[prev], batch[k], steps[k]);
       st_sweep_regime g = classify(r);
-      if (ratio)
-        ratio[k] = r;
-      if (regime)
-        regime[k] = g;
-      if (g != ST_REGIME_PERFECT && end_perfect < 0)
-        end_perfect = prev;
+      if (ratio) ratio[k] = r;
+      if (regime) regime[k] = g;
+      if (g != ST_REGIME_PERFECT && end_perfect < 0) end_perfect = prev;
       /* Maximal data parallelism starts where no later doubling helps. */
       if (g != ST_REGIME_MAXIMAL)
         s.start_maximal = -1;
@@ -507,8 +477,7 @@ st_sweep_scaling st_sweep_regimes(const int *batch, const int64_t *steps, int n,
     }
     prev = k;
   }
-  if (s.reached >= 2)
-    s.end_perfect = end_perfect >= 0 ? end_perfect : prev;
+  if (s.reached >= 2) s.end_perfect = end_perfect >= 0 ? end_perfect : prev;
   return s;
 }
 
@@ -526,8 +495,7 @@ static st_sweep_scaling regimes_of(const st_sweep_options *o, const best *bs,
 static int reached(const st_sweep_options *o, const best *bs, int *idx) {
   int n = 0;
   for (int b = 0; b < o->batch_sizes.n; b++)
-    if (bs[b].trial >= 0)
-      idx[n++] = b;
+    if (bs[b].trial >= 0) idx[n++] = b;
   return n;
 }
 
@@ -538,8 +506,7 @@ double st_sweep_fit(const int *batch, const int64_t *steps, int n,
   double uu = 0, uv = 0, vv = 0, su = 0, sv = 0;
   int m = 0;
   for (int k = 0; k < n; k++) {
-    if (steps[k] < 1)
-      continue;
+    if (steps[k] < 1) continue;
     double u = 1.0 / (double)steps[k], v = u / batch[k];
     uu += u * u, uv += u * v, vv += v * v, su += u, sv += v;
     m++;
@@ -549,12 +516,9 @@ double st_sweep_fit(const int *batch, const int64_t *steps, int n,
     a = (su * vv - sv * uv) / det;
     c = (sv * uu - su * uv) / det;
   }
-  if (!(a > 0 && c > 0))
-    a = c = NAN;
-  if (s_min)
-    *s_min = a;
-  if (e_min)
-    *e_min = c;
+  if (!(a > 0 && c > 0)) a = c = NAN;
+  if (s_min) *s_min = a;
+  if (e_min) *e_min = c;
   return c / a;
 }
 
@@ -576,8 +540,7 @@ static double window_b(const window *w) {
 static int noise_config(const st_sweep_options *o, const st_config *base,
                         int n_train, int index, st_config *c, st_error *err) {
   int rc = trial_config(o, base, n_train, o->noise_batch, index, c, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   c->metrics.noise_scale = 1;
   c->metrics.noise_ema = 0; /* each step's own estimates (windows below) */
   return st_config_validate(c, err);
@@ -591,8 +554,7 @@ static int check_noise(const st_sweep_options *o, const st_config *base,
   st_config c;
   st_trainer *t = NULL;
   int rc = noise_config(o, base, n_train, 0, &c, err);
-  if (!rc)
-    rc = st_trainer_create(&t, &c, NULL, err);
+  if (!rc) rc = st_trainer_create(&t, &c, NULL, err);
   st_trainer_destroy(t);
   if (rc) {
     char msg[sizeof err->msg];
@@ -619,8 +581,7 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
                      int n_train, const best *bs, noise *ns, st_error *err) {
   *ns = (noise){0, 0, NAN, NAN, NAN, 0};
   int b = 0;
-  while (o->batch_sizes.v[b] != o->noise_batch)
-    b++;
+  while (o->batch_sizes.v[b] != o->noise_batch) b++;
   char path[ST_PATH_MAX + 32];
   join(path, sizeof path, o->out_dir, "noise.csv");
   if (bs[b].trial < 0) {
@@ -629,8 +590,7 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
   }
   st_config c;
   int rc = noise_config(o, base, n_train, bs[b].trial, &c, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   if (o->progress) {
     fprintf(o->progress,
             "sweep: gradient noise scale along batch %d's best trial (%lld "
@@ -641,8 +601,7 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  if (!f)
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  if (!f) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   fprintf(f, "step,samples,b_simple,g2,trace\n");
   st_trainer *t;
   if ((rc = st_trainer_create(&t, &c, NULL, err))) {
@@ -655,19 +614,14 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
   ns->batch = o->noise_batch;
   for (int64_t step = 1; step <= S; step++) {
     double loss, g2, trace;
-    if ((rc = st_trainer_step(t, &loss, err)))
-      break;
+    if ((rc = st_trainer_step(t, &loss, err))) break;
     st_noise_scale_value(st_trainer_noise(t), &g2, &trace);
     ns->steps = step;
     window_add(&row, trace, g2);
-    if (10 * step <= S || step == 1)
-      window_add(&early, trace, g2);
-    if (5 * step > 2 * S && 5 * step <= 3 * S)
-      window_add(&mid, trace, g2);
-    if (5 * step > 4 * S)
-      window_add(&end, trace, g2);
-    if (step < eval_at && step != S)
-      continue;
+    if (10 * step <= S || step == 1) window_add(&early, trace, g2);
+    if (5 * step > 2 * S && 5 * step <= 3 * S) window_add(&mid, trace, g2);
+    if (5 * step > 4 * S) window_add(&end, trace, g2);
+    if (step < eval_at && step != S) continue;
     eval_at = next_eval(o, step);
     fprintf(f, "%lld,%lld,", (long long)step, (long long)step * o->noise_batch);
     put_num(f, window_b(&row));
@@ -684,8 +638,7 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
   st_trainer_destroy(t);
   /* A divergence here (the trial itself did not diverge) ends the
    * measurement early; the rows so far stand. */
-  if (rc == ST_ENONFINITE)
-    rc = 0;
+  if (rc == ST_ENONFINITE) rc = 0;
   if (rc) {
     fclose(f);
     free(buf);
@@ -724,8 +677,7 @@ static void report_critical(FILE *f, const st_sweep_options *o,
             B[sc.end_perfect], B[sc.start_maximal],
             sqrt((double)B[sc.end_perfect] * B[sc.start_maximal]));
   fputc('\n', f);
-  if (!o->noise_batch)
-    return;
+  if (!o->noise_batch) return;
   const noise *ns = &sum->ns;
   if (!ns->batch) {
     fprintf(f,
@@ -737,8 +689,7 @@ static void report_critical(FILE *f, const st_sweep_options *o,
     return;
   }
   int b = 0;
-  while (B[b] != o->noise_batch)
-    b++;
+  while (B[b] != o->noise_batch) b++;
   double lr, mom;
   st_sweep_point(o, base, bs[b].trial, &lr, &mom);
   fprintf(f,
@@ -746,8 +697,7 @@ static void report_critical(FILE *f, const st_sweep_options *o,
           "§5; McCandlish et al. appendix A), along batch %d's best trial "
           "(lr %.4g",
           ns->batch, lr);
-  if (mom >= 0)
-    fprintf(f, ", momentum %.4g", mom);
+  if (mom >= 0) fprintf(f, ", momentum %.4g", mom);
   fprintf(f,
           ") run again for %lld steps; each step's gradient norms on each "
           "half of the batch and on the whole give unbiased estimates of "
@@ -772,13 +722,11 @@ static int write_report(const st_sweep_options *o, const st_config *base,
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  if (!f)
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  if (!f) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   const int *B = o->batch_sizes.v;
   char epochs[96] = "", evals[160];
   if (o->budget_epochs > 0)
-    snprintf(epochs, sizeof epochs, " and at most %g epochs",
-             o->budget_epochs);
+    snprintf(epochs, sizeof epochs, " and at most %g epochs", o->budget_epochs);
   if (o->eval_growth > 1)
     snprintf(evals, sizeof evals,
              "at step %d and then at max(s + %d, ceil(%g s)) after step s",
@@ -821,8 +769,7 @@ static int write_report(const st_sweep_options *o, const st_config *base,
     st_sweep_point(o, base, bs[b].trial, &lr, &mom);
     fprintf(f, "| %d | %lld | %lld | %.4g | ", B[b], (long long)bs[b].steps,
             (long long)bs[b].steps * B[b], lr);
-    if (mom >= 0)
-      fprintf(f, "%.4g", mom);
+    if (mom >= 0) fprintf(f, "%.4g", mom);
     if (regime[b] != ST_REGIME_NONE)
       fprintf(f, " | %.2f | %s | %lld |\n", ratio[b], regime_name(regime[b]),
               budget);
@@ -877,11 +824,10 @@ static int write_report(const st_sweep_options *o, const st_config *base,
       if (regime[b] > seen) seen = regime[b];
     }
     if (!order)
-      fprintf(f,
-              "\nThe spans' regimes are out of order (a span scales better "
-              "than one at smaller batch sizes): the step counts are noisy "
-              "at this number of trials, and each statement above rests on "
-              "one span. The fit below uses every batch size at once.\n");
+      fprintf(f, "\nThe spans' regimes are out of order (a span scales better "
+                 "than one at smaller batch sizes): the step counts are noisy "
+                 "at this number of trials, and each statement above rests on "
+                 "one span. The fit below uses every batch size at once.\n");
     if (o->eval_growth > 1)
       fprintf(f,
               "\nSteps are known to within the evaluation schedule (a "
@@ -894,8 +840,7 @@ static int write_report(const st_sweep_options *o, const st_config *base,
               o->eval_every);
   }
   int missing = 0;
-  for (int b = 0; b < o->batch_sizes.n; b++)
-    missing += bs[b].trial < 0;
+  for (int b = 0; b < o->batch_sizes.n; b++) missing += bs[b].trial < 0;
   if (missing)
     fprintf(f,
             "\n%d batch size%s did not reach the target within %s budget "
@@ -903,9 +848,10 @@ static int write_report(const st_sweep_options *o, const st_config *base,
             missing, missing == 1 ? "" : "s", missing == 1 ? "its" : "their",
             missing == 1 ? "is" : "are");
   report_critical(f, o, base, bs, sum, sc);
-  fprintf(f, "\nFiles: sweep.csv (every trial), steps.csv (best per batch "
-             "size), steps.svg (log-log plot with the perfect-scaling "
-             "line and the fit)%s.\n",
+  fprintf(f,
+          "\nFiles: sweep.csv (every trial), steps.csv (best per batch "
+          "size), steps.svg (log-log plot with the perfect-scaling "
+          "line and the fit)%s.\n",
           sum->ns.batch ? ", noise.csv (B_simple along the noise run)" : "");
   return st_write_stream_atomic(f, &buf, &len, path, err);
 }
@@ -920,27 +866,22 @@ static int write_svg(const st_sweep_options *o, const best *bs,
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  if (!f)
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  if (!f) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   const int W = 800, H = 480, L = 80, R = 250, T = 50, Bm = 60;
   const int *B = o->batch_sizes.v;
   int nb = o->batch_sizes.n;
   int idx[ST_MAX_LIST];
   int n = reached(o, bs, idx);
   double x0 = log2(B[0]), x1 = log2(B[nb - 1]);
-  if (x1 - x0 < 1)
-    x0 -= 0.5, x1 += 0.5;
+  if (x1 - x0 < 1) x0 -= 0.5, x1 += 0.5;
   double smin = 1, smax = 10;
   for (int k = 0; k < n; k++) {
     double s = (double)bs[idx[k]].steps;
-    if (k == 0 || s < smin)
-      smin = s;
-    if (k == 0 || s > smax)
-      smax = s;
+    if (k == 0 || s < smin) smin = s;
+    if (k == 0 || s > smax) smax = s;
   }
   double y0 = floor(log10(smin)), y1 = ceil(log10(smax));
-  if (y1 <= y0)
-    y1 = y0 + 1;
+  if (y1 <= y0) y1 = y0 + 1;
 #define PX(lb) (L + ((lb)-x0) / (x1 - x0) * (W - L - R))
 #define PY(ls) (H - Bm - ((ls)-y0) / (y1 - y0) * (H - T - Bm))
   fprintf(f,
@@ -979,8 +920,7 @@ static int write_svg(const st_sweep_options *o, const best *bs,
   for (int e = (int)y0; e <= (int)y1; e++)
     for (int m = 1; m <= 5; m += m == 1 ? 1 : 3) {
       double ly = e + log10(m);
-      if (ly > y1 + 1e-9)
-        break;
+      if (ly > y1 + 1e-9) break;
       double y = PY(ly);
       fprintf(f,
               "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
@@ -1000,8 +940,7 @@ static int write_svg(const st_sweep_options *o, const best *bs,
     int a = idx[0];
     double lb0 = log2(B[a]), ls0 = log10((double)bs[a].steps);
     double lb1 = x1, ls1 = ls0 - (lb1 - lb0) * log10(2.0);
-    if (ls1 < y0)
-      ls1 = y0, lb1 = lb0 + (ls0 - y0) / log10(2.0);
+    if (ls1 < y0) ls1 = y0, lb1 = lb0 + (ls0 - y0) / log10(2.0);
     fprintf(f,
             "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
             "stroke=\"#555\" stroke-width=\"1.5\" "
@@ -1026,8 +965,7 @@ static int write_svg(const st_sweep_options *o, const best *bs,
     for (int k = 0; k <= 64; k++) {
       double lb = x0 + (x1 - x0) * k / 64;
       double ls = log10(sum->s_min * (1 + sum->b_crit / pow(2, lb)));
-      if (ls < y0 || ls > y1)
-        continue;
+      if (ls < y0 || ls > y1) continue;
       fprintf(f, "%s%.1f,%.1f", first ? "" : " ", PX(lb), PY(ls));
       first = 0;
     }
@@ -1037,8 +975,7 @@ static int write_svg(const st_sweep_options *o, const best *bs,
   double mark[2] = {sum->b_crit, sum->ns.batch ? sum->ns.b_end : NAN};
   static const char *mark_color[2] = {"#2a8a2a", "#c06000"};
   for (int m = 0; m < 2; m++) {
-    if (!(mark[m] > 0) || log2(mark[m]) < x0 || log2(mark[m]) > x1)
-      continue;
+    if (!(mark[m] > 0) || log2(mark[m]) < x0 || log2(mark[m]) > x1) continue;
     double x = PX(log2(mark[m]));
     fprintf(f,
             "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
@@ -1113,7 +1050,7 @@ typedef struct work {
   const st_config *trial; /* the same with train.threads as trials run */
   const int *todo;        /* trials to run, as b * trials + i, increasing */
   int n_todo;
-  int n_train;            /* training samples, for budget_at */
+  int n_train; /* training samples, for budget_at */
   pthread_mutex_t lock;
   trial *t;       /* every trial; a running one is not written here */
   int next;       /* next entry of todo to hand out */
@@ -1124,8 +1061,7 @@ typedef struct work {
 
 /* Under lock: keeps the error of trial k if it comes before any kept. */
 static void keep_error(work *w, int k, int rc, const st_error *err) {
-  if (w->failed_at >= 0 && w->failed_at < k)
-    return;
+  if (w->failed_at >= 0 && w->failed_at < k) return;
   w->failed_at = k;
   w->failed_rc = rc;
   w->error = *err;
@@ -1138,8 +1074,7 @@ static void report_trial(const work *w, int batch, int i, const trial *r) {
   st_sweep_point(o, w->base, i, &lr, &mom);
   fprintf(o->progress, "sweep: batch %d trial %d/%d lr %.4g", batch, i + 1,
           o->trials, lr);
-  if (mom >= 0)
-    fprintf(o->progress, " momentum %.4g", mom);
+  if (mom >= 0) fprintf(o->progress, " momentum %.4g", mom);
   if (r->steps >= 0)
     fprintf(o->progress, ": target at step %lld (%s %.4f)\n",
             (long long)r->steps, metric_name(o), r->metric);
@@ -1182,11 +1117,9 @@ static void *worker(void *arg) {
     if (!rc) {
       w->t[k] = r;
       rc = write_sweep_csv(o, w->base, w->t, &err);
-      if (!rc && o->progress)
-        report_trial(w, batch, i, &r);
+      if (!rc && o->progress) report_trial(w, batch, i, &r);
     }
-    if (rc)
-      keep_error(w, k, rc, &err);
+    if (rc) keep_error(w, k, rc, &err);
     pthread_mutex_unlock(&w->lock);
   }
 }
@@ -1198,17 +1131,14 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
                       int n_train, trial *t, st_error *err) {
   int n = o->batch_sizes.n * o->trials, n_todo = 0;
   int *todo = malloc((size_t)n * sizeof *todo);
-  if (!todo)
-    return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
+  if (!todo) return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
   for (int k = 0; k < n; k++)
-    if (!t[k].done)
-      todo[n_todo++] = k;
+    if (!t[k].done) todo[n_todo++] = k;
   int jobs = o->jobs < n_todo ? o->jobs : n_todo;
   /* Trials sharing the machine get a core each; a train.threads the user
    * set is kept (then jobs x threads cores are busy). */
   st_config trial_config = *base;
-  if (jobs > 1 && base->train.threads == 0)
-    trial_config.train.threads = 1;
+  if (jobs > 1 && base->train.threads == 0) trial_config.train.threads = 1;
   work w = {.o = o,
             .base = base,
             .trial = &trial_config,
@@ -1221,23 +1151,21 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
   st_run_workers(jobs, worker, &w);
   free(todo);
   pthread_mutex_destroy(&w.lock);
-  if (w.failed_at < 0)
-    return 0;
-  if (err)
-    *err = w.error;
+  if (w.failed_at < 0) return 0;
+  if (err) *err = w.error;
   return w.failed_rc;
 }
 
 /* DIR/sweep.key: everything that decides a trial's result besides its
  * batch size and point — the target, budget, evaluation schedule, search
  * range and the config's keys that differ from their defaults (threads and
- * progress aside, which do not change results). A sweep resuming from DIR/sweep.csv must have
- * the same key; the file is written before any trial runs. */
+ * progress aside, which do not change results). A sweep resuming from
+ * DIR/sweep.csv must have the same key; the file is written before any trial
+ * runs. */
 static int sweep_key(const st_sweep_options *o, const st_config *base,
                      char **text, size_t *len, st_error *err) {
   FILE *f = open_memstream(text, len);
-  if (!f)
-    return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
+  if (!f) return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
   /* The keys every trial sets itself (batch, budget, its point) and those
    * that do not change results (threads, progress) are left at their
    * defaults, so they never make two sweeps differ. */
@@ -1248,8 +1176,7 @@ static int sweep_key(const st_sweep_options *o, const st_config *base,
   c.train.steps = d.train.steps;
   c.train.epochs = d.train.epochs;
   c.optimizer.lr = d.optimizer.lr;
-  if (has_momentum(base))
-    c.optimizer.momentum = d.optimizer.momentum;
+  if (has_momentum(base)) c.optimizer.momentum = d.optimizer.momentum;
   snprintf(c.metrics.progress, sizeof c.metrics.progress, "%s",
            d.metrics.progress);
   fprintf(f, "# strata sweep: what decides a trial's result; a sweep that "
@@ -1298,8 +1225,7 @@ static int check_key(const st_sweep_options *o, const st_config *base,
   char *key;
   size_t len;
   int rc = sweep_key(o, base, &key, &len, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   char csv[ST_PATH_MAX + 32], path[ST_PATH_MAX + 32];
   join(csv, sizeof csv, o->out_dir, "sweep.csv");
   join(path, sizeof path, o->out_dir, "sweep.key");
@@ -1311,24 +1237,21 @@ static int check_key(const st_sweep_options *o, const st_config *base,
       const char *eol = strchr(want, '\n');
       size_t n = eol ? (size_t)(eol - want) : strlen(want);
       int got = fgets(line, sizeof line, f) != NULL;
-      if (got)
-        line[strcspn(line, "\n")] = 0;
-      if (!got && !*want)
-        break;
+      if (got) line[strcspn(line, "\n")] = 0;
+      if (!got && !*want) break;
       if (!got || strlen(line) != n || strncmp(line, want, n) != 0) {
-        rc = st_error_set(err, ST_EFORMAT,
-                          "%s was written by another sweep: %s:%d is '%s', "
-                          "this sweep's is '%.*s' (use another --out)",
-                          csv, path, lineno, got ? line : "(end)", (int)n,
-                          want);
+        rc =
+            st_error_set(err, ST_EFORMAT,
+                         "%s was written by another sweep: %s:%d is '%s', "
+                         "this sweep's is '%.*s' (use another --out)",
+                         csv, path, lineno, got ? line : "(end)", (int)n, want);
         break;
       }
       want = eol ? eol + 1 : want + n;
     }
     fclose(f);
   }
-  if (!rc)
-    rc = st_write_file_atomic(path, key, len, err);
+  if (!rc) rc = st_write_file_atomic(path, key, len, err);
   free(key);
   return rc;
 }
@@ -1341,8 +1264,7 @@ static int train_size(const st_config *base, int *n, st_error *err) {
   snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
   st_trainer *t;
   int rc = st_trainer_create(&t, &c, NULL, err);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   *n = st_trainer_train_size(t);
   st_trainer_destroy(t);
   return 0;
@@ -1351,10 +1273,8 @@ static int train_size(const st_config *base, int *n, st_error *err) {
 int st_sweep_run(const st_sweep_options *o, const st_config *base,
                  st_error *err) {
   int rc = check_options(o, err);
-  if (rc)
-    return rc;
-  if ((rc = st_mkdir_p(o->out_dir, 1, err)))
-    return rc;
+  if (rc) return rc;
+  if ((rc = st_mkdir_p(o->out_dir, 1, err))) return rc;
   int nb = o->batch_sizes.n;
   trial *t = calloc((size_t)nb * o->trials, sizeof *t);
   best *bs = calloc((size_t)nb, sizeof *bs);
@@ -1362,8 +1282,7 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
     rc = st_error_set(err, ST_ENOMEM, "sweep: out of memory");
     goto done;
   }
-  if ((rc = check_key(o, base, err)))
-    goto done;
+  if ((rc = check_key(o, base, err))) goto done;
   summary sum = {0, NAN, NAN, NAN, {0, 0, NAN, NAN, NAN, 0}};
   if ((o->budget_epochs > 0 || o->noise_batch) &&
       (rc = train_size(base, &sum.n_train, err)))
@@ -1371,16 +1290,13 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   if (o->noise_batch && (rc = check_noise(o, base, sum.n_train, err)))
     goto done;
   int reused;
-  if ((rc = read_sweep_csv(o, base, t, &reused, err)))
-    goto done;
+  if ((rc = read_sweep_csv(o, base, t, &reused, err))) goto done;
   if (o->progress && reused)
     fprintf(o->progress, "sweep: %d trial%s reused from %s/sweep.csv\n", reused,
             reused == 1 ? "" : "s", o->out_dir);
-  if ((rc = run_trials(o, base, sum.n_train, t, err)))
-    goto done;
+  if ((rc = run_trials(o, base, sum.n_train, t, err))) goto done;
   /* Rewritten even when every trial was reused: the same rows, in order. */
-  if ((rc = write_sweep_csv(o, base, t, err)))
-    goto done;
+  if ((rc = write_sweep_csv(o, base, t, err))) goto done;
   int64_t steps[ST_MAX_LIST];
   for (int b = 0; b < nb; b++) {
     bs[b] = best_of(o, t, b);
@@ -1395,12 +1311,9 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   if (o->noise_batch &&
       (noise_rc = run_noise(o, base, sum.n_train, bs, &sum.ns, &noise_err)))
     sum.ns = (noise){0, 0, NAN, NAN, NAN, 1};
-  if ((rc = write_steps_csv(o, base, bs, err)))
-    goto done;
-  if ((rc = write_svg(o, bs, &sum, err)))
-    goto done;
-  if ((rc = write_report(o, base, bs, &sum, err)))
-    goto done;
+  if ((rc = write_steps_csv(o, base, bs, err))) goto done;
+  if ((rc = write_svg(o, bs, &sum, err))) goto done;
+  if ((rc = write_report(o, base, bs, &sum, err))) goto done;
   if (noise_rc) {
     rc = noise_rc;
     *err = noise_err;

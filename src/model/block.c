@@ -50,7 +50,7 @@ typedef struct fine_job {
   const st_layer *L;
   const float *x, *w, *bias, *g; /* g: backward's output gradient */
   float *y, *mean, *rstd, *dx;
-  size_t n;  /* elements (gelu) or rows (layernorm) */
+  size_t n;   /* elements (gelu) or rows (layernorm) */
   size_t per; /* of them per task */
   int D;      /* layernorm's features */
 } fine_job;
@@ -79,8 +79,8 @@ static int fine_tasks(const fine_job *j) {
 
 static void fine_forward_task(void *arg, int task) {
   const fine_job *j = arg;
-  size_t lo = (size_t)task * j->per, cnt = j->n - lo < j->per ? j->n - lo
-                                                              : j->per;
+  size_t lo = (size_t)task * j->per,
+         cnt = j->n - lo < j->per ? j->n - lo : j->per;
   if (j->L->kind == ST_OP_GELU) {
     st_gelu_forward(j->y + lo, j->x + lo, cnt, j->L->approximate);
     return;
@@ -92,8 +92,8 @@ static void fine_forward_task(void *arg, int task) {
 
 static void fine_backward_task(void *arg, int task) {
   const fine_job *j = arg;
-  size_t lo = (size_t)task * j->per, cnt = j->n - lo < j->per ? j->n - lo
-                                                              : j->per;
+  size_t lo = (size_t)task * j->per,
+         cnt = j->n - lo < j->per ? j->n - lo : j->per;
   st_gelu_backward(j->dx + lo, j->g + lo, j->x + lo, cnt, j->L->approximate);
 }
 
@@ -115,8 +115,8 @@ static void forward_rows(const st_block *b, const st_layer *L,
     st_relu_forward(y, x, n);
     break;
   case ST_OP_MAXPOOL:
-    st_maxpool_forward(y, (int32_t *)save + (size_t)s0 * n_out, x, cnt,
-                       L->in.c, L->in.h, L->in.w, L->k, L->stride);
+    st_maxpool_forward(y, (int32_t *)save + (size_t)s0 * n_out, x, cnt, L->in.c,
+                       L->in.h, L->in.w, L->k, L->stride);
     break;
   case ST_OP_AVGPOOL:
     st_avgpool_forward(y, x, cnt, L->in.c, L->in.h, L->in.w, L->k, L->stride);
@@ -126,13 +126,12 @@ static void forward_rows(const st_block *b, const st_layer *L,
     break;
   case ST_OP_ROTARY:
     memcpy(y, x, n * sizeof *y);
-    st_rotary_forward(y, cnt, L->out.h, L->out.c / 3, L->heads,
-                      L->rotary_dim);
+    st_rotary_forward(y, cnt, L->out.h, L->out.c / 3, L->heads, L->rotary_dim);
     break;
   case ST_OP_GROUPNORM: {
     size_t G = (size_t)L->groups;
-    st_groupnorm_forward(y, save + s0 * G, save + (size_t)B * G + s0 * G, x,
-                         w, bias, cnt, L->in.c, L->in.h * L->in.w, L->groups,
+    st_groupnorm_forward(y, save + s0 * G, save + (size_t)B * G + s0 * G, x, w,
+                         bias, cnt, L->in.c, L->in.h * L->in.w, L->groups,
                          L->eps);
     break;
   }
@@ -174,8 +173,8 @@ typedef struct rows_job {
 static void forward_task(void *arg, int task) {
   const rows_job *j = arg;
   int s0 = task * j->rows, cnt = j->B - s0 < j->rows ? j->B - s0 : j->rows;
-  forward_rows(j->b, j->L, j->ctx, j->params, j->block_in, j->x, j->acts,
-               j->B, s0, cnt);
+  forward_rows(j->b, j->L, j->ctx, j->params, j->block_in, j->x, j->acts, j->B,
+               s0, cnt);
 }
 
 static void layer_forward(const st_block *b, const st_layer *L,
@@ -200,8 +199,8 @@ static void layer_forward(const st_block *b, const st_layer *L,
     for (size_t i = 0; i < n; i++) tok[i] = (int32_t)x[i];
     st_embedding_forward(y, tok, w, bias, B, L->out.h, L->out.c);
   } else if (L->kind == ST_OP_ATTENTION) {
-    st_attention_forward(ctx->pool, y, layer_save(L, acts, B), x, B,
-                         L->out.h, L->out.c, L->heads);
+    st_attention_forward(ctx->pool, y, layer_save(L, acts, B), x, B, L->out.h,
+                         L->out.c, L->heads);
   } else if (L->kind == ST_OP_CONV2D) {
     st_conv2d_forward(ctx->pool, y, x, w, bias, scratch, B, L->in.c, L->in.h,
                       L->in.w, L->out.c, L->k, L->stride, L->pad);
@@ -212,15 +211,14 @@ static void layer_forward(const st_block *b, const st_layer *L,
     j.rstd = j.mean + (size_t)B * (size_t)R;
     st_pool_for(ctx->pool, fine_tasks(&j), fine_forward_task, &j);
   } else {
-    rows_job j = {b, L, ctx, params, block_in, x, acts, NULL, NULL, B,
-                  rows_per_task(L)};
+    rows_job j = {b,    L,    ctx,  params, block_in,        x,
+                  acts, NULL, NULL, B,      rows_per_task(L)};
     st_pool_for(ctx->pool, (B + j.rows - 1) / j.rows, forward_task, &j);
   }
 }
 
-void st_block_forward(const st_block *b, const st_ctx *ctx,
-                      const float *params, const float *in, float *acts,
-                      float *scratch, int B) {
+void st_block_forward(const st_block *b, const st_ctx *ctx, const float *params,
+                      const float *in, float *acts, float *scratch, int B) {
   const float *x = in;
   for (int l = 0; l < b->n_layers; l++) {
     layer_forward(b, &b->layers[l], ctx, params, in, x, acts, scratch, B);
@@ -239,9 +237,9 @@ int st_layer_fuses_update(const st_layer *L, const st_ctx *ctx, int B) {
 }
 
 /* Backward of a per-sample layer on samples [s0, s0 + cnt). */
-static void backward_rows(const st_layer *L, const st_ctx *ctx,
-                          const float *x, const float *acts, const float *g,
-                          float *dx, int B, int s0, int cnt) {
+static void backward_rows(const st_layer *L, const st_ctx *ctx, const float *x,
+                          const float *acts, const float *g, float *dx, int B,
+                          int s0, int cnt) {
   size_t n_in = st_shape_numel(L->in), n_out = st_shape_numel(L->out);
   const float *y = layer_out(L, acts, B) + (size_t)s0 * n_out;
   const float *save = acts + L->save_off * (size_t)B;
@@ -258,8 +256,7 @@ static void backward_rows(const st_layer *L, const st_ctx *ctx,
                         L->in.c, L->in.h, L->in.w, L->k, L->stride);
     break;
   case ST_OP_AVGPOOL:
-    st_avgpool_backward(dx, g, cnt, L->in.c, L->in.h, L->in.w, L->k,
-                        L->stride);
+    st_avgpool_backward(dx, g, cnt, L->in.c, L->in.h, L->in.w, L->k, L->stride);
     break;
   case ST_OP_ROTARY:
     memcpy(dx, g, n * sizeof *dx);
@@ -287,9 +284,9 @@ static void backward_task(void *arg, int task) {
 /* Computes the gradient of one layer. dx may be NULL only for layers whose
  * kernels accept it (linear, conv2d); the caller guarantees that. */
 static void layer_backward(const st_block *b, const st_layer *L,
-                           const st_ctx *ctx, const float *params,
-                           float *grads, const float *x, const float *acts,
-                           const float *g, float *dx, float *scratch, int B) {
+                           const st_ctx *ctx, const float *params, float *grads,
+                           const float *x, const float *acts, const float *g,
+                           float *dx, float *scratch, int B) {
   const float *save = acts + L->save_off * (size_t)B;
   const float *w = param(b, params, L->w_tensor);
   float *dw = grad(b, grads, L->w_tensor), *db = grad(b, grads, L->b_tensor);
@@ -322,8 +319,8 @@ static void layer_backward(const st_block *b, const st_layer *L,
       st_linear_t_backward(ctx->pool, dx, dw, db, g, x, w, B * R,
                            (int)(n_in / R), L->out.c);
     else
-      st_linear_backward(ctx->pool, dx, dw, db, g, x, w, B * R,
-                         (int)(n_in / R), L->out.c);
+      st_linear_backward(ctx->pool, dx, dw, db, g, x, w, B * R, (int)(n_in / R),
+                         L->out.c);
     break;
   case ST_OP_EMBED:
     st_embedding_backward(dw, db, g, (const int32_t *)save, B, L->out.h,
@@ -351,8 +348,8 @@ static void layer_backward(const st_block *b, const st_layer *L,
   case ST_OP_RESIDUAL: /* the skip half is handled by the caller */
   case ST_OP_ROTARY:
   case ST_OP_DROPOUT: {
-    rows_job j = {b, L, ctx, params, NULL, x, (float *)acts, g, dx, B,
-                  rows_per_task(L)};
+    rows_job j = {b, L,  ctx, params,          NULL, x, (float *)acts,
+                  g, dx, B,   rows_per_task(L)};
     st_pool_for(ctx->pool, (B + j.rows - 1) / j.rows, backward_task, &j);
     break;
   }

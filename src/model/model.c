@@ -21,12 +21,12 @@
 /* A builder appends layers to the block under construction. */
 typedef struct builder {
   st_model *m;
-  st_block *b;        /* current block */
+  st_block *b; /* current block */
   int cap_blocks;
   int cap_layers, cap_tensors;
-  st_shape cur;       /* shape flowing out of the last layer */
-  uint32_t next_id;   /* model-wide layer index */
-  int rows;           /* positions per sample of the layers added (gpt) */
+  st_shape cur;     /* shape flowing out of the last layer */
+  uint32_t next_id; /* model-wide layer index */
+  int rows;         /* positions per sample of the layers added (gpt) */
   /* Tensor-name prefix of the next layer's parameters; "" means
    * "<block>.<layer>" (gpt sets the Hugging Face module path). */
   char module[ST_NAME_MAX - 8];
@@ -207,8 +207,7 @@ static int conv_unit(builder *bd, int oc) {
                          c->model.groups);
     add_affine_norm(bd, ST_OP_GROUPNORM, oc, c->model.groups);
   } else if (strcmp(c->model.norm, "none") != 0) {
-    return shape_error(bd, "model.norm",
-                       "the cnn takes 'none' or 'groupnorm'");
+    return shape_error(bd, "model.norm", "the cnn takes 'none' or 'groupnorm'");
   }
   return 0;
 }
@@ -323,8 +322,7 @@ static int build_gpt(builder *bd) {
   int hs = C / NH, rd = c->model.rotary_dim ? c->model.rotary_dim : hs;
   if (rotary && (rd < 2 || rd % 2 || rd > hs))
     return shape_error(bd, "model.rotary_dim",
-                       "%d; must be even and at most the head size %d", rd,
-                       hs);
+                       "%d; must be even and at most the head size %d", rd, hs);
   /* the attention probabilities of one sample and head are T x T floats */
   if ((double)T * T * NH > 1e12)
     return shape_error(bd, "model.context", "%d is too long", T);
@@ -399,14 +397,20 @@ static int build_gpt(builder *bd) {
 /* Per-layer saved state, in floats per sample, beside the output. */
 static size_t save_floats(const st_layer *L) {
   switch (L->kind) {
-  case ST_OP_MAXPOOL: return st_shape_numel(L->out); /* int32 argmax */
-  case ST_OP_LAYERNORM: return 2 * (size_t)L->rows;  /* mean, rstd */
-  case ST_OP_EMBED: return (size_t)L->in.h;           /* int32 tokens */
-  case ST_OP_ATTENTION: /* the probabilities, (heads, T, T) */
+  case ST_OP_MAXPOOL:
+    return st_shape_numel(L->out); /* int32 argmax */
+  case ST_OP_LAYERNORM:
+    return 2 * (size_t)L->rows; /* mean, rstd */
+  case ST_OP_EMBED:
+    return (size_t)L->in.h; /* int32 tokens */
+  case ST_OP_ATTENTION:     /* the probabilities, (heads, T, T) */
     return (size_t)L->heads * (size_t)L->out.h * (size_t)L->out.h;
-  case ST_OP_GROUPNORM: return 2 * (size_t)L->groups;
-  case ST_OP_DROPOUT: return st_shape_numel(L->out); /* mask */
-  default: return 0;
+  case ST_OP_GROUPNORM:
+    return 2 * (size_t)L->groups;
+  case ST_OP_DROPOUT:
+    return st_shape_numel(L->out); /* mask */
+  default:
+    return 0;
   }
 }
 
@@ -425,12 +429,12 @@ static st_cost layer_cost(const st_layer *L) {
   int rows = L->rows;
   switch (L->kind) {
   case ST_OP_LINEAR:
-    return per_position(st_linear_cost((int)(st_shape_numel(L->in) / rows),
-                                       (int)(n / rows)),
-                        rows);
+    return per_position(
+        st_linear_cost((int)(st_shape_numel(L->in) / rows), (int)(n / rows)),
+        rows);
   case ST_OP_CONV2D:
-    return st_conv2d_cost(L->in.c, L->in.h, L->in.w, L->out.c, L->k,
-                          L->stride, L->pad);
+    return st_conv2d_cost(L->in.c, L->in.h, L->in.w, L->out.c, L->k, L->stride,
+                          L->pad);
   case ST_OP_MAXPOOL:
     return st_maxpool_cost(L->in.c, L->in.h, L->in.w, L->k, L->stride);
   case ST_OP_AVGPOOL:
@@ -444,7 +448,7 @@ static st_cost layer_cost(const st_layer *L) {
   case ST_OP_GELU:
     return st_pointwise_cost(n, 20, 30); /* erf/tanh: ~20 flops each way */
   case ST_OP_FLATTEN:
-    return st_pointwise_cost(n, 0, 0);    /* a copy */
+    return st_pointwise_cost(n, 0, 0); /* a copy */
   case ST_OP_RELU:
   case ST_OP_RESIDUAL:
     return st_pointwise_cost(n, 1, 1);
@@ -555,19 +559,18 @@ void st_model_destroy(st_model *m) {
 
 const char *st_op_name(st_op_kind kind) {
   static const char *names[] = {
-      [ST_OP_LINEAR] = "linear",   [ST_OP_RELU] = "relu",
-      [ST_OP_GELU] = "gelu",       [ST_OP_CONV2D] = "conv",
-      [ST_OP_MAXPOOL] = "maxpool", [ST_OP_AVGPOOL] = "avgpool",
-      [ST_OP_FLATTEN] = "flatten", [ST_OP_LAYERNORM] = "ln",
-      [ST_OP_GROUPNORM] = "gn",    [ST_OP_RESIDUAL] = "residual",
-      [ST_OP_DROPOUT] = "dropout", [ST_OP_EMBED] = "embed",
+      [ST_OP_LINEAR] = "linear",       [ST_OP_RELU] = "relu",
+      [ST_OP_GELU] = "gelu",           [ST_OP_CONV2D] = "conv",
+      [ST_OP_MAXPOOL] = "maxpool",     [ST_OP_AVGPOOL] = "avgpool",
+      [ST_OP_FLATTEN] = "flatten",     [ST_OP_LAYERNORM] = "ln",
+      [ST_OP_GROUPNORM] = "gn",        [ST_OP_RESIDUAL] = "residual",
+      [ST_OP_DROPOUT] = "dropout",     [ST_OP_EMBED] = "embed",
       [ST_OP_ATTENTION] = "attention", [ST_OP_ROTARY] = "rotary"};
   return names[kind];
 }
 
 /* Tied copies in blocks [first, first + count) take their source's values. */
-static void sync_ties(const st_model *m, float *params, int first,
-                      int count) {
+static void sync_ties(const st_model *m, float *params, int first, int count) {
   for (int i = first; m->n_ties && i < first + count; i++) {
     const st_block *b = &m->blocks[i];
     for (int t = 0; t < b->n_tensors; t++) {
@@ -684,7 +687,8 @@ void st_model_print(const st_model *m, FILE *f) {
     char in[32], out[32];
     shape_text(in, sizeof in, b->in);
     shape_text(out, sizeof out, b->out);
-    fprintf(f, "  %-10s %10s -> %-10s params %9zu  fwd+bwd %8.2f MFLOP/sample  [",
+    fprintf(f,
+            "  %-10s %10s -> %-10s params %9zu  fwd+bwd %8.2f MFLOP/sample  [",
             b->name, in, out, b->n_params,
             (b->cost.flops_fwd + b->cost.flops_bwd) / 1e6);
     for (int l = 0; l < b->n_layers; l++)
@@ -692,8 +696,9 @@ void st_model_print(const st_model *m, FILE *f) {
     fprintf(f, "]\n");
     flops += b->cost.flops_fwd + b->cost.flops_bwd;
   }
-  fprintf(f, "  %s: %d blocks, %zu parameters (%.2f MB), %.2f MFLOP/sample "
-             "forward+backward\n",
+  fprintf(f,
+          "  %s: %d blocks, %zu parameters (%.2f MB), %.2f MFLOP/sample "
+          "forward+backward\n",
           m->kind, m->n_blocks, m->n_params, 4.0 * m->n_params / 1e6,
           flops / 1e6);
 }

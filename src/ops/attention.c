@@ -42,9 +42,7 @@
 
 enum { BLOCK = 32 }; /* rows of a block; see the header comment */
 
-static int block_rows(int T) {
-  return T < BLOCK ? T : BLOCK;
-}
+static int block_rows(int T) { return T < BLOCK ? T : BLOCK; }
 
 size_t st_attention_scratch_floats(int B, int T, int C, int NH) {
   (void)C; /* slices of dP, T columns wide: nothing per channel */
@@ -66,8 +64,7 @@ enum { LANES = 16 };
 
 static double lanes_total(const double *lane) {
   double s = 0;
-  for (int l = 0; l < LANES; l++)
-    s += lane[l];
+  for (int l = 0; l < LANES; l++) s += lane[l];
   return s;
 }
 
@@ -75,8 +72,7 @@ static double lanes_total(const double *lane) {
  * from column n on. */
 static void softmax_causal_row(float *restrict row, int n, int T) {
   float lane_max[LANES];
-  for (int l = 0; l < LANES; l++)
-    lane_max[l] = row[0];
+  for (int l = 0; l < LANES; l++) lane_max[l] = row[0];
   int s = 0;
   for (; s + LANES <= n; s += LANES)
     for (int l = 0; l < LANES; l++)
@@ -84,20 +80,15 @@ static void softmax_causal_row(float *restrict row, int n, int T) {
   for (int l = 0; s < n; s++, l++)
     lane_max[l] = row[s] > lane_max[l] ? row[s] : lane_max[l];
   float max = lane_max[0];
-  for (int l = 1; l < LANES; l++)
-    max = lane_max[l] > max ? lane_max[l] : max;
+  for (int l = 1; l < LANES; l++) max = lane_max[l] > max ? lane_max[l] : max;
 
-  for (s = 0; s < n; s++)
-    row[s] = exp_nonpositive(row[s] - max);
+  for (s = 0; s < n; s++) row[s] = exp_nonpositive(row[s] - max);
   double lane_sum[LANES] = {0};
   for (s = 0; s + LANES <= n; s += LANES)
-    for (int l = 0; l < LANES; l++)
-      lane_sum[l] += row[s + l];
-  for (int l = 0; s < n; s++, l++)
-    lane_sum[l] += row[s];
+    for (int l = 0; l < LANES; l++) lane_sum[l] += row[s + l];
+  for (int l = 0; s < n; s++, l++) lane_sum[l] += row[s];
   float inv = (float)(1.0 / lanes_total(lane_sum));
-  for (s = 0; s < n; s++)
-    row[s] *= inv;
+  for (s = 0; s < n; s++) row[s] *= inv;
   memset(row + n, 0, sizeof(float) * (size_t)(T - n));
 }
 
@@ -148,13 +139,10 @@ static void softmax_causal_grad(float *restrict dp, const float *restrict a,
     double lane[LANES] = {0};
     int s = 0;
     for (; s + LANES <= visible; s += LANES)
-      for (int l = 0; l < LANES; l++)
-        lane[l] += (double)p[s + l] * g[s + l];
-    for (int l = 0; s < visible; s++, l++)
-      lane[l] += (double)p[s] * g[s];
+      for (int l = 0; l < LANES; l++) lane[l] += (double)p[s + l] * g[s + l];
+    for (int l = 0; s < visible; s++, l++) lane[l] += (double)p[s] * g[s];
     float rd = (float)lanes_total(lane);
-    for (int s = 0; s < visible; s++)
-      g[s] = p[s] * (g[s] - rd) * scale;
+    for (int s = 0; s < visible; s++) g[s] = p[s] * (g[s] - rd) * scale;
     memset(g + visible, 0, sizeof(float) * (size_t)(n - visible));
   }
 }

@@ -61,10 +61,8 @@ static void valid_range(int n, int k, int S, int P, int on, int *lo, int *hi) {
   int a = first <= 0 ? 0 : (first + S - 1) / S;
   int last = n - 1 + P - k; /* o*S <= n - 1 + P - k */
   int b = last < 0 ? 0 : last / S + 1;
-  if (b > on)
-    b = on;
-  if (a > b)
-    a = b;
+  if (b > on) b = on;
+  if (a > b) a = b;
   *lo = a, *hi = b;
 }
 
@@ -90,16 +88,14 @@ static void im2col(float *restrict col, const float *restrict in, int IC, int H,
            * [ow_lo, ow_hi); indices stay ints so no pointer leaves the row */
           const float *src = plane + (size_t)(oh * S - P + ki) * W;
           int shift = kj - P;
-          for (int ow = 0; ow < ow_lo; ow++)
-            dst[ow] = 0.0f;
+          for (int ow = 0; ow < ow_lo; ow++) dst[ow] = 0.0f;
           if (S == 1 && ow_hi > ow_lo)
             memcpy(dst + ow_lo, src + ow_lo + shift,
                    sizeof(float) * (size_t)(ow_hi - ow_lo));
           else
             for (int ow = ow_lo; ow < ow_hi; ow++)
               dst[ow] = src[ow * S + shift];
-          for (int ow = ow_hi; ow < OW; ow++)
-            dst[ow] = 0.0f;
+          for (int ow = ow_hi; ow < OW; ow++) dst[ow] = 0.0f;
         }
       }
     }
@@ -124,8 +120,7 @@ static void col2im(float *restrict din, const float *restrict dcol, int IC,
           const float *src = row + (size_t)oh * OW;
           float *dst = plane + (size_t)(oh * S - P + ki) * W;
           int shift = kj - P;
-          for (int ow = ow_lo; ow < ow_hi; ow++)
-            dst[ow * S + shift] += src[ow];
+          for (int ow = ow_lo; ow < ow_hi; ow++) dst[ow * S + shift] += src[ow];
         }
       }
     }
@@ -176,8 +171,7 @@ static const float *sample_dout(const conv_job *j, int s) {
 /* The column matrix of sample s, unrolled into buf unless the conv is
  * pointwise, where the input already is one. */
 static const float *columns(const conv_job *j, int s, float *buf) {
-  if (is_pointwise(j->K, j->S, j->P))
-    return sample_in(j, s);
+  if (is_pointwise(j->K, j->S, j->P)) return sample_in(j, s);
   im2col(buf, sample_in(j, s), j->IC, j->H, j->W, j->K, j->S, j->P, j->OH,
          j->OW);
   return buf;
@@ -189,8 +183,7 @@ static void forward_sample(void *arg, int s) {
   const float *col = columns(j, s, j->col + (size_t)s * slot_floats(j));
   if (j->b)
     for (int o = 0; o < j->OC; o++)
-      for (int i = 0; i < j->ohw; i++)
-        out[(size_t)o * j->ohw + i] = j->b[o];
+      for (int i = 0; i < j->ohw; i++) out[(size_t)o * j->ohw + i] = j->b[o];
   /* out_s (OC, OH*OW) = W (OC, rows) . col_s (rows, OH*OW) */
   st_gemm(NULL, 0, 0, j->OC, j->ohw, j->rows, 1.0f, j->w, j->rows, col, j->ohw,
           j->b ? 1.0f : 0.0f, out, j->ohw);
@@ -222,10 +215,8 @@ static float channel_sum(const float *restrict d, int n) {
   float lane[8] = {0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; l++)
-      lane[l] += d[i + l];
-  for (int l = 0; i < n; i++, l++)
-    lane[l] += d[i];
+    for (int l = 0; l < 8; l++) lane[l] += d[i + l];
+  for (int l = 0; i < n; i++, l++) lane[l] += d[i];
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
          ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
@@ -253,8 +244,7 @@ static void backward_group(void *arg, int g) {
     /* partial (OC, rows) (+)= dout_s (OC, OH*OW) . col_s^T (OH*OW, rows) */
     st_gemm(NULL, 0, 1, j->OC, j->rows, j->ohw, 1.0f, sample_dout(j, s), j->ohw,
             col, j->ohw, s == s0 ? 0.0f : 1.0f, partial, j->rows);
-    if (j->din)
-      input_grad(j, s, buf);
+    if (j->din) input_grad(j, s, buf);
   }
 }
 
@@ -270,8 +260,7 @@ static void reduce_partials(void *arg, int t) {
   for (int g = 0; g < j->groups; g++) {
     const float *restrict part =
         j->col + ((size_t)g * j->group_slots + 1) * slot_floats(j);
-    for (size_t e = e0; e < e1; e++)
-      dw[e] += part[e];
+    for (size_t e = e0; e < e1; e++) dw[e] += part[e];
   }
 }
 
@@ -300,8 +289,7 @@ static void weight_grad_tile(void *arg, int t) {
             j->dw + (size_t)o0 * j->rows + c0, j->rows);
   }
   if (j->db && c0 == 0)
-    for (int o = o0; o < o0 + m; o++)
-      bias_grad(j, o);
+    for (int o = o0; o < o0 + m; o++) bias_grad(j, o);
 }
 
 static void input_grad_sample(void *arg, int s) {
@@ -330,8 +318,7 @@ void st_conv2d_backward(st_pool *pool, float *din, float *dw, float *db,
   int tiles_rows = (OC + DW_TILE_ROWS - 1) / DW_TILE_ROWS;
   st_pool_for(pool, B, unroll_sample, &j);
   st_pool_for(pool, tiles_rows * j.tiles_cols, weight_grad_tile, &j);
-  if (din)
-    st_pool_for(pool, B, input_grad_sample, &j);
+  if (din) st_pool_for(pool, B, input_grad_sample, &j);
 }
 
 st_cost st_conv2d_cost(int IC, int H, int W, int OC, int K, int S, int P) {

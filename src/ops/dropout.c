@@ -33,8 +33,7 @@ void st_dropout_forward(float *out, float *mask, const float *in, int B,
   size_t total = (size_t)B * n;
   if (p <= 0.0f) {
     memmove(out, in, sizeof(float) * total);
-    for (size_t i = 0; i < total; i++)
-      mask[i] = 1.0f;
+    for (size_t i = 0; i < total; i++) mask[i] = 1.0f;
     return;
   }
   if (p >= 1.0f) { /* PyTorch: everything dropped, nothing scaled */
@@ -62,8 +61,7 @@ void st_dropout_forward(float *out, float *mask, const float *in, int B,
 
 void st_dropout_backward(float *din, const float *dout, const float *mask,
                          size_t total) {
-  for (size_t i = 0; i < total; i++)
-    din[i] = dout[i] * mask[i];
+  for (size_t i = 0; i < total; i++) din[i] = dout[i] * mask[i];
 }
 
 /* Per element: one multiply each way; the mask is kept beside the output. */

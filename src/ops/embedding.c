@@ -22,11 +22,9 @@ void st_embedding_forward(float *out, const int32_t *tokens, const float *wte,
       const float *restrict e = wte + (size_t)tokens[(size_t)b * T + t] * C;
       if (wpe) {
         const float *restrict p = wpe + (size_t)t * C;
-        for (int i = 0; i < C; i++)
-          y[i] = e[i] + p[i];
+        for (int i = 0; i < C; i++) y[i] = e[i] + p[i];
       } else {
-        for (int i = 0; i < C; i++)
-          y[i] = e[i];
+        for (int i = 0; i < C; i++) y[i] = e[i];
       }
     }
 }
@@ -38,13 +36,11 @@ void st_embedding_backward(float *dwte, float *dwpe, const float *dout,
       const float *restrict g = dout + ((size_t)b * T + t) * C;
       if (dwte) {
         float *restrict d = dwte + (size_t)tokens[(size_t)b * T + t] * C;
-        for (int i = 0; i < C; i++)
-          d[i] += g[i];
+        for (int i = 0; i < C; i++) d[i] += g[i];
       }
       if (dwpe) {
         float *restrict d = dwpe + (size_t)t * C;
-        for (int i = 0; i < C; i++)
-          d[i] += g[i];
+        for (int i = 0; i < C; i++) d[i] += g[i];
       }
     }
 }

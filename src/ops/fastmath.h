@@ -13,11 +13,11 @@
 /* exp(x) for x <= 0, branch-free so that loops over it vectorise (libm's
  * expf is a call per element, which made attention's softmax half its
  * forward time). Cephes expf: x = n ln2 + r with ln 2 split in two
- * (Cody-Waite) so r is exact, exp(r) by a degree-6 minimax polynomial on |r| <= ln2/2, then
- * scaled by 2^n built in the exponent bits; relative error within 2 ulp.
- * Inputs below -87 are taken as -87 (exp ~ 1.6e-38, 2^-126 keeps the
- * scale normal): a probability that small is zero next to the row's 1. A NaN
- * stays NaN. n = round(x log2 e) by adding and subtracting 1.5 * 2^23. */
+ * (Cody-Waite) so r is exact, exp(r) by a degree-6 minimax polynomial on |r| <=
+ * ln2/2, then scaled by 2^n built in the exponent bits; relative error within 2
+ * ulp. Inputs below -87 are taken as -87 (exp ~ 1.6e-38, 2^-126 keeps the scale
+ * normal): a probability that small is zero next to the row's 1. A NaN stays
+ * NaN. n = round(x log2 e) by adding and subtracting 1.5 * 2^23. */
 static inline float exp_nonpositive(float x) {
   const float rounder = 12582912.0f, log2e = 1.44269504088896341f;
   const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;

@@ -21,8 +21,8 @@ static void forward(st_pool *pool, int wt, float *out, const float *in,
 }
 
 static void backward(st_pool *pool, int wt, float *din, float *dw, float *db,
-                     const float *dout, const float *in, const float *w,
-                     int B, int IC, int OC) {
+                     const float *dout, const float *in, const float *w, int B,
+                     int IC, int OC) {
   /* dW (OC, IC) += dout^T . in, or (IC, OC) += in^T . dout */
   if (dw && !wt)
     st_gemm(pool, 1, 0, OC, IC, B, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);

@@ -30,10 +30,8 @@ static double lane_sum(const float *restrict x, size_t n) {
   double lane[4] = {0, 0, 0, 0};
   size_t i = 0;
   for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; l++)
-      lane[l] += x[i + l];
-  for (int l = 0; i < n; i++, l++)
-    lane[l] += x[i];
+    for (int l = 0; l < 4; l++) lane[l] += x[i + l];
+  for (int l = 0; i < n; i++, l++) lane[l] += x[i];
   return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
 
@@ -89,10 +87,8 @@ void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
     moments(x, (size_t)D, eps, &m, &s);
     for (int i = 0; i < D; i++) {
       double v = (x[i] - m) * s;
-      if (w)
-        v *= w[i];
-      if (b)
-        v += b[i];
+      if (w) v *= w[i];
+      if (b) v += b[i];
       y[i] = (float)v;
     }
     mean[r] = (float)m;
@@ -110,10 +106,8 @@ static double refined_mean(const float *restrict x, size_t n, float saved) {
   double lane[4] = {0, 0, 0, 0};
   size_t i = 0;
   for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; l++)
-      lane[l] += x[i + l] - (double)saved;
-  for (int l = 0; i < n; i++, l++)
-    lane[l] += x[i] - (double)saved;
+    for (int l = 0; l < 4; l++) lane[l] += x[i + l] - (double)saved;
+  for (int l = 0; i < n; i++, l++) lane[l] += x[i] - (double)saved;
   return saved + ((lane[0] + lane[1]) + (lane[2] + lane[3])) / (double)n;
 }
 
@@ -172,11 +166,10 @@ static void ln_bwd_block(void *arg, int t) {
 
 void st_layernorm_backward(st_pool *pool, float *din, float *dw, float *db,
                            const float *dout, const float *in, const float *w,
-                           const float *mean, const float *rstd,
-                           float *scratch, int N, int D) {
+                           const float *mean, const float *rstd, float *scratch,
+                           int N, int D) {
   int blocks = (N + BLOCK - 1) / BLOCK;
-  ln_bwd_job j = {din,  scratch, dout, in, w, mean, rstd,
-                  N,    D,       dw || db};
+  ln_bwd_job j = {din, scratch, dout, in, w, mean, rstd, N, D, dw || db};
   assert(scratch || !j.sums);
   st_pool_for(pool, blocks, ln_bwd_block, &j);
   /* the blocks' partials in block order, whatever ran them */
@@ -204,8 +197,7 @@ void st_groupnorm_forward(float *out, float *mean, float *rstd, const float *in,
         const float *x = in + ((size_t)s * C + c) * HW;
         float *y = out + ((size_t)s * C + c) * HW;
         double scale = w ? r * w[c] : r, shift = b ? b[c] : 0.0;
-        for (int i = 0; i < HW; i++)
-          y[i] = (float)((x[i] - m) * scale + shift);
+        for (int i = 0; i < HW; i++) y[i] = (float)((x[i] - m) * scale + shift);
       }
       mean[(size_t)s * G + g] = (float)m;
       rstd[(size_t)s * G + g] = (float)r;
@@ -260,10 +252,8 @@ void st_groupnorm_backward(float *din, float *dw, float *db, const float *dout,
           w_sum += dyx * rstd[(size_t)(s0 + k) * G + g];
           b_sum += dys;
         }
-        if (dw)
-          dw[c] += (float)w_sum;
-        if (db)
-          db[c] += (float)b_sum;
+        if (dw) dw[c] += (float)w_sum;
+        if (db) db[c] += (float)b_sum;
       }
     }
   }

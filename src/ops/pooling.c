@@ -15,9 +15,7 @@
 #include <math.h>
 #include <string.h>
 
-static int pooled_size(int n, int K, int S) {
-  return (n - K) / S + 1;
-}
+static int pooled_size(int n, int K, int S) { return (n - K) / S + 1; }
 
 /* The common 2x2 window, stride 2, without branches: after ReLU many
  * comparisons are ties at zero, which makes the general loop's branches
@@ -82,8 +80,7 @@ void st_maxpool_backward(float *din, const float *dout, const int32_t *idx,
     float *dx = din + plane * H * W;
     const float *dy = dout + plane * OH * OW;
     const int32_t *arg = idx + plane * OH * OW;
-    for (int o = 0; o < OH * OW; o++)
-      dx[arg[o]] += dy[o];
+    for (int o = 0; o < OH * OW; o++) dx[arg[o]] += dy[o];
   }
 }
 
@@ -99,8 +96,7 @@ void st_avgpool_forward(float *out, const float *in, int B, int C, int H, int W,
         const float *win = x + (size_t)oh * S * W + (size_t)ow * S;
         float sum = 0.0f;
         for (int ki = 0; ki < K; ki++)
-          for (int kj = 0; kj < K; kj++)
-            sum += win[ki * W + kj];
+          for (int kj = 0; kj < K; kj++) sum += win[ki * W + kj];
         y[oh * OW + ow] = sum / area;
       }
   }
@@ -119,8 +115,7 @@ void st_avgpool_backward(float *din, const float *dout, int B, int C, int H,
         float g = dy[oh * OW + ow] / area;
         float *win = dx + (size_t)oh * S * W + (size_t)ow * S;
         for (int ki = 0; ki < K; ki++)
-          for (int kj = 0; kj < K; kj++)
-            win[ki * W + kj] += g;
+          for (int kj = 0; kj < K; kj++) win[ki * W + kj] += g;
       }
   }
 }

@@ -88,8 +88,8 @@ void st_xent_forward_pool(st_pool *pool, float *losses, float *probs,
 
 void st_xent_backward_pool(st_pool *pool, float *dlogits, const float *probs,
                            const int *labels, int B, int C, float scale) {
-  xent_job j = {NULL,  (float *)probs, dlogits, NULL, labels,
-                B,     C,              xent_rows(C),    scale};
+  xent_job j = {NULL, (float *)probs, dlogits, NULL, labels, B,
+                C,    xent_rows(C),   scale};
   st_pool_for(pool, (B + j.rows - 1) / j.rows, xent_bwd_task, &j);
 }
 

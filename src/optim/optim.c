@@ -47,8 +47,10 @@ static void adamw_constants(st_optim_rule *r, int64_t t) {
 void st_sgd_update(float *restrict w, float *restrict v,
                    const float *restrict g, size_t n, float lr, float momentum,
                    int nesterov, float weight_decay, int first_step) {
-  const st_optim_rule r = {.nesterov = nesterov, .first_step = first_step,
-                           .lr = lr, .momentum = momentum,
+  const st_optim_rule r = {.nesterov = nesterov,
+                           .first_step = first_step,
+                           .lr = lr,
+                           .momentum = momentum,
                            .weight_decay = weight_decay};
   for (size_t i = 0; i < n; i++) sgd_one(&r, &w[i], &v[i], g[i]);
 }
@@ -56,8 +58,12 @@ void st_sgd_update(float *restrict w, float *restrict v,
 void st_adamw_update(float *restrict w, float *restrict m, float *restrict v,
                      const float *restrict g, size_t n, float lr, float beta1,
                      float beta2, float eps, float weight_decay, int64_t t) {
-  st_optim_rule r = {.adamw = 1, .lr = lr, .weight_decay = weight_decay,
-                     .beta1 = beta1, .beta2 = beta2, .eps = eps};
+  st_optim_rule r = {.adamw = 1,
+                     .lr = lr,
+                     .weight_decay = weight_decay,
+                     .beta1 = beta1,
+                     .beta2 = beta2,
+                     .eps = eps};
   adamw_constants(&r, t);
   for (size_t i = 0; i < n; i++) adamw_one(&r, &w[i], &m[i], &v[i], g[i]);
 }
@@ -83,8 +89,7 @@ static inline float predicted(float w, float k, float v) { return w - k * v; }
 
 void st_optim_update_vec(const st_optim_rule *rule, float *restrict w,
                          float *restrict s0, float *restrict s1,
-                         const float *restrict g, size_t n,
-                         float *restrict p) {
+                         const float *restrict g, size_t n, float *restrict p) {
   const st_optim_rule r = *rule; /* a local copy: provably not aliased */
   if (r.adamw) {
     for (size_t i = 0; i < n; i++) adamw_one(&r, &w[i], &s0[i], &s1[i], g[i]);
@@ -108,7 +113,8 @@ void st_optim_update_outer(const st_optim_rule *rule, float *restrict w,
     float *wr = w + (size_t)o * IC, *ar = s0 + (size_t)o * IC;
     if (r.adamw) {
       float *br = s1 + (size_t)o * IC;
-      for (int i = 0; i < IC; i++) adamw_one(&r, &wr[i], &ar[i], &br[i], d * x[i]);
+      for (int i = 0; i < IC; i++)
+        adamw_one(&r, &wr[i], &ar[i], &br[i], d * x[i]);
     } else if (p) {
       float *pr = p + (size_t)o * IC;
       for (int i = 0; i < IC; i++) {
@@ -155,10 +161,10 @@ static void step_chunk(void *arg, int task) {
 }
 
 void st_optim_step_range(st_pool *pool, const st_config *cfg, float *params,
-                         float *grads, float *opt, size_t slot_stride,
-                         size_t n, float lr, int64_t step) {
-  step_job j = {.w = params, .g = grads, .s0 = opt, .s1 = opt + slot_stride,
-                .n = n};
+                         float *grads, float *opt, size_t slot_stride, size_t n,
+                         float lr, int64_t step) {
+  step_job j = {
+      .w = params, .g = grads, .s0 = opt, .s1 = opt + slot_stride, .n = n};
   st_optim_rule_init(&j.rule, cfg, lr, step);
   st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), step_chunk, &j);
 }
@@ -183,7 +189,8 @@ static void pb_chunk(void *arg, int task) {
   const pb_job *j = arg;
   const st_pb_rule r = j->r;
   size_t lo = (size_t)task * CHUNK, len = j->n - lo < CHUNK ? j->n - lo : CHUNK;
-  float *restrict w = j->w + lo, *restrict g = j->g + lo, *restrict v = j->v + lo;
+  float *restrict w = j->w + lo, *restrict g = j->g + lo,
+                  *restrict v = j->v + lo;
   float *restrict delta = j->delta ? j->delta + lo : NULL;
   float *restrict pred = j->pred ? j->pred + lo : NULL;
   for (size_t i = 0; i < len; i++) {
@@ -195,16 +202,15 @@ static void pb_chunk(void *arg, int task) {
       d = r.sc ? r.a * v[i] + r.b * d : v[i];
     }
     w[i] = old - r.lr * d;
-    if (delta)
-      delta[i] = r.gamma * delta[i] + (1.0f - r.gamma) * (w[i] - old);
+    if (delta) delta[i] = r.gamma * delta[i] + (1.0f - r.gamma) * (w[i] - old);
     if (pred) pred[i] = predicted(w[i], r.pk, v[i]);
   }
 }
 
 void st_pb_update(st_pool *pool, const st_pb_rule *r, float *w, float *g,
                   float *v, float *delta, float *pred, size_t n) {
-  pb_job j = {.r = *r, .w = w, .g = g, .v = v, .delta = delta, .pred = pred,
-              .n = n};
+  pb_job j = {
+      .r = *r, .w = w, .g = g, .v = v, .delta = delta, .pred = pred, .n = n};
   st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), pb_chunk, &j);
 }
 
@@ -252,8 +258,9 @@ float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps) {
   if (strcmp(s, "linear") == 0)
     return (float)(floor_lr + (lr - floor_lr) * (1.0 - progress));
   if (strcmp(s, "step") == 0 && cfg->optimizer.step_size > 0)
-    return (float)(lr * pow(cfg->optimizer.gamma,
-                            (double)((step - warm) / cfg->optimizer.step_size)));
+    return (float)(lr *
+                   pow(cfg->optimizer.gamma,
+                       (double)((step - warm) / cfg->optimizer.step_size)));
   return (float)lr;
 }
 

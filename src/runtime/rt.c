@@ -20,8 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int st_rt_init(st_rt *rt, const st_model *m, int mb, int n,
-               const char *what) {
+int st_rt_init(st_rt *rt, const st_model *m, int mb, int n, const char *what) {
   memset(rt, 0, sizeof *rt);
   rt->model = m;
   rt->mb = mb;
@@ -57,8 +56,8 @@ void st_rt_fail(st_rt *rt, const st_error *err) {
 void st_rt_internal(st_rt *rt, const char *what, int64_t n, int stage) {
   st_error err = {0};
   st_error_set(&err, ST_EUNSUPPORTED,
-               "internal error: %s: %s (micro-batch %lld, stage %d)",
-               rt->what, what, (long long)n, stage);
+               "internal error: %s: %s (micro-batch %lld, stage %d)", rt->what,
+               what, (long long)n, stage);
   st_rt_fail(rt, &err);
 }
 
@@ -75,8 +74,7 @@ int st_rt_result(st_rt *rt, st_error *err) {
 
 void st_rt_trace(const st_trainer_view *v, st_trace_kind kind, int64_t n,
                  double t0, double t1) {
-  if (v->trace)
-    st_trace_add(v->trace, v->track, kind, v->step, (int)n, t0, t1);
+  if (v->trace) st_trace_add(v->trace, v->track, kind, v->step, (int)n, t0, t1);
 }
 
 /* ------------------------------------------------------------- links */
@@ -84,8 +82,7 @@ void st_rt_trace(const st_trainer_view *v, st_trace_kind kind, int64_t n,
 /* Bytes of a message between stage s - 1 and stage s (either way). */
 static size_t link_bytes(const st_rt *rt, int s) {
   return (size_t)rt->mb *
-         st_shape_numel(rt->model->blocks[rt->st[s]->first].in) *
-         sizeof(float);
+         st_shape_numel(rt->model->blocks[rt->st[s]->first].in) * sizeof(float);
 }
 
 int st_rt_post(st_rt_stage *st, int dir, int64_t n) {
@@ -99,10 +96,9 @@ int st_rt_post(st_rt_stage *st, int dir, int64_t n) {
                        st->index, &st->rx_fwd_req[slot], &err);
   } else {
     int at = (int)(n % st->rx_ring);
-    rc = st_dist_irecv(rt->group, ST_RT_BWD, st->rx_bwd[at],
-                       link_bytes(rt, st->index + 1),
-                       rt->st[st->index + 1]->owner, st->index,
-                       &st->rx_bwd_req[at], &err);
+    rc = st_dist_irecv(
+        rt->group, ST_RT_BWD, st->rx_bwd[at], link_bytes(rt, st->index + 1),
+        rt->st[st->index + 1]->owner, st->index, &st->rx_bwd_req[at], &err);
   }
   if (rc) st_rt_fail(rt, &err);
   return rc ? -1 : 0;
@@ -143,8 +139,7 @@ static const float *chan_recv(st_rt_stage *st, const st_trainer_view *v,
     return NULL;
   }
   st_msg m;
-  if (st_chan_take(c, &st->w, rt->spin, &rt->abort, &rt->stop, &m))
-    return NULL;
+  if (st_chan_take(c, &st->w, rt->spin, &rt->abort, &rt->stop, &m)) return NULL;
   if (v->trace) st_rt_trace(v, ST_TRACE_RECV, n, t0, st_now());
   if (m.n != n) {
     st_rt_internal(rt, "a message arrived out of order", n, st->index);
@@ -157,9 +152,9 @@ const float *st_rt_recv(st_rt_stage *st, const st_trainer_view *v, int dir,
                         int64_t n) {
   if (dir == ST_RT_FWD) {
     int slot = (int)(n % st->slots);
-    return st->remote_prev ? link_recv(st, v, &st->rx_fwd_req[slot],
-                                       st->rx_fwd[slot], n)
-                           : chan_recv(st, v, &st->fwd, n);
+    return st->remote_prev
+               ? link_recv(st, v, &st->rx_fwd_req[slot], st->rx_fwd[slot], n)
+               : chan_recv(st, v, &st->fwd, n);
   }
   int at = (int)(n % st->rx_ring);
   return st->remote_next
@@ -223,15 +218,14 @@ void st_rt_send_stop(st_rt *rt, int s) {
   static const float none[1];
   st_dist_req r = {0};
   st_error ignored = {0};
-  if (!st_dist_isend(rt->group, ST_RT_BWD, none, 0, rt->st[s - 1]->owner,
-                     s - 1, &r, &ignored))
+  if (!st_dist_isend(rt->group, ST_RT_BWD, none, 0, rt->st[s - 1]->owner, s - 1,
+                     &r, &ignored))
     st_dist_forget(&r);
 }
 
 /* ------------------------------------------------- placement, threads */
 
-void st_rt_place(st_rt *rt, st_dist_group *group, int lo, int hi,
-                 int threads) {
+void st_rt_place(st_rt *rt, st_dist_group *group, int lo, int hi, int threads) {
   int P = st_dist_group_size(group), k = hi - lo, mine = 0;
   rt->group = group;
   rt->me = st_dist_group_rank(group);

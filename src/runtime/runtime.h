@@ -38,15 +38,16 @@ int st_pin_thread(pthread_t thread, const int *cpus, int n);
 /* ------------------------------------------------- a step's inputs */
 
 /* One optimizer step over the trainer's batch, as a mode's stages see it:
- * its data, weights, buffers and settings. The view carries what the executor needs to update weights itself, block by block
- * (st_trainer_update_blocks), as soon as a block's gradient is complete. */
+ * its data, weights, buffers and settings. The view carries what the executor
+ * needs to update weights itself, block by block (st_trainer_update_blocks), as
+ * soon as a block's gradient is complete. */
 typedef struct st_trainer_view {
   const st_model *model;
-  st_ctx ctx;           /* pool, seed; first_sample set per batch */
+  st_ctx ctx; /* pool, seed; first_sample set per batch */
   float *params, *grads, *opt;
-  const float *x;       /* batch inputs */
-  const int *y;         /* batch labels */
-  float *losses;        /* per sample (batch) */
+  const float *x;         /* batch inputs */
+  const int *y;           /* batch labels */
+  float *losses;          /* per sample (batch) */
   float *probs, *dlogits; /* micro_batch * classes */
   int batch, micro_batch;
   int loss_batch;       /* the loss is a mean over this many samples: the
@@ -75,15 +76,15 @@ enum { ST_EXEC_PEER_STOPPED = 1000 };
 
 typedef struct st_stage {
   const st_model *model;
-  int first, count;   /* blocks [first, first + count) */
+  int first, count; /* blocks [first, first + count) */
   int max_batch;
-  float **acts;       /* per block: max_batch * act_per_sample */
-  float *work;        /* 3 * max_batch * model->max_numel */
-  float *scratch;     /* max_batch * model->max_scratch_per_sample */
-  float *grad_io[2];  /* gradients between blocks: max_batch * max_numel */
-  size_t base;        /* params/grads passed in start at this slab offset
-                         (0: the model's slab; pipelined_backprop passes
-                         its stage's own weight versions) */
+  float **acts;      /* per block: max_batch * act_per_sample */
+  float *work;       /* 3 * max_batch * model->max_numel */
+  float *scratch;    /* max_batch * model->max_scratch_per_sample */
+  float *grad_io[2]; /* gradients between blocks: max_batch * max_numel */
+  size_t base;       /* params/grads passed in start at this slab offset
+                        (0: the model's slab; pipelined_backprop passes
+                        its stage's own weight versions) */
 } st_stage;
 
 int st_stage_create(st_stage **out, const st_model *m, int first, int count,
@@ -100,9 +101,9 @@ void st_stage_backward(st_stage *s, const st_ctx *ctx, const float *params,
 /* The same, calling after_block(arg, block index) as soon as each block's
  * backward is done — its input gradient is computed, so its weights may be
  * updated while its gradients are still in cache. */
-void st_stage_backward_each(st_stage *s, const st_ctx *ctx,
-                            const float *params, float *grads, const float *in,
-                            const float *dout, float *din, int B,
+void st_stage_backward_each(st_stage *s, const st_ctx *ctx, const float *params,
+                            float *grads, const float *in, const float *dout,
+                            float *din, int B,
                             void (*after_block)(void *arg, int block),
                             void *arg);
 
@@ -120,44 +121,44 @@ typedef struct st_rt_stage {
   int index, first, count; /* index among all stages (every segment) */
   int cores, cpu_off;      /* its share of the cores: cpus [cpu_off, +cores) */
   char name[48];
-  st_pool *pool;           /* NULL where the schedule runs on the caller */
-  int slots;               /* activation slots: micro-batch n in n mod slots */
-  st_stage **run;          /* [slots]: the stage's blocks for one micro-batch */
-  const float **in;        /* [slots]: each slot's input */
-  st_chan fwd, bwd;        /* in-process messages from the stage before /
-                              after */
-  st_waiter w;             /* where its thread waits */
+  st_pool *pool;    /* NULL where the schedule runs on the caller */
+  int slots;        /* activation slots: micro-batch n in n mod slots */
+  st_stage **run;   /* [slots]: the stage's blocks for one micro-batch */
+  const float **in; /* [slots]: each slot's input */
+  st_chan fwd, bwd; /* in-process messages from the stage before /
+                       after */
+  st_waiter w;      /* where its thread waits */
   int waiter_ready;
   /* placed over ranks: the member running it, and its links to stages on
    * other ranks (remote_prev / remote_next) */
   int owner, local, remote_prev, remote_next;
-  int rx_ring;             /* gradients received ahead (<= ST_RT_RX_RING) */
-  int tx_ring;             /* its input-gradient buffers, each sent */
-  float **rx_fwd;          /* [slots]: inputs received from the stage before */
+  int rx_ring;    /* gradients received ahead (<= ST_RT_RX_RING) */
+  int tx_ring;    /* its input-gradient buffers, each sent */
+  float **rx_fwd; /* [slots]: inputs received from the stage before */
   st_dist_req *rx_fwd_req;
   float *rx_bwd[ST_RT_RX_RING]; /* gradients received from the stage after */
   st_dist_req rx_bwd_req[ST_RT_RX_RING];
-  st_dist_req *tx_fwd;     /* [slots]: each slot's output, sent */
-  st_dist_req *tx_bwd;     /* [tx_ring]: each input-gradient buffer, sent */
-  int leaky;               /* requests given up after a stop: MPI may still
-                              use the buffers, which are never freed */
-  double busy;             /* seconds of forward, backward and update */
-  double last_end;         /* when it last finished work (trace: idle) */
+  st_dist_req *tx_fwd; /* [slots]: each slot's output, sent */
+  st_dist_req *tx_bwd; /* [tx_ring]: each input-gradient buffer, sent */
+  int leaky;           /* requests given up after a stop: MPI may still
+                          use the buffers, which are never freed */
+  double busy;         /* seconds of forward, backward and update */
+  double last_end;     /* when it last finished work (trace: idle) */
   pthread_t thread;
   int started;
 } st_rt_stage;
 
 struct st_rt {
   const st_model *model;
-  const char *what;       /* the schedule, for internal errors */
+  const char *what; /* the schedule, for internal errors */
   int S, mb;
-  st_rt_stage **st;       /* [S] */
-  pthread_mutex_t mu;     /* rc, err, peer_stop */
-  st_waiter w;            /* the caller's wait */
-  atomic_int stop;        /* torn down: every thread leaves */
-  atomic_int abort;       /* the step stopped: every wait gives up */
-  int spin;               /* polls before a waiting stage sleeps */
-  int emulate;            /* one thread runs every stage: nothing waits */
+  st_rt_stage **st;   /* [S] */
+  pthread_mutex_t mu; /* rc, err, peer_stop */
+  st_waiter w;        /* the caller's wait */
+  atomic_int stop;    /* torn down: every thread leaves */
+  atomic_int abort;   /* the step stopped: every wait gives up */
+  int spin;           /* polls before a waiting stage sleeps */
+  int emulate;        /* one thread runs every stage: nothing waits */
   int rc, peer_stop;
   st_error err;
   /* placed over ranks: this process is member `me` of group */
@@ -182,8 +183,7 @@ void st_rt_trace(const st_trainer_view *v, st_trace_kind kind, int64_t n,
 /* Placed over ranks: stages [lo, hi) (one segment) go to the group's
  * members in order, stage lo + i to member i P / (hi - lo), and this
  * process's stages among them share its `threads` cores. */
-void st_rt_place(st_rt *rt, st_dist_group *group, int lo, int hi,
-                 int threads);
+void st_rt_place(st_rt *rt, st_dist_group *group, int lo, int hi, int threads);
 /* After every segment is placed: the links to other ranks' stages marked
  * and each stage's name given its rank. */
 void st_rt_mark_links(st_rt *rt);

@@ -1,9 +1,9 @@
 /*
  * stage.c — the compute of a stage, shared by every mode: a range of
  * blocks, their activation buffers and a backward workspace, sized once for
- * max_batch samples. Forward chains the blocks' outputs; backward walks them in reverse
- * passing the input gradient of one block as the output gradient of the one
- * before, ping-ponging between two buffers.
+ * max_batch samples. Forward chains the blocks' outputs; backward walks them in
+ * reverse passing the input gradient of one block as the output gradient of the
+ * one before, ping-ponging between two buffers.
  */
 #include "runtime.h"
 
@@ -21,14 +21,15 @@ int st_stage_create(st_stage **out, const st_model *m, int first, int count,
   s->acts = calloc((size_t)count, sizeof *s->acts);
   size_t span = (size_t)max_batch * m->max_numel;
   s->work = st_alloc(3 * span * sizeof(float));
-  s->scratch = st_alloc((size_t)max_batch * m->max_scratch_per_sample *
-                        sizeof(float));
+  s->scratch =
+      st_alloc((size_t)max_batch * m->max_scratch_per_sample * sizeof(float));
   s->grad_io[0] = st_alloc(span * sizeof(float));
   s->grad_io[1] = st_alloc(span * sizeof(float));
   int ok = s->acts && s->work && s->scratch && s->grad_io[0] && s->grad_io[1];
   for (int i = 0; ok && i < count; i++) {
     const st_block *b = &m->blocks[first + i];
-    s->acts[i] = st_alloc((size_t)max_batch * b->act_per_sample * sizeof(float));
+    s->acts[i] =
+        st_alloc((size_t)max_batch * b->act_per_sample * sizeof(float));
     ok = s->acts[i] != NULL;
   }
   if (!ok) {
@@ -71,20 +72,20 @@ void st_stage_backward(st_stage *s, const st_ctx *ctx, const float *params,
   st_stage_backward_each(s, ctx, params, grads, in, dout, din, B, NULL, NULL);
 }
 
-void st_stage_backward_each(st_stage *s, const st_ctx *ctx,
-                            const float *params, float *grads, const float *in,
-                            const float *dout, float *din, int B,
+void st_stage_backward_each(st_stage *s, const st_ctx *ctx, const float *params,
+                            float *grads, const float *in, const float *dout,
+                            float *din, int B,
                             void (*after_block)(void *arg, int block),
                             void *arg) {
   const float *g = dout;
   for (int i = s->count - 1; i >= 0; i--) {
     const st_block *b = &s->model->blocks[s->first + i];
-    const float *x =
-        i == 0 ? in
-               : st_block_output(&s->model->blocks[s->first + i - 1],
-                                 s->acts[i - 1], B);
-    float *dx = i == 0 ? din : (g == s->grad_io[0] ? s->grad_io[1]
-                                                    : s->grad_io[0]);
+    const float *x = i == 0
+                         ? in
+                         : st_block_output(&s->model->blocks[s->first + i - 1],
+                                           s->acts[i - 1], B);
+    float *dx =
+        i == 0 ? din : (g == s->grad_io[0] ? s->grad_io[1] : s->grad_io[0]);
     size_t at = b->param_off - s->base;
     st_block_backward(b, ctx, params + at, grads + at, x, s->acts[i], g, dx,
                       s->work, s->scratch, B);

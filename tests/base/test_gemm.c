@@ -60,8 +60,9 @@ static void run(const shape *s, int pad, float alpha, float beta, int nan_c,
   for (size_t i = 0; i < nb; i++) B[i] = uniform();
   for (int r = 0; r < M; r++)
     for (int c = 0; c < ldc; c++)
-      C0[(size_t)r * ldc + c] =
-          c >= N ? SENTINEL : nan_c && (r + c) % 3 == 0 ? NAN : uniform();
+      C0[(size_t)r * ldc + c] = c >= N                      ? SENTINEL
+                                : nan_c && (r + c) % 3 == 0 ? NAN
+                                                            : uniform();
   char what[160];
   snprintf(what, sizeof what, "%s ta%d tb%d %dx%dx%d alpha %g beta %g%s",
            s->path, s->ta, s->tb, M, N, K, alpha, beta,
@@ -98,8 +99,8 @@ static void run(const shape *s, int pad, float alpha, float beta, int nan_c,
       memcpy(first, C, nc * 4);
     } else {
       CHECK(memcmp(first, C, nc * 4) == 0,
-            "%s: %d threads differ from the pool-less result in some bit",
-            what, st_pool_threads(pools[p]));
+            "%s: %d threads differ from the pool-less result in some bit", what,
+            st_pool_threads(pools[p]));
     }
   }
   free(A), free(B), free(C0), free(C), free(first);
@@ -162,7 +163,9 @@ static void run_chain(const shape *s) {
                      s->tb ? B[(size_t)c * ldb + k] : B[(size_t)k * ldb + c],
                      acc);
         float c0 = C0[(size_t)r * N + c];
-        float want = v == 0 ? acc : v == 1 ? c0 + acc : fmaf(alpha, acc, beta * c0);
+        float want = v == 0   ? acc
+                     : v == 1 ? c0 + acc
+                              : fmaf(alpha, acc, beta * c0);
         off += memcmp(&want, &C[(size_t)r * N + c], 4) != 0;
       }
     CHECK(off == 0,
@@ -180,41 +183,59 @@ int main(void) {
                        st_pool_create(3)};
   const shape shapes[] = {
       /* one row: matrix-vector, both layouts, one tile and several */
-      {0, 1, 1, 256, 784, "gemv"},   {0, 0, 1, 784, 256, "gemv"},
-      {0, 1, 1, 10, 37, "gemv"},     {0, 0, 1, 37, 10, "gemv"},
-      {0, 1, 1, 2304, 600, "gemv tiled"}, {0, 0, 1, 3000, 400, "gemv tiled"},
+      {0, 1, 1, 256, 784, "gemv"},
+      {0, 0, 1, 784, 256, "gemv"},
+      {0, 1, 1, 10, 37, "gemv"},
+      {0, 0, 1, 37, 10, "gemv"},
+      {0, 1, 1, 2304, 600, "gemv tiled"},
+      {0, 0, 1, 3000, 400, "gemv tiled"},
       /* dot: 2 .. 8 rows, every row-pair remainder, K tails, N tails */
-      {0, 1, 2, 256, 784, "dot"},    {0, 1, 3, 13, 29, "dot"},
+      {0, 1, 2, 256, 784, "dot"},
+      {0, 1, 3, 13, 29, "dot"},
       {0, 1, 5, 7, 8, "dot"},
       {0, 1, 8, 256, 256, "8 rows (AVX2 dot, AVX-512 packed)"},
       {0, 1, 7, 1030, 517, "7 rows, tasks (AVX2 dot, AVX-512 packed)"},
-      {0, 1, 5, 1030, 517, "dot tasks"}, {0, 1, 4, 3, 1, "dot K=1"},
+      {0, 1, 5, 1030, 517, "dot tasks"},
+      {0, 1, 4, 3, 1, "dot K=1"},
       {0, 1, 8, 31, 300, "dot, 8 rows of 31"},
       {0, 1, 8, 64, 3073, "dot, 8 rows past the packed K"},
       {0, 1, 2, 5, 140000, "dot K past a task's FLOPs"},
       /* axpy: 2 .. 16 rows (blocks of 6 and each remainder), N tails */
-      {0, 0, 2, 784, 256, "axpy"},   {0, 0, 5, 19, 13, "axpy"},
-      {0, 0, 6, 8, 1, "axpy K=1"},   {0, 0, 11, 33, 64, "axpy"},
-      {0, 0, 16, 784, 512, "axpy"},  {0, 0, 13, 2051, 300, "axpy tasks"},
+      {0, 0, 2, 784, 256, "axpy"},
+      {0, 0, 5, 19, 13, "axpy"},
+      {0, 0, 6, 8, 1, "axpy K=1"},
+      {0, 0, 11, 33, 64, "axpy"},
+      {0, 0, 16, 784, 512, "axpy"},
+      {0, 0, 13, 2051, 300, "axpy tasks"},
       {0, 0, 9, 1, 5, "axpy N=1"},
       /* packed: more rows, or A or B transposed; blocks of 6 rows and
        * each remainder, strips of 16 columns and every tail (past 8 and
        * below), K tails of the 8 x 8 transpose, both edges of the limits */
-      {0, 1, 9, 300, 200, "packed"},  {0, 0, 17, 64, 64, "packed"},
-      {0, 0, 23, 27, 29, "packed"},   {0, 1, 19, 27, 29, "packed"},
-      {0, 1, 20, 5, 3, "packed"},     {0, 0, 22, 13, 1, "packed K=1"},
-      {1, 0, 256, 784, 8, "packed dW"}, {1, 0, 2, 3, 1, "packed dW"},
-      {1, 0, 21, 40, 64, "packed dW"}, {1, 1, 5, 6, 7, "packed"},
-      {1, 1, 25, 35, 17, "packed"},   {0, 1, 200, 300, 100, "packed tasks"},
+      {0, 1, 9, 300, 200, "packed"},
+      {0, 0, 17, 64, 64, "packed"},
+      {0, 0, 23, 27, 29, "packed"},
+      {0, 1, 19, 27, 29, "packed"},
+      {0, 1, 20, 5, 3, "packed"},
+      {0, 0, 22, 13, 1, "packed K=1"},
+      {1, 0, 256, 784, 8, "packed dW"},
+      {1, 0, 2, 3, 1, "packed dW"},
+      {1, 0, 21, 40, 64, "packed dW"},
+      {1, 1, 5, 6, 7, "packed"},
+      {1, 1, 25, 35, 17, "packed"},
+      {0, 1, 200, 300, 100, "packed tasks"},
       {0, 0, 20, 2051, 100, "packed tasks"},
-      {0, 1, 13, 45, 37, "packed"},   {0, 0, 20, 95, 40, "packed"},
-      {1, 0, 31, 61, 33, "packed dW"}, {0, 0, 12, 29, 16, "axpy"},
+      {0, 1, 13, 45, 37, "packed"},
+      {0, 0, 20, 95, 40, "packed"},
+      {1, 0, 31, 61, 33, "packed dW"},
+      {0, 0, 12, 29, 16, "axpy"},
       {0, 0, 14, 95, 40, "axpy"},
       {0, 0, 1024, 40, 512, "packed limits"},
       {0, 1, 1024, 40, 512, "packed limits"},
       /* gpt_tiny's products at batch 1 */
-      {0, 1, 64, 128, 512, "packed"}, {0, 0, 64, 128, 128, "packed"},
-      {1, 0, 384, 128, 64, "packed dW"}, {0, 1, 64, 384, 128, "packed"},
+      {0, 1, 64, 128, 512, "packed"},
+      {0, 0, 64, 128, 128, "packed"},
+      {1, 0, 384, 128, 64, "packed dW"},
+      {0, 1, 64, 384, 128, "packed"},
       /* with AVX-512 packed up to 4096 rows and K = 3072 (A transposed
        * too, unless its rows lie a multiple of 4 KB apart, below; K =
        * 1536 where the BLAS has AVX-512 kernels); past them, and without

@@ -49,8 +49,7 @@ static void stress(int threads) {
       CHECK(0, "pool of %d, job %d with %d tasks: a task ran %s", threads, n,
             ntasks, "twice, never, or out of range");
   }
-  CHECK(!bad, "pool of %d: %d jobs ran every task exactly once", threads,
-        JOBS);
+  CHECK(!bad, "pool of %d: %d jobs ran every task exactly once", threads, JOBS);
   st_pool_destroy(pool);
 }
 
@@ -74,8 +73,10 @@ static void sleepy(int threads) {
       bad |= j.hits[t] != (t < ntasks ? 1 : 0);
     bad |= atomic_load(&j.total) != ntasks;
   }
-  CHECK(!bad, "pool of %d: jobs after the workers slept ran every task "
-        "exactly once", threads);
+  CHECK(!bad,
+        "pool of %d: jobs after the workers slept ran every task "
+        "exactly once",
+        threads);
   st_pool_destroy(pool);
 }
 

@@ -103,8 +103,7 @@ static st_fabric one_core(void) {
 
 static int write_text(const char *path, const char *text) {
   FILE *f = fopen(path, "wb");
-  if (!f)
-    return -1;
+  if (!f) return -1;
   fputs(text, f);
   return fclose(f);
 }
@@ -145,8 +144,7 @@ static void test_round_trip(void) {
   same &= back.sharing[1] == 0.75 && back.sharing[2] == 0.5 &&
           back.sharing_slope == 0.375;
   same &= back.input_bandwidth == 4e9 && back.step_latency == 2e-5;
-  same &= back.narrow_rows == 0 && back.n_spill == 0 &&
-          back.row_bandwidth == 0;
+  same &= back.narrow_rows == 0 && back.n_spill == 0 && back.row_bandwidth == 0;
   CHECK(same, "every figure survives the round trip");
   /* the one-row bandwidth, alone and beside the narrow terms */
   c.row_bandwidth = 6.5e10;
@@ -158,14 +156,15 @@ static void test_round_trip(void) {
   c.row_bandwidth = 6.5e10;
   CHECK(st_calibration_write(&c, path, &err) == 0, "write: %s", err.msg);
   CHECK(st_calibration_read(&back, path, &err) == 0, "read: %s", err.msg);
-  CHECK(back.row_bandwidth == 6.5e10, "row bandwidth beside the narrow "
-        "terms: %g", back.row_bandwidth);
+  CHECK(back.row_bandwidth == 6.5e10,
+        "row bandwidth beside the narrow "
+        "terms: %g",
+        back.row_bandwidth);
   CHECK(back.narrow_rows == 8 && back.narrow_rate == 4e10 &&
             fabs(back.l2_bytes - 1048576) <= 8 && /* 6 digits written */
-            back.spill_cost == 2e-10 &&
-            back.n_spill == 3 && back.spill_ws[1] == 1e7 &&
-            back.spill_fraction[1] == 0.25 && back.spill_fraction[2] == 1 &&
-            back.step_latency == 2e-5,
+            back.spill_cost == 2e-10 && back.n_spill == 3 &&
+            back.spill_ws[1] == 1e7 && back.spill_fraction[1] == 0.25 &&
+            back.spill_fraction[2] == 1 && back.step_latency == 2e-5,
         "the memory terms survive the round trip: rows %d, %d points",
         back.narrow_rows, back.n_spill);
   /* a cold step measured no slower leaves no curve, and reads back so */
@@ -192,21 +191,22 @@ static void test_narrow_reproduces(void) {
     st_config cfg;
     st_config_defaults(&cfg);
     st_error err = {0};
-    const char *sets[] = {"model.kind=cnn", "model.channels=[32,64]",
+    const char *sets[] = {"model.kind=cnn",
+                          "model.channels=[32,64]",
                           half ? "model.dense=[128]" : "model.dense=[256]",
-                          "train.batch=64", "execution.mode=pipeline",
+                          "train.batch=64",
+                          "execution.mode=pipeline",
                           "execution.micro_batch=8"};
-    st_model *m = model_of(&cfg, sets, sizeof sets / sizeof *sets,
-                          (st_shape){1, 28, 28});
-    if (!m)
-      return;
+    st_model *m =
+        model_of(&cfg, sets, sizeof sets / sizeof *sets, (st_shape){1, 28, 28});
+    if (!m) return;
     st_block_cost bc[4];
     st_plan_costs(bc, m, &cfg);
     st_block_cost dense = bc[2]; /* flatten, linear, relu */
     memset(dense.bytes_fwd, 0, sizeof dense.bytes_fwd);
     memset(dense.bytes_bwd, 0, sizeof dense.bytes_bwd);
-    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
-                           .weight_versions = 1};
+    st_plan_options opt = {
+        .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
     st_plan *p = NULL;
     CHECK(st_plan_build(&p, &dense, 1, &f, &opt, &err) == 0, "%s", err.msg);
     if (p) {
@@ -219,13 +219,15 @@ static void test_narrow_reproduces(void) {
          * and of the large step's
          * excess over 8/64 of its 64-row time, the share of the weights
          * past L2 that this layer has */
-        double x = (t8 - t64 / 8) * (4 * n * k - 1048576) /
-                   (4 * 256 * k - 1048576);
+        double x =
+            (t8 - t64 / 8) * (4 * n * k - 1048576) / (4 * 256 * k - 1048576);
         want = (6.0 * n * k / c.gemm_rate[3] + x / 8);
       }
       /* the bias: n FLOPs forward, n backward per sample, at the rate */
-      CHECK(fabs(t - want) <= 2e-4 * want, "dense %g: %.9g s per sample, "
-            "want %.9g", n, t, want);
+      CHECK(fabs(t - want) <= 2e-4 * want,
+            "dense %g: %.9g s per sample, "
+            "want %.9g",
+            n, t, want);
       st_plan_destroy(p);
     }
     st_model_destroy(m);
@@ -305,12 +307,11 @@ static void test_narrow_compute(void) {
     /* working set below the spill curve */
     st_block_cost b =
         linear_block(cases[i].rows, cases[i].rows, cases[i].bytes, 1e6, 3);
-    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
-                           .weight_versions = 1};
+    st_plan_options opt = {
+        .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
     st_plan *p = NULL;
     CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
-    if (!p)
-      continue;
+    if (!p) continue;
     double t = p->stages[0].time, want = cases[i].want;
     CHECK(fabs(t - want) <= 1e-9 * (want > 0 ? want : 1e-9),
           "case %zu (%g rows, %g bytes): %.9g s per sample, want %.9g", i,
@@ -339,7 +340,7 @@ static void test_memory_terms(void) {
             f.l2_bytes == l2,
         "narrow cost %g want %g", f.narrow_cost, x / (w - l2));
   /* the spill curve: 0 up to its first point, linear between, 1 past */
-  double probe[][2] = {{1e6, 0},     {6e6, 0},   {8e6, 0.125}, {1e7, 0.25},
+  double probe[][2] = {{1e6, 0},       {6e6, 0}, {8e6, 0.125}, {1e7, 0.25},
                        {2.5e7, 0.625}, {4e7, 1}, {1e9, 1}};
   for (size_t i = 0; i < sizeof probe / sizeof *probe; i++)
     CHECK(fabs(st_spill_fraction(&f, probe[i][0]) - probe[i][1]) <= 1e-15,
@@ -355,20 +356,19 @@ static void test_memory_terms(void) {
       {16, 8, w, 1e6, 3, (1 - 16.0 / 64) * x / 8, 0}, /* 2 positions */
       {8, 8, w, 8e6, 2, (1 - 8.0 / 64) * x / 12, 0.125 * 2e-10 * w / 12},
       {8, 8, w, 2.5e7, 3, (1 - 8.0 / 64) * x / 8, 0.625 * 2e-10 * w / 8},
-      {64, 64, w, 5e7, 3, 0, 2e-10 * w / 64},    /* no narrow term */
-      {1, 1, w, 1e6, 3, 0, 0},                   /* batch 1: no GEMMs */
-      {8, 8, l2, 1e6, 3, 0, 0},                  /* weights in L2 */
+      {64, 64, w, 5e7, 3, 0, 2e-10 * w / 64}, /* no narrow term */
+      {1, 1, w, 1e6, 3, 0, 0},                /* batch 1: no GEMMs */
+      {8, 8, l2, 1e6, 3, 0, 0},               /* weights in L2 */
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     st_block_cost b = linear_block(cases[i].rows, cases[i].samples,
                                    cases[i].bytes, cases[i].ws, cases[i].gemms);
-    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
-                           .weight_versions = 1};
+    st_plan_options opt = {
+        .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
     st_plan *p = NULL;
     st_error err = {0};
     CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
-    if (!p)
-      continue;
+    if (!p) continue;
     double t = cases[i].narrow + cases[i].spill;
     double fwd = t / cases[i].gemms, bwd = t - fwd;
     CHECK(fabs(p->stages[0].time_fwd - fwd) <= 1e-12 * t &&
@@ -389,8 +389,8 @@ static void test_memory_terms(void) {
     b.linear_rows[0] = 1, b.linear_bytes[0] = w, b.linear_gemms[0] = 3;
     b.call_samples = 1, b.ws_bytes = 2.5e7;
     b.row_bytes_fwd = w;
-    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
-                           .weight_versions = 1};
+    st_plan_options opt = {
+        .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
     st_plan *p = NULL;
     st_error e = {0};
     CHECK(st_plan_build(&p, &b, 1, &g, &opt, &e) == 0, "%s", e.msg);
@@ -463,8 +463,7 @@ static void test_sharing(void) {
   for (const char *line = text; *line;) {
     const char *end = strchr(line, '\n');
     size_t len = end ? (size_t)(end - line) + 1 : strlen(line);
-    if (memmem(line, len, "\"step_latency", 13) && o > 2 &&
-        old[o - 2] == ',') {
+    if (memmem(line, len, "\"step_latency", 13) && o > 2 && old[o - 2] == ',') {
       old[o - 2] = '\n'; /* the line before it now ends the object */
       o--;
     } else if (memmem(line, len, "\"op_bandwidth", 13)) {
@@ -490,8 +489,7 @@ static void test_sharing(void) {
   CHECK(o < n && write_text(path, old) == 0, "an older profile");
   CHECK(st_calibration_read(&back, path, &err) == 0, "older profile: %s",
         err.msg);
-  CHECK(back.sharing_slope == 0 && back.sharing[0] == 1 &&
-            back.sharing[2] == 1,
+  CHECK(back.sharing_slope == 0 && back.sharing[0] == 1 && back.sharing[2] == 1,
         "older profile: sharing slope %g", back.sharing_slope);
   CHECK(back.input_bandwidth == 0 && back.step_latency == 0,
         "older profile: the caller's time not modelled (%g, %g)",
@@ -525,11 +523,11 @@ static void test_sharing(void) {
     st_fabric fb = fab;
     fb.sharing_slope = on ? 0.375 : 0;
     for (int k = 0; k < 2; k++) {
-      st_plan_options opt = {.stages = k ? 4 : 1, .samples_in_flight = 1,
-                             .weight_versions = 1};
+      st_plan_options opt = {
+          .stages = k ? 4 : 1, .samples_in_flight = 1, .weight_versions = 1};
       st_plan *plan = NULL;
-      CHECK(st_plan_build(&plan, bc, m->n_blocks, &fb, &opt, &err) == 0,
-            "%s", err.msg);
+      CHECK(st_plan_build(&plan, bc, m->n_blocks, &fb, &opt, &err) == 0, "%s",
+            err.msg);
       t[on][k] = plan ? plan->bottleneck_time : 0;
       st_plan_destroy(plan);
     }
@@ -538,8 +536,7 @@ static void test_sharing(void) {
         t[0][0]);
   /* one core each while all 4 are busy: GEMM time x m(1)/m(4) = 2.125 */
   CHECK(t[1][1] > 1.2 * t[0][1] && t[1][1] <= 2.125 * t[0][1] * (1 + 1e-12),
-        "four one-core stages: %g with sharing, %g without", t[1][1],
-        t[0][1]);
+        "four one-core stages: %g with sharing, %g without", t[1][1], t[0][1]);
   st_model_destroy(m);
 }
 
@@ -566,8 +563,7 @@ static void test_bad_profiles(void) {
   CHECK(st_calibration_write(&c, good_path, &err) == 0, "%s", err.msg);
   FILE *f = fopen(good_path, "rb");
   size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-  if (f)
-    fclose(f);
+  if (f) fclose(f);
   text[n] = '\0';
 
   expect_bad("foreign.json", "{\"format\": \"strata-plan\", \"version\": 1}",
@@ -578,8 +574,7 @@ static void test_bad_profiles(void) {
   snprintf(edited, sizeof edited, "%s", text);
   char *v = strstr(edited, "\"version\": 1");
   CHECK(v != NULL, "the written profile has a version");
-  if (v)
-    v[strlen("\"version\": ")] = '2';
+  if (v) v[strlen("\"version\": ")] = '2';
   expect_bad("v2.json", edited, "version 2, this strata reads version 1");
   /* truncated in the middle */
   snprintf(edited, sizeof edited, "%.*s", (int)(n / 2), text);
@@ -588,8 +583,7 @@ static void test_bad_profiles(void) {
   snprintf(edited, sizeof edited, "%s", text);
   char *g = strstr(edited, "\"gemm_rate\": [");
   CHECK(g != NULL, "the written profile has gemm_rate");
-  if (g)
-    g[strlen("\"gemm_rate\": [")] = '-';
+  if (g) g[strlen("\"gemm_rate\": [")] = '-';
   expect_bad("negative.json", edited, "\"gemm_rate\"");
   /* an optional figure, present, is checked like the others */
   st_calibration with_row = sample_profile();
@@ -597,13 +591,11 @@ static void test_bad_profiles(void) {
   CHECK(st_calibration_write(&with_row, good_path, &err) == 0, "%s", err.msg);
   f = fopen(good_path, "rb");
   n = f ? fread(edited, 1, sizeof edited - 1, f) : 0;
-  if (f)
-    fclose(f);
+  if (f) fclose(f);
   edited[n] = '\0';
   g = strstr(edited, "\"row_bandwidth\": [");
   CHECK(g != NULL, "the written profile has row_bandwidth");
-  if (g)
-    g[strlen("\"row_bandwidth\": [")] = '-';
+  if (g) g[strlen("\"row_bandwidth\": [")] = '-';
   expect_bad("negative.json", edited, "\"row_bandwidth\"");
 
   /* the cpu fabric refuses a bad profile rather than guess, naming it */
@@ -649,10 +641,9 @@ static void test_split_by_hand(void) {
                         "model.dense=[]",     "model.norm=none",
                         "optimizer.kind=sgd", "optimizer.momentum=0.9",
                         "train.batch=32"};
-  st_model *m = model_of(&cfg, sets, sizeof sets / sizeof *sets,
-                        (st_shape){1, 28, 28});
-  if (!m)
-    return;
+  st_model *m =
+      model_of(&cfg, sets, sizeof sets / sizeof *sets, (st_shape){1, 28, 28});
+  if (!m) return;
   st_block_cost bc[2];
   st_plan_costs(bc, m, &cfg);
   st_cost conv = st_conv2d_cost(1, 28, 28, 4, 3, 1, 1);
@@ -682,21 +673,19 @@ static void test_split_by_hand(void) {
   /* optimizer: 40 parameters x (4 + 2 x 1 slot) floats, once per 32 */
   CHECK(bc[0].bytes_bwd[3] == 4.0 * 40 * 6 / 32, "block 0 optimizer %g",
         bc[0].bytes_bwd[3]);
-  CHECK(bc[1].gemm_fwd[1] == lin.flops_fwd && bc[1].gemm_bwd[1] == lin.flops_bwd &&
-            bc[1].gemm_fwd[0] == 0,
+  CHECK(bc[1].gemm_fwd[1] == lin.flops_fwd &&
+            bc[1].gemm_bwd[1] == lin.flops_bwd && bc[1].gemm_fwd[0] == 0,
         "block 1 GEMM");
   /* the memory terms' inputs: one linear layer of 784 x 10 weights, calls
    * of 32 rows, its three GEMMs; none in block 0 (a conv); a micro-batch's
    * step touches weights and gradient, two micro-batches' activations and
    * inputs */
   CHECK(bc[0].n_linear == 0 && bc[1].n_linear == 1 &&
-            bc[1].linear_bytes[0] == 4.0 * 7840 &&
-            bc[1].linear_rows[0] == 32 && bc[1].linear_gemms[0] == 3 &&
-            bc[1].call_samples == 32,
+            bc[1].linear_bytes[0] == 4.0 * 7840 && bc[1].linear_rows[0] == 32 &&
+            bc[1].linear_gemms[0] == 3 && bc[1].call_samples == 32,
         "block 1 linear: %d, %g bytes, %g rows, %g gemms", bc[1].n_linear,
         bc[1].linear_bytes[0], bc[1].linear_rows[0], bc[1].linear_gemms[0]);
-  CHECK(bc[1].ws_bytes == 2 * 4.0 * 7850 +
-                              32 * (bc[1].act_bytes + 4.0 * 784),
+  CHECK(bc[1].ws_bytes == 2 * 4.0 * 7850 + 32 * (bc[1].act_bytes + 4.0 * 784),
         "block 1 working set %g (one batch: not split)", bc[1].ws_bytes);
   /* flatten: a copy each way (784); softmax-xent on 10: 3C and 2C floats */
   CHECK(bc[1].bytes_fwd[0] == 4.0 * (2 * 784 + 3 * 10) &&
@@ -712,14 +701,17 @@ static void test_split_by_hand(void) {
 static void test_split_gpt(void) {
   st_config cfg;
   st_config_defaults(&cfg);
-  const char *sets[] = {"model.kind=gpt",  "model.vocab=256",
-                        "model.context=64", "model.layers=1",
-                        "model.heads=4",   "model.width=128",
-                        "model.activation=gelu_tanh", "train.batch=8"};
-  st_model *m = model_of(&cfg, sets, sizeof sets / sizeof *sets,
-                        (st_shape){1, 64, 1});
-  if (!m)
-    return;
+  const char *sets[] = {"model.kind=gpt",
+                        "model.vocab=256",
+                        "model.context=64",
+                        "model.layers=1",
+                        "model.heads=4",
+                        "model.width=128",
+                        "model.activation=gelu_tanh",
+                        "train.batch=8"};
+  st_model *m =
+      model_of(&cfg, sets, sizeof sets / sizeof *sets, (st_shape){1, 64, 1});
+  if (!m) return;
   CHECK(m->n_blocks == 3, "embed, h.0, head: %d blocks", m->n_blocks);
   st_block_cost bc[3];
   st_plan_costs(bc, m, &cfg);
@@ -742,7 +734,8 @@ static void test_split_gpt(void) {
    * 2 x 64 x 128 x (384 + 128 + 512 + 512) forward */
   double gemm = 0;
   for (int k = 0; k < ST_GEMM_CLASSES; k++) gemm += bc[1].gemm_fwd[k];
-  CHECK(gemm == 2.0 * 64 * 128 * (384 + 128 + 512 + 512) + 64.0 * (384 + 128 + 512 + 128),
+  CHECK(gemm == 2.0 * 64 * 128 * (384 + 128 + 512 + 512) +
+                    64.0 * (384 + 128 + 512 + 128),
         "h.0 linear forward FLOPs %g", gemm);
   /* their memory terms' inputs: a call is the batch of 8 sequences, 8 x 64
    * rows, on 128 x 384, 128 x 128, 128 x 512 and 512 x 128 weights */
@@ -763,10 +756,10 @@ static void test_kernel_time(void) {
   st_block_cost b;
   memset(&b, 0, sizeof b);
   snprintf(b.name, sizeof b.name, "blocks.0");
-  b.conv_fwd[1] = 3e6;   /* 3e6 / 3e10 = 100 us; as a GEMM 3e6 / 4e10 */
-  b.conv_bwd[1] = 4e6;   /* 4e6 / 2e10 = 200 us; 4e6 / 4e10 */
-  b.attn_fwd[0] = 2e6;   /* 2e6 / 2.5e10 = 80 us; 2e6 / 2e10 */
-  b.attn_bwd[2] = 7e6;   /* 7e6 / 7e10 = 100 us; 7e6 / 5e10 */
+  b.conv_fwd[1] = 3e6;    /* 3e6 / 3e10 = 100 us; as a GEMM 3e6 / 4e10 */
+  b.conv_bwd[1] = 4e6;    /* 4e6 / 2e10 = 200 us; 4e6 / 4e10 */
+  b.attn_fwd[0] = 2e6;    /* 2e6 / 2.5e10 = 80 us; 2e6 / 2e10 */
+  b.attn_bwd[2] = 7e6;    /* 7e6 / 7e10 = 100 us; 7e6 / 5e10 */
   b.bytes_fwd[4] = 2.5e5; /* gelu: 2.5e5 / 2.5e9 = 100 us */
   b.flops_fwd = 5e6;
   b.flops_bwd = 11e6;
@@ -777,13 +770,12 @@ static void test_kernel_time(void) {
       memset(c.attention_rate, 0, sizeof c.attention_rate);
     }
     st_calibration_apply(&c, &f, "test");
-    st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
-                           .weight_versions = 1};
+    st_plan_options opt = {
+        .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
     st_plan *p = NULL;
     st_error err = {0};
     CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
-    if (!p)
-      continue;
+    if (!p) continue;
     double fwd = older ? 3e6 / 4e10 + 2e6 / 2e10 + 1e-4 : 100e-6 + 80e-6 + 1e-4;
     double bwd = older ? 4e6 / 4e10 + 7e6 / 5e10 : 200e-6 + 100e-6;
     CHECK(fabs(p->stages[0].time_fwd - fwd) <= 1e-12 * fwd &&
@@ -823,8 +815,8 @@ static void test_time_by_hand(void) {
   b[1].gemm_fwd[2] = 5e6;  /* 100 us */
   b[1].bytes_bwd[3] = 4e5; /* 20 us */
   b[1].flops_fwd = 5e6;
-  st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
-                         .weight_versions = 1};
+  st_plan_options opt = {
+      .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
   st_plan *p = NULL;
   st_error err = {0};
   CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
@@ -851,8 +843,7 @@ static void test_time_by_hand(void) {
   CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
   if (p) {
     double want = 300e-6 * 0.5 + 20e-6 + 10e-6;
-    CHECK(p->n_stages == 2 && p->stages[0].pes == 3 &&
-              p->stages[1].pes == 1 &&
+    CHECK(p->n_stages == 2 && p->stages[0].pes == 3 && p->stages[1].pes == 1 &&
               fabs(p->bottleneck_time - want) <= tol * want &&
               fabs(p->stages[1].time - 130e-6) <= tol * 130e-6,
           "two stages: %lld + %lld cores, bottleneck %.9g want %.9g, "
@@ -896,8 +887,8 @@ static void test_host_time(void) {
           "%s", err.msg);
     setenv("STRATA_CALIBRATION", path, 1);
     st_plan *p = NULL;
-    CHECK(st_plan_compile(&p, &cfg, k ? 2 : 1, &err) == 0, "%s: %s",
-          modes[k], err.msg);
+    CHECK(st_plan_compile(&p, &cfg, k ? 2 : 1, &err) == 0, "%s: %s", modes[k],
+          err.msg);
     setenv("STRATA_CALIBRATION", "none", 1);
     if (!p) continue;
     double want = input + (handoff[k] ? 2e-5 / 64 : 0);
@@ -915,8 +906,8 @@ static void test_host_time(void) {
     CHECK(st_plan_compile(&p, &cfg, k ? 2 : 1, &err) == 0, "%s", err.msg);
     if (p)
       CHECK(p->host_time == 0 &&
-                st_plan_rate(p, pb) == p->throughput * (pb ? 1.0
-                                                           : p->util_fill_drain),
+                st_plan_rate(p, pb) ==
+                    p->throughput * (pb ? 1.0 : p->util_fill_drain),
             "%s uncalibrated: host time %g", modes[k], p->host_time);
     st_plan_destroy(p);
   }
@@ -950,13 +941,15 @@ static void test_one_row(void) {
     char mode[64], mit[64];
     snprintf(mode, sizeof mode, "execution.mode=%s", cases[i].mode);
     snprintf(mit, sizeof mit, "execution.mitigation=%s", cases[i].mitigation);
-    const char *sets[] = {"model.hidden=[64]", "optimizer.momentum=0.9",
-                          "train.batch=64", mode, mit,
+    const char *sets[] = {"model.hidden=[64]",
+                          "optimizer.momentum=0.9",
+                          "train.batch=64",
+                          mode,
+                          mit,
                           cases[i].mb ? cases[i].mb : "train.batch=64"};
-    st_model *m = model_of(&cfg, sets, sizeof sets / sizeof *sets,
-                          (st_shape){1, 28, 28});
-    if (!m)
-      return;
+    st_model *m =
+        model_of(&cfg, sets, sizeof sets / sizeof *sets, (st_shape){1, 28, 28});
+    if (!m) return;
     st_block_cost bc[2];
     st_plan_costs(bc, m, &cfg);
     int one = cases[i].rows1, fused = cases[i].fused;
@@ -998,8 +991,8 @@ static void test_one_row(void) {
       st_block_cost b = bc[1];
       memset(b.bytes_fwd, 0, sizeof b.bytes_fwd);
       memset(b.bytes_bwd, 0, sizeof b.bytes_bwd);
-      st_plan_options opt = {.stages = 1, .samples_in_flight = 1,
-                             .weight_versions = 1};
+      st_plan_options opt = {
+          .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
       st_plan *p = NULL;
       st_error err = {0};
       CHECK(st_plan_build(&p, &b, 1, &f, &opt, &err) == 0, "%s", err.msg);
@@ -1031,8 +1024,7 @@ static void test_one_row(void) {
   const char *sets[] = {"model.hidden=[64]", "optimizer.kind=adamw",
                         "train.batch=1"};
   st_model *m = model_of(&cfg, sets, 3, (st_shape){1, 28, 28});
-  if (!m)
-    return;
+  if (!m) return;
   st_block_cost bc[2];
   st_plan_costs(bc, m, &cfg);
   CHECK(bc[1].row_bytes_fwd == w1 && bc[1].row_bytes_bwd == w1 + 6 * w1 &&
@@ -1064,9 +1056,9 @@ int main(void) {
   test_host_time();
   test_one_row();
   /* leave nothing behind */
-  const char *files[] = {"cal.json",       "good.json",     "foreign.json",
-                         "empty.json",     "v2.json",       "truncated.json",
-                         "negative.json",  "shared.json",   "host.json"};
+  const char *files[] = {"cal.json",      "good.json",   "foreign.json",
+                         "empty.json",    "v2.json",     "truncated.json",
+                         "negative.json", "shared.json", "host.json"};
   char path[128];
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     path_in(path, sizeof path, files[i]);

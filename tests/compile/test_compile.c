@@ -95,8 +95,7 @@ typedef struct oracle {
 static double o_time(const oracle *o, int i, int j, int64_t units) {
   double c = (double)units * o->h, s = o->f->efficiency_slope;
   double g = (s + (1 - s) / c) / o->f->pe_flops, ff = 0, fb = 0;
-  for (int k = i; k < j; k++)
-    ff += o->b[k].flops_fwd, fb += o->b[k].flops_bwd;
+  for (int k = i; k < j; k++) ff += o->b[k].flops_fwd, fb += o->b[k].flops_bwd;
   double bytes =
       (j < o->n ? o->b[j - 1].out_bytes : 0) + (i > 0 ? o->b[i].in_bytes : 0);
   double bw = o->f->link_bandwidth * (o->f->kind == ST_FABRIC_MESH ? o->h : 1);
@@ -128,22 +127,18 @@ static int64_t o_place(const oracle *o, int64_t end, int64_t u, int64_t *span) {
 
 static void o_search(oracle *o, int s, int i, int64_t end, double worst) {
   if (s == o->K) {
-    if (i == o->n && worst < o->best)
-      o->best = worst;
+    if (i == o->n && worst < o->best) o->best = worst;
     return;
   }
   int64_t U = (int64_t)o->bands * o->W;
   for (int j = i + 1; j <= o->n - (o->K - s - 1); j++)
     for (int64_t u = 1; u <= U; u++) {
       int64_t span, start = o_place(o, end, u, &span);
-      if (start < 0)
-        break;
-      if (!o_fits(o, i, j, span))
-        continue;
+      if (start < 0) break;
+      if (!o_fits(o, i, j, span)) continue;
       double t = o_time(o, i, j, span);
       double w = t > worst ? t : worst;
-      if (w < o->best)
-        o_search(o, s + 1, j, start + span, w);
+      if (w < o->best) o_search(o, s + 1, j, start + span, w);
     }
 }
 
@@ -159,14 +154,12 @@ static double brute_force(const st_block_cost *b, int n, int K,
               .W = f->width};
   double best = INFINITY;
   for (int h = 1; h <= f->height; h++) {
-    if (f->height % h)
-      continue;
+    if (f->height % h) continue;
     o.h = h;
     o.bands = f->height / h;
     o.best = INFINITY;
     o_search(&o, 0, 0, 0, 0);
-    if (o.best < best)
-      best = o.best;
+    if (o.best < best) best = o.best;
   }
   return best;
 }
@@ -187,8 +180,7 @@ static void check_invariants(const st_plan *p, const char *what) {
   const st_fabric *f = &p->fabric;
   static unsigned char used[64 * 64];
   int ok_small = f->pes <= 64 * 64;
-  if (ok_small)
-    memset(used, 0, (size_t)f->pes);
+  if (ok_small) memset(used, 0, (size_t)f->pes);
   int64_t total = 0;
   int next_block = 0, bad_pe = 0, bad_rect = 0, bad_mem = 0, bad_touch = 0;
   for (int s = 0; s < p->n_stages; s++) {
@@ -197,8 +189,7 @@ static void check_invariants(const st_plan *p, const char *what) {
           "%s: stage %d blocks [%d, +%d) after %d", what, s, st->first,
           st->count, next_block);
     next_block = st->first + st->count;
-    if (st->pes < 1 || st->pes != (int64_t)st->w * st->h)
-      bad_rect++;
+    if (st->pes < 1 || st->pes != (int64_t)st->w * st->h) bad_rect++;
     if (st->x < 0 || st->y < 0 || st->x + st->w > f->width ||
         st->y + st->h > f->height)
       bad_rect++;
@@ -208,8 +199,7 @@ static void check_invariants(const st_plan *p, const char *what) {
     total += st->pes;
     for (int y = st->y; ok_small && y < st->y + st->h && y < f->height; y++)
       for (int x = st->x; x < st->x + st->w && x < f->width; x++)
-        if (used[y * f->width + x]++)
-          bad_pe++;
+        if (used[y * f->width + x]++) bad_pe++;
     if (s > 0) {
       const st_plan_stage *pr = &p->stages[s - 1];
       if (f->kind == ST_FABRIC_CPU ? st->x != pr->x + pr->w
@@ -228,8 +218,7 @@ static void check_invariants(const st_plan *p, const char *what) {
         (long long)total, (long long)f->pes);
   double worst = 0;
   for (int s = 0; s < p->n_stages; s++)
-    if (p->stages[s].time > worst)
-      worst = p->stages[s].time;
+    if (p->stages[s].time > worst) worst = p->stages[s].time;
   CHECK(worst == p->bottleneck_time && p->stages[p->bottleneck].time == worst,
         "%s: bottleneck %g vs slowest stage %g", what, p->bottleneck_time,
         worst);
@@ -259,8 +248,7 @@ static void compare(const st_block_cost *b, int n, int K, const st_fabric *f,
       CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "does not fit"),
             "%s: brute force finds no plan, got rc %d '%s'", label, rc,
             err.msg);
-      if (rc == ST_EUNSUPPORTED)
-        ++*agree;
+      if (rc == ST_EUNSUPPORTED) ++*agree;
     } else {
       CHECK(rc == 0, "%s: %s", label, err.msg);
       if (rc == 0) {
@@ -273,8 +261,7 @@ static void compare(const st_block_cost *b, int n, int K, const st_fabric *f,
               label, p->bottleneck_time, want, rel);
         CHECK(p->n_stages == K, "%s: %d stages", label, p->n_stages);
         check_invariants(p, label);
-        if (rel <= 1e-12)
-          ++*agree;
+        if (rel <= 1e-12) ++*agree;
       }
     }
     st_plan_destroy(p);
@@ -289,8 +276,7 @@ static void test_partition_cpu_brute_force(void) {
     int n = randint(1, 12);
     int C = cores[randint(0, 8)];
     int kmax = n < 6 ? n : 6;
-    if (kmax > C)
-      kmax = C;
+    if (kmax > C) kmax = C;
     int K = randint(1, kmax);
     random_blocks(b, n);
     /* memory from loose to binding: per-core memory around one block's */
@@ -309,8 +295,7 @@ static void test_partition_mesh_brute_force(void) {
   for (int trial = 0; trial < 300; trial++) {
     int W = randint(1, 4), H = randint(1, 4), n = randint(1, 7);
     int kmax = n < 4 ? n : 4;
-    if (kmax > W * H)
-      kmax = W * H;
+    if (kmax > W * H) kmax = W * H;
     int K = randint(1, kmax);
     random_blocks(b, n);
     double in_flight = randint(1, 4);
@@ -335,8 +320,7 @@ static void test_auto_stages(void) {
     st_error err = {0};
     int rc = st_plan_build(&p, b, n, &f, &opt, &err);
     CHECK(rc == 0, "auto K: %s", err.msg);
-    if (rc)
-      continue;
+    if (rc) continue;
     CHECK(p->throughput_by_k != NULL && p->n_tried >= p->n_stages,
           "auto K: no table of K tried");
     for (int k = 1; p->throughput_by_k && k <= p->n_tried; k++) {
@@ -364,16 +348,14 @@ static void test_placement_snake(void) {
     for (int K = 1; K <= 9; K++) {
       random_blocks(b, 9);
       st_fabric f = mesh_fabric(shapes[t][0], shapes[t][1], 1e8);
-      if (K > f.pes)
-        continue;
+      if (K > f.pes) continue;
       st_plan_options opt = {
           .stages = K, .samples_in_flight = 2, .weight_versions = 1};
       st_plan *p;
       st_error err = {0};
       int rc = st_plan_build(&p, b, 9, &f, &opt, &err);
       CHECK(rc == 0, "%s K=%d: %s", f.name, K, err.msg);
-      if (rc)
-        continue;
+      if (rc) continue;
       char what[64];
       snprintf(what, sizeof what, "snake %s K=%d", f.name, K);
       check_invariants(p, what);
@@ -419,8 +401,7 @@ static void test_costs_closed_forms(void) {
   st_error err = {0};
   int rc = st_model_create(&m, &cfg, (st_shape){1, 28, 28}, &err);
   CHECK(rc == 0, "model: %s", err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   st_block_cost bc[4];
   CHECK(m->n_blocks == 2, "blocks %d", m->n_blocks);
   st_plan_costs(bc, m, &cfg);
@@ -628,8 +609,7 @@ static void test_compile_and_write(void) {
   st_error err = {0};
   int rc = st_plan_compile(&p, &cfg, 0, &err);
   CHECK(rc == 0, "compile: %s", err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   CHECK(p->n_blocks == 6 && p->fabric.pes == 4, "blocks %d", p->n_blocks);
   check_invariants(p, "cnn on cpu:4");
   CHECK(p->micro_batches == 1 &&
@@ -645,8 +625,7 @@ static void test_compile_and_write(void) {
   FILE *f = fopen(json, "rb");
   size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
   text[n] = 0;
-  if (f)
-    fclose(f);
+  if (f) fclose(f);
   CHECK(strstr(text, "\"format\": \"strata-plan\"") &&
             strstr(text, "\"stages\": [") && strstr(text, "\"cause\": ") &&
             strstr(text, "\"bubble_utilization\""),
@@ -654,8 +633,7 @@ static void test_compile_and_write(void) {
   f = fopen(svg, "rb");
   n = f ? fread(text, 1, sizeof text - 1, f) : 0;
   text[n] = 0;
-  if (f)
-    fclose(f);
+  if (f) fclose(f);
   CHECK(strncmp(text, "<svg", 4) == 0 && strstr(text, "</svg>") &&
             strstr(text, ">S0<"),
         "plan.svg content");

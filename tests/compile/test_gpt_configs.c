@@ -79,8 +79,7 @@ static void test_shape(const gpt_shape *s) {
   st_error err = {0};
   int rc = load(&cfg, s->config, &err);
   CHECK(rc == 0, "%s: %s", s->config, err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   const char *kind = cfg.model.kind, *pos = cfg.model.positions;
   CHECK(!strcmp(kind, "gpt") && cfg.model.layers == s->layers &&
             cfg.model.width == s->width && cfg.model.heads == s->heads &&
@@ -98,8 +97,7 @@ static void test_shape(const gpt_shape *s) {
   rc = st_model_create(&m, &cfg, (st_shape){1, (int)s->context, 1}, &err);
   uint64_t after = st_alloc_count();
   CHECK(rc == 0, "%s: %s", s->config, err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   CHECK(after == before, "%s: st_alloc called %llu times building it",
         s->config, (unsigned long long)(after - before));
   CHECK(m->n_blocks == s->layers + 2, "%s: %d blocks", s->config, m->n_blocks);
@@ -161,8 +159,7 @@ static void test_differences(void) {
 static void test_validate(const gpt_shape *s) {
   st_config cfg;
   st_error err = {0};
-  if (load(&cfg, s->config, &err))
-    return; /* reported by test_shape */
+  if (load(&cfg, s->config, &err)) return; /* reported by test_shape */
   FILE *out = tmpfile();
   uint64_t before = st_alloc_count();
   int rc = st_plan_validate(&cfg, out, &err);
@@ -180,8 +177,7 @@ static void test_validate(const gpt_shape *s) {
   snprintf(digits, sizeof digits, "%lld", (long long)closed_form(s));
   size_t len = strlen(digits), o = 0;
   for (size_t i = 0; i < len; i++) {
-    if (i && (len - i) % 3 == 0)
-      grouped[o++] = ',';
+    if (i && (len - i) % 3 == 0) grouped[o++] = ',';
     grouped[o++] = digits[i];
   }
   grouped[o] = 0;
@@ -198,8 +194,7 @@ static void test_validate(const gpt_shape *s) {
 static void test_compile_wse2(const gpt_shape *s) {
   st_config cfg;
   st_error err = {0};
-  if (load(&cfg, s->config, &err))
-    return;
+  if (load(&cfg, s->config, &err)) return;
   CHECK(st_fabric_parse(&cfg, "wse2", &err) == 0, "%s", err.msg);
   st_plan *p = NULL;
   int rc = st_plan_compile(&p, &cfg, 0, &err);
@@ -247,12 +242,9 @@ static void test_compile_wse2(const gpt_shape *s) {
 
 int main(void) {
   setenv("STRATA_CALIBRATION", "none", 1);
-  for (int i = 0; i < N_SHAPES; i++)
-    test_shape(&shapes[i]);
+  for (int i = 0; i < N_SHAPES; i++) test_shape(&shapes[i]);
   test_differences();
-  for (int i = 0; i < N_SHAPES; i++)
-    test_validate(&shapes[i]);
-  for (int i = 0; i < N_SHAPES; i++)
-    test_compile_wse2(&shapes[i]);
+  for (int i = 0; i < N_SHAPES; i++) test_validate(&shapes[i]);
+  for (int i = 0; i < N_SHAPES; i++) test_compile_wse2(&shapes[i]);
   TH_DONE();
 }

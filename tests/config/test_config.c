@@ -108,11 +108,9 @@ static void expect_invalid(const char *const *sets, const char *want,
   expect_invalid((const char *const[]){__VA_ARGS__, NULL}, want, __LINE__)
 
 static int list_is(const st_int_list *l, int n, const int *v) {
-  if (l->n != n)
-    return 0;
+  if (l->n != n) return 0;
   for (int i = 0; i < n; i++)
-    if (l->v[i] != v[i])
-      return 0;
+    if (l->v[i] != v[i]) return 0;
   return 1;
 }
 #define LIST_IS(l, ...)                                                        \
@@ -133,9 +131,7 @@ static void print_schema(FILE *f, const void *arg) {
   (void)arg;
   st_config_print_schema(f);
 }
-static void write_config(FILE *f, const void *arg) {
-  st_config_write(arg, f);
-}
+static void write_config(FILE *f, const void *arg) { st_config_write(arg, f); }
 static void schema_markdown(FILE *f, const void *arg) {
   (void)arg;
   st_config_schema_markdown(f);
@@ -813,8 +809,7 @@ static void test_validate(void) {
     st_error e = {0};
     st_config_defaults(&m);
     int rc = st_config_set(&m, more[i][0], &e);
-    if (!rc)
-      rc = st_config_validate(&m, &e);
+    if (!rc) rc = st_config_validate(&m, &e);
     CHECK(rc == ST_ECONFIG && !strncmp(e.msg, more[i][1], strlen(more[i][1])),
           "--set %s: '%s'", more[i][0], e.msg);
   }
@@ -891,12 +886,10 @@ static void test_docs_in_sync(void) {
                                            "../../../../docs/config.md"};
   const char *path = candidates[0];
   FILE *f = NULL;
-  for (int i = 0; i < 3 && !f; i++)
-    f = fopen(path = candidates[i], "rb");
+  for (int i = 0; i < 3 && !f; i++) f = fopen(path = candidates[i], "rb");
   CHECK(f != NULL, "cannot open docs/config.md (run from the repository "
                    "root)");
-  if (!f)
-    return;
+  if (!f) return;
   static char doc[1 << 16];
   size_t n = fread(doc, 1, sizeof doc - 1, f);
   doc[n] = '\0';
@@ -937,10 +930,9 @@ static void test_fabric_kinds(void) {
     st_error e = {0};
     st_config_defaults(&c);
     int rc = st_config_set(&c, ok[i], &e);
-    if (!rc)
-      rc = st_config_validate(&c, &e);
-    CHECK(rc == 0 && !strcmp(c.fabric.kind, ok[i] + 12), "--set %s: %s",
-          ok[i], e.msg);
+    if (!rc) rc = st_config_validate(&c, &e);
+    CHECK(rc == 0 && !strcmp(c.fabric.kind, ok[i] + 12), "--set %s: %s", ok[i],
+          e.msg);
   }
   st_config c;
   st_error e = {0};

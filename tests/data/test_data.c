@@ -42,8 +42,7 @@ static const char *tmp_path(const char *name) {
 
 static uint8_t *read_whole(const char *path, size_t *bytes) {
   FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
+  if (!f) return NULL;
   fseek(f, 0, SEEK_END);
   long len = ftell(f);
   fseek(f, 0, SEEK_SET);
@@ -73,8 +72,7 @@ static void write_gz(const char *path, const char *mode, const void *data,
                      size_t bytes) {
   gzFile gz = gzopen(path, mode);
   if (gz) {
-    if (bytes)
-      gzwrite(gz, data, (unsigned)bytes);
+    if (bytes) gzwrite(gz, data, (unsigned)bytes);
     gzclose(gz);
   }
 }
@@ -125,8 +123,7 @@ static void check_failure(const char *what, int rc, const st_dataset *ds,
 
 static uint64_t pixel_sum(const uint8_t *p, size_t n) {
   uint64_t sum = 0;
-  for (size_t i = 0; i < n; i++)
-    sum += p[i];
+  for (size_t i = 0; i < n; i++) sum += p[i];
   return sum;
 }
 
@@ -135,8 +132,7 @@ static void test_load_test_set(void) {
   st_error err = {0};
   int rc = st_dataset_load_idx(&ds, TEST_IMAGES, TEST_LABELS, 0, &err);
   CHECK(rc == 0 && ds, "load t10k: %s", err.msg);
-  if (!ds)
-    return;
+  if (!ds) return;
   CHECK(ds->n == 10000, "t10k n = %d", ds->n);
   CHECK(ds->shape.c == 1 && ds->shape.h == 28 && ds->shape.w == 28,
         "t10k shape (%d, %d, %d)", ds->shape.c, ds->shape.h, ds->shape.w);
@@ -147,8 +143,7 @@ static void test_load_test_set(void) {
   const uint8_t first_labels[10] = {9, 2, 1, 1, 6, 1, 4, 6, 5, 7};
   CHECK(memcmp(ds->labels, first_labels, 10) == 0, "first labels differ");
   int per_class[256] = {0};
-  for (int s = 0; s < ds->n; s++)
-    per_class[ds->labels[s]]++;
+  for (int s = 0; s < ds->n; s++) per_class[ds->labels[s]]++;
   for (int c = 0; c < 10; c++)
     CHECK(per_class[c] == 1000, "class %d has %d samples", c, per_class[c]);
   const uint8_t row14[28] = {0,   0,   0,   0,   0,   0,   2,   4,   1,   0,
@@ -191,8 +186,7 @@ static void test_load_train_set(void) {
   st_error err = {0};
   int rc = st_dataset_load_idx(&ds, TRAIN_IMAGES, TRAIN_LABELS, 0, &err);
   CHECK(rc == 0 && ds, "load train: %s", err.msg);
-  if (!ds)
-    return;
+  if (!ds) return;
   CHECK(ds->n == 60000 && ds->classes == 10, "train n %d classes %d", ds->n,
         ds->classes);
   CHECK(ds->labels[0] == 9, "first train label %d", ds->labels[0]);
@@ -211,8 +205,7 @@ static void test_load_train_set(void) {
 static void test_small_files(void) {
   const uint8_t labels[3] = {0, 4, 2};
   uint8_t pixels[3 * 2 * 3];
-  for (int i = 0; i < 18; i++)
-    pixels[i] = (uint8_t)(i * 15);
+  for (int i = 0; i < 18; i++) pixels[i] = (uint8_t)(i * 15);
   const char *img = tmp_path("small-images.gz");
   const char *lab = tmp_path("small-labels.gz");
   write_images(img, "wb", 3, 2, 3, pixels, sizeof pixels);
@@ -259,10 +252,8 @@ static void write_flipped(const char *src, const char *dst, size_t at,
                           size_t count) {
   size_t bytes = 0;
   uint8_t *data = read_whole(src, &bytes);
-  if (!data)
-    return;
-  for (size_t i = at; i < at + count && i < bytes; i++)
-    data[i] ^= 0xff;
+  if (!data) return;
+  for (size_t i = at; i < at + count && i < bytes; i++) data[i] ^= 0xff;
   write_raw(dst, data, bytes);
   free(data);
 }
@@ -287,8 +278,7 @@ static void test_corrupt_gzip(void) {
  * fails only if the loader reads through the trailer. */
 static void test_crc_only_damage(void) {
   uint8_t labels[1000];
-  for (int i = 0; i < 1000; i++)
-    labels[i] = (uint8_t)(i % 10);
+  for (int i = 0; i < 1000; i++) labels[i] = (uint8_t)(i % 10);
   uint8_t pixels[1000];
   memset(pixels, 7, sizeof pixels);
   const char *img = tmp_path("crc-images.gz");
@@ -320,8 +310,7 @@ static void write_prefix(const char *src, const char *dst, size_t keep,
                          size_t drop) {
   size_t bytes = 0;
   uint8_t *data = read_whole(src, &bytes);
-  if (!data)
-    return;
+  if (!data) return;
   size_t n = keep ? keep : bytes - drop;
   write_raw(dst, data, n < bytes ? n : bytes);
   free(data);
@@ -412,8 +401,7 @@ static int is_permutation(const int32_t *perm, int n) {
   int ok = seen != NULL;
   for (int i = 0; ok && i < n; i++) {
     ok = perm[i] >= 0 && perm[i] < n && !seen[perm[i]];
-    if (ok)
-      seen[perm[i]] = 1;
+    if (ok) seen[perm[i]] = 1;
   }
   free(seen);
   return ok;
@@ -433,8 +421,7 @@ static void test_shuffle(void) {
   CHECK(memcmp(a, c, sizeof a) != 0, "another epoch, another order");
   CHECK(memcmp(a, d, sizeof a) != 0, "another seed, another order");
   int fixed = 0;
-  for (int i = 0; i < N; i++)
-    fixed += a[i] == i;
+  for (int i = 0; i < N; i++) fixed += a[i] == i;
   /* A uniform permutation has 1 fixed point on average; 10 is p < 1e-7. */
   CHECK(fixed < 10, "shuffle left %d of %d in place", fixed, N);
   int32_t one = -1;
@@ -452,13 +439,10 @@ static void test_shuffle(void) {
   }
   int orders = 0, low = 24000, high = 0;
   for (int k = 0; k < 256; k++) {
-    if (!counts[k])
-      continue;
+    if (!counts[k]) continue;
     orders++;
-    if (counts[k] < low)
-      low = counts[k];
-    if (counts[k] > high)
-      high = counts[k];
+    if (counts[k] < low) low = counts[k];
+    if (counts[k] > high) high = counts[k];
   }
   CHECK(orders == 24 && low >= 850 && high <= 1150,
         "shuffle of 4: %d orders, counts %d..%d", orders, low, high);
@@ -469,8 +453,7 @@ static void test_batch(void) {
   st_error err = {0};
   int rc = st_dataset_synthetic(&ds, 50, (st_shape){3, 4, 5}, 7, 1, &err);
   CHECK(rc == 0 && ds, "synthetic for batch: %s", err.msg);
-  if (!ds)
-    return;
+  if (!ds) return;
   enum { B = 3, NUMEL = 60 };
   const int32_t idx[B] = {17, 0, 49};
   float x[B * NUMEL], xn[B * NUMEL], want[B * NUMEL], wantn[B * NUMEL];
@@ -501,16 +484,14 @@ static void test_batch_standardises(void) {
   st_dataset *ds = NULL;
   st_error err = {0};
   int rc = st_dataset_load_idx(&ds, TEST_IMAGES, TEST_LABELS, 0, &err);
-  if (rc || !ds)
-    return;
+  if (rc || !ds) return;
   size_t numel = st_shape_numel(ds->shape);
   float *x = malloc(sizeof(float) * numel * 1000);
   int32_t *idx = malloc(sizeof(int32_t) * 1000);
   int *y = malloc(sizeof(int) * 1000);
   double sum = 0, sq = 0;
   for (int start = 0; x && idx && y && start < ds->n; start += 1000) {
-    for (int b = 0; b < 1000; b++)
-      idx[b] = start + b;
+    for (int b = 0; b < 1000; b++) idx[b] = start + b;
     st_dataset_batch(ds, idx, 1000, 1, x, y);
     for (size_t i = 0; i < numel * 1000; i++) {
       sum += x[i];
@@ -535,8 +516,7 @@ static double centroid_accuracy(const st_dataset *ds) {
   double *centroid = calloc((size_t)ds->classes * numel, sizeof(double));
   int *count = calloc((size_t)ds->classes, sizeof(int));
   int half = ds->n / 2, right = 0;
-  if (!centroid || !count)
-    goto done;
+  if (!centroid || !count) goto done;
   for (int s = 0; s < half; s++) {
     count[ds->labels[s]]++;
     for (size_t i = 0; i < numel; i++)
@@ -554,8 +534,7 @@ static double centroid_accuracy(const st_dataset *ds) {
         double e = ds->pixels[s * numel + i] - centroid[c * numel + i];
         d += e * e;
       }
-      if (d < best_d)
-        best_d = d, best = c;
+      if (d < best_d) best_d = d, best = c;
     }
     right += best == ds->labels[s];
   }
@@ -574,8 +553,7 @@ static void test_synthetic(void) {
   st_dataset_synthetic(&b, 2000, shape, 10, 5, &err);
   st_dataset_synthetic(&c, 2000, shape, 10, 6, &err);
   st_dataset_synthetic(&small, 5, shape, 10, 5, &err);
-  if (!a || !b || !c || !small)
-    goto done;
+  if (!a || !b || !c || !small) goto done;
   CHECK(a->n == 2000 && a->classes == 10 && a->shape.h == 8, "synthetic dims");
   CHECK(memcmp(a->pixels, b->pixels, 2000 * 64) == 0 &&
             memcmp(a->labels, b->labels, 2000) == 0,
@@ -584,13 +562,11 @@ static void test_synthetic(void) {
   CHECK(memcmp(a->pixels, small->pixels, 5 * 64) == 0,
         "sample s does not depend on n");
   int balanced = 1;
-  for (int s = 0; s < a->n; s++)
-    balanced &= a->labels[s] == s % 10;
+  for (int s = 0; s < a->n; s++) balanced &= a->labels[s] == s % 10;
   CHECK(balanced, "labels are s %% classes");
   /* Stats recomputed the plain two-pass way, not from a histogram. */
   double sum = 0, sq = 0, total = 2000.0 * 64;
-  for (int i = 0; i < 2000 * 64; i++)
-    sum += a->pixels[i] / 255.0;
+  for (int i = 0; i < 2000 * 64; i++) sum += a->pixels[i] / 255.0;
   double mean = sum / total;
   for (int i = 0; i < 2000 * 64; i++) {
     double d = a->pixels[i] / 255.0 - mean;
@@ -634,8 +610,7 @@ static void remove_tmp_dir(void) {
         unlink(tmp_path(e->d_name));
     closedir(dir);
   }
-  if (rmdir(tmp_dir) != 0)
-    fprintf(stderr, "could not remove %s\n", tmp_dir);
+  if (rmdir(tmp_dir) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
 }
 
 /* A range of a synthetic problem is exactly those samples of the whole

@@ -54,10 +54,8 @@ static size_t gen_text(uint8_t *out, size_t n) {
   size_t k = 0;
   while (k < n) {
     const char *w = words[next_u32() % 16];
-    for (size_t i = 0; w[i] && k < n; i++)
-      out[k++] = (uint8_t)w[i];
-    if (k < n)
-      out[k++] = next_u32() % 9 == 0 ? '\n' : ' ';
+    for (size_t i = 0; w[i] && k < n; i++) out[k++] = (uint8_t)w[i];
+    if (k < n) out[k++] = next_u32() % 9 == 0 ? '\n' : ' ';
   }
   return n;
 }
@@ -71,8 +69,7 @@ static int naive_train(const uint8_t *text, size_t n, int vocab,
   int32_t *seq = malloc((n + 1) * sizeof *seq);
   int64_t *count = malloc((size_t)vocab * vocab * sizeof *count);
   size_t len = n;
-  for (size_t i = 0; i < n; i++)
-    seq[i] = text[i];
+  for (size_t i = 0; i < n; i++) seq[i] = text[i];
   int r = 0;
   for (; 256 + r < vocab; r++) {
     memset(count, 0, (size_t)vocab * vocab * sizeof *count);
@@ -87,8 +84,7 @@ static int naive_train(const uint8_t *text, size_t n, int vocab,
           a = x;
           b = y;
         }
-    if (best < 2)
-      break;
+    if (best < 2) break;
     size_t k = 0;
     for (size_t i = 0; i < len; i++) {
       if (i + 1 < len && seq[i] == a && seq[i + 1] == b) {
@@ -111,8 +107,7 @@ static int naive_train(const uint8_t *text, size_t n, int vocab,
 static size_t naive_encode(const st_tokenizer *tok, const uint8_t *text,
                            size_t n, int32_t *seq) {
   size_t len = n;
-  for (size_t i = 0; i < n; i++)
-    seq[i] = text[i];
+  for (size_t i = 0; i < n; i++) seq[i] = text[i];
   for (int r = 0; r + 256 < st_tokenizer_vocab(tok); r++) {
     int32_t a, b;
     st_tokenizer_merge(tok, r, &a, &b);
@@ -155,14 +150,12 @@ static void test_bytes(void) {
   CHECK(st_tokenizer_vocab(tok) == 256, "byte vocab %d",
         st_tokenizer_vocab(tok));
   uint8_t all[512];
-  for (int i = 0; i < 512; i++)
-    all[i] = (uint8_t)(255 - i % 256);
+  for (int i = 0; i < 512; i++) all[i] = (uint8_t)(255 - i % 256);
   int32_t ids[512];
   size_t n_ids = 0;
   st_tokenizer_encode(tok, all, sizeof all, ids, &n_ids, &err);
   int same = n_ids == sizeof all;
-  for (size_t i = 0; same && i < n_ids; i++)
-    same = ids[i] == all[i];
+  for (size_t i = 0; same && i < n_ids; i++) same = ids[i] == all[i];
   CHECK(same, "byte tokens are the bytes (%zu ids)", n_ids);
   CHECK(round_trips(tok, all, sizeof all), "byte round trip");
   CHECK(round_trips(tok, all, 0), "byte round trip of empty text");
@@ -232,8 +225,7 @@ static void test_against_naive(void) {
   /* Encode a fresh text (other words order, random bytes mixed in). */
   uint8_t *other = malloc(N);
   gen_text(other, N);
-  for (int i = 0; i < N; i += 97)
-    other[i] = (uint8_t)next_u32();
+  for (int i = 0; i < N; i += 97) other[i] = (uint8_t)next_u32();
   int32_t *fast = malloc(N * sizeof *fast), *slow = malloc(N * sizeof *slow);
   size_t n_fast = 0, n_slow = naive_encode(tok, other, N, slow);
   st_tokenizer_encode(tok, other, N, fast, &n_fast, &err);
@@ -260,8 +252,7 @@ static void test_against_naive(void) {
 
   /* Round trips on random bytes: NUL, invalid UTF-8, lone continuations. */
   uint8_t *noise = malloc(N);
-  for (int i = 0; i < N; i++)
-    noise[i] = (uint8_t)next_u32();
+  for (int i = 0; i < N; i++) noise[i] = (uint8_t)next_u32();
   static const uint8_t bad_utf8[] = {0x00, 0xff, 0xc0, 0x80, 0xed, 0xa0,
                                      0x80, 0xf8, 0x00, 0x00, 'a',  0xfe};
   memcpy(noise + 100, bad_utf8, sizeof bad_utf8);
@@ -298,8 +289,7 @@ static void test_against_naive(void) {
 static size_t count_tokens(const uint8_t *text, size_t n, int vocab) {
   st_error err = {0};
   st_tokenizer *tok = NULL;
-  if (st_bpe_train(&tok, text, n, vocab, &err))
-    return 0;
+  if (st_bpe_train(&tok, text, n, vocab, &err)) return 0;
   int32_t *ids = malloc(n * sizeof *ids);
   size_t n_ids = 0;
   st_tokenizer_encode(tok, text, n, ids, &n_ids, &err);
@@ -351,8 +341,7 @@ static void test_file(void) {
   int32_t *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
   size_t nx = 0, ny = 0;
   st_tokenizer_encode(tok, text, N, x, &nx, &err);
-  if (back)
-    st_tokenizer_encode(back, text, N, y, &ny, &err);
+  if (back) st_tokenizer_encode(back, text, N, y, &ny, &err);
   CHECK(nx == ny && memcmp(x, y, nx * sizeof *x) == 0,
         "loaded tokenizer encodes the same ids");
   st_tokenizer_destroy(back);
@@ -420,8 +409,7 @@ static void test_text_dataset(void) {
     CHECK(ds->n_val == 500 && ds->n_train == 4500,
           "split of 5000 at 0.1: %zu train, %zu val", ds->n_train, ds->n_val);
     int same = ds->train == ds->tokens && ds->val == ds->tokens + 4500;
-    for (size_t i = 0; same && i < N; i++)
-      same = ds->tokens[i] == text[i];
+    for (size_t i = 0; same && i < N; i++) same = ds->tokens[i] == text[i];
     CHECK(same, "train is the start of the file, val the end");
     st_text_dataset_destroy(ds);
   }
@@ -482,23 +470,23 @@ static void test_utf8(void) {
   } cases[] = {
       {"", 0, 0},
       {"plain ascii", 11, 11},
-      {"\xC3\xA9t\xC3\xA9", 5, 5},         /* été */
-      {"\xE2\x82\xAC", 3, 3},               /* euro sign */
-      {"\xF0\x9F\x98\x80", 4, 4},           /* U+1F600 */
-      {"\xF4\x8F\xBF\xBF", 4, 4},           /* U+10FFFF, the last */
-      {"a\xC0\xAF", 3, 1},                  /* overlong '/' */
-      {"\xC1\xBF", 2, 0},                   /* overlong */
-      {"\xE0\x80\xAF", 3, 0},               /* overlong 3-byte */
-      {"\xE0\x9F\xBF", 3, 0},               /* overlong U+07FF */
-      {"\xE0\xA0\x80", 3, 3},               /* U+0800, the first */
-      {"\xED\x9F\xBF", 3, 3},               /* U+D7FF */
-      {"\xED\xA0\x80", 3, 0},               /* a surrogate, U+D800 */
-      {"\xF0\x8F\xBF\xBF", 4, 0},           /* overlong 4-byte */
-      {"\xF4\x90\x80\x80", 4, 0},           /* U+110000 */
-      {"\xF5\x80\x80\x80", 4, 0},           /* F5: never valid */
-      {"ab\xE2\x82", 4, 2},                 /* truncated at the end */
-      {"\xE2\x28\xA1", 3, 0},               /* bad continuation */
-      {"\x80", 1, 0},                        /* a lone continuation */
+      {"\xC3\xA9t\xC3\xA9", 5, 5}, /* été */
+      {"\xE2\x82\xAC", 3, 3},      /* euro sign */
+      {"\xF0\x9F\x98\x80", 4, 4},  /* U+1F600 */
+      {"\xF4\x8F\xBF\xBF", 4, 4},  /* U+10FFFF, the last */
+      {"a\xC0\xAF", 3, 1},         /* overlong '/' */
+      {"\xC1\xBF", 2, 0},          /* overlong */
+      {"\xE0\x80\xAF", 3, 0},      /* overlong 3-byte */
+      {"\xE0\x9F\xBF", 3, 0},      /* overlong U+07FF */
+      {"\xE0\xA0\x80", 3, 3},      /* U+0800, the first */
+      {"\xED\x9F\xBF", 3, 3},      /* U+D7FF */
+      {"\xED\xA0\x80", 3, 0},      /* a surrogate, U+D800 */
+      {"\xF0\x8F\xBF\xBF", 4, 0},  /* overlong 4-byte */
+      {"\xF4\x90\x80\x80", 4, 0},  /* U+110000 */
+      {"\xF5\x80\x80\x80", 4, 0},  /* F5: never valid */
+      {"ab\xE2\x82", 4, 2},        /* truncated at the end */
+      {"\xE2\x28\xA1", 3, 0},      /* bad continuation */
+      {"\x80", 1, 0},              /* a lone continuation */
       {"ok\xFF", 3, 2},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -523,7 +511,6 @@ int main(void) {
   test_text_dataset();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", tmp_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
   TH_DONE();
 }

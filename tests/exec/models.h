@@ -28,22 +28,29 @@ static void set_all(st_config *c, const char *const *sets, size_t n) {
 static void mlp_config(st_config *c) {
   st_config_defaults(c);
   const char *sets[] = {"data.dataset=synthetic", "data.train_limit=512",
-                        "data.test_limit=64", "model.hidden=[64,32,32]",
-                        "model.dropout=0.1", "optimizer.nesterov=true",
-                        "train.threads=2", "metrics.progress=off"};
+                        "data.test_limit=64",     "model.hidden=[64,32,32]",
+                        "model.dropout=0.1",      "optimizer.nesterov=true",
+                        "train.threads=2",        "metrics.progress=off"};
   set_all(c, sets, sizeof sets / sizeof sets[0]);
 }
 
 /* AdamW. */
 static void cnn_config(st_config *c) {
   st_config_defaults(c);
-  const char *sets[] = {"data.dataset=synthetic", "data.train_limit=512",
-                        "data.test_limit=64", "model.kind=cnn",
-                        "model.channels=[4,8]", "model.residual_blocks=1",
-                        "model.norm=groupnorm", "model.groups=2",
-                        "model.dense=[16]", "model.dropout=0.1",
-                        "optimizer.kind=adamw", "optimizer.lr=0.002",
-                        "optimizer.weight_decay=0.01", "train.threads=2",
+  const char *sets[] = {"data.dataset=synthetic",
+                        "data.train_limit=512",
+                        "data.test_limit=64",
+                        "model.kind=cnn",
+                        "model.channels=[4,8]",
+                        "model.residual_blocks=1",
+                        "model.norm=groupnorm",
+                        "model.groups=2",
+                        "model.dense=[16]",
+                        "model.dropout=0.1",
+                        "optimizer.kind=adamw",
+                        "optimizer.lr=0.002",
+                        "optimizer.weight_decay=0.01",
+                        "train.threads=2",
                         "metrics.progress=off"};
   set_all(c, sets, sizeof sets / sizeof sets[0]);
 }
@@ -51,12 +58,18 @@ static void cnn_config(st_config *c) {
 /* AdamW. */
 static void gpt_config(st_config *c) {
   st_config_defaults(c);
-  const char *sets[] = {"model.kind=gpt", "data.dataset=text",
+  const char *sets[] = {"model.kind=gpt",
+                        "data.dataset=text",
                         "data.path=tests/fixtures/gpt_corpus.txt",
-                        "model.context=16", "model.layers=2", "model.heads=2",
-                        "model.width=16", "model.dropout=0.1",
-                        "model.activation=gelu_tanh", "optimizer.kind=adamw",
-                        "optimizer.lr=0.003", "train.threads=2",
+                        "model.context=16",
+                        "model.layers=2",
+                        "model.heads=2",
+                        "model.width=16",
+                        "model.dropout=0.1",
+                        "model.activation=gelu_tanh",
+                        "optimizer.kind=adamw",
+                        "optimizer.lr=0.003",
+                        "train.threads=2",
                         "metrics.progress=off"};
   set_all(c, sets, sizeof sets / sizeof sets[0]);
 }
@@ -120,8 +133,7 @@ static inline float *train_bf16_reference(const st_config *base, size_t *n) {
   st_config c = *base;
   snprintf(c.execution.mode, sizeof c.execution.mode, "sequential");
   snprintf(c.execution.store, sizeof c.execution.store, "memory");
-  snprintf(c.execution.store_weights, sizeof c.execution.store_weights,
-           "fp32");
+  snprintf(c.execution.store_weights, sizeof c.execution.store_weights, "fp32");
   int stochastic = strcmp(base->execution.store_rounding, "stochastic") == 0;
   st_error err = {0};
   st_trainer *t = make(&c, &err);

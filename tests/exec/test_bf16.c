@@ -56,9 +56,8 @@ static uint16_t nearest_reference(float x) {
   double dx = x, dd = from_bits((uint32_t)down << 16);
   /* the neighbour away from zero; past the largest finite value it is
    * infinity, which rounding reaches at half an ulp beyond it */
-  double du = (up & 0x7FFF) == 0x7F80
-                  ? copysign(ldexp(1.0, 128), dx)
-                  : (double)from_bits((uint32_t)up << 16);
+  double du = (up & 0x7FFF) == 0x7F80 ? copysign(ldexp(1.0, 128), dx)
+                                      : (double)from_bits((uint32_t)up << 16);
   double a = fabs(dx - dd), b = fabs(du - dx);
   if (a < b) return down;
   if (b < a) return up;
@@ -75,7 +74,8 @@ static void test_nearest(void) {
       {1.0f + 0x1p-7f + 0x1p-8f, 1.0f + 0x1p-6f}, /* tie: to even (up) */
       {1.0f + 0x1p-8f + 0x1p-20f, 1.0f + 0x1p-7f},
       {-1.0f - 0x1p-8f - 0x1p-20f, -1.0f - 0x1p-7f},
-      {0x1.fffffep+127f, INFINITY}, /* beyond bf16's largest finite + half ulp */
+      {0x1.fffffep+127f,
+       INFINITY}, /* beyond bf16's largest finite + half ulp */
       {0x1.fdp+127f, 0x1.fcp+127f}, /* a tie below it: to even */
       {-0.0f, -0.0f},
       {INFINITY, INFINITY},
@@ -109,8 +109,10 @@ static void test_nearest(void) {
     if (isnan(x)) continue;
     if (st_bf16_from(x) != nearest_reference(x) && !wrong++) first_wrong = u;
   }
-  CHECK(wrong == 0, "bf16 to nearest equals the reference on 1e6 random "
-        "bit patterns (%d wrong, first %08x)", wrong, first_wrong);
+  CHECK(wrong == 0,
+        "bf16 to nearest equals the reference on 1e6 random "
+        "bit patterns (%d wrong, first %08x)",
+        wrong, first_wrong);
   /* widening is exact and packing round-trips */
   uint16_t h[3];
   float w[3] = {0.5f, -2.25f, 1.0f + 0x1p-7f}, back[3];
@@ -129,23 +131,29 @@ static void test_stochastic(void) {
   st_bf16_round(y, N, 1, 42, 5, 1000);
   int ups = 0, other = 0;
   for (int i = 0; i < N; i++) {
-    if (y[i] == 1.0f + ulp) ups++;
-    else if (y[i] != 1.0f) other++;
+    if (y[i] == 1.0f + ulp)
+      ups++;
+    else if (y[i] != 1.0f)
+      other++;
   }
   double p = (double)(v - 1.0f) / ulp, f = (double)ups / N;
   double sd = sqrt(p * (1 - p) / N);
   CHECK(other == 0, "stochastic rounding gives a neighbour (%d did not)",
         other);
-  CHECK(fabs(f - p) < 5 * sd, "rounds up %.5f of the time, the closed form "
-        "%.5f (5 sd = %.5f)", f, p, 5 * sd);
+  CHECK(fabs(f - p) < 5 * sd,
+        "rounds up %.5f of the time, the closed form "
+        "%.5f (5 sd = %.5f)",
+        f, p, 5 * sd);
   /* negative values: away from zero with the same probability */
   for (int i = 0; i < N; i++) y[i] = -v;
   st_bf16_round(y, N, 1, 42, 6, 0);
   ups = 0;
   for (int i = 0; i < N; i++) ups += y[i] == -1.0f - ulp;
   f = (double)ups / N;
-  CHECK(fabs(f - p) < 5 * sd, "negative: away from zero %.5f, closed form "
-        "%.5f", f, p);
+  CHECK(fabs(f - p) < 5 * sd,
+        "negative: away from zero %.5f, closed form "
+        "%.5f",
+        f, p);
   /* neighbours round independently: at probability 1/2, two elements k
    * apart (within and across a Philox block of 8) both go up a quarter of
    * the time, within 5 standard deviations */
@@ -156,12 +164,12 @@ static void test_stochastic(void) {
   double worst = 0, sd2 = sqrt(0.25 * 0.75 / (N - 16));
   for (int k = 1; k <= 16; k++) {
     int both = 0;
-    for (int i = 0; i + k < N; i++)
-      both += y[i] != 1.0f && y[i + k] != 1.0f;
+    for (int i = 0; i + k < N; i++) both += y[i] != 1.0f && y[i + k] != 1.0f;
     double dev = fabs((double)both / (N - k) - 0.25);
     if (dev > worst) worst = dev, worst_lag = k;
   }
-  CHECK(worst < 5 * sd2, "elements 1..16 apart round up together at the "
+  CHECK(worst < 5 * sd2,
+        "elements 1..16 apart round up together at the "
         "independent rate 1/4 (worst lag %d: off by %.5f, 5 sd = %.5f)",
         worst_lag, worst, 5 * sd2);
   /* bf16 values stay */
@@ -222,12 +230,12 @@ static void test_equal(const char *what, const st_config *base) {
     CHECK(got && exact, "%s: every stored weight is a bf16 value", what);
     st_stream_stats s;
     if (t && st_trainer_stream_stats(t, &s) == 0) {
-      int M = c.train.batch / (c.execution.micro_batch > 0
-                                   ? c.execution.micro_batch
-                                   : c.train.batch);
+      int M =
+          c.train.batch / (c.execution.micro_batch > 0 ? c.execution.micro_batch
+                                                       : c.train.batch);
       /* weights at 2 bytes twice per micro-batch; partial gradients fp32 */
-      int64_t want_in = STEPS * (2 * M * (int64_t)n * 2 +
-                                 (M - 1) * (int64_t)n * 4);
+      int64_t want_in =
+          STEPS * (2 * M * (int64_t)n * 2 + (M - 1) * (int64_t)n * 4);
       CHECK(s.bytes_in == want_in && s.bytes_out == STEPS * M * (int64_t)n * 4,
             "%s: streamed %lld in (want %lld), %lld out", what,
             (long long)s.bytes_in, (long long)want_in, (long long)s.bytes_out);
@@ -257,13 +265,13 @@ static void test_layout(void) {
         "no float slab of the weights is offered (they are bf16)");
   /* headers, two copies of (weights at 2 bytes, padded to 4; AdamW's two
    * slots at 4), each a whole number of pages, then the fp32 gradients */
-  size_t page = (size_t)sysconf(_SC_PAGESIZE), copy = ((n * 2 + 3) / 4 * 4 + 2 * n * 4 + page - 1) /
-                                 page * page;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE),
+         copy = ((n * 2 + 3) / 4 * 4 + 2 * n * 4 + page - 1) / page * page;
   size_t want = 2 * page + 2 * copy + (n * 4 + page - 1) / page * page;
   struct stat sb;
   CHECK(stat(c.execution.store_path, &sb) == 0 && (size_t)sb.st_size == want,
-        "the store is %lld bytes, the layout gives %zu",
-        (long long)sb.st_size, want);
+        "the store is %lld bytes, the layout gives %zu", (long long)sb.st_size,
+        want);
   char path[128];
   snprintf(path, sizeof path, "%s/export.safetensors", dir);
   rc = st_trainer_save(t, path, &err);
@@ -310,7 +318,8 @@ static void test_layout(void) {
   CHECK(!t && strstr(err.msg, "rounded to nearest") &&
             strstr(err.msg, "store_rounding is stochastic"),
         "a store rounded to nearest, opened to round stochastically, is "
-        "refused: '%s'", err.msg);
+        "refused: '%s'",
+        err.msg);
   st_trainer_destroy(t);
   /* a store of another format version: named, not called corrupt */
   char old[ST_PATH_MAX], cmd[4 * ST_PATH_MAX + 256];

@@ -76,7 +76,8 @@ static void follow(const char *kind, const char *opt) {
   CHECK_CLOSE(what, got, want, 100, 1e-4, 1e-6);
   if (getenv("STRATA_TEST_VERBOSE"))
     for (int s = 0; s < 100; s++)
-      fprintf(stderr, "%d:%.1e%s", s, fabs(got[s] - want[s]) / want[s], s % 10 == 9 ? "\n" : " ");
+      fprintf(stderr, "%d:%.1e%s", s, fabs(got[s] - want[s]) / want[s],
+              s % 10 == 9 ? "\n" : " ");
   fprintf(stderr, "  %s: first %.6f/%.6f last %.6f/%.6f (strata/torch)\n", what,
           got[0], want[0], got[99], want[99]);
 done:

@@ -75,7 +75,8 @@ static void test_partition(void) {
     for (int k = 0; k < ST_GEMM_CLASSES; k++)
       b[i].gemm_fwd[k] = b[i].gemm_bwd[k] = k == 2 ? 1e6 : 0;
   }
-  st_plan_options opt = {.stages = 2, .samples_in_flight = 1,
+  st_plan_options opt = {.stages = 2,
+                         .samples_in_flight = 1,
                          .weight_versions = 1,
                          .algorithm = ST_PARTITION_AUTO};
   st_plan *p = NULL;
@@ -125,7 +126,8 @@ static void test_partition_lwp(void) {
     b[i].measured_fwd = 1e-3;
     b[i].measured_bwd = 2e-3;
   }
-  st_plan_options opt = {.stages = 2, .samples_in_flight = 1,
+  st_plan_options opt = {.stages = 2,
+                         .samples_in_flight = 1,
                          .weight_versions = 1,
                          .algorithm = ST_PARTITION_AUTO};
   /* the second pass: modelled, on a calibrated fabric (made here) whose
@@ -140,33 +142,34 @@ static void test_partition_lwp(void) {
         b[i].bytes_fwd[0] = 1e6, b[i].bytes_bwd[0] = 2e6; /* 1 and 2 ms */
       }
     }
-  for (int lwp = 0; lwp < 2; lwp++)
-    for (int a = 0; a < 2; a++) {
-      for (int i = 0; i < 6; i++) {
-        b[i].measured_lwp = lwp && !pass ? 1.5e-3 : 0;
-        b[i].lwp_bytes = lwp && pass ? 1.5e6 : 0; /* 1.5 ms */
+    for (int lwp = 0; lwp < 2; lwp++)
+      for (int a = 0; a < 2; a++) {
+        for (int i = 0; i < 6; i++) {
+          b[i].measured_lwp = lwp && !pass ? 1.5e-3 : 0;
+          b[i].lwp_bytes = lwp && pass ? 1.5e6 : 0; /* 1.5 ms */
+        }
+        opt.algorithm = a ? ST_PARTITION_BISECT : ST_PARTITION_DP;
+        st_plan *p = NULL;
+        CHECK(st_plan_build(&p, b, 6, &f, &opt, &err) == 0, "%s", err.msg);
+        if (!p) continue;
+        int want = lwp ? 2 : 3;
+        CHECK(p->n_stages == 2 && p->stages[0].count == want,
+              "prediction %s (%s, %s): cut %d+%d, want %d+%d",
+              lwp ? "on" : "off", a ? "bisect" : "dp",
+              pass ? "modelled" : "measured", p->stages[0].count,
+              p->n_stages > 1 ? p->stages[1].count : 0, want, 6 - want);
+        /* one core a stage, no activations crossing: the sums themselves */
+        double t[2] = {9e-3, lwp ? 12e-3 : 9e-3};
+        double bw[2] = {lwp ? 7e-3 : 6e-3, lwp ? 8e-3 : 6e-3};
+        for (int st = 0; st < 2 && st < p->n_stages; st++)
+          CHECK(fabs(p->stages[st].time - t[st]) <= 1e-12 * t[st] &&
+                    fabs(p->stages[st].time_bwd - bw[st]) <= 1e-12 * bw[st],
+                "prediction %s (%s): stage %d %.9g s (backward %.9g), want "
+                "%.9g (%.9g)",
+                lwp ? "on" : "off", a ? "bisect" : "dp", st, p->stages[st].time,
+                p->stages[st].time_bwd, t[st], bw[st]);
+        st_plan_destroy(p);
       }
-      opt.algorithm = a ? ST_PARTITION_BISECT : ST_PARTITION_DP;
-      st_plan *p = NULL;
-      CHECK(st_plan_build(&p, b, 6, &f, &opt, &err) == 0, "%s", err.msg);
-      if (!p) continue;
-      int want = lwp ? 2 : 3;
-      CHECK(p->n_stages == 2 && p->stages[0].count == want,
-            "prediction %s (%s, %s): cut %d+%d, want %d+%d",
-            lwp ? "on" : "off", a ? "bisect" : "dp",
-            pass ? "modelled" : "measured", p->stages[0].count,
-            p->n_stages > 1 ? p->stages[1].count : 0, want, 6 - want);
-      /* one core a stage, no activations crossing: the sums themselves */
-      double t[2] = {9e-3, lwp ? 12e-3 : 9e-3};
-      double bw[2] = {lwp ? 7e-3 : 6e-3, lwp ? 8e-3 : 6e-3};
-      for (int st = 0; st < 2 && st < p->n_stages; st++)
-        CHECK(fabs(p->stages[st].time - t[st]) <= 1e-12 * t[st] &&
-                  fabs(p->stages[st].time_bwd - bw[st]) <= 1e-12 * bw[st],
-              "prediction %s (%s): stage %d %.9g s (backward %.9g), want "
-              "%.9g (%.9g)", lwp ? "on" : "off", a ? "bisect" : "dp", st,
-              p->stages[st].time, p->stages[st].time_bwd, t[st], bw[st]);
-      st_plan_destroy(p);
-    }
   }
 }
 
@@ -228,13 +231,12 @@ static void test_measure(const char *what, const st_config *c, st_shape in) {
  * forward), none without lwp or outside pipelined backprop; measured, a
  * finite figure of at least 0 for every block, 0 without lwp. */
 static void test_lwp_costs(const st_config *mlp, st_shape in) {
-  const char *const cases[][3] = {
-      /* mitigation, micro-batch, mode */
-      {"sc+lwp", "1", "pipelined_backprop"},
-      {"lwp", "2", "pipelined_backprop"},
-      {"spectrain", "1", "pipelined_backprop"},
-      {"sc", "1", "pipelined_backprop"},
-      {"sc+lwp", "1", "pipeline"}};
+  const char *const cases[][3] = {/* mitigation, micro-batch, mode */
+                                  {"sc+lwp", "1", "pipelined_backprop"},
+                                  {"lwp", "2", "pipelined_backprop"},
+                                  {"spectrain", "1", "pipelined_backprop"},
+                                  {"sc", "1", "pipelined_backprop"},
+                                  {"sc+lwp", "1", "pipeline"}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     st_config c = *mlp;
     char kv[64];
@@ -251,14 +253,14 @@ static void test_lwp_costs(const st_config *mlp, st_shape in) {
     st_model *m = model_of(&c, in);
     if (!m) continue;
     int n = m->n_blocks, mb = atoi(cases[k][1]);
-    int lwp = strcmp(cases[k][0], "sc") && !strcmp(cases[k][2],
-                                                    "pipelined_backprop");
+    int lwp =
+        strcmp(cases[k][0], "sc") && !strcmp(cases[k][2], "pipelined_backprop");
     st_block_cost *a = calloc((size_t)n, sizeof *a);
     st_error err = {0};
     CHECK(st_plan_block_costs(a, m, &c, &err) == 0, "%s", err.msg);
     for (int i = 0; a && i < n; i++) {
       double P = (double)m->blocks[i].n_params;
-      double want = !lwp ? 0
+      double want = !lwp      ? 0
                     : mb == 1 ? 4 * P * (1.0 + 3.0 / 8)
                               : 4 * P * 3.0 / mb;
       CHECK(fabs(a[i].lwp_bytes - want) <= 1e-12 * want,
@@ -271,8 +273,8 @@ static void test_lwp_costs(const st_config *mlp, st_shape in) {
       for (int i = 0; a && i < n; i++)
         CHECK(isfinite(a[i].measured_lwp) && a[i].measured_lwp >= 0 &&
                   (lwp || a[i].measured_lwp == 0) && a[i].measured_fwd > 0,
-              "%s: %s measured %g s of prediction", cases[k][0],
-              a[i].name, a[i].measured_lwp);
+              "%s: %s measured %g s of prediction", cases[k][0], a[i].name,
+              a[i].measured_lwp);
     }
     free(a);
     st_model_destroy(m);
@@ -282,8 +284,8 @@ static void test_lwp_costs(const st_config *mlp, st_shape in) {
 /* The stages a run cuts on measured costs: figures seeded so that the last
  * block alone outweighs the rest (a cut the model never makes here: it is
  * checked), then the runtime's cut, the plan's, the report and plan.json. */
-static void test_cut(const char *what, const st_config *base,
-                     const char *mode, st_shape in) {
+static void test_cut(const char *what, const st_config *base, const char *mode,
+                     st_shape in) {
   st_config c = *base;
   set(&c, "execution.block_costs=measured");
   snprintf(c.execution.mode, sizeof c.execution.mode, "%s", mode);
@@ -297,8 +299,7 @@ static void test_cut(const char *what, const st_config *base,
   if (!m) return;
   int n = m->n_blocks;
   double fwd[64], bwd[64];
-  for (int i = 0; i < n && i < 64; i++)
-    fwd[i] = 1e-4, bwd[i] = 2e-4;
+  for (int i = 0; i < n && i < 64; i++) fwd[i] = 1e-4, bwd[i] = 2e-4;
   fwd[n - 1] = 1e-3 * n, bwd[n - 1] = 2e-3 * n; /* 10x the rest together */
   st_measure_seed(m, &c, fwd, bwd, NULL);
   st_model_destroy(m);
@@ -309,13 +310,15 @@ static void test_cut(const char *what, const st_config *base,
   CHECK(t != NULL, "%s: %s", what, err.msg);
   int first[64], count[64], owner[64], k;
   int pb = !strcmp(mode, "pipelined_backprop");
-#define LAYOUT(t)                                                            \
-  (pb ? st_pb_layout(st_trainer_exec_state(t), first, count, owner)         \
+#define LAYOUT(t)                                                              \
+  (pb ? st_pb_layout(st_trainer_exec_state(t), first, count, owner)            \
       : st_pipeline_stages(st_trainer_exec_state(t), first, count))
   if (t) {
     k = LAYOUT(t);
-    CHECK(k == 2 && count[1] != 1, "%s: the model's own cut is %d+%d: the "
-          "seeded cut would not show", what, count[0], count[1]);
+    CHECK(k == 2 && count[1] != 1,
+          "%s: the model's own cut is %d+%d: the "
+          "seeded cut would not show",
+          what, count[0], count[1]);
     st_trainer_destroy(t);
   }
   t = make(&c, &err);
@@ -463,7 +466,8 @@ static void test_bits(const char *what, const st_config *base) {
   got = train(&pb, &n2, NULL);
   CHECK(want && got && n == n2 && !memcmp(want, got, n * sizeof *got),
         "%s: pipelined backprop threaded differs from emulated on measured "
-        "costs", what);
+        "costs",
+        what);
   free(want);
   free(got);
 }
@@ -506,19 +510,18 @@ static void test_mesh(void) {
 static int run_cut(const st_config *c, int *first, int *count, st_error *err) {
   st_trainer *t = make(c, err);
   if (!t) return -1;
-  int owner[64], k = !strcmp(c->execution.mode, "pipelined_backprop")
-                         ? st_pb_layout(st_trainer_exec_state(t), first,
-                                        count, owner)
-                         : st_pipeline_stages(st_trainer_exec_state(t),
-                                              first, count);
+  int owner[64],
+      k = !strcmp(c->execution.mode, "pipelined_backprop")
+              ? st_pb_layout(st_trainer_exec_state(t), first, count, owner)
+              : st_pipeline_stages(st_trainer_exec_state(t), first, count);
   st_trainer_destroy(t);
   return k;
 }
 
 /* A run of c and its plan on cpu:2 are both refused, naming
  * execution.stage_blocks (and `also`, if given, in the run's message). */
-static void pin_refused(const st_config *c, const char *what,
-                        const char *mode, const char *label, const char *also) {
+static void pin_refused(const st_config *c, const char *what, const char *mode,
+                        const char *label, const char *also) {
   st_error err = {0};
   st_trainer *t = make(c, &err);
   CHECK(!t && strstr(err.msg, "execution.stage_blocks") &&
@@ -545,8 +548,7 @@ static void test_pin(const char *what, const st_config *base, st_shape in) {
   if (!m) return;
   int n = m->n_blocks;
   double fwd[64], bwd[64];
-  for (int i = 0; i < n && i < 64; i++)
-    fwd[i] = 1e-4, bwd[i] = 2e-4;
+  for (int i = 0; i < n && i < 64; i++) fwd[i] = 1e-4, bwd[i] = 2e-4;
   fwd[n - 1] = 1e-3 * n, bwd[n - 1] = 2e-3 * n;
   static const char *const modes[] = {"pipeline", "pipelined_backprop"};
   st_error err = {0};
@@ -578,9 +580,9 @@ static void test_pin(const char *what, const st_config *base, st_shape in) {
     got = run_cut(&c, first, count, &err);
     CHECK(got == 2 && first[0] == 0 && count[0] == p1 && first[1] == p1 &&
               count[1] == n - p1,
-          "%s %s (%s costs): pinned [%d, %d], ran %d stages [%d, %d]: %s",
-          what, modes[k / 2], k & 1 ? "measured" : "model", p1, n - p1, got,
-          count[0], got > 1 ? count[1] : -1, err.msg);
+          "%s %s (%s costs): pinned [%d, %d], ran %d stages [%d, %d]: %s", what,
+          modes[k / 2], k & 1 ? "measured" : "model", p1, n - p1, got, count[0],
+          got > 1 ? count[1] : -1, err.msg);
     st_config cp = c;
     CHECK(st_fabric_parse(&cp, "cpu:2", &err) == 0, "%s", err.msg);
     st_plan *plan = NULL;

@@ -108,8 +108,7 @@ static void test_linear_regression(void) {
   }
   double got = st_noise_scale_value(&ns, NULL, NULL);
   if (getenv("STRATA_TEST_VERBOSE"))
-    fprintf(stderr, "  linear regression: B_simple %.2f vs %.2f\n", got,
-            want);
+    fprintf(stderr, "  linear regression: B_simple %.2f vs %.2f\n", got, want);
   CHECK(fabs(got / want - 1) < 0.10,
         "linear regression: B_simple %.2f, closed form d (1 + s^2/|r|^2) + 1 "
         "= %.2f",
@@ -143,9 +142,9 @@ static void test_training(void) {
                np * sizeof(float)) == 0,
         "measuring the noise scale changed the weights");
   CHECK(st_trainer_noise(off) == NULL, "noise estimator present when off");
-  double b = st_trainer_noise(on) ? st_noise_scale_value(st_trainer_noise(on),
-                                                         NULL, NULL)
-                                  : NAN;
+  double b = st_trainer_noise(on)
+                 ? st_noise_scale_value(st_trainer_noise(on), NULL, NULL)
+                 : NAN;
   CHECK(isfinite(b) && b > 0, "B_simple after 40 steps: %g", b);
   st_trainer_destroy(off);
   st_trainer_destroy(on);

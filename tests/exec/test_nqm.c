@@ -57,8 +57,7 @@ static void nqm_init(nqm *m) {
 
 static double loss_of(const nqm *m, const double *v) {
   double L = 0;
-  for (int i = 0; i < D; i++)
-    L += 0.5 * m->h[i] * v[i];
+  for (int i = 0; i < D; i++) L += 0.5 * m->h[i] * v[i];
   return L;
 }
 
@@ -94,13 +93,10 @@ static int64_t steps_to_target(const nqm *m, double lr, double B, double target,
     double fixed = q[i] / (1 - a[i]);
     lowest += 0.5 * m->h[i] * (fixed < v[i] ? fixed : v[i]);
   }
-  if (lowest > target)
-    return -1;
+  if (lowest > target) return -1;
   for (int64_t t = 1; t <= cap; t++) {
-    for (int i = 0; i < D; i++)
-      v[i] = a[i] * v[i] + q[i];
-    if (loss_of(m, v) <= target)
-      return t;
+    for (int i = 0; i < D; i++) v[i] = a[i] * v[i] + q[i];
+    if (loss_of(m, v) <= target) return t;
   }
   return -1;
 }
@@ -113,8 +109,7 @@ static int64_t best_steps(const nqm *m, double B, double target) {
   for (int k = 1; k <= GRID; k++) {
     int64_t s = steps_to_target(m, grid_lr(m, k), B, target,
                                 best > 0 ? best - 1 : BUDGET);
-    if (s > 0)
-      best = s;
+    if (s > 0) best = s;
   }
   return best;
 }
@@ -127,8 +122,7 @@ static int64_t s_min(const nqm *m, double target) {
   for (int k = 1; k < 1000; k++) {
     int64_t s = steps_to_target(m, 2 / m->h[0] * k / 1000.0, INFINITY, target,
                                 best > 0 ? best - 1 : BUDGET);
-    if (s > 0)
-      best = s;
+    if (s > 0) best = s;
   }
   return best;
 }
@@ -154,15 +148,12 @@ static double flow_loss(const nqm *m, double eta, double n) {
  * finds the first n reaching the target (to 60 halvings). */
 static double e_min(const nqm *m, double target) {
   double trace = 0, best = INFINITY;
-  for (int i = 0; i < D; i++)
-    trace += m->c[i];
+  for (int i = 0; i < D; i++) trace += m->c[i];
   for (int k = 1; k < 400; k++) {
     double eta = 4 * target / trace * k / 400.0;
-    if (flow_loss(m, eta, 1e300) > target)
-      continue;
+    if (flow_loss(m, eta, 1e300) > target) continue;
     double lo = 0, hi = 1;
-    while (flow_loss(m, eta, hi) > target)
-      hi *= 2;
+    while (flow_loss(m, eta, hi) > target) hi *= 2;
     for (int it = 0; it < 60; it++) {
       double mid = 0.5 * (lo + hi);
       if (flow_loss(m, eta, mid) > target)
@@ -170,8 +161,7 @@ static double e_min(const nqm *m, double target) {
       else
         hi = mid;
     }
-    if (hi < best)
-      best = hi;
+    if (hi < best) best = hi;
   }
   return best;
 }
@@ -194,17 +184,14 @@ static void test_recurrence(const nqm *m) {
     st_rng rng;
     st_rng_init(&rng, 2019, ST_RNG_DATA, (uint64_t)r);
     double w[D], v[D];
-    for (int i = 0; i < D; i++)
-      w[i] = 1; /* E[w_i^2] = v0_i = 1 */
+    for (int i = 0; i < D; i++) w[i] = 1; /* E[w_i^2] = v0_i = 1 */
     for (int t = 1, j = 0; t <= T; t++) {
       for (int i = 0; i < D; i++) {
         double noise = sqrt(m->c[i] / B) * st_rng_normal(&rng);
         w[i] -= lr * (m->h[i] * w[i] + noise);
       }
-      if (t != at[j])
-        continue;
-      for (int i = 0; i < D; i++)
-        v[i] = w[i] * w[i];
+      if (t != at[j]) continue;
+      for (int i = 0; i < D; i++) v[i] = w[i] * w[i];
       double L = loss_of(m, v);
       sum[j] += L, sum2[j] += L * L, j++;
     }
@@ -213,10 +200,8 @@ static void test_recurrence(const nqm *m) {
   memcpy(v, m->v0, sizeof v);
   coefficients(m, lr, B, a, q);
   for (int t = 1, j = 0; t <= T; t++) {
-    for (int i = 0; i < D; i++)
-      v[i] = a[i] * v[i] + q[i];
-    if (t != at[j])
-      continue;
+    for (int i = 0; i < D; i++) v[i] = a[i] * v[i] + q[i];
+    if (t != at[j]) continue;
     double mean = sum[j] / RUNS;
     double se = sqrt((sum2[j] / RUNS - mean * mean) / (RUNS - 1));
     double want = loss_of(m, v);
@@ -247,8 +232,7 @@ static void test_target(const nqm *m, double target) {
     monotone &= b == 0 || steps[b] <= steps[b - 1];
   }
   CHECK(reached, "target %g: every batch size reaches it", target);
-  if (!reached)
-    return;
+  if (!reached) return;
   CHECK(monotone, "target %g: steps never grow with the batch", target);
 
   double ratio[NB];
@@ -281,8 +265,7 @@ static void test_target(const nqm *m, double target) {
         "target %g: perfect scaling ends (%d) before maximal data "
         "parallelism starts (%d)",
         target, s.end_perfect, s.start_maximal);
-  if (s.end_perfect < 0 || s.start_maximal <= s.end_perfect)
-    return;
+  if (s.end_perfect < 0 || s.start_maximal <= s.end_perfect) return;
   /* With S = S_min (1 + B_crit / B) the steps ratio over the doubling from B
    * is (B + B_crit / 2) / (B + B_crit): 0.6 (ST_SWEEP_PERFECT) at
    * B = B_crit / 4, 0.9 (ST_SWEEP_MAXIMAL) at 4 B_crit. So the batch sizes
@@ -319,8 +302,7 @@ static void test_target(const nqm *m, double target) {
   for (int b = 0; b < NB; b++) {
     double model = (double)smin * (1 + bcrit / batch[b]);
     double dev = fabs((double)steps[b] / model - 1);
-    if (dev > worst)
-      worst = dev, at = b;
+    if (dev > worst) worst = dev, at = b;
   }
   if (getenv("STRATA_TEST_VERBOSE"))
     fprintf(stderr, "  target %g: worst deviation %.1f%% at batch %d\n", target,
@@ -350,7 +332,6 @@ int main(void) {
    * batch size and more samples still at small ones: B_crit grows from
    * about 35 to about 250 across these three. */
   const double targets[] = {0.2, 0.05, 0.02};
-  for (int k = 0; k < 3; k++)
-    test_target(&m, targets[k]);
+  for (int k = 0; k < 3; k++) test_target(&m, targets[k]);
   TH_DONE();
 }

@@ -492,8 +492,8 @@ static void test_refusals(const st_config *base) {
         listed, n_seq, err.msg);
   snprintf(c.execution.mode, sizeof c.execution.mode, "pipelined_backprop");
   int n_pb = st_config_unused(&c, unused, 16);
-  CHECK(n_pb == 0, "emulate in pipelined_backprop: used (%d listed: %s)",
-        n_pb, n_pb ? unused[0] : "");
+  CHECK(n_pb == 0, "emulate in pipelined_backprop: used (%d listed: %s)", n_pb,
+        n_pb ? unused[0] : "");
   c = *base;
   c.execution.replicas = 2;
   CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&

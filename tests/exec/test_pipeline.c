@@ -50,15 +50,14 @@ static void test_equivalence(const char *what, const st_config *base) {
           float *got = train(&c, &np, &t);
           if (!got) continue;
           CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
-                "%s: %s S=%d M=%d run %d: weights differ from sequential",
-                what, schedules[sc], S, Ms[mi], rep);
+                "%s: %s S=%d M=%d run %d: weights differ from sequential", what,
+                schedules[sc], S, Ms[mi], rep);
           /* the runtime's own in-flight counters */
           void *state = st_trainer_exec_state(t);
           int worst = 0;
           for (int s = 0; s < S; s++) {
             int held = st_pipeline_held(state, s);
-            int bound = sc == 0 ? Ms[mi]
-                                : (S - s < Ms[mi] ? S - s : Ms[mi]);
+            int bound = sc == 0 ? Ms[mi] : (S - s < Ms[mi] ? S - s : Ms[mi]);
             if (held != bound) worst = 1;
             CHECK(held == bound,
                   "%s: %s S=%d M=%d: stage %d held %d micro-batches, want %d",
@@ -109,12 +108,14 @@ static void test_block_sequential(const char *what, const st_config *base) {
           int expect = 0;
           for (int b = 0; b < blocks; b += per)
             expect += blocks - b < per ? (blocks - b < S ? blocks - b : S) : S;
-          CHECK(k == expect, "%s: block_sequential S=%d per=%d: %d stages, "
-                "want %d", what, S, per, k, expect);
+          CHECK(k == expect,
+                "%s: block_sequential S=%d per=%d: %d stages, "
+                "want %d",
+                what, S, per, k, expect);
           for (int s = 0; s < k; s++) {
             CHECK(first[s] / per == (first[s] + count[s] - 1) / per,
-                  "%s: stage %d (blocks %d..%d) crosses a segment of %d",
-                  what, s, first[s], first[s] + count[s] - 1, per);
+                  "%s: stage %d (blocks %d..%d) crosses a segment of %d", what,
+                  s, first[s], first[s] + count[s] - 1, per);
             CHECK(st_pipeline_held(state, s) == Ms[mi],
                   "%s: block_sequential stage %d held %d, want %d", what, s,
                   st_pipeline_held(state, s), Ms[mi]);
@@ -146,8 +147,8 @@ static void test_plan(const st_config *base, const char *what, int S,
   if (S > threads) { /* shared cores: one thread a stage */
     for (int s = 0; s < S; s++)
       CHECK(st_pipeline_cores(st_trainer_exec_state(t), s) == 1,
-            "%s: stage %d of %d on %d threads: %d threads", what, s, S,
-            threads, st_pipeline_cores(st_trainer_exec_state(t), s));
+            "%s: stage %d of %d on %d threads: %d threads", what, s, S, threads,
+            st_pipeline_cores(st_trainer_exec_state(t), s));
     st_trainer_destroy(t);
     return;
   }
@@ -162,9 +163,10 @@ static void test_plan(const st_config *base, const char *what, int S,
           "%s: stage %d is blocks %d+%d, the plan's %d+%d", what, s, first[s],
           count[s], plan->stages[s].first, plan->stages[s].count);
     int cores = st_pipeline_cores(st_trainer_exec_state(t), s);
-    CHECK(cores == plan->stages[s].pes, "%s: stage %d runs on %d threads, "
-          "the plan gives it %lld cores", what, s, cores,
-          (long long)plan->stages[s].pes);
+    CHECK(cores == plan->stages[s].pes,
+          "%s: stage %d runs on %d threads, "
+          "the plan gives it %lld cores",
+          what, s, cores, (long long)plan->stages[s].pes);
   }
   st_plan_destroy(plan);
   st_trainer_destroy(t);
@@ -217,8 +219,8 @@ static void test_stats_trace(const st_config *base, const char *mode) {
   CHECK(n == stages && wall > 0, "%s: %d tracks, %d stages, wall %g", mode, n,
         stages, wall);
   for (int i = 0; i < n && i < 16; i++)
-    CHECK(st[i].busy_s > 0 && st[i].busy_s <= wall,
-          "%s: %s busy %g of %g s", mode, st[i].name, st[i].busy_s, wall);
+    CHECK(st[i].busy_s > 0 && st[i].busy_s <= wall, "%s: %s busy %g of %g s",
+          mode, st[i].name, st[i].busy_s, wall);
   char path[] = "/tmp/strata_trace_XXXXXX";
   int fd = mkstemp(path);
   CHECK(fd >= 0, "mkstemp");
@@ -239,17 +241,14 @@ static void test_stats_trace(const st_config *base, const char *mode) {
     const char *names[3] = {"forward", "backward", "update"};
     int *counts[3] = {&fwd, &bwd, &upd};
     for (int kind = 0; kind < 3; kind++) {
-      snprintf(key, sizeof key, "\"tid\":%d,\"name\":\"%s\"", s,
-               names[kind]);
+      snprintf(key, sizeof key, "\"tid\":%d,\"name\":\"%s\"", s, names[kind]);
       for (const char *q = text; (q = strstr(q, key)); q++) (*counts[kind])++;
     }
-    CHECK(fwd == M * NSTEPS && bwd == M * NSTEPS &&
-              upd == count[s] * NSTEPS,
+    CHECK(fwd == M * NSTEPS && bwd == M * NSTEPS && upd == count[s] * NSTEPS,
           "%s: track %d: %d forwards, %d backwards, %d updates", mode, s, fwd,
           bwd, upd);
     snprintf(key, sizeof key, "\"name\":\"%.47s\"", st[s].name);
-    CHECK(strstr(text, key) != NULL, "%s: no track named %s", mode,
-          st[s].name);
+    CHECK(strstr(text, key) != NULL, "%s: no track named %s", mode, st[s].name);
   }
   free(text);
   unlink(path);
@@ -324,7 +323,7 @@ static void test_stress(const st_config *base) {
   const char *sets[] = {"model.hidden=[16,16,16]", "train.batch=8",
                         "execution.micro_batch=2", "execution.mode=pipeline",
                         "execution.schedule=1f1b", "execution.stages=4",
-                        "model.dropout=0", "optimizer.lr=0.01"};
+                        "model.dropout=0",         "optimizer.lr=0.01"};
   set_all(&c, sets, sizeof sets / sizeof sets[0]);
   enum { N = 10000 };
   float *w[2] = {NULL, NULL};
@@ -359,8 +358,7 @@ static void test_nan(const st_config *base, const char *schedule) {
   snprintf(c.execution.mode, sizeof c.execution.mode, "%s",
            bseq ? "block_sequential" : "pipeline");
   if (!bseq)
-    snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s",
-             schedule);
+    snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s", schedule);
   c.execution.stages = bseq ? 2 : 3;
   c.execution.blocks_per_segment = 2;
   /* weights of ~1e36 after the first update: the second step's logits
@@ -445,7 +443,8 @@ int main(void) {
   /* 784-128x7-10: a FLOP balance gives the first block a stage of its
    * own; the plan gives stage 0 two of 3 cores and blocks 0-3 */
   st_config mlp128 = mlp;
-  set_all(&mlp128, (const char *[]){"model.hidden=[128,128,128,128,128,128,128]"}, 1);
+  set_all(&mlp128,
+          (const char *[]){"model.hidden=[128,128,128,128,128,128,128]"}, 1);
   test_plan(&mlp128, "mlp 128x7 S=2 on 3 threads", 2, 3);
   test_plan(&deep, "deep mlp S=3 on 8 threads", 3, 8);
   test_plan(&deep, "deep mlp S=4 on 2 threads", 4, 2);

@@ -49,7 +49,6 @@ static void set_mode(st_config *c, int mode) {
   c->execution.stages = mode == 0 ? 0 : 2;
 }
 
-
 /* ||a - b|| / ||b||, in double. */
 static double rel_dist(const float *a, const float *b, size_t n) {
   double d = 0, s = 0;
@@ -95,8 +94,7 @@ static void test_equivalence(const char *what, const st_config *base,
       }
       CHECK(na == nb && memcmp(a, b, na * sizeof *a) == 0,
             "%s%s: R=%d %s mb=%d: two runs differ", what,
-            with_adamw ? " adamw" : "", Rs[ri], mode_names[mode],
-            micro_batch);
+            with_adamw ? " adamw" : "", Rs[ri], mode_names[mode], micro_batch);
       if (want) {
         double d = rel_dist(a, want, n);
         CHECK(na == n && d <= 1e-5,
@@ -197,9 +195,8 @@ static void test_no_alloc(const st_config *base, int mode, int R) {
   uint64_t count = st_alloc_count();
   for (int i = 3; i <= 10 && !rc; i++) rc = st_trainer_step(t, &loss, &err);
   CHECK(rc == 0, "R=%d %s: %s", R, mode_names[mode], err.msg);
-  CHECK(st_alloc_count() == count,
-        "R=%d %s: steps 3..10 allocated %llu times", R, mode_names[mode],
-        (unsigned long long)(st_alloc_count() - count));
+  CHECK(st_alloc_count() == count, "R=%d %s: steps 3..10 allocated %llu times",
+        R, mode_names[mode], (unsigned long long)(st_alloc_count() - count));
   st_trainer_destroy(t);
 }
 
@@ -311,8 +308,8 @@ static void test_stats(const st_config *base, int mode, int R) {
   char last[64];
   snprintf(last, sizeof last, "replica %d %s", R - 1, inner[S - 1].name);
   CHECK(strstr(text, "all-reduce") && strstr(text, last),
-        "R=%d %s: the trace lacks the all-reduce or '%s'", R,
-        mode_names[mode], last);
+        "R=%d %s: the trace lacks the all-reduce or '%s'", R, mode_names[mode],
+        last);
   unlink(path);
   rmdir(dir);
   st_trainer_destroy(t1);

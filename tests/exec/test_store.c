@@ -122,8 +122,10 @@ static void test_crash(const char *what, const st_config *base) {
   int rc = t ? run_until(t, 9, &err) : -1;
   st_trainer_destroy(t);
   t = rc ? NULL : make(&c, &err);
-  CHECK(t && st_trainer_pos(t)->step == 9, "%s: a stopped store reopens at "
-        "step 9 (%s)", what, err.msg);
+  CHECK(t && st_trainer_pos(t)->step == 9,
+        "%s: a stopped store reopens at "
+        "step 9 (%s)",
+        what, err.msg);
   if (t) {
     rc = run_until(t, STEPS, &err);
     CHECK(rc == 0 && same_weights(t, want, n),
@@ -155,8 +157,7 @@ static void refused(const st_config *c, const char *what, const char *want1,
   unsigned long after = file_sum(c->execution.store_path, &size1);
   CHECK(!t && strstr(err.msg, c->execution.store_path) &&
             strstr(err.msg, want1) && (!want2 || strstr(err.msg, want2)),
-        "%s is refused, naming the store and '%s': '%s'", what, want1,
-        err.msg);
+        "%s is refused, naming the store and '%s': '%s'", what, want1, err.msg);
   CHECK(before == after && size0 == size1, "%s: the store is left as it was",
         what);
   st_trainer_destroy(t);
@@ -228,8 +229,10 @@ static void test_bad(void) {
         t ? (long long)st_trainer_pos(t)->step : -1LL, err.msg);
   st_trainer_destroy(t);
   /* no store at all */
-  snprintf(cmd, sizeof cmd, "printf 'not a store at all' > %s && "
-           "truncate -s 8192 %s", path, path);
+  snprintf(cmd, sizeof cmd,
+           "printf 'not a store at all' > %s && "
+           "truncate -s 8192 %s",
+           path, path);
   CHECK(system(cmd) == 0, "%s", cmd);
   refused(&c, "a file that is no store", "not a strata weight store", NULL);
 }

@@ -56,14 +56,22 @@ static void mlp_config(st_config *c) {
 static void gpt_config(st_config *c) {
   st_config_defaults(c);
   st_error err = {0};
-  const char *sets[] = {"model.kind=gpt", "data.dataset=text",
+  const char *sets[] = {"model.kind=gpt",
+                        "data.dataset=text",
                         "data.path=tests/fixtures/gpt_corpus.txt",
-                        "model.context=16", "model.layers=2", "model.heads=2",
-                        "model.width=32", "model.dropout=0.1",
-                        "model.activation=gelu_tanh", "train.batch=8",
-                        "train.threads=2", "optimizer.kind=adamw",
-                        "optimizer.lr=0.003", "optimizer.weight_decay=0.1",
-                        "optimizer.schedule=cosine", "train.steps=100",
+                        "model.context=16",
+                        "model.layers=2",
+                        "model.heads=2",
+                        "model.width=32",
+                        "model.dropout=0.1",
+                        "model.activation=gelu_tanh",
+                        "train.batch=8",
+                        "train.threads=2",
+                        "optimizer.kind=adamw",
+                        "optimizer.lr=0.003",
+                        "optimizer.weight_decay=0.1",
+                        "optimizer.schedule=cosine",
+                        "train.steps=100",
                         "metrics.progress=off"};
   for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
     CHECK(st_config_set(c, sets[i], &err) == 0, "%s: %s", sets[i], err.msg);
@@ -97,7 +105,8 @@ static float *copy_params(st_trainer *t) {
 
 static void test_resume(const char *what, const st_config *c, int n) {
   char path[64];
-  snprintf(path, sizeof path, "/tmp/strata-resume-%d.safetensors", (int)getpid());
+  snprintf(path, sizeof path, "/tmp/strata-resume-%d.safetensors",
+           (int)getpid());
   st_error err = {0};
   st_trainer *a = make(c);
   if (!a || steps(a, 2 * n)) return;
@@ -109,8 +118,8 @@ static void test_resume(const char *what, const st_config *c, int n) {
   st_trainer_destroy(b);
   st_trainer *r = make(c); /* fresh state, re-initialised weights */
   CHECK(st_trainer_load(r, path, 0, &err) == 0, "load: %s", err.msg);
-  CHECK(st_trainer_pos(r)->step == n, "%s: resumed at step %lld, want %d",
-        what, (long long)st_trainer_pos(r)->step, n);
+  CHECK(st_trainer_pos(r)->step == n, "%s: resumed at step %lld, want %d", what,
+        (long long)st_trainer_pos(r)->step, n);
   steps(r, n);
   CHECK(memcmp(st_trainer_params(r), want, np * sizeof(float)) == 0,
         "%s: resumed weights differ from an uninterrupted run", what);
@@ -219,23 +228,22 @@ static void test_refusals(const st_config *base) {
     st_trainer_destroy(b);
   }
   /* Out-of-range positions written by hand. */
-  st_train_pos bad[2] = {{3, 0, -64, 96, base->train.seed, base->train.batch,
-                          2000, 1},
-                         {3, 0, 4000, 96, base->train.seed, base->train.batch,
-                          2000, 1}};
+  st_train_pos bad[2] = {
+      {3, 0, -64, 96, base->train.seed, base->train.batch, 2000, 1},
+      {3, 0, 4000, 96, base->train.seed, base->train.batch, 2000, 1}};
   const char *want[2] = {"below its minimum", "exceeds"};
   for (int k = 0; k < 2; k++) {
     const st_model *m = st_trainer_model(a);
-    rc = st_checkpoint_save(path, m, st_trainer_params(a), NULL, "sgd",
-                            &bad[k], &err);
+    rc = st_checkpoint_save(path, m, st_trainer_params(a), NULL, "sgd", &bad[k],
+                            &err);
     st_train_pos got;
     if (!rc)
       rc = st_checkpoint_load(path, m, st_trainer_params(a), NULL, "sgd", &got,
                               &err);
     CHECK(rc == ST_EFORMAT && strstr(err.msg, "epoch_pos") &&
               strstr(err.msg, want[k]),
-          "tampered epoch_pos %lld: rc %d, %s", (long long)bad[k].epoch_pos,
-          rc, err.msg);
+          "tampered epoch_pos %lld: rc %d, %s", (long long)bad[k].epoch_pos, rc,
+          err.msg);
   }
   unlink(path);
   st_trainer_destroy(a);

@@ -47,42 +47,41 @@ static void file_store(st_config *c) {
 static void test_equal(const char *what, const st_config *base) {
   size_t n = 0, n2 = 0;
   float *want = train(base, &n, NULL);
-  if (!want)
-    return;
+  if (!want) return;
   for (int file = 0; file <= 1; file++)
-  for (int keep = 0; keep <= 1; keep++)
-    for (int prefetch = 0; prefetch <= 2; prefetch++) {
-      st_config c = *base;
-      streaming(&c, prefetch, keep);
-      if (file) file_store(&c);
-      st_trainer *t = NULL;
-      float *got = train(&c, &n2, &t);
-      CHECK(got && n2 == n && memcmp(got, want, n * sizeof *got) == 0,
-            "%s, %s store, keep_activations %d, prefetch %d: weights after "
-            "%d steps equal sequential's",
-            what, c.execution.store, keep, prefetch, STEPS);
-      st_stream_stats s;
-      if (t && st_trainer_stream_stats(t, &s) == 0) {
-        /* one step's walk, per micro-batch: in, every block twice; out,
-         * every gradient; back in, the partial gradients after the first */
-        int64_t P = (int64_t)(n * sizeof(float));
-        int M = c.train.batch / (c.execution.micro_batch > 0
-                                     ? c.execution.micro_batch
-                                     : c.train.batch);
-        CHECK(s.steps == STEPS && s.bytes_in == STEPS * (2 * M + M - 1) * P &&
-                  s.bytes_out == STEPS * M * P,
-              "%s: streamed %lld in, %lld out over %lld steps (P %lld, M %d)",
-              what, (long long)s.bytes_in, (long long)s.bytes_out,
-              (long long)s.steps, (long long)P, M);
-        CHECK(s.max_blocks_held >= 1 && s.max_blocks_held <= prefetch + 1,
-              "%s, prefetch %d: at most %d blocks held, counted %d", what,
-              prefetch, prefetch + 1, s.max_blocks_held);
-      } else {
-        CHECK(0, "%s: stream stats", what);
+    for (int keep = 0; keep <= 1; keep++)
+      for (int prefetch = 0; prefetch <= 2; prefetch++) {
+        st_config c = *base;
+        streaming(&c, prefetch, keep);
+        if (file) file_store(&c);
+        st_trainer *t = NULL;
+        float *got = train(&c, &n2, &t);
+        CHECK(got && n2 == n && memcmp(got, want, n * sizeof *got) == 0,
+              "%s, %s store, keep_activations %d, prefetch %d: weights after "
+              "%d steps equal sequential's",
+              what, c.execution.store, keep, prefetch, STEPS);
+        st_stream_stats s;
+        if (t && st_trainer_stream_stats(t, &s) == 0) {
+          /* one step's walk, per micro-batch: in, every block twice; out,
+           * every gradient; back in, the partial gradients after the first */
+          int64_t P = (int64_t)(n * sizeof(float));
+          int M = c.train.batch / (c.execution.micro_batch > 0
+                                       ? c.execution.micro_batch
+                                       : c.train.batch);
+          CHECK(s.steps == STEPS && s.bytes_in == STEPS * (2 * M + M - 1) * P &&
+                    s.bytes_out == STEPS * M * P,
+                "%s: streamed %lld in, %lld out over %lld steps (P %lld, M %d)",
+                what, (long long)s.bytes_in, (long long)s.bytes_out,
+                (long long)s.steps, (long long)P, M);
+          CHECK(s.max_blocks_held >= 1 && s.max_blocks_held <= prefetch + 1,
+                "%s, prefetch %d: at most %d blocks held, counted %d", what,
+                prefetch, prefetch + 1, s.max_blocks_held);
+        } else {
+          CHECK(0, "%s: stream stats", what);
+        }
+        st_trainer_destroy(t);
+        free(got);
       }
-      st_trainer_destroy(t);
-      free(got);
-    }
   free(want);
 }
 
@@ -135,13 +134,11 @@ static void test_nan_alloc(void) {
   st_error err = {0};
   st_trainer *t = make(&c, &err);
   CHECK(t != NULL, "%s", err.msg);
-  if (!t)
-    return;
+  if (!t) return;
   double loss;
   uint64_t before = 0;
   for (int i = 0; i < 8; i++) {
-    if (i == 4)
-      before = st_alloc_count();
+    if (i == 4) before = st_alloc_count();
     st_trainer_step(t, &loss, &err);
   }
   CHECK(st_alloc_count() == before, "%llu allocations in 4 steps",

@@ -53,8 +53,7 @@ static void write_bytes(const char *path, const void *data, size_t n) {
 /* The whole file; NULL if it cannot be read. Caller frees. */
 static uint8_t *slurp(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
+  if (!f) return NULL;
   fseek(f, 0, SEEK_END);
   long size = ftell(f);
   fseek(f, 0, SEEK_SET);
@@ -75,11 +74,9 @@ static void write_handmade(const char *path, const char *header,
                            size_t data_bytes) {
   size_t hlen = strlen(header), total = 8 + hlen + data_bytes;
   uint8_t *img = malloc(total);
-  for (int i = 0; i < 8; i++)
-    img[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+  for (int i = 0; i < 8; i++) img[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
   memcpy(img + 8, header, hlen);
-  for (size_t i = 0; i < data_bytes; i++)
-    img[8 + hlen + i] = (uint8_t)i;
+  for (size_t i = 0; i < data_bytes; i++) img[8 + hlen + i] = (uint8_t)i;
   write_bytes(path, img, total);
   free(img);
 }
@@ -87,12 +84,10 @@ static void write_handmade(const char *path, const char *header,
 /* Names of files in dir containing ".tmp." (left-over temp files). */
 static int count_temp_files(const char *where) {
   DIR *d = opendir(where);
-  if (!d)
-    return -1;
+  if (!d) return -1;
   int n = 0;
   struct dirent *e;
-  while ((e = readdir(d)))
-    n += strstr(e->d_name, ".tmp.") != NULL;
+  while ((e = readdir(d))) n += strstr(e->d_name, ".tmp.") != NULL;
   closedir(d);
   return n;
 }
@@ -123,20 +118,16 @@ static const struct {
 static const char *meta_note = "lr: 0.1, {tricky} [value]";
 
 static int write_roundtrip_file(const char *path) {
-  for (int i = 0; i < 12; i++)
-    t4[i] = 0.5f * (float)i - 3.0f;
+  for (int i = 0; i < 12; i++) t4[i] = 0.5f * (float)i - 3.0f;
   st_st_writer *w = st_st_writer_create();
   st_error err = {0};
   int rc = w ? 0 : ST_ENOMEM;
   for (int i = 0; i < N_RT && !rc; i++)
     rc = st_st_writer_add(w, rt[i].name, rt[i].dtype, rt[i].ndim, rt[i].dims,
                           rt[i].data, &err);
-  if (!rc)
-    rc = st_st_writer_meta(w, "format", "test", &err);
-  if (!rc)
-    rc = st_st_writer_meta(w, "note", meta_note, &err);
-  if (!rc)
-    rc = st_st_writer_write(w, path, &err);
+  if (!rc) rc = st_st_writer_meta(w, "format", "test", &err);
+  if (!rc) rc = st_st_writer_meta(w, "note", meta_note, &err);
+  if (!rc) rc = st_st_writer_write(w, path, &err);
   CHECK(rc == 0, "round trip: write %s: %s", path, err.msg);
   st_st_writer_destroy(w);
   return rc;
@@ -144,22 +135,19 @@ static int write_roundtrip_file(const char *path) {
 
 static void test_roundtrip(void) {
   const char *path = in_dir("rt.safetensors");
-  if (write_roundtrip_file(path))
-    return;
+  if (write_roundtrip_file(path)) return;
   st_safetensors *st = NULL;
   st_error err = {0};
   int rc = st_safetensors_read(&st, path, &err);
   CHECK(rc == 0 && st, "round trip: read: %s", err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   CHECK(st->n_tensors == N_RT, "round trip: %d tensors, want %d", st->n_tensors,
         N_RT);
   size_t total = 0;
   for (int i = 0; i < N_RT; i++) {
     const st_st_tensor *t = st_safetensors_find(st, rt[i].name);
     CHECK(t != NULL, "round trip: tensor %s missing", rt[i].name);
-    if (!t)
-      continue;
+    if (!t) continue;
     int dims_ok = t->ndim == rt[i].ndim;
     for (int d = 0; dims_ok && d < rt[i].ndim; d++)
       dims_ok = t->dims[d] == rt[i].dims[d];
@@ -196,8 +184,7 @@ static void test_roundtrip(void) {
   CHECK(raw && n >= 8, "round trip: cannot read back %s", path);
   if (raw && n >= 8) {
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-      hlen = hlen << 8 | raw[i];
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | raw[i];
     CHECK(hlen % 8 == 0, "round trip: header length %llu not a multiple of 8",
           (unsigned long long)hlen);
     CHECK(8 + hlen + total == n, "round trip: 8 + %llu + %zu != file size %zu",
@@ -205,8 +192,7 @@ static void test_roundtrip(void) {
     CHECK(hlen > 0 && raw[8] == '{',
           "round trip: header does not start with {");
     size_t last = 8 + hlen - 1;
-    while (last > 8 && raw[last] == ' ')
-      last--;
+    while (last > 8 && raw[last] == ' ') last--;
     CHECK(raw[last] == '}', "round trip: header ends in '%c', not '}'",
           raw[last]);
     for (int i = 0; i < N_RT && 8 + hlen + total == n; i++) {
@@ -243,8 +229,7 @@ static void expect_fail(const char *what, const char *path, int want_code,
         err.msg);
   if (getenv("STRATA_TEST_VERBOSE"))
     fprintf(stderr, "  %-36s %s\n", what, err.msg);
-  if (rc == 0)
-    st_safetensors_destroy(st);
+  if (rc == 0) st_safetensors_destroy(st);
 }
 
 static void test_malformed(void) {
@@ -391,8 +376,7 @@ static void test_atomic(void) {
   /* overwrite a large file with a small one: replaced whole, no tail of
    * the old one, no temp file left */
   const char *path = in_dir("over.safetensors");
-  for (int i = 0; i < 1000; i++)
-    large[i] = (float)i;
+  for (int i = 0; i < 1000; i++) large[i] = (float)i;
   w = st_st_writer_create();
   st_st_writer_add(w, "big", "F32", 1, d_large, large, &err);
   rc = st_st_writer_write(w, path, &err);
@@ -413,8 +397,7 @@ static void test_atomic(void) {
   CHECK(rc == 0 && st->n_tensors == 1 && st_safetensors_find(st, "x") &&
             !st_safetensors_find(st, "big") && st->data_bytes == 4,
         "overwrite: file does not hold only the new tensor (%s)", err.msg);
-  if (rc == 0)
-    st_safetensors_destroy(st);
+  if (rc == 0) st_safetensors_destroy(st);
   CHECK(count_temp_files(dir) == 0, "after writes: a *.tmp.* file is left");
 
   /* st_write_file_atomic directly: exact bytes */
@@ -464,8 +447,7 @@ static st_model *small_model(int width) {
 static void fill(float *v, size_t n, uint64_t seed) {
   st_rng rng;
   st_rng_init(&rng, seed, ST_RNG_DATA, 0);
-  for (size_t i = 0; i < n; i++)
-    v[i] = st_rng_normal(&rng);
+  for (size_t i = 0; i < n; i++) v[i] = st_rng_normal(&rng);
 }
 
 static void roundtrip_checkpoint(const st_model *m, const char *kind,
@@ -603,8 +585,7 @@ static void test_checkpoint(void) {
   for (int i = 0; i < m->n_blocks; i++)
     for (int t = 0; t < m->blocks[i].n_tensors; t++) {
       const st_tensor_info *ti = &m->blocks[i].tensors[t];
-      if (strcmp(ti->name, "blocks.1.linear0.bias") == 0)
-        continue;
+      if (strcmp(ti->name, "blocks.1.linear0.bias") == 0) continue;
       st_st_writer_add(w, ti->name, "F32", ti->ndim, ti->dims,
                        src + m->blocks[i].param_off + ti->offset, &err);
     }
@@ -636,8 +617,7 @@ static int inspect_line(const char *text, const char *name, char *dtype,
   char key[80];
   snprintf(key, sizeof key, "\n  %s ", name);
   const char *p = strstr(text, key);
-  if (!p)
-    return 0;
+  if (!p) return 0;
   char got[64];
   return sscanf(p + 1, "%63s %7s %31s %lf %lf %lf %lf", got, dtype, shape,
                 &stats[0], &stats[1], &stats[2], &stats[3]) == 7 &&
@@ -716,8 +696,7 @@ static void test_inspect(void) {
 
 static void remove_dir(void) {
   DIR *d = opendir(dir);
-  if (!d)
-    return;
+  if (!d) return;
   struct dirent *e;
   while ((e = readdir(d)))
     if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
@@ -772,8 +751,7 @@ static void test_strict(void) {
   float v = 1.0f;
   CHECK(st_st_writer_add(w, "a\"b", "F32", 1, d, &v, &err) == ST_EARG,
         "writer accepted a name with a quote");
-  CHECK(st_st_writer_add(w, "__metadata__", "F32", 1, d, &v, &err) ==
-            ST_EARG,
+  CHECK(st_st_writer_add(w, "__metadata__", "F32", 1, d, &v, &err) == ST_EARG,
         "writer accepted the reserved name __metadata__");
   st_st_writer_destroy(w);
 }

@@ -45,16 +45,14 @@ static char *slurp(const char *dir, const char *name) {
   char path[ST_PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
+  if (!f) return NULL;
   fseek(f, 0, SEEK_END);
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
   char *text = malloc((size_t)n + 1);
   if (text && fread(text, 1, (size_t)n, f) != (size_t)n)
     free(text), text = NULL;
-  if (text)
-    text[n] = 0;
+  if (text) text[n] = 0;
   fclose(f);
   return text;
 }
@@ -165,8 +163,7 @@ static void test_runs(const st_config *base, const char *root) {
   CHECK(rc == 0, "jobs 1: %s", err.msg);
   rc = rc ? rc : st_experiment_pb(&o2, base, &err);
   CHECK(rc == 0, "jobs 2: %s", err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   char *csv1 = slurp(one, "results.csv"), *csv2 = slurp(two, "results.csv");
   CHECK(csv1 && csv2, "results.csv missing");
   if (csv1 && csv2) {
@@ -295,7 +292,6 @@ int main(void) {
   test_errors(&base, root);
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", root);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
   TH_DONE();
 }

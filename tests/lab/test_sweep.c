@@ -50,11 +50,9 @@ static int write_idx(const char *name, const uint8_t *data, int n, int h,
   int images = h > 0, len = images ? 16 : 8;
   put_be32(head, images ? 2051 : 2049);
   put_be32(head + 4, (uint32_t)n);
-  if (images)
-    put_be32(head + 8, (uint32_t)h), put_be32(head + 12, (uint32_t)w);
+  if (images) put_be32(head + 8, (uint32_t)h), put_be32(head + 12, (uint32_t)w);
   gzFile gz = gzopen(path, "wb");
-  if (!gz)
-    return -1;
+  if (!gz) return -1;
   size_t bytes = (size_t)n * (images ? (size_t)h * w : 1);
   int ok = gzwrite(gz, head, (unsigned)len) == len &&
            gzwrite(gz, data, (unsigned)bytes) == (int)bytes;
@@ -75,8 +73,7 @@ static int write_data(void) {
   }
   const size_t px = 28 * 28;
   int rc = write_idx("train-images-idx3-ubyte.gz", ds->pixels, 512, 28, 28);
-  if (!rc)
-    rc = write_idx("train-labels-idx1-ubyte.gz", ds->labels, 512, 0, 0);
+  if (!rc) rc = write_idx("train-labels-idx1-ubyte.gz", ds->labels, 512, 0, 0);
   if (!rc)
     rc = write_idx("t10k-images-idx3-ubyte.gz", ds->pixels + 512 * px, 128, 28,
                    28);
@@ -115,8 +112,7 @@ static char *slurp(const char *dir, const char *name) {
   char path[ST_PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
+  if (!f) return NULL;
   fseek(f, 0, SEEK_END);
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
@@ -129,15 +125,13 @@ static char *slurp(const char *dir, const char *name) {
 
 static int count_lines(const char *s) {
   int n = 0;
-  for (; s && *s; s++)
-    n += *s == '\n';
+  for (; s && *s; s++) n += *s == '\n';
   return n;
 }
 
 static int count_matches(const char *s, const char *what) {
   int n = 0;
-  for (; s && (s = strstr(s, what)); s++)
-    n++;
+  for (; s && (s = strstr(s, what)); s++) n++;
   return n;
 }
 
@@ -263,9 +257,10 @@ static void test_target_parse(void) {
             t.kind == ST_TARGET_LOSS && t.value == 0.5,
         "test_loss=0.5: %s", err.msg);
   const char *bad[] = {
-      "accuracy",   "acc=0.5", "accuracy=", "accuracy=x", "accuracy=1.5",
-      "accuracy=0", "loss=-1", "loss=0.4x", "=0.4",       "",
-      "test_accuracy=1.5", "test_acc=0.8", "train_loss=0.4", "test_loss="};
+      "accuracy",       "acc=0.5",    "accuracy=",         "accuracy=x",
+      "accuracy=1.5",   "accuracy=0", "loss=-1",           "loss=0.4x",
+      "=0.4",           "",           "test_accuracy=1.5", "test_acc=0.8",
+      "train_loss=0.4", "test_loss="};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     err.msg[0] = 0;
     int rc = st_sweep_target_parse(&t, bad[i], &err);
@@ -291,8 +286,8 @@ static void test_fit(void) {
         e_min);
   /* Steps off by +-10% alternately: B_crit within 25%. */
   for (int k = 0; k < 11; k++)
-    steps[k] = (int64_t)llround((1024 + 65536.0 / batch[k]) *
-                                (k % 2 ? 1.1 : 0.9));
+    steps[k] =
+        (int64_t)llround((1024 + 65536.0 / batch[k]) * (k % 2 ? 1.1 : 0.9));
   b = st_sweep_fit(batch, steps, 11, NULL, NULL);
   CHECK(fabs(b / 64 - 1) < 0.25, "fit of +-10%% noisy steps: B_crit %.2f", b);
   /* Not-reached entries are skipped: the same exact curve with holes. */
@@ -303,8 +298,7 @@ static void test_fit(void) {
   /* No fit: one point; steps that grow with the batch. */
   b = st_sweep_fit(batch, steps, 1, &s_min, &e_min);
   CHECK(isnan(b) && isnan(s_min) && isnan(e_min), "one point: no fit");
-  for (int k = 0; k < 11; k++)
-    steps[k] = 100 + 10 * k;
+  for (int k = 0; k < 11; k++) steps[k] = 100 + 10 * k;
   b = st_sweep_fit(batch, steps, 11, NULL, NULL);
   CHECK(isnan(b), "growing steps: no fit (%g)", b);
 }
@@ -380,8 +374,7 @@ static void test_jobs(const char *root, char *const want[4]) {
   snprintf(dir, sizeof dir, "%s/jobs16", root);
   tiny_options(&o, dir);
   o.jobs = 16;
-  if (run(&o, &c) == 0)
-    check_same_files(dir, want, "jobs = 16");
+  if (run(&o, &c) == 0) check_same_files(dir, want, "jobs = 16");
 
   /* Resume with jobs > 1: a first sweep over batch sizes 8 and 32 (what a
    * sweep killed part-way leaves: some finished trials), one of its rows
@@ -474,8 +467,7 @@ static void test_sweep(const char *root) {
   snprintf(b, sizeof b, "%s/b", root);
 
   tiny_options(&o, a);
-  if (run(&o, &c))
-    return;
+  if (run(&o, &c)) return;
   char *text[4];
   for (int i = 0; i < 4; i++) {
     text[i] = slurp(a, files[i]);
@@ -510,8 +502,7 @@ static void test_sweep(const char *root) {
 
   /* Determinism: a second sweep into another folder. */
   tiny_options(&o, b);
-  if (run(&o, &c))
-    goto out;
+  if (run(&o, &c)) goto out;
   char *again = slurp(b, "sweep.csv");
   CHECK(again && text[0] && strcmp(again, text[0]) == 0,
         "two sweeps give identical sweep.csv:\n%s---\n%s", text[0], again);
@@ -599,8 +590,7 @@ static void test_sweep(const char *root) {
   CHECK(rc == ST_EARG && strstr(err.msg, "increase"),
         "decreasing batch sizes refused: '%s'", err.msg);
 out:
-  for (int i = 0; i < 4; i++)
-    free(text[i]);
+  for (int i = 0; i < 4; i++) free(text[i]);
 }
 
 /* In a report.md table, the budget column of batch B's row. */
@@ -609,11 +599,9 @@ static long budget_column(const char *report, int batch) {
   snprintf(row, sizeof row, "\n| %d |", batch);
   const char *p = report ? strstr(report, row) : NULL;
   const char *eol = p ? strchr(p + 1, '\n') : NULL;
-  if (!eol)
-    return -1;
+  if (!eol) return -1;
   const char *bar = eol - 1; /* the closing '|' */
-  while (bar > p && bar[-1] != '|')
-    bar--;
+  while (bar > p && bar[-1] != '|') bar--;
   return strtol(bar, NULL, 10);
 }
 
@@ -654,15 +642,11 @@ static void test_budget_noise(const char *root) {
     int batch, k;
     double lr;
     long st = -1;
-    if (sscanf(p + 1, "%d,%d,%lf,", &batch, &k, &lr) != 3)
-      break;
+    if (sscanf(p + 1, "%d,%d,%lf,", &batch, &k, &lr) != 3) break;
     const char *f = p + 1;
-    for (int comma = 0; comma < 4; comma++)
-      f = strchr(f, ',') + 1;
-    if (*f != ',')
-      st = strtol(f, NULL, 10);
-    if (st < 0)
-      continue;
+    for (int comma = 0; comma < 4; comma++) f = strchr(f, ',') + 1;
+    if (*f != ',') st = strtol(f, NULL, 10);
+    if (st < 0) continue;
     reached++;
     int b = batch == 8 ? 0 : batch == 16 ? 1 : 2;
     on_grid &= st == 2 || st == 4 || st == 6 || st == 9 || st == 14 ||
@@ -677,21 +661,18 @@ static void test_budget_noise(const char *root) {
   for (const char *p = progress; p && (p = strstr(p, "sweep: batch ")); p++) {
     int batch = atoi(p + 13);
     const char *eol = strchr(p, '\n'), *at = strstr(p, "not reached (");
-    if (!at || (eol && at > eol))
-      continue;
+    if (!at || (eol && at > eol)) continue;
     const char *step = strstr(at, "at step ");
     long got = step ? strtol(step + 8, NULL, 10) : -1;
     short_runs += got != (batch == 8 ? 32 : batch == 16 ? 16 : 8);
   }
   CHECK(short_runs == 0,
-        "every trial not reaching the target ran to its budget:\n%s",
-        progress);
+        "every trial not reaching the target ran to its budget:\n%s", progress);
 
   /* The noise run: batch 16's best trial, as steps.csv names it. */
   long s16 = -1, trial16 = -1;
   const char *row = steps ? strstr(steps, "\n16,") : NULL;
-  if (row && sscanf(row + 4, "%ld,%ld,", &s16, &trial16) != 2)
-    s16 = -1;
+  if (row && sscanf(row + 4, "%ld,%ld,", &s16, &trial16) != 2) s16 = -1;
   CHECK(s16 > 0 && noise && report && strstr(report, "B_simple") &&
             strstr(report, "at the target"),
         "batch 16 reached the target (step %ld) and noise.csv and the report "
@@ -704,8 +685,7 @@ static void test_budget_noise(const char *root) {
     n.train.batch = 16;
     n.train.steps = 16; /* the budget: the schedule's length */
     n.optimizer.lr = (float)lr;
-    if (mom >= 0)
-      n.optimizer.momentum = (float)mom;
+    if (mom >= 0) n.optimizer.momentum = (float)mom;
     n.metrics.noise_scale = 1;
     n.metrics.noise_ema = 0; /* each step's own estimates */
     st_trainer *t;
@@ -716,17 +696,14 @@ static void test_budget_noise(const char *root) {
        * (2, 4, 6, 9, 14), and the last 20% of the steps */
       long prev = 0;
       const long sched[] = {2, 4, 6, 9, 14, 21, 32};
-      for (int k = 0; k < 7 && sched[k] < s16; k++)
-        prev = sched[k];
+      for (int k = 0; k < 7 && sched[k] < s16; k++) prev = sched[k];
       double row_tr = 0, row_g2 = 0, end_tr = 0, end_g2 = 0, loss;
       for (long k = 1; k <= s16; k++) {
         st_trainer_step(t, &loss, &err);
         double g2, tr;
         st_noise_scale_value(st_trainer_noise(t), &g2, &tr);
-        if (k > prev)
-          row_tr += tr, row_g2 += g2;
-        if (5 * k > 4 * s16)
-          end_tr += tr, end_g2 += g2;
+        if (k > prev) row_tr += tr, row_g2 += g2;
+        if (5 * k > 4 * s16) end_tr += tr, end_g2 += g2;
       }
       st_trainer_destroy(t);
       double want = row_tr / row_g2, at_end = end_tr / end_g2;
@@ -787,7 +764,6 @@ int main(void) {
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", root);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
   TH_DONE();
 }

@@ -82,16 +82,13 @@ static const variant VARIANTS[] = {
     {"rotary", 16, 0, 1},
 };
 
-static int verbose(void) {
-  return getenv("STRATA_TEST_VERBOSE") != NULL;
-}
+static int verbose(void) { return getenv("STRATA_TEST_VERBOSE") != NULL; }
 
 /* ------------------------------------------------------ formula weights */
 
 static uint64_t fnv1a64(const char *s) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (; *s; s++)
-    h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
   return h;
 }
 
@@ -111,12 +108,9 @@ static float formula(const char *name, uint64_t key, size_t i) {
   int weight = len > 7 && strcmp(name + len - 7, ".weight") == 0;
   if (strstr(name, ".ln_"))
     return weight ? (float)(1.0 + 0.1 * s) : (float)(0.05 * s);
-  if (!weight)
-    return (float)(0.01 * s);
-  if (strstr(name, "wpe"))
-    return (float)(0.0175 * s);
-  if (strstr(name, "c_proj"))
-    return (float)(0.0125 * s);
+  if (!weight) return (float)(0.01 * s);
+  if (strstr(name, "wpe")) return (float)(0.0175 * s);
+  if (strstr(name, "c_proj")) return (float)(0.0125 * s);
   return (float)(0.035 * s);
 }
 
@@ -131,14 +125,12 @@ static void set_weights(const st_model *m, float *params,
   char prefix[64];
   int plen = snprintf(prefix, sizeof prefix, "%s.init.", v), set_count = 0;
   for (int i = 0; i < st->n_tensors; i++) {
-    if (strncmp(st->tensors[i].name, prefix, (size_t)plen) != 0)
-      continue;
+    if (strncmp(st->tensors[i].name, prefix, (size_t)plen) != 0) continue;
     const char *name = st->tensors[i].name + plen;
     const st_tensor_info *ti = NULL;
     int64_t off = st_model_find(m, name, &ti);
     CHECK(off >= 0 && ti->tie < 0, "%s: no parameter %s in the model", v, name);
-    if (off < 0 || ti->tie >= 0)
-      continue;
+    if (off < 0 || ti->tie >= 0) continue;
     float *w = params + off;
     uint64_t key = fnv1a64(name);
     double sum = 0;
@@ -220,8 +212,7 @@ static st_safetensors *open_gpt_fixture(void) {
   st_error err = {0};
   int rc = st_safetensors_read(&st, FIXTURE, &err);
   CHECK(rc == 0, "%s (regenerate with %s)", err.msg, REGENERATE);
-  if (rc)
-    return NULL;
+  if (rc) return NULL;
   const char *version = st_safetensors_meta(st, "strata_fixture");
   CHECK(version && strcmp(version, "1") == 0,
         "%s: fixture version %s, expected 1 (regenerate with %s)", FIXTURE,
@@ -236,8 +227,7 @@ static int dims_match(const st_safetensors *st, const variant *v) {
                         WIDTH, VOCAB,       v->rotary_dim, v->tied,
                         STEPS, GRAD_STRIDE, FULL_BELOW};
   int same = 1;
-  for (int i = 0; i < 11; i++)
-    same &= d[i] == want[i];
+  for (int i = 0; i < 11; i++) same &= d[i] == want[i];
   CHECK(same, "%s: %s was made for another run (dims); regenerate with %s",
         v->name, FIXTURE, REGENERATE);
   return same;
@@ -297,8 +287,7 @@ static void check_gradient(const st_safetensors *st, const variant *v,
     norm += (double)g[i] * g[i];
   }
   norm = sqrt(norm);
-  for (size_t j = 0; j < ns; j++)
-    got[j] = g[j * stride];
+  for (size_t j = 0; j < ns; j++) got[j] = g[j * stride];
   double den = stat[0] > 0 ? stat[0] : 1.0;
   double e = err_over(got, want, ns, den);
   double e_max = fabs(max_abs - stat[0]) / den;
@@ -322,8 +311,7 @@ static void check_forward_backward(st_trainer *t, const st_safetensors *st,
   st_pool *pool = st_pool_create(2);
   int rc = st_stage_create(&s, m, 0, m->n_blocks, B, &err);
   CHECK(rc == 0 && pool, "%s: stage: %s", v->name, err.msg);
-  if (rc || !pool)
-    goto done;
+  if (rc || !pool) goto done;
   float *x = new_floats((size_t)B * T);
   int *y = keep(calloc((size_t)B * T, sizeof(int)));
   first_batch(x, y, B);
@@ -338,8 +326,7 @@ static void check_forward_backward(st_trainer *t, const st_safetensors *st,
   size_t nref = (size_t)v->logit_rows * T * VOCAB;
   const float *want = fx(st, v->name, "logits", nref);
   double den = 0;
-  for (size_t i = 0; i < nref; i++)
-    den = fmax(den, fabs((double)want[i]));
+  for (size_t i = 0; i < nref; i++) den = fmax(den, fabs((double)want[i]));
   double e = err_over(logits, want, nref, den);
   snprintf(what, sizeof what, "%s logits", v->name);
   CHECK(e <= TOL, "%s: max |diff| / max |logit| %.3g > %.0e", what, e, TOL);
@@ -347,8 +334,7 @@ static void check_forward_backward(st_trainer *t, const st_safetensors *st,
 
   st_xent_forward(losses, probs, logits, y, B * T, VOCAB);
   double loss = 0;
-  for (int i = 0; i < B * T; i++)
-    loss += losses[i];
+  for (int i = 0; i < B * T; i++) loss += losses[i];
   loss /= B * T;
   const float *want_loss = fx(st, v->name, "loss", 1);
   e = fabs(loss - want_loss[0]) / want_loss[0];
@@ -363,18 +349,15 @@ static void check_forward_backward(st_trainer *t, const st_safetensors *st,
   for (int i = 0; i < m->n_blocks; i++)
     for (int k = 0; k < m->blocks[i].n_tensors; k++) {
       const st_tensor_info *ti = &m->blocks[i].tensors[k];
-      if (ti->tie < 0)
-        continue;
+      if (ti->tie < 0) continue;
       const float *copy = grads + m->blocks[i].param_off + ti->offset;
-      for (size_t j = 0; j < ti->numel; j++)
-        grads[ti->tie + j] += copy[j];
+      for (size_t j = 0; j < ti->numel; j++) grads[ti->tie + j] += copy[j];
     }
   int checked = 0;
   for (int i = 0; i < m->n_blocks; i++)
     for (int k = 0; k < m->blocks[i].n_tensors; k++) {
       const st_tensor_info *ti = &m->blocks[i].tensors[k];
-      if (ti->tie >= 0)
-        continue;
+      if (ti->tie >= 0) continue;
       check_gradient(st, v, ti, grads + m->blocks[i].param_off + ti->offset,
                      &wst);
       checked++;
@@ -412,14 +395,12 @@ static void check_training(st_trainer *t, const st_safetensors *st,
     got[s] = (float)loss;
   }
   CHECK(rc == 0, "%s: step failed: %s", v->name, err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   double worst = 0;
   int at = 0;
   for (int s = 0; s < STEPS; s++) {
     double e = fabs((double)got[s] - want[s]) / want[s];
-    if (!(e <= worst))
-      worst = e, at = s;
+    if (!(e <= worst)) worst = e, at = s;
   }
   CHECK(worst <= TOL, "%s: loss at step %d: %.7f vs torch %.7f (%.3g > %.0e)",
         v->name, at, got[at], want[at], worst, TOL);
@@ -447,8 +428,7 @@ static void check_causality(st_trainer *t, const variant *v) {
   st_pool *pool = st_pool_create(2);
   int rc = st_stage_create(&s, m, 0, m->n_blocks, 2, &err);
   CHECK(rc == 0 && pool, "%s: stage: %s", v->name, err.msg);
-  if (rc || !pool)
-    goto done;
+  if (rc || !pool) goto done;
   st_ctx ctx = {pool, 0, 42, 0, NULL};
   size_t row = VOCAB, seq = (size_t)T * VOCAB;
   float *x = new_floats(2 * T);
@@ -488,16 +468,14 @@ done:
 /* -------------------------------------------------------------- main */
 
 static void run_variant(const st_safetensors *st, const variant *v) {
-  if (!dims_match(st, v))
-    return;
+  if (!dims_match(st, v)) return;
   st_config cfg;
   configure(&cfg, v);
   st_trainer *t = NULL;
   st_error err = {0};
   int rc = st_trainer_create(&t, &cfg, NULL, &err);
   CHECK(rc == 0, "%s: trainer: %s", v->name, err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   const st_model *m = st_trainer_model(t);
   CHECK(m->n_ties == (v->tied ? 1 : 0) && m->classes == VOCAB &&
             (st_model_find(m, "transformer.wpe.weight", NULL) >= 0) ==

@@ -27,9 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static int verbose(void) {
-  return getenv("STRATA_TEST_VERBOSE") != NULL;
-}
+static int verbose(void) { return getenv("STRATA_TEST_VERBOSE") != NULL; }
 
 static float *floats(size_t n) {
   float *p = st_alloc((n ? n : 1) * sizeof(float));
@@ -43,8 +41,7 @@ static float *floats(size_t n) {
 static void fill_normal(float *v, size_t n, uint64_t seed) {
   st_rng rng;
   st_rng_init(&rng, seed, ST_RNG_DATA, 0);
-  for (size_t i = 0; i < n; i++)
-    v[i] = st_rng_normal(&rng);
+  for (size_t i = 0; i < n; i++) v[i] = st_rng_normal(&rng);
 }
 
 /* ------------------------------------------------------ kink detection */
@@ -67,12 +64,10 @@ static uint64_t block_pattern(const st_block *b, const float *acts, int B,
     size_t n = (size_t)B * st_shape_numel(L->out);
     if (L->kind == ST_OP_RELU) {
       const float *y = acts + L->out_off * (size_t)B;
-      for (size_t i = 0; i < n; i++)
-        h = mix(h, y[i] > 0.0f);
+      for (size_t i = 0; i < n; i++) h = mix(h, y[i] > 0.0f);
     } else if (L->kind == ST_OP_MAXPOOL) {
       const int32_t *idx = (const int32_t *)(acts + L->save_off * (size_t)B);
-      for (size_t i = 0; i < n; i++)
-        h = mix(h, (uint32_t)idx[i]);
+      for (size_t i = 0; i < n; i++) h = mix(h, (uint32_t)idx[i]);
     }
   }
   return h;
@@ -148,8 +143,7 @@ static double model_loss(fixture *fx) {
       st_stage_forward(fx->stage, &fx->ctx, fx->params, fx->x, fx->B);
   st_xent_forward(fx->losses, fx->probs, logits, fx->y, fx->B, fx->m->classes);
   double sum = 0;
-  for (int i = 0; i < fx->B; i++)
-    sum += fx->losses[i];
+  for (int i = 0; i < fx->B; i++) sum += fx->losses[i];
   return sum / fx->B;
 }
 
@@ -165,12 +159,10 @@ static int fixture_create(fixture *fx, const char *what, const st_config *c,
   st_error err = {0};
   int rc = st_model_create(&fx->m, c, in, &err);
   CHECK(rc == 0, "%s: st_model_create: %s", what, err.msg);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   rc = st_stage_create(&fx->stage, fx->m, 0, fx->m->n_blocks, fx->B, &err);
   CHECK(rc == 0, "%s: st_stage_create: %s", what, err.msg);
-  if (rc)
-    return rc;
+  if (rc) return rc;
   /* training 0: dropout off, so the loss is a deterministic function */
   fx->ctx = (st_ctx){NULL, 0, seed, 0, NULL};
   size_t nx = (size_t)fx->B * st_shape_numel(in);
@@ -191,8 +183,7 @@ static int fixture_create(fixture *fx, const char *what, const st_config *c,
           fx->params[b->param_off + b->tensors[t].offset + k] *= gain;
   }
   fill_normal(fx->x, nx, seed + 100);
-  for (int i = 0; i < fx->B; i++)
-    fx->y[i] = (i * 2 + 1) % fx->m->classes;
+  for (int i = 0; i < fx->B; i++) fx->y[i] = (i * 2 + 1) % fx->m->classes;
   return 0;
 }
 
@@ -278,8 +269,7 @@ static void check_first_smooth(fixture *fx, const element *cand, int n,
   for (int k = 0; k < n; k++) {
     const element *c = &cand[k];
     double fd, eps;
-    if (!model_fd(fx, c->v, &fd, &eps))
-      continue;
+    if (!model_fd(fx, c->v, &fd, &eps)) continue;
     t->checked++;
     double tol_abs = fd_tol(0, eps, fx->dl);
     t->strong += fabs(c->analytic) > 5 * tol_abs;
@@ -407,12 +397,10 @@ static void check_residual_block(const char *what, const st_config *c,
   st_error err = {0};
   int rc = st_model_create(&m, c, in, &err);
   CHECK(rc == 0, "%s: st_model_create: %s", what, err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   int k = -1;
   for (int i = 0; i < m->n_blocks && k < 0; i++)
-    if (m->blocks[i].has_residual)
-      k = i;
+    if (m->blocks[i].has_residual) k = i;
   CHECK(k >= 0, "%s: no block has has_residual set", what);
   if (k < 0) {
     st_model_destroy(m);
@@ -421,8 +409,7 @@ static void check_residual_block(const char *what, const st_config *c,
   const st_block *b = &m->blocks[k];
   int res_layer = -1;
   for (int l = 0; l < b->n_layers; l++)
-    if (b->layers[l].kind == ST_OP_RESIDUAL)
-      res_layer = l;
+    if (b->layers[l].kind == ST_OP_RESIDUAL) res_layer = l;
   CHECK(res_layer > 0, "%s: %s has has_residual but no residual layer", what,
         b->name);
   CHECK(res_layer > 0 && b->layers[res_layer].out.c == b->in.c &&
@@ -478,18 +465,15 @@ static void check_residual_block(const char *what, const st_config *c,
     double best_v = -1;
     for (size_t i = 0; i < nin; i++) {
       int used = 0;
-      for (int q = 0; q < p; q++)
-        used |= pick[q] == i;
+      for (int q = 0; q < p; q++) used |= pick[q] == i;
       double s = fabs((double)din[i] - din_noskip[i]);
-      if (!used && s > best_v)
-        best_v = s, best = i;
+      if (!used && s > best_v) best_v = s, best = i;
     }
     pick[p] = best;
   }
   st_rng rng;
   st_rng_init(&rng, seed, ST_RNG_DATA, 9);
-  for (int p = 5; p < 10; p++)
-    pick[p] = st_rng_below(&rng, (uint32_t)nin);
+  for (int p = 5; p < 10; p++) pick[p] = st_rng_below(&rng, (uint32_t)nin);
   int checked = 0, noskip_wrong = 0;
   for (int p = 0; p < 10; p++) {
     float *v = &r.in[pick[p]], saved = *v;
@@ -503,8 +487,7 @@ static void check_residual_block(const char *what, const st_config *c,
       double lm = block_objective(&r);
       uint64_t pm = block_pattern(b, r.acts, r.B, 1);
       *v = saved;
-      if (pp != pattern || pm != pattern)
-        continue;
+      if (pp != pattern || pm != pattern) continue;
       done = 1;
       double fd = (lp - lm) / ((double)hi - (double)lo);
       CHECK(fd_agrees(fd, din[pick[p]], eps_steps[e], dl),
@@ -682,15 +665,13 @@ static void check_fc_mnist(void) {
   st_error err = {0};
   int rc = st_model_create(&m, &c, (st_shape){1, 28, 28}, &err);
   CHECK(rc == 0, "fc_mnist: %s", err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   CHECK(m->n_blocks == 3, "fc_mnist: %d blocks, want 3", m->n_blocks);
   size_t want = 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10;
   CHECK(want == 269322 && m->n_params == want,
         "fc_mnist: %zu parameters, want 269322", m->n_params);
   size_t sum = 0;
-  for (int i = 0; i < m->n_blocks; i++)
-    sum += m->blocks[i].n_params;
+  for (int i = 0; i < m->n_blocks; i++) sum += m->blocks[i].n_params;
   CHECK(sum == m->n_params, "fc_mnist: blocks hold %zu params, model %zu", sum,
         m->n_params);
   const st_tensor_info *ti = NULL;
@@ -734,16 +715,14 @@ static void check_cnn_counts(void) {
   st_error err = {0};
   int rc = st_model_create(&m, &c, (st_shape){1, 28, 28}, &err);
   CHECK(rc == 0, "cnn [32, 64] x4: %s", err.msg);
-  if (rc)
-    return;
+  if (rc) return;
   /* per stage one conv block + residual_blocks residual blocks; one block
    * per dense width; one head */
   int want = 2 * (1 + 4) + c.model.dense.n + 1;
   CHECK(c.model.dense.n == 1 && m->n_blocks == want && want == 12,
         "cnn [32, 64] x4: %d blocks, want %d", m->n_blocks, want);
   int residual = 0;
-  for (int i = 0; i < m->n_blocks; i++)
-    residual += m->blocks[i].has_residual;
+  for (int i = 0; i < m->n_blocks; i++) residual += m->blocks[i].has_residual;
   CHECK(residual == 8, "cnn [32, 64] x4: %d residual blocks, want 8", residual);
   /* 28 -> 14 -> 7 after two 2x2 pools; the dense block flattens 64*7*7 */
   const st_tensor_info *ti = NULL;
@@ -765,8 +744,7 @@ static void check_cnn_counts(void) {
   CHECK(m == NULL, "impossible cnn: *out not NULL after failure");
   CHECK(strstr(err.msg, "model.channels") != NULL,
         "impossible cnn: message lacks model.channels: %s", err.msg);
-  if (rc == 0)
-    st_model_destroy(m);
+  if (rc == 0) st_model_destroy(m);
 }
 
 /* ------------------------------------------------------ initialisation */
@@ -787,8 +765,7 @@ static void check_init(void) {
   st_model_init(m, d, 43);
   CHECK(memcmp(a, b, n * sizeof(float)) == 0, "init: seed 42 twice differs");
   size_t same = 0;
-  for (size_t i = 0; i < n; i++)
-    same += a[i] == d[i];
+  for (size_t i = 0; i < n; i++) same += a[i] == d[i];
   /* only the norm tensors (1s and 0s) may coincide */
   size_t norm_floats = 0;
   for (int i = 0; i < m->n_blocks; i++)
@@ -806,8 +783,7 @@ static void check_init(void) {
     const st_block *blk = &m->blocks[i];
     for (int l = 0; l < blk->n_layers; l++) {
       const st_layer *L = &blk->layers[l];
-      if (L->w_tensor < 0)
-        continue;
+      if (L->w_tensor < 0) continue;
       const st_tensor_info *w = &blk->tensors[L->w_tensor];
       const st_tensor_info *bias = &blk->tensors[L->b_tensor];
       const float *pw = a + blk->param_off + w->offset;
@@ -831,8 +807,7 @@ static void check_init(void) {
         biggest = fmax(biggest, fabs(pw[k]));
         sum += pw[k];
       }
-      for (size_t k = 0; k < bias->numel; k++)
-        inside &= fabs(pb[k]) <= bound;
+      for (size_t k = 0; k < bias->numel; k++) inside &= fabs(pb[k]) <= bound;
       CHECK(inside, "init: %s or its bias outside +-1/sqrt(%zu)", w->name,
             fan_in);
       /* Uniform on [-bound, bound]: with n >= 36 draws, the largest falls

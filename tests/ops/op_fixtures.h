@@ -29,8 +29,7 @@ static inline void *keep(void *p) {
 }
 
 static inline void release_all(void) {
-  while (n_owned)
-    free(owned[--n_owned]);
+  while (n_owned) free(owned[--n_owned]);
 }
 
 static inline float *new_floats(size_t n) {
@@ -47,8 +46,7 @@ static inline float *copy_floats(const float *x, size_t n) {
 
 static inline float *to_floats(const double *x, size_t n) {
   float *y = new_floats(n);
-  for (size_t i = 0; i < n; i++)
-    y[i] = (float)x[i];
+  for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
   return y;
 }
 
@@ -56,8 +54,7 @@ static inline float *random_floats(size_t n, uint64_t seed, float scale) {
   float *x = new_floats(n);
   st_rng rng;
   st_rng_init(&rng, seed, ST_RNG_DATA, 0);
-  for (size_t i = 0; i < n; i++)
-    x[i] = scale * st_rng_normal(&rng);
+  for (size_t i = 0; i < n; i++) x[i] = scale * st_rng_normal(&rng);
   return x;
 }
 
@@ -68,8 +65,7 @@ static inline st_safetensors *open_fixture(const char *op) {
   st_error err = {0};
   int rc = st_safetensors_read(&st, path, &err);
   CHECK(rc == 0, "%s (regenerate with %s)", err.msg, REGENERATE);
-  if (rc)
-    return NULL;
+  if (rc) return NULL;
   const char *version = st_safetensors_meta(st, "strata_fixture");
   CHECK(version && strcmp(version, "1") == 0,
         "%s: fixture version %s, expected 1 (regenerate with %s)", path,
@@ -79,15 +75,15 @@ static inline st_safetensors *open_fixture(const char *op) {
 
 /* A copy of tensor "<case>.<key>" (so alignment is ours), checked for dtype
  * and element count; a missing tensor fails and reads as zeros. */
-static inline void *fixture_tensor(const st_safetensors *st, const char *case_name,
-                            const char *key, const char *dtype, size_t numel) {
+static inline void *fixture_tensor(const st_safetensors *st,
+                                   const char *case_name, const char *key,
+                                   const char *dtype, size_t numel) {
   char name[160];
   snprintf(name, sizeof name, "%s.%s", case_name, key);
   void *copy = keep(calloc(numel ? numel : 1, 4));
   const st_st_tensor *t = st_safetensors_find(st, name);
   CHECK(t != NULL, "%s: tensor %s missing", st->path, name);
-  if (!t)
-    return copy;
+  if (!t) return copy;
   CHECK(strcmp(t->dtype, dtype) == 0, "%s: %s is %s, expected %s", st->path,
         name, t->dtype, dtype);
   size_t have = (t->end - t->begin) / 4;
@@ -97,18 +93,18 @@ static inline void *fixture_tensor(const st_safetensors *st, const char *case_na
   return copy;
 }
 
-static inline float *fx(const st_safetensors *st, const char *c, const char *key,
-                 size_t numel) {
+static inline float *fx(const st_safetensors *st, const char *c,
+                        const char *key, size_t numel) {
   return fixture_tensor(st, c, key, "F32", numel);
 }
 
-static inline int32_t *fx_i32(const st_safetensors *st, const char *c, const char *key,
-                       size_t numel) {
+static inline int32_t *fx_i32(const st_safetensors *st, const char *c,
+                              const char *key, size_t numel) {
   return fixture_tensor(st, c, key, "I32", numel);
 }
 
 static inline void label(char *buf, size_t cap, const char *op, const char *c,
-                  const char *what) {
+                         const char *what) {
   snprintf(buf, cap, "%s %s %s", op, c, what);
 }
 
@@ -118,14 +114,14 @@ typedef double (*loss_fn)(void *ctx);
 
 static inline double dot(const float *a, const float *b, size_t n) {
   double s = 0;
-  for (size_t i = 0; i < n; i++)
-    s += (double)a[i] * b[i];
+  for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
   return s;
 }
 
 /* Central difference of L in element x; the step is the difference of the
  * two rounded floats, not 2 * eps. */
-static inline double central_difference(float *x, loss_fn loss, void *ctx, float eps) {
+static inline double central_difference(float *x, loss_fn loss, void *ctx,
+                                        float eps) {
   float x0 = *x, plus = x0 + eps, minus = x0 - eps;
   *x = plus;
   double l_plus = loss(ctx);
@@ -146,8 +142,9 @@ static inline double central_difference(float *x, loss_fn loss, void *ctx, float
 
 /* Compares analytic g[i] with the central difference at a few elements i of
  * x: first, last, some in between and the extra index `also`. */
-static inline void check_fd(const char *what, float *x, size_t n, const float *g,
-                     loss_fn loss, void *ctx, size_t also) {
+static inline void check_fd(const char *what, float *x, size_t n,
+                            const float *g, loss_fn loss, void *ctx,
+                            size_t also) {
   size_t picks[6] = {0, n / 3, n / 2, (7 * n) / 9, n - 1, also % n};
   double worst = 0;
   for (int k = 0; k < 6; k++) {
@@ -160,8 +157,7 @@ static inline void check_fd(const char *what, float *x, size_t n, const float *g
     double r = fabs(fd - (double)g[i]) / den;
     CHECK(r <= FD_TOL, "%s[%zu]: finite difference %.7g vs analytic %.7g", what,
           i, fd, (double)g[i]);
-    if (r > worst)
-      worst = r;
+    if (r > worst) worst = r;
   }
   if (getenv("STRATA_TEST_VERBOSE"))
     fprintf(stderr, "  %-40s max fd diff %.3g (tol %.3g)\n", what, worst,

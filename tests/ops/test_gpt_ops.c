@@ -25,7 +25,6 @@
 
 #include "op_fixtures.h"
 
-
 /* ------------------------------------------------------------ embedding */
 
 typedef struct embedding_ctx {
@@ -49,8 +48,7 @@ static double embedding_loss(void *p) {
 
 static void test_embedding(void) {
   st_safetensors *st = open_fixture("embedding");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"learned", "nowpe"};
   for (int k = 0; k < 2; k++) {
     const char *c = cases[k];
@@ -95,8 +93,7 @@ static void test_embedding_determinism(void) {
   int32_t tokens[B * T];
   st_rng rng;
   st_rng_init(&rng, 41, ST_RNG_DATA, 0);
-  for (int i = 0; i < B * T; i++)
-    tokens[i] = (int32_t)st_rng_below(&rng, V);
+  for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)st_rng_below(&rng, V);
   float *dout = random_floats((size_t)B * T * C, 42, 1.0f);
   float *prior_wte = random_floats((size_t)V * C, 43, 0.1f);
   float *prior_wpe = random_floats((size_t)T * C, 44, 0.1f);
@@ -154,8 +151,7 @@ static double attention_loss(void *p) {
 
 static void test_attention_fixtures(void) {
   st_safetensors *st = open_fixture("attention");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"small", "long"};
   for (int k = 0; k < 2; k++) {
     const char *c = cases[k];
@@ -220,17 +216,13 @@ static void naive_attention(double *out, double *att, double *dqkv,
           for (int i = 0; i < hs; i++)
             x += (double)q[(size_t)t * ld + i] * k[(size_t)s * ld + i];
           row[s] = s <= t ? x * scale : -INFINITY;
-          if (row[s] > max)
-            max = row[s];
+          if (row[s] > max) max = row[s];
         }
-        for (int s = 0; s < T; s++)
-          sum += row[s] = exp(row[s] - max);
-        for (int s = 0; s < T; s++)
-          row[s] /= sum;
+        for (int s = 0; s < T; s++) sum += row[s] = exp(row[s] - max);
+        for (int s = 0; s < T; s++) row[s] /= sum;
         for (int i = 0; i < hs; i++) {
           double y = 0;
-          for (int s = 0; s < T; s++)
-            y += row[s] * v[(size_t)s * ld + i];
+          for (int s = 0; s < T; s++) y += row[s] * v[(size_t)s * ld + i];
           out[((size_t)b * T + t) * C + (size_t)h * hs + i] = y;
         }
         /* backward of row t */
@@ -321,8 +313,7 @@ static void test_attention_large_scores(void) {
       tiny += s <= (int)(r % T) && ref_att[r * T + s] < 1e-38;
       sum += p;
     }
-    if (fabs(sum - 1.0) > worst_sum)
-      worst_sum = fabs(sum - 1.0);
+    if (fabs(sum - 1.0) > worst_sum) worst_sum = fabs(sum - 1.0);
   }
   CHECK(tiny > 0, "large scores: no score reached the exp's clamp");
   CHECK(finite, "large scores: a probability is not finite");
@@ -380,8 +371,7 @@ static void test_attention_determinism(void) {
   } shapes[] = {{2, 64, 64, 4}, {2, 130, 32, 2}};
   st_pool *pools[3] = {NULL, st_pool_create(1), st_pool_create(3)};
   CHECK(pools[1] && pools[2], "st_pool_create failed");
-  if (!pools[1] || !pools[2])
-    goto done;
+  if (!pools[1] || !pools[2]) goto done;
   for (int k = 0; k < 2; k++) {
     int B = shapes[k].B, T = shapes[k].T, C = shapes[k].C, NH = shapes[k].NH;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
@@ -441,8 +431,7 @@ static double rotary_loss(void *p) {
 
 static void test_rotary(void) {
   st_safetensors *st = open_fixture("attention");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"rotary_full", "rotary_half"};
   for (int k = 0; k < 2; k++) {
     const char *c = cases[k];

@@ -55,8 +55,7 @@ static double grad_floor(size_t terms) {
 
 static void test_linear(void) {
   st_safetensors *st = open_fixture("linear");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"bias", "nobias"};
   for (int k = 0; k < 2; k++) {
     const char *c = cases[k];
@@ -111,8 +110,7 @@ static void test_linear(void) {
 
 static void test_relu(void) {
   st_safetensors *st = open_fixture("relu");
-  if (!st)
-    return;
+  if (!st) return;
   int32_t *d = fx_i32(st, "relu", "dims", 1);
   size_t n = (size_t)d[0];
   float *in = fx(st, "relu", "in", n), *dout = fx(st, "relu", "dout", n);
@@ -140,8 +138,7 @@ static double gelu_loss(void *p) {
 
 static void test_gelu(void) {
   st_safetensors *st = open_fixture("gelu");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"exact", "tanh"};
   for (int k = 0; k < 2; k++) {
     const char *c = cases[k];
@@ -178,15 +175,13 @@ static double xent_mean_loss(void *p) {
   xent_ctx *c = p;
   st_xent_forward(c->losses, c->probs, c->logits, c->labels, c->B, c->C);
   double sum = 0;
-  for (int s = 0; s < c->B; s++)
-    sum += c->losses[s];
+  for (int s = 0; s < c->B; s++) sum += c->losses[s];
   return sum / c->B;
 }
 
 static void test_xent(void) {
   st_safetensors *st = open_fixture("xent");
-  if (!st)
-    return;
+  if (!st) return;
   const char *c = "xent";
   int32_t *d = fx_i32(st, c, "dims", 2);
   int B = d[0], C = d[1];
@@ -194,8 +189,7 @@ static void test_xent(void) {
   float *logits = fx(st, c, "logits", n);
   int32_t *labels32 = fx_i32(st, c, "labels", (size_t)B);
   int *labels = keep(calloc((size_t)B, sizeof(int)));
-  for (int s = 0; s < B; s++)
-    labels[s] = labels32[s];
+  for (int s = 0; s < B; s++) labels[s] = labels32[s];
   float *losses = new_floats((size_t)B), *probs = new_floats(n);
   float *dlogits = new_floats(n);
   st_xent_forward(losses, probs, logits, labels, B, C);
@@ -203,8 +197,7 @@ static void test_xent(void) {
   float mean = 0;
   {
     double sum = 0;
-    for (int s = 0; s < B; s++)
-      sum += losses[s];
+    for (int s = 0; s < B; s++) sum += losses[s];
     mean = (float)(sum / B);
   }
   /* computed in double per row, rounded once: ulp-level. */
@@ -267,8 +260,7 @@ static void naive_conv_forward(double *out, const float *in, const float *w,
             for (int ki = 0; ki < s.K; ki++)
               for (int kj = 0; kj < s.K; kj++) {
                 int ih = oh * s.S - s.P + ki, iw = ow * s.S - s.P + kj;
-                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W)
-                  continue;
+                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
                 sum +=
                     (double)in[((size_t)(n * s.IC + c) * s.H + ih) * s.W + iw] *
                     w[((size_t)(o * s.IC + c) * s.K + ki) * s.K + kj];
@@ -291,8 +283,7 @@ static void naive_conv_backward(double *din, double *dw, double *db,
             for (int ki = 0; ki < s.K; ki++)
               for (int kj = 0; kj < s.K; kj++) {
                 int ih = oh * s.S - s.P + ki, iw = ow * s.S - s.P + kj;
-                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W)
-                  continue;
+                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
                 size_t xi = ((size_t)(n * s.IC + c) * s.H + ih) * s.W + iw;
                 size_t wi = ((size_t)(o * s.IC + c) * s.K + ki) * s.K + kj;
                 dw[wi] += g * in[xi];
@@ -303,8 +294,7 @@ static void naive_conv_backward(double *din, double *dw, double *db,
 
 static void test_conv2d_fixtures(void) {
   st_safetensors *st = open_fixture("conv2d");
-  if (!st)
-    return;
+  if (!st) return;
   /* B = 2 puts every case but k3s1p1_b4 on the tiled dW path (src/ops/
    * conv2d.c); the naive comparison below covers the grouped path widely. */
   const char *cases[] = {"k3s1p1", "k3s1p1_nobias", "k3s1p1_b4",
@@ -326,18 +316,14 @@ static void test_conv2d_fixtures(void) {
     float *out = new_floats(nout), *din = new_floats(nin);
     float *dw = new_floats(nw), *db = new_floats((size_t)s.OC);
     /* Backward adds into dw and db: start them at 0.5 and take it off. */
-    for (size_t i = 0; i < nw; i++)
-      dw[i] = 0.5f;
-    for (int o = 0; o < s.OC; o++)
-      db[o] = 0.5f;
+    for (size_t i = 0; i < nw; i++) dw[i] = 0.5f;
+    for (int o = 0; o < s.OC; o++) db[o] = 0.5f;
     st_conv2d_forward(NULL, out, in, w, b, col, s.B, s.IC, s.H, s.W, s.OC, s.K,
                       s.S, s.P);
     st_conv2d_backward(NULL, din, dw, has_bias ? db : NULL, dout, in, w, col,
                        s.B, s.IC, s.H, s.W, s.OC, s.K, s.S, s.P);
-    for (size_t i = 0; i < nw; i++)
-      dw[i] -= 0.5f;
-    for (int o = 0; o < s.OC; o++)
-      db[o] -= 0.5f;
+    for (size_t i = 0; i < nw; i++) dw[i] -= 0.5f;
+    for (int o = 0; o < s.OC; o++) db[o] -= 0.5f;
     label(what, sizeof what, "conv2d", c, "out");
     CHECK_CLOSE(what, out, fx(st, c, "out", nout), nout, GEMM_TOL, GEMM_FLOOR);
     label(what, sizeof what, "conv2d", c, "din");
@@ -353,18 +339,15 @@ static void test_conv2d_fixtures(void) {
                   GEMM_TOL, grad_floor(terms));
     } else {
       int untouched = 1;
-      for (int o = 0; o < s.OC; o++)
-        untouched &= db[o] == 0.0f;
+      for (int o = 0; o < s.OC; o++) untouched &= db[o] == 0.0f;
       CHECK(untouched, "conv2d %s: db written although NULL was passed", c);
     }
     /* din == NULL is allowed and must not change dw. */
     float *dw2 = new_floats(nw);
-    for (size_t i = 0; i < nw; i++)
-      dw2[i] = 0.5f;
+    for (size_t i = 0; i < nw; i++) dw2[i] = 0.5f;
     st_conv2d_backward(NULL, NULL, dw2, NULL, dout, in, w, col, s.B, s.IC, s.H,
                        s.W, s.OC, s.K, s.S, s.P);
-    for (size_t i = 0; i < nw; i++)
-      dw2[i] -= 0.5f;
+    for (size_t i = 0; i < nw; i++) dw2[i] -= 0.5f;
     CHECK(memcmp(dw, dw2, nw * sizeof(float)) == 0,
           "conv2d %s: dw differs when din is NULL", c);
 
@@ -447,8 +430,7 @@ static void test_conv2d_determinism(void) {
                          {8, 16, 7, 7, 24, 1, 1, 0}};
   st_pool *pools[3] = {NULL, st_pool_create(1), st_pool_create(3)};
   CHECK(pools[1] && pools[2], "st_pool_create failed");
-  if (!pools[1] || !pools[2])
-    goto done;
+  if (!pools[1] || !pools[2]) goto done;
   for (int k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++) {
     conv_shape s = shapes[k];
     size_t nin = conv_in_numel(s), nw = conv_w_numel(s),
@@ -514,8 +496,7 @@ static void test_conv2d_cost(void) {
 
 static void test_maxpool(void) {
   st_safetensors *st = open_fixture("maxpool");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"k2s2", "k3s2", "k2s2_ties", "k3s2_ties"};
   for (int k = 0; k < 4; k++) {
     const char *c = cases[k];
@@ -565,8 +546,7 @@ static void test_maxpool_special(void) {
 
 static void test_avgpool(void) {
   st_safetensors *st = open_fixture("avgpool");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"k2s2", "k3s2"};
   for (int k = 0; k < 2; k++) {
     const char *c = cases[k];
@@ -615,8 +595,7 @@ static double layernorm_loss(void *p) {
 
 static void test_layernorm(void) {
   st_safetensors *st = open_fixture("layernorm");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"plain", "offset"};
   for (int k = 0; k < 2; k++) {
     const char *c = cases[k];
@@ -676,8 +655,7 @@ static void test_layernorm_threads(void) {
   enum { N = 100, D = 48 };
   st_pool *pools[3] = {NULL, st_pool_create(1), st_pool_create(3)};
   CHECK(pools[1] && pools[2], "st_pool_create failed");
-  if (!pools[1] || !pools[2])
-    goto done;
+  if (!pools[1] || !pools[2]) goto done;
   size_t n = (size_t)N * D;
   float *in = random_floats(n, 31, 2.0f), *dout = random_floats(n, 32, 1.0f);
   float *w = random_floats(D, 33, 1.0f), *b = random_floats(D, 34, 0.5f);
@@ -720,8 +698,8 @@ static void test_layernorm_threads(void) {
         "layernorm backward differs from 32-row blocks summed in order");
   /* without dw and db no scratch is needed, and din is the same */
   float *din_only = new_floats(n);
-  st_layernorm_backward(pools[2], din_only, NULL, NULL, dout, in, w, mean,
-                        rstd, NULL, N, D);
+  st_layernorm_backward(pools[2], din_only, NULL, NULL, dout, in, w, mean, rstd,
+                        NULL, N, D);
   CHECK(memcmp(din[0], din_only, n * 4) == 0,
         "layernorm din without dw, db differs");
   release_all();
@@ -745,8 +723,7 @@ static double groupnorm_loss(void *p) {
 
 static void test_groupnorm(void) {
   st_safetensors *st = open_fixture("groupnorm");
-  if (!st)
-    return;
+  if (!st) return;
   const char *cases[] = {"g2", "gc", "g1"};
   for (int k = 0; k < 3; k++) {
     const char *c = cases[k];
@@ -883,8 +860,7 @@ static void test_dropout(void) {
     /* p = 0: identity, mask all ones. */
     st_dropout_forward(out, mask, in, B, n, 0.0f, seed, layer, 100);
     ok = memcmp(out, in, (size_t)B * n * 4) == 0;
-    for (size_t i = 0; i < (size_t)B * n; i++)
-      ok &= mask[i] == 1.0f;
+    for (size_t i = 0; i < (size_t)B * n; i++) ok &= mask[i] == 1.0f;
     CHECK(ok, "dropout p=0 is not the identity with mask 1");
 
     /* p = 1 drops everything (as PyTorch), with no 1/0 scale. */

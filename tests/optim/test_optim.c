@@ -33,8 +33,8 @@ static void test_sgd(int nesterov, float wd) {
 static void test_adamw(void) {
   float w[2] = {0.5f, -0.25f}, m[2] = {0, 0}, v[2] = {0, 0};
   double wr[2] = {0.5, -0.25}, mr[2] = {0, 0}, vr[2] = {0, 0};
-  const float g[4][2] = {{0.1f, -0.2f}, {0.3f, 0.1f}, {-0.05f, 0.4f},
-                         {0.2f, -0.3f}};
+  const float g[4][2] = {
+      {0.1f, -0.2f}, {0.3f, 0.1f}, {-0.05f, 0.4f}, {0.2f, -0.3f}};
   const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
   for (int t = 1; t <= 4; t++) {
     st_adamw_update(w, m, v, g[t - 1], 2, (float)lr, (float)b1, (float)b2,
