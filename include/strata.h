@@ -676,15 +676,25 @@ void st_optim_step_range(st_pool *pool, const st_config *cfg, float *params,
  * AdamW bias corrections), for the fused paths. */
 struct st_optim_rule {
   int adamw, nesterov, first_step;
-  int sc; /* sgd: spike compensation (st_pb_rule), a v + b d */
+  int sc; /* sgd: spike compensation (st_optim_rule_pb), a v + b d */
   float sc_a, sc_b;
   float lr, momentum, weight_decay;
   float beta1, beta2, eps, decay, step_size, bc2_sqrt;
-  float pk; /* sgd: with a prediction array p, p = w - pk v
-             * after the update (linear weight prediction) */
+  float pk;    /* sgd: with a prediction array p, p = w - pk v
+                * after the update (linear weight prediction) */
+  float gamma; /* st_pb_update with a pipemare delta: its decay */
 };
 void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,
                         int64_t step);
+/* Pipelined backprop's rule (BACKGROUND.md 2) for a stage with delay
+ * `delay` that has made `updates` updates: heavy-ball SGD,
+ * d = g + wd w;  v <- m v + d (v <- d on the first update);
+ * w <- w - lr (a v + b d) with spike compensation (sc: a = m^D,
+ * b = (1 - m^D) / (1 - m); D = 0 or m = 0 turns it off), else w <- w - lr v
+ * (w - lr d without momentum). The same rule, bit for bit, as
+ * st_optim_rule_init's SGD without Nesterov, with the correction on top. */
+void st_optim_rule_pb(st_optim_rule *r, float lr, float momentum,
+                      float weight_decay, int delay, int sc, int64_t updates);
 /* Updates an (OC, IC) weight whose gradient is the outer product dy x^T of
  * one sample, never materialising it; bitwise equal to writing dy[o]*x[i]
  * into a zeroed gradient and running the rule. s1 is NULL for SGD. p, when
@@ -698,23 +708,11 @@ void st_optim_update_vec(const st_optim_rule *r, float *w, float *s0, float *s1,
                          const float *g, size_t n, float *p);
 /* Learning rate at (0-based) step of total_steps under cfg's schedule. */
 float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
-/* Pipelined backprop's update of one stage (BACKGROUND.md 2), heavy-ball:
- * d = g + wd w;  v <- m v + d (v <- d on the first update);
- * w <- w - lr (a v + b d) with spike compensation (a = m^D, b = (1 - m^D) /
- * (1 - m)), else w <- w - lr v (w - lr d without momentum). With a pipemare
- * delta: delta <- gamma delta + (1 - gamma) (w_new - w_old). Zeroes g. */
-typedef struct st_pb_rule {
-  float lr, momentum, weight_decay;
-  int first_step, sc;
-  float a, b;  /* spike compensation's coefficients */
-  float gamma; /* pipemare's delta decay (used when delta != NULL) */
-  float pk;    /* the prediction's k (used when pred != NULL) */
-} st_pb_rule;
-/* The rule for a stage with delay `delay` that has made `updates` updates
- * (sc: spike compensation, which D = 0 or m = 0 turns off). */
-void st_pb_rule_init(st_pb_rule *r, float lr, float momentum,
-                     float weight_decay, int delay, int sc, int64_t updates);
-void st_pb_update(st_pool *pool, const st_pb_rule *r, float *w, float *g,
+/* Pipelined backprop's update of one stage: an SGD rule r (st_optim_rule_pb)
+ * on n parameters, on the pool; zeroes g. With a pipemare delta:
+ * delta <- r->gamma delta + (1 - r->gamma) (w_new - w_old); with pred:
+ * pred <- w_new - r->pk v_new (linear weight prediction). */
+void st_pb_update(st_pool *pool, const st_optim_rule *r, float *w, float *g,
                   float *v, float *delta, float *pred, size_t n);
 /* out = w - k v: linear weight prediction (k = lr D, v the velocity) and
  * pipemare's backward weights (k = D, v the delta). */

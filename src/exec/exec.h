@@ -35,13 +35,6 @@ void st_trainer_ties(const st_trainer_view *v, float *slab, size_t base,
 /* st_trainer_update_blocks of one block, as an st_stage_backward_each
  * callback (view is a st_trainer_view); traced on v->track. */
 void st_exec_update_block(void *view, int block);
-/* The squared norm of the gradient in v->grads, a tied pair counted as one
- * weight with the sum of the two gradients. */
-double st_trainer_grad_sq(const st_trainer_view *v);
-/* Sums v->losses over the batch into *loss; a non-finite loss is an error
- * naming the step and samples (nothing may be updated after it). */
-int st_trainer_check_loss(const st_trainer_view *v, double *loss,
-                          st_error *err);
 
 typedef struct st_executor {
   const char *mode;
@@ -315,8 +308,6 @@ int st_trainer_finish(st_trainer *t, st_error *err);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */
 int64_t st_trainer_steps_per_epoch(const st_trainer *t);
 int st_trainer_threads(const st_trainer *t); /* resolved from train.threads */
-/* Sum of squares, in double, in index order (deterministic). */
-double st_sum_squares(const float *x, size_t n);
 /* What st_trainer_set_prediction stored. */
 double st_trainer_plan_rate(const st_trainer *t, double *utilization);
 void st_trainer_note_result(st_trainer *t, double loss, double accuracy,

@@ -77,7 +77,7 @@ static void stamp(void *arg, int block) {
 static void update_block(const st_block *b, const st_ctx *ctx,
                          const st_config *cfg, float *params, float *grads,
                          float *opt, size_t n_params, int mb,
-                         const st_pb_rule *pb_rule, float *pred) {
+                         const st_optim_rule *pb_rule, float *pred) {
   float lr = cfg->optimizer.lr;
   if (!ctx->fused) {
     st_optim_step_range(ctx->pool, cfg, params + b->param_off,
@@ -199,10 +199,10 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
   rule_p.pk = pk;
   st_fused_update fused_p = {&rule_p, params, opt, P, pred, 0};
   const char *mit = cfg->execution.mitigation;
-  st_pb_rule pb_rule;
-  st_pb_rule_init(&pb_rule, cfg->optimizer.lr, cfg->optimizer.momentum,
-                  cfg->optimizer.weight_decay, 2,
-                  !strcmp(mit, "sc") || !strcmp(mit, "sc+lwp"), 1);
+  st_optim_rule pb_rule;
+  st_optim_rule_pb(&pb_rule, cfg->optimizer.lr, cfg->optimizer.momentum,
+                   cfg->optimizer.weight_decay, 2,
+                   !strcmp(mit, "sc") || !strcmp(mit, "sc+lwp"), 1);
   pb_rule.pk = pk;
   if (pred) memcpy(pred, params, P * sizeof(float));
   st_ctx ctx = {pool, 1, cfg->train.seed, 0, fuses ? &fused : NULL};

@@ -227,9 +227,8 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
     return st_rt_send(&st->rt, v, ST_RT_FWD, n, out);
   }
   size_t rows = (size_t)mb * R;
-  float *losses = v->losses + (size_t)k * rows;
-  st_xent_forward_pool(ctx.pool, losses, st->probs, out,
-                       v->y + (size_t)k * rows, (int)rows, m->classes);
+  const float *losses = v->losses + (size_t)k * rows;
+  st_rt_loss(v, ctx.pool, k, mb, out, st->probs);
   double sum = 0;
   for (size_t i = 0; i < rows; i++) sum += losses[i];
   double t1 = st_now();
@@ -254,7 +253,7 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
 /* After a fused backward: the tensors the backward did not update (every
  * layer but the linear ones), tensor by tensor, by the same rule. */
 static void update_unfused(pb_stage *st, const st_trainer_view *v,
-                           const st_ctx *ctx, const st_pb_rule *rule,
+                           const st_ctx *ctx, const st_optim_rule *rule,
                            float *pred) {
   const st_model *m = st->p->rt.model;
   for (int i = st->rt.first; i < st->rt.first + st->rt.count; i++) {
@@ -303,15 +302,12 @@ static void mirror_ties(pb_stage *st, const st_trainer_view *v, int gather) {
 static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
   pb *p = st->p;
   const st_model *m = p->rt.model;
-  int slot = (int)(j % st->rt.slots), mb = p->rt.mb, R = m->label_rows;
+  int slot = (int)(j % st->rt.slots), mb = p->rt.mb;
   const float *dout;
   double t0;
   if (st->rt.index == p->rt.S - 1) {
     t0 = st_now();
-    size_t rows = (size_t)mb * R;
-    st_xent_backward_pool(v->ctx.pool, st->dlogits, st->probs,
-                          v->y + (size_t)(j - st->n0) * rows, (int)rows,
-                          m->classes, 1.0f / ((float)mb * (float)R));
+    st_rt_loss_grad(v, v->ctx.pool, j - st->n0, mb, mb, st->probs, st->dlogits);
     dout = st->dlogits;
   } else {
     if (!(dout = st_rt_recv(&st->rt, v, ST_RT_BWD, j))) return -1;
@@ -333,8 +329,9 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
     double done = T > 0 ? (t / T < 1 ? t / T : 1) : 1;
     lr = (float)(lr * pow((double)st->D, -(1.0 - done)));
   }
-  st_pb_rule rule;
-  st_pb_rule_init(
+  /* one rule for the fused linear layers and for the rest */
+  st_optim_rule rule;
+  st_optim_rule_pb(
       &rule, lr, v->cfg->optimizer.momentum, v->cfg->optimizer.weight_decay,
       st->D, mit == MIT_SC || mit == MIT_SC_LWP, st->updates0 + st->updates);
   rule.gamma = p->pipemare_gamma;
@@ -345,17 +342,9 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
   float *pred = p->fuse && lwp_like(mit) && st->D > 0 ? st->wf : NULL;
   rule.pk = v->lr * (float)st->D;
   st_ctx ctx = v->ctx;
-  st_optim_rule fused_rule;
-  st_fused_update fused = {&fused_rule, v->params, v->opt,
+  st_fused_update fused = {&rule,       v->params, v->opt,
                            m->n_params, pred,      st->off};
-  if (p->fuse) {
-    st_optim_rule_init(&fused_rule, v->cfg, lr, st->updates0 + st->updates);
-    fused_rule.sc = rule.sc;
-    fused_rule.sc_a = rule.a;
-    fused_rule.sc_b = rule.b;
-    fused_rule.pk = rule.pk;
-    ctx.fused = &fused;
-  }
+  if (p->fuse) ctx.fused = &fused;
   float *din = st->rt.index ? st->din[j % DIN_RING] : NULL;
   if (st_rt_reuse(&st->rt, ST_RT_BWD, j)) return -1;
   st_stage_backward(st->rt.run[slot], &ctx, wb, g, st->rt.in[slot], dout, din,

@@ -127,9 +127,7 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
     return rc;
   }
   size_t per = (size_t)mb * R * m->classes;
-  st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * mb * R,
-                       st->probs + (size_t)slot * per, out,
-                       v->y + (size_t)k * mb * R, mb * R, m->classes);
+  st_rt_loss(v, ctx.pool, k, mb, out, st->probs + (size_t)slot * per);
   double t1 = st_now();
   st_rt_trace(v, ST_TRACE_FORWARD, k, t0, t1);
   r->busy += t1 - t0;
@@ -157,10 +155,8 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
   if (r->index == p->rt.S - 1) {
     t0 = st_now();
     size_t per = (size_t)mb * R * m->classes;
-    st_xent_backward_pool(v->ctx.pool, st->dlogits,
-                          st->probs + (size_t)slot * per,
-                          v->y + (size_t)k * mb * R, mb * R, m->classes,
-                          1.0f / ((float)v->loss_batch * (float)R));
+    st_rt_loss_grad(v, v->ctx.pool, k, mb, v->loss_batch,
+                    st->probs + (size_t)slot * per, st->dlogits);
     dout = st->dlogits;
   } else {
     if (!(dout = st_rt_recv(r, v, ST_RT_BWD, k))) return -1;

@@ -50,7 +50,7 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
   st_stage *s = q->stage;
   const st_model *m = v->model;
   size_t in_numel = st_shape_numel(m->in);
-  int mb = v->micro_batch, R = m->label_rows; /* R labels per sample */
+  int mb = v->micro_batch;
   st_ctx ctx = v->ctx;
   double start = st_now(), t0;
   /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
@@ -63,28 +63,21 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
     ctx.first_sample = v->first_sample + (uint64_t)k;
     t0 = st_now();
     const float *logits = st_stage_forward(s, &ctx, v->params, x, mb);
-    st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * R, v->probs, logits,
-                         v->y + (size_t)k * R, mb * R, m->classes);
+    st_rt_loss(v, ctx.pool, k / mb, mb, logits, v->probs);
     trace(v, ST_TRACE_FORWARD, k / mb, t0);
     /* Every loss of the batch is known before the last backward, which is
      * where weights start to change: a NaN stops the step untouched. */
     if (last && (rc = st_trainer_check_loss(v, loss, err))) break;
     t0 = st_now();
-    st_xent_backward_pool(ctx.pool, v->dlogits, v->probs, v->y + (size_t)k * R,
-                          mb * R, m->classes,
-                          1.0f / ((float)v->loss_batch * (float)R));
+    st_rt_loss_grad(v, ctx.pool, k / mb, mb, v->loss_batch, v->probs,
+                    v->dlogits);
     /* The last micro-batch completes each block's gradient as its backward
      * finishes: update that block then, while its gradient is in cache. */
     st_stage_backward_each(
         s, &ctx, v->params, v->grads, x, v->dlogits, NULL, mb,
         last && !v->grads_only ? st_exec_update_block : NULL, v);
     trace(v, ST_TRACE_BACKWARD, k / mb, t0);
-    /* The gradient so far is the first micro-batch's sum scaled by 1/batch;
-     * its mean over the micro-batch is batch/mb times that. */
-    if (v->gs2 && k == 0) {
-      double scale = (double)v->loss_batch / mb;
-      *v->gs2 = st_trainer_grad_sq(v) * scale * scale;
-    }
+    if (k == 0) st_rt_noise_first(v, mb);
   }
   q->last_end = st_now();
   q->busy += q->last_end - start;

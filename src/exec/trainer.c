@@ -450,12 +450,6 @@ static void next_batch(st_trainer *t, st_train_pos *pos, float *x, int *y) {
   fill_batch(t, 0, t->perm + pos->epoch_pos, t->batch, x, y);
 }
 
-double st_sum_squares(const float *x, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-  return s;
-}
-
 static void update_range(void *arg, size_t off, size_t n) {
   const st_trainer_view *v = arg;
   st_optim_step_range(v->ctx.pool, v->cfg, v->params + off, v->grads + off,
@@ -601,40 +595,6 @@ void st_exec_update_block(void *view, int block) {
   if (v->trace)
     st_trace_add(v->trace, v->track, ST_TRACE_UPDATE, v->step, block, t0,
                  st_now());
-}
-
-double st_trainer_grad_sq(const st_trainer_view *v) {
-  const st_model *m = v->model;
-  double s = st_sum_squares(v->grads, m->n_params);
-  /* a tied pair is one weight: its gradient is the sum of the two */
-  for (int i = 0; m->n_ties && i < m->n_blocks; i++)
-    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
-      const st_tensor_info *ti = &m->blocks[i].tensors[t];
-      if (ti->tie < 0) continue;
-      const float *a = v->grads + m->blocks[i].param_off + ti->offset;
-      const float *b = v->grads + ti->tie;
-      for (size_t k = 0; k < ti->numel; k++) {
-        double sum = (double)a[k] + b[k];
-        s += sum * sum - (double)a[k] * a[k] - (double)b[k] * b[k];
-      }
-    }
-  return s;
-}
-
-int st_trainer_check_loss(const st_trainer_view *v, double *loss,
-                          st_error *err) {
-  double sum = 0;
-  size_t n = (size_t)v->batch * (size_t)v->model->label_rows;
-  for (size_t s = 0; s < n; s++) sum += v->losses[s];
-  *loss = sum / (double)n;
-  if (isfinite(*loss)) return 0;
-  return st_error_set(err, ST_ENONFINITE,
-                      "step %lld: training loss is %s (samples %lld..%lld); "
-                      "stopped before updating, no checkpoint written — "
-                      "lower optimizer.lr",
-                      (long long)v->step + 1, isnan(*loss) ? "NaN" : "infinite",
-                      (long long)v->first_sample,
-                      (long long)v->first_sample + v->batch - 1);
 }
 
 /* The position with the settings a resumed run must share (check_same_run). */

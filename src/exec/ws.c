@@ -592,7 +592,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
   ws *w = state;
   const st_model *m = v->model;
   size_t in_numel = st_shape_numel(m->in);
-  int mb = v->micro_batch, R = m->label_rows, nb = w->nb;
+  int mb = v->micro_batch, nb = w->nb;
   /* an earlier commit that failed stops the run here */
   if (pending_error(w, err)) return err->code;
   double start = st_now();
@@ -638,8 +638,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       }
       release(w, i);
     }
-    st_xent_forward_pool(ctx.pool, v->losses + (size_t)k * R, v->probs, h,
-                         v->y + (size_t)k * R, mb * R, m->classes);
+    st_rt_loss(v, ctx.pool, k / mb, mb, h, v->probs);
     trace(v, ST_TRACE_FORWARD, k / mb, t0);
     /* every loss is known before the last backward, where weights start
      * to change: a NaN stops the step untouched */
@@ -652,9 +651,8 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       break;
     }
     t0 = st_now();
-    st_xent_backward_pool(ctx.pool, v->dlogits, v->probs, v->y + (size_t)k * R,
-                          mb * R, m->classes,
-                          1.0f / ((float)v->loss_batch * (float)R));
+    st_rt_loss_grad(v, ctx.pool, k / mb, mb, v->loss_batch, v->probs,
+                    v->dlogits);
     const float *g = v->dlogits;
     for (int u = nb; u < 2 * nb; u++) {
       int i = w->use_block[u];
@@ -676,9 +674,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
           memcpy(w->gbuf, store_g, bytes);
         w->bytes_in += (int64_t)bytes;
       }
-      float *dx = i == 0               ? NULL
-                  : g == w->grad_io[0] ? w->grad_io[1]
-                                       : w->grad_io[0];
+      float *dx = st_stage_grad_to(w->grad_io, g, i, NULL);
       st_block_backward(b, &ctx, wb, w->gbuf, in, acts, g, dx, w->work,
                         w->scratch, mb);
       release(w, u);
@@ -693,10 +689,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       g = dx;
     }
     trace(v, ST_TRACE_BACKWARD, k / mb, t0);
-    if (v->gs2 && first) {
-      double scale = (double)v->loss_batch / mb;
-      *v->gs2 = st_trainer_grad_sq(v) * scale * scale;
-    }
+    if (first) st_rt_noise_first(v, mb);
   }
   drain(w);
   /* The first block's update comes last, when the compute side has nothing

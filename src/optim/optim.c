@@ -174,12 +174,11 @@ void st_optim_step(st_pool *pool, const st_config *cfg, float *params,
   st_optim_step_range(pool, cfg, params, grads, opt, n, n, lr, step);
 }
 
-/* Pipelined backprop (BACKGROUND.md 2): heavy-ball SGD, element by element
- * in sgd_one's order of operations so that a rule with no compensation is
- * sgd_one's bits; spike compensation applies a*v + b*d in place of v; with
- * a pipemare delta, the change the update made is folded into it. */
+/* Pipelined backprop (BACKGROUND.md 2): sgd_one, whose spike compensation
+ * applies a*v + b*d in place of v; with a pipemare delta, the change the
+ * update made is folded into it; with a prediction, w - pk v is written. */
 typedef struct pb_job {
-  st_pb_rule r;
+  st_optim_rule r;
   float *w, *g, *v, *delta, *pred;
   const float *src;
   size_t n;
@@ -187,27 +186,22 @@ typedef struct pb_job {
 
 static void pb_chunk(void *arg, int task) {
   const pb_job *j = arg;
-  const st_pb_rule r = j->r;
+  const st_optim_rule r = j->r;
   size_t lo = (size_t)task * CHUNK, len = j->n - lo < CHUNK ? j->n - lo : CHUNK;
   float *restrict w = j->w + lo, *restrict g = j->g + lo,
                   *restrict v = j->v + lo;
   float *restrict delta = j->delta ? j->delta + lo : NULL;
   float *restrict pred = j->pred ? j->pred + lo : NULL;
   for (size_t i = 0; i < len; i++) {
-    float d = g[i], old = w[i];
+    float gi = g[i], old = w[i];
     g[i] = 0.0f;
-    if (r.weight_decay != 0.0f) d = d + r.weight_decay * old;
-    if (r.momentum != 0.0f) {
-      v[i] = r.first_step ? d : r.momentum * v[i] + d;
-      d = r.sc ? r.a * v[i] + r.b * d : v[i];
-    }
-    w[i] = old - r.lr * d;
+    sgd_one(&r, &w[i], &v[i], gi);
     if (delta) delta[i] = r.gamma * delta[i] + (1.0f - r.gamma) * (w[i] - old);
     if (pred) pred[i] = predicted(w[i], r.pk, v[i]);
   }
 }
 
-void st_pb_update(st_pool *pool, const st_pb_rule *r, float *w, float *g,
+void st_pb_update(st_pool *pool, const st_optim_rule *r, float *w, float *g,
                   float *v, float *delta, float *pred, size_t n) {
   pb_job j = {
       .r = *r, .w = w, .g = g, .v = v, .delta = delta, .pred = pred, .n = n};
@@ -229,8 +223,8 @@ void st_pb_predict(st_pool *pool, float *out, const float *w, const float *v,
   st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), predict_chunk, &j);
 }
 
-void st_pb_rule_init(st_pb_rule *r, float lr, float momentum,
-                     float weight_decay, int delay, int sc, int64_t updates) {
+void st_optim_rule_pb(st_optim_rule *r, float lr, float momentum,
+                      float weight_decay, int delay, int sc, int64_t updates) {
   memset(r, 0, sizeof *r);
   r->lr = lr;
   r->momentum = momentum;
@@ -239,8 +233,8 @@ void st_pb_rule_init(st_pb_rule *r, float lr, float momentum,
   r->sc = sc && delay > 0 && momentum != 0.0f;
   if (r->sc) {
     double mD = pow((double)momentum, delay);
-    r->a = (float)mD;
-    r->b = (float)((1.0 - mD) / (1.0 - (double)momentum));
+    r->sc_a = (float)mD;
+    r->sc_b = (float)((1.0 - mD) / (1.0 - (double)momentum));
   }
 }
 

@@ -90,6 +90,13 @@ typedef struct st_stage {
 int st_stage_create(st_stage **out, const st_model *m, int first, int count,
                     int max_batch, st_error *err);
 void st_stage_destroy(st_stage *s);
+/* Where block i's input gradient goes on the way back, given the output
+ * gradient g it is computed from: din for the first block (i == 0; NULL:
+ * not wanted), else whichever of the two hand-off buffers g is not. */
+static inline float *st_stage_grad_to(float *const io[2], const float *g, int i,
+                                      float *din) {
+  return i == 0 ? din : g == io[0] ? io[1] : io[0];
+}
 /* Runs the stage's blocks on B samples; returns the last block's output. */
 const float *st_stage_forward(st_stage *s, const st_ctx *ctx,
                               const float *params, const float *in, int B);
@@ -106,6 +113,30 @@ void st_stage_backward_each(st_stage *s, const st_ctx *ctx, const float *params,
                             float *din, int B,
                             void (*after_block)(void *arg, int block),
                             void *arg);
+
+/* ------------------------------------------------- a micro-batch's step */
+
+/* The loss of micro-batch k of the step (its mb samples from k mb): the
+ * per-sample losses into v->losses, the softmax of logits into probs
+ * (mb x label rows x classes). */
+void st_rt_loss(const st_trainer_view *v, st_pool *pool, int64_t k, int mb,
+                const float *logits, float *probs);
+/* Its gradient into dlogits, as the mean over `over` samples (the step's
+ * whole batch, v->loss_batch; pipelined backprop: the micro-batch). */
+void st_rt_loss_grad(const st_trainer_view *v, st_pool *pool, int64_t k, int mb,
+                     int over, const float *probs, float *dlogits);
+/* metrics.noise_scale (v->gs2 set), after micro-batch 0's backward: its
+ * squared gradient norm, as a mean over its samples, into *v->gs2. */
+void st_rt_noise_first(const st_trainer_view *v, int mb);
+/* The squared norm of the gradient in v->grads, a tied pair counted as one
+ * weight with the sum of the two gradients. */
+double st_trainer_grad_sq(const st_trainer_view *v);
+/* Sums v->losses over the batch into *loss; a non-finite loss is an error
+ * naming the step and samples (nothing may be updated after it). */
+int st_trainer_check_loss(const st_trainer_view *v, double *loss,
+                          st_error *err);
+/* Sum of squares, in double, in index order (deterministic). */
+double st_sum_squares(const float *x, size_t n);
 
 /* --------------------------------------------- the stages of a schedule */
 

@@ -84,8 +84,7 @@ void st_stage_backward_each(st_stage *s, const st_ctx *ctx, const float *params,
                          ? in
                          : st_block_output(&s->model->blocks[s->first + i - 1],
                                            s->acts[i - 1], B);
-    float *dx =
-        i == 0 ? din : (g == s->grad_io[0] ? s->grad_io[1] : s->grad_io[0]);
+    float *dx = st_stage_grad_to(s->grad_io, g, i, din);
     size_t at = b->param_off - s->base;
     st_block_backward(b, ctx, params + at, grads + at, x, s->acts[i], g, dx,
                       s->work, s->scratch, B);

@@ -170,8 +170,8 @@ static void test_sc_constant(void) {
   double ref[STEPS + D + 1][NW];
   memcpy(ref[0], w, sizeof w);
   for (int t = 0; t < STEPS + D; t++) {
-    st_pb_rule r;
-    st_pb_rule_init(&r, lr, m, 0, 0, 0, t);
+    st_optim_rule r;
+    st_optim_rule_pb(&r, lr, m, 0, 0, 0, t);
     memcpy(g, g0, sizeof g);
     st_pb_update(pool, &r, w, g, v, NULL, NULL, NW);
     for (int i = 0; i < NW; i++) ref[t + 1][i] = w[i];
@@ -179,8 +179,8 @@ static void test_sc_constant(void) {
   float ws[NW] = {0}, vs[NW] = {0};
   double worst = 0;
   for (int j = 0; j < STEPS; j++) {
-    st_pb_rule r;
-    st_pb_rule_init(&r, lr, m, 0, D, 1, j);
+    st_optim_rule r;
+    st_optim_rule_pb(&r, lr, m, 0, D, 1, j);
     memcpy(g, g0, sizeof g);
     st_pb_update(pool, &r, ws, g, vs, NULL, NULL, NW);
     for (int i = 0; i < NW; i++) {
@@ -192,12 +192,12 @@ static void test_sc_constant(void) {
   CHECK(worst < 1e-5, "sc constant gradient: relative error %.3g", worst);
   /* and the gradient is zeroed; an uncompensated delayed run is not this */
   CHECK(g[0] == 0 && g[1] == 0, "st_pb_update left the gradient");
-  st_pb_rule r;
-  st_pb_rule_init(&r, lr, m, 0, D, 1, 1);
-  CHECK(fabsf(r.a - powf(m, D)) < 1e-6f &&
-            fabsf(r.b - (1 - powf(m, D)) / (1 - m)) < 1e-5f,
-        "sc coefficients a %g b %g", r.a, r.b);
-  st_pb_rule_init(&r, lr, m, 0, 0, 1, 1);
+  st_optim_rule r;
+  st_optim_rule_pb(&r, lr, m, 0, D, 1, 1);
+  CHECK(fabsf(r.sc_a - powf(m, D)) < 1e-6f &&
+            fabsf(r.sc_b - (1 - powf(m, D)) / (1 - m)) < 1e-5f,
+        "sc coefficients a %g b %g", r.sc_a, r.sc_b);
+  st_optim_rule_pb(&r, lr, m, 0, 0, 1, 1);
   CHECK(!r.sc, "sc at D = 0 must be plain momentum SGD");
   st_pool_destroy(pool);
 }
