@@ -12,6 +12,7 @@
  * Files are written atomically (st_write_file_atomic).
  */
 #include "compile.h"
+#include "../io/svg.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -463,21 +464,6 @@ static const int palette_dark_text[] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
 #define N_COLOURS 10
 #define IDLE "#e6e6e6"
 
-static void xml_text(FILE *f, const char *s) {
-  for (; *s; s++) {
-    if (*s == '<')
-      fputs("&lt;", f);
-    else if (*s == '>')
-      fputs("&gt;", f);
-    else if (*s == '&')
-      fputs("&amp;", f);
-    else if (*s == '"')
-      fputs("&quot;", f);
-    else
-      fputc(*s, f);
-  }
-}
-
 static const char *label_colour(int s) {
   return palette_dark_text[s % N_COLOURS] ? "#1a1a1a" : "#ffffff";
 }
@@ -578,7 +564,7 @@ static void draw_mesh(const st_plan *p, FILE *f, double x0, double y0,
         char bl[64];
         fprintf(f, "<text x='%.2f' y='%.2f' font-size='12'>", cx,
                 ry + rh / 2 + 22);
-        xml_text(f, blocks_text(bl, sizeof bl, p, st));
+        st_svg_escape(f, blocks_text(bl, sizeof bl, p, st));
         fprintf(f,
                 "</text>\n<text x='%.2f' y='%.2f' font-size='12'>%dx%d "
                 "PEs</text>\n",
@@ -686,20 +672,16 @@ static void write_svg(const st_plan *p, FILE *f) {
   double legend_y = top + map_h + 20;
   double height = legend_y + 24 + 22.0 * p->n_stages + 62;
   char a[48], b[48], c[48], d[48], e[48];
-  fprintf(f,
-          "<svg xmlns='http://www.w3.org/2000/svg' width='%.0f' "
-          "height='%.0f' viewBox='0 0 %.0f %.0f' "
-          "font-family='DejaVu Sans, Helvetica, Arial, sans-serif'>\n",
-          width, height, width, height);
+  st_svg_begin(f, width, height, "DejaVu Sans, Helvetica, Arial, sans-serif",
+               0);
   fprintf(f, "<defs><marker id='arrow' viewBox='0 0 10 10' refX='5' refY='5' "
              "markerWidth='8' markerHeight='8' orient='auto'><path d='M0 0 "
              "L10 5 L0 10 z' fill='#222'/></marker></defs>\n");
-  fprintf(f, "<rect width='100%%' height='100%%' fill='#ffffff'/>\n");
   fprintf(f,
           "<text x='%.0f' y='32' font-size='20' font-weight='bold' "
           "fill='#111'>",
           margin);
-  xml_text(f, p->model[0] ? p->model : "plan");
+  st_svg_escape(f, p->model[0] ? p->model : "plan");
   fprintf(f, " on %s: %d blocks in %d stage%s</text>\n", p->fabric.name,
           p->n_blocks, p->n_stages, p->n_stages == 1 ? "" : "s");
   fprintf(f,
@@ -748,7 +730,7 @@ static void write_svg(const st_plan *p, FILE *f) {
             s == p->bottleneck ? " font-weight='bold'" : "");
     for (int col = 1; col < 8; col++) {
       fprintf(f, "<text x='%.0f' y='%.2f'>", margin + col_x[col], y);
-      xml_text(f, cell[col]);
+      st_svg_escape(f, cell[col]);
       fprintf(f, "</text>\n");
     }
     if (s == p->bottleneck)
@@ -776,7 +758,7 @@ static void write_svg(const st_plan *p, FILE *f) {
       st_plan_fmt_bytes(b, sizeof b, p->fabric.pe_memory), cpu ? "core" : "PE",
       st_plan_fmt_count(c, sizeof c, (double)p->pes_used),
       st_plan_fmt_count(d, sizeof d, (double)(p->fabric.pes - p->pes_used)));
-  fprintf(f, "</svg>\n");
+  st_svg_end(f);
 }
 
 int st_plan_write_svg(const st_plan *p, const char *path, st_error *err) {

@@ -28,6 +28,8 @@
  */
 #include "strata.h"
 
+#include "../io/svg.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -489,13 +491,13 @@ static double tick_step(double span, int want) {
 }
 
 /* A sample count as a tick label: 800, 12k, 1.5M. */
-static void put_count(FILE *f, double v) {
+static void count_text(char *buf, size_t cap, double v) {
   if (v >= 1e6)
-    fprintf(f, "%gM", v / 1e6);
+    snprintf(buf, cap, "%gM", v / 1e6);
   else if (v >= 1e4)
-    fprintf(f, "%gk", v / 1e3);
+    snprintf(buf, cap, "%gk", v / 1e3);
   else
-    fprintf(f, "%.0f", v);
+    snprintf(buf, cap, "%.0f", v);
 }
 
 /* Mean test accuracy of a variant at point i over the seeds that have one
@@ -523,7 +525,6 @@ static int write_svg(const st_experiment_options *o, const run *runs,
   static const char *color[ST_EXPERIMENT_PB_VARIANTS] = {
       "#000000", "#1f77b4", "#ff7f0e", "#2ca02c",
       "#d62728", "#9467bd", "#8c564b", "#e377c2"};
-  const int W = 800, H = 480, L = 80, R = 190, T = 50, Bm = 60;
   const int n = runs[0].points;
   double xmax = runs[0].curve[2 * (n - 1)], lo = 1, hi = 0, x;
   for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++)
@@ -536,84 +537,57 @@ static int write_svg(const st_experiment_options *o, const run *runs,
   double y0 = floor(lo * 10) / 10, y1 = ceil(hi * 10) / 10;
   if (y1 - y0 < 0.1) y1 = y0 + 0.1;
   if (xmax <= 0) xmax = 1;
-#define PX(s) (L + (s) / xmax * (W - L - R))
-#define PY(a) (H - Bm - ((a)-y0) / (y1 - y0) * (H - T - Bm))
-  fprintf(f,
-          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-          "height=\"%d\" font-family=\"sans-serif\" font-size=\"13\">\n"
-          "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-          "<text x=\"%d\" y=\"28\" font-size=\"16\">Pipelined backprop "
-          "against sequential: test accuracy, mean of %d seed%s</text>\n",
-          W, H, L, o->seeds, o->seeds == 1 ? "" : "s");
-  fprintf(f,
-          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
-          "stroke=\"black\"/>\n",
-          L, T, W - L - R, H - T - Bm);
+  st_svg_chart c = {f, 800, 480, 80, 190, 50, 60, 0, xmax, y0, y1, 0};
+  char text[160];
+  snprintf(text, sizeof text,
+           "Pipelined backprop against sequential: test accuracy, mean of "
+           "%d seed%s",
+           o->seeds, o->seeds == 1 ? "" : "s");
+  st_svg_chart_begin(&c, text, "samples seen", "test accuracy");
   double dx = tick_step(xmax, 5);
   for (double s = 0; s <= xmax * (1 + 1e-9); s += dx) {
-    fprintf(f,
-            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
-            "stroke=\"#ddd\"/>\n<text x=\"%.1f\" y=\"%d\" "
-            "text-anchor=\"middle\">",
-            PX(s), T, PX(s), H - Bm, PX(s), H - Bm + 18);
-    put_count(f, s);
-    fprintf(f, "</text>\n");
+    count_text(text, sizeof text, s);
+    st_svg_grid_x(&c, s, "#ddd", text);
   }
   double dy = tick_step(y1 - y0, 5);
-  for (double a = y0; a <= y1 + 1e-9; a += dy)
-    fprintf(f,
-            "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
-            "stroke=\"#ddd\"/>\n<text x=\"%d\" y=\"%.1f\" "
-            "text-anchor=\"end\">%g%%</text>\n",
-            L, PY(a), W - R, PY(a), L - 6, PY(a) + 4, round(a * 1000) / 10);
-  fprintf(f,
-          "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">samples seen"
-          "</text>\n<text x=\"18\" y=\"%d\" text-anchor=\"middle\" "
-          "transform=\"rotate(-90 18 %d)\">test accuracy</text>\n",
-          (L + W - R) / 2, H - 16, (T + H - Bm) / 2, (T + H - Bm) / 2);
+  for (double a = y0; a <= y1 + 1e-9; a += dy) {
+    snprintf(text, sizeof text, "%g%%", round(a * 1000) / 10);
+    st_svg_grid_y(&c, a, "#ddd", text);
+  }
   for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++) {
     /* one polyline per stretch of points that have a mean */
+    st_svg_pen pen = {color[v], v ? "1.8" : "2.5", v ? NULL : "7 4"};
     int open = 0;
     for (int i = 0; i < n; i++) {
       double y = mean_at(o, runs, v, i, &x);
       if (!isfinite(y)) {
-        if (open) fprintf(f, "\"/>\n");
+        if (open) st_svg_poly_end(f);
         open = 0;
         continue;
       }
-      if (!open)
-        fprintf(f,
-                "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s "
-                "points=\"",
-                color[v], v ? "1.8" : "2.5",
-                v ? "" : " stroke-dasharray=\"7 4\"");
-      fprintf(f, "%s%.1f,%.1f", open ? " " : "", PX(x), PY(y));
+      if (!open) st_svg_poly_begin(f, pen);
+      st_svg_poly_point(f, !open, st_svg_x(&c, x), st_svg_y(&c, y));
       open = 1;
     }
-    if (open) fprintf(f, "\"/>\n");
+    if (open) st_svg_poly_end(f);
     for (int i = 0; i < n; i++) {
       double y = mean_at(o, runs, v, i, &x);
       if (isfinite(y))
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
-                PX(x), PY(y), color[v]);
+        st_svg_circle(f, st_svg_x(&c, x), st_svg_y(&c, y), 2.5, color[v]);
     }
   }
-#undef PX
-#undef PY
-  /* legend */
-  int lx = W - R + 14, ly = T + 10;
-  for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++, ly += 22) {
+  for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++) {
     summary s = summarize(o, runs, v);
-    fprintf(f,
-            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
-            "stroke-width=\"%s\"%s/><text x=\"%d\" y=\"%d\">%s%s",
-            lx, ly, lx + 24, ly, color[v], v ? "1.8" : "2.5",
-            v ? "" : " stroke-dasharray=\"7 4\"", lx + 30, ly + 4, variants[v],
-            v ? "" : " (sequential)");
-    if (s.diverged) fprintf(f, " (%d/%d diverged)", s.diverged, o->seeds);
-    fprintf(f, "</text>\n");
+    int at = snprintf(text, sizeof text, "%s%s", variants[v],
+                      v ? "" : " (sequential)");
+    if (s.diverged)
+      snprintf(text + at, sizeof text - at, " (%d/%d diverged)", s.diverged,
+               o->seeds);
+    st_svg_legend(&c,
+                  (st_svg_pen){color[v], v ? "1.8" : "2.5", v ? NULL : "7 4"},
+                  NULL, NULL, text);
   }
-  fprintf(f, "</svg>\n");
+  st_svg_end(f);
   return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 

@@ -23,6 +23,8 @@
  */
 #include "strata.h"
 
+#include "../io/svg.h"
+
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -867,11 +869,11 @@ static int write_svg(const st_sweep_options *o, const best *bs,
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
   if (!f) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
-  const int W = 800, H = 480, L = 80, R = 250, T = 50, Bm = 60;
   const int *B = o->batch_sizes.v;
   int nb = o->batch_sizes.n;
   int idx[ST_MAX_LIST];
   int n = reached(o, bs, idx);
+  /* log2 of the batch across, log10 of the steps up */
   double x0 = log2(B[0]), x1 = log2(B[nb - 1]);
   if (x1 - x0 < 1) x0 -= 0.5, x1 += 0.5;
   double smin = 1, smax = 10;
@@ -882,58 +884,39 @@ static int write_svg(const st_sweep_options *o, const best *bs,
   }
   double y0 = floor(log10(smin)), y1 = ceil(log10(smax));
   if (y1 <= y0) y1 = y0 + 1;
-#define PX(lb) (L + ((lb)-x0) / (x1 - x0) * (W - L - R))
-#define PY(ls) (H - Bm - ((ls)-y0) / (y1 - y0) * (H - T - Bm))
-  fprintf(f,
-          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-          "height=\"%d\" font-family=\"sans-serif\" font-size=\"13\">\n"
-          "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-          "<text x=\"%d\" y=\"28\" font-size=\"16\">Steps to %s %s %g "
-          "against batch size</text>\n",
-          W, H, L, metric_name(o),
-          o->target.kind == ST_TARGET_ACCURACY ? "&#8805;" : "&#8804;",
-          o->target.value);
+  st_svg_chart c = {f, 800, 480, 80, 250, 50, 60, x0, x1, y0, y1, 0};
+  char text[160];
+  snprintf(text, sizeof text, "Steps to %s %s %g against batch size",
+           metric_name(o),
+           o->target.kind == ST_TARGET_ACCURACY ? "\u2265" : "\u2264",
+           o->target.value);
+  st_svg_chart_begin(&c, text, "batch size (log scale)",
+                     "steps to target (log scale)");
+  /* the regimes shaded between consecutive reached batch sizes */
   static const char *shade[] = {"#d9f2d9", "#fff2cc", "#f8d7d7"};
   int regime[ST_MAX_LIST];
   regimes_of(o, bs, NULL, regime);
   for (int k = 1; k < n; k++) {
-    int a = idx[k - 1], b = idx[k], g = regime[b];
-    double xa = PX(log2(B[a])), xb = PX(log2(B[b]));
-    fprintf(f,
-            "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
-            "fill=\"%s\"/>\n",
-            xa, T, xb - xa, H - T - Bm, shade[g]);
+    int a = idx[k - 1], b = idx[k];
+    double xa = st_svg_x(&c, log2(B[a])), xb = st_svg_x(&c, log2(B[b]));
+    st_svg_rect(f, xa, c.T, xb - xa, c.H - c.T - c.B, shade[regime[b]], NULL);
   }
-  /* axes, grid and ticks */
-  fprintf(f,
-          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
-          "stroke=\"black\"/>\n",
-          L, T, W - L - R, H - T - Bm);
   for (int b = 0; b < nb; b++) {
-    double x = PX(log2(B[b]));
-    fprintf(f,
-            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
-            "stroke=\"#ccc\"/>\n<text x=\"%.1f\" y=\"%d\" "
-            "text-anchor=\"middle\">%d</text>\n",
-            x, T, x, H - Bm, x, H - Bm + 18, B[b]);
+    snprintf(text, sizeof text, "%d", B[b]);
+    st_svg_grid_x(&c, log2(B[b]), "#ccc", text);
   }
   for (int e = (int)y0; e <= (int)y1; e++)
     for (int m = 1; m <= 5; m += m == 1 ? 1 : 3) {
       double ly = e + log10(m);
       if (ly > y1 + 1e-9) break;
-      double y = PY(ly);
-      fprintf(f,
-              "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" "
-              "stroke=\"#ccc\"/>\n<text x=\"%d\" y=\"%.1f\" "
-              "text-anchor=\"end\">%.0f</text>\n",
-              L, y, W - R, y, L - 6, y + 4, pow(10, ly));
+      snprintf(text, sizeof text, "%.0f", pow(10, ly));
+      st_svg_grid_y(&c, ly, "#ccc", text);
     }
-  fprintf(f,
-          "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">batch size "
-          "(log scale)</text>\n<text x=\"18\" y=\"%d\" "
-          "text-anchor=\"middle\" transform=\"rotate(-90 18 %d)\">steps to "
-          "target (log scale)</text>\n",
-          (L + W - R) / 2, H - 16, (T + H - Bm) / 2, (T + H - Bm) / 2);
+  const st_svg_pen measured = {"#1f5fbf", "2", NULL},
+                   perfect = {"#555", "1.5", "6 4"},
+                   fit = {"#2a8a2a", "1.5", "2 3"},
+                   crit = {"#2a8a2a", "1.5", NULL},
+                   simple = {"#c06000", "1.5", NULL};
   if (n > 0) {
     /* Perfect scaling through the smallest reached batch, clipped to the
      * plot's steps range: log s = log s0 - (log B - log B0) log10 2. */
@@ -941,103 +924,57 @@ static int write_svg(const st_sweep_options *o, const best *bs,
     double lb0 = log2(B[a]), ls0 = log10((double)bs[a].steps);
     double lb1 = x1, ls1 = ls0 - (lb1 - lb0) * log10(2.0);
     if (ls1 < y0) ls1 = y0, lb1 = lb0 + (ls0 - y0) / log10(2.0);
-    fprintf(f,
-            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-            "stroke=\"#555\" stroke-width=\"1.5\" "
-            "stroke-dasharray=\"6 4\"/>\n",
-            PX(lb0), PY(ls0), PX(lb1), PY(ls1));
-    fprintf(f, "<polyline fill=\"none\" stroke=\"#1f5fbf\" "
-               "stroke-width=\"2\" points=\"");
+    st_svg_line(f, st_svg_x(&c, lb0), st_svg_y(&c, ls0), st_svg_x(&c, lb1),
+                st_svg_y(&c, ls1), perfect);
+    st_svg_poly_begin(f, measured);
     for (int k = 0; k < n; k++)
-      fprintf(f, "%s%.1f,%.1f", k ? " " : "", PX(log2(B[idx[k]])),
-              PY(log10((double)bs[idx[k]].steps)));
-    fprintf(f, "\"/>\n");
+      st_svg_poly_point(f, k == 0, st_svg_x(&c, log2(B[idx[k]])),
+                        st_svg_y(&c, log10((double)bs[idx[k]].steps)));
+    st_svg_poly_end(f);
     for (int k = 0; k < n; k++)
-      fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#1f5fbf\"/>\n",
-              PX(log2(B[idx[k]])), PY(log10((double)bs[idx[k]].steps)));
+      st_svg_circle(f, st_svg_x(&c, log2(B[idx[k]])),
+                    st_svg_y(&c, log10((double)bs[idx[k]].steps)), 4,
+                    measured.color);
   }
   if (!isnan(sum->b_crit)) {
     /* The fit S_min (1 + B_crit / B), sampled across the plot and clipped
      * to its steps range. */
-    fprintf(f, "<polyline fill=\"none\" stroke=\"#2a8a2a\" "
-               "stroke-width=\"1.5\" stroke-dasharray=\"2 3\" points=\"");
+    st_svg_poly_begin(f, fit);
     int first = 1;
     for (int k = 0; k <= 64; k++) {
       double lb = x0 + (x1 - x0) * k / 64;
       double ls = log10(sum->s_min * (1 + sum->b_crit / pow(2, lb)));
       if (ls < y0 || ls > y1) continue;
-      fprintf(f, "%s%.1f,%.1f", first ? "" : " ", PX(lb), PY(ls));
+      st_svg_poly_point(f, first, st_svg_x(&c, lb), st_svg_y(&c, ls));
       first = 0;
     }
-    fprintf(f, "\"/>\n");
+    st_svg_poly_end(f);
   }
   /* Vertical markers: the fitted B_crit and B_simple at the target. */
   double mark[2] = {sum->b_crit, sum->ns.batch ? sum->ns.b_end : NAN};
-  static const char *mark_color[2] = {"#2a8a2a", "#c06000"};
+  const st_svg_pen mark_pen[2] = {crit, simple};
   for (int m = 0; m < 2; m++) {
     if (!(mark[m] > 0) || log2(mark[m]) < x0 || log2(mark[m]) > x1) continue;
-    double x = PX(log2(mark[m]));
-    fprintf(f,
-            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
-            "stroke=\"%s\" stroke-width=\"1.5\"/>\n",
-            x, T, x, H - Bm, mark_color[m]);
+    double x = st_svg_x(&c, log2(mark[m]));
+    st_svg_line(f, x, c.T, x, c.H - c.B, mark_pen[m]);
   }
   for (int b = 0; b < nb; b++)
-    if (bs[b].trial < 0)
-      fprintf(f,
-              "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" "
-              "fill=\"#b00\">&#215;</text>\n",
-              PX(log2(B[b])), T + 16);
-#undef PX
-#undef PY
-  /* legend */
-  int lx = W - R + 14, ly = T + 10;
-  fprintf(f,
-          "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1f5fbf\" "
-          "stroke-width=\"2\"/><text x=\"%d\" y=\"%d\">measured (best "
-          "trial)</text>\n",
-          lx, ly, lx + 24, ly, lx + 30, ly + 4);
-  ly += 22;
-  fprintf(f,
-          "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#555\" "
-          "stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/><text x=\"%d\" "
-          "y=\"%d\">perfect scaling, steps ~ 1/B</text>\n",
-          lx, ly, lx + 24, ly, lx + 30, ly + 4);
-  for (int g = 0; g < 3; g++) {
-    ly += 22;
-    fprintf(f,
-            "<rect x=\"%d\" y=\"%d\" width=\"24\" height=\"12\" "
-            "fill=\"%s\" stroke=\"#999\"/><text x=\"%d\" y=\"%d\">%s</text>\n",
-            lx, ly - 6, shade[g], lx + 30, ly + 4, regime_name(g));
-  }
-  ly += 22;
-  fprintf(f,
-          "<text x=\"%d\" y=\"%d\" fill=\"#b00\">&#215; not reached</text>\n",
-          lx, ly + 4);
+    if (bs[b].trial < 0) st_svg_mark_x(&c, log2(B[b]), "#b00", "\u00d7");
+  st_svg_legend(&c, measured, NULL, NULL, "measured (best trial)");
+  st_svg_legend(&c, perfect, NULL, NULL, "perfect scaling, steps ~ 1/B");
+  for (int g = 0; g < 3; g++)
+    st_svg_legend(&c, (st_svg_pen){0}, shade[g], NULL, regime_name(g));
+  st_svg_legend(&c, (st_svg_pen){0}, NULL, "#b00", "\u00d7 not reached");
   if (!isnan(sum->b_crit)) {
-    ly += 22;
-    fprintf(f,
-            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
-            "stroke=\"#2a8a2a\" stroke-width=\"1.5\" "
-            "stroke-dasharray=\"2 3\"/><text x=\"%d\" y=\"%d\">fit "
-            "S_min (1 + B_crit/B)</text>\n",
-            lx, ly, lx + 24, ly, lx + 30, ly + 4);
-    ly += 22;
-    fprintf(f,
-            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
-            "stroke=\"#2a8a2a\" stroke-width=\"1.5\"/><text x=\"%d\" "
-            "y=\"%d\">B_crit = %.0f (fit)</text>\n",
-            lx, ly, lx + 24, ly, lx + 30, ly + 4, sum->b_crit);
+    st_svg_legend(&c, fit, NULL, NULL, "fit S_min (1 + B_crit/B)");
+    snprintf(text, sizeof text, "B_crit = %.0f (fit)", sum->b_crit);
+    st_svg_legend(&c, crit, NULL, NULL, text);
   }
   if (sum->ns.batch && sum->ns.b_end > 0) {
-    ly += 22;
-    fprintf(f,
-            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
-            "stroke=\"#c06000\" stroke-width=\"1.5\"/><text x=\"%d\" "
-            "y=\"%d\">B_simple = %.0f (at target)</text>\n",
-            lx, ly, lx + 24, ly, lx + 30, ly + 4, sum->ns.b_end);
+    snprintf(text, sizeof text, "B_simple = %.0f (at target)", sum->ns.b_end);
+    st_svg_legend(&c, simple, NULL, NULL, text);
   }
-  fprintf(f, "</svg>\n");
+  st_svg_end(f);
   return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
