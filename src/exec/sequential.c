@@ -38,12 +38,6 @@ static int seq_create(void **state, const st_model *m, const st_config *cfg,
   return 0;
 }
 
-static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
-                  double t0) {
-  if (v->trace)
-    st_trace_add(v->trace, v->track, kind, v->step, k, t0, st_now());
-}
-
 static int seq_step(void *state, st_trainer_view *v, double *loss,
                     st_error *err) {
   seq *q = state;
@@ -55,7 +49,7 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
   double start = st_now(), t0;
   /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
   if (q->last_end > 0 && !v->grads_only)
-    trace(v, ST_TRACE_IDLE, -1, q->last_end);
+    st_rt_trace(v, ST_TRACE_IDLE, -1, q->last_end, st_now());
   int rc = 0;
   for (int k = 0; k < v->batch; k += mb) {
     const float *x = v->x + (size_t)k * in_numel;
@@ -64,7 +58,7 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
     t0 = st_now();
     const float *logits = st_stage_forward(s, &ctx, v->params, x, mb);
     st_rt_loss(v, ctx.pool, k / mb, mb, logits, v->probs);
-    trace(v, ST_TRACE_FORWARD, k / mb, t0);
+    st_rt_trace(v, ST_TRACE_FORWARD, k / mb, t0, st_now());
     /* Every loss of the batch is known before the last backward, which is
      * where weights start to change: a NaN stops the step untouched. */
     if (last && (rc = st_trainer_check_loss(v, loss, err))) break;
@@ -76,7 +70,7 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
     st_stage_backward_each(
         s, &ctx, v->params, v->grads, x, v->dlogits, NULL, mb,
         last && !v->grads_only ? st_exec_update_block : NULL, v);
-    trace(v, ST_TRACE_BACKWARD, k / mb, t0);
+    st_rt_trace(v, ST_TRACE_BACKWARD, k / mb, t0, st_now());
     if (k == 0) st_rt_noise_first(v, mb);
   }
   q->last_end = st_now();

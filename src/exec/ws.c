@@ -574,12 +574,6 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
 
 /* -------------------------------------------------------------- a step */
 
-static void trace(const st_trainer_view *v, st_trace_kind kind, int k,
-                  double t0) {
-  if (v->trace)
-    st_trace_add(v->trace, v->track, kind, v->step, k, t0, st_now());
-}
-
 /* Block i's input for these rows: the batch, or the block before's output. */
 static const float *input_of(const ws *w, int i, const float *x, int B) {
   if (i == 0) return x;
@@ -639,7 +633,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       release(w, i);
     }
     st_rt_loss(v, ctx.pool, k / mb, mb, h, v->probs);
-    trace(v, ST_TRACE_FORWARD, k / mb, t0);
+    st_rt_trace(v, ST_TRACE_FORWARD, k / mb, t0, st_now());
     /* every loss is known before the last backward, where weights start
      * to change: a NaN stops the step untouched */
     if (last && (rc = st_trainer_check_loss(v, loss, err))) {
@@ -688,7 +682,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       if (last && !v->grads_only && i > 0) submit(w, i);
       g = dx;
     }
-    trace(v, ST_TRACE_BACKWARD, k / mb, t0);
+    st_rt_trace(v, ST_TRACE_BACKWARD, k / mb, t0, st_now());
     if (first) st_rt_noise_first(v, mb);
   }
   drain(w);
@@ -701,7 +695,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
     last_view.ctx.pool = v->ctx.pool;
     double t0 = st_now();
     update_block(w, &last_view, 0);
-    trace(v, ST_TRACE_UPDATE, 0, t0);
+    st_rt_trace(v, ST_TRACE_UPDATE, 0, t0, st_now());
     w->last_update_s += st_now() - t0;
     /* every value of the other copy is written: the next step reads it */
     rc = pending_error(w, err);
