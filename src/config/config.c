@@ -852,14 +852,11 @@ static int check_lists(const st_config *cfg, st_error *err) {
       return invalid(cfg, err, "execution.stage_blocks",
                      "entry %d is %d: a stage holds at least one block", i,
                      sb->v[i]);
-  if (sb->n > 0 && strcmp(cfg->execution.mode, "pipeline") &&
-      strcmp(cfg->execution.mode, "pipelined_backprop"))
-    return invalid(cfg, err, "execution.stage_blocks",
-                   "cuts the stages of pipeline and pipelined_backprop, "
-                   "not execution.mode %s (%s)",
-                   cfg->execution.mode, st_config_where(cfg, "execution.mode"));
+  /* another mode ignores the pin (a notice, st_config_unused) */
+  int pins = !strcmp(cfg->execution.mode, "pipeline") ||
+             !strcmp(cfg->execution.mode, "pipelined_backprop");
   int S = cfg->execution.stages;
-  if (sb->n > 0 && S != 0 && S != sb->n)
+  if (pins && sb->n > 0 && S != 0 && S != sb->n)
     return S == ST_STAGES_PER_BLOCK
                ? invalid(cfg, err, "execution.stage_blocks",
                          "has %d stages; execution.stages is per_block "

@@ -89,8 +89,6 @@ void st_svg_chart_begin(st_svg_chart *c, const char *title, const char *xlabel,
   fprintf(f, "<text x=\"%d\" y=\"28\" font-size=\"16\">", c->L);
   st_svg_escape(f, title);
   fprintf(f, "</text>\n");
-  st_svg_rect(f, c->L, c->T, c->W - c->L - c->R, c->H - c->T - c->B, "none",
-              "black");
   fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">",
           (c->L + c->W - c->R) / 2, c->H - 16);
   st_svg_escape(f, xlabel);
@@ -101,6 +99,12 @@ void st_svg_chart_begin(st_svg_chart *c, const char *title, const char *xlabel,
   st_svg_escape(f, ylabel);
   fprintf(f, "</text>\n");
   c->legend_rows = 0;
+}
+
+void st_svg_chart_end(st_svg_chart *c) {
+  st_svg_rect(c->f, c->L, c->T, c->W - c->L - c->R, c->H - c->T - c->B, "none",
+              "black");
+  st_svg_end(c->f);
 }
 
 void st_svg_grid_x(const st_svg_chart *c, double x, const char *color,

@@ -47,9 +47,11 @@ typedef struct st_svg_chart {
 
 double st_svg_x(const st_svg_chart *c, double x);
 double st_svg_y(const st_svg_chart *c, double y);
-/* The document, its title (escaped), the frame and the axis labels. */
+/* The document, its title (escaped) and the axis labels. */
 void st_svg_chart_begin(st_svg_chart *c, const char *title, const char *xlabel,
                         const char *ylabel);
+/* The frame, drawn over whatever fills the plot, and the document's end. */
+void st_svg_chart_end(st_svg_chart *c);
 /* A grid line across the frame at data x (vertical) or y (horizontal),
  * with its tick label (NULL: none). */
 void st_svg_grid_x(const st_svg_chart *c, double x, const char *color,

@@ -587,7 +587,7 @@ static int write_svg(const st_experiment_options *o, const run *runs,
                   (st_svg_pen){color[v], v ? "1.8" : "2.5", v ? NULL : "7 4"},
                   NULL, NULL, text);
   }
-  st_svg_end(f);
+  st_svg_chart_end(&c);
   return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 

@@ -974,7 +974,7 @@ static int write_svg(const st_sweep_options *o, const best *bs,
     snprintf(text, sizeof text, "B_simple = %.0f (at target)", sum->ns.b_end);
     st_svg_legend(&c, simple, NULL, NULL, text);
   }
-  st_svg_end(f);
+  st_svg_chart_end(&c);
   return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 

@@ -684,12 +684,13 @@ expect_error "a bf16 store resumed as fp32" \
 # goes on; keys left at their defaults, or that the mode reads, get none.
 run train "$fc" "${small[@]}" --set execution.stages=4 \
   --set execution.mitigation=pipemare --set execution.emulate=true \
-  --set execution.schedule=1f1b --out "$T/unused_seq"
+  --set execution.schedule=1f1b --set 'execution.stage_blocks=[1,1]' \
+  --out "$T/unused_seq"
 if [ "$rc" -eq 0 ]; then pass; else fail "unused keys: run goes on" "rc $rc" "$err"; fi
 n_notice=$(printf '%s\n' "$err" | grep -c '^strata: notice: ')
-if [ "$n_notice" -eq 3 ]; then pass; else
-  fail "unused keys: one notice each (stages, mitigation, emulate)" "$err"; fi
-for key in execution.stages execution.mitigation execution.emulate; do
+if [ "$n_notice" -eq 4 ]; then pass; else
+  fail "unused keys: one notice each (stages, stage_blocks, mitigation, emulate)" "$err"; fi
+for key in execution.stages execution.stage_blocks execution.mitigation execution.emulate; do
   if printf '%s\n' "$err" | grep -Eq "^strata: notice: --set: $(re_quote "$key") is not used by execution\.mode sequential; ignored$"; then
     pass; else fail "unused keys: notice for $key" "$err"; fi
 done
