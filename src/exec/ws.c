@@ -47,12 +47,12 @@
 typedef struct ws {
   const st_model *model;
   int nb, slots, keep, rows;
-  size_t max_params; /* the largest block's parameters */
-  float *wslot;      /* slots x max_params: weights in flight */
-  float *gbuf;       /* max_params: the gradient being formed */
-  float **acts;      /* keep: per block; else only acts[0], shared */
-  float **outs;      /* recompute: per block, its output */
-  float *work, *scratch, *grad_io[2];
+  size_t max_params;     /* the largest block's parameters */
+  float *wslot;          /* slots x max_params: weights in flight */
+  float *gbuf;           /* max_params: the gradient being formed */
+  st_stage *stage;       /* every block's compute, fed the slots' weights:
+                            activations per block (keep), else one shared */
+  float **outs;          /* recompute: per block, its output */
   int64_t compute_bytes; /* what the buffers above hold */
 
   /* One step's walk: use u needs block use_block[u]'s weights in slot
@@ -392,18 +392,12 @@ static void ws_destroy(void *state) {
   st_pool_destroy(w->opt_pool);
   st_store_close(w->store);
   st_free(w->ubuf);
-  if (w->acts)
-    for (int i = 0; i < w->nb; i++) st_free(w->acts[i]);
+  st_stage_destroy(w->stage);
   if (w->outs)
     for (int i = 0; i < w->nb; i++) st_free(w->outs[i]);
-  free(w->acts);
   free(w->outs);
   st_free(w->wslot);
   st_free(w->gbuf);
-  st_free(w->work);
-  st_free(w->scratch);
-  st_free(w->grad_io[0]);
-  st_free(w->grad_io[1]);
   free(w->use_block);
   free(w->queue);
   free(w);
@@ -424,29 +418,18 @@ static int buffers(ws *w, int dry) {
   const st_model *m = w->model;
   int ok = 1;
   w->compute_bytes = 0;
-  size_t span = (size_t)w->rows * m->max_numel;
   w->wslot = alloc_floats(w, (size_t)w->slots * w->max_params, dry, &ok);
   w->gbuf = alloc_floats(w, w->max_params, dry, &ok);
-  w->work = alloc_floats(w, 3 * span, dry, &ok);
-  w->scratch =
-      alloc_floats(w, (size_t)w->rows * m->max_scratch_per_sample, dry, &ok);
-  w->grad_io[0] = alloc_floats(w, span, dry, &ok);
-  w->grad_io[1] = alloc_floats(w, span, dry, &ok);
-  size_t max_act = 0;
-  for (int i = 0; i < w->nb; i++)
-    if (m->blocks[i].act_per_sample > max_act)
-      max_act = m->blocks[i].act_per_sample;
-  for (int i = 0; i < w->nb; i++) {
+  /* the stage: activations (all blocks' when kept, else the largest
+   * block's once), workspace, scratch and the gradient hand-off */
+  w->compute_bytes += (int64_t)st_stage_bytes(m, 0, w->nb, w->rows, !w->keep);
+  st_error ignored = {0};
+  if (!dry && ok &&
+      st_stage_create_shared(&w->stage, m, 0, w->nb, w->rows, !w->keep,
+                             &ignored))
+    ok = 0;
+  for (int i = 0; !w->keep && i < w->nb; i++) {
     const st_block *b = &m->blocks[i];
-    if (w->keep) {
-      float *a = alloc_floats(w, (size_t)w->rows * b->act_per_sample, dry, &ok);
-      if (!dry) w->acts[i] = a;
-      continue;
-    }
-    if (i == 0) {
-      float *a = alloc_floats(w, (size_t)w->rows * max_act, dry, &ok);
-      if (!dry) w->acts[0] = a;
-    }
     float *o =
         alloc_floats(w, (size_t)w->rows * st_shape_numel(b->out), dry, &ok);
     if (!dry) w->outs[i] = o;
@@ -542,13 +525,11 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
   if (!rc && strcmp(cfg->execution.store, "file") == 0)
     rc = open_store(w, m, cfg, err);
   if (!rc) {
-    w->acts = calloc((size_t)w->nb, sizeof *w->acts);
     w->outs = calloc((size_t)w->nb, sizeof *w->outs);
     w->use_block = malloc(2 * (size_t)w->nb * sizeof *w->use_block);
     w->queue = malloc(((size_t)w->nb + 1) * sizeof *w->queue);
     w->opt_pool = st_pool_create(1);
-    if (!(w->acts && w->outs && w->use_block && w->queue && w->opt_pool &&
-          buffers(w, 0)))
+    if (!(w->outs && w->use_block && w->queue && w->opt_pool && buffers(w, 0)))
       rc = st_error_set(err, ST_ENOMEM,
                         "out of memory for weight streaming's compute side "
                         "(%lld bytes)",
@@ -578,7 +559,8 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
 static const float *input_of(const ws *w, int i, const float *x, int B) {
   if (i == 0) return x;
   const st_block *p = &w->model->blocks[i - 1];
-  return w->keep ? st_block_output(p, w->acts[i - 1], B) : w->outs[i - 1];
+  return w->keep ? st_block_output(p, w->stage->acts[i - 1], B)
+                 : w->outs[i - 1];
 }
 
 static int ws_step(void *state, st_trainer_view *v, double *loss,
@@ -623,9 +605,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
     for (int i = 0; i < nb; i++) {
       const st_block *b = &m->blocks[i];
       const float *wb = acquire(w, i);
-      float *acts = w->keep ? w->acts[i] : w->acts[0];
-      st_block_forward(b, &ctx, wb, h, acts, w->scratch, mb);
-      h = st_block_output(b, acts, mb);
+      h = st_stage_forward_block(w->stage, &ctx, i, wb, h, mb);
       if (!w->keep) {
         memcpy(w->outs[i], h, (size_t)mb * st_shape_numel(b->out) * sizeof *h);
         h = w->outs[i];
@@ -653,8 +633,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
       const st_block *b = &m->blocks[i];
       const float *wb = acquire(w, u);
       const float *in = input_of(w, i, x, mb);
-      float *acts = w->keep ? w->acts[i] : w->acts[0];
-      if (!w->keep) st_block_forward(b, &ctx, wb, in, acts, w->scratch, mb);
+      if (!w->keep) st_stage_forward_block(w->stage, &ctx, i, wb, in, mb);
       /* the gradient so far: none on the first micro-batch, else what the
        * store holds (fetched back to add to) */
       float *store_g = v->grads + b->param_off;
@@ -668,9 +647,8 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
           memcpy(w->gbuf, store_g, bytes);
         w->bytes_in += (int64_t)bytes;
       }
-      float *dx = st_stage_grad_to(w->grad_io, g, i, NULL);
-      st_block_backward(b, &ctx, wb, w->gbuf, in, acts, g, dx, w->work,
-                        w->scratch, mb);
+      float *dx = st_stage_grad_to(w->stage->grad_io, g, i, NULL);
+      st_stage_backward_block(w->stage, &ctx, i, wb, w->gbuf, in, g, dx, mb);
       release(w, u);
       /* send it to the store; after the last micro-batch the store
        * updates the block while the compute side goes on */
@@ -716,9 +694,7 @@ static const float *ws_forward(void *state, const st_ctx *ctx,
   for (int i = 0; i < w->nb; i++) {
     const st_block *b = &w->model->blocks[i];
     fetch_block(w, b, params, slot);
-    float *acts = w->keep ? w->acts[i] : w->acts[0];
-    st_block_forward(b, ctx, slot, h, acts, w->scratch, B);
-    h = st_block_output(b, acts, B);
+    h = st_stage_forward_block(w->stage, ctx, i, slot, h, B);
     if (!w->keep) {
       memcpy(w->outs[i], h, (size_t)B * st_shape_numel(b->out) * sizeof *h);
       h = w->outs[i];

@@ -85,11 +85,32 @@ typedef struct st_stage {
   size_t base;       /* params/grads passed in start at this slab offset
                         (0: the model's slab; pipelined_backprop passes
                         its stage's own weight versions) */
+  int shared_acts;   /* one activation buffer for every block (weight
+                        streaming's recompute): block by block only */
 } st_stage;
 
 int st_stage_create(st_stage **out, const st_model *m, int first, int count,
                     int max_batch, st_error *err);
+/* The same with shared_acts: every block's activations in one buffer, the
+ * largest block's size, for a caller that keeps each block's output itself
+ * and runs its forward again before its backward (weight streaming's
+ * keep_activations: false); only the block-by-block calls below apply. */
+int st_stage_create_shared(st_stage **out, const st_model *m, int first,
+                           int count, int max_batch, int shared_acts,
+                           st_error *err);
+/* The bytes such a stage's buffers take (activations, workspace,
+ * scratch, the two gradient hand-off buffers). */
+size_t st_stage_bytes(const st_model *m, int first, int count, int max_batch,
+                      int shared_acts);
 void st_stage_destroy(st_stage *s);
+/* Block first + i alone on B samples, its weights (and gradient) at w (g):
+ * the block's own slab, wherever the caller keeps it (weight streaming: a
+ * slot the store filled). The forward returns the block's output. */
+const float *st_stage_forward_block(st_stage *s, const st_ctx *ctx, int i,
+                                    const float *w, const float *in, int B);
+void st_stage_backward_block(st_stage *s, const st_ctx *ctx, int i,
+                             const float *w, float *g, const float *in,
+                             const float *dout, float *din, int B);
 /* Where block i's input gradient goes on the way back, given the output
  * gradient g it is computed from: din for the first block (i == 0; NULL:
  * not wanted), else whichever of the two hand-off buffers g is not. */

@@ -9,8 +9,29 @@
 
 #include <stdlib.h>
 
-int st_stage_create(st_stage **out, const st_model *m, int first, int count,
-                    int max_batch, st_error *err) {
+/* Floats of block i's activations for max_batch samples; shared: the
+ * largest block's, once for all. */
+static size_t act_floats(const st_model *m, int first, int count, int i,
+                         int max_batch, int shared) {
+  size_t most = m->blocks[first + i].act_per_sample;
+  for (int j = 0; shared && j < count; j++)
+    if (m->blocks[first + j].act_per_sample > most)
+      most = m->blocks[first + j].act_per_sample;
+  return (size_t)max_batch * most;
+}
+
+size_t st_stage_bytes(const st_model *m, int first, int count, int max_batch,
+                      int shared_acts) {
+  size_t span = (size_t)max_batch * m->max_numel, floats = 5 * span;
+  floats += (size_t)max_batch * m->max_scratch_per_sample;
+  for (int i = 0; i < (shared_acts ? 1 : count); i++)
+    floats += act_floats(m, first, count, i, max_batch, shared_acts);
+  return floats * sizeof(float);
+}
+
+int st_stage_create_shared(st_stage **out, const st_model *m, int first,
+                           int count, int max_batch, int shared_acts,
+                           st_error *err) {
   *out = NULL;
   st_stage *s = calloc(1, sizeof *s);
   if (!s) return st_error_set(err, ST_ENOMEM, "out of memory");
@@ -18,6 +39,7 @@ int st_stage_create(st_stage **out, const st_model *m, int first, int count,
   s->first = first;
   s->count = count;
   s->max_batch = max_batch;
+  s->shared_acts = shared_acts;
   s->acts = calloc((size_t)count, sizeof *s->acts);
   size_t span = (size_t)max_batch * m->max_numel;
   s->work = st_alloc(3 * span * sizeof(float));
@@ -27,9 +49,11 @@ int st_stage_create(st_stage **out, const st_model *m, int first, int count,
   s->grad_io[1] = st_alloc(span * sizeof(float));
   int ok = s->acts && s->work && s->scratch && s->grad_io[0] && s->grad_io[1];
   for (int i = 0; ok && i < count; i++) {
-    const st_block *b = &m->blocks[first + i];
     s->acts[i] =
-        st_alloc((size_t)max_batch * b->act_per_sample * sizeof(float));
+        shared_acts && i > 0
+            ? s->acts[0]
+            : st_alloc(act_floats(m, first, count, i, max_batch, shared_acts) *
+                       sizeof(float));
     ok = s->acts[i] != NULL;
   }
   if (!ok) {
@@ -42,10 +66,16 @@ int st_stage_create(st_stage **out, const st_model *m, int first, int count,
   return 0;
 }
 
+int st_stage_create(st_stage **out, const st_model *m, int first, int count,
+                    int max_batch, st_error *err) {
+  return st_stage_create_shared(out, m, first, count, max_batch, 0, err);
+}
+
 void st_stage_destroy(st_stage *s) {
   if (!s) return;
   if (s->acts)
-    for (int i = 0; i < s->count; i++) st_free(s->acts[i]);
+    for (int i = 0; i < (s->shared_acts ? 1 : s->count); i++)
+      st_free(s->acts[i]);
   free(s->acts);
   st_free(s->work);
   st_free(s->scratch);
@@ -54,14 +84,28 @@ void st_stage_destroy(st_stage *s) {
   free(s);
 }
 
+const float *st_stage_forward_block(st_stage *s, const st_ctx *ctx, int i,
+                                    const float *w, const float *in, int B) {
+  const st_block *b = &s->model->blocks[s->first + i];
+  st_block_forward(b, ctx, w, in, s->acts[i], s->scratch, B);
+  return st_block_output(b, s->acts[i], B);
+}
+
+void st_stage_backward_block(st_stage *s, const st_ctx *ctx, int i,
+                             const float *w, float *g, const float *in,
+                             const float *dout, float *din, int B) {
+  const st_block *b = &s->model->blocks[s->first + i];
+  st_block_backward(b, ctx, w, g, in, s->acts[i], dout, din, s->work,
+                    s->scratch, B);
+}
+
 const float *st_stage_forward(st_stage *s, const st_ctx *ctx,
                               const float *params, const float *in, int B) {
   const float *x = in;
   for (int i = 0; i < s->count; i++) {
     const st_block *b = &s->model->blocks[s->first + i];
-    st_block_forward(b, ctx, params + (b->param_off - s->base), x, s->acts[i],
-                     s->scratch, B);
-    x = st_block_output(b, s->acts[i], B);
+    x = st_stage_forward_block(s, ctx, i, params + (b->param_off - s->base), x,
+                               B);
   }
   return x;
 }
@@ -86,8 +130,7 @@ void st_stage_backward_each(st_stage *s, const st_ctx *ctx, const float *params,
                                            s->acts[i - 1], B);
     float *dx = st_stage_grad_to(s->grad_io, g, i, din);
     size_t at = b->param_off - s->base;
-    st_block_backward(b, ctx, params + at, grads + at, x, s->acts[i], g, dx,
-                      s->work, s->scratch, B);
+    st_stage_backward_block(s, ctx, i, params + at, grads + at, x, g, dx, B);
     if (after_block) after_block(arg, s->first + i);
     g = dx;
   }
