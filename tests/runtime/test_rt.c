@@ -99,6 +99,15 @@ static void make_rt(st_rt *rt, const st_model *m, int cap) {
   }
 }
 
+/* Waits for every stage's thread to return (then what it wrote is seen). */
+static void join_all(void) {
+  for (int s = 0; s < S; s++)
+    if (stages[s].rt.started) {
+      pthread_join(stages[s].rt.thread, NULL);
+      stages[s].rt.started = 0;
+    }
+}
+
 static void free_rt(st_rt *rt) {
   st_rt_stop_threads(rt);
   for (int s = 0; s < S; s++) st_rt_stage_free(&stages[s].rt);
@@ -110,9 +119,7 @@ static void test_relay(const st_model *m) {
   make_rt(&rt, m, 4);
   rt.spin = ST_SPIN;
   CHECK(st_rt_start(&rt, relay) == 0, "threads start");
-  /* wait for the stages (joined by st_rt_stop_threads only after a stop):
-   * stage 0 is last to finish */
-  for (int i = 0; i < 30000 && !stages[0].ok; i++) usleep(100);
+  join_all();
   for (int s = 0; s < S; s++) CHECK(stages[s].ok, "stage %d ran to the end", s);
   int in_order = 1;
   for (int n = 0; n < N; n++) {
@@ -175,7 +182,7 @@ static void test_fail(const st_model *m) {
   st_error_set(&second, ST_ENOMEM, "the second");
   st_rt_fail(&rt, &first);
   st_rt_fail(&rt, &second);
-  for (int i = 0; i < 30000 && !stages[1].ok; i++) usleep(100);
+  join_all();
   CHECK(stages[1].ok && stages[2].ok, "every waiting stage gave up");
   CHECK(st_rt_result(&rt, &err) == ST_EIO && strstr(err.msg, "the first"),
         "the first error wins: %s", err.msg);
