@@ -132,8 +132,8 @@ int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err) {
 }
 
 int st_pipeline_asked_stages(const st_config *cfg) {
-  const st_int_list *pin = &cfg->execution.stage_blocks;
-  return pin->n > 0 ? pin->n : cfg->execution.stages;
+  return st_pipeline_pinned(cfg) ? cfg->execution.stage_blocks.n
+                                 : cfg->execution.stages;
 }
 
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S, int cores,

@@ -12,6 +12,8 @@
 
 #include "../runtime/runtime.h"
 
+#include <string.h>
+
 /* Applies this step's update to blocks [first, first + count) and zeroes
  * their gradients. A tied copy (st_tensor_info.tie) is updated with its
  * source: the source's block must be updated after the copy's gradient is
@@ -213,13 +215,20 @@ void st_pipeline_set_jitter(void *state, int max_us, uint32_t seed);
  * (src/exec/measure.c). */
 void st_measure_seed(const st_model *m, const st_config *cfg, const double *fwd,
                      const double *bwd, const double *lwp);
+/* Whether cfg's mode cuts its stages as execution.stage_blocks pins them
+ * (pipeline, pipelined_backprop); another mode ignores the pin. */
+static inline int st_pipeline_pinned(const st_config *cfg) {
+  return cfg->execution.stage_blocks.n > 0 &&
+         (!strcmp(cfg->execution.mode, "pipeline") ||
+          !strcmp(cfg->execution.mode, "pipelined_backprop"));
+}
 /* The stages a pipelined mode asks for: execution.stage_blocks' count when
  * the cut is pinned, else execution.stages (0, N or ST_STAGES_PER_BLOCK). */
 int st_pipeline_asked_stages(const st_config *cfg);
 /* The key that set that count, for messages. */
 static inline const char *st_stages_key(const st_config *cfg) {
-  return cfg->execution.stage_blocks.n > 0 ? "execution.stage_blocks"
-                                           : "execution.stages";
+  return st_pipeline_pinned(cfg) ? "execution.stage_blocks"
+                                 : "execution.stages";
 }
 /* execution.stage_blocks against a model of n blocks: 0, or ST_ECONFIG
  * naming the key when an entry exceeds n or the stages do not hold exactly
