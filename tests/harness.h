@@ -8,8 +8,11 @@
 #define STRATA_TEST_HARNESS_H
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static int th_passed, th_failed;
 
@@ -58,6 +61,20 @@ static inline double th_max_abs(const float *a, const float *b, size_t n) {
       fprintf(stderr, "  %-40s max rel diff %.3g (tol %.3g)\n", (what), th_r,  \
               (double)(tol));                                                  \
   } while (0)
+
+/* A test of threads that could wait for ever (a lost wake): after `seconds`
+ * the program prints msg (a FAIL line) and exits 1 instead of hanging. */
+static const char *th_alarm_msg;
+static void th_timed_out(int sig) {
+  (void)sig;
+  (void)!write(2, th_alarm_msg, strlen(th_alarm_msg));
+  _exit(1);
+}
+static inline void th_alarm(unsigned seconds, const char *msg) {
+  th_alarm_msg = msg;
+  signal(SIGALRM, th_timed_out);
+  alarm(seconds);
+}
 
 #define TH_DONE()                                                              \
   do {                                                                         \

@@ -80,18 +80,10 @@ static void sleepy(int threads) {
   st_pool_destroy(pool);
 }
 
-static void timed_out(int sig) {
-  (void)sig;
-  static const char msg[] = "FAIL tests/base/test_pool.c: the test ran "
-                            "300 s: a job waiting for ever for its workers "
-                            "(a lost wake)\n";
-  (void)!write(2, msg, sizeof msg - 1);
-  _exit(1);
-}
-
 int main(void) {
-  signal(SIGALRM, timed_out);
-  alarm(300); /* generous: TSan runs the stress 10-20x slower */
+  /* generous: TSan runs the stress 10-20x slower */
+  th_alarm(300, "FAIL tests/base/test_pool.c: the test ran 300 s: a job "
+                "waiting for ever for its workers (a lost wake)\n");
   const int sizes[] = {1, 2, 3, 8};
   for (int i = 0; i < 4; i++) stress(sizes[i]);
   for (int i = 1; i < 4; i++) sleepy(sizes[i]);

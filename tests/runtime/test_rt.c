@@ -190,13 +190,14 @@ static void test_fail(const st_model *m) {
   free_rt(&rt);
 }
 
-/* Softmax cross-entropy of micro-batch k = 1 of two samples, 3 classes,
- * against the formula in double: loss_i = log sum_j e^{z_ij} - z_{i y_i},
- * gradient (p_ij - [j == y_i]) / over. */
+/* Softmax cross-entropy of micro-batch k = 1 of one sample with two label
+ * rows (a sequence of two tokens), 3 classes, against the formula in
+ * double: loss_i = log sum_j e^{z_ij} - z_{i y_i}, gradient
+ * (p_ij - [j == y_i]) / (over R), the mean over over samples' R rows. */
 static void test_loss(const st_model *m) {
   st_model mm = *m;
   mm.classes = 3;
-  mm.label_rows = 1;
+  mm.label_rows = 2;
   const float logits[6] = {1.0f, -2.0f, 0.5f, 3.0f, 3.0f, -1.0f};
   const int y[4] = {0, 0, 2, 1};
   float losses[4] = {-7, -7, -7, -7}, probs[6], dlogits[6];
@@ -204,8 +205,8 @@ static void test_loss(const st_model *m) {
   v.model = &mm;
   v.losses = losses;
   v.y = y;
-  st_rt_loss(&v, NULL, 1, 2, logits, probs);
-  st_rt_loss_grad(&v, NULL, 1, 2, 8, probs, dlogits);
+  st_rt_loss(&v, NULL, 1, 1, logits, probs);
+  st_rt_loss_grad(&v, NULL, 1, 1, 8, probs, dlogits);
   CHECK(losses[0] == -7 && losses[1] == -7, "micro-batch 0's rows untouched");
   double worst = 0, worst_g = 0;
   for (int i = 0; i < 2; i++) {
@@ -216,7 +217,7 @@ static void test_loss(const st_model *m) {
     double want = log(sum) - z[label];
     worst = fmax(worst, fabs(losses[2 + i] - want) / want);
     for (int j = 0; j < 3; j++) {
-      double g = (exp((double)z[j]) / sum - (j == label)) / 8;
+      double g = (exp((double)z[j]) / sum - (j == label)) / (8 * 2);
       worst_g = fmax(worst_g, fabs(dlogits[3 * i + j] - g));
     }
   }
@@ -225,17 +226,39 @@ static void test_loss(const st_model *m) {
   CHECK(worst_g < 1e-7, "gradient: error %.3g", worst_g);
 }
 
-static void timed_out(int sig) {
-  (void)sig;
-  static const char msg[] = "FAIL tests/runtime/test_rt.c: the test ran "
-                            "300 s: a stage waiting for ever (a lost wake)\n";
-  (void)!write(2, msg, sizeof msg - 1);
-  _exit(1);
+/* What a stage holds (the figure weight streaming checks
+ * execution.compute_memory_limit against), as DESIGN's buffers: the
+ * backward's workspace (3 spans of max_numel per sample), the two gradient
+ * hand-off buffers (2 spans), scratch, and every block's activations, or
+ * with shared activations the largest block's once. */
+static void test_bytes(const st_model *m) {
+  const int B = 5, n = m->n_blocks;
+  size_t span = (size_t)B * m->max_numel, acts = 0, most = 0;
+  for (int i = 0; i < n; i++) {
+    acts += (size_t)B * m->blocks[i].act_per_sample;
+    if (m->blocks[i].act_per_sample > most) most = m->blocks[i].act_per_sample;
+  }
+  size_t rest = 3 * span + 2 * span + (size_t)B * m->max_scratch_per_sample;
+  CHECK(st_stage_bytes(m, 0, n, B, 0) == (rest + acts) * sizeof(float),
+        "stage bytes: %zu, want %zu", st_stage_bytes(m, 0, n, B, 0),
+        (rest + acts) * sizeof(float));
+  CHECK(st_stage_bytes(m, 0, n, B, 1) == (rest + B * most) * sizeof(float),
+        "shared stage bytes: %zu, want %zu", st_stage_bytes(m, 0, n, B, 1),
+        (rest + B * most) * sizeof(float));
+  /* a shared stage's blocks all write the one buffer; destroyed once */
+  st_stage *s = NULL;
+  st_error err = {0};
+  CHECK(st_stage_create_shared(&s, m, 0, n, B, 1, &err) == 0, "%s", err.msg);
+  int one = s != NULL;
+  for (int i = 1; s && i < n; i++) one &= s->acts[i] == s->acts[0];
+  CHECK(one, "shared activations: one buffer");
+  st_stage_destroy(s);
 }
 
 int main(void) {
-  signal(SIGALRM, timed_out);
-  alarm(300); /* generous: TSan runs the threads 10-20x slower */
+  /* generous: TSan runs the threads 10-20x slower */
+  th_alarm(300, "FAIL tests/runtime/test_rt.c: the test ran 300 s: a stage "
+                "waiting for ever (a lost wake)\n");
   st_model *m = tiny_model();
   if (!m) TH_DONE();
   CHECK(m->n_blocks >= S, "%d blocks for %d stages", m->n_blocks, S);
@@ -243,6 +266,7 @@ int main(void) {
   test_schedule_bugs(m);
   test_fail(m);
   test_loss(m);
+  test_bytes(m);
   st_model_destroy(m);
   TH_DONE();
 }
