@@ -7,14 +7,13 @@
  *              parallel efficiency, and a stage-to-stage copy rate. All
  *              three rates are estimates, not measurements, until
  *              `strata bench --calibrate` exists (docs/compiler.md).
- *   mesh:WxH   a W x H grid of PEs; per-PE compute, memory and link bandwidth
- *              come from fabric.pe_flops, fabric.pe_memory and
- *              fabric.link_bandwidth (defaults: one WSE-2 PE).
+ *   mesh:WxH   a W x H grid of PEs, each with one WSE-2 PE's compute, memory
+ *              and link bandwidth.
  *   wse2       Cerebras WSE-2 from its published figures (850,000 cores,
  *              40 GB on-chip SRAM, 20 PB/s memory and 220 Pb/s fabric
  *              bandwidth); the per-PE FLOP rate is our stated assumption.
- * A fabric.pe_* key set explicitly (file or --set) overrides the built-in
- * figure of every kind.
+ * A fabric.pe_flops, fabric.pe_memory or fabric.link_bandwidth above 0 (its
+ * default is 0) overrides the built-in figure of every kind.
  */
 #include "strata.h"
 
@@ -54,23 +53,21 @@
  * 8 one-way links of each (4 neighbours, in and out) = 4.04 GB/s. */
 #define WSE2_LINK_BANDWIDTH (WSE2_FABRIC_BITS / 8 / WSE2_CORES / 8)
 
-static int was_set(const st_config *cfg, const char *key) {
-  return strcmp(st_config_where(cfg, key), "default") != 0;
-}
-
-/* Applies explicitly set fabric.pe_* keys over the built-in figures. */
+/* Applies the fabric.pe_* keys given a figure (> 0) over the built-in ones;
+ * a value, not where it came from, decides, so a run's written config.yaml
+ * plans as the run did. */
 static void apply_overrides(st_fabric *f, const st_config *cfg) {
   char note[96] = "";
-  if (was_set(cfg, "fabric.pe_flops")) {
+  if (cfg->fabric.pe_flops > 0) {
     f->pe_flops = cfg->fabric.pe_flops;
     f->calibrated = 0; /* one given rate for every FLOP, as uncalibrated */
     strcat(note, " pe_flops");
   }
-  if (was_set(cfg, "fabric.pe_memory")) {
+  if (cfg->fabric.pe_memory > 0) {
     f->pe_memory = (double)cfg->fabric.pe_memory;
     strcat(note, " pe_memory");
   }
-  if (was_set(cfg, "fabric.link_bandwidth")) {
+  if (cfg->fabric.link_bandwidth > 0) {
     f->link_bandwidth = cfg->fabric.link_bandwidth;
     strcat(note, " link_bandwidth");
   }
@@ -162,14 +159,14 @@ static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
   f->width = w;
   f->height = h;
   f->pes = (int64_t)w * h;
-  f->pe_flops = cfg->fabric.pe_flops;
-  f->pe_memory = (double)cfg->fabric.pe_memory;
-  f->link_bandwidth = cfg->fabric.link_bandwidth;
+  f->pe_flops = WSE2_PE_FLOPS;
+  f->pe_memory = WSE2_MEMORY / WSE2_CORES;
+  f->link_bandwidth = WSE2_LINK_BANDWIDTH;
   f->efficiency_slope = 0;
   f->estimated = 0;
   snprintf(f->source, sizeof f->source,
-           "per-PE figures from fabric.pe_flops, fabric.pe_memory and "
-           "fabric.link_bandwidth (defaults: one WSE-2 PE)");
+           "per-PE figures of one WSE-2 PE unless fabric.pe_flops, "
+           "fabric.pe_memory or fabric.link_bandwidth give others");
   return 0;
 }
 
@@ -188,8 +185,7 @@ int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err) {
                         st_config_where(cfg, "fabric.kind"), cfg->fabric.kind);
   }
   if (rc) return rc;
-  if (f->kind == ST_FABRIC_CPU || strcmp(f->name, "wse2") == 0)
-    apply_overrides(f, cfg);
+  apply_overrides(f, cfg);
   if ((rc = positive(cfg, "fabric.pe_flops", f->pe_flops, err)) ||
       (rc = positive(cfg, "fabric.pe_memory", f->pe_memory, err)) ||
       (rc = positive(cfg, "fabric.link_bandwidth", f->link_bandwidth, err)))

@@ -760,6 +760,9 @@ static const range ranges[] = {
     AT_LEAST("execution.compute_memory_limit", 0),
     AT_LEAST("optimizer.reference_batch", 0),
     AT_LEAST("fabric.cores", 0),
+    AT_LEAST("fabric.pe_flops", 0),
+    AT_LEAST("fabric.pe_memory", 0),
+    AT_LEAST("fabric.link_bandwidth", 0),
     AT_LEAST("metrics.log_every", 1),
 };
 

@@ -237,16 +237,19 @@ const st_config_key st_config_schema[] = {
     INT(fabric, cores, "0", "cpu: cores to use (0 = detected)"),
     INT(fabric, width, "0", "mesh: PEs across"),
     INT(fabric, height, "0", "mesh: PEs down"),
-    FLOAT(fabric, pe_flops, "2.2e9",
-          "mesh: FLOP/s of one PE (default: a WSE-2 PE, fp32, assumed); "
-          "set, it overrides the cpu and wse2 figures too"),
-    INT64(fabric, pe_memory, "47058",
-          "mesh: bytes of one PE (default: WSE-2, 40 GB / 850,000); set, it "
-          "overrides the cpu and wse2 figures too"),
-    FLOAT(fabric, link_bandwidth, "4.04e9",
-          "mesh: bytes/s of one PE-to-PE link, one way (default: WSE-2, "
-          "220 Pb/s over 850,000 PEs x 8); cpu: stage-to-stage copy; set, "
-          "it overrides the built-in figures"),
+    FLOAT(fabric, pe_flops, "0",
+          "FLOP/s of one PE or core; 0 = the fabric's own figure (cpu: "
+          "calibrated or estimated; mesh and wse2: a WSE-2 PE, 2.2e9 fp32, "
+          "assumed); > 0 overrides it on every fabric"),
+    INT64(fabric, pe_memory, "0",
+          "bytes of one PE or core; 0 = the fabric's own figure (cpu: RAM "
+          "over the cores; mesh and wse2: a WSE-2 PE, 40 GB / 850,000 = "
+          "47058); > 0 overrides it on every fabric"),
+    FLOAT(fabric, link_bandwidth, "0",
+          "bytes/s of one PE-to-PE link, one way (cpu: a stage-to-stage "
+          "copy); 0 = the fabric's own figure (mesh and wse2: a WSE-2 link, "
+          "220 Pb/s over 850,000 PEs x 8 = 4.04e9); > 0 overrides it on every "
+          "fabric"),
 
     INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
     ENUM(metrics, progress, "auto", progress_modes,

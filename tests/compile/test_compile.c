@@ -546,10 +546,13 @@ static void test_fabrics(void) {
   st_config_defaults(&cfg);
   CHECK(st_fabric_parse(&cfg, "mesh:12x7", &err) == 0, "%s", err.msg);
   CHECK(st_fabric_resolve(&f, &cfg, &err) == 0, "%s", err.msg);
-  CHECK(f.width == 12 && f.height == 7 && f.pes == 84 &&
-            f.pe_flops == cfg.fabric.pe_flops &&
-            f.pe_memory == (double)cfg.fabric.pe_memory,
-        "mesh:12x7 from the keys");
+  CHECK(f.width == 12 && f.height == 7 && f.pes == 84 && f.pe_flops == 2.2e9 &&
+            fabs(f.pe_memory * 850000 - 40e9) <= 40e9 * 1e-12,
+        "mesh:12x7 of WSE-2 PEs by default");
+  set(&cfg, "fabric.pe_memory=65536");
+  CHECK(st_fabric_resolve(&f, &cfg, &err) == 0 && f.pe_memory == 65536 &&
+            f.pe_flops == 2.2e9,
+        "mesh:12x7 with fabric.pe_memory given");
   CHECK(!strcmp(st_config_where(&cfg, "fabric.width"), "--set"),
         "--fabric is recorded like --set");
 

@@ -13,6 +13,7 @@
 
 #include "../../src/config/schema.h" /* only for the docs sync check */
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <string.h>
@@ -268,9 +269,9 @@ static void test_defaults(void) {
   CHECK(c.execution.micro_batch == 0, "execution.micro_batch");
   CHECK(!strcmp(c.fabric.kind, "cpu") && c.fabric.cores == 0, "fabric");
   CHECK(c.fabric.width == 0 && c.fabric.height == 0, "fabric mesh size");
-  CHECK(c.fabric.pe_flops == 2.2e9f && c.fabric.pe_memory == 47058 &&
-            c.fabric.link_bandwidth == 4.04e9f,
-        "fabric per-PE figures");
+  CHECK(c.fabric.pe_flops == 0 && c.fabric.pe_memory == 0 &&
+            c.fabric.link_bandwidth == 0,
+        "fabric per-PE figures: 0, the fabric's own");
   CHECK(c.metrics.log_every == 50, "metrics.log_every");
   CHECK(!strcmp(c.metrics.progress, "auto"), "metrics.progress");
 
@@ -921,6 +922,72 @@ static void test_docs_in_sync(void) {
   free(table);
 }
 
+
+/* A run writes its resolved config as config.yaml; loading that file back
+ * must give the run's config, in every mode, for every shipped config — and
+ * the same behaviour where a key's value alone should decide it: the fabric
+ * the compiler plans on, the keys a mode ignores, validation. Before, every
+ * written key counted as set, so the written fabric.pe_* figures replaced a
+ * cpu fabric's and `compile D/config.yaml` planned on 47 KB cores. */
+static void test_shipped_round_trip(void) {
+  static const char *const dirs[] = {"configs", "../../../configs",
+                                     "../../../../configs"};
+  static const char *const modes[] = {"sequential",         "pipeline",
+                                      "block_sequential",   "pipelined_backprop",
+                                      "weight_streaming"};
+  DIR *d = NULL;
+  const char *dir = dirs[0];
+  for (int i = 0; i < 3 && !d; i++) d = opendir(dir = dirs[i]);
+  CHECK(d != NULL, "cannot open configs/ (run from the repository root)");
+  if (!d) return;
+  int files = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    if (n < 6 || strcmp(e->d_name + n - 5, ".yaml")) continue;
+    files++;
+    char path[512], set[64];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    for (int m = 0; m < 5; m++) {
+      st_config a, b;
+      st_error err = {0}, err_b = {0};
+      st_config_defaults(&a);
+      int rc = st_config_load(&a, path, &err);
+      snprintf(set, sizeof set, "execution.mode=%s", modes[m]);
+      if (!rc) rc = st_config_set(&a, set, &err);
+      CHECK(rc == 0, "%s: %s", path, err.msg);
+      if (rc) continue;
+      char *text = capture(write_config, &a);
+      char tmp[64];
+      st_config_defaults(&b);
+      rc = load_text(&b, text, tmp, &err);
+      CHECK(rc == 0 && same_settings(&a, &b), "%s (%s): written and read back "
+            "differs: %s", path, modes[m], err.msg);
+      int va = st_config_validate(&a, &err), vb = st_config_validate(&b, &err_b);
+      CHECK(va == vb, "%s (%s): validates %d, its written config %d", path,
+            modes[m], va, vb);
+      const char *ua[32], *ub[32];
+      int na = st_config_unused(&a, ua, 32), nb = st_config_unused(&b, ub, 32);
+      int same_unused = na == nb;
+      for (int i = 0; same_unused && i < na && i < 32; i++)
+        same_unused = !strcmp(ua[i], ub[i]);
+      CHECK(same_unused, "%s (%s): %d unused keys, written config %d", path,
+            modes[m], na, nb);
+      st_fabric fa, fb;
+      st_error ea = {0}, eb = {0};
+      int ra = st_fabric_resolve(&fa, &a, &ea),
+          rb = st_fabric_resolve(&fb, &b, &eb);
+      CHECK(ra == rb && (ra || memcmp(&fa, &fb, sizeof fa) == 0),
+            "%s (%s): the fabric resolves differently from the written "
+            "config: %s pe_memory %g / %s pe_memory %g",
+            path, modes[m], fa.name, fa.pe_memory, fb.name, fb.pe_memory);
+      free(text);
+    }
+  }
+  closedir(d);
+  CHECK(files >= 10, "only %d configs found in %s", files, dir);
+}
+
 /* The fabric kinds the compiler knows; anything else is refused here. */
 static void test_fabric_kinds(void) {
   const char *ok[] = {"fabric.kind=cpu", "fabric.kind=mesh",
@@ -948,6 +1015,7 @@ int main(void) {
   test_full_file();
   test_partial_and_empty_files();
   test_round_trip();
+  test_shipped_round_trip();
   test_set();
   test_set_errors();
   test_load_errors();
