@@ -570,7 +570,14 @@ static int load_stream(st_config *cfg, yaml_parser_t *parser, const source *src,
   return rc;
 }
 
-static FILE *open_config(const char *path, st_error *err) {
+/* What a config may be before libyaml sees it: its parser is quadratic in
+ * the nesting depth (100,000 '[' took 47 s) and holds a whole flow list in
+ * memory (50 MB of it took 1.7 GB), and a strata config is 3 levels deep
+ * and a few KB. */
+enum { CONFIG_MAX_BYTES = 16 << 20, CONFIG_MAX_DEPTH = 64 };
+
+/* The whole file, NUL-terminated, at most CONFIG_MAX_BYTES. */
+static char *read_config(const char *path, size_t *len, st_error *err) {
   FILE *f = fopen(path, "rb");
   if (!f) {
     st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
@@ -582,7 +589,92 @@ static FILE *open_config(const char *path, st_error *err) {
     st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(EISDIR));
     return NULL;
   }
-  return f;
+  /* a pipe or a device has no size: read one byte past the limit */
+  char *buf = malloc(CONFIG_MAX_BYTES + 2);
+  size_t n = buf ? fread(buf, 1, CONFIG_MAX_BYTES + 1, f) : 0;
+  int failed = buf && ferror(f) ? errno : 0;
+  fclose(f);
+  if (!buf) {
+    st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  } else if (failed) {
+    st_error_set(err, ST_EIO, "%s: cannot read: %s", path, strerror(failed));
+  } else if (n > CONFIG_MAX_BYTES) {
+    st_error_set(err, ST_ECONFIG,
+                 "%s: larger than the %d MiB a config may be (%lld bytes); "
+                 "refused before parsing",
+                 path, CONFIG_MAX_BYTES >> 20,
+                 S_ISREG(st.st_mode) ? (long long)st.st_size : (long long)n);
+  } else {
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+  }
+  free(buf);
+  return NULL;
+}
+
+/* Refuses text nested deeper than CONFIG_MAX_DEPTH, counted without a
+ * parser: open flow brackets outside quotes and comments, plus the block
+ * levels (indentation, and each "- " of a compact sequence) of the lines
+ * that start outside brackets. It may overcount odd but valid YAML (a
+ * block scalar indented ever deeper), never a config of strata's keys. */
+static int check_nesting(const char *text, size_t len, const char *path,
+                         st_error *err) {
+  int indent[CONFIG_MAX_DEPTH + 2], blocks = 0, flow = 0, line = 1;
+  size_t i = 0;
+  while (i < len) {
+    size_t start = i;
+    if (flow == 0) { /* a line's block levels */
+      int col = 0;
+      while (i < len && text[i] == ' ') i++, col++;
+      if (i < len && text[i] != '\n' && text[i] != '#' && text[i] != '\r') {
+        for (;;) {
+          while (blocks > 0 && indent[blocks - 1] > col) blocks--;
+          if (blocks == 0 || indent[blocks - 1] < col) {
+            if (blocks > CONFIG_MAX_DEPTH) break;
+            indent[blocks++] = col;
+          }
+          if (text[i] != '-' || i + 1 >= len ||
+              (text[i + 1] != ' ' && text[i + 1] != '\t'))
+            break;
+          for (i++, col++; i < len && (text[i] == ' ' || text[i] == '\t');)
+            i++, col++; /* "- - x": each dash one level deeper */
+        }
+      }
+    }
+    char quote = 0;
+    for (; i < len && text[i] != '\n'; i++) {
+      char c = text[i];
+      if (quote) {
+        if (c == '\\' && quote == '"' && i + 1 < len && text[i + 1] != '\n')
+          i++;
+        else if (c == quote)
+          quote = 0;
+      } else if (c == '"' || c == '\'') {
+        quote = c;
+      } else if (c == '#' &&
+                 (i == start || text[i - 1] == ' ' || text[i - 1] == '\t')) {
+        while (i < len && text[i] != '\n') i++;
+        break;
+      } else if (c == '[' || c == '{') {
+        flow++;
+      } else if ((c == ']' || c == '}') && flow > 0) {
+        flow--;
+      }
+      if (blocks + flow > CONFIG_MAX_DEPTH)
+        return st_error_set(err, ST_ECONFIG,
+                            "%s:%d:%d: nested deeper than %d levels (a config "
+                            "needs 3); refused before parsing",
+                            path, line, (int)(i - start) + 1, CONFIG_MAX_DEPTH);
+    }
+    if (blocks > CONFIG_MAX_DEPTH)
+      return st_error_set(err, ST_ECONFIG,
+                          "%s:%d:1: nested deeper than %d levels (a config "
+                          "needs 3); refused before parsing",
+                          path, line, CONFIG_MAX_DEPTH);
+    i++, line++;
+  }
+  return 0;
 }
 
 /* Starts from the defaults; cfg is replaced only if the whole file is
@@ -596,19 +688,21 @@ int st_config_load(st_config *cfg, const char *path, st_error *err) {
                         "%d characters",
                         path, ST_PATH_MAX - 1);
   strcpy(next.path, path);
-  FILE *f = open_config(path, err);
-  if (!f) return ST_EIO;
+  size_t len = 0;
+  char *text = read_config(path, &len, err);
+  if (!text) return err->code;
   yaml_parser_t parser;
-  int rc;
-  if (!yaml_parser_initialize(&parser)) {
+  int rc = check_nesting(text, len, path, err);
+  if (rc) {
+  } else if (!yaml_parser_initialize(&parser)) {
     rc = st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   } else {
-    yaml_parser_set_input_file(&parser, f);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     source src = {path, NULL};
     rc = load_stream(&next, &parser, &src, err);
     yaml_parser_delete(&parser);
   }
-  fclose(f);
+  free(text);
   if (!rc) memcpy(cfg, &next, sizeof next);
   return rc;
 }

@@ -722,6 +722,72 @@ static void test_load_errors(void) {
              "%s:2:9: YAML syntax error: found undefined alias");
 }
 
+/* Text a config never is, refused before libyaml (quadratic in depth) sees
+ * it: nesting past 64 levels, files past 16 MiB. */
+static void test_limits(void) {
+  enum { DEEP = 100000 };
+  char *text = malloc(DEEP * 4 + 64);
+  memset(text, '[', DEEP);
+  text[DEEP] = '\0';
+  LOAD_ERROR(text, "%s:1:64: nested deeper than 64 levels (a config needs "
+                   "3); refused before parsing");
+  /* a deep block mapping: "a:\n b:\n  c:..." */
+  size_t n = 0;
+  for (int i = 0; i < 70; i++) {
+    memset(text + n, ' ', (size_t)i);
+    n += (size_t)i;
+    n += (size_t)sprintf(text + n, "k%d:\n", i);
+  }
+  text[n] = '\0';
+  LOAD_ERROR(text, "%s:65:65: nested deeper than 64 levels (a config needs "
+                   "3); refused before parsing");
+  /* a compact sequence, each "- " one level deeper */
+  n = 0;
+  n += (size_t)sprintf(text, "model:\n  hidden:\n");
+  for (int i = 0; i < 70; i++) n += (size_t)sprintf(text + n, "- ");
+  sprintf(text + n, "1\n");
+  LOAD_ERROR(text, "%s:3:131: nested deeper than 64 levels (a config needs "
+                   "3); refused before parsing");
+  /* brackets in comments and quoted strings do not count; a flow list 60
+   * deep inside a mapping is under the limit (and then a wrong type) */
+  n = (size_t)sprintf(text, "# %s\ndata:\n  dir: \"", "[[[[[[[[[[[[[[[[");
+  for (int i = 0; i < 80; i++) text[n++] = '[';
+  n += (size_t)sprintf(text + n, "\\\"'[\"  # [[[[[[[[[[[[[[[[[[[[[[[[[[[\n");
+  text[n] = '\0';
+  st_config c;
+  st_error err = {0};
+  char path[64];
+  st_config_defaults(&c);
+  CHECK(load_text(&c, text, path, &err) == 0 && strlen(c.data.dir) == 83 &&
+            !strcmp(c.data.dir + 80, "\"'["),
+        "brackets in strings and comments: %s ('%s')", err.msg, c.data.dir);
+  n = (size_t)sprintf(text, "model:\n  hidden: ");
+  for (int i = 0; i < 60; i++) text[n++] = '[';
+  text[n++] = '1';
+  for (int i = 0; i < 60; i++) text[n++] = ']';
+  sprintf(text + n, "\n");
+  st_config_defaults(&c);
+  int rc = load_text(&c, text, path, &err);
+  CHECK(rc == ST_ECONFIG && !strstr(err.msg, "nested deeper"),
+        "62 levels are parsed (and refused as a type): %s", err.msg);
+  free(text);
+
+  /* 16 MiB and one byte: refused, naming the size */
+  strcpy(path, "/tmp/strata_cfg_XXXXXX");
+  int fd = mkstemp(path);
+  CHECK(fd >= 0 && ftruncate(fd, (16 << 20) + 1) == 0, "a large file");
+  close(fd);
+  char want[160];
+  snprintf(want, sizeof want,
+           "%s: larger than the 16 MiB a config may be (16777217 bytes); "
+           "refused before parsing",
+           path);
+  st_config_defaults(&c);
+  rc = st_config_load(&c, path, &err);
+  CHECK(rc == ST_ECONFIG && !strcmp(err.msg, want), "got '%s'", err.msg);
+  unlink(path);
+}
+
 static void test_open_errors(void) {
   st_config c, before;
   st_error err = {0};
@@ -922,7 +988,6 @@ static void test_docs_in_sync(void) {
   free(table);
 }
 
-
 /* A run writes its resolved config as config.yaml; loading that file back
  * must give the run's config, in every mode, for every shipped config — and
  * the same behaviour where a key's value alone should decide it: the fabric
@@ -932,8 +997,8 @@ static void test_docs_in_sync(void) {
 static void test_shipped_round_trip(void) {
   static const char *const dirs[] = {"configs", "../../../configs",
                                      "../../../../configs"};
-  static const char *const modes[] = {"sequential",         "pipeline",
-                                      "block_sequential",   "pipelined_backprop",
+  static const char *const modes[] = {"sequential", "pipeline",
+                                      "block_sequential", "pipelined_backprop",
                                       "weight_streaming"};
   DIR *d = NULL;
   const char *dir = dirs[0];
@@ -961,9 +1026,12 @@ static void test_shipped_round_trip(void) {
       char tmp[64];
       st_config_defaults(&b);
       rc = load_text(&b, text, tmp, &err);
-      CHECK(rc == 0 && same_settings(&a, &b), "%s (%s): written and read back "
-            "differs: %s", path, modes[m], err.msg);
-      int va = st_config_validate(&a, &err), vb = st_config_validate(&b, &err_b);
+      CHECK(rc == 0 && same_settings(&a, &b),
+            "%s (%s): written and read back "
+            "differs: %s",
+            path, modes[m], err.msg);
+      int va = st_config_validate(&a, &err),
+          vb = st_config_validate(&b, &err_b);
       CHECK(va == vb, "%s (%s): validates %d, its written config %d", path,
             modes[m], va, vb);
       const char *ua[32], *ub[32];
@@ -1019,6 +1087,7 @@ int main(void) {
   test_set();
   test_set_errors();
   test_load_errors();
+  test_limits();
   test_open_errors();
   test_validate();
   test_schema_print();
