@@ -95,13 +95,13 @@ deps:
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	$(BUILD)/strata train configs/fc_mnist.yaml --out runs/demo
+	$(BUILD)/strata train configs/fc_mnist.yaml --out runs/demo --overwrite
 
 # gpt_tiny on the `fortunes` package's cookie file: validation loss, then a
 # sample from the final checkpoint.
 demo-gpt: deps
 	@$(MAKE) --no-print-directory all
-	$(BUILD)/strata train configs/gpt_tiny.yaml --out runs/demo-gpt
+	$(BUILD)/strata train configs/gpt_tiny.yaml --out runs/demo-gpt --overwrite
 	@ck=$$(ls -1 runs/demo-gpt/checkpoints/step-*.safetensors | tail -n 1); \
 	echo "$(BUILD)/strata generate configs/gpt_tiny.yaml --checkpoint $$ck --prompt 'The '"; \
 	$(BUILD)/strata generate configs/gpt_tiny.yaml --checkpoint $$ck --prompt 'The ' --tokens 300

@@ -911,6 +911,32 @@ int st_write_stream_atomic(FILE *f, char **text, size_t *len, const char *path,
  * include_last (else path names a file to come). */
 int st_mkdir_p(const char *path, int include_last, st_error *err);
 
+/* A run's directory (io/rundir.c). The step numbers of
+ * DIR/checkpoints/step-*.safetensors, ascending, in a malloc'ed *steps;
+ * returns how many (0: none, or no such folder), -1 on error. */
+int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err);
+/* DIR/checkpoints/step-NNNNNNNN.safetensors; -1 if it does not fit. */
+int st_run_checkpoint_path(const char *dir, int64_t step, char *out,
+                           size_t cap);
+/* Removes all but the newest `keep` checkpoints, whatever was left before. */
+int st_run_prune(const char *dir, int keep, st_error *err);
+/* Removes the temp files (NAME.tmp.PID) that writes of processes no longer
+ * running left in DIR and DIR/checkpoints; returns how many. */
+int st_run_clean_tmp(const char *dir);
+/* 1 when DIR holds work of an earlier run that a new run would overwrite
+ * (checkpoints, the store at `store` when given, logged metrics, a
+ * summary), described in `what`; 0 for none (at most a config.yaml and a
+ * plan: a run that never took a step). */
+int st_run_describe(const char *dir, const char *store, char *what, size_t cap);
+/* Removes the files of a run from DIR (--overwrite): its checkpoints,
+ * config.yaml, metrics.jsonl, summary.json, plan.json, plan.svg and the
+ * store at `store` when given. Other files are left alone. */
+int st_run_remove(const char *dir, const char *store, st_error *err);
+/* Makes DIR/checkpoints (refusing a file in the way), checks both can be
+ * written, and removes stale temp files: before the first step, not at the
+ * first checkpoint. */
+int st_run_prepare(const char *dir, st_error *err);
+
 /* A trace of a run (`strata train --trace FILE`): timed spans on tracks,
  * one track per stage and replica, written as Chrome trace-event JSON
  * (opens in Perfetto or chrome://tracing). Each track has a fixed number
@@ -1369,8 +1395,21 @@ int st_trainer_step(st_trainer *t, double *loss, st_error *err);
  * anything but logging the loss and position. */
 int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
                           st_error *err);
+/* 1 while a step that st_trainer_step_ahead started ahead is running: the
+ * next st_trainer_step_ahead call completes it. */
+int st_trainer_in_flight(const st_trainer *t);
 /* The whole run: steps, evaluation, metrics, checkpoints, progress, summary. */
 int st_trainer_run(st_trainer *t, st_error *err);
+/* Asks a running st_trainer_run to stop once its current step is done: it
+ * writes a checkpoint (or commits the store) and summary.json (marked
+ * "interrupted") and returns 0. Async-signal-safe, for a SIGINT or SIGTERM
+ * handler; `signo` names the cause. Returns the signal asked for before
+ * (0: none), so a second one can exit at once. Over MPI ranks, any rank
+ * asked stops every rank at the same step. */
+int st_run_request_stop(int signo);
+/* The signal the last st_trainer_run stopped for (the largest number any
+ * rank was asked with), or 0 if it ran to its end. */
+int st_run_stopped_by(void);
 /* Loss and accuracy over the test set. */
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err);

@@ -317,10 +317,10 @@ if ldd "$build/strata" | grep -q libmpi && command -v mpirun >/dev/null; then
     local n=$1
     shift
     if [ "$n" -eq 0 ]; then
-      "$build/strata" train configs/cnn_fmnist.yaml "${dp[@]}" "$@" --out "$tmp/dp" 2>/dev/null
+      "$build/strata" train configs/cnn_fmnist.yaml "${dp[@]}" "$@" --out "$tmp/dp" --overwrite 2>/dev/null
     else
       mpirun --allow-run-as-root --oversubscribe -np "$n" "$build/strata" train \
-        configs/cnn_fmnist.yaml "${dp[@]}" "$@" --out "$tmp/dp" 2>/dev/null
+        configs/cnn_fmnist.yaml "${dp[@]}" "$@" --out "$tmp/dp" --overwrite 2>/dev/null
     fi | sed -n 's/^strata: training rate: measured \([0-9]*\) samples.*/\1/p'
   }
   tmp=$(mktemp -d)
@@ -360,11 +360,11 @@ if ldd "$build/strata" | grep -q libmpi && command -v mpirun >/dev/null; then
     shift
     if [ "$n" -eq 0 ]; then
       "$build/strata" train configs/cnn_fmnist.yaml "${pl[@]}" "$@" --set train.threads=2 \
-        --out "$tmp/pl" 2>/dev/null
+        --out "$tmp/pl" --overwrite 2>/dev/null
     else
       mpirun --allow-run-as-root --oversubscribe -np "$n" "$build/strata" train \
         configs/cnn_fmnist.yaml "${pl[@]}" "$@" --set train.threads=1 \
-        --set execution.placement=ranks --out "$tmp/pl" 2>/dev/null
+        --set execution.placement=ranks --out "$tmp/pl" --overwrite 2>/dev/null
     fi | sed -n 's/^strata: training rate: measured \([0-9]*\) samples.*/\1/p'
   }
   tmp=$(mktemp -d)

@@ -6,9 +6,10 @@
 #include "strata.h"
 #include "cli.h"
 
-#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -17,7 +18,7 @@
 typedef struct args {
   const char *config, *out, *resume, *checkpoint, *trace;
   const char *sets[ST_CLI_MAX_SETS];
-  int n_sets, help;
+  int n_sets, help, overwrite;
 } args;
 
 static const char *usage_main =
@@ -44,7 +45,7 @@ static const char *usage_main =
 
 static const char *usage_train =
     "usage: strata train CONFIG [--set key.path=value ...] [--out DIR]\n"
-    "                    [--resume DIR] [--trace FILE]\n"
+    "                    [--resume DIR | --overwrite] [--trace FILE]\n"
     "\n"
     "Trains the model of CONFIG and writes to DIR (default runs/<config "
     "name>):\n"
@@ -58,11 +59,16 @@ static const char *usage_train =
     "options:\n"
     "  --set KEY=VALUE  override a config key, e.g. --set train.batch=64,\n"
     "                   --set model.hidden=[512,512]; repeatable\n"
-    "  --out DIR        output directory\n"
+    "  --out DIR        output directory; one that holds an earlier run "
+    "(its\n"
+    "                   checkpoints, store, metrics or summary) is refused\n"
     "  --resume DIR     continue the run in DIR from its newest checkpoint\n"
     "                   (bit-identical to an uninterrupted run); CONFIG may "
     "be\n"
     "                   '-' to reuse DIR/config.yaml\n"
+    "  --overwrite      remove the earlier run's files in DIR first, so "
+    "nothing\n"
+    "                   of two runs mixes\n"
     "  --trace FILE     write a Chrome trace-event JSON of the run (open it "
     "in\n"
     "                   Perfetto or chrome://tracing): one track per stage "
@@ -112,11 +118,14 @@ static const char *usage_inspect =
 
 /* Parses options after the command; positional goes to a->config. */
 static int parse_args(int argc, char **argv, args *a, const char *usage) {
-  const st_cli_option options[] = {{"--out", &a->out, NULL},
-                                   {"--resume", &a->resume, NULL},
-                                   {"--checkpoint", &a->checkpoint, NULL},
-                                   {"--trace", &a->trace, NULL},
-                                   {NULL, NULL, NULL}};
+  /* --overwrite: train's alone */
+  const st_cli_option options[] = {
+      {"--out", &a->out, NULL},
+      {"--resume", &a->resume, NULL},
+      {"--checkpoint", &a->checkpoint, NULL},
+      {"--trace", &a->trace, NULL},
+      {usage == usage_train ? "--overwrite" : NULL, NULL, &a->overwrite},
+      {NULL, NULL, NULL}};
   const st_cli_spec spec = {usage,   options,    {&a->config, NULL},
                             a->sets, &a->n_sets, &a->help};
   return st_cli_parse(argc, argv, &spec);
@@ -137,29 +146,64 @@ static int load_config(st_config *cfg, const args *a, st_error *err) {
   return rc;
 }
 
-/* Newest DIR/checkpoints/step-*.safetensors, by step number. */
+/* Newest DIR/checkpoints/step-*.safetensors, by step number; "" if none. */
 static int newest_checkpoint(const char *dir, char *out, size_t cap,
                              st_error *err) {
-  char ck[ST_PATH_MAX + 16];
-  snprintf(ck, sizeof ck, "%s/checkpoints", dir);
-  DIR *d = opendir(ck);
-  if (!d)
-    return st_error_set(err, ST_EIO, "%s: cannot open: no run to resume", ck);
-  long long best = -1;
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    long long step;
-    char tail[32];
-    if (sscanf(e->d_name, "step-%lld.%31s", &step, tail) == 2 &&
-        strcmp(tail, "safetensors") == 0 && step > best)
-      best = step;
-  }
-  closedir(d);
-  if (best < 0)
-    return st_error_set(
-        err, ST_EIO, "%s: no step-*.safetensors checkpoint to resume from", ck);
-  snprintf(out, cap, "%s/step-%08lld.safetensors", ck, best);
+  int64_t *steps;
+  int n = st_run_checkpoints(dir, &steps, err);
+  out[0] = '\0';
+  if (n < 0) return err->code;
+  if (n > 0) st_run_checkpoint_path(dir, steps[n - 1], out, cap);
+  free(steps);
   return 0;
+}
+
+/* Whether DIR may take this run: a fresh one must not overwrite an earlier
+ * run's work unless told to (--overwrite, which removes it first); a
+ * resumed one needs the run's config.yaml. The filesystem root is refused. */
+static int check_out(const char *dir, const args *a, const char *store,
+                     st_error *err) {
+  char real[PATH_MAX], what[256], path[ST_PATH_MAX + 16];
+  if (realpath(dir, real) && strcmp(real, "/") == 0)
+    return st_error_set(err, ST_EARG,
+                        "%s: the filesystem root cannot hold a run; give "
+                        "--out DIR",
+                        dir);
+  if (a->resume) {
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    if (access(path, F_OK) != 0)
+      return st_error_set(err, ST_EIO, "%s: cannot open: no run to resume",
+                          path);
+    return 0;
+  }
+  if (!st_run_describe(dir, store, what, sizeof what)) return 0;
+  if (!a->overwrite)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: holds an earlier run (%s): --resume %s "
+                        "continues it, --overwrite replaces it, or give "
+                        "another --out",
+                        dir, what, dir);
+  int rc = st_run_remove(dir, store, err);
+  if (!rc)
+    printf("strata: --overwrite: removed the earlier run in %s (%s)\n", dir,
+           what);
+  return rc;
+}
+
+/* DIR/config.yaml, the config as given (before the trainer rescales the
+ * optimizer for optimizer.reference_batch): `--resume DIR -` and
+ * `compile DIR/config.yaml` read it back as this run's config. Makes DIR
+ * and DIR/checkpoints, refusing what is in their way. */
+static int write_config(const char *dir, const st_config *cfg, st_error *err) {
+  int rc = st_run_prepare(dir, err);
+  if (rc) return rc;
+  char path[ST_PATH_MAX + 16], *text = NULL;
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/config.yaml", dir);
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return st_error_set(err, ST_ENOMEM, "out of memory");
+  st_config_write(cfg, f);
+  return st_write_stream_atomic(f, &text, &len, path, err);
 }
 
 /* Compiles cfg and writes DIR/plan.json and DIR/plan.svg; prints one line. */
@@ -169,12 +213,15 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
   snprintf(json, sizeof json, "%s/plan.json", dir);
   snprintf(svg, sizeof svg, "%s/plan.svg", dir);
   int rc = st_plan_compile(plan, cfg, stages, err);
-  if (!rc) rc = st_plan_write_json(*plan, json, err);
+  if (rc) return rc;
+  /* a plan that cannot be made is reported; one that cannot be written
+   * stops the run, like any output file (ST_EIO) */
+  rc = st_plan_write_json(*plan, json, err);
   if (!rc) rc = st_plan_write_svg(*plan, svg, err);
   if (rc) {
     st_plan_destroy(*plan);
     *plan = NULL;
-    return rc;
+    return ST_EIO;
   }
   printf("strata: plan: %d stage%s on %s; wrote %s and plan.svg\n",
          (*plan)->n_stages, (*plan)->n_stages == 1 ? "" : "s",
@@ -286,6 +333,16 @@ static void print_stages(const st_trainer *t, const st_config *c,
   }
 }
 
+/* The first SIGINT or SIGTERM asks the run to stop after its step; the
+ * second takes the signal's own action (the process ends; what was written
+ * is whole: every write is atomic). */
+static void on_stop(int sig) {
+  if (st_run_request_stop(sig)) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
 static int cmd_train(int argc, char **argv) {
   args a = {0};
   int rc = parse_args(argc, argv, &a, usage_train);
@@ -300,6 +357,12 @@ static int cmd_train(int argc, char **argv) {
     return st_cli_usage_error(usage_train, "train needs a CONFIG%s", "");
   st_error err = {0};
   st_config cfg;
+  /* SIGINT, SIGTERM: the run stops after its step with a checkpoint; a
+   * second one ends the process at once (on_stop) */
+  struct sigaction sa = {.sa_handler = on_stop, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   /* over ranks the same config fails the same way on each: said once */
   if (st_dist_agree(load_config(&cfg, &a, &err), &err))
     return st_cli_fail(&err);
@@ -312,35 +375,56 @@ static int cmd_train(int argc, char **argv) {
             "ignored\n",
             st_config_where(&cfg, unused[i]), unused[i], cfg.execution.mode);
   char out[ST_PATH_MAX];
-  if (a.resume)
-    snprintf(out, sizeof out, "%s", a.resume);
-  else if (a.out)
-    snprintf(out, sizeof out, "%s", a.out);
+  const char *given = a.resume ? a.resume : a.out;
+  if (a.resume && a.overwrite)
+    return st_cli_usage_error(usage_train,
+                              "--overwrite replaces a run and --resume "
+                              "continues one: give one of the two%s",
+                              "");
+  if (given && !given[0])
+    return st_cli_usage_error(usage_train, "%s: an empty path is no directory",
+                              a.resume ? "--resume" : "--out");
+  if (given)
+    snprintf(out, sizeof out, "%s", given);
   else
     st_cli_default_out(out, sizeof out, a.config);
-  /* A mistyped --resume fails here, before data is loaded or DIR made. A
-   * file store is the run's checkpoint: resumed from, never overwritten. */
-  char ck[ST_PATH_MAX + 64];
+  /* The run's directory, checked before anything is loaded or made: rank 0
+   * decides (it writes the files) and every rank learns the outcome. A file
+   * store is the run's checkpoint: resumed from, never overwritten. */
   st_config kept = cfg;
   int stored = st_store_resolve(&kept, out);
+  const char *store = stored ? kept.execution.store_path : NULL;
+  int speaks = st_dist_rank() == 0;
+  if (st_dist_agree(speaks ? check_out(out, &a, store, &err) : 0, &err))
+    return st_cli_fail(&err);
+  /* --resume of a run killed before its first checkpoint: from step 0 */
+  char ck[ST_PATH_MAX + 64] = "";
   struct stat sb;
-  int have_store = stored && stat(kept.execution.store_path, &sb) == 0;
-  if (stored && a.resume && !have_store) {
-    st_error_set(&err, ST_EIO, "%s: no store to resume from",
-                 kept.execution.store_path);
+  if (a.resume && !stored &&
+      st_dist_agree(newest_checkpoint(out, ck, sizeof ck, &err), &err))
     return st_cli_fail(&err);
+  int fresh_resume =
+      a.resume && (stored ? stat(store, &sb) != 0 : ck[0] == '\0');
+  /* the trace is written at the end: its folder is checked now */
+  if (a.trace && speaks) {
+    char folder[ST_PATH_MAX];
+    snprintf(folder, sizeof folder, "%s", a.trace);
+    char *slash = strrchr(folder, '/');
+    if (slash) *slash = '\0';
+    const char *where = !slash ? "." : folder[0] ? folder : "/";
+    rc = access(where, W_OK | X_OK)
+             ? st_error_set(&err, ST_EIO, "%s: cannot write: %s", a.trace,
+                            strerror(errno))
+             : 0;
   }
-  if (have_store && !a.resume) {
-    st_error_set(&err, ST_ECONFIG,
-                 "%s: the store of an earlier run is there: --resume %s "
-                 "continues it; remove it to start over",
-                 kept.execution.store_path, out);
-    return st_cli_fail(&err);
-  }
-  if (a.resume && !stored && newest_checkpoint(a.resume, ck, sizeof ck, &err))
+  if (st_dist_agree(rc, &err)) return st_cli_fail(&err);
+  /* A fresh run's config.yaml comes first, so a kill at any later moment
+   * leaves a directory that --resume continues (a resumed run rewrites it
+   * once its checkpoint has been checked against the config). */
+  if (!a.resume &&
+      st_dist_agree(speaks ? write_config(out, &cfg, &err) : 0, &err))
     return st_cli_fail(&err);
   /* Over MPI ranks, rank 0 alone prints and writes the run's files. */
-  int speaks = st_dist_rank() == 0;
   if (!speaks && !freopen("/dev/null", "w", stdout)) {
     st_error_set(&err, ST_EIO, "/dev/null: %s", strerror(errno));
     return st_cli_fail(&err);
@@ -369,7 +453,11 @@ static int cmd_train(int argc, char **argv) {
            (double)cfg.optimizer.momentum, each, each == 1 ? "" : "s",
            (double)run->optimizer.lr, (double)run->optimizer.momentum);
   }
-  if (a.resume && stored) {
+  if (fresh_resume) {
+    printf("strata: %s: no checkpoint yet (the run stopped before its "
+           "first); starting at step 0\n",
+           out);
+  } else if (a.resume && stored) {
     printf("strata: resumed from the store %s at step %lld\n",
            kept.execution.store_path, (long long)st_trainer_pos(t)->step);
   } else if (a.resume) {
@@ -381,9 +469,12 @@ static int cmd_train(int argc, char **argv) {
     printf("strata: resumed from %s at step %lld\n", ck,
            (long long)st_trainer_pos(t)->step);
   }
-  /* over MPI ranks: every rank resumed from the same step */
+  /* over MPI ranks: every rank resumed from the same step; the config
+   * that continues the run is its config.yaml from here on */
   if (st_dist_check_same((uint64_t)st_trainer_pos(t)->step, "step resumed from",
-                         &err)) {
+                         &err) ||
+      (a.resume &&
+       st_dist_agree(speaks ? write_config(out, &cfg, &err) : 0, &err))) {
     st_trainer_destroy(t);
     return st_cli_fail(&err);
   }
@@ -391,8 +482,13 @@ static int cmd_train(int argc, char **argv) {
    * sequential mode — beside the run's other files. A plan that cannot be
    * made does not stop a sequential run; it is reported. */
   st_plan *plan = NULL;
-  if (speaks && compile_into(&plan, &cfg, st_trainer_stages(t), out, &err))
+  rc = speaks ? compile_into(&plan, &cfg, st_trainer_stages(t), out, &err) : 0;
+  if (rc && rc != ST_EIO)
     fprintf(stderr, "strata: warning: no plan: %s\n", err.msg);
+  if (st_dist_agree(rc == ST_EIO ? rc : 0, &err)) {
+    st_trainer_destroy(t);
+    return st_cli_fail(&err);
+  }
   /* the plan's utilization: the bubble at its stage balance — for the
    * modes it describes (the printed plan cuts the whole model on all the
    * cores: not block_sequential's segments, not one replica's share) */
@@ -433,6 +529,22 @@ static int cmd_train(int argc, char **argv) {
     st_plan_destroy(plan);
     st_trainer_destroy(t);
     return st_cli_fail(&err);
+  }
+  int sig = st_run_stopped_by();
+  if (sig) { /* one line on stderr, like an error: the run did not end */
+    if (speaks)
+      fprintf(stderr,
+              "strata: stopped by %s at step %lld of %lld; wrote a %s and "
+              "summary.json; 'strata train - --resume %s' continues it\n",
+              sig == SIGINT    ? "SIGINT"
+              : sig == SIGTERM ? "SIGTERM"
+                               : "a signal",
+              (long long)st_trainer_pos(t)->step,
+              (long long)st_trainer_total_steps(t),
+              st_trainer_store(t) ? "store commit" : "checkpoint", out);
+    st_plan_destroy(plan);
+    st_trainer_destroy(t);
+    return 128 + sig;
   }
   double loss, acc, rate = 0;
   int text = m->label_rows > 1;
@@ -609,8 +721,11 @@ int main(int argc, char **argv) {
     st_error err = {0};
     if (st_dist_init(&argc, &argv, &err)) return st_cli_fail(&err);
     int rc = cmd_train(argc - 2, argv + 2);
-    /* an error only this rank has: the others may wait on it forever */
-    if (rc && st_dist_size() > 1 && !st_dist_error_shared()) st_dist_abort(rc);
+    /* an error only this rank has: the others may wait on it forever (a
+     * stop for a signal is every rank's) */
+    if (rc && !st_run_stopped_by() && st_dist_size() > 1 &&
+        !st_dist_error_shared())
+      st_dist_abort(rc);
     st_dist_finalize();
     return rc;
   }

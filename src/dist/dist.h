@@ -30,6 +30,10 @@ int st_dist_sum_ranks(float *grads, size_t n, float *scratch, st_error *err);
 /* The same by MPI_Allreduce: the MPI library's order and algorithm. */
 int st_dist_allreduce(float *grads, size_t n, st_error *err);
 
+/* The largest of every rank's *value, on every rank (a signal one rank
+ * got stops them all at the same step). */
+int st_dist_max(int *value, st_error *err);
+
 /* A group of ranks: the world split by color, members ordered by key
  * (collective over the world). Pipelines across ranks and the replicas of
  * one stage are groups. A group has two channels for point-to-point

@@ -195,6 +195,18 @@ int st_dist_check_same(uint64_t value, const char *what, st_error *err) {
 #endif
 }
 
+int st_dist_max(int *value, st_error *err) {
+  if (world_size == 1) return 0;
+#ifdef ST_MPI
+  int rc =
+      MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "the stop check", err);
+#else
+  (void)value, (void)err;
+  return 0;
+#endif
+}
+
 /* ------------------------------------------------------------ groups */
 
 struct st_dist_group {

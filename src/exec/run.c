@@ -6,12 +6,38 @@
  */
 #include "exec.h"
 
+#include "../dist/dist.h"
+
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* A stop asked for (a signal number), and the one the last run stopped
+ * for once every rank agreed. */
+static volatile sig_atomic_t stop_asked;
+static int stopped_by;
+
+int st_run_request_stop(int signo) {
+  int before = stop_asked;
+  if (!before) stop_asked = signo > 0 ? signo : SIGINT;
+  return before;
+}
+
+int st_run_stopped_by(void) { return stopped_by; }
+
+/* Whether to stop before the next step: asked on any rank (a collective
+ * over ranks, once a step). */
+static int stop_agreed(st_error *err) {
+  int v = stop_asked;
+  int rc = st_dist_max(&v, err);
+  if (rc) return -rc;
+  if (v) stopped_by = v;
+  return v;
+}
 
 typedef struct run_state {
   st_trainer *t;
@@ -25,7 +51,18 @@ typedef struct run_state {
   double last_loss, test_loss, test_acc;
   int64_t evaluated_at;
   int tty, progress;
+  int output_failed; /* a write to metrics.jsonl failed: the error says */
 } run_state;
+
+/* After a line to metrics.jsonl: a failed write (a full disk) stops the
+ * run, naming the file and the OS error, rather than tear the log. */
+static int metrics_written(run_state *r, st_error *err) {
+  if (fflush(r->metrics) == 0 && !ferror(r->metrics)) return 0;
+  int e = errno ? errno : EIO;
+  r->output_failed = 1;
+  return st_error_set(err, ST_EIO, "%s/metrics.jsonl: cannot write: %s", r->dir,
+                      strerror(e));
+}
 
 static void fmt_duration(char *buf, size_t cap, double s) {
   if (s < 0 || s > 1e7) s = 0;
@@ -80,7 +117,7 @@ static int evaluate(run_state *r, st_error *err) {
             "\"test_loss\":%.6f,\"test_accuracy\":%.6f,\"wall_s\":%.3f}\n",
             (long long)p->step, (long long)p->epoch, r->test_loss, r->test_acc,
             st_now() - r->t0);
-    fflush(r->metrics);
+    if ((rc = metrics_written(r, err))) return rc;
   }
   if (r->progress && r->tty) fputs("\r\033[K", stderr);
   if (r->progress && st_trainer_model(r->t)->label_rows > 1)
@@ -109,7 +146,7 @@ static void noise_fields(const run_state *r, char *buf, size_t cap) {
            bs, gs, ts);
 }
 
-static void log_train(run_state *r) {
+static int log_train(run_state *r, st_error *err) {
   const st_train_pos *p = st_trainer_pos(r->t);
   if (r->metrics && r->window_n) {
     char noise[160];
@@ -122,10 +159,13 @@ static void log_train(run_state *r) {
             r->window_loss / r->window_n,
             st_lr_at(r->cfg, p->step - 1, st_trainer_total_steps(r->t)),
             samples_per_s(r), st_now() - r->t0, noise);
-    fflush(r->metrics);
+    r->window_loss = 0;
+    r->window_n = 0;
+    return metrics_written(r, err);
   }
   r->window_loss = 0;
   r->window_n = 0;
+  return 0;
 }
 
 static int checkpoint(run_state *r, st_error *err) {
@@ -137,22 +177,12 @@ static int checkpoint(run_state *r, st_error *err) {
   if (rc || !r->dir) return rc;
   const st_train_pos *p = st_trainer_pos(r->t);
   char path[ST_PATH_MAX + 64];
-  snprintf(path, sizeof path, "%s/checkpoints/step-%08lld.safetensors", r->dir,
-           (long long)p->step);
+  st_run_checkpoint_path(r->dir, p->step, path, sizeof path);
   if ((rc = st_trainer_save(r->t, path, err))) return rc;
-  /* Keep the newest keep_checkpoints step files. */
-  int every = r->cfg->train.checkpoint_every,
-      keep = r->cfg->train.keep_checkpoints;
-  if (every > 0 && keep > 0) {
-    long long old = (long long)p->step - (long long)keep * every;
-    old -= old % every;
-    if (old > 0) {
-      snprintf(path, sizeof path, "%s/checkpoints/step-%08lld.safetensors",
-               r->dir, old);
-      unlink(path);
-    }
-  }
-  return 0;
+  /* Keep exactly the newest keep_checkpoints step files, whatever an
+   * earlier run or a kill between rename and unlink left. */
+  int keep = r->cfg->train.keep_checkpoints;
+  return keep > 0 ? st_run_prune(r->dir, keep, err) : 0;
 }
 
 /* ",\n  \"stages\": [...], \"utilization\": ..." — where the time went,
@@ -193,7 +223,21 @@ static int write_summary(run_state *r, st_error *err) {
   if (!r->dir) return 0;
   const st_train_pos *p = st_trainer_pos(r->t);
   const st_model *m = st_trainer_model(r->t);
-  char *text = NULL, path[ST_PATH_MAX + 32], noise[160];
+  char *text = NULL, path[ST_PATH_MAX + 32], noise[160], interrupted[16];
+  /* the signal a run stopped for ("SIGINT"), or false */
+  snprintf(interrupted, sizeof interrupted, "%s%s%s", stopped_by ? "\"" : "",
+           stopped_by == SIGINT    ? "SIGINT"
+           : stopped_by == SIGTERM ? "SIGTERM"
+           : stopped_by            ? "signal"
+                                   : "false",
+           stopped_by ? "\"" : "");
+  /* a run stopped before any evaluation has no test figures (null) */
+  char tl[32] = "null", ta[32] = "null", at[32] = "null";
+  if (r->evaluated_at >= 0) {
+    snprintf(tl, sizeof tl, "%.6f", r->test_loss);
+    snprintf(ta, sizeof ta, "%.6f", r->test_acc);
+    snprintf(at, sizeof at, "%lld", (long long)r->evaluated_at);
+  }
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
   if (!f) return st_error_set(err, ST_ENOMEM, "out of memory");
@@ -202,35 +246,53 @@ static int write_summary(run_state *r, st_error *err) {
       f,
       "{\n  \"mode\": \"%s\",\n  \"model\": \"%s\",\n  \"parameters\": %zu,\n"
       "  \"steps\": %lld,\n  \"epochs\": %lld,\n  \"samples\": %lld,\n"
-      "  \"batch\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
-      "  \"test_accuracy\": %.6f,\n  \"samples_per_s\": %.1f,\n"
+      "  \"batch\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %s,\n"
+      "  \"test_accuracy\": %s,\n  \"evaluated_at_step\": %s,\n"
+      "  \"samples_per_s\": %.1f,\n"
       "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
-      "  \"replicas\": %d,\n  \"blas\": \"%s\"%s",
+      "  \"replicas\": %d,\n  \"blas\": \"%s\"%s,\n  \"interrupted\": %s",
       r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
       (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
-      r->cfg->train.batch, r->last_loss, r->test_loss, r->test_acc,
-      samples_per_s(r), r->train_s, st_now() - r->t0, st_trainer_threads(r->t),
-      r->cfg->execution.replicas, st_blas_name(), noise);
+      r->cfg->train.batch, r->last_loss, tl, ta, at, samples_per_s(r),
+      r->train_s, st_now() - r->t0, st_trainer_threads(r->t),
+      r->cfg->execution.replicas, st_blas_name(), noise, interrupted);
   stage_fields(r, f);
   fprintf(f, "\n}\n");
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
   return st_write_stream_atomic(f, &text, &len, path, err);
 }
 
+/* A log cut short mid-line (a full disk, a kill) ends at its last whole
+ * line again, so a resumed run appends whole lines to whole lines. */
+static void drop_torn_line(const char *path) {
+  FILE *f = fopen(path, "r+");
+  if (!f) return;
+  char buf[4096];
+  long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1, keep = end;
+  while (keep > 0) {
+    long from = keep > (long)sizeof buf ? keep - (long)sizeof buf : 0;
+    size_t n = (size_t)(keep - from);
+    if (fseek(f, from, SEEK_SET) != 0 || fread(buf, 1, n, f) != n) break;
+    size_t i = n;
+    while (i > 0 && buf[i - 1] != '\n') i--;
+    if (i > 0) {
+      keep = from + (long)i;
+      break;
+    }
+    keep = from;
+  }
+  if (end >= 0 && keep < end) (void)!ftruncate(fileno(f), keep);
+  fclose(f);
+}
+
+/* metrics.jsonl: appended to by a resumed run. config.yaml is the
+ * caller's (strata train writes it before the trainer exists). */
 static int open_outputs(run_state *r, st_error *err) {
   if (!r->dir) return 0;
   char path[ST_PATH_MAX + 32];
-  snprintf(path, sizeof path, "%s/config.yaml", r->dir);
-  /* Atomically, like checkpoints: `--resume DIR -` reads it back. */
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  if (!f) return st_error_set(err, ST_ENOMEM, "out of memory");
-  st_config_write(r->cfg, f);
-  int rc = st_write_stream_atomic(f, &text, &len, path, err);
-  if (rc) return rc;
   snprintf(path, sizeof path, "%s/metrics.jsonl", r->dir);
   int resumed = st_trainer_pos(r->t)->step > 0;
+  if (resumed) drop_torn_line(path);
   r->metrics = fopen(path, resumed ? "a" : "w");
   if (!r->metrics)
     return st_error_set(err, ST_EIO, "%s: cannot write: %s", path,
@@ -256,10 +318,16 @@ static int loop(run_state *r, st_error *err) {
   int64_t total = st_trainer_total_steps(t);
   while (st_trainer_pos(t)->step < total) {
     double t_step = st_now(), loss;
+    /* a stop asked for: the step already started ahead is finished, then
+     * the loop ends */
+    int stop = stop_agreed(err);
+    if (stop < 0) return -stop;
+    if (stop && !st_trainer_in_flight(t)) return 0;
     /* with nothing to do between this step and the next, the next may
      * start before this one returns */
     int64_t after = st_trainer_pos(t)->step + 1;
-    int ahead = after < total && !pauses_after(r, after, total);
+    int ahead =
+        !stop && !stop_asked && after < total && !pauses_after(r, after, total);
     int rc = st_trainer_step_ahead(t, ahead, &loss, err);
     r->train_s += st_now() - t_step;
     if (rc) return rc;
@@ -267,7 +335,8 @@ static int loop(run_state *r, st_error *err) {
     r->window_loss += loss;
     r->window_n++;
     const st_train_pos *p = st_trainer_pos(t);
-    if (p->step % c->metrics.log_every == 0) log_train(r);
+    if (p->step % c->metrics.log_every == 0 && (rc = log_train(r, err)))
+      return rc;
     progress(r, 0);
     int pause = pauses_after(r, p->step, total);
     if ((pause & 1) && (rc = evaluate(r, err))) return rc;
@@ -289,19 +358,28 @@ int st_trainer_run(st_trainer *t, st_error *err) {
                 (strcmp(c->metrics.progress, "auto") == 0 && r.tty));
   r.step0 = st_trainer_pos(t)->step;
   r.samples0 = st_trainer_pos(t)->samples;
+  stopped_by = 0;
   int rc = open_outputs(&r, err);
   if (!rc) rc = loop(&r, err);
-  if (!rc && r.window_n) log_train(&r);
+  if (!rc && r.window_n) rc = log_train(&r, err);
   if (!rc) progress(&r, 1);
-  if (!rc && r.evaluated_at != st_trainer_pos(t)->step) rc = evaluate(&r, err);
-  if (!rc)
+  /* stopped by a signal: no evaluation (it may take long), the rest */
+  if (!rc && !stopped_by && r.evaluated_at != st_trainer_pos(t)->step)
+    rc = evaluate(&r, err);
+  if (!rc && !stopped_by)
     st_trainer_note_result(t, r.test_loss, r.test_acc, samples_per_s(&r));
   if (!rc) rc = checkpoint(&r, err);
   if (!rc) rc = st_trainer_finish(t, err); /* over ranks: every rank */
   if (!rc) rc = write_summary(&r, err);
-  /* a failed run still waits for its store's last commit */
+  /* a failed run still waits for its store's last commit; one whose log
+   * could not be written still saves its weights where it can */
   if (rc) {
     st_error ignored = {0};
+    if (r.output_failed) {
+      double loss;
+      if (st_trainer_in_flight(t)) st_trainer_step_ahead(t, 0, &loss, &ignored);
+      if (!st_trainer_in_flight(t)) checkpoint(&r, &ignored);
+    }
     st_trainer_sync(t, &ignored);
   }
   if (r.metrics) fclose(r.metrics);

@@ -10,6 +10,7 @@
  */
 #include "exec.h"
 
+#include "../compile/compile.h"
 #include "../dist/dist.h"
 
 #include <sched.h>
@@ -257,6 +258,55 @@ static uint64_t config_hash(const st_config *cfg) {
   return h;
 }
 
+/* Swap space (/proc/meminfo SwapTotal), in bytes; 0 if none or unknown. */
+static double swap_total(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[256];
+  double kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "SwapTotal: %lf kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb * 1024;
+}
+
+/* The least this run must hold — weights, gradients, optimizer state and
+ * one micro-batch's activations, as `compile --validate-only` counts them
+ * — against what this machine allows a rank: refused before anything is
+ * allocated (a 318 GB model zeroed a 12.8 GB buffer for a minute before
+ * the allocation that had to fail). A file store keeps the weights and the
+ * state on disk; the compute side's own limit is weight streaming's. */
+static int check_memory(const st_trainer *t, st_error *err) {
+  const st_config *c = &t->cfg;
+  const st_model *m = t->model;
+  int ws = !strcmp(c->execution.mode, "weight_streaming");
+  int file = ws && !strcmp(c->execution.store, "file");
+  double w = 4.0 * (double)m->n_params,
+         acts = 4.0 * (double)st_shape_numel(m->in);
+  for (int i = 0; i < m->n_blocks; i++)
+    acts += 4.0 * (double)m->blocks[i].act_per_sample;
+  acts *= t->micro_batch;
+  double slots = st_optim_state_per_param(c);
+  double grads = file ? 0 : w, state = file ? 0 : w * slots,
+         weights = file ? 0 : w;
+  double need = weights + grads + state + acts;
+  double allowed = (st_usable_memory() + swap_total()) / st_dist_local_size();
+  if (allowed <= 0 || need <= allowed) return 0;
+  char a[32], b[32], g[32], s[32], x[32], l[32];
+  return st_error_set(
+      err, ST_ENOMEM,
+      "%s: the model needs at least %s (weights %s, gradients %s, optimizer "
+      "state %s, activations %s at micro-batch %d), more than the %s this "
+      "machine allows%s (RAM or the cgroup limit, and swap); refused before "
+      "allocating",
+      c->path[0] ? c->path : "config", st_plan_fmt_bytes(a, sizeof a, need),
+      st_plan_fmt_bytes(b, sizeof b, weights),
+      st_plan_fmt_bytes(g, sizeof g, grads),
+      st_plan_fmt_bytes(s, sizeof s, state),
+      st_plan_fmt_bytes(x, sizeof x, acts), t->micro_batch,
+      st_plan_fmt_bytes(l, sizeof l, allowed),
+      st_dist_local_size() > 1 ? " each rank" : "");
+}
+
 int st_trainer_create(st_trainer **out, const st_config *cfg,
                       const char *out_dir, st_error *err) {
   *out = NULL;
@@ -344,6 +394,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   size_t fit = budget / (per_sample ? per_sample : 1);
   t->eval_batch = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
   if (t->eval_batch < t->micro_batch) t->eval_batch = t->micro_batch;
+  if ((rc = check_memory(t, err))) goto fail;
   st_blas_init(); /* idempotent; library users need not remember it */
   /* all the cores, or over MPI ranks this rank's share of its machine's */
   int threads = cfg->train.threads > 0
@@ -736,6 +787,8 @@ int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
   return advance(t, err);
 }
 
+int st_trainer_in_flight(const st_trainer *t) { return t->pending; }
+
 int st_trainer_step(st_trainer *t, double *loss, st_error *err) {
   return st_trainer_step_ahead(t, 0, loss, err);
 }
@@ -867,6 +920,14 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
     rc = st_checkpoint_load(path, m, params, opt, t->cfg.optimizer.kind, &pos,
                             err);
   if (!rc) rc = check_same_run(t, &pos, path, err);
+  if (!rc && pos.step > t->total_steps)
+    rc = st_error_set(err, ST_ECONFIG,
+                      "%s: at step %lld, past this run's last step %lld "
+                      "(%s): raise train.steps to continue it",
+                      path, (long long)pos.step, (long long)t->total_steps,
+                      st_config_where(&t->cfg, t->cfg.train.steps > 0
+                                                   ? "train.steps"
+                                                   : "train.epochs"));
   if (!rc) {
     memcpy(t->params, params, m->n_params * sizeof(float));
     memcpy(t->opt, opt, state * sizeof(float));

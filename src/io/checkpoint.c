@@ -7,7 +7,9 @@
  */
 #include "strata.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +145,13 @@ static int meta_i64(const st_safetensors *st, const char *key, int64_t min,
                     int64_t *v, st_error *err) {
   const char *s = st_safetensors_meta(st, key);
   char *end = NULL;
+  errno = 0;
   if (s) *v = strtoll(s, &end, 10);
+  if (s && end != s && !*end && errno == ERANGE)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: metadata '%s' is %.32s, out of range: corrupt "
+                        "checkpoint",
+                        st->path, key, s);
   if (!s || end == s || *end)
     return st_error_set(err, ST_EFORMAT,
                         "%s: metadata '%s' is missing or not an integer: not a "
@@ -177,6 +185,22 @@ static int read_pos(const st_safetensors *st, st_train_pos *pos,
                         "training samples: corrupt checkpoint",
                         st->path, (long long)p.epoch_pos,
                         (long long)p.train_samples);
+  /* the position is one step count seen three ways: each step takes a
+   * batch, an epoch has train_samples / batch of them */
+  int64_t per_epoch = p.train_samples / p.batch;
+  int consistent = p.epoch_pos % p.batch == 0 && per_epoch > 0 &&
+                   p.step <= INT64_MAX / p.batch &&
+                   p.samples == p.step * p.batch &&
+                   p.epoch <= p.step / per_epoch &&
+                   p.step == p.epoch * per_epoch + p.epoch_pos / p.batch;
+  if (!consistent)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: metadata step %lld, epoch %lld, epoch_pos %lld "
+                        "and samples %lld do not describe one position at "
+                        "batch %lld over %lld samples: corrupt checkpoint",
+                        st->path, (long long)p.step, (long long)p.epoch,
+                        (long long)p.epoch_pos, (long long)p.samples,
+                        (long long)p.batch, (long long)p.train_samples);
   *pos = p;
   return 0;
 }
@@ -213,6 +237,15 @@ static int visit(const st_safetensors *st, const st_model *m, float *params,
             }
           else
             memcpy(dst, src, ti->numel * sizeof(float));
+          /* weights a diverged run saved: refused here, not printed as
+           * NUL bytes by generate or as a NaN loss by eval */
+          for (size_t k = 0; s < 0 && k < ti->numel; k++)
+            if (!isfinite(dst[k]))
+              return st_error_set(err, ST_EFORMAT,
+                                  "%s: tensor '%s' holds %s at element %zu: "
+                                  "the run that wrote it had diverged",
+                                  st->path, name,
+                                  isnan(dst[k]) ? "NaN" : "an infinity", k);
         }
       }
     }
@@ -240,7 +273,7 @@ int st_checkpoint_load(const char *path, const st_model *m, float *params,
   rc = visit(st, m, params, opt_state, optim_kind, ns, 0, err);
   if (!rc && pos) rc = read_pos(st, &p, err);
   if (rc) goto done;
-  visit(st, m, params, opt_state, optim_kind, ns, 1, err);
+  if ((rc = visit(st, m, params, opt_state, optim_kind, ns, 1, err))) goto done;
   st_model_sync_ties(m, params); /* tied copies are not stored */
   if (pos) *pos = p;
 done:

@@ -580,9 +580,14 @@ int st_mkdir_p(const char *path, int include_last, st_error *err) {
     if (*p == '\0' && !include_last) break;
     char keep = *p;
     *p = '\0';
+    struct stat sb;
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
       return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
                           strerror(errno));
+    /* a file of that name: found now, not when the first write fails */
+    if (stat(buf, &sb) == 0 && !S_ISDIR(sb.st_mode))
+      return st_error_set(err, ST_EIO, "%s: cannot create: %s", buf,
+                          strerror(ENOTDIR));
     *p = keep;
     if (!keep) break;
   }

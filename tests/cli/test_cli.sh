@@ -290,7 +290,7 @@ expect_error "resume under another seed" \
   "step-0*20\.safetensors: written with seed 42, the config \(train\.seed\) gives 7" \
   -- train "$fc" "${small[@]}" --set train.seed=7 --resume "$T/run"
 expect_error "resume from a missing run" \
-  "$(re_quote "$T/nope")/checkpoints: cannot open" \
+  "^strata: error: $(re_quote "$T/nope")/config.yaml: cannot open: no run to resume$" \
   -- train "$fc" "${small[@]}" --resume "$T/nope"
 if [ ! -e "$T/nope" ]; then pass; else
   fail "a mistyped --resume creates nothing" "$T/nope exists"
@@ -636,10 +636,10 @@ else
   fail "killed (rc $ws_rc), resumed and exported: the sequential checkpoint byte for byte" "rc $rc" "$out" "$err"
 fi
 expect_error "a new run over an earlier run's store" \
-  "^strata: error: $(re_quote "$T/w_ws/store.strata"): the store of an earlier run is there: --resume $(re_quote "$T/w_ws") continues it" \
+  "^strata: error: $(re_quote "$T/w_ws"): holds an earlier run \(.*$(re_quote "$T/w_ws/store.strata").*\): --resume $(re_quote "$T/w_ws") continues it, --overwrite replaces it" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --out "$T/w_ws"
-expect_error "--resume with no store" \
-  "^strata: error: $(re_quote "$T/w_none/store.strata"): no store to resume from$" \
+expect_error "--resume with no run" \
+  "^strata: error: $(re_quote "$T/w_none/config.yaml"): cannot open: no run to resume$" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --resume "$T/w_none"
 expect_error "export of a run without a store" \
   "^strata: error: $(re_quote "$T/w_seq/config.yaml"): the run keeps no store" \
@@ -701,13 +701,16 @@ if [ "$rc" -eq 0 ] && printf '%s\n' "$err" | grep -q 'execution.mitigation is no
   fail "unused keys: pipeline reads stages, not mitigation" "rc $rc" "$err"; fi
 
 # --- 9. atomic writes ---------------------------------------------------------
-# A checkpoint that cannot be written (its folder is a file) fails the run
-# cleanly; so must every failing run above, without leaving a temporary.
+# A checkpoint folder that cannot be made (a file is in the way) is found
+# before the first step, not at the first checkpoint; no failing run above
+# leaves a temporary.
 mkdir -p "$T/blocked"
 : >"$T/blocked/checkpoints"
 expect_error "unwritable checkpoint folder" \
-  "$(re_quote "$T/blocked/checkpoints")/.*(Not a directory|cannot)" \
+  "^strata: error: $(re_quote "$T/blocked/checkpoints"): cannot create: Not a directory$" \
   -- train "$fc" "${small[@]}" --out "$T/blocked"
+if [ ! -e "$T/blocked/metrics.jsonl" ]; then pass; else
+  fail "a checkpoint folder in the way is found before the first step"; fi
 for dir in "$T"/o_* "$T/blocked" "$T/resume" "$nan_dir"; do
   [ -e "$dir" ] || continue
   no_tmp_left "failed run ${dir##*/}" "$dir"

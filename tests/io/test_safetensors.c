@@ -22,6 +22,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -459,7 +460,8 @@ static void roundtrip_checkpoint(const st_model *m, const char *kind,
   float *opt2 = calloc(slots * np, sizeof(float));
   st_model_init(m, params, 3);
   fill(opt, slots * np, 4);
-  st_train_pos pos = {7, 2, 30, 230, 99, 10, 300, 1}, pos2 = {0};
+  /* step 63 = epoch 2 x 30 steps + 30 / 10 into epoch 2; 630 samples */
+  st_train_pos pos = {63, 2, 30, 630, 99, 10, 300, 1}, pos2 = {0};
   const char *path = in_dir("ckpt.safetensors");
   st_error err = {0};
   int rc = st_checkpoint_save(path, m, params, opt, kind, &pos, &err);
@@ -471,8 +473,8 @@ static void roundtrip_checkpoint(const st_model *m, const char *kind,
   CHECK(memcmp(opt, opt2, slots * np * sizeof(float)) == 0,
         "checkpoint %s: %d optimizer slot(s) differ after the round trip", kind,
         slots);
-  CHECK(pos2.step == 7 && pos2.epoch == 2 && pos2.epoch_pos == 30 &&
-            pos2.samples == 230,
+  CHECK(pos2.step == 63 && pos2.epoch == 2 && pos2.epoch_pos == 30 &&
+            pos2.samples == 630,
         "checkpoint %s: position came back as %lld %lld %lld %lld", kind,
         (long long)pos2.step, (long long)pos2.epoch, (long long)pos2.epoch_pos,
         (long long)pos2.samples);
@@ -519,8 +521,30 @@ static void test_checkpoint(void) {
   st_train_pos pos;
   st_error err = {0};
 
+  /* a position that is not one: a step more than its samples say; and a
+   * NaN weight, refused naming the tensor and the element */
+  float *p0 = calloc(np, sizeof(float)), *o0 = calloc(2 * np, sizeof(float));
+  st_train_pos bad = {64, 2, 30, 630, 99, 10, 300, 1};
+  const char *odd = in_dir("odd.safetensors");
+  int rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &bad, &err);
+  rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
+  CHECK(rc == ST_EFORMAT &&
+            contains(err.msg, "metadata step 64, epoch 2, epoch_pos 30 and "
+                              "samples 630 do not describe one position at "
+                              "batch 10 over 300 samples"),
+        "inconsistent position: rc %d: %s", rc, err.msg);
+  p0[m->blocks[1].param_off + 2] = NAN;
+  bad.step = 63;
+  rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &bad, &err);
+  rc = rc ? rc : st_checkpoint_load(odd, m, params, NULL, "sgd", NULL, &err);
+  CHECK(rc == ST_EFORMAT && contains(err.msg, "holds NaN at element 2") &&
+            contains(err.msg, m->blocks[1].tensors[0].name),
+        "NaN weight: rc %d: %s", rc, err.msg);
+  free(p0);
+  free(o0);
+
   /* adamw state into an sgd run */
-  int rc = st_checkpoint_load(path, m, params, opt, "sgd", &pos, &err);
+  rc = st_checkpoint_load(path, m, params, opt, "sgd", &pos, &err);
   CHECK(rc < 0 && contains(err.msg, "optimizer.kind") &&
             contains(err.msg, path) && contains(err.msg, "adamw"),
         "wrong optimizer: rc %d: %s", rc, err.msg);

@@ -27,7 +27,9 @@
 #    fewer stages than ranks, a tied head and embedding on two ranks,
 #    replicas that do not divide the ranks and stages cut by blocks timed
 #    on each rank (execution.block_costs: measured) are refused once;
-#  - a rank of a data-parallel and of a pipelined job killed: the same.
+#  - a rank of a data-parallel and of a pipelined job killed: the same;
+#  - SIGTERM to one rank, or SIGINT to mpirun, stops every rank after the
+#    same step with a checkpoint that resumes to the uninterrupted bytes.
 # A build without MPI (make MPI=0) must instead refuse a multi-process
 # start, saying so. Closing line: "N passed, N failed".
 . "$(dirname "$0")/../harness.sh"
@@ -298,4 +300,65 @@ killed() {
 killed data-parallel --set execution.replicas=2 -- "$fc"
 killed pipeline -- "$cnn" --set execution.mode=pipeline \
   --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
+# --- a signal stops every rank at the same step ------------------------------------
+# SIGTERM to rank 1 alone (rank 0 writes the files): every rank stops after
+# the same step, the job exits 143 with rank 0's one line, the checkpoint
+# and summary.json are written, and the run resumes (in one process, as the
+# in-process replicas) to the uninterrupted run's bytes. Then SIGINT to
+# mpirun, which sends SIGTERM to every rank odls_base_sigkill_timeout
+# seconds later and SIGKILL as long again after that (Open MPI 4.1; 5 s
+# here, 1 s by default): the same.
+# signalled NAME WHOM TRAIN-ARGS...: WHOM is "rank1" or "mpirun"
+signalled() {
+  local name=$1 whom=$2
+  shift 2
+  local dir="$T/sig_$name"
+  "${mpi[@]}" --mca odls_base_sigkill_timeout 5 -np 2 "$strata" train "$@" --out "$dir" \
+    >"$dir.out" 2>"$dir.err" &
+  local job=$! victim=
+  for _ in $(seq 300); do
+    [ -s "$dir/metrics.jsonl" ] && break
+    sleep 0.1
+  done
+  if [ "$whom" = mpirun ]; then
+    victim=$job
+    kill -INT "$victim"
+  else
+    for pid in $(pgrep -f "train .*--out $dir\$"); do
+      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
+    done
+    [ -n "$victim" ] && kill -TERM "$victim"
+  fi
+  local start=$SECONDS
+  while kill -0 "$job" 2>/dev/null && [ $((SECONDS - start)) -lt 60 ]; do sleep 0.2; done
+  kill -9 "$job" 2>/dev/null
+  wait "$job"
+  local jrc=$? step
+  step=$(sed -n 's/^strata: stopped by SIGTERM at step \([0-9]*\) of .*/\1/p' "$dir.err")
+  if [ -n "$victim" ] && [ "$jrc" -ne 0 ] && [ -n "$step" ] &&
+     [ "$(grep -c 'stopped by' "$dir.err")" -eq 1 ] &&
+     grep -q '"interrupted": "SIGTERM"' "$dir/summary.json" &&
+     [ -e "$dir/checkpoints/step-$(printf %08d "$step").safetensors" ]; then
+    pass
+  else
+    fail "$name: SIGTERM to $whom stops every rank with one line, a checkpoint and a summary" \
+      "rc $jrc, victim '$victim', step '$step'" "$(cat "$dir.err")" "$(tail -n 4 "$dir.out")"
+    return
+  fi
+  local to=$((step + 6))
+  run train - --resume "$dir" --set train.steps=$to
+  local got=$rc
+  run train "$@" --set train.steps=$to --out "$dir.ref"
+  if [ "$got" -eq 0 ] && cmp -s "$dir/checkpoints/step-$(printf %08d $to).safetensors" \
+     "$dir.ref/checkpoints/step-$(printf %08d $to).safetensors"; then
+    pass
+  else
+    fail "$name: the stopped run resumes to the uninterrupted run's bytes" "rc $got / $rc" "$err"
+  fi
+}
+sigargs=(--set data.train_limit=1024 --set data.test_limit=128 --set train.batch=32
+         --set train.steps=100000 --set train.checkpoint_every=50 --set optimizer.schedule=constant
+         --set metrics.progress=off --set execution.replicas=2)
+signalled rank1 rank1 "$fc" "${sigargs[@]}"
+signalled mpirun mpirun "$fc" "${sigargs[@]}"
 finish

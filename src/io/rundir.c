@@ -1,0 +1,200 @@
+/*
+ * rundir.c — a run's directory as a whole: which checkpoints it holds,
+ * whether it holds an earlier run that a new one would overwrite, removing
+ * such a run (--overwrite), pruning old checkpoints and the temp files of
+ * writes that a kill cut short.
+ *
+ * A run's files: config.yaml, metrics.jsonl, summary.json, plan.json,
+ * plan.svg, checkpoints/step-NNNNNNNN.safetensors and, for weight streaming
+ * from a file store, store.strata. Atomic writes go through PATH.tmp.PID
+ * (safetensors.c); a PID that no longer runs left its temp file for good.
+ */
+#include "strata.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* "step-NNNNNNNN.safetensors" -> NNNNNNNN; -1 for any other name. */
+static int64_t step_of(const char *name) {
+  if (strncmp(name, "step-", 5) != 0) return -1;
+  const char *p = name + 5, *q = p;
+  int64_t v = 0;
+  while (*q >= '0' && *q <= '9' && q - p < 18) v = v * 10 + (*q++ - '0');
+  return q > p && strcmp(q, ".safetensors") == 0 ? v : -1;
+}
+
+int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err) {
+  *steps = NULL;
+  char ck[ST_PATH_MAX + 16];
+  snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+  DIR *d = opendir(ck);
+  if (!d) {
+    if (errno == ENOENT) return 0;
+    return st_error_set(err, ST_EIO, "%s: cannot open: %s", ck,
+                        strerror(errno)),
+           -1;
+  }
+  int n = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int64_t s = step_of(e->d_name);
+    if (s < 0) continue;
+    if (n == cap) {
+      cap = cap ? 2 * cap : 16;
+      int64_t *grown = realloc(*steps, (size_t)cap * sizeof *grown);
+      if (!grown) {
+        closedir(d);
+        free(*steps);
+        *steps = NULL;
+        return st_error_set(err, ST_ENOMEM, "%s: out of memory", ck), -1;
+      }
+      *steps = grown;
+    }
+    (*steps)[n++] = s;
+  }
+  closedir(d);
+  if (n) qsort(*steps, (size_t)n, sizeof **steps, cmp_i64);
+  return n;
+}
+
+int st_run_checkpoint_path(const char *dir, int64_t step, char *out,
+                           size_t cap) {
+  return snprintf(out, cap, "%s/checkpoints/step-%08lld.safetensors", dir,
+                  (long long)step) >= (int)cap
+             ? -1
+             : 0;
+}
+
+int st_run_prune(const char *dir, int keep, st_error *err) {
+  int64_t *steps;
+  int n = st_run_checkpoints(dir, &steps, err);
+  if (n < 0) return err->code;
+  char path[ST_PATH_MAX + 64];
+  int rc = 0;
+  for (int i = 0; i + keep < n && !rc; i++) {
+    st_run_checkpoint_path(dir, steps[i], path, sizeof path);
+    if (unlink(path) != 0 && errno != ENOENT)
+      rc = st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
+                        strerror(errno));
+  }
+  free(steps);
+  return rc;
+}
+
+/* "NAME.tmp.PID" of a process that no longer runs (or "store.strata.tmp",
+ * whose creator removes it itself before it makes another). */
+static int stale_tmp(const char *name) {
+  const char *t = strstr(name, ".tmp.");
+  if (!t || t == name) return 0;
+  char *end;
+  long pid = strtol(t + 5, &end, 10);
+  if (end == t + 5 || *end || pid <= 0) return 0;
+  return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+int st_run_clean_tmp(const char *dir) {
+  int removed = 0;
+  for (int sub = 0; sub < 2; sub++) {
+    char d_path[ST_PATH_MAX + 16], path[2 * ST_PATH_MAX];
+    snprintf(d_path, sizeof d_path, "%s%s", dir, sub ? "/checkpoints" : "");
+    DIR *d = opendir(d_path);
+    if (!d) continue;
+    struct dirent *e;
+    while ((e = readdir(d)))
+      if (stale_tmp(e->d_name)) {
+        snprintf(path, sizeof path, "%s/%s", d_path, e->d_name);
+        removed += unlink(path) == 0;
+      }
+    closedir(d);
+  }
+  return removed;
+}
+
+static int exists(const char *dir, const char *name, off_t *size) {
+  char path[ST_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  struct stat sb;
+  if (stat(path, &sb) != 0) return 0;
+  if (size) *size = sb.st_size;
+  return 1;
+}
+
+int st_run_describe(const char *dir, const char *store, char *what,
+                    size_t cap) {
+  what[0] = '\0';
+  size_t used = 0;
+#define ADD(...)                                                               \
+  used +=                                                                      \
+      (size_t)snprintf(what + used, used < cap ? cap - used : 0, __VA_ARGS__)
+  st_error ignored = {0};
+  int64_t *steps;
+  int n = st_run_checkpoints(dir, &steps, &ignored);
+  if (n > 0)
+    ADD("%d checkpoint%s up to step %lld", n, n == 1 ? "" : "s",
+        (long long)steps[n - 1]);
+  free(steps);
+  struct stat sb;
+  if (store && store[0] && stat(store, &sb) == 0)
+    ADD("%s%s", used ? ", " : "", store);
+  off_t size = 0;
+  /* metrics.jsonl is opened empty at the start: a line is a step taken */
+  if (exists(dir, "metrics.jsonl", &size) && size > 0)
+    ADD("%smetrics.jsonl", used ? ", " : "");
+  if (exists(dir, "summary.json", NULL))
+    ADD("%ssummary.json", used ? ", " : "");
+#undef ADD
+  if (used >= cap && cap > 4) strcpy(what + cap - 4, "...");
+  return used > 0;
+}
+
+int st_run_remove(const char *dir, const char *store, st_error *err) {
+  static const char *const files[] = {"config.yaml", "metrics.jsonl",
+                                      "summary.json", "plan.json", "plan.svg"};
+  char path[ST_PATH_MAX + 64];
+  int64_t *steps;
+  int n = st_run_checkpoints(dir, &steps, err);
+  if (n < 0) return err->code;
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++) {
+    st_run_checkpoint_path(dir, steps[i], path, sizeof path);
+    if (unlink(path) != 0 && errno != ENOENT)
+      rc = st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
+                        strerror(errno));
+  }
+  free(steps);
+  for (size_t i = 0; !rc && i < sizeof files / sizeof files[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    if (unlink(path) != 0 && errno != ENOENT)
+      rc = st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
+                        strerror(errno));
+  }
+  if (!rc && store && store[0] && unlink(store) != 0 && errno != ENOENT)
+    rc = st_error_set(err, ST_EIO, "%s: cannot remove: %s", store,
+                      strerror(errno));
+  return rc;
+}
+
+int st_run_prepare(const char *dir, st_error *err) {
+  char ck[ST_PATH_MAX + 16];
+  snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+  int rc = st_mkdir_p(ck, 1, err);
+  if (rc) return rc;
+  const char *paths[] = {dir, ck};
+  for (int i = 0; i < 2; i++)
+    if (access(paths[i], W_OK | X_OK) != 0)
+      return st_error_set(err, ST_EIO, "%s: cannot write: %s", paths[i],
+                          strerror(errno));
+  st_run_clean_tmp(dir);
+  return 0;
+}

@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# test_runs.sh — a run's directory keeps what it holds: a new run does not
+# overwrite an earlier one (--overwrite replaces it whole), a run's own
+# config.yaml loads back as the run's config, SIGINT and SIGTERM stop a run
+# with a checkpoint that resumes bit for bit and leave no stray file,
+# start-up clears the temp files of killed writes and pruning keeps exactly
+# the newest checkpoints, and what can be checked before the first step is:
+# the checkpoint folder, the memory the model needs, the checkpoint's
+# metadata; a full disk under metrics.jsonl stops the run with a
+# checkpoint; weights a diverged run saved are refused by eval and
+# generate. Closing line "N passed, N failed".
+. "$(dirname "$0")/../harness.sh"
+
+re_quote() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|/]/\\&/g'; }
+
+# expect_error NAME ERE ARGS...: exit 1 and one stderr line matching ERE.
+expect_error() {
+  local name=$1 ere=$2
+  shift 2
+  run "$@"
+  local lines
+  lines=$(wc -l <"$T/stderr")
+  if [ "$rc" -eq 1 ] && [ "$lines" -eq 1 ] && [[ $err =~ $ere ]]; then pass; else
+    fail "$name" "strata $*" "rc $rc (want 1), $lines stderr line(s), want: $ere" "$err"
+  fi
+}
+
+# stray NAME DIR: no temp file in DIR.
+no_stray() {
+  local left
+  left=$(find "$2" -name '*.tmp*' 2>/dev/null)
+  if [ -z "$left" ]; then pass; else fail "$1: temp files left" "$left"; fi
+}
+
+checkpoints() { ls "$1/checkpoints" 2>/dev/null | grep -c '\.safetensors$'; }
+
+fc=configs/fc_mnist.yaml
+small=(--set data.train_limit=512 --set data.test_limit=128 --set train.batch=32
+       --set metrics.progress=off)
+
+# --- 1. an earlier run is not overwritten -------------------------------------
+run train "$fc" "${small[@]}" --set train.steps=40 --set train.checkpoint_every=10 \
+  --set train.keep_checkpoints=0 --out "$T/first"
+[ "$rc" -eq 0 ] && pass || fail "first run" "$err"
+cp "$T/first/config.yaml" "$T/first.config"
+expect_error "--out onto an earlier run" \
+  "^strata: error: $(re_quote "$T/first"): holds an earlier run \(4 checkpoints up to step 40, metrics.jsonl, summary.json\): --resume $(re_quote "$T/first") continues it, --overwrite replaces it, or give another --out$" \
+  train "$fc" "${small[@]}" --set train.steps=20 --set train.seed=7 --out "$T/first"
+if cmp -s "$T/first/config.yaml" "$T/first.config" && [ "$(checkpoints "$T/first")" -eq 4 ]; then
+  pass
+else
+  fail "a refused run leaves the earlier one as it was"
+fi
+# --overwrite: nothing of the first run is left to mix with the second
+run train "$fc" "${small[@]}" --set train.steps=20 --set train.seed=7 --overwrite --out "$T/first"
+if [ "$rc" -eq 0 ] && grep -q "^strata: --overwrite: removed the earlier run in $(re_quote "$T/first") (4 checkpoints" <<<"$out" &&
+   [ "$(ls "$T/first/checkpoints")" = "step-00000020.safetensors" ] &&
+   grep -q '^  seed: 7$' "$T/first/config.yaml" &&
+   ! grep -q '"step":40' "$T/first/metrics.jsonl"; then
+  pass
+else
+  fail "--overwrite removes the earlier run's files first" "rc $rc" "$out" "$err" "$(ls "$T/first/checkpoints")"
+fi
+run train - --resume "$T/first" --overwrite
+if [ "$rc" -eq 2 ] && grep -q "give one of the two" <<<"$err"; then pass; else
+  fail "--resume with --overwrite is a usage error" "rc $rc" "$err"
+fi
+run train "$fc" "${small[@]}" --set train.steps=2 --out ""
+if [ "$rc" -eq 2 ] && grep -q "^strata: --out: an empty path is no directory" <<<"$err"; then pass; else
+  fail "--out \"\" is refused" "rc $rc" "$err"
+fi
+before=$(ls / | tr '\n' ' ')
+expect_error "--out /" "^strata: error: /: the filesystem root cannot hold a run; give --out DIR$" \
+  train "$fc" "${small[@]}" --set train.steps=2 --out /
+[ "$(ls / | tr '\n' ' ')" = "$before" ] && pass || fail "--out / wrote at the root"
+# a directory a run made but never trained in (a failed start) takes a run
+mkdir -p "$T/started/checkpoints"
+cp "$T/first.config" "$T/started/config.yaml"
+run train "$fc" "${small[@]}" --set train.steps=2 --out "$T/started"
+[ "$rc" -eq 0 ] && pass || fail "a directory holding only a config.yaml takes a new run" "$err"
+
+# --- 2. config.yaml loads back as the run's config ----------------------------
+# optimizer.reference_batch rescales lr and momentum inside the trainer; the
+# written config is the config as given, so a resume does not rescale twice,
+# and compile plans on it as on the original (a cpu fabric, not WSE-2 PEs).
+ref=(--set optimizer.reference_batch=64 --set optimizer.schedule=constant
+     --set execution.mode=pipeline --set execution.stages=2
+     --set execution.micro_batch=8 --set train.checkpoint_every=10)
+run train "$fc" "${small[@]}" "${ref[@]}" --set train.steps=20 --out "$T/whole"
+run train "$fc" "${small[@]}" "${ref[@]}" --set train.steps=10 --out "$T/half"
+run train - --resume "$T/half" --set train.steps=20
+if [ "$rc" -eq 0 ] && cmp -s "$T/whole/checkpoints/step-00000020.safetensors" \
+   "$T/half/checkpoints/step-00000020.safetensors"; then
+  pass
+else
+  fail "a run resumed from its own config.yaml ends bit for bit as the whole run" "rc $rc" "$err"
+fi
+run compile "$fc" "${small[@]}" "${ref[@]}" --set train.steps=20 --out "$T/plan_a"
+plan_a=$out
+run compile "$T/whole/config.yaml" --out "$T/plan_b"
+if [ "$rc" -eq 0 ] && cmp -s <(grep -v '"config":' "$T/plan_a/plan.json") \
+   <(grep -v '"config":' "$T/plan_b/plan.json"); then
+  pass
+else
+  fail "compile DIR/config.yaml plans as the run's config" "rc $rc" "$err" "$(diff <(echo "$plan_a") <(echo "$out") | head)"
+fi
+
+# --- 3. signals ---------------------------------------------------------------
+# SIGINT or SIGTERM at a random moment (start-up, a step, an evaluation, a
+# checkpoint write): the run stops after its step with a checkpoint and a
+# summary marked interrupted, exits 130 or 143, leaves no temp file and
+# keeps at most keep_checkpoints; the resumed run ends with the
+# uninterrupted run's checkpoint, byte for byte.
+sig=(--set data.train_limit=4096 --set data.test_limit=256 --set train.batch=32
+     --set train.steps=1500 --set train.checkpoint_every=200 --set train.eval_every=500
+     --set train.keep_checkpoints=2 --set metrics.progress=off --set train.threads=1)
+final=checkpoints/step-00001500.safetensors
+run train "$fc" "${sig[@]}" --out "$T/sig_ref"
+[ "$rc" -eq 0 ] && pass || fail "uninterrupted run" "$err"
+stopped=0
+for i in $(seq 20); do
+  dir="$T/sig_$i" name=INT want=130
+  if [ $((i % 4)) -eq 0 ]; then name=TERM want=143; fi
+  "$strata" train "$fc" "${sig[@]}" --out "$dir" >"$dir.out" 2>"$dir.err" &
+  pid=$!
+  sleep "$((RANDOM % 12 / 10)).$((RANDOM % 10))$((RANDOM % 10))"
+  kill -s "$name" "$pid" 2>/dev/null
+  wait "$pid"
+  src=$?
+  if [ "$src" -eq "$want" ]; then
+    stopped=$((stopped + 1))
+    if grep -q "^strata: stopped by SIG$name at step [0-9]* of 1500; wrote a checkpoint and summary.json; 'strata train - --resume $(re_quote "$dir")' continues it$" "$dir.err" &&
+       grep -q "\"interrupted\": \"SIG$name\"" "$dir/summary.json" &&
+       [ "$(checkpoints "$dir")" -le 2 ]; then
+      pass
+    else
+      fail "SIG$name #$i: one line, a summary marked interrupted, at most 2 checkpoints" \
+        "$(cat "$dir.err")" "$(ls "$dir/checkpoints")"
+    fi
+  elif [ "$src" -ne 0 ]; then
+    fail "SIG$name #$i: exit $src, want $want (or 0 when it came after the end)" "$(cat "$dir.err")"
+  fi
+  no_stray "SIG$name #$i" "$dir"
+  run train - --resume "$dir"
+  if [ "$rc" -eq 0 ] && cmp -s "$T/sig_ref/$final" "$dir/$final" && [ "$(checkpoints "$dir")" -eq 2 ]; then
+    pass
+  else
+    fail "SIG$name #$i (exit $src): resumed, the uninterrupted run's checkpoint byte for byte, 2 kept" \
+      "rc $rc" "$err" "$(ls "$dir/checkpoints")"
+  fi
+  rm -rf "$dir"
+done
+if [ "$stopped" -ge 5 ]; then pass; else
+  fail "the signals stopped only $stopped of 20 runs (the runs end too soon to test)"
+fi
+# A second signal ends the process at once: SIGTERM asks for the stop,
+# SIGINT during the (long) step takes its own action; what was on disk
+# resumes.
+big=(--set data.train_limit=4096 --set data.test_limit=256 --set train.batch=256
+     --set 'model.hidden=[4096,4096]' --set train.steps=40 --set train.checkpoint_every=2
+     --set metrics.progress=off)
+"$strata" train "$fc" "${big[@]}" --out "$T/twice" >"$T/twice.out" 2>"$T/twice.err" &
+pid=$!
+for _ in $(seq 300); do [ "$(checkpoints "$T/twice")" -ge 1 ] && break; sleep 0.05; done
+kill -TERM "$pid"
+kill -INT "$pid"
+wait "$pid"
+src=$?
+if [ "$src" -eq 130 ] && ! grep -q "stopped by" "$T/twice.err"; then pass; else
+  fail "a second signal ends the run at once" "exit $src" "$(cat "$T/twice.err")"
+fi
+run train - --resume "$T/twice" --set train.steps=6
+if [ "$rc" -eq 0 ] && ! find "$T/twice" -name '*.tmp*' | grep -q .; then pass; else
+  fail "after a second signal the run resumes, and start-up removed any temp file" "rc $rc" "$err"
+fi
+
+# --- 4. stale temp files and pruning ------------------------------------------
+# a temp file of a dead process goes, one of a live process stays; pruning
+# keeps exactly keep_checkpoints whatever was left before
+dead=999999
+while kill -0 "$dead" 2>/dev/null; do dead=$((dead - 1)); done
+run train "$fc" "${small[@]}" --set train.steps=10 --set train.checkpoint_every=5 --out "$T/prune"
+for s in 1 2 3; do
+  cp "$T/prune/checkpoints/step-00000010.safetensors" "$T/prune/checkpoints/step-0000000$s.safetensors"
+done
+: >"$T/prune/checkpoints/step-00000012.safetensors.tmp.$dead"
+: >"$T/prune/summary.json.tmp.$dead"
+: >"$T/prune/summary.json.tmp.$$"
+run train - --resume "$T/prune" --set train.steps=20
+if [ "$rc" -eq 0 ] && [ "$(ls "$T/prune/checkpoints" | tr '\n' ' ')" = "step-00000015.safetensors step-00000020.safetensors " ] &&
+   [ ! -e "$T/prune/summary.json.tmp.$dead" ] && [ -e "$T/prune/summary.json.tmp.$$" ]; then
+  pass
+else
+  fail "start-up removes dead temp files; pruning keeps the newest 2" "rc $rc" "$err" "$(ls -a "$T/prune" "$T/prune/checkpoints")"
+fi
+
+# --- 5. found before the first step -------------------------------------------
+expect_error "a model larger than the machine" \
+  "^strata: error: $(re_quote "$fc"): the model needs at least .* \(weights 318 GB, gradients 318 GB, optimizer state 318 GB, activations .* at micro-batch 32\), more than the .* this machine allows .*; refused before allocating$" \
+  train "$fc" "${small[@]}" --set 'model.hidden=[100000000]' --set train.steps=1 --out "$T/huge"
+expect_error "a trace in a missing folder" \
+  "^strata: error: $(re_quote "$T/nowhere/t.json"): cannot write: No such file or directory$" \
+  train "$fc" "${small[@]}" --set train.steps=2 --trace "$T/nowhere/t.json" --out "$T/trace"
+if [ ! -e "$T/trace/metrics.jsonl" ]; then pass; else fail "a trace path is checked before the first step"; fi
+mkdir -p "$T/noplan/plan.json"
+expect_error "a plan that cannot be written" \
+  "^strata: error: $(re_quote "$T/noplan/plan.json"): .*(Is a directory|rename)" \
+  train "$fc" "${small[@]}" --set train.steps=2 --out "$T/noplan"
+# a full disk under metrics.jsonl: the run stops naming the file, after a
+# final checkpoint
+mkdir -p "$T/full"
+ln -s /dev/full "$T/full/metrics.jsonl"
+expect_error "metrics.jsonl on a full disk" \
+  "^strata: error: $(re_quote "$T/full")/metrics.jsonl: cannot write: No space left on device$" \
+  train "$fc" "${small[@]}" --set train.steps=40 --set metrics.log_every=5 --out "$T/full"
+if [ "$(ls "$T/full/checkpoints")" = "step-00000005.safetensors" ]; then pass; else
+  fail "a run whose log cannot be written saves a checkpoint" "$(ls "$T/full/checkpoints")"
+fi
+# a log torn mid-line ends at its last whole line before a resume appends
+printf '{"type":"train","st' >>"$T/prune/metrics.jsonl"
+run train - --resume "$T/prune" --set train.steps=25
+if [ "$rc" -eq 0 ] && python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$T/prune/metrics.jsonl"; then
+  pass
+else
+  fail "a torn metrics line is dropped on resume" "rc $rc" "$(tail -n 3 "$T/prune/metrics.jsonl")"
+fi
+
+# --- 6. weight streaming: config.yaml first -----------------------------------
+# killed as soon as config.yaml exists (perhaps before its store): resumes
+ws=(--set data.train_limit=1024 --set data.test_limit=64 --set train.steps=100
+    --set train.batch=64 --set metrics.progress=off
+    --set execution.mode=weight_streaming --set execution.store=file)
+"$strata" train "$fc" "${ws[@]}" --out "$T/wsk" >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 2000); do [ -e "$T/wsk/config.yaml" ] && break; sleep 0.005; done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+run train - --resume "$T/wsk"
+if [ "$rc" -eq 0 ] && grep -q "^strata: \(resumed from the store\|.*no checkpoint yet\)" <<<"$out"; then pass; else
+  fail "a weight-streaming run killed at once resumes" "rc $rc" "$out" "$err"
+fi
+# a checkpointed run killed before its first checkpoint: from step 0
+mkdir -p "$T/early"
+cp "$T/first.config" "$T/early/config.yaml"
+run train - --resume "$T/early" --set train.steps=20 --set train.seed=42
+if [ "$rc" -eq 0 ] && grep -q "no checkpoint yet (the run stopped before its first); starting at step 0" <<<"$out"; then
+  pass
+else
+  fail "--resume of a run with no checkpoint yet starts at step 0" "rc $rc" "$out" "$err"
+fi
+
+# --- 7. checkpoint metadata and weights ---------------------------------------
+ck="$T/whole/checkpoints/step-00000020.safetensors"
+# edit NAME KEY VALUE: a copy of $ck with one metadata value replaced
+edit() {
+  python3 - "$ck" "$T/meta/checkpoints/step-00000020.safetensors" "$1" "$2" <<'PY'
+import json, struct, sys
+src, dst, key, value = sys.argv[1:]
+data = open(src, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+head = json.loads(data[8:8 + n])
+head["__metadata__"][key] = value
+text = json.dumps(head).encode()
+text += b" " * (-len(text) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+}
+rm -rf "$T/meta" && cp -r "$T/whole" "$T/meta"
+edit step 99999999999999999999999
+expect_error "a step past int64" \
+  "^strata: error: $(re_quote "$T/meta/checkpoints/step-00000020.safetensors"): metadata 'step' is 99999999999999999999999, out of range: corrupt checkpoint$" \
+  train - --resume "$T/meta" --set train.steps=30
+edit step 21
+expect_error "a step that does not match the samples" \
+  "^strata: error: .*step-00000020.safetensors: metadata step 21, epoch 1, epoch_pos 128 and samples 640 do not describe one position at batch 32 over 512 samples: corrupt checkpoint$" \
+  train - --resume "$T/meta" --set train.steps=30
+rm -rf "$T/meta" && cp -r "$T/whole" "$T/meta"
+expect_error "a checkpoint past the run's steps" \
+  "^strata: error: .*step-00000020.safetensors: at step 20, past this run's last step 10 \(--set\): raise train.steps to continue it$" \
+  train - --resume "$T/meta" --set train.steps=10
+# a NaN weight: eval and generate name the tensor
+# poison SRC DST TENSOR: DST is SRC with element 7 of TENSOR a NaN
+poison() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+t = json.loads(data[8:8 + n])[sys.argv[3]]
+at = 8 + n + t["data_offsets"][0] + 4 * 7
+data[at:at + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[2], "wb").write(data)
+PY
+}
+poison "$ck" "$T/nan.safetensors" blocks.1.linear0.weight
+expect_error "eval of a NaN weight" \
+  "^strata: error: $(re_quote "$T/nan.safetensors"): tensor 'blocks.1.linear0.weight' holds NaN at element 7: the run that wrote it had diverged$" \
+  eval "$fc" "${small[@]}" --checkpoint "$T/nan.safetensors"
+for i in $(seq 1 200); do echo "line $i: the quick brown fox $((i * 7 % 13))"; done >"$T/corpus.txt"
+gpt=(--set model.kind=gpt --set data.dataset=text --set data.path="$T/corpus.txt"
+     --set model.context=16 --set model.layers=1 --set model.heads=2
+     --set model.width=16 --set train.batch=4 --set train.steps=2 --set metrics.progress=off)
+run train "$fc" "${gpt[@]}" --out "$T/gpt"
+first=$(python3 -c 'import json,struct,sys; d=open(sys.argv[1],"rb").read(); n=struct.unpack("<Q",d[:8])[0]; print([k for k in json.loads(d[8:8+n]) if k.endswith("weight")][0])' "$T/gpt/checkpoints/step-00000002.safetensors")
+poison "$T/gpt/checkpoints/step-00000002.safetensors" "$T/gnan.safetensors" "$first"
+expect_error "generate from a NaN weight" \
+  "^strata: error: $(re_quote "$T/gnan.safetensors"): tensor '$(re_quote "$first")' holds NaN at element 7: the run that wrote it had diverged$" \
+  generate "$fc" "${gpt[@]}" --checkpoint "$T/gnan.safetensors" --prompt "line" --tokens 5
+finish
