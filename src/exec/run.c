@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +19,14 @@
 
 /* A stop asked for (a signal number), and the one the last run stopped
  * for once every rank agreed. */
-static volatile sig_atomic_t stop_asked;
+static atomic_int stop_asked; /* lock-free: safe in a signal handler */
 static int stopped_by;
 
 int st_run_request_stop(int signo) {
-  int before = stop_asked;
-  if (!before) stop_asked = signo > 0 ? signo : SIGINT;
+  /* two signals handled at once on two threads: one of them is first */
+  int before = 0;
+  atomic_compare_exchange_strong(&stop_asked, &before,
+                                 signo > 0 ? signo : SIGINT);
   return before;
 }
 
@@ -32,7 +35,7 @@ int st_run_stopped_by(void) { return stopped_by; }
 /* Whether to stop before the next step: asked on any rank (a collective
  * over ranks, once a step). */
 static int stop_agreed(st_error *err) {
-  int v = stop_asked;
+  int v = atomic_load(&stop_asked);
   int rc = st_dist_max(&v, err);
   if (rc) return -rc;
   if (v) stopped_by = v;
@@ -326,8 +329,8 @@ static int loop(run_state *r, st_error *err) {
     /* with nothing to do between this step and the next, the next may
      * start before this one returns */
     int64_t after = st_trainer_pos(t)->step + 1;
-    int ahead =
-        !stop && !stop_asked && after < total && !pauses_after(r, after, total);
+    int ahead = !stop && !atomic_load(&stop_asked) && after < total &&
+                !pauses_after(r, after, total);
     int rc = st_trainer_step_ahead(t, ahead, &loss, err);
     r->train_s += st_now() - t_step;
     if (rc) return rc;
