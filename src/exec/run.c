@@ -32,14 +32,13 @@ int st_run_request_stop(int signo) {
 
 int st_run_stopped_by(void) { return stopped_by; }
 
-/* Whether to stop before the next step: asked on any rank (a collective
- * over ranks, once a step). */
-static int stop_agreed(st_error *err) {
-  int v = atomic_load(&stop_asked);
-  int rc = st_dist_max(&v, err);
-  if (rc) return -rc;
-  if (v) stopped_by = v;
-  return v;
+/* Whether to stop before the next step (*stop: the signal, or 0): asked
+ * on any rank (a collective over ranks, once a step). */
+static int stop_agreed(int *stop, st_error *err) {
+  *stop = atomic_load(&stop_asked);
+  int rc = st_dist_max(stop, err);
+  if (!rc && *stop) stopped_by = *stop;
+  return rc;
 }
 
 typedef struct run_state {
@@ -323,15 +322,15 @@ static int loop(run_state *r, st_error *err) {
     double t_step = st_now(), loss;
     /* a stop asked for: the step already started ahead is finished, then
      * the loop ends */
-    int stop = stop_agreed(err);
-    if (stop < 0) return -stop;
+    int stop, rc = stop_agreed(&stop, err);
+    if (rc) return rc;
     if (stop && !st_trainer_in_flight(t)) return 0;
     /* with nothing to do between this step and the next, the next may
      * start before this one returns */
     int64_t after = st_trainer_pos(t)->step + 1;
     int ahead = !stop && !atomic_load(&stop_asked) && after < total &&
                 !pauses_after(r, after, total);
-    int rc = st_trainer_step_ahead(t, ahead, &loss, err);
+    rc = st_trainer_step_ahead(t, ahead, &loss, err);
     r->train_s += st_now() - t_step;
     if (rc) return rc;
     r->last_loss = loss;
