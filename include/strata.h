@@ -63,6 +63,20 @@ void *st_alloc(size_t bytes);
 void st_free(void *p);
 uint64_t st_alloc_count(void); /* number of st_alloc calls so far */
 
+/* Subnormal numbers (below FLT_MIN) flushed to zero or kept (fpmode.c):
+ * one process-wide mode that every thread computing for a run applies when
+ * it takes up work. st_fp_set_flush sets it (and applies it to the calling
+ * thread); st_trainer_create sets it from train.flush_subnormals. The
+ * process starts with IEEE subnormals kept. */
+void st_fp_set_flush(int flush);
+int st_fp_flush(void);
+/* Applies the process-wide mode to the calling thread. */
+void st_fp_apply(void);
+/* Whether the calling thread flushes now (reads its mode register). */
+int st_fp_thread_flushes(void);
+/* How this CPU flushes ("x86 MXCSR FTZ+DAZ"), or "none (...)". */
+const char *st_fp_flush_support(void);
+
 /* Monotonic clock in seconds. */
 double st_now(void);
 
@@ -245,6 +259,7 @@ typedef struct st_config {
     int checkpoint_every; /* steps; 0 = only at the end */
     int threads;          /* 0 = all cores */
     int keep_checkpoints; /* how many step checkpoints to keep */
+    int flush_subnormals; /* FTZ + DAZ on every computing thread */
   } train;
   struct {
     char mode[24];            /* sequential, pipeline, block_sequential,

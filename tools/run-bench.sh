@@ -28,6 +28,9 @@
 #      beside the in-process replicas, and the scaling efficiency.
 #   9. A pipeline across 2 MPI ranks (1f1b, and pipelined backprop) vs the
 #      same stages as threads in one process: time per step.
+#  10. Subnormal numbers: `strata train` on Fashion-MNIST against synthetic
+#      data, subnormals flushed (the default) and kept, and a collapsing
+#      pipelined-backprop run against a healthy one.
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit
@@ -390,6 +393,53 @@ if ldd "$build/strata" | grep -q libmpi && command -v mpirun >/dev/null; then
   done
   rm -rf "$tmp"
 fi
+
+# 10. Subnormal numbers (train.flush_subnormals). What a user runs: `strata
+# train` on the MLP (fc_mnist, constant lr 0.001) on Fashion-MNIST, against
+# the same on synthetic data, whose easy labels never push the softmax's
+# gradients to underflow, at batch 1, 32 and 256; subnormals flushed (the
+# default) and kept. Target: real/synthetic >= 0.9 flushed. Then a
+# pipelined-backprop run that collapses (pb_mlp_fmnist at batch 1, lr 0.01)
+# against a healthy one (lr 0.001), both flushed: target >= 0.9. Best of 3,
+# alternating; the rate is the run's own (summary.json).
+echo
+tmp=$(mktemp -d)
+train_rate() { # config, then args: the run's samples/s
+  local cfg=$1
+  shift
+  "$build/strata" train "configs/$cfg.yaml" "$@" --set metrics.progress=off \
+    --set data.test_limit=256 --out "$tmp/r" --overwrite >/dev/null 2>&1
+  sed -n 's/^  "samples_per_s": \([0-9.]*\),$/\1/p' "$tmp/r/summary.json" 2>/dev/null
+}
+best() { awk -v a="$1" -v b="$2" 'BEGIN { print (b + 0 > a + 0 ? b : a) }'; }
+train_rate fc_mnist --set train.steps=1 >/dev/null
+echo "Subnormal numbers: strata train, real data against synthetic (MLP; best of 3; $(sed -n 's/^  "subnormals": "\(.*\)",$/subnormals \1/p' "$tmp/r/summary.json"))"
+for batch in 1 32 256; do
+  steps=$((30000 / batch)); [ "$steps" -lt 600 ] && steps=600
+  mlp=(--set train.batch=$batch --set train.steps=$steps --set optimizer.lr=0.001
+       --set optimizer.schedule=constant)
+  for flush in true false; do
+    real=0 syn=0
+    for _ in 1 2 3; do
+      real=$(best "$real" "$(train_rate fc_mnist "${mlp[@]}" --set train.flush_subnormals=$flush)")
+      syn=$(best "$syn" "$(train_rate fc_mnist "${mlp[@]}" --set train.flush_subnormals=$flush --set data.dataset=synthetic)")
+    done
+    awk -v b="$batch" -v f="$flush" -v r="$real" -v s="$syn" 'BEGIN {
+      printf "  batch %3d, %-9s Fashion-MNIST %7.0f samples/s, synthetic %7.0f; real/synthetic %.2f%s\n",
+        b, (f == "true" ? "flushed" : "kept"), r, s, (s > 0 ? r / s : 0),
+        (f == "true" ? " (target >= 0.9)" : "") }'
+  done
+done
+pbr=(--set train.batch=1 --set train.steps=20000)
+bad=0 good=0
+for _ in 1 2 3; do
+  bad=$(best "$bad" "$(train_rate pb_mlp_fmnist "${pbr[@]}" --set optimizer.lr=0.01)")
+  good=$(best "$good" "$(train_rate pb_mlp_fmnist "${pbr[@]}" --set optimizer.lr=0.001)")
+done
+awk -v a="$bad" -v b="$good" 'BEGIN {
+  printf "  pipelined backprop, batch 1: collapsing (lr 0.01) %.0f samples/s, healthy (lr 0.001) %.0f; collapsing/healthy %.2f (target >= 0.9)\n",
+    a, b, (b > 0 ? a / b : 0) }'
+rm -rf "$tmp"
 
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"

@@ -130,6 +130,7 @@ static void *worker_main(void *arg) {
     /* Only the first `active` workers take part; the others go back to
      * waiting without touching the job. */
     if (self->index >= (int)(g & ((1u << ACTIVE_BITS) - 1))) continue;
+    st_fp_apply(); /* the run's subnormal mode (a load and a compare) */
     run_tasks(p, self->index + 1);
     atomic_fetch_sub_explicit(&p->busy_workers, 1, memory_order_release);
   }

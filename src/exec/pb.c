@@ -481,6 +481,7 @@ static void *worker(void *arg) {
     if (st_wait_ge(&st->rt.w, &p->generation, done + 1, p->rt.spin, NULL,
                    &p->rt.stop))
       return NULL; /* stopped */
+    st_fp_apply();
     int ok = !run_stage(st, &p->jobs[done % 2]);
     /* clean counts the steps before the first stop (none after it) */
     if (ok && atomic_load(&st->clean) == done)

@@ -232,6 +232,7 @@ static void *worker(void *arg) {
                    NULL))
       return NULL; /* destroyed */
     seen = atomic_load(&p->generation);
+    st_fp_apply();
     /* published before the generation */
     if (st->rt.index >= p->lo && st->rt.index < p->hi) run_phase(st, p->phase);
     atomic_fetch_add(&p->done, 1);

@@ -90,6 +90,7 @@ static void *driver(void *arg) {
     }
     seen = p->generation;
     pthread_mutex_unlock(&p->mu);
+    st_fp_apply();
     rp->rc = p->inner->step(rp->state, &rp->view, &rp->loss, &rp->err);
     pthread_mutex_lock(&p->mu);
     p->done++;

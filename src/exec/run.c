@@ -252,12 +252,17 @@ static int write_summary(run_state *r, st_error *err) {
       "  \"test_accuracy\": %s,\n  \"evaluated_at_step\": %s,\n"
       "  \"samples_per_s\": %.1f,\n"
       "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
-      "  \"replicas\": %d,\n  \"blas\": \"%s\"%s,\n  \"interrupted\": %s",
+      "  \"replicas\": %d,\n  \"blas\": \"%s\",\n  \"subnormals\": "
+      "\"%s%s\"%s,\n"
+      "  \"interrupted\": %s",
       r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
       (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
       r->cfg->train.batch, r->last_loss, tl, ta, at, samples_per_s(r),
       r->train_s, st_now() - r->t0, st_trainer_threads(r->t),
-      r->cfg->execution.replicas, st_blas_name(), noise, interrupted);
+      r->cfg->execution.replicas, st_blas_name(),
+      r->cfg->train.flush_subnormals ? "flushed: " : "kept",
+      r->cfg->train.flush_subnormals ? st_fp_flush_support() : "", noise,
+      interrupted);
   stage_fields(r, f);
   fprintf(f, "\n}\n");
   snprintf(path, sizeof path, "%s/summary.json", r->dir);

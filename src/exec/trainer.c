@@ -396,6 +396,8 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if (t->eval_batch < t->micro_batch) t->eval_batch = t->micro_batch;
   if ((rc = check_memory(t, err))) goto fail;
   st_blas_init(); /* idempotent; library users need not remember it */
+  /* before any thread starts: each applies the mode as it takes up work */
+  st_fp_set_flush(cfg->train.flush_subnormals);
   /* all the cores, or over MPI ranks this rank's share of its machine's */
   int threads = cfg->train.threads > 0
                     ? cfg->train.threads
@@ -759,6 +761,7 @@ static int step_overlapped(st_trainer *t, int ahead, double *loss,
 
 int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
                           st_error *err) {
+  st_fp_set_flush(t->cfg.train.flush_subnormals); /* another trainer's? */
   if (overlaps(t)) return step_overlapped(t, ahead, loss, err);
   next_batch(t, &t->pos, t->x, t->y);
   /* t->grads is all zeros here: allocated zeroed, and every update zeroes
@@ -829,6 +832,7 @@ int st_trainer_finish(st_trainer *t, st_error *err) {
 
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
+  st_fp_set_flush(t->cfg.train.flush_subnormals);
   int rc = st_trainer_gather(t, err); /* refused with a step in flight */
   if (rc) return rc;
   const st_model *m = t->model;

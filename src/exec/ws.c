@@ -150,6 +150,7 @@ static void *fetch_main(void *arg) {
     while (!w->stop && w->generation == seen) pthread_cond_wait(&w->cv, &w->mu);
     if (w->stop) break;
     seen = w->generation;
+    st_fp_apply();
     for (int u = 0; u < w->n_use && !w->stop; u++) {
       while (!w->stop && w->released < u + 1 - w->slots)
         pthread_cond_wait(&w->cv, &w->mu);
@@ -334,6 +335,7 @@ static void *optimizer_main(void *arg) {
     st_train_pos pos = w->commit_pos;
     int copy = w->commit_copy, failed = w->io_rc;
     pthread_mutex_unlock(&w->mu);
+    st_fp_apply();
     st_error e = {0};
     /* after a failed commit nothing more is written: the other copy is
      * the one the last good header names */

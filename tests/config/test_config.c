@@ -193,6 +193,7 @@ static const char *const all_keys[] = {
     "train.checkpoint_every",
     "train.threads",
     "train.keep_checkpoints",
+    "train.flush_subnormals",
     "execution.mode",
     "execution.micro_batch",
     "execution.schedule",
@@ -265,6 +266,7 @@ static void test_defaults(void) {
   CHECK(c.train.steps == 0 && c.train.seed == 42, "steps/seed");
   CHECK(c.train.eval_every == 0 && c.train.checkpoint_every == 0, "every");
   CHECK(c.train.threads == 0 && c.train.keep_checkpoints == 2, "threads/keep");
+  CHECK(c.train.flush_subnormals == 1, "train.flush_subnormals");
   CHECK(!strcmp(c.execution.mode, "sequential"), "execution.mode");
   CHECK(c.execution.micro_batch == 0, "execution.micro_batch");
   CHECK(!strcmp(c.fabric.kind, "cpu") && c.fabric.cores == 0, "fabric");
