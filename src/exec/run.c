@@ -260,9 +260,14 @@ static int write_summary(run_state *r, st_error *err) {
       r->cfg->train.batch, r->last_loss, tl, ta, at, samples_per_s(r),
       r->train_s, st_now() - r->t0, st_trainer_threads(r->t),
       r->cfg->execution.replicas, st_blas_name(),
-      r->cfg->train.flush_subnormals ? "flushed: " : "kept",
-      r->cfg->train.flush_subnormals ? st_fp_flush_support() : "", noise,
-      interrupted);
+      !r->cfg->train.flush_subnormals ? "kept"
+      : st_fp_flush_support()[0] == 'n'
+          ? "kept: this CPU has no flush mode strata sets"
+          : "flushed: ",
+      r->cfg->train.flush_subnormals && st_fp_flush_support()[0] != 'n'
+          ? st_fp_flush_support()
+          : "",
+      noise, interrupted);
   stage_fields(r, f);
   fprintf(f, "\n}\n");
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
