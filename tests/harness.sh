@@ -31,6 +31,10 @@ if [ ! -x "$strata" ]; then
   finish
 fi
 
+# re_quote TEXT: a regular expression matching TEXT literally (paths hold
+# dots and slashes).
+re_quote() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|/]/\\&/g'; }
+
 # run CMD...: runs strata with CMD, leaving rc, out (stdout) and err (stderr).
 run() {
   "$strata" "$@" >"$T/stdout" 2>"$T/stderr"

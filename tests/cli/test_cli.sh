@@ -14,8 +14,6 @@
 # samples, 20 steps) so the whole file takes a few seconds.
 . "$(dirname "$0")/../harness.sh"
 
-# A regular expression matching the literal text $1 (paths hold dots).
-re_quote() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|/]/\\&/g'; }
 
 # expect_error NAME ERE -- ARGS...: strata ARGS must exit 1 and print exactly
 # one stderr line "strata: error: ..." matching the extended regex ERE (which

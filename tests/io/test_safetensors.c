@@ -533,6 +533,12 @@ static void test_checkpoint(void) {
                               "samples 630 do not describe one position at "
                               "batch 10 over 300 samples"),
         "inconsistent position: rc %d: %s", rc, err.msg);
+  bad.step = 63, bad.samples = 631; /* samples alone disagree */
+  rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &bad, &err);
+  rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
+  CHECK(rc == ST_EFORMAT && contains(err.msg, "samples 631 do not describe"),
+        "samples that are not step x batch: rc %d: %s", rc, err.msg);
+  bad.samples = 630;
   p0[m->blocks[1].param_off + 2] = NAN;
   bad.step = 63;
   rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &bad, &err);
