@@ -25,6 +25,7 @@
 #include "../dist/dist.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 
 /* Stage s of a segment of k stages, over P members: its member. */
@@ -278,5 +279,41 @@ void st_rt_forget_links(st_rt *rt);
 /* An empty message to the stage before s, in place of the gradient it
  * waits for: it stops. */
 void st_rt_send_stop(st_rt *rt, int s);
+
+/* ------------------------------------------- fill-and-drain schedules */
+
+/* The order each worker of a fill-and-drain pipeline runs its ops in
+ * (schedule.c): pure functions of (schedule, S workers, M micro-batches,
+ * V chunks a worker). Pipeline stage j = k + v S is chunk v of worker k. */
+enum { ST_PASS_F = 0, ST_PASS_B = 1, ST_PASS_W = 2, ST_PASS_BW = 3 };
+enum { ST_SCHED_GPIPE, ST_SCHED_1F1B, ST_SCHED_INTERLEAVED, ST_SCHED_ZB1P };
+typedef struct st_sched_op {
+  unsigned char kind, chunk; /* ST_OP_*, the worker's chunk */
+  int mb;                    /* micro-batch */
+} st_sched_op;
+typedef struct st_schedule {
+  int kind, S, M, V;
+  int split;        /* backward split into B and W (zb1p) */
+  st_sched_op *ops; /* worker k's ops: ops[start[k] .. start[k + 1]) */
+  int *start;       /* [S + 1] */
+  int n_ops;
+  int *slots; /* [S V]: stage j's activation slots (most micro-batches
+                 between its F and the op that frees them) */
+} st_schedule;
+
+/* name: gpipe, 1f1b, interleaved (V >= 1) or zb1p; V > 1 only for
+ * interleaved. */
+int st_schedule_build(st_schedule *s, const char *name, int S, int M, int V,
+                      st_error *err);
+void st_schedule_free(st_schedule *s);
+const char *st_schedule_op_name(int kind);
+/* Runs the lists on an emulated clock, op kind i taking cost[i]: each
+ * op's start and end (either may be NULL) and the makespan; -1 with why
+ * when an op comes before what it needs or the workers deadlock. */
+int st_schedule_emulate(const st_schedule *s, const double cost[4],
+                        double *begin, double *end, double *makespan, char *why,
+                        size_t why_len);
+/* The schedule on that clock (F, B, W one tick, BW two) as an SVG. */
+int st_schedule_svg(const st_schedule *s, const char *title, FILE *f);
 
 #endif
