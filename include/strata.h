@@ -265,7 +265,9 @@ typedef struct st_config {
     char mode[24];            /* sequential, pipeline, block_sequential,
                                  pipelined_backprop, weight_streaming */
     int micro_batch;          /* 0 = whole batch */
-    char schedule[8];         /* pipeline: gpipe | 1f1b */
+    char schedule[16];        /* pipeline: gpipe | 1f1b | interleaved |
+                                 zb1p */
+    int virtual_stages;       /* interleaved: chunks a stage worker holds */
     int stages;               /* pipeline: stages (0 = the compiler's plan,
                                  ST_STAGES_PER_BLOCK = one per block) */
     st_int_list stage_blocks; /* pipeline, pipelined_backprop: blocks of
@@ -658,6 +660,20 @@ void st_block_backward(const st_block *b, const st_ctx *ctx,
                        const float *params, float *grads, const float *in,
                        const float *acts, const float *dout, float *din,
                        float *work, float *scratch, int B);
+/* The backward in two halves, for schedules that defer weight gradients
+ * (zb1p): B, the input gradient alone, keeping each layer-with-weights'
+ * output gradient in dys (B * st_block_dys_floats(b) floats); then W,
+ * the weight gradients from those and the layers' inputs in acts. The two
+ * add into grads exactly what st_block_backward adds. Not with a fused
+ * update (ctx->fused). */
+size_t st_block_dys_floats(const st_block *b);
+void st_block_backward_input(const st_block *b, const st_ctx *ctx,
+                             const float *params, const float *in,
+                             const float *acts, const float *dout, float *din,
+                             float *work, float *scratch, float *dys, int B);
+void st_block_backward_weights(const st_block *b, const st_ctx *ctx,
+                               float *grads, const float *in, const float *acts,
+                               const float *dys, float *scratch, int B);
 
 /* ---------------------------------------------------------------- optim */
 
@@ -965,6 +981,7 @@ typedef enum {
   ST_TRACE_RECV,   /* waiting for a message: the stage is idle */
   ST_TRACE_IDLE,   /* between steps: data loading, evaluation */
   ST_TRACE_REDUCE, /* replicas: all-reduce of the gradients */
+  ST_TRACE_WEIGHT, /* zb1p: a deferred weight gradient (W) */
   ST_TRACE_KINDS
 } st_trace_kind;
 

@@ -846,6 +846,7 @@ static const range ranges[] = {
     AT_LEAST("train.keep_checkpoints", 0),
     AT_LEAST("execution.micro_batch", 0),
     AT_LEAST("execution.stages", 0),
+    AT_LEAST("execution.virtual_stages", 1),
     AT_LEAST("execution.blocks_per_segment", 0),
     AT_LEAST("execution.replicas", 1),
     AT_LEAST("execution.pipemare_warmup", 0),
@@ -1081,6 +1082,7 @@ static const struct {
   const char *key, *modes;
 } mode_keys[] = {
     {"execution.schedule", "pipeline"},
+    {"execution.virtual_stages", "pipeline"},
     {"execution.stages", "pipeline block_sequential pipelined_backprop"},
     {"execution.stage_blocks", "pipeline pipelined_backprop"},
     {"execution.blocks_per_segment", "block_sequential"},

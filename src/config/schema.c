@@ -57,7 +57,8 @@ static const char *const roundings[] = {"nearest", "stochastic", NULL};
 static const char *const mitigations[] = {
     "none", "stash", "sc", "lwp", "sc+lwp", "spectrain", "pipemare", NULL,
 };
-static const char *const schedules_pipe[] = {"gpipe", "1f1b", NULL};
+static const char *const schedules_pipe[] = {"gpipe", "1f1b", "interleaved",
+                                             "zb1p", NULL};
 static const char *const block_costs[] = {"model", "measured", NULL};
 static const char *const fabrics[] = {
     "cpu",
@@ -160,8 +161,16 @@ const st_config_key st_config_schema[] = {
     INT(execution, micro_batch, "0",
         "samples per micro-batch (0 = whole batch; pipelined_backprop: 1)"),
     ENUM(execution, schedule, "1f1b", schedules_pipe,
-         "pipeline: fill and drain all micro-batches (gpipe) or one forward, "
-         "one backward (1f1b, at most S micro-batches in flight)"),
+         "pipeline: fill and drain all micro-batches (gpipe), one forward, "
+         "one backward (1f1b, at most S micro-batches in flight), "
+         "interleaved virtual stages (interleaved: each stage worker holds "
+         "execution.virtual_stages chunks; bubble over V) or zero-bubble "
+         "(zb1p: each backward split into input and weight gradients, the "
+         "latter deferred into 1f1b's idle slots; 1f1b's peak memory)"),
+    INT(execution, virtual_stages, "2",
+        "schedule interleaved: chunks of blocks each stage worker holds "
+        "(chunk v of worker k is pipeline stage k + v S; the model needs "
+        "S V blocks)"),
     INT(execution, stages, "0",
         "pipeline: stages, contiguous runs of blocks cut by the compiler's "
         "plan (0 = the plan's choice, at most one per core); "

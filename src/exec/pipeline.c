@@ -62,10 +62,19 @@
 typedef struct pipe_stage {
   st_rt_stage rt; /* first: the runtime's part (cores, slots, links) */
   struct pipe *p;
+  int worker, chunk;     /* pipeline stage rt.index = worker + chunk S */
   float *probs;          /* last stage: slots x mb x R x classes */
   float *dlogits;        /* last stage: mb x R x classes */
   float **dgrad;         /* [M] input gradients (stages > 0) */
+  float **own_in;        /* split backward, stages > 0: [slots] each slot's
+                            input, kept until its W (the sender's buffer
+                            may be reused once B has answered it) */
   int bwd_sent;          /* over ranks: of them, sent this step */
+  int tie_copies;        /* split backward: other stages holding copies of
+                            tensors tied to this stage's (a GPT's head),
+                            whose last W must be done before it updates */
+  int tie_source;        /* the stage whose tensor this one holds a copy
+                            of, else -1 */
   int held, max_held;    /* micro-batches in flight, and the most this step */
   uint32_t jitter_state; /* test knob: this stage's sleep stream */
 } pipe_stage;
@@ -74,15 +83,20 @@ enum { PHASE_ALL, PHASE_FORWARD, PHASE_BACKWARD };
 
 typedef struct pipe {
   st_rt rt; /* the stages' runtime: S, mb, errors, links */
-  int M, gpipe, blockseq;
-  int segments; /* block_sequential: G segments; pipeline: 1 */
-  int *seg;     /* [G + 1]: segment g runs stages [seg[g], seg[g+1]) */
+  int M, blockseq;
+  int workers;       /* threads (or ranks' stage threads): S; rt.S = S V */
+  int V;             /* chunks a worker (interleaved), else 1 */
+  st_schedule sched; /* pipeline: each worker's ops (runtime/schedule.c) */
+  int segments;      /* block_sequential: G segments; pipeline: 1 */
+  int *seg;          /* [G + 1]: segment g runs stages [seg[g], seg[g+1]) */
   pipe_stage *stages;
   st_stage *eval; /* all blocks, for inference batches */
   /* step control: the caller publishes a view and a phase over stages
    * [lo, hi), then bumps `generation`; every worker of this rank looks,
    * those in range run it, and all count themselves done */
   atomic_llong generation, done;
+  atomic_llong copies_done; /* split backward: tie copies' last Ws, this
+                               step (their gradients are complete) */
   int phase, lo, hi;
   int jitter_us; /* test knob: sleep up to this long before each op */
   st_trainer_view *v;
@@ -115,6 +129,14 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
   /* the slot's output goes to another rank: its last send is done */
   if (st_rt_reuse(r, ST_RT_FWD, k)) return -1;
   double t0 = st_now();
+  if (st->own_in) { /* kept until W; the buffer it came in is free */
+    size_t n = (size_t)mb * st_shape_numel(m->blocks[r->first].in);
+    memcpy(st->own_in[slot], in, n * sizeof *in);
+    in = st->own_in[slot];
+    if (r->remote_prev && k + r->slots < p->M &&
+        st_rt_post(r, ST_RT_FWD, k + r->slots))
+      return -1;
+  }
   r->in[slot] = in;
   if (++st->held > st->max_held) st->max_held = st->held;
   st_ctx ctx = v->ctx;
@@ -144,7 +166,10 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
   return 0;
 }
 
-static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
+/* Micro-batch k's backward at this stage: whole (BW), or its B half alone
+ * (the input gradient, sent on; the slot stays held for W). */
+static int backward_one(pipe_stage *st, st_trainer_view *v, int k,
+                        int input_only) {
   pipe *p = st->p;
   st_rt_stage *r = &st->rt;
   jitter(st);
@@ -164,16 +189,22 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
   }
   float *din = r->index == 0 ? NULL : st->dgrad[k];
   int last = k == p->M - 1;
-  st_stage_backward_each(
-      r->run[slot], &v->ctx, v->params, v->grads, r->in[slot], dout, din, mb,
-      last && !v->grads_only ? st_exec_update_block : NULL, v);
-  st->held--;
+  if (input_only) {
+    st_stage_backward_input(r->run[slot], &v->ctx, v->params, r->in[slot], dout,
+                            din, mb);
+  } else {
+    st_stage_backward_each(
+        r->run[slot], &v->ctx, v->params, v->grads, r->in[slot], dout, din, mb,
+        last && !v->grads_only ? st_exec_update_block : NULL, v);
+    st->held--;
+  }
   st_rt_trace(v, ST_TRACE_BACKWARD, k, t0, st_now());
   int rc = 0;
-  /* the buffers just read are free: post the receives that reuse them */
+  /* the buffers just read are free: post the receives that reuse them (a
+   * split backward's input slot is posted again by its forward) */
   if (r->remote_next && k + r->rx_ring < p->M)
     rc = st_rt_post(r, ST_RT_BWD, k + r->rx_ring);
-  if (!rc && r->remote_prev && k + r->slots < p->M)
+  if (!rc && !st->own_in && r->remote_prev && k + r->slots < p->M)
     rc = st_rt_post(r, ST_RT_FWD, k + r->slots);
   if (!rc && r->index > 0) {
     rc = st_rt_send(r, v, ST_RT_BWD, k, din);
@@ -183,42 +214,99 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k) {
   return rc;
 }
 
-static void run_phase(pipe_stage *st, int phase) {
+/* Micro-batch k's W half: the weight gradients its B left, then (the
+ * last micro-batch) each block's update; the slot is free after it. */
+static int weights_one(pipe_stage *st, st_trainer_view *v, int k) {
   pipe *p = st->p;
   st_rt_stage *r = &st->rt;
-  st_trainer_view view = *p->v, *v = &view; /* with this stage's pool */
-  view.ctx.pool = r->pool;
-  view.track = p->v->track + r->index;
-  double now = st_now();
-  /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
-  if (r->last_end > 0 && !v->grads_only)
-    st_rt_trace(v, ST_TRACE_IDLE, -1, r->last_end, now);
-  int M = p->M, ok = 1;
-  /* receives from other ranks, posted ahead: every free input slot, and
-   * the first gradients */
+  jitter(st);
+  int slot = k % r->slots, last = k == p->M - 1;
+  double t0 = st_now();
+  /* a tied tensor is updated with its copies' gradients: their last W
+   * (on another stage, not ordered before this one by the schedule) first */
+  if (last && st->tie_copies &&
+      st_wait_ge(&r->w, &p->copies_done, st->tie_copies, p->rt.spin,
+                 &p->rt.abort, &p->rt.stop))
+    return -1;
+  st_stage_backward_weights_each(
+      r->run[slot], &v->ctx, v->grads, r->in[slot], p->rt.mb,
+      last && !v->grads_only ? st_exec_update_block : NULL, v);
+  st->held--;
+  if (last && st->tie_source >= 0) {
+    atomic_fetch_add(&p->copies_done, 1);
+    st_waiter_wake(&p->stages[st->tie_source].rt.w);
+  }
+  double t1 = st_now();
+  st_rt_trace(v, ST_TRACE_WEIGHT, k, t0, t1);
+  r->busy += t1 - t0;
+  return 0;
+}
+
+/* One op of the worker's schedule, on the chunk's stage. A batch of one
+ * sample updates inside the backward (a fused update): there B runs the
+ * whole backward and W has nothing left. */
+static int run_op(pipe_stage *st, st_trainer_view *v, const st_sched_op *o) {
+  int split = st->own_in || st->rt.run[0]->dys;
+  switch (o->kind) {
+  case ST_PASS_F:
+    return forward_one(st, v, o->mb);
+  case ST_PASS_BW:
+    return backward_one(st, v, o->mb, 0);
+  case ST_PASS_B:
+    return backward_one(st, v, o->mb, split && !v->ctx.fused);
+  case ST_PASS_W:
+    return split && !v->ctx.fused ? weights_one(st, v, o->mb) : 0;
+  }
+  return -1;
+}
+
+/* Posts the receives a stage's step starts with, over ranks: every free
+ * input slot, and the first gradients. */
+static int post_ahead(st_rt_stage *r, int M, int phase) {
+  int ok = 1;
   if (phase != PHASE_BACKWARD && r->remote_prev)
     for (int k = 0; ok && k < r->slots && k < M; k++)
       ok = !st_rt_post(r, ST_RT_FWD, k);
   if (phase != PHASE_FORWARD && r->remote_next)
     for (int k = 0; ok && k < r->rx_ring && k < M; k++)
       ok = !st_rt_post(r, ST_RT_BWD, k);
+  return ok;
+}
+
+/* A worker's part of the step: its chunks' stages (one, but for
+ * interleaved), its schedule's ops in order; block_sequential's phases
+ * run every forward, or every backward, of its one stage. */
+static void run_phase(pipe_stage *st, int phase) {
+  pipe *p = st->p;
+  st_rt_stage *r = &st->rt;
+  st_trainer_view view = *p->v, *v = &view; /* with this worker's pool */
+  view.ctx.pool = r->pool;
+  view.track = p->v->track + st->worker;
+  double now = st_now();
+  /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
+  if (r->last_end > 0 && !v->grads_only)
+    st_rt_trace(v, ST_TRACE_IDLE, -1, r->last_end, now);
+  int M = p->M, V = p->sched.V > 0 ? p->sched.V : 1, ok = 1;
+  for (int c = 0; c < V; c++) {
+    pipe_stage *cs = &p->stages[st->worker + c * p->workers];
+    if (phase != PHASE_BACKWARD) cs->held = cs->max_held = 0;
+    ok = ok && post_ahead(&cs->rt, M, phase);
+  }
   if (!ok) {
     /* nothing runs */
   } else if (phase == PHASE_FORWARD) {
-    st->held = st->max_held = 0;
     for (int k = 0; k < M; k++)
       if (forward_one(st, v, k)) break;
   } else if (phase == PHASE_BACKWARD) {
     for (int k = 0; k < M; k++)
-      if (backward_one(st, v, k)) break;
+      if (backward_one(st, v, k, 0)) break;
   } else {
-    st->held = st->max_held = 0;
-    int w = p->gpipe ? M : p->rt.S - 1 - r->index;
-    if (w > M) w = M;
-    for (int k = 0; ok && k < w; k++) ok = !forward_one(st, v, k);
-    for (int i = 0; ok && i < M - w; i++)
-      ok = !forward_one(st, v, w + i) && !backward_one(st, v, i);
-    for (int k = M - w; ok && k < M; k++) ok = !backward_one(st, v, k);
+    const st_schedule *s = &p->sched;
+    for (int i = s->start[st->worker]; ok && i < s->start[st->worker + 1];
+         i++) {
+      const st_sched_op *o = &s->ops[i];
+      ok = !run_op(&p->stages[st->worker + o->chunk * p->workers], v, o);
+    }
   }
   r->last_end = st_now();
 }
@@ -253,13 +341,85 @@ static void pipe_destroy(void *state) {
     st_free(st->dlogits);
     for (int k = 0; st->dgrad && k < p->M; k++) st_free(st->dgrad[k]);
     free(st->dgrad);
+    for (int j = 0; st->own_in && j < st->rt.slots; j++) st_free(st->own_in[j]);
+    free(st->own_in);
     st_rt_stage_free(&st->rt);
   }
   free(p->stages);
   free(p->seg);
+  st_schedule_free(&p->sched);
   st_stage_destroy(p->eval);
   st_rt_free(&p->rt);
   free(p);
+}
+
+/* interleaved: S workers of V chunks each. The compiler's plan cuts S V
+ * chunks (one core each: every worker runs V of them in turn); chunk v of
+ * worker k is pipeline stage k + v S and shares the worker's thread, pool
+ * and cores. */
+static int lay_out_chunks(pipe *p, const st_config *cfg, const st_block_cost *c,
+                          int S, int cores, int *first, int *count, int *pes,
+                          st_error *err) {
+  const st_model *m = p->rt.model;
+  int n = m->n_blocks, V = p->V;
+  const char *key = st_config_where(cfg, "execution.virtual_stages");
+  if (S == ST_STAGES_PER_BLOCK)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.stages: per_block with the interleaved "
+                        "schedule; give a number of stage workers",
+                        st_config_where(cfg, "execution.stages"));
+  if (S == 0) S = cores < n / V ? cores : n / V;
+  if (S < 1 || (long)S * V > n)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.virtual_stages: %d chunks for each of "
+                        "%d stage workers need %d blocks; the model has %d",
+                        key, V, S > 0 ? S : 1, (S > 0 ? S : 1) * V, n);
+  int J = S * V;
+  if (cfg->execution.stage_blocks.n > 0 && cfg->execution.stage_blocks.n != J)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.stage_blocks: %d entries; the "
+                        "interleaved schedule cuts %d chunks (execution.stages "
+                        "x execution.virtual_stages)",
+                        st_config_where(cfg, "execution.stage_blocks"),
+                        cfg->execution.stage_blocks.n, J);
+  st_config *cpu = malloc(sizeof *cpu);
+  if (!cpu) return st_error_set(err, ST_ENOMEM, "out of memory");
+  st_fabric fab, *plan_on = st_cut_fabric(&fab, cpu, cfg, J, J);
+  int k = st_cut_split(c, n, plan_on, J, J, 1, &cfg->execution.stage_blocks,
+                       first, count, pes);
+  free(cpu);
+  if (k != J)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "internal error: the plan cut %d chunks, not %d", k, J);
+  p->workers = S;
+  p->segments = 1;
+  p->seg = calloc(2, sizeof *p->seg);
+  p->stages = calloc((size_t)J, sizeof *p->stages);
+  if (!p->seg || !p->stages)
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  for (int j = 0, off = 0; j < J; j++) {
+    pipe_stage *ps = &p->stages[j];
+    st_rt_stage *st = &ps->rt;
+    int w = j % S, v = j / S;
+    ps->p = p;
+    ps->worker = w;
+    ps->chunk = v;
+    p->rt.st[j] = st;
+    st->rt = &p->rt;
+    st->index = j;
+    st->first = first[j];
+    st->count = count[j];
+    st->cores = cores / S + (w < cores % S);
+    if (st->cores < 1) st->cores = 1;
+    st->cpu_off = v == 0 ? off : p->stages[w].rt.cpu_off;
+    if (v == 0) off += st->cores;
+    st->local = 1;
+    st->threadless = v > 0;
+    snprintf(st->name, sizeof st->name, "stage %d chunk %d", w, v);
+  }
+  p->seg[1] = J;
+  p->rt.S = J;
+  return 0;
 }
 
 /* The stages of both modes: S stages per segment (0: the plan's), every
@@ -281,6 +441,10 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
   int *count = first + n, *pes = first + 2 * n;
   if (!blockseq && (rc = st_pipeline_check_pin(cfg, n, err))) goto done;
   if ((rc = st_plan_block_costs(c, m, cfg, err))) goto done;
+  if (p->V > 1) {
+    rc = lay_out_chunks(p, cfg, c, S, cores, first, count, pes, err);
+    goto done;
+  }
   /* The plan for this machine's cores, whatever fabric the config plans
    * for otherwise (a mesh is a what-if; a run runs here). More stages than
    * cores share them. A calibration profile that cannot be read leaves no
@@ -321,6 +485,7 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
       pipe_stage *ps = &p->stages[total];
       st_rt_stage *st = &ps->rt;
       ps->p = p;
+      ps->worker = total;
       p->rt.st[total] = st;
       st->rt = &p->rt;
       st->index = total;
@@ -338,12 +503,40 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
   }
   p->seg[G] = total;
   p->rt.S = total;
+  p->workers = total;
 done:
   free(c);
   free(cpu);
   free(starts);
   free(first);
   return rc;
+}
+
+/* Which stages hold copies of a tensor another stage holds (model.tied:
+ * a GPT's head shares the token embedding): the source's update needs the
+ * copies' gradients, complete only after their stages' last backward. */
+static void mark_ties(pipe *p) {
+  const st_model *m = p->rt.model;
+  for (int s = 0; s < p->rt.S; s++) p->stages[s].tie_source = -1;
+  for (int s = 0; s < p->rt.S; s++) {
+    st_rt_stage *r = &p->stages[s].rt;
+    for (int b = r->first; b < r->first + r->count; b++)
+      for (int t = 0; t < m->blocks[b].n_tensors; t++) {
+        long tie = m->blocks[b].tensors[t].tie;
+        if (tie < 0) continue;
+        for (int src = 0; src < p->rt.S; src++) {
+          const st_rt_stage *o = &p->stages[src].rt;
+          size_t lo = m->blocks[o->first].param_off;
+          size_t hi = m->blocks[o->first + o->count - 1].param_off +
+                      m->blocks[o->first + o->count - 1].n_params;
+          if (src != s && (size_t)tie >= lo && (size_t)tie < hi &&
+              p->stages[s].tie_source < 0) {
+            p->stages[s].tie_source = src;
+            p->stages[src].tie_copies++;
+          }
+        }
+      }
+  }
 }
 
 int st_pipeline_pin(void *state, const int *cpus, int n) {
@@ -384,21 +577,39 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   }
   p->M = cfg->train.batch / micro_batch;
   p->blockseq = blockseq;
-  p->gpipe = blockseq || strcmp(cfg->execution.schedule, "gpipe") == 0;
+  p->V = !blockseq && !strcmp(cfg->execution.schedule, "interleaved")
+             ? cfg->execution.virtual_stages
+             : 1;
   int rc = lay_out(p, cfg, blockseq, cores, err);
+  if (!rc && !blockseq)
+    rc = st_schedule_build(&p->sched, cfg->execution.schedule, p->workers, p->M,
+                           p->V, err);
+  if (!rc) mark_ties(p);
   if (!rc && pl) {
-    /* each segment's stages over the members in order */
-    for (int g = 0; g < p->segments; g++)
-      st_rt_place(&p->rt, pl->group, p->seg[g], p->seg[g + 1], pl->threads);
+    /* each segment's stages over the members in order; a worker's later
+     * chunks where its first is */
+    if (p->V > 1) {
+      st_rt_place(&p->rt, pl->group, 0, p->workers, pl->threads);
+      for (int j = p->workers; j < p->rt.S; j++) {
+        st_rt_stage *st = &p->stages[j].rt, *w = &p->stages[j % p->workers].rt;
+        st->owner = w->owner;
+        st->local = w->local;
+        st->cores = w->cores;
+        st->cpu_off = w->cpu_off;
+      }
+    } else {
+      for (int g = 0; g < p->segments; g++)
+        st_rt_place(&p->rt, pl->group, p->seg[g], p->seg[g + 1], pl->threads);
+    }
     st_rt_mark_links(&p->rt);
     int P = st_dist_group_size(pl->group);
-    if (!blockseq && p->rt.S < P)
+    if (!blockseq && p->workers < P)
       rc = st_error_set(err, ST_ECONFIG,
                         "%s: %s: %d stages over %d ranks "
                         "(execution.placement: ranks): each rank needs a "
                         "stage",
                         st_config_where(cfg, st_stages_key(cfg)),
-                        st_stages_key(cfg), p->rt.S, P);
+                        st_stages_key(cfg), p->workers, P);
   }
   if (rc) {
     pipe_destroy(p);
@@ -408,7 +619,8 @@ static int create(void **state, const st_model *m, const st_config *cfg,
    * own (over ranks: when the ranks on this machine have one each). */
   int threads = 0;
   for (int s = 0; s < p->rt.S; s++)
-    if (p->stages[s].rt.local) threads += p->stages[s].rt.cores;
+    if (p->stages[s].rt.local && !p->stages[s].rt.threadless)
+      threads += p->stages[s].rt.cores;
   p->rt.spin = threads <= st_usable_cores() ? ST_SPIN : 0;
   if (pl) p->rt.spin = st_dist_local_size() <= st_usable_cores() ? ST_SPIN : 0;
   int R = m->label_rows;
@@ -416,15 +628,31 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   for (int s = 0; !rc && s < p->rt.S; s++) {
     pipe_stage *ps = &p->stages[s];
     st_rt_stage *st = &ps->rt;
-    /* 1f1b: stage s of its pipeline holds at most S - s micro-batches */
-    int w = p->gpipe ? p->M : p->rt.S - s;
-    st->slots = w < p->M ? w : p->M;
+    /* the most micro-batches the schedule has in flight here (1f1b: S - s
+     * at stage s); block_sequential holds all M */
+    st->slots = blockseq ? p->M : p->sched.slots[s];
     st->rx_ring = 2;          /* the next gradient posted while one is used */
     st->tx_ring = p->M;       /* an input-gradient buffer per micro-batch */
     if (!st->local) continue; /* another rank's */
-    /* a channel holds at most M messages, all of one step */
-    if ((rc = st_rt_stage_alloc(st, 1, p->M, p->M, 0, err))) break;
+    /* a channel holds at most M messages, all of one step; a worker's
+     * later chunks run on its first chunk's thread and pool */
+    if ((rc = st_rt_stage_alloc(st, !st->threadless, p->M, p->M, 0, err)))
+      break;
+    if (st->threadless) {
+      st->pool = p->stages[ps->worker].rt.pool;
+      st->borrowed_pool = 1;
+    }
     int ok = 1;
+    for (int j = 0; ok && p->sched.split && j < st->slots; j++)
+      ok = !st_stage_enable_split(st->run[j], err);
+    if (ok && p->sched.split && s > 0) {
+      size_t in_floats =
+          (size_t)micro_batch * st_shape_numel(m->blocks[st->first].in);
+      ps->own_in = calloc((size_t)st->slots, sizeof *ps->own_in);
+      ok = ps->own_in != NULL;
+      for (int j = 0; ok && j < st->slots; j++)
+        ok = (ps->own_in[j] = st_alloc(in_floats * sizeof(float))) != NULL;
+    }
     if (s == p->rt.S - 1) {
       ps->probs = st_alloc((size_t)st->slots * per_mb * sizeof(float));
       ps->dlogits = st_alloc(per_mb * sizeof(float));
@@ -486,7 +714,8 @@ int st_pipeline_layout(const void *state, int *first, int *count, int *owner) {
  * rank to have seen it; returns the step's error code. */
 static int run_on(pipe *p, int ph, int lo, int hi, st_error *err) {
   int mine = 0; /* workers of this rank (all, in one process) */
-  for (int s = 0; s < p->rt.S; s++) mine += p->stages[s].rt.local;
+  for (int s = 0; s < p->rt.S; s++)
+    mine += p->stages[s].rt.local && !p->stages[s].rt.threadless;
   p->phase = ph;
   p->lo = lo;
   p->hi = hi;
@@ -533,6 +762,7 @@ static int pipe_step(void *state, st_trainer_view *v, double *loss,
   double t0 = st_now();
   p->v = v;
   atomic_store(&p->rt.abort, 0);
+  atomic_store(&p->copies_done, 0);
   p->rt.rc = 0;
   for (int s = 0; s < p->rt.S; s++) {
     st_chan_reset(&p->stages[s].rt.fwd);

@@ -31,7 +31,8 @@ struct st_trace {
 };
 
 static const char *const kind_names[ST_TRACE_KINDS] = {
-    "forward", "backward", "update", "send", "recv", "idle", "all-reduce",
+    "forward", "backward", "update",     "send",
+    "recv",    "idle",     "all-reduce", "weight-grad",
 };
 
 int st_trace_create(st_trace **out, int tracks, int events_per_track,

@@ -8,6 +8,7 @@
  */
 #include "strata.h"
 
+#include <assert.h>
 #include <string.h>
 
 static const float *layer_out(const st_layer *L, const float *acts, int B) {
@@ -19,7 +20,7 @@ static float *layer_save(const st_layer *L, float *acts, int B) {
 }
 
 static const float *param(const st_block *b, const float *slab, int t) {
-  return t < 0 ? NULL : slab + b->tensors[t].offset;
+  return t < 0 || !slab ? NULL : slab + b->tensors[t].offset;
 }
 
 static float *grad(const st_block *b, float *slab, int t) {
@@ -289,12 +290,15 @@ static void layer_backward(const st_block *b, const st_layer *L,
                            float *dx, float *scratch, int B) {
   const float *save = acts + L->save_off * (size_t)B;
   const float *w = param(b, params, L->w_tensor);
-  float *dw = grad(b, grads, L->w_tensor), *db = grad(b, grads, L->b_tensor);
+  /* grads NULL: the input gradient alone (a split backward's B) */
+  float *dw = grads ? grad(b, grads, L->w_tensor) : NULL;
+  float *db = grads ? grad(b, grads, L->b_tensor) : NULL;
   size_t n_in = st_shape_numel(L->in);
   int R = L->rows;
   switch (L->kind) {
   case ST_OP_LINEAR:
-    if (st_layer_fuses_update(L, ctx, B) && b->tensors[L->w_tensor].tie < 0) {
+    if (grads && st_layer_fuses_update(L, ctx, B) &&
+        b->tensors[L->w_tensor].tie < 0) {
       /* The input gradient first, with the weights the forward used; then
        * the update straight from dy and x (BACKGROUND: batch-1 training). */
       st_linear_backward(ctx->pool, dx, NULL, NULL, g, x, w, B, (int)n_in,
@@ -323,8 +327,9 @@ static void layer_backward(const st_block *b, const st_layer *L,
                          L->out.c);
     break;
   case ST_OP_EMBED:
-    st_embedding_backward(dw, db, g, (const int32_t *)save, B, L->out.h,
-                          L->out.c);
+    if (dw || db)
+      st_embedding_backward(dw, db, g, (const int32_t *)save, B, L->out.h,
+                            L->out.c);
     if (dx) memset(dx, 0, (size_t)B * n_in * sizeof *dx); /* token ids */
     break;
   case ST_OP_ATTENTION:
@@ -376,10 +381,13 @@ static int lowest_needed(const st_block *b) {
   return b->n_layers;
 }
 
-void st_block_backward(const st_block *b, const st_ctx *ctx,
-                       const float *params, float *grads, const float *in,
-                       const float *acts, const float *dout, float *din,
-                       float *work, float *scratch, int B) {
+/* The whole backward (dys NULL), or its B half: every layer's input
+ * gradient, no weight gradient, each layer with weights leaving its output
+ * gradient in dys for the W half. */
+static void backward(const st_block *b, const st_ctx *ctx, const float *params,
+                     float *grads, const float *in, const float *acts,
+                     const float *dout, float *din, float *work, float *scratch,
+                     float *dys, int B) {
   size_t span = (size_t)B * b->max_numel;
   float *ping = work, *pong = work + span, *skip = work + 2 * span;
   const float *g = dout;
@@ -390,12 +398,18 @@ void st_block_backward(const st_block *b, const st_ctx *ctx,
    * serves. */
   enum { NONE = -2 };
   int pending = NONE;
+  size_t dy_end = dys ? st_block_dys_floats(b) * (size_t)B : 0;
   for (int l = b->n_layers - 1; l >= stop; l--) {
     const st_layer *L = &b->layers[l];
     const float *x = l == 0 ? in : layer_out(&b->layers[l - 1], acts, B);
     if (L->kind == ST_OP_RESIDUAL) {
       memcpy(skip, g, (size_t)B * st_shape_numel(L->out) * sizeof *skip);
       pending = L->skip;
+    }
+    if (dys && L->w_tensor >= 0) { /* kept for the W half */
+      size_t n = (size_t)B * st_shape_numel(L->out);
+      dy_end -= n;
+      memcpy(dys + dy_end, g, n * sizeof *dys);
     }
     float *dx = g == ping ? pong : ping;
     if (l == stop) {
@@ -406,7 +420,9 @@ void st_block_backward(const st_block *b, const st_ctx *ctx,
                      L->kind == ST_OP_EMBED;
       dx = din ? din : optional ? NULL : dx;
     }
-    layer_backward(b, L, ctx, params, grads, x, acts, g, dx, scratch, B);
+    if (dx || !dys)
+      layer_backward(b, L, ctx, params, dys ? NULL : grads, x, acts, g, dx,
+                     scratch, B);
     if (pending == l - 1 && l > 0 && dx) {
       /* dx is the gradient of layer l-1's output: the skip joins here */
       size_t n = (size_t)B * st_shape_numel(L->in);
@@ -418,5 +434,44 @@ void st_block_backward(const st_block *b, const st_ctx *ctx,
   if (pending == -1 && din && b->has_residual) {
     size_t n = (size_t)B * st_shape_numel(b->in);
     for (size_t i = 0; i < n; i++) din[i] += skip[i];
+  }
+}
+
+void st_block_backward(const st_block *b, const st_ctx *ctx,
+                       const float *params, float *grads, const float *in,
+                       const float *acts, const float *dout, float *din,
+                       float *work, float *scratch, int B) {
+  backward(b, ctx, params, grads, in, acts, dout, din, work, scratch, NULL, B);
+}
+
+size_t st_block_dys_floats(const st_block *b) {
+  size_t n = 0;
+  for (int l = 0; l < b->n_layers; l++)
+    if (b->layers[l].w_tensor >= 0) n += st_shape_numel(b->layers[l].out);
+  return n;
+}
+
+void st_block_backward_input(const st_block *b, const st_ctx *ctx,
+                             const float *params, const float *in,
+                             const float *acts, const float *dout, float *din,
+                             float *work, float *scratch, float *dys, int B) {
+  assert(!ctx->fused); /* a fused update needs the whole backward */
+  backward(b, ctx, params, NULL, in, acts, dout, din, work, scratch, dys, B);
+}
+
+void st_block_backward_weights(const st_block *b, const st_ctx *ctx,
+                               float *grads, const float *in, const float *acts,
+                               const float *dys, float *scratch, int B) {
+  assert(!ctx->fused);
+  /* the same calls as the whole backward makes for these gradients, each
+   * layer's from its input and its output gradient; every tensor belongs
+   * to one layer, so the order across layers changes no bit */
+  size_t at = 0;
+  for (int l = 0; l < b->n_layers; l++) {
+    const st_layer *L = &b->layers[l];
+    if (L->w_tensor < 0) continue;
+    const float *x = l == 0 ? in : layer_out(&b->layers[l - 1], acts, B);
+    layer_backward(b, L, ctx, NULL, grads, x, acts, dys + at, NULL, scratch, B);
+    at += (size_t)B * st_shape_numel(L->out);
   }
 }

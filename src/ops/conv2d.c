@@ -304,6 +304,10 @@ void st_conv2d_backward(st_pool *pool, float *din, float *dw, float *db,
   conv_job j = make_job(B, IC, H, W, OC, K, S, P);
   j.din = din, j.dw = dw, j.db = db, j.col = col, j.in = in, j.w = w;
   j.dout = dout;
+  if (!dw && !db) { /* the input gradient alone (a split backward's B) */
+    if (din) st_pool_for(pool, B, input_grad_sample, &j);
+    return;
+  }
   /* A partial dW (OC, rows) fills ceil(OC / OH*OW) column-matrix slots. */
   j.group_slots = 1 + (OC + j.ohw - 1) / j.ohw;
   j.groups = B / j.group_slots < MAX_GROUPS ? B / j.group_slots : MAX_GROUPS;

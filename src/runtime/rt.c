@@ -305,7 +305,8 @@ void st_rt_stage_free(st_rt_stage *st) {
   st_chan_free(&st->bwd);
   if (st->waiter_ready) st_waiter_destroy(&st->w);
   st->waiter_ready = 0;
-  st_pool_destroy(st->pool);
+  if (!st->borrowed_pool) st_pool_destroy(st->pool);
+  st->pool = NULL;
   /* links: after a whole step every request is done; after a stopped one
    * each was given up, its buffers kept (leaky, above) */
   for (int j = 0; st->rx_fwd && j < st->slots; j++) st_free(st->rx_fwd[j]);
@@ -319,7 +320,7 @@ void st_rt_stage_free(st_rt_stage *st) {
 int st_rt_start(st_rt *rt, void *(*worker)(void *stage)) {
   for (int s = 0; s < rt->S; s++) {
     st_rt_stage *st = rt->st[s];
-    if (!st->local) continue;
+    if (!st->local || st->threadless) continue;
     if (pthread_create(&st->thread, NULL, worker, st)) return -1;
     st->started = 1;
   }

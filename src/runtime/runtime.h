@@ -88,6 +88,8 @@ typedef struct st_stage {
                         its stage's own weight versions) */
   int shared_acts;   /* one activation buffer for every block (weight
                         streaming's recompute): block by block only */
+  float **dys;       /* split backward (st_stage_enable_split): per block,
+                        max_batch * st_block_dys_floats, from B to W */
 } st_stage;
 
 int st_stage_create(st_stage **out, const st_model *m, int first, int count,
@@ -135,6 +137,20 @@ void st_stage_backward_each(st_stage *s, const st_ctx *ctx, const float *params,
                             float *din, int B,
                             void (*after_block)(void *arg, int block),
                             void *arg);
+
+/* The backward in two halves (zb1p): st_stage_enable_split allocates
+ * what B keeps for W; B writes din (unless NULL) and no weight gradient;
+ * W then adds each block's weight gradient, last block first, calling
+ * after_block as st_stage_backward_each does. Together they add the bits
+ * st_stage_backward adds. The activations must stay until W. */
+int st_stage_enable_split(st_stage *s, st_error *err);
+void st_stage_backward_input(st_stage *s, const st_ctx *ctx,
+                             const float *params, const float *in,
+                             const float *dout, float *din, int B);
+void st_stage_backward_weights_each(st_stage *s, const st_ctx *ctx,
+                                    float *grads, const float *in, int B,
+                                    void (*after_block)(void *arg, int block),
+                                    void *arg);
 
 /* ------------------------------------------------- a micro-batch's step */
 
@@ -195,6 +211,9 @@ typedef struct st_rt_stage {
   st_dist_req *tx_bwd; /* [tx_ring]: each input-gradient buffer, sent */
   int leaky;           /* requests given up after a stop: MPI may still
                           use the buffers, which are never freed */
+  int threadless;      /* runs on another stage's thread (a worker's
+                          chunk after its first), with that stage's pool */
+  int borrowed_pool;   /* pool is that stage's: not destroyed here */
   double busy;         /* seconds of forward, backward and update */
   double last_end;     /* when it last finished work (trace: idle) */
   pthread_t thread;

@@ -71,8 +71,25 @@ int st_stage_create(st_stage **out, const st_model *m, int first, int count,
   return st_stage_create_shared(out, m, first, count, max_batch, 0, err);
 }
 
+int st_stage_enable_split(st_stage *s, st_error *err) {
+  s->dys = calloc((size_t)s->count, sizeof *s->dys);
+  int ok = s->dys != NULL;
+  for (int i = 0; ok && i < s->count; i++) {
+    size_t n = (size_t)s->max_batch *
+               st_block_dys_floats(&s->model->blocks[s->first + i]);
+    ok = (s->dys[i] = st_alloc((n ? n : 1) * sizeof(float))) != NULL;
+  }
+  return ok ? 0
+            : st_error_set(err, ST_ENOMEM,
+                           "out of memory for the deferred weight gradients "
+                           "of blocks %d-%d",
+                           s->first, s->first + s->count - 1);
+}
+
 void st_stage_destroy(st_stage *s) {
   if (!s) return;
+  for (int i = 0; s->dys && i < s->count; i++) st_free(s->dys[i]);
+  free(s->dys);
   if (s->acts)
     for (int i = 0; i < (s->shared_acts ? 1 : s->count); i++)
       st_free(s->acts[i]);
@@ -133,5 +150,40 @@ void st_stage_backward_each(st_stage *s, const st_ctx *ctx, const float *params,
     st_stage_backward_block(s, ctx, i, params + at, grads + at, x, g, dx, B);
     if (after_block) after_block(arg, s->first + i);
     g = dx;
+  }
+}
+
+/* Block i's input: the stage's input, or block i - 1's output. */
+static const float *block_in(const st_stage *s, int i, const float *in, int B) {
+  return i == 0 ? in
+                : st_block_output(&s->model->blocks[s->first + i - 1],
+                                  s->acts[i - 1], B);
+}
+
+void st_stage_backward_input(st_stage *s, const st_ctx *ctx,
+                             const float *params, const float *in,
+                             const float *dout, float *din, int B) {
+  const float *g = dout;
+  for (int i = s->count - 1; i >= 0; i--) {
+    const st_block *b = &s->model->blocks[s->first + i];
+    float *dx = st_stage_grad_to(s->grad_io, g, i, din);
+    st_block_backward_input(b, ctx, params + (b->param_off - s->base),
+                            block_in(s, i, in, B), s->acts[i], g, dx, s->work,
+                            s->scratch, s->dys[i], B);
+    g = dx;
+  }
+}
+
+void st_stage_backward_weights_each(st_stage *s, const st_ctx *ctx,
+                                    float *grads, const float *in, int B,
+                                    void (*after_block)(void *arg, int block),
+                                    void *arg) {
+  /* last block first, as the whole backward updates them */
+  for (int i = s->count - 1; i >= 0; i--) {
+    const st_block *b = &s->model->blocks[s->first + i];
+    st_block_backward_weights(b, ctx, grads + (b->param_off - s->base),
+                              block_in(s, i, in, B), s->acts[i], s->dys[i],
+                              s->scratch, B);
+    if (after_block) after_block(arg, s->first + i);
   }
 }

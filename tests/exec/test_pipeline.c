@@ -71,6 +71,67 @@ static void test_equivalence(const char *what, const st_config *base) {
   }
 }
 
+/* interleaved and zb1p against sequential, bit for bit, over the issue's
+ * grid: S stage workers, M micro-batches (multiples of S and not: the
+ * interleaved order of a partial group comes from the emulated clock),
+ * V = 2 and 3 chunks a worker; the in-flight counters against the
+ * schedule's slots (zb1p: held from F to W). `stages` lists S, `ms` M;
+ * a case needing more blocks than the model has is skipped. */
+static void test_new_schedules(const char *what, const st_config *base,
+                               const int *stages, int n_stages, const int *ms,
+                               int n_ms) {
+  int cases = 0;
+  for (int mi = 0; mi < n_ms; mi++) {
+    st_config seq = *base;
+    seq.train.batch = 2 * ms[mi]; /* micro-batches of 2 */
+    seq.execution.micro_batch = seq.train.batch / ms[mi];
+    size_t n = 0, np;
+    st_trainer *t0 = NULL;
+    float *want = train(&seq, &n, &t0);
+    if (!want) return;
+    int blocks = st_trainer_model(t0)->n_blocks;
+    st_trainer_destroy(t0);
+    for (int si = 0; si < n_stages; si++)
+      for (int V = 1; V <= 3; V++) {
+        int S = stages[si];
+        if (S * V > blocks) continue;
+        st_config c = seq;
+        snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+        snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s",
+                 V == 1 ? "zb1p" : "interleaved");
+        c.execution.stages = S;
+        c.execution.virtual_stages = V;
+        st_trainer *t = NULL;
+        float *got = train(&c, &np, &t);
+        if (!got) continue;
+        CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
+              "%s: %s S=%d V=%d M=%d: weights differ from sequential", what,
+              c.execution.schedule, S, V, ms[mi]);
+        void *state = st_trainer_exec_state(t);
+        int first[64], count[64], k = st_pipeline_stages(state, first, count);
+        CHECK(k == S * V, "%s: %s S=%d V=%d: %d pipeline stages, want %d", what,
+              c.execution.schedule, S, V, k, S * V);
+        for (int j = 1; j < k && k <= 64; j++)
+          CHECK(first[j] == first[j - 1] + count[j - 1],
+                "%s: chunk %d does not follow chunk %d", what, j, j - 1);
+        if (V == 1)
+          for (int s = 0; s < S; s++) {
+            /* zb1p holds a micro-batch from F to W: at most min(M, S) */
+            int held = st_pipeline_held(state, s);
+            int cap = S < ms[mi] ? S : ms[mi];
+            CHECK(held >= 1 && held <= cap,
+                  "%s: zb1p S=%d M=%d: stage %d held %d, at most %d", what, S,
+                  ms[mi], s, held, cap);
+          }
+        cases++;
+        free(got);
+        st_trainer_destroy(t);
+      }
+    free(want);
+  }
+  CHECK(cases > 0, "%s: no case ran", what);
+}
+
 /* block_sequential against sequential: segments of S blocks and of half
  * the model (at least S), every stage holding all M micro-batches. */
 static void test_block_sequential(const char *what, const st_config *base) {
@@ -320,6 +381,56 @@ static void test_one(const st_config *base, const char *what, int M,
   free(got);
 }
 
+/* zb1p and interleaved with random pauses in every stage (the test knob)
+ * on the tied GPT, against sequential: 200 steps each, no deadlock, and
+ * the tied embedding updated only once its head copy's deferred weight
+ * gradient is complete (a race the pauses would expose). */
+static void test_jitter_schedules(const st_config *base) {
+  const struct {
+    const char *schedule;
+    int S, V, M;
+  } cases[] = {{"zb1p", 3, 1, 5},
+               {"zb1p", 4, 1, 8},
+               {"interleaved", 2, 2, 3},
+               {"interleaved", 3, 2, 6}};
+  enum { N = 200 };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    float *w[2] = {NULL, NULL};
+    size_t n = 0;
+    for (int run = 0; run < 2; run++) {
+      st_config c = *base;
+      c.train.batch = 2 * cases[i].M;
+      c.execution.micro_batch = 2;
+      if (run) {
+        snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+        snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s",
+                 cases[i].schedule);
+        c.execution.stages = cases[i].S;
+        c.execution.virtual_stages = cases[i].V;
+      }
+      st_error err = {0};
+      st_trainer *t = make(&c, &err);
+      CHECK(t != NULL, "%s", err.msg);
+      if (!t) break;
+      if (run) st_pipeline_set_jitter(st_trainer_exec_state(t), 40, 777 + i);
+      double loss;
+      int rc = 0;
+      for (int k = 0; k < N && !rc; k++) rc = st_trainer_step(t, &loss, &err);
+      CHECK(rc == 0, "%s jitter: %s", cases[i].schedule, err.msg);
+      n = st_trainer_model(t)->n_params;
+      w[run] = malloc(n * sizeof(float));
+      trainer_weights(t, w[run], &err);
+      st_trainer_destroy(t);
+    }
+    CHECK(w[0] && w[1] && memcmp(w[0], w[1], n * sizeof(float)) == 0,
+          "%s S=%d V=%d M=%d with random pauses: weights differ from "
+          "sequential",
+          cases[i].schedule, cases[i].S, cases[i].V, cases[i].M);
+    free(w[0]);
+    free(w[1]);
+  }
+}
+
 /* 10,000 steps of a 4-stage 1f1b pipeline with random pauses in every
  * stage (a test-only knob) end with the same weights as without: no
  * deadlock, no lost or reordered message. */
@@ -435,6 +546,20 @@ int main(void) {
   test_equivalence("cnn", &cnn);
   test_equivalence("gpt", &gpt);
   test_gpt_tiny();
+  /* interleaved and zb1p: 2-8 stage workers on a 24-block MLP, 2-4 on
+   * the CNN and an 8-block GPT; 1-16 micro-batches */
+  st_config deep24 = mlp, gpt6 = gpt;
+  set_all(&deep24,
+          (const char *[]){"model.hidden=[16,16,16,16,16,16,16,16,16,16,16,"
+                           "16,16,16,16,16,16,16,16,16,16,16,16]",
+                           "model.dropout=0.1"},
+          2);
+  set_all(&gpt6, (const char *[]){"model.layers=6"}, 1);
+  const int all_s[] = {2, 3, 4, 5, 6, 7, 8}, few_s[] = {2, 3, 4};
+  const int many_m[] = {1, 3, 8, 13, 16}, few_m[] = {2, 5, 8};
+  test_new_schedules("mlp 24 blocks", &deep24, all_s, 7, many_m, 5);
+  test_new_schedules("cnn", &cnn, few_s, 3, few_m, 3);
+  test_new_schedules("gpt 8 blocks", &gpt6, few_s, 3, few_m, 3);
   /* block_sequential on deeper models: 8, 6 and 6 blocks */
   st_config deep = mlp, deep_gpt = gpt;
   set_all(&deep, (const char *[]){"model.hidden=[32,32,32,32,32,32,32]"}, 1);
@@ -471,10 +596,12 @@ int main(void) {
   b1.train.batch = 1;
   b1.execution.micro_batch = 1;
   test_one(&b1, "mlp batch 1 fused", 1, "gpipe", 4);
+  test_one(&b1, "mlp batch 1 fused", 1, "zb1p", 4);
   st_config wgpt = gpt;
   wgpt.train.threads = 8;
   test_one(&wgpt, "gpt 8 threads", 4, "gpipe", 2);
   test_refusals(&mlp);
   test_stress(&mlp);
+  test_jitter_schedules(&gpt6);
   TH_DONE();
 }
