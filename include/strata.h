@@ -938,6 +938,12 @@ int st_write_file_atomic(const char *path, const void *data, size_t bytes,
  * closes f, writes *text to path atomically, frees *text. */
 int st_write_stream_atomic(FILE *f, char **text, size_t *len, const char *path,
                            st_error *err);
+/* The pipeline schedule `name` (gpipe, 1f1b, interleaved, zb1p) of S
+ * stage workers, M micro-batches and V chunks a worker as an SVG at path
+ * (atomically): one row per worker, a box per F, B, W or whole backward on
+ * a clock where each takes one tick (a whole backward two), idle blank. */
+int st_schedule_write_svg(const char *name, int S, int M, int V,
+                          const char *path, st_error *err);
 /* mkdir -p: every folder of path, the last component too when
  * include_last (else path names a file to come). */
 int st_mkdir_p(const char *path, int include_last, st_error *err);

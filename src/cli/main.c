@@ -329,7 +329,14 @@ static void print_stages(const st_trainer *t, const st_config *c,
              "rest\n",
              busy / n / bound);
   } else {
-    printf(", %.2f by the bubble formula M/(M+S-1) at S = %d\n", bubble, S);
+    const char *sched = strcmp(c->execution.mode, "pipeline") == 0
+                            ? c->execution.schedule
+                            : "gpipe";
+    printf(", %.2f by %s's bubble at S = %d (ops of equal cost%s)\n", bubble,
+           sched, S,
+           !strcmp(sched, "zb1p")          ? "; (S-1)/3M of the ideal"
+           : !strcmp(sched, "interleaved") ? "; (S-1)/VM of the ideal"
+                                           : "; M/(M+S-1)");
   }
 }
 
@@ -485,6 +492,22 @@ static int cmd_train(int argc, char **argv) {
   rc = speaks ? compile_into(&plan, &cfg, st_trainer_stages(t), out, &err) : 0;
   if (rc && rc != ST_EIO)
     fprintf(stderr, "strata: warning: no plan: %s\n", err.msg);
+  /* a fill-and-drain pipeline's schedule, drawn beside the plan */
+  if (speaks && rc != ST_EIO && !strcmp(cfg.execution.mode, "pipeline")) {
+    char path[ST_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/schedule.svg", out);
+    int share = cfg.train.batch / cfg.execution.replicas;
+    int mb = cfg.execution.micro_batch > 0 && cfg.execution.micro_batch < share
+                 ? cfg.execution.micro_batch
+                 : share;
+    rc = st_schedule_write_svg(
+        cfg.execution.schedule, st_trainer_stages(t), share / mb,
+        strcmp(cfg.execution.schedule, "interleaved")
+            ? 1
+            : cfg.execution.virtual_stages,
+        path, &err);
+    if (rc) rc = ST_EIO; /* like any output file */
+  }
   if (st_dist_agree(rc == ST_EIO ? rc : 0, &err)) {
     st_trainer_destroy(t);
     return st_cli_fail(&err);

@@ -819,6 +819,7 @@ int st_pipeline_stages(const void *state, int *first, int *count) {
 /* The plan's stage count: per segment for block_sequential (the most). */
 static int pipe_stage_count(void *state) {
   const pipe *p = state;
+  if (p->V > 1) return p->workers; /* interleaved: the workers */
   int most = 0;
   for (int g = 0; g < p->segments; g++)
     if (p->seg[g + 1] - p->seg[g] > most) most = p->seg[g + 1] - p->seg[g];

@@ -984,11 +984,17 @@ double st_trainer_utilization(const st_trainer *t, double *bubble) {
   int share = t->batch / R,
       mb = t->micro_batch < share ? t->micro_batch : share;
   double M = (double)share / mb;
-  /* pipelined backprop never drains: no bubble in steady state */
+  /* pipelined backprop never drains: no bubble in steady state; the fill-
+   * and-drain schedules' bubble with ops of equal cost (block_sequential's
+   * segments each run gpipe) */
+  const char *sched = !strcmp(t->cfg.execution.mode, "pipeline")
+                          ? t->cfg.execution.schedule
+                          : "gpipe";
+  int V = !strcmp(sched, "interleaved") ? t->cfg.execution.virtual_stages : 1;
   if (bubble)
-    *bubble = !strcmp(t->cfg.execution.mode, "pipelined_backprop")
-                  ? 1
-                  : M / (M + S - 1);
+    *bubble = !strcmp(t->cfg.execution.mode, "pipelined_backprop") ? 1
+              : S <= 1 ? 1
+                       : st_schedule_formula(sched, S, (int)M, V);
   return wall > 0 && at_once > 0 ? busy / (wall * at_once) : 0;
 }
 

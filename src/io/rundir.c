@@ -5,7 +5,7 @@
  * writes that a kill cut short.
  *
  * A run's files: config.yaml, metrics.jsonl, summary.json, plan.json,
- * plan.svg, checkpoints/step-NNNNNNNN.safetensors and, for weight streaming
+ * plan.svg, schedule.svg (a pipeline's), checkpoints/step-NNNNNNNN.safetensors and, for weight streaming
  * from a file store, store.strata. Atomic writes go through PATH.tmp.PID
  * (safetensors.c); a PID that no longer runs left its temp file for good.
  */
@@ -159,8 +159,9 @@ int st_run_describe(const char *dir, const char *store, char *what,
 }
 
 int st_run_remove(const char *dir, const char *store, st_error *err) {
-  static const char *const files[] = {"config.yaml", "metrics.jsonl",
-                                      "summary.json", "plan.json", "plan.svg"};
+  static const char *const files[] = {"config.yaml",  "metrics.jsonl",
+                                      "summary.json", "plan.json",
+                                      "plan.svg",     "schedule.svg"};
   char path[ST_PATH_MAX + 64];
   int64_t *steps;
   int n = st_run_checkpoints(dir, &steps, err);

@@ -376,6 +376,17 @@ done:
   return rc;
 }
 
+double st_schedule_formula(const char *name, int S, int M, int V) {
+  st_schedule s;
+  st_error err = {0};
+  if (st_schedule_build(&s, name, S, M, V, &err)) return 0;
+  double cost[4] = {1.0 / V, 1.0 / V, 1.0 / V, 2.0 / V}, span = 0;
+  char why[160];
+  int rc = st_schedule_emulate(&s, cost, NULL, NULL, &span, why, sizeof why);
+  st_schedule_free(&s);
+  return rc || span <= 0 ? 0 : 3.0 * M / span;
+}
+
 /* ------------------------------------------------------ the picture */
 
 /* An SVG of the schedule on the emulated clock with F, B and W of one
@@ -412,7 +423,8 @@ int st_schedule_svg(const st_schedule *s, const char *title, FILE *f) {
   if (s->V > 1) snprintf(chunks, sizeof chunks, ", %d chunks a worker", s->V);
   fprintf(f,
           "<text x=\"8\" y=\"18\" font-size=\"13\">%s: %d workers, %d "
-          "micro-batches%s; F, B, W one tick each; bubble %.1f%% (%.0f idle "
+          "micro-batches%s; F, B, W one tick each, a whole backward two; "
+          "bubble %.1f%% (%.0f idle "
           "ticks of %.0f)</text>\n",
           title, s->S, s->M, chunks, 100.0 * idle / (span * s->S), idle,
           span * s->S);
@@ -450,7 +462,8 @@ int st_schedule_svg(const st_schedule *s, const char *title, FILE *f) {
                                        "W weight gradient",
                                        "BW whole backward"};
   for (int kind = 0, at = 0; kind < 4; kind++) {
-    if ((kind == ST_PASS_B || kind == ST_PASS_W) != s->split) continue;
+    int shown = kind == ST_PASS_F || (kind == ST_PASS_BW) != s->split;
+    if (!shown) continue;
     fprintf(f,
             "<rect x=\"%d\" y=\"%.0f\" width=\"14\" height=\"14\" "
             "fill=\"%s\"/><text x=\"%d\" y=\"%.0f\">%s</text>\n",
@@ -465,4 +478,26 @@ int st_schedule_svg(const st_schedule *s, const char *title, FILE *f) {
   free(begin);
   free(end);
   return ferror(f) ? -1 : 0;
+}
+
+int st_schedule_write_svg(const char *name, int S, int M, int V,
+                          const char *path, st_error *err) {
+  st_schedule s;
+  int rc = st_schedule_build(&s, name, S, M, V, err);
+  if (rc) return rc;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) {
+    st_schedule_free(&s);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  if (st_schedule_svg(&s, name, f)) {
+    fclose(f);
+    free(text);
+    st_schedule_free(&s);
+    return st_error_set(err, ST_EIO, "%s: cannot draw the schedule", path);
+  }
+  st_schedule_free(&s);
+  return st_write_stream_atomic(f, &text, &len, path, err);
 }

@@ -19,6 +19,7 @@
 #  - metrics.noise_scale over ranks is refused (not measured there yet).
 #  - execution.placement: ranks, a pipeline's stages over 2 and 4 ranks
 #    gives the threaded pipeline's checkpoint byte for byte (gpipe, 1f1b,
+#    zb1p, interleaved,
 #    pipelined backprop with sc+lwp and with stash, two stages a rank,
 #    block_sequential), and a 2 x 2 grid of replicas and stages the
 #    in-process replicas'; rank 0's summary lists its own stages; a placed
@@ -141,6 +142,18 @@ for np in 2 4; do
   done
   placed "pb-sc+lwp-$np" "$np" "${pbo[@]}" --set execution.stages=$np
 done
+# zb1p (B and W split, W deferred) and interleaved (2 chunks a worker,
+# every hand-off between ranks; 3 micro-batches for 2 workers: a partial
+# group) over ranks
+for np in 2 4; do
+  placed "zb1p-$np" "$np" --set execution.mode=pipeline --set execution.schedule=zb1p \
+    --set execution.stages=$np --set execution.micro_batch=4
+done
+placed "interleaved-2x2" 2 --set execution.mode=pipeline --set execution.schedule=interleaved \
+  --set execution.stages=2 --set execution.virtual_stages=2 --set execution.micro_batch=4
+placed "interleaved-2x2-m3" 2 --set execution.mode=pipeline --set execution.schedule=interleaved \
+  --set execution.stages=2 --set execution.virtual_stages=2 --set train.batch=24 \
+  --set execution.micro_batch=8
 # two stages a rank; block_sequential's segments over the ranks
 placed "1f1b-4-stages" 2 --set execution.mode=pipeline --set execution.stages=4 \
   --set execution.micro_batch=4
