@@ -17,8 +17,15 @@
  *                blocks) and an 8-block MLP, against sequential on all the
  *                cores and on one core; the goal on 16 cores is 8 stages at
  *                5x one-core sequential for the CNN.
+ *   schedules    gpipe, 1f1b, interleaved (V = 2) and zb1p on one balanced
+ *                plan (an MLP of 16 equal blocks, M = 8 micro-batches),
+ *                S = 2 stages of one core each, and 4 and 8 where the
+ *                machine has the cores: each one's measured utilization
+ *                against its own bubble formula (ops of equal cost,
+ *                st_schedule_formula) and its rate against 1f1b's.
  *
- * Usage: bench_pipeline [SECONDS [REPEATS]]   (defaults 1.5 and 3)
+ * Usage: bench_pipeline [SECONDS [REPEATS [schedules]]]   (defaults 1.5
+ * and 3; `schedules`: that figure alone)
  * Prints one line per figure; targets are printed, never enforced.
  */
 #include "span.h"
@@ -70,8 +77,10 @@ static const char *verdict(int ok) {
 int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 1.5;
   int repeats = argc > 2 ? atoi(argv[2]) : 3;
-  if (argc > 3 || seconds <= 0 || repeats < 1) {
-    fprintf(stderr, "usage: bench_pipeline [SECONDS [REPEATS]]\n");
+  int only_schedules = argc > 3 && !strcmp(argv[3], "schedules");
+  if (argc > 4 || (argc > 3 && !only_schedules) || seconds <= 0 ||
+      repeats < 1) {
+    fprintf(stderr, "usage: bench_pipeline [SECONDS [REPEATS [schedules]]]\n");
     return 2;
   }
   st_blas_init();
@@ -79,6 +88,7 @@ int main(int argc, char **argv) {
   static char threads[32];
   snprintf(threads, sizeof threads, "train.threads=%d", cores);
   double ra, rb, ua, ub;
+  if (only_schedules) goto schedules;
 
   /* 1. overhead: the same model, threads and batch; one stage. */
   run seq = {0}, one = {0};
@@ -160,6 +170,43 @@ int main(int argc, char **argv) {
              mi == 0 && k == 8 ? best / rb >= 5 ? " (goal 5x one core: met)"
                                                 : " (goal 5x one core: NOT met)"
                                : "");
+    }
+  }
+schedules:
+  /* 4. schedules on one balanced plan: 16 equal blocks and a small head,
+   * S workers of one core each, M = 8. */
+  const char *const scheds[] = {"gpipe", "1f1b", "interleaved", "zb1p"};
+  for (int S = 2; S <= 8 && S <= cores; S *= 2) {
+    double rate[4] = {0}, util[4] = {0};
+    for (int i = 0; i < repeats; i++)
+      for (int k = 0; k < 4; k++) {
+        run p = {0};
+        static char st[32], th[32], sc[48];
+        add(&p, "model.hidden=[512,512,512,512,512,512,512,512,512,512,512,"
+                "512,512,512,512,512]");
+        add(&p, "train.batch=256");
+        add(&p, "execution.micro_batch=32");
+        add(&p, "execution.mode=pipeline");
+        add(&p, "execution.virtual_stages=2");
+        snprintf(sc, sizeof sc, "execution.schedule=%s", scheds[k]);
+        add(&p, sc);
+        snprintf(st, sizeof st, "execution.stages=%d", S);
+        add(&p, st);
+        snprintf(th, sizeof th, "train.threads=%d", S);
+        add(&p, th);
+        double r, u;
+        if (measure(&p, seconds, &r, &u, NULL)) return 1;
+        if (r > rate[k]) rate[k] = r, util[k] = u;
+      }
+    printf("schedules: MLP of 16 equal blocks 784-512x16-10, batch 256, M=8, "
+           "S=%d stages of one core:\n",
+           S);
+    for (int k = 0; k < 4; k++) {
+      double f = st_schedule_formula(scheds[k], S, 8, k == 2 ? 2 : 1);
+      printf("  %-11s %7.0f samples/s, %.2fx 1f1b; utilization %.3f "
+             "measured, %.3f by its bubble formula: ratio %.3f\n",
+             k == 2 ? "interleaved" : scheds[k], rate[k], rate[k] / rate[1],
+             util[k], f, f > 0 ? util[k] / f : 0);
     }
   }
   return 0;

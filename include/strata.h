@@ -944,6 +944,12 @@ int st_write_stream_atomic(FILE *f, char **text, size_t *len, const char *path,
  * a clock where each takes one tick (a whole backward two), idle blank. */
 int st_schedule_write_svg(const char *name, int S, int M, int V,
                           const char *path, st_error *err);
+/* The utilization that schedule's bubble allows with F, B and W of one
+ * cost (a chunk's 1/V of it): 3M / makespan on that clock, which is
+ * M/(M+S-1) for gpipe and 1f1b, V M/(V M+S-1) for interleaved with M a
+ * multiple of S, 3M/(3M+S-1) for zb1p with M >= S (Qi et al.: a bubble of
+ * (S-1)(F+B-W)); 0 for no such schedule. */
+double st_schedule_formula(const char *name, int S, int M, int V);
 /* mkdir -p: every folder of path, the last component too when
  * include_last (else path names a file to come). */
 int st_mkdir_p(const char *path, int include_last, st_error *err);

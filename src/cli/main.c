@@ -500,12 +500,12 @@ static int cmd_train(int argc, char **argv) {
     int mb = cfg.execution.micro_batch > 0 && cfg.execution.micro_batch < share
                  ? cfg.execution.micro_batch
                  : share;
-    rc = st_schedule_write_svg(
-        cfg.execution.schedule, st_trainer_stages(t), share / mb,
-        strcmp(cfg.execution.schedule, "interleaved")
-            ? 1
-            : cfg.execution.virtual_stages,
-        path, &err);
+    rc = st_schedule_write_svg(cfg.execution.schedule, st_trainer_stages(t),
+                               share / mb,
+                               strcmp(cfg.execution.schedule, "interleaved")
+                                   ? 1
+                                   : cfg.execution.virtual_stages,
+                               path, &err);
     if (rc) rc = ST_EIO; /* like any output file */
   }
   if (st_dist_agree(rc == ST_EIO ? rc : 0, &err)) {

@@ -993,7 +993,7 @@ double st_trainer_utilization(const st_trainer *t, double *bubble) {
   int V = !strcmp(sched, "interleaved") ? t->cfg.execution.virtual_stages : 1;
   if (bubble)
     *bubble = !strcmp(t->cfg.execution.mode, "pipelined_backprop") ? 1
-              : S <= 1 ? 1
+              : S <= 1                                             ? 1
                        : st_schedule_formula(sched, S, (int)M, V);
   return wall > 0 && at_once > 0 ? busy / (wall * at_once) : 0;
 }

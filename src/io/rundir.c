@@ -5,9 +5,10 @@
  * writes that a kill cut short.
  *
  * A run's files: config.yaml, metrics.jsonl, summary.json, plan.json,
- * plan.svg, schedule.svg (a pipeline's), checkpoints/step-NNNNNNNN.safetensors and, for weight streaming
- * from a file store, store.strata. Atomic writes go through PATH.tmp.PID
- * (safetensors.c); a PID that no longer runs left its temp file for good.
+ * plan.svg, schedule.svg (a pipeline's), checkpoints/step-NNNNNNNN.safetensors
+ * and, for weight streaming from a file store, store.strata. Atomic writes go
+ * through PATH.tmp.PID (safetensors.c); a PID that no longer runs left its temp
+ * file for good.
  */
 #include "strata.h"
 

@@ -332,11 +332,6 @@ const char *st_schedule_op_name(int kind);
 int st_schedule_emulate(const st_schedule *s, const double cost[4],
                         double *begin, double *end, double *makespan, char *why,
                         size_t why_len);
-/* The utilization its bubble allows with F, B and W of one cost (a
- * chunk's 1/V of it): 3M / makespan on the emulated clock, which is
- * M/(M+S-1) for gpipe and 1f1b, V M/(V M+S-1) for interleaved with M a
- * multiple of S, 3M/(3M+S-1) for zb1p with M >= S; 0 for no schedule. */
-double st_schedule_formula(const char *name, int S, int M, int V);
 /* The schedule on that clock (F, B, W one tick, BW two) as an SVG. */
 int st_schedule_svg(const st_schedule *s, const char *title, FILE *f);
 
