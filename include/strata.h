@@ -1314,7 +1314,14 @@ typedef struct st_plan {
   double bottleneck_time;   /* seconds per sample */
   double throughput;        /* samples/s in steady state, 1 / bottleneck */
   double balance;           /* mean stage time / bottleneck time */
-  double util_fill_drain;   /* M / (M + S - 1), GPipe bubble */
+  char schedule[16];        /* pipeline: execution.schedule, else gpipe */
+  int virtual_stages;       /* interleaved: chunks a stage worker runs */
+  double util_fill_drain;   /* the schedule's bubble with ops of equal cost
+                               (st_schedule_formula; gpipe, 1f1b: M / (M +
+                               S - 1)) */
+  double handoff_time;      /* interleaved: seconds per sample of the extra
+                               hand-offs a worker of V chunks makes, (V - 1)
+                               x the bottleneck stage's own */
   double util_pipelined;    /* steady state of pipelined backprop: 1 */
   double host_time;         /* seconds per sample the caller spends
                                between steps, serial with the stages
@@ -1340,8 +1347,9 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
 void st_plan_destroy(st_plan *p);
 /* The plan's predicted training rate, samples/s: the steady-state
  * throughput at the schedule's utilization (pipelined != 0: pipelined
- * backprop's, else fill-and-drain's), with the caller's serial time
- * between steps (host_time) added to each sample's. */
+ * backprop's, else fill-and-drain's, with interleaving's extra hand-offs),
+ * with the caller's serial time between steps (host_time) added to each
+ * sample's. */
 double st_plan_rate(const st_plan *p, int pipelined);
 /* Pass 5 (report): the text report, DIR/plan.json and DIR/plan.svg. */
 void st_plan_print(const st_plan *p, FILE *f);

@@ -329,17 +329,33 @@ static void describe_stage(const problem *p, const layout *L,
              st_plan_fmt_count(t1, sizeof t1, (double)spare_here));
 }
 
-/* Bubble utilization of fill-and-drain: M / (M + S - 1) (BACKGROUND.md §1);
- * pipelined backprop never drains: 1 in steady state. */
-static void set_schedule(st_plan *plan, const char *mode, int batch,
-                         int micro_batch, int threaded) {
+/* Bubble utilization of the fill-and-drain schedule (BACKGROUND.md §1):
+ * M / (M + S - 1) for gpipe and 1f1b, and the bubble of interleaved or
+ * zb1p with ops of equal cost (st_schedule_formula); pipelined backprop
+ * never drains: 1 in steady state. An interleaved worker holds V chunks,
+ * each receiving its input and sending its output: V hand-offs per sample
+ * where a contiguous stage makes one, charged at the bottleneck stage's
+ * own hand-off time. */
+static void set_schedule(st_plan *plan, const char *mode, const char *schedule,
+                         int V, int batch, int micro_batch, int threaded) {
   snprintf(plan->mode, sizeof plan->mode, "%s", mode);
+  snprintf(plan->schedule, sizeof plan->schedule, "%s",
+           strcmp(mode, "pipeline") == 0 ? schedule : "gpipe");
+  plan->virtual_stages = strcmp(plan->schedule, "interleaved") == 0 ? V : 1;
   plan->batch = batch;
   plan->micro_batch = micro_batch > 0 ? micro_batch : batch;
   plan->micro_batches = plan->micro_batch > 0 ? batch / plan->micro_batch : 1;
   if (plan->micro_batches < 1) plan->micro_batches = 1;
   double M = plan->micro_batches, S = plan->n_stages;
   plan->util_fill_drain = M / (M + S - 1);
+  double f = S > 1 ? st_schedule_formula(plan->schedule, (int)S, (int)M,
+                                         plan->virtual_stages)
+                   : 0;
+  if (f > 0) plan->util_fill_drain = f;
+  plan->handoff_time = plan->virtual_stages > 1 && plan->n_stages > 0
+                           ? (plan->virtual_stages - 1) *
+                                 plan->stages[plan->bottleneck].time_comm
+                           : 0;
   plan->util_pipelined = 1.0;
   /* Between steps the caller fills the next batch's input, and the modes
    * on stage threads hand the step to them and wait (calibrated cpu only:
@@ -354,6 +370,8 @@ static void set_schedule(st_plan *plan, const char *mode, int batch,
 double st_plan_rate(const st_plan *p, int pipelined) {
   double rate =
       p->throughput * (pipelined ? p->util_pipelined : p->util_fill_drain);
+  if (!pipelined && p->handoff_time > 0 && p->throughput > 0)
+    rate = p->util_fill_drain / (1.0 / p->throughput + p->handoff_time);
   if (!(p->host_time > 0) || !(rate > 0) || !isfinite(rate)) return rate;
   return 1.0 / (1.0 / rate + p->host_time);
 }
@@ -634,7 +652,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
             best.by_k[k] < INFINITY ? 1.0 / best.by_k[k] : 0;
       if (!plan->throughput_by_k) plan->n_tried = 0;
     }
-    set_schedule(plan, "", 1, 1, 0);
+    set_schedule(plan, "", "gpipe", 1, 1, 1, 0);
   }
   partition_free(&best);
   problem_free(&p);
@@ -691,8 +709,9 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
     int threaded =
         !strcmp(mode, "pipeline") || !strcmp(mode, "block_sequential") ||
         (!strcmp(mode, "pipelined_backprop") && !cfg->execution.emulate);
-    set_schedule(*out, mode, cfg->train.batch, st_plan_micro_batch(cfg),
-                 threaded);
+    set_schedule(*out, mode, cfg->execution.schedule,
+                 cfg->execution.virtual_stages, cfg->train.batch,
+                 st_plan_micro_batch(cfg), threaded);
   }
   return rc;
 }

@@ -250,16 +250,23 @@ void st_plan_print(const st_plan *p, FILE *f) {
   if (p->n_stages > 1 && strcmp(p->mode, "pipelined_backprop") != 0) {
     const char *as =
         strcmp(p->mode, "pipeline") == 0 ? "as configured" : "if run as gpipe";
-    fprintf(
-        f,
-        "utilization: mode %s; %s with M = %d micro-batch%s (batch %d / "
-        "micro-batch %d): fill-and-drain M/(M+S-1) = %.3f -> %s "
-        "samples/s; as pipelined backprop: %.2f in steady state -> %s "
-        "samples/s\n",
-        p->mode[0] ? p->mode : "-", as, p->micro_batches,
-        p->micro_batches == 1 ? "" : "es", p->batch, p->micro_batch,
-        p->util_fill_drain, st_plan_fmt_rate(e, sizeof e, st_plan_rate(p, 0)),
-        p->util_pipelined, st_plan_fmt_rate(a, sizeof a, st_plan_rate(p, 1)));
+    char extra[96] = "", t[32];
+    if (p->virtual_stages > 1)
+      snprintf(extra, sizeof extra,
+               ", %d chunks a worker: +%s a sample of extra hand-offs",
+               p->virtual_stages,
+               st_plan_fmt_time(t, sizeof t, p->handoff_time));
+    fprintf(f,
+            "utilization: mode %s; %s with M = %d micro-batch%s (batch %d / "
+            "micro-batch %d): %s's bubble (ops of equal cost) = %.3f%s -> %s "
+            "samples/s; as pipelined backprop: %.2f in steady state -> %s "
+            "samples/s\n",
+            p->mode[0] ? p->mode : "-", as, p->micro_batches,
+            p->micro_batches == 1 ? "" : "es", p->batch, p->micro_batch,
+            p->schedule[0] ? p->schedule : "gpipe", p->util_fill_drain, extra,
+            st_plan_fmt_rate(e, sizeof e, st_plan_rate(p, 0)),
+            p->util_pipelined,
+            st_plan_fmt_rate(a, sizeof a, st_plan_rate(p, 1)));
   } else if (p->n_stages == 1) {
     fprintf(f, "utilization: one stage, no pipeline bubble (1.00)\n");
   }
@@ -411,6 +418,9 @@ static void write_json(const st_plan *p, FILE *f) {
           "    \"gpipe\": {",
           p->batch, p->micro_batch, p->micro_batches);
   jnum(f, "bubble_utilization", p->util_fill_drain, 0);
+  fprintf(f, "\"schedule\": \"%s\", \"virtual_stages\": %d, ",
+          p->schedule[0] ? p->schedule : "gpipe", p->virtual_stages);
+  jnum(f, "handoff_time", p->handoff_time, 0);
   jnum(f, "throughput", st_plan_rate(p, 0), 1);
   fputs("},\n    \"pipelined_backprop\": {", f);
   jnum(f, "utilization", p->util_pipelined, 0);

@@ -601,6 +601,58 @@ static void test_validate_allocates_nothing(void) {
 }
 
 /* The whole pipeline on a config, and the files it writes. */
+/* The plan's bubble follows execution.schedule, each against its closed
+ * form (BACKGROUND.md §1; Qi et al.; Narayanan et al. SC'21), and an
+ * interleaved plan charges a worker's V - 1 extra hand-offs per sample. */
+static void test_schedules(void) {
+  const char *scheds[] = {"gpipe", "1f1b", "zb1p", "interleaved"};
+  double rate_1f1b = 0;
+  for (int i = 0; i < 4; i++) {
+    st_config cfg;
+    st_config_defaults(&cfg);
+    set(&cfg, "model.hidden=[256,256,256,256,256,256,256]");
+    set(&cfg, "fabric.cores=8");
+    set(&cfg, "execution.mode=pipeline");
+    set(&cfg, "execution.stages=4");
+    set(&cfg, "train.batch=64");
+    set(&cfg, "execution.micro_batch=8");
+    char sc[64];
+    snprintf(sc, sizeof sc, "execution.schedule=%s", scheds[i]);
+    set(&cfg, sc);
+    set(&cfg, "execution.virtual_stages=2");
+    st_plan *p;
+    st_error err = {0};
+    if (st_plan_compile(&p, &cfg, 0, &err)) {
+      CHECK(0, "%s: %s", scheds[i], err.msg);
+      continue;
+    }
+    double S = p->n_stages, M = p->micro_batches, V = 2;
+    double want = i < 2    ? M / (M + S - 1)
+                  : i == 2 ? 3 * M / (3 * M + S - 1)
+                           : V * M / (V * M + S - 1);
+    CHECK(S == 4 && M == 8 && fabs(p->util_fill_drain - want) < 1e-12 &&
+              !strcmp(p->schedule, scheds[i]),
+          "%s: bubble utilization %.6f, the closed form %.6f", scheds[i],
+          p->util_fill_drain, want);
+    double comm = p->stages[p->bottleneck].time_comm;
+    double rate = st_plan_rate(p, 0);
+    if (i == 1) rate_1f1b = rate;
+    if (i == 3) {
+      CHECK(comm > 0 && fabs(p->handoff_time - comm) < 1e-18 &&
+                fabs(rate - want / (1 / p->throughput + comm)) <= 1e-9 * rate,
+            "interleaved: extra hand-offs %.3g s (stage's own %.3g), rate "
+            "%.6g",
+            p->handoff_time, comm, rate);
+    } else {
+      CHECK(p->handoff_time == 0, "%s: no extra hand-offs", scheds[i]);
+    }
+    if (i >= 2)
+      CHECK(rate > rate_1f1b, "%s: predicted %.0f samples/s, 1f1b %.0f",
+            scheds[i], rate, rate_1f1b);
+    st_plan_destroy(p);
+  }
+}
+
 static void test_compile_and_write(void) {
   st_config cfg;
   st_config_defaults(&cfg);
@@ -661,5 +713,6 @@ int main(void) {
   test_fabrics();
   test_validate_allocates_nothing();
   test_compile_and_write();
+  test_schedules();
   TH_DONE();
 }
