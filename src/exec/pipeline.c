@@ -330,6 +330,23 @@ static void *worker(void *arg) {
 
 /* ------------------------------------------------------- the executor */
 
+/* n buffers of `floats` each, or NULL (nothing left allocated). */
+static float **buffers(int n, size_t floats) {
+  float **b = calloc((size_t)n, sizeof *b);
+  int ok = b != NULL;
+  for (int i = 0; ok && i < n; i++)
+    ok = (b[i] = st_alloc(floats * sizeof(float))) != NULL;
+  if (ok) return b;
+  for (int i = 0; b && i < n; i++) st_free(b[i]);
+  free(b);
+  return NULL;
+}
+
+static void free_buffers(float **b, int n) {
+  for (int i = 0; b && i < n; i++) st_free(b[i]);
+  free(b);
+}
+
 static void pipe_destroy(void *state) {
   pipe *p = state;
   if (!p) return;
@@ -339,10 +356,8 @@ static void pipe_destroy(void *state) {
     if (st->rt.leaky) st->dgrad = NULL; /* MPI may still read these */
     st_free(st->probs);
     st_free(st->dlogits);
-    for (int k = 0; st->dgrad && k < p->M; k++) st_free(st->dgrad[k]);
-    free(st->dgrad);
-    for (int j = 0; st->own_in && j < st->rt.slots; j++) st_free(st->own_in[j]);
-    free(st->own_in);
+    free_buffers(st->dgrad, p->M);
+    free_buffers(st->own_in, st->rt.slots);
     st_rt_stage_free(&st->rt);
   }
   free(p->stages);
@@ -645,27 +660,16 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     int ok = 1;
     for (int j = 0; ok && p->sched.split && j < st->slots; j++)
       ok = !st_stage_enable_split(st->run[j], err);
-    if (ok && p->sched.split && s > 0) {
-      size_t in_floats =
-          (size_t)micro_batch * st_shape_numel(m->blocks[st->first].in);
-      ps->own_in = calloc((size_t)st->slots, sizeof *ps->own_in);
-      ok = ps->own_in != NULL;
-      for (int j = 0; ok && j < st->slots; j++)
-        ok = (ps->own_in[j] = st_alloc(in_floats * sizeof(float))) != NULL;
-    }
-    if (s == p->rt.S - 1) {
+    size_t in_floats =
+        (size_t)micro_batch * st_shape_numel(m->blocks[st->first].in);
+    if (ok && p->sched.split && s > 0)
+      ok = (ps->own_in = buffers(st->slots, in_floats)) != NULL;
+    if (ok && s == p->rt.S - 1) {
       ps->probs = st_alloc((size_t)st->slots * per_mb * sizeof(float));
       ps->dlogits = st_alloc(per_mb * sizeof(float));
       ok = ps->probs && ps->dlogits;
     }
-    if (ok && s > 0) {
-      size_t in_floats =
-          (size_t)micro_batch * st_shape_numel(m->blocks[st->first].in);
-      ps->dgrad = calloc((size_t)p->M, sizeof *ps->dgrad);
-      ok = ps->dgrad != NULL;
-      for (int k = 0; ok && k < p->M; k++)
-        ok = (ps->dgrad[k] = st_alloc(in_floats * sizeof(float))) != NULL;
-    }
+    if (ok && s > 0) ok = (ps->dgrad = buffers(p->M, in_floats)) != NULL;
     if (!ok)
       rc = st_error_set(err, ST_ENOMEM, "out of memory for %s", st->name);
   }

@@ -546,7 +546,7 @@ else
 fi
 if grep -Eq "^strata:   segment 0 stage 0 +0-0 +[01]\.[0-9]{2} +[0-9]+\.[0-9] us +([0-9.]+ us|-)$" <<<"$out" &&
    grep -Eq "^strata:   segment 2 stage 0 +2-2 +[01]\.[0-9]{2} +[0-9]+\.[0-9] us" <<<"$out" &&
-   grep -Eq "pipeline utilization [01]\.[0-9]{2} measured.* by 1f1b's bubble at S = 1 \(ops of equal cost; M/\(M\+S-1\)\)" <<<"$out" &&
+   grep -Eq "pipeline utilization [01]\.[0-9]{2} measured.* by gpipe's bubble at S = 1 \(ops of equal cost; M/\(M\+S-1\)\)" <<<"$out" &&
    grep -q '"utilization_bubble": 1.0000' "$T/p_bseq/summary.json" &&
    grep -q '"name": "segment 2 stage 0", "blocks": \[2, 2\], "busy_fraction"' "$T/p_bseq/summary.json" &&
    grep -q '"utilization_plan": null' "$T/p_bseq/summary.json"; then

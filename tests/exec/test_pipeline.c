@@ -546,8 +546,9 @@ int main(void) {
   test_equivalence("cnn", &cnn);
   test_equivalence("gpt", &gpt);
   test_gpt_tiny();
-  /* interleaved and zb1p: 2-8 stage workers on a 24-block MLP, 2-4 on
-   * the CNN and an 8-block GPT; 1-16 micro-batches */
+  /* interleaved and zb1p: 2-8 stage workers on a 24-block MLP, a CNN of
+   * residual blocks and an 8-block GPT (as many as their blocks allow);
+   * 1-16 micro-batches */
   st_config deep24 = mlp, gpt6 = gpt;
   set_all(&deep24,
           (const char *[]){"model.hidden=[16,16,16,16,16,16,16,16,16,16,16,"
@@ -555,11 +556,13 @@ int main(void) {
                            "model.dropout=0.1"},
           2);
   set_all(&gpt6, (const char *[]){"model.layers=6"}, 1);
-  const int all_s[] = {2, 3, 4, 5, 6, 7, 8}, few_s[] = {2, 3, 4};
+  const int all_s[] = {2, 3, 4, 5, 6, 7, 8};
   const int many_m[] = {1, 3, 8, 13, 16}, few_m[] = {2, 5, 8};
   test_new_schedules("mlp 24 blocks", &deep24, all_s, 7, many_m, 5);
-  test_new_schedules("cnn", &cnn, few_s, 3, few_m, 3);
-  test_new_schedules("gpt 8 blocks", &gpt6, few_s, 3, few_m, 3);
+  st_config deep_cnn = cnn;
+  set_all(&deep_cnn, (const char *[]){"model.residual_blocks=3"}, 1);
+  test_new_schedules("cnn", &deep_cnn, all_s, 7, few_m, 3);
+  test_new_schedules("gpt 8 blocks", &gpt6, all_s, 7, few_m, 3);
   /* block_sequential on deeper models: 8, 6 and 6 blocks */
   st_config deep = mlp, deep_gpt = gpt;
   set_all(&deep, (const char *[]){"model.hidden=[32,32,32,32,32,32,32]"}, 1);
