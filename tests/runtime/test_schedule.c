@@ -95,7 +95,7 @@ static void test_all(void) {
       for (int M = 1; M <= 16; M++)
         for (int V = 1; V <= 3; V++) {
           if ((V > 1) != (kind == ST_SCHED_INTERLEAVED) && V > 1) continue;
-          if (kind == ST_SCHED_INTERLEAVED && V == 1) continue;
+          /* interleaved with V = 1 too: a valid, if pointless, order */
           st_schedule s;
           st_error err = {0};
           char what[64];
@@ -128,7 +128,7 @@ static void test_all(void) {
           st_schedule_free(&s);
           checked++;
         }
-  CHECK(checked == 4 * 8 * 16 + 8 * 16, "%d schedules checked", checked);
+  CHECK(checked == 4 * 8 * 16 + 2 * 8 * 16, "%d schedules checked", checked);
 }
 
 /* Op strings of worker k, e.g. "F0 F1 B0 W0". */
