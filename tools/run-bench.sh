@@ -15,8 +15,10 @@
 #      square) and of the FMA peak, measured in the same run.
 #   5. The pipeline modes against the sequential mode (bench_pipeline): a
 #      1-stage pipeline's overhead, gpipe's measured utilization against the
-#      bubble formula, and 2 .. 16 stages (as many as there are cores)
-#      against sequential on all cores and on one.
+#      bubble formula, 2 .. 16 stages (as many as there are cores)
+#      against sequential on all cores and on one, and the schedules
+#      (gpipe, 1f1b, interleaved, zb1p) on one balanced plan, each against
+#      its own bubble formula and against 1f1b (S = 2, 4, 8 as cores allow).
 #   6. Pipelined backprop (bench_pb): its stages' busy fractions at
 #      micro-batch 1 on 2 stages, and its samples/s against sequential at
 #      batch 1 and gpipe at batch 32 on the same stages.
