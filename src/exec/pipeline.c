@@ -62,7 +62,7 @@
 typedef struct pipe_stage {
   st_rt_stage rt; /* first: the runtime's part (cores, slots, links) */
   struct pipe *p;
-  int worker, chunk;     /* pipeline stage rt.index = worker + chunk S */
+  int worker;            /* its chunk c is pipeline stage worker + c S */
   float *probs;          /* last stage: slots x mb x R x classes */
   float *dlogits;        /* last stage: mb x R x classes */
   float **dgrad;         /* [M] input gradients (stages > 0) */
@@ -246,16 +246,16 @@ static int weights_one(pipe_stage *st, st_trainer_view *v, int k) {
  * sample updates inside the backward (a fused update): there B runs the
  * whole backward and W has nothing left. */
 static int run_op(pipe_stage *st, st_trainer_view *v, const st_sched_op *o) {
-  int split = st->own_in || st->rt.run[0]->dys;
+  int split = st->p->sched.split && !v->ctx.fused;
   switch (o->kind) {
   case ST_PASS_F:
     return forward_one(st, v, o->mb);
   case ST_PASS_BW:
     return backward_one(st, v, o->mb, 0);
   case ST_PASS_B:
-    return backward_one(st, v, o->mb, split && !v->ctx.fused);
+    return backward_one(st, v, o->mb, split);
   case ST_PASS_W:
-    return split && !v->ctx.fused ? weights_one(st, v, o->mb) : 0;
+    return split ? weights_one(st, v, o->mb) : 0;
   }
   return -1;
 }
@@ -418,7 +418,6 @@ static int lay_out_chunks(pipe *p, const st_config *cfg, const st_block_cost *c,
     int w = j % S, v = j / S;
     ps->p = p;
     ps->worker = w;
-    ps->chunk = v;
     p->rt.st[j] = st;
     st->rt = &p->rt;
     st->index = j;

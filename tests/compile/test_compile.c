@@ -605,9 +605,10 @@ static void test_validate_allocates_nothing(void) {
  * form (BACKGROUND.md §1; Qi et al.; Narayanan et al. SC'21), and an
  * interleaved plan charges a worker's V - 1 extra hand-offs per sample. */
 static void test_schedules(void) {
-  const char *scheds[] = {"gpipe", "1f1b", "zb1p", "interleaved"};
+  const char *scheds[] = {"gpipe", "1f1b", "zb1p", "interleaved",
+                          "interleaved"};
   double rate_1f1b = 0;
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     st_config cfg;
     st_config_defaults(&cfg);
     set(&cfg, "model.hidden=[256,256,256,256,256,256,256]");
@@ -619,14 +620,15 @@ static void test_schedules(void) {
     char sc[64];
     snprintf(sc, sizeof sc, "execution.schedule=%s", scheds[i]);
     set(&cfg, sc);
-    set(&cfg, "execution.virtual_stages=2");
+    set(&cfg,
+        i == 4 ? "execution.virtual_stages=3" : "execution.virtual_stages=2");
     st_plan *p;
     st_error err = {0};
     if (st_plan_compile(&p, &cfg, 0, &err)) {
       CHECK(0, "%s: %s", scheds[i], err.msg);
       continue;
     }
-    double S = p->n_stages, M = p->micro_batches, V = 2;
+    double S = p->n_stages, M = p->micro_batches, V = i == 4 ? 3 : 2;
     double want = i < 2    ? M / (M + S - 1)
                   : i == 2 ? 3 * M / (3 * M + S - 1)
                            : V * M / (V * M + S - 1);
@@ -637,9 +639,10 @@ static void test_schedules(void) {
     double comm = p->stages[p->bottleneck].time_comm;
     double rate = st_plan_rate(p, 0);
     if (i == 1) rate_1f1b = rate;
-    if (i == 3) {
-      CHECK(comm > 0 && fabs(p->handoff_time - comm) < 1e-18 &&
-                fabs(rate - want / (1 / p->throughput + comm)) <= 1e-9 * rate,
+    if (i >= 3) { /* V - 1 extra hand-offs a sample */
+      double extra = (V - 1) * comm;
+      CHECK(comm > 0 && fabs(p->handoff_time - extra) < 1e-18 &&
+                fabs(rate - want / (1 / p->throughput + extra)) <= 1e-9 * rate,
             "interleaved: extra hand-offs %.3g s (stage's own %.3g), rate "
             "%.6g",
             p->handoff_time, comm, rate);

@@ -114,6 +114,15 @@ static void test_new_schedules(const char *what, const st_config *base,
         for (int j = 1; j < k && k <= 64; j++)
           CHECK(first[j] == first[j - 1] + count[j - 1],
                 "%s: chunk %d does not follow chunk %d", what, j, j - 1);
+        /* the run's bubble figure is its schedule's closed form */
+        double bubble = 0, M = ms[mi];
+        st_trainer_utilization(t, &bubble);
+        double closed =
+            V > 1 ? V * M / (V * M + S - 1) : 3 * M / (3 * M + S - 1);
+        if ((V > 1 && ms[mi] % S == 0) || (V == 1 && ms[mi] >= S))
+          CHECK(fabs(bubble - closed) < 1e-12,
+                "%s: %s S=%d V=%d M=%d: bubble figure %.6f, closed form %.6f",
+                what, c.execution.schedule, S, V, ms[mi], bubble, closed);
         if (V == 1)
           for (int s = 0; s < S; s++) {
             /* zb1p holds a micro-batch from F to W: at most min(M, S) */
