@@ -283,7 +283,7 @@ typedef struct st_config {
     int fused_update;         /* batch 1: update weights inside the backward */
     char block_costs[12];     /* model | measured: what stages are cut by */
     char mitigation[16];      /* pipelined_backprop: none | stash | sc | lwp |
-                                 sc+lwp | spectrain | pipemare */
+                                 sc+lwp | pipemare */
     int emulate;              /* pipelined_backprop: single-threaded ticks */
     int pipemare_warmup;      /* pipemare: T (updates) */
     float pipemare_gamma;     /* pipemare: gamma */
@@ -745,6 +745,10 @@ float st_lr_at(const st_config *cfg, int64_t step, int64_t total_steps);
  * pred <- w_new - r->pk v_new (linear weight prediction). */
 void st_pb_update(st_pool *pool, const st_optim_rule *r, float *w, float *g,
                   float *v, float *delta, float *pred, size_t n);
+/* PipeMare's learning-rate rescheduling (BACKGROUND.md 2, T1): a stage with
+ * delay D >= 1 that has made t updates uses lr D^-(1 - min(t / T, 1));
+ * T <= 0 or D <= 1 leave lr as it is. */
+float st_pb_pipemare_lr(float lr, int delay, int64_t updates, int warmup);
 /* out = w - k v: linear weight prediction (k = lr D, v the velocity) and
  * pipemare's backward weights (k = D, v the delta). */
 void st_pb_predict(st_pool *pool, float *out, const float *w, const float *v,
@@ -1229,15 +1233,15 @@ typedef struct st_block_cost {
    * at the plan's micro-batch, seconds per sample; the partitioner takes
    * them in place of every modelled term above. 0: modelled. */
   double measured_fwd, measured_bwd;
-  /* Pipelined backprop with linear weight prediction (lwp, sc+lwp,
-   * spectrain): what the prediction adds to the block at a stage with
-   * D > 0, every stage but the last, per sample. Modelled, the bytes it
-   * moves: where the update is folded into the backward, each update
-   * writes the predicted weights (and each step's first forward makes
-   * them in a pass); else every forward makes them in a pass (a read of
-   * w and v, a write). Measured (execution.block_costs: measured), the
-   * seconds: the block's forward on the prediction and backward writing
-   * it, less its plain forward and backward. 0 in other configurations. */
+  /* Pipelined backprop with linear weight prediction (lwp, sc+lwp): what the
+   * prediction adds to the block at a stage with D > 0, every stage but the
+   * last, per sample. Modelled, the bytes it moves: where the update is folded
+   * into the backward, each update writes the predicted weights (and each
+   * step's first forward makes them in a pass); else every forward makes them
+   * in a pass (a read of w and v, a write). Measured (execution.block_costs:
+   * measured), the seconds: the block's forward on the prediction and backward
+   * writing it, less its plain forward and backward. 0 in other configurations.
+   */
   double lwp_bytes, measured_lwp;
 } st_block_cost;
 
@@ -1668,13 +1672,13 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
                  st_error *err);
 
 /* Pipelined-backprop experiment (`strata experiment pb`; BACKGROUND.md 2):
- * one config's SGD recipe, tuned at its train.batch B, run as eight
+ * one config's SGD recipe, tuned at its train.batch B, run as seven
  * variants for the same steps and samples — "baseline" (execution.mode
  * sequential at batch B, as configured) and pipelined_backprop under each
  * mitigation (heavy-ball momentum, optimizer.reference_batch = B, B
  * micro-batches per step) — each for several seeds, comparing test
  * accuracy against samples seen, final training loss and speed. */
-#define ST_EXPERIMENT_PB_VARIANTS 8 /* baseline + the 7 mitigations */
+#define ST_EXPERIMENT_PB_VARIANTS 7 /* baseline + the 6 mitigations */
 
 typedef struct st_experiment_options {
   int seeds;                 /* runs per variant: train.seed + 0 .. seeds-1 */
@@ -1688,7 +1692,7 @@ typedef struct st_experiment_options {
 } st_experiment_options;
 
 /* Variant k's name: "baseline", then the mitigations none, stash, sc, lwp,
- * sc+lwp, spectrain, pipemare; NULL outside [0, ST_EXPERIMENT_PB_VARIANTS). */
+ * sc+lwp, pipemare; NULL outside [0, ST_EXPERIMENT_PB_VARIANTS). */
 const char *st_experiment_pb_variant(int k);
 /* The validated config run `seed` (0-based) of variant k trains: base with
  * train.seed + seed, metrics.progress off, one replica, no noise scale, and

@@ -60,7 +60,7 @@ int st_plan_micro_batch(const st_config *cfg);
 int st_plan_fuses_update(const st_config *cfg);
 
 /* Whether cfg runs pipelined backprop with a mitigation that predicts the
- * forward's weights (lwp, sc+lwp, spectrain): work at every stage but the
+ * forward's weights (lwp, sc+lwp): work at every stage but the
  * last. */
 int st_plan_predicts(const st_config *cfg);
 

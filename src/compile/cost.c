@@ -43,8 +43,7 @@ typedef struct cost_ctx {
 /* compile.h */
 int st_plan_predicts(const st_config *cfg) {
   const char *m = cfg->execution.mitigation;
-  return is_pb(cfg) &&
-         (!strcmp(m, "lwp") || !strcmp(m, "sc+lwp") || !strcmp(m, "spectrain"));
+  return is_pb(cfg) && (!strcmp(m, "lwp") || !strcmp(m, "sc+lwp"));
 }
 
 int st_plan_fuses_update(const st_config *cfg) {

@@ -363,6 +363,15 @@ static int set_scalar(void *dst, const st_config_key *k,
     bad = parse_bool(text, (int *)dst);
     break;
   case ST_CONFIG_ENUM:
+    /* a retired choice: why it went, and what to write instead */
+    if (!strcmp(key, "execution.mitigation") && !strcmp(text, "spectrain"))
+      return fail(err, ST_ECONFIG, src, at,
+                  "%s: 'spectrain' is lwp here: in fine-grained pipelined "
+                  "backprop each stage applies a micro-batch's gradient "
+                  "right after its backward, so SpecTrain's backward "
+                  "predicts 0 updates ahead and its forward lwp's D; write "
+                  "lwp",
+                  key);
     if (!is_choice(k->choices, text)) {
       char choices[256];
       list_choices(k->choices, choices, sizeof choices);

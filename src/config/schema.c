@@ -55,7 +55,7 @@ static const char *const stores[] = {"memory", "file", NULL};
 static const char *const weight_dtypes[] = {"fp32", "bf16", NULL};
 static const char *const roundings[] = {"nearest", "stochastic", NULL};
 static const char *const mitigations[] = {
-    "none", "stash", "sc", "lwp", "sc+lwp", "spectrain", "pipemare", NULL,
+    "none", "stash", "sc", "lwp", "sc+lwp", "pipemare", NULL,
 };
 static const char *const schedules_pipe[] = {"gpipe", "1f1b", "interleaved",
                                              "zb1p", NULL};

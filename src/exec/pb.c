@@ -52,8 +52,8 @@
  *              ring (copy n mod D holds the version micro-batch n saw,
  *              written just before the update that would change it);
  *   sc         the update applies a v + b d (st_pb_update);
- *   lwp, spectrain  the forward on w - lr D v (BACKGROUND.md's two rules
- *              coincide in fine-grained PB: spectrain's backward predicts
+ *   lwp        the forward on w - lr D v (BACKGROUND.md's spectrain is
+ *              this rule in fine-grained PB, where its backward predicts
  *              0 updates ahead);
  *   sc+lwp     both;
  *   pipemare   each stage's lr warmed up by D^-(1 - min(t/T, 1)) and the
@@ -88,15 +88,7 @@ enum {
   BWD_RING = 4, /* over ranks: gradients received ahead, per stage */
 };
 
-enum {
-  MIT_NONE,
-  MIT_STASH,
-  MIT_SC,
-  MIT_LWP,
-  MIT_SC_LWP,
-  MIT_SPECTRAIN,
-  MIT_PIPEMARE
-};
+enum { MIT_NONE, MIT_STASH, MIT_SC, MIT_LWP, MIT_SC_LWP, MIT_PIPEMARE };
 
 typedef struct pb_stage {
   st_rt_stage rt; /* first: the runtime's part (cores, slots, links) */
@@ -107,7 +99,7 @@ typedef struct pb_stage {
   float *x_copy;          /* stage 0: slots x mb x input floats */
   float *probs, *dlogits; /* last stage: mb x R x classes */
   float *din[DIN_RING];   /* stages > 0 */
-  float *wf;              /* lwp/spectrain/sc+lwp: predicted forward weights */
+  float *wf;              /* lwp/sc+lwp: predicted forward weights */
   int64_t wf_n0;          /* the step (its first micro-batch, pb.n0) whose
                              last update wrote wf along with the weights, so
                              the next forward of that step finds it ready;
@@ -176,9 +168,7 @@ static float *live(const pb_stage *st, const st_trainer_view *v) {
   return v->params + st->off;
 }
 
-static int lwp_like(int mit) {
-  return mit == MIT_LWP || mit == MIT_SC_LWP || mit == MIT_SPECTRAIN;
-}
+static int lwp_like(int mit) { return mit == MIT_LWP || mit == MIT_SC_LWP; }
 
 /* The forward of micro-batch n (index n - n0 in this step's batch). */
 static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
@@ -323,12 +313,10 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
   }
   if (p->probe) p->probe(p->probe_arg, st->rt.index, j, 0, wb, st->n);
   int mit = p->mitigation;
-  float lr = v->lr;
-  if (mit == MIT_PIPEMARE && st->D > 1) {
-    double T = p->pipemare_warmup, t = (double)(st->updates0 + st->updates);
-    double done = T > 0 ? (t / T < 1 ? t / T : 1) : 1;
-    lr = (float)(lr * pow((double)st->D, -(1.0 - done)));
-  }
+  float lr = mit == MIT_PIPEMARE
+                 ? st_pb_pipemare_lr(v->lr, st->D, st->updates0 + st->updates,
+                                     p->pipemare_warmup)
+                 : v->lr;
   /* one rule for the fused linear layers and for the rest */
   st_optim_rule rule;
   st_optim_rule_pb(
@@ -511,8 +499,8 @@ static void emulate(pb *p, pb_job *job) {
 /* ------------------------------------------------------- the executor */
 
 static int mitigation_of(const char *name) {
-  static const char *const names[] = {"none",   "stash",     "sc",      "lwp",
-                                      "sc+lwp", "spectrain", "pipemare"};
+  static const char *const names[] = {"none", "stash",  "sc",
+                                      "lwp",  "sc+lwp", "pipemare"};
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (!strcmp(name, names[i])) return i;
   return -1;

@@ -4,7 +4,7 @@
  * delayed, mismatched gradients (BACKGROUND.md 2; Kosson et al., MLSys
  * 2021) closes the gap?
  *
- * One config, eight variants (st_experiment_pb_config): the config's
+ * One config, seven variants (st_experiment_pb_config): the config's
  * recipe run sequentially at its batch B, and pipelined_backprop under
  * each mitigation. Every PB variant keeps train.batch = B, so a trainer
  * step hands the pipeline B micro-batches of one sample: the step count,
@@ -36,8 +36,7 @@
 #include <string.h>
 
 static const char *const variants[ST_EXPERIMENT_PB_VARIANTS] = {
-    "baseline", "none",   "stash",     "sc",
-    "lwp",      "sc+lwp", "spectrain", "pipemare"};
+    "baseline", "none", "stash", "sc", "lwp", "sc+lwp", "pipemare"};
 
 /* One run's results. curve holds (samples seen, test accuracy) at each
  * evaluation point; accuracy is NaN at the points after a divergence. */
@@ -524,7 +523,7 @@ static int write_svg(const st_experiment_options *o, const run *runs,
   if (!f) return ST_ENOMEM;
   static const char *color[ST_EXPERIMENT_PB_VARIANTS] = {
       "#000000", "#1f77b4", "#ff7f0e", "#2ca02c",
-      "#d62728", "#9467bd", "#8c564b", "#e377c2"};
+      "#d62728", "#9467bd", "#e377c2"};
   const int n = runs[0].points;
   double xmax = runs[0].curve[2 * (n - 1)], lo = 1, hi = 0, x;
   for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++)

@@ -223,6 +223,13 @@ void st_pb_predict(st_pool *pool, float *out, const float *w, const float *v,
   st_pool_for(pool, (int)((n + CHUNK - 1) / CHUNK), predict_chunk, &j);
 }
 
+float st_pb_pipemare_lr(float lr, int delay, int64_t updates, int warmup) {
+  if (delay <= 1 || warmup <= 0) return lr;
+  double done = (double)updates / (double)warmup;
+  if (done > 1) done = 1;
+  return (float)(lr * pow((double)delay, -(1.0 - done)));
+}
+
 void st_optim_rule_pb(st_optim_rule *r, float lr, float momentum,
                       float weight_decay, int delay, int sc, int64_t updates) {
   memset(r, 0, sizeof *r);

@@ -635,6 +635,12 @@ static void test_set_errors(void) {
                                    "execution.mode: 'pipe' is not one of "
                                    "sequential, pipeline, block_sequential, "
                                    "pipelined_backprop, weight_streaming");
+  SET_ERROR("execution.mitigation=spectrain",
+            "--set execution.mitigation=spectrain: execution.mitigation: "
+            "'spectrain' is lwp here: in fine-grained pipelined backprop "
+            "each stage applies a micro-batch's gradient right after its "
+            "backward, so SpecTrain's backward predicts 0 updates ahead and "
+            "its forward lwp's D; write lwp");
   SET_ERROR("model.hidden=5", "--set model.hidden=5: model.hidden: expected a "
                               "list of integers such as [256, 256], got '5'");
   SET_ERROR("model.hidden=[1, x]", "--set model.hidden=[1, x]: "

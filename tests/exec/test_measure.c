@@ -16,7 +16,7 @@
  *  - the timing decides only the cut: gpipe on measured costs trains the
  *    sequential mode's bits, and pipelined backprop threaded the emulated
  *    run's, both cut by the same measurement;
- *  - linear weight prediction (lwp, sc+lwp, spectrain) in pipelined
+ *  - linear weight prediction (lwp, sc+lwp) in pipelined
  *    backprop: its modelled bytes in closed form, its measured seconds
  *    finite and 0 without it, and the partitioner charging them to every
  *    stage but the last (hand-made costs, and seeded figures that move a
@@ -234,7 +234,6 @@ static void test_lwp_costs(const st_config *mlp, st_shape in) {
   const char *const cases[][3] = {/* mitigation, micro-batch, mode */
                                   {"sc+lwp", "1", "pipelined_backprop"},
                                   {"lwp", "2", "pipelined_backprop"},
-                                  {"spectrain", "1", "pipelined_backprop"},
                                   {"sc", "1", "pipelined_backprop"},
                                   {"sc+lwp", "1", "pipeline"}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {

@@ -9,7 +9,7 @@
  *    update is D(s) = 2 (S - 1 - s) (min(n, D) while the pipeline fills);
  *  - at micro-batch 1 the updates folded into the backward give the bits
  *    of updating after it, for every mitigation, and so does the linear
- *    weight prediction written in the same pass (lwp, sc+lwp, spectrain)
+ *    weight prediction written in the same pass (lwp, sc+lwp)
  *    against a separate pass before each forward (train.batch 2: the
  *    second forward of every step uses the folded one), also with a
  *    cosine schedule, where a step's first forward must not;
@@ -41,9 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const MITIGATIONS[] = {
-    "none", "stash", "sc", "lwp", "sc+lwp", "spectrain", "pipemare"};
-enum { N_MIT = 7 };
+static const char *const MITIGATIONS[] = {"none", "stash",  "sc",
+                                          "lwp",  "sc+lwp", "pipemare"};
+enum { N_MIT = 6 };
 
 /* An 8-block MLP, heavy-ball SGD with weight decay, dropout. */
 static void deep_config(st_config *c) {
