@@ -213,6 +213,8 @@ typedef struct st_config {
     st_int_list channels; /* cnn: conv channels per stage */
     int kernel;           /* cnn: conv kernel size (odd, 'same' padding) */
     int residual_blocks;  /* cnn: residual blocks per stage */
+    int residual;         /* mlp: hidden layers after the first add their
+                             input back before the activation */
     char pool[8];         /* cnn: max | avg */
     st_int_list dense;    /* cnn: dense widths after the conv stages */
     int classes;          /* output classes, default 10 */
@@ -1679,6 +1681,7 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
  * micro-batches per step) — each for several seeds, comparing test
  * accuracy against samples seen, final training loss and speed. */
 #define ST_EXPERIMENT_PB_VARIANTS 7 /* baseline + the 6 mitigations */
+#define ST_EXPERIMENT_MAX_DEPTHS 16
 
 typedef struct st_experiment_options {
   int seeds;                 /* runs per variant: train.seed + 0 .. seeds-1 */
@@ -1689,6 +1692,11 @@ typedef struct st_experiment_options {
                               * and no run pins its threads. */
   char out_dir[ST_PATH_MAX]; /* results.md, results.csv, curves.svg */
   FILE *log;                 /* one line per finished run; may be NULL */
+  /* --depths: stage counts (>= 2, rising). With any, the experiment is the
+   * depth one instead: the baseline, then none, sc, lwp and sc+lwp with
+   * execution.stages at each count; writes depth.md, depth.csv and
+   * depth.svg (final accuracy against stages). */
+  int depths[ST_EXPERIMENT_MAX_DEPTHS], n_depths;
 } st_experiment_options;
 
 /* Variant k's name: "baseline", then the mitigations none, stash, sc, lwp,

@@ -15,7 +15,8 @@
 
 static const char *usage_experiment =
     "usage: strata experiment pb CONFIG [--seeds N] [--jobs N] [--points N]\n"
-    "                            [--out DIR] [--set key.path=value ...]\n"
+    "                            [--depths S1,S2,...] [--out DIR]\n"
+    "                            [--set key.path=value ...]\n"
     "\n"
     "pb  trains the model of CONFIG in seven variants for the same steps\n"
     "    and samples and compares them. CONFIG's optimizer is an SGD recipe\n"
@@ -46,6 +47,12 @@ static const char *usage_experiment =
     "  --jobs N         runs at once (default: the cores this process may\n"
     "                   use); with N > 1 each run gets one thread, or\n"
     "                   train.threads when the config sets it\n"
+    "  --depths LIST    instead of the seven variants: the baseline, then\n"
+    "                   none, sc, lwp and sc+lwp with execution.stages at\n"
+    "                   each stage count of LIST (e.g. 4,8,16,32: rising,\n"
+    "                   each >= 2; the model needs that many blocks);\n"
+    "                   writes depth.md, depth.csv and depth.svg (final\n"
+    "                   accuracy against stages)\n"
     "  --out DIR        output directory (default runs/experiment-pb-<config\n"
     "                   name>)\n"
     "  --set KEY=VALUE  override a config key for every run; repeatable\n"
@@ -63,17 +70,16 @@ static const char *usage_experiment =
     "                   variant\n";
 
 typedef struct experiment_args {
-  const char *kind, *config, *seeds, *jobs, *points, *out;
+  const char *kind, *config, *seeds, *jobs, *points, *out, *depths;
   const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help;
 } experiment_args;
 
 static int parse(int argc, char **argv, experiment_args *a) {
-  const st_cli_option options[] = {{"--seeds", &a->seeds, NULL},
-                                   {"--jobs", &a->jobs, NULL},
-                                   {"--points", &a->points, NULL},
-                                   {"--out", &a->out, NULL},
-                                   {NULL, NULL, NULL}};
+  const st_cli_option options[] = {
+      {"--seeds", &a->seeds, NULL},   {"--jobs", &a->jobs, NULL},
+      {"--points", &a->points, NULL}, {"--out", &a->out, NULL},
+      {"--depths", &a->depths, NULL}, {NULL, NULL, NULL}};
   const st_cli_spec spec = {
       usage_experiment, options,    {&a->kind, &a->config},
       a->sets,          &a->n_sets, &a->help};
@@ -99,6 +105,32 @@ static int count_option(int *out, const char *name, const char *text, int max) {
   return st_cli_usage_error(usage_experiment, "%s", what);
 }
 
+/* --depths S1,S2,...: whole numbers >= 2, rising; a usage error else. */
+static int depths_option(st_experiment_options *o, const char *text) {
+  if (!text) return 0;
+  const char *p = text;
+  o->n_depths = 0;
+  for (;;) {
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || errno || v < 2 || v > 1 << 20 ||
+        o->n_depths == ST_EXPERIMENT_MAX_DEPTHS ||
+        (o->n_depths && v <= o->depths[o->n_depths - 1]) ||
+        (*end && *end != ',')) {
+      char what[200];
+      snprintf(what, sizeof what,
+               "--depths takes rising stage counts >= 2 separated by "
+               "commas (at most %d), not '%s'",
+               ST_EXPERIMENT_MAX_DEPTHS, text);
+      return st_cli_usage_error(usage_experiment, "%s", what);
+    }
+    o->depths[o->n_depths++] = (int)v;
+    if (!*end) return 0;
+    p = end + 1;
+  }
+}
+
 int st_cli_experiment(int argc, char **argv) {
   experiment_args a = {0};
   int rc = parse(argc, argv, &a);
@@ -118,7 +150,8 @@ int st_cli_experiment(int argc, char **argv) {
   o.jobs = st_usable_cpus(NULL, 0);
   if ((rc = count_option(&o.seeds, "--seeds", a.seeds, 1 << 16)) ||
       (rc = count_option(&o.points, "--points", a.points, 1 << 20)) ||
-      (rc = count_option(&o.jobs, "--jobs", a.jobs, 1 << 16)))
+      (rc = count_option(&o.jobs, "--jobs", a.jobs, 1 << 16)) ||
+      (rc = depths_option(&o, a.depths)))
     return rc;
   if (a.out) {
     snprintf(o.out_dir, sizeof o.out_dir, "%s", a.out);
@@ -143,13 +176,18 @@ int st_cli_experiment(int argc, char **argv) {
     rc = st_config_set(&cfg, a.sets[i], &err);
   if (rc) return st_cli_fail(&err);
 
+  int n_variants = o.n_depths ? 1 + 4 * o.n_depths : ST_EXPERIMENT_PB_VARIANTS;
   printf("strata: experiment pb of %s: %d variants x %d seed%s, %d at "
          "once; writing %s\n",
-         a.config, ST_EXPERIMENT_PB_VARIANTS, o.seeds, o.seeds == 1 ? "" : "s",
-         o.jobs, o.out_dir);
+         a.config, n_variants, o.seeds, o.seeds == 1 ? "" : "s", o.jobs,
+         o.out_dir);
   fflush(stdout);
   if (st_experiment_pb(&o, &cfg, &err)) return st_cli_fail(&err);
-  printf("strata: done: wrote %s/results.md, results.csv and curves.svg\n",
-         o.out_dir);
+  if (o.n_depths)
+    printf("strata: done: wrote %s/depth.md, depth.csv and depth.svg\n",
+           o.out_dir);
+  else
+    printf("strata: done: wrote %s/results.md, results.csv and curves.svg\n",
+           o.out_dir);
   return 0;
 }

@@ -82,6 +82,9 @@ const st_config_key st_config_schema[] = {
     LIST(model, channels, "[32, 64]", "cnn: conv channels of each stage"),
     INT(model, kernel, "3", "cnn: conv kernel size, odd ('same' padding)"),
     INT(model, residual_blocks, "0", "cnn: residual blocks per stage"),
+    BOOL(model, residual, "false",
+         "mlp: each hidden layer after the first adds its input back "
+         "before the activation, act(x + norm(W x + b)); widths must match"),
     ENUM(model, pool, "max", pools, "cnn: pooling between stages"),
     LIST(model, dense, "[128]",
          "cnn: widths of the dense layers after the convs"),

@@ -71,16 +71,25 @@ static int check_options(const st_experiment_options *o, st_error *err) {
                         o->jobs);
   if (!o->out_dir[0])
     return st_error_set(err, ST_EARG, "experiment pb: no output directory");
+  if (o->n_depths < 0 || o->n_depths > ST_EXPERIMENT_MAX_DEPTHS)
+    return st_error_set(err, ST_EARG, "experiment pb: %d depths; at most %d",
+                        o->n_depths, ST_EXPERIMENT_MAX_DEPTHS);
+  for (int d = 0; d < o->n_depths; d++)
+    if (o->depths[d] < 2 || (d && o->depths[d] <= o->depths[d - 1]))
+      return st_error_set(err, ST_EARG,
+                          "experiment pb: --depths: %d; each a stage count "
+                          ">= 2, in rising order",
+                          o->depths[d]);
   return 0;
 }
 
 /* Puts "experiment pb: variant V, seed S: " before err's message. */
-static int name_run(st_error *err, int rc, int variant, uint64_t seed) {
+static int name_run(st_error *err, int rc, const char *label, uint64_t seed) {
   if (!err) return rc;
   char msg[sizeof err->msg];
   snprintf(msg, sizeof msg, "%s", err->msg);
   return st_error_set(err, rc, "experiment pb: variant %s, seed %llu: %s",
-                      variants[variant], (unsigned long long)seed, msg);
+                      label, (unsigned long long)seed, msg);
 }
 
 int st_experiment_pb_config(st_config *out, const st_config *base,
@@ -114,7 +123,7 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
                    "variants move an SGD recipe tuned at train.batch to the "
                    "micro-batch (optimizer.reference_batch); use sgd",
                    st_config_where(base, "optimizer.kind"), c.optimizer.kind);
-      return name_run(err, ST_ECONFIG, variant, c.train.seed);
+      return name_run(err, ST_ECONFIG, variants[variant], c.train.seed);
     }
     snprintf(c.execution.mode, sizeof c.execution.mode, "pipelined_backprop");
     snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "%s",
@@ -132,7 +141,7 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
     if (S == ST_STAGES_PER_BLOCK || S > threads) c.execution.emulate = 1;
   }
   int rc = st_config_validate(&c, err);
-  if (rc) return name_run(err, rc, variant, c.train.seed);
+  if (rc) return name_run(err, rc, variants[variant], c.train.seed);
   *out = c;
   return 0;
 }
@@ -220,7 +229,8 @@ static int run_one(const st_config *c, int points, run *r, st_error *err) {
  * the ones below are touched only under lock. */
 typedef struct work {
   const st_experiment_options *o;
-  const st_config *configs; /* per variant, seed offset 0 */
+  const st_config *configs;  /* per variant, seed offset 0 */
+  const char *const *labels; /* per variant, for the log and errors */
   int n_runs; /* variants x seeds, run k = variant * seeds + seed */
   pthread_mutex_t lock;
   run *runs;      /* every run; a running one is not written here */
@@ -235,7 +245,7 @@ typedef struct work {
 static void log_run(work *w, int variant, uint64_t seed, const run *r) {
   FILE *f = w->o->log;
   fprintf(f, "strata: experiment: [%d/%d] %s seed %llu: ", ++w->finished,
-          w->n_runs, variants[variant], (unsigned long long)seed);
+          w->n_runs, w->labels[variant], (unsigned long long)seed);
   if (r->diverged_at)
     fprintf(f, "diverged at step %lld of %lld", (long long)r->diverged_at,
             (long long)r->steps);
@@ -268,7 +278,7 @@ static void *worker(void *arg) {
     int rc = run_one(&c, w->o->points, &r, &err);
     if (rc) {
       free(r.curve);
-      name_run(&err, rc, variant, c.train.seed);
+      name_run(&err, rc, w->labels[variant], c.train.seed);
     }
     pthread_mutex_lock(&w->lock);
     if (rc && (w->failed_at < 0 || k < w->failed_at)) {
@@ -283,15 +293,17 @@ static void *worker(void *arg) {
   }
 }
 
-/* Runs every run with up to o->jobs workers: the calling thread and
- * jobs - 1 pthreads (one that cannot start only means fewer workers).
- * Returns the first error in (variant, seed) order. */
+/* Runs every run of n_configs configs with up to o->jobs workers: the
+ * calling thread and jobs - 1 pthreads (one that cannot start only means
+ * fewer workers). Returns the first error in (variant, seed) order. */
 static int run_all(const st_experiment_options *o, const st_config *configs,
-                   run *runs, st_error *err) {
-  int n = ST_EXPERIMENT_PB_VARIANTS * o->seeds;
+                   const char *const *labels, int n_configs, run *runs,
+                   st_error *err) {
+  int n = n_configs * o->seeds;
   int jobs = o->jobs < n ? o->jobs : n;
   work w = {.o = o,
             .configs = configs,
+            .labels = labels,
             .n_runs = n,
             .lock = PTHREAD_MUTEX_INITIALIZER,
             .runs = runs,
@@ -335,6 +347,16 @@ static summary summarize(const st_experiment_options *o, const run *runs,
       ss += (v[i].accuracy - s.acc_mean) * (v[i].accuracy - s.acc_mean);
   s.acc_std = s.ok > 1 ? sqrt(ss / (s.ok - 1)) : NAN;
   return s;
+}
+
+/* Whether variant s's mean accuracy differs from the baseline's (s0) by
+ * more than the seed-to-seed spread: |difference of means| above the
+ * larger of the two sample standard deviations. "—" without two finished
+ * runs on each side. */
+static const char *beyond_spread(const summary *s, const summary *s0) {
+  if (s->ok < 2 || s0->ok < 2) return "—";
+  double spread = s->acc_std > s0->acc_std ? s->acc_std : s0->acc_std;
+  return fabs(s->acc_mean - s0->acc_mean) > spread ? "yes" : "no";
 }
 
 /* Opens a memory stream for DIR/name; path gets the file's path. */
@@ -443,9 +465,9 @@ static int write_report(const st_experiment_options *o, const st_config *base,
           (double)base->optimizer.momentum, (double)pb->momentum);
   fprintf(f, "- The same `--set` options given to the experiment apply to "
              "every run; run k uses train.seed + k.\n\n");
-  fprintf(f, "| variant | test accuracy (%%) | Δ vs baseline (pp) | final "
-             "train loss | samples/s |\n");
-  fprintf(f, "|---|---:|---:|---:|---:|\n");
+  fprintf(f, "| variant | test accuracy (%%) | Δ vs baseline (pp) | beyond "
+             "the spread | final train loss | samples/s |\n");
+  fprintf(f, "|---|---:|---:|:---:|---:|---:|\n");
   summary s0 = summarize(o, runs, 0);
   int any_diverged = 0;
   for (int v = 0; v < ST_EXPERIMENT_PB_VARIANTS; v++) {
@@ -458,14 +480,16 @@ static int write_report(const st_experiment_options *o, const st_config *base,
       fprintf(f, "—");
     else if (s.ok && s0.ok)
       fprintf(f, "%+.2f", 100 * (s.acc_mean - s0.acc_mean));
-    fprintf(f, " | ");
+    fprintf(f, " | %s | ", v ? beyond_spread(&s, &s0) : "—");
     if (s.ok) fprintf(f, "%.4f", s.loss_mean);
     fprintf(f, " | %.0f |\n", s.speed_mean);
   }
   fprintf(f,
           "\nTest accuracy: at the final step, mean ± sample standard "
           "deviation over seeds; Δ is the difference of the means in "
-          "percentage points. Final train loss: the mean training loss over "
+          "percentage points, beyond the spread when it is larger than "
+          "both the baseline's and the variant's standard deviation. Final "
+          "train loss: the mean training loss over "
           "the last 10%% of steps, averaged over seeds. samples/s: samples "
           "over the seconds spent inside training steps (evaluation "
           "excluded), averaged over seeds. They were measured with up to %d "
@@ -590,10 +614,258 @@ static int write_svg(const st_experiment_options *o, const run *runs,
   return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
+/* ------------------------------------------------------ --depths */
+
+/* The mitigations the depth experiment compares (variant indices: none,
+ * sc, lwp, sc+lwp), each at every depth. */
+static const int depth_variants[] = {1, 3, 4, 5};
+enum { N_DEPTH_VARIANTS = 4 };
+
+/* Config k of the depth experiment: 0 the baseline, then depth d and
+ * mitigation j at 1 + d * N_DEPTH_VARIANTS + j. */
+static int depth_config(st_config *out, const st_config *base,
+                        const st_experiment_options *o, int k, char *label,
+                        size_t cap, st_error *err) {
+  if (k == 0) {
+    snprintf(label, cap, "baseline");
+    return st_experiment_pb_config(out, base, o, 0, 0, err);
+  }
+  int d = (k - 1) / N_DEPTH_VARIANTS;
+  int v = depth_variants[(k - 1) % N_DEPTH_VARIANTS], S = o->depths[d];
+  snprintf(label, cap, "%s at %d stages", variants[v], S);
+  /* the cut at S stages (emulated past the threads, as any variant) */
+  st_config c = *base;
+  c.execution.stages = S;
+  c.execution.stage_blocks.n = 0;
+  return st_experiment_pb_config(out, &c, o, v, 0, err);
+}
+
+/* The depth experiment's runs: d's mitigation j over the seeds. */
+static const run *depth_runs(const st_experiment_options *o, const run *runs,
+                             int d, int j) {
+  return runs + (size_t)(1 + d * N_DEPTH_VARIANTS + j) * o->seeds;
+}
+
+static int write_depth_csv(const st_experiment_options *o,
+                           const st_config *base, const run *runs,
+                           st_error *err) {
+  char path[ST_PATH_MAX + 32], *buf;
+  size_t len;
+  FILE *f =
+      open_text(path, sizeof path, o->out_dir, "depth.csv", &buf, &len, err);
+  if (!f) return ST_ENOMEM;
+  fprintf(f, "stages,variant,seed,test_accuracy,final_train_loss,"
+             "samples_per_s,seconds\n");
+  for (int k = 0; k < 1 + o->n_depths * N_DEPTH_VARIANTS; k++)
+    for (int i = 0; i < o->seeds; i++) {
+      const run *r = &runs[(size_t)k * o->seeds + i];
+      /* the stages the run's trainer cut (the baseline: 1) */
+      int S = r->stages;
+      const char *name =
+          k ? variants[depth_variants[(k - 1) % N_DEPTH_VARIANTS]] : "baseline";
+      fprintf(f, "%d,%s,%llu,%.9g,%.9g,%.1f,%.3f\n", S, name,
+              (unsigned long long)(base->train.seed + (uint64_t)i), r->accuracy,
+              r->final_loss, r->samples_per_s, r->seconds);
+    }
+  return st_write_stream_atomic(f, &buf, &len, path, err);
+}
+
+static summary summarize_runs(const st_experiment_options *o, const run *v) {
+  /* summarize() reads variant k's runs at runs + k * seeds */
+  return summarize(o, v, 0);
+}
+
+static int write_depth_report(const st_experiment_options *o,
+                              const st_config *base, const run *runs,
+                              st_error *err) {
+  char path[ST_PATH_MAX + 32], *buf;
+  size_t len;
+  FILE *f =
+      open_text(path, sizeof path, o->out_dir, "depth.md", &buf, &len, err);
+  if (!f) return ST_ENOMEM;
+  const run *seq = &runs[0];
+  int B = base->train.batch;
+  fprintf(f, "# Pipelined backprop against depth\n\n");
+  fprintf(f,
+          "Config `%s`: model %s, %d blocks; optimizer sgd, lr %g, momentum "
+          "%g, tuned at train.batch B = %d; %lld steps of %d samples per "
+          "run, %d seed%s. Each row cuts the model into that many stages "
+          "(`--set execution.stages=N`), the rest as in `strata experiment "
+          "pb` (micro-batch %d, the recipe moved to it by "
+          "optimizer.reference_batch = B). Stage s of S waits D(s) = 2 (S - "
+          "1 - s) updates for its gradient: the deeper the pipeline, the "
+          "staler the first stages' gradients.\n\n",
+          base->path[0] ? base->path : "(none)", base->model.kind, seq->blocks,
+          (double)base->optimizer.lr, (double)base->optimizer.momentum, B,
+          (long long)seq->steps, B, o->seeds, o->seeds == 1 ? "" : "s",
+          depth_runs(o, runs, 0, 0)->micro_batch);
+  summary s0 = summarize_runs(o, runs);
+  fprintf(f, "Baseline (sequential at batch %d): ", B);
+  put_accuracy(f, &s0);
+  fprintf(f, "%% test accuracy.\n\n| stages |");
+  for (int j = 0; j < N_DEPTH_VARIANTS; j++)
+    fprintf(f, " %s |", variants[depth_variants[j]]);
+  fprintf(f, "\n|---:|");
+  for (int j = 0; j < N_DEPTH_VARIANTS; j++) fprintf(f, "---:|");
+  fprintf(f, "\n");
+  for (int d = 0; d < o->n_depths; d++) {
+    fprintf(f, "| %d |", o->depths[d]);
+    for (int j = 0; j < N_DEPTH_VARIANTS; j++) {
+      summary s = summarize_runs(o, depth_runs(o, runs, d, j));
+      fprintf(f, " ");
+      put_accuracy(f, &s);
+      if (s.ok && s0.ok)
+        fprintf(f, " (%+.2f%s)", 100 * (s.acc_mean - s0.acc_mean),
+                !strcmp(beyond_spread(&s, &s0), "yes") ? "*" : "");
+      fprintf(f, " |");
+    }
+    fprintf(f, "\n");
+  }
+  fprintf(f, "\nTest accuracy in percent at the final step, mean ± sample "
+             "standard deviation over seeds; in brackets the difference "
+             "from the baseline in percentage points, starred where it is "
+             "larger than both standard deviations (beyond the seed-to-seed "
+             "spread). Files: depth.csv (every run), depth.svg.\n");
+  return st_write_stream_atomic(f, &buf, &len, path, err);
+}
+
+/* Final accuracy (percent) against stages on a log2 axis, a line per
+ * mitigation through its means, the baseline dashed across. */
+static int write_depth_svg(const st_experiment_options *o, const run *runs,
+                           st_error *err) {
+  char path[ST_PATH_MAX + 32], *buf;
+  size_t len;
+  FILE *f =
+      open_text(path, sizeof path, o->out_dir, "depth.svg", &buf, &len, err);
+  if (!f) return ST_ENOMEM;
+  static const char *color[N_DEPTH_VARIANTS] = {"#1f77b4", "#2ca02c", "#d62728",
+                                                "#9467bd"};
+  summary s0 = summarize_runs(o, runs);
+  double lo = s0.ok ? s0.acc_mean : 1, hi = s0.ok ? s0.acc_mean : 0;
+  double x0 = log2(o->depths[0]), x1 = x0;
+  for (int d = 0; d < o->n_depths; d++) {
+    double x = log2(o->depths[d]);
+    x0 = x < x0 ? x : x0, x1 = x > x1 ? x : x1;
+    for (int j = 0; j < N_DEPTH_VARIANTS; j++) {
+      summary s = summarize_runs(o, depth_runs(o, runs, d, j));
+      if (s.ok) {
+        lo = s.acc_mean < lo ? s.acc_mean : lo;
+        hi = s.acc_mean > hi ? s.acc_mean : hi;
+      }
+    }
+  }
+  if (hi < lo) lo = 0, hi = 1;
+  double y0 = floor(lo * 20) / 20, y1 = ceil(hi * 20) / 20;
+  if (y1 - y0 < 0.05) y1 = y0 + 0.05;
+  if (x1 - x0 < 1) x0 -= 0.5, x1 += 0.5;
+  double pad = (x1 - x0) * 0.05;
+  st_svg_chart c = {f,  800,      480,      80, 190, 50,
+                    60, x0 - pad, x1 + pad, y0, y1,  0};
+  char text[160];
+  snprintf(text, sizeof text,
+           "Pipelined backprop against depth: final test accuracy, mean of "
+           "%d seed%s",
+           o->seeds, o->seeds == 1 ? "" : "s");
+  st_svg_chart_begin(&c, text, "pipeline stages", "test accuracy");
+  for (int d = 0; d < o->n_depths; d++) {
+    snprintf(text, sizeof text, "%d", o->depths[d]);
+    st_svg_grid_x(&c, log2(o->depths[d]), "#ddd", text);
+  }
+  double dy = tick_step(y1 - y0, 5);
+  for (double a = y0; a <= y1 + 1e-9; a += dy) {
+    snprintf(text, sizeof text, "%g%%", round(a * 1000) / 10);
+    st_svg_grid_y(&c, a, "#ddd", text);
+  }
+  st_svg_pen base_pen = {"#000000", "2.5", "7 4"};
+  if (s0.ok)
+    st_svg_line(f, st_svg_x(&c, c.x0), st_svg_y(&c, s0.acc_mean),
+                st_svg_x(&c, c.x1), st_svg_y(&c, s0.acc_mean), base_pen);
+  for (int j = 0; j < N_DEPTH_VARIANTS; j++) {
+    st_svg_pen pen = {color[j], "1.8", NULL};
+    int open = 0;
+    for (int d = 0; d < o->n_depths; d++) {
+      summary s = summarize_runs(o, depth_runs(o, runs, d, j));
+      if (!s.ok) {
+        if (open) st_svg_poly_end(f);
+        open = 0;
+        continue;
+      }
+      if (!open) st_svg_poly_begin(f, pen);
+      st_svg_poly_point(f, !open, st_svg_x(&c, log2(o->depths[d])),
+                        st_svg_y(&c, s.acc_mean));
+      open = 1;
+    }
+    if (open) st_svg_poly_end(f);
+    for (int d = 0; d < o->n_depths; d++) {
+      summary s = summarize_runs(o, depth_runs(o, runs, d, j));
+      if (s.ok)
+        st_svg_circle(f, st_svg_x(&c, log2(o->depths[d])),
+                      st_svg_y(&c, s.acc_mean), 3, color[j]);
+    }
+  }
+  st_svg_legend(&c, base_pen, NULL, NULL, "baseline (sequential)");
+  for (int j = 0; j < N_DEPTH_VARIANTS; j++)
+    st_svg_legend(&c, (st_svg_pen){color[j], "1.8", NULL}, NULL, NULL,
+                  variants[depth_variants[j]]);
+  st_svg_chart_end(&c);
+  return st_write_stream_atomic(f, &buf, &len, path, err);
+}
+
+static int depth_experiment(const st_experiment_options *o,
+                            const st_config *base, st_error *err) {
+  const int n = 1 + o->n_depths * N_DEPTH_VARIANTS;
+  st_config *configs = malloc((size_t)n * sizeof *configs);
+  char(*label)[48] = malloc((size_t)n * sizeof *label);
+  const char **labels = malloc((size_t)n * sizeof *labels);
+  run *runs = calloc((size_t)n * o->seeds, sizeof *runs);
+  int rc = 0;
+  if (!configs || !label || !labels || !runs) {
+    rc = st_error_set(err, ST_ENOMEM, "experiment pb: out of memory");
+    goto done;
+  }
+  for (int k = 0; !rc && k < n; k++) {
+    rc = depth_config(&configs[k], base, o, k, label[k], sizeof label[k], err);
+    labels[k] = label[k];
+  }
+  if (rc) goto done;
+  /* the deepest cut is tried first: a model too shallow for it fails
+   * before any run */
+  {
+    const st_config *deep = &configs[n - N_DEPTH_VARIANTS];
+    st_trainer *t = NULL;
+    rc = st_trainer_create(&t, deep, NULL, err);
+    if (!rc && st_trainer_stages(t) != deep->execution.stages)
+      rc = st_error_set(err, ST_ECONFIG,
+                        "experiment pb: --depths %d: the model cuts into %d "
+                        "stages, not %d",
+                        deep->execution.stages, st_trainer_stages(t),
+                        deep->execution.stages);
+    st_trainer_destroy(t);
+    if (rc) {
+      name_run(err, rc, labels[n - N_DEPTH_VARIANTS], deep->train.seed);
+      goto done;
+    }
+  }
+  if ((rc = st_mkdir_p(o->out_dir, 1, err))) goto done;
+  if ((rc = run_all(o, configs, labels, n, runs, err))) goto done;
+  if ((rc = write_depth_csv(o, base, runs, err))) goto done;
+  if ((rc = write_depth_report(o, base, runs, err))) goto done;
+  rc = write_depth_svg(o, runs, err);
+done:
+  if (runs)
+    for (int k = 0; k < n * o->seeds; k++) free(runs[k].curve);
+  free(runs);
+  free(labels);
+  free(label);
+  free(configs);
+  return rc;
+}
+
 int st_experiment_pb(const st_experiment_options *o, const st_config *base,
                      st_error *err) {
   int rc = check_options(o, err);
   if (rc) return rc;
+  if (o->n_depths) return depth_experiment(o, base, err);
   /* Every variant's config is checked before any run starts. */
   st_config *configs = malloc(ST_EXPERIMENT_PB_VARIANTS * sizeof *configs);
   run *runs =
@@ -606,7 +878,9 @@ int st_experiment_pb(const st_experiment_options *o, const st_config *base,
     rc = st_experiment_pb_config(&configs[v], base, o, v, 0, err);
   if (rc) goto done;
   if ((rc = st_mkdir_p(o->out_dir, 1, err))) goto done;
-  if ((rc = run_all(o, configs, runs, err))) goto done;
+  if ((rc =
+           run_all(o, configs, variants, ST_EXPERIMENT_PB_VARIANTS, runs, err)))
+    goto done;
   if ((rc = write_csv(o, base, runs, err))) goto done;
   if ((rc = write_report(o, base, configs, runs, err))) goto done;
   rc = write_svg(o, runs, err);

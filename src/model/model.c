@@ -2,8 +2,10 @@
  * model.c — builds a model from the config: an ordered array of blocks, each
  * with its layers, named parameter tensors in one contiguous slab, its
  * activation layout and its cost per sample. Builders:
- *   mlp — FC-MNIST: [flatten] (linear, [layernorm], activation, [dropout]) per
- *         hidden width, then a linear head; one block per hidden layer.
+ *   mlp — FC-MNIST: [flatten] (linear, [layernorm], [+x], activation,
+ *         [dropout]) per hidden width, then a linear head; one block per
+ *         hidden layer (+x: model.residual, every hidden layer but the
+ *         first).
  *   cnn — per stage of `channels`: a conv block (conv, [groupnorm], relu) and
  *         `residual_blocks` residual blocks (conv, [gn], relu, conv, [gn], +x,
  *         relu), then pooling 2x2 on the stage's last block; then flatten,
@@ -180,12 +182,21 @@ static int build_mlp(builder *bd) {
     begin_block(bd);
     if (i == 0 && (bd->cur.h != 1 || bd->cur.w != 1))
       add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
+    if (c->model.residual && i > 0 &&
+        c->model.hidden.v[i] != c->model.hidden.v[i - 1])
+      return shape_error(bd, "model.residual",
+                         "hidden layer %d is %d wide and its input %d: a "
+                         "residual layer adds its input, so the widths must "
+                         "match",
+                         i, c->model.hidden.v[i], c->model.hidden.v[i - 1]);
     add_linear(bd, c->model.hidden.v[i]);
     if (strcmp(c->model.norm, "layernorm") == 0)
       add_affine_norm(bd, ST_OP_LAYERNORM, c->model.hidden.v[i], 1);
     else if (strcmp(c->model.norm, "none") != 0)
       return shape_error(bd, "model.norm",
                          "the mlp takes 'none' or 'layernorm'");
+    if (c->model.residual && i > 0 && add_layer(bd, ST_OP_RESIDUAL, bd->cur))
+      bd->b->has_residual = 1;
     add_activation(bd, c->model.activation);
     add_dropout(bd, c->model.dropout);
   }

@@ -420,6 +420,12 @@ run experiment pb "$fc" --seeds 0 --out "$T/o_exp"
 if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: --seeds takes a whole number >= 1, not '0'" ]; then pass; else
   fail "experiment: a bad --seeds is a usage error" "rc $rc" "$err"
 fi
+for bad in 4,2 1,4 4,,8 4x; do
+  run experiment pb "$fc" --depths "$bad" --out "$T/o_exp"
+  if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: --depths takes rising stage counts >= 2 separated by commas (at most 16), not '$bad'" ]; then pass; else
+    fail "experiment: --depths $bad is a usage error" "rc $rc" "$err"
+  fi
+done
 run experiment --help
 if [ "$rc" -eq 0 ] && [[ $out == *"usage: strata experiment pb"* ]]; then pass; else
   fail "strata experiment --help" "rc $rc" "$out$err"

@@ -220,6 +220,80 @@ static void test_runs(const st_config *base, const char *root) {
   free(svg);
 }
 
+/* --depths 2,4 on the 4-block MLP: the baseline, then none, sc, lwp and
+ * sc+lwp cut into 2 and 4 stages; depth 4 is the per-block pipeline of
+ * test_runs, so its rows repeat that experiment's accuracies. A depth the
+ * model cannot be cut into is refused before any run. */
+static void test_depths(const st_config *base, const char *root) {
+  char dir[256], one[256];
+  snprintf(dir, sizeof dir, "%s/depths", root);
+  snprintf(one, sizeof one, "%s/jobs1", root);
+  st_experiment_options o = options(dir, 2, 2);
+  o.depths[0] = 2, o.depths[1] = 4, o.n_depths = 2;
+  st_error err = {0};
+  int rc = st_experiment_pb(&o, base, &err);
+  CHECK(rc == 0, "depths: %s", err.msg);
+  if (rc) return;
+  char *csv = slurp(dir, "depth.csv"), *md = slurp(dir, "depth.md"),
+       *svg = slurp(dir, "depth.svg"), *ref = slurp(one, "results.csv");
+  CHECK(csv && md && svg && ref, "depth.csv, depth.md or depth.svg missing");
+  if (csv && md && svg && ref) {
+    CHECK(!strncmp(csv, "stages,variant,seed,test_accuracy,", 34),
+          "depth.csv header: %.60s", csv);
+    const char *names[] = {"none", "sc", "lwp", "sc+lwp"};
+    const char *p = strchr(csv, '\n') + 1;
+    for (int k = 0; k < 9; k++)
+      for (int s = 0; s < 2; s++) {
+        char want[64];
+        int S = k == 0 ? 1 : k <= 4 ? 2 : 4;
+        snprintf(want, sizeof want, "%d,%s,%d,", S,
+                 k ? names[(k - 1) % 4] : "baseline", 42 + s);
+        CHECK(!strncmp(p, want, strlen(want)),
+              "depth.csv row %d: want %s, "
+              "got %.40s",
+              2 * k + s, want, p);
+        if (S == 4 || k == 0) { /* the same run as test_runs's */
+          char key[64];
+          snprintf(key, sizeof key, "\n%s,%d,",
+                   k ? names[(k - 1) % 4] : "baseline", 42 + s);
+          const char *q = strstr(ref, key);
+          CHECK(q && atof(q + strlen(key)) == atof(p + strlen(want)),
+                "%s: accuracy %g, the 7-variant experiment's %g", want,
+                atof(p + strlen(want)), q ? atof(q + strlen(key)) : -1.0);
+        }
+        p = strchr(p, '\n');
+        p = p ? p + 1 : "";
+      }
+    CHECK(*p == 0, "depth.csv: extra rows: %.40s", p);
+    CHECK(count_lines_starting(md, "| 2 |") == 1 &&
+              count_lines_starting(md, "| 4 |") == 1 &&
+              strstr(md, "| stages | none | sc | lwp | sc+lwp |") &&
+              strstr(md, "Baseline (sequential at batch 4): "),
+          "depth.md: a row per depth, a column per mitigation");
+    CHECK(!strncmp(svg, "<svg", 4) &&
+              count_lines_starting(svg, "<polyline") == 4,
+          "depth.svg: want a line per mitigation");
+  }
+  free(csv);
+  free(md);
+  free(svg);
+  free(ref);
+  /* 8 stages of a 4-block model: refused before any run or file */
+  snprintf(dir, sizeof dir, "%s/depths8", root);
+  o = options(dir, 1, 2);
+  o.depths[0] = 2, o.depths[1] = 8, o.n_depths = 2;
+  rc = st_experiment_pb(&o, base, &err);
+  struct stat sb;
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, "at 8 stages") &&
+            strstr(err.msg, "8 stages for a model of 4 blocks") &&
+            stat(dir, &sb) != 0,
+        "depth 8 of 4 blocks: rc %d, '%s'", rc, err.msg);
+  o.depths[0] = 4, o.depths[1] = 2;
+  CHECK(st_experiment_pb(&o, base, &err) == ST_EARG &&
+            strstr(err.msg, "rising"),
+        "falling depths accepted: %s", err.msg);
+}
+
 static void test_divergence(const st_config *base, const char *root) {
   char dir[256];
   snprintf(dir, sizeof dir, "%s/diverged", root);
@@ -288,6 +362,7 @@ int main(void) {
   st_config any_threads = base;
   any_threads.train.threads = 0;
   test_runs(&any_threads, root);
+  test_depths(&any_threads, root);
   test_divergence(&base, root);
   test_errors(&base, root);
   char cmd[sizeof root + 16];

@@ -551,6 +551,43 @@ static void config_b(st_config *c) {
   c->model.classes = 3;
 }
 
+/* (e) mlp [6, 6, 6] with layernorm, relu and model.residual on a
+ * 5-vector: the second and third hidden blocks add their input back */
+static void config_e(st_config *c) {
+  st_config_defaults(c);
+  SET(c->model.kind, "mlp");
+  c->model.hidden = (st_int_list){3, {6, 6, 6}};
+  SET(c->model.norm, "layernorm");
+  SET(c->model.activation, "relu");
+  c->model.residual = 1;
+  c->model.classes = 3;
+}
+
+/* model.residual: blocks 1 and 2 of (e) have the add, block 0 (784 -> 6
+ * in FC-MNIST terms: widths differ) does not; unequal hidden widths are
+ * refused, naming the key. */
+static void check_mlp_residual(void) {
+  st_config c;
+  config_e(&c);
+  st_model *m = NULL;
+  st_error err = {0};
+  int rc = st_model_create(&m, &c, (st_shape){5, 1, 1}, &err);
+  CHECK(rc == 0, "(e): %s", err.msg);
+  if (!rc)
+    CHECK(m->n_blocks == 4 && !m->blocks[0].has_residual &&
+              m->blocks[1].has_residual && m->blocks[2].has_residual &&
+              !m->blocks[3].has_residual,
+          "(e): residual adds in blocks 1 and 2 only");
+  st_model_destroy(m);
+  m = NULL;
+  c.model.hidden = (st_int_list){2, {6, 5}};
+  rc = st_model_create(&m, &c, (st_shape){5, 1, 1}, &err);
+  CHECK(rc == ST_ESHAPE && strstr(err.msg, "model.residual") &&
+            strstr(err.msg, "widths must match"),
+        "unequal widths with model.residual: rc %d, '%s'", rc, err.msg);
+  st_model_destroy(m);
+}
+
 /* (c) cnn [4], groupnorm 2 groups, one residual block, max pool, dense [6] */
 static void config_c(st_config *c) {
   st_config_defaults(c);
@@ -850,6 +887,12 @@ int main(void) {
   check_model_gradients("(d) cnn [4,4] res avg []", &c, (st_shape){1, 8, 8}, 14,
                         2.0f);
   check_residual_block("(d) cnn [4,4] res avg []", &c, (st_shape){1, 8, 8}, 24);
+  config_e(&c);
+  check_model_gradients("(e) mlp [6,6,6] ln relu residual", &c,
+                        (st_shape){5, 1, 1}, 15, 1.0f);
+  check_residual_block("(e) mlp [6,6,6] ln relu residual", &c,
+                       (st_shape){5, 1, 1}, 25);
+  check_mlp_residual();
 
   check_fc_mnist();
   check_cnn_counts();
