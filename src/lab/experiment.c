@@ -702,7 +702,7 @@ static int write_depth_report(const st_experiment_options *o,
   summary s0 = summarize_runs(o, runs);
   fprintf(f, "Baseline (sequential at batch %d): ", B);
   put_accuracy(f, &s0);
-  fprintf(f, "%% test accuracy.\n\n| stages |");
+  fprintf(f, "%s.\n\n| stages |", s0.ok ? "% test accuracy" : "");
   for (int j = 0; j < N_DEPTH_VARIANTS; j++)
     fprintf(f, " %s |", variants[depth_variants[j]]);
   fprintf(f, "\n|---:|");

@@ -139,7 +139,75 @@ static void test_slab_step(const char *kind) {
   }
 }
 
+/* st_pb_update, whose loops are specialised per rule (weight decay;
+ * plain, spike-compensated or Nesterov momentum; a pipemare delta; a
+ * prediction) so they vectorise, against the rule written out here one
+ * element at a time in sgd_one's order: the same bits, for every
+ * combination, the first step (v <- d) included, over several chunks and
+ * a ragged tail. */
+static void test_update_paths(void) {
+  enum { N = 40013 };
+  float *w = st_alloc(N * sizeof(float)), *v = st_alloc(N * sizeof(float));
+  float *g = st_alloc(N * sizeof(float)), *de = st_alloc(N * sizeof(float));
+  float *p = st_alloc(N * sizeof(float)), *rw = st_alloc(N * sizeof(float));
+  float *rv = st_alloc(N * sizeof(float)), *rd = st_alloc(N * sizeof(float));
+  float *rp = st_alloc(N * sizeof(float)), *gs = st_alloc(N * sizeof(float));
+  st_pool *pool = st_pool_create(2);
+  st_rng rng;
+  int bad = 0, cases = 0;
+  for (int combo = 0; combo < 24; combo++) {
+    int wd = combo & 1, kind = combo >> 1 & 3, delta = combo >> 3 & 1,
+        pred = combo >> 4 & 1;
+    if (kind == 3) continue;
+    cases++;
+    st_rng_init(&rng, 11, ST_RNG_DATA, (uint64_t)combo);
+    for (int i = 0; i < N; i++) {
+      rw[i] = w[i] = st_rng_normal(&rng);
+      rv[i] = v[i] = rd[i] = de[i] = 0;
+    }
+    for (int step = 0; step < 3; step++) {
+      st_optim_rule r;
+      st_optim_rule_pb(&r, 0.05f, 0.9f, wd ? 0.01f : 0.0f, 4, kind == 1, step);
+      r.nesterov = kind == 2;
+      r.gamma = 0.75f;
+      r.pk = 0.2f;
+      for (int i = 0; i < N; i++) g[i] = gs[i] = st_rng_normal(&rng);
+      st_pb_update(pool, &r, w, g, v, delta ? de : NULL, pred ? p : NULL, N);
+      for (int i = 0; i < N; i++) {
+        float d = gs[i], old = rw[i];
+        if (wd) d = d + r.weight_decay * old;
+        rv[i] = step == 0 ? d : r.momentum * rv[i] + d;
+        float s = kind == 2   ? d + r.momentum * rv[i]
+                  : kind == 1 ? r.sc_a * rv[i] + r.sc_b * d
+                              : rv[i];
+        rw[i] = old - r.lr * s;
+        rd[i] = r.gamma * rd[i] + (1.0f - r.gamma) * (rw[i] - old);
+        rp[i] = rw[i] - r.pk * rv[i];
+        bad += g[i] != 0.0f;
+      }
+      bad += memcmp(w, rw, N * sizeof(float)) != 0;
+      bad += memcmp(v, rv, N * sizeof(float)) != 0;
+      bad += delta && memcmp(de, rd, N * sizeof(float)) != 0;
+      bad += pred && memcmp(p, rp, N * sizeof(float)) != 0;
+      CHECK(!bad,
+            "st_pb_update: weight decay %d, %s momentum, delta %d, "
+            "prediction %d, step %d: not sgd_one's bits",
+            wd,
+            kind == 2   ? "Nesterov"
+            : kind == 1 ? "sc"
+                        : "plain",
+            delta, pred, step);
+      bad = 0;
+    }
+  }
+  CHECK(cases == 18, "%d combinations", cases);
+  st_pool_destroy(pool);
+  float *all[] = {w, v, g, de, p, rw, rv, rd, rp, gs};
+  for (int k = 0; k < 10; k++) st_free(all[k]);
+}
+
 int main(void) {
+  test_update_paths();
   test_slab_step("sgd");
   test_slab_step("adamw");
   test_sgd(0, 0.0f);
