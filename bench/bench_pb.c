@@ -70,7 +70,8 @@
  *                (gpipe) at batch 32, M = 8, on two stages (cut by its
  *                own micro-batch's timings).
  *
- * Usage: bench_pb [SECONDS [REPEATS]]   (defaults 1.5 and 3; REPEATS <= 20)
+ * Usage: bench_pb [SECONDS [REPEATS [emulated]]]   (defaults 1.5 and 3;
+ * REPEATS <= 20; `emulated`: that figure alone)
  * Prints one line per figure; targets are printed, never enforced.
  */
 #include "roundtrip.h"
@@ -79,6 +80,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* samples/s over `seconds` after a warm-up; the least and the most busy
  * stage's busy fractions over those steps in *worst and *most (1 for one
@@ -291,17 +293,37 @@ static int emulated_figure(const char *what, const char *const *model,
   return 0;
 }
 
+/* The emulated figure on the experiments' models (configs/pb_mlp_fmnist
+ * .yaml, pb_cnn_fmnist). */
+static int emulated_figures(double seconds, int repeats) {
+  const char *const mlp[] = {"model.hidden=[128,128,128,128,128,128,128,128,"
+                             "128]",
+                             "model.norm=layernorm"};
+  const char *const cnn[] = {"model.kind=cnn",          "model.channels=[8,16]",
+                             "model.norm=groupnorm",    "model.groups=4",
+                             "model.residual_blocks=3", "model.dense=[32]"};
+  return emulated_figure("pb_mlp_fmnist's MLP (10 blocks)", mlp, 2, seconds,
+                         repeats) ||
+         emulated_figure("pb_cnn_fmnist's CNN (10 blocks)", cnn, 6, seconds,
+                         repeats);
+}
+
 enum { MAX_REPEATS = 20, SC_RUNS = 4, LWP_RUNS = 2 };
 _Static_assert(SC_RUNS *MAX_REPEATS <= 256, "median_run's index");
 int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 1.5;
   int repeats = argc > 2 ? atoi(argv[2]) : 3;
-  if (argc > 3 || seconds <= 0 || repeats < 1 || repeats > MAX_REPEATS) {
-    fprintf(stderr, "usage: bench_pb [SECONDS [REPEATS]] (REPEATS 1..%d)\n",
+  int emulated_only = argc > 3 && !strcmp(argv[3], "emulated");
+  if (argc > 4 || (argc > 3 && !emulated_only) || seconds <= 0 || repeats < 1 ||
+      repeats > MAX_REPEATS) {
+    fprintf(stderr,
+            "usage: bench_pb [SECONDS [REPEATS [emulated]]] (REPEATS "
+            "1..%d)\n",
             MAX_REPEATS);
     return 2;
   }
   st_blas_init();
+  if (emulated_only) return emulated_figures(seconds, repeats) ? 1 : 0;
   int cores = st_usable_cpus(NULL, 0);
   static char threads[32];
   snprintf(threads, sizeof threads, "train.threads=%d", cores);
@@ -418,17 +440,5 @@ int main(int argc, char **argv) {
         best[0], best[1], cores, best[0] / best[1], best[2], best[0] / best[2],
         best[3], best[0] / best[3]);
   }
-  /* the experiments' models (configs/pb_mlp_fmnist.yaml, pb_cnn_fmnist) */
-  const char *const mlp[] = {"model.hidden=[128,128,128,128,128,128,128,128,"
-                             "128]",
-                             "model.norm=layernorm"};
-  const char *const cnn[] = {"model.kind=cnn",          "model.channels=[8,16]",
-                             "model.norm=groupnorm",    "model.groups=4",
-                             "model.residual_blocks=3", "model.dense=[32]"};
-  if (emulated_figure("pb_mlp_fmnist's MLP (10 blocks)", mlp, 2, seconds,
-                      repeats) ||
-      emulated_figure("pb_cnn_fmnist's CNN (10 blocks)", cnn, 6, seconds,
-                      repeats))
-    return 1;
-  return 0;
+  return emulated_figures(seconds, repeats) ? 1 : 0;
 }

@@ -103,6 +103,11 @@ void st_optim_update_vec(const st_optim_rule *rule, float *restrict w,
   }
 }
 
+static int heavy_ball(const st_optim_rule *r, float *restrict w,
+                      float *restrict g, float *restrict v,
+                      float *restrict delta, float *restrict pred, size_t len,
+                      const float *restrict x, float dy);
+
 void st_optim_update_outer(const st_optim_rule *rule, float *restrict w,
                            float *restrict s0, float *restrict s1,
                            const float *restrict dy, const float *restrict x,
@@ -111,6 +116,9 @@ void st_optim_update_outer(const st_optim_rule *rule, float *restrict w,
   for (int o = 0; o < OC; o++) {
     const float d = dy[o];
     float *wr = w + (size_t)o * IC, *ar = s0 + (size_t)o * IC;
+    if (heavy_ball(&r, wr, NULL, ar, NULL, p ? p + (size_t)o * IC : NULL,
+                   (size_t)IC, x, d))
+      continue;
     if (r.adamw) {
       float *br = s1 + (size_t)o * IC;
       for (int i = 0; i < IC; i++)
@@ -149,12 +157,18 @@ enum { PLAIN, SC, NESTEROV };
 static inline __attribute__((always_inline)) void
 heavy_ball_loop(const st_optim_rule *rp, float *restrict w, float *restrict g,
                 float *restrict v, float *restrict delta, float *restrict pred,
-                size_t len, int wd, int kind, int has_delta, int has_pred) {
+                size_t len, const float *restrict x, float dy, int outer,
+                int wd, int kind, int has_delta, int has_pred) {
   const float lr = rp->lr, m = rp->momentum, lambda = rp->weight_decay;
   const float a = rp->sc_a, b = rp->sc_b, gamma = rp->gamma, pk = rp->pk;
   for (size_t i = 0; i < len; i++) {
-    float d = g[i], old = w[i];
-    g[i] = 0.0f;
+    float d, old = w[i];
+    if (outer) { /* the batch-1 gradient dy x_i, never stored */
+      d = dy * x[i];
+    } else {
+      d = g[i];
+      g[i] = 0.0f;
+    }
     if (wd) d = d + lambda * old;
     float vi = m * v[i] + d;
     v[i] = vi;
@@ -168,17 +182,22 @@ heavy_ball_loop(const st_optim_rule *rp, float *restrict w, float *restrict g,
   }
 }
 
-/* The loop for r's choices; 0 (nothing done) for a rule it does not
- * cover (AdamW, no momentum, the first step: sgd_one's loop). */
+/* The loop for r's choices, on the gradient g (zeroed) or, with x, dy
+ * x_i; 0 (nothing done) for a rule it does not cover (AdamW, no momentum,
+ * the first step: sgd_one's loop). */
 static int heavy_ball(const st_optim_rule *r, float *restrict w,
                       float *restrict g, float *restrict v,
-                      float *restrict delta, float *restrict pred, size_t len) {
+                      float *restrict delta, float *restrict pred, size_t len,
+                      const float *restrict x, float dy) {
   if (r->adamw || r->momentum == 0.0f || r->first_step) return 0;
   int kind = r->nesterov ? NESTEROV : r->sc ? SC : PLAIN;
 #define CASE(wd, k, de, pr)                                                    \
   if ((r->weight_decay != 0.0f) == (wd) && kind == (k) &&                      \
       (delta != NULL) == (de) && (pred != NULL) == (pr)) {                     \
-    heavy_ball_loop(r, w, g, v, delta, pred, len, wd, k, de, pr);              \
+    if (x)                                                                     \
+      heavy_ball_loop(r, w, g, v, delta, pred, len, x, dy, 1, wd, k, de, pr);  \
+    else                                                                       \
+      heavy_ball_loop(r, w, g, v, delta, pred, len, x, dy, 0, wd, k, de, pr);  \
     return 1;                                                                  \
   }
 #define KINDS(wd, de, pr)                                                      \
@@ -204,7 +223,7 @@ static void step_chunk(void *arg, int task) {
       g[i] = 0.0f;
       adamw_one(&r, &w[i], &s0[i], &s1[i], gi);
     }
-  } else if (!heavy_ball(&r, w, g, s0, NULL, NULL, len)) {
+  } else if (!heavy_ball(&r, w, g, s0, NULL, NULL, len, NULL, 0.0f)) {
     for (size_t i = 0; i < len; i++) {
       float gi = g[i];
       g[i] = 0.0f;
@@ -245,7 +264,7 @@ static void pb_chunk(void *arg, int task) {
                   *restrict v = j->v + lo;
   float *restrict delta = j->delta ? j->delta + lo : NULL;
   float *restrict pred = j->pred ? j->pred + lo : NULL;
-  if (heavy_ball(&r, w, g, v, delta, pred, len)) return;
+  if (heavy_ball(&r, w, g, v, delta, pred, len, NULL, 0.0f)) return;
   for (size_t i = 0; i < len; i++) {
     float gi = g[i], old = w[i];
     g[i] = 0.0f;

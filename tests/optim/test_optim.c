@@ -201,6 +201,49 @@ static void test_update_paths(void) {
     }
   }
   CHECK(cases == 18, "%d combinations", cases);
+  /* the fused batch-1 update: gradient dy_o x_i, never stored */
+  enum { OC = 3, IC = 4001 };
+  float dy[OC], *x = gs;
+  for (int combo = 0; combo < 12; combo++) {
+    int wd = combo & 1, kind = combo >> 1 & 3, pred = combo >> 3 & 1;
+    if (kind == 3) continue;
+    st_rng_init(&rng, 13, ST_RNG_DATA, (uint64_t)combo);
+    for (int i = 0; i < OC * IC; i++) {
+      rw[i] = w[i] = st_rng_normal(&rng);
+      rv[i] = v[i] = 0;
+    }
+    for (int step = 0; step < 3; step++) {
+      st_optim_rule r;
+      st_optim_rule_pb(&r, 0.05f, 0.9f, wd ? 0.01f : 0.0f, 4, kind == 1, step);
+      r.nesterov = kind == 2;
+      r.pk = 0.2f;
+      for (int o = 0; o < OC; o++) dy[o] = st_rng_normal(&rng);
+      for (int i = 0; i < IC; i++) x[i] = st_rng_normal(&rng);
+      st_optim_update_outer(&r, w, v, NULL, dy, x, OC, IC, pred ? p : NULL);
+      for (int o = 0; o < OC; o++)
+        for (int i = 0; i < IC; i++) {
+          int k = o * IC + i;
+          float d = dy[o] * x[i], old = rw[k];
+          if (wd) d = d + r.weight_decay * old;
+          rv[k] = step == 0 ? d : r.momentum * rv[k] + d;
+          float s = kind == 2   ? d + r.momentum * rv[k]
+                    : kind == 1 ? r.sc_a * rv[k] + r.sc_b * d
+                                : rv[k];
+          rw[k] = old - r.lr * s;
+          rp[k] = rw[k] - r.pk * rv[k];
+        }
+      size_t bytes = (size_t)OC * IC * sizeof(float);
+      CHECK(!memcmp(w, rw, bytes) && !memcmp(v, rv, bytes) &&
+                (!pred || !memcmp(p, rp, bytes)),
+            "st_optim_update_outer: weight decay %d, %s momentum, prediction "
+            "%d, step %d: not sgd_one's bits",
+            wd,
+            kind == 2   ? "Nesterov"
+            : kind == 1 ? "sc"
+                        : "plain",
+            pred, step);
+    }
+  }
   st_pool_destroy(pool);
   float *all[] = {w, v, g, de, p, rw, rv, rd, rp, gs};
   for (int k = 0; k < 10; k++) st_free(all[k]);
