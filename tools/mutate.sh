@@ -34,7 +34,7 @@ MUTATIONS=(
   "pipemare: warm-up exponent -(t / T) instead of -(1 - t / T)|src/optim/optim.c|s{-\(1\.0 - done\)}{-done}"
   "pipemare: no discrepancy correction (backward on w)|src/exec/pb.c|s{wb = st->wb;}{wb = w;}"
   "pipemare: delta not averaged (gamma ignored)|src/optim/optim.c|s{delta\[i\] = r\.gamma \* delta\[i\] \+ \(1\.0f - r\.gamma\) \* \(w\[i\] - old\);}{delta[i] = w[i] - old;}; s{delta\[i\] = gamma \* delta\[i\] \+ \(1\.0f - gamma\) \* \(wi - old\);}{delta[i] = wi - old;}"
-  "sc: the vectorised update applies v, not a v + b d|src/optim/optim.c|s{kind == SC \? a \* vi \+ b \* d : vi}{vi}"
+  "sc: the vectorised update applies v, not a v + b d|src/optim/optim.c|s{kind == SC(\s+)\? a \* vi \+ b \* d}{kind == SC\$1? vi}"
   "pipemare: backward on w - delta, not w - D delta|src/exec/pb.c|s{st->delta, \(float\)st->D, st->n\);}{st->delta, 1.0f, st->n);}"
   "stash: the backward on the newest stashed version|src/exec/pb.c|s{wb = st->stash\[j % st->D\];}{wb = st->stash[(j + st->D - 1) % st->D];}"
   "stash: the backward on the live weights|src/exec/pb.c|s{wb = st->stash\[j % st->D\];}{wb = w;}"
