@@ -201,13 +201,20 @@ static int heavy_ball(const st_optim_rule *r, float *restrict w,
     return 1;                                                                  \
   }
 #define KINDS(wd, de, pr)                                                      \
-  CASE(wd, PLAIN, de, pr) CASE(wd, SC, de, pr) CASE(wd, NESTEROV, de, pr)
-  KINDS(0, 0, 0)
-  KINDS(0, 0, 1) KINDS(0, 1, 0) KINDS(0, 1, 1) KINDS(1, 0, 0) KINDS(1, 0, 1)
-      KINDS(1, 1, 0) KINDS(1, 1, 1)
+  do {                                                                         \
+    CASE(wd, PLAIN, de, pr) CASE(wd, SC, de, pr) CASE(wd, NESTEROV, de, pr)    \
+  } while (0)
+  KINDS(0, 0, 0);
+  KINDS(0, 0, 1);
+  KINDS(0, 1, 0);
+  KINDS(0, 1, 1);
+  KINDS(1, 0, 0);
+  KINDS(1, 0, 1);
+  KINDS(1, 1, 0);
+  KINDS(1, 1, 1);
 #undef KINDS
 #undef CASE
-          return 0;
+  return 0;
 }
 
 static void step_chunk(void *arg, int task) {
