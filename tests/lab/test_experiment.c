@@ -153,6 +153,42 @@ static void test_variant_configs(const st_config *base) {
         "variant 7 accepted");
 }
 
+/* results.md's "beyond the spread" column against results.csv's
+ * accuracies: "yes" exactly when |mean - baseline mean| is larger than both
+ * sample standard deviations (2 seeds a variant). */
+static void check_spread_column(const char *dir) {
+  char *csv = slurp(dir, "results.csv"), *md = slurp(dir, "results.md");
+  CHECK(csv && md, "results.csv or results.md missing");
+  double mean[ST_EXPERIMENT_PB_VARIANTS], sd[ST_EXPERIMENT_PB_VARIANTS];
+  const char *p = csv ? strchr(csv, '\n') : NULL;
+  for (int v = 0; p && v < ST_EXPERIMENT_PB_VARIANTS; v++) {
+    double a[2];
+    for (int k = 0; k < 2 && p; k++) {
+      const char *f = p + 1; /* variant,seed,accuracy,... */
+      for (int c = 0; c < 2 && f; c++) f = strchr(f, ',') + 1;
+      a[k] = atof(f);
+      p = strchr(p + 1, '\n');
+    }
+    mean[v] = (a[0] + a[1]) / 2;
+    sd[v] = fabs(a[0] - a[1]) / sqrt(2.0);
+  }
+  for (int v = 1; p && md && v < ST_EXPERIMENT_PB_VARIANTS; v++) {
+    char row[32];
+    snprintf(row, sizeof row, "\n| %s | ", st_experiment_pb_variant(v));
+    const char *r = strstr(md, row);
+    for (int c = 0; c < 3 && r; c++) r = strstr(r + 1, " | ");
+    double spread = sd[v] > sd[0] ? sd[v] : sd[0];
+    const char *want = fabs(mean[v] - mean[0]) > spread ? "yes" : "no";
+    CHECK(r && !strncmp(r + 3, want, strlen(want)) &&
+              r[3 + strlen(want)] == ' ',
+          "results.md: %s's beyond-the-spread column is not %s (difference "
+          "%g, spread %g)",
+          st_experiment_pb_variant(v), want, mean[v] - mean[0], spread);
+  }
+  free(csv);
+  free(md);
+}
+
 static void test_runs(const st_config *base, const char *root) {
   char one[256], two[256];
   snprintf(one, sizeof one, "%s/jobs1", root);
@@ -211,6 +247,7 @@ static void test_runs(const st_config *base, const char *root) {
           "results.md settings: want '%s' and 4 stages", moved);
   }
   free(md);
+  check_spread_column(one);
   char *svg = slurp(one, "curves.svg");
   CHECK(svg && !strncmp(svg, "<svg", 4) && strstr(svg, "</svg>"),
         "curves.svg is not an SVG");

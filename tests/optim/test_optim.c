@@ -145,6 +145,22 @@ static void test_slab_step(const char *kind) {
  * element at a time in sgd_one's order: the same bits, for every
  * combination, the first step (v <- d) included, over several chunks and
  * a ragged tail. */
+/* One element of r's rule written out in sgd_one's order: weight decay,
+ * heavy ball (v <- d on the first step), plain / spike-compensated /
+ * Nesterov step, then pipemare's delta and the prediction. */
+static void rule_by_hand(const st_optim_rule *r, float g, float *w, float *v,
+                         float *delta, float *pred) {
+  float d = g, old = *w;
+  if (r->weight_decay != 0.0f) d = d + r->weight_decay * old;
+  *v = r->first_step ? d : r->momentum * *v + d;
+  float s = r->nesterov ? d + r->momentum * *v
+            : r->sc     ? r->sc_a * *v + r->sc_b * d
+                        : *v;
+  *w = old - r->lr * s;
+  *delta = r->gamma * *delta + (1.0f - r->gamma) * (*w - old);
+  *pred = *w - r->pk * *v;
+}
+
 static void test_update_paths(void) {
   enum { N = 40013 };
   float *w = st_alloc(N * sizeof(float)), *v = st_alloc(N * sizeof(float));
@@ -174,15 +190,7 @@ static void test_update_paths(void) {
       for (int i = 0; i < N; i++) g[i] = gs[i] = st_rng_normal(&rng);
       st_pb_update(pool, &r, w, g, v, delta ? de : NULL, pred ? p : NULL, N);
       for (int i = 0; i < N; i++) {
-        float d = gs[i], old = rw[i];
-        if (wd) d = d + r.weight_decay * old;
-        rv[i] = step == 0 ? d : r.momentum * rv[i] + d;
-        float s = kind == 2   ? d + r.momentum * rv[i]
-                  : kind == 1 ? r.sc_a * rv[i] + r.sc_b * d
-                              : rv[i];
-        rw[i] = old - r.lr * s;
-        rd[i] = r.gamma * rd[i] + (1.0f - r.gamma) * (rw[i] - old);
-        rp[i] = rw[i] - r.pk * rv[i];
+        rule_by_hand(&r, gs[i], &rw[i], &rv[i], &rd[i], &rp[i]);
         bad += g[i] != 0.0f;
       }
       bad += memcmp(w, rw, N * sizeof(float)) != 0;
@@ -210,7 +218,7 @@ static void test_update_paths(void) {
     st_rng_init(&rng, 13, ST_RNG_DATA, (uint64_t)combo);
     for (int i = 0; i < OC * IC; i++) {
       rw[i] = w[i] = st_rng_normal(&rng);
-      rv[i] = v[i] = 0;
+      rv[i] = v[i] = rd[i] = 0;
     }
     for (int step = 0; step < 3; step++) {
       st_optim_rule r;
@@ -223,14 +231,7 @@ static void test_update_paths(void) {
       for (int o = 0; o < OC; o++)
         for (int i = 0; i < IC; i++) {
           int k = o * IC + i;
-          float d = dy[o] * x[i], old = rw[k];
-          if (wd) d = d + r.weight_decay * old;
-          rv[k] = step == 0 ? d : r.momentum * rv[k] + d;
-          float s = kind == 2   ? d + r.momentum * rv[k]
-                    : kind == 1 ? r.sc_a * rv[k] + r.sc_b * d
-                                : rv[k];
-          rw[k] = old - r.lr * s;
-          rp[k] = rw[k] - r.pk * rv[k];
+          rule_by_hand(&r, dy[o] * x[i], &rw[k], &rv[k], &rd[k], &rp[k]);
         }
       size_t bytes = (size_t)OC * IC * sizeof(float);
       CHECK(!memcmp(w, rw, bytes) && !memcmp(v, rv, bytes) &&
