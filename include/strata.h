@@ -129,6 +129,23 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
 void st_gemm_bias(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                   const float *A, int lda, const float *B, int ldb,
                   const float *bias, float *C, int ldc);
+/* Products on bf16 inputs with fp32 accumulation (train.precision: bf16;
+ * src/base/gemm_bf16.c gives the exact definition): the same contract as
+ * st_gemm, each input rounded to bf16, each element one fp32 chain over K
+ * in a fixed order, so bits depend on neither threads nor tiling. */
+void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
+                  float alpha, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc);
+/* One process-wide precision for st_gemm and st_gemm_bias, as the
+ * subnormal mode: on, they run st_gemm_bf16. st_trainer_create sets it
+ * from train.precision; the process starts in fp32. */
+void st_gemm_set_bf16(int on);
+int st_gemm_bf16_on(void);
+/* How this build multiplies bf16: "AVX512-BF16 (vdpbf16ps)" or
+ * "emulated (...)". st_bf16_set_emulated(1) makes it emulate even where
+ * the CPU has the instructions (tests; the bits are the same). */
+const char *st_bf16_support(void);
+void st_bf16_set_emulated(int on);
 /* Called once at start-up: pins the BLAS library to one thread per call. */
 void st_blas_init(void);
 const char *st_blas_name(void);
@@ -262,6 +279,7 @@ typedef struct st_config {
     int threads;          /* 0 = all cores */
     int keep_checkpoints; /* how many step checkpoints to keep */
     int flush_subnormals; /* FTZ + DAZ on every computing thread */
+    char precision[8];    /* fp32 | bf16 (the products; st_gemm_bf16) */
   } train;
   struct {
     char mode[24];            /* sequential, pipeline, block_sequential,

@@ -209,6 +209,11 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,
              float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
+  if (st_gemm_bf16_on()) { /* train.precision: bf16 */
+    st_gemm_bf16(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+                 C, ldc);
+    return;
+  }
   if (M == 1 && !trans_a && K > 0) { /* one row: a matrix-vector product */
     gemv_job g = {trans_b, N,    K, ldb, gemv_tile(trans_b, N, K),
                   alpha,   beta, A, B,   C};
@@ -234,7 +239,8 @@ void st_gemm_bias(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                   const float *A, int lda, const float *B, int ldb,
                   const float *bias, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
-  if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb,
+  if (!st_gemm_bf16_on() &&
+      st_gemm_narrow(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb,
                      1.0f, C, ldc, bias))
     return;
   for (int i = 0; i < M; i++)

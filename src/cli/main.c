@@ -447,6 +447,10 @@ static int cmd_train(int argc, char **argv) {
          "%lld steps, %s\n",
          m->kind, m->n_blocks, m->n_params, cfg.execution.mode, cfg.train.batch,
          (long long)st_trainer_total_steps(t), st_blas_name());
+  if (!strcmp(cfg.train.precision, "bf16"))
+    printf("strata: precision bf16: products on bf16 inputs, fp32 sums, "
+           "fp32 master weights; %s\n",
+           st_bf16_support());
   st_model_print(m, stdout);
   if (cfg.optimizer.reference_batch > 0) {
     const st_config *run = st_trainer_config(t);

@@ -39,6 +39,7 @@ static const char *const model_kinds[] = {"mlp", "cnn", "gpt", NULL};
 static const char *const positions[] = {"learned", "rotary", NULL};
 static const char *const encodings[] = {"bytes", "utf8", NULL};
 static const char *const activations[] = {"relu", "gelu", "gelu_tanh", NULL};
+static const char *const precisions[] = {"fp32", "bf16", NULL};
 static const char *const norms[] = {"none", "layernorm", "groupnorm", NULL};
 static const char *const pools[] = {"max", "avg", NULL};
 static const char *const datasets[] = {"fashion_mnist", "synthetic", "text",
@@ -159,6 +160,11 @@ const st_config_key st_config_schema[] = {
          "flush subnormal numbers to zero (FTZ and DAZ) on every thread that "
          "computes; false keeps IEEE subnormals, 3x to 20x slower wherever "
          "values underflow"),
+    ENUM(train, precision, "fp32", precisions,
+         "bf16: every matrix product (linear, attention, convolution) on "
+         "bf16-rounded inputs with fp32 sums, AVX512-BF16 where the CPU has "
+         "it, else emulated; weights, optimizer state, the other ops and "
+         "checkpoints stay fp32 (docs/bf16.md)"),
 
     ENUM(execution, mode, "sequential", modes, "execution mode (DESIGN.md)"),
     INT(execution, micro_batch, "0",

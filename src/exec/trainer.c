@@ -398,6 +398,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   st_blas_init(); /* idempotent; library users need not remember it */
   /* before any thread starts: each applies the mode as it takes up work */
   st_fp_set_flush(cfg->train.flush_subnormals);
+  st_gemm_set_bf16(!strcmp(cfg->train.precision, "bf16"));
   /* all the cores, or over MPI ranks this rank's share of its machine's */
   int threads = cfg->train.threads > 0
                     ? cfg->train.threads
@@ -762,6 +763,7 @@ static int step_overlapped(st_trainer *t, int ahead, double *loss,
 int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
                           st_error *err) {
   st_fp_set_flush(t->cfg.train.flush_subnormals); /* another trainer's? */
+  st_gemm_set_bf16(!strcmp(t->cfg.train.precision, "bf16"));
   if (overlaps(t)) return step_overlapped(t, ahead, loss, err);
   next_batch(t, &t->pos, t->x, t->y);
   /* t->grads is all zeros here: allocated zeroed, and every update zeroes
@@ -833,6 +835,7 @@ int st_trainer_finish(st_trainer *t, st_error *err) {
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
   st_fp_set_flush(t->cfg.train.flush_subnormals);
+  st_gemm_set_bf16(!strcmp(t->cfg.train.precision, "bf16"));
   int rc = st_trainer_gather(t, err); /* refused with a step in flight */
   if (rc) return rc;
   const st_model *m = t->model;

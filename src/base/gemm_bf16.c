@@ -1,0 +1,573 @@
+/*
+ * gemm_bf16.c — the products of train.precision: bf16: op(A) and op(B)
+ * rounded to bfloat16, multiplied, and summed in fp32.
+ *
+ * The definition (what every path here computes, bit for bit): each input
+ * is rounded to bf16 to nearest, ties to even, a subnormal input to a zero
+ * of its sign; the inner dimension is taken in pairs (k = 2p, 2p + 1; an
+ * odd K's last pair padded with zeros), and element (i, j) starts from
+ * beta * C (from 0 when beta is 0) and takes, pair by pair in order of p,
+ *     c = fma(a(i,2p+1), b(2p+1,j), c);  c = fma(a(i,2p), b(2p,j), c)
+ * — the odd product first — then c * alpha at the end. That is what one
+ * AVX512-BF16 VDPBF16PS lane does per pair (Intel SDM; checked on Zen 4
+ * against 3.2 million random lanes, and VCVTNEPS2BF16 against every fp32
+ * bit pattern: subnormal inputs become zeros, the rest matches
+ * st_bf16_from), each product of two bf16 values being exact in fp32. The
+ * instruction flushes as FTZ/DAZ do, so the emulated path equals it where
+ * train.flush_subnormals is on (the default); with subnormals kept the two
+ * may differ on products near FLT_MIN.
+ *
+ * Every element is one chain in a fixed order, whatever the tiling, so the
+ * result depends on the values and K alone: not on the thread count, nor on
+ * how many rows or columns one call has (a micro-batch split gives the same
+ * rows as the whole batch).
+ *
+ * Where the CPU has AVX512-BF16 (the target's __AVX512BF16__), a
+ * register block's step is one VDPBF16PS per 16 outputs; elsewhere the
+ * same packed bf16 pairs are widened (a mask and a shift) and fed to two
+ * fp32 FMAs, which halves the packed operands' memory but computes at fp32
+ * speed. st_bf16_support names which.
+ *
+ * Layout: K is cut into blocks of KC pairs. For each block, op(A) is packed
+ * in blocks of MR rows ([p][MR] 32-bit pairs: bf16(a(i,2p)) in the low
+ * half, bf16(a(i,2p+1)) in the high one) and op(B) in panels of NR = 32
+ * columns ([p][32]), both zero-padded, by the pool's threads; then the
+ * output tiles (gemm.c's rule) run MR x 32 register blocks over them, each
+ * block's 2 MR accumulators loaded from C and stored back once per K block.
+ * The packed block lives in the calling thread's scratch, which grows to the
+ * largest (M + N) x KC pairs it has seen and is kept (no allocation in the
+ * steady state).
+ */
+#include "strata.h"
+#include "narrow.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef uint32_t u16 __attribute__((vector_size(64), aligned(4), may_alias));
+
+/* MR rows a register block: 2 MR accumulators of 16 floats, which with
+ * AVX-512's 32 registers leaves room for the two B vectors and a
+ * broadcast; with 16 registers of 8 floats, 3 rows (12 halves). */
+#if defined(__AVX512F__)
+enum { MR = 12 };
+#else
+enum { MR = 3 };
+#endif
+enum { NR = 32, KC = 256 };
+
+#define INLINE static inline __attribute__((always_inline))
+
+static atomic_int bf16_on, emulate_forced;
+
+void st_gemm_set_bf16(int on) { atomic_store(&bf16_on, on != 0); }
+int st_gemm_bf16_on(void) {
+  return atomic_load_explicit(&bf16_on, memory_order_relaxed);
+}
+void st_bf16_set_emulated(int on) { atomic_store(&emulate_forced, on != 0); }
+
+static int native(void) {
+#if defined(__AVX512BF16__)
+  return !atomic_load_explicit(&emulate_forced, memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
+
+const char *st_bf16_support(void) {
+#if defined(__AVX512BF16__)
+  if (native()) return "AVX512-BF16 (vdpbf16ps)";
+#endif
+  return "emulated (bf16 inputs, fp32 FMAs: no bf16 instructions in this "
+         "build's target)";
+}
+
+/* ------------------------------------------------------------- rounding */
+
+/* bf16 of x to nearest, ties to even, subnormals to a signed zero, NaN
+ * quiet: the 16 bits, in the low half of the result. */
+static uint32_t round_one(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7F800000u) == 0) return (u >> 16) & 0x8000u;
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+INLINE u16 splat_u(uint32_t x) {
+  return (u16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
+/* round_one on 16 lanes. */
+INLINE u16 round16(v16 x, int native) {
+#if defined(__AVX512BF16__)
+  if (native) /* the instruction: the same bits (header) */
+    return (u16)_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh((__m512)x));
+#else
+  (void)native;
+#endif
+  u16 u = (u16)x;
+  u16 mag = u & splat_u(0x7FFFFFFFu);
+  u16 sub = (u & splat_u(0x7F800000u)) == 0; /* -1 where subnormal */
+  u16 nan = mag > splat_u(0x7F800000u);
+  u16 near = (u + splat_u(0x7FFFu) + ((u >> 16) & splat_u(1u))) >> 16;
+  u16 r = (nan & ((u >> 16) | splat_u(0x40u))) | (~nan & near);
+  return (sub & ((u >> 16) & splat_u(0x8000u))) | (~sub & r);
+}
+
+/* ---------------------------------------------------------------- packing */
+
+/* One packed operand: `rows` rows (of op(A), or columns of op(B)) of
+ * `pairs` pairs, element (r, k) at x[r * sr + k * sk], into panels of W
+ * rows: out[(panel * pairs + p) * W + r % W]. Rows past `rows` and k past
+ * `K` are zeros. */
+typedef struct pack_job {
+  const float *x;
+  size_t sr, sk;
+  int rows, K, k0, pairs, W, panels_per_task, panels;
+  uint32_t *out;
+  int along_r; /* elements along r contiguous (sr 1), else along k */
+  int native;  /* round with the instruction */
+} pack_job;
+
+/* Elements along r contiguous (sr == 1): two k rows interleaved, 16 r
+ * at a time. */
+static void pack_panel_r(const pack_job *j, int panel) {
+  uint32_t *o = j->out + (size_t)panel * j->pairs * j->W;
+  int r0 = panel * j->W, w = j->rows - r0 < j->W ? j->rows - r0 : j->W;
+  for (int p = 0; p < j->pairs; p++) {
+    int k = j->k0 + 2 * p;
+    const float *e = j->x + (size_t)k * j->sk + r0;
+    const float *d = k + 1 < j->K ? e + j->sk : NULL;
+    uint32_t *op = o + (size_t)p * j->W;
+    int r = 0;
+    for (; r + 16 <= w; r += 16) {
+      u16 lo = round16(*(const v16 *)(e + r), j->native);
+      u16 hi = d ? round16(*(const v16 *)(d + r), j->native) : splat_u(0);
+      *(u16 *)(op + r) = lo | hi << 16;
+    }
+    if (r < w) { /* the last few, through a zeroed vector */
+      v16 x = {0}, y = {0};
+      memcpy(&x, e + r, (w - r) * sizeof(float));
+      if (d) memcpy(&y, d + r, (w - r) * sizeof(float));
+      u16 t = round16(x, j->native) | round16(y, j->native) << 16;
+      memcpy(op + r, &t, (j->W - r < 16 ? j->W - r : 16) * sizeof(uint32_t));
+      r += 16;
+    }
+    for (; r < j->W; r++) op[r] = 0;
+  }
+}
+
+/* The 16 x 16 transpose of r[0 .. 16): off-diagonal blocks of h x h
+ * swapped for h = 8, 4, 2, 1 (each step two-source shuffles, VPERMT2D). */
+#define LO(l, h) ((l) & (h) ? 16 + (l) - (h) : (l))
+#define HI(l, h) ((l) & (h) ? 16 + (l) : (l) + (h))
+#define LANES(F, h)                                                            \
+  (u16) {                                                                      \
+    F(0, h), F(1, h), F(2, h), F(3, h), F(4, h), F(5, h), F(6, h), F(7, h),    \
+        F(8, h), F(9, h), F(10, h), F(11, h), F(12, h), F(13, h), F(14, h),    \
+        F(15, h)                                                               \
+  }
+
+#define SWAP_STEP(h)                                                           \
+  do {                                                                         \
+    const u16 lo = LANES(LO, h), hi = LANES(HI, h);                            \
+    for (int i = 0; i < 16; i++)                                               \
+      if (!(i & (h))) {                                                        \
+        u16 x = __builtin_shuffle(r[i], r[i + (h)], lo);                       \
+        r[i + (h)] = __builtin_shuffle(r[i], r[i + (h)], hi);                  \
+        r[i] = x;                                                              \
+      }                                                                        \
+  } while (0)
+
+INLINE void transpose16(u16 r[16]) {
+  SWAP_STEP(8);
+  SWAP_STEP(4);
+  SWAP_STEP(2);
+  SWAP_STEP(1);
+}
+
+/* 16 floats from row e at pairs p .. p + 16 (32 floats) rounded into 16
+ * pairs. */
+INLINE u16 pairs16(const float *e, int native) {
+  u16 a = round16(*(const v16 *)e, native);
+  u16 b = round16(*(const v16 *)(e + 16), native);
+  u16 even = __builtin_shuffle(
+      a, b, (u16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30});
+  u16 odd = __builtin_shuffle(
+      a, b, (u16){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
+  return even | odd << 16;
+}
+
+/* Elements along k contiguous (sk == 1): a row's pairs are adjacent, so 16
+ * rows' 16 pairs each are rounded in place order and transposed into 16
+ * rows of the panel. */
+static void pack_panel_k(const pack_job *j, int panel) {
+  uint32_t *o = j->out + (size_t)panel * j->pairs * j->W;
+  int r0 = panel * j->W, w = j->rows - r0 < j->W ? j->rows - r0 : j->W;
+  int kn = j->K - j->k0 < 2 * j->pairs ? j->K - j->k0 : 2 * j->pairs;
+  int vp = kn / 32 * 16; /* pairs done 16 at a time */
+  for (int g = 0; g < j->W; g += 16) {
+    int gw = j->W - g < 16 ? j->W - g : 16; /* panel rows in this group */
+    for (int p = 0; p < vp; p += 16) {
+      u16 r[16];
+      for (int i = 0; i < 16; i++)
+        r[i] =
+            g + i < w
+                ? pairs16(j->x + (size_t)(r0 + g + i) * j->sr + j->k0 + 2 * p,
+                          j->native)
+                : splat_u(0);
+      transpose16(r);
+      for (int q = 0; q < 16; q++)
+        memcpy(o + (size_t)(p + q) * j->W + g, &r[q], gw * sizeof(uint32_t));
+    }
+  }
+  for (int r = 0; r < j->W; r++) {
+    const float *e = j->x + (size_t)(r0 + r) * j->sr + j->k0;
+    for (int p = vp; p < j->pairs; p++) {
+      int k = 2 * p;
+      uint32_t lo = r < w && k < kn ? round_one(e[k]) : 0;
+      uint32_t hi = r < w && k + 1 < kn ? round_one(e[k + 1]) : 0;
+      o[(size_t)p * j->W + r] = lo | hi << 16;
+    }
+  }
+}
+
+static void pack_task(void *arg, int task) {
+  const pack_job *j = arg;
+  int end = (task + 1) * j->panels_per_task;
+  for (int panel = task * j->panels_per_task; panel < end && panel < j->panels;
+       panel++) {
+    if (j->along_r)
+      pack_panel_r(j, panel);
+    else
+      pack_panel_k(j, panel);
+  }
+}
+
+/* ---------------------------------------------------------------- kernel */
+
+INLINE v16 fma16(v16 a, v16 b, v16 c) {
+#if defined(__AVX512F__)
+  return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+  v16 r;
+  for (int l = 0; l < 16; l++) r[l] = fmaf(a[l], b[l], c[l]);
+  return r;
+#endif
+}
+
+/* c += the pair a (one 32-bit pair, broadcast) times the 16 pairs b: the
+ * odd product first (header). */
+INLINE v16 step_emulated(v16 c, u16 a, u16 b) {
+  u16 hi = splat_u(0xFFFF0000u);
+  c = fma16((v16)(a & hi), (v16)(b & hi), c);
+  return fma16((v16)(a << 16), (v16)(b << 16), c);
+}
+
+typedef struct block_args {
+  const uint32_t *a, *b; /* MR-row block and 32-column panel, `pairs` long */
+  int pairs, rows, cols; /* the valid part of the MR x 32 block */
+  float *c, *next;       /* next: the C block that follows, to prefetch */
+  int ldc;
+  int first, last; /* of the K blocks */
+  float alpha, beta;
+} block_args;
+
+/* Loads the block's accumulators: beta C on the first K block (none at
+ * beta 0), the partial sums in C on later ones. */
+INLINE void load_block(const block_args *g, v16 acc[MR][2]) {
+  /* the next block's C, read or written by its kernel ~6,000 cycles from
+   * now: left to the hardware, those misses were a tenth of the time */
+  if (g->next)
+    for (int i = 0; i < MR; i++) {
+      __builtin_prefetch(g->next + (size_t)i * g->ldc, 1);
+      __builtin_prefetch(g->next + (size_t)i * g->ldc + 16, 1);
+    }
+  for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = (v16){0};
+  if (g->first && g->beta == 0.0f) return;
+  float scale = g->first ? g->beta : 1.0f;
+  for (int i = 0; i < g->rows; i++) {
+    const float *c = g->c + (size_t)i * g->ldc;
+    if (g->cols == NR) {
+      acc[i][0] = *(const v16 *)c;
+      acc[i][1] = *(const v16 *)(c + 16);
+    } else {
+      for (int l = 0; l < g->cols; l++) acc[i][l / 16][l % 16] = c[l];
+    }
+    if (scale != 1.0f) {
+      acc[i][0] *= scale;
+      acc[i][1] *= scale;
+    }
+  }
+}
+
+INLINE void store_block(const block_args *g, v16 acc[MR][2]) {
+  for (int i = 0; i < g->rows; i++) {
+    float *c = g->c + (size_t)i * g->ldc;
+    if (g->last && g->alpha != 1.0f) {
+      acc[i][0] *= g->alpha;
+      acc[i][1] *= g->alpha;
+    }
+    if (g->cols == NR) {
+      *(v16 *)c = acc[i][0];
+      *(v16 *)(c + 16) = acc[i][1];
+    } else {
+      for (int l = 0; l < g->cols; l++) c[l] = acc[i][l / 16][l % 16];
+    }
+  }
+}
+
+/* The register block, its loop over pairs written once per step kind. */
+#define BLOCK_LOOP(STEP)                                                       \
+  do {                                                                         \
+    const uint32_t *a = g->a;                                                  \
+    const u16 *b = (const u16 *)g->b;                                          \
+    for (int p = 0; p < g->pairs; p++, a += MR, b += 2) {                      \
+      u16 b0 = b[0], b1 = b[1];                                                \
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                  \
+        u16 ai = splat_u(a[i]);                                                \
+        acc[i][0] = STEP(acc[i][0], ai, b0);                                   \
+        acc[i][1] = STEP(acc[i][1], ai, b1);                                   \
+      }                                                                        \
+    }                                                                          \
+  } while (0)
+
+#if defined(__AVX512BF16__)
+INLINE v16 step_native(v16 c, u16 a, u16 b) {
+  return (v16)_mm512_dpbf16_ps((__m512)c, (__m512bh)a, (__m512bh)b);
+}
+static void block_native(const block_args *g) {
+  v16 acc[MR][2];
+  load_block(g, acc);
+  BLOCK_LOOP(step_native);
+  store_block(g, acc);
+}
+#endif
+
+static void block_emulated(const block_args *g) {
+  v16 acc[MR][2];
+  load_block(g, acc);
+  BLOCK_LOOP(step_emulated);
+  store_block(g, acc);
+}
+
+/* ------------------------------------------------------------------ tiles */
+
+/* Output tiles: rows in multiples of MR, columns of NR, so that register
+ * blocks never straddle two tiles. The bits do not depend on the tiling
+ * (header); it only spreads the work: halving the longer edge while there
+ * are fewer than TILES tiles and a tile would keep at least MIN_TILE_FLOPS
+ * per K block. A tile's rows stay at most TILE_ROWS, so that its packed A
+ * (TILE_ROWS x KC pairs, 192 KB) stays in L2 while it passes over each
+ * 32-column panel. */
+enum { TILES = 16, MIN_TILE_FLOPS = 1 << 18, TILE_ROWS = 16 * MR };
+
+static int round_to(int x, int m) { return (x + m - 1) / m * m; }
+static int count(int total, int tile) { return (total + tile - 1) / tile; }
+
+static void choose_tiles(int M, int N, int kc, int *tm, int *tn) {
+  *tm = round_to(M, MR), *tn = round_to(N, NR);
+  while (*tm > TILE_ROWS) *tm = round_to((*tm + 1) / 2, MR);
+  while (count(M, *tm) * count(N, *tn) < TILES) {
+    int rows = *tm >= 2 * MR && (*tm >= *tn || *tn < 2 * NR);
+    int h = rows ? round_to((*tm + 1) / 2, MR) : round_to((*tn + 1) / 2, NR);
+    if ((!rows && *tn < 2 * NR) ||
+        4.0 * kc * h * (rows ? *tn : *tm) < MIN_TILE_FLOPS)
+      return;
+    *(rows ? tm : tn) = h;
+  }
+}
+
+typedef struct bf16_job {
+  int M, N, tm, tn, tiles_n, pairs, first, last, native;
+  float alpha, beta;
+  const uint32_t *a, *b; /* this K block, packed */
+  float *C;
+  int ldc;
+} bf16_job;
+
+static void tile_task(void *arg, int t) {
+  const bf16_job *j = arg;
+  int i0 = (t / j->tiles_n) * j->tm, j0 = (t % j->tiles_n) * j->tn;
+  int i1 = i0 + j->tm < j->M ? i0 + j->tm : j->M;
+  int j1 = j0 + j->tn < j->N ? j0 + j->tn : j->N;
+  block_args g = {0};
+  g.pairs = j->pairs, g.ldc = j->ldc, g.first = j->first, g.last = j->last;
+  g.alpha = j->alpha, g.beta = j->beta;
+  for (int c0 = j0; c0 < j1; c0 += NR) {
+    g.b = j->b + (size_t)(c0 / NR) * j->pairs * NR;
+    g.cols = j1 - c0 < NR ? j1 - c0 : NR;
+    for (int r0 = i0; r0 < i1; r0 += MR) {
+      g.a = j->a + (size_t)(r0 / MR) * j->pairs * MR;
+      g.rows = i1 - r0 < MR ? i1 - r0 : MR;
+      g.c = j->C + (size_t)r0 * j->ldc + c0;
+      g.next = r0 + 2 * MR <= i1 ? g.c + (size_t)MR * j->ldc : NULL;
+#if defined(__AVX512BF16__)
+      if (j->native) {
+        block_native(&g);
+        continue;
+      }
+#endif
+      block_emulated(&g);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- scratch */
+
+/* The calling thread's packing buffer, kept for its next call and freed
+ * when the thread ends. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static __thread uint32_t *scratch;
+static __thread size_t scratch_words;
+
+static void scratch_free(void *p) { st_free(p); }
+static void scratch_key_make(void) {
+  pthread_key_create(&scratch_key, scratch_free);
+}
+
+static uint32_t *scratch_get(size_t words) {
+  if (words <= scratch_words) return scratch;
+  pthread_once(&scratch_once, scratch_key_make);
+  uint32_t *p = st_alloc(words * sizeof *p);
+  if (!p) return NULL;
+  st_free(scratch);
+  scratch = p, scratch_words = words;
+  pthread_setspecific(scratch_key, p);
+  return p;
+}
+
+/* ------------------------------------------------------------------ entry */
+
+/* The definition, one element at a time: where the scratch cannot be had. */
+static void gemm_plain(int trans_a, int trans_b, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+  for (int i = 0; i < M; i++)
+    for (int n = 0; n < N; n++) {
+      float *c = C + (size_t)i * ldc + n;
+      /* alpha 1: the chain starts from beta C; else from 0, and beta C is
+       * added to alpha times it */
+      float s = beta == 0.0f || alpha != 1.0f ? 0.0f : beta * *c;
+      for (int k = 0; k < K; k += 2) {
+        float a[2] = {0, 0}, b[2] = {0, 0};
+        for (int h = 0; h < 2 && k + h < K; h++) {
+          int kk = k + h;
+          a[h] = st_bf16_to((uint16_t)round_one(
+              trans_a ? A[(size_t)kk * lda + i] : A[(size_t)i * lda + kk]));
+          b[h] = st_bf16_to((uint16_t)round_one(
+              trans_b ? B[(size_t)n * ldb + kk] : B[(size_t)kk * ldb + n]));
+        }
+        s = fmaf(a[1], b[1], s);
+        s = fmaf(a[0], b[0], s);
+      }
+      if (alpha != 1.0f) s = beta == 0.0f ? s * alpha : s * alpha + beta * *c;
+      *c = s;
+    }
+}
+
+typedef struct pack_both {
+  pack_job a, b;
+  int tasks_a;
+} pack_both;
+
+static void pack_both_task(void *arg, int task) {
+  pack_both *pb = arg;
+  if (task < pb->tasks_a)
+    pack_task(&pb->a, task);
+  else
+    pack_task(&pb->b, task - pb->tasks_a);
+}
+
+/* Splits `panels` panels into about `parts` tasks. */
+static int tasks_for(pack_job *j, int parts) {
+  j->panels_per_task = count(j->panels, parts);
+  return count(j->panels, j->panels_per_task);
+}
+
+void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
+                  float alpha, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.0f) { /* C = beta C */
+    for (int i = 0; i < M; i++)
+      for (int n = 0; n < N; n++) {
+        float *c = C + (size_t)i * ldc + n;
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+      }
+    return;
+  }
+  if (alpha != 1.0f && beta != 0.0f) {
+    /* alpha (op(A) op(B)) + beta C: no caller asks it of the kernel, which
+     * scales only a sum that starts from 0; a product aside, then added */
+    float *t = st_alloc((size_t)M * N * sizeof *t);
+    if (t) {
+      st_gemm_bf16(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f,
+                   t, N);
+      for (int i = 0; i < M; i++)
+        for (int n = 0; n < N; n++)
+          C[(size_t)i * ldc + n] =
+              t[(size_t)i * N + n] + beta * C[(size_t)i * ldc + n];
+      st_free(t);
+      return;
+    }
+  }
+  int pairs_all = (K + 1) / 2, kc = pairs_all < KC ? pairs_all : KC;
+  int panels_a = count(M, MR), panels_b = count(N, NR);
+  uint32_t *buf =
+      scratch_get(((size_t)panels_a * MR + (size_t)panels_b * NR) * kc);
+  if (!buf || (alpha != 1.0f && beta != 0.0f)) {
+    gemm_plain(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  int threads = st_pool_threads(pool) > 0 ? st_pool_threads(pool) : 1;
+  int nat = native();
+  bf16_job j = {0};
+  j.M = M, j.N = N, j.alpha = alpha, j.beta = beta, j.C = C, j.ldc = ldc;
+  j.native = nat;
+  choose_tiles(M, N, kc, &j.tm, &j.tn);
+  j.tiles_n = count(N, j.tn);
+  int tiles = count(M, j.tm) * j.tiles_n;
+  pack_both pb;
+  pb.a = (pack_job){.x = A,
+                    .rows = M,
+                    .K = K,
+                    .W = MR,
+                    .panels = panels_a,
+                    .out = buf,
+                    .along_r = trans_a,
+                    .native = nat};
+  pb.a.sr = trans_a ? 1 : (size_t)lda, pb.a.sk = trans_a ? (size_t)lda : 1;
+  pb.b = (pack_job){.x = B,
+                    .rows = N,
+                    .K = K,
+                    .W = NR,
+                    .panels = panels_b,
+                    .out = buf + (size_t)panels_a * MR * kc,
+                    .along_r = !trans_b,
+                    .native = nat};
+  pb.b.sr = trans_b ? (size_t)ldb : 1, pb.b.sk = trans_b ? 1 : (size_t)ldb;
+  if (tiles == 1 || threads == 1) pool = NULL;
+  for (int k0 = 0; k0 < K; k0 += 2 * kc) {
+    int pairs = (K - k0 + 1) / 2 < kc ? (K - k0 + 1) / 2 : kc;
+    pb.a.k0 = pb.b.k0 = k0;
+    pb.a.pairs = pb.b.pairs = pairs;
+    pb.tasks_a = tasks_for(&pb.a, 2 * threads);
+    int tasks_b = tasks_for(&pb.b, 2 * threads);
+    st_pool_for(pool, pb.tasks_a + tasks_b, pack_both_task, &pb);
+    j.pairs = pairs;
+    j.a = pb.a.out, j.b = pb.b.out;
+    j.first = k0 == 0, j.last = k0 + 2 * kc >= K;
+    st_pool_for(pool, tiles, tile_task, &j);
+  }
+}

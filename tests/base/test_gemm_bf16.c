@@ -1,0 +1,316 @@
+/*
+ * test_gemm_bf16.c — st_gemm_bf16 (train.precision: bf16) against two
+ * references written here from the definition in src/base/gemm_bf16.c's
+ * header, for every transpose pair, alpha and beta, shapes that cut
+ * register blocks, tiles and K blocks (KC = 256 pairs) anywhere.
+ *
+ * 1. The rounding: bf16 of each input, found here by comparing the two
+ *    bf16 neighbours in double (not by the kernel's add-and-shift), ties
+ *    to the even one, subnormals to zero.
+ * 2. Bit for bit: each element is the fmaf chain over pairs, odd product
+ *    first, from beta C (alpha 1) or 0, on the rounded inputs. This pins
+ *    the order, the pairing and the rounding at once; the native kernel
+ *    (VDPBF16PS, where the CPU has it) and the emulated one must both
+ *    give exactly it.
+ * 3. In double: the sum of the rounded inputs' exact products, within
+ *    1e-5 of the sum of the terms' magnitudes (as test_gemm.c: fp32 sums
+ *    of K <= 1100 terms of random sign err far below that). The same data
+ *    multiplied in fp32 without rounding miss this reference by more than
+ *    the tolerance (checked below), so a kernel that skipped the rounding
+ *    would fail it.
+ * Also: the bits do not depend on the pool (none, 1, 2, 3 threads), nor on
+ * splitting the rows into two calls; nothing outside C's window is
+ * written; beta 0 ignores a NaN in C; st_gemm and st_gemm_bias run this
+ * product when st_gemm_set_bf16(1), and fp32 again after (0).
+ */
+#include "harness.h"
+#include "strata.h"
+
+#include <float.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float uniform(void) { /* xorshift, in [-1, 1) */
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (float)((rng_state >> 40) / (double)(1 << 23)) - 1.0f;
+}
+
+static float float_of(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+static uint32_t bits_of(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+/* The bf16 value nearest x: of the value truncated to 16 bits and the next
+ * one away from zero, the nearer in double; a tie to the even one. */
+static float bf16_ref(float x) {
+  if (fpclassify(x) == FP_SUBNORMAL) return signbit(x) ? -0.0f : 0.0f;
+  if (x == 0.0f || isinf(x)) return x;
+  uint32_t t = bits_of(x) & 0xFFFF0000u;
+  float down = float_of(t), up = float_of(t + 0x10000u); /* may be inf */
+  double dd = fabs((double)x - down), du = fabs((double)up - x);
+  if (isinf(up)) du = fabs(ldexp(1.0, 128) * (signbit(x) ? -1 : 1) - x);
+  if (dd < du) return down;
+  if (du < dd) return up;
+  return (t >> 16) & 1 ? up : down;
+}
+
+enum { PAD = 3 };
+static const float SENTINEL = 1234.5f;
+
+typedef struct shape {
+  int ta, tb, M, N, K;
+} shape;
+
+typedef struct operands {
+  int M, N, K, lda, ldb, ldc, ta, tb;
+  float *A, *B, *C0;
+} operands;
+
+static float op_a(const operands *o, int i, int k) {
+  return o->ta ? o->A[(size_t)k * o->lda + i] : o->A[(size_t)i * o->lda + k];
+}
+static float op_b(const operands *o, int k, int j) {
+  return o->tb ? o->B[(size_t)j * o->ldb + k] : o->B[(size_t)k * o->ldb + j];
+}
+
+/* Reference 2: the chain. */
+static float chain(const operands *o, int i, int j, float alpha, float beta) {
+  float c = o->C0[(size_t)i * o->ldc + j];
+  float s = alpha == 1.0f && beta != 0.0f ? beta * c : 0.0f;
+  for (int k = 0; k < o->K; k += 2) {
+    float a1 = 0, b1 = 0;
+    if (k + 1 < o->K)
+      a1 = bf16_ref(op_a(o, i, k + 1)), b1 = bf16_ref(op_b(o, k + 1, j));
+    s = fmaf(a1, b1, s);
+    s = fmaf(bf16_ref(op_a(o, i, k)), bf16_ref(op_b(o, k, j)), s);
+  }
+  if (alpha != 1.0f) s = beta == 0.0f ? s * alpha : s * alpha + beta * c;
+  return s;
+}
+
+/* Reference 3: exact products of the rounded inputs summed in double
+ * (unrounded with round 0); *mag gets the sum of the terms' magnitudes. */
+static double in_double(const operands *o, int i, int j, float alpha,
+                        float beta, int round, double *mag) {
+  double s = 0, m = 0;
+  for (int k = 0; k < o->K; k++) {
+    float a = op_a(o, i, k), b = op_b(o, k, j);
+    double t = round ? (double)bf16_ref(a) * bf16_ref(b) : (double)a * b;
+    s += t, m += fabs(t);
+  }
+  double c = beta == 0.0f ? 0 : (double)beta * o->C0[(size_t)i * o->ldc + j];
+  *mag = fabs(alpha) * m + fabs(c);
+  return alpha * s + c;
+}
+
+static void fill(operands *o, const shape *s) {
+  o->M = s->M, o->N = s->N, o->K = s->K, o->ta = s->ta, o->tb = s->tb;
+  int a_rows = s->ta ? s->K : s->M, a_cols = s->ta ? s->M : s->K;
+  int b_rows = s->tb ? s->N : s->K, b_cols = s->tb ? s->K : s->N;
+  o->lda = a_cols + PAD, o->ldb = b_cols + PAD, o->ldc = s->N + PAD;
+  size_t na = (size_t)a_rows * o->lda, nb = (size_t)b_rows * o->ldb,
+         nc = (size_t)s->M * o->ldc;
+  o->A = malloc(na * 4), o->B = malloc(nb * 4), o->C0 = malloc(nc * 4);
+  for (size_t i = 0; i < na; i++) o->A[i] = uniform();
+  for (size_t i = 0; i < nb; i++) o->B[i] = uniform();
+  for (size_t i = 0; i < nc; i++)
+    o->C0[i] = (i % o->ldc) < (size_t)s->N ? uniform() : SENTINEL;
+  /* ties: inputs exactly half-way between two bf16 values, both parities */
+  o->A[0] = float_of(0x3F808000u); /* 1.00390625: rounds down (even) */
+  if (na > 1) o->A[1] = float_of(0x3F818000u); /* rounds up (to even) */
+}
+
+static void release(operands *o) { free(o->A), free(o->B), free(o->C0); }
+
+static float *run(const operands *o, st_pool *pool, float alpha, float beta) {
+  size_t nc = (size_t)o->M * o->ldc;
+  float *C = malloc(nc * 4);
+  memcpy(C, o->C0, nc * 4);
+  st_gemm_bf16(pool, o->ta, o->tb, o->M, o->N, o->K, alpha, o->A, o->lda, o->B,
+               o->ldb, beta, C, o->ldc);
+  return C;
+}
+
+static void check_shape(const shape *s, float alpha, float beta,
+                        st_pool **pools, int npools) {
+  operands o;
+  fill(&o, s);
+  char what[128];
+  snprintf(what, sizeof what, "ta %d tb %d %dx%dx%d alpha %g beta %g", s->ta,
+           s->tb, s->M, s->N, s->K, alpha, beta);
+  float *C = run(&o, NULL, alpha, beta);
+  long differ = 0, outside = 0;
+  double worst = 0, worst_unrounded = 0;
+  for (int i = 0; i < o.M; i++) {
+    for (int j = 0; j < o.ldc; j++) {
+      float got = C[(size_t)i * o.ldc + j];
+      if (j >= o.N) {
+        outside += got != SENTINEL;
+        continue;
+      }
+      differ += bits_of(got) != bits_of(chain(&o, i, j, alpha, beta));
+      double mag, ref = in_double(&o, i, j, alpha, beta, 1, &mag);
+      double r = fabs(got - ref) / (mag > 1e-30 ? mag : 1e-30);
+      if (!(r <= worst)) worst = r;
+    }
+  }
+  CHECK(differ == 0, "%s: %ld elements differ from the chain", what, differ);
+  CHECK(outside == 0, "%s: %ld writes outside C's window", what, outside);
+  CHECK(worst <= 1e-5, "%s: %.3g of the terms' magnitude off the double sum",
+        what, worst);
+  /* the fp32 product of the unrounded inputs is far from this reference
+   * (so rounding is what the checks above see), at K of 64 or more */
+  if (s->K >= 64 && s->M * s->N >= 64) {
+    float *F = malloc((size_t)o.M * o.ldc * 4);
+    memcpy(F, o.C0, (size_t)o.M * o.ldc * 4);
+    st_gemm(NULL, o.ta, o.tb, o.M, o.N, o.K, alpha, o.A, o.lda, o.B, o.ldb,
+            beta, F, o.ldc);
+    for (int i = 0; i < o.M; i++)
+      for (int j = 0; j < o.N; j++) {
+        double mag, ref = in_double(&o, i, j, alpha, beta, 1, &mag);
+        double r = fabs(F[(size_t)i * o.ldc + j] - ref) / mag;
+        if (r > worst_unrounded) worst_unrounded = r;
+      }
+    CHECK(worst_unrounded > 1e-4,
+          "%s: fp32 without rounding only %.3g off: the data cannot tell", what,
+          worst_unrounded);
+    free(F);
+  }
+  for (int p = 0; p < npools; p++) {
+    float *D = run(&o, pools[p], alpha, beta);
+    CHECK(memcmp(C, D, (size_t)o.M * o.ldc * 4) == 0,
+          "%s: bits differ on a pool of %d", what, st_pool_threads(pools[p]));
+    free(D);
+  }
+  /* the rows in two calls */
+  if (o.M >= 2 && !o.ta) {
+    int h = o.M / 2 + 1;
+    float *D = malloc((size_t)o.M * o.ldc * 4);
+    memcpy(D, o.C0, (size_t)o.M * o.ldc * 4);
+    st_gemm_bf16(pools[0], 0, o.tb, h, o.N, o.K, alpha, o.A, o.lda, o.B, o.ldb,
+                 beta, D, o.ldc);
+    st_gemm_bf16(pools[0], 0, o.tb, o.M - h, o.N, o.K, alpha,
+                 o.A + (size_t)h * o.lda, o.lda, o.B, o.ldb, beta,
+                 D + (size_t)h * o.ldc, o.ldc);
+    CHECK(memcmp(C, D, (size_t)o.M * o.ldc * 4) == 0,
+          "%s: bits differ with the rows in two calls", what);
+    free(D);
+  }
+  if (strncmp(st_bf16_support(), "AVX512", 6) == 0) {
+    st_bf16_set_emulated(1);
+    float *D = run(&o, pools[npools - 1], alpha, beta);
+    st_bf16_set_emulated(0);
+    CHECK(memcmp(C, D, (size_t)o.M * o.ldc * 4) == 0,
+          "%s: the emulated kernel's bits differ from the native one's", what);
+    free(D);
+  }
+  free(C);
+  release(&o);
+}
+
+static void check_rounding(void) {
+  /* the reference against hand-picked cases */
+  CHECK(bf16_ref(float_of(0x3F808000u)) == 1.0f, "tie rounds to even (down)");
+  CHECK(bits_of(bf16_ref(float_of(0x3F818000u))) == 0x3F820000u,
+        "tie rounds to even (up)");
+  CHECK(bits_of(bf16_ref(float_of(0x3F808001u))) == 0x3F810000u,
+        "above the tie rounds up");
+  CHECK(bf16_ref(FLT_MIN / 4) == 0.0f && signbit(bf16_ref(-FLT_MIN / 4)),
+        "subnormals become signed zeros");
+  CHECK(isinf(bf16_ref(FLT_MAX)), "FLT_MAX rounds to infinity");
+  /* one element products: the kernel's rounding of every kind of input */
+  float xs[] = {1.0f,
+                float_of(0x3F808000u),
+                float_of(0x3F818000u),
+                -3.14159f,
+                1e-30f,
+                FLT_MIN / 8,
+                -FLT_MIN / 3,
+                65504.7f,
+                FLT_MAX,
+                0.1f};
+  int n = sizeof xs / sizeof *xs, bad = 0;
+  for (int i = 0; i < n; i++) {
+    float one = 1.0f, c = 0.0f;
+    st_gemm_bf16(NULL, 0, 0, 1, 1, 1, 1.0f, &xs[i], 1, &one, 1, 0.0f, &c, 1);
+    if (bits_of(c) != bits_of(bf16_ref(xs[i])) &&
+        !(c == 0.0f && bf16_ref(xs[i]) == 0.0f))
+      bad++,
+          fprintf(stderr, "  %a -> %a, want %a\n", xs[i], c, bf16_ref(xs[i]));
+  }
+  CHECK(bad == 0, "%d inputs rounded unlike the reference", bad);
+}
+
+static void check_routing(st_pool *pool) {
+  shape s = {0, 1, 37, 45, 70};
+  operands o;
+  fill(&o, &s);
+  size_t nc = (size_t)o.M * o.ldc;
+  float *want = run(&o, pool, 1.0f, 1.0f);
+  float *C = malloc(nc * 4), *bias = malloc((size_t)o.N * 4);
+  for (int j = 0; j < o.N; j++) bias[j] = uniform();
+  st_gemm_set_bf16(1);
+  CHECK(st_gemm_bf16_on(), "bf16 on");
+  memcpy(C, o.C0, nc * 4);
+  st_gemm(pool, 0, 1, o.M, o.N, o.K, 1.0f, o.A, o.lda, o.B, o.ldb, 1.0f, C,
+          o.ldc);
+  CHECK(memcmp(C, want, nc * 4) == 0, "st_gemm runs the bf16 product");
+  memcpy(C, o.C0, nc * 4);
+  st_gemm_bias(pool, 0, 1, o.M, o.N, o.K, o.A, o.lda, o.B, o.ldb, bias, C,
+               o.ldc);
+  float *filled = malloc(nc * 4);
+  memcpy(filled, o.C0, nc * 4);
+  for (int i = 0; i < o.M; i++)
+    memcpy(filled + (size_t)i * o.ldc, bias, (size_t)o.N * 4);
+  st_gemm_bf16(pool, 0, 1, o.M, o.N, o.K, 1.0f, o.A, o.lda, o.B, o.ldb, 1.0f,
+               filled, o.ldc);
+  CHECK(memcmp(C, filled, nc * 4) == 0,
+        "st_gemm_bias: the bias, then the bf16 product added");
+  st_gemm_set_bf16(0);
+  memcpy(C, o.C0, nc * 4);
+  st_gemm(pool, 0, 1, o.M, o.N, o.K, 1.0f, o.A, o.lda, o.B, o.ldb, 1.0f, C,
+          o.ldc);
+  CHECK(memcmp(C, want, nc * 4) != 0, "fp32 again once bf16 is off");
+  free(want), free(C), free(bias), free(filled);
+  release(&o);
+}
+
+int main(void) {
+  st_blas_init();
+  st_fp_set_flush(1); /* the instruction flushes; so must the chain here */
+  printf("bf16 products: %s\n", st_bf16_support());
+  st_pool *pools[3] = {st_pool_create(1), st_pool_create(2), st_pool_create(3)};
+  check_rounding();
+  shape shapes[] = {
+      {0, 0, 1, 1, 1},      {0, 0, 1, 40, 33},     {0, 1, 5, 7, 3},
+      {1, 0, 13, 33, 64},   {1, 1, 25, 65, 129},   {0, 1, 64, 96, 512},
+      {0, 0, 100, 70, 513}, {1, 0, 37, 130, 1100}, {0, 1, 150, 200, 300},
+      {1, 1, 12, 32, 1025}, {0, 0, 300, 260, 96},  {0, 1, 2, 300, 768},
+  };
+  float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}, {0.5f, 2}};
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+    for (size_t c = 0; c < sizeof ab / sizeof *ab; c++)
+      check_shape(&shapes[s], ab[c][0], ab[c][1], pools, 3);
+  /* beta 0 ignores C, NaN included */
+  float A[4] = {1, 2, 3, 4}, B[4] = {1, 0, 0, 1}, C[4] = {NAN, NAN, NAN, NAN};
+  st_gemm_bf16(pools[1], 0, 0, 2, 2, 2, 1.0f, A, 2, B, 2, 0.0f, C, 2);
+  CHECK(C[0] == 1 && C[1] == 2 && C[2] == 3 && C[3] == 4,
+        "beta 0 ignores a NaN in C");
+  /* a subnormal input counts as zero */
+  float sub[2] = {FLT_MIN / 4, 1.0f}, col[2] = {1e30f, 1.0f}, out = 0;
+  st_gemm_bf16(NULL, 0, 0, 1, 1, 2, 1.0f, sub, 2, col, 1, 0.0f, &out, 1);
+  CHECK(out == 1.0f, "a subnormal input is zero (got %g)", out);
+  check_routing(pools[1]);
+  for (int p = 0; p < 3; p++) st_pool_destroy(pools[p]);
+  printf("%d passed, %d failed\n", th_passed, th_failed);
+  return th_failed != 0;
+}
