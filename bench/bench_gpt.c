@@ -110,11 +110,13 @@ static int parse_shape(const char *s, gpt_shape *out) {
 /* The trainer config for shape g, batch and threads, through the same
  * key=value path as --set so every value is validated as a user's would be. */
 static int make_config(st_config *cfg, const gpt_shape *g, int batch,
-                       int threads, const char *corpus, st_error *err) {
+                       int threads, const char *corpus, const char *precision,
+                       st_error *err) {
   char sets[32][ST_PATH_MAX + 32];
   int n = 0;
 #define SET(...) snprintf(sets[n++], sizeof sets[0], __VA_ARGS__)
   SET("model.kind=gpt");
+  SET("train.precision=%s", precision);
   SET("model.layers=%d", g->layers);
   SET("model.width=%d", g->width);
   SET("model.heads=%d", g->heads);
@@ -251,11 +253,12 @@ int main(int argc, char **argv) {
   gpt_shape g;
   int batch, threads;
   double seconds = 1.5;
-  if (argc < 4 || argc > 5 || parse_shape(argv[1], &g) ||
+  const char *precision = argc == 6 ? argv[5] : "fp32";
+  if (argc < 4 || argc > 6 || parse_shape(argv[1], &g) ||
       parse_int(argv[2], &batch) || parse_int(argv[3], &threads) ||
-      (argc == 5 && (seconds = atof(argv[4])) <= 0)) {
+      (argc >= 5 && (seconds = atof(argv[4])) <= 0)) {
     fprintf(stderr,
-            "usage: bench_gpt MODEL BATCH THREADS [SECONDS]\n"
+            "usage: bench_gpt MODEL BATCH THREADS [SECONDS [fp32|bf16]]\n"
             "  MODEL: 124m, tiny or LAYERS,WIDTH,HEADS,CONTEXT,VOCAB\n");
     return 2;
   }
@@ -271,7 +274,7 @@ int main(int argc, char **argv) {
   st_config cfg;
   st_trainer *t = NULL;
   st_error err = {0};
-  int rc = make_config(&cfg, &g, batch, threads, corpus, &err);
+  int rc = make_config(&cfg, &g, batch, threads, corpus, precision, &err);
   if (!rc) rc = st_trainer_create(&t, &cfg, NULL, &err);
   unlink(corpus); /* read whole at create: no longer needed */
   if (rc) {
@@ -310,14 +313,17 @@ int main(int argc, char **argv) {
   double steps_per_s = (double)steps / elapsed, rate = flops * steps_per_s;
   char fma_text[32] = "-"; /* no FMA: no ceiling measured */
   if (fma > 0) snprintf(fma_text, sizeof fma_text, "%.3f", rate / fma);
+  if (!strcmp(precision, "bf16"))
+    printf("# bf16 products: %s\n", st_bf16_support());
   printf("strata gpt model=%s layers=%d width=%d heads=%d context=%d "
-         "vocab=%d batch=%d threads=%d warmup_steps=%d steps=%lld "
+         "vocab=%d batch=%d threads=%d precision=%s warmup_steps=%d "
+         "steps=%lld "
          "steps_per_s=%.4f tokens_per_s=%.1f gflop_per_step=%.2f gflops=%.1f "
          "peak_gflops=%.1f peak_fraction=%.3f blas_peak_gflops=%.1f "
          "strata_peak_gflops=%.1f fma_peak_gflops=%.1f fma_fraction=%s "
          "round_trip_ns=%.0f/%.0f\n",
          g.name, g.layers, g.width, g.heads, g.context, g.vocab, batch, threads,
-         warm_steps, (long long)steps, steps_per_s,
+         precision, warm_steps, (long long)steps, steps_per_s,
          steps_per_s * batch * g.context, flops / 1e9, rate / 1e9, peak / 1e9,
          peak > 0 ? rate / peak : 0.0, blas / 1e9, own / 1e9, fma / 1e9,
          fma_text, round_trip_before, round_trip_after);

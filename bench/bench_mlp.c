@@ -38,10 +38,12 @@ static int run_steps(st_trainer *t, int64_t n, st_error *err) {
 int main(int argc, char **argv) {
   int batch, threads;
   double seconds = 1.5;
-  if (argc < 3 || argc > 4 || parse_int(argv[1], &batch) ||
+  const char *precision = argc == 5 ? argv[4] : "fp32";
+  if (argc < 3 || argc > 5 || parse_int(argv[1], &batch) ||
       parse_int(argv[2], &threads) ||
-      (argc == 4 && (seconds = atof(argv[3])) <= 0)) {
-    fprintf(stderr, "usage: bench_mlp BATCH THREADS [SECONDS]\n");
+      (argc >= 4 && (seconds = atof(argv[3])) <= 0) ||
+      (strcmp(precision, "fp32") && strcmp(precision, "bf16"))) {
+    fprintf(stderr, "usage: bench_mlp BATCH THREADS [SECONDS [fp32|bf16]]\n");
     return 2;
   }
   st_blas_init();
@@ -63,6 +65,7 @@ int main(int argc, char **argv) {
   cfg.optimizer.momentum = 0.9f;
   cfg.train.batch = batch;
   cfg.train.threads = threads;
+  snprintf(cfg.train.precision, sizeof cfg.train.precision, "%s", precision);
   snprintf(cfg.metrics.progress, sizeof cfg.metrics.progress, "off");
 
   st_trainer *t = NULL;
@@ -96,8 +99,8 @@ int main(int argc, char **argv) {
     st_trainer_destroy(t);
     return 1;
   }
-  printf("strata mlp batch=%d threads=%d samples_per_s=%.1f\n", batch, threads,
-         (double)steps * batch / elapsed);
+  printf("strata mlp batch=%d threads=%d precision=%s samples_per_s=%.1f\n",
+         batch, threads, precision, (double)steps * batch / elapsed);
   st_trainer_destroy(t);
   return 0;
 }

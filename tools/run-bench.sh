@@ -33,6 +33,8 @@
 #  10. Subnormal numbers: `strata train` on Fashion-MNIST against synthetic
 #      data, subnormals flushed (the default) and kept, and a collapsing
 #      pipelined-backprop run against a healthy one.
+#  11. bf16 mixed precision against fp32 (strata's own): the GPT-2-124M
+#      shape and the MLP, the CPU's bf16 capability named in the row.
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit
@@ -442,6 +444,37 @@ awk -v a="$bad" -v b="$good" 'BEGIN {
   printf "  pipelined backprop, batch 1: collapsing (lr 0.01) %.0f samples/s, healthy (lr 0.001) %.0f; collapsing/healthy %.2f (target >= 0.9)\n",
     a, b, (b > 0 ? a / b : 0) }'
 rm -rf "$tmp"
+
+# 11. bf16 mixed precision (train.precision: bf16) against strata's own fp32:
+# the GPT-2-124M shape (batch 4, context 256) and the MLP at batch 32 and
+# 256, all cores, fp32 and bf16 alternating, best of REPEATS_BF16 (default
+# 2 for 124m, REPEATS for the MLP). Target on the GPT-2 shape >= 1.6x where
+# the CPU has bf16 instructions; the row names how this build multiplies.
+echo
+bf16_how=$("$build/bench/bench_gpt" tiny 1 1 0.01 bf16 2>/dev/null |
+  sed -n 's/^# bf16 products: //p')
+echo "bf16 against fp32 (strata both; all $nproc threads; products: ${bf16_how:-unknown})"
+for bf_case in "gpt 124m 4 ${REPEATS_BF16:-2} 1.6" "mlp - 32 $repeats -" "mlp - 256 $repeats -"; do
+  read -r kind model batch runs target <<<"$bf_case"
+  f_best="" b_best=""
+  for ((r = 0; r < runs; r++)); do
+    for prec in fp32 bf16; do
+      if [ "$kind" = gpt ]; then
+        line=$(gpt_line "$build/bench/bench_gpt" "$model" "$batch" "$nproc" "$span" "$prec") || { status=1; continue; }
+        v=$(field tokens_per_s "$line")
+      else
+        v=$(samples_per_s "$build/bench/bench_mlp" "$batch" "$nproc" "$span" "$prec") || { status=1; continue; }
+      fi
+      if [ "$prec" = fp32 ]; then f_best=$(best "$f_best" "$v"); else b_best=$(best "$b_best" "$v"); fi
+    done
+  done
+  awk -v k="$kind" -v m="$model" -v b="$batch" -v f="$f_best" -v g="$b_best" -v t="$target" 'BEGIN {
+    unit = (k == "gpt") ? "tokens/s" : "samples/s"
+    name = (k == "gpt") ? "gpt " m " batch " b : "mlp batch " b
+    r = (f > 0) ? g / f : 0
+    printf "  %-18s fp32 %9.1f %s, bf16 %9.1f; bf16/fp32 %.2fx%s\n", name, f, unit, g, r,
+      (t != "-") ? sprintf(" (target >= %sx: %s)", t, r >= t ? "meets target" : "below target") : "" }'
+done
 
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"

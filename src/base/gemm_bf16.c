@@ -35,8 +35,9 @@
  * output tiles (gemm.c's rule) run MR x 32 register blocks over them, each
  * block's 2 MR accumulators loaded from C and stored back once per K block.
  * The packed block lives in the calling thread's scratch, which grows to the
- * largest (M + N) x KC pairs it has seen and is kept (no allocation in the
- * steady state).
+ * largest (M + N) x KC pairs it has seen (products are cut into chunks of at
+ * most CHUNK rows and columns, so at most 8 MB) and is kept: no allocation
+ * in the steady state.
  */
 #include "strata.h"
 #include "narrow.h"
@@ -62,7 +63,7 @@ enum { MR = 12 };
 #else
 enum { MR = 3 };
 #endif
-enum { NR = 32, KC = 256 };
+enum { NR = 32, KC = 256, CHUNK = 4096 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -521,6 +522,19 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
       st_free(t);
       return;
     }
+  }
+  /* chunks of at most CHUNK rows and columns, so that the packing buffer
+   * stays under (2 CHUNK) x KC pairs (8 MB) whatever the shape: GPT-2's
+   * output head (50,257 columns) in one piece would pack 51 MB */
+  if (M > CHUNK || N > CHUNK) {
+    for (int i0 = 0; i0 < M; i0 += CHUNK)
+      for (int j0 = 0; j0 < N; j0 += CHUNK)
+        st_gemm_bf16(pool, trans_a, trans_b, M - i0 < CHUNK ? M - i0 : CHUNK,
+                     N - j0 < CHUNK ? N - j0 : CHUNK, K, alpha,
+                     trans_a ? A + i0 : A + (size_t)i0 * lda, lda,
+                     trans_b ? B + (size_t)j0 * ldb : B + j0, ldb, beta,
+                     C + (size_t)i0 * ldc + j0, ldc);
+    return;
   }
   int pairs_all = (K + 1) / 2, kc = pairs_all < KC ? pairs_all : KC;
   int panels_a = count(M, MR), panels_b = count(N, NR);

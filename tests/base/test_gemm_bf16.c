@@ -2,7 +2,8 @@
  * test_gemm_bf16.c — st_gemm_bf16 (train.precision: bf16) against two
  * references written here from the definition in src/base/gemm_bf16.c's
  * header, for every transpose pair, alpha and beta, shapes that cut
- * register blocks, tiles and K blocks (KC = 256 pairs) anywhere.
+ * register blocks, tiles, K blocks (KC = 256 pairs) and chunks (4096 rows
+ * or columns) anywhere.
  *
  * 1. The rounding: bf16 of each input, found here by comparing the two
  *    bf16 neighbours in double (not by the kernel's add-and-shift), ties
@@ -295,6 +296,7 @@ int main(void) {
       {1, 0, 13, 33, 64},   {1, 1, 25, 65, 129},   {0, 1, 64, 96, 512},
       {0, 0, 100, 70, 513}, {1, 0, 37, 130, 1100}, {0, 1, 150, 200, 300},
       {1, 1, 12, 32, 1025}, {0, 0, 300, 260, 96},  {0, 1, 2, 300, 768},
+      {0, 1, 3, 4200, 40},  {1, 0, 4100, 2, 9}, /* chunks of 4096 */
   };
   float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}, {0.5f, 2}};
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)

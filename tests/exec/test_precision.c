@@ -73,8 +73,10 @@ static float *both(const char *what, const st_config *c, size_t *n) {
   double r = distance(wb, wf, nb) / distance(wf, w0, nb);
   CHECK(memcmp(wf, wb, nb * sizeof *wb) != 0,
         "%s: bf16 gave fp32's bits (no bf16 product ran)", what);
-  CHECK(r < 0.5, "%s: bf16 weights %.3g of the fp32 run's path away from "
-        "them (bound 0.5)", what, r);
+  CHECK(r < 0.5,
+        "%s: bf16 weights %.3g of the fp32 run's path away from "
+        "them (bound 0.5)",
+        what, r);
   if (getenv("STRATA_TEST_VERBOSE"))
     printf("  %s: |w_bf16 - w_fp32| / |w_fp32 - w_0| = %.3g\n", what, r);
   free(wf), free(w0);
@@ -110,8 +112,7 @@ static void test_modes(const char *name, const st_config *base) {
       st_trainer *probe = make(&c, &err); /* too few blocks: skip */
       if (!probe) continue;
       st_trainer_destroy(probe);
-      snprintf(what, sizeof what, "%s pipeline %s S=%d", name, schedules[s],
-               S);
+      snprintf(what, sizeof what, "%s pipeline %s S=%d", name, schedules[s], S);
       float *got = both(what, &c, &m);
       same(what, got, want, n);
       free(got);
@@ -146,10 +147,10 @@ static void test_pb(void) {
   st_config c;
   mlp_config(&c);
   set_all(&c,
-          (const char *[]){"model.hidden=[16,16,16]",
-                           "execution.mode=pipelined_backprop",
-                           "execution.mitigation=sc+lwp", "optimizer.nesterov=false",
-                           "optimizer.lr=0.01", "train.batch=2"},
+          (const char *[]){
+              "model.hidden=[16,16,16]", "execution.mode=pipelined_backprop",
+              "execution.mitigation=sc+lwp", "optimizer.nesterov=false",
+              "optimizer.lr=0.01", "train.batch=2"},
           6);
   size_t n = 0, m = 0;
   float *threaded = both("pipelined_backprop", &c, &n);
