@@ -19,6 +19,8 @@
  *    multiplied in fp32 without rounding miss this reference by more than
  *    the tolerance (checked below), so a kernel that skipped the rounding
  *    would fail it.
+ * A linear layer's forward, weight and input gradients run through it
+ * (against the same double sums); its bias gradient stays an fp32 sum.
  * Also: the bits do not depend on the pool (none, 1, 2, 3 threads), nor on
  * splitting the rows into two calls; nothing outside C's window is
  * written; beta 0 ignores a NaN in C; st_gemm and st_gemm_bias run this
@@ -285,6 +287,78 @@ static void check_routing(st_pool *pool) {
   release(&o);
 }
 
+/* A linear layer in bf16 against double sums of its rounded operands:
+ * out = b + in W^T; dW (accumulated onto what it held) += dout^T in;
+ * din = dout W; the bias gradient, a sum rather than a product, from the
+ * unrounded dout. Tolerance 1e-5 of the terms' magnitudes, as above. */
+static double worst_of(const float *got, const double *want, const double *mag,
+                       size_t n) {
+  double w = 0;
+  for (size_t i = 0; i < n; i++) {
+    double r = fabs(got[i] - want[i]) / (mag[i] > 1e-30 ? mag[i] : 1e-30);
+    if (!(r <= w)) w = r;
+  }
+  return w;
+}
+
+static void check_linear(st_pool *pool) {
+  enum { B = 5, IC = 70, OC = 33 };
+  static float in[B * IC], w[OC * IC], b[OC], dout[B * OC], out[B * OC],
+      din[B * IC], dw[OC * IC], db[OC], dw0[OC * IC], db0[OC];
+  static double want[OC * IC], mag[OC * IC];
+  for (int i = 0; i < B * IC; i++) in[i] = uniform();
+  for (int i = 0; i < OC * IC; i++)
+    w[i] = uniform(), dw0[i] = dw[i] = uniform();
+  for (int i = 0; i < OC; i++) b[i] = uniform(), db0[i] = db[i] = uniform();
+  for (int i = 0; i < B * OC; i++) dout[i] = uniform();
+  st_gemm_set_bf16(1);
+  st_linear_forward(pool, out, in, w, b, B, IC, OC);
+  st_linear_backward(pool, din, dw, db, dout, in, w, B, IC, OC);
+  st_gemm_set_bf16(0);
+  for (int s = 0; s < B; s++)
+    for (int o = 0; o < OC; o++) {
+      double t = b[o], m = fabs(b[o]);
+      for (int i = 0; i < IC; i++) {
+        double p = (double)bf16_ref(in[s * IC + i]) * bf16_ref(w[o * IC + i]);
+        t += p, m += fabs(p);
+      }
+      want[s * OC + o] = t, mag[s * OC + o] = m;
+    }
+  double e = worst_of(out, want, mag, B * OC);
+  CHECK(e <= 1e-5, "linear forward: %.3g off", e);
+  for (int o = 0; o < OC; o++)
+    for (int i = 0; i < IC; i++) {
+      double t = dw0[o * IC + i], m = fabs(t);
+      for (int s = 0; s < B; s++) {
+        double p =
+            (double)bf16_ref(dout[s * OC + o]) * bf16_ref(in[s * IC + i]);
+        t += p, m += fabs(p);
+      }
+      want[o * IC + i] = t, mag[o * IC + i] = m;
+    }
+  e = worst_of(dw, want, mag, OC * IC);
+  CHECK(e <= 1e-5, "linear weight gradient: %.3g off", e);
+  for (int s = 0; s < B; s++)
+    for (int i = 0; i < IC; i++) {
+      double t = 0, m = 0;
+      for (int o = 0; o < OC; o++) {
+        double p = (double)bf16_ref(dout[s * OC + o]) * bf16_ref(w[o * IC + i]);
+        t += p, m += fabs(p);
+      }
+      want[s * IC + i] = t, mag[s * IC + i] = m;
+    }
+  e = worst_of(din, want, mag, B * IC);
+  CHECK(e <= 1e-5, "linear input gradient: %.3g off", e);
+  for (int o = 0; o < OC; o++) {
+    double t = db0[o], m = fabs(t);
+    for (int s = 0; s < B; s++)
+      t += dout[s * OC + o], m += fabs(dout[s * OC + o]);
+    want[o] = t, mag[o] = m;
+  }
+  e = worst_of(db, want, mag, OC);
+  CHECK(e <= 1e-6, "linear bias gradient (fp32, unrounded): %.3g off", e);
+}
+
 int main(void) {
   st_blas_init();
   st_fp_set_flush(1); /* the instruction flushes; so must the chain here */
@@ -312,6 +386,7 @@ int main(void) {
   st_gemm_bf16(NULL, 0, 0, 1, 1, 2, 1.0f, sub, 2, col, 1, 0.0f, &out, 1);
   CHECK(out == 1.0f, "a subnormal input is zero (got %g)", out);
   check_routing(pools[1]);
+  check_linear(pools[1]);
   for (int p = 0; p < 3; p++) st_pool_destroy(pools[p]);
   printf("%d passed, %d failed\n", th_passed, th_failed);
   return th_failed != 0;
