@@ -36,15 +36,17 @@ FIXTURE_VERSION = "1"
 OUT_DIR = os.path.join("tests", "fixtures")
 
 
-def write_safetensors(path, tensors, generator="tests/ref/gen_ops.py"):
+def write_safetensors(path, tensors, generator="tests/ref/gen_ops.py",
+                      reference="float64 computation rounded to float32"):
     """tensors: list of (name, numpy array of float32 or int32); generator
-    names the script in the file's metadata."""
+    names the script in the file's metadata, reference says how the
+    results were computed."""
     header = {
         "__metadata__": {
             "strata_fixture": FIXTURE_VERSION,
             "generator": generator,
             "torch": torch.__version__,
-            "reference": "float64 computation rounded to float32",
+            "reference": reference,
         }
     }
     blobs, offset = [], 0
