@@ -494,17 +494,22 @@ st_cost st_embedding_cost(int T, int C, int V);
 
 /* causal self-attention core, between the QKV and output projections: qkv
  * (B, T, 3C) is [q | k | v], head h in columns h*hs .. (h+1)*hs of each;
- * out (B, T, C) = softmax(q k^T / sqrt(hs) + causal mask) v per head; att
- * (B, NH, T, T) saves the probabilities (zero above the diagonal). The
- * backward WRITES dqkv (B, T, 3C) and needs scratch of
- * st_attention_scratch_floats(B, T, C, NH) floats. One pool task per (b, h):
- * bitwise independent of the thread count. */
+ * out (B, T, C) = softmax(q k^T / sqrt(hs) + causal mask) v per head.
+ * Nothing is saved between the two: the backward computes the
+ * probabilities again, in blocks of rows, with the forward's bits. Both
+ * need scratch of st_attention_scratch_floats(B, T, C, NH) floats (no T x T
+ * buffer: a few rows x T per (b, h)); the backward WRITES dqkv (B, T, 3C).
+ * One pool task per (b, h): bitwise independent of the thread count. */
 size_t st_attention_scratch_floats(int B, int T, int C, int NH);
-void st_attention_forward(st_pool *pool, float *out, float *att,
+void st_attention_forward(st_pool *pool, float *out, float *scratch,
                           const float *qkv, int B, int T, int C, int NH);
 void st_attention_backward(st_pool *pool, float *dqkv, const float *dout,
-                           const float *qkv, const float *att, float *scratch,
-                           int B, int T, int C, int NH);
+                           const float *qkv, float *scratch, int B, int T,
+                           int C, int NH);
+/* The probabilities the forward and backward compute, bit for bit, into att
+ * (B, NH, T, T), zero above the diagonal: for tests and inspection. */
+void st_attention_probs(st_pool *pool, float *att, float *scratch,
+                        const float *qkv, int B, int T, int C, int NH);
 st_cost st_attention_cost(int T, int C, int NH);
 
 /* rotary position embedding (GPT-NeoX convention, base 10000), in place on

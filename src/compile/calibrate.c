@@ -623,14 +623,14 @@ static void conv_bwd_step(void *arg) {
 }
 
 static void attention_fwd_step(void *arg) {
-  kernel_job *j = arg; /* in: qkv; col: the probabilities */
-  st_attention_forward(NULL, j->out, j->col, j->in, j->B, j->T, j->C, j->NH);
+  kernel_job *j = arg; /* in: qkv; w: the scratch */
+  st_attention_forward(NULL, j->out, j->w, j->in, j->B, j->T, j->C, j->NH);
 }
 
 static void attention_bwd_step(void *arg) {
   kernel_job *j = arg;
-  st_attention_backward(NULL, j->din, j->dout, j->in, j->col, j->w, j->B, j->T,
-                        j->C, j->NH);
+  st_attention_backward(NULL, j->din, j->dout, j->in, j->w, j->B, j->T, j->C,
+                        j->NH);
 }
 
 /* j's buffers, in the order kernel_alloc's counts give them */
@@ -696,18 +696,15 @@ static int attention_rates(int k, double *fwd, double *bwd) {
   const int *s = attention_shapes[k];
   kernel_job j = {.B = s[0], .T = s[1], .C = s[2], .NH = s[3]};
   size_t qkv = (size_t)j.B * j.T * 3 * j.C, y = (size_t)j.B * j.T * j.C;
-  size_t n[KERNEL_BUFS] = {qkv,
-                           st_attention_scratch_floats(j.B, j.T, j.C, j.NH) + 1,
-                           0,
-                           y,
-                           (size_t)j.B * j.NH * j.T * j.T,
-                           y,
-                           qkv,
-                           0,
-                           0};
+  size_t n[KERNEL_BUFS] = {
+      qkv, st_attention_scratch_floats(j.B, j.T, j.C, j.NH) + 1,
+      0,   y,
+      0,   y,
+      qkv, 0,
+      0};
   if (kernel_alloc(&j, n)) return ST_ENOMEM;
   st_cost c = st_attention_cost(j.T, j.C, j.NH);
-  attention_fwd_step(&j); /* the probabilities the backward reads */
+  attention_fwd_step(&j); /* first touch of the buffers */
   *fwd = j.B * c.flops_fwd / time_per_call(attention_fwd_step, &j);
   *bwd = j.B * c.flops_bwd / time_per_call(attention_bwd_step, &j);
   kernel_free(&j);

@@ -200,8 +200,8 @@ static void layer_forward(const st_block *b, const st_layer *L,
     for (size_t i = 0; i < n; i++) tok[i] = (int32_t)x[i];
     st_embedding_forward(y, tok, w, bias, B, L->out.h, L->out.c);
   } else if (L->kind == ST_OP_ATTENTION) {
-    st_attention_forward(ctx->pool, y, layer_save(L, acts, B), x, B, L->out.h,
-                         L->out.c, L->heads);
+    st_attention_forward(ctx->pool, y, scratch, x, B, L->out.h, L->out.c,
+                         L->heads);
   } else if (L->kind == ST_OP_CONV2D) {
     st_conv2d_forward(ctx->pool, y, x, w, bias, scratch, B, L->in.c, L->in.h,
                       L->in.w, L->out.c, L->k, L->stride, L->pad);
@@ -333,8 +333,8 @@ static void layer_backward(const st_block *b, const st_layer *L,
     if (dx) memset(dx, 0, (size_t)B * n_in * sizeof *dx); /* token ids */
     break;
   case ST_OP_ATTENTION:
-    st_attention_backward(ctx->pool, dx, g, x, save, scratch, B, L->out.h,
-                          L->out.c, L->heads);
+    st_attention_backward(ctx->pool, dx, g, x, scratch, B, L->out.h, L->out.c,
+                          L->heads);
     break;
   case ST_OP_CONV2D:
     st_conv2d_backward(ctx->pool, dx, dw, db, g, x, w, scratch, B, L->in.c,

@@ -414,8 +414,6 @@ static size_t save_floats(const st_layer *L) {
     return 2 * (size_t)L->rows; /* mean, rstd */
   case ST_OP_EMBED:
     return (size_t)L->in.h; /* int32 tokens */
-  case ST_OP_ATTENTION:     /* the probabilities, (heads, T, T) */
-    return (size_t)L->heads * (size_t)L->out.h * (size_t)L->out.h;
   case ST_OP_GROUPNORM:
     return 2 * (size_t)L->groups;
   case ST_OP_DROPOUT:

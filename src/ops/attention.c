@@ -8,8 +8,7 @@
  * Layout (B batch, T time, C channels, NH heads, hs = C / NH head size):
  * qkv (B, T, 3C) is [q | k | v] along the last axis and head h uses columns
  * h*hs .. (h+1)*hs of each part; out (B, T, C) puts head h in the same
- * columns; att (B, NH, T, T) keeps the softmax probabilities for the backward,
- * zero above the diagonal. For one (b, h), with scale = 1/sqrt(hs):
+ * columns. For one (b, h), with scale = 1/sqrt(hs):
  *   S = scale Q K^T,  A = softmax_row(S + causal mask),  Y = A V
  * and backward, with dP = dY V^T and r_t = sum_s A[t,s] dP[t,s]:
  *   dV = A^T dY,  dS = A * (dP - r) * scale,  dQ = dS K,  dK = dS^T Q.
@@ -25,8 +24,17 @@
  * blocks of 32 / 64 / 128 / T rows take 22 / 23 / 28 / 35 ms, llm.c-style
  * plain loops 134 ms (fp32 dot products cannot be vectorised without
  * -ffast-math); at T = 1024, 338 / 324 / 325 / 594 ms. 32 is within noise of
- * the best at every length and needs the least scratch: the backward keeps
- * a BLOCK x T slice of dP per task.
+ * the best at every length and needs the least scratch.
+ *
+ * Nothing T x T is kept: a block's probabilities live in a BLOCK x T slice
+ * of the task's scratch, and the backward computes them again, block by
+ * block, with the very calls the forward made (the same product of the same
+ * operands, the same softmax), so they are the forward's bits and the
+ * results those of keeping them. Saved for the backward: nothing (q, k and
+ * v are the layer's input). The price is the score product once more in the
+ * backward, a fifth more products; the gain, at GPT-2's context of 1024,
+ * 48 MB a sample and a layer (12 heads x 1024 x 1024 floats). A task's
+ * scratch is two slices (the probabilities and dP): 256 KB at T = 1024.
  *
  * Softmax subtracts the row maximum before exp and sums in double; masked
  * entries are written as exact zeros, never computed from exp(-inf), so a
@@ -44,14 +52,17 @@ enum { BLOCK = 32 }; /* rows of a block; see the header comment */
 
 static int block_rows(int T) { return T < BLOCK ? T : BLOCK; }
 
+/* A task's slice of scratch: probabilities, then dP (backward). */
+static size_t slice_floats(int T) { return (size_t)block_rows(T) * T; }
+
 size_t st_attention_scratch_floats(int B, int T, int C, int NH) {
-  (void)C; /* slices of dP, T columns wide: nothing per channel */
-  return (size_t)B * NH * (size_t)block_rows(T) * T;
+  (void)C; /* slices T columns wide: nothing per channel */
+  return (size_t)B * NH * 2 * slice_floats(T);
 }
 
 typedef struct attention_job {
-  float *out, *att, *dqkv, *scratch; /* written: forward, backward */
-  const float *qkv, *dout, *probs;   /* read; probs is att in backward */
+  float *out, *dqkv, *scratch; /* written: forward, backward */
+  const float *qkv, *dout;     /* read */
   int T, C, NH, hs;
   float scale;
 } attention_job;
@@ -100,42 +111,70 @@ static attention_job job_of(int T, int C, int NH) {
   return j;
 }
 
+/* The probabilities of rows [i0, i1) (keys 0 .. i1) into ab (leading
+ * dimension T): the forward's and, again, the backward's. */
+static void block_probs(const attention_job *j, const float *q, const float *k,
+                        int i0, int i1, float *ab) {
+  int T = j->T, ld = 3 * j->C;
+  /* S[i0:i1, 0:i1] = scale Q[i0:i1] K[0:i1]^T */
+  st_gemm(NULL, 0, 1, i1 - i0, i1, j->hs, j->scale, q + (size_t)i0 * ld, ld, k,
+          ld, 0.0f, ab, T);
+  for (int t = i0; t < i1; t++)
+    softmax_causal_row(ab + (size_t)(t - i0) * T, t + 1, T);
+}
+
 static void forward_task(void *arg, int task) {
   const attention_job *j = arg;
   int T = j->T, C = j->C, hs = j->hs, b = task / j->NH, h = task % j->NH;
   int ld = 3 * C;
   const float *q = j->qkv + (size_t)b * T * ld + (size_t)h * hs;
   const float *k = q + C, *v = q + 2 * C;
-  float *a = j->att + (size_t)task * T * T;
+  float *ab = j->scratch + (size_t)task * 2 * slice_floats(T);
   float *y = j->out + (size_t)b * T * C + (size_t)h * hs;
   for (int i0 = 0; i0 < T; i0 += BLOCK) {
     int i1 = T - i0 < BLOCK ? T : i0 + BLOCK, rows = i1 - i0;
-    float *ab = a + (size_t)i0 * T;
-    /* S[i0:i1, 0:i1] = scale Q[i0:i1] K[0:i1]^T */
-    st_gemm(NULL, 0, 1, rows, i1, hs, j->scale, q + (size_t)i0 * ld, ld, k, ld,
-            0.0f, ab, T);
-    for (int t = i0; t < i1; t++)
-      softmax_causal_row(a + (size_t)t * T, t + 1, T);
+    block_probs(j, q, k, i0, i1, ab);
     /* Y[i0:i1] = A[i0:i1, 0:i1] V[0:i1] */
     st_gemm(NULL, 0, 0, rows, hs, i1, 1.0f, ab, T, v, ld, 0.0f,
             y + (size_t)i0 * C, C);
   }
 }
 
-void st_attention_forward(st_pool *pool, float *out, float *att,
+void st_attention_forward(st_pool *pool, float *out, float *scratch,
                           const float *qkv, int B, int T, int C, int NH) {
   attention_job j = job_of(T, C, NH);
-  j.out = out, j.att = att, j.qkv = qkv;
+  j.out = out, j.scratch = scratch, j.qkv = qkv;
   st_pool_for(pool, B * NH, forward_task, &j);
 }
 
-/* dP rows (rows x n, leading dimension n) into dS, in place. */
-static void softmax_causal_grad(float *restrict dp, const float *restrict a,
+static void probs_task(void *arg, int task) {
+  const attention_job *j = arg; /* out: the (B, NH, T, T) probabilities */
+  int T = j->T, C = j->C, hs = j->hs, b = task / j->NH, h = task % j->NH;
+  const float *q = j->qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+  float *ab = j->scratch + (size_t)task * 2 * slice_floats(T);
+  for (int i0 = 0; i0 < T; i0 += BLOCK) {
+    int i1 = T - i0 < BLOCK ? T : i0 + BLOCK;
+    block_probs(j, q, q + C, i0, i1, ab);
+    memcpy(j->out + ((size_t)task * T + i0) * T, ab,
+           sizeof(float) * (size_t)(i1 - i0) * T);
+  }
+}
+
+void st_attention_probs(st_pool *pool, float *att, float *scratch,
+                        const float *qkv, int B, int T, int C, int NH) {
+  attention_job j = job_of(T, C, NH);
+  j.out = att, j.scratch = scratch, j.qkv = qkv;
+  st_pool_for(pool, B * NH, probs_task, &j);
+}
+
+/* dP rows (rows x n, leading dimension n) into dS, in place; ab holds the
+ * rows' probabilities (leading dimension T). */
+static void softmax_causal_grad(float *restrict dp, const float *restrict ab,
                                 int i0, int rows, int n, int T, float scale) {
   for (int r = 0; r < rows; r++) {
     int visible = i0 + r + 1;
     float *restrict g = dp + (size_t)r * n;
-    const float *restrict p = a + (size_t)(i0 + r) * T;
+    const float *restrict p = ab + (size_t)r * T;
     double lane[LANES] = {0};
     int s = 0;
     for (; s + LANES <= visible; s += LANES)
@@ -154,22 +193,22 @@ static void backward_task(void *arg, int task) {
   size_t head = (size_t)b * T * ld + (size_t)h * hs;
   const float *q = j->qkv + head, *k = q + C, *v = q + 2 * C;
   float *dq = j->dqkv + head, *dk = dq + C, *dv = dq + 2 * C;
-  const float *a = j->probs + (size_t)task * T * T;
   const float *dy = j->dout + (size_t)b * T * C + (size_t)h * hs;
-  float *dp = j->scratch + (size_t)task * block_rows(T) * T;
+  float *ab = j->scratch + (size_t)task * 2 * slice_floats(T);
+  float *dp = ab + slice_floats(T);
   for (int t = 0; t < T; t++) { /* dK and dV accumulate over row blocks */
     memset(dk + (size_t)t * ld, 0, sizeof(float) * (size_t)hs);
     memset(dv + (size_t)t * ld, 0, sizeof(float) * (size_t)hs);
   }
   for (int i0 = 0; i0 < T; i0 += BLOCK) {
     int i1 = T - i0 < BLOCK ? T : i0 + BLOCK, rows = i1 - i0;
-    const float *ab = a + (size_t)i0 * T;
+    block_probs(j, q, k, i0, i1, ab); /* the forward's, bit for bit */
     const float *dyb = dy + (size_t)i0 * C;
     /* dV[0:i1] += A[i0:i1, 0:i1]^T dY[i0:i1] */
     st_gemm(NULL, 1, 0, i1, hs, rows, 1.0f, ab, T, dyb, C, 1.0f, dv, ld);
     /* dP = dY[i0:i1] V[0:i1]^T, then dS in place */
     st_gemm(NULL, 0, 1, rows, i1, hs, 1.0f, dyb, C, v, ld, 0.0f, dp, i1);
-    softmax_causal_grad(dp, a, i0, rows, i1, T, j->scale);
+    softmax_causal_grad(dp, ab, i0, rows, i1, T, j->scale);
     /* dQ[i0:i1] = dS K[0:i1];  dK[0:i1] += dS^T Q[i0:i1] */
     st_gemm(NULL, 0, 0, rows, hs, i1, 1.0f, dp, i1, k, ld, 0.0f,
             dq + (size_t)i0 * ld, ld);
@@ -179,28 +218,29 @@ static void backward_task(void *arg, int task) {
 }
 
 void st_attention_backward(st_pool *pool, float *dqkv, const float *dout,
-                           const float *qkv, const float *att, float *scratch,
-                           int B, int T, int C, int NH) {
+                           const float *qkv, float *scratch, int B, int T,
+                           int C, int NH) {
   attention_job j = job_of(T, C, NH);
-  j.dqkv = dqkv, j.scratch = scratch, j.qkv = qkv, j.probs = att;
+  j.dqkv = dqkv, j.scratch = scratch, j.qkv = qkv;
   j.dout = dout;
   st_pool_for(pool, B * NH, backward_task, &j);
 }
 
 /* Per sample, counting the causal minimum: T(T+1)/2 scores per head, each a
  * dot product of hs (2 hs flops), likewise for A V, so 2 * C T(T+1) flops of
- * products forward; the backward has twice as many (dV, dP, dQ, dK). Softmax
- * takes about 5 flops per score forward (max, subtract, exp, sum, scale) and
- * 4 backward (dot, subtract, two products). Kept for the backward: the
- * output and the full T x T probabilities of every head. */
+ * products forward; the backward has two and a half times as many (the
+ * scores again, dV, dP, dQ, dK). Softmax takes about 5 flops per score
+ * forward (max, subtract, exp, sum, scale), and backward 5 again plus 4
+ * (dot, subtract, two products). Kept: the output, nothing for the
+ * backward. */
 st_cost st_attention_cost(int T, int C, int NH) {
   double scores = (double)NH * T * (T + 1) / 2.0;
   double products = 2.0 * C * (double)T * (T + 1);
   st_cost c;
   c.flops_fwd = products + 5.0 * scores;
-  c.flops_bwd = 2.0 * products + 4.0 * scores;
+  c.flops_bwd = 2.5 * products + 9.0 * scores;
   c.param_bytes = 0;
-  c.act_bytes = 4.0 * ((double)T * C + (double)NH * T * T);
+  c.act_bytes = 4.0 * (double)T * C;
   return c;
 }
 

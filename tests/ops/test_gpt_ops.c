@@ -128,9 +128,18 @@ typedef struct attention_ctx {
 } attention_ctx;
 
 static double attention_loss(void *p) {
-  attention_ctx *c = p;
+  attention_ctx *c = p; /* att: the forward's scratch here */
   st_attention_forward(NULL, c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
   return dot(c->out, c->dout, (size_t)c->B * c->T * c->C);
+}
+
+/* The forward, and the probabilities it computes (which it does not keep)
+ * into att, as st_attention_probs gives them. */
+static void forward_with_probs(st_pool *pool, float *out, float *att,
+                               const float *qkv, int B, int T, int C, int NH) {
+  float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
+  st_attention_forward(pool, out, scratch, qkv, B, T, C, NH);
+  st_attention_probs(pool, att, scratch, qkv, B, T, C, NH);
 }
 
 /* Tolerances against float64 references, for unit-normal qkv and dout.
@@ -164,8 +173,8 @@ static void test_attention_fixtures(void) {
     float *out = new_floats(nout), *att = new_floats(natt);
     float *dqkv = random_floats(nqkv, 1, 1.0f); /* written, not added to */
     float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
-    st_attention_forward(NULL, out, att, qkv, B, T, C, NH);
-    st_attention_backward(NULL, dqkv, dout, qkv, att, scratch, B, T, C, NH);
+    forward_with_probs(NULL, out, att, qkv, B, T, C, NH);
+    st_attention_backward(NULL, dqkv, dout, qkv, scratch, B, T, C, NH);
     label(what, sizeof what, "attention", c, "out");
     CHECK_CLOSE(what, out, fx(st, c, "out", nout), nout, ATT_TOL, ATT_FLOOR);
     label(what, sizeof what, "attention", c, "att");
@@ -178,8 +187,15 @@ static void test_attention_fixtures(void) {
       for (int s = (int)(r % T) + 1; s < T; s++)
         masked_zero &= att[r * T + s] == 0.0f;
     CHECK(masked_zero, "attention %s: att not zero above the diagonal", c);
-    attention_ctx ctx = {
-        new_floats(nout), new_floats(natt), qkv, dout, B, T, C, NH, 0};
+    attention_ctx ctx = {new_floats(nout),
+                         new_floats(st_attention_scratch_floats(B, T, C, NH)),
+                         qkv,
+                         dout,
+                         B,
+                         T,
+                         C,
+                         NH,
+                         0};
     /* one element each of q, k and v of the last sample's last head */
     size_t last = ((size_t)(B - 1) * T + T / 2) * 3 * C + (C - 1);
     label(what, sizeof what, "attention", c, "fd dq");
@@ -267,8 +283,8 @@ static void test_attention_naive(void) {
     float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
     double *ref_out = new_doubles(nout), *ref_att = new_doubles(natt);
     double *ref_dqkv = new_doubles(nqkv);
-    st_attention_forward(NULL, out, att, qkv, B, T, C, NH);
-    st_attention_backward(NULL, dqkv, dout, qkv, att, scratch, B, T, C, NH);
+    forward_with_probs(NULL, out, att, qkv, B, T, C, NH);
+    st_attention_backward(NULL, dqkv, dout, qkv, scratch, B, T, C, NH);
     naive_attention(ref_out, ref_att, ref_dqkv, qkv, dout, B, T, C, NH);
     label(what, sizeof what, "attention naive", c, "out");
     CHECK_CLOSE(what, out, to_floats(ref_out, nout), nout, ATT_TOL, ATT_FLOOR);
@@ -300,8 +316,8 @@ static void test_attention_large_scores(void) {
   float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
   double *ref_out = new_doubles(nout), *ref_att = new_doubles(natt);
   double *ref_dqkv = new_doubles(nqkv);
-  st_attention_forward(NULL, out, att, qkv, B, T, C, NH);
-  st_attention_backward(NULL, dqkv, dout, qkv, att, scratch, B, T, C, NH);
+  forward_with_probs(NULL, out, att, qkv, B, T, C, NH);
+  st_attention_backward(NULL, dqkv, dout, qkv, scratch, B, T, C, NH);
   naive_attention(ref_out, ref_att, ref_dqkv, qkv, dout, B, T, C, NH);
   double worst_sum = 0;
   int finite = 1, tiny = 0;
@@ -337,7 +353,7 @@ static void test_attention_causality(void) {
   float *qkv = random_floats(nqkv, 70, 1.0f);
   float *out = new_floats(nout), *att = new_floats(natt);
   float *out2 = new_floats(nout), *att2 = new_floats(natt);
-  st_attention_forward(NULL, out, att, qkv, B, T, C, NH);
+  forward_with_probs(NULL, out, att, qkv, B, T, C, NH);
   const int positions[] = {1, 31, 32, 63, 64, 100, T - 1};
   for (int k = 0; k < 7; k++) {
     int p = positions[k];
@@ -345,7 +361,7 @@ static void test_attention_causality(void) {
     for (int b = 0; b < B; b++)
       for (int i = C; i < 3 * C; i++) /* k and v of position p */
         changed[((size_t)b * T + p) * 3 * C + i] += 0.5f + (float)(i % 7);
-    st_attention_forward(NULL, out2, att2, changed, B, T, C, NH);
+    forward_with_probs(NULL, out2, att2, changed, B, T, C, NH);
     int same = 1, moved = 0;
     for (int b = 0; b < B; b++) {
       size_t at = (size_t)b * T * C;
@@ -384,9 +400,8 @@ static void test_attention_determinism(void) {
       out[p] = new_floats(nout), att[p] = new_floats(natt);
       dqkv[p] = new_floats(nqkv);
       uint64_t allocs = st_alloc_count();
-      st_attention_forward(pools[p], out[p], att[p], qkv, B, T, C, NH);
-      st_attention_backward(pools[p], dqkv[p], dout, qkv, att[p], scratch, B, T,
-                            C, NH);
+      forward_with_probs(pools[p], out[p], att[p], qkv, B, T, C, NH);
+      st_attention_backward(pools[p], dqkv[p], dout, qkv, scratch, B, T, C, NH);
       CHECK(st_alloc_count() == allocs,
             "attention allocated inside the kernel");
     }
@@ -489,11 +504,12 @@ static void test_costs(void) {
 
   /* attention, T = 4, C = 8, NH = 2: 10 causal scores per head, 20 in all;
    * products 2 * 8 * 4 * 5 = 320; forward 320 + 5 * 20 = 420, backward
-   * 640 + 4 * 20 = 720; kept 4 * (32 + 2 * 16) = 256 bytes. */
+   * (the scores again) 800 + 9 * 20 = 980; kept the output, 4 * 32 = 128
+   * bytes (no probabilities). */
   c = st_attention_cost(4, 8, 2);
-  CHECK(c.flops_fwd == 420.0 && c.flops_bwd == 720.0, "attention flops %g %g",
+  CHECK(c.flops_fwd == 420.0 && c.flops_bwd == 980.0, "attention flops %g %g",
         c.flops_fwd, c.flops_bwd);
-  CHECK(c.param_bytes == 0.0 && c.act_bytes == 256.0, "attention bytes %g %g",
+  CHECK(c.param_bytes == 0.0 && c.act_bytes == 128.0, "attention bytes %g %g",
         c.param_bytes, c.act_bytes);
   /* GPT-2 small's attention at T = 1024: products 2 * 768 * 1024 * 1025 =
    * 1612185600, scores 12 * 1024 * 1025 / 2 = 6297600 */
@@ -508,11 +524,11 @@ static void test_costs(void) {
             c.param_bytes == 0.0,
         "rotary cost %g %g", c.flops_fwd, c.act_bytes);
 
-  /* scratch: a block of min(T, 32) rows of T per (b, h) */
-  CHECK(st_attention_scratch_floats(2, 7, 12, 3) == 2 * 3 * 7 * 7,
+  /* scratch: two blocks of min(T, 32) rows of T per (b, h) */
+  CHECK(st_attention_scratch_floats(2, 7, 12, 3) == 2 * 3 * 2 * 7 * 7,
         "attention scratch, short T");
   CHECK(st_attention_scratch_floats(4, 256, 768, 12) ==
-            (size_t)4 * 12 * 32 * 256,
+            (size_t)4 * 12 * 2 * 32 * 256,
         "attention scratch, T = 256");
 }
 
