@@ -447,10 +447,21 @@ static int cmd_train(int argc, char **argv) {
          "%lld steps, %s\n",
          m->kind, m->n_blocks, m->n_params, cfg.execution.mode, cfg.train.batch,
          (long long)st_trainer_total_steps(t), st_blas_name());
-  if (!strcmp(cfg.train.precision, "bf16"))
+  if (!strcmp(cfg.train.precision, "bf16")) {
     printf("strata: precision bf16: products on bf16 inputs, fp32 sums, "
            "fp32 master weights; %s\n",
            st_bf16_support());
+    /* each product rounds and lays out its weights anew: at a few rows that
+     * costs more than the products save (MLP, Zen 4: 0.25x fp32's rate at
+     * batch 1, 0.75x at 16, 1.4x at 32 and 256; docs/bf16.md) */
+    int each = cfg.execution.micro_batch > 0 ? cfg.execution.micro_batch
+                                             : cfg.train.batch;
+    long rows = (long)each * m->label_rows;
+    if (rows < 32)
+      printf("strata: notice: %ld row%s per product: bf16 is slower than "
+             "fp32 below about 32 (docs/bf16.md)\n",
+             rows, rows == 1 ? "" : "s");
+  }
   st_model_print(m, stdout);
   if (cfg.optimizer.reference_batch > 0) {
     const st_config *run = st_trainer_config(t);
