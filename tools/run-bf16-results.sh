@@ -2,33 +2,39 @@
 # Regenerates docs/results/bf16.md: train.precision bf16 against fp32 on the
 # same data, seeds and recipe — FC-MNIST and the CNN on Fashion-MNIST (test
 # accuracy), gpt_tiny on the fortunes corpus (validation loss) — SEEDS seeds
-# each, every run on one thread, JOBS runs at once. The runs stay in
-# runs/bf16-*.
+# each (gpt_tiny GPT_SEEDS), every run on one thread, JOBS runs at once.
+# gpt_tiny also runs in fp32 as two replicas (the same batch, its gradient
+# summed in another order): a change of rounding only, to show how far
+# rounding alone moves its loss. The runs stay in runs/bf16-*.
 #
 # Usage: tools/run-bf16-results.sh [STRATA_BINARY]   (`make` first)
-# Environment: SEEDS (default 3), JOBS (default every core),
-#              REUSE=1 keeps a run whose summary.json exists.
+# Environment: SEEDS (default 3), GPT_SEEDS (default 5), JOBS (default
+#              every core), REUSE=1 keeps a run whose summary.json exists.
 set -eu
 bin=${1:-build/strata}
 cd "$(dirname "$0")/.." || exit 1
 seeds=${SEEDS:-3}
+gpt_seeds=${GPT_SEEDS:-5}
 jobs=${JOBS:-$(nproc)}
 out=docs/results/bf16.md
 mkdir -p docs/results runs
 
+seeds_of() { [ "$1" = gpt_tiny ] && seq 42 $((41 + gpt_seeds)) || seq 42 $((41 + seeds)); }
 list=()
 for cfg in fc_mnist cnn_fmnist gpt_tiny; do
-  for s in $(seq 42 $((41 + seeds))); do
+  for s in $(seeds_of $cfg); do
     for p in fp32 bf16; do list+=("$cfg $s $p"); done
+    [ "$cfg" = gpt_tiny ] && list+=("$cfg $s fp32r2")
   done
 done
 
-run_one() {
-  local cfg=$1 seed=$2 prec=$3 dir=runs/bf16-$1-$2-$3
+run_one() { # fp32r2: fp32 as two replicas
+  local cfg=$1 seed=$2 prec=$3 dir=runs/bf16-$1-$2-$3 rep=1
   if [ "${REUSE:-0}" = 1 ] && [ -f "$dir/summary.json" ]; then return; fi
+  [ "$prec" = fp32r2 ] && prec=fp32 rep=2
   "$bin" train "configs/$cfg.yaml" --set train.seed="$seed" \
-    --set train.precision="$prec" --set train.threads=1 \
-    --out "$dir" --overwrite >"$dir.log" 2>&1 ||
+    --set train.precision="$prec" --set execution.replicas=$rep \
+    --set train.threads=$rep --out "$dir" --overwrite >"$dir.log" 2>&1 ||
     { echo "run-bf16-results: $dir failed (see $dir.log)" >&2; return 1; }
 }
 export -f run_one
@@ -52,18 +58,36 @@ field() { # field DIR KEY: a number from DIR/summary.json
   for cfg in fc_mnist cnn_fmnist gpt_tiny; do
     key=test_accuracy
     [ "$cfg" = gpt_tiny ] && key=test_loss
-    for s in $(seq 42 $((41 + seeds))); do
+    for s in $(seeds_of $cfg); do
       a=runs/bf16-$cfg-$s-fp32 b=runs/bf16-$cfg-$s-bf16
-      awk -v c="$cfg" -v k="$key" -v s="$s" -v x="$(field $a $key)" \
-        -v y="$(field $b $key)" -v rx="$(field $a samples_per_s)" \
-        -v ry="$(field $b samples_per_s)" 'BEGIN {
-          if (k == "test_accuracy")
-            printf "| %s | accuracy %% | %s | %.2f | %.2f | %+.2f points | %.0f | %.0f |\n",
-              c, s, 100 * x, 100 * y, 100 * (y - x), rx, ry
-          else
-            printf "| %s | validation loss | %s | %.4f | %.4f | %+.2f%% | %.0f | %.0f |\n",
-              c, s, x, y, 100 * (y - x) / x, rx, ry }'
+      echo "$cfg $key $s $(field $a $key) $(field $b $key) $(field $a samples_per_s) $(field $b samples_per_s)"
     done
+  done | awk '
+    function row(c, k, s, x, y, rx, ry) {
+      if (k == "test_accuracy")
+        printf "| %s | accuracy %% | %s | %.2f | %.2f | %+.2f points | %s | %s |\n",
+          c, s, 100 * x, 100 * y, 100 * (y - x), rx, ry
+      else
+        printf "| %s | validation loss | %s | %.4f | %.4f | %+.2f%% | %s | %s |\n",
+          c, s, x, y, 100 * (y - x) / x, rx, ry
+    }
+    { if ($1 != c && n) { row(c, k, "mean", sx / n, sy / n, "", ""); sx = sy = n = 0 }
+      c = $1; k = $2; row($1, $2, $3, $4, $5, sprintf("%.0f", $6), sprintf("%.0f", $7))
+      sx += $4; sy += $5; n++ }
+    END { if (n) row(c, k, "mean", sx / n, sy / n, "", "") }'
+  echo
+  echo "gpt_tiny's loss moves by a few per cent with rounding alone. The same"
+  echo "fp32 training as two replicas (the batch's gradient summed in another"
+  echo "order, each sum within fp32 rounding of the other) against one:"
+  echo
+  echo "| seed | fp32 | fp32, 2 replicas | difference | bf16 − fp32 |"
+  echo "|---|---|---|---|---|"
+  for s in $(seeds_of gpt_tiny); do
+    awk -v s="$s" -v x="$(field runs/bf16-gpt_tiny-$s-fp32 test_loss)" \
+      -v r="$(field runs/bf16-gpt_tiny-$s-fp32r2 test_loss)" \
+      -v y="$(field runs/bf16-gpt_tiny-$s-bf16 test_loss)" 'BEGIN {
+        printf "| %s | %.4f | %.4f | %+.2f%% | %+.2f%% |\n", s, x, r,
+          100 * (r - x) / x, 100 * (y - x) / x }'
   done
   echo
   echo "The rates are of runs sharing the machine JOBS at a time: compare"

@@ -32,7 +32,7 @@
  * in blocks of MR rows ([p][MR] 32-bit pairs: bf16(a(i,2p)) in the low
  * half, bf16(a(i,2p+1)) in the high one) and op(B) in panels of NR = 32
  * columns ([p][32]), both zero-padded, by the pool's threads; then the
- * output tiles (gemm.c's rule) run MR x 32 register blocks over them, each
+ * output tiles (choose_tiles) run MR x 32 register blocks over them, each
  * block's 2 MR accumulators loaded from C and stored back once per K block.
  * The packed block lives in the calling thread's scratch, which grows to the
  * largest (M + N) x KC pairs it has seen (products are cut into chunks of at
@@ -40,18 +40,21 @@
  * in the steady state.
  */
 #include "strata.h"
-#include "narrow.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
+/* 16 lanes everywhere, so that the packed layout and the register blocks
+ * are one code; without AVX-512 GCC splits them into halves. Its note that
+ * passing such a vector changes the ABI there does not apply: every
+ * function that takes or returns one is static and inlined. */
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
 typedef uint32_t u16 __attribute__((vector_size(64), aligned(4), may_alias));
 
@@ -259,6 +262,14 @@ static void pack_task(void *arg, int task) {
 INLINE v16 fma16(v16 a, v16 b, v16 c) {
 #if defined(__AVX512F__)
   return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__) /* two 8-lane halves (AVX2 + FMA: Zen 3, Haswell) */
+  v16 r;
+  __m256 *h = (__m256 *)&r;
+  const __m256 *x = (const __m256 *)&a, *y = (const __m256 *)&b,
+               *z = (const __m256 *)&c;
+  h[0] = _mm256_fmadd_ps(x[0], y[0], z[0]);
+  h[1] = _mm256_fmadd_ps(x[1], y[1], z[1]);
+  return r;
 #else
   v16 r;
   for (int l = 0; l < 16; l++) r[l] = fmaf(a[l], b[l], c[l]);
