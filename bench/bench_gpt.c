@@ -306,6 +306,7 @@ int main(int argc, char **argv) {
   }
   double flops = step_flops(st_trainer_model(t), batch);
   st_trainer_destroy(t); /* frees its memory before the peak's matrices */
+  st_gemm_set_bf16(0);   /* the peaks are fp32's, whatever the run's */
   double round_trip_after = core_round_trip_ns(threads); /* its pool gone */
   double blas, own;
   sgemm_peaks(threads, &blas, &own);
