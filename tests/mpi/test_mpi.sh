@@ -28,6 +28,8 @@
 #    fewer stages than ranks, a tied head and embedding on two ranks,
 #    replicas that do not divide the ranks and stages cut by blocks timed
 #    on each rank (execution.block_costs: measured) are refused once;
+#  - in bf16 (train.precision), a placed 1f1b pipeline and data-parallel
+#    ranks: the threaded and in-process bytes;
 #  - a rank of a data-parallel and of a pipelined job killed: the same;
 #  - SIGTERM to one rank, or SIGINT to mpirun, stops every rank after the
 #    same step with a checkpoint that resumes to the uninterrupted bytes.
@@ -158,6 +160,14 @@ placed "interleaved-2x2-m3" 2 --set execution.mode=pipeline --set execution.sche
 placed "1f1b-4-stages" 2 --set execution.mode=pipeline --set execution.stages=4 \
   --set execution.micro_batch=4
 placed "pb-stash-4-stages" 2 "${pbo[@]}" --set execution.mitigation=stash --set execution.stages=4
+# bf16 products (train.precision: bf16): a placed 1f1b pipeline and
+# data-parallel ranks keep their bytes
+placed "1f1b-2-bf16" 2 --set execution.mode=pipeline --set execution.stages=2 \
+  --set execution.micro_batch=4 --set train.precision=bf16
+run train "$cnn" "${small[@]}" --set execution.replicas=2 --set train.precision=bf16 --out "$T/cnn_r2_bf16"
+run_mpi 2 train "$cnn" "${small[@]}" --set train.precision=bf16 --out "$T/cnn_m2_bf16"
+same "CNN in bf16, 2 ranks: the in-process replicas' checkpoint" \
+  "$T/cnn_r2_bf16/$ck" "$T/cnn_m2_bf16/$ck"
 placed "block_sequential" 2 --set execution.mode=block_sequential \
   --set execution.blocks_per_segment=2 --set execution.stages=2 --set execution.micro_batch=4
 grep -q '"name": "stage 0 (rank 0)"' "$T/m_1f1b-4/summary.json" &&
