@@ -5,9 +5,9 @@
  * register blocks, tiles, K blocks (KC = 256 pairs) and chunks (4096 rows
  * or columns) anywhere.
  *
- * 1. The rounding: bf16 of each input, found here by comparing the two
- *    bf16 neighbours in double (not by the kernel's add-and-shift), ties
- *    to the even one, subnormals to zero.
+ * 1. The rounding: bf16 of each input, found by comparing its two bf16
+ *    neighbours in double (tests/bf16_ref.h, not the kernel's
+ *    add-and-shift), ties to the even one, subnormals to zero.
  * 2. Bit for bit: each element is the fmaf chain over pairs, odd product
  *    first, from beta C (alpha 1) or 0, on the rounded inputs. This pins
  *    the order, the pairing and the rounding at once; the native kernel
@@ -27,6 +27,7 @@
  * product when st_gemm_set_bf16(1), and fp32 again after (0).
  */
 #include "harness.h"
+#include "bf16_ref.h"
 #include "strata.h"
 
 #include <float.h>
@@ -40,30 +41,11 @@ static float uniform(void) { /* xorshift, in [-1, 1) */
   return (float)((rng_state >> 40) / (double)(1 << 23)) - 1.0f;
 }
 
-static float float_of(uint32_t u) {
-  float x;
-  memcpy(&x, &u, sizeof x);
-  return x;
-}
-
-static uint32_t bits_of(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-/* The bf16 value nearest x: of the value truncated to 16 bits and the next
- * one away from zero, the nearer in double; a tie to the even one. */
+/* The bf16 value nearest x (bf16_ref.h), a subnormal x a zero of its
+ * sign, as the product rounds its inputs. */
 static float bf16_ref(float x) {
   if (fpclassify(x) == FP_SUBNORMAL) return signbit(x) ? -0.0f : 0.0f;
-  if (x == 0.0f || isinf(x)) return x;
-  uint32_t t = bits_of(x) & 0xFFFF0000u;
-  float down = float_of(t), up = float_of(t + 0x10000u); /* may be inf */
-  double dd = fabs((double)x - down), du = fabs((double)up - x);
-  if (isinf(up)) du = fabs(ldexp(1.0, 128) * (signbit(x) ? -1 : 1) - x);
-  if (dd < du) return down;
-  if (du < dd) return up;
-  return (t >> 16) & 1 ? up : down;
+  return from_bits((uint32_t)nearest_reference(x) << 16);
 }
 
 enum { PAD = 3 };
@@ -128,8 +110,8 @@ static void fill(operands *o, const shape *s) {
   for (size_t i = 0; i < nc; i++)
     o->C0[i] = (i % o->ldc) < (size_t)s->N ? uniform() : SENTINEL;
   /* ties: inputs exactly half-way between two bf16 values, both parities */
-  o->A[0] = float_of(0x3F808000u); /* 1.00390625: rounds down (even) */
-  if (na > 1) o->A[1] = float_of(0x3F818000u); /* rounds up (to even) */
+  o->A[0] = from_bits(0x3F808000u); /* 1.00390625: rounds down (even) */
+  if (na > 1) o->A[1] = from_bits(0x3F818000u); /* rounds up (to even) */
 }
 
 static void release(operands *o) { free(o->A), free(o->B), free(o->C0); }
@@ -160,7 +142,7 @@ static void check_shape(const shape *s, float alpha, float beta,
         outside += got != SENTINEL;
         continue;
       }
-      differ += bits_of(got) != bits_of(chain(&o, i, j, alpha, beta));
+      differ += bits(got) != bits(chain(&o, i, j, alpha, beta));
       double mag, ref = in_double(&o, i, j, alpha, beta, 1, &mag);
       double r = fabs(got - ref) / (mag > 1e-30 ? mag : 1e-30);
       if (!(r <= worst)) worst = r;
@@ -222,18 +204,18 @@ static void check_shape(const shape *s, float alpha, float beta,
 
 static void check_rounding(void) {
   /* the reference against hand-picked cases */
-  CHECK(bf16_ref(float_of(0x3F808000u)) == 1.0f, "tie rounds to even (down)");
-  CHECK(bits_of(bf16_ref(float_of(0x3F818000u))) == 0x3F820000u,
+  CHECK(bf16_ref(from_bits(0x3F808000u)) == 1.0f, "tie rounds to even (down)");
+  CHECK(bits(bf16_ref(from_bits(0x3F818000u))) == 0x3F820000u,
         "tie rounds to even (up)");
-  CHECK(bits_of(bf16_ref(float_of(0x3F808001u))) == 0x3F810000u,
+  CHECK(bits(bf16_ref(from_bits(0x3F808001u))) == 0x3F810000u,
         "above the tie rounds up");
   CHECK(bf16_ref(FLT_MIN / 4) == 0.0f && signbit(bf16_ref(-FLT_MIN / 4)),
         "subnormals become signed zeros");
   CHECK(isinf(bf16_ref(FLT_MAX)), "FLT_MAX rounds to infinity");
   /* one element products: the kernel's rounding of every kind of input */
   float xs[] = {1.0f,
-                float_of(0x3F808000u),
-                float_of(0x3F818000u),
+                from_bits(0x3F808000u),
+                from_bits(0x3F818000u),
                 -3.14159f,
                 1e-30f,
                 FLT_MIN / 8,
@@ -245,7 +227,7 @@ static void check_rounding(void) {
   for (int i = 0; i < n; i++) {
     float one = 1.0f, c = 0.0f;
     st_gemm_bf16(NULL, 0, 0, 1, 1, 1, 1.0f, &xs[i], 1, &one, 1, 0.0f, &c, 1);
-    if (bits_of(c) != bits_of(bf16_ref(xs[i])) &&
+    if (bits(c) != bits(bf16_ref(xs[i])) &&
         !(c == 0.0f && bf16_ref(xs[i]) == 0.0f))
       bad++,
           fprintf(stderr, "  %a -> %a, want %a\n", xs[i], c, bf16_ref(xs[i]));
