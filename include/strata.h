@@ -62,6 +62,30 @@ const char *st_error_text(int code);
 void *st_alloc(size_t bytes);
 void st_free(void *p);
 uint64_t st_alloc_count(void); /* number of st_alloc calls so far */
+/* Bytes held now by st_alloc and committed slab ranges, and the most held
+ * at once since the process started (or st_alloc_reset_peak): what a rank
+ * of a run over MPI measures against its plan. */
+size_t st_alloc_bytes(void);
+size_t st_alloc_peak(void);
+void st_alloc_reset_peak(void);
+
+/* A slab of which a process holds only some ranges: the weights, gradients
+ * or optimizer state of a model whose blocks are spread over MPI ranks,
+ * indexed by the model's slab offsets on every rank. The whole size is
+ * reserved as address space and nothing is backed; st_slab_commit makes a
+ * range readable and writable (zero-filled, counted, rounded out to whole
+ * pages), and touching any other offset faults, so a rank that reached for
+ * another rank's weights would crash, not read zeros. Commits must come in
+ * increasing offset order. */
+typedef struct st_slab {
+  void *base;
+  size_t bytes;     /* reserved */
+  size_t committed; /* bytes backed (whole pages) */
+  size_t end;       /* the end of the last committed page */
+} st_slab;
+int st_slab_reserve(st_slab *s, size_t bytes);
+int st_slab_commit(st_slab *s, size_t off, size_t n);
+void st_slab_release(st_slab *s);
 
 /* Subnormal numbers (below FLT_MIN) flushed to zero or kept (fpmode.c):
  * one process-wide mode that every thread computing for a run applies when
@@ -637,6 +661,9 @@ void st_model_init_blocks(const st_model *m, float *params, uint64_t seed,
 size_t st_model_unique_params(const st_model *m);
 /* Copies every tied tensor's source weights into the copy. */
 void st_model_sync_ties(const st_model *m, float *params);
+/* The same for the tied copies in blocks [first, first + count). */
+void st_model_sync_ties_blocks(const st_model *m, float *params, int first,
+                               int count);
 /* Finds a tensor by name; returns its global offset in floats or -1. */
 int64_t st_model_find(const st_model *m, const char *name,
                       const st_tensor_info **info);
@@ -932,13 +959,22 @@ typedef struct st_safetensors {
   int n_meta;
   char (*meta_keys)[64];
   char (*meta_values)[256];
-  uint8_t *data; /* the data section */
+  uint8_t *data; /* the data section (NULL: st_safetensors_open) */
   size_t data_bytes;
+  size_t data_start; /* the data section's offset in the file */
+  int fd;            /* st_safetensors_open's file, else -1 */
 } st_safetensors;
 
 /* Reads and validates a whole file (header JSON, offsets inside the file,
  * sizes matching dtype x shape). Errors name the file and the tensor. */
 int st_safetensors_read(st_safetensors **out, const char *path, st_error *err);
+/* The same without reading the data section (data NULL): a tensor's bytes
+ * are read with st_safetensors_pread when wanted, so a part of a large
+ * file costs only that part. */
+int st_safetensors_open(st_safetensors **out, const char *path, st_error *err);
+/* bytes of tensor t from its byte off, into dst (either kind of handle). */
+int st_safetensors_pread(const st_safetensors *st, const st_st_tensor *t,
+                         size_t off, size_t bytes, void *dst, st_error *err);
 void st_safetensors_destroy(st_safetensors *st);
 const st_st_tensor *st_safetensors_find(const st_safetensors *st,
                                         const char *name);
@@ -956,6 +992,13 @@ int st_st_writer_add(st_st_writer *w, const char *name, const char *dtype,
 int st_st_writer_meta(st_st_writer *w, const char *key, const char *value,
                       st_error *err);
 int st_st_writer_write(st_st_writer *w, const char *path, st_error *err);
+/* The same, streamed to the file tensor by tensor; a tensor added with data
+ * NULL takes its bytes from fetch(arg, index of the tensor in the order
+ * added), valid until the next call (NULL: failed, err set). Every fetch
+ * is made even after a write failed. */
+typedef const void *(*st_st_fetch)(void *arg, int index, st_error *err);
+int st_st_writer_write_fetch(st_st_writer *w, const char *path,
+                             st_st_fetch fetch, void *arg, st_error *err);
 
 /* Prints each tensor: name, shape, dtype, min, max, mean, std. */
 int st_inspect(const char *path, FILE *f, st_error *err);
@@ -963,6 +1006,17 @@ int st_inspect(const char *path, FILE *f, st_error *err);
 /* Atomic small-file write (temp, fsync, rename). */
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
                          st_error *err);
+/* The same in pieces: a temp file beside path, written in order; close
+ * with the writes' rc: 0 syncs it and renames it over path (then syncs the
+ * directory), nonzero removes it and returns rc. */
+typedef struct st_atomic_file {
+  int fd;
+  char path[ST_PATH_MAX], tmp[ST_PATH_MAX + 32];
+} st_atomic_file;
+int st_atomic_open(st_atomic_file *f, const char *path, st_error *err);
+int st_atomic_write(st_atomic_file *f, const void *data, size_t bytes,
+                    st_error *err);
+int st_atomic_close(st_atomic_file *f, int rc, st_error *err);
 /* The same for the text of a memory stream (open_memstream(text, len)):
  * closes f, writes *text to path atomically, frees *text. */
 int st_write_stream_atomic(FILE *f, char **text, size_t *len, const char *path,
@@ -1424,6 +1478,31 @@ int st_checkpoint_save_as(const char *path, const st_model *m,
 int st_checkpoint_load(const char *path, const st_model *m, float *params,
                        float *opt_state, const char *optim_kind,
                        st_train_pos *pos, st_error *err);
+/* The same, reading only the tensors of the blocks mine[i] marks (NULL:
+ * all): a rank of a pipeline over ranks loads its own stages, touching no
+ * other offset of params and opt_state. Every tensor is still checked. */
+int st_checkpoint_load_blocks(const char *path, const st_model *m,
+                              float *params, float *opt_state,
+                              const char *optim_kind, st_train_pos *pos,
+                              const unsigned char *mine, st_error *err);
+/* A checkpoint's tensors in file order — the weights (slot -1), then each
+ * optimizer slot's (none with optim_kind NULL) — as slab offsets:
+ * fn(arg, slot, off, numel) until one returns nonzero. */
+typedef int (*st_checkpoint_fn)(void *arg, int slot, size_t off, size_t numel,
+                                st_error *err);
+int st_checkpoint_each(const st_model *m, const char *optim_kind,
+                       st_checkpoint_fn fn, void *arg, st_error *err);
+/* st_checkpoint_save of weights and optimizer state held elsewhere: each
+ * tensor's floats come from fetch(arg, slot, off, numel), called once per
+ * tensor in st_checkpoint_each's order (even after a write failed) and
+ * valid until the next call; NULL fails (err set). The file is streamed:
+ * no more than one tensor at a time need be in memory. */
+typedef const float *(*st_checkpoint_fetch)(void *arg, int slot, size_t off,
+                                            size_t numel, st_error *err);
+int st_checkpoint_save_fetch(const char *path, const st_model *m,
+                             const char *optim_kind, const st_train_pos *pos,
+                             st_checkpoint_fetch fetch, void *arg,
+                             st_error *err);
 
 /* ----------------------------------------------------------------- dist */
 

@@ -4,6 +4,7 @@
  */
 #include "strata.h"
 
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +15,24 @@
 #include <unistd.h>
 
 static _Atomic uint64_t alloc_count;
+/* bytes held (st_alloc's usable sizes and committed slab pages) and the
+ * most held at once */
+static _Atomic size_t held, peak;
+
+static void hold(size_t bytes) {
+  size_t now =
+      atomic_fetch_add_explicit(&held, bytes, memory_order_relaxed) + bytes;
+  size_t top = atomic_load_explicit(&peak, memory_order_relaxed);
+  while (now > top &&
+         !atomic_compare_exchange_weak_explicit(&peak, &top, now,
+                                                memory_order_relaxed,
+                                                memory_order_relaxed)) {
+  }
+}
+
+static void unhold(size_t bytes) {
+  atomic_fetch_sub_explicit(&held, bytes, memory_order_relaxed);
+}
 
 /* Buffers of BIG bytes or more start on a 2 MB boundary. Left to glibc
  * (a mapping of their own, 64 bytes in), the MLP's batch-1 step ran at
@@ -43,10 +62,67 @@ void *st_alloc(size_t bytes) {
   if (align == BIG_ALIGN && size == BIG_ALIGN && rounded < size)
     (void)madvise(p, size, MADV_NOHUGEPAGE);
   memset(p, 0, rounded);
+  hold(malloc_usable_size(p));
   return p;
 }
 
-void st_free(void *p) { free(p); }
+void st_free(void *p) {
+  if (p) unhold(malloc_usable_size(p));
+  free(p);
+}
+
+size_t st_alloc_bytes(void) {
+  return atomic_load_explicit(&held, memory_order_relaxed);
+}
+
+size_t st_alloc_peak(void) {
+  return atomic_load_explicit(&peak, memory_order_relaxed);
+}
+
+void st_alloc_reset_peak(void) {
+  atomic_store_explicit(&peak, st_alloc_bytes(), memory_order_relaxed);
+}
+
+static size_t page_size(void) {
+  long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? (size_t)page : 4096;
+}
+
+int st_slab_reserve(st_slab *s, size_t bytes) {
+  memset(s, 0, sizeof *s);
+  size_t page = page_size();
+  if (bytes == 0) bytes = 1;
+  if (bytes > SIZE_MAX - page) return -1;
+  bytes = (bytes + page - 1) & ~(page - 1);
+  void *p = mmap(NULL, bytes, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return -1;
+  s->base = p;
+  s->bytes = bytes;
+  return 0;
+}
+
+int st_slab_commit(st_slab *s, size_t off, size_t n) {
+  size_t page = page_size();
+  if (n == 0) return 0;
+  if (off > s->bytes || n > s->bytes - off) return -1;
+  size_t lo = off & ~(page - 1), hi = (off + n + page - 1) & ~(page - 1);
+  if (lo < s->end) lo = s->end; /* its first page is committed already */
+  if (hi <= lo) return 0;
+  if (mprotect((char *)s->base + lo, hi - lo, PROT_READ | PROT_WRITE))
+    return -1;
+  s->committed += hi - lo;
+  s->end = hi;
+  hold(hi - lo);
+  return 0;
+}
+
+void st_slab_release(st_slab *s) {
+  if (!s->base) return;
+  munmap(s->base, s->bytes);
+  unhold(s->committed);
+  memset(s, 0, sizeof *s);
+}
 
 uint64_t st_alloc_count(void) {
   return atomic_load_explicit(&alloc_count, memory_order_relaxed);

@@ -79,11 +79,17 @@ typedef struct st_executor {
    * after every step (the state may move). */
   int (*slabs)(void *state, float **params, const uint16_t **bf16,
                float **grads, float **opt);
-  /* Stages placed over ranks: every block's weights and optimizer state
-   * (opt: the trainer's slots) brought to this rank from the rank that
-   * updates it. Collective: every rank calls it at the same point (the
-   * trainer, through st_trainer_gather). NULL: nothing to gather. */
-  int (*gather)(void *state, float *params, float *opt, st_error *err);
+  /* Stages placed over ranks: mine[i] = 1 for each block whose weights,
+   * gradients and optimizer state this rank keeps (its stages'), 0 for
+   * the rest, returning 1; the trainer then commits only those ranges of
+   * its slabs. 0 or NULL: every block. */
+  int (*owns)(void *state, unsigned char *mine);
+  /* With owns: the checkpoint at path (NULL on the ranks that do not write
+   * it), assembled from every rank's own blocks. Collective: every rank
+   * calls it at the same point. */
+  int (*save)(void *state, const char *path, const float *params,
+              const float *opt, const char *optim_kind,
+              const st_train_pos *pos, st_error *err);
   /* The run ended on every rank (collective, like gather): what is still
    * in flight between ranks is finished. NULL: nothing to do. */
   int (*finish)(void *state, st_error *err);
@@ -175,7 +181,9 @@ void st_replica_view(st_trainer_view *w, const st_trainer_view *v,
  * the pipeline; a rank stopped that way returns ST_EXEC_PEER_STOPPED (the
  * caller learns the cause from the rank that found it) and the executor
  * refuses further steps. Only the stages' owners update their blocks:
- * st_placed_layout says which member holds which blocks. */
+ * st_placed_layout says which member holds which blocks; forward (the
+ * whole model in one process) is the caller's (ranks.c evaluates stage by
+ * stage over the ranks). */
 typedef struct st_dist_group st_dist_group;
 typedef struct st_placement {
   st_dist_group *group;
@@ -309,9 +317,10 @@ void *st_trainer_exec_state(st_trainer *t);
 int st_usable_cores(void);
 
 /* Trainer internals the run loop needs. */
-/* Before reading every block's weights (evaluation, a checkpoint): over
- * ranks, the blocks other ranks updated are fetched. Every rank calls it. */
-int st_trainer_gather(st_trainer *t, st_error *err);
+/* 1 when this rank keeps only its own stages (execution.placement: ranks):
+ * st_trainer_save is then collective, every rank calling it, path NULL on
+ * all but rank 0, which writes the file. */
+int st_trainer_saves_together(const st_trainer *t);
 /* After a run that ended well on every rank (every rank calls it). */
 int st_trainer_finish(st_trainer *t, st_error *err);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */

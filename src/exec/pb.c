@@ -720,7 +720,9 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     rc = st_error_set(err, ST_ENOMEM, "out of memory (pipelined backprop)");
   for (int s = 0; !rc && s < p->rt.S; s++)
     if (p->stages[s].rt.local) rc = alloc_stage(p, &p->stages[s], err);
-  if (!rc) rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
+  /* evaluation in one process (over ranks: ranks.c, stage by stage) */
+  if (!rc && !pl)
+    rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
   if (!rc && pl && post_ahead(p)) {
     rc = p->rt.rc;
     *err = p->rt.err;

@@ -672,7 +672,9 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     if (!ok)
       rc = st_error_set(err, ST_ENOMEM, "out of memory for %s", st->name);
   }
-  if (!rc) rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
+  /* evaluation in one process (over ranks: ranks.c, stage by stage) */
+  if (!rc && !pl)
+    rc = st_stage_create(&p->eval, m, 0, m->n_blocks, max_batch, err);
   if (!rc && st_rt_start(&p->rt, worker))
     rc = st_error_set(err, ST_ENOMEM,
                       "cannot start the threads of a %d-stage pipeline",

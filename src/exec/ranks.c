@@ -24,10 +24,16 @@
  * the W ranks form a grid: replica i is ranks i P .. i P + P - 1 (P = W /
  * R), a pipeline of its share of the batch; the R ranks holding the same
  * stage sum that stage's gradients in replica order and update it, as the
- * in-process replicas of the pipeline do. Each rank updates only its own
- * stages' blocks: the others' weights reach it when the trainer gathers
- * them (evaluation, checkpoints). The last stage's rank holds the losses;
- * they are broadcast to every rank.
+ * in-process replicas of the pipeline do. Each rank holds only its own
+ * stages' weights, gradients and optimizer state (the trainer commits only
+ * their ranges of its slabs: st_executor.owns) and activations; nothing
+ * holds the whole model. Evaluation runs the test batches through the
+ * stages, rank to rank, and broadcasts the logits from the last stage;
+ * a checkpoint is one safetensors file that rank 0 writes tensor by
+ * tensor as the stages' ranks send them (the file the threaded pipeline
+ * writes, byte for byte), and each rank resumes by reading its own
+ * tensors from it. The last stage's rank holds the losses; they are
+ * broadcast to every rank.
  */
 #include "exec.h"
 
@@ -46,6 +52,14 @@ typedef struct ranks {
   int placed, R, P, replica, opt_slots, last_owner;
   st_dist_group *pipeline, *peers;
   int S, *first, *count, *owner;
+  /* evaluation and checkpoints, on a communicator of their own (the
+   * pipeline's posted receives never see them): each own stage's blocks
+   * at the evaluation batch, the input received from another rank, the
+   * logits every member gets, one tensor on its way to rank 0 */
+  st_dist_group *xfer;
+  st_stage **eval;
+  float *eval_in, *logits, *tensor;
+  int max_batch;
   st_config cfg;  /* the inner executor's: this rank's share, one replica */
   void *state;    /* the inner executor's */
   float *scratch; /* st_dist_sum_scratch floats: the exchange's parts */
@@ -57,8 +71,14 @@ static void ranks_destroy(void *state) {
   if (!p) return;
   if (p->state) p->inner->destroy(p->state);
   st_free(p->scratch);
+  for (int s = 0; p->eval && s < p->S; s++) st_stage_destroy(p->eval[s]);
+  free(p->eval);
+  st_free(p->eval_in);
+  st_free(p->logits);
+  st_free(p->tensor);
   st_dist_group_destroy(p->pipeline);
   st_dist_group_destroy(p->peers);
+  st_dist_group_destroy(p->xfer);
   free(p->first);
   free(p);
 }
@@ -94,6 +114,36 @@ static int tie_crosses(const ranks *p) {
           return 1;
       }
   return 0;
+}
+
+/* Evaluation over the stages' ranks: each own stage's blocks at up to
+ * max_batch samples, a buffer for an input from another rank, the
+ * logits; rank 0 of a checkpoint's writers a buffer for the largest
+ * tensor. */
+static int eval_create(ranks *p, const st_model *m, int max_batch,
+                       st_error *err) {
+  int me = p->rank % p->P, rc = 0;
+  size_t in = 0, most = 0;
+  p->max_batch = max_batch;
+  if (!(p->eval = calloc((size_t)p->S, sizeof *p->eval)))
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  for (int s = 0; !rc && s < p->S; s++) {
+    if (p->owner[s] != me) continue;
+    rc = st_stage_create(&p->eval[s], m, p->first[s], p->count[s], max_batch,
+                         err);
+    size_t n = st_shape_numel(m->blocks[p->first[s]].in);
+    if (s > 0 && p->owner[s - 1] != me && n > in) in = n;
+  }
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++)
+      if (m->blocks[i].tensors[t].numel > most)
+        most = m->blocks[i].tensors[t].numel;
+  size_t logits = (size_t)max_batch * m->label_rows * m->classes;
+  if (!rc && ((in && !(p->eval_in = st_alloc(in * max_batch * sizeof(float)))) ||
+              !(p->logits = st_alloc(logits * sizeof(float))) ||
+              (p->rank == 0 && !(p->tensor = st_alloc(most * sizeof(float))))))
+    rc = st_error_set(err, ST_ENOMEM, "out of memory for evaluation");
+  return rc;
 }
 
 /* execution.placement: ranks — the pipeline (or grid) over the ranks. */
@@ -184,6 +234,8 @@ static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
             st_alloc(st_dist_sum_scratch_in(p->peers, most) * sizeof(float))))
     rc =
         st_error_set(err, ST_ENOMEM, "out of memory for the gradient exchange");
+  if (!rc) rc = st_dist_group_create(&p->xfer, p->replica, p->rank % p->P, err);
+  if (!rc) rc = eval_create(p, m, max_batch, err);
   return rc;
 }
 
@@ -332,23 +384,103 @@ static int placed_step(ranks *p, st_trainer_view *v, double *loss,
   return rc;
 }
 
-/* Every stage's weights and optimizer state, from the rank that updates it
- * to the rest of its pipeline (the replicas of a stage hold the same). */
-static int ranks_gather(void *state, float *params, float *opt, st_error *err) {
+static int ranks_owns(void *state, unsigned char *mine) {
   ranks *p = state;
   if (!p->placed) return 0;
-  int rc = 0;
-  for (int s = 0; !rc && s < p->S; s++) {
-    size_t off, n;
-    stage_range(p, s, &off, &n);
-    rc = st_dist_bcast(p->pipeline, params + off, n * sizeof(float),
-                       p->owner[s], err);
-    for (int k = 0; !rc && k < p->opt_slots; k++)
-      rc =
-          st_dist_bcast(p->pipeline, opt + (size_t)k * p->model->n_params + off,
-                        n * sizeof(float), p->owner[s], err);
+  int me = p->rank % p->P;
+  memset(mine, 0, (size_t)p->model->n_blocks);
+  for (int s = 0; s < p->S; s++)
+    if (p->owner[s] == me) memset(mine + p->first[s], 1, (size_t)p->count[s]);
+  return 1;
+}
+
+/* Blocking point-to-point on the evaluation and checkpoint communicator. */
+static int xfer(ranks *p, int send, void *buf, size_t bytes, int peer,
+                int tag, st_error *err) {
+  st_dist_req r;
+  int rc = send ? st_dist_isend(p->xfer, 0, buf, bytes, peer, tag, &r, err)
+                : st_dist_irecv(p->xfer, 0, buf, bytes, peer, tag, &r, err);
+  return rc ? rc : st_dist_wait(&r, NULL, NULL, err);
+}
+
+/* The test batch through the stages, rank to rank in stage order; the
+ * last stage's logits broadcast to the pipeline. NULL if a message
+ * failed. */
+static const float *placed_forward(ranks *p, const st_ctx *ctx,
+                                   const float *params, const float *x,
+                                   int B) {
+  const st_model *m = p->model;
+  int me = p->rank % p->P;
+  st_error err = {0};
+  const float *in = x;
+  for (int s = 0; s < p->S; s++) {
+    if (p->owner[s] != me) {
+      in = NULL;
+      continue;
+    }
+    if (!in) { /* from the rank of stage s - 1 */
+      size_t n = (size_t)B * st_shape_numel(m->blocks[p->first[s]].in);
+      if (xfer(p, 0, p->eval_in, n * sizeof(float), p->owner[s - 1], s, &err))
+        return NULL;
+      in = p->eval_in;
+    }
+    in = st_stage_forward(p->eval[s], ctx, params, in, B);
+    int last = p->first[s] + p->count[s] - 1;
+    size_t n = (size_t)B * st_shape_numel(m->blocks[last].out);
+    if (s + 1 < p->S && p->owner[s + 1] != me &&
+        xfer(p, 1, (void *)in, n * sizeof(float), p->owner[s + 1], s + 1, &err))
+      return NULL;
   }
-  return rc;
+  size_t bytes = (size_t)B * m->label_rows * m->classes * sizeof(float);
+  if (me == p->last_owner) memcpy(p->logits, in, bytes);
+  if (st_dist_bcast(p->xfer, p->logits, bytes, p->last_owner, &err))
+    return NULL;
+  return p->logits;
+}
+
+/* A checkpoint's tensors: rank 0 writes, the other ranks of the first
+ * replica send it their stages' tensors in the file's order. */
+typedef struct saving {
+  ranks *p;
+  const float *params, *opt;
+} saving;
+
+static const float *at_slab(const saving *sv, int slot, size_t off) {
+  return slot < 0 ? sv->params + off
+                  : sv->opt + (size_t)slot * sv->p->model->n_params + off;
+}
+
+static const float *fetch(void *arg, int slot, size_t off, size_t numel,
+                          st_error *err) {
+  saving *sv = arg;
+  int owner = sv->p->owner[stage_at(sv->p, off)];
+  if (owner == 0) return at_slab(sv, slot, off);
+  return xfer(sv->p, 0, sv->p->tensor, numel * sizeof(float), owner, 0, err)
+             ? NULL
+             : sv->p->tensor;
+}
+
+static int send_own(void *arg, int slot, size_t off, size_t numel,
+                    st_error *err) {
+  saving *sv = arg;
+  if (sv->p->owner[stage_at(sv->p, off)] != sv->p->rank % sv->p->P) return 0;
+  return xfer(sv->p, 1, (void *)at_slab(sv, slot, off), numel * sizeof(float),
+              0, 0, err);
+}
+
+static int ranks_save(void *state, const char *path, const float *params,
+                      const float *opt, const char *optim_kind,
+                      const st_train_pos *pos, st_error *err) {
+  ranks *p = state;
+  saving sv = {p, params, opt};
+  int rc = 0;
+  st_dist_unshare_error();
+  if (p->rank == 0)
+    rc = st_checkpoint_save_fetch(path, p->model, optim_kind, pos, fetch, &sv,
+                                  err);
+  else if (p->replica == 0) /* the other replicas hold the same */
+    rc = st_checkpoint_each(p->model, optim_kind, send_own, &sv, err);
+  return st_dist_agree(rc, err);
 }
 
 static int ranks_finish(void *state, st_error *err) {
@@ -402,6 +534,7 @@ static int ranks_step(void *state, st_trainer_view *v, double *loss,
 static const float *ranks_forward(void *state, const st_ctx *ctx,
                                   const float *params, const float *x, int B) {
   ranks *p = state;
+  if (p->placed) return placed_forward(p, ctx, params, x, B);
   return p->inner->forward(p->state, ctx, params, x, B);
 }
 
@@ -431,6 +564,7 @@ const st_executor st_exec_ranks = {
     .destroy = ranks_destroy,
     .stages = ranks_stages,
     .stats = ranks_stats,
-    .gather = ranks_gather,
+    .owns = ranks_owns,
+    .save = ranks_save,
     .finish = ranks_finish,
 };

@@ -174,9 +174,11 @@ static int checkpoint(run_state *r, st_error *err) {
   /* A store that keeps the weights commits every step: it is the
    * checkpoint (wait for its last commit). */
   if (st_trainer_store(r->t)) return st_trainer_sync(r->t, err);
-  /* over ranks, every rank takes part in fetching the weights */
-  int rc = st_trainer_gather(r->t, err);
-  if (rc || !r->dir) return rc;
+  /* stages over ranks: every rank sends its own to rank 0, which writes */
+  if (!r->dir)
+    return st_trainer_saves_together(r->t) ? st_trainer_save(r->t, NULL, err)
+                                           : 0;
+  int rc;
   const st_train_pos *p = st_trainer_pos(r->t);
   char path[ST_PATH_MAX + 64];
   st_run_checkpoint_path(r->dir, p->step, path, sizeof path);
@@ -392,7 +394,9 @@ int st_trainer_run(st_trainer *t, st_error *err) {
     if (r.output_failed) {
       double loss;
       if (st_trainer_in_flight(t)) st_trainer_step_ahead(t, 0, &loss, &ignored);
-      if (!st_trainer_in_flight(t)) checkpoint(&r, &ignored);
+      /* (not where every rank must take part: only this one failed) */
+      if (!st_trainer_in_flight(t) && !st_trainer_saves_together(t))
+        checkpoint(&r, &ignored);
     }
     st_trainer_sync(t, &ignored);
   }

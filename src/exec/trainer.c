@@ -57,8 +57,12 @@ struct st_trainer {
   st_train_pos pos;
   st_trace *trace;             /* --trace, else NULL */
   double plan_rate, plan_util; /* the plan's predictions (0: none) */
-  int scattered; /* over ranks: blocks updated on other ranks since the last
-                    st_trainer_gather */
+  /* Stages placed over ranks (st_executor.owns): this rank keeps only its
+   * own blocks' ranges of the three slabs, committed in reserved address
+   * space (mine: a flag per block; slabs: weights, gradients, optimizer
+   * state); NULL mine: the whole slabs, from st_alloc. */
+  unsigned char *mine;
+  st_slab slabs[3];
 };
 
 static int check_same_run(const st_trainer *t, const st_train_pos *p,
@@ -182,6 +186,84 @@ static int overlaps(const st_trainer *t) {
          !t->cfg.metrics.noise_scale;
 }
 
+/* Each run of consecutive blocks this rank keeps: calls fn(arg, first,
+ * count, slab offset, floats). */
+typedef int (*own_fn)(void *arg, int first, int count, size_t off, size_t n);
+static int each_own(const st_trainer *t, own_fn fn, void *arg) {
+  const st_model *m = t->model;
+  for (int i = 0; i < m->n_blocks;) {
+    if (!t->mine[i]) {
+      i++;
+      continue;
+    }
+    int j = i;
+    while (j < m->n_blocks && t->mine[j]) j++;
+    const st_block *lo = &m->blocks[i], *hi = &m->blocks[j - 1];
+    int rc = fn(arg, i, j - i, lo->param_off,
+                hi->param_off + hi->n_params - lo->param_off);
+    if (rc) return rc;
+    i = j;
+  }
+  return 0;
+}
+
+typedef struct commit_arg {
+  st_slab *slab;
+  size_t base; /* the optimizer slot's offset in its slab */
+} commit_arg;
+
+static int commit_range(void *arg, int first, int count, size_t off,
+                        size_t n) {
+  (void)first, (void)count;
+  commit_arg *c = arg;
+  return st_slab_commit(c->slab, (c->base + off) * sizeof(float),
+                        n * sizeof(float));
+}
+
+/* Weights, gradients and optimizer state slabs holding this rank's blocks
+ * alone (slabs[0 .. 3)). */
+static int own_slabs(const st_trainer *t, st_slab *slabs, st_error *err) {
+  size_t n = t->model->n_params;
+  int slots = st_optim_state_per_param(&t->cfg), rc = 0;
+  size_t floats[3] = {n, n, (size_t)slots * n};
+  for (int k = 0; !rc && k < 3; k++) {
+    rc = st_slab_reserve(&slabs[k], floats[k] * sizeof(float));
+    for (int j = 0; !rc && j < (k < 2 ? 1 : slots); j++) {
+      commit_arg c = {&slabs[k], (size_t)j * n};
+      rc = each_own(t, commit_range, &c);
+    }
+  }
+  if (rc) {
+    for (int k = 0; k < 3; k++) st_slab_release(&slabs[k]);
+    return st_error_set(err, ST_ENOMEM,
+                        "out of memory for this rank's stages' weights, "
+                        "gradients and optimizer state");
+  }
+  return 0;
+}
+
+static int init_range(void *arg, int first, int count, size_t off, size_t n) {
+  (void)off, (void)n;
+  const st_trainer *t = arg;
+  st_model_init_blocks(t->model, t->params, t->cfg.train.seed, first, count);
+  return 0;
+}
+
+static int zero_range(void *arg, int first, int count, size_t off, size_t n) {
+  (void)first, (void)count;
+  memset((float *)arg + off, 0, n * sizeof(float));
+  return 0;
+}
+
+/* The gradients back to zero after a failed step (the ones this rank
+ * keeps). */
+static void zero_grads(st_trainer *t) {
+  if (t->mine)
+    each_own(t, zero_range, t->grads);
+  else
+    memset(t->grads, 0, t->model->n_params * sizeof(float));
+}
+
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
   size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->classes;
@@ -205,7 +287,20 @@ static int allocate(st_trainer *t, st_error *err) {
   t->owned =
       !(t->exec->slabs && t->exec->slabs(t->exec_state, &t->params,
                                          &t->params_bf16, &t->grads, &t->opt));
-  if (t->owned) {
+  if (t->owned && t->exec->owns) {
+    if (!(t->mine = malloc((size_t)m->n_blocks)))
+      return st_error_set(err, ST_ENOMEM, "out of memory");
+    if (!t->exec->owns(t->exec_state, t->mine)) {
+      free(t->mine);
+      t->mine = NULL;
+    }
+  }
+  if (t->owned && t->mine) {
+    if ((rc = own_slabs(t, t->slabs, err))) return rc;
+    t->params = t->slabs[0].base;
+    t->grads = t->slabs[1].base;
+    t->opt = t->slabs[2].base;
+  } else if (t->owned) {
     t->params = st_alloc(m->n_params * sizeof(float));
     t->grads = st_alloc(m->n_params * sizeof(float));
     t->opt = st_alloc((size_t)st_optim_state_per_param(&t->cfg) * m->n_params *
@@ -416,7 +511,10 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     if ((rc = st_mkdir_p(ck, 1, err))) goto fail;
   }
   if ((rc = allocate(t, err))) goto fail;
-  if (t->owned) st_model_init(t->model, t->params, cfg->train.seed);
+  if (t->owned && t->mine)
+    each_own(t, init_range, t);
+  else if (t->owned)
+    st_model_init(t->model, t->params, cfg->train.seed);
   t->steps_per_epoch = t->n_train / t->batch;
   t->total_steps = cfg->train.steps > 0
                        ? cfg->train.steps
@@ -447,11 +545,14 @@ void st_trainer_destroy(st_trainer *t) {
   if (!t) return;
   if (t->exec && t->exec_state) t->exec->destroy(t->exec_state);
   st_trace_destroy(t->trace);
-  if (t->owned) {
+  if (t->owned && t->mine) {
+    for (int k = 0; k < 3; k++) st_slab_release(&t->slabs[k]);
+  } else if (t->owned) {
     st_free(t->params);
     st_free(t->grads);
     st_free(t->opt);
   }
+  free(t->mine);
   st_free(t->x);
   st_free(t->y);
   st_free(t->losses);
@@ -699,7 +800,6 @@ static st_trainer_view view_of(const st_trainer *t, const st_train_pos *pos,
 /* After a step: the position moves past its batch; a kept state (a file
  * store) is committed with it and followed. */
 static int advance(st_trainer *t, st_error *err) {
-  t->scattered = t->exec->gather != NULL;
   t->pos.step++;
   t->pos.epoch_pos += t->batch;
   t->pos.samples += t->batch;
@@ -754,7 +854,7 @@ static int step_overlapped(st_trainer *t, int ahead, double *loss,
     t->pending = 0;
   }
   if (rc) {
-    memset(t->grads, 0, t->model->n_params * sizeof(float));
+    zero_grads(t);
     return rc;
   }
   return advance(t, err);
@@ -785,7 +885,7 @@ int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
     /* Nothing was updated; drop the partial gradients of earlier
      * micro-batches so the zero-gradient invariant holds (an executor
      * that keeps the slabs clears its own). */
-    if (t->owned) memset(t->grads, 0, t->model->n_params * sizeof(float));
+    if (t->owned) zero_grads(t);
     return rc;
   }
   if (v.gs2) st_noise_scale_add(&t->noise, gs2, t->micro_batch, gb2, t->batch);
@@ -819,13 +919,7 @@ int st_trainer_sync(st_trainer *t, st_error *err) {
   return t->exec->commit(t->exec_state, NULL, 1, err);
 }
 
-int st_trainer_gather(st_trainer *t, st_error *err) {
-  if (t->pending) return in_flight(err);
-  if (!t->exec->gather || !t->scattered) return 0;
-  int rc = t->exec->gather(t->exec_state, t->params, t->opt, err);
-  if (!rc) t->scattered = 0;
-  return rc;
-}
+int st_trainer_saves_together(const st_trainer *t) { return t->mine != NULL; }
 
 int st_trainer_finish(st_trainer *t, st_error *err) {
   if (t->pending) return in_flight(err);
@@ -836,8 +930,7 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err) {
   st_fp_set_flush(t->cfg.train.flush_subnormals);
   st_gemm_set_bf16(!strcmp(t->cfg.train.precision, "bf16"));
-  int rc = st_trainer_gather(t, err); /* refused with a step in flight */
-  if (rc) return rc;
+  if (t->pending) return in_flight(err);
   const st_model *m = t->model;
   st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0, NULL};
   double loss_sum = 0;
@@ -849,6 +942,11 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
     fill_batch(t, 1, t->eval_idx, B, t->x, t->y);
     const float *logits =
         t->exec->forward(t->exec_state, &ctx, t->params, t->x, B);
+    if (!logits) /* over ranks: a message failed */
+      return st_error_set(err, ST_EIO,
+                          "rank %d: evaluation stopped: a message to or from "
+                          "another rank failed",
+                          st_dist_rank());
     st_xent_forward_pool(t->pool, t->losses, t->probs, logits, t->y, B * R, V);
     for (size_t i = 0; i < (size_t)B * R; i++) {
       loss_sum += t->losses[i];
@@ -867,12 +965,10 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
 
 int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
   if (t->pending) return in_flight(err);
-  if (t->scattered) /* a bug of the caller: st_trainer_gather first */
-    return st_error_set(err, ST_EUNSUPPORTED,
-                        "%s: internal error: the weights of blocks on other "
-                        "ranks were not gathered before saving",
-                        path);
   st_train_pos pos = run_pos(t);
+  if (t->mine) /* every rank sends its own stages to the one writing */
+    return t->exec->save(t->exec_state, path, t->params, t->opt,
+                         t->cfg.optimizer.kind, &pos, err);
   if (!t->params) /* a store's bf16 weights: written as they are */
     return st_checkpoint_save_as(path, t->model, t->params_bf16, "BF16", t->opt,
                                  t->cfg.optimizer.kind, &pos, err);
@@ -904,6 +1000,22 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
                       path, what, had, key, now);
 }
 
+/* A loaded copy's ranges into the trainer's slabs. */
+typedef struct copy_arg {
+  st_trainer *t;
+  const float *params, *opt;
+} copy_arg;
+
+static int copy_range(void *arg, int first, int count, size_t off, size_t n) {
+  (void)first, (void)count;
+  copy_arg *c = arg;
+  size_t np = c->t->model->n_params;
+  memcpy(c->t->params + off, c->params + off, n * sizeof(float));
+  for (int k = 0; k < st_optim_state_per_param(&c->t->cfg); k++)
+    memcpy(c->t->opt + k * np + off, c->opt + k * np + off, n * sizeof(float));
+  return 0;
+}
+
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err) {
   if (t->pending) return in_flight(err);
@@ -914,18 +1026,28 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                         "into it (use execution.store: memory)",
                         path, t->store_path);
   if (weights_only)
-    return st_checkpoint_load(path, t->model, t->params, NULL, NULL, NULL, err);
+    return st_checkpoint_load_blocks(path, t->model, t->params, NULL, NULL,
+                                     NULL, t->mine, err);
   /* Load into copies first: a checkpoint of another run must leave this
-   * trainer as it was. */
+   * trainer as it was (over ranks: copies of this rank's blocks). */
   st_train_pos pos;
   const st_model *m = t->model;
   size_t state = (size_t)st_optim_state_per_param(&t->cfg) * m->n_params;
-  float *params = st_alloc(m->n_params * sizeof(float));
-  float *opt = st_alloc(state * sizeof(float));
-  int rc = params && opt ? 0 : st_error_set(err, ST_ENOMEM, "out of memory");
+  st_slab copies[3] = {{0}};
+  float *params = NULL, *opt = NULL;
+  int rc = 0;
+  if (t->mine) {
+    rc = own_slabs(t, copies, err);
+    params = copies[0].base;
+    opt = copies[2].base;
+  } else {
+    params = st_alloc(m->n_params * sizeof(float));
+    opt = st_alloc(state * sizeof(float));
+    if (!params || !opt) rc = st_error_set(err, ST_ENOMEM, "out of memory");
+  }
   if (!rc)
-    rc = st_checkpoint_load(path, m, params, opt, t->cfg.optimizer.kind, &pos,
-                            err);
+    rc = st_checkpoint_load_blocks(path, m, params, opt, t->cfg.optimizer.kind,
+                                   &pos, t->mine, err);
   if (!rc) rc = check_same_run(t, &pos, path, err);
   if (!rc && pos.step > t->total_steps)
     rc = st_error_set(err, ST_ECONFIG,
@@ -935,14 +1057,23 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                       st_config_where(&t->cfg, t->cfg.train.steps > 0
                                                    ? "train.steps"
                                                    : "train.epochs"));
-  if (!rc) {
+  if (!rc && t->mine) {
+    copy_arg c = {t, params, opt};
+    each_own(t, copy_range, &c);
+  } else if (!rc) {
     memcpy(t->params, params, m->n_params * sizeof(float));
     memcpy(t->opt, opt, state * sizeof(float));
+  }
+  if (!rc) {
     t->pos = pos;
     make_permutation(t, t->pos.epoch);
   }
-  st_free(params);
-  st_free(opt);
+  if (t->mine) {
+    for (int k = 0; k < 3; k++) st_slab_release(&copies[k]);
+  } else {
+    st_free(params);
+    st_free(opt);
+  }
   return rc;
 }
 

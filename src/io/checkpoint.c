@@ -55,44 +55,104 @@ int st_checkpoint_save(const char *path, const st_model *m, const float *params,
                                pos, err);
 }
 
-int st_checkpoint_save_as(const char *path, const st_model *m,
-                          const void *params, const char *params_dtype,
-                          const float *opt_state, const char *optim_kind,
-                          const st_train_pos *pos, st_error *err) {
-  size_t wsize = strcmp(params_dtype, "BF16") == 0 ? 2 : sizeof(float);
-  st_st_writer *w = st_st_writer_create();
-  if (!w) return st_error_set(err, ST_ENOMEM, "out of memory");
-  char(*names)[ST_NAME_MAX + 32] = NULL;
-  int rc = 0, ns = opt_state ? slots(optim_kind) : 0;
-  names = malloc((size_t)(m->n_tensors * ns + 1) * sizeof *names);
-  if (!names) {
-    rc = st_error_set(err, ST_ENOMEM, "out of memory");
-    goto done;
-  }
-  int k = 0;
-  for (int s = -1; s < ns && !rc; s++) {
-    for (int i = 0; i < m->n_blocks && !rc; i++) {
+/* The file's tensors in order: the weights (slot -1), then each optimizer
+ * slot's; fn(arg, slot, tensor, its slab offset) until one fails. Tied
+ * copies are not stored (their source is). */
+typedef int (*tensor_fn)(void *arg, int slot, const st_tensor_info *ti,
+                         size_t off, st_error *err);
+static int each_tensor(const st_model *m, int ns, tensor_fn fn, void *arg,
+                       st_error *err) {
+  for (int s = -1; s < ns; s++)
+    for (int i = 0; i < m->n_blocks; i++) {
       const st_block *b = &m->blocks[i];
-      for (int t = 0; t < b->n_tensors && !rc; t++) {
-        const st_tensor_info *ti = &b->tensors[t];
-        size_t off = b->param_off + ti->offset;
-        if (ti->tie >= 0) continue; /* a tied copy: its source is stored */
-        if (s < 0) {
-          rc = st_st_writer_add(w, ti->name, params_dtype, ti->ndim, ti->dims,
-                                (const char *)params + off * wsize, err);
-        } else {
-          snprintf(names[k], sizeof names[k], "optim.%s.%s", ti->name,
-                   slot_name(optim_kind, s));
-          rc = st_st_writer_add(w, names[k++], "F32", ti->ndim, ti->dims,
-                                opt_state + (size_t)s * m->n_params + off, err);
-        }
+      for (int t = 0; t < b->n_tensors; t++) {
+        if (b->tensors[t].tie >= 0) continue;
+        int rc = fn(arg, s, &b->tensors[t], b->param_off + b->tensors[t].offset,
+                    err);
+        if (rc) return rc;
       }
     }
+  return 0;
+}
+
+typedef struct each_arg {
+  st_checkpoint_fn fn;
+  void *arg;
+} each_arg;
+
+static int each_call(void *arg, int slot, const st_tensor_info *ti, size_t off,
+                     st_error *err) {
+  each_arg *e = arg;
+  return e->fn(e->arg, slot, off, ti->numel, err);
+}
+
+int st_checkpoint_each(const st_model *m, const char *optim_kind,
+                       st_checkpoint_fn fn, void *arg, st_error *err) {
+  each_arg e = {fn, arg};
+  return each_tensor(m, optim_kind ? slots(optim_kind) : 0, each_call, &e,
+                     err);
+}
+
+/* Builds the file: each tensor added with its data where the caller gave
+ * slabs (params in wsize-byte elements), NULL where fetched. */
+typedef struct saving {
+  st_st_writer *w;
+  const char *optim_kind, *params_dtype;
+  const void *params;
+  const float *opt;
+  size_t wsize, n_params;
+  int fetched;
+  struct {
+    int slot;
+    size_t off, numel;
+  } *at; /* per tensor added: where it lies (fetched) */
+  int n;
+  st_checkpoint_fetch fetch;
+  void *fetch_arg;
+} saving;
+
+static int add_tensor(void *arg, int slot, const st_tensor_info *ti,
+                      size_t off, st_error *err) {
+  saving *sv = arg;
+  char name[ST_NAME_MAX + 32];
+  const void *data = NULL;
+  if (slot < 0) {
+    snprintf(name, sizeof name, "%s", ti->name);
+    if (!sv->fetched) data = (const char *)sv->params + off * sv->wsize;
+  } else {
+    snprintf(name, sizeof name, "optim.%s.%s", ti->name,
+             slot_name(sv->optim_kind, slot));
+    if (!sv->fetched) data = sv->opt + (size_t)slot * sv->n_params + off;
   }
+  sv->at[sv->n].slot = slot;
+  sv->at[sv->n].off = off;
+  sv->at[sv->n++].numel = ti->numel;
+  return st_st_writer_add(sv->w, name, slot < 0 ? sv->params_dtype : "F32",
+                          ti->ndim, ti->dims, data, err);
+}
+
+static const void *fetch_tensor(void *arg, int index, st_error *err) {
+  saving *sv = arg;
+  return sv->fetch(sv->fetch_arg, sv->at[index].slot, sv->at[index].off,
+                   sv->at[index].numel, err);
+}
+
+static int save(const char *path, const st_model *m, saving *sv, int ns,
+                const st_train_pos *pos, st_error *err) {
+  sv->w = st_st_writer_create();
+  sv->at = malloc((size_t)(m->n_tensors * (ns + 1) + 1) * sizeof *sv->at);
+  sv->n_params = m->n_params;
+  if (!sv->w || !sv->at) {
+    st_st_writer_destroy(sv->w);
+    free(sv->at);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  st_st_writer *w = sv->w;
+  int rc = each_tensor(m, ns, add_tensor, sv, err);
   if (!rc) rc = st_st_writer_meta(w, "format", "strata-checkpoint", err);
   if (!rc) rc = st_st_writer_meta(w, "version", "1", err);
   if (!rc) rc = st_st_writer_meta(w, "model", m->kind, err);
-  if (!rc) rc = st_st_writer_meta(w, "optimizer", optim_kind, err);
+  if (!rc) rc = st_st_writer_meta(w, "optimizer", sv->optim_kind, err);
   if (!rc && pos) {
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, pos->seed);
@@ -102,11 +162,37 @@ int st_checkpoint_save_as(const char *path, const st_model *m,
           w, pos_keys[k].key,
           *(const int64_t *)((const char *)pos + pos_keys[k].offset), err);
   }
-  if (!rc) rc = st_st_writer_write(w, path, err);
-done:
-  free(names);
+  if (!rc)
+    rc = st_st_writer_write_fetch(w, path, sv->fetched ? fetch_tensor : NULL,
+                                  sv, err);
+  free(sv->at);
   st_st_writer_destroy(w);
   return rc;
+}
+
+int st_checkpoint_save_as(const char *path, const st_model *m,
+                          const void *params, const char *params_dtype,
+                          const float *opt_state, const char *optim_kind,
+                          const st_train_pos *pos, st_error *err) {
+  saving sv = {.optim_kind = optim_kind,
+               .params_dtype = params_dtype,
+               .params = params,
+               .opt = opt_state,
+               .wsize = strcmp(params_dtype, "BF16") == 0 ? 2 : sizeof(float)};
+  return save(path, m, &sv, opt_state ? slots(optim_kind) : 0, pos, err);
+}
+
+int st_checkpoint_save_fetch(const char *path, const st_model *m,
+                             const char *optim_kind, const st_train_pos *pos,
+                             st_checkpoint_fetch fetch, void *arg,
+                             st_error *err) {
+  saving sv = {.optim_kind = optim_kind,
+               .params_dtype = "F32",
+               .wsize = sizeof(float),
+               .fetched = 1,
+               .fetch = fetch,
+               .fetch_arg = arg};
+  return save(path, m, &sv, slots(optim_kind), pos, err);
 }
 
 /* Finds one named F32 tensor of the expected shape; NULL with an error
@@ -206,10 +292,11 @@ static int read_pos(const st_safetensors *st, st_train_pos *pos,
 }
 
 /* Visits every tensor the load needs: slot -1 is the weights, 0.. the
- * optimizer slots. With copy == 0 it only checks; with 1 it copies. */
+ * optimizer slots. With copy == 0 it only checks; with 1 it reads those of
+ * the blocks `mine` marks (NULL: all). */
 static int visit(const st_safetensors *st, const st_model *m, float *params,
-                 float *opt_state, const char *optim_kind, int ns, int copy,
-                 st_error *err) {
+                 float *opt_state, const char *optim_kind, int ns,
+                 const unsigned char *mine, int copy, st_error *err) {
   for (int s = -1; s < ns; s++)
     for (int i = 0; i < m->n_blocks; i++) {
       const st_block *b = &m->blocks[i];
@@ -225,28 +312,31 @@ static int visit(const st_safetensors *st, const st_model *m, float *params,
                    slot_name(optim_kind, s));
         const st_st_tensor *t = find_tensor(st, name, ti, s < 0, err);
         if (!t) return ST_EFORMAT;
-        if (copy) {
-          float *dst =
-              s < 0 ? params + off : opt_state + (size_t)s * m->n_params + off;
-          const unsigned char *src = st->data + t->begin;
-          if (strcmp(t->dtype, "BF16") == 0) /* may be unaligned */
-            for (size_t k = 0; k < ti->numel; k++) {
-              uint16_t h;
-              memcpy(&h, src + 2 * k, sizeof h);
-              dst[k] = st_bf16_to(h);
-            }
-          else
-            memcpy(dst, src, ti->numel * sizeof(float));
-          /* weights a diverged run saved: refused here, not printed as
-           * NUL bytes by generate or as a NaN loss by eval */
-          for (size_t k = 0; s < 0 && k < ti->numel; k++)
-            if (!isfinite(dst[k]))
-              return st_error_set(err, ST_EFORMAT,
-                                  "%s: tensor '%s' holds %s at element %zu: "
-                                  "the run that wrote it had diverged",
-                                  st->path, name,
-                                  isnan(dst[k]) ? "NaN" : "an infinity", k);
+        if (!copy || (mine && !mine[i])) continue;
+        float *dst =
+            s < 0 ? params + off : opt_state + (size_t)s * m->n_params + off;
+        int rc = 0;
+        if (strcmp(t->dtype, "BF16") == 0) { /* widened in pieces */
+          uint16_t h[1024];
+          for (size_t at = 0; !rc && at < ti->numel; at += 1024) {
+            size_t n = ti->numel - at < 1024 ? ti->numel - at : 1024;
+            rc = st_safetensors_pread(st, t, 2 * at, 2 * n, h, err);
+            for (size_t j = 0; !rc && j < n; j++) dst[at + j] = st_bf16_to(h[j]);
+          }
+        } else {
+          rc = st_safetensors_pread(st, t, 0, ti->numel * sizeof(float), dst,
+                                    err);
         }
+        if (rc) return rc;
+        /* weights a diverged run saved: refused here, not printed as
+         * NUL bytes by generate or as a NaN loss by eval */
+        for (size_t k = 0; s < 0 && k < ti->numel; k++)
+          if (!isfinite(dst[k]))
+            return st_error_set(err, ST_EFORMAT,
+                                "%s: tensor '%s' holds %s at element %zu: "
+                                "the run that wrote it had diverged",
+                                st->path, name,
+                                isnan(dst[k]) ? "NaN" : "an infinity", k);
       }
     }
   return 0;
@@ -255,8 +345,16 @@ static int visit(const st_safetensors *st, const st_model *m, float *params,
 int st_checkpoint_load(const char *path, const st_model *m, float *params,
                        float *opt_state, const char *optim_kind,
                        st_train_pos *pos, st_error *err) {
+  return st_checkpoint_load_blocks(path, m, params, opt_state, optim_kind, pos,
+                                   NULL, err);
+}
+
+int st_checkpoint_load_blocks(const char *path, const st_model *m,
+                              float *params, float *opt_state,
+                              const char *optim_kind, st_train_pos *pos,
+                              const unsigned char *mine, st_error *err) {
   st_safetensors *st;
-  int rc = st_safetensors_read(&st, path, err);
+  int rc = st_safetensors_open(&st, path, err);
   if (rc) return rc;
   if (opt_state) {
     const char *kind = st_safetensors_meta(st, "optimizer");
@@ -270,11 +368,14 @@ int st_checkpoint_load(const char *path, const st_model *m, float *params,
   }
   int ns = opt_state ? slots(optim_kind) : 0;
   st_train_pos p;
-  rc = visit(st, m, params, opt_state, optim_kind, ns, 0, err);
+  rc = visit(st, m, params, opt_state, optim_kind, ns, mine, 0, err);
   if (!rc && pos) rc = read_pos(st, &p, err);
   if (rc) goto done;
-  if ((rc = visit(st, m, params, opt_state, optim_kind, ns, 1, err))) goto done;
-  st_model_sync_ties(m, params); /* tied copies are not stored */
+  if ((rc = visit(st, m, params, opt_state, optim_kind, ns, mine, 1, err)))
+    goto done;
+  /* tied copies are not stored */
+  for (int i = 0; i < m->n_blocks; i++)
+    if (!mine || mine[i]) st_model_sync_ties_blocks(m, params, i, 1);
   if (pos) *pos = p;
 done:
   st_safetensors_destroy(st);

@@ -307,13 +307,17 @@ static int check_tensors(const st_safetensors *st, st_error *err) {
   return check_tiling(st, err);
 }
 
-int st_safetensors_read(st_safetensors **out, const char *path, st_error *err) {
+/* Reads and checks the header; the data section too when load is 1, else
+ * the file stays open for st_safetensors_pread. */
+static int open_file(st_safetensors **out, const char *path, int load,
+                     st_error *err) {
   *out = NULL;
   int rc = 0;
   uint8_t *buf = NULL;
   char *header = NULL;
   st_safetensors *st = calloc(1, sizeof *st);
   if (!st) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  st->fd = -1;
   snprintf(st->path, sizeof st->path, "%s", path);
   FILE *f = fopen(path, "rb");
   if (!f) {
@@ -345,13 +349,14 @@ int st_safetensors_read(st_safetensors **out, const char *path, st_error *err) {
   }
   header = malloc(hlen + 1);
   st->data_bytes = fsize - 8 - hlen;
-  buf = st_alloc(st->data_bytes);
-  if (!header || !buf) {
+  st->data_start = 8 + hlen;
+  if (load) buf = st_alloc(st->data_bytes);
+  if (!header || (load && !buf)) {
     rc = st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
     goto fail;
   }
   if (fread(header, 1, hlen, f) != hlen ||
-      fread(buf, 1, st->data_bytes, f) != st->data_bytes) {
+      (load && fread(buf, 1, st->data_bytes, f) != st->data_bytes)) {
     rc =
         st_error_set(err, ST_EIO, "%s: read failed: %s", path,
                      ferror(f) ? strerror(errno) : "file shrank while reading");
@@ -367,6 +372,11 @@ int st_safetensors_read(st_safetensors **out, const char *path, st_error *err) {
   st->data = buf;
   buf = NULL;
   if ((rc = check_tensors(st, err))) goto fail;
+  if (!load && (st->fd = dup(fileno(f))) < 0) {
+    rc = st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
+                      strerror(errno));
+    goto fail;
+  }
   fclose(f);
   free(header);
   *out = st;
@@ -379,12 +389,47 @@ fail:
   return rc;
 }
 
+int st_safetensors_read(st_safetensors **out, const char *path, st_error *err) {
+  return open_file(out, path, 1, err);
+}
+
+int st_safetensors_open(st_safetensors **out, const char *path, st_error *err) {
+  return open_file(out, path, 0, err);
+}
+
+int st_safetensors_pread(const st_safetensors *st, const st_st_tensor *t,
+                         size_t off, size_t bytes, void *dst, st_error *err) {
+  if (off > t->end - t->begin || bytes > t->end - t->begin - off)
+    return st_error_set(err, ST_EARG,
+                        "%s: internal error: a read past tensor '%s'", st->path,
+                        t->name);
+  if (st->data) {
+    memcpy(dst, st->data + t->begin + off, bytes);
+    return 0;
+  }
+  uint8_t *p = dst;
+  off_t at = (off_t)(st->data_start + t->begin + off);
+  while (bytes) {
+    ssize_t n = pread(st->fd, p, bytes, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      return st_error_set(err, ST_EIO, "%s: reading tensor '%s': %s", st->path,
+                          t->name,
+                          n < 0 ? strerror(errno) : "the file shrank");
+    p += n;
+    at += n;
+    bytes -= (size_t)n;
+  }
+  return 0;
+}
+
 void st_safetensors_destroy(st_safetensors *st) {
   if (!st) return;
   free(st->tensors);
   free(st->meta_keys);
   free(st->meta_values);
   st_free(st->data);
+  if (st->fd >= 0) close(st->fd);
   free(st);
 }
 
@@ -544,29 +589,39 @@ static char *build_header(const st_st_writer *w, size_t *len) {
 }
 
 int st_st_writer_write(st_st_writer *w, const char *path, st_error *err) {
+  return st_st_writer_write_fetch(w, path, NULL, NULL, err);
+}
+
+int st_st_writer_write_fetch(st_st_writer *w, const char *path,
+                             st_st_fetch fetch, void *arg, st_error *err) {
   size_t hlen;
   char *header = build_header(w, &hlen);
   if (!header) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
-  size_t total = 8 + hlen;
-  for (int i = 0; i < w->n; i++) total += w->entries[i].bytes;
-  /* Build the whole image in memory, then one atomic write: the file on
-   * disk is either the old one or the complete new one, never a prefix. */
-  uint8_t *img = malloc(total);
-  if (!img) {
-    free(header);
-    return st_error_set(err, ST_ENOMEM, "%s: out of memory (%zu bytes)", path,
-                        total);
+  uint8_t len[8];
+  for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+  /* Streamed into a temp file, tensor by tensor (no image of the whole
+   * file in memory), then renamed: the file on disk is either the old
+   * one or the complete new one, never a prefix. Every fetch is made
+   * even after a write failed (a peer sending tensors is not left
+   * waiting); the first error is returned. */
+  st_atomic_file f;
+  int rc = st_atomic_open(&f, path, err);
+  if (!rc) rc = st_atomic_write(&f, len, 8, err);
+  if (!rc) rc = st_atomic_write(&f, header, hlen, err);
+  for (int i = 0; i < w->n && f.fd >= 0; i++) {
+    const void *data = w->entries[i].data;
+    if (!data && fetch) {
+      st_error fetch_err = {0};
+      data = fetch(arg, i, &fetch_err);
+      if (!data && !rc) {
+        *err = fetch_err;
+        rc = fetch_err.code ? fetch_err.code : ST_EIO;
+      }
+    }
+    if (!rc && data && w->entries[i].bytes)
+      rc = st_atomic_write(&f, data, w->entries[i].bytes, err);
   }
-  for (int i = 0; i < 8; i++) img[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-  memcpy(img + 8, header, hlen);
-  size_t off = 8 + hlen;
-  for (int i = 0; i < w->n; i++) {
-    if (w->entries[i].bytes)
-      memcpy(img + off, w->entries[i].data, w->entries[i].bytes);
-    off += w->entries[i].bytes;
-  }
-  int rc = st_write_file_atomic(path, img, total, err);
-  free(img);
+  rc = st_atomic_close(&f, rc, err);
   free(header);
   return rc;
 }
@@ -605,52 +660,74 @@ int st_write_stream_atomic(FILE *f, char **text, size_t *len, const char *path,
   return rc;
 }
 
-int st_write_file_atomic(const char *path, const void *data, size_t bytes,
-                         st_error *err) {
+int st_atomic_open(st_atomic_file *f, const char *path, st_error *err) {
+  f->fd = -1;
   if (strlen(path) >= ST_PATH_MAX)
     return st_error_set(err, ST_EARG, "%.64s...: path longer than %d bytes",
                         path, ST_PATH_MAX - 1);
-  char tmp[ST_PATH_MAX + 32];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0)
+  snprintf(f->path, sizeof f->path, "%s", path);
+  snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%ld", path, (long)getpid());
+  f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (f->fd < 0)
     return st_error_set(err, ST_EIO, "%s: cannot create (temp file %s): %s",
-                        path, tmp, strerror(errno));
+                        path, f->tmp, strerror(errno));
+  return 0;
+}
+
+int st_atomic_write(st_atomic_file *f, const void *data, size_t bytes,
+                    st_error *err) {
   const uint8_t *p = data;
   size_t left = bytes;
   while (left) {
-    ssize_t n = write(fd, p, left);
+    ssize_t n = write(f->fd, p, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      close(fd);
-      unlink(tmp);
-      return st_error_set(err, ST_EIO, "%s: write failed: %s", path,
-                          strerror(e));
-    }
+    if (n <= 0)
+      return st_error_set(err, ST_EIO, "%s: write failed: %s", f->path,
+                          strerror(n < 0 ? errno : EIO));
     p += n;
     left -= (size_t)n;
   }
-  int synced = fsync(fd) == 0 ? 0 : errno;
-  int closed = close(fd) == 0 ? 0 : errno;
+  return 0;
+}
+
+int st_atomic_close(st_atomic_file *f, int rc, st_error *err) {
+  if (f->fd < 0) return rc;
+  if (rc) { /* the old file stays */
+    close(f->fd);
+    unlink(f->tmp);
+    f->fd = -1;
+    return rc;
+  }
+  int synced = fsync(f->fd) == 0 ? 0 : errno;
+  int closed = close(f->fd) == 0 ? 0 : errno;
+  f->fd = -1;
   if (synced || closed) {
     int e = synced ? synced : closed;
-    unlink(tmp);
-    return st_error_set(err, ST_EIO, "%s: fsync failed: %s", path, strerror(e));
+    unlink(f->tmp);
+    return st_error_set(err, ST_EIO, "%s: fsync failed: %s", f->path,
+                        strerror(e));
   }
-  if (rename(tmp, path) != 0) {
+  if (rename(f->tmp, f->path) != 0) {
     int e = errno;
-    unlink(tmp);
-    return st_error_set(err, ST_EIO, "%s: rename failed: %s", path,
+    unlink(f->tmp);
+    return st_error_set(err, ST_EIO, "%s: rename failed: %s", f->path,
                         strerror(e));
   }
   /* The rename is durable only once the directory entry is on disk. */
   char dir[ST_PATH_MAX];
-  snprintf(dir, sizeof dir, "%s", path);
+  snprintf(dir, sizeof dir, "%s", f->path);
   int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {
     fsync(dfd);
     close(dfd);
   }
   return 0;
+}
+
+int st_write_file_atomic(const char *path, const void *data, size_t bytes,
+                         st_error *err) {
+  st_atomic_file f;
+  int rc = st_atomic_open(&f, path, err);
+  if (!rc) rc = st_atomic_write(&f, data, bytes, err);
+  return st_atomic_close(&f, rc, err);
 }

@@ -670,6 +670,11 @@ void st_model_sync_ties(const st_model *m, float *params) {
   sync_ties(m, params, 0, m->n_blocks);
 }
 
+void st_model_sync_ties_blocks(const st_model *m, float *params, int first,
+                               int count) {
+  sync_ties(m, params, first, count);
+}
+
 int64_t st_model_find(const st_model *m, const char *name,
                       const st_tensor_info **info) {
   for (int i = 0; i < m->n_blocks; i++)
