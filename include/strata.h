@@ -306,32 +306,34 @@ typedef struct st_config {
     char precision[8];    /* fp32 | bf16 (the products; st_gemm_bf16) */
   } train;
   struct {
-    char mode[24];            /* sequential, pipeline, block_sequential,
-                                 pipelined_backprop, weight_streaming */
-    int micro_batch;          /* 0 = whole batch */
-    char schedule[16];        /* pipeline: gpipe | 1f1b | interleaved |
-                                 zb1p */
-    int virtual_stages;       /* interleaved: chunks a stage worker holds */
-    int stages;               /* pipeline: stages (0 = the compiler's plan,
-                                 ST_STAGES_PER_BLOCK = one per block) */
-    st_int_list stage_blocks; /* pipeline, pipelined_backprop: blocks of
-                                 each stage, pinning the cut ([] = the
-                                 compiler's) */
-    int blocks_per_segment;   /* block_sequential (0 = from memory) */
-    int replicas;             /* data-parallel copies, >= 1 */
-    char placement[8];        /* threads | ranks: where a pipeline's stages
-                                 run under mpirun */
-    int deterministic;        /* over MPI ranks: gradients summed in rank
-                                 order (else MPI_Allreduce's own order) */
-    int pin;                  /* pin stage threads to their cores */
-    int fused_update;         /* batch 1: update weights inside the backward */
-    char block_costs[12];     /* model | measured: what stages are cut by */
-    char mitigation[16];      /* pipelined_backprop: none | stash | sc | lwp |
-                                 sc+lwp | pipemare */
-    int emulate;              /* pipelined_backprop: single-threaded ticks */
-    int pipemare_warmup;      /* pipemare: T (updates) */
-    float pipemare_gamma;     /* pipemare: gamma */
-    char store[8];            /* weight_streaming: memory | file */
+    char mode[24];             /* sequential, pipeline, block_sequential,
+                                  pipelined_backprop, weight_streaming */
+    int micro_batch;           /* 0 = whole batch */
+    char schedule[16];         /* pipeline: gpipe | 1f1b | interleaved |
+                                  zb1p */
+    int virtual_stages;        /* interleaved: chunks a stage worker holds */
+    int stages;                /* pipeline: stages (0 = the compiler's plan,
+                                  ST_STAGES_PER_BLOCK = one per block) */
+    st_int_list stage_blocks;  /* pipeline, pipelined_backprop: blocks of
+                                  each stage, pinning the cut ([] = the
+                                  compiler's) */
+    int blocks_per_segment;    /* block_sequential (0 = from memory) */
+    int replicas;              /* data-parallel copies, >= 1 */
+    char placement[8];         /* threads | ranks: where a pipeline's stages
+                                  run under mpirun */
+    int deterministic;         /* over MPI ranks: gradients summed in rank
+                                  order (else MPI_Allreduce's own order) */
+    int64_t rank_memory_limit; /* under mpirun: bytes a rank may hold (0 =
+                                  none) */
+    int pin;                   /* pin stage threads to their cores */
+    int fused_update;          /* batch 1: update weights inside the backward */
+    char block_costs[12];      /* model | measured: what stages are cut by */
+    char mitigation[16];       /* pipelined_backprop: none | stash | sc | lwp |
+                                  sc+lwp | pipemare */
+    int emulate;               /* pipelined_backprop: single-threaded ticks */
+    int pipemare_warmup;       /* pipemare: T (updates) */
+    float pipemare_gamma;      /* pipemare: gamma */
+    char store[8];             /* weight_streaming: memory | file */
     char store_path[ST_PATH_MAX]; /* store file ("" = DIR/store.strata) */
     char store_weights[8];        /* store file: fp32 | bf16 */
     char store_rounding[16];      /* bf16 weights: nearest | stochastic */
@@ -1480,7 +1482,8 @@ int st_checkpoint_load(const char *path, const st_model *m, float *params,
                        st_train_pos *pos, st_error *err);
 /* The same, reading only the tensors of the blocks mine[i] marks (NULL:
  * all): a rank of a pipeline over ranks loads its own stages, touching no
- * other offset of params and opt_state. Every tensor is still checked. */
+ * other offset of params and opt_state. Every tensor is still checked.
+ * params NULL: only checks (and reads *pos), copying nothing. */
 int st_checkpoint_load_blocks(const char *path, const st_model *m,
                               float *params, float *opt_state,
                               const char *optim_kind, st_train_pos *pos,

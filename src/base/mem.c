@@ -5,6 +5,7 @@
 #include "strata.h"
 
 #include <malloc.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,14 +25,55 @@ static void hold(size_t bytes) {
       atomic_fetch_add_explicit(&held, bytes, memory_order_relaxed) + bytes;
   size_t top = atomic_load_explicit(&peak, memory_order_relaxed);
   while (now > top &&
-         !atomic_compare_exchange_weak_explicit(&peak, &top, now,
-                                                memory_order_relaxed,
-                                                memory_order_relaxed)) {
+         !atomic_compare_exchange_weak_explicit(
+             &peak, &top, now, memory_order_relaxed, memory_order_relaxed)) {
   }
 }
 
 static void unhold(size_t bytes) {
   atomic_fetch_sub_explicit(&held, bytes, memory_order_relaxed);
+}
+
+/* A buffer on a 2 MB boundary is counted by the bytes asked for (rounded
+ * to 64), not by glibc's usable size, which includes the alignment's
+ * unbacked slack (4 MB more on a 40 MB slab): these few big buffers are
+ * listed with their counted size until freed. */
+static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct big {
+  void *p;
+  size_t bytes;
+} * bigs;
+static size_t n_bigs, cap_bigs;
+
+static int big_add(void *p, size_t bytes) {
+  pthread_mutex_lock(&big_lock);
+  int ok = 1;
+  if (n_bigs == cap_bigs) {
+    size_t cap = cap_bigs ? 2 * cap_bigs : 64;
+    struct big *grown = realloc(bigs, cap * sizeof *grown);
+    if (grown)
+      bigs = grown, cap_bigs = cap;
+    else
+      ok = 0;
+  }
+  if (ok) bigs[n_bigs++] = (struct big){p, bytes};
+  pthread_mutex_unlock(&big_lock);
+  return ok;
+}
+
+/* The counted size of p if it is a big buffer (removed from the list),
+ * else 0. */
+static size_t big_take(void *p) {
+  size_t bytes = 0;
+  pthread_mutex_lock(&big_lock);
+  for (size_t i = n_bigs; i-- > 0;)
+    if (bigs[i].p == p) {
+      bytes = bigs[i].bytes;
+      bigs[i] = bigs[--n_bigs];
+      break;
+    }
+  pthread_mutex_unlock(&big_lock);
+  return bytes;
 }
 
 /* Buffers of BIG bytes or more start on a 2 MB boundary. Left to glibc
@@ -62,12 +104,18 @@ void *st_alloc(size_t bytes) {
   if (align == BIG_ALIGN && size == BIG_ALIGN && rounded < size)
     (void)madvise(p, size, MADV_NOHUGEPAGE);
   memset(p, 0, rounded);
-  hold(malloc_usable_size(p));
+  if (align == BIG_ALIGN && !big_add(p, rounded)) {
+    free(p);
+    return NULL;
+  }
+  hold(align == BIG_ALIGN ? rounded : malloc_usable_size(p));
   return p;
 }
 
 void st_free(void *p) {
-  if (p) unhold(malloc_usable_size(p));
+  if (!p) return;
+  size_t big = (uintptr_t)p % BIG_ALIGN == 0 ? big_take(p) : 0;
+  unhold(big ? big : malloc_usable_size(p));
   free(p);
 }
 

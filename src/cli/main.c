@@ -440,9 +440,14 @@ static int cmd_train(int argc, char **argv) {
   if (st_trainer_create(&t, &cfg, speaks ? out : NULL, &err))
     return st_cli_fail(&err);
   const st_model *m = st_trainer_model(t);
-  if (st_dist_size() > 1)
-    printf("strata: %d MPI ranks, each a replica of %d samples per step\n",
-           st_dist_size(), cfg.train.batch / st_dist_size());
+  int W = st_dist_size(), R = cfg.execution.replicas;
+  if (W > 1 && !strcmp(cfg.execution.placement, "ranks"))
+    printf("strata: %d MPI ranks: %d replica%s of %d samples per step, each "
+           "a pipeline over %d ranks that hold only their own stages\n",
+           W, R, R == 1 ? "" : "s", cfg.train.batch / R, W / R);
+  else if (W > 1)
+    printf("strata: %d MPI ranks, each a replica of %d samples per step\n", W,
+           cfg.train.batch / W);
   printf("strata: %s model, %d blocks, %zu parameters; mode %s, batch %d, "
          "%lld steps, %s\n",
          m->kind, m->n_blocks, m->n_params, cfg.execution.mode, cfg.train.batch,

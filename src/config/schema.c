@@ -204,6 +204,11 @@ const st_config_key st_config_schema[] = {
          "over MPI ranks: sum the gradients in rank order, as the "
          "in-process replicas do (false: MPI_Allreduce, in the MPI "
          "library's order)"),
+    INT64(execution, rank_memory_limit, "0",
+          "under mpirun: bytes one rank may hold (its stages' weights, "
+          "gradients and optimizer state, its buffers and the data; 0 = no "
+          "limit); a rank whose share does not fit is refused at start, "
+          "naming the rank, its largest block and the shortfall"),
     BOOL(execution, pin, "true",
          "pin each stage's threads to its own cores (when they fit the "
          "usable cores)"),

@@ -90,6 +90,10 @@ void st_dist_drop(st_dist_req *r);
  * MPI at any later time, so it must never be freed (an executor torn down
  * after an error keeps such buffers). Returns 1 if r was live. */
 int st_dist_forget(st_dist_req *r);
+/* Bytes this rank has sent and received since it started: the payload of
+ * its messages and collectives (a collective counted as direct messages
+ * would move it), not the few bytes of agreement between steps. */
+void st_dist_traffic(uint64_t *sent, uint64_t *received);
 /* Every member of g reaches this point. */
 int st_dist_barrier(st_dist_group *g, st_error *err);
 

@@ -128,8 +128,12 @@ static int mpi_failed(int code, const char *what, st_error *err) {
 }
 #endif
 
+static void traffic(size_t sent, size_t received);
+
 int st_dist_allgather(void *buf, size_t bytes_per_rank, st_error *err) {
   if (world_size == 1) return 0;
+  traffic(bytes_per_rank * (size_t)(world_size - 1),
+          bytes_per_rank * (size_t)(world_size - 1));
 #ifdef ST_MPI
   if (bytes_per_rank > (size_t)INT32_MAX)
     return st_error_set(err, ST_EARG,
@@ -159,7 +163,7 @@ int st_dist_agree(int rc, st_error *err) {
   st_error got = *err;
   e = MPI_Bcast(&got, (int)sizeof got, MPI_BYTE, first, MPI_COMM_WORLD);
   if (e != MPI_SUCCESS) return mpi_failed(e, "the error's broadcast", err);
-  if (first == 0)
+  if (first == 0 || !strncmp(got.msg, "rank ", 5)) /* named already */
     *err = got;
   else
     st_error_set(err, got.code, "rank %d: %.*s", first,
@@ -278,9 +282,30 @@ int st_dist_group_world(const st_dist_group *g, int member) {
   return member >= 0 && member < g->size ? g->world[member] : -1;
 }
 
+/* Payload bytes this rank gave to and took from others (st_dist_traffic):
+ * each message's bytes; a collective's as if done by direct messages (a
+ * broadcast's root gives each member a copy, an all-gather gives and takes
+ * a part per member, the ordered sum sends every other member its part and
+ * the sum). The library's own algorithms may move more. */
+static _Atomic uint64_t bytes_sent, bytes_received;
+
+void st_dist_traffic(uint64_t *sent, uint64_t *received) {
+  *sent = atomic_load(&bytes_sent);
+  *received = atomic_load(&bytes_received);
+}
+
+static void traffic(size_t sent, size_t received) {
+  atomic_fetch_add(&bytes_sent, sent);
+  atomic_fetch_add(&bytes_received, received);
+}
+
 int st_dist_bcast(st_dist_group *g, void *buf, size_t bytes, int root,
                   st_error *err) {
   if (g->size == 1) return 0;
+  if (g->rank == root)
+    traffic(bytes * (size_t)(g->size - 1), 0);
+  else
+    traffic(0, bytes);
 #ifdef ST_MPI
   for (size_t at = 0; at < bytes; at += (size_t)INT32_MAX / 2) {
     size_t len =
@@ -304,6 +329,8 @@ int st_dist_group_allgather(st_dist_group *g, void *buf,
                         "rank %d: %zu bytes per rank exceed "
                         "one all-gather",
                         world_rank, bytes_per_member);
+  traffic(bytes_per_member * (size_t)(g->size - 1),
+          bytes_per_member * (size_t)(g->size - 1));
   int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes_per_member,
                          MPI_BYTE, g->comm);
   return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "the all-gather", err);
@@ -334,7 +361,11 @@ int st_dist_allreduce(float *grads, size_t n, st_error *err) {
 
 int st_dist_allreduce_in(st_dist_group *g, float *grads, size_t n,
                          st_error *err) {
-  if ((g ? g->size : world_size) == 1) return 0;
+  const int W = g ? g->size : world_size;
+  if (W == 1) return 0;
+  /* as a ring would: each rank gives and takes 2 (W - 1) / W of the data */
+  size_t ring = 2 * (size_t)(W - 1) * (n / (size_t)W) * sizeof(float);
+  traffic(ring, ring);
 #ifdef ST_MPI
   MPI_Comm comm = g ? g->comm : MPI_COMM_WORLD;
   for (size_t s = 0; s < n; s += (size_t)INT32_MAX / 2) {
@@ -373,6 +404,11 @@ int st_dist_sum_in(st_dist_group *g, float *grads, size_t n, float *scratch,
       at += cnt[k];
     }
     for (int k = 0; k < W; k++) rcnt[k] = cnt[me], roff[k] = k * cnt[me];
+    /* the others' parts out, this rank's part from each; then the sum of
+     * this part to each, the others' sums from them */
+    size_t mine = (size_t)cnt[me] * sizeof(float),
+           rest = (len - (size_t)cnt[me]) * sizeof(float);
+    traffic(rest + mine * (size_t)(W - 1), mine * (size_t)(W - 1) + rest);
     int rc = MPI_Alltoallv(grads + s, cnt, off, MPI_FLOAT, scratch, rcnt, roff,
                            MPI_FLOAT, comm);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "the gradient exchange", err);
@@ -420,6 +456,7 @@ static int post(int send, st_dist_group *g, int chan, void *buf, size_t bytes,
   if (rc != MPI_SUCCESS) return mpi_failed(rc, what, err);
   r->live = 1;
   r->send = send;
+  if (send) traffic(bytes, 0);
   return 0;
 #else
   (void)send, (void)g, (void)chan, (void)buf, (void)bytes, (void)peer;
@@ -455,10 +492,11 @@ int st_dist_wait(st_dist_req *r, size_t *got, const atomic_int *stop,
     }
     if (done) {
       r->live = 0;
-      if (got && !r->send) {
+      if (!r->send) {
         int n = 0;
         MPI_Get_count(&status, MPI_BYTE, &n);
-        *got = (size_t)n;
+        traffic(0, (size_t)n);
+        if (got) *got = (size_t)n;
       }
       return 0;
     }

@@ -88,8 +88,8 @@ typedef struct st_executor {
    * it), assembled from every rank's own blocks. Collective: every rank
    * calls it at the same point. */
   int (*save)(void *state, const char *path, const float *params,
-              const float *opt, const char *optim_kind,
-              const st_train_pos *pos, st_error *err);
+              const float *opt, const char *optim_kind, const st_train_pos *pos,
+              st_error *err);
   /* The run ended on every rank (collective, like gather): what is still
    * in flight between ranks is finished. NULL: nothing to do. */
   int (*finish)(void *state, st_error *err);
@@ -317,6 +317,21 @@ void *st_trainer_exec_state(st_trainer *t);
 int st_usable_cores(void);
 
 /* Trainer internals the run loop needs. */
+/* What one rank (or the one process) holds: the plan — its stages'
+ * weights, gradients and optimizer state (the whole model's but over
+ * ranks), the executor's buffers and the trainer's data and batch
+ * buffers, as sized at start — and what it measured: the counted
+ * allocator's peak (st_alloc_peak), the resident peak (VmHWM, libraries
+ * included), and the bytes it sent and received per training step
+ * (st_dist_traffic, 0 in one process). */
+typedef struct st_rank_memory {
+  double weights, grads, state, buffers, data, planned;
+  double peak, resident;
+  double sent, received;
+  int first, last; /* its blocks: first .. last (-1: several runs) */
+} st_rank_memory;
+void st_trainer_memory(const st_trainer *t, st_rank_memory *out);
+
 /* 1 when this rank keeps only its own stages (execution.placement: ranks):
  * st_trainer_save is then collective, every rank calling it, path NULL on
  * all but rank 0, which writes the file. */

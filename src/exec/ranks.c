@@ -139,9 +139,10 @@ static int eval_create(ranks *p, const st_model *m, int max_batch,
       if (m->blocks[i].tensors[t].numel > most)
         most = m->blocks[i].tensors[t].numel;
   size_t logits = (size_t)max_batch * m->label_rows * m->classes;
-  if (!rc && ((in && !(p->eval_in = st_alloc(in * max_batch * sizeof(float)))) ||
-              !(p->logits = st_alloc(logits * sizeof(float))) ||
-              (p->rank == 0 && !(p->tensor = st_alloc(most * sizeof(float))))))
+  if (!rc &&
+      ((in && !(p->eval_in = st_alloc(in * max_batch * sizeof(float)))) ||
+       !(p->logits = st_alloc(logits * sizeof(float))) ||
+       (p->rank == 0 && !(p->tensor = st_alloc(most * sizeof(float))))))
     rc = st_error_set(err, ST_ENOMEM, "out of memory for evaluation");
   return rc;
 }
@@ -395,8 +396,8 @@ static int ranks_owns(void *state, unsigned char *mine) {
 }
 
 /* Blocking point-to-point on the evaluation and checkpoint communicator. */
-static int xfer(ranks *p, int send, void *buf, size_t bytes, int peer,
-                int tag, st_error *err) {
+static int xfer(ranks *p, int send, void *buf, size_t bytes, int peer, int tag,
+                st_error *err) {
   st_dist_req r;
   int rc = send ? st_dist_isend(p->xfer, 0, buf, bytes, peer, tag, &r, err)
                 : st_dist_irecv(p->xfer, 0, buf, bytes, peer, tag, &r, err);
@@ -407,8 +408,7 @@ static int xfer(ranks *p, int send, void *buf, size_t bytes, int peer,
  * last stage's logits broadcast to the pipeline. NULL if a message
  * failed. */
 static const float *placed_forward(ranks *p, const st_ctx *ctx,
-                                   const float *params, const float *x,
-                                   int B) {
+                                   const float *params, const float *x, int B) {
   const st_model *m = p->model;
   int me = p->rank % p->P;
   st_error err = {0};

@@ -6,6 +6,7 @@
  */
 #include "exec.h"
 
+#include "../compile/compile.h"
 #include "../dist/dist.h"
 
 #include <errno.h>
@@ -45,6 +46,7 @@ typedef struct run_state {
   st_trainer *t;
   const st_config *cfg;
   const char *dir;
+  st_rank_memory *memory; /* every rank's, at the end (gather_memory) */
   FILE *metrics;
   double t0, train_s, last_progress;
   int64_t step0, samples0; /* where this process started (after a resume) */
@@ -223,6 +225,52 @@ static void stage_fields(const run_state *r, FILE *f) {
           util, pu, bubble, al, pr);
 }
 
+/* Every rank's memory and traffic (collective over the ranks): printed by
+ * rank 0, one line a rank, and kept for summary.json. */
+static int gather_memory(run_state *r, st_error *err) {
+  int W = st_dist_size();
+  r->memory = calloc((size_t)W, sizeof *r->memory);
+  if (!r->memory) return st_error_set(err, ST_ENOMEM, "out of memory");
+  st_trainer_memory(r->t, &r->memory[st_dist_rank()]);
+  int rc = st_dist_allgather(r->memory, sizeof *r->memory, err);
+  if (rc || W == 1 || st_dist_rank() != 0) return rc;
+  for (int k = 0; k < W; k++) {
+    const st_rank_memory *m = &r->memory[k];
+    char blocks[32] = "", plan[32], peak[32], res[32], tx[32], rx[32];
+    if (m->first >= 0)
+      snprintf(blocks, sizeof blocks, " (blocks %d-%d)", m->first, m->last);
+    printf("strata: rank %d%s: memory planned %s, peak %s counted, %s "
+           "resident; per step sent %s, received %s\n",
+           k, blocks, st_plan_fmt_bytes(plan, sizeof plan, m->planned),
+           st_plan_fmt_bytes(peak, sizeof peak, m->peak),
+           st_plan_fmt_bytes(res, sizeof res, m->resident),
+           st_plan_fmt_bytes(tx, sizeof tx, m->sent),
+           st_plan_fmt_bytes(rx, sizeof rx, m->received));
+  }
+  fflush(stdout);
+  return 0;
+}
+
+/* ",\n  \"memory\": [...]": each rank's (one in one process). */
+static void memory_fields(const run_state *r, FILE *f) {
+  fprintf(f, ",\n  \"memory\": [");
+  for (int k = 0; r->memory && k < st_dist_size(); k++) {
+    const st_rank_memory *m = &r->memory[k];
+    fprintf(f,
+            "%s{\"rank\": %d, \"first_block\": %d, \"last_block\": %d, "
+            "\"planned_bytes\": %.0f, \"weights_bytes\": %.0f, "
+            "\"gradients_bytes\": %.0f, \"optimizer_state_bytes\": %.0f, "
+            "\"buffers_bytes\": %.0f, \"data_bytes\": %.0f, "
+            "\"peak_bytes\": %.0f, \"resident_peak_bytes\": %.0f, "
+            "\"sent_bytes_per_step\": %.0f, "
+            "\"received_bytes_per_step\": %.0f}",
+            k ? ",\n    " : "\n    ", k, m->first, m->last, m->planned,
+            m->weights, m->grads, m->state, m->buffers, m->data, m->peak,
+            m->resident, m->sent, m->received);
+  }
+  fprintf(f, "]");
+}
+
 static int write_summary(run_state *r, st_error *err) {
   if (!r->dir) return 0;
   const st_train_pos *p = st_trainer_pos(r->t);
@@ -273,6 +321,7 @@ static int write_summary(run_state *r, st_error *err) {
           : "",
       noise, interrupted);
   stage_fields(r, f);
+  memory_fields(r, f);
   fprintf(f, "\n}\n");
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
   return st_write_stream_atomic(f, &text, &len, path, err);
@@ -386,6 +435,7 @@ int st_trainer_run(st_trainer *t, st_error *err) {
     st_trainer_note_result(t, r.test_loss, r.test_acc, samples_per_s(&r));
   if (!rc) rc = checkpoint(&r, err);
   if (!rc) rc = st_trainer_finish(t, err); /* over ranks: every rank */
+  if (!rc) rc = gather_memory(&r, err);    /* every rank too */
   if (!rc) rc = write_summary(&r, err);
   /* a failed run still waits for its store's last commit; one whose log
    * could not be written still saves its weights where it can */
@@ -401,5 +451,6 @@ int st_trainer_run(st_trainer *t, st_error *err) {
     st_trainer_sync(t, &ignored);
   }
   if (r.metrics) fclose(r.metrics);
+  free(r.memory);
   return rc;
 }

@@ -63,6 +63,12 @@ struct st_trainer {
    * state); NULL mine: the whole slabs, from st_alloc. */
   unsigned char *mine;
   st_slab slabs[3];
+  /* sized at start (st_trainer_memory): the data as loaded, the
+   * executor's buffers, the trainer's batch buffers; the bytes sent and
+   * received inside steps, and the steps */
+  size_t data_bytes, exec_bytes, batch_bytes;
+  uint64_t step_sent, step_received;
+  int64_t steps_run;
 };
 
 static int check_same_run(const st_trainer *t, const st_train_pos *p,
@@ -212,8 +218,7 @@ typedef struct commit_arg {
   size_t base; /* the optimizer slot's offset in its slab */
 } commit_arg;
 
-static int commit_range(void *arg, int first, int count, size_t off,
-                        size_t n) {
+static int commit_range(void *arg, int first, int count, size_t off, size_t n) {
   (void)first, (void)count;
   commit_arg *c = arg;
   return st_slab_commit(c->slab, (c->base + off) * sizeof(float),
@@ -264,6 +269,113 @@ static void zero_grads(st_trainer *t) {
     memset(t->grads, 0, t->model->n_params * sizeof(float));
 }
 
+/* Swap space (/proc/meminfo SwapTotal), in bytes; 0 if none or unknown. */
+static double swap_total(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[256];
+  double kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "SwapTotal: %lf kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb * 1024;
+}
+
+/* This rank's parameters (every one, but over ranks its own blocks'). */
+static size_t own_params(const st_trainer *t) {
+  size_t n = 0;
+  for (int i = 0; i < t->model->n_blocks; i++)
+    if (!t->mine || t->mine[i]) n += t->model->blocks[i].n_params;
+  return n;
+}
+
+void st_trainer_memory(const st_trainer *t, st_rank_memory *out) {
+  memset(out, 0, sizeof *out);
+  double w = 4.0 * (double)own_params(t);
+  if (t->owned) {
+    out->weights = w;
+    out->grads = w;
+    out->state = w * st_optim_state_per_param(&t->cfg);
+  }
+  out->buffers = (double)(t->exec_bytes + t->batch_bytes);
+  out->data = (double)t->data_bytes;
+  out->planned =
+      out->weights + out->grads + out->state + out->buffers + out->data;
+  out->peak = (double)st_alloc_peak();
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  double kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
+  if (f) fclose(f);
+  out->resident = kb * 1024;
+  if (t->steps_run > 0) {
+    out->sent = (double)t->step_sent / (double)t->steps_run;
+    out->received = (double)t->step_received / (double)t->steps_run;
+  }
+  out->first = -1;
+  out->last = -1;
+  for (int i = 0; i < t->model->n_blocks; i++)
+    if (!t->mine || t->mine[i]) {
+      if (out->first < 0) out->first = i;
+      out->last = i;
+    }
+  for (int i = out->first; t->mine && i <= out->last; i++)
+    if (!t->mine[i]) out->first = out->last = -1; /* not one run */
+}
+
+/* execution.rank_memory_limit: this rank's share, as planned, refused at
+ * start when it does not fit, naming the rank, its largest block and the
+ * shortfall. */
+static int check_rank_memory(const st_trainer *t, st_error *err) {
+  int64_t limit = t->cfg.execution.rank_memory_limit;
+  st_rank_memory r;
+  st_trainer_memory(t, &r);
+  /* a rank of a pipeline over ranks: its share against its machine's
+   * share (in one process, or a replica a rank, check_memory did this
+   * before allocating) */
+  double allowed = (st_usable_memory() + swap_total()) / st_dist_local_size();
+  char need[32], have[32];
+  if (t->mine && allowed > 0 && r.planned > allowed)
+    return st_error_set(
+        err, ST_ENOMEM,
+        "rank %d: its stages need %s, more than the %s this machine allows "
+        "each of its ranks (RAM or the cgroup limit, and swap)",
+        st_dist_rank(), st_plan_fmt_bytes(need, sizeof need, r.planned),
+        st_plan_fmt_bytes(have, sizeof have, allowed));
+  if (limit <= 0 || r.planned <= (double)limit) return 0;
+  const st_model *m = t->model;
+  int worst = -1;
+  for (int i = 0; i < m->n_blocks; i++)
+    if ((!t->mine || t->mine[i]) &&
+        (worst < 0 || m->blocks[i].n_params > m->blocks[worst].n_params))
+      worst = i;
+  int slots = st_optim_state_per_param(&t->cfg);
+  char rank[32] = "";
+  if (st_dist_size() > 1)
+    snprintf(rank, sizeof rank, "rank %d: ", st_dist_rank());
+  char lim[32], w[32], g[32], s[32], b[32], d[32], short_by[32], biggest[32];
+  return st_error_set(
+      err, ST_ENOMEM,
+      "%s%s: execution.rank_memory_limit is %s, but %s needs %s (weights %s, "
+      "gradients "
+      "%s, optimizer state %s, buffers %s, data %s): short by %s; its "
+      "largest block, %d (%s), holds %s of weights, gradients and optimizer "
+      "state",
+      rank, st_config_where(&t->cfg, "execution.rank_memory_limit"),
+      st_plan_fmt_bytes(lim, sizeof lim, (double)limit),
+      st_dist_size() > 1 ? "this rank" : "this run",
+      st_plan_fmt_bytes(need, sizeof need, r.planned),
+      st_plan_fmt_bytes(w, sizeof w, r.weights),
+      st_plan_fmt_bytes(g, sizeof g, r.grads),
+      st_plan_fmt_bytes(s, sizeof s, r.state),
+      st_plan_fmt_bytes(b, sizeof b, r.buffers),
+      st_plan_fmt_bytes(d, sizeof d, r.data),
+      st_plan_fmt_bytes(short_by, sizeof short_by, r.planned - (double)limit),
+      worst, m->blocks[worst].name,
+      st_plan_fmt_bytes(biggest, sizeof biggest,
+                        4.0 * (double)m->blocks[worst].n_params * (2 + slots)));
+}
+
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
   size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->classes;
@@ -281,31 +393,38 @@ static int allocate(st_trainer *t, st_error *err) {
   if (stored)
     snprintf(t->store_path, sizeof t->store_path, "%s",
              resolved.execution.store_path);
+  size_t held = st_alloc_bytes();
   int rc = t->exec->create(&t->exec_state, m, stored ? &resolved : &t->cfg,
                            t->micro_batch, t->eval_batch, err);
   if (rc) return rc;
+  t->exec_bytes = st_alloc_bytes() - held;
   t->owned =
       !(t->exec->slabs && t->exec->slabs(t->exec_state, &t->params,
                                          &t->params_bf16, &t->grads, &t->opt));
+  /* from here a failure may be this rank's alone: agreed on below */
+  st_dist_unshare_error();
   if (t->owned && t->exec->owns) {
     if (!(t->mine = malloc((size_t)m->n_blocks)))
-      return st_error_set(err, ST_ENOMEM, "out of memory");
-    if (!t->exec->owns(t->exec_state, t->mine)) {
+      rc = st_error_set(err, ST_ENOMEM, "out of memory");
+    else if (!t->exec->owns(t->exec_state, t->mine)) {
       free(t->mine);
       t->mine = NULL;
     }
   }
-  if (t->owned && t->mine) {
-    if ((rc = own_slabs(t, t->slabs, err))) return rc;
-    t->params = t->slabs[0].base;
-    t->grads = t->slabs[1].base;
-    t->opt = t->slabs[2].base;
+  if (rc) {
+  } else if (t->owned && t->mine) {
+    if (!(rc = own_slabs(t, t->slabs, err))) {
+      t->params = t->slabs[0].base;
+      t->grads = t->slabs[1].base;
+      t->opt = t->slabs[2].base;
+    }
   } else if (t->owned) {
     t->params = st_alloc(m->n_params * sizeof(float));
     t->grads = st_alloc(m->n_params * sizeof(float));
     t->opt = st_alloc((size_t)st_optim_state_per_param(&t->cfg) * m->n_params *
                       sizeof(float));
   }
+  held = st_alloc_bytes();
   t->x = st_alloc(rows * in_numel * sizeof(float));
   t->y = st_alloc(labels * sizeof(int));
   t->losses = st_alloc(labels * sizeof(float));
@@ -320,13 +439,17 @@ static int allocate(st_trainer *t, st_error *err) {
     t->yb[1] = st_alloc((size_t)t->batch * t->rows * sizeof(int));
     t->lb[1] = st_alloc((size_t)t->batch * t->rows * sizeof(float));
   }
-  if ((t->owned && !t->params) || !t->grads || !t->opt || !t->x || !t->y ||
-      !t->losses || !t->probs || !t->dlogits || !t->perm || !t->eval_idx ||
-      (two && (!t->xb[1] || !t->yb[1] || !t->lb[1])))
-    return st_error_set(err, ST_ENOMEM,
-                        "out of memory for %zu parameters at batch %d",
-                        m->n_params, t->batch);
-  return 0;
+  if (!rc && ((t->owned && !t->params) || !t->grads || !t->opt || !t->x ||
+              !t->y || !t->losses || !t->probs || !t->dlogits || !t->perm ||
+              !t->eval_idx || (two && (!t->xb[1] || !t->yb[1] || !t->lb[1]))))
+    rc = st_error_set(err, ST_ENOMEM,
+                      "out of memory for %zu parameters at batch %d",
+                      m->n_params, t->batch);
+  t->batch_bytes = st_alloc_bytes() - held;
+  if (!rc) rc = check_rank_memory(t, err);
+  /* over MPI ranks, every rank learns whether any failed (the executor's
+   * create agreed already: every rank is here) */
+  return st_dist_size() > 1 ? st_dist_agree(rc, err) : rc;
 }
 
 /* The order of the training samples in an epoch. */
@@ -351,17 +474,6 @@ static uint64_t config_hash(const st_config *cfg) {
     h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
   free(text);
   return h;
-}
-
-/* Swap space (/proc/meminfo SwapTotal), in bytes; 0 if none or unknown. */
-static double swap_total(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  char line[256];
-  double kb = 0;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "SwapTotal: %lf kB", &kb) == 1) break;
-  if (f) fclose(f);
-  return kb * 1024;
 }
 
 /* The least this run must hold — weights, gradients, optimizer state and
@@ -462,7 +574,9 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if (cfg->metrics.noise_scale && !cfg->execution.micro_batch)
     t->micro_batch = cfg->train.batch / 2;
   st_noise_scale_init(&t->noise, cfg->metrics.noise_ema);
+  size_t held = st_alloc_bytes();
   if ((rc = load_data(t, err))) goto fail;
+  t->data_bytes = st_alloc_bytes() - held;
   if ((rc = check_data(t, err))) goto fail;
   if ((rc = st_dist_check_same((uint64_t)t->n_train << 32 | (uint32_t)t->n_test,
                                "data (its training and test set sizes)", err)))
@@ -489,7 +603,9 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   size_t fit = budget / (per_sample ? per_sample : 1);
   t->eval_batch = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
   if (t->eval_batch < t->micro_batch) t->eval_batch = t->micro_batch;
-  if ((rc = check_memory(t, err))) goto fail;
+  /* stages over ranks: each rank's share, once known (check_rank_memory) */
+  int placed = st_dist_size() > 1 && !strcmp(cfg->execution.placement, "ranks");
+  if (!placed && (rc = check_memory(t, err))) goto fail;
   st_blas_init(); /* idempotent; library users need not remember it */
   /* before any thread starts: each applies the mode as it takes up work */
   st_fp_set_flush(cfg->train.flush_subnormals);
@@ -860,8 +976,21 @@ static int step_overlapped(st_trainer *t, int ahead, double *loss,
   return advance(t, err);
 }
 
+static int step_ahead(st_trainer *t, int ahead, double *loss, st_error *err);
+
 int st_trainer_step_ahead(st_trainer *t, int ahead, double *loss,
                           st_error *err) {
+  uint64_t sent, received, sent1, received1;
+  st_dist_traffic(&sent, &received);
+  int rc = step_ahead(t, ahead, loss, err);
+  st_dist_traffic(&sent1, &received1);
+  t->step_sent += sent1 - sent;
+  t->step_received += received1 - received;
+  t->steps_run += rc == 0;
+  return rc;
+}
+
+static int step_ahead(st_trainer *t, int ahead, double *loss, st_error *err) {
   st_fp_set_flush(t->cfg.train.flush_subnormals); /* another trainer's? */
   st_gemm_set_bf16(!strcmp(t->cfg.train.precision, "bf16"));
   if (overlaps(t)) return step_overlapped(t, ahead, loss, err);
@@ -1000,22 +1129,6 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
                       path, what, had, key, now);
 }
 
-/* A loaded copy's ranges into the trainer's slabs. */
-typedef struct copy_arg {
-  st_trainer *t;
-  const float *params, *opt;
-} copy_arg;
-
-static int copy_range(void *arg, int first, int count, size_t off, size_t n) {
-  (void)first, (void)count;
-  copy_arg *c = arg;
-  size_t np = c->t->model->n_params;
-  memcpy(c->t->params + off, c->params + off, n * sizeof(float));
-  for (int k = 0; k < st_optim_state_per_param(&c->t->cfg); k++)
-    memcpy(c->t->opt + k * np + off, c->opt + k * np + off, n * sizeof(float));
-  return 0;
-}
-
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err) {
   if (t->pending) return in_flight(err);
@@ -1028,26 +1141,15 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
   if (weights_only)
     return st_checkpoint_load_blocks(path, t->model, t->params, NULL, NULL,
                                      NULL, t->mine, err);
-  /* Load into copies first: a checkpoint of another run must leave this
-   * trainer as it was (over ranks: copies of this rank's blocks). */
+  /* A checkpoint of another run must leave this trainer as it was: every
+   * tensor and the position are checked first; then the weights are read
+   * into copies (in one process) or, over ranks, where they go (a rank's
+   * own stages: copies would double their memory). */
   st_train_pos pos;
   const st_model *m = t->model;
   size_t state = (size_t)st_optim_state_per_param(&t->cfg) * m->n_params;
-  st_slab copies[3] = {{0}};
-  float *params = NULL, *opt = NULL;
-  int rc = 0;
-  if (t->mine) {
-    rc = own_slabs(t, copies, err);
-    params = copies[0].base;
-    opt = copies[2].base;
-  } else {
-    params = st_alloc(m->n_params * sizeof(float));
-    opt = st_alloc(state * sizeof(float));
-    if (!params || !opt) rc = st_error_set(err, ST_ENOMEM, "out of memory");
-  }
-  if (!rc)
-    rc = st_checkpoint_load_blocks(path, m, params, opt, t->cfg.optimizer.kind,
-                                   &pos, t->mine, err);
+  int rc = st_checkpoint_load_blocks(path, m, NULL, NULL, t->cfg.optimizer.kind,
+                                     &pos, t->mine, err);
   if (!rc) rc = check_same_run(t, &pos, path, err);
   if (!rc && pos.step > t->total_steps)
     rc = st_error_set(err, ST_ECONFIG,
@@ -1057,22 +1159,27 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                       st_config_where(&t->cfg, t->cfg.train.steps > 0
                                                    ? "train.steps"
                                                    : "train.epochs"));
-  if (!rc && t->mine) {
-    copy_arg c = {t, params, opt};
-    each_own(t, copy_range, &c);
-  } else if (!rc) {
-    memcpy(t->params, params, m->n_params * sizeof(float));
-    memcpy(t->opt, opt, state * sizeof(float));
+  if (rc) return rc;
+  if (t->mine) {
+    rc = st_checkpoint_load_blocks(path, m, t->params, t->opt,
+                                   t->cfg.optimizer.kind, &pos, t->mine, err);
+  } else {
+    float *params = st_alloc(m->n_params * sizeof(float));
+    float *opt = st_alloc(state * sizeof(float));
+    rc = params && opt ? 0 : st_error_set(err, ST_ENOMEM, "out of memory");
+    if (!rc)
+      rc = st_checkpoint_load(path, m, params, opt, t->cfg.optimizer.kind, &pos,
+                              err);
+    if (!rc) {
+      memcpy(t->params, params, m->n_params * sizeof(float));
+      memcpy(t->opt, opt, state * sizeof(float));
+    }
+    st_free(params);
+    st_free(opt);
   }
   if (!rc) {
     t->pos = pos;
     make_permutation(t, t->pos.epoch);
-  }
-  if (t->mine) {
-    for (int k = 0; k < 3; k++) st_slab_release(&copies[k]);
-  } else {
-    st_free(params);
-    st_free(opt);
   }
   return rc;
 }

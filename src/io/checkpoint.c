@@ -89,8 +89,7 @@ static int each_call(void *arg, int slot, const st_tensor_info *ti, size_t off,
 int st_checkpoint_each(const st_model *m, const char *optim_kind,
                        st_checkpoint_fn fn, void *arg, st_error *err) {
   each_arg e = {fn, arg};
-  return each_tensor(m, optim_kind ? slots(optim_kind) : 0, each_call, &e,
-                     err);
+  return each_tensor(m, optim_kind ? slots(optim_kind) : 0, each_call, &e, err);
 }
 
 /* Builds the file: each tensor added with its data where the caller gave
@@ -105,14 +104,14 @@ typedef struct saving {
   struct {
     int slot;
     size_t off, numel;
-  } *at; /* per tensor added: where it lies (fetched) */
+  } * at; /* per tensor added: where it lies (fetched) */
   int n;
   st_checkpoint_fetch fetch;
   void *fetch_arg;
 } saving;
 
-static int add_tensor(void *arg, int slot, const st_tensor_info *ti,
-                      size_t off, st_error *err) {
+static int add_tensor(void *arg, int slot, const st_tensor_info *ti, size_t off,
+                      st_error *err) {
   saving *sv = arg;
   char name[ST_NAME_MAX + 32];
   const void *data = NULL;
@@ -321,7 +320,8 @@ static int visit(const st_safetensors *st, const st_model *m, float *params,
           for (size_t at = 0; !rc && at < ti->numel; at += 1024) {
             size_t n = ti->numel - at < 1024 ? ti->numel - at : 1024;
             rc = st_safetensors_pread(st, t, 2 * at, 2 * n, h, err);
-            for (size_t j = 0; !rc && j < n; j++) dst[at + j] = st_bf16_to(h[j]);
+            for (size_t j = 0; !rc && j < n; j++)
+              dst[at + j] = st_bf16_to(h[j]);
           }
         } else {
           rc = st_safetensors_pread(st, t, 0, ti->numel * sizeof(float), dst,
@@ -371,10 +371,11 @@ int st_checkpoint_load_blocks(const char *path, const st_model *m,
   rc = visit(st, m, params, opt_state, optim_kind, ns, mine, 0, err);
   if (!rc && pos) rc = read_pos(st, &p, err);
   if (rc) goto done;
-  if ((rc = visit(st, m, params, opt_state, optim_kind, ns, mine, 1, err)))
+  if (params &&
+      (rc = visit(st, m, params, opt_state, optim_kind, ns, mine, 1, err)))
     goto done;
   /* tied copies are not stored */
-  for (int i = 0; i < m->n_blocks; i++)
+  for (int i = 0; params && i < m->n_blocks; i++)
     if (!mine || mine[i]) st_model_sync_ties_blocks(m, params, i, 1);
   if (pos) *pos = p;
 done:

@@ -373,8 +373,8 @@ static int open_file(st_safetensors **out, const char *path, int load,
   buf = NULL;
   if ((rc = check_tensors(st, err))) goto fail;
   if (!load && (st->fd = dup(fileno(f))) < 0) {
-    rc = st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
-                      strerror(errno));
+    rc =
+        st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
     goto fail;
   }
   fclose(f);
@@ -414,8 +414,7 @@ int st_safetensors_pread(const st_safetensors *st, const st_st_tensor *t,
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
       return st_error_set(err, ST_EIO, "%s: reading tensor '%s': %s", st->path,
-                          t->name,
-                          n < 0 ? strerror(errno) : "the file shrank");
+                          t->name, n < 0 ? strerror(errno) : "the file shrank");
     p += n;
     at += n;
     bytes -= (size_t)n;

@@ -173,6 +173,9 @@ placed "block_sequential" 2 --set execution.mode=block_sequential \
 grep -q '"name": "stage 0 (rank 0)"' "$T/m_1f1b-4/summary.json" &&
   ! grep -q '(rank 1)' "$T/m_1f1b-4/summary.json" && pass ||
   fail "rank 0's summary names its own stages and their rank" "$(cat "$T/m_1f1b-4/summary.json")"
+placed "1f1b-3" 3 --set execution.mode=pipeline --set execution.stages=3 \
+  --set execution.micro_batch=4
+placed "pb-sc+lwp-3" 3 "${pbo[@]}" --set execution.stages=3
 # a grid: 2 replicas x 2 stages = the in-process replicas of a 2-stage pipeline
 grid=(--set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4
       --set execution.replicas=2)
@@ -223,6 +226,63 @@ run_mpi 2 train "$cnn" "${small[@]}" --set execution.mode=pipeline --set executi
   --set execution.block_costs=measured "${place[@]}" --out "$T/p_meas"
 refused "stages cut by blocks timed on each rank: refused" \
   "execution.block_costs: measured times the blocks on each rank"
+
+# --- a rank holds only its own stages ---------------------------------------------
+# An MLP whose weights dominate (8 hidden layers of 1024: 8.2 M parameters,
+# 98 MB of weights, gradients and momentum), as a 2-stage 1f1b pipeline in
+# one process and over 2 ranks. Each rank's counted peak (summary.json's
+# memory[].peak_bytes: the most st_alloc and its committed slab ranges
+# held at once, over the whole run: steps, evaluation, checkpoints) must be
+# below 60% of the one process's, and within 10% of the rank's planned
+# figure (its stages' slabs, its buffers, the data). A rank that kept the
+# whole model, or one that assembled the checkpoint or evaluated with the
+# whole model, would pass neither. Resumed (each rank reads its own tensors
+# from the file), the same holds, and the bytes are the threaded run's.
+wide=(--set model.hidden=[1024,1024,1024,1024,1024,1024,1024,1024] --set data.train_limit=256
+      --set data.test_limit=64 --set train.batch=16 --set train.steps=4 --set metrics.progress=off
+      --set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4)
+# field FILE KEY: each "KEY": N in FILE, one a line
+field() { grep -o "\"$2\": [0-9.]*" "$1" | awk '{print $2}'; }
+# shares NAME SINGLE DIR: every rank of DIR below 60% of SINGLE's peak and
+# within 10% of its plan
+shares() {
+  local one ok=1 detail=""
+  one=$(field "$2/summary.json" peak_bytes)
+  paste <(field "$3/summary.json" peak_bytes) <(field "$3/summary.json" planned_bytes) >"$T/shares"
+  [ "$(wc -l <"$T/shares")" -eq 2 ] || ok=0
+  while read -r peak plan; do
+    detail="$detail peak $peak planned $plan (one process $one);"
+    awk -v p="$peak" -v q="$plan" -v o="$one" \
+      'BEGIN { exit !(p < 0.6 * o && p <= 1.1 * q && p >= 0.9 * q) }' || ok=0
+  done <"$T/shares"
+  if [ "$rc" -eq 0 ] && [ "$ok" -eq 1 ]; then pass; else fail "$1" "rc $rc" "$detail" "$err"; fi
+}
+run train "$fc" "${wide[@]}" --set train.threads=2 --out "$T/wide_t"
+run_mpi 2 train "$fc" "${wide[@]}" "${place[@]}" --out "$T/wide_m"
+same "the wide MLP over 2 ranks: the threaded pipeline's checkpoint" \
+  "$T/wide_t/checkpoints/step-00000004.safetensors" "$T/wide_m/checkpoints/step-00000004.safetensors"
+shares "each of 2 ranks holds under 60% of the one process's peak, within 10% of its plan" \
+  "$T/wide_t" "$T/wide_m"
+if grep -Eq "^strata: rank 1 \(blocks 4-8\): memory planned [0-9.]+ MB, peak [0-9.]+ MB counted, [0-9.]+ MB resident; per step sent [0-9.]+ KB, received [0-9.]+ KB$" <<<"$out"; then
+  pass
+else
+  fail "rank 0 prints every rank's memory and traffic" "$out"
+fi
+run train - --resume "$T/wide_t" --set train.steps=8
+run_mpi 2 train - --resume "$T/wide_m" --set train.steps=8
+same "the wide MLP resumed over 2 ranks: the threaded run resumed" \
+  "$T/wide_t/checkpoints/step-00000008.safetensors" "$T/wide_m/checkpoints/step-00000008.safetensors"
+shares "resumed, each rank still holds only its share" "$T/wide_t" "$T/wide_m"
+# execution.rank_memory_limit between a rank's share and the whole model:
+# the pipeline over ranks fits, the one process and data-parallel ranks
+# (each the whole model) are refused at start, naming the rank, the block
+# and the shortfall
+limit=$(field "$T/wide_t/summary.json" planned_bytes | awk '{ printf "%d", $1 * 0.7 }')
+run_mpi 2 train "$fc" "${wide[@]}" "${place[@]}" --set execution.rank_memory_limit="$limit" --out "$T/lim_m"
+if [ "$rc" -eq 0 ]; then pass; else fail "within execution.rank_memory_limit: 2 ranks train" "rc $rc" "$err"; fi
+run_mpi 2 train "$fc" "${wide[@]}" --set execution.stages=1 --set execution.rank_memory_limit="$limit" --out "$T/lim_dp"
+refused "data-parallel ranks over execution.rank_memory_limit: refused at start" \
+  "^strata: error: rank 0: --set: execution.rank_memory_limit is [0-9.]* MB, but this rank needs [0-9.]* MB (weights [0-9.]* MB, gradients [0-9.]* MB, optimizer state [0-9.]* MB, buffers [0-9.]* MB, data [0-9.]* KB): short by [0-9.]* MB; its largest block, [0-9] (blocks.[0-9]), holds [0-9.]* MB"
 
 # --- resume with another number of ranks ------------------------------------
 # 2 ranks to step 12, then 4 ranks to 24; in process: replicas 2, then 4
