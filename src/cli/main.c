@@ -260,6 +260,17 @@ static void print_stream(const st_trainer *t) {
            peak < 0 ? -1.0 : (double)peak / (1u << 30));
   st_trainer_stats(t, NULL, 0, &wall);
   double mb = 1024.0 * 1024.0, per = (double)s.steps;
+  if (st_dist_size() > 1) { /* this is the store rank */
+    printf("strata: weight streaming over %d ranks: the store (rank 0) sent "
+           "%.1f MB of weights and received %.1f MB of gradients per step; "
+           "of its step time, waiting for the optimizer thread %.1f%%, the "
+           "last update %.1f%% (each rank's memory and traffic above)\n",
+           st_dist_size(), (double)s.bytes_out / per / mb,
+           (double)s.bytes_in / per / mb,
+           wall > 0 ? 100 * s.wait_optimizer_s / wall : 0,
+           wall > 0 ? 100 * s.last_update_s / wall : 0);
+    return;
+  }
   printf("strata: weight streaming: %.1f MB per step from the store, %.1f "
          "MB of gradients to it; of the step time, waiting for weights "
          "%.1f%%, for the store's optimizer thread %.1f%%, its last update "

@@ -64,6 +64,11 @@ int st_dist_sum_in(st_dist_group *g, float *grads, size_t n, float *scratch,
 int st_dist_allreduce_in(st_dist_group *g, float *grads, size_t n,
                          st_error *err);
 
+/* grads[0 .. n) summed over the members of g into member root's (the
+ * library's order and algorithm); the others' are left as they were. */
+int st_dist_reduce_in(st_dist_group *g, float *grads, size_t n, int root,
+                      st_error *err);
+
 /* A message in flight (opaque). */
 typedef struct st_dist_req {
   _Alignas(8) unsigned char h[16]; /* the MPI request */

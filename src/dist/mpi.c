@@ -381,6 +381,31 @@ int st_dist_allreduce_in(st_dist_group *g, float *grads, size_t n,
 #endif
 }
 
+int st_dist_reduce_in(st_dist_group *g, float *grads, size_t n, int root,
+                      st_error *err) {
+  if (g->size == 1) return 0;
+  size_t bytes = n * sizeof(float);
+  if (g->rank == root)
+    traffic(0, bytes * (size_t)(g->size - 1));
+  else
+    traffic(bytes, 0);
+#ifdef ST_MPI
+  for (size_t s = 0; s < n; s += (size_t)INT32_MAX / 2) {
+    size_t len = n - s < (size_t)INT32_MAX / 2 ? n - s : (size_t)INT32_MAX / 2;
+    int rc = g->rank == root
+                 ? MPI_Reduce(MPI_IN_PLACE, grads + s, (int)len, MPI_FLOAT,
+                              MPI_SUM, root, g->comm)
+                 : MPI_Reduce(grads + s, NULL, (int)len, MPI_FLOAT, MPI_SUM,
+                              root, g->comm);
+    if (rc != MPI_SUCCESS) return mpi_failed(rc, "the reduction", err);
+  }
+  return 0;
+#else
+  (void)grads, (void)root, (void)err;
+  return 0;
+#endif
+}
+
 int st_dist_sum_ranks(float *grads, size_t n, float *scratch, st_error *err) {
   return st_dist_sum_in(NULL, grads, n, scratch, err);
 }

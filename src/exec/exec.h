@@ -328,7 +328,8 @@ typedef struct st_rank_memory {
   double weights, grads, state, buffers, data, planned;
   double peak, resident;
   double sent, received;
-  int first, last; /* its blocks: first .. last (-1: several runs) */
+  int blocks;      /* the blocks whose weights it keeps */
+  int first, last; /* those blocks: first .. last (-1: several runs) */
 } st_rank_memory;
 void st_trainer_memory(const st_trainer *t, st_rank_memory *out);
 

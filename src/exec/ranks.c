@@ -260,12 +260,6 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
                         "%s: metrics.noise_scale is measured in one process "
                         "(not over MPI ranks yet)",
                         st_config_where(cfg, "metrics.noise_scale"));
-  if (strcmp(cfg->execution.mode, "weight_streaming") == 0)
-    return st_error_set(err, ST_EUNSUPPORTED,
-                        "%s: execution.mode: weight_streaming runs in one "
-                        "process (a store serving several ranks is not "
-                        "built)",
-                        st_config_where(cfg, "execution.mode"));
   if (placed && !strcmp(cfg->execution.block_costs, "measured"))
     return st_error_set(err, ST_EUNSUPPORTED,
                         "%s: execution.block_costs: measured times the "

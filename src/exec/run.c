@@ -239,6 +239,10 @@ static int gather_memory(run_state *r, st_error *err) {
     char blocks[32] = "", plan[32], peak[32], res[32], tx[32], rx[32];
     if (m->first >= 0)
       snprintf(blocks, sizeof blocks, " (blocks %d-%d)", m->first, m->last);
+    else if (m->blocks)
+      snprintf(blocks, sizeof blocks, " (%d blocks)", m->blocks);
+    else
+      snprintf(blocks, sizeof blocks, " (no weights kept)");
     printf("strata: rank %d%s: memory planned %s, peak %s counted, %s "
            "resident; per step sent %s, received %s\n",
            k, blocks, st_plan_fmt_bytes(plan, sizeof plan, m->planned),
@@ -257,14 +261,16 @@ static void memory_fields(const run_state *r, FILE *f) {
   for (int k = 0; r->memory && k < st_dist_size(); k++) {
     const st_rank_memory *m = &r->memory[k];
     fprintf(f,
-            "%s{\"rank\": %d, \"first_block\": %d, \"last_block\": %d, "
+            "%s{\"rank\": %d, \"blocks\": %d, \"first_block\": %d, "
+            "\"last_block\": %d, "
             "\"planned_bytes\": %.0f, \"weights_bytes\": %.0f, "
             "\"gradients_bytes\": %.0f, \"optimizer_state_bytes\": %.0f, "
             "\"buffers_bytes\": %.0f, \"data_bytes\": %.0f, "
             "\"peak_bytes\": %.0f, \"resident_peak_bytes\": %.0f, "
             "\"sent_bytes_per_step\": %.0f, "
             "\"received_bytes_per_step\": %.0f}",
-            k ? ",\n    " : "\n    ", k, m->first, m->last, m->planned,
+            k ? ",\n    " : "\n    ", k, m->blocks, m->first, m->last,
+            m->planned,
             m->weights, m->grads, m->state, m->buffers, m->data, m->peak,
             m->resident, m->sent, m->received);
   }

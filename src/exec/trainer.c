@@ -318,6 +318,7 @@ void st_trainer_memory(const st_trainer *t, st_rank_memory *out) {
     if (!t->mine || t->mine[i]) {
       if (out->first < 0) out->first = i;
       out->last = i;
+      out->blocks++;
     }
   for (int i = out->first; t->mine && i <= out->last; i++)
     if (!t->mine[i]) out->first = out->last = -1; /* not one run */
@@ -538,7 +539,12 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
     goto fail;
   }
   if (out_dir) snprintf(t->out_dir, sizeof t->out_dir, "%s", out_dir);
-  t->exec = st_dist_size() > 1 ? &st_exec_ranks
+  /* over MPI ranks: replicas or stages (ranks.c), or weight streaming's
+   * store and compute ranks (ws.c) */
+  int ws_ranks =
+      st_dist_size() > 1 && !strcmp(cfg->execution.mode, "weight_streaming");
+  t->exec = ws_ranks                ? &st_exec_weight_streaming
+            : st_dist_size() > 1 ? &st_exec_ranks
             : cfg->execution.replicas > 1
                 ? &st_exec_replicas
                 : st_find_executor(cfg->execution.mode);

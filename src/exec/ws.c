@@ -37,8 +37,31 @@
  * once the optimizer thread is done: nothing else is left to overlap it
  * with. A step returns once every update of it is done, so the trainer may
  * read or save the weights between steps.
+ *
+ * Over MPI ranks (mpirun -np N, N > 1): rank 0 is the store — the trainer's
+ * slabs or the file store, and the optimizer thread — and ranks 1 .. N-1
+ * compute, data parallel, each on its share of batch / (N - 1) samples
+ * (compute rank r is replica r - 1 of execution.replicas: N - 1). For each
+ * use of the walk the store sends the block's weights to every compute
+ * rank (from a copy in one of prefetch + 1 send slots: its sends run while
+ * it reads the next block) and each compute rank has the receives of the
+ * next prefetch uses posted while it computes this one. After a block's
+ * backward each compute rank sends its gradient to the store, which sums
+ * them in rank order — ((g1 + g2) + g3) + ..., the order the in-process
+ * replicas add their slabs (deterministic: false: MPI_Reduce, the
+ * library's order) — and updates the block on its optimizer thread while
+ * the next block's gradients come in. So the weights are those of the
+ * sequential mode with execution.replicas: N - 1, bit for bit. The losses
+ * are all-gathered before the first backward: every rank checks the same
+ * batch loss, and a non-finite one stops every rank before any update.
+ * Compute ranks hold no weights but their slots, no gradient but the
+ * block's being sent, no optimizer state. Evaluation: the store sends each
+ * block to rank 1, which broadcasts the logits; a checkpoint is the store
+ * rank's (its slabs, or its store file).
  */
 #include "exec.h"
+
+#include "../dist/dist.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +116,20 @@ typedef struct ws {
   st_error io_err;
   st_train_pos commit_pos; /* the queued commit's (queue entry -1) */
   int commit_copy;
+
+  /* Over MPI ranks (0 in one process): the world's size and this rank (0:
+   * the store), each compute rank's samples, a group of the world with
+   * channels of its own; the store: slots x (ranks - 1) sends of the
+   * weights in sbuf (slots x max_params), the ranks' gradients of a block
+   * (ggot: (ranks - 1) x max_params); a compute rank: a receive per slot,
+   * a second gradient buffer (gnext) so one is sent while the next forms;
+   * both: every rank's losses (lossbuf: ranks x share rows), the logits an
+   * evaluation broadcasts, the store's position at start (kept). */
+  int ranks, me, share, reduce;
+  st_dist_group *all;
+  st_dist_req *req, greq[2];
+  float *sbuf, *ggot, *gnext, *lossbuf, *logits;
+  st_train_pos kept;
 
   /* Counters (st_ws_stats). */
   int held_max;         /* most slots filled and not released at once */
@@ -400,6 +437,13 @@ static void ws_destroy(void *state) {
   free(w->outs);
   st_free(w->wslot);
   st_free(w->gbuf);
+  st_free(w->sbuf);
+  st_free(w->ggot);
+  st_free(w->gnext);
+  st_free(w->lossbuf);
+  st_free(w->logits);
+  free(w->req);
+  st_dist_group_destroy(w->all);
   free(w->use_block);
   free(w->queue);
   free(w);
@@ -492,6 +536,95 @@ static int open_store(ws *w, const st_model *m, const st_config *cfg,
   return 0;
 }
 
+/* Over MPI ranks: rank 0 the store (its store file, send slots, the
+ * ranks' gradients of a block, the optimizer thread), the others compute
+ * (their buffers, as in one process). Every rank learns whether any
+ * failed. */
+static int remote_create(ws *w, const st_model *m, const st_config *cfg,
+                         int micro_batch, int max_batch, st_error *err) {
+  const int N = st_dist_size(), C = N - 1, batch = cfg->train.batch;
+  w->ranks = N;
+  w->me = st_dist_rank();
+  w->reduce = !cfg->execution.deterministic;
+  /* the config's faults: every rank finds the same */
+  st_dist_share_error();
+  if (strcmp(cfg->execution.placement, "threads"))
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.placement: ranks spreads a pipeline's "
+                        "stages over the ranks; weight streaming over %d "
+                        "ranks is a store rank and %d compute ranks "
+                        "(placement: threads)",
+                        st_config_where(cfg, "execution.placement"), N, C);
+  if (cfg->execution.replicas != 1 && cfg->execution.replicas != C)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.replicas: %d, but weight streaming "
+                        "over %d ranks has %d compute ranks, a replica each "
+                        "(1 takes that number)",
+                        st_config_where(cfg, "execution.replicas"),
+                        cfg->execution.replicas, N, C);
+  if (batch % C)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: train.batch: %d does not split over %d compute "
+                        "ranks (rank 0 of %d is the store)",
+                        st_config_where(cfg, "train.batch"), batch, C, N);
+  w->share = batch / C;
+  if (micro_batch < w->share)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: execution.micro_batch: %d; weight streaming over "
+                        "ranks runs each compute rank's %d samples as one "
+                        "micro-batch (several are not built)",
+                        st_config_where(cfg, "execution.micro_batch"),
+                        micro_batch, w->share);
+  w->rows = w->share > max_batch ? w->share : max_batch;
+  /* from here a failure may be this rank's alone */
+  st_dist_unshare_error();
+  int rc = st_dist_group_create(&w->all, 0, w->me, err);
+  if (rc) return rc;
+  size_t rows = (size_t)m->label_rows;
+  w->lossbuf = st_alloc((size_t)N * w->share * rows * sizeof(float));
+  w->logits = st_alloc((size_t)max_batch * rows * m->classes * sizeof(float));
+  w->use_block = malloc(2 * (size_t)w->nb * sizeof *w->use_block);
+  w->queue = malloc(((size_t)w->nb + 1) * sizeof *w->queue);
+  if (!w->lossbuf || !w->logits || !w->use_block || !w->queue)
+    rc = st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!rc && w->me == 0) {
+    if (!strcmp(cfg->execution.store, "file")) rc = open_store(w, m, cfg, err);
+    if (!rc && w->store) w->kept = *st_store_pos(w->store);
+    size_t slot_floats = (size_t)w->slots * w->max_params;
+    w->sbuf = st_alloc(slot_floats * sizeof(float));
+    w->ggot = st_alloc((size_t)C * w->max_params * sizeof(float));
+    w->req = calloc((size_t)w->slots * C, sizeof *w->req);
+    w->opt_pool = st_pool_create(1);
+    if (!rc && !(w->sbuf && w->ggot && w->req && w->opt_pool))
+      rc = st_error_set(err, ST_ENOMEM,
+                        "out of memory for weight streaming's store rank");
+    if (!rc) {
+      w->opt_thread =
+          pthread_create(&w->optimizer, NULL, optimizer_main, w) == 0;
+      if (!w->opt_thread)
+        rc = st_error_set(err, ST_ENOMEM, "cannot start the optimizer thread");
+    }
+  } else if (!rc) {
+    buffers(w, 1);
+    rc = check_limit(m, cfg, w->rows, max_batch, w->compute_bytes, err);
+    if (!rc) {
+      w->outs = calloc((size_t)w->nb, sizeof *w->outs);
+      w->gnext = st_alloc(w->max_params * sizeof(float));
+      w->req = calloc((size_t)w->slots, sizeof *w->req);
+      if (!(w->outs && w->gnext && w->req && buffers(w, 0)))
+        rc = st_error_set(err, ST_ENOMEM,
+                          "out of memory for weight streaming's compute side "
+                          "(%lld bytes)",
+                          (long long)w->compute_bytes);
+    }
+  }
+  /* where a file store stands, for every rank (a resumed run) */
+  st_error e = {0};
+  int sent = st_dist_bcast(w->all, &w->kept, sizeof w->kept, 0, &e);
+  if (!rc && sent) rc = sent, *err = e;
+  return st_dist_agree(rc, err);
+}
+
 static int ws_create(void **state, const st_model *m, const st_config *cfg,
                      int micro_batch, int max_batch, st_error *err) {
   *state = NULL;
@@ -512,6 +645,15 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
   for (int i = 0; i < m->n_blocks; i++)
     if (m->blocks[i].n_params > w->max_params)
       w->max_params = m->blocks[i].n_params;
+  if (st_dist_size() > 1) { /* a store rank and compute ranks */
+    int rc = remote_create(w, m, cfg, micro_batch, max_batch, err);
+    if (rc) {
+      ws_destroy(w);
+      return rc;
+    }
+    *state = w;
+    return 0;
+  }
   /* size first, check the limit, then allocate */
   buffers(w, 1);
   int rc = check_limit(m, cfg, w->rows, max_batch, w->compute_bytes, err);
@@ -565,9 +707,268 @@ static const float *input_of(const ws *w, int i, const float *x, int B) {
                  : w->outs[i - 1];
 }
 
+/* ------------------------------------------------ a step over MPI ranks */
+
+/* This step's walk: forward 0 .. n-1, backward n-1 .. 0. */
+static void walk(ws *w) {
+  for (int i = 0; i < w->nb; i++) {
+    w->use_block[i] = i;
+    w->use_block[w->nb + i] = w->nb - 1 - i;
+  }
+}
+
+/* A compute rank: the receive of use u's weights into its slot. */
+static int post_weights(ws *w, int u, st_error *err) {
+  const st_block *b = &w->model->blocks[w->use_block[u]];
+  float *slot = w->wslot + (size_t)(u % w->slots) * w->max_params;
+  return st_dist_irecv(w->all, 0, slot, b->n_params * sizeof(float), 0, 0,
+                       &w->req[u % w->slots], err);
+}
+
+/* A compute rank: use u's weights, once here. */
+static const float *wait_weights(ws *w, int u, st_error *err) {
+  double t0 = st_now();
+  if (st_dist_wait(&w->req[u % w->slots], NULL, NULL, err)) return NULL;
+  w->stall_s += st_now() - t0;
+  const st_block *b = &w->model->blocks[w->use_block[u]];
+  w->bytes_in += (int64_t)(b->n_params * sizeof(float));
+  int held = w->slots < 2 * w->nb ? w->slots : 2 * w->nb;
+  if (held > w->held_max) w->held_max = held;
+  return w->wslot + (size_t)(u % w->slots) * w->max_params;
+}
+
+/* The store: every send from slot k done. */
+static int slot_sent(ws *w, int k, st_error *err) {
+  int rc = 0;
+  for (int r = 0; r < w->ranks - 1; r++) {
+    int e = st_dist_wait(&w->req[(size_t)k * (w->ranks - 1) + r], NULL, NULL,
+                         err);
+    if (!rc) rc = e;
+  }
+  return rc;
+}
+
+/* The store: the weights of uses *next .. upto - 1 read into their slots
+ * (once the slot's last sends are done) and sent to every compute rank. */
+static int send_upto(ws *w, int *next, int upto, const float *params,
+                     st_error *err) {
+  if (upto > 2 * w->nb) upto = 2 * w->nb;
+  int rc = 0;
+  for (; *next < upto && !rc; (*next)++) {
+    int u = *next, k = u % w->slots;
+    const st_block *b = &w->model->blocks[w->use_block[u]];
+    float *slot = w->sbuf + (size_t)k * w->max_params;
+    if ((rc = slot_sent(w, k, err))) break;
+    fetch_block(w, b, params, slot);
+    if ((rc = pending_error(w, err))) break;
+    for (int r = 1; r < w->ranks && !rc; r++)
+      rc = st_dist_isend(w->all, 0, slot, b->n_params * sizeof(float), r, 0,
+                         &w->req[(size_t)k * (w->ranks - 1) + r - 1], err);
+    w->bytes_out += (int64_t)(b->n_params * sizeof(float)) * (w->ranks - 1);
+  }
+  return rc;
+}
+
+/* Every rank: the compute ranks' losses into v->losses (rank r's share at
+ * (r - 1) x share), then the batch loss checked as in one process. */
+static int gather_losses(ws *w, st_trainer_view *v, const float *mine,
+                         double *loss, st_error *err) {
+  size_t part = (size_t)w->share * w->model->label_rows;
+  memcpy(w->lossbuf + (size_t)w->me * part, mine, part * sizeof(float));
+  int rc = st_dist_group_allgather(w->all, w->lossbuf, part * sizeof(float),
+                                   err);
+  if (rc) return rc;
+  memcpy(v->losses, w->lossbuf + part,
+         (size_t)(w->ranks - 1) * part * sizeof(float));
+  return st_trainer_check_loss(v, loss, err);
+}
+
+/* A compute rank's step: its share forward and back, block by block, the
+ * weights received, each block's gradient sent to the store. */
+static int compute_step(ws *w, st_trainer_view *v, double *loss,
+                        st_error *err) {
+  const st_model *m = w->model;
+  const int nb = w->nb, uses = 2 * nb, mb = w->share;
+  st_trainer_view r;
+  st_replica_view(&r, v, m, w->me - 1, w->share, w->share);
+  st_ctx ctx = r.ctx;
+  int rc = 0, posted = 0;
+  for (; posted < w->slots && posted < uses && !rc; posted++)
+    rc = post_weights(w, posted, err);
+  double t0 = st_now();
+  const float *h = r.x;
+  for (int i = 0; i < nb && !rc; i++) {
+    const st_block *b = &m->blocks[i];
+    const float *wb = wait_weights(w, i, err);
+    if (!wb) return err->code ? err->code : ST_EIO;
+    h = st_stage_forward_block(w->stage, &ctx, i, wb, h, mb);
+    if (!w->keep) {
+      memcpy(w->outs[i], h, (size_t)mb * st_shape_numel(b->out) * sizeof *h);
+      h = w->outs[i];
+    }
+    if (posted < uses) rc = post_weights(w, posted++, err);
+  }
+  if (rc) return rc;
+  st_rt_loss(&r, ctx.pool, 0, mb, h, r.probs);
+  st_rt_trace(v, ST_TRACE_FORWARD, 0, t0, st_now());
+  if ((rc = gather_losses(w, v, r.losses, loss, err))) {
+    /* stopped before any update: the weights already on their way are
+     * taken (the store sent them), nothing more is asked for */
+    st_error ignored = {0};
+    for (int u = nb; u < posted; u++) wait_weights(w, u, &ignored);
+    return rc;
+  }
+  t0 = st_now();
+  st_rt_loss_grad(&r, ctx.pool, 0, mb, r.loss_batch, r.probs, r.dlogits);
+  const float *g = r.dlogits;
+  float *gb[2] = {w->gbuf, w->gnext};
+  for (int u = nb; u < uses && !rc; u++) {
+    int i = w->use_block[u], j = (u - nb) & 1;
+    const st_block *b = &m->blocks[i];
+    const float *wb = wait_weights(w, u, err);
+    if (!wb) return err->code ? err->code : ST_EIO;
+    const float *in = input_of(w, i, r.x, mb);
+    if (!w->keep) st_stage_forward_block(w->stage, &ctx, i, wb, in, mb);
+    /* the buffer sent two blocks ago is free again */
+    if ((rc = st_dist_wait(&w->greq[j], NULL, NULL, err))) break;
+    memset(gb[j], 0, b->n_params * sizeof(float));
+    float *dx = st_stage_grad_to(w->stage->grad_io, g, i, NULL);
+    st_stage_backward_block(w->stage, &ctx, i, wb, gb[j], in, g, dx, mb);
+    if (posted < uses) rc = post_weights(w, posted++, err);
+    if (!rc)
+      rc = st_dist_isend(w->all, 1, gb[j], b->n_params * sizeof(float), 0, 0,
+                         &w->greq[j], err);
+    w->bytes_out += (int64_t)(b->n_params * sizeof(float));
+    g = dx;
+  }
+  for (int j = 0; j < 2 && !rc; j++)
+    rc = st_dist_wait(&w->greq[j], NULL, NULL, err);
+  st_rt_trace(v, ST_TRACE_BACKWARD, 0, t0, st_now());
+  return rc;
+}
+
+/* The store: block b's gradient from every compute rank, summed in rank
+ * order (or by MPI_Reduce), into the store's gradient. */
+static int gather_grad(ws *w, st_trainer_view *v, const st_block *b,
+                       st_error *err) {
+  const int C = w->ranks - 1;
+  size_t n = b->n_params;
+  float *sum = w->store ? w->ggot : v->grads + b->param_off;
+  int rc = 0;
+  if (w->reduce) {
+    memset(sum, 0, n * sizeof(float));
+    rc = st_dist_reduce_in(w->all, sum, n, 0, err);
+  } else {
+    st_dist_req got[ST_DIST_MAX_RANKS];
+    for (int r = 0; r < C && !rc; r++)
+      rc = st_dist_irecv(w->all, 1, w->ggot + (size_t)r * w->max_params,
+                         n * sizeof(float), r + 1, 0, &got[r], err);
+    for (int r = 0; r < C && !rc; r++) rc = st_dist_wait(&got[r], NULL, NULL, err);
+    /* ((g1 + g2) + g3) + ...: the replicas' order */
+    if (!rc && sum != w->ggot) memcpy(sum, w->ggot, n * sizeof(float));
+    for (int r = 1; r < C && !rc; r++) {
+      const float *restrict add = w->ggot + (size_t)r * w->max_params;
+      for (size_t k = 0; k < n; k++) sum[k] += add[k];
+    }
+  }
+  w->bytes_in += (int64_t)(n * sizeof(float)) * C;
+  if (!rc && w->store) grad_io(w, 1, b, sum);
+  return rc;
+}
+
+/* The store's step: the weights out, the losses checked, the gradients in
+ * and each block updated as its gradient completes. */
+static int store_step(ws *w, st_trainer_view *v, double *loss, st_error *err) {
+  const int nb = w->nb;
+  w->opt_view = *v;
+  w->opt_view.ctx.pool = w->opt_pool;
+  w->opt_view.ctx.fused = NULL;
+  w->opt_view.trace = NULL;
+  int next = 0;
+  /* the forward's weights, and the backward's that the compute ranks have
+   * posted receives for before the losses are gathered */
+  int rc = send_upto(w, &next, nb + w->slots, v->params, err);
+  size_t part = (size_t)w->share * w->model->label_rows;
+  if (!rc) rc = gather_losses(w, v, w->lossbuf, loss, err);
+  for (int j = 0; j < nb && !rc; j++) {
+    int u = nb + j, i = w->use_block[u];
+    double t0 = st_now();
+    rc = send_upto(w, &next, u + w->slots, v->params, err);
+    if (!rc) rc = gather_grad(w, v, &w->model->blocks[i], err);
+    st_rt_trace(v, ST_TRACE_RECV, 0, t0, st_now());
+    if (!rc && i > 0) submit(w, i);
+  }
+  (void)part;
+  /* every send done (a stopped step's too: the compute ranks take them) */
+  for (int k = 0; k < w->slots; k++) {
+    st_error ignored = {0};
+    int e = slot_sent(w, k, rc ? &ignored : err);
+    if (!rc) rc = e;
+  }
+  drain(w);
+  if (!rc) rc = pending_error(w, err);
+  if (!rc) {
+    st_trainer_view last_view = w->opt_view;
+    last_view.ctx.pool = v->ctx.pool;
+    double t0 = st_now();
+    update_block(w, &last_view, 0);
+    st_rt_trace(v, ST_TRACE_UPDATE, 0, t0, st_now());
+    w->last_update_s += st_now() - t0;
+    rc = pending_error(w, err);
+    if (!rc && w->store) st_store_advance(w->store);
+  }
+  return rc;
+}
+
+static int remote_step(ws *w, st_trainer_view *v, double *loss,
+                       st_error *err) {
+  if (pending_error(w, err)) return err->code;
+  double start = st_now();
+  walk(w);
+  int rc = w->me == 0 ? store_step(w, v, loss, err)
+                      : compute_step(w, v, loss, err);
+  w->steps++;
+  w->busy += st_now() - start;
+  return rc;
+}
+
+/* Evaluation over ranks: the store sends each block to rank 1, which runs
+ * the batch and broadcasts the logits. NULL if a message failed. */
+static const float *remote_forward(ws *w, const st_ctx *ctx,
+                                   const float *params, const float *x, int B) {
+  const st_model *m = w->model;
+  st_error err = {0};
+  const float *h = x;
+  for (int i = 0; i < w->nb && w->me <= 1; i++) {
+    const st_block *b = &m->blocks[i];
+    size_t bytes = b->n_params * sizeof(float);
+    st_dist_req r;
+    if (w->me == 0) {
+      fetch_block(w, b, params, w->sbuf);
+      if (pending_error(w, &err) ||
+          st_dist_isend(w->all, 0, w->sbuf, bytes, 1, 1, &r, &err) ||
+          st_dist_wait(&r, NULL, NULL, &err))
+        return NULL;
+      continue;
+    }
+    if (st_dist_irecv(w->all, 0, w->wslot, bytes, 0, 1, &r, &err) ||
+        st_dist_wait(&r, NULL, NULL, &err))
+      return NULL;
+    h = st_stage_forward_block(w->stage, ctx, i, w->wslot, h, B);
+    if (!w->keep) {
+      memcpy(w->outs[i], h, (size_t)B * st_shape_numel(b->out) * sizeof *h);
+      h = w->outs[i];
+    }
+  }
+  size_t bytes = (size_t)B * m->label_rows * m->classes * sizeof(float);
+  if (w->me == 1) memcpy(w->logits, h, bytes);
+  return st_dist_bcast(w->all, w->logits, bytes, 1, &err) ? NULL : w->logits;
+}
+
 static int ws_step(void *state, st_trainer_view *v, double *loss,
                    st_error *err) {
   ws *w = state;
+  if (w->ranks) return remote_step(w, v, loss, err);
   const st_model *m = v->model;
   size_t in_numel = st_shape_numel(m->in);
   int mb = v->micro_batch, nb = w->nb;
@@ -691,6 +1092,7 @@ static const float *ws_forward(void *state, const st_ctx *ctx,
   /* Evaluation: the same walk without a backward, fetching each block from
    * the store (synchronously: evaluation is not where the time goes). */
   ws *w = state;
+  if (w->ranks) return remote_forward(w, ctx, params, x, B);
   const float *h = x;
   float *slot = w->wslot;
   for (int i = 0; i < w->nb; i++) {
@@ -740,7 +1142,26 @@ static int ws_slabs(void *state, float **params, const uint16_t **bf16,
 
 static const st_train_pos *ws_stored_pos(void *state) {
   ws *w = state;
-  return w->store ? st_store_pos(w->store) : NULL;
+  if (w->store) return st_store_pos(w->store);
+  /* a compute rank: where the store rank's file store stood at start */
+  return w->ranks && w->kept.batch > 0 ? &w->kept : NULL;
+}
+
+/* Over ranks: the store rank keeps every block, a compute rank none. */
+static int ws_owns(void *state, unsigned char *mine) {
+  ws *w = state;
+  if (!w->ranks) return 0;
+  memset(mine, w->me == 0, (size_t)w->nb);
+  return 1;
+}
+
+/* Over ranks, the store rank's memory store written by it alone. */
+static int ws_save(void *state, const char *path, const float *params,
+                   const float *opt, const char *optim_kind,
+                   const st_train_pos *pos, st_error *err) {
+  ws *w = state;
+  if (w->me != 0) return 0;
+  return st_checkpoint_save(path, w->model, params, opt, optim_kind, pos, err);
 }
 
 /* The step just taken, committed on the optimizer thread while the next
@@ -778,4 +1199,6 @@ const st_executor st_exec_weight_streaming = {
     .slabs = ws_slabs,
     .stored_pos = ws_stored_pos,
     .commit = ws_commit,
+    .owns = ws_owns,
+    .save = ws_save,
 };
