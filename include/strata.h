@@ -1004,6 +1004,12 @@ int st_st_writer_write_fetch(st_st_writer *w, const char *path,
 
 /* Prints each tensor: name, shape, dtype, min, max, mean, std. */
 int st_inspect(const char *path, FILE *f, st_error *err);
+/* Compares two files tensor by tensor (the same names, dtypes and shapes,
+ * else an error naming the first that differs): each tensor's largest
+ * absolute difference and largest difference relative to the larger
+ * magnitude of the pair, then the largest of all. */
+int st_inspect_against(const char *path, const char *other, FILE *f,
+                       st_error *err);
 
 /* Atomic small-file write (temp, fsync, rename). */
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,
@@ -1573,6 +1579,11 @@ int st_run_request_stop(int signo);
 /* The signal the last st_trainer_run stopped for (the largest number any
  * rank was asked with), or 0 if it ran to its end. */
 int st_run_stopped_by(void);
+/* Writes to stderr, async-signal-safely, one line naming the run's last
+ * durable state (its newest complete checkpoint, or its store), for a
+ * signal handler: a lost rank makes mpirun signal every other rank. Only
+ * a process that writes the run's files (rank 0) has one to say. */
+void st_run_say_durable(void);
 /* Loss and accuracy over the test set. */
 int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                         st_error *err);

@@ -111,10 +111,13 @@ static const char *usage_generate =
     "text\n";
 
 static const char *usage_inspect =
-    "usage: strata inspect FILE\n"
+    "usage: strata inspect FILE [--against OTHER]\n"
     "\n"
     "Lists the tensors of a safetensors file: name, dtype, shape, min, max,\n"
-    "mean, std, and its metadata (step, epoch, optimizer, ...).\n";
+    "mean, std, and its metadata (step, epoch, optimizer, ...).\n"
+    "  --against OTHER  compare with another file of the same tensors: the\n"
+    "                   largest absolute and relative difference of each,\n"
+    "                   then the largest of all (two runs of two modes)\n";
 
 /* Parses options after the command; positional goes to a->config. */
 static int parse_args(int argc, char **argv, args *a, const char *usage) {
@@ -359,6 +362,7 @@ static void on_stop(int sig) {
     signal(sig, SIG_DFL);
     raise(sig);
   }
+  st_run_say_durable();
 }
 
 static int cmd_train(int argc, char **argv) {
@@ -752,14 +756,21 @@ static int cmd_generate(int argc, char **argv) {
 }
 
 static int cmd_inspect(int argc, char **argv) {
-  args a = {0};
-  int rc = parse_args(argc, argv, &a, usage_inspect);
+  const char *file = NULL, *against = NULL;
+  int help = 0;
+  const st_cli_option options[] = {{"--against", &against, NULL},
+                                   {NULL, NULL, NULL}};
+  const st_cli_spec spec = {usage_inspect, options, {&file, NULL},
+                            NULL,          NULL,    &help};
+  int rc = st_cli_parse(argc, argv, &spec);
   if (rc) return rc;
-  if (a.help) return fputs(usage_inspect, stdout), 0;
-  if (!a.config)
+  if (help) return fputs(usage_inspect, stdout), 0;
+  if (!file)
     return st_cli_usage_error(usage_inspect, "inspect needs a FILE%s", "");
   st_error err = {0};
-  if (st_inspect(a.config, stdout, &err)) return st_cli_fail(&err);
+  if (against ? st_inspect_against(file, against, stdout, &err)
+              : st_inspect(file, stdout, &err))
+    return st_cli_fail(&err);
   return 0;
 }
 

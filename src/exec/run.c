@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,30 @@ int st_run_request_stop(int signo) {
 }
 
 int st_run_stopped_by(void) { return stopped_by; }
+
+/* What st_run_say_durable writes: the line for the last durable state,
+ * kept in two buffers, the one to read named by an atomic index, so a
+ * signal handler never reads one being written. */
+static char durable[2][ST_PATH_MAX + 256];
+static atomic_int durable_at = -1;
+
+static void note_durable(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static void note_durable(const char *fmt, ...) {
+  int k = (atomic_load(&durable_at) + 1) & 1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(durable[k], sizeof durable[k], fmt, ap);
+  va_end(ap);
+  atomic_store(&durable_at, k);
+}
+
+void st_run_say_durable(void) {
+  int k = atomic_load(&durable_at);
+  if (k < 0 || st_dist_size() == 1) return; /* in one process: the user's */
+  size_t n = strnlen(durable[k], sizeof durable[k]);
+  (void)!write(STDERR_FILENO, durable[k], n);
+}
 
 /* Whether to stop before the next step (*stop: the signal, or 0): asked
  * on any rank (a collective over ranks, once a step). */
@@ -185,6 +210,10 @@ static int checkpoint(run_state *r, st_error *err) {
   char path[ST_PATH_MAX + 64];
   st_run_checkpoint_path(r->dir, p->step, path, sizeof path);
   if ((rc = st_trainer_save(r->t, path, err))) return rc;
+  note_durable("strata: stopping on a signal (mpirun sends one to every rank "
+               "when a rank is lost); the last complete checkpoint is %s "
+               "(step %lld): rerun with --resume %s to continue\n",
+               path, (long long)p->step, r->dir);
   /* Keep exactly the newest keep_checkpoints step files, whatever an
    * earlier run or a kill between rename and unlink left. */
   int keep = r->cfg->train.keep_checkpoints;
@@ -428,6 +457,24 @@ int st_trainer_run(st_trainer *t, st_error *err) {
                (strcmp(c->metrics.progress, "on") == 0 ||
                 (strcmp(c->metrics.progress, "auto") == 0 && r.tty));
   r.step0 = st_trainer_pos(t)->step;
+  if (r.dir && st_trainer_store(t)) {
+    note_durable("strata: stopping on a signal (mpirun sends one to every "
+                 "rank when a rank is lost); the store %s holds the last "
+                 "committed step: rerun with --resume %s to continue\n",
+                 st_trainer_store(t), r.dir);
+  } else if (r.dir && r.step0 > 0) {
+    char path[ST_PATH_MAX + 64];
+    st_run_checkpoint_path(r.dir, r.step0, path, sizeof path);
+    note_durable("strata: stopping on a signal (mpirun sends one to every "
+                 "rank when a rank is lost); the last complete checkpoint is "
+                 "%s (step %lld): rerun with --resume %s to continue\n",
+                 path, (long long)r.step0, r.dir);
+  } else if (r.dir) {
+    note_durable("strata: stopping on a signal (mpirun sends one to every "
+                 "rank when a rank is lost); no checkpoint is complete yet: "
+                 "a rerun with --resume %s starts at step 0\n",
+                 r.dir);
+  }
   r.samples0 = st_trainer_pos(t)->samples;
   stopped_by = 0;
   int rc = open_outputs(&r, err);

@@ -555,13 +555,6 @@ static int remote_create(ws *w, const st_model *m, const st_config *cfg,
                         "ranks is a store rank and %d compute ranks "
                         "(placement: threads)",
                         st_config_where(cfg, "execution.placement"), N, C);
-  if (cfg->execution.replicas != 1 && cfg->execution.replicas != C)
-    return st_error_set(err, ST_ECONFIG,
-                        "%s: execution.replicas: %d, but weight streaming "
-                        "over %d ranks has %d compute ranks, a replica each "
-                        "(1 takes that number)",
-                        st_config_where(cfg, "execution.replicas"),
-                        cfg->execution.replicas, N, C);
   if (batch % C)
     return st_error_set(err, ST_ECONFIG,
                         "%s: train.batch: %d does not split over %d compute "
@@ -780,7 +773,9 @@ static int gather_losses(ws *w, st_trainer_view *v, const float *mine,
   if (rc) return rc;
   memcpy(v->losses, w->lossbuf + part,
          (size_t)(w->ranks - 1) * part * sizeof(float));
-  return st_trainer_check_loss(v, loss, err);
+  rc = st_trainer_check_loss(v, loss, err);
+  if (rc) st_dist_share_error(); /* every rank checked the same losses */
+  return rc;
 }
 
 /* A compute rank's step: its share forward and back, block by block, the
@@ -835,7 +830,9 @@ static int compute_step(ws *w, st_trainer_view *v, double *loss,
     float *dx = st_stage_grad_to(w->stage->grad_io, g, i, NULL);
     st_stage_backward_block(w->stage, &ctx, i, wb, gb[j], in, g, dx, mb);
     if (posted < uses) rc = post_weights(w, posted++, err);
-    if (!rc)
+    if (!rc && w->reduce) /* the library's sum, at the store */
+      rc = st_dist_reduce_in(w->all, gb[j], b->n_params, 0, err);
+    else if (!rc)
       rc = st_dist_isend(w->all, 1, gb[j], b->n_params * sizeof(float), 0, 0,
                          &w->greq[j], err);
     w->bytes_out += (int64_t)(b->n_params * sizeof(float));

@@ -1,7 +1,8 @@
 /*
  * inspect.c — `strata inspect FILE`: lists the tensors of a safetensors file
  * (name, dtype, shape, min, max, mean, std) and its metadata, so a user can
- * look into a checkpoint without Python.
+ * look into a checkpoint without Python; with --against, how far two files
+ * of the same tensors are apart (two modes, two ranks counts).
  */
 #include "strata.h"
 
@@ -31,6 +32,12 @@ static double element(const uint8_t *p, const char *dtype, size_t i) {
   }
   if (strcmp(dtype, "U8") == 0) return p[i];
   return NAN;
+}
+
+/* The dtypes element() reads. */
+static int numeric(const char *dtype) {
+  return !strcmp(dtype, "F32") || !strcmp(dtype, "BF16") ||
+         !strcmp(dtype, "I32") || !strcmp(dtype, "I64") || !strcmp(dtype, "U8");
 }
 
 int st_inspect(const char *path, FILE *f, st_error *err) {
@@ -69,4 +76,52 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
   }
   st_safetensors_destroy(st);
   return 0;
+}
+
+int st_inspect_against(const char *path, const char *other, FILE *f,
+                       st_error *err) {
+  st_safetensors *a = NULL, *b = NULL;
+  int rc = st_safetensors_read(&a, path, err);
+  if (!rc) rc = st_safetensors_read(&b, other, err);
+  if (!rc && a->n_tensors != b->n_tensors)
+    rc = st_error_set(err, ST_EFORMAT, "%s: %d tensors, but %s has %d", other,
+                      b->n_tensors, path, a->n_tensors);
+  double worst_abs = 0, worst_rel = 0;
+  const char *worst_name = NULL;
+  for (int i = 0; !rc && i < a->n_tensors; i++) {
+    const st_st_tensor *t = &a->tensors[i];
+    const st_st_tensor *u = st_safetensors_find(b, t->name);
+    int same = u && !strcmp(t->dtype, u->dtype) && t->ndim == u->ndim &&
+               t->end - t->begin == u->end - u->begin;
+    for (int d = 0; same && d < t->ndim; d++) same = t->dims[d] == u->dims[d];
+    if (!same) {
+      rc = st_error_set(err, ST_EFORMAT,
+                        "%s: tensor '%s' is missing or has another dtype or "
+                        "shape than in %s",
+                        other, t->name, path);
+      break;
+    }
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= (size_t)t->dims[d];
+    if (!numeric(t->dtype)) n = 0;
+    double most = 0, rel = 0;
+    for (size_t k = 0; k < n; k++) {
+      double x = element(a->data + t->begin, t->dtype, k),
+             y = element(b->data + u->begin, u->dtype, k);
+      double d = fabs(x - y), m = fmax(fabs(x), fabs(y));
+      if (!(d <= most)) most = d; /* a NaN in either counts as the most */
+      if (m > 0 && d / m > rel) rel = d / m;
+    }
+    fprintf(f, "  %-44s max |a - b| %-12.5g max relative %.5g\n", t->name,
+            most, rel);
+    if (!(most <= worst_abs) || !worst_name)
+      worst_abs = most, worst_name = t->name;
+    if (rel > worst_rel) worst_rel = rel;
+  }
+  if (!rc)
+    fprintf(f, "largest difference %.6g (%s), largest relative %.6g\n",
+            worst_abs, worst_name ? worst_name : "no tensors", worst_rel);
+  st_safetensors_destroy(a);
+  st_safetensors_destroy(b);
+  return rc;
 }

@@ -284,6 +284,105 @@ run_mpi 2 train "$fc" "${wide[@]}" --set execution.stages=1 --set execution.rank
 refused "data-parallel ranks over execution.rank_memory_limit: refused at start" \
   "^strata: error: rank 0: --set: execution.rank_memory_limit is [0-9.]* MB, but this rank needs [0-9.]* MB (weights [0-9.]* MB, gradients [0-9.]* MB, optimizer state [0-9.]* MB, buffers [0-9.]* MB, data [0-9.]* KB): short by [0-9.]* MB; its largest block, [0-9] (blocks.[0-9]), holds [0-9.]* MB"
 
+# --- weight streaming over ranks: a store rank and compute ranks --------------------
+# execution.mode: weight_streaming under mpirun -np N: rank 0 keeps the
+# weights and optimizer state and updates them, ranks 1 .. N-1 train data
+# parallel; the weights are sequential training's with execution.replicas:
+# N - 1, byte for byte.
+wsm=(--set execution.mode=weight_streaming)
+# streamed NAME NP CONFIG ARGS...: in-process replicas NP - 1, then NP ranks
+streamed() {
+  local name=$1 np=$2 config=$3
+  shift 3
+  run train "$config" "${small[@]}" "$@" --set execution.replicas=$((np - 1)) --out "$T/wr_$name"
+  run_mpi "$np" train "$config" "${small[@]}" "$@" "${wsm[@]}" --out "$T/wm_$name"
+  same "weight streaming, $name over $np ranks: sequential with $((np - 1)) replicas" \
+    "$T/wr_$name/$ck" "$T/wm_$name/$ck"
+}
+streamed mlp-dropout 3 "$fc" --set model.dropout=0.1
+streamed mlp-adamw 2 "$fc" --set optimizer.kind=adamw --set optimizer.lr=0.001 \
+  --set execution.prefetch=0
+streamed cnn-recompute 4 "$cnn" --set train.batch=48 --set execution.prefetch=2 \
+  --set execution.keep_activations=false
+run train configs/gpt_tiny.yaml --set train.steps=6 --set metrics.progress=off --set train.batch=4 \
+  --set execution.replicas=2 --out "$T/wr_gpt"
+run_mpi 3 train configs/gpt_tiny.yaml --set train.steps=6 --set metrics.progress=off --set train.batch=4 \
+  "${wsm[@]}" --out "$T/wm_gpt"
+same "weight streaming, the tied GPT over 3 ranks: sequential with 2 replicas" \
+  "$T/wr_gpt/checkpoints/step-00000006.safetensors" "$T/wm_gpt/checkpoints/step-00000006.safetensors"
+if grep -q "^strata: weight streaming over 3 ranks: the store (rank 0) sent [0-9.]* MB of weights and received [0-9.]* MB of gradients per step" <<<"$out" &&
+   grep -q "^strata: rank 2 (no weights kept): memory planned" <<<"$out"; then
+  pass
+else
+  fail "weight streaming over ranks: the store's traffic and each rank's memory printed" "$out"
+fi
+# the file store: its export is the same weights; stopped at step 6 and
+# resumed to 12 as the in-process run stopped and resumed
+run_mpi 3 train "$fc" "${small[@]}" --set model.dropout=0.1 "${wsm[@]}" --set execution.store=file \
+  --out "$T/wm_file"
+run export "$T/wm_file" --out "$T/wm_file.safetensors"
+same "weight streaming over 3 ranks, a file store: exported, sequential with 2 replicas" \
+  "$T/wr_mlp-dropout/$ck" "$T/wm_file.safetensors"
+for store in file memory; do
+  run train "$fc" "${small[@]}" --set train.steps=6 --set execution.replicas=2 --out "$T/wr6_$store"
+  run train - --resume "$T/wr6_$store" --set train.steps=12
+  run_mpi 3 train "$fc" "${small[@]}" --set train.steps=6 "${wsm[@]}" --set execution.store=$store \
+    --out "$T/wm6_$store"
+  run_mpi 3 train - --resume "$T/wm6_$store" --set train.steps=12
+  [ "$store" = file ] && run export "$T/wm6_$store" --out "$T/wm6_$store/checkpoints/step-00000012.safetensors"
+  same "weight streaming over 3 ranks, a $store store stopped at 6 and resumed: the in-process run resumed" \
+    "$T/wr6_$store/$ck" "$T/wm6_$store/$ck"
+done
+# deterministic: false: MPI_Reduce sums 3 ranks' gradients in the library's
+# order; within 1e-5 of the rank-order sum after 12 steps (float sums of 3
+# terms differ in the last bits, and SGD carries that forward)
+run_mpi 4 train "$fc" "${small[@]}" --set train.batch=48 "${wsm[@]}" --out "$T/wm_det"
+run_mpi 4 train "$fc" "${small[@]}" --set train.batch=48 "${wsm[@]}" --set execution.deterministic=false \
+  --out "$T/wm_nondet"
+run inspect "$T/wm_det/$ck" --against "$T/wm_nondet/$ck"
+diff_max=$(sed -n 's/^largest difference \([^ ]*\) .*/\1/p' <<<"$out")
+if [ "$rc" -eq 0 ] && awk -v d="$diff_max" 'BEGIN { exit !(d != "" && d <= 1e-5) }'; then
+  pass
+else
+  fail "weight streaming, deterministic: false over 4 ranks: within 1e-5 of rank order" "largest '$diff_max'" "$out"
+fi
+# compute ranks keep no weights but their prefetch + 1 slots, no optimizer
+# state: on the wide MLP each compute rank's peak is below the model's
+# weights and optimizer state, which the store rank holds
+run_mpi 3 train "$fc" "${wide[@]}" --set execution.mode=weight_streaming --set execution.stages=1 \
+  --set train.batch=16 --set execution.micro_batch=0 --out "$T/wm_wide"
+whole=$(field "$T/wide_t/summary.json" weights_bytes)
+paste <(field "$T/wm_wide/summary.json" peak_bytes) <(field "$T/wm_wide/summary.json" weights_bytes) \
+  <(field "$T/wm_wide/summary.json" optimizer_state_bytes) >"$T/wsmem"
+if [ "$rc" -eq 0 ] && awk -v w="$whole" 'NR == 1 { ok = $2 == w && $3 == w }
+     NR > 1 { ok = ok && $1 < 2 * w && $2 == 0 && $3 == 0 } END { exit !(ok && NR == 3) }' "$T/wsmem"; then
+  pass
+else
+  fail "weight streaming over 3 ranks: the store keeps the weights and state, compute ranks neither" \
+    "$(cat "$T/wsmem")" "$err"
+fi
+# refusals, once each
+run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set execution.placement=ranks --out "$T/ws_pl"
+refused "weight streaming with placement: ranks: refused" \
+  "weight streaming over 3 ranks is a store rank and 2 compute ranks"
+run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set execution.replicas=2 --out "$T/ws_rep"
+refused "weight streaming with execution.replicas: refused (the compute ranks are the replicas)" \
+  "replicas of execution.mode weight_streaming: replicas run the sequential and pipeline modes"
+run_mpi 4 train "$fc" "${small[@]}" "${wsm[@]}" --out "$T/ws_split"
+refused "weight streaming, a batch that does not split over the compute ranks: refused" \
+  "train.batch: 32 does not split over 3 compute ranks"
+run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set execution.micro_batch=4 --out "$T/ws_mb"
+refused "weight streaming over ranks, micro-batches: refused" \
+  "runs each compute rank's 16 samples as one micro-batch"
+run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set optimizer.lr=1e10 --set optimizer.nesterov=false \
+  --out "$T/ws_nan"
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+   grep -Eq "^strata: error: step [0-9]+: training loss is (NaN|inf)" <<<"$err"; then
+  pass
+else
+  fail "weight streaming over ranks, a NaN loss: one error, no hang" "rc $rc" "$err"
+fi
+
 # --- resume with another number of ranks ------------------------------------
 # 2 ranks to step 12, then 4 ranks to 24; in process: replicas 2, then 4
 run train - --resume "$T/fc_r2" --set train.steps=24 --set execution.replicas=4
@@ -383,6 +482,81 @@ killed() {
 killed data-parallel --set execution.replicas=2 -- "$fc"
 killed pipeline -- "$cnn" --set execution.mode=pipeline \
   --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
+# --- a rank killed at random moments, rerun until done ----------------------------
+# The pipeline over 2 ranks (checkpoints every 20 steps) and weight
+# streaming over 3 ranks with a file store (committed every step): a random
+# rank SIGKILLed at a random moment, three times, each rerun being the same
+# mpirun with --resume DIR; the job ends within 30 s of each kill, mpirun
+# naming the lost rank and rank 0 (when alive) the last complete checkpoint
+# or the store; the last rerun runs to the end, and its weights are the
+# uninterrupted run's, byte for byte.
+# chaos NAME NP FINAL REF-DIR TRAIN-ARGS...: FINAL: the path (under the run's
+# directory) of the weights at the end; REF-DIR holds the same path from an
+# uninterrupted run
+chaos() {
+  local name=$1 np=$2 final=$3 ref=$4
+  shift 4
+  local dir="$T/chaos_$name" start_args=("$@") k logged
+  for k in 1 2 3; do
+    if [ "$k" -eq 1 ]; then
+      "${mpi[@]}" -np "$np" "$strata" train "${start_args[@]}" --out "$dir" >"$dir.$k.out" 2>&1 &
+    else
+      "${mpi[@]}" -np "$np" "$strata" train - --resume "$dir" >"$dir.$k.out" 2>&1 &
+    fi
+    local job=$! victim= rank=$((RANDOM % np)) logged
+    # a random moment once this job trains (its metrics log grows a line)
+    logged=$(grep -c '"type":"train"' "$dir/metrics.jsonl" 2>/dev/null)
+    for _ in $(seq 300); do
+      [ "$(grep -c '"type":"train"' "$dir/metrics.jsonl" 2>/dev/null)" -gt "${logged:-0}" ] && break
+      sleep 0.1
+    done
+    sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 0.2 + 1.5 * r / 32767 }')"
+    for pid in $(pgrep -f "train .*$dir\$"); do
+      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank" && victim=$pid
+    done
+    if [ -z "$victim" ]; then
+      wait "$job"
+      fail "$name: kill $k: rank $rank was not found (the job ended first?)" "$(tail -n 4 "$dir.$k.out")"
+      continue
+    fi
+    kill -9 "$victim"
+    local t0=$SECONDS
+    while kill -0 "$job" 2>/dev/null && [ $((SECONDS - t0)) -lt 40 ]; do sleep 0.2; done
+    if kill -0 "$job" 2>/dev/null; then
+      kill -9 "$job"
+      pkill -9 -f "train .*$dir\$"
+      fail "$name: kill $k (rank $rank): the job ends within 30 s" "still running after 40 s"
+      return
+    fi
+    wait "$job"
+    if [ $((SECONDS - t0)) -le 30 ] &&
+       grep -Eq "process rank $rank .*exited on signal 9" "$dir.$k.out" &&
+       { [ "$rank" -eq 0 ] || grep -Eq "^strata: stopping on a signal .*(the last complete checkpoint is $dir/checkpoints/step-[0-9]{8}\.safetensors|no checkpoint is complete yet|the store $dir/store\.strata holds the last committed step)" "$dir.$k.out"; }; then
+      pass
+    else
+      fail "$name: kill $k (rank $rank): the job ends within 30 s, naming the rank and the last checkpoint" \
+        "$(tail -n 12 "$dir.$k.out")"
+    fi
+  done
+  timeout 300 "${mpi[@]}" -np "$np" "$strata" train - --resume "$dir" >"$dir.end.out" 2>&1
+  rc=$?
+  [ -n "$final" ] && [ "${final##*.}" = safetensors ] && [ -e "$dir/store.strata" ] &&
+    "$strata" export "$dir" --out "$dir/$final" >/dev/null 2>&1
+  same "$name: killed three times, rerun to the end: the uninterrupted weights" "$ref/$final" "$dir/$final"
+}
+chaos_args=(--set data.train_limit=1024 --set data.test_limit=128 --set train.batch=32
+            --set metrics.progress=off --set metrics.log_every=1 --set train.eval_every=0)
+run train "$cnn" "${chaos_args[@]}" --set train.steps=400 --set train.checkpoint_every=20 \
+  --set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4 \
+  --set train.threads=2 --out "$T/chaos_ref_pipe"
+chaos pipeline 2 checkpoints/step-00000400.safetensors "$T/chaos_ref_pipe" \
+  "$cnn" "${chaos_args[@]}" --set train.steps=400 --set train.checkpoint_every=20 \
+  --set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
+run train "$fc" "${chaos_args[@]}" --set train.steps=1500 --set execution.replicas=2 \
+  --out "$T/chaos_ref_ws"
+chaos ws-file 3 checkpoints/step-00001500.safetensors "$T/chaos_ref_ws" \
+  "$fc" "${chaos_args[@]}" --set train.steps=1500 "${wsm[@]}" --set execution.store=file
+
 # --- a signal stops every rank at the same step ------------------------------------
 # SIGTERM to rank 1 alone (rank 0 writes the files): every rank stops after
 # the same step, the job exits 143 with rank 0's one line, the checkpoint
