@@ -302,6 +302,7 @@ typedef struct st_config {
     int checkpoint_every; /* steps; 0 = only at the end */
     int threads;          /* 0 = all cores */
     int keep_checkpoints; /* how many step checkpoints to keep */
+    char checkpoint_format[8]; /* single | shards (a directory, an index) */
     int flush_subnormals; /* FTZ + DAZ on every computing thread */
     char precision[8];    /* fp32 | bf16 (the products; st_gemm_bf16) */
   } train;
@@ -982,6 +983,18 @@ const st_st_tensor *st_safetensors_find(const st_safetensors *st,
                                         const char *name);
 const char *st_safetensors_meta(const st_safetensors *st, const char *key);
 
+/* A sharded checkpoint's model.safetensors.index.json (the form Hugging
+ * Face tools read: {"metadata": {...}, "weight_map": {tensor: shard file}}):
+ * the tensors and the file beside the index holding each. */
+typedef struct st_st_index {
+  char (*names)[128];
+  char (*files)[128];
+  int n, cap;
+} st_st_index;
+int st_safetensors_index_read(const char *path, st_st_index *out,
+                              st_error *err);
+void st_safetensors_index_free(st_st_index *x);
+
 /* A writer collects (name, dtype, dims, pointer) then writes atomically:
  * temp file in the same directory, fsync, rename, fsync of the directory. The
  * data pointers must stay valid until st_safetensors_write returns. */
@@ -1049,9 +1062,13 @@ int st_mkdir_p(const char *path, int include_last, st_error *err);
  * DIR/checkpoints/step-*.safetensors, ascending, in a malloc'ed *steps;
  * returns how many (0: none, or no such folder), -1 on error. */
 int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err);
-/* DIR/checkpoints/step-NNNNNNNN.safetensors; -1 if it does not fit. */
+/* DIR/checkpoints/step-NNNNNNNN.safetensors, or the sharded checkpoint's
+ * directory where that is the one there; -1 if it does not fit. */
 int st_run_checkpoint_path(const char *dir, int64_t step, char *out,
                            size_t cap);
+/* DIR/checkpoints/step-NNNNNNNN: where a sharded checkpoint is written. */
+int st_run_checkpoint_dir(const char *dir, int64_t step, char *out,
+                          size_t cap);
 /* Removes all but the newest `keep` checkpoints, whatever was left before. */
 int st_run_prune(const char *dir, int keep, st_error *err);
 /* Removes the temp files (NAME.tmp.PID) that writes of processes no longer
@@ -1494,6 +1511,32 @@ int st_checkpoint_load_blocks(const char *path, const st_model *m,
                               float *params, float *opt_state,
                               const char *optim_kind, st_train_pos *pos,
                               const unsigned char *mine, st_error *err);
+/* A sharded checkpoint (train.checkpoint_format: shards): a directory of
+ * shards model-0000k-of-0000n.safetensors, each the tensors (weights and
+ * optimizer state) of the blocks mine[i] marks, with the metadata of a
+ * whole checkpoint, and model.safetensors.index.json, written last, mapping
+ * every tensor to its shard (the form Hugging Face tools read). Loading
+ * and st_checkpoint_load take the directory's path as they take a file's.
+ * shard_of[i]: block i's shard (0-based). */
+int st_checkpoint_save_shard(const char *path, const st_model *m,
+                             const float *params, const float *opt_state,
+                             const char *optim_kind, const st_train_pos *pos,
+                             const unsigned char *mine, st_error *err);
+void st_checkpoint_shard_name(char *out, size_t cap, int shard, int shards);
+int st_checkpoint_write_index(const char *dir, const st_model *m,
+                              const char *optim_kind, const int *shard_of,
+                              int shards, const st_train_pos *pos,
+                              st_error *err);
+/* A sharded checkpoint of one shard, in directory dir. */
+int st_checkpoint_save_sharded(const char *dir, const st_model *m,
+                               const float *params, const float *opt_state,
+                               const char *optim_kind, const st_train_pos *pos,
+                               st_error *err);
+/* A sharded checkpoint as one file, streamed tensor by tensor in
+ * st_checkpoint_save's order: the file a single-file checkpoint of the same
+ * state is, byte for byte. *pos (may be NULL): its position. */
+int st_checkpoint_merge(const char *dir, const char *out, const st_model *m,
+                        st_train_pos *pos, st_error *err);
 /* A checkpoint's tensors in file order — the weights (slot -1), then each
  * optimizer slot's (none with optim_kind NULL) — as slab offsets:
  * fn(arg, slot, off, numel) until one returns nonzero. */

@@ -6,6 +6,8 @@
 #include "strata.h"
 #include "cli.h"
 
+#include "../compile/compile.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -84,7 +86,9 @@ static const char *usage_export =
     "(execution.store: file) last committed -- weights, optimizer state and\n"
     "data position -- as a safetensors checkpoint, FILE (default\n"
     "DIR/checkpoints/step-NNNNNNNN.safetensors), which `strata eval`,\n"
-    "`strata generate` and `strata inspect` read.\n";
+    "`strata generate` and `strata inspect` read. For a run without a store\n"
+    "whose newest checkpoint is sharded (train.checkpoint_format: shards),\n"
+    "its shards as that one file, tensor by tensor.\n";
 
 static const char *usage_eval =
     "usage: strata eval CONFIG --checkpoint FILE [--set key.path=value ...]\n"
@@ -631,6 +635,41 @@ static int cmd_train(int argc, char **argv) {
   return 0;
 }
 
+/* export of a run without a store: its newest checkpoint, if sharded, as
+ * one file (the one a single-file checkpoint would be). */
+static int export_shards(const char *dir, const st_config *cfg,
+                         const char *out) {
+  st_error err = {0};
+  int64_t *steps;
+  int n = st_run_checkpoints(dir, &steps, &err);
+  if (n < 0) return st_cli_fail(&err);
+  char ck[ST_PATH_MAX + 64], path[ST_PATH_MAX + 80];
+  struct stat sb;
+  if (n > 0) st_run_checkpoint_path(dir, steps[n - 1], ck, sizeof ck);
+  if (n == 0 || stat(ck, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    free(steps);
+    st_error_set(&err, ST_ECONFIG,
+                 "%s/config.yaml: the run keeps no store (execution.store: "
+                 "file) and its newest checkpoint is not sharded: its "
+                 "checkpoints are safetensors already",
+                 dir);
+    return st_cli_fail(&err);
+  }
+  if (out)
+    snprintf(path, sizeof path, "%s", out);
+  else
+    snprintf(path, sizeof path, "%s.safetensors", ck);
+  free(steps);
+  st_model *m = NULL;
+  st_train_pos pos;
+  int rc = st_plan_model(&m, cfg, &err);
+  if (!rc) rc = st_checkpoint_merge(ck, path, m, &pos, &err);
+  st_model_destroy(m);
+  if (rc) return st_cli_fail(&err);
+  printf("strata: wrote %s: step %lld of %s\n", path, (long long)pos.step, ck);
+  return 0;
+}
+
 static int cmd_export(int argc, char **argv) {
   args a = {0};
   int rc = parse_args(argc, argv, &a, usage_export);
@@ -646,13 +685,7 @@ static int cmd_export(int argc, char **argv) {
   a.config = "-";
   if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
   struct stat sb;
-  if (!st_store_resolve(&cfg, dir)) {
-    st_error_set(&err, ST_ECONFIG,
-                 "%s/config.yaml: the run keeps no store (execution.store: "
-                 "file); its checkpoints are safetensors already",
-                 dir);
-    return st_cli_fail(&err);
-  }
+  if (!st_store_resolve(&cfg, dir)) return export_shards(dir, &cfg, a.out);
   if (stat(cfg.execution.store_path, &sb) != 0) {
     st_error_set(&err, ST_EIO, "%s: no store to export",
                  cfg.execution.store_path);

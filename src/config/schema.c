@@ -40,6 +40,7 @@ static const char *const positions[] = {"learned", "rotary", NULL};
 static const char *const encodings[] = {"bytes", "utf8", NULL};
 static const char *const activations[] = {"relu", "gelu", "gelu_tanh", NULL};
 static const char *const precisions[] = {"fp32", "bf16", NULL};
+static const char *const checkpoint_formats[] = {"single", "shards", NULL};
 static const char *const norms[] = {"none", "layernorm", "groupnorm", NULL};
 static const char *const pools[] = {"max", "avg", NULL};
 static const char *const datasets[] = {"fashion_mnist", "synthetic", "text",
@@ -154,6 +155,11 @@ const st_config_key st_config_schema[] = {
     INT(train, checkpoint_every, "0",
         "checkpoint every N steps (0 = at the end)"),
     INT(train, threads, "0", "worker threads (0 = all cores)"),
+    ENUM(train, checkpoint_format, "single", checkpoint_formats,
+         "single = one safetensors file per checkpoint (over MPI ranks "
+         "assembled at rank 0 tensor by tensor); shards = a directory of "
+         "one shard per rank (one in one process) and "
+         "model.safetensors.index.json, as Hugging Face tools read"),
     INT(train, keep_checkpoints, "2",
         "newest step checkpoints to keep (0 = keep all)"),
     BOOL(train, flush_subnormals, "true",

@@ -84,12 +84,13 @@ typedef struct st_executor {
    * the rest, returning 1; the trainer then commits only those ranges of
    * its slabs. 0 or NULL: every block. */
   int (*owns)(void *state, unsigned char *mine);
-  /* With owns: the checkpoint at path (NULL on the ranks that do not write
-   * it), assembled from every rank's own blocks. Collective: every rank
+  /* With owns: the checkpoint at path (NULL on the ranks other than rank
+   * 0), assembled from every rank's own blocks — one file, or with shards
+   * a directory of a shard per rank and the index. Collective: every rank
    * calls it at the same point. */
-  int (*save)(void *state, const char *path, const float *params,
-              const float *opt, const char *optim_kind, const st_train_pos *pos,
-              st_error *err);
+  int (*save)(void *state, const char *path, int shards, const float *params,
+              const float *opt, const char *optim_kind,
+              const st_train_pos *pos, st_error *err);
   /* The run ended on every rank (collective, like gather): what is still
    * in flight between ranks is finished. NULL: nothing to do. */
   int (*finish)(void *state, st_error *err);
@@ -337,6 +338,10 @@ void st_trainer_memory(const st_trainer *t, st_rank_memory *out);
  * st_trainer_save is then collective, every rank calling it, path NULL on
  * all but rank 0, which writes the file. */
 int st_trainer_saves_together(const st_trainer *t);
+/* A sharded checkpoint into the directory dir (train.checkpoint_format:
+ * shards): a shard per rank holding stages (one in one process) and the
+ * index; collective as st_trainer_save. */
+int st_trainer_save_shards(st_trainer *t, const char *dir, st_error *err);
 /* After a run that ended well on every rank (every rank calls it). */
 int st_trainer_finish(st_trainer *t, st_error *err);
 const char *st_trainer_dir(const st_trainer *t); /* NULL when none */

@@ -462,13 +462,53 @@ static int send_own(void *arg, int slot, size_t off, size_t numel,
               0, 0, err);
 }
 
-static int ranks_save(void *state, const char *path, const float *params,
-                      const float *opt, const char *optim_kind,
-                      const st_train_pos *pos, st_error *err) {
+/* Shards: each rank of the first replica writes its own stages' tensors
+ * into the directory rank 0 names, then rank 0 the index. */
+static int save_shards(ranks *p, const char *path, const float *params,
+                       const float *opt, const char *optim_kind,
+                       const st_train_pos *pos, st_error *err) {
+  const st_model *m = p->model;
+  char dir[ST_PATH_MAX] = "", shard[ST_PATH_MAX + 64], name[64];
+  int me = p->rank % p->P, rc = 0;
+  unsigned char *mine = malloc((size_t)m->n_blocks);
+  int *shard_of = malloc((size_t)m->n_blocks * sizeof *shard_of);
+  if (!mine || !shard_of) rc = st_error_set(err, ST_ENOMEM, "out of memory");
+  if (p->rank == 0) snprintf(dir, sizeof dir, "%s", path);
+  if (p->replica == 0) {
+    st_error e = {0};
+    int sent = st_dist_bcast(p->xfer, dir, sizeof dir, 0, &e);
+    if (!rc && sent) rc = sent, *err = e;
+    if (!rc) rc = st_mkdir_p(dir, 1, err);
+    if (!rc) {
+      ranks_owns(p, mine);
+      st_checkpoint_shard_name(name, sizeof name, me, p->P);
+      snprintf(shard, sizeof shard, "%s/%s", dir, name);
+      rc = st_checkpoint_save_shard(shard, m, params, opt, optim_kind, pos,
+                                    mine, err);
+    }
+  }
+  rc = st_dist_agree(rc, err); /* every shard whole before the index */
+  if (!rc && p->rank == 0) {
+    for (int s = 0; s < p->S; s++)
+      for (int b = p->first[s]; b < p->first[s] + p->count[s]; b++)
+        shard_of[b] = p->owner[s];
+    rc = st_checkpoint_write_index(dir, m, optim_kind, shard_of, p->P, pos,
+                                   err);
+  }
+  free(mine);
+  free(shard_of);
+  return st_dist_agree(rc, err);
+}
+
+static int ranks_save(void *state, const char *path, int shards,
+                      const float *params, const float *opt,
+                      const char *optim_kind, const st_train_pos *pos,
+                      st_error *err) {
   ranks *p = state;
   saving sv = {p, params, opt};
   int rc = 0;
   st_dist_unshare_error();
+  if (shards) return save_shards(p, path, params, opt, optim_kind, pos, err);
   if (p->rank == 0)
     rc = st_checkpoint_save_fetch(path, p->model, optim_kind, pos, fetch, &sv,
                                   err);

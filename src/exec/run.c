@@ -201,15 +201,24 @@ static int checkpoint(run_state *r, st_error *err) {
   /* A store that keeps the weights commits every step: it is the
    * checkpoint (wait for its last commit). */
   if (st_trainer_store(r->t)) return st_trainer_sync(r->t, err);
-  /* stages over ranks: every rank sends its own to rank 0, which writes */
+  /* stages over ranks: every rank sends its own to rank 0, which writes
+   * (or writes its own shard) */
+  int shards = !strcmp(r->cfg->train.checkpoint_format, "shards");
   if (!r->dir)
-    return st_trainer_saves_together(r->t) ? st_trainer_save(r->t, NULL, err)
-                                           : 0;
+    return !st_trainer_saves_together(r->t) ? 0
+           : shards                         ? st_trainer_save_shards(r->t, NULL, err)
+                                            : st_trainer_save(r->t, NULL, err);
   int rc;
   const st_train_pos *p = st_trainer_pos(r->t);
   char path[ST_PATH_MAX + 64];
-  st_run_checkpoint_path(r->dir, p->step, path, sizeof path);
-  if ((rc = st_trainer_save(r->t, path, err))) return rc;
+  if (shards) {
+    st_run_checkpoint_dir(r->dir, p->step, path, sizeof path);
+    rc = st_trainer_save_shards(r->t, path, err);
+  } else {
+    st_run_checkpoint_path(r->dir, p->step, path, sizeof path);
+    rc = st_trainer_save(r->t, path, err);
+  }
+  if (rc) return rc;
   note_durable("strata: stopping on a signal (mpirun sends one to every rank "
                "when a rank is lost); the last complete checkpoint is %s "
                "(step %lld): rerun with --resume %s to continue\n",

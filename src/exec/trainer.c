@@ -1102,13 +1102,28 @@ int st_trainer_save(st_trainer *t, const char *path, st_error *err) {
   if (t->pending) return in_flight(err);
   st_train_pos pos = run_pos(t);
   if (t->mine) /* every rank sends its own stages to the one writing */
-    return t->exec->save(t->exec_state, path, t->params, t->opt,
+    return t->exec->save(t->exec_state, path, 0, t->params, t->opt,
                          t->cfg.optimizer.kind, &pos, err);
   if (!t->params) /* a store's bf16 weights: written as they are */
     return st_checkpoint_save_as(path, t->model, t->params_bf16, "BF16", t->opt,
                                  t->cfg.optimizer.kind, &pos, err);
   return st_checkpoint_save(path, t->model, t->params, t->opt,
                             t->cfg.optimizer.kind, &pos, err);
+}
+
+int st_trainer_save_shards(st_trainer *t, const char *dir, st_error *err) {
+  if (t->pending) return in_flight(err);
+  st_train_pos pos = run_pos(t);
+  if (t->mine)
+    return t->exec->save(t->exec_state, dir, 1, t->params, t->opt,
+                         t->cfg.optimizer.kind, &pos, err);
+  if (!t->params)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: a store's bf16 weights are exported as one file "
+                        "(train.checkpoint_format: single)",
+                        dir);
+  return st_checkpoint_save_sharded(dir, t->model, t->params, t->opt,
+                                    t->cfg.optimizer.kind, &pos, err);
 }
 
 /* A checkpoint continues this run only under the same seed, batch, training

@@ -1153,11 +1153,15 @@ static int ws_owns(void *state, unsigned char *mine) {
 }
 
 /* Over ranks, the store rank's memory store written by it alone. */
-static int ws_save(void *state, const char *path, const float *params,
-                   const float *opt, const char *optim_kind,
-                   const st_train_pos *pos, st_error *err) {
+static int ws_save(void *state, const char *path, int shards,
+                   const float *params, const float *opt,
+                   const char *optim_kind, const st_train_pos *pos,
+                   st_error *err) {
   ws *w = state;
   if (w->me != 0) return 0;
+  if (shards)
+    return st_checkpoint_save_sharded(path, w->model, params, opt, optim_kind,
+                                      pos, err);
   return st_checkpoint_save(path, w->model, params, opt, optim_kind, pos, err);
 }
 

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *slot_name(const char *optim_kind, int slot) {
   if (strcmp(optim_kind, "adamw") == 0) return slot ? "exp_avg_sq" : "exp_avg";
@@ -60,11 +62,12 @@ int st_checkpoint_save(const char *path, const st_model *m, const float *params,
  * copies are not stored (their source is). */
 typedef int (*tensor_fn)(void *arg, int slot, const st_tensor_info *ti,
                          size_t off, st_error *err);
-static int each_tensor(const st_model *m, int ns, tensor_fn fn, void *arg,
-                       st_error *err) {
+static int each_tensor(const st_model *m, int ns, const unsigned char *mine,
+                       tensor_fn fn, void *arg, st_error *err) {
   for (int s = -1; s < ns; s++)
     for (int i = 0; i < m->n_blocks; i++) {
       const st_block *b = &m->blocks[i];
+      if (mine && !mine[i]) continue;
       for (int t = 0; t < b->n_tensors; t++) {
         if (b->tensors[t].tie >= 0) continue;
         int rc = fn(arg, s, &b->tensors[t], b->param_off + b->tensors[t].offset,
@@ -89,7 +92,8 @@ static int each_call(void *arg, int slot, const st_tensor_info *ti, size_t off,
 int st_checkpoint_each(const st_model *m, const char *optim_kind,
                        st_checkpoint_fn fn, void *arg, st_error *err) {
   each_arg e = {fn, arg};
-  return each_tensor(m, optim_kind ? slots(optim_kind) : 0, each_call, &e, err);
+  return each_tensor(m, optim_kind ? slots(optim_kind) : 0, NULL, each_call, &e,
+                     err);
 }
 
 /* Builds the file: each tensor added with its data where the caller gave
@@ -108,6 +112,7 @@ typedef struct saving {
   int n;
   st_checkpoint_fetch fetch;
   void *fetch_arg;
+  const unsigned char *mine; /* the blocks to write (NULL: all) */
 } saving;
 
 static int add_tensor(void *arg, int slot, const st_tensor_info *ti, size_t off,
@@ -147,7 +152,7 @@ static int save(const char *path, const st_model *m, saving *sv, int ns,
     return st_error_set(err, ST_ENOMEM, "out of memory");
   }
   st_st_writer *w = sv->w;
-  int rc = each_tensor(m, ns, add_tensor, sv, err);
+  int rc = each_tensor(m, ns, sv->mine, add_tensor, sv, err);
   if (!rc) rc = st_st_writer_meta(w, "format", "strata-checkpoint", err);
   if (!rc) rc = st_st_writer_meta(w, "version", "1", err);
   if (!rc) rc = st_st_writer_meta(w, "model", m->kind, err);
@@ -179,6 +184,108 @@ int st_checkpoint_save_as(const char *path, const st_model *m,
                .opt = opt_state,
                .wsize = strcmp(params_dtype, "BF16") == 0 ? 2 : sizeof(float)};
   return save(path, m, &sv, opt_state ? slots(optim_kind) : 0, pos, err);
+}
+
+int st_checkpoint_save_shard(const char *path, const st_model *m,
+                             const float *params, const float *opt_state,
+                             const char *optim_kind, const st_train_pos *pos,
+                             const unsigned char *mine, st_error *err) {
+  saving sv = {.optim_kind = optim_kind,
+               .params_dtype = "F32",
+               .params = params,
+               .opt = opt_state,
+               .wsize = sizeof(float),
+               .mine = mine};
+  return save(path, m, &sv, slots(optim_kind), pos, err);
+}
+
+void st_checkpoint_shard_name(char *out, size_t cap, int shard, int shards) {
+  snprintf(out, cap, "model-%05d-of-%05d.safetensors", shard + 1, shards);
+}
+
+/* The index's entries: each tensor and its shard's file. */
+typedef struct indexing {
+  FILE *f;
+  const st_model *m;
+  const char *optim_kind;
+  const int *shard_of;
+  int shards, n;
+  double bytes;
+} indexing;
+
+static int index_entry(void *arg, int slot, const st_tensor_info *ti,
+                       size_t off, st_error *err) {
+  (void)err;
+  indexing *x = arg;
+  int block = 0;
+  while (block + 1 < x->m->n_blocks && x->m->blocks[block + 1].param_off <= off)
+    block++;
+  char file[64];
+  st_checkpoint_shard_name(file, sizeof file, x->shard_of[block], x->shards);
+  fprintf(x->f, "%s\n    \"%s%s%s%s\": \"%s\"", x->n++ ? "," : "",
+          slot < 0 ? "" : "optim.", ti->name, slot < 0 ? "" : ".",
+          slot < 0 ? "" : slot_name(x->optim_kind, slot), file);
+  x->bytes += 4.0 * (double)ti->numel;
+  return 0;
+}
+
+int st_checkpoint_write_index(const char *dir, const st_model *m,
+                              const char *optim_kind, const int *shard_of,
+                              int shards, const st_train_pos *pos,
+                              st_error *err) {
+  char *text = NULL, path[ST_PATH_MAX + 48];
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return st_error_set(err, ST_ENOMEM, "out of memory");
+  /* the weight map first, to know the total; then the whole file */
+  indexing x = {f, m, optim_kind, shard_of, shards, 0, 0};
+  fprintf(f, "  \"weight_map\": {");
+  int rc = each_tensor(m, slots(optim_kind), NULL, index_entry, &x, err);
+  fprintf(f, "\n  }\n}\n");
+  if (fclose(f) != 0 || !text) {
+    free(text);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  char *whole = NULL;
+  size_t whole_len = 0;
+  FILE *g = open_memstream(&whole, &whole_len);
+  if (!g) {
+    free(text);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  fprintf(g,
+          "{\n  \"metadata\": {\"total_size\": %.0f, \"format\": "
+          "\"strata-checkpoint\", \"model\": \"%s\", \"optimizer\": \"%s\", "
+          "\"shards\": %d, \"step\": %lld},\n%s",
+          x.bytes, m->kind, optim_kind, shards,
+          pos ? (long long)pos->step : 0LL, text);
+  free(text);
+  if (!rc) rc = st_write_stream_atomic(g, &whole, &whole_len, path, err);
+  else {
+    fclose(g);
+    free(whole);
+  }
+  return rc;
+}
+
+int st_checkpoint_save_sharded(const char *dir, const st_model *m,
+                               const float *params, const float *opt_state,
+                               const char *optim_kind, const st_train_pos *pos,
+                               st_error *err) {
+  char shard[ST_PATH_MAX + 64], name[64];
+  int *shard_of = calloc((size_t)m->n_blocks, sizeof *shard_of);
+  int rc = shard_of ? st_mkdir_p(dir, 1, err)
+                    : st_error_set(err, ST_ENOMEM, "out of memory");
+  st_checkpoint_shard_name(name, sizeof name, 0, 1);
+  snprintf(shard, sizeof shard, "%s/%s", dir, name);
+  if (!rc)
+    rc = st_checkpoint_save_shard(shard, m, params, opt_state, optim_kind, pos,
+                                  NULL, err);
+  if (!rc)
+    rc = st_checkpoint_write_index(dir, m, optim_kind, shard_of, 1, pos, err);
+  free(shard_of);
+  return rc;
 }
 
 int st_checkpoint_save_fetch(const char *path, const st_model *m,
@@ -293,7 +400,86 @@ static int read_pos(const st_safetensors *st, st_train_pos *pos,
 /* Visits every tensor the load needs: slot -1 is the weights, 0.. the
  * optimizer slots. With copy == 0 it only checks; with 1 it reads those of
  * the blocks `mine` marks (NULL: all). */
-static int visit(const st_safetensors *st, const st_model *m, float *params,
+/* What a checkpoint is read from: one file, or a sharded checkpoint's
+ * directory — its index and a shard per file the index names (headers
+ * only: tensors are read where they go). */
+typedef struct source {
+  st_safetensors **parts;
+  int n;
+  st_st_index index; /* n == 0: one file */
+  int *part_of;      /* the part of index entry i */
+  char index_path[ST_PATH_MAX + 48];
+} source;
+
+static void source_close(source *src) {
+  for (int i = 0; i < src->n; i++) st_safetensors_destroy(src->parts[i]);
+  free(src->parts);
+  free(src->part_of);
+  st_safetensors_index_free(&src->index);
+}
+
+static int source_open(source *src, const char *path, st_error *err) {
+  memset(src, 0, sizeof *src);
+  struct stat sb;
+  int dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+  if (!dir) {
+    if (!(src->parts = malloc(sizeof *src->parts)))
+      return st_error_set(err, ST_ENOMEM, "out of memory");
+    int rc = st_safetensors_open(&src->parts[0], path, err);
+    src->n = !rc;
+    return rc;
+  }
+  snprintf(src->index_path, sizeof src->index_path,
+           "%s/model.safetensors.index.json", path);
+  if (access(src->index_path, F_OK) != 0)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: no model.safetensors.index.json: not a "
+                        "checkpoint, or one whose writing was cut short",
+                        path);
+  int rc = st_safetensors_index_read(src->index_path, &src->index, err);
+  int n = src->index.n;
+  int *first = NULL; /* part k's first index entry */
+  if (!rc && (!(src->parts = calloc((size_t)n + 1, sizeof *src->parts)) ||
+              !(src->part_of = malloc(((size_t)n + 1) * sizeof(int))) ||
+              !(first = malloc(((size_t)n + 1) * sizeof(int)))))
+    rc = st_error_set(err, ST_ENOMEM, "out of memory");
+  for (int i = 0; !rc && i < n; i++) {
+    const char *file = src->index.files[i];
+    int k = 0;
+    while (k < src->n && strcmp(src->index.files[first[k]], file) != 0) k++;
+    if (k == src->n) { /* a shard not opened yet */
+      char shard[2 * ST_PATH_MAX];
+      snprintf(shard, sizeof shard, "%s/%s", path, file);
+      if ((rc = st_safetensors_open(&src->parts[k], shard, err))) break;
+      first[k] = i;
+      src->n++;
+    }
+    src->part_of[i] = k;
+  }
+  free(first);
+  if (!rc && src->n == 0)
+    rc = st_error_set(err, ST_EFORMAT, "%s: an empty weight_map",
+                      src->index_path);
+  return rc;
+}
+
+/* The file holding tensor `name`: the one file, or the shard the index
+ * names (NULL, err set, if it names none). */
+static const st_safetensors *locate(const source *src, const char *name,
+                                    st_error *err) {
+  if (!src->index.n) return src->parts[0];
+  for (int i = 0; i < src->index.n; i++)
+    if (!strcmp(src->index.names[i], name))
+      return src->parts[src->part_of[i]];
+  st_error_set(err, ST_EFORMAT, "%s: tensor '%s' is missing from weight_map",
+               src->index_path, name);
+  return NULL;
+}
+
+/* Visits every tensor the load needs: slot -1 is the weights, 0.. the
+ * optimizer slots. With copy == 0 it only checks; with 1 it reads those of
+ * the blocks `mine` marks (NULL: all). */
+static int visit(const source *src, const st_model *m, float *params,
                  float *opt_state, const char *optim_kind, int ns,
                  const unsigned char *mine, int copy, st_error *err) {
   for (int s = -1; s < ns; s++)
@@ -309,7 +495,8 @@ static int visit(const st_safetensors *st, const st_model *m, float *params,
         else
           snprintf(name, sizeof name, "optim.%s.%s", ti->name,
                    slot_name(optim_kind, s));
-        const st_st_tensor *t = find_tensor(st, name, ti, s < 0, err);
+        const st_safetensors *st = locate(src, name, err);
+        const st_st_tensor *t = st ? find_tensor(st, name, ti, s < 0, err) : NULL;
         if (!t) return ST_EFORMAT;
         if (!copy || (mine && !mine[i])) continue;
         float *dst =
@@ -353,9 +540,13 @@ int st_checkpoint_load_blocks(const char *path, const st_model *m,
                               float *params, float *opt_state,
                               const char *optim_kind, st_train_pos *pos,
                               const unsigned char *mine, st_error *err) {
-  st_safetensors *st;
-  int rc = st_safetensors_open(&st, path, err);
-  if (rc) return rc;
+  source src;
+  int rc = source_open(&src, path, err);
+  if (rc) {
+    source_close(&src);
+    return rc;
+  }
+  const st_safetensors *st = src.parts[0]; /* every shard's metadata */
   if (opt_state) {
     const char *kind = st_safetensors_meta(st, "optimizer");
     if (!kind || strcmp(kind, optim_kind) != 0) {
@@ -368,17 +559,78 @@ int st_checkpoint_load_blocks(const char *path, const st_model *m,
   }
   int ns = opt_state ? slots(optim_kind) : 0;
   st_train_pos p;
-  rc = visit(st, m, params, opt_state, optim_kind, ns, mine, 0, err);
+  rc = visit(&src, m, params, opt_state, optim_kind, ns, mine, 0, err);
   if (!rc && pos) rc = read_pos(st, &p, err);
   if (rc) goto done;
   if (params &&
-      (rc = visit(st, m, params, opt_state, optim_kind, ns, mine, 1, err)))
+      (rc = visit(&src, m, params, opt_state, optim_kind, ns, mine, 1, err)))
     goto done;
   /* tied copies are not stored */
   for (int i = 0; params && i < m->n_blocks; i++)
     if (!mine || mine[i]) st_model_sync_ties_blocks(m, params, i, 1);
   if (pos) *pos = p;
 done:
-  st_safetensors_destroy(st);
+  source_close(&src);
+  return rc;
+}
+
+/* st_checkpoint_merge's reads: each tensor from its shard. */
+typedef struct merging {
+  const source *src;
+  const char *optim_kind;
+  const st_model *m;
+  float *buf;
+} merging;
+
+static const float *merge_fetch(void *arg, int slot, size_t off, size_t numel,
+                                st_error *err) {
+  merging *g = arg;
+  const st_model *m = g->m;
+  int b = 0;
+  while (b + 1 < m->n_blocks && m->blocks[b + 1].param_off <= off) b++;
+  const st_tensor_info *ti = NULL;
+  for (int t = 0; t < m->blocks[b].n_tensors; t++)
+    if (m->blocks[b].param_off + m->blocks[b].tensors[t].offset == off)
+      ti = &m->blocks[b].tensors[t];
+  char name[ST_NAME_MAX + 32];
+  if (slot < 0)
+    snprintf(name, sizeof name, "%s", ti->name);
+  else
+    snprintf(name, sizeof name, "optim.%s.%s", ti->name,
+             slot_name(g->optim_kind, slot));
+  const st_safetensors *st = locate(g->src, name, err);
+  const st_st_tensor *t = st ? find_tensor(st, name, ti, 0, err) : NULL;
+  if (!t || st_safetensors_pread(st, t, 0, numel * sizeof(float), g->buf, err))
+    return NULL;
+  return g->buf;
+}
+
+int st_checkpoint_merge(const char *dir, const char *out, const st_model *m,
+                        st_train_pos *pos, st_error *err) {
+  source src;
+  int rc = source_open(&src, dir, err);
+  if (!rc && !src.index.n)
+    rc = st_error_set(err, ST_EARG, "%s: not a sharded checkpoint's directory",
+                      dir);
+  const char *kind = rc ? NULL : st_safetensors_meta(src.parts[0], "optimizer");
+  if (!rc && (!kind || (strcmp(kind, "sgd") && strcmp(kind, "adamw"))))
+    rc = st_error_set(err, ST_EFORMAT, "%s: no optimizer named in metadata",
+                      src.parts[0]->path);
+  st_train_pos p;
+  if (!rc) rc = read_pos(src.parts[0], &p, err);
+  /* everything checked before the file is begun */
+  if (!rc) rc = visit(&src, m, NULL, NULL, kind, slots(kind), NULL, 0, err);
+  size_t most = 0;
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++)
+      if (m->blocks[i].tensors[t].numel > most)
+        most = m->blocks[i].tensors[t].numel;
+  merging g = {&src, kind, m, rc ? NULL : st_alloc(most * sizeof(float))};
+  if (!rc && !g.buf) rc = st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!rc)
+    rc = st_checkpoint_save_fetch(out, m, kind, &p, merge_fetch, &g, err);
+  if (!rc && pos) *pos = p;
+  st_free(g.buf);
+  source_close(&src);
   return rc;
 }

@@ -6,7 +6,9 @@
  *
  * A run's files: config.yaml, metrics.jsonl, summary.json, plan.json,
  * plan.svg, schedule.svg (a pipeline's), checkpoints/step-NNNNNNNN.safetensors
- * and, for weight streaming from a file store, store.strata. Atomic writes go
+ * (or, sharded, the directory checkpoints/step-NNNNNNNN/ of shards and the
+ * model.safetensors.index.json written last, which makes it whole) and, for
+ * weight streaming from a file store, store.strata. Atomic writes go
  * through PATH.tmp.PID (safetensors.c); a PID that no longer runs left its temp
  * file for good.
  */
@@ -26,13 +28,21 @@ static int cmp_i64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* "step-NNNNNNNN.safetensors" -> NNNNNNNN; -1 for any other name. */
-static int64_t step_of(const char *name) {
+/* "step-NNNNNNNN.safetensors" (or "step-NNNNNNNN" with sharded = 1) ->
+ * NNNNNNNN; -1 for any other name. */
+static int64_t step_of(const char *name, int sharded) {
   if (strncmp(name, "step-", 5) != 0) return -1;
   const char *p = name + 5, *q = p;
   int64_t v = 0;
   while (*q >= '0' && *q <= '9' && q - p < 18) v = v * 10 + (*q++ - '0');
-  return q > p && strcmp(q, ".safetensors") == 0 ? v : -1;
+  return q > p && strcmp(q, sharded ? "" : ".safetensors") == 0 ? v : -1;
+}
+
+/* A sharded checkpoint's directory is whole once its index is there. */
+static int whole_shards(const char *ck, const char *name) {
+  char path[2 * ST_PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s/model.safetensors.index.json", ck, name);
+  return access(path, F_OK) == 0;
 }
 
 int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err) {
@@ -49,7 +59,9 @@ int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err) {
   int n = 0, cap = 0;
   struct dirent *e;
   while ((e = readdir(d))) {
-    int64_t s = step_of(e->d_name);
+    int64_t s = step_of(e->d_name, 0);
+    if (s < 0 && (s = step_of(e->d_name, 1)) >= 0 && !whole_shards(ck, e->d_name))
+      s = -1;
     if (s < 0) continue;
     if (n == cap) {
       cap = cap ? 2 * cap : 16;
@@ -66,29 +78,68 @@ int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err) {
   }
   closedir(d);
   if (n) qsort(*steps, (size_t)n, sizeof **steps, cmp_i64);
-  return n;
+  int kept = 0; /* a step both as a file and as shards: once */
+  for (int i = 0; i < n; i++)
+    if (!kept || (*steps)[kept - 1] != (*steps)[i]) (*steps)[kept++] = (*steps)[i];
+  return kept;
 }
 
 int st_run_checkpoint_path(const char *dir, int64_t step, char *out,
                            size_t cap) {
-  return snprintf(out, cap, "%s/checkpoints/step-%08lld.safetensors", dir,
+  char shards[ST_PATH_MAX + 64];
+  st_run_checkpoint_dir(dir, step, shards, sizeof shards);
+  char ck[ST_PATH_MAX + 16], name[32];
+  snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+  snprintf(name, sizeof name, "step-%08lld", (long long)step);
+  int n = snprintf(out, cap, "%s/checkpoints/step-%08lld.safetensors", dir,
+                   (long long)step);
+  /* a sharded one where there is no file */
+  if (access(out, F_OK) != 0 && whole_shards(ck, name))
+    n = snprintf(out, cap, "%s", shards);
+  return n >= (int)cap ? -1 : 0;
+}
+
+int st_run_checkpoint_dir(const char *dir, int64_t step, char *out,
+                          size_t cap) {
+  return snprintf(out, cap, "%s/checkpoints/step-%08lld", dir,
                   (long long)step) >= (int)cap
              ? -1
              : 0;
+}
+
+/* Removes a checkpoint: its file, or its shards' directory and all in it. */
+static int remove_checkpoint(const char *dir, int64_t step, st_error *err) {
+  char path[ST_PATH_MAX + 64];
+  st_run_checkpoint_path(dir, step, path, sizeof path);
+  struct stat sb;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      char file[2 * ST_PATH_MAX];
+      snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+      unlink(file);
+    }
+    if (d) closedir(d);
+    if (rmdir(path) != 0 && errno != ENOENT)
+      return st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
+                          strerror(errno));
+    return 0;
+  }
+  if (unlink(path) != 0 && errno != ENOENT)
+    return st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
+                        strerror(errno));
+  return 0;
 }
 
 int st_run_prune(const char *dir, int keep, st_error *err) {
   int64_t *steps;
   int n = st_run_checkpoints(dir, &steps, err);
   if (n < 0) return err->code;
-  char path[ST_PATH_MAX + 64];
   int rc = 0;
-  for (int i = 0; i + keep < n && !rc; i++) {
-    st_run_checkpoint_path(dir, steps[i], path, sizeof path);
-    if (unlink(path) != 0 && errno != ENOENT)
-      rc = st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
-                        strerror(errno));
-  }
+  for (int i = 0; i + keep < n && !rc; i++)
+    rc = remove_checkpoint(dir, steps[i], err);
   free(steps);
   return rc;
 }
@@ -112,11 +163,27 @@ int st_run_clean_tmp(const char *dir) {
     DIR *d = opendir(d_path);
     if (!d) continue;
     struct dirent *e;
-    while ((e = readdir(d)))
+    while ((e = readdir(d))) {
       if (stale_tmp(e->d_name)) {
         snprintf(path, sizeof path, "%s/%s", d_path, e->d_name);
         removed += unlink(path) == 0;
       }
+      /* shards whose index was never written: a save a kill cut short */
+      if (sub && step_of(e->d_name, 1) >= 0 && !whole_shards(d_path, e->d_name)) {
+        snprintf(path, sizeof path, "%s/%s", d_path, e->d_name);
+        DIR *s = opendir(path);
+        struct dirent *f;
+        while (s && (f = readdir(s))) {
+          char file[3 * ST_PATH_MAX];
+          if (strcmp(f->d_name, ".") && strcmp(f->d_name, "..")) {
+            snprintf(file, sizeof file, "%s/%s", path, f->d_name);
+            unlink(file);
+          }
+        }
+        if (s) closedir(s);
+        removed += rmdir(path) == 0;
+      }
+    }
     closedir(d);
   }
   return removed;
@@ -168,12 +235,7 @@ int st_run_remove(const char *dir, const char *store, st_error *err) {
   int n = st_run_checkpoints(dir, &steps, err);
   if (n < 0) return err->code;
   int rc = 0;
-  for (int i = 0; i < n && !rc; i++) {
-    st_run_checkpoint_path(dir, steps[i], path, sizeof path);
-    if (unlink(path) != 0 && errno != ENOENT)
-      rc = st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
-                        strerror(errno));
-  }
+  for (int i = 0; i < n && !rc; i++) rc = remove_checkpoint(dir, steps[i], err);
   free(steps);
   for (size_t i = 0; !rc && i < sizeof files / sizeof files[0]; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, files[i]);

@@ -27,9 +27,13 @@ typedef struct json {
   const char *start, *p, *end;
   const char *path;
   st_error *err;
+  const char *kind; /* what is parsed, for errors (NULL: the header) */
 } json;
 
 static int json_fail(json *j, const char *what) {
+  if (j->kind)
+    return st_error_set(j->err, ST_EFORMAT, "%s: corrupt %s: %s at byte %ld",
+                        j->path, j->kind, what, (long)(j->p - j->start));
   return st_error_set(j->err, ST_EFORMAT,
                       "%s: corrupt safetensors header: %s at header byte %ld",
                       j->path, what, (long)(j->p - j->start));
@@ -362,7 +366,7 @@ static int open_file(st_safetensors **out, const char *path, int load,
                      ferror(f) ? strerror(errno) : "file shrank while reading");
     goto fail;
   }
-  json j = {header, header, header + hlen, path, err};
+  json j = {header, header, header + hlen, path, err, NULL};
   if ((rc = parse_header(&j, st))) goto fail;
   skip_ws(&j);
   if (j.p != j.end) {
@@ -443,6 +447,78 @@ const char *st_safetensors_meta(const st_safetensors *st, const char *key) {
   for (int i = 0; i < st->n_meta; i++)
     if (strcmp(st->meta_keys[i], key) == 0) return st->meta_values[i];
   return NULL;
+}
+
+/* ------------------------------------------------------------ the index */
+
+/* Skips one metadata value: a string or an integer. */
+static int skip_value(json *j) {
+  char buf[512];
+  int64_t v;
+  return peek(j, '"') ? read_string(j, buf, sizeof buf) : read_int(j, &v);
+}
+
+int st_safetensors_index_read(const char *path, st_st_index *out,
+                              st_error *err) {
+  memset(out, 0, sizeof *out);
+  size_t len = 0;
+  uint8_t *bytes = NULL;
+  int rc = st_file_read(&bytes, &len, path, err);
+  if (rc) return rc;
+  const char *text = (const char *)bytes;
+  json j = {text, text, text + len, path, err, "model.safetensors.index.json"};
+  int seen_map = 0;
+  rc = expect(&j, '{');
+  while (!rc && !peek(&j, '}')) {
+    char key[64];
+    if ((rc = read_string(&j, key, sizeof key)) || (rc = expect(&j, ':')) ||
+        (rc = expect(&j, '{')))
+      break;
+    int map = !strcmp(key, "weight_map");
+    seen_map |= map;
+    while (!rc && !peek(&j, '}')) {
+      char name[sizeof out->names[0]], file[sizeof out->files[0]];
+      if ((rc = read_string(&j, name, sizeof name)) || (rc = expect(&j, ':')))
+        break;
+      if (!map) {
+        rc = skip_value(&j);
+      } else if (!(rc = read_string(&j, file, sizeof file))) {
+        /* a shard beside the index: no directories, no way up */
+        if (strchr(file, '/') || !strcmp(file, ".") || !strcmp(file, "..")) {
+          rc = json_fail(&j, "a shard's file name holds a '/'");
+          break;
+        }
+        if (out->n == out->cap) {
+          int cap = out->cap ? 2 * out->cap : 64;
+          void *n2 = realloc(out->names, (size_t)cap * sizeof *out->names);
+          if (n2) out->names = n2;
+          void *f2 = realloc(out->files, (size_t)cap * sizeof *out->files);
+          if (f2) out->files = f2;
+          if (!n2 || !f2) {
+            rc = st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+            break;
+          }
+          out->cap = cap;
+        }
+        memcpy(out->names[out->n], name, sizeof name);
+        memcpy(out->files[out->n++], file, sizeof file);
+      }
+      if (!rc && peek(&j, ',')) j.p++;
+    }
+    if (!rc) rc = expect(&j, '}');
+    if (!rc && peek(&j, ',')) j.p++;
+  }
+  if (!rc) rc = expect(&j, '}');
+  if (!rc && !seen_map) rc = json_fail(&j, "no weight_map");
+  st_free(bytes);
+  if (rc) st_safetensors_index_free(out);
+  return rc;
+}
+
+void st_safetensors_index_free(st_st_index *x) {
+  free(x->names);
+  free(x->files);
+  memset(x, 0, sizeof *x);
 }
 
 /* ------------------------------------------------------------------ writer */

@@ -127,6 +127,10 @@ for i in $(seq 20); do
   if [ $((i % 4)) -eq 0 ]; then name=TERM want=143; fi
   "$strata" train "$fc" "${sig[@]}" --out "$dir" >"$dir.out" 2>"$dir.err" &
   pid=$!
+  # from the moment the run's directory exists (its handlers are set: a
+  # signal before main() ends a process that has written nothing, with
+  # nothing to resume)
+  for _ in $(seq 100); do [ -d "$dir" ] && break; sleep 0.01; done
   sleep "$((RANDOM % 12 / 10)).$((RANDOM % 10))$((RANDOM % 10))"
   kill -s "$name" "$pid" 2>/dev/null
   wait "$pid"

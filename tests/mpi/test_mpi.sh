@@ -284,6 +284,47 @@ run_mpi 2 train "$fc" "${wide[@]}" --set execution.stages=1 --set execution.rank
 refused "data-parallel ranks over execution.rank_memory_limit: refused at start" \
   "^strata: error: rank 0: --set: execution.rank_memory_limit is [0-9.]* MB, but this rank needs [0-9.]* MB (weights [0-9.]* MB, gradients [0-9.]* MB, optimizer state [0-9.]* MB, buffers [0-9.]* MB, data [0-9.]* KB): short by [0-9.]* MB; its largest block, [0-9] (blocks.[0-9]), holds [0-9.]* MB"
 
+# --- sharded checkpoints (train.checkpoint_format: shards) -------------------------
+# Each rank of a pipeline over ranks writes its own stages as one shard,
+# rank 0 the index (model.safetensors.index.json, written last); merged by
+# strata export, the shards are the threaded run's single file byte for
+# byte; a 2-rank sharded checkpoint resumes on 4 ranks as the threaded run
+# resumes; eval reads the directory; a shard that is gone is named.
+shard=(--set train.checkpoint_format=shards)
+pipe2=(--set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4)
+run_mpi 2 train "$cnn" "${small[@]}" "${pipe2[@]}" "${place[@]}" "${shard[@]}" --out "$T/sh_m2"
+sd="$T/sh_m2/checkpoints/step-00000012"
+if [ "$rc" -eq 0 ] && [ -e "$sd/model-00001-of-00002.safetensors" ] &&
+   [ -e "$sd/model-00002-of-00002.safetensors" ] &&
+   grep -q '^  "metadata": {"total_size": [0-9]*, "format": "strata-checkpoint", "model": "cnn", "optimizer": "sgd", "shards": 2, "step": 12},$' "$sd/model.safetensors.index.json" &&
+   grep -q '^    "blocks.0.conv0.weight": "model-00001-of-00002.safetensors",$' "$sd/model.safetensors.index.json" &&
+   grep -q '^    "optim.blocks.3.linear0.bias.momentum": "model-00002-of-00002.safetensors"$' "$sd/model.safetensors.index.json"; then
+  pass
+else
+  fail "2 ranks write a shard each and the index" "rc $rc" "$(ls -R "$T/sh_m2/checkpoints")" "$err"
+fi
+run export "$T/sh_m2" --out "$T/sh_m2.safetensors"
+same "the 2 shards merged by export: the threaded pipeline's checkpoint" \
+  "$T/t_1f1b-2/$ck" "$T/sh_m2.safetensors"
+run eval "$cnn" --checkpoint "$sd" --set data.test_limit=128
+if [ "$rc" -eq 0 ] && grep -q "^test accuracy [0-9.]*, test loss [0-9.]* ($sd)$" <<<"$out"; then pass; else
+  fail "eval reads a sharded checkpoint's directory" "rc $rc" "$out" "$err"
+fi
+run train - --resume "$T/t_1f1b-2" --set train.steps=24 --set execution.stages=4
+run_mpi 4 train - --resume "$T/sh_m2" --set train.steps=24 --set execution.stages=4
+run export "$T/sh_m2" --out "$T/sh_m2_24.safetensors"
+same "2 ranks' shards resumed on 4 ranks: the threaded run resumed, byte for byte" \
+  "$T/t_1f1b-2/checkpoints/step-00000024.safetensors" "$T/sh_m2_24.safetensors"
+# in one process: one shard
+run train "$cnn" "${small[@]}" "${pipe2[@]}" --set train.threads=2 "${shard[@]}" --out "$T/sh_t"
+run export "$T/sh_t" --out "$T/sh_t.safetensors"
+same "one process, shards: one shard that merges to the single file" "$T/t_1f1b-2/$ck" "$T/sh_t.safetensors"
+mv "$T/sh_m2/checkpoints/step-00000024/model-00002-of-00004.safetensors" "$T/gone"
+run train - --resume "$T/sh_m2" --set train.steps=30
+if [ "$rc" -ne 0 ] && grep -q "step-00000024/model-00002-of-00004.safetensors: cannot open" <<<"$err"; then pass; else
+  fail "a shard that is gone: named" "rc $rc" "$err"
+fi
+
 # --- weight streaming over ranks: a store rank and compute ranks --------------------
 # execution.mode: weight_streaming under mpirun -np N: rank 0 keeps the
 # weights and optimizer state and updates them, ranks 1 .. N-1 train data
