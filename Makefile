@@ -47,7 +47,7 @@ TEST_BIN  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 DEPS      := $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
 
-.PHONY: FORCE all deps demo demo-gpt demo-stream test test-asan test-tsan bench mutate format format-check clean tests benches
+.PHONY: FORCE all deps demo demo-cluster demo-gpt demo-stream test test-asan test-tsan bench mutate format format-check clean tests benches
 
 all: $(BUILD)/strata
 
@@ -96,6 +96,13 @@ deps:
 demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/strata train configs/fc_mnist.yaml --out runs/demo --overwrite
+
+# A model larger than each rank may hold, trained over MPI ranks on this
+# machine: a pipeline over 2 ranks and weight streaming over 3 (a store rank
+# and 2 compute ranks), each printing every rank's memory and traffic.
+demo-cluster: deps
+	@$(MAKE) --no-print-directory all
+	@tools/demo-cluster.sh $(BUILD)
 
 # gpt_tiny on the `fortunes` package's cookie file: validation loss, then a
 # sample from the final checkpoint.

@@ -464,6 +464,10 @@ static int cmd_train(int argc, char **argv) {
     printf("strata: %d MPI ranks: %d replica%s of %d samples per step, each "
            "a pipeline over %d ranks that hold only their own stages\n",
            W, R, R == 1 ? "" : "s", cfg.train.batch / R, W / R);
+  else if (W > 1 && !strcmp(cfg.execution.mode, "weight_streaming"))
+    printf("strata: %d MPI ranks: rank 0 the store of the weights and "
+           "optimizer state, %d compute rank%s of %d samples per step\n",
+           W, W - 1, W == 2 ? "" : "s", cfg.train.batch / (W - 1));
   else if (W > 1)
     printf("strata: %d MPI ranks, each a replica of %d samples per step\n", W,
            cfg.train.batch / W);
