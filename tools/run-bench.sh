@@ -35,6 +35,9 @@
 #      pipelined-backprop run against a healthy one.
 #  11. bf16 mixed precision against fp32 (strata's own): the GPT-2-124M
 #      shape and the MLP, the CPU's bf16 capability named in the row.
+#  12. Weight streaming across MPI ranks (a store rank, 1 and 2 compute
+#      ranks) against the same arithmetic in one process: samples/s, the
+#      bytes the store moves per step, the share of a step streaming adds.
 #
 # Targets are printed beside the ratios for the reader; a ratio below its
 # target never fails the run (benchmarks report, they don't gate). The exit
@@ -476,6 +479,50 @@ for bf_case in "gpt 124m 4 ${REPEATS_BF16:-2} 1.6" "mlp - 32 $repeats -" "mlp - 
     printf "  %-18s fp32 %9.1f %s, bf16 %9.1f; bf16/fp32 %.2fx%s\n", name, f, unit, g, r,
       (t != "-") ? sprintf(" (target >= %sx: %s)", t, r >= t ? "meets target" : "below target") : "" }'
 done
+
+# 12. Weight streaming across MPI ranks: rank 0 the store (memory), 1 and 2
+# compute ranks of one thread each, against the same arithmetic in one
+# process (sequential on 1 thread; the in-process replicas, 2 on 2 threads:
+# the weights are the same bits) on an MLP whose weights dominate (4 x 1024
+# hidden, batch 64). Bytes the store sent and received per step (its
+# summary.json), and the share of a step the streaming adds: 1 - in-process
+# time / ranks time (the broadcast of the weights, the reduction of the
+# gradients and the store's update, whatever of them the compute did not
+# hide). Best of 3, alternating.
+if ldd "$build/strata" | grep -q libmpi && command -v mpirun >/dev/null; then
+  echo
+  echo "Weight streaming across MPI ranks vs in one process (MLP 4x1024, batch 64, 1 thread per compute rank; best of 3)"
+  tmp=$(mktemp -d)
+  wsr=(--set model.hidden=[1024,1024,1024,1024] --set data.train_limit=4096 --set data.test_limit=64
+       --set train.batch=64 --set train.steps=40 --set train.threads=1 --set metrics.progress=off)
+  ws_rate() { # ranks (0: in one process with that many replicas), then args
+    local n=$1
+    shift
+    if [ "$n" -le 0 ]; then
+      "$build/strata" train configs/fc_mnist.yaml "${wsr[@]}" "$@" --out "$tmp/ws" --overwrite 2>/dev/null
+    else
+      mpirun --allow-run-as-root --oversubscribe -np "$n" "$build/strata" train configs/fc_mnist.yaml \
+        "${wsr[@]}" --set execution.mode=weight_streaming "$@" --out "$tmp/ws" --overwrite 2>/dev/null
+    fi | sed -n 's/^strata: training rate: measured \([0-9]*\) samples.*/\1/p'
+  }
+  for c in 1 2; do
+    bm=0 bp=0 moved=""
+    for _ in 1 2 3; do
+      r=$(ws_rate $((c + 1)))
+      [ -n "$r" ] && [ "$r" -gt "$bm" ] && bm=$r &&
+        moved=$(grep -o '"sent_bytes_per_step": [0-9]*, "received_bytes_per_step": [0-9]*' "$tmp/ws/summary.json" | head -n 1)
+      if [ "$c" -eq 1 ]; then r=$(ws_rate 0); else r=$(ws_rate 0 --set execution.replicas=2 --set train.threads=2); fi
+      [ -n "$r" ] && [ "$r" -gt "$bp" ] && bp=$r
+    done
+    awk -v c="$c" -v m="$bm" -v p="$bp" -v moved="$moved" 'BEGIN {
+      split(moved, f, /[:,] */)
+      printf "  %d compute rank%s: %6d samples/s; in one process %6d; ranks/in-process %.2fx; the store sent %.1f MB and received %.1f MB a step; streaming adds %.0f%% of a step\n",
+        c, (c > 1 ? "s" : " "), m, p, (p > 0 ? m / p : 0), f[2] / 1e6, f[4] / 1e6,
+        (m > 0 && p > 0 ? 100 * (1 - m / p) : 0) }'
+  done
+  rm -rf "$tmp"
+  echo "  (2 vCPUs: the store rank and the compute ranks share them; on a 16-core machine, up to 8 compute ranks)"
+fi
 
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
 exit "$status"
