@@ -1435,6 +1435,12 @@ typedef struct st_plan {
                                between steps, serial with the stages
                                (batch input, step hand-off; 0 unless
                                calibrated) */
+  /* Over MPI ranks (st_plan_place_ranks; 0: one process): the ranks,
+   * each rank's bytes by the plan's stage memory and the stages it holds
+   * (rank_stages[r] .. rank_stages_end[r] - 1; none for a weight store) */
+  int ranks;
+  double *rank_memory;
+  int *rank_stages, *rank_stages_end;
   int n_tried;              /* throughput_by_k[k - 1] for k in 1..n_tried */
   double *throughput_by_k;  /* (0 = infeasible); NULL if not computed */
   char cause[ST_CAUSE_MAX]; /* why this many stages */
@@ -1453,6 +1459,17 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
 int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                     st_error *err);
 void st_plan_destroy(st_plan *p);
+/* Pass 4b, over `ranks` MPI ranks: which stages each rank holds and the
+ * bytes that make (the stages' weights, state and activations as the plan
+ * counts them): a stage per rank with execution.placement: ranks (stage s
+ * of k on rank s P / k of each replica's P ranks), every stage on every
+ * rank for data parallelism, the weights and state on rank 0 for weight
+ * streaming (the activations and prefetch + 1 blocks on the others). A rank
+ * over execution.rank_memory_limit is an error naming it, its largest
+ * block and the shortfall. ranks <= 1: one process, checked against the
+ * limit if one is set. */
+int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
+                        st_error *err);
 /* The plan's predicted training rate, samples/s: the steady-state
  * throughput at the schedule's utilization (pipelined != 0: pipelined
  * backprop's, else fill-and-drain's, with interleaving's extra hand-offs),

@@ -15,8 +15,8 @@
 static const char *usage_compile =
     "usage: strata compile CONFIG [--set key.path=value ...]\n"
     "                      [--fabric cpu | cpu:N | mesh:WxH | wse2]\n"
-    "                      [--stages K] [--validate-only | --compile-only]\n"
-    "                      [--out DIR]\n"
+    "                      [--stages K] [--ranks N]\n"
+    "                      [--validate-only | --compile-only] [--out DIR]\n"
     "\n"
     "Compiles the model of CONFIG onto a fabric: splits its blocks into\n"
     "pipeline stages (optimal: the slowest stage is as fast as it can be),\n"
@@ -41,6 +41,9 @@ static const char *usage_compile =
     "                    number; else the K with the\n"
     "                    best predicted throughput; ties go to fewer); such a\n"
     "                    config's execution.stage_blocks pins the cut itself\n"
+    "  --ranks N         the run's MPI ranks (mpirun -np N): which stages each\n"
+    "                    rank holds and its memory by the plan, checked\n"
+    "                    against execution.rank_memory_limit\n"
     "  --validate-only   check the config and the model, print parameters,\n"
     "                    FLOPs per sample and memory; allocate no model\n"
     "                    memory, write nothing\n"
@@ -57,7 +60,7 @@ static const char *usage_compile =
     "  DIR/plan.svg      the map: each stage's region coloured and labelled\n";
 
 typedef struct compile_args {
-  const char *config, *out, *fabric, *stages;
+  const char *config, *out, *fabric, *stages, *ranks;
   const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help, validate_only, compile_only;
 } compile_args;
@@ -68,6 +71,7 @@ static int parse(int argc, char **argv, compile_args *a) {
                                    {"--out", &a->out, NULL},
                                    {"--fabric", &a->fabric, NULL},
                                    {"--stages", &a->stages, NULL},
+                                   {"--ranks", &a->ranks, NULL},
                                    {NULL, NULL, NULL}};
   const st_cli_spec spec = {usage_compile, options,    {&a->config, NULL},
                             a->sets,       &a->n_sets, &a->help};
@@ -107,11 +111,15 @@ int st_cli_compile(int argc, char **argv) {
   if (a.help) return fputs(usage_compile, stdout), 0;
   if (!a.config)
     return st_cli_usage_error(usage_compile, "compile needs a CONFIG%s", "");
-  int stages = stages_of(a.stages);
+  int stages = stages_of(a.stages), ranks = stages_of(a.ranks);
   if (stages < 0)
     return st_cli_usage_error(usage_compile,
                               "--stages takes a whole number >= 1, not '%s'",
                               a.stages);
+  if (ranks < 0)
+    return st_cli_usage_error(usage_compile,
+                              "--ranks takes a whole number >= 1, not '%s'",
+                              a.ranks);
   st_error err = {0};
   st_config cfg;
   if (load(&cfg, &a, &err)) return st_cli_fail(&err);
@@ -127,6 +135,10 @@ int st_cli_compile(int argc, char **argv) {
   snprintf(svg, sizeof svg, "%s/plan.svg", out);
   st_plan *plan;
   if (st_plan_compile(&plan, &cfg, stages, &err)) return st_cli_fail(&err);
+  if (st_plan_place_ranks(plan, &cfg, ranks, &err)) {
+    st_plan_destroy(plan);
+    return st_cli_fail(&err);
+  }
   st_plan_print(plan, stdout);
   rc = st_mkdir_p(out, 1, &err);
   if (!rc) rc = st_plan_write_json(plan, json, &err);

@@ -220,7 +220,12 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
   snprintf(json, sizeof json, "%s/plan.json", dir);
   snprintf(svg, sizeof svg, "%s/plan.svg", dir);
   int rc = st_plan_compile(plan, cfg, stages, err);
-  if (rc) return rc;
+  if (!rc) rc = st_plan_place_ranks(*plan, cfg, st_dist_size(), err);
+  if (rc) {
+    st_plan_destroy(*plan);
+    *plan = NULL;
+    return rc;
+  }
   /* a plan that cannot be made is reported; one that cannot be written
    * stops the run, like any output file (ST_EIO) */
   rc = st_plan_write_json(*plan, json, err);

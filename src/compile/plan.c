@@ -716,8 +716,93 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
   return rc;
 }
 
+int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
+                        st_error *err) {
+  /* one process: only its limit to check */
+  if (ranks <= 1 && cfg->execution.rank_memory_limit <= 0) return 0;
+  if (ranks < 1) ranks = 1;
+  const int k = p->n_stages;
+  int placed = !strcmp(cfg->execution.placement, "ranks");
+  int ws = !strcmp(cfg->execution.mode, "weight_streaming");
+  int R = placed && cfg->execution.replicas > 0 ? cfg->execution.replicas : 1;
+  int P = placed ? ranks / R : 1;
+  p->rank_memory = st_alloc((size_t)ranks * sizeof *p->rank_memory);
+  p->rank_stages = st_alloc(2 * (size_t)ranks * sizeof *p->rank_stages);
+  if (!p->rank_memory || !p->rank_stages)
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  p->rank_stages_end = p->rank_stages + ranks;
+  p->ranks = ranks;
+  /* the largest block's weights: what a compute rank of weight streaming
+   * holds in each of its prefetch + 1 slots */
+  double block_w = 0, acts = 0, held = 0;
+  for (int b = 0; b < p->n_blocks; b++)
+    if (p->blocks[b].param_bytes > block_w) block_w = p->blocks[b].param_bytes;
+  for (int s = 0; s < k; s++) acts += p->stages[s].mem_acts;
+  for (int s = 0; s < k; s++) held += p->stages[s].mem_total;
+  int file = !strcmp(cfg->execution.store, "file");
+  for (int r = 0; r < ranks; r++) {
+    double bytes = 0;
+    int lo = 0, hi = k;
+    if (ws && r == 0) { /* the store: a file store's are on disk */
+      hi = 0;
+      for (int s = 0; s < k && !file; s++)
+        bytes += p->stages[s].mem_weights + p->stages[s].mem_state;
+    } else if (ws) {
+      hi = 0;
+      bytes = acts + (cfg->execution.prefetch + 3) * block_w; /* slots, 2
+                                                                 gradients */
+    } else if (placed) {
+      int member = r % P;
+      lo = hi = -1;
+      for (int s = 0; s < k; s++)
+        if ((int)((long long)s * P / k) == member) {
+          if (lo < 0) lo = s;
+          hi = s + 1;
+          bytes += p->stages[s].mem_total;
+        }
+      if (lo < 0) lo = hi = 0;
+    } else {
+      bytes = held;
+    }
+    p->rank_memory[r] = bytes;
+    p->rank_stages[r] = lo;
+    p->rank_stages_end[r] = hi;
+  }
+  int64_t limit = cfg->execution.rank_memory_limit;
+  for (int r = 0; limit > 0 && r < ranks; r++) {
+    if (p->rank_memory[r] <= (double)limit) continue;
+    int worst = -1;
+    for (int s = p->rank_stages[r]; s < p->rank_stages_end[r]; s++)
+      for (int b = p->stages[s].first;
+           b < p->stages[s].first + p->stages[s].count; b++)
+        if (worst < 0 || p->blocks[b].param_bytes > p->blocks[worst].param_bytes)
+          worst = b;
+    char need[32], lim[32], short_by[32], biggest[32], tail[160] = "";
+    if (worst >= 0)
+      snprintf(tail, sizeof tail,
+               "; its largest block, %s, holds %s of weights",
+               p->blocks[worst].name,
+               st_plan_fmt_bytes(biggest, sizeof biggest,
+                                 p->blocks[worst].param_bytes));
+    return st_error_set(
+        err, ST_ENOMEM,
+        "%s: execution.rank_memory_limit is %s, but the plan gives rank %d "
+        "of %d %s (its stages' weights, state and activations): short by "
+        "%s%s",
+        st_config_where(cfg, "execution.rank_memory_limit"),
+        st_plan_fmt_bytes(lim, sizeof lim, (double)limit), r, ranks,
+        st_plan_fmt_bytes(need, sizeof need, p->rank_memory[r]),
+        st_plan_fmt_bytes(short_by, sizeof short_by,
+                          p->rank_memory[r] - (double)limit),
+        tail);
+  }
+  return 0;
+}
+
 void st_plan_destroy(st_plan *p) {
   if (!p) return;
+  st_free(p->rank_memory);
+  st_free(p->rank_stages);
   st_free(p->blocks);
   st_free(p->stages);
   st_free(p->throughput_by_k);

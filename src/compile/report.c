@@ -244,6 +244,18 @@ void st_plan_print(const st_plan *p, FILE *f) {
           "bottleneck)\n",
           st_plan_fmt_rate(a, sizeof a, p->throughput), p->bottleneck,
           st_plan_fmt_time(b, sizeof b, p->bottleneck_time), p->balance);
+  for (int r = 0; r < p->ranks; r++) {
+    char st[48] = "no stage: the weight store's", mem[32];
+    int lo = p->rank_stages[r], hi = p->rank_stages_end[r];
+    if (!strcmp(p->mode, "weight_streaming"))
+      snprintf(st, sizeof st, "%s", r ? "a compute rank" : "the weight store");
+    else if (hi - lo == 1)
+      snprintf(st, sizeof st, "stage %d", lo);
+    else if (hi > lo)
+      snprintf(st, sizeof st, "stages %d-%d", lo, hi - 1);
+    fprintf(f, "rank %d: %s, %s by the plan's memory\n", r, st,
+            st_plan_fmt_bytes(mem, sizeof mem, p->rank_memory[r]));
+  }
   fprintf(f, "%s in use: %s, idle: %s\n", word,
           st_plan_fmt_count(c, sizeof c, (double)p->pes_used),
           st_plan_fmt_count(d, sizeof d, (double)(fb->pes - p->pes_used)));
@@ -405,7 +417,14 @@ static void write_json(const st_plan *p, FILE *f) {
     json_string(f, st->cause);
     fputc('}', f);
   }
-  fprintf(f, "\n  ],\n  ");
+  fprintf(f, "\n  ],\n  \"ranks\": [");
+  for (int r = 0; r < p->ranks; r++) {
+    fprintf(f, "%s{\"rank\": %d, \"stages\": [%d, %d], ", r ? ", " : "", r,
+            p->rank_stages[r], p->rank_stages_end[r]);
+    jnum(f, "memory", p->rank_memory[r], 1);
+    fputc('}', f);
+  }
+  fprintf(f, "],\n  ");
   jnum(f, "throughput", p->throughput, 0);
   fprintf(f, "\"bottleneck_stage\": %d, ", p->bottleneck);
   jnum(f, "bottleneck_time", p->bottleneck_time, 0);

@@ -314,6 +314,31 @@ expect_error "compile: unknown fabric" "--fabric toaster: unknown fabric; one of
   -- compile "$fc" --fabric toaster --out "$T/o_fabric"
 expect_error "compile: more stages than blocks" "--stages 9: more stages than the model's 3 blocks" \
   -- compile "$fc" --fabric cpu:8 --stages 9 --out "$T/o_stages"
+# --ranks N: which stages each rank holds and its memory by the plan (a
+# stage per rank with placement: ranks; the weights at the store rank of
+# weight streaming), in the text and in plan.json; a rank over
+# execution.rank_memory_limit is named, with the shortfall
+wide4=(--set model.hidden=[1024,1024,1024] --set execution.mode=pipeline --set execution.stages=2
+       --set execution.placement=ranks --fabric cpu:2)
+run compile "$fc" "${wide4[@]}" --ranks 2 --out "$T/o_ranks"
+if [ "$rc" -eq 0 ] && grep -Eq "^rank 0: stage 0, [0-9.]+ MB by the plan's memory$" <<<"$out" &&
+   grep -Eq "^rank 1: stage 1, [0-9.]+ MB by the plan's memory$" <<<"$out" &&
+   grep -Eq '"ranks": \[\{"rank": 0, "stages": \[0, 1\], "memory": [0-9.e+]+\}, \{"rank": 1, "stages": \[1, 2\], "memory": [0-9.e+]+\}\]' "$T/o_ranks/plan.json"; then
+  pass
+else
+  fail "compile --ranks 2: each rank's stage and memory" "rc $rc" "$out" "$err"
+fi
+run compile "$fc" --set model.hidden=[1024,1024,1024] --set execution.mode=weight_streaming --fabric cpu:2 \
+  --ranks 3 --out "$T/o_ranks_ws"
+if [ "$rc" -eq 0 ] && grep -Eq "^rank 0: the weight store, [0-9.]+ MB by the plan's memory$" <<<"$out" &&
+   grep -Eq "^rank 2: a compute rank, [0-9.]+ MB by the plan's memory$" <<<"$out"; then
+  pass
+else
+  fail "compile --ranks 3, weight streaming: the store and the compute ranks" "rc $rc" "$out" "$err"
+fi
+expect_error "compile --ranks 2: a rank over execution.rank_memory_limit" \
+  "--set: execution.rank_memory_limit is 10 MB, but the plan gives rank [01] of 2 [0-9.]+ MB \(its stages' weights, state and activations\): short by [0-9.]+ MB; its largest block, blocks.[0-9], holds [0-9.]+ MB of weights" \
+  -- compile "$fc" "${wide4[@]}" --ranks 2 --set execution.rank_memory_limit=10000000 --out "$T/o_lim"
 # without --stages, a pipelined config's execution.stages is the plan's K
 printf 'model:\n  hidden: [64, 64]\nexecution:\n  mode: pipelined_backprop\n  stages: 3\noptimizer:\n  nesterov: false\n' >"$T/pb3.yaml"
 run compile "$T/pb3.yaml" --fabric cpu:4 --out "$T/o_pb3"

@@ -176,6 +176,8 @@ grep -q '"name": "stage 0 (rank 0)"' "$T/m_1f1b-4/summary.json" &&
 placed "1f1b-3" 3 --set execution.mode=pipeline --set execution.stages=3 \
   --set execution.micro_batch=4
 placed "pb-sc+lwp-3" 3 "${pbo[@]}" --set execution.stages=3
+grep -Eq '"ranks": \[\{"rank": 0, "stages": \[0, 1\], "memory": [0-9.e+]+\}, \{"rank": 1, "stages": \[1, 2\],' "$T/m_1f1b-2/plan.json" &&
+  pass || fail "a placed run's plan.json gives each rank its stage and memory" "$(grep -A2 '"ranks"' "$T/m_1f1b-2/plan.json")"
 # a grid: 2 replicas x 2 stages = the in-process replicas of a 2-stage pipeline
 grid=(--set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4
       --set execution.replicas=2)
