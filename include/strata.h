@@ -119,6 +119,8 @@ int st_pool_pin(st_pool *pool, const int *cpus, int n);
 int st_usable_cpus(int *cpus, int cap);
 /* Bytes of memory this process may use: physical memory, or the cgroup's
  * limit (cgroup v2 memory.max) where it sets a lower one; 0 if unknown. */
+/* This process's peak resident memory (VmHWM), in bytes; -1 if unknown. */
+double st_peak_resident(void);
 double st_usable_memory(void);
 void st_pool_for(st_pool *pool, int ntasks, void (*fn)(void *arg, int task),
                  void *arg);
@@ -298,13 +300,13 @@ typedef struct st_config {
     int batch, epochs;
     int64_t steps; /* > 0 overrides epochs */
     uint64_t seed;
-    int eval_every;       /* steps; 0 = only at the end of each epoch */
-    int checkpoint_every; /* steps; 0 = only at the end */
-    int threads;          /* 0 = all cores */
-    int keep_checkpoints; /* how many step checkpoints to keep */
+    int eval_every;            /* steps; 0 = only at the end of each epoch */
+    int checkpoint_every;      /* steps; 0 = only at the end */
+    int threads;               /* 0 = all cores */
+    int keep_checkpoints;      /* how many step checkpoints to keep */
     char checkpoint_format[8]; /* single | shards (a directory, an index) */
-    int flush_subnormals; /* FTZ + DAZ on every computing thread */
-    char precision[8];    /* fp32 | bf16 (the products; st_gemm_bf16) */
+    int flush_subnormals;      /* FTZ + DAZ on every computing thread */
+    char precision[8];         /* fp32 | bf16 (the products; st_gemm_bf16) */
   } train;
   struct {
     char mode[24];             /* sequential, pipeline, block_sequential,
@@ -1067,8 +1069,7 @@ int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err);
 int st_run_checkpoint_path(const char *dir, int64_t step, char *out,
                            size_t cap);
 /* DIR/checkpoints/step-NNNNNNNN: where a sharded checkpoint is written. */
-int st_run_checkpoint_dir(const char *dir, int64_t step, char *out,
-                          size_t cap);
+int st_run_checkpoint_dir(const char *dir, int64_t step, char *out, size_t cap);
 /* Removes all but the newest `keep` checkpoints, whatever was left before. */
 int st_run_prune(const char *dir, int keep, st_error *err);
 /* Removes the temp files (NAME.tmp.PID) that writes of processes no longer
@@ -1418,23 +1419,23 @@ typedef struct st_plan {
   st_plan_stage *stages;
   int band_height, bands; /* mesh: stages sit in bands of rows, snake */
   int64_t pes_used;
-  int bottleneck;           /* index of the slowest stage */
-  double bottleneck_time;   /* seconds per sample */
-  double throughput;        /* samples/s in steady state, 1 / bottleneck */
-  double balance;           /* mean stage time / bottleneck time */
-  char schedule[16];        /* pipeline: execution.schedule, else gpipe */
-  int virtual_stages;       /* interleaved: chunks a stage worker runs */
-  double util_fill_drain;   /* the schedule's bubble with ops of equal cost
-                               (st_schedule_formula; gpipe, 1f1b: M / (M +
-                               S - 1)) */
-  double handoff_time;      /* interleaved: seconds per sample of the extra
-                               hand-offs a worker of V chunks makes, (V - 1)
-                               x the bottleneck stage's own */
-  double util_pipelined;    /* steady state of pipelined backprop: 1 */
-  double host_time;         /* seconds per sample the caller spends
-                               between steps, serial with the stages
-                               (batch input, step hand-off; 0 unless
-                               calibrated) */
+  int bottleneck;         /* index of the slowest stage */
+  double bottleneck_time; /* seconds per sample */
+  double throughput;      /* samples/s in steady state, 1 / bottleneck */
+  double balance;         /* mean stage time / bottleneck time */
+  char schedule[16];      /* pipeline: execution.schedule, else gpipe */
+  int virtual_stages;     /* interleaved: chunks a stage worker runs */
+  double util_fill_drain; /* the schedule's bubble with ops of equal cost
+                             (st_schedule_formula; gpipe, 1f1b: M / (M +
+                             S - 1)) */
+  double handoff_time;    /* interleaved: seconds per sample of the extra
+                             hand-offs a worker of V chunks makes, (V - 1)
+                             x the bottleneck stage's own */
+  double util_pipelined;  /* steady state of pipelined backprop: 1 */
+  double host_time;       /* seconds per sample the caller spends
+                             between steps, serial with the stages
+                             (batch input, step hand-off; 0 unless
+                             calibrated) */
   /* Over MPI ranks (st_plan_place_ranks; 0: one process): the ranks,
    * each rank's bytes by the plan's stage memory and the stages it holds
    * (rank_stages[r] .. rank_stages_end[r] - 1; none for a weight store) */

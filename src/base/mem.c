@@ -182,6 +182,16 @@ double st_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double st_peak_resident(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  double kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
 double st_usable_memory(void) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;

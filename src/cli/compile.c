@@ -41,7 +41,8 @@ static const char *usage_compile =
     "                    number; else the K with the\n"
     "                    best predicted throughput; ties go to fewer); such a\n"
     "                    config's execution.stage_blocks pins the cut itself\n"
-    "  --ranks N         the run's MPI ranks (mpirun -np N): which stages each\n"
+    "  --ranks N         the run's MPI ranks (mpirun -np N): which stages "
+    "each\n"
     "                    rank holds and its memory by the plan, checked\n"
     "                    against execution.rank_memory_limit\n"
     "  --validate-only   check the config and the model, print parameters,\n"
@@ -117,9 +118,8 @@ int st_cli_compile(int argc, char **argv) {
                               "--stages takes a whole number >= 1, not '%s'",
                               a.stages);
   if (ranks < 0)
-    return st_cli_usage_error(usage_compile,
-                              "--ranks takes a whole number >= 1, not '%s'",
-                              a.ranks);
+    return st_cli_usage_error(
+        usage_compile, "--ranks takes a whole number >= 1, not '%s'", a.ranks);
   st_error err = {0};
   st_config cfg;
   if (load(&cfg, &a, &err)) return st_cli_fail(&err);

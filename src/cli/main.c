@@ -241,28 +241,13 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
   return 0;
 }
 
-/* Where the pipeline's time went: each stage's busy fraction and its
- * measured time per sample beside the plan's prediction (where the plan
- * cut the same blocks), and the measured utilization beside the plan's and
- * the bubble formula's. `samples`: trained by this process. */
 /* Weight streaming: what crossed between the store and the compute side,
  * the compute side's waits and what it held. */
-/* This process's peak resident memory (VmHWM), in bytes; -1 if unknown. */
-static long long peak_rss(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long long kb = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
-  if (f) fclose(f);
-  return kb < 0 ? -1 : kb * 1024;
-}
-
 static void print_stream(const st_trainer *t) {
   st_stream_stats s;
   double wall = 0;
   if (st_trainer_stream_stats(t, &s) || s.steps < 1) return;
-  long long peak = peak_rss();
+  double peak = st_peak_resident();
   const char *store = st_trainer_store(t);
   if (store)
     printf("strata: store %s (%s weights) committed step %lld; peak "
@@ -295,6 +280,10 @@ static void print_stream(const st_trainer *t) {
          s.max_blocks_held == 1 ? "" : "s", (double)s.compute_bytes / mb);
 }
 
+/* Where the pipeline's time went: each stage's busy fraction and its
+ * measured time per sample beside the plan's prediction (where the plan
+ * cut the same blocks), and the measured utilization beside the plan's and
+ * the bubble formula's. `samples`: trained by this process. */
 static void print_stages(const st_trainer *t, const st_config *c,
                          const st_plan *plan, int64_t samples) {
   if (!strcmp(c->execution.mode, "weight_streaming")) {

@@ -775,7 +775,8 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
     for (int s = p->rank_stages[r]; s < p->rank_stages_end[r]; s++)
       for (int b = p->stages[s].first;
            b < p->stages[s].first + p->stages[s].count; b++)
-        if (worst < 0 || p->blocks[b].param_bytes > p->blocks[worst].param_bytes)
+        if (worst < 0 ||
+            p->blocks[b].param_bytes > p->blocks[worst].param_bytes)
           worst = b;
     char need[32], lim[32], short_by[32], biggest[32], tail[160] = "";
     if (worst >= 0)

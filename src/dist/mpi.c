@@ -392,11 +392,10 @@ int st_dist_reduce_in(st_dist_group *g, float *grads, size_t n, int root,
 #ifdef ST_MPI
   for (size_t s = 0; s < n; s += (size_t)INT32_MAX / 2) {
     size_t len = n - s < (size_t)INT32_MAX / 2 ? n - s : (size_t)INT32_MAX / 2;
-    int rc = g->rank == root
-                 ? MPI_Reduce(MPI_IN_PLACE, grads + s, (int)len, MPI_FLOAT,
-                              MPI_SUM, root, g->comm)
-                 : MPI_Reduce(grads + s, NULL, (int)len, MPI_FLOAT, MPI_SUM,
-                              root, g->comm);
+    int rc = g->rank == root ? MPI_Reduce(MPI_IN_PLACE, grads + s, (int)len,
+                                          MPI_FLOAT, MPI_SUM, root, g->comm)
+                             : MPI_Reduce(grads + s, NULL, (int)len, MPI_FLOAT,
+                                          MPI_SUM, root, g->comm);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "the reduction", err);
   }
   return 0;

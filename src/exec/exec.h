@@ -89,8 +89,8 @@ typedef struct st_executor {
    * a directory of a shard per rank and the index. Collective: every rank
    * calls it at the same point. */
   int (*save)(void *state, const char *path, int shards, const float *params,
-              const float *opt, const char *optim_kind,
-              const st_train_pos *pos, st_error *err);
+              const float *opt, const char *optim_kind, const st_train_pos *pos,
+              st_error *err);
   /* The run ended on every rank (collective, like gather): what is still
    * in flight between ranks is finished. NULL: nothing to do. */
   int (*finish)(void *state, st_error *err);

@@ -492,8 +492,8 @@ static int save_shards(ranks *p, const char *path, const float *params,
     for (int s = 0; s < p->S; s++)
       for (int b = p->first[s]; b < p->first[s] + p->count[s]; b++)
         shard_of[b] = p->owner[s];
-    rc = st_checkpoint_write_index(dir, m, optim_kind, shard_of, p->P, pos,
-                                   err);
+    rc =
+        st_checkpoint_write_index(dir, m, optim_kind, shard_of, p->P, pos, err);
   }
   free(mine);
   free(shard_of);

@@ -206,8 +206,8 @@ static int checkpoint(run_state *r, st_error *err) {
   int shards = !strcmp(r->cfg->train.checkpoint_format, "shards");
   if (!r->dir)
     return !st_trainer_saves_together(r->t) ? 0
-           : shards                         ? st_trainer_save_shards(r->t, NULL, err)
-                                            : st_trainer_save(r->t, NULL, err);
+           : shards ? st_trainer_save_shards(r->t, NULL, err)
+                    : st_trainer_save(r->t, NULL, err);
   int rc;
   const st_train_pos *p = st_trainer_pos(r->t);
   char path[ST_PATH_MAX + 64];
@@ -308,9 +308,8 @@ static void memory_fields(const run_state *r, FILE *f) {
             "\"sent_bytes_per_step\": %.0f, "
             "\"received_bytes_per_step\": %.0f}",
             k ? ",\n    " : "\n    ", k, m->blocks, m->first, m->last,
-            m->planned,
-            m->weights, m->grads, m->state, m->buffers, m->data, m->peak,
-            m->resident, m->sent, m->received);
+            m->planned, m->weights, m->grads, m->state, m->buffers, m->data,
+            m->peak, m->resident, m->sent, m->received);
   }
   fprintf(f, "]");
 }

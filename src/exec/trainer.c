@@ -301,13 +301,7 @@ void st_trainer_memory(const st_trainer *t, st_rank_memory *out) {
   out->planned =
       out->weights + out->grads + out->state + out->buffers + out->data;
   out->peak = (double)st_alloc_peak();
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  double kb = 0;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
-  if (f) fclose(f);
-  out->resident = kb * 1024;
+  out->resident = st_peak_resident();
   if (t->steps_run > 0) {
     out->sent = (double)t->step_sent / (double)t->steps_run;
     out->received = (double)t->step_received / (double)t->steps_run;
@@ -543,7 +537,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
    * store and compute ranks (ws.c) */
   int ws_ranks =
       st_dist_size() > 1 && !strcmp(cfg->execution.mode, "weight_streaming");
-  t->exec = ws_ranks                ? &st_exec_weight_streaming
+  t->exec = ws_ranks             ? &st_exec_weight_streaming
             : st_dist_size() > 1 ? &st_exec_ranks
             : cfg->execution.replicas > 1
                 ? &st_exec_replicas

@@ -700,6 +700,28 @@ static const float *input_of(const ws *w, int i, const float *x, int B) {
                  : w->outs[i - 1];
 }
 
+/* The end of a step (rc: how it went so far): the optimizer thread's
+ * updates waited for; then, unless it failed or update is 0, the first
+ * block's update, the step's last, when the compute side has nothing left
+ * to do: it runs on the compute side's cores (the same bits: the rules are
+ * elementwise), and a file store moves on to the copy it wrote. */
+static int finish_step(ws *w, st_trainer_view *v, int rc, int update,
+                       st_error *err) {
+  drain(w);
+  if (!rc) rc = pending_error(w, err); /* a failed commit: write nothing */
+  if (rc || !update) return rc;
+  st_trainer_view last_view = w->opt_view;
+  last_view.ctx.pool = v->ctx.pool;
+  double t0 = st_now();
+  update_block(w, &last_view, 0);
+  st_rt_trace(v, ST_TRACE_UPDATE, 0, t0, st_now());
+  w->last_update_s += st_now() - t0;
+  /* every value of the other copy is written: the next step reads it */
+  rc = pending_error(w, err);
+  if (!rc && w->store) st_store_advance(w->store);
+  return rc;
+}
+
 /* ------------------------------------------------ a step over MPI ranks */
 
 /* This step's walk: forward 0 .. n-1, backward n-1 .. 0. */
@@ -734,8 +756,8 @@ static const float *wait_weights(ws *w, int u, st_error *err) {
 static int slot_sent(ws *w, int k, st_error *err) {
   int rc = 0;
   for (int r = 0; r < w->ranks - 1; r++) {
-    int e = st_dist_wait(&w->req[(size_t)k * (w->ranks - 1) + r], NULL, NULL,
-                         err);
+    int e =
+        st_dist_wait(&w->req[(size_t)k * (w->ranks - 1) + r], NULL, NULL, err);
     if (!rc) rc = e;
   }
   return rc;
@@ -767,9 +789,10 @@ static int send_upto(ws *w, int *next, int upto, const float *params,
 static int gather_losses(ws *w, st_trainer_view *v, const float *mine,
                          double *loss, st_error *err) {
   size_t part = (size_t)w->share * w->model->label_rows;
-  memcpy(w->lossbuf + (size_t)w->me * part, mine, part * sizeof(float));
-  int rc = st_dist_group_allgather(w->all, w->lossbuf, part * sizeof(float),
-                                   err);
+  if (mine) /* a compute rank's; the store has none */
+    memcpy(w->lossbuf + (size_t)w->me * part, mine, part * sizeof(float));
+  int rc =
+      st_dist_group_allgather(w->all, w->lossbuf, part * sizeof(float), err);
   if (rc) return rc;
   memcpy(v->losses, w->lossbuf + part,
          (size_t)(w->ranks - 1) * part * sizeof(float));
@@ -860,7 +883,8 @@ static int gather_grad(ws *w, st_trainer_view *v, const st_block *b,
     for (int r = 0; r < C && !rc; r++)
       rc = st_dist_irecv(w->all, 1, w->ggot + (size_t)r * w->max_params,
                          n * sizeof(float), r + 1, 0, &got[r], err);
-    for (int r = 0; r < C && !rc; r++) rc = st_dist_wait(&got[r], NULL, NULL, err);
+    for (int r = 0; r < C && !rc; r++)
+      rc = st_dist_wait(&got[r], NULL, NULL, err);
     /* ((g1 + g2) + g3) + ...: the replicas' order */
     if (!rc && sum != w->ggot) memcpy(sum, w->ggot, n * sizeof(float));
     for (int r = 1; r < C && !rc; r++) {
@@ -885,8 +909,7 @@ static int store_step(ws *w, st_trainer_view *v, double *loss, st_error *err) {
   /* the forward's weights, and the backward's that the compute ranks have
    * posted receives for before the losses are gathered */
   int rc = send_upto(w, &next, nb + w->slots, v->params, err);
-  size_t part = (size_t)w->share * w->model->label_rows;
-  if (!rc) rc = gather_losses(w, v, w->lossbuf, loss, err);
+  if (!rc) rc = gather_losses(w, v, NULL, loss, err);
   for (int j = 0; j < nb && !rc; j++) {
     int u = nb + j, i = w->use_block[u];
     double t0 = st_now();
@@ -895,35 +918,21 @@ static int store_step(ws *w, st_trainer_view *v, double *loss, st_error *err) {
     st_rt_trace(v, ST_TRACE_RECV, 0, t0, st_now());
     if (!rc && i > 0) submit(w, i);
   }
-  (void)part;
   /* every send done (a stopped step's too: the compute ranks take them) */
   for (int k = 0; k < w->slots; k++) {
     st_error ignored = {0};
     int e = slot_sent(w, k, rc ? &ignored : err);
     if (!rc) rc = e;
   }
-  drain(w);
-  if (!rc) rc = pending_error(w, err);
-  if (!rc) {
-    st_trainer_view last_view = w->opt_view;
-    last_view.ctx.pool = v->ctx.pool;
-    double t0 = st_now();
-    update_block(w, &last_view, 0);
-    st_rt_trace(v, ST_TRACE_UPDATE, 0, t0, st_now());
-    w->last_update_s += st_now() - t0;
-    rc = pending_error(w, err);
-    if (!rc && w->store) st_store_advance(w->store);
-  }
-  return rc;
+  return finish_step(w, v, rc, 1, err);
 }
 
-static int remote_step(ws *w, st_trainer_view *v, double *loss,
-                       st_error *err) {
+static int remote_step(ws *w, st_trainer_view *v, double *loss, st_error *err) {
   if (pending_error(w, err)) return err->code;
   double start = st_now();
   walk(w);
-  int rc = w->me == 0 ? store_step(w, v, loss, err)
-                      : compute_step(w, v, loss, err);
+  int rc =
+      w->me == 0 ? store_step(w, v, loss, err) : compute_step(w, v, loss, err);
   w->steps++;
   w->busy += st_now() - start;
   return rc;
@@ -1063,22 +1072,7 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
     st_rt_trace(v, ST_TRACE_BACKWARD, k / mb, t0, st_now());
     if (first) st_rt_noise_first(v, mb);
   }
-  drain(w);
-  /* The first block's update comes last, when the compute side has nothing
-   * left to do: the store runs it on the compute side's cores (the same
-   * bits: the rules are elementwise). */
-  if (!rc) rc = pending_error(w, err); /* a failed commit: write nothing */
-  if (!rc && !v->grads_only) {
-    st_trainer_view last_view = w->opt_view;
-    last_view.ctx.pool = v->ctx.pool;
-    double t0 = st_now();
-    update_block(w, &last_view, 0);
-    st_rt_trace(v, ST_TRACE_UPDATE, 0, t0, st_now());
-    w->last_update_s += st_now() - t0;
-    /* every value of the other copy is written: the next step reads it */
-    rc = pending_error(w, err);
-    if (!rc && w->store) st_store_advance(w->store);
-  }
+  rc = finish_step(w, v, rc, !v->grads_only, err);
   w->steps++;
   w->busy += st_now() - start;
   return rc;

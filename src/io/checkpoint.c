@@ -261,7 +261,8 @@ int st_checkpoint_write_index(const char *dir, const st_model *m,
           x.bytes, m->kind, optim_kind, shards,
           pos ? (long long)pos->step : 0LL, text);
   free(text);
-  if (!rc) rc = st_write_stream_atomic(g, &whole, &whole_len, path, err);
+  if (!rc)
+    rc = st_write_stream_atomic(g, &whole, &whole_len, path, err);
   else {
     fclose(g);
     free(whole);
@@ -469,8 +470,7 @@ static const st_safetensors *locate(const source *src, const char *name,
                                     st_error *err) {
   if (!src->index.n) return src->parts[0];
   for (int i = 0; i < src->index.n; i++)
-    if (!strcmp(src->index.names[i], name))
-      return src->parts[src->part_of[i]];
+    if (!strcmp(src->index.names[i], name)) return src->parts[src->part_of[i]];
   st_error_set(err, ST_EFORMAT, "%s: tensor '%s' is missing from weight_map",
                src->index_path, name);
   return NULL;
@@ -496,7 +496,8 @@ static int visit(const source *src, const st_model *m, float *params,
           snprintf(name, sizeof name, "optim.%s.%s", ti->name,
                    slot_name(optim_kind, s));
         const st_safetensors *st = locate(src, name, err);
-        const st_st_tensor *t = st ? find_tensor(st, name, ti, s < 0, err) : NULL;
+        const st_st_tensor *t =
+            st ? find_tensor(st, name, ti, s < 0, err) : NULL;
         if (!t) return ST_EFORMAT;
         if (!copy || (mine && !mine[i])) continue;
         float *dst =

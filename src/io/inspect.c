@@ -112,8 +112,8 @@ int st_inspect_against(const char *path, const char *other, FILE *f,
       if (!(d <= most)) most = d; /* a NaN in either counts as the most */
       if (m > 0 && d / m > rel) rel = d / m;
     }
-    fprintf(f, "  %-44s max |a - b| %-12.5g max relative %.5g\n", t->name,
-            most, rel);
+    fprintf(f, "  %-44s max |a - b| %-12.5g max relative %.5g\n", t->name, most,
+            rel);
     if (!(most <= worst_abs) || !worst_name)
       worst_abs = most, worst_name = t->name;
     if (rel > worst_rel) worst_rel = rel;

@@ -60,7 +60,8 @@ int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err) {
   struct dirent *e;
   while ((e = readdir(d))) {
     int64_t s = step_of(e->d_name, 0);
-    if (s < 0 && (s = step_of(e->d_name, 1)) >= 0 && !whole_shards(ck, e->d_name))
+    if (s < 0 && (s = step_of(e->d_name, 1)) >= 0 &&
+        !whole_shards(ck, e->d_name))
       s = -1;
     if (s < 0) continue;
     if (n == cap) {
@@ -80,7 +81,8 @@ int st_run_checkpoints(const char *dir, int64_t **steps, st_error *err) {
   if (n) qsort(*steps, (size_t)n, sizeof **steps, cmp_i64);
   int kept = 0; /* a step both as a file and as shards: once */
   for (int i = 0; i < n; i++)
-    if (!kept || (*steps)[kept - 1] != (*steps)[i]) (*steps)[kept++] = (*steps)[i];
+    if (!kept || (*steps)[kept - 1] != (*steps)[i])
+      (*steps)[kept++] = (*steps)[i];
   return kept;
 }
 
@@ -169,7 +171,8 @@ int st_run_clean_tmp(const char *dir) {
         removed += unlink(path) == 0;
       }
       /* shards whose index was never written: a save a kill cut short */
-      if (sub && step_of(e->d_name, 1) >= 0 && !whole_shards(d_path, e->d_name)) {
+      if (sub && step_of(e->d_name, 1) >= 0 &&
+          !whole_shards(d_path, e->d_name)) {
         snprintf(path, sizeof path, "%s/%s", d_path, e->d_name);
         DIR *s = opendir(path);
         struct dirent *f;
