@@ -722,9 +722,15 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
   if (ranks <= 1 && cfg->execution.rank_memory_limit <= 0) return 0;
   if (ranks < 1) ranks = 1;
   const int k = p->n_stages;
-  int placed = !strcmp(cfg->execution.placement, "ranks");
-  int ws = !strcmp(cfg->execution.mode, "weight_streaming");
+  /* in one process every stage is this process's */
+  int placed = ranks > 1 && !strcmp(cfg->execution.placement, "ranks");
+  int ws = ranks > 1 && !strcmp(cfg->execution.mode, "weight_streaming");
   int R = placed && cfg->execution.replicas > 0 ? cfg->execution.replicas : 1;
+  if (placed && ranks % R)
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.replicas: %d replicas do not split "
+                        "%d ranks into pipelines of equal size",
+                        st_config_where(cfg, "execution.replicas"), R, ranks);
   int P = placed ? ranks / R : 1;
   p->rank_memory = st_alloc((size_t)ranks * sizeof *p->rank_memory);
   p->rank_stages = st_alloc(2 * (size_t)ranks * sizeof *p->rank_stages);

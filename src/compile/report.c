@@ -245,7 +245,7 @@ void st_plan_print(const st_plan *p, FILE *f) {
           st_plan_fmt_rate(a, sizeof a, p->throughput), p->bottleneck,
           st_plan_fmt_time(b, sizeof b, p->bottleneck_time), p->balance);
   for (int r = 0; r < p->ranks; r++) {
-    char st[48] = "no stage: the weight store's", mem[32];
+    char st[48] = "no stage", mem[32];
     int lo = p->rank_stages[r], hi = p->rank_stages_end[r];
     if (!strcmp(p->mode, "weight_streaming"))
       snprintf(st, sizeof st, "%s", r ? "a compute rank" : "the weight store");

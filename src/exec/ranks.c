@@ -199,9 +199,11 @@ static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
                         st_config_where(cfg, "execution.placement"));
   /* from here a failure may be this rank's alone */
   st_dist_unshare_error();
+  /* the collectives first: a failure below may be one rank's alone */
   rc = st_dist_group_create(&p->pipeline, p->replica, p->rank % p->P, err);
   if (!rc && p->R > 1)
     rc = st_dist_group_create(&p->peers, p->rank % p->P, p->replica, err);
+  if (!rc) rc = st_dist_group_create(&p->xfer, p->replica, p->rank % p->P, err);
   st_placement pl = {p->pipeline, p->cfg.train.threads};
   if (!rc)
     rc = pb ? st_pb_create_placed(&p->state, m, &p->cfg, p->mb, max_batch, &pl,
@@ -235,7 +237,6 @@ static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
             st_alloc(st_dist_sum_scratch_in(p->peers, most) * sizeof(float))))
     rc =
         st_error_set(err, ST_ENOMEM, "out of memory for the gradient exchange");
-  if (!rc) rc = st_dist_group_create(&p->xfer, p->replica, p->rank % p->P, err);
   if (!rc) rc = eval_create(p, m, max_batch, err);
   return rc;
 }
@@ -389,13 +390,24 @@ static int ranks_owns(void *state, unsigned char *mine) {
   return 1;
 }
 
-/* Blocking point-to-point on the evaluation and checkpoint communicator. */
+/* Blocking point-to-point on the evaluation and checkpoint communicator,
+ * in messages of at most 1 GiB (an MPI count is an int). */
 static int xfer(ranks *p, int send, void *buf, size_t bytes, int peer, int tag,
                 st_error *err) {
-  st_dist_req r;
-  int rc = send ? st_dist_isend(p->xfer, 0, buf, bytes, peer, tag, &r, err)
-                : st_dist_irecv(p->xfer, 0, buf, bytes, peer, tag, &r, err);
-  return rc ? rc : st_dist_wait(&r, NULL, NULL, err);
+  const size_t most = (size_t)1 << 30;
+  size_t at = 0;
+  int rc;
+  do {
+    size_t n = bytes - at < most ? bytes - at : most;
+    st_dist_req r;
+    rc = send ? st_dist_isend(p->xfer, 0, (char *)buf + at, n, peer, tag, &r,
+                              err)
+              : st_dist_irecv(p->xfer, 0, (char *)buf + at, n, peer, tag, &r,
+                              err);
+    if (!rc) rc = st_dist_wait(&r, NULL, NULL, err);
+    at += n;
+  } while (!rc && at < bytes);
+  return rc;
 }
 
 /* The test batch through the stages, rank to rank in stage order; the
@@ -437,6 +449,7 @@ static const float *placed_forward(ranks *p, const st_ctx *ctx,
 typedef struct saving {
   ranks *p;
   const float *params, *opt;
+  int fetched; /* tensors fetched so far (rank 0) */
 } saving;
 
 static const float *at_slab(const saving *sv, int slot, size_t off) {
@@ -448,10 +461,25 @@ static const float *fetch(void *arg, int slot, size_t off, size_t numel,
                           st_error *err) {
   saving *sv = arg;
   int owner = sv->p->owner[stage_at(sv->p, off)];
+  sv->fetched++;
   if (owner == 0) return at_slab(sv, slot, off);
   return xfer(sv->p, 0, sv->p->tensor, numel * sizeof(float), owner, 0, err)
              ? NULL
              : sv->p->tensor;
+}
+
+/* Rank 0 after a save that failed before it fetched every tensor: the
+ * rest are taken and dropped, so no rank is left sending. */
+static int drain_rest(void *arg, int slot, size_t off, size_t numel,
+                      st_error *err) {
+  (void)slot;
+  saving *sv = arg;
+  int owner = sv->p->owner[stage_at(sv->p, off)];
+  if (sv->fetched-- > 0 || owner == 0) return 0;
+  st_error ignored = {0};
+  xfer(sv->p, 0, sv->p->tensor, numel * sizeof(float), owner, 0, &ignored);
+  (void)err;
+  return 0;
 }
 
 static int send_own(void *arg, int slot, size_t off, size_t numel,
@@ -505,14 +533,18 @@ static int ranks_save(void *state, const char *path, int shards,
                       const char *optim_kind, const st_train_pos *pos,
                       st_error *err) {
   ranks *p = state;
-  saving sv = {p, params, opt};
+  saving sv = {p, params, opt, 0};
   int rc = 0;
   st_dist_unshare_error();
   if (shards) return save_shards(p, path, params, opt, optim_kind, pos, err);
-  if (p->rank == 0)
+  if (p->rank == 0) {
     rc = st_checkpoint_save_fetch(path, p->model, optim_kind, pos, fetch, &sv,
                                   err);
-  else if (p->replica == 0) /* the other replicas hold the same */
+    /* failed before its last fetch (a file it could not open, memory):
+     * the other ranks' tensors are taken all the same */
+    st_error ignored = {0};
+    if (rc) st_checkpoint_each(p->model, optim_kind, drain_rest, &sv, &ignored);
+  } else if (p->replica == 0) /* the other replicas hold the same */
     rc = st_checkpoint_each(p->model, optim_kind, send_own, &sv, err);
   return st_dist_agree(rc, err);
 }

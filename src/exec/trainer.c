@@ -314,7 +314,7 @@ void st_trainer_memory(const st_trainer *t, st_rank_memory *out) {
       out->last = i;
       out->blocks++;
     }
-  for (int i = out->first; t->mine && i <= out->last; i++)
+  for (int i = out->first; t->mine && out->first >= 0 && i <= out->last; i++)
     if (!t->mine[i]) out->first = out->last = -1; /* not one run */
 }
 
@@ -348,14 +348,21 @@ static int check_rank_memory(const st_trainer *t, st_error *err) {
   char rank[32] = "";
   if (st_dist_size() > 1)
     snprintf(rank, sizeof rank, "rank %d: ", st_dist_rank());
-  char lim[32], w[32], g[32], s[32], b[32], d[32], short_by[32], biggest[32];
+  char lim[32], w[32], g[32], s[32], b[32], d[32], short_by[32], biggest[32],
+      tail[160] = "";
+  if (worst >= 0) /* a rank that keeps no block has none to name */
+    snprintf(tail, sizeof tail,
+             "; its largest block, %d (%s), holds %s of weights, gradients "
+             "and optimizer state",
+             worst, m->blocks[worst].name,
+             st_plan_fmt_bytes(biggest, sizeof biggest,
+                               4.0 * (double)m->blocks[worst].n_params *
+                                   (2 + slots)));
   return st_error_set(
       err, ST_ENOMEM,
       "%s%s: execution.rank_memory_limit is %s, but %s needs %s (weights %s, "
-      "gradients "
-      "%s, optimizer state %s, buffers %s, data %s): short by %s; its "
-      "largest block, %d (%s), holds %s of weights, gradients and optimizer "
-      "state",
+      "gradients %s, optimizer state %s, buffers %s, data %s): short by "
+      "%s%s",
       rank, st_config_where(&t->cfg, "execution.rank_memory_limit"),
       st_plan_fmt_bytes(lim, sizeof lim, (double)limit),
       st_dist_size() > 1 ? "this rank" : "this run",
@@ -366,9 +373,7 @@ static int check_rank_memory(const st_trainer *t, st_error *err) {
       st_plan_fmt_bytes(b, sizeof b, r.buffers),
       st_plan_fmt_bytes(d, sizeof d, r.data),
       st_plan_fmt_bytes(short_by, sizeof short_by, r.planned - (double)limit),
-      worst, m->blocks[worst].name,
-      st_plan_fmt_bytes(biggest, sizeof biggest,
-                        4.0 * (double)m->blocks[worst].n_params * (2 + slots)));
+      tail);
 }
 
 static int allocate(st_trainer *t, st_error *err) {
@@ -603,9 +608,12 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   size_t fit = budget / (per_sample ? per_sample : 1);
   t->eval_batch = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
   if (t->eval_batch < t->micro_batch) t->eval_batch = t->micro_batch;
-  /* stages over ranks: each rank's share, once known (check_rank_memory) */
-  int placed = st_dist_size() > 1 && !strcmp(cfg->execution.placement, "ranks");
-  if (!placed && (rc = check_memory(t, err))) goto fail;
+  /* stages over ranks, or weight streaming's store and compute ranks: each
+   * rank's share, once known (check_rank_memory) */
+  int shared =
+      st_dist_size() > 1 && (!strcmp(cfg->execution.placement, "ranks") ||
+                             !strcmp(cfg->execution.mode, "weight_streaming"));
+  if (!shared && (rc = check_memory(t, err))) goto fail;
   st_blas_init(); /* idempotent; library users need not remember it */
   /* before any thread starts: each applies the mode as it takes up work */
   st_fp_set_flush(cfg->train.flush_subnormals);

@@ -569,6 +569,14 @@ static int remote_create(ws *w, const st_model *m, const st_config *cfg,
                         st_config_where(cfg, "execution.micro_batch"),
                         micro_batch, w->share);
   w->rows = w->share > max_batch ? w->share : max_batch;
+  for (int i = 0; i < m->n_blocks; i++)
+    if (m->blocks[i].n_params * sizeof(float) > (size_t)INT32_MAX)
+      return st_error_set(err, ST_EUNSUPPORTED,
+                          "block %d (%s): %zu weights, more than one MPI "
+                          "message carries (2 GiB); weight streaming over "
+                          "ranks sends a block whole (larger blocks are not "
+                          "built)",
+                          i, m->blocks[i].name, m->blocks[i].n_params);
   /* from here a failure may be this rank's alone */
   st_dist_unshare_error();
   int rc = st_dist_group_create(&w->all, 0, w->me, err);

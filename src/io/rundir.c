@@ -16,6 +16,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,26 +110,46 @@ int st_run_checkpoint_dir(const char *dir, int64_t step, char *out,
              : 0;
 }
 
-/* Removes a checkpoint: its file, or its shards' directory and all in it. */
+/* Removes a sharded checkpoint's directory: its index first (made durable:
+ * a kill part-way leaves a directory that is no longer whole, never an
+ * index beside missing shards), then everything else in it. */
+static int remove_shards(const char *path, st_error *err) {
+  char index[2 * ST_PATH_MAX];
+  snprintf(index, sizeof index, "%s/model.safetensors.index.json", path);
+  if (unlink(index) != 0 && errno != ENOENT)
+    return st_error_set(err, ST_EIO, "%s: cannot remove: %s", index,
+                        strerror(errno));
+  int dfd = open(path, O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  DIR *d = opendir(path);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char file[2 * ST_PATH_MAX];
+    snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+    unlink(file);
+  }
+  if (d) closedir(d);
+  if (rmdir(path) != 0 && errno != ENOENT)
+    return st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
+                        strerror(errno));
+  return 0;
+}
+
+/* Removes a checkpoint: its file and its shards' directory, whichever are
+ * there. */
 static int remove_checkpoint(const char *dir, int64_t step, st_error *err) {
   char path[ST_PATH_MAX + 64];
-  st_run_checkpoint_path(dir, step, path, sizeof path);
+  st_run_checkpoint_dir(dir, step, path, sizeof path);
   struct stat sb;
   if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-    DIR *d = opendir(path);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      char file[2 * ST_PATH_MAX];
-      snprintf(file, sizeof file, "%s/%s", path, e->d_name);
-      unlink(file);
-    }
-    if (d) closedir(d);
-    if (rmdir(path) != 0 && errno != ENOENT)
-      return st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
-                          strerror(errno));
-    return 0;
+    int rc = remove_shards(path, err);
+    if (rc) return rc;
   }
+  snprintf(path + strlen(path), sizeof path - strlen(path), ".safetensors");
   if (unlink(path) != 0 && errno != ENOENT)
     return st_error_set(err, ST_EIO, "%s: cannot remove: %s", path,
                         strerror(errno));
@@ -173,18 +194,9 @@ int st_run_clean_tmp(const char *dir) {
       /* shards whose index was never written: a save a kill cut short */
       if (sub && step_of(e->d_name, 1) >= 0 &&
           !whole_shards(d_path, e->d_name)) {
+        st_error ignored = {0};
         snprintf(path, sizeof path, "%s/%s", d_path, e->d_name);
-        DIR *s = opendir(path);
-        struct dirent *f;
-        while (s && (f = readdir(s))) {
-          char file[3 * ST_PATH_MAX];
-          if (strcmp(f->d_name, ".") && strcmp(f->d_name, "..")) {
-            snprintf(file, sizeof file, "%s/%s", path, f->d_name);
-            unlink(file);
-          }
-        }
-        if (s) closedir(s);
-        removed += rmdir(path) == 0;
+        removed += remove_shards(path, &ignored) == 0;
       }
     }
     closedir(d);

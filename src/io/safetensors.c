@@ -683,7 +683,7 @@ int st_st_writer_write_fetch(st_st_writer *w, const char *path,
   int rc = st_atomic_open(&f, path, err);
   if (!rc) rc = st_atomic_write(&f, len, 8, err);
   if (!rc) rc = st_atomic_write(&f, header, hlen, err);
-  for (int i = 0; i < w->n && f.fd >= 0; i++) {
+  for (int i = 0; i < w->n; i++) { /* every fetch, even after an error */
     const void *data = w->entries[i].data;
     if (!data && fetch) {
       st_error fetch_err = {0};
@@ -692,6 +692,10 @@ int st_st_writer_write_fetch(st_st_writer *w, const char *path,
         *err = fetch_err;
         rc = fetch_err.code ? fetch_err.code : ST_EIO;
       }
+    } else if (!data && !rc && w->entries[i].bytes) {
+      rc = st_error_set(err, ST_EARG,
+                        "%s: internal error: tensor '%s' has no data", path,
+                        w->entries[i].name);
     }
     if (!rc && data && w->entries[i].bytes)
       rc = st_atomic_write(&f, data, w->entries[i].bytes, err);
