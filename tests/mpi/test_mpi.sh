@@ -548,9 +548,10 @@ chaos() {
     fi
     local job=$! victim= rank=$((RANDOM % np)) logged
     # a random moment once this job trains (its metrics log grows a line)
-    logged=$(grep -c '"type":"train"' "$dir/metrics.jsonl" 2>/dev/null)
-    for _ in $(seq 300); do
-      [ "$(grep -c '"type":"train"' "$dir/metrics.jsonl" 2>/dev/null)" -gt "${logged:-0}" ] && break
+    trained() { cat "$dir/metrics.jsonl" 2>/dev/null | grep -c '"type":"train"'; }
+    logged=$(trained)
+    for _ in $(seq 600); do
+      [ "$(trained)" -gt "$logged" ] && break
       sleep 0.1
     done
     sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 0.2 + 1.5 * r / 32767 }')"
