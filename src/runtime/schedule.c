@@ -253,8 +253,10 @@ int st_schedule_build(st_schedule *s, const char *name, int S, int M, int V,
   }
   s->start[S] = n;
   s->n_ops = n;
-  if (kind == ST_SCHED_INTERLEAVED && M % S && interleaved_greedy(s, err))
-    return err->code;
+  if (kind == ST_SCHED_INTERLEAVED && M % S) {
+    if (interleaved_greedy(s, err)) return err->code;
+    s->n_ops = s->start[S]; /* every worker's ops, laid out by the greedy */
+  }
   /* each chunk's activation slots: the most micro-batches between a
    * forward and the op that frees them (BW, or W when split) */
   for (int k = 0; k < S; k++) {

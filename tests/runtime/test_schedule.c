@@ -106,6 +106,12 @@ static void test_all(void) {
             continue;
           }
           check_lists(&s, what);
+          /* the ops counted where the picture and the emulator read them
+           * (the greedy interleaved order of M % S != 0 once left it 0) */
+          int per = V * M * (kind == ST_SCHED_ZB1P ? 3 : 2);
+          CHECK(s.n_ops == s.start[S] && s.n_ops == S * per,
+                "%s: n_ops %d, start[S] %d, want %d", what, s.n_ops, s.start[S],
+                S * per);
           double span, idle = idle_per_worker(&s, &span);
           double want = -1;
           if (kind == ST_SCHED_GPIPE || kind == ST_SCHED_1F1B)
@@ -242,6 +248,19 @@ static void test_svg(void) {
         rows, boxes, s.n_ops);
   /* 3 workers, 4 micro-batches: makespan 3*4 + 2 = 14 ticks, 2 idle each */
   CHECK(strstr(buf, "(6 idle ticks of 42)") != NULL, "svg title: %.200s", buf);
+  free(buf);
+  st_schedule_free(&s);
+  /* interleaved with a partial group (M = 3 of 2 workers): every op drawn */
+  CHECK(st_schedule_build(&s, "interleaved", 2, 3, 2, &err) == 0, "%s",
+        err.msg);
+  buf = NULL;
+  f = open_memstream(&buf, &len);
+  CHECK(f && st_schedule_svg(&s, "interleaved", f) == 0, "svg interleaved");
+  fclose(f);
+  boxes = 0;
+  for (const char *p = buf; (p = strstr(p, "stroke=\"white\"")); p++) boxes++;
+  CHECK(boxes == 24 && s.n_ops == 24,
+        "svg interleaved M=3: %d boxes, n_ops %d (want 24)", boxes, s.n_ops);
   free(buf);
   st_schedule_free(&s);
 }
