@@ -1401,10 +1401,13 @@ typedef struct st_plan_stage {
   double mem_state;                           /* gradient + optimizer state */
   double mem_acts; /* (input + activations) x samples in flight */
   double mem_total, mem_capacity; /* bytes: needed, and pes x pe_memory */
-  double working_set;             /* bytes a micro-batch's step touches */
-  double spill;                   /* calibrated share of the weights' memory
-                                     time it pays (st_fabric), 0..1 */
-  char cause[ST_CAUSE_MAX];       /* why cut here, why this many PEs */
+  double mem_eval;    /* an evaluation of its blocks: their activations and
+                         workspace at the evaluation batch (st_plan_compile;
+                         0 where not computed) */
+  double working_set; /* bytes a micro-batch's step touches */
+  double spill;       /* calibrated share of the weights' memory
+                         time it pays (st_fabric), 0..1 */
+  char cause[ST_CAUSE_MAX]; /* why cut here, why this many PEs */
 } st_plan_stage;
 
 typedef struct st_plan {
@@ -1440,6 +1443,7 @@ typedef struct st_plan {
    * each rank's bytes by the plan's stage memory and the stages it holds
    * (rank_stages[r] .. rank_stages_end[r] - 1; none for a weight store) */
   int ranks;
+  double mem_eval_whole; /* an evaluation of the whole model, in one stage */
   double *rank_memory;
   int *rank_stages, *rank_stages_end;
   int n_tried;              /* throughput_by_k[k - 1] for k in 1..n_tried */

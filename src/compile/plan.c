@@ -745,6 +745,7 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
     if (p->blocks[b].param_bytes > block_w) block_w = p->blocks[b].param_bytes;
   for (int s = 0; s < k; s++) acts += p->stages[s].mem_acts;
   for (int s = 0; s < k; s++) held += p->stages[s].mem_total;
+  held += p->mem_eval_whole; /* a replica evaluates the whole model */
   int file = !strcmp(cfg->execution.store, "file");
   for (int r = 0; r < ranks; r++) {
     double bytes = 0;
@@ -755,8 +756,9 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
         bytes += p->stages[s].mem_weights + p->stages[s].mem_state;
     } else if (ws) {
       hi = 0;
-      bytes = acts + (cfg->execution.prefetch + 3) * block_w; /* slots, 2
-                                                                 gradients */
+      /* the walk's slots and two gradients; its stage evaluates too */
+      bytes =
+          acts + (cfg->execution.prefetch + 3) * block_w + p->mem_eval_whole;
     } else if (placed) {
       int member = r % P;
       lo = hi = -1;
@@ -764,7 +766,7 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
         if ((int)((long long)s * P / k) == member) {
           if (lo < 0) lo = s;
           hi = s + 1;
-          bytes += p->stages[s].mem_total;
+          bytes += p->stages[s].mem_total + p->stages[s].mem_eval;
         }
       if (lo < 0) lo = hi = 0;
     } else {

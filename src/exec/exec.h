@@ -314,6 +314,9 @@ void st_pb_set_probe(void *state, st_pb_probe fn, void *arg);
 int st_pipeline_pin(void *state, const int *cpus, int n);
 /* Executor state of a trainer (tests). */
 void *st_trainer_exec_state(st_trainer *t);
+/* The samples of an evaluation batch (the trainer's, and what a plan
+ * counts an evaluation stage's buffers for). */
+int st_eval_batch(const st_model *m, int micro_batch);
 /* Cores this process may run on (affinity and cgroup cpusets included). */
 int st_usable_cores(void);
 

@@ -448,6 +448,16 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                       fabric.name);
   if (!rc && !(rc = st_plan_block_costs(costs, m, cfg, err)))
     rc = st_plan_from_costs(out, cfg, &fabric, costs, m->n_blocks, stages, err);
+  /* what an evaluation allocates, sized by the stage runtime: per stage
+   * (a stage on a rank of its own evaluates its blocks) and whole */
+  if (!rc) {
+    st_plan *p = *out;
+    int eval = st_eval_batch(m, p->micro_batch > 0 ? p->micro_batch : 1);
+    for (int s = 0; s < p->n_stages; s++)
+      p->stages[s].mem_eval = (double)st_stage_bytes(
+          m, p->stages[s].first, p->stages[s].count, eval, 0);
+    p->mem_eval_whole = (double)st_stage_bytes(m, 0, m->n_blocks, eval, 0);
+  }
   st_free(costs);
   st_model_destroy(m);
   return rc;

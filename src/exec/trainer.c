@@ -184,6 +184,19 @@ static int check_data(const st_trainer *t, st_error *err) {
 
 int st_usable_cores(void) { return st_usable_cpus(NULL, 0); }
 
+int st_eval_batch(const st_model *m, int micro_batch) {
+  /* 256 samples, fewer when their logits or activations would pass 64 MiB
+   * each (a GPT's vocabulary at every position, its attention
+   * probabilities) — but never fewer than a training micro-batch, whose
+   * buffers exist anyway */
+  size_t logits = (size_t)m->label_rows * (size_t)m->classes, acts = 0;
+  for (int i = 0; i < m->n_blocks; i++) acts += m->blocks[i].act_per_sample;
+  size_t per_sample = logits > acts ? logits : acts, budget = (size_t)16 << 20;
+  size_t fit = budget / (per_sample ? per_sample : 1);
+  int b = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
+  return b < micro_batch ? micro_batch : b;
+}
+
 /* Whether steps may overlap: the executor starts one before the last is
  * waited for, on the trainer's slabs, with no noise-scale sums (their
  * pointers are a step's own). */
@@ -597,17 +610,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   st_shape in =
       t->text ? (st_shape){1, cfg->model.context, 1} : t->train->shape;
   if ((rc = st_model_create(&t->model, &t->cfg, in, err))) goto fail;
-  /* Evaluation batches: 256 samples, fewer when their logits or
-   * activations would pass 64 MiB each (a GPT's vocabulary at every
-   * position, its attention probabilities) — but never fewer than a
-   * training micro-batch, whose buffers exist anyway. */
-  size_t logits = (size_t)t->rows * (size_t)t->model->classes, acts = 0;
-  for (int i = 0; i < t->model->n_blocks; i++)
-    acts += t->model->blocks[i].act_per_sample;
-  size_t per_sample = logits > acts ? logits : acts, budget = (size_t)16 << 20;
-  size_t fit = budget / (per_sample ? per_sample : 1);
-  t->eval_batch = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
-  if (t->eval_batch < t->micro_batch) t->eval_batch = t->micro_batch;
+  t->eval_batch = st_eval_batch(t->model, t->micro_batch);
   /* stages over ranks, or weight streaming's store and compute ranks: each
    * rank's share, once known (check_rank_memory) */
   int shared =

@@ -265,6 +265,17 @@ same "the wide MLP over 2 ranks: the threaded pipeline's checkpoint" \
   "$T/wide_t/checkpoints/step-00000004.safetensors" "$T/wide_m/checkpoints/step-00000004.safetensors"
 shares "each of 2 ranks holds under 60% of the one process's peak, within 10% of its plan" \
   "$T/wide_t" "$T/wide_m"
+# the compiler's plan of the same run (plan.json's ranks: each rank's
+# stages' weights, state, activations in flight and evaluation buffers)
+# within 10% of each rank's counted peak too
+paste <(grep -o '"rank": [0-9]*, "stages": \[[0-9]*, [0-9]*\], "memory": [0-9.e+]*' "$T/wide_m/plan.json" |
+          sed 's/.*"memory": //') <(field "$T/wide_m/summary.json" peak_bytes) >"$T/planned"
+if [ "$(wc -l <"$T/planned")" -eq 2 ] &&
+   awk '{ if (!($2 <= 1.1 * $1 && $2 >= 0.9 * $1)) bad = 1 } END { exit bad }' "$T/planned"; then
+  pass
+else
+  fail "the compiler's per-rank memory within 10% of each rank's peak" "$(cat "$T/planned")"
+fi
 if grep -Eq "^strata: rank 1 \(blocks 4-8\): memory planned [0-9.]+ MB, peak [0-9.]+ MB counted, [0-9.]+ MB resident; per step sent [0-9.]+ KB, received [0-9.]+ KB$" <<<"$out"; then
   pass
 else
