@@ -86,9 +86,11 @@ static const char *usage_export =
     "(execution.store: file) last committed -- weights, optimizer state and\n"
     "data position -- as a safetensors checkpoint, FILE (default\n"
     "DIR/checkpoints/step-NNNNNNNN.safetensors), which `strata eval`,\n"
-    "`strata generate` and `strata inspect` read. For a run without a store\n"
-    "whose newest checkpoint is sharded (train.checkpoint_format: shards),\n"
-    "its shards as that one file, tensor by tensor.\n";
+    "`strata generate` and `strata inspect` read. For a run without a store:\n"
+    "its newest checkpoint as one file -- a sharded one (train.\n"
+    "checkpoint_format: shards) merged tensor by tensor into the file a\n"
+    "single-file checkpoint is (default DIR/checkpoints/step-NNNNNNNN.\n"
+    "safetensors), a single file copied to FILE.\n";
 
 static const char *usage_eval =
     "usage: strata eval CONFIG --checkpoint FILE [--set key.path=value ...]\n"
@@ -633,8 +635,26 @@ static int cmd_train(int argc, char **argv) {
   return 0;
 }
 
-/* export of a run without a store: its newest checkpoint, if sharded, as
- * one file (the one a single-file checkpoint would be). */
+/* from to to, atomically, a megabyte at a time */
+static int copy_file(const char *from, const char *to, st_error *err) {
+  FILE *f = fopen(from, "rb");
+  if (!f)
+    return st_error_set(err, ST_EIO, "%s: cannot open: %s", from,
+                        strerror(errno));
+  st_atomic_file out;
+  int rc = st_atomic_open(&out, to, err);
+  static char buf[1 << 20];
+  size_t n;
+  while (!rc && (n = fread(buf, 1, sizeof buf, f)) > 0)
+    rc = st_atomic_write(&out, buf, n, err);
+  if (!rc && ferror(f)) rc = st_error_set(err, ST_EIO, "%s: read failed", from);
+  fclose(f);
+  return st_atomic_close(&out, rc, err);
+}
+
+/* export of a run without a store: its newest checkpoint as one file —
+ * sharded, merged (the file a single-file checkpoint would be); one file
+ * already, copied to --out. */
 static int export_shards(const char *dir, const st_config *cfg,
                          const char *out) {
   st_error err = {0};
@@ -644,14 +664,24 @@ static int export_shards(const char *dir, const st_config *cfg,
   char ck[ST_PATH_MAX + 64], path[ST_PATH_MAX + 80];
   struct stat sb;
   if (n > 0) st_run_checkpoint_path(dir, steps[n - 1], ck, sizeof ck);
-  if (n == 0 || stat(ck, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+  if (n == 0) {
     free(steps);
-    st_error_set(&err, ST_ECONFIG,
-                 "%s/config.yaml: the run keeps no store (execution.store: "
-                 "file) and its newest checkpoint is not sharded: its "
-                 "checkpoints are safetensors already",
+    st_error_set(&err, ST_EIO,
+                 "%s: no checkpoint to export (and no store: "
+                 "execution.store is not file)",
                  dir);
     return st_cli_fail(&err);
+  }
+  if (stat(ck, &sb) == 0 && !S_ISDIR(sb.st_mode)) { /* one file already */
+    long long step = (long long)steps[n - 1];
+    free(steps);
+    if (!out) {
+      printf("strata: %s is one file already: step %lld\n", ck, step);
+      return 0;
+    }
+    if (copy_file(ck, out, &err)) return st_cli_fail(&err);
+    printf("strata: wrote %s: step %lld of %s\n", out, step, ck);
+    return 0;
   }
   if (out)
     snprintf(path, sizeof path, "%s", out);

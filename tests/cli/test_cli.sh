@@ -670,9 +670,19 @@ expect_error "a new run over an earlier run's store" \
 expect_error "--resume with no run" \
   "^strata: error: $(re_quote "$T/w_none/config.yaml"): cannot open: no run to resume$" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --resume "$T/w_none"
-expect_error "export of a run without a store" \
-  "^strata: error: $(re_quote "$T/w_seq/config.yaml"): the run keeps no store" \
-  -- export "$T/w_seq"
+# a run without a store: its newest checkpoint is one file already (said,
+# and copied with --out)
+run export "$T/w_seq"
+if [ "$rc" -eq 0 ] && grep -q "^strata: $(re_quote "$T/w_seq")/checkpoints/step-[0-9]*\.safetensors is one file already: step [0-9]*$" <<<"$out"; then
+  pass
+else
+  fail "export of a run without a store: its checkpoint is one file already" "rc $rc" "$out" "$err"
+fi
+newest=$(ls "$T/w_seq/checkpoints/"step-*.safetensors | tail -n 1)
+run export "$T/w_seq" --out "$T/w_seq_copy.safetensors"
+if [ "$rc" -eq 0 ] && cmp -s "$newest" "$T/w_seq_copy.safetensors"; then pass; else
+  fail "export --out of a single-file checkpoint: the same bytes" "rc $rc" "$err"
+fi
 expect_error "a store path in a missing folder" \
   "^strata: error: $(re_quote "$T/nowhere/s.strata").tmp: cannot create: No such file or directory$" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T/nowhere/s.strata" --out "$T/o_ws_nowhere"

@@ -328,6 +328,10 @@ run_mpi 4 train - --resume "$T/sh_m2" --set train.steps=24 --set execution.stage
 run export "$T/sh_m2" --out "$T/sh_m2_24.safetensors"
 same "2 ranks' shards resumed on 4 ranks: the threaded run resumed, byte for byte" \
   "$T/t_1f1b-2/checkpoints/step-00000024.safetensors" "$T/sh_m2_24.safetensors"
+# export on a run whose newest checkpoint is one file: copied, the same bytes
+run export "$T/t_1f1b-2" --out "$T/single.safetensors"
+same "export of a single-file checkpoint: a copy" \
+  "$T/t_1f1b-2/checkpoints/step-00000024.safetensors" "$T/single.safetensors"
 # in one process: one shard
 run train "$cnn" "${small[@]}" "${pipe2[@]}" --set train.threads=2 "${shard[@]}" --out "$T/sh_t"
 run export "$T/sh_t" --out "$T/sh_t.safetensors"
