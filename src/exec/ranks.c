@@ -49,7 +49,7 @@ typedef struct ranks {
   /* placement: ranks — this rank's pipeline (its members are the stages'
    * ranks) and, with replicas, the ranks of the same stage in the other
    * replicas; every stage's blocks and owner */
-  int placed, R, P, replica, opt_slots, last_owner;
+  int placed, R, P, replica, last_owner;
   st_dist_group *pipeline, *peers;
   int S, *first, *count, *owner;
   /* evaluation and checkpoints, on a communicator of their own (the
@@ -187,7 +187,6 @@ static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
   p->cfg.train.batch = p->share;
   p->cfg.execution.micro_batch = p->mb;
   p->cfg.execution.replicas = 1;
-  p->opt_slots = st_optim_state_per_param(cfg);
   p->inner = pb   ? &st_exec_pipelined_backprop
              : bs ? &st_exec_block_sequential
                   : &st_exec_pipeline;

@@ -358,6 +358,18 @@ streamed() {
     "$T/wr_$name/$ck" "$T/wm_$name/$ck"
 }
 streamed mlp-dropout 3 "$fc" --set model.dropout=0.1
+# the bytes the store moves a step (summary.json, rank 0): the MLP's
+# 269,322 weights (1,077,288 bytes) to each of 2 compute ranks on both
+# walks, 4x, and a gradient from each, 2x, plus the losses' few bytes
+sent=$(field "$T/wm_mlp-dropout/summary.json" sent_bytes_per_step | head -n 1)
+got=$(field "$T/wm_mlp-dropout/summary.json" received_bytes_per_step | head -n 1)
+if awk -v s="$sent" -v r="$got" -v w=1077288 \
+     'BEGIN { exit !(s >= 4 * w && s < 4 * w + 4096 && r >= 2 * w && r < 2 * w + 4096) }'; then
+  pass
+else
+  fail "weight streaming over 3 ranks: the store sends 4x and receives 2x the weights' bytes a step" \
+    "sent $sent, received $got"
+fi
 streamed mlp-adamw 2 "$fc" --set optimizer.kind=adamw --set optimizer.lr=0.001 \
   --set execution.prefetch=0
 streamed cnn-recompute 4 "$cnn" --set train.batch=48 --set execution.prefetch=2 \
