@@ -351,6 +351,9 @@ typedef struct st_config {
     float pe_flops;       /* FLOP/s of one PE (mesh; overrides when set) */
     int64_t pe_memory;    /* bytes of one PE (mesh; overrides when set) */
     float link_bandwidth; /* bytes/s of one link, one way (mesh; ditto) */
+    float hop_latency;    /* mesh: seconds a hop (0 = the fabric's own) */
+    float pe_overhead;    /* mesh: seconds a layer, sample and pass */
+    float io_bandwidth;   /* mesh: bytes/s of the fabric's I/O each way */
   } fabric;
   struct {
     int log_every;    /* steps between metrics.jsonl lines */
@@ -1198,6 +1201,13 @@ typedef struct st_fabric {
   /* bytes/s one core streams through a one-row linear product (weights
    * past L2, within the last-level cache); 0: those are timed as GEMMs */
   double row_bandwidth;
+  /* Mesh: seconds per hop between neighbouring PEs, seconds of fixed work
+   * each PE of a region spends per layer per sample per pass, and the
+   * fabric's I/O: bytes/s each way between it and the host (the samples
+   * entering, labels) and, for weight streaming, between it and the
+   * weight store (0: not modelled; cpu: stream_bandwidth is the copy
+   * rate). docs/compiler.md, "The mesh model". */
+  double hop_latency, pe_overhead, io_bandwidth, stream_bandwidth;
 } st_fabric;
 
 /* Writes a --fabric spec — "cpu", "cpu:N", "mesh:WxH" or "wse2" — into
@@ -1348,6 +1358,16 @@ typedef struct st_block_cost {
    * writing it, less its plain forward and backward. 0 in other configurations.
    */
   double lwp_bytes, measured_lwp;
+  /* On a mesh, the data a block's layers move through the region that
+   * holds it, per sample and pass (forward; the backward moves as much):
+   * region_in the inputs of the layers whose weights or work spread over
+   * the region (linear, conv2d, attention, embedding), entering along one
+   * edge, region_out their outputs, partial sums crossing the other;
+   * region_layers how many such layers (each pays the hops across the
+   * region and a fixed per-PE overhead). label_bytes: the labels a sample
+   * brings (last block only), which with the first block's input is what
+   * the fabric's I/O carries. */
+  double region_in, region_out, region_layers, label_bytes;
 } st_block_cost;
 
 /* Fills out[0 .. m->n_blocks) from the model's descriptors (no parameter
@@ -1385,6 +1405,15 @@ typedef struct st_plan_options {
    * then their count); NULL for the partitioner's cut */
   const int *stage_blocks;
   int n_stage_blocks;
+  /* In flight as the schedule keeps it: with in_flight_schedule set
+   * ("gpipe", "1f1b", "interleaved", "zb1p" or "pb"), stage s of S holds
+   * the activations of micro_batch x (the micro-batches its schedule keeps
+   * between a forward and the op that frees it: st_schedule's slots; pb,
+   * 2 (S - s) - 1) samples, of micro_batches M (V chunks a worker,
+   * interleaved), instead of samples_in_flight at every stage; versions
+   * then also follow it when weight_versions_follow (weight stashing) */
+  const char *in_flight_schedule;
+  int micro_batch, micro_batches, virtual_stages, weight_versions_follow;
 } st_plan_options;
 
 #define ST_CAUSE_MAX 320
@@ -1404,6 +1433,10 @@ typedef struct st_plan_stage {
   double mem_eval;    /* an evaluation of its blocks: their activations and
                          workspace at the evaluation batch (st_plan_compile;
                          0 where not computed) */
+  double in_flight;   /* samples whose activations it holds */
+  double versions;    /* weight copies it holds */
+  char bound[16];     /* what limits it: compute, communication, memory or
+                         I/O (docs/compiler.md) */
   double working_set; /* bytes a micro-batch's step touches */
   double spill;       /* calibrated share of the weights' memory
                          time it pays (st_fabric), 0..1 */
@@ -1446,6 +1479,19 @@ typedef struct st_plan {
   double mem_eval_whole; /* an evaluation of the whole model, in one stage */
   double *rank_memory;
   int *rank_stages, *rank_stages_end;
+  /* The fabric's I/O (st_fabric.io_bandwidth): samples/s it carries in
+   * (input and labels); throughput is capped by it (0: not modelled) */
+  double io_rate;
+  /* Weight streaming (mode "weight_streaming"): one block at a time on the
+   * whole fabric, its weights from the store at stream_bandwidth. Seconds
+   * per sample of the batch's compute and of its streaming, summed over
+   * the blocks, forward and backward, and the time each block really takes
+   * (the larger of the two, block by block); micro-batches a batch is
+   * split into so that its activations fit. */
+  double ws_compute, ws_stream, ws_time;
+  int ws_micro_batches;
+  char mode_why[1024];      /* why this mode (st_plan_choose; "" when the plan
+                               is the config's as `strata train` runs it) */
   int n_tried;              /* throughput_by_k[k - 1] for k in 1..n_tried */
   double *throughput_by_k;  /* (0 = infeasible); NULL if not computed */
   char cause[ST_CAUSE_MAX]; /* why this many stages */
@@ -1457,6 +1503,36 @@ typedef struct st_plan {
 int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
                   const st_fabric *fabric, const st_plan_options *opt,
                   st_error *err);
+/* Weight streaming on a fabric (st_plan.ws_*): one block at a time on all
+ * its PEs, each block's weights streamed in from the store at
+ * stream_bandwidth for the forward and again for the backward while its
+ * gradient streams out (the link carries both ways at once), the batch in
+ * micro-batches of micro_batch samples whose activations stay on the
+ * fabric. Per micro-batch of m samples, with t_f, t_b a block's forward
+ * and backward seconds per sample on the whole fabric and W its weight
+ * bytes:   T = sum over blocks of max(m t_f, W / bw) + max(m t_b, W / bw),
+ * and the rate m / T, capped by the fabric's I/O. The fabric holds the
+ * micro-batch's activations of every block (keep_activations; else each
+ * block's input and one block's), slots blocks of weights and one
+ * gradient, and, when store_on_fabric (a cpu's memory store), every
+ * block's weights and state. ST_EUNSUPPORTED, naming what does not fit,
+ * when that is more than the fabric holds. */
+int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
+                      const st_fabric *fabric, int batch, int micro_batch,
+                      int slots, int keep_activations, int store_on_fabric,
+                      st_error *err);
+/* The bytes st_plan_streaming's fabric holds at micro-batches of m. */
+double st_plan_streaming_need(const st_block_cost *blocks, int n, int m,
+                              int slots, int keep_activations,
+                              int store_on_fabric);
+/* `strata compile`'s plan: the mode chosen by memory (docs/compiler.md,
+ * "Choosing the mode"), or `force` (a mode name) with what it costs against
+ * the chosen one; execution.micro_batch 0 picked by the compiler. NULL
+ * force and a fitting config: what st_plan_compile gives. A refusal names
+ * what does not fit in each mode tried and the smallest fabric of the kind
+ * that would hold the model. */
+int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
+                   const char *force, st_error *err);
 /* All passes for cfg's model on cfg's fabric; stages as in options (0 =
  * the number a pipeline or pipelined_backprop config's execution.stages
  * gives, else automatic). Samples in flight follow execution.mode

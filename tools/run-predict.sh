@@ -12,13 +12,19 @@
 # Usage: tools/run-predict.sh BUILD_DIR
 # Environment: PREDICT_STEPS (default 300), PREDICT_REPEATS (trainings per
 #              row, the median rate is reported; default 3), PREDICT_CONFIGS
-#              (default "fc_mnist cnn_fmnist gpt_tiny").
+#              (default "fc_mnist cnn_fmnist gpt_tiny"), PREDICT_BATCHES
+#              (default "shipped": each config's own batch; a list such as
+#              "1 8 64 256" trains each config at each batch, for
+#              max(PREDICT_STEPS x 64 / batch, 20) steps so that every row
+#              sees about the same samples, lr scaled by batch / shipped
+#              batch, micro-batches of max(batch / 8, 1)).
 set -u
 build=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 steps=${PREDICT_STEPS:-300}
 repeats=${PREDICT_REPEATS:-3}
 configs=${PREDICT_CONFIGS:-fc_mnist cnn_fmnist gpt_tiny}
+batches=${PREDICT_BATCHES:-shipped}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export STRATA_CALIBRATION="$tmp/calibration.json"
@@ -45,15 +51,28 @@ gpipe_throughput() {
 # Each config as shipped (sequential), then as a 2-stage 1f1b pipeline of
 # 8 micro-batches.
 pipe=(--set execution.mode=pipeline --set execution.stages=2 --set execution.schedule=1f1b)
-printf '%-12s %-10s %7s %12s %12s %7s %14s %7s  %s\n' config mode steps "measured(med)" predicted ratio uncalibrated ratio "target: ratio in [0.75, 1.25]"
+printf '%-12s %-10s %6s %7s %12s %12s %7s %14s %7s  %s\n' config mode batch steps "measured(med)" predicted ratio uncalibrated ratio "target: ratio in [0.75, 1.25]"
 for cfg in $configs; do
+  shipped=$(sed -n 's/^ *batch: *\([0-9]*\).*/\1/p' "configs/$cfg.yaml" | head -1)
+  lr=$(sed -n 's/^ *lr: *\([0-9.eE+-]*\).*/\1/p' "configs/$cfg.yaml" | head -1)
+  list=$batches
+  [ "$list" = shipped ] && list=$shipped
+  for batch in $list; do
   for mode in sequential pipeline; do
     out="$tmp/$cfg-$mode"
-    sets=(--set train.steps="$steps" --set metrics.progress=off --set data.test_limit=500)
+    run_steps=$steps
+    sets=(--set metrics.progress=off --set data.test_limit=500)
+    if [ "$batch" != "$shipped" ]; then
+      run_steps=$((steps * 64 / batch))
+      [ "$run_steps" -lt 20 ] && run_steps=20
+      sets+=(--set train.batch="$batch" --set optimizer.lr="$(awk -v l="$lr" -v b="$batch" -v s="$shipped" 'BEGIN { printf "%g", l * b / s }')")
+    fi
+    sets+=(--set train.steps="$run_steps")
     stages=1
     if [ "$mode" = pipeline ]; then
-      batch=$(sed -n 's/^ *batch: *\([0-9]*\).*/\1/p' "configs/$cfg.yaml" | head -1)
-      sets+=("${pipe[@]}" --set execution.micro_batch=$((batch / 8)))
+      mb=$((batch / 8))
+      [ "$mb" -lt 1 ] && mb=1
+      sets+=("${pipe[@]}" --set execution.micro_batch=$mb)
       stages=2
     fi
     # the median of the repeats: on a shared machine one run's rate moves
@@ -80,11 +99,12 @@ for cfg in $configs; do
     STRATA_CALIBRATION=none "$build/strata" compile "configs/$cfg.yaml" "${sets[@]}" \
       --stages "$stages" --out "$tmp/$cfg-$mode-estimate" >/dev/null 2>&1 || status=1
     estimate=$(gpipe_throughput "$tmp/$cfg-$mode-estimate/plan.json")
-    awk -v c="$cfg" -v md="$mode" -v s="$steps" -v m="$measured" -v p="$predicted" -v e="$estimate" 'BEGIN {
+    awk -v c="$cfg" -v md="$mode" -v b="$batch" -v s="$run_steps" -v m="$measured" -v p="$predicted" -v e="$estimate" 'BEGIN {
       r = p / m; re = e / m
-      printf "%-12s %-10s %7d %12.0f %12.0f %7.2f %14.0f %7.2f  %s\n", c, md, s, m, p, r, e, re,
+      printf "%-12s %-10s %6d %7d %12.0f %12.0f %7.2f %14.0f %7.2f  %s\n", c, md, b, s, m, p, r, e, re,
         (r >= 0.75 && r <= 1.25 ? "meets target" : "outside target")
     }'
+  done
   done
 done
 [ "$status" -ne 0 ] && echo "run-predict: a program failed (see above)" >&2

@@ -41,6 +41,13 @@ static const char *usage_compile =
     "                    number; else the K with the\n"
     "                    best predicted throughput; ties go to fewer); such a\n"
     "                    config's execution.stage_blocks pins the cut itself\n"
+    "  --mode MODE       plan this execution mode (sequential, pipeline,\n"
+    "                    pipelined_backprop, block_sequential,\n"
+    "                    weight_streaming) and say what it costs against the\n"
+    "                    one compile chooses; default auto: the mode chosen\n"
+    "                    by memory (mesh: layer-pipelined if it fits, else\n"
+    "                    weight streaming; cpu: the config's, else weight\n"
+    "                    streaming), execution.micro_batch 0 picked too\n"
     "  --ranks N         the run's MPI ranks (mpirun -np N): which stages "
     "each\n"
     "                    rank holds and its memory by the plan, checked\n"
@@ -61,7 +68,7 @@ static const char *usage_compile =
     "  DIR/plan.svg      the map: each stage's region coloured and labelled\n";
 
 typedef struct compile_args {
-  const char *config, *out, *fabric, *stages, *ranks;
+  const char *config, *out, *fabric, *stages, *ranks, *mode;
   const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help, validate_only, compile_only;
 } compile_args;
@@ -73,6 +80,7 @@ static int parse(int argc, char **argv, compile_args *a) {
                                    {"--fabric", &a->fabric, NULL},
                                    {"--stages", &a->stages, NULL},
                                    {"--ranks", &a->ranks, NULL},
+                                   {"--mode", &a->mode, NULL},
                                    {NULL, NULL, NULL}};
   const st_cli_spec spec = {usage_compile, options,    {&a->config, NULL},
                             a->sets,       &a->n_sets, &a->help};
@@ -133,8 +141,24 @@ int st_cli_compile(int argc, char **argv) {
     st_cli_default_out(out, sizeof out, a.config);
   snprintf(json, sizeof json, "%s/plan.json", out);
   snprintf(svg, sizeof svg, "%s/plan.svg", out);
+  const char *force = a.mode && strcmp(a.mode, "auto") ? a.mode : NULL;
+  if (force) {
+    static const char *const modes[] = {"sequential", "pipeline",
+                                        "pipelined_backprop",
+                                        "block_sequential", "weight_streaming"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+      known |= !strcmp(force, modes[i]);
+    if (!known)
+      return st_cli_usage_error(usage_compile,
+                                "--mode takes auto, sequential, pipeline, "
+                                "pipelined_backprop, block_sequential or "
+                                "weight_streaming, not '%s'",
+                                force);
+  }
   st_plan *plan;
-  if (st_plan_compile(&plan, &cfg, stages, &err)) return st_cli_fail(&err);
+  if (st_plan_choose(&plan, &cfg, stages, force, &err))
+    return st_cli_fail(&err);
   if (st_plan_place_ranks(plan, &cfg, ranks, &err)) {
     st_plan_destroy(plan);
     return st_cli_fail(&err);

@@ -77,8 +77,16 @@ typedef struct problem {
   int n;
   const st_fabric *fabric;
   double in_flight, versions;
-  /* sums over blocks [i, j), summed left to right: index i * (n + 1) + j */
-  double *flops_fwd, *flops_bwd, *memory;
+  /* the same per stage index s of the stage count being solved
+   * (st_plan_options.in_flight_schedule); NULL: in_flight, versions */
+  const double *in_flight_at, *versions_at;
+  /* sums over blocks [i, j), summed left to right: index i * (n + 1) + j;
+   * memory = weights, state and acts (input and activations per sample)
+   * as stage s holds them: stage_memory */
+  double *flops_fwd, *flops_bwd, *weights, *state, *acts;
+  /* mesh: the bytes moved through a stage's region per sample and pass,
+   * and the layers that move them (st_block_cost.region_*) */
+  double *region_in, *region_out, *region_layers;
   /* what the time model uses, same indexing: parallel work (FLOPs at
    * work_rate = pe_flops uncalibrated; one-core seconds at work_rate = 1
    * calibrated) and single-threaded seconds (0 uncalibrated) */
@@ -91,6 +99,9 @@ typedef struct problem {
   /* where a stage may begin or end: cut_ok[j] for the boundary before
    * block j (0 .. n); NULL = anywhere (execution.stage_blocks pins them) */
   const unsigned char *cut_ok;
+  /* no stage hands data to another (weight streaming: one block at a time
+   * on the whole fabric, its activations staying there) */
+  int no_edges;
 } problem;
 
 /* The geometry of one candidate layout. */
@@ -116,20 +127,32 @@ static inline int64_t range_index(const problem *p, int i, int j) {
 void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
                    double traffic[2]);
 
-/* Bytes stage [i, j) holds, and the parts of it. */
-double stage_memory(const problem *p, int i, int j);
+/* Samples in flight and weight versions at stage index s. */
+double stage_in_flight(const problem *p, int s);
+double stage_versions(const problem *p, int s);
+/* Bytes stage [i, j) holds as stage s. */
+double stage_memory(const problem *p, int i, int j, int s);
 /* Seconds per sample of stage [i, j) on `units` units of layout L; the parts
- * (forward, backward, communication) go to the pointers that are not NULL. */
+ * (forward, backward, communication) go to the pointers that are not NULL.
+ * On a mesh the communication includes the region's own (compile.h top). */
 double stage_time(const problem *p, const layout *L, int i, int j,
                   int64_t units, double *fwd, double *bwd, double *comm);
-/* Whether stage [i, j) fits its memory in `units` units. */
-int stage_fits(const problem *p, const layout *L, int i, int j, int64_t units);
-/* The fewest units for which stage [i, j) takes <= T (T = INFINITY: any
- * time) — or, with memory, also fits; INT64_MAX if no count up to the whole
- * layout does. */
+/* The region `units` units of L make: w PEs across, h down. */
+void region_shape(const layout *L, int64_t units, double *w, double *h);
+/* Whether stage [i, j) fits its memory in `units` units as stage s. */
+int stage_fits(const problem *p, const layout *L, int i, int j, int s,
+               int64_t units);
+/* The fewest units, at least `from`, for which stage [i, j) takes <= T
+ * (T = INFINITY: any time); INT64_MAX if no count up to the whole layout
+ * does. A stage's time need not fall with its units (on a mesh the hops
+ * across a region grow with it): it is taken to fall and then rise along
+ * each of the two runs of unit counts (1 .. W, then whole bands). */
 int64_t units_for_time(const problem *p, const layout *L, int i, int j,
-                       double T);
-int64_t units_for_memory(const problem *p, const layout *L, int i, int j);
+                       double T, int64_t from);
+/* The units with the least time for stage [i, j). */
+int64_t units_fastest(const problem *p, const layout *L, int i, int j);
+int64_t units_for_memory(const problem *p, const layout *L, int i, int j,
+                         int s);
 
 /* A stage of u units after a stage that ended at snake position `end`:
  * returns its start (inside the same band if it fits there, else at the

@@ -75,6 +75,15 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
   double n_in = (double)st_shape_numel(L->in),
          n = (double)st_shape_numel(L->out);
   int batch = x->batch;
+  /* on a mesh the layers whose weights or work spread over a region move
+   * their input in along one edge and their output (partial sums) across
+   * it (st_block_cost.region_*); an embedding's input is its ids */
+  if (L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D ||
+      L->kind == ST_OP_ATTENTION || L->kind == ST_OP_EMBED) {
+    c->region_in += 4 * n_in;
+    c->region_out += 4 * n;
+    c->region_layers += 1;
+  }
   switch (L->kind) {
   case ST_OP_LINEAR: {
     /* a sequence layer is one GEMM over batch x positions rows */
@@ -277,11 +286,14 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
       c->lwp_bytes = 4.0 * (double)b->n_params *
                      (x.fused ? updates + 3.0 / cfg->train.batch : 3.0 / batch);
   }
-  /* softmax cross-entropy on the last block's output (every position) */
+  /* softmax cross-entropy on the last block's output (every position),
+   * and the labels it reads: one 4-byte class a position */
   if (m->n_blocks > 0) {
     double C = (double)st_shape_numel(m->blocks[m->n_blocks - 1].out);
     out[m->n_blocks - 1].bytes_fwd[0] += 4 * 3 * C;
     out[m->n_blocks - 1].bytes_bwd[0] += 4 * 2 * C;
+    out[m->n_blocks - 1].label_bytes =
+        4.0 * (m->label_rows > 0 ? m->label_rows : 1);
   }
 }
 

@@ -52,6 +52,15 @@
 /* One link, one way: 220 Pb/s = 27.5 PB/s spread over 850,000 PEs and the
  * 8 one-way links of each (4 neighbours, in and out) = 4.04 GB/s. */
 #define WSE2_LINK_BANDWIDTH (WSE2_FABRIC_BITS / 8 / WSE2_CORES / 8)
+/* Assumptions, not published figures: a hop between neighbouring PEs takes
+ * one cycle (the router forwards a word a cycle), and each PE spends about
+ * 20 cycles of fixed work per layer, sample and pass (starting the task,
+ * its first and last words), both at the assumed 1.1 GHz. */
+#define WSE2_HOP_LATENCY (1.0 / 1.1e9)
+#define WSE2_PE_OVERHEAD (20.0 / 1.1e9)
+/* Published: a CS-2 system's I/O is 12 x 100 Gigabit Ethernet, 1.2 Tb/s =
+ * 150 GB/s each way; weights stream from a MemoryX store over it too. */
+#define CS2_IO_BANDWIDTH (12 * 100e9 / 8)
 
 /* Applies the fabric.pe_* keys given a figure (> 0) over the built-in ones;
  * a value, not where it came from, decides, so a run's written config.yaml
@@ -70,6 +79,22 @@ static void apply_overrides(st_fabric *f, const st_config *cfg) {
   if (cfg->fabric.link_bandwidth > 0) {
     f->link_bandwidth = cfg->fabric.link_bandwidth;
     strcat(note, " link_bandwidth");
+  }
+  if (f->kind == ST_FABRIC_MESH) {
+    if (cfg->fabric.hop_latency > 0) {
+      f->hop_latency = cfg->fabric.hop_latency;
+      strcat(note, " hop_latency");
+    }
+    if (cfg->fabric.pe_overhead > 0) {
+      f->pe_overhead = cfg->fabric.pe_overhead;
+      strcat(note, " pe_overhead");
+    }
+    if (cfg->fabric.io_bandwidth > 0) {
+      f->io_bandwidth = f->stream_bandwidth = cfg->fabric.io_bandwidth;
+      strcat(note, " io_bandwidth");
+    }
+  } else {
+    f->stream_bandwidth = f->link_bandwidth; /* a copy from the store */
   }
   if (note[0]) {
     size_t used = strlen(f->source);
@@ -127,6 +152,15 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   return 0;
 }
 
+/* The per-PE and I/O figures every mesh starts from (a WSE-2 PE's, a
+ * CS-2's I/O); the fabric.* keys override them. */
+static void mesh_figures(st_fabric *f) {
+  f->hop_latency = WSE2_HOP_LATENCY;
+  f->pe_overhead = WSE2_PE_OVERHEAD;
+  f->io_bandwidth = CS2_IO_BANDWIDTH;
+  f->stream_bandwidth = CS2_IO_BANDWIDTH;
+}
+
 static void resolve_wse2(st_fabric *f) {
   f->kind = ST_FABRIC_MESH;
   snprintf(f->name, sizeof f->name, "wse2");
@@ -137,13 +171,15 @@ static void resolve_wse2(st_fabric *f) {
   f->pe_memory = WSE2_MEMORY / WSE2_CORES;
   f->link_bandwidth = WSE2_LINK_BANDWIDTH;
   f->efficiency_slope = 0;
+  mesh_figures(f);
   f->memory_bandwidth = WSE2_MEMORY_BANDWIDTH;
   f->fabric_bandwidth = WSE2_FABRIC_BITS / 8;
   f->estimated = 1;
   snprintf(f->source, sizeof f->source,
            "Cerebras WSE-2 as published (850,000 cores, 40 GB SRAM, 20 PB/s "
-           "memory, 220 Pb/s fabric), as a 1000 x 850 grid; 2.2 GFLOP/s fp32 "
-           "per PE is an assumption (1 FMA/cycle at ~1.1 GHz), not published");
+           "memory, 220 Pb/s fabric; a CS-2's I/O 12 x 100 GbE), as a 1000 x "
+           "850 grid; 2.2 GFLOP/s fp32 per PE, a hop of 1 cycle and 20 cycles "
+           "a layer per PE are assumptions (~1.1 GHz), not published");
 }
 
 static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
@@ -163,10 +199,11 @@ static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
   f->pe_memory = WSE2_MEMORY / WSE2_CORES;
   f->link_bandwidth = WSE2_LINK_BANDWIDTH;
   f->efficiency_slope = 0;
+  mesh_figures(f);
   f->estimated = 0;
   snprintf(f->source, sizeof f->source,
-           "per-PE figures of one WSE-2 PE unless fabric.pe_flops, "
-           "fabric.pe_memory or fabric.link_bandwidth give others");
+           "per-PE figures of one WSE-2 PE and a CS-2's I/O unless the "
+           "fabric.* keys give others");
   return 0;
 }
 
@@ -189,6 +226,11 @@ int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err) {
   if ((rc = positive(cfg, "fabric.pe_flops", f->pe_flops, err)) ||
       (rc = positive(cfg, "fabric.pe_memory", f->pe_memory, err)) ||
       (rc = positive(cfg, "fabric.link_bandwidth", f->link_bandwidth, err)))
+    return rc;
+  if (f->kind == ST_FABRIC_MESH &&
+      ((rc = positive(cfg, "fabric.io_bandwidth", f->io_bandwidth, err)) ||
+       (rc = positive(cfg, "fabric.hop_latency", f->hop_latency, err)) ||
+       (rc = positive(cfg, "fabric.pe_overhead", f->pe_overhead, err))))
     return rc;
   return 0;
 }

@@ -85,20 +85,19 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   p->in_flight = in_flight;
   p->versions = versions;
   size_t cells = (size_t)(n + 1) * (size_t)(n + 1);
-  p->flops_fwd = st_alloc(cells * sizeof(double));
-  p->flops_bwd = st_alloc(cells * sizeof(double));
-  p->memory = st_alloc(cells * sizeof(double));
-  p->work_fwd = st_alloc(cells * sizeof(double));
-  p->work_bwd = st_alloc(cells * sizeof(double));
-  p->serial_fwd = st_alloc(cells * sizeof(double));
-  p->serial_bwd = st_alloc(cells * sizeof(double));
+  double **arrays[] = {&p->flops_fwd, &p->flops_bwd,  &p->weights,
+                       &p->state,     &p->acts,       &p->work_fwd,
+                       &p->work_bwd,  &p->serial_fwd, &p->serial_bwd,
+                       &p->region_in, &p->region_out, &p->region_layers};
+  int ok = 1;
+  for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
+    ok &= (*arrays[a] = st_alloc(cells * sizeof(double))) != NULL;
   /* Uncalibrated: the work is every FLOP at pe_flops. Calibrated: GEMM,
    * conv2d and attention FLOPs over their class's measured one-core rate
    * (core-seconds, at a rate of 1), and the single-threaded ops' bytes over
    * their bandwidth. */
   p->work_rate = f->calibrated ? 1.0 : f->pe_flops;
-  if (!p->flops_fwd || !p->flops_bwd || !p->memory || !p->work_fwd ||
-      !p->work_bwd || !p->serial_fwd || !p->serial_bwd) {
+  if (!ok) {
     problem_free(p);
     return st_error_set(err, ST_ENOMEM, "out of memory for %d blocks", n);
   }
@@ -119,6 +118,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   for (int i = 0; i < n; i++) {
     double ff = 0, fb = 0, weights = 0, state = 0, acts = blocks[i].in_bytes;
     double lw = 0, ls = 0; /* weight prediction: work, serial seconds */
+    double rin = 0, rout = 0, rl = 0; /* through a mesh region */
     double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0;
     double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
     for (int j = i + 1; j <= n; j++) {
@@ -161,6 +161,9 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       weights += b->param_bytes;
       state += b->state_bytes;
       acts += b->act_bytes;
+      rin += b->region_in;
+      rout += b->region_out;
+      rl += b->region_layers;
       int64_t at = range_index(p, i, j);
       /* the memory terms ride with the GEMMs' work */
       double spill = st_spill_fraction(f, ws) * f->spill_cost;
@@ -174,7 +177,12 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         p->last_free_work[at] = lw;
         p->last_free_serial[at] = ls;
       }
-      p->memory[at] = versions * weights + state + in_flight * acts;
+      p->weights[at] = weights;
+      p->state[at] = state;
+      p->acts[at] = acts;
+      p->region_in[at] = rin;
+      p->region_out[at] = rout;
+      p->region_layers[at] = rl;
     }
   }
   return 0;
@@ -225,26 +233,36 @@ void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
 }
 
 void problem_free(problem *p) {
-  st_free(p->flops_fwd);
-  st_free(p->flops_bwd);
-  st_free(p->memory);
-  st_free(p->work_fwd);
-  st_free(p->work_bwd);
-  st_free(p->serial_fwd);
-  st_free(p->serial_bwd);
-  st_free(p->last_free_work);
-  st_free(p->last_free_serial);
-  p->flops_fwd = p->flops_bwd = p->memory = NULL;
-  p->work_fwd = p->work_bwd = p->serial_fwd = p->serial_bwd = NULL;
-  p->last_free_work = p->last_free_serial = NULL;
+  double **arrays[] = {&p->flops_fwd,      &p->flops_bwd,
+                       &p->weights,        &p->state,
+                       &p->acts,           &p->work_fwd,
+                       &p->work_bwd,       &p->serial_fwd,
+                       &p->serial_bwd,     &p->region_in,
+                       &p->region_out,     &p->region_layers,
+                       &p->last_free_work, &p->last_free_serial};
+  for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
+    st_free(*arrays[a]);
+    *arrays[a] = NULL;
+  }
 }
 
-double stage_memory(const problem *p, int i, int j) {
-  return p->memory[range_index(p, i, j)];
+double stage_in_flight(const problem *p, int s) {
+  return p->in_flight_at ? p->in_flight_at[s] : p->in_flight;
+}
+
+double stage_versions(const problem *p, int s) {
+  return p->versions_at ? p->versions_at[s] : p->versions;
+}
+
+double stage_memory(const problem *p, int i, int j, int s) {
+  int64_t at = range_index(p, i, j);
+  return stage_versions(p, s) * p->weights[at] + p->state[at] +
+         stage_in_flight(p, s) * p->acts[at];
 }
 
 static double comm_bytes(const problem *p, int i, int j) {
   double bytes = 0;
+  if (p->no_edges) return 0;
   if (j < p->n) bytes += p->blocks[j - 1].out_bytes; /* activation forward */
   if (i > 0) bytes += p->blocks[i].in_bytes;         /* its gradient back */
   return bytes;
@@ -272,8 +290,19 @@ static double seconds_per_work(const problem *p, double c) {
   return t;
 }
 
+void region_shape(const layout *L, int64_t units, double *w, double *h) {
+  if (units <= L->width) {
+    *w = (double)units;
+    *h = L->h;
+  } else { /* whole bands */
+    *w = L->width;
+    *h = (double)(units / L->width) * L->h;
+  }
+}
+
 double stage_time(const problem *p, const layout *L, int i, int j,
                   int64_t units, double *fwd, double *bwd, double *comm) {
+  const st_fabric *f = p->fabric;
   double g = seconds_per_work(p, (double)units * L->h);
   int64_t at = range_index(p, i, j);
   double tf = p->work_fwd[at] * g + p->serial_fwd[at];
@@ -281,53 +310,140 @@ double stage_time(const problem *p, const layout *L, int i, int j,
   if (p->last_free_work && j < p->n)
     tb += p->last_free_work[at] * g + p->last_free_serial[at];
   double tc = comm_bytes(p, i, j) / comm_bandwidth(p, L);
+  if (f->kind == ST_FABRIC_MESH && p->region_layers[at] > 0) {
+    /* the region's own traffic, each pass (forward, backward): the layers'
+     * inputs enter along its west edge, h links wide, their partial sums
+     * cross it to the south edge, w links wide, and each layer's data
+     * crosses w + h hops; and each PE's fixed work per layer */
+    double w, h, nl = p->region_layers[at];
+    region_shape(L, units, &w, &h);
+    double pass = p->region_in[at] / (h * f->link_bandwidth) +
+                  p->region_out[at] / (w * f->link_bandwidth) +
+                  nl * (w + h) * f->hop_latency;
+    tc += 2 * pass;
+    tf += nl * f->pe_overhead;
+    tb += nl * f->pe_overhead;
+  }
   if (fwd) *fwd = tf;
   if (bwd) *bwd = tb;
   if (comm) *comm = tc;
   return tf + tb + tc;
 }
 
-int stage_fits(const problem *p, const layout *L, int i, int j, int64_t units) {
-  return stage_memory(p, i, j) <= (double)units * L->h * p->fabric->pe_memory;
+int stage_fits(const problem *p, const layout *L, int i, int j, int s,
+               int64_t units) {
+  return stage_memory(p, i, j, s) <=
+         (double)units * L->h * p->fabric->pe_memory;
 }
 
-int64_t units_for_memory(const problem *p, const layout *L, int i, int j) {
+int64_t units_for_memory(const problem *p, const layout *L, int i, int j,
+                         int s) {
   double unit_bytes = (double)L->h * p->fabric->pe_memory;
-  double guess = ceil(stage_memory(p, i, j) / unit_bytes);
+  double guess = ceil(stage_memory(p, i, j, s) / unit_bytes);
   if (!(guess <= (double)L->units)) return INT64_MAX;
   int64_t u = guess < 1 ? 1 : (int64_t)guess;
   /* the division rounds; settle on the exact threshold of stage_fits */
-  while (u > 1 && stage_fits(p, L, i, j, u - 1)) u--;
-  while (u <= L->units && !stage_fits(p, L, i, j, u)) u++;
+  while (u > 1 && stage_fits(p, L, i, j, s, u - 1)) u--;
+  while (u <= L->units && !stage_fits(p, L, i, j, s, u)) u++;
   return u <= L->units ? u : INT64_MAX;
 }
 
+/* The unit counts a stage may take, as indices: 0 .. W - 1 are 1 .. W
+ * units inside a band, W .. W + bands - 2 are 2 .. bands whole bands. */
+static int64_t n_sizes(const layout *L) { return L->width + L->bands - 1; }
+
+static int64_t size_units(const layout *L, int64_t idx) {
+  return idx < L->width ? idx + 1 : (idx - L->width + 2) * L->width;
+}
+
+/* The first size index holding at least u units. */
+static int64_t size_index(const layout *L, int64_t u) {
+  if (u <= L->width) return u < 1 ? 0 : u - 1;
+  return (u + L->width - 1) / L->width - 2 + L->width;
+}
+
+static double time_at(const problem *p, const layout *L, int i, int j,
+                      int64_t idx) {
+  return stage_time(p, L, i, j, size_units(L, idx), 0, 0, 0);
+}
+
+/* The index of the least time in [a, b], the time taken to fall and then
+ * rise (ties: the first): ternary search, then the few left. */
+static int64_t argmin_run(const problem *p, const layout *L, int i, int j,
+                          int64_t a, int64_t b) {
+  while (b - a > 3) {
+    int64_t m1 = a + (b - a) / 3, m2 = b - (b - a) / 3;
+    if (time_at(p, L, i, j, m1) <= time_at(p, L, i, j, m2))
+      b = m2;
+    else
+      a = m1 + 1;
+  }
+  int64_t best = a;
+  for (int64_t x = a + 1; x <= b; x++)
+    if (time_at(p, L, i, j, x) < time_at(p, L, i, j, best)) best = x;
+  return best;
+}
+
+/* The two runs of sizes: inside a band, then whole bands. */
+static int runs(const layout *L, int64_t lo[2], int64_t hi[2]) {
+  lo[0] = 0;
+  hi[0] = (L->units < L->width ? L->units : L->width) - 1;
+  if (L->bands < 2) return 1;
+  lo[1] = L->width;
+  hi[1] = n_sizes(L) - 1;
+  return 2;
+}
+
+/* units_for_time with each run's fastest size given (argmin_run). */
+static int64_t first_meeting(const problem *p, const layout *L, int i, int j,
+                             double T, int64_t from, const int64_t amin[2]) {
+  int64_t lo[2], hi[2];
+  int nr = runs(L, lo, hi);
+  int64_t start = size_index(L, from);
+  for (int r = 0; r < nr; r++) {
+    int64_t a = start > lo[r] ? start : lo[r], m = amin[r];
+    if (a > hi[r]) continue;
+    if (T == INFINITY) return size_units(L, a);
+    if (a > m) { /* past the fastest: it only gets slower */
+      if (time_at(p, L, i, j, a) <= T) return size_units(L, a);
+      continue;
+    }
+    if (!(time_at(p, L, i, j, m) <= T)) continue;
+    while (a < m) { /* the time falls over [a, m]: the first <= T */
+      int64_t mid = a + (m - a) / 2;
+      if (time_at(p, L, i, j, mid) <= T)
+        m = mid;
+      else
+        a = mid + 1;
+    }
+    return size_units(L, a);
+  }
+  return INT64_MAX;
+}
+
+static void run_argmins(const problem *p, const layout *L, int i, int j,
+                        int64_t amin[2]) {
+  int64_t lo[2], hi[2];
+  int nr = runs(L, lo, hi);
+  amin[1] = 0;
+  for (int r = 0; r < nr; r++) amin[r] = argmin_run(p, L, i, j, lo[r], hi[r]);
+}
+
 int64_t units_for_time(const problem *p, const layout *L, int i, int j,
-                       double T) {
-  if (T == INFINITY) return 1;
-  const st_fabric *f = p->fabric;
-  int64_t at = range_index(p, i, j);
-  double flops = p->work_fwd[at] + p->work_bwd[at];
-  double left = T - comm_bytes(p, i, j) / comm_bandwidth(p, L) -
-                (p->serial_fwd[at] + p->serial_bwd[at]);
-  if (p->last_free_work && j < p->n) { /* as stage_time adds them */
-    flops += p->last_free_work[at];
-    left -= p->last_free_serial[at];
-  }
-  if (!(left >= 0)) return INT64_MAX;
-  double guess = 1;
-  if (flops > 0) {
-    /* (s + (1 - s)/c) work / r <= left  <=>  c >= (1 - s) / (left r /
-     * work - s) */
-    double s = f->efficiency_slope, room = left * p->work_rate / flops - s;
-    if (!(room > 0)) return INT64_MAX;
-    guess = ceil((1.0 - s) / room / L->h);
-  }
-  if (!(guess <= (double)L->units + 1)) return INT64_MAX;
-  int64_t u = guess < 1 ? 1 : (int64_t)guess;
-  while (u > 1 && stage_time(p, L, i, j, u - 1, 0, 0, 0) <= T) u--;
-  while (u <= L->units && stage_time(p, L, i, j, u, 0, 0, 0) > T) u++;
-  return u <= L->units ? u : INT64_MAX;
+                       double T, int64_t from) {
+  int64_t amin[2];
+  run_argmins(p, L, i, j, amin);
+  return first_meeting(p, L, i, j, T, from, amin);
+}
+
+int64_t units_fastest(const problem *p, const layout *L, int i, int j) {
+  int64_t amin[2], lo[2], hi[2];
+  run_argmins(p, L, i, j, amin);
+  int nr = runs(L, lo, hi);
+  int64_t best = amin[0];
+  if (nr > 1 && time_at(p, L, i, j, amin[1]) < time_at(p, L, i, j, best))
+    best = amin[1];
+  return size_units(L, best);
 }
 
 int64_t layout_place(const layout *L, int64_t end, int64_t u, int64_t *span) {
@@ -397,7 +513,7 @@ static int solve_dp(const problem *p, const layout *L, int k_lo, int k_hi,
           for (int64_t u = 1; u <= U; u = next_units(L, u)) {
             int64_t span, start = layout_place(L, e0, u, &span);
             if (start < 0) break; /* monotone: larger u cannot fit either */
-            if (!stage_fits(p, L, i, j, span)) continue;
+            if (!stage_fits(p, L, i, j, k - 1, span)) continue;
             double t = stage_time(p, L, i, j, span, 0, 0, 0);
             double v = t > before ? t : before;
             size_t at = AT(k, j, start + span);
@@ -455,8 +571,9 @@ typedef struct bisect_state {
   const problem *p;
   const layout *L;
   int k_hi;
-  int64_t *mem_units; /* (n + 1)^2: units_for_memory */
-  int64_t *need;      /* (n + 1)^2: need(i, j, T) for the current T */
+  int64_t *mem_units; /* k_hi x (n + 1)^2: units_for_memory as stage s */
+  int64_t *amin;      /* 2 (n + 1)^2: each run's fastest size (run_argmins) */
+  int64_t *need;      /* k_hi x (n + 1)^2: need(i, j, T) as stage s */
   int64_t *end;       /* (k_hi + 1) x (n + 1) */
   int *from;          /* (k_hi + 1) x (n + 1) */
 } bisect_state;
@@ -466,21 +583,28 @@ typedef struct bisect_state {
 static int feasible(bisect_state *b, double T, int k_lo) {
   const problem *p = b->p;
   int n = p->n;
-  for (int i = 0; i < n; i++)
-    for (int j = i + 1; j <= n; j++) {
-      int64_t at = range_index(p, i, j), m = b->mem_units[at];
-      if (!range_allowed(p, i, j)) m = INT64_MAX;
-      int64_t t = m == INT64_MAX ? INT64_MAX : units_for_time(p, b->L, i, j, T);
-      b->need[at] = t > m ? t : m;
-    }
+  int64_t cells = (int64_t)(n + 1) * (n + 1);
+  /* stage index s only changes the memory when the in-flight count does */
+  int per_stage = p->in_flight_at || p->versions_at;
+  for (int s = 0; s < (per_stage ? b->k_hi : 1); s++)
+    for (int i = 0; i < n; i++)
+      for (int j = i + 1; j <= n; j++) {
+        int64_t at = range_index(p, i, j), m = b->mem_units[s * cells + at];
+        if (!range_allowed(p, i, j)) m = INT64_MAX;
+        b->need[s * cells + at] =
+            m == INT64_MAX
+                ? INT64_MAX
+                : first_meeting(p, b->L, i, j, T, m, b->amin + 2 * at);
+      }
   int64_t *end = b->end;
   for (int c = 0; c < (b->k_hi + 1) * (n + 1); c++) end[c] = INT64_MAX;
   end[0] = 0;
   for (int k = 1; k <= b->k_hi; k++)
     for (int j = k; j <= n; j++)
       for (int i = k - 1; i < j; i++) {
-        int64_t e0 = end[(k - 1) * (n + 1) + i],
-                u = b->need[range_index(p, i, j)];
+        int64_t
+            e0 = end[(k - 1) * (n + 1) + i],
+            u = b->need[(per_stage ? k - 1 : 0) * cells + range_index(p, i, j)];
         if (e0 == INT64_MAX || u == INT64_MAX) continue;
         int64_t span, start = layout_place(b->L, e0, u, &span);
         if (start < 0) continue;
@@ -499,12 +623,15 @@ static int feasible(bisect_state *b, double T, int k_lo) {
 static double extract(bisect_state *b, int k, partition *out) {
   const problem *p = b->p;
   int n = p->n, cut[k + 1];
+  int64_t cells = (int64_t)(n + 1) * (n + 1);
+  int per_stage = p->in_flight_at || p->versions_at;
   cut[k] = n;
   for (int s = k; s >= 1; s--) cut[s - 1] = b->from[s * (n + 1) + cut[s]];
   double worst = 0;
   int64_t e = 0;
   for (int s = 0; s < k; s++) {
-    int64_t span, u = b->need[range_index(p, cut[s], cut[s + 1])];
+    int64_t span, u = b->need[(per_stage ? s : 0) * cells +
+                              range_index(p, cut[s], cut[s + 1])];
     int64_t start = layout_place(b->L, e, u, &span);
     e = start + span;
     double t = stage_time(p, b->L, cut[s], cut[s + 1], span, 0, 0, 0);
@@ -551,16 +678,23 @@ static int solve_bisect(const problem *p, const layout *L, int k_lo, int k_hi,
                         partition *out, double *by_k) {
   int n = p->n;
   size_t cells = (size_t)(n + 1) * (size_t)(n + 1);
+  int per_stage = p->in_flight_at || p->versions_at;
+  size_t layers = per_stage ? (size_t)k_hi : 1;
   bisect_state b = {.p = p, .L = L, .k_hi = k_hi};
-  b.mem_units = st_alloc(cells * sizeof *b.mem_units);
-  b.need = st_alloc(cells * sizeof *b.need);
+  b.mem_units = st_alloc(layers * cells * sizeof *b.mem_units);
+  b.need = st_alloc(layers * cells * sizeof *b.need);
+  b.amin = st_alloc(2 * cells * sizeof *b.amin);
   b.end = st_alloc((size_t)(k_hi + 1) * (size_t)(n + 1) * sizeof *b.end);
   b.from = st_alloc((size_t)(k_hi + 1) * (size_t)(n + 1) * sizeof *b.from);
   int rc = ST_ENOMEM;
-  if (b.mem_units && b.need && b.end && b.from) {
+  if (b.mem_units && b.need && b.amin && b.end && b.from) {
     for (int i = 0; i < n; i++)
-      for (int j = i + 1; j <= n; j++)
-        b.mem_units[range_index(p, i, j)] = units_for_memory(p, L, i, j);
+      for (int j = i + 1; j <= n; j++) {
+        int64_t at = range_index(p, i, j);
+        for (size_t s = 0; s < layers; s++)
+          b.mem_units[s * cells + at] = units_for_memory(p, L, i, j, (int)s);
+        run_argmins(p, L, i, j, b.amin + 2 * at);
+      }
     rc = solve_bisect_range(&b, k_lo, k_hi, out);
     for (int k = 1; by_k && k <= k_hi && rc != ST_ENOMEM; k++) {
       partition one = {0};
@@ -572,6 +706,7 @@ static int solve_bisect(const problem *p, const layout *L, int k_lo, int k_hi,
     }
   }
   st_free(b.mem_units);
+  st_free(b.amin);
   st_free(b.need);
   st_free(b.end);
   st_free(b.from);

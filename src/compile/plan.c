@@ -12,6 +12,7 @@
  *   5 report     report.c: text, plan.json, plan.svg
  */
 #include "compile.h"
+#include "../runtime/runtime.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -62,10 +63,10 @@ static int explain_pin_no_fit(const problem *p, const st_fabric *f,
                               const char *key, st_error *err) {
   double pes = 0, worst = -1;
   int wi = 0, wj = 0;
-  for (int i = 0; i < p->n;) {
+  for (int i = 0, s = 0; i < p->n; s++) {
     int j = i + 1;
     while (!p->cut_ok[j]) j++;
-    double m = stage_memory(p, i, j);
+    double m = stage_memory(p, i, j, s);
     pes += ceil(m / f->pe_memory);
     if (m > worst) worst = m, wi = i, wj = j;
     i = j;
@@ -90,7 +91,7 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
   double total = (double)f->pes * f->pe_memory;
   char need[32], have[32], short_by[32], w[32], st[32], a[32], pe[32];
   for (int b = 0; b < p->n; b++) {
-    double m = stage_memory(p, b, b + 1);
+    double m = stage_memory(p, b, b + 1, 0); /* the most in flight */
     if (m <= total) continue;
     const st_block_cost *c = &p->blocks[b];
     return st_error_set(
@@ -99,10 +100,10 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
         "optimizer state %s, input and activations %s x %g samples in "
         "flight) but the whole fabric holds %s (%lld %s x %s): short by %s",
         c->name, f->name, st_plan_fmt_bytes(need, sizeof need, m),
-        st_plan_fmt_bytes(w, sizeof w, c->param_bytes), p->versions,
+        st_plan_fmt_bytes(w, sizeof w, c->param_bytes), stage_versions(p, 0),
         st_plan_fmt_bytes(st, sizeof st, c->state_bytes),
         st_plan_fmt_bytes(a, sizeof a, c->in_bytes + c->act_bytes),
-        p->in_flight, st_plan_fmt_bytes(have, sizeof have, total),
+        stage_in_flight(p, 0), st_plan_fmt_bytes(have, sizeof have, total),
         (long long)f->pes, pe_word(f),
         st_plan_fmt_bytes(pe, sizeof pe, f->pe_memory),
         st_plan_fmt_bytes(short_by, sizeof short_by, m - total));
@@ -123,7 +124,7 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
       for (int j = k; j <= n; j++)
         for (int i = k - 1; i < j; i++) {
           int64_t e0 = end[(k - 1) * (n + 1) + i];
-          int64_t u = units_for_memory(p, &open, i, j);
+          int64_t u = units_for_memory(p, &open, i, j, k - 1);
           if (e0 == INT64_MAX || u == INT64_MAX) continue;
           int64_t span, st = layout_place(&open, e0, u, &span);
           if (st >= 0 && st + span < end[k * (n + 1) + j])
@@ -163,14 +164,47 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
       err, ST_EUNSUPPORTED,
       "%s does not fit %s: %s and the blocks before it need %s%s (each stage "
       "holds its weights, gradient and optimizer state, and input and "
-      "activations x %g samples in flight, rounded up to whole PEs) but the "
+      "activations x the samples in flight, %g at the first stage, rounded "
+      "up to whole PEs) but the "
       "fabric holds %s: short by %s; all %d blocks need at least %s",
       p->blocks[worst_block].name, f->name, p->blocks[worst_block].name,
-      st_plan_fmt_bytes(need, sizeof need, best_need), stages, p->in_flight,
-      st_plan_fmt_bytes(have, sizeof have, total),
+      st_plan_fmt_bytes(need, sizeof need, best_need), stages,
+      stage_in_flight(p, 0), st_plan_fmt_bytes(have, sizeof have, total),
       st_plan_fmt_bytes(short_by, sizeof short_by, best_need - total), n,
-      st_plan_fmt_bytes(all, sizeof all, stage_memory(p, 0, n)));
+      st_plan_fmt_bytes(all, sizeof all, stage_memory(p, 0, n, 0)));
 }
+
+/* What stage s of S holds as its schedule keeps it (st_plan_options): the
+ * micro-batches between a forward and the op that frees its activations
+ * (st_schedule's slots; pipelined backprop 2 (S - s) - 1, pb.c's delay),
+ * times the micro-batch; weight versions, with stashing, one per sample in
+ * flight. A schedule that cannot be built for S counts every micro-batch. */
+static void in_flight_table(const st_plan_options *o, int S, double *flight,
+                            double *vers) {
+  const char *name = o->in_flight_schedule;
+  double mb = o->micro_batch > 0 ? o->micro_batch : 1;
+  int M = o->micro_batches > 0 ? o->micro_batches : 1;
+  int V = !strcmp(name, "interleaved") && o->virtual_stages > 1
+              ? o->virtual_stages
+              : 1;
+  int pb = !strcmp(name, "pb");
+  double held[S];
+  for (int s = 0; s < S; s++) held[s] = pb ? 2.0 * (S - s) - 1 : M;
+  st_schedule sc;
+  st_error e;
+  if (!pb && S % V == 0 && st_schedule_build(&sc, name, S / V, M, V, &e) == 0) {
+    for (int s = 0; s < S; s++) held[s] = sc.slots[s];
+    st_schedule_free(&sc);
+  }
+  for (int s = 0; s < S; s++) {
+    flight[s] = mb * held[s];
+    vers[s] = o->weight_versions_follow ? held[s]
+              : o->weight_versions > 0  ? o->weight_versions
+                                        : 1;
+  }
+}
+
+static void apply_io(st_plan *plan);
 
 /* ---------------------------------------------------- pass 3: allocate */
 
@@ -186,12 +220,15 @@ static double time_of(const alloc_state *a, int s) {
   return stage_time(a->p, a->L, a->cut[s], a->cut[s + 1], a->span[s], 0, 0, 0);
 }
 
-/* Grows stage s by up to `want` units (halving on a misfit); returns the
- * units it took. */
+/* Grows stage s by up to `want` units (halving on a misfit, or where more
+ * units would make it slower: on a mesh the hops across a region grow with
+ * it); returns the units it took. */
 static int64_t grow(alloc_state *a, int s, int64_t want) {
+  double was = time_of(a, s);
   for (; want >= 1; want /= 2) {
     a->units[s] += want;
-    if (lay_out(a->L, a->units, a->k, a->start, a->span) >= 0) {
+    if (lay_out(a->L, a->units, a->k, a->start, a->span) >= 0 &&
+        time_of(a, s) <= was) {
       /* a request above one band occupies whole bands: keep what it got */
       for (int t = 0; t < a->k; t++) a->units[t] = a->span[t];
       return want;
@@ -240,8 +277,13 @@ static void hand_out_spare(alloc_state *a, int64_t *spare_out) {
     int64_t W = a->L->width, end = a->start[s] + a->span[s];
     int alone = s == k - 1 || a->start[s + 1] != end;
     if (a->span[s] <= W && end % W != 0 && alone) {
+      double was = time_of(a, s);
       a->units[s] += W - end % W;
       lay_out(a->L, a->units, k, a->start, a->span);
+      if (time_of(a, s) > was) { /* a mesh region past its best size */
+        a->units[s] -= W - end % W;
+        lay_out(a->L, a->units, k, a->start, a->span);
+      }
     }
   }
   int64_t after = 0;
@@ -295,7 +337,7 @@ static void describe_stage(const problem *p, const layout *L,
   } else {
     int64_t units = st->pes / L->h;
     double ext = stage_time(p, L, i, j + 1, units, 0, 0, 0);
-    if (!stage_fits(p, L, i, j + 1, units))
+    if (!stage_fits(p, L, i, j + 1, s, units))
       snprintf(why_cut, sizeof why_cut,
                "cut before %s: with it this stage would not fit its memory",
                p->blocks[j].name);
@@ -422,11 +464,13 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
       state += p->blocks[b].state_bytes;
       acts += p->blocks[b].act_bytes;
     }
-    st->mem_weights = p->versions * weights;
+    st->in_flight = stage_in_flight(p, s);
+    st->versions = stage_versions(p, s);
+    st->mem_weights = st->versions * weights;
     st->mem_state = state;
-    st->mem_acts = p->in_flight * acts;
+    st->mem_acts = st->in_flight * acts;
     st->spill = st_spill_fraction(&plan->fabric, st->working_set);
-    st->mem_total = stage_memory(p, i, j);
+    st->mem_total = stage_memory(p, i, j, s);
     st->mem_capacity = (double)st->pes * plan->fabric.pe_memory;
     plan->pes_used += st->pes;
     sum += st->time;
@@ -438,9 +482,13 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
   for (int s = 0; s < k; s++) {
     st_plan_stage *st = &plan->stages[s];
     int i = st->first, j = st->first + st->count;
-    int64_t ut = units_for_time(p, L, i, j, worst);
+    int64_t ut = units_for_time(p, L, i, j, worst, 1);
     st->pes_for_time = ut == INT64_MAX ? st->pes : ut * L->h;
-    st->pes_for_memory = units_for_memory(p, L, i, j) * L->h;
+    st->pes_for_memory = units_for_memory(p, L, i, j, s) * L->h;
+    snprintf(st->bound, sizeof st->bound, "%s",
+             st->pes_for_memory > st->pes_for_time         ? "memory"
+             : st->time_comm > st->time_fwd + st->time_bwd ? "communication"
+                                                           : "compute");
     describe_stage(p, L, plan, s, (span[s] - before[s]) * L->h);
   }
   (void)spare;
@@ -597,52 +645,86 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
     p.cut_ok = cut_ok;
   }
   /* Pass 2 once per band height; keep the best (ties: fewer stages, then
-   * taller bands, which are tried first). */
+   * taller bands, which are tried first). When what a stage holds depends
+   * on its place in a pipeline of S stages (in_flight_schedule), once per
+   * S as well, each S solved exactly. */
   int hs[64], nh = band_heights(fabric, hs, 64);
   int k_lo = K ? K : 1, k_hi = K ? K : n_blocks;
+  if (k_hi > fabric->pes) k_hi = (int)fabric->pes;
+  int per_stage = opt->in_flight_schedule && opt->in_flight_schedule[0];
+  double *flight = NULL, *vers = NULL, *table = NULL;
+  if (per_stage) {
+    flight = st_alloc((size_t)n_blocks * sizeof *flight);
+    vers = st_alloc((size_t)n_blocks * sizeof *vers);
+    table = K == 0 ? st_alloc((size_t)n_blocks * sizeof *table) : NULL;
+    if (!flight || !vers || (K == 0 && !table)) rc = ST_ENOMEM;
+    for (int k = 0; table && k < n_blocks; k++) table[k] = INFINITY;
+    p.in_flight_at = flight;
+    p.versions_at = vers;
+  }
   partition best = {0};
   layout best_layout = {0};
-  rc = 0;
-  for (int t = 0; t < nh && rc != ST_ENOMEM; t++) {
-    layout L = make_layout(fabric, hs[t]);
-    partition q;
-    rc = partition_solve(&p, &L, k_lo, k_hi, opt->algorithm, K == 0, &q);
-    if (rc) continue;
-    double b = q.bottleneck, bb = best.bottleneck;
-    int better = !best.k || (q.k < best.k && b <= bb * (1 + TIE)) ||
-                 (q.k == best.k && b < bb) ||
-                 (q.k > best.k && b < bb * (1 - TIE));
-    if (better) {
-      /* keep the per-K table: the best of every band height */
-      if (best.by_k && q.by_k)
-        for (int k = 0; k < q.n_by_k && k < best.n_by_k; k++)
-          if (best.by_k[k] < q.by_k[k]) q.by_k[k] = best.by_k[k];
-      partition_free(&best);
-      best = q;
-      best_layout = L;
-    } else {
-      if (best.by_k && q.by_k)
-        for (int k = 0; k < q.n_by_k && k < best.n_by_k; k++)
-          if (q.by_k[k] < best.by_k[k]) best.by_k[k] = q.by_k[k];
-      partition_free(&q);
+  int best_S = 0;
+  for (int S = per_stage ? k_lo : 0;
+       S <= (per_stage ? k_hi : 0) && rc != ST_ENOMEM; S++) {
+    if (per_stage) in_flight_table(opt, S, flight, vers);
+    int lo = per_stage ? S : k_lo, hi = per_stage ? S : k_hi;
+    for (int t = 0; t < nh && rc != ST_ENOMEM; t++) {
+      layout L = make_layout(fabric, hs[t]);
+      partition q;
+      rc = partition_solve(&p, &L, lo, hi, opt->algorithm, K == 0 && !per_stage,
+                           &q);
+      if (rc) continue;
+      if (table && q.bottleneck < table[S - 1]) table[S - 1] = q.bottleneck;
+      double b = q.bottleneck, bb = best.bottleneck;
+      int better = !best.k || (q.k < best.k && b <= bb * (1 + TIE)) ||
+                   (q.k == best.k && b < bb) ||
+                   (q.k > best.k && b < bb * (1 - TIE));
+      if (better) {
+        /* keep the per-K table: the best of every band height */
+        if (best.by_k && q.by_k)
+          for (int k = 0; k < q.n_by_k && k < best.n_by_k; k++)
+            if (best.by_k[k] < q.by_k[k]) q.by_k[k] = best.by_k[k];
+        partition_free(&best);
+        best = q;
+        best_layout = L;
+        best_S = S;
+      } else {
+        if (best.by_k && q.by_k)
+          for (int k = 0; k < q.n_by_k && k < best.n_by_k; k++)
+            if (q.by_k[k] < best.by_k[k]) best.by_k[k] = q.by_k[k];
+        partition_free(&q);
+      }
     }
   }
   if (rc == ST_ENOMEM) {
     partition_free(&best);
     problem_free(&p);
+    st_free(flight), st_free(vers), st_free(table);
     st_plan_destroy(plan);
     return st_error_set(err, ST_ENOMEM, "out of memory partitioning");
   }
   if (!best.k) {
     int kmax = K ? K : (int)(n_blocks < fabric->pes ? n_blocks : fabric->pes);
+    if (per_stage) in_flight_table(opt, kmax, flight, vers);
     rc = pinned ? explain_pin_no_fit(&p, fabric, where, sep, key, err)
                 : explain_no_fit(&p, fabric, kmax, K, err);
     problem_free(&p);
+    st_free(flight), st_free(vers), st_free(table);
     st_plan_destroy(plan);
     return rc;
   }
+  if (per_stage) {
+    in_flight_table(opt, best_S, flight, vers);
+    if (table && k_lo < k_hi) {
+      best.by_k = table;
+      best.n_by_k = k_hi;
+      table = NULL;
+    }
+  }
   rc = build_stages(plan, &p, &best_layout, &best, err);
   if (!rc) {
+    apply_io(plan);
     choose_stages_text(plan, &best, K, key, nh);
     if (best.by_k) {
       plan->n_tried = best.n_by_k;
@@ -656,6 +738,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   }
   partition_free(&best);
   problem_free(&p);
+  st_free(flight), st_free(vers), st_free(table);
   if (rc) {
     st_plan_destroy(plan);
     return rc;
@@ -664,26 +747,226 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   return 0;
 }
 
+/* The I/O cap (st_plan.io_rate): samples/s the fabric's I/O carries in,
+ * each sample's input and labels; applied to the throughput, and every
+ * stage then waits on it. */
+static void apply_io(st_plan *plan) {
+  const st_fabric *f = &plan->fabric;
+  plan->io_rate = 0;
+  if (!(f->io_bandwidth > 0) || plan->n_blocks < 1) return;
+  double bytes =
+      plan->blocks[0].in_bytes + plan->blocks[plan->n_blocks - 1].label_bytes;
+  if (!(bytes > 0)) return;
+  plan->io_rate = f->io_bandwidth / bytes;
+  if (plan->io_rate < plan->throughput) {
+    plan->throughput = plan->io_rate;
+    for (int s = 0; s < plan->n_stages; s++)
+      snprintf(plan->stages[s].bound, sizeof plan->stages[s].bound, "I/O");
+  }
+}
+
+double st_plan_streaming_need(const st_block_cost *blocks, int n, int m,
+                              int slots, int keep_activations,
+                              int store_on_fabric) {
+  double acts = 0, ins = 0, act_max = 0, w_max = 0, store = 0;
+  for (int b = 0; b < n; b++) {
+    const st_block_cost *c = &blocks[b];
+    acts += c->act_bytes + c->in_bytes;
+    ins += c->in_bytes;
+    if (c->act_bytes > act_max) act_max = c->act_bytes;
+    if (c->param_bytes > w_max) w_max = c->param_bytes;
+    store += c->param_bytes + c->state_bytes;
+  }
+  return m * (keep_activations ? acts : ins + act_max) +
+         (slots < 1 ? 2 : slots + 1) * w_max + (store_on_fabric ? store : 0);
+}
+
+int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
+                      const st_fabric *fabric, int batch, int micro_batch,
+                      int slots, int keep_activations, int store_on_fabric,
+                      st_error *err) {
+  *out = NULL;
+  if (n < 1) return st_error_set(err, ST_EARG, "the model has no blocks");
+  int m = micro_batch > 0 && micro_batch < batch ? micro_batch : batch;
+  if (m < 1) m = 1;
+  if (slots < 1) slots = 1;
+  /* what the fabric holds */
+  double acts = 0, ins = 0, act_max = 0, w_max = 0, store = 0, weights = 0;
+  for (int b = 0; b < n; b++) {
+    const st_block_cost *c = &blocks[b];
+    acts += c->act_bytes + c->in_bytes;
+    ins += c->in_bytes;
+    if (c->act_bytes > act_max) act_max = c->act_bytes;
+    if (c->param_bytes > w_max) w_max = c->param_bytes;
+    store += c->param_bytes + c->state_bytes;
+    weights += c->param_bytes;
+  }
+  double per_sample = keep_activations ? acts : ins + act_max;
+  double held_weights = (slots + 1) * w_max; /* slots, and one gradient */
+  double need = st_plan_streaming_need(blocks, n, m, slots, keep_activations,
+                                       store_on_fabric);
+  double cap = (double)fabric->pes * fabric->pe_memory;
+  if (!(need <= cap)) {
+    char a[32], b[32], c[32], d[32];
+    return st_error_set(
+        err, ST_EUNSUPPORTED,
+        "weight streaming does not fit %s: micro-batches of %d need %s (%s, "
+        "%s a sample, %d blocks of weights and a gradient, %s%s) but the "
+        "fabric holds %s",
+        fabric->name, m, st_plan_fmt_bytes(a, sizeof a, need),
+        keep_activations ? "the activations of every block"
+                         : "every block's input and one block's activations",
+        st_plan_fmt_bytes(b, sizeof b, per_sample), slots,
+        st_plan_fmt_bytes(c, sizeof c, held_weights),
+        store_on_fabric ? ", and the store's weights and state" : "",
+        st_plan_fmt_bytes(d, sizeof d, cap));
+  }
+  st_plan *plan = st_alloc(sizeof *plan);
+  if (!plan) return st_error_set(err, ST_ENOMEM, "out of memory");
+  plan->fabric = *fabric;
+  plan->n_blocks = n;
+  plan->blocks = st_alloc((size_t)n * sizeof *plan->blocks);
+  plan->stages = st_alloc(sizeof *plan->stages);
+  problem p;
+  int rc = plan->blocks && plan->stages
+               ? 0
+               : st_error_set(err, ST_ENOMEM, "out of memory");
+  if (!rc) {
+    memcpy(plan->blocks, blocks, (size_t)n * sizeof *blocks);
+    rc = problem_init(&p, plan->blocks, n, fabric, m, 1, err);
+  }
+  if (rc) {
+    st_plan_destroy(plan);
+    return rc;
+  }
+  p.no_edges = 1;
+  layout L = make_layout(fabric, fabric->height); /* one band: all PEs */
+  double bw =
+      fabric->stream_bandwidth > 0 ? fabric->stream_bandwidth : INFINITY;
+  double T = 0, compute = 0, comm = 0, stream = 0, stream_bound = 0, tf_all = 0,
+         tb_all = 0;
+  for (int b = 0; b < n; b++) {
+    double tf, tb, tc;
+    stage_time(&p, &L, b, b + 1, L.units, &tf, &tb, &tc);
+    tf += tc / 2; /* the region's traffic, half each pass */
+    tb += tc / 2;
+    if (!keep_activations) { /* the backward runs the forward again */
+      tb += tf;
+      tc *= 1.5;
+    }
+    double in = blocks[b].param_bytes / bw; /* each pass; the gradient out
+                                               rides the other direction */
+    double f = fmax(m * tf, in), g = fmax(m * tb, in);
+    T += f + g;
+    compute += m * (tf + tb - tc);
+    comm += m * tc;
+    stream += 2 * in;
+    stream_bound += (in > m * tf ? f : 0) + (in > m * tb ? g : 0);
+    tf_all += f;
+    tb_all += g;
+  }
+  problem_free(&p);
+  st_plan_stage *st = &plan->stages[0];
+  plan->n_stages = 1;
+  plan->band_height = fabric->height;
+  plan->bands = 1;
+  st->first = 0;
+  st->count = n;
+  st->pes = fabric->pes;
+  st->w = fabric->width;
+  st->h = fabric->height;
+  st->pes_for_time = st->pes_for_memory = fabric->pes;
+  for (int b = 0; b < n; b++) {
+    st->flops_fwd += blocks[b].flops_fwd;
+    st->flops_bwd += blocks[b].flops_bwd;
+  }
+  st->time_fwd = tf_all / m;
+  st->time_bwd = tb_all / m;
+  st->time = T / m;
+  st->time_comm = comm / m; /* within time_fwd and time_bwd */
+  st->in_flight = m;
+  st->versions = 1;
+  st->mem_weights = store_on_fabric ? weights : held_weights;
+  st->mem_state = store_on_fabric ? store - weights : 0;
+  st->mem_acts = m * per_sample;
+  st->mem_total = need;
+  st->mem_capacity = cap;
+  snprintf(st->bound, sizeof st->bound, "%s",
+           stream_bound > T / 2 ? "I/O"
+           : comm > compute     ? "communication"
+                                : "compute");
+  char t1[32], t2[32], t3[32], t4[32];
+  snprintf(st->cause, sizeof st->cause,
+           "one block at a time on all %s %s; its weights stream in at %s/s "
+           "(%s a sample in all), its compute takes %s a sample",
+           st_plan_fmt_count(t1, sizeof t1, (double)fabric->pes),
+           pe_word(fabric), st_plan_fmt_bytes(t2, sizeof t2, bw),
+           st_plan_fmt_time(t3, sizeof t3, stream / m),
+           st_plan_fmt_time(t4, sizeof t4, (compute + comm) / m));
+  plan->pes_used = fabric->pes;
+  plan->bottleneck = 0;
+  plan->bottleneck_time = st->time;
+  plan->throughput = st->time > 0 ? 1.0 / st->time : INFINITY;
+  plan->balance = 1;
+  plan->ws_compute = (compute + comm) / m;
+  plan->ws_stream = stream / m;
+  plan->ws_time = T / m;
+  plan->ws_micro_batches = batch / m;
+  plan->options.samples_in_flight = m;
+  plan->options.weight_versions = 1;
+  snprintf(plan->cause, sizeof plan->cause,
+           "weight streaming: one stage, the whole fabric, one block at a "
+           "time");
+  set_schedule(plan, "weight_streaming", "gpipe", 1, batch, m, 0);
+  apply_io(plan);
+  *out = plan;
+  return 0;
+}
+
 int st_plan_from_costs(st_plan **out, const st_config *cfg,
                        const st_fabric *fabric, const st_block_cost *costs,
                        int n, int stages, st_error *err) {
   *out = NULL;
-  /* Samples whose activations a stage holds: sequential keeps one batch
-   * (as does GPipe, which holds all M micro-batches of it); weights are
-   * held once. Pipelined backprop and 1F1B will hold fewer activations and,
-   * with stashing, more weight versions (docs/compiler.md). */
-  st_plan_options opt = {.stages = stages,
-                         .samples_in_flight = cfg->train.batch,
-                         .weight_versions = 1,
-                         .algorithm = ST_PARTITION_AUTO};
+  const char *mode = cfg->execution.mode;
+  int mb = st_plan_micro_batch(cfg);
+  if (!strcmp(mode, "weight_streaming")) {
+    /* the store: a file's are on disk; a cpu's memory store is in RAM
+     * (a mesh's store is beside it, never on it) */
+    int on_fabric =
+        fabric->kind == ST_FABRIC_CPU && strcmp(cfg->execution.store, "file");
+    int rc = st_plan_streaming(out, costs, n, fabric, cfg->train.batch, mb,
+                               cfg->execution.prefetch + 1,
+                               cfg->execution.keep_activations, on_fabric, err);
+    if (!rc) snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
+    return rc;
+  }
+  /* Samples whose activations a stage holds, as its mode keeps them: a
+   * sequential step one micro-batch (the batch, unless split), block-
+   * sequential all of the batch; a pipeline's schedule and pipelined
+   * backprop what stage s of S keeps (st_plan_options.in_flight_schedule),
+   * with weight stashing a version per sample in flight. */
+  int pipelined =
+      !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
+  int pb = !strcmp(mode, "pipelined_backprop");
+  st_plan_options opt = {
+      .stages = stages,
+      .samples_in_flight =
+          !strcmp(mode, "block_sequential") ? cfg->train.batch : mb,
+      .weight_versions = 1,
+      .algorithm = ST_PARTITION_AUTO,
+      .in_flight_schedule = pb          ? "pb"
+                            : pipelined ? cfg->execution.schedule
+                                        : NULL,
+      .micro_batch = mb,
+      .micro_batches = mb > 0 ? cfg->train.batch / mb : 1,
+      .virtual_stages = cfg->execution.virtual_stages,
+      .weight_versions_follow =
+          pb && !strcmp(cfg->execution.mitigation, "stash")};
   /* a config that asks a pipelined mode for K stages compiles to K (what
    * `strata train` runs; more than the fabric's cores is an error naming
    * the key, where the run would share them); per_block stays automatic,
    * as the shipped per_block configs are emulated experiments of 10-20
    * stages that no small machine's plan holds */
-  const char *mode = cfg->execution.mode;
-  int pipelined =
-      !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
   char where[160];
   const st_int_list *pin = &cfg->execution.stage_blocks;
   if (pipelined && pin->n > 0) { /* the cut is given */

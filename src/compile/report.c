@@ -208,26 +208,52 @@ void st_plan_print(const st_plan *p, FILE *f) {
             lwp_s > 0              ? " (measured)"
             : p->fabric.calibrated ? ", at the update's bandwidth"
                                    : " (not priced: uncalibrated)");
-  fprintf(f,
-          "model: %sFLOP per sample (fwd+bwd); every stage holds its "
-          "weights x %g + gradient and optimizer state + (input + "
-          "activations) x %g samples in flight\n",
-          rate_text(a, sizeof a, total_flops(p)), p->options.weight_versions,
-          p->options.samples_in_flight);
+  if (!cpu)
+    fprintf(f,
+            "  mesh: a hop %s, %s a layer per PE and pass; I/O %s/s each "
+            "way%s\n",
+            st_plan_fmt_time(a, sizeof a, fb->hop_latency),
+            st_plan_fmt_time(b, sizeof b, fb->pe_overhead),
+            st_plan_fmt_bytes(c, sizeof c, fb->io_bandwidth),
+            strcmp(p->mode, "weight_streaming") ? ""
+                                                : ", weights streamed over it");
+  if (p->mode_why[0]) fprintf(f, "mode: %s\n", p->mode_why);
+  int varies =
+      p->n_stages > 1 &&
+      (p->stages[0].in_flight != p->stages[p->n_stages - 1].in_flight ||
+       p->stages[0].versions != p->stages[p->n_stages - 1].versions);
+  if (varies)
+    fprintf(f,
+            "model: %sFLOP per sample (fwd+bwd); stage s holds its weights x "
+            "its versions + gradient and optimizer state + (input + "
+            "activations) x its samples in flight, as %s keeps them (stage "
+            "0: %g, last: %g)\n",
+            rate_text(a, sizeof a, total_flops(p)),
+            !strcmp(p->mode, "pipelined_backprop") ? "pipelined backprop"
+                                                   : p->schedule,
+            p->stages[0].in_flight, p->stages[p->n_stages - 1].in_flight);
+  else
+    fprintf(f,
+            "model: %sFLOP per sample (fwd+bwd); every stage holds its "
+            "weights x %g + gradient and optimizer state + (input + "
+            "activations) x %g samples in flight\n",
+            rate_text(a, sizeof a, total_flops(p)),
+            p->n_stages ? p->stages[0].versions : 1,
+            p->n_stages ? p->stages[0].in_flight : 0);
   fprintf(f, "why %d stage%s: %s\n\n", p->n_stages, p->n_stages == 1 ? "" : "s",
           p->cause);
-  fprintf(f, "%5s  %-16s %-18s %9s %9s %9s %9s  %s\n", "stage", "blocks",
+  fprintf(f, "%5s  %-16s %-18s %9s %9s %9s %9s  %-13s %s\n", "stage", "blocks",
           cpu ? "cores" : "PEs (WxH@x,y)", "fwd", "bwd", "comm", "total",
-          "memory held / capacity");
+          "bound", "memory held / capacity");
   for (int s = 0; s < p->n_stages; s++) {
     const st_plan_stage *st = &p->stages[s];
     char bl[64], wh[48], t[4][24];
-    fprintf(f, "%5d  %-16s %-18s %9s %9s %9s %9s  %s / %s%s\n", s,
+    fprintf(f, "%5d  %-16s %-18s %9s %9s %9s %9s  %-13s %s / %s%s\n", s,
             blocks_text(bl, sizeof bl, p, st), where_text(wh, sizeof wh, p, st),
             st_plan_fmt_time(t[0], 24, st->time_fwd),
             st_plan_fmt_time(t[1], 24, st->time_bwd),
             st_plan_fmt_time(t[2], 24, st->time_comm),
-            st_plan_fmt_time(t[3], 24, st->time),
+            st_plan_fmt_time(t[3], 24, st->time), st->bound,
             st_plan_fmt_bytes(a, sizeof a, st->mem_total),
             st_plan_fmt_bytes(b, sizeof b, st->mem_capacity),
             s == p->bottleneck ? "  <- bottleneck" : "");
@@ -244,6 +270,20 @@ void st_plan_print(const st_plan *p, FILE *f) {
           "bottleneck)\n",
           st_plan_fmt_rate(a, sizeof a, p->throughput), p->bottleneck,
           st_plan_fmt_time(b, sizeof b, p->bottleneck_time), p->balance);
+  if (p->io_rate > 0)
+    fprintf(f, "I/O: the fabric carries %s samples/s in (input and labels)%s\n",
+            st_plan_fmt_rate(a, sizeof a, p->io_rate),
+            p->io_rate <= p->throughput ? ": it bounds the throughput"
+                                        : ", above the stages' rate");
+  if (!strcmp(p->mode, "weight_streaming") && p->ws_time > 0)
+    fprintf(f,
+            "weight streaming: %s a sample computing, %s streaming weights "
+            "in and gradients out; block by block the larger of the two: %s "
+            "a sample; %d micro-batch%s of %d a batch\n",
+            st_plan_fmt_time(a, sizeof a, p->ws_compute),
+            st_plan_fmt_time(b, sizeof b, p->ws_stream),
+            st_plan_fmt_time(c, sizeof c, p->ws_time), p->ws_micro_batches,
+            p->ws_micro_batches == 1 ? "" : "es", p->micro_batch);
   for (int r = 0; r < p->ranks; r++) {
     char st[48] = "no stage", mem[32];
     int lo = p->rank_stages[r], hi = p->rank_stages_end[r];
@@ -339,6 +379,10 @@ static void write_json(const st_plan *p, FILE *f) {
   jnum(f, "efficiency_slope", fb->efficiency_slope, 0);
   jnum(f, "memory_bandwidth", fb->memory_bandwidth, 0);
   jnum(f, "fabric_bandwidth", fb->fabric_bandwidth, 0);
+  jnum(f, "hop_latency", fb->hop_latency, 0);
+  jnum(f, "pe_overhead", fb->pe_overhead, 0);
+  jnum(f, "io_bandwidth", fb->io_bandwidth, 0);
+  jnum(f, "stream_bandwidth", fb->stream_bandwidth, 0);
   jnum(f, "input_bandwidth", fb->input_bandwidth, 0);
   jnum(f, "step_latency", fb->step_latency, 0);
   fprintf(f, "\"estimated\": %s, \"calibrated\": ",
@@ -412,7 +456,12 @@ static void write_json(const st_plan *p, FILE *f) {
     jnum(f, "capacity", st->mem_capacity, 0);
     jnum(f, "working_set", st->working_set, 0);
     jnum(f, "spill", st->spill, 1);
-    fprintf(f, "},\n     \"bottleneck\": %s, \"cause\": ",
+    fprintf(f, "},\n     ");
+    jnum(f, "in_flight", st->in_flight, 0);
+    jnum(f, "versions", st->versions, 0);
+    fputs("\"bound\": ", f);
+    json_string(f, st->bound);
+    fprintf(f, ", \"bottleneck\": %s, \"cause\": ",
             s == p->bottleneck ? "true" : "false");
     json_string(f, st->cause);
     fputc('}', f);
@@ -429,6 +478,14 @@ static void write_json(const st_plan *p, FILE *f) {
   fprintf(f, "\"bottleneck_stage\": %d, ", p->bottleneck);
   jnum(f, "bottleneck_time", p->bottleneck_time, 0);
   jnum(f, "balance", p->balance, 0);
+  jnum(f, "io_rate", p->io_rate, 0);
+  fputs("\"mode_why\": ", f);
+  json_string(f, p->mode_why);
+  fputs(",\n  \"weight_streaming\": {", f);
+  jnum(f, "compute", p->ws_compute, 0);
+  jnum(f, "stream", p->ws_stream, 0);
+  jnum(f, "time", p->ws_time, 0);
+  fprintf(f, "\"micro_batches\": %d}, ", p->ws_micro_batches);
   fprintf(f, "\"pes_used\": %lld,\n  \"utilization\": {\"mode\": ",
           (long long)p->pes_used);
   json_string(f, p->mode);
@@ -544,9 +601,10 @@ static void draw_mesh(const st_plan *p, FILE *f, double x0, double y0,
       double edge = rw < rh ? rw : rh, stroke = edge / 6 < 1.5 ? edge / 6 : 1.5;
       fprintf(f,
               "<rect x='%.2f' y='%.2f' width='%.2f' height='%.2f' "
-              "fill='%s' stroke='#ffffff' stroke-width='%.2f'><title>S%d"
-              "</title></rect>\n",
-              rx, ry, rw, rh, palette[s % N_COLOURS], thin ? 0 : stroke, s);
+              "fill='%s' stroke='#ffffff' stroke-width='%.2f'><title>S%d: "
+              "%dx%d PEs, %s-bound</title></rect>\n",
+              rx, ry, rw, rh, palette[s % N_COLOURS], thin ? 0 : stroke, s,
+              st->w, st->h, st->bound);
     }
   if (k >= 6) { /* one cell per PE when they are big enough to see */
     fprintf(f, "<g stroke='#ffffff' stroke-width='0.6' opacity='0.6'>\n");
@@ -596,8 +654,8 @@ static void draw_mesh(const st_plan *p, FILE *f, double x0, double y0,
         st_svg_escape(f, blocks_text(bl, sizeof bl, p, st));
         fprintf(f,
                 "</text>\n<text x='%.2f' y='%.2f' font-size='12'>%dx%d "
-                "PEs</text>\n",
-                cx, ry + rh / 2 + 37, st->w, st->h);
+                "PEs, %s</text>\n",
+                cx, ry + rh / 2 + 37, st->w, st->h, st->bound);
       }
       fprintf(f, "</g>\n");
       continue;
@@ -679,7 +737,7 @@ static double draw_cpu(const st_plan *p, FILE *f, double x0, double y0,
 }
 
 /* Legend columns, pixels from the left margin. */
-static const double col_x[] = {0, 24, 76, 200, 290, 440, 530, 760};
+static const double col_x[] = {0, 24, 76, 200, 290, 420, 590, 800};
 
 static void write_svg(const st_plan *p, FILE *f) {
   const double width = 1040, margin = 24, map_w = width - 2 * margin;
@@ -727,8 +785,8 @@ static void write_svg(const st_plan *p, FILE *f) {
     draw_mesh(p, f, margin, top, map_w, mesh_h);
 
   static const char *const head[] = {
-      "",      "stage", "blocks",           "",
-      "where", "time",  "fwd / bwd / comm", "memory held / capacity"};
+      "",      "stage",       "blocks",           "",
+      "where", "time, bound", "fwd / bwd / comm", "memory held / capacity"};
   for (int col = 1; col < 8; col++)
     fprintf(f,
             "<text x='%.0f' y='%.2f' font-size='12' font-weight='bold' "
@@ -743,7 +801,8 @@ static void write_svg(const st_plan *p, FILE *f) {
     blocks_text(cell[2], 128, p, st);
     st_plan_fmt_count(cell[3], 128, (double)st->pes);
     where_text(cell[4], 128, p, st);
-    st_plan_fmt_time(cell[5], 128, st->time);
+    snprintf(cell[5], 128, "%s, %s", st_plan_fmt_time(a, sizeof a, st->time),
+             st->bound);
     snprintf(cell[6], 128, "%s / %s / %s",
              st_plan_fmt_time(a, sizeof a, st->time_fwd),
              st_plan_fmt_time(b, sizeof b, st->time_bwd),

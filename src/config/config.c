@@ -868,6 +868,9 @@ static const range ranges[] = {
     AT_LEAST("fabric.pe_flops", 0),
     AT_LEAST("fabric.pe_memory", 0),
     AT_LEAST("fabric.link_bandwidth", 0),
+    AT_LEAST("fabric.hop_latency", 0),
+    AT_LEAST("fabric.pe_overhead", 0),
+    AT_LEAST("fabric.io_bandwidth", 0),
     AT_LEAST("metrics.log_every", 1),
 };
 

@@ -283,6 +283,18 @@ const st_config_key st_config_schema[] = {
           "copy); 0 = the fabric's own figure (mesh and wse2: a WSE-2 link, "
           "220 Pb/s over 850,000 PEs x 8 = 4.04e9); > 0 overrides it on every "
           "fabric"),
+    FLOAT(fabric, hop_latency, "0",
+          "mesh: seconds for data to cross one PE-to-PE hop; 0 = the "
+          "fabric's own figure (a WSE-2 PE: one cycle at 1.1 GHz, 9.1e-10, "
+          "assumed)"),
+    FLOAT(fabric, pe_overhead, "0",
+          "mesh: seconds of fixed work each PE of a region spends per layer, "
+          "sample and pass; 0 = the fabric's own figure (a WSE-2 PE: 20 "
+          "cycles, 1.8e-8, assumed)"),
+    FLOAT(fabric, io_bandwidth, "0",
+          "mesh: bytes/s the fabric's I/O carries each way, to the host "
+          "(samples) and to a weight store (weight streaming); 0 = the "
+          "fabric's own figure (a CS-2: 12 x 100 GbE = 1.5e11, published)"),
 
     INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
     ENUM(metrics, progress, "auto", progress_modes,

@@ -1,0 +1,362 @@
+/*
+ * choose.c — `strata compile`'s choice of execution mode and micro-batch
+ * (docs/compiler.md, "Choosing the mode").
+ *
+ * The mode is chosen by memory, as the seeds choose it on the wafer: the
+ * modes that could run the model are tried in order, and the first whose
+ * plan fits the fabric is the plan.
+ *   mesh, wse2  layer-pipelined (the config's pipeline or pipelined_backprop,
+ *               else a pipeline on its schedule), then weight streaming
+ *               keeping every activation, then weight streaming that
+ *               recomputes each block's forward
+ *   cpu         the config's own mode, then weight streaming (a memory
+ *               store if that fits, else a file store; keeping the
+ *               activations, then recomputing them)
+ * With execution.micro_batch 0 the compiler picks it: for a pipeline, the
+ * smallest micro-batch whose predicted rate is within 5% of the best (the
+ * bubble shrinks as micro-batches get smaller, GEMMs slow down); for the
+ * other modes the whole batch if it fits, else the largest part of it that
+ * does. A forced mode (--mode) is planned alone and set against the chosen
+ * one. Nothing fitting is one error naming each mode's shortfall and the
+ * smallest fabric of the kind that would hold the model.
+ */
+#include "exec.h"
+
+#include "../compile/compile.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Predicted rate within which a smaller micro-batch is preferred. */
+#define MICRO_BATCH_SLACK 0.05
+
+typedef struct candidate {
+  char mode[24];
+  int keep; /* weight streaming: keep the activations */
+  char store[8];
+} candidate;
+
+static int is_ws(const char *mode) { return !strcmp(mode, "weight_streaming"); }
+
+static double rate_of(const st_plan *p) {
+  return st_plan_rate(p, !strcmp(p->mode, "pipelined_backprop"));
+}
+
+static double plan_bytes(const st_plan *p) {
+  double b = 0;
+  for (int s = 0; s < p->n_stages; s++) b += p->stages[s].mem_total;
+  return b;
+}
+
+static void apply(st_config *c, const candidate *k, int mb) {
+  snprintf(c->execution.mode, sizeof c->execution.mode, "%s", k->mode);
+  c->execution.micro_batch = mb;
+  if (is_ws(k->mode)) {
+    c->execution.keep_activations = k->keep;
+    if (k->store[0])
+      snprintf(c->execution.store, sizeof c->execution.store, "%s", k->store);
+  }
+}
+
+/* One candidate at the micro-batch the compiler picks (or the config's);
+ * *why says how it was picked. The last failure's message stays in err. */
+static int plan_candidate(st_plan **out, const st_config *cfg,
+                          const candidate *k, int stages, char *why, size_t cap,
+                          st_error *err) {
+  st_config c = *cfg;
+  const int batch = cfg->train.batch;
+  why[0] = '\0';
+  int pb = !strcmp(k->mode, "pipelined_backprop");
+  if (cfg->execution.micro_batch > 0 || pb) {
+    apply(&c, k, cfg->execution.micro_batch);
+    return st_plan_compile(out, &c, stages, err);
+  }
+  if (strcmp(k->mode, "pipeline") != 0) {
+    /* the whole batch if it fits, else the largest part of it that does */
+    int rc = ST_EUNSUPPORTED;
+    for (int mb = batch; mb >= 1; mb--) {
+      if (batch % mb) continue;
+      apply(&c, k, mb == batch ? 0 : mb);
+      st_error e = {0};
+      rc = st_plan_compile(out, &c, stages, &e);
+      if (!rc) {
+        if (mb < batch)
+          snprintf(why, cap,
+                   "; micro-batches of %d, the largest part of the batch of "
+                   "%d that fits (execution.micro_batch=%d)",
+                   mb, batch, mb);
+        return 0;
+      }
+      *err = e; /* the last tried: the smallest micro-batch's shortfall */
+      if (rc != ST_EUNSUPPORTED) {
+        *err = e;
+        return rc;
+      }
+    }
+    return rc;
+  }
+  /* a pipeline: every divisor, the smallest within the slack of the best;
+   * a micro-batch that does not fit, nor does any larger one */
+  double best = 0, rates[64];
+  int best_mb = 0, n = 0, mbs[64];
+  for (int mb = 1; mb <= batch && n < 64; mb++) {
+    if (batch % mb) continue;
+    st_plan *p;
+    st_error e = {0};
+    apply(&c, k, mb);
+    int rc = st_plan_compile(&p, &c, stages, &e);
+    if (rc) {
+      if (!n || rc != ST_EUNSUPPORTED) {
+        *err = e;
+        return rc;
+      }
+      break;
+    }
+    mbs[n] = mb;
+    rates[n++] = rate_of(p);
+    if (rate_of(p) > best) best = rate_of(p), best_mb = mb;
+    st_plan_destroy(p);
+  }
+  int pick = best_mb;
+  for (int i = 0; i < n; i++)
+    if (rates[i] >= best * (1 - MICRO_BATCH_SLACK)) {
+      pick = mbs[i];
+      break;
+    }
+  apply(&c, k, pick);
+  int rc = st_plan_compile(out, &c, stages, err);
+  if (!rc) {
+    char a[32], b[32];
+    snprintf(why, cap,
+             "; micro-batches of %d (execution.micro_batch=%d): the smallest "
+             "whose predicted rate, %s samples/s, is within %.0f%% of the best "
+             "(%s at %d)",
+             pick, pick, st_plan_fmt_rate(a, sizeof a, rate_of(*out)),
+             100 * MICRO_BATCH_SLACK, st_plan_fmt_rate(b, sizeof b, best),
+             best_mb);
+  }
+  return rc;
+}
+
+/* The modes to try, in order; returns their count. Stages asked for
+ * (--stages) are a pipeline's: then only the config's own mode (or a
+ * layer-pipelined one on a mesh). */
+static int candidates(const st_config *cfg, const st_fabric *f, int stages,
+                      candidate *out) {
+  int n = 0;
+  const char *mode = cfg->execution.mode;
+  if (stages > 0 && !is_ws(mode)) {
+    int pipelined =
+        !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
+    snprintf(out[n++].mode, sizeof out->mode, "%s",
+             f->kind == ST_FABRIC_MESH && !pipelined ? "pipeline" : mode);
+    return n;
+  }
+  if (f->kind == ST_FABRIC_MESH) {
+    if (!is_ws(mode)) {
+      int pipelined =
+          !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
+      snprintf(out[n++].mode, sizeof out->mode, "%s",
+               pipelined ? mode : "pipeline");
+    }
+    candidate a = {"weight_streaming", 1, ""}; /* a store beside it */
+    out[n++] = a;
+    a.keep = 0;
+    out[n++] = a;
+    return n;
+  }
+  if (!is_ws(mode)) {
+    snprintf(out[n++].mode, sizeof out->mode, "%s", mode);
+  } else {
+    candidate own = {"weight_streaming", cfg->execution.keep_activations, ""};
+    snprintf(own.store, sizeof own.store, "%s", cfg->execution.store);
+    out[n++] = own;
+  }
+  const candidate more[] = {{"weight_streaming", 1, "memory"},
+                            {"weight_streaming", 1, "file"},
+                            {"weight_streaming", 0, "file"}};
+  for (int i = 0; i < 3; i++) {
+    int same = is_ws(mode) && more[i].keep == out[0].keep &&
+               !strcmp(more[i].store, out[0].store);
+    if (!same) out[n++] = more[i];
+  }
+  return n;
+}
+
+static const char *candidate_name(char *buf, size_t cap, const candidate *k,
+                                  const st_config *cfg) {
+  if (is_ws(k->mode) && k->store[0])
+    snprintf(buf, cap, "weight streaming (%s store, %s)", k->store,
+             k->keep ? "keeping activations" : "recomputing each block");
+  else if (is_ws(k->mode))
+    snprintf(buf, cap, "weight streaming (%s)",
+             k->keep ? "keeping activations" : "recomputing each block");
+  else if (!strcmp(k->mode, "pipeline"))
+    snprintf(buf, cap, "pipeline (%.16s)", cfg->execution.schedule);
+  else
+    snprintf(buf, cap, "%.23s", k->mode);
+  return buf;
+}
+
+/* "the smallest cpu / mesh that would hold it": weight streaming at one
+ * sample, recomputing, from a store beside it. */
+static void smallest_fabric(char *buf, size_t cap, const st_config *cfg,
+                            const st_fabric *f) {
+  buf[0] = '\0';
+  st_model *m;
+  st_error e = {0};
+  if (st_plan_model(&m, cfg, &e)) return;
+  st_block_cost *costs = st_alloc((size_t)m->n_blocks * sizeof *costs);
+  if (costs) {
+    st_plan_costs(costs, m, cfg);
+    double need = st_plan_streaming_need(costs, m->n_blocks, 1,
+                                         cfg->execution.prefetch + 1, 0, 0);
+    char a[32], b[32], c[32];
+    if (f->kind == ST_FABRIC_CPU) {
+      snprintf(buf, cap,
+               "; the smallest cpu that would hold it has %s of memory (this "
+               "one %s), by weight streaming from a file store recomputing "
+               "each block",
+               st_plan_fmt_bytes(a, sizeof a, need),
+               st_plan_fmt_bytes(b, sizeof b, (double)f->pes * f->pe_memory));
+    } else {
+      double pes = ceil(need / f->pe_memory);
+      int side = (int)ceil(sqrt(pes));
+      snprintf(
+          buf, cap,
+          "; the smallest square mesh of these PEs that would hold it is "
+          "mesh:%dx%d (%s PEs, %s), by weight streaming recomputing each "
+          "block",
+          side, side, st_plan_fmt_count(a, sizeof a, (double)side * side),
+          st_plan_fmt_bytes(c, sizeof c, (double)side * side * f->pe_memory));
+    }
+  }
+  st_free(costs);
+  st_model_destroy(m);
+}
+
+/* Tries the candidates in order (only `force`'s when given): the first
+ * plan that fits; *tried lists the failures before it. */
+static int first_fit(st_plan **out, const st_config *cfg, const st_fabric *f,
+                     int stages, const char *force, char *tried, size_t cap,
+                     char *pick_why, size_t pick_cap, int *chosen,
+                     st_error *err) {
+  candidate k[8];
+  int n = candidates(cfg, f, stages, k), rc = ST_EUNSUPPORTED, any = 0;
+  size_t used = 0;
+  tried[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    if (force && strcmp(k[i].mode, force) != 0) continue;
+    any = 1;
+    st_error e = {0};
+    rc = plan_candidate(out, cfg, &k[i], stages, pick_why, pick_cap, &e);
+    if (!rc) {
+      *chosen = i;
+      /* weight streaming's variants that fit too: the fastest */
+      for (int j = i + 1; is_ws(k[i].mode) && j < n; j++) {
+        st_plan *other;
+        char other_why[ST_CAUSE_MAX];
+        st_error e2 = {0};
+        if (!is_ws(k[j].mode) ||
+            plan_candidate(&other, cfg, &k[j], stages, other_why,
+                           sizeof other_why, &e2))
+          continue;
+        if (rate_of(other) > rate_of(*out) * (1 + 1e-9)) {
+          st_plan_destroy(*out);
+          *out = other;
+          *chosen = j;
+          snprintf(pick_why, pick_cap, "%s", other_why);
+        } else {
+          st_plan_destroy(other);
+        }
+      }
+      return 0;
+    }
+    if (rc != ST_EUNSUPPORTED) { /* a bad request, not a misfit */
+      *err = e;
+      return rc;
+    }
+    char name[96];
+    candidate_name(name, sizeof name, &k[i], cfg);
+    int w = snprintf(tried + used, cap - used, "%s%s: %s", used ? "; " : "",
+                     name, e.msg);
+    if (w > 0) used = used + (size_t)w < cap ? used + (size_t)w : cap - 1;
+  }
+  if (!any) { /* a forced mode the fabric has no candidate for: plan it */
+    candidate one = {"", cfg->execution.keep_activations, ""};
+    snprintf(one.mode, sizeof one.mode, "%s", force);
+    snprintf(one.store, sizeof one.store, "%s", cfg->execution.store);
+    rc = plan_candidate(out, cfg, &one, stages, pick_why, pick_cap, err);
+    if (!rc) *chosen = -1;
+    return rc;
+  }
+  return st_error_set(err, rc, "%s", tried);
+}
+
+int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
+                   const char *force, st_error *err) {
+  *out = NULL;
+  st_fabric f;
+  int rc = st_fabric_resolve(&f, cfg, err);
+  if (rc) return rc;
+  char tried[2048], pick[ST_CAUSE_MAX], why[1024], name[96], a[32], b[32];
+  int chosen = -1;
+  candidate k[8];
+  candidates(cfg, &f, stages, k);
+  rc = first_fit(out, cfg, &f, stages, force, tried, sizeof tried, pick,
+                 sizeof pick, &chosen, err);
+  if (rc) {
+    if (rc == ST_EUNSUPPORTED) {
+      char smallest[320];
+      smallest_fabric(smallest, sizeof smallest, cfg, &f);
+      char msg[sizeof err->msg];
+      snprintf(msg, sizeof msg, "%s", err->msg);
+      return st_error_set(err, rc, "%s mode fits %s: %s%s",
+                          force ? "the forced" : "no", f.name, msg, smallest);
+    }
+    return rc;
+  }
+  st_plan *p = *out;
+  if (chosen >= 0)
+    candidate_name(name, sizeof name, &k[chosen], cfg);
+  else
+    snprintf(name, sizeof name, "%s", force);
+  int w;
+  if (force) {
+    /* what forcing costs: the plan compile would choose, for comparison */
+    st_plan *auto_plan = NULL;
+    char t2[2048], p2[ST_CAUSE_MAX];
+    int c2 = -1;
+    st_error e = {0};
+    int arc = first_fit(&auto_plan, cfg, &f, stages, NULL, t2, sizeof t2, p2,
+                        sizeof p2, &c2, &e);
+    if (arc == 0 && strcmp(auto_plan->mode, p->mode) != 0) {
+      char other[96];
+      candidate_name(other, sizeof other, &k[c2], cfg);
+      w = snprintf(why, sizeof why,
+                   "forced (--mode %s): predicted %s samples/s, %.2fx the %s "
+                   "samples/s of %s, the mode compile chooses",
+                   force, st_plan_fmt_rate(a, sizeof a, rate_of(p)),
+                   rate_of(auto_plan) > 0 ? rate_of(p) / rate_of(auto_plan) : 0,
+                   st_plan_fmt_rate(b, sizeof b, rate_of(auto_plan)), other);
+    } else {
+      w = snprintf(why, sizeof why, "forced (--mode %s)%s", force,
+                   arc == 0 ? ": the mode compile chooses too" : "");
+    }
+    st_plan_destroy(auto_plan);
+  } else {
+    w = snprintf(why, sizeof why, "%s: it fits %s (%s of %s)%s", name, f.name,
+                 st_plan_fmt_bytes(a, sizeof a, plan_bytes(p)),
+                 st_plan_fmt_bytes(b, sizeof b, (double)f.pes * f.pe_memory),
+                 pick);
+    if (tried[0] && w > 0 && (size_t)w < sizeof why)
+      snprintf(why + w, sizeof why - (size_t)w, "; not before it: %.*s",
+               (int)(sizeof why - (size_t)w), tried);
+    pick[0] = '\0';
+  }
+  if (w > 0 && (size_t)w < sizeof why && pick[0])
+    snprintf(why + w, sizeof why - (size_t)w, "%s", pick);
+  snprintf(p->mode_why, sizeof p->mode_why, "%s", why);
+  return 0;
+}
