@@ -310,7 +310,7 @@ double stage_time(const problem *p, const layout *L, int i, int j,
   if (p->last_free_work && j < p->n)
     tb += p->last_free_work[at] * g + p->last_free_serial[at];
   double tc = comm_bytes(p, i, j) / comm_bandwidth(p, L);
-  if (f->kind == ST_FABRIC_MESH && p->region_layers[at] > 0) {
+  if (f->kind == ST_FABRIC_MESH) {
     /* the region's own traffic, each pass (forward, backward): the layers'
      * inputs enter along its west edge, h links wide, their partial sums
      * cross it to the south edge, w links wide, and each layer's data

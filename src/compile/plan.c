@@ -225,6 +225,10 @@ static double time_of(const alloc_state *a, int s) {
  * it); returns the units it took. */
 static int64_t grow(alloc_state *a, int s, int64_t want) {
   double was = time_of(a, s);
+  if (a->p->fabric->kind == ST_FABRIC_MESH) { /* no further than its best */
+    int64_t best = units_fastest(a->p, a->L, a->cut[s], a->cut[s + 1]);
+    if (want > best - a->units[s]) want = best - a->units[s];
+  }
   for (; want >= 1; want /= 2) {
     a->units[s] += want;
     if (lay_out(a->L, a->units, a->k, a->start, a->span) >= 0 &&

@@ -77,6 +77,10 @@ static void random_blocks(st_block_cost *b, int n) {
     b[i].act_bytes = log_uniform(1e2, 1e5);
     b[i].in_bytes = i ? b[i - 1].out_bytes : log_uniform(1e2, 1e4);
     b[i].out_bytes = log_uniform(1e1, 1e5);
+    /* what moves through a mesh region (no effect on a cpu) */
+    b[i].region_in = log_uniform(1e1, 1e5);
+    b[i].region_out = log_uniform(1e1, 1e5);
+    b[i].region_layers = randint(0, 3);
   }
 }
 
@@ -88,6 +92,7 @@ typedef struct oracle {
   int n, K;
   const st_fabric *f;
   double in_flight, versions;
+  double pb_mb;    /* > 0: stage s holds pb_mb (2 (K - s) - 1) samples */
   int h, bands, W; /* layout: band height, bands, units per band */
   double best;
 } oracle;
@@ -99,14 +104,30 @@ static double o_time(const oracle *o, int i, int j, int64_t units) {
   double bytes =
       (j < o->n ? o->b[j - 1].out_bytes : 0) + (i > 0 ? o->b[i].in_bytes : 0);
   double bw = o->f->link_bandwidth * (o->f->kind == ST_FABRIC_MESH ? o->h : 1);
-  return ff * g + fb * g + bytes / bw;
+  double t = ff * g + fb * g + bytes / bw;
+  if (o->f->kind == ST_FABRIC_MESH) {
+    /* the region, w across and h down: per pass its layers' inputs over h
+     * links, outputs over w links, w + h hops each; a per-PE cost each */
+    double rw = units <= o->W ? (double)units : o->W;
+    double rh = units <= o->W ? o->h : (double)(units / o->W) * o->h;
+    for (int k = i; k < j; k++) {
+      const st_block_cost *c = &o->b[k];
+      t += 2 * (c->region_in / (rh * o->f->link_bandwidth) +
+                c->region_out / (rw * o->f->link_bandwidth) +
+                c->region_layers * (rw + rh) * o->f->hop_latency +
+                c->region_layers * o->f->pe_overhead);
+    }
+  }
+  return t;
 }
 
-static int o_fits(const oracle *o, int i, int j, int64_t units) {
+static int o_fits(const oracle *o, int s, int i, int j, int64_t units) {
   double w = 0, st = 0, a = o->b[i].in_bytes;
   for (int k = i; k < j; k++)
     w += o->b[k].param_bytes, st += o->b[k].state_bytes, a += o->b[k].act_bytes;
-  return o->versions * w + st + o->in_flight * a <=
+  double flight =
+      o->pb_mb > 0 ? o->pb_mb * (2.0 * (o->K - s) - 1) : o->in_flight;
+  return o->versions * w + st + flight * a <=
          (double)units * o->h * o->f->pe_memory;
 }
 
@@ -135,7 +156,7 @@ static void o_search(oracle *o, int s, int i, int64_t end, double worst) {
     for (int64_t u = 1; u <= U; u++) {
       int64_t span, start = o_place(o, end, u, &span);
       if (start < 0) break;
-      if (!o_fits(o, i, j, span)) continue;
+      if (!o_fits(o, s, i, j, span)) continue;
       double t = o_time(o, i, j, span);
       double w = t > worst ? t : worst;
       if (w < o->best) o_search(o, s + 1, j, start + span, w);
@@ -144,13 +165,14 @@ static void o_search(oracle *o, int s, int i, int64_t end, double worst) {
 
 /* The optimum over every band height (a cpu: one band of height 1). */
 static double brute_force(const st_block_cost *b, int n, int K,
-                          const st_fabric *f, double in_flight) {
+                          const st_fabric *f, double in_flight, double pb_mb) {
   oracle o = {.b = b,
               .n = n,
               .K = K,
               .f = f,
               .in_flight = in_flight,
               .versions = 1,
+              .pb_mb = pb_mb,
               .W = f->width};
   double best = INFINITY;
   for (int h = 1; h <= f->height; h++) {
@@ -227,15 +249,19 @@ static void check_invariants(const st_plan *p, const char *what) {
 /* ---------------------------------------------------------- tests */
 
 /* One random instance against brute force with both algorithms. */
+/* pb_mb > 0: in flight as pipelined backprop keeps it, at micro-batches of
+ * pb_mb (st_plan_options.in_flight_schedule "pb"). */
 static void compare(const st_block_cost *b, int n, int K, const st_fabric *f,
-                    double in_flight, const char *what, int *agree) {
-  double want = brute_force(b, n, K, f, in_flight);
+                    double in_flight, int pb_mb, const char *what, int *agree) {
+  double want = brute_force(b, n, K, f, in_flight, pb_mb);
   st_partition_algorithm algos[2] = {ST_PARTITION_DP, ST_PARTITION_BISECT};
   for (int a = 0; a < 2; a++) {
     st_plan_options opt = {.stages = K,
                            .samples_in_flight = in_flight,
                            .weight_versions = 1,
-                           .algorithm = algos[a]};
+                           .algorithm = algos[a],
+                           .in_flight_schedule = pb_mb > 0 ? "pb" : NULL,
+                           .micro_batch = pb_mb};
     st_plan *p = NULL;
     st_error err = {0};
     int rc = st_plan_build(&p, b, n, f, &opt, &err);
@@ -283,7 +309,9 @@ static void test_partition_cpu_brute_force(void) {
     double in_flight = randint(1, 8);
     double pe_memory = log_uniform(3e5, 1e8);
     st_fabric f = cpu_fabric(C, pe_memory);
-    compare(b, n, K, &f, in_flight, "cpu", &agree);
+    /* half the cases keep in flight as pipelined backprop does */
+    compare(b, n, K, &f, in_flight, trial % 2 ? randint(1, 3) : 0, "cpu",
+            &agree);
     cases += 2;
   }
   CHECK(agree == cases, "cpu brute force: %d of %d agree", agree, cases);
@@ -300,7 +328,12 @@ static void test_partition_mesh_brute_force(void) {
     random_blocks(b, n);
     double in_flight = randint(1, 4);
     st_fabric f = mesh_fabric(W, H, log_uniform(3e5, 3e7));
-    compare(b, n, K, &f, in_flight, "mesh", &agree);
+    if (trial % 3) { /* hops dear enough that a region can be too big */
+      f.hop_latency = log_uniform(1e-9, 1e-4);
+      f.pe_overhead = log_uniform(1e-9, 1e-5);
+    }
+    compare(b, n, K, &f, in_flight, trial % 2 ? randint(1, 3) : 0, "mesh",
+            &agree);
     cases += 2;
   }
   CHECK(agree == cases, "mesh brute force: %d of %d agree", agree, cases);
