@@ -1528,11 +1528,13 @@ double st_plan_streaming_need(const st_block_cost *blocks, int n, int m,
 /* `strata compile`'s plan: the mode chosen by memory (docs/compiler.md,
  * "Choosing the mode"), or `force` (a mode name) with what it costs against
  * the chosen one; execution.micro_batch 0 picked by the compiler. NULL
- * force and a fitting config: what st_plan_compile gives. A refusal names
+ * force and a fitting config: what st_plan_compile gives. *applied (if not
+ * NULL) gets cfg as planned: its mode, micro-batch, store and
+ * keep_activations as chosen. A refusal names
  * what does not fit in each mode tried and the smallest fabric of the kind
  * that would hold the model. */
 int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
-                   const char *force, st_error *err);
+                   const char *force, st_config *applied, st_error *err);
 /* All passes for cfg's model on cfg's fabric; stages as in options (0 =
  * the number a pipeline or pipelined_backprop config's execution.stages
  * gives, else automatic). Samples in flight follow execution.mode

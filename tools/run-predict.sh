@@ -16,8 +16,9 @@
 #              (default "shipped": each config's own batch; a list such as
 #              "1 8 64 256" trains each config at each batch, for
 #              max(PREDICT_STEPS x 64 / batch, 20) steps so that every row
-#              sees about the same samples, lr scaled by batch / shipped
-#              batch, micro-batches of max(batch / 8, 1)).
+#              sees about the same samples, lr scaled down by batch /
+#              shipped batch below it (above it, as shipped: a larger lr
+#              diverges), micro-batches of max(batch / 8, 1)).
 set -u
 build=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
@@ -65,7 +66,7 @@ for cfg in $configs; do
     if [ "$batch" != "$shipped" ]; then
       run_steps=$((steps * 64 / batch))
       [ "$run_steps" -lt 20 ] && run_steps=20
-      sets+=(--set train.batch="$batch" --set optimizer.lr="$(awk -v l="$lr" -v b="$batch" -v s="$shipped" 'BEGIN { printf "%g", l * b / s }')")
+      sets+=(--set train.batch="$batch" --set optimizer.lr="$(awk -v l="$lr" -v b="$batch" -v s="$shipped" 'BEGIN { printf "%g", b < s ? l * b / s : l }')")
     fi
     sets+=(--set train.steps="$run_steps")
     stages=1

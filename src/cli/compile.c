@@ -157,9 +157,10 @@ int st_cli_compile(int argc, char **argv) {
                                 force);
   }
   st_plan *plan;
-  if (st_plan_choose(&plan, &cfg, stages, force, &err))
+  st_config as_planned; /* the ranks hold what compile chose */
+  if (st_plan_choose(&plan, &cfg, stages, force, &as_planned, &err))
     return st_cli_fail(&err);
-  if (st_plan_place_ranks(plan, &cfg, ranks, &err)) {
+  if (st_plan_place_ranks(plan, &as_planned, ranks, &err)) {
     st_plan_destroy(plan);
     return st_cli_fail(&err);
   }

@@ -591,6 +591,11 @@ static int feasible(bisect_state *b, double T, int k_lo) {
       for (int j = i + 1; j <= n; j++) {
         int64_t at = range_index(p, i, j), m = b->mem_units[s * cells + at];
         if (!range_allowed(p, i, j)) m = INT64_MAX;
+        if (s > 0 && m == b->mem_units[(s - 1) * cells + at] &&
+            range_allowed(p, i, j)) { /* the same memory, the same need */
+          b->need[s * cells + at] = b->need[(s - 1) * cells + at];
+          continue;
+        }
         b->need[s * cells + at] =
             m == INT64_MAX
                 ? INT64_MAX

@@ -91,7 +91,11 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
   double total = (double)f->pes * f->pe_memory;
   char need[32], have[32], short_by[32], w[32], st[32], a[32], pe[32];
   for (int b = 0; b < p->n; b++) {
-    double m = stage_memory(p, b, b + 1, 0); /* the most in flight */
+    /* alone, at the place where a stage holds the least in flight */
+    int s0 = 0;
+    for (int s = 1; s < kmax; s++)
+      if (stage_memory(p, b, b + 1, s) < stage_memory(p, b, b + 1, s0)) s0 = s;
+    double m = stage_memory(p, b, b + 1, s0);
     if (m <= total) continue;
     const st_block_cost *c = &p->blocks[b];
     return st_error_set(
@@ -100,10 +104,10 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
         "optimizer state %s, input and activations %s x %g samples in "
         "flight) but the whole fabric holds %s (%lld %s x %s): short by %s",
         c->name, f->name, st_plan_fmt_bytes(need, sizeof need, m),
-        st_plan_fmt_bytes(w, sizeof w, c->param_bytes), stage_versions(p, 0),
+        st_plan_fmt_bytes(w, sizeof w, c->param_bytes), stage_versions(p, s0),
         st_plan_fmt_bytes(st, sizeof st, c->state_bytes),
         st_plan_fmt_bytes(a, sizeof a, c->in_bytes + c->act_bytes),
-        stage_in_flight(p, 0), st_plan_fmt_bytes(have, sizeof have, total),
+        stage_in_flight(p, s0), st_plan_fmt_bytes(have, sizeof have, total),
         (long long)f->pes, pe_word(f),
         st_plan_fmt_bytes(pe, sizeof pe, f->pe_memory),
         st_plan_fmt_bytes(short_by, sizeof short_by, m - total));
@@ -177,8 +181,9 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
 /* What stage s of S holds as its schedule keeps it (st_plan_options): the
  * micro-batches between a forward and the op that frees its activations
  * (st_schedule's slots; pipelined backprop 2 (S - s) - 1, pb.c's delay),
- * times the micro-batch; weight versions, with stashing, one per sample in
- * flight. A schedule that cannot be built for S counts every micro-batch. */
+ * times the micro-batch; weight versions, with stashing, one per
+ * micro-batch in flight. A schedule that cannot be built for S counts every
+ * micro-batch. */
 static void in_flight_table(const st_plan_options *o, int S, double *flight,
                             double *vers) {
   const char *name = o->in_flight_schedule;
@@ -202,6 +207,20 @@ static void in_flight_table(const st_plan_options *o, int S, double *flight,
               : o->weight_versions > 0  ? o->weight_versions
                                         : 1;
   }
+}
+
+/* Stage s of S as in_flight_table says, into p: per stage where the counts
+ * differ, else one count for all (the partitioner's faster path). */
+static void use_table(problem *p, const st_plan_options *o, int S,
+                      double *flight, double *vers) {
+  in_flight_table(o, S, flight, vers);
+  int same = 1;
+  for (int s = 1; s < S; s++)
+    same &= flight[s] == flight[0] && vers[s] == vers[0];
+  p->in_flight_at = same ? NULL : flight;
+  p->versions_at = same ? NULL : vers;
+  p->in_flight = flight[0];
+  p->versions = vers[0];
 }
 
 static void apply_io(st_plan *plan);
@@ -376,7 +395,8 @@ static void describe_stage(const problem *p, const layout *L,
 }
 
 /* Bubble utilization of the fill-and-drain schedule (BACKGROUND.md §1):
- * M / (M + S - 1) for gpipe and 1f1b, and the bubble of interleaved or
+ * M t_max / ((M - 1) t_max + sum t_s) for gpipe and 1f1b (M / (M + S - 1)
+ * with stages of equal time), and the bubble of interleaved or
  * zb1p with ops of equal cost (st_schedule_formula); pipelined backprop
  * never drains: 1 in steady state. An interleaved worker holds V chunks,
  * each receiving its input and sending its output: V hand-offs per sample
@@ -398,6 +418,19 @@ static void set_schedule(st_plan *plan, const char *mode, const char *schedule,
                                          plan->virtual_stages)
                    : 0;
   if (f > 0) plan->util_fill_drain = f;
+  if (S > 1 && plan->virtual_stages == 1 &&
+      (!strcmp(plan->schedule, "gpipe") || !strcmp(plan->schedule, "1f1b"))) {
+    /* stages of unequal time: the makespan of M micro-batches is every
+     * stage's time once (the first micro-batch's way through and back)
+     * and the slowest stage's M - 1 times more, (M - 1) t_max + sum t_s;
+     * M / (M + S - 1) when they are equal */
+    double sum = 0, worst = 0;
+    for (int s = 0; s < plan->n_stages; s++) {
+      sum += plan->stages[s].time;
+      if (plan->stages[s].time > worst) worst = plan->stages[s].time;
+    }
+    if (worst > 0) plan->util_fill_drain = M * worst / ((M - 1) * worst + sum);
+  }
   plan->handoff_time = plan->virtual_stages > 1 && plan->n_stages > 0
                            ? (plan->virtual_stages - 1) *
                                  plan->stages[plan->bottleneck].time_comm
@@ -414,12 +447,17 @@ static void set_schedule(st_plan *plan, const char *mode, const char *schedule,
 }
 
 double st_plan_rate(const st_plan *p, int pipelined) {
-  double rate =
-      p->throughput * (pipelined ? p->util_pipelined : p->util_fill_drain);
-  if (!pipelined && p->handoff_time > 0 && p->throughput > 0)
-    rate = p->util_fill_drain / (1.0 / p->throughput + p->handoff_time);
-  if (!(p->host_time > 0) || !(rate > 0) || !isfinite(rate)) return rate;
-  return 1.0 / (1.0 / rate + p->host_time);
+  /* the stages' own steady state; the fabric's I/O caps the result, not
+   * the steady state before the bubble (apply_io) */
+  double steady = p->throughput;
+  if (p->io_rate > 0 && p->bottleneck_time > 0)
+    steady = 1.0 / p->bottleneck_time;
+  double rate = steady * (pipelined ? p->util_pipelined : p->util_fill_drain);
+  if (!pipelined && p->handoff_time > 0 && steady > 0)
+    rate = p->util_fill_drain / (1.0 / steady + p->handoff_time);
+  if (p->host_time > 0 && rate > 0 && isfinite(rate))
+    rate = 1.0 / (1.0 / rate + p->host_time);
+  return p->io_rate > 0 && rate > p->io_rate ? p->io_rate : rate;
 }
 
 static int build_stages(st_plan *plan, const problem *p, const layout *L,
@@ -663,15 +701,13 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
     table = K == 0 ? st_alloc((size_t)n_blocks * sizeof *table) : NULL;
     if (!flight || !vers || (K == 0 && !table)) rc = ST_ENOMEM;
     for (int k = 0; table && k < n_blocks; k++) table[k] = INFINITY;
-    p.in_flight_at = flight;
-    p.versions_at = vers;
   }
   partition best = {0};
   layout best_layout = {0};
   int best_S = 0;
   for (int S = per_stage ? k_lo : 0;
        S <= (per_stage ? k_hi : 0) && rc != ST_ENOMEM; S++) {
-    if (per_stage) in_flight_table(opt, S, flight, vers);
+    if (per_stage) use_table(&p, opt, S, flight, vers);
     int lo = per_stage ? S : k_lo, hi = per_stage ? S : k_hi;
     for (int t = 0; t < nh && rc != ST_ENOMEM; t++) {
       layout L = make_layout(fabric, hs[t]);
@@ -710,7 +746,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   }
   if (!best.k) {
     int kmax = K ? K : (int)(n_blocks < fabric->pes ? n_blocks : fabric->pes);
-    if (per_stage) in_flight_table(opt, kmax, flight, vers);
+    if (per_stage) use_table(&p, opt, kmax, flight, vers);
     rc = pinned ? explain_pin_no_fit(&p, fabric, where, sep, key, err)
                 : explain_no_fit(&p, fabric, kmax, K, err);
     problem_free(&p);
@@ -719,7 +755,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
     return rc;
   }
   if (per_stage) {
-    in_flight_table(opt, best_S, flight, vers);
+    use_table(&p, opt, best_S, flight, vers);
     if (table && k_lo < k_hi) {
       best.by_k = table;
       best.n_by_k = k_hi;
@@ -890,7 +926,7 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
   st->time_comm = comm / m; /* within time_fwd and time_bwd */
   st->in_flight = m;
   st->versions = 1;
-  st->mem_weights = store_on_fabric ? weights : held_weights;
+  st->mem_weights = held_weights + (store_on_fabric ? weights : 0);
   st->mem_state = store_on_fabric ? store - weights : 0;
   st->mem_acts = m * per_sample;
   st->mem_total = need;
@@ -900,12 +936,15 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
            : comm > compute     ? "communication"
                                 : "compute");
   char t1[32], t2[32], t3[32], t4[32];
+  if (isfinite(bw))
+    snprintf(t2, sizeof t2, "at %s/s", st_plan_fmt_bytes(t1, sizeof t1, bw));
+  else
+    snprintf(t2, sizeof t2, "(bandwidth not modelled)");
   snprintf(st->cause, sizeof st->cause,
-           "one block at a time on all %s %s; its weights stream in at %s/s "
+           "one block at a time on all %s %s; its weights stream in %s "
            "(%s a sample in all), its compute takes %s a sample",
            st_plan_fmt_count(t1, sizeof t1, (double)fabric->pes),
-           pe_word(fabric), st_plan_fmt_bytes(t2, sizeof t2, bw),
-           st_plan_fmt_time(t3, sizeof t3, stream / m),
+           pe_word(fabric), t2, st_plan_fmt_time(t3, sizeof t3, stream / m),
            st_plan_fmt_time(t4, sizeof t4, (compute + comm) / m));
   plan->pes_used = fabric->pes;
   plan->bottleneck = 0;

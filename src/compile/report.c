@@ -310,7 +310,7 @@ void st_plan_print(const st_plan *p, FILE *f) {
                st_plan_fmt_time(t, sizeof t, p->handoff_time));
     fprintf(f,
             "utilization: mode %s; %s with M = %d micro-batch%s (batch %d / "
-            "micro-batch %d): %s's bubble (ops of equal cost) = %.3f%s -> %s "
+            "micro-batch %d): %s's bubble = %.3f%s -> %s "
             "samples/s; as pipelined backprop: %.2f in steady state -> %s "
             "samples/s\n",
             p->mode[0] ? p->mode : "-", as, p->micro_batches,
@@ -830,7 +830,7 @@ static void write_svg(const st_plan *p, FILE *f) {
   if (p->n_stages > 1)
     fprintf(f,
             "<text x='%.0f' y='%.2f' font-size='12' fill='#444'>%s with "
-            "M = %d: fill-and-drain utilization M/(M+S-1) = %.3f (%s "
+            "M = %d: fill-and-drain utilization %.3f (%s "
             "samples/s); pipelined backprop: %.2f in steady state</text>\n",
             margin, y,
             strcmp(p->mode, "pipeline") == 0 ? "gpipe" : "if run as gpipe",

@@ -24,6 +24,7 @@
 
 #include "../compile/compile.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,13 +64,14 @@ static void apply(st_config *c, const candidate *k, int mb) {
  * *why says how it was picked. The last failure's message stays in err. */
 static int plan_candidate(st_plan **out, const st_config *cfg,
                           const candidate *k, int stages, char *why, size_t cap,
-                          st_error *err) {
+                          st_config *applied, st_error *err) {
   st_config c = *cfg;
   const int batch = cfg->train.batch;
   why[0] = '\0';
   int pb = !strcmp(k->mode, "pipelined_backprop");
   if (cfg->execution.micro_batch > 0 || pb) {
     apply(&c, k, cfg->execution.micro_batch);
+    *applied = c;
     return st_plan_compile(out, &c, stages, err);
   }
   if (strcmp(k->mode, "pipeline") != 0) {
@@ -81,6 +83,7 @@ static int plan_candidate(st_plan **out, const st_config *cfg,
       st_error e = {0};
       rc = st_plan_compile(out, &c, stages, &e);
       if (!rc) {
+        *applied = c;
         if (mb < batch)
           snprintf(why, cap,
                    "; micro-batches of %d, the largest part of the batch of "
@@ -125,6 +128,7 @@ static int plan_candidate(st_plan **out, const st_config *cfg,
       break;
     }
   apply(&c, k, pick);
+  *applied = c;
   int rc = st_plan_compile(out, &c, stages, err);
   if (!rc) {
     char a[32], b[32];
@@ -215,7 +219,7 @@ static void smallest_fabric(char *buf, size_t cap, const st_config *cfg,
     char a[32], b[32], c[32];
     if (f->kind == ST_FABRIC_CPU) {
       snprintf(buf, cap,
-               "; the smallest cpu that would hold it has %s of memory (this "
+               "the smallest cpu that would hold it has %s of memory (this "
                "one %s), by weight streaming from a file store recomputing "
                "each block",
                st_plan_fmt_bytes(a, sizeof a, need),
@@ -225,7 +229,7 @@ static void smallest_fabric(char *buf, size_t cap, const st_config *cfg,
       int side = (int)ceil(sqrt(pes));
       snprintf(
           buf, cap,
-          "; the smallest square mesh of these PEs that would hold it is "
+          "the smallest square mesh of these PEs that would hold it is "
           "mesh:%dx%d (%s PEs, %s), by weight streaming recomputing each "
           "block",
           side, side, st_plan_fmt_count(a, sizeof a, (double)side * side),
@@ -241,7 +245,7 @@ static void smallest_fabric(char *buf, size_t cap, const st_config *cfg,
 static int first_fit(st_plan **out, const st_config *cfg, const st_fabric *f,
                      int stages, const char *force, char *tried, size_t cap,
                      char *pick_why, size_t pick_cap, int *chosen,
-                     st_error *err) {
+                     st_config *applied, st_error *err) {
   candidate k[8];
   int n = candidates(cfg, f, stages, k), rc = ST_EUNSUPPORTED, any = 0;
   size_t used = 0;
@@ -250,22 +254,25 @@ static int first_fit(st_plan **out, const st_config *cfg, const st_fabric *f,
     if (force && strcmp(k[i].mode, force) != 0) continue;
     any = 1;
     st_error e = {0};
-    rc = plan_candidate(out, cfg, &k[i], stages, pick_why, pick_cap, &e);
+    rc = plan_candidate(out, cfg, &k[i], stages, pick_why, pick_cap, applied,
+                        &e);
     if (!rc) {
       *chosen = i;
       /* weight streaming's variants that fit too: the fastest */
       for (int j = i + 1; is_ws(k[i].mode) && j < n; j++) {
         st_plan *other;
         char other_why[ST_CAUSE_MAX];
+        st_config other_cfg;
         st_error e2 = {0};
         if (!is_ws(k[j].mode) ||
             plan_candidate(&other, cfg, &k[j], stages, other_why,
-                           sizeof other_why, &e2))
+                           sizeof other_why, &other_cfg, &e2))
           continue;
         if (rate_of(other) > rate_of(*out) * (1 + 1e-9)) {
           st_plan_destroy(*out);
           *out = other;
           *chosen = j;
+          *applied = other_cfg;
           snprintf(pick_why, pick_cap, "%s", other_why);
         } else {
           st_plan_destroy(other);
@@ -287,7 +294,8 @@ static int first_fit(st_plan **out, const st_config *cfg, const st_fabric *f,
     candidate one = {"", cfg->execution.keep_activations, ""};
     snprintf(one.mode, sizeof one.mode, "%s", force);
     snprintf(one.store, sizeof one.store, "%s", cfg->execution.store);
-    rc = plan_candidate(out, cfg, &one, stages, pick_why, pick_cap, err);
+    rc = plan_candidate(out, cfg, &one, stages, pick_why, pick_cap, applied,
+                        err);
     if (!rc) *chosen = -1;
     return rc;
   }
@@ -295,8 +303,10 @@ static int first_fit(st_plan **out, const st_config *cfg, const st_fabric *f,
 }
 
 int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
-                   const char *force, st_error *err) {
+                   const char *force, st_config *applied, st_error *err) {
   *out = NULL;
+  st_config ignored;
+  if (!applied) applied = &ignored;
   st_fabric f;
   int rc = st_fabric_resolve(&f, cfg, err);
   if (rc) return rc;
@@ -305,15 +315,18 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
   candidate k[8];
   candidates(cfg, &f, stages, k);
   rc = first_fit(out, cfg, &f, stages, force, tried, sizeof tried, pick,
-                 sizeof pick, &chosen, err);
+                 sizeof pick, &chosen, applied, err);
   if (rc) {
     if (rc == ST_EUNSUPPORTED) {
       char smallest[320];
       smallest_fabric(smallest, sizeof smallest, cfg, &f);
+      /* the smallest fabric first: the modes' reasons may fill the line */
       char msg[sizeof err->msg];
       snprintf(msg, sizeof msg, "%s", err->msg);
-      return st_error_set(err, rc, "%s mode fits %s: %s%s",
-                          force ? "the forced" : "no", f.name, msg, smallest);
+      return st_error_set(err, rc, "%s %s (%s): %s",
+                          force ? "the forced mode does not fit"
+                                : "no mode fits",
+                          f.name, smallest[0] ? smallest : "-", msg);
     }
     return rc;
   }
@@ -329,20 +342,22 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
     char t2[2048], p2[ST_CAUSE_MAX];
     int c2 = -1;
     st_error e = {0};
+    st_config auto_cfg;
     int arc = first_fit(&auto_plan, cfg, &f, stages, NULL, t2, sizeof t2, p2,
-                        sizeof p2, &c2, &e);
-    if (arc == 0 && strcmp(auto_plan->mode, p->mode) != 0) {
+                        sizeof p2, &c2, &auto_cfg, &e);
+    if (arc == 0 &&
+        fabs(rate_of(auto_plan) - rate_of(p)) > 1e-9 * rate_of(auto_plan)) {
       char other[96];
       candidate_name(other, sizeof other, &k[c2], cfg);
       w = snprintf(why, sizeof why,
                    "forced (--mode %s): predicted %s samples/s, %.2fx the %s "
-                   "samples/s of %s, the mode compile chooses",
+                   "samples/s of %s, the plan compile chooses",
                    force, st_plan_fmt_rate(a, sizeof a, rate_of(p)),
                    rate_of(auto_plan) > 0 ? rate_of(p) / rate_of(auto_plan) : 0,
                    st_plan_fmt_rate(b, sizeof b, rate_of(auto_plan)), other);
     } else {
       w = snprintf(why, sizeof why, "forced (--mode %s)%s", force,
-                   arc == 0 ? ": the mode compile chooses too" : "");
+                   arc == 0 ? ": as fast as the plan compile chooses" : "");
     }
     st_plan_destroy(auto_plan);
   } else {

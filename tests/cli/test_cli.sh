@@ -369,7 +369,7 @@ if [ "$rc" -eq 0 ] && grep -q '^mode: weight streaming (recomputing each block):
   fail "compile: gpt_neox_20b on wse2 by weight streaming, chosen by memory" "rc $rc" "$out" "$err"
 fi
 expect_error "compile: gpt_neox_20b fits no mode of a small mesh" \
-  "no mode fits mesh:300x300: pipeline \(1f1b\): .*short by .*weight streaming \(recomputing each block\): .*micro-batches of 1 need .* the smallest square mesh of these PEs that would hold it is mesh:[0-9]+x[0-9]+" \
+  "no mode fits mesh:300x300 \(the smallest square mesh of these PEs that would hold it is mesh:[0-9]+x[0-9]+ .*\): pipeline \(1f1b\): .*short by .*weight streaming \(recomputing each block\): .*micro-batches of 1 need " \
   -- compile configs/gpt_neox_20b.yaml --fabric mesh:300x300 --out "$T/o_neox2"
 # --mode forces one and says what it costs against the chosen
 run compile configs/fc_mnist.yaml --fabric wse2 --mode weight_streaming --out "$T/o_force"

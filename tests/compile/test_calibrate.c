@@ -896,7 +896,13 @@ static void test_host_time(void) {
     CHECK(fabs(p->host_time - want) <= tol, "%s: host time %.9g want %.9g",
           modes[k], p->host_time, want);
     int pb = k == 2 || k == 4;
-    double util = pb ? 1.0 : 8.0 / (8 + p->n_stages - 1);
+    /* fill and drain of 8 micro-batches over stages of unequal time */
+    double sum = 0, t_max = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+      sum += p->stages[s].time;
+      t_max = fmax(t_max, p->stages[s].time);
+    }
+    double util = pb ? 1.0 : 8.0 * t_max / (7.0 * t_max + sum);
     double rate = 1.0 / (1.0 / (p->throughput * util) + want);
     CHECK(fabs(st_plan_rate(p, pb) - rate) <= 1e-12 * rate &&
               st_plan_rate(p, pb) < p->throughput * util,

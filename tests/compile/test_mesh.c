@@ -339,7 +339,7 @@ static void test_published(void) {
             k ? "fabric.pe_memory=375000000" : "fabric.pe_memory=1500000000");
       int batch = cfg.train.batch;
       st_plan *p = NULL;
-      int rc = st_plan_choose(&p, &cfg, 0, NULL, &err);
+      int rc = st_plan_choose(&p, &cfg, 0, NULL, NULL, &err);
       CHECK(rc == 0, "%s on %s: %s", configs[c], fabrics[k], err.msg);
       if (!p) continue;
       int fits = 1;
@@ -367,7 +367,7 @@ static void test_published(void) {
         err.msg);
   CHECK(st_fabric_parse(&cfg, "mesh:300x300", &err) == 0, "%s", err.msg);
   st_plan *p = NULL;
-  int rc = st_plan_choose(&p, &cfg, 0, NULL, &err);
+  int rc = st_plan_choose(&p, &cfg, 0, NULL, NULL, &err);
   const char *named = strstr(err.msg, "would hold it is mesh:");
   CHECK(rc == ST_EUNSUPPORTED && named, "refused: %s", err.msg);
   int side = 0;
@@ -375,13 +375,13 @@ static void test_published(void) {
     char spec[48];
     snprintf(spec, sizeof spec, "mesh:%dx%d", side, side);
     st_fabric_parse(&cfg, spec, &err);
-    CHECK(st_plan_choose(&p, &cfg, 0, NULL, &err) == 0, "%s holds it: %s", spec,
-          err.msg);
+    CHECK(st_plan_choose(&p, &cfg, 0, NULL, NULL, &err) == 0, "%s holds it: %s",
+          spec, err.msg);
     st_plan_destroy(p);
     snprintf(spec, sizeof spec, "mesh:%dx%d", side - 1, side - 1);
     st_fabric_parse(&cfg, spec, &err);
     p = NULL;
-    CHECK(st_plan_choose(&p, &cfg, 0, NULL, &err) == ST_EUNSUPPORTED,
+    CHECK(st_plan_choose(&p, &cfg, 0, NULL, NULL, &err) == ST_EUNSUPPORTED,
           "%s is too small", spec);
     st_plan_destroy(p);
   }
