@@ -805,20 +805,37 @@ static void apply_io(st_plan *plan) {
   }
 }
 
+/* What weight streaming's fabric holds, summed over the blocks. */
+typedef struct ws_sums {
+  double acts;    /* every block's input and activations, a sample */
+  double ins;     /* every block's input, a sample */
+  double act_max; /* the largest block's activations, a sample */
+  double w_max;   /* the largest block's weights */
+  double store;   /* every block's weights and state */
+  double weights; /* every block's weights */
+} ws_sums;
+
+static ws_sums streaming_sums(const st_block_cost *blocks, int n) {
+  ws_sums w = {0};
+  for (int b = 0; b < n; b++) {
+    const st_block_cost *c = &blocks[b];
+    w.acts += c->act_bytes + c->in_bytes;
+    w.ins += c->in_bytes;
+    w.act_max = fmax(w.act_max, c->act_bytes);
+    w.w_max = fmax(w.w_max, c->param_bytes);
+    w.store += c->param_bytes + c->state_bytes;
+    w.weights += c->param_bytes;
+  }
+  return w;
+}
+
 double st_plan_streaming_need(const st_block_cost *blocks, int n, int m,
                               int slots, int keep_activations,
                               int store_on_fabric) {
-  double acts = 0, ins = 0, act_max = 0, w_max = 0, store = 0;
-  for (int b = 0; b < n; b++) {
-    const st_block_cost *c = &blocks[b];
-    acts += c->act_bytes + c->in_bytes;
-    ins += c->in_bytes;
-    if (c->act_bytes > act_max) act_max = c->act_bytes;
-    if (c->param_bytes > w_max) w_max = c->param_bytes;
-    store += c->param_bytes + c->state_bytes;
-  }
-  return m * (keep_activations ? acts : ins + act_max) +
-         (slots < 1 ? 2 : slots + 1) * w_max + (store_on_fabric ? store : 0);
+  ws_sums w = streaming_sums(blocks, n);
+  return m * (keep_activations ? w.acts : w.ins + w.act_max) +
+         (slots < 1 ? 2 : slots + 1) * w.w_max +
+         (store_on_fabric ? w.store : 0);
 }
 
 int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
@@ -831,18 +848,10 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
   if (m < 1) m = 1;
   if (slots < 1) slots = 1;
   /* what the fabric holds */
-  double acts = 0, ins = 0, act_max = 0, w_max = 0, store = 0, weights = 0;
-  for (int b = 0; b < n; b++) {
-    const st_block_cost *c = &blocks[b];
-    acts += c->act_bytes + c->in_bytes;
-    ins += c->in_bytes;
-    if (c->act_bytes > act_max) act_max = c->act_bytes;
-    if (c->param_bytes > w_max) w_max = c->param_bytes;
-    store += c->param_bytes + c->state_bytes;
-    weights += c->param_bytes;
-  }
-  double per_sample = keep_activations ? acts : ins + act_max;
-  double held_weights = (slots + 1) * w_max; /* slots, and one gradient */
+  ws_sums sums = streaming_sums(blocks, n);
+  double store = sums.store, weights = sums.weights;
+  double per_sample = keep_activations ? sums.acts : sums.ins + sums.act_max;
+  double held_weights = (slots + 1) * sums.w_max; /* slots, and a gradient */
   double need = st_plan_streaming_need(blocks, n, m, slots, keep_activations,
                                        store_on_fabric);
   double cap = (double)fabric->pes * fabric->pe_memory;
