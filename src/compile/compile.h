@@ -16,9 +16,14 @@
  * of one core, a shared memory bus) — scales the GEMM time of a stage on c
  * of the fabric's P cores by m(c) / m(P): e(c) was measured with only c
  * busy, a plan keeps all P busy. And
- * it holds
- *     versions x weights + gradient and optimizer state
- *       + (input + activations) x samples in flight   <=   c x pe_memory.
+ * On a mesh a stage's region of w x h PEs also pays, per pass, its layers'
+ * inputs over h links, their partial sums over w links, w + h hops a layer
+ * and a fixed per-PE cost a layer (stage_time; docs/compiler.md, "The mesh
+ * model"), so its time falls and then rises as the region grows. Stage s
+ * holds
+ *     versions(s) x weights + gradient and optimizer state
+ *       + (input + activations) x in_flight(s)   <=   c x pe_memory,
+ * in flight as its schedule keeps it (stage_in_flight).
  *
  * Layout: PEs are handed out in units of one column slice of a band (a band
  * is `h` whole rows of the mesh; a cpu is one band of height 1, so a unit is

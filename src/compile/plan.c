@@ -1087,8 +1087,8 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
     int lo = 0, hi = k;
     if (ws && r == 0) { /* the store: a file store's are on disk */
       hi = 0;
-      for (int s = 0; s < k && !file; s++)
-        bytes += p->stages[s].mem_weights + p->stages[s].mem_state;
+      for (int b = 0; b < p->n_blocks && !file; b++)
+        bytes += p->blocks[b].param_bytes + p->blocks[b].state_bytes;
     } else if (ws) {
       hi = 0;
       /* the walk's slots and two gradients; its stage evaluates too */
