@@ -92,6 +92,10 @@ typedef struct problem {
   /* mesh: the bytes moved through a stage's region per sample and pass,
    * and the layers that move them (st_block_cost.region_*) */
   double *region_in, *region_out, *region_layers;
+  /* calibrated cpu: what a micro-batch's step touches (st_block_cost
+   * ws_bytes), and the seconds of work a sample its narrow linear calls
+   * add when a core's share of that passes L2 (l2_traffic) */
+  double *ws, *l2_fwd, *l2_bwd;
   /* what the time model uses, same indexing: parallel work (FLOPs at
    * work_rate = pe_flops uncalibrated; one-core seconds at work_rate = 1
    * calibrated) and single-threaded seconds (0 uncalibrated) */

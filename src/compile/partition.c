@@ -75,6 +75,26 @@ static void block_terms(const st_fabric *f, const st_block_cost *b,
   }
 }
 
+/* The weights a narrow call (2 <= r rows) of a linear layer that fits L2
+ * alone streams from the last-level cache when its stage's working set
+ * has pushed it out of L2, per sample at the row bandwidth: forward the
+ * weights once, backward the input gradient's read of them and the weight
+ * gradient's read and write of its slab (g GEMMs a step: g W), each call
+ * covering r rows. Layers larger than L2 pay the narrow term instead. */
+static void l2_traffic(const st_fabric *f, const st_block_cost *b,
+                       double out[2]) {
+  out[0] = out[1] = 0;
+  if (!(f->row_bandwidth > 0) || !(f->l2_bytes > 0) || !(b->call_samples > 0))
+    return;
+  for (int l = 0; l < b->n_linear; l++) {
+    double w = b->linear_bytes[l], r = b->linear_rows[l];
+    if (r < 2 || w > f->l2_bytes) continue;
+    double per = w / r * (r / b->call_samples) / f->row_bandwidth;
+    out[0] += per;
+    out[1] += b->linear_gemms[l] * per;
+  }
+}
+
 int problem_init(problem *p, const st_block_cost *blocks, int n,
                  const st_fabric *f, double in_flight, double versions,
                  st_error *err) {
@@ -88,7 +108,8 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   double **arrays[] = {&p->flops_fwd, &p->flops_bwd,  &p->weights,
                        &p->state,     &p->acts,       &p->work_fwd,
                        &p->work_bwd,  &p->serial_fwd, &p->serial_bwd,
-                       &p->region_in, &p->region_out, &p->region_layers};
+                       &p->region_in, &p->region_out, &p->region_layers,
+                       &p->ws,        &p->l2_fwd,     &p->l2_bwd};
   int ok = 1;
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
     ok &= (*arrays[a] = st_alloc(cells * sizeof(double))) != NULL;
@@ -121,6 +142,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
     double rin = 0, rout = 0, rl = 0; /* through a mesh region */
     double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0;
     double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
+    double l2t[2] = {0, 0}; /* weights from past L2, seconds a sample */
     for (int j = i + 1; j <= n; j++) {
       const st_block_cost *b = &blocks[j - 1];
       ff += b->flops_fwd;
@@ -143,9 +165,12 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       } else if (f->calibrated) {
         double nb[2], tb[2], m[4];
         linear_memory(f, b, nb, tb);
+        double lb[2];
+        l2_traffic(f, b, lb);
         for (int d = 0; d < 2; d++) {
           narrow[d] += nb[d];
           traffic[d] += tb[d];
+          l2t[d] += lb[d];
         }
         ws += b->ws_bytes;
         block_terms(f, b, m);
@@ -171,6 +196,9 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       p->flops_bwd[at] = fb;
       p->work_fwd[at] = wf + narrow[0] + spill * traffic[0];
       p->work_bwd[at] = wb + narrow[1] + spill * traffic[1];
+      p->ws[at] = ws;
+      p->l2_fwd[at] = l2t[0];
+      p->l2_bwd[at] = l2t[1];
       p->serial_fwd[at] = sf;
       p->serial_bwd[at] = sb;
       if (last_free) {
@@ -233,13 +261,23 @@ void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
 }
 
 void problem_free(problem *p) {
-  double **arrays[] = {&p->flops_fwd,      &p->flops_bwd,
-                       &p->weights,        &p->state,
-                       &p->acts,           &p->work_fwd,
-                       &p->work_bwd,       &p->serial_fwd,
-                       &p->serial_bwd,     &p->region_in,
-                       &p->region_out,     &p->region_layers,
-                       &p->last_free_work, &p->last_free_serial};
+  double **arrays[] = {&p->flops_fwd,
+                       &p->flops_bwd,
+                       &p->weights,
+                       &p->state,
+                       &p->acts,
+                       &p->work_fwd,
+                       &p->work_bwd,
+                       &p->serial_fwd,
+                       &p->serial_bwd,
+                       &p->region_in,
+                       &p->region_out,
+                       &p->region_layers,
+                       &p->ws,
+                       &p->l2_fwd,
+                       &p->l2_bwd,
+                       &p->last_free_work,
+                       &p->last_free_serial};
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
     st_free(*arrays[a]);
     *arrays[a] = NULL;
@@ -309,6 +347,12 @@ double stage_time(const problem *p, const layout *L, int i, int j,
   double tb = p->work_bwd[at] * g + p->serial_bwd[at];
   if (p->last_free_work && j < p->n)
     tb += p->last_free_work[at] * g + p->last_free_serial[at];
+  /* a core whose share of the step touches more than its L2 keeps no
+   * layer's weights there between calls (l2_traffic) */
+  if (f->l2_bytes > 0 && p->ws[at] / ((double)units * L->h) > f->l2_bytes) {
+    tf += p->l2_fwd[at] * g;
+    tb += p->l2_bwd[at] * g;
+  }
   double tc = comm_bytes(p, i, j) / comm_bandwidth(p, L);
   if (f->kind == ST_FABRIC_MESH) {
     /* the region's own traffic, each pass (forward, backward): the layers'
