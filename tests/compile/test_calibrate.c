@@ -407,6 +407,41 @@ static void test_memory_terms(void) {
             "one row, 25 MB, no row bandwidth: %.9g s", p->stages[0].time);
     st_plan_destroy(p);
   }
+  /* the L2 term: a layer of 0.5 MB (inside L2) at 8 rows, with a row
+   * bandwidth of 5e10 B/s, in a stage whose working set passes L2 on its
+   * one core, streams w / 8 a sample forward and 3 w / 8 backward (the
+   * input gradient's read, the weight gradient's read and write) on top
+   * of what it costs without the bandwidth; inside L2, or for weights past
+   * L2 on their own (the narrow term's), nothing */
+  {
+    double w2 = 5e5;
+    struct {
+      double bytes, ws, fwd, bwd;
+    } l2c[] = {{w2, 2e6, w2 / 8 / 5e10, 3 * w2 / 8 / 5e10},
+               {w2, 9e5, 0, 0},
+               {w, 2e6, 0, 0}};
+    for (int k = 0; k < 3; k++) {
+      st_block_cost b = linear_block(8, 8, l2c[k].bytes, l2c[k].ws, 3);
+      st_plan_options opt = {
+          .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
+      double tf[2] = {0, 0}, tb[2] = {0, 0};
+      for (int with = 0; with < 2; with++) {
+        st_fabric g = f;
+        g.row_bandwidth = with ? 5e10 : 0;
+        st_plan *p = NULL;
+        st_error e = {0};
+        CHECK(st_plan_build(&p, &b, 1, &g, &opt, &e) == 0, "%s", e.msg);
+        if (p)
+          tf[with] = p->stages[0].time_fwd, tb[with] = p->stages[0].time_bwd;
+        st_plan_destroy(p);
+      }
+      double scale = tf[0] + tb[0] + l2c[k].fwd + l2c[k].bwd;
+      CHECK(fabs(tf[1] - tf[0] - l2c[k].fwd) <= 1e-12 * scale &&
+                fabs(tb[1] - tb[0] - l2c[k].bwd) <= 1e-12 * scale,
+            "L2 case %d: +%.9g s forward, +%.9g backward, want +%.9g, +%.9g", k,
+            tf[1] - tf[0], tb[1] - tb[0], l2c[k].fwd, l2c[k].bwd);
+    }
+  }
   /* a spill curve that falls, leaves [0, 1] or does not run from 0 to 1,
    * narrow rows at the reference, a falling working set: refused, naming
    * the file and the key */
