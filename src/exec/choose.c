@@ -92,10 +92,7 @@ static int plan_candidate(st_plan **out, const st_config *cfg,
         return 0;
       }
       *err = e; /* the last tried: the smallest micro-batch's shortfall */
-      if (rc != ST_EUNSUPPORTED) {
-        *err = e;
-        return rc;
-      }
+      if (rc != ST_EUNSUPPORTED) return rc;
     }
     return rc;
   }
