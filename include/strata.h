@@ -1477,6 +1477,7 @@ typedef struct st_plan {
    * (rank_stages[r] .. rank_stages_end[r] - 1; none for a weight store) */
   int ranks;
   double mem_eval_whole; /* an evaluation of the whole model, in one stage */
+  int eval_batch;        /* samples an evaluation runs at once (0: unknown) */
   double *rank_memory;
   int *rank_stages, *rank_stages_end;
   /* The fabric's I/O (st_fabric.io_bandwidth): samples/s it carries in

@@ -1091,9 +1091,13 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
         bytes += p->blocks[b].param_bytes + p->blocks[b].state_bytes;
     } else if (ws) {
       hi = 0;
-      /* the walk's slots and two gradients; its stage evaluates too */
-      bytes =
-          acts + (cfg->execution.prefetch + 3) * block_w + p->mem_eval_whole;
+      /* the walk's slots and two gradients; an evaluation walks the same
+       * buffers, sized for the larger of the micro-batch and the
+       * evaluation batch (ws.c: rows) */
+      double rows = p->micro_batch > 0 && p->eval_batch > p->micro_batch
+                        ? (double)p->eval_batch / p->micro_batch
+                        : 1;
+      bytes = acts * rows + (cfg->execution.prefetch + 3) * block_w;
     } else if (placed) {
       int member = r % P;
       lo = hi = -1;

@@ -453,6 +453,7 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
   if (!rc) {
     st_plan *p = *out;
     int eval = st_eval_batch(m, p->micro_batch > 0 ? p->micro_batch : 1);
+    p->eval_batch = eval;
     for (int s = 0; s < p->n_stages; s++)
       p->stages[s].mem_eval = (double)st_stage_bytes(
           m, p->stages[s].first, p->stages[s].count, eval, 0);
