@@ -431,6 +431,17 @@ else
   fail "weight streaming over 3 ranks: the store keeps the weights and state, compute ranks neither" \
     "$(cat "$T/wsmem")" "$err"
 fi
+# and the compiler's figure for each compute rank (plan.json's ranks) is
+# within 10% of its counted peak: its walk's activations at the larger of
+# the micro-batch and the evaluation batch, its slots and gradients
+paste <(grep -o '"rank": [0-9]*, "stages": \[[0-9]*, [0-9]*\], "memory": [0-9.e+]*' "$T/wm_wide/plan.json" |
+          sed 's/.*"memory": //') <(field "$T/wm_wide/summary.json" peak_bytes) | sed -n '2,3p' >"$T/wsplan"
+if [ "$(wc -l <"$T/wsplan")" -eq 2 ] &&
+   awk '{ if (!($2 <= 1.1 * $1 && $2 >= 0.9 * $1)) bad = 1 } END { exit bad }' "$T/wsplan"; then
+  pass
+else
+  fail "weight streaming: the compiler's compute-rank memory within 10% of each rank's peak" "$(cat "$T/wsplan")"
+fi
 # refusals, once each
 run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set execution.placement=ranks --out "$T/ws_pl"
 refused "weight streaming with placement: ranks: refused" \
