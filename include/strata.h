@@ -1486,11 +1486,10 @@ typedef struct st_plan {
   /* Weight streaming (mode "weight_streaming"): one block at a time on the
    * whole fabric, its weights from the store at stream_bandwidth. Seconds
    * per sample of the batch's compute and of its streaming, summed over
-   * the blocks, forward and backward, and the time each block really takes
-   * (the larger of the two, block by block); micro-batches a batch is
-   * split into so that its activations fit. */
-  double ws_compute, ws_stream, ws_time;
-  int ws_micro_batches;
+   * the blocks, forward and backward (the plan's one stage takes, block by
+   * block, the larger of the two: bottleneck_time; micro_batches splits
+   * the batch so that its activations fit). */
+  double ws_compute, ws_stream;
   char mode_why[1024];      /* why this mode (st_plan_choose; "" when the plan
                                is the config's as `strata train` runs it) */
   int n_tried;              /* throughput_by_k[k - 1] for k in 1..n_tried */

@@ -962,8 +962,6 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
   plan->balance = 1;
   plan->ws_compute = (compute + comm) / m;
   plan->ws_stream = stream / m;
-  plan->ws_time = T / m;
-  plan->ws_micro_batches = batch / m;
   plan->options.samples_in_flight = m;
   plan->options.weight_versions = 1;
   snprintf(plan->cause, sizeof plan->cause,

@@ -275,15 +275,15 @@ void st_plan_print(const st_plan *p, FILE *f) {
             st_plan_fmt_rate(a, sizeof a, p->io_rate),
             p->io_rate <= p->throughput ? ": it bounds the throughput"
                                         : ", above the stages' rate");
-  if (!strcmp(p->mode, "weight_streaming") && p->ws_time > 0)
+  if (!strcmp(p->mode, "weight_streaming") && p->n_stages == 1)
     fprintf(f,
             "weight streaming: %s a sample computing, %s streaming weights "
             "in and gradients out; block by block the larger of the two: %s "
             "a sample; %d micro-batch%s of %d a batch\n",
             st_plan_fmt_time(a, sizeof a, p->ws_compute),
             st_plan_fmt_time(b, sizeof b, p->ws_stream),
-            st_plan_fmt_time(c, sizeof c, p->ws_time), p->ws_micro_batches,
-            p->ws_micro_batches == 1 ? "" : "es", p->micro_batch);
+            st_plan_fmt_time(c, sizeof c, p->bottleneck_time), p->micro_batches,
+            p->micro_batches == 1 ? "" : "es", p->micro_batch);
   for (int r = 0; r < p->ranks; r++) {
     char st[48] = "no stage", mem[32];
     int lo = p->rank_stages[r], hi = p->rank_stages_end[r];
@@ -484,8 +484,8 @@ static void write_json(const st_plan *p, FILE *f) {
   fputs(",\n  \"weight_streaming\": {", f);
   jnum(f, "compute", p->ws_compute, 0);
   jnum(f, "stream", p->ws_stream, 0);
-  jnum(f, "time", p->ws_time, 0);
-  fprintf(f, "\"micro_batches\": %d}, ", p->ws_micro_batches);
+  jnum(f, "time", p->bottleneck_time, 1);
+  fputs("}, ", f);
   fprintf(f, "\"pes_used\": %lld,\n  \"utilization\": {\"mode\": ",
           (long long)p->pes_used);
   json_string(f, p->mode);

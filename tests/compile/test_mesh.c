@@ -206,6 +206,26 @@ static void test_io_bound(void) {
   for (int s = 0; s < p->n_stages; s++)
     all &= !strcmp(p->stages[s].bound, "I/O");
   CHECK(all, "every stage is bound by I/O");
+  /* the rate a schedule gets: the stages' own through the bubble, then
+   * the I/O's cap (not the cap through the bubble) */
+  double sum = 0;
+  for (int s = 0; s < p->n_stages; s++) sum += p->stages[s].time;
+  double drained = 1 / sum; /* one micro-batch: through every stage */
+  CHECK(drained > want && st_plan_rate(p, 0) == want &&
+            st_plan_rate(p, 1) == want,
+        "rates %.6g and %.6g, the I/O's %.6g (drained %.6g)",
+        st_plan_rate(p, 0), st_plan_rate(p, 1), want, drained);
+  st_plan_destroy(p);
+  /* a slower fabric, below the I/O: the bubble's rate, uncapped */
+  f.pe_flops = 1e6;
+  CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
+  if (!p) return;
+  sum = 0;
+  for (int s = 0; s < p->n_stages; s++) sum += p->stages[s].time;
+  CHECK(fabs(st_plan_rate(p, 0) - 1 / sum) <= 1e-12 / sum && 1 / sum < want,
+        "below the I/O: %.9g samples/s, one micro-batch through %d stages "
+        "%.9g",
+        st_plan_rate(p, 0), p->n_stages, 1 / sum);
   st_plan_destroy(p);
 }
 
@@ -245,13 +265,44 @@ static void test_streaming_closed_form(void) {
               (regime && !strcmp(p->stages[0].bound, "compute")),
           "%s-bound: named %s", regime ? "compute" : "stream",
           p->stages[0].bound);
-    CHECK(p->ws_micro_batches == 4, "16 / 4 = %d micro-batches",
-          p->ws_micro_batches);
+    CHECK(p->micro_batches == 4 && p->micro_batch == 4,
+          "16 / 4 = %d micro-batches of %d", p->micro_batches, p->micro_batch);
     double need =
         m * L_BLOCKS * (b[0].act_bytes + b[0].in_bytes) + 3 * b[0].param_bytes;
     CHECK(fabs(p->stages[0].mem_total - need) <= need * 1e-12,
           "the fabric holds %.6g, want %.6g", p->stages[0].mem_total, need);
     st_plan_destroy(p);
+  }
+  /* recomputing (keep_activations: false): each backward runs its
+   * forward again, and the fabric holds every block's input and one
+   * block's activations a sample */
+  {
+    st_fabric f = mesh(100, 80);
+    f.io_bandwidth = f.stream_bandwidth = 1e15;
+    int m = 4;
+    st_plan *p;
+    st_error err = {0};
+    CHECK(st_plan_streaming(&p, b, L_BLOCKS, &f, 16, m, 2, 0, 0, &err) == 0,
+          "%s", err.msg);
+    if (p) {
+      double P = (double)f.pes, Wd = f.width, Hd = f.height;
+      double comm = b[0].region_in / (Hd * f.link_bandwidth) +
+                    b[0].region_out / (Wd * f.link_bandwidth) +
+                    (Wd + Hd) * f.hop_latency;
+      double tf = b[0].flops_fwd / (P * f.pe_flops) + f.pe_overhead + comm;
+      double tb = b[0].flops_bwd / (P * f.pe_flops) + f.pe_overhead + comm;
+      double in = b[0].param_bytes / f.stream_bandwidth;
+      double T = L_BLOCKS * (fmax(m * tf, in) + fmax(m * (tb + tf), in));
+      CHECK(fabs(p->throughput - m / T) <= m / T * 1e-12,
+            "recomputing: %.9g samples/s, closed form %.9g", p->throughput,
+            m / T);
+      double need = m * (L_BLOCKS * b[0].in_bytes + b[0].act_bytes) +
+                    3 * b[0].param_bytes;
+      CHECK(fabs(p->stages[0].mem_total - need) <= need * 1e-12,
+            "recomputing, the fabric holds %.6g, want %.6g",
+            p->stages[0].mem_total, need);
+      st_plan_destroy(p);
+    }
   }
   /* too small a fabric is refused, naming what it needs */
   st_fabric tiny = mesh(10, 10);
