@@ -791,9 +791,9 @@ void st_optim_rule_pb(st_optim_rule *r, float lr, float momentum,
  * into a zeroed gradient and running the rule. s1 is NULL for SGD. p, when
  * not NULL (SGD only), gets w - r->pk s0 of the updated values: the same
  * bits as st_pb_predict after the update, without another pass. */
-void st_optim_update_outer(const st_optim_rule *r, float *w, float *s0,
-                           float *s1, const float *dy, const float *x, int OC,
-                           int IC, float *p);
+void st_optim_update_outer(st_pool *pool, const st_optim_rule *r, float *w,
+                           float *s0, float *s1, const float *dy,
+                           const float *x, int OC, int IC, float *p);
 /* Updates n parameters with gradient g (left as it is); p as above. */
 void st_optim_update_vec(const st_optim_rule *r, float *w, float *s0, float *s1,
                          const float *g, size_t n, float *p);

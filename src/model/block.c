@@ -307,7 +307,7 @@ static void layer_backward(const st_block *b, const st_layer *L,
       size_t wo = b->param_off + b->tensors[L->w_tensor].offset;
       int adamw = f->rule->adamw;
       float *pw = f->predict ? f->predict + (wo - f->predict_base) : NULL;
-      st_optim_update_outer(f->rule, f->params + wo, f->opt + wo,
+      st_optim_update_outer(ctx->pool, f->rule, f->params + wo, f->opt + wo,
                             adamw ? f->opt + f->slot_stride + wo : NULL, g, x,
                             L->out.c, (int)n_in, pw);
       if (L->b_tensor >= 0) { /* a GPT's lm_head has none */

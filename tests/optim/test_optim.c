@@ -209,8 +209,9 @@ static void test_update_paths(void) {
     }
   }
   CHECK(cases == 18, "%d combinations", cases);
-  /* the fused batch-1 update: gradient dy_o x_i, never stored */
-  enum { OC = 3, IC = 4001 };
+  /* the fused batch-1 update: gradient dy_o x_i, never stored; on the
+   * pool in bands of 4 rows (16K elements), the last one partial */
+  enum { OC = 9, IC = 4001 };
   float dy[OC], *x = gs;
   for (int combo = 0; combo < 12; combo++) {
     int wd = combo & 1, kind = combo >> 1 & 3, pred = combo >> 3 & 1;
@@ -227,7 +228,8 @@ static void test_update_paths(void) {
       r.pk = 0.2f;
       for (int o = 0; o < OC; o++) dy[o] = st_rng_normal(&rng);
       for (int i = 0; i < IC; i++) x[i] = st_rng_normal(&rng);
-      st_optim_update_outer(&r, w, v, NULL, dy, x, OC, IC, pred ? p : NULL);
+      st_optim_update_outer(pool, &r, w, v, NULL, dy, x, OC, IC,
+                            pred ? p : NULL);
       for (int o = 0; o < OC; o++)
         for (int i = 0; i < IC; i++) {
           int k = o * IC + i;
