@@ -9,13 +9,18 @@
  * one task with a fixed summation order, so results are bitwise the same for
  * any thread count:
  *   forward  — one task per sample: im2col, then a single-threaded GEMM;
+ *              a batch of fewer than 8 samples is cut finer (make_job):
+ *              im2col by channel chunks, then the GEMM by column tiles of
+ *              the output, each element still one GEMM's sum;
  *   backward — the batch is cut into at most MAX_GROUPS sample groups; a
  *              group runs its samples in order (im2col, its partial dW +=
  *              dout_s col_s^T, din_s = col2im(W^T dout_s) while the columns
  *              are in cache), then fixed chunks of dW add the partials in
  *              group order and db sums each channel in sample order.
  *              Batches too small for two groups' partials fall back to
- *              fixed dW tiles that each add all samples in order.
+ *              fixed dW tiles that each add all samples in order, and cut
+ *              din as the forward is cut (column tiles of dcol, channel
+ *              chunks of col2im) when the batch is small.
  * Backward recomputes im2col rather than trusting that the scratch still holds
  * the forward's, so callers may reuse the scratch between layers.
  *
@@ -35,7 +40,9 @@ enum {
   MAX_GROUPS = 16,
   REDUCE_CHUNK = 4096,
   DW_TILE_ROWS = 16,
-  DW_TILE_COLS = 96
+  DW_TILE_COLS = 96,
+  SPLIT_TASKS = 8,
+  SPLIT_MIN_COLS = 64
 };
 
 static int out_size(int n, int K, int S, int P) {
@@ -66,10 +73,11 @@ static void valid_range(int n, int k, int S, int P, int on, int *lo, int *hi) {
   *lo = a, *hi = b;
 }
 
-/* col (IC*K*K, OH*OW) from one sample in (IC, H, W). */
-static void im2col(float *restrict col, const float *restrict in, int IC, int H,
-                   int W, int K, int S, int P, int OH, int OW) {
-  for (int c = 0; c < IC; c++) {
+/* Rows c0*K*K .. c1*K*K of col (IC*K*K, OH*OW): channels [c0, c1) of one
+ * sample in (IC, H, W). */
+static void im2col(float *restrict col, const float *restrict in, int c0,
+                   int c1, int H, int W, int K, int S, int P, int OH, int OW) {
+  for (int c = c0; c < c1; c++) {
     const float *plane = in + (size_t)c * H * W;
     for (int ki = 0; ki < K; ki++) {
       int oh_lo, oh_hi;
@@ -102,12 +110,14 @@ static void im2col(float *restrict col, const float *restrict in, int IC, int H,
   }
 }
 
-/* din (IC, H, W) = sum of dcol (IC*K*K, OH*OW) over the windows each input
- * position falls in, in a fixed (c, ki, kj, oh, ow) order. */
-static void col2im(float *restrict din, const float *restrict dcol, int IC,
-                   int H, int W, int K, int S, int P, int OH, int OW) {
-  memset(din, 0, sizeof(float) * (size_t)IC * H * W);
-  for (int c = 0; c < IC; c++) {
+/* Channels [c0, c1) of din (IC, H, W) = sum of dcol (IC*K*K, OH*OW) over
+ * the windows each input position falls in, in a fixed (ki, kj, oh, ow)
+ * order: a channel's sums read its own rows of dcol alone. */
+static void col2im(float *restrict din, const float *restrict dcol, int c0,
+                   int c1, int H, int W, int K, int S, int P, int OH, int OW) {
+  memset(din + (size_t)c0 * H * W, 0,
+         sizeof(float) * (size_t)(c1 - c0) * H * W);
+  for (int c = c0; c < c1; c++) {
     float *plane = din + (size_t)c * H * W;
     for (int ki = 0; ki < K; ki++) {
       int oh_lo, oh_hi;
@@ -137,6 +147,9 @@ typedef struct conv_job {
   int groups;      /* grouped dW: sample groups */
   int group_slots; /* grouped dW: column-matrix-sized slots per group */
   int dw_chunks;   /* grouped dW: reduction tasks over dW elements */
+  int tiles;       /* small batches: column tiles of a sample's products */
+  int tile_cols;   /* their width (the last one may be narrower) */
+  int chunks;      /* small batches: channel chunks of im2col and col2im */
 } conv_job;
 
 static conv_job make_job(int B, int IC, int H, int W, int OC, int K, int S,
@@ -153,6 +166,18 @@ static conv_job make_job(int B, int IC, int H, int W, int OC, int K, int S,
                 .OW = out_size(W, K, S, P)};
   j.rows = IC * K * K;
   j.ohw = j.OH * j.OW;
+  /* A batch of fewer than SPLIT_TASKS samples would leave cores idle with
+   * a task per sample: each sample's products are cut into column tiles
+   * (of at least SPLIT_MIN_COLS, in whole vectors) and its unrolling into
+   * channel chunks, so that the batch gives about SPLIT_TASKS tasks. The
+   * batch and the shape decide the cut, never the pool. */
+  int want = (SPLIT_TASKS + B - 1) / B, most = j.ohw / SPLIT_MIN_COLS;
+  j.tiles = want < most ? want : most;
+  if (j.tiles < 1) j.tiles = 1;
+  j.tile_cols = (j.ohw + j.tiles - 1) / j.tiles;
+  j.tile_cols = (j.tile_cols + 15) / 16 * 16;
+  j.tiles = (j.ohw + j.tile_cols - 1) / j.tile_cols;
+  j.chunks = j.tiles < IC ? j.tiles : IC;
   return j;
 }
 
@@ -172,9 +197,51 @@ static const float *sample_dout(const conv_job *j, int s) {
  * pointwise, where the input already is one. */
 static const float *columns(const conv_job *j, int s, float *buf) {
   if (is_pointwise(j->K, j->S, j->P)) return sample_in(j, s);
-  im2col(buf, sample_in(j, s), j->IC, j->H, j->W, j->K, j->S, j->P, j->OH,
+  im2col(buf, sample_in(j, s), 0, j->IC, j->H, j->W, j->K, j->S, j->P, j->OH,
          j->OW);
   return buf;
+}
+
+/* Small batches (j->tiles > 1): task s * chunks + k unrolls channel chunk k
+ * of sample s into its slot. */
+static void unroll_chunk(void *arg, int task) {
+  const conv_job *j = arg;
+  int s = task / j->chunks, k = task % j->chunks;
+  im2col(j->col + (size_t)s * slot_floats(j), sample_in(j, s),
+         k * j->IC / j->chunks, (k + 1) * j->IC / j->chunks, j->H, j->W, j->K,
+         j->S, j->P, j->OH, j->OW);
+}
+
+/* Every sample's columns in its slot (a pointwise conv has them already). */
+static void unroll_all(st_pool *pool, conv_job *j,
+                       void (*per_sample)(void *, int)) {
+  if (is_pointwise(j->K, j->S, j->P)) return;
+  if (j->tiles > 1)
+    st_pool_for(pool, j->B * j->chunks, unroll_chunk, j);
+  else
+    st_pool_for(pool, j->B, per_sample, j);
+}
+
+/* Columns [a, b) of column tile t. */
+static void tile_range(const conv_job *j, int t, int *a, int *b) {
+  *a = t * j->tile_cols;
+  *b = *a + j->tile_cols < j->ohw ? *a + j->tile_cols : j->ohw;
+}
+
+/* Task s * tiles + t: columns of tile t of sample s's output. */
+static void forward_tile(void *arg, int task) {
+  const conv_job *j = arg;
+  int s = task / j->tiles, a, b;
+  tile_range(j, task % j->tiles, &a, &b);
+  float *out = j->out + (size_t)s * j->OC * j->ohw + a;
+  const float *col = is_pointwise(j->K, j->S, j->P)
+                         ? sample_in(j, s)
+                         : j->col + (size_t)s * slot_floats(j);
+  if (j->b)
+    for (int o = 0; o < j->OC; o++)
+      for (int i = 0; i < b - a; i++) out[(size_t)o * j->ohw + i] = j->b[o];
+  st_gemm(NULL, 0, 0, j->OC, b - a, j->rows, 1.0f, j->w, j->rows, col + a,
+          j->ohw, j->b ? 1.0f : 0.0f, out, j->ohw);
 }
 
 static void forward_sample(void *arg, int s) {
@@ -194,7 +261,12 @@ void st_conv2d_forward(st_pool *pool, float *out, const float *in,
                        int IC, int H, int W, int OC, int K, int S, int P) {
   conv_job j = make_job(B, IC, H, W, OC, K, S, P);
   j.out = out, j.col = col, j.in = in, j.w = w, j.b = b;
-  st_pool_for(pool, B, forward_sample, &j);
+  if (j.tiles == 1) {
+    st_pool_for(pool, B, forward_sample, &j);
+    return;
+  }
+  unroll_all(pool, &j, NULL);
+  st_pool_for(pool, B * j.tiles, forward_tile, &j);
 }
 
 /* din_s = col2im(W^T . dout_s); buf (one slot) receives dcol and may be the
@@ -206,7 +278,7 @@ static void input_grad(const conv_job *j, int s, float *buf) {
   st_gemm(NULL, 1, 0, j->rows, j->ohw, j->OC, 1.0f, j->w, j->rows,
           sample_dout(j, s), j->ohw, 0.0f, dcol, j->ohw);
   if (dcol != din)
-    col2im(din, dcol, j->IC, j->H, j->W, j->K, j->S, j->P, j->OH, j->OW);
+    col2im(din, dcol, 0, j->IC, j->H, j->W, j->K, j->S, j->P, j->OH, j->OW);
 }
 
 /* Sum of one output channel's gradient over a sample, in eight fixed lanes
@@ -297,6 +369,40 @@ static void input_grad_sample(void *arg, int s) {
   input_grad(j, s, j->col + (size_t)s * slot_floats(j));
 }
 
+/* Small batches: task s * tiles + t computes columns of tile t of sample s's
+ * dcol (din itself for a pointwise conv) into its slot ... */
+static void dcol_tile(void *arg, int task) {
+  const conv_job *j = arg;
+  int s = task / j->tiles, a, b;
+  tile_range(j, task % j->tiles, &a, &b);
+  float *dcol = is_pointwise(j->K, j->S, j->P)
+                    ? j->din + (size_t)s * j->IC * j->H * j->W
+                    : j->col + (size_t)s * slot_floats(j);
+  st_gemm(NULL, 1, 0, j->rows, b - a, j->OC, 1.0f, j->w, j->rows,
+          sample_dout(j, s) + a, j->ohw, 0.0f, dcol + a, j->ohw);
+}
+
+/* ... and task s * chunks + k folds channel chunk k of it into din. */
+static void fold_chunk(void *arg, int task) {
+  const conv_job *j = arg;
+  int s = task / j->chunks, k = task % j->chunks;
+  col2im(j->din + (size_t)s * j->IC * j->H * j->W,
+         j->col + (size_t)s * slot_floats(j), k * j->IC / j->chunks,
+         (k + 1) * j->IC / j->chunks, j->H, j->W, j->K, j->S, j->P, j->OH,
+         j->OW);
+}
+
+/* din for every sample, each using its own slot of the scratch. */
+static void input_grads(st_pool *pool, conv_job *j) {
+  if (j->tiles == 1) {
+    st_pool_for(pool, j->B, input_grad_sample, j);
+    return;
+  }
+  st_pool_for(pool, j->B * j->tiles, dcol_tile, j);
+  if (!is_pointwise(j->K, j->S, j->P))
+    st_pool_for(pool, j->B * j->chunks, fold_chunk, j);
+}
+
 void st_conv2d_backward(st_pool *pool, float *din, float *dw, float *db,
                         const float *dout, const float *in, const float *w,
                         float *col, int B, int IC, int H, int W, int OC, int K,
@@ -305,7 +411,7 @@ void st_conv2d_backward(st_pool *pool, float *din, float *dw, float *db,
   j.din = din, j.dw = dw, j.db = db, j.col = col, j.in = in, j.w = w;
   j.dout = dout;
   if (!dw && !db) { /* the input gradient alone (a split backward's B) */
-    if (din) st_pool_for(pool, B, input_grad_sample, &j);
+    if (din) input_grads(pool, &j);
     return;
   }
   /* A partial dW (OC, rows) fills ceil(OC / OH*OW) column-matrix slots. */
@@ -320,9 +426,9 @@ void st_conv2d_backward(st_pool *pool, float *din, float *dw, float *db,
   }
   j.tiles_cols = (j.rows + DW_TILE_COLS - 1) / DW_TILE_COLS;
   int tiles_rows = (OC + DW_TILE_ROWS - 1) / DW_TILE_ROWS;
-  st_pool_for(pool, B, unroll_sample, &j);
+  unroll_all(pool, &j, unroll_sample);
   st_pool_for(pool, tiles_rows * j.tiles_cols, weight_grad_tile, &j);
-  if (din) st_pool_for(pool, B, input_grad_sample, &j);
+  if (din) input_grads(pool, &j);
 }
 
 st_cost st_conv2d_cost(int IC, int H, int W, int OC, int K, int S, int P) {

@@ -367,8 +367,11 @@ static void test_conv2d_fixtures(void) {
 
 /* Fast conv2d against the naive one, including shapes whose last rows and
  * columns fall outside every window ((H + 2P - K) not a multiple of S), both
- * dW strategies (tiled: the first five; grouped: the rest, with uneven groups
- * for B = 9) and the pointwise shortcut on both. */
+ * dW strategies (tiled: the first five and the last four; grouped: the
+ * rest, with uneven groups for B = 9) and the pointwise shortcut on both.
+ * The last four are small batches whose products are cut into column tiles
+ * (7 tiles of 112 columns; 5 with a last one of 3; 2 over a pointwise conv;
+ * 5 with channel chunks of 1 and 2), as is the forward of B = 4. */
 static void test_conv2d_naive(void) {
   conv_shape shapes[] = {
       {3, 4, 10, 11, 5, 3, 2, 1}, {2, 5, 12, 9, 6, 5, 3, 1},
@@ -376,6 +379,8 @@ static void test_conv2d_naive(void) {
       {2, 3, 8, 8, 4, 3, 1, 2},   {4, 8, 14, 14, 20, 3, 1, 1},
       {9, 3, 10, 11, 5, 3, 2, 1}, {6, 4, 9, 9, 7, 5, 2, 2},
       {6, 8, 5, 5, 12, 1, 1, 0},  {8, 3, 6, 6, 40, 3, 1, 1},
+      {1, 3, 28, 28, 8, 3, 1, 1}, {1, 5, 17, 19, 6, 3, 1, 1},
+      {2, 4, 12, 12, 7, 1, 1, 0}, {1, 7, 20, 20, 9, 5, 1, 2},
   };
   for (int k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++) {
     conv_shape s = shapes[k];
@@ -414,20 +419,27 @@ static void test_conv2d_naive(void) {
     label(what, sizeof what, "conv2d naive", c, "db");
     CHECK_CLOSE(what, db, to_floats(ref_db, (size_t)s.OC), (size_t)s.OC,
                 GEMM_TOL, grad_floor(terms));
+    /* the input gradient alone (a split backward's B): the same bits */
+    float *din2 = new_floats(nin);
+    st_conv2d_backward(NULL, din2, NULL, NULL, dout, in, w, col, s.B, s.IC, s.H,
+                       s.W, s.OC, s.K, s.S, s.P);
+    CHECK(memcmp(din, din2, nin * sizeof(float)) == 0,
+          "conv2d naive %s: din alone differs from din with dW", c);
     release_all();
   }
 }
 
 /* Bitwise equality for 1 and 3 threads (and no pool): every task partition
  * depends on the shape only. The first three shapes take the grouped dW path
- * (4, 4 and 2 groups), the fourth the tiled one with 6 tiles, the last the
- * pointwise shortcut with 4 groups. */
+ * (4, 4 and 2 groups), the fourth the tiled one with 6 tiles, the fifth the
+ * pointwise shortcut with 4 groups; the last two are one sample, its
+ * products cut into column tiles (2, and 4 over a pointwise conv). */
 static void test_conv2d_determinism(void) {
-  conv_shape shapes[] = {{8, 8, 14, 14, 16, 3, 1, 1},
-                         {8, 16, 14, 14, 40, 3, 1, 1},
-                         {5, 6, 15, 13, 20, 5, 2, 2},
-                         {3, 16, 6, 6, 40, 3, 1, 1},
-                         {8, 16, 7, 7, 24, 1, 1, 0}};
+  conv_shape shapes[] = {
+      {8, 8, 14, 14, 16, 3, 1, 1}, {8, 16, 14, 14, 40, 3, 1, 1},
+      {5, 6, 15, 13, 20, 5, 2, 2}, {3, 16, 6, 6, 40, 3, 1, 1},
+      {8, 16, 7, 7, 24, 1, 1, 0},  {1, 16, 14, 14, 40, 3, 1, 1},
+      {1, 16, 16, 16, 24, 1, 1, 0}};
   st_pool *pools[3] = {NULL, st_pool_create(1), st_pool_create(3)};
   CHECK(pools[1] && pools[2], "st_pool_create failed");
   if (!pools[1] || !pools[2]) goto done;
