@@ -1293,6 +1293,15 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
                            st_error *err);
 /* Writes the profile atomically / reads and checks one (format, version,
  * every figure present and positive); errors name the file. */
+/* One profile from n passes of st_calibration_measure on one machine, so
+ * that a burst of other load during one pass is outvoted: each figure the
+ * median of its passes, the narrow steps' memory terms (spill cost and
+ * curve) those of the pass with the median spill cost, e(c) and m(n)
+ * refitted to the median efficiencies. ST_EARG when n is outside
+ * 1..ST_CALIBRATION_MAX_PASSES or the passes measured different threads. */
+#define ST_CALIBRATION_MAX_PASSES 9
+int st_calibration_merge(st_calibration *out, const st_calibration *passes,
+                         int n);
 int st_calibration_write(const st_calibration *c, const char *path,
                          st_error *err);
 int st_calibration_read(st_calibration *c, const char *path, st_error *err);

@@ -14,26 +14,30 @@
 #include <unistd.h>
 
 static const char *usage_bench =
-    "usage: strata bench --calibrate [--out FILE] [--threads N]\n"
+    "usage: strata bench --calibrate [--out FILE] [--threads N] [--passes N]\n"
     "\n"
-    "Measures this machine (about 13 seconds): GEMM rate by shape class on\n"
+    "Measures this machine (about 13 seconds a pass): GEMM rate by shape class "
+    "on\n"
     "one thread, the parallel efficiency e(c) at 1, 2, 4, ... threads, a\n"
     "narrow (8-row) GEMM hot and with its weights pushed out of the caches,\n"
     "the conv2d and attention kernels by shape class, the single-threaded ops\n"
     "(relu, groupnorm, maxpool, optimizer step, gelu) in bytes/s and the\n"
-    "stage-to-stage copy. `strata compile` and `strata\n"
-    "train` then predict cpu plans from these figures (docs/compiler.md).\n"
+    "stage-to-stage copy. Each figure is the median of its passes, so a burst\n"
+    "of other load in one pass (a shared VM's neighbours) is outvoted.\n"
+    "`strata compile` and `strata train` then predict cpu plans from these\n"
+    "figures (docs/compiler.md).\n"
     "\n"
     "options:\n"
     "  --calibrate   measure and write the profile\n"
     "  --out FILE    where (default $STRATA_CALIBRATION, else\n"
     "                ~/.cache/strata/calibration.json)\n"
-    "  --threads N   most threads to measure (default: usable cores)\n";
+    "  --threads N   most threads to measure (default: usable cores)\n"
+    "  --passes N    passes over every measurement, 1 to 9 (default 3)\n";
 
 /* Creates the directories above path. */
 
 int st_cli_bench(int argc, char **argv) {
-  int calibrate = 0, threads = 0;
+  int calibrate = 0, threads = 0, passes = 3;
   const char *out = NULL;
   for (int i = 0; i < argc; i++) {
     const char *s = argv[i];
@@ -41,11 +45,20 @@ int st_cli_bench(int argc, char **argv) {
       return fputs(usage_bench, stdout), 0;
     if (strcmp(s, "--calibrate") == 0) {
       calibrate = 1;
-    } else if (strcmp(s, "--out") == 0 || strcmp(s, "--threads") == 0) {
+    } else if (strcmp(s, "--out") == 0 || strcmp(s, "--threads") == 0 ||
+               strcmp(s, "--passes") == 0) {
       if (i + 1 >= argc)
         return st_cli_usage_error(usage_bench, "%s needs a value", s);
       if (s[2] == 'o') {
         out = argv[++i];
+      } else if (s[2] == 'p') {
+        char *end;
+        long n = strtol(argv[++i], &end, 10);
+        if (*end || end == argv[i] || n < 1 || n > ST_CALIBRATION_MAX_PASSES)
+          return st_cli_usage_error(
+              usage_bench, "--passes takes a count from 1 to 9, not '%s'",
+              argv[i]);
+        passes = (int)n;
       } else {
         char *end;
         long n = strtol(argv[++i], &end, 10);
@@ -74,12 +87,29 @@ int st_cli_bench(int argc, char **argv) {
   }
   st_blas_init();
   st_error err = {0};
-  st_calibration c;
-  printf("strata: calibrating on %d thread%s (%s)\n", threads,
-         threads == 1 ? "" : "s", st_blas_name());
+  st_calibration c, each[ST_CALIBRATION_MAX_PASSES];
+  printf("strata: calibrating on %d thread%s (%s), %d pass%s\n", threads,
+         threads == 1 ? "" : "s", st_blas_name(), passes,
+         passes == 1 ? "" : "es");
   fflush(stdout);
   double t0 = st_now();
-  int rc = st_calibration_measure(&c, threads, stdout, &err);
+  int rc = 0;
+  for (int k = 0; k < passes && !rc; k++) {
+    if (passes > 1) printf(" pass %d of %d\n", k + 1, passes);
+    rc = st_calibration_measure(&each[k], threads, stdout, &err);
+  }
+  if (!rc && st_calibration_merge(&c, each, passes))
+    rc = st_error_set(&err, ST_EARG,
+                      "calibration: the passes disagree on "
+                      "the threads measured");
+  if (!rc && passes > 1)
+    printf(" median of %d passes: gemm large %.2f GFLOP/s (one thread), "
+           "e(c) = 1/(1 + %.4f (c - 1)), m(n) = 1/(1 + %.4f (n - 1)), "
+           "spill %.1f us per MB, one row %.2f GB/s, optimizer %.2f GB/s "
+           "(one thread)\n",
+           passes, c.gemm_rate[ST_GEMM_CLASSES - 1] / 1e9, c.efficiency_slope,
+           c.sharing_slope, c.spill_cost * 1048576.0 * 1e6,
+           c.row_bandwidth / 1e9, c.op_bandwidth[3] / 1e9);
   if (!rc) rc = st_mkdir_p(path, 0, &err);
   if (!rc) rc = st_calibration_write(&c, path, &err);
   if (rc) {

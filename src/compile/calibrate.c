@@ -33,6 +33,7 @@
 #include "../base/chan.h"
 
 #include <ctype.h>
+#include <stddef.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -829,6 +830,85 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
   if (!rc) rc = measure_row(c, progress, err);
   if (!rc) rc = measure_kernels(c, progress, err);
   return rc ? rc : measure_ops(c, progress, err);
+}
+
+/* ------------------------------------------------------------- merge */
+
+/* The middle of n values (the mean of the two middle ones for even n). */
+static double median(double *v, int n) {
+  for (int i = 1; i < n; i++) /* insertion sort: n is a few passes */
+    for (int k = i; k > 0 && v[k] < v[k - 1]; k--) {
+      double t = v[k];
+      v[k] = v[k - 1], v[k - 1] = t;
+    }
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The median over the passes of the double at byte offset `off`. */
+static double median_at(const st_calibration *p, int n, size_t off) {
+  double v[ST_CALIBRATION_MAX_PASSES];
+  for (int i = 0; i < n; i++) memcpy(&v[i], (const char *)&p[i] + off, 8);
+  return median(v, n);
+}
+
+/* s of 1/(1 + s (c - 1)) by least squares over the counts measured. */
+static double fit_slope(const int *threads, const double *e, int n) {
+  double num = 0, den = 0;
+  for (int i = 0; i < n; i++)
+    if (threads[i] > 1 && e[i] > 0) {
+      num += (threads[i] - 1) * (1 / e[i] - 1);
+      den += (double)(threads[i] - 1) * (threads[i] - 1);
+    }
+  double s = den > 0 ? num / den : 0;
+  return s < 0 ? 0 : s > 0.99 ? 0.99 : s;
+}
+
+int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
+  if (n < 1 || n > ST_CALIBRATION_MAX_PASSES) return ST_EARG;
+  for (int i = 1; i < n; i++)
+    if (p[i].n_threads != p[0].n_threads || p[i].cores != p[0].cores)
+      return ST_EARG;
+  /* The memory terms of narrow steps go together (the spill curve is a
+   * share of spill_cost): the pass whose spill_cost is the median, the
+   * lower middle one for an even count. */
+  int mid = 0;
+  for (int i = 0; i < n; i++) {
+    int below = 0, same_before = 0;
+    for (int k = 0; k < n; k++) {
+      below += p[k].spill_cost < p[i].spill_cost;
+      same_before += k < i && p[k].spill_cost == p[i].spill_cost;
+    }
+    if (below + same_before == (n - 1) / 2) mid = i;
+  }
+  *out = p[mid];
+  memcpy(out->date, p[0].date, sizeof out->date);
+  /* every other figure its own median */
+#define MED(field) out->field = median_at(p, n, offsetof(st_calibration, field))
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    MED(gemm_rate[k]);
+    MED(conv_rate[0][k]);
+    MED(conv_rate[1][k]);
+    MED(attention_rate[0][k]);
+    MED(attention_rate[1][k]);
+  }
+  for (int i = 0; i < out->n_threads; i++) {
+    MED(gemm_rate_threads[i]);
+    MED(efficiency[i]);
+    MED(sharing[i]);
+  }
+  for (int k = 0; k < ST_OP_CLASSES; k++) MED(op_bandwidth[k]);
+  MED(copy_bandwidth);
+  MED(input_bandwidth);
+  MED(step_latency);
+  MED(narrow_l2_rate);
+  MED(row_bandwidth);
+#undef MED
+  if (out->n_threads > 1) { /* a one-thread profile keeps its built-in 5% */
+    out->efficiency_slope =
+        fit_slope(out->threads, out->efficiency, out->n_threads);
+    out->sharing_slope = fit_slope(out->threads, out->sharing, out->n_threads);
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------- write */

@@ -10,6 +10,7 @@
 #include "harness.h"
 #include "strata.h"
 
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -1127,6 +1128,76 @@ static void test_micro_batch_pick(void) {
   unlink(path);
 }
 
+/* Passes merged: each figure the median of its passes (three passes, and
+ * four: the mean of the middle two), the spill curve whole from the pass
+ * with the median spill cost, e(c) and m(n) refitted to the medians; bad
+ * counts and passes over different threads refused. */
+static void test_merge(void) {
+  st_calibration p[4];
+  double scale[4] = {1.0, 0.5, 1.25, 0.75}; /* pass k's rates x scale */
+  for (int k = 0; k < 4; k++) {
+    p[k] = narrow_profile();
+    for (int c = 0; c < ST_GEMM_CLASSES; c++) {
+      p[k].gemm_rate[c] *= scale[k];
+      p[k].conv_rate[1][c] *= scale[k];
+      p[k].attention_rate[0][c] *= scale[k];
+    }
+    for (int c = 0; c < ST_OP_CLASSES; c++) p[k].op_bandwidth[c] *= scale[k];
+    p[k].efficiency[1] = 0.5 + 0.1 * k; /* 0.5 0.6 0.7 0.8 */
+    p[k].efficiency[2] = 0.9 - 0.1 * k; /* 0.9 0.8 0.7 0.6 */
+    p[k].sharing[1] = 1.0 - 0.05 * k;   /* 1 .95 .9 .85 */
+    p[k].step_latency = 1e-5 * (4 - k); /* 4 3 2 1 e-5 */
+    p[k].spill_cost = 1e-10 * (k == 0 ? 3 : k == 1 ? 1 : k == 2 ? 2 : 4);
+    p[k].spill_fraction[1] = 0.1 * (k + 1); /* marks its pass */
+  }
+  st_calibration m;
+  CHECK(st_calibration_merge(&m, p, 3) == 0, "merge of 3 refused");
+  /* three passes: scales 1, 0.5, 1.25 -> median 1 */
+  CHECK(m.gemm_rate[3] == narrow_profile().gemm_rate[3] &&
+            m.conv_rate[1][0] == narrow_profile().conv_rate[1][0] &&
+            m.attention_rate[0][2] == narrow_profile().attention_rate[0][2] &&
+            m.op_bandwidth[3] == narrow_profile().op_bandwidth[3],
+        "median of 3: gemm %g conv %g attention %g optimizer %g",
+        m.gemm_rate[3], m.conv_rate[1][0], m.attention_rate[0][2],
+        m.op_bandwidth[3]);
+  CHECK(fabs(m.efficiency[1] - 0.6) < 1e-12 &&
+            fabs(m.efficiency[2] - 0.8) < 1e-12 &&
+            fabs(m.sharing[1] - 0.95) < 1e-12 &&
+            fabs(m.step_latency - 3e-5) < 1e-18,
+        "median of 3: e %g %g m %g latency %g", m.efficiency[1],
+        m.efficiency[2], m.sharing[1], m.step_latency);
+  /* spill costs 3, 1, 2 (x 1e-10): the median is pass 2's, curve and all */
+  CHECK(m.spill_cost == 2e-10 && fabs(m.spill_fraction[1] - 0.3) < 1e-12,
+        "spill of 3: %g with pass %g's curve", m.spill_cost,
+        m.spill_fraction[1] * 10 - 1);
+  /* s = sum (t-1)(1/e - 1) / sum (t-1)^2 over t = 2, 4 */
+  double s = (1 * (1 / 0.6 - 1) + 3 * (1 / 0.8 - 1)) / (1 + 9);
+  double sm = (1 * (1 / 0.95 - 1) + 3 * (1 / 0.5 - 1)) / (1 + 9);
+  CHECK(fabs(m.efficiency_slope - s) < 1e-12 &&
+            fabs(m.sharing_slope - sm) < 1e-12,
+        "slopes %.6f %.6f, by hand %.6f %.6f", m.efficiency_slope,
+        m.sharing_slope, s, sm);
+  CHECK(st_calibration_merge(&m, p, 4) == 0, "merge of 4 refused");
+  /* four: scales 0.5 0.75 1 1.25 -> 0.875; spill 1 2 3 4 -> the lower
+   * middle, 2 (pass 2) */
+  CHECK(fabs(m.gemm_rate[3] - 0.875 * narrow_profile().gemm_rate[3]) <
+                1e-6 * m.gemm_rate[3] &&
+            fabs(m.efficiency[1] - 0.65) < 1e-12 && m.spill_cost == 2e-10 &&
+            fabs(m.spill_fraction[1] - 0.3) < 1e-12,
+        "median of 4: gemm %g e %g spill %g", m.gemm_rate[3], m.efficiency[1],
+        m.spill_cost);
+  CHECK(st_calibration_merge(&m, p, 1) == 0 &&
+            m.gemm_rate[3] == p[0].gemm_rate[3],
+        "one pass is itself");
+  CHECK(st_calibration_merge(&m, p, 0) == ST_EARG &&
+            st_calibration_merge(&m, p, ST_CALIBRATION_MAX_PASSES + 1) ==
+                ST_EARG,
+        "pass counts 0 and %d not refused", ST_CALIBRATION_MAX_PASSES + 1);
+  p[2].n_threads = 2;
+  CHECK(st_calibration_merge(&m, p, 3) == ST_EARG,
+        "passes over different thread counts not refused");
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-calibrate-XXXXXX");
   if (!mkdtemp(dir)) {
@@ -1147,6 +1218,7 @@ int main(void) {
   test_host_time();
   test_one_row();
   test_micro_batch_pick();
+  test_merge();
   /* leave nothing behind */
   const char *files[] = {"cal.json",      "good.json",   "foreign.json",
                          "empty.json",    "v2.json",     "truncated.json",
