@@ -613,9 +613,17 @@ typedef struct st_layer {
                             block's input */
   float init_std;        /* > 0: weights N(0, init_std), biases 0 (gpt, as
                             GPT-2); 0: PyTorch's default for the layer */
-  size_t out_off;        /* floats per sample into the block's activations */
+  size_t out_off;        /* floats per sample into the block's activations (or,
+                            transient, into the stage's scratch) */
   size_t save_off, save_per_sample; /* extra saved state (stats, masks, idx) */
+  /* An output no backward reads (the next layer's backward reads neither
+   * its input nor, like relu, its own output; no residual adds it) is not
+   * kept: ST_TRANSIENT, in the scratch until the next layer's forward has
+   * read it. A gelu's output that only the next layer's backward reads is
+   * made again there from its (kept) input: ST_RECOMPUTED. */
+  int transient;
 } st_layer;
+enum { ST_KEPT = 0, ST_TRANSIENT = 1, ST_RECOMPUTED = 2 };
 
 /* A block: one input and one output activation per sample, a list of layers
  * run in order (a residual add inside it refers to the block's input), and

@@ -11,8 +11,11 @@
 #include <assert.h>
 #include <string.h>
 
-static const float *layer_out(const st_layer *L, const float *acts, int B) {
-  return acts + L->out_off * (size_t)B;
+/* Layer L's output for B samples: in the activations, or (transient, see
+ * st_layer) in the stage's scratch. */
+static const float *layer_out(const st_layer *L, const float *acts,
+                              const float *scratch, int B) {
+  return (L->transient ? scratch : acts) + L->out_off * (size_t)B;
 }
 
 static float *layer_save(const st_layer *L, float *acts, int B) {
@@ -103,9 +106,9 @@ static void fine_backward_task(void *arg, int task) {
 static void forward_rows(const st_block *b, const st_layer *L,
                          const st_ctx *ctx, const float *params,
                          const float *block_in, const float *x, float *acts,
-                         int B, int s0, int cnt) {
+                         float *scratch, int B, int s0, int cnt) {
   size_t n_in = st_shape_numel(L->in), n_out = st_shape_numel(L->out);
-  float *y = (float *)layer_out(L, acts, B) + (size_t)s0 * n_out;
+  float *y = (float *)layer_out(L, acts, scratch, B) + (size_t)s0 * n_out;
   float *save = layer_save(L, acts, B);
   const float *w = param(b, params, L->w_tensor);
   const float *bias = param(b, params, L->b_tensor);
@@ -137,8 +140,9 @@ static void forward_rows(const st_block *b, const st_layer *L,
     break;
   }
   case ST_OP_RESIDUAL: {
-    const float *from =
-        L->skip < 0 ? block_in : layer_out(&b->layers[L->skip], acts, B);
+    const float *from = L->skip < 0
+                            ? block_in
+                            : layer_out(&b->layers[L->skip], acts, scratch, B);
     const float *skip = from + (size_t)s0 * n_out;
     for (size_t i = 0; i < n; i++) y[i] = x[i] + skip[i];
     break;
@@ -165,7 +169,7 @@ typedef struct rows_job {
   const st_layer *L;
   const st_ctx *ctx;
   const float *params, *block_in, *x;
-  float *acts;
+  float *acts, *scratch;
   const float *g; /* backward: output gradient */
   float *dx;      /* backward: input gradient */
   int B, rows;
@@ -174,15 +178,15 @@ typedef struct rows_job {
 static void forward_task(void *arg, int task) {
   const rows_job *j = arg;
   int s0 = task * j->rows, cnt = j->B - s0 < j->rows ? j->B - s0 : j->rows;
-  forward_rows(j->b, j->L, j->ctx, j->params, j->block_in, j->x, j->acts, j->B,
-               s0, cnt);
+  forward_rows(j->b, j->L, j->ctx, j->params, j->block_in, j->x, j->acts,
+               j->scratch, j->B, s0, cnt);
 }
 
 static void layer_forward(const st_block *b, const st_layer *L,
                           const st_ctx *ctx, const float *params,
                           const float *block_in, const float *x, float *acts,
                           float *scratch, int B) {
-  float *y = (float *)layer_out(L, acts, B);
+  float *y = (float *)layer_out(L, acts, scratch, B);
   const float *w = param(b, params, L->w_tensor);
   const float *bias = param(b, params, L->b_tensor);
   int R = L->rows;
@@ -212,8 +216,8 @@ static void layer_forward(const st_block *b, const st_layer *L,
     j.rstd = j.mean + (size_t)B * (size_t)R;
     st_pool_for(ctx->pool, fine_tasks(&j), fine_forward_task, &j);
   } else {
-    rows_job j = {b,    L,    ctx,  params, block_in,        x,
-                  acts, NULL, NULL, B,      rows_per_task(L)};
+    rows_job j = {b,    L,       ctx,  params, block_in, x,
+                  acts, scratch, NULL, NULL,   B,        rows_per_task(L)};
     st_pool_for(ctx->pool, (B + j.rows - 1) / j.rows, forward_task, &j);
   }
 }
@@ -223,12 +227,28 @@ void st_block_forward(const st_block *b, const st_ctx *ctx, const float *params,
   const float *x = in;
   for (int l = 0; l < b->n_layers; l++) {
     layer_forward(b, &b->layers[l], ctx, params, in, x, acts, scratch, B);
-    x = layer_out(&b->layers[l], acts, B);
+    x = layer_out(&b->layers[l], acts, scratch, B);
   }
 }
 
 const float *st_block_output(const st_block *b, const float *acts, int B) {
-  return layer_out(&b->layers[b->n_layers - 1], acts, B);
+  return layer_out(&b->layers[b->n_layers - 1], acts, NULL, B); /* kept */
+}
+
+/* Layer l's input for a backward: a recomputed gelu's output made again
+ * into its scratch slot from its own input, with the forward's calls (the
+ * same bits: gelu has no parameters and reads nothing else). */
+static const float *backward_input(const st_block *b, const st_ctx *ctx,
+                                   const float *in, const float *acts,
+                                   float *scratch, int l, int B) {
+  if (l == 0) return in;
+  const st_layer *P = &b->layers[l - 1];
+  if (P->transient == ST_RECOMPUTED) {
+    const float *px =
+        l == 1 ? in : layer_out(&b->layers[l - 2], acts, scratch, B);
+    layer_forward(b, P, ctx, NULL, in, px, (float *)acts, scratch, B);
+  }
+  return layer_out(P, acts, scratch, B);
 }
 
 int st_layer_fuses_update(const st_layer *L, const st_ctx *ctx, int B) {
@@ -242,15 +262,15 @@ static void backward_rows(const st_layer *L, const st_ctx *ctx, const float *x,
                           const float *acts, const float *g, float *dx, int B,
                           int s0, int cnt) {
   size_t n_in = st_shape_numel(L->in), n_out = st_shape_numel(L->out);
-  const float *y = layer_out(L, acts, B) + (size_t)s0 * n_out;
   const float *save = acts + L->save_off * (size_t)B;
   size_t n = (size_t)cnt * n_out;
   x += (size_t)s0 * n_in;
   g += (size_t)s0 * n_out;
   dx += (size_t)s0 * n_in;
   switch (L->kind) {
-  case ST_OP_RELU:
-    st_relu_backward(dx, g, y, n);
+  case ST_OP_RELU: /* its output is kept (model.c) */
+    st_relu_backward(dx, g, layer_out(L, acts, NULL, B) + (size_t)s0 * n_out,
+                     n);
     break;
   case ST_OP_MAXPOOL:
     st_maxpool_backward(dx, g, (const int32_t *)save + (size_t)s0 * n_out, cnt,
@@ -353,7 +373,7 @@ static void layer_backward(const st_block *b, const st_layer *L,
   case ST_OP_RESIDUAL: /* the skip half is handled by the caller */
   case ST_OP_ROTARY:
   case ST_OP_DROPOUT: {
-    rows_job j = {b, L,  ctx, params,          NULL, x, (float *)acts,
+    rows_job j = {b, L,  ctx, params,          NULL, x, (float *)acts, NULL,
                   g, dx, B,   rows_per_task(L)};
     st_pool_for(ctx->pool, (B + j.rows - 1) / j.rows, backward_task, &j);
     break;
@@ -401,7 +421,7 @@ static void backward(const st_block *b, const st_ctx *ctx, const float *params,
   size_t dy_end = dys ? st_block_dys_floats(b) * (size_t)B : 0;
   for (int l = b->n_layers - 1; l >= stop; l--) {
     const st_layer *L = &b->layers[l];
-    const float *x = l == 0 ? in : layer_out(&b->layers[l - 1], acts, B);
+    const float *x = backward_input(b, ctx, in, acts, scratch, l, B);
     if (L->kind == ST_OP_RESIDUAL) {
       memcpy(skip, g, (size_t)B * st_shape_numel(L->out) * sizeof *skip);
       pending = L->skip;
@@ -470,7 +490,7 @@ void st_block_backward_weights(const st_block *b, const st_ctx *ctx,
   for (int l = 0; l < b->n_layers; l++) {
     const st_layer *L = &b->layers[l];
     if (L->w_tensor < 0) continue;
-    const float *x = l == 0 ? in : layer_out(&b->layers[l - 1], acts, B);
+    const float *x = backward_input(b, ctx, in, acts, scratch, l, B);
     layer_backward(b, L, ctx, NULL, grads, x, acts, dys + at, NULL, scratch, B);
     at += (size_t)B * st_shape_numel(L->out);
   }

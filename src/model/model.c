@@ -481,16 +481,51 @@ static void add_cost(st_cost *sum, st_cost c) {
   sum->act_bytes += c.act_bytes;
 }
 
-/* Lays out each block's activations and slab offsets; sums costs. */
+/* Whether a layer's backward (block.c) reads its input, or its own output
+ * (relu's mask); every other saved thing is in its save area. */
+static int backward_reads_input(const st_layer *L) {
+  return L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D ||
+         L->kind == ST_OP_ATTENTION || L->kind == ST_OP_LAYERNORM ||
+         L->kind == ST_OP_GROUPNORM || L->kind == ST_OP_GELU;
+}
+
+/* Which outputs a block keeps (st_layer.transient): the last layer's, a
+ * residual's source, relu's, and any the next layer's backward reads; of
+ * those, a gelu's is cheap to make again from its input (kept: gelu reads
+ * it), as the recomputing schemes do (Chen et al. 2016), and bit for bit
+ * the forward's. */
+static void mark_transient(st_block *b) {
+  for (int l = 0; l < b->n_layers; l++) {
+    st_layer *L = &b->layers[l];
+    int source = 0;
+    for (int k = l + 1; k < b->n_layers; k++)
+      source |= b->layers[k].kind == ST_OP_RESIDUAL && b->layers[k].skip == l;
+    L->transient = ST_KEPT;
+    if (l == b->n_layers - 1 || source || L->kind == ST_OP_RELU) continue;
+    if (!backward_reads_input(&b->layers[l + 1]))
+      L->transient = ST_TRANSIENT;
+    else if (L->kind == ST_OP_GELU)
+      L->transient = ST_RECOMPUTED;
+  }
+}
+
+/* Lays out each block's activations and slab offsets; sums costs. A
+ * transient output takes one of two slots past the layers' own scratch,
+ * by the parity of its index: consecutive transient layers alternate. */
 static void finish(st_model *m) {
   for (int i = 0; i < m->n_blocks; i++) {
     st_block *b = &m->blocks[i];
-    size_t off = 0;
+    size_t off = 0, slot = 0;
     b->max_numel = st_shape_numel(b->in);
+    mark_transient(b);
     for (int l = 0; l < b->n_layers; l++) {
       st_layer *L = &b->layers[l];
-      L->out_off = off;
-      off += st_shape_numel(L->out);
+      if (L->transient) {
+        if (st_shape_numel(L->out) > slot) slot = st_shape_numel(L->out);
+      } else {
+        L->out_off = off;
+        off += st_shape_numel(L->out);
+      }
       L->save_per_sample = save_floats(L);
       L->save_off = off;
       off += L->save_per_sample;
@@ -508,6 +543,10 @@ static void finish(st_model *m) {
       if (s > b->scratch_floats_per_sample) b->scratch_floats_per_sample = s;
       add_cost(&b->cost, layer_cost(L));
     }
+    for (int l = 0; l < b->n_layers; l++)
+      if (b->layers[l].transient)
+        b->layers[l].out_off = b->scratch_floats_per_sample + (l % 2) * slot;
+    b->scratch_floats_per_sample += 2 * slot;
     b->act_per_sample = off;
     b->out = b->layers[b->n_layers - 1].out;
     b->param_off = m->n_params;

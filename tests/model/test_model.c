@@ -866,6 +866,72 @@ static void check_init(void) {
   st_model_destroy(m);
 }
 
+/* Which outputs a block keeps (model.c mark_transient), by hand: a GPT
+ * layer [ln linear attention linear dropout residual ln linear gelu linear
+ * dropout residual] keeps ln, qkv, attention (read by the backwards after
+ * them), the residual (its source and ln's input) and the last; the two
+ * projections and dropouts are read by no backward; the gelu's output is
+ * made again for the projection's. An MLP block [linear relu] keeps relu's
+ * output alone. The activations hold the kept outputs and every save area;
+ * the scratch two slots of the largest transient output past the layers'
+ * own. */
+static void check_kept_outputs(void) {
+  st_config c;
+  st_config_defaults(&c);
+  const char *sets[] = {"model.kind=gpt",    "model.context=8",
+                        "model.layers=1",    "model.heads=2",
+                        "model.width=16",    "model.vocab=40",
+                        "model.dropout=0.1", "model.activation=gelu_tanh"};
+  st_error err = {0};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+    CHECK(st_config_set(&c, sets[i], &err) == 0, "%s", err.msg);
+  st_model *m = NULL;
+  int rc = st_model_create(&m, &c, (st_shape){1, 8, 1}, &err);
+  CHECK(rc == 0, "gpt: %s", err.msg);
+  if (rc) return;
+  const st_block *b = &m->blocks[1]; /* h.0 */
+  int want[] = {ST_KEPT,       ST_KEPT,      ST_KEPT,      ST_TRANSIENT,
+                ST_TRANSIENT,  ST_KEPT,      ST_KEPT,      ST_KEPT,
+                ST_RECOMPUTED, ST_TRANSIENT, ST_TRANSIENT, ST_KEPT};
+  int n = (int)(sizeof want / sizeof *want), same = b->n_layers == n;
+  size_t kept = 0, saves = 0, slot = 0;
+  for (int l = 0; same && l < n; l++) {
+    const st_layer *L = &b->layers[l];
+    same &= L->transient == want[l];
+    size_t numel = st_shape_numel(L->out);
+    if (L->transient)
+      slot = numel > slot ? numel : slot;
+    else
+      kept += numel;
+    saves += L->save_per_sample;
+  }
+  CHECK(same, "gpt block %s: kept outputs not as by hand", b->name);
+  CHECK(b->act_per_sample == kept + saves,
+        "gpt block: %zu floats of activations a sample, by hand %zu + %zu",
+        b->act_per_sample, kept, saves);
+  /* a transient output sits past the largest layer scratch (attention's
+   * here), in slot l % 2 */
+  size_t own = b->scratch_floats_per_sample - 2 * slot;
+  CHECK(slot == 64 * 8 && b->layers[3].out_off == own + slot &&
+            b->layers[4].out_off == own && b->layers[8].out_off == own,
+        "gpt block: slots of %zu floats at %zu, %zu, %zu past %zu", slot,
+        b->layers[3].out_off, b->layers[4].out_off, b->layers[8].out_off, own);
+  st_model_destroy(m);
+  st_config_defaults(&c); /* fc_mnist: [linear relu] x 2, [linear] */
+  rc = st_model_create(&m, &c, (st_shape){1, 28, 28}, &err);
+  CHECK(rc == 0, "mlp: %s", err.msg);
+  if (rc) return;
+  const st_block *h = &m->blocks[1];
+  CHECK(h->n_layers == 2 && h->layers[0].transient == ST_TRANSIENT &&
+            h->layers[1].transient == ST_KEPT && h->act_per_sample == 256 &&
+            m->blocks[0].act_per_sample == 784 + 256 &&
+            m->blocks[2].act_per_sample == 10,
+        "mlp blocks: %zu, %zu, %zu floats a sample, want 1040, 256, 10",
+        m->blocks[0].act_per_sample, h->act_per_sample,
+        m->blocks[2].act_per_sample);
+  st_model_destroy(m);
+}
+
 int main(void) {
   st_blas_init();
   st_config c;
@@ -895,6 +961,7 @@ int main(void) {
   check_mlp_residual();
 
   check_fc_mnist();
+  check_kept_outputs();
   check_cnn_counts();
   check_init();
   TH_DONE();
