@@ -501,13 +501,17 @@ st_cost st_groupnorm_cost(int C, int HW, int G);
 
 /* inverted dropout with probability p: the keep decision for element j of
  * sample s is a pure function of (seed, layer_id, sample_index s, j), so it
- * does not depend on batching or threads. mask (B * n) stores the scale
- * applied (0 or 1/(1-p)). */
-void st_dropout_forward(float *out, float *mask, const float *in, int B,
+ * does not depend on batching or threads. mask: a bit per element, sample s
+ * at word s * st_dropout_mask_words(n), element j at bit j % 32 of word
+ * j / 32 (1: kept, scaled by 1/(1-p); p <= 0 keeps all, unscaled). The
+ * backward is dout times that scale or 0, the same products as the
+ * forward's. */
+size_t st_dropout_mask_words(size_t n);
+void st_dropout_forward(float *out, uint32_t *mask, const float *in, int B,
                         size_t n, float p, uint64_t seed, uint32_t layer_id,
                         uint64_t first_sample);
-void st_dropout_backward(float *din, const float *dout, const float *mask,
-                         size_t total);
+void st_dropout_backward(float *din, const float *dout, const uint32_t *mask,
+                         int B, size_t n, float p);
 st_cost st_dropout_cost(size_t numel);
 
 /* GPT kernels. T = time (tokens of a sequence), C = model width, NH = heads

@@ -149,8 +149,9 @@ static void forward_rows(const st_block *b, const st_layer *L,
   }
   case ST_OP_DROPOUT:
     if (ctx->training)
-      st_dropout_forward(y, save + (size_t)s0 * n_out, x, cnt, n_in, L->p,
-                         ctx->seed, L->id, ctx->first_sample + (uint64_t)s0);
+      st_dropout_forward(
+          y, (uint32_t *)save + (size_t)s0 * st_dropout_mask_words(n_out), x,
+          cnt, n_in, L->p, ctx->seed, L->id, ctx->first_sample + (uint64_t)s0);
     else
       memcpy(y, x, n * sizeof *y);
     break;
@@ -286,7 +287,10 @@ static void backward_rows(const st_layer *L, const st_ctx *ctx, const float *x,
     break;
   case ST_OP_DROPOUT:
     if (ctx->training)
-      st_dropout_backward(dx, g, save + (size_t)s0 * n_out, n);
+      st_dropout_backward(dx, g,
+                          (const uint32_t *)save +
+                              (size_t)s0 * st_dropout_mask_words(n_out),
+                          cnt, n_out, L->p);
     else /* without training dropout is the identity */
       memcpy(dx, g, n * sizeof *dx);
     break;

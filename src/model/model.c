@@ -417,7 +417,7 @@ static size_t save_floats(const st_layer *L) {
   case ST_OP_GROUPNORM:
     return 2 * (size_t)L->groups;
   case ST_OP_DROPOUT:
-    return st_shape_numel(L->out); /* mask */
+    return st_dropout_mask_words(st_shape_numel(L->out)); /* a bit each */
   default:
     return 0;
   }

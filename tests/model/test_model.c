@@ -163,8 +163,10 @@ static int fixture_create(fixture *fx, const char *what, const st_config *c,
   rc = st_stage_create(&fx->stage, fx->m, 0, fx->m->n_blocks, fx->B, &err);
   CHECK(rc == 0, "%s: st_stage_create: %s", what, err.msg);
   if (rc) return rc;
-  /* training 0: dropout off, so the loss is a deterministic function */
-  fx->ctx = (st_ctx){NULL, 0, seed, 0, NULL};
+  /* training 0: dropout off; on (c->model.dropout > 0), the masks are a
+   * function of the seed and the sample (dropout.c), so the loss is still a
+   * deterministic function of the parameters */
+  fx->ctx = (st_ctx){NULL, c->model.dropout > 0, seed, 0, NULL};
   size_t nx = (size_t)fx->B * st_shape_numel(in);
   fx->params = floats(fx->m->n_params);
   fx->grads = floats(fx->m->n_params);
@@ -548,6 +550,18 @@ static void config_b(st_config *c) {
   c->model.hidden = (st_int_list){1, {6}};
   SET(c->model.norm, "layernorm");
   SET(c->model.activation, "gelu");
+  c->model.classes = 3;
+}
+
+/* (f) mlp [40000] relu, dropout 0.3, on a 1x4x4 image: a hidden output of
+ * over 32K floats a sample is a task per sample (block.c), so each sample's
+ * dropout finds its own mask bits at its own offset */
+static void config_f(st_config *c) {
+  st_config_defaults(c);
+  SET(c->model.kind, "mlp");
+  c->model.hidden = (st_int_list){1, {40000}};
+  SET(c->model.activation, "relu");
+  c->model.dropout = 0.3f;
   c->model.classes = 3;
 }
 
@@ -958,6 +972,9 @@ int main(void) {
                         (st_shape){5, 1, 1}, 15, 1.0f);
   check_residual_block("(e) mlp [6,6,6] ln relu residual", &c,
                        (st_shape){5, 1, 1}, 25);
+  config_f(&c);
+  check_model_gradients("(f) mlp [40000] relu dropout", &c, (st_shape){1, 4, 4},
+                        16, 2.0f);
   check_mlp_residual();
 
   check_fc_mnist();

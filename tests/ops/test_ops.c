@@ -790,6 +790,16 @@ static void test_groupnorm(void) {
 
 /* -------------------------------------------------------------- dropout */
 
+/* Element i's keep bit in a mask of n-element samples. */
+static int kept_bit(const uint32_t *mask, size_t n, size_t i) {
+  size_t s = i / n, j = i % n;
+  return mask[s * st_dropout_mask_words(n) + j / 32] >> (j % 32) & 1;
+}
+
+static uint32_t *new_mask(int B, size_t n) {
+  return (uint32_t *)new_floats((size_t)B * st_dropout_mask_words(n));
+}
+
 static void test_dropout(void) {
   const float p = 0.3f, scale = 1.0f / (1.0f - p);
   const uint64_t seed = 1234;
@@ -803,16 +813,16 @@ static void test_dropout(void) {
     int B = 4;
     size_t n = 100000, N = (size_t)B * n;
     float *in = random_floats(N, 31, 1.0f);
-    float *out = new_floats(N), *mask = new_floats(N);
+    float *out = new_floats(N);
+    uint32_t *mask = new_mask(B, n);
     st_dropout_forward(out, mask, in, B, n, p, seed, layer, 0);
     size_t kept = 0, kept_lane[4] = {0}, exact = 0;
     for (size_t i = 0; i < N; i++) {
-      int keep_i = mask[i] != 0.0f;
+      int keep_i = kept_bit(mask, n, i);
       kept += (size_t)keep_i;
       kept_lane[(i % n) % 4] += (size_t)keep_i;
-      /* 0 or exactly 1/(1-p), and out is exactly in * mask */
-      exact +=
-          (mask[i] == 0.0f || mask[i] == scale) && out[i] == in[i] * mask[i];
+      /* out is exactly in * 1/(1-p) where kept, else 0 */
+      exact += out[i] == in[i] * (keep_i ? scale : 0.0f);
     }
     double expect = (double)N * (1.0 - p),
            sigma = sqrt((double)N * p * (1.0 - p));
@@ -832,54 +842,61 @@ static void test_dropout(void) {
   }
 
   /* The mask of global sample k does not depend on the batch split; n = 37
-   * is not a multiple of 4, so the last Philox block is cut short. */
+   * is not a multiple of 4 (the last Philox block is cut short) and takes
+   * two mask words a sample, the second partial. */
   {
-    size_t n = 37;
+    size_t n = 37, w = st_dropout_mask_words(n);
     int B = 6;
+    CHECK(w == 2, "37 elements in %zu mask words, want 2", w);
     float *in = random_floats((size_t)B * n, 32, 1.0f);
-    float *out = new_floats((size_t)B * n), *mask = new_floats((size_t)B * n);
-    float *out2 = new_floats((size_t)B * n), *mask2 = new_floats((size_t)B * n);
+    float *out = new_floats((size_t)B * n), *out2 = new_floats((size_t)B * n);
+    uint32_t *mask = new_mask(B, n), *mask2 = new_mask(B, n);
     st_dropout_forward(out, mask, in, B, n, p, seed, layer, 100);
     st_dropout_forward(out2, mask2, in, 2, n, p, seed, layer, 100);
-    st_dropout_forward(out2 + 2 * n, mask2 + 2 * n, in + 2 * n, 1, n, p, seed,
+    st_dropout_forward(out2 + 2 * n, mask2 + 2 * w, in + 2 * n, 1, n, p, seed,
                        layer, 102);
-    st_dropout_forward(out2 + 3 * n, mask2 + 3 * n, in + 3 * n, 3, n, p, seed,
+    st_dropout_forward(out2 + 3 * n, mask2 + 3 * w, in + 3 * n, 3, n, p, seed,
                        layer, 103);
-    CHECK(memcmp(mask, mask2, (size_t)B * n * 4) == 0,
+    CHECK(memcmp(mask, mask2, (size_t)B * w * 4) == 0,
           "dropout mask depends on the batch split");
     CHECK(memcmp(out, out2, (size_t)B * n * 4) == 0,
           "dropout out depends on the batch split");
 
     /* Another layer, seed or sample gives another mask. */
-    float *other = new_floats((size_t)B * n), *tmp = new_floats((size_t)B * n);
+    float *tmp = new_floats((size_t)B * n);
+    uint32_t *other = new_mask(B, n);
     st_dropout_forward(tmp, other, in, B, n, p, seed, layer + 1, 100);
-    CHECK(memcmp(mask, other, (size_t)B * n * 4) != 0,
+    CHECK(memcmp(mask, other, (size_t)B * w * 4) != 0,
           "dropout: layers share a mask");
     st_dropout_forward(tmp, other, in, B, n, p, seed + 1, layer, 100);
-    CHECK(memcmp(mask, other, (size_t)B * n * 4) != 0,
+    CHECK(memcmp(mask, other, (size_t)B * w * 4) != 0,
           "dropout: seeds share a mask");
-    CHECK(memcmp(mask, mask + n, n * 4) != 0, "dropout: samples share a mask");
+    CHECK(memcmp(mask, mask + w, w * 4) != 0, "dropout: samples share a mask");
 
-    /* Backward is exactly dout * mask. */
+    /* Backward is exactly dout times the forward's factor. */
     float *dout = random_floats((size_t)B * n, 33, 1.0f);
     float *din = new_floats((size_t)B * n);
-    st_dropout_backward(din, dout, mask, (size_t)B * n);
+    st_dropout_backward(din, dout, mask, B, n, p);
     int ok = 1;
     for (size_t i = 0; i < (size_t)B * n; i++)
-      ok &= din[i] == dout[i] * mask[i];
-    CHECK(ok, "dropout backward is not dout * mask");
+      ok &= din[i] == dout[i] * (kept_bit(mask, n, i) ? scale : 0.0f) &&
+            (out[i] == 0.0f || kept_bit(mask, n, i));
+    CHECK(ok, "dropout backward is not dout * 1/(1-p) where kept, else 0");
 
-    /* p = 0: identity, mask all ones. */
+    /* p = 0: identity, every bit set; the backward passes dout through. */
     st_dropout_forward(out, mask, in, B, n, 0.0f, seed, layer, 100);
-    ok = memcmp(out, in, (size_t)B * n * 4) == 0;
-    for (size_t i = 0; i < (size_t)B * n; i++) ok &= mask[i] == 1.0f;
-    CHECK(ok, "dropout p=0 is not the identity with mask 1");
+    st_dropout_backward(din, dout, mask, B, n, 0.0f);
+    ok = memcmp(out, in, (size_t)B * n * 4) == 0 &&
+         memcmp(din, dout, (size_t)B * n * 4) == 0;
+    for (size_t i = 0; i < (size_t)B * n; i++) ok &= kept_bit(mask, n, i);
+    CHECK(ok, "dropout p=0 is not the identity with every bit set");
 
     /* p = 1 drops everything (as PyTorch), with no 1/0 scale. */
     st_dropout_forward(out, mask, in, B, n, 1.0f, seed, layer, 100);
+    st_dropout_backward(din, dout, mask, B, n, 1.0f);
     ok = 1;
     for (size_t i = 0; i < (size_t)B * n; i++)
-      ok &= out[i] == 0.0f && mask[i] == 0.0f;
+      ok &= out[i] == 0.0f && din[i] == 0.0f && !kept_bit(mask, n, i);
     CHECK(ok, "dropout p=1 does not drop everything");
     release_all();
   }
@@ -898,7 +915,8 @@ static void test_costs(void) {
   c = st_groupnorm_cost(32, 196, 8);
   CHECK(c.param_bytes == 8.0 * 32, "groupnorm params w and b");
   c = st_dropout_cost(1000);
-  CHECK(c.act_bytes == 8000.0, "dropout keeps out + mask");
+  /* out, and a mask bit per element: 32 words */
+  CHECK(c.act_bytes == 4000.0 + 4.0 * 32, "dropout keeps out + mask");
 }
 
 int main(void) {
