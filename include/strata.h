@@ -172,6 +172,20 @@ int st_gemm_bf16_on(void);
  * the CPU has the instructions (tests; the bits are the same). */
 const char *st_bf16_support(void);
 void st_bf16_set_emulated(int on);
+/* Which kernel takes the products narrow.c's packed kernel could: by
+ * class, A transposed or not (0, 3) plus the inner size K <= 512, <= 1536,
+ * larger (0, 1, 2), each the packed kernel (0) or the BLAS's tiles (1).
+ * Process-wide, as the precision: st_gemm_choose(NULL), or -1 for a
+ * class, restores the rule built in (the BLAS past K = 1536 where it runs
+ * 16-lane kernels of its own, else packed); a calibration profile measures both
+ * per class on this machine (st_calibration.gemm_choice_rate) and the trainer
+ * sets what was faster. The choice depends on the shape and the table alone, so
+ * results stay the same for every thread count. */
+#define ST_GEMM_CHOICES 6
+int st_gemm_choice_class(int trans_a, int K);
+void st_gemm_choose(const int *blas);
+int st_gemm_chosen(int cls);       /* 1: the BLAS's */
+int st_gemm_choice_measured(void); /* 1: some class set, not the rule */
 /* Called once at start-up: pins the BLAS library to one thread per call. */
 void st_blas_init(void);
 const char *st_blas_name(void);
@@ -1297,6 +1311,11 @@ typedef struct st_calibration {
    * bytes of weights streamed per second (once, once, read and written).
    * A profile without it (older) reads as 0: timed as GEMMs. */
   double row_bandwidth;
+  /* FLOP/s on one thread of each st_gemm_choose class's product (500 rows,
+   * 768 columns, K at the class's top: 512, 1536, 3072) by the packed
+   * kernel [0] and by the BLAS's tiles [1]; 0 where the packed kernel
+   * cannot take it here (a profile without them, older, reads as 0). */
+  double gemm_choice_rate[2][ST_GEMM_CHOICES];
 } st_calibration;
 
 /* Measures this machine (a few seconds); threads 1, 2, 4, ... up
@@ -1314,6 +1333,13 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
 #define ST_CALIBRATION_MAX_PASSES 9
 int st_calibration_merge(st_calibration *out, const st_calibration *passes,
                          int n);
+/* The kernel per st_gemm_choose class the profile measured faster (1 the
+ * BLAS's, 0 packed), -1 where it measured none; st_gemm_choose_profile
+ * applies the profile in effect (st_calibration_path: none, missing or
+ * unreadable leaves the rule built in) and returns 1 when it did. */
+void st_calibration_gemm_choice(const st_calibration *c,
+                                int blas[ST_GEMM_CHOICES]);
+int st_gemm_choose_profile(void);
 int st_calibration_write(const st_calibration *c, const char *path,
                          st_error *err);
 int st_calibration_read(st_calibration *c, const char *path, st_error *err);

@@ -59,6 +59,8 @@
 #include "strata.h"
 #include "narrow.h"
 
+#include <stdatomic.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -369,9 +371,38 @@ enum { PACKED_ROWS = 0, PACKED_K = 0, PACKED_K_WIDE_BLAS = 0 };
  * multiple of ALIAS_STRIDE floats (4 KB) apart. */
 enum { PACKED_TRANS_A_ANY_K = 64, ALIAS_STRIDE = 1024 };
 
+/* The packed kernel or the BLAS, by product class (st_gemm_choose): 0
+ * packed, 1 BLAS, -1 unset (the rule above: the BLAS past
+ * PACKED_K_WIDE_BLAS where it has 16-lane kernels). Read once per product;
+ * set between runs, never during one. */
+static _Atomic int choice[ST_GEMM_CHOICES] = {-1, -1, -1, -1, -1, -1};
+
+int st_gemm_choice_class(int trans_a, int K) {
+  int band = K <= 512 ? 0 : K <= 1536 ? 1 : 2;
+  return (trans_a ? 3 : 0) + band;
+}
+
+void st_gemm_choose(const int *blas) {
+  for (int c = 0; c < ST_GEMM_CHOICES; c++)
+    atomic_store_explicit(&choice[c], blas && blas[c] >= 0 ? blas[c] != 0 : -1,
+                          memory_order_relaxed);
+}
+
+int st_gemm_choice_measured(void) {
+  for (int c = 0; c < ST_GEMM_CHOICES; c++)
+    if (atomic_load_explicit(&choice[c], memory_order_relaxed) >= 0) return 1;
+  return 0;
+}
+
+int st_gemm_chosen(int c) {
+  int v = atomic_load_explicit(&choice[c], memory_order_relaxed);
+  if (v >= 0) return v;
+  return c % 3 == 2 && st_blas_avx512() && PACKED_K_WIDE_BLAS < PACKED_K;
+}
+
 static int packed_fits(int trans_a, int M, int K, int lda) {
-  int k_max = st_blas_avx512() ? PACKED_K_WIDE_BLAS : PACKED_K;
-  if (M > PACKED_ROWS || K > k_max) return 0;
+  if (M > PACKED_ROWS || K > PACKED_K) return 0;
+  if (st_gemm_chosen(st_gemm_choice_class(trans_a, K))) return 0;
   if (!trans_a || K <= PACKED_TRANS_A_ANY_K) return 1;
 #if defined(__AVX512F__)
   return lda % ALIAS_STRIDE != 0;

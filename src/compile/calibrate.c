@@ -19,6 +19,8 @@
  *     step, gelu) as bytes/s, with "bytes" counted exactly as pass 1 counts
  * them (cost.c), so time = bytes / bandwidth holds by construction;
  *   - memcpy of activation-sized buffers: the stage-to-stage copy;
+ *   - each st_gemm_choose class's product by the packed kernel and by the
+ *     BLAS, for the trainer to take the faster (not used by the plans);
  *   - the optimizer step on a slab larger than any last-level cache: in a
  *     run its weights, gradients and state are touched once a step and
  *     come from memory (a hot-cache figure was 2-3x too fast);
@@ -31,6 +33,7 @@
  */
 #include "compile.h"
 #include "../base/chan.h"
+#include "../base/narrow.h"
 
 #include <ctype.h>
 #include <stddef.h>
@@ -39,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define FORMAT_NAME "strata-calibration"
 #define WINDOW_S 0.08 /* one timed window; best of three */
@@ -736,6 +740,89 @@ static int measure_kernels(st_calibration *c, FILE *progress, st_error *err) {
 
 /* ----------------------------------------------------------- measure */
 
+/* ----------------------------------------- the packed kernel or the BLAS */
+
+typedef struct choice_job {
+  int ta, M, N, K;
+  float *A, *B, *C;
+} choice_job;
+
+static void choice_step(void *arg) {
+  const choice_job *j = arg;
+  /* ta: A stored K x M; else M x K with B stored N x K (a linear layer's
+   * forward, and its weight gradient's transposes) */
+  st_gemm(NULL, j->ta, !j->ta, j->M, j->N, j->K, 1.0f, j->A,
+          j->ta ? j->M : j->K, j->B, j->ta ? j->N : j->K, 0.0f, j->C, j->N);
+}
+
+/* Each st_gemm_choose class's product on one thread, the packed kernel and
+ * the BLAS's tiles in turn (the table forced, then restored to its rule);
+ * a class the packed kernel cannot take here stays 0. */
+static int measure_choices(st_calibration *c, FILE *progress) {
+  static const int k_top[3] = {512, 1536, 3072};
+  choice_job j = {.M = 500, .N = 768};
+  size_t most = (size_t)3072 * 768;
+  j.A = st_alloc((size_t)3072 * 500 * sizeof(float));
+  j.B = st_alloc(most * sizeof(float));
+  j.C = st_alloc((size_t)500 * 768 * sizeof(float));
+  if (!j.A || !j.B || !j.C) {
+    st_free(j.A), st_free(j.B), st_free(j.C);
+    return ST_ENOMEM;
+  }
+  fill(j.A, (size_t)3072 * 500);
+  fill(j.B, most);
+  int force[ST_GEMM_CHOICES];
+  for (int k = 0; k < ST_GEMM_CHOICES; k++) {
+    j.ta = k >= 3, j.K = k_top[k % 3];
+    for (int i = 0; i < ST_GEMM_CHOICES; i++) force[i] = -1;
+    force[k] = 0;
+    st_gemm_choose(force);
+    if (st_gemm_narrow_kernel(j.ta, !j.ta, j.M, j.N, j.K, j.ta ? j.M : j.K) !=
+        NARROW_PACKED)
+      continue;
+    double flops = 2.0 * j.M * j.N * j.K;
+    c->gemm_choice_rate[0][k] = flops / time_per_call(choice_step, &j);
+    force[k] = 1;
+    st_gemm_choose(force);
+    c->gemm_choice_rate[1][k] = flops / time_per_call(choice_step, &j);
+    if (progress)
+      fprintf(progress,
+              "  %s A, K %4d: packed %6.2f, BLAS %6.2f GFLOP/s (one thread)\n",
+              j.ta ? "transposed" : "plain     ", j.K,
+              c->gemm_choice_rate[0][k] / 1e9, c->gemm_choice_rate[1][k] / 1e9);
+  }
+  st_gemm_choose(NULL);
+  st_free(j.A), st_free(j.B), st_free(j.C);
+  return 0;
+}
+
+void st_calibration_gemm_choice(const st_calibration *c,
+                                int blas[ST_GEMM_CHOICES]) {
+  for (int k = 0; k < ST_GEMM_CHOICES; k++) {
+    double packed = c->gemm_choice_rate[0][k],
+           other = c->gemm_choice_rate[1][k];
+    blas[k] = packed > 0 && other > 0 ? other > packed : -1;
+  }
+}
+
+int st_gemm_choose_profile(void) {
+  char path[ST_PATH_MAX];
+  st_calibration c;
+  st_error err = {0};
+  int blas[ST_GEMM_CHOICES];
+  st_calibration_path(path, sizeof path);
+  if (!path[0] || access(path, R_OK) != 0 ||
+      st_calibration_read(&c, path, &err) != 0) {
+    st_gemm_choose(NULL);
+    return 0;
+  }
+  st_calibration_gemm_choice(&c, blas);
+  st_gemm_choose(blas);
+  for (int k = 0; k < ST_GEMM_CHOICES; k++)
+    if (blas[k] >= 0) return 1;
+  return 0;
+}
+
 /* The large GEMM's best one-thread rate and best rate on t threads (one
  * pool, or with `streams` t independent one-thread streams) over ROUNDS
  * rounds, each timing one thread and then t back to back: a burst of other
@@ -828,6 +915,8 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
             c->sharing_slope);
   int rc = measure_narrow(c, progress, err);
   if (!rc) rc = measure_row(c, progress, err);
+  if (!rc && measure_choices(c, progress))
+    rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory");
   if (!rc) rc = measure_kernels(c, progress, err);
   return rc ? rc : measure_ops(c, progress, err);
 }
@@ -902,6 +991,10 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
   MED(step_latency);
   MED(narrow_l2_rate);
   MED(row_bandwidth);
+  for (int k = 0; k < ST_GEMM_CHOICES; k++) {
+    MED(gemm_choice_rate[0][k]);
+    MED(gemm_choice_rate[1][k]);
+  }
 #undef MED
   if (out->n_threads > 1) { /* a one-thread profile keeps its built-in 5% */
     out->efficiency_slope =
@@ -980,6 +1073,13 @@ int st_calibration_write(const st_calibration *c, const char *path,
              ST_GEMM_CLASSES, 0);
   json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 0);
   json_array(buf, cap, &at, "input_bandwidth", &c->input_bandwidth, 1, 0);
+  if (c->gemm_choice_rate[0][0] > 0 || c->gemm_choice_rate[0][2] > 0 ||
+      c->gemm_choice_rate[0][3] > 0) { /* measured (a profile may lack it) */
+    json_array(buf, cap, &at, "gemm_choice_packed", c->gemm_choice_rate[0],
+               ST_GEMM_CHOICES, 0);
+    json_array(buf, cap, &at, "gemm_choice_blas", c->gemm_choice_rate[1],
+               ST_GEMM_CHOICES, 0);
+  }
   int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
   int row = c->row_bandwidth > 0;  /* likewise */
   json_array(buf, cap, &at, "step_latency", &c->step_latency, 1,
@@ -1183,6 +1283,30 @@ static int parse(st_calibration *c, const char *text, const char *path,
       (rc = positive_array(text, path, "step_latency", &c->step_latency, 1,
                            err)))
     return rc;
+  /* optional (profiles before them): the built-in kernel rule; 0 where the
+   * packed kernel could not be measured */
+  memset(c->gemm_choice_rate, 0, sizeof c->gemm_choice_rate);
+  const char *choice_keys[2] = {"gemm_choice_packed", "gemm_choice_blas"};
+  for (int w = 0; w < 2; w++) {
+    const char *at = value_of(text, choice_keys[w]);
+    if (!at) continue;
+    double v[64];
+    char what[128];
+    int got = numbers_of(at, v, 64);
+    if (got != ST_GEMM_CHOICES) {
+      snprintf(what, sizeof what, "\"%s\": expected %d numbers", choice_keys[w],
+               ST_GEMM_CHOICES);
+      return bad(err, path, what);
+    }
+    for (int k = 0; k < ST_GEMM_CHOICES; k++) {
+      if (!(v[k] >= 0) || !isfinite(v[k])) {
+        snprintf(what, sizeof what, "\"%s\": %g is not a rate", choice_keys[w],
+                 v[k]);
+        return bad(err, path, what);
+      }
+      c->gemm_choice_rate[w][k] = v[k];
+    }
+  }
   c->row_bandwidth = 0; /* optional (profiles before it): GEMM rates */
   if (value_of(text, "row_bandwidth") &&
       (rc = positive_array(text, path, "row_bandwidth", &c->row_bandwidth, 1,

@@ -345,14 +345,20 @@ static int write_summary(run_state *r, st_error *err) {
       "  \"test_accuracy\": %s,\n  \"evaluated_at_step\": %s,\n"
       "  \"samples_per_s\": %.1f,\n"
       "  \"train_s\": %.3f,\n  \"wall_s\": %.3f,\n  \"threads\": %d,\n"
-      "  \"replicas\": %d,\n  \"blas\": \"%s\",\n  \"precision\": \"%s%s%s\",\n"
+      "  \"replicas\": %d,\n  \"blas\": \"%s\",\n  \"gemm_kernels\": \"%s\",\n"
+      "  \"precision\": \"%s%s%s\",\n"
       "  \"subnormals\": \"%s%s\"%s,\n"
       "  \"interrupted\": %s",
       r->cfg->execution.mode, m->kind, m->n_params, (long long)p->step,
       (long long)p->epoch + (p->epoch_pos > 0), (long long)p->samples,
       r->cfg->train.batch, r->last_loss, tl, ta, at, samples_per_s(r),
       r->train_s, st_now() - r->t0, st_trainer_threads(r->t),
-      r->cfg->execution.replicas, st_blas_name(), r->cfg->train.precision,
+      r->cfg->execution.replicas, st_blas_name(),
+      st_gemm_choice_measured()
+          ? "packed kernel or the BLAS by product class, as measured by the "
+            "calibration profile"
+          : "packed kernel or the BLAS by the built-in rule",
+      r->cfg->train.precision,
       strcmp(r->cfg->train.precision, "bf16") ? "" : ": ",
       strcmp(r->cfg->train.precision, "bf16") ? "" : st_bf16_support(),
       !r->cfg->train.flush_subnormals ? "kept"

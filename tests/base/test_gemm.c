@@ -37,6 +37,17 @@ static float uniform(void) { /* xorshift, in [-1, 1) */
 
 static const float SENTINEL = 1234.5f;
 
+/* Whether the packed kernel can take inner size K on this target at all
+ * (narrow.c: K <= 3072 with AVX-512, 512 with AVX2 alone, A transposed
+ * past K = 64 with AVX-512 only). */
+#if defined(__AVX512F__) && defined(__FMA__)
+#define PACKED_ANY(ta, K) ((K) <= 3072)
+#elif defined(__FMA__)
+#define PACKED_ANY(ta, K) ((K) <= ((ta) ? 64 : 512))
+#else
+#define PACKED_ANY(ta, K) 0
+#endif
+
 typedef struct shape {
   int ta, tb, M, N, K;
   const char *path; /* which path it takes, for the failure message */
@@ -286,6 +297,45 @@ int main(void) {
               NARROW_NONE,
           "%s: went to narrow.c's kernels", s->path);
     run(s, alias_pad[i], 1.0f, 1.0f, 0, pools, 4);
+  }
+  /* The kernel table (st_gemm_choose): each class forced to the BLAS and to
+   * the packed kernel routes its products there, every class of the six,
+   * and the result is right and the same on every pool either way; NULL
+   * restores the built-in rule (the BLAS past K = 1536 only where it has
+   * 16-lane kernels), and a forced class moves no other. */
+  {
+    const shape chosen[] = {
+        {0, 1, 60, 70, 500, "class 0"},  {0, 0, 60, 70, 1500, "class 1"},
+        {0, 1, 60, 70, 2000, "class 2"}, {1, 0, 60, 70, 50, "class 3"},
+        {1, 0, 60, 70, 1000, "class 4"}, {1, 0, 60, 70, 3000, "class 5"}};
+    int force[ST_GEMM_CHOICES];
+    for (int c = 0; c < ST_GEMM_CHOICES; c++) {
+      const shape *s = &chosen[c];
+      int lda = s->ta ? s->M + PAD : s->K + PAD;
+      CHECK(st_gemm_choice_class(s->ta, s->K) == c, "%s: class %d", s->path,
+            st_gemm_choice_class(s->ta, s->K));
+      int packs = PACKED_ANY(s->ta, s->K);
+      for (int blas = 0; blas < 2; blas++) {
+        for (int k = 0; k < ST_GEMM_CHOICES; k++) force[k] = -1;
+        force[c] = blas;
+        st_gemm_choose(force);
+        int kernel = st_gemm_narrow_kernel(s->ta, s->tb, s->M, s->N, s->K, lda);
+        CHECK(kernel == (blas || !packs ? NARROW_NONE : NARROW_PACKED),
+              "%s forced to the %s: kernel %d", s->path,
+              blas ? "BLAS" : "packed kernel", kernel);
+        CHECK(st_gemm_chosen(c) == blas && st_gemm_choice_measured(),
+              "%s: the table does not say what was set", s->path);
+        run(s, PAD, 1.0f, 1.0f, 0, pools, 4);
+        for (int k = 0; k < ST_GEMM_CHOICES; k++)
+          if (k != c)
+            CHECK(st_gemm_chosen(k) == (k % 3 == 2 && st_blas_avx512()),
+                  "%s: class %d moved", s->path, k);
+      }
+    }
+    st_gemm_choose(NULL);
+    CHECK(!st_gemm_choice_measured() && st_gemm_chosen(2) == st_blas_avx512() &&
+              st_gemm_chosen(5) == st_blas_avx512() && !st_gemm_chosen(1),
+          "st_gemm_choose(NULL) does not restore the built-in rule");
   }
   for (int i = 0; i < n; i++) run_bias(&shapes[i], pools, 4);
 #if defined(__FMA__)

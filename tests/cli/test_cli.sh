@@ -180,6 +180,30 @@ EOF
 ); then pass; else fail "summary.json" "$why"; fi
 no_tmp_left "tiny training run" "$run_dir"
 
+# The kernel per product class: a one-pass profile of this machine
+# (bench --calibrate --passes 1) measures the packed kernel and the BLAS,
+# and a run under it says it chose as measured; without one, by the rule.
+grep -q '"gemm_kernels": "packed kernel or the BLAS by the built-in rule"' \
+  "$run_dir/summary.json" && pass || fail "summary.json: gemm_kernels by the rule" \
+  "$(grep gemm_kernels "$run_dir/summary.json")"
+run bench --calibrate --threads 1 --passes 1 --out "$T/cal.json"
+if [ "$rc" -eq 0 ] && grep -q '"gemm_choice_packed": \[' "$T/cal.json" &&
+  grep -q '"gemm_choice_blas": \[' "$T/cal.json" &&
+  [[ $out == *"calibrating on 1 thread"*", 1 pass"* ]]; then pass; else
+  fail "bench --calibrate --passes 1 writes the kernel rates" "rc=$rc" "$out" "$err"
+fi
+STRATA_CALIBRATION="$T/cal.json" run train "$fc" "${small[@]}" --set train.steps=2 \
+  --out "$T/run_cal"
+if [ "$rc" -eq 0 ] && grep -q '"gemm_kernels": "packed kernel or the BLAS by product class, as measured by the calibration profile"' \
+  "$T/run_cal/summary.json"; then pass; else
+  fail "a run under a profile chooses kernels as measured" "rc=$rc" "$err" \
+    "$(grep gemm_kernels "$T/run_cal/summary.json" 2>/dev/null)"
+fi
+run bench --calibrate --passes 10 --out "$T/cal10.json"
+if [ "$rc" -eq 2 ] && [[ $err == *"--passes takes a count from 1 to 9, not '10'"* ]]; then
+  pass; else fail "bench --passes 10 refused" "rc=$rc" "$err"
+fi
+
 run train "$run_dir/config.yaml" --set train.steps=1 --out "$T/run_again"
 if [ "$rc" -eq 0 ]; then pass; else
   fail "resolved config.yaml loads again" "rc=$rc" "$err"

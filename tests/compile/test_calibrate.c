@@ -11,6 +11,7 @@
 #include "strata.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -1198,6 +1199,76 @@ static void test_merge(void) {
         "passes over different thread counts not refused");
 }
 
+/* The kernel per product class a profile measured: written and read back
+ * (a class it could not measure stays 0), the faster of the two taken
+ * (-1 where unmeasured), the medians of passes, and applied by the trainer's
+ * st_gemm_choose_profile from STRATA_CALIBRATION; "none" restores the rule
+ * built in; a negative rate is refused. */
+static void test_gemm_choice(void) {
+  char path[128];
+  path_in(path, sizeof path, "choice.json");
+  st_calibration c = sample_profile(), back;
+  double packed[ST_GEMM_CHOICES] = {9e10,   1e11,   1.04e11,
+                                    9.8e10, 9.6e10, 4.7e10};
+  double blas[ST_GEMM_CHOICES] = {8.3e10, 8.6e10, 7.5e10, 8.2e10, 7e10, 7.2e10};
+  memcpy(c.gemm_choice_rate[0], packed, sizeof packed);
+  memcpy(c.gemm_choice_rate[1], blas, sizeof blas);
+  c.gemm_choice_rate[0][4] = c.gemm_choice_rate[1][4] = 0; /* not measured */
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0,
+        "choice round trip: %s", err.msg);
+  CHECK(memcmp(back.gemm_choice_rate, c.gemm_choice_rate,
+               sizeof c.gemm_choice_rate) == 0,
+        "the kernel rates survive the round trip");
+  int want[ST_GEMM_CHOICES] = {0, 0, 0, 0, -1, 1}, got[ST_GEMM_CHOICES];
+  st_calibration_gemm_choice(&back, got);
+  CHECK(memcmp(got, want, sizeof want) == 0,
+        "choices %d %d %d %d %d %d, want 0 0 0 0 -1 1", got[0], got[1], got[2],
+        got[3], got[4], got[5]);
+  /* the trainer's hook, through the environment */
+  const char *old = getenv("STRATA_CALIBRATION");
+  char saved[256] = "";
+  if (old) snprintf(saved, sizeof saved, "%s", old);
+  setenv("STRATA_CALIBRATION", path, 1);
+  CHECK(st_gemm_choose_profile() == 1 && st_gemm_chosen(2) == 0 &&
+            st_gemm_chosen(5) == 1 && st_gemm_choice_measured(),
+        "st_gemm_choose_profile did not apply %s", path);
+  setenv("STRATA_CALIBRATION", "none", 1);
+  CHECK(st_gemm_choose_profile() == 0 && !st_gemm_choice_measured(),
+        "STRATA_CALIBRATION=none kept a measured kernel table");
+  if (old)
+    setenv("STRATA_CALIBRATION", saved, 1);
+  else
+    unsetenv("STRATA_CALIBRATION");
+  /* passes: each rate its median */
+  st_calibration p[3] = {c, c, c};
+  p[0].gemm_choice_rate[0][2] = 5e10; /* 5e10, 1.04e11, 2e11 -> 1.04e11 */
+  p[2].gemm_choice_rate[0][2] = 2e11;
+  st_calibration m;
+  CHECK(st_calibration_merge(&m, p, 3) == 0 &&
+            m.gemm_choice_rate[0][2] == 1.04e11 &&
+            m.gemm_choice_rate[1][5] == 7.2e10,
+        "merged kernel rates %g %g", m.gemm_choice_rate[0][2],
+        m.gemm_choice_rate[1][5]);
+  /* a negative rate is refused, naming the key */
+  char text[4096];
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = 0;
+  char *at = strstr(text, "\"gemm_choice_blas\": [");
+  if (at) {
+    at += strlen("\"gemm_choice_blas\": [");
+    memmove(at + 1, at, strlen(at) + 1);
+    *at = '-';
+  }
+  CHECK(at && write_text(path, text) == 0 &&
+            st_calibration_read(&back, path, &err) != 0 &&
+            strstr(err.msg, "gemm_choice_blas"),
+        "a negative kernel rate: %s", err.msg);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-calibrate-XXXXXX");
   if (!mkdtemp(dir)) {
@@ -1219,6 +1290,7 @@ int main(void) {
   test_one_row();
   test_micro_batch_pick();
   test_merge();
+  test_gemm_choice();
   /* leave nothing behind */
   const char *files[] = {"cal.json",      "good.json",   "foreign.json",
                          "empty.json",    "v2.json",     "truncated.json",
