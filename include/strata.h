@@ -177,10 +177,12 @@ void st_bf16_set_emulated(int on);
  * larger (0, 1, 2), each the packed kernel (0) or the BLAS's tiles (1).
  * Process-wide, as the precision: st_gemm_choose(NULL), or -1 for a
  * class, restores the rule built in (the BLAS past K = 1536 where it runs
- * 16-lane kernels of its own, else packed); a calibration profile measures both
- * per class on this machine (st_calibration.gemm_choice_rate) and the trainer
- * sets what was faster. The choice depends on the shape and the table alone, so
- * results stay the same for every thread count. */
+ * 16-lane kernels of its own, else packed); a calibration profile measures
+ * both per class on this machine (st_calibration.gemm_choice_rate) and the
+ * trainer sets what was faster, once a process (st_gemm_choose_profile_once).
+ * Products of up to ST_NARROW_ROWS rows keep the rule. The choice depends
+ * on the shape and the table alone, so results stay the same for every
+ * thread count. */
 #define ST_GEMM_CHOICES 6
 int st_gemm_choice_class(int trans_a, int K);
 void st_gemm_choose(const int *blas);
@@ -656,7 +658,8 @@ typedef struct st_block {
   size_t n_params;       /* floats in the slab */
   size_t param_off;      /* floats from the start of the model's slab */
   size_t act_per_sample; /* floats of activations + saved state per sample */
-  size_t scratch_floats_per_sample; /* im2col and the like */
+  size_t scratch_floats_per_sample; /* im2col and the like, and the two
+                                       slots of transient outputs */
   size_t max_numel;                 /* largest layer input/output per sample */
   int has_residual;
   st_cost cost; /* sum over the layers, per sample */
@@ -1340,6 +1343,10 @@ int st_calibration_merge(st_calibration *out, const st_calibration *passes,
 void st_calibration_gemm_choice(const st_calibration *c,
                                 int blas[ST_GEMM_CHOICES]);
 int st_gemm_choose_profile(void);
+/* st_gemm_choose_profile the first time a process calls it, and nothing
+ * after: every trainer of a process (an experiment's parallel runs, a
+ * resumed run) multiplies with the same kernels. */
+void st_gemm_choose_profile_once(void);
 int st_calibration_write(const st_calibration *c, const char *path,
                          st_error *err);
 int st_calibration_read(st_calibration *c, const char *path, st_error *err);

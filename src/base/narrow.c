@@ -394,15 +394,24 @@ int st_gemm_choice_measured(void) {
   return 0;
 }
 
-int st_gemm_chosen(int c) {
-  int v = atomic_load_explicit(&choice[c], memory_order_relaxed);
-  if (v >= 0) return v;
+/* The rule built in: the BLAS for the classes past PACKED_K_WIDE_BLAS
+ * where it has 16-lane kernels. */
+static int rule_blas(int c) {
   return c % 3 == 2 && st_blas_avx512() && PACKED_K_WIDE_BLAS < PACKED_K;
 }
 
+int st_gemm_chosen(int c) {
+  int v = atomic_load_explicit(&choice[c], memory_order_relaxed);
+  return v >= 0 ? v : rule_blas(c);
+}
+
+/* Products of up to ST_NARROW_ROWS rows keep the rule: the table was
+ * measured at 500 rows, where the BLAS's packing pays for itself, and a
+ * few rows are the dot or axpy kernels' or the packed kernel's (below). */
 static int packed_fits(int trans_a, int M, int K, int lda) {
   if (M > PACKED_ROWS || K > PACKED_K) return 0;
-  if (st_gemm_chosen(st_gemm_choice_class(trans_a, K))) return 0;
+  int c = st_gemm_choice_class(trans_a, K);
+  if (M > ST_NARROW_ROWS ? st_gemm_chosen(c) : rule_blas(c)) return 0;
   if (!trans_a || K <= PACKED_TRANS_A_ANY_K) return 1;
 #if defined(__AVX512F__)
   return lda % ALIAS_STRIDE != 0;

@@ -805,6 +805,13 @@ void st_calibration_gemm_choice(const st_calibration *c,
   }
 }
 
+static void choose_profile(void) { st_gemm_choose_profile(); }
+
+void st_gemm_choose_profile_once(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, choose_profile);
+}
+
 int st_gemm_choose_profile(void) {
   char path[ST_PATH_MAX];
   st_calibration c;
@@ -1073,8 +1080,10 @@ int st_calibration_write(const st_calibration *c, const char *path,
              ST_GEMM_CLASSES, 0);
   json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 0);
   json_array(buf, cap, &at, "input_bandwidth", &c->input_bandwidth, 1, 0);
-  if (c->gemm_choice_rate[0][0] > 0 || c->gemm_choice_rate[0][2] > 0 ||
-      c->gemm_choice_rate[0][3] > 0) { /* measured (a profile may lack it) */
+  int measured = 0; /* (a profile may lack them) */
+  for (int k = 0; k < ST_GEMM_CHOICES; k++)
+    measured |= c->gemm_choice_rate[0][k] > 0 || c->gemm_choice_rate[1][k] > 0;
+  if (measured) {
     json_array(buf, cap, &at, "gemm_choice_packed", c->gemm_choice_rate[0],
                ST_GEMM_CHOICES, 0);
     json_array(buf, cap, &at, "gemm_choice_blas", c->gemm_choice_rate[1],

@@ -141,6 +141,7 @@ int st_generate(const st_config *cfg_in, const char *checkpoint,
   int V = m->classes;
   int threads = cfg.train.threads > 0 ? cfg.train.threads : 1;
   st_fp_set_flush(cfg.train.flush_subnormals);
+  st_gemm_choose_profile_once(); /* the kernels training took */
   st_gemm_set_bf16(!strcmp(cfg.train.precision, "bf16"));
   g.pool = st_pool_create(threads);
   g.params = st_alloc(m->n_params * sizeof(float));

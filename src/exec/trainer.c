@@ -622,8 +622,8 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   st_fp_set_flush(cfg->train.flush_subnormals);
   st_gemm_set_bf16(!strcmp(cfg->train.precision, "bf16"));
   /* the packed kernel or the BLAS per product class, as this machine's
-   * profile measured them (else the rule built in) */
-  st_gemm_choose_profile();
+   * profile measured them (else the rule built in), once a process */
+  st_gemm_choose_profile_once();
   /* all the cores, or over MPI ranks this rank's share of its machine's */
   int threads = cfg->train.threads > 0
                     ? cfg->train.threads

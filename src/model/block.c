@@ -3,8 +3,10 @@
  * in reverse (backward). A block's activations live in one caller-provided
  * buffer (layer l's output for B samples at out_off * B, its saved state at
  * save_off * B), so a pipeline stage can keep several micro-batches in flight
- * by holding several buffers. Parameter gradients are ADDED into the block's
- * gradient slab, which is how micro-batches accumulate.
+ * by holding several buffers; an output no backward reads lives in the
+ * stage's scratch instead (st_layer.transient: always pass the scratch, B x
+ * scratch_floats_per_sample floats). Parameter gradients are ADDED into the
+ * block's gradient slab, which is how micro-batches accumulate.
  */
 #include "strata.h"
 
@@ -425,7 +427,11 @@ static void backward(const st_block *b, const st_ctx *ctx, const float *params,
   size_t dy_end = dys ? st_block_dys_floats(b) * (size_t)B : 0;
   for (int l = b->n_layers - 1; l >= stop; l--) {
     const st_layer *L = &b->layers[l];
-    const float *x = backward_input(b, ctx, in, acts, scratch, l, B);
+    /* (the B half's linear and conv read no input: no gelu made again) */
+    const float *x =
+        dys && (L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D) && l > 0
+            ? layer_out(&b->layers[l - 1], acts, scratch, B)
+            : backward_input(b, ctx, in, acts, scratch, l, B);
     if (L->kind == ST_OP_RESIDUAL) {
       memcpy(skip, g, (size_t)B * st_shape_numel(L->out) * sizeof *skip);
       pending = L->skip;

@@ -504,24 +504,27 @@ static void mark_transient(st_block *b) {
     if (l == b->n_layers - 1 || source || L->kind == ST_OP_RELU) continue;
     if (!backward_reads_input(&b->layers[l + 1]))
       L->transient = ST_TRANSIENT;
-    else if (L->kind == ST_OP_GELU)
-      L->transient = ST_RECOMPUTED;
+    else if (L->kind == ST_OP_GELU &&
+             (l == 0 || b->layers[l - 1].transient == ST_KEPT))
+      L->transient = ST_RECOMPUTED; /* from a kept input only */
   }
 }
 
 /* Lays out each block's activations and slab offsets; sums costs. A
  * transient output takes one of two slots past the layers' own scratch,
- * by the parity of its index: consecutive transient layers alternate. */
+ * by the parity of its index (consecutive transient layers alternate),
+ * each slot as large as its largest. */
 static void finish(st_model *m) {
   for (int i = 0; i < m->n_blocks; i++) {
     st_block *b = &m->blocks[i];
-    size_t off = 0, slot = 0;
+    size_t off = 0, slot[2] = {0, 0};
     b->max_numel = st_shape_numel(b->in);
     mark_transient(b);
     for (int l = 0; l < b->n_layers; l++) {
       st_layer *L = &b->layers[l];
       if (L->transient) {
-        if (st_shape_numel(L->out) > slot) slot = st_shape_numel(L->out);
+        if (st_shape_numel(L->out) > slot[l % 2])
+          slot[l % 2] = st_shape_numel(L->out);
       } else {
         L->out_off = off;
         off += st_shape_numel(L->out);
@@ -545,8 +548,8 @@ static void finish(st_model *m) {
     }
     for (int l = 0; l < b->n_layers; l++)
       if (b->layers[l].transient)
-        b->layers[l].out_off = b->scratch_floats_per_sample + (l % 2) * slot;
-    b->scratch_floats_per_sample += 2 * slot;
+        b->layers[l].out_off = b->scratch_floats_per_sample + (l % 2) * slot[0];
+    b->scratch_floats_per_sample += slot[0] + slot[1];
     b->act_per_sample = off;
     b->out = b->layers[b->n_layers - 1].out;
     b->param_off = m->n_params;

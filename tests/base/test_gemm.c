@@ -40,6 +40,14 @@ static const float SENTINEL = 1234.5f;
 /* Whether the packed kernel can take inner size K on this target at all
  * (narrow.c: K <= 3072 with AVX-512, 512 with AVX2 alone, A transposed
  * past K = 64 with AVX-512 only). */
+/* The rule built in for class c (narrow.c): the BLAS past K = 1536 where
+ * the BLAS has 16-lane kernels, on targets whose packed kernel goes past
+ * it (AVX-512). */
+#if defined(__AVX512F__) && defined(__FMA__)
+#define RULE_BLAS(c) ((c) % 3 == 2 && st_blas_avx512())
+#else
+#define RULE_BLAS(c) 0
+#endif
 #if defined(__AVX512F__) && defined(__FMA__)
 #define PACKED_ANY(ta, K) ((K) <= 3072)
 #elif defined(__FMA__)
@@ -328,13 +336,25 @@ int main(void) {
         run(s, PAD, 1.0f, 1.0f, 0, pools, 4);
         for (int k = 0; k < ST_GEMM_CHOICES; k++)
           if (k != c)
-            CHECK(st_gemm_chosen(k) == (k % 3 == 2 && st_blas_avx512()),
-                  "%s: class %d moved", s->path, k);
+            CHECK(st_gemm_chosen(k) == RULE_BLAS(k), "%s: class %d moved",
+                  s->path, k);
       }
     }
+    /* a few rows (up to ST_NARROW_ROWS) keep the rule whatever the table */
+    int narrow[2];
+    for (int blas = 0; blas < 2; blas++) {
+      for (int k = 0; k < ST_GEMM_CHOICES; k++) force[k] = blas;
+      st_gemm_choose(force);
+      narrow[blas] = st_gemm_narrow_kernel(0, 1, 12, 300, 2000, 2000);
+    }
     st_gemm_choose(NULL);
-    CHECK(!st_gemm_choice_measured() && st_gemm_chosen(2) == st_blas_avx512() &&
-              st_gemm_chosen(5) == st_blas_avx512() && !st_gemm_chosen(1),
+    CHECK(narrow[0] == narrow[1] &&
+              narrow[0] == st_gemm_narrow_kernel(0, 1, 12, 300, 2000, 2000),
+          "12 rows x K 2000: kernel %d or %d by the table, %d by the rule",
+          narrow[0], narrow[1],
+          st_gemm_narrow_kernel(0, 1, 12, 300, 2000, 2000));
+    CHECK(!st_gemm_choice_measured() && st_gemm_chosen(2) == RULE_BLAS(2) &&
+              st_gemm_chosen(5) == RULE_BLAS(5) && !st_gemm_chosen(1),
           "st_gemm_choose(NULL) does not restore the built-in rule");
   }
   for (int i = 0; i < n; i++) run_bias(&shapes[i], pools, 4);

@@ -208,7 +208,7 @@ fi
 
 # --- 5. found before the first step -------------------------------------------
 expect_error "a model larger than the machine" \
-  "^strata: error: $(re_quote "$fc"): the model needs at least 980 GB \(weights 318 GB, gradients 318 GB, optimizer state 318 GB, activations 25.6 GB at micro-batch 32\), more than the .* this machine allows .*; refused before allocating$" \
+  "^strata: error: $(re_quote "$fc"): the model needs at least 967 GB \(weights 318 GB, gradients 318 GB, optimizer state 318 GB, activations 12.8 GB at micro-batch 32\), more than the .* this machine allows .*; refused before allocating$" \
   train "$fc" "${small[@]}" --set 'model.hidden=[100000000]' --set train.steps=1 --out "$T/huge"
 expect_error "a trace in a missing folder" \
   "^strata: error: $(re_quote "$T/nowhere/t.json"): cannot write: No such file or directory$" \
