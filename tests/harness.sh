@@ -6,6 +6,9 @@
 set -u
 
 strata="${STRATA_BUILD:-build}/strata"
+# no calibration profile unless a test names one (tools/run-tests.sh sets
+# the same): a developer's ~/.cache profile would change kernels and plans
+export STRATA_CALIBRATION="${STRATA_CALIBRATION:-none}"
 passed=0
 failed=0
 
