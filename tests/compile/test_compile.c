@@ -13,6 +13,7 @@
  * against closed forms, errors, and --validate-only allocating nothing.
  */
 #include "harness.h"
+#include "mesh_fabric.h"
 #include "strata.h"
 
 #include <stdint.h>
@@ -53,17 +54,7 @@ static st_fabric cpu_fabric(int cores, double pe_memory) {
 }
 
 static st_fabric mesh_fabric(int w, int h, double pe_memory) {
-  st_fabric f;
-  memset(&f, 0, sizeof f);
-  f.kind = ST_FABRIC_MESH;
-  snprintf(f.name, sizeof f.name, "mesh:%dx%d", w, h);
-  f.width = w;
-  f.height = h;
-  f.pes = (int64_t)w * h;
-  f.pe_flops = 2.2e9;
-  f.pe_memory = pe_memory;
-  f.link_bandwidth = 4.04e9;
-  return f;
+  return test_mesh_fabric(w, h, pe_memory, 4.04e9);
 }
 
 static void random_blocks(st_block_cost *b, int n) {

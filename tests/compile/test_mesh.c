@@ -21,21 +21,13 @@
 #include "strata.h"
 
 #include "../../src/compile/compile.h"
+#include "mesh_fabric.h"
 
 #include <math.h>
 #include <string.h>
 
 static st_fabric mesh(int w, int h) {
-  st_fabric f;
-  memset(&f, 0, sizeof f);
-  f.kind = ST_FABRIC_MESH;
-  snprintf(f.name, sizeof f.name, "mesh:%dx%d", w, h);
-  f.width = w;
-  f.height = h;
-  f.pes = (int64_t)w * h;
-  f.pe_flops = 2.2e9;
-  f.pe_memory = 48e3;
-  f.link_bandwidth = 4e9;
+  st_fabric f = test_mesh_fabric(w, h, 48e3, 4e9);
   f.hop_latency = 1e-9;
   f.pe_overhead = 2e-8;
   f.io_bandwidth = f.stream_bandwidth = 150e9;
@@ -43,6 +35,21 @@ static st_fabric mesh(int w, int h) {
 }
 
 /* A linear layer of `in` x `out` as one block, as cost.c counts it. */
+/* One block on the whole fabric, by hand (the mesh model): forward and
+ * backward seconds a sample, its FLOPs over every PE plus the per-PE
+ * overhead and the region's traffic (input across the height, partial sums
+ * across the width, w + h hops), and the seconds to stream its weights. */
+static void whole_fabric_pass(const st_block_cost *b, const st_fabric *f,
+                              double *tf, double *tb, double *in) {
+  double P = (double)f->pes, W = f->width, H = f->height;
+  double comm = b->region_in / (H * f->link_bandwidth) +
+                b->region_out / (W * f->link_bandwidth) +
+                (W + H) * f->hop_latency;
+  *tf = b->flops_fwd / (P * f->pe_flops) + f->pe_overhead + comm;
+  *tb = b->flops_bwd / (P * f->pe_flops) + f->pe_overhead + comm;
+  *in = b->param_bytes / f->stream_bandwidth;
+}
+
 static st_block_cost linear_block(const char *name, double in, double out) {
   st_block_cost b;
   memset(&b, 0, sizeof b);
@@ -249,13 +256,8 @@ static void test_streaming_closed_form(void) {
     CHECK(st_plan_streaming(&p, b, L_BLOCKS, &f, 16, m, 2, 1, 0, &err) == 0,
           "%s", err.msg);
     if (!p) continue;
-    double P = (double)f.pes, Wd = f.width, Hd = f.height;
-    double comm = b[0].region_in / (Hd * f.link_bandwidth) +
-                  b[0].region_out / (Wd * f.link_bandwidth) +
-                  (Wd + Hd) * f.hop_latency;
-    double tf = b[0].flops_fwd / (P * f.pe_flops) + f.pe_overhead + comm;
-    double tb = b[0].flops_bwd / (P * f.pe_flops) + f.pe_overhead + comm;
-    double in = b[0].param_bytes / f.stream_bandwidth;
+    double tf, tb, in;
+    whole_fabric_pass(&b[0], &f, &tf, &tb, &in);
     double T = L_BLOCKS * (fmax(m * tf, in) + fmax(m * tb, in));
     double want = m / T;
     CHECK(fabs(p->throughput - want) <= want * 1e-12,
@@ -285,13 +287,8 @@ static void test_streaming_closed_form(void) {
     CHECK(st_plan_streaming(&p, b, L_BLOCKS, &f, 16, m, 2, 0, 0, &err) == 0,
           "%s", err.msg);
     if (p) {
-      double P = (double)f.pes, Wd = f.width, Hd = f.height;
-      double comm = b[0].region_in / (Hd * f.link_bandwidth) +
-                    b[0].region_out / (Wd * f.link_bandwidth) +
-                    (Wd + Hd) * f.hop_latency;
-      double tf = b[0].flops_fwd / (P * f.pe_flops) + f.pe_overhead + comm;
-      double tb = b[0].flops_bwd / (P * f.pe_flops) + f.pe_overhead + comm;
-      double in = b[0].param_bytes / f.stream_bandwidth;
+      double tf, tb, in;
+      whole_fabric_pass(&b[0], &f, &tf, &tb, &in);
       double T = L_BLOCKS * (fmax(m * tf, in) + fmax(m * (tb + tf), in));
       CHECK(fabs(p->throughput - m / T) <= m / T * 1e-12,
             "recomputing: %.9g samples/s, closed form %.9g", p->throughput,
