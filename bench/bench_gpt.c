@@ -15,7 +15,9 @@
  * FLOPs per step come from the model's own cost descriptors: the sum of
  * every block's cost.flops_fwd + cost.flops_bwd per sample (embedding,
  * transformer blocks, ln_f and the head), times the batch, plus the softmax
- * cross-entropy (st_xent_cost) at every position. The sgemm peak is measured
+ * cross-entropy (st_xent_cost) at every position; the fused head
+ * (model.fused_loss) is counted as the head and the loss apart, without
+ * the product its backward makes again. The sgemm peak is measured
  * in the same process after the timed steps: one large square product on
  * THREADS threads, best of a few calls, by the BLAS (cblas_sgemm, the BLAS
  * given THREADS threads) and by strata's own st_gemm (a pool of THREADS),
@@ -31,7 +33,8 @@
  * (STYLE.md 13). This program prints one line:
  *
  *   strata gpt model=M layers=L width=C heads=NH context=T vocab=V batch=B
- *     threads=N warmup_steps=W steps=S steps_per_s=X tokens_per_s=Y
+ *     threads=N precision=P head=H warmup_steps=W steps=S steps_per_s=X
+ *     tokens_per_s=Y
  *     gflop_per_step=F gflops=G peak_gflops=P peak_fraction=R
  *     blas_peak_gflops=PB strata_peak_gflops=PS fma_peak_gflops=PF
  *     fma_fraction=RF round_trip_ns=BEFORE/AFTER
@@ -111,12 +114,13 @@ static int parse_shape(const char *s, gpt_shape *out) {
  * key=value path as --set so every value is validated as a user's would be. */
 static int make_config(st_config *cfg, const gpt_shape *g, int batch,
                        int threads, const char *corpus, const char *precision,
-                       st_error *err) {
+                       const char *head, st_error *err) {
   char sets[32][ST_PATH_MAX + 32];
   int n = 0;
 #define SET(...) snprintf(sets[n++], sizeof sets[0], __VA_ARGS__)
   SET("model.kind=gpt");
   SET("train.precision=%s", precision);
+  SET("model.fused_loss=%s", strcmp(head, "apart") ? "true" : "false");
   SET("model.layers=%d", g->layers);
   SET("model.width=%d", g->width);
   SET("model.heads=%d", g->heads);
@@ -150,11 +154,25 @@ static int make_config(st_config *cfg, const gpt_shape *g, int batch,
   return 0;
 }
 
-/* FLOPs of one training step of B samples, from the cost descriptors. */
+/* FLOPs of one training step of B samples, from the cost descriptors: the
+ * model's arithmetic once, as PyTorch runs it. A fused head's backward makes
+ * its product again (st_linear_xent_cost counts that); here it counts as
+ * the head and the loss apart, so the rate is the same work's. */
 static double step_flops(const st_model *m, int B) {
   double per_sample = 0;
-  for (int i = 0; i < m->n_blocks; i++)
-    per_sample += m->blocks[i].cost.flops_fwd + m->blocks[i].cost.flops_bwd;
+  for (int i = 0; i < m->n_blocks; i++) {
+    const st_block *b = &m->blocks[i];
+    per_sample += b->cost.flops_fwd + b->cost.flops_bwd;
+    for (int l = 0; l < b->n_layers; l++) {
+      const st_layer *L = &b->layers[l];
+      if (L->kind != ST_OP_LINEAR_XENT) continue;
+      int D = (int)(st_shape_numel(L->in) / L->rows);
+      st_cost f = st_linear_xent_cost(D, L->vocab);
+      st_cost u = st_linear_cost(D, L->vocab);
+      per_sample -=
+          (f.flops_fwd + f.flops_bwd - u.flops_fwd - u.flops_bwd) * L->rows;
+    }
+  }
   st_cost loss = st_xent_cost(m->classes);
   per_sample += (loss.flops_fwd + loss.flops_bwd) * m->label_rows;
   return per_sample * B;
@@ -253,13 +271,18 @@ int main(int argc, char **argv) {
   gpt_shape g;
   int batch, threads;
   double seconds = 1.5;
-  const char *precision = argc == 6 ? argv[5] : "fp32";
-  if (argc < 4 || argc > 6 || parse_shape(argv[1], &g) ||
+  const char *precision = argc >= 6 ? argv[5] : "fp32";
+  const char *head = argc >= 7 ? argv[6] : "fused";
+  if (argc < 4 || argc > 7 || parse_shape(argv[1], &g) ||
       parse_int(argv[2], &batch) || parse_int(argv[3], &threads) ||
-      (argc >= 5 && (seconds = atof(argv[4])) <= 0)) {
+      (argc >= 5 && (seconds = atof(argv[4])) <= 0) ||
+      (strcmp(head, "fused") && strcmp(head, "apart"))) {
     fprintf(stderr,
-            "usage: bench_gpt MODEL BATCH THREADS [SECONDS [fp32|bf16]]\n"
-            "  MODEL: 124m, tiny or LAYERS,WIDTH,HEADS,CONTEXT,VOCAB\n");
+            "usage: bench_gpt MODEL BATCH THREADS [SECONDS [fp32|bf16 "
+            "[fused|apart]]]\n"
+            "  MODEL: 124m, tiny or LAYERS,WIDTH,HEADS,CONTEXT,VOCAB\n"
+            "  fused: the head and its loss fused (model.fused_loss, the "
+            "default); apart: a logits buffer\n");
     return 2;
   }
   st_blas_init();
@@ -274,7 +297,7 @@ int main(int argc, char **argv) {
   st_config cfg;
   st_trainer *t = NULL;
   st_error err = {0};
-  int rc = make_config(&cfg, &g, batch, threads, corpus, precision, &err);
+  int rc = make_config(&cfg, &g, batch, threads, corpus, precision, head, &err);
   if (!rc) rc = st_trainer_create(&t, &cfg, NULL, &err);
   unlink(corpus); /* read whole at create: no longer needed */
   if (rc) {
@@ -317,14 +340,14 @@ int main(int argc, char **argv) {
   if (!strcmp(precision, "bf16"))
     printf("# bf16 products: %s\n", st_bf16_support());
   printf("strata gpt model=%s layers=%d width=%d heads=%d context=%d "
-         "vocab=%d batch=%d threads=%d precision=%s warmup_steps=%d "
+         "vocab=%d batch=%d threads=%d precision=%s head=%s warmup_steps=%d "
          "steps=%lld "
          "steps_per_s=%.4f tokens_per_s=%.1f gflop_per_step=%.2f gflops=%.1f "
          "peak_gflops=%.1f peak_fraction=%.3f blas_peak_gflops=%.1f "
          "strata_peak_gflops=%.1f fma_peak_gflops=%.1f fma_fraction=%s "
          "round_trip_ns=%.0f/%.0f\n",
          g.name, g.layers, g.width, g.heads, g.context, g.vocab, batch, threads,
-         precision, warm_steps, (long long)steps, steps_per_s,
+         precision, head, warm_steps, (long long)steps, steps_per_s,
          steps_per_s * batch * g.context, flops / 1e9, rate / 1e9, peak / 1e9,
          peak > 0 ? rate / peak : 0.0, blas / 1e9, own / 1e9, fma / 1e9,
          fma_text, round_trip_before, round_trip_after);

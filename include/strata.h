@@ -249,7 +249,7 @@ static inline size_t st_shape_numel(st_shape s) {
 
 #define ST_MAX_LIST 32
 #define ST_PATH_MAX 512
-#define ST_CONFIG_MAX_KEYS 96 /* rows the schema table may grow to */
+#define ST_CONFIG_MAX_KEYS 112 /* rows the schema table may grow to */
 /* execution.stages: per_block (every block its own stage). */
 #define ST_STAGES_PER_BLOCK 0x7fffffff
 
@@ -284,6 +284,7 @@ typedef struct st_config {
     int width;            /* gpt: model width d_model */
     int mlp_ratio;        /* gpt: MLP hidden width / model width */
     int tied;             /* gpt: output head shares the token embedding */
+    int fused_loss;       /* gpt: head and loss fused, no logits buffer */
     char positions[16];   /* gpt: learned | rotary */
     int rotary_dim;       /* gpt: rotated dims per head (0 = all) */
   } model;
@@ -464,6 +465,37 @@ void st_xent_backward_pool(st_pool *pool, float *dlogits, const float *probs,
                            const int *labels, int B, int C, float scale);
 st_cost st_xent_cost(int C);
 
+/* The output head and its loss fused (a GPT's lm_head over a 50,257-word
+ * vocabulary), so no rows x V logits buffer exists: the vocabulary is cut
+ * into chunks of st_linear_xent_chunk(R, V) words (R: rows a sample, the
+ * cut a function of shape alone), and each chunk's logits x W_c^T (+ b_c)
+ * (W (V, D) as st_linear_forward's) live in scratch only while they are
+ * used. The forward folds chunks into a running max and sum per row (an
+ * online softmax, the sum in double) and writes out[2 r] = the row's loss,
+ * logsumexp - z[label], and out[2 r + 1] = 1 if the first index of the
+ * row's largest logit is its label, else 0 (what the unfused argmax
+ * counts); it keeps lse and the labels (int32) for the backward. The
+ * backward makes each chunk's logits again (the same call, the same bits),
+ * forms g[2 r] (softmax - onehot) in place and adds dW_c += d^T x, db_c +=
+ * the column sums (row order), and dx (+)= d W_c (the first chunk
+ * overwrites). dw, db, dx may each be NULL. scratch: rows x
+ * st_linear_xent_scratch_floats(R, V) / R floats. Rows are independent and
+ * every product is st_gemm's, so the bits do not depend on threads. */
+int st_linear_xent_chunk(int R, int V);
+size_t st_linear_xent_scratch_floats(int R, int V); /* per sample */
+void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
+                            int32_t *saved_labels, const float *x,
+                            const float *w, const float *b, const int *labels,
+                            float *scratch, int rows, int D, int V, int chunk);
+void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
+                             const float *g, const float *x, const float *w,
+                             const float *b, const float *lse,
+                             const int32_t *labels, float *scratch, int rows,
+                             int D, int V, int chunk);
+/* Per row: the head's products (2 D V forward; 6 D V backward, its forward
+ * made again) and the softmax passes. */
+st_cost st_linear_xent_cost(int D, int V);
+
 /* conv2d, square kernel K, stride S, zero padding P; (B, IC, H, W) ->
  * (B, OC, OH, OW), OH = (H + 2P - K) / S + 1. col is scratch of
  * st_conv2d_scratch_floats(...) floats. */
@@ -587,9 +619,11 @@ typedef enum {
   ST_OP_GROUPNORM,
   ST_OP_RESIDUAL, /* out = in + (block input, or an earlier layer's output) */
   ST_OP_DROPOUT,
-  ST_OP_EMBED,     /* token ids -> wte[token] + wpe[position] */
-  ST_OP_ATTENTION, /* causal self-attention core: qkv -> heads' outputs */
-  ST_OP_ROTARY,    /* rotary positions applied to q and k of qkv */
+  ST_OP_EMBED,       /* token ids -> wte[token] + wpe[position] */
+  ST_OP_ATTENTION,   /* causal self-attention core: qkv -> heads' outputs */
+  ST_OP_ROTARY,      /* rotary positions applied to q and k of qkv */
+  ST_OP_LINEAR_XENT, /* output head and loss fused: (rows, D) -> (rows, 2)
+                        of loss and hit (st_linear_xent_forward) */
 } st_op_kind;
 
 const char *st_op_name(st_op_kind kind);
@@ -628,7 +662,8 @@ typedef struct st_layer {
   int rows;
   int wt;                /* linear: weight stored (IC, OC), as HF's Conv1D */
   int heads, rotary_dim; /* attention, rotary */
-  int vocab;             /* embed: rows of the token table */
+  int vocab;             /* embed: rows of the token table; linear_xent:
+                            words it scores */
   int skip;              /* residual: layer whose output is added, -1 = the
                             block's input */
   float init_std;        /* > 0: weights N(0, init_std), biases 0 (gpt, as
@@ -674,6 +709,12 @@ typedef struct st_model {
   /* gpt: inputs are `in.h` token ids per sample (as floats, exact below
    * 2^24) and every position has a label; 1 for classifiers. */
   int label_rows;
+  /* The last block's output per label row: `classes` logits, or, where
+   * the head and its loss are fused (model.fused_loss, a GPT), 2 floats,
+   * the row's loss and hit (ST_OP_LINEAR_XENT; it reads the labels from
+   * st_ctx.labels). */
+  int fused_loss;
+  int out_cols;
   int n_ties;       /* tied tensor copies (st_tensor_info.tie) */
   size_t n_params;  /* floats over all blocks */
   size_t max_numel; /* over all blocks */
@@ -706,6 +747,21 @@ int64_t st_model_find(const st_model *m, const char *name,
                       const st_tensor_info **info);
 /* Prints the blocks, layers, shapes, parameters and FLOPs. */
 void st_model_print(const st_model *m, FILE *f);
+/* The loss of `rows` label rows from the model's output `out` (rows x
+ * out_cols): each row's loss into losses; unfused, the softmax into probs
+ * (rows x classes) for the gradient (fused, probs is unused: the head kept
+ * what its backward needs). */
+void st_model_loss(const st_model *m, st_pool *pool, float *losses,
+                   float *probs, const float *out, const int *labels, int rows);
+/* The gradient of the loss times `scale` with respect to the output, into
+ * dout (rows x out_cols). */
+void st_model_loss_grad(const st_model *m, st_pool *pool, float *dout,
+                        const float *probs, const int *labels, int rows,
+                        float scale);
+/* Whether row i of the output `out` scores its label: its largest logit's
+ * first index is the label (fused: the head's hit). */
+int st_model_hit(const st_model *m, const float *out, const int *labels,
+                 size_t i);
 
 typedef struct st_optim_rule st_optim_rule;
 
@@ -731,6 +787,10 @@ typedef struct st_ctx {
   uint64_t seed;                /* dropout stream seed */
   uint64_t first_sample;        /* global index of the batch's first sample */
   const st_fused_update *fused; /* NULL: gradients go to the gradient slab */
+  /* The labels of the micro-batch's first sample on (label_rows each), for
+   * a fused head's forward (st_model.fused_loss); it keeps them for its
+   * backward. NULL elsewhere. */
+  const int *labels;
 } st_ctx;
 
 /* Whether a layer's parameters are updated inside the backward when
@@ -761,7 +821,8 @@ void st_block_backward_input(const st_block *b, const st_ctx *ctx,
                              const float *acts, const float *dout, float *din,
                              float *work, float *scratch, float *dys, int B);
 void st_block_backward_weights(const st_block *b, const st_ctx *ctx,
-                               float *grads, const float *in, const float *acts,
+                               const float *params, float *grads,
+                               const float *in, const float *acts,
                                const float *dys, float *scratch, int B);
 
 /* ---------------------------------------------------------------- optim */

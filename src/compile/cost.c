@@ -64,6 +64,26 @@ static int fuses(const cost_ctx *x, const st_block *b, const st_layer *L) {
          L->w_tensor >= 0 && b->tensors[L->w_tensor].tie < 0;
 }
 
+/* A layer's weights (w bytes) for the spill and narrow terms, read by
+ * `gemms` products a step at M rows. */
+static void linear_weights(st_block_cost *c, double w, double gemms, double M) {
+  int at =
+      c->n_linear < ST_BLOCK_LINEARS ? c->n_linear++ : ST_BLOCK_LINEARS - 1;
+  if (c->linear_bytes[at] > 0) {
+    /* folded (no shipped model has more than 4 linear layers a block):
+     * exact for the spill traffic; the narrow term sees one layer of the
+     * summed weights at the narrowest call's rows */
+    c->linear_gemms[at] =
+        (c->linear_gemms[at] * c->linear_bytes[at] + gemms * w) /
+        (c->linear_bytes[at] + w);
+    c->linear_rows[at] = M < c->linear_rows[at] ? M : c->linear_rows[at];
+  } else {
+    c->linear_gemms[at] = gemms;
+    c->linear_rows[at] = M;
+  }
+  c->linear_bytes[at] += w;
+}
+
 /* Splits one layer's work for the calibrated model: linear layers are
  * GEMM FLOPs of their shape class, conv2d and attention FLOPs of their own
  * kernels (im2col and col2im, softmax ride with them) by the class of
@@ -79,7 +99,8 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
    * their input in along one edge and their output (partial sums) across
    * it (st_block_cost.region_*); an embedding's input is its ids */
   if (L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D ||
-      L->kind == ST_OP_ATTENTION || L->kind == ST_OP_EMBED) {
+      L->kind == ST_OP_LINEAR_XENT || L->kind == ST_OP_ATTENTION ||
+      L->kind == ST_OP_EMBED) {
     c->region_in += 4 * n_in;
     c->region_out += 4 * n;
     c->region_layers += 1;
@@ -108,21 +129,20 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
       c->gemm_fwd[cls] += k.flops_fwd * rows;
       c->gemm_bwd[cls] += k.flops_bwd * rows;
     }
-    int at =
-        c->n_linear < ST_BLOCK_LINEARS ? c->n_linear++ : ST_BLOCK_LINEARS - 1;
-    if (c->linear_bytes[at] > 0) {
-      /* folded (no shipped model has more than 4 linear layers a block):
-       * exact for the spill traffic; the narrow term sees one layer of the
-       * summed weights at the narrowest call's rows */
-      c->linear_gemms[at] =
-          (c->linear_gemms[at] * c->linear_bytes[at] + 3 * w) /
-          (c->linear_bytes[at] + w);
-      c->linear_rows[at] = M < c->linear_rows[at] ? M : c->linear_rows[at];
-    } else {
-      c->linear_gemms[at] = 3;
-      c->linear_rows[at] = M;
-    }
-    c->linear_bytes[at] += w;
+    linear_weights(c, w, 3, M);
+    break;
+  }
+  case ST_OP_LINEAR_XENT: {
+    /* the fused head: its forward product, then in the backward the same
+     * product again, dW and dx, all by vocabulary chunks over every row */
+    double rows = L->rows, D = n_in / rows, V = L->vocab;
+    st_cost k = st_linear_xent_cost((int)D, (int)V);
+    double M = batch * rows;
+    double Mc = M >= 2 && M < ST_GEMM_REF_ROWS ? ST_GEMM_REF_ROWS : M;
+    int cls = st_gemm_class(Mc, st_linear_xent_chunk(L->rows, (int)V), D);
+    c->gemm_fwd[cls] += k.flops_fwd * rows;
+    c->gemm_bwd[cls] += k.flops_bwd * rows;
+    linear_weights(c, 4.0 * D * V, 4, M);
     break;
   }
   case ST_OP_ATTENTION: {

@@ -100,6 +100,10 @@ const st_config_key st_config_schema[] = {
     INT(model, mlp_ratio, "4", "gpt: MLP hidden width over model width"),
     BOOL(model, tied, "true",
          "gpt: the output head shares the token embedding's weights"),
+    BOOL(model, fused_loss, "true",
+         "gpt: the output head and the loss run fused, a chunk of the "
+         "vocabulary at a time, so no logits buffer is kept (the backward "
+         "makes the head's product again: +1/3 of its FLOPs)"),
     ENUM(model, positions, "learned", positions,
          "gpt: learned positional embeddings (GPT-2/3) or rotary (GPT-J, "
          "NeoX)"),

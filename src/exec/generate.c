@@ -122,6 +122,7 @@ int st_generate(const st_config *cfg_in, const char *checkpoint,
                       st_config_where(&cfg, "model.vocab"), cfg.model.vocab,
                       cfg.data.tokenizer, st_tokenizer_vocab(g.tok) - 1);
   int T = cfg.model.context;
+  cfg.model.fused_loss = 0; /* sampling reads the logits */
   if (!rc) rc = st_model_create(&g.model, &cfg, (st_shape){1, T, 1}, err);
   if (!rc &&
       !(g.ids = st_alloc((prompt_len + (size_t)o->tokens) * sizeof *g.ids)))
@@ -157,7 +158,7 @@ int st_generate(const st_config *cfg_in, const char *checkpoint,
   if (!rc) rc = emit(&g, g.ids, g.n_ids, out, err);
   st_rng rng;
   st_rng_init(&rng, o->seed, ST_RNG_SAMPLE, 0);
-  st_ctx ctx = {g.pool, 0, cfg.train.seed, 0, NULL};
+  st_ctx ctx = {g.pool, 0, cfg.train.seed, 0, NULL, NULL};
   for (int i = 0; !rc && i < o->tokens; i++) {
     /* the newest T tokens; the padding after them never reaches them */
     size_t n = g.n_ids < (size_t)T ? g.n_ids : (size_t)T;

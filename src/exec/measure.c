@@ -119,7 +119,7 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
   const int n = m->n_blocks, mb = st_plan_micro_batch(cfg);
   const size_t P = m->n_params;
   const int slots = st_optim_state_per_param(cfg);
-  const int R = m->label_rows, C = m->classes;
+  const int R = m->label_rows, C = m->classes, O = m->out_cols;
   const int pb = !strcmp(cfg->execution.mode, "pipelined_backprop");
   /* updates per sample: each micro-batch's in pipelined backprop, each
    * batch's elsewhere */
@@ -149,8 +149,8 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
   float *opt = st_alloc((slots > 0 ? (size_t)slots : 1) * P * sizeof(float));
   float *x = st_alloc(in_n * sizeof(float));
   float *losses = st_alloc(rows * sizeof(float));
-  float *probs = st_alloc(rows * C * sizeof(float));
-  float *dlogits = st_alloc(rows * C * sizeof(float));
+  float *probs = st_alloc(rows * O * sizeof(float));
+  float *dlogits = st_alloc(rows * O * sizeof(float));
   int *labels = st_alloc(rows * sizeof(int));
   /* linear weight prediction (pipelined backprop): each run is followed
    * by one of the blocks as a stage with D > 0 runs them, the forward on
@@ -205,7 +205,7 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
                    !strcmp(mit, "sc") || !strcmp(mit, "sc+lwp"), 1);
   pb_rule.pk = pk;
   if (pred) memcpy(pred, params, P * sizeof(float));
-  st_ctx ctx = {pool, 1, cfg->train.seed, 0, fuses ? &fused : NULL};
+  st_ctx ctx = {pool, 1, cfg->train.seed, 0, fuses ? &fused : NULL, labels};
   double began = 0;
   int runs = 0;
   for (int r = 0; r < WARM_RUNS + MAX_RUNS; r++) {
@@ -228,12 +228,12 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
         f[i] = st_now() - t0;
         in = st_block_output(blk, s->acts[i], mb);
       }
-      /* the loss, the last block's stage's: its logits are `in` */
+      /* the loss, the last block's stage's, from its output `in` */
       double t0 = st_now();
-      st_xent_forward_pool(pool, losses, probs, in, labels, (int)rows, C);
+      st_model_loss(m, pool, losses, probs, in, labels, (int)rows);
       double t1 = st_now();
-      st_xent_backward_pool(pool, dlogits, probs, labels, (int)rows, C,
-                            1.0f / (float)rows);
+      st_model_loss_grad(m, pool, dlogits, probs, labels, (int)rows,
+                         1.0f / (float)rows);
       f[n - 1] += t1 - t0;
       stamps st = {t1, b};
       st_stage_backward_each(s, &ctx, params, grads, x, dlogits, NULL, mb,

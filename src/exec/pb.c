@@ -97,7 +97,7 @@ typedef struct pb_stage {
   size_t off, n;          /* its weights: slab floats [off, off + n) */
   int64_t *fwd_version;   /* [slots]: updates done when its forward ran */
   float *x_copy;          /* stage 0: slots x mb x input floats */
-  float *probs, *dlogits; /* last stage: mb x R x classes */
+  float *probs, *dlogits; /* last stage: mb x R x out_cols */
   float *din[DIN_RING];   /* stages > 0 */
   float *wf;              /* lwp/sc+lwp: predicted forward weights */
   int64_t wf_n0;          /* the step (its first micro-batch, pb.n0) whose
@@ -200,8 +200,7 @@ static int forward(pb_stage *st, st_trainer_view *v, int64_t n) {
   if (p->probe) p->probe(p->probe_arg, st->rt.index, n, 1, w, st->n);
   st->rt.in[slot] = in;
   st->fwd_version[slot] = st->updates;
-  st_ctx ctx = v->ctx;
-  ctx.first_sample = (uint64_t)v->first_sample + (uint64_t)k * mb;
+  st_ctx ctx = st_rt_ctx(v, (int64_t)k * mb);
   const float *out = st_stage_forward(st->rt.run[slot], &ctx, w, in, mb);
   /* stash: micro-batches started before the first update all saw the
    * initial weights; later ones are saved just before their update */
@@ -563,7 +562,7 @@ static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
   if (rc) return rc;
   st->fwd_version = calloc((size_t)st->rt.slots, sizeof *st->fwd_version);
   int ok = st->fwd_version != NULL;
-  size_t per = (size_t)mb * R * m->classes;
+  size_t per = (size_t)mb * R * m->out_cols;
   if (ok && st->rt.index == 0)
     ok = (st->x_copy = st_alloc((size_t)st->rt.slots * mb *
                                 st_shape_numel(m->in) * sizeof(float))) != NULL;

@@ -63,8 +63,8 @@ typedef struct pipe_stage {
   st_rt_stage rt; /* first: the runtime's part (cores, slots, links) */
   struct pipe *p;
   int worker;            /* its chunk c is pipeline stage worker + c S */
-  float *probs;          /* last stage: slots x mb x R x classes */
-  float *dlogits;        /* last stage: mb x R x classes */
+  float *probs;          /* last stage: slots x mb x R x out_cols */
+  float *dlogits;        /* last stage: mb x R x out_cols */
   float **dgrad;         /* [M] input gradients (stages > 0) */
   float **own_in;        /* split backward, stages > 0: [slots] each slot's
                             input, kept until its W (the sender's buffer
@@ -139,8 +139,7 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
   }
   r->in[slot] = in;
   if (++st->held > st->max_held) st->max_held = st->held;
-  st_ctx ctx = v->ctx;
-  ctx.first_sample = (uint64_t)v->first_sample + (uint64_t)k * mb;
+  st_ctx ctx = st_rt_ctx(v, (int64_t)k * mb);
   const float *out = st_stage_forward(r->run[slot], &ctx, v->params, in, mb);
   if (r->index < p->rt.S - 1) {
     st_rt_trace(v, ST_TRACE_FORWARD, k, t0, st_now());
@@ -148,7 +147,7 @@ static int forward_one(pipe_stage *st, st_trainer_view *v, int k) {
     r->busy += st_now() - t0;
     return rc;
   }
-  size_t per = (size_t)mb * R * m->classes;
+  size_t per = (size_t)mb * R * m->out_cols;
   st_rt_loss(v, ctx.pool, k, mb, out, st->probs + (size_t)slot * per);
   double t1 = st_now();
   st_rt_trace(v, ST_TRACE_FORWARD, k, t0, t1);
@@ -179,7 +178,7 @@ static int backward_one(pipe_stage *st, st_trainer_view *v, int k,
   double t0;
   if (r->index == p->rt.S - 1) {
     t0 = st_now();
-    size_t per = (size_t)mb * R * m->classes;
+    size_t per = (size_t)mb * R * m->out_cols;
     st_rt_loss_grad(v, v->ctx.pool, k, mb, v->loss_batch,
                     st->probs + (size_t)slot * per, st->dlogits);
     dout = st->dlogits;
@@ -229,7 +228,7 @@ static int weights_one(pipe_stage *st, st_trainer_view *v, int k) {
                  &p->rt.abort, &p->rt.stop))
     return -1;
   st_stage_backward_weights_each(
-      r->run[slot], &v->ctx, v->grads, r->in[slot], p->rt.mb,
+      r->run[slot], &v->ctx, v->params, v->grads, r->in[slot], p->rt.mb,
       last && !v->grads_only ? st_exec_update_block : NULL, v);
   st->held--;
   if (last && st->tie_source >= 0) {
@@ -638,7 +637,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   p->rt.spin = threads <= st_usable_cores() ? ST_SPIN : 0;
   if (pl) p->rt.spin = st_dist_local_size() <= st_usable_cores() ? ST_SPIN : 0;
   int R = m->label_rows;
-  size_t per_mb = (size_t)micro_batch * R * m->classes;
+  size_t per_mb = (size_t)micro_batch * R * m->out_cols;
   for (int s = 0; !rc && s < p->rt.S; s++) {
     pipe_stage *ps = &p->stages[s];
     st_rt_stage *st = &ps->rt;

@@ -138,7 +138,7 @@ static int eval_create(ranks *p, const st_model *m, int max_batch,
     for (int t = 0; t < m->blocks[i].n_tensors; t++)
       if (m->blocks[i].tensors[t].numel > most)
         most = m->blocks[i].tensors[t].numel;
-  size_t logits = (size_t)max_batch * m->label_rows * m->classes;
+  size_t logits = (size_t)max_batch * m->label_rows * m->out_cols;
   if (!rc &&
       ((in && !(p->eval_in = st_alloc(in * max_batch * sizeof(float)))) ||
        !(p->logits = st_alloc(logits * sizeof(float))) ||
@@ -436,7 +436,7 @@ static const float *placed_forward(ranks *p, const st_ctx *ctx,
         xfer(p, 1, (void *)in, n * sizeof(float), p->owner[s + 1], s + 1, &err))
       return NULL;
   }
-  size_t bytes = (size_t)B * m->label_rows * m->classes * sizeof(float);
+  size_t bytes = (size_t)B * m->label_rows * m->out_cols * sizeof(float);
   if (me == p->last_owner) memcpy(p->logits, in, bytes);
   if (st_dist_bcast(p->xfer, p->logits, bytes, p->last_owner, &err))
     return NULL;

@@ -46,7 +46,7 @@ typedef struct replica {
   void *state;            /* the inner executor's */
   st_pool *pool;          /* sequential inner mode: its cores; else NULL */
   float *grads;           /* n_params; NULL for replica 0 (the trainer's) */
-  float *probs, *dlogits; /* mb * label_rows * classes; NULL for replica 0
+  float *probs, *dlogits; /* mb * label_rows * out_cols; NULL for replica 0
                              (the view's, which no one else uses then) */
   int first_track, tracks;
   /* The step: set by the caller, read by the driver. */
@@ -212,7 +212,7 @@ static int make_replica(reps *p, int r, const st_config *cfg, int per,
     return st_error_set(err, ST_ENOMEM,
                         "cannot start %d threads for replica %d", per, r);
   if (r > 0) {
-    size_t out = (size_t)p->mb * m->label_rows * m->classes;
+    size_t out = (size_t)p->mb * m->label_rows * m->out_cols;
     rp->grads = st_alloc(m->n_params * sizeof(float));
     rp->probs = st_alloc(out * sizeof(float));
     rp->dlogits = st_alloc(out * sizeof(float));

@@ -45,7 +45,7 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
   const st_model *m = v->model;
   size_t in_numel = st_shape_numel(m->in);
   int mb = v->micro_batch;
-  st_ctx ctx = v->ctx;
+  st_ctx ctx;
   double start = st_now(), t0;
   /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
   if (q->last_end > 0 && !v->grads_only)
@@ -54,7 +54,7 @@ static int seq_step(void *state, st_trainer_view *v, double *loss,
   for (int k = 0; k < v->batch; k += mb) {
     const float *x = v->x + (size_t)k * in_numel;
     int last = k + mb >= v->batch;
-    ctx.first_sample = v->first_sample + (uint64_t)k;
+    ctx = st_rt_ctx(v, k);
     t0 = st_now();
     const float *logits = st_stage_forward(s, &ctx, v->params, x, mb);
     st_rt_loss(v, ctx.pool, k / mb, mb, logits, v->probs);

@@ -189,7 +189,7 @@ int st_eval_batch(const st_model *m, int micro_batch) {
    * each (a GPT's vocabulary at every position, its attention
    * probabilities) — but never fewer than a training micro-batch, whose
    * buffers exist anyway */
-  size_t logits = (size_t)m->label_rows * (size_t)m->classes, acts = 0;
+  size_t logits = (size_t)m->label_rows * (size_t)m->out_cols, acts = 0;
   for (int i = 0; i < m->n_blocks; i++) acts += m->blocks[i].act_per_sample;
   size_t per_sample = logits > acts ? logits : acts, budget = (size_t)16 << 20;
   size_t fit = budget / (per_sample ? per_sample : 1);
@@ -391,7 +391,7 @@ static int check_rank_memory(const st_trainer *t, st_error *err) {
 
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
-  size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->classes;
+  size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->out_cols;
   /* x, y, losses; y and losses have a row per label */
   size_t rows = (size_t)max_int(t->batch, t->eval_batch);
   size_t labels = rows * (size_t)t->rows;
@@ -1075,10 +1075,10 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
   st_gemm_set_bf16(!strcmp(t->cfg.train.precision, "bf16"));
   if (t->pending) return in_flight(err);
   const st_model *m = t->model;
-  st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0, NULL};
+  st_ctx ctx = {t->pool, 0, t->cfg.train.seed, 0, NULL, t->y};
   double loss_sum = 0;
   int64_t correct = 0;
-  int n = t->n_test, R = t->rows, V = m->classes;
+  int n = t->n_test, R = t->rows;
   for (int start = 0; start < n; start += t->eval_batch) {
     int B = n - start < t->eval_batch ? n - start : t->eval_batch;
     for (int i = 0; i < B; i++) t->eval_idx[i] = start + i;
@@ -1090,14 +1090,10 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
                           "rank %d: evaluation stopped: a message to or from "
                           "another rank failed",
                           st_dist_rank());
-    st_xent_forward_pool(t->pool, t->losses, t->probs, logits, t->y, B * R, V);
+    st_model_loss(m, t->pool, t->losses, t->probs, logits, t->y, B * R);
     for (size_t i = 0; i < (size_t)B * R; i++) {
       loss_sum += t->losses[i];
-      const float *z = logits + i * (size_t)V;
-      int best = 0;
-      for (int c = 1; c < V; c++)
-        if (z[c] > z[best]) best = c;
-      correct += best == t->y[i];
+      correct += st_model_hit(m, logits, t->y, i);
     }
   }
   /* per label: per image, or per token */

@@ -583,7 +583,7 @@ static int remote_create(ws *w, const st_model *m, const st_config *cfg,
   if (rc) return rc;
   size_t rows = (size_t)m->label_rows;
   w->lossbuf = st_alloc((size_t)N * w->share * rows * sizeof(float));
-  w->logits = st_alloc((size_t)max_batch * rows * m->classes * sizeof(float));
+  w->logits = st_alloc((size_t)max_batch * rows * m->out_cols * sizeof(float));
   w->use_block = malloc(2 * (size_t)w->nb * sizeof *w->use_block);
   w->queue = malloc(((size_t)w->nb + 1) * sizeof *w->queue);
   if (!w->lossbuf || !w->logits || !w->use_block || !w->queue)
@@ -817,7 +817,7 @@ static int compute_step(ws *w, st_trainer_view *v, double *loss,
   const int nb = w->nb, uses = 2 * nb, mb = w->share;
   st_trainer_view r;
   st_replica_view(&r, v, m, w->me - 1, w->share, w->share);
-  st_ctx ctx = r.ctx;
+  st_ctx ctx = st_rt_ctx(&r, 0);
   int rc = 0, posted = 0;
   for (; posted < w->slots && posted < uses && !rc; posted++)
     rc = post_weights(w, posted, err);
@@ -974,7 +974,7 @@ static const float *remote_forward(ws *w, const st_ctx *ctx,
       h = w->outs[i];
     }
   }
-  size_t bytes = (size_t)B * m->label_rows * m->classes * sizeof(float);
+  size_t bytes = (size_t)B * m->label_rows * m->out_cols * sizeof(float);
   if (w->me == 1) memcpy(w->logits, h, bytes);
   return st_dist_bcast(w->all, w->logits, bytes, 1, &err) ? NULL : w->logits;
 }
@@ -1007,7 +1007,8 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
   for (int k = 0; k < v->batch && !rc; k += mb) {
     const float *x = v->x + (size_t)k * in_numel;
     int first = k == 0, last = k + mb >= v->batch;
-    ctx.first_sample = v->first_sample + (uint64_t)k;
+    ctx = st_rt_ctx(v, k);
+    ctx.fused = NULL;
     /* the walk of this micro-batch */
     pthread_mutex_lock(&w->mu);
     w->n_use = 2 * nb;

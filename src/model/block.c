@@ -163,6 +163,7 @@ static void forward_rows(const st_block *b, const st_layer *L,
   case ST_OP_CONV2D:
   case ST_OP_EMBED:
   case ST_OP_ATTENTION:
+  case ST_OP_LINEAR_XENT:
     break; /* not per-sample: see layer_forward */
   }
 }
@@ -199,6 +200,15 @@ static void layer_forward(const st_block *b, const st_layer *L,
       st_linear_t_forward(ctx->pool, y, x, w, bias, B * R, ic, oc);
     else
       st_linear_forward(ctx->pool, y, x, w, bias, B * R, ic, oc);
+  } else if (L->kind == ST_OP_LINEAR_XENT) {
+    /* the executor names the micro-batch's labels; the layer keeps them
+     * (int32) beside each row's logsumexp for its backward */
+    float *lse = layer_save(L, acts, B);
+    assert(ctx->labels);
+    st_linear_xent_forward(ctx->pool, y, lse, (int32_t *)(lse + (size_t)B * R),
+                           x, w, bias, ctx->labels, scratch, B * R,
+                           (int)(st_shape_numel(L->in) / R), L->vocab,
+                           st_linear_xent_chunk(R, L->vocab));
   } else if (L->kind == ST_OP_EMBED) {
     /* token ids arrive as floats (exact below 2^24); kept as int32 for the
      * backward's scatter */
@@ -352,6 +362,12 @@ static void layer_backward(const st_block *b, const st_layer *L,
       st_linear_backward(ctx->pool, dx, dw, db, g, x, w, B * R, (int)(n_in / R),
                          L->out.c);
     break;
+  case ST_OP_LINEAR_XENT:
+    st_linear_xent_backward(
+        ctx->pool, dx, dw, db, g, x, w, param(b, params, L->b_tensor), save,
+        (const int32_t *)(save + (size_t)B * R), scratch, B * R,
+        (int)(n_in / R), L->vocab, st_linear_xent_chunk(R, L->vocab));
+    break;
   case ST_OP_EMBED:
     if (dw || db)
       st_embedding_backward(dw, db, g, (const int32_t *)save, B, L->out.h,
@@ -447,7 +463,7 @@ static void backward(const st_block *b, const st_ctx *ctx, const float *params,
        * buffer, these kernels skip it; others need somewhere to write, and
        * ping/pong serves. */
       int optional = L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D ||
-                     L->kind == ST_OP_EMBED;
+                     L->kind == ST_OP_LINEAR_XENT || L->kind == ST_OP_EMBED;
       dx = din ? din : optional ? NULL : dx;
     }
     if (dx || !dys)
@@ -490,7 +506,8 @@ void st_block_backward_input(const st_block *b, const st_ctx *ctx,
 }
 
 void st_block_backward_weights(const st_block *b, const st_ctx *ctx,
-                               float *grads, const float *in, const float *acts,
+                               const float *params, float *grads,
+                               const float *in, const float *acts,
                                const float *dys, float *scratch, int B) {
   assert(!ctx->fused);
   /* the same calls as the whole backward makes for these gradients, each
@@ -501,7 +518,9 @@ void st_block_backward_weights(const st_block *b, const st_ctx *ctx,
     const st_layer *L = &b->layers[l];
     if (L->w_tensor < 0) continue;
     const float *x = backward_input(b, ctx, in, acts, scratch, l, B);
-    layer_backward(b, L, ctx, NULL, grads, x, acts, dys + at, NULL, scratch, B);
+    /* (the weights: a fused head makes its logits again) */
+    layer_backward(b, L, ctx, params, grads, x, acts, dys + at, NULL, scratch,
+                   B);
     at += (size_t)B * st_shape_numel(L->out);
   }
 }

@@ -399,7 +399,24 @@ static int build_gpt(builder *bd) {
   set_module(bd, "transformer.ln_f");
   add_seq_layernorm(bd, "ln_f");
   set_module(bd, "lm_head");
-  st_layer *H = add_seq_linear(bd, "lm_head", V, 0, 0, std);
+  st_layer *H;
+  if (c->model.fused_loss) {
+    /* the same weight (V, C), scored against the labels in vocabulary
+     * chunks: no logits buffer (ST_OP_LINEAR_XENT) */
+    H = add_layer(bd, ST_OP_LINEAR_XENT, (st_shape){2, T, 1});
+    if (H) {
+      name_layer(H, "lm_head");
+      H->init_std = std;
+      H->vocab = V;
+      int64_t wd[2] = {V, C};
+      H->w_tensor = add_tensor(bd, H, "weight", 2, wd);
+    }
+    bd->m->fused_loss = 1;
+    bd->m->out_cols = 2;
+  } else {
+    H = add_seq_linear(bd, "lm_head", V, 0, 0, std);
+    bd->m->out_cols = V;
+  }
   if (H && c->model.tied) bd->b->tensors[H->w_tensor].tie = -2; /* below */
   bd->module[0] = '\0';
   return bd->failed ? ST_ENOMEM : 0;
@@ -418,6 +435,8 @@ static size_t save_floats(const st_layer *L) {
     return 2 * (size_t)L->groups;
   case ST_OP_DROPOUT:
     return st_dropout_mask_words(st_shape_numel(L->out)); /* a bit each */
+  case ST_OP_LINEAR_XENT:
+    return 2 * (size_t)L->rows; /* lse, int32 label */
   default:
     return 0;
   }
@@ -470,6 +489,10 @@ static st_cost layer_cost(const st_layer *L) {
     return st_attention_cost(L->out.h, L->out.c, L->heads);
   case ST_OP_ROTARY:
     return st_rotary_cost(L->out.h, L->heads, L->rotary_dim);
+  case ST_OP_LINEAR_XENT:
+    return per_position(
+        st_linear_xent_cost((int)(st_shape_numel(L->in) / rows), L->vocab),
+        rows);
   }
   return st_pointwise_cost(n, 1, 1);
 }
@@ -485,8 +508,9 @@ static void add_cost(st_cost *sum, st_cost c) {
  * (relu's mask); every other saved thing is in its save area. */
 static int backward_reads_input(const st_layer *L) {
   return L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D ||
-         L->kind == ST_OP_ATTENTION || L->kind == ST_OP_LAYERNORM ||
-         L->kind == ST_OP_GROUPNORM || L->kind == ST_OP_GELU;
+         L->kind == ST_OP_LINEAR_XENT || L->kind == ST_OP_ATTENTION ||
+         L->kind == ST_OP_LAYERNORM || L->kind == ST_OP_GROUPNORM ||
+         L->kind == ST_OP_GELU;
 }
 
 /* Which outputs a block keeps (st_layer.transient): the last layer's, a
@@ -540,6 +564,8 @@ static void finish(st_model *m) {
                                      L->stride, L->pad);
       if (L->kind == ST_OP_ATTENTION)
         s = st_attention_scratch_floats(1, L->out.h, L->out.c, L->heads);
+      if (L->kind == ST_OP_LINEAR_XENT)
+        s = st_linear_xent_scratch_floats(L->rows, L->vocab);
       if (L->kind == ST_OP_LAYERNORM) /* B samples' blocks <= B x one's */
         s = st_layernorm_scratch_floats(
             L->rows, (int)(st_shape_numel(L->in) / (size_t)L->rows));
@@ -576,7 +602,7 @@ int st_model_create(st_model **out, const st_config *cfg, st_shape in,
   if (!m) return st_error_set(err, ST_ENOMEM, "out of memory");
   snprintf(m->kind, sizeof m->kind, "%s", cfg->model.kind);
   m->in = in;
-  m->classes = cfg->model.classes;
+  m->classes = m->out_cols = cfg->model.classes;
   m->label_rows = 1;
   builder bd = {.m = m, .cur = in, .cfg = cfg, .err = err};
   int rc;
@@ -609,14 +635,21 @@ void st_model_destroy(st_model *m) {
 }
 
 const char *st_op_name(st_op_kind kind) {
-  static const char *names[] = {
-      [ST_OP_LINEAR] = "linear",       [ST_OP_RELU] = "relu",
-      [ST_OP_GELU] = "gelu",           [ST_OP_CONV2D] = "conv",
-      [ST_OP_MAXPOOL] = "maxpool",     [ST_OP_AVGPOOL] = "avgpool",
-      [ST_OP_FLATTEN] = "flatten",     [ST_OP_LAYERNORM] = "ln",
-      [ST_OP_GROUPNORM] = "gn",        [ST_OP_RESIDUAL] = "residual",
-      [ST_OP_DROPOUT] = "dropout",     [ST_OP_EMBED] = "embed",
-      [ST_OP_ATTENTION] = "attention", [ST_OP_ROTARY] = "rotary"};
+  static const char *names[] = {[ST_OP_LINEAR] = "linear",
+                                [ST_OP_RELU] = "relu",
+                                [ST_OP_GELU] = "gelu",
+                                [ST_OP_CONV2D] = "conv",
+                                [ST_OP_MAXPOOL] = "maxpool",
+                                [ST_OP_AVGPOOL] = "avgpool",
+                                [ST_OP_FLATTEN] = "flatten",
+                                [ST_OP_LAYERNORM] = "ln",
+                                [ST_OP_GROUPNORM] = "gn",
+                                [ST_OP_RESIDUAL] = "residual",
+                                [ST_OP_DROPOUT] = "dropout",
+                                [ST_OP_EMBED] = "embed",
+                                [ST_OP_ATTENTION] = "attention",
+                                [ST_OP_ROTARY] = "rotary",
+                                [ST_OP_LINEAR_XENT] = "linear+xent"};
   return names[kind];
 }
 
@@ -757,4 +790,38 @@ void st_model_print(const st_model *m, FILE *f) {
           "forward+backward\n",
           m->kind, m->n_blocks, m->n_params, 4.0 * m->n_params / 1e6,
           flops / 1e6);
+}
+
+void st_model_loss(const st_model *m, st_pool *pool, float *losses,
+                   float *probs, const float *out, const int *labels,
+                   int rows) {
+  if (!m->fused_loss) {
+    st_xent_forward_pool(pool, losses, probs, out, labels, rows, m->classes);
+    return;
+  }
+  for (int r = 0; r < rows; r++) losses[r] = out[2 * (size_t)r];
+}
+
+void st_model_loss_grad(const st_model *m, st_pool *pool, float *dout,
+                        const float *probs, const int *labels, int rows,
+                        float scale) {
+  if (!m->fused_loss) {
+    st_xent_backward_pool(pool, dout, probs, labels, rows, m->classes, scale);
+    return;
+  }
+  /* d(scale x loss)/d(row's loss), nothing for the hit */
+  for (int r = 0; r < rows; r++) {
+    dout[2 * (size_t)r] = scale;
+    dout[2 * (size_t)r + 1] = 0.0f;
+  }
+}
+
+int st_model_hit(const st_model *m, const float *out, const int *labels,
+                 size_t i) {
+  if (m->fused_loss) return out[2 * i + 1] != 0.0f;
+  const float *z = out + i * (size_t)m->classes;
+  int best = 0;
+  for (int c = 1; c < m->classes; c++)
+    if (z[c] > z[best]) best = c;
+  return best == labels[i];
 }

@@ -101,3 +101,143 @@ st_cost st_xent_cost(int C) {
   c.act_bytes = 4.0 * C + 4.0; /* probabilities and the loss */
   return c;
 }
+
+/* ------------------------------------------- the head and its loss fused */
+
+enum { XENT_CHUNK_FLOATS = 1 << 20, XENT_MIN_CHUNK = 256 };
+
+int st_linear_xent_chunk(int R, int V) {
+  int r = R > 0 ? R : 1;
+  int c = XENT_CHUNK_FLOATS / r;
+  c = c < XENT_MIN_CHUNK ? XENT_MIN_CHUNK : c & ~15; /* whole vectors */
+  return c < V ? c : V;
+}
+
+/* Per row: the running sum (a double, two floats) beside the chunk. */
+size_t st_linear_xent_scratch_floats(int R, int V) {
+  return (size_t)R * ((size_t)st_linear_xent_chunk(R, V) + 2);
+}
+
+typedef struct head_job {
+  float *z; /* the chunk's logits, rows x n */
+  double *sum;
+  float *out, *lse;
+  const int32_t *lab;
+  const int *labels;
+  const float *g;
+  int c0, n, rows, per;
+} head_job;
+
+/* Rows in a task: about 4K logits, by the chunk's width alone. */
+static void head_run(st_pool *pool, head_job *j, void (*fn)(void *, int)) {
+  j->per = (1 << 12) / j->n > 1 ? (1 << 12) / j->n : 1;
+  st_pool_for(pool, (j->rows + j->per - 1) / j->per, fn, j);
+}
+
+/* Rows of one chunk, forward: the running max lives in lse and the
+ * label's logit in out[2 r] until the last chunk, the first index of the
+ * largest logit in out[2 r + 1] (exact as a float below 2^24). */
+static void head_fwd_task(void *arg, int task) {
+  const head_job *j = arg;
+  int r0 = task * j->per, r1 = r0 + j->per < j->rows ? r0 + j->per : j->rows;
+  for (int r = r0; r < r1; r++) {
+    const float *z = j->z + (size_t)r * j->n;
+    int best = 0;
+    for (int c = 1; c < j->n; c++) best = z[c] > z[best] ? c : best;
+    float cm = z[best], m = j->lse[r];
+    if (j->c0 == 0 || cm > m) {
+      if (j->c0 > 0) j->sum[r] *= exp((double)m - cm);
+      m = j->lse[r] = cm;
+      j->out[2 * r + 1] = (float)(j->c0 + best);
+    }
+    double lane[LANES] = {0}, sum = 0;
+    int c = 0;
+    for (; c + LANES <= j->n; c += LANES)
+      for (int l = 0; l < LANES; l++) lane[l] += exp_nonpositive(z[c + l] - m);
+    for (; c < j->n; c++) sum += exp_nonpositive(z[c] - m);
+    for (int l = 0; l < LANES; l++) sum += lane[l];
+    j->sum[r] = (j->c0 == 0 ? 0 : j->sum[r]) + sum;
+    int y = j->labels[r];
+    if (y >= j->c0 && y < j->c0 + j->n) j->out[2 * r] = z[y - j->c0];
+  }
+}
+
+/* Rows of one chunk, backward: z becomes g (softmax - onehot). */
+static void head_bwd_task(void *arg, int task) {
+  const head_job *j = arg;
+  int r0 = task * j->per, r1 = r0 + j->per < j->rows ? r0 + j->per : j->rows;
+  for (int r = r0; r < r1; r++) {
+    float *z = j->z + (size_t)r * j->n, s = j->g[2 * r], l = j->lse[r];
+    int y = j->lab[r] - j->c0, has = y >= 0 && y < j->n;
+    float zy = has ? z[y] : 0.0f;
+    for (int c = 0; c < j->n; c++) z[c] = s * exp_nonpositive(z[c] - l);
+    if (has) z[y] = s * (exp_nonpositive(zy - l) - 1.0f);
+  }
+}
+
+static void head_logits(st_pool *pool, float *z, const float *x, const float *w,
+                        const float *b, int rows, int D, int c0, int n) {
+  if (b)
+    st_gemm_bias(pool, 0, 1, rows, n, D, x, D, w + (size_t)c0 * D, D, b + c0, z,
+                 n);
+  else
+    st_gemm(pool, 0, 1, rows, n, D, 1.0f, x, D, w + (size_t)c0 * D, D, 0.0f, z,
+            n);
+}
+
+void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
+                            int32_t *saved_labels, const float *x,
+                            const float *w, const float *b, const int *labels,
+                            float *scratch, int rows, int D, int V, int chunk) {
+  double *sum = (double *)scratch;
+  float *z = scratch + 2 * (size_t)rows;
+  for (int c0 = 0; c0 < V; c0 += chunk) {
+    int n = V - c0 < chunk ? V - c0 : chunk;
+    head_logits(pool, z, x, w, b, rows, D, c0, n);
+    head_job j = {z, sum, out, lse, NULL, labels, NULL, c0, n, rows, 0};
+    head_run(pool, &j, head_fwd_task);
+  }
+  for (int r = 0; r < rows; r++) {
+    double m = lse[r], lsum = log(sum[r]);
+    int y = labels[r];
+    /* out[2r] holds z[y]; out[2r+1] the first index of the row's max */
+    out[2 * r + 1] = (int)out[2 * r + 1] == y ? 1.0f : 0.0f;
+    out[2 * r] = (float)(lsum - ((double)out[2 * r] - m));
+    lse[r] = (float)(m + lsum);
+    saved_labels[r] = y;
+  }
+}
+
+void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
+                             const float *g, const float *x, const float *w,
+                             const float *b, const float *lse,
+                             const int32_t *labels, float *scratch, int rows,
+                             int D, int V, int chunk) {
+  float *z = scratch + 2 * (size_t)rows;
+  for (int c0 = 0; c0 < V; c0 += chunk) {
+    int n = V - c0 < chunk ? V - c0 : chunk;
+    head_logits(pool, z, x, w, b, rows, D, c0, n);
+    head_job j = {z, NULL, NULL, (float *)lse, labels, NULL, g, c0, n, rows, 0};
+    head_run(pool, &j, head_bwd_task);
+    /* the weight gradient of these words, K = every row; the bias's in row
+     * order, as st_linear_backward sums it */
+    if (dw)
+      st_gemm(pool, 1, 0, n, D, rows, 1.0f, z, n, x, D, 1.0f,
+              dw + (size_t)c0 * D, D);
+    if (db)
+      for (int r = 0; r < rows; r++)
+        for (int c = 0; c < n; c++) db[c0 + c] += z[(size_t)r * n + c];
+    if (dx)
+      st_gemm(pool, 0, 0, rows, D, n, 1.0f, z, n, w + (size_t)c0 * D, D,
+              c0 ? 1.0f : 0.0f, dx, D);
+  }
+}
+
+st_cost st_linear_xent_cost(int D, int V) {
+  st_cost c;
+  c.flops_fwd = 2.0 * D * V + 6.0 * V; /* the product; max, exp, sum */
+  c.flops_bwd = 6.0 * D * V + 4.0 * V; /* again, then dW and dx; softmax */
+  c.param_bytes = 4.0 * D * V;
+  c.act_bytes = 4.0 * 4; /* loss, hit, lse, label */
+  return c;
+}

@@ -70,6 +70,16 @@ typedef struct st_trainer_view {
   double *gs2, *gb2;
 } st_trainer_view;
 
+/* The context of the micro-batch whose first sample is sample `first` of
+ * the view's batch: its dropout stream and its labels (a fused head reads
+ * them in its forward). */
+static inline st_ctx st_rt_ctx(const st_trainer_view *v, int64_t first) {
+  st_ctx c = v->ctx;
+  c.first_sample = (uint64_t)(v->first_sample + first);
+  c.labels = v->y + (size_t)first * (size_t)v->model->label_rows;
+  return c;
+}
+
 /* A step stopped by a stage on another rank (the cause is that rank's). */
 enum { ST_EXEC_PEER_STOPPED = 1000 };
 
@@ -148,7 +158,8 @@ void st_stage_backward_input(st_stage *s, const st_ctx *ctx,
                              const float *params, const float *in,
                              const float *dout, float *din, int B);
 void st_stage_backward_weights_each(st_stage *s, const st_ctx *ctx,
-                                    float *grads, const float *in, int B,
+                                    const float *params, float *grads,
+                                    const float *in, int B,
                                     void (*after_block)(void *arg, int block),
                                     void *arg);
 

@@ -175,13 +175,15 @@ void st_stage_backward_input(st_stage *s, const st_ctx *ctx,
 }
 
 void st_stage_backward_weights_each(st_stage *s, const st_ctx *ctx,
-                                    float *grads, const float *in, int B,
+                                    const float *params, float *grads,
+                                    const float *in, int B,
                                     void (*after_block)(void *arg, int block),
                                     void *arg) {
   /* last block first, as the whole backward updates them */
   for (int i = s->count - 1; i >= 0; i--) {
     const st_block *b = &s->model->blocks[s->first + i];
-    st_block_backward_weights(b, ctx, grads + (b->param_off - s->base),
+    st_block_backward_weights(b, ctx, params + (b->param_off - s->base),
+                              grads + (b->param_off - s->base),
                               block_in(s, i, in, B), s->acts[i], s->dys[i],
                               s->scratch, B);
     if (after_block) after_block(arg, s->first + i);

@@ -14,8 +14,8 @@ void st_rt_loss(const st_trainer_view *v, st_pool *pool, int64_t k, int mb,
                 const float *logits, float *probs) {
   const st_model *m = v->model;
   size_t rows = (size_t)mb * m->label_rows; /* R labels per sample */
-  st_xent_forward_pool(pool, v->losses + (size_t)k * rows, probs, logits,
-                       v->y + (size_t)k * rows, (int)rows, m->classes);
+  st_model_loss(m, pool, v->losses + (size_t)k * rows, probs, logits,
+                v->y + (size_t)k * rows, (int)rows);
 }
 
 void st_rt_loss_grad(const st_trainer_view *v, st_pool *pool, int64_t k, int mb,
@@ -23,8 +23,8 @@ void st_rt_loss_grad(const st_trainer_view *v, st_pool *pool, int64_t k, int mb,
   const st_model *m = v->model;
   int R = m->label_rows;
   size_t rows = (size_t)mb * R;
-  st_xent_backward_pool(pool, dlogits, probs, v->y + (size_t)k * rows,
-                        (int)rows, m->classes, 1.0f / ((float)over * (float)R));
+  st_model_loss_grad(m, pool, dlogits, probs, v->y + (size_t)k * rows,
+                     (int)rows, 1.0f / ((float)over * (float)R));
 }
 
 void st_rt_noise_first(const st_trainer_view *v, int mb) {

@@ -302,10 +302,11 @@ static void check_gradient(const st_safetensors *st, const variant *v,
             e_norm, stat[0]);
 }
 
-static void check_forward_backward(st_trainer *t, const st_safetensors *st,
-                                   const variant *v) {
-  const st_model *m = st_trainer_model(t);
-  const float *params = st_trainer_params(t);
+/* For the model m, with the head and loss apart (logits compared) or fused
+ * (model.fused_loss: each row's loss and hit, no logits). */
+static void check_forward_backward(const st_model *m, const float *params,
+                                   const st_safetensors *st, const variant *v) {
+  const char *head = m->fused_loss ? "fused head" : "head apart";
   st_error err = {0};
   st_stage *s = NULL;
   st_pool *pool = st_pool_create(2);
@@ -315,35 +316,50 @@ static void check_forward_backward(st_trainer *t, const st_safetensors *st,
   float *x = new_floats((size_t)B * T);
   int *y = keep(calloc((size_t)B * T, sizeof(int)));
   first_batch(x, y, B);
-  size_t nl = (size_t)B * T * VOCAB;
-  float *probs = new_floats(nl), *dlogits = new_floats(nl);
+  size_t nl = (size_t)B * T * m->out_cols;
+  float *probs = new_floats((size_t)B * T * VOCAB), *dlogits = new_floats(nl);
   float *losses = new_floats((size_t)B * T), *grads = new_floats(m->n_params);
-  st_ctx ctx = {pool, 1, 42, 0, NULL};
-  const float *logits = st_stage_forward(s, &ctx, params, x, B);
+  st_ctx ctx = {pool, 1, 42, 0, NULL, y};
+  const float *out = st_stage_forward(s, &ctx, params, x, B);
 
   char what[96];
   worst_seen wst = {0, ""};
   size_t nref = (size_t)v->logit_rows * T * VOCAB;
   const float *want = fx(st, v->name, "logits", nref);
-  double den = 0;
-  for (size_t i = 0; i < nref; i++) den = fmax(den, fabs((double)want[i]));
-  double e = err_over(logits, want, nref, den);
-  snprintf(what, sizeof what, "%s logits", v->name);
-  CHECK(e <= TOL, "%s: max |diff| / max |logit| %.3g > %.0e", what, e, TOL);
-  note(&wst, e, what);
+  double e;
+  if (!m->fused_loss) {
+    double den = 0;
+    for (size_t i = 0; i < nref; i++) den = fmax(den, fabs((double)want[i]));
+    e = err_over(out, want, nref, den);
+    snprintf(what, sizeof what, "%s logits", v->name);
+    CHECK(e <= TOL, "%s: max |diff| / max |logit| %.3g > %.0e", what, e, TOL);
+    note(&wst, e, what);
+  } else {
+    /* the hit of each row the fixture has logits for: its argmax is the
+     * label (torch's logits; no two of a row tie) */
+    int differ = 0;
+    for (size_t r = 0; r < (size_t)v->logit_rows * T; r++) {
+      const float *z = want + r * VOCAB;
+      int best = 0;
+      for (int c = 1; c < VOCAB; c++) best = z[c] > z[best] ? c : best;
+      differ += st_model_hit(m, out, y, r) != (best == y[r]);
+    }
+    CHECK(differ == 0, "%s %s: %d rows' hits differ from torch's argmax",
+          v->name, head, differ);
+  }
 
-  st_xent_forward(losses, probs, logits, y, B * T, VOCAB);
+  st_model_loss(m, pool, losses, probs, out, y, B * T);
   double loss = 0;
   for (int i = 0; i < B * T; i++) loss += losses[i];
   loss /= B * T;
   const float *want_loss = fx(st, v->name, "loss", 1);
   e = fabs(loss - want_loss[0]) / want_loss[0];
   snprintf(what, sizeof what, "%s loss", v->name);
-  CHECK(e <= TOL, "%s: %.7f vs torch %.7f", what, loss, want_loss[0]);
+  CHECK(e <= TOL, "%s %s: %.7f vs torch %.7f", what, head, loss, want_loss[0]);
   note(&wst, e, what);
 
   /* the trainer's loss gradient (sequential.c): mean over B * T labels */
-  st_xent_backward(dlogits, probs, y, B * T, VOCAB, 1.0f / (float)(B * T));
+  st_model_loss_grad(m, pool, dlogits, probs, y, B * T, 1.0f / (float)(B * T));
   st_stage_backward(s, &ctx, params, grads, x, dlogits, NULL, B);
   /* A tied copy's gradient belongs to its source, as gather_tied sums it. */
   for (int i = 0; i < m->n_blocks; i++)
@@ -374,8 +390,9 @@ static void check_forward_backward(st_trainer *t, const st_safetensors *st,
         "%s: %d gradients checked, %d in the fixture, %d parameters expected",
         v->name, checked, in_fixture, expect);
   fprintf(stderr,
-          "  %s: logits, loss, %d gradients: worst %.2g (%s), tol %.0e\n",
-          v->name, checked, wst.err, wst.what, TOL);
+          "  %s, %s: %s, loss, %d gradients: worst %.2g (%s), tol %.0e\n",
+          v->name, head, m->fused_loss ? "hits" : "logits", checked, wst.err,
+          wst.what, TOL);
 done:
   st_stage_destroy(s);
   st_pool_destroy(pool);
@@ -420,19 +437,19 @@ static void check_training(st_trainer *t, const st_safetensors *st,
  * (attention never looks ahead; everything else is per position) and
  * changes some logit at t or later (the perturbation is seen). With two
  * sequences, the other one must not change at all. */
-static void check_causality(st_trainer *t, const variant *v) {
-  const st_model *m = st_trainer_model(t);
-  const float *params = st_trainer_params(t);
+static void check_causality(const st_model *m, const float *params,
+                            const variant *v) {
   st_error err = {0};
   st_stage *s = NULL;
   st_pool *pool = st_pool_create(2);
   int rc = st_stage_create(&s, m, 0, m->n_blocks, 2, &err);
   CHECK(rc == 0 && pool, "%s: stage: %s", v->name, err.msg);
   if (rc || !pool) goto done;
-  st_ctx ctx = {pool, 0, 42, 0, NULL};
-  size_t row = VOCAB, seq = (size_t)T * VOCAB;
   float *x = new_floats(2 * T);
   int *y = keep(calloc(2 * T, sizeof(int)));
+  st_ctx ctx = {pool, 0, 42, 0, NULL, y};
+  /* logits, or a fused head's loss and hit, of each position */
+  size_t row = (size_t)m->out_cols, seq = (size_t)T * row;
   float *base = new_floats(2 * seq);
   first_batch(x, y, 2);
   memcpy(base, st_stage_forward(s, &ctx, params, x, 2),
@@ -483,8 +500,22 @@ static void run_variant(const st_safetensors *st, const variant *v) {
         "%s: the model is not the variant (ties %d, vocab %d)", v->name,
         m->n_ties, m->classes);
   set_weights(m, st_trainer_params(t), st, v->name);
-  check_causality(t, v);
-  check_forward_backward(t, st, v);
+  /* the same tensors with the head and its loss apart: the logits */
+  st_config apart = cfg;
+  apart.model.fused_loss = 0;
+  apart.model.vocab = m->classes; /* the tokenizer's, as the trainer took */
+  st_model *mu = NULL;
+  rc = st_model_create(&mu, &apart, m->in, &err);
+  CHECK(rc == 0 && m->fused_loss && !mu->fused_loss &&
+            mu->n_params == m->n_params,
+        "%s: the model with its head apart: %s", v->name, err.msg);
+  if (!rc) {
+    check_causality(mu, st_trainer_params(t), v);
+    check_forward_backward(mu, st_trainer_params(t), st, v);
+  }
+  st_model_destroy(mu);
+  check_causality(m, st_trainer_params(t), v);
+  check_forward_backward(m, st_trainer_params(t), st, v);
   check_training(t, st, v); /* last: it changes the weights */
   st_trainer_destroy(t);
   release_all();

@@ -166,7 +166,7 @@ static int fixture_create(fixture *fx, const char *what, const st_config *c,
   /* training 0: dropout off; on (c->model.dropout > 0), the masks are a
    * function of the seed and the sample (dropout.c), so the loss is still a
    * deterministic function of the parameters */
-  fx->ctx = (st_ctx){NULL, c->model.dropout > 0, seed, 0, NULL};
+  fx->ctx = (st_ctx){NULL, c->model.dropout > 0, seed, 0, NULL, NULL};
   size_t nx = (size_t)fx->B * st_shape_numel(in);
   fx->params = floats(fx->m->n_params);
   fx->grads = floats(fx->m->n_params);
@@ -423,7 +423,7 @@ static void check_residual_block(const char *what, const st_config *c,
   float *all = floats(m->n_params);
   st_model_init(m, all, seed);
   block_run r = {.b = b, .params = all + b->param_off, .B = 2};
-  r.ctx = (st_ctx){NULL, 0, seed, 0, NULL};
+  r.ctx = (st_ctx){NULL, 0, seed, 0, NULL, NULL};
   size_t nin = (size_t)r.B * st_shape_numel(b->in);
   size_t nout = (size_t)r.B * st_shape_numel(b->out);
   r.in = floats(nin);
@@ -923,7 +923,7 @@ static void check_dropout_block(const st_config *c) {
   memset(grads, 0, m->n_params * sizeof(float));
   memset(want, 0, m->n_params * sizeof(float));
   st_pool *pool = st_pool_create(3);
-  st_ctx ctx = {pool, 1, 99, 1000, NULL};
+  st_ctx ctx = {pool, 1, 99, 1000, NULL, NULL};
   st_block_forward(b, &ctx, params + b->param_off, x, acts, scratch, B);
   st_block_backward(b, &ctx, params + b->param_off, grads + b->param_off, x,
                     acts, dout, NULL, work, scratch, B);

@@ -49,9 +49,14 @@ static void check_model(const char *what, const st_config *c, st_shape in,
   float *params = floats(m->n_params);
   st_model_init(m, params, 7);
   const int Bs[] = {1, 3, 8};
+  /* a GPT's fused head reads the labels: 8 samples' worth */
+  int *labels = calloc((size_t)8 * m->label_rows, sizeof *labels);
+  for (int j = 0; j < 8 * m->label_rows; j++)
+    labels[j] = vocab ? j * 7 % vocab : 0;
   for (int bi = 0; bi < 3; bi++) {
     int B = Bs[bi];
-    st_ctx ctx = {pool, 1, 99, 0, NULL}; /* training: dropout on */
+    /* training: dropout on */
+    st_ctx ctx = {pool, 1, 99, 0, NULL, vocab ? labels : NULL};
     for (int i = 0; i < m->n_blocks; i++) {
       const st_block *b = &m->blocks[i];
       size_t nin = (size_t)B * st_shape_numel(b->in);
@@ -84,8 +89,9 @@ static void check_model(const char *what, const st_config *c, st_shape in,
               what, i, B);
         CHECK(memcmp(d_whole, d_split, nin * sizeof(float)) == 0,
               "%s block %d B=%d: input gradients differ", what, i, B);
-        st_block_backward_weights(b, &ctx, g_split + b->param_off, x, acts, dys,
-                                  scratch, B);
+        st_block_backward_weights(b, &ctx, params + b->param_off,
+                                  g_split + b->param_off, x, acts, dys, scratch,
+                                  B);
         int nonzero = 0;
         for (size_t j = 0; j < b->n_params; j++)
           nonzero |= g_whole[b->param_off + j] != 0;
@@ -107,6 +113,7 @@ static void check_model(const char *what, const st_config *c, st_shape in,
       st_free(d_split);
     }
   }
+  free(labels);
   st_free(params);
   st_pool_destroy(pool);
   st_model_destroy(m);

@@ -213,6 +213,154 @@ static void test_xent(void) {
   st_safetensors_destroy(st);
 }
 
+/* ------------------------------------------ the head and its loss fused */
+
+/* One run of the fused head: loss and hit per row, then the gradients (dW
+ * and db added to a non-zero start, dx overwritten) for per-row scales g. */
+typedef struct head_run {
+  float *out, *lse, *dx, *dw, *db;
+  int32_t *lab;
+} head_run;
+
+static head_run fused_head(st_pool *pool, const float *x, const float *w,
+                           const float *b, const int *y, const float *g,
+                           int rows, int D, int V, int chunk) {
+  head_run h = {new_floats(2 * (size_t)rows), new_floats((size_t)rows),
+                new_floats((size_t)rows * D), new_floats((size_t)V * D),
+                new_floats((size_t)V),        keep(calloc((size_t)rows, 4))};
+  float *scratch = new_floats((size_t)rows * (chunk + 2));
+  for (size_t i = 0; i < (size_t)rows * D; i++) h.dx[i] = 7.0f;
+  for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] = 0.5f;
+  for (int i = 0; i < V; i++) h.db[i] = 0.25f;
+  float *gg = new_floats(2 * (size_t)rows);
+  for (int r = 0; r < rows; r++) gg[2 * r] = g[r], gg[2 * r + 1] = 0.0f;
+  st_linear_xent_forward(pool, h.out, h.lse, h.lab, x, w, b, y, scratch, rows,
+                         D, V, chunk);
+  st_linear_xent_backward(pool, h.dx, h.dw, h.db, gg, x, w, b, h.lse, h.lab,
+                          scratch, rows, D, V, chunk);
+  for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] -= 0.5f;
+  for (int i = 0; i < V; i++) h.db[i] -= 0.25f;
+  return h;
+}
+
+/* st_linear_xent_* against the closed form in double (logits x W^T + b,
+ * logsumexp, softmax - onehot), over a vocabulary of 203 in chunks of 48
+ * (four whole chunks and one of 11), labels on chunk edges and in the
+ * short last chunk, rows with their largest logit in a later chunk than
+ * the first (the running max and sum rescaled), per-row gradient scales;
+ * then bit for bit across thread counts, and against one chunk. */
+static void test_linear_xent(void) {
+  enum { ROWS = 37, D = 24, V = 203, CHUNK = 48 };
+  float *x = random_floats((size_t)ROWS * D, 61, 1.0f);
+  float *w = random_floats((size_t)V * D, 62, 0.4f);
+  float *b = random_floats(V, 63, 0.5f), *g = new_floats(ROWS);
+  int *y = keep(calloc(ROWS, sizeof(int)));
+  /* some rows' best word far from the first chunk: word 150 pulled up;
+   * row 9's best twice, words 20 and 100 the same (its label, as every
+   * third row's: the first index of the largest logit scores) */
+  for (int d = 0; d < D; d++) {
+    w[150 * D + d] = 1.5f * x[3 * D + d];
+    w[20 * D + d] = w[100 * D + d] = 2.0f * x[9 * D + d];
+  }
+  b[100] = b[20];
+  /* the closed form */
+  double *ref_loss = calloc(ROWS, sizeof *ref_loss);
+  int *ref_hit = keep(calloc(ROWS, sizeof(int)));
+  float *rdx = new_floats((size_t)ROWS * D), *rdw = new_floats((size_t)V * D);
+  float *rdb = new_floats(V);
+  double *z = calloc((size_t)ROWS * V, sizeof *z);
+  double *dwd = calloc((size_t)V * D, sizeof *dwd),
+         *dbd = calloc(V, sizeof *dbd);
+  int later_best = 0;
+  const int edges[] = {0, 47, 48, 95, 96, 191, 192, 202};
+  for (int r = 0; r < ROWS; r++) {
+    int best = 0;
+    double *zr = z + (size_t)r * V;
+    for (int v = 0; v < V; v++) {
+      zr[v] = b[v];
+      for (int d = 0; d < D; d++)
+        zr[v] += (double)x[(size_t)r * D + d] * w[(size_t)v * D + d];
+      if (zr[v] > zr[best]) best = v;
+    }
+    /* labels on the chunks' edges, every third row its best word */
+    y[r] = r < 8 ? edges[r] : r % 3 ? (int)((r * 37u + 11u) % V) : best;
+    g[r] = (1.0f + (float)(r % 3)) / ROWS;
+    later_best += best >= CHUNK;
+  }
+  for (int r = 0; r < ROWS; r++) {
+    const double *zr = z + (size_t)r * V;
+    int best = 0;
+    for (int v = 1; v < V; v++) best = zr[v] > zr[best] ? v : best;
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += exp(zr[v] - zr[best]);
+    double lse = zr[best] + log(sum);
+    ref_loss[r] = lse - zr[y[r]];
+    ref_hit[r] = best == y[r];
+    for (int v = 0; v < V; v++) {
+      double dv = g[r] * (exp(zr[v] - lse) - (v == y[r]));
+      dbd[v] += dv;
+      for (int d = 0; d < D; d++) {
+        dwd[(size_t)v * D + d] += dv * x[(size_t)r * D + d];
+        rdx[(size_t)r * D + d] += (float)(dv * w[(size_t)v * D + d]);
+      }
+    }
+  }
+  for (size_t i = 0; i < (size_t)V * D; i++) rdw[i] = (float)dwd[i];
+  for (int v = 0; v < V; v++) rdb[v] = (float)dbd[v];
+  CHECK(later_best >= 3 && y[9] == 20 && z[9 * V + 20] == z[9 * V + 100],
+        "linear_xent: only %d rows peak past chunk 0, or row 9 has no tie",
+        later_best);
+  st_pool *one = st_pool_create(1), *three = st_pool_create(3);
+  head_run a = fused_head(one, x, w, b, y, g, ROWS, D, V, CHUNK);
+  float *loss = new_floats(ROWS), *want = new_floats(ROWS);
+  int hits = 0, hit_ok = 1, labels_kept = 1;
+  for (int r = 0; r < ROWS; r++) {
+    loss[r] = a.out[2 * r];
+    want[r] = (float)ref_loss[r];
+    hit_ok &= a.out[2 * r + 1] == (float)ref_hit[r];
+    hits += ref_hit[r];
+    labels_kept &= a.lab[r] == y[r];
+  }
+  /* the loss: a double sum over exps within 2 ulp, as st_xent_forward */
+  CHECK_CLOSE("linear_xent losses", loss, want, ROWS, 1e-5, 1.0);
+  CHECK(hit_ok && hits > 0 && hits < ROWS && labels_kept,
+        "linear_xent: hits or kept labels differ from the closed form");
+  /* gradients: sums of terms g (p - onehot) (times x or W), each at most
+   * the largest g, 3/37, in size, the label's p - 1 rounded from p near 1:
+   * GEMM_TOL above that floor */
+  const double term = 3.0 / ROWS;
+  CHECK_CLOSE("linear_xent dx", a.dx, rdx, (size_t)ROWS * D, GEMM_TOL, term);
+  CHECK_CLOSE("linear_xent dW", a.dw, rdw, (size_t)V * D, GEMM_TOL, term);
+  CHECK_CLOSE("linear_xent db", a.db, rdb, V, GEMM_TOL, term);
+  /* any thread count: the same bits */
+  head_run t = fused_head(three, x, w, b, y, g, ROWS, D, V, CHUNK);
+  CHECK(memcmp(a.out, t.out, 2 * ROWS * sizeof(float)) == 0 &&
+            memcmp(a.dx, t.dx, (size_t)ROWS * D * sizeof(float)) == 0 &&
+            memcmp(a.dw, t.dw, (size_t)V * D * sizeof(float)) == 0 &&
+            memcmp(a.db, t.db, V * sizeof(float)) == 0,
+        "linear_xent: 1 and 3 threads differ");
+  /* the whole vocabulary as one chunk: the same sums, rounded apart */
+  head_run u = fused_head(three, x, w, b, y, g, ROWS, D, V, V);
+  for (int r = 0; r < ROWS; r++) loss[r] = u.out[2 * r];
+  CHECK_CLOSE("linear_xent one chunk", loss, want, ROWS, 1e-5, 1.0);
+  CHECK_CLOSE("linear_xent one chunk dW", u.dw, rdw, (size_t)V * D, GEMM_TOL,
+              term);
+  /* the chunk is a function of shape alone, whole vectors, <= V */
+  CHECK(st_linear_xent_chunk(1024, 50257) == 1024 &&
+            st_linear_xent_chunk(64, 256) == 256 &&
+            st_linear_xent_chunk(4096, 50257) == 256 &&
+            st_linear_xent_scratch_floats(1024, 50257) == 1024 * 1026,
+        "linear_xent chunk %d %d %d", st_linear_xent_chunk(1024, 50257),
+        st_linear_xent_chunk(64, 256), st_linear_xent_chunk(4096, 50257));
+  st_pool_destroy(one);
+  st_pool_destroy(three);
+  free(ref_loss);
+  free(z);
+  free(dwd);
+  free(dbd);
+  release_all();
+}
+
 /* --------------------------------------------------------------- conv2d */
 
 typedef struct conv_shape {
@@ -925,6 +1073,7 @@ int main(void) {
   test_relu();
   test_gelu();
   test_xent();
+  test_linear_xent();
   test_conv2d_fixtures();
   test_conv2d_naive();
   test_conv2d_determinism();
