@@ -480,6 +480,25 @@ for bf_case in "gpt 124m 4 ${REPEATS_BF16:-2} 1.6" "mlp - 32 $repeats -" "mlp - 
       (t != "-") ? sprintf(" (target >= %sx: %s)", t, r >= t ? "meets target" : "below target") : "" }'
 done
 
+# 11b. The fused head (model.fused_loss, the default): the GPT-2-124M shape
+# with its head and loss fused (no logits buffer; the head's forward product
+# again in the backward) against the head apart, all cores, alternating,
+# best of REPEATS_BF16 (default 2). A cost, not a speed-up: the row says
+# what the memory costs in time (docs/models.md has the memory).
+echo
+echo "Fused head against the head apart (strata both; gpt 124m batch 4; all $nproc threads)"
+a_best="" u_best=""
+for ((r = 0; r < ${REPEATS_BF16:-2}; r++)); do
+  for head in apart fused; do
+    line=$(gpt_line "$build/bench/bench_gpt" 124m 4 "$nproc" "$span" fp32 "$head") || { status=1; continue; }
+    v=$(field tokens_per_s "$line")
+    if [ "$head" = apart ]; then a_best=$(best "$a_best" "$v"); else u_best=$(best "$u_best" "$v"); fi
+  done
+done
+awk -v a="$a_best" -v u="$u_best" 'BEGIN {
+  printf "  apart %9.1f tokens/s, fused %9.1f; fused/apart %.2fx (the product made again: 1/3 of the head, 0.9x by FLOPs)\n",
+    a, u, (a > 0) ? u / a : 0 }'
+
 # 12. Weight streaming across MPI ranks: rank 0 the store (memory), 1 and 2
 # compute ranks of one thread each, against the same arithmetic in one
 # process (sequential on 1 thread; the in-process replicas, 2 on 2 threads:
