@@ -167,6 +167,12 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
  * from train.precision; the process starts in fp32. */
 void st_gemm_set_bf16(int on);
 int st_gemm_bf16_on(void);
+/* x[0 .. n) rounded to bf16 exactly as st_gemm_bf16 rounds its inputs
+ * (subnormals to signed zeros, NaN quiet), into h: a value kept this way
+ * and widened back (st_bf16_unpack_pool, exact) rounds to the same bf16
+ * again, so a product of it has the bits of a product of x. On the pool. */
+void st_bf16_pack_as_gemm(st_pool *pool, const float *x, uint16_t *h, size_t n);
+void st_bf16_unpack_pool(st_pool *pool, const uint16_t *h, float *x, size_t n);
 /* How this build multiplies bf16: "AVX512-BF16 (vdpbf16ps)" or
  * "emulated (...)". st_bf16_set_emulated(1) makes it emulate even where
  * the CPU has the instructions (tests; the bits are the same). */
@@ -324,6 +330,7 @@ typedef struct st_config {
     char checkpoint_format[8]; /* single | shards (a directory, an index) */
     int flush_subnormals;      /* FTZ + DAZ on every computing thread */
     char precision[8];         /* fp32 | bf16 (the products; st_gemm_bf16) */
+    int bf16_activations;      /* bf16: products' inputs kept as bf16 */
   } train;
   struct {
     char mode[24];             /* sequential, pipeline, block_sequential,
@@ -675,10 +682,18 @@ typedef struct st_layer {
    * its input nor, like relu, its own output; no residual adds it) is not
    * kept: ST_TRANSIENT, in the scratch until the next layer's forward has
    * read it. A gelu's output that only the next layer's backward reads is
-   * made again there from its (kept) input: ST_RECOMPUTED. */
+   * made again there from its (kept) input: ST_RECOMPUTED. Under
+   * train.precision bf16 (train.bf16_activations), a sequence layer's
+   * output that only a product reads in the backward (the next layer is
+   * linear, attention or the fused head) is kept as bf16 at half_off,
+   * rounded as the product rounds it (st_bf16_pack_as_gemm), so the
+   * backward's bits are the same: ST_HALF, its fp32 value in the scratch
+   * slot until the next forward has read it, and widened into that slot
+   * again for the next layer's backward. */
   int transient;
+  size_t half_off; /* ST_HALF: floats per sample into the activations */
 } st_layer;
-enum { ST_KEPT = 0, ST_TRANSIENT = 1, ST_RECOMPUTED = 2 };
+enum { ST_KEPT = 0, ST_TRANSIENT = 1, ST_RECOMPUTED = 2, ST_HALF = 3 };
 
 /* A block: one input and one output activation per sample, a list of layers
  * run in order (a residual add inside it refers to the block's input), and

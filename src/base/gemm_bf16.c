@@ -618,3 +618,54 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     st_pool_for(pool, tiles, tile_task, &j);
   }
 }
+
+/* ----------------------------------------- activations kept as bf16 */
+
+/* Chunks of 16K elements (a multiple of 16) by length alone, on the pool;
+ * every element is converted alone, so the chunking changes no bit. */
+enum { CONVERT_CHUNK = 1 << 14 };
+
+typedef struct keep_job {
+  const float *x;
+  const uint16_t *hin;
+  uint16_t *h;
+  float *out;
+  size_t n;
+  int native;
+} keep_job;
+
+static void keep_task(void *arg, int task) {
+  const keep_job *j = arg;
+  size_t lo = (size_t)task * CONVERT_CHUNK,
+         hi = j->n - lo < CONVERT_CHUNK ? j->n : lo + CONVERT_CHUNK, i = lo;
+  for (; i + 16 <= hi; i += 16) {
+    u16 r = round16(*(const v16 *)(j->x + i), j->native);
+    for (int l = 0; l < 16; l++) j->h[i + l] = (uint16_t)r[l];
+  }
+  for (; i < hi; i++) j->h[i] = (uint16_t)round_one(j->x[i]);
+}
+
+static void unkeep_task(void *arg, int task) {
+  const keep_job *j = arg;
+  size_t lo = (size_t)task * CONVERT_CHUNK,
+         hi = j->n - lo < CONVERT_CHUNK ? j->n : lo + CONVERT_CHUNK;
+  for (size_t i = lo; i < hi; i++) {
+    uint32_t u = (uint32_t)j->hin[i] << 16;
+    memcpy(j->out + i, &u, sizeof u);
+  }
+}
+
+static int convert_tasks(size_t n) {
+  return (int)((n + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
+}
+
+void st_bf16_pack_as_gemm(st_pool *pool, const float *x, uint16_t *h,
+                          size_t n) {
+  keep_job j = {x, NULL, h, NULL, n, native()};
+  st_pool_for(pool, convert_tasks(n), keep_task, &j);
+}
+
+void st_bf16_unpack_pool(st_pool *pool, const uint16_t *h, float *x, size_t n) {
+  keep_job j = {NULL, h, NULL, x, n, 0};
+  st_pool_for(pool, convert_tasks(n), unkeep_task, &j);
+}

@@ -175,6 +175,10 @@ const st_config_key st_config_schema[] = {
          "bf16-rounded inputs with fp32 sums, AVX512-BF16 where the CPU has "
          "it, else emulated; weights, optimizer state, the other ops and "
          "checkpoints stay fp32 (docs/bf16.md)"),
+    BOOL(train, bf16_activations, "true",
+         "bf16: a GPT keeps the inputs its products read in the backward "
+         "(linear, attention, the fused head) as bf16, half the memory; "
+         "exact, as the products round them to bf16 anyway"),
 
     ENUM(execution, mode, "sequential", modes, "execution mode (DESIGN.md)"),
     INT(execution, micro_batch, "0",

@@ -235,12 +235,21 @@ static void layer_forward(const st_block *b, const st_layer *L,
   }
 }
 
+/* An ST_HALF output's bf16 copy in the activations. */
+static uint16_t *layer_half(const st_layer *L, const float *acts, int B) {
+  return (uint16_t *)(acts + L->half_off * (size_t)B);
+}
+
 void st_block_forward(const st_block *b, const st_ctx *ctx, const float *params,
                       const float *in, float *acts, float *scratch, int B) {
   const float *x = in;
   for (int l = 0; l < b->n_layers; l++) {
-    layer_forward(b, &b->layers[l], ctx, params, in, x, acts, scratch, B);
-    x = layer_out(&b->layers[l], acts, scratch, B);
+    const st_layer *L = &b->layers[l];
+    layer_forward(b, L, ctx, params, in, x, acts, scratch, B);
+    x = layer_out(L, acts, scratch, B);
+    if (L->transient == ST_HALF) /* kept for the backward as bf16 */
+      st_bf16_pack_as_gemm(ctx->pool, x, layer_half(L, acts, B),
+                           (size_t)B * st_shape_numel(L->out));
   }
 }
 
@@ -250,12 +259,18 @@ const float *st_block_output(const st_block *b, const float *acts, int B) {
 
 /* Layer l's input for a backward: a recomputed gelu's output made again
  * into its scratch slot from its own input, with the forward's calls (the
- * same bits: gelu has no parameters and reads nothing else). */
+ * same bits: gelu has no parameters and reads nothing else); an ST_HALF
+ * output widened from its bf16 copy into its slot (what the product reads
+ * of it is the same bf16). */
 static const float *backward_input(const st_block *b, const st_ctx *ctx,
                                    const float *in, const float *acts,
                                    float *scratch, int l, int B) {
   if (l == 0) return in;
   const st_layer *P = &b->layers[l - 1];
+  if (P->transient == ST_HALF) /* widened into its scratch slot */
+    st_bf16_unpack_pool(ctx->pool, layer_half(P, acts, B),
+                        (float *)layer_out(P, acts, scratch, B),
+                        (size_t)B * st_shape_numel(P->out));
   if (P->transient == ST_RECOMPUTED) {
     const float *px =
         l == 1 ? in : layer_out(&b->layers[l - 2], acts, scratch, B);

@@ -518,7 +518,7 @@ static int backward_reads_input(const st_layer *L) {
  * those, a gelu's is cheap to make again from its input (kept: gelu reads
  * it), as the recomputing schemes do (Chen et al. 2016), and bit for bit
  * the forward's. */
-static void mark_transient(st_block *b) {
+static void mark_transient(st_block *b, int half) {
   for (int l = 0; l < b->n_layers; l++) {
     st_layer *L = &b->layers[l];
     int source = 0;
@@ -526,11 +526,18 @@ static void mark_transient(st_block *b) {
       source |= b->layers[k].kind == ST_OP_RESIDUAL && b->layers[k].skip == l;
     L->transient = ST_KEPT;
     if (l == b->n_layers - 1 || source || L->kind == ST_OP_RELU) continue;
+    st_op_kind next = b->layers[l + 1].kind;
     if (!backward_reads_input(&b->layers[l + 1]))
       L->transient = ST_TRANSIENT;
     else if (L->kind == ST_OP_GELU &&
              (l == 0 || b->layers[l - 1].transient == ST_KEPT))
       L->transient = ST_RECOMPUTED; /* from a kept input only */
+    else if (half && L->rows > 1 &&
+             (next == ST_OP_LINEAR || next == ST_OP_ATTENTION ||
+              next == ST_OP_LINEAR_XENT))
+      /* read in the backward by products alone (a sequence layer: never
+       * the fused batch-1 update, which reads its input in fp32) */
+      L->transient = ST_HALF;
   }
 }
 
@@ -538,14 +545,18 @@ static void mark_transient(st_block *b) {
  * transient output takes one of two slots past the layers' own scratch,
  * by the parity of its index (consecutive transient layers alternate),
  * each slot as large as its largest. */
-static void finish(st_model *m) {
+static void finish(st_model *m, int half) {
   for (int i = 0; i < m->n_blocks; i++) {
     st_block *b = &m->blocks[i];
     size_t off = 0, slot[2] = {0, 0};
     b->max_numel = st_shape_numel(b->in);
-    mark_transient(b);
+    mark_transient(b, half);
     for (int l = 0; l < b->n_layers; l++) {
       st_layer *L = &b->layers[l];
+      if (L->transient == ST_HALF) { /* a bf16 each, two to a float */
+        L->half_off = off;
+        off += (st_shape_numel(L->out) + 1) / 2;
+      }
       if (L->transient) {
         if (st_shape_numel(L->out) > slot[l % 2])
           slot[l % 2] = st_shape_numel(L->out);
@@ -619,7 +630,8 @@ int st_model_create(st_model **out, const st_config *cfg, st_shape in,
     st_model_destroy(m);
     return rc;
   }
-  finish(m);
+  finish(m,
+         !strcmp(cfg->train.precision, "bf16") && cfg->train.bf16_activations);
   *out = m;
   return 0;
 }

@@ -235,6 +235,50 @@ static void check_rounding(void) {
   CHECK(bad == 0, "%d inputs rounded unlike the reference", bad);
 }
 
+/* st_bf16_pack_as_gemm (activations kept as bf16): each value is the
+ * reference's rounding (what the kernel does to an input), widening and
+ * packing again changes nothing, over the edge cases (the largest
+ * subnormal, which plain rounding to nearest would carry up to FLT_MIN,
+ * NaN, infinities, ties) and 100,003 random bit patterns (a tail past the
+ * vector chunks), on a pool. */
+static void check_keep(st_pool *pool) {
+  enum { N = 100003 };
+  float *x = malloc(N * sizeof *x), *back = malloc(N * sizeof *back);
+  uint16_t *h = malloc(N * sizeof *h), *again = malloc(N * sizeof *again);
+  const uint32_t edges[] = {0x007FFFFFu, 0x807FFFFFu, 0x00000001u, 0x00800000u,
+                            0x7F800000u, 0xFF800000u, 0x7FC00001u, 0x7F800001u,
+                            0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x80000000u};
+  uint32_t state = 12345u;
+  for (int i = 0; i < N; i++) {
+    state = state * 1664525u + 1013904223u;
+    /* the edges first (vector lanes) and last (the scalar tail, 3) */
+    uint32_t u = i < 12       ? edges[i]
+                 : i >= N - 3 ? edges[N - 1 - i]
+                              : state ^ (state << 13);
+    x[i] = from_bits(u);
+  }
+  st_bf16_pack_as_gemm(pool, x, h, N);
+  st_bf16_unpack_pool(pool, h, back, N);
+  st_bf16_pack_as_gemm(pool, back, again, N);
+  int bad = 0;
+  for (int i = 0; i < N; i++) {
+    /* by the bits: under DAZ a subnormal compares equal to zero */
+    uint32_t u = bits(x[i]), got = bits(back[i]);
+    int zero = (u & 0x7F800000u) == 0;
+    float want = zero ? from_bits(u & 0x80000000u) : bf16_ref(x[i]);
+    int ok = (u & 0x7FFFFFFFu) > 0x7F800000u
+                 ? (got & 0x7FFFFFFFu) > 0x7F800000u /* NaN stays NaN */
+                 : got == bits(want);
+    if (!ok && bad++ < 5)
+      fprintf(stderr, "  %a kept as %a, the kernel's %a\n", x[i], back[i],
+              want);
+  }
+  CHECK(bad == 0, "%d values kept unlike the kernel rounds them", bad);
+  CHECK(memcmp(h, again, N * sizeof *h) == 0,
+        "a kept value widened and kept again changed");
+  free(x), free(back), free(h), free(again);
+}
+
 static void check_routing(st_pool *pool) {
   shape s = {0, 1, 37, 45, 70};
   operands o;
@@ -369,6 +413,7 @@ int main(void) {
   CHECK(out == 1.0f, "a subnormal input is zero (got %g)", out);
   check_routing(pools[1]);
   check_linear(pools[1]);
+  check_keep(pools[1]);
   for (int p = 0; p < 3; p++) st_pool_destroy(pools[p]);
   printf("%d passed, %d failed\n", th_passed, th_failed);
   return th_failed != 0;

@@ -208,6 +208,74 @@ static void test_checkpoint(void) {
   st_trainer_destroy(t);
 }
 
+/* train.bf16_activations: the GPT's inputs of products kept as bf16 give
+ * the bits of keeping them in fp32 (the products round them to the same
+ * bf16), in the sequential mode, the zb1p pipeline (its W half widens
+ * them again) and weight streaming that runs the forward again; and the
+ * activations a sample shrink, some output being kept as bf16. */
+static void test_half_activations(const st_config *gpt) {
+  const char *modes[][3] = {
+      {"sequential", "execution.mode=sequential", "execution.mode=sequential"},
+      {"pipeline zb1p S=2", "execution.mode=pipeline",
+       "execution.schedule=zb1p"},
+      {"weight_streaming, recomputed", "execution.mode=weight_streaming",
+       "execution.keep_activations=false"}};
+  for (int i = 0; i < 3; i++) {
+    st_config half = *gpt, full;
+    half.train.batch = BATCH;
+    half.execution.micro_batch = BATCH / 4;
+    with(&half, "train.precision=bf16");
+    with(&half, modes[i][1]);
+    with(&half, modes[i][2]);
+    if (i == 1) half.execution.stages = 2;
+    full = half;
+    with(&full, "train.bf16_activations=false");
+    size_t nh = 0, nf = 0;
+    float *wh = train(&half, &nh, NULL), *wf = train(&full, &nf, NULL);
+    CHECK(wh && wf && nh == nf && memcmp(wh, wf, nh * sizeof *wh) == 0,
+          "gpt %s: bf16-kept activations changed the weights", modes[i][0]);
+    free(wh), free(wf);
+  }
+  st_config half = *gpt, full;
+  with(&half, "train.precision=bf16");
+  with(&half, "model.vocab=256"); /* the byte tokenizer's, as trained */
+  full = half;
+  with(&full, "train.bf16_activations=false");
+  st_model *mh = NULL, *mf = NULL;
+  st_error err = {0};
+  st_shape in = {1, half.model.context, 1};
+  int rc = st_model_create(&mh, &half, in, &err) ||
+           st_model_create(&mf, &full, in, &err);
+  CHECK(rc == 0, "%s", err.msg);
+  size_t ah = 0, af = 0;
+  int halves = 0;
+  for (int b = 0; !rc && b < mh->n_blocks; b++) {
+    ah += mh->blocks[b].act_per_sample;
+    af += mf->blocks[b].act_per_sample;
+    for (int l = 0; l < mh->blocks[b].n_layers; l++) {
+      const st_layer *L = &mh->blocks[b].layers[l];
+      halves += L->transient == ST_HALF;
+      /* only what a product alone reads in the backward */
+      st_op_kind next = l + 1 < mh->blocks[b].n_layers
+                            ? mh->blocks[b].layers[l + 1].kind
+                            : ST_OP_RELU;
+      CHECK(L->transient != ST_HALF || next == ST_OP_LINEAR ||
+                next == ST_OP_ATTENTION || next == ST_OP_LINEAR_XENT,
+            "%s %s kept as bf16 before a %s", mh->blocks[b].name, L->name,
+            st_op_name(next));
+    }
+  }
+  CHECK(!rc && halves > 0 && ah < af,
+        "gpt bf16: %d outputs kept as bf16, %zu against %zu floats a sample",
+        halves, ah, af);
+  if (getenv("STRATA_TEST_VERBOSE"))
+    printf("  gpt bf16-kept activations: %d outputs, %zu -> %zu floats a "
+           "sample\n",
+           halves, af, ah);
+  st_model_destroy(mh);
+  st_model_destroy(mf);
+}
+
 int main(void) {
   st_blas_init();
   printf("bf16 products: %s\n", st_bf16_support());
@@ -220,6 +288,7 @@ int main(void) {
   test_modes("mlp", &mlp);
   test_modes("cnn", &cnn);
   test_modes("gpt", &gpt);
+  test_half_activations(&gpt);
   test_pb();
   test_switch();
   test_checkpoint();
