@@ -1449,6 +1449,12 @@ typedef struct st_block_cost {
   double state_bytes;         /* gradient + optimizer state */
   double act_bytes;           /* activations + saved state, per sample */
   double in_bytes, out_bytes; /* input and output activation, per sample */
+  /* The stage workspace this block needs (runtime/stage.c): its largest
+   * layer input or output and its scratch, bytes a sample of a call; a
+   * stage holds, for its calls' samples, 5 x the largest of the first over
+   * its blocks plus the largest of the second, once (its activation slots
+   * share it). */
+  double work_numel_bytes, work_scratch_bytes;
   /* Linear layers' weights for the calibrated memory terms (st_fabric):
    * per layer its weight bytes, the rows of its GEMM calls (micro-batch x
    * positions) and the GEMMs of its step (3, or 2 without an input
@@ -1559,6 +1565,7 @@ typedef struct st_plan_stage {
   double mem_weights;                         /* weights x versions held */
   double mem_state;                           /* gradient + optimizer state */
   double mem_acts; /* (input + activations) x samples in flight */
+  double mem_work; /* its workspace, once (st_block_cost.work_*) */
   double mem_total, mem_capacity; /* bytes: needed, and pes x pe_memory */
   double mem_eval;    /* an evaluation of its blocks: their activations and
                          workspace at the evaluation batch (st_plan_compile;

@@ -89,6 +89,8 @@ typedef struct problem {
    * memory = weights, state and acts (input and activations per sample)
    * as stage s holds them: stage_memory */
   double *flops_fwd, *flops_bwd, *weights, *state, *acts;
+  /* the workspace the stage holds once (st_block_cost.work_*) */
+  double *work_mem;
   /* mesh: the bytes moved through a stage's region per sample and pass,
    * and the layers that move them (st_block_cost.region_*) */
   double *region_in, *region_out, *region_layers;

@@ -277,6 +277,8 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     c->act_bytes = 4.0 * (double)b->act_per_sample;
     c->in_bytes = 4.0 * (double)st_shape_numel(b->in);
     c->out_bytes = 4.0 * (double)st_shape_numel(b->out);
+    c->work_numel_bytes = 4.0 * (double)b->max_numel;
+    c->work_scratch_bytes = 4.0 * (double)b->scratch_floats_per_sample;
     double fused = 0; /* parameters updated inside the backward */
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];

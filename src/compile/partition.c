@@ -105,11 +105,11 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   p->in_flight = in_flight;
   p->versions = versions;
   size_t cells = (size_t)(n + 1) * (size_t)(n + 1);
-  double **arrays[] = {&p->flops_fwd, &p->flops_bwd,  &p->weights,
-                       &p->state,     &p->acts,       &p->work_fwd,
-                       &p->work_bwd,  &p->serial_fwd, &p->serial_bwd,
-                       &p->region_in, &p->region_out, &p->region_layers,
-                       &p->ws,        &p->l2_fwd,     &p->l2_bwd};
+  double **arrays[] = {
+      &p->flops_fwd,  &p->flops_bwd, &p->weights,    &p->state,
+      &p->acts,       &p->work_fwd,  &p->work_bwd,   &p->serial_fwd,
+      &p->serial_bwd, &p->region_in, &p->region_out, &p->region_layers,
+      &p->ws,         &p->l2_fwd,    &p->l2_bwd,     &p->work_mem};
   int ok = 1;
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
     ok &= (*arrays[a] = st_alloc(cells * sizeof(double))) != NULL;
@@ -143,8 +143,11 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
     double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0;
     double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
     double l2t[2] = {0, 0}; /* weights from past L2, seconds a sample */
+    double wn = 0, wsc = 0; /* the workspace's largest terms */
     for (int j = i + 1; j <= n; j++) {
       const st_block_cost *b = &blocks[j - 1];
+      wn = fmax(wn, b->work_numel_bytes * b->call_samples);
+      wsc = fmax(wsc, b->work_scratch_bytes * b->call_samples);
       ff += b->flops_fwd;
       fb += b->flops_bwd;
       if (b->measured_fwd > 0 || b->measured_bwd > 0) {
@@ -208,6 +211,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       p->weights[at] = weights;
       p->state[at] = state;
       p->acts[at] = acts;
+      p->work_mem[at] = 5 * wn + wsc;
       p->region_in[at] = rin;
       p->region_out[at] = rout;
       p->region_layers[at] = rl;
@@ -261,23 +265,12 @@ void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
 }
 
 void problem_free(problem *p) {
-  double **arrays[] = {&p->flops_fwd,
-                       &p->flops_bwd,
-                       &p->weights,
-                       &p->state,
-                       &p->acts,
-                       &p->work_fwd,
-                       &p->work_bwd,
-                       &p->serial_fwd,
-                       &p->serial_bwd,
-                       &p->region_in,
-                       &p->region_out,
-                       &p->region_layers,
-                       &p->ws,
-                       &p->l2_fwd,
-                       &p->l2_bwd,
-                       &p->last_free_work,
-                       &p->last_free_serial};
+  double **arrays[] = {&p->flops_fwd, &p->flops_bwd,      &p->weights,
+                       &p->state,     &p->acts,           &p->work_fwd,
+                       &p->work_bwd,  &p->serial_fwd,     &p->serial_bwd,
+                       &p->region_in, &p->region_out,     &p->region_layers,
+                       &p->ws,        &p->l2_fwd,         &p->l2_bwd,
+                       &p->work_mem,  &p->last_free_work, &p->last_free_serial};
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
     st_free(*arrays[a]);
     *arrays[a] = NULL;
@@ -295,7 +288,7 @@ double stage_versions(const problem *p, int s) {
 double stage_memory(const problem *p, int i, int j, int s) {
   int64_t at = range_index(p, i, j);
   return stage_versions(p, s) * p->weights[at] + p->state[at] +
-         stage_in_flight(p, s) * p->acts[at];
+         stage_in_flight(p, s) * p->acts[at] + p->work_mem[at];
 }
 
 static double comm_bytes(const problem *p, int i, int j) {

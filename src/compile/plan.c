@@ -511,6 +511,7 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
     st->mem_weights = st->versions * weights;
     st->mem_state = state;
     st->mem_acts = st->in_flight * acts;
+    st->mem_work = p->work_mem[range_index(p, i, j)];
     st->spill = st_spill_fraction(&plan->fabric, st->working_set);
     st->mem_total = stage_memory(p, i, j, s);
     st->mem_capacity = (double)st->pes * plan->fabric.pe_memory;
@@ -813,12 +814,16 @@ typedef struct ws_sums {
   double w_max;   /* the largest block's weights */
   double store;   /* every block's weights and state */
   double weights; /* every block's weights */
+  double work;    /* the compute stage's workspace a sample (work_*) */
 } ws_sums;
 
 static ws_sums streaming_sums(const st_block_cost *blocks, int n) {
   ws_sums w = {0};
+  double wn = 0, wsc = 0;
   for (int b = 0; b < n; b++) {
     const st_block_cost *c = &blocks[b];
+    wn = fmax(wn, c->work_numel_bytes);
+    wsc = fmax(wsc, c->work_scratch_bytes);
     w.acts += c->act_bytes + c->in_bytes;
     w.ins += c->in_bytes;
     w.act_max = fmax(w.act_max, c->act_bytes);
@@ -826,6 +831,7 @@ static ws_sums streaming_sums(const st_block_cost *blocks, int n) {
     w.store += c->param_bytes + c->state_bytes;
     w.weights += c->param_bytes;
   }
+  w.work = 5 * wn + wsc;
   return w;
 }
 
@@ -834,7 +840,7 @@ double st_plan_streaming_need(const st_block_cost *blocks, int n, int m,
                               int store_on_fabric) {
   ws_sums w = streaming_sums(blocks, n);
   return m * (keep_activations ? w.acts : w.ins + w.act_max) +
-         (slots < 1 ? 2 : slots + 1) * w.w_max +
+         (slots < 1 ? 2 : slots + 1) * w.w_max + m * w.work +
          (store_on_fabric ? w.store : 0);
 }
 
@@ -938,6 +944,7 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
   st->mem_weights = held_weights + (store_on_fabric ? weights : 0);
   st->mem_state = store_on_fabric ? store - weights : 0;
   st->mem_acts = m * per_sample;
+  st->mem_work = m * sums.work;
   st->mem_total = need;
   st->mem_capacity = cap;
   snprintf(st->bound, sizeof st->bound, "%s",

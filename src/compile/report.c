@@ -452,6 +452,7 @@ static void write_json(const st_plan *p, FILE *f) {
     jnum(f, "weights", st->mem_weights, 0);
     jnum(f, "state", st->mem_state, 0);
     jnum(f, "activations", st->mem_acts, 0);
+    jnum(f, "workspace", st->mem_work, 0);
     jnum(f, "total", st->mem_total, 0);
     jnum(f, "capacity", st->mem_capacity, 0);
     jnum(f, "working_set", st->working_set, 0);

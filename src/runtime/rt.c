@@ -269,8 +269,10 @@ int st_rt_stage_alloc(st_rt_stage *st, int pooled, int fwd_cap, int bwd_cap,
   int ok = (!pooled || st->pool) && st->run && st->in &&
            !st_chan_init(&st->fwd, fwd_cap) && !st_chan_init(&st->bwd, bwd_cap);
   for (int j = 0; ok && j < st->slots; j++) {
-    ok = (rc = st_stage_create(&st->run[j], rt->model, st->first, st->count,
-                               rt->mb, err)) == 0;
+    /* one workspace for the stage: its thread runs one slot at a time */
+    ok =
+        (rc = st_stage_create_with(&st->run[j], rt->model, st->first, st->count,
+                                   rt->mb, 0, j ? st->run[0] : NULL, err)) == 0;
     if (ok) st->run[j]->base = base;
   }
   if (ok && st->remote_prev) {

@@ -89,10 +89,13 @@ typedef struct st_stage {
   const st_model *model;
   int first, count; /* blocks [first, first + count) */
   int max_batch;
-  float **acts;      /* per block: max_batch * act_per_sample */
-  float *work;       /* 3 * max_batch * model->max_numel */
-  float *scratch;    /* max_batch * model->max_scratch_per_sample */
+  float **acts; /* per block: max_batch * act_per_sample */
+  /* The workspace, sized by the stage's own blocks (their largest
+   * max_numel and scratch_floats_per_sample): */
+  float *work;       /* 3 * max_batch * max_numel */
+  float *scratch;    /* max_batch * scratch_floats_per_sample */
   float *grad_io[2]; /* gradients between blocks: max_batch * max_numel */
+  int owns_work;     /* 0: another stage's (st_stage_create_with) */
   size_t base;       /* params/grads passed in start at this slab offset
                         (0: the model's slab; pipelined_backprop passes
                         its stage's own weight versions) */
@@ -111,10 +114,21 @@ int st_stage_create(st_stage **out, const st_model *m, int first, int count,
 int st_stage_create_shared(st_stage **out, const st_model *m, int first,
                            int count, int max_batch, int shared_acts,
                            st_error *err);
-/* The bytes such a stage's buffers take (activations, workspace,
- * scratch, the two gradient hand-off buffers). */
+/* The same, the workspace (work, scratch, grad_io) taken from `with`, a
+ * stage of the same blocks and max_batch that never runs at the same time
+ * (a schedule's activation slots of one stage: its thread runs one
+ * micro-batch's forward or backward at a time, and nothing in the
+ * workspace outlives the call). NULL: its own. */
+int st_stage_create_with(st_stage **out, const st_model *m, int first,
+                         int count, int max_batch, int shared_acts,
+                         const st_stage *with, st_error *err);
+/* The bytes such a stage's buffers take (activations, and the workspace:
+ * scratch, the backward's work and the two gradient hand-off buffers,
+ * st_stage_work_bytes). */
 size_t st_stage_bytes(const st_model *m, int first, int count, int max_batch,
                       int shared_acts);
+size_t st_stage_work_bytes(const st_model *m, int first, int count,
+                           int max_batch);
 void st_stage_destroy(st_stage *s);
 /* Block first + i alone on B samples, its weights (and gradient) at w (g):
  * the block's own slab, wherever the caller keeps it (weight streaming: a

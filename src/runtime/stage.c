@@ -20,18 +20,38 @@ static size_t act_floats(const st_model *m, int first, int count, int i,
   return (size_t)max_batch * most;
 }
 
-size_t st_stage_bytes(const st_model *m, int first, int count, int max_batch,
-                      int shared_acts) {
-  size_t span = (size_t)max_batch * m->max_numel, floats = 5 * span;
-  floats += (size_t)max_batch * m->max_scratch_per_sample;
-  for (int i = 0; i < (shared_acts ? 1 : count); i++)
-    floats += act_floats(m, first, count, i, max_batch, shared_acts);
-  return floats * sizeof(float);
+/* The largest layer input or output, and the largest scratch, per sample
+ * over blocks [first, first + count): what the workspace is sized by. */
+static void work_sizes(const st_model *m, int first, int count, size_t *numel,
+                       size_t *scratch) {
+  *numel = *scratch = 0;
+  for (int i = first; i < first + count; i++) {
+    const st_block *b = &m->blocks[i];
+    if (b->max_numel > *numel) *numel = b->max_numel;
+    if (b->scratch_floats_per_sample > *scratch)
+      *scratch = b->scratch_floats_per_sample;
+  }
 }
 
-int st_stage_create_shared(st_stage **out, const st_model *m, int first,
-                           int count, int max_batch, int shared_acts,
-                           st_error *err) {
+size_t st_stage_work_bytes(const st_model *m, int first, int count,
+                           int max_batch) {
+  size_t numel, scratch;
+  work_sizes(m, first, count, &numel, &scratch);
+  return (5 * numel + scratch) * (size_t)max_batch * sizeof(float);
+}
+
+size_t st_stage_bytes(const st_model *m, int first, int count, int max_batch,
+                      int shared_acts) {
+  size_t floats = 0;
+  for (int i = 0; i < (shared_acts ? 1 : count); i++)
+    floats += act_floats(m, first, count, i, max_batch, shared_acts);
+  return floats * sizeof(float) +
+         st_stage_work_bytes(m, first, count, max_batch);
+}
+
+int st_stage_create_with(st_stage **out, const st_model *m, int first,
+                         int count, int max_batch, int shared_acts,
+                         const st_stage *with, st_error *err) {
   *out = NULL;
   st_stage *s = calloc(1, sizeof *s);
   if (!s) return st_error_set(err, ST_ENOMEM, "out of memory");
@@ -41,12 +61,22 @@ int st_stage_create_shared(st_stage **out, const st_model *m, int first,
   s->max_batch = max_batch;
   s->shared_acts = shared_acts;
   s->acts = calloc((size_t)count, sizeof *s->acts);
-  size_t span = (size_t)max_batch * m->max_numel;
-  s->work = st_alloc(3 * span * sizeof(float));
-  s->scratch =
-      st_alloc((size_t)max_batch * m->max_scratch_per_sample * sizeof(float));
-  s->grad_io[0] = st_alloc(span * sizeof(float));
-  s->grad_io[1] = st_alloc(span * sizeof(float));
+  size_t numel, scratch;
+  work_sizes(m, first, count, &numel, &scratch);
+  size_t span = (size_t)max_batch * numel;
+  s->owns_work = !with;
+  if (with) { /* the same blocks and batch, never run at once */
+    s->work = with->work;
+    s->scratch = with->scratch;
+    s->grad_io[0] = with->grad_io[0];
+    s->grad_io[1] = with->grad_io[1];
+  } else {
+    s->work = st_alloc(3 * span * sizeof(float));
+    s->scratch =
+        st_alloc((size_t)max_batch * (scratch ? scratch : 1) * sizeof(float));
+    s->grad_io[0] = st_alloc(span * sizeof(float));
+    s->grad_io[1] = st_alloc(span * sizeof(float));
+  }
   int ok = s->acts && s->work && s->scratch && s->grad_io[0] && s->grad_io[1];
   for (int i = 0; ok && i < count; i++) {
     s->acts[i] =
@@ -64,6 +94,13 @@ int st_stage_create_shared(st_stage **out, const st_model *m, int first,
   }
   *out = s;
   return 0;
+}
+
+int st_stage_create_shared(st_stage **out, const st_model *m, int first,
+                           int count, int max_batch, int shared_acts,
+                           st_error *err) {
+  return st_stage_create_with(out, m, first, count, max_batch, shared_acts,
+                              NULL, err);
 }
 
 int st_stage_create(st_stage **out, const st_model *m, int first, int count,
@@ -94,10 +131,12 @@ void st_stage_destroy(st_stage *s) {
     for (int i = 0; i < (s->shared_acts ? 1 : s->count); i++)
       st_free(s->acts[i]);
   free(s->acts);
-  st_free(s->work);
-  st_free(s->scratch);
-  st_free(s->grad_io[0]);
-  st_free(s->grad_io[1]);
+  if (s->owns_work) {
+    st_free(s->work);
+    st_free(s->scratch);
+    st_free(s->grad_io[0]);
+    st_free(s->grad_io[1]);
+  }
   free(s);
 }
 

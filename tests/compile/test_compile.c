@@ -16,6 +16,9 @@
 #include "mesh_fabric.h"
 #include "strata.h"
 
+#include "../../src/compile/compile.h" /* st_plan_model */
+#include "../../src/runtime/runtime.h" /* st_stage_work_bytes */
+
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -739,6 +742,45 @@ static void test_compile_and_write(void) {
   st_plan_destroy(p);
 }
 
+/* A stage's workspace (scratch, the backward's work, the gradient
+ * hand-off) is in the plan's memory once, as the runtime allocates it for
+ * the stage's own blocks at the micro-batch (its slots share it):
+ * st_stage_work_bytes, per stage of a gpt_tiny 2-stage pipeline and of the
+ * sequential mode, and in each stage's total. */
+static void test_workspace(void) {
+  const char *modes[][3] = {{"execution.mode=pipeline", "execution.stages=2",
+                             "execution.micro_batch=4"},
+                            {"execution.mode=sequential",
+                             "execution.micro_batch=8", "train.batch=16"}};
+  for (int k = 0; k < 2; k++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    CHECK(st_config_load(&cfg, "configs/gpt_tiny.yaml", &err) == 0, "%s",
+          err.msg);
+    for (int i = 0; i < 3; i++) set(&cfg, modes[k][i]);
+    st_plan *p = NULL;
+    st_model *m = NULL;
+    int rc = st_plan_compile(&p, &cfg, 0, &err);
+    if (!rc) rc = st_plan_model(&m, &cfg, &err);
+    CHECK(rc == 0, "%s: %s", modes[k][0], err.msg);
+    for (int s = 0; !rc && s < p->n_stages; s++) {
+      const st_plan_stage *st = &p->stages[s];
+      double want =
+          (double)st_stage_work_bytes(m, st->first, st->count, p->micro_batch);
+      double sum =
+          st->mem_weights + st->mem_state + st->mem_acts + st->mem_work;
+      CHECK(st->mem_work == want && want > 0 &&
+                fabs(st->mem_total - sum) <= 1e-12 * sum,
+            "%s stage %d: workspace %.0f bytes, the runtime's %.0f; total "
+            "%.0f of %.0f",
+            modes[k][0], s, st->mem_work, want, st->mem_total, sum);
+    }
+    st_model_destroy(m);
+    st_plan_destroy(p);
+  }
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -755,5 +797,6 @@ int main(void) {
   test_validate_allocates_nothing();
   test_compile_and_write();
   test_schedules();
+  test_workspace();
   TH_DONE();
 }

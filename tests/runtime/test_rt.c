@@ -253,6 +253,48 @@ static void test_bytes(const st_model *m) {
   for (int i = 1; s && i < n; i++) one &= s->acts[i] == s->acts[0];
   CHECK(one, "shared activations: one buffer");
   st_stage_destroy(s);
+  /* a stage's workspace is sized by its own blocks (the last alone) */
+  const st_block *bl = &m->blocks[n - 1];
+  size_t own = (5 * (size_t)B * bl->max_numel +
+                (size_t)B * bl->scratch_floats_per_sample) *
+               sizeof(float);
+  CHECK(st_stage_work_bytes(m, n - 1, 1, B) == own &&
+            st_stage_bytes(m, n - 1, 1, B, 0) ==
+                own + (size_t)B * bl->act_per_sample * sizeof(float) &&
+            (bl->max_numel < m->max_numel ||
+             bl->scratch_floats_per_sample < m->max_scratch_per_sample),
+        "the last block's stage: %zu workspace bytes, want %zu (not the "
+        "model's largest)",
+        st_stage_work_bytes(m, n - 1, 1, B), own);
+  /* the activation slots of one stage share one workspace, each with its
+   * own activations; freed once (ASan sees a second free) */
+  st_rt rt;
+  CHECK(st_rt_init(&rt, m, B, 1, "test") == 0, "st_rt_init");
+  rt.S = 1;
+  st_rt_stage one_stage;
+  memset(&one_stage, 0, sizeof one_stage);
+  st_rt_stage *st = &one_stage;
+  rt.st[0] = st;
+  st->rt = &rt;
+  st->count = n;
+  st->cores = st->local = 1;
+  st->slots = 3;
+  st->rx_ring = st->tx_ring = 2;
+  snprintf(st->name, sizeof st->name, "slots");
+  int rc = st_rt_stage_alloc(st, 0, 4, 4, 0, &err);
+  CHECK(rc == 0, "%s", err.msg);
+  int shared = rc == 0, apart = rc == 0;
+  for (int j = 1; !rc && j < 3; j++) {
+    const st_stage *a = st->run[0], *b = st->run[j];
+    shared &= b->work == a->work && b->scratch == a->scratch &&
+              b->grad_io[0] == a->grad_io[0] && b->grad_io[1] == a->grad_io[1];
+    apart &= b->acts[0] != a->acts[0];
+  }
+  CHECK(shared && apart,
+        "3 slots: one workspace %s, activations of their own %s",
+        shared ? "yes" : "NO", apart ? "yes" : "NO");
+  st_rt_stage_free(st);
+  st_rt_free(&rt);
 }
 
 int main(void) {
