@@ -144,7 +144,9 @@ static void head_fwd_task(void *arg, int task) {
     const float *z = j->z + (size_t)r * j->n;
     int best = 0;
     for (int c = 1; c < j->n; c++) best = z[c] > z[best] ? c : best;
-    float cm = z[best], m = j->lse[r];
+    float cm = z[best], m = j->c0 ? j->lse[r] : cm;
+    if (j->c0 == 0) /* a label outside the vocabulary leaves a NaN loss */
+      j->out[2 * r] = NAN;
     if (j->c0 == 0 || cm > m) {
       if (j->c0 > 0) j->sum[r] *= exp((double)m - cm);
       m = j->lse[r] = cm;

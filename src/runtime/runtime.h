@@ -49,7 +49,7 @@ typedef struct st_trainer_view {
   const float *x;         /* batch inputs */
   const int *y;           /* batch labels */
   float *losses;          /* per sample (batch) */
-  float *probs, *dlogits; /* micro_batch * classes */
+  float *probs, *dlogits; /* micro_batch * label rows * out_cols */
   int batch, micro_batch;
   int loss_batch;       /* the loss is a mean over this many samples: the
                            step's whole batch (replicas run a share of it,

@@ -345,6 +345,17 @@ static void test_linear_xent(void) {
   CHECK_CLOSE("linear_xent one chunk", loss, want, ROWS, 1e-5, 1.0);
   CHECK_CLOSE("linear_xent one chunk dW", u.dw, rdw, (size_t)V * D, GEMM_TOL,
               term);
+  /* a label outside the vocabulary: that row's loss is NaN (the trainer's
+   * non-finite check stops there), the others as before */
+  y[5] = V;
+  float *scratch = new_floats((size_t)ROWS * (CHUNK + 2));
+  float *out = new_floats(2 * ROWS), *lse = new_floats(ROWS);
+  int32_t *lab = keep(calloc(ROWS, sizeof(int32_t)));
+  for (int r = 0; r < 2 * ROWS; r++) out[r] = 1.0f; /* stale values */
+  st_linear_xent_forward(three, out, lse, lab, x, w, b, y, scratch, ROWS, D, V,
+                         CHUNK);
+  CHECK(isnan(out[2 * 5]) && out[2 * 6] == a.out[2 * 6],
+        "linear_xent: a label past the vocabulary gave loss %g", out[2 * 5]);
   /* the chunk is a function of shape alone, whole vectors, <= V */
   CHECK(st_linear_xent_chunk(1024, 50257) == 1024 &&
             st_linear_xent_chunk(64, 256) == 256 &&
