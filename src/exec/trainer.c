@@ -185,13 +185,15 @@ static int check_data(const st_trainer *t, st_error *err) {
 int st_usable_cores(void) { return st_usable_cpus(NULL, 0); }
 
 int st_eval_batch(const st_model *m, int micro_batch) {
-  /* 256 samples, fewer when their logits or activations would pass 64 MiB
-   * each (a GPT's vocabulary at every position, its attention
-   * probabilities) — but never fewer than a training micro-batch, whose
-   * buffers exist anyway */
+  /* 256 samples, fewer when their logits, activations or scratch would
+   * pass 64 MiB each (a GPT's vocabulary at every position, unfused; a
+   * fused head's vocabulary chunk, 4 MiB a sample) — but never fewer than
+   * a training micro-batch, whose buffers exist anyway */
   size_t logits = (size_t)m->label_rows * (size_t)m->out_cols, acts = 0;
   for (int i = 0; i < m->n_blocks; i++) acts += m->blocks[i].act_per_sample;
   size_t per_sample = logits > acts ? logits : acts, budget = (size_t)16 << 20;
+  if (m->max_scratch_per_sample > per_sample)
+    per_sample = m->max_scratch_per_sample;
   size_t fit = budget / (per_sample ? per_sample : 1);
   int b = fit > 256 ? 256 : fit < 1 ? 1 : (int)fit;
   return b < micro_batch ? micro_batch : b;

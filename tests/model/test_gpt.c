@@ -521,8 +521,38 @@ static void run_variant(const st_safetensors *st, const variant *v) {
   release_all();
 }
 
+/* The evaluation batch keeps each of its buffers within 64 MiB (16M
+ * floats): a fused head's logits are 2 floats a position, but its
+ * vocabulary chunk is 4 MiB a sample of scratch, which must bound the
+ * batch as the logits did (a small GPT over GPT-2's vocabulary). */
+static void check_eval_budget(void) {
+  st_config c;
+  st_config_defaults(&c);
+  const char *sets[] = {
+      "model.kind=gpt", "model.context=32",  "model.layers=2", "model.width=64",
+      "model.heads=2",  "model.vocab=50257", "model.dropout=0"};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+    set(&c, "%s", sets[i]);
+  for (int fused = 0; fused < 2; fused++) {
+    c.model.fused_loss = fused;
+    st_model *m = NULL;
+    st_error err = {0};
+    if (st_model_create(&m, &c, (st_shape){1, 32, 1}, &err)) {
+      CHECK(0, "eval budget: %s", err.msg);
+      return;
+    }
+    size_t B = (size_t)st_eval_batch(m, 1), logits = 32 * (size_t)m->out_cols;
+    CHECK(B >= 1 && B * m->max_scratch_per_sample <= (size_t)16 << 20 &&
+              B * logits <= (size_t)16 << 20,
+          "eval batch %zu (%s head): scratch %zu, logits %zu floats", B,
+          fused ? "fused" : "apart", B * m->max_scratch_per_sample, B * logits);
+    st_model_destroy(m);
+  }
+}
+
 int main(void) {
   st_blas_init();
+  check_eval_budget();
   st_safetensors *st = open_gpt_fixture();
   if (st)
     for (size_t i = 0; i < sizeof VARIANTS / sizeof VARIANTS[0]; i++)
