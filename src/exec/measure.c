@@ -331,10 +331,11 @@ static uint64_t mix_text(uint64_t h, const char *t) {
   return mix(h, 0);
 }
 
-/* Everything a block's time depends on: every layer's kind, shapes and
- * settings, and what decides the update (mode, batch, micro-batch, fusing,
- * the optimizer's rule and its constants' zero tests) and the weights
- * (seed). */
+/* Everything a block's time depends on: every layer's kind, shapes,
+ * settings and what it keeps (transient, bf16), the products' precision
+ * and subnormal mode, and what decides the update (mode, batch,
+ * micro-batch, fusing, the optimizer's rule and its constants' zero tests)
+ * and the weights (seed). */
 static uint64_t key_of(const st_model *m, const st_config *cfg) {
   uint64_t h = 0xcbf29ce484222325ull;
   h = mix(h, (uint64_t)m->n_blocks);
@@ -347,10 +348,10 @@ static uint64_t key_of(const st_model *m, const st_config *cfg) {
     for (int l = 0; l < b->n_layers; l++) {
       const st_layer *L = &b->layers[l];
       h = mix_shape(mix_shape(mix(h, (uint64_t)L->kind), L->in), L->out);
-      const int ints[] = {L->k,           L->stride, L->pad,  L->groups,
-                          L->approximate, L->rows,   L->wt,   L->heads,
-                          L->rotary_dim,  L->vocab,  L->skip, L->w_tensor,
-                          L->b_tensor};
+      const int ints[] = {L->k,           L->stride,   L->pad,  L->groups,
+                          L->approximate, L->rows,     L->wt,   L->heads,
+                          L->rotary_dim,  L->vocab,    L->skip, L->w_tensor,
+                          L->b_tensor,    L->transient};
       for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
         h = mix(h, (uint64_t)(int64_t)ints[k]);
       h = mix_float(mix_float(h, L->eps), L->p);
@@ -361,6 +362,8 @@ static uint64_t key_of(const st_model *m, const st_config *cfg) {
   h = mix(h, (uint64_t)cfg->train.batch);
   h = mix(h, (uint64_t)st_plan_micro_batch(cfg));
   h = mix(h, (uint64_t)st_plan_fuses_update(cfg));
+  h = mix_text(h, cfg->train.precision); /* bf16 products, flushing */
+  h = mix(h, (uint64_t)cfg->train.flush_subnormals);
   h = mix_text(h, cfg->optimizer.kind);
   h = mix_float(h, cfg->optimizer.momentum);
   h = mix_float(h, cfg->optimizer.weight_decay);

@@ -213,6 +213,16 @@ static void test_measure(const char *what, const st_config *c, st_shape in) {
     CHECK(a[i].flops_fwd == b[i].flops_fwd && a[i].flops_fwd > 0,
           "%s: %s flops %g", what, a[i].name, a[i].flops_fwd);
   }
+  /* another precision is another measurement, not the cached one (the
+   * products run another kernel) */
+  st_config cb = cx;
+  set(&cb, "train.precision=bf16");
+  CHECK(st_plan_block_costs(b, m, &cb, &err) == 0, "%s: %s", what, err.msg);
+  int same = 1;
+  for (int i = 0; i < n; i++)
+    same &= a[i].measured_fwd == b[i].measured_fwd &&
+            a[i].measured_bwd == b[i].measured_bwd;
+  CHECK(!same, "%s: bf16 took fp32's cached block times", what);
   /* st_plan_measure itself times again (no cache): positive again */
   CHECK(st_plan_measure(b, m, &cx, &err) == 0, "%s: %s", what, err.msg);
   int pos = 1;
