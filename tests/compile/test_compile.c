@@ -461,6 +461,44 @@ static void test_costs_closed_forms(void) {
   st_model_destroy(m);
 }
 
+/* A GPT's fused head in the calibrated split: every FLOP of its products
+ * in one GEMM class (forward 2 C V a position, backward 6 C V: the
+ * forward made again, dW and dx), and its weight read by 4 products a step
+ * in the memory terms; ln_f is bytes. By hand for T = 8, C = 16, V = 40. */
+static void test_fused_head_costs(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  const char *sets[] = {"model.kind=gpt",  "model.context=8", "model.layers=1",
+                        "model.width=16",  "model.heads=2",   "model.vocab=40",
+                        "model.dropout=0", "train.batch=4"};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) set(&cfg, sets[i]);
+  st_model *m;
+  st_error err = {0};
+  int rc = st_model_create(&m, &cfg, (st_shape){1, 8, 1}, &err);
+  CHECK(rc == 0, "model: %s", err.msg);
+  if (rc) return;
+  st_block_cost bc[3];
+  CHECK(m->n_blocks == 3 && m->fused_loss, "blocks %d", m->n_blocks);
+  st_plan_costs(bc, m, &cfg);
+  const st_block_cost *h = &bc[2];
+  double fwd = 0, bwd = 0;
+  int classes = 0;
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    fwd += h->gemm_fwd[k];
+    bwd += h->gemm_bwd[k];
+    classes += h->gemm_fwd[k] > 0;
+  }
+  double T = 8, C = 16, V = 40;
+  CHECK(classes == 1 && fwd == T * (2 * C * V + 6 * V) &&
+            bwd == T * (6 * C * V + 4 * V),
+        "fused head: %d classes, %g / %g FLOPs a sample", classes, fwd, bwd);
+  CHECK(h->n_linear == 1 && h->linear_gemms[0] == 4 &&
+            h->linear_bytes[0] == 4 * C * V,
+        "fused head: %d weights, %g products of %g bytes", h->n_linear,
+        h->linear_gemms[0], h->linear_bytes[0]);
+  st_model_destroy(m);
+}
+
 /* A plan's own arithmetic: a one-block model on cpu:C, by hand. */
 static void test_plan_by_hand(void) {
   st_block_cost b = {.name = "blocks.0",
@@ -791,6 +829,7 @@ int main(void) {
   test_auto_stages();
   test_placement_snake();
   test_costs_closed_forms();
+  test_fused_head_costs();
   test_plan_by_hand();
   test_errors();
   test_fabrics();

@@ -651,6 +651,18 @@ static void test_xent_cost(void) {
         c.act_bytes);
 }
 
+/* The fused head's cost: the forward product of the head apart (its bias
+ * term aside) and the softmax's 6 a word; the backward the head apart's two
+ * products plus the forward product again, and 4 a word. */
+static void test_linear_xent_cost(void) {
+  const int D = 768, V = 50257;
+  st_cost f = st_linear_xent_cost(D, V), u = st_linear_cost(D, V);
+  double fwd = u.flops_fwd - V, bwd = u.flops_bwd - V; /* products alone */
+  CHECK(f.flops_fwd == fwd + 6.0 * V && f.flops_bwd == bwd + fwd + 4.0 * V &&
+            f.param_bytes == 4.0 * D * V,
+        "linear_xent cost %g %g %g", f.flops_fwd, f.flops_bwd, f.param_bytes);
+}
+
 static void test_conv2d_cost(void) {
   /* 28x28x1 -> 32 channels, K=3 'same': 2 * 32*9*784 MACs + 32*784 bias. */
   st_cost c = st_conv2d_cost(1, 28, 28, 32, 3, 1, 1);
@@ -1090,6 +1102,7 @@ int main(void) {
   test_conv2d_determinism();
   test_conv2d_cost();
   test_xent_cost();
+  test_linear_xent_cost();
   test_maxpool();
   test_maxpool_special();
   test_avgpool();
