@@ -177,16 +177,6 @@ static void head_bwd_task(void *arg, int task) {
   }
 }
 
-static void head_logits(st_pool *pool, float *z, const float *x, const float *w,
-                        const float *b, int rows, int D, int c0, int n) {
-  if (b)
-    st_gemm_bias(pool, 0, 1, rows, n, D, x, D, w + (size_t)c0 * D, D, b + c0, z,
-                 n);
-  else
-    st_gemm(pool, 0, 1, rows, n, D, 1.0f, x, D, w + (size_t)c0 * D, D, 0.0f, z,
-            n);
-}
-
 void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
                             int32_t *saved_labels, const float *x,
                             const float *w, const float *b, const int *labels,
@@ -195,7 +185,9 @@ void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
   float *z = scratch + 2 * (size_t)rows;
   for (int c0 = 0; c0 < V; c0 += chunk) {
     int n = V - c0 < chunk ? V - c0 : chunk;
-    head_logits(pool, z, x, w, b, rows, D, c0, n);
+    /* the chunk's logits: words [c0, c0 + n) are rows of W */
+    st_linear_forward(pool, z, x, w + (size_t)c0 * D, b ? b + c0 : NULL, rows,
+                      D, n);
     head_job j = {z, sum, out, lse, NULL, labels, NULL, c0, n, rows, 0};
     head_run(pool, &j, head_fwd_task);
   }
@@ -218,7 +210,9 @@ void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
   float *z = scratch + 2 * (size_t)rows;
   for (int c0 = 0; c0 < V; c0 += chunk) {
     int n = V - c0 < chunk ? V - c0 : chunk;
-    head_logits(pool, z, x, w, b, rows, D, c0, n);
+    /* the chunk's logits: words [c0, c0 + n) are rows of W */
+    st_linear_forward(pool, z, x, w + (size_t)c0 * D, b ? b + c0 : NULL, rows,
+                      D, n);
     head_job j = {z, NULL, NULL, (float *)lse, labels, NULL, g, c0, n, rows, 0};
     head_run(pool, &j, head_bwd_task);
     /* the weight gradient of these words, K = every row; the bias's in row
