@@ -148,6 +148,19 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg);
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,
              float beta, float *C, int ldc);
+/* Rows per band when a (rows x len) weight is cut by rows for one-row
+ * products and the batch-1 update (about 16K elements a band, at most 64
+ * bands): the shape alone decides, so a band goes to the same thread in
+ * each of them (gemm.c). */
+int st_row_band(int rows, int len);
+/* y (1 x N) = x (1 x K) B, B stored K x N, summed band by band of B's rows
+ * (st_row_band(K, N)); after(arg, r0, r1), when not NULL, runs on each
+ * band's rows [r0, r1) on the thread that read them, once their partial
+ * sum is made, and may then write them. The bits of st_gemm(pool, 0, 0,
+ * 1, N, K, 1, x, K, B, N, 0, y, N). Returns 0, touching nothing, where
+ * st_gemm does not sum that product in bands (then call the two apart). */
+int st_gemv_then(st_pool *pool, float *y, const float *x, const float *B, int K,
+                 int N, void (*after)(void *arg, int r0, int r1), void *arg);
 /* C = op(A) op(B) + bias, the bias (N floats, not NULL, not inside C)
  * added to every row; the same bits as C filled with the bias and then
  * st_gemm with alpha and beta 1, without the fill where narrow.c's kernels
@@ -895,10 +908,13 @@ void st_optim_rule_pb(st_optim_rule *r, float lr, float momentum,
  * one sample, never materialising it; bitwise equal to writing dy[o]*x[i]
  * into a zeroed gradient and running the rule. s1 is NULL for SGD. p, when
  * not NULL (SGD only), gets w - r->pk s0 of the updated values: the same
- * bits as st_pb_predict after the update, without another pass. */
+ * bits as st_pb_predict after the update, without another pass. dx, when
+ * not NULL, first gets the input gradient dy w (1 x IC) with the weights
+ * before the update, the bits of st_linear_backward's; where st_gemv_then
+ * takes the shape, each band of rows is read once for both. */
 void st_optim_update_outer(st_pool *pool, const st_optim_rule *r, float *w,
                            float *s0, float *s1, const float *dy,
-                           const float *x, int OC, int IC, float *p);
+                           const float *x, int OC, int IC, float *p, float *dx);
 /* Updates n parameters with gradient g (left as it is); p as above. */
 void st_optim_update_vec(const st_optim_rule *r, float *w, float *s0, float *s1,
                          const float *g, size_t n, float *p);

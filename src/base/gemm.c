@@ -171,26 +171,59 @@ static void choose_tiles(int M, int N, int K, int *tm, int *tn) {
 }
 
 /* One row, y (1 x N) = alpha x op(B) + beta y: OpenBLAS's sgemm runs it
- * at a fifth of the speed of its sgemv (it packs B for one row). Tiles of
- * y's columns, their width from (N, K) alone as for the GEMM tiles; with B
- * stored K x N a tile reads a segment of every row of B, at least
- * GEMV_ROW_EDGE columns long (192-column tiles of a 3072-wide B ran at
- * two thirds of one call's speed). */
+ * at a fifth of the speed of its sgemv (it packs B for one row).
+ *
+ * Where a batch-1 step spends its time: a linear layer's weight W (OC x
+ * IC) is read by the forward (y = x W^T, B stored N x K), read by the
+ * input gradient (dx = dy W, B stored K x N) and read and written by the
+ * fused update (st_optim_update_outer), each one row of x at a time. The
+ * three cut W into the same bands of rows (st_row_band), and the pool
+ * gives a band to the same thread each time (pool.c), so a core reads and
+ * writes the rows its L2 already holds. With the forward in one call and
+ * the input gradient on the caller alone, the worker's half of the update
+ * pulled its rows from the other core every step: the 784-256-256-10
+ * MLP's batch-1 step ran no faster on 2 threads than on 1.
+ *
+ * B stored N x K (y[j] = x . B[j], the forward): each task is one band of
+ * y's elements, one sgemv call over all of K.
+ * B stored K x N (y = sum_k x[k] B[k], the input gradient): where the
+ * bands' partial sums fit in GEMV_PARTS floats, each task sums its band of
+ * B's rows into its own partial, and the partials are added in band order
+ * (gemv_split); else tiles of y's columns, their width from (N, K) as
+ * for the GEMM tiles, at least GEMV_ROW_EDGE columns long (192-column
+ * tiles of a 3072-wide B ran at two thirds of one call's speed). Either
+ * way the bands, tiles and order come from the shape alone. */
+enum { ROW_BAND = 1 << 14, MAX_BANDS = 64, GEMV_ROW_EDGE = 1024 };
+enum { GEMV_PARTS = 1 << 14 };
+
+int st_row_band(int rows, int len) {
+  int r = len >= ROW_BAND ? 1 : ROW_BAND / len;
+  if (count(rows, r) > MAX_BANDS) r = count(rows, MAX_BANDS);
+  return r;
+}
+
 typedef struct gemv_job {
-  int trans_b, N, K, ldb, w; /* w: a tile's columns */
+  int trans_b, N, K, ldb, w; /* w: a task's columns or rows of B */
   float alpha, beta;
   const float *x, *B;
   float *y;
+  float *part; /* the split's partials, band b at part + b N */
+  void (*after)(void *arg, int r0, int r1);
+  void *after_arg;
 } gemv_job;
 
-enum { GEMV_ROW_EDGE = 1024 };
-
-static int gemv_tile(int trans_b, int N, int K) {
-  int w = N, least = trans_b ? MIN_EDGE : GEMV_ROW_EDGE;
-  while (w >= 2 * least && 2.0 * K * w >= 2.0 * MIN_TILE_FLOPS &&
+static int gemv_tile(int N, int K) { /* B stored K x N, not split */
+  int w = N;
+  while (w >= 2 * GEMV_ROW_EDGE && 2.0 * K * w >= 2.0 * MIN_TILE_FLOPS &&
          count(N, w) < TARGET_TILES)
     w = halve(w);
   return w;
+}
+
+/* Bands of B's K rows when y = x B is summed band by band, or 0. */
+static int gemv_split_rows(int N, int K) {
+  int r = st_row_band(K, N), bands = count(K, r);
+  return bands > 1 && (size_t)bands * N <= GEMV_PARTS ? r : 0;
 }
 
 static void gemv_tile_run(void *arg, int tile) {
@@ -205,6 +238,48 @@ static void gemv_tile_run(void *arg, int tile) {
                 g->x, 1, g->beta, g->y + t, 1);
 }
 
+static void gemv_band_run(void *arg, int band) {
+  const gemv_job *g = arg;
+  int k0 = band * g->w, k = g->K - k0 < g->w ? g->K - k0 : g->w;
+  cblas_sgemv(CblasRowMajor, CblasTrans, k, g->N, g->alpha,
+              g->B + (size_t)k0 * g->ldb, g->ldb, g->x + k0, 1, 0.0f,
+              g->part + (size_t)band * g->N, 1);
+  if (g->after) g->after(g->after_arg, k0, k0 + k);
+}
+
+/* y = x B (+ beta y), B stored K x N, summed in bands of `rows` of B's
+ * rows (gemv_split_rows); after, when not NULL, runs on each band's rows
+ * on the thread that summed it, once its partial is made. */
+static void gemv_split(st_pool *pool, int rows, int N, int K, float alpha,
+                       const float *x, const float *B, int ldb, float beta,
+                       float *y, void (*after)(void *, int, int), void *arg) {
+  float part[GEMV_PARTS];
+  int bands = count(K, rows);
+  gemv_job g = {.N = N,
+                .K = K,
+                .ldb = ldb,
+                .w = rows,
+                .alpha = alpha,
+                .x = x,
+                .B = B,
+                .part = part,
+                .after = after,
+                .after_arg = arg};
+  st_pool_for(pool, bands, gemv_band_run, &g);
+  for (int j = 0; j < N; j++) { /* the partials in band order */
+    float s = part[j];
+    for (int b = 1; b < bands; b++) s += part[(size_t)b * N + j];
+    y[j] = beta == 0.0f ? s : beta * y[j] + s;
+  }
+}
+
+int st_gemv_then(st_pool *pool, float *y, const float *x, const float *B, int K,
+                 int N, void (*after)(void *arg, int r0, int r1), void *arg) {
+  int rows = K > 0 && N > 0 && !st_gemm_bf16_on() ? gemv_split_rows(N, K) : 0;
+  if (rows) gemv_split(pool, rows, N, K, 1.0f, x, B, N, 0.0f, y, after, arg);
+  return rows > 0;
+}
+
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,
              float beta, float *C, int ldc) {
@@ -215,9 +290,35 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     return;
   }
   if (M == 1 && !trans_a && K > 0) { /* one row: a matrix-vector product */
-    gemv_job g = {trans_b, N,    K, ldb, gemv_tile(trans_b, N, K),
-                  alpha,   beta, A, B,   C};
-    st_pool_for(pool, count(N, g.w), gemv_tile_run, &g);
+    if (trans_b) {
+      gemv_job g = {.trans_b = 1,
+                    .N = N,
+                    .K = K,
+                    .ldb = ldb,
+                    .w = st_row_band(N, K),
+                    .alpha = alpha,
+                    .beta = beta,
+                    .x = A,
+                    .B = B,
+                    .y = C};
+      st_pool_for(pool, count(N, g.w), gemv_tile_run, &g);
+    } else {
+      int rows = alpha != 0.0f ? gemv_split_rows(N, K) : 0;
+      if (rows) {
+        gemv_split(pool, rows, N, K, alpha, A, B, ldb, beta, C, NULL, NULL);
+      } else {
+        gemv_job g = {.N = N,
+                      .K = K,
+                      .ldb = ldb,
+                      .w = gemv_tile(N, K),
+                      .alpha = alpha,
+                      .beta = beta,
+                      .x = A,
+                      .B = B,
+                      .y = C};
+        st_pool_for(pool, count(N, g.w), gemv_tile_run, &g);
+      }
+    }
     return;
   }
   if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,

@@ -350,17 +350,15 @@ static void layer_backward(const st_block *b, const st_layer *L,
   case ST_OP_LINEAR:
     if (grads && st_layer_fuses_update(L, ctx, B) &&
         b->tensors[L->w_tensor].tie < 0) {
-      /* The input gradient first, with the weights the forward used; then
-       * the update straight from dy and x (BACKGROUND: batch-1 training). */
-      st_linear_backward(ctx->pool, dx, NULL, NULL, g, x, w, B, (int)n_in,
-                         L->out.c);
+      /* The input gradient, with the weights the forward used, and the
+       * update straight from dy and x (BACKGROUND: batch-1 training). */
       const st_fused_update *f = ctx->fused;
       size_t wo = b->param_off + b->tensors[L->w_tensor].offset;
       int adamw = f->rule->adamw;
       float *pw = f->predict ? f->predict + (wo - f->predict_base) : NULL;
       st_optim_update_outer(ctx->pool, f->rule, f->params + wo, f->opt + wo,
                             adamw ? f->opt + f->slot_stride + wo : NULL, g, x,
-                            L->out.c, (int)n_in, pw);
+                            L->out.c, (int)n_in, pw, dx);
       if (L->b_tensor >= 0) { /* a GPT's lm_head has none */
         size_t bo = b->param_off + b->tensors[L->b_tensor].offset;
         float *pb = f->predict ? f->predict + (bo - f->predict_base) : NULL;

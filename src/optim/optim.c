@@ -108,23 +108,20 @@ static int heavy_ball(const st_optim_rule *r, float *restrict w,
                       float *restrict delta, float *restrict pred, size_t len,
                       const float *restrict x, float dy);
 
-enum { OUTER_BAND = 1 << 14 }; /* elements a band of the batch-1 update */
-
 typedef struct outer_job {
   const st_optim_rule *r;
   float *w, *s0, *s1, *p;
   const float *dy, *x;
-  int OC, IC, rows; /* rows: a task's band of output rows */
+  int OC, IC, rows; /* rows: a task's band of output rows (st_row_band) */
 } outer_job;
 
-/* One band of rows: each element's update reads and writes only its own
- * w, state and prediction, so the bands may run in any order on any thread
- * and the bits stay those of one pass. */
-static void outer_band(void *arg, int task) {
+/* Output rows [o0, o1): each element's update reads and writes only its
+ * own w, state and prediction, so the bands may run in any order on any
+ * thread and the bits stay those of one pass. */
+static void outer_rows(void *arg, int o0, int o1) {
   const outer_job *j = arg;
   const st_optim_rule r = *j->r;
-  const int IC = j->IC, o0 = task * j->rows;
-  const int o1 = o0 + j->rows < j->OC ? o0 + j->rows : j->OC;
+  const int IC = j->IC;
   const float *restrict x = j->x;
   for (int o = o0; o < o1; o++) {
     const float d = j->dy[o];
@@ -146,15 +143,20 @@ static void outer_band(void *arg, int task) {
   }
 }
 
+static void outer_band(void *arg, int task) {
+  const outer_job *j = arg;
+  int o0 = task * j->rows;
+  outer_rows(arg, o0, o0 + j->rows < j->OC ? o0 + j->rows : j->OC);
+}
+
 void st_optim_update_outer(st_pool *pool, const st_optim_rule *rule,
                            float *restrict w, float *restrict s0,
                            float *restrict s1, const float *restrict dy,
                            const float *restrict x, int OC, int IC,
-                           float *restrict p) {
-  /* bands of about OUTER_BAND elements (the shape alone decides them): a
-   * 3136 x 256 layer's update streams 13 MB at batch 1, half a step on
-   * one core */
-  int rows = IC >= OUTER_BAND ? 1 : OUTER_BAND / IC;
+                           float *restrict p, float *restrict dx) {
+  /* bands of rows as the layer's one-row products cut them (st_row_band),
+   * so each core updates the rows its forward read: a 3136 x 256 layer's
+   * update streams 13 MB at batch 1, half a step on one core */
   outer_job j = {.r = rule,
                  .w = w,
                  .s0 = s0,
@@ -164,8 +166,12 @@ void st_optim_update_outer(st_pool *pool, const st_optim_rule *rule,
                  .x = x,
                  .OC = OC,
                  .IC = IC,
-                 .rows = rows};
-  st_pool_for(pool, (OC + rows - 1) / rows, outer_band, &j);
+                 .rows = st_row_band(OC, IC)};
+  /* the input gradient with the weights before the update: in the same
+   * pass over each band where the shape allows, else first */
+  if (dx && st_gemv_then(pool, dx, dy, w, OC, IC, outer_rows, &j)) return;
+  if (dx) st_gemm(pool, 0, 0, 1, IC, OC, 1.0f, dy, OC, w, IC, 0.0f, dx, IC);
+  st_pool_for(pool, (OC + j.rows - 1) / j.rows, outer_band, &j);
 }
 
 /* 16K floats: 64 KB per array, so a chunk's weights, gradients and state

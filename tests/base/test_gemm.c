@@ -201,9 +201,11 @@ int main(void) {
   st_pool *pools[4] = {NULL, st_pool_create(1), st_pool_create(2),
                        st_pool_create(3)};
   const shape shapes[] = {
-      /* one row: matrix-vector, both layouts, one tile and several */
-      {0, 1, 1, 256, 784, "gemv"},
-      {0, 0, 1, 784, 256, "gemv"},
+      /* one row: matrix-vector, both layouts, one tile and several; B
+       * stored K x N summed in bands of rows where the partials fit */
+      {0, 1, 1, 256, 784, "gemv in bands"},
+      {0, 0, 1, 784, 256, "gemv summed in bands"},
+      {0, 0, 1, 256, 255, "gemv summed in bands, the last one short"},
       {0, 1, 1, 10, 37, "gemv"},
       {0, 0, 1, 37, 10, "gemv"},
       {0, 1, 1, 2304, 600, "gemv tiled"},

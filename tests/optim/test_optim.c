@@ -210,9 +210,17 @@ static void test_update_paths(void) {
   }
   CHECK(cases == 18, "%d combinations", cases);
   /* the fused batch-1 update: gradient dy_o x_i, never stored; on the
-   * pool in bands of 4 rows (16K elements), the last one partial */
+   * pool in bands of 4 rows (16K elements), the last one partial. From
+   * step 1 on it also makes the input gradient dx = dy w, band by band
+   * with the weights before the update: st_gemm's bits (computed here
+   * before the update by hand), and the sum in double within 1e-5. */
   enum { OC = 9, IC = 4001 };
   float dy[OC], *x = gs;
+  float *dx = st_alloc(IC * sizeof(float)), *rdx = st_alloc(IC * sizeof(float));
+  CHECK(st_row_band(OC, IC) == 4 &&
+            st_gemv_then(pool, rdx, dy, rw, OC, IC, NULL, NULL),
+        "a 9 x 4001 weight: %d rows a band, not summed band by band",
+        st_row_band(OC, IC));
   for (int combo = 0; combo < 12; combo++) {
     int wd = combo & 1, kind = combo >> 1 & 3, pred = combo >> 3 & 1;
     if (kind == 3) continue;
@@ -228,8 +236,23 @@ static void test_update_paths(void) {
       r.pk = 0.2f;
       for (int o = 0; o < OC; o++) dy[o] = st_rng_normal(&rng);
       for (int i = 0; i < IC; i++) x[i] = st_rng_normal(&rng);
+      st_gemm(pool, 0, 0, 1, IC, OC, 1.0f, dy, OC, rw, IC, 0.0f, rdx, IC);
+      double dx_err = 0;
+      for (int i = 0; i < IC; i++) {
+        double e = 0, mag = 0;
+        for (int o = 0; o < OC; o++) {
+          e += (double)dy[o] * rw[o * IC + i];
+          mag += fabs((double)dy[o] * rw[o * IC + i]);
+        }
+        e = fabs(rdx[i] - e) / (mag + 1e-30);
+        dx_err = e > dx_err ? e : dx_err;
+      }
       st_optim_update_outer(pool, &r, w, v, NULL, dy, x, OC, IC,
-                            pred ? p : NULL);
+                            pred ? p : NULL, step ? dx : NULL);
+      CHECK(!step || (!memcmp(dx, rdx, IC * sizeof(float)) && dx_err < 1e-5),
+            "st_optim_update_outer: combo %d step %d: dx not st_gemm's bits "
+            "(or %.2g from the sum in double)",
+            combo, step, dx_err);
       for (int o = 0; o < OC; o++)
         for (int i = 0; i < IC; i++) {
           int k = o * IC + i;
@@ -247,9 +270,29 @@ static void test_update_paths(void) {
             pred, step);
     }
   }
+  /* a shape whose input gradient is one call (no bands): made first,
+   * then the update */
+  {
+    enum { OC2 = 3, IC2 = 100 };
+    st_optim_rule r;
+    st_optim_rule_pb(&r, 0.05f, 0.9f, 0.0f, 4, 0, 1);
+    for (int i = 0; i < OC2 * IC2; i++) rw[i] = w[i] = st_rng_normal(&rng);
+    for (int i = 0; i < OC2 * IC2; i++) rv[i] = v[i] = st_rng_normal(&rng);
+    CHECK(!st_gemv_then(pool, rdx, dy, rw, OC2, IC2, NULL, NULL),
+          "a 3 x 100 weight summed in bands");
+    st_gemm(pool, 0, 0, 1, IC2, OC2, 1.0f, dy, OC2, rw, IC2, 0.0f, rdx, IC2);
+    st_optim_update_outer(pool, &r, w, v, NULL, dy, x, OC2, IC2, NULL, dx);
+    for (int k = 0; k < OC2 * IC2; k++)
+      rule_by_hand(&r, dy[k / IC2] * x[k % IC2], &rw[k], &rv[k], &rd[k],
+                   &rp[k]);
+    CHECK(!memcmp(dx, rdx, IC2 * sizeof(float)) &&
+              !memcmp(w, rw, OC2 * IC2 * sizeof(float)),
+          "st_optim_update_outer, 3 x 100: dx or w not the bits of the "
+          "product, then the rule");
+  }
   st_pool_destroy(pool);
-  float *all[] = {w, v, g, de, p, rw, rv, rd, rp, gs};
-  for (int k = 0; k < 10; k++) st_free(all[k]);
+  float *all[] = {w, v, g, de, p, rw, rv, rd, rp, gs, dx, rdx};
+  for (int k = 0; k < 12; k++) st_free(all[k]);
 }
 
 int main(void) {
