@@ -290,35 +290,23 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     return;
   }
   if (M == 1 && !trans_a && K > 0) { /* one row: a matrix-vector product */
-    if (trans_b) {
-      gemv_job g = {.trans_b = 1,
-                    .N = N,
-                    .K = K,
-                    .ldb = ldb,
-                    .w = st_row_band(N, K),
-                    .alpha = alpha,
-                    .beta = beta,
-                    .x = A,
-                    .B = B,
-                    .y = C};
-      st_pool_for(pool, count(N, g.w), gemv_tile_run, &g);
-    } else {
-      int rows = alpha != 0.0f ? gemv_split_rows(N, K) : 0;
-      if (rows) {
-        gemv_split(pool, rows, N, K, alpha, A, B, ldb, beta, C, NULL, NULL);
-      } else {
-        gemv_job g = {.N = N,
-                      .K = K,
-                      .ldb = ldb,
-                      .w = gemv_tile(N, K),
-                      .alpha = alpha,
-                      .beta = beta,
-                      .x = A,
-                      .B = B,
-                      .y = C};
-        st_pool_for(pool, count(N, g.w), gemv_tile_run, &g);
-      }
+    int rows = !trans_b && alpha != 0.0f ? gemv_split_rows(N, K) : 0;
+    if (rows) {
+      gemv_split(pool, rows, N, K, alpha, A, B, ldb, beta, C, NULL, NULL);
+      return;
     }
+    /* B stored N x K: bands of y's elements; K x N: tiles of its columns */
+    gemv_job g = {.trans_b = trans_b,
+                  .N = N,
+                  .K = K,
+                  .ldb = ldb,
+                  .w = trans_b ? st_row_band(N, K) : gemv_tile(N, K),
+                  .alpha = alpha,
+                  .beta = beta,
+                  .x = A,
+                  .B = B,
+                  .y = C};
+    st_pool_for(pool, count(N, g.w), gemv_tile_run, &g);
     return;
   }
   if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
