@@ -704,14 +704,36 @@ void st_trainer_destroy(st_trainer *t) {
   free(t);
 }
 
+typedef struct fill_job {
+  const st_dataset *ds;
+  const int32_t *idx;
+  int B, normalize;
+  float *x;
+  int *y;
+} fill_job;
+
+enum { FILL_SAMPLES = 16 }; /* a task's images */
+
+static void fill_task(void *arg, int task) {
+  const fill_job *j = arg;
+  int s0 = task * FILL_SAMPLES;
+  int n = j->B - s0 < FILL_SAMPLES ? j->B - s0 : FILL_SAMPLES;
+  size_t numel = st_shape_numel(j->ds->shape);
+  st_dataset_batch(j->ds, j->idx + s0, n, j->normalize, j->x + s0 * numel,
+                   j->y + s0);
+}
+
 /* Samples idx[0..B) of the training (test == 0) or test split into x and
  * y: images and labels, or token windows (inputs as floats, and each
- * position's next token). */
-static void fill_batch(st_trainer *t, int test, const int32_t *idx, int B,
-                       float *x, int *y) {
+ * position's next token). Images on `pool` when not NULL (each pixel the
+ * same operations wherever it runs): on the caller alone it was 3.5% of
+ * an MLP step at batch 256 on 2 threads, the worker idle meanwhile. */
+static void fill_batch(st_trainer *t, st_pool *pool, int test,
+                       const int32_t *idx, int B, float *x, int *y) {
   if (!t->text) {
-    st_dataset_batch(test ? t->test : t->train, idx, B, t->cfg.data.normalize,
-                     x, y);
+    fill_job j = {test ? t->test : t->train, idx, B,
+                  t->cfg.data.normalize,     x,   y};
+    st_pool_for(pool, (B + FILL_SAMPLES - 1) / FILL_SAMPLES, fill_task, &j);
     return;
   }
   const int32_t *tok = test ? t->text->val : t->text->train;
@@ -727,14 +749,16 @@ static void fill_batch(st_trainer *t, int test, const int32_t *idx, int B,
 
 /* Fills x, y with the batch of the step at *pos; starts a new epoch (in
  * *pos) when the current one cannot supply a whole batch (the remainder is
- * dropped, as PyTorch's drop_last). */
-static void next_batch(st_trainer *t, st_train_pos *pos, float *x, int *y) {
+ * dropped, as PyTorch's drop_last). pool: the trainer's, where nothing
+ * else runs on it meanwhile, else NULL. */
+static void next_batch(st_trainer *t, st_pool *pool, st_train_pos *pos,
+                       float *x, int *y) {
   if (pos->epoch_pos + t->batch > t->n_train) {
     pos->epoch++;
     pos->epoch_pos = 0;
     make_permutation(t, pos->epoch);
   }
-  fill_batch(t, 0, t->perm + pos->epoch_pos, t->batch, x, y);
+  fill_batch(t, pool, 0, t->perm + pos->epoch_pos, t->batch, x, y);
 }
 
 static void update_range(void *arg, size_t off, size_t n) {
@@ -957,7 +981,7 @@ static int step_overlapped(st_trainer *t, int ahead, double *loss,
     t->cur ^= 1;
     t->pos = t->ahead_pos;
   } else {
-    next_batch(t, &t->pos, t->xb[t->cur], t->yb[t->cur]);
+    next_batch(t, NULL, &t->pos, t->xb[t->cur], t->yb[t->cur]);
     st_trainer_view v =
         view_of(t, &t->pos, t->xb[t->cur], t->yb[t->cur], t->lb[t->cur], NULL);
     if ((rc = t->exec->start(t->exec_state, &v, err))) return rc;
@@ -970,7 +994,7 @@ static int step_overlapped(st_trainer *t, int ahead, double *loss,
     q.epoch_pos += t->batch;
     q.samples += t->batch;
     int nb = t->cur ^ 1;
-    next_batch(t, &q, t->xb[nb], t->yb[nb]);
+    next_batch(t, NULL, &q, t->xb[nb], t->yb[nb]);
     st_trainer_view v = view_of(t, &q, t->xb[nb], t->yb[nb], t->lb[nb], NULL);
     st_error ignored = {0}; /* a stopped executor: the wait below says why */
     if (!t->exec->start(t->exec_state, &v, &ignored)) {
@@ -1010,7 +1034,7 @@ static int step_ahead(st_trainer *t, int ahead, double *loss, st_error *err) {
   st_fp_set_flush(t->cfg.train.flush_subnormals); /* another trainer's? */
   st_gemm_set_bf16(!strcmp(t->cfg.train.precision, "bf16"));
   if (overlaps(t)) return step_overlapped(t, ahead, loss, err);
-  next_batch(t, &t->pos, t->x, t->y);
+  next_batch(t, t->pool, &t->pos, t->x, t->y);
   /* t->grads is all zeros here: allocated zeroed, and every update zeroes
    * the gradients it used. */
   /* A one-sample batch lets linear layers update inside the backward. */
@@ -1084,7 +1108,7 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
   for (int start = 0; start < n; start += t->eval_batch) {
     int B = n - start < t->eval_batch ? n - start : t->eval_batch;
     for (int i = 0; i < B; i++) t->eval_idx[i] = start + i;
-    fill_batch(t, 1, t->eval_idx, B, t->x, t->y);
+    fill_batch(t, t->pool, 1, t->eval_idx, B, t->x, t->y);
     const float *logits =
         t->exec->forward(t->exec_state, &ctx, t->params, t->x, B);
     if (!logits) /* over ranks: a message failed */
