@@ -557,13 +557,15 @@ void st_layernorm_backward(st_pool *pool, float *din, float *dw, float *db,
                            int N, int D);
 size_t st_layernorm_scratch_floats(int N, int D);
 
-/* groupnorm: (B, C, HW) with G groups; saves mean and rstd (B, G). */
-void st_groupnorm_forward(float *out, float *mean, float *rstd, const float *in,
-                          const float *w, const float *b, int B, int C, int HW,
-                          int G, float eps);
-void st_groupnorm_backward(float *din, float *dw, float *db, const float *dout,
-                           const float *in, const float *w, const float *mean,
-                           const float *rstd, int B, int C, int HW, int G);
+/* groupnorm: (B, C, HW) with G groups; saves mean and rstd (B, G). On
+ * the pool (NULL: the caller), the same bits on any number of threads. */
+void st_groupnorm_forward(st_pool *pool, float *out, float *mean, float *rstd,
+                          const float *in, const float *w, const float *b,
+                          int B, int C, int HW, int G, float eps);
+void st_groupnorm_backward(st_pool *pool, float *din, float *dw, float *db,
+                           const float *dout, const float *in, const float *w,
+                           const float *mean, const float *rstd, int B, int C,
+                           int HW, int G);
 st_cost st_layernorm_cost(int D);
 st_cost st_groupnorm_cost(int C, int HW, int G);
 

@@ -376,9 +376,9 @@ static void relu_step(void *arg) {
 
 static void norm_step(void *arg) {
   op_job *j = arg;
-  st_groupnorm_forward(j->y, j->mean, j->rstd, j->x, j->w, j->b, OB, OC,
+  st_groupnorm_forward(NULL, j->y, j->mean, j->rstd, j->x, j->w, j->b, OB, OC,
                        OH * OW, OG, 1e-5f);
-  st_groupnorm_backward(j->dx, j->dw, j->db, j->dy, j->x, j->w, j->mean,
+  st_groupnorm_backward(NULL, j->dx, j->dw, j->db, j->dy, j->x, j->w, j->mean,
                         j->rstd, OB, OC, OH * OW, OG);
 }
 

@@ -106,14 +106,12 @@ static void fine_backward_task(void *arg, int task) {
 /* Forward of a per-sample layer on samples [s0, s0 + cnt) of a batch of B
  * (B locates the saved-state arrays, which are laid out per batch). */
 static void forward_rows(const st_block *b, const st_layer *L,
-                         const st_ctx *ctx, const float *params,
-                         const float *block_in, const float *x, float *acts,
-                         float *scratch, int B, int s0, int cnt) {
+                         const st_ctx *ctx, const float *block_in,
+                         const float *x, float *acts, float *scratch, int B,
+                         int s0, int cnt) {
   size_t n_in = st_shape_numel(L->in), n_out = st_shape_numel(L->out);
   float *y = (float *)layer_out(L, acts, scratch, B) + (size_t)s0 * n_out;
   float *save = layer_save(L, acts, B);
-  const float *w = param(b, params, L->w_tensor);
-  const float *bias = param(b, params, L->b_tensor);
   size_t n = (size_t)cnt * n_out;
   x += (size_t)s0 * n_in;
   switch (L->kind) {
@@ -134,13 +132,6 @@ static void forward_rows(const st_block *b, const st_layer *L,
     memcpy(y, x, n * sizeof *y);
     st_rotary_forward(y, cnt, L->out.h, L->out.c / 3, L->heads, L->rotary_dim);
     break;
-  case ST_OP_GROUPNORM: {
-    size_t G = (size_t)L->groups;
-    st_groupnorm_forward(y, save + s0 * G, save + (size_t)B * G + s0 * G, x, w,
-                         bias, cnt, L->in.c, L->in.h * L->in.w, L->groups,
-                         L->eps);
-    break;
-  }
   case ST_OP_RESIDUAL: {
     const float *from = L->skip < 0
                             ? block_in
@@ -159,6 +150,7 @@ static void forward_rows(const st_block *b, const st_layer *L,
     break;
   case ST_OP_GELU:
   case ST_OP_LAYERNORM:
+  case ST_OP_GROUPNORM:
   case ST_OP_LINEAR:
   case ST_OP_CONV2D:
   case ST_OP_EMBED:
@@ -182,8 +174,8 @@ typedef struct rows_job {
 static void forward_task(void *arg, int task) {
   const rows_job *j = arg;
   int s0 = task * j->rows, cnt = j->B - s0 < j->rows ? j->B - s0 : j->rows;
-  forward_rows(j->b, j->L, j->ctx, j->params, j->block_in, j->x, j->acts,
-               j->scratch, j->B, s0, cnt);
+  forward_rows(j->b, j->L, j->ctx, j->block_in, j->x, j->acts, j->scratch, j->B,
+               s0, cnt);
 }
 
 static void layer_forward(const st_block *b, const st_layer *L,
@@ -222,6 +214,11 @@ static void layer_forward(const st_block *b, const st_layer *L,
   } else if (L->kind == ST_OP_CONV2D) {
     st_conv2d_forward(ctx->pool, y, x, w, bias, scratch, B, L->in.c, L->in.h,
                       L->in.w, L->out.c, L->k, L->stride, L->pad);
+  } else if (L->kind == ST_OP_GROUPNORM) {
+    float *save = layer_save(L, acts, B);
+    st_groupnorm_forward(ctx->pool, y, save, save + (size_t)B * L->groups, x, w,
+                         bias, B, L->in.c, L->in.h * L->in.w, L->groups,
+                         L->eps);
   } else if (fine_layer(L)) {
     fine_job j = fine_split(L, B);
     j.x = x, j.w = w, j.bias = bias, j.y = y;
@@ -419,7 +416,7 @@ static void layer_backward(const st_block *b, const st_layer *L,
                           (int)(n_in / R));
     break;
   case ST_OP_GROUPNORM:
-    st_groupnorm_backward(dx, dw, db, g, x, w, save,
+    st_groupnorm_backward(ctx->pool, dx, dw, db, g, x, w, save,
                           save + (size_t)B * L->groups, B, L->in.c,
                           L->in.h * L->in.w, L->groups);
     break;

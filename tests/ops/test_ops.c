@@ -899,8 +899,8 @@ typedef struct groupnorm_ctx {
 
 static double groupnorm_loss(void *p) {
   groupnorm_ctx *c = p;
-  st_groupnorm_forward(c->out, c->mean, c->rstd, c->in, c->w, c->b, c->B, c->C,
-                       c->HW, c->G, c->eps);
+  st_groupnorm_forward(NULL, c->out, c->mean, c->rstd, c->in, c->w, c->b, c->B,
+                       c->C, c->HW, c->G, c->eps);
   return dot(c->out, c->dout, (size_t)c->B * c->C * c->HW);
 }
 
@@ -920,8 +920,27 @@ static void test_groupnorm(void) {
     float *out = new_floats(n), *din = new_floats(n);
     float *mean = new_floats(ns), *rstd = new_floats(ns);
     float *dw = new_floats((size_t)C), *db = new_floats((size_t)C);
-    st_groupnorm_forward(out, mean, rstd, in, w, b, B, C, HW, G, eps);
-    st_groupnorm_backward(din, dw, db, dout, in, w, mean, rstd, B, C, HW, G);
+    st_groupnorm_forward(NULL, out, mean, rstd, in, w, b, B, C, HW, G, eps);
+    st_groupnorm_backward(NULL, din, dw, db, dout, in, w, mean, rstd, B, C, HW,
+                          G);
+    /* on 3 threads: the same bits (tasks are samples x groups forward,
+     * groups backward, each made as one thread makes it); dw and db add
+     * onto what is there, as a step's micro-batches do */
+    {
+      st_pool *three = st_pool_create(3);
+      float *o3 = new_floats(n), *m3 = new_floats(ns), *r3 = new_floats(ns);
+      float *d3 = new_floats(n), *w3 = new_floats((size_t)C),
+            *b3 = new_floats((size_t)C);
+      st_groupnorm_forward(three, o3, m3, r3, in, w, b, B, C, HW, G, eps);
+      st_groupnorm_backward(three, d3, w3, b3, dout, in, w, m3, r3, B, C, HW,
+                            G);
+      CHECK(three && !memcmp(o3, out, n * 4) && !memcmp(m3, mean, ns * 4) &&
+                !memcmp(r3, rstd, ns * 4) && !memcmp(d3, din, n * 4) &&
+                !memcmp(w3, dw, (size_t)C * 4) &&
+                !memcmp(b3, db, (size_t)C * 4),
+            "groupnorm %s: 3 threads not the bits of the caller alone", c);
+      st_pool_destroy(three);
+    }
     label(what, sizeof what, "groupnorm", c, "out");
     CHECK_CLOSE(what, out, fx(st, c, "out", n), n, NORM_TOL, NORM_FLOOR);
     label(what, sizeof what, "groupnorm", c, "mean");
