@@ -255,6 +255,9 @@ static void gemv_split(st_pool *pool, int rows, int N, int K, float alpha,
                        float *y, void (*after)(void *, int, int), void *arg) {
   float part[GEMV_PARTS];
   int bands = count(K, rows);
+  /* zeroed although sgemv with beta 0 must not read it: some OpenBLAS
+   * releases scaled y by beta, and 0 x a stale NaN is a NaN */
+  memset(part, 0, (size_t)bands * N * sizeof *part);
   gemv_job g = {.N = N,
                 .K = K,
                 .ldb = ldb,

@@ -976,6 +976,52 @@ static void test_groupnorm(void) {
     release_all();
   }
   st_safetensors_destroy(st);
+  /* past one block of samples (norm.c works in blocks of 32), dw and db
+   * added onto what is there: 40 samples, 2 groups, on 3 threads; the
+   * gradients against finite differences and against the caller alone */
+  {
+    enum { B = 40, C = 6, HW = 5, G = 2 };
+    size_t n = (size_t)B * C * HW, ns = (size_t)B * G;
+    float *in = random_floats(n, 71, 1.0f), *w = random_floats(C, 72, 1.0f);
+    float *b = random_floats(C, 73, 1.0f), *dout = random_floats(n, 74, 1.0f);
+    float *out = new_floats(n), *mean = new_floats(ns), *rstd = new_floats(ns);
+    float *din = new_floats(n), *din1 = new_floats(n);
+    float *dw = random_floats(C, 75, 1.0f), *db = random_floats(C, 76, 1.0f);
+    float *dw1 = new_floats(C), *db1 = new_floats(C);
+    float *gw = new_floats(C), *gb = new_floats(C);
+    memcpy(dw1, dw, C * 4), memcpy(db1, db, C * 4);
+    memcpy(gw, dw, C * 4), memcpy(gb, db, C * 4);
+    st_pool *three = st_pool_create(3);
+    st_groupnorm_forward(three, out, mean, rstd, in, w, b, B, C, HW, G, 1e-5f);
+    st_groupnorm_backward(three, din, dw, db, dout, in, w, mean, rstd, B, C, HW,
+                          G);
+    st_groupnorm_backward(NULL, din1, dw1, db1, dout, in, w, mean, rstd, B, C,
+                          HW, G);
+    CHECK(three && !memcmp(din, din1, n * 4) && !memcmp(dw, dw1, C * 4) &&
+              !memcmp(db, db1, C * 4),
+          "groupnorm, 40 samples: 3 threads not the bits of the caller alone");
+    for (int c = 0; c < C; c++) gw[c] = dw[c] - gw[c], gb[c] = db[c] - gb[c];
+    groupnorm_ctx ctx = {new_floats(n),
+                         new_floats(ns),
+                         new_floats(ns),
+                         in,
+                         w,
+                         b,
+                         dout,
+                         B,
+                         C,
+                         HW,
+                         G,
+                         1e-5f};
+    check_fd("groupnorm 40 samples fd din", in, n, din, groupnorm_loss, &ctx,
+             n - 7);
+    check_fd("groupnorm 40 samples fd dw (added)", w, C, gw, groupnorm_loss,
+             &ctx, 0);
+    check_fd("groupnorm 40 samples fd db (added)", b, C, gb, groupnorm_loss,
+             &ctx, 0);
+    st_pool_destroy(three);
+    release_all();
+  }
 }
 
 /* -------------------------------------------------------------- dropout */

@@ -217,6 +217,7 @@ static void test_update_paths(void) {
   enum { OC = 9, IC = 4001 };
   float dy[OC], *x = gs;
   float *dx = st_alloc(IC * sizeof(float)), *rdx = st_alloc(IC * sizeof(float));
+  for (int o = 0; o < OC; o++) dy[o] = 1.0f;
   CHECK(st_row_band(OC, IC) == 4 &&
             st_gemv_then(pool, rdx, dy, rw, OC, IC, NULL, NULL),
         "a 9 x 4001 weight: %d rows a band, not summed band by band",
@@ -270,25 +271,38 @@ static void test_update_paths(void) {
             pred, step);
     }
   }
-  /* a shape whose input gradient is one call (no bands): made first,
-   * then the update */
-  {
-    enum { OC2 = 3, IC2 = 100 };
+  /* shapes whose input gradient is not summed in bands, made first and
+   * then the update: one band (3 x 100), and 13 bands whose partials
+   * would not fit (64 x 3000: column tiles for dx, the update in bands) */
+  const int shapes[2][2] = {{3, 100}, {64, 3000}};
+  for (int k = 0; k < 2; k++) {
+    int oc = shapes[k][0], ic = shapes[k][1];
+    size_t nw = (size_t)oc * ic;
+    float *w2 = st_alloc(nw * 4), *v2 = st_alloc(nw * 4),
+          *rw2 = st_alloc(nw * 4);
+    float *rv2 = st_alloc(nw * 4), *dy2 = st_alloc((size_t)oc * 4);
+    float *x2 = st_alloc((size_t)ic * 4), *dx2 = st_alloc((size_t)ic * 4);
+    float *rdx2 = st_alloc((size_t)ic * 4), junk[2];
     st_optim_rule r;
     st_optim_rule_pb(&r, 0.05f, 0.9f, 0.0f, 4, 0, 1);
-    for (int i = 0; i < OC2 * IC2; i++) rw[i] = w[i] = st_rng_normal(&rng);
-    for (int i = 0; i < OC2 * IC2; i++) rv[i] = v[i] = st_rng_normal(&rng);
-    CHECK(!st_gemv_then(pool, rdx, dy, rw, OC2, IC2, NULL, NULL),
-          "a 3 x 100 weight summed in bands");
-    st_gemm(pool, 0, 0, 1, IC2, OC2, 1.0f, dy, OC2, rw, IC2, 0.0f, rdx, IC2);
-    st_optim_update_outer(pool, &r, w, v, NULL, dy, x, OC2, IC2, NULL, dx);
-    for (int k = 0; k < OC2 * IC2; k++)
-      rule_by_hand(&r, dy[k / IC2] * x[k % IC2], &rw[k], &rv[k], &rd[k],
-                   &rp[k]);
-    CHECK(!memcmp(dx, rdx, IC2 * sizeof(float)) &&
-              !memcmp(w, rw, OC2 * IC2 * sizeof(float)),
-          "st_optim_update_outer, 3 x 100: dx or w not the bits of the "
-          "product, then the rule");
+    for (size_t i = 0; i < nw; i++) rw2[i] = w2[i] = st_rng_normal(&rng);
+    for (size_t i = 0; i < nw; i++) rv2[i] = v2[i] = st_rng_normal(&rng);
+    for (int o = 0; o < oc; o++) dy2[o] = st_rng_normal(&rng);
+    for (int i = 0; i < ic; i++) x2[i] = st_rng_normal(&rng);
+    CHECK(!st_gemv_then(pool, rdx2, dy2, rw2, oc, ic, NULL, NULL),
+          "a %d x %d weight summed in bands", oc, ic);
+    st_gemm(pool, 0, 0, 1, ic, oc, 1.0f, dy2, oc, rw2, ic, 0.0f, rdx2, ic);
+    st_optim_update_outer(pool, &r, w2, v2, NULL, dy2, x2, oc, ic, NULL, dx2);
+    for (size_t i = 0; i < nw; i++)
+      rule_by_hand(&r, dy2[i / ic] * x2[i % ic], &rw2[i], &rv2[i], &junk[0],
+                   &junk[1]);
+    CHECK(!memcmp(dx2, rdx2, (size_t)ic * 4) && !memcmp(w2, rw2, nw * 4) &&
+              !memcmp(v2, rv2, nw * 4),
+          "st_optim_update_outer, %d x %d: dx, w or v not the bits of the "
+          "product, then the rule",
+          oc, ic);
+    float *own[] = {w2, v2, rw2, rv2, dy2, x2, dx2, rdx2};
+    for (int f = 0; f < 8; f++) st_free(own[f]);
   }
   st_pool_destroy(pool);
   float *all[] = {w, v, g, de, p, rw, rv, rd, rp, gs, dx, rdx};
