@@ -897,6 +897,25 @@ typedef struct groupnorm_ctx {
   float eps;
 } groupnorm_ctx;
 
+/* The finite differences' context: fresh outputs, the given inputs. */
+static groupnorm_ctx groupnorm_ctx_for(float *in, float *w, float *b,
+                                       float *dout, int B, int C, int HW, int G,
+                                       float eps) {
+  size_t n = (size_t)B * C * HW, ns = (size_t)B * G;
+  return (groupnorm_ctx){new_floats(n),
+                         new_floats(ns),
+                         new_floats(ns),
+                         in,
+                         w,
+                         b,
+                         dout,
+                         B,
+                         C,
+                         HW,
+                         G,
+                         eps};
+}
+
 static double groupnorm_loss(void *p) {
   groupnorm_ctx *c = p;
   st_groupnorm_forward(NULL, c->out, c->mean, c->rstd, c->in, c->w, c->b, c->B,
@@ -955,18 +974,7 @@ static void test_groupnorm(void) {
     label(what, sizeof what, "groupnorm", c, "db");
     CHECK_CLOSE(what, db, fx(st, c, "db", (size_t)C), (size_t)C, NORM_TOL,
                 NORM_FLOOR);
-    groupnorm_ctx ctx = {new_floats(n),
-                         new_floats(ns),
-                         new_floats(ns),
-                         in,
-                         w,
-                         b,
-                         dout,
-                         B,
-                         C,
-                         HW,
-                         G,
-                         eps};
+    groupnorm_ctx ctx = groupnorm_ctx_for(in, w, b, dout, B, C, HW, G, eps);
     label(what, sizeof what, "groupnorm", c, "fd din");
     check_fd(what, in, n, din, groupnorm_loss, &ctx, 0);
     label(what, sizeof what, "groupnorm", c, "fd dw");
@@ -1001,18 +1009,7 @@ static void test_groupnorm(void) {
               !memcmp(db, db1, C * 4),
           "groupnorm, 40 samples: 3 threads not the bits of the caller alone");
     for (int c = 0; c < C; c++) gw[c] = dw[c] - gw[c], gb[c] = db[c] - gb[c];
-    groupnorm_ctx ctx = {new_floats(n),
-                         new_floats(ns),
-                         new_floats(ns),
-                         in,
-                         w,
-                         b,
-                         dout,
-                         B,
-                         C,
-                         HW,
-                         G,
-                         1e-5f};
+    groupnorm_ctx ctx = groupnorm_ctx_for(in, w, b, dout, B, C, HW, G, 1e-5f);
     check_fd("groupnorm 40 samples fd din", in, n, din, groupnorm_loss, &ctx,
              n - 7);
     check_fd("groupnorm 40 samples fd dw (added)", w, C, gw, groupnorm_loss,
