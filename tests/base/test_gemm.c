@@ -294,6 +294,18 @@ int main(void) {
     run(&shapes[i], PAD, 1.0f, 0.0f, 1, pools, 1);
   /* 8 rows, B transposed, K past the packed kernel's: the dot kernel on
    * every target (with AVX-512 these rows go to packed where it fits) */
+  /* st_row_band: about 16K elements a band (one row at least), at most
+   * 64 bands: the MLP's 256 x 784 in 13 bands of 20 rows, a vocabulary's
+   * 50257 x 768 capped at 64 bands, a row past 16K elements one a band */
+  const int band_cases[][3] = {{256, 784, 20}, {256, 256, 64},
+                               {10, 256, 64},  {50257, 768, 786},
+                               {9, 4001, 4},   {40, 20000, 1}};
+  for (int i = 0; i < 6; i++) {
+    int rows = band_cases[i][0], len = band_cases[i][1];
+    int r = st_row_band(rows, len);
+    CHECK(r == band_cases[i][2] && (rows + r - 1) / r <= 64,
+          "st_row_band(%d, %d) = %d, want %d", rows, len, r, band_cases[i][2]);
+  }
   CHECK(st_gemm_narrow_kernel(0, 1, 8, 64, 3073, 3073) == NARROW_DOT,
         "8 x 64 x 3073, B transposed: not the dot kernel");
   /* A transposed with rows a multiple of 4 KB apart (lda 1024 and 2048):
