@@ -16,6 +16,7 @@
 #include "strata.h"
 #include "narrow.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -186,15 +187,20 @@ static void choose_tiles(int M, int N, int K, int *tm, int *tn) {
  *
  * B stored N x K (y[j] = x . B[j], the forward): each task is one band of
  * y's elements, one sgemv call over all of K.
- * B stored K x N (y = sum_k x[k] B[k], the input gradient): where the
- * bands' partial sums fit in GEMV_PARTS floats, each task sums its band of
- * B's rows into its own partial, and the partials are added in band order
- * (gemv_split); else tiles of y's columns, their width from (N, K) as
- * for the GEMM tiles, at least GEMV_ROW_EDGE columns long (192-column
- * tiles of a 3072-wide B ran at two thirds of one call's speed). Either
- * way the bands, tiles and order come from the shape alone. */
+ * B stored K x N (y = sum_k x[k] B[k], the input gradient): each task sums
+ * its band of B's rows into its own partial, and the partials are added in
+ * band order (gemv_split), wherever the partials fit in GEMV_PARTS floats
+ * (on the stack) or the bands have at least GEMV_MIN_ROWS rows (then the
+ * partials, at most a quarter of B, in a buffer the calling thread keeps);
+ * else tiles of y's columns, their width from (N, K) as for the GEMM
+ * tiles, at least GEMV_ROW_EDGE columns long (192-column tiles of a
+ * 3072-wide B ran at two thirds of one call's speed). Column tiles read
+ * every row of W on every thread: with the update in bands after them,
+ * the CNN's 256 x 3136 layer's one-row step ran at 230 us on one thread
+ * and 1,150 on two while this VM's two vCPUs sat on different L3s.
+ * Either way the bands, tiles and order come from the shape alone. */
 enum { ROW_BAND = 1 << 14, MAX_BANDS = 64, GEMV_ROW_EDGE = 1024 };
-enum { GEMV_PARTS = 1 << 14 };
+enum { GEMV_PARTS = 1 << 14, GEMV_MIN_ROWS = 4 };
 
 int st_row_band(int rows, int len) {
   int r = len >= ROW_BAND ? 1 : ROW_BAND / len;
@@ -204,10 +210,11 @@ int st_row_band(int rows, int len) {
 
 typedef struct gemv_job {
   int trans_b, N, K, ldb, w; /* w: a task's columns or rows of B */
+  int band0;                 /* the split: the first band of this wave */
   float alpha, beta;
   const float *x, *B;
   float *y;
-  float *part; /* the split's partials, band b at part + b N */
+  float *part; /* the split's partials, band band0 + t at part + t N */
   void (*after)(void *arg, int r0, int r1);
   void *after_arg;
 } gemv_job;
@@ -220,10 +227,57 @@ static int gemv_tile(int N, int K) { /* B stored K x N, not split */
   return w;
 }
 
-/* Bands of B's K rows when y = x B is summed band by band, or 0. */
+/* Bands of B's K rows when y = x B is summed band by band, or 0. The
+ * second case keeps N within half the stack's partials, so that the
+ * split can always run in waves there (gemv_split). */
 static int gemv_split_rows(int N, int K) {
   int r = st_row_band(K, N), bands = count(K, r);
-  return bands > 1 && (size_t)bands * N <= GEMV_PARTS ? r : 0;
+  if (bands < 2) return 0;
+  if ((size_t)bands * N <= GEMV_PARTS) return r;
+  return r >= GEMV_MIN_ROWS && N <= GEMV_PARTS / 2 ? r : 0;
+}
+
+/* The calling thread's buffer for partials past the stack's: grown to the
+ * largest split it has run (so a step allocates nothing once its shapes
+ * have run once), freed when the thread ends. NULL if memory ran out. */
+typedef struct part_buf {
+  size_t cap;
+  float *p;
+} part_buf;
+static pthread_key_t part_key;
+static pthread_once_t part_once = PTHREAD_ONCE_INIT;
+static int part_key_ok;
+static _Atomic int waves_forced;
+
+void st_gemv_waves(int on) { atomic_store(&waves_forced, on); }
+
+static void part_buf_free(void *v) {
+  part_buf *b = v;
+  st_free(b->p);
+  st_free(b);
+}
+
+static void part_key_init(void) {
+  part_key_ok = !pthread_key_create(&part_key, part_buf_free);
+}
+
+static float *part_scratch(size_t floats) {
+  pthread_once(&part_once, part_key_init);
+  if (!part_key_ok) return NULL;
+  part_buf *b = pthread_getspecific(part_key);
+  if (!b) {
+    if (!(b = st_alloc(sizeof *b))) return NULL;
+    if (pthread_setspecific(part_key, b)) {
+      st_free(b);
+      return NULL;
+    }
+  }
+  if (b->cap < floats) {
+    st_free(b->p);
+    b->p = st_alloc(floats * sizeof *b->p);
+    b->cap = b->p ? floats : 0;
+  }
+  return b->p;
 }
 
 static void gemv_tile_run(void *arg, int tile) {
@@ -238,26 +292,34 @@ static void gemv_tile_run(void *arg, int tile) {
                 g->x, 1, g->beta, g->y + t, 1);
 }
 
-static void gemv_band_run(void *arg, int band) {
+static void gemv_band_run(void *arg, int task) {
   const gemv_job *g = arg;
-  int k0 = band * g->w, k = g->K - k0 < g->w ? g->K - k0 : g->w;
-  cblas_sgemv(CblasRowMajor, CblasTrans, k, g->N, g->alpha,
-              g->B + (size_t)k0 * g->ldb, g->ldb, g->x + k0, 1, 0.0f,
-              g->part + (size_t)band * g->N, 1);
+  int k0 = (g->band0 + task) * g->w, k = g->K - k0 < g->w ? g->K - k0 : g->w;
+  st_narrow_row(g->N, k, g->alpha, g->x + k0, g->B + (size_t)k0 * g->ldb,
+                g->ldb, g->part + (size_t)task * g->N);
   if (g->after) g->after(g->after_arg, k0, k0 + k);
 }
 
 /* y = x B (+ beta y), B stored K x N, summed in bands of `rows` of B's
  * rows (gemv_split_rows); after, when not NULL, runs on each band's rows
- * on the thread that summed it, once its partial is made. */
+ * on the thread that summed it, once its partial is made. All bands run
+ * in one job where their partials fit the stack or the thread's buffer;
+ * if that buffer cannot be had, in waves of as many as fit the stack,
+ * each wave's partials added to a running sum: the same additions in the
+ * same order, so the same bits. */
 static void gemv_split(st_pool *pool, int rows, int N, int K, float alpha,
                        const float *x, const float *B, int ldb, float beta,
                        float *y, void (*after)(void *, int, int), void *arg) {
-  float part[GEMV_PARTS];
-  int bands = count(K, rows);
-  /* zeroed although sgemv with beta 0 must not read it: some OpenBLAS
-   * releases scaled y by beta, and 0 x a stale NaN is a NaN */
-  memset(part, 0, (size_t)bands * N * sizeof *part);
+  float stack[GEMV_PARTS];
+  int bands = count(K, rows), wave = bands;
+  float *part = stack;
+  if ((size_t)bands * N > GEMV_PARTS &&
+      (atomic_load_explicit(&waves_forced, memory_order_relaxed) ||
+       !(part = part_scratch((size_t)bands * N)))) {
+    part = stack; /* slot 0 the running sum, the wave's partials after it */
+    wave = GEMV_PARTS / N - 1;
+  }
+  float *sum = wave < bands ? part : NULL, *wp = sum ? part + N : part;
   gemv_job g = {.N = N,
                 .K = K,
                 .ldb = ldb,
@@ -265,15 +327,25 @@ static void gemv_split(st_pool *pool, int rows, int N, int K, float alpha,
                 .alpha = alpha,
                 .x = x,
                 .B = B,
-                .part = part,
+                .part = wp,
                 .after = after,
                 .after_arg = arg};
-  st_pool_for(pool, bands, gemv_band_run, &g);
-  for (int j = 0; j < N; j++) { /* the partials in band order */
-    float s = part[j];
-    for (int b = 1; b < bands; b++) s += part[(size_t)b * N + j];
-    y[j] = beta == 0.0f ? s : beta * y[j] + s;
+  /* the partials added in band order, into the first (or the running
+   * sum) a band at a time: each element's additions in the same order,
+   * the bands read one after the other */
+  for (int b0 = 0; b0 < bands; b0 += wave) {
+    int n = bands - b0 < wave ? bands - b0 : wave;
+    g.band0 = b0;
+    st_pool_for(pool, n, gemv_band_run, &g);
+    float *acc = sum && b0 ? sum : wp;
+    for (int b = acc == sum ? 0 : 1; b < n; b++) {
+      const float *q = wp + (size_t)b * N;
+      for (int j = 0; j < N; j++) acc[j] += q[j];
+    }
+    if (sum && !b0) memcpy(sum, wp, (size_t)N * sizeof *sum);
   }
+  const float *s = sum ? sum : wp;
+  for (int j = 0; j < N; j++) y[j] = beta == 0.0f ? s[j] : beta * y[j] + s[j];
 }
 
 int st_gemv_then(st_pool *pool, float *y, const float *x, const float *B, int K,

@@ -326,6 +326,24 @@ static void axpy_task(void *arg, int t) {
   for (; n < end; n++) axpy_column(J, n);
 }
 
+/* narrow.h */
+void st_narrow_row(int N, int K, float alpha, const float *x, const float *B,
+                   int ldb, float *y) {
+  narrow_job J = {.M = 1,
+                  .N = N,
+                  .K = K,
+                  .lda = K,
+                  .ldb = ldb,
+                  .ldc = N,
+                  .how = SET,
+                  .alpha = alpha,
+                  .A = x,
+                  .B = B,
+                  .C = y,
+                  .per_task = N};
+  axpy_task(&J, 0);
+}
+
 /* ------------------------------------------------------------- packed */
 
 /* A strip of op(B): K rows of STRIP consecutive columns of C, copied into

@@ -35,4 +35,18 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                    float alpha, const float *A, int lda, const float *B,
                    int ldb, float beta, float *C, int ldc, const float *bias);
 
+/* y (1 x N) = alpha x (1 x K) B, B stored K x N (row stride ldb), on the
+ * calling thread by the axpy kernel: each element one FMA chain over k in
+ * order from 0, then times alpha; y is not read. gemm.c's one-row
+ * products summed in bands make each band's partial with it (OpenBLAS's
+ * sgemv took 3.6x as long over 52 bands of 5 rows as one call over all
+ * 256 rows). */
+void st_narrow_row(int N, int K, float alpha, const float *x, const float *B,
+                   int ldb, float *y);
+
+/* For tests: 1 runs every one-row product summed in bands whose partials
+ * do not fit the stack in waves on the stack, as when the calling thread's
+ * buffer for them cannot be had (gemm.c); 0 as usual. */
+void st_gemv_waves(int on);
+
 #endif

@@ -25,6 +25,7 @@
 #include "strata.h"
 #include "../../src/base/narrow.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -60,6 +61,17 @@ typedef struct shape {
   int ta, tb, M, N, K;
   const char *path; /* which path it takes, for the failure message */
 } shape;
+
+/* st_gemv_then's `after`: counts the times each row is handed over. */
+typedef struct seen_rows {
+  int K;
+  _Atomic int times[400];
+} seen_rows;
+
+static void see_rows(void *arg, int r0, int r1) {
+  seen_rows *s = arg;
+  for (int r = r0; r < r1 && r < s->K; r++) s->times[r]++;
+}
 
 /* Leading dimensions: the stored width plus this (a sentinel between rows). */
 enum { PAD = 3 };
@@ -209,7 +221,9 @@ int main(void) {
       {0, 1, 1, 10, 37, "gemv"},
       {0, 0, 1, 37, 10, "gemv"},
       {0, 1, 1, 2304, 600, "gemv tiled"},
-      {0, 0, 1, 3000, 400, "gemv tiled"},
+      {0, 0, 1, 3000, 400, "gemv summed in 58 bands, partials past the stack"},
+      {0, 0, 1, 5000, 64, "gemv tiled (bands of 3 rows)"},
+      {0, 0, 1, 9000, 400, "gemv tiled (wider than half the stack)"},
       /* dot: 2 .. 8 rows, every row-pair remainder, K tails, N tails */
       {0, 1, 2, 256, 784, "dot"},
       {0, 1, 3, 13, 29, "dot"},
@@ -305,6 +319,46 @@ int main(void) {
     int r = st_row_band(rows, len);
     CHECK(r == band_cases[i][2] && (rows + r - 1) / r <= 64,
           "st_row_band(%d, %d) = %d, want %d", rows, len, r, band_cases[i][2]);
+  }
+  /* a split whose partials do not fit the stack, run in waves on it (as
+   * when the thread's buffer cannot be had): the same bits as in one job,
+   * on every pool, beta 0 and not, and every band's rows handed to
+   * `after` once, after its partial */
+  {
+    enum { N = 3000, K = 400 };
+    float *x = malloc(K * 4), *B = malloc((size_t)K * N * 4);
+    float *y0 = malloc(N * 4), *y = malloc(N * 4), *yb = malloc(N * 4);
+    for (int k = 0; k < K; k++) x[k] = uniform();
+    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = uniform();
+    for (int j = 0; j < N; j++) yb[j] = uniform();
+    for (int beta = 0; beta < 2; beta++) {
+      memcpy(y0, yb, N * 4);
+      st_gemm(pools[2], 0, 0, 1, N, K, 1.0f, x, K, B, N, beta ? 0.5f : 0.0f, y0,
+              N);
+      st_gemv_waves(1);
+      for (int p = 0; p < 4; p++) {
+        memcpy(y, yb, N * 4);
+        st_gemm(pools[p], 0, 0, 1, N, K, 1.0f, x, K, B, N, beta ? 0.5f : 0.0f,
+                y, N);
+        CHECK(!memcmp(y, y0, N * 4),
+              "gemv 1x%dx%d beta %d in waves on %d threads: not the bits of "
+              "one job",
+              N, K, beta, st_pool_threads(pools[p]));
+      }
+      st_gemv_waves(0);
+    }
+    seen_rows seen = {.K = K};
+    st_gemv_waves(1);
+    int split = st_gemv_then(pools[3], y, x, B, K, N, see_rows, &seen);
+    st_gemv_waves(0);
+    memcpy(y0, yb, N * 4);
+    st_gemm(NULL, 0, 0, 1, N, K, 1.0f, x, K, B, N, 0.0f, y0, N);
+    int once = 1;
+    for (int k = 0; k < K; k++) once &= seen.times[k] == 1;
+    CHECK(split && once && !memcmp(y, y0, N * 4),
+          "st_gemv_then in waves: split %d, every row once %d, bits %d", split,
+          once, !memcmp(y, y0, N * 4));
+    free(x), free(B), free(y0), free(y), free(yb);
   }
   CHECK(st_gemm_narrow_kernel(0, 1, 8, 64, 3073, 3073) == NARROW_DOT,
         "8 x 64 x 3073, B transposed: not the dot kernel");

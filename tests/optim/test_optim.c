@@ -272,11 +272,13 @@ static void test_update_paths(void) {
     }
   }
   /* shapes whose input gradient is not summed in bands, made first and
-   * then the update: one band (3 x 100), and 13 bands whose partials
-   * would not fit (64 x 3000: column tiles for dx, the update in bands) */
-  const int shapes[2][2] = {{3, 100}, {64, 3000}};
-  for (int k = 0; k < 2; k++) {
-    int oc = shapes[k][0], ic = shapes[k][1];
+   * then the update: one band (3 x 100), and 22 bands of 3 rows whose
+   * partials do not fit the stack (64 x 5000: column tiles for dx, the
+   * update in bands); and one summed in 13 bands of 5 rows whose partials
+   * do not fit the stack either (64 x 3000: the thread's buffer) */
+  const int shapes[3][3] = {{3, 100, 0}, {64, 5000, 0}, {64, 3000, 1}};
+  for (int k = 0; k < 3; k++) {
+    int oc = shapes[k][0], ic = shapes[k][1], split = shapes[k][2];
     size_t nw = (size_t)oc * ic;
     float *w2 = st_alloc(nw * 4), *v2 = st_alloc(nw * 4),
           *rw2 = st_alloc(nw * 4);
@@ -289,8 +291,9 @@ static void test_update_paths(void) {
     for (size_t i = 0; i < nw; i++) rv2[i] = v2[i] = st_rng_normal(&rng);
     for (int o = 0; o < oc; o++) dy2[o] = st_rng_normal(&rng);
     for (int i = 0; i < ic; i++) x2[i] = st_rng_normal(&rng);
-    CHECK(!st_gemv_then(pool, rdx2, dy2, rw2, oc, ic, NULL, NULL),
-          "a %d x %d weight summed in bands", oc, ic);
+    CHECK(st_gemv_then(pool, rdx2, dy2, rw2, oc, ic, NULL, NULL) == split,
+          "a %d x %d weight %s in bands", oc, ic,
+          split ? "not summed" : "summed");
     st_gemm(pool, 0, 0, 1, ic, oc, 1.0f, dy2, oc, rw2, ic, 0.0f, rdx2, ic);
     st_optim_update_outer(pool, &r, w2, v2, NULL, dy2, x2, oc, ic, NULL, dx2);
     for (size_t i = 0; i < nw; i++)
