@@ -488,7 +488,8 @@ st_cost st_xent_cost(int C);
 /* The output head and its loss fused (a GPT's lm_head over a 50,257-word
  * vocabulary), so no rows x V logits buffer exists: the vocabulary is cut
  * into chunks of st_linear_xent_chunk(R, V) words (R: rows a sample, the
- * cut a function of shape alone), and each chunk's logits x W_c^T (+ b_c)
+ * cut a function of shape alone: about 1M logits a sample, 256 to 3072
+ * words), and each chunk's logits x W_c^T (+ b_c)
  * (W (V, D) as st_linear_forward's) live in scratch only while they are
  * used. The forward folds chunks into a running max and sum per row (an
  * online softmax, the sum in double) and writes out[2 r] = the row's loss,

@@ -104,12 +104,23 @@ st_cost st_xent_cost(int C) {
 
 /* ------------------------------------------- the head and its loss fused */
 
-enum { XENT_CHUNK_FLOATS = 1 << 20, XENT_MIN_CHUNK = 256 };
+/* At most XENT_MAX_CHUNK words a chunk: the input gradient's product sums
+ * over the chunk (K = its words), and up to 3072 it is one narrow.c's
+ * packed kernel takes with AVX-512 (PACKED_K); past it the BLAS's. On the
+ * Zen 4 VM (2026-11-29) the packed kernel ran that class at 110 GFLOP/s on
+ * one thread and OpenBLAS's Cooperlake kernels at 80. */
+enum {
+  XENT_CHUNK_FLOATS = 1 << 20,
+  XENT_MIN_CHUNK = 256,
+  XENT_MAX_CHUNK = 3072
+};
 
 int st_linear_xent_chunk(int R, int V) {
   int r = R > 0 ? R : 1;
   int c = XENT_CHUNK_FLOATS / r;
-  c = c < XENT_MIN_CHUNK ? XENT_MIN_CHUNK : c & ~15; /* whole vectors */
+  c = c < XENT_MIN_CHUNK   ? XENT_MIN_CHUNK
+      : c > XENT_MAX_CHUNK ? XENT_MAX_CHUNK
+                           : c & ~15; /* whole vectors */
   return c < V ? c : V;
 }
 

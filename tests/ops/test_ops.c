@@ -356,13 +356,19 @@ static void test_linear_xent(void) {
                          CHUNK);
   CHECK(isnan(out[2 * 5]) && out[2 * 6] == a.out[2 * 6],
         "linear_xent: a label past the vocabulary gave loss %g", out[2 * 5]);
-  /* the chunk is a function of shape alone, whole vectors, <= V */
+  /* the chunk is a function of shape alone, whole vectors, <= V, and at
+   * most 3072 words (the packed kernel's K for the input gradient) */
   CHECK(st_linear_xent_chunk(1024, 50257) == 1024 &&
             st_linear_xent_chunk(64, 256) == 256 &&
             st_linear_xent_chunk(4096, 50257) == 256 &&
+            st_linear_xent_chunk(512, 50257) == 2048 &&
+            st_linear_xent_chunk(256, 50257) == 3072 &&
+            st_linear_xent_chunk(64, 50257) == 3072 &&
             st_linear_xent_scratch_floats(1024, 50257) == 1024 * 1026,
-        "linear_xent chunk %d %d %d", st_linear_xent_chunk(1024, 50257),
-        st_linear_xent_chunk(64, 256), st_linear_xent_chunk(4096, 50257));
+        "linear_xent chunk %d %d %d %d %d %d",
+        st_linear_xent_chunk(1024, 50257), st_linear_xent_chunk(64, 256),
+        st_linear_xent_chunk(4096, 50257), st_linear_xent_chunk(512, 50257),
+        st_linear_xent_chunk(256, 50257), st_linear_xent_chunk(64, 50257));
   st_pool_destroy(one);
   st_pool_destroy(three);
   free(ref_loss);
