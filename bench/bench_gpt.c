@@ -26,7 +26,8 @@
  * outruns OpenBLAS 0.3.21, which runs 8-lane kernels there, so the BLAS
  * alone would understate what the machine does. The FMA peak is the
  * arithmetic ceiling: THREADS threads each running independent vector
- * FMAs of the widest width the target has, in registers.
+ * FMAs of the widest width the target has, in registers, best of 5
+ * tries before the steps and 5 after.
  *
  * The peer is bench/bench_gpt.py (the same model in PyTorch); the ratio is
  * printed by tools/run-bench.sh, which runs both in the same session
@@ -260,11 +261,22 @@ static void *fma_thread(void *arg) {
   return NULL;
 }
 
+/* The best of FMA_TRIES: a ceiling is the fastest the machine was seen
+ * to run. One try, on the 2-vCPU Zen 4 VM, once read 117 GFLOP/s where
+ * the others read 222-233, and put the step at 1.44 of the peak; five
+ * tries after the steps once read 186. */
+enum { FMA_TRIES = 5 };
+
 static double fma_peak(int threads) {
-  atomic_store(&fma_flops, 0);
-  double t0 = st_now();
-  st_run_workers(threads, fma_thread, NULL);
-  return (double)atomic_load(&fma_flops) / (st_now() - t0);
+  double best = 0;
+  for (int i = 0; i < FMA_TRIES; i++) {
+    atomic_store(&fma_flops, 0);
+    double t0 = st_now();
+    st_run_workers(threads, fma_thread, NULL);
+    double rate = (double)atomic_load(&fma_flops) / (st_now() - t0);
+    if (rate > best) best = rate;
+  }
+  return best;
 }
 
 int main(int argc, char **argv) {
@@ -286,6 +298,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   st_blas_init();
+  /* the FMA ceiling before the run and after it, the higher of the two:
+   * this VM's rate for the same loop moves for seconds at a time */
+  double fma_before = fma_peak(threads);
 
   char corpus[ST_PATH_MAX];
   if (bench_write_corpus(corpus, sizeof corpus, "gpt", CORPUS_BYTES, 42)) {
@@ -334,6 +349,7 @@ int main(int argc, char **argv) {
   double blas, own;
   sgemm_peaks(threads, &blas, &own);
   double peak = blas > own ? blas : own, fma = fma_peak(threads);
+  if (fma_before > fma) fma = fma_before;
   double steps_per_s = (double)steps / elapsed, rate = flops * steps_per_s;
   char fma_text[32] = "-"; /* no FMA: no ceiling measured */
   if (fma > 0) snprintf(fma_text, sizeof fma_text, "%.3f", rate / fma);
