@@ -157,7 +157,8 @@ static int make_config(st_config *cfg, const gpt_shape *g, int batch,
 
 /* FLOPs of one training step of B samples, from the cost descriptors: the
  * model's arithmetic once, as PyTorch runs it. A fused head's backward makes
- * its product again (st_linear_xent_cost counts that); here it counts as
+ * its product again for the chunks it did not keep (st_linear_xent_cost
+ * counts that); here it counts as
  * the head and the loss apart, so the rate is the same work's. */
 static double step_flops(const st_model *m, int B) {
   double per_sample = 0;
@@ -168,7 +169,7 @@ static double step_flops(const st_model *m, int B) {
       const st_layer *L = &b->layers[l];
       if (L->kind != ST_OP_LINEAR_XENT) continue;
       int D = (int)(st_shape_numel(L->in) / L->rows);
-      st_cost f = st_linear_xent_cost(D, L->vocab);
+      st_cost f = st_linear_xent_cost(L->rows, D, L->vocab);
       st_cost u = st_linear_cost(D, L->vocab);
       per_sample -=
           (f.flops_fwd + f.flops_bwd - u.flops_fwd - u.flops_bwd) * L->rows;

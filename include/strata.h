@@ -491,31 +491,46 @@ st_cost st_xent_cost(int C);
  * cut a function of shape alone: about 1M logits a sample, 256 to 3072
  * words), and each chunk's logits x W_c^T (+ b_c)
  * (W (V, D) as st_linear_forward's) live in scratch only while they are
- * used. The forward folds chunks into a running max and sum per row (an
- * online softmax, the sum in double) and writes out[2 r] = the row's loss,
+ * used, but for the last `keep` chunks (st_linear_xent_keep(R, V): at most
+ * 4M logits a sample), which the forward leaves there for the backward.
+ * The forward folds chunks into a running max and sum per row (an online
+ * softmax, the sum in double) and writes out[2 r] = the row's loss,
  * logsumexp - z[label], and out[2 r + 1] = 1 if the first index of the
  * row's largest logit is its label, else 0 (what the unfused argmax
- * counts); it keeps lse and the labels (int32) for the backward. The
- * backward makes each chunk's logits again (the same call, the same bits),
- * forms g[2 r] (softmax - onehot) in place and adds dW_c += d^T x, db_c +=
- * the column sums (row order), and dx (+)= d W_c (the first chunk
- * overwrites). dw, db, dx may each be NULL. scratch: rows x
- * st_linear_xent_scratch_floats(R, V) / R floats. Rows are independent and
- * every product is st_gemm's, so the bits do not depend on threads. */
+ * counts); it keeps lse and the labels (int32) for the backward, and a
+ * token naming this forward in saved_labels[rows .. rows + 2) and in the
+ * scratch. The backward takes the kept chunks where the scratch still
+ * holds that forward's (the tokens agree; another forward in between, as
+ * under gpipe, replaces them) and makes every other chunk's logits again
+ * (the same call, so the same bits either way); it forms g[2 r] (softmax -
+ * onehot) in place and adds dW_c += d^T x, db_c += the column sums (row
+ * order), and dx (+)= d W_c (the first chunk overwrites). The kept chunks
+ * serve one backward: a second call (the weight half of a split backward)
+ * makes them again. dw, db, dx may each be NULL. scratch: 16 + rows x
+ * (chunk x (1 + keep) + 2) floats, which B x
+ * st_linear_xent_scratch_floats(R, V) covers at the shape's own chunk and
+ * keep. Rows are independent and every product is st_gemm's, so the bits
+ * do not depend on threads. */
 int st_linear_xent_chunk(int R, int V);
+int st_linear_xent_keep(int R, int V);
 size_t st_linear_xent_scratch_floats(int R, int V); /* per sample */
 void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
                             int32_t *saved_labels, const float *x,
                             const float *w, const float *b, const int *labels,
-                            float *scratch, int rows, int D, int V, int chunk);
+                            float *scratch, int rows, int D, int V, int chunk,
+                            int keep);
 void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
                              const float *g, const float *x, const float *w,
                              const float *b, const float *lse,
                              const int32_t *labels, float *scratch, int rows,
-                             int D, int V, int chunk);
-/* Per row: the head's products (2 D V forward; 6 D V backward, its forward
- * made again) and the softmax passes. */
-st_cost st_linear_xent_cost(int D, int V);
+                             int D, int V, int chunk, int keep);
+/* The share of the vocabulary whose logits the backward makes again (the
+ * chunks the forward did not keep), at R rows a sample. */
+double st_linear_xent_again(int R, int V);
+/* Per row at R rows a sample: the head's products (2 D V forward; 4 D V
+ * backward, and the forward's again for the chunks not kept) and the
+ * softmax passes. */
+st_cost st_linear_xent_cost(int R, int D, int V);
 
 /* conv2d, square kernel K, stride S, zero padding P; (B, IC, H, W) ->
  * (B, OC, OH, OW), OH = (H + 2P - K) / S + 1. col is scratch of

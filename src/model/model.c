@@ -436,7 +436,8 @@ static size_t save_floats(const st_layer *L) {
   case ST_OP_DROPOUT:
     return st_dropout_mask_words(st_shape_numel(L->out)); /* a bit each */
   case ST_OP_LINEAR_XENT:
-    return 2 * (size_t)L->rows; /* lse, int32 label */
+    /* lse, int32 label; the forward's token (two a call: B >= 1) */
+    return 2 * (size_t)L->rows + 2;
   default:
     return 0;
   }
@@ -490,9 +491,10 @@ static st_cost layer_cost(const st_layer *L) {
   case ST_OP_ROTARY:
     return st_rotary_cost(L->out.h, L->heads, L->rotary_dim);
   case ST_OP_LINEAR_XENT:
-    return per_position(
-        st_linear_xent_cost((int)(st_shape_numel(L->in) / rows), L->vocab),
-        rows);
+    return per_position(st_linear_xent_cost(rows,
+                                            (int)(st_shape_numel(L->in) / rows),
+                                            L->vocab),
+                        rows);
   }
   return st_pointwise_cost(n, 1, 1);
 }

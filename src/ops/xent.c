@@ -12,6 +12,8 @@
 #include "fastmath.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <string.h>
 
 enum { LANES = 16 }; /* independent partial sums: a fixed order, vectorised */
 
@@ -124,10 +126,41 @@ int st_linear_xent_chunk(int R, int V) {
   return c < V ? c : V;
 }
 
-/* Per row: the running sum (a double, two floats) beside the chunk. */
-size_t st_linear_xent_scratch_floats(int R, int V) {
-  return (size_t)R * ((size_t)st_linear_xent_chunk(R, V) + 2);
+/* The last chunks' logits the forward keeps for the backward, at most
+ * XENT_KEEP_FLOATS a sample (16 MB): they need not be made again (at the
+ * GPT-2 shape, T = 256, 5 of 17 chunks; at T = 1024, 4 of 50). */
+enum { XENT_KEEP_FLOATS = 1 << 22 };
+
+static int chunks_of(int V, int chunk) { return (V + chunk - 1) / chunk; }
+
+int st_linear_xent_keep(int R, int V) {
+  int chunk = st_linear_xent_chunk(R, V), n = chunks_of(V, chunk);
+  long long k = XENT_KEEP_FLOATS / ((long long)(R > 0 ? R : 1) * chunk);
+  return k < n ? (int)k : n;
 }
+
+/* The scratch: a header (the forward's token, 16 floats, so that what
+ * follows keeps its 64-byte alignment), the running sums (a double a row),
+ * the chunk being made, then the kept chunks. */
+enum { XENT_HEADER = 16 };
+
+size_t st_linear_xent_scratch_floats(int R, int V) {
+  size_t chunk = (size_t)st_linear_xent_chunk(R, V);
+  return XENT_HEADER +
+         (size_t)R * (chunk * (1 + (size_t)st_linear_xent_keep(R, V)) + 2);
+}
+
+/* Chunk c's logits: the kept chunks (the last `keep`) in their own slot,
+ * every other in slot 0. */
+static float *chunk_slot(float *scratch, int rows, int chunk, int n, int keep,
+                         int c) {
+  float *z0 = scratch + XENT_HEADER + 2 * (size_t)rows;
+  int slot = c >= n - keep ? 1 + c - (n - keep) : 0;
+  return z0 + (size_t)slot * rows * chunk;
+}
+
+/* A forward's token: a number no other forward in this process had. */
+static _Atomic unsigned long long forwards;
 
 typedef struct head_job {
   float *z; /* the chunk's logits, rows x n */
@@ -191,15 +224,17 @@ static void head_bwd_task(void *arg, int task) {
 void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
                             int32_t *saved_labels, const float *x,
                             const float *w, const float *b, const int *labels,
-                            float *scratch, int rows, int D, int V, int chunk) {
-  double *sum = (double *)scratch;
-  float *z = scratch + 2 * (size_t)rows;
-  for (int c0 = 0; c0 < V; c0 += chunk) {
-    int n = V - c0 < chunk ? V - c0 : chunk;
-    /* the chunk's logits: words [c0, c0 + n) are rows of W */
+                            float *scratch, int rows, int D, int V, int chunk,
+                            int keep) {
+  double *sum = (double *)(scratch + XENT_HEADER);
+  int n = chunks_of(V, chunk);
+  for (int c0 = 0, c = 0; c0 < V; c0 += chunk, c++) {
+    int nc = V - c0 < chunk ? V - c0 : chunk;
+    float *z = chunk_slot(scratch, rows, chunk, n, keep, c);
+    /* the chunk's logits: words [c0, c0 + nc) are rows of W */
     st_linear_forward(pool, z, x, w + (size_t)c0 * D, b ? b + c0 : NULL, rows,
-                      D, n);
-    head_job j = {z, sum, out, lse, NULL, labels, NULL, c0, n, rows, 0};
+                      D, nc);
+    head_job j = {z, sum, out, lse, NULL, labels, NULL, c0, nc, rows, 0};
     head_run(pool, &j, head_fwd_task);
   }
   for (int r = 0; r < rows; r++) {
@@ -211,39 +246,67 @@ void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
     lse[r] = (float)(m + lsum);
     saved_labels[r] = y;
   }
+  /* the token, in the scratch beside the kept chunks and beside the
+   * labels: the backward takes the kept chunks only where the two agree */
+  unsigned long long token = atomic_fetch_add(&forwards, 1) + 1;
+  memcpy(scratch, &token, sizeof token);
+  memcpy(saved_labels + rows, &token, sizeof token);
 }
 
 void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
                              const float *g, const float *x, const float *w,
                              const float *b, const float *lse,
                              const int32_t *labels, float *scratch, int rows,
-                             int D, int V, int chunk) {
-  float *z = scratch + 2 * (size_t)rows;
-  for (int c0 = 0; c0 < V; c0 += chunk) {
-    int n = V - c0 < chunk ? V - c0 : chunk;
-    /* the chunk's logits: words [c0, c0 + n) are rows of W */
-    st_linear_forward(pool, z, x, w + (size_t)c0 * D, b ? b + c0 : NULL, rows,
-                      D, n);
-    head_job j = {z, NULL, NULL, (float *)lse, labels, NULL, g, c0, n, rows, 0};
+                             int D, int V, int chunk, int keep) {
+  int n = chunks_of(V, chunk);
+  unsigned long long mine, held;
+  memcpy(&mine, labels + rows, sizeof mine);
+  memcpy(&held, scratch, sizeof held);
+  /* the kept chunks are this forward's (their bits are the ones made
+   * again). Any backward ends what the scratch holds: the kept chunks
+   * become its gradient, and where it is another forward's backward, a
+   * weight update may follow it (pipelined backprop), after which that
+   * forward's logits are no longer the ones made again. Without them,
+   * every chunk is made again in slot 0, leaving the kept slots alone. */
+  int kept = keep > 0 && mine != 0 && mine == held;
+  memset(scratch, 0, sizeof held);
+  for (int c0 = 0, c = 0; c0 < V; c0 += chunk, c++) {
+    int nc = V - c0 < chunk ? V - c0 : chunk;
+    float *z = chunk_slot(scratch, rows, chunk, n, kept ? keep : 0, c);
+    /* the chunk's logits: words [c0, c0 + nc) are rows of W, the same call
+     * as the forward's */
+    if (!kept || c < n - keep)
+      st_linear_forward(pool, z, x, w + (size_t)c0 * D, b ? b + c0 : NULL, rows,
+                        D, nc);
+    head_job j = {z, NULL, NULL, (float *)lse, labels, NULL,
+                  g, c0,   nc,   rows,         0};
     head_run(pool, &j, head_bwd_task);
     /* the weight gradient of these words, K = every row; the bias's in row
      * order, as st_linear_backward sums it */
     if (dw)
-      st_gemm(pool, 1, 0, n, D, rows, 1.0f, z, n, x, D, 1.0f,
+      st_gemm(pool, 1, 0, nc, D, rows, 1.0f, z, nc, x, D, 1.0f,
               dw + (size_t)c0 * D, D);
     if (db)
       for (int r = 0; r < rows; r++)
-        for (int c = 0; c < n; c++) db[c0 + c] += z[(size_t)r * n + c];
+        for (int k = 0; k < nc; k++) db[c0 + k] += z[(size_t)r * nc + k];
     if (dx)
-      st_gemm(pool, 0, 0, rows, D, n, 1.0f, z, n, w + (size_t)c0 * D, D,
+      st_gemm(pool, 0, 0, rows, D, nc, 1.0f, z, nc, w + (size_t)c0 * D, D,
               c0 ? 1.0f : 0.0f, dx, D);
   }
 }
 
-st_cost st_linear_xent_cost(int D, int V) {
+double st_linear_xent_again(int R, int V) {
+  int chunk = st_linear_xent_chunk(R, V), keep = st_linear_xent_keep(R, V);
+  /* every chunk but the kept (the last, the short one among them) */
+  return keep > 0 ? (double)(chunks_of(V, chunk) - keep) * chunk / V : 1.0;
+}
+
+st_cost st_linear_xent_cost(int R, int D, int V) {
   st_cost c;
+  double again = st_linear_xent_again(R, V) * V; /* words made again */
   c.flops_fwd = 2.0 * D * V + 6.0 * V; /* the product; max, exp, sum */
-  c.flops_bwd = 6.0 * D * V + 4.0 * V; /* again, then dW and dx; softmax */
+  /* the product again for the chunks not kept, then dW and dx; softmax */
+  c.flops_bwd = 2.0 * D * again + 4.0 * D * V + 4.0 * V;
   c.param_bytes = 4.0 * D * V;
   c.act_bytes = 4.0 * 4; /* loss, hit, lse, label */
   return c;

@@ -222,25 +222,109 @@ typedef struct head_run {
   int32_t *lab;
 } head_run;
 
+/* The scratch a call of `rows` rows needs (strata.h). */
+static float *head_scratch(int rows, int chunk, int kept) {
+  return new_floats(16 + (size_t)rows * ((size_t)chunk * (1 + kept) + 2));
+}
+
 static head_run fused_head(st_pool *pool, const float *x, const float *w,
                            const float *b, const int *y, const float *g,
-                           int rows, int D, int V, int chunk) {
-  head_run h = {new_floats(2 * (size_t)rows), new_floats((size_t)rows),
-                new_floats((size_t)rows * D), new_floats((size_t)V * D),
-                new_floats((size_t)V),        keep(calloc((size_t)rows, 4))};
-  float *scratch = new_floats((size_t)rows * (chunk + 2));
+                           int rows, int D, int V, int chunk, int kept) {
+  head_run h = {
+      new_floats(2 * (size_t)rows), new_floats((size_t)rows),
+      new_floats((size_t)rows * D), new_floats((size_t)V * D),
+      new_floats((size_t)V),        keep(calloc((size_t)rows + 2, 4))};
+  float *scratch = head_scratch(rows, chunk, kept);
   for (size_t i = 0; i < (size_t)rows * D; i++) h.dx[i] = 7.0f;
   for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] = 0.5f;
   for (int i = 0; i < V; i++) h.db[i] = 0.25f;
   float *gg = new_floats(2 * (size_t)rows);
   for (int r = 0; r < rows; r++) gg[2 * r] = g[r], gg[2 * r + 1] = 0.0f;
   st_linear_xent_forward(pool, h.out, h.lse, h.lab, x, w, b, y, scratch, rows,
-                         D, V, chunk);
+                         D, V, chunk, kept);
   st_linear_xent_backward(pool, h.dx, h.dw, h.db, gg, x, w, b, h.lse, h.lab,
-                          scratch, rows, D, V, chunk);
+                          scratch, rows, D, V, chunk, kept);
   for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] -= 0.5f;
   for (int i = 0; i < V; i++) h.db[i] -= 0.25f;
   return h;
+}
+
+static int same_run(head_run a, head_run b, int rows, int D, int V) {
+  return !memcmp(a.out, b.out, 2 * (size_t)rows * sizeof(float)) &&
+         !memcmp(a.dx, b.dx, (size_t)rows * D * sizeof(float)) &&
+         !memcmp(a.dw, b.dw, (size_t)V * D * sizeof(float)) &&
+         !memcmp(a.db, b.db, (size_t)V * sizeof(float));
+}
+
+/* The chunks the forward keeps for the backward (strata.h): the same bits
+ * as every chunk made again (`ref`: kept 0), with some kept and with all
+ * 5; the backward takes them (a kept logit changed in between changes its
+ * result) only from its own forward: after another forward in the same
+ * scratch, or a backward (which ends them), it makes them again; and the
+ * weight half of a split backward after the input half has them made
+ * again, with the whole backward's bits. */
+static void test_linear_xent_kept(st_pool *one, st_pool *three, const float *x,
+                                  const float *w, const float *b, const int *y,
+                                  const float *g, head_run ref, int rows, int D,
+                                  int V, int chunk) {
+  int n = (V + chunk - 1) / chunk;
+  const int some[] = {1, 2, n};
+  for (int i = 0; i < 3; i++) {
+    int kept = some[i];
+    head_run k1 = fused_head(one, x, w, b, y, g, rows, D, V, chunk, kept);
+    head_run k3 = fused_head(three, x, w, b, y, g, rows, D, V, chunk, kept);
+    CHECK(same_run(k1, ref, rows, D, V) && same_run(k3, ref, rows, D, V),
+          "linear_xent, %d of %d chunks kept: not the bits of all made again",
+          kept, n);
+  }
+  int kept = 2;
+  float *gg = new_floats(2 * (size_t)rows), *x2 = new_floats((size_t)rows * D);
+  for (int r = 0; r < rows; r++) gg[2 * r] = g[r], gg[2 * r + 1] = 0.0f;
+  for (size_t i = 0; i < (size_t)rows * D; i++) x2[i] = 0.5f * x[i];
+  /* poke: one kept logit changed between the forward and the backward;
+   * stale: another forward in the same scratch in between; ended: a
+   * backward of the other forward in between (its own kept chunks gone
+   * with it); split: the input half, then the weight half */
+  for (int how = 0; how < 4; how++) {
+    head_run h = {
+        new_floats(2 * (size_t)rows), new_floats((size_t)rows),
+        new_floats((size_t)rows * D), new_floats((size_t)V * D),
+        new_floats((size_t)V),        keep(calloc((size_t)rows + 2, 4))};
+    head_run o = {
+        new_floats(2 * (size_t)rows), new_floats((size_t)rows),
+        new_floats((size_t)rows * D), new_floats((size_t)V * D),
+        new_floats((size_t)V),        keep(calloc((size_t)rows + 2, 4))};
+    float *scratch = head_scratch(rows, chunk, kept);
+    for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] = 0.5f;
+    for (int i = 0; i < V; i++) h.db[i] = 0.25f;
+    st_linear_xent_forward(three, h.out, h.lse, h.lab, x, w, b, y, scratch,
+                           rows, D, V, chunk, kept);
+    if (how == 0) /* the last chunk's slot, its first logit */
+      scratch[16 + 2 * rows + (size_t)kept * rows * chunk] += 1.0f;
+    if (how == 1 || how == 2)
+      st_linear_xent_forward(three, o.out, o.lse, o.lab, x2, w, b, y, scratch,
+                             rows, D, V, chunk, kept);
+    if (how == 2)
+      st_linear_xent_backward(three, o.dx, o.dw, o.db, gg, x2, w, b, o.lse,
+                              o.lab, scratch, rows, D, V, chunk, kept);
+    if (how == 3) {
+      st_linear_xent_backward(three, h.dx, NULL, NULL, gg, x, w, b, h.lse,
+                              h.lab, scratch, rows, D, V, chunk, kept);
+      st_linear_xent_backward(three, NULL, h.dw, h.db, gg, x, w, b, h.lse,
+                              h.lab, scratch, rows, D, V, chunk, kept);
+    } else
+      st_linear_xent_backward(three, h.dx, h.dw, h.db, gg, x, w, b, h.lse,
+                              h.lab, scratch, rows, D, V, chunk, kept);
+    for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] -= 0.5f;
+    for (int i = 0; i < V; i++) h.db[i] -= 0.25f;
+    const char *what[] = {"a kept logit changed", "another forward between",
+                          "another backward between", "split in two halves"};
+    CHECK(how == 0 ? !same_run(h, ref, rows, D, V)
+                   : same_run(h, ref, rows, D, V),
+          "linear_xent, %d chunks kept, %s: %s", kept, what[how],
+          how == 0 ? "the backward made them again"
+                   : "not the bits of all made again");
+  }
 }
 
 /* st_linear_xent_* against the closed form in double (logits x W^T + b,
@@ -311,7 +395,7 @@ static void test_linear_xent(void) {
         "linear_xent: only %d rows peak past chunk 0, or row 9 has no tie",
         later_best);
   st_pool *one = st_pool_create(1), *three = st_pool_create(3);
-  head_run a = fused_head(one, x, w, b, y, g, ROWS, D, V, CHUNK);
+  head_run a = fused_head(one, x, w, b, y, g, ROWS, D, V, CHUNK, 0);
   float *loss = new_floats(ROWS), *want = new_floats(ROWS);
   int hits = 0, hit_ok = 1, labels_kept = 1;
   for (int r = 0; r < ROWS; r++) {
@@ -333,27 +417,28 @@ static void test_linear_xent(void) {
   CHECK_CLOSE("linear_xent dW", a.dw, rdw, (size_t)V * D, GEMM_TOL, term);
   CHECK_CLOSE("linear_xent db", a.db, rdb, V, GEMM_TOL, term);
   /* any thread count: the same bits */
-  head_run t = fused_head(three, x, w, b, y, g, ROWS, D, V, CHUNK);
+  head_run t = fused_head(three, x, w, b, y, g, ROWS, D, V, CHUNK, 0);
   CHECK(memcmp(a.out, t.out, 2 * ROWS * sizeof(float)) == 0 &&
             memcmp(a.dx, t.dx, (size_t)ROWS * D * sizeof(float)) == 0 &&
             memcmp(a.dw, t.dw, (size_t)V * D * sizeof(float)) == 0 &&
             memcmp(a.db, t.db, V * sizeof(float)) == 0,
         "linear_xent: 1 and 3 threads differ");
   /* the whole vocabulary as one chunk: the same sums, rounded apart */
-  head_run u = fused_head(three, x, w, b, y, g, ROWS, D, V, V);
+  head_run u = fused_head(three, x, w, b, y, g, ROWS, D, V, V, 0);
   for (int r = 0; r < ROWS; r++) loss[r] = u.out[2 * r];
   CHECK_CLOSE("linear_xent one chunk", loss, want, ROWS, 1e-5, 1.0);
   CHECK_CLOSE("linear_xent one chunk dW", u.dw, rdw, (size_t)V * D, GEMM_TOL,
               term);
+  test_linear_xent_kept(one, three, x, w, b, y, g, a, ROWS, D, V, CHUNK);
   /* a label outside the vocabulary: that row's loss is NaN (the trainer's
    * non-finite check stops there), the others as before */
   y[5] = V;
-  float *scratch = new_floats((size_t)ROWS * (CHUNK + 2));
+  float *scratch = head_scratch(ROWS, CHUNK, 0);
   float *out = new_floats(2 * ROWS), *lse = new_floats(ROWS);
-  int32_t *lab = keep(calloc(ROWS, sizeof(int32_t)));
+  int32_t *lab = keep(calloc(ROWS + 2, sizeof(int32_t)));
   for (int r = 0; r < 2 * ROWS; r++) out[r] = 1.0f; /* stale values */
   st_linear_xent_forward(three, out, lse, lab, x, w, b, y, scratch, ROWS, D, V,
-                         CHUNK);
+                         CHUNK, 0);
   CHECK(isnan(out[2 * 5]) && out[2 * 6] == a.out[2 * 6],
         "linear_xent: a label past the vocabulary gave loss %g", out[2 * 5]);
   /* the chunk is a function of shape alone, whole vectors, <= V, and at
@@ -364,7 +449,8 @@ static void test_linear_xent(void) {
             st_linear_xent_chunk(512, 50257) == 2048 &&
             st_linear_xent_chunk(256, 50257) == 3072 &&
             st_linear_xent_chunk(64, 50257) == 3072 &&
-            st_linear_xent_scratch_floats(1024, 50257) == 1024 * 1026,
+            st_linear_xent_scratch_floats(1024, 50257) ==
+                16 + 1024 * (1024 * 5 + 2),
         "linear_xent chunk %d %d %d %d %d %d",
         st_linear_xent_chunk(1024, 50257), st_linear_xent_chunk(64, 256),
         st_linear_xent_chunk(4096, 50257), st_linear_xent_chunk(512, 50257),
@@ -662,11 +748,27 @@ static void test_xent_cost(void) {
  * products plus the forward product again, and 4 a word. */
 static void test_linear_xent_cost(void) {
   const int D = 768, V = 50257;
-  st_cost f = st_linear_xent_cost(D, V), u = st_linear_cost(D, V);
+  /* rows a sample, the chunk, the chunks kept: 32768 rows keep none, 1024
+   * keep 4 of 50 chunks of 1024 words, 256 keep 5 of 17 of 3072 */
+  const int cases[3][3] = {{32768, 256, 0}, {1024, 1024, 4}, {256, 3072, 5}};
+  st_cost u = st_linear_cost(D, V);
   double fwd = u.flops_fwd - V, bwd = u.flops_bwd - V; /* products alone */
-  CHECK(f.flops_fwd == fwd + 6.0 * V && f.flops_bwd == bwd + fwd + 4.0 * V &&
-            f.param_bytes == 4.0 * D * V,
-        "linear_xent cost %g %g %g", f.flops_fwd, f.flops_bwd, f.param_bytes);
+  for (int i = 0; i < 3; i++) {
+    int R = cases[i][0], chunk = cases[i][1], kept = cases[i][2];
+    int n = (V + chunk - 1) / chunk;
+    double again = kept ? (double)(n - kept) * chunk / V : 1.0;
+    st_cost f = st_linear_xent_cost(R, D, V);
+    CHECK(st_linear_xent_chunk(R, V) == chunk &&
+              st_linear_xent_keep(R, V) == kept,
+          "linear_xent at %d rows: chunk %d, %d kept", R,
+          st_linear_xent_chunk(R, V), st_linear_xent_keep(R, V));
+    CHECK(f.flops_fwd == fwd + 6.0 * V &&
+              fabs(f.flops_bwd - (bwd + again * fwd + 4.0 * V)) <=
+                  1e-12 * f.flops_bwd &&
+              f.param_bytes == 4.0 * D * V,
+          "linear_xent cost at %d rows: %g %g %g", R, f.flops_fwd, f.flops_bwd,
+          f.param_bytes);
+  }
 }
 
 static void test_conv2d_cost(void) {
