@@ -506,7 +506,8 @@ st_cost st_xent_cost(int C);
  * onehot) in place and adds dW_c += d^T x, db_c += the column sums (row
  * order), and dx (+)= d W_c (the first chunk overwrites). The kept chunks
  * serve one backward: a second call (the weight half of a split backward)
- * makes them again. dw, db, dx may each be NULL. scratch: 16 + rows x
+ * makes them again. Both calls take the same chunk and keep (0: none
+ * kept). dw, db, dx may each be NULL. scratch: 16 + rows x
  * (chunk x (1 + keep) + 2) floats, which B x
  * st_linear_xent_scratch_floats(R, V) covers at the shape's own chunk and
  * keep. Rows are independent and every product is st_gemm's, so the bits

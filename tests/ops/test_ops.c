@@ -227,17 +227,24 @@ static float *head_scratch(int rows, int chunk, int kept) {
   return new_floats(16 + (size_t)rows * ((size_t)chunk * (1 + kept) + 2));
 }
 
-static head_run fused_head(st_pool *pool, const float *x, const float *w,
-                           const float *b, const int *y, const float *g,
-                           int rows, int D, int V, int chunk, int kept) {
+/* A run's buffers; dW and db start non-zero (the backward adds to them),
+ * dx at a value it overwrites; the labels with room for the token. */
+static head_run head_buffers(int rows, int D, int V) {
   head_run h = {
       new_floats(2 * (size_t)rows), new_floats((size_t)rows),
       new_floats((size_t)rows * D), new_floats((size_t)V * D),
       new_floats((size_t)V),        keep(calloc((size_t)rows + 2, 4))};
-  float *scratch = head_scratch(rows, chunk, kept);
   for (size_t i = 0; i < (size_t)rows * D; i++) h.dx[i] = 7.0f;
   for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] = 0.5f;
   for (int i = 0; i < V; i++) h.db[i] = 0.25f;
+  return h;
+}
+
+static head_run fused_head(st_pool *pool, const float *x, const float *w,
+                           const float *b, const int *y, const float *g,
+                           int rows, int D, int V, int chunk, int kept) {
+  head_run h = head_buffers(rows, D, V);
+  float *scratch = head_scratch(rows, chunk, kept);
   float *gg = new_floats(2 * (size_t)rows);
   for (int r = 0; r < rows; r++) gg[2 * r] = g[r], gg[2 * r + 1] = 0.0f;
   st_linear_xent_forward(pool, h.out, h.lse, h.lab, x, w, b, y, scratch, rows,
@@ -286,17 +293,8 @@ static void test_linear_xent_kept(st_pool *one, st_pool *three, const float *x,
    * backward of the other forward in between (its own kept chunks gone
    * with it); split: the input half, then the weight half */
   for (int how = 0; how < 4; how++) {
-    head_run h = {
-        new_floats(2 * (size_t)rows), new_floats((size_t)rows),
-        new_floats((size_t)rows * D), new_floats((size_t)V * D),
-        new_floats((size_t)V),        keep(calloc((size_t)rows + 2, 4))};
-    head_run o = {
-        new_floats(2 * (size_t)rows), new_floats((size_t)rows),
-        new_floats((size_t)rows * D), new_floats((size_t)V * D),
-        new_floats((size_t)V),        keep(calloc((size_t)rows + 2, 4))};
+    head_run h = head_buffers(rows, D, V), o = head_buffers(rows, D, V);
     float *scratch = head_scratch(rows, chunk, kept);
-    for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] = 0.5f;
-    for (int i = 0; i < V; i++) h.db[i] = 0.25f;
     st_linear_xent_forward(three, h.out, h.lse, h.lab, x, w, b, y, scratch,
                            rows, D, V, chunk, kept);
     if (how == 0) /* the last chunk's slot, its first logit */
