@@ -514,6 +514,10 @@ st_cost st_xent_cost(int C);
  * do not depend on threads. */
 int st_linear_xent_chunk(int R, int V);
 int st_linear_xent_keep(int R, int V);
+/* Ends any kept chunks in this scratch (their token): for a caller about
+ * to write the scratch for something else (block.c does, for every block
+ * without the head). */
+void st_linear_xent_forget(float *scratch);
 size_t st_linear_xent_scratch_floats(int R, int V); /* per sample */
 void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
                             int32_t *saved_labels, const float *x,

@@ -237,8 +237,20 @@ static uint16_t *layer_half(const st_layer *L, const float *acts, int B) {
   return (uint16_t *)(acts + L->half_off * (size_t)B);
 }
 
+/* A block without the fused head may write anywhere in the stage's
+ * scratch, the fused head's kept logits too (st_linear_xent_forward): it
+ * ends them first. (The head's own block passes reach the head's forward
+ * last and its backward first, or, in the weight half, the head right
+ * after the layernorm before it.) */
+static void end_kept_logits(const st_block *b, float *scratch) {
+  for (int l = 0; l < b->n_layers; l++)
+    if (b->layers[l].kind == ST_OP_LINEAR_XENT) return;
+  if (scratch) st_linear_xent_forget(scratch);
+}
+
 void st_block_forward(const st_block *b, const st_ctx *ctx, const float *params,
                       const float *in, float *acts, float *scratch, int B) {
+  end_kept_logits(b, scratch);
   const float *x = in;
   for (int l = 0; l < b->n_layers; l++) {
     const st_layer *L = &b->layers[l];
@@ -498,6 +510,7 @@ void st_block_backward(const st_block *b, const st_ctx *ctx,
                        const float *params, float *grads, const float *in,
                        const float *acts, const float *dout, float *din,
                        float *work, float *scratch, int B) {
+  end_kept_logits(b, scratch);
   backward(b, ctx, params, grads, in, acts, dout, din, work, scratch, NULL, B);
 }
 
@@ -513,6 +526,7 @@ void st_block_backward_input(const st_block *b, const st_ctx *ctx,
                              const float *acts, const float *dout, float *din,
                              float *work, float *scratch, float *dys, int B) {
   assert(!ctx->fused); /* a fused update needs the whole backward */
+  end_kept_logits(b, scratch);
   backward(b, ctx, params, NULL, in, acts, dout, din, work, scratch, dys, B);
 }
 
@@ -521,6 +535,7 @@ void st_block_backward_weights(const st_block *b, const st_ctx *ctx,
                                const float *in, const float *acts,
                                const float *dys, float *scratch, int B) {
   assert(!ctx->fused);
+  end_kept_logits(b, scratch);
   /* the same calls as the whole backward makes for these gradients, each
    * layer's from its input and its output gradient; every tensor belongs
    * to one layer, so the order across layers changes no bit */

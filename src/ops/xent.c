@@ -253,6 +253,10 @@ void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
   memcpy(saved_labels + rows, &token, sizeof token);
 }
 
+void st_linear_xent_forget(float *scratch) {
+  memset(scratch, 0, sizeof(unsigned long long));
+}
+
 void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
                              const float *g, const float *x, const float *w,
                              const float *b, const float *lse,

@@ -291,14 +291,16 @@ static void test_linear_xent_kept(st_pool *one, st_pool *three, const float *x,
   /* poke: one kept logit changed between the forward and the backward;
    * stale: another forward in the same scratch in between; ended: a
    * backward of the other forward in between (its own kept chunks gone
-   * with it); split: the input half, then the weight half */
-  for (int how = 0; how < 4; how++) {
+   * with it); split: the input half, then the weight half; forgotten: a
+   * kept logit changed, then st_linear_xent_forget */
+  for (int how = 0; how < 5; how++) {
     head_run h = head_buffers(rows, D, V), o = head_buffers(rows, D, V);
     float *scratch = head_scratch(rows, chunk, kept);
     st_linear_xent_forward(three, h.out, h.lse, h.lab, x, w, b, y, scratch,
                            rows, D, V, chunk, kept);
-    if (how == 0) /* the last chunk's slot, its first logit */
+    if (how == 0 || how == 4) /* the last chunk's slot, its first logit */
       scratch[16 + 2 * rows + (size_t)kept * rows * chunk] += 1.0f;
+    if (how == 4) st_linear_xent_forget(scratch);
     if (how == 1 || how == 2)
       st_linear_xent_forward(three, o.out, o.lse, o.lab, x2, w, b, y, scratch,
                              rows, D, V, chunk, kept);
@@ -316,7 +318,8 @@ static void test_linear_xent_kept(st_pool *one, st_pool *three, const float *x,
     for (size_t i = 0; i < (size_t)V * D; i++) h.dw[i] -= 0.5f;
     for (int i = 0; i < V; i++) h.db[i] -= 0.25f;
     const char *what[] = {"a kept logit changed", "another forward between",
-                          "another backward between", "split in two halves"};
+                          "another backward between", "split in two halves",
+                          "changed, then forgotten"};
     CHECK(how == 0 ? !same_run(h, ref, rows, D, V)
                    : same_run(h, ref, rows, D, V),
           "linear_xent, %d chunks kept, %s: %s", kept, what[how],
