@@ -36,8 +36,15 @@ static float *grad(const st_block *b, float *slab, int t) {
  * inside their GEMMs, and gelu and layernorm, which split finer: see
  * fine_job) run on the stage's pool in chunks of samples whose size
  * depends only on the layer's shape. Each sample's result depends on that
- * sample alone, so any thread count gives the same bits. */
-enum { CHUNK_FLOATS = 1 << 15 };
+ * sample alone, so any thread count gives the same bits. A chunk of 4K
+ * floats (16 KB) is a few hundred nanoseconds of a relu, about what a
+ * hand-off to the pool costs; with 32K, the MLP's relus and flatten at
+ * batch 32 (8K and 25K floats) were one task each, run by the caller
+ * while the other threads waited (2026-11-29, Zen 4 VM, 2 threads,
+ * bench_mlp 32: the worker's idle share of a perf profile 11% -> 6%; the
+ * rate +3-9% with the VM slow, within its noise, +0-4%, when fast; batch
+ * 256 unchanged). */
+enum { CHUNK_FLOATS = 1 << 12 };
 
 static int rows_per_task(const st_layer *L) {
   size_t n = st_shape_numel(L->out);
