@@ -1292,6 +1292,8 @@ int st_trace_write(const st_trace *t, const char *path, st_error *err);
 #define ST_GEMM_REF_ROWS 64
 /* Points of the calibrated cache-spill curve (working set -> fraction). */
 #define ST_SPILL_POINTS 10
+/* Points of the calibrated one-row step's curve (working set -> rate). */
+#define ST_ROW_POINTS 10
 
 typedef enum { ST_FABRIC_CPU, ST_FABRIC_MESH } st_fabric_kind;
 
@@ -1345,6 +1347,14 @@ typedef struct st_fabric {
   /* bytes/s one core streams through a one-row linear product (weights
    * past L2, within the last-level cache); 0: those are timed as GEMMs */
   double row_bandwidth;
+  /* where measured (n_row_step >= 2), one-row products instead stream at
+   * st_row_rate(f, S), S the bytes their stage touches a step: the
+   * trainer's one-row layer step, rate by bytes touched (st_calibration) */
+  int n_row_step;
+  double row_step_ws[ST_ROW_POINTS], row_step_rate[ST_ROW_POINTS];
+  /* and on c cores as e(c) = 1/(1 + row_slope (c - 1)), measured on the
+   * same step, not on the large GEMM's efficiency_slope */
+  double row_slope;
   /* Mesh: seconds per hop between neighbouring PEs, seconds of fixed work
    * each PE of a region spends per layer per sample per pass, and the
    * fabric's I/O: bytes/s each way between it and the host (the samples
@@ -1367,6 +1377,11 @@ int st_gemm_class(double M, double N, double K);
 /* The calibrated share of spill_cost a stage touching ws bytes per
  * micro-batch pays (st_fabric; 0 without the measurement). */
 double st_spill_fraction(const st_fabric *f, double ws);
+/* Bytes/s a one-row linear layer streams in a stage touching ws bytes a
+ * step: interpolated on (row_step_ws, row_step_rate), the first rate
+ * below the first point and the last past the last; 0 without the
+ * curve. */
+double st_row_rate(const st_fabric *f, double ws);
 const char *st_gemm_class_name(int cls);
 const char *st_op_class_name(int cls);
 
@@ -1429,6 +1444,21 @@ typedef struct st_calibration {
    * bytes of weights streamed per second (once, once, read and written).
    * A profile without it (older) reads as 0: timed as GEMMs. */
   double row_bandwidth;
+  /* The trainer's own one-row layer step (its forward's matrix-vector
+   * product, then the update fused with the input gradient: weights read,
+   * read, read and written, momentum read and written, 6 bytes per weight
+   * byte) as bytes of weights streamed per second, at rising bytes
+   * touched a step: the weights and momentum alone, on two shapes, then
+   * the larger with more written between steps, as other layers' work
+   * does in training. Rates made not to rise with the bytes. A profile
+   * without it (older) reads as n_row_step 0: row_bandwidth prices one
+   * row. */
+  int n_row_step;
+  double row_step_ws[ST_ROW_POINTS], row_step_rate[ST_ROW_POINTS];
+  /* The same step (the larger shape, nothing written between) on the
+   * profile's most threads, c, against one: e = rate(c) / (c rate(1)),
+   * best of paired rounds (1 with one thread). Read with the curve. */
+  double row_step_efficiency;
   /* FLOP/s on one thread of each st_gemm_choose class's product (500 rows,
    * 768 columns, K at the class's top: 512, 1536, 3072) by the packed
    * kernel [0] and by the BLAS's tiles [1]; 0 where the packed kernel

@@ -262,6 +262,148 @@ static int measure_narrow(st_calibration *c, FILE *progress, st_error *err) {
   return 0;
 }
 
+/* The trainer's one-row layer step (block.c at one sample, the update
+ * fused into the backward): y = W x + b, then SGD with momentum from the
+ * outer product y x^T, the input gradient y W made in the same pass. */
+typedef struct row_job {
+  st_pool *pool; /* NULL: the calling thread */
+  int OC, IC;
+  float *w, *v, *x, *y, *b, *dx;
+  st_optim_rule rule;
+} row_job;
+
+static void row_step(void *arg) {
+  row_job *j = arg;
+  st_linear_forward(j->pool, j->y, j->x, j->w, j->b, 1, j->IC, j->OC);
+  st_optim_update_outer(j->pool, &j->rule, j->w, j->v, NULL, j->y, j->x, j->OC,
+                        j->IC, NULL, j->dx);
+}
+
+/* Seconds per row_step with `junk_n` floats written between steps (not
+ * timed): the best of three windows of WINDOW_S / 2 of step time. */
+static double row_after(row_job *j, float *junk, size_t junk_n) {
+  double best = INFINITY;
+  row_step(j);
+  for (int rep = 0; rep < 3; rep++) {
+    long calls = 0;
+    double busy = 0;
+    do {
+      for (size_t i = 0; i < junk_n; i++) junk[i] += 1.0f;
+      double t0 = st_now();
+      row_step(j);
+      busy += st_now() - t0;
+      calls++;
+    } while (busy < WINDOW_S / 2);
+    if (busy / (double)calls < best) best = busy / (double)calls;
+  }
+  return best;
+}
+
+static void row_job_free(row_job *j) {
+  float **a[] = {&j->w, &j->v, &j->x, &j->y, &j->b, &j->dx};
+  for (size_t k = 0; k < sizeof a / sizeof a[0]; k++) {
+    st_free(*a[k]);
+    *a[k] = NULL;
+  }
+}
+
+static int row_job_alloc(row_job *j, int OC, int IC) {
+  size_t n = (size_t)OC * IC;
+  j->OC = OC, j->IC = IC;
+  j->w = st_alloc(n * sizeof(float));
+  j->v = st_alloc(n * sizeof(float));
+  j->x = st_alloc((size_t)IC * sizeof(float));
+  j->dx = st_alloc((size_t)IC * sizeof(float));
+  j->y = st_alloc((size_t)OC * sizeof(float));
+  j->b = st_alloc((size_t)OC * sizeof(float));
+  if (!j->w || !j->v || !j->x || !j->dx || !j->y || !j->b) return ST_ENOMEM;
+  fill(j->w, n);
+  memset(j->v, 0, n * sizeof(float));
+  fill(j->x, (size_t)IC);
+  fill(j->b, (size_t)OC);
+  st_config cfg; /* SGD with momentum past its first step */
+  st_config_defaults(&cfg);
+  snprintf(cfg.optimizer.kind, sizeof cfg.optimizer.kind, "sgd");
+  cfg.optimizer.momentum = 0.9f;
+  cfg.optimizer.weight_decay = 0;
+  st_optim_rule_init(&j->rule, &cfg, 1e-7f, 1);
+  return 0;
+}
+
+/* The curve of the trainer's one-row step (st_calibration.row_step_*):
+ * bytes touched a step against bytes of weights streamed per second. Two
+ * shapes with nothing else (fc_mnist's 784 x 256 and the large class's
+ * 3136 x 256, their weights and momentum 1.5 and 6.1 MB), then the larger
+ * with 1, 2, 4, 8 and 16 MB and a cold amount (twice the L3, at least 64
+ * MB) written between steps. In training a layer's weights come back
+ * after the rest of the step has used the caches: on the 2-vCPU Zen 4 VM
+ * a trace of cnn_fmnist's 3136 x 256 layer at one sample streamed at
+ * about 49 GB/s in training and 80 in a loop. */
+static int measure_row_step(st_calibration *c, FILE *progress, st_error *err) {
+  static const int ic[2] = {784, 3136};
+  static const double junk_mb[] = {1, 2, 4, 8, 16};
+  const int OC = 256;
+  double l3 = cache_bytes(3), cold = 2 * l3 > 64e6 ? 2 * l3 : 64e6;
+  size_t junk_n = (size_t)(cold / sizeof(float));
+  float *junk = st_alloc(junk_n * sizeof(float));
+  row_job j = {0};
+  int n = 0, rc = junk ? 0 : ST_ENOMEM;
+  if (junk) memset(junk, 0, junk_n * sizeof(float));
+  for (int s = 0; s < 2 && !rc; s++) {
+    if ((rc = row_job_alloc(&j, OC, ic[s]))) break;
+    double w = 4.0 * OC * ic[s], own = 2 * w + 4.0 * (2 * ic[s] + 2 * OC);
+    c->row_step_ws[n] = own;
+    c->row_step_rate[n++] = 6 * w / row_after(&j, junk, 0);
+    for (size_t k = 0; s == 1 && k <= sizeof junk_mb / sizeof *junk_mb; k++) {
+      double bytes =
+          k < sizeof junk_mb / sizeof *junk_mb ? junk_mb[k] * 1048576.0 : cold;
+      c->row_step_ws[n] = own + bytes;
+      c->row_step_rate[n++] =
+          6 * w / row_after(&j, junk, (size_t)(bytes / sizeof(float)));
+    }
+    if (s == 0) row_job_free(&j);
+  }
+  /* its scaling on the most threads, in paired rounds (as e(c)) */
+  int most = c->n_threads > 0 ? c->threads[c->n_threads - 1] : 1;
+  c->row_step_efficiency = 1;
+  if (!rc && most > 1) {
+    st_pool *pool = st_pool_create(most);
+    double one = INFINITY, many = INFINITY;
+    for (int r = 0; pool && r < ROUNDS; r++) {
+      one = fmin(one, row_after(&j, junk, 0));
+      j.pool = pool;
+      many = fmin(many, row_after(&j, junk, 0));
+      j.pool = NULL;
+    }
+    if (pool) {
+      c->row_step_efficiency = one / (most * many);
+      st_pool_destroy(pool);
+    } else
+      rc = ST_ENOMEM;
+  }
+  row_job_free(&j);
+  st_free(junk);
+  if (rc) {
+    c->n_row_step = 0;
+    return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
+  }
+  c->n_row_step = n;
+  /* made not to rise with the bytes (a window slowed by the host at a
+   * smaller amount cannot make more bytes cheaper) */
+  for (int k = 1; k < n; k++)
+    if (c->row_step_rate[k] > c->row_step_rate[k - 1])
+      c->row_step_rate[k] = c->row_step_rate[k - 1];
+  if (progress) {
+    fprintf(progress, "  one-row layer step, GB/s by MB touched a step:");
+    for (int k = 0; k < n; k++)
+      fprintf(progress, " %.1f:%.1f", c->row_step_ws[k] / 1048576.0,
+              c->row_step_rate[k] / 1e9);
+    fprintf(progress, "; on %d threads e = %.3f\n", most,
+            c->row_step_efficiency);
+  }
+  return 0;
+}
+
 /* The large class's layer step at one row — matrix-vector products
  * forward and for the input gradient, a rank-one weight gradient — on its
  * weights, which are past L2 and within the last-level cache, as they are
@@ -283,7 +425,7 @@ static int measure_row(st_calibration *c, FILE *progress, st_error *err) {
             "(matrix-vector, rank one; %.1f MB)\n",
             c->row_bandwidth / 1e9, w / 1048576.0);
   gemm_job_free(&j);
-  return 0;
+  return measure_row_step(c, progress, err);
 }
 
 /* n one-thread GEMM streams at once, as n one-core stages run. They start
@@ -998,6 +1140,20 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
   MED(step_latency);
   MED(narrow_l2_rate);
   MED(row_bandwidth);
+  /* the one-row curve point by point where every pass has the same points
+   * (else the median spill pass's stands), then again not rising */
+  int same = 1;
+  for (int i = 1; i < n; i++) {
+    same &= p[i].n_row_step == p[0].n_row_step;
+    for (int k = 0; same && k < p[0].n_row_step; k++)
+      same &= p[i].row_step_ws[k] == p[0].row_step_ws[k];
+  }
+  MED(row_step_efficiency);
+  for (int k = 0; same && k < out->n_row_step; k++) {
+    MED(row_step_rate[k]);
+    if (k && out->row_step_rate[k] > out->row_step_rate[k - 1])
+      out->row_step_rate[k] = out->row_step_rate[k - 1];
+  }
   for (int k = 0; k < ST_GEMM_CHOICES; k++) {
     MED(gemm_choice_rate[0][k]);
     MED(gemm_choice_rate[1][k]);
@@ -1092,9 +1248,17 @@ int st_calibration_write(const st_calibration *c, const char *path,
   int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
   int row = c->row_bandwidth > 0;  /* likewise */
   json_array(buf, cap, &at, "step_latency", &c->step_latency, 1,
-             !narrow && !row);
+             !narrow && !row && c->n_row_step < 2);
   if (row)
-    json_array(buf, cap, &at, "row_bandwidth", &c->row_bandwidth, 1, !narrow);
+    json_array(buf, cap, &at, "row_bandwidth", &c->row_bandwidth, 1,
+               !narrow && c->n_row_step < 2);
+  if (c->n_row_step >= 2) {
+    json_array(buf, cap, &at, "row_step_ws", c->row_step_ws, c->n_row_step, 0);
+    json_array(buf, cap, &at, "row_step_rate", c->row_step_rate, c->n_row_step,
+               0);
+    json_array(buf, cap, &at, "row_step_efficiency", &c->row_step_efficiency, 1,
+               !narrow);
+  }
   if (narrow) {
     double rows = c->narrow_rows;
     json_array(buf, cap, &at, "narrow_rows", &rows, 1, 0);
@@ -1321,6 +1485,29 @@ static int parse(st_calibration *c, const char *text, const char *path,
       (rc = positive_array(text, path, "row_bandwidth", &c->row_bandwidth, 1,
                            err)))
     return rc;
+  /* optional (profiles before it): row_bandwidth prices one row */
+  c->n_row_step = 0;
+  if (value_of(text, "row_step_ws") || value_of(text, "row_step_rate")) {
+    double v[ST_ROW_POINTS + 1];
+    int nw = numbers_of(value_of(text, "row_step_ws"), c->row_step_ws,
+                        ST_ROW_POINTS);
+    int nr = numbers_of(value_of(text, "row_step_rate"), v, ST_ROW_POINTS + 1);
+    int ok = nw >= 2 && nr == nw;
+    for (int k = 0; ok && k < nw; k++)
+      ok &= c->row_step_ws[k] > (k ? c->row_step_ws[k - 1] : 0) &&
+            isfinite(c->row_step_ws[k]) && v[k] > 0 && isfinite(v[k]) &&
+            (k == 0 || v[k] <= v[k - 1]);
+    if (!ok)
+      return bad(err, path,
+                 "\"row_step_ws\" and \"row_step_rate\": expected 2 to 10 "
+                 "positive numbers each, as many of one as the other, the "
+                 "bytes rising and the rates not");
+    memcpy(c->row_step_rate, v, (size_t)nw * sizeof *v);
+    c->n_row_step = nw;
+    if ((rc = positive_array(text, path, "row_step_efficiency",
+                             &c->row_step_efficiency, 1, err)))
+      return rc;
+  }
   /* optional (profiles before them): linear GEMMs' memory not modelled */
   c->narrow_rows = c->n_spill = 0;
   c->narrow_rate = c->l2_bytes = c->spill_cost = c->narrow_l2_rate = 0;
@@ -1462,13 +1649,22 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   memcpy(f->spill_ws, c->spill_ws, sizeof f->spill_ws);
   memcpy(f->spill_fraction, c->spill_fraction, sizeof f->spill_fraction);
   f->row_bandwidth = c->row_bandwidth;
+  f->n_row_step = c->n_row_step >= 2 ? c->n_row_step : 0;
+  memcpy(f->row_step_ws, c->row_step_ws, sizeof f->row_step_ws);
+  memcpy(f->row_step_rate, c->row_step_rate, sizeof f->row_step_rate);
+  /* the slope of e(c) = 1/(1 + s (c - 1)) through the one point measured,
+   * as efficiency_slope's fit is kept to [0, 0.99] */
+  int most = c->n_threads > 0 ? c->threads[c->n_threads - 1] : 1;
+  double e = c->row_step_efficiency, sl = 0;
+  if (f->n_row_step && most > 1 && e > 0) sl = (1 / e - 1) / (most - 1);
+  f->row_slope = sl < 0 ? 0 : sl > 0.99 ? 0.99 : sl;
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,
            "; calibrated %s from %.200s (GEMM, conv2d and attention by shape "
            "class, one-thread ops by bytes%s; measured on %d cores)",
            c->date, path,
            f->narrow_cost > 0 || f->narrow_flop_cost > 0 || f->n_spill ||
-                   f->row_bandwidth > 0
+                   f->row_bandwidth > 0 || f->n_row_step
                ? ", linear layers' memory terms"
                : "",
            c->cores);

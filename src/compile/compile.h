@@ -98,6 +98,9 @@ typedef struct problem {
    * ws_bytes), and the seconds of work a sample its narrow linear calls
    * add when a core's share of that passes L2 (l2_traffic) */
   double *ws, *l2_fwd, *l2_bwd;
+  /* one-row products' work (the row curve's), which scales on a stage's
+   * cores by the fabric's row_slope, not efficiency_slope */
+  double *row_fwd, *row_bwd;
   /* what the time model uses, same indexing: parallel work (FLOPs at
    * work_rate = pe_flops uncalibrated; one-core seconds at work_rate = 1
    * calibrated) and single-threaded seconds (0 uncalibrated) */

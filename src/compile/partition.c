@@ -41,7 +41,18 @@
  * depend on the stage): t[0], t[1] the forward and backward work (one-core
  * seconds that more cores share), t[2], t[3] their serial seconds.
  * Uncalibrated: the FLOPs as work, no serial time. */
-static void block_terms(const st_fabric *f, const st_block_cost *b,
+static int rows_by_bytes(const st_fabric *f) {
+  return f->row_bandwidth > 0 || f->n_row_step >= 2;
+}
+
+/* The one-row rate of a block alone (its own bytes touched), for the
+ * shares of a measured block: st_row_rate where the profile has the
+ * curve, else the single figure. */
+static double block_row_rate(const st_fabric *f, const st_block_cost *b) {
+  return f->n_row_step >= 2 ? st_row_rate(f, b->ws_bytes) : f->row_bandwidth;
+}
+
+static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
                         double t[4]) {
   t[0] = t[1] = t[2] = t[3] = 0;
   if (!f->calibrated) {
@@ -49,14 +60,15 @@ static void block_terms(const st_fabric *f, const st_block_cost *b,
     t[1] = b->flops_bwd;
     return;
   }
-  /* one-row linear products by the bytes they stream, where the profile
-   * has the bandwidth; else at their class's GEMM rate */
-  if (f->row_bandwidth > 0) {
-    t[0] += b->row_bytes_fwd / f->row_bandwidth;
-    t[1] += b->row_bytes_bwd / f->row_bandwidth;
+  /* one-row linear products by the bytes they stream at rho, where the
+   * profile has a one-row rate (rho infinite: the caller adds them, at
+   * its stage's rate); else at their class's GEMM rate */
+  if (rows_by_bytes(f) && isfinite(rho)) {
+    t[0] += b->row_bytes_fwd / rho;
+    t[1] += b->row_bytes_bwd / rho;
   }
   for (int k = 0; k < ST_GEMM_CLASSES; k++) {
-    if (!(f->row_bandwidth > 0)) {
+    if (!rows_by_bytes(f)) {
       t[0] += b->row_gemm_fwd[k] / f->gemm_rate[k];
       t[1] += b->row_gemm_bwd[k] / f->gemm_rate[k];
     }
@@ -105,11 +117,12 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   p->in_flight = in_flight;
   p->versions = versions;
   size_t cells = (size_t)(n + 1) * (size_t)(n + 1);
-  double **arrays[] = {
-      &p->flops_fwd,  &p->flops_bwd, &p->weights,    &p->state,
-      &p->acts,       &p->work_fwd,  &p->work_bwd,   &p->serial_fwd,
-      &p->serial_bwd, &p->region_in, &p->region_out, &p->region_layers,
-      &p->ws,         &p->l2_fwd,    &p->l2_bwd,     &p->work_mem};
+  double **arrays[] = {&p->flops_fwd, &p->flops_bwd,  &p->weights,
+                       &p->state,     &p->acts,       &p->work_fwd,
+                       &p->work_bwd,  &p->serial_fwd, &p->serial_bwd,
+                       &p->region_in, &p->region_out, &p->region_layers,
+                       &p->ws,        &p->l2_fwd,     &p->l2_bwd,
+                       &p->work_mem,  &p->row_fwd,    &p->row_bwd};
   int ok = 1;
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
     ok &= (*arrays[a] = st_alloc(cells * sizeof(double))) != NULL;
@@ -142,8 +155,9 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
     double rin = 0, rout = 0, rl = 0; /* through a mesh region */
     double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0;
     double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
-    double l2t[2] = {0, 0}; /* weights from past L2, seconds a sample */
-    double wn = 0, wsc = 0; /* the workspace's largest terms */
+    double l2t[2] = {0, 0};  /* weights from past L2, seconds a sample */
+    double wn = 0, wsc = 0;  /* the workspace's largest terms */
+    double rbf = 0, rbb = 0; /* one-row bytes streamed (row curve) */
     for (int j = i + 1; j <= n; j++) {
       const st_block_cost *b = &blocks[j - 1];
       wn = fmax(wn, b->work_numel_bytes * b->call_samples);
@@ -155,7 +169,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
          * every modelled term, shared between work that more cores speed
          * up and serial time as the model shares the block's */
         double m[4];
-        block_terms(f, b, m);
+        block_terms(f, b, block_row_rate(f, b), m);
         double par_f = m[0] + m[2] > 0 ? m[0] / (m[0] + m[2]) : 1;
         double par_b = m[1] + m[3] > 0 ? m[1] / (m[1] + m[3]) : 1;
         wf += b->measured_fwd * par_f * p->work_rate;
@@ -176,7 +190,11 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
           l2t[d] += lb[d];
         }
         ws += b->ws_bytes;
-        block_terms(f, b, m);
+        /* with the curve, one-row products at the rate of the whole
+         * range's bytes (below); else at the single figure */
+        block_terms(f, b, f->n_row_step >= 2 ? INFINITY : f->row_bandwidth, m);
+        rbf += b->row_bytes_fwd;
+        rbb += b->row_bytes_bwd;
         wf += m[0];
         wb += m[1];
         sf += m[2];
@@ -197,8 +215,15 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       double spill = st_spill_fraction(f, ws) * f->spill_cost;
       p->flops_fwd[at] = ff;
       p->flops_bwd[at] = fb;
+      /* one-row products at the rate of the bytes the range touches a
+       * step (its weights, state and activations: each comes back after
+       * the others have passed through the caches) */
+      double rho = f->n_row_step >= 2 && rbf + rbb > 0 ? st_row_rate(f, ws) : 0;
+      double row_f = rho > 0 ? rbf / rho : 0, row_b = rho > 0 ? rbb / rho : 0;
       p->work_fwd[at] = wf + narrow[0] + spill * traffic[0];
       p->work_bwd[at] = wb + narrow[1] + spill * traffic[1];
+      p->row_fwd[at] = row_f;
+      p->row_bwd[at] = row_b;
       p->ws[at] = ws;
       p->l2_fwd[at] = l2t[0];
       p->l2_bwd[at] = l2t[1];
@@ -233,6 +258,20 @@ double st_spill_fraction(const st_fabric *f, double ws) {
   return 1;
 }
 
+double st_row_rate(const st_fabric *f, double ws) {
+  int n = f->n_row_step;
+  if (!f->calibrated || n < 2) return 0;
+  if (ws <= f->row_step_ws[0]) return f->row_step_rate[0];
+  for (int k = 1; k < n; k++)
+    if (ws <= f->row_step_ws[k]) {
+      /* seconds per byte interpolated between the two points */
+      double a = f->row_step_ws[k - 1], b = f->row_step_ws[k];
+      double ta = 1 / f->row_step_rate[k - 1], tb = 1 / f->row_step_rate[k];
+      return 1 / (b > a ? ta + (tb - ta) * (ws - a) / (b - a) : tb);
+    }
+  return f->row_step_rate[n - 1];
+}
+
 void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
                    double traffic[2]) {
   narrow[0] = narrow[1] = traffic[0] = traffic[1] = 0;
@@ -246,7 +285,7 @@ void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
      * the spill law, a re-read of weights a hot step keeps in cache, is
      * not its cost (with it a PB stage of 9.6 MB was planned at 574 us,
      * without it 455, measured 353-464) */
-    if (r < 2 && f->row_bandwidth > 0) continue;
+    if (r < 2 && rows_by_bytes(f)) continue;
     /* per sample, each GEMM of the step a third of it: one forward, the
      * rest (one or two) backward */
     double gemm = 1.0 / 3 / b->call_samples, nar = 0;
@@ -265,12 +304,12 @@ void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],
 }
 
 void problem_free(problem *p) {
-  double **arrays[] = {&p->flops_fwd, &p->flops_bwd,      &p->weights,
-                       &p->state,     &p->acts,           &p->work_fwd,
-                       &p->work_bwd,  &p->serial_fwd,     &p->serial_bwd,
-                       &p->region_in, &p->region_out,     &p->region_layers,
-                       &p->ws,        &p->l2_fwd,         &p->l2_bwd,
-                       &p->work_mem,  &p->last_free_work, &p->last_free_serial};
+  double **arrays[] = {
+      &p->flops_fwd,  &p->flops_bwd, &p->weights,        &p->state,
+      &p->acts,       &p->work_fwd,  &p->work_bwd,       &p->serial_fwd,
+      &p->serial_bwd, &p->region_in, &p->region_out,     &p->region_layers,
+      &p->ws,         &p->l2_fwd,    &p->l2_bwd,         &p->row_fwd,
+      &p->row_bwd,    &p->work_mem,  &p->last_free_work, &p->last_free_serial};
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
     st_free(*arrays[a]);
     *arrays[a] = NULL;
@@ -312,13 +351,17 @@ static double comm_bandwidth(const problem *p, const layout *L) {
  * units meeting T" is well defined. With core sharing (a calibrated cpu,
  * compile.h), times m(c) / m(P): e(c) was measured with c cores busy, the
  * plan keeps all P busy; also non-increasing in c. */
-static double seconds_per_work(const problem *p, double c) {
+static double seconds_per_work_at(const problem *p, double c, double s) {
   const st_fabric *f = p->fabric;
-  double s = f->efficiency_slope, t = (s + (1.0 - s) / c) / p->work_rate;
+  double t = (s + (1.0 - s) / c) / p->work_rate;
   double m = f->sharing_slope;
   if (m > 0 && c < (double)f->pes)
     t *= (1.0 + m * ((double)f->pes - 1.0)) / (1.0 + m * (c - 1.0));
   return t;
+}
+
+static double seconds_per_work(const problem *p, double c) {
+  return seconds_per_work_at(p, c, p->fabric->efficiency_slope);
 }
 
 void region_shape(const layout *L, int64_t units, double *w, double *h) {
@@ -338,6 +381,11 @@ double stage_time(const problem *p, const layout *L, int i, int j,
   int64_t at = range_index(p, i, j);
   double tf = p->work_fwd[at] * g + p->serial_fwd[at];
   double tb = p->work_bwd[at] * g + p->serial_bwd[at];
+  if (p->row_fwd[at] > 0 || p->row_bwd[at] > 0) {
+    double gr = seconds_per_work_at(p, (double)units * L->h, f->row_slope);
+    tf += p->row_fwd[at] * gr;
+    tb += p->row_bwd[at] * gr;
+  }
   if (p->last_free_work && j < p->n)
     tb += p->last_free_work[at] * g + p->last_free_serial[at];
   /* a core whose share of the step touches more than its L2 keeps no

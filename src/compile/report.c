@@ -182,7 +182,18 @@ void st_plan_print(const st_plan *p, FILE *f) {
               "%.3g us per MFLOP beside the class rate\n",
               (double)ST_GEMM_REF_ROWS, (double)ST_GEMM_REF_ROWS,
               fb->narrow_flop_cost * 1e12);
-    if (fb->row_bandwidth > 0)
+    if (fb->n_row_step >= 2) {
+      char a[32], b[32];
+      fprintf(
+          f,
+          "    linear layers at one row (the layer step): %.3g GB/s of "
+          "weights streamed per core with %s touched a step, down to "
+          "%.3g at %s\n",
+          fb->row_step_rate[0] / 1e9,
+          st_plan_fmt_bytes(a, sizeof a, fb->row_step_ws[0]),
+          fb->row_step_rate[fb->n_row_step - 1] / 1e9,
+          st_plan_fmt_bytes(b, sizeof b, fb->row_step_ws[fb->n_row_step - 1]));
+    } else if (fb->row_bandwidth > 0)
       fprintf(f,
               "    linear layers at one row (matrix-vector, rank one): "
               "%.3g GB/s of weights streamed per core\n",

@@ -1269,6 +1269,160 @@ static void test_gemm_choice(void) {
         "a negative kernel rate: %s", err.msg);
 }
 
+/* The one-row step's curve (st_calibration.row_step_*): written and read
+ * back; refused when the bytes do not rise, the rates rise, or the counts
+ * differ; st_row_rate interpolates seconds per byte between points and
+ * holds the end rates outside them; a plan prices a one-row block at the
+ * rate of the bytes its stage touches, on c cores by the curve's own
+ * efficiency and not the GEMMs'; merged point by point. */
+static st_calibration row_profile(void) {
+  st_calibration c = narrow_profile();
+  c.row_bandwidth = 4e10;
+  c.n_row_step = 3;
+  double ws[] = {1e6, 1e7, 1e8}, rate[] = {1e11, 5e10, 2.5e10};
+  memcpy(c.row_step_ws, ws, sizeof ws);
+  memcpy(c.row_step_rate, rate, sizeof rate);
+  c.row_step_efficiency = 0.8;
+  return c;
+}
+
+static void test_row_curve(void) {
+  char path[128];
+  path_in(path, sizeof path, "row.json");
+  st_calibration c = row_profile(), back;
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0,
+        "round trip: %s", err.msg);
+  CHECK(back.n_row_step == 3 && back.row_step_ws[1] == 1e7 &&
+            back.row_step_rate[2] == 2.5e10 &&
+            back.row_step_efficiency == 0.8 && back.row_bandwidth == 4e10 &&
+            back.narrow_rows == 8,
+        "the curve survives the round trip: %d points", back.n_row_step);
+  /* alone, without the narrow terms */
+  st_calibration lone = sample_profile();
+  lone.n_row_step = 2;
+  lone.row_step_ws[0] = 1e6, lone.row_step_ws[1] = 2e6;
+  lone.row_step_rate[0] = lone.row_step_rate[1] = 7e10;
+  lone.row_step_efficiency = 1;
+  CHECK(st_calibration_write(&lone, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0 &&
+            back.n_row_step == 2 && back.row_step_rate[1] == 7e10,
+        "the curve alone: %s", err.msg);
+
+  /* refused, naming the keys */
+  const struct {
+    double ws1, rate1;
+    int n;
+  } bad[] = {{5e5, 5e10, 3}, {1e7, 2e11, 3}, {1e7, 5e10, 1}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    st_calibration b = row_profile();
+    b.row_step_ws[1] = bad[i].ws1, b.row_step_rate[1] = bad[i].rate1;
+    b.n_row_step = bad[i].n == 1 ? 3 : bad[i].n;
+    CHECK(st_calibration_write(&b, path, &err) == 0, "%s", err.msg);
+    if (bad[i].n == 1) { /* one rate dropped from the file */
+      char text[8192];
+      FILE *f = fopen(path, "rb");
+      size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+      if (f) fclose(f);
+      text[n] = '\0';
+      char *r = strstr(text, "\"row_step_rate\": [");
+      char *comma = r ? strchr(r, ',') : NULL;
+      if (comma)
+        memmove(r + strlen("\"row_step_rate\": ["), comma + 2,
+                strlen(comma + 2) + 1);
+      CHECK(r && comma && write_text(path, text) == 0, "edit %zu", i);
+    }
+    CHECK(st_calibration_read(&back, path, &err) == ST_EFORMAT &&
+              strstr(err.msg, "\"row_step_ws\"") &&
+              strstr(err.msg, "\"row_step_rate\""),
+          "bad curve %zu: '%s'", i, err.msg);
+  }
+
+  /* st_row_rate: 1/rate linear in the bytes between points */
+  st_fabric f = one_core();
+  c = row_profile();
+  st_calibration_apply(&c, &f, "test");
+  double mid = 1 / (0.5 / 1e11 + 0.5 / 5e10); /* half way from 1e6 to 1e7 */
+  CHECK(st_row_rate(&f, 1e5) == 1e11 && st_row_rate(&f, 1e6) == 1e11 &&
+            fabs(st_row_rate(&f, 5.5e6) - mid) <= 1e-9 * mid &&
+            st_row_rate(&f, 1e7) == 5e10 && st_row_rate(&f, 1e9) == 2.5e10,
+        "row rates %g %g %g %g %g", st_row_rate(&f, 1e5), st_row_rate(&f, 1e6),
+        st_row_rate(&f, 5.5e6), st_row_rate(&f, 1e7), st_row_rate(&f, 1e9));
+  st_fabric plain = one_core();
+  st_calibration old = narrow_profile();
+  old.row_bandwidth = 4e10;
+  st_calibration_apply(&old, &plain, "test");
+  CHECK(st_row_rate(&plain, 5e6) == 0 && plain.row_slope == 0,
+        "an older profile has no curve");
+
+  /* a plan: one block of one-row bytes, nothing else; its ws decides */
+  st_block_cost b;
+  memset(&b, 0, sizeof b);
+  snprintf(b.name, sizeof b.name, "rows");
+  b.row_bytes_fwd = 1e6, b.row_bytes_bwd = 5e6;
+  b.ws_bytes = 5.5e6;
+  b.param_bytes = 1e6, b.state_bytes = 2e6, b.call_samples = 1;
+  st_plan_options opt = {
+      .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
+  for (int cores = 1; cores <= 2; cores++) {
+    st_fabric g = one_core();
+    if (cores == 2) {
+      snprintf(g.name, sizeof g.name, "cpu:2");
+      g.width = 2, g.pes = 2;
+    }
+    st_calibration_apply(&c, &g, "test");
+    /* e = 0.8 for rows, measured on the profile's 4 threads: the slope
+     * (1/0.8 - 1) / 3 = 1/12; the GEMMs' slope set apart, so that the two
+     * cannot be confused */
+    g.efficiency_slope = 0.9;
+    g.sharing_slope = 0;
+    st_plan *p = NULL;
+    CHECK(st_plan_build(&p, &b, 1, &g, &opt, &err) == 0, "%s", err.msg);
+    double s = (1 / 0.8 - 1) / 3;
+    double want = 6e6 / mid * (cores == 1 ? 1 : s + (1 - s) / 2);
+    if (p)
+      CHECK(fabs(p->stages[0].time - want) <= 1e-9 * want,
+            "one-row block on %d cores: %.9g s, want %.9g", cores,
+            p->stages[0].time, want);
+    st_plan_destroy(p);
+  }
+  /* two such blocks in one stage: the rate of the bytes both touch (1e7:
+   * 5e10), not of each block's own */
+  st_block_cost two[2] = {b, b};
+  two[0].ws_bytes = two[1].ws_bytes = 5e6;
+  st_fabric g1 = one_core();
+  st_calibration_apply(&c, &g1, "test");
+  st_plan *p2 = NULL;
+  CHECK(st_plan_build(&p2, two, 2, &g1, &opt, &err) == 0, "%s", err.msg);
+  if (p2)
+    CHECK(p2->n_stages == 1 &&
+              fabs(p2->stages[0].time - 12e6 / 5e10) <= 1e-9 * 12e6 / 5e10,
+          "two one-row blocks in %d stage(s): %.9g s, want %.9g", p2->n_stages,
+          p2->stages[0].time, 12e6 / 5e10);
+  st_plan_destroy(p2);
+  /* without the curve: the single figure, as before */
+  st_plan *p = NULL;
+  CHECK(st_plan_build(&p, &b, 1, &plain, &opt, &err) == 0, "%s", err.msg);
+  if (p)
+    CHECK(fabs(p->stages[0].time - 6e6 / 4e10) <= 1e-9 * 6e6 / 4e10,
+          "one-row block, older profile: %.9g s", p->stages[0].time);
+  st_plan_destroy(p);
+
+  /* merged point by point (medians), made not to rise again */
+  st_calibration pass[3] = {row_profile(), row_profile(), row_profile()};
+  pass[0].row_step_rate[1] = 4e10, pass[2].row_step_rate[1] = 9e10;
+  pass[1].row_step_rate[2] = 6e10; /* above its pass's own point 1 */
+  pass[0].row_step_rate[2] = 4.5e10;
+  pass[0].row_step_efficiency = 0.6, pass[2].row_step_efficiency = 0.9;
+  st_calibration m;
+  CHECK(st_calibration_merge(&m, pass, 3) == 0, "merge refused");
+  CHECK(m.row_step_rate[0] == 1e11 && m.row_step_rate[1] == 5e10 &&
+            m.row_step_rate[2] == 4.5e10 && m.row_step_efficiency == 0.8,
+        "merged curve %g %g %g, e %g", m.row_step_rate[0], m.row_step_rate[1],
+        m.row_step_rate[2], m.row_step_efficiency);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-calibrate-XXXXXX");
   if (!mkdtemp(dir)) {
@@ -1291,11 +1445,12 @@ int main(void) {
   test_micro_batch_pick();
   test_merge();
   test_gemm_choice();
+  test_row_curve();
   /* leave nothing behind */
-  const char *files[] = {"cal.json",      "good.json",   "foreign.json",
-                         "empty.json",    "v2.json",     "truncated.json",
-                         "negative.json", "shared.json", "host.json",
-                         "bad_spill.json"};
+  const char *files[] = {"cal.json",       "good.json",   "foreign.json",
+                         "empty.json",     "v2.json",     "truncated.json",
+                         "negative.json",  "shared.json", "host.json",
+                         "bad_spill.json", "row.json"};
   char path[128];
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     path_in(path, sizeof path, files[i]);
