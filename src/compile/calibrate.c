@@ -163,24 +163,28 @@ static double cache_bytes(int level) {
   return 0;
 }
 
-/* Seconds per gemm_step with `junk_n` floats written between steps (not
- * timed): the best of three windows of WINDOW_S / 2 of step time. */
-static double step_after(gemm_job *j, float *junk, size_t junk_n) {
+/* Seconds per call of fn with `junk_n` floats written between calls (not
+ * timed): the best of three windows of WINDOW_S / 2 of call time. */
+static double time_after(work_fn fn, void *arg, float *junk, size_t junk_n) {
   double best = INFINITY;
-  gemm_step(j);
+  fn(arg);
   for (int rep = 0; rep < 3; rep++) {
     long calls = 0;
     double busy = 0;
     do {
       for (size_t i = 0; i < junk_n; i++) junk[i] += 1.0f;
       double t0 = st_now();
-      gemm_step(j);
+      fn(arg);
       busy += st_now() - t0;
       calls++;
     } while (busy < WINDOW_S / 2);
     if (busy / (double)calls < best) best = busy / (double)calls;
   }
   return best;
+}
+
+static double step_after(gemm_job *j, float *junk, size_t junk_n) {
+  return time_after(gemm_step, j, junk, junk_n);
 }
 
 /* The large class's layer step at NARROW_ROWS rows: its rate with the
@@ -279,24 +283,8 @@ static void row_step(void *arg) {
                         j->IC, NULL, j->dx);
 }
 
-/* Seconds per row_step with `junk_n` floats written between steps (not
- * timed): the best of three windows of WINDOW_S / 2 of step time. */
 static double row_after(row_job *j, float *junk, size_t junk_n) {
-  double best = INFINITY;
-  row_step(j);
-  for (int rep = 0; rep < 3; rep++) {
-    long calls = 0;
-    double busy = 0;
-    do {
-      for (size_t i = 0; i < junk_n; i++) junk[i] += 1.0f;
-      double t0 = st_now();
-      row_step(j);
-      busy += st_now() - t0;
-      calls++;
-    } while (busy < WINDOW_S / 2);
-    if (busy / (double)calls < best) best = busy / (double)calls;
-  }
-  return best;
+  return time_after(row_step, j, junk, junk_n);
 }
 
 static void row_job_free(row_job *j) {
