@@ -1545,6 +1545,10 @@ typedef struct st_block_cost {
    * written. */
   double row_gemm_fwd[ST_GEMM_CLASSES], row_gemm_bwd[ST_GEMM_CLASSES];
   double row_bytes_fwd, row_bytes_bwd;
+  /* of which those of layers whose update is folded in: the step the
+   * profile's one-row curve measures (the rest, a rank-one gradient
+   * written, go at its row bandwidth) */
+  double row_fused_fwd, row_fused_bwd;
   double linear_bytes[ST_BLOCK_LINEARS], linear_rows[ST_BLOCK_LINEARS];
   double linear_gemms[ST_BLOCK_LINEARS];
   double call_samples, ws_bytes;

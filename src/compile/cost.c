@@ -124,7 +124,9 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
       c->row_bytes_fwd += w;
       /* the input gradient reads the weights; the weight gradient reads and
        * writes its slab, or the fused update the weights and their state */
-      c->row_bytes_bwd += w + (fuses(x, b, L) ? w * (2 + 2 * x->slots) : 2 * w);
+      double bwd = w + (fuses(x, b, L) ? w * (2 + 2 * x->slots) : 2 * w);
+      c->row_bytes_bwd += bwd;
+      if (fuses(x, b, L)) c->row_fused_fwd += w, c->row_fused_bwd += bwd;
     } else {
       c->gemm_fwd[cls] += k.flops_fwd * rows;
       c->gemm_bwd[cls] += k.flops_bwd * rows;
@@ -252,6 +254,7 @@ static void skip_input_gradient(st_block_cost *c, const st_block *b,
     }
     /* at one row: the skipped product's read of the weights */
     c->row_bytes_bwd -= l < first ? one.row_bytes_bwd : one.row_bytes_fwd;
+    c->row_fused_bwd -= l < first ? one.row_fused_bwd : one.row_fused_fwd;
     if (l < first)
       for (int k = 0; k < ST_OP_CLASSES; k++)
         c->bytes_bwd[k] -= one.bytes_bwd[k];

@@ -41,6 +41,9 @@
  * depend on the stage): t[0], t[1] the forward and backward work (one-core
  * seconds that more cores share), t[2], t[3] their serial seconds.
  * Uncalibrated: the FLOPs as work, no serial time. */
+/* The op class of the optimizer's pass (cost.c's names). */
+enum { OP_OPTIMIZER = 3 };
+
 static int rows_by_bytes(const st_fabric *f) {
   return f->row_bandwidth > 0 || f->n_row_step >= 2;
 }
@@ -61,11 +64,17 @@ static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
     return;
   }
   /* one-row linear products by the bytes they stream at rho, where the
-   * profile has a one-row rate (rho infinite: the caller adds them, at
-   * its stage's rate); else at their class's GEMM rate */
+   * profile has a one-row rate (rho infinite: the caller adds those of
+   * fused layers at its stage's rate, and the rest go at the rank-one
+   * step's row bandwidth); else at their class's GEMM rate */
   if (rows_by_bytes(f) && isfinite(rho)) {
     t[0] += b->row_bytes_fwd / rho;
     t[1] += b->row_bytes_bwd / rho;
+  } else if (rows_by_bytes(f)) {
+    double r =
+        f->row_bandwidth > 0 ? f->row_bandwidth : st_row_rate(f, b->ws_bytes);
+    t[0] += (b->row_bytes_fwd - b->row_fused_fwd) / r;
+    t[1] += (b->row_bytes_bwd - b->row_fused_bwd) / r;
   }
   for (int k = 0; k < ST_GEMM_CLASSES; k++) {
     if (!rows_by_bytes(f)) {
@@ -83,7 +92,9 @@ static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
   }
   for (int k = 0; k < ST_OP_CLASSES; k++) {
     t[2] += b->bytes_fwd[k] / f->op_bandwidth[k];
-    t[3] += b->bytes_bwd[k] / f->op_bandwidth[k];
+    /* (with rho infinite the caller streams the optimizer's bytes too) */
+    if (k != OP_OPTIMIZER || isfinite(rho))
+      t[3] += b->bytes_bwd[k] / f->op_bandwidth[k];
   }
 }
 
@@ -193,8 +204,9 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         /* with the curve, one-row products at the rate of the whole
          * range's bytes (below); else at the single figure */
         block_terms(f, b, f->n_row_step >= 2 ? INFINITY : f->row_bandwidth, m);
-        rbf += b->row_bytes_fwd;
-        rbb += b->row_bytes_bwd;
+        rbf += b->row_fused_fwd;
+        rbb += b->row_fused_bwd;
+        if (f->n_row_step >= 2) rbb += b->bytes_bwd[OP_OPTIMIZER];
         wf += m[0];
         wb += m[1];
         sf += m[2];
@@ -217,7 +229,9 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       p->flops_bwd[at] = fb;
       /* one-row products at the rate of the bytes the range touches a
        * step (its weights, state and activations: each comes back after
-       * the others have passed through the caches) */
+       * the others have passed through the caches), and so the optimizer's
+       * pass, which streams weights, gradients and state the same way, on
+       * the pool (st_optim_step) */
       double rho = f->n_row_step >= 2 && rbf + rbb > 0 ? st_row_rate(f, ws) : 0;
       double row_f = rho > 0 ? rbf / rho : 0, row_b = rho > 0 ? rbb / rho : 0;
       p->work_fwd[at] = wf + narrow[0] + spill * traffic[0];
