@@ -31,11 +31,43 @@ trap 'rm -rf "$tmp"' EXIT
 export STRATA_CALIBRATION="$tmp/calibration.json"
 
 echo "Prediction accuracy: plan throughput vs measured training rate ($(nproc) cores)"
-if ! "$build/strata" bench --calibrate >"$tmp/calibrate.log" 2>&1; then
-  cat "$tmp/calibrate.log" >&2
-  echo "run-predict: error: strata bench --calibrate failed" >&2
-  exit 1
-fi
+# The machine's state, probed around each calibration and training: a
+# short MLP training step loop on every core (bench_mlp, samples/s). A
+# shared VM moves between states in which the same binary runs up to 2x
+# apart for minutes at a time (docs/compiler.md); a probe under
+# PREDICT_SLOW (0.8) of the best probe seen marks the slow state, and what
+# was measured in it is measured again (the calibration once, each
+# training up to twice). Without bench_mlp (not built) nothing is probed.
+best_probe=0
+slow_share=${PREDICT_SLOW:-0.8}
+probed=0
+probe() { # sets probed (and best_probe); not in a subshell, for best_probe
+  probed=0
+  if [ -x "$build/bench/bench_mlp" ]; then
+    probed=$("$build/bench/bench_mlp" 32 "$(nproc)" 0.3 2>/dev/null |
+      sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p' | tail -1)
+    [ -n "$probed" ] || probed=0
+  fi
+  best_probe=$(awk -v a="$best_probe" -v b="$probed" 'BEGIN { print (b > a ? b : a) }')
+}
+fast() { # fast BEFORE AFTER: both probes within the share of the best
+  awk -v a="$1" -v b="$2" -v best="$best_probe" -v s="$slow_share" \
+    'BEGIN { exit !(best == 0 || (a >= s * best && b >= s * best)) }'
+}
+for ((i = 0; i < 3; i++)); do probe; done
+for ((try = 0; try < 2; try++)); do
+  probe
+  before=$probed
+  if ! "$build/strata" bench --calibrate >"$tmp/calibrate.log" 2>&1; then
+    cat "$tmp/calibrate.log" >&2
+    echo "run-predict: error: strata bench --calibrate failed" >&2
+    exit 1
+  fi
+  probe
+  after=$probed
+  fast "$before" "$after" && break
+done
+fast "$before" "$after" || echo "    (calibrated in a slow state: probes $before and $after against a best of $best_probe samples/s)"
 sed 's/^/    | /' "$tmp/calibrate.log"
 
 num() { # the first number after "key": in a JSON file
@@ -78,16 +110,27 @@ for cfg in $configs; do
     fi
     # the median of the repeats: on a shared machine one run's rate moves
     # by up to 25% from the next one's
-    rates=() failed=0
-    for ((r = 0; r < repeats; r++)); do
-      rm -rf "$out"
-      if ! "$build/strata" train "configs/$cfg.yaml" --out "$out" "${sets[@]}" \
-          >"$tmp/$cfg-$mode.log" 2>&1; then
-        cat "$tmp/$cfg-$mode.log" >&2
-        echo "run-predict: error: strata train $cfg ($mode) failed" >&2
-        failed=1
-        break
-      fi
+    rates=() failed=0 slow=0
+    for ((r = 0; r < repeats && !failed; r++)); do
+      # a training the probes around it put in the VM's slow state is run
+      # again, up to twice (then kept, and counted in the row's note)
+      for ((try = 0; try < 3; try++)); do
+        probe
+        before=$probed
+        rm -rf "$out"
+        if ! "$build/strata" train "configs/$cfg.yaml" --out "$out" "${sets[@]}" \
+            >"$tmp/$cfg-$mode.log" 2>&1; then
+          cat "$tmp/$cfg-$mode.log" >&2
+          echo "run-predict: error: strata train $cfg ($mode) failed" >&2
+          failed=1
+          break
+        fi
+        probe
+        after=$probed
+        fast "$before" "$after" && break
+      done
+      [ "$failed" -ne 0 ] && break
+      fast "$before" "$after" || slow=$((slow + 1))
       rates+=("$(num samples_per_s "$out/summary.json")")
     done
     if [ "$failed" -ne 0 ]; then
@@ -100,10 +143,11 @@ for cfg in $configs; do
     STRATA_CALIBRATION=none "$build/strata" compile "configs/$cfg.yaml" "${sets[@]}" \
       --stages "$stages" --out "$tmp/$cfg-$mode-estimate" >/dev/null 2>&1 || status=1
     estimate=$(gpipe_throughput "$tmp/$cfg-$mode-estimate/plan.json")
-    awk -v c="$cfg" -v md="$mode" -v b="$batch" -v s="$run_steps" -v m="$measured" -v p="$predicted" -v e="$estimate" 'BEGIN {
+    awk -v c="$cfg" -v md="$mode" -v b="$batch" -v s="$run_steps" -v m="$measured" -v p="$predicted" -v e="$estimate" -v sl="$slow" -v n="$repeats" 'BEGIN {
       r = p / m; re = e / m
-      printf "%-12s %-10s %6d %7d %12.0f %12.0f %7.2f %14.0f %7.2f  %s\n", c, md, b, s, m, p, r, e, re,
-        (r >= 0.75 && r <= 1.25 ? "meets target" : "outside target")
+      printf "%-12s %-10s %6d %7d %12.0f %12.0f %7.2f %14.0f %7.2f  %s%s\n", c, md, b, s, m, p, r, e, re,
+        (r >= 0.75 && r <= 1.25 ? "meets target" : "outside target"),
+        (sl > 0 ? sprintf(" (%d of %d trainings in a slow state)", sl, n) : "")
     }'
   done
   done
