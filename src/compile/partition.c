@@ -37,13 +37,11 @@
 
 /* ----------------------------------------------------------- the model */
 
-/* One block's calibrated terms (without the narrow and spill terms, which
- * depend on the stage): t[0], t[1] the forward and backward work (one-core
- * seconds that more cores share), t[2], t[3] their serial seconds.
- * Uncalibrated: the FLOPs as work, no serial time. */
 /* The op class of the optimizer's pass (cost.c's names). */
 enum { OP_OPTIMIZER = 3 };
 
+/* Whether one-row products go by the bytes they stream (the profile has a
+ * one-row rate) rather than at their class's GEMM rate. */
 static int rows_by_bytes(const st_fabric *f) {
   return f->row_bandwidth > 0 || f->n_row_step >= 2;
 }
@@ -55,6 +53,11 @@ static double block_row_rate(const st_fabric *f, const st_block_cost *b) {
   return f->n_row_step >= 2 ? st_row_rate(f, b->ws_bytes) : f->row_bandwidth;
 }
 
+/* One block's calibrated terms (without the narrow and spill terms, which
+ * depend on the stage): t[0], t[1] the forward and backward work (one-core
+ * seconds that more cores share), t[2], t[3] their serial seconds; one-row
+ * products at rho (infinite: see below). Uncalibrated: the FLOPs as work,
+ * no serial time. */
 static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
                         double t[4]) {
   t[0] = t[1] = t[2] = t[3] = 0;
