@@ -109,6 +109,11 @@ double st_now(void);
  * fixed, so tasks must write disjoint memory. A NULL pool runs inline. */
 typedef struct st_pool st_pool;
 st_pool *st_pool_create(int nthreads); /* nthreads >= 1, includes caller */
+/* The same, its workers spinning only briefly (20 us, not 1 ms) for the
+ * next job before they sleep: for a pool that waits beside threads that
+ * own the cores, as the trainer's does under a pipeline's stage threads,
+ * where a spinning worker takes a core from a stage. */
+st_pool *st_pool_create_brief(int nthreads);
 void st_pool_destroy(st_pool *pool);
 int st_pool_threads(const st_pool *pool);
 /* Pins the pool's worker threads (not the caller's) to the cpus

@@ -155,13 +155,14 @@ int st_usable_cpus(int *cpus, int cap) {
   return n;
 }
 
-st_pool *st_pool_create(int nthreads) {
+static st_pool *create(int nthreads, int brief) {
   if (nthreads < 1) nthreads = 1;
   if (nthreads > (1 << ACTIVE_BITS)) nthreads = 1 << ACTIVE_BITS;
   st_pool *p = st_alloc(sizeof *p);
   if (!p) return NULL;
   p->nthreads = nthreads;
-  p->spin_s = nthreads <= st_usable_cpus(NULL, 0) ? SPIN_S : SPIN_SHARED_S;
+  p->spin_s =
+      !brief && nthreads <= st_usable_cpus(NULL, 0) ? SPIN_S : SPIN_SHARED_S;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->wake, NULL);
   if (nthreads > 1) {
@@ -184,6 +185,10 @@ fail:
   st_pool_destroy(p);
   return NULL;
 }
+
+st_pool *st_pool_create(int nthreads) { return create(nthreads, 0); }
+
+st_pool *st_pool_create_brief(int nthreads) { return create(nthreads, 1); }
 
 void st_pool_destroy(st_pool *p) {
   if (!p) return;

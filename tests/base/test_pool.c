@@ -31,8 +31,9 @@ static void task(void *arg, int t) {
   atomic_fetch_add_explicit(&j->total, 1, memory_order_relaxed);
 }
 
-static void stress(int threads) {
-  st_pool *pool = st_pool_create(threads);
+static void stress(int threads, int brief) {
+  st_pool *pool =
+      brief ? st_pool_create_brief(threads) : st_pool_create(threads);
   CHECK(pool && st_pool_threads(pool) == threads, "pool of %d", threads);
   if (!pool) return;
   int bad = 0;
@@ -57,8 +58,9 @@ static void stress(int threads) {
  * have gone to sleep, and each such job must wake the ones it needs; the
  * jobs between them come at once, to workers still spinning or just
  * announcing their sleep. */
-static void sleepy(int threads) {
-  st_pool *pool = st_pool_create(threads);
+static void sleepy(int threads, int brief) {
+  st_pool *pool =
+      brief ? st_pool_create_brief(threads) : st_pool_create(threads);
   CHECK(pool != NULL, "pool of %d", threads);
   if (!pool) return;
   int bad = 0;
@@ -85,8 +87,12 @@ int main(void) {
   th_alarm(300, "FAIL tests/base/test_pool.c: the test ran 300 s: a job "
                 "waiting for ever for its workers (a lost wake)\n");
   const int sizes[] = {1, 2, 3, 8};
-  for (int i = 0; i < 4; i++) stress(sizes[i]);
-  for (int i = 1; i < 4; i++) sleepy(sizes[i]);
+  /* and pools whose workers spin only 20 us (st_pool_create_brief): they
+   * sleep between most jobs, so nearly every job wakes them */
+  for (int brief = 0; brief < 2; brief++) {
+    for (int i = 0; i < 4; i++) stress(sizes[i], brief);
+    for (int i = 1; i < 4; i++) sleepy(sizes[i], brief);
+  }
   st_pool_for(NULL, 3, task, &(job){0}); /* a NULL pool runs inline */
   TH_DONE();
 }
