@@ -318,6 +318,13 @@ static int row_job_alloc(row_job *j, int OC, int IC) {
   return 0;
 }
 
+/* Rates made not to rise with the bytes: a window slowed by the host at a
+ * smaller amount cannot make more bytes cheaper. */
+static void not_rising(double *rate, int n) {
+  for (int k = 1; k < n; k++)
+    if (rate[k] > rate[k - 1]) rate[k] = rate[k - 1];
+}
+
 /* The curve of the trainer's one-row step (st_calibration.row_step_*):
  * bytes touched a step against bytes of weights streamed per second. Two
  * shapes with nothing else (fc_mnist's 784 x 256 and the large class's
@@ -376,11 +383,7 @@ static int measure_row_step(st_calibration *c, FILE *progress, st_error *err) {
     return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
   }
   c->n_row_step = n;
-  /* made not to rise with the bytes (a window slowed by the host at a
-   * smaller amount cannot make more bytes cheaper) */
-  for (int k = 1; k < n; k++)
-    if (c->row_step_rate[k] > c->row_step_rate[k - 1])
-      c->row_step_rate[k] = c->row_step_rate[k - 1];
+  not_rising(c->row_step_rate, n);
   if (progress) {
     fprintf(progress, "  one-row layer step, GB/s by MB touched a step:");
     for (int k = 0; k < n; k++)
@@ -1137,11 +1140,8 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
       same &= p[i].row_step_ws[k] == p[0].row_step_ws[k];
   }
   MED(row_step_efficiency);
-  for (int k = 0; same && k < out->n_row_step; k++) {
-    MED(row_step_rate[k]);
-    if (k && out->row_step_rate[k] > out->row_step_rate[k - 1])
-      out->row_step_rate[k] = out->row_step_rate[k - 1];
-  }
+  for (int k = 0; same && k < out->n_row_step; k++) MED(row_step_rate[k]);
+  not_rising(out->row_step_rate, out->n_row_step);
   for (int k = 0; k < ST_GEMM_CHOICES; k++) {
     MED(gemm_choice_rate[0][k]);
     MED(gemm_choice_rate[1][k]);

@@ -1444,6 +1444,11 @@ static void test_row_curve(void) {
             m.row_step_rate[2] == 4.5e10 && m.row_step_efficiency == 0.8,
         "merged curve %g %g %g, e %g", m.row_step_rate[0], m.row_step_rate[1],
         m.row_step_rate[2], m.row_step_efficiency);
+  /* medians that would rise with the bytes are held to the point before */
+  for (int k = 0; k < 3; k++) pass[k].row_step_rate[2] = 6e10;
+  CHECK(st_calibration_merge(&m, pass, 3) == 0 && m.row_step_rate[2] == 5e10,
+        "a rising median %g, not held to %g", m.row_step_rate[2],
+        m.row_step_rate[1]);
 }
 
 int main(void) {
