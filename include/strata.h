@@ -1469,12 +1469,25 @@ typedef struct st_calibration {
    * kernel [0] and by the BLAS's tiles [1]; 0 where the packed kernel
    * cannot take it here (a profile without them, older, reads as 0). */
   double gemm_choice_rate[2][ST_GEMM_CHOICES];
+  /* st_calibration_round_trip as the pass began and ended (0 on one
+   * thread): in which state of a shared VM the pass was measured. Not
+   * stored in the profile. */
+  double round_trip[2];
 } st_calibration;
 
 /* Measures this machine (a few seconds); threads 1, 2, 4, ... up
  * to max_threads. progress (may be NULL) gets one line per measurement. */
 int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
                            st_error *err);
+/* The machine's state now, in seconds: the median over 9 windows of one
+ * round trip of an empty task handed to each of a pool's `threads`
+ * threads and back (st_pool_for), the workers spinning. It is the cost of
+ * moving a cache line between the cores, which a shared VM changes when
+ * its host moves the vCPUs: on the 2-vCPU Zen 4 VM it reads 0.22-0.24 us
+ * with both on one L3 and 0.77-0.80 with them on two, for tens of seconds
+ * at a time, and every 2-thread rate falls meanwhile (docs/compiler.md,
+ * "Prediction accuracy"). -1 when the pool could not be made. */
+double st_calibration_round_trip(int threads);
 /* Writes the profile atomically / reads and checks one (format, version,
  * every figure present and positive); errors name the file. */
 /* One profile from n passes of st_calibration_measure on one machine, so
@@ -1484,6 +1497,12 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
  * refitted to the median efficiencies. ST_EARG when n is outside
  * 1..ST_CALIBRATION_MAX_PASSES or the passes measured different threads. */
 #define ST_CALIBRATION_MAX_PASSES 9
+/* Which of n passes were measured in the machine's near state: keep[i] =
+ * 1 where both of pass i's round trips are at most ST_CALIBRATION_FAR
+ * times the least round trip of any pass (a pass without them, 0, is
+ * kept); returns how many are kept. */
+#define ST_CALIBRATION_FAR 1.5
+int st_calibration_near(const st_calibration *passes, int n, int *keep);
 int st_calibration_merge(st_calibration *out, const st_calibration *passes,
                          int n);
 /* The kernel per st_gemm_choose class the profile measured faster (1 the

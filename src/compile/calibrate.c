@@ -653,6 +653,38 @@ static double step_latency(void) {
   return t;
 }
 
+static double median(double *v, int n);
+
+static void empty_task(void *arg, int task) {
+  (void)arg;
+  (void)task;
+}
+
+static void round_trip_step(void *arg) {
+  st_pool *pool = arg;
+  st_pool_for(pool, st_pool_threads(pool), empty_task, NULL);
+}
+
+double st_calibration_round_trip(int threads) {
+  if (threads < 2) return 0;
+  st_pool *pool = st_pool_create(threads);
+  if (!pool) return -1;
+  double t[9];
+  for (int k = 0; k < 9; k++) {
+    round_trip_step(pool); /* the workers awake and spinning */
+    long calls = 0;
+    double t0 = st_now(), dt;
+    do {
+      for (int r = 0; r < 64; r++) round_trip_step(pool);
+      calls += 64;
+      dt = st_now() - t0;
+    } while (dt < 0.01);
+    t[k] = dt / (double)calls;
+  }
+  st_pool_destroy(pool);
+  return median(t, 9);
+}
+
 static void copy_step(void *arg) {
   op_job *j = arg;
   memcpy(j->y, j->x, j->n * sizeof(float));
@@ -982,6 +1014,15 @@ static int paired_rates(int t, int streams, double *one, double *many) {
   return 0;
 }
 
+/* The pass's state, on its threads (st_calibration.round_trip). */
+static double round_trip(int threads, FILE *progress, const char *when) {
+  double t = threads > 1 ? st_calibration_round_trip(threads) : 0;
+  if (progress && threads > 1)
+    fprintf(progress, "  round trip on %d threads %.3f us as the pass %s\n",
+            threads, t * 1e6, when);
+  return t > 0 ? t : 0;
+}
+
 int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
                            st_error *err) {
   memset(c, 0, sizeof *c);
@@ -991,6 +1032,7 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
   gmtime_r(&now, &tm);
   strftime(c->date, sizeof c->date, "%Y-%m-%dT%H:%M:%SZ", &tm);
   c->cores = max_threads;
+  c->round_trip[0] = round_trip(max_threads, progress, "began");
   for (int k = 0; k < ST_GEMM_CLASSES; k++) {
     memcpy(c->gemm_shape[k], gemm_shapes[k], sizeof gemm_shapes[k]);
     if (gemm_rate(k, 1, &c->gemm_rate[k]))
@@ -1058,10 +1100,26 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
   if (!rc && measure_choices(c, progress))
     rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory");
   if (!rc) rc = measure_kernels(c, progress, err);
-  return rc ? rc : measure_ops(c, progress, err);
+  if (!rc) rc = measure_ops(c, progress, err);
+  if (!rc) c->round_trip[1] = round_trip(max_threads, progress, "ended");
+  return rc;
 }
 
 /* ------------------------------------------------------------- merge */
+
+int st_calibration_near(const st_calibration *p, int n, int *keep) {
+  double least = INFINITY;
+  for (int i = 0; i < n; i++)
+    for (int e = 0; e < 2; e++)
+      if (p[i].round_trip[e] > 0) least = fmin(least, p[i].round_trip[e]);
+  int kept = 0;
+  for (int i = 0; i < n; i++) {
+    keep[i] = p[i].round_trip[0] <= ST_CALIBRATION_FAR * least &&
+              p[i].round_trip[1] <= ST_CALIBRATION_FAR * least;
+    kept += keep[i];
+  }
+  return kept;
+}
 
 /* The middle of n values (the mean of the two middle ones for even n). */
 static double median(double *v, int n) {

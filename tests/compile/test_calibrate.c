@@ -1451,6 +1451,38 @@ static void test_row_curve(void) {
         m.row_step_rate[1]);
 }
 
+/* Passes measured with the cores far apart (a round trip past
+ * ST_CALIBRATION_FAR times the least of any pass, as it began or as it
+ * ended) are set aside; passes without round trips (one thread) are kept;
+ * the probe itself measures something on 2 threads and nothing on one. */
+static void test_near(void) {
+  st_calibration p[5];
+  memset(p, 0, sizeof p);
+  double rt[5][2] = {{0.8e-6, 0.78e-6}, /* far throughout */
+                     {0.23e-6, 0.24e-6},
+                     {0.24e-6, 0.77e-6}, /* moved during the pass */
+                     {0.30e-6, 0.32e-6}, /* under 1.5 x 0.22: near */
+                     {0.22e-6, 0.23e-6}};
+  for (int i = 0; i < 5; i++)
+    p[i].round_trip[0] = rt[i][0], p[i].round_trip[1] = rt[i][1];
+  int keep[5];
+  int n = st_calibration_near(p, 5, keep);
+  CHECK(n == 3 && !keep[0] && keep[1] && !keep[2] && keep[3] && keep[4],
+        "kept %d: %d %d %d %d %d", n, keep[0], keep[1], keep[2], keep[3],
+        keep[4]);
+  /* the least is over every pass, not the first */
+  n = st_calibration_near(p, 1, keep);
+  CHECK(n == 1 && keep[0], "one far pass alone is its own least");
+  n = st_calibration_near(p + 2, 1, keep);
+  CHECK(n == 0 && !keep[0], "a pass that moved part way is never near");
+  memset(p, 0, sizeof p);
+  CHECK(st_calibration_near(p, 3, keep) == 3 && keep[0] && keep[2],
+        "passes on one thread (no round trips) kept");
+  double one = st_calibration_round_trip(1), two = st_calibration_round_trip(2);
+  CHECK(one == 0 && two > 0 && isfinite(two), "round trips %g and %g", one,
+        two);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-calibrate-XXXXXX");
   if (!mkdtemp(dir)) {
@@ -1474,6 +1506,7 @@ int main(void) {
   test_merge();
   test_gemm_choice();
   test_row_curve();
+  test_near();
   /* leave nothing behind */
   const char *files[] = {"cal.json",       "good.json",   "foreign.json",
                          "empty.json",     "v2.json",     "truncated.json",
