@@ -1499,8 +1499,9 @@ double st_calibration_round_trip(int threads);
 #define ST_CALIBRATION_MAX_PASSES 9
 /* Which of n passes were measured in the machine's near state: keep[i] =
  * 1 where both of pass i's round trips are at most ST_CALIBRATION_FAR
- * times the least round trip of any pass (a pass without them, 0, is
- * kept); returns how many are kept. */
+ * times the reference, the least round trip of any pass that another one
+ * is within ST_CALIBRATION_FAR of (else the least); a pass without them
+ * (0: one thread) is kept. Returns how many are kept, possibly 0. */
 #define ST_CALIBRATION_FAR 1.5
 int st_calibration_near(const st_calibration *passes, int n, int *keep);
 int st_calibration_merge(st_calibration *out, const st_calibration *passes,

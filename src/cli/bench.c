@@ -134,6 +134,12 @@ int st_cli_bench(int argc, char **argv) {
     if (!rc) kept = st_calibration_near(each, made, keep);
   }
   int n = 0;
+  if (!rc && kept == 0) { /* never near twice alike: every pass counts */
+    printf(" no pass near another's state: the profile is the median of "
+           "all %d\n",
+           made);
+    for (int k = 0; k < made; k++) keep[k] = 1;
+  }
   for (int k = 0; k < made && !rc; k++) {
     if (keep[k])
       near[n++] = each[k];
@@ -143,7 +149,7 @@ int st_cli_bench(int argc, char **argv) {
              k + 1, each[k].round_trip[0] * 1e6, each[k].round_trip[1] * 1e6,
              ST_CALIBRATION_FAR);
   }
-  if (!rc && n < passes)
+  if (!rc && n < passes && kept > 0)
     printf(" %d of %d passes near: the profile is the median of %d\n", n,
            passes, n);
   passes = n;

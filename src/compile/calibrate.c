@@ -1108,14 +1108,27 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
 /* ------------------------------------------------------------- merge */
 
 int st_calibration_near(const st_calibration *p, int n, int *keep) {
-  double least = INFINITY;
+  /* the reference: the least round trip that another one is within FAR
+   * of (one probe that lands low, 0.10 us among 0.19-0.23, is no state
+   * the other passes could meet), else the least */
+  double least = INFINITY, ref = INFINITY;
   for (int i = 0; i < n; i++)
-    for (int e = 0; e < 2; e++)
-      if (p[i].round_trip[e] > 0) least = fmin(least, p[i].round_trip[e]);
+    for (int e = 0; e < 2; e++) {
+      double v = p[i].round_trip[e];
+      if (!(v > 0)) continue;
+      least = fmin(least, v);
+      int near = 0;
+      for (int k = 0; k < n; k++)
+        for (int f = 0; f < 2; f++)
+          near += (k != i || f != e) && p[k].round_trip[f] >= v &&
+                  p[k].round_trip[f] <= ST_CALIBRATION_FAR * v;
+      if (near) ref = fmin(ref, v);
+    }
+  if (isinf(ref)) ref = least;
   int kept = 0;
   for (int i = 0; i < n; i++) {
-    keep[i] = p[i].round_trip[0] <= ST_CALIBRATION_FAR * least &&
-              p[i].round_trip[1] <= ST_CALIBRATION_FAR * least;
+    keep[i] = p[i].round_trip[0] <= ST_CALIBRATION_FAR * ref &&
+              p[i].round_trip[1] <= ST_CALIBRATION_FAR * ref;
     kept += keep[i];
   }
   return kept;

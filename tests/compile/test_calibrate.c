@@ -1475,6 +1475,16 @@ static void test_near(void) {
   CHECK(n == 1 && keep[0], "one far pass alone is its own least");
   n = st_calibration_near(p + 2, 1, keep);
   CHECK(n == 0 && !keep[0], "a pass that moved part way is never near");
+  /* one probe that landed low alone is no reference (a calibration here
+   * began at 0.100 us among 0.19-0.24 and set every pass aside) */
+  p[0].round_trip[0] = 0.10e-6, p[0].round_trip[1] = 0.23e-6;
+  n = st_calibration_near(p, 5, keep);
+  CHECK(n == 4 && keep[0] && !keep[2], "kept %d beside a low outlier", n);
+  /* two passes each far at one end, near alike at the other: none kept */
+  p[0].round_trip[0] = 0.23e-6, p[0].round_trip[1] = 0.8e-6;
+  p[1].round_trip[0] = 0.8e-6, p[1].round_trip[1] = 0.24e-6;
+  CHECK(st_calibration_near(p, 2, keep) == 0 && !keep[0] && !keep[1],
+        "passes far at one end are not near");
   memset(p, 0, sizeof p);
   CHECK(st_calibration_near(p, 3, keep) == 3 && keep[0] && keep[2],
         "passes on one thread (no round trips) kept");
