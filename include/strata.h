@@ -1497,11 +1497,11 @@ double st_calibration_round_trip(int threads);
  * refitted to the median efficiencies. ST_EARG when n is outside
  * 1..ST_CALIBRATION_MAX_PASSES or the passes measured different threads. */
 #define ST_CALIBRATION_MAX_PASSES 9
-/* Which of n passes were measured in the machine's near state: keep[i] =
- * 1 where both of pass i's round trips are at most ST_CALIBRATION_FAR
- * times the reference, the least round trip of any pass that another one
- * is within ST_CALIBRATION_FAR of (else the least); a pass without them
- * (0: one thread) is kept. Returns how many are kept, possibly 0. */
+/* Which of n passes were measured in the machine's usual state: keep[i] =
+ * 1 where both of pass i's round trips are within ST_CALIBRATION_FAR of
+ * the reference, either way: the round trip that most of the others are
+ * within that factor of (ties: the least). Passes without round trips
+ * (0: one thread) are kept. Returns how many are kept, possibly 0. */
 #define ST_CALIBRATION_FAR 1.5
 int st_calibration_near(const st_calibration *passes, int n, int *keep);
 int st_calibration_merge(st_calibration *out, const st_calibration *passes,

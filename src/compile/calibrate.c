@@ -1107,28 +1107,31 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
 
 /* ------------------------------------------------------------- merge */
 
+/* v within ST_CALIBRATION_FAR of ref, either way */
+static int alike(double v, double ref) {
+  return v <= ST_CALIBRATION_FAR * ref && ref <= ST_CALIBRATION_FAR * v;
+}
+
 int st_calibration_near(const st_calibration *p, int n, int *keep) {
-  /* the reference: the least round trip that another one is within FAR
-   * of (one probe that lands low, 0.10 us among 0.19-0.23, is no state
-   * the other passes could meet), else the least */
-  double least = INFINITY, ref = INFINITY;
+  /* the reference: the round trip most others are alike to (ties: the
+   * least), the state the passes spent most time in */
+  double ref = 0;
+  int most = -1;
   for (int i = 0; i < n; i++)
     for (int e = 0; e < 2; e++) {
       double v = p[i].round_trip[e];
       if (!(v > 0)) continue;
-      least = fmin(least, v);
-      int near = 0;
+      int company = 0;
       for (int k = 0; k < n; k++)
         for (int f = 0; f < 2; f++)
-          near += (k != i || f != e) && p[k].round_trip[f] >= v &&
-                  p[k].round_trip[f] <= ST_CALIBRATION_FAR * v;
-      if (near) ref = fmin(ref, v);
+          company += (k != i || f != e) && alike(p[k].round_trip[f], v);
+      if (company > most || (company == most && v < ref))
+        most = company, ref = v;
     }
-  if (isinf(ref)) ref = least;
   int kept = 0;
   for (int i = 0; i < n; i++) {
-    keep[i] = p[i].round_trip[0] <= ST_CALIBRATION_FAR * ref &&
-              p[i].round_trip[1] <= ST_CALIBRATION_FAR * ref;
+    keep[i] = ref == 0 || (alike(p[i].round_trip[0], ref) &&
+                           alike(p[i].round_trip[1], ref));
     kept += keep[i];
   }
   return kept;

@@ -1470,16 +1470,33 @@ static void test_near(void) {
   CHECK(n == 3 && !keep[0] && keep[1] && !keep[2] && keep[3] && keep[4],
         "kept %d: %d %d %d %d %d", n, keep[0], keep[1], keep[2], keep[3],
         keep[4]);
-  /* the least is over every pass, not the first */
   n = st_calibration_near(p, 1, keep);
-  CHECK(n == 1 && keep[0], "one far pass alone is its own least");
+  CHECK(n == 1 && keep[0], "one far pass alone is its own reference");
   n = st_calibration_near(p + 2, 1, keep);
   CHECK(n == 0 && !keep[0], "a pass that moved part way is never near");
-  /* one probe that landed low alone is no reference (a calibration here
-   * began at 0.100 us among 0.19-0.24 and set every pass aside) */
+  /* a round trip far below the others is another state too (a
+   * calibration here began at 0.100 us among 0.19-0.24; as the least it
+   * had set every pass aside), and no reference */
   p[0].round_trip[0] = 0.10e-6, p[0].round_trip[1] = 0.23e-6;
   n = st_calibration_near(p, 5, keep);
-  CHECK(n == 4 && keep[0] && !keep[2], "kept %d beside a low outlier", n);
+  CHECK(n == 3 && !keep[0] && keep[1] && !keep[2] && keep[3] && keep[4],
+        "kept %d beside a low outlier", n);
+  /* the state most round trips share is the reference, not the least */
+  double mostly_far[4][2] = {{0.22e-6, 0.23e-6},
+                             {0.8e-6, 0.78e-6},
+                             {0.77e-6, 0.8e-6},
+                             {0.79e-6, 0.23e-6}};
+  for (int i = 0; i < 4; i++)
+    p[i].round_trip[0] = mostly_far[i][0],
+    p[i].round_trip[1] = mostly_far[i][1];
+  n = st_calibration_near(p, 4, keep);
+  CHECK(n == 2 && !keep[0] && keep[1] && keep[2] && !keep[3],
+        "kept %d of passes mostly far", n);
+  /* two states as common: the nearer cores' is the reference */
+  p[0].round_trip[0] = p[0].round_trip[1] = 0.4e-6;
+  p[1].round_trip[0] = p[1].round_trip[1] = 0.2e-6;
+  CHECK(st_calibration_near(p, 2, keep) == 1 && !keep[0] && keep[1],
+        "a tie goes to the least round trip");
   /* two passes each far at one end, near alike at the other: none kept */
   p[0].round_trip[0] = 0.23e-6, p[0].round_trip[1] = 0.8e-6;
   p[1].round_trip[0] = 0.8e-6, p[1].round_trip[1] = 0.24e-6;
