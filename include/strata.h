@@ -1357,9 +1357,12 @@ typedef struct st_fabric {
    * trainer's one-row layer step, rate by bytes touched (st_calibration) */
   int n_row_step;
   double row_step_ws[ST_ROW_POINTS], row_step_rate[ST_ROW_POINTS];
-  /* and on c cores as e(c) = 1/(1 + row_slope (c - 1)), measured on the
-   * same step, not on the large GEMM's efficiency_slope */
-  double row_slope;
+  /* and on c cores as e(c) = 1/(1 + s (c - 1)), measured on the same
+   * step, not on the large GEMM's efficiency_slope: s = row_slope_small
+   * for a stage touching at most row_step_ws[0] bytes a step (the small
+   * shape's), row_slope from row_step_ws[1] (the larger's), interpolated
+   * between (st_row_slope) */
+  double row_slope, row_slope_small;
   /* Mesh: seconds per hop between neighbouring PEs, seconds of fixed work
    * each PE of a region spends per layer per sample per pass, and the
    * fabric's I/O: bytes/s each way between it and the host (the samples
@@ -1387,6 +1390,9 @@ double st_spill_fraction(const st_fabric *f, double ws);
  * below the first point and the last past the last; 0 without the
  * curve. */
 double st_row_rate(const st_fabric *f, double ws);
+/* The slope s of e(c) = 1/(1 + s (c - 1)) of one-row layers in a stage
+ * touching ws bytes a step (st_fabric.row_slope); 0 without the curve. */
+double st_row_slope(const st_fabric *f, double ws);
 const char *st_gemm_class_name(int cls);
 const char *st_op_class_name(int cls);
 
@@ -1464,6 +1470,12 @@ typedef struct st_calibration {
    * profile's most threads, c, against one: e = rate(c) / (c rate(1)),
    * best of paired rounds (1 with one thread). Read with the curve. */
   double row_step_efficiency;
+  /* The same at the curve's first shape (784 x 256, weights and momentum
+   * 1.5 MB): a small layer's step is a few microseconds, in which the
+   * pool's rounds weigh more (0.74 there against 0.85-0.93 at the larger
+   * on the 2-vCPU Zen 4 VM). A profile without it (older) reads as 0:
+   * the larger's efficiency at every size. */
+  double row_step_efficiency_small;
   /* FLOP/s on one thread of each st_gemm_choose class's product (500 rows,
    * 768 columns, K at the class's top: 512, 1536, 3072) by the packed
    * kernel [0] and by the BLAS's tiles [1]; 0 where the packed kernel

@@ -325,6 +325,25 @@ static void not_rising(double *rate, int n) {
     if (rate[k] > rate[k - 1]) rate[k] = rate[k - 1];
 }
 
+/* j's step on `most` threads against one, in paired rounds (as e(c)):
+ * *e = rate(most) / (most rate(1)); 1 on one thread. 0 or ST_ENOMEM. */
+static int row_efficiency(row_job *j, int most, float *junk, double *e) {
+  *e = 1;
+  if (most < 2) return 0;
+  st_pool *pool = st_pool_create(most);
+  if (!pool) return ST_ENOMEM;
+  double one = INFINITY, many = INFINITY;
+  for (int r = 0; r < ROUNDS; r++) {
+    one = fmin(one, row_after(j, junk, 0));
+    j->pool = pool;
+    many = fmin(many, row_after(j, junk, 0));
+    j->pool = NULL;
+  }
+  *e = one / (most * many);
+  st_pool_destroy(pool);
+  return 0;
+}
+
 /* The curve of the trainer's one-row step (st_calibration.row_step_*):
  * bytes touched a step against bytes of weights streamed per second. Two
  * shapes with nothing else (fc_mnist's 784 x 256 and the large class's
@@ -343,6 +362,7 @@ static int measure_row_step(st_calibration *c, FILE *progress, st_error *err) {
   float *junk = st_alloc(junk_n * sizeof(float));
   row_job j = {0};
   int n = 0, rc = junk ? 0 : ST_ENOMEM;
+  int most = c->n_threads > 0 ? c->threads[c->n_threads - 1] : 1;
   if (junk) memset(junk, 0, junk_n * sizeof(float));
   for (int s = 0; s < 2 && !rc; s++) {
     if ((rc = row_job_alloc(&j, OC, ic[s]))) break;
@@ -356,25 +376,12 @@ static int measure_row_step(st_calibration *c, FILE *progress, st_error *err) {
       c->row_step_rate[n++] =
           6 * w / row_after(&j, junk, (size_t)(bytes / sizeof(float)));
     }
+    /* each shape's scaling on the most threads */
+    if (!rc)
+      rc = row_efficiency(&j, most, junk,
+                          s ? &c->row_step_efficiency
+                            : &c->row_step_efficiency_small);
     if (s == 0) row_job_free(&j);
-  }
-  /* its scaling on the most threads, in paired rounds (as e(c)) */
-  int most = c->n_threads > 0 ? c->threads[c->n_threads - 1] : 1;
-  c->row_step_efficiency = 1;
-  if (!rc && most > 1) {
-    st_pool *pool = st_pool_create(most);
-    double one = INFINITY, many = INFINITY;
-    for (int r = 0; pool && r < ROUNDS; r++) {
-      one = fmin(one, row_after(&j, junk, 0));
-      j.pool = pool;
-      many = fmin(many, row_after(&j, junk, 0));
-      j.pool = NULL;
-    }
-    if (pool) {
-      c->row_step_efficiency = one / (most * many);
-      st_pool_destroy(pool);
-    } else
-      rc = ST_ENOMEM;
   }
   row_job_free(&j);
   st_free(junk);
@@ -389,8 +396,8 @@ static int measure_row_step(st_calibration *c, FILE *progress, st_error *err) {
     for (int k = 0; k < n; k++)
       fprintf(progress, " %.1f:%.1f", c->row_step_ws[k] / 1048576.0,
               c->row_step_rate[k] / 1e9);
-    fprintf(progress, "; on %d threads e = %.3f\n", most,
-            c->row_step_efficiency);
+    fprintf(progress, "; on %d threads e = %.3f (%.3f at 784 x 256)\n", most,
+            c->row_step_efficiency, c->row_step_efficiency_small);
   }
   return 0;
 }
@@ -1214,6 +1221,7 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
       same &= p[i].row_step_ws[k] == p[0].row_step_ws[k];
   }
   MED(row_step_efficiency);
+  MED(row_step_efficiency_small);
   for (int k = 0; same && k < out->n_row_step; k++) MED(row_step_rate[k]);
   not_rising(out->row_step_rate, out->n_row_step);
   for (int k = 0; k < ST_GEMM_CHOICES; k++) {
@@ -1319,7 +1327,10 @@ int st_calibration_write(const st_calibration *c, const char *path,
     json_array(buf, cap, &at, "row_step_rate", c->row_step_rate, c->n_row_step,
                0);
     json_array(buf, cap, &at, "row_step_efficiency", &c->row_step_efficiency, 1,
-               !narrow);
+               !narrow && !(c->row_step_efficiency_small > 0));
+    if (c->row_step_efficiency_small > 0)
+      json_array(buf, cap, &at, "row_step_efficiency_small",
+                 &c->row_step_efficiency_small, 1, !narrow);
   }
   if (narrow) {
     double rows = c->narrow_rows;
@@ -1569,6 +1580,11 @@ static int parse(st_calibration *c, const char *text, const char *path,
     if ((rc = positive_array(text, path, "row_step_efficiency",
                              &c->row_step_efficiency, 1, err)))
       return rc;
+    c->row_step_efficiency_small = 0; /* optional: profiles before it */
+    if (value_of(text, "row_step_efficiency_small") &&
+        (rc = positive_array(text, path, "row_step_efficiency_small",
+                             &c->row_step_efficiency_small, 1, err)))
+      return rc;
   }
   /* optional (profiles before them): linear GEMMs' memory not modelled */
   c->narrow_rows = c->n_spill = 0;
@@ -1654,6 +1670,13 @@ int st_calibration_path(char *buf, size_t cap) {
   return 0;
 }
 
+/* The slope of e(c) = 1/(1 + s (c - 1)) through the one point e measured
+ * on `most` threads, kept to [0, 0.99] as efficiency_slope's fit is. */
+static double slope_at(double e, int most) {
+  double s = most > 1 && e > 0 ? (1 / e - 1) / (most - 1) : 0;
+  return s < 0 ? 0 : s > 0.99 ? 0.99 : s;
+}
+
 void st_calibration_apply(const st_calibration *c, st_fabric *f,
                           const char *path) {
   f->calibrated = 1;
@@ -1717,9 +1740,10 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   /* the slope of e(c) = 1/(1 + s (c - 1)) through the one point measured,
    * as efficiency_slope's fit is kept to [0, 0.99] */
   int most = c->n_threads > 0 ? c->threads[c->n_threads - 1] : 1;
-  double e = c->row_step_efficiency, sl = 0;
-  if (f->n_row_step && most > 1 && e > 0) sl = (1 / e - 1) / (most - 1);
-  f->row_slope = sl < 0 ? 0 : sl > 0.99 ? 0.99 : sl;
+  f->row_slope = f->n_row_step ? slope_at(c->row_step_efficiency, most) : 0;
+  f->row_slope_small = f->n_row_step && c->row_step_efficiency_small > 0
+                           ? slope_at(c->row_step_efficiency_small, most)
+                           : f->row_slope;
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,
            "; calibrated %s from %.200s (GEMM, conv2d and attention by shape "

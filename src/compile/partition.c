@@ -275,6 +275,15 @@ double st_spill_fraction(const st_fabric *f, double ws) {
   return 1;
 }
 
+double st_row_slope(const st_fabric *f, double ws) {
+  if (!f->calibrated || f->n_row_step < 2) return 0;
+  double a = f->row_step_ws[0], b = f->row_step_ws[1];
+  if (ws <= a) return f->row_slope_small;
+  if (ws >= b || !(b > a)) return f->row_slope;
+  return f->row_slope_small +
+         (f->row_slope - f->row_slope_small) * (ws - a) / (b - a);
+}
+
 double st_row_rate(const st_fabric *f, double ws) {
   int n = f->n_row_step;
   if (!f->calibrated || n < 2) return 0;
@@ -399,7 +408,8 @@ double stage_time(const problem *p, const layout *L, int i, int j,
   double tf = p->work_fwd[at] * g + p->serial_fwd[at];
   double tb = p->work_bwd[at] * g + p->serial_bwd[at];
   if (p->row_fwd[at] > 0 || p->row_bwd[at] > 0) {
-    double gr = seconds_per_work_at(p, (double)units * L->h, f->row_slope);
+    double gr = seconds_per_work_at(p, (double)units * L->h,
+                                    st_row_slope(f, p->ws[at]));
     tf += p->row_fwd[at] * gr;
     tb += p->row_bwd[at] * gr;
   }

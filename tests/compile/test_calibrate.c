@@ -1396,6 +1396,52 @@ static void test_row_curve(void) {
             p->stages[0].time, want);
     st_plan_destroy(p);
   }
+  /* with the small shape's efficiency (0.5 at the first point, 1e6
+   * bytes; 0.8 at the second, 1e7): the slope interpolated on the bytes
+   * the stage touches, each end's beyond it; kept by the profile */
+  c.row_step_efficiency_small = 0.5;
+  CHECK(st_calibration_write(&c, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0 &&
+            back.row_step_efficiency_small == 0.5,
+        "the small shape's efficiency survives the round trip: %g",
+        back.row_step_efficiency_small);
+  {
+    st_fabric g = one_core();
+    snprintf(g.name, sizeof g.name, "cpu:2");
+    g.width = 2, g.pes = 2;
+    st_calibration_apply(&c, &g, "test");
+    g.efficiency_slope = 0.9;
+    g.sharing_slope = 0;
+    double small = (1 / 0.5 - 1) / 3, large = (1 / 0.8 - 1) / 3;
+    double half = (small + large) / 2; /* 5.5e6: half way */
+    CHECK(st_row_slope(&g, 1e5) == small && st_row_slope(&g, 1e6) == small &&
+              fabs(st_row_slope(&g, 5.5e6) - half) <= 1e-15 &&
+              st_row_slope(&g, 1e7) == large && st_row_slope(&g, 1e9) == large,
+          "row slopes %g %g %g %g %g", st_row_slope(&g, 1e5),
+          st_row_slope(&g, 1e6), st_row_slope(&g, 5.5e6), st_row_slope(&g, 1e7),
+          st_row_slope(&g, 1e9));
+    st_plan *p = NULL;
+    CHECK(st_plan_build(&p, &b, 1, &g, &opt, &err) == 0, "%s", err.msg);
+    double want = 6e6 / mid * (half + (1 - half) / 2);
+    if (p)
+      CHECK(fabs(p->stages[0].time - want) <= 1e-9 * want,
+            "one-row block on 2 cores, small shape's slope: %.9g s, want %.9g",
+            p->stages[0].time, want);
+    st_plan_destroy(p);
+    /* a profile without it: the larger shape's slope at every size */
+    st_calibration older = c;
+    older.row_step_efficiency_small = 0;
+    CHECK(st_calibration_write(&older, path, &err) == 0 &&
+              st_calibration_read(&back, path, &err) == 0 &&
+              back.row_step_efficiency_small == 0,
+          "older: %s", err.msg);
+    st_fabric h = g;
+    st_calibration_apply(&back, &h, "test");
+    CHECK(st_row_slope(&h, 1e5) == large && st_row_slope(&h, 5.5e6) == large,
+          "without the small shape, slope %g", st_row_slope(&h, 1e5));
+    CHECK(st_row_slope(&plain, 1e5) == 0, "no curve, no slope");
+  }
+  c.row_step_efficiency_small = 0;
   /* two such blocks in one stage: the rate of the bytes both touch (1e7:
    * 5e10), not of each block's own */
   st_block_cost two[2] = {b, b};
@@ -1438,8 +1484,12 @@ static void test_row_curve(void) {
   pass[1].row_step_rate[2] = 6e10; /* above its pass's own point 1 */
   pass[0].row_step_rate[2] = 4.5e10;
   pass[0].row_step_efficiency = 0.6, pass[2].row_step_efficiency = 0.9;
+  for (int k = 0; k < 3; k++) pass[k].row_step_efficiency_small = 0.3 + 0.2 * k;
+  pass[1].row_step_efficiency_small = 0.9; /* 0.3, 0.9, 0.7: median 0.7 */
   st_calibration m;
   CHECK(st_calibration_merge(&m, pass, 3) == 0, "merge refused");
+  CHECK(m.row_step_efficiency_small == 0.7, "merged small e %g",
+        m.row_step_efficiency_small);
   CHECK(m.row_step_rate[0] == 1e11 && m.row_step_rate[1] == 5e10 &&
             m.row_step_rate[2] == 4.5e10 && m.row_step_efficiency == 0.8,
         "merged curve %g %g %g, e %g", m.row_step_rate[0], m.row_step_rate[1],
