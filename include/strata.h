@@ -1500,6 +1500,12 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
  * at a time, and every 2-thread rate falls meanwhile (docs/compiler.md,
  * "Prediction accuracy"). -1 when the pool could not be made. */
 double st_calibration_round_trip(int threads);
+/* Seconds a step takes to go to `stages` stage threads and back, as a
+ * pipeline's caller hands it (st_calibration.step_latency): the caller
+ * publishes it and sleeps, the stages spin between steps (as many as
+ * there are cores, so the caller's wake-up takes a core from one). -1
+ * when the threads could not be started. */
+double st_calibration_handoff(int stages);
 /* Writes the profile atomically / reads and checks one (format, version,
  * every figure present and positive); errors name the file. */
 /* One profile from n passes of st_calibration_measure on one machine, so

@@ -44,7 +44,7 @@ static const char *usage_bench =
 /* Creates the directories above path. */
 
 int st_cli_bench(int argc, char **argv) {
-  int calibrate = 0, probe = 0, threads = 0, passes = 3;
+  int calibrate = 0, probe = 0, threads = 0, passes = 3, passes_set = 0;
   const char *out = NULL;
   for (int i = 0; i < argc; i++) {
     const char *s = argv[i];
@@ -68,6 +68,7 @@ int st_cli_bench(int argc, char **argv) {
               usage_bench, "--passes takes a count from 1 to 9, not '%s'",
               argv[i]);
         passes = (int)n;
+        passes_set = 1;
       } else {
         char *end;
         long n = strtol(argv[++i], &end, 10);
@@ -83,7 +84,7 @@ int st_cli_bench(int argc, char **argv) {
   if (calibrate == probe)
     return st_cli_usage_error(
         usage_bench, "bench needs one of --calibrate and --probe%s", "");
-  if (probe && (out || passes != 3))
+  if (probe && (out || passes_set))
     return st_cli_usage_error(usage_bench, "--probe takes only --threads%s",
                               "");
   if (probe) {

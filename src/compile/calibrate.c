@@ -45,8 +45,9 @@
 #include <unistd.h>
 
 #define FORMAT_NAME "strata-calibration"
-#define WINDOW_S 0.08 /* one timed window; best of three */
-#define ROUNDS 3      /* paired rounds of the multi-thread measurements */
+#define WINDOW_S 0.08  /* one timed window; best of three */
+#define ROUNDS 3       /* paired rounds of the multi-thread measurements */
+#define HANDOFF_MAX 64 /* stage threads of the hand-off */
 
 /* Representative GEMM per class (M, N, K), at the batch-64 shapes of the
  * shipped configs: conv1 of cnn_fmnist (32 x 784 x 9), a small linear,
@@ -614,19 +615,32 @@ static double input_bandwidth(void) {
   return bw;
 }
 
-/* A step handed to a stage thread and back: the caller publishes it and
- * sleeps; the stage, spinning as between steps, counts it done. */
-typedef struct handoff {
-  st_waiter caller, stage;
+/* A step handed to the stage threads and back, as a pipeline's caller
+ * does: it publishes the step and sleeps; the stages, spinning as between
+ * steps, count it done, and the last one wakes the caller. There are as
+ * many stage threads as cores, so the caller's wake-up has to take a core
+ * from a spinning stage, as it does in a pipeline (2 stages on 2 cores:
+ * fc_mnist's 2-stage pipeline at one sample had 25 us a step between its
+ * stages' work, where one stage thread beside the caller measures 1-2). */
+typedef struct handoff handoff;
+typedef struct handoff_thread { /* one stage: a waiter has one sleeper */
+  handoff *h;
+  st_waiter w;
+} handoff_thread;
+struct handoff {
+  st_waiter caller;
+  handoff_thread stage[HANDOFF_MAX];
   atomic_llong generation, done;
   atomic_int stop;
   int spin; /* as a pipeline's stages: only with a core of their own */
-} handoff;
+  int stages;
+};
 
 static void *handoff_stage(void *arg) {
-  handoff *h = arg;
+  handoff_thread *me = arg;
+  handoff *h = me->h;
   for (long long seen = 1;; seen++) {
-    if (st_wait_ge(&h->stage, &h->generation, seen, h->spin, &h->stop, NULL))
+    if (st_wait_ge(&me->w, &h->generation, seen, h->spin, &h->stop, NULL))
       return NULL;
     atomic_fetch_add(&h->done, 1);
     st_waiter_wake(&h->caller);
@@ -635,28 +649,39 @@ static void *handoff_stage(void *arg) {
 
 static void handoff_step(void *arg) {
   handoff *h = arg;
-  long long want = atomic_load(&h->done) + 1;
+  long long want = atomic_load(&h->done) + h->stages;
   atomic_fetch_add(&h->generation, 1);
-  st_waiter_wake(&h->stage);
+  for (int i = 0; i < h->stages; i++) st_waiter_wake(&h->stage[i].w);
   st_wait_ge(&h->caller, &h->done, want, 0, NULL, NULL);
 }
 
-static double step_latency(void) {
-  handoff h;
-  memset(&h, 0, sizeof h);
-  st_waiter_init(&h.caller);
-  st_waiter_init(&h.stage);
-  h.spin = st_usable_cpus(NULL, 0) > 1 ? ST_SPIN : 0;
-  pthread_t th;
-  double t = -1;
-  if (pthread_create(&th, NULL, handoff_stage, &h) == 0) {
-    t = time_per_call(handoff_step, &h);
-    atomic_store(&h.stop, 1);
-    st_waiter_wake_always(&h.stage);
-    pthread_join(th, NULL);
+double st_calibration_handoff(int stages) {
+  if (stages > HANDOFF_MAX) stages = HANDOFF_MAX;
+  if (stages < 1) stages = 1;
+  handoff *h = calloc(1, sizeof *h);
+  if (!h) return -1;
+  st_waiter_init(&h->caller);
+  h->spin = st_usable_cpus(NULL, 0) >= stages ? ST_SPIN : 0;
+  pthread_t th[HANDOFF_MAX];
+  int started = 0;
+  for (; started < stages; started++) {
+    h->stage[started].h = h;
+    st_waiter_init(&h->stage[started].w);
+    if (pthread_create(&th[started], NULL, handoff_stage, &h->stage[started])) {
+      st_waiter_destroy(&h->stage[started].w);
+      break;
+    }
   }
-  st_waiter_destroy(&h.caller);
-  st_waiter_destroy(&h.stage);
+  h->stages = started;
+  double t = started == stages ? time_per_call(handoff_step, h) : -1;
+  atomic_store(&h->stop, 1);
+  for (int i = 0; i < started; i++) st_waiter_wake_always(&h->stage[i].w);
+  for (int i = 0; i < started; i++) {
+    pthread_join(th[i], NULL);
+    st_waiter_destroy(&h->stage[i].w);
+  }
+  st_waiter_destroy(&h->caller);
+  free(h);
   return t;
 }
 
@@ -736,7 +761,7 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   c->op_bandwidth[4] = 4 * (2 * dn + 3 * dn) / time_per_call(gelu_step, &j);
   c->copy_bandwidth = (double)bytes / time_per_call(copy_step, &j);
   c->input_bandwidth = input_bandwidth();
-  c->step_latency = step_latency();
+  c->step_latency = st_calibration_handoff(c->cores);
   if (c->op_bandwidth[3] <= 0 || c->input_bandwidth <= 0 ||
       c->step_latency <= 0) {
     rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory or threads");
@@ -751,8 +776,10 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
             c->copy_bandwidth / 1e9, (double)bytes / 1e6);
     fprintf(progress, "  %-10s %8.2f GB/s (a batch's fp32 input filled)\n",
             "input", c->input_bandwidth / 1e9);
-    fprintf(progress, "  %-10s %8.2f us (a step to a stage thread and back)\n",
-            "hand-off", c->step_latency * 1e6);
+    fprintf(progress,
+            "  %-10s %8.2f us (a step to %d spinning stage threads and "
+            "back)\n",
+            "hand-off", c->step_latency * 1e6, c->cores);
   }
 done:
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) st_free(*bufs[i]);

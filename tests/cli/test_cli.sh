@@ -201,6 +201,20 @@ if [ "$rc" -eq 0 ] && grep -q "\"gemm_kernels\": \"packed kernel or the BLAS [a-
   fail "a run under a profile chooses kernels $chose" "rc=$rc" "$err" \
     "$(grep gemm_kernels "$T/run_cal/summary.json" 2>/dev/null)"
 fi
+# the machine's state now: a round trip over 2 threads, a positive time
+run bench --probe --threads 2
+if [ "$rc" -eq 0 ] && [[ $out =~ ^round\ trip\ on\ 2\ threads:\ ([0-9.]+)\ us$ ]] &&
+  awk -v t="${BASH_REMATCH[1]}" 'BEGIN { exit !(t > 0) }'; then pass; else
+  fail "bench --probe prints the round trip" "rc=$rc" "$out" "$err"
+fi
+run bench --probe --passes 2
+if [ "$rc" -eq 2 ] && [[ $err == *"--probe takes only --threads"* ]]; then
+  pass; else fail "bench --probe --passes refused" "rc=$rc" "$err"
+fi
+run bench
+if [ "$rc" -eq 2 ] && [[ $err == *"one of --calibrate and --probe"* ]]; then
+  pass; else fail "bench with nothing to do refused" "rc=$rc" "$err"
+fi
 run bench --calibrate --passes 10 --out "$T/cal10.json"
 if [ "$rc" -eq 2 ] && [[ $err == *"--passes takes a count from 1 to 9, not '10'"* ]]; then
   pass; else fail "bench --passes 10 refused" "rc=$rc" "$err"

@@ -1558,6 +1558,12 @@ static void test_near(void) {
   double one = st_calibration_round_trip(1), two = st_calibration_round_trip(2);
   CHECK(one == 0 && two > 0 && isfinite(two), "round trips %g and %g", one,
         two);
+  /* the hand-off comes back with every stage's count: one waiter per
+   * stage (two sleepers on one lost a wake-up and hung) */
+  for (int stages = 1; stages <= 3; stages++) {
+    double h = st_calibration_handoff(stages);
+    CHECK(h > 0 && isfinite(h), "hand-off to %d stages: %g s", stages, h);
+  }
 }
 
 int main(void) {
