@@ -1519,9 +1519,11 @@ double st_calibration_handoff(int stages);
  * 1 where both of pass i's round trips are within ST_CALIBRATION_FAR of
  * the reference, either way: the round trip that most of the others are
  * within that factor of (ties: the least). Passes without round trips
- * (0: one thread) are kept. Returns how many are kept, possibly 0. */
+ * (0: one thread) are kept. Returns how many are kept, possibly 0, and
+ * the reference in *reference (0: none; may be NULL). */
 #define ST_CALIBRATION_FAR 1.5
-int st_calibration_near(const st_calibration *passes, int n, int *keep);
+int st_calibration_near(const st_calibration *passes, int n, int *keep,
+                        double *reference);
 int st_calibration_merge(st_calibration *out, const st_calibration *passes,
                          int n);
 /* The kernel per st_gemm_choose class the profile measured faster (1 the

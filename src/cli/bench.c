@@ -115,9 +115,10 @@ int st_cli_bench(int argc, char **argv) {
   st_calibration c, each[ST_CALIBRATION_MAX_PASSES],
       near[ST_CALIBRATION_MAX_PASSES];
   int keep[ST_CALIBRATION_MAX_PASSES], made = 0, kept = 0;
-  /* a pass measured with the cores far apart (a shared VM's host moved
-   * its vCPUs: st_calibration_round_trip) is measured again, up to twice
-   * the passes asked in all, and set aside if nearer ones were had */
+  /* a pass measured in another state than the usual one (a shared VM's
+   * host moved its vCPUs: st_calibration_round_trip) is measured again,
+   * up to twice the passes asked in all, and set aside */
+  double ref = 0;
   int most = 2 * passes < ST_CALIBRATION_MAX_PASSES ? 2 * passes
                                                     : ST_CALIBRATION_MAX_PASSES;
   printf("strata: calibrating on %d thread%s (%s), %d pass%s\n", threads,
@@ -132,7 +133,7 @@ int st_cli_bench(int argc, char **argv) {
     else if (passes > 1)
       printf(" pass %d of %d\n", made + 1, passes);
     rc = st_calibration_measure(&each[made++], threads, stdout, &err);
-    if (!rc) kept = st_calibration_near(each, made, keep);
+    if (!rc) kept = st_calibration_near(each, made, keep, &ref);
   }
   int n = 0;
   if (!rc && kept == 0) { /* never near twice alike: every pass counts */
@@ -145,10 +146,10 @@ int st_cli_bench(int argc, char **argv) {
     if (keep[k])
       near[n++] = each[k];
     else
-      printf(" pass %d set aside: measured with the cores far apart (round "
-             "trip %.3f and %.3f us, over %.1f times the least)\n",
+      printf(" pass %d set aside: its round trips %.3f and %.3f us, not "
+             "within %.1f times the usual %.3f\n",
              k + 1, each[k].round_trip[0] * 1e6, each[k].round_trip[1] * 1e6,
-             ST_CALIBRATION_FAR);
+             ST_CALIBRATION_FAR, ref * 1e6);
   }
   if (!rc && n < passes && kept > 0)
     printf(" %d of %d passes near: the profile is the median of %d\n", n,

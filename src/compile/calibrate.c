@@ -1146,7 +1146,8 @@ static int alike(double v, double ref) {
   return v <= ST_CALIBRATION_FAR * ref && ref <= ST_CALIBRATION_FAR * v;
 }
 
-int st_calibration_near(const st_calibration *p, int n, int *keep) {
+int st_calibration_near(const st_calibration *p, int n, int *keep,
+                        double *reference) {
   /* the reference: the round trip most others are alike to (ties: the
    * least), the state the passes spent most time in */
   double ref = 0;
@@ -1168,6 +1169,7 @@ int st_calibration_near(const st_calibration *p, int n, int *keep) {
                            alike(p[i].round_trip[1], ref));
     kept += keep[i];
   }
+  if (reference) *reference = ref;
   return kept;
 }
 

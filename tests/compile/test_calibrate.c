@@ -1516,19 +1516,21 @@ static void test_near(void) {
   for (int i = 0; i < 5; i++)
     p[i].round_trip[0] = rt[i][0], p[i].round_trip[1] = rt[i][1];
   int keep[5];
-  int n = st_calibration_near(p, 5, keep);
+  double ref = 0;
+  int n = st_calibration_near(p, 5, keep, &ref);
+  CHECK(ref == 0.22e-6, "reference %g", ref);
   CHECK(n == 3 && !keep[0] && keep[1] && !keep[2] && keep[3] && keep[4],
         "kept %d: %d %d %d %d %d", n, keep[0], keep[1], keep[2], keep[3],
         keep[4]);
-  n = st_calibration_near(p, 1, keep);
+  n = st_calibration_near(p, 1, keep, NULL);
   CHECK(n == 1 && keep[0], "one far pass alone is its own reference");
-  n = st_calibration_near(p + 2, 1, keep);
+  n = st_calibration_near(p + 2, 1, keep, NULL);
   CHECK(n == 0 && !keep[0], "a pass that moved part way is never near");
   /* a round trip far below the others is another state too (a
    * calibration here began at 0.100 us among 0.19-0.24; as the least it
    * had set every pass aside), and no reference */
   p[0].round_trip[0] = 0.10e-6, p[0].round_trip[1] = 0.23e-6;
-  n = st_calibration_near(p, 5, keep);
+  n = st_calibration_near(p, 5, keep, NULL);
   CHECK(n == 3 && !keep[0] && keep[1] && !keep[2] && keep[3] && keep[4],
         "kept %d beside a low outlier", n);
   /* the state most round trips share is the reference, not the least */
@@ -1539,21 +1541,21 @@ static void test_near(void) {
   for (int i = 0; i < 4; i++)
     p[i].round_trip[0] = mostly_far[i][0],
     p[i].round_trip[1] = mostly_far[i][1];
-  n = st_calibration_near(p, 4, keep);
+  n = st_calibration_near(p, 4, keep, NULL);
   CHECK(n == 2 && !keep[0] && keep[1] && keep[2] && !keep[3],
         "kept %d of passes mostly far", n);
   /* two states as common: the nearer cores' is the reference */
   p[0].round_trip[0] = p[0].round_trip[1] = 0.4e-6;
   p[1].round_trip[0] = p[1].round_trip[1] = 0.2e-6;
-  CHECK(st_calibration_near(p, 2, keep) == 1 && !keep[0] && keep[1],
+  CHECK(st_calibration_near(p, 2, keep, NULL) == 1 && !keep[0] && keep[1],
         "a tie goes to the least round trip");
   /* two passes each far at one end, near alike at the other: none kept */
   p[0].round_trip[0] = 0.23e-6, p[0].round_trip[1] = 0.8e-6;
   p[1].round_trip[0] = 0.8e-6, p[1].round_trip[1] = 0.24e-6;
-  CHECK(st_calibration_near(p, 2, keep) == 0 && !keep[0] && !keep[1],
+  CHECK(st_calibration_near(p, 2, keep, NULL) == 0 && !keep[0] && !keep[1],
         "passes far at one end are not near");
   memset(p, 0, sizeof p);
-  CHECK(st_calibration_near(p, 3, keep) == 3 && keep[0] && keep[2],
+  CHECK(st_calibration_near(p, 3, keep, NULL) == 3 && keep[0] && keep[2],
         "passes on one thread (no round trips) kept");
   double one = st_calibration_round_trip(1), two = st_calibration_round_trip(2);
   CHECK(one == 0 && two > 0 && isfinite(two), "round trips %g and %g", one,
