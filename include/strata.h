@@ -1498,7 +1498,8 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
  * its host moves the vCPUs: on the 2-vCPU Zen 4 VM it reads 0.22-0.24 us
  * with both on one L3 and 0.77-0.80 with them on two, for tens of seconds
  * at a time, and every 2-thread rate falls meanwhile (docs/compiler.md,
- * "Prediction accuracy"). -1 when the pool could not be made. */
+ * "Prediction accuracy"). 0 on one thread; -1 when the pool could not be
+ * made. */
 double st_calibration_round_trip(int threads);
 /* Seconds a step takes to go to `stages` stage threads and back, as a
  * pipeline's caller hands it (st_calibration.step_latency): the caller
