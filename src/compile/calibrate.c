@@ -1699,13 +1699,6 @@ int st_calibration_path(char *buf, size_t cap) {
   return 0;
 }
 
-/* The slope of e(c) = 1/(1 + s (c - 1)) through the one point e measured
- * on `most` threads, kept to [0, 0.99] as efficiency_slope's fit is. */
-static double slope_at(double e, int most) {
-  double s = most > 1 && e > 0 ? (1 / e - 1) / (most - 1) : 0;
-  return s < 0 ? 0 : s > 0.99 ? 0.99 : s;
-}
-
 void st_calibration_apply(const st_calibration *c, st_fabric *f,
                           const char *path) {
   f->calibrated = 1;
@@ -1769,9 +1762,10 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   /* the slope of e(c) = 1/(1 + s (c - 1)) through the one point measured,
    * as efficiency_slope's fit is kept to [0, 0.99] */
   int most = c->n_threads > 0 ? c->threads[c->n_threads - 1] : 1;
-  f->row_slope = f->n_row_step ? slope_at(c->row_step_efficiency, most) : 0;
+  f->row_slope =
+      f->n_row_step ? fit_slope(&most, &c->row_step_efficiency, 1) : 0;
   f->row_slope_small = f->n_row_step && c->row_step_efficiency_small > 0
-                           ? slope_at(c->row_step_efficiency_small, most)
+                           ? fit_slope(&most, &c->row_step_efficiency_small, 1)
                            : f->row_slope;
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,
