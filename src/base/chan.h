@@ -17,6 +17,16 @@
  * never set). st_waiter_wake wakes it only if it sleeps, after the value
  * was published; st_waiter_wake_always after a stop flag was set. */
 enum { ST_SPIN = 4000 }; /* polls before a waiting stage thread sleeps */
+/* A stage waiting for a message of its step (about 1 ms of ~25 ns polls
+ * on Zen 4). Asleep there, it cost a hand-off 31-37 us from the send to
+ * the receiver's work, the send 12.5 us of it (the futex wake), twice a
+ * micro-batch: cnn_fmnist's 2-stage pipeline at batch 1 on the 2-vCPU Zen
+ * 4 VM, where a stage waits 200-450 us. A message is due within the other
+ * stages' work on a micro-batch; a wait past the spin pays the wake at
+ * under 4% of it. Between steps the caller needs a core, and the stages
+ * spin ST_SPIN there: spinning as long cost fc_mnist's pipeline at batch
+ * 1 a quarter of its rate. */
+enum { ST_SPIN_LINK = 40000 };
 typedef struct st_waiter {
   pthread_mutex_t mu;
   pthread_cond_t cv;

@@ -138,8 +138,9 @@ static const float *chan_recv(st_rt_stage *st, const st_trainer_view *v,
     st_rt_internal(rt, "a message was not ready", n, st->index);
     return NULL;
   }
-  st_msg m;
-  if (st_chan_take(c, &st->w, rt->spin, &rt->abort, &rt->stop, &m)) return NULL;
+  st_msg m; /* a stage with a core of its own spins through its step */
+  int spin = rt->spin ? ST_SPIN_LINK : 0;
+  if (st_chan_take(c, &st->w, spin, &rt->abort, &rt->stop, &m)) return NULL;
   if (v->trace) st_rt_trace(v, ST_TRACE_RECV, n, t0, st_now());
   if (m.n != n) {
     st_rt_internal(rt, "a message arrived out of order", n, st->index);

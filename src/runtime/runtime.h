@@ -254,7 +254,8 @@ struct st_rt {
   st_waiter w;        /* the caller's wait */
   atomic_int stop;    /* torn down: every thread leaves */
   atomic_int abort;   /* the step stopped: every wait gives up */
-  int spin;           /* polls before a waiting stage sleeps */
+  int spin;           /* polls before a waiting stage sleeps (0 or ST_SPIN;
+                         a message of the step: ST_SPIN_LINK) */
   int emulate;        /* one thread runs every stage: nothing waits */
   int rc, peer_stop;
   st_error err;
