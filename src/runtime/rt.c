@@ -323,7 +323,7 @@ void st_rt_stage_free(st_rt_stage *st) {
 int st_rt_start(st_rt *rt, void *(*worker)(void *stage)) {
   for (int s = 0; s < rt->S; s++) {
     st_rt_stage *st = rt->st[s];
-    if (!st->local || st->threadless) continue;
+    if (!st->local || st->threadless || st->hosted) continue;
     if (pthread_create(&st->thread, NULL, worker, st)) return -1;
     st->started = 1;
   }
@@ -344,14 +344,16 @@ void st_rt_stop_threads(st_rt *rt) {
 
 int st_rt_pin(st_rt *rt, const int *cpus, int n) {
   for (int s = 0; s < rt->S; s++)
-    if (rt->st[s]->started && rt->st[s]->cpu_off + rt->st[s]->cores > n)
+    if ((rt->st[s]->started || rt->st[s]->hosted) &&
+        rt->st[s]->cpu_off + rt->st[s]->cores > n)
       return -1;
   int rc = 0;
   for (int s = 0; s < rt->S; s++) {
     st_rt_stage *st = rt->st[s];
-    if (!st->started) continue;
+    if (!st->started && !st->hosted) continue;
     const int *mine = cpus + st->cpu_off;
-    if (st_pin_thread(st->thread, mine, st->cores) ||
+    /* a hosted stage's caller stays free: it is the trainer's thread */
+    if ((st->started && st_pin_thread(st->thread, mine, st->cores)) ||
         st_pool_pin(st->pool, mine, st->cores))
       rc = -1;
   }

@@ -239,6 +239,8 @@ typedef struct st_rt_stage {
   int threadless;      /* runs on another stage's thread (a worker's
                           chunk after its first), with that stage's pool */
   int borrowed_pool;   /* pool is that stage's: not destroyed here */
+  int hosted;          /* runs on the thread that calls the step: no
+                          thread of its own (st_rt_start, st_rt_pin) */
   double busy;         /* seconds of forward, backward and update */
   double last_end;     /* when it last finished work (trace: idle) */
   pthread_t thread;
