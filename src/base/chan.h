@@ -25,7 +25,7 @@ enum { ST_SPIN = 4000 }; /* polls before a waiting stage thread sleeps */
  * stages' work on a micro-batch; a wait past the spin pays the wake at
  * under 4% of it. Between steps the caller needs a core, and the stages
  * spin ST_SPIN there: spinning as long cost fc_mnist's pipeline at batch
- * 1 a quarter of its rate. */
+ * 1 up to a quarter of its rate. */
 enum { ST_SPIN_LINK = 40000 };
 typedef struct st_waiter {
   pthread_mutex_t mu;
