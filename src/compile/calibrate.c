@@ -615,8 +615,10 @@ static double input_bandwidth(void) {
   return bw;
 }
 
-/* A step handed to the stage threads and back, as a pipeline's caller
- * does: it publishes the step and sleeps; the stages, spinning as between
+/* A step handed to the stage threads and back, as threaded pipelined
+ * backprop's caller does (and a pipeline's did before its first stage ran
+ * on the caller's thread: docs/compiler.md, the hand-off): it publishes
+ * the step and sleeps; the stages, spinning as between
  * steps, count it done, and the last one wakes the caller. There are as
  * many stage threads as cores, so the caller's wake-up has to take a core
  * from a spinning stage, as it does in a pipeline (2 stages on 2 cores:
