@@ -1336,6 +1336,10 @@ typedef struct st_fabric {
    * of a step to the stage threads and back, seconds */
   double input_bandwidth;
   double step_latency;
+  /* the same hand-off where the caller runs the first stage itself (a
+   * pipeline and block_sequential in one process), seconds; 0: not
+   * modelled */
+  double hosted_latency;
   /* The memory terms of linear layers' GEMMs (0: not modelled). A call of
    * r rows, 2 <= r < ST_GEMM_REF_ROWS = R, adds (1 - r / R) narrow_cost
    * max(0, W - l2_bytes) seconds, W its weight bytes; every call adds
@@ -1430,10 +1434,14 @@ typedef struct st_calibration {
   double copy_bandwidth; /* bytes/s, memcpy of activation-sized buffers */
   /* the caller's work between steps: a batch's input filled from a
    * dataset larger than the caches (bytes/s of fp32 input written), and a
-   * step handed to a stage thread and back (seconds). A profile without
-   * them (older) reads as 0: not modelled. */
+   * step handed to a stage thread and back (seconds): step_latency as
+   * threaded pipelined backprop hands it (the caller sleeps),
+   * hosted_latency as a pipeline does in one process (the caller runs the
+   * first stage and spins). A profile without them (older) reads as 0:
+   * not modelled. */
   double input_bandwidth;
   double step_latency;
+  double hosted_latency;
   /* The memory terms of linear GEMMs (st_fabric). narrow_rate: FLOP/s of
    * the large class's layer step at narrow_rows rows (hot), beside
    * gemm_rate at the class's own rows; l2_bytes: one core's L2 (sysfs).
@@ -1501,12 +1509,15 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
  * "Prediction accuracy"). 0 on one thread; -1 when the pool could not be
  * made. */
 double st_calibration_round_trip(int threads);
-/* Seconds a step takes to go to `stages` stage threads and back, as a
- * pipeline's caller hands it (st_calibration.step_latency): the caller
- * publishes it and sleeps, the stages spin between steps (as many as
- * there are cores, so the caller's wake-up takes a core from one). -1
- * when the threads could not be started. */
-double st_calibration_handoff(int stages);
+/* Seconds a step takes to go to `stages` stages and back. Not hosted, as
+ * threaded pipelined backprop's caller hands it (st_calibration.
+ * step_latency): the caller publishes it and sleeps, the stages spin
+ * between steps (as many threads as there are cores, so the caller's
+ * wake-up takes a core from one). Hosted, as a pipeline's caller does in
+ * one process (hosted_latency): the caller is the first stage, the other
+ * stages-1 are threads, and it spins for their counts. -1 when the
+ * threads could not be started. */
+double st_calibration_handoff(int stages, int hosted);
 /* Writes the profile atomically / reads and checks one (format, version,
  * every figure present and positive); errors name the file. */
 /* One profile from n passes of st_calibration_measure on one machine, so

@@ -615,15 +615,19 @@ static double input_bandwidth(void) {
   return bw;
 }
 
-/* A step handed to the stage threads and back, as threaded pipelined
- * backprop's caller does (and a pipeline's did before its first stage ran
- * on the caller's thread: docs/compiler.md, the hand-off): it publishes
- * the step and sleeps; the stages, spinning as between
- * steps, count it done, and the last one wakes the caller. There are as
- * many stage threads as cores, so the caller's wake-up has to take a core
- * from a spinning stage, as it does in a pipeline (2 stages on 2 cores:
- * fc_mnist's 2-stage pipeline at one sample had 25 us a step between its
- * stages' work, where one stage thread beside the caller measures 1-2). */
+/* A step handed to the stage threads and back, two ways.
+ * - As threaded pipelined backprop's caller does (and a pipeline's did
+ *   before its first stage ran on the caller's thread): the caller
+ *   publishes the step and sleeps; the stages, spinning as between steps,
+ *   count it done, and the last one wakes the caller. There are as many
+ *   stage threads as cores, so the caller's wake-up has to take a core
+ *   from a spinning stage (2 stages on 2 cores: fc_mnist's 2-stage
+ *   pipeline at one sample had 25 us a step between its stages' work).
+ * - Hosted, as a pipeline and block_sequential in one process do: the
+ *   caller is the first stage, publishes the step to the other stage
+ *   threads and spins for their counts on its own core, as run_on in
+ *   src/exec/pipeline.c does (docs/bench.md, "The first stage on the
+ *   caller's thread"). */
 typedef struct handoff handoff;
 typedef struct handoff_thread { /* one stage: a waiter has one sleeper */
   handoff *h;
@@ -634,8 +638,9 @@ struct handoff {
   handoff_thread stage[HANDOFF_MAX];
   atomic_llong generation, done;
   atomic_int stop;
-  int spin; /* as a pipeline's stages: only with a core of their own */
-  int stages;
+  int spin;   /* as a pipeline's stages: only with a core of their own */
+  int stages; /* threads */
+  int hosted; /* the caller runs the first stage: one thread fewer */
 };
 
 static void *handoff_stage(void *arg) {
@@ -654,16 +659,20 @@ static void handoff_step(void *arg) {
   long long want = atomic_load(&h->done) + h->stages;
   atomic_fetch_add(&h->generation, 1);
   for (int i = 0; i < h->stages; i++) st_waiter_wake(&h->stage[i].w);
-  st_wait_ge(&h->caller, &h->done, want, 0, NULL, NULL);
+  /* hosting the first stage, the caller spins on that stage's core as a
+   * stage does; else it sleeps (the stage threads have the cores) */
+  st_wait_ge(&h->caller, &h->done, want, h->hosted ? h->spin : 0, NULL, NULL);
 }
 
-double st_calibration_handoff(int stages) {
+double st_calibration_handoff(int stages, int hosted) {
   if (stages > HANDOFF_MAX) stages = HANDOFF_MAX;
   if (stages < 1) stages = 1;
   handoff *h = calloc(1, sizeof *h);
   if (!h) return -1;
   st_waiter_init(&h->caller);
   h->spin = st_usable_cpus(NULL, 0) >= stages ? ST_SPIN : 0;
+  h->hosted = hosted != 0;
+  stages -= h->hosted; /* the caller is the first: one thread fewer */
   pthread_t th[HANDOFF_MAX];
   int started = 0;
   for (; started < stages; started++) {
@@ -763,9 +772,10 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
   c->op_bandwidth[4] = 4 * (2 * dn + 3 * dn) / time_per_call(gelu_step, &j);
   c->copy_bandwidth = (double)bytes / time_per_call(copy_step, &j);
   c->input_bandwidth = input_bandwidth();
-  c->step_latency = st_calibration_handoff(c->cores);
+  c->step_latency = st_calibration_handoff(c->cores, 0);
+  c->hosted_latency = st_calibration_handoff(c->cores, 1);
   if (c->op_bandwidth[3] <= 0 || c->input_bandwidth <= 0 ||
-      c->step_latency <= 0) {
+      c->step_latency <= 0 || c->hosted_latency <= 0) {
     rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory or threads");
     goto done;
   }
@@ -782,6 +792,11 @@ static int measure_ops(st_calibration *c, FILE *progress, st_error *err) {
             "  %-10s %8.2f us (a step to %d spinning stage threads and "
             "back)\n",
             "hand-off", c->step_latency * 1e6, c->cores);
+    fprintf(progress,
+            "  %-10s %8.2f us (the caller as the first stage, to %d stage "
+            "thread%s and back)\n",
+            "hosted", c->hosted_latency * 1e6, c->cores - 1,
+            c->cores == 2 ? "" : "s");
   }
 done:
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) st_free(*bufs[i]);
@@ -1241,6 +1256,7 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
   MED(copy_bandwidth);
   MED(input_bandwidth);
   MED(step_latency);
+  MED(hosted_latency);
   MED(narrow_l2_rate);
   MED(row_bandwidth);
   /* the one-row curve point by point where every pass has the same points
@@ -1348,6 +1364,8 @@ int st_calibration_write(const st_calibration *c, const char *path,
   }
   int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
   int row = c->row_bandwidth > 0;  /* likewise */
+  if (c->hosted_latency > 0)       /* likewise */
+    json_array(buf, cap, &at, "hosted_latency", &c->hosted_latency, 1, 0);
   json_array(buf, cap, &at, "step_latency", &c->step_latency, 1,
              !narrow && !row && c->n_row_step < 2);
   if (row)
@@ -1560,6 +1578,12 @@ static int parse(st_calibration *c, const char *text, const char *path,
       (rc = positive_array(text, path, "step_latency", &c->step_latency, 1,
                            err)))
     return rc;
+  /* optional (profiles before it): the hosted hand-off */
+  c->hosted_latency = 0;
+  if (value_of(text, "hosted_latency") &&
+      (rc = positive_array(text, path, "hosted_latency", &c->hosted_latency, 1,
+                           err)))
+    return rc;
   /* optional (profiles before them): the built-in kernel rule; 0 where the
    * packed kernel could not be measured */
   memset(c->gemm_choice_rate, 0, sizeof c->gemm_choice_rate);
@@ -1717,6 +1741,7 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   f->link_bandwidth = c->copy_bandwidth;
   f->input_bandwidth = c->input_bandwidth;
   f->step_latency = c->step_latency;
+  f->hosted_latency = c->hosted_latency;
   /* the narrow term: the large class's step at narrow_rows rows against
    * (narrow_rows / ref) of it at ref rows; the rest is its weights past L2
    * re-read once per call. Off when L2 is unknown, or the large shape's

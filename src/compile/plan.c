@@ -401,7 +401,11 @@ static void describe_stage(const problem *p, const layout *L,
  * never drains: 1 in steady state. An interleaved worker holds V chunks,
  * each receiving its input and sending its output: V hand-offs per sample
  * where a contiguous stage makes one, charged at the bottleneck stage's
- * own hand-off time. */
+ * own hand-off time. The caller's own time between steps, host_time: the
+ * next batch's input, and (threaded: a ST_HANDOFF_ way) the step's
+ * hand-off once a batch. */
+/* How a mode hands a step to its stage threads (set_schedule) */
+enum { ST_HANDOFF_ASLEEP = 1, ST_HANDOFF_HOSTED = 2 };
 static void set_schedule(st_plan *plan, const char *mode, const char *schedule,
                          int V, int batch, int micro_batch, int threaded) {
   snprintf(plan->mode, sizeof plan->mode, "%s", mode);
@@ -443,7 +447,10 @@ static void set_schedule(st_plan *plan, const char *mode, const char *schedule,
   plan->host_time = 0;
   if (fb->input_bandwidth > 0 && plan->n_blocks > 0)
     plan->host_time += plan->blocks[0].in_bytes / fb->input_bandwidth;
-  if (threaded && batch > 0) plan->host_time += fb->step_latency / batch;
+  if (threaded && batch > 0)
+    plan->host_time += (threaded == ST_HANDOFF_HOSTED ? fb->hosted_latency
+                                                      : fb->step_latency) /
+                       batch;
 }
 
 double st_plan_rate(const st_plan *p, int pipelined) {
@@ -1045,10 +1052,15 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
   if (!rc) {
     snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
     /* the modes on stage threads hand each step over (block_sequential:
-     * once a phase, counted once; emulated pipelined backprop: none) */
+     * once a phase, counted once; emulated pipelined backprop: none); in
+     * one process a pipeline's and block_sequential's caller runs their
+     * first stage (over ranks it does not: st_plan_place_ranks) */
     int threaded =
-        !strcmp(mode, "pipeline") || !strcmp(mode, "block_sequential") ||
-        (!strcmp(mode, "pipelined_backprop") && !cfg->execution.emulate);
+        !strcmp(mode, "pipeline") || !strcmp(mode, "block_sequential")
+            ? ST_HANDOFF_HOSTED
+        : !strcmp(mode, "pipelined_backprop") && !cfg->execution.emulate
+            ? ST_HANDOFF_ASLEEP
+            : 0;
     set_schedule(*out, mode, cfg->execution.schedule,
                  cfg->execution.virtual_stages, cfg->train.batch,
                  st_plan_micro_batch(cfg), threaded);
@@ -1078,6 +1090,13 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
     return st_error_set(err, ST_ENOMEM, "out of memory");
   p->rank_stages_end = p->rank_stages + ranks;
   p->ranks = ranks;
+  /* placed over ranks, a pipeline's stages all keep their threads (its
+   * caller hosts none, src/exec/pipeline.c): the caller's hand-off is the
+   * one where it sleeps, not the hosted one set_schedule charged */
+  if (placed && p->batch > 0 &&
+      (!strcmp(p->mode, "pipeline") || !strcmp(p->mode, "block_sequential")))
+    p->host_time +=
+        (p->fabric.step_latency - p->fabric.hosted_latency) / p->batch;
   /* the largest block's weights: what a compute rank of weight streaming
    * holds in each of its prefetch + 1 slots */
   double block_w = 0, acts = 0, held = 0;

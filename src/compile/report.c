@@ -396,6 +396,7 @@ static void write_json(const st_plan *p, FILE *f) {
   jnum(f, "stream_bandwidth", fb->stream_bandwidth, 0);
   jnum(f, "input_bandwidth", fb->input_bandwidth, 0);
   jnum(f, "step_latency", fb->step_latency, 0);
+  jnum(f, "hosted_latency", fb->hosted_latency, 0);
   fprintf(f, "\"estimated\": %s, \"calibrated\": ",
           fb->estimated ? "true" : "false");
   if (fb->calibrated)

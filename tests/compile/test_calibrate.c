@@ -61,6 +61,7 @@ static st_calibration sample_profile(void) {
   c.copy_bandwidth = 2.5e10;
   c.input_bandwidth = 4e9;
   c.step_latency = 2e-5;
+  c.hosted_latency = 1e-6;
   return c;
 }
 
@@ -145,7 +146,8 @@ static void test_round_trip(void) {
   same &= back.efficiency_slope == 0.25 && back.copy_bandwidth == 2.5e10;
   same &= back.sharing[1] == 0.75 && back.sharing[2] == 0.5 &&
           back.sharing_slope == 0.375;
-  same &= back.input_bandwidth == 4e9 && back.step_latency == 2e-5;
+  same &= back.input_bandwidth == 4e9 && back.step_latency == 2e-5 &&
+          back.hosted_latency == 1e-6;
   same &= back.narrow_rows == 0 && back.n_spill == 0 && back.row_bandwidth == 0;
   CHECK(same, "every figure survives the round trip");
   /* the one-row bandwidth, alone and beside the narrow terms */
@@ -514,6 +516,7 @@ static void test_sharing(void) {
       o += 3;
     } else if (!memmem(line, len, "\"sharing", 8) &&
                !memmem(line, len, "\"input_bandwidth", 16) &&
+               !memmem(line, len, "\"hosted_latency", 15) &&
                !memmem(line, len, "\"conv_", 6) &&
 
                !memmem(line, len, "\"attention_", 11)) {
@@ -528,9 +531,10 @@ static void test_sharing(void) {
         err.msg);
   CHECK(back.sharing_slope == 0 && back.sharing[0] == 1 && back.sharing[2] == 1,
         "older profile: sharing slope %g", back.sharing_slope);
-  CHECK(back.input_bandwidth == 0 && back.step_latency == 0,
-        "older profile: the caller's time not modelled (%g, %g)",
-        back.input_bandwidth, back.step_latency);
+  CHECK(back.input_bandwidth == 0 && back.step_latency == 0 &&
+            back.hosted_latency == 0,
+        "older profile: the caller's time not modelled (%g, %g, %g)",
+        back.input_bandwidth, back.step_latency, back.hosted_latency);
   CHECK(back.op_bandwidth[3] == 2e10 && back.op_bandwidth[4] == 1e10,
         "older profile: gelu timed as pointwise (%g, optimizer %g)",
         back.op_bandwidth[4], back.op_bandwidth[3]);
@@ -893,8 +897,11 @@ static void test_time_by_hand(void) {
 
 /* The caller's time between steps, by hand: the batch input at the
  * profile's input bandwidth per sample, plus (modes on stage threads) one
- * step hand-off per batch; the predicted rate adds it to each sample's
- * time at the schedule's utilization. Without a profile: none. */
+ * step hand-off per batch: the hosted one where the caller runs the first
+ * stage (a pipeline and block_sequential in one process), the one where it
+ * sleeps for threaded pipelined backprop and for a pipeline placed over
+ * ranks; the predicted rate adds it to each sample's time at the
+ * schedule's utilization. Without a profile: none. */
 static void test_host_time(void) {
   char path[128];
   path_in(path, sizeof path, "host.json");
@@ -912,7 +919,7 @@ static void test_host_time(void) {
   /* one thread runs an emulated pipelined backprop: no hand-off */
   const char *modes[] = {"sequential", "pipeline", "pipelined_backprop",
                          "block_sequential", "pipelined_backprop"};
-  const int handoff[] = {0, 1, 1, 1, 0};
+  const double handoff[] = {0, 1e-6, 2e-5, 1e-6, 0};
   for (int k = 0; k < 5; k++) {
     char set[64];
     snprintf(set, sizeof set, "execution.mode=%s", modes[k]);
@@ -928,7 +935,7 @@ static void test_host_time(void) {
           err.msg);
     setenv("STRATA_CALIBRATION", "none", 1);
     if (!p) continue;
-    double want = input + (handoff[k] ? 2e-5 / 64 : 0);
+    double want = input + handoff[k] / 64;
     double tol = 1e-12 * want;
     CHECK(fabs(p->host_time - want) <= tol, "%s: host time %.9g want %.9g",
           modes[k], p->host_time, want);
@@ -944,6 +951,17 @@ static void test_host_time(void) {
     CHECK(fabs(st_plan_rate(p, pb) - rate) <= 1e-12 * rate &&
               st_plan_rate(p, pb) < p->throughput * util,
           "%s: rate %.9g want %.9g", modes[k], st_plan_rate(p, pb), rate);
+    if (k == 1 || k == 3) { /* placed over 2 ranks: no stage hosted */
+      CHECK(st_config_set(&cfg, "execution.placement=ranks", &err) == 0 &&
+                st_plan_place_ranks(p, &cfg, 2, &err) == 0,
+            "%s over ranks: %s", modes[k], err.msg);
+      CHECK(st_config_set(&cfg, "execution.placement=threads", &err) == 0, "%s",
+            err.msg);
+      want = input + 2e-5 / 64;
+      CHECK(fabs(p->host_time - want) <= tol,
+            "%s over ranks: host time %.9g want %.9g", modes[k], p->host_time,
+            want);
+    }
     st_plan_destroy(p);
     /* the built-in estimate models no caller time */
     CHECK(st_plan_compile(&p, &cfg, k ? 2 : 1, &err) == 0, "%s", err.msg);
@@ -1151,10 +1169,11 @@ static void test_merge(void) {
       p[k].attention_rate[0][c] *= scale[k];
     }
     for (int c = 0; c < ST_OP_CLASSES; c++) p[k].op_bandwidth[c] *= scale[k];
-    p[k].efficiency[1] = 0.5 + 0.1 * k; /* 0.5 0.6 0.7 0.8 */
-    p[k].efficiency[2] = 0.9 - 0.1 * k; /* 0.9 0.8 0.7 0.6 */
-    p[k].sharing[1] = 1.0 - 0.05 * k;   /* 1 .95 .9 .85 */
-    p[k].step_latency = 1e-5 * (4 - k); /* 4 3 2 1 e-5 */
+    p[k].efficiency[1] = 0.5 + 0.1 * k;   /* 0.5 0.6 0.7 0.8 */
+    p[k].efficiency[2] = 0.9 - 0.1 * k;   /* 0.9 0.8 0.7 0.6 */
+    p[k].sharing[1] = 1.0 - 0.05 * k;     /* 1 .95 .9 .85 */
+    p[k].step_latency = 1e-5 * (4 - k);   /* 4 3 2 1 e-5 */
+    p[k].hosted_latency = 1e-6 * (k + 1); /* 1 2 3 4 e-6 */
     p[k].spill_cost = 1e-10 * (k == 0 ? 3 : k == 1 ? 1 : k == 2 ? 2 : 4);
     p[k].spill_fraction[1] = 0.1 * (k + 1); /* marks its pass */
   }
@@ -1171,9 +1190,10 @@ static void test_merge(void) {
   CHECK(fabs(m.efficiency[1] - 0.6) < 1e-12 &&
             fabs(m.efficiency[2] - 0.8) < 1e-12 &&
             fabs(m.sharing[1] - 0.95) < 1e-12 &&
-            fabs(m.step_latency - 3e-5) < 1e-18,
-        "median of 3: e %g %g m %g latency %g", m.efficiency[1],
-        m.efficiency[2], m.sharing[1], m.step_latency);
+            fabs(m.step_latency - 3e-5) < 1e-18 &&
+            fabs(m.hosted_latency - 2e-6) < 1e-18,
+        "median of 3: e %g %g m %g latency %g hosted %g", m.efficiency[1],
+        m.efficiency[2], m.sharing[1], m.step_latency, m.hosted_latency);
   /* spill costs 3, 1, 2 (x 1e-10): the median is pass 2's, curve and all */
   CHECK(m.spill_cost == 2e-10 && fabs(m.spill_fraction[1] - 0.3) < 1e-12,
         "spill of 3: %g with pass %g's curve", m.spill_cost,
@@ -1562,10 +1582,12 @@ static void test_near(void) {
         two);
   /* the hand-off comes back with every stage's count: one waiter per
    * stage (two sleepers on one lost a wake-up and hung) */
-  for (int stages = 1; stages <= 3; stages++) {
-    double h = st_calibration_handoff(stages);
-    CHECK(h > 0 && isfinite(h), "hand-off to %d stages: %g s", stages, h);
-  }
+  for (int stages = 1; stages <= 3; stages++)
+    for (int hosted = 0; hosted < 2; hosted++) {
+      double h = st_calibration_handoff(stages, hosted);
+      CHECK(h > 0 && isfinite(h), "hand-off to %d stages (hosted %d): %g s",
+            stages, hosted, h);
+    }
 }
 
 int main(void) {
