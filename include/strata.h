@@ -1361,6 +1361,11 @@ typedef struct st_fabric {
    * trainer's one-row layer step, rate by bytes touched (st_calibration) */
   int n_row_step;
   double row_step_ws[ST_ROW_POINTS], row_step_rate[ST_ROW_POINTS];
+  /* where measured (n_rank_one >= 2), the one-row products of layers
+   * whose gradient accumulates (micro-batches of one row in a larger
+   * batch) stream at st_rank_one_rate(f, S) instead of row_bandwidth */
+  int n_rank_one;
+  double rank_one_ws[ST_ROW_POINTS], rank_one_rate[ST_ROW_POINTS];
   /* and on c cores as e(c) = 1/(1 + s (c - 1)), measured on the same
    * step, not on the large GEMM's efficiency_slope: s = row_slope_small
    * for a stage touching at most row_step_ws[0] bytes a step (the small
@@ -1394,6 +1399,9 @@ double st_spill_fraction(const st_fabric *f, double ws);
  * below the first point and the last past the last; 0 without the
  * curve. */
 double st_row_rate(const st_fabric *f, double ws);
+/* The same for a one-row layer whose gradient accumulates (no update
+ * fused), on (rank_one_ws, rank_one_rate); 0 without that curve. */
+double st_rank_one_rate(const st_fabric *f, double ws);
 /* The slope s of e(c) = 1/(1 + s (c - 1)) of one-row layers in a stage
  * touching ws bytes a step (st_fabric.row_slope); 0 without the curve. */
 double st_row_slope(const st_fabric *f, double ws);
@@ -1474,6 +1482,13 @@ typedef struct st_calibration {
    * row. */
   int n_row_step;
   double row_step_ws[ST_ROW_POINTS], row_step_rate[ST_ROW_POINTS];
+  /* The one-row step where the gradient accumulates (micro-batches of one
+   * row in a batch of more: matrix-vector products, a rank-one weight
+   * gradient added, no update; 4 bytes per weight byte), on the same
+   * points. A profile without it (older) reads as n_rank_one 0:
+   * row_bandwidth prices those. */
+  int n_rank_one;
+  double rank_one_ws[ST_ROW_POINTS], rank_one_rate[ST_ROW_POINTS];
   /* The same step (the larger shape, nothing written between) on the
    * profile's most threads, c, against one: e = rate(c) / (c rate(1)),
    * best of paired rounds (1 with one thread). Read with the curve. */

@@ -403,6 +403,58 @@ static int measure_row_step(st_calibration *c, FILE *progress, st_error *err) {
   return 0;
 }
 
+/* The curve of the same step where the gradient accumulates over
+ * micro-batches of one row (st_calibration.rank_one_*): no update fused,
+ * a rank-one weight gradient added to the gradient. Bytes touched a step
+ * against bytes of weights streamed per second (4 per weight byte), on
+ * the curve of the fused step's points: fc_mnist's 784 x 256 and the
+ * large class's 3136 x 256 alone (weights and gradient 1.5 and 6.1 MB),
+ * then the larger with 1, 2, 4, 8 and 16 MB and a cold amount written
+ * between steps. fc_mnist's 2-stage pipeline at batch 8 (8 one-row
+ * micro-batches) on the 2-vCPU Zen 3 VM: its first stage's 784 x 256
+ * forward took 16.8 us timed alone (execution.block_costs: measured), 23.3
+ * at the large shape's single figure. */
+static int measure_rank_one(st_calibration *c, FILE *progress, st_error *err) {
+  static const int ic[2] = {784, 3136};
+  static const double junk_mb[] = {1, 2, 4, 8, 16};
+  const int n_junk = sizeof junk_mb / sizeof *junk_mb;
+  double l3 = cache_bytes(3), cold = 2 * l3 > 64e6 ? 2 * l3 : 64e6;
+  size_t junk_n = (size_t)(cold / sizeof(float));
+  float *junk = st_alloc(junk_n * sizeof(float));
+  int n = 0, rc = junk ? 0 : ST_ENOMEM;
+  if (junk) memset(junk, 0, junk_n * sizeof(float));
+  for (int s = 0; s < 2 && !rc; s++) {
+    gemm_job j = {.M = 1, .N = 256, .K = ic[s]};
+    if ((rc = gemm_job_alloc(&j))) {
+      gemm_job_free(&j);
+      break;
+    }
+    double w = 4.0 * j.N * j.K, own = 2 * w + 4.0 * (2 * j.K + 2 * j.N);
+    for (int k = -1; k < (s ? n_junk + 1 : 0); k++) {
+      double bytes = k < 0 ? 0 : k < n_junk ? junk_mb[k] * 1048576.0 : cold;
+      c->rank_one_ws[n] = own + bytes;
+      c->rank_one_rate[n++] =
+          4 * w / step_after(&j, junk, (size_t)(bytes / sizeof(float)));
+    }
+    gemm_job_free(&j);
+  }
+  st_free(junk);
+  if (rc) {
+    c->n_rank_one = 0;
+    return st_error_set(err, ST_ENOMEM, "calibration: out of memory");
+  }
+  c->n_rank_one = n;
+  not_rising(c->rank_one_rate, n);
+  if (progress) {
+    fprintf(progress, "  one-row rank-one step, GB/s by MB touched a step:");
+    for (int k = 0; k < n; k++)
+      fprintf(progress, " %.1f:%.1f", c->rank_one_ws[k] / 1048576.0,
+              c->rank_one_rate[k] / 1e9);
+    fprintf(progress, "\n");
+  }
+  return 0;
+}
+
 /* The large class's layer step at one row — matrix-vector products
  * forward and for the input gradient, a rank-one weight gradient — on its
  * weights, which are past L2 and within the last-level cache, as they are
@@ -424,7 +476,8 @@ static int measure_row(st_calibration *c, FILE *progress, st_error *err) {
             "(matrix-vector, rank one; %.1f MB)\n",
             c->row_bandwidth / 1e9, w / 1048576.0);
   gemm_job_free(&j);
-  return measure_row_step(c, progress, err);
+  int rc = measure_rank_one(c, progress, err);
+  return rc ? rc : measure_row_step(c, progress, err);
 }
 
 /* n one-thread GEMM streams at once, as n one-core stages run. They start
@@ -1259,18 +1312,24 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
   MED(hosted_latency);
   MED(narrow_l2_rate);
   MED(row_bandwidth);
-  /* the one-row curve point by point where every pass has the same points
-   * (else the median spill pass's stands), then again not rising */
-  int same = 1;
+  /* the one-row curves point by point where every pass has the same
+   * points (else the median spill pass's stand), then again not rising */
+  int same = 1, same_rank_one = 1;
   for (int i = 1; i < n; i++) {
     same &= p[i].n_row_step == p[0].n_row_step;
     for (int k = 0; same && k < p[0].n_row_step; k++)
       same &= p[i].row_step_ws[k] == p[0].row_step_ws[k];
+    same_rank_one &= p[i].n_rank_one == p[0].n_rank_one;
+    for (int k = 0; same_rank_one && k < p[0].n_rank_one; k++)
+      same_rank_one &= p[i].rank_one_ws[k] == p[0].rank_one_ws[k];
   }
   MED(row_step_efficiency);
   MED(row_step_efficiency_small);
   for (int k = 0; same && k < out->n_row_step; k++) MED(row_step_rate[k]);
   not_rising(out->row_step_rate, out->n_row_step);
+  for (int k = 0; same_rank_one && k < out->n_rank_one; k++)
+    MED(rank_one_rate[k]);
+  not_rising(out->rank_one_rate, out->n_rank_one);
   for (int k = 0; k < ST_GEMM_CHOICES; k++) {
     MED(gemm_choice_rate[0][k]);
     MED(gemm_choice_rate[1][k]);
@@ -1371,6 +1430,11 @@ int st_calibration_write(const st_calibration *c, const char *path,
   if (row)
     json_array(buf, cap, &at, "row_bandwidth", &c->row_bandwidth, 1,
                !narrow && c->n_row_step < 2);
+  if (c->n_rank_one >= 2) { /* likewise */
+    json_array(buf, cap, &at, "rank_one_ws", c->rank_one_ws, c->n_rank_one, 0);
+    json_array(buf, cap, &at, "rank_one_rate", c->rank_one_rate, c->n_rank_one,
+               0);
+  }
   if (c->n_row_step >= 2) {
     json_array(buf, cap, &at, "row_step_ws", c->row_step_ws, c->n_row_step, 0);
     json_array(buf, cap, &at, "row_step_rate", c->row_step_rate, c->n_row_step,
@@ -1469,6 +1533,36 @@ static int positive_array(const char *text, const char *path, const char *key,
     }
     out[i] = v[i];
   }
+  return 0;
+}
+
+/* Reads an optional curve, "<name>_ws" and "<name>_rate": 2 to
+ * ST_ROW_POINTS points, the bytes rising and the rates not; *n = 0 when
+ * the profile has neither key. */
+static int read_curve(const char *text, const char *path, const char *name,
+                      double *ws, double *rate, int *n, st_error *err) {
+  char wk[64], rk[64], what[256];
+  snprintf(wk, sizeof wk, "%s_ws", name);
+  snprintf(rk, sizeof rk, "%s_rate", name);
+  *n = 0;
+  if (!value_of(text, wk) && !value_of(text, rk)) return 0;
+  double w[ST_ROW_POINTS + 1], v[ST_ROW_POINTS + 1];
+  int nw = numbers_of(value_of(text, wk), w, ST_ROW_POINTS + 1);
+  int nr = numbers_of(value_of(text, rk), v, ST_ROW_POINTS + 1);
+  int ok = nw >= 2 && nw <= ST_ROW_POINTS && nr == nw;
+  for (int k = 0; ok && k < nw; k++)
+    ok &= w[k] > (k ? w[k - 1] : 0) && isfinite(w[k]) && v[k] > 0 &&
+          isfinite(v[k]) && (k == 0 || v[k] <= v[k - 1]);
+  if (!ok) {
+    snprintf(what, sizeof what,
+             "\"%s\" and \"%s\": expected 2 to %d positive numbers each, "
+             "as many of one as the other, the bytes rising and the rates not",
+             wk, rk, ST_ROW_POINTS);
+    return bad(err, path, what);
+  }
+  memcpy(ws, w, (size_t)nw * sizeof *w);
+  memcpy(rate, v, (size_t)nw * sizeof *v);
+  *n = nw;
   return 0;
 }
 
@@ -1613,25 +1707,13 @@ static int parse(st_calibration *c, const char *text, const char *path,
       (rc = positive_array(text, path, "row_bandwidth", &c->row_bandwidth, 1,
                            err)))
     return rc;
-  /* optional (profiles before it): row_bandwidth prices one row */
-  c->n_row_step = 0;
-  if (value_of(text, "row_step_ws") || value_of(text, "row_step_rate")) {
-    double v[ST_ROW_POINTS + 1];
-    int nw = numbers_of(value_of(text, "row_step_ws"), c->row_step_ws,
-                        ST_ROW_POINTS);
-    int nr = numbers_of(value_of(text, "row_step_rate"), v, ST_ROW_POINTS + 1);
-    int ok = nw >= 2 && nr == nw;
-    for (int k = 0; ok && k < nw; k++)
-      ok &= c->row_step_ws[k] > (k ? c->row_step_ws[k - 1] : 0) &&
-            isfinite(c->row_step_ws[k]) && v[k] > 0 && isfinite(v[k]) &&
-            (k == 0 || v[k] <= v[k - 1]);
-    if (!ok)
-      return bad(err, path,
-                 "\"row_step_ws\" and \"row_step_rate\": expected 2 to 10 "
-                 "positive numbers each, as many of one as the other, the "
-                 "bytes rising and the rates not");
-    memcpy(c->row_step_rate, v, (size_t)nw * sizeof *v);
-    c->n_row_step = nw;
+  /* optional (profiles before them): row_bandwidth prices one row */
+  if ((rc = read_curve(text, path, "rank_one", c->rank_one_ws, c->rank_one_rate,
+                       &c->n_rank_one, err)) ||
+      (rc = read_curve(text, path, "row_step", c->row_step_ws, c->row_step_rate,
+                       &c->n_row_step, err)))
+    return rc;
+  if (c->n_row_step) {
     if ((rc = positive_array(text, path, "row_step_efficiency",
                              &c->row_step_efficiency, 1, err)))
       return rc;
@@ -1783,6 +1865,9 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   memcpy(f->spill_ws, c->spill_ws, sizeof f->spill_ws);
   memcpy(f->spill_fraction, c->spill_fraction, sizeof f->spill_fraction);
   f->row_bandwidth = c->row_bandwidth;
+  f->n_rank_one = c->n_rank_one >= 2 ? c->n_rank_one : 0;
+  memcpy(f->rank_one_ws, c->rank_one_ws, sizeof f->rank_one_ws);
+  memcpy(f->rank_one_rate, c->rank_one_rate, sizeof f->rank_one_rate);
   f->n_row_step = c->n_row_step >= 2 ? c->n_row_step : 0;
   memcpy(f->row_step_ws, c->row_step_ws, sizeof f->row_step_ws);
   memcpy(f->row_step_rate, c->row_step_rate, sizeof f->row_step_rate);

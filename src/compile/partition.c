@@ -68,12 +68,13 @@ static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
   }
   /* one-row linear products by the bytes they stream at rho, where the
    * profile has a one-row rate (rho infinite: the caller adds those of
-   * fused layers at its stage's rate, and the rest go at the rank-one
+   * fused layers at its stage's rate, and the rest at its stage's rank-one
+   * rate where the profile has that curve, else here at the rank-one
    * step's row bandwidth); else at their class's GEMM rate */
   if (rows_by_bytes(f) && isfinite(rho)) {
     t[0] += b->row_bytes_fwd / rho;
     t[1] += b->row_bytes_bwd / rho;
-  } else if (rows_by_bytes(f)) {
+  } else if (rows_by_bytes(f) && f->n_rank_one < 2) {
     double r =
         f->row_bandwidth > 0 ? f->row_bandwidth : st_row_rate(f, b->ws_bytes);
     t[0] += (b->row_bytes_fwd - b->row_fused_fwd) / r;
@@ -172,6 +173,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
     double l2t[2] = {0, 0};  /* weights from past L2, seconds a sample */
     double wn = 0, wsc = 0;  /* the workspace's largest terms */
     double rbf = 0, rbb = 0; /* one-row bytes streamed (row curve) */
+    double ubf = 0, ubb = 0; /* the same, gradient accumulated (rank one) */
     for (int j = i + 1; j <= n; j++) {
       const st_block_cost *b = &blocks[j - 1];
       wn = fmax(wn, b->work_numel_bytes * b->call_samples);
@@ -210,6 +212,10 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         rbf += b->row_fused_fwd;
         rbb += b->row_fused_bwd;
         if (f->n_row_step >= 2) rbb += b->bytes_bwd[OP_OPTIMIZER];
+        if (f->n_row_step >= 2 && f->n_rank_one >= 2) {
+          ubf += b->row_bytes_fwd - b->row_fused_fwd;
+          ubb += b->row_bytes_bwd - b->row_fused_bwd;
+        }
         wf += m[0];
         wb += m[1];
         sf += m[2];
@@ -237,8 +243,13 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
        * the pool (st_optim_step) */
       double rho = f->n_row_step >= 2 && rbf + rbb > 0 ? st_row_rate(f, ws) : 0;
       double row_f = rho > 0 ? rbf / rho : 0, row_b = rho > 0 ? rbb / rho : 0;
-      p->work_fwd[at] = wf + narrow[0] + spill * traffic[0];
-      p->work_bwd[at] = wb + narrow[1] + spill * traffic[1];
+      /* and those whose gradient accumulates at the rank-one step's rate
+       * for the same bytes, as work the GEMMs' cores share */
+      double ro = ubf + ubb > 0 ? st_rank_one_rate(f, ws) : 0;
+      p->work_fwd[at] =
+          wf + narrow[0] + spill * traffic[0] + (ro > 0 ? ubf / ro : 0);
+      p->work_bwd[at] =
+          wb + narrow[1] + spill * traffic[1] + (ro > 0 ? ubb / ro : 0);
       p->row_fwd[at] = row_f;
       p->row_bwd[at] = row_b;
       p->ws[at] = ws;
@@ -284,18 +295,27 @@ double st_row_slope(const st_fabric *f, double ws) {
          (f->row_slope - f->row_slope_small) * (ws - a) / (b - a);
 }
 
-double st_row_rate(const st_fabric *f, double ws) {
-  int n = f->n_row_step;
+/* A curve's rate at ws bytes touched: seconds per byte interpolated
+ * between its two points around ws, the first rate below the first point
+ * and the last past the last; 0 without a curve. */
+static double curve_rate(const st_fabric *f, const double *x, const double *r,
+                         int n, double ws) {
   if (!f->calibrated || n < 2) return 0;
-  if (ws <= f->row_step_ws[0]) return f->row_step_rate[0];
+  if (ws <= x[0]) return r[0];
   for (int k = 1; k < n; k++)
-    if (ws <= f->row_step_ws[k]) {
-      /* seconds per byte interpolated between the two points */
-      double a = f->row_step_ws[k - 1], b = f->row_step_ws[k];
-      double ta = 1 / f->row_step_rate[k - 1], tb = 1 / f->row_step_rate[k];
+    if (ws <= x[k]) {
+      double a = x[k - 1], b = x[k], ta = 1 / r[k - 1], tb = 1 / r[k];
       return 1 / (b > a ? ta + (tb - ta) * (ws - a) / (b - a) : tb);
     }
-  return f->row_step_rate[n - 1];
+  return r[n - 1];
+}
+
+double st_row_rate(const st_fabric *f, double ws) {
+  return curve_rate(f, f->row_step_ws, f->row_step_rate, f->n_row_step, ws);
+}
+
+double st_rank_one_rate(const st_fabric *f, double ws) {
+  return curve_rate(f, f->rank_one_ws, f->rank_one_rate, f->n_rank_one, ws);
 }
 
 void linear_memory(const st_fabric *f, const st_block_cost *b, double narrow[2],

@@ -193,6 +193,15 @@ void st_plan_print(const st_plan *p, FILE *f) {
           st_plan_fmt_bytes(a, sizeof a, fb->row_step_ws[0]),
           fb->row_step_rate[fb->n_row_step - 1] / 1e9,
           st_plan_fmt_bytes(b, sizeof b, fb->row_step_ws[fb->n_row_step - 1]));
+      if (fb->n_rank_one >= 2)
+        fprintf(f,
+                "    and where their gradient accumulates (rank one): %.3g "
+                "GB/s with %s touched, down to %.3g at %s\n",
+                fb->rank_one_rate[0] / 1e9,
+                st_plan_fmt_bytes(a, sizeof a, fb->rank_one_ws[0]),
+                fb->rank_one_rate[fb->n_rank_one - 1] / 1e9,
+                st_plan_fmt_bytes(b, sizeof b,
+                                  fb->rank_one_ws[fb->n_rank_one - 1]));
     } else if (fb->row_bandwidth > 0)
       fprintf(f,
               "    linear layers at one row (matrix-vector, rank one): "

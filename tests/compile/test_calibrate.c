@@ -1174,6 +1174,10 @@ static void test_merge(void) {
     p[k].sharing[1] = 1.0 - 0.05 * k;     /* 1 .95 .9 .85 */
     p[k].step_latency = 1e-5 * (4 - k);   /* 4 3 2 1 e-5 */
     p[k].hosted_latency = 1e-6 * (k + 1); /* 1 2 3 4 e-6 */
+    p[k].n_rank_one = 2;
+    p[k].rank_one_ws[0] = 1e6, p[k].rank_one_ws[1] = 1e7;
+    p[k].rank_one_rate[0] = 3e10 + 1e9 * k; /* 30 31 32 33 e9 */
+    p[k].rank_one_rate[1] = 2e10 - 1e9 * k; /* 20 19 18 17 e9 */
     p[k].spill_cost = 1e-10 * (k == 0 ? 3 : k == 1 ? 1 : k == 2 ? 2 : 4);
     p[k].spill_fraction[1] = 0.1 * (k + 1); /* marks its pass */
   }
@@ -1194,6 +1198,10 @@ static void test_merge(void) {
             fabs(m.hosted_latency - 2e-6) < 1e-18,
         "median of 3: e %g %g m %g latency %g hosted %g", m.efficiency[1],
         m.efficiency[2], m.sharing[1], m.step_latency, m.hosted_latency);
+  CHECK(m.n_rank_one == 2 && m.rank_one_rate[0] == 3.1e10 &&
+            m.rank_one_rate[1] == 1.9e10,
+        "median of 3: rank-one curve %g %g", m.rank_one_rate[0],
+        m.rank_one_rate[1]);
   /* spill costs 3, 1, 2 (x 1e-10): the median is pass 2's, curve and all */
   CHECK(m.spill_cost == 2e-10 && fabs(m.spill_fraction[1] - 0.3) < 1e-12,
         "spill of 3: %g with pass %g's curve", m.spill_cost,
@@ -1487,6 +1495,49 @@ static void test_row_curve(void) {
           "unfused one-row block: %.9g s, want %.9g", p2->stages[0].time,
           want_u);
   st_plan_destroy(p2);
+  /* with the rank-one curve, at its rate for the bytes the stage touches
+   * (5.5e6, half way from 1e6 to 1e7: 1/rate interpolated), the
+   * optimizer's pass still at the fused curve's; kept by the profile */
+  st_calibration r1 = c;
+  r1.n_rank_one = 2;
+  r1.rank_one_ws[0] = 1e6, r1.rank_one_ws[1] = 1e7;
+  r1.rank_one_rate[0] = 3e10, r1.rank_one_rate[1] = 2e10;
+  CHECK(st_calibration_write(&r1, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0 &&
+            back.n_rank_one == 2 && back.rank_one_ws[1] == 1e7 &&
+            back.rank_one_rate[0] == 3e10 && back.rank_one_rate[1] == 2e10,
+        "the rank-one curve survives the round trip: %s", err.msg);
+  st_fabric g2 = one_core();
+  st_calibration_apply(&back, &g2, "test");
+  double half_r1 = 1 / (0.5 / 3e10 + 0.5 / 2e10);
+  CHECK(st_rank_one_rate(&g2, 1e5) == 3e10 &&
+            fabs(st_rank_one_rate(&g2, 5.5e6) - half_r1) <= 1e-9 * half_r1 &&
+            st_rank_one_rate(&g2, 1e9) == 2e10 &&
+            st_rank_one_rate(&g1, 5.5e6) == 0,
+        "rank-one rates %g %g %g, none without the curve %g",
+        st_rank_one_rate(&g2, 1e5), st_rank_one_rate(&g2, 5.5e6),
+        st_rank_one_rate(&g2, 1e9), st_rank_one_rate(&g1, 5.5e6));
+  CHECK(st_plan_build(&p2, &u, 1, &g2, &opt, &err) == 0, "%s", err.msg);
+  want_u = 5e6 / half_r1 + 1e6 / mid;
+  if (p2)
+    CHECK(fabs(p2->stages[0].time - want_u) <= 1e-9 * want_u,
+          "unfused one-row block, rank-one curve: %.9g s, want %.9g",
+          p2->stages[0].time, want_u);
+  st_plan_destroy(p2);
+  /* a fused layer's bytes stay on the fused curve beside it */
+  CHECK(st_plan_build(&p2, &b, 1, &g2, &opt, &err) == 0, "%s", err.msg);
+  if (p2)
+    CHECK(fabs(p2->stages[0].time - 6e6 / mid) <= 1e-9 * 6e6 / mid,
+          "fused one-row block beside the rank-one curve: %.9g s, want %.9g",
+          p2->stages[0].time, 6e6 / mid);
+  st_plan_destroy(p2);
+  /* refused like the fused curve, naming its keys */
+  r1.rank_one_rate[1] = 4e10; /* rising */
+  CHECK(st_calibration_write(&r1, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == ST_EFORMAT &&
+            strstr(err.msg, "\"rank_one_ws\"") &&
+            strstr(err.msg, "\"rank_one_rate\""),
+        "a rising rank-one curve: '%s'", err.msg);
   /* without the curve: the single figure, as before, and the optimizer's
    * pass serial at its own bandwidth */
   st_plan *p = NULL;
