@@ -1425,16 +1425,16 @@ int st_calibration_write(const st_calibration *c, const char *path,
   int row = c->row_bandwidth > 0;  /* likewise */
   if (c->hosted_latency > 0)       /* likewise */
     json_array(buf, cap, &at, "hosted_latency", &c->hosted_latency, 1, 0);
-  json_array(buf, cap, &at, "step_latency", &c->step_latency, 1,
-             !narrow && !row && c->n_row_step < 2);
-  if (row)
-    json_array(buf, cap, &at, "row_bandwidth", &c->row_bandwidth, 1,
-               !narrow && c->n_row_step < 2);
   if (c->n_rank_one >= 2) { /* likewise */
     json_array(buf, cap, &at, "rank_one_ws", c->rank_one_ws, c->n_rank_one, 0);
     json_array(buf, cap, &at, "rank_one_rate", c->rank_one_rate, c->n_rank_one,
                0);
   }
+  json_array(buf, cap, &at, "step_latency", &c->step_latency, 1,
+             !narrow && !row && c->n_row_step < 2);
+  if (row)
+    json_array(buf, cap, &at, "row_bandwidth", &c->row_bandwidth, 1,
+               !narrow && c->n_row_step < 2);
   if (c->n_row_step >= 2) {
     json_array(buf, cap, &at, "row_step_ws", c->row_step_ws, c->n_row_step, 0);
     json_array(buf, cap, &at, "row_step_rate", c->row_step_rate, c->n_row_step,

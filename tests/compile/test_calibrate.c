@@ -156,6 +156,16 @@ static void test_round_trip(void) {
             st_calibration_read(&back, path, &err) == 0 &&
             back.row_bandwidth == 6.5e10 && back.narrow_rows == 0,
         "row bandwidth alone: %s (%g)", err.msg, back.row_bandwidth);
+  /* and beside the rank-one curve, the fused one absent (row_bandwidth
+   * then ends the object) */
+  c.n_rank_one = 2;
+  c.rank_one_ws[0] = 1e6, c.rank_one_ws[1] = 1e7;
+  c.rank_one_rate[0] = 3e10, c.rank_one_rate[1] = 2e10;
+  CHECK(st_calibration_write(&c, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0 &&
+            back.row_bandwidth == 6.5e10 && back.n_rank_one == 2 &&
+            back.rank_one_rate[1] == 2e10 && back.n_row_step == 0,
+        "the rank-one curve beside the row bandwidth alone: %s", err.msg);
   c = narrow_profile();
   c.row_bandwidth = 6.5e10;
   CHECK(st_calibration_write(&c, path, &err) == 0, "write: %s", err.msg);
