@@ -129,12 +129,14 @@ test: deps
 	@tools/run-tests.sh $(BUILD)
 
 # Sanitizer builds live in their own folders so they never mix with the fast build.
+# They keep -march=native: the kernels they check are the ones the fast build
+# runs (AVX2/AVX-512 and FMA paths of narrow.c), not a generic build's.
 test-asan: deps
-	@$(MAKE) --no-print-directory tests BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+	@$(MAKE) --no-print-directory tests BUILD=build-asan OPT="-O1 -march=native -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 tools/run-tests.sh build-asan
 
 test-tsan: deps
-	@$(MAKE) --no-print-directory tests BUILD=build-tsan OPT="-O1 -fsanitize=thread"
+	@$(MAKE) --no-print-directory tests BUILD=build-tsan OPT="-O1 -march=native -fsanitize=thread"
 	@tools/run-tests.sh build-tsan
 
 # Mutation check of the pipelined-backprop tests: every rule of BACKGROUND.md

@@ -345,6 +345,14 @@ static int row_efficiency(row_job *j, int most, float *junk, double *e) {
   return 0;
 }
 
+/* "  <what>, GB/s by MB touched a step: MB:GB/s ..." (no newline) */
+static void print_curve(FILE *f, const char *what, const double *ws,
+                        const double *rate, int n) {
+  fprintf(f, "  %s, GB/s by MB touched a step:", what);
+  for (int k = 0; k < n; k++)
+    fprintf(f, " %.1f:%.1f", ws[k] / 1048576.0, rate[k] / 1e9);
+}
+
 /* The curve of the trainer's one-row step (st_calibration.row_step_*):
  * bytes touched a step against bytes of weights streamed per second. Two
  * shapes with nothing else (fc_mnist's 784 x 256 and the large class's
@@ -393,10 +401,8 @@ static int measure_row_step(st_calibration *c, FILE *progress, st_error *err) {
   c->n_row_step = n;
   not_rising(c->row_step_rate, n);
   if (progress) {
-    fprintf(progress, "  one-row layer step, GB/s by MB touched a step:");
-    for (int k = 0; k < n; k++)
-      fprintf(progress, " %.1f:%.1f", c->row_step_ws[k] / 1048576.0,
-              c->row_step_rate[k] / 1e9);
+    print_curve(progress, "one-row layer step", c->row_step_ws,
+                c->row_step_rate, n);
     fprintf(progress, "; on %d threads e = %.3f (%.3f at 784 x 256)\n", most,
             c->row_step_efficiency, c->row_step_efficiency_small);
   }
@@ -446,10 +452,8 @@ static int measure_rank_one(st_calibration *c, FILE *progress, st_error *err) {
   c->n_rank_one = n;
   not_rising(c->rank_one_rate, n);
   if (progress) {
-    fprintf(progress, "  one-row rank-one step, GB/s by MB touched a step:");
-    for (int k = 0; k < n; k++)
-      fprintf(progress, " %.1f:%.1f", c->rank_one_ws[k] / 1048576.0,
-              c->rank_one_rate[k] / 1e9);
+    print_curve(progress, "one-row rank-one step", c->rank_one_ws,
+                c->rank_one_rate, n);
     fprintf(progress, "\n");
   }
   return 0;

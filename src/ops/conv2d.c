@@ -410,13 +410,20 @@ void st_conv2d_backward(st_pool *pool, float *din, float *dw, float *db,
   conv_job j = make_job(B, IC, H, W, OC, K, S, P);
   j.din = din, j.dw = dw, j.db = db, j.col = col, j.in = in, j.w = w;
   j.dout = dout;
-  if (!dw && !db) { /* the input gradient alone (a split backward's B) */
-    if (din) input_grads(pool, &j);
-    return;
-  }
   /* A partial dW (OC, rows) fills ceil(OC / OH*OW) column-matrix slots. */
   j.group_slots = 1 + (OC + j.ohw - 1) / j.ohw;
   j.groups = B / j.group_slots < MAX_GROUPS ? B / j.group_slots : MAX_GROUPS;
+  if (!dw && !db) { /* the input gradient alone (a split backward's B) */
+    /* the same products as with dW below, so the same bits: whole
+     * samples where the groups make them (their GEMM's width decides
+     * which kernel runs: a build without -march=native sent the column
+     * tiles to another, and B4 IC8 14x14 OC20 differed on Zen 3) */
+    if (din && j.groups >= 2)
+      st_pool_for(pool, B, input_grad_sample, &j);
+    else if (din)
+      input_grads(pool, &j);
+    return;
+  }
   if (j.groups >= 2) {
     size_t n = (size_t)OC * j.rows;
     j.dw_chunks = (int)((n + REDUCE_CHUNK - 1) / REDUCE_CHUNK);
