@@ -1309,7 +1309,10 @@ typedef struct st_fabric {
   int width, height;
   int64_t pes;             /* width * height */
   double pe_flops;         /* sustained FLOP/s of one PE */
-  double pe_memory;        /* bytes one PE holds */
+  double pe_memory;        /* bytes of one PE the model's tensors may use */
+  double pe_reserved;      /* mesh: bytes of one PE's SRAM kept for its
+                              program, fabric queues and kernel buffers
+                              (0 when fabric.pe_memory is given) */
   double link_bandwidth;   /* bytes/s: mesh, one link one way; cpu, one
                               stage-to-stage copy */
   double efficiency_slope; /* e(c) = 1 / (1 + slope (c - 1)); 0 on a mesh */

@@ -8,7 +8,8 @@
  *              three rates are estimates, not measurements, until
  *              `strata bench --calibrate` exists (docs/compiler.md).
  *   mesh:WxH   a W x H grid of PEs, each with one WSE-2 PE's compute, memory
- *              and link bandwidth.
+ *              (two thirds of it for the model's tensors) and link
+ *              bandwidth.
  *   wse2       Cerebras WSE-2 from its published figures (850,000 cores,
  *              40 GB on-chip SRAM, 20 PB/s memory and 220 Pb/s fabric
  *              bandwidth); the per-PE FLOP rate is our stated assumption.
@@ -49,6 +50,19 @@
  * per PE per cycle at about 1.1 GHz = 2.2 GFLOP/s per PE, 1.87 PFLOP/s for
  * the wafer. Override with fabric.pe_flops. */
 #define WSE2_PE_FLOPS 2.2e9
+/* Assumption, not a published figure: the model's tensors (weights,
+ * gradients, optimizer state, activations) get two thirds of a PE's SRAM,
+ * 31.4 of its 47.1 KB; the other third holds the PE's program, its fabric
+ * queues and the kernels' working buffers, which share the same memory.
+ * Checked against the one published bound on it: Cerebras runs models
+ * "below 1 billion parameters" layer-pipelined and larger ones by weight
+ * streaming (seeds/004; the CS-2 glossary: "up to about a billion"). With
+ * two thirds (26.7 GB of 40), GPT-3 Large (760M, 17.4 GB at one stage and
+ * one sample in flight, the least it can need) is planned layer-pipelined
+ * and GPT-3 XL (1.3B, 28.0 GB) by weight streaming; all of the 40 GB would
+ * have put the bound near 1.9B, half of it near 0.8B
+ * (docs/compiler.md, "Memory a PE gives the model"). */
+#define WSE2_TENSOR_SHARE (2.0 / 3.0)
 /* One link, one way: 220 Pb/s = 27.5 PB/s spread over 850,000 PEs and the
  * 8 one-way links of each (4 neighbours, in and out) = 4.04 GB/s. */
 #define WSE2_LINK_BANDWIDTH (WSE2_FABRIC_BITS / 8 / WSE2_CORES / 8)
@@ -74,6 +88,7 @@ static void apply_overrides(st_fabric *f, const st_config *cfg) {
   }
   if (cfg->fabric.pe_memory > 0) {
     f->pe_memory = (double)cfg->fabric.pe_memory;
+    f->pe_reserved = 0; /* the figure given is what tensors may use */
     strcat(note, " pe_memory");
   }
   if (cfg->fabric.link_bandwidth > 0) {
@@ -168,7 +183,8 @@ static void resolve_wse2(st_fabric *f) {
   f->height = WSE2_HEIGHT;
   f->pes = (int64_t)WSE2_WIDTH * WSE2_HEIGHT;
   f->pe_flops = WSE2_PE_FLOPS;
-  f->pe_memory = WSE2_MEMORY / WSE2_CORES;
+  f->pe_memory = WSE2_MEMORY / WSE2_CORES * WSE2_TENSOR_SHARE;
+  f->pe_reserved = WSE2_MEMORY / WSE2_CORES * (1 - WSE2_TENSOR_SHARE);
   f->link_bandwidth = WSE2_LINK_BANDWIDTH;
   f->efficiency_slope = 0;
   mesh_figures(f);
@@ -179,7 +195,8 @@ static void resolve_wse2(st_fabric *f) {
            "Cerebras WSE-2 as published (850,000 cores, 40 GB SRAM, 20 PB/s "
            "memory, 220 Pb/s fabric; a CS-2's I/O 12 x 100 GbE), as a 1000 x "
            "850 grid; 2.2 GFLOP/s fp32 per PE, a hop of 1 cycle and 20 cycles "
-           "a layer per PE are assumptions (~1.1 GHz), not published");
+           "a layer per PE (~1.1 GHz), and 2/3 of a PE's SRAM for the "
+           "model's tensors are assumptions, not published");
 }
 
 static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
@@ -196,7 +213,8 @@ static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
   f->height = h;
   f->pes = (int64_t)w * h;
   f->pe_flops = WSE2_PE_FLOPS;
-  f->pe_memory = WSE2_MEMORY / WSE2_CORES;
+  f->pe_memory = WSE2_MEMORY / WSE2_CORES * WSE2_TENSOR_SHARE;
+  f->pe_reserved = WSE2_MEMORY / WSE2_CORES * (1 - WSE2_TENSOR_SHARE);
   f->link_bandwidth = WSE2_LINK_BANDWIDTH;
   f->efficiency_slope = 0;
   mesh_figures(f);

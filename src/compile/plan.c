@@ -162,7 +162,14 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
     snprintf(stages, sizeof stages, " in %d stages", stages_given);
   /* the first prefix that fails can be far from the whole story (a 20B
    * model can miss 40 GB by a few GB at its fourth block): say what all
-   * the blocks need, a lower bound for any split */
+   * the blocks need, a lower bound for any split. Every stage of any plan
+   * holds at least the fewest samples (and versions) any stage holds here
+   * (the last stage of 1f1b and of pipelined backprop: one), so the whole
+   * model at that place is the bound; at the first stage's count it would
+   * be what kmax stages hold, not what a plan of fewer needs. */
+  int s_all = 0;
+  for (int s = 1; s < kmax; s++)
+    if (stage_memory(p, 0, n, s) < stage_memory(p, 0, n, s_all)) s_all = s;
   char all[32];
   return st_error_set(
       err, ST_EUNSUPPORTED,
@@ -175,7 +182,7 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
       st_plan_fmt_bytes(need, sizeof need, best_need), stages,
       stage_in_flight(p, 0), st_plan_fmt_bytes(have, sizeof have, total),
       st_plan_fmt_bytes(short_by, sizeof short_by, best_need - total), n,
-      st_plan_fmt_bytes(all, sizeof all, stage_memory(p, 0, n, 0)));
+      st_plan_fmt_bytes(all, sizeof all, stage_memory(p, 0, n, s_all)));
 }
 
 /* What stage s of S holds as its schedule keeps it (st_plan_options): the

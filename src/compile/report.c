@@ -129,10 +129,14 @@ void st_plan_print(const st_plan *p, FILE *f) {
   fprintf(f, "plan: %s on %s: %d blocks in %d stage%s\n",
           p->model[0] ? p->model : "(model)", fb->name, p->n_blocks,
           p->n_stages, p->n_stages == 1 ? "" : "s");
-  fprintf(f, "fabric: %dx%d = %s %s; %sFLOP/s, %s each; ", fb->width,
-          fb->height, st_plan_fmt_count(a, sizeof a, (double)fb->pes), word,
+  fprintf(f, "fabric: %dx%d = %s %s; %sFLOP/s, %s each", fb->width, fb->height,
+          st_plan_fmt_count(a, sizeof a, (double)fb->pes), word,
           rate_text(b, sizeof b, fb->pe_flops),
           st_plan_fmt_bytes(c, sizeof c, fb->pe_memory));
+  if (fb->pe_reserved > 0)
+    fprintf(f, " for tensors (of %s)",
+            st_plan_fmt_bytes(d, sizeof d, fb->pe_memory + fb->pe_reserved));
+  fprintf(f, "; ");
   if (cpu)
     fprintf(f, "stage copy %s/s; e(c) = 1/(1 + %g (c - 1))\n",
             st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth),
@@ -395,6 +399,7 @@ static void write_json(const st_plan *p, FILE *f) {
           fb->height, (long long)fb->pes);
   jnum(f, "pe_flops", fb->pe_flops, 0);
   jnum(f, "pe_memory", fb->pe_memory, 0);
+  jnum(f, "pe_reserved", fb->pe_reserved, 0);
   jnum(f, "link_bandwidth", fb->link_bandwidth, 0);
   jnum(f, "efficiency_slope", fb->efficiency_slope, 0);
   jnum(f, "memory_bandwidth", fb->memory_bandwidth, 0);
@@ -862,7 +867,7 @@ static void write_svg(const st_plan *p, FILE *f) {
   fprintf(
       f,
       "<text x='%.0f' y='%.2f' font-size='12' fill='#444'>%s: %sFLOP/s "
-      "and %s per %s; %s in use, %s idle (grey)</text>\n",
+      "and %s for tensors per %s; %s in use, %s idle (grey)</text>\n",
       margin, y + 18, p->fabric.name,
       rate_text(a, sizeof a, p->fabric.pe_flops),
       st_plan_fmt_bytes(b, sizeof b, p->fabric.pe_memory), cpu ? "core" : "PE",

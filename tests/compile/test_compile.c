@@ -606,7 +606,11 @@ static void test_fabrics(void) {
             (int64_t)f.width * f.height == f.pes,
         "wse2: %lld PEs", (long long)f.pes);
   /* the published totals, back from the per-PE figures (1e-12: rounding) */
-  CHECK(fabs(f.pe_memory * f.pes - 40e9) <= 40e9 * 1e-12, "wse2 40 GB");
+  CHECK(fabs((f.pe_memory + f.pe_reserved) * f.pes - 40e9) <= 40e9 * 1e-12,
+        "wse2 40 GB");
+  /* the stated assumption: two thirds of it for the model's tensors */
+  CHECK(fabs(f.pe_memory * f.pes - 40e9 * 2 / 3) <= 40e9 * 1e-12,
+        "wse2: %.4g B for tensors", f.pe_memory * f.pes);
   CHECK(fabs(f.memory_bandwidth - 20e15) <= 1, "wse2 20 PB/s");
   CHECK(fabs(f.fabric_bandwidth * 8 - 220e15) <= 220e15 * 1e-12,
         "wse2 220 Pb/s");
@@ -617,11 +621,12 @@ static void test_fabrics(void) {
   CHECK(st_fabric_parse(&cfg, "mesh:12x7", &err) == 0, "%s", err.msg);
   CHECK(st_fabric_resolve(&f, &cfg, &err) == 0, "%s", err.msg);
   CHECK(f.width == 12 && f.height == 7 && f.pes == 84 && f.pe_flops == 2.2e9 &&
-            fabs(f.pe_memory * 850000 - 40e9) <= 40e9 * 1e-12,
+            fabs(f.pe_memory * 850000 - 40e9 * 2 / 3) <= 40e9 * 1e-12 &&
+            fabs(f.pe_reserved * 850000 - 40e9 / 3) <= 40e9 * 1e-12,
         "mesh:12x7 of WSE-2 PEs by default");
   set(&cfg, "fabric.pe_memory=65536");
   CHECK(st_fabric_resolve(&f, &cfg, &err) == 0 && f.pe_memory == 65536 &&
-            f.pe_flops == 2.2e9,
+            f.pe_reserved == 0 && f.pe_flops == 2.2e9,
         "mesh:12x7 with fabric.pe_memory given");
   CHECK(!strcmp(st_config_where(&cfg, "fabric.width"), "--set"),
         "--fabric is recorded like --set");

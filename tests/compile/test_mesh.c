@@ -404,8 +404,29 @@ static void test_published(void) {
             configs[c], fabrics[k], p->mode_why);
       CHECK(p->throughput > 0 && isfinite(p->throughput),
             "%s on %s: throughput %g", configs[c], fabrics[k], p->throughput);
+      /* on the meshes, the published line: layer-pipelined below about a
+       * billion parameters, weight streaming above (seeds/004) */
+      if (k >= 2)
+        CHECK(!strcmp(p->mode, c ? "weight_streaming" : "pipeline"),
+              "%s on %s: mode %s", configs[c], fabrics[k], p->mode);
       st_plan_destroy(p);
     }
+  /* either side of the line at GPT-3's context: Large (760M: XL's shape at
+   * width 1536) layer-pipelined, XL (1.3B) by weight streaming */
+  for (int w = 0; w < 2; w++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    CHECK(st_config_load(&cfg, "configs/gpt3_xl_1.3b.yaml", &err) == 0, "%s",
+          err.msg);
+    CHECK(st_fabric_parse(&cfg, "wse2", &err) == 0, "%s", err.msg);
+    if (!w) set(&cfg, "model.width=1536");
+    st_plan *p = NULL;
+    CHECK(st_plan_choose(&p, &cfg, 0, NULL, NULL, &err) == 0, "%s", err.msg);
+    CHECK(p && !strcmp(p->mode, w ? "weight_streaming" : "pipeline"),
+          "GPT-3 %s on wse2: mode %s", w ? "XL" : "Large", p ? p->mode : "-");
+    st_plan_destroy(p);
+  }
   /* a mesh too small for any mode: refused, the smallest square mesh that
    * holds the model by weight streaming named, and that one does */
   st_config cfg;
