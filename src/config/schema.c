@@ -285,9 +285,11 @@ const st_config_key st_config_schema[] = {
           "calibrated or estimated; mesh and wse2: a WSE-2 PE, 2.2e9 fp32, "
           "assumed); > 0 overrides it on every fabric"),
     INT64(fabric, pe_memory, "0",
-          "bytes of one PE or core; 0 = the fabric's own figure (cpu: RAM "
-          "over the cores; mesh and wse2: a WSE-2 PE, 40 GB / 850,000 = "
-          "47058); > 0 overrides it on every fabric"),
+          "bytes of one PE or core that the model's tensors may use; 0 = the "
+          "fabric's own figure (cpu: RAM over the cores; mesh and wse2: two "
+          "thirds of a WSE-2 PE's 40 GB / 850,000 = 47058, the rest kept for "
+          "its program and buffers, docs/compiler.md); > 0 overrides it on "
+          "every fabric (and keeps nothing back)"),
     FLOAT(fabric, link_bandwidth, "0",
           "bytes/s of one PE-to-PE link, one way (cpu: a stage-to-stage "
           "copy); 0 = the fabric's own figure (mesh and wse2: a WSE-2 link, "
