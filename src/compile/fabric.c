@@ -59,9 +59,10 @@
  * streaming (seeds/004; the CS-2 glossary: "up to about a billion"). With
  * two thirds (26.7 GB of 40), GPT-3 Large (760M, 17.4 GB at one stage and
  * one sample in flight, the least it can need) is planned layer-pipelined
- * and GPT-3 XL (1.3B, 28.0 GB) by weight streaming; all of the 40 GB would
- * have put the bound near 1.9B, half of it near 0.8B
- * (docs/compiler.md, "Memory a PE gives the model"). */
+ * and GPT-3 XL (1.3B, 28.0 GB) by weight streaming: the line falls near
+ * 1.25B at GPT-3's context, where all of the 40 GB would have put it near
+ * 2B and half of it near 0.9B (docs/compiler.md, "Memory a PE gives the
+ * model"). */
 #define WSE2_TENSOR_SHARE (2.0 / 3.0)
 /* One link, one way: 220 Pb/s = 27.5 PB/s spread over 850,000 PEs and the
  * 8 one-way links of each (4 neighbours, in and out) = 4.04 GB/s. */
