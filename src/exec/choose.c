@@ -17,8 +17,9 @@
  * bubble shrinks as micro-batches get smaller, GEMMs slow down); for the
  * other modes the whole batch if it fits, else the largest part of it that
  * does. A forced mode (--mode) is planned alone and set against the chosen
- * one. Nothing fitting is one error naming each mode's shortfall and the
- * smallest fabric of the kind that would hold the model.
+ * one; refused, it names the mode that would fit, if one does. Nothing fitting
+ * is one error naming each mode's shortfall and the smallest fabric of the kind
+ * that would hold the model.
  */
 #include "exec.h"
 
@@ -317,6 +318,23 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
     if (rc == ST_EUNSUPPORTED) {
       char smallest[320];
       smallest_fabric(smallest, sizeof smallest, cfg, &f);
+      if (force) {
+        /* what fits this fabric without --mode, if anything: the way out
+         * a user wants before a bigger fabric */
+        st_plan *auto_plan = NULL;
+        char t2[2048], p2[ST_CAUSE_MAX];
+        int c2 = -1;
+        st_error e = {0};
+        st_config auto_cfg;
+        if (first_fit(&auto_plan, cfg, &f, stages, NULL, t2, sizeof t2, p2,
+                      sizeof p2, &c2, &auto_cfg, &e) == 0) {
+          candidate_name(name, sizeof name, &k[c2], cfg);
+          snprintf(smallest, sizeof smallest,
+                   "without --mode it fits by %s, predicted %s samples/s", name,
+                   st_plan_fmt_rate(a, sizeof a, rate_of(auto_plan)));
+        }
+        st_plan_destroy(auto_plan);
+      }
       /* the smallest fabric first: the modes' reasons may fill the line */
       char msg[sizeof err->msg];
       snprintf(msg, sizeof msg, "%s", err->msg);

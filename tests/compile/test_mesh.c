@@ -426,6 +426,16 @@ static void test_published(void) {
     CHECK(p && !strcmp(p->mode, w ? "weight_streaming" : "pipeline"),
           "GPT-3 %s on wse2: mode %s", w ? "XL" : "Large", p ? p->mode : "-");
     st_plan_destroy(p);
+    if (!w) continue;
+    /* XL forced layer-pipelined: refused, with the mode that fits named */
+    p = NULL;
+    int rc = st_plan_choose(&p, &cfg, 0, "pipeline", NULL, &err);
+    CHECK(rc == ST_EUNSUPPORTED && !p &&
+              strstr(err.msg, "the forced mode does not fit wse2 (without "
+                              "--mode it fits by weight streaming") &&
+              strstr(err.msg, "short by"),
+          "XL forced to a pipeline on wse2: rc %d %s", rc, err.msg);
+    st_plan_destroy(p);
   }
   /* a mesh too small for any mode: refused, the smallest square mesh that
    * holds the model by weight streaming named, and that one does */
