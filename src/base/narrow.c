@@ -20,7 +20,7 @@
  *         rows a multiple of 4 KB apart, into a few cache sets): 0.4x to
  *         0.6x.
  *   packed: C = op(A) op(B) with any transposes, 2 <= M <= 1024 rows, K <=
- *         512 (and K <= 64 with A transposed), where the two above do not
+ *         1024 (and K <= 64 with A transposed), where the two above do not
  *         run; with AVX-512, far larger products (the limits below). A
  *         strip of op(B), K x 2 VL columns, is copied into one
  *         contiguous buffer (B transposed: 8 x 8 blocks at a time, in
@@ -293,8 +293,9 @@ static void axpy_column(const narrow_job *J, int n) {
 
 /* Rows in blocks of 6 (the rest in one block) against 2 VL columns (16
  * with AVX, 32 with AVX-512): 12 accumulators, 8 loads per 12 FMAs. The
- * strip of B (K x 2 VL floats, at most 32 KB, 64 with AVX-512) stays in
- * cache while the blocks of rows pass over it. */
+ * strip of B (K x 2 VL floats: 64 KB at the packed kernel's K = 1024 with
+ * AVX2, 384 KB at its 3072 with AVX-512) stays in cache while the blocks
+ * of rows pass over it. */
 INLINE void axpy_columns(const narrow_job *J, int n, int NV) {
   int r = 0;
   for (; r + 6 <= J->M; r += 6) axpy_block(J, r, n, 6, NV);
@@ -373,14 +374,21 @@ enum { STRIP = 2 * VL };
  *     products and 195-231 at K = 2048-3072: there the packed kernel
  *     takes K up to 1536 only (st_blas_avx512). Other BLAS libraries
  *     count as having such kernels.
- * The strip, K x STRIP floats, lives on the task's stack: 32 KB at K =
- * 512 with AVX2, 384 KB at K = 3072 with AVX-512. glibc gives the main
+ * The strip, K x STRIP floats, lives on the task's stack: 64 KB at K =
+ * 1024 with AVX2, 384 KB at K = 3072 with AVX-512. glibc gives the main
  * thread and every new thread the stack size limit, 8 MB unless set
  * otherwise; a limit (`ulimit -s`) under about 1 MB is not supported. */
 #if defined(__AVX512F__) && defined(__FMA__)
 enum { PACKED_ROWS = 4096, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 1536 };
 #elif defined(__FMA__)
-enum { PACKED_ROWS = 1024, PACKED_K = 512, PACKED_K_WIDE_BLAS = 512 };
+/* AVX2: K up to 1024 since 2026-11-29. On the 2-vCPU Zen 3 VM (OpenBLAS
+ * 0.3.21's "Zen" kernels), alternating pairs against K up to 512, 2
+ * threads: `bench_gpt 124m 4 2` 191.6-199.0 against 185.4-190.3 tokens/s
+ * (each of 4 pairs ahead; its products at K = 768 leave the BLAS),
+ * `bench_mlp` at batch 32 +2-7% and at 256 +1-6% (3 pairs each; the
+ * first layer's K = 784). The strip then spills L1 into L2; the BLAS's
+ * packing costs more than that at these sizes. */
+enum { PACKED_ROWS = 1024, PACKED_K = 1024, PACKED_K_WIDE_BLAS = 1024 };
 #else
 enum { PACKED_ROWS = 0, PACKED_K = 0, PACKED_K_WIDE_BLAS = 0 };
 #endif

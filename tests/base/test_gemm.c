@@ -39,7 +39,7 @@ static float uniform(void) { /* xorshift, in [-1, 1) */
 static const float SENTINEL = 1234.5f;
 
 /* Whether the packed kernel can take inner size K on this target at all
- * (narrow.c: K <= 3072 with AVX-512, 512 with AVX2 alone, A transposed
+ * (narrow.c: K <= 3072 with AVX-512, 1024 with AVX2 alone, A transposed
  * past K = 64 with AVX-512 only). */
 /* The rule built in for class c (narrow.c): the BLAS past K = 1536 where
  * the BLAS has 16-lane kernels, on targets whose packed kernel goes past
@@ -52,7 +52,7 @@ static const float SENTINEL = 1234.5f;
 #if defined(__AVX512F__) && defined(__FMA__)
 #define PACKED_ANY(ta, K) ((K) <= 3072)
 #elif defined(__FMA__)
-#define PACKED_ANY(ta, K) ((K) <= ((ta) ? 64 : 512))
+#define PACKED_ANY(ta, K) ((K) <= ((ta) ? 64 : 1024))
 #else
 #define PACKED_ANY(ta, K) 0
 #endif
@@ -381,7 +381,7 @@ int main(void) {
    * 16-lane kernels), and a forced class moves no other. */
   {
     const shape chosen[] = {
-        {0, 1, 60, 70, 500, "class 0"},  {0, 0, 60, 70, 1500, "class 1"},
+        {0, 1, 60, 70, 500, "class 0"},  {0, 0, 60, 70, 1000, "class 1"},
         {0, 1, 60, 70, 2000, "class 2"}, {1, 0, 60, 70, 50, "class 3"},
         {1, 0, 60, 70, 1000, "class 4"}, {1, 0, 60, 70, 3000, "class 5"}};
     int force[ST_GEMM_CHOICES];
