@@ -300,6 +300,17 @@ static int first_fit(st_plan **out, const st_config *cfg, const st_fabric *f,
   return st_error_set(err, rc, "%s", tried);
 }
 
+/* The plan compile chooses without --mode (its candidate in *chosen): set
+ * against a forced mode, or named when the forced one does not fit. */
+static int unforced(st_plan **out, const st_config *cfg, const st_fabric *f,
+                    int stages, int *chosen) {
+  char tried[2048], pick[ST_CAUSE_MAX];
+  st_error e = {0};
+  st_config applied;
+  return first_fit(out, cfg, f, stages, NULL, tried, sizeof tried, pick,
+                   sizeof pick, chosen, &applied, &e);
+}
+
 int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
                    const char *force, st_config *applied, st_error *err) {
   *out = NULL;
@@ -322,12 +333,8 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
         /* what fits this fabric without --mode, if anything: the way out
          * a user wants before a bigger fabric */
         st_plan *auto_plan = NULL;
-        char t2[2048], p2[ST_CAUSE_MAX];
         int c2 = -1;
-        st_error e = {0};
-        st_config auto_cfg;
-        if (first_fit(&auto_plan, cfg, &f, stages, NULL, t2, sizeof t2, p2,
-                      sizeof p2, &c2, &auto_cfg, &e) == 0) {
+        if (unforced(&auto_plan, cfg, &f, stages, &c2) == 0) {
           candidate_name(name, sizeof name, &k[c2], cfg);
           snprintf(smallest, sizeof smallest,
                    "without --mode it fits by %s, predicted %s samples/s", name,
@@ -354,12 +361,8 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
   if (force) {
     /* what forcing costs: the plan compile would choose, for comparison */
     st_plan *auto_plan = NULL;
-    char t2[2048], p2[ST_CAUSE_MAX];
     int c2 = -1;
-    st_error e = {0};
-    st_config auto_cfg;
-    int arc = first_fit(&auto_plan, cfg, &f, stages, NULL, t2, sizeof t2, p2,
-                        sizeof p2, &c2, &auto_cfg, &e);
+    int arc = unforced(&auto_plan, cfg, &f, stages, &c2);
     if (arc == 0 &&
         fabs(rate_of(auto_plan) - rate_of(p)) > 1e-9 * rate_of(auto_plan)) {
       char other[96];
