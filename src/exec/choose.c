@@ -327,8 +327,7 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
                  sizeof pick, &chosen, applied, err);
   if (rc) {
     if (rc == ST_EUNSUPPORTED) {
-      char smallest[320];
-      smallest_fabric(smallest, sizeof smallest, cfg, &f);
+      char smallest[320] = "";
       if (force) {
         /* what fits this fabric without --mode, if anything: the way out
          * a user wants before a bigger fabric */
@@ -342,6 +341,7 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
         }
         st_plan_destroy(auto_plan);
       }
+      if (!smallest[0]) smallest_fabric(smallest, sizeof smallest, cfg, &f);
       /* the smallest fabric first: the modes' reasons may fill the line */
       char msg[sizeof err->msg];
       snprintf(msg, sizeof msg, "%s", err->msg);
