@@ -20,8 +20,9 @@
  *         rows a multiple of 4 KB apart, into a few cache sets): 0.4x to
  *         0.6x.
  *   packed: C = op(A) op(B) with any transposes, 2 <= M <= 1024 rows, K <=
- *         1024 (and K <= 64 with A transposed), where the two above do not
- *         run; with AVX-512, far larger products (the limits below). A
+ *         3072 (past K = 1024 with B transposed or from 512 rows; K <= 64
+ *         with A transposed), where the two above do not run; with
+ *         AVX-512, far larger products (the limits below). A
  *         strip of op(B), K x 2 VL columns, is copied into one
  *         contiguous buffer (B transposed: 8 x 8 blocks at a time, in
  *         registers), and blocks of 6 rows of op(A) pass over it as in
@@ -374,23 +375,40 @@ enum { STRIP = 2 * VL };
  *     products and 195-231 at K = 2048-3072: there the packed kernel
  *     takes K up to 1536 only (st_blas_avx512). Other BLAS libraries
  *     count as having such kernels.
- * The strip, K x STRIP floats, lives on the task's stack: 64 KB at K =
- * 1024 with AVX2, 384 KB at K = 3072 with AVX-512. glibc gives the main
+ * The strip, K x STRIP floats, lives on the task's stack: 192 KB at K =
+ * 3072 with AVX2, 384 KB with AVX-512. glibc gives the main
  * thread and every new thread the stack size limit, 8 MB unless set
  * otherwise; a limit (`ulimit -s`) under about 1 MB is not supported. */
 #if defined(__AVX512F__) && defined(__FMA__)
 enum { PACKED_ROWS = 4096, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 1536 };
 #elif defined(__FMA__)
-/* AVX2: K up to 1024 since 2026-11-29. On the 2-vCPU Zen 3 VM (OpenBLAS
- * 0.3.21's "Zen" kernels), alternating pairs against K up to 512, 2
- * threads: `bench_gpt 124m 4 2` 191.6-199.0 against 185.4-190.3 tokens/s
- * (each of 4 pairs ahead; its products at K = 768 leave the BLAS),
- * `bench_mlp` at batch 32 +2-7% and at 256 +1-6% (3 pairs each; the
- * first layer's K = 784). The strip then spills L1 into L2; the BLAS's
- * packing costs more than that at these sizes. */
-enum { PACKED_ROWS = 1024, PACKED_K = 1024, PACKED_K_WIDE_BLAS = 1024 };
+/* AVX2: K up to 1024 since 2026-11-29 (from 512), and up to 3072 later
+ * that day with B transposed or at least PACKED_PLAIN_B_ROWS rows. On the
+ * 2-vCPU Zen 3 VM (OpenBLAS 0.3.21's "Zen" kernels), 2 threads:
+ *   - K 1024 against 512, alternating pairs: `bench_gpt 124m 4 2`
+ *     191.6-199.0 against 185.4-190.3 tokens/s (each of 4 pairs ahead;
+ *     its products at K = 768 leave the BLAS), `bench_mlp` at batch 32
+ *     +2-7% and at 256 +1-6% (3 pairs each; the first layer's K = 784).
+ *     The strip then spills L1 into L2; the BLAS's packing costs more
+ *     than that at these sizes.
+ *   - K 3072 (hot operands, best of 7): GPT-2's K = 3072 products at 1024
+ *     rows, 186-190 GFLOP/s against the BLAS's 172-174; B transposed at
+ *     16-256 rows and K 3072-4096, 129-189 against 110-169. B not
+ *     transposed, its strip is K rows far apart (a page or more each at
+ *     N = 3072): at 16-192 rows 78-170 against 120-173, at 256 mixed
+ *     (160-175 against 170-174), from 512 rows 174-188 against 170-178.
+ *     `bench_gpt 124m 4 2`, alternating with K up to 1024: 204.1-207.1
+ *     tokens/s against 198.7-199.6 (FMA-peak share 0.76-0.77 against
+ *     0.74). */
+enum { PACKED_ROWS = 1024, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 3072 };
+enum { PACKED_K_PLAIN_B = 1024, PACKED_PLAIN_B_ROWS = 512 };
 #else
 enum { PACKED_ROWS = 0, PACKED_K = 0, PACKED_K_WIDE_BLAS = 0 };
+#endif
+#if defined(__AVX512F__) || !defined(__FMA__)
+/* B untransposed past K = PACKED_K_PLAIN_B only from PACKED_PLAIN_B_ROWS
+ * rows (AVX2, above); with AVX-512 no such limit was measured. */
+enum { PACKED_K_PLAIN_B = PACKED_K, PACKED_PLAIN_B_ROWS = 0 };
 #endif
 /* A transposed is read in place down its columns up to this K whatever
  * its stride, and past it (with AVX-512 only) where its rows do not lie a
@@ -434,8 +452,9 @@ int st_gemm_chosen(int c) {
 /* Products of up to ST_NARROW_ROWS rows keep the rule: the table was
  * measured at 500 rows, where the BLAS's packing pays for itself, and a
  * few rows are the dot or axpy kernels' or the packed kernel's (below). */
-static int packed_fits(int trans_a, int M, int K, int lda) {
+static int packed_fits(int trans_a, int trans_b, int M, int K, int lda) {
   if (M > PACKED_ROWS || K > PACKED_K) return 0;
+  if (!trans_b && K > PACKED_K_PLAIN_B && M < PACKED_PLAIN_B_ROWS) return 0;
   int c = st_gemm_choice_class(trans_a, K);
   if (M > ST_NARROW_ROWS ? st_gemm_chosen(c) : rule_blas(c)) return 0;
   if (!trans_a || K <= PACKED_TRANS_A_ANY_K) return 1;
@@ -660,11 +679,11 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
                           int lda) {
   if (M < 2 || K < 1) return NARROW_NONE;
   if (!trans_a && trans_b && M <= ST_NARROW_DOT_ROWS &&
-      (M <= DOT_ROWS || N < DOT_NARROW_N || !packed_fits(0, M, K, lda)))
+      (M <= DOT_ROWS || N < DOT_NARROW_N || !packed_fits(0, 1, M, K, lda)))
     return NARROW_DOT; /* (past the packed kernel's K: dot, as before) */
   if (!trans_a && !trans_b && M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K)
     return NARROW_AXPY;
-  return packed_fits(trans_a, M, K, lda) ? NARROW_PACKED : NARROW_NONE;
+  return packed_fits(trans_a, trans_b, M, K, lda) ? NARROW_PACKED : NARROW_NONE;
 }
 
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,

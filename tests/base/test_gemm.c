@@ -39,8 +39,9 @@ static float uniform(void) { /* xorshift, in [-1, 1) */
 static const float SENTINEL = 1234.5f;
 
 /* Whether the packed kernel can take inner size K on this target at all
- * (narrow.c: K <= 3072 with AVX-512, 1024 with AVX2 alone, A transposed
- * past K = 64 with AVX-512 only). */
+ * (narrow.c: K <= 3072, A transposed past K = 64 with AVX-512 only; with
+ * AVX2 alone, B untransposed past K = 1024 only from 512 rows, which the
+ * shapes this macro serves do not reach: 60 rows, K 1000 then). */
 /* The rule built in for class c (narrow.c): the BLAS past K = 1536 where
  * the BLAS has 16-lane kernels, on targets whose packed kernel goes past
  * it (AVX-512). */
@@ -52,7 +53,7 @@ static const float SENTINEL = 1234.5f;
 #if defined(__AVX512F__) && defined(__FMA__)
 #define PACKED_ANY(ta, K) ((K) <= 3072)
 #elif defined(__FMA__)
-#define PACKED_ANY(ta, K) ((K) <= ((ta) ? 64 : 1024))
+#define PACKED_ANY(ta, K) ((K) <= ((ta) ? 64 : 3072))
 #else
 #define PACKED_ANY(ta, K) 0
 #endif
@@ -276,7 +277,10 @@ int main(void) {
        * 1536 where the BLAS has AVX-512 kernels); past them, and without
        * AVX-512, the tiled sgemm. Few columns: row chunks of 256 and of
        * 102 (the last 82). */
-      {0, 1, 64, 40, 3072, "K=3072 (AVX-512 packed)"},
+      {0, 1, 64, 40, 3072, "K=3072 (packed; the BLAS's if AVX-512)"},
+      /* with AVX2 alone, B untransposed past K = 1024 only from 512 rows */
+      {0, 0, 511, 40, 1025, "K=1025 511 rows (AVX2 sgemm)"},
+      {0, 0, 512, 40, 1025, "K=1025 512 rows (packed)"},
       {0, 0, 30, 40, 3073, "sgemm K>3072"},
       {0, 0, 4096, 20, 64, "4096 rows (AVX-512 packed, row chunks)"},
       {0, 1, 1000, 20, 100, "1000 rows (AVX-512 packed, row chunks)"},
@@ -362,6 +366,31 @@ int main(void) {
   }
   CHECK(st_gemm_narrow_kernel(0, 1, 8, 64, 3073, 3073) == NARROW_DOT,
         "8 x 64 x 3073, B transposed: not the dot kernel");
+#if defined(__FMA__)
+  /* K 1025-3072: packed with B transposed at any row count, untransposed
+   * from 512 rows, and under them only with AVX-512 (K 1536 at most here:
+   * past it the rule gives a BLAS with AVX-512 kernels the product) */
+  {
+#if defined(__AVX512F__)
+    int few_rows_plain_b = NARROW_PACKED;
+#else
+    int few_rows_plain_b = NARROW_NONE;
+#endif
+    CHECK(
+        st_gemm_narrow_kernel(0, 1, 16, 64, 1536, 1536) == NARROW_PACKED &&
+            st_gemm_narrow_kernel(0, 0, 512, 64, 1536, 1536) == NARROW_PACKED &&
+            st_gemm_narrow_kernel(0, 0, 511, 64, 1025, 1025) ==
+                few_rows_plain_b &&
+            st_gemm_narrow_kernel(0, 0, 64, 64, 1024, 1024) == NARROW_PACKED &&
+            st_gemm_narrow_kernel(0, 1, 64, 64, 3073, 3073) == NARROW_NONE,
+        "K past 1024: kernels %d %d %d %d %d",
+        st_gemm_narrow_kernel(0, 1, 16, 64, 1536, 1536),
+        st_gemm_narrow_kernel(0, 0, 512, 64, 1536, 1536),
+        st_gemm_narrow_kernel(0, 0, 511, 64, 1025, 1025),
+        st_gemm_narrow_kernel(0, 0, 64, 64, 1024, 1024),
+        st_gemm_narrow_kernel(0, 1, 64, 64, 3073, 3073));
+  }
+#endif
   /* A transposed with rows a multiple of 4 KB apart (lda 1024 and 2048):
    * the tiled sgemm past K = 64, whatever the target */
   const shape aliased[] = {{1, 0, 1021, 20, 100, "sgemm dW lda 1024"},
