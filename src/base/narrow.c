@@ -398,8 +398,10 @@ enum { PACKED_ROWS = 4096, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 1536 };
  *     N = 3072): at 16-192 rows 78-170 against 120-173, at 256 mixed
  *     (160-175 against 170-174), from 512 rows 174-188 against 170-178.
  *     `bench_gpt 124m 4 2`, alternating with K up to 1024: 204.1-207.1
- *     tokens/s against 198.7-199.6 (FMA-peak share 0.76-0.77 against
- *     0.74). */
+ *     tokens/s against 198.7-199.6 in 2 pairs, 199.6-200.5 against
+ *     190.9-197.0 in 3 more (FMA-peak share 0.74-0.77 against 0.71-0.74).
+ *     (Its products at K = 3072 have 1024 rows, so the row limit for B
+ *     untransposed does not touch them.) */
 enum { PACKED_ROWS = 1024, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 3072 };
 enum { PACKED_K_PLAIN_B = 1024, PACKED_PLAIN_B_ROWS = 512 };
 #else
