@@ -2,10 +2,14 @@
  * model.c — builds a model from the config: an ordered array of blocks, each
  * with its layers, named parameter tensors in one contiguous slab, its
  * activation layout and its cost per sample. Builders:
- *   mlp — FC-MNIST: [flatten] (linear, [layernorm], [+x], activation,
- *         [dropout]) per hidden width, then a linear head; one block per
- *         hidden layer (+x: model.residual, every hidden layer but the
- *         first).
+ *   mlp — FC-MNIST: (linear, [layernorm], [+x], activation, [dropout])
+ *         per hidden width, then a linear head; one block per hidden layer
+ *         (+x: model.residual, every hidden layer but the first). The
+ *         first linear layer reads an image's elements as one vector, in
+ *         place: a flatten layer in front of it copied the batch (800 KB
+ *         at batch 256), 3.4% of `bench_mlp 256 2`'s step in the pool's
+ *         jobs, with 784 floats a sample kept for nothing (2026-11-29,
+ *         Zen 3).
  *   cnn — per stage of `channels`: a conv block (conv, [groupnorm], relu) and
  *         `residual_blocks` residual blocks (conv, [gn], relu, conv, [gn], +x,
  *         relu), then pooling 2x2 on the stage's last block; then flatten,
@@ -180,8 +184,6 @@ static int build_mlp(builder *bd) {
   const st_config *c = bd->cfg;
   for (int i = 0; i < c->model.hidden.n; i++) {
     begin_block(bd);
-    if (i == 0 && (bd->cur.h != 1 || bd->cur.w != 1))
-      add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
     if (c->model.residual && i > 0 &&
         c->model.hidden.v[i] != c->model.hidden.v[i - 1])
       return shape_error(bd, "model.residual",
@@ -201,8 +203,6 @@ static int build_mlp(builder *bd) {
     add_dropout(bd, c->model.dropout);
   }
   begin_block(bd);
-  if (c->model.hidden.n == 0 && (bd->cur.h != 1 || bd->cur.w != 1))
-    add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
   add_linear(bd, c->model.classes);
   return bd->failed ? ST_ENOMEM : 0;
 }

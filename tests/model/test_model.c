@@ -534,7 +534,8 @@ static void set_str(char *dst, size_t cap, const char *s) {
 }
 #define SET(field, s) set_str((field), sizeof(field), (s))
 
-/* (a) mlp [7, 5] relu on a 1x4x4 image: flatten, two hidden blocks, head */
+/* (a) mlp [7, 5] relu on a 1x4x4 image: two hidden blocks, head (the first
+ * linear layer reads the image's 16 elements as a vector: no flatten) */
 static void config_a(st_config *c) {
   st_config_defaults(c);
   SET(c->model.kind, "mlp");
@@ -638,8 +639,9 @@ static void check_structure(void) {
   config_a(&c);
   if (st_model_create(&m, &c, (st_shape){1, 4, 4}, &err) == 0) {
     CHECK(m->n_blocks == 3, "(a): %d blocks, want 3", m->n_blocks);
-    CHECK(m->blocks[0].layers[0].kind == ST_OP_FLATTEN,
-          "(a): block 0 does not start with flatten");
+    CHECK(m->blocks[0].layers[0].kind == ST_OP_LINEAR &&
+              m->blocks[0].layers[0].in.h == 4,
+          "(a): block 0 does not start with the linear layer on the image");
     /* 16*7+7 + 7*5+5 + 5*3+3 */
     CHECK(m->n_params == 119 + 40 + 18, "(a): %zu params, want 177",
           m->n_params);
@@ -742,9 +744,9 @@ static void check_fc_mnist(void) {
   CHECK(st_model_find(m, "blocks.0.linear9.weight", NULL) == -1,
         "fc_mnist: a missing tensor was found");
   CHECK(m->n_tensors == 6, "fc_mnist: %d tensors, want 6", m->n_tensors);
-  CHECK(m->blocks[0].n_layers >= 1 &&
-            m->blocks[0].layers[0].kind == ST_OP_FLATTEN,
-        "fc_mnist: block 0 does not start with flatten");
+  CHECK(m->blocks[0].n_layers == 2 &&
+            m->blocks[0].layers[0].kind == ST_OP_LINEAR,
+        "fc_mnist: block 0 is not [linear relu]");
   CHECK(m->blocks[0].in.c == 1 && m->blocks[0].in.h == 28 &&
             m->blocks[2].out.c == 10,
         "fc_mnist: model does not map 1x28x28 to 10 logits");
@@ -889,7 +891,7 @@ static void check_init(void) {
  * output alone. The activations hold the kept outputs and every save area;
  * the scratch two slots of the largest transient output past the layers'
  * own. */
-/* Block [flatten linear relu dropout] of model (f), training, 3 samples on
+/* Block [linear relu dropout] of model (f), training, 3 samples on
  * a pool of 3: a task per sample. Its gradients against the ops' chain with
  * each sample's own mask (st_dropout_forward on that sample alone, from its
  * global index): dropout, then relu, then the linear layer's gradient —
@@ -902,11 +904,11 @@ static void check_dropout_block(const st_config *c) {
   CHECK(rc == 0, "(f): %s", err.msg);
   if (rc) return;
   const st_block *b = &m->blocks[0];
-  const st_layer *lin = &b->layers[1], *relu = &b->layers[2],
-                 *drop = &b->layers[3];
-  CHECK(b->n_layers == 4 && lin->kind == ST_OP_LINEAR &&
+  const st_layer *lin = &b->layers[0], *relu = &b->layers[1],
+                 *drop = &b->layers[2];
+  CHECK(b->n_layers == 3 && lin->kind == ST_OP_LINEAR &&
             relu->kind == ST_OP_RELU && drop->kind == ST_OP_DROPOUT,
-        "(f): block 0 is not [flatten linear relu dropout]");
+        "(f): block 0 is not [linear relu dropout]");
   enum { B = 3, IC = 16, H = 40000 };
   float *params = floats(m->n_params), *grads = floats(m->n_params);
   float *want = floats(m->n_params), *x = floats(B * IC),
@@ -1006,9 +1008,9 @@ static void check_kept_outputs(void) {
   const st_block *h = &m->blocks[1];
   CHECK(h->n_layers == 2 && h->layers[0].transient == ST_TRANSIENT &&
             h->layers[1].transient == ST_KEPT && h->act_per_sample == 256 &&
-            m->blocks[0].act_per_sample == 784 + 256 &&
+            m->blocks[0].act_per_sample == 256 &&
             m->blocks[2].act_per_sample == 10,
-        "mlp blocks: %zu, %zu, %zu floats a sample, want 1040, 256, 10",
+        "mlp blocks: %zu, %zu, %zu floats a sample, want 256, 256, 10",
         m->blocks[0].act_per_sample, h->act_per_sample,
         m->blocks[2].act_per_sample);
   st_model_destroy(m);
