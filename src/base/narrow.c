@@ -381,6 +381,8 @@ enum { STRIP = 2 * VL };
  * otherwise; a limit (`ulimit -s`) under about 1 MB is not supported. */
 #if defined(__AVX512F__) && defined(__FMA__)
 enum { PACKED_ROWS = 4096, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 1536 };
+/* B untransposed: no row limit past some K was measured with AVX-512 */
+enum { PACKED_K_PLAIN_B = PACKED_K, PACKED_PLAIN_B_ROWS = 0 };
 #elif defined(__FMA__)
 /* AVX2: K up to 1024 since 2026-11-29 (from 512), and up to 3072 later
  * that day with B transposed or at least PACKED_PLAIN_B_ROWS rows. On the
@@ -406,11 +408,7 @@ enum { PACKED_ROWS = 1024, PACKED_K = 3072, PACKED_K_WIDE_BLAS = 3072 };
 enum { PACKED_K_PLAIN_B = 1024, PACKED_PLAIN_B_ROWS = 512 };
 #else
 enum { PACKED_ROWS = 0, PACKED_K = 0, PACKED_K_WIDE_BLAS = 0 };
-#endif
-#if defined(__AVX512F__) || !defined(__FMA__)
-/* B untransposed past K = PACKED_K_PLAIN_B only from PACKED_PLAIN_B_ROWS
- * rows (AVX2, above); with AVX-512 no such limit was measured. */
-enum { PACKED_K_PLAIN_B = PACKED_K, PACKED_PLAIN_B_ROWS = 0 };
+enum { PACKED_K_PLAIN_B = 0, PACKED_PLAIN_B_ROWS = 0 };
 #endif
 /* A transposed is read in place down its columns up to this K whatever
  * its stride, and past it (with AVX-512 only) where its rows do not lie a
