@@ -145,10 +145,12 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg);
  * is the BLAS's matrix-vector product, a few rows strata's own kernels
  * where they are faster (src/base/narrow.c). So are products with a short
  * inner size (K <= 3072, past 1024 only with B transposed or from 512
- * rows; K <= 64 with A transposed; at most 1024 rows: a GPT's at a batch
- * of a few sequences, attention's blocks), which only copy strips of
- * op(B), and with AVX-512 most products up to 4096 rows and K = 3072
- * (narrow.c says which); all equally independent of the thread count. */
+ * rows; K <= 64 with A transposed, or K <= 512 with A's rows at most 128
+ * floats apart; at most 1024 rows: a GPT's at a batch of a few sequences,
+ * attention's blocks, a narrow layer's weight gradient), which only copy
+ * strips of op(B), and with AVX-512 most products up to 4096 rows and K =
+ * 3072 (narrow.c says which); all equally independent of the thread
+ * count. */
 #define ST_NARROW_ROWS 16
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,

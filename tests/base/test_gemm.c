@@ -39,7 +39,9 @@ static float uniform(void) { /* xorshift, in [-1, 1) */
 static const float SENTINEL = 1234.5f;
 
 /* Whether the packed kernel can take inner size K on this target at all
- * (narrow.c: K <= 3072, A transposed past K = 64 with AVX-512 only; with
+ * (narrow.c: K <= 3072, A transposed past K = 64 with AVX-512 only, or
+ * with AVX2 up to K = 512 with rows at most 128 floats apart, which the
+ * transposed shapes this macro serves do not reach past K = 64; with
  * AVX2 alone, B untransposed past K = 1024 only from 512 rows, which the
  * shapes this macro serves do not reach: 60 rows, K 1000 then). */
 /* The rule built in for class c (narrow.c): the BLAS past K = 1536 where
@@ -292,8 +294,12 @@ int main(void) {
       {0, 0, 8, 64, 513, "K>512 (AVX2 sgemm)"},
       {0, 0, 64, 40, 513, "K>512 (AVX2 sgemm)"},
       {0, 1, 1025, 40, 30, "M>1024 (AVX2 sgemm)"},
-      {1, 0, 30, 40, 65, "dW K>64 (AVX2 sgemm)"},
-      {1, 1, 30, 40, 65, "K>64 (AVX2 sgemm)"},
+      {1, 0, 130, 40, 65, "dW K>64, lda 133 (AVX2 sgemm)"},
+      {1, 1, 130, 40, 65, "K>64, lda 133 (AVX2 sgemm)"},
+      {1, 0, 10, 256, 256, "dW K>64, lda 13 (packed)"},
+      {1, 1, 30, 40, 65, "K>64, lda 33 (packed)"},
+      {1, 0, 120, 50, 512, "dW K=512, lda 123 (packed)"},
+      {1, 0, 20, 50, 513, "dW K>512 (AVX2 sgemm)"},
       {0, 1, 200, 300, 600, "tiled (AVX2 sgemm)"},
       {0, 1, 130, 140, 3100, "sgemm tiled K>3072"},
       /* too few tiles at the usual edge: split further (gpt_tiny's
@@ -389,6 +395,26 @@ int main(void) {
         st_gemm_narrow_kernel(0, 0, 511, 64, 1025, 1025),
         st_gemm_narrow_kernel(0, 0, 64, 64, 1024, 1024),
         st_gemm_narrow_kernel(0, 1, 64, 64, 3073, 3073));
+  }
+  /* A transposed past K = 64: packed up to K 512 with its rows at most
+   * 128 floats apart (a narrow layer's weight gradient); past that the
+   * BLAS with AVX2, packed with AVX-512 unless its rows lie a multiple of
+   * 4 KB apart */
+  {
+#if defined(__AVX512F__)
+    int wide = NARROW_PACKED;
+#else
+    int wide = NARROW_NONE;
+#endif
+    int k[5] = {st_gemm_narrow_kernel(1, 0, 10, 256, 256, 10),
+                st_gemm_narrow_kernel(1, 0, 128, 784, 512, 128),
+                st_gemm_narrow_kernel(1, 0, 129, 784, 512, 129),
+                st_gemm_narrow_kernel(1, 0, 128, 784, 513, 128),
+                st_gemm_narrow_kernel(1, 0, 256, 784, 256, 1024)};
+    CHECK(k[0] == NARROW_PACKED && k[1] == NARROW_PACKED && k[2] == wide &&
+              k[3] == wide && k[4] == NARROW_NONE,
+          "A transposed past K 64: kernels %d %d %d %d %d", k[0], k[1], k[2],
+          k[3], k[4]);
   }
 #endif
   /* A transposed with rows a multiple of 4 KB apart (lda 1024 and 2048):
