@@ -175,6 +175,14 @@ int st_gemv_then(st_pool *pool, float *y, const float *x, const float *B, int K,
 void st_gemm_bias(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                   const float *A, int lda, const float *B, int ldb,
                   const float *bias, float *C, int ldc);
+/* C = relu(op(A) op(B) + bias), bias NULL for none: the bits of
+ * st_gemm_bias (or st_gemm with alpha 1, beta 0) and then st_relu_forward
+ * on C, with the relu applied as narrow.c's kernels store C where they
+ * take the product (a linear layer and the relu after it: model/block.c),
+ * else in a pass over C on the pool. */
+void st_gemm_bias_relu(st_pool *pool, int trans_a, int trans_b, int M, int N,
+                       int K, const float *A, int lda, const float *B, int ldb,
+                       const float *bias, float *C, int ldc);
 /* Products on bf16 inputs with fp32 accumulation (train.precision: bf16;
  * src/base/gemm_bf16.c gives the exact definition): the same contract as
  * st_gemm, each input rounded to bf16, each element one fp32 chain over K
@@ -461,6 +469,12 @@ void st_linear_backward(st_pool *pool, float *din, float *dw, float *db,
  * GPT-2 Conv1D, so checkpoints carry HF shapes: out = in W + b. */
 void st_linear_t_forward(st_pool *pool, float *out, const float *in,
                          const float *w, const float *b, int B, int IC, int OC);
+/* out = relu(in W^T + b) (wt 0) or relu(in W + b) (wt 1): the bits of
+ * the linear forward and then st_relu_forward, without the pass over out
+ * where the product runs in narrow.c's kernels (st_gemm_bias_relu). */
+void st_linear_relu_forward(st_pool *pool, int wt, float *out, const float *in,
+                            const float *w, const float *b, int B, int IC,
+                            int OC);
 void st_linear_t_backward(st_pool *pool, float *din, float *dw, float *db,
                           const float *dout, const float *in, const float *w,
                           int B, int IC, int OC);

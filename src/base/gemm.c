@@ -385,7 +385,7 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     return;
   }
   if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
-                     beta, C, ldc, NULL))
+                     beta, C, ldc, NULL, 0))
     return;
   gemm_job j = {trans_a, trans_b, M, N,     K,    lda, ldb, ldc,
                 1,       0,       0, alpha, beta, A,   B,   C};
@@ -405,9 +405,44 @@ void st_gemm_bias(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
   if (M <= 0 || N <= 0) return;
   if (!st_gemm_bf16_on() &&
       st_gemm_narrow(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb,
-                     1.0f, C, ldc, bias))
+                     1.0f, C, ldc, bias, 0))
     return;
   for (int i = 0; i < M; i++)
     memcpy(C + (size_t)i * ldc, bias, (size_t)N * sizeof *C);
   st_gemm(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+}
+
+/* relu over C's rows in place, in tasks of about RELU_FLOATS elements
+ * (whole rows): the pass after a product narrow.c's kernels do not take. */
+enum { RELU_FLOATS = 1 << 12 };
+
+typedef struct relu_job {
+  float *C;
+  int M, N, ldc, rows;
+} relu_job;
+
+static void relu_rows(void *arg, int t) {
+  const relu_job *j = arg;
+  int r0 = t * j->rows, r1 = r0 + j->rows < j->M ? r0 + j->rows : j->M;
+  for (int r = r0; r < r1; r++) {
+    float *c = j->C + (size_t)r * j->ldc;
+    st_relu_forward(c, c, (size_t)j->N);
+  }
+}
+
+void st_gemm_bias_relu(st_pool *pool, int trans_a, int trans_b, int M, int N,
+                       int K, const float *A, int lda, const float *B, int ldb,
+                       const float *bias, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (!st_gemm_bf16_on() &&
+      st_gemm_narrow(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb,
+                     bias ? 1.0f : 0.0f, C, ldc, bias, 1))
+    return;
+  if (bias)
+    st_gemm_bias(pool, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc);
+  else
+    st_gemm(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C,
+            ldc);
+  relu_job j = {C, M, N, ldc, RELU_FLOATS / N > 1 ? RELU_FLOATS / N : 1};
+  st_pool_for(pool, (M + j.rows - 1) / j.rows, relu_rows, &j);
 }

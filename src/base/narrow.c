@@ -163,19 +163,34 @@ INLINE float hsum(vf v) {
 
 /* How a sum x meets C: C = alpha x + beta C, with C not read when beta is
  * 0 (it may hold anything, as with the BLAS); the linear layers' two
- * cases, C = x and C += x, without the multiplications by 1. */
+ * cases, C = x and C += x, without the multiplications by 1. With relu,
+ * the result then goes through relu as activation.c computes it (x > 0 ?
+ * x : 0, so a NaN or -0 gives +0): a linear layer's forward with the
+ * relu after it, the same bits as the two apart. */
 enum { SET, ADD, SCALED };
 
-INLINE float finish(int how, float x, float alpha, float beta, const float *c) {
-  return how == SET   ? alpha * x
-         : how == ADD ? *c + x
-                      : fma1(alpha, x, beta * *c);
+INLINE float finish(int how, float x, float alpha, float beta, const float *c,
+                    int relu) {
+  float y = how == SET   ? alpha * x
+            : how == ADD ? *c + x
+                         : fma1(alpha, x, beta * *c);
+  return relu && !(y > 0.0f) ? 0.0f : y;
 }
 
-INLINE vf finish_v(int how, vf x, float alpha, float beta, const float *c) {
-  if (how == SET) return splat(alpha) * x;
-  if (how == ADD) return load(c) + x;
-  return vfma(splat(alpha), x, splat(beta) * load(c));
+/* Integers of vf's width: a lane-wise compare's mask. */
+typedef int vfm __attribute__((vector_size(sizeof(vf))));
+
+INLINE vf finish_v(int how, vf x, float alpha, float beta, const float *c,
+                   int relu) {
+  vf y;
+  if (how == SET)
+    y = splat(alpha) * x;
+  else if (how == ADD)
+    y = load(c) + x;
+  else
+    y = vfma(splat(alpha), x, splat(beta) * load(c));
+  /* y where y > 0, else +0 (a false compare's lanes are all zero bits) */
+  return relu ? (vf)((vfm)(y > splat(0.0f)) & (vfm)y) : y;
 }
 
 typedef struct narrow_job {
@@ -187,6 +202,7 @@ typedef struct narrow_job {
   int per_task;      /* columns of C per task */
   int ta, tb;        /* the packed path's transposes */
   const float *bias; /* with how ADD: added in place of C (C not read) */
+  int relu;          /* C then goes through relu (finish) */
   /* The packed path's tasks: col_tasks across C's columns times row
    * chunks of rows_per_task (1 chunk of M rows unless few columns). */
   int col_tasks, rows_per_task;
@@ -228,7 +244,7 @@ INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ) {
       float s = hsum(acc[r][j]);
       for (int t = k; t < K; t++) s = fma1(a[t], b[t], s);
       float *c = C + (r0 + r) * ldc + j0 + j;
-      *c = finish(how, s, alpha, beta, addend(J, c, j0 + j));
+      *c = finish(how, s, alpha, beta, addend(J, c, j0 + j), J->relu);
     }
 }
 
@@ -277,7 +293,8 @@ INLINE void axpy_block(const narrow_job *J, int r0, int n, int RR, int NV) {
   for (int r = 0; r < RR; r++)
     for (int v = 0; v < NV; v++) {
       float *c = C + (r0 + r) * ldc + n + v * VL;
-      store(c, finish_v(how, acc[r][v], alpha, beta, addend(J, c, n + v * VL)));
+      store(c, finish_v(how, acc[r][v], alpha, beta, addend(J, c, n + v * VL),
+                        J->relu));
     }
 }
 
@@ -289,7 +306,7 @@ static void axpy_column(const narrow_job *J, int n) {
     for (int k = 0; k < J->K; k++)
       s = fma1(a[k], J->B[(size_t)k * J->ldb + n], s);
     float *c = J->C + (size_t)r * J->ldc + n;
-    *c = finish(J->how, s, J->alpha, J->beta, addend(J, c, n));
+    *c = finish(J->how, s, J->alpha, J->beta, addend(J, c, n), J->relu);
   }
 }
 
@@ -576,20 +593,20 @@ INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
     }
   }
   float alpha = J->alpha, beta = J->beta, *C = J->C;
-  int how = J->how;
+  int how = J->how, relu = J->relu;
   size_t ldc = (size_t)J->ldc;
   for (int r = 0; r < RR; r++) {
     float *c = C + (r0 + r) * ldc + n;
     if (w == STRIP) {
-      store(c, finish_v(how, acc[r][0], alpha, beta, addend(J, c, n)));
-      store(c + VL,
-            finish_v(how, acc[r][1], alpha, beta, addend(J, c + VL, n + VL)));
+      store(c, finish_v(how, acc[r][0], alpha, beta, addend(J, c, n), relu));
+      store(c + VL, finish_v(how, acc[r][1], alpha, beta,
+                             addend(J, c + VL, n + VL), relu));
     } else {
       float lane[STRIP]; /* acc itself stays in registers */
       store(lane, acc[r][0]);
       store(lane + VL, acc[r][1]);
       for (int j = 0; j < w; j++)
-        c[j] = finish(how, lane[j], alpha, beta, addend(J, c + j, n + j));
+        c[j] = finish(how, lane[j], alpha, beta, addend(J, c + j, n + j), relu);
     }
   }
 }
@@ -703,7 +720,8 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
 
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                    float alpha, const float *A, int lda, const float *B,
-                   int ldb, float beta, float *C, int ldc, const float *bias) {
+                   int ldb, float beta, float *C, int ldc, const float *bias,
+                   int relu) {
   /* alpha 0: C = beta C without reading A or B, as the BLAS does */
   int kernel = alpha == 0.0f
                    ? NARROW_NONE
@@ -713,8 +731,8 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
             : beta == 0.0f                  ? SET
             : alpha == 1.0f && beta == 1.0f ? ADD
                                             : SCALED;
-  narrow_job J = {M, N, K, lda, ldb, ldc, how,  alpha, beta,
-                  A, B, C, 0,   0,   0,   bias, 0,     0};
+  narrow_job J = {M, N, K, lda, ldb, ldc,  how,  alpha, beta, A,
+                  B, C, 0, 0,   0,   bias, relu, 0,     0};
   J.per_task = task_edge(N, 2.0 * M * K); /* tasks over C's columns */
   J.ta = trans_a, J.tb = trans_b;
   J.col_tasks = (N + J.per_task - 1) / J.per_task;

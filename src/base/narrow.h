@@ -30,10 +30,12 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
  * untransposed with rows as above, or the packed kernel's limits in
  * narrow.c); returns 0, touching nothing, otherwise. With a bias (alpha
  * and beta 1 then), C = op(A) op(B) + bias on every row, C not read: the
- * bits of C filled with the bias and then C += op(A) op(B). */
+ * bits of C filled with the bias and then C += op(A) op(B). With relu set,
+ * each element of C then goes through relu (x > 0 ? x : 0), as written. */
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                    float alpha, const float *A, int lda, const float *B,
-                   int ldb, float beta, float *C, int ldc, const float *bias);
+                   int ldb, float beta, float *C, int ldc, const float *bias,
+                   int relu);
 
 /* y (1 x N) = alpha x (1 x K) B, B stored K x N (row stride ldb), on the
  * calling thread by the axpy kernel: each element one FMA chain over k in

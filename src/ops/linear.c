@@ -20,6 +20,13 @@ static void forward(st_pool *pool, int wt, float *out, const float *in,
             OC);
 }
 
+void st_linear_relu_forward(st_pool *pool, int wt, float *out, const float *in,
+                            const float *w, const float *b, int B, int IC,
+                            int OC) {
+  st_gemm_bias_relu(pool, 0, !wt, B, OC, IC, in, IC, w, wt ? OC : IC, b, out,
+                    OC);
+}
+
 static void backward(st_pool *pool, int wt, float *din, float *dw, float *db,
                      const float *dout, const float *in, const float *w, int B,
                      int IC, int OC) {

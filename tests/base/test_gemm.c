@@ -170,6 +170,60 @@ static void run_bias(const shape *s, st_pool **pools, int npools) {
   free(A), free(B), free(bias), free(want), free(C);
 }
 
+/* st_gemm_bias_relu, with and without a bias: the bits of st_gemm_bias
+ * (or st_gemm, alpha 1, beta 0) and then st_relu_forward over each row, on
+ * every path and pool; op(A)'s row 0 has a NaN, so C's row 0 is all NaN
+ * before the relu and +0 after it (relu: x > 0 ? x : 0); C's old contents
+ * never read; nothing past column N written. */
+static void run_relu(const shape *s, st_pool **pools, int npools) {
+  int M = s->M, N = s->N, K = s->K, pad = PAD;
+  int lda = (s->ta ? M : K) + pad, ldb = (s->tb ? K : N) + pad, ldc = N + pad;
+  size_t na = (size_t)(s->ta ? K : M) * lda, nb = (size_t)(s->tb ? N : K) * ldb,
+         nc = (size_t)M * ldc;
+  float *A = malloc(na * 4), *B = malloc(nb * 4), *bias = malloc((size_t)N * 4),
+        *want = malloc(nc * 4), *C = malloc(nc * 4);
+  for (size_t i = 0; i < na; i++) A[i] = uniform();
+  for (size_t i = 0; i < nb; i++) B[i] = uniform();
+  for (int j = 0; j < N; j++) bias[j] = uniform();
+  A[0] = NAN; /* op(A)'s element (0, 0) either way */
+  for (int with_bias = 0; with_bias < 2; with_bias++) {
+    const float *b = with_bias ? bias : NULL;
+    for (int r = 0; r < M; r++)
+      for (int c = 0; c < ldc; c++)
+        want[(size_t)r * ldc + c] = c < N ? NAN : SENTINEL;
+    if (b)
+      st_gemm_bias(NULL, s->ta, s->tb, M, N, K, A, lda, B, ldb, b, want, ldc);
+    else
+      st_gemm(NULL, s->ta, s->tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, want,
+              ldc);
+    int row0_nan = 1;
+    for (int c = 0; c < N; c++) row0_nan &= isnan(want[c]);
+    for (int r = 0; r < M; r++)
+      st_relu_forward(want + (size_t)r * ldc, want + (size_t)r * ldc,
+                      (size_t)N);
+    int row0_zero = 1, negatives = 0;
+    for (int c = 0; c < N; c++) row0_zero &= want[c] == 0 && !signbit(want[c]);
+    for (size_t i = 0; i < nc; i++) negatives += want[i] < 0;
+    CHECK(row0_nan && row0_zero && negatives == 0,
+          "%s %dx%dx%d: the reference relu: row 0 NaN %d then +0 %d, %d "
+          "negatives",
+          s->path, M, N, K, row0_nan, row0_zero, negatives);
+    for (int p = 0; p < npools; p++) {
+      for (int r = 0; r < M; r++)
+        for (int c = 0; c < ldc; c++)
+          C[(size_t)r * ldc + c] = c < N ? NAN : SENTINEL;
+      st_gemm_bias_relu(pools[p], s->ta, s->tb, M, N, K, A, lda, B, ldb, b, C,
+                        ldc);
+      CHECK(memcmp(want, C, nc * 4) == 0,
+            "%s ta%d tb%d %dx%dx%d %s a bias, then relu (%d threads): not the "
+            "bits of the product and then st_relu_forward",
+            s->path, s->ta, s->tb, M, N, K, b ? "with" : "without",
+            st_pool_threads(pools[p]));
+    }
+  }
+  free(A), free(B), free(bias), free(want), free(C);
+}
+
 #if defined(__FMA__)
 /* The axpy and packed paths: each element is s = fmaf(a_k, b_k, s) for
  * k = 0, 1, ... from s = 0, then C = s (alpha 1, beta 0), C + s (alpha 1,
@@ -481,6 +535,7 @@ int main(void) {
           "st_gemm_choose(NULL) does not restore the built-in rule");
   }
   for (int i = 0; i < n; i++) run_bias(&shapes[i], pools, 4);
+  for (int i = 0; i < n; i++) run_relu(&shapes[i], pools, 4);
 #if defined(__FMA__)
   for (int i = 0; i < n; i++) {
     const shape *s = &shapes[i];

@@ -955,6 +955,72 @@ static void check_dropout_block(const st_config *c) {
   st_model_destroy(m);
 }
 
+/* A linear layer and the relu after it run as one product that applies
+ * the relu as it stores (block.c): fc_mnist's first block's output must be
+ * the bits of st_linear_forward and then st_relu_forward, at batches whose
+ * products take each path of st_gemm (1: the matrix-vector product; 2-8:
+ * dot; 12: packed; 40 and 256: packed in tasks), with no pool and a pool
+ * of 3. Sample 0's first pixel is a NaN: its outputs are NaN before the
+ * relu and +0 after. */
+static void check_linear_relu(void) {
+  st_config c;
+  st_config_defaults(&c);
+  st_model *m = NULL;
+  st_error err = {0};
+  int rc = st_model_create(&m, &c, (st_shape){1, 28, 28}, &err);
+  CHECK(rc == 0, "fc_mnist: %s", err.msg);
+  if (rc) return;
+  const st_block *b = &m->blocks[0];
+  const st_layer *lin = &b->layers[0];
+  CHECK(b->n_layers == 2 && lin->kind == ST_OP_LINEAR &&
+            lin->transient == ST_TRANSIENT && b->layers[1].kind == ST_OP_RELU,
+        "fc_mnist: block 0 is not [linear relu] with the linear's output "
+        "transient");
+  enum { MAXB = 256, IC = 784, OC = 256 };
+  float *params = floats(m->n_params), *x = floats((size_t)MAXB * IC);
+  float *acts = floats((size_t)MAXB * b->act_per_sample);
+  float *scratch = floats((size_t)MAXB * b->scratch_floats_per_sample);
+  float *want = floats((size_t)MAXB * OC);
+  st_model_init(m, params, 8);
+  fill_normal(x, (size_t)MAXB * IC, 9);
+  x[0] = NAN;
+  const float *w = params + b->param_off + b->tensors[lin->w_tensor].offset;
+  const float *bias = params + b->param_off + b->tensors[lin->b_tensor].offset;
+  st_pool *pool = st_pool_create(3);
+  const int batches[] = {1, 2, 5, 8, 12, 40, 256};
+  for (size_t i = 0; i < sizeof batches / sizeof *batches; i++) {
+    int B = batches[i];
+    st_linear_forward(NULL, want, x, w, bias, B, IC, OC);
+    int nan_row = 1;
+    for (int o = 0; o < OC; o++) nan_row &= isnan(want[o]);
+    st_relu_forward(want, want, (size_t)B * OC);
+    int zero_row = 1, positive = 0, zeros = 0;
+    for (int o = 0; o < OC; o++) zero_row &= want[o] == 0 && !signbit(want[o]);
+    for (size_t k = OC; k < (size_t)B * OC; k++) {
+      positive += want[k] > 0;
+      zeros += want[k] == 0;
+    }
+    CHECK(nan_row && zero_row && (B == 1 || (positive > 0 && zeros > 0)),
+          "batch %d: the op chain's relu: sample 0 NaN %d then +0 %d; %d "
+          "positive, %d zero elsewhere",
+          B, nan_row, zero_row, positive, zeros);
+    for (int p = 0; p < 2; p++) {
+      memset(acts, 0xff, (size_t)B * b->act_per_sample * sizeof(float));
+      st_ctx ctx = {p ? pool : NULL, 1, 99, 0, NULL, NULL};
+      st_block_forward(b, &ctx, params + b->param_off, x, acts, scratch, B);
+      CHECK(memcmp(want, st_block_output(b, acts, B),
+                   (size_t)B * OC * sizeof(float)) == 0,
+            "batch %d (%s): [linear relu] is not the bits of the linear "
+            "forward and then relu",
+            B, p ? "3 threads" : "no pool");
+    }
+  }
+  st_pool_destroy(pool);
+  float *all[] = {params, x, acts, scratch, want};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) st_free(all[i]);
+  st_model_destroy(m);
+}
+
 static void check_kept_outputs(void) {
   st_config c;
   st_config_defaults(&c);
@@ -1047,6 +1113,7 @@ int main(void) {
   check_mlp_residual();
 
   check_fc_mnist();
+  check_linear_relu();
   check_kept_outputs();
   check_cnn_counts();
   check_init();
