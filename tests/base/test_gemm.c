@@ -143,16 +143,47 @@ static void run(const shape *s, int pad, float alpha, float beta, int nan_c,
 /* st_gemm_bias: the same bits as C filled with the bias and st_gemm with
  * alpha and beta 1, on every path; C's old contents (NaN here) never read;
  * nothing past column N written. */
+/* A shape's operands for run_bias and run_relu: A, B and a bias drawn
+ * from uniform(), stored with PAD floats past each row; want and C for
+ * M x ldc results. */
+typedef struct operands {
+  int lda, ldb, ldc;
+  size_t nc;
+  float *A, *B, *bias, *want, *C;
+} operands;
+
+static operands operands_make(const shape *s) {
+  int M = s->M, N = s->N, K = s->K;
+  operands o = {(s->ta ? M : K) + PAD,
+                (s->tb ? K : N) + PAD,
+                N + PAD,
+                0,
+                NULL,
+                NULL,
+                NULL,
+                NULL,
+                NULL};
+  size_t na = (size_t)(s->ta ? K : M) * o.lda,
+         nb = (size_t)(s->tb ? N : K) * o.ldb;
+  o.nc = (size_t)M * o.ldc;
+  o.A = malloc(na * 4), o.B = malloc(nb * 4), o.bias = malloc((size_t)N * 4);
+  o.want = malloc(o.nc * 4), o.C = malloc(o.nc * 4);
+  for (size_t i = 0; i < na; i++) o.A[i] = uniform();
+  for (size_t i = 0; i < nb; i++) o.B[i] = uniform();
+  for (int j = 0; j < N; j++) o.bias[j] = uniform();
+  return o;
+}
+
+static void operands_free(operands *o) {
+  free(o->A), free(o->B), free(o->bias), free(o->want), free(o->C);
+}
+
 static void run_bias(const shape *s, st_pool **pools, int npools) {
-  int M = s->M, N = s->N, K = s->K, pad = PAD;
-  int lda = (s->ta ? M : K) + pad, ldb = (s->tb ? K : N) + pad, ldc = N + pad;
-  size_t na = (size_t)(s->ta ? K : M) * lda, nb = (size_t)(s->tb ? N : K) * ldb,
-         nc = (size_t)M * ldc;
-  float *A = malloc(na * 4), *B = malloc(nb * 4), *bias = malloc((size_t)N * 4),
-        *want = malloc(nc * 4), *C = malloc(nc * 4);
-  for (size_t i = 0; i < na; i++) A[i] = uniform();
-  for (size_t i = 0; i < nb; i++) B[i] = uniform();
-  for (int j = 0; j < N; j++) bias[j] = uniform();
+  int M = s->M, N = s->N, K = s->K;
+  operands o = operands_make(s);
+  int lda = o.lda, ldb = o.ldb, ldc = o.ldc;
+  size_t nc = o.nc;
+  float *A = o.A, *B = o.B, *bias = o.bias, *want = o.want, *C = o.C;
   for (int r = 0; r < M; r++)
     for (int c = 0; c < ldc; c++)
       want[(size_t)r * ldc + c] = c < N ? bias[c] : SENTINEL;
@@ -167,7 +198,7 @@ static void run_bias(const shape *s, st_pool **pools, int npools) {
           "bias filled in and then added to",
           s->path, s->ta, s->tb, M, N, K, st_pool_threads(pools[p]));
   }
-  free(A), free(B), free(bias), free(want), free(C);
+  operands_free(&o);
 }
 
 /* st_gemm_bias_relu, with and without a bias: the bits of st_gemm_bias
@@ -176,15 +207,11 @@ static void run_bias(const shape *s, st_pool **pools, int npools) {
  * before the relu and +0 after it (relu: x > 0 ? x : 0); C's old contents
  * never read; nothing past column N written. */
 static void run_relu(const shape *s, st_pool **pools, int npools) {
-  int M = s->M, N = s->N, K = s->K, pad = PAD;
-  int lda = (s->ta ? M : K) + pad, ldb = (s->tb ? K : N) + pad, ldc = N + pad;
-  size_t na = (size_t)(s->ta ? K : M) * lda, nb = (size_t)(s->tb ? N : K) * ldb,
-         nc = (size_t)M * ldc;
-  float *A = malloc(na * 4), *B = malloc(nb * 4), *bias = malloc((size_t)N * 4),
-        *want = malloc(nc * 4), *C = malloc(nc * 4);
-  for (size_t i = 0; i < na; i++) A[i] = uniform();
-  for (size_t i = 0; i < nb; i++) B[i] = uniform();
-  for (int j = 0; j < N; j++) bias[j] = uniform();
+  int M = s->M, N = s->N, K = s->K;
+  operands o = operands_make(s);
+  int lda = o.lda, ldb = o.ldb, ldc = o.ldc;
+  size_t nc = o.nc;
+  float *A = o.A, *B = o.B, *bias = o.bias, *want = o.want, *C = o.C;
   A[0] = NAN; /* op(A)'s element (0, 0) either way */
   for (int with_bias = 0; with_bias < 2; with_bias++) {
     const float *b = with_bias ? bias : NULL;
@@ -221,7 +248,7 @@ static void run_relu(const shape *s, st_pool **pools, int npools) {
             st_pool_threads(pools[p]));
     }
   }
-  free(A), free(B), free(bias), free(want), free(C);
+  operands_free(&o);
 }
 
 #if defined(__FMA__)
