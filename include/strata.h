@@ -868,6 +868,12 @@ typedef struct st_ctx {
 /* Whether a layer's parameters are updated inside the backward when
  * ctx->fused is set (linear layers at batch 1). */
 int st_layer_fuses_update(const st_layer *L, const st_ctx *ctx, int B);
+/* Whether block b's layer l is a linear layer whose output only the relu
+ * after it reads (ST_TRANSIENT): st_block_forward then runs the two as one
+ * product that applies the relu as it stores C (st_linear_relu_forward),
+ * into the relu's output, and the relu makes no pass of its own (the
+ * compiler's cost model counts none). */
+int st_layer_fuses_relu(const st_block *b, int l);
 
 /* Runs a block's layers on B samples. acts holds B * act_per_sample floats;
  * the block's output is st_block_output(b, acts, B). */

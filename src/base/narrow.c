@@ -218,7 +218,8 @@ INLINE const float *addend(const narrow_job *J, const float *c, int col) {
 
 /* C[r][j] for RR rows from r0 and RJ columns from j0: lanes accumulate
  * k = lane (mod VL) in order, then a fixed tree, then the tail in order. */
-INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ) {
+INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ,
+                      int RELU) {
   const float *A = J->A, *B = J->B;
   int K = J->K, lda = J->lda, ldb = J->ldb;
   vf acc[2][4];
@@ -244,7 +245,7 @@ INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ) {
       float s = hsum(acc[r][j]);
       for (int t = k; t < K; t++) s = fma1(a[t], b[t], s);
       float *c = C + (r0 + r) * ldc + j0 + j;
-      *c = finish(how, s, alpha, beta, addend(J, c, j0 + j), J->relu);
+      *c = finish(how, s, alpha, beta, addend(J, c, j0 + j), RELU);
     }
 }
 
@@ -252,25 +253,33 @@ INLINE void dot_block(const narrow_job *J, int r0, int j0, int RR, int RJ) {
  * accumulators and 6 loads per 8 FMAs, within AVX2's 16 registers. The 4
  * columns of B (4 rows of the weights) stay in L1 while every row of A
  * passes over them. */
-INLINE void dot_columns(const narrow_job *J, int j0, int RJ) {
+INLINE void dot_columns(const narrow_job *J, int j0, int RJ, int RELU) {
   int r = 0;
-  for (; r + 2 <= J->M; r += 2) dot_block(J, r, j0, 2, RJ);
-  if (r < J->M) dot_block(J, r, j0, 1, RJ);
+  for (; r + 2 <= J->M; r += 2) dot_block(J, r, j0, 2, RJ, RELU);
+  if (r < J->M) dot_block(J, r, j0, 1, RJ, RELU);
 }
 
-static void dot_task(void *arg, int t) {
-  const narrow_job *J = arg;
+/* RELU a constant in each copy (as axpy_span, below) */
+INLINE void dot_span(const narrow_job *J, int t, int RELU) {
   int j = t * J->per_task,
       end = j + J->per_task < J->N ? j + J->per_task : J->N;
-  for (; j + 4 <= end; j += 4) dot_columns(J, j, 4);
-  for (; j < end; j++) dot_columns(J, j, 1);
+  for (; j + 4 <= end; j += 4) dot_columns(J, j, 4, RELU);
+  for (; j < end; j++) dot_columns(J, j, 1, RELU);
+}
+static void dot_task(void *arg, int t) {
+  const narrow_job *J = arg;
+  if (J->relu)
+    dot_span(J, t, 1);
+  else
+    dot_span(J, t, 0);
 }
 
 /* --------------------------------------------------------------- axpy */
 
 /* C[r][n .. n + 8 NV) for RR rows from r0: each lane sums over k in
  * order, A's element broadcast against B's row segment. */
-INLINE void axpy_block(const narrow_job *J, int r0, int n, int RR, int NV) {
+INLINE void axpy_block(const narrow_job *J, int r0, int n, int RR, int NV,
+                       int RELU) {
   const float *A = J->A, *B = J->B;
   int K = J->K, lda = J->lda, ldb = J->ldb;
   vf acc[6][2];
@@ -294,7 +303,7 @@ INLINE void axpy_block(const narrow_job *J, int r0, int n, int RR, int NV) {
     for (int v = 0; v < NV; v++) {
       float *c = C + (r0 + r) * ldc + n + v * VL;
       store(c, finish_v(how, acc[r][v], alpha, beta, addend(J, c, n + v * VL),
-                        J->relu));
+                        RELU));
     }
 }
 
@@ -315,35 +324,44 @@ static void axpy_column(const narrow_job *J, int n) {
  * strip of B (K x 2 VL floats: 64 KB at the packed kernel's K = 1024 with
  * AVX2, 384 KB at its 3072 with AVX-512) stays in cache while the blocks
  * of rows pass over it. */
-INLINE void axpy_columns(const narrow_job *J, int n, int NV) {
+INLINE void axpy_columns(const narrow_job *J, int n, int NV, int RELU) {
   int r = 0;
-  for (; r + 6 <= J->M; r += 6) axpy_block(J, r, n, 6, NV);
+  for (; r + 6 <= J->M; r += 6) axpy_block(J, r, n, 6, NV, RELU);
   switch (J->M - r) {
   case 5:
-    axpy_block(J, r, n, 5, NV);
+    axpy_block(J, r, n, 5, NV, RELU);
     break;
   case 4:
-    axpy_block(J, r, n, 4, NV);
+    axpy_block(J, r, n, 4, NV, RELU);
     break;
   case 3:
-    axpy_block(J, r, n, 3, NV);
+    axpy_block(J, r, n, 3, NV, RELU);
     break;
   case 2:
-    axpy_block(J, r, n, 2, NV);
+    axpy_block(J, r, n, 2, NV, RELU);
     break;
   case 1:
-    axpy_block(J, r, n, 1, NV);
+    axpy_block(J, r, n, 1, NV, RELU);
     break;
   }
 }
 
-static void axpy_task(void *arg, int t) {
-  const narrow_job *J = arg;
+/* RELU a constant in each copy, so that the plain product's stores are
+ * what they were before relu came (a test of it at every store cost 7% of
+ * 8 x 256 x 256). */
+INLINE void axpy_span(const narrow_job *J, int t, int RELU) {
   int n = t * J->per_task,
       end = n + J->per_task < J->N ? n + J->per_task : J->N;
-  for (; n + 2 * VL <= end; n += 2 * VL) axpy_columns(J, n, 2);
-  for (; n + VL <= end; n += VL) axpy_columns(J, n, 1);
+  for (; n + 2 * VL <= end; n += 2 * VL) axpy_columns(J, n, 2, RELU);
+  for (; n + VL <= end; n += VL) axpy_columns(J, n, 1, RELU);
   for (; n < end; n++) axpy_column(J, n);
+}
+static void axpy_task(void *arg, int t) {
+  const narrow_job *J = arg;
+  if (J->relu)
+    axpy_span(J, t, 1);
+  else
+    axpy_span(J, t, 0);
 }
 
 /* narrow.h */
@@ -576,7 +594,7 @@ static void pack_strip(const narrow_job *J, int n, int w, float *strip) {
  * as axpy_block, each lane sums over k in order. op(A)'s element (r, k)
  * lies at A + r * rs + k * ks (A transposed or not). */
 INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
-                         int w, int RR, int TA) {
+                         int w, int RR, int TA, int RELU) {
   const float *A = J->A;
   size_t rs = TA ? 1 : (size_t)J->lda, ks = TA ? (size_t)J->lda : 1;
   vf acc[6][2];
@@ -593,7 +611,7 @@ INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
     }
   }
   float alpha = J->alpha, beta = J->beta, *C = J->C;
-  int how = J->how, relu = J->relu;
+  int how = J->how, relu = RELU;
   size_t ldc = (size_t)J->ldc;
   for (int r = 0; r < RR; r++) {
     float *c = C + (r0 + r) * ldc + n;
@@ -614,33 +632,39 @@ INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
 /* Rows in blocks of 6 (the rest in one block) against one packed strip:
  * 12 accumulators, 2 loads and 6 broadcasts per 12 FMAs. */
 INLINE void packed_rows(const narrow_job *J, const float *strip, int n, int w,
-                        int TA, int r, int end) {
-  for (; r + 6 <= end; r += 6) packed_block(J, strip, r, n, w, 6, TA);
+                        int TA, int RELU, int r, int end) {
+  for (; r + 6 <= end; r += 6) packed_block(J, strip, r, n, w, 6, TA, RELU);
   switch (end - r) {
   case 5:
-    packed_block(J, strip, r, n, w, 5, TA);
+    packed_block(J, strip, r, n, w, 5, TA, RELU);
     break;
   case 4:
-    packed_block(J, strip, r, n, w, 4, TA);
+    packed_block(J, strip, r, n, w, 4, TA, RELU);
     break;
   case 3:
-    packed_block(J, strip, r, n, w, 3, TA);
+    packed_block(J, strip, r, n, w, 3, TA, RELU);
     break;
   case 2:
-    packed_block(J, strip, r, n, w, 2, TA);
+    packed_block(J, strip, r, n, w, 2, TA, RELU);
     break;
   case 1:
-    packed_block(J, strip, r, n, w, 1, TA);
+    packed_block(J, strip, r, n, w, 1, TA, RELU);
     break;
   }
 }
 
 static void packed_strip(const narrow_job *J, const float *strip, int n, int w,
                          int r0, int r1) {
-  if (J->ta)
-    packed_rows(J, strip, n, w, 1, r0, r1);
+  /* TA and RELU constants in each copy, as in axpy_span (a test of relu
+   * at every store cost 15% of 256 x 784 x 8, A transposed) */
+  if (J->ta && J->relu)
+    packed_rows(J, strip, n, w, 1, 1, r0, r1);
+  else if (J->ta)
+    packed_rows(J, strip, n, w, 1, 0, r0, r1);
+  else if (J->relu)
+    packed_rows(J, strip, n, w, 0, 1, r0, r1);
   else
-    packed_rows(J, strip, n, w, 0, r0, r1);
+    packed_rows(J, strip, n, w, 0, 0, r0, r1);
 }
 
 static void packed_task(void *arg, int t) {

@@ -178,8 +178,10 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
     break;
   }
   case ST_OP_RELU:
-    c->bytes_fwd[0] += 4 * (n_in + n); /* read x, write y */
-    c->bytes_bwd[0] += 4 * 3 * n;      /* read dy, y, write dx */
+    /* read x, write y; nothing after a linear layer that stores it */
+    if (L == b->layers || !st_layer_fuses_relu(b, (int)(L - b->layers) - 1))
+      c->bytes_fwd[0] += 4 * (n_in + n);
+    c->bytes_bwd[0] += 4 * 3 * n; /* read dy, y, write dx */
     break;
   case ST_OP_GELU:
     c->bytes_fwd[4] += 4 * (n_in + n); /* read x, write y */

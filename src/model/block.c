@@ -255,13 +255,11 @@ static void end_kept_logits(const st_block *b, float *scratch) {
   if (scratch) st_linear_xent_forget(scratch);
 }
 
-/* Whether layer l is a linear layer whose output only the relu after it
- * reads (ST_TRANSIENT): the two then run as one product that applies the
- * relu as it stores, into the relu's output, and the linear's scratch slot
- * is never written (no backward reads it: relu's reads its own output).
- * The same bits as the two apart; at batch 256 the MLP's two relu passes
- * and their hand-offs to the pool were 2% of a step. */
-static int fuses_relu(const st_block *b, int l) {
+/* strata.h. The linear's scratch slot is then never written: no backward
+ * reads it (relu's reads its own output). The same bits as the two apart;
+ * at batch 256 the MLP's two relu passes and their hand-offs to the pool
+ * were 1-2% of a step. */
+int st_layer_fuses_relu(const st_block *b, int l) {
   const st_layer *L = &b->layers[l];
   return L->kind == ST_OP_LINEAR && L->transient == ST_TRANSIENT &&
          l + 1 < b->n_layers && b->layers[l + 1].kind == ST_OP_RELU;
@@ -273,7 +271,7 @@ void st_block_forward(const st_block *b, const st_ctx *ctx, const float *params,
   const float *x = in;
   for (int l = 0; l < b->n_layers; l++) {
     const st_layer *L = &b->layers[l];
-    if (fuses_relu(b, l)) {
+    if (st_layer_fuses_relu(b, l)) {
       const st_layer *relu = &b->layers[++l];
       st_linear_relu_forward(
           ctx->pool, L->wt, (float *)layer_out(relu, acts, scratch, B), x,

@@ -746,6 +746,26 @@ static void test_split_by_hand(void) {
   st_model_destroy(m);
 }
 
+/* A relu after a linear layer is stored by the linear's product
+ * (st_layer_fuses_relu): fc_mnist's [linear relu] blocks have no forward
+ * pass of pointwise bytes, the backward's mask pass still 3n; a relu after
+ * a conv (test_split_by_hand) keeps its forward pass. */
+static void test_split_linear_relu(void) {
+  st_config cfg;
+  st_config_defaults(&cfg); /* mlp [256, 256] */
+  st_model *m = model_of(&cfg, NULL, 0, (st_shape){1, 28, 28});
+  if (!m) return;
+  st_block_cost bc[3];
+  st_plan_costs(bc, m, &cfg);
+  for (int i = 0; i < 2; i++)
+    CHECK(st_layer_fuses_relu(&m->blocks[i], 0) && bc[i].bytes_fwd[0] == 0 &&
+              bc[i].bytes_bwd[0] == 4.0 * 3 * 256,
+          "block %d [linear relu]: fused %d, pointwise %g %g", i,
+          st_layer_fuses_relu(&m->blocks[i], 0), bc[i].bytes_fwd[0],
+          bc[i].bytes_bwd[0]);
+  st_model_destroy(m);
+}
+
 /* A GPT block's split: attention FLOPs apart from the linear layers' GEMMs,
  * in the class of its (32 rows, T, head size) tiles, and gelu's bytes in
  * the gelu class, not pointwise. */
@@ -1663,6 +1683,7 @@ int main(void) {
   test_bad_profiles();
   test_split_by_hand();
   test_time_by_hand();
+  test_split_linear_relu();
   test_split_gpt();
   test_kernel_time();
   test_memory_terms();
