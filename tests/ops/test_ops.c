@@ -179,6 +179,49 @@ static double xent_mean_loss(void *p) {
   return sum / c->B;
 }
 
+/* The loss and probabilities against their closed form in double, at
+ * class counts around the 16 partial-sum lanes (fewer, as many, more: C <
+ * 16 skips the lanes) and the pooled form's task split at 10 classes. */
+static void test_xent_widths(void) {
+  const int widths[] = {1, 2, 10, 15, 16, 17, 31, 32, 33, 40};
+  enum { B = 300 };
+  st_pool *pool = st_pool_create(3);
+  for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
+    int C = widths[w];
+    size_t n = (size_t)B * C;
+    float *z = new_floats(n), *probs = new_floats(n), *want_p = new_floats(n);
+    float *losses = new_floats(B), *want = new_floats(B),
+          *pooled = new_floats(B);
+    int *labels = keep(calloc(B, sizeof(int)));
+    uint32_t h = 12345u + (uint32_t)C;
+    for (size_t i = 0; i < n; i++) {
+      h = h * 1664525u + 1013904223u;
+      z[i] = (float)((h >> 8) / 16777216.0 * 12.0 - 6.0);
+    }
+    for (int s = 0; s < B; s++) {
+      const float *r = z + (size_t)s * C;
+      labels[s] = (s * 7) % C;
+      double m = r[0], sum = 0;
+      for (int c = 1; c < C; c++) m = r[c] > m ? r[c] : m;
+      for (int c = 0; c < C; c++) sum += exp((double)r[c] - m);
+      for (int c = 0; c < C; c++)
+        want_p[(size_t)s * C + c] = (float)(exp((double)r[c] - m) / sum);
+      want[s] = (float)(log(sum) - ((double)r[labels[s]] - m));
+    }
+    st_xent_forward(losses, probs, z, labels, B, C);
+    st_xent_forward_pool(pool, pooled, probs, z, labels, B, C);
+    char what[64];
+    snprintf(what, sizeof what, "xent %d classes: losses", C);
+    CHECK_CLOSE(what, losses, want, (size_t)B, 1e-5, 1e-6);
+    snprintf(what, sizeof what, "xent %d classes: probs", C);
+    CHECK_CLOSE(what, probs, want_p, n, 1e-5, 1e-7);
+    CHECK(memcmp(losses, pooled, (size_t)B * sizeof(float)) == 0,
+          "xent %d classes: the pooled loss is not the one call's bits", C);
+  }
+  st_pool_destroy(pool);
+  release_all();
+}
+
 static void test_xent(void) {
   st_safetensors *st = open_fixture("xent");
   if (!st) return;
@@ -1267,6 +1310,7 @@ int main(void) {
   test_relu();
   test_gelu();
   test_xent();
+  test_xent_widths();
   test_linear_xent();
   test_conv2d_fixtures();
   test_conv2d_naive();
