@@ -237,48 +237,47 @@ static int gemv_split_rows(int N, int K) {
   return r >= GEMV_MIN_ROWS && N <= GEMV_PARTS / 2 ? r : 0;
 }
 
-/* The calling thread's buffers (ST_SCRATCH_SLOTS of them, narrow.h): each
- * grown to the largest it has been asked for (so a step allocates nothing
- * once its shapes have run once), freed when the thread ends. */
-typedef struct scratch_bufs {
-  size_t cap[ST_SCRATCH_SLOTS];
-  float *p[ST_SCRATCH_SLOTS];
-} scratch_bufs;
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static int scratch_key_ok;
+/* The calling thread's buffer for partials past the stack's: grown to the
+ * largest split it has run (so a step allocates nothing once its shapes
+ * have run once), freed when the thread ends. NULL if memory ran out. */
+typedef struct part_buf {
+  size_t cap;
+  float *p;
+} part_buf;
+static pthread_key_t part_key;
+static pthread_once_t part_once = PTHREAD_ONCE_INIT;
+static int part_key_ok;
 static _Atomic int waves_forced;
 
 void st_gemv_waves(int on) { atomic_store(&waves_forced, on); }
 
-static void scratch_bufs_free(void *v) {
-  scratch_bufs *b = v;
-  for (int i = 0; i < ST_SCRATCH_SLOTS; i++) st_free(b->p[i]);
+static void part_buf_free(void *v) {
+  part_buf *b = v;
+  st_free(b->p);
   st_free(b);
 }
 
-static void scratch_key_init(void) {
-  scratch_key_ok = !pthread_key_create(&scratch_key, scratch_bufs_free);
+static void part_key_init(void) {
+  part_key_ok = !pthread_key_create(&part_key, part_buf_free);
 }
 
-float *st_thread_scratch(int slot, size_t floats) {
-  pthread_once(&scratch_once, scratch_key_init);
-  if (!scratch_key_ok) return NULL;
-  scratch_bufs *b = pthread_getspecific(scratch_key);
+static float *part_scratch(size_t floats) {
+  pthread_once(&part_once, part_key_init);
+  if (!part_key_ok) return NULL;
+  part_buf *b = pthread_getspecific(part_key);
   if (!b) {
     if (!(b = st_alloc(sizeof *b))) return NULL;
-    memset(b, 0, sizeof *b);
-    if (pthread_setspecific(scratch_key, b)) {
+    if (pthread_setspecific(part_key, b)) {
       st_free(b);
       return NULL;
     }
   }
-  if (b->cap[slot] < floats) {
-    st_free(b->p[slot]);
-    b->p[slot] = st_alloc(floats * sizeof(float));
-    b->cap[slot] = b->p[slot] ? floats : 0;
+  if (b->cap < floats) {
+    st_free(b->p);
+    b->p = st_alloc(floats * sizeof *b->p);
+    b->cap = b->p ? floats : 0;
   }
-  return b->p[slot];
+  return b->p;
 }
 
 static void gemv_tile_run(void *arg, int tile) {
@@ -316,7 +315,7 @@ static void gemv_split(st_pool *pool, int rows, int N, int K, float alpha,
   float *part = stack;
   if ((size_t)bands * N > GEMV_PARTS &&
       (atomic_load_explicit(&waves_forced, memory_order_relaxed) ||
-       !(part = st_thread_scratch(ST_SCRATCH_GEMV, (size_t)bands * N)))) {
+       !(part = part_scratch((size_t)bands * N)))) {
     part = stack; /* slot 0 the running sum, the wave's partials after it */
     wave = GEMV_PARTS / N - 1;
   }

@@ -22,8 +22,7 @@
  *   packed: C = op(A) op(B) with any transposes, 2 <= M <= 1024 rows, K <=
  *         3072 (past K = 1024 with B transposed or from 512 rows; with A
  *         transposed K <= 64, or K <= 512 where A's rows lie at most 128
- *         floats apart, or at 128-256 rows and K <= 1024 with A first
- *         copied out untransposed), where the two above do not run; with
+ *         floats apart), where the two above do not run; with
  *         AVX-512, far larger products (the limits below). A
  *         strip of op(B), K x 2 VL columns, is copied into one
  *         contiguous buffer (B transposed: 8 x 8 blocks at a time, in
@@ -465,32 +464,6 @@ enum { PACKED_K_PLAIN_B = 0, PACKED_PLAIN_B_ROWS = 0 };
 enum { PACKED_TRANS_A_ANY_K = 64, ALIAS_STRIDE = 1024 };
 enum { PACKED_TRANS_A_LDA = 128, PACKED_TRANS_A_K = 512 };
 
-/* With AVX2, past those limits, a transposed A of COPY_A_MIN_ROWS to
- * COPY_A_MAX_ROWS rows (op(A)'s) and K up to COPY_A_K is first copied out
- * untransposed (M x K, 8 x 8 blocks at a time, on the pool) into the
- * calling thread's buffer, and the packed kernel reads the copy: the
- * bits of reading A in place, which is what runs if the buffer cannot be
- * had. A hidden layer's weight gradient (M its width, K the batch).
- * Measured on the Zen 3 VM (2026-11-29, 2 threads, hot operands, best of
- * 7 x 200 calls; copy included), GFLOP/s against the BLAS's tiles, two
- * runs each: 256 x 784 x 256 (the 784-256-256-10 MLP's first weight
- * gradient at batch 256) 171-179 against 164-167; 256 x 784 x 128-1024
- * 171-180 against 163-170; 200 x 784 x 256 178 against 164; 128 x 784 x
- * 1024 169-174 against 160; 256 x 256 x 256 169 against 166; 256 x 1024
- * x 256 164 against 160; 256 x 3072 x 256 166-168 against 162-167. The
- * copy of 256 x 256 took 8 us. Outside the rows it did not pay: 32 and 64
- * x 784 x 1024 135-154 against 143-156; 384 x 384 x 384 158-162 against
- * 172-176; 512 rows mixed (784 x 256 167-174 against 157-162, 784 x 1024
- * 165 against 168); 1024 x 1024 x 512 157-160 against 165-168. So does
- * GPT-2's (768 rows and more, K 1024). With AVX-512 the rule above reads
- * A in place wherever its rows are not 4 KB apart; the copy was not
- * measured there. */
-#if defined(__FMA__) && !defined(__AVX512F__)
-enum { COPY_A_MIN_ROWS = 128, COPY_A_MAX_ROWS = 256, COPY_A_K = 1024 };
-#else
-enum { COPY_A_MIN_ROWS = 1, COPY_A_MAX_ROWS = 0, COPY_A_K = 0 };
-#endif
-
 /* The packed kernel or the BLAS, by product class (st_gemm_choose): 0
  * packed, 1 BLAS, -1 unset (the rule above: the BLAS past
  * PACKED_K_WIDE_BLAS where it has 16-lane kernels). Read once per product;
@@ -543,18 +516,6 @@ static int packed_fits(int trans_a, int trans_b, int M, int K, int lda) {
 #endif
 }
 
-/* Whether a transposed A that packed_fits does not take is copied out for
- * the packed kernel (above): the copy's limits (within the packed
- * kernel's for an untransposed A, any B) and the table's word for A
- * transposed at this K. */
-_Static_assert((int)COPY_A_MAX_ROWS <= (int)PACKED_ROWS &&
-                   (int)COPY_A_K <= (int)PACKED_K_PLAIN_B,
-               "a copied A is past the packed kernel's limits");
-static int copies_a(int M, int K) {
-  return M >= COPY_A_MIN_ROWS && M <= COPY_A_MAX_ROWS && K <= COPY_A_K &&
-         !st_gemm_chosen(st_gemm_choice_class(1, K));
-}
-
 #if defined(__AVX__)
 /* Lanes of a and b (0-7 a's, 8-15 b's) picked by 8 constant indices:
  * GCC's and clang's spellings of the same shuffle. */
@@ -567,9 +528,9 @@ typedef int vi __attribute__((vector_size(32)));
   __builtin_shuffle(a, b, (vi){i0, i1, i2, i3, i4, i5, i6, i7})
 #endif
 
-/* dst[j * dld + i] = src[i * ld + j] for an 8 x 8 block: pairs, then
+/* dst[j * STRIP + i] = src[i * ld + j] for an 8 x 8 block: pairs, then
  * quads within each half, then the halves (unpack, shuffle, permute). */
-INLINE void transpose8(const float *src, size_t ld, float *dst, size_t dld) {
+INLINE void transpose8(const float *src, size_t ld, float *dst) {
   vd r[8], t[8];
   for (int i = 0; i < 8; i++) r[i] = load_d(src + i * ld);
   for (int i = 0; i < 8; i += 2) {
@@ -585,9 +546,9 @@ INLINE void transpose8(const float *src, size_t ld, float *dst, size_t dld) {
    * (high half); r[4..7] the same for rows 4-7 */
   static const int col[4] = {0, 2, 1, 3};
   for (int q = 0; q < 4; q++) {
-    store_d(dst + (size_t)col[q] * dld,
+    store_d(dst + (size_t)col[q] * STRIP,
             SHUF(r[q], r[q + 4], 0, 1, 2, 3, 8, 9, 10, 11));
-    store_d(dst + (size_t)(col[q] + 4) * dld,
+    store_d(dst + (size_t)(col[q] + 4) * STRIP,
             SHUF(r[q], r[q + 4], 4, 5, 6, 7, 12, 13, 14, 15));
   }
 }
@@ -606,8 +567,7 @@ static void pack_strip(const narrow_job *J, int n, int w, float *strip) {
     for (; j + 8 <= w; j += 8) {
       int k = 0;
       for (; k + 8 <= K; k += 8)
-        transpose8(B + (n + j) * ldb + k, ldb, strip + (size_t)k * STRIP + j,
-                   STRIP);
+        transpose8(B + (n + j) * ldb + k, ldb, strip + (size_t)k * STRIP + j);
       for (int jj = j; jj < j + 8; jj++)
         for (int kk = k; kk < K; kk++)
           strip[(size_t)kk * STRIP + jj] = B[(n + jj) * ldb + kk];
@@ -721,41 +681,6 @@ static void packed_task(void *arg, int t) {
   }
 }
 
-/* ------------------------------------------------- A copied untransposed */
-
-/* op(A), M x K, written to T untransposed (row stride K) from A stored
- * K x M (row stride lda): COPY_ROWS of op(A)'s rows a task. */
-typedef struct copy_a_job {
-  const float *A;
-  int lda, M, K;
-  float *T;
-} copy_a_job;
-
-enum { COPY_ROWS = 32 };
-
-static void copy_a_task(void *arg, int t) {
-  const copy_a_job *j = arg;
-  int r = t * COPY_ROWS, end = r + COPY_ROWS < j->M ? r + COPY_ROWS : j->M;
-  size_t lda = (size_t)j->lda, K = (size_t)j->K;
-  const float *A = j->A;
-  float *T = j->T;
-#if defined(__AVX__)
-  for (; r + 8 <= end; r += 8) {
-    size_t k = 0;
-    for (; k + 8 <= K; k += 8)
-      transpose8(A + k * lda + r, lda, T + (size_t)r * K + k, K);
-    for (; k < K; k++)
-      for (int i = r; i < r + 8; i++) T[(size_t)i * K + k] = A[k * lda + i];
-  }
-#endif
-  for (; r < end; r++)
-    for (size_t k = 0; k < K; k++) T[(size_t)r * K + k] = A[k * lda + r];
-}
-
-static _Atomic int copy_a_off;
-
-void st_gemm_copy_a_off(int on) { atomic_store(&copy_a_off, on); }
-
 /* ------------------------------------------------------------ dispatch */
 
 /* Work of one task at least this many FLOPs; a task's edge a multiple of
@@ -814,8 +739,7 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
     return NARROW_DOT; /* (past the packed kernel's K: dot, as before) */
   if (!trans_a && !trans_b && M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K)
     return NARROW_AXPY;
-  if (packed_fits(trans_a, trans_b, M, K, lda)) return NARROW_PACKED;
-  return trans_a && copies_a(M, K) ? NARROW_PACKED_COPY : NARROW_NONE;
+  return packed_fits(trans_a, trans_b, M, K, lda) ? NARROW_PACKED : NARROW_NONE;
 }
 
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
@@ -827,17 +751,6 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                    ? NARROW_NONE
                    : st_gemm_narrow_kernel(trans_a, trans_b, M, N, K, lda);
   if (kernel == NARROW_NONE) return 0;
-  if (kernel == NARROW_PACKED_COPY) {
-    float *T = atomic_load_explicit(&copy_a_off, memory_order_relaxed)
-                   ? NULL
-                   : st_thread_scratch(ST_SCRATCH_COPY_A, (size_t)M * K);
-    if (T) { /* else A is read in place: the same bits */
-      copy_a_job cj = {A, lda, M, K, T};
-      st_pool_for(pool, (M + COPY_ROWS - 1) / COPY_ROWS, copy_a_task, &cj);
-      A = T, lda = K, trans_a = 0;
-    }
-    kernel = NARROW_PACKED;
-  }
   int how = bias                            ? ADD
             : beta == 0.0f                  ? SET
             : alpha == 1.0f && beta == 1.0f ? ADD

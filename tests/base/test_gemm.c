@@ -59,16 +59,6 @@ static const float SENTINEL = 1234.5f;
 #else
 #define PACKED_ANY(ta, K) 0
 #endif
-/* The kernel of a 256 x 784 x 256 weight gradient (A transposed, lda 256)
- * when the table leaves it to narrow.c: read in place with AVX-512,
- * copied out with AVX2 (narrow.c) */
-#if defined(__AVX512F__) && defined(__FMA__)
-#define DW_256_KERNEL NARROW_PACKED
-#elif defined(__FMA__)
-#define DW_256_KERNEL NARROW_PACKED_COPY
-#else
-#define DW_256_KERNEL NARROW_NONE
-#endif
 
 typedef struct shape {
   int ta, tb, M, N, K;
@@ -385,14 +375,8 @@ int main(void) {
       {0, 0, 8, 64, 513, "K>512 (AVX2 sgemm)"},
       {0, 0, 64, 40, 513, "K>512 (AVX2 sgemm)"},
       {0, 1, 1025, 40, 30, "M>1024 (AVX2 sgemm)"},
-      {1, 0, 130, 40, 65, "dW K>64, lda 133 (AVX2: A copied out)"},
-      {1, 1, 130, 40, 65, "K>64, lda 133 (AVX2: A copied out)"},
-      {1, 0, 127, 40, 65, "dW K>64, lda 130 (AVX2 sgemm)"},
-      /* A copied out with AVX2 (128-256 rows, K <= 1024): rows and K past
-       * a multiple of 8 (the copy's 8 x 8 blocks), K at the limit */
-      {1, 0, 131, 70, 517, "dW A copied out, tails"},
-      {1, 1, 256, 40, 1024, "A copied out, B transposed, K=1024"},
-      {1, 0, 257, 40, 200, "dW 257 rows (AVX2 sgemm)"},
+      {1, 0, 130, 40, 65, "dW K>64, lda 133 (AVX2 sgemm)"},
+      {1, 1, 130, 40, 65, "K>64, lda 133 (AVX2 sgemm)"},
       {1, 0, 10, 256, 256, "dW K>64, lda 13 (packed)"},
       {1, 1, 30, 40, 65, "K>64, lda 33 (packed)"},
       {1, 0, 120, 50, 512, "dW K=512, lda 123 (packed)"},
@@ -494,29 +478,24 @@ int main(void) {
         st_gemm_narrow_kernel(0, 1, 64, 64, 3073, 3073));
   }
   /* A transposed past K = 64: packed up to K 512 with its rows at most
-   * 128 floats apart (a narrow layer's weight gradient); past that with
-   * AVX2 copied out at 128-256 rows and K <= 1024, else the BLAS; with
-   * AVX-512 packed unless its rows lie a multiple of 4 KB apart */
+   * 128 floats apart (a narrow layer's weight gradient); past that the
+   * BLAS with AVX2, packed with AVX-512 unless its rows lie a multiple of
+   * 4 KB apart */
   {
-    const int P = NARROW_PACKED, N = NARROW_NONE, C = NARROW_PACKED_COPY;
 #if defined(__AVX512F__)
-    const int want[9] = {P, P, P, P, N, P, P, P, P};
-    (void)C;
+    int wide = NARROW_PACKED;
 #else
-    const int want[9] = {P, P, C, C, C, N, N, C, N};
+    int wide = NARROW_NONE;
 #endif
-    int k[9] = {st_gemm_narrow_kernel(1, 0, 10, 256, 256, 10),
+    int k[5] = {st_gemm_narrow_kernel(1, 0, 10, 256, 256, 10),
                 st_gemm_narrow_kernel(1, 0, 128, 784, 512, 128),
                 st_gemm_narrow_kernel(1, 0, 129, 784, 512, 129),
                 st_gemm_narrow_kernel(1, 0, 128, 784, 513, 128),
-                st_gemm_narrow_kernel(1, 0, 256, 784, 256, 1024),
-                st_gemm_narrow_kernel(1, 0, 127, 784, 513, 127),
-                st_gemm_narrow_kernel(1, 0, 257, 784, 256, 257),
-                st_gemm_narrow_kernel(1, 1, 256, 784, 1024, 256),
-                st_gemm_narrow_kernel(1, 1, 256, 784, 1025, 256)};
-    CHECK(!memcmp(k, want, sizeof k),
-          "A transposed past K 64: kernels %d %d %d %d %d %d %d %d %d", k[0],
-          k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8]);
+                st_gemm_narrow_kernel(1, 0, 256, 784, 256, 1024)};
+    CHECK(k[0] == NARROW_PACKED && k[1] == NARROW_PACKED && k[2] == wide &&
+              k[3] == wide && k[4] == NARROW_NONE,
+          "A transposed past K 64: kernels %d %d %d %d %d", k[0], k[1], k[2],
+          k[3], k[4]);
   }
 #endif
   /* A transposed with rows a multiple of 4 KB apart (lda 1024 and 2048):
@@ -565,16 +544,6 @@ int main(void) {
                   s->path, k);
       }
     }
-    /* A copied out (AVX2) follows the table's word for A transposed */
-    for (int blas = 0; blas < 2; blas++) {
-      for (int k = 0; k < ST_GEMM_CHOICES; k++) force[k] = -1;
-      force[st_gemm_choice_class(1, 256)] = blas;
-      st_gemm_choose(force);
-      int kernel = st_gemm_narrow_kernel(1, 0, 256, 784, 256, 256);
-      CHECK(kernel == (blas ? NARROW_NONE : DW_256_KERNEL),
-            "256 x 784 x 256, A transposed, class forced to the %s: kernel %d",
-            blas ? "BLAS" : "packed kernel", kernel);
-    }
     /* a few rows (up to ST_NARROW_ROWS) keep the rule whatever the table */
     int narrow[2];
     for (int blas = 0; blas < 2; blas++) {
@@ -599,14 +568,7 @@ int main(void) {
     const shape *s = &shapes[i];
     int kernel = st_gemm_narrow_kernel(s->ta, s->tb, s->M, s->N, s->K,
                                        s->ta ? s->M : s->K);
-    if (kernel == NARROW_PACKED || kernel == NARROW_AXPY ||
-        kernel == NARROW_PACKED_COPY)
-      run_chain(s);
-    if (kernel == NARROW_PACKED_COPY) { /* and with A read in place */
-      st_gemm_copy_a_off(1);
-      run_chain(s);
-      st_gemm_copy_a_off(0);
-    }
+    if (kernel == NARROW_PACKED || kernel == NARROW_AXPY) run_chain(s);
   }
 #endif
   for (int p = 1; p < 4; p++) st_pool_destroy(pools[p]);
