@@ -817,19 +817,25 @@ typedef struct range {
   { k, lo, INFINITY, 1, 0 }
 #define UNIT(k)                                                                \
   { k, 0, 1, 0, 1 } /* [0, 1) */
+#define BETWEEN(k, lo, hi)                                                     \
+  { k, lo, hi, 0, 0 }
+/* Blocks a model may stack: each is a few KB of layer and tensor tables,
+ * built before the memory check (which needs the model) can refuse it, so
+ * model.layers = 2e9 once filled the machine's RAM before any message. */
+#define MAX_BLOCKS 65536
 
 static const range ranges[] = {
     UNIT("model.dropout"),
     AT_LEAST("model.groups", 1),
     AT_LEAST("model.kernel", 1),
-    AT_LEAST("model.residual_blocks", 0),
+    BETWEEN("model.residual_blocks", 0, MAX_BLOCKS),
     AT_LEAST("model.classes", 2),
     AT_LEAST("model.hidden", 1),
     AT_LEAST("model.channels", 1),
     AT_LEAST("model.dense", 1),
     AT_LEAST("model.vocab", 0),
     AT_LEAST("model.context", 1),
-    AT_LEAST("model.layers", 0),
+    BETWEEN("model.layers", 0, MAX_BLOCKS),
     AT_LEAST("model.heads", 1),
     AT_LEAST("model.width", 1),
     AT_LEAST("model.mlp_ratio", 1),
@@ -922,8 +928,17 @@ static int check_range(const st_config *cfg, const range *r, st_error *err) {
     return 0;
   }
   double v = number_at(cfg, k);
-  if (!in_range(r, v))
-    return invalid(cfg, err, r->key, "must be %s, got %.9g", rule, v);
+  if (!in_range(r, v)) {
+    /* the value as written: whole for integers, and a float in the
+     * fewest digits that read back as it (-0.1, not -0.100000001) */
+    char got[32];
+    snprintf(got, sizeof got, "%.17g", v);
+    for (int d = 6; k->type == ST_CONFIG_FLOAT && d <= 9; d++) {
+      snprintf(got, sizeof got, "%.*g", d, v);
+      if (strtof(got, NULL) == (float)v) break;
+    }
+    return invalid(cfg, err, r->key, "must be %s, got %s", rule, got);
+  }
   return 0;
 }
 

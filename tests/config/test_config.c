@@ -819,8 +819,15 @@ static void test_validate(void) {
   INVALID("optimizer.lr (--set): must be > 0, got 0", "optimizer.lr=0");
   INVALID("optimizer.momentum (--set): must be in [0, 1), got 1",
           "optimizer.momentum=1");
-  INVALID("optimizer.momentum (--set): must be in [0, 1), got -0.100000001",
+  /* a float as written, an integer whole */
+  INVALID("optimizer.momentum (--set): must be in [0, 1), got -0.1",
           "optimizer.momentum=-0.1");
+  INVALID("optimizer.lr (--set): must be > 0, got -3e-07",
+          "optimizer.lr=-3.0000001e-7");
+  INVALID("model.layers (--set): must be in [0, 65536], got 2000000000",
+          "model.layers=2000000000");
+  INVALID("model.residual_blocks (--set): must be in [0, 65536], got 65537",
+          "model.residual_blocks=65537");
   INVALID("model.dropout (--set): must be in [0, 1), got 1", "model.dropout=1");
   INVALID("optimizer.eps (--set): must be > 0, got 0", "optimizer.eps=0");
   INVALID("optimizer.beta1 (--set): must be in [0, 1), got 1",
@@ -862,7 +869,7 @@ static void test_validate(void) {
   /* the remaining simple bounds: the message names the key and its rule */
   static const char *const more[][2] = {
       {"model.residual_blocks=-1",
-       "model.residual_blocks (--set): must be >= 0"},
+       "model.residual_blocks (--set): must be in [0, 65536]"},
       {"model.dense=[0]", "model.dense (--set): every entry must be >= 1"},
       {"data.train_limit=-1", "data.train_limit (--set): must be >= 0"},
       {"data.test_limit=-1", "data.test_limit (--set): must be >= 0"},

@@ -787,6 +787,16 @@ static void check_cnn_counts(void) {
             ti->dims[2] == 3 && ti->dims[3] == 3,
         "cnn [32, 64] x4: blocks.1.conv1.weight is not 32x32x3x3");
   st_model_destroy(m);
+  /* more blocks over its stages than the tables are built for: refused
+   * by name before any is built (each stage alone within the key's range) */
+  c.model.channels = (st_int_list){3, {4, 4, 4}};
+  c.model.residual_blocks = 30000;
+  m = NULL;
+  rc = st_model_create(&m, &c, (st_shape){1, 28, 28}, &err);
+  CHECK(rc == ST_ESHAPE && m == NULL &&
+            strstr(err.msg, "model.residual_blocks: 30000 per stage over 3 "
+                            "stages is 90003 blocks; at most 65536"),
+        "cnn [4, 4, 4] x30000: rc %d '%s'", rc, err.msg);
 
   /* 28 -> 14 -> 7 -> 3 -> 1: the fifth stage would pool 1x1 */
   c.model.channels = (st_int_list){6, {4, 4, 4, 4, 4, 4}};
