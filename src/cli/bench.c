@@ -58,6 +58,10 @@ int st_cli_bench(int argc, char **argv) {
                strcmp(s, "--passes") == 0) {
       if (i + 1 >= argc)
         return st_cli_usage_error(usage_bench, "%s needs a value", s);
+      if (s[2] == 'o' && !strncmp(argv[i + 1], "--", 2))
+        return st_cli_usage_error(usage_bench,
+                                  "--out needs a FILE before the option '%s'",
+                                  argv[i + 1]);
       if (s[2] == 'o') {
         out = argv[++i];
       } else if (s[2] == 'p') {

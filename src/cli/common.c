@@ -19,10 +19,22 @@ int st_cli_fail(const st_error *err) {
   return 1;
 }
 
+/* Misuse: the cause on one line, then the command's synopsis (its usage
+ * up to the first blank line) and where the rest is, not the whole help:
+ * train's ran to 53 lines, burying the one that mattered. */
 int st_cli_usage_error(const char *usage, const char *fmt, const char *what) {
-  fprintf(stderr, "strata: ");
+  fprintf(stderr, "strata: error: ");
   fprintf(stderr, fmt, what);
-  fprintf(stderr, "\n%s", usage);
+  const char *end = strstr(usage, "\n\n");
+  int n = end ? (int)(end - usage) + 1 : (int)strlen(usage);
+  /* "usage: strata train CONFIG ...": the command is the word after strata */
+  const char *cmd = strncmp(usage, "usage: strata ", 14) ? "" : usage + 14;
+  int cn = (int)strcspn(cmd, " \n");
+  if (cn && cmd[0] >= 'a' && cmd[0] <= 'z')
+    fprintf(stderr, "\n%.*s(strata %.*s --help: every option)\n", n, usage, cn,
+            cmd);
+  else
+    fprintf(stderr, "\n%.*s(strata --help: the commands)\n", n, usage);
   return 2;
 }
 
@@ -71,6 +83,16 @@ int st_cli_parse(int argc, char **argv, const st_cli_spec *spec) {
     }
     if (i + 1 >= argc)
       return st_cli_usage_error(spec->usage, "%s needs a value", s);
+    /* `--set --out DIR` once set "--out" as the override and refused DIR
+     * as a stray argument; `--out --overwrite` made a folder of that name */
+    const char *next = argv[i + 1];
+    if (find_option(spec, next) || !strcmp(next, "--set") ||
+        !strcmp(next, "--help") || !strcmp(next, "-h")) {
+      char why[160];
+      snprintf(why, sizeof why, "%s needs a value before the option '%s'", s,
+               next);
+      return st_cli_usage_error(spec->usage, "%s", why);
+    }
     *slot = argv[++i];
   }
   return 0;

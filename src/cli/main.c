@@ -65,9 +65,9 @@ static const char *usage_train =
     "(its\n"
     "                   checkpoints, store, metrics or summary) is refused\n"
     "  --resume DIR     continue the run in DIR from its newest checkpoint\n"
-    "                   (bit-identical to an uninterrupted run); CONFIG may "
-    "be\n"
-    "                   '-' to reuse DIR/config.yaml\n"
+    "                   (bit-identical to an uninterrupted run, except in\n"
+    "                   pipelined_backprop, which refills its pipeline);\n"
+    "                   CONFIG may be '-' to reuse DIR/config.yaml\n"
     "  --overwrite      remove the earlier run's files in DIR first, so "
     "nothing\n"
     "                   of two runs mixes\n"
@@ -371,7 +371,7 @@ static int cmd_train(int argc, char **argv) {
   if (rc) return rc;
   if (a.help) {
     fputs(usage_train, stdout);
-    printf("\nconfig keys (section.key  type  default  meaning):\n");
+    putchar('\n');
     st_config_print_schema(stdout);
     return 0;
   }

@@ -156,6 +156,25 @@ run train "$fc" --bogus
 if [ "$rc" -eq 2 ] && [[ $err == *"unknown option '--bogus'"* ]]; then pass; else
   fail "unknown option exits 2" "rc=$rc" "$err"
 fi
+# misuse: the cause on the first line, then the synopsis alone (not all 50
+# lines of train's help) and where the rest is
+if [ "$(head -n 1 <<<"$err")" = "strata: error: unknown option '--bogus'" ] &&
+   [ "$(sed -n 2p <<<"$err")" = "usage: strata train CONFIG [--set key.path=value ...] [--out DIR]" ] &&
+   [ "$(tail -n 1 <<<"$err")" = "(strata train --help: every option)" ] &&
+   [ "$(wc -l <<<"$err")" -eq 4 ]; then pass; else
+  fail "a usage error is the cause, the synopsis and a pointer to --help" "$err"
+fi
+# an option where a value belongs is not taken as the value
+run train "$fc" --set --out "$T/o_swallow"
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: error: --set needs a value before the option '--out'" ] &&
+   [ ! -e "$T/o_swallow" ]; then pass; else
+  fail "--set --out DIR: --set lacks its value" "rc=$rc" "$err"
+fi
+run train "$fc" --out --overwrite
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: error: --out needs a value before the option '--overwrite'" ] &&
+   [ ! -e ./--overwrite ]; then pass; else
+  fail "--out --overwrite: --out lacks its value" "rc=$rc" "$err"
+fi
 
 run_dir="$T/run"
 run train "$fc" "${small[@]}" --out "$run_dir"
@@ -485,26 +504,26 @@ expect_error "sweep: noise batch not swept" "noise batch 12 must be one of the b
 # A missing or unknown kind, a missing CONFIG and a bad count are command-line
 # misuse: exit 2, the cause first, then the usage.
 run experiment
-if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: experiment needs a kind: pb" ] &&
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: error: experiment needs a kind: pb" ] &&
    grep -q "^usage: strata experiment pb CONFIG" <<<"$err"; then pass; else
   fail "experiment without a kind exits 2 with the usage" "rc $rc" "$err"
 fi
 run experiment pb
-if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: experiment pb needs a CONFIG" ] &&
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: error: experiment pb needs a CONFIG" ] &&
    grep -q "^usage: strata experiment pb CONFIG" <<<"$err"; then pass; else
   fail "experiment pb without CONFIG exits 2 with the usage" "rc $rc" "$err"
 fi
 run experiment bogus "$fc"
-if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: unknown experiment 'bogus' (pb)" ]; then pass; else
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: error: unknown experiment 'bogus' (pb)" ]; then pass; else
   fail "unknown experiment exits 2" "rc $rc" "$err"
 fi
 run experiment pb "$fc" --seeds 0 --out "$T/o_exp"
-if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: --seeds takes a whole number >= 1, not '0'" ]; then pass; else
+if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: error: --seeds takes a whole number >= 1, not '0'" ]; then pass; else
   fail "experiment: a bad --seeds is a usage error" "rc $rc" "$err"
 fi
 for bad in 4,2 1,4 4,,8 4x; do
   run experiment pb "$fc" --depths "$bad" --out "$T/o_exp"
-  if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: --depths takes rising stage counts >= 2 separated by commas (at most 16), not '$bad'" ]; then pass; else
+  if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: error: --depths takes rising stage counts >= 2 separated by commas (at most 16), not '$bad'" ]; then pass; else
     fail "experiment: --depths $bad is a usage error" "rc $rc" "$err"
   fi
 done
@@ -650,7 +669,7 @@ else
   fail "--trace: a track per stage, 12 steps x 4 forwards on each" "$(head -c 400 "$T/p_bseq.json")"
 fi
 run eval "$fc" --checkpoint "$T/p_seq/checkpoints/step-00000012.safetensors" --trace "$T/x.json"
-if [ "$rc" -eq 2 ] && grep -q "^strata: --trace is an option of train$" <<<"$err"; then pass; else
+if [ "$rc" -eq 2 ] && grep -q "^strata: error: --trace is an option of train$" <<<"$err"; then pass; else
   fail "--trace belongs to train (a usage error)" "rc $rc" "$err"
 fi
 expect_error "pipeline: more stages than blocks" \

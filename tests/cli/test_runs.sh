@@ -64,7 +64,7 @@ if [ "$rc" -eq 2 ] && grep -q "give one of the two" <<<"$err"; then pass; else
   fail "--resume with --overwrite is a usage error" "rc $rc" "$err"
 fi
 run train "$fc" "${small[@]}" --set train.steps=2 --out ""
-if [ "$rc" -eq 2 ] && grep -q "^strata: --out: an empty path is no directory" <<<"$err"; then pass; else
+if [ "$rc" -eq 2 ] && grep -q "^strata: error: --out: an empty path is no directory" <<<"$err"; then pass; else
   fail "--out \"\" is refused" "rc $rc" "$err"
 fi
 before=$(ls / | tr '\n' ' ')
