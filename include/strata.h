@@ -1129,6 +1129,8 @@ typedef struct st_st_tensor {
   int ndim;
   int64_t dims[8];
   size_t begin, end; /* byte offsets into the data section */
+  int has_crc;       /* the file lists its bytes' CRC-32 (strata.crc32) */
+  uint32_t crc;
 } st_st_tensor;
 
 typedef struct st_safetensors {
@@ -1142,6 +1144,8 @@ typedef struct st_safetensors {
   size_t data_bytes;
   size_t data_start; /* the data section's offset in the file */
   int fd;            /* st_safetensors_open's file, else -1 */
+  uint32_t *crcs;    /* strata.crc32 as read, before it reaches the tensors */
+  int n_crcs;
 } st_safetensors;
 
 /* Reads and validates a whole file (header JSON, offsets inside the file,
@@ -1151,9 +1155,17 @@ int st_safetensors_read(st_safetensors **out, const char *path, st_error *err);
  * are read with st_safetensors_pread when wanted, so a part of a large
  * file costs only that part. */
 int st_safetensors_open(st_safetensors **out, const char *path, st_error *err);
-/* bytes of tensor t from its byte off, into dst (either kind of handle). */
+/* bytes of tensor t from its byte off, into dst (either kind of handle).
+ * A read of the whole tensor is checked against its CRC-32 where the file
+ * lists one (every file st_st_writer writes does: metadata "strata.crc32",
+ * one 8-digit hex CRC per tensor in header order); st_safetensors_read
+ * checks every tensor. */
 int st_safetensors_pread(const st_safetensors *st, const st_st_tensor *t,
                          size_t off, size_t bytes, void *dst, st_error *err);
+/* A tensor read in pieces: crc is zlib's crc32 over all its bytes in
+ * order; an error naming the file and the tensor if the file's differs. */
+int st_safetensors_verify(const st_safetensors *st, const st_st_tensor *t,
+                          uint32_t crc, st_error *err);
 void st_safetensors_destroy(st_safetensors *st);
 const st_st_tensor *st_safetensors_find(const st_safetensors *st,
                                         const char *name);

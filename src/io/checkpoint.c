@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static const char *slot_name(const char *optim_kind, int slot) {
   if (strcmp(optim_kind, "adamw") == 0) return slot ? "exp_avg_sq" : "exp_avg";
@@ -505,12 +506,15 @@ static int visit(const source *src, const st_model *m, float *params,
         int rc = 0;
         if (strcmp(t->dtype, "BF16") == 0) { /* widened in pieces */
           uint16_t h[1024];
+          uLong crc = crc32_z(0, NULL, 0);
           for (size_t at = 0; !rc && at < ti->numel; at += 1024) {
             size_t n = ti->numel - at < 1024 ? ti->numel - at : 1024;
             rc = st_safetensors_pread(st, t, 2 * at, 2 * n, h, err);
+            if (!rc) crc = crc32_z(crc, (const Bytef *)h, 2 * n);
             for (size_t j = 0; !rc && j < n; j++)
               dst[at + j] = st_bf16_to(h[j]);
           }
+          if (!rc) rc = st_safetensors_verify(st, t, (uint32_t)crc, err);
         } else {
           rc = st_safetensors_pread(st, t, 0, ti->numel * sizeof(float), dst,
                                     err);

@@ -60,19 +60,38 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
       n *= (size_t)t->dims[d];
     }
     if (t->ndim == 0) snprintf(shape, sizeof shape, "scalar");
+    /* over the finite elements, two passes (a sum of squares less the
+     * squared mean cancels where the mean is large); NaN and infinities
+     * counted apart and named, not folded into the figures */
     double lo = INFINITY, hi = -INFINITY, sum = 0, sq = 0;
+    size_t nan = 0, inf = 0, first_bad = 0;
     const uint8_t *p = st->data + t->begin;
     for (size_t k = 0; k < n; k++) {
       double v = element(p, t->dtype, k);
+      if (!isfinite(v)) {
+        if (!nan && !inf) first_bad = k;
+        nan += isnan(v) != 0, inf += isinf(v) != 0;
+        continue;
+      }
       lo = v < lo ? v : lo;
       hi = v > hi ? v : hi;
       sum += v;
-      sq += v * v;
     }
-    double mean = n ? sum / n : 0, var = n ? sq / n - mean * mean : 0;
-    fprintf(f, "  %-44s %-5s %-16s %12.5g %12.5g %12.5g %12.5g\n", t->name,
-            t->dtype, shape, n ? lo : 0, n ? hi : 0, mean,
-            sqrt(var > 0 ? var : 0));
+    size_t fin = n - nan - inf;
+    double mean = fin ? sum / (double)fin : 0;
+    for (size_t k = 0; k < n; k++) {
+      double v = element(p, t->dtype, k);
+      if (isfinite(v)) sq += (v - mean) * (v - mean);
+    }
+    fprintf(f, "  %-44s %-5s %-16s %12.5g %12.5g %12.5g %12.5g", t->name,
+            t->dtype, shape, fin ? lo : 0, fin ? hi : 0, mean,
+            fin ? sqrt(sq / (double)fin) : 0);
+    if (nan || inf)
+      fprintf(f,
+              "  holds %zu NaN and %zu infinities, the first at element "
+              "%zu (the figures are the finite elements')",
+              nan, inf, first_bad);
+    fputc('\n', f);
   }
   st_safetensors_destroy(st);
   return 0;

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 /* ------------------------------------------------------------ JSON reader */
 
@@ -152,10 +153,54 @@ static size_t dtype_size(const char *dtype) {
   return 0;
 }
 
+/* The metadata key that lists each tensor's CRC-32, in header order. */
+#define CRC_KEY "strata.crc32"
+
+static int hex_digit(char c) {
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                : -1;
+}
+
+/* CRC_KEY's value: "xxxxxxxx,xxxxxxxx,...", 8 lowercase hex digits each. */
+static int read_crcs(json *j, st_safetensors *st) {
+  if (st->crcs) return json_fail(j, CRC_KEY " appears twice");
+  if (expect(j, '"')) return ST_EFORMAT;
+  size_t n = 1;
+  for (const char *q = j->p; q < j->end && *q != '"'; q++) n += *q == ',';
+  if (!(st->crcs = malloc(n * sizeof *st->crcs)))
+    return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+  for (;;) {
+    uint32_t v = 0;
+    for (int d = 0; d < 8; d++, j->p++) {
+      int h = j->p < j->end ? hex_digit(*j->p) : -1;
+      if (h < 0) return json_fail(j, "bad " CRC_KEY " (8 hex digits each)");
+      v = v << 4 | (uint32_t)h;
+    }
+    st->crcs[st->n_crcs++] = v;
+    if (j->p < j->end && *j->p == ',' && (size_t)st->n_crcs < n) {
+      j->p++;
+      continue;
+    }
+    return expect(j, '"');
+  }
+}
+
 static int read_metadata(json *j, st_safetensors *st) {
   if (expect(j, '{')) return ST_EFORMAT;
   if (peek(j, '}')) return j->p++, 0;
   for (;;) {
+    skip_ws(j);
+    if (j->end - j->p > (long)sizeof CRC_KEY &&
+        !memcmp(j->p, "\"" CRC_KEY "\"", sizeof CRC_KEY + 1)) {
+      j->p += sizeof CRC_KEY + 1;
+      if (expect(j, ':') || read_crcs(j, st)) return ST_EFORMAT;
+      if (peek(j, ',')) {
+        j->p++;
+        continue;
+      }
+      return expect(j, '}');
+    }
     void *k = realloc(st->meta_keys, (size_t)(st->n_meta + 1) * 64);
     if (!k)
       return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
@@ -376,6 +421,27 @@ static int open_file(st_safetensors **out, const char *path, int load,
   st->data = buf;
   buf = NULL;
   if ((rc = check_tensors(st, err))) goto fail;
+  if (st->crcs) {
+    if (st->n_crcs != st->n_tensors) {
+      rc = st_error_set(err, ST_EFORMAT,
+                        "%s: corrupt safetensors header: " CRC_KEY
+                        " lists %d CRCs for %d tensors",
+                        path, st->n_crcs, st->n_tensors);
+      goto fail;
+    }
+    for (int i = 0; i < st->n_tensors; i++) {
+      st->tensors[i].has_crc = 1;
+      st->tensors[i].crc = st->crcs[i];
+    }
+  }
+  for (int i = 0; load && i < st->n_tensors; i++) {
+    const st_st_tensor *t = &st->tensors[i];
+    if ((rc = st_safetensors_verify(
+             st, t,
+             (uint32_t)crc32_z(0, st->data + t->begin, t->end - t->begin),
+             err)))
+      goto fail;
+  }
   if (!load && (st->fd = dup(fileno(f))) < 0) {
     rc =
         st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
@@ -407,9 +473,10 @@ int st_safetensors_pread(const st_safetensors *st, const st_st_tensor *t,
     return st_error_set(err, ST_EARG,
                         "%s: internal error: a read past tensor '%s'", st->path,
                         t->name);
+  int whole = off == 0 && bytes == t->end - t->begin;
   if (st->data) {
     memcpy(dst, st->data + t->begin + off, bytes);
-    return 0;
+    return 0; /* checked when read */
   }
   uint8_t *p = dst;
   off_t at = (off_t)(st->data_start + t->begin + off);
@@ -423,7 +490,18 @@ int st_safetensors_pread(const st_safetensors *st, const st_st_tensor *t,
     at += n;
     bytes -= (size_t)n;
   }
-  return 0;
+  return whole ? st_safetensors_verify(
+                     st, t, (uint32_t)crc32_z(0, dst, p - (uint8_t *)dst), err)
+               : 0;
+}
+
+int st_safetensors_verify(const st_safetensors *st, const st_st_tensor *t,
+                          uint32_t crc, st_error *err) {
+  if (!t->has_crc || crc == t->crc) return 0;
+  return st_error_set(err, ST_EFORMAT,
+                      "%s: tensor '%s' is damaged: its bytes' CRC-32 is "
+                      "%08x, the file lists %08x",
+                      st->path, t->name, crc, t->crc);
 }
 
 void st_safetensors_destroy(st_safetensors *st) {
@@ -431,6 +509,7 @@ void st_safetensors_destroy(st_safetensors *st) {
   free(st->tensors);
   free(st->meta_keys);
   free(st->meta_values);
+  free(st->crcs);
   st_free(st->data);
   if (st->fd >= 0) close(st->fd);
   free(st);
@@ -530,6 +609,7 @@ typedef struct entry {
   int64_t dims[8];
   const void *data;
   size_t bytes;
+  uint32_t crc; /* of its bytes, once written */
 } entry;
 
 struct st_st_writer {
@@ -632,21 +712,30 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
   }
 }
 
+/* The header, with every tensor's CRC as it stands in w (the same length
+ * whatever they are: 8 hex digits each). */
 static char *build_header(const st_st_writer *w, size_t *len) {
   sbuf b = {0};
   sb_printf(&b, "{");
-  if (w->n_meta) {
+  int meta = w->n_meta || w->n;
+  if (meta) {
     sb_printf(&b, "\"__metadata__\":{");
     for (int i = 0; i < w->n_meta; i++)
       sb_printf(&b, "%s\"%s\":\"%s\"", i ? "," : "", w->meta[i][0],
                 w->meta[i][1]);
-    sb_printf(&b, "}");
+    for (int i = 0; i < w->n; i++)
+      sb_printf(&b, "%s%08x",
+                i           ? ","
+                : w->n_meta ? ",\"" CRC_KEY "\":\""
+                            : "\"" CRC_KEY "\":\"",
+                (unsigned)w->entries[i].crc);
+    sb_printf(&b, "%s}", w->n ? "\"" : "");
   }
   size_t off = 0;
   for (int i = 0; i < w->n; i++) {
     const entry *e = &w->entries[i];
     sb_printf(&b, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
-              (i || w->n_meta) ? "," : "", e->name, e->dtype);
+              (i || meta) ? "," : "", e->name, e->dtype);
     for (int d = 0; d < e->ndim; d++)
       sb_printf(&b, "%s%lld", d ? "," : "", (long long)e->dims[d]);
     sb_printf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + e->bytes);
@@ -697,8 +786,27 @@ int st_st_writer_write_fetch(st_st_writer *w, const char *path,
                         "%s: internal error: tensor '%s' has no data", path,
                         w->entries[i].name);
     }
+    w->entries[i].crc =
+        data ? (uint32_t)crc32_z(0, data, w->entries[i].bytes) : 0;
     if (!rc && data && w->entries[i].bytes)
       rc = st_atomic_write(&f, data, w->entries[i].bytes, err);
+  }
+  /* the header again, now with the CRCs: the same length, in place */
+  if (!rc) {
+    size_t again;
+    free(header);
+    header = build_header(w, &again);
+    if (!header || again != hlen)
+      rc = st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+    for (size_t done = 0; !rc && done < hlen;) {
+      ssize_t n = pwrite(f.fd, header + done, hlen - done, (off_t)(8 + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        rc = st_error_set(err, ST_EIO, "%s: write failed: %s", path,
+                          strerror(n < 0 ? errno : EIO));
+      else
+        done += (size_t)n;
+    }
   }
   rc = st_atomic_close(&f, rc, err);
   free(header);

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static char dir[256]; /* the scratch directory */
 
@@ -231,6 +232,121 @@ static void expect_fail(const char *what, const char *path, int want_code,
   if (getenv("STRATA_TEST_VERBOSE"))
     fprintf(stderr, "  %-36s %s\n", what, err.msg);
   if (rc == 0) st_safetensors_destroy(st);
+}
+
+/* ------------------------------------------------------------ CRC-32 */
+
+/* Flips bit `bit` of the data section's byte `at` of the file at path. */
+static void flip_data_bit(const char *path, size_t at, int bit) {
+  size_t n = 0;
+  uint8_t *raw = slurp(path, &n);
+  uint64_t hlen = 0;
+  for (int i = 7; raw && n >= 8 && i >= 0; i--) hlen = hlen << 8 | raw[i];
+  CHECK(raw && 8 + hlen + at < n, "flip: %s too short", path);
+  if (raw && 8 + hlen + at < n) {
+    raw[8 + hlen + at] ^= (uint8_t)(1u << bit);
+    write_bytes(path, raw, n);
+  }
+  free(raw);
+}
+
+static void test_crc(void) {
+  /* every file the writer makes lists each tensor's CRC-32, in header
+   * order, under metadata "strata.crc32": zlib's crc32 of its bytes */
+  const char *path = in_dir("crc.safetensors");
+  if (write_roundtrip_file(path)) return;
+  size_t n = 0;
+  uint8_t *raw = slurp(path, &n);
+  char want[4 * 9 + 1] = "", *w = want;
+  for (int i = 0; i < N_RT; i++)
+    w += sprintf(w, "%s%08lx", i ? "," : "",
+                 crc32_z(0, rt[i].data, rt[i].bytes));
+  char line[128];
+  snprintf(line, sizeof line, "\"strata.crc32\":\"%s\"", want);
+  CHECK(raw && n > 8 && memmem(raw + 8, n - 8, line, strlen(line)),
+        "crc: the header lacks %s", line);
+  free(raw);
+  st_safetensors *st = NULL;
+  st_error err = {0};
+  int rc = st_safetensors_read(&st, path, &err);
+  CHECK(rc == 0, "crc: read: %s", err.msg);
+  for (int i = 0; !rc && i < N_RT; i++) {
+    const st_st_tensor *t = st_safetensors_find(st, rt[i].name);
+    CHECK(t && t->has_crc && t->crc == crc32_z(0, rt[i].data, rt[i].bytes),
+          "crc: %s's CRC not as written", rt[i].name);
+  }
+  CHECK(!rc && st_safetensors_meta(st, "strata.crc32") == NULL,
+        "crc: the CRC list shows as ordinary metadata");
+  st_safetensors_destroy(st);
+
+  /* one bit of 'ints' flipped: refused naming the file and that tensor;
+   * opened without the data, the other tensors and part reads still serve */
+  flip_data_bit(path, sizeof t4 + 4 + 9, 3);
+  expect_fail("crc: a flipped bit", path, ST_EFORMAT,
+              "tensor 'ints' is damaged", "CRC-32");
+  rc = st_safetensors_open(&st, path, &err);
+  CHECK(rc == 0, "crc: open: %s", err.msg);
+  if (!rc) {
+    int32_t got[5];
+    float f4[12];
+    const st_st_tensor *ti = st_safetensors_find(st, "ints");
+    rc = st_safetensors_pread(st, ti, 0, sizeof got, got, &err);
+    CHECK(rc == ST_EFORMAT && contains(err.msg, path) &&
+              contains(err.msg, "tensor 'ints' is damaged"),
+          "crc: pread of the damaged tensor: rc %d: %s", rc, err.msg);
+    rc = st_safetensors_pread(st, ti, 0, 8, got, &err); /* a part: unchecked */
+    CHECK(rc == 0 && got[0] == -2 && got[1] == 0, "crc: part read: %s",
+          err.msg);
+    rc = st_safetensors_pread(st, st_safetensors_find(st, rt[0].name), 0,
+                              sizeof f4, f4, &err);
+    CHECK(rc == 0 && !memcmp(f4, t4, sizeof f4), "crc: intact tensor: %s",
+          err.msg);
+    /* a tensor read in pieces: its running CRC, checked at the end (the
+     * file lists the CRC of the bytes as written) */
+    rc = st_safetensors_pread(st, ti, 8, sizeof got - 8, got + 2, &err);
+    uint32_t c = (uint32_t)crc32_z(0, (const Bytef *)got, 8);
+    c = (uint32_t)crc32_z(c, (const Bytef *)(got + 2), sizeof got - 8);
+    CHECK(rc == 0 && got[2] == (7 ^ 8 << 8), "crc: pieces: %s", err.msg);
+    rc = st_safetensors_verify(st, ti, c, &err);
+    CHECK(rc == ST_EFORMAT && contains(err.msg, "tensor 'ints' is damaged"),
+          "crc: verify of the damaged bytes read in pieces: rc %d %s", rc,
+          err.msg);
+    c = (uint32_t)crc32_z(0, (const Bytef *)ints, sizeof ints);
+    rc = st_safetensors_verify(st, ti, c, &err);
+    CHECK(rc == 0, "crc: verify of the bytes as written: %s", err.msg);
+    st_safetensors_destroy(st);
+  }
+
+  /* hand-made lists: right, wrong, short, and not hex. Data bytes are 0,
+   * 1, 2, ...: a's 4 bytes, then b's 4. */
+  uint8_t bytes[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  char hdr[512];
+  const char *tensors = "\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                        "\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"F32\","
+                        "\"shape\":[1],\"data_offsets\":[4,8]}}";
+  snprintf(hdr, sizeof hdr,
+           "{\"__metadata__\":{\"strata.crc32\":\"%08lx,%08lx\"},%s",
+           crc32_z(0, bytes, 4), crc32_z(0, bytes + 4, 4), tensors);
+  write_handmade(path, hdr, 8);
+  rc = st_safetensors_read(&st, path, &err);
+  CHECK(rc == 0, "crc: hand-made, right: %s", err.msg);
+  if (!rc) st_safetensors_destroy(st);
+  snprintf(hdr, sizeof hdr,
+           "{\"__metadata__\":{\"strata.crc32\":\"%08lx,%08lx\"},%s",
+           crc32_z(0, bytes, 4), crc32_z(0, bytes, 4), tensors);
+  write_handmade(path, hdr, 8);
+  expect_fail("crc: hand-made, b's wrong", path, ST_EFORMAT,
+              "tensor 'b' is damaged", NULL);
+  snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"strata.crc32\":\"%08lx\"},%s",
+           crc32_z(0, bytes, 4), tensors);
+  write_handmade(path, hdr, 8);
+  expect_fail("crc: one CRC for two tensors", path, ST_EFORMAT,
+              "lists 1 CRCs for 2 tensors", NULL);
+  snprintf(hdr, sizeof hdr,
+           "{\"__metadata__\":{\"strata.crc32\":\"0000000g,00000000\"},%s",
+           tensors);
+  write_handmade(path, hdr, 8);
+  expect_fail("crc: not hex", path, ST_EFORMAT, "bad strata.crc32", NULL);
 }
 
 static void test_malformed(void) {
@@ -546,6 +662,45 @@ static void test_checkpoint(void) {
   CHECK(rc == ST_EFORMAT && contains(err.msg, "holds NaN at element 2") &&
             contains(err.msg, m->blocks[1].tensors[0].name),
         "NaN weight: rc %d: %s", rc, err.msg);
+  /* a BF16 weight (as `strata export` writes them) damaged in the file,
+   * past the first 1024 of a tensor's weights: widened in pieces, so no
+   * single read is the whole tensor, yet its CRC is checked */
+  st_model *bm = small_model(300); /* a 300 x 4 weight */
+  size_t bn = bm ? bm->n_params : 1;
+  uint16_t *half = calloc(bn, sizeof *half);
+  float *back = calloc(bn, sizeof *back);
+  for (size_t i = 0; i < bn; i++) half[i] = st_bf16_from(0.01f * (float)i);
+  bad.step = 63, bad.samples = 630;
+  rc =
+      bm ? st_checkpoint_save_as(odd, bm, half, "BF16", NULL, "sgd", &bad, &err)
+         : ST_ENOMEM;
+  if (!rc) rc = st_checkpoint_load(odd, bm, back, NULL, "sgd", NULL, &err);
+  CHECK(rc == 0 && back[bn - 1] == st_bf16_to(half[bn - 1]),
+        "BF16 round trip: %s", err.msg);
+  st_safetensors *sf = NULL;
+  const st_st_tensor *big = NULL;
+  char big_name[200] = "";
+  size_t big_at = 0;
+  if (!rc && st_safetensors_open(&sf, odd, &err) == 0) {
+    for (int i = 0; i < sf->n_tensors && !big; i++)
+      if (sf->tensors[i].end - sf->tensors[i].begin > 2 * 1024 + 2)
+        big = &sf->tensors[i];
+    if (big) {
+      snprintf(big_name, sizeof big_name, "tensor '%s' is damaged", big->name);
+      big_at = big->begin + 2 * 1024 + 1;
+    }
+    st_safetensors_destroy(sf);
+  }
+  CHECK(big_at > 0, "BF16: no weight tensor of more than 1024 elements");
+  if (big_at) {
+    flip_data_bit(odd, big_at, 0);
+    rc = st_checkpoint_load(odd, bm, back, NULL, "sgd", NULL, &err);
+    CHECK(rc == ST_EFORMAT && contains(err.msg, big_name),
+          "BF16 weight damaged past its first piece: rc %d: %s", rc, err.msg);
+  }
+  free(half);
+  free(back);
+  st_model_destroy(bm);
   free(p0);
   free(o0);
 
@@ -657,6 +812,10 @@ static int inspect_line(const char *text, const char *name, char *dtype,
 static void test_inspect(void) {
   const char *path = in_dir("inspect.safetensors");
   float w6[6] = {1, 2, 3, 4, 5, 6}, s = 2.5f;
+  /* NaN and infinities: counted and placed, the figures the finite ones'
+   * (10001, 10002, 10003: mean 10002, std sqrt(2/3)) */
+  float odd[6] = {NAN, 10001, INFINITY, 10002, NAN, 10003};
+  int64_t d6[1] = {6};
   int32_t n3[3] = {-1, 0, 4};
   int64_t d23[2] = {2, 3}, d3[1] = {3}, d0[2] = {0, 7};
   st_error err = {0};
@@ -665,6 +824,7 @@ static void test_inspect(void) {
   st_st_writer_add(w, "counts", "I32", 1, d3, n3, &err);
   st_st_writer_add(w, "s", "F32", 0, d3, &s, &err);
   st_st_writer_add(w, "void", "F32", 2, d0, w6, &err);
+  st_st_writer_add(w, "odd", "F32", 1, d6, odd, &err);
   st_st_writer_meta(w, "format", "strata-checkpoint", &err);
   int rc = st_st_writer_write(w, path, &err);
   st_st_writer_destroy(w);
@@ -676,8 +836,8 @@ static void test_inspect(void) {
   rc = st_inspect(path, f, &err);
   fclose(f);
   CHECK(rc == 0, "inspect: %s", err.msg);
-  CHECK(text && contains(text, path) && contains(text, "4 tensors"),
-        "inspect: no title line naming the file and 4 tensors:\n%s", text);
+  CHECK(text && contains(text, path) && contains(text, "5 tensors"),
+        "inspect: no title line naming the file and 5 tensors:\n%s", text);
   CHECK(text && contains(text, "format") && contains(text, "strata-checkpoint"),
         "inspect: metadata not printed:\n%s", text);
 
@@ -709,6 +869,14 @@ static void test_inspect(void) {
   CHECK(ok && strcmp(shape, "0x7") == 0 && st[0] == 0 && st[1] == 0 &&
             st[2] == 0 && st[3] == 0,
         "inspect: zero-size tensor line missing or wrong:\n%s", text);
+  ok = text && inspect_line(text, "odd", dtype, shape, st);
+  double want_o[4] = {10001, 10003, 10002, sqrt(2.0 / 3.0)};
+  for (int i = 0; ok && i < 4; i++)
+    CHECK(fabs(st[i] - want_o[i]) <= 1e-4 * fabs(want_o[i]) + 1e-9,
+          "inspect: odd stat %d is %g, want %g", i, st[i], want_o[i]);
+  CHECK(ok && contains(text, "holds 2 NaN and 1 infinities, the first at "
+                             "element 0"),
+        "inspect: the NaN and infinities are not counted:\n%s", text);
   free(text);
 
   /* a file that cannot be read: the error, and nothing printed */
@@ -793,6 +961,7 @@ int main(void) {
     return 2;
   }
   test_roundtrip();
+  test_crc();
   test_malformed();
   test_writer_arguments();
   test_atomic();
