@@ -1040,10 +1040,8 @@ static int check_training(const st_config *cfg, st_error *err) {
                    "whole micro-batches (execution.micro_batch = %d)",
                    batch, R, mb);
   if (R > 1 && cfg->metrics.noise_scale)
-    return invalid(cfg, err, "execution.replicas",
-                   "metrics.noise_scale is not available with replicas yet "
-                   "(%s)",
-                   st_config_where(cfg, "metrics.noise_scale"));
+    return invalid(cfg, err, "metrics.noise_scale",
+                   "is not available with execution.replicas = %d yet", R);
   const int pb = !strcmp(cfg->execution.mode, "pipelined_backprop");
   const int sgd = !strcmp(cfg->optimizer.kind, "sgd");
   const char *mit = cfg->execution.mitigation;

@@ -855,6 +855,9 @@ static void test_validate(void) {
           "metrics.log_every=0");
   INVALID("optimizer.nesterov (--set): needs optimizer.momentum > 0, got 0",
           "optimizer.nesterov=true", "optimizer.momentum=0");
+  INVALID("metrics.noise_scale (--set): is not available with "
+          "execution.replicas = 2 yet",
+          "metrics.noise_scale=true", "execution.replicas=2");
   INVALID("optimizer.min_lr (--set): 0.1 is above optimizer.lr = 0.05",
           "optimizer.schedule=cosine", "optimizer.min_lr=0.1");
   INVALID("model.norm (--set): groupnorm is for model.kind cnn; an mlp uses "
