@@ -282,6 +282,11 @@ static inline size_t st_shape_numel(st_shape s) {
 /* ---------------------------------------------------------------- config */
 
 #define ST_MAX_LIST 32
+/* Blocks a model may stack (model.layers, a CNN's stages x residual
+ * blocks): each is a few KB of layer and tensor tables, built before the
+ * memory check (which needs the model) can refuse it; model.layers = 2e9
+ * once filled the machine's RAM before any message. */
+#define ST_MAX_BLOCKS 65536
 #define ST_PATH_MAX 512
 #define ST_CONFIG_MAX_KEYS 112 /* rows the schema table may grow to */
 /* execution.stages: per_block (every block its own stage). */

@@ -819,23 +819,19 @@ typedef struct range {
   { k, 0, 1, 0, 1 } /* [0, 1) */
 #define BETWEEN(k, lo, hi)                                                     \
   { k, lo, hi, 0, 0 }
-/* Blocks a model may stack: each is a few KB of layer and tensor tables,
- * built before the memory check (which needs the model) can refuse it, so
- * model.layers = 2e9 once filled the machine's RAM before any message. */
-#define MAX_BLOCKS 65536
 
 static const range ranges[] = {
     UNIT("model.dropout"),
     AT_LEAST("model.groups", 1),
     AT_LEAST("model.kernel", 1),
-    BETWEEN("model.residual_blocks", 0, MAX_BLOCKS),
+    BETWEEN("model.residual_blocks", 0, ST_MAX_BLOCKS),
     AT_LEAST("model.classes", 2),
     AT_LEAST("model.hidden", 1),
     AT_LEAST("model.channels", 1),
     AT_LEAST("model.dense", 1),
     AT_LEAST("model.vocab", 0),
     AT_LEAST("model.context", 1),
-    BETWEEN("model.layers", 0, MAX_BLOCKS),
+    BETWEEN("model.layers", 0, ST_MAX_BLOCKS),
     AT_LEAST("model.heads", 1),
     AT_LEAST("model.width", 1),
     AT_LEAST("model.mlp_ratio", 1),

@@ -228,11 +228,12 @@ static int build_cnn(builder *bd) {
   /* the blocks' tables are built before the memory check can refuse them */
   double blocks =
       (double)c->model.channels.n * (1.0 + c->model.residual_blocks);
-  if (blocks > 65536)
+  if (blocks > ST_MAX_BLOCKS)
     return shape_error(bd, "model.residual_blocks",
                        "%d per stage over %d stages is %.0f blocks; at most "
-                       "65536",
-                       c->model.residual_blocks, c->model.channels.n, blocks);
+                       "%d",
+                       c->model.residual_blocks, c->model.channels.n, blocks,
+                       ST_MAX_BLOCKS);
   for (int s = 0; s < c->model.channels.n; s++) {
     int oc = c->model.channels.v[s];
     begin_block(bd);
