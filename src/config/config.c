@@ -91,6 +91,12 @@ static int syntax_error(const yaml_parser_t *parser, const source *src,
     return st_error_set(
         err, ST_ECONFIG, "%s: YAML syntax error at byte %zu: %s",
         src->file ? src->file : src->label, parser->problem_offset, problem);
+  /* libyaml's word for a tab where indentation goes says nothing of tabs */
+  const unsigned char *in = parser->input.string.start;
+  size_t at = parser->problem_mark.index;
+  if (in && at < (size_t)(parser->input.string.end - in) && in[at] == '\t')
+    return fail(err, ST_ECONFIG, src, parser->problem_mark,
+                "YAML syntax error: a tab; YAML indents with spaces");
   if (parser->context)
     return fail(err, ST_ECONFIG, src, parser->problem_mark,
                 "YAML syntax error: %s (%s at %zu:%zu)", problem,

@@ -685,8 +685,9 @@ static void test_load_errors(void) {
              "%s:3:5: YAML syntax error: did not find expected ',' or ']' "
              "(while parsing a flow sequence at 2:11)");
   LOAD_ERROR("model:\n\tkind: cnn\n",
-             "%s:2:1: YAML syntax error: found character that cannot start "
-             "any token (while scanning for the next token at 2:1)");
+             "%s:2:1: YAML syntax error: a tab; YAML indents with spaces");
+  LOAD_ERROR("model:\n  kind: cnn\ntrain:\n  batch: 3\n\t\n",
+             "%s:5:1: YAML syntax error: a tab; YAML indents with spaces");
   LOAD_ERROR("model: \xff\n",
              "%s: YAML syntax error at byte 7: invalid leading UTF-8 octet");
   LOAD_ERROR("# a comment\nmodle:\n  kind: mlp\n",
