@@ -24,6 +24,7 @@
  */
 #include "dist.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,11 +35,20 @@
 #endif
 
 static int world_rank = 0, world_size = 1, started = 0, threads_ok = 0;
-static int shared_error; /* the last error is every rank's (st_dist_agree) */
+/* the last error is every rank's (st_dist_agree). Atomic: a sweep's or
+ * an experiment's jobs make their trainers on threads at once, each
+ * clearing it (a race TSan saw; no value is read across jobs). */
+static _Atomic int shared_error;
 
-void st_dist_share_error(void) { shared_error = 1; }
-void st_dist_unshare_error(void) { shared_error = 0; }
-int st_dist_error_shared(void) { return shared_error; }
+void st_dist_share_error(void) {
+  atomic_store_explicit(&shared_error, 1, memory_order_relaxed);
+}
+void st_dist_unshare_error(void) {
+  atomic_store_explicit(&shared_error, 0, memory_order_relaxed);
+}
+int st_dist_error_shared(void) {
+  return atomic_load_explicit(&shared_error, memory_order_relaxed);
+}
 
 int st_dist_built(void) {
 #ifdef ST_MPI
