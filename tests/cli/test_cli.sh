@@ -174,6 +174,7 @@ run train "$fc" --out --overwrite
 if [ "$rc" -eq 2 ] && [ "$(head -n 1 <<<"$err")" = "strata: error: --out needs a value before the option '--overwrite'" ] &&
    [ ! -e ./--overwrite ]; then pass; else
   fail "--out --overwrite: --out lacks its value" "rc=$rc" "$err"
+  rm -rf -- ./--overwrite # what the bug made, not left in the checkout
 fi
 
 run_dir="$T/run"
