@@ -291,15 +291,26 @@ expect_error "a checkpoint past the run's steps" \
   "^strata: error: .*step-00000020.safetensors: at step 20, past this run's last step 10 \(--set\): raise train.steps to continue it$" \
   train - --resume "$T/meta" --set train.steps=10
 # a NaN weight: eval and generate name the tensor
-# poison SRC DST TENSOR: DST is SRC with element 7 of TENSOR a NaN
+# poison SRC DST TENSOR: DST is SRC with element 7 of TENSOR a NaN, its
+# CRC-32 in the metadata made to match, as a diverged run writes it (a
+# damaged file, caught by the CRC, is test_safetensors' concern)
 poison() {
   python3 - "$@" <<'PY'
-import json, struct, sys
+import json, struct, sys, zlib
 data = bytearray(open(sys.argv[1], "rb").read())
 n = struct.unpack("<Q", data[:8])[0]
-t = json.loads(data[8:8 + n])[sys.argv[3]]
-at = 8 + n + t["data_offsets"][0] + 4 * 7
+header = json.loads(data[8:8 + n])
+t = header[sys.argv[3]]
+b, e = t["data_offsets"]
+at = 8 + n + b + 4 * 7
 data[at:at + 4] = struct.pack("<f", float("nan"))
+crcs = header["__metadata__"]["strata.crc32"]
+names = [k for k in header if k != "__metadata__"]
+new = crcs.split(",")
+new[names.index(sys.argv[3])] = "%08x" % zlib.crc32(data[8 + n + b:8 + n + e])
+old_text, new_text = crcs.encode(), ",".join(new).encode()
+assert len(old_text) == len(new_text) and data[8:8 + n].count(old_text) == 1
+data[8:8 + n] = data[8:8 + n].replace(old_text, new_text)
 open(sys.argv[2], "wb").write(data)
 PY
 }
