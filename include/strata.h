@@ -1149,7 +1149,7 @@ typedef struct st_safetensors {
   size_t data_bytes;
   size_t data_start; /* the data section's offset in the file */
   int fd;            /* st_safetensors_open's file, else -1 */
-  uint32_t *crcs;    /* strata.crc32 as read, before it reaches the tensors */
+  uint32_t *crcs;    /* strata.crc32 while the header is parsed; then NULL */
   int n_crcs;
 } st_safetensors;
 

@@ -41,54 +41,41 @@ static const char *usage_bench =
     "  --threads N   most threads to measure (default: usable cores)\n"
     "  --passes N    passes over every measurement, 1 to 9 (default 3)\n";
 
-/* Creates the directories above path. */
+/* --passes/--threads: a whole number from 1 to max, or -1. */
+static int count_of(const char *text, long max) {
+  char *end;
+  errno = 0;
+  long n = strtol(text, &end, 10);
+  if (errno || end == text || *end || n < 1 || n > max) return -1;
+  return (int)n;
+}
 
 int st_cli_bench(int argc, char **argv) {
-  int calibrate = 0, probe = 0, threads = 0, passes = 3, passes_set = 0;
-  const char *out = NULL;
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i];
-    if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0)
-      return fputs(usage_bench, stdout), 0;
-    if (strcmp(s, "--calibrate") == 0) {
-      calibrate = 1;
-    } else if (strcmp(s, "--probe") == 0) {
-      probe = 1;
-    } else if (strcmp(s, "--out") == 0 || strcmp(s, "--threads") == 0 ||
-               strcmp(s, "--passes") == 0) {
-      if (i + 1 >= argc)
-        return st_cli_usage_error(usage_bench, "%s needs a value", s);
-      if (s[2] == 'o' && !strncmp(argv[i + 1], "--", 2))
-        return st_cli_usage_error(usage_bench,
-                                  "--out needs a FILE before the option '%s'",
-                                  argv[i + 1]);
-      if (s[2] == 'o') {
-        out = argv[++i];
-      } else if (s[2] == 'p') {
-        char *end;
-        long n = strtol(argv[++i], &end, 10);
-        if (*end || end == argv[i] || n < 1 || n > ST_CALIBRATION_MAX_PASSES)
-          return st_cli_usage_error(
-              usage_bench, "--passes takes a count from 1 to 9, not '%s'",
-              argv[i]);
-        passes = (int)n;
-        passes_set = 1;
-      } else {
-        char *end;
-        long n = strtol(argv[++i], &end, 10);
-        if (*end || end == argv[i] || n < 1 || n > 4096)
-          return st_cli_usage_error(
-              usage_bench, "--threads takes a count >= 1, not '%s'", argv[i]);
-        threads = (int)n;
-      }
-    } else {
-      return st_cli_usage_error(usage_bench, "unknown option '%s'", s);
-    }
-  }
+  int calibrate = 0, probe = 0, help = 0, threads = 0, passes = 3;
+  const char *out = NULL, *threads_text = NULL, *passes_text = NULL;
+  const st_cli_option options[] = {{"--calibrate", NULL, &calibrate},
+                                   {"--probe", NULL, &probe},
+                                   {"--out", &out, NULL},
+                                   {"--threads", &threads_text, NULL},
+                                   {"--passes", &passes_text, NULL},
+                                   {NULL, NULL, NULL}};
+  const st_cli_spec spec = {usage_bench, options, {NULL, NULL},
+                            NULL,        NULL,    &help};
+  int rc = st_cli_parse(argc, argv, &spec);
+  if (rc || help) return rc ? rc : (fputs(usage_bench, stdout), 0);
+  if (passes_text &&
+      (passes = count_of(passes_text, ST_CALIBRATION_MAX_PASSES)) < 0)
+    return st_cli_usage_error(usage_bench,
+                              "--passes takes a count from 1 to 9, not '%s'",
+                              passes_text);
+  if (threads_text && (threads = count_of(threads_text, 4096)) < 0)
+    return st_cli_usage_error(
+        usage_bench, "--threads takes a count from 1 to 4096, not '%s'",
+        threads_text);
   if (calibrate == probe)
     return st_cli_usage_error(
         usage_bench, "bench needs one of --calibrate and --probe%s", "");
-  if (probe && (out || passes_set))
+  if (probe && (out || passes_text))
     return st_cli_usage_error(usage_bench, "--probe takes only --threads%s",
                               "");
   if (probe) {
@@ -130,7 +117,7 @@ int st_cli_bench(int argc, char **argv) {
          passes == 1 ? "" : "es");
   fflush(stdout);
   double t0 = st_now();
-  int rc = 0;
+  rc = 0;
   while (!rc && kept < passes && made < most) {
     if (made >= passes)
       printf(" pass %d, again: %d of %d passes near\n", made + 1, kept, passes);

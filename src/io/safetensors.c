@@ -433,6 +433,8 @@ static int open_file(st_safetensors **out, const char *path, int load,
       st->tensors[i].has_crc = 1;
       st->tensors[i].crc = st->crcs[i];
     }
+    free(st->crcs); /* the tensors hold them now */
+    st->crcs = NULL;
   }
   for (int i = 0; load && i < st->n_tensors; i++) {
     const st_st_tensor *t = &st->tensors[i];

@@ -239,6 +239,15 @@ run bench --calibrate --passes 10 --out "$T/cal10.json"
 if [ "$rc" -eq 2 ] && [[ $err == *"--passes takes a count from 1 to 9, not '10'"* ]]; then
   pass; else fail "bench --passes 10 refused" "rc=$rc" "$err"
 fi
+run bench --calibrate --out --threads 1
+if [ "$rc" -eq 2 ] && [[ $err == *"--out needs a value before the option '--threads'"* ]] &&
+  [ ! -e --threads ]; then
+  pass; else fail "bench --out refuses an option as its FILE" "rc=$rc" "$err"
+fi
+run bench --probe --threads 0
+if [ "$rc" -eq 2 ] && [[ $err == *"--threads takes a count from 1 to 4096, not '0'"* ]]; then
+  pass; else fail "bench --threads 0 refused" "rc=$rc" "$err"
+fi
 
 run train "$run_dir/config.yaml" --set train.steps=1 --out "$T/run_again"
 if [ "$rc" -eq 0 ]; then pass; else
