@@ -440,6 +440,9 @@ int st_config_write(const st_config *cfg, FILE *f);
  * "default". Returns one of four rotating thread-local buffers, so two calls
  * may share one printf; copy the text if it must live longer. */
 const char *st_config_where(const st_config *cfg, const char *key);
+/* The same origin said of a second key a message mentions: "set at
+ * file:line:col", "set by --set" or "the default"; the same buffers. */
+const char *st_config_set_at(const st_config *cfg, const char *key);
 /* The keys set away from their defaults that cfg's execution.mode does
  * not use (execution.stages under sequential, execution.mitigation under
  * pipeline, ...): up to cap of them in keys; returns how many. A user

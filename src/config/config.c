@@ -201,7 +201,7 @@ static const char *expected_text(st_config_type type) {
   case ST_CONFIG_FLOAT:
     return "a number";
   case ST_CONFIG_BOOL:
-    return "true or false";
+    return "true or false (or yes/no, on/off)";
   case ST_CONFIG_STRING:
   case ST_CONFIG_ENUM:
     return "a string";
@@ -787,10 +787,23 @@ const char *st_config_where(const st_config *cfg, const char *key) {
   return buf;
 }
 
+const char *st_config_set_at(const st_config *cfg, const char *key) {
+  static _Thread_local char ring[4][ST_PATH_MAX + 40];
+  static _Thread_local int next;
+  const char *where = st_config_where(cfg, key);
+  if (!strcmp(where, "default") || !strcmp(where, "unknown key"))
+    return "the default";
+  char *buf = ring[next++ & 3];
+  snprintf(buf, sizeof ring[0], "set %s %s",
+           strcmp(where, "--set") ? "at" : "by", where);
+  return buf;
+}
+
 /* ------------------------------------------------------------ validation */
 
-/* "<file:line:col>: key: message" when the key came from a file, so editors
- * jump to it; otherwise "key (--set): message" or "key (default): ...". */
+/* "<origin>: key: message", the origin as st_config_where gives it (a
+ * file position first, so editors jump to it), as every later error that
+ * names a key has it. */
 static int invalid(const st_config *cfg, st_error *err, const char *key,
                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
@@ -801,13 +814,8 @@ static int invalid(const st_config *cfg, st_error *err, const char *key,
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  int row = row_of(key);
-  int line = row >= 0 ? cfg->origin[row].line : 0;
-  if (line > 0)
-    return st_error_set(err, ST_ECONFIG, "%s: %s: %s",
-                        st_config_where(cfg, key), key, msg);
-  return st_error_set(err, ST_ECONFIG, "%s (%s): %s", key,
-                      line == ORIGIN_SET ? "--set" : "default", msg);
+  return st_error_set(err, ST_ECONFIG, "%s: %s: %s", st_config_where(cfg, key),
+                      key, msg);
 }
 
 /* A numeric range a key must lie in; open ends exclude the bound. */
@@ -989,11 +997,11 @@ static int check_lists(const st_config *cfg, st_error *err) {
                ? invalid(cfg, err, "execution.stage_blocks",
                          "has %d stages; execution.stages is per_block "
                          "(%s): give one of the two",
-                         sb->n, st_config_where(cfg, "execution.stages"))
+                         sb->n, st_config_set_at(cfg, "execution.stages"))
                : invalid(cfg, err, "execution.stage_blocks",
                          "has %d stages; execution.stages is %d (%s): give "
                          "one of the two, or both alike",
-                         sb->n, S, st_config_where(cfg, "execution.stages"));
+                         sb->n, S, st_config_set_at(cfg, "execution.stages"));
   return 0;
 }
 
@@ -1008,17 +1016,21 @@ static int check_model(const st_config *cfg, st_error *err) {
                    "a cnn needs at least one conv stage, got []");
   if (!strcmp(cfg->model.norm, "layernorm") && cnn)
     return invalid(cfg, err, "model.norm",
-                   "layernorm is for model.kind mlp; a cnn uses groupnorm");
+                   "layernorm is for an mlp; model.kind is cnn (%s), which "
+                   "uses groupnorm",
+                   st_config_set_at(cfg, "model.kind"));
   if (!strcmp(cfg->model.norm, "groupnorm") && !cnn)
     return invalid(cfg, err, "model.norm",
-                   "groupnorm is for model.kind cnn; an mlp uses layernorm");
+                   "groupnorm is for a cnn; model.kind is %s (%s), which "
+                   "uses layernorm",
+                   cfg->model.kind, st_config_set_at(cfg, "model.kind"));
   if (!strcmp(cfg->model.norm, "groupnorm"))
     for (int i = 0; i < cfg->model.channels.n; i++)
       if (cfg->model.channels.v[i] % cfg->model.groups != 0)
         return invalid(cfg, err, "model.groups",
                        "%d groups do not divide model.channels[%d] = %d (%s)",
                        cfg->model.groups, i, cfg->model.channels.v[i],
-                       st_config_where(cfg, "model.channels"));
+                       st_config_set_at(cfg, "model.channels"));
   return 0;
 }
 
@@ -1027,20 +1039,20 @@ static int check_training(const st_config *cfg, st_error *err) {
   if (mb > 0 && batch % mb != 0)
     return invalid(cfg, err, "execution.micro_batch",
                    "%d does not divide train.batch = %d (%s)", mb, batch,
-                   st_config_where(cfg, "train.batch"));
+                   st_config_set_at(cfg, "train.batch"));
   const int R = cfg->execution.replicas,
             mode_seq = !strcmp(cfg->execution.mode, "sequential");
   if (R > 1 && !mode_seq && strcmp(cfg->execution.mode, "pipeline"))
     return invalid(cfg, err, "execution.replicas",
-                   "%d replicas of execution.mode %s: replicas run the "
-                   "sequential and pipeline modes (%s)",
+                   "%d replicas of execution.mode %s (%s): replicas run "
+                   "the sequential and pipeline modes",
                    R, cfg->execution.mode,
-                   st_config_where(cfg, "execution.mode"));
+                   st_config_set_at(cfg, "execution.mode"));
   if (R > 1 && batch % (R * (mb > 0 ? mb : 1)) != 0)
     return invalid(cfg, err, "execution.replicas",
-                   "train.batch = %d does not split into %d replicas of "
-                   "whole micro-batches (execution.micro_batch = %d)",
-                   batch, R, mb);
+                   "train.batch = %d (%s) does not split into %d replicas "
+                   "of whole micro-batches (execution.micro_batch = %d)",
+                   batch, st_config_set_at(cfg, "train.batch"), R, mb);
   if (R > 1 && cfg->metrics.noise_scale)
     return invalid(cfg, err, "metrics.noise_scale",
                    "is not available with execution.replicas = %d yet", R);
@@ -1050,9 +1062,9 @@ static int check_training(const st_config *cfg, st_error *err) {
   if (pb && !sgd && strcmp(mit, "none") && strcmp(mit, "stash"))
     return invalid(cfg, err, "execution.mitigation",
                    "%s is defined for momentum SGD (BACKGROUND.md 2); with "
-                   "optimizer.kind %s use none or stash (%s)",
+                   "optimizer.kind %s (%s) use none or stash",
                    mit, cfg->optimizer.kind,
-                   st_config_where(cfg, "optimizer.kind"));
+                   st_config_set_at(cfg, "optimizer.kind"));
   if (pb && cfg->optimizer.nesterov)
     return invalid(cfg, err, "optimizer.nesterov",
                    "pipelined_backprop updates with heavy-ball momentum "
@@ -1064,17 +1076,20 @@ static int check_training(const st_config *cfg, st_error *err) {
   if (cfg->optimizer.reference_batch > 0 && !sgd)
     return invalid(cfg, err, "optimizer.reference_batch",
                    "rescales SGD's lr and momentum; optimizer.kind is %s (%s)",
-                   cfg->optimizer.kind, st_config_where(cfg, "optimizer.kind"));
+                   cfg->optimizer.kind,
+                   st_config_set_at(cfg, "optimizer.kind"));
   if (cfg->optimizer.nesterov && !(cfg->optimizer.momentum > 0))
     return invalid(cfg, err, "optimizer.nesterov",
-                   "needs optimizer.momentum > 0, got %g",
-                   (double)cfg->optimizer.momentum);
+                   "needs optimizer.momentum > 0, got %g (%s)",
+                   (double)cfg->optimizer.momentum,
+                   st_config_set_at(cfg, "optimizer.momentum"));
   const char *sched = cfg->optimizer.schedule;
   if ((!strcmp(sched, "cosine") || !strcmp(sched, "linear")) &&
       cfg->optimizer.min_lr > cfg->optimizer.lr)
     return invalid(cfg, err, "optimizer.min_lr",
-                   "%g is above optimizer.lr = %g",
-                   (double)cfg->optimizer.min_lr, (double)cfg->optimizer.lr);
+                   "%g is above optimizer.lr = %g (%s)",
+                   (double)cfg->optimizer.min_lr, (double)cfg->optimizer.lr,
+                   st_config_set_at(cfg, "optimizer.lr"));
   if (!strcmp(cfg->data.dataset, "fashion_mnist") && !cfg->data.dir[0])
     return invalid(cfg, err, "data.dir", "fashion_mnist needs a folder");
   const int gpt = !strcmp(cfg->model.kind, "gpt");
@@ -1084,7 +1099,7 @@ static int check_training(const st_config *cfg, st_error *err) {
                    gpt ? "gpt trains on data.dataset text, not %s (%s)"
                        : "text data needs model.kind gpt, not %s (%s)",
                    gpt ? cfg->data.dataset : cfg->model.kind,
-                   st_config_where(cfg, gpt ? "data.dataset" : "model.kind"));
+                   st_config_set_at(cfg, gpt ? "data.dataset" : "model.kind"));
   if (text && !(cfg->data.val_fraction > 0 && cfg->data.val_fraction < 1))
     return invalid(cfg, err, "data.val_fraction", "must be in (0, 1), got %g",
                    (double)cfg->data.val_fraction);

@@ -437,10 +437,10 @@ static int lay_out_chunks(pipe *p, const st_config *cfg, const st_block_cost *c,
 
 /* The stages of both modes: S stages per segment (0: the plan's), every
  * stage's blocks, cores and cpu offset, in p->stages and p->seg. */
-static int lay_out(pipe *p, const st_config *cfg, int blockseq, int cores,
-                   st_error *err) {
+static int lay_out(pipe *p, const st_config *cfg, int blockseq, int S,
+                   int cores, st_error *err) {
   const st_model *m = p->rt.model;
-  int n = m->n_blocks, S = st_pipeline_asked_stages(cfg), rc = 0;
+  int n = m->n_blocks, rc = 0;
   int per_block = S == ST_STAGES_PER_BLOCK;
   if (per_block) S = n;
   st_block_cost *c = malloc((size_t)n * sizeof *c);
@@ -568,6 +568,18 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     cores = S == ST_STAGES_PER_BLOCK ? m->n_blocks
             : S > 0                  ? S
                                      : st_dist_group_size(pl->group);
+  /* over ranks a pipeline's stages: 0 is one a rank (the plan's own choice
+   * could leave a rank without one) */
+  if (pl && !blockseq && S == 0) {
+    S = cores;
+    if (S > m->n_blocks)
+      return st_error_set(err, ST_ECONFIG,
+                          "%s: execution.stages: 0, one stage for each of %d "
+                          "ranks (execution.placement: ranks), but the model "
+                          "has %d blocks; each stage needs at least one",
+                          st_config_where(cfg, "execution.stages"), S,
+                          m->n_blocks);
+  }
   if (!blockseq && st_pipeline_check_pin(cfg, m->n_blocks, err))
     return err->code;
   if (S > m->n_blocks && S != ST_STAGES_PER_BLOCK)
@@ -593,7 +605,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   p->V = !blockseq && !strcmp(cfg->execution.schedule, "interleaved")
              ? cfg->execution.virtual_stages
              : 1;
-  int rc = lay_out(p, cfg, blockseq, cores, err);
+  int rc = lay_out(p, cfg, blockseq, S, cores, err);
   if (!rc && !blockseq)
     rc = st_schedule_build(&p->sched, cfg->execution.schedule, p->workers, p->M,
                            p->V, err);
@@ -618,11 +630,12 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     int P = st_dist_group_size(pl->group);
     if (!blockseq && p->workers < P)
       rc = st_error_set(err, ST_ECONFIG,
-                        "%s: %s: %d stages over %d ranks "
+                        "%s: %s: %d stage%s over %d ranks "
                         "(execution.placement: ranks): each rank needs a "
                         "stage",
                         st_config_where(cfg, st_stages_key(cfg)),
-                        st_stages_key(cfg), p->workers, P);
+                        st_stages_key(cfg), p->workers,
+                        p->workers == 1 ? "" : "s", P);
   }
   if (rc) {
     pipe_destroy(p);

@@ -161,7 +161,7 @@ static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
                         "one stage (%s); placement: threads makes each rank "
                         "a replica",
                         st_config_where(cfg, "execution.placement"), mode,
-                        st_config_where(cfg, "execution.mode"));
+                        st_config_set_at(cfg, "execution.mode"));
   if (pb && cfg->execution.emulate)
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.emulate runs every stage in one "

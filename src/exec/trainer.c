@@ -115,7 +115,7 @@ static int load_text(st_trainer *t, st_error *err) {
         "%s: %zu training and %zu validation tokens: each part needs more "
         "than model.context = %d (%s) to give one sequence",
         c->data.path, t->text->n_train, t->text->n_val, T,
-        st_config_where(c, "model.context"));
+        st_config_set_at(c, "model.context"));
   return 0;
 }
 
@@ -1215,9 +1215,9 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                       "%s: at step %lld, past this run's last step %lld "
                       "(%s): raise train.steps to continue it",
                       path, (long long)pos.step, (long long)t->total_steps,
-                      st_config_where(&t->cfg, t->cfg.train.steps > 0
-                                                   ? "train.steps"
-                                                   : "train.epochs"));
+                      st_config_set_at(&t->cfg, t->cfg.train.steps > 0
+                                                    ? "train.steps"
+                                                    : "train.epochs"));
   if (rc) return rc;
   if (t->mine) {
     rc = st_checkpoint_load_blocks(path, m, t->params, t->opt,

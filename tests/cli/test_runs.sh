@@ -288,7 +288,7 @@ expect_error "a step that does not match the samples" \
   train - --resume "$T/meta" --set train.steps=30
 rm -rf "$T/meta" && cp -r "$T/whole" "$T/meta"
 expect_error "a checkpoint past the run's steps" \
-  "^strata: error: .*step-00000020.safetensors: at step 20, past this run's last step 10 \(--set\): raise train.steps to continue it$" \
+  "^strata: error: .*step-00000020.safetensors: at step 20, past this run's last step 10 \(set by --set\): raise train.steps to continue it$" \
   train - --resume "$T/meta" --set train.steps=10
 # a NaN weight: eval and generate name the tensor
 # poison SRC DST TENSOR: DST is SRC with element 7 of TENSOR a NaN, its

@@ -626,8 +626,9 @@ static void test_set_errors(void) {
   SET_ERROR("train.seed=18446744073709551616",
             "--set train.seed=18446744073709551616: train.seed: "
             "18446744073709551616 is out of range");
-  SET_ERROR("data.shuffle=maybe", "--set data.shuffle=maybe: data.shuffle: "
-                                  "expected true or false, got 'maybe'");
+  SET_ERROR("data.shuffle=maybe",
+            "--set data.shuffle=maybe: data.shuffle: "
+            "expected true or false (or yes/no, on/off), got 'maybe'");
   SET_ERROR("model.activation=rleu",
             "--set model.activation=rleu: model.activation: 'rleu' is not one "
             "of relu, gelu, gelu_tanh");
@@ -814,81 +815,83 @@ static void test_open_errors(void) {
 }
 
 static void test_validate(void) {
-  INVALID("train.batch (--set): must be >= 1, got 0", "train.batch=0");
-  INVALID("train.epochs (--set): must be >= 0, got -1", "train.epochs=-1");
-  INVALID("train.steps (--set): must be >= 0, got -5", "train.steps=-5");
-  INVALID("optimizer.lr (--set): must be > 0, got 0", "optimizer.lr=0");
-  INVALID("optimizer.momentum (--set): must be in [0, 1), got 1",
+  INVALID("--set: train.batch: must be >= 1, got 0", "train.batch=0");
+  INVALID("--set: train.epochs: must be >= 0, got -1", "train.epochs=-1");
+  INVALID("--set: train.steps: must be >= 0, got -5", "train.steps=-5");
+  INVALID("--set: optimizer.lr: must be > 0, got 0", "optimizer.lr=0");
+  INVALID("--set: optimizer.momentum: must be in [0, 1), got 1",
           "optimizer.momentum=1");
   /* a float as written, an integer whole */
-  INVALID("optimizer.momentum (--set): must be in [0, 1), got -0.1",
+  INVALID("--set: optimizer.momentum: must be in [0, 1), got -0.1",
           "optimizer.momentum=-0.1");
-  INVALID("optimizer.lr (--set): must be > 0, got -3e-07",
+  INVALID("--set: optimizer.lr: must be > 0, got -3e-07",
           "optimizer.lr=-3.0000001e-7");
-  INVALID("model.layers (--set): must be in [0, 65536], got 2000000000",
+  INVALID("--set: model.layers: must be in [0, 65536], got 2000000000",
           "model.layers=2000000000");
-  INVALID("model.residual_blocks (--set): must be in [0, 65536], got 65537",
+  INVALID("--set: model.residual_blocks: must be in [0, 65536], got 65537",
           "model.residual_blocks=65537");
-  INVALID("model.dropout (--set): must be in [0, 1), got 1", "model.dropout=1");
-  INVALID("optimizer.eps (--set): must be > 0, got 0", "optimizer.eps=0");
-  INVALID("optimizer.beta1 (--set): must be in [0, 1), got 1",
+  INVALID("--set: model.dropout: must be in [0, 1), got 1", "model.dropout=1");
+  INVALID("--set: optimizer.eps: must be > 0, got 0", "optimizer.eps=0");
+  INVALID("--set: optimizer.beta1: must be in [0, 1), got 1",
           "optimizer.beta1=1");
-  INVALID("optimizer.beta2 (--set): must be in [0, 1), got 1.5",
+  INVALID("--set: optimizer.beta2: must be in [0, 1), got 1.5",
           "optimizer.beta2=1.5");
-  INVALID("train.threads (--set): must be >= 0, got -1", "train.threads=-1");
-  INVALID("model.hidden (--set): every entry must be >= 1, got 0 at [1]",
+  INVALID("--set: train.threads: must be >= 0, got -1", "train.threads=-1");
+  INVALID("--set: model.hidden: every entry must be >= 1, got 0 at [1]",
           "model.hidden=[256, 0]");
-  INVALID("model.channels (--set): every entry must be >= 1, got -3 at [0]",
+  INVALID("--set: model.channels: every entry must be >= 1, got -3 at [0]",
           "model.channels=[-3]");
-  INVALID("model.kernel (--set): must be odd ('same' padding), got 4",
+  INVALID("--set: model.kernel: must be odd ('same' padding), got 4",
           "model.kernel=4");
-  INVALID("model.kernel (--set): must be >= 1, got -1", "model.kernel=-1");
-  INVALID("model.classes (--set): must be >= 2, got 1", "model.classes=1");
-  INVALID("model.groups (--set): must be >= 1, got 0", "model.groups=0");
-  INVALID("execution.micro_batch (--set): must be >= 0, got -1",
+  INVALID("--set: model.kernel: must be >= 1, got -1", "model.kernel=-1");
+  INVALID("--set: model.classes: must be >= 2, got 1", "model.classes=1");
+  INVALID("--set: model.groups: must be >= 1, got 0", "model.groups=0");
+  INVALID("--set: execution.micro_batch: must be >= 0, got -1",
           "execution.micro_batch=-1");
-  INVALID("execution.micro_batch (--set): 5 does not divide train.batch = 32 "
-          "(default)",
+  INVALID("--set: execution.micro_batch: 5 does not divide train.batch = 32 "
+          "(the default)",
           "execution.micro_batch=5");
-  INVALID("train.eval_every (--set): must be >= 0, got -2",
+  INVALID("--set: train.eval_every: must be >= 0, got -2",
           "train.eval_every=-2");
-  INVALID("metrics.log_every (--set): must be >= 1, got 0",
+  INVALID("--set: metrics.log_every: must be >= 1, got 0",
           "metrics.log_every=0");
-  INVALID("optimizer.nesterov (--set): needs optimizer.momentum > 0, got 0",
+  INVALID("--set: optimizer.nesterov: needs optimizer.momentum > 0, got 0 "
+          "(set by --set)",
           "optimizer.nesterov=true", "optimizer.momentum=0");
-  INVALID("metrics.noise_scale (--set): is not available with "
+  INVALID("--set: metrics.noise_scale: is not available with "
           "execution.replicas = 2 yet",
           "metrics.noise_scale=true", "execution.replicas=2");
-  INVALID("optimizer.min_lr (--set): 0.1 is above optimizer.lr = 0.05",
+  INVALID("--set: optimizer.min_lr: 0.1 is above optimizer.lr = 0.05 (the "
+          "default)",
           "optimizer.schedule=cosine", "optimizer.min_lr=0.1");
-  INVALID("model.norm (--set): groupnorm is for model.kind cnn; an mlp uses "
-          "layernorm",
+  INVALID("--set: model.norm: groupnorm is for a cnn; model.kind is mlp (the "
+          "default), which uses layernorm",
           "model.norm=groupnorm");
-  INVALID("model.groups (default): 8 groups do not divide model.channels[1] = "
-          "20 (--set)",
+  INVALID("default: model.groups: 8 groups do not divide model.channels[1] = "
+          "20 (set by --set)",
           "model.kind=cnn", "model.norm=groupnorm", "model.channels=[16, 20]");
-  INVALID("model.channels (--set): a cnn needs at least one conv stage, got []",
+  INVALID("--set: model.channels: a cnn needs at least one conv stage, got []",
           "model.kind=cnn", "model.channels=[]");
 
   /* the remaining simple bounds: the message names the key and its rule */
   static const char *const more[][2] = {
       {"model.residual_blocks=-1",
-       "model.residual_blocks (--set): must be in [0, 65536]"},
-      {"model.dense=[0]", "model.dense (--set): every entry must be >= 1"},
-      {"data.train_limit=-1", "data.train_limit (--set): must be >= 0"},
-      {"data.test_limit=-1", "data.test_limit (--set): must be >= 0"},
+       "--set: model.residual_blocks: must be in [0, 65536]"},
+      {"model.dense=[0]", "--set: model.dense: every entry must be >= 1"},
+      {"data.train_limit=-1", "--set: data.train_limit: must be >= 0"},
+      {"data.test_limit=-1", "--set: data.test_limit: must be >= 0"},
       {"optimizer.weight_decay=-1",
-       "optimizer.weight_decay (--set): must be >= 0"},
+       "--set: optimizer.weight_decay: must be >= 0"},
       {"optimizer.warmup_steps=-1",
-       "optimizer.warmup_steps (--set): must be >= 0"},
-      {"optimizer.min_lr=-1", "optimizer.min_lr (--set): must be >= 0"},
-      {"optimizer.step_size=0", "optimizer.step_size (--set): must be >= 1"},
-      {"optimizer.gamma=0", "optimizer.gamma (--set): must be > 0"},
+       "--set: optimizer.warmup_steps: must be >= 0"},
+      {"optimizer.min_lr=-1", "--set: optimizer.min_lr: must be >= 0"},
+      {"optimizer.step_size=0", "--set: optimizer.step_size: must be >= 1"},
+      {"optimizer.gamma=0", "--set: optimizer.gamma: must be > 0"},
       {"train.checkpoint_every=-1",
-       "train.checkpoint_every (--set): must be >= 0"},
+       "--set: train.checkpoint_every: must be >= 0"},
       {"train.keep_checkpoints=-1",
-       "train.keep_checkpoints (--set): must be >= 0"},
-      {"fabric.cores=-1", "fabric.cores (--set): must be >= 0"},
+       "--set: train.keep_checkpoints: must be >= 0"},
+      {"fabric.cores=-1", "--set: fabric.cores: must be >= 0"},
   };
   for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
     st_config m;
@@ -916,13 +919,13 @@ static void test_validate(void) {
   st_config_defaults(&c);
   strcpy(c.model.kind, "rnn");
   CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&
-            !strcmp(err.msg, "model.kind (default): 'rnn' is not one of "
+            !strcmp(err.msg, "default: model.kind: 'rnn' is not one of "
                              "mlp, cnn, gpt"),
         "hand-set enum: '%s'", err.msg);
   st_config_defaults(&c);
   c.optimizer.lr = NAN;
   CHECK(st_config_validate(&c, &err) == ST_ECONFIG &&
-            !strcmp(err.msg, "optimizer.lr (default): must be > 0, got nan"),
+            !strcmp(err.msg, "default: optimizer.lr: must be > 0, got nan"),
         "NaN lr: '%s'", err.msg);
 
   /* errors about file values start with the file's line:col */
@@ -939,7 +942,7 @@ static void test_validate(void) {
         "load");
   snprintf(want, sizeof want,
            "%s:4:16: execution.micro_batch: 5 does not divide train.batch = "
-           "32 (%s:2:10)",
+           "32 (set at %s:2:10)",
            path, path);
   CHECK(st_config_validate(&c, &err) == ST_ECONFIG && !strcmp(err.msg, want),
         "micro_batch from file:\n  got  '%s'\n  want '%s'", err.msg, want);

@@ -144,6 +144,12 @@ for np in 2 4; do
   done
   placed "pb-sc+lwp-$np" "$np" "${pbo[@]}" --set execution.stages=$np
 done
+# execution.stages: 0 over ranks is a stage a rank (the plan alone would
+# give fc-sized models one stage and leave a rank without one)
+run_mpi 2 train "$cnn" "${small[@]}" --set execution.mode=pipeline --set execution.schedule=1f1b \
+  --set execution.micro_batch=4 "${place[@]}" --out "$T/m_stages0"
+same "CNN, execution.stages: 0 over 2 ranks: as execution.stages: 2" \
+  "$T/t_1f1b-2/$ck" "$T/m_stages0/$ck"
 # zb1p (B and W split, W deferred) and interleaved (2 chunks a worker,
 # every hand-off between ranks; 3 micro-batches for 2 workers: a partial
 # group) over ranks
@@ -448,7 +454,7 @@ refused "weight streaming with placement: ranks: refused" \
   "weight streaming over 3 ranks is a store rank and 2 compute ranks"
 run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set execution.replicas=2 --out "$T/ws_rep"
 refused "weight streaming with execution.replicas: refused (the compute ranks are the replicas)" \
-  "replicas of execution.mode weight_streaming: replicas run the sequential and pipeline modes"
+  "replicas of execution.mode weight_streaming (set by --set): replicas run the sequential and pipeline modes"
 run_mpi 4 train "$fc" "${small[@]}" "${wsm[@]}" --out "$T/ws_split"
 refused "weight streaming, a batch that does not split over the compute ranks: refused" \
   "train.batch: 32 does not split over 3 compute ranks"
