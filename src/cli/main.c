@@ -147,6 +147,10 @@ static int load_config(st_config *cfg, const args *a, st_error *err) {
   if (a->resume && strcmp(path, "-") == 0) {
     snprintf(resumed, sizeof resumed, "%s/config.yaml", a->resume);
     path = resumed;
+  } else if (strcmp(path, "-") == 0) {
+    return st_error_set(err, ST_ECONFIG,
+                        "-: CONFIG '-' is DIR/config.yaml in 'strata train "
+                        "- --resume DIR'; give a config file here");
   }
   int rc = st_config_load(cfg, path, err);
   for (int i = 0; !rc && i < a->n_sets; i++)
@@ -403,6 +407,11 @@ static int cmd_train(int argc, char **argv) {
                               "--overwrite replaces a run and --resume "
                               "continues one: give one of the two%s",
                               "");
+  if (a.resume && a.out)
+    return st_cli_usage_error(usage_train,
+                              "--resume DIR continues the run in DIR; --out "
+                              "names another (give one of the two)%s",
+                              "");
   if (given && !given[0])
     return st_cli_usage_error(usage_train, "%s: an empty path is no directory",
                               a.resume ? "--resume" : "--out");
@@ -518,8 +527,21 @@ static int cmd_train(int argc, char **argv) {
   /* over MPI ranks: every rank resumed from the same step; the config
    * that continues the run is its config.yaml from here on */
   if (st_dist_check_same((uint64_t)st_trainer_pos(t)->step, "step resumed from",
-                         &err) ||
-      (a.resume &&
+                         &err)) {
+    st_trainer_destroy(t);
+    return st_cli_fail(&err);
+  }
+  /* a finished run: its summary, plan and files stay as they are */
+  if (a.resume && st_trainer_pos(t)->step >= st_trainer_total_steps(t)) {
+    if (speaks)
+      printf("strata: %s finished at step %lld of %lld: nothing to train, "
+             "nothing rewritten (--set train.steps=N continues it)\n",
+             out, (long long)st_trainer_pos(t)->step,
+             (long long)st_trainer_total_steps(t));
+    st_trainer_destroy(t);
+    return 0;
+  }
+  if ((a.resume &&
        st_dist_agree(speaks ? write_config(out, &cfg, &err) : 0, &err))) {
     st_trainer_destroy(t);
     return st_cli_fail(&err);
@@ -711,8 +733,14 @@ static int cmd_export(int argc, char **argv) {
   a.resume = a.config; /* the run's own config.yaml */
   const char *dir = a.config;
   a.config = "-";
-  if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
   struct stat sb;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    st_error_set(&err, ST_EIO, "%s: %s", dir,
+                 errno == ENOENT ? "no such run directory"
+                                 : "not a run directory (export takes one)");
+    return st_cli_fail(&err);
+  }
+  if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
   if (!st_store_resolve(&cfg, dir)) return export_shards(dir, &cfg, a.out);
   if (stat(cfg.execution.store_path, &sb) != 0) {
     st_error_set(&err, ST_EIO, "%s: no store to export",

@@ -63,6 +63,24 @@ run train - --resume "$T/first" --overwrite
 if [ "$rc" -eq 2 ] && grep -q "give one of the two" <<<"$err"; then pass; else
   fail "--resume with --overwrite is a usage error" "rc $rc" "$err"
 fi
+run train - --resume "$T/first" --out "$T/elsewhere"
+if [ "$rc" -eq 2 ] && grep -q "continues the run in DIR; --out names another" <<<"$err" &&
+   [ ! -e "$T/elsewhere" ]; then pass; else
+  fail "--resume with --out is a usage error" "rc $rc" "$err"
+fi
+run train - --set train.steps=2
+if [ "$rc" -eq 1 ] && grep -q "^strata: error: -: CONFIG '-' is DIR/config.yaml in 'strata train - --resume DIR'" <<<"$err"; then
+  pass; else fail "CONFIG '-' without --resume is explained" "rc $rc" "$err"
+fi
+# resuming a finished run trains nothing and rewrites nothing: its summary
+# keeps the run's figures
+sums() { (cd "$1" && find . -type f | sort | xargs md5sum); }
+before_sums=$(sums "$T/first")
+run train - --resume "$T/first"
+if [ "$rc" -eq 0 ] && grep -q "finished at step 20 of 20: nothing to train, nothing rewritten" <<<"$out" &&
+   [ "$before_sums" = "$(sums "$T/first")" ]; then pass; else
+  fail "resuming a finished run leaves it as it was" "rc $rc" "$out" "$err"
+fi
 run train "$fc" "${small[@]}" --set train.steps=2 --out ""
 if [ "$rc" -eq 2 ] && grep -q "^strata: error: --out: an empty path is no directory" <<<"$err"; then pass; else
   fail "--out \"\" is refused" "rc $rc" "$err"
