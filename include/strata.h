@@ -825,8 +825,11 @@ void st_model_sync_ties_blocks(const st_model *m, float *params, int first,
 /* Finds a tensor by name; returns its global offset in floats or -1. */
 int64_t st_model_find(const st_model *m, const char *name,
                       const st_tensor_info **info);
-/* Prints the blocks, layers, shapes, parameters and FLOPs. */
-void st_model_print(const st_model *m, FILE *f);
+/* Prints the blocks, layers, shapes, parameters and FLOPs: each block's
+ * flops[i] (forward + backward per sample as they run: st_plan_costs, where
+ * the first block computes no gradient for the model's input), or with
+ * flops NULL each block's own cost wherever it sits. */
+void st_model_print(const st_model *m, const double *flops, FILE *f);
 /* The loss of `rows` label rows from the model's output `out` (rows x
  * out_cols): each row's loss into losses; unfused, the softmax into probs
  * (rows x classes) for the gradient (fused, probs is unused: the head kept

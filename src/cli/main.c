@@ -495,7 +495,20 @@ static int cmd_train(int argc, char **argv) {
              "fp32 below about 32 (docs/bf16.md)\n",
              rows, rows == 1 ? "" : "s");
   }
-  st_model_print(m, stdout);
+  {
+    /* as they run, as the plan counts them (the first block computes no
+     * gradient for the model's input) */
+    st_block_cost *costs = malloc((size_t)m->n_blocks * sizeof *costs);
+    double *flops = malloc((size_t)m->n_blocks * sizeof *flops);
+    if (costs && flops) {
+      st_plan_costs(costs, m, &cfg);
+      for (int i = 0; i < m->n_blocks; i++)
+        flops[i] = costs[i].flops_fwd + costs[i].flops_bwd;
+    }
+    st_model_print(m, costs && flops ? flops : NULL, stdout);
+    free(costs);
+    free(flops);
+  }
   if (cfg.optimizer.reference_batch > 0) {
     const st_config *run = st_trainer_config(t);
     int pb = !strcmp(cfg.execution.mode, "pipelined_backprop");
@@ -550,7 +563,20 @@ static int cmd_train(int argc, char **argv) {
    * sequential mode — beside the run's other files. A plan that cannot be
    * made does not stop a sequential run; it is reported. */
   st_plan *plan = NULL;
-  rc = speaks ? compile_into(&plan, &cfg, st_trainer_stages(t), out, &err) : 0;
+  st_fabric fab;
+  if (speaks && !st_fabric_resolve(&fab, &cfg, &err) &&
+      st_trainer_stages(t) > fab.pes) {
+    /* more stages than cores: the run shares them; a plan gives each
+     * stage a core of its own, so there is none to compare with */
+    printf("strata: no plan: the run's %d stages share the %lld cores of "
+           "%s; a plan gives each stage one of its own ('strata compile' "
+           "with a larger --fabric plans them)\n",
+           st_trainer_stages(t), (long long)fab.pes, fab.name);
+    rc = 0;
+  } else {
+    rc =
+        speaks ? compile_into(&plan, &cfg, st_trainer_stages(t), out, &err) : 0;
+  }
   if (rc && rc != ST_EIO)
     fprintf(stderr, "strata: warning: no plan: %s\n", err.msg);
   /* a fill-and-drain pipeline's schedule, drawn beside the plan */

@@ -10,6 +10,7 @@
  */
 #include "compile.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* Per-sample input of the configured dataset, known without loading it:
@@ -365,12 +366,25 @@ int st_plan_validate(const st_config *cfg, FILE *f, st_error *err) {
   st_model *m;
   int rc = st_plan_prepare(&fabric, &m, cfg, err);
   if (rc) return rc;
+  /* the FLOPs as they run (the first block computes no input gradient),
+   * as the plan counts them */
+  st_block_cost *costs = malloc((size_t)m->n_blocks * sizeof *costs);
+  double *flops = malloc((size_t)m->n_blocks * sizeof *flops);
+  if (!costs || !flops) {
+    free(costs);
+    free(flops);
+    st_model_destroy(m);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
+  st_plan_costs(costs, m, cfg);
   double fwd = 0, bwd = 0, acts = 0;
   for (int i = 0; i < m->n_blocks; i++) {
-    fwd += m->blocks[i].cost.flops_fwd;
-    bwd += m->blocks[i].cost.flops_bwd;
+    fwd += costs[i].flops_fwd;
+    bwd += costs[i].flops_bwd;
+    flops[i] = costs[i].flops_fwd + costs[i].flops_bwd;
     acts += 4.0 * (double)m->blocks[i].act_per_sample;
   }
+  free(costs);
   acts += 4.0 * (double)st_shape_numel(m->in);
   int slots = st_optim_state_per_param(cfg);
   double weights = 4.0 * (double)m->n_params;
@@ -382,7 +396,8 @@ int st_plan_validate(const st_config *cfg, FILE *f, st_error *err) {
   else
     fprintf(f, "model: %s, %d blocks, input %dx%dx%d, %d classes\n", m->kind,
             m->n_blocks, m->in.c, m->in.h, m->in.w, m->classes);
-  st_model_print(m, f);
+  st_model_print(m, flops, f);
+  free(flops);
   size_t unique = st_model_unique_params(m);
   fprintf(f, "parameters: %s (%zu; %s as fp32)",
           st_plan_fmt_count(a, sizeof a, (double)unique), unique,

@@ -568,6 +568,9 @@ static void by_k_text(char *buf, size_t cap, const partition *q, int k) {
  * to fewer stages" and a mesh's band height. */
 #define CAUSE_TAIL 120
 
+/* what asks a sequential config's plan for its one stage */
+#define ONE_STAGE_KEY "execution.mode sequential"
+
 static int choose_stages_text(st_plan *plan, const partition *q,
                               int stages_given, const char *key,
                               int n_heights) {
@@ -576,6 +579,8 @@ static int choose_stages_text(st_plan *plan, const partition *q,
   int n;
   if (plan->options.n_stage_blocks > 0)
     n = snprintf(c, cap, "as pinned (%s)", key);
+  else if (stages_given && key && !strcmp(key, ONE_STAGE_KEY))
+    n = snprintf(c, cap, "%s runs one stage on every core, no pipeline", key);
   else if (stages_given)
     n = snprintf(c, cap, "as asked (%s %d)", key, plan->n_stages);
   else if (q->by_k) {
@@ -650,17 +655,21 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
                         "%s%s%s %d: more stages than the model's %d blocks "
                         "(a stage holds at least one block)",
                         where, sep, key, K, n_blocks);
-  if (K > fabric->pes)
+  if (K > fabric->pes) {
+    char hint[96] = "";
+    if (pinned)
+      snprintf(hint, sizeof hint, "; a plan needs a larger --fabric");
+    else if (opt->stages_key)
+      snprintf(hint, sizeof hint,
+               "; a run shares them, a plan needs --stages %lld or fewer, or "
+               "a larger --fabric",
+               (long long)fabric->pes);
     return st_error_set(err, ST_EARG,
                         "%s%s%s %d: more stages than the %lld %s of %s (a "
                         "stage needs at least one%s)",
                         where, sep, key, K, (long long)fabric->pes, word,
-                        fabric->name,
-                        pinned            ? "; a plan needs a larger --fabric"
-                        : opt->stages_key ? "; a run shares them, a plan "
-                                            "needs --stages or a larger "
-                                            "--fabric"
-                                          : "");
+                        fabric->name, hint);
+  }
   if (!(fabric->efficiency_slope >= 0 && fabric->efficiency_slope < 1))
     return st_error_set(err, ST_EARG, "%s: efficiency slope %g not in [0, 1)",
                         fabric->name, fabric->efficiency_slope);
@@ -1019,6 +1028,11 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
   int pipelined =
       !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
   int pb = !strcmp(mode, "pipelined_backprop");
+  /* the sequential mode runs one stage on every core (what `strata train`
+   * runs): a cut of it would be a pipeline's steady state, which no
+   * sequential step reaches */
+  int one_stage = !stages && !strcmp(mode, "sequential");
+  if (one_stage) stages = 1;
   st_plan_options opt = {
       .stages = stages,
       .samples_in_flight =
@@ -1055,6 +1069,7 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
              st_config_where(cfg, "execution.stages"));
     opt.stages_where = where;
   }
+  if (one_stage) opt.stages_key = ONE_STAGE_KEY;
   int rc = st_plan_build(out, costs, n, fabric, &opt, err);
   if (!rc) {
     snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);

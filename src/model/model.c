@@ -792,21 +792,21 @@ static void shape_text(char *buf, size_t cap, st_shape s) {
     snprintf(buf, cap, "%dx%dx%d", s.c, s.h, s.w);
 }
 
-void st_model_print(const st_model *m, FILE *f) {
+void st_model_print(const st_model *m, const double *run, FILE *f) {
   double flops = 0;
   for (int i = 0; i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
     char in[32], out[32];
     shape_text(in, sizeof in, b->in);
     shape_text(out, sizeof out, b->out);
+    double fl = run ? run[i] : b->cost.flops_fwd + b->cost.flops_bwd;
     fprintf(f,
             "  %-10s %10s -> %-10s params %9zu  fwd+bwd %8.2f MFLOP/sample  [",
-            b->name, in, out, b->n_params,
-            (b->cost.flops_fwd + b->cost.flops_bwd) / 1e6);
+            b->name, in, out, b->n_params, fl / 1e6);
     for (int l = 0; l < b->n_layers; l++)
       fprintf(f, "%s%s", l ? " " : "", st_op_name(b->layers[l].kind));
     fprintf(f, "]\n");
-    flops += b->cost.flops_fwd + b->cost.flops_bwd;
+    flops += fl;
   }
   fprintf(f,
           "  %s: %d blocks, %zu parameters (%.2f MB), %.2f MFLOP/sample "

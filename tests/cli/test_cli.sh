@@ -629,7 +629,7 @@ expect_error "gpt: corpus shorter than a sequence" \
 expect_error "gpt: vocabulary below the tokenizer's" \
   "model.vocab: 100, but the tokenizer \(bytes\) makes ids up to 255" \
   -- train "$fc" "${gpt[@]}" --set model.vocab=100 --out "$T/o_gpt_vocab"
-expect_error "gpt needs text data" "model.kind \(--set\): gpt trains on data.dataset text, not fashion_mnist \(configs/fc_mnist.yaml:8:12\)" \
+expect_error "gpt needs text data" "--set: model.kind: gpt trains on data.dataset text, not fashion_mnist \(set at configs/fc_mnist.yaml:8:12\)" \
   -- train "$fc" --set model.kind=gpt --out "$T/o_gpt_data"
 expect_error "gpt: heads must divide the width" "model.heads: 3 heads do not split model.width 16 evenly" \
   -- train "$fc" "${gpt[@]}" --set model.heads=3 --out "$T/o_gpt_heads"

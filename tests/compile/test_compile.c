@@ -675,6 +675,56 @@ static void test_validate_allocates_nothing(void) {
         "validate output:\n%s", text);
 }
 
+/* --validate-only counts FLOPs as they run, as the plan does: the first
+ * linear layer computes no gradient for the model's input. The default MLP
+ * (784-256-256-10, relu), in closed form: a linear layer's forward is
+ * 2 IC OC + OC (the bias), its backward 4 IC OC + OC (dW, din, db) but
+ * 2 IC OC + OC for the first; relu 1 a value each way. */
+static void test_validate_flops_as_run(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  const double in = 784, h = 256, out = 10;
+  double fwd = (2 * in * h + h) + h + (2 * h * h + h) + h + (2 * h * out + out);
+  double bwd = (2 * in * h + h) + h + (4 * h * h + h) + h + (4 * h * out + out);
+  FILE *f = tmpfile();
+  st_error err = {0};
+  CHECK(st_plan_validate(&cfg, f, &err) == 0, "validate: %s", err.msg);
+  char text[8192] = {0}, want[128], block0[64];
+  rewind(f);
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = 0;
+  fclose(f);
+  snprintf(want, sizeof want,
+           "FLOPs per sample: forward %.4g M, backward %.4g M, total %.4g M",
+           fwd / 1e6, bwd / 1e6, (fwd + bwd) / 1e6);
+  snprintf(block0, sizeof block0, "fwd+bwd %8.2f MFLOP/sample",
+           (2 * (2 * in * h + h) + 2 * h) / 1e6);
+  CHECK(strstr(text, want) && strstr(text, block0),
+        "validate's FLOPs as run: want '%s' and '%s' in\n%s", want, block0,
+        text);
+}
+
+/* A sequential config plans one stage on every core, as `strata train`
+ * runs it: a cut would be a pipeline's steady state, which a sequential
+ * step never reaches (fc_mnist's default MLP on 16 cores cut in 2 before). */
+static void test_sequential_one_stage(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  set(&cfg, "fabric.cores=16");
+  st_plan *p = NULL;
+  st_error err = {0};
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0, "compile: %s", err.msg);
+  CHECK(p && p->n_stages == 1 && strstr(p->cause, "one stage on every core"),
+        "sequential on 16 cores: %d stages (%s)", p ? p->n_stages : -1,
+        p ? p->cause : "");
+  st_plan_destroy(p);
+  set(&cfg, "execution.mode=pipeline");
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0 && p->n_stages > 1,
+        "a pipeline of the same model on 16 cores is cut: %d stages",
+        p ? p->n_stages : -1);
+  st_plan_destroy(p);
+}
+
 /* The whole pipeline on a config, and the files it writes. */
 /* The plan's bubble follows execution.schedule, each against its closed
  * form (BACKGROUND.md §1; Qi et al.; Narayanan et al. SC'21), and an
@@ -843,6 +893,8 @@ int main(void) {
   test_errors();
   test_fabrics();
   test_validate_allocates_nothing();
+  test_validate_flops_as_run();
+  test_sequential_one_stage();
   test_compile_and_write();
   test_schedules();
   test_workspace();
