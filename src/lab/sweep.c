@@ -1095,16 +1095,17 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
 
 /* DIR/sweep.key: everything that decides a trial's result besides its
  * batch size and point — the target, budget, evaluation schedule, search
- * range and the config's keys that differ from their defaults (threads and
- * progress aside, which do not change results). A sweep resuming from
- * DIR/sweep.csv must have the same key; the file is written before any trial
- * runs. */
+ * range and the config's keys that differ from their defaults (threads,
+ * progress, logging and checkpoints aside, which do not change results). A
+ * sweep resuming from DIR/sweep.csv must have the same key; the file is written
+ * before any trial runs. */
 static int sweep_key(const st_sweep_options *o, const st_config *base,
                      char **text, size_t *len, st_error *err) {
   FILE *f = open_memstream(text, len);
   if (!f) return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
   /* The keys every trial sets itself (batch, budget, its point) and those
-   * that do not change results (threads, progress) are left at their
+   * that do not change results (threads, progress, logging, checkpoints)
+   * are left at their
    * defaults, so they never make two sweeps differ. */
   st_config c = *base, d;
   st_config_defaults(&d);
@@ -1116,6 +1117,10 @@ static int sweep_key(const st_sweep_options *o, const st_config *base,
   if (has_momentum(base)) c.optimizer.momentum = d.optimizer.momentum;
   snprintf(c.metrics.progress, sizeof c.metrics.progress, "%s",
            d.metrics.progress);
+  /* what is logged and saved, and when, changes no trial's numbers */
+  c.metrics.log_every = d.metrics.log_every;
+  c.train.checkpoint_every = d.train.checkpoint_every;
+  c.train.keep_checkpoints = d.train.keep_checkpoints;
   fprintf(f, "# strata sweep: what decides a trial's result; a sweep that "
              "resumes from sweep.csv must match\n");
   fprintf(f, "target: %s %s %.9g\n", metric_name(o),

@@ -560,6 +560,14 @@ static void test_sweep(const char *root) {
   other.train.threads = 2; /* does not change results: accepted */
   CHECK(st_sweep_run(&o, &other, &err) == 0,
         "another train.threads accepted: '%s'", err.msg);
+  other = c; /* what is logged and saved: accepted */
+  other.metrics.log_every = 10;
+  other.train.checkpoint_every = 3;
+  other.train.keep_checkpoints = 1;
+  CHECK(st_sweep_run(&o, &other, &err) == 0,
+        "another metrics.log_every, train.checkpoint_every, "
+        "train.keep_checkpoints accepted: '%s'",
+        err.msg);
   other = c;
   other.train.steps = 100; /* every trial sets its own: accepted */
   other.train.batch = 7;
