@@ -137,15 +137,21 @@ const st_config_key st_config_schema[] = {
     FLOAT(optimizer, lr, "0.05", "peak learning rate"),
     FLOAT(optimizer, momentum, "0.9", "sgd: momentum"),
     BOOL(optimizer, nesterov, "false", "sgd: Nesterov momentum"),
-    FLOAT(optimizer, weight_decay, "0", "weight decay (decoupled for adamw)"),
+    FLOAT(optimizer, weight_decay, "0",
+          "weight decay, on every parameter (biases, norms, embeddings "
+          "too; decoupled for adamw)"),
     FLOAT(optimizer, beta1, "0.9", "adamw: first-moment decay"),
     FLOAT(optimizer, beta2, "0.999", "adamw: second-moment decay"),
     FLOAT(optimizer, eps, "1e-8", "adamw: denominator epsilon"),
     ENUM(optimizer, schedule, "constant", schedules, "learning-rate schedule"),
     INT(optimizer, warmup_steps, "0",
-        "linear warm-up from 0 over this many steps"),
-    FLOAT(optimizer, min_lr, "0", "cosine/linear: final learning rate"),
-    INT(optimizer, step_size, "1000", "step: decay every step_size steps"),
+        "linear warm-up over this many steps W: step k (from 0) uses lr (k + "
+        "1) / W; the schedule counts its steps after it"),
+    FLOAT(optimizer, min_lr, "0",
+          "cosine/linear: the rate the schedule falls to at train's end (the "
+          "last step's rate is one step above it)"),
+    INT(optimizer, step_size, "1000",
+        "step: decay every step_size steps (counted after the warm-up)"),
     FLOAT(optimizer, gamma, "0.1", "step: decay factor"),
     INT(optimizer, reference_batch, "0",
         "sgd: the batch lr and momentum were tuned for; strata rescales "
@@ -385,6 +391,12 @@ void st_config_print_schema(FILE *f) {
   fprintf(
       f,
       "config keys (YAML sections; override with --set section.key=value):\n");
+  int width = 0; /* the longest section.key */
+  for (int i = 0; i < st_config_schema_count; i++) {
+    int n = (int)(strlen(st_config_schema[i].section) + 1 +
+                  strlen(st_config_schema[i].name));
+    if (n > width) width = n;
+  }
   for (int i = 0; i < st_config_schema_count; i++) {
     const st_config_key *k = &st_config_schema[i];
     if (strcmp(k->section, section) != 0) {
@@ -393,11 +405,11 @@ void st_config_print_schema(FILE *f) {
     }
     char full[64];
     snprintf(full, sizeof full, "%s.%s", k->section, k->name);
-    fprintf(f, "  %-24s %-8s %-13s", full, st_config_type_name(k->type),
+    fprintf(f, "  %-*s %-8s %-13s", width, full, st_config_type_name(k->type),
             k->def);
     /* A default wider than its column pushes the meaning to its own line
      * rather than knocking every other row out of alignment. */
-    if (strlen(k->def) > 13) fprintf(f, "\n%49s", "");
+    if (strlen(k->def) > 13) fprintf(f, "\n%*s", width + 25, "");
     fprintf(f, " %s", k->meaning);
     if (k->choices)
       fprintf(f, "; one of: %s",
