@@ -328,6 +328,12 @@ static void print_stages(const st_trainer *t, const st_config *c,
   free(st);
   double util = st_trainer_utilization(t, &bubble);
   int S = st_trainer_stages(t);
+  if (!strcmp(c->execution.mode, "sequential")) { /* replicas, no pipeline */
+    printf("strata: replica utilization %.2f measured (busy share of the "
+           "wall time; one stage each, no pipeline bubble)\n",
+           util);
+    return;
+  }
   printf("strata: pipeline utilization %.2f measured", util);
   if (plan && plan->n_stages == S && c->execution.replicas == 1 &&
       strcmp(c->execution.mode, "block_sequential") != 0)
@@ -866,6 +872,9 @@ static int cmd_generate(int argc, char **argv) {
   rc = st_generate(&cfg, a.checkpoint, (const uint8_t *)prompt, strlen(prompt),
                    &o, stdout, &err);
   if (rc) return st_cli_fail(&err);
+  /* the text as generated into a pipe; on a terminal the prompt that
+   * follows starts on a line of its own */
+  if (isatty(STDOUT_FILENO)) putchar('\n');
   fputc('\n', stdout);
   return 0;
 }

@@ -162,9 +162,10 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
            "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split "
            "over them; 90 GFLOP/s "
            "per core, e(c) = 1/(1 + 0.05 (c - 1)) and 10 GB/s stage copies "
-           "are built-in estimates, not calibrated (no profile at %.100s)",
+           "are built-in estimates, not calibrated (%s%.100s)",
            cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9,
-           path[0] ? path : "STRATA_CALIBRATION=none");
+           path[0] ? "no profile at " : "",
+           path[0] ? path : "STRATA_CALIBRATION=none: no profile read");
   return 0;
 }
 

@@ -362,8 +362,8 @@ static void describe_stage(const problem *p, const layout *L,
              p->blocks[j].name);
   } else if (p->n - j == later) {
     snprintf(why_cut, sizeof why_cut,
-             "cut before %s: forced, the %d later stage%s need a block each",
-             p->blocks[j].name, later, later == 1 ? "" : "s");
+             "cut before %s: forced, the %d later stage%s a block each",
+             p->blocks[j].name, later, later == 1 ? " needs" : "s need");
   } else {
     int64_t units = st->pes / L->h;
     double ext = stage_time(p, L, i, j + 1, units, 0, 0, 0);

@@ -120,7 +120,9 @@ const st_config_key st_config_schema[] = {
     INT(data, test_limit, "0", "use only the first N test samples (0 = all)"),
     BOOL(data, shuffle, "true", "reshuffle the training set every epoch"),
     BOOL(data, normalize, "true",
-         "standardise pixels with the dataset mean/std"),
+         "standardise pixels with the mean/std of the training images the "
+         "config selects (data.train_limit: evaluate with the run's "
+         "config.yaml to see them as trained)"),
     STRING(data, path, "/usr/share/games/fortunes/cookie",
            "text: the corpus, any file of bytes (default: Debian's fortunes "
            "package)"),

@@ -648,6 +648,15 @@ if [ "$rc" -eq 0 ] && cmp -s "$T/p_seq/checkpoints/step-00000012.safetensors" \
 else
   fail "pipeline checkpoint equals sequential's byte for byte" "rc $rc" "$err"
 fi
+# sequential replicas: a stage each, no pipeline, so no bubble formula
+run train "$fc" "${pipe_args[@]}" --set execution.replicas=2 --out "$T/p_rep"
+if [ "$rc" -eq 0 ] && grep -Eq "^strata:   replica 1 stage 0 +0-2 " <<<"$out" &&
+   grep -Eq "^strata: replica utilization [01]\.[0-9]{2} measured \(busy share of the wall time; one stage each, no pipeline bubble\)$" <<<"$out" &&
+   ! grep -q "bubble at S" <<<"$out"; then
+  pass
+else
+  fail "sequential replicas: their busy shares, no bubble formula" "rc $rc" "$out" "$err"
+fi
 # block_sequential: segments of one block, each its own stage; the same
 # bytes again. The run prints each stage's busy fraction and the measured
 # utilization beside the bubble formula, each stage's time per sample beside
