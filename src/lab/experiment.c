@@ -28,6 +28,7 @@
  */
 #include "strata.h"
 
+#include "../compile/compile.h"
 #include "../io/svg.h"
 
 #include <math.h>
@@ -828,6 +829,17 @@ static int depth_experiment(const st_experiment_options *o,
     labels[k] = label[k];
   }
   if (rc) goto done;
+  { /* --depths against the model's blocks, naming the option */
+    st_model *m = NULL;
+    int deepest = o->depths[o->n_depths - 1];
+    if (!(rc = st_plan_model(&m, base, err)) && deepest > m->n_blocks)
+      rc = st_error_set(err, ST_EARG,
+                        "experiment pb: --depths %d: the model has %d "
+                        "blocks; each stage needs at least one",
+                        deepest, m->n_blocks);
+    st_model_destroy(m);
+    if (rc) goto done;
+  }
   /* the deepest cut is tried first: a model too shallow for it fails
    * before any run */
   {
