@@ -1281,6 +1281,11 @@ int st_run_describe(const char *dir, const char *store, char *what, size_t cap);
  * config.yaml, metrics.jsonl, summary.json, plan.json, plan.svg and the
  * store at `store` when given. Other files are left alone. */
 int st_run_remove(const char *dir, const char *store, st_error *err);
+/* Makes DIR and holds an exclusive lock on it (flock on the folder) until
+ * the process exits, so two runs never write one folder at once; another
+ * process holding it is an error naming the folder. A filesystem without
+ * locks is not refused. */
+int st_run_lock(const char *dir, st_error *err);
 /* Makes DIR/checkpoints (refusing a file in the way), checks both can be
  * written, and removes stale temp files: before the first step, not at the
  * first checkpoint. */

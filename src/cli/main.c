@@ -187,8 +187,11 @@ static int check_out(const char *dir, const args *a, const char *store,
     if (access(path, F_OK) != 0)
       return st_error_set(err, ST_EIO, "%s: cannot open: no run to resume",
                           path);
-    return 0;
+    return st_run_lock(dir, err);
   }
+  /* one process a folder: two runs in one would mix their files */
+  int rc = st_run_lock(dir, err);
+  if (rc) return rc;
   if (!st_run_describe(dir, store, what, sizeof what)) return 0;
   if (!a->overwrite)
     return st_error_set(err, ST_ECONFIG,
@@ -196,7 +199,7 @@ static int check_out(const char *dir, const args *a, const char *store,
                         "continues it, --overwrite replaces it, or give "
                         "another --out",
                         dir, what, dir);
-  int rc = st_run_remove(dir, store, err);
+  rc = st_run_remove(dir, store, err);
   if (!rc)
     printf("strata: --overwrite: removed the earlier run in %s (%s)\n", dir,
            what);

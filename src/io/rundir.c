@@ -10,7 +10,8 @@
  * model.safetensors.index.json written last, which makes it whole) and, for
  * weight streaming from a file store, store.strata. Atomic writes go
  * through PATH.tmp.PID (safetensors.c); a PID that no longer runs left its temp
- * file for good.
+ * file for good. A run holds a lock on its folder (st_run_lock) while it
+ * lives.
  */
 #include "strata.h"
 
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -262,6 +264,24 @@ int st_run_remove(const char *dir, const char *store, st_error *err) {
     rc = st_error_set(err, ST_EIO, "%s: cannot remove: %s", store,
                       strerror(errno));
   return rc;
+}
+
+int st_run_lock(const char *dir, st_error *err) {
+  int rc = st_mkdir_p(dir, 1, err);
+  if (rc) return rc;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return st_error_set(err, ST_EIO, "%s: cannot open: %s", dir,
+                        strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0; /* fd held to the exit */
+  int e = errno;
+  close(fd);
+  if (e != EWOULDBLOCK) return 0; /* no locks here: nothing to hold */
+  return st_error_set(err, ST_EIO,
+                      "%s: in use by another strata process (a run in it "
+                      "holds the folder's lock): wait for it to end, or give "
+                      "another --out",
+                      dir);
 }
 
 int st_run_prepare(const char *dir, st_error *err) {

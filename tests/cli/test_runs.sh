@@ -81,6 +81,28 @@ if [ "$rc" -eq 0 ] && grep -q "finished at step 20 of 20: nothing to train, noth
    [ "$before_sums" = "$(sums "$T/first")" ]; then pass; else
   fail "resuming a finished run leaves it as it was" "rc $rc" "$out" "$err"
 fi
+# one process a folder: a second run, or a resume, while a run holds it is
+# refused (their files would mix), and leaves the live run's files alone
+"$strata" train "$fc" "${small[@]}" --set train.steps=100000 --set data.train_limit=256 \
+  --out "$T/busy" >"$T/busy.out" 2>"$T/busy.err" &
+busy=$!
+for _ in $(seq 500); do [ -f "$T/busy/config.yaml" ] && break; sleep 0.01; done
+cp "$T/busy/config.yaml" "$T/busy.config"
+expect_error "a second run into a folder in use" \
+  "^strata: error: $(re_quote "$T/busy"): in use by another strata process \(a run in it holds the folder's lock\): wait for it to end, or give another --out$" \
+  train "$fc" "${small[@]}" --set train.steps=5 --set train.seed=9 --out "$T/busy"
+expect_error "a resume of a folder in use" "^strata: error: $(re_quote "$T/busy"): in use by another strata process" \
+  train - --resume "$T/busy"
+cmp -s "$T/busy/config.yaml" "$T/busy.config" && pass ||
+  fail "the refused run left the live run's config.yaml as it was"
+kill -INT "$busy" 2>/dev/null
+wait "$busy"
+# once it has stopped the folder is free: the resume gets as far as the
+# checkpoint (past a last step of 1: refused for that, not the lock)
+run train - --resume "$T/busy" --set train.steps=1
+if [ "$rc" -eq 1 ] && grep -q "past this run's last step 1" <<<"$err"; then pass; else
+  fail "once the run has stopped its folder is free" "rc $rc" "$err"
+fi
 run train "$fc" "${small[@]}" --set train.steps=2 --out ""
 if [ "$rc" -eq 2 ] && grep -q "^strata: error: --out: an empty path is no directory" <<<"$err"; then pass; else
   fail "--out \"\" is refused" "rc $rc" "$err"
