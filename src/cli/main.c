@@ -445,6 +445,21 @@ static int cmd_train(int argc, char **argv) {
     return st_cli_fail(&err);
   int fresh_resume =
       a.resume && (stored ? stat(store, &sb) != 0 : ck[0] == '\0');
+  /* a run that wrote its summary wrote a checkpoint (or committed its
+   * store) first: none now means it was removed, not never written */
+  char summary[ST_PATH_MAX + 16];
+  snprintf(summary, sizeof summary, "%s/summary.json", out);
+  int gone = 0;
+  if (fresh_resume && stat(summary, &sb) == 0) {
+    gone = ST_EIO;
+    st_error_set(&err, ST_EIO,
+                 "%s: %s, yet %s says the run took steps: it cannot "
+                 "continue (--overwrite starts it again)",
+                 stored ? store : out,
+                 stored ? "no store" : "no checkpoint in checkpoints/",
+                 summary);
+  }
+  if (st_dist_agree(gone, &err)) return st_cli_fail(&err);
   /* the trace is written at the end: its folder is checked now */
   if (a.trace && speaks) {
     char folder[ST_PATH_MAX];

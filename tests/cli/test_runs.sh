@@ -81,6 +81,12 @@ if [ "$rc" -eq 0 ] && grep -q "finished at step 20 of 20: nothing to train, noth
    [ "$before_sums" = "$(sums "$T/first")" ]; then pass; else
   fail "resuming a finished run leaves it as it was" "rc $rc" "$out" "$err"
 fi
+# a run whose checkpoints were removed does not start again from step 0
+# under --resume: its summary says it took steps
+cp -r "$T/first" "$T/gone" && rm -f "$T/gone"/checkpoints/*
+expect_error "--resume of a run whose checkpoints are gone" \
+  "^strata: error: $(re_quote "$T/gone"): no checkpoint in checkpoints/, yet $(re_quote "$T/gone")/summary.json says the run took steps: it cannot continue \(--overwrite starts it again\)$" \
+  train - --resume "$T/gone"
 # one process a folder: a second run, or a resume, while a run holds it is
 # refused (their files would mix), and leaves the live run's files alone
 "$strata" train "$fc" "${small[@]}" --set train.steps=100000 --set data.train_limit=256 \
