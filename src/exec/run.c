@@ -376,26 +376,26 @@ static int write_summary(run_state *r, st_error *err) {
   return st_write_stream_atomic(f, &text, &len, path, err);
 }
 
-/* A log cut short mid-line (a full disk, a kill) ends at its last whole
- * line again, so a resumed run appends whole lines to whole lines. */
-static void drop_torn_line(const char *path) {
+/* The log a resumed run appends to: its whole lines up to the step resumed
+ * from. A line cut short (a full disk, a kill) and the lines of steps past
+ * the checkpoint (logged before a later checkpoint failed, or a kill) go,
+ * so the log reads as one run's. */
+static void trim_log(const char *path, int64_t step) {
   FILE *f = fopen(path, "r+");
   if (!f) return;
-  char buf[4096];
-  long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1, keep = end;
-  while (keep > 0) {
-    long from = keep > (long)sizeof buf ? keep - (long)sizeof buf : 0;
-    size_t n = (size_t)(keep - from);
-    if (fseek(f, from, SEEK_SET) != 0 || fread(buf, 1, n, f) != n) break;
-    size_t i = n;
-    while (i > 0 && buf[i - 1] != '\n') i--;
-    if (i > 0) {
-      keep = from + (long)i;
-      break;
-    }
-    keep = from;
+  char *line = NULL;
+  size_t cap = 0;
+  long keep = 0;
+  ssize_t n;
+  while ((n = getline(&line, &cap, f)) > 0) {
+    if (line[n - 1] != '\n') break; /* torn */
+    const char *at = strstr(line, "\"step\":");
+    if (at && strtoll(at + 7, NULL, 10) > step) break;
+    keep += (long)n;
   }
-  if (end >= 0 && keep < end) (void)!ftruncate(fileno(f), keep);
+  free(line);
+  if (fseek(f, 0, SEEK_END) == 0 && ftell(f) > keep)
+    (void)!ftruncate(fileno(f), keep);
   fclose(f);
 }
 
@@ -405,8 +405,9 @@ static int open_outputs(run_state *r, st_error *err) {
   if (!r->dir) return 0;
   char path[ST_PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/metrics.jsonl", r->dir);
-  int resumed = st_trainer_pos(r->t)->step > 0;
-  if (resumed) drop_torn_line(path);
+  int64_t at = st_trainer_pos(r->t)->step;
+  int resumed = at > 0;
+  if (resumed) trim_log(path, at);
   r->metrics = fopen(path, resumed ? "a" : "w");
   if (!r->metrics)
     return st_error_set(err, ST_EIO, "%s: cannot write: %s", path,

@@ -283,6 +283,17 @@ else
   fail "a torn metrics line is dropped on resume" "rc $rc" "$(tail -n 3 "$T/prune/metrics.jsonl")"
 fi
 
+# a resume from an older checkpoint (the newest removed, as a failed write
+# leaves it) drops the log's lines past it: step 25 is logged once
+rm "$T/prune/checkpoints/step-00000025.safetensors"
+run train - --resume "$T/prune" --set train.steps=25
+n25=$(grep -c '"type":"train","step":25,' "$T/prune/metrics.jsonl")
+if [ "$rc" -eq 0 ] && [ "$n25" -eq 1 ] &&
+   python3 -c 'import json,sys; s=[json.loads(l)["step"] for l in open(sys.argv[1])]; sys.exit(s != sorted(s))' "$T/prune/metrics.jsonl"; then
+  pass
+else
+  fail "a resume from an older checkpoint drops the log past it" "rc $rc" "$err" "$(cat "$T/prune/metrics.jsonl")"
+fi
 # --- 6. weight streaming: config.yaml first -----------------------------------
 # killed as soon as config.yaml exists (perhaps before its store): resumes
 ws=(--set data.train_limit=1024 --set data.test_limit=64 --set train.steps=100
