@@ -15,8 +15,10 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* A stop asked for (a signal number), and the one the last run stopped
@@ -73,6 +75,7 @@ typedef struct run_state {
   const char *dir;
   st_rank_memory *memory; /* every rank's, at the end (gather_memory) */
   FILE *metrics;
+  off_t metrics_whole; /* its bytes up to the last line written whole */
   double t0, train_s, last_progress;
   int64_t step0, samples0; /* where this process started (after a resume) */
   double window_loss;
@@ -86,9 +89,15 @@ typedef struct run_state {
 /* After a line to metrics.jsonl: a failed write (a full disk) stops the
  * run, naming the file and the OS error, rather than tear the log. */
 static int metrics_written(run_state *r, st_error *err) {
-  if (fflush(r->metrics) == 0 && !ferror(r->metrics)) return 0;
+  if (fflush(r->metrics) == 0 && !ferror(r->metrics)) {
+    r->metrics_whole = ftello(r->metrics);
+    return 0;
+  }
   int e = errno ? errno : EIO;
   r->output_failed = 1;
+  /* a line cut short by a full disk: the log ends at its last whole one */
+  (void)!ftruncate(fileno(r->metrics), r->metrics_whole);
+  __fpurge(r->metrics); /* and the line's unwritten rest is not retried */
   return st_error_set(err, ST_EIO, "%s/metrics.jsonl: cannot write: %s", r->dir,
                       strerror(e));
 }
@@ -412,6 +421,8 @@ static int open_outputs(run_state *r, st_error *err) {
   if (!r->metrics)
     return st_error_set(err, ST_EIO, "%s: cannot write: %s", path,
                         strerror(errno));
+  struct stat sb;
+  r->metrics_whole = fstat(fileno(r->metrics), &sb) == 0 ? sb.st_size : 0;
   return 0;
 }
 
