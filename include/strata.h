@@ -1030,8 +1030,9 @@ double st_noise_scale_value(const st_noise_scale *ns, double *g2,
 
 typedef struct st_dataset {
   char name[32];
-  int n;          /* samples */
-  st_shape shape; /* per sample */
+  char labels_name[32]; /* the labels' file, where they have one of their own */
+  int n;                /* samples */
+  st_shape shape;       /* per sample */
   int classes;
   uint8_t *pixels; /* n * numel(shape), raw 0..255 */
   uint8_t *labels; /* n */

@@ -214,6 +214,7 @@ int st_dataset_load_idx(st_dataset **out, const char *images_gz,
   if (rc) goto fail;
   rc = read_body(ds, &images, &labels, count, err);
   if (rc) goto fail;
+  snprintf(ds->labels_name, sizeof ds->labels_name, "%s", base_name(labels_gz));
   idx_close(&images);
   idx_close(&labels);
   st_dataset_compute_stats(ds);

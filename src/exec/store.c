@@ -188,7 +188,17 @@ static int write_header(int fd, header *h) {
   return io_all(fd, 1, slot, SLOT_BYTES, (off_t)(h->seq % 2) * SLOT_BYTES);
 }
 
-static double gib(uint64_t bytes) { return (double)bytes / (1u << 30); }
+/* "1.50 GiB", "12.3 MiB", "200 KiB": a size in the unit that shows it */
+static const char *size_text(char *buf, size_t cap, uint64_t bytes) {
+  double b = (double)bytes;
+  if (b >= 1u << 30)
+    snprintf(buf, cap, "%.2f GiB", b / (1u << 30));
+  else if (b >= 1u << 20)
+    snprintf(buf, cap, "%.1f MiB", b / (1u << 20));
+  else
+    snprintf(buf, cap, "%.0f KiB", b / 1024);
+  return buf;
+}
 
 /* Makes the store at path: under a temporary name, space reserved, weights
  * initialised block by block (train.seed, as every mode), optimizer state
@@ -208,13 +218,15 @@ static int create_store(const char *path, const st_model *m,
     snprintf(dir, sizeof dir, ".");
   unlink(tmp); /* a creation killed before: its space is free again */
   struct statvfs vfs;
+  char need[32], have[32];
   if (statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < total)
     return st_error_set(
         err, ST_EIO,
-        "%s: the store needs %.2f GiB (two copies of %zu %s weights and "
-        "their %s state, and their gradients), and %s has %.2f GiB free",
-        path, gib(total), m->n_params, dtype_name(h.dtype), h.optimizer, dir,
-        gib((uint64_t)vfs.f_bavail * vfs.f_frsize));
+        "%s: the store needs %s (two copies of %zu %s weights and "
+        "their %s state, and their gradients), and %s has %s free",
+        path, size_text(need, sizeof need, total), m->n_params,
+        dtype_name(h.dtype), h.optimizer, dir,
+        size_text(have, sizeof have, (uint64_t)vfs.f_bavail * vfs.f_frsize));
   int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     return st_error_set(err, ST_EIO, "%s: cannot create: %s", tmp,
@@ -222,10 +234,8 @@ static int create_store(const char *path, const st_model *m,
   int rc = 0;
   int e = posix_fallocate(fd, 0, (off_t)total);
   if (e)
-    rc = st_error_set(err, ST_EIO,
-                      "%s: cannot reserve %.2f GiB for the "
-                      "store: %s",
-                      path, gib(total), strerror(e));
+    rc = st_error_set(err, ST_EIO, "%s: cannot reserve %s for the store: %s",
+                      path, size_text(need, sizeof need, total), strerror(e));
   char *map = MAP_FAILED;
   if (!rc) {
     map = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

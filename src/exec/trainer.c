@@ -168,10 +168,11 @@ static int check_data(const st_trainer *t, st_error *err) {
   const st_dataset *sets[2] = {t->train, t->test};
   for (int i = 0; i < 2; i++)
     if (sets[i]->classes > c->model.classes)
-      return st_error_set(err, ST_ECONFIG,
-                          "%s: model.classes: %d, but %s has labels up to %d",
-                          st_config_where(c, "model.classes"), c->model.classes,
-                          sets[i]->name, sets[i]->classes - 1);
+      return st_error_set(
+          err, ST_ECONFIG, "%s: model.classes: %d, but %s has labels up to %d",
+          st_config_where(c, "model.classes"), c->model.classes,
+          sets[i]->labels_name[0] ? sets[i]->labels_name : sets[i]->name,
+          sets[i]->classes - 1);
   st_shape a = t->train->shape, b = t->test->shape;
   if (a.c != b.c || a.h != b.h || a.w != b.w)
     return st_error_set(err, ST_EDATA,
@@ -491,6 +492,38 @@ static uint64_t config_hash(const st_config *cfg) {
   return h;
 }
 
+/* The ranks' configs differ (config_hash): every rank compares the
+ * resolved config line by line, in step, so the error names the first key
+ * that differs. */
+static void name_differing_key(const st_config *cfg, st_error *err) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return;
+  st_config_write(cfg, f);
+  fclose(f);
+  char section[64] = "", what[160];
+  st_error e = {0};
+  for (char *line = text, *end; line && *line; line = end) {
+    end = strchr(line, '\n');
+    if (end) *end++ = '\0';
+    size_t name = strcspn(line, ":");
+    if (line[0] != ' ' && line[0] != '#' && line[name] == ':')
+      snprintf(section, sizeof section, "%.*s", (int)name, line);
+    uint64_t h = 14695981039346656037ull;
+    for (const char *c = line; *c; c++)
+      h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    const char *key = line + strspn(line, " ");
+    snprintf(what, sizeof what, "config key %s.%.*s", section,
+             (int)strcspn(key, ":"), key);
+    if (line[0] == ' ' && st_dist_check_same(h, what, &e)) {
+      if (e.code == ST_ECONFIG) *err = e;
+      break;
+    }
+  }
+  free(text);
+}
+
 /* The least this run must hold — weights, gradients, optimizer state and
  * one micro-batch's activations, as `compile --validate-only` counts them
  * — against what this machine allows a rank: refused before anything is
@@ -536,8 +569,10 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
    * the same config, so every rank finds the same fault in it. */
   int rc = 0;
   if (st_dist_size() > 1 &&
-      (rc = st_dist_check_same(config_hash(cfg), "config", err)))
+      (rc = st_dist_check_same(config_hash(cfg), "config", err))) {
+    if (rc == ST_ECONFIG) name_differing_key(cfg, err);
     return rc;
+  }
   if ((rc = st_config_validate(cfg, err))) {
     if (st_dist_size() > 1) st_dist_share_error();
     return rc;
@@ -1176,7 +1211,10 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
   else if (p->batch != t->batch)
     what = "batch", key = "train.batch", had = p->batch, now = t->batch;
   else if (p->train_samples != t->n_train)
-    what = "training-set size", key = "data.train_limit",
+    what = "training-set size",
+    key = t->text ? "data.path, data.tokenizer, data.val_fraction or "
+                    "data.train_limit"
+                  : "data.train_limit",
     had = p->train_samples, now = t->n_train;
   else if (p->shuffle != t->cfg.data.shuffle)
     what = "shuffling", key = "data.shuffle", had = p->shuffle,

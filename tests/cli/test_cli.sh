@@ -333,7 +333,7 @@ valid_jsonl "diverging run metrics" "$nan_dir/metrics.jsonl"
 # Labels beyond model.classes and test images of another size would index out
 # of bounds: both are refused before training starts.
 expect_error "labels beyond model.classes" \
-  "model\.classes: 5, but .* has labels up to 9" \
+  "model\.classes: 5, but train-labels-idx1-ubyte\.gz has labels up to 9" \
   -- train "$fc" "${small[@]}" --set model.classes=5 --out "$T/o_classes"
 mkdir -p "$T/shapes"
 python3 - "$T/shapes" <<'PY'

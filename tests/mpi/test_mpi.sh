@@ -489,10 +489,10 @@ timeout 60 "${mpi[@]}" -np 1 "$strata" train "$fc" "${small[@]}" --out "$T/mix" 
 rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
    [ "$(grep -c '^strata: error:' "$T/stderr")" -eq 1 ] &&
-   grep -q "^strata: error: rank 1's config differs from rank 0's" "$T/stderr"; then
+   grep -q "^strata: error: rank 1's config key train.seed differs from rank 0's: every rank must run the same config and data$" "$T/stderr"; then
   pass
 else
-  fail "ranks with different configs: one error naming the rank, no hang" "rc $rc" "$(cat "$T/stderr")"
+  fail "ranks with different configs: one error naming the rank and the key, no hang" "rc $rc" "$(cat "$T/stderr")"
 fi
 run_mpi 2 train "$fc" "${small[@]}" --set execution.replicas=4 --out "$T/r4"
 if [ "$rc" -ne 0 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
