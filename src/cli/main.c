@@ -171,6 +171,32 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
   return 0;
 }
 
+/* Appends to err's message the checkpoint a run can go back to: the
+ * newest in DIR other than `not` (a damaged one), when there is one. */
+static void name_fallback(const char *dir, const char * not, st_error *err) {
+  int64_t *steps;
+  st_error e = {0};
+  int n = st_run_checkpoints(dir, &steps, &e);
+  char path[ST_PATH_MAX + 64] = "";
+  for (int i = n - 1; i >= 0 && !path[0]; i--) {
+    st_run_checkpoint_path(dir, steps[i], path, sizeof path);
+    if (not &&!strcmp(path, not )) path[0] = '\0';
+  }
+  if (n >= 0) free(steps);
+  if (!path[0]) return;
+  char msg[sizeof err->msg];
+  snprintf(msg, sizeof msg, "%s", err->msg);
+  if (not )
+    st_error_set(err, err->code,
+                 "%s; the older %s is there to go back to (move the damaged "
+                 "one aside)",
+                 msg, path);
+  else
+    st_error_set(err, err->code,
+                 "%s; the newest checkpoint, %s, is there to go back to", msg,
+                 path);
+}
+
 /* Whether DIR may take this run: a fresh one must not overwrite an earlier
  * run's work unless told to (--overwrite, which removes it first); a
  * resumed one needs the run's config.yaml. The filesystem root is refused. */
@@ -555,6 +581,7 @@ static int cmd_train(int argc, char **argv) {
   } else if (a.resume) {
     rc = st_trainer_load(t, ck, 0, &err);
     if (rc) {
+      if (rc == ST_EFORMAT) name_fallback(out, ck, &err);
       st_trainer_destroy(t);
       return st_cli_fail(&err);
     }
@@ -660,6 +687,8 @@ static int cmd_train(int argc, char **argv) {
       fprintf(stderr, "strata: warning: %s\n", terr.msg);
   }
   if (rc) {
+    if (rc == ST_ENONFINITE && speaks && !st_trainer_store(t))
+      name_fallback(out, NULL, &err);
     st_plan_destroy(plan);
     st_trainer_destroy(t);
     return st_cli_fail(&err);

@@ -337,16 +337,28 @@ PY
 rm -rf "$T/meta" && cp -r "$T/whole" "$T/meta"
 edit step 99999999999999999999999
 expect_error "a step past int64" \
-  "^strata: error: $(re_quote "$T/meta/checkpoints/step-00000020.safetensors"): metadata 'step' is 99999999999999999999999, out of range: corrupt checkpoint$" \
+  "^strata: error: $(re_quote "$T/meta/checkpoints/step-00000020.safetensors"): metadata 'step' is 99999999999999999999999, out of range: corrupt checkpoint; the older .*step-00000010.safetensors is there to go back to \(move the damaged one aside\)$" \
   train - --resume "$T/meta" --set train.steps=30
 edit step 21
 expect_error "a step that does not match the samples" \
-  "^strata: error: .*step-00000020.safetensors: metadata step 21, epoch 1, epoch_pos 128 and samples 640 do not describe one position at batch 32 over 512 samples: corrupt checkpoint$" \
+  "^strata: error: .*step-00000020.safetensors: metadata step 21, epoch 1, epoch_pos 128 and samples 640 do not describe one position at batch 32 over 512 samples: corrupt checkpoint; the older .*step-00000010.safetensors is there to go back to \(move the damaged one aside\)$" \
   train - --resume "$T/meta" --set train.steps=30
 rm -rf "$T/meta" && cp -r "$T/whole" "$T/meta"
 expect_error "a checkpoint past the run's steps" \
   "^strata: error: .*step-00000020.safetensors: at step 20, past this run's last step 10 \(set by --set\): raise train.steps to continue it$" \
   train - --resume "$T/meta" --set train.steps=10
+# a damaged newest checkpoint names the older one to go back to
+rm -rf "$T/dmg" && cp -r "$T/whole" "$T/dmg"
+python3 -c 'import sys; p=sys.argv[1]; b=bytearray(open(p,"rb").read()); b[-100]^=1; open(p,"wb").write(b)' \
+  "$T/dmg/checkpoints/step-00000020.safetensors"
+expect_error "a damaged newest checkpoint names the older one" \
+  "^strata: error: .*step-00000020.safetensors: tensor '.*' is damaged: .*; the older $(re_quote "$T/dmg")/checkpoints/step-00000010.safetensors is there to go back to \(move the damaged one aside\)$" \
+  train - --resume "$T/dmg" --set train.steps=30
+# a run that diverges names its newest checkpoint
+expect_error "a diverged run names its newest checkpoint" \
+  "^strata: error: step [0-9]+: training loss is (NaN|infinite) .*no checkpoint written — lower optimizer.lr; the newest checkpoint, $(re_quote "$T/div")/checkpoints/step-[0-9]{8}.safetensors, is there to go back to$" \
+  train "$fc" "${small[@]}" --set train.steps=300 --set optimizer.lr=3 --set train.checkpoint_every=2 \
+  --set train.keep_checkpoints=0 --out "$T/div"
 # a NaN weight: eval and generate name the tensor
 # poison SRC DST TENSOR: DST is SRC with element 7 of TENSOR a NaN, its
 # CRC-32 in the metadata made to match, as a diverged run writes it (a
