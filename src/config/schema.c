@@ -116,7 +116,9 @@ const st_config_key st_config_schema[] = {
     STRING(data, dir, "/usr/share/datasets/fashion-mnist",
            "folder holding the Fashion-MNIST IDX .gz files"),
     INT(data, train_limit, "0",
-        "use only the first N training samples (0 = all)"),
+        "use only the first N training samples (0 = all; the files are then "
+        "read only that far, so their gzip CRC, which covers the whole "
+        "file, goes unchecked)"),
     INT(data, test_limit, "0", "use only the first N test samples (0 = all)"),
     BOOL(data, shuffle, "true", "reshuffle the training set every epoch"),
     BOOL(data, normalize, "true",
