@@ -1215,7 +1215,9 @@ typedef const void *(*st_st_fetch)(void *arg, int index, st_error *err);
 int st_st_writer_write_fetch(st_st_writer *w, const char *path,
                              st_st_fetch fetch, void *arg, st_error *err);
 
-/* Prints each tensor: name, shape, dtype, min, max, mean, std. */
+/* Prints each tensor: name, shape, dtype, min, max, mean, std. A directory
+ * is a sharded checkpoint: each of its shards in turn, once its index (the
+ * last file written) is there. */
 int st_inspect(const char *path, FILE *f, st_error *err);
 /* Compares two files tensor by tensor (the same names, dtypes and shapes,
  * else an error naming the first that differs): each tensor's largest

@@ -120,7 +120,8 @@ static const char *usage_inspect =
     "usage: strata inspect FILE [--against OTHER]\n"
     "\n"
     "Lists the tensors of a safetensors file: name, dtype, shape, min, max,\n"
-    "mean, std, and its metadata (step, epoch, optimizer, ...).\n"
+    "mean, std, and its metadata (step, epoch, optimizer, ...); FILE may be\n"
+    "a sharded checkpoint's folder (each shard in turn).\n"
     "  --against OTHER  compare with another file of the same tensors: the\n"
     "                   largest absolute and relative difference of each,\n"
     "                   then the largest of all (two runs of two modes)\n";

@@ -1,13 +1,19 @@
 /*
  * inspect.c — `strata inspect FILE`: lists the tensors of a safetensors file
  * (name, dtype, shape, min, max, mean, std) and its metadata, so a user can
- * look into a checkpoint without Python; with --against, how far two files
- * of the same tensors are apart (two modes, two ranks counts).
+ * look into a checkpoint without Python (a sharded one shard by shard); with
+ * --against, how far two files of the same tensors are apart (two modes, two
+ * ranks counts).
  */
 #include "strata.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static double element(const uint8_t *p, const char *dtype, size_t i) {
   if (strcmp(dtype, "F32") == 0) {
@@ -40,7 +46,63 @@ static int numeric(const char *dtype) {
          !strcmp(dtype, "I32") || !strcmp(dtype, "I64") || !strcmp(dtype, "U8");
 }
 
+static int by_name(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A sharded checkpoint (checkpoint.c): model-NNNNN-of-NNNNN.safetensors
+ * beside model.safetensors.index.json, each shard in name order. */
+static int inspect_shards(const char *dir, FILE *f, st_error *err) {
+  char path[ST_PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+  if (access(path, F_OK) != 0)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: a folder without model.safetensors.index.json: "
+                        "not a whole sharded checkpoint",
+                        dir);
+  DIR *d = opendir(dir);
+  if (!d)
+    return st_error_set(err, ST_EIO, "%s: cannot open: %s", dir,
+                        strerror(errno));
+  char **names = NULL;
+  int n = 0, cap = 0, rc = 0;
+  for (struct dirent *e; !rc && (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (strncmp(e->d_name, "model-", 6) || len < 12 ||
+        strcmp(e->d_name + len - 12, ".safetensors"))
+      continue;
+    if (n == cap) {
+      char **more =
+          realloc(names, (size_t)(cap = cap ? 2 * cap : 8) * sizeof *names);
+      if (!more) {
+        rc = st_error_set(err, ST_ENOMEM, "out of memory");
+        break;
+      }
+      names = more;
+    }
+    if (!(names[n] = strdup(e->d_name)))
+      rc = st_error_set(err, ST_ENOMEM, "out of memory");
+    else
+      n++;
+  }
+  closedir(d);
+  if (!rc && n == 0)
+    rc =
+        st_error_set(err, ST_EFORMAT, "%s: no model-*.safetensors shards", dir);
+  if (!rc) qsort(names, (size_t)n, sizeof *names, by_name);
+  for (int i = 0; !rc && i < n; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    rc = st_inspect(path, f, err);
+  }
+  for (int i = 0; i < n; i++) free(names[i]);
+  free(names);
+  return rc;
+}
+
 int st_inspect(const char *path, FILE *f, st_error *err) {
+  struct stat sb;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+    return inspect_shards(path, f, err);
   st_safetensors *st;
   int rc = st_safetensors_read(&st, path, err);
   if (rc) return rc;

@@ -325,6 +325,12 @@ fi
 run export "$T/sh_m2" --out "$T/sh_m2.safetensors"
 same "the 2 shards merged by export: the threaded pipeline's checkpoint" \
   "$T/t_1f1b-2/$ck" "$T/sh_m2.safetensors"
+run inspect "$sd"
+if [ "$rc" -eq 0 ] && grep -q "^$sd/model-00001-of-00002.safetensors: [0-9]* tensors" <<<"$out" &&
+   grep -q "^$sd/model-00002-of-00002.safetensors: [0-9]* tensors" <<<"$out" &&
+   grep -q "optim.blocks.3.linear0.bias.momentum" <<<"$out"; then pass; else
+  fail "inspect lists a sharded checkpoint shard by shard" "rc $rc" "$out" "$err"
+fi
 run eval "$cnn" --checkpoint "$sd" --set data.test_limit=128
 if [ "$rc" -eq 0 ] && grep -q "^test accuracy [0-9.]*, test loss [0-9.]* ($sd)$" <<<"$out"; then pass; else
   fail "eval reads a sharded checkpoint's directory" "rc $rc" "$out" "$err"
