@@ -157,6 +157,14 @@ int st_cli_compile(int argc, char **argv) {
                                 "weight_streaming, not '%s'",
                                 force);
   }
+  /* a pipeline over ranks with execution.stages 0 runs a stage a rank
+   * (each replica's pipeline its share of them), as `strata train` does */
+  const char *mode = force ? force : cfg.execution.mode;
+  if (!stages && ranks > 1 && !strcmp(cfg.execution.placement, "ranks") &&
+      cfg.execution.stages == 0 && cfg.execution.stage_blocks.n == 0 &&
+      (!strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop")))
+    cfg.execution.stages =
+        ranks / (cfg.execution.replicas > 0 ? cfg.execution.replicas : 1);
   st_plan *plan;
   st_config as_planned; /* the ranks hold what compile chose */
   if (st_plan_choose(&plan, &cfg, stages, force, &as_planned, &err))

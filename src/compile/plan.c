@@ -1106,6 +1106,16 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
                         "%d ranks into pipelines of equal size",
                         st_config_where(cfg, "execution.replicas"), R, ranks);
   int P = placed ? ranks / R : 1;
+  /* as `strata train` refuses it: a rank without a stage of the pipeline */
+  const char *mode = cfg->execution.mode;
+  if (placed && k < P &&
+      (!strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop")))
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.stages: %d stage%s over %d ranks "
+                        "(execution.placement: ranks): each rank needs a "
+                        "stage",
+                        st_config_where(cfg, "execution.stages"), k,
+                        k == 1 ? "" : "s", P);
   p->rank_memory = st_alloc((size_t)ranks * sizeof *p->rank_memory);
   p->rank_stages = st_alloc(2 * (size_t)ranks * sizeof *p->rank_stages);
   if (!p->rank_memory || !p->rank_stages)

@@ -397,6 +397,15 @@ if [ "$rc" -eq 0 ] && grep -Eq "^rank 0: stage 0, [0-9.]+ MB by the plan's memor
 else
   fail "compile --ranks 2: each rank's stage and memory" "rc $rc" "$out" "$err"
 fi
+# as train: execution.stages 0 over ranks is a stage a rank; fewer stages
+# than ranks is refused, not shown with a rank holding nothing
+run compile "$fc" "${wide4[@]}" --set execution.stages=0 --ranks 2 --out "$T/o_ranks0"
+if [ "$rc" -eq 0 ] && grep -Eq "^rank 1: stage 1, [0-9.]+ MB by the plan's memory$" <<<"$out"; then
+  pass; else fail "compile --ranks 2, execution.stages 0: a stage a rank" "rc $rc" "$out" "$err"
+fi
+expect_error "compile --ranks 2 with one stage" \
+  "--set: execution.stages: 1 stage over 2 ranks \(execution.placement: ranks\): each rank needs a stage" \
+  -- compile "$fc" "${wide4[@]}" --set execution.stages=1 --ranks 2 --out "$T/o_ranks1"
 run compile "$fc" --set model.hidden=[1024,1024,1024] --set execution.mode=weight_streaming --fabric cpu:2 \
   --ranks 3 --out "$T/o_ranks_ws"
 if [ "$rc" -eq 0 ] && grep -Eq "^rank 0: the weight store, [0-9.]+ MB by the plan's memory$" <<<"$out" &&
