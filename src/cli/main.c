@@ -462,11 +462,12 @@ static int cmd_train(int argc, char **argv) {
   int stored = st_store_resolve(&kept, out);
   const char *store = stored ? kept.execution.store_path : NULL;
   int speaks = st_dist_rank() == 0;
+  struct stat sb;
+  int out_existed = stat(out, &sb) == 0;
   if (st_dist_agree(speaks ? check_out(out, &a, store, &err) : 0, &err))
     return st_cli_fail(&err);
   /* --resume of a run killed before its first checkpoint: from step 0 */
   char ck[ST_PATH_MAX + 64] = "";
-  struct stat sb;
   if (a.resume && !stored &&
       st_dist_agree(newest_checkpoint(out, ck, sizeof ck, &err), &err))
     return st_cli_fail(&err);
@@ -512,8 +513,18 @@ static int cmd_train(int argc, char **argv) {
     return st_cli_fail(&err);
   }
   st_trainer *t;
-  if (st_trainer_create(&t, &cfg, speaks ? out : NULL, &err))
+  if (st_trainer_create(&t, &cfg, speaks ? out : NULL, &err)) {
+    /* a fresh run refused before its first step leaves no folder behind
+     * (the lock stays held until the exit: rmdir does not need it) */
+    if (speaks && !a.resume) {
+      st_error ignored = {0};
+      char ckd[ST_PATH_MAX + 16];
+      snprintf(ckd, sizeof ckd, "%s/checkpoints", out);
+      if (!st_run_remove(out, store, &ignored) && !rmdir(ckd) && !out_existed)
+        rmdir(out);
+    }
     return st_cli_fail(&err);
+  }
   const st_model *m = st_trainer_model(t);
   int W = st_dist_size(), R = cfg.execution.replicas;
   if (W > 1 && !strcmp(cfg.execution.placement, "ranks"))

@@ -256,6 +256,8 @@ fi
 expect_error "a model larger than the machine" \
   "^strata: error: $(re_quote "$fc"): the model needs at least 967 GB \(weights 318 GB, gradients 318 GB, optimizer state 318 GB, activations 12.8 GB at micro-batch 32\), more than the .* this machine allows .*; refused before allocating$" \
   train "$fc" "${small[@]}" --set 'model.hidden=[100000000]' --set train.steps=1 --out "$T/huge"
+if [ ! -e "$T/huge" ]; then pass; else
+  fail "a run refused before its first step leaves no folder" "$(ls -R "$T/huge")"; fi
 expect_error "a trace in a missing folder" \
   "^strata: error: $(re_quote "$T/nowhere/t.json"): cannot write: No such file or directory$" \
   train "$fc" "${small[@]}" --set train.steps=2 --trace "$T/nowhere/t.json" --out "$T/trace"
