@@ -35,6 +35,7 @@ static const char *usage_main =
     "  inspect FILE     list the tensors of a checkpoint (safetensors)\n"
     "  bench --calibrate  measure this machine's kernel rates for the "
     "compiler\n"
+    "  bench --probe    time a round trip to every core now (a VM's state)\n"
     "  tokenize train|encode  train a BPE tokenizer on a corpus, or encode "
     "text\n"
     "  sweep CONFIG     steps to a target across batch sizes (Shallue et al.)\n"

@@ -700,14 +700,24 @@ static void report_critical(FILE *f, const st_sweep_options *o,
           "(lr %.4g",
           ns->batch, lr);
   if (mom >= 0) fprintf(f, ", momentum %.4g", mom);
+  /* a window of too few steps, or whose estimates divide to a ratio <= 0
+   * (each is unbiased, so it can be negative), has no figure */
+  char w[3][48];
+  const double v[3] = {ns->b_early, ns->b_mid, ns->b_end};
+  for (int i = 0; i < 3; i++)
+    if (isfinite(v[i]) && v[i] > 0)
+      snprintf(w[i], sizeof w[i], "**%.0f**", v[i]);
+    else
+      snprintf(w[i], sizeof w[i], "no estimate (%s)",
+               isfinite(v[i]) ? "a ratio <= 0" : "too few steps");
   fprintf(f,
           ") run again for %lld steps; each step's gradient norms on each "
           "half of the batch and on the whole give unbiased estimates of "
           "tr(S) and |G|^2, averaged over a window of steps and then "
-          "divided: **%.0f** over the first 10%% of the steps, **%.0f** "
-          "over 40-60%%, **%.0f** over the last 20%%, at the target "
-          "(noise.csv: every evaluation interval).",
-          (long long)ns->steps, ns->b_early, ns->b_mid, ns->b_end);
+          "divided: %s over the first 10%% of the steps, %s over 40-60%%, "
+          "%s over the last 20%%, at the target (noise.csv: every "
+          "evaluation interval).",
+          (long long)ns->steps, w[0], w[1], w[2]);
   if (!isnan(sum->b_crit) && ns->b_end > 0)
     fprintf(f,
             " At the target B_simple is %.2f times the fitted B_crit "
