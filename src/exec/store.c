@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-enum { SLOT_BYTES = 4096, STORE_VERSION = 2 }; /* 2: bf16 weights */
+/* 2: bf16 weights; 3: the committed copy's checksum */
+enum { SLOT_BYTES = 4096, STORE_VERSION = 3 };
 static const char MAGIC[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'W', 'S'};
 
 /* One header slot as stored (little-endian fields, the build's layout:
@@ -58,6 +60,7 @@ typedef struct header {
   uint32_t dtype;    /* the weights': 0 fp32, 1 bf16 */
   uint32_t rounding; /* bf16: 0 to nearest, 1 stochastic */
   st_train_pos pos;  /* after the committed step */
+  uint64_t sum;      /* copy cur's values: element_sum over all of them */
   uint32_t crc;      /* of everything above */
 } header;
 
@@ -75,6 +78,10 @@ struct st_store {
   size_t map_len;
   int crash_point; /* test knob: st_store_set_crash */
   int64_t crash_step;
+  /* element_sum of what this step has written into the other copy: every
+   * value of it, once (st_store_write), whatever the order or thread */
+  _Atomic uint64_t written;
+  uint64_t unwritten; /* the values no step writes: see tie_state_sum */
 };
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -99,6 +106,43 @@ static uint64_t fingerprint(const st_model *m) {
     }
   }
   return h;
+}
+
+/* The checksum of a copy: over every value v at element e (the weights
+ * 0..n-1, then each optimizer slot's n), the sum mod 2^64 of
+ * fmix32(mix(e) ^ v). Order-free, so the update's threads add their
+ * chunks' terms as they write them; for a given e the term is a bijection
+ * of v, so a value that changes always changes the sum (a change of
+ * several cancels with odds of about 2^-32, as a CRC-32 collides). */
+static inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  return h ^ (h >> 16);
+}
+
+/* n values of `width` bytes (4: fp32 bits, 2: bf16) from element e0 */
+static uint64_t element_sum(uint64_t e0, const void *values, size_t n,
+                            int width) {
+  uint64_t sum = 0;
+  while (n > 0) { /* in runs that keep e's high half */
+    uint64_t room = ((e0 >> 32) + 1) << 32;
+    size_t k = room - e0 < n ? (size_t)(room - e0) : n;
+    uint32_t hi = (uint32_t)(e0 >> 32) * 0x85ebca77u, lo = (uint32_t)e0;
+    if (width == 4) {
+      const uint32_t *v = values;
+      for (size_t i = 0; i < k; i++)
+        sum += fmix32(((lo + (uint32_t)i) * 0x9e3779b1u ^ hi) ^ v[i]);
+    } else {
+      const uint16_t *v = values;
+      for (size_t i = 0; i < k; i++)
+        sum += fmix32(((lo + (uint32_t)i) * 0x9e3779b1u ^ hi) ^ v[i]);
+    }
+    values = (const char *)values + k * (size_t)width;
+    e0 += k, n -= k;
+  }
+  return sum;
 }
 
 static uint32_t header_crc(const header *h) {
@@ -129,6 +173,50 @@ static int io_all(int fd, int write_, void *buf, size_t n, off_t off) {
  * optimizer state after it stays aligned. */
 static uint64_t weight_bytes(uint64_t n_params, uint32_t dtype) {
   return (n_params * (dtype ? 2 : 4) + 3) / 4 * 4;
+}
+
+/* element_sum of copy `copy` as the file holds it, read in pieces. */
+static int copy_sum(int fd, const header *h, int copy, uint64_t *sum) {
+  enum { PIECE = 1 << 18 }; /* values a read */
+  static _Thread_local uint32_t buf[PIECE];
+  uint64_t n = h->n_params, s = 0;
+  off_t at = (off_t)(h->data_off + (uint64_t)copy * h->copy_bytes);
+  int wbytes = h->dtype ? 2 : 4;
+  for (uint32_t r = 0; r <= h->opt_slots; r++) {
+    int width = r == 0 ? wbytes : 4;
+    off_t base = r == 0 ? at
+                        : at + (off_t)weight_bytes(n, h->dtype) +
+                              (off_t)((r - 1) * n * sizeof(float));
+    for (uint64_t lo = 0; lo < n; lo += PIECE) {
+      size_t k = n - lo < PIECE ? (size_t)(n - lo) : PIECE;
+      if (io_all(fd, 0, buf, k * (size_t)width, base + (off_t)(lo * width)))
+        return -1;
+      s += element_sum(r * n + lo, buf, k, width);
+    }
+  }
+  *sum = s;
+  return 0;
+}
+
+/* The optimizer state of a tied copy is never written (the update writes
+ * the copy's weights from its source's; the state is the source's): it
+ * stays the zeros the store was made with, and a step's checksum counts
+ * them as this constant. */
+static uint64_t tie_state_sum(const st_model *m, uint32_t slots) {
+  static const uint32_t zeros[1024];
+  uint64_t sum = 0, n = m->n_params;
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+      const st_tensor_info *ti = &m->blocks[i].tensors[t];
+      if (ti->tie < 0) continue;
+      uint64_t at = m->blocks[i].param_off + ti->offset;
+      for (uint32_t r = 1; r <= slots; r++)
+        for (size_t lo = 0; lo < ti->numel; lo += 1024) {
+          size_t k = ti->numel - lo < 1024 ? ti->numel - lo : 1024;
+          sum += element_sum(r * n + at + lo, zeros, k, 4);
+        }
+    }
+  return sum;
 }
 
 /* The file's length: header slots, two copies, the gradients. */
@@ -264,7 +352,8 @@ static int create_store(const char *path, const st_model *m,
     h.seq = 1;
     h.cur = 0;
     h.pos.seed = cfg->train.seed;
-    if (msync(map, (size_t)total, MS_SYNC) != 0 || write_header(fd, &h) ||
+    if (msync(map, (size_t)total, MS_SYNC) != 0 ||
+        copy_sum(fd, &h, 0, &h.sum) || write_header(fd, &h) ||
         fdatasync(fd) != 0)
       rc = st_error_set(err, ST_EIO, "%s: cannot write: %s", tmp,
                         strerror(errno));
@@ -405,6 +494,23 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
     goto fail;
   }
   if ((rc = read_header(s, m, cfg, st.st_size, err))) goto fail;
+  s->unwritten = tie_state_sum(m, s->h.opt_slots);
+  /* every value of the committed copy, against the header's checksum: a
+   * bit the disk flipped is found here, not trained on */
+  uint64_t sum;
+  if (copy_sum(s->fd, &s->h, s->live, &sum)) {
+    rc =
+        st_error_set(err, ST_EIO, "%s: read failed: %s", path, strerror(errno));
+    goto fail;
+  }
+  if (sum != s->h.sum) {
+    rc = st_error_set(err, ST_EDATA,
+                      "%s: the state of step %lld is damaged: its values' "
+                      "checksum is %016llx, the header lists %016llx",
+                      path, (long long)s->h.pos.step, (unsigned long long)sum,
+                      (unsigned long long)s->h.sum);
+    goto fail;
+  }
   s->map_len = (size_t)total_bytes(&s->h);
   s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
   if (s->map == MAP_FAILED) {
@@ -440,12 +546,14 @@ enum { CONVERT = 1 << 14 }; /* bf16 values converted per pread/pwrite */
 /* n bf16 weights at file offset at, widened into dst (write 0), or dst's
  * values narrowed and written there (write 1; they are bf16 values
  * already: the update rounded them). */
-static int bf16_io(int fd, int write_, float *dst, size_t n, off_t at) {
+static int bf16_io(int fd, int write_, float *dst, size_t n, off_t at,
+                   uint64_t e0, uint64_t *sum) {
   uint16_t h[CONVERT];
   for (size_t lo = 0; lo < n; lo += CONVERT) {
     size_t k = n - lo < CONVERT ? n - lo : CONVERT;
     off_t where = at + (off_t)(lo * sizeof *h);
     if (write_) st_bf16_pack(dst + lo, h, k);
+    if (write_) *sum += element_sum(e0 + lo, h, k, 2);
     if (io_all(fd, write_, h, k * sizeof *h, where)) return -1;
     if (!write_) st_bf16_unpack(h, dst + lo, k);
   }
@@ -457,7 +565,7 @@ int st_store_live(const st_store *s) { return s->live; }
 int st_store_read(const st_store *s, int region, size_t off, size_t n,
                   float *dst, st_error *err) {
   off_t at = offset_of(s, s->live, region, off);
-  if (region == 0 && s->bf16 ? !bf16_io(s->fd, 0, dst, n, at)
+  if (region == 0 && s->bf16 ? !bf16_io(s->fd, 0, dst, n, at, 0, NULL)
                              : !io_all(s->fd, 0, dst, n * sizeof(float), at))
     return 0;
   return st_error_set(err, ST_EIO, "%s: read failed: %s", s->path,
@@ -467,10 +575,16 @@ int st_store_read(const st_store *s, int region, size_t off, size_t n,
 int st_store_write(const st_store *s, int region, size_t off, size_t n,
                    const float *src, st_error *err) {
   off_t at = offset_of(s, 1 - s->live, region, off);
-  if (region == 0 && s->bf16
-          ? !bf16_io(s->fd, 1, (float *)src, n, at)
-          : !io_all(s->fd, 1, (void *)src, n * sizeof(float), at))
+  uint64_t e0 = (uint64_t)region * s->n_params + off, sum = 0;
+  int ok = region == 0 && s->bf16
+               ? !bf16_io(s->fd, 1, (float *)src, n, at, e0, &sum)
+               : !io_all(s->fd, 1, (void *)src, n * sizeof(float), at);
+  if (ok && !(region == 0 && s->bf16)) sum = element_sum(e0, src, n, 4);
+  if (ok) { /* the store's count, not its layout: const to the caller */
+    atomic_fetch_add_explicit((_Atomic uint64_t *)&s->written, sum,
+                              memory_order_relaxed);
     return 0;
+  }
   return st_error_set(err, ST_EIO, "%s: write failed: %s", s->path,
                       strerror(errno));
 }
@@ -511,6 +625,9 @@ int st_store_commit(st_store *s, int copy, const st_train_pos *pos,
   h.seq++;
   h.cur = (uint32_t)copy;
   h.pos = *pos;
+  /* every write of the step is done (the caller waited for them) */
+  h.sum = atomic_exchange_explicit(&s->written, 0, memory_order_acquire) +
+          s->unwritten;
   if (write_header(s->fd, &h) || fdatasync(s->fd) != 0)
     return st_error_set(err, ST_EIO,
                         "%s: cannot write the header: %s (the "

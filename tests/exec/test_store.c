@@ -11,7 +11,8 @@
  *  - a store trained to step k and reopened continues as if never stopped;
  *  - bad stores are refused with the path and the cause, and left as they
  *    were: another model's, another optimizer's, another seed's, a
- *    truncated one, one whose headers are both corrupt, a file that is no
+ *    truncated one, one whose headers are both corrupt, one whose weights
+ *    or optimizer state changed (their checksum), a file that is no
  *    store, one in use by another trainer;
  *  - a store that cannot get its space (a size-limited file: RLIMIT_FSIZE)
  *    is refused at start, leaving no file behind;
@@ -228,6 +229,29 @@ static void test_bad(void) {
         "(%s)",
         t ? (long long)st_trainer_pos(t)->step : -1LL, err.msg);
   st_trainer_destroy(t);
+  /* one value of the committed state changed (a bit the disk flipped):
+   * its checksum refuses it; a flip in every copy reaches the live one */
+  {
+    st_trainer *probe = make(&mlp, &err);
+    size_t n = probe ? st_trainer_model(probe)->n_params : 0;
+    st_trainer_destroy(probe);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t copy = (2 * 4 * n + page - 1) / page * page; /* weights, momentum */
+    for (int k = 0; k < 2; k++) {
+      snprintf(cmd, sizeof cmd,
+               "cp %s %s && printf '\\x5a' | dd of=%s bs=1 seek=%zu "
+               "conv=notrunc 2>/dev/null && printf '\\x5a' | dd of=%s bs=1 "
+               "seek=%zu conv=notrunc 2>/dev/null",
+               mlp.execution.store_path, path, path,
+               (size_t)8192 + (k ? 4 * n + 12 : 101), path,
+               (size_t)8192 + copy + (k ? 4 * n + 12 : 101));
+      CHECK(n > 0 && system(cmd) == 0, "%s", cmd);
+      refused(&c,
+              k ? "a store whose momentum was changed"
+                : "a store whose weights were changed",
+              "state of step 3 is damaged", "checksum");
+    }
+  }
   /* no store at all */
   snprintf(cmd, sizeof cmd,
            "printf 'not a store at all' > %s && "
