@@ -60,8 +60,9 @@ typedef struct header {
   uint32_t dtype;    /* the weights': 0 fp32, 1 bf16 */
   uint32_t rounding; /* bf16: 0 to nearest, 1 stochastic */
   st_train_pos pos;  /* after the committed step */
-  uint64_t sum;      /* copy cur's values: element_sum over all of them */
-  uint32_t crc;      /* of everything above */
+  uint32_t sum;      /* copy cur's values: element_sum over all of them */
+  uint32_t pad;
+  uint32_t crc; /* of everything above */
 } header;
 
 struct st_store {
@@ -80,8 +81,8 @@ struct st_store {
   int64_t crash_step;
   /* element_sum of what this step has written into the other copy: every
    * value of it, once (st_store_write), whatever the order or thread */
-  _Atomic uint64_t written;
-  uint64_t unwritten; /* the values no step writes: see tie_state_sum */
+  _Atomic uint32_t written;
+  uint32_t unwritten; /* the values no step writes: see tie_state_sum */
 };
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -109,7 +110,7 @@ static uint64_t fingerprint(const st_model *m) {
 }
 
 /* The checksum of a copy: over every value v at element e (the weights
- * 0..n-1, then each optimizer slot's n), the sum mod 2^64 of
+ * 0..n-1, then each optimizer slot's n), the sum mod 2^32 of
  * fmix32(mix(e) ^ v). Order-free, so the update's threads add their
  * chunks' terms as they write them; for a given e the term is a bijection
  * of v, so a value that changes always changes the sum (a change of
@@ -123,10 +124,10 @@ static inline uint32_t fmix32(uint32_t h) {
 }
 
 /* n values of `width` bytes (4: fp32 bits, 2: bf16) from element e0 */
-static uint64_t element_sum(uint64_t e0, const void *values, size_t n,
+static uint32_t element_sum(uint64_t e0, const void *values, size_t n,
                             int width) {
-  uint64_t sum = 0;
-  while (n > 0) { /* in runs that keep e's high half */
+  uint32_t sum = 0; /* 32-bit lanes: 1.7x the speed of 64-bit sums */
+  while (n > 0) {   /* in runs that keep e's high half */
     uint64_t room = ((e0 >> 32) + 1) << 32;
     size_t k = room - e0 < n ? (size_t)(room - e0) : n;
     uint32_t hi = (uint32_t)(e0 >> 32) * 0x85ebca77u, lo = (uint32_t)e0;
@@ -176,10 +177,11 @@ static uint64_t weight_bytes(uint64_t n_params, uint32_t dtype) {
 }
 
 /* element_sum of copy `copy` as the file holds it, read in pieces. */
-static int copy_sum(int fd, const header *h, int copy, uint64_t *sum) {
+static int copy_sum(int fd, const header *h, int copy, uint32_t *sum) {
   enum { PIECE = 1 << 18 }; /* values a read */
   static _Thread_local uint32_t buf[PIECE];
-  uint64_t n = h->n_params, s = 0;
+  uint64_t n = h->n_params;
+  uint32_t s = 0;
   off_t at = (off_t)(h->data_off + (uint64_t)copy * h->copy_bytes);
   int wbytes = h->dtype ? 2 : 4;
   for (uint32_t r = 0; r <= h->opt_slots; r++) {
@@ -202,9 +204,10 @@ static int copy_sum(int fd, const header *h, int copy, uint64_t *sum) {
  * the copy's weights from its source's; the state is the source's): it
  * stays the zeros the store was made with, and a step's checksum counts
  * them as this constant. */
-static uint64_t tie_state_sum(const st_model *m, uint32_t slots) {
+static uint32_t tie_state_sum(const st_model *m, uint32_t slots) {
   static const uint32_t zeros[1024];
-  uint64_t sum = 0, n = m->n_params;
+  uint64_t n = m->n_params;
+  uint32_t sum = 0;
   for (int i = 0; i < m->n_blocks; i++)
     for (int t = 0; t < m->blocks[i].n_tensors; t++) {
       const st_tensor_info *ti = &m->blocks[i].tensors[t];
@@ -497,7 +500,7 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
   s->unwritten = tie_state_sum(m, s->h.opt_slots);
   /* every value of the committed copy, against the header's checksum: a
    * bit the disk flipped is found here, not trained on */
-  uint64_t sum;
+  uint32_t sum;
   if (copy_sum(s->fd, &s->h, s->live, &sum)) {
     rc =
         st_error_set(err, ST_EIO, "%s: read failed: %s", path, strerror(errno));
@@ -506,9 +509,8 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
   if (sum != s->h.sum) {
     rc = st_error_set(err, ST_EDATA,
                       "%s: the state of step %lld is damaged: its values' "
-                      "checksum is %016llx, the header lists %016llx",
-                      path, (long long)s->h.pos.step, (unsigned long long)sum,
-                      (unsigned long long)s->h.sum);
+                      "checksum is %08x, the header lists %08x",
+                      path, (long long)s->h.pos.step, sum, s->h.sum);
     goto fail;
   }
   s->map_len = (size_t)total_bytes(&s->h);
@@ -547,7 +549,7 @@ enum { CONVERT = 1 << 14 }; /* bf16 values converted per pread/pwrite */
  * values narrowed and written there (write 1; they are bf16 values
  * already: the update rounded them). */
 static int bf16_io(int fd, int write_, float *dst, size_t n, off_t at,
-                   uint64_t e0, uint64_t *sum) {
+                   uint64_t e0, uint32_t *sum) {
   uint16_t h[CONVERT];
   for (size_t lo = 0; lo < n; lo += CONVERT) {
     size_t k = n - lo < CONVERT ? n - lo : CONVERT;
@@ -575,13 +577,14 @@ int st_store_read(const st_store *s, int region, size_t off, size_t n,
 int st_store_write(const st_store *s, int region, size_t off, size_t n,
                    const float *src, st_error *err) {
   off_t at = offset_of(s, 1 - s->live, region, off);
-  uint64_t e0 = (uint64_t)region * s->n_params + off, sum = 0;
+  uint64_t e0 = (uint64_t)region * s->n_params + off;
+  uint32_t sum = 0;
   int ok = region == 0 && s->bf16
                ? !bf16_io(s->fd, 1, (float *)src, n, at, e0, &sum)
                : !io_all(s->fd, 1, (void *)src, n * sizeof(float), at);
   if (ok && !(region == 0 && s->bf16)) sum = element_sum(e0, src, n, 4);
   if (ok) { /* the store's count, not its layout: const to the caller */
-    atomic_fetch_add_explicit((_Atomic uint64_t *)&s->written, sum,
+    atomic_fetch_add_explicit((_Atomic uint32_t *)&s->written, sum,
                               memory_order_relaxed);
     return 0;
   }
