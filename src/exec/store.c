@@ -8,8 +8,10 @@
  * bf16, padded to 4 bytes) then each optimizer slot (n_params floats),
  * rounded up to a page, then the gradients (n_params floats: what the
  * compute side sends, in no copy — a step's are complete before its
- * updates read them). A header names the copy that holds its step's state
- * and the training position after that step, under a CRC.
+ * updates read them). A header names the copy that holds its step's state,
+ * that state's checksum (element_sum) and the training position after that
+ * step, under a CRC; opening a store checks the whole state against the
+ * sum.
  *
  * A step reads the live copy and writes every updated value into the other
  * one (st_store_write); st_store_commit then syncs the data, writes the
