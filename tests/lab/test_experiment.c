@@ -315,14 +315,16 @@ static void test_depths(const st_config *base, const char *root) {
   free(md);
   free(svg);
   free(ref);
-  /* 8 stages of a 4-block model: refused before any run or file */
+  /* 8 stages of a 4-block model: refused before any run or file, naming
+   * --depths (not the config's execution.stages) */
   snprintf(dir, sizeof dir, "%s/depths8", root);
   o = options(dir, 1, 2);
   o.depths[0] = 2, o.depths[1] = 8, o.n_depths = 2;
   rc = st_experiment_pb(&o, base, &err);
   struct stat sb;
-  CHECK(rc == ST_ECONFIG && strstr(err.msg, "at 8 stages") &&
-            strstr(err.msg, "8 stages for a model of 4 blocks") &&
+  CHECK(rc == ST_EARG &&
+            strstr(err.msg, "--depths 8: the model has 4 blocks; each stage "
+                            "needs at least one") &&
             stat(dir, &sb) != 0,
         "depth 8 of 4 blocks: rc %d, '%s'", rc, err.msg);
   o.depths[0] = 4, o.depths[1] = 2;
