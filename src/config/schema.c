@@ -149,8 +149,8 @@ const st_config_key st_config_schema[] = {
     FLOAT(optimizer, eps, "1e-8", "adamw: denominator epsilon"),
     ENUM(optimizer, schedule, "constant", schedules, "learning-rate schedule"),
     INT(optimizer, warmup_steps, "0",
-        "linear warm-up over this many steps W: step k (from 0) uses lr (k + "
-        "1) / W; the schedule counts its steps after it"),
+        "linear warm-up over this many steps W: step k (from 0) uses lr x "
+        "(k + 1) / W; the schedule counts its steps after it"),
     FLOAT(optimizer, min_lr, "0",
           "cosine/linear: the rate the schedule falls to at train's end (the "
           "last step's rate is one step above it)"),
