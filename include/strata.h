@@ -441,7 +441,8 @@ int st_config_write(const st_config *cfg, FILE *f);
  * may share one printf; copy the text if it must live longer. */
 const char *st_config_where(const st_config *cfg, const char *key);
 /* The same origin said of a second key a message mentions: "set at
- * file:line:col", "set by --set" or "the default"; the same buffers. */
+ * file:line:col", "set by --set" or "the default"; four rotating
+ * thread-local buffers of its own, as st_config_where's. */
 const char *st_config_set_at(const st_config *cfg, const char *key);
 /* The keys set away from their defaults that cfg's execution.mode does
  * not use (execution.stages under sequential, execution.mitigation under

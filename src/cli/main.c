@@ -199,6 +199,34 @@ static void name_fallback(const char *dir, const char * not, st_error *err) {
                  path);
 }
 
+/* Whether DIR/summary.json is a finished run's (not an interrupted one's). */
+static int summary_says_done(const char *dir) {
+  char path[ST_PATH_MAX + 16], text[8192];
+  snprintf(path, sizeof path, "%s/summary.json", dir);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  return strstr(text, "\"interrupted\": false") != NULL;
+}
+
+/* A fresh run refused before its first step takes back what it made: its
+ * config.yaml (when DIR had none), an empty checkpoints/ and DIR itself
+ * (when it made DIR). Nothing else: a plan `strata compile` wrote there, or
+ * a store (perhaps another run's, at a shared execution.store_path), stays.
+ * The folder's lock is held to the exit; rmdir does not need it. */
+static void abandon(const char *dir, int had_dir, int had_config) {
+  char path[ST_PATH_MAX + 16];
+  if (!had_config) {
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    unlink(path);
+  }
+  snprintf(path, sizeof path, "%s/checkpoints", dir);
+  rmdir(path); /* only when empty, as the folder's */
+  if (!had_dir) rmdir(dir);
+}
+
 /* Whether DIR may take this run: a fresh one must not overwrite an earlier
  * run's work unless told to (--overwrite, which removes it first); a
  * resumed one needs the run's config.yaml. The filesystem root is refused. */
@@ -464,7 +492,11 @@ static int cmd_train(int argc, char **argv) {
   const char *store = stored ? kept.execution.store_path : NULL;
   int speaks = st_dist_rank() == 0;
   struct stat sb;
-  int out_existed = stat(out, &sb) == 0;
+  char cfg_path[ST_PATH_MAX + 16];
+  snprintf(cfg_path, sizeof cfg_path, "%s/config.yaml", out);
+  const int had_out = stat(out, &sb) == 0,
+            had_config = stat(cfg_path, &sb) == 0;
+  const int fresh = speaks && !a.resume;
   if (st_dist_agree(speaks ? check_out(out, &a, store, &err) : 0, &err))
     return st_cli_fail(&err);
   /* --resume of a run killed before its first checkpoint: from step 0 */
@@ -501,13 +533,18 @@ static int cmd_train(int argc, char **argv) {
                             strerror(errno))
              : 0;
   }
-  if (st_dist_agree(rc, &err)) return st_cli_fail(&err);
+  if (st_dist_agree(rc, &err)) {
+    if (fresh) abandon(out, had_out, had_config);
+    return st_cli_fail(&err);
+  }
   /* A fresh run's config.yaml comes first, so a kill at any later moment
    * leaves a directory that --resume continues (a resumed run rewrites it
    * once its checkpoint has been checked against the config). */
   if (!a.resume &&
-      st_dist_agree(speaks ? write_config(out, &cfg, &err) : 0, &err))
+      st_dist_agree(speaks ? write_config(out, &cfg, &err) : 0, &err)) {
+    if (fresh) abandon(out, had_out, had_config);
     return st_cli_fail(&err);
+  }
   /* Over MPI ranks, rank 0 alone prints and writes the run's files. */
   if (!speaks && !freopen("/dev/null", "w", stdout)) {
     st_error_set(&err, ST_EIO, "/dev/null: %s", strerror(errno));
@@ -515,15 +552,7 @@ static int cmd_train(int argc, char **argv) {
   }
   st_trainer *t;
   if (st_trainer_create(&t, &cfg, speaks ? out : NULL, &err)) {
-    /* a fresh run refused before its first step leaves no folder behind
-     * (the lock stays held until the exit: rmdir does not need it) */
-    if (speaks && !a.resume) {
-      st_error ignored = {0};
-      char ckd[ST_PATH_MAX + 16];
-      snprintf(ckd, sizeof ckd, "%s/checkpoints", out);
-      if (!st_run_remove(out, store, &ignored) && !rmdir(ckd) && !out_existed)
-        rmdir(out);
-    }
+    if (fresh) abandon(out, had_out, had_config);
     return st_cli_fail(&err);
   }
   const st_model *m = st_trainer_model(t);
@@ -608,8 +637,11 @@ static int cmd_train(int argc, char **argv) {
     st_trainer_destroy(t);
     return st_cli_fail(&err);
   }
-  /* a finished run: its summary, plan and files stay as they are */
-  if (a.resume && st_trainer_pos(t)->step >= st_trainer_total_steps(t)) {
+  /* a finished run: its summary, plan and files stay as they are (one
+   * killed after its last step, before its summary, runs the rest: the
+   * final evaluation and the summary) */
+  if (a.resume && st_trainer_pos(t)->step >= st_trainer_total_steps(t) &&
+      summary_says_done(out)) {
     if (speaks)
       printf("strata: %s finished at step %lld of %lld: nothing to train, "
              "nothing rewritten (--set train.steps=N continues it)\n",
@@ -628,7 +660,7 @@ static int cmd_train(int argc, char **argv) {
    * made does not stop a sequential run; it is reported. */
   st_plan *plan = NULL;
   st_fabric fab;
-  if (speaks && !st_fabric_resolve(&fab, &cfg, &err) &&
+  if (speaks && st_dist_size() == 1 && !st_fabric_resolve(&fab, &cfg, &err) &&
       st_trainer_stages(t) > fab.pes) {
     /* more stages than cores: the run shares them; a plan gives each
      * stage a core of its own, so there is none to compare with */
@@ -826,10 +858,12 @@ static int cmd_export(int argc, char **argv) {
   const char *dir = a.config;
   a.config = "-";
   struct stat sb;
-  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+  int failed = stat(dir, &sb) != 0 ? errno : 0;
+  if (failed || !S_ISDIR(sb.st_mode)) {
     st_error_set(&err, ST_EIO, "%s: %s", dir,
-                 errno == ENOENT ? "no such run directory"
-                                 : "not a run directory (export takes one)");
+                 failed == ENOENT ? "no such run directory"
+                 : failed         ? strerror(failed)
+                                  : "not a run directory (export takes one)");
     return st_cli_fail(&err);
   }
   if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);

@@ -181,9 +181,9 @@ static uint64_t weight_bytes(uint64_t n_params, uint32_t dtype) {
 /* element_sum of copy `copy` as the file holds it, read in pieces. */
 static int copy_sum(int fd, const header *h, int copy, uint32_t *sum) {
   enum { PIECE = 1 << 18 }; /* values a read */
-  static _Thread_local uint32_t buf[PIECE];
+  uint32_t *buf = malloc(PIECE * sizeof *buf), s = 0;
   uint64_t n = h->n_params;
-  uint32_t s = 0;
+  if (!buf) return errno = ENOMEM, -1;
   off_t at = (off_t)(h->data_off + (uint64_t)copy * h->copy_bytes);
   int wbytes = h->dtype ? 2 : 4;
   for (uint32_t r = 0; r <= h->opt_slots; r++) {
@@ -193,11 +193,15 @@ static int copy_sum(int fd, const header *h, int copy, uint32_t *sum) {
                               (off_t)((r - 1) * n * sizeof(float));
     for (uint64_t lo = 0; lo < n; lo += PIECE) {
       size_t k = n - lo < PIECE ? (size_t)(n - lo) : PIECE;
-      if (io_all(fd, 0, buf, k * (size_t)width, base + (off_t)(lo * width)))
-        return -1;
+      if (io_all(fd, 0, buf, k * (size_t)width, base + (off_t)(lo * width))) {
+        int e = errno;
+        free(buf);
+        return errno = e, -1;
+      }
       s += element_sum(r * n + lo, buf, k, width);
     }
   }
+  free(buf);
   *sum = s;
   return 0;
 }

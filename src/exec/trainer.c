@@ -504,6 +504,15 @@ static void name_differing_key(const st_config *cfg, st_error *err) {
   fclose(f);
   char section[64] = "", what[160];
   st_error e = {0};
+  /* as many calls on every rank: the line counts first (another strata's
+   * schema could have more keys) */
+  uint64_t lines = 0;
+  for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+  if (st_dist_check_same(lines, "config's line count", &e)) {
+    if (e.code == ST_ECONFIG) *err = e;
+    free(text);
+    return;
+  }
   for (char *line = text, *end; line && *line; line = end) {
     end = strchr(line, '\n');
     if (end) *end++ = '\0';

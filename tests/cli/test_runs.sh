@@ -81,6 +81,15 @@ if [ "$rc" -eq 0 ] && grep -q "finished at step 20 of 20: nothing to train, noth
    [ "$before_sums" = "$(sums "$T/first")" ]; then pass; else
   fail "resuming a finished run leaves it as it was" "rc $rc" "$out" "$err"
 fi
+# one killed after its last checkpoint, before its summary, is not finished:
+# the resume makes the final evaluation and the summary
+rm -rf "$T/nosum" && cp -r "$T/first" "$T/nosum" && rm "$T/nosum/summary.json"
+run train - --resume "$T/nosum"
+if [ "$rc" -eq 0 ] && ! grep -q "nothing to train" <<<"$out" &&
+   grep -q '"interrupted": false' "$T/nosum/summary.json" &&
+   grep -q '"evaluated_at_step": 20' "$T/nosum/summary.json"; then pass; else
+  fail "a run at its last step without a summary gets one on resume" "rc $rc" "$out" "$err"
+fi
 # a run whose checkpoints were removed does not start again from step 0
 # under --resume: its summary says it took steps
 cp -r "$T/first" "$T/gone" && rm -f "$T/gone"/checkpoints/*
@@ -258,10 +267,15 @@ expect_error "a model larger than the machine" \
   train "$fc" "${small[@]}" --set 'model.hidden=[100000000]' --set train.steps=1 --out "$T/huge"
 if [ ! -e "$T/huge" ]; then pass; else
   fail "a run refused before its first step leaves no folder" "$(ls -R "$T/huge")"; fi
+# ... and takes back only what it made: a plan compile wrote there stays
+run compile "$fc" --out "$T/hugeplan"
+run train "$fc" "${small[@]}" --set 'model.hidden=[100000000]' --set train.steps=1 --out "$T/hugeplan"
+if [ "$rc" -eq 1 ] && [ "$(ls "$T/hugeplan" | tr '\n' ' ')" = "plan.json plan.svg " ]; then pass; else
+  fail "a refused run leaves the plan compile wrote in its folder" "rc $rc" "$(ls -R "$T/hugeplan")"; fi
 expect_error "a trace in a missing folder" \
   "^strata: error: $(re_quote "$T/nowhere/t.json"): cannot write: No such file or directory$" \
   train "$fc" "${small[@]}" --set train.steps=2 --trace "$T/nowhere/t.json" --out "$T/trace"
-if [ ! -e "$T/trace/metrics.jsonl" ]; then pass; else fail "a trace path is checked before the first step"; fi
+if [ ! -e "$T/trace" ]; then pass; else fail "a trace path is checked before the first step, and the folder taken back" "$(ls -R "$T/trace")"; fi
 mkdir -p "$T/noplan/plan.json"
 expect_error "a plan that cannot be written" \
   "^strata: error: $(re_quote "$T/noplan/plan.json"): .*(Is a directory|rename)" \
