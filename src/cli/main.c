@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include "../compile/compile.h"
+#include "../dist/dist.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -174,21 +175,21 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
 }
 
 /* Appends to err's message the checkpoint a run can go back to: the
- * newest in DIR other than `not` (a damaged one), when there is one. */
-static void name_fallback(const char *dir, const char * not, st_error *err) {
+ * newest in DIR other than `skip` (a damaged one), when there is one. */
+static void name_fallback(const char *dir, const char *skip, st_error *err) {
   int64_t *steps;
   st_error e = {0};
   int n = st_run_checkpoints(dir, &steps, &e);
   char path[ST_PATH_MAX + 64] = "";
   for (int i = n - 1; i >= 0 && !path[0]; i--) {
     st_run_checkpoint_path(dir, steps[i], path, sizeof path);
-    if (not &&!strcmp(path, not )) path[0] = '\0';
+    if (skip && !strcmp(path, skip)) path[0] = '\0';
   }
   if (n >= 0) free(steps);
   if (!path[0]) return;
   char msg[sizeof err->msg];
   snprintf(msg, sizeof msg, "%s", err->msg);
-  if (not )
+  if (skip)
     st_error_set(err, err->code,
                  "%s; the older %s is there to go back to (move the damaged "
                  "one aside)",
@@ -511,7 +512,7 @@ static int cmd_train(int argc, char **argv) {
   char summary[ST_PATH_MAX + 16];
   snprintf(summary, sizeof summary, "%s/summary.json", out);
   int gone = 0;
-  if (fresh_resume && stat(summary, &sb) == 0) {
+  if (speaks && fresh_resume && stat(summary, &sb) == 0) {
     gone = ST_EIO;
     st_error_set(&err, ST_EIO,
                  "%s: %s, yet %s says the run took steps: it cannot "
@@ -640,8 +641,14 @@ static int cmd_train(int argc, char **argv) {
   /* a finished run: its summary, plan and files stay as they are (one
    * killed after its last step, before its summary, runs the rest: the
    * final evaluation and the summary) */
-  if (a.resume && st_trainer_pos(t)->step >= st_trainer_total_steps(t) &&
-      summary_says_done(out)) {
+  int done = speaks && a.resume &&
+             st_trainer_pos(t)->step >= st_trainer_total_steps(t) &&
+             summary_says_done(out);
+  if (st_dist_max(&done, &err)) { /* rank 0's files decide for every rank */
+    st_trainer_destroy(t);
+    return st_cli_fail(&err);
+  }
+  if (done) {
     if (speaks)
       printf("strata: %s finished at step %lld of %lld: nothing to train, "
              "nothing rewritten (--set train.steps=N continues it)\n",
