@@ -588,18 +588,10 @@ static int cmd_train(int argc, char **argv) {
              "fp32 below about 32 (docs/bf16.md)\n",
              rows, rows == 1 ? "" : "s");
   }
-  {
-    /* as they run, as the plan counts them (the first block computes no
-     * gradient for the model's input) */
-    st_block_cost *costs = malloc((size_t)m->n_blocks * sizeof *costs);
+  { /* as they run, as the plan counts them */
     double *flops = malloc((size_t)m->n_blocks * sizeof *flops);
-    if (costs && flops) {
-      st_plan_costs(costs, m, &cfg);
-      for (int i = 0; i < m->n_blocks; i++)
-        flops[i] = costs[i].flops_fwd + costs[i].flops_bwd;
-    }
-    st_model_print(m, costs && flops ? flops : NULL, stdout);
-    free(costs);
+    int ok = flops && !st_plan_run_flops(m, &cfg, flops, NULL, NULL);
+    st_model_print(m, ok ? flops : NULL, stdout);
     free(flops);
   }
   if (cfg.optimizer.reference_batch > 0) {

@@ -39,6 +39,12 @@
 
 #include <math.h>
 
+/* Each block's FLOPs per sample as they run (st_plan_costs: the first
+ * block computes no gradient for the model's input) into flops[i], forward
+ * plus backward, and the model's forward and backward totals into *fwd and
+ * *bwd (either may be NULL). ST_ENOMEM when its scratch cannot be had. */
+int st_plan_run_flops(const st_model *m, const st_config *cfg, double *flops,
+                      double *fwd, double *bwd);
 /* The model of cfg, descriptors only, on its dataset's input shape. */
 int st_plan_model(st_model **out, const st_config *cfg, st_error *err);
 /* cfg's fabric, resolved, and its model (st_plan_model). */

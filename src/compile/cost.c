@@ -361,30 +361,38 @@ int st_plan_prepare(st_fabric *fabric, st_model **m, const st_config *cfg,
   return rc ? rc : st_plan_model(m, cfg, err);
 }
 
+int st_plan_run_flops(const st_model *m, const st_config *cfg, double *flops,
+                      double *fwd, double *bwd) {
+  st_block_cost *costs = malloc((size_t)m->n_blocks * sizeof *costs);
+  if (!costs) return ST_ENOMEM;
+  st_plan_costs(costs, m, cfg);
+  double f = 0, b = 0;
+  for (int i = 0; i < m->n_blocks; i++) {
+    f += costs[i].flops_fwd;
+    b += costs[i].flops_bwd;
+    flops[i] = costs[i].flops_fwd + costs[i].flops_bwd;
+  }
+  free(costs);
+  if (fwd) *fwd = f;
+  if (bwd) *bwd = b;
+  return 0;
+}
+
 int st_plan_validate(const st_config *cfg, FILE *f, st_error *err) {
   st_fabric fabric;
   st_model *m;
   int rc = st_plan_prepare(&fabric, &m, cfg, err);
   if (rc) return rc;
-  /* the FLOPs as they run (the first block computes no input gradient),
-   * as the plan counts them */
-  st_block_cost *costs = malloc((size_t)m->n_blocks * sizeof *costs);
+  /* the FLOPs as they run, as the plan counts them */
+  double fwd = 0, bwd = 0, acts = 0;
   double *flops = malloc((size_t)m->n_blocks * sizeof *flops);
-  if (!costs || !flops) {
-    free(costs);
+  if (!flops || st_plan_run_flops(m, cfg, flops, &fwd, &bwd)) {
     free(flops);
     st_model_destroy(m);
     return st_error_set(err, ST_ENOMEM, "out of memory");
   }
-  st_plan_costs(costs, m, cfg);
-  double fwd = 0, bwd = 0, acts = 0;
-  for (int i = 0; i < m->n_blocks; i++) {
-    fwd += costs[i].flops_fwd;
-    bwd += costs[i].flops_bwd;
-    flops[i] = costs[i].flops_fwd + costs[i].flops_bwd;
+  for (int i = 0; i < m->n_blocks; i++)
     acts += 4.0 * (double)m->blocks[i].act_per_sample;
-  }
-  free(costs);
   acts += 4.0 * (double)st_shape_numel(m->in);
   int slots = st_optim_state_per_param(cfg);
   double weights = 4.0 * (double)m->n_params;

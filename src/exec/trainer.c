@@ -478,16 +478,29 @@ static void make_permutation(st_trainer *t, int64_t epoch) {
 }
 
 /* The config as config.yaml writes it, hashed (FNV-1a): ranks compare it. */
-static uint64_t config_hash(const st_config *cfg) {
+/* The resolved config as st_config_write gives it (NULL: out of memory);
+ * the caller frees it. */
+static char *config_text(const st_config *cfg, size_t *len) {
   char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  if (!f) return 0;
+  FILE *f = open_memstream(&text, len);
+  if (!f) return NULL;
   st_config_write(cfg, f);
   fclose(f);
+  return text;
+}
+
+/* FNV-1a over n bytes */
+static uint64_t fnv1a(const char *p, size_t n) {
   uint64_t h = 14695981039346656037ull;
-  for (size_t i = 0; i < len; i++)
-    h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t config_hash(const st_config *cfg) {
+  size_t len = 0;
+  char *text = config_text(cfg, &len);
+  uint64_t h = text ? fnv1a(text, len) : 0;
   free(text);
   return h;
 }
@@ -496,12 +509,9 @@ static uint64_t config_hash(const st_config *cfg) {
  * resolved config line by line, in step, so the error names the first key
  * that differs. */
 static void name_differing_key(const st_config *cfg, st_error *err) {
-  char *text = NULL;
   size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  if (!f) return;
-  st_config_write(cfg, f);
-  fclose(f);
+  char *text = config_text(cfg, &len);
+  if (!text) return;
   char section[64] = "", what[160];
   st_error e = {0};
   /* as many calls on every rank: the line counts first (another strata's
@@ -519,9 +529,7 @@ static void name_differing_key(const st_config *cfg, st_error *err) {
     size_t name = strcspn(line, ":");
     if (line[0] != ' ' && line[0] != '#' && line[name] == ':')
       snprintf(section, sizeof section, "%.*s", (int)name, line);
-    uint64_t h = 14695981039346656037ull;
-    for (const char *c = line; *c; c++)
-      h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    uint64_t h = fnv1a(line, strlen(line));
     const char *key = line + strspn(line, " ");
     snprintf(what, sizeof what, "config key %s.%.*s", section,
              (int)strcspn(key, ":"), key);
