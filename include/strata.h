@@ -385,6 +385,8 @@ typedef struct st_config {
                                   order (else MPI_Allreduce's own order) */
     int64_t rank_memory_limit; /* under mpirun: bytes a rank may hold (0 =
                                   none) */
+    float rank_timeout;        /* under mpirun: seconds one wait on the
+                                  others may last (0 = forever) */
     int pin;                   /* pin stage threads to their cores */
     int fused_update;          /* batch 1: update weights inside the backward */
     char block_costs[12];      /* model | measured: what stages are cut by */
@@ -2005,6 +2007,9 @@ int st_dist_init(int *argc, char ***argv, st_error *err);
 void st_dist_finalize(void);
 /* Ends every rank of the job (after this rank's error was printed). */
 void st_dist_abort(int code);
+/* From now on a wait on the other ranks that lasts `seconds` (0: forever;
+ * execution.rank_timeout) prints one line naming it and ends the job. */
+void st_dist_watch(double seconds);
 int st_dist_rank(void);
 int st_dist_size(void);
 int st_dist_built(void); /* 1 when built with MPI */

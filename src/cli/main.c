@@ -455,9 +455,11 @@ static int cmd_train(int argc, char **argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  /* over ranks the same config fails the same way on each: said once */
-  if (st_dist_agree(load_config(&cfg, &a, &err), &err))
-    return st_cli_fail(&err);
+  /* over ranks the same config fails the same way on each: said once;
+   * from here a rank that stops answering ends the job, not hangs it */
+  rc = load_config(&cfg, &a, &err);
+  if (!rc) st_dist_watch(cfg.execution.rank_timeout);
+  if (st_dist_agree(rc, &err)) return st_cli_fail(&err);
   /* keys the mode does not read: said once, and the run goes on */
   const char *unused[32];
   int n_unused = st_config_unused(&cfg, unused, 32);

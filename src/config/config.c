@@ -879,6 +879,7 @@ static const range ranges[] = {
     AT_LEAST("execution.prefetch", 0),
     AT_LEAST("execution.compute_memory_limit", 0),
     AT_LEAST("execution.rank_memory_limit", 0),
+    AT_LEAST("execution.rank_timeout", 0),
     AT_LEAST("optimizer.reference_batch", 0),
     AT_LEAST("fabric.cores", 0),
     AT_LEAST("fabric.pe_flops", 0),

@@ -235,6 +235,12 @@ const st_config_key st_config_schema[] = {
           "gradients and optimizer state, its buffers and the data; 0 = no "
           "limit); a rank whose share does not fit is refused at start, "
           "naming the rank, its largest block and the shortfall"),
+    FLOAT(execution, rank_timeout, "600",
+          "under mpirun: seconds a rank may wait on the others in one "
+          "exchange (a collective, a pipeline's message, the last "
+          "handshake) before it ends the job, naming what it waited for; "
+          "a stopped rank or a cut network would hang it (0 = wait "
+          "forever)"),
     BOOL(execution, pin, "true",
          "pin each stage's threads to its own cores (when they fit the "
          "usable cores)"),

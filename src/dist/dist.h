@@ -73,6 +73,7 @@ int st_dist_reduce_in(st_dist_group *g, float *grads, size_t n, int root,
 typedef struct st_dist_req {
   _Alignas(8) unsigned char h[16]; /* the MPI request */
   int live, send;
+  int peer; /* its world rank */
 } st_dist_req;
 /* Non-blocking send and receive of up to `bytes` bytes on channel chan of
  * g, to or from member peer, with tag `tag` (messages between two members

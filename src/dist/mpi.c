@@ -20,15 +20,21 @@
  *    for (MPI_THREAD_MULTIPLE).
  * Errors come back as codes (MPI_ERRORS_RETURN) and become st_error
  * messages; the CLI then aborts the job, so no rank waits forever on one
- * that has stopped.
+ * that has failed. MPI itself reports a rank that dies, not one that goes
+ * silent (stopped, stuck, or cut off by the network): every wait on the
+ * others is watched, and one that lasts execution.rank_timeout seconds
+ * ends the job with a line naming the wait (st_dist_watch).
  */
 #include "dist.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifdef ST_MPI
 #include <mpi.h>
@@ -49,6 +55,121 @@ void st_dist_unshare_error(void) {
 int st_dist_error_shared(void) {
   return atomic_load_explicit(&shared_error, memory_order_relaxed);
 }
+
+/* ------------------------------------------------------------ the watch */
+#ifdef ST_MPI
+
+/* Each thread that waits on the others holds a slot: when its wait began
+ * (0: not waiting), what it waits in, and on whom (-1: a collective, any
+ * rank). Slots are claimed on a thread's first wait and given back when it
+ * ends (pipeline stages' threads come and go). A watcher thread looks ten
+ * times a second. */
+enum { WATCH_SLOTS = 64 };
+typedef struct watch_slot {
+  _Atomic int taken;
+  _Atomic int64_t since; /* CLOCK_MONOTONIC ns */
+  _Atomic(const char *) what;
+  _Atomic int peer;
+} watch_slot;
+static watch_slot slots[WATCH_SLOTS];
+static _Atomic int64_t watch_limit_ns; /* 0: off */
+static _Atomic int watch_quit, finishing;
+static pthread_t watcher;
+static int watcher_started;
+static pthread_key_t slot_key;
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void slot_release(void *w) {
+  atomic_store(&((watch_slot *)w)->since, 0);
+  atomic_store(&((watch_slot *)w)->taken, 0);
+}
+static void slot_key_make(void) { pthread_key_create(&slot_key, slot_release); }
+
+/* Marks the calling thread as waiting in `what` on world rank `peer` (-1:
+ * the others); NULL (unwatched) in a world of one or past 64 threads. */
+static watch_slot *watch_begin(const char *what, int peer) {
+  if (world_size == 1) return NULL;
+  pthread_once(&slot_once, slot_key_make);
+  watch_slot *w = pthread_getspecific(slot_key);
+  for (int i = 0; !w && i < WATCH_SLOTS; i++) {
+    int free_slot = 0;
+    if (atomic_compare_exchange_strong(&slots[i].taken, &free_slot, 1)) {
+      w = &slots[i];
+      pthread_setspecific(slot_key, w);
+    }
+  }
+  if (!w) return NULL;
+  atomic_store(&w->what, what);
+  atomic_store(&w->peer, peer);
+  atomic_store(&w->since, now_ns());
+  return w;
+}
+
+static void watch_end(watch_slot *w) {
+  if (w) atomic_store(&w->since, 0);
+}
+
+/* One line naming the wait, then the job ends: MPI_Abort takes every rank
+ * down (mpirun kills a stopped one too); where MPI may not be called from
+ * this thread, or it is shutting down, this process exits and mpirun ends
+ * the rest. */
+static void watch_fire(const watch_slot *w, int64_t waited) {
+  int peer = atomic_load(&w->peer);
+  char whom[32] = "a rank";
+  if (peer >= 0) snprintf(whom, sizeof whom, "rank %d", peer);
+  fprintf(stderr,
+          "strata: error: rank %d: no answer from %s in %.0f s, waiting in "
+          "%s (execution.rank_timeout: %g): it is stopped, stuck or cut "
+          "off; ending the job\n",
+          world_rank, whom, (double)waited / 1e9, atomic_load(&w->what),
+          (double)atomic_load(&watch_limit_ns) / 1e9);
+  fflush(stderr);
+  if (threads_ok && !atomic_load(&finishing)) MPI_Abort(MPI_COMM_WORLD, 1);
+  _exit(1);
+}
+
+/* A tick that took far longer than asked means this process was stopped
+ * (SIGSTOP, a suspended VM): its own waits count from when it resumed, so
+ * the rank that was stopped does not blame the others once it runs again. */
+static void *watch_loop(void *arg) {
+  (void)arg;
+  const struct timespec tick = {0, 100000000};
+  int64_t last = now_ns(), resumed = 0;
+  while (!atomic_load(&watch_quit)) {
+    nanosleep(&tick, NULL);
+    int64_t limit = atomic_load(&watch_limit_ns), now = now_ns();
+    if (now - last > 1000000000) resumed = now;
+    last = now;
+    for (int i = 0; limit > 0 && i < WATCH_SLOTS; i++) {
+      int64_t since = atomic_load(&slots[i].since);
+      if (since && since < resumed) since = resumed;
+      if (since && now - since > limit) watch_fire(&slots[i], now - since);
+    }
+  }
+  return NULL;
+}
+
+void st_dist_watch(double seconds) {
+  if (world_size == 1 || !(seconds >= 0)) return;
+  double ns = seconds * 1e9;
+  atomic_store(&watch_limit_ns, ns > 9e18 ? INT64_MAX : (int64_t)ns);
+  if (watcher_started || seconds == 0) return;
+  /* signals go to the threads that handle them, never to the watcher */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  watcher_started = pthread_create(&watcher, NULL, watch_loop, NULL) == 0;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+#else
+void st_dist_watch(double seconds) { (void)seconds; } /* a world of one */
+#endif
 
 int st_dist_built(void) {
 #ifdef ST_MPI
@@ -105,7 +226,17 @@ int st_dist_init(int *argc, char ***argv, st_error *err) {
 
 void st_dist_finalize(void) {
 #ifdef ST_MPI
-  if (started) MPI_Finalize();
+  atomic_store(&finishing, 1);
+  if (started) {
+    watch_slot *w = watch_begin("the last handshake", -1);
+    MPI_Finalize();
+    watch_end(w);
+  }
+  if (watcher_started) {
+    atomic_store(&watch_quit, 1);
+    pthread_join(watcher, NULL);
+    watcher_started = 0;
+  }
   started = 0;
 #endif
 }
@@ -150,8 +281,10 @@ int st_dist_allgather(void *buf, size_t bytes_per_rank, st_error *err) {
                         "rank %d: %zu bytes per rank exceed "
                         "one all-gather",
                         world_rank, bytes_per_rank);
+  watch_slot *w = watch_begin("the all-gather", -1);
   int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes_per_rank,
                          MPI_BYTE, MPI_COMM_WORLD);
+  watch_end(w);
   return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "the all-gather", err);
 #else
   (void)buf, (void)bytes_per_rank, (void)err;
@@ -163,7 +296,9 @@ int st_dist_agree(int rc, st_error *err) {
   if (world_size == 1) return rc;
 #ifdef ST_MPI
   int all[ST_DIST_MAX_RANKS]; /* every step: nothing allocated */
+  watch_slot *w = watch_begin("the step's check", -1);
   int e = MPI_Allgather(&rc, 1, MPI_INT, all, 1, MPI_INT, MPI_COMM_WORLD);
+  watch_end(w);
   int first = -1;
   for (int r = 0; e == MPI_SUCCESS && r < world_size && first < 0; r++)
     if (all[r]) first = r;
@@ -171,7 +306,9 @@ int st_dist_agree(int rc, st_error *err) {
   if (first < 0) return 0;
   /* the first failure's message, on every rank */
   st_error got = *err;
+  w = watch_begin("the error's broadcast", first);
   e = MPI_Bcast(&got, (int)sizeof got, MPI_BYTE, first, MPI_COMM_WORLD);
+  watch_end(w);
   if (e != MPI_SUCCESS) return mpi_failed(e, "the error's broadcast", err);
   if (first == 0 || !strncmp(got.msg, "rank ", 5)) /* named already */
     *err = got;
@@ -190,8 +327,10 @@ int st_dist_check_same(uint64_t value, const char *what, st_error *err) {
   if (world_size == 1) return 0;
 #ifdef ST_MPI
   uint64_t all[ST_DIST_MAX_RANKS];
+  watch_slot *w = watch_begin("the start-up check", -1);
   int rc = MPI_Allgather(&value, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T,
                          MPI_COMM_WORLD);
+  watch_end(w);
   int differs = -1;
   for (int r = 1; rc == MPI_SUCCESS && r < world_size && differs < 0; r++)
     if (all[r] != all[0]) differs = r;
@@ -212,8 +351,10 @@ int st_dist_check_same(uint64_t value, const char *what, st_error *err) {
 int st_dist_max(int *value, st_error *err) {
   if (world_size == 1) return 0;
 #ifdef ST_MPI
+  watch_slot *w = watch_begin("the stop check", -1);
   int rc =
       MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  watch_end(w);
   return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "the stop check", err);
 #else
   (void)value, (void)err;
@@ -240,9 +381,11 @@ int st_dist_group_create(st_dist_group **out, int color, int key,
 #ifdef ST_MPI
   g->comm = g->chan[0] = g->chan[1] = MPI_COMM_NULL;
   if (started) {
+    watch_slot *w = watch_begin("making a group of ranks", -1);
     int rc = MPI_Comm_split(MPI_COMM_WORLD, color, key, &g->comm);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(g->comm, &g->chan[0]);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(g->comm, &g->chan[1]);
+    watch_end(w);
     if (rc != MPI_SUCCESS) {
       st_dist_group_destroy(g);
       return mpi_failed(rc, "making a group of ranks", err);
@@ -262,8 +405,12 @@ int st_dist_group_create(st_dist_group **out, int color, int key,
   }
   g->world[0] = world_rank;
 #ifdef ST_MPI
-  if (started && MPI_Allgather(&world_rank, 1, MPI_INT, g->world, 1, MPI_INT,
-                               g->comm) != MPI_SUCCESS) {
+  watch_slot *w = started ? watch_begin("making a group of ranks", -1) : NULL;
+  int rc = started ? MPI_Allgather(&world_rank, 1, MPI_INT, g->world, 1,
+                                   MPI_INT, g->comm)
+                   : MPI_SUCCESS;
+  watch_end(w);
+  if (rc != MPI_SUCCESS) {
     st_dist_group_destroy(g);
     return st_error_set(err, ST_EIO,
                         "rank %d: making a group of ranks "
@@ -320,7 +467,9 @@ int st_dist_bcast(st_dist_group *g, void *buf, size_t bytes, int root,
   for (size_t at = 0; at < bytes; at += (size_t)INT32_MAX / 2) {
     size_t len =
         bytes - at < (size_t)INT32_MAX / 2 ? bytes - at : (size_t)INT32_MAX / 2;
+    watch_slot *w = watch_begin("a broadcast", g->world[root]);
     int rc = MPI_Bcast((char *)buf + at, (int)len, MPI_BYTE, root, g->comm);
+    watch_end(w);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "a broadcast", err);
   }
   return 0;
@@ -341,8 +490,10 @@ int st_dist_group_allgather(st_dist_group *g, void *buf,
                         world_rank, bytes_per_member);
   traffic(bytes_per_member * (size_t)(g->size - 1),
           bytes_per_member * (size_t)(g->size - 1));
+  watch_slot *w = watch_begin("the all-gather", -1);
   int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes_per_member,
                          MPI_BYTE, g->comm);
+  watch_end(w);
   return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "the all-gather", err);
 #else
   (void)buf, (void)bytes_per_member, (void)err;
@@ -380,8 +531,10 @@ int st_dist_allreduce_in(st_dist_group *g, float *grads, size_t n,
   MPI_Comm comm = g ? g->comm : MPI_COMM_WORLD;
   for (size_t s = 0; s < n; s += (size_t)INT32_MAX / 2) {
     size_t len = n - s < (size_t)INT32_MAX / 2 ? n - s : (size_t)INT32_MAX / 2;
+    watch_slot *w = watch_begin("the all-reduce", -1);
     int rc = MPI_Allreduce(MPI_IN_PLACE, grads + s, (int)len, MPI_FLOAT,
                            MPI_SUM, comm);
+    watch_end(w);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "the all-reduce", err);
   }
   return 0;
@@ -402,10 +555,12 @@ int st_dist_reduce_in(st_dist_group *g, float *grads, size_t n, int root,
 #ifdef ST_MPI
   for (size_t s = 0; s < n; s += (size_t)INT32_MAX / 2) {
     size_t len = n - s < (size_t)INT32_MAX / 2 ? n - s : (size_t)INT32_MAX / 2;
+    watch_slot *w = watch_begin("the reduction", -1);
     int rc = g->rank == root ? MPI_Reduce(MPI_IN_PLACE, grads + s, (int)len,
                                           MPI_FLOAT, MPI_SUM, root, g->comm)
                              : MPI_Reduce(grads + s, NULL, (int)len, MPI_FLOAT,
                                           MPI_SUM, root, g->comm);
+    watch_end(w);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "the reduction", err);
   }
   return 0;
@@ -443,8 +598,10 @@ int st_dist_sum_in(st_dist_group *g, float *grads, size_t n, float *scratch,
     size_t mine = (size_t)cnt[me] * sizeof(float),
            rest = (len - (size_t)cnt[me]) * sizeof(float);
     traffic(rest + mine * (size_t)(W - 1), mine * (size_t)(W - 1) + rest);
+    watch_slot *w = watch_begin("the gradient exchange", -1);
     int rc = MPI_Alltoallv(grads + s, cnt, off, MPI_FLOAT, scratch, rcnt, roff,
                            MPI_FLOAT, comm);
+    watch_end(w);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "the gradient exchange", err);
     /* rank order, as the in-process replicas: ((g0 + g1) + g2) + ... */
     float *restrict sum = grads + s + off[me];
@@ -453,8 +610,10 @@ int st_dist_sum_in(st_dist_group *g, float *grads, size_t n, float *scratch,
       const float *restrict add = scratch + (size_t)k * cnt[me];
       for (int i = 0; i < cnt[me]; i++) sum[i] += add[i];
     }
+    w = watch_begin("the gradient all-gather", -1);
     rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, grads + s, cnt, off,
                         MPI_FLOAT, comm);
+    watch_end(w);
     if (rc != MPI_SUCCESS)
       return mpi_failed(rc, "the gradient all-gather", err);
   }
@@ -490,6 +649,7 @@ static int post(int send, st_dist_group *g, int chan, void *buf, size_t bytes,
   if (rc != MPI_SUCCESS) return mpi_failed(rc, what, err);
   r->live = 1;
   r->send = send;
+  r->peer = g->world[peer];
   if (send) traffic(bytes, 0);
   return 0;
 #else
@@ -515,31 +675,34 @@ int st_dist_wait(st_dist_req *r, size_t *got, const atomic_int *stop,
   if (!r->live) return 0;
 #ifdef ST_MPI
   /* poll at first (a neighbour's message is usually close), then sleep
-   * between polls so that ranks sharing cores leave them to the work */
+   * between polls so that ranks sharing cores leave them to the work;
+   * from then on the wait is watched */
+  watch_slot *w = NULL;
+  int rc = MPI_SUCCESS, done = 0;
+  MPI_Status status;
   for (long i = 0;; i++) {
-    int done = 0;
-    MPI_Status status;
-    int rc = MPI_Test(req_of(r), &done, &status);
-    if (rc != MPI_SUCCESS) {
-      r->live = 0;
-      return mpi_failed(rc, r->send ? "a send" : "a receive", err);
-    }
-    if (done) {
-      r->live = 0;
-      if (!r->send) {
-        int n = 0;
-        MPI_Get_count(&status, MPI_BYTE, &n);
-        traffic(0, (size_t)n);
-        if (got) *got = (size_t)n;
-      }
-      return 0;
-    }
-    if (stop && atomic_load(stop)) return 1;
+    rc = MPI_Test(req_of(r), &done, &status);
+    if (rc != MPI_SUCCESS || done || (stop && atomic_load(stop))) break;
+    if (i == 2000) w = watch_begin(r->send ? "a send" : "a receive", r->peer);
     if (i >= 2000) {
       struct timespec ts = {0, 20000};
       nanosleep(&ts, NULL);
     }
   }
+  watch_end(w);
+  if (rc != MPI_SUCCESS) {
+    r->live = 0;
+    return mpi_failed(rc, r->send ? "a send" : "a receive", err);
+  }
+  if (!done) return 1; /* stopped */
+  r->live = 0;
+  if (!r->send) {
+    int n = 0;
+    MPI_Get_count(&status, MPI_BYTE, &n);
+    traffic(0, (size_t)n);
+    if (got) *got = (size_t)n;
+  }
+  return 0;
 #else
   (void)stop;
   return st_error_set(err, ST_EUNSUPPORTED, "built without MPI");
@@ -572,7 +735,9 @@ int st_dist_forget(st_dist_req *r) {
 int st_dist_barrier(st_dist_group *g, st_error *err) {
   if (g->size == 1) return 0;
 #ifdef ST_MPI
+  watch_slot *w = watch_begin("a barrier", -1);
   int rc = MPI_Barrier(g->comm);
+  watch_end(w);
   return rc == MPI_SUCCESS ? 0 : mpi_failed(rc, "a barrier", err);
 #else
   (void)err;

@@ -1127,10 +1127,12 @@ static int sweep_key(const st_sweep_options *o, const st_config *base,
   if (has_momentum(base)) c.optimizer.momentum = d.optimizer.momentum;
   snprintf(c.metrics.progress, sizeof c.metrics.progress, "%s",
            d.metrics.progress);
-  /* what is logged and saved, and when, changes no trial's numbers */
+  /* what is logged and saved, and when, and how long a rank waits, change
+   * no trial's numbers */
   c.metrics.log_every = d.metrics.log_every;
   c.train.checkpoint_every = d.train.checkpoint_every;
   c.train.keep_checkpoints = d.train.keep_checkpoints;
+  c.execution.rank_timeout = d.execution.rank_timeout;
   fprintf(f, "# strata sweep: what decides a trial's result; a sweep that "
              "resumes from sweep.csv must match\n");
   fprintf(f, "target: %s %s %.9g\n", metric_name(o),

@@ -31,6 +31,9 @@
 #  - in bf16 (train.precision), a placed 1f1b pipeline and data-parallel
 #    ranks: the threaded and in-process bytes;
 #  - a rank of a data-parallel and of a pipelined job killed: the same;
+#  - a rank of each stopped (SIGSTOP), alive but silent: rank 0 ends the
+#    job after execution.rank_timeout, naming what it waited in (and, in
+#    the pipeline, the rank);
 #  - SIGTERM to one rank, or SIGINT to mpirun, stops every rank after the
 #    same step with a checkpoint that resumes to the uninterrupted bytes.
 # A build without MPI (make MPI=0) must instead refuse a multi-process
@@ -574,6 +577,49 @@ killed() {
 }
 killed data-parallel --set execution.replicas=2 -- "$fc"
 killed pipeline -- "$cnn" --set execution.mode=pipeline \
+  --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
+# --- a rank stops answering ------------------------------------------------------
+# frozen NAME WAIT -- TRAIN-ARGS...: 2 ranks training with
+# execution.rank_timeout 3; rank 1 stopped (SIGSTOP: alive, silent, which MPI
+# does not report) once a checkpoint is on disk. Rank 0 must end the job
+# within 20 s, with one line naming the wait (WAIT, a regex) and the key;
+# the stopped rank must not blame the others when mpirun wakes it to end it.
+frozen() {
+  local name=$1 wait=$2
+  shift 3
+  local dir="$T/frozen_$name"
+  "${mpi[@]}" -np 2 "$strata" train "$@" "${long[@]}" --set execution.rank_timeout=3 \
+    --out "$dir" >"$dir.out" 2>&1 &
+  local job=$! victim=
+  for _ in $(seq 300); do
+    ls "$dir/checkpoints" 2>/dev/null | grep -q '\.safetensors$' && break
+    sleep 0.1
+  done
+  for pid in $(pgrep -f "train .*--out $dir\$"); do
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
+  done
+  [ -n "$victim" ] && kill -STOP "$victim"
+  local start=$SECONDS
+  while kill -0 "$job" 2>/dev/null && [ $((SECONDS - start)) -lt 40 ]; do sleep 0.2; done
+  if kill -0 "$job" 2>/dev/null; then
+    kill -9 "$job"
+    pkill -9 -f "train .*--out $dir\$"
+    fail "$name: a stopped rank ends the job within 20 s" "still running after 40 s" "$(tail -n 4 "$dir.out")"
+    return
+  fi
+  wait "$job"
+  local jrc=$?
+  if [ -n "$victim" ] && [ "$jrc" -ne 0 ] && [ $((SECONDS - start)) -le 20 ] &&
+     grep -Eq "^strata: error: rank 0: no answer from $wait in [0-9]+ s, waiting in .*\(execution\.rank_timeout: 3\): it is stopped, stuck or cut off; ending the job$" "$dir.out" &&
+     ! grep -q "^strata: error: rank 1: no answer" "$dir.out"; then
+    pass
+  else
+    fail "$name: a stopped rank ends the job within 20 s, rank 0 naming the wait" \
+      "victim '$victim', rc $jrc after $((SECONDS - start)) s" "$(grep -v '^  ' "$dir.out" | tail -n 12)"
+  fi
+}
+frozen data-parallel "a rank" -- "$fc" --set execution.replicas=2
+frozen pipeline "rank 1" -- "$cnn" --set execution.mode=pipeline \
   --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
 # --- a rank killed at random moments, rerun until done ----------------------------
 # The pipeline over 2 ranks (checkpoints every 20 steps) and weight
