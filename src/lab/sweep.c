@@ -26,6 +26,7 @@
 #include "../io/svg.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -222,8 +223,10 @@ static void join(char *out, size_t cap, const char *dir, const char *name) {
  * unchanged, which the resume relies on. */
 static void put_num(FILE *f, double v) { fprintf(f, "%.9g", v); }
 
+/* kept: rows of an earlier sweep.csv outside this sweep's grid, written
+ * after the grid's own so that a narrower resume loses none of them. */
 static int write_sweep_csv(const st_sweep_options *o, const st_config *base,
-                           const trial *t, st_error *err) {
+                           const trial *t, const char *kept, st_error *err) {
   char path[ST_PATH_MAX + 32];
   join(path, sizeof path, o->out_dir, "sweep.csv");
   char *buf = NULL;
@@ -248,6 +251,7 @@ static int write_sweep_csv(const st_sweep_options *o, const st_config *base,
       put_num(f, r->metric);
       fputc('\n', f);
     }
+  if (kept) fputs(kept, f);
   return st_write_stream_atomic(f, &buf, &len, path, err);
 }
 
@@ -259,14 +263,16 @@ static int same_num(const char *text, double v) {
 }
 
 /* Reads trials from an earlier DIR/sweep.csv. Rows of batch sizes or trial
- * numbers outside this sweep are ignored; a row whose learning rate or
- * momentum differs from what this sweep would use means another sweep wrote
- * the file, which is an error. */
+ * numbers outside this sweep are kept as they are (*kept, malloc'd, NULL
+ * when none) for write_sweep_csv: finished work a later, wider resume
+ * reuses. A row whose learning rate or momentum differs from what this
+ * sweep would use means another sweep wrote the file, which is an error. */
 static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
-                          trial *t, int *reused, st_error *err) {
+                          trial *t, int *reused, char **kept, st_error *err) {
   char path[ST_PATH_MAX + 32];
   join(path, sizeof path, o->out_dir, "sweep.csv");
   *reused = 0;
+  *kept = NULL;
   FILE *f = fopen(path, "r");
   if (!f) {
     if (errno == ENOENT) return 0;
@@ -277,6 +283,12 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
   snprintf(want, sizeof want,
            "batch,trial,lr,momentum,steps_to_target,final_%s", metric_name(o));
   int rc = 0, lineno = 1;
+  size_t kept_len = 0;
+  FILE *keep = open_memstream(kept, &kept_len);
+  if (!keep) {
+    fclose(f);
+    return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
+  }
   if (!fgets(line, sizeof line, f) ||
       (line[strcspn(line, "\r\n")] = 0, strcmp(line, want) != 0)) {
     rc = st_error_set(err, ST_EFORMAT,
@@ -289,6 +301,8 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
     lineno++;
     line[strcspn(line, "\r\n")] = 0;
     if (!line[0]) continue;
+    char row[sizeof line];
+    memcpy(row, line, sizeof row);
     char *field[6];
     int n = 0;
     for (char *p = line; n < 6; n++) {
@@ -317,15 +331,11 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
       ok = !*end && steps >= 0;
     }
     double metric = strtod(field[5], &end);
-    ok = ok && *field[5] && !*end;
+    ok = ok && *field[5] && !*end && index >= 0 && index < INT_MAX;
     if (!ok) {
       rc = st_error_set(err, ST_EFORMAT, "%s:%d: malformed row", path, lineno);
       goto done;
     }
-    int b = -1;
-    for (int k = 0; k < o->batch_sizes.n; k++)
-      if (o->batch_sizes.v[k] == batch) b = k;
-    if (b < 0 || index < 0 || index >= o->trials) continue;
     double lr, mom;
     st_sweep_point(o, base, (int)index, &lr, &mom);
     if (!same_num(field[2], lr) ||
@@ -337,12 +347,25 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
                         path, lineno, index, field[2], field[3], lr);
       goto done;
     }
+    int b = -1;
+    for (int k = 0; k < o->batch_sizes.n; k++)
+      if (o->batch_sizes.v[k] == batch) b = k;
+    if (b < 0 || index >= o->trials) {
+      fprintf(keep, "%s\n", row);
+      continue;
+    }
     trial *r = &t[b * o->trials + index];
     if (!r->done) ++*reused;
     *r = (trial){1, steps, metric};
   }
 done:
   fclose(f);
+  if (fclose(keep) != 0 && !rc)
+    rc = st_error_set(err, ST_ENOMEM, "sweep: out of memory");
+  if (rc || !kept_len) {
+    free(*kept);
+    *kept = NULL;
+  }
   return rc;
 }
 
@@ -711,8 +734,8 @@ static void report_critical(FILE *f, const st_sweep_options *o,
       snprintf(w[i], sizeof w[i], "no estimate (%s)",
                isfinite(v[i]) ? "a ratio <= 0" : "too few steps");
   fprintf(f,
-          ") run again for %lld steps; each step's gradient norms on each "
-          "half of the batch and on the whole give unbiased estimates of "
+          ") run again for %lld steps; each step's gradient norms on the "
+          "first half of the batch and on the whole give unbiased estimates of "
           "tr(S) and |G|^2, averaged over a window of steps and then "
           "divided: %s over the first 10%% of the steps, %s over 40-60%%, "
           "%s over the last 20%%, at the target (noise.csv: every "
@@ -999,11 +1022,12 @@ typedef struct work {
   int n_todo;
   int n_train; /* training samples, for budget_at */
   pthread_mutex_t lock;
-  trial *t;       /* every trial; a running one is not written here */
-  int next;       /* next entry of todo to hand out */
-  int failed_at;  /* the first failed trial in (batch, trial) order, or -1 */
-  int failed_rc;  /* its error code */
-  st_error error; /* its message */
+  trial *t;         /* every trial; a running one is not written here */
+  const char *kept; /* sweep.csv's rows outside the grid (write_sweep_csv) */
+  int next;         /* next entry of todo to hand out */
+  int failed_at;    /* the first failed trial in (batch, trial) order, or -1 */
+  int failed_rc;    /* its error code */
+  st_error error;   /* its message */
 } work;
 
 /* Under lock: keeps the error of trial k if it comes before any kept. */
@@ -1063,7 +1087,7 @@ static void *worker(void *arg) {
     pthread_mutex_lock(&w->lock);
     if (!rc) {
       w->t[k] = r;
-      rc = write_sweep_csv(o, w->base, w->t, &err);
+      rc = write_sweep_csv(o, w->base, w->t, w->kept, &err);
       if (!rc && o->progress) report_trial(w, batch, i, &r);
     }
     if (rc) keep_error(w, k, rc, &err);
@@ -1075,7 +1099,7 @@ static void *worker(void *arg) {
  * thread and jobs - 1 pthreads. A pthread that cannot be started only
  * means fewer workers. Returns the first error in (batch, trial) order. */
 static int run_trials(const st_sweep_options *o, const st_config *base,
-                      int n_train, trial *t, st_error *err) {
+                      int n_train, trial *t, const char *kept, st_error *err) {
   int n = o->batch_sizes.n * o->trials, n_todo = 0;
   int *todo = malloc((size_t)n * sizeof *todo);
   if (!todo) return st_error_set(err, ST_ENOMEM, "sweep: out of memory");
@@ -1094,6 +1118,7 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
             .n_train = n_train,
             .lock = PTHREAD_MUTEX_INITIALIZER,
             .t = t,
+            .kept = kept,
             .failed_at = -1};
   st_run_workers(jobs, worker, &w);
   free(todo);
@@ -1232,6 +1257,7 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   int nb = o->batch_sizes.n;
   trial *t = calloc((size_t)nb * o->trials, sizeof *t);
   best *bs = calloc((size_t)nb, sizeof *bs);
+  char *kept = NULL;
   if (!t || !bs) {
     rc = st_error_set(err, ST_ENOMEM, "sweep: out of memory");
     goto done;
@@ -1244,13 +1270,13 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   if (o->noise_batch && (rc = check_noise(o, base, sum.n_train, err)))
     goto done;
   int reused;
-  if ((rc = read_sweep_csv(o, base, t, &reused, err))) goto done;
+  if ((rc = read_sweep_csv(o, base, t, &reused, &kept, err))) goto done;
   if (o->progress && reused)
     fprintf(o->progress, "sweep: %d trial%s reused from %s/sweep.csv\n", reused,
             reused == 1 ? "" : "s", o->out_dir);
-  if ((rc = run_trials(o, base, sum.n_train, t, err))) goto done;
+  if ((rc = run_trials(o, base, sum.n_train, t, kept, err))) goto done;
   /* Rewritten even when every trial was reused: the same rows, in order. */
-  if ((rc = write_sweep_csv(o, base, t, err))) goto done;
+  if ((rc = write_sweep_csv(o, base, t, kept, err))) goto done;
   int64_t steps[ST_MAX_LIST];
   for (int b = 0; b < nb; b++) {
     bs[b] = best_of(o, t, b);
@@ -1265,6 +1291,11 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   if (o->noise_batch &&
       (noise_rc = run_noise(o, base, sum.n_train, bs, &sum.ns, &noise_err)))
     sum.ns = (noise){0, 0, NAN, NAN, NAN, 1};
+  if (!o->noise_batch) { /* an earlier run's, which this report lacks */
+    char noise_csv[ST_PATH_MAX + 32];
+    join(noise_csv, sizeof noise_csv, o->out_dir, "noise.csv");
+    unlink(noise_csv);
+  }
   if ((rc = write_steps_csv(o, base, bs, err))) goto done;
   if ((rc = write_svg(o, bs, &sum, err))) goto done;
   if ((rc = write_report(o, base, bs, &sum, err))) goto done;
@@ -1275,5 +1306,6 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
 done:
   free(t);
   free(bs);
+  free(kept);
   return rc;
 }

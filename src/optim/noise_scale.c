@@ -35,5 +35,7 @@ double st_noise_scale_value(const st_noise_scale *ns, double *g2,
   double S = ns->weight > 0 ? ns->trace / ns->weight : NAN;
   if (g2) *g2 = G;
   if (trace) *trace = S;
-  return ns->n > 0 && G > 0 ? S / G : NAN;
+  /* a negative tr(S) estimate (the small batch's norm below the large
+   * one's) is noise, not a scale: no estimate, as for |G|^2 <= 0 */
+  return ns->n > 0 && G > 0 && S >= 0 ? S / G : NAN;
 }

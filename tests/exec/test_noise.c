@@ -62,6 +62,15 @@ static void test_closed_form(void) {
   st_noise_scale_init(&empty, 0.99);
   CHECK(isnan(st_noise_scale_value(&empty, NULL, NULL)),
         "no estimate before the first measurement");
+  /* a small batch's norm below the large one's: tr(S) = (1 - 4) / (1/1 -
+   * 1/4) = -4 < 0 while |G|^2 = (4 * 4 - 1) / 3 = 5 > 0: no scale */
+  st_noise_scale neg;
+  st_noise_scale_init(&neg, 0);
+  st_noise_scale_add(&neg, 1.0, 1, 4.0, 4);
+  double ng2, ntr, nv = st_noise_scale_value(&neg, &ng2, &ntr);
+  CHECK(isnan(nv) && fabs(ng2 - 5) < 1e-12 && fabs(ntr + 4) < 1e-12,
+        "a negative tr(S) estimate gives no scale: got %g (|G|^2 %g, tr %g)",
+        nv, ng2, ntr);
 }
 
 /* A linear-regression problem: loss 1/2 (w.x - y)^2 with x ~ N(0, I_d) and

@@ -404,6 +404,46 @@ static void test_jobs(const char *root, char *const want[4]) {
             "resume runs the missing trials only:\n%s", log);
     }
     free(log);
+
+    /* A narrower resume (batch 8, one trial) loses no finished trial:
+     * the five rows outside its grid stay in sweep.csv, after its own, and
+     * a full resume then reuses all six and ends with the uninterrupted
+     * files. An earlier noise.csv, which this report lacks, goes. */
+    char *full = slurp(dir, "sweep.csv");
+    char noise[ST_PATH_MAX + 16];
+    snprintf(noise, sizeof noise, "%s/noise.csv", dir);
+    FILE *nf = fopen(noise, "w");
+    if (nf) fputs("step,samples,b_simple,g2,trace\n", nf), fclose(nf);
+    tiny_options(&o, dir);
+    o.batch_sizes = (st_int_list){1, {8}};
+    o.trials = 1;
+    if (full && run(&o, &c) == 0) {
+      char *narrow = slurp(dir, "sweep.csv");
+      /* full: header, 8,0 8,1 16,0 16,1 32,0 32,1; narrow: header, 8,0,
+       * then the others in the file's order */
+      const char *row1 = strchr(full, '\n') + 1;
+      const char *row2 = strchr(row1, '\n') + 1;
+      CHECK(narrow && count_lines(narrow) == 7 &&
+                strncmp(narrow, full, (size_t)(row2 - full)) == 0 &&
+                strcmp(narrow + (row2 - full), row2) == 0,
+            "a narrower resume keeps every finished row:\n%s\nwas:\n%s",
+            narrow ? narrow : "(missing)", full);
+      struct stat st;
+      CHECK(stat(noise, &st) != 0, "a resume without a noise run removes "
+                                   "the earlier noise.csv");
+      free(narrow);
+      tiny_options(&o, dir);
+      o.progress = open_memstream(&log, &log_len);
+      rc = run(&o, &c);
+      fclose(o.progress);
+      if (rc == 0) {
+        check_same_files(dir, want, "resumed after a narrower resume");
+        CHECK(strstr(log, "6 trials reused") && count_lines(log) == 1,
+              "the full resume reuses the kept rows:\n%s", log);
+      }
+      free(log);
+    }
+    free(full);
   }
 
   /* jobs < 1 is refused before anything runs, naming the option. */
