@@ -449,15 +449,17 @@ static int cmd_train(int argc, char **argv) {
     return st_cli_usage_error(usage_train, "train needs a CONFIG%s", "");
   st_error err = {0};
   st_config cfg;
+  /* over ranks the same config fails the same way on each: said once;
+   * from here a rank that stops answering ends the job, not hangs it */
+  rc = load_config(&cfg, &a, &err);
   /* SIGINT, SIGTERM: the run stops after its step with a checkpoint; a
-   * second one ends the process at once (on_stop) */
+   * second one ends the process at once (on_stop). Not before the config
+   * is read: nothing is written until then, and a config that is a FIFO
+   * with no writer would hold the open against the first signal. */
   struct sigaction sa = {.sa_handler = on_stop, .sa_flags = SA_RESTART};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  /* over ranks the same config fails the same way on each: said once;
-   * from here a rank that stops answering ends the job, not hangs it */
-  rc = load_config(&cfg, &a, &err);
   if (!rc) st_dist_watch(cfg.execution.rank_timeout);
   if (st_dist_agree(rc, &err)) return st_cli_fail(&err);
   /* keys the mode does not read: said once, and the run goes on */

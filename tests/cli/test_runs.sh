@@ -240,6 +240,24 @@ run train - --resume "$T/twice" --set train.steps=6
 if [ "$rc" -eq 0 ] && ! find "$T/twice" -name '*.tmp*' | grep -q .; then pass; else
   fail "after a second signal the run resumes, and start-up removed any temp file" "rc $rc" "$err"
 fi
+# A config read from a FIFO that no one writes: one SIGTERM ends the wait
+# (nothing is written before the config is read, so the default action).
+mkfifo "$T/fifo.yaml"
+"$strata" train "$T/fifo.yaml" --out "$T/fifo_run" >/dev/null 2>"$T/fifo.err" &
+pid=$!
+sleep 0.3
+kill -TERM "$pid"
+for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$pid" 2>/dev/null; then
+  kill -9 "$pid"
+  fail "one SIGTERM ends a train waiting to open its config" "still running after 5 s"
+else
+  wait "$pid"
+  src=$?
+  if [ "$src" -eq 143 ] && [ ! -e "$T/fifo_run" ]; then pass; else
+    fail "one SIGTERM ends a train waiting to open its config, writing nothing" "exit $src" "$(cat "$T/fifo.err")"
+  fi
+fi
 
 # --- 4. stale temp files and pruning ------------------------------------------
 # a temp file of a dead process goes, one of a live process stays; pruning
