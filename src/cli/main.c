@@ -106,8 +106,10 @@ static const char *usage_generate =
     "                       [--seed S] [--set key.path=value ...]\n"
     "\n"
     "Samples text from the gpt model of CONFIG with the weights of FILE: the\n"
-    "prompt, then N new tokens, printed as they come. The tokenizer is the\n"
-    "config's data.tokenizer; no corpus is read.\n"
+    "prompt, then N new tokens, printed as they come, and a newline. The\n"
+    "tokenizer is the config's data.tokenizer; no corpus is read. The prompt\n"
+    "must fit model.context tokens; past it, each new token is predicted\n"
+    "from the last model.context tokens.\n"
     "\n"
     "options:\n"
     "  --tokens N        new tokens (default 200)\n"
@@ -969,9 +971,8 @@ static int cmd_generate(int argc, char **argv) {
   rc = st_generate(&cfg, a.checkpoint, (const uint8_t *)prompt, strlen(prompt),
                    &o, stdout, &err);
   if (rc) return st_cli_fail(&err);
-  /* the text as generated into a pipe; on a terminal the prompt that
-   * follows starts on a line of its own */
-  if (isatty(STDOUT_FILENO)) putchar('\n');
+  /* a line's end, so that what follows (a shell's prompt, the next
+   * sample in a file) starts on a line of its own */
   fputc('\n', stdout);
   return 0;
 }
