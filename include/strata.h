@@ -1952,6 +1952,10 @@ int st_checkpoint_load_blocks(const char *path, const st_model *m,
                               float *params, float *opt_state,
                               const char *optim_kind, st_train_pos *pos,
                               const unsigned char *mine, st_error *err);
+/* The training samples a strata checkpoint (file or sharded directory) was
+ * written with: 1 and *n when its metadata has them, 0 otherwise (another
+ * tool's file, or one that cannot be read: loading says why). */
+int st_checkpoint_train_samples(const char *path, int64_t *n);
 /* A sharded checkpoint (train.checkpoint_format: shards): a directory of
  * shards model-0000k-of-0000n.safetensors, each the tensors (weights and
  * optimizer state) of the blocks mine[i] marks, with the metadata of a
@@ -2102,6 +2106,8 @@ int st_trainer_stages(const st_trainer *t);
  * (st_trainer_save writes them, as BF16). */
 float *st_trainer_params(st_trainer *t);
 const st_train_pos *st_trainer_pos(const st_trainer *t);
+/* The samples (text: windows) of the training set the config selects. */
+int64_t st_trainer_train_samples(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */
 const st_noise_scale *st_trainer_noise(const st_trainer *t);
 int64_t st_trainer_total_steps(const st_trainer *t);

@@ -912,6 +912,19 @@ static int cmd_eval(int argc, char **argv) {
   if (st_trainer_create(&t, &cfg, NULL, &err)) return st_cli_fail(&err);
   double loss, acc;
   rc = st_trainer_load(t, a.checkpoint, 1, &err);
+  /* images are standardised with the training set's statistics: the set
+   * this config selects, which need not be the one the weights saw */
+  int64_t had, now = st_trainer_train_samples(t);
+  if (!rc && cfg.data.normalize && strcmp(cfg.data.dataset, "text") != 0 &&
+      st_checkpoint_train_samples(a.checkpoint, &had) && had != now)
+    fprintf(stderr,
+            "strata: notice: %s was trained on %lld samples, this config "
+            "selects %lld (data.train_limit, %s): the images are "
+            "standardised with other "
+            "statistics than in training; evaluate with the run's "
+            "config.yaml\n",
+            a.checkpoint, (long long)had, (long long)now,
+            st_config_set_at(&cfg, "data.train_limit"));
   if (!rc) rc = st_trainer_evaluate(t, &loss, &acc, &err);
   if (!rc && st_trainer_model(t)->label_rows > 1)
     printf("validation loss %.4f, next-token accuracy %.4f (%s)\n", loss, acc,

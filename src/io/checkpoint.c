@@ -541,6 +541,15 @@ int st_checkpoint_load(const char *path, const st_model *m, float *params,
                                    NULL, err);
 }
 
+int st_checkpoint_train_samples(const char *path, int64_t *n) {
+  source src;
+  st_error ignored = {0};
+  int has = !source_open(&src, path, &ignored) &&
+            !meta_i64(src.parts[0], "train_samples", 1, n, &ignored);
+  source_close(&src);
+  return has;
+}
+
 int st_checkpoint_load_blocks(const char *path, const st_model *m,
                               float *params, float *opt_state,
                               const char *optim_kind, st_train_pos *pos,

@@ -267,8 +267,13 @@ else
   fail "inspect lists weights and optimizer state" "rc=$rc" "$out" "$err"
 fi
 run eval "$fc" "${small[@]}" --checkpoint "$checkpoint"
-if [ "$rc" -eq 0 ] && [[ $out =~ test\ accuracy\ [01]\.[0-9]+ ]]; then pass; else
+if [ "$rc" -eq 0 ] && [[ $out =~ test\ accuracy\ [01]\.[0-9]+ ]] && [ -z "$err" ]; then pass; else
   fail "eval prints a test accuracy" "rc=$rc" "$out" "$err"
+fi
+# another training set than the weights': other pixel statistics, said
+run eval "$fc" "${small[@]}" --set data.train_limit=256 --checkpoint "$checkpoint"
+if [ "$rc" -eq 0 ] && grep -q "^strata: notice: .* was trained on 512 samples, this config selects 256 (data.train_limit, set by --set): the images are standardised with other statistics than in training" <<<"$err"; then pass; else
+  fail "eval names a training set other than the checkpoint's" "rc=$rc" "$out" "$err"
 fi
 
 # --- 7. truncated checkpoint --------------------------------------------------
