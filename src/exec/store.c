@@ -77,9 +77,10 @@ struct st_store {
   uint64_t weight_bytes; /* the weights' region of a copy */
   int bf16;              /* the weights are bf16 */
   int live;  /* the copy reads come from (written, maybe uncommitted) */
-  char *map; /* the whole file, shared */
+  char *map; /* the whole file, shared (read-only: private) */
   size_t map_len;
-  int crash_point; /* test knob: st_store_set_crash */
+  char read_only[64]; /* why it was opened read-only ("": read-write) */
+  int crash_point;    /* test knob: st_store_set_crash */
   int64_t crash_step;
   /* element_sum of what this step has written into the other copy: every
    * value of it, once (st_store_write), whatever the order or thread */
@@ -486,13 +487,19 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
   s->model = m;
   s->map = MAP_FAILED;
   s->fd = open(path, O_RDWR | O_CLOEXEC);
+  /* on a read-only file system, or a file this user may only read, the
+   * store can still be read (export): writes are refused, saying why */
+  if (s->fd < 0 && (errno == EROFS || errno == EACCES)) {
+    snprintf(s->read_only, sizeof s->read_only, "%s", strerror(errno));
+    s->fd = open(path, O_RDONLY | O_CLOEXEC);
+  }
   if (s->fd < 0) {
     rc =
         st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
     goto fail;
   }
   /* one run per store: two writers would corrupt it */
-  if (flock(s->fd, LOCK_EX | LOCK_NB) != 0) {
+  if (flock(s->fd, (s->read_only[0] ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
     rc = errno == EWOULDBLOCK
              ? st_error_set(err, ST_EIO, "%s: in use by another process", path)
              : st_error_set(err, ST_EIO, "%s: cannot lock: %s", path,
@@ -522,7 +529,8 @@ int st_store_open(st_store **out, const char *path, const st_model *m,
     goto fail;
   }
   s->map_len = (size_t)total_bytes(&s->h);
-  s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+  s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE,
+                s->read_only[0] ? MAP_PRIVATE : MAP_SHARED, s->fd, 0);
   if (s->map == MAP_FAILED) {
     rc = st_error_set(err, ST_EIO, "%s: cannot map: %s", path, strerror(errno));
     goto fail;
@@ -582,8 +590,16 @@ int st_store_read(const st_store *s, int region, size_t off, size_t n,
                       strerror(errno));
 }
 
+/* A store opened read-only is read (export), never updated. */
+static int refuse_write(const st_store *s, st_error *err) {
+  return st_error_set(err, ST_EIO,
+                      "%s: opened read-only (%s): a run cannot update it",
+                      s->path, s->read_only);
+}
+
 int st_store_write(const st_store *s, int region, size_t off, size_t n,
                    const float *src, st_error *err) {
+  if (s->read_only[0]) return refuse_write(s, err);
   off_t at = offset_of(s, 1 - s->live, region, off);
   uint64_t e0 = (uint64_t)region * s->n_params + off;
   uint32_t sum = 0;
@@ -606,6 +622,7 @@ float *st_store_grads(const st_store *s) {
 
 int st_store_grad_io(const st_store *s, int write, size_t off, size_t n,
                      float *buf, st_error *err) {
+  if (write && s->read_only[0]) return refuse_write(s, err);
   if (!io_all(s->fd, write, buf, n * sizeof(float), grad_offset(s, off)))
     return 0;
   return st_error_set(err, ST_EIO, "%s: gradient %s failed: %s", s->path,
@@ -625,6 +642,7 @@ int st_store_crash_point(const st_store *s, int64_t step) {
 
 int st_store_commit(st_store *s, int copy, const st_train_pos *pos,
                     st_error *err) {
+  if (s->read_only[0]) return refuse_write(s, err);
   if (fdatasync(s->fd) != 0)
     return st_error_set(err, ST_EIO,
                         "%s: sync failed: %s (the previous "

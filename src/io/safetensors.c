@@ -389,6 +389,14 @@ static int open_file(st_safetensors **out, const char *path, int load,
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len_bytes[i];
   size_t fsize = (size_t)sb.st_size;
+  if (memcmp(len_bytes, "STRATAWS", 8) == 0) { /* src/exec/store.c's magic */
+    rc = st_error_set(err, ST_EFORMAT,
+                      "%s: a weight-streaming store, not safetensors: "
+                      "`strata export RUN_DIR` writes its weights as a "
+                      "checkpoint",
+                      path);
+    goto fail;
+  }
   if (hlen > fsize - 8 || hlen > (100u << 20)) {
     rc = st_error_set(err, ST_EFORMAT,
                       "%s: truncated or not safetensors: header length %llu "
