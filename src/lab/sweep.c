@@ -302,7 +302,7 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
     line[strcspn(line, "\r\n")] = 0;
     if (!line[0]) continue;
     char row[sizeof line];
-    memcpy(row, line, sizeof row);
+    strcpy(row, line); /* the same size: it fits */
     char *field[6];
     int n = 0;
     for (char *p = line; n < 6; n++) {
