@@ -534,6 +534,56 @@ static int visit(const source *src, const st_model *m, float *params,
   return 0;
 }
 
+/* Whether the checkpoint holds tensor `name` of slot s (-1: weights). */
+static int expected(const st_model *m, const char *name, const char *optim_kind,
+                    int ns) {
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int k = 0; k < m->blocks[i].n_tensors; k++) {
+      const st_tensor_info *ti = &m->blocks[i].tensors[k];
+      if (ti->tie >= 0) continue;
+      if (!strcmp(name, ti->name)) return 1;
+      size_t len = strlen(ti->name);
+      for (int s = 0; s < ns; s++)
+        if (!strncmp(name, "optim.", 6) && !strncmp(name + 6, ti->name, len) &&
+            name[6 + len] == '.' &&
+            !strcmp(name + 7 + len, slot_name(optim_kind, s)))
+          return 1;
+    }
+  return 0;
+}
+
+/* After visit found every tensor the model needs: a tensor left over means
+ * the checkpoint is of another model (more layers, an untied head, ...),
+ * which must not load as a part of it. Optimizer state counts only when it
+ * is loaded (ns > 0). Counted first; named only when one is left over. */
+static int check_all_used(const source *src, const st_model *m,
+                          const char *optim_kind, int ns, st_error *err) {
+  size_t want = 0, have = 0;
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int k = 0; k < m->blocks[i].n_tensors; k++)
+      want += m->blocks[i].tensors[k].tie < 0 ? 1 + (size_t)ns : 0;
+  int n = src->index.n ? src->index.n : src->parts[0]->n_tensors;
+  for (int i = 0; i < n; i++) {
+    const char *name =
+        src->index.n ? src->index.names[i] : src->parts[0]->tensors[i].name;
+    have += ns > 0 || strncmp(name, "optim.", 6) != 0;
+  }
+  if (have == want) return 0;
+  for (int i = 0; i < n; i++) {
+    const char *name =
+        src->index.n ? src->index.names[i] : src->parts[0]->tensors[i].name;
+    if ((ns > 0 || strncmp(name, "optim.", 6) != 0) &&
+        !expected(m, name, optim_kind, ns))
+      return st_error_set(err, ST_EFORMAT,
+                          "%s: tensor '%s' is not in this model: the "
+                          "checkpoint is of another one (the config's "
+                          "model keys: layers, width, tied, ...)",
+                          src->index.n ? src->index_path : src->parts[0]->path,
+                          name);
+  }
+  return 0;
+}
+
 int st_checkpoint_load(const char *path, const st_model *m, float *params,
                        float *opt_state, const char *optim_kind,
                        st_train_pos *pos, st_error *err) {
@@ -574,6 +624,7 @@ int st_checkpoint_load_blocks(const char *path, const st_model *m,
   int ns = opt_state ? slots(optim_kind) : 0;
   st_train_pos p;
   rc = visit(&src, m, params, opt_state, optim_kind, ns, mine, 0, err);
+  if (!rc) rc = check_all_used(&src, m, optim_kind, ns, err);
   if (!rc && pos) rc = read_pos(st, &p, err);
   if (rc) goto done;
   if (params &&
@@ -634,6 +685,7 @@ int st_checkpoint_merge(const char *dir, const char *out, const st_model *m,
   if (!rc) rc = read_pos(src.parts[0], &p, err);
   /* everything checked before the file is begun */
   if (!rc) rc = visit(&src, m, NULL, NULL, kind, slots(kind), NULL, 0, err);
+  if (!rc) rc = check_all_used(&src, m, kind, slots(kind), err);
   size_t most = 0;
   for (int i = 0; i < m->n_blocks; i++)
     for (int t = 0; t < m->blocks[i].n_tensors; t++)

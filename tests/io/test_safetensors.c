@@ -737,6 +737,35 @@ static void test_checkpoint(void) {
   rc = st_checkpoint_load(bare, m, params, NULL, "sgd", NULL, &err);
   CHECK(rc == 0 && memcmp(params, src, np * sizeof(float)) == 0,
         "weights-only load of a file without metadata: rc %d: %s", rc, err.msg);
+  /* a tensor the model lacks (a checkpoint of a deeper or untied model)
+   * is refused, naming it; optimizer state is ignored by a weights-only
+   * load */
+  for (int extra = 0; extra < 2; extra++) {
+    const char *more = in_dir("more.safetensors");
+    const char *name = extra ? "optim.blocks.0.linear0.weight.momentum"
+                             : "blocks.7.linear0.weight";
+    w = st_st_writer_create();
+    for (int i = 0; i < m->n_blocks; i++)
+      for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+        const st_tensor_info *ti = &m->blocks[i].tensors[t];
+        st_st_writer_add(w, ti->name, "F32", ti->ndim, ti->dims,
+                         src + m->blocks[i].param_off + ti->offset, &err);
+      }
+    const st_tensor_info *t0 = &m->blocks[0].tensors[0];
+    st_st_writer_add(w, name, "F32", t0->ndim, t0->dims, src, &err);
+    rc = st_st_writer_write(w, more, &err);
+    st_st_writer_destroy(w);
+    CHECK(rc == 0, "file with an extra tensor: %s", err.msg);
+    rc = st_checkpoint_load(more, m, params, NULL, "sgd", NULL, &err);
+    if (extra)
+      CHECK(rc == 0, "weights-only load ignores optimizer state: %s", err.msg);
+    else
+      CHECK(rc == ST_EFORMAT &&
+                contains(err.msg, "'blocks.7.linear0.weight' "
+                                  "is not in this model") &&
+                contains(err.msg, more),
+            "a tensor the model lacks: rc %d: %s", rc, err.msg);
+  }
   /* asking the same file for a training position fails, naming the key */
   rc = st_checkpoint_load(bare, m, params, NULL, "sgd", &pos, &err);
   CHECK(rc < 0 && contains(err.msg, "'step'") && contains(err.msg, bare),
