@@ -834,21 +834,26 @@ typedef struct range {
 #define BETWEEN(k, lo, hi)                                                     \
   { k, lo, hi, 0, 0 }
 
+/* The upper bounds are far past any real model or machine; they keep the
+ * products the builder, the kernels (int indices) and the planner form
+ * from overflowing: a key at 2^30 wrapped a width to 0 and trained. */
+#define BIG (1 << 24)
+
 static const range ranges[] = {
     UNIT("model.dropout"),
     AT_LEAST("model.groups", 1),
-    AT_LEAST("model.kernel", 1),
+    BETWEEN("model.kernel", 1, 4096),
     BETWEEN("model.residual_blocks", 0, ST_MAX_BLOCKS),
-    AT_LEAST("model.classes", 2),
-    AT_LEAST("model.hidden", 1),
-    AT_LEAST("model.channels", 1),
-    AT_LEAST("model.dense", 1),
-    AT_LEAST("model.vocab", 0),
-    AT_LEAST("model.context", 1),
+    BETWEEN("model.classes", 2, BIG),
+    BETWEEN("model.hidden", 1, BIG),
+    BETWEEN("model.channels", 1, BIG),
+    BETWEEN("model.dense", 1, BIG),
+    BETWEEN("model.vocab", 0, BIG),
+    BETWEEN("model.context", 1, BIG),
     BETWEEN("model.layers", 0, ST_MAX_BLOCKS),
-    AT_LEAST("model.heads", 1),
-    AT_LEAST("model.width", 1),
-    AT_LEAST("model.mlp_ratio", 1),
+    BETWEEN("model.heads", 1, BIG),
+    BETWEEN("model.width", 1, BIG),
+    BETWEEN("model.mlp_ratio", 1, 64),
     AT_LEAST("model.rotary_dim", 0),
     AT_LEAST("data.train_limit", 0),
     AT_LEAST("data.test_limit", 0),
@@ -862,12 +867,12 @@ static const range ranges[] = {
     AT_LEAST("optimizer.min_lr", 0),
     AT_LEAST("optimizer.step_size", 1),
     ABOVE("optimizer.gamma", 0),
-    AT_LEAST("train.batch", 1),
+    BETWEEN("train.batch", 1, BIG),
     AT_LEAST("train.epochs", 0),
     AT_LEAST("train.steps", 0),
     AT_LEAST("train.eval_every", 0),
     AT_LEAST("train.checkpoint_every", 0),
-    AT_LEAST("train.threads", 0),
+    BETWEEN("train.threads", 0, 4096),
     AT_LEAST("train.keep_checkpoints", 0),
     AT_LEAST("execution.micro_batch", 0),
     AT_LEAST("execution.stages", 0),
@@ -876,12 +881,12 @@ static const range ranges[] = {
     AT_LEAST("execution.replicas", 1),
     AT_LEAST("execution.pipemare_warmup", 0),
     UNIT("execution.pipemare_gamma"),
-    AT_LEAST("execution.prefetch", 0),
+    BETWEEN("execution.prefetch", 0, ST_MAX_BLOCKS),
     AT_LEAST("execution.compute_memory_limit", 0),
     AT_LEAST("execution.rank_memory_limit", 0),
     AT_LEAST("execution.rank_timeout", 0),
     AT_LEAST("optimizer.reference_batch", 0),
-    AT_LEAST("fabric.cores", 0),
+    BETWEEN("fabric.cores", 0, 1 << 20),
     AT_LEAST("fabric.pe_flops", 0),
     AT_LEAST("fabric.pe_memory", 0),
     AT_LEAST("fabric.link_bandwidth", 0),
@@ -899,10 +904,10 @@ static int in_range(const range *r, double v) {
 
 static void describe_range(const range *r, char *buf, size_t cap) {
   if (isinf(r->hi))
-    snprintf(buf, cap, "%s %g", r->lo_open ? ">" : ">=", r->lo);
+    snprintf(buf, cap, "%s %.10g", r->lo_open ? ">" : ">=", r->lo);
   else
-    snprintf(buf, cap, "in %c%g, %g%c", r->lo_open ? '(' : '[', r->lo, r->hi,
-             r->hi_open ? ')' : ']');
+    snprintf(buf, cap, "in %c%.10g, %.10g%c", r->lo_open ? '(' : '[', r->lo,
+             r->hi, r->hi_open ? ')' : ']');
 }
 
 static double number_at(const st_config *cfg, const st_config_key *k) {

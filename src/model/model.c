@@ -19,6 +19,7 @@
  */
 #include "strata.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -44,6 +45,12 @@ typedef struct builder {
 static int oom(builder *bd) {
   bd->failed = 1;
   return st_error_set(bd->err, ST_ENOMEM, "out of memory building the model");
+}
+
+/* The code of the error that stopped the build (out of memory or a
+ * shape). */
+static int failure(const builder *bd) {
+  return bd->err->code ? bd->err->code : ST_ENOMEM;
 }
 
 static void begin_block(builder *bd) {
@@ -84,9 +91,20 @@ static int add_tensor(builder *bd, const st_layer *L, const char *what,
     snprintf(t->name, sizeof t->name, "%s.%s.%s", b->name, L->name, what);
   t->ndim = ndim;
   t->numel = 1;
+  double numel = 1;
   for (int d = 0; d < ndim; d++) {
     t->dims[d] = dims[d];
     t->numel *= (size_t)dims[d];
+    numel *= (double)dims[d];
+  }
+  /* the kernels index a tensor with int */
+  if (numel > INT_MAX) {
+    bd->failed = 1;
+    st_error_set(bd->err, ST_ESHAPE,
+                 "model: tensor %s would hold %.3g elements, more than the "
+                 "%d one tensor may (a model key too large?)",
+                 t->name, numel, INT_MAX);
+    return -1;
   }
   t->offset = b->n_params;
   t->tie = -1;
@@ -204,7 +222,7 @@ static int build_mlp(builder *bd) {
   }
   begin_block(bd);
   add_linear(bd, c->model.classes);
-  return bd->failed ? ST_ENOMEM : 0;
+  return bd->failed ? failure(bd) : 0;
 }
 
 /* conv, [groupnorm], relu */
@@ -269,7 +287,7 @@ static int build_cnn(builder *bd) {
   if (c->model.dense.n == 0)
     add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
   add_linear(bd, c->model.classes);
-  return bd->failed ? ST_ENOMEM : 0;
+  return bd->failed ? failure(bd) : 0;
 }
 
 /* ------------------------------------------------------------------- gpt */
@@ -353,7 +371,7 @@ static int build_gpt(builder *bd) {
   const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (NL ? NL : 1));
 
   begin_block(bd);
-  if (bd->failed) return ST_ENOMEM;
+  if (bd->failed) return failure(bd);
   snprintf(bd->b->name, sizeof bd->b->name, "embed");
   st_layer *E = add_layer(bd, ST_OP_EMBED, (st_shape){C, T, 1});
   if (E) {
@@ -372,7 +390,7 @@ static int build_gpt(builder *bd) {
 
   for (int i = 0; i < NL; i++) {
     begin_block(bd);
-    if (bd->failed) return ST_ENOMEM;
+    if (bd->failed) return failure(bd);
     snprintf(bd->b->name, sizeof bd->b->name, "h.%d", i);
     set_module(bd, "transformer.h.%d.ln_1", i);
     add_seq_layernorm(bd, "ln_1");
@@ -403,7 +421,7 @@ static int build_gpt(builder *bd) {
   }
 
   begin_block(bd);
-  if (bd->failed) return ST_ENOMEM;
+  if (bd->failed) return failure(bd);
   snprintf(bd->b->name, sizeof bd->b->name, "head");
   set_module(bd, "transformer.ln_f");
   add_seq_layernorm(bd, "ln_f");
@@ -428,7 +446,7 @@ static int build_gpt(builder *bd) {
   }
   if (H && c->model.tied) bd->b->tensors[H->w_tensor].tie = -2; /* below */
   bd->module[0] = '\0';
-  return bd->failed ? ST_ENOMEM : 0;
+  return bd->failed ? failure(bd) : 0;
 }
 
 /* Per-layer saved state, in floats per sample, beside the output. */

@@ -815,7 +815,8 @@ static void test_open_errors(void) {
 }
 
 static void test_validate(void) {
-  INVALID("--set: train.batch: must be >= 1, got 0", "train.batch=0");
+  INVALID("--set: train.batch: must be in [1, 16777216], got 0",
+          "train.batch=0");
   INVALID("--set: train.epochs: must be >= 0, got -1", "train.epochs=-1");
   INVALID("--set: train.steps: must be >= 0, got -5", "train.steps=-5");
   INVALID("--set: optimizer.lr: must be > 0, got 0", "optimizer.lr=0");
@@ -836,15 +837,33 @@ static void test_validate(void) {
           "optimizer.beta1=1");
   INVALID("--set: optimizer.beta2: must be in [0, 1), got 1.5",
           "optimizer.beta2=1.5");
-  INVALID("--set: train.threads: must be >= 0, got -1", "train.threads=-1");
-  INVALID("--set: model.hidden: every entry must be >= 1, got 0 at [1]",
+  INVALID("--set: train.threads: must be in [0, 4096], got -1",
+          "train.threads=-1");
+  INVALID("--set: model.hidden: every entry must be in [1, 16777216], got 0 at "
+          "[1]",
           "model.hidden=[256, 0]");
-  INVALID("--set: model.channels: every entry must be >= 1, got -3 at [0]",
+  INVALID("--set: model.channels: every entry must be in [1, 16777216], got -3 "
+          "at [0]",
           "model.channels=[-3]");
   INVALID("--set: model.kernel: must be odd ('same' padding), got 4",
           "model.kernel=4");
-  INVALID("--set: model.kernel: must be >= 1, got -1", "model.kernel=-1");
-  INVALID("--set: model.classes: must be >= 2, got 1", "model.classes=1");
+  INVALID("--set: model.kernel: must be in [1, 4096], got -1",
+          "model.kernel=-1");
+  INVALID("--set: model.classes: must be in [2, 16777216], got 1",
+          "model.classes=1");
+  /* upper bounds: products of these overflowed the builder and kernels */
+  INVALID("--set: model.width: must be in [1, 16777216], got 1073741824",
+          "model.width=1073741824");
+  INVALID("--set: model.mlp_ratio: must be in [1, 64], got 1073741824",
+          "model.mlp_ratio=1073741824");
+  INVALID("--set: model.vocab: must be in [0, 16777216], got 2147483646",
+          "model.vocab=2147483646");
+  INVALID("--set: model.kernel: must be in [1, 4096], got 2147483647",
+          "model.kernel=2147483647");
+  INVALID("--set: execution.prefetch: must be in [0, 65536], got 2147483646",
+          "execution.prefetch=2147483646");
+  INVALID("--set: fabric.cores: must be in [0, 1048576], got 2147483647",
+          "fabric.cores=2147483647");
   INVALID("--set: model.groups: must be >= 1, got 0", "model.groups=0");
   INVALID("--set: execution.micro_batch: must be >= 0, got -1",
           "execution.micro_batch=-1");
@@ -877,7 +896,7 @@ static void test_validate(void) {
   static const char *const more[][2] = {
       {"model.residual_blocks=-1",
        "--set: model.residual_blocks: must be in [0, 65536]"},
-      {"model.dense=[0]", "--set: model.dense: every entry must be >= 1"},
+      {"model.dense=[0]", "--set: model.dense: every entry must be in [1, "},
       {"data.train_limit=-1", "--set: data.train_limit: must be >= 0"},
       {"data.test_limit=-1", "--set: data.test_limit: must be >= 0"},
       {"optimizer.weight_decay=-1",
@@ -891,7 +910,7 @@ static void test_validate(void) {
        "--set: train.checkpoint_every: must be >= 0"},
       {"train.keep_checkpoints=-1",
        "--set: train.keep_checkpoints: must be >= 0"},
-      {"fabric.cores=-1", "--set: fabric.cores: must be >= 0"},
+      {"fabric.cores=-1", "--set: fabric.cores: must be in [0, 1048576]"},
   };
   for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
     st_config m;
@@ -932,8 +951,8 @@ static void test_validate(void) {
   char path[64], want[512];
   st_config_defaults(&c);
   CHECK(load_text(&c, "train:\n  batch: 0\n", path, &err) == 0, "load");
-  snprintf(want, sizeof want, "%s:2:10: train.batch: must be >= 1, got 0",
-           path);
+  snprintf(want, sizeof want,
+           "%s:2:10: train.batch: must be in [1, 16777216], got 0", path);
   CHECK(st_config_validate(&c, &err) == ST_ECONFIG && !strcmp(err.msg, want),
         "batch 0 from file:\n  got  '%s'\n  want '%s'", err.msg, want);
   st_config_defaults(&c);

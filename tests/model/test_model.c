@@ -808,6 +808,17 @@ static void check_cnn_counts(void) {
   CHECK(strstr(err.msg, "model.channels") != NULL,
         "impossible cnn: message lacks model.channels: %s", err.msg);
   if (rc == 0) st_model_destroy(m);
+
+  /* every key in range, a tensor past int: 65536 x 65536 x 3 x 3 = 3.9e10
+   * elements, which the kernels cannot index: refused naming it */
+  c.model.channels = (st_int_list){2, {65536, 65536}};
+  m = NULL;
+  rc = st_model_create(&m, &c, (st_shape){1, 28, 28}, &err);
+  CHECK(rc == ST_ESHAPE && m == NULL &&
+            strstr(err.msg, "model: tensor blocks.1.conv0.weight would hold "
+                            "3.87e+10 elements, more than the 2147483647"),
+        "a tensor past int: rc %d '%s'", rc, err.msg);
+  if (rc == 0) st_model_destroy(m);
 }
 
 /* ------------------------------------------------------ initialisation */
