@@ -430,11 +430,17 @@ static int set_value(st_config *cfg, int row, yaml_document_t *doc,
   return rc;
 }
 
-/* Parses `text` as one YAML value (scalar or flow/block sequence) for row. */
+static int check_nesting(const char *text, size_t len, const char *path,
+                         st_error *err);
+
+/* Parses `text` as one YAML value (scalar or flow/block sequence) for row:
+ * as shallow as a file must be, and one document (a second one would be
+ * dropped unread). */
 static int set_from_text(st_config *cfg, int row, const char *text,
                          const source *src, st_error *err) {
   yaml_parser_t parser;
   yaml_document_t doc;
+  if (check_nesting(text, strlen(text), src->label, err)) return err->code;
   if (!yaml_parser_initialize(&parser))
     return st_error_set(err, ST_ENOMEM, "%s: out of memory", src->label);
   yaml_parser_set_input_string(&parser, (const unsigned char *)text,
@@ -443,10 +449,24 @@ static int set_from_text(st_config *cfg, int row, const char *text,
   if (!yaml_parser_load(&parser, &doc)) {
     rc = syntax_error(&parser, src, err);
   } else {
+    /* a second document first: cfg is untouched on any error */
+    yaml_document_t next;
+    rc = 0;
+    if (!yaml_parser_load(&parser, &next)) {
+      rc = syntax_error(&parser, src, err);
+    } else {
+      if (yaml_document_get_root_node(&next))
+        rc = st_error_set(err, ST_ECONFIG,
+                          "%s: %s.%s: the value holds a second YAML document "
+                          "('---'); give one value",
+                          src->label, st_config_schema[row].section,
+                          st_config_schema[row].name);
+      yaml_document_delete(&next);
+    }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root)
+    if (!rc && root)
       rc = set_value(cfg, row, &doc, root, src, err);
-    else
+    else if (!rc)
       rc = st_error_set(err, ST_ECONFIG, "%s: %s.%s: no value", src->label,
                         st_config_schema[row].section,
                         st_config_schema[row].name);
@@ -665,8 +685,9 @@ static int check_nesting(const char *text, size_t len, const char *path,
           i++;
         else if (c == quote)
           quote = 0;
-      } else if (c == '"' || c == '\'') {
-        quote = c;
+      } else if ((c == '"' || c == '\'') &&
+                 (i == start || strchr(" \t[{,:-?", text[i - 1]))) {
+        quote = c; /* a quote inside a plain scalar (b'c) opens nothing */
       } else if (c == '#' &&
                  (i == start || text[i - 1] == ' ' || text[i - 1] == '\t')) {
         while (i < len && text[i] != '\n') i++;

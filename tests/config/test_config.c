@@ -780,6 +780,28 @@ static void test_limits(void) {
   int rc = load_text(&c, text, path, &err);
   CHECK(rc == ST_ECONFIG && !strstr(err.msg, "nested deeper"),
         "62 levels are parsed (and refused as a type): %s", err.msg);
+  /* a quote inside a plain scalar opens no string: the brackets after it
+   * count (they hid 200k levels from the guard, and libyaml took minutes) */
+  n = (size_t)sprintf(text, "model: {kind: b'c, hidden: ");
+  for (int i = 0; i < 100; i++) text[n++] = '[';
+  sprintf(text + n, "\n");
+  LOAD_ERROR(text, "%s:1:90: nested deeper than 64 levels (a config needs "
+                   "3); refused before parsing");
+  /* --set values are held to the same depth, and to one document */
+  n = (size_t)sprintf(text, "model.hidden=");
+  for (int i = 0; i < 100; i++) text[n++] = '[';
+  text[n] = '\0';
+  st_config_defaults(&c);
+  rc = st_config_set(&c, text, &err);
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, ":1:64: nested deeper than 64"),
+        "a deep --set value: rc %d '%s'", rc, err.msg);
+  st_config_defaults(&c);
+  rc = st_config_set(&c, "model.hidden=[5]\n---\n[6]", &err);
+  CHECK(rc == ST_ECONFIG &&
+            strstr(err.msg, "model.hidden: the value holds a second YAML "
+                            "document") &&
+            c.model.hidden.n == 2,
+        "a second document in a --set value: rc %d '%s'", rc, err.msg);
   free(text);
 
   /* 16 MiB and one byte: refused, naming the size */
