@@ -404,15 +404,17 @@ typedef struct st_config {
     int64_t compute_memory_limit; /* weight_streaming: bytes, 0 = none */
   } execution;
   struct {
-    char kind[16];        /* cpu | mesh | wse2 */
-    int cores;            /* cpu: 0 = detected */
-    int width, height;    /* mesh: PEs across and down */
-    float pe_flops;       /* FLOP/s of one PE (mesh; overrides when set) */
-    int64_t pe_memory;    /* bytes of one PE (mesh; overrides when set) */
-    float link_bandwidth; /* bytes/s of one link, one way (mesh; ditto) */
-    float hop_latency;    /* mesh: seconds a hop (0 = the fabric's own) */
-    float pe_overhead;    /* mesh: seconds a layer, sample and pass */
-    float io_bandwidth;   /* mesh: bytes/s of the fabric's I/O each way */
+    char kind[16];          /* cpu | mesh | wse2 */
+    int cores;              /* cpu: 0 = detected */
+    int width, height;      /* mesh: PEs across and down */
+    float pe_flops;         /* FLOP/s of one PE (mesh; overrides when set) */
+    int64_t pe_memory;      /* bytes of one PE (mesh; overrides when set) */
+    float link_bandwidth;   /* bytes/s of one link, one way (mesh; ditto) */
+    float hop_latency;      /* mesh: seconds a hop (0 = the fabric's own) */
+    float pe_overhead;      /* mesh: seconds a layer, sample and pass */
+    float io_bandwidth;     /* mesh: bytes/s of the fabric's I/O each way */
+    float memory_bandwidth; /* cpu: bytes/s of the machine's DRAM, all
+                               cores together (0 = the fabric's own) */
   } fabric;
   struct {
     int log_every;    /* steps between metrics.jsonl lines */
@@ -1375,10 +1377,12 @@ typedef struct st_fabric {
   double sharing_slope;    /* cpu, calibrated: m(n) = 1/(1 + slope (n-1)),
                               the rate each of n busy cores keeps; 0 = cores
                               independent (see compile.h) */
-  double memory_bandwidth; /* bytes/s, whole fabric (reported, not modelled) */
+  double memory_bandwidth; /* bytes/s, whole fabric: cpu, its DRAM shared by
+                              every core (modelled: replicas' gradient sum,
+                              docs/compiler.md); mesh, reported only */
   double fabric_bandwidth; /* bytes/s, whole fabric (reported, not modelled) */
   int estimated;           /* 1: built-in figures, not calibrated */
-  char source[320];        /* where the figures come from */
+  char source[384];        /* where the figures come from */
   /* cpu with a calibration profile (st_calibration): GEMM work is timed at
    * gemm_rate[class] per core and the single-threaded ops at their measured
    * bandwidth, instead of every FLOP at pe_flops. */
@@ -1771,16 +1775,19 @@ typedef struct st_plan_stage {
   double mem_acts; /* (input + activations) x samples in flight */
   double mem_work; /* its workspace, once (st_block_cost.work_*) */
   double mem_total, mem_capacity; /* bytes: needed, and pes x pe_memory */
-  double mem_eval;    /* an evaluation of its blocks: their activations and
-                         workspace at the evaluation batch (st_plan_compile;
-                         0 where not computed) */
-  double in_flight;   /* samples whose activations it holds */
-  double versions;    /* weight copies it holds */
-  char bound[16];     /* what limits it: compute, communication, memory or
-                         I/O (docs/compiler.md) */
-  double working_set; /* bytes a micro-batch's step touches */
-  double spill;       /* calibrated share of the weights' memory
-                         time it pays (st_fabric), 0..1 */
+  double mem_replicas; /* within mem_total: what the other replicas' copies
+                          of this stage hold (their gradient slabs,
+                          activations and workspace; 0 for one replica) */
+  double mem_eval;     /* an evaluation of its blocks: their activations and
+                          workspace at the evaluation batch (st_plan_compile;
+                          0 where not computed) */
+  double in_flight;    /* samples whose activations it holds */
+  double versions;     /* weight copies it holds */
+  char bound[16];      /* what limits it: compute, communication, memory or
+                          I/O (docs/compiler.md) */
+  double working_set;  /* bytes a micro-batch's step touches */
+  double spill;        /* calibrated share of the weights' memory
+                          time it pays (st_fabric), 0..1 */
   char cause[ST_CAUSE_MAX]; /* why cut here, why this many PEs */
 } st_plan_stage;
 
@@ -1824,6 +1831,17 @@ typedef struct st_plan {
   /* The fabric's I/O (st_fabric.io_bandwidth): samples/s it carries in
    * (input and labels); throughput is capped by it (0: not modelled) */
   double io_rate;
+  /* Data parallelism in one process (execution.replicas R > 1, replicas.c):
+   * the stages are one replica's, on replica_pes PEs of its own and its
+   * share of the batch (batch, micro_batches: the replica's), their times
+   * per sample of that replica; the R replicas run at once, then their
+   * gradient slabs are summed (reduce_time: seconds per sample of the
+   * whole batch, at the fabric's memory bandwidth). throughput is all R
+   * replicas' together. replicas 1: none of this. */
+  int replicas;
+  int64_t replica_pes;
+  int global_batch;
+  double reduce_time;
   /* Weight streaming (mode "weight_streaming"): one block at a time on the
    * whole fabric, its weights from the store at stream_bandwidth. Seconds
    * per sample of the batch's compute and of its streaming, summed over

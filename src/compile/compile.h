@@ -58,9 +58,10 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
                        int n, int stages, st_error *err);
 
 /* Samples per micro-batch as the trainer runs cfg: execution.micro_batch,
- * else 1 in pipelined backprop and the whole batch in the other modes
- * (not modelled: the halves the trainer measures for metrics.noise_scale
- * when no micro-batch is set). */
+ * else 1 in pipelined backprop and the whole batch in the other modes;
+ * with execution.replicas R, at most a replica's share B / R (not modelled: the
+ * halves the trainer measures for metrics.noise_scale when no micro-batch is
+ * set). */
 int st_plan_micro_batch(const st_config *cfg);
 
 /* Whether linear layers' updates ride in a one-sample backward as the

@@ -26,10 +26,14 @@ static int is_pb(const st_config *cfg) {
 }
 
 int st_plan_micro_batch(const st_config *cfg) {
+  /* replicas (replicas.c) each run their share of the batch, in
+   * micro-batches of at most that share */
+  int R = cfg->execution.replicas > 1 ? cfg->execution.replicas : 1;
+  int share = cfg->train.batch / R > 0 ? cfg->train.batch / R : 1;
   int mb = cfg->execution.micro_batch > 0 ? cfg->execution.micro_batch
            : is_pb(cfg)                   ? 1 /* the trainer's default */
-                                          : cfg->train.batch;
-  return mb < cfg->train.batch ? mb : cfg->train.batch;
+                                          : share;
+  return mb < share ? mb : share;
 }
 
 /* What the costs of a block depend on besides its layers. */

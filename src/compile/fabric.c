@@ -34,6 +34,13 @@
 /* cpu: handing an activation to the next stage is one memcpy between
  * threads; ~10 GB/s is a single-threaded copy of buffers beyond the L2. */
 #define CPU_COPY_BANDWIDTH 10e9
+/* cpu: the machine's DRAM bandwidth, every core together: an estimate of
+ * what a STREAM-like sum sustains on a server socket of 4 to 8 memory
+ * channels (DDR4-3200 / DDR5-4800: 100-300 GB/s in theory, 60-70% of it
+ * sustained; a desktop's two channels reach about 60). Not measured: a
+ * calibration profile does not time it yet; fabric.memory_bandwidth gives
+ * this machine's figure. */
+#define CPU_MEMORY_BANDWIDTH 100e9
 
 /* WSE-2, published (Cerebras, 2021; AnandTech "Cerebras Unveils Wafer Scale
  * Engine Two (WSE2)", 2021-04-20): 850,000 cores, 40 GB SRAM, 20 PB/s memory
@@ -81,7 +88,7 @@
  * a value, not where it came from, decides, so a run's written config.yaml
  * plans as the run did. */
 static void apply_overrides(st_fabric *f, const st_config *cfg) {
-  char note[96] = "";
+  char note[128] = "";
   if (cfg->fabric.pe_flops > 0) {
     f->pe_flops = cfg->fabric.pe_flops;
     f->calibrated = 0; /* one given rate for every FLOP, as uncalibrated */
@@ -95,6 +102,10 @@ static void apply_overrides(st_fabric *f, const st_config *cfg) {
   if (cfg->fabric.link_bandwidth > 0) {
     f->link_bandwidth = cfg->fabric.link_bandwidth;
     strcat(note, " link_bandwidth");
+  }
+  if (f->kind == ST_FABRIC_CPU && cfg->fabric.memory_bandwidth > 0) {
+    f->memory_bandwidth = cfg->fabric.memory_bandwidth;
+    strcat(note, " memory_bandwidth");
   }
   if (f->kind == ST_FABRIC_MESH) {
     if (cfg->fabric.hop_latency > 0) {
@@ -140,6 +151,7 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   f->pe_flops = CPU_CORE_FLOPS;
   f->pe_memory = ram / cores;
   f->link_bandwidth = CPU_COPY_BANDWIDTH;
+  f->memory_bandwidth = CPU_MEMORY_BANDWIDTH;
   f->efficiency_slope = CPU_EFFICIENCY_SLOPE;
   f->estimated = 1;
   /* A calibration profile, when there is one, replaces the three rates. A
@@ -161,8 +173,9 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   snprintf(f->source, sizeof f->source,
            "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split "
            "over them; 90 GFLOP/s "
-           "per core, e(c) = 1/(1 + 0.05 (c - 1)) and 10 GB/s stage copies "
-           "are built-in estimates, not calibrated (%s%.100s)",
+           "per core, e(c) = 1/(1 + 0.05 (c - 1)), 10 GB/s stage copies "
+           "and 100 GB/s of memory are built-in estimates, not calibrated "
+           "(%s%.100s)",
            cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9,
            path[0] ? "no profile at " : "",
            path[0] ? path : "STRATA_CALIBRATION=none: no profile read");

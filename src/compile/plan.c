@@ -462,15 +462,20 @@ static void set_schedule(st_plan *plan, const char *mode, const char *schedule,
 
 double st_plan_rate(const st_plan *p, int pipelined) {
   /* the stages' own steady state; the fabric's I/O caps the result, not
-   * the steady state before the bubble (apply_io) */
+   * the steady state before the bubble (apply_io); with replicas, one
+   * replica's, R of them at once, then their gradients' sum a step */
+  int R = p->replicas > 1 ? p->replicas : 1;
   double steady = p->throughput;
-  if (p->io_rate > 0 && p->bottleneck_time > 0)
+  if ((p->io_rate > 0 || R > 1) && p->bottleneck_time > 0)
     steady = 1.0 / p->bottleneck_time;
   double rate = steady * (pipelined ? p->util_pipelined : p->util_fill_drain);
   if (!pipelined && p->handoff_time > 0 && steady > 0)
     rate = p->util_fill_drain / (1.0 / steady + p->handoff_time);
   if (p->host_time > 0 && rate > 0 && isfinite(rate))
     rate = 1.0 / (1.0 / rate + p->host_time);
+  rate *= R;
+  if (p->reduce_time > 0 && rate > 0 && isfinite(rate))
+    rate = 1.0 / (1.0 / rate + p->reduce_time);
   return p->io_rate > 0 && rate > p->io_rate ? p->io_rate : rate;
 }
 
@@ -1003,11 +1008,17 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
   return 0;
 }
 
+static int plan_replicas(st_plan **out, const st_config *cfg,
+                         const st_fabric *fabric, const st_block_cost *costs,
+                         int n, int stages, st_error *err);
+
 int st_plan_from_costs(st_plan **out, const st_config *cfg,
                        const st_fabric *fabric, const st_block_cost *costs,
                        int n, int stages, st_error *err) {
   *out = NULL;
   const char *mode = cfg->execution.mode;
+  if (cfg->execution.replicas > 1 && strcmp(mode, "weight_streaming"))
+    return plan_replicas(out, cfg, fabric, costs, n, stages, err);
   int mb = st_plan_micro_batch(cfg);
   if (!strcmp(mode, "weight_streaming")) {
     /* the store: a file's are on disk; a cpu's memory store is in RAM
@@ -1090,6 +1101,102 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
   return rc;
 }
 
+/* Data parallelism in one process (replicas.c): R copies of the mode's
+ * executor, replica r on cores [r P, (r + 1) P) with P = C / R (the rest
+ * idle), each running B / R samples a step into its own gradient slab;
+ * the caller then sums the R slabs in a fixed order and updates once.
+ * Planned as one replica on its P cores and its share of the batch (the
+ * machine's memory is one pool: the replica may use all of it, and what
+ * all R hold together is checked against it), then scaled: R replicas'
+ * samples at once, each stage held R times but for the weights and the
+ * optimizer state (shared), and the sum of the slabs after every step:
+ * for each r >= 1 slab r read and cleared, the sum read and written once
+ * (its 64 KiB chunks stay in cache), 2 R x the weights' bytes a step, at
+ * the fabric's memory bandwidth. A mesh (a what-if: replicas.c runs on a
+ * cpu) gives each replica a strip of W / R columns, the slabs summed
+ * across the strips' edges. */
+static int plan_replicas(st_plan **out, const st_config *cfg,
+                         const st_fabric *fabric, const st_block_cost *costs,
+                         int n, int stages, st_error *err) {
+  const int R = cfg->execution.replicas;
+  int64_t per =
+      fabric->kind == ST_FABRIC_CPU ? fabric->pes / R : fabric->width / R;
+  if (per < 1)
+    return st_error_set(
+        err, ST_EARG,
+        "%s: execution.replicas %d: more replicas than the %lld %s of %s "
+        "(a replica needs at least one%s; a run shares them, a plan needs "
+        "execution.replicas %lld or fewer, or a larger --fabric)",
+        st_config_where(cfg, "execution.replicas"), R,
+        (long long)(fabric->kind == ST_FABRIC_CPU ? fabric->pes
+                                                  : fabric->width),
+        fabric->kind == ST_FABRIC_CPU ? "cores" : "PE columns", fabric->name,
+        fabric->kind == ST_FABRIC_CPU ? "" : " column",
+        (long long)(fabric->kind == ST_FABRIC_CPU ? fabric->pes
+                                                  : fabric->width));
+  st_config one = *cfg;
+  one.execution.replicas = 1;
+  one.train.batch = cfg->train.batch / R;
+  st_fabric sub = *fabric;
+  sub.width = (int)per;
+  sub.pes = per * sub.height;
+  sub.pe_memory = fabric->pe_memory * (double)fabric->pes / (double)sub.pes;
+  snprintf(sub.name, sizeof sub.name, "%.14s/%d replicas", fabric->name, R);
+  int rc = st_plan_from_costs(out, &one, &sub, costs, n, stages, err);
+  if (rc) return rc;
+  st_plan *p = *out;
+  p->fabric = *fabric;
+  p->replicas = R;
+  p->replica_pes = sub.pes;
+  p->global_batch = cfg->train.batch;
+  double grads = 0, held = 0;
+  p->pes_used = 0;
+  for (int s = 0; s < p->n_stages; s++) {
+    st_plan_stage *st = &p->stages[s];
+    double g = 0;
+    for (int b = st->first; b < st->first + st->count; b++)
+      g += p->blocks[b].param_bytes; /* the slab: one float a parameter */
+    grads += g;
+    st->mem_replicas = (R - 1) * (g + st->mem_acts + st->mem_work);
+    st->mem_state += (R - 1) * g;
+    st->mem_acts *= R;
+    st->mem_work *= R;
+    st->mem_total += st->mem_replicas;
+    st->mem_capacity = (double)R * (double)st->pes * fabric->pe_memory;
+    p->pes_used += R * st->pes;
+    held += st->mem_total;
+  }
+  double cap = (double)fabric->pes * fabric->pe_memory;
+  if (!(held <= cap)) {
+    char a[32], b[32], c[32], d[32], e[32];
+    double one_acts = (p->stages[0].mem_acts) / R;
+    st_plan_destroy(p);
+    *out = NULL;
+    return st_error_set(
+        err, ST_EUNSUPPORTED,
+        "%d replicas do not fit %s: each holds its own gradient slab (%s) "
+        "and its micro-batch's activations (%s at the first stage); with "
+        "the shared weights and optimizer state they need %s, the machine "
+        "holds %s: short by %s",
+        R, fabric->name, st_plan_fmt_bytes(a, sizeof a, grads),
+        st_plan_fmt_bytes(b, sizeof b, one_acts),
+        st_plan_fmt_bytes(c, sizeof c, held),
+        st_plan_fmt_bytes(d, sizeof d, cap),
+        st_plan_fmt_bytes(e, sizeof e, held - cap));
+  }
+  p->throughput = p->bottleneck_time > 0 ? R / p->bottleneck_time : INFINITY;
+  /* cpu: through the machine's memory; a mesh: each strip's slab across
+   * the edge to the next, H links wide, one after another */
+  double bytes =
+      fabric->kind == ST_FABRIC_CPU ? 2.0 * R * grads : (R - 1.0) * grads;
+  double bw = fabric->kind == ST_FABRIC_CPU
+                  ? fabric->memory_bandwidth
+                  : fabric->height * fabric->link_bandwidth;
+  p->reduce_time =
+      bw > 0 && cfg->train.batch > 0 ? bytes / bw / cfg->train.batch : 0;
+  return 0;
+}
+
 int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
                         st_error *err) {
   /* one process: only its limit to check */
@@ -1135,7 +1242,11 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
   for (int b = 0; b < p->n_blocks; b++)
     if (p->blocks[b].param_bytes > block_w) block_w = p->blocks[b].param_bytes;
   for (int s = 0; s < k; s++) acts += p->stages[s].mem_acts;
-  for (int s = 0; s < k; s++) held += p->stages[s].mem_total;
+  /* over ranks a rank holds one replica (ranks.c); in one process the
+   * replicas' copies are this process's too */
+  for (int s = 0; s < k; s++)
+    held +=
+        p->stages[s].mem_total - (ranks > 1 ? p->stages[s].mem_replicas : 0);
   held += p->mem_eval_whole; /* a replica evaluates the whole model */
   int file = !strcmp(cfg->execution.store, "file");
   for (int r = 0; r < ranks; r++) {
@@ -1161,7 +1272,8 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
         if ((int)((long long)s * P / k) == member) {
           if (lo < 0) lo = s;
           hi = s + 1;
-          bytes += p->stages[s].mem_total + p->stages[s].mem_eval;
+          bytes += p->stages[s].mem_total - p->stages[s].mem_replicas +
+                   p->stages[s].mem_eval;
         }
       if (lo < 0) lo = hi = 0;
     } else {

@@ -294,6 +294,29 @@ void st_plan_print(const st_plan *p, FILE *f) {
           "bottleneck)\n",
           st_plan_fmt_rate(a, sizeof a, p->throughput), p->bottleneck,
           st_plan_fmt_time(b, sizeof b, p->bottleneck_time), p->balance);
+  if (p->replicas > 1) {
+    double w = 0;
+    for (int i = 0; i < p->n_blocks; i++) w += p->blocks[i].param_bytes;
+    fprintf(f,
+            "replicas: %d at once (execution.replicas), each on %s %s of "
+            "its own with %d of the batch's %d samples a step: the stages "
+            "above are one replica's, their memory all %d copies' (each "
+            "its own gradient slab, activations and workspace; the weights "
+            "and optimizer state shared); the slabs' sum a step moves %s "
+            "at %s/s%s, %s a sample -> %s samples/s\n",
+            p->replicas, st_plan_fmt_count(c, sizeof c, (double)p->replica_pes),
+            word, p->batch, p->global_batch, p->replicas,
+            st_plan_fmt_bytes(
+                a, sizeof a, (cpu ? 2.0 * p->replicas : p->replicas - 1.0) * w),
+            st_plan_fmt_bytes(b, sizeof b,
+                              cpu ? fb->memory_bandwidth
+                                  : fb->height * fb->link_bandwidth),
+            cpu ? " of memory" : " across the strips' edges",
+            st_plan_fmt_time(d, sizeof d, p->reduce_time),
+            st_plan_fmt_rate(
+                e, sizeof e,
+                st_plan_rate(p, !strcmp(p->mode, "pipelined_backprop"))));
+  }
   if (p->io_rate > 0)
     fprintf(f, "I/O: the fabric carries %s samples/s in (input and labels)%s\n",
             st_plan_fmt_rate(a, sizeof a, p->io_rate),
@@ -333,12 +356,13 @@ void st_plan_print(const st_plan *p, FILE *f) {
                p->virtual_stages,
                st_plan_fmt_time(t, sizeof t, p->handoff_time));
     fprintf(f,
-            "utilization: mode %s; %s with M = %d micro-batch%s (batch %d / "
-            "micro-batch %d): %s's bubble = %.3f%s -> %s "
+            "utilization: mode %s; %s with M = %d micro-batch%s (%sbatch "
+            "%d / micro-batch %d): %s's bubble = %.3f%s -> %s "
             "samples/s; as pipelined backprop: %.2f in steady state -> %s "
             "samples/s\n",
             p->mode[0] ? p->mode : "-", as, p->micro_batches,
-            p->micro_batches == 1 ? "" : "es", p->batch, p->micro_batch,
+            p->micro_batches == 1 ? "" : "es",
+            p->replicas > 1 ? "a replica's " : "", p->batch, p->micro_batch,
             p->schedule[0] ? p->schedule : "gpipe", p->util_fill_drain, extra,
             st_plan_fmt_rate(e, sizeof e, st_plan_rate(p, 0)),
             p->util_pipelined,
@@ -479,6 +503,7 @@ static void write_json(const st_plan *p, FILE *f) {
     jnum(f, "state", st->mem_state, 0);
     jnum(f, "activations", st->mem_acts, 0);
     jnum(f, "workspace", st->mem_work, 0);
+    jnum(f, "replicas", st->mem_replicas, 0);
     jnum(f, "total", st->mem_total, 0);
     jnum(f, "capacity", st->mem_capacity, 0);
     jnum(f, "working_set", st->working_set, 0);
@@ -506,6 +531,10 @@ static void write_json(const st_plan *p, FILE *f) {
   jnum(f, "bottleneck_time", p->bottleneck_time, 0);
   jnum(f, "balance", p->balance, 0);
   jnum(f, "io_rate", p->io_rate, 0);
+  fprintf(f, "\"replicas\": %d, \"replica_pes\": %lld, ",
+          p->replicas > 1 ? p->replicas : 1,
+          (long long)(p->replicas > 1 ? p->replica_pes : p->pes_used));
+  jnum(f, "reduce_time", p->reduce_time, 0);
   fputs("\"mode_why\": ", f);
   json_string(f, p->mode_why);
   fputs(",\n  \"weight_streaming\": {", f);

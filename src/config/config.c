@@ -914,6 +914,7 @@ static const range ranges[] = {
     AT_LEAST("fabric.hop_latency", 0),
     AT_LEAST("fabric.pe_overhead", 0),
     AT_LEAST("fabric.io_bandwidth", 0),
+    AT_LEAST("fabric.memory_bandwidth", 0),
     AT_LEAST("metrics.log_every", 1),
 };
 

@@ -324,6 +324,10 @@ const st_config_key st_config_schema[] = {
           "mesh: bytes/s the fabric's I/O carries each way, to the host "
           "(samples) and to a weight store (weight streaming); 0 = the "
           "fabric's own figure (a CS-2: 12 x 100 GbE = 1.5e11, published)"),
+    FLOAT(fabric, memory_bandwidth, "0",
+          "cpu: bytes/s of the machine's memory (DRAM), all cores together; "
+          "0 = the fabric's own figure (1e11, a built-in estimate, "
+          "docs/compiler.md)"),
 
     INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
     ENUM(metrics, progress, "auto", progress_modes,

@@ -55,6 +55,7 @@ static void apply(st_config *c, const candidate *k, int mb) {
   snprintf(c->execution.mode, sizeof c->execution.mode, "%s", k->mode);
   c->execution.micro_batch = mb;
   if (is_ws(k->mode)) {
+    c->execution.replicas = 1; /* replicas run sequential and pipeline */
     c->execution.keep_activations = k->keep;
     if (k->store[0])
       snprintf(c->execution.store, sizeof c->execution.store, "%s", k->store);

@@ -878,6 +878,97 @@ static void test_workspace(void) {
   }
 }
 
+/* Data parallelism in one process (replicas.c): R replicas on C / R cores
+ * each, B / R samples a step each, every replica its own gradient slab and
+ * activations, the weights and optimizer state shared, and the slabs summed
+ * after the step (2 R x the weights' bytes through memory). By hand from
+ * the blocks' FLOPs and bytes: the sequential MLP on cpu:16, R = 4. */
+static void test_replicas(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  set(&cfg, "fabric.cores=16");
+  set(&cfg, "train.batch=64");
+  set(&cfg, "execution.replicas=4");
+  st_plan *p = NULL;
+  st_error err = {0};
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0, "replicas: %s", err.msg);
+  if (!p) return;
+  const double R = 4, C = 4, share = 16, mbw = 100e9;
+  double flops = 0, w = 0, state = 0, acts = p->blocks[0].in_bytes, wn = 0,
+         wsc = 0;
+  for (int b = 0; b < p->n_blocks; b++) {
+    const st_block_cost *c = &p->blocks[b];
+    flops += c->flops_fwd + c->flops_bwd;
+    w += c->param_bytes;
+    state += c->state_bytes;
+    acts += c->act_bytes;
+    wn = fmax(wn, c->work_numel_bytes * c->call_samples);
+    wsc = fmax(wsc, c->work_scratch_bytes * c->call_samples);
+    CHECK(c->call_samples == share, "block %d: GEMMs of %g rows, want %g", b,
+          c->call_samples, share);
+  }
+  /* one replica: every FLOP on its 4 cores, e(4) = 1 / 1.15 */
+  double t = flops * (0.05 + 0.95 / C) / 90e9;
+  double work = 5 * wn + wsc;
+  /* the weights and state once, R gradient slabs (state holds one),
+   * R micro-batches' activations and workspaces */
+  double mem = w + state + (R - 1) * w + R * (share * acts + work);
+  double reduce = 2 * R * w / mbw / 64;
+  double rate = 1 / (t / R + reduce);
+  const st_plan_stage *st = &p->stages[0];
+  /* 1e-12: sums of a few terms in another order */
+  CHECK(p->n_stages == 1 && st->pes == C && p->pes_used == 16 &&
+            fabs(st->time - t) <= 1e-12 * t,
+        "a replica's stage: %lld cores, %.6g s a sample; by hand 4 cores, "
+        "%.6g",
+        (long long)st->pes, st->time, t);
+  CHECK(fabs(st->mem_total - mem) <= 1e-12 * mem,
+        "memory of 4 replicas %.0f, by hand %.0f", st->mem_total, mem);
+  CHECK(fabs(p->reduce_time - reduce) <= 1e-12 * reduce &&
+            fabs(st_plan_rate(p, 0) - rate) <= 1e-12 * rate,
+        "rate %.6g (sum %.3g s a sample), by hand %.6g (%.3g)",
+        st_plan_rate(p, 0), p->reduce_time, rate, reduce);
+  st_plan_destroy(p);
+
+  /* memory: the same replicas on a machine that holds all but 1% of it */
+  char kv[64];
+  snprintf(kv, sizeof kv, "fabric.pe_memory=%.0f", 0.99 * mem / 16);
+  set(&cfg, kv);
+  int rc = st_plan_compile(&p, &cfg, 0, &err);
+  CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "4 replicas do not fit"),
+        "4 replicas in 99%% of their memory: rc %d '%s'", rc, err.msg);
+  st_plan_destroy(p);
+  set(&cfg, "fabric.pe_memory=0");
+
+  /* more replicas than cores: refused, as --stages is */
+  set(&cfg, "execution.replicas=32");
+  rc = st_plan_compile(&p, &cfg, 0, &err);
+  CHECK(rc == ST_EARG && strstr(err.msg, "more replicas than the 16 cores"),
+        "32 replicas on 16 cores: rc %d '%s'", rc, err.msg);
+  st_plan_destroy(p);
+
+  /* pipeline replicas: the bubble of a replica's own micro-batches,
+   * M = B / R / m = 64 / 2 / 8 = 4 */
+  set(&cfg, "execution.replicas=2");
+  set(&cfg, "execution.mode=pipeline");
+  set(&cfg, "execution.schedule=gpipe");
+  set(&cfg, "execution.stages=2");
+  set(&cfg, "execution.micro_batch=8");
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0, "pipeline replicas: %s",
+        err.msg);
+  if (!p) return;
+  double sum = 0, t_max = 0, M = 4;
+  for (int s = 0; s < p->n_stages; s++) {
+    sum += p->stages[s].time;
+    t_max = fmax(t_max, p->stages[s].time);
+  }
+  double util = M * t_max / ((M - 1) * t_max + sum);
+  CHECK(p->micro_batches == 4 && fabs(p->util_fill_drain - util) < 1e-12,
+        "pipeline replicas: M = %d, bubble %.6f; by hand M = 4, %.6f",
+        p->micro_batches, p->util_fill_drain, util);
+  st_plan_destroy(p);
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -898,5 +989,6 @@ int main(void) {
   test_compile_and_write();
   test_schedules();
   test_workspace();
+  test_replicas();
   TH_DONE();
 }
