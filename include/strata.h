@@ -1378,8 +1378,12 @@ typedef struct st_fabric {
                               the rate each of n busy cores keeps; 0 = cores
                               independent (see compile.h) */
   double memory_bandwidth; /* bytes/s, whole fabric: cpu, its DRAM shared by
-                              every core (modelled: replicas' gradient sum,
+                              every core (a stage's share bounds its time
+                              past cache_bytes; replicas' gradient sum;
                               docs/compiler.md); mesh, reported only */
+  double cache_bytes;      /* cpu: the last-level cache, every core's
+                              together; a stage whose working set exceeds
+                              its share streams from memory */
   double fabric_bandwidth; /* bytes/s, whole fabric (reported, not modelled) */
   int estimated;           /* 1: built-in figures, not calibrated */
   char source[384];        /* where the figures come from */
@@ -1783,7 +1787,8 @@ typedef struct st_plan_stage {
                           0 where not computed) */
   double in_flight;    /* samples whose activations it holds */
   double versions;     /* weight copies it holds */
-  char bound[16];      /* what limits it: compute, communication, memory or
+  char bound[24];      /* what limits it: compute, communication, memory,
+                          memory bandwidth or
                           I/O (docs/compiler.md) */
   double working_set;  /* bytes a micro-batch's step touches */
   double spill;        /* calibrated share of the weights' memory

@@ -108,6 +108,9 @@ typedef struct problem {
   /* one-row products' work (the row curve's), which scales on a stage's
    * cores by the fabric's row_slope, not efficiency_slope */
   double *row_fwd, *row_bwd;
+  /* cpu: the bytes a sample moves through memory (dram_bytes), for the
+   * machine's memory bandwidth (stage_dram_time) */
+  double *dram;
   /* what the time model uses, same indexing: parallel work (FLOPs at
    * work_rate = pe_flops uncalibrated; one-core seconds at work_rate = 1
    * calibrated) and single-threaded seconds (0 uncalibrated) */
@@ -156,6 +159,12 @@ double stage_memory(const problem *p, int i, int j, int s);
 /* Seconds per sample of stage [i, j) on `units` units of layout L; the parts
  * (forward, backward, communication) go to the pointers that are not NULL.
  * On a mesh the communication includes the region's own (compile.h top). */
+/* cpu: the least seconds per sample a stage [i, j) on `units` cores needs
+ * to move its bytes through memory, at its share units / C of the
+ * machine's bandwidth, where its working set exceeds its share of the
+ * last-level cache; 0 where the caches hold it (or no bandwidth). */
+double stage_dram_time(const problem *p, const layout *L, int i, int j,
+                       int64_t units);
 double stage_time(const problem *p, const layout *L, int i, int j,
                   int64_t units, double *fwd, double *bwd, double *comm);
 /* The region `units` units of L make: w PEs across, h down. */

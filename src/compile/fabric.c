@@ -41,6 +41,11 @@
  * calibration profile does not time it yet; fabric.memory_bandwidth gives
  * this machine's figure. */
 #define CPU_MEMORY_BANDWIDTH 100e9
+/* cpu: the last-level cache of all the cores together, an estimate (a
+ * server socket's shared L3 is 32-256 MB, a desktop's 16-64 MB). A stage
+ * whose step touches more than its share of it (its cores over all) is
+ * bounded by its share of CPU_MEMORY_BANDWIDTH. */
+#define CPU_CACHE_BYTES (32.0 * 1048576)
 
 /* WSE-2, published (Cerebras, 2021; AnandTech "Cerebras Unveils Wafer Scale
  * Engine Two (WSE2)", 2021-04-20): 850,000 cores, 40 GB SRAM, 20 PB/s memory
@@ -152,6 +157,7 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   f->pe_memory = ram / cores;
   f->link_bandwidth = CPU_COPY_BANDWIDTH;
   f->memory_bandwidth = CPU_MEMORY_BANDWIDTH;
+  f->cache_bytes = CPU_CACHE_BYTES;
   f->efficiency_slope = CPU_EFFICIENCY_SLOPE;
   f->estimated = 1;
   /* A calibration profile, when there is one, replaces the three rates. A
@@ -174,7 +180,8 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
            "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split "
            "over them; 90 GFLOP/s "
            "per core, e(c) = 1/(1 + 0.05 (c - 1)), 10 GB/s stage copies "
-           "and 100 GB/s of memory are built-in estimates, not calibrated "
+           "and 100 GB/s of memory past a 32 MiB cache are built-in "
+           "estimates, not calibrated "
            "(%s%.100s)",
            cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9,
            path[0] ? "no profile at " : "",

@@ -122,6 +122,23 @@ static void l2_traffic(const st_fabric *f, const st_block_cost *b,
   }
 }
 
+/* The bytes one sample's step moves through memory in block b, at the
+ * least: a one-row product's weights each pass (the forward's read, the
+ * input gradient's, the weight gradient's read and write or the fused
+ * update's weights and state: row_bytes_*), a wider product's weights once
+ * a GEMM call shared by its rows, the other ops' reads and writes and the
+ * optimizer's pass (bytes_*, per sample already). The activations the
+ * GEMMs read and write are left out: a lower bound. */
+static double dram_bytes(const st_block_cost *b) {
+  double bytes = b->row_bytes_fwd + b->row_bytes_bwd;
+  for (int l = 0; l < b->n_linear && b->call_samples > 0; l++)
+    if (b->linear_rows[l] >= 2)
+      bytes += b->linear_gemms[l] * b->linear_bytes[l] / b->call_samples;
+  for (int k = 0; k < ST_OP_CLASSES; k++)
+    bytes += b->bytes_fwd[k] + b->bytes_bwd[k];
+  return bytes;
+}
+
 int problem_init(problem *p, const st_block_cost *blocks, int n,
                  const st_fabric *f, double in_flight, double versions,
                  st_error *err) {
@@ -132,12 +149,12 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
   p->in_flight = in_flight;
   p->versions = versions;
   size_t cells = (size_t)(n + 1) * (size_t)(n + 1);
-  double **arrays[] = {&p->flops_fwd, &p->flops_bwd,  &p->weights,
-                       &p->state,     &p->acts,       &p->work_fwd,
-                       &p->work_bwd,  &p->serial_fwd, &p->serial_bwd,
-                       &p->region_in, &p->region_out, &p->region_layers,
-                       &p->ws,        &p->l2_fwd,     &p->l2_bwd,
-                       &p->work_mem,  &p->row_fwd,    &p->row_bwd};
+  double **arrays[] = {
+      &p->flops_fwd,  &p->flops_bwd, &p->weights,    &p->state,
+      &p->acts,       &p->work_fwd,  &p->work_bwd,   &p->serial_fwd,
+      &p->serial_bwd, &p->region_in, &p->region_out, &p->region_layers,
+      &p->ws,         &p->l2_fwd,    &p->l2_bwd,     &p->work_mem,
+      &p->row_fwd,    &p->row_bwd,   &p->dram};
   int ok = 1;
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
     ok &= (*arrays[a] = st_alloc(cells * sizeof(double))) != NULL;
@@ -168,7 +185,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
     double ff = 0, fb = 0, weights = 0, state = 0, acts = blocks[i].in_bytes;
     double lw = 0, ls = 0; /* weight prediction: work, serial seconds */
     double rin = 0, rout = 0, rl = 0; /* through a mesh region */
-    double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0;
+    double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0, dram = 0;
     double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
     double l2t[2] = {0, 0};  /* weights from past L2, seconds a sample */
     double wn = 0, wsc = 0;  /* the workspace's largest terms */
@@ -224,7 +241,9 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       } else {
         wf += b->flops_fwd;
         wb += b->flops_bwd;
+        ws += b->ws_bytes;
       }
+      dram += dram_bytes(b);
       weights += b->param_bytes;
       state += b->state_bytes;
       acts += b->act_bytes;
@@ -253,6 +272,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       p->row_fwd[at] = row_f;
       p->row_bwd[at] = row_b;
       p->ws[at] = ws;
+      p->dram[at] = dram;
       p->l2_fwd[at] = l2t[0];
       p->l2_bwd[at] = l2t[1];
       p->serial_fwd[at] = sf;
@@ -355,7 +375,8 @@ void problem_free(problem *p) {
       &p->acts,       &p->work_fwd,  &p->work_bwd,       &p->serial_fwd,
       &p->serial_bwd, &p->region_in, &p->region_out,     &p->region_layers,
       &p->ws,         &p->l2_fwd,    &p->l2_bwd,         &p->row_fwd,
-      &p->row_bwd,    &p->work_mem,  &p->last_free_work, &p->last_free_serial};
+      &p->row_bwd,    &p->work_mem,  &p->last_free_work, &p->last_free_serial,
+      &p->dram};
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
     st_free(*arrays[a]);
     *arrays[a] = NULL;
@@ -420,6 +441,18 @@ void region_shape(const layout *L, int64_t units, double *w, double *h) {
   }
 }
 
+double stage_dram_time(const problem *p, const layout *L, int i, int j,
+                       int64_t units) {
+  const st_fabric *f = p->fabric;
+  if (f->kind != ST_FABRIC_CPU || !(f->memory_bandwidth > 0) || !p->dram)
+    return 0;
+  int64_t at = range_index(p, i, j);
+  double share = (double)units * L->h / (double)f->pes;
+  double cache = f->cache_bytes > 0 ? f->cache_bytes : 0;
+  if (p->ws[at] <= cache * share) return 0;
+  return p->dram[at] / (f->memory_bandwidth * share);
+}
+
 double stage_time(const problem *p, const layout *L, int i, int j,
                   int64_t units, double *fwd, double *bwd, double *comm) {
   const st_fabric *f = p->fabric;
@@ -455,6 +488,14 @@ double stage_time(const problem *p, const layout *L, int i, int j,
     tc += 2 * pass;
     tf += nl * f->pe_overhead;
     tb += nl * f->pe_overhead;
+  }
+  /* no faster than memory carries its bytes (cpu): the passes stretched
+   * in proportion, the copies to the next stage beside them */
+  double dram = stage_dram_time(p, L, i, j, units);
+  if (dram > tf + tb && tf + tb > 0) {
+    double k = dram / (tf + tb);
+    tf *= k;
+    tb *= k;
   }
   if (fwd) *fwd = tf;
   if (bwd) *bwd = tb;

@@ -547,8 +547,11 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
     int64_t ut = units_for_time(p, L, i, j, worst, 1);
     st->pes_for_time = ut == INT64_MAX ? st->pes : ut * L->h;
     st->pes_for_memory = units_for_memory(p, L, i, j, s) * L->h;
+    double dram = stage_dram_time(p, L, i, j, span[s]);
     snprintf(st->bound, sizeof st->bound, "%s",
-             st->pes_for_memory > st->pes_for_time         ? "memory"
+             st->pes_for_memory > st->pes_for_time ? "memory"
+             : dram > 0 && dram >= st->time_fwd + st->time_bwd
+                 ? "memory bandwidth"
              : st->time_comm > st->time_fwd + st->time_bwd ? "communication"
                                                            : "compute");
     describe_stage(p, L, plan, s, (span[s] - before[s]) * L->h);

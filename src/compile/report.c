@@ -138,9 +138,13 @@ void st_plan_print(const st_plan *p, FILE *f) {
             st_plan_fmt_bytes(d, sizeof d, fb->pe_memory + fb->pe_reserved));
   fprintf(f, "; ");
   if (cpu)
-    fprintf(f, "stage copy %s/s; e(c) = 1/(1 + %g (c - 1))\n",
+    fprintf(f,
+            "stage copy %s/s; e(c) = 1/(1 + %g (c - 1)); memory %s/s past "
+            "a %s cache, shared by the cores\n",
             st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth),
-            fb->efficiency_slope);
+            fb->efficiency_slope,
+            st_plan_fmt_bytes(e, sizeof e, fb->memory_bandwidth),
+            st_plan_fmt_bytes(a, sizeof a, fb->cache_bytes));
   else
     fprintf(f, "link %s/s one way; e(c) = 1\n",
             st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth));

@@ -969,6 +969,70 @@ static void test_replicas(void) {
   st_plan_destroy(p);
 }
 
+/* A cpu's memory bandwidth bounds a stage whose working set passes its
+ * share of the last-level cache: a one-row 2048 x 2048 layer streams its
+ * weights W six times a sample (forward, input gradient, a fused momentum
+ * update's read and write of weights and velocity), 6 W / (its cores' share
+ * of the bandwidth). By hand, on cpu:4 at 100 GB/s past 32 MiB. */
+static void test_memory_bandwidth(void) {
+  const double W = 4.0 * 2048 * 2048, F = 2.0 * 2048 * 2048;
+  st_block_cost b[2];
+  for (int k = 0; k < 2; k++) {
+    memset(&b[k], 0, sizeof b[k]);
+    snprintf(b[k].name, sizeof b[k].name, "blocks.%d", k);
+    b[k].flops_fwd = F;
+    b[k].flops_bwd = 2 * F;
+    b[k].param_bytes = W;
+    b[k].state_bytes = 2 * W;
+    b[k].act_bytes = b[k].in_bytes = b[k].out_bytes = 4 * 2048;
+    b[k].row_bytes_fwd = W;
+    b[k].row_bytes_bwd = 5 * W;
+    b[k].ws_bytes = 3 * W; /* 50 MB: past the cache */
+    b[k].call_samples = 1;
+  }
+  st_fabric f = cpu_fabric(4, 1e9);
+  f.memory_bandwidth = 100e9;
+  f.cache_bytes = 32.0 * 1048576;
+  st_plan_options opt = {
+      .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
+  st_plan *p = NULL;
+  st_error err = {0};
+  CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
+  if (!p) return;
+  /* 12 W through memory a sample, all 4 cores' share: 2.01 ms; the
+   * FLOPs alone would take 6F x 1.15 / 360e9 = 80 us */
+  double want = 12 * W / 100e9;
+  CHECK(fabs(p->bottleneck_time - want) <= 1e-12 * want &&
+            !strcmp(p->stages[0].bound, "memory bandwidth"),
+        "one stage: %.6g s a sample, bound '%s'; by hand %.6g s, memory "
+        "bandwidth",
+        p->bottleneck_time, p->stages[0].bound, want);
+  st_plan_destroy(p);
+  /* two stages on 2 cores each: each its own 6 W at half the bandwidth,
+   * the same rate (memory does not scale with stages) plus the copies */
+  opt.stages = 2;
+  CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
+  if (!p) return;
+  double copy = 4 * 2048 / 10e9;
+  want = 6 * W / 50e9 + copy;
+  CHECK(p->stages[0].pes == 2 &&
+            fabs(p->bottleneck_time - want) <= 1e-12 * want,
+        "two stages: %.6g s a sample on %lld cores; by hand %.6g on 2",
+        p->bottleneck_time, (long long)p->stages[0].pes, want);
+  st_plan_destroy(p);
+  /* inside the cache: the FLOPs alone, 6F (0.05 + 0.95/4) / 90e9 */
+  for (int k = 0; k < 2; k++) b[k].ws_bytes = 1e6;
+  opt.stages = 1;
+  CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
+  if (!p) return;
+  want = 6 * F * (0.05 + 0.95 / 4) / 90e9;
+  CHECK(fabs(p->bottleneck_time - want) <= 1e-12 * want &&
+            !strcmp(p->stages[0].bound, "compute"),
+        "in cache: %.6g s, '%s'; by hand %.6g, compute", p->bottleneck_time,
+        p->stages[0].bound, want);
+  st_plan_destroy(p);
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -990,5 +1054,6 @@ int main(void) {
   test_schedules();
   test_workspace();
   test_replicas();
+  test_memory_bandwidth();
   TH_DONE();
 }
