@@ -592,8 +592,15 @@ static int choose_stages_text(st_plan *plan, const partition *q,
   else if (stages_given)
     n = snprintf(c, cap, "as asked (%s %d)", key, plan->n_stages);
   else if (q->by_k) {
-    n = snprintf(c, cap, "the best predicted throughput of K = 1..%d (",
-                 q->n_by_k);
+    const char *sched = plan->options.in_flight_schedule;
+    if (sched && sched[0] && strcmp(sched, "pb"))
+      n = snprintf(c, cap,
+                   "the best predicted rate, %s's fill and drain of M = %d "
+                   "included, of K = 1..%d (",
+                   sched, plan->options.micro_batches, q->n_by_k);
+    else
+      n = snprintf(c, cap, "the best predicted throughput of K = 1..%d (",
+                   q->n_by_k);
     /* a long model's list would not fit the cause: the first K that fit,
      * then "...", then the last (plan.json has them all) */
     for (int k = 1; k <= q->n_by_k && n > 0 && (size_t)n < cap; k++) {
@@ -619,6 +626,34 @@ static int choose_stages_text(st_plan *plan, const partition *q,
              "; stages in bands of %d row%s (best of %d band heights)",
              plan->band_height, plan->band_height == 1 ? "" : "s", n_heights);
   return 0;
+}
+
+/* A fill-and-drain schedule's utilization of partition q (set_schedule's
+ * formula: gpipe and 1f1b at stages of unequal time M t_max / ((M - 1)
+ * t_max + sum t_s); interleaved and zb1p st_schedule_formula); 1 for
+ * pipelined backprop, which never drains, and for modes without a
+ * schedule. The stage count is chosen by bottleneck / this: the rate a
+ * run gets, not the steady state it never reaches at small M. */
+static double drain_utilization(const problem *p, const layout *L,
+                                const partition *q, const st_plan_options *o) {
+  const char *name = o->in_flight_schedule;
+  if (!name || !name[0] || !strcmp(name, "pb") || q->k < 2) return 1;
+  int M = o->micro_batches > 0 ? o->micro_batches : 1;
+  int V = !strcmp(name, "interleaved") && o->virtual_stages > 1
+              ? o->virtual_stages
+              : 1;
+  if (V == 1 && (!strcmp(name, "gpipe") || !strcmp(name, "1f1b"))) {
+    double sum = 0, worst = 0;
+    for (int s = 0; s < q->k; s++) {
+      double t =
+          stage_time(p, L, q->cut[s], q->cut[s + 1], q->units[s], 0, 0, 0);
+      sum += t;
+      worst = fmax(worst, t);
+    }
+    return worst > 0 ? M * worst / ((M - 1) * worst + sum) : 1;
+  }
+  double f = st_schedule_formula(name, q->k, M, V);
+  return f > 0 ? f : (double)M / (M + q->k - 1);
 }
 
 int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
@@ -735,6 +770,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
     for (int k = 0; table && k < n_blocks; k++) table[k] = INFINITY;
   }
   partition best = {0};
+  double best_eff = INFINITY;
   layout best_layout = {0};
   int best_S = 0;
   for (int S = per_stage ? k_lo : 0;
@@ -747,8 +783,11 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
       rc = partition_solve(&p, &L, lo, hi, opt->algorithm, K == 0 && !per_stage,
                            &q);
       if (rc) continue;
-      if (table && q.bottleneck < table[S - 1]) table[S - 1] = q.bottleneck;
-      double b = q.bottleneck, bb = best.bottleneck;
+      /* per stage count, the time a sample takes with the bubble */
+      double eff = per_stage ? q.bottleneck / drain_utilization(&p, &L, &q, opt)
+                             : q.bottleneck;
+      if (table && eff < table[S - 1]) table[S - 1] = eff;
+      double b = eff, bb = best_eff;
       int better = !best.k || (q.k < best.k && b <= bb * (1 + TIE)) ||
                    (q.k == best.k && b < bb) ||
                    (q.k > best.k && b < bb * (1 - TIE));
@@ -759,6 +798,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
             if (best.by_k[k] < q.by_k[k]) q.by_k[k] = best.by_k[k];
         partition_free(&best);
         best = q;
+        best_eff = eff;
         best_layout = L;
         best_S = S;
       } else {

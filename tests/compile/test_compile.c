@@ -719,9 +719,46 @@ static void test_sequential_one_stage(void) {
         p ? p->cause : "");
   st_plan_destroy(p);
   set(&cfg, "execution.mode=pipeline");
+  set(&cfg, "execution.micro_batch=1"); /* M = the batch: a small bubble */
   CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0 && p->n_stages > 1,
         "a pipeline of the same model on 16 cores is cut: %d stages",
         p ? p->n_stages : -1);
+  st_plan_destroy(p);
+}
+
+/* A fill-and-drain pipeline's stage count is chosen by its rate with the
+ * bubble, not by the steady state it never reaches: at M = 1 micro-batch
+ * a 1f1b pipeline of K stages takes sum t_s a sample (M t_max / ((M - 1)
+ * t_max + sum t_s) of the steady state), so no cut beats one stage of
+ * every core. By hand: the MLP's FLOPs on 16 cores, e(16) = 1/1.75. */
+static void test_stages_by_rate(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  set(&cfg, "fabric.cores=16");
+  set(&cfg, "execution.mode=pipeline");
+  set(&cfg, "execution.schedule=1f1b");
+  st_plan *p = NULL;
+  st_error err = {0};
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0, "%s", err.msg);
+  if (!p) return;
+  double flops = 0;
+  for (int b = 0; b < p->n_blocks; b++)
+    flops += p->blocks[b].flops_fwd + p->blocks[b].flops_bwd;
+  double rate1 = 90e9 / (flops * (0.05 + 0.95 / 16));
+  CHECK(p->n_stages == 1 && p->micro_batches == 1,
+        "1f1b at M = %d: %d stages; want 1", p->micro_batches, p->n_stages);
+  /* the list the choice compared: K = 1 is the one-stage rate, and every
+   * K's rate is its own stages' 1 / sum t_s, below it (1e-12: sums in
+   * another order) */
+  CHECK(p->n_tried >= 2 && fabs(p->throughput_by_k[0] - rate1) <= 1e-12 * rate1,
+        "K = 1 compared at %.6g/s, by hand %.6g",
+        p->n_tried ? p->throughput_by_k[0] : 0, rate1);
+  for (int k = 2; k <= p->n_tried; k++)
+    CHECK(p->throughput_by_k[k - 1] < rate1,
+          "K = %d compared at %.6g/s, above one stage's %.6g", k,
+          p->throughput_by_k[k - 1], rate1);
+  CHECK(strstr(p->cause, "fill and drain of M = 1 included"), "why: %s",
+        p->cause);
   st_plan_destroy(p);
 }
 
@@ -1055,5 +1092,6 @@ int main(void) {
   test_workspace();
   test_replicas();
   test_memory_bandwidth();
+  test_stages_by_rate();
   TH_DONE();
 }
