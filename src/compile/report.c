@@ -270,13 +270,13 @@ void st_plan_print(const st_plan *p, FILE *f) {
             p->n_stages ? p->stages[0].in_flight : 0);
   fprintf(f, "why %d stage%s: %s\n\n", p->n_stages, p->n_stages == 1 ? "" : "s",
           p->cause);
-  fprintf(f, "%5s  %-16s %-18s %9s %9s %9s %9s  %-13s %s\n", "stage", "blocks",
+  fprintf(f, "%5s  %-16s %-18s %9s %9s %9s %9s  %-16s %s\n", "stage", "blocks",
           cpu ? "cores" : "PEs (WxH@x,y)", "fwd", "bwd", "comm", "total",
           "bound", "memory held / capacity");
   for (int s = 0; s < p->n_stages; s++) {
     const st_plan_stage *st = &p->stages[s];
     char bl[64], wh[48], t[4][24];
-    fprintf(f, "%5d  %-16s %-18s %9s %9s %9s %9s  %-13s %s / %s%s\n", s,
+    fprintf(f, "%5d  %-16s %-18s %9s %9s %9s %9s  %-16s %s / %s%s\n", s,
             blocks_text(bl, sizeof bl, p, st), where_text(wh, sizeof wh, p, st),
             st_plan_fmt_time(t[0], 24, st->time_fwd),
             st_plan_fmt_time(t[1], 24, st->time_bwd),
