@@ -1154,6 +1154,7 @@ typedef struct st_safetensors {
   char path[ST_PATH_MAX];
   int n_tensors;
   st_st_tensor *tensors;
+  const st_st_tensor **by_name; /* the tensors in name order (find) */
   int n_meta;
   char (*meta_keys)[64];
   char (*meta_values)[256];

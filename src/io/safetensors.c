@@ -259,22 +259,20 @@ static int read_tensor(json *j, st_st_tensor *t) {
 static int parse_header(json *j, st_safetensors *st) {
   if (expect(j, '{')) return ST_EFORMAT;
   if (peek(j, '}')) return j->p++, 0;
+  int cap = 0; /* grown by doubling: a header may list millions */
   for (;;) {
     char name[128];
     if (read_string(j, name, sizeof name) || expect(j, ':')) return ST_EFORMAT;
     if (strcmp(name, "__metadata__") == 0) {
       if (read_metadata(j, st)) return ST_EFORMAT;
     } else {
-      if (st_safetensors_find(st, name))
-        return st_error_set(j->err, ST_EFORMAT,
-                            "%s: corrupt safetensors header: tensor '%s' "
-                            "appears twice",
-                            j->path, name);
-      void *grown = realloc(st->tensors,
-                            (size_t)(st->n_tensors + 1) * sizeof *st->tensors);
-      if (!grown)
-        return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
-      st->tensors = grown;
+      if (st->n_tensors == cap) {
+        cap = cap ? 2 * cap : 64;
+        void *grown = realloc(st->tensors, (size_t)cap * sizeof *st->tensors);
+        if (!grown)
+          return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+        st->tensors = grown;
+      }
       st_st_tensor *t = &st->tensors[st->n_tensors++];
       memset(t, 0, sizeof *t);
       snprintf(t->name, sizeof t->name, "%s", name);
@@ -288,10 +286,35 @@ static int parse_header(json *j, st_safetensors *st) {
   }
 }
 
+/* By where the bytes begin; an empty tensor before a full one that begins
+ * where it does (both tile the section, in any header order). */
 static int by_begin(const void *a, const void *b) {
-  size_t x = (*(const st_st_tensor *const *)a)->begin,
-         y = (*(const st_st_tensor *const *)b)->begin;
-  return x < y ? -1 : x > y;
+  const st_st_tensor *x = *(const st_st_tensor *const *)a,
+                     *y = *(const st_st_tensor *const *)b;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int by_name(const void *a, const void *b) {
+  return strcmp((*(const st_st_tensor *const *)a)->name,
+                (*(const st_st_tensor *const *)b)->name);
+}
+
+/* The tensors in name order (st->by_name, for st_safetensors_find); a name
+ * listed twice is corrupt. O(n log n): a header may list millions. */
+static int index_names(st_safetensors *st, st_error *err) {
+  if (st->n_tensors == 0) return 0;
+  st->by_name = malloc((size_t)st->n_tensors * sizeof *st->by_name);
+  if (!st->by_name) return st_error_set(err, ST_ENOMEM, "out of memory");
+  for (int i = 0; i < st->n_tensors; i++) st->by_name[i] = &st->tensors[i];
+  qsort(st->by_name, (size_t)st->n_tensors, sizeof *st->by_name, by_name);
+  for (int i = 1; i < st->n_tensors; i++)
+    if (!strcmp(st->by_name[i]->name, st->by_name[i - 1]->name))
+      return st_error_set(err, ST_EFORMAT,
+                          "%s: corrupt safetensors header: tensor '%s' "
+                          "appears twice",
+                          st->path, st->by_name[i]->name);
+  return 0;
 }
 
 /* The specification's layout: the byte ranges tile the data section from 0
@@ -323,7 +346,7 @@ static int check_tiling(const st_safetensors *st, st_error *err) {
 
 /* Every tensor's byte range must match its dtype and shape and lie inside
  * the data section: this is where a truncated file is caught. */
-static int check_tensors(const st_safetensors *st, st_error *err) {
+static int check_tensors(st_safetensors *st, st_error *err) {
   for (int i = 0; i < st->n_tensors; i++) {
     const st_st_tensor *t = &st->tensors[i];
     size_t es = dtype_size(t->dtype);
@@ -332,12 +355,18 @@ static int check_tensors(const st_safetensors *st, st_error *err) {
                           "%s: tensor '%s': unknown dtype '%s'", st->path,
                           t->name, t->dtype);
     size_t bytes = es;
+    int empty = 0; /* a zero dimension: no bytes, however large the rest */
+    for (int d = 0; d < t->ndim; d++) empty |= t->dims[d] == 0;
     for (int d = 0; d < t->ndim; d++) {
       if (t->dims[d] < 0)
         return st_error_set(err, ST_EFORMAT,
                             "%s: tensor '%s': negative dimension", st->path,
                             t->name);
-      if (t->dims[d] && bytes > SIZE_MAX / (size_t)t->dims[d])
+      if (empty) {
+        bytes = 0;
+        continue;
+      }
+      if (bytes > SIZE_MAX / (size_t)t->dims[d])
         return st_error_set(err, ST_EFORMAT, "%s: tensor '%s': shape too large",
                             st->path, t->name);
       bytes *= (size_t)t->dims[d];
@@ -353,7 +382,8 @@ static int check_tensors(const st_safetensors *st, st_error *err) {
                           "of the data section, which has only %zu",
                           st->path, t->name, t->begin, t->end, st->data_bytes);
   }
-  return check_tiling(st, err);
+  int rc = check_tiling(st, err);
+  return rc ? rc : index_names(st, err);
 }
 
 /* Reads and checks the header; the data section too when load is 1, else
@@ -517,6 +547,7 @@ int st_safetensors_verify(const st_safetensors *st, const st_st_tensor *t,
 void st_safetensors_destroy(st_safetensors *st) {
   if (!st) return;
   free(st->tensors);
+  free(st->by_name);
   free(st->meta_keys);
   free(st->meta_values);
   free(st->crcs);
@@ -527,8 +558,18 @@ void st_safetensors_destroy(st_safetensors *st) {
 
 const st_st_tensor *st_safetensors_find(const st_safetensors *st,
                                         const char *name) {
-  for (int i = 0; i < st->n_tensors; i++)
-    if (strcmp(st->tensors[i].name, name) == 0) return &st->tensors[i];
+  if (!st->by_name) /* checked before its index was made */
+    for (int i = 0; i < st->n_tensors; i++)
+      if (strcmp(st->tensors[i].name, name) == 0) return &st->tensors[i];
+  int lo = 0, hi = st->by_name ? st->n_tensors : 0;
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2, c = strcmp(st->by_name[mid]->name, name);
+    if (c == 0) return st->by_name[mid];
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
   return NULL;
 }
 

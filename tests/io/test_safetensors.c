@@ -433,6 +433,41 @@ static void test_malformed(void) {
                 NULL);
   }
 
+  /* A name listed twice, far apart in a long header. */
+  write_handmade(path,
+                 "{\"b\":{\"dtype\":\"U8\",\"shape\":[1],"
+                 "\"data_offsets\":[0,1]},"
+                 "\"a\":{\"dtype\":\"U8\",\"shape\":[1],"
+                 "\"data_offsets\":[1,2]},"
+                 "\"b\":{\"dtype\":\"U8\",\"shape\":[1],"
+                 "\"data_offsets\":[2,3]}}",
+                 3);
+  expect_fail("a tensor listed twice", path, ST_EFORMAT, "'b'",
+              "appears twice");
+
+  /* Empty tensors are valid wherever they sit in the header (a tie of
+   * offsets with a full tensor once read as an overlap), and a zero
+   * dimension makes no bytes however large the others. */
+  const char *empties[] = {
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+      "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}",
+      "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,0],"
+      "\"data_offsets\":[8,8]}}",
+  };
+  for (int i = 0; i < 3; i++) {
+    write_handmade(path, empties[i], 8);
+    st_safetensors *st = NULL;
+    st_error err = {0};
+    int rc = st_safetensors_read(&st, path, &err);
+    CHECK(rc == 0 && st->n_tensors == 2 && st_safetensors_find(st, "a") &&
+              st_safetensors_find(st, "b") && !st_safetensors_find(st, "c"),
+          "empty tensor, header %d: rc %d %s", i, rc, err.msg);
+    st_safetensors_destroy(st);
+  }
+
   /* A directory is not a file. */
   expect_fail("a directory", dir, 0, NULL, NULL);
 }
