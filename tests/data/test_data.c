@@ -347,6 +347,29 @@ static void test_truncated(void) {
   rc = st_dataset_load_idx(&ds, TEST_IMAGES, empty, 0, &err);
   check_failure("empty", rc, ds, &err, ST_EFORMAT, empty,
                 "truncated: expected 4 header bytes, got 0");
+  /* A count the file cannot hold is refused before anything is allocated:
+   * 20 million labels in a gzip file of a few dozen bytes (deflate expands
+   * at most 1032:1), 5 labels in a plain file of 3. */
+  const uint8_t three[3] = {0, 1, 2};
+  const char *huge = tmp_path("huge-count-labels.gz");
+  write_labels(huge, "wb", 2049, 20000000, three, 3);
+  uint8_t px[3] = {0};
+  const char *imgs = tmp_path("huge-count-images.gz");
+  write_images(imgs, "wb", 20000000, 1, 1, px, 3);
+  rc = st_dataset_load_idx(&ds, imgs, huge, 0, &err);
+  check_failure("a count past the gzip file", rc, ds, &err, ST_EFORMAT, huge,
+                "the header counts 20000000 labels (20000000 bytes), more "
+                "than this");
+  uint8_t raw[8 + 3] = {0, 0, 8, 1, 0, 0, 0, 5, 0, 1, 2};
+  const char *plain = tmp_path("plain-five-labels");
+  write_raw(plain, raw, sizeof raw);
+  const char *five = tmp_path("five-images.gz");
+  uint8_t px5[5] = {0};
+  write_images(five, "wb", 5, 1, 1, px5, 5);
+  rc = st_dataset_load_idx(&ds, five, plain, 0, &err);
+  check_failure("a count past the plain file", rc, ds, &err, ST_EFORMAT, plain,
+                "the header counts 5 labels (5 bytes), more than this 11-byte "
+                "file can hold");
 }
 
 static void test_wrong_content(void) {
