@@ -1101,6 +1101,10 @@ int st_tokenizer_load(st_tokenizer **out, const char *path, st_error *err);
 /* Reads a whole file into memory from st_alloc (the caller st_frees *data);
  * a zero-byte file gives *data == NULL, *n == 0. (text.c) */
 int st_file_read(uint8_t **data, size_t *n, const char *path, st_error *err);
+/* Opens path for reading if it is a regular file: its descriptor, or -1
+ * with err set ("cannot open: ...", "not a regular file"). A FIFO or a
+ * device is refused without waiting on it (the open does not block). */
+int st_open_regular(const char *path, st_error *err);
 
 /* A text corpus as token ids, split by position: the first tokens train, the
  * last floor(n_tokens * val_fraction) validate (deterministic, contiguous). */

@@ -18,6 +18,7 @@
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #define IDX_LABEL_MAGIC 2049u /* 0x00000801: unsigned bytes, 1 dimension */
@@ -39,11 +40,13 @@ typedef struct idx_file {
 /* Opens f->path; `kind` ("image" or "label") goes into the messages. */
 static int idx_open(idx_file *f, const char *kind, st_error *err) {
   f->kind = kind;
-  errno = 0;
-  f->gz = gzopen(f->path, "rb");
-  if (!f->gz)
-    return st_error_set(err, ST_EIO, "%s: cannot open: %s", f->path,
-                        errno ? strerror(errno) : "out of memory");
+  int fd = st_open_regular(f->path, err);
+  if (fd < 0) return err->code;
+  f->gz = gzdopen(fd, "rb");
+  if (!f->gz) {
+    close(fd);
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", f->path);
+  }
   /* 128 KiB instead of zlib's 8 KiB: fewer read calls, ~10% faster. */
   gzbuffer(f->gz, 1u << 17);
   return 0;
@@ -54,13 +57,12 @@ static void idx_close(idx_file *f) {
   f->gz = NULL;
 }
 
-/* zlib's message for the stream's error, without the "path: " it prepends. */
+/* zlib's message for the stream's error, without the name it prepends. */
 static const char *zlib_reason(const idx_file *f, int *zerr) {
   const char *msg = gzerror(f->gz, zerr);
-  size_t len = strlen(f->path);
-  if (strncmp(msg, f->path, len) == 0 && strncmp(msg + len, ": ", 2) == 0)
-    msg += len + 2;
-  return msg;
+  /* gzdopen's stream names itself "<fd:N>" */
+  const char *close_ = strncmp(msg, "<fd:", 4) == 0 ? strstr(msg, ">: ") : NULL;
+  return close_ ? close_ + 3 : msg;
 }
 
 /* Turns a short read into the message that names its cause: zlib's verdict

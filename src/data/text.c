@@ -11,19 +11,38 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+int st_open_regular(const char *path, st_error *err) {
+  /* O_NONBLOCK: a FIFO with no writer would hold the open (and a signal
+   * with it); a regular file reads the same either way */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
+                        strerror(errno)),
+           -1;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return st_error_set(err, ST_EIO, "%s: not a regular file", path), -1;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
 
 int st_file_read(uint8_t **data, size_t *n, const char *path, st_error *err) {
   *data = NULL;
   *n = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
-                        strerror(errno));
+  int fd = st_open_regular(path, err);
+  FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+  if (fd >= 0 && !f) close(fd);
+  if (!f) return err->code ? err->code : ST_ENOMEM;
   struct stat sb;
-  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+  if (fstat(fileno(f), &sb) != 0) {
     fclose(f);
-    return st_error_set(err, ST_EIO, "%s: not a regular file", path);
+    return st_error_set(err, ST_EIO, "%s: %s", path, strerror(errno));
   }
   size_t size = (size_t)sb.st_size;
   uint8_t *buf = NULL;

@@ -398,16 +398,17 @@ static int open_file(st_safetensors **out, const char *path, int load,
   if (!st) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   st->fd = -1;
   snprintf(st->path, sizeof st->path, "%s", path);
-  FILE *f = fopen(path, "rb");
+  int fd = st_open_regular(path, err);
+  FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+  if (fd >= 0 && !f) close(fd);
   if (!f) {
-    rc =
-        st_error_set(err, ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+    rc = err->code ? err->code : st_error_set(err, ST_ENOMEM, "out of memory");
     goto fail;
   }
   uint8_t len_bytes[8];
   struct stat sb;
-  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    rc = st_error_set(err, ST_EIO, "%s: not a regular file", path);
+  if (fstat(fileno(f), &sb) != 0) {
+    rc = st_error_set(err, ST_EIO, "%s: %s", path, strerror(errno));
     goto fail;
   }
   if (fread(len_bytes, 1, 8, f) != 8) {

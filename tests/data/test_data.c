@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -245,6 +246,21 @@ static void test_missing_files(void) {
   rc = st_dataset_load_idx(&ds, TEST_IMAGES, missing_labels, 0, &err);
   check_failure("missing labels", rc, ds, &err, ST_EIO, missing_labels,
                 "cannot open");
+  /* a FIFO no one writes is refused at once, not waited on (nor is any
+   * other file that is not a regular one) */
+  const char *fifo = tmp_path("fifo-labels.gz");
+  CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s: %s", fifo, strerror(errno));
+  rc = st_dataset_load_idx(&ds, TEST_IMAGES, fifo, 0, &err);
+  check_failure("a FIFO", rc, ds, &err, ST_EIO, fifo, "not a regular file");
+  uint8_t *bytes = NULL;
+  size_t n = 0;
+  rc = st_file_read(&bytes, &n, fifo, &err);
+  CHECK(rc == ST_EIO && strstr(err.msg, "not a regular file") && !bytes,
+        "a FIFO read as a corpus: rc %d '%s'", rc, err.msg);
+  unlink(fifo);
+  rc = st_dataset_load_idx(&ds, TEST_IMAGES, "/tmp", 0, &err);
+  check_failure("a directory", rc, ds, &err, ST_EIO, "/tmp",
+                "not a regular file");
 }
 
 /* Copies `src` to `dst` with `count` bytes flipped from offset `at`. */
