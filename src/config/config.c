@@ -247,6 +247,7 @@ static int parse_float(const char *s, float *out) {
   if (*end) return 1;
   if (isnan(v)) return 1;
   if (isinf(v)) return errno == ERANGE ? 2 : 1;
+  if (v == 0 && errno == ERANGE) return 2; /* 1e-50: not zero as written */
   *out = v;
   return 0;
 }

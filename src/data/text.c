@@ -168,7 +168,16 @@ static int uses_bytes(const st_config *cfg) {
 
 int st_text_tokenizer(st_tokenizer **out, const st_config *cfg, st_error *err) {
   if (uses_bytes(cfg)) return st_tokenizer_create_bytes(out, err);
-  return st_tokenizer_load(out, cfg->data.tokenizer, err);
+  int rc = st_tokenizer_load(out, cfg->data.tokenizer, err);
+  if (rc) { /* the file is the key's value: say which key, and the other */
+    char why[sizeof err->msg];
+    snprintf(why, sizeof why, "%s", err->msg);
+    st_error_set(err, rc,
+                 "%s: data.tokenizer: %.400s (the key is \"bytes\" or a "
+                 "file from strata tokenize train)",
+                 st_config_where(cfg, "data.tokenizer"), why);
+  }
+  return rc;
 }
 
 int st_text_vocab(const st_config *cfg, int *vocab, st_error *err) {

@@ -125,6 +125,12 @@ static int load_data(st_trainer *t, st_error *err) {
   t->rows = 1;
   if (strcmp(c->data.dataset, "synthetic") == 0) {
     st_shape shape = {1, 28, 28};
+    if (c->model.classes > 256) /* its labels are bytes, as IDX's */
+      return st_error_set(err, ST_ECONFIG,
+                          "%s: model.classes: %d, but data.dataset synthetic "
+                          "makes at most 256 classes",
+                          st_config_where(c, "model.classes"),
+                          c->model.classes);
     int ntrain = c->data.train_limit ? c->data.train_limit : 6000;
     int ntest = c->data.test_limit ? c->data.test_limit : 1000;
     int rc = st_dataset_synthetic(&t->train, ntrain, shape, c->model.classes,

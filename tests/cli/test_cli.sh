@@ -623,6 +623,12 @@ expect_error "generate: checkpoint of another shape" \
   -- generate "$fc" "${gpt[@]}" --set model.width=32 --checkpoint "$gck" --prompt "x"
 expect_error "generate: empty prompt" "the prompt is empty" \
   -- generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt ""
+expect_error "synthetic data past 256 classes names the key" \
+  "^strata: error: --set: model.classes: 300, but data.dataset synthetic makes at most 256 classes$" \
+  -- train "$fc" --set data.dataset=synthetic --set model.classes=300 --out "$T/syn300"
+expect_error "a tokenizer file that is not there names its key" \
+  "^strata: error: --set: data.tokenizer: byt: cannot open: No such file or directory \(the key is \"bytes\" or a file from strata tokenize train\)$" \
+  -- train "$fc" "${gpt[@]}" --set data.tokenizer=byt --out "$T/gpt_byt"
 run generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "x" --tokens many
 if [ "$rc" -eq 2 ] && printf '%s\n' "$err" | head -n 1 | grep -q "\-\-tokens: 'many' is not a whole number"; then
   pass

@@ -610,6 +610,8 @@ static void test_set_errors(void) {
             "'nan'");
   SET_ERROR("optimizer.lr=1e39", "--set optimizer.lr=1e39: optimizer.lr: 1e39 "
                                  "is out of range for a float");
+  SET_ERROR("optimizer.lr=1e-50", "--set optimizer.lr=1e-50: optimizer.lr: "
+                                  "1e-50 is out of range for a float");
   SET_ERROR("optimizer.lr=[1]",
             "--set optimizer.lr=[1]: optimizer.lr: expected a number, got a "
             "list");
