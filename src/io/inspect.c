@@ -15,35 +15,53 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* IEEE half precision (F16) to double: 1 sign, 5 exponent, 10 fraction
+ * bits. */
+static double half_to(uint16_t h) {
+  int e = h >> 10 & 0x1f, m = h & 0x3ff;
+  double v = e == 0    ? ldexp(m, -24) /* subnormal */
+             : e == 31 ? (m ? NAN : INFINITY)
+                       : ldexp(1024 + m, e - 25);
+  return h >> 15 ? -v : v;
+}
+
+/* Element i of a tensor of `dtype` at p, as a double (NAN for a dtype it
+ * does not read: numeric() says which it does). */
 static double element(const uint8_t *p, const char *dtype, size_t i) {
-  if (strcmp(dtype, "F32") == 0) {
-    float v;
-    memcpy(&v, p + 4 * i, 4);
-    return v;
+#define AS(name, type)                                                         \
+  if (strcmp(dtype, name) == 0) {                                              \
+    type v;                                                                    \
+    memcpy(&v, p + sizeof v * i, sizeof v);                                    \
+    return (double)v;                                                          \
   }
-  if (strcmp(dtype, "BF16") == 0) {
-    uint16_t v;
-    memcpy(&v, p + 2 * i, 2);
-    return st_bf16_to(v);
-  }
-  if (strcmp(dtype, "I32") == 0) {
-    int32_t v;
-    memcpy(&v, p + 4 * i, 4);
-    return v;
-  }
-  if (strcmp(dtype, "I64") == 0) {
-    int64_t v;
-    memcpy(&v, p + 8 * i, 8);
-    return (double)v;
-  }
-  if (strcmp(dtype, "U8") == 0) return p[i];
+  AS("F32", float)
+  AS("F64", double)
+  AS("I8", int8_t)
+  AS("I16", int16_t)
+  AS("I32", int32_t)
+  AS("I64", int64_t)
+  AS("U8", uint8_t)
+  AS("U16", uint16_t)
+  AS("U32", uint32_t)
+  AS("U64", uint64_t)
+  AS("BOOL", uint8_t)
+#undef AS
+  uint16_t h;
+  memcpy(&h, p + 2 * i, 2);
+  if (strcmp(dtype, "BF16") == 0) return st_bf16_to(h);
+  if (strcmp(dtype, "F16") == 0) return half_to(h);
   return NAN;
 }
 
 /* The dtypes element() reads. */
 static int numeric(const char *dtype) {
-  return !strcmp(dtype, "F32") || !strcmp(dtype, "BF16") ||
-         !strcmp(dtype, "I32") || !strcmp(dtype, "I64") || !strcmp(dtype, "U8");
+  static const char *const known[] = {
+      "F32", "F64", "F16", "BF16", "I8",  "I16",  "I32",
+      "I64", "U8",  "U16", "U32",  "U64", "BOOL",
+  };
+  for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+    if (!strcmp(dtype, known[k])) return 1;
+  return 0;
 }
 
 static int by_name(const void *a, const void *b) {
@@ -122,6 +140,11 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
       n *= (size_t)t->dims[d];
     }
     if (t->ndim == 0) snprintf(shape, sizeof shape, "scalar");
+    if (!numeric(t->dtype)) { /* F8 and the like: listed, not read */
+      fprintf(f, "  %-44s %-5s %-16s %12s %12s %12s %12s\n", t->name, t->dtype,
+              shape, "-", "-", "-", "-");
+      continue;
+    }
     /* over the finite elements, two passes (a sum of squares less the
      * squared mean cancels where the mean is large); NaN and infinities
      * counted apart and named, not folded into the figures */

@@ -889,6 +889,10 @@ static void test_inspect(void) {
   st_st_writer_add(w, "s", "F32", 0, d3, &s, &err);
   st_st_writer_add(w, "void", "F32", 2, d0, w6, &err);
   st_st_writer_add(w, "odd", "F32", 1, d6, odd, &err);
+  /* half precision: 1, 2, -0.5 and the smallest subnormal 2^-24 */
+  uint16_t h4[4] = {0x3c00, 0x4000, 0xb800, 0x0001};
+  int64_t d4[1] = {4};
+  st_st_writer_add(w, "half", "F16", 1, d4, h4, &err);
   st_st_writer_meta(w, "format", "strata-checkpoint", &err);
   int rc = st_st_writer_write(w, path, &err);
   st_st_writer_destroy(w);
@@ -900,8 +904,8 @@ static void test_inspect(void) {
   rc = st_inspect(path, f, &err);
   fclose(f);
   CHECK(rc == 0, "inspect: %s", err.msg);
-  CHECK(text && contains(text, path) && contains(text, "5 tensors"),
-        "inspect: no title line naming the file and 5 tensors:\n%s", text);
+  CHECK(text && contains(text, path) && contains(text, "6 tensors"),
+        "inspect: no title line naming the file and 6 tensors:\n%s", text);
   CHECK(text && contains(text, "format") && contains(text, "strata-checkpoint"),
         "inspect: metadata not printed:\n%s", text);
 
@@ -941,6 +945,15 @@ static void test_inspect(void) {
   CHECK(ok && contains(text, "holds 2 NaN and 1 infinities, the first at "
                              "element 0"),
         "inspect: the NaN and infinities are not counted:\n%s", text);
+  /* F16 read as half precision: min -0.5, max 2, mean (2.5 + 2^-24) / 4,
+   * std by hand from the deviations 0.375, 1.375, -1.125, -0.625 */
+  ok = text && inspect_line(text, "half", dtype, shape, st);
+  double want_h[4] = {-0.5, 2, 0.625, sqrt(3.6875 / 4)};
+  CHECK(ok && strcmp(dtype, "F16") == 0 && !contains(text, "holds 4 NaN"),
+        "inspect: half line missing or read as NaN:\n%s", text);
+  for (int i = 0; ok && i < 4; i++)
+    CHECK(fabs(st[i] - want_h[i]) <= 1e-4 * fabs(want_h[i]) + 1e-9,
+          "inspect: half stat %d is %g, want %g", i, st[i], want_h[i]);
   free(text);
 
   /* a file that cannot be read: the error, and nothing printed */
