@@ -166,12 +166,13 @@ static int load_config(st_config *cfg, const args *a, st_error *err) {
 
 /* Newest DIR/checkpoints/step-*.safetensors, by step number; "" if none. */
 static int newest_checkpoint(const char *dir, char *out, size_t cap,
-                             st_error *err) {
+                             int64_t *step, st_error *err) {
   int64_t *steps;
   int n = st_run_checkpoints(dir, &steps, err);
   out[0] = '\0';
   if (n < 0) return err->code;
   if (n > 0) st_run_checkpoint_path(dir, steps[n - 1], out, cap);
+  if (n > 0) *step = steps[n - 1];
   free(steps);
   return 0;
 }
@@ -508,8 +509,10 @@ static int cmd_train(int argc, char **argv) {
     return st_cli_fail(&err);
   /* --resume of a run killed before its first checkpoint: from step 0 */
   char ck[ST_PATH_MAX + 64] = "";
+  int64_t ck_step = 0;
   if (a.resume && !stored &&
-      st_dist_agree(newest_checkpoint(out, ck, sizeof ck, &err), &err))
+      st_dist_agree(newest_checkpoint(out, ck, sizeof ck, &ck_step, &err),
+                    &err))
     return st_cli_fail(&err);
   int fresh_resume =
       a.resume && (stored ? stat(store, &sb) != 0 : ck[0] == '\0');
@@ -621,6 +624,14 @@ static int cmd_train(int argc, char **argv) {
            kept.execution.store_path, (long long)st_trainer_pos(t)->step);
   } else if (a.resume) {
     rc = st_trainer_load(t, ck, 0, &err);
+    /* the newest is found by its name: a file that holds another step
+     * (renamed, copied in) would resume somewhere else than it says */
+    if (!rc && st_trainer_pos(t)->step != ck_step)
+      rc = st_error_set(&err, ST_EFORMAT,
+                        "%s: holds step %lld, but its name says step %lld: "
+                        "a renamed or misplaced checkpoint",
+                        ck, (long long)st_trainer_pos(t)->step,
+                        (long long)ck_step);
     if (rc) {
       if (rc == ST_EFORMAT) name_fallback(out, ck, &err);
       st_trainer_destroy(t);

@@ -258,6 +258,16 @@ else
     fail "one SIGTERM ends a train waiting to open its config, writing nothing" "exit $src" "$(cat "$T/fifo.err")"
   fi
 fi
+# The newest checkpoint is found by its name: one that holds another step
+# (renamed) is refused, naming both steps and the older one to go back to.
+run train "$fc" "${small[@]}" --set train.steps=20 --set train.checkpoint_every=10 --out "$T/renamed"
+mv "$T/renamed/checkpoints/step-00000010.safetensors" "$T/renamed/checkpoints/step-00000030.safetensors"
+run train - --resume "$T/renamed" --set train.steps=40
+if [ "$rc" -eq 1 ] && grep -q "step-00000030.safetensors: holds step 10, but its name says step 30: a renamed or misplaced checkpoint; the older .*step-00000020.safetensors is there to go back to" <<<"$err"; then
+  pass
+else
+  fail "a renamed checkpoint is refused on resume, naming both steps" "rc $rc" "$err"
+fi
 
 # --- 4. stale temp files and pruning ------------------------------------------
 # a temp file of a dead process goes, one of a live process stays; pruning
@@ -280,14 +290,16 @@ else
 fi
 
 # --- 5. found before the first step -------------------------------------------
+# 30 layers of 45000 (each tensor under 2^31 elements, as every one must be)
+huge="model.hidden=[$(printf '45000,%.0s' $(seq 29))45000]"
 expect_error "a model larger than the machine" \
-  "^strata: error: $(re_quote "$fc"): the model needs at least 967 GB \(weights 318 GB, gradients 318 GB, optimizer state 318 GB, activations 12.8 GB at micro-batch 32\), more than the .* this machine allows .*; refused before allocating$" \
-  train "$fc" "${small[@]}" --set 'model.hidden=[100000000]' --set train.steps=1 --out "$T/huge"
+  "^strata: error: $(re_quote "$fc"): the model needs at least 705 GB \(weights 235 GB, gradients 235 GB, optimizer state 235 GB, activations 173 MB at micro-batch 32\), more than the .* this machine allows .*; refused before allocating$" \
+  train "$fc" "${small[@]}" --set "$huge" --set train.steps=1 --out "$T/huge"
 if [ ! -e "$T/huge" ]; then pass; else
   fail "a run refused before its first step leaves no folder" "$(ls -R "$T/huge")"; fi
 # ... and takes back only what it made: a plan compile wrote there stays
 run compile "$fc" --out "$T/hugeplan"
-run train "$fc" "${small[@]}" --set 'model.hidden=[100000000]' --set train.steps=1 --out "$T/hugeplan"
+run train "$fc" "${small[@]}" --set "$huge" --set train.steps=1 --out "$T/hugeplan"
 if [ "$rc" -eq 1 ] && [ "$(ls "$T/hugeplan" | tr '\n' ' ')" = "plan.json plan.svg " ]; then pass; else
   fail "a refused run leaves the plan compile wrote in its folder" "rc $rc" "$(ls -R "$T/hugeplan")"; fi
 expect_error "a trace in a missing folder" \
