@@ -125,8 +125,8 @@ static int parse_batches(st_int_list *l, const char *text) {
   char buf[1024];
   snprintf(buf, sizeof buf, "%s", text);
   l->n = 0;
-  for (char *save, *p = strtok_r(buf, ",", &save); p;
-       p = strtok_r(NULL, ",", &save)) {
+  /* strsep, not strtok: "1,,2" has an empty entry, which is an error */
+  for (char *rest = buf, *p; (p = strsep(&rest, ","));) {
     long long v = positive(p, 1 << 30);
     if (v < 0 || l->n == ST_MAX_LIST) return -1;
     if (l->n && v <= l->v[l->n - 1]) return -1;

@@ -512,6 +512,9 @@ static int key_name(const yaml_node_t *node, const char **name,
     return fail(err, ST_ECONFIG, src, node->start_mark,
                 "expected a key name, got %s", node_kind(node));
   *name = (const char *)node->data.scalar.value;
+  if (strlen(*name) != node->data.scalar.length) /* "kind\0x" is not kind */
+    return fail(err, ST_ECONFIG, src, node->start_mark,
+                "a key name contains a NUL character");
   return 0;
 }
 

@@ -108,6 +108,10 @@ typedef struct st_executor {
 typedef struct st_store st_store;
 /* Opens the store at path for model m under cfg's optimizer, first making
  * it (weights from train.seed, optimizer state zero) if there is none. */
+/* The bytes one rank of this machine may hold: RAM (or the cgroup limit)
+ * and swap, over the ranks started on it (trainer.c). */
+double st_rank_memory_allowed(void);
+
 int st_store_open(st_store **out, const char *path, const st_model *m,
                   const st_config *cfg, st_error *err);
 void st_store_close(st_store *s);

@@ -76,6 +76,8 @@
  */
 #include "exec.h"
 
+#include "../compile/compile.h"
+
 #include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -550,6 +552,50 @@ static int tie_crosses(const st_model *m, const pb_stage *st, int S) {
   return 0;
 }
 
+/* What this process's stages will hold, before any of it is allocated:
+ * stage s keeps D(s) + 1 micro-batches' activations in flight (the
+ * trainer's own check counted one) and its weight versions (stash: D(s)
+ * copies; lwp: a predicted one; pipemare: two). The model's weights,
+ * gradients and optimizer state besides. Past what this machine allows a
+ * rank, refused naming the stage that holds most: 4096 x 4096 images had
+ * the kernel kill the run without a word. */
+static int check_in_flight(const pb *p, const st_config *cfg, st_error *err) {
+  const st_model *m = p->rt.model;
+  double need = 4.0 * (double)m->n_params * (2 + st_optim_state_per_param(cfg));
+  double most = 0;
+  int worst = 0;
+  for (int s = 0; s < p->rt.S; s++) {
+    const pb_stage *st = &p->stages[s];
+    if (!st->rt.local) continue;
+    double acts = 0;
+    for (int b = st->rt.first; b < st->rt.first + st->rt.count; b++)
+      acts += (double)m->blocks[b].act_per_sample;
+    int copies = !st->D                          ? 0
+                 : p->mitigation == MIT_STASH    ? st->D
+                 : p->mitigation == MIT_PIPEMARE ? 2
+                 : lwp_like(p->mitigation)       ? 1
+                                                 : 0;
+    double here = 4.0 * ((double)(st->D + 1) * p->rt.mb * acts +
+                         (double)copies * (double)st->n);
+    need += here;
+    if (here > most) most = here, worst = s;
+  }
+  double allowed = st_rank_memory_allowed();
+  if (allowed <= 0 || need <= allowed) return 0;
+  char a[32], b[32], c[32];
+  const pb_stage *w = &p->stages[worst];
+  return st_error_set(
+      err, ST_ENOMEM,
+      "pipelined backprop needs at least %s: stage %d alone holds %s (%d "
+      "micro-batches of %d samples in flight, and its weight versions), "
+      "more than the %s this machine allows (RAM or the cgroup limit, and "
+      "swap); fewer stages, a smaller micro-batch or model; refused before "
+      "allocating",
+      st_plan_fmt_bytes(a, sizeof a, need), worst,
+      st_plan_fmt_bytes(b, sizeof b, most), w->D + 1, p->rt.mb,
+      st_plan_fmt_bytes(c, sizeof c, allowed));
+}
+
 static int alloc_stage(pb *p, pb_stage *st, st_error *err) {
   const st_model *m = p->rt.model;
   int mb = p->rt.mb, R = m->label_rows;
@@ -717,6 +763,7 @@ static int create(void **state, const st_model *m, const st_config *cfg,
   /* the replay needs every stage's times: all stages in this process */
   if (p->local == p->rt.S && st_pb_replay_init(&p->replay, p->rt.S))
     rc = st_error_set(err, ST_ENOMEM, "out of memory (pipelined backprop)");
+  if (!rc) rc = check_in_flight(p, cfg, err);
   for (int s = 0; !rc && s < p->rt.S; s++)
     if (p->stages[s].rt.local) rc = alloc_stage(p, &p->stages[s], err);
   /* evaluation in one process (over ranks: ranks.c, stage by stage) */

@@ -292,6 +292,12 @@ static void zero_grads(st_trainer *t) {
 }
 
 /* Swap space (/proc/meminfo SwapTotal), in bytes; 0 if none or unknown. */
+static double swap_total(void);
+
+double st_rank_memory_allowed(void) {
+  return (st_usable_memory() + swap_total()) / st_dist_local_size();
+}
+
 static double swap_total(void) {
   FILE *f = fopen("/proc/meminfo", "r");
   char line[256];
@@ -350,7 +356,7 @@ static int check_rank_memory(const st_trainer *t, st_error *err) {
   /* a rank of a pipeline over ranks: its share against its machine's
    * share (in one process, or a replica a rank, check_memory did this
    * before allocating) */
-  double allowed = (st_usable_memory() + swap_total()) / st_dist_local_size();
+  double allowed = st_rank_memory_allowed();
   char need[32], have[32];
   if (t->mine && allowed > 0 && r.planned > allowed)
     return st_error_set(
@@ -567,7 +573,7 @@ static int check_memory(const st_trainer *t, st_error *err) {
   double grads = file ? 0 : w, state = file ? 0 : w * slots,
          weights = file ? 0 : w;
   double need = weights + grads + state + acts;
-  double allowed = (st_usable_memory() + swap_total()) / st_dist_local_size();
+  double allowed = st_rank_memory_allowed();
   if (allowed <= 0 || need <= allowed) return 0;
   char a[32], b[32], g[32], s[32], x[32], l[32];
   return st_error_set(

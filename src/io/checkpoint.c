@@ -552,12 +552,30 @@ static int expected(const st_model *m, const char *name, const char *optim_kind,
   return 0;
 }
 
+/* Whether `name` lies in one of the model's namespaces: the part before
+ * the first '.' of one of its tensors ("blocks", "transformer", ...). */
+static int model_namespace(const st_model *m, const char *name) {
+  size_t len = strcspn(name, ".");
+  if (!name[len]) return 0;
+  for (int i = 0; i < m->n_blocks; i++)
+    for (int k = 0; k < m->blocks[i].n_tensors; k++) {
+      const char *t = m->blocks[i].tensors[k].name;
+      if (strcspn(t, ".") == len && !strncmp(t, name, len)) return 1;
+    }
+  return 0;
+}
+
 /* After visit found every tensor the model needs: a tensor left over means
  * the checkpoint is of another model (more layers, an untied head, ...),
- * which must not load as a part of it. Optimizer state counts only when it
- * is loaded (ns > 0). Counted first; named only when one is left over. */
+ * which must not load as a part of it. In a strata checkpoint every tensor
+ * counts; in another tool's file only those in the model's namespaces
+ * (a PyTorch file may carry its own extras: buffers, reference values).
+ * Optimizer state counts only when it is loaded (ns > 0). Counted first;
+ * named only when one is left over. */
 static int check_all_used(const source *src, const st_model *m,
                           const char *optim_kind, int ns, st_error *err) {
+  const char *format = st_safetensors_meta(src->parts[0], "format");
+  int ours = format && !strcmp(format, "strata-checkpoint");
   size_t want = 0, have = 0;
   for (int i = 0; i < m->n_blocks; i++)
     for (int k = 0; k < m->blocks[i].n_tensors; k++)
@@ -566,13 +584,17 @@ static int check_all_used(const source *src, const st_model *m,
   for (int i = 0; i < n; i++) {
     const char *name =
         src->index.n ? src->index.names[i] : src->parts[0]->tensors[i].name;
-    have += ns > 0 || strncmp(name, "optim.", 6) != 0;
+    have += (ns > 0 || strncmp(name, "optim.", 6) != 0) &&
+            (ours || model_namespace(m, name));
   }
-  if (have == want) return 0;
+  /* ours: every tensor the model needs is there (visit), names are unique,
+   * so equal counts mean none is left over */
+  if (ours && have == want) return 0;
   for (int i = 0; i < n; i++) {
     const char *name =
         src->index.n ? src->index.names[i] : src->parts[0]->tensors[i].name;
     if ((ns > 0 || strncmp(name, "optim.", 6) != 0) &&
+        (ours || model_namespace(m, name)) &&
         !expected(m, name, optim_kind, ns))
       return st_error_set(err, ST_EFORMAT,
                           "%s: tensor '%s' is not in this model: the "

@@ -515,6 +515,12 @@ else
   fail "sweep --budget-epochs --eval-growth --noise-batch" "rc $rc" "$err" \
     "$(cat "$T/sweep2/report.md" 2>/dev/null)"
 fi
+run sweep "$fc" --batch-sizes 8,,16 --target accuracy=0.9 --out "$T/o_sweep"
+if [ "$rc" -eq 2 ] && head -n 1 <<<"$err" | grep -q "batch-sizes takes increasing whole numbers >= 1, at most 32, as 1,2,4; not '8,,16'"; then
+  pass
+else
+  fail "sweep: an empty entry in --batch-sizes is a usage error" "rc $rc" "$err"
+fi
 run sweep "$fc" --batch-sizes 8 --target accuracy=0.9 --eval-growth 0.5 --out "$T/o_sweep"
 if [ "$rc" -eq 2 ] && head -n 1 <<<"$err" |
    grep -q "eval-growth takes a number >= 1, not '0.5'"; then pass; else

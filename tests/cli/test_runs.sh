@@ -297,6 +297,15 @@ expect_error "a model larger than the machine" \
   train "$fc" "${small[@]}" --set "$huge" --set train.steps=1 --out "$T/huge"
 if [ ! -e "$T/huge" ]; then pass; else
   fail "a run refused before its first step leaves no folder" "$(ls -R "$T/huge")"; fi
+# pipelined backprop's stages hold micro-batches in flight (stage 0 of 32:
+# 63 of them), which the model's own check does not count: refused at
+# start, naming the stage, not killed by the kernel while allocating
+deep="model.hidden=[$(printf '4096,%.0s' $(seq 30))4096]"
+expect_error "pipelined backprop's micro-batches in flight larger than the machine" \
+  "^strata: error: pipelined backprop needs at least 145 GB: stage 0 alone holds 8.47 GB \(63 micro-batches of 4096 samples in flight, and its weight versions\), more than the .* this machine allows .*; refused before allocating$" \
+  train configs/pb_mlp_fmnist.yaml --set data.dataset=synthetic --set data.train_limit=4096 \
+  --set data.test_limit=128 --set "$deep" --set train.batch=4096 --set execution.micro_batch=4096 \
+  --set execution.stages=32 --set train.steps=1 --out "$T/pbdeep"
 # ... and takes back only what it made: a plan compile wrote there stays
 run compile "$fc" --out "$T/hugeplan"
 run train "$fc" "${small[@]}" --set "$huge" --set train.steps=1 --out "$T/hugeplan"

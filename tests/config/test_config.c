@@ -730,6 +730,9 @@ static void test_load_errors(void) {
   LOAD_ERROR("model:\n  kind: mlp\n---\ntrain:\n  batch: 4\n",
              "%s:4:1: expected one YAML document, found a second one");
   LOAD_ERROR("model:\n  [a]: 1\n", "%s:2:3: expected a key name, got a list");
+  /* a NUL inside a quoted key: not the key before it */
+  LOAD_ERROR("model:\n  \"kind\\0x\": mlp\n",
+             "%s:2:3: a key name contains a NUL character");
   LOAD_ERROR("model:\n  kind: *nothing\n",
              "%s:2:9: YAML syntax error: found undefined alias");
 }
