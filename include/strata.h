@@ -412,7 +412,8 @@ typedef struct st_config {
     float link_bandwidth;   /* bytes/s of one link, one way (mesh; ditto) */
     float hop_latency;      /* mesh: seconds a hop (0 = the fabric's own) */
     float pe_overhead;      /* mesh: seconds a layer, sample and pass */
-    float io_bandwidth;     /* mesh: bytes/s of the fabric's I/O each way */
+    float io_bandwidth;     /* mesh: bytes/s of the fabric's I/O each way;
+                               cpu: of a file store's disk */
     float memory_bandwidth; /* cpu: bytes/s of the machine's DRAM, all
                                cores together (0 = the fabric's own) */
   } fabric;
@@ -1451,6 +1452,10 @@ typedef struct st_fabric {
    * weight store (0: not modelled; cpu: stream_bandwidth is the copy
    * rate). docs/compiler.md, "The mesh model". */
   double hop_latency, pe_overhead, io_bandwidth, stream_bandwidth;
+  /* cpu: bytes/s of the disk a weight-streaming file store lives on (a
+   * built-in estimate, or fabric.io_bandwidth); 0: not modelled (a mesh:
+   * its store is beside it, reached at stream_bandwidth) */
+  double disk_bandwidth;
 } st_fabric;
 
 /* Writes a --fabric spec — "cpu", "cpu:N", "mesh:WxH" or "wse2" — into
@@ -1701,6 +1706,10 @@ typedef struct st_block_cost {
    * at the plan's micro-batch, seconds per sample; the partitioner takes
    * them in place of every modelled term above. 0: modelled. */
   double measured_fwd, measured_bwd;
+  /* Of param_bytes, a tied copy's (a GPT head's copy of the embedding):
+   * weight streaming's update reads its gradient and writes it from its
+   * source's new weights, reading no weights or state of its own. */
+  double tied_bytes;
   /* Pipelined backprop with linear weight prediction (lwp, sc+lwp): what the
    * prediction adds to the block at a stage with D > 0, every stage but the
    * last, per sample. Modelled, the bytes it moves: where the update is folded
@@ -1859,6 +1868,12 @@ typedef struct st_plan {
    * block, the larger of the two: bottleneck_time; micro_batches splits
    * the batch so that its activations fit). */
   double ws_compute, ws_stream;
+  /* and of a file store's disk (0: none, or not modelled): the bytes each
+   * step must cross it, over disk_bandwidth, a sample; ws_cached: the page
+   * cache holds the store file (the disk then carries the synced writes
+   * only, else every read too) */
+  double ws_disk;
+  int ws_cached;
   char mode_why[1024];      /* why this mode (st_plan_choose; "" when the plan
                                is the config's as `strata train` runs it) */
   int n_tried;              /* throughput_by_k[k - 1] for k in 1..n_tried */
@@ -1872,24 +1887,47 @@ typedef struct st_plan {
 int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
                   const st_fabric *fabric, const st_plan_options *opt,
                   st_error *err);
-/* Weight streaming on a fabric (st_plan.ws_*): one block at a time on all
- * its PEs, each block's weights streamed in from the store at
- * stream_bandwidth for the forward and again for the backward while its
- * gradient streams out (the link carries both ways at once), the batch in
- * micro-batches of micro_batch samples whose activations stay on the
- * fabric. Per micro-batch of m samples, with t_f, t_b a block's forward
- * and backward seconds per sample on the whole fabric and W its weight
- * bytes:   T = sum over blocks of max(m t_f, W / bw) + max(m t_b, W / bw),
- * and the rate m / T, capped by the fabric's I/O. The fabric holds the
- * micro-batch's activations of every block (keep_activations; else each
- * block's input and one block's), slots blocks of weights and one
- * gradient, and, when store_on_fabric (a cpu's memory store), every
- * block's weights and state. ST_EUNSUPPORTED, naming what does not fit,
- * when that is more than the fabric holds. */
+/* Where weight streaming's store is (st_plan_streaming): store_on_fabric,
+ * a cpu's memory store, whose weights and state the fabric holds; file, a
+ * cpu's file store, on the disk at st_fabric.disk_bandwidth behind the
+ * page cache; bf16, its weights stored as bf16 (execution.store_weights),
+ * 2 bytes each where they cross. All 0: a fp32 store beside the fabric. */
+typedef struct st_stream_store {
+  int on_fabric, file, bf16;
+} st_stream_store;
+
+/* Weight streaming on a fabric (st_plan.ws_*), as src/exec/ws.c runs it:
+ * one block at a time on all its PEs, the batch in micro-batches of
+ * micro_batch samples whose activations stay on the fabric. What crosses
+ * between the store and the compute side, a block of W weight bytes
+ * (W' stored: W, or W / 2 bf16), G = W of gradient, s optimizer slots:
+ * per micro-batch W' in for the forward and again for the backward (a
+ * fetch thread brings it while the block before computes), its gradient G
+ * out and, after the first micro-batch, the partial gradient G back (both
+ * on the compute thread); per step the update reads W', G and s G of
+ * state and writes W' and s G (a tied copy: reads its G, writes W'). A
+ * cpu's store is one channel at stream_bandwidth (a memcpy, or pread and
+ * pwrite through the page cache) that every byte takes in turn; the
+ * updates of all blocks but the first overlap the compute side, the first
+ * block's comes last:  T_step = max(C, B - U_0) + U_0, C the compute
+ * side's time (its compute, a block's fetch where it is longer, and its
+ * gradient copies), B all bytes over bw, U_0 the first block's update. A
+ * file store's disk carries, each step, the writes its commit syncs (the
+ * gradient, the update's weights and state) and, when the page cache
+ * cannot hold the store beside what the fabric holds, every read too:
+ * T_step >= those bytes / disk_bandwidth. A mesh's link carries both ways
+ * at once, overlapping the compute: per block and micro-batch
+ * max(m t_f, W' / bw) + max(m t_b, (W' + G back) / bw, G / bw); its update
+ * runs in the store, beside the link. The rate is batch / T_step, capped
+ * by the fabric's I/O. The fabric holds the micro-batch's activations of
+ * every block (keep_activations; else each block's input and one
+ * block's), slots blocks of weights and one gradient, and a memory store's
+ * weights and state. ST_EUNSUPPORTED, naming what does not fit, when that
+ * is more than the fabric holds. store NULL: all 0. */
 int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
                       const st_fabric *fabric, int batch, int micro_batch,
-                      int slots, int keep_activations, int store_on_fabric,
-                      st_error *err);
+                      int slots, int keep_activations,
+                      const st_stream_store *store, st_error *err);
 /* The bytes st_plan_streaming's fabric holds at micro-batches of m. */
 double st_plan_streaming_need(const st_block_cost *blocks, int n, int m,
                               int slots, int keep_activations,

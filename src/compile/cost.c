@@ -286,6 +286,9 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     c->flops_bwd = b->cost.flops_bwd;
     c->param_bytes = 4.0 * (double)b->n_params;
     c->state_bytes = 4.0 * (double)b->n_params * (1.0 + slots); /* grad + */
+    for (int t = 0; t < b->n_tensors; t++)
+      if (b->tensors[t].tie >= 0)
+        c->tied_bytes += 4.0 * (double)b->tensors[t].numel;
     c->act_bytes = 4.0 * (double)b->act_per_sample;
     c->in_bytes = 4.0 * (double)st_shape_numel(b->in);
     c->out_bytes = 4.0 * (double)st_shape_numel(b->out);

@@ -5,7 +5,8 @@
  *              memory = physical RAM (or a lower cgroup v2 memory.max)
  *              split evenly over the cores, a built-in per-core rate and
  *              parallel efficiency, and a stage-to-stage copy rate. All
- *              three rates are estimates, not measurements, until
+ *              three rates (and the disk's, under a file store) are
+ *              estimates, not measurements, until
  *              `strata bench --calibrate` exists (docs/compiler.md).
  *   mesh:WxH   a W x H grid of PEs, each with one WSE-2 PE's compute, memory
  *              (two thirds of it for the model's tensors) and link
@@ -46,6 +47,13 @@
  * whose step touches more than its share of it (its cores over all) is
  * bounded by its share of CPU_MEMORY_BANDWIDTH. */
 #define CPU_CACHE_BYTES (32.0 * 1048576)
+/* cpu: the disk under weight streaming's file store, bytes/s each way
+ * (reads and writes share it): an estimate of one NVMe SSD's sustained
+ * sequential transfer (PCIe 3.0 x4 drives read about 3 GB/s and write
+ * 1.5-3; the 2-core machine of docs/results/stream.md has a virtio disk
+ * of 1.3 GB/s by dd). Not measured; fabric.io_bandwidth gives this
+ * machine's figure. */
+#define CPU_DISK_BANDWIDTH 2e9
 
 /* WSE-2, published (Cerebras, 2021; AnandTech "Cerebras Unveils Wafer Scale
  * Engine Two (WSE2)", 2021-04-20): 850,000 cores, 40 GB SRAM, 20 PB/s memory
@@ -127,6 +135,10 @@ static void apply_overrides(st_fabric *f, const st_config *cfg) {
     }
   } else {
     f->stream_bandwidth = f->link_bandwidth; /* a copy from the store */
+    if (cfg->fabric.io_bandwidth > 0) {      /* a cpu's I/O: its disk */
+      f->disk_bandwidth = cfg->fabric.io_bandwidth;
+      strcat(note, " io_bandwidth");
+    }
   }
   if (note[0]) {
     size_t used = strlen(f->source);
@@ -158,6 +170,7 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   f->link_bandwidth = CPU_COPY_BANDWIDTH;
   f->memory_bandwidth = CPU_MEMORY_BANDWIDTH;
   f->cache_bytes = CPU_CACHE_BYTES;
+  f->disk_bandwidth = CPU_DISK_BANDWIDTH;
   f->efficiency_slope = CPU_EFFICIENCY_SLOPE;
   f->estimated = 1;
   /* A calibration profile, when there is one, replaces the three rates. A
@@ -180,8 +193,8 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
            "%s cores; RAM %.3g GB (sysconf, or the cgroup limit) split "
            "over them; 90 GFLOP/s "
            "per core, e(c) = 1/(1 + 0.05 (c - 1)), 10 GB/s stage copies "
-           "and 100 GB/s of memory past a 32 MiB cache are built-in "
-           "estimates, not calibrated "
+           "and 100 GB/s of memory past a 32 MiB cache (a file store's "
+           "disk: 2 GB/s) are built-in estimates, not calibrated "
            "(%s%.100s)",
            cfg->fabric.cores > 0 ? "given" : "detected", ram / 1e9,
            path[0] ? "no profile at " : "",

@@ -915,12 +915,35 @@ double st_plan_streaming_need(const st_block_cost *blocks, int n, int m,
          (store_on_fabric ? w.store : 0);
 }
 
+/* What crosses between weight streaming's store and its compute side for
+ * block c, in bytes (ws.c, store.c): its stored weights (W', fetched for
+ * each pass of each micro-batch), its gradient (G, out every micro-batch,
+ * back every one after the first) and its update once a step (the weights,
+ * gradient and state read, the weights and state written; a tied copy's
+ * gradient read and weights written). r: a stored weight's bytes over 4. */
+typedef struct ws_bytes {
+  double in, grad, update, update_writes;
+} ws_bytes;
+
+static ws_bytes block_traffic(const st_block_cost *c, double r) {
+  double W = c->param_bytes, tied = fmin(c->tied_bytes, W), own = W - tied;
+  double slots = W > 0 ? (c->state_bytes - W) / W : 0; /* state: s x W */
+  ws_bytes b = {.in = r * W, .grad = W};
+  b.update_writes = r * own + slots * own + r * tied;
+  b.update = (r + 1 + slots) * own + tied + b.update_writes;
+  return b;
+}
+
 int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
                       const st_fabric *fabric, int batch, int micro_batch,
-                      int slots, int keep_activations, int store_on_fabric,
-                      st_error *err) {
+                      int slots, int keep_activations,
+                      const st_stream_store *where, st_error *err) {
   *out = NULL;
+  static const st_stream_store beside = {0, 0, 0};
+  if (!where) where = &beside;
+  const int store_on_fabric = where->on_fabric;
   if (n < 1) return st_error_set(err, ST_EARG, "the model has no blocks");
+  if (batch < 1) batch = 1;
   int m = micro_batch > 0 && micro_batch < batch ? micro_batch : batch;
   if (m < 1) m = 1;
   if (slots < 1) slots = 1;
@@ -948,7 +971,12 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
         st_plan_fmt_bytes(d, sizeof d, cap));
   }
   st_plan *plan = st_alloc(sizeof *plan);
-  if (!plan) return st_error_set(err, ST_ENOMEM, "out of memory");
+  double *tfs = st_alloc(2 * (size_t)n * sizeof *tfs), *tbs = tfs + n;
+  double *tcs = st_alloc((size_t)n * sizeof *tcs);
+  if (!plan || !tfs || !tcs) {
+    st_free(plan), st_free(tfs), st_free(tcs);
+    return st_error_set(err, ST_ENOMEM, "out of memory");
+  }
   plan->fabric = *fabric;
   plan->n_blocks = n;
   plan->blocks = st_alloc((size_t)n * sizeof *plan->blocks);
@@ -962,15 +990,12 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
     rc = problem_init(&p, plan->blocks, n, fabric, m, 1, err);
   }
   if (rc) {
+    st_free(tfs), st_free(tcs);
     st_plan_destroy(plan);
     return rc;
   }
   p.no_edges = 1;
   layout L = make_layout(fabric, fabric->height); /* one band: all PEs */
-  double bw =
-      fabric->stream_bandwidth > 0 ? fabric->stream_bandwidth : INFINITY;
-  double T = 0, compute = 0, comm = 0, stream = 0, stream_bound = 0, tf_all = 0,
-         tb_all = 0;
   for (int b = 0; b < n; b++) {
     double tf, tb, tc;
     stage_time(&p, &L, b, b + 1, L.units, &tf, &tb, &tc);
@@ -980,18 +1005,80 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
       tb += tf;
       tc *= 1.5;
     }
-    double in = blocks[b].param_bytes / bw; /* each pass; the gradient out
-                                               rides the other direction */
-    double f = fmax(m * tf, in), g = fmax(m * tb, in);
-    T += f + g;
-    compute += m * (tf + tb - tc);
-    comm += m * tc;
-    stream += 2 * in;
-    stream_bound += (in > m * tf ? f : 0) + (in > m * tb ? g : 0);
-    tf_all += f;
-    tb_all += g;
+    tfs[b] = tf, tbs[b] = tb, tcs[b] = tc;
   }
   problem_free(&p);
+  double bw =
+      fabric->stream_bandwidth > 0 ? fabric->stream_bandwidth : INFINITY;
+  const int one_channel = fabric->kind == ST_FABRIC_CPU;
+  const double r = where->bf16 ? 0.5 : 1.0;
+  /* micro-batch by micro-batch (the last may be short), block by block:
+   * C the compute side's seconds, B the store channel's, U_0 the first
+   * block's update (the step's last); on a mesh the link's time where it
+   * is longer than the compute (bound) */
+  double C = 0, B = 0, U0 = 0, compute = 0, comm = 0, bound = 0, tf_all = 0,
+         tb_all = 0, step_bytes = 0, read_bytes = 0, write_bytes = 0,
+         inward = 0;
+  for (int k = 0; k * m < batch; k++) {
+    double rows = batch - k * m < m ? batch - k * m : m;
+    for (int b = 0; b < n; b++) {
+      ws_bytes x = block_traffic(&blocks[b], r);
+      double in = x.in / bw, g = x.grad / bw, back = k ? g : 0;
+      double f = fmax(rows * tfs[b], in), bk;
+      if (one_channel) { /* the gradient copies on the compute thread */
+        bk = fmax(rows * tbs[b], in) + g + back;
+        B += 2 * in + g + back;
+        bound += (in > rows * tfs[b] ? f - rows * tfs[b] : 0) +
+                 (in > rows * tbs[b] ? in - rows * tbs[b] : 0) + g + back;
+      } else { /* two directions, each overlapping the compute */
+        bk = fmax(rows * tbs[b], fmax(in + back, g));
+        bound += (f > rows * tfs[b] ? f : 0) + (bk > rows * tbs[b] ? bk : 0);
+      }
+      step_bytes += 2 * x.in + x.grad + (k ? x.grad : 0);
+      read_bytes += 2 * x.in + (k ? x.grad : 0);
+      write_bytes += x.grad;
+      inward += 2 * x.in + (k ? x.grad : 0);
+      C += f + bk;
+      compute += rows * (tfs[b] + tbs[b] - tcs[b]);
+      comm += rows * tcs[b];
+      tf_all += f;
+      tb_all += bk;
+    }
+  }
+  for (int b = 0; b < n && one_channel; b++) {
+    ws_bytes x = block_traffic(&blocks[b], r);
+    B += x.update / bw;
+    if (b == 0) U0 = x.update / bw;
+    step_bytes += x.update;
+    read_bytes += x.update - x.update_writes;
+    write_bytes += x.update_writes;
+  }
+  double T = one_channel ? fmax(C, B - U0) + U0 : C;
+  /* a file store's disk: the commit syncs what the step wrote (the
+   * gradient slab once, the update's weights and state); the page cache
+   * holds the file beside what the fabric holds, else every read and
+   * write goes to the disk (a scan larger than an LRU cache misses
+   * every time) */
+  double disk = 0;
+  int cached = 0;
+  if (where->file && fabric->disk_bandwidth > 0) {
+    double grads = 0, file = 0;
+    for (int b = 0; b < n; b++) {
+      grads += blocks[b].param_bytes;
+      file += 2 * (r * blocks[b].param_bytes + blocks[b].state_bytes -
+                   blocks[b].param_bytes) +
+              blocks[b].param_bytes;
+    }
+    double synced = grads;
+    for (int b = 0; b < n; b++)
+      synced += block_traffic(&blocks[b], r).update_writes;
+    cached = file <= cap - need;
+    disk =
+        (cached ? synced : read_bytes + write_bytes) / fabric->disk_bandwidth;
+  }
+  int disk_binds = disk > T;
+  if (disk_binds) T = disk;
+  st_free(tfs), st_free(tcs);
   st_plan_stage *st = &plan->stages[0];
   plan->n_stages = 1;
   plan->band_height = fabric->height;
@@ -1006,10 +1093,12 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
     st->flops_fwd += blocks[b].flops_fwd;
     st->flops_bwd += blocks[b].flops_bwd;
   }
-  st->time_fwd = tf_all / m;
-  st->time_bwd = tb_all / m;
-  st->time = T / m;
-  st->time_comm = comm / m; /* within time_fwd and time_bwd */
+  /* the step's time apart from its passes (the update's tail, waits on
+   * the channel or the disk) is the backward's */
+  st->time_fwd = tf_all / batch;
+  st->time_bwd = (T - tf_all) / batch;
+  st->time = T / batch;
+  st->time_comm = comm / batch; /* within time_fwd and time_bwd */
   st->in_flight = m;
   st->versions = 1;
   st->mem_weights = held_weights + (store_on_fabric ? weights : 0);
@@ -1018,28 +1107,36 @@ int st_plan_streaming(st_plan **out, const st_block_cost *blocks, int n,
   st->mem_work = m * sums.work;
   st->mem_total = need;
   st->mem_capacity = cap;
+  /* the channel's seconds a step; a mesh's link: its busier direction */
+  double channel = one_channel ? B : fmax(inward, write_bytes) / bw;
   snprintf(st->bound, sizeof st->bound, "%s",
-           stream_bound > T / 2 ? "I/O"
-           : comm > compute     ? "communication"
-                                : "compute");
-  char t1[32], t2[32], t3[32], t4[32];
+           disk_binds                          ? "disk"
+           : one_channel && B > compute + comm ? "I/O"
+           : !one_channel && bound > T / 2     ? "I/O"
+           : comm > compute                    ? "communication"
+                                               : "compute");
+  char t1[32], t2[32], t3[32], t4[32], t5[32];
   if (isfinite(bw))
     snprintf(t2, sizeof t2, "at %s/s", st_plan_fmt_bytes(t1, sizeof t1, bw));
   else
     snprintf(t2, sizeof t2, "(bandwidth not modelled)");
   snprintf(st->cause, sizeof st->cause,
-           "one block at a time on all %s %s; its weights stream in %s "
-           "(%s a sample in all), its compute takes %s a sample",
+           "one block at a time on all %s %s; %s a step cross between the "
+           "store and it %s%s (%s a sample), its compute takes %s a sample",
            st_plan_fmt_count(t1, sizeof t1, (double)fabric->pes),
-           pe_word(fabric), t2, st_plan_fmt_time(t3, sizeof t3, stream / m),
-           st_plan_fmt_time(t4, sizeof t4, (compute + comm) / m));
+           pe_word(fabric), st_plan_fmt_bytes(t5, sizeof t5, step_bytes), t2,
+           one_channel ? " on one channel" : ", each way at once",
+           st_plan_fmt_time(t3, sizeof t3, channel / batch),
+           st_plan_fmt_time(t4, sizeof t4, (compute + comm) / batch));
   plan->pes_used = fabric->pes;
   plan->bottleneck = 0;
   plan->bottleneck_time = st->time;
   plan->throughput = st->time > 0 ? 1.0 / st->time : INFINITY;
   plan->balance = 1;
-  plan->ws_compute = (compute + comm) / m;
-  plan->ws_stream = stream / m;
+  plan->ws_compute = (compute + comm) / batch;
+  plan->ws_stream = channel / batch;
+  plan->ws_disk = disk / batch;
+  plan->ws_cached = cached;
   plan->options.samples_in_flight = m;
   plan->options.weight_versions = 1;
   snprintf(plan->cause, sizeof plan->cause,
@@ -1066,11 +1163,15 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
   if (!strcmp(mode, "weight_streaming")) {
     /* the store: a file's are on disk; a cpu's memory store is in RAM
      * (a mesh's store is beside it, never on it) */
-    int on_fabric =
-        fabric->kind == ST_FABRIC_CPU && strcmp(cfg->execution.store, "file");
+    int cpu = fabric->kind == ST_FABRIC_CPU,
+        file = !strcmp(cfg->execution.store, "file");
+    st_stream_store where = {
+        .on_fabric = cpu && !file,
+        .file = cpu && file,
+        .bf16 = file && !strcmp(cfg->execution.store_weights, "bf16")};
     int rc = st_plan_streaming(out, costs, n, fabric, cfg->train.batch, mb,
                                cfg->execution.prefetch + 1,
-                               cfg->execution.keep_activations, on_fabric, err);
+                               cfg->execution.keep_activations, &where, err);
     if (!rc) snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
     return rc;
   }

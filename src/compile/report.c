@@ -326,15 +326,28 @@ void st_plan_print(const st_plan *p, FILE *f) {
             st_plan_fmt_rate(a, sizeof a, p->io_rate),
             p->io_rate <= p->throughput ? ": it bounds the throughput"
                                         : ", above the stages' rate");
-  if (!strcmp(p->mode, "weight_streaming") && p->n_stages == 1)
+  if (!strcmp(p->mode, "weight_streaming") && p->n_stages == 1) {
+    int cpu_ws = p->fabric.kind == ST_FABRIC_CPU;
     fprintf(f,
-            "weight streaming: %s a sample computing, %s streaming weights "
-            "in and gradients out; block by block the larger of the two: %s "
-            "a sample; %d micro-batch%s of %d a batch\n",
+            "weight streaming: %s a sample computing, %s a sample on the "
+            "store's %s (weights in, gradients out%s%s)",
             st_plan_fmt_time(a, sizeof a, p->ws_compute),
             st_plan_fmt_time(b, sizeof b, p->ws_stream),
-            st_plan_fmt_time(c, sizeof c, p->bottleneck_time), p->micro_batches,
+            cpu_ws ? "channel, one way at a time" : "link, each way at once",
+            p->micro_batches > 1 ? " and back" : "",
+            cpu_ws ? ", the update" : "; the update in the store");
+    if (p->ws_disk > 0)
+      fprintf(f, "; its disk %s a sample at %s/s (%s)",
+              st_plan_fmt_time(c, sizeof c, p->ws_disk),
+              st_plan_fmt_bytes(d, sizeof d, p->fabric.disk_bandwidth),
+              p->ws_cached ? "the page cache holds the file: the writes a "
+                             "commit syncs"
+                           : "the file is larger than the page cache: every "
+                             "read and write");
+    fprintf(f, "; the step: %s a sample; %d micro-batch%s of %d a batch\n",
+            st_plan_fmt_time(e, sizeof e, p->bottleneck_time), p->micro_batches,
             p->micro_batches == 1 ? "" : "es", p->micro_batch);
+  }
   for (int r = 0; r < p->ranks; r++) {
     char st[48] = "no stage", mem[32];
     int lo = p->rank_stages[r], hi = p->rank_stages_end[r];
@@ -436,6 +449,7 @@ static void write_json(const st_plan *p, FILE *f) {
   jnum(f, "pe_overhead", fb->pe_overhead, 0);
   jnum(f, "io_bandwidth", fb->io_bandwidth, 0);
   jnum(f, "stream_bandwidth", fb->stream_bandwidth, 0);
+  jnum(f, "disk_bandwidth", fb->disk_bandwidth, 0);
   jnum(f, "input_bandwidth", fb->input_bandwidth, 0);
   jnum(f, "step_latency", fb->step_latency, 0);
   jnum(f, "hosted_latency", fb->hosted_latency, 0);
@@ -544,6 +558,7 @@ static void write_json(const st_plan *p, FILE *f) {
   fputs(",\n  \"weight_streaming\": {", f);
   jnum(f, "compute", p->ws_compute, 0);
   jnum(f, "stream", p->ws_stream, 0);
+  jnum(f, "disk", p->ws_disk, 0);
   jnum(f, "time", p->bottleneck_time, 1);
   fputs("}, ", f);
   fprintf(f, "\"pes_used\": %lld,\n  \"utilization\": {\"mode\": ",

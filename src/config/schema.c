@@ -322,8 +322,11 @@ const st_config_key st_config_schema[] = {
           "cycles, 1.8e-8, assumed)"),
     FLOAT(fabric, io_bandwidth, "0",
           "mesh: bytes/s the fabric's I/O carries each way, to the host "
-          "(samples) and to a weight store (weight streaming); 0 = the "
-          "fabric's own figure (a CS-2: 12 x 100 GbE = 1.5e11, published)"),
+          "(samples) and to a weight store (weight streaming); cpu: bytes/s "
+          "of the disk under a weight-streaming file store, reads and "
+          "writes together; 0 = the fabric's own figure (a CS-2: 12 x 100 "
+          "GbE = 1.5e11, published; a cpu: 2e9, an estimate of one NVMe "
+          "SSD, docs/compiler.md)"),
     FLOAT(fabric, memory_bandwidth, "0",
           "cpu: bytes/s of the machine's memory (DRAM), all cores together; "
           "0 = the fabric's own figure (1e11, a built-in estimate, "

@@ -1070,6 +1070,128 @@ static void test_memory_bandwidth(void) {
   st_plan_destroy(p);
 }
 
+/* Weight streaming's store traffic (ws.c, store.c) against hand counts on
+ * 4 equal blocks of W = 4 MB, a cpu's store one channel at bw = 10 GB/s:
+ * per micro-batch W' in for each pass (W' = W, or W / 2 stored bf16), the
+ * gradient W out, and after the first micro-batch W back; per step the
+ * update reads W', W and s W of state and writes W' and s W (a tied copy
+ * reads its gradient and writes W'). The step is max(C, B - U_0) + U_0: C
+ * the compute side (its passes, and the gradient copies it makes), B all
+ * the channel's seconds, U_0 the first block's update, which comes last.
+ * The model before counted 2 W a micro-batch, both ways at once: 5x too
+ * fast for AdamW at one micro-batch. */
+static void ws_blocks(st_block_cost *b, int n, double W, double slots,
+                      double flops) {
+  for (int k = 0; k < n; k++) {
+    memset(&b[k], 0, sizeof b[k]);
+    snprintf(b[k].name, sizeof b[k].name, "blocks.%d", k);
+    b[k].flops_fwd = flops;
+    b[k].flops_bwd = 2 * flops;
+    b[k].param_bytes = W;
+    b[k].state_bytes = W * (1 + slots); /* gradient + optimizer state */
+    b[k].act_bytes = b[k].in_bytes = b[k].out_bytes = 4096;
+    b[k].call_samples = 1;
+  }
+}
+
+static void test_streaming_traffic(void) {
+  const double W = 4e6, bw = 10e9;
+  st_block_cost b[4];
+  st_fabric f = cpu_fabric(4, 1e12);
+  f.stream_bandwidth = bw;
+  f.pe_flops = 1e30; /* compute free: the channel alone */
+  st_stream_store memory = {.on_fabric = 1}, file = {.file = 1},
+                  file_bf16 = {.file = 1, .bf16 = 1};
+  st_plan *p = NULL;
+  st_error err = {0};
+  /* AdamW (2 slots), fp32 memory store, one micro-batch: per block 2 W in,
+   * W out, and an update of 7 W (W + W + 2 W read, W + 2 W written): 10 W
+   * a block, 40 W a step */
+  ws_blocks(b, 4, W, 2, 1);
+  CHECK(st_plan_streaming(&p, b, 4, &f, 1, 1, 2, 1, &memory, &err) == 0, "%s",
+        err.msg);
+  if (p) {
+    double want = 40 * W / bw;
+    CHECK(fabs(p->bottleneck_time - want) <= 1e-12 * want &&
+              !strcmp(p->stages[0].bound, "I/O"),
+          "adamw fp32, 1 micro-batch: %.9g s a sample, bound %s; by hand "
+          "40 W / bw = %.9g s, I/O",
+          p->bottleneck_time, p->stages[0].bound, want);
+    st_plan_destroy(p);
+  }
+  /* SGD with momentum (1 slot), bf16 weights in the file store, batch 4
+   * in micro-batches of 2, a disk fast enough not to bind: per block,
+   * micro-batch 0: 2 x W/2 in + W out = 2 W; micro-batch 1: 2 W + W back
+   * = 3 W; the update W/2 + W + W read, W/2 + W written = 4 W: 9 W a
+   * block, 36 W a step (C = 4 (2 W + 3 W) = 20 W < 36 W - 4 W) */
+  ws_blocks(b, 4, W, 1, 1);
+  f.disk_bandwidth = 1e30;
+  CHECK(st_plan_streaming(&p, b, 4, &f, 4, 2, 2, 0, &file_bf16, &err) == 0,
+        "%s", err.msg);
+  if (p) {
+    double want = 36 * W / bw / 4;
+    CHECK(fabs(p->bottleneck_time - want) <= 1e-12 * want &&
+              p->micro_batches == 2,
+          "sgd bf16 file, 2 micro-batches of 2: %.9g s a sample (%d "
+          "micro-batches); by hand 36 W / bw / 4 = %.9g s",
+          p->bottleneck_time, p->micro_batches, want);
+    st_plan_destroy(p);
+  }
+  /* a tied copy (half of block 3's weights): it reads its gradient and
+   * writes its weights, W/2 + W/2, where its own half takes 7 W / 2: the
+   * step 40 W - 7 W + 7 W / 2 + W = 37.5 W */
+  ws_blocks(b, 4, W, 2, 1);
+  b[3].tied_bytes = W / 2;
+  CHECK(st_plan_streaming(&p, b, 4, &f, 1, 1, 2, 1, &memory, &err) == 0, "%s",
+        err.msg);
+  if (p) {
+    double want = 37.5 * W / bw;
+    CHECK(fabs(p->bottleneck_time - want) <= 1e-12 * want,
+          "a tied half: %.9g s; by hand 37.5 W / bw = %.9g s",
+          p->bottleneck_time, want);
+    st_plan_destroy(p);
+  }
+  b[3].tied_bytes = 0;
+  /* compute-bound: C = 4 (t_f + t_b) + 4 W / bw (the gradients out, on
+   * the compute thread), then the first block's update, 7 W / bw; t_f =
+   * F (0.05 + 0.95 / 4) / 90e9 for F = 1 GFLOP, t_b = 2 t_f */
+  ws_blocks(b, 4, W, 2, 1e9);
+  f.pe_flops = 90e9;
+  CHECK(st_plan_streaming(&p, b, 4, &f, 1, 1, 2, 1, &memory, &err) == 0, "%s",
+        err.msg);
+  if (p) {
+    double tf = 1e9 * (0.05 + 0.95 / 4) / 90e9;
+    double want = 4 * 3 * tf + 4 * W / bw + 7 * W / bw;
+    CHECK(fabs(p->bottleneck_time - want) <= 1e-12 * want &&
+              !strcmp(p->stages[0].bound, "compute"),
+          "compute-bound: %.9g s, bound %s; by hand 12 t_f + 11 W / bw = "
+          "%.9g s, compute",
+          p->bottleneck_time, p->stages[0].bound, want);
+    st_plan_destroy(p);
+  }
+  /* a file store's disk at 1 GB/s: with the page cache holding the file
+   * (2 (W + 2 W) + W = 7 W a block), each step's commit syncs the
+   * gradient and the update's writes, W + 3 W a block: 16 W / 1 GB/s;
+   * a machine of 50 MB (less than the file's 28 W = 112 MB) reads and
+   * writes all 40 W on the disk */
+  ws_blocks(b, 4, W, 2, 1);
+  f.pe_flops = 1e30;
+  f.disk_bandwidth = 1e9;
+  for (int small = 0; small < 2; small++) {
+    f.pe_memory = small ? 50e6 / 4 : 1e12;
+    CHECK(st_plan_streaming(&p, b, 4, &f, 1, 1, 2, 1, &file, &err) == 0, "%s",
+          err.msg);
+    if (!p) continue;
+    double want = (small ? 40 : 16) * W / 1e9;
+    CHECK(fabs(p->bottleneck_time - want) <= 1e-12 * want &&
+              !strcmp(p->stages[0].bound, "disk") && p->ws_cached == !small,
+          "file store, %s: %.9g s, bound %s; by hand %.9g s, disk",
+          small ? "past the page cache" : "cached", p->bottleneck_time,
+          p->stages[0].bound, want);
+    st_plan_destroy(p);
+  }
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -1092,6 +1214,7 @@ int main(void) {
   test_workspace();
   test_replicas();
   test_memory_bandwidth();
+  test_streaming_traffic();
   test_stages_by_rate();
   TH_DONE();
 }
