@@ -6,12 +6,15 @@
  * modes that could run the model are tried in order, and the first whose
  * plan fits the fabric is the plan.
  *   mesh, wse2  layer-pipelined (the config's pipeline or pipelined_backprop,
- *               else a pipeline on its schedule), then weight streaming
- *               keeping every activation, then weight streaming that
- *               recomputes each block's forward
- *   cpu         the config's own mode, then weight streaming (a memory
- *               store if that fits, else a file store; keeping the
- *               activations, then recomputing them)
+ *               else a pipeline on its schedule), then weight streaming as
+ *               the config sets keep_activations, then the other way
+ *   cpu         the config's own mode, then weight streaming as the config
+ *               sets it (its store and keep_activations), then a memory
+ *               store, a file store keeping the activations, one
+ *               recomputing them
+ * Weight streaming asked for (the config's mode, or --mode) and fitting as
+ * the config sets it is planned so: what `strata train` runs. Otherwise the
+ * fastest of the variants that fit is.
  * With execution.micro_batch 0 the compiler picks it: for a pipeline, the
  * smallest micro-batch whose predicted rate is within 5% of the best (the
  * bubble shrinks as micro-batches get smaller, GEMMs slow down); for the
@@ -37,6 +40,11 @@ typedef struct candidate {
   char mode[24];
   int keep; /* weight streaming: keep the activations */
   char store[8];
+  /* weight streaming as the config sets it (its keep_activations and
+   * store): when the config's mode, or --mode, is weight streaming, what
+   * `strata train` runs, so planned as it is and not swapped for a faster
+   * variant (those are tried only when it does not fit) */
+  int own;
 } candidate;
 
 static int is_ws(const char *mode) { return !strcmp(mode, "weight_streaming"); }
@@ -144,7 +152,8 @@ static int plan_candidate(st_plan **out, const st_config *cfg,
 
 /* The modes to try, in order; returns their count. Stages asked for
  * (--stages) are a pipeline's: then only the config's own mode (or a
- * layer-pipelined one on a mesh). */
+ * layer-pipelined one on a mesh). Weight streaming is tried first as the
+ * config sets it (keep_activations, store), then its other variants. */
 static int candidates(const st_config *cfg, const st_fabric *f, int stages,
                       candidate *out) {
   int n = 0;
@@ -156,45 +165,50 @@ static int candidates(const st_config *cfg, const st_fabric *f, int stages,
              f->kind == ST_FABRIC_MESH && !pipelined ? "pipeline" : mode);
     return n;
   }
+  candidate own = {"weight_streaming", cfg->execution.keep_activations, "", 1};
   if (f->kind == ST_FABRIC_MESH) {
     if (!is_ws(mode)) {
       int pipelined =
           !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
-      snprintf(out[n++].mode, sizeof out->mode, "%s",
+      snprintf(out[n].mode, sizeof out->mode, "%s",
                pipelined ? mode : "pipeline");
+      out[n++].own = 0;
     }
-    candidate a = {"weight_streaming", 1, ""}; /* a store beside it */
-    out[n++] = a;
-    a.keep = 0;
-    out[n++] = a;
+    /* a store beside it: the config's, whatever its kind */
+    out[n++] = own;
+    candidate other = own;
+    other.keep = !own.keep;
+    other.own = 0;
+    out[n++] = other;
     return n;
   }
   if (!is_ws(mode)) {
-    snprintf(out[n++].mode, sizeof out->mode, "%s", mode);
-  } else {
-    candidate own = {"weight_streaming", cfg->execution.keep_activations, ""};
-    snprintf(own.store, sizeof own.store, "%s", cfg->execution.store);
-    out[n++] = own;
+    snprintf(out[n].mode, sizeof out->mode, "%s", mode);
+    out[n++].own = 0;
   }
-  const candidate more[] = {{"weight_streaming", 1, "memory"},
-                            {"weight_streaming", 1, "file"},
-                            {"weight_streaming", 0, "file"}};
-  for (int i = 0; i < 3; i++) {
-    int same = is_ws(mode) && more[i].keep == out[0].keep &&
-               !strcmp(more[i].store, out[0].store);
-    if (!same) out[n++] = more[i];
-  }
+  snprintf(own.store, sizeof own.store, "%s", cfg->execution.store);
+  out[n++] = own;
+  const candidate more[] = {{"weight_streaming", 1, "memory", 0},
+                            {"weight_streaming", 1, "file", 0},
+                            {"weight_streaming", 0, "file", 0}};
+  for (int i = 0; i < 3; i++)
+    if (more[i].keep != own.keep || strcmp(more[i].store, own.store))
+      out[n++] = more[i];
   return n;
+}
+
+/* Weight streaming's variant: "file store, keeping activations". */
+static const char *ws_variant(char *buf, size_t cap, const candidate *k) {
+  snprintf(buf, cap, "%s%s%s", k->store, k->store[0] ? " store, " : "",
+           k->keep ? "keeping activations" : "recomputing each block");
+  return buf;
 }
 
 static const char *candidate_name(char *buf, size_t cap, const candidate *k,
                                   const st_config *cfg) {
-  if (is_ws(k->mode) && k->store[0])
-    snprintf(buf, cap, "weight streaming (%s store, %s)", k->store,
-             k->keep ? "keeping activations" : "recomputing each block");
-  else if (is_ws(k->mode))
-    snprintf(buf, cap, "weight streaming (%s)",
-             k->keep ? "keeping activations" : "recomputing each block");
+  char v[48];
+  if (is_ws(k->mode))
+    snprintf(buf, cap, "weight streaming (%s)", ws_variant(v, sizeof v, k));
   else if (!strcmp(k->mode, "pipeline"))
     snprintf(buf, cap, "pipeline (%.16s)", cfg->execution.schedule);
   else
@@ -257,8 +271,11 @@ static int first_fit(st_plan **out, const st_config *cfg, const st_fabric *f,
                         &e);
     if (!rc) {
       *chosen = i;
-      /* weight streaming's variants that fit too: the fastest */
-      for (int j = i + 1; is_ws(k[i].mode) && j < n; j++) {
+      /* weight streaming's variants that fit too: the fastest, unless the
+       * config (or --mode) asks for weight streaming and its own fits */
+      int asked = is_ws(cfg->execution.mode) || (force && is_ws(force));
+      for (int j = i + 1; is_ws(k[i].mode) && !(asked && k[i].own) && j < n;
+           j++) {
         st_plan *other;
         char other_why[ST_CAUSE_MAX];
         st_config other_cfg;
@@ -290,7 +307,7 @@ static int first_fit(st_plan **out, const st_config *cfg, const st_fabric *f,
     if (w > 0) used = used + (size_t)w < cap ? used + (size_t)w : cap - 1;
   }
   if (!any) { /* a forced mode the fabric has no candidate for: plan it */
-    candidate one = {"", cfg->execution.keep_activations, ""};
+    candidate one = {"", cfg->execution.keep_activations, "", 1};
     snprintf(one.mode, sizeof one.mode, "%s", force);
     snprintf(one.store, sizeof one.store, "%s", cfg->execution.store);
     rc = plan_candidate(out, cfg, &one, stages, pick_why, pick_cap, applied,
@@ -359,6 +376,14 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
   else
     snprintf(name, sizeof name, "%s", force);
   int w;
+  char forced[96];
+  if (force && is_ws(force) && chosen >= 0) { /* which variant was planned */
+    char v[48];
+    snprintf(forced, sizeof forced, "--mode %s, %s", force,
+             ws_variant(v, sizeof v, &k[chosen]));
+  } else if (force) {
+    snprintf(forced, sizeof forced, "--mode %s", force);
+  }
   if (force) {
     /* what forcing costs: the plan compile would choose, for comparison */
     st_plan *auto_plan = NULL;
@@ -369,13 +394,13 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
       char other[96];
       candidate_name(other, sizeof other, &k[c2], cfg);
       w = snprintf(why, sizeof why,
-                   "forced (--mode %s): predicted %s samples/s, %.2fx the %s "
+                   "forced (%s): predicted %s samples/s, %.2fx the %s "
                    "samples/s of %s, the plan compile chooses",
-                   force, st_plan_fmt_rate(a, sizeof a, rate_of(p)),
+                   forced, st_plan_fmt_rate(a, sizeof a, rate_of(p)),
                    rate_of(auto_plan) > 0 ? rate_of(p) / rate_of(auto_plan) : 0,
                    st_plan_fmt_rate(b, sizeof b, rate_of(auto_plan)), other);
     } else {
-      w = snprintf(why, sizeof why, "forced (--mode %s)%s", force,
+      w = snprintf(why, sizeof why, "forced (%s)%s", forced,
                    arc == 0 ? ": as fast as the plan compile chooses" : "");
     }
     st_plan_destroy(auto_plan);

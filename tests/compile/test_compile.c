@@ -1192,6 +1192,72 @@ static void test_streaming_traffic(void) {
   }
 }
 
+/* `compile` plans what the config says: a config in weight streaming that
+ * recomputes its blocks (keep_activations: false) is planned recomputing,
+ * as st_plan_compile (what `strata train` runs) plans it, not swapped for
+ * the faster plan that keeps them; --mode weight_streaming plans the
+ * config's store. By hand for the second: cluster_demo's MLP has
+ * N = (784 + 1) 2048 + 5 (2048 + 1) 2048 + (2048 + 1) 10 = 22,609,930
+ * parameters; a memory store on rank 0 holds 4 N (weights, gradient, two
+ * AdamW moments) = 16 N = 361,758,880 bytes, over its 300 MB limit, a
+ * file store none of it. */
+static void test_compile_plans_the_config(void) {
+  st_config cfg;
+  st_error err = {0};
+  st_config_defaults(&cfg);
+  set(&cfg, "model.hidden=[512, 512]");
+  set(&cfg, "train.batch=256");
+  set(&cfg, "execution.mode=weight_streaming");
+  set(&cfg, "execution.keep_activations=false");
+  CHECK(st_fabric_parse(&cfg, "cpu:4", &err) == 0, "%s", err.msg);
+  st_plan *own = NULL, *chosen = NULL;
+  st_config applied;
+  CHECK(st_plan_compile(&own, &cfg, 0, &err) == 0, "%s", err.msg);
+  CHECK(st_plan_choose(&chosen, &cfg, 0, NULL, &applied, &err) == 0, "%s",
+        err.msg);
+  if (own && chosen)
+    CHECK(!applied.execution.keep_activations &&
+              fabs(chosen->throughput - own->throughput) <=
+                  1e-12 * own->throughput &&
+              strstr(chosen->mode_why, "recomputing each block"),
+          "recomputing config: compile plans %s at %.9g samples/s (%s), "
+          "train's plan %.9g",
+          applied.execution.keep_activations ? "keeping" : "recomputing",
+          chosen->throughput, chosen->mode_why, own->throughput);
+  st_plan_destroy(own);
+  st_plan_destroy(chosen);
+
+  st_config demo;
+  CHECK(st_config_load(&demo, "configs/cluster_demo.yaml", &err) == 0, "%s",
+        err.msg);
+  const double N = 785.0 * 2048 + 5 * 2049.0 * 2048 + 2049.0 * 10;
+  for (int file = 0; file < 2; file++) {
+    st_config c = demo;
+    set(&c, file ? "execution.store=file" : "execution.store=memory");
+    st_plan *p = NULL;
+    err = (st_error){0};
+    int rc = st_plan_choose(&p, &c, 0, "weight_streaming", &applied, &err);
+    CHECK(rc == 0 && !strcmp(applied.execution.store, c.execution.store),
+          "--mode weight_streaming, store %s: planned store %s (%s)",
+          c.execution.store, applied.execution.store, err.msg);
+    if (rc) continue;
+    rc = st_plan_place_ranks(p, &applied, 3, &err);
+    if (file)
+      CHECK(rc == 0 && p->rank_memory[0] == 0,
+            "file store over 3 ranks: rc %d (%s), rank 0 holds %.0f bytes; "
+            "by hand 0",
+            rc, err.msg, rc ? -1 : p->rank_memory[0]);
+    else
+      CHECK(rc == ST_ENOMEM && p->rank_memory[0] == 16 * N &&
+                strstr(err.msg, "rank 0 of 3 362 MB"),
+            "memory store over 3 ranks: rc %d '%s', rank 0 %.0f bytes; by "
+            "hand 16 N = %.0f, over 300 MB",
+            rc, err.msg, p->rank_memory ? p->rank_memory[0] : -1, 16 * N);
+    st_plan_destroy(p);
+  }
+  CHECK(16 * N == 361758880.0, "16 N = %.0f", 16 * N); /* the comment's */
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -1215,6 +1281,7 @@ int main(void) {
   test_replicas();
   test_memory_bandwidth();
   test_streaming_traffic();
+  test_compile_plans_the_config();
   test_stages_by_rate();
   TH_DONE();
 }
