@@ -102,12 +102,15 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
   int batch = x->batch;
   /* on a mesh the layers whose weights or work spread over a region move
    * their input in along one edge and their output (partial sums) across
-   * it (st_block_cost.region_*); an embedding's input is its ids */
+   * it (st_block_cost.region_*); an embedding's input is its ids. The
+   * fused head's output is a loss a position, but what crosses its region
+   * is its product's partial sums, T x V logits, as an unfused head's */
   if (L->kind == ST_OP_LINEAR || L->kind == ST_OP_CONV2D ||
       L->kind == ST_OP_LINEAR_XENT || L->kind == ST_OP_ATTENTION ||
       L->kind == ST_OP_EMBED) {
     c->region_in += 4 * n_in;
-    c->region_out += 4 * n;
+    c->region_out +=
+        L->kind == ST_OP_LINEAR_XENT ? 4.0 * L->rows * L->vocab : 4 * n;
     c->region_layers += 1;
   }
   switch (L->kind) {

@@ -500,6 +500,24 @@ static void test_fused_head_costs(void) {
             h->linear_bytes[0] == 4 * C * V,
         "fused head: %d weights, %g products of %g bytes", h->n_linear,
         h->linear_gemms[0], h->linear_bytes[0]);
+  /* on a mesh its region takes T x C in and moves its product's partial
+   * sums, T x V logits, across, not its output (a loss a position): as
+   * the unfused head, whose output those logits are */
+  CHECK(h->region_layers == 1 && h->region_in == 4 * T * C &&
+            h->region_out == 4 * T * V,
+        "fused head on a mesh: %g layers, %g bytes in, %g across; by hand "
+        "1, 4 T C = %g, 4 T V = %g",
+        h->region_layers, h->region_in, h->region_out, 4 * T * C, 4 * T * V);
+  set(&cfg, "model.fused_loss=false");
+  st_model *u;
+  if (st_model_create(&u, &cfg, (st_shape){1, 8, 1}, &err) == 0) {
+    st_block_cost ub[3];
+    st_plan_costs(ub, u, &cfg);
+    CHECK(ub[2].region_out == h->region_out,
+          "fused and unfused heads' partial sums: %g and %g bytes",
+          h->region_out, ub[2].region_out);
+    st_model_destroy(u);
+  }
   st_model_destroy(m);
 }
 
