@@ -32,8 +32,8 @@
 #    ranks: the threaded and in-process bytes;
 #  - a rank of a data-parallel and of a pipelined job killed: the same;
 #  - a rank of each stopped (SIGSTOP), alive but silent: rank 0 ends the
-#    job after execution.rank_timeout, naming what it waited in (and, in
-#    the pipeline, the rank);
+#    job after execution.rank_timeout, naming what it waited in (and, in a
+#    pipeline's receive, the rank);
 #  - SIGTERM to one rank, or SIGINT to mpirun, stops every rank after the
 #    same step with a checkpoint that resumes to the uninterrupted bytes.
 # A build without MPI (make MPI=0) must instead refuse a multi-process
@@ -619,7 +619,9 @@ frozen() {
   fi
 }
 frozen data-parallel "a rank" -- "$fc" --set execution.replicas=2
-frozen pipeline "rank 1" -- "$cnn" --set execution.mode=pipeline \
+# (rank 0 waits in a receive from rank 1, or in the step's check if the
+# stop came between steps: either names the wait)
+frozen pipeline "(rank 1|a rank)" -- "$cnn" --set execution.mode=pipeline \
   --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
 # --- a rank killed at random moments, rerun until done ----------------------------
 # The pipeline over 2 ranks (checkpoints every 20 steps) and weight
