@@ -1285,6 +1285,11 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
   sub.width = (int)per;
   sub.pes = per * sub.height;
   sub.pe_memory = fabric->pe_memory * (double)fabric->pes / (double)sub.pes;
+  /* the R replicas run at once: each has its share of the machine's
+   * memory bandwidth and last-level cache, not all of it */
+  sub.memory_bandwidth =
+      fabric->memory_bandwidth * (double)sub.pes / (double)fabric->pes;
+  sub.cache_bytes = fabric->cache_bytes * (double)sub.pes / (double)fabric->pes;
   snprintf(sub.name, sizeof sub.name, "%.14s/%d replicas", fabric->name, R);
   int rc = st_plan_from_costs(out, &one, &sub, costs, n, stages, err);
   if (rc) return rc;

@@ -36,9 +36,12 @@ int st_file_read(uint8_t **data, size_t *n, const char *path, st_error *err) {
   *data = NULL;
   *n = 0;
   int fd = st_open_regular(path, err);
-  FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
-  if (fd >= 0 && !f) close(fd);
-  if (!f) return err->code ? err->code : ST_ENOMEM;
+  if (fd < 0) return err->code;
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  }
   struct stat sb;
   if (fstat(fileno(f), &sb) != 0) {
     fclose(f);

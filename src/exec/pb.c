@@ -561,12 +561,12 @@ static int tie_crosses(const st_model *m, const pb_stage *st, int S) {
  * the kernel kill the run without a word. */
 static int check_in_flight(const pb *p, const st_config *cfg, st_error *err) {
   const st_model *m = p->rt.model;
-  double need = 4.0 * (double)m->n_params * (2 + st_optim_state_per_param(cfg));
-  double most = 0;
+  double slots = st_optim_state_per_param(cfg), need = 0, most = 0;
   int worst = 0;
   for (int s = 0; s < p->rt.S; s++) {
     const pb_stage *st = &p->stages[s];
-    if (!st->rt.local) continue;
+    if (!st->rt.local) continue; /* over ranks: another rank's to hold */
+    need += 4.0 * (double)st->n * (2 + slots); /* weights, grads, state */
     double acts = 0;
     for (int b = st->rt.first; b < st->rt.first + st->rt.count; b++)
       acts += (double)m->blocks[b].act_per_sample;

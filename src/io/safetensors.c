@@ -382,8 +382,9 @@ static int check_tensors(st_safetensors *st, st_error *err) {
                           "of the data section, which has only %zu",
                           st->path, t->name, t->begin, t->end, st->data_bytes);
   }
-  int rc = check_tiling(st, err);
-  return rc ? rc : index_names(st, err);
+  /* names first: a name listed twice is that, not an overlap */
+  int rc = index_names(st, err);
+  return rc ? rc : check_tiling(st, err);
 }
 
 /* Reads and checks the header; the data section too when load is 1, else
@@ -400,9 +401,13 @@ static int open_file(st_safetensors **out, const char *path, int load,
   snprintf(st->path, sizeof st->path, "%s", path);
   int fd = st_open_regular(path, err);
   FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
-  if (fd >= 0 && !f) close(fd);
+  if (fd >= 0 && !f) {
+    close(fd);
+    rc = st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
   if (!f) {
-    rc = err->code ? err->code : st_error_set(err, ST_ENOMEM, "out of memory");
+    rc = err->code;
     goto fail;
   }
   uint8_t len_bytes[8];

@@ -995,6 +995,34 @@ static void test_replicas(void) {
   st_plan_destroy(p);
   set(&cfg, "fabric.pe_memory=0");
 
+  /* memory-bound replicas share the machine's bandwidth: 4 replicas of a
+   * model whose one-row layers stream their weights move no more bytes a
+   * second than one (a replica on C/R cores has C/R of the bandwidth) */
+  {
+    st_config mb;
+    st_config_defaults(&mb);
+    set(&mb, "fabric.cores=8");
+    set(&mb, "model.hidden=[4096, 4096]");
+    set(&mb, "fabric.memory_bandwidth=1e10");
+    set(&mb, "train.batch=64");
+    double r[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+      set(&mb, i ? "execution.replicas=4" : "execution.replicas=1");
+      st_plan *q = NULL;
+      if (st_plan_compile(&q, &mb, 0, &err) == 0) {
+        r[i] = q->throughput; /* the stages' own, before the slabs' sum */
+        CHECK(!strcmp(q->stages[0].bound, "memory bandwidth"),
+              "%d replica(s): bound '%s', want memory bandwidth", i ? 4 : 1,
+              q->stages[0].bound);
+      }
+      st_plan_destroy(q);
+    }
+    CHECK(r[0] > 0 && r[1] > 0 && r[1] <= r[0] * (1 + 1e-9),
+          "memory-bound: 4 replicas %.6g samples/s, one %.6g: more bytes a "
+          "second than the machine's bandwidth",
+          r[1], r[0]);
+  }
+
   /* more replicas than cores: refused, as --stages is */
   set(&cfg, "execution.replicas=32");
   rc = st_plan_compile(&p, &cfg, 0, &err);
