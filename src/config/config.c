@@ -652,69 +652,40 @@ static char *read_config(const char *path, size_t *len, st_error *err) {
   return NULL;
 }
 
-/* Refuses text nested deeper than CONFIG_MAX_DEPTH, counted without a
- * parser: open flow brackets outside quotes and comments, plus the block
- * levels (indentation, and each "- " of a compact sequence) of the lines
- * that start outside brackets. It may overcount odd but valid YAML (a
- * block scalar indented ever deeper), never a config of strata's keys. */
+/* Refuses text nested deeper than CONFIG_MAX_DEPTH before it is loaded,
+ * by libyaml's own events (its scanner knows quotes, comments and block
+ * scalars, which a count of brackets had to guess at, and a guess let 200k
+ * levels through): loading a deep document whole is quadratic in its depth,
+ * so a 16 MiB file could take hours, while the events stop at the first
+ * level too many. A syntax error is left to the load, which names it. */
 static int check_nesting(const char *text, size_t len, const char *path,
                          st_error *err) {
-  int indent[CONFIG_MAX_DEPTH + 2], blocks = 0, flow = 0, line = 1;
-  size_t i = 0;
-  while (i < len) {
-    size_t start = i;
-    if (flow == 0) { /* a line's block levels */
-      int col = 0;
-      while (i < len && text[i] == ' ') i++, col++;
-      if (i < len && text[i] != '\n' && text[i] != '#' && text[i] != '\r') {
-        for (;;) {
-          while (blocks > 0 && indent[blocks - 1] > col) blocks--;
-          if (blocks == 0 || indent[blocks - 1] < col) {
-            if (blocks > CONFIG_MAX_DEPTH) break;
-            indent[blocks++] = col;
-          }
-          if (text[i] != '-' || i + 1 >= len ||
-              (text[i + 1] != ' ' && text[i + 1] != '\t'))
-            break;
-          for (i++, col++; i < len && (text[i] == ' ' || text[i] == '\t');)
-            i++, col++; /* "- - x": each dash one level deeper */
-        }
-      }
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser))
+    return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
+  yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+  int depth = 0, rc = 0;
+  for (;;) {
+    yaml_event_t ev;
+    if (!yaml_parser_parse(&parser, &ev)) break;
+    yaml_event_type_t type = ev.type;
+    yaml_mark_t at = ev.start_mark;
+    yaml_event_delete(&ev);
+    if (type == YAML_STREAM_END_EVENT) break;
+    if (type == YAML_SEQUENCE_END_EVENT || type == YAML_MAPPING_END_EVENT)
+      depth--;
+    if ((type == YAML_SEQUENCE_START_EVENT ||
+         type == YAML_MAPPING_START_EVENT) &&
+        ++depth > CONFIG_MAX_DEPTH) {
+      rc = st_error_set(err, ST_ECONFIG,
+                        "%s:%zu:%zu: nested deeper than %d levels (a config "
+                        "needs 3); refused before parsing",
+                        path, at.line + 1, at.column + 1, CONFIG_MAX_DEPTH);
+      break;
     }
-    char quote = 0;
-    for (; i < len && text[i] != '\n'; i++) {
-      char c = text[i];
-      if (quote) {
-        if (c == '\\' && quote == '"' && i + 1 < len && text[i + 1] != '\n')
-          i++;
-        else if (c == quote)
-          quote = 0;
-      } else if ((c == '"' || c == '\'') &&
-                 (i == start || strchr(" \t[{,:-?", text[i - 1]))) {
-        quote = c; /* a quote inside a plain scalar (b'c) opens nothing */
-      } else if (c == '#' &&
-                 (i == start || text[i - 1] == ' ' || text[i - 1] == '\t')) {
-        while (i < len && text[i] != '\n') i++;
-        break;
-      } else if (c == '[' || c == '{') {
-        flow++;
-      } else if ((c == ']' || c == '}') && flow > 0) {
-        flow--;
-      }
-      if (blocks + flow > CONFIG_MAX_DEPTH)
-        return st_error_set(err, ST_ECONFIG,
-                            "%s:%d:%d: nested deeper than %d levels (a config "
-                            "needs 3); refused before parsing",
-                            path, line, (int)(i - start) + 1, CONFIG_MAX_DEPTH);
-    }
-    if (blocks > CONFIG_MAX_DEPTH)
-      return st_error_set(err, ST_ECONFIG,
-                          "%s:%d:1: nested deeper than %d levels (a config "
-                          "needs 3); refused before parsing",
-                          path, line, CONFIG_MAX_DEPTH);
-    i++, line++;
   }
-  return 0;
+  yaml_parser_delete(&parser);
+  return rc;
 }
 
 /* Starts from the defaults; cfg is replaced only if the whole file is

@@ -737,14 +737,15 @@ static void test_load_errors(void) {
              "%s:2:9: YAML syntax error: found undefined alias");
 }
 
-/* Text a config never is, refused before libyaml (quadratic in depth) sees
- * it: nesting past 64 levels, files past 16 MiB. */
+/* Text a config never is, refused before it is loaded (libyaml's load is
+ * quadratic in depth): nesting past 64 levels, counted on libyaml's own
+ * events up to the first level too many; files past 16 MiB. */
 static void test_limits(void) {
   enum { DEEP = 100000 };
   char *text = malloc(DEEP * 4 + 64);
   memset(text, '[', DEEP);
   text[DEEP] = '\0';
-  LOAD_ERROR(text, "%s:1:64: nested deeper than 64 levels (a config needs "
+  LOAD_ERROR(text, "%s:1:65: nested deeper than 64 levels (a config needs "
                    "3); refused before parsing");
   /* a deep block mapping: "a:\n b:\n  c:..." */
   size_t n = 0;
@@ -758,10 +759,10 @@ static void test_limits(void) {
                    "3); refused before parsing");
   /* a compact sequence, each "- " one level deeper */
   n = 0;
-  n += (size_t)sprintf(text, "model:\n  hidden:\n");
+  n += (size_t)sprintf(text, "model:\n  hidden:\n  ");
   for (int i = 0; i < 70; i++) n += (size_t)sprintf(text + n, "- ");
   sprintf(text + n, "1\n");
-  LOAD_ERROR(text, "%s:3:131: nested deeper than 64 levels (a config needs "
+  LOAD_ERROR(text, "%s:3:127: nested deeper than 64 levels (a config needs "
                    "3); refused before parsing");
   /* brackets in comments and quoted strings do not count; a flow list 60
    * deep inside a mapping is under the limit (and then a wrong type) */
@@ -792,13 +793,30 @@ static void test_limits(void) {
   sprintf(text + n, "\n");
   LOAD_ERROR(text, "%s:1:90: nested deeper than 64 levels (a config needs "
                    "3); refused before parsing");
+  /* nor does one after a blank inside a plain scalar (x 'y), nor a
+   * multi-line quoted string whose brackets a line-by-line count took for
+   * closing ones: both hid the brackets after them */
+  n = (size_t)sprintf(text, "model:\n  hidden: [x 'y, ");
+  for (int i = 0; i < 100; i++) text[n++] = '[';
+  sprintf(text + n, "\n");
+  LOAD_ERROR(text, "%s:2:79: nested deeper than 64 levels (a config needs "
+                   "3); refused before parsing");
+  n = (size_t)sprintf(text, "model:\n  hidden: ");
+  for (int i = 0; i < 60; i++) text[n++] = '[';
+  n += (size_t)sprintf(text + n, " \"x\n");
+  for (int i = 0; i < 60; i++) text[n++] = ']';
+  n += (size_t)sprintf(text + n, " \" , ");
+  for (int i = 0; i < 100; i++) text[n++] = '[';
+  sprintf(text + n, "\n");
+  LOAD_ERROR(text, "%s:3:68: nested deeper than 64 levels (a config needs "
+                   "3); refused before parsing");
   /* --set values are held to the same depth, and to one document */
   n = (size_t)sprintf(text, "model.hidden=");
   for (int i = 0; i < 100; i++) text[n++] = '[';
   text[n] = '\0';
   st_config_defaults(&c);
   rc = st_config_set(&c, text, &err);
-  CHECK(rc == ST_ECONFIG && strstr(err.msg, ":1:64: nested deeper than 64"),
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, ":1:65: nested deeper than 64"),
         "a deep --set value: rc %d '%s'", rc, err.msg);
   st_config_defaults(&c);
   rc = st_config_set(&c, "model.hidden=[5]\n---\n[6]", &err);
