@@ -119,15 +119,19 @@ static void watch_end(watch_slot *w) {
  * down (mpirun kills a stopped one too); where MPI may not be called from
  * this thread, or it is shutting down, this process exits and mpirun ends
  * the rest. */
-static void watch_fire(const watch_slot *w, int64_t waited) {
+static void watch_fire(watch_slot *w, int64_t since, int64_t waited) {
+  /* the wait as one snapshot: a slot whose thread has moved on to another
+   * wait meanwhile is not this one (the next look judges that) */
   int peer = atomic_load(&w->peer);
+  const char *what = atomic_load(&w->what);
+  if (atomic_load(&w->since) != since) return;
   char whom[32] = "a rank";
   if (peer >= 0) snprintf(whom, sizeof whom, "rank %d", peer);
   fprintf(stderr,
           "strata: error: rank %d: no answer from %s in %.0f s, waiting in "
           "%s (execution.rank_timeout: %g): it is stopped, stuck or cut "
           "off; ending the job\n",
-          world_rank, whom, (double)waited / 1e9, atomic_load(&w->what),
+          world_rank, whom, (double)waited / 1e9, what,
           (double)atomic_load(&watch_limit_ns) / 1e9);
   fflush(stderr);
   if (threads_ok && !atomic_load(&finishing)) MPI_Abort(MPI_COMM_WORLD, 1);
@@ -147,9 +151,9 @@ static void *watch_loop(void *arg) {
     if (now - last > 1000000000) resumed = now;
     last = now;
     for (int i = 0; limit > 0 && i < WATCH_SLOTS; i++) {
-      int64_t since = atomic_load(&slots[i].since);
-      if (since && since < resumed) since = resumed;
-      if (since && now - since > limit) watch_fire(&slots[i], now - since);
+      int64_t since = atomic_load(&slots[i].since), from = since;
+      if (from && from < resumed) from = resumed;
+      if (from && now - from > limit) watch_fire(&slots[i], since, now - from);
     }
   }
   return NULL;
