@@ -114,7 +114,8 @@ const st_config_key st_config_schema[] = {
 
     ENUM(data, dataset, "fashion_mnist", datasets, "training data"),
     STRING(data, dir, "/usr/share/datasets/fashion-mnist",
-           "folder holding the Fashion-MNIST IDX .gz files"),
+           "folder holding the Fashion-MNIST IDX files under their .gz "
+           "names (a file already unpacked is read as it is)"),
     INT(data, train_limit, "0",
         "use only the first N training samples (0 = all; the files are then "
         "read only that far, so their gzip CRC, which covers the whole "
