@@ -564,10 +564,7 @@ void st_safetensors_destroy(st_safetensors *st) {
 
 const st_st_tensor *st_safetensors_find(const st_safetensors *st,
                                         const char *name) {
-  if (!st->by_name) /* checked before its index was made */
-    for (int i = 0; i < st->n_tensors; i++)
-      if (strcmp(st->tensors[i].name, name) == 0) return &st->tensors[i];
-  int lo = 0, hi = st->by_name ? st->n_tensors : 0;
+  int lo = 0, hi = st->by_name ? st->n_tensors : 0; /* none: no tensors */
   while (lo < hi) {
     int mid = lo + (hi - lo) / 2, c = strcmp(st->by_name[mid]->name, name);
     if (c == 0) return st->by_name[mid];
