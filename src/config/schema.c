@@ -240,7 +240,8 @@ const st_config_key st_config_schema[] = {
     FLOAT(execution, rank_timeout, "600",
           "under mpirun: seconds a rank may wait on the others in one "
           "exchange (a collective, a pipeline's message, the last "
-          "handshake) before it ends the job, naming what it waited for; "
+          "handshake) before it ends the job, naming what it waited for "
+          "and the rank to blame (one that does not answer, or is busy); "
           "a stopped rank or a cut network would hang it (0 = wait "
           "forever)"),
     BOOL(execution, pin, "true",

@@ -103,4 +103,23 @@ void st_dist_traffic(uint64_t *sent, uint64_t *received);
 /* Every member of g reaches this point. */
 int st_dist_barrier(st_dist_group *g, st_error *err);
 
+/* What a rank tells another's watch when asked (execution.rank_timeout):
+ * its longest wait on the others now, or that it waits on no one. */
+typedef struct st_dist_told {
+  int32_t waiting; /* 1: in a wait */
+  int32_t peer;    /* the world rank waited on; -1: a collective */
+  int64_t ms;      /* how long it has waited; not waiting: since its last
+                      wait ended */
+  char what[40];   /* the wait, as watch lines name it */
+} st_dist_told;
+/* Who a wait of rank `me` in `what` on `peer` (-1: a collective) lasted
+ * too long for, and why, from the answers the watch got (answered[r]:
+ * rank r answered, with told[r]; size ranks): writes who (e.g. "rank 1",
+ * "ranks 1 and 3", "a rank") and why (e.g. "it does not answer the watch
+ * either: it is stopped or cut off"). A pure function, for the tests. */
+void st_dist_watch_verdict(int me, int size, const char *what, int peer,
+                           const st_dist_told *told,
+                           const unsigned char *answered, char *who,
+                           size_t who_size, char *why, size_t why_size);
+
 #endif

@@ -78,6 +78,17 @@ static pthread_t watcher;
 static int watcher_started;
 static pthread_key_t slot_key;
 static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+static _Atomic int64_t last_end; /* when a wait last ended */
+/* The watchers' own channel: a watch whose wait lasted too long asks every
+ * rank what it is doing, and each rank's watcher answers, so that the line
+ * can say who is silent (stopped, cut off) and who answers but is busy.
+ * MPI is called from the watcher under watch_mpi, never once
+ * st_dist_finalize has begun. */
+enum { TAG_ASK = 1, TAG_TOLD = 2 };
+static MPI_Comm watch_comm = MPI_COMM_NULL;
+static pthread_mutex_t watch_mpi = PTHREAD_MUTEX_INITIALIZER;
+static st_dist_told told_out[ST_DIST_MAX_RANKS]; /* answers in flight */
+static int32_t asked_out;
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -112,27 +123,124 @@ static watch_slot *watch_begin(const char *what, int peer) {
 }
 
 static void watch_end(watch_slot *w) {
-  if (w) atomic_store(&w->since, 0);
+  if (!w) return;
+  atomic_store(&w->since, 0);
+  atomic_store_explicit(&last_end, now_ns(), memory_order_relaxed);
 }
 
-/* One line naming the wait, then the job ends: MPI_Abort takes every rank
- * down (mpirun kills a stopped one too); where MPI may not be called from
- * this thread, or it is shutting down, this process exits and mpirun ends
- * the rest. */
+/* This rank's longest wait now, or how long it has waited on no one. */
+static st_dist_told watch_state(int64_t now) {
+  st_dist_told t = {.peer = -1};
+  int64_t oldest = 0;
+  for (int i = 0; i < WATCH_SLOTS; i++) {
+    int64_t since = atomic_load(&slots[i].since);
+    if (!since || (oldest && since >= oldest)) continue;
+    const char *what = atomic_load(&slots[i].what);
+    int peer = atomic_load(&slots[i].peer);
+    if (atomic_load(&slots[i].since) != since) continue; /* moved on */
+    oldest = since;
+    t.peer = peer;
+    snprintf(t.what, sizeof t.what, "%s", what ? what : "a wait");
+  }
+  t.waiting = oldest != 0;
+  int64_t from = oldest ? oldest : atomic_load(&last_end);
+  t.ms = from && now > from ? (now - from) / 1000000 : 0;
+  return t;
+}
+
+/* Answers every watch that has asked this rank (watch_mpi held). The
+ * answer is sent and left to finish on its own; its buffer is the asker's
+ * slot in told_out, which nothing rewrites before the job ends (a watch
+ * asks once, then ends it). */
+static void watch_answer(void) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_ASK, watch_comm, &flag, &st) !=
+            MPI_SUCCESS ||
+        !flag)
+      return;
+    int32_t ask;
+    MPI_Request req;
+    if (MPI_Recv(&ask, 1, MPI_INT32_T, st.MPI_SOURCE, TAG_ASK, watch_comm,
+                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      return;
+    told_out[st.MPI_SOURCE] = watch_state(now_ns());
+    if (MPI_Isend(&told_out[st.MPI_SOURCE], (int)sizeof(st_dist_told), MPI_BYTE,
+                  st.MPI_SOURCE, TAG_TOLD, watch_comm, &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
+}
+
+/* Asks every other rank what it is doing and collects the answers for up
+ * to 2 s, answering the others' asks meanwhile (they may be asking too).
+ * Returns 0 when it could not ask (MPI is shutting down). */
+static int watch_ask(st_dist_told *told, unsigned char *answered) {
+  pthread_mutex_lock(&watch_mpi);
+  if (atomic_load(&finishing) || watch_comm == MPI_COMM_NULL) {
+    pthread_mutex_unlock(&watch_mpi);
+    return 0;
+  }
+  for (int r = 0; r < world_size; r++) {
+    MPI_Request req;
+    if (r != world_rank && MPI_Isend(&asked_out, 1, MPI_INT32_T, r, TAG_ASK,
+                                     watch_comm, &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);
+  }
+  int missing = world_size - 1;
+  const struct timespec pause = {0, 10000000};
+  for (int64_t end = now_ns() + 2000000000; missing > 0 && now_ns() < end;) {
+    watch_answer();
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_TOLD, watch_comm, &flag, &st) !=
+        MPI_SUCCESS)
+      break;
+    if (!flag) {
+      nanosleep(&pause, NULL);
+      continue;
+    }
+    st_dist_told t;
+    if (MPI_Recv(&t, (int)sizeof t, MPI_BYTE, st.MPI_SOURCE, TAG_TOLD,
+                 watch_comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      break;
+    t.what[sizeof t.what - 1] = 0;
+    if (!answered[st.MPI_SOURCE]) missing--;
+    answered[st.MPI_SOURCE] = 1;
+    told[st.MPI_SOURCE] = t;
+  }
+  pthread_mutex_unlock(&watch_mpi);
+  return 1;
+}
+
+/* The others asked (watch_ask), then one line naming the wait and whom to
+ * blame, and the job ends: MPI_Abort takes every rank down (mpirun kills a
+ * stopped one too); where MPI may not be called from this thread, or it is
+ * shutting down, this process exits and mpirun ends the rest. */
 static void watch_fire(watch_slot *w, int64_t since, int64_t waited) {
   /* the wait as one snapshot: a slot whose thread has moved on to another
    * wait meanwhile is not this one (the next look judges that) */
   int peer = atomic_load(&w->peer);
   const char *what = atomic_load(&w->what);
   if (atomic_load(&w->since) != since) return;
-  char whom[32] = "a rank";
-  if (peer >= 0) snprintf(whom, sizeof whom, "rank %d", peer);
+  char who[96] = "a rank", why[160] = "it is stopped, stuck or cut off";
+  if (peer >= 0) snprintf(who, sizeof who, "rank %d", peer);
+  if (threads_ok) {
+    static st_dist_told told[ST_DIST_MAX_RANKS];
+    static unsigned char answered[ST_DIST_MAX_RANKS];
+    memset(answered, 0, sizeof answered);
+    answered[world_rank] = 1;
+    if (watch_ask(told, answered))
+      st_dist_watch_verdict(world_rank, world_size, what, peer, told, answered,
+                            who, sizeof who, why, sizeof why);
+    /* the wait ended while the others were asked: the job goes on */
+    if (atomic_load(&w->since) != since) return;
+  }
   fprintf(stderr,
           "strata: error: rank %d: no answer from %s in %.0f s, waiting in "
-          "%s (execution.rank_timeout: %g): it is stopped, stuck or cut "
-          "off; ending the job\n",
-          world_rank, whom, (double)waited / 1e9, what,
-          (double)atomic_load(&watch_limit_ns) / 1e9);
+          "%s (execution.rank_timeout: %g): %s; ending the job\n",
+          world_rank, who, (double)waited / 1e9, what,
+          (double)atomic_load(&watch_limit_ns) / 1e9, why);
   fflush(stderr);
   if (threads_ok && !atomic_load(&finishing)) MPI_Abort(MPI_COMM_WORLD, 1);
   _exit(1);
@@ -150,6 +258,12 @@ static void *watch_loop(void *arg) {
     int64_t limit = atomic_load(&watch_limit_ns), now = now_ns();
     if (now - last > 1000000000) resumed = now;
     last = now;
+    if (threads_ok) {
+      pthread_mutex_lock(&watch_mpi);
+      if (!atomic_load(&finishing) && watch_comm != MPI_COMM_NULL)
+        watch_answer();
+      pthread_mutex_unlock(&watch_mpi);
+    }
     for (int i = 0; limit > 0 && i < WATCH_SLOTS; i++) {
       int64_t since = atomic_load(&slots[i].since), from = since;
       if (from && from < resumed) from = resumed;
@@ -164,6 +278,7 @@ void st_dist_watch(double seconds) {
   double ns = seconds * 1e9;
   atomic_store(&watch_limit_ns, ns > 9e18 ? INT64_MAX : (int64_t)ns);
   if (watcher_started || seconds == 0) return;
+  atomic_store(&last_end, now_ns());
   /* signals go to the threads that handle them, never to the watcher */
   sigset_t all, old;
   sigfillset(&all);
@@ -174,6 +289,81 @@ void st_dist_watch(double seconds) {
 #else
 void st_dist_watch(double seconds) { (void)seconds; } /* a world of one */
 #endif
+
+/* "rank 3", "ranks 1 and 3", "ranks 1, 2, 3, 4, 5, 6 and 9 more" */
+static void rank_list(char *out, size_t size, const int *ranks, int n) {
+  size_t at = (size_t)snprintf(out, size, n == 1 ? "rank" : "ranks");
+  int named = n > 7 ? 6 : n;
+  for (int i = 0; i < named && at < size; i++)
+    at += (size_t)snprintf(out + at, size - at, "%s%d",
+                           i == 0       ? " "
+                           : i == n - 1 ? " and "
+                                        : ", ",
+                           ranks[i]);
+  if (named < n && at < size)
+    snprintf(out + at, size - at, " and %d more", n - named);
+}
+
+void st_dist_watch_verdict(int me, int size, const char *what, int peer,
+                           const st_dist_told *told,
+                           const unsigned char *answered, char *who,
+                           size_t who_size, char *why, size_t why_size) {
+  int silent[ST_DIST_MAX_RANKS], busy[ST_DIST_MAX_RANKS], n_silent = 0,
+                                                          n_busy = 0;
+  long long busy_ms = 0;
+  for (int r = 0; r < size && r < ST_DIST_MAX_RANKS; r++) {
+    if (r == me || (peer >= 0 && r != peer)) continue;
+    if (!answered[r]) {
+      silent[n_silent++] = r;
+    } else if (!told[r].waiting) {
+      busy[n_busy++] = r;
+      if (told[r].ms > busy_ms) busy_ms = (long long)told[r].ms;
+    }
+  }
+  if (n_silent) {
+    rank_list(who, who_size, silent, n_silent);
+    snprintf(why, why_size,
+             n_silent == 1 ? "it does not answer the watch either: it is "
+                             "stopped or cut off"
+                           : "they do not answer the watch either: they are "
+                             "stopped or cut off");
+  } else if (n_busy) {
+    rank_list(who, who_size, busy, n_busy);
+    snprintf(why, why_size,
+             n_busy == 1 ? "it answers, and has waited on no one for %lld "
+                           "s: it is busy or stuck in its own work"
+                         : "they answer, and have waited on no one for up "
+                           "to %lld s: they are busy or stuck in their own "
+                           "work",
+             busy_ms / 1000);
+  } else {
+    /* every rank asked answers from a wait: the first one waiting on
+     * something else shows where the chain leads */
+    int other = -1;
+    for (int r = 0; r < size && r < ST_DIST_MAX_RANKS && other < 0; r++)
+      if (r != me && (peer < 0 || r == peer) &&
+          (told[r].peer >= 0 || strcmp(told[r].what, what)))
+        other = r;
+    if (peer >= 0)
+      snprintf(who, who_size, "rank %d", peer);
+    else
+      snprintf(who, who_size, "a rank");
+    const char *it = peer >= 0 ? "it answers" : "every rank answers";
+    if (other < 0) {
+      snprintf(why, why_size,
+               "%s the watch and waits in it too: the messages between them "
+               "do not arrive",
+               it);
+    } else {
+      char on[32] = "", by[32] = ",";
+      if (told[other].peer >= 0)
+        snprintf(on, sizeof on, " on rank %d", (int)told[other].peer);
+      if (peer < 0) snprintf(by, sizeof by, ", rank %d", other);
+      snprintf(why, why_size, "%s%s waiting in %s%s for %lld s", it, by,
+               told[other].what, on, (long long)told[other].ms / 1000);
+    }
+  }
+}
 
 int st_dist_built(void) {
 #ifdef ST_MPI
@@ -224,13 +414,20 @@ int st_dist_init(int *argc, char ***argv, st_error *err) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  /* collective, so here, where every rank comes, not in st_dist_watch,
+   * which a rank whose config failed to load skips */
+  if (world_size > 1 &&
+      MPI_Comm_dup(MPI_COMM_WORLD, &watch_comm) == MPI_SUCCESS)
+    MPI_Comm_set_errhandler(watch_comm, MPI_ERRORS_RETURN);
   return 0;
 #endif
 }
 
 void st_dist_finalize(void) {
 #ifdef ST_MPI
+  pthread_mutex_lock(&watch_mpi); /* the watcher's MPI calls are over */
   atomic_store(&finishing, 1);
+  pthread_mutex_unlock(&watch_mpi);
   if (started) {
     watch_slot *w = watch_begin("the last handshake", -1);
     MPI_Finalize();
