@@ -30,7 +30,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+/* A worker's turn in the current job: (job << 2) | TURN_*. The caller sets
+ * it WAITING for each worker taking part; the worker moves it to RUNNING
+ * before it touches the job, or finds it SKIPPED: once every task has been
+ * taken, the caller skips the workers that have not started, rather than
+ * wait for them to be scheduled just to find nothing left. */
+enum { TURN_WAITING = 0, TURN_RUNNING = 1, TURN_SKIPPED = 2 };
 typedef struct worker {
+  _Alignas(64) _Atomic uint64_t turn;
   struct st_pool *pool;
   int index; /* 0 .. nthreads - 2 */
 } worker;
@@ -101,7 +108,7 @@ static void run_tasks(st_pool *p, int me) {
 }
 
 static void *worker_main(void *arg) {
-  const worker *self = arg;
+  worker *self = arg;
   st_pool *p = self->pool;
   uint64_t seen = 0;
   for (;;) {
@@ -130,6 +137,10 @@ static void *worker_main(void *arg) {
     /* Only the first `active` workers take part; the others go back to
      * waiting without touching the job. */
     if (self->index >= (int)(g & ((1u << ACTIVE_BITS) - 1))) continue;
+    uint64_t job = g >> ACTIVE_BITS, want = job << 2 | TURN_WAITING;
+    if (!atomic_compare_exchange_strong(&self->turn, &want,
+                                        job << 2 | TURN_RUNNING))
+      continue;    /* skipped: the caller took every task */
     st_fp_apply(); /* the run's subnormal mode (a load and a compare) */
     run_tasks(p, self->index + 1);
     atomic_fetch_sub_explicit(&p->busy_workers, 1, memory_order_release);
@@ -172,7 +183,7 @@ static st_pool *create(int nthreads, int brief) {
     p->workers = st_alloc(sizeof(worker) * (size_t)(nthreads - 1));
     if (!p->threads || !p->workers) goto fail;
     for (int i = 0; i < nthreads - 1; i++) {
-      p->workers[i] = (worker){p, i};
+      p->workers[i] = (worker){.pool = p, .index = i};
       if (pthread_create(&p->threads[i], NULL, worker_main, &p->workers[i]) !=
           0) {
         p->nthreads = i + 1; /* destroy joins the ones that started */
@@ -227,9 +238,13 @@ void st_pool_for(st_pool *p, int ntasks, void (*fn)(void *arg, int task),
     p->blocks[i].end = (int)((long long)ntasks * (i + 1) / p->parts);
   }
   atomic_store_explicit(&p->busy_workers, active, memory_order_relaxed);
-  uint64_t g = atomic_load_explicit(&p->generation, memory_order_relaxed);
-  atomic_store(&p->generation,
-               ((g >> ACTIVE_BITS) + 1) << ACTIVE_BITS | (uint64_t)active);
+  uint64_t job = (atomic_load_explicit(&p->generation, memory_order_relaxed) >>
+                  ACTIVE_BITS) +
+                 1;
+  for (int i = 0; i < active; i++)
+    atomic_store_explicit(&p->workers[i].turn, job << 2 | TURN_WAITING,
+                          memory_order_relaxed);
+  atomic_store(&p->generation, job << ACTIVE_BITS | (uint64_t)active);
   /* only sleeping workers need the mutex and a wake (see worker_main) */
   if (atomic_load(&p->sleepers) > 0) {
     pthread_mutex_lock(&p->mu);
@@ -237,6 +252,15 @@ void st_pool_for(st_pool *p, int ntasks, void (*fn)(void *arg, int task),
     pthread_mutex_unlock(&p->mu);
   }
   run_tasks(p, 0);
+  /* Every task is taken: a worker that has not started has nothing left
+   * to do, and waiting for it would wait for the scheduler (on a machine
+   * whose cores other processes share, a time slice each job). */
+  for (int i = 0; i < active; i++) {
+    uint64_t want = job << 2 | TURN_WAITING;
+    if (atomic_compare_exchange_strong(&p->workers[i].turn, &want,
+                                       job << 2 | TURN_SKIPPED))
+      atomic_fetch_sub_explicit(&p->busy_workers, 1, memory_order_relaxed);
+  }
   unsigned spins = 0;
   double since = 0, spin = 0;
   while (atomic_load_explicit(&p->busy_workers, memory_order_acquire) > 0) {
