@@ -301,6 +301,18 @@ typedef struct st_int_list {
  * and are listed in docs/config.md. */
 typedef struct st_config {
   char path[ST_PATH_MAX]; /* file it came from ("" if none) */
+  /* Not keys (no file sets them; 0 after st_config_defaults): the
+   * processes the run spans, as whoever starts it knows them — `strata
+   * train` under mpirun from MPI, `strata compile --ranks N
+   * --ranks-per-machine L` from its flags. ranks <= 1: one process, whose
+   * replicas share its memory; more: each rank holds only its own share
+   * (a replica, or its stages), against the memory its machine gives it,
+   * the machine's split over the per_machine ranks on it (0 counts as 1),
+   * as st_rank_memory_allowed splits it at run time
+   * (st_plan_place_ranks). */
+  struct {
+    int ranks, per_machine;
+  } launch;
   struct {
     char kind[16];        /* mlp | cnn | gpt */
     st_int_list hidden;   /* mlp: hidden widths, default [256, 256] */
@@ -1843,6 +1855,9 @@ typedef struct st_plan {
    * each rank's bytes by the plan's stage memory and the stages it holds
    * (rank_stages[r] .. rank_stages_end[r] - 1; none for a weight store) */
   int ranks;
+  double rank_allowed;   /* bytes each rank may hold (0: not checked) */
+  int rank_per_machine;  /* ranks whose machine's memory gives them that
+                            (0: execution.rank_memory_limit does) */
   double mem_eval_whole; /* an evaluation of the whole model, in one stage */
   int eval_batch;        /* samples an evaluation runs at once (0: unknown) */
   double *rank_memory;
@@ -1949,17 +1964,19 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
 int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
                     st_error *err);
 void st_plan_destroy(st_plan *p);
-/* Pass 4b, over `ranks` MPI ranks: which stages each rank holds and the
- * bytes that make (the stages' weights, state and activations as the plan
- * counts them): a stage per rank with execution.placement: ranks (stage s
- * of k on rank s P / k of each replica's P ranks), every stage on every
- * rank for data parallelism, the weights and state on rank 0 for weight
- * streaming (the activations and prefetch + 1 blocks on the others). A rank
- * over execution.rank_memory_limit is an error naming it, its largest
- * block and the shortfall. ranks <= 1: one process, checked against the
- * limit if one is set. */
-int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
-                        st_error *err);
+/* Pass 4b, over cfg->launch.ranks MPI ranks: which stages each rank holds
+ * and the bytes that make (the stages' weights, state and activations as
+ * the plan counts them): a stage per rank with execution.placement: ranks
+ * (stage s of k on rank s P / k of each replica's P ranks), every stage on
+ * every rank for data parallelism, the weights and state on rank 0 for
+ * weight streaming (the activations and prefetch + 1 blocks on the
+ * others). A rank over what it may hold — execution.rank_memory_limit, or
+ * on a cpu its machine's memory over the launch's per_machine ranks,
+ * whichever is less — is an error naming it, the binding limit, its
+ * largest block and the shortfall. ranks <= 1: one process, checked
+ * against the limit if one is set (its replicas were checked together by
+ * st_plan_compile). */
+int st_plan_place_ranks(st_plan *p, const st_config *cfg, st_error *err);
 /* The plan's predicted training rate, samples/s: the steady-state
  * throughput at the schedule's utilization (pipelined != 0: pipelined
  * backprop's, else fill-and-drain's, with interleaving's extra hand-offs),

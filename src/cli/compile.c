@@ -15,7 +15,8 @@
 static const char *usage_compile =
     "usage: strata compile CONFIG [--set key.path=value ...]\n"
     "                      [--fabric cpu | cpu:N | mesh:WxH | wse2]\n"
-    "                      [--stages K] [--mode MODE] [--ranks N]\n"
+    "                      [--stages K] [--mode MODE]\n"
+    "                      [--ranks N [--ranks-per-machine L]]\n"
     "                      [--validate-only | --compile-only] [--out DIR]\n"
     "\n"
     "Compiles the model of CONFIG onto a fabric: splits its blocks into\n"
@@ -52,7 +53,13 @@ static const char *usage_compile =
     "  --ranks N         the run's MPI ranks (mpirun -np N): which stages "
     "each\n"
     "                    rank holds and its memory by the plan, checked\n"
-    "                    against execution.rank_memory_limit\n"
+    "                    against execution.rank_memory_limit and against\n"
+    "                    its machine's memory (the fabric's: each rank\n"
+    "                    holds only its own replica or stages)\n"
+    "  --ranks-per-machine L\n"
+    "                    L of the N ranks share each machine and split its\n"
+    "                    memory, as the run splits it (default 1; mpirun\n"
+    "                    -np N on this one machine: L = N)\n"
     "  --validate-only   check the config and the model, print parameters,\n"
     "                    FLOPs per sample and memory; allocate no model\n"
     "                    memory, write nothing\n"
@@ -69,20 +76,22 @@ static const char *usage_compile =
     "  DIR/plan.svg      the map: each stage's region coloured and labelled\n";
 
 typedef struct compile_args {
-  const char *config, *out, *fabric, *stages, *ranks, *mode;
+  const char *config, *out, *fabric, *stages, *ranks, *per_machine, *mode;
   const char *sets[ST_CLI_MAX_SETS];
   int n_sets, help, validate_only, compile_only;
 } compile_args;
 
 static int parse(int argc, char **argv, compile_args *a) {
-  const st_cli_option options[] = {{"--validate-only", NULL, &a->validate_only},
-                                   {"--compile-only", NULL, &a->compile_only},
-                                   {"--out", &a->out, NULL},
-                                   {"--fabric", &a->fabric, NULL},
-                                   {"--stages", &a->stages, NULL},
-                                   {"--ranks", &a->ranks, NULL},
-                                   {"--mode", &a->mode, NULL},
-                                   {NULL, NULL, NULL}};
+  const st_cli_option options[] = {
+      {"--validate-only", NULL, &a->validate_only},
+      {"--compile-only", NULL, &a->compile_only},
+      {"--out", &a->out, NULL},
+      {"--fabric", &a->fabric, NULL},
+      {"--stages", &a->stages, NULL},
+      {"--ranks", &a->ranks, NULL},
+      {"--ranks-per-machine", &a->per_machine, NULL},
+      {"--mode", &a->mode, NULL},
+      {NULL, NULL, NULL}};
   const st_cli_spec spec = {usage_compile, options,    {&a->config, NULL},
                             a->sets,       &a->n_sets, &a->help};
   int rc = st_cli_parse(argc, argv, &spec);
@@ -121,7 +130,8 @@ int st_cli_compile(int argc, char **argv) {
   if (a.help) return fputs(usage_compile, stdout), 0;
   if (!a.config)
     return st_cli_usage_error(usage_compile, "compile needs a CONFIG%s", "");
-  int stages = stages_of(a.stages), ranks = stages_of(a.ranks);
+  int stages = stages_of(a.stages), ranks = stages_of(a.ranks),
+      per_machine = stages_of(a.per_machine);
   if (stages < 0)
     return st_cli_usage_error(usage_compile,
                               "--stages takes a whole number >= 1, not '%s'",
@@ -129,9 +139,16 @@ int st_cli_compile(int argc, char **argv) {
   if (ranks < 0)
     return st_cli_usage_error(
         usage_compile, "--ranks takes a whole number >= 1, not '%s'", a.ranks);
+  if (per_machine < 0 || (a.per_machine && !ranks) || per_machine > ranks)
+    return st_cli_usage_error(usage_compile,
+                              "--ranks-per-machine takes a whole number from "
+                              "1 to --ranks N, not '%s'",
+                              a.per_machine);
   st_error err = {0};
   st_config cfg;
   if (load(&cfg, &a, &err)) return st_cli_fail(&err);
+  cfg.launch.ranks = ranks;
+  cfg.launch.per_machine = per_machine;
   if (a.validate_only)
     return st_plan_validate(&cfg, stdout, &err) ? st_cli_fail(&err) : 0;
 
@@ -169,7 +186,7 @@ int st_cli_compile(int argc, char **argv) {
   st_config as_planned; /* the ranks hold what compile chose */
   if (st_plan_choose(&plan, &cfg, stages, force, &as_planned, &err))
     return st_cli_fail(&err);
-  if (st_plan_place_ranks(plan, &as_planned, ranks, &err)) {
+  if (st_plan_place_ranks(plan, &as_planned, &err)) {
     st_plan_destroy(plan);
     return st_cli_fail(&err);
   }

@@ -288,8 +288,13 @@ static int compile_into(st_plan **plan, const st_config *cfg, int stages,
   char json[ST_PATH_MAX + 16], svg[ST_PATH_MAX + 16];
   snprintf(json, sizeof json, "%s/plan.json", dir);
   snprintf(svg, sizeof svg, "%s/plan.svg", dir);
-  int rc = st_plan_compile(plan, cfg, stages, err);
-  if (!rc) rc = st_plan_place_ranks(*plan, cfg, st_dist_size(), err);
+  /* planned as the run holds its memory: over ranks, each rank its own
+   * share of what its machine gives it */
+  st_config launched = *cfg;
+  launched.launch.ranks = st_dist_size();
+  launched.launch.per_machine = st_dist_local_size();
+  int rc = st_plan_compile(plan, &launched, stages, err);
+  if (!rc) rc = st_plan_place_ranks(*plan, &launched, err);
   if (rc) {
     st_plan_destroy(*plan);
     *plan = NULL;

@@ -1251,7 +1251,10 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
  * the caller then sums the R slabs in a fixed order and updates once.
  * Planned as one replica on its P cores and its share of the batch (the
  * machine's memory is one pool: the replica may use all of it, and what
- * all R hold together is checked against it), then scaled: R replicas'
+ * all R hold together is checked against it — in one process only: over
+ * MPI ranks, cfg->launch, no process holds the R copies, and
+ * st_plan_place_ranks checks what each rank does hold against what its
+ * machine gives it), then scaled: R replicas'
  * samples at once, each stage held R times but for the weights and the
  * optimizer state (shared), and the sum of the slabs after every step:
  * for each r >= 1 slab r read and cleared, the sum read and written once
@@ -1316,7 +1319,7 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
     held += st->mem_total;
   }
   double cap = (double)fabric->pes * fabric->pe_memory;
-  if (!(held <= cap)) {
+  if (cfg->launch.ranks <= 1 && !(held <= cap)) {
     char a[32], b[32], c[32], d[32], e[32];
     double one_acts = (p->stages[0].mem_acts) / R;
     st_plan_destroy(p);
@@ -1346,8 +1349,35 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
   return 0;
 }
 
-int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
-                        st_error *err) {
+/* What rank r holds past `allowed`: an error naming the rank, the limit
+ * that binds (`what`, `why`: where it comes from), its largest block and
+ * the shortfall. */
+static int rank_over(const st_plan *p, int r, double allowed, const char *what,
+                     const char *why, st_error *err) {
+  int worst = -1;
+  for (int s = p->rank_stages[r]; s < p->rank_stages_end[r]; s++)
+    for (int b = p->stages[s].first;
+         b < p->stages[s].first + p->stages[s].count; b++)
+      if (worst < 0 || p->blocks[b].param_bytes > p->blocks[worst].param_bytes)
+        worst = b;
+  char need[32], lim[32], short_by[32], biggest[32], tail[160] = "";
+  if (worst >= 0)
+    snprintf(tail, sizeof tail, "; its largest block, %s, holds %s of weights",
+             p->blocks[worst].name,
+             st_plan_fmt_bytes(biggest, sizeof biggest,
+                               p->blocks[worst].param_bytes));
+  return st_error_set(
+      err, ST_ENOMEM,
+      "%s is %s%s, but the plan gives rank %d of %d %s (its stages' "
+      "weights, state and activations): short by %s%s",
+      what, st_plan_fmt_bytes(lim, sizeof lim, allowed), why, r, p->ranks,
+      st_plan_fmt_bytes(need, sizeof need, p->rank_memory[r]),
+      st_plan_fmt_bytes(short_by, sizeof short_by, p->rank_memory[r] - allowed),
+      tail);
+}
+
+int st_plan_place_ranks(st_plan *p, const st_config *cfg, st_error *err) {
+  int ranks = cfg->launch.ranks;
   /* one process: only its limit to check */
   if (ranks <= 1 && cfg->execution.rank_memory_limit <= 0) return 0;
   if (ranks < 1) ranks = 1;
@@ -1432,34 +1462,35 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, int ranks,
     p->rank_stages[r] = lo;
     p->rank_stages_end[r] = hi;
   }
-  int64_t limit = cfg->execution.rank_memory_limit;
-  for (int r = 0; limit > 0 && r < ranks; r++) {
-    if (p->rank_memory[r] <= (double)limit) continue;
-    int worst = -1;
-    for (int s = p->rank_stages[r]; s < p->rank_stages_end[r]; s++)
-      for (int b = p->stages[s].first;
-           b < p->stages[s].first + p->stages[s].count; b++)
-        if (worst < 0 ||
-            p->blocks[b].param_bytes > p->blocks[worst].param_bytes)
-          worst = b;
-    char need[32], lim[32], short_by[32], biggest[32], tail[160] = "";
-    if (worst >= 0)
-      snprintf(tail, sizeof tail,
-               "; its largest block, %s, holds %s of weights",
-               p->blocks[worst].name,
-               st_plan_fmt_bytes(biggest, sizeof biggest,
-                                 p->blocks[worst].param_bytes));
-    return st_error_set(
-        err, ST_ENOMEM,
-        "%s: execution.rank_memory_limit is %s, but the plan gives rank %d "
-        "of %d %s (its stages' weights, state and activations): short by "
-        "%s%s",
-        st_config_where(cfg, "execution.rank_memory_limit"),
-        st_plan_fmt_bytes(lim, sizeof lim, (double)limit), r, ranks,
-        st_plan_fmt_bytes(need, sizeof need, p->rank_memory[r]),
-        st_plan_fmt_bytes(short_by, sizeof short_by,
-                          p->rank_memory[r] - (double)limit),
-        tail);
+  /* What a rank may hold: the limit, and over ranks on a cpu its share of
+   * its machine's memory (the fabric's: one machine), split over the ranks
+   * that share the machine as the trainer splits it at run time
+   * (st_rank_memory_allowed); the lesser binds. A mesh's ranks are not
+   * modelled: only the limit. */
+  double limit = (double)cfg->execution.rank_memory_limit;
+  int per = cfg->launch.per_machine > 0 ? cfg->launch.per_machine : 1;
+  double machine = (double)p->fabric.pes * p->fabric.pe_memory;
+  double share =
+      ranks > 1 && p->fabric.kind == ST_FABRIC_CPU ? machine / per : INFINITY;
+  int by_limit = limit > 0 && limit <= share;
+  double allowed = by_limit ? limit : share;
+  p->rank_allowed = isfinite(allowed) ? allowed : 0;
+  p->rank_per_machine = by_limit ? 0 : per;
+  for (int r = 0; isfinite(allowed) && r < ranks; r++) {
+    if (p->rank_memory[r] <= allowed) continue;
+    char what[160], why[160] = "";
+    if (by_limit) {
+      snprintf(what, sizeof what, "%s: execution.rank_memory_limit",
+               st_config_where(cfg, "execution.rank_memory_limit"));
+    } else {
+      char m[32], over[48] = "";
+      if (per > 1)
+        snprintf(over, sizeof over, ", over the %d ranks on it", per);
+      snprintf(what, sizeof what, "the memory its machine gives a rank");
+      snprintf(why, sizeof why, " (%s: %s of memory%s)", p->fabric.name,
+               st_plan_fmt_bytes(m, sizeof m, machine), over);
+    }
+    return rank_over(p, r, allowed, what, why, err);
   }
   return 0;
 }

@@ -306,10 +306,12 @@ void st_plan_print(const st_plan *p, FILE *f) {
             "its own with %d of the batch's %d samples a step: the stages "
             "above are one replica's, their memory all %d copies' (each "
             "its own gradient slab, activations and workspace; the weights "
-            "and optimizer state shared); the slabs' sum a step moves %s "
-            "at %s/s%s, %s a sample -> %s samples/s\n",
+            "and optimizer state shared) as one process holds them%s; the "
+            "slabs' sum a step moves %s at %s/s%s, %s a sample -> %s "
+            "samples/s\n",
             p->replicas, st_plan_fmt_count(c, sizeof c, (double)p->replica_pes),
             word, p->batch, p->global_batch, p->replicas,
+            p->ranks > 1 ? " (over ranks each rank holds its own: below)" : "",
             st_plan_fmt_bytes(
                 a, sizeof a, (cpu ? 2.0 * p->replicas : p->replicas - 1.0) * w),
             st_plan_fmt_bytes(b, sizeof b,
@@ -347,6 +349,15 @@ void st_plan_print(const st_plan *p, FILE *f) {
     fprintf(f, "; the step: %s a sample; %d micro-batch%s of %d a batch\n",
             st_plan_fmt_time(e, sizeof e, p->bottleneck_time), p->micro_batches,
             p->micro_batches == 1 ? "" : "es", p->micro_batch);
+  }
+  if (p->ranks > 0 && p->rank_allowed > 0) {
+    char many[48] = "one rank a machine";
+    if (p->rank_per_machine > 1)
+      snprintf(many, sizeof many, "%d ranks a machine", p->rank_per_machine);
+    fprintf(f, "each rank may hold %s (%s%s)\n",
+            st_plan_fmt_bytes(a, sizeof a, p->rank_allowed),
+            p->rank_per_machine ? "its machine's memory, " : "",
+            p->rank_per_machine ? many : "execution.rank_memory_limit");
   }
   for (int r = 0; r < p->ranks; r++) {
     char st[48] = "no stage", mem[32];
@@ -544,6 +555,8 @@ static void write_json(const st_plan *p, FILE *f) {
     fputc('}', f);
   }
   fprintf(f, "],\n  ");
+  jnum(f, "rank_allowed", p->rank_allowed, 0);
+  fprintf(f, "\"rank_per_machine\": %d, ", p->rank_per_machine);
   jnum(f, "throughput", p->throughput, 0);
   fprintf(f, "\"bottleneck_stage\": %d, ", p->bottleneck);
   jnum(f, "bottleneck_time", p->bottleneck_time, 0);

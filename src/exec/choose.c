@@ -404,6 +404,13 @@ int st_plan_choose(st_plan **out, const st_config *cfg, int stages,
                    arc == 0 ? ": as fast as the plan compile chooses" : "");
     }
     st_plan_destroy(auto_plan);
+  } else if (cfg->launch.ranks > 1) {
+    /* no process holds the plan's sum: each rank its share, checked
+     * against its machine by st_plan_place_ranks */
+    w = snprintf(why, sizeof why,
+                 "%s: it fits %s over %d ranks (each rank's "
+                 "share below)%s",
+                 name, f.name, cfg->launch.ranks, pick);
   } else {
     w = snprintf(why, sizeof why, "%s: it fits %s (%s of %s)%s", name, f.name,
                  st_plan_fmt_bytes(a, sizeof a, plan_bytes(p)),

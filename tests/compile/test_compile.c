@@ -1052,6 +1052,131 @@ static void test_replicas(void) {
   st_plan_destroy(p);
 }
 
+/* Replicas over MPI ranks hold their memory as the run does: no process
+ * holds all R copies (each rank keeps one replica's stages, or one whole
+ * replica), so the one-process sum is not checked against one machine;
+ * each rank is, against what its machine gives it (its memory over the
+ * ranks that share it). A 2 x 2 grid (2 replicas of a 2-stage pipeline
+ * over 4 ranks) on a machine sized between the largest rank's share and
+ * the in-process sum: it fits over 4 machines, not in one process, not
+ * with the 4 ranks on one machine; a machine below the largest rank's
+ * share fits no way. Threads placement (a replica a rank) alike. */
+static void test_replicas_over_ranks(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  set(&cfg, "model.hidden=[512, 512, 512, 512]");
+  set(&cfg, "fabric.cores=4");
+  set(&cfg, "train.batch=32");
+  set(&cfg, "execution.mode=pipeline");
+  set(&cfg, "execution.stages=2");
+  set(&cfg, "execution.micro_batch=4");
+  set(&cfg, "execution.replicas=2");
+  set(&cfg, "execution.placement=ranks");
+  st_error err = {0};
+  st_plan *p = NULL;
+  /* the sizes, on a machine with room for everything */
+  cfg.launch.ranks = 4;
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0 &&
+            st_plan_place_ranks(p, &cfg, &err) == 0,
+        "grid, plenty of memory: %s", err.msg);
+  if (!p) return;
+  double sum = 0, rank_max = 0;
+  for (int s = 0; s < p->n_stages; s++) sum += p->stages[s].mem_total;
+  for (int r = 0; r < 4; r++) rank_max = fmax(rank_max, p->rank_memory[r]);
+  st_plan_destroy(p);
+  p = NULL;
+  CHECK(rank_max > 0 && rank_max < 0.8 * sum,
+        "a rank holds less than the replicas together: %.0f of %.0f", rank_max,
+        sum);
+  /* a machine halfway between: 4 equal cores */
+  double machine = (rank_max + sum) / 2;
+  char kv[64];
+  snprintf(kv, sizeof kv, "fabric.pe_memory=%.0f", machine / 4);
+  set(&cfg, kv);
+  machine = 4 * floor(machine / 4); /* as the key holds it */
+  int rc = st_plan_compile(&p, &cfg, 0, &err);
+  if (!rc) rc = st_plan_place_ranks(p, &cfg, &err);
+  CHECK(rc == 0, "grid over 4 machines, each rank within its own: rc %d '%s'",
+        rc, err.msg);
+  if (!rc) {
+    int within = 1;
+    for (int r = 0; r < 4; r++) within &= p->rank_memory[r] <= machine;
+    CHECK(within && p->rank_allowed == machine && p->rank_per_machine == 1,
+          "each rank within its machine's %.0f bytes (allowed %.0f, %d a "
+          "machine)",
+          machine, p->rank_allowed, p->rank_per_machine);
+  }
+  st_plan_destroy(p);
+  p = NULL;
+  /* in one process the replicas share the machine: refused, as before */
+  cfg.launch.ranks = 0;
+  rc = st_plan_compile(&p, &cfg, 0, &err);
+  CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "2 replicas do not fit"),
+        "one process: rc %d '%s'", rc, err.msg);
+  st_plan_destroy(p);
+  p = NULL;
+  /* the 4 ranks on one machine split it: each gets a quarter, and the
+   * largest rank's share is over it */
+  cfg.launch.ranks = 4;
+  cfg.launch.per_machine = 4;
+  rc = st_plan_compile(&p, &cfg, 0, &err);
+  if (!rc) rc = st_plan_place_ranks(p, &cfg, &err);
+  CHECK(rc == ST_ENOMEM &&
+            strstr(err.msg, "the memory its machine gives a rank is") &&
+            strstr(err.msg, "over the 4 ranks on it") &&
+            strstr(err.msg, "rank 0 of 4") && strstr(err.msg, "short by"),
+        "4 ranks on one machine: rc %d '%s'", rc, err.msg);
+  st_plan_destroy(p);
+  p = NULL;
+  /* a machine below the largest rank's share: no placement holds it, and
+   * the refusal names memory (the stage's, or the rank's) */
+  cfg.launch.per_machine = 1;
+  snprintf(kv, sizeof kv, "fabric.pe_memory=%.0f", 0.9 * rank_max / 4);
+  set(&cfg, kv);
+  rc = st_plan_compile(&p, &cfg, 0, &err);
+  if (!rc) rc = st_plan_place_ranks(p, &cfg, &err);
+  CHECK(rc != 0 && (strstr(err.msg, "does not fit") ||
+                    strstr(err.msg, "the memory its machine gives a rank")),
+        "a machine below a rank's share: rc %d '%s'", rc, err.msg);
+  st_plan_destroy(p);
+  p = NULL;
+
+  /* threads placement: a replica a rank (ranks.c), the whole model and an
+   * evaluation of it each; 4 replicas of wide layers, whose 3 other
+   * gradient slabs outweigh the evaluation's activations */
+  st_config seq;
+  st_config_defaults(&seq);
+  set(&seq, "model.hidden=[2048, 2048]");
+  set(&seq, "fabric.cores=4");
+  set(&seq, "train.batch=32");
+  set(&seq, "execution.replicas=4");
+  seq.launch.ranks = 4;
+  CHECK(st_plan_compile(&p, &seq, 0, &err) == 0 &&
+            st_plan_place_ranks(p, &seq, &err) == 0,
+        "replica a rank, plenty of memory: %s", err.msg);
+  if (!p) return;
+  sum = p->stages[0].mem_total;
+  rank_max = 0;
+  for (int r = 0; r < 4; r++) rank_max = fmax(rank_max, p->rank_memory[r]);
+  st_plan_destroy(p);
+  p = NULL;
+  CHECK(rank_max < 0.8 * sum, "a replica a rank: %.0f of the four's %.0f",
+        rank_max, sum);
+  snprintf(kv, sizeof kv, "fabric.pe_memory=%.0f", (rank_max + sum) / 2 / 4);
+  set(&seq, kv);
+  rc = st_plan_compile(&p, &seq, 0, &err);
+  if (!rc) rc = st_plan_place_ranks(p, &seq, &err);
+  CHECK(rc == 0, "a replica a rank, each within its machine: rc %d '%s'", rc,
+        err.msg);
+  st_plan_destroy(p);
+  p = NULL;
+  seq.launch.ranks = 0;
+  rc = st_plan_compile(&p, &seq, 0, &err);
+  CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "4 replicas do not fit"),
+        "the replicas in one process: rc %d '%s'", rc, err.msg);
+  st_plan_destroy(p);
+}
+
 /* A cpu's memory bandwidth bounds a stage whose working set passes its
  * share of the last-level cache: a one-row 2048 x 2048 layer streams its
  * weights W six times a sample (forward, input gradient, a fused momentum
@@ -1287,7 +1412,8 @@ static void test_compile_plans_the_config(void) {
           "--mode weight_streaming, store %s: planned store %s (%s)",
           c.execution.store, applied.execution.store, err.msg);
     if (rc) continue;
-    rc = st_plan_place_ranks(p, &applied, 3, &err);
+    applied.launch.ranks = 3;
+    rc = st_plan_place_ranks(p, &applied, &err);
     if (file)
       CHECK(rc == 0 && p->rank_memory[0] == 0,
             "file store over 3 ranks: rc %d (%s), rank 0 holds %.0f bytes; "
@@ -1325,6 +1451,7 @@ int main(void) {
   test_schedules();
   test_workspace();
   test_replicas();
+  test_replicas_over_ranks();
   test_memory_bandwidth();
   test_streaming_traffic();
   test_compile_plans_the_config();
