@@ -1399,9 +1399,14 @@ typedef struct st_fabric {
                               every core (a stage's share bounds its time
                               past cache_bytes; replicas' gradient sum;
                               docs/compiler.md); mesh, reported only */
-  double cache_bytes;      /* cpu: the last-level cache, every core's
-                              together; a stage whose working set exceeds
-                              its share streams from memory */
+  char memory_bandwidth_source[12]; /* where that figure comes from:
+                                       "default" (built in), "calibrated"
+                                       (the profile's triad), "config"
+                                       (fabric.memory_bandwidth),
+                                       "published" (wse2); "" mesh */
+  double cache_bytes;               /* cpu: the last-level cache, every core's
+                                       together; a stage whose working set exceeds
+                                       its share streams from memory */
   double fabric_bandwidth; /* bytes/s, whole fabric (reported, not modelled) */
   int estimated;           /* 1: built-in figures, not calibrated */
   char source[384];        /* where the figures come from */
@@ -1529,6 +1534,14 @@ typedef struct st_calibration {
   int attention_shape[ST_GEMM_CLASSES][4];
   double attention_rate[2][ST_GEMM_CLASSES];
   double copy_bandwidth; /* bytes/s, memcpy of activation-sized buffers */
+  /* The machine's sustained memory bandwidth on threads[i] threads, bytes/s:
+   * a STREAM-like triad a[i] = b[i] + s c[i] over three float arrays
+   * together at least four times the last-level cache, counted as STREAM
+   * counts it (12 bytes an element: two reads, one write). A profile
+   * without it (older) reads as 0: the built-in figure stands. Every value
+   * within ST_MEMORY_BANDWIDTH_MIN .. _MAX (st_memory_bandwidth_plausible)
+   * or none. */
+  double memory_bandwidth[ST_CALIBRATION_MAX_THREADS];
   /* the caller's work between steps: a batch's input filled from a
    * dataset larger than the caches (bytes/s of fp32 input written), and a
    * step handed to a stage thread and back (seconds): step_latency as
@@ -1598,6 +1611,16 @@ typedef struct st_calibration {
    * stored in the profile. */
   double round_trip[2];
 } st_calibration;
+
+/* The bounds a measured memory bandwidth must lie within to be believed,
+ * bytes/s: below 100 MB/s no DRAM of this century streams (a broken timer
+ * or a machine swapping), above 10 TB/s no CPU socket pair reaches (two
+ * 12-channel DDR5-6400 sockets peak at 1.2 TB/s; HBM parts at a few
+ * TB/s). */
+#define ST_MEMORY_BANDWIDTH_MIN 1e8
+#define ST_MEMORY_BANDWIDTH_MAX 1e13
+/* 1 if bw (bytes/s) is finite and within those bounds. */
+int st_memory_bandwidth_plausible(double bw);
 
 /* Measures this machine (a few seconds); threads 1, 2, 4, ... up
  * to max_threads. progress (may be NULL) gets one line per measurement. */

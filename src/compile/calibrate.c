@@ -19,6 +19,9 @@
  *     step, gelu) as bytes/s, with "bytes" counted exactly as pass 1 counts
  * them (cost.c), so time = bytes / bandwidth holds by construction;
  *   - memcpy of activation-sized buffers: the stage-to-stage copy;
+ *   - the machine's memory bandwidth on each thread count: a STREAM-like
+ *     triad over arrays together four times the last-level cache,
+ *     allocated once (measure_memory);
  *   - each st_gemm_choose class's product by the packed kernel and by the
  *     BLAS, for the trainer to take the faster (not used by the plans);
  *   - the optimizer step on a slab larger than any last-level cache: in a
@@ -1103,6 +1106,166 @@ int st_gemm_choose_profile(void) {
   return 0;
 }
 
+/* ---------------------------------------------------- memory bandwidth */
+
+#define TRIAD_PASSES 3               /* timed passes a thread count; the best */
+#define TRIAD_MIN_ARRAY 64e6         /* bytes of each array, at least */
+#define TRIAD_MAX_ARRAY 1073741824.0 /* and at most (1 GiB) */
+#define LLC_INSTANCES_MAX 256
+
+int st_memory_bandwidth_plausible(double bw) {
+  return isfinite(bw) && bw >= ST_MEMORY_BANDWIDTH_MIN &&
+         bw <= ST_MEMORY_BANDWIDTH_MAX;
+}
+
+/* Every core's last-level cache together, bytes: cpu0's L3 (sysfs) times
+ * the distinct L3s the online cpus share (a part of many chiplets has one
+ * a chiplet, and cpu0's is then a fraction of the whole); 0 if unknown. */
+static double llc_total_bytes(void) {
+  double l3 = cache_bytes(3);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (!(l3 > 0) || cpus < 1) return l3 > 0 ? l3 : 0;
+  char seen[LLC_INSTANCES_MAX][64]; /* 16 KB */
+  int n = 0;
+  for (long cpu = 0; cpu < cpus; cpu++)
+    for (int i = 0; i < 8; i++) {
+      char path[128], text[64] = "";
+      int lv = 0;
+      snprintf(path, sizeof path,
+               "/sys/devices/system/cpu/cpu%ld/cache/index%d/level", cpu, i);
+      FILE *f = fopen(path, "r");
+      if (!f) break;
+      int ok = fscanf(f, "%d", &lv) == 1;
+      fclose(f);
+      if (!ok || lv != 3) continue;
+      snprintf(path, sizeof path,
+               "/sys/devices/system/cpu/cpu%ld/cache/index%d/shared_cpu_list",
+               cpu, i);
+      if ((f = fopen(path, "r"))) {
+        if (!fgets(text, sizeof text, f)) text[0] = '\0';
+        fclose(f);
+      }
+      int known = 0;
+      for (int k = 0; k < n && !known; k++) known = !strcmp(seen[k], text);
+      if (!known && n < LLC_INSTANCES_MAX) memcpy(seen[n++], text, sizeof text);
+      break;
+    }
+  return l3 * (n > 0 ? n : 1);
+}
+
+typedef struct triad_job {
+  float *a, *b, *c; /* (n) each */
+  size_t n;
+  int parts; /* tasks: one a thread */
+} triad_job;
+
+static void triad_part(void *arg, int task) {
+  triad_job *j = arg;
+  size_t lo = j->n * (size_t)task / (size_t)j->parts,
+         hi = j->n * (size_t)(task + 1) / (size_t)j->parts;
+  float *restrict a = j->a;
+  const float *restrict b = j->b, *restrict c = j->c;
+  for (size_t i = lo; i < hi; i++) a[i] = b[i] + 3.0f * c[i];
+}
+
+/* First touch by the threads that will stream each part (on a machine of
+ * several memory nodes the pages then sit near them). */
+static void triad_fill(void *arg, int task) {
+  triad_job *j = arg;
+  size_t lo = j->n * (size_t)task / (size_t)j->parts,
+         hi = j->n * (size_t)(task + 1) / (size_t)j->parts;
+  for (size_t i = lo; i < hi; i++) {
+    j->a[i] = 0.0f;
+    j->b[i] = 1.0f;
+    j->c[i] = 2.0f;
+  }
+}
+
+/* bytes/s of the triad on `threads` threads: the best of TRIAD_PASSES
+ * timed passes after one untimed; -1 if the pool cannot be made. */
+static double triad_rate(triad_job *j, int threads) {
+  st_pool *pool = threads > 1 ? st_pool_create(threads) : NULL;
+  if (threads > 1 && !pool) return -1;
+  j->parts = threads;
+  st_pool_for(pool, j->parts, triad_part, j); /* the workers awake */
+  double best = INFINITY;
+  for (int k = 0; k < TRIAD_PASSES; k++) {
+    double t0 = st_now();
+    st_pool_for(pool, j->parts, triad_part, j);
+    double t = st_now() - t0;
+    if (t < best) best = t;
+  }
+  if (pool) st_pool_destroy(pool);
+  return best > 0 ? 12.0 * (double)j->n / best : -1;
+}
+
+/* The machine's memory bandwidth on each of the profile's thread counts
+ * (st_calibration.memory_bandwidth): three arrays, allocated once, of at
+ * least 4/3 of every core's last-level cache each (the three four times
+ * it, STREAM's rule), at least 64 MB, at most 1 GiB and a sixteenth of
+ * the memory this process may use; a few tens of ms a thread count. A
+ * figure outside the physical bounds is not stored: the built-in one
+ * then stands, and progress says why. */
+static int measure_memory(st_calibration *c, FILE *progress, st_error *err) {
+  double llc = llc_total_bytes(), ram = st_usable_memory();
+  double bytes =
+      fmax(4.0 / 3.0 * (llc > 0 ? llc : 32.0 * 1048576), TRIAD_MIN_ARRAY);
+  bytes = fmin(bytes, TRIAD_MAX_ARRAY);
+  if (ram > 0) bytes = fmin(bytes, ram / 16);
+  triad_job j = {.n = (size_t)(bytes / sizeof(float))};
+  j.a = st_alloc(j.n * sizeof(float));
+  j.b = st_alloc(j.n * sizeof(float));
+  j.c = st_alloc(j.n * sizeof(float));
+  int rc = 0;
+  double t0 = st_now();
+  if (!j.a || !j.b || !j.c) {
+    rc = st_error_set(err, ST_ENOMEM,
+                      "calibration: out of memory (the memory bandwidth's "
+                      "3 x %.0f MB)",
+                      bytes / 1e6);
+    goto done;
+  }
+  int most = c->threads[c->n_threads - 1];
+  st_pool *pool = most > 1 ? st_pool_create(most) : NULL;
+  j.parts = most;
+  st_pool_for(pool, most, triad_fill, &j);
+  if (pool) st_pool_destroy(pool);
+  int plausible = 1;
+  for (int i = 0; i < c->n_threads; i++) {
+    c->memory_bandwidth[i] = triad_rate(&j, c->threads[i]);
+    if (c->memory_bandwidth[i] < 0) {
+      rc = st_error_set(err, ST_ENOMEM,
+                        "calibration: cannot start %d threads for the "
+                        "memory bandwidth",
+                        c->threads[i]);
+      goto done;
+    }
+    plausible &= st_memory_bandwidth_plausible(c->memory_bandwidth[i]);
+    if (progress)
+      fprintf(progress, "  memory on %d thread%s %8.2f GB/s (triad)\n",
+              c->threads[i], c->threads[i] == 1 ? " " : "s",
+              c->memory_bandwidth[i] / 1e9);
+  }
+  if (progress)
+    fprintf(progress,
+            "  memory     3 x %.0f MB past %.1f MB of last-level cache, "
+            "%.0f ms\n",
+            bytes / 1e6, llc / 1e6, (st_now() - t0) * 1e3);
+  if (!plausible) {
+    if (progress)
+      fprintf(progress,
+              "  memory     ignored: a figure outside %.1f GB/s .. %.0f "
+              "TB/s is no memory's; the built-in estimate stands\n",
+              ST_MEMORY_BANDWIDTH_MIN / 1e9, ST_MEMORY_BANDWIDTH_MAX / 1e12);
+    memset(c->memory_bandwidth, 0, sizeof c->memory_bandwidth);
+  }
+done:
+  st_free(j.a);
+  st_free(j.b);
+  st_free(j.c);
+  return rc;
+}
+
 /* The large GEMM's best one-thread rate and best rate on t threads (one
  * pool, or with `streams` t independent one-thread streams) over ROUNDS
  * rounds, each timing one thread and then t back to back: a burst of other
@@ -1209,6 +1372,7 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
     rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory");
   if (!rc) rc = measure_kernels(c, progress, err);
   if (!rc) rc = measure_ops(c, progress, err);
+  if (!rc) rc = measure_memory(c, progress, err);
   if (!rc) c->round_trip[1] = round_trip(max_threads, progress, "ended");
   return rc;
 }
@@ -1309,6 +1473,15 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
     MED(efficiency[i]);
     MED(sharing[i]);
   }
+  /* all passes, or none: a median of a measured figure and a 0 (none)
+   * would be half a measurement */
+  int memory = 1;
+  for (int k = 0; k < n; k++) memory &= p[k].memory_bandwidth[0] > 0;
+  for (int i = 0; i < out->n_threads; i++)
+    if (memory)
+      MED(memory_bandwidth[i]);
+    else
+      out->memory_bandwidth[i] = 0;
   for (int k = 0; k < ST_OP_CLASSES; k++) MED(op_bandwidth[k]);
   MED(copy_bandwidth);
   MED(input_bandwidth);
@@ -1372,7 +1545,7 @@ static void json_shapes(char *buf, size_t cap, size_t *at, const char *key,
 
 int st_calibration_write(const st_calibration *c, const char *path,
                          st_error *err) {
-  char buf[4096];
+  char buf[8192]; /* a profile of 8 thread counts is about 3 KB */
   size_t cap = sizeof buf, at = 0;
   at += (size_t)snprintf(
       buf + at, cap - at,
@@ -1416,6 +1589,9 @@ int st_calibration_write(const st_calibration *c, const char *path,
              ST_GEMM_CLASSES, 0);
   json_array(buf, cap, &at, "copy_bandwidth", &c->copy_bandwidth, 1, 0);
   json_array(buf, cap, &at, "input_bandwidth", &c->input_bandwidth, 1, 0);
+  if (c->memory_bandwidth[0] > 0) /* measured (a profile may lack it) */
+    json_array(buf, cap, &at, "memory_bandwidth", c->memory_bandwidth,
+               c->n_threads, 0);
   int measured = 0; /* (a profile may lack them) */
   for (int k = 0; k < ST_GEMM_CHOICES; k++)
     measured |= c->gemm_choice_rate[0][k] > 0 || c->gemm_choice_rate[1][k] > 0;
@@ -1666,6 +1842,30 @@ static int parse(st_calibration *c, const char *text, const char *path,
       return bad(err, path, "\"sharing_slope\": expected one number in [0, 1)");
     c->sharing_slope = one[0];
   }
+  /* optional (profiles before it): the built-in memory bandwidth; a
+   * figure no memory has is refused, not used */
+  memset(c->memory_bandwidth, 0, sizeof c->memory_bandwidth);
+  if (value_of(text, "memory_bandwidth")) {
+    double v[64];
+    char what[160];
+    if (numbers_of(value_of(text, "memory_bandwidth"), v, 64) != n) {
+      snprintf(what, sizeof what,
+               "\"memory_bandwidth\": expected %d number%s, one for each "
+               "of \"threads\"",
+               n, n == 1 ? "" : "s");
+      return bad(err, path, what);
+    }
+    for (int i = 0; i < n; i++) {
+      if (!st_memory_bandwidth_plausible(v[i])) {
+        snprintf(what, sizeof what,
+                 "\"memory_bandwidth\": %g bytes/s is no memory's "
+                 "bandwidth (expected %g to %g)",
+                 v[i], ST_MEMORY_BANDWIDTH_MIN, ST_MEMORY_BANDWIDTH_MAX);
+        return bad(err, path, what);
+      }
+      c->memory_bandwidth[i] = v[i];
+    }
+  }
   /* optional (profiles before them): the caller's time not modelled */
   c->input_bandwidth = c->step_latency = 0;
   if (value_of(text, "input_bandwidth") &&
@@ -1825,6 +2025,17 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   f->efficiency_slope = c->efficiency_slope;
   f->sharing_slope = c->sharing_slope;
   f->link_bandwidth = c->copy_bandwidth;
+  /* the machine's memory bandwidth: the most the triad reached on any of
+   * the thread counts (every core at once, as a plan's stages run; a
+   * profile without it keeps the built-in figure) */
+  double memory = 0;
+  for (int i = 0; i < c->n_threads; i++)
+    memory = fmax(memory, c->memory_bandwidth[i]);
+  if (st_memory_bandwidth_plausible(memory)) {
+    f->memory_bandwidth = memory;
+    snprintf(f->memory_bandwidth_source, sizeof f->memory_bandwidth_source,
+             "calibrated");
+  }
   f->input_bandwidth = c->input_bandwidth;
   f->step_latency = c->step_latency;
   f->hosted_latency = c->hosted_latency;
@@ -1886,8 +2097,11 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   size_t used = strlen(f->source);
   snprintf(f->source + used, sizeof f->source - used,
            "; calibrated %s from %.200s (GEMM, conv2d and attention by shape "
-           "class, one-thread ops by bytes%s; measured on %d cores)",
+           "class, one-thread ops by bytes%s%s; measured on %d cores)",
            c->date, path,
+           strcmp(f->memory_bandwidth_source, "calibrated")
+               ? ""
+               : ", memory bandwidth by a triad",
            f->narrow_cost > 0 || f->narrow_flop_cost > 0 || f->n_spill ||
                    f->row_bandwidth > 0 || f->n_row_step
                ? ", linear layers' memory terms"

@@ -4,10 +4,10 @@
  *   cpu        this machine: cores from sysconf (or fabric.cores / cpu:N),
  *              memory = physical RAM (or a lower cgroup v2 memory.max)
  *              split evenly over the cores, a built-in per-core rate and
- *              parallel efficiency, and a stage-to-stage copy rate. All
- *              three rates (and the disk's, under a file store) are
- *              estimates, not measurements, until
- *              `strata bench --calibrate` exists (docs/compiler.md).
+ *              parallel efficiency, a stage-to-stage copy rate and a
+ *              memory bandwidth: estimates until `strata bench
+ *              --calibrate` measures this machine (the disk's, under a
+ *              file store, stays one; docs/compiler.md).
  *   mesh:WxH   a W x H grid of PEs, each with one WSE-2 PE's compute, memory
  *              (two thirds of it for the model's tensors) and link
  *              bandwidth.
@@ -38,9 +38,9 @@
 /* cpu: the machine's DRAM bandwidth, every core together: an estimate of
  * what a STREAM-like sum sustains on a server socket of 4 to 8 memory
  * channels (DDR4-3200 / DDR5-4800: 100-300 GB/s in theory, 60-70% of it
- * sustained; a desktop's two channels reach about 60). Not measured: a
- * calibration profile does not time it yet; fabric.memory_bandwidth gives
- * this machine's figure. */
+ * sustained; a desktop's two channels reach about 60). A calibration
+ * profile's triad replaces it (st_calibration.memory_bandwidth), and
+ * fabric.memory_bandwidth replaces both. */
 #define CPU_MEMORY_BANDWIDTH 100e9
 /* cpu: the last-level cache of all the cores together, an estimate (a
  * server socket's shared L3 is 32-256 MB, a desktop's 16-64 MB). A stage
@@ -118,6 +118,8 @@ static void apply_overrides(st_fabric *f, const st_config *cfg) {
   }
   if (f->kind == ST_FABRIC_CPU && cfg->fabric.memory_bandwidth > 0) {
     f->memory_bandwidth = cfg->fabric.memory_bandwidth;
+    snprintf(f->memory_bandwidth_source, sizeof f->memory_bandwidth_source,
+             "config");
     strcat(note, " memory_bandwidth");
   }
   if (f->kind == ST_FABRIC_MESH) {
@@ -169,11 +171,14 @@ static int resolve_cpu(st_fabric *f, const st_config *cfg, st_error *err) {
   f->pe_memory = ram / cores;
   f->link_bandwidth = CPU_COPY_BANDWIDTH;
   f->memory_bandwidth = CPU_MEMORY_BANDWIDTH;
+  snprintf(f->memory_bandwidth_source, sizeof f->memory_bandwidth_source,
+           "default");
   f->cache_bytes = CPU_CACHE_BYTES;
   f->disk_bandwidth = CPU_DISK_BANDWIDTH;
   f->efficiency_slope = CPU_EFFICIENCY_SLOPE;
   f->estimated = 1;
-  /* A calibration profile, when there is one, replaces the three rates. A
+  /* A calibration profile, when there is one, replaces the rates (and the
+   * memory bandwidth, where it measured one). A
    * profile that exists but does not read is an error, not a silent
    * fallback: the user asked for it by calibrating. */
   char path[ST_PATH_MAX];
@@ -224,6 +229,8 @@ static void resolve_wse2(st_fabric *f) {
   f->efficiency_slope = 0;
   mesh_figures(f);
   f->memory_bandwidth = WSE2_MEMORY_BANDWIDTH;
+  snprintf(f->memory_bandwidth_source, sizeof f->memory_bandwidth_source,
+           "published");
   f->fabric_bandwidth = WSE2_FABRIC_BITS / 8;
   f->estimated = 1;
   snprintf(f->source, sizeof f->source,

@@ -139,11 +139,13 @@ void st_plan_print(const st_plan *p, FILE *f) {
   fprintf(f, "; ");
   if (cpu)
     fprintf(f,
-            "stage copy %s/s; e(c) = 1/(1 + %g (c - 1)); memory %s/s past "
-            "a %s cache, shared by the cores\n",
+            "stage copy %s/s; e(c) = 1/(1 + %g (c - 1)); memory %s/s (%s) "
+            "past a %s cache, shared by the cores\n",
             st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth),
             fb->efficiency_slope,
             st_plan_fmt_bytes(e, sizeof e, fb->memory_bandwidth),
+            fb->memory_bandwidth_source[0] ? fb->memory_bandwidth_source
+                                           : "default",
             st_plan_fmt_bytes(a, sizeof a, fb->cache_bytes));
   else
     fprintf(f, "link %s/s one way; e(c) = 1\n",
@@ -455,6 +457,9 @@ static void write_json(const st_plan *p, FILE *f) {
   jnum(f, "link_bandwidth", fb->link_bandwidth, 0);
   jnum(f, "efficiency_slope", fb->efficiency_slope, 0);
   jnum(f, "memory_bandwidth", fb->memory_bandwidth, 0);
+  fputs("\"memory_bandwidth_source\": ", f);
+  json_string(f, fb->memory_bandwidth_source);
+  fputs(", ", f);
   jnum(f, "fabric_bandwidth", fb->fabric_bandwidth, 0);
   jnum(f, "hop_latency", fb->hop_latency, 0);
   jnum(f, "pe_overhead", fb->pe_overhead, 0);

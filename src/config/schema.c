@@ -331,8 +331,8 @@ const st_config_key st_config_schema[] = {
           "SSD, docs/compiler.md)"),
     FLOAT(fabric, memory_bandwidth, "0",
           "cpu: bytes/s of the machine's memory (DRAM), all cores together; "
-          "0 = the fabric's own figure (1e11, a built-in estimate, "
-          "docs/compiler.md)"),
+          "0 = the fabric's own figure (the calibration profile's measured "
+          "one, else 1e11, a built-in estimate; docs/compiler.md)"),
 
     INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
     ENUM(metrics, progress, "auto", progress_modes,

@@ -208,11 +208,21 @@ grep -q '"gemm_kernels": "packed kernel or the BLAS by the built-in rule"' \
   "$(grep gemm_kernels "$run_dir/summary.json")"
 # (a build without FMA has no packed kernel: nothing to measure, the rule)
 run bench --calibrate --threads 1 --passes 1 --out "$T/cal.json"
+printf '%s\n' "$out" >"$T/cal_out"
 chose="as measured by the calibration profile" keys=1
 [[ $out == *"packed"*"BLAS"* ]] || chose="by the built-in rule" keys=0
 if [ "$rc" -eq 0 ] && [ "$(grep -c '"gemm_choice_packed": \[\|"gemm_choice_blas": \[' "$T/cal.json")" -eq $((2 * keys)) ] &&
   [[ $out == *"calibrating on 1 thread"*", 1 pass"* ]]; then pass; else
   fail "bench --calibrate --passes 1 writes the kernel rates it measured" "rc=$rc" "$out" "$err"
+fi
+# its memory bandwidth: stored for its one thread and planned with,
+# said so; or, were the figure no memory's, not stored and said so
+membw=$(grep -c '"memory_bandwidth": \[[0-9.e+]*\],' "$T/cal.json")
+STRATA_CALIBRATION="$T/cal.json" run compile "$fc" --out "$T/o_cal"
+if [ "$rc" -eq 0 ] && { { [ "$membw" -eq 1 ] && grep -q "^fabric: .*; memory [0-9.]* [GMT]B/s (calibrated) past" <<<"$out" &&
+       grep -q '"memory_bandwidth_source": "calibrated"' "$T/o_cal/plan.json"; } ||
+     { [ "$membw" -eq 0 ] && grep -q "memory     ignored" "$T/cal_out" 2>/dev/null; }; }; then pass; else
+  fail "a one-pass profile's memory bandwidth, and the plan under it" "rc=$rc" "$out" "$(cat "$T/cal.json")"
 fi
 STRATA_CALIBRATION="$T/cal.json" run train "$fc" "${small[@]}" --set train.steps=2 \
   --out "$T/run_cal"

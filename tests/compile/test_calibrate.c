@@ -1266,6 +1266,141 @@ static void test_merge(void) {
         "passes over different thread counts not refused");
 }
 
+/* The measured memory bandwidth (st_calibration.memory_bandwidth): it
+ * round-trips through the file; a value no memory has (0, 1e15 bytes/s,
+ * negative, not a number) or the wrong count is refused naming the key and
+ * the file; merged passes take its median, or drop it when a pass lacks
+ * it; the cpu fabric takes the most of the thread counts, says it is
+ * calibrated, and keeps the built-in figure for a profile without it;
+ * fabric.memory_bandwidth wins over both. And it reaches the plan: a
+ * memory-bound stage (one-row layers streaming 69 MB of weights, gradient
+ * and momentum past the 32 MiB cache) takes D / bandwidth a sample, so
+ * the profile's 1 GB/s against 2 GB/s halves it exactly, and the same
+ * 1 GB/s given as the config key, uncalibrated, plans the same time
+ * (the memory term is the one closed form both use; compute is under a
+ * fiftieth of it at either rate). */
+static void test_memory_bandwidth(void) {
+  char path[128];
+  path_in(path, sizeof path, "memory.json");
+  st_calibration c = sample_profile(), back;
+  double bw[3] = {1.2e10, 2e10, 1.8e10}; /* threads 1, 2, 4 */
+  memcpy(c.memory_bandwidth, bw, sizeof bw);
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, path, &err) == 0 &&
+            st_calibration_read(&back, path, &err) == 0 &&
+            !memcmp(back.memory_bandwidth, bw, sizeof bw),
+        "memory bandwidth round trip: %s (%g %g %g)", err.msg,
+        back.memory_bandwidth[0], back.memory_bandwidth[1],
+        back.memory_bandwidth[2]);
+  /* refused where the figure is no memory's, or miscounted */
+  char text[4096], edited[4096];
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = '\0';
+  const char *key = "\"memory_bandwidth\": [1.2e+10, 2e+10, 1.8e+10]";
+  char *at = strstr(text, key);
+  CHECK(at != NULL, "the written profile has %s", key);
+  const char *bad_values[][2] = {
+      {"[0, 2e+10, 1.8e+10]", "0 bytes/s is no memory's bandwidth"},
+      {"[1.2e+10, 1e+15, 1.8e+10]", "1e+15 bytes/s is no memory's"},
+      {"[1.2e+10, 2e+10, -5]", "-5 bytes/s is no memory's"},
+      {"[1.2e+10, nan, 1.8e+10]", "is no memory's"},
+      {"[1.2e+10, 2e+10]", "expected 3 numbers, one for each of"}};
+  for (size_t k = 0; at && k < sizeof bad_values / sizeof *bad_values; k++) {
+    snprintf(edited, sizeof edited, "%.*s\"memory_bandwidth\": %s%s",
+             (int)(at - text), text, bad_values[k][0], at + strlen(key));
+    expect_bad("bad_memory.json", edited, bad_values[k][1]);
+  }
+  /* merged: the median of three, or none when one pass has none */
+  st_calibration p[3] = {c, c, c}, m;
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < 3; i++) p[k].memory_bandwidth[i] *= 1.0 + 0.5 * k;
+  CHECK(st_calibration_merge(&m, p, 3) == 0 &&
+            m.memory_bandwidth[1] == 1.5 * bw[1],
+        "median of 3 memory bandwidths: %g, want %g", m.memory_bandwidth[1],
+        1.5 * bw[1]);
+  memset(p[1].memory_bandwidth, 0, sizeof p[1].memory_bandwidth);
+  CHECK(st_calibration_merge(&m, p, 3) == 0 && m.memory_bandwidth[0] == 0 &&
+            m.memory_bandwidth[2] == 0,
+        "a pass without it: none merged (%g)", m.memory_bandwidth[0]);
+
+  /* the fabric: calibrated, the most of the counts; else as before */
+  st_config cfg;
+  st_config_defaults(&cfg);
+  st_fabric fab;
+  setenv("STRATA_CALIBRATION", path, 1);
+  int rc = st_fabric_resolve(&fab, &cfg, &err);
+  CHECK(rc == 0 && fab.memory_bandwidth == 2e10 &&
+            !strcmp(fab.memory_bandwidth_source, "calibrated") &&
+            strstr(fab.source, "memory bandwidth by a triad"),
+        "profile's memory bandwidth: rc %d %g (%s)", rc, fab.memory_bandwidth,
+        fab.memory_bandwidth_source);
+  CHECK(st_config_set(&cfg, "fabric.memory_bandwidth=3e10", &err) == 0, "%s",
+        err.msg);
+  rc = st_fabric_resolve(&fab, &cfg, &err);
+  CHECK(rc == 0 && fab.memory_bandwidth == (double)3e10f && /* a float key */
+            !strcmp(fab.memory_bandwidth_source, "config") && fab.calibrated,
+        "the config key wins: rc %d %g (%s)", rc, fab.memory_bandwidth,
+        fab.memory_bandwidth_source);
+  CHECK(st_config_set(&cfg, "fabric.memory_bandwidth=0", &err) == 0, "%s",
+        err.msg);
+  char older[128];
+  path_in(older, sizeof older, "good.json"); /* sample_profile: none */
+  st_calibration none = sample_profile();
+  CHECK(st_calibration_write(&none, older, &err) == 0, "%s", err.msg);
+  setenv("STRATA_CALIBRATION", older, 1);
+  rc = st_fabric_resolve(&fab, &cfg, &err);
+  CHECK(rc == 0 && fab.calibrated && fab.memory_bandwidth == 100e9 &&
+            !strcmp(fab.memory_bandwidth_source, "default"),
+        "a profile without it: rc %d %g (%s)", rc, fab.memory_bandwidth,
+        fab.memory_bandwidth_source);
+  setenv("STRATA_CALIBRATION", "none", 1);
+  rc = st_fabric_resolve(&fab, &cfg, &err);
+  CHECK(rc == 0 && fab.memory_bandwidth == 100e9 &&
+            !strcmp(fab.memory_bandwidth_source, "default"),
+        "no profile: %g (%s)", fab.memory_bandwidth,
+        fab.memory_bandwidth_source);
+
+  /* the plan: one sequential stage of 784-2048-2048-10 at batch 8 on
+   * both cores, bound by memory */
+  const char *sets[] = {"model.hidden=[2048, 2048]", "train.batch=8",
+                        "fabric.cores=2"};
+  for (size_t k = 0; k < sizeof sets / sizeof *sets; k++)
+    CHECK(st_config_set(&cfg, sets[k], &err) == 0, "%s", err.msg);
+  double t[3] = {0, 0, 0}; /* profile 1 GB/s, profile 2 GB/s, key 1 GB/s */
+  for (int k = 0; k < 3; k++) {
+    for (int i = 0; i < 3; i++) c.memory_bandwidth[i] = k == 1 ? 2e9 : 1e9;
+    CHECK(st_calibration_write(&c, path, &err) == 0, "%s", err.msg);
+    setenv("STRATA_CALIBRATION", k < 2 ? path : "none", 1);
+    CHECK(st_config_set(&cfg,
+                        k < 2 ? "fabric.memory_bandwidth=0"
+                              : "fabric.memory_bandwidth=1e9",
+                        &err) == 0,
+          "%s", err.msg);
+    st_plan *pl = NULL;
+    CHECK(st_plan_compile(&pl, &cfg, 0, &err) == 0, "plan %d: %s", k, err.msg);
+    if (!pl) continue;
+    CHECK(pl->n_stages == 1 &&
+              !strcmp(pl->stages[0].bound, "memory bandwidth") &&
+              pl->fabric.memory_bandwidth == (k == 1 ? 2e9 : 1e9) &&
+              !strcmp(pl->fabric.memory_bandwidth_source,
+                      k < 2 ? "calibrated" : "config"),
+          "plan %d: %d stage(s), bound '%s', %g bytes/s (%s)", k, pl->n_stages,
+          pl->stages[0].bound, pl->fabric.memory_bandwidth,
+          pl->fabric.memory_bandwidth_source);
+    t[k] = pl->stages[0].time;
+    st_plan_destroy(pl);
+  }
+  setenv("STRATA_CALIBRATION", "none", 1);
+  /* 1e-12: the same bytes over two rates; the key's through a float */
+  CHECK(t[1] > 0 && fabs(t[0] / t[1] - 2) <= 1e-12 &&
+            fabs(t[2] - t[0]) <= 1e-9 * t[0],
+        "memory-bound stage: %.9g s a sample at 1 GB/s, %.9g at 2 GB/s "
+        "(ratio %.12f, want 2), %.9g by the config key",
+        t[0], t[1], t[0] / t[1], t[2]);
+}
+
 /* The kernel per product class a profile measured: written and read back
  * (a class it could not measure stays 0), the faster of the two taken
  * (-1 where unmeasured), the medians of passes, and applied by the trainer's
@@ -1696,13 +1831,15 @@ int main(void) {
   test_micro_batch_pick();
   test_merge();
   test_gemm_choice();
+  test_memory_bandwidth();
   test_row_curve();
   test_near();
   /* leave nothing behind */
   const char *files[] = {"cal.json",       "good.json",   "foreign.json",
                          "empty.json",     "v2.json",     "truncated.json",
                          "negative.json",  "shared.json", "host.json",
-                         "bad_spill.json", "row.json"};
+                         "bad_spill.json", "row.json",    "memory.json",
+                         "bad_memory.json"};
   char path[128];
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     path_in(path, sizeof path, files[i]);
