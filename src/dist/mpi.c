@@ -311,6 +311,7 @@ void st_dist_watch_verdict(int me, int size, const char *what, int peer,
   int silent[ST_DIST_MAX_RANKS], busy[ST_DIST_MAX_RANKS], n_silent = 0,
                                                           n_busy = 0;
   long long busy_ms = 0;
+  if (peer == me) peer = -1; /* a root waiting on the others */
   for (int r = 0; r < size && r < ST_DIST_MAX_RANKS; r++) {
     if (r == me || (peer >= 0 && r != peer)) continue;
     if (!answered[r]) {
@@ -507,7 +508,7 @@ int st_dist_agree(int rc, st_error *err) {
   if (first < 0) return 0;
   /* the first failure's message, on every rank */
   st_error got = *err;
-  w = watch_begin("the error's broadcast", first);
+  w = watch_begin("the error's broadcast", first == world_rank ? -1 : first);
   e = MPI_Bcast(&got, (int)sizeof got, MPI_BYTE, first, MPI_COMM_WORLD);
   watch_end(w);
   if (e != MPI_SUCCESS) return mpi_failed(e, "the error's broadcast", err);
@@ -668,7 +669,9 @@ int st_dist_bcast(st_dist_group *g, void *buf, size_t bytes, int root,
   for (size_t at = 0; at < bytes; at += (size_t)INT32_MAX / 2) {
     size_t len =
         bytes - at < (size_t)INT32_MAX / 2 ? bytes - at : (size_t)INT32_MAX / 2;
-    watch_slot *w = watch_begin("a broadcast", g->world[root]);
+    /* the root waits on the others (any of them), the others on it */
+    watch_slot *w =
+        watch_begin("a broadcast", root == g->rank ? -1 : g->world[root]);
     int rc = MPI_Bcast((char *)buf + at, (int)len, MPI_BYTE, root, g->comm);
     watch_end(w);
     if (rc != MPI_SUCCESS) return mpi_failed(rc, "a broadcast", err);

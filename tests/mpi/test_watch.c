@@ -12,7 +12,7 @@
  *    else is the lead (a receive on rank 3), or, all in the same
  *    collective, the messages do not arrive;
  *  - a wait on one peer judges that peer only (another rank silent is not
- *    its cause).
+ *    its cause); a wait "on" oneself (a broadcast's root) is on the others.
  * The end-to-end runs (a rank SIGSTOPped under mpirun, named in rank 0's
  * line) are in test_mpi.sh.
  */
@@ -118,6 +118,11 @@ int main(void) {
   expect("broadcast, the root in it too", 0, 2, "a broadcast", 1, "rank 1",
          "it answers the watch and waits in it too: the messages between "
          "them do not arrive");
+
+  reset(3);
+  answered[2] = 0; /* a root waits on the others, not on itself */
+  expect("broadcast, the root waiting", 1, 3, "a broadcast", 1, "rank 2",
+         stopped);
 
   TH_DONE();
 }
