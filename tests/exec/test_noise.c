@@ -8,6 +8,8 @@
  *     The same on a linear-regression problem, whose per-sample gradient
  *     covariance follows from Gaussian moments: B_simple = d (1 +
  *     s^2 / |w - w*|^2) + 1.
+ *     The averages' bias correction by hand: one estimate is its own
+ *     |G|^2 and tr(S) at any beta, two their beta-weighted mean.
  *  2. In training, measuring does not perturb: with the same micro-batch
  *     split, weights with metrics.noise_scale on and off are bit-identical,
  *     and the estimate is finite and positive early in training.
@@ -64,6 +66,28 @@ static void test_closed_form(void) {
         "no estimate before the first measurement");
   /* a small batch's norm below the large one's: tr(S) = (1 - 4) / (1/1 -
    * 1/4) = -4 < 0 while |G|^2 = (4 * 4 - 1) / 3 = 5 > 0: no scale */
+  /* The averages are bias-corrected (Adam's 1 - beta^n): one estimate
+   * gives its own |G|^2 and tr(S) at any beta, and two give their
+   * beta-weighted mean: with (gs2, bs, gb2, bb) = (2, 1, 1, 4), |G|^2 =
+   * (4 - 2) / 3 = 2/3 and tr(S) = 1 / (1 - 1/4) = 4/3; with (3, 1, 1.5,
+   * 4), 1 and 2. At beta 0.9 the second pair weighs 1 / 1.9 of the mean:
+   * |G|^2 = (0.9 * 2/3 + 1) / 1.9, tr(S) = (0.9 * 4/3 + 2) / 1.9. */
+  st_noise_scale ema;
+  st_noise_scale_init(&ema, 0.9);
+  st_noise_scale_add(&ema, 2.0, 1, 1.0, 4);
+  double eg2, etr, ev = st_noise_scale_value(&ema, &eg2, &etr);
+  CHECK(fabs(eg2 - 2.0 / 3) < 1e-12 && fabs(etr - 4.0 / 3) < 1e-12 &&
+            fabs(ev - 2) < 1e-12,
+        "one estimate at beta 0.9: |G|^2 %.15g (want 2/3), tr %.15g (want "
+        "4/3), B %.15g (want 2)",
+        eg2, etr, ev);
+  st_noise_scale_add(&ema, 3.0, 1, 1.5, 4);
+  st_noise_scale_value(&ema, &eg2, &etr);
+  CHECK(fabs(eg2 - (0.9 * 2.0 / 3 + 1) / 1.9) < 1e-12 &&
+            fabs(etr - (0.9 * 4.0 / 3 + 2) / 1.9) < 1e-12,
+        "two estimates at beta 0.9: |G|^2 %.15g (want %.15g), tr %.15g "
+        "(want %.15g)",
+        eg2, (0.9 * 2.0 / 3 + 1) / 1.9, etr, (0.9 * 4.0 / 3 + 2) / 1.9);
   st_noise_scale neg;
   st_noise_scale_init(&neg, 0);
   st_noise_scale_add(&neg, 1.0, 1, 4.0, 4);
