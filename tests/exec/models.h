@@ -97,6 +97,11 @@ static int trainer_weights(st_trainer *t, float *dst, st_error *err) {
   return rc;
 }
 
+/* The loss each step of the last train() reported: a mode held to the
+ * sequential mode's weights bit for bit reports its losses too (the same
+ * rows' losses, summed in the same order). */
+static double train_losses[STEPS];
+
 /* Weights after STEPS steps (malloc'd), or NULL after a failure. */
 static float *train(const st_config *c, size_t *n, st_trainer **keep) {
   st_error err = {0};
@@ -104,12 +109,14 @@ static float *train(const st_config *c, size_t *n, st_trainer **keep) {
   CHECK(t != NULL, "%s", err.msg);
   if (!t) return NULL;
   double loss;
-  for (int i = 0; i < STEPS; i++)
+  for (int i = 0; i < STEPS; i++) {
     if (st_trainer_step(t, &loss, &err)) {
       CHECK(0, "step %d: %s", i, err.msg);
       st_trainer_destroy(t);
       return NULL;
     }
+    train_losses[i] = loss;
+  }
   *n = st_trainer_model(t)->n_params;
   float *w = malloc(*n * sizeof *w);
   if (trainer_weights(t, w, &err)) {

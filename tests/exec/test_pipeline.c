@@ -1,11 +1,11 @@
 /*
  * test_pipeline.c — the pipeline mode's contract (src/exec/pipeline.c):
- *  - gpipe and 1f1b give weights bit-identical to the sequential mode after
- *    20 steps at the same batch and micro-batch split, for an MLP, a CNN
- *    (residual blocks, group norm, dropout) and a GPT (tied head, dropout),
- *    with S in {2, 3, 4} stages and M in {1, 2, 4, 8} micro-batches, each
- *    case run twice (the threads' timing differs from run to run; the bits
- *    may not); configs/gpt_tiny.yaml itself in three cases;
+ *  - gpipe and 1f1b give weights (and report losses) bit-identical to the
+ *    sequential mode after 20 steps at the same batch and micro-batch split,
+ * for an MLP, a CNN (residual blocks, group norm, dropout) and a GPT (tied
+ * head, dropout), with S in {2, 3, 4} stages and M in {1, 2, 4, 8}
+ * micro-batches, each case run twice (the threads' timing differs from run to
+ * run; the bits may not); configs/gpt_tiny.yaml itself in three cases;
  *  - 1f1b holds at most S - s micro-batches in flight at stage s, gpipe M
  *    (the runtime's own counters);
  *  - a non-finite loss stops the step before any weight changes;
@@ -38,6 +38,8 @@ static void test_equivalence(const char *what, const st_config *base) {
     size_t n = 0, np;
     float *want = train(&seq, &n, NULL);
     if (!want) return;
+    double want_loss[STEPS];
+    memcpy(want_loss, train_losses, sizeof want_loss);
     for (int S = 2; S <= 4; S++)
       for (int sc = 0; sc < 2; sc++)
         for (int rep = 0; rep < 2; rep++) {
@@ -51,6 +53,9 @@ static void test_equivalence(const char *what, const st_config *base) {
           if (!got) continue;
           CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
                 "%s: %s S=%d M=%d run %d: weights differ from sequential", what,
+                schedules[sc], S, Ms[mi], rep);
+          CHECK(memcmp(train_losses, want_loss, sizeof want_loss) == 0,
+                "%s: %s S=%d M=%d run %d: losses differ from sequential", what,
                 schedules[sc], S, Ms[mi], rep);
           /* the runtime's own in-flight counters */
           void *state = st_trainer_exec_state(t);
@@ -89,6 +94,8 @@ static void test_new_schedules(const char *what, const st_config *base,
     st_trainer *t0 = NULL;
     float *want = train(&seq, &n, &t0);
     if (!want) return;
+    double want_loss[STEPS];
+    memcpy(want_loss, train_losses, sizeof want_loss);
     int blocks = st_trainer_model(t0)->n_blocks;
     st_trainer_destroy(t0);
     for (int si = 0; si < n_stages; si++)
@@ -106,6 +113,9 @@ static void test_new_schedules(const char *what, const st_config *base,
         if (!got) continue;
         CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
               "%s: %s S=%d V=%d M=%d: weights differ from sequential", what,
+              c.execution.schedule, S, V, ms[mi]);
+        CHECK(memcmp(train_losses, want_loss, sizeof want_loss) == 0,
+              "%s: %s S=%d V=%d M=%d: losses differ from sequential", what,
               c.execution.schedule, S, V, ms[mi]);
         void *state = st_trainer_exec_state(t);
         int first[64], count[64], k = st_pipeline_stages(state, first, count);
@@ -153,6 +163,8 @@ static void test_block_sequential(const char *what, const st_config *base) {
     st_trainer *t0 = NULL;
     float *want = train(&seq, &n, &t0);
     if (!want) return;
+    double want_loss[STEPS];
+    memcpy(want_loss, train_losses, sizeof want_loss);
     int blocks = st_trainer_model(t0)->n_blocks;
     st_trainer_destroy(t0);
     for (int S = 2; S <= 4; S++)
@@ -176,6 +188,10 @@ static void test_block_sequential(const char *what, const st_config *base) {
           CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
                 "%s: block_sequential S=%d segments of %d M=%d run %d: "
                 "weights differ from sequential",
+                what, S, per, Ms[mi], rep);
+          CHECK(memcmp(train_losses, want_loss, sizeof want_loss) == 0,
+                "%s: block_sequential S=%d segments of %d M=%d run %d: "
+                "losses differ from sequential",
                 what, S, per, Ms[mi], rep);
           /* segments of `per` blocks, each cut into min(S, its blocks) */
           void *state = st_trainer_exec_state(t);

@@ -6,7 +6,7 @@
  *    residual blocks) and the GPT (AdamW, tied head), with activations kept
  *    and recomputed, prefetch 0, 1 and 2, the batch whole and in
  *    micro-batches of 4, and the MLP at batch 1 (where sequential folds
- *    the update into the backward);
+ *    the update into the backward), and so do the losses the steps report;
  *  - evaluation gives the sequential mode's loss and accuracy;
  *  - the compute side never holds more than prefetch + 1 blocks of weights
  *    (the runtime's count), and the bytes streamed are exactly the blocks
@@ -48,6 +48,8 @@ static void test_equal(const char *what, const st_config *base) {
   size_t n = 0, n2 = 0;
   float *want = train(base, &n, NULL);
   if (!want) return;
+  double want_loss[STEPS];
+  memcpy(want_loss, train_losses, sizeof want_loss);
   for (int file = 0; file <= 1; file++)
     for (int keep = 0; keep <= 1; keep++)
       for (int prefetch = 0; prefetch <= 2; prefetch++) {
@@ -60,6 +62,10 @@ static void test_equal(const char *what, const st_config *base) {
               "%s, %s store, keep_activations %d, prefetch %d: weights after "
               "%d steps equal sequential's",
               what, c.execution.store, keep, prefetch, STEPS);
+        CHECK(got && memcmp(train_losses, want_loss, sizeof want_loss) == 0,
+              "%s, %s store, keep_activations %d, prefetch %d: the steps' "
+              "losses equal sequential's",
+              what, c.execution.store, keep, prefetch);
         st_stream_stats s;
         if (t && st_trainer_stream_stats(t, &s) == 0) {
           /* one step's walk, per micro-batch: in, every block twice; out,
