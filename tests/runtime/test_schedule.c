@@ -194,7 +194,7 @@ static void test_known(void) {
 }
 
 /* The emulator catches what a wrong list does: a backward before its
- * forward, and two workers each waiting for the other. */
+ * forward, a W before its B, and two workers each waiting for the other. */
 static void test_emulator(void) {
   st_schedule s;
   st_error err = {0};
@@ -223,6 +223,17 @@ static void test_emulator(void) {
                 0 &&
             strstr(why, "deadlock"),
         "a deadlock was not caught (%s)", why);
+  st_schedule_free(&s);
+  /* a split backward's W before its own B: it needs the B's weight
+   * gradient inputs, which do not exist yet (zb1p S=1 M=1: F0 B0 W0) */
+  CHECK(st_schedule_build(&s, "zb1p", 1, 1, 1, &err) == 0, "%s", err.msg);
+  o = s.ops;
+  CHECK(s.n_ops == 3 && o[1].kind == ST_PASS_B && o[2].kind == ST_PASS_W,
+        "zb1p S=1 M=1 is F0 B0 W0");
+  st_sched_op b0 = o[1];
+  o[1] = o[2], o[2] = b0;
+  CHECK(st_schedule_emulate(&s, unit, NULL, NULL, &span, why, sizeof why) != 0,
+        "a W before its B was not caught");
   st_schedule_free(&s);
   CHECK(st_schedule_build(&s, "1f1b", 2, 2, 2, &err) != 0,
         "1f1b with 2 chunks a worker accepted");
