@@ -817,6 +817,107 @@ static void test_split_gpt(void) {
            bc[1].linear_rows[l] == 8 * 64 && bc[1].linear_gemms[l] == 3;
   CHECK(same, "h.0 linear layers: %d, rows %g, %g samples a call",
         bc[1].n_linear, bc[1].linear_rows[0], bc[1].call_samples);
+  /* the other ops' bytes on nc = 64 x 128 floats a sample: the embedding
+   * reads two table rows and writes one (forward), reads dy and adds into
+   * both tables (backward, the first block's: it still runs); each
+   * layernorm a stats pass and a normalise pass (3n), its backward two
+   * passes over dy and x (5n); each residual reads two and writes one
+   * (3n), its backward copies dy to dx and to the skip (4n) */
+  double nc = 64.0 * 128; /* nc above was the MLP's 512 wide */
+  CHECK(bc[0].bytes_fwd[0] == 4 * 3 * nc && bc[0].bytes_bwd[0] == 4 * 5 * nc,
+        "embed pointwise %g %g, want %g %g", bc[0].bytes_fwd[0],
+        bc[0].bytes_bwd[0], 4 * 3 * nc, 4 * 5 * nc);
+  CHECK(bc[1].bytes_fwd[1] == 2 * 4 * 3 * nc &&
+            bc[1].bytes_bwd[1] == 2 * 4 * 5 * nc,
+        "h.0 two layernorms %g %g, want %g %g", bc[1].bytes_fwd[1],
+        bc[1].bytes_bwd[1], 2 * 4 * 3 * nc, 2 * 4 * 5 * nc);
+  CHECK(bc[1].bytes_fwd[0] == 2 * 4 * 3 * nc &&
+            bc[1].bytes_bwd[0] == 2 * 4 * 4 * nc,
+        "h.0 two residuals %g %g, want %g %g", bc[1].bytes_fwd[0],
+        bc[1].bytes_bwd[0], 2 * 4 * 3 * nc, 2 * 4 * 4 * nc);
+  /* what a sample brings in (64 token ids) and its labels (64, one a
+   * position: the I/O cap's bytes); the tied head's copy of the token
+   * table, 256 x 128, which weight streaming writes and never updates */
+  CHECK(bc[0].in_bytes == 4 * 64 && bc[2].label_bytes == 4 * 64 &&
+            bc[0].label_bytes == 0,
+        "in %g bytes, labels %g bytes a sample, want 256 and 256",
+        bc[0].in_bytes, bc[2].label_bytes);
+  CHECK(bc[2].tied_bytes == 4.0 * 256 * 128 && bc[0].tied_bytes == 0 &&
+            bc[1].tied_bytes == 0,
+        "tied bytes %g %g %g, want 0 0 %g", bc[0].tied_bytes, bc[1].tied_bytes,
+        bc[2].tied_bytes, 4.0 * 256 * 128);
+  st_model_destroy(m);
+  /* rotary positions and dropout: the rotation copies and rotates the
+   * qkv output (3 x 128 x 64: 2 of its n forward and backward); dropout
+   * reads x, writes y and its mask (3n), its backward 3n, after the
+   * embedding and after each of the block's two projections */
+  st_config rot;
+  st_config_defaults(&rot);
+  const char *rsets[] = {"model.kind=gpt",
+                         "model.vocab=256",
+                         "model.context=64",
+                         "model.layers=1",
+                         "model.heads=4",
+                         "model.width=128",
+                         "model.activation=gelu_tanh",
+                         "model.positions=rotary",
+                         "model.dropout=0.1",
+                         "train.batch=8"};
+  m = model_of(&rot, rsets, sizeof rsets / sizeof *rsets, (st_shape){1, 64, 1});
+  if (!m) return;
+  st_plan_costs(bc, m, &rot);
+  double qkv = 3 * nc;
+  CHECK(bc[0].bytes_fwd[0] == 4 * 3 * nc + 4 * 3 * nc &&
+            bc[0].bytes_bwd[0] == 4 * 5 * nc + 4 * 3 * nc,
+        "rotary embed and dropout %g %g", bc[0].bytes_fwd[0],
+        bc[0].bytes_bwd[0]);
+  CHECK(bc[1].bytes_fwd[0] == 2 * 4 * 3 * nc + 2 * 4 * 3 * nc + 4 * 2 * qkv &&
+            bc[1].bytes_bwd[0] == 2 * 4 * 4 * nc + 2 * 4 * 3 * nc + 4 * 2 * qkv,
+        "h.0 residuals, dropouts and rotary %g %g, want %g %g",
+        bc[1].bytes_fwd[0], bc[1].bytes_bwd[0],
+        2 * 4 * 3 * nc + 2 * 4 * 3 * nc + 4 * 2 * qkv,
+        2 * 4 * 4 * nc + 2 * 4 * 3 * nc + 4 * 2 * qkv);
+  st_model_destroy(m);
+}
+
+/* The working set of a split batch, the micro-batch replicas run, and
+ * average pooling's bytes, by hand on test_split_by_hand's CNN (a conv
+ * block; a linear block of 784 x 10 weights): micro-batches of 8 of 32
+ * hold two micro-batches' activations and inputs beside weights and
+ * gradient (one's forward beside another's backward), the optimizer
+ * still runs once a batch; 4 replicas of batch 32 asked for micro-batches
+ * of 16 run their share, 8; an average pool reads its input and writes
+ * its output, both ways. */
+static void test_split_micro(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  const char *sets[] = {
+      "model.kind=cnn",  "model.channels=[4]",      "model.dense=[]",
+      "model.norm=none", "optimizer.kind=sgd",      "optimizer.momentum=0.9",
+      "train.batch=32",  "execution.micro_batch=8", "model.pool=avg"};
+  st_model *m =
+      model_of(&cfg, sets, sizeof sets / sizeof *sets, (st_shape){1, 28, 28});
+  if (!m) return;
+  st_block_cost bc[2];
+  st_plan_costs(bc, m, &cfg);
+  CHECK(bc[1].call_samples == 8 &&
+            bc[1].ws_bytes ==
+                2 * 4.0 * 7850 + 2 * 8 * (bc[1].act_bytes + 4.0 * 784),
+        "block 1 working set %g at micro-batches of 8 (%g samples a call)",
+        bc[1].ws_bytes, bc[1].call_samples);
+  CHECK(bc[1].bytes_bwd[3] == 4.0 * 7850 * 6 / 32,
+        "block 1 optimizer %g: once a batch of 32", bc[1].bytes_bwd[3]);
+  CHECK(bc[0].bytes_fwd[2] == 4.0 * (3136 + 784) &&
+            bc[0].bytes_bwd[2] == 4.0 * (3136 + 784),
+        "block 0 average pool %g %g, want %g", bc[0].bytes_fwd[2],
+        bc[0].bytes_bwd[2], 4.0 * (3136 + 784));
+  cfg.execution.micro_batch = 16;
+  cfg.execution.replicas = 4;
+  st_plan_costs(bc, m, &cfg);
+  CHECK(bc[1].call_samples == 8,
+        "4 replicas of 32 asked for micro-batches of 16: costs at %g samples "
+        "a call, want their share, 8",
+        bc[1].call_samples);
   st_model_destroy(m);
 }
 
@@ -1822,6 +1923,7 @@ int main(void) {
   test_time_by_hand();
   test_split_linear_relu();
   test_split_gpt();
+  test_split_micro();
   test_kernel_time();
   test_memory_terms();
   test_narrow_compute();
