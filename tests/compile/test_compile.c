@@ -552,6 +552,45 @@ static void test_plan_by_hand(void) {
   st_plan_destroy(p);
 }
 
+/* Which bound a stage names, by hand: two stages of one core each whose
+ * weights, state and activations fit a core many times over, so no more
+ * cores would be needed for memory than for time; with 10 GB/s between
+ * them the 1 kB a stage sends a sample takes 0.1 us against ~33 us of
+ * compute ("compute"); at 1 kB/s it takes a second ("communication"). */
+static void test_bound_by_hand(void) {
+  st_block_cost b[2];
+  for (int i = 0; i < 2; i++)
+    b[i] = (st_block_cost){.flops_fwd = 1e6,
+                           .flops_bwd = 2e6,
+                           .param_bytes = 1000,
+                           .state_bytes = 2000,
+                           .act_bytes = 1000,
+                           .in_bytes = 1000,
+                           .out_bytes = 1000};
+  snprintf(b[0].name, sizeof b[0].name, "blocks.0");
+  snprintf(b[1].name, sizeof b[1].name, "blocks.1");
+  st_fabric f = cpu_fabric(2, 1e12);
+  st_plan_options opt = {
+      .stages = 2, .samples_in_flight = 1, .weight_versions = 1};
+  for (int slow = 0; slow < 2; slow++) {
+    f.link_bandwidth = slow ? 1e3 : 10e9;
+    const char *want = slow ? "communication" : "compute";
+    st_plan *p = NULL;
+    st_error err = {0};
+    CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
+    for (int s = 0; p && s < p->n_stages; s++) {
+      const st_plan_stage *st = &p->stages[s];
+      CHECK(p->n_stages == 2 && st->pes == 1 && st->pes_for_memory == 1 &&
+                !strcmp(st->bound, want),
+            "link %g B/s, stage %d: bound '%s' (%lld cores, %lld for memory, "
+            "%lld for time), want '%s'",
+            f.link_bandwidth, s, st->bound, (long long)st->pes,
+            (long long)st->pes_for_memory, (long long)st->pes_for_time, want);
+    }
+    st_plan_destroy(p);
+  }
+}
+
 static void test_errors(void) {
   st_block_cost b[3];
   random_blocks(b, 3);
@@ -897,14 +936,18 @@ static void test_compile_and_write(void) {
 /* A stage's workspace (scratch, the backward's work, the gradient
  * hand-off) is in the plan's memory once, as the runtime allocates it for
  * the stage's own blocks at the micro-batch (its slots share it):
- * st_stage_work_bytes, per stage of a gpt_tiny 2-stage pipeline and of the
- * sequential mode, and in each stage's total. */
+ * st_stage_work_bytes, per stage of a gpt_tiny 2-stage pipeline, of the
+ * sequential mode and of 2 stages of pipelined backprop with stashing, and
+ * in each stage's total (with its weight versions). */
 static void test_workspace(void) {
   const char *modes[][3] = {{"execution.mode=pipeline", "execution.stages=2",
                              "execution.micro_batch=4"},
                             {"execution.mode=sequential",
-                             "execution.micro_batch=8", "train.batch=16"}};
-  for (int k = 0; k < 2; k++) {
+                             "execution.micro_batch=8", "train.batch=16"},
+                            {"execution.mode=pipelined_backprop",
+                             "execution.stages=2",
+                             "execution.mitigation=stash"}};
+  for (int k = 0; k < 3; k++) {
     st_config cfg;
     st_error err = {0};
     st_config_defaults(&cfg);
@@ -927,6 +970,12 @@ static void test_workspace(void) {
             "%s stage %d: workspace %.0f bytes, the runtime's %.0f; total "
             "%.0f of %.0f",
             modes[k][0], s, st->mem_work, want, st->mem_total, sum);
+      /* stashing keeps a weight version per micro-batch in flight, 2 (S -
+       * s) - 1 (pb.c's delay D(s) + 1); the other modes one */
+      double versions = k == 2 ? 2.0 * (p->n_stages - s) - 1 : 1;
+      CHECK(st->versions == versions,
+            "%s stage %d: %g weight versions, want %g", modes[k][0], s,
+            st->versions, versions);
     }
     st_model_destroy(m);
     st_plan_destroy(p);
@@ -1450,6 +1499,7 @@ int main(void) {
   test_compile_and_write();
   test_schedules();
   test_workspace();
+  test_bound_by_hand();
   test_replicas();
   test_replicas_over_ranks();
   test_memory_bandwidth();
