@@ -12,8 +12,11 @@
  *  - bad stores are refused with the path and the cause, and left as they
  *    were: another model's, another optimizer's, another seed's, a
  *    truncated one, one whose headers are both corrupt, one whose weights
- *    or optimizer state changed (their checksum), a file that is no
- *    store, one in use by another trainer;
+ *    or optimizer state changed or two of whose weights swapped places
+ *    (their checksum), another model of the same size, another weight
+ *    dtype or rounding, a file that is no store, one in use by another
+ *    trainer; the newest header with its checksum field changed gives way
+ *    to the one before;
  *  - a store that cannot get its space (a size-limited file: RLIMIT_FSIZE)
  *    is refused at start, leaving no file behind;
  *  - a checkpoint file cannot be loaded over the store.
@@ -252,6 +255,77 @@ static void test_bad(void) {
               "state of step 3 is damaged", "checksum");
     }
   }
+  /* the newest header's checksum field (sum, 12 bytes before the header's
+   * end: sum, pad, crc) changed: the header's CRC covers it, so that
+   * header is invalid and the one before is used, not the state refused */
+  {
+    uint32_t hbytes = 0;
+    FILE *hf = fopen(mlp.execution.store_path, "rb");
+    CHECK(hf && fseek(hf, 12, SEEK_SET) == 0 && fread(&hbytes, 4, 1, hf) == 1 &&
+              hbytes > 12 && hbytes < 4096,
+          "the header's size: %u", hbytes);
+    if (hf) fclose(hf);
+    snprintf(cmd, sizeof cmd,
+             "cp %s %s && printf 'x' | dd of=%s bs=1 seek=%u conv=notrunc "
+             "2>/dev/null",
+             mlp.execution.store_path, path, path, hbytes - 12);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    t = make(&c, &err);
+    CHECK(t && st_trainer_pos(t)->step == 2,
+          "with the newest header's checksum field changed, the header "
+          "before is used: step %lld (%s)",
+          t ? (long long)st_trainer_pos(t)->step : -1LL, err.msg);
+    st_trainer_destroy(t);
+  }
+  /* two weights swapped in both copies (every value still one the state
+   * held, at another element): the checksum is of values at their
+   * elements, so it refuses them */
+  {
+    st_trainer *probe = make(&mlp, &err);
+    size_t n = probe ? st_trainer_model(probe)->n_params : 0;
+    st_trainer_destroy(probe);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t copy = (2 * 4 * n + page - 1) / page * page; /* weights, momentum */
+    snprintf(cmd, sizeof cmd, "cp %s %s", mlp.execution.store_path, path);
+    CHECK(n > 0 && system(cmd) == 0, "%s", cmd);
+    FILE *sf = fopen(path, "r+b");
+    int swapped = sf != NULL;
+    for (int k = 0; k < 2 && sf; k++) {
+      uint32_t w[2];
+      long at = 8192 + (long)(k * copy);
+      swapped &= fseek(sf, at, SEEK_SET) == 0 && fread(w, 4, 2, sf) == 2 &&
+                 w[0] != w[1];
+      uint32_t x[2] = {w[1], w[0]};
+      swapped &= fseek(sf, at, SEEK_SET) == 0 && fwrite(x, 4, 2, sf) == 2;
+    }
+    if (sf) fclose(sf);
+    CHECK(swapped, "two distinct weights swapped in both copies");
+    refused(&c, "a store with two weights swapped",
+            "state of step 3 is damaged", "checksum");
+  }
+  /* another model of the same size (MLP [63, 32, 51] has the 53,706
+   * parameters of [64, 32, 32], in as many blocks): its tensors' layout
+   * differs */
+  c = mlp;
+  c.model.hidden = (st_int_list){3, {63, 32, 51}};
+  refused(&c, "another model of the same size",
+          "another model of the same size", NULL);
+  /* an fp32 store opened for bf16 weights */
+  c = mlp;
+  snprintf(c.execution.store_weights, sizeof c.execution.store_weights, "bf16");
+  refused(&c, "an fp32 store under bf16 weights", "fp32",
+          "execution.store_weights");
+  /* a bf16 store rounded to nearest opened to round stochastically */
+  file_store(&c, "bf16.strata");
+  t = make(&c, &err);
+  CHECK(t != NULL, "a bf16 store: %s", err.msg);
+  st_trainer_destroy(t);
+  snprintf(c.execution.store_rounding, sizeof c.execution.store_rounding,
+           "stochastic");
+  refused(&c, "a store rounded to nearest under stochastic rounding",
+          "to nearest", "execution.store_rounding");
+  c = mlp;
+  snprintf(c.execution.store_path, sizeof c.execution.store_path, "%s", path);
   /* no store at all */
   snprintf(cmd, sizeof cmd,
            "printf 'not a store at all' > %s && "
