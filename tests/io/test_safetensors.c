@@ -7,8 +7,10 @@
  *   - every way a file can be malformed or cut short is refused with a
  *     negative code and a message naming the file and the cause (SQLite's
  *     habit: failure paths are tested like success paths);
- *   - atomic writes: a failed write leaves nothing behind, a successful one
- *     leaves no temp file, an overwrite replaces the file whole;
+ *   - atomic writes: a failed write leaves nothing behind (and an old file
+ *     byte for byte, even failing after its first tensor went out), a
+ *     successful one leaves no temp file, an overwrite replaces the file
+ *     whole;
  *   - checkpoints: weights, optimizer slots and training position survive a
  *     round trip bit for bit; the wrong optimizer or a differently shaped
  *     model is refused naming the key or tensor;
@@ -506,6 +508,13 @@ static void test_writer_arguments(void) {
 
 /* ------------------------------------------------------------ atomic */
 
+/* A fetch that fails: the writer's peer had nothing to send. */
+static const void *fail_fetch(void *arg, int index, st_error *err) {
+  (void)arg;
+  st_error_set(err, ST_EIO, "tensor %d never came", index);
+  return NULL;
+}
+
 static void test_atomic(void) {
   st_error err = {0};
   float small[1] = {42.0f};
@@ -551,6 +560,28 @@ static void test_atomic(void) {
         "overwrite: file does not hold only the new tensor (%s)", err.msg);
   if (rc == 0) st_safetensors_destroy(st);
   CHECK(count_temp_files(dir) == 0, "after writes: a *.tmp.* file is left");
+
+  /* a write that fails half way (a fetched tensor that never comes, after
+   * the header and the first tensor went out) leaves the old file whole,
+   * byte for byte, and no temp file */
+  size_t old_n = 0;
+  uint8_t *before = slurp(path, &old_n);
+  w = st_st_writer_create();
+  st_st_writer_add(w, "big", "F32", 1, d_large, large, &err);
+  st_st_writer_add(w, "late", "F32", 1, d_large, NULL, &err);
+  rc = st_st_writer_write_fetch(w, path, fail_fetch, NULL, &err);
+  st_st_writer_destroy(w);
+  size_t after_n = 0;
+  uint8_t *after = slurp(path, &after_n);
+  CHECK(rc != 0 && contains(err.msg, "never came"),
+        "a failed fetch: rc %d (%s)", rc, err.msg);
+  CHECK(before && after && after_n == old_n &&
+            memcmp(before, after, old_n) == 0,
+        "a failed write changed the old file (%zu bytes, was %zu)", after_n,
+        old_n);
+  CHECK(count_temp_files(dir) == 0, "a failed write left a temp file");
+  free(before);
+  free(after);
 
   /* st_write_file_atomic directly: exact bytes */
   const char *plain = in_dir("plain.txt");
