@@ -9,7 +9,8 @@
  *  - jobs = 1 (all cores per run) and jobs = 2 (one each) write the same
  *    results.csv apart from the measured speeds, one row per run in
  *    (variant, seed) order;
- *  - results.md has one table row per variant, curves.svg is an SVG with a
+ *  - results.md has one table row per variant, its accuracy results.csv's
+ *    mean ± sample standard deviation (n - 1), curves.svg is an SVG with a
  *    line per variant;
  *  - a run whose loss turns non-finite is recorded as diverged;
  *  - errors: a config the variants refuse (adamw) fails before any run or
@@ -171,6 +172,23 @@ static void check_spread_column(const char *dir) {
     }
     mean[v] = (a[0] + a[1]) / 2;
     sd[v] = fabs(a[0] - a[1]) / sqrt(2.0);
+  }
+  /* the accuracy column: the mean and the sample standard deviation (n -
+   * 1: two seeds give |a0 - a1| / sqrt 2), in percent to 2 decimals */
+  for (int v = 0; p && md && v < ST_EXPERIMENT_PB_VARIANTS; v++) {
+    char row[32];
+    snprintf(row, sizeof row, "\n| %s | ", st_experiment_pb_variant(v));
+    const char *r = strstr(md, row);
+    double m = -1, sd_shown = -1;
+    int got = r ? sscanf(r + strlen(row), "%lf ± %lf", &m, &sd_shown) : 0;
+    const char *eol = r ? strchr(r + 1, '\n') : NULL;
+    const char *div = r ? strstr(r + 1, "diverged") : NULL;
+    if (div && (!eol || div < eol))
+      continue; /* a diverged seed: no two-seed spread to check */
+    CHECK(got == 2 && fabs(m - 100 * mean[v]) <= 0.005 + 1e-9 &&
+              fabs(sd_shown - 100 * sd[v]) <= 0.005 + 1e-9,
+          "results.md: %s's accuracy %g ± %g, results.csv's %.4f ± %.4f",
+          st_experiment_pb_variant(v), m, sd_shown, 100 * mean[v], 100 * sd[v]);
   }
   for (int v = 1; p && md && v < ST_EXPERIMENT_PB_VARIANTS; v++) {
     char row[32];
