@@ -89,6 +89,15 @@ static void test_schedules(void) {
             fabsf(st_lr_at(&c, 10, 110) - 0.1f) < 1e-7f &&
             fabsf(st_lr_at(&c, 60, 110) - 0.055f) < 1e-6f,
         "warm-up then cosine");
+  /* The step schedule counts its steps after the warm-up too (docs/
+   * config.md, optimizer.step_size): with 10 warm-up steps and decays
+   * every 30, the first decay is at step 40, not 30. */
+  snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "step");
+  CHECK(st_lr_at(&c, 10, 110) == 0.1f && st_lr_at(&c, 39, 110) == 0.1f &&
+            fabsf(st_lr_at(&c, 40, 110) - 0.05f) < 1e-8f &&
+            fabsf(st_lr_at(&c, 100, 110) - 0.0125f) < 1e-8f,
+        "warm-up then step: %g at step 39, %g at 40", st_lr_at(&c, 39, 110),
+        st_lr_at(&c, 40, 110));
 }
 
 /* st_optim_step (chunked, on a pool) must equal one call of the rule over
