@@ -97,6 +97,72 @@ static void test_linear(void) {
   st_safetensors_destroy(st);
 }
 
+/* The transposed layout (W stored (IC, OC), a GPT's Conv1D) against the
+ * same fixture with W transposed, and the accumulation a micro-batch split
+ * relies on in both layouts: a second backward over the same data ADDS
+ * to dW and db (block.c), so they end at twice the fixture's gradients,
+ * while din is overwritten. Tolerances as in test_linear. */
+static void test_linear_layouts(void) {
+  st_safetensors *st = open_fixture("linear");
+  if (!st) return;
+  const char *cases[] = {"bias", "nobias"};
+  for (int k = 0; k < 2; k++) {
+    const char *c = cases[k];
+    char what[96];
+    int32_t *d = fx_i32(st, c, "dims", 4);
+    int B = d[0], IC = d[1], OC = d[2], has_bias = d[3];
+    size_t nin = (size_t)B * IC, nw = (size_t)OC * IC, nout = (size_t)B * OC;
+    float *in = fx(st, c, "in", nin), *w = fx(st, c, "w", nw);
+    float *b = has_bias ? fx(st, c, "b", (size_t)OC) : NULL;
+    float *dout = fx(st, c, "dout", nout);
+    float *want_dw = fx(st, c, "dw", nw), *want_db = NULL;
+    float *wt = new_floats(nw), *twice = new_floats(nw);
+    for (int o = 0; o < OC; o++)
+      for (int i = 0; i < IC; i++)
+        wt[(size_t)i * OC + o] = w[(size_t)o * IC + i];
+    for (int wl = 0; wl < 2; wl++) { /* 0: W (OC, IC), 1: W (IC, OC) */
+      const char *layout = wl ? "(IC, OC)" : "(OC, IC)";
+      float *out = new_floats(nout), *din = new_floats(nin);
+      float *dw = new_floats(nw), *db = new_floats((size_t)OC);
+      for (int pass = 0; pass < 2; pass++) {
+        if (wl) {
+          st_linear_t_forward(NULL, out, in, wt, b, B, IC, OC);
+          st_linear_t_backward(NULL, din, dw, has_bias ? db : NULL, dout, in,
+                               wt, B, IC, OC);
+        } else {
+          st_linear_forward(NULL, out, in, w, b, B, IC, OC);
+          st_linear_backward(NULL, din, dw, has_bias ? db : NULL, dout, in, w,
+                             B, IC, OC);
+        }
+      }
+      snprintf(what, sizeof what, "linear %s, W %s: out", c, layout);
+      CHECK_CLOSE(what, out, fx(st, c, "out", nout), nout, GEMM_TOL,
+                  GEMM_FLOOR);
+      snprintf(what, sizeof what, "linear %s, W %s: din (2nd pass)", c, layout);
+      CHECK_CLOSE(what, din, fx(st, c, "din", nin), nin, GEMM_TOL, GEMM_FLOOR);
+      for (int o = 0; o < OC; o++)
+        for (int i = 0; i < IC; i++) {
+          float g = 2.0f * want_dw[(size_t)o * IC + i];
+          twice[wl ? (size_t)i * OC + o : (size_t)o * IC + i] = g;
+        }
+      snprintf(what, sizeof what, "linear %s, W %s: dw after 2 passes", c,
+               layout);
+      CHECK_CLOSE(what, dw, twice, nw, GEMM_TOL, 2 * grad_floor((size_t)B));
+      if (has_bias) {
+        want_db = fx(st, c, "db", (size_t)OC);
+        float *db2 = new_floats((size_t)OC);
+        for (int o = 0; o < OC; o++) db2[o] = 2.0f * want_db[o];
+        snprintf(what, sizeof what, "linear %s, W %s: db after 2 passes", c,
+                 layout);
+        CHECK_CLOSE(what, db, db2, (size_t)OC, GEMM_TOL,
+                    2 * grad_floor((size_t)B));
+      }
+    }
+    release_all();
+  }
+  st_safetensors_destroy(st);
+}
+
 /* ------------------------------------------------------- activations */
 
 /* Pointwise ops evaluated in double and rounded once: within an ulp or two
@@ -1307,6 +1373,7 @@ static void test_costs(void) {
 int main(void) {
   st_blas_init();
   test_linear();
+  test_linear_layouts();
   test_relu();
   test_gelu();
   test_xent();
