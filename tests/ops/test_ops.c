@@ -470,12 +470,15 @@ static void test_linear_xent(void) {
   int *y = keep(calloc(ROWS, sizeof(int)));
   /* some rows' best word far from the first chunk: word 150 pulled up;
    * row 9's best twice, words 20 and 100 the same (its label, as every
-   * third row's: the first index of the largest logit scores) */
+   * third row's: the first index of the largest logit scores), and row
+   * 12's twice within one chunk, words 30 and 40 */
   for (int d = 0; d < D; d++) {
     w[150 * D + d] = 1.5f * x[3 * D + d];
     w[20 * D + d] = w[100 * D + d] = 2.0f * x[9 * D + d];
+    w[30 * D + d] = w[40 * D + d] = 2.5f * x[12 * D + d];
   }
   b[100] = b[20];
+  b[40] = b[30];
   /* the closed form */
   double *ref_loss = calloc(ROWS, sizeof *ref_loss);
   int *ref_hit = keep(calloc(ROWS, sizeof(int)));
@@ -520,8 +523,10 @@ static void test_linear_xent(void) {
   }
   for (size_t i = 0; i < (size_t)V * D; i++) rdw[i] = (float)dwd[i];
   for (int v = 0; v < V; v++) rdb[v] = (float)dbd[v];
-  CHECK(later_best >= 3 && y[9] == 20 && z[9 * V + 20] == z[9 * V + 100],
-        "linear_xent: only %d rows peak past chunk 0, or row 9 has no tie",
+  CHECK(later_best >= 3 && y[9] == 20 && z[9 * V + 20] == z[9 * V + 100] &&
+            y[12] == 30 && z[12 * V + 30] == z[12 * V + 40],
+        "linear_xent: only %d rows peak past chunk 0, or row 9 or 12 has no "
+        "tie",
         later_best);
   st_pool *one = st_pool_create(1), *three = st_pool_create(3);
   head_run a = fused_head(one, x, w, b, y, g, ROWS, D, V, CHUNK, 0);
