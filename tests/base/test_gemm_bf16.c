@@ -104,9 +104,16 @@ static void fill(operands *o, const shape *s) {
   o->lda = a_cols + PAD, o->ldb = b_cols + PAD, o->ldc = s->N + PAD;
   size_t na = (size_t)a_rows * o->lda, nb = (size_t)b_rows * o->ldb,
          nc = (size_t)s->M * o->ldc;
-  o->A = malloc(na * 4), o->B = malloc(nb * 4), o->C0 = malloc(nc * 4);
+  /* each operand followed by a row of NaN, as a product of rows inside a
+   * larger buffer (a weight gradient's dout and input, K = the batch
+   * rows) has its neighbours' values there: a read past the last row of
+   * op(A) or op(B) (an odd K's last pair taking row K) poisons C */
+  o->A = malloc((na + o->lda) * 4), o->B = malloc((nb + o->ldb) * 4);
+  o->C0 = malloc(nc * 4);
   for (size_t i = 0; i < na; i++) o->A[i] = uniform();
   for (size_t i = 0; i < nb; i++) o->B[i] = uniform();
+  for (int i = 0; i < o->lda; i++) o->A[na + i] = NAN;
+  for (int i = 0; i < o->ldb; i++) o->B[nb + i] = NAN;
   for (size_t i = 0; i < nc; i++)
     o->C0[i] = (i % o->ldc) < (size_t)s->N ? uniform() : SENTINEL;
   /* ties: inputs exactly half-way between two bf16 values, both parities */
@@ -397,6 +404,7 @@ int main(void) {
       {0, 0, 100, 70, 513}, {1, 0, 37, 130, 1100}, {0, 1, 150, 200, 300},
       {1, 1, 12, 32, 1025}, {0, 0, 300, 260, 96},  {0, 1, 2, 300, 768},
       {0, 1, 3, 4200, 40},  {1, 0, 4100, 2, 9}, /* chunks of 4096 */
+      {1, 0, 7, 9, 5},                          /* both packed along r, K odd */
   };
   float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}, {0.5f, 2}};
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
