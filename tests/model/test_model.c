@@ -823,6 +823,61 @@ static void check_cnn_counts(void) {
 
 /* ------------------------------------------------------ initialisation */
 
+/* GPT-2's initialisation (model.c): weights N(0, 0.02), the residual
+ * projections (both c_proj) N(0, 0.02 / sqrt(2 layers)). Each weight's
+ * sample standard deviation against its closed form: over n draws it is
+ * off by about 1 / sqrt(2 n) relative, 3% for the smallest tensor here
+ * (wpe, 8 x 64); 15% is five of those, and half the residual scale (2
+ * layers: 0.01 against 0.02) is far outside it. */
+static void check_gpt_init(void) {
+  st_config c;
+  st_config_defaults(&c);
+  const char *sets[] = {"model.kind=gpt",  "model.context=8", "model.layers=2",
+                        "model.width=64",  "model.heads=2",   "model.vocab=64",
+                        "model.dropout=0", "model.tied=true"};
+  st_error err = {0};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+    CHECK(st_config_set(&c, sets[i], &err) == 0, "%s: %s", sets[i], err.msg);
+  st_model *m = NULL;
+  if (st_model_create(&m, &c, (st_shape){1, 8, 1}, &err)) {
+    CHECK(0, "gpt init model: %s", err.msg);
+    return;
+  }
+  float *p = floats(m->n_params);
+  st_model_init(m, p, 7);
+  int normal = 0, residual = 0;
+  for (int i = 0; i < m->n_blocks; i++) {
+    const st_block *blk = &m->blocks[i];
+    for (int l = 0; l < blk->n_layers; l++) {
+      const st_layer *L = &blk->layers[l];
+      if (L->w_tensor < 0 || L->kind == ST_OP_LAYERNORM) continue;
+      /* the weight, and the embedding's second table (learned positions,
+       * drawn like the first) */
+      int t[2] = {L->w_tensor, L->kind == ST_OP_EMBED ? L->b_tensor : -1};
+      for (int k = 0; k < 2 && t[k] >= 0; k++) {
+        const st_tensor_info *w = &blk->tensors[t[k]];
+        if (w->tie >= 0) continue;
+        const float *pw = p + blk->param_off + w->offset;
+        double sq = 0;
+        for (size_t e = 0; e < w->numel; e++) sq += (double)pw[e] * pw[e];
+        int is_residual = strstr(w->name, "c_proj") != NULL;
+        double got = sqrt(sq / (double)w->numel),
+               want = is_residual ? 0.02 / sqrt(2.0 * 2) : 0.02;
+        residual += is_residual, normal += !is_residual;
+        CHECK(fabs(got / want - 1) < 0.15,
+              "gpt init: %s has std %.4f, want %.4f", w->name, got, want);
+      }
+    }
+  }
+  /* c_proj twice a layer; wte, wpe, c_attn and c_fc twice (the head is
+   * wte's tied copy) */
+  CHECK(residual == 4 && normal == 6,
+        "gpt init: %d residual projections, %d other weights", residual,
+        normal);
+  st_free(p);
+  st_model_destroy(m);
+}
+
 static void check_init(void) {
   st_config c;
   config_c(&c); /* conv, groupnorm, linear: every kind of tensor init */
@@ -1108,6 +1163,7 @@ int main(void) {
   st_config c;
 
   check_structure();
+  check_gpt_init();
 
   config_a(&c);
   check_model_gradients("(a) mlp [7,5] relu", &c, (st_shape){1, 4, 4}, 11,
