@@ -1031,6 +1031,66 @@ static void check_dropout_block(const st_config *c) {
   st_model_destroy(m);
 }
 
+/* gelu and layernorm run in chunks of 4K elements or whole rows (block.c,
+ * fine_job), the last one partial: mlp [3000] ln gelu at batch 3 (9000
+ * gelu elements: two chunks and 808 more) against the op chain called by
+ * hand, bit for bit, forward and input gradient. */
+static void check_fine_chunks(void) {
+  st_config c;
+  config_b(&c);
+  c.model.hidden = (st_int_list){1, {3000}};
+  st_model *m = NULL;
+  st_error err = {0};
+  int rc = st_model_create(&m, &c, (st_shape){5, 1, 1}, &err);
+  CHECK(rc == 0, "mlp [3000] ln gelu: %s", err.msg);
+  if (rc) return;
+  const st_block *b = &m->blocks[0];
+  const st_layer *lin = &b->layers[0], *ln = &b->layers[1];
+  CHECK(b->n_layers == 3 && lin->kind == ST_OP_LINEAR &&
+            ln->kind == ST_OP_LAYERNORM && b->layers[2].kind == ST_OP_GELU,
+        "mlp [3000] ln gelu: block 0 is not [linear layernorm gelu]");
+  enum { B = 3, IC = 5, H = 3000 };
+  float *params = floats(m->n_params), *x = floats(B * IC);
+  float *acts = floats((size_t)B * b->act_per_sample);
+  float *scratch = floats((size_t)B * b->scratch_floats_per_sample);
+  float *work = floats(3 * (size_t)B * b->max_numel);
+  float *h = floats(B * H), *n = floats(B * H), *y = floats(B * H);
+  float *dout = floats(B * H), *g = floats(B * H), *din = floats(B * IC);
+  float *want = floats(B * IC), *stats = floats(2 * B);
+  float *grads = floats(m->n_params);
+  st_model_init(m, params, 9);
+  fill_normal(x, B * IC, 10);
+  fill_normal(dout, B * H, 11);
+  memset(grads, 0, m->n_params * sizeof(float));
+  st_pool *pool = st_pool_create(3);
+  st_ctx ctx = {pool, 1, 99, 0, NULL, NULL};
+  const float *p = params + b->param_off;
+  const float *w = p + b->tensors[lin->w_tensor].offset,
+              *bias = p + b->tensors[lin->b_tensor].offset,
+              *lw = p + b->tensors[ln->w_tensor].offset,
+              *lb = p + b->tensors[ln->b_tensor].offset;
+  st_block_forward(b, &ctx, p, x, acts, scratch, B);
+  st_block_backward(b, &ctx, p, grads + b->param_off, x, acts, dout, din, work,
+                    scratch, B);
+  st_linear_forward(NULL, h, x, w, bias, B, IC, H);
+  st_layernorm_forward(n, stats, stats + B, h, lw, lb, B, H, ln->eps);
+  st_gelu_forward(y, n, (size_t)B * H, 0);
+  CHECK(memcmp(y, st_block_output(b, acts, B), sizeof(float) * B * H) == 0,
+        "mlp [3000] ln gelu: the block's output is not the op chain's");
+  st_gelu_backward(g, dout, n, (size_t)B * H, 0);
+  st_layernorm_backward(NULL, y, NULL, NULL, g, h, lw, stats, stats + B, NULL,
+                        B, H);
+  st_linear_backward(NULL, want, NULL, NULL, y, x, w, B, IC, H);
+  CHECK(memcmp(want, din, sizeof(float) * B * IC) == 0,
+        "mlp [3000] ln gelu: the block's input gradient is not the op "
+        "chain's");
+  st_pool_destroy(pool);
+  float *all[] = {params, x,    acts, scratch, work, h,     n,
+                  y,      dout, g,    din,     want, stats, grads};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) st_free(all[i]);
+  st_model_destroy(m);
+}
+
 /* A linear layer and the relu after it run as one product that applies
  * the relu as it stores (block.c): fc_mnist's first block's output must be
  * the bits of st_linear_forward and then st_relu_forward, at batches whose
@@ -1187,6 +1247,7 @@ int main(void) {
                        (st_shape){5, 1, 1}, 25);
   config_f(&c);
   check_dropout_block(&c);
+  check_fine_chunks();
   check_mlp_residual();
 
   check_fc_mnist();
