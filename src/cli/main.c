@@ -796,6 +796,10 @@ static int cmd_train(int argc, char **argv) {
         plan->fabric.name,
         plan->fabric.estimated ? ", uncalibrated estimate" : "",
         text ? "; a sample is one sequence" : "");
+  else if (rate > 0) /* no plan to set beside it, but the rate is the run's */
+    printf("strata: training rate: measured %.0f samples/s (no plan to "
+           "compare it with)%s\n",
+           rate, text ? "; a sample is one sequence" : "");
   print_stages(t, &cfg, plan, st_trainer_pos(t)->samples - samples0);
   st_plan_destroy(plan);
   st_trainer_destroy(t);

@@ -719,6 +719,17 @@ if [ "$rc" -eq 0 ] && grep -Eq "^strata:   replica 1 stage 0 +0-2 " <<<"$out" &&
 else
   fail "sequential replicas: their busy shares, no bubble formula" "rc $rc" "$out" "$err"
 fi
+# more replicas than the machine's cores: no plan, but the run still says
+# how fast it trained (tools/run-bench.sh reads that line)
+over=$(($(nproc) + 1))
+run train "$fc" "${pipe_args[@]}" --set execution.replicas=$over --set train.threads=$over \
+  --set train.batch=$((4 * over)) --out "$T/p_rep_over"
+if [ "$rc" -eq 0 ] && grep -q "warning: no plan" <<<"$err" &&
+   grep -Eq "^strata: training rate: measured [1-9][0-9]* samples/s \(no plan to compare it with\)$" <<<"$out"; then
+  pass
+else
+  fail "replicas past the cores: no plan, the measured rate all the same" "rc $rc" "$out" "$err"
+fi
 # block_sequential: segments of one block, each its own stage; the same
 # bytes again. The run prints each stage's busy fraction and the measured
 # utilization beside the bubble formula, each stage's time per sample beside
