@@ -632,6 +632,55 @@ frozen data-parallel-3 3 "rank 1" -- "$fc" --set execution.replicas=3 --set trai
 # stop came between steps: either names rank 1)
 frozen pipeline 2 "rank 1" -- "$cnn" --set execution.mode=pipeline \
   --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
+# A rank busy in its own work: rank 1's main thread alone stopped
+# (tests/mpi/stop_thread.py: ptrace, inside strata's own code, never inside
+# the MPI library, whose locks would hold its watcher too), its watcher
+# thread running. Rank 0's watch must find it answering, not waiting in
+# anything, for at least the limit (it has been away from the collective
+# rank 0 waits in since before rank 0 began to wait): "it answers, and has
+# waited on no one for N s: it is busy". This is the case where the
+# watcher's own threshold decides: it answers only once its rank has been
+# quiet a quarter of the limit, so one that waited 4x the limit would
+# still be silent when asked.
+busy_dir="$T/busy"
+"${mpi[@]}" -np 2 "$strata" train "${long[@]}" "$cnn" --set execution.replicas=2 \
+  --set execution.rank_timeout=$frozen_rt --out "$busy_dir" >"$busy_dir.out" 2>&1 &
+busy_job=$!
+for _ in $(seq $((frozen_rt * 100))); do
+  ls "$busy_dir/checkpoints" 2>/dev/null | grep -q '\.safetensors$' && break
+  sleep 0.1
+done
+busy_victim=
+for pid in $(pgrep -f "train .*--out $busy_dir\$"); do
+  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && busy_victim=$pid
+done
+busy_stop=
+if [ -n "$busy_victim" ]; then
+  timeout $((frozen_rt + 60)) python3 tests/mpi/stop_thread.py "$busy_victim" >"$busy_dir.stop" 2>&1 &
+  busy_stop=$!
+fi
+start=$SECONDS
+while kill -0 "$busy_job" 2>/dev/null && [ $((SECONDS - start)) -lt $((frozen_rt + 37)) ]; do sleep 0.2; done
+if kill -0 "$busy_job" 2>/dev/null; then
+  kill -9 "$busy_job"
+  pkill -9 -f "train .*--out $busy_dir\$"
+fi
+wait "$busy_job"
+busy_rc=$?
+[ -n "$busy_stop" ] && { kill "$busy_stop" 2>/dev/null; wait "$busy_stop"; }
+busy_stop_rc=$?
+if [ "$busy_stop_rc" -eq 2 ]; then
+  echo "skip: a rank busy in its own work: $(cat "$busy_dir.stop")" >&2
+elif busy_for=$(sed -En "s/^strata: error: rank 0: no answer from rank 1 in [0-9]+ s, waiting in .*\(execution\.rank_timeout: $frozen_rt\): it answers, and has waited on no one for ([0-9]+) s: it is busy or stuck in its own work; ending the job$/\1/p" "$busy_dir.out") &&
+     [ -n "$busy_victim" ] && [ "$busy_rc" -ne 0 ] && grep -q "^stopped in " "$busy_dir.stop" &&
+     [ $((SECONDS - start)) -le $((frozen_rt + 17)) ] && [ -n "$busy_for" ] &&
+     [ "$busy_for" -ge $((frozen_rt - 1)) ] && [ "$busy_for" -le $((frozen_rt + 17)) ]; then
+  pass
+else
+  fail "a rank busy in its own work: rank 0's watch finds it answering, waiting on no one" \
+    "victim '$busy_victim', rc $busy_rc after $((SECONDS - start)) s" "$(cat "$busy_dir.stop")" \
+    "$(grep -v '^  ' "$busy_dir.out" | tail -n 12)"
+fi
 # --- a rank killed at random moments, rerun until done ----------------------------
 # The pipeline over 2 ranks (checkpoints every 20 steps) and weight
 # streaming over 3 ranks with a file store (committed every step): a random
