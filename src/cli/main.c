@@ -98,14 +98,15 @@ static const char *usage_eval =
     "usage: strata eval CONFIG --checkpoint FILE [--set key.path=value ...]\n"
     "\n"
     "Loads the weights of FILE into the model of CONFIG and prints the test\n"
-    "loss and accuracy.\n";
+    "loss and accuracy. FILE may be a run's folder: its newest checkpoint.\n";
 
 static const char *usage_generate =
     "usage: strata generate CONFIG --checkpoint FILE --prompt TEXT\n"
     "                       [--tokens N] [--temperature T] [--top-k K]\n"
     "                       [--seed S] [--set key.path=value ...]\n"
     "\n"
-    "Samples text from the gpt model of CONFIG with the weights of FILE: the\n"
+    "Samples text from the gpt model of CONFIG with the weights of FILE (or\n"
+    "of the newest checkpoint of the run whose folder FILE is): the\n"
     "prompt, then N new tokens, printed as they come, and a newline. The\n"
     "tokenizer is the config's data.tokenizer; no corpus is read. The prompt\n"
     "must fit model.context tokens; past it, each new token is predicted\n"
@@ -125,7 +126,8 @@ static const char *usage_inspect =
     "\n"
     "Lists the tensors of a safetensors file: name, dtype, shape, min, max,\n"
     "mean, std, and its metadata (step, epoch, optimizer, ...); FILE may be\n"
-    "a sharded checkpoint's folder (each shard in turn).\n"
+    "a sharded checkpoint's folder (each shard in turn), or a run's folder\n"
+    "(its newest checkpoint; OTHER too).\n"
     "  --against OTHER  compare with another file of the same tensors: the\n"
     "                   largest absolute and relative difference of each,\n"
     "                   then the largest of all (two runs of two modes)\n";
@@ -175,6 +177,47 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
   if (n > 0) *step = steps[n - 1];
   free(steps);
   return 0;
+}
+
+/* A checkpoint named by the folder of the run that wrote it: its newest
+ * checkpoint (a file, or a sharded one's folder). Anything else -- a file,
+ * a sharded checkpoint's own folder, a path that does not exist -- is left
+ * as given, for the reader's own message. A run whose weights are in a
+ * weight-streaming store, or that has none yet, is said as such. */
+static int run_checkpoint(const char **path, char *buf, size_t cap,
+                          st_error *err) {
+  char probe[ST_PATH_MAX + 48];
+  struct stat sb;
+  snprintf(probe, sizeof probe, "%s/checkpoints", *path);
+  int run = stat(probe, &sb) == 0 && S_ISDIR(sb.st_mode);
+  snprintf(probe, sizeof probe, "%s/store.strata", *path);
+  int store = stat(probe, &sb) == 0;
+  if (!run && !store) return 0;
+  int64_t step = 0;
+  if (newest_checkpoint(*path, buf, cap, &step, err)) return err->code;
+  /* a store's run has checkpoints only where `strata export` wrote them:
+   * one older than the store's last commit has older weights */
+  struct stat ck;
+  int stale = store && buf[0] && stat(buf, &ck) == 0 &&
+              (ck.st_mtim.tv_sec < sb.st_mtim.tv_sec ||
+               (ck.st_mtim.tv_sec == sb.st_mtim.tv_sec &&
+                ck.st_mtim.tv_nsec < sb.st_mtim.tv_nsec));
+  if (buf[0] && !stale) {
+    *path = buf;
+    return 0;
+  }
+  if (store)
+    return st_error_set(err, ST_EDATA,
+                        "%s: the run keeps its weights in its store (%s)%s: "
+                        "`strata export %s` writes them as a safetensors file",
+                        *path, probe,
+                        stale ? ", committed after its newest checkpoint"
+                              : ", not in checkpoints",
+                        *path);
+  return st_error_set(err, ST_EDATA,
+                      "%s: a run's folder with no checkpoint in "
+                      "%s/checkpoints yet",
+                      *path, *path);
 }
 
 /* Appends to err's message the checkpoint a run can go back to: the
@@ -926,6 +969,9 @@ static int cmd_eval(int argc, char **argv) {
     return st_cli_usage_error(usage_eval,
                               "eval needs CONFIG and --checkpoint FILE%s", "");
   st_error err = {0};
+  char newest[ST_PATH_MAX + 64];
+  if (run_checkpoint(&a.checkpoint, newest, sizeof newest, &err))
+    return st_cli_fail(&err);
   st_config cfg;
   if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
   st_trainer *t;
@@ -998,6 +1044,9 @@ static int cmd_generate(int argc, char **argv) {
     return st_cli_usage_error(usage_generate,
                               "--seed: '%s' is not a whole number >= 0", seed);
   st_error err = {0};
+  char newest[ST_PATH_MAX + 64];
+  if (run_checkpoint(&a.checkpoint, newest, sizeof newest, &err))
+    return st_cli_fail(&err);
   st_config cfg;
   if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
   st_generate_options o = {(int)n, (float)t, (int)k, (uint64_t)s};
@@ -1023,6 +1072,10 @@ static int cmd_inspect(int argc, char **argv) {
   if (!file)
     return st_cli_usage_error(usage_inspect, "inspect needs a FILE%s", "");
   st_error err = {0};
+  char newest[ST_PATH_MAX + 64], other[ST_PATH_MAX + 64];
+  if (run_checkpoint(&file, newest, sizeof newest, &err) ||
+      (against && run_checkpoint(&against, other, sizeof other, &err)))
+    return st_cli_fail(&err);
   if (against ? st_inspect_against(file, against, stdout, &err)
               : st_inspect(file, stdout, &err))
     return st_cli_fail(&err);

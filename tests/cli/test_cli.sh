@@ -286,6 +286,26 @@ if [ "$rc" -eq 0 ] && grep -q "^strata: notice: .* was trained on 512 samples, t
   fail "eval names a training set other than the checkpoint's" "rc=$rc" "$out" "$err"
 fi
 
+# a run's folder for a checkpoint: its newest (by step, not the first
+# listed): step 19 a stub that could not load, step 20 the run's
+mkdir -p "$T/two_ck/checkpoints"
+printf 'stub' >"$T/two_ck/checkpoints/step-00000019.safetensors"
+cp "$checkpoint" "$T/two_ck/checkpoints/step-00000020.safetensors"
+run eval "$fc" "${small[@]}" --checkpoint "$checkpoint"
+by_file=${out% (*}
+run eval "$fc" "${small[@]}" --checkpoint "$T/two_ck"
+if [ "$rc" -eq 0 ] && [ "$out" = "$by_file ($T/two_ck/checkpoints/step-00000020.safetensors)" ]; then pass; else
+  fail "eval of a run's folder: its newest checkpoint" "rc=$rc" "want: $by_file ($T/two_ck/checkpoints/step-00000020.safetensors)" "$out" "$err"
+fi
+run inspect "$T/two_ck"
+if [ "$rc" -eq 0 ] && grep -q "^$(re_quote "$T/two_ck/checkpoints/step-00000020.safetensors"): 12 tensors" <<<"$out"; then pass; else
+  fail "inspect of a run's folder: its newest checkpoint" "rc=$rc" "$out" "$err"
+fi
+mkdir -p "$T/no_ck/checkpoints"
+expect_error "eval of a run's folder with no checkpoint" \
+  "^strata: error: $(re_quote "$T/no_ck"): a run's folder with no checkpoint in $(re_quote "$T/no_ck")/checkpoints yet$" \
+  -- eval "$fc" "${small[@]}" --checkpoint "$T/no_ck"
+
 # --- 7. truncated checkpoint --------------------------------------------------
 half="$T/half.safetensors"
 checkpoint=${checkpoint:-$T/missing.safetensors} # fails below, not here
@@ -832,6 +852,21 @@ if [ "$rc" -eq 0 ] && cmp -s "$T/w_seq/checkpoints/step-00000300.safetensors" \
 else
   fail "killed (rc $ws_rc), resumed and exported: the sequential checkpoint byte for byte" "rc $rc" "$out" "$err"
 fi
+# the exported checkpoint is the run's newest; a store committed after it
+# holds newer weights, and one with no checkpoint has nothing to read
+run eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_ws"
+if [ "$rc" -eq 0 ] && grep -q "^test accuracy [01]\.[0-9]*, test loss [0-9.]* ($(re_quote "$T/w_ws/checkpoints/step-00000300.safetensors"))$" <<<"$out"; then pass; else
+  fail "eval of a store's run after its export: the exported checkpoint" "rc $rc" "$out" "$err"
+fi
+touch -d '+1 minute' "$T/w_ws/store.strata"
+expect_error "eval of a store's run committed after its export" \
+  "^strata: error: $(re_quote "$T/w_ws"): the run keeps its weights in its store \($(re_quote "$T/w_ws/store.strata")\), committed after its newest checkpoint: .strata export $(re_quote "$T/w_ws"). writes them as a safetensors file$" \
+  -- eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_ws"
+mkdir -p "$T/w_store_only"
+cp "$T/w_ws/store.strata" "$T/w_store_only/"
+expect_error "eval of a store's run never exported" \
+  "^strata: error: $(re_quote "$T/w_store_only"): the run keeps its weights in its store \($(re_quote "$T/w_store_only/store.strata")\), not in checkpoints: .strata export" \
+  -- eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_store_only"
 expect_error "a new run over an earlier run's store" \
   "^strata: error: $(re_quote "$T/w_ws"): holds an earlier run \(.*$(re_quote "$T/w_ws/store.strata").*\): --resume $(re_quote "$T/w_ws") continues it, --overwrite replaces it" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --out "$T/w_ws"
