@@ -663,6 +663,10 @@ if [ "$rc" -eq 0 ] && [ "$out" = "$first" ] && [[ $out == "line 7"* ]] &&
 else
   fail "generate: prompt then 20 tokens, same seed same text" "rc $rc" "$first" "$out" "$err"
 fi
+run generate "$fc" "${gpt[@]}" --checkpoint "$T/gpt" --prompt "line 7" --tokens 20 --seed 3
+if [ "$rc" -eq 0 ] && [ "$out" = "$first" ]; then pass; else
+  fail "generate from the run's folder: its newest checkpoint's text" "rc $rc" "$first" "$out" "$err"
+fi
 # A BPE tokenizer strata trained itself: the model takes its vocabulary.
 run tokenize train "$T/corpus.txt" --vocab 300 --out "$T/bpe.txt"
 run train "$fc" "${gpt[@]}" --set data.tokenizer="$T/bpe.txt" --out "$T/gpt_bpe"
