@@ -17,7 +17,9 @@
  *    S (Narayanan et al. SC'21: the bubble over V); zb1p and interleaved
  *    never slower than 1f1b;
  *  - a known small case op for op (ZB-H1 with S = 4, M = 8 as drawn in the
- *    paper's figure 3, and 1f1b).
+ *    paper's figure 3, and 1f1b), and interleaved with M not a multiple of
+ *    S (the emulated-clock order) worked out by hand for three small cases
+ *    that turn on each worker's warm-up count.
  */
 #include "harness.h"
 #include "strata.h"
@@ -193,6 +195,74 @@ static void test_known(void) {
   st_schedule_free(&s);
 }
 
+/* Op strings of worker k with chunks, e.g. "F0c0 F1c0 BW0c1". */
+static void chunk_ops_of(const st_schedule *s, int k, char *out, size_t cap) {
+  out[0] = 0;
+  for (int i = s->start[k]; i < s->start[k + 1]; i++) {
+    size_t len = strlen(out);
+    snprintf(out + len, cap - len, "%s%s%dc%d", i > s->start[k] ? " " : "",
+             st_schedule_op_name(s->ops[i].kind), s->ops[i].mb,
+             s->ops[i].chunk);
+  }
+}
+
+static void check_interleaved(int S, int M, int V, const char *const *want) {
+  st_schedule s;
+  st_error err = {0};
+  char got[512];
+  if (st_schedule_build(&s, "interleaved", S, M, V, &err)) {
+    CHECK(0, "interleaved S=%d M=%d V=%d: %s", S, M, V, err.msg);
+    return;
+  }
+  for (int k = 0; k < S; k++) {
+    chunk_ops_of(&s, k, got, sizeof got);
+    CHECK(strcmp(got, want[k]) == 0,
+          "interleaved S=%d M=%d V=%d worker %d:\n  got  %s\n  want %s", S, M,
+          V, k, got, want[k]);
+  }
+  st_schedule_free(&s);
+}
+
+/* Interleaved with M not a multiple of S, worked out by hand from the rule
+ * (schedule.c, docs/modes.md): on a clock of F one tick and BW two, each
+ * free worker runs the op Megatron's order wants next (w = min(V M,
+ * 2(S-1-k) + (V-1) S) forwards, then alternately B and F), or the other
+ * one when that cannot run yet. Forward order: micro-batches in groups of
+ * S (the last one partial), chunk 0 of the group, then chunk 1; backward
+ * the same, chunks reversed. Each case hinges on the warm-up count w. */
+static void test_interleaved_partial(void) {
+  /* S = 2, M = 3, V = 2: forwards F0c0 F1c0 F0c1 F1c1 F2c0 F2c1, w = 4
+   * and 2. Worker 1, past its warm-up at t = 3, wants BW0c1 but it waits
+   * for its own F0c1, so it runs F0c1; BW0c1 at t = 4. Worker 0 at t = 4
+   * wants BW0c1 (not before t = 6): runs F2c0; at t = 5 neither can run;
+   * t = 6 BW0c1; at t = 9 it wants F2c1, which waits for worker 1's F2c0
+   * (9..10): BW1c1, ... A warm-up of 2 more (2(S-k) + (V-1) S) has worker 0 run
+   * F2c1 before BW1c1 and worker 1 F1c1 before BW0c1. */
+  const char *s2m3[2] = {
+      "F0c0 F1c0 F0c1 F1c1 F2c0 BW0c1 BW1c1 F2c1 BW0c0 BW1c0 BW2c1 BW2c0",
+      "F0c0 F1c0 F0c1 BW0c1 F1c1 BW1c1 F2c0 BW0c0 F2c1 BW1c0 BW2c1 BW2c0"};
+  check_interleaved(2, 3, 2, s2m3);
+  /* S = 3, M = 2, V = 2 (one partial group): w = 4, 4, 3. Worker 2 has run
+   * F0c0 F1c0 F0c1 (t = 2..3, 3..4, 5..6) when at t = 6 both BW0c1 (the
+   * last stage: its own F0c1) and F1c1 (worker 1's F1c1 done at 6) can
+   * run; past its warm-up of 3 it takes BW0c1. Workers 0 and 1 run all four
+   * forwards, then the backwards. One more forward of warm-up (w = 4 at
+   * worker 2) puts F1c1 first. */
+  const char *s3m2[3] = {"F0c0 F1c0 F0c1 F1c1 BW0c1 BW1c1 BW0c0 BW1c0",
+                         "F0c0 F1c0 F0c1 F1c1 BW0c1 BW1c1 BW0c0 BW1c0",
+                         "F0c0 F1c0 F0c1 BW0c1 F1c1 BW1c1 BW0c0 BW1c0"};
+  check_interleaved(3, 2, 2, s3m2);
+  /* S = 3, M = 2, V = 3: w = min(6, 10), min(6, 8), min(6, 6): every worker
+   * runs its six forwards, then its six backwards. At t = 9 worker 2 has
+   * run five forwards (F0c2 at 8..9) and both BW0c2 (its own F0c2) and
+   * F1c2 (worker 1's, done at 9) can run: its warm-up of 6 takes F1c2. One
+   * forward less (w = 5), or no (V-1) S term (w = 0), takes BW0c2. */
+  const char *all_f = "F0c0 F1c0 F0c1 F1c1 F0c2 F1c2 BW0c2 BW1c2 BW0c1 "
+                      "BW1c1 BW0c0 BW1c0";
+  const char *s3m2v3[3] = {all_f, all_f, all_f};
+  check_interleaved(3, 2, 3, s3m2v3);
+}
+
 /* The emulator catches what a wrong list does: a backward before its
  * forward, a W before its B, and two workers each waiting for the other. */
 static void test_emulator(void) {
@@ -279,6 +349,7 @@ static void test_svg(void) {
 int main(void) {
   test_all();
   test_known();
+  test_interleaved_partial();
   test_emulator();
   test_svg();
   TH_DONE();
