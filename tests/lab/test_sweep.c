@@ -18,6 +18,7 @@
  *  - the regime rule (st_sweep_regimes) on hand-made step counts, and the
  *    fit of S_min (1 + B_crit / B) (st_sweep_fit) on exact and perturbed
  *    curves;
+ *  - a metric equal to the target meets it (accuracy and loss);
  *  - budget_epochs caps each batch size's steps at ceil(E n / B);
  *    eval_growth puts every steps to result on the geometric schedule;
  *    noise_batch reruns that batch's best trial and writes the B_simple of
@@ -799,6 +800,57 @@ static void test_budget_noise(const char *root) {
   free(noise);
 }
 
+/* A target the metric equals exactly is met: accuracy >= target, loss <=
+ * target. The value is what an independent trainer with trial 0's config
+ * at batch 8 gives at step 5, the sweep's first evaluation, so that trial
+ * must stop there (steps.csv "8,5,0,"); a strict comparison would pass
+ * step 5 by. */
+static void test_target_equal(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  st_sweep_options o;
+  tiny_options(&o, "unused");
+  double lr, mom, loss, test_loss = NAN, acc = NAN;
+  st_sweep_point(&o, &c, 0, &lr, &mom);
+  st_config n = c;
+  n.train.batch = 8;
+  n.train.steps = o.budget_steps; /* the trial's schedule length */
+  n.optimizer.lr = (float)lr;
+  if (mom >= 0) n.optimizer.momentum = (float)mom;
+  st_trainer *t;
+  st_error err = {0};
+  int rc = st_config_validate(&n, &err);
+  if (!rc) rc = st_trainer_create(&t, &n, NULL, &err);
+  if (rc) {
+    CHECK(0, "trainer for the target: %s", err.msg);
+    return;
+  }
+  for (int k = 1; k <= o.eval_every && !rc; k++)
+    rc = st_trainer_step(t, &loss, &err);
+  if (!rc) rc = st_trainer_evaluate(t, &test_loss, &acc, &err);
+  st_trainer_destroy(t);
+  CHECK(rc == 0 && acc > 0 && test_loss > 0, "step 5: accuracy %g, loss %g: %s",
+        acc, test_loss, err.msg);
+  if (rc || !(acc > 0) || !(test_loss > 0)) return;
+
+  const st_sweep_target targets[2] = {{ST_TARGET_ACCURACY, acc},
+                                      {ST_TARGET_LOSS, test_loss}};
+  for (int i = 0; i < 2; i++) {
+    char dir[ST_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/equal%d", root, i);
+    tiny_options(&o, dir);
+    o.batch_sizes = (st_int_list){1, {8}};
+    o.trials = 1;
+    o.target = targets[i];
+    if (run(&o, &c)) continue;
+    char *steps = slurp(dir, "steps.csv");
+    CHECK(steps && strstr(steps, "\n8,5,0,"),
+          "target %s = %.9g, the metric at step 5: reached at step 5:\n%s",
+          i ? "loss" : "accuracy", targets[i].value, steps ? steps : "");
+    free(steps);
+  }
+}
+
 int main(void) {
   test_halton();
   test_fit();
@@ -813,6 +865,7 @@ int main(void) {
   if (write_data() == 0) {
     test_sweep(root);
     test_budget_noise(root);
+    test_target_equal(root);
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
