@@ -19,7 +19,8 @@
  *    fit of S_min (1 + B_crit / B) (st_sweep_fit) on exact and perturbed
  *    curves;
  *  - a metric equal to the target meets it (accuracy and loss);
- *  - budget_epochs caps each batch size's steps at ceil(E n / B);
+ *  - budget_epochs caps each batch size's steps at ceil(E n / B), rounded
+ *    up where E n / B is not whole;
  *    eval_growth puts every steps to result on the geometric schedule;
  *    noise_batch reruns that batch's best trial and writes the B_simple of
  *    the windows an independent trainer with metrics.noise_scale gives,
@@ -851,6 +852,45 @@ static void test_target_equal(const char *root) {
   }
 }
 
+/* budget_epochs not a whole number of steps: 0.3 epochs of the 512
+ * training samples is 153.6 samples, 19.2, 9.6 and 4.8 steps of batch 8,
+ * 16 and 32, rounded up to 20, 10 and 5 (a trial may see a little more
+ * than E epochs, never less). A loss target no trial reaches makes every
+ * trial run to its budget. */
+static void test_budget_rounding(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/rounding", root);
+  tiny_options(&o, dir);
+  o.trials = 1;
+  o.budget_epochs = 0.3;
+  o.target = (st_sweep_target){ST_TARGET_LOSS, 1e-30};
+  char *progress = NULL;
+  size_t plen = 0;
+  o.progress = open_memstream(&progress, &plen);
+  int rc = run(&o, &c);
+  fclose(o.progress);
+  char *report = rc ? NULL : slurp(dir, "report.md");
+  const int budget[3] = {20, 10, 5};
+  for (int b = 0; !rc && b < 3; b++) {
+    int batch = o.batch_sizes.v[b];
+    CHECK(budget_column(report, batch) == budget[b],
+          "batch %d: budget %ld steps, want %d", batch,
+          budget_column(report, batch), budget[b]);
+    char line[64];
+    snprintf(line, sizeof line, "sweep: batch %d trial 1/1 ", batch);
+    const char *p = progress ? strstr(progress, line) : NULL;
+    const char *at = p ? strstr(p, " at step ") : NULL;
+    CHECK(at && strtol(at + 9, NULL, 10) == budget[b],
+          "batch %d: not reached at step %d:\n%s", batch, budget[b],
+          progress ? progress : "");
+  }
+  free(report);
+  free(progress);
+}
+
 int main(void) {
   test_halton();
   test_fit();
@@ -866,6 +906,7 @@ int main(void) {
     test_sweep(root);
     test_budget_noise(root);
     test_target_equal(root);
+    test_budget_rounding(root);
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
