@@ -12,6 +12,8 @@
  *  - results.md has one table row per variant, its accuracy results.csv's
  *    mean ± sample standard deviation (n - 1), curves.svg is an SVG with a
  *    line per variant;
+ *  - results.md's samples/s is the mean of results.csv's over the seeds,
+ *    diverged runs included;
  *  - a run whose loss turns non-finite is recorded as diverged;
  *  - errors: a config the variants refuse (adamw) fails before any run or
  *    file, naming the variant and seed; a failure at run time reports the
@@ -207,6 +209,42 @@ static void check_spread_column(const char *dir) {
   free(md);
 }
 
+/* results.md's samples/s column against results.csv: each variant's mean
+ * of its seeds' samples_per_s, diverged runs included (they trained, and
+ * were timed, up to the step that diverged). The CSV rounds each to 0.1
+ * and the column the mean to 1: they agree within 0.05 + 0.5. */
+static void check_speed_column(const char *dir, int seeds) {
+  char *csv = slurp(dir, "results.csv"), *md = slurp(dir, "results.md");
+  CHECK(csv && md, "%s: results.csv or results.md missing", dir);
+  const char *p = csv ? strchr(csv, '\n') : NULL;
+  int timed = 0; /* variants whose runs trained at least a step */
+  for (int v = 0; p && md && v < ST_EXPERIMENT_PB_VARIANTS; v++) {
+    double sum = 0;
+    for (int k = 0; k < seeds && p; k++) {
+      const char *f = p + 1; /* variant,seed,accuracy,loss,samples_per_s */
+      for (int c = 0; c < 4 && f; c++) f = strchr(f, ',') + 1;
+      sum += atof(f);
+      p = strchr(p + 1, '\n');
+    }
+    double mean = sum / seeds;
+    char row[32];
+    snprintf(row, sizeof row, "\n| %s | ", st_experiment_pb_variant(v));
+    const char *r = strstr(md, row), *eol = r ? strchr(r + 1, '\n') : NULL;
+    const char *bar = eol ? eol - 2 : NULL; /* before the closing " |" */
+    while (bar && bar > r && bar[-1] != '|') bar--;
+    double shown = bar ? atof(bar) : -1;
+    timed += mean > 0;
+    CHECK(fabs(shown - mean) <= 0.55,
+          "%s: %s's samples/s %g, the mean of its %d runs' %.2f", dir,
+          st_experiment_pb_variant(v), shown, seeds, mean);
+  }
+  /* a run that diverged at its first step trained no sample and reads 0
+   * samples/s, as a mean over no finished run would: some must have */
+  CHECK(timed > 0, "%s: no variant's runs trained a sample", dir);
+  free(csv);
+  free(md);
+}
+
 static void test_runs(const st_config *base, const char *root) {
   char one[256], two[256];
   snprintf(one, sizeof one, "%s/jobs1", root);
@@ -266,6 +304,7 @@ static void test_runs(const st_config *base, const char *root) {
   }
   free(md);
   check_spread_column(one);
+  check_speed_column(one, 2);
   char *svg = slurp(one, "curves.svg");
   CHECK(svg && !strncmp(svg, "<svg", 4) && strstr(svg, "</svg>"),
         "curves.svg is not an SVG");
@@ -366,6 +405,9 @@ static void test_divergence(const st_config *base, const char *root) {
         "results.md does not say diverged");
   free(csv);
   free(md);
+  /* a diverged run's speed counts: with every run diverged the mean is
+   * still theirs, not 0 or a division by no finished run */
+  check_speed_column(dir, 1);
 }
 
 static void test_errors(const st_config *base, const char *root) {
