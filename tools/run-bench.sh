@@ -481,7 +481,7 @@ for bf_case in "gpt 124m 4 ${REPEATS_BF16:-2} 1.6" "mlp - 32 $repeats -" "mlp - 
     unit = (k == "gpt") ? "tokens/s" : "samples/s"
     name = (k == "gpt") ? "gpt " m " batch " b : "mlp batch " b
     r = (f > 0) ? g / f : 0
-    verdict = (emu == 1) ? sprintf(" (target >= %sx with bf16 instructions: none here, no verdict)", t) \
+    verdict = (emu == 1) ? sprintf(" (target >= %sx with bf16 instructions: none in this build, no verdict)", t) \
       : sprintf(" (target >= %sx: %s)", t, r >= t ? "meets target" : "below target")
     printf "  %-18s fp32 %9.1f %s, bf16 %9.1f; bf16/fp32 %.2fx%s\n", name, f, unit, g, r,
       (t != "-") ? verdict : "" }'

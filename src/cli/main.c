@@ -182,42 +182,68 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
 /* A checkpoint named by the folder of the run that wrote it: its newest
  * checkpoint (a file, or a sharded one's folder). Anything else -- a file,
  * a sharded checkpoint's own folder, a path that does not exist -- is left
- * as given, for the reader's own message. A run whose weights are in a
- * weight-streaming store, or that has none yet, is said as such. */
+ * as given, for the reader's own message. A weight-streaming run keeps its
+ * weights in its store (where its config.yaml puts it, DIR/store.strata by
+ * default) and has checkpoints only where `strata export` wrote them: one
+ * of an earlier step than the store's last commit is refused, by step
+ * numbers (a copied folder's file times say nothing), as is a store never
+ * exported. */
 static int run_checkpoint(const char **path, char *buf, size_t cap,
                           st_error *err) {
-  char probe[ST_PATH_MAX + 48];
+  char dir[ST_PATH_MAX], probe[ST_PATH_MAX + 48];
+  size_t n = strlen(*path);
+  while (n > 1 && (*path)[n - 1] == '/') n--; /* "runs/demo/" */
   struct stat sb;
-  snprintf(probe, sizeof probe, "%s/checkpoints", *path);
+  snprintf(probe, sizeof probe, "%.*s/checkpoints", (int)n, *path);
   int run = stat(probe, &sb) == 0 && S_ISDIR(sb.st_mode);
-  snprintf(probe, sizeof probe, "%s/store.strata", *path);
-  int store = stat(probe, &sb) == 0;
-  if (!run && !store) return 0;
-  int64_t step = 0;
-  if (newest_checkpoint(*path, buf, cap, &step, err)) return err->code;
-  /* a store's run has checkpoints only where `strata export` wrote them:
-   * one older than the store's last commit has older weights */
-  struct stat ck;
-  int stale = store && buf[0] && stat(buf, &ck) == 0 &&
-              (ck.st_mtim.tv_sec < sb.st_mtim.tv_sec ||
-               (ck.st_mtim.tv_sec == sb.st_mtim.tv_sec &&
-                ck.st_mtim.tv_nsec < sb.st_mtim.tv_nsec));
-  if (buf[0] && !stale) {
+  snprintf(probe, sizeof probe, "%.*s/store.strata", (int)n, *path);
+  run |= stat(probe, &sb) == 0;
+  snprintf(probe, sizeof probe, "%.*s/config.yaml", (int)n, *path);
+  run |= stat(probe, &sb) == 0 && S_ISREG(sb.st_mode);
+  if (!run) return 0;
+  if (n + 48 >= sizeof dir)
+    return st_error_set(err, ST_EARG,
+                        "%s: a run's folder whose path is too long (%zu "
+                        "bytes; at most %d)",
+                        *path, n, (int)sizeof dir - 48);
+  snprintf(dir, sizeof dir, "%.*s", (int)n, *path);
+  /* the run's store, if it keeps one: its config says where (without a
+   * config that loads, the default place) */
+  st_config cfg;
+  st_error ignored = {0};
+  const char *store = NULL;
+  if (st_config_load(&cfg, probe, &ignored) == 0) {
+    if (st_store_resolve(&cfg, dir) && stat(cfg.execution.store_path, &sb) == 0)
+      store = cfg.execution.store_path;
+  } else {
+    char *at = cfg.execution.store_path;
+    if (snprintf(at, sizeof cfg.execution.store_path, "%s/store.strata", dir) <
+            (int)sizeof cfg.execution.store_path &&
+        stat(at, &sb) == 0)
+      store = at;
+  }
+  int64_t step = 0, committed = -1;
+  if (newest_checkpoint(dir, buf, cap, &step, err)) return err->code;
+  if (store && st_store_committed_step(store, &committed, err))
+    return err->code;
+  if (buf[0] && step >= committed) {
     *path = buf;
     return 0;
   }
-  if (store)
+  if (!store)
     return st_error_set(err, ST_EDATA,
-                        "%s: the run keeps its weights in its store (%s)%s: "
-                        "`strata export %s` writes them as a safetensors file",
-                        *path, probe,
-                        stale ? ", committed after its newest checkpoint"
-                              : ", not in checkpoints",
-                        *path);
+                        "%s: a run's folder with no checkpoint in "
+                        "%s/checkpoints yet",
+                        *path, dir);
+  char newest[64] = ", not in checkpoints";
+  if (buf[0])
+    snprintf(newest, sizeof newest, "; its newest checkpoint is step %lld",
+             (long long)step);
   return st_error_set(err, ST_EDATA,
-                      "%s: a run's folder with no checkpoint in "
-                      "%s/checkpoints yet",
-                      *path, *path);
+                      "%s: the run keeps its weights in its store (%s, step "
+                      "%lld)%s: `strata export %s` writes them as a "
+                      "safetensors file",
+                      *path, store, (long long)committed, newest, dir);
 }
 
 /* Appends to err's message the checkpoint a run can go back to: the

@@ -388,14 +388,15 @@ static int create_store(const char *path, const st_model *m,
 }
 
 /* The newer valid header slot, or an error saying why neither is. */
-static int read_header(st_store *s, const st_model *m, const st_config *cfg,
-                       off_t size, st_error *err) {
+/* The newer valid header slot of the store open at fd (path: for the
+ * message), whatever model it holds. */
+static int newest_slot(int fd, const char *path, header *out, st_error *err) {
   header best = {0}, h;
   int found = 0, marked = 0;  /* valid slots; slots with the magic */
   uint32_t other_version = 0; /* a slot of another format version */
   for (int k = 0; k < 2; k++) {
     char slot[SLOT_BYTES];
-    if (io_all(s->fd, 0, slot, SLOT_BYTES, (off_t)k * SLOT_BYTES)) continue;
+    if (io_all(fd, 0, slot, SLOT_BYTES, (off_t)k * SLOT_BYTES)) continue;
     memcpy(&h, slot, sizeof h);
     if (memcmp(h.magic, MAGIC, sizeof MAGIC) != 0) continue;
     marked = 1;
@@ -411,12 +412,33 @@ static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                         "%s: a store of format version %u; this strata "
                         "reads version %d (export it with the strata that "
                         "wrote it)",
-                        s->path, other_version, STORE_VERSION);
+                        path, other_version, STORE_VERSION);
   if (!found)
-    return st_error_set(err, ST_EDATA, "%s: %s", s->path,
+    return st_error_set(err, ST_EDATA, "%s: %s", path,
                         !marked ? "not a strata weight store"
                                 : "no valid header (both header slots fail "
                                   "their checksum): the store is corrupt");
+  *out = best;
+  return 0;
+}
+
+int st_store_committed_step(const char *path, int64_t *step, st_error *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return st_error_set(err, ST_EIO, "%s: cannot open: %s", path,
+                        strerror(errno));
+  header h;
+  int rc = newest_slot(fd, path, &h, err);
+  close(fd);
+  if (!rc) *step = h.pos.step;
+  return rc;
+}
+
+static int read_header(st_store *s, const st_model *m, const st_config *cfg,
+                       off_t size, st_error *err) {
+  header best;
+  int rc = newest_slot(s->fd, s->path, &best, err);
+  if (rc) return rc;
   header want;
   fill_header(&want, m, cfg);
   if (best.n_params != want.n_params || best.n_blocks != want.n_blocks)

@@ -743,11 +743,10 @@ if [ "$rc" -eq 0 ] && grep -Eq "^strata:   replica 1 stage 0 +0-2 " <<<"$out" &&
 else
   fail "sequential replicas: their busy shares, no bubble formula" "rc $rc" "$out" "$err"
 fi
-# more replicas than the machine's cores: no plan, but the run still says
-# how fast it trained (tools/run-bench.sh reads that line)
-over=$(($(nproc) + 1))
-run train "$fc" "${pipe_args[@]}" --set execution.replicas=$over --set train.threads=$over \
-  --set train.batch=$((4 * over)) --out "$T/p_rep_over"
+# more replicas than the fabric's cores (one, set): no plan, but the run
+# still says how fast it trained (tools/run-bench.sh reads that line)
+run train "$fc" "${pipe_args[@]}" --set fabric.cores=1 --set execution.replicas=2 \
+  --set train.threads=2 --set train.batch=8 --out "$T/p_rep_over"
 if [ "$rc" -eq 0 ] && grep -q "warning: no plan" <<<"$err" &&
    grep -Eq "^strata: training rate: measured [1-9][0-9]* samples/s \(no plan to compare it with\)$" <<<"$out"; then
   pass
@@ -862,14 +861,31 @@ run eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_ws"
 if [ "$rc" -eq 0 ] && grep -q "^test accuracy [01]\.[0-9]*, test loss [0-9.]* ($(re_quote "$T/w_ws/checkpoints/step-00000300.safetensors"))$" <<<"$out"; then pass; else
   fail "eval of a store's run after its export: the exported checkpoint" "rc $rc" "$out" "$err"
 fi
-touch -d '+1 minute' "$T/w_ws/store.strata"
+# (by step numbers, not file times: a copied folder's times say nothing)
+cp -rp "$T/w_ws" "$T/w_ws_copy"
+touch "$T/w_ws_copy/checkpoints/"*
+touch -d '+1 minute' "$T/w_ws_copy/store.strata"
+run eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_ws_copy"
+if [ "$rc" -eq 0 ] && grep -q "($(re_quote "$T/w_ws_copy/checkpoints/step-00000300.safetensors"))$" <<<"$out"; then pass; else
+  fail "eval of a copied store's run: its export of the same step, whatever the file times" "rc $rc" "$out" "$err"
+fi
+run train - --resume "$T/w_ws_copy" --set train.steps=302
 expect_error "eval of a store's run committed after its export" \
-  "^strata: error: $(re_quote "$T/w_ws"): the run keeps its weights in its store \($(re_quote "$T/w_ws/store.strata")\), committed after its newest checkpoint: .strata export $(re_quote "$T/w_ws"). writes them as a safetensors file$" \
-  -- eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_ws"
+  "^strata: error: $(re_quote "$T/w_ws_copy"): the run keeps its weights in its store \($(re_quote "$T/w_ws_copy/store.strata"), step 302\); its newest checkpoint is step 300: .strata export $(re_quote "$T/w_ws_copy"). writes them as a safetensors file$" \
+  -- eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_ws_copy"
+# a store kept outside the run's folder (execution.store_path): the run's
+# config.yaml says where
+run train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set train.steps=5 \
+  --set "execution.store_path=$T/elsewhere.strata" --out "$T/w_else"
+run export "$T/w_else"
+run train - --resume "$T/w_else" --set train.steps=7
+expect_error "eval of a run whose store is elsewhere, committed after its export" \
+  "^strata: error: $(re_quote "$T/w_else"): the run keeps its weights in its store \($(re_quote "$T/elsewhere.strata"), step 7\); its newest checkpoint is step 5: " \
+  -- eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_else"
 mkdir -p "$T/w_store_only"
 cp "$T/w_ws/store.strata" "$T/w_store_only/"
 expect_error "eval of a store's run never exported" \
-  "^strata: error: $(re_quote "$T/w_store_only"): the run keeps its weights in its store \($(re_quote "$T/w_store_only/store.strata")\), not in checkpoints: .strata export" \
+  "^strata: error: $(re_quote "$T/w_store_only"): the run keeps its weights in its store \($(re_quote "$T/w_store_only/store.strata"), step 300\), not in checkpoints: .strata export" \
   -- eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_store_only"
 expect_error "a new run over an earlier run's store" \
   "^strata: error: $(re_quote "$T/w_ws"): holds an earlier run \(.*$(re_quote "$T/w_ws/store.strata").*\): --resume $(re_quote "$T/w_ws") continues it, --overwrite replaces it" \

@@ -27,6 +27,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* The field after the n-th comma of a CSV row, or NULL if the row has
+ * fewer (a short row fails a check, not the test). */
+static const char *csv_field(const char *row, int n) {
+  for (int c = 0; c < n && row; c++) {
+    row = strchr(row, ',');
+    if (row) row++;
+  }
+  return row;
+}
+
 /* The tiny problem; Nesterov, so the baseline differs from PB's rule. */
 static void tiny_config(st_config *c) {
   mlp_config(c);
@@ -167,9 +177,8 @@ static void check_spread_column(const char *dir) {
   for (int v = 0; p && v < ST_EXPERIMENT_PB_VARIANTS; v++) {
     double a[2];
     for (int k = 0; k < 2 && p; k++) {
-      const char *f = p + 1; /* variant,seed,accuracy,... */
-      for (int c = 0; c < 2 && f; c++) f = strchr(f, ',') + 1;
-      a[k] = atof(f);
+      const char *f = csv_field(p + 1, 2); /* variant,seed,accuracy,... */
+      a[k] = f ? atof(f) : NAN;
       p = strchr(p + 1, '\n');
     }
     mean[v] = (a[0] + a[1]) / 2;
@@ -221,9 +230,9 @@ static void check_speed_column(const char *dir, int seeds) {
   for (int v = 0; p && md && v < ST_EXPERIMENT_PB_VARIANTS; v++) {
     double sum = 0;
     for (int k = 0; k < seeds && p; k++) {
-      const char *f = p + 1; /* variant,seed,accuracy,loss,samples_per_s */
-      for (int c = 0; c < 4 && f; c++) f = strchr(f, ',') + 1;
-      sum += atof(f);
+      /* variant,seed,accuracy,loss,samples_per_s */
+      const char *f = csv_field(p + 1, 4);
+      sum += f ? atof(f) : NAN;
       p = strchr(p + 1, '\n');
     }
     double mean = sum / seeds;

@@ -18,10 +18,13 @@ milliseconds later, up to 500 times.
 
 The stop lasts while this process lives: it prints "stopped in FILE" once
 the thread is held there, then waits until the process ends (the job
-ended) or it is killed. Exit status 2 where ptrace is not allowed or the
-thread never stopped in WHERE (the caller then skips its check, saying
-why).
+ended) or it is killed. Exit status 2 where ptrace is not allowed here
+(EPERM, EACCES on the first seize) or the thread never stopped in WHERE:
+the caller then skips its check, saying why. Any other failure (the
+thread gone: the job ended before it could be stopped) is status 1, a
+failure.
 """
+import errno
 import ctypes
 import os
 import random
@@ -33,9 +36,9 @@ PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
 
 
-def give_up(why):
+def give_up(why, status=1):
     print(f"stop_thread: {why}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(status)
 
 
 def stopped_pc(tid):
@@ -67,19 +70,25 @@ def main():
     libc.waitpid.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                              ctypes.c_int]
 
-    def ptrace(request, what):
-        if libc.ptrace(request, pid, None, None) != 0:
-            give_up(f"ptrace ({what}) on thread {pid}: "
-                    f"{os.strerror(ctypes.get_errno())}")
+    def ptrace(request, what, data=0, first=False):
+        if libc.ptrace(request, pid, None, ctypes.c_void_p(data)) != 0:
+            e = ctypes.get_errno()
+            give_up(f"ptrace ({what}) on thread {pid}: {os.strerror(e)}",
+                    2 if first and e in (errno.EPERM, errno.EACCES) else 1)
 
     status = ctypes.c_int()
-    for _ in range(500):
-        ptrace(PTRACE_SEIZE, "seize")
+    for attempt in range(500):
+        ptrace(PTRACE_SEIZE, "seize", first=attempt == 0)
         ptrace(PTRACE_INTERRUPT, "interrupt")
         # __WALL: the main thread of another process, traced by this one
         if libc.waitpid(pid, ctypes.byref(status), 0x40000000) != pid:
             give_up(f"waitpid on thread {pid}: "
                     f"{os.strerror(ctypes.get_errno())}")
+        if not os.WIFSTOPPED(status.value):
+            give_up(f"thread {pid} ended before it could be stopped")
+        # a stop for a signal (no ptrace event in the high bits) hands the
+        # signal back on release; the interrupt's own stop has none
+        signal = os.WSTOPSIG(status.value) if status.value >> 16 == 0 else 0
         pc = stopped_pc(pid)
         path = file_at(pid, pc) if pc is not None else ""
         if any(w in path for w in where):
@@ -90,9 +99,9 @@ def main():
                 if os.WIFEXITED(status.value) or os.WIFSIGNALED(status.value):
                     return
             return
-        ptrace(PTRACE_DETACH, "detach")
+        ptrace(PTRACE_DETACH, "detach", signal)
         time.sleep(random.uniform(0.001, 0.02))
-    give_up(f"thread {pid} never stopped in {' or '.join(where)}")
+    give_up(f"thread {pid} never stopped in {' or '.join(where)}", 2)
 
 
 if __name__ == "__main__":

@@ -655,20 +655,33 @@ for pid in $(pgrep -f "train .*--out $busy_dir\$"); do
   tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && busy_victim=$pid
 done
 busy_stop=
-if [ -n "$busy_victim" ]; then
+if ! command -v python3 >/dev/null; then
+  echo "stop_thread: no python3 here" >"$busy_dir.stop"
+elif [ -n "$busy_victim" ]; then
   timeout $((frozen_rt + 60)) python3 tests/mpi/stop_thread.py "$busy_victim" >"$busy_dir.stop" 2>&1 &
   busy_stop=$!
 fi
 start=$SECONDS
-while kill -0 "$busy_job" 2>/dev/null && [ $((SECONDS - start)) -lt $((frozen_rt + 37)) ]; do sleep 0.2; done
+# (the job ends by the watch; if the thread could not be stopped at all,
+# at once)
+while kill -0 "$busy_job" 2>/dev/null && [ $((SECONDS - start)) -lt $((frozen_rt + 37)) ]; do
+  [ -n "$busy_stop" ] && ! kill -0 "$busy_stop" 2>/dev/null && ! grep -q "^stopped in " "$busy_dir.stop" && break
+  sleep 0.2
+done
 if kill -0 "$busy_job" 2>/dev/null; then
   kill -9 "$busy_job"
   pkill -9 -f "train .*--out $busy_dir\$"
 fi
 wait "$busy_job"
 busy_rc=$?
-[ -n "$busy_stop" ] && { kill "$busy_stop" 2>/dev/null; wait "$busy_stop"; }
-busy_stop_rc=$?
+busy_stop_rc=2 # no python3
+if [ -n "$busy_stop" ]; then
+  kill "$busy_stop" 2>/dev/null
+  wait "$busy_stop"
+  busy_stop_rc=$?
+elif [ -z "$busy_victim" ]; then
+  busy_stop_rc=1
+fi
 if [ "$busy_stop_rc" -eq 2 ]; then
   echo "skip: a rank busy in its own work: $(cat "$busy_dir.stop")" >&2
 elif busy_for=$(sed -En "s/^strata: error: rank 0: no answer from rank 1 in [0-9]+ s, waiting in .*\(execution\.rank_timeout: $frozen_rt\): it answers, and has waited on no one for ([0-9]+) s: it is busy or stuck in its own work; ending the job$/\1/p" "$busy_dir.out") &&
