@@ -98,7 +98,8 @@ static const char *usage_eval =
     "usage: strata eval CONFIG --checkpoint FILE [--set key.path=value ...]\n"
     "\n"
     "Loads the weights of FILE into the model of CONFIG and prints the test\n"
-    "loss and accuracy. FILE may be a run's folder: its newest checkpoint.\n";
+    "loss and accuracy. FILE may be a run's folder: its newest checkpoint;\n"
+    "then CONFIG '-' is the run's own config.yaml.\n";
 
 static const char *usage_generate =
     "usage: strata generate CONFIG --checkpoint FILE --prompt TEXT\n"
@@ -106,7 +107,8 @@ static const char *usage_generate =
     "                       [--seed S] [--set key.path=value ...]\n"
     "\n"
     "Samples text from the gpt model of CONFIG with the weights of FILE (or\n"
-    "of the newest checkpoint of the run whose folder FILE is): the\n"
+    "of the newest checkpoint of the run whose folder FILE is; CONFIG '-'\n"
+    "is then the run's config.yaml): the\n"
     "prompt, then N new tokens, printed as they come, and a newline. The\n"
     "tokenizer is the config's data.tokenizer; no corpus is read. The prompt\n"
     "must fit model.context tokens; past it, each new token is predicted\n"
@@ -157,7 +159,8 @@ static int load_config(st_config *cfg, const args *a, st_error *err) {
   } else if (strcmp(path, "-") == 0) {
     return st_error_set(err, ST_ECONFIG,
                         "-: CONFIG '-' is DIR/config.yaml in 'strata train "
-                        "- --resume DIR'; give a config file here");
+                        "- --resume DIR' and 'strata eval - --checkpoint "
+                        "DIR' (DIR a run's folder); give a config file here");
   }
   int rc = st_config_load(cfg, path, err);
   for (int i = 0; !rc && i < a->n_sets; i++)
@@ -244,6 +247,20 @@ static int run_checkpoint(const char **path, char *buf, size_t cap,
                       "%lld)%s: `strata export %s` writes them as a "
                       "safetensors file",
                       *path, store, (long long)committed, newest, dir);
+}
+
+/* CONFIG '-' with --checkpoint DIR, a run's folder: the run's own
+ * config.yaml (as 'train - --resume DIR' takes it), so that the model and
+ * the data's statistics are the run's. */
+static void run_config(args *a, char *buf, size_t cap) {
+  if (!a->config || strcmp(a->config, "-") || !a->checkpoint) return;
+  size_t n = strlen(a->checkpoint);
+  while (n > 1 && a->checkpoint[n - 1] == '/') n--;
+  struct stat sb;
+  if (snprintf(buf, cap, "%.*s/config.yaml", (int)n, a->checkpoint) <
+          (int)cap &&
+      stat(buf, &sb) == 0 && S_ISREG(sb.st_mode))
+    a->config = buf;
 }
 
 /* Appends to err's message the checkpoint a run can go back to: the
@@ -995,7 +1012,8 @@ static int cmd_eval(int argc, char **argv) {
     return st_cli_usage_error(usage_eval,
                               "eval needs CONFIG and --checkpoint FILE%s", "");
   st_error err = {0};
-  char newest[ST_PATH_MAX + 64];
+  char newest[ST_PATH_MAX + 64], own[ST_PATH_MAX + 16];
+  run_config(&a, own, sizeof own);
   if (run_checkpoint(&a.checkpoint, newest, sizeof newest, &err))
     return st_cli_fail(&err);
   st_config cfg;
@@ -1070,7 +1088,8 @@ static int cmd_generate(int argc, char **argv) {
     return st_cli_usage_error(usage_generate,
                               "--seed: '%s' is not a whole number >= 0", seed);
   st_error err = {0};
-  char newest[ST_PATH_MAX + 64];
+  char newest[ST_PATH_MAX + 64], own[ST_PATH_MAX + 16];
+  run_config(&a, own, sizeof own);
   if (run_checkpoint(&a.checkpoint, newest, sizeof newest, &err))
     return st_cli_fail(&err);
   st_config cfg;
