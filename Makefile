@@ -87,7 +87,13 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(BUILD)/libstrata.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LDLIBS)
 
-tests: $(BUILD)/strata $(TEST_BIN)
+# a preloaded library tests/io/test_durable.sh watches the syncs with;
+# built plain (no sanitizer runtime of its own), whatever OPT says
+$(BUILD)/tests/io/syncspy.so: tests/io/syncspy.c
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -O2 -fPIC -shared -o $@ $< -ldl
+
+tests: $(BUILD)/strata $(TEST_BIN) $(BUILD)/tests/io/syncspy.so
 benches: $(BUILD)/strata $(BENCH_BIN)
 
 deps:

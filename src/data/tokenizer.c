@@ -571,24 +571,16 @@ int st_tokenizer_decode(const st_tokenizer *tok, const int32_t *ids,
 
 int st_tokenizer_save(const st_tokenizer *tok, const char *path,
                       st_error *err) {
-  char tmp[ST_PATH_MAX + 16];
-  snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f)
-    return st_error_set(err, ST_EIO, "%s: cannot write: %s", path,
-                        strerror(errno));
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return st_error_set(err, ST_ENOMEM, "%s: out of memory", path);
   fprintf(f, "%s %d\nvocab %d\n", BPE_MAGIC, BPE_VERSION, tok->vocab);
   for (int r = 0; r < tok->n_merges; r++)
     fprintf(f, "%d %d\n", tok->merges[2 * r], tok->merges[2 * r + 1]);
-  int bad = ferror(f);
-  bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
-  bad |= fclose(f) != 0;
-  if (bad || rename(tmp, path) != 0) {
-    int e = errno;
-    remove(tmp);
-    return st_error_set(err, ST_EIO, "%s: cannot write: %s", path, strerror(e));
-  }
-  return 0;
+  /* temp file, fsync, rename, fsync of the folder: as every file strata
+   * writes */
+  return st_write_stream_atomic(f, &text, &len, path, err);
 }
 
 /* Reads one "%d" or "%d %d" line at *at; returns the count of numbers read
