@@ -115,9 +115,7 @@ demo-cluster: deps
 demo-gpt: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/strata train configs/gpt_tiny.yaml --out runs/demo-gpt --overwrite
-	@ck=$$(ls -1 runs/demo-gpt/checkpoints/step-*.safetensors | tail -n 1); \
-	echo "$(BUILD)/strata generate configs/gpt_tiny.yaml --checkpoint $$ck --prompt 'The '"; \
-	$(BUILD)/strata generate configs/gpt_tiny.yaml --checkpoint $$ck --prompt 'The ' --tokens 300
+	$(BUILD)/strata generate - --checkpoint runs/demo-gpt --prompt 'The ' --tokens 300
 
 # GPT-3 XL (1.3B) for a few steps by weight streaming from a file store of
 # 36.8 GiB in runs/demo-stream (strata refuses at start when the disk lacks
