@@ -387,9 +387,8 @@ static int create_store(const char *path, const st_model *m,
   return 0;
 }
 
-/* The newer valid header slot, or an error saying why neither is. */
 /* The newer valid header slot of the store open at fd (path: for the
- * message), whatever model it holds. */
+ * message), whatever model it holds, or an error saying why neither is. */
 static int newest_slot(int fd, const char *path, header *out, st_error *err) {
   header best = {0}, h;
   int found = 0, marked = 0;  /* valid slots; slots with the magic */
