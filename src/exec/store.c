@@ -433,6 +433,8 @@ int st_store_committed_step(const char *path, int64_t *step, st_error *err) {
   return rc;
 }
 
+/* The newer valid header, checked against the model and config the store
+ * is opened for, and the layout it gives s. */
 static int read_header(st_store *s, const st_model *m, const st_config *cfg,
                        off_t size, st_error *err) {
   header best;
