@@ -181,6 +181,28 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
   return 0;
 }
 
+/* The run's folder a path names, as its first n bytes at *base (n is
+ * returned): the path without trailing slashes, or, for a run's
+ * checkpoints/ folder itself (not a sharded checkpoint's folder, which
+ * holds its index), the folder above it. */
+static size_t run_folder(const char *path, const char **base) {
+  size_t n = strlen(path);
+  *base = path;
+  while (n > 1 && path[n - 1] == '/') n--; /* "runs/demo/" */
+  char index[ST_PATH_MAX + 48];
+  struct stat sb;
+  snprintf(index, sizeof index, "%.*s/model.safetensors.index.json", (int)n,
+           path);
+  if (stat(index, &sb) != 0 && n >= 11 &&
+      !strncmp(path + n - 11, "checkpoints", 11) &&
+      (n == 11 || path[n - 12] == '/')) {
+    n -= 11;
+    while (n > 1 && path[n - 1] == '/') n--;
+    if (n == 0) *base = ".", n = 1;
+  }
+  return n;
+}
+
 /* A checkpoint named by the folder of the run that wrote it: its newest
  * checkpoint (a file, or a sharded one's folder). Anything else -- a file,
  * a sharded checkpoint's own folder, a path that does not exist -- is left
@@ -193,14 +215,14 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
 static int run_checkpoint(const char **path, char *buf, size_t cap,
                           st_error *err) {
   char dir[ST_PATH_MAX], probe[ST_PATH_MAX + 48];
-  size_t n = strlen(*path);
-  while (n > 1 && (*path)[n - 1] == '/') n--; /* "runs/demo/" */
+  const char *base;
+  size_t n = run_folder(*path, &base);
   struct stat sb;
-  snprintf(probe, sizeof probe, "%.*s/checkpoints", (int)n, *path);
+  snprintf(probe, sizeof probe, "%.*s/checkpoints", (int)n, base);
   int run = stat(probe, &sb) == 0 && S_ISDIR(sb.st_mode);
-  snprintf(probe, sizeof probe, "%.*s/store.strata", (int)n, *path);
+  snprintf(probe, sizeof probe, "%.*s/store.strata", (int)n, base);
   run |= stat(probe, &sb) == 0;
-  snprintf(probe, sizeof probe, "%.*s/config.yaml", (int)n, *path);
+  snprintf(probe, sizeof probe, "%.*s/config.yaml", (int)n, base);
   run |= stat(probe, &sb) == 0 && S_ISREG(sb.st_mode);
   if (!run) return 0;
   if (n + 48 >= sizeof dir)
@@ -208,7 +230,7 @@ static int run_checkpoint(const char **path, char *buf, size_t cap,
                         "%s: a run's folder whose path is too long (%zu "
                         "bytes; at most %d)",
                         *path, n, (int)sizeof dir - 48);
-  snprintf(dir, sizeof dir, "%.*s", (int)n, *path);
+  snprintf(dir, sizeof dir, "%.*s", (int)n, base);
   /* the run's store, if it keeps one: its config says where (without a
    * config that loads, the default place) */
   st_config cfg;
@@ -253,11 +275,10 @@ static int run_checkpoint(const char **path, char *buf, size_t cap,
  * the data's statistics are the run's. */
 static void run_config(args *a, char *buf, size_t cap) {
   if (!a->config || strcmp(a->config, "-") || !a->checkpoint) return;
-  size_t n = strlen(a->checkpoint);
-  while (n > 1 && a->checkpoint[n - 1] == '/') n--;
+  const char *base;
+  size_t n = run_folder(a->checkpoint, &base);
   struct stat sb;
-  if (snprintf(buf, cap, "%.*s/config.yaml", (int)n, a->checkpoint) <
-          (int)cap &&
+  if (snprintf(buf, cap, "%.*s/config.yaml", (int)n, base) < (int)cap &&
       stat(buf, &sb) == 0 && S_ISREG(sb.st_mode))
     a->config = buf;
 }

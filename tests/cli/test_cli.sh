@@ -303,6 +303,11 @@ run eval - --checkpoint "$run_dir"
 if [ "$rc" -eq 0 ] && [ "$out" = "$by_file ($run_dir/checkpoints/${checkpoint##*/})" ] && [ -z "$err" ]; then pass; else
   fail "eval - with a run's folder: the run's config.yaml" "rc=$rc" "want: $by_file ($run_dir/checkpoints/${checkpoint##*/})" "$out" "$err"
 fi
+# the run's checkpoints/ folder itself: the run's
+run eval - --checkpoint "$run_dir/checkpoints/"
+if [ "$rc" -eq 0 ] && [ "$out" = "$by_file ($run_dir/checkpoints/${checkpoint##*/})" ] && [ -z "$err" ]; then pass; else
+  fail "eval - with a run's checkpoints/ folder: the run's" "rc=$rc" "want: $by_file ($run_dir/checkpoints/${checkpoint##*/})" "$out" "$err"
+fi
 run inspect "$T/two_ck"
 if [ "$rc" -eq 0 ] && grep -q "^$(re_quote "$T/two_ck/checkpoints/step-00000020.safetensors"): 12 tensors" <<<"$out"; then pass; else
   fail "inspect of a run's folder: its newest checkpoint" "rc=$rc" "$out" "$err"
