@@ -764,6 +764,21 @@ if [ "$rc" -eq 0 ] && grep -q "warning: no plan" <<<"$err" &&
 else
   fail "replicas past the cores: no plan, the measured rate all the same" "rc $rc" "$out" "$err"
 fi
+# a calibration profile that cannot be read: no plan, so the pipeline's
+# stages come from the FLOP balance (the least most-loaded stage): blocks
+# of 784x1024, 1024x64, 64x64 and 64x10 weights give {0} | {1, 2, 3}
+# (803k against 70k multiply-adds a sample), not the even count {0, 1} |
+# {2, 3}
+printf 'garbage\n' >"$T/bad_profile.json"
+STRATA_CALIBRATION="$T/bad_profile.json" run train "$fc" "${pipe_args[@]}" \
+  --set model.hidden=[1024,64,64] --set execution.mode=pipeline --set execution.stages=2 \
+  --out "$T/p_noplan"
+if [ "$rc" -eq 0 ] && grep -q "^strata: warning: no plan: $(re_quote "$T/bad_profile.json"): calibration profile" <<<"$err" &&
+   grep -Eq "^strata:   stage 0 +0-0 " <<<"$out" && grep -Eq "^strata:   stage 1 +1-3 " <<<"$out"; then
+  pass
+else
+  fail "no plan (an unreadable profile): the pipeline's stages by the FLOP balance" "rc $rc" "$out" "$err"
+fi
 # block_sequential: segments of one block, each its own stage; the same
 # bytes again. The run prints each stage's busy fraction and the measured
 # utilization beside the bubble formula, each stage's time per sample beside
