@@ -68,6 +68,18 @@ uint64_t st_alloc_count(void); /* number of st_alloc calls so far */
 size_t st_alloc_bytes(void);
 size_t st_alloc_peak(void);
 void st_alloc_reset_peak(void);
+/* The calling thread's buffer number `slot` (ST_SCRATCH_*), at least
+ * `bytes` long: kept from call to call and grown when asked for more (so
+ * a step allocates nothing once its shapes have run once), freed when the
+ * thread ends; NULL if memory ran out. Its contents are the caller's until
+ * the next call for the same slot on the same thread. The kernels' own. */
+enum {
+  ST_SCRATCH_GEMV,   /* gemm.c: one-row products' partials */
+  ST_SCRATCH_COPY_A, /* narrow.c: a transposed A copied out */
+  ST_SCRATCH_BF16,   /* gemm_bf16.c: the packed operands */
+  ST_SCRATCH_SLOTS
+};
+void *st_thread_scratch(int slot, size_t bytes);
 
 /* A slab of which a process holds only some ranges: the weights, gradients
  * or optimizer state of a model whose blocks are spread over MPI ranks,

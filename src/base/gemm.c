@@ -237,48 +237,9 @@ static int gemv_split_rows(int N, int K) {
   return r >= GEMV_MIN_ROWS && N <= GEMV_PARTS / 2 ? r : 0;
 }
 
-/* The calling thread's buffer for partials past the stack's: grown to the
- * largest split it has run (so a step allocates nothing once its shapes
- * have run once), freed when the thread ends. NULL if memory ran out. */
-typedef struct part_buf {
-  size_t cap;
-  float *p;
-} part_buf;
-static pthread_key_t part_key;
-static pthread_once_t part_once = PTHREAD_ONCE_INIT;
-static int part_key_ok;
 static _Atomic int waves_forced;
 
 void st_gemv_waves(int on) { atomic_store(&waves_forced, on); }
-
-static void part_buf_free(void *v) {
-  part_buf *b = v;
-  st_free(b->p);
-  st_free(b);
-}
-
-static void part_key_init(void) {
-  part_key_ok = !pthread_key_create(&part_key, part_buf_free);
-}
-
-static float *part_scratch(size_t floats) {
-  pthread_once(&part_once, part_key_init);
-  if (!part_key_ok) return NULL;
-  part_buf *b = pthread_getspecific(part_key);
-  if (!b) {
-    if (!(b = st_alloc(sizeof *b))) return NULL;
-    if (pthread_setspecific(part_key, b)) {
-      st_free(b);
-      return NULL;
-    }
-  }
-  if (b->cap < floats) {
-    st_free(b->p);
-    b->p = st_alloc(floats * sizeof *b->p);
-    b->cap = b->p ? floats : 0;
-  }
-  return b->p;
-}
 
 static void gemv_tile_run(void *arg, int tile) {
   const gemv_job *g = arg;
@@ -315,7 +276,8 @@ static void gemv_split(st_pool *pool, int rows, int N, int K, float alpha,
   float *part = stack;
   if ((size_t)bands * N > GEMV_PARTS &&
       (atomic_load_explicit(&waves_forced, memory_order_relaxed) ||
-       !(part = part_scratch((size_t)bands * N)))) {
+       !(part = st_thread_scratch(ST_SCRATCH_GEMV,
+                                  (size_t)bands * N * sizeof *part)))) {
     part = stack; /* slot 0 the running sum, the wave's partials after it */
     wave = GEMV_PARTS / N - 1;
   }

@@ -456,31 +456,6 @@ static void tile_task(void *arg, int t) {
   }
 }
 
-/* ---------------------------------------------------------------- scratch */
-
-/* The calling thread's packing buffer, kept for its next call and freed
- * when the thread ends. */
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static __thread uint32_t *scratch;
-static __thread size_t scratch_words;
-
-static void scratch_free(void *p) { st_free(p); }
-static void scratch_key_make(void) {
-  pthread_key_create(&scratch_key, scratch_free);
-}
-
-static uint32_t *scratch_get(size_t words) {
-  if (words <= scratch_words) return scratch;
-  pthread_once(&scratch_once, scratch_key_make);
-  uint32_t *p = st_alloc(words * sizeof *p);
-  if (!p) return NULL;
-  st_free(scratch);
-  scratch = p, scratch_words = words;
-  pthread_setspecific(scratch_key, p);
-  return p;
-}
-
 /* ------------------------------------------------------------------ entry */
 
 /* The definition, one element at a time: where the scratch cannot be had. */
@@ -571,8 +546,9 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
   }
   int pairs_all = (K + 1) / 2, kc = pairs_all < KC ? pairs_all : KC;
   int panels_a = count(M, MR), panels_b = count(N, NR);
-  uint32_t *buf =
-      scratch_get(((size_t)panels_a * MR + (size_t)panels_b * NR) * kc);
+  uint32_t *buf = st_thread_scratch(
+      ST_SCRATCH_BF16,
+      ((size_t)panels_a * MR + (size_t)panels_b * NR) * kc * sizeof(uint32_t));
   if (!buf || (alpha != 1.0f && beta != 0.0f)) {
     gemm_plain(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;

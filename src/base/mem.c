@@ -119,6 +119,46 @@ void st_free(void *p) {
   free(p);
 }
 
+/* ------------------------------------------------- per-thread scratch */
+
+typedef struct scratch_bufs {
+  size_t cap[ST_SCRATCH_SLOTS];
+  void *p[ST_SCRATCH_SLOTS];
+} scratch_bufs;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
+
+static void scratch_bufs_free(void *v) {
+  scratch_bufs *b = v;
+  for (int i = 0; i < ST_SCRATCH_SLOTS; i++) st_free(b->p[i]);
+  free(b);
+}
+
+static void scratch_key_init(void) {
+  scratch_key_ok = !pthread_key_create(&scratch_key, scratch_bufs_free);
+}
+
+void *st_thread_scratch(int slot, size_t bytes) {
+  if (slot < 0 || slot >= ST_SCRATCH_SLOTS) return NULL;
+  pthread_once(&scratch_once, scratch_key_init);
+  if (!scratch_key_ok) return NULL;
+  scratch_bufs *b = pthread_getspecific(scratch_key);
+  if (!b) {
+    if (!(b = calloc(1, sizeof *b))) return NULL;
+    if (pthread_setspecific(scratch_key, b)) {
+      free(b);
+      return NULL;
+    }
+  }
+  if (b->cap[slot] < bytes) {
+    st_free(b->p[slot]);
+    b->p[slot] = st_alloc(bytes);
+    b->cap[slot] = b->p[slot] ? bytes : 0;
+  }
+  return b->p[slot];
+}
+
 size_t st_alloc_bytes(void) {
   return atomic_load_explicit(&held, memory_order_relaxed);
 }

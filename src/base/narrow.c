@@ -464,6 +464,43 @@ enum { PACKED_K_PLAIN_B = 0, PACKED_PLAIN_B_ROWS = 0 };
 enum { PACKED_TRANS_A_ANY_K = 64, ALIAS_STRIDE = 1024 };
 enum { PACKED_TRANS_A_LDA = 128, PACKED_TRANS_A_K = 512 };
 
+/* With AVX-512, a transposed A past K = PACKED_TRANS_A_ANY_K whose rows
+ * lie at least COPY_A_LDA floats apart is first copied out untransposed
+ * (op(A), M x K, in 8 x 8 blocks on the pool) into the calling thread's
+ * scratch, COPY_A_BYTES at most at a time (panels of rows), and the
+ * packed kernel reads the copy as an untransposed A: each element is the
+ * same FMA chain as when A is read in place (the header), which is what
+ * runs if the scratch cannot be had. Read in place, each step of k is a
+ * row of A lda floats on: past 2 KB a new page every step or two, which
+ * the prefetchers do not follow, and with rows a multiple of 4 KB apart
+ * the same few cache sets. GPT-2's weight gradients are such products (A
+ * the output gradient, K the tokens, lda the layer's width).
+ *
+ * Measured on a 2-vCPU Intel Xeon VM (family 6 model 207: AVX-512 with
+ * AVX512-BF16; 2026-11-30, OpenBLAS 0.3.21 does not know the CPU and runs
+ * its SSE3 "Prescott" kernels at 26-37 GFLOP/s a thread), GFLOP/s, hot
+ * operands, best of 25 x 3 calls, one thread unless said, in place
+ * against copied:
+ *   - GPT-2-124M's weight gradients at 1024 tokens (M x N x K, lda M):
+ *     2304 x 768 x 1024 69-95 against 114-171, 768 x 768 x 1024 91-106
+ *     against 173-175, 768 x 3072 x 1024 74-98 against 101-171; 3072 x
+ *     768 x 1024 (lda 3072, which went to the BLAS) 26-37 against 160-165;
+ *   - 512 x 784 x 1024 104 against 177 (2 threads 189 against 327),
+ *     1024 x 1024 x 512 102 against 184, 2304 x 768 x 256 113 against 184;
+ *   - at lda 256 and less in place held: 256 x 784 x 256 193 against 127
+ *     (2 threads 193 against 291), 256 x 3072 x 256 192 against 190,
+ *     64 x 768 x 1024 (lda 64) 170 against 153 (2 threads 340 against
+ *     155).
+ * `bench_gpt 124m 4 2`, alternating: 158-184 tokens/s (0.29-0.36 of the
+ * FMA peak) before, 320-334 (0.60-0.65) copied. Without AVX-512 a copy
+ * paid only at 128-256 rows and by about 1% in a training step (Zen 3,
+ * docs/bench.md), so it does not run there. */
+#if defined(__AVX512F__) && defined(__FMA__)
+enum { COPY_A_LDA = 512, COPY_A_BYTES = 4 << 20 };
+#else
+enum { COPY_A_LDA = 0, COPY_A_BYTES = 0 };
+#endif
+
 /* The packed kernel or the BLAS, by product class (st_gemm_choose): 0
  * packed, 1 BLAS, -1 unset (the rule above: the BLAS past
  * PACKED_K_WIDE_BLAS where it has 16-lane kernels). Read once per product;
@@ -498,6 +535,12 @@ int st_gemm_chosen(int c) {
   return v >= 0 ? v : rule_blas(c);
 }
 
+/* Whether the packed kernel reads op(A) from a copy (COPY_A_LDA). */
+static int copies_a(int trans_a, int K, int lda) {
+  return COPY_A_LDA > 0 && trans_a && K > PACKED_TRANS_A_ANY_K &&
+         lda >= COPY_A_LDA;
+}
+
 /* Products of up to ST_NARROW_ROWS rows keep the rule: the table was
  * measured at 500 rows, where the BLAS's packing pays for itself, and a
  * few rows are the dot or axpy kernels' or the packed kernel's (below). */
@@ -508,6 +551,7 @@ static int packed_fits(int trans_a, int trans_b, int M, int K, int lda) {
   if (M > ST_NARROW_ROWS ? st_gemm_chosen(c) : rule_blas(c)) return 0;
   if (!trans_a || K <= PACKED_TRANS_A_ANY_K) return 1;
   if (lda <= PACKED_TRANS_A_LDA && K <= PACKED_TRANS_A_K) return 1;
+  if (copies_a(trans_a, K, lda)) return 1;
 #if defined(__AVX512F__)
   return lda % ALIAS_STRIDE != 0;
 #else
@@ -528,9 +572,9 @@ typedef int vi __attribute__((vector_size(32)));
   __builtin_shuffle(a, b, (vi){i0, i1, i2, i3, i4, i5, i6, i7})
 #endif
 
-/* dst[j * STRIP + i] = src[i * ld + j] for an 8 x 8 block: pairs, then
+/* dst[j * dld + i] = src[i * ld + j] for an 8 x 8 block: pairs, then
  * quads within each half, then the halves (unpack, shuffle, permute). */
-INLINE void transpose8(const float *src, size_t ld, float *dst) {
+INLINE void transpose8(const float *src, size_t ld, float *dst, size_t dld) {
   vd r[8], t[8];
   for (int i = 0; i < 8; i++) r[i] = load_d(src + i * ld);
   for (int i = 0; i < 8; i += 2) {
@@ -546,9 +590,9 @@ INLINE void transpose8(const float *src, size_t ld, float *dst) {
    * (high half); r[4..7] the same for rows 4-7 */
   static const int col[4] = {0, 2, 1, 3};
   for (int q = 0; q < 4; q++) {
-    store_d(dst + (size_t)col[q] * STRIP,
+    store_d(dst + (size_t)col[q] * dld,
             SHUF(r[q], r[q + 4], 0, 1, 2, 3, 8, 9, 10, 11));
-    store_d(dst + (size_t)(col[q] + 4) * STRIP,
+    store_d(dst + (size_t)(col[q] + 4) * dld,
             SHUF(r[q], r[q + 4], 4, 5, 6, 7, 12, 13, 14, 15));
   }
 }
@@ -567,7 +611,8 @@ static void pack_strip(const narrow_job *J, int n, int w, float *strip) {
     for (; j + 8 <= w; j += 8) {
       int k = 0;
       for (; k + 8 <= K; k += 8)
-        transpose8(B + (n + j) * ldb + k, ldb, strip + (size_t)k * STRIP + j);
+        transpose8(B + (n + j) * ldb + k, ldb, strip + (size_t)k * STRIP + j,
+                   STRIP);
       for (int jj = j; jj < j + 8; jj++)
         for (int kk = k; kk < K; kk++)
           strip[(size_t)kk * STRIP + jj] = B[(n + jj) * ldb + kk];
@@ -681,6 +726,41 @@ static void packed_task(void *arg, int t) {
   }
 }
 
+/* ------------------------------------------------- A copied untransposed */
+
+/* op(A)'s rows r0 .. r0 + M, M x K, written to T untransposed (row stride
+ * K) from A stored K x (its rows), row stride lda: COPY_ROWS rows a task. */
+typedef struct copy_a_job {
+  const float *A;
+  int lda, M, K;
+  float *T;
+} copy_a_job;
+
+enum { COPY_ROWS = 32 };
+
+static void copy_a_task(void *arg, int t) {
+  const copy_a_job *j = arg;
+  int r = t * COPY_ROWS, end = r + COPY_ROWS < j->M ? r + COPY_ROWS : j->M;
+  size_t lda = (size_t)j->lda, K = (size_t)j->K;
+  const float *A = j->A;
+  float *T = j->T;
+#if defined(__AVX__)
+  for (; r + 8 <= end; r += 8) {
+    size_t k = 0;
+    for (; k + 8 <= K; k += 8)
+      transpose8(A + k * lda + r, lda, T + (size_t)r * K + k, K);
+    for (; k < K; k++)
+      for (int i = r; i < r + 8; i++) T[(size_t)i * K + k] = A[k * lda + i];
+  }
+#endif
+  for (; r < end; r++)
+    for (size_t k = 0; k < K; k++) T[(size_t)r * K + k] = A[k * lda + r];
+}
+
+static _Atomic int copy_a_off;
+
+void st_gemm_copy_a_off(int on) { atomic_store(&copy_a_off, on); }
+
 /* ------------------------------------------------------------ dispatch */
 
 /* Work of one task at least this many FLOPs; a task's edge a multiple of
@@ -739,7 +819,24 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
     return NARROW_DOT; /* (past the packed kernel's K: dot, as before) */
   if (!trans_a && !trans_b && M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K)
     return NARROW_AXPY;
-  return packed_fits(trans_a, trans_b, M, K, lda) ? NARROW_PACKED : NARROW_NONE;
+  if (!packed_fits(trans_a, trans_b, M, K, lda)) return NARROW_NONE;
+  return copies_a(trans_a, K, lda) ? NARROW_PACKED_COPY : NARROW_PACKED;
+}
+
+/* A product's tasks (J's shape, operands and transposes set). */
+static void narrow_run(st_pool *pool, int kernel, narrow_job *J) {
+  J->per_task = task_edge(J->N, 2.0 * J->M * J->K); /* over C's columns */
+  J->col_tasks = (J->N + J->per_task - 1) / J->per_task;
+  int tasks = J->col_tasks;
+  if (kernel == NARROW_PACKED) {
+    J->rows_per_task = packed_row_chunk(J->M, J->K, J->per_task, J->col_tasks);
+    tasks *= (J->M + J->rows_per_task - 1) / J->rows_per_task;
+  }
+  st_pool_for(pool, tasks,
+              kernel == NARROW_PACKED ? packed_task
+              : kernel == NARROW_DOT  ? dot_task
+                                      : axpy_task,
+              J);
 }
 
 int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
@@ -757,18 +854,28 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                                             : SCALED;
   narrow_job J = {M, N, K, lda, ldb, ldc,  how,  alpha, beta, A,
                   B, C, 0, 0,   0,   bias, relu, 0,     0};
-  J.per_task = task_edge(N, 2.0 * M * K); /* tasks over C's columns */
   J.ta = trans_a, J.tb = trans_b;
-  J.col_tasks = (N + J.per_task - 1) / J.per_task;
-  int tasks = J.col_tasks;
-  if (kernel == NARROW_PACKED) {
-    J.rows_per_task = packed_row_chunk(M, K, J.per_task, J.col_tasks);
-    tasks *= (M + J.rows_per_task - 1) / J.rows_per_task;
+  if (kernel == NARROW_PACKED_COPY) {
+    int panel = COPY_A_BYTES / (int)sizeof(float) / K;
+    panel = panel < COPY_ROWS ? COPY_ROWS : panel / COPY_ROWS * COPY_ROWS;
+    panel = panel < M ? panel : M;
+    float *T = atomic_load_explicit(&copy_a_off, memory_order_relaxed)
+                   ? NULL
+                   : st_thread_scratch(ST_SCRATCH_COPY_A,
+                                       (size_t)panel * K * sizeof *T);
+    if (T) { /* else A is read in place: the same bits */
+      for (int r = 0; r < M; r += panel) {
+        narrow_job P = J;
+        P.M = M - r < panel ? M - r : panel;
+        copy_a_job cj = {A + r, lda, P.M, K, T};
+        st_pool_for(pool, (P.M + COPY_ROWS - 1) / COPY_ROWS, copy_a_task, &cj);
+        P.A = T, P.lda = K, P.ta = 0, P.C = C + (size_t)r * ldc;
+        narrow_run(pool, NARROW_PACKED, &P);
+      }
+      return 1;
+    }
+    kernel = NARROW_PACKED;
   }
-  st_pool_for(pool, tasks,
-              kernel == NARROW_PACKED ? packed_task
-              : kernel == NARROW_DOT  ? dot_task
-                                      : axpy_task,
-              &J);
+  narrow_run(pool, kernel, &J);
   return 1;
 }

@@ -19,9 +19,17 @@
 int st_blas_avx512(void);
 
 /* Which of narrow.c's kernels a product goes to (alpha not 0): NARROW_NONE
- * (the BLAS's), or dot, axpy, packed; a function of the shape, A's row
- * stride, the target and the BLAS's kernels (st_blas_avx512) alone. */
-enum { NARROW_NONE, NARROW_DOT, NARROW_AXPY, NARROW_PACKED };
+ * (the BLAS's), or dot, axpy, packed, or packed on a transposed A first
+ * copied out untransposed (NARROW_PACKED_COPY: the bits of packed, which
+ * reads it in place); a function of the shape, A's row stride, the target
+ * and the BLAS's kernels (st_blas_avx512) alone. */
+enum {
+  NARROW_NONE,
+  NARROW_DOT,
+  NARROW_AXPY,
+  NARROW_PACKED,
+  NARROW_PACKED_COPY
+};
 int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
                           int lda);
 
@@ -45,6 +53,11 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
  * 256 rows). */
 void st_narrow_row(int N, int K, float alpha, const float *x, const float *B,
                    int ldb, float *y);
+
+/* For tests: 1 runs every product whose A narrow.c would copy out
+ * (NARROW_PACKED_COPY) with A read in place, as when the calling thread's
+ * scratch cannot be had; 0 as usual. */
+void st_gemm_copy_a_off(int on);
 
 /* For tests: 1 runs every one-row product summed in bands whose partials
  * do not fit the stack in waves on the stack, as when the calling thread's

@@ -1033,19 +1033,23 @@ static void choice_step(void *arg) {
 
 /* Each st_gemm_choose class's product on one thread, the packed kernel and
  * the BLAS's tiles in turn (the table forced, then restored to its rule);
- * a class the packed kernel cannot take here stays 0. */
+ * a class the packed kernel cannot take here stays 0. CHOICE_M rows: a
+ * transposed A's rows CHOICE_M floats apart, as wide as those narrow.c
+ * copies out with AVX-512 (COPY_A_LDA), as a wide layer's weight gradient
+ * is. */
+enum { CHOICE_M = 512 };
 static int measure_choices(st_calibration *c, FILE *progress) {
   static const int k_top[3] = {512, 1536, 3072};
-  choice_job j = {.M = 500, .N = 768};
+  choice_job j = {.M = CHOICE_M, .N = 768};
   size_t most = (size_t)3072 * 768;
-  j.A = st_alloc((size_t)3072 * 500 * sizeof(float));
+  j.A = st_alloc((size_t)3072 * CHOICE_M * sizeof(float));
   j.B = st_alloc(most * sizeof(float));
-  j.C = st_alloc((size_t)500 * 768 * sizeof(float));
+  j.C = st_alloc((size_t)CHOICE_M * 768 * sizeof(float));
   if (!j.A || !j.B || !j.C) {
     st_free(j.A), st_free(j.B), st_free(j.C);
     return ST_ENOMEM;
   }
-  fill(j.A, (size_t)3072 * 500);
+  fill(j.A, (size_t)3072 * CHOICE_M);
   fill(j.B, most);
   int force[ST_GEMM_CHOICES];
   for (int k = 0; k < ST_GEMM_CHOICES; k++) {
@@ -1053,9 +1057,9 @@ static int measure_choices(st_calibration *c, FILE *progress) {
     for (int i = 0; i < ST_GEMM_CHOICES; i++) force[i] = -1;
     force[k] = 0;
     st_gemm_choose(force);
-    if (st_gemm_narrow_kernel(j.ta, !j.ta, j.M, j.N, j.K, j.ta ? j.M : j.K) !=
-        NARROW_PACKED)
-      continue;
+    int kernel =
+        st_gemm_narrow_kernel(j.ta, !j.ta, j.M, j.N, j.K, j.ta ? j.M : j.K);
+    if (kernel != NARROW_PACKED && kernel != NARROW_PACKED_COPY) continue;
     double flops = 2.0 * j.M * j.N * j.K;
     c->gemm_choice_rate[0][k] = flops / time_per_call(choice_step, &j);
     force[k] = 1;

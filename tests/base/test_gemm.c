@@ -381,6 +381,11 @@ int main(void) {
       {1, 1, 30, 40, 65, "K>64, lda 33 (packed)"},
       {1, 0, 120, 50, 512, "dW K=512, lda 123 (packed)"},
       {1, 0, 20, 50, 513, "dW K>512 (AVX2 sgemm)"},
+      /* with AVX-512, A transposed with rows 512 floats apart or more:
+       * copied out untransposed (tails of the copy's 8 x 8 blocks and 32
+       * rows a task), then in panels of 320 rows at K = 3000 (4 MB) */
+      {1, 0, 517, 70, 93, "dW lda 517 (AVX-512: A copied out; AVX2 sgemm)"},
+      {1, 1, 530, 24, 3000, "lda 530, 2 panels (AVX-512: A copied out)"},
       {0, 1, 200, 300, 600, "tiled (AVX2 sgemm)"},
       {0, 1, 130, 140, 3100, "sgemm tiled K>3072"},
       /* too few tiles at the usual edge: split further (gpt_tiny's
@@ -479,35 +484,46 @@ int main(void) {
   }
   /* A transposed past K = 64: packed up to K 512 with its rows at most
    * 128 floats apart (a narrow layer's weight gradient); past that the
-   * BLAS with AVX2, packed with AVX-512 unless its rows lie a multiple of
-   * 4 KB apart */
+   * BLAS with AVX2; with AVX-512 packed, on a copy from rows 512 floats
+   * apart */
   {
+    const int P = NARROW_PACKED, N = NARROW_NONE, C = NARROW_PACKED_COPY;
 #if defined(__AVX512F__)
-    int wide = NARROW_PACKED;
+    const int want[7] = {P, P, P, P, P, C, C};
+    (void)N;
 #else
-    int wide = NARROW_NONE;
+    const int want[7] = {P, P, N, N, N, N, N};
+    (void)C;
 #endif
-    int k[5] = {st_gemm_narrow_kernel(1, 0, 10, 256, 256, 10),
+    int k[7] = {st_gemm_narrow_kernel(1, 0, 10, 256, 256, 10),
                 st_gemm_narrow_kernel(1, 0, 128, 784, 512, 128),
                 st_gemm_narrow_kernel(1, 0, 129, 784, 512, 129),
                 st_gemm_narrow_kernel(1, 0, 128, 784, 513, 128),
-                st_gemm_narrow_kernel(1, 0, 256, 784, 256, 1024)};
-    CHECK(k[0] == NARROW_PACKED && k[1] == NARROW_PACKED && k[2] == wide &&
-              k[3] == wide && k[4] == NARROW_NONE,
-          "A transposed past K 64: kernels %d %d %d %d %d", k[0], k[1], k[2],
-          k[3], k[4]);
+                st_gemm_narrow_kernel(1, 0, 256, 784, 256, 511),
+                st_gemm_narrow_kernel(1, 0, 256, 784, 256, 512),
+                st_gemm_narrow_kernel(1, 1, 256, 784, 256, 1024)};
+    CHECK(!memcmp(k, want, sizeof k),
+          "A transposed past K 64: kernels %d %d %d %d %d %d %d", k[0], k[1],
+          k[2], k[3], k[4], k[5], k[6]);
   }
 #endif
   /* A transposed with rows a multiple of 4 KB apart (lda 1024 and 2048):
-   * the tiled sgemm past K = 64, whatever the target */
-  const shape aliased[] = {{1, 0, 1021, 20, 100, "sgemm dW lda 1024"},
-                           {1, 0, 1024, 20, 100, "sgemm dW lda 2048"}};
+   * the tiled sgemm past K = 64 (read in place its steps down A fall into
+   * a few cache sets), or with AVX-512 a copy */
+#if defined(__AVX512F__) && defined(__FMA__)
+  const int aliased_kernel = NARROW_PACKED_COPY;
+#else
+  const int aliased_kernel = NARROW_NONE;
+#endif
+  const shape aliased[] = {{1, 0, 1021, 20, 100, "dW lda 1024"},
+                           {1, 0, 1024, 20, 100, "dW lda 2048"}};
   const int alias_pad[] = {3, 1024};
   for (int i = 0; i < 2; i++) {
     const shape *s = &aliased[i];
-    CHECK(st_gemm_narrow_kernel(1, 0, s->M, s->N, s->K, s->M + alias_pad[i]) ==
-              NARROW_NONE,
-          "%s: went to narrow.c's kernels", s->path);
+    int kernel =
+        st_gemm_narrow_kernel(1, 0, s->M, s->N, s->K, s->M + alias_pad[i]);
+    CHECK(kernel == aliased_kernel, "%s: kernel %d, want %d", s->path, kernel,
+          aliased_kernel);
     run(s, alias_pad[i], 1.0f, 1.0f, 0, pools, 4);
   }
   /* The kernel table (st_gemm_choose): each class forced to the BLAS and to
@@ -568,7 +584,14 @@ int main(void) {
     const shape *s = &shapes[i];
     int kernel = st_gemm_narrow_kernel(s->ta, s->tb, s->M, s->N, s->K,
                                        s->ta ? s->M : s->K);
-    if (kernel == NARROW_PACKED || kernel == NARROW_AXPY) run_chain(s);
+    if (kernel == NARROW_PACKED || kernel == NARROW_AXPY ||
+        kernel == NARROW_PACKED_COPY)
+      run_chain(s);
+    if (kernel == NARROW_PACKED_COPY) { /* and A read in place */
+      st_gemm_copy_a_off(1);
+      run_chain(s);
+      st_gemm_copy_a_off(0);
+    }
   }
 #endif
   for (int p = 1; p < 4; p++) st_pool_destroy(pools[p]);
