@@ -387,6 +387,11 @@ void st_narrow_row(int N, int K, float alpha, const float *x, const float *B,
 /* A strip of op(B): K rows of STRIP consecutive columns of C, copied into
  * one contiguous buffer (the columns past N zero). */
 enum { STRIP = 2 * VL };
+#if defined(__AVX512F__)
+#define PACKED_MR 12 /* rows of a register block at most (packed_rows) */
+#else
+#define PACKED_MR 6
+#endif
 /* The packed kernel's limits (this file's header). It runs only where the
  * target has FMA: without it (a build without -march=native) each product
  * and sum round apart, and a CNN's AdamW trajectory in test_e2e drifted
@@ -642,7 +647,7 @@ INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
                          int w, int RR, int TA, int RELU) {
   const float *A = J->A;
   size_t rs = TA ? 1 : (size_t)J->lda, ks = TA ? (size_t)J->lda : 1;
-  vf acc[6][2];
+  vf acc[PACKED_MR][2];
   for (int r = 0; r < RR; r++) acc[r][0] = acc[r][1] = splat(0.0f);
   for (int k = 0; k < J->K; k++) {
     vf b0 = load(strip + (size_t)k * STRIP),
@@ -674,10 +679,24 @@ INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
   }
 }
 
-/* Rows in blocks of 6 (the rest in one block) against one packed strip:
- * 12 accumulators, 2 loads and 6 broadcasts per 12 FMAs. */
+/* Rows in blocks of PACKED_MR, then of 6 (the rest in one block) against
+ * one packed strip: with 6, 12 accumulators, 2 loads and 6 broadcasts per
+ * 12 FMAs. With AVX-512's 32 registers blocks of 12 rows come first (24
+ * accumulators, 2 loads per 24 FMAs, half the strip's reads from L2): on
+ * the Intel Xeon VM of COPY_A_LDA (2026-11-30, hot operands, 40
+ * alternating pairs, median GFLOP/s, 6 against 12 rows), one thread:
+ * GPT-2-124M's 1024 x 3072 x 768 155.7 against 166.0, 3072 x 768 x 1024
+ * (A transposed) 158.7 / 163.6, 1024 x 768 x 3072 172.5 / 178.0, 768 x
+ * 3072 x 1024 157.4 / 160.1; two threads: the first three 264 / 279, 241
+ * / 244, 292 / 303, 1024 x 2304 x 768 241 / 256, an MLP's 256 x 784 x 784
+ * 234 / 254, 32 x 256 x 784 165 / 173. (Tasks of fewer rows, so that a
+ * task's rows of A stay in L2 across its strips, lost: 1024 x 768 x 3072
+ * at 111.) An element's chain is the same in either block. */
 INLINE void packed_rows(const narrow_job *J, const float *strip, int n, int w,
                         int TA, int RELU, int r, int end) {
+#if PACKED_MR == 12
+  for (; r + 12 <= end; r += 12) packed_block(J, strip, r, n, w, 12, TA, RELU);
+#endif
   for (; r + 6 <= end; r += 6) packed_block(J, strip, r, n, w, 6, TA, RELU);
   switch (end - r) {
   case 5:
