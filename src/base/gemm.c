@@ -317,6 +317,46 @@ int st_gemv_then(st_pool *pool, float *y, const float *x, const float *B, int K,
   return rows > 0;
 }
 
+/* With AVX-512, a product past the packed kernel's rows or inner size
+ * (st_gemm_piece_limits: 4096 and 3072) whose pieces narrow.c takes is cut
+ * into even pieces within them, in multiples of 16: C = alpha op(A_1)
+ * op(B_1) + beta C, then C += alpha op(A_k) op(B_k) for each further piece
+ * of K in order, each row piece apart. The sums are those of the pieces,
+ * not one chain over all of K, and so the same on every pool. GPT-2 at
+ * context 1024 has more than 4096 rows (tokens) from a micro-batch of 5
+ * sequences, and its weight gradients' inner size is the tokens, past 3072
+ * from 4 sequences: whole, they went to the BLAS's tiles, which OpenBLAS 0.3.21
+ * runs with its SSE3 kernels on the Intel Xeon of narrow.c's COPY_A_LDA (26-37
+ * GFLOP/s a thread). There (2026-11-30, hot operands, best of 25 x 3 calls),
+ * GFLOP/s whole against in pieces, 1 / 2 threads: 768 x 3072 x 4096 (A
+ * transposed) 33.5 / 70.8 against 159.8 / 317.9; 8192 x 768 x 768 36.4 / 64.0
+ * against 155.4 / 312.9; 3072 x 768 x 8192 (A transposed) 35.4 / 70.6 against
+ * 146.4 / 295.1; cnn_fmnist's dense layer at batch 64, 64 x 256 x 3136, 34.2 /
+ * 68.4 against 163.1 / 320.9. 0: not cut (the pieces would go to the BLAS
+ * too, or nothing is past the limits). */
+static int gemm_pieces(st_pool *pool, int trans_a, int trans_b, int M, int N,
+                       int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc) {
+  int rows, kmax;
+  st_gemm_piece_limits(&rows, &kmax);
+  if (!rows || alpha == 0.0f || K <= 0 || (M <= rows && K <= kmax)) return 0;
+  int m = count(count(M, count(M, rows)), 16) * 16;
+  int k = count(count(K, count(K, kmax)), 16) * 16;
+  m = m < M ? m : M, k = k < K ? k : K;
+  if (st_gemm_narrow_kernel(trans_a, trans_b, m, N, k, lda) == NARROW_NONE)
+    return 0;
+  for (int k0 = 0; k0 < K; k0 += k) {
+    int kk = K - k0 < k ? K - k0 : k;
+    const float *a = trans_a ? A + (size_t)k0 * lda : A + k0;
+    const float *b = trans_b ? B + k0 : B + (size_t)k0 * ldb;
+    for (int i0 = 0; i0 < M; i0 += m)
+      st_gemm(pool, trans_a, trans_b, M - i0 < m ? M - i0 : m, N, kk, alpha,
+              trans_a ? a + i0 : a + (size_t)i0 * lda, lda, b, ldb,
+              k0 ? 1.0f : beta, C + (size_t)i0 * ldc, ldc);
+  }
+  return 1;
+}
+
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,
              float beta, float *C, int ldc) {
@@ -347,7 +387,9 @@ void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     return;
   }
   if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
-                     beta, C, ldc, NULL, 0))
+                     beta, C, ldc, NULL, 0) ||
+      gemm_pieces(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+                  C, ldc))
     return;
   gemm_job j = {trans_a, trans_b, M, N,     K,    lda, ldb, ldc,
                 1,       0,       0, alpha, beta, A,   B,   C};

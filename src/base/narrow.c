@@ -26,9 +26,11 @@
  *         AVX-512, far larger products (the limits below). A
  *         strip of op(B), K x 2 VL columns, is copied into one
  *         contiguous buffer (B transposed: 8 x 8 blocks at a time, in
- *         registers), and blocks of 6 rows of op(A) pass over it as in
- *         axpy; op(A) is read in place. The copy keeps the strip in L1
- *         whatever B's row stride, where axpy's walk down B fell into a few
+ *         registers), and blocks of 6 rows of op(A) (12 with AVX-512)
+ *         pass over it as in axpy; op(A) is read in place (with AVX-512,
+ *         a transposed A whose rows lie far apart is first copied out:
+ *         COPY_A_LDA). The copy keeps the strip in L1 whatever B's row
+ *         stride, where axpy's walk down B fell into a few
  *         cache sets. On 1 thread (OpenBLAS 0.3.21, Zen 3, best of 200):
  *         gpt_tiny's 12 products at batch 1 ran at 84-93 GFLOP/s against
  *         the BLAS's 73-82 (one call each); attention's 32 x 32 blocks at
@@ -538,6 +540,14 @@ static int rule_blas(int c) {
 int st_gemm_chosen(int c) {
   int v = atomic_load_explicit(&choice[c], memory_order_relaxed);
   return v >= 0 ? v : rule_blas(c);
+}
+
+void st_gemm_piece_limits(int *rows, int *K) {
+#if defined(__AVX512F__) && defined(__FMA__)
+  *rows = PACKED_ROWS, *K = PACKED_K;
+#else
+  *rows = 0, *K = 0;
+#endif
 }
 
 /* Whether the packed kernel reads op(A) from a copy (COPY_A_LDA). */

@@ -54,6 +54,11 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
 void st_narrow_row(int N, int K, float alpha, const float *x, const float *B,
                    int ldb, float *y);
 
+/* The packed kernel's most rows and inner size where products past them
+ * are cut into pieces within them (gemm.c), with AVX-512; 0 and 0
+ * elsewhere. */
+void st_gemm_piece_limits(int *rows, int *K);
+
 /* For tests: 1 runs every product whose A narrow.c would copy out
  * (NARROW_PACKED_COPY) with A read in place, as when the calling thread's
  * scratch cannot be had; 0 as usual. */

@@ -140,6 +140,42 @@ static void run(const shape *s, int pad, float alpha, float beta, int nan_c,
   free(A), free(B), free(C0), free(C), free(first);
 }
 
+/* A product cut into pieces of m rows and k of K (gemm.c, with AVX-512):
+ * the same bits as the pieces called one by one, alpha on each, beta on
+ * the first piece of K only, on every pool. */
+static void run_pieces(const shape *s, int m, int k, st_pool **pools,
+                       int npools) {
+  int M = s->M, N = s->N, K = s->K;
+  int lda = s->ta ? M : K, ldb = s->tb ? K : N;
+  size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+  float *A = malloc(na * 4), *B = malloc(nb * 4), *C0 = malloc(nc * 4),
+        *want = malloc(nc * 4), *C = malloc(nc * 4);
+  for (size_t i = 0; i < na; i++) A[i] = uniform();
+  for (size_t i = 0; i < nb; i++) B[i] = uniform();
+  for (size_t i = 0; i < nc; i++) C0[i] = uniform();
+  const float alpha = 0.5f, beta = -0.75f;
+  memcpy(want, C0, nc * 4);
+  for (int k0 = 0; k0 < K; k0 += k) {
+    int kk = K - k0 < k ? K - k0 : k;
+    for (int i0 = 0; i0 < M; i0 += m) {
+      int mm = M - i0 < m ? M - i0 : m;
+      const float *a =
+          s->ta ? A + (size_t)k0 * lda + i0 : A + (size_t)i0 * lda + k0;
+      const float *b = s->tb ? B + k0 : B + (size_t)k0 * ldb;
+      st_gemm(NULL, s->ta, s->tb, mm, N, kk, alpha, a, lda, b, ldb,
+              k0 ? 1.0f : beta, want + (size_t)i0 * N, N);
+    }
+  }
+  for (int p = 0; p < npools; p++) {
+    memcpy(C, C0, nc * 4);
+    st_gemm(pools[p], s->ta, s->tb, M, N, K, alpha, A, lda, B, ldb, beta, C, N);
+    CHECK(!memcmp(C, want, nc * 4),
+          "%s ta%d tb%d %dx%dx%d on %d threads: not the pieces' bits", s->path,
+          s->ta, s->tb, M, N, K, st_pool_threads(pools[p]));
+  }
+  free(A), free(B), free(C0), free(want), free(C);
+}
+
 /* st_gemm_bias: the same bits as C filled with the bias and st_gemm with
  * alpha and beta 1, on every path; C's old contents (NaN here) never read;
  * nothing past column N written. */
@@ -364,13 +400,13 @@ int main(void) {
       /* with AVX2 alone, B untransposed past K = 1024 only from 512 rows */
       {0, 0, 511, 40, 1025, "K=1025 511 rows (AVX2 sgemm)"},
       {0, 0, 512, 40, 1025, "K=1025 512 rows (packed)"},
-      {0, 0, 30, 40, 3073, "sgemm K>3072"},
+      {0, 0, 30, 40, 3073, "K>3072 (sgemm; AVX-512 pieces)"},
       {0, 0, 4096, 20, 64, "4096 rows (AVX-512 packed, row chunks)"},
       {0, 1, 1000, 20, 100, "1000 rows (AVX-512 packed, row chunks)"},
-      {0, 1, 4097, 20, 40, "sgemm M>4096"},
+      {0, 1, 4097, 20, 40, "M>4096 (sgemm; AVX-512 pieces)"},
       {1, 0, 100, 40, 300, "dW K=300 (AVX-512 packed)"},
       {1, 0, 100, 40, 3072, "dW K=3072 (AVX-512 packed)"},
-      {1, 0, 100, 40, 3073, "sgemm dW K>3072"},
+      {1, 0, 100, 40, 3073, "dW K>3072 (sgemm; AVX-512 pieces)"},
       /* past the kernels' limits: the tiled sgemm */
       {0, 0, 8, 64, 513, "K>512 (AVX2 sgemm)"},
       {0, 0, 64, 40, 513, "K>512 (AVX2 sgemm)"},
@@ -387,12 +423,12 @@ int main(void) {
       {1, 0, 517, 70, 93, "dW lda 517 (AVX-512: A copied out; AVX2 sgemm)"},
       {1, 1, 530, 24, 3000, "lda 530, 2 panels (AVX-512: A copied out)"},
       {0, 1, 200, 300, 600, "tiled (AVX2 sgemm)"},
-      {0, 1, 130, 140, 3100, "sgemm tiled K>3072"},
+      {0, 1, 130, 140, 3100, "tiled K>3072 (sgemm; AVX-512 pieces)"},
       /* too few tiles at the usual edge: split further (gpt_tiny's
        * weight gradient at batch 2) */
       {1, 0, 384, 128, 128, "few tiles dW (AVX2 sgemm)"},
       {0, 1, 64, 128, 520, "few tiles (AVX2 sgemm)"},
-      {0, 1, 64, 128, 3080, "sgemm few tiles K>3072"},
+      {0, 1, 64, 128, 3080, "few tiles K>3072 (sgemm; AVX-512 pieces)"},
   };
   int n = (int)(sizeof shapes / sizeof shapes[0]);
   const float alphas[] = {1.0f, 0.5f, 0.0f}, betas[] = {0.0f, 1.0f, -0.75f};
@@ -526,6 +562,25 @@ int main(void) {
           aliased_kernel);
     run(s, alias_pad[i], 1.0f, 1.0f, 0, pools, 4);
   }
+#if defined(__AVX512F__) && defined(__FMA__)
+  /* With AVX-512, past the packed kernel's 4096 rows or K = 3072: even
+   * pieces of a multiple of 16 (gemm.c), C = alpha op(A_1) op(B_1) + beta
+   * C and then C += alpha op(A_k) op(B_k), bit for bit on every pool (the
+   * BLAS's tiles over the whole of K differ) */
+  {
+    const struct {
+      shape s;
+      int m, k; /* the pieces, worked out by hand */
+    } cut[] = {
+        {{0, 0, 30, 40, 3073, "K 3073: 2 pieces of K"}, 30, 1552},
+        {{1, 0, 600, 40, 6200, "dW K 6200, A copied: 3 of K"}, 600, 2080},
+        {{0, 1, 4097, 20, 40, "4097 rows: 2 pieces of rows"}, 2064, 40},
+        {{1, 1, 4100, 24, 3100, "4100 rows, K 3100: 2 x 2"}, 2064, 1552},
+    };
+    for (int i = 0; i < 4; i++)
+      run_pieces(&cut[i].s, cut[i].m, cut[i].k, pools, 4);
+  }
+#endif
   /* The kernel table (st_gemm_choose): each class forced to the BLAS and to
    * the packed kernel routes its products there, every class of the six,
    * and the result is right and the same on every pool either way; NULL
