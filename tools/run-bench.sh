@@ -90,6 +90,21 @@ echo "machine: $nproc CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 
   "load average $(cut -d' ' -f1-3 /proc/loadavg)"
 blas_pkg=$(dpkg-query -W -f='${Package} ${Version}' libopenblas0-pthread 2>/dev/null)
 echo "blas: ${blas_pkg:-unknown} (strata pins it to 1 thread; raw sgemm runs threaded)"
+# OpenBLAS picks its kernels by CPU model when it loads, and falls back to
+# its SSE3 "Prescott" ones on a model it does not know (an Intel Xeon of
+# family 6 model 207 with OpenBLAS 0.3.21): then torch's products, which
+# call it, run at a fraction of the machine's rate, and a ratio against
+# torch says more about the library than about torch (docs/bench.md).
+blas_core=$(OPENBLAS_VERBOSE=2 "$build/bench/bench_linear" --help 2>&1 |
+  sed -n 's/^Core: //p' | head -n1)
+if [ -n "$blas_core" ]; then
+  echo "blas kernels: OpenBLAS's $blas_core (for torch too, which calls it)"
+  if [ "$blas_core" = Prescott ] && grep -qw avx2 /proc/cpuinfo; then
+    echo "  note: SSE3 kernels on a CPU with AVX2: OpenBLAS does not know this" \
+      "CPU; ratios against torch overstate strata's lead (OPENBLAS_CORETYPE" \
+      "names a core to use instead)"
+  fi
+fi
 [ "$have_torch" -eq 1 ] && echo "peer: PyTorch $torch_version ($py)"
 echo
 
