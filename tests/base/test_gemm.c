@@ -36,6 +36,15 @@ static float uniform(void) { /* xorshift, in [-1, 1) */
   return (float)((rng_state >> 40) / (double)(1 << 23)) - 1.0f;
 }
 
+#if defined(__FMA__)
+/* n floats from malloc, each drawn from uniform() in order. */
+static float *uniform_array(size_t n) {
+  float *p = malloc(n * sizeof *p);
+  for (size_t i = 0; i < n; i++) p[i] = uniform();
+  return p;
+}
+#endif
+
 static const float SENTINEL = 1234.5f;
 
 /* Whether the packed kernel can take inner size K on this target at all
@@ -140,6 +149,7 @@ static void run(const shape *s, int pad, float alpha, float beta, int nan_c,
   free(A), free(B), free(C0), free(C), free(first);
 }
 
+#if defined(__AVX512F__) && defined(__FMA__)
 /* A product cut into pieces of m rows and k of K (gemm.c, with AVX-512):
  * the same bits as the pieces called one by one, alpha on each, beta on
  * the first piece of K only, on every pool. */
@@ -148,11 +158,8 @@ static void run_pieces(const shape *s, int m, int k, st_pool **pools,
   int M = s->M, N = s->N, K = s->K;
   int lda = s->ta ? M : K, ldb = s->tb ? K : N;
   size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
-  float *A = malloc(na * 4), *B = malloc(nb * 4), *C0 = malloc(nc * 4),
+  float *A = uniform_array(na), *B = uniform_array(nb), *C0 = uniform_array(nc),
         *want = malloc(nc * 4), *C = malloc(nc * 4);
-  for (size_t i = 0; i < na; i++) A[i] = uniform();
-  for (size_t i = 0; i < nb; i++) B[i] = uniform();
-  for (size_t i = 0; i < nc; i++) C0[i] = uniform();
   const float alpha = 0.5f, beta = -0.75f;
   memcpy(want, C0, nc * 4);
   for (int k0 = 0; k0 < K; k0 += k) {
@@ -175,6 +182,8 @@ static void run_pieces(const shape *s, int m, int k, st_pool **pools,
   }
   free(A), free(B), free(C0), free(want), free(C);
 }
+
+#endif
 
 /* st_gemm_bias: the same bits as C filled with the bias and st_gemm with
  * alpha and beta 1, on every path; C's old contents (NaN here) never read;
@@ -295,11 +304,8 @@ static void run_relu(const shape *s, st_pool **pools, int npools) {
 static void run_chain(const shape *s) {
   int M = s->M, N = s->N, K = s->K;
   int lda = s->ta ? M : K, ldb = s->tb ? K : N;
-  float *A = malloc((size_t)M * K * 4), *B = malloc((size_t)K * N * 4),
-        *C0 = malloc((size_t)M * N * 4), *C = malloc((size_t)M * N * 4);
-  for (size_t i = 0; i < (size_t)M * K; i++) A[i] = uniform();
-  for (size_t i = 0; i < (size_t)K * N; i++) B[i] = uniform();
-  for (size_t i = 0; i < (size_t)M * N; i++) C0[i] = uniform();
+  float *A = uniform_array((size_t)M * K), *B = uniform_array((size_t)K * N),
+        *C0 = uniform_array((size_t)M * N), *C = malloc((size_t)M * N * 4);
   const float alphas[] = {1.0f, 1.0f, 0.5f}, betas[] = {0.0f, 1.0f, -0.75f};
   for (int v = 0; v < 3; v++) {
     float alpha = alphas[v], beta = betas[v];
