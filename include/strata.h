@@ -214,10 +214,17 @@ int st_gemm_bf16_on(void);
 void st_bf16_pack_as_gemm(st_pool *pool, const float *x, uint16_t *h, size_t n);
 void st_bf16_unpack_pool(st_pool *pool, const uint16_t *h, float *x, size_t n);
 /* How this build multiplies bf16: "AVX512-BF16 (vdpbf16ps)" or
- * "emulated (...)". st_bf16_set_emulated(1) makes it emulate even where
- * the CPU has the instructions (tests; the bits are the same). */
+ * "emulated (...)", saying why. st_bf16_set_emulated(1) makes it emulate
+ * even where the CPU has the instructions (tests, calibration; the bits
+ * are the same where subnormals are flushed). st_bf16_prefer_emulated(1),
+ * from a calibration profile that measured the emulation faster
+ * (st_gemm_choose_profile), makes it emulate while subnormals are flushed
+ * (st_fp_flush) only, where the bits are the same; st_bf16_native says
+ * whether the instruction runs now. */
 const char *st_bf16_support(void);
 void st_bf16_set_emulated(int on);
+void st_bf16_prefer_emulated(int on);
+int st_bf16_native(void);
 /* Which kernel takes the products narrow.c's packed kernel could: by
  * class, A transposed or not (0, 3) plus the inner size K <= 512, <= 1536,
  * larger (0, 1, 2), each the packed kernel (0) or the BLAS's tiles (1).
@@ -1618,6 +1625,11 @@ typedef struct st_calibration {
    * kernel [0] and by the BLAS's tiles [1]; 0 where the packed kernel
    * cannot take it here (a profile without them, older, reads as 0). */
   double gemm_choice_rate[2][ST_GEMM_CHOICES];
+  /* FLOP/s on one thread of class 1's product (A plain, K 1536) under
+   * train.precision: bf16, by the AVX512-BF16 instruction [0] (0 where the
+   * build has none) and by its emulation [1]; 0 0 in a profile without
+   * them (older). */
+  double gemm_bf16_rate[2];
   /* st_calibration_round_trip as the pass began and ended (0 on one
    * thread): in which state of a shared VM the pass was measured. Not
    * stored in the profile. */
@@ -1684,6 +1696,11 @@ int st_calibration_merge(st_calibration *out, const st_calibration *passes,
 void st_calibration_gemm_choice(const st_calibration *c,
                                 int blas[ST_GEMM_CHOICES]);
 int st_gemm_choose_profile(void);
+/* What the profile st_gemm_choose_profile applied measured on one thread
+ * at class 1's product: bf16's rate by the kernel that runs now
+ * (st_bf16_native) and fp32's by the faster of its two. Returns 0 where
+ * it measured either as 0 or none was applied. */
+int st_bf16_profile_rates(double *bf16, double *fp32);
 /* st_gemm_choose_profile the first time a process calls it, and nothing
  * after: every trainer of a process (an experiment's parallel runs, a
  * resumed run) multiplies with the same kernels. */

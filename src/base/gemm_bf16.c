@@ -26,7 +26,12 @@
  * register block's step is one VDPBF16PS per 16 outputs; elsewhere the
  * same packed bf16 pairs are widened (a mask and a shift) and fed to two
  * fp32 FMAs, which halves the packed operands' memory but computes at fp32
- * speed. st_bf16_support names which.
+ * speed. st_bf16_support names which. A CPU may run the instruction at half
+ * the FMAs' rate (the Intel Xeon VM of docs/bench.md, family 6 model 207:
+ * 24 independent VDPBF16PS at 101-103 GFLOP/s against 212-214 for FMAs),
+ * where the emulation is faster: a calibration profile that measured so
+ * makes the trainer emulate while subnormals are flushed
+ * (st_bf16_prefer_emulated), the same bits.
  *
  * Layout: K is cut into blocks of KC pairs. For each block, op(A) is packed
  * in blocks of MR rows ([p][MR] 32-bit pairs: bf16(a(i,2p)) in the low
@@ -70,25 +75,38 @@ enum { NR = 32, KC = 256, CHUNK = 4096 };
 
 #define INLINE static inline __attribute__((always_inline))
 
-static atomic_int bf16_on, emulate_forced;
+static atomic_int bf16_on, emulate_forced, emulate_preferred;
 
 void st_gemm_set_bf16(int on) { atomic_store(&bf16_on, on != 0); }
 int st_gemm_bf16_on(void) {
   return atomic_load_explicit(&bf16_on, memory_order_relaxed);
 }
 void st_bf16_set_emulated(int on) { atomic_store(&emulate_forced, on != 0); }
+void st_bf16_prefer_emulated(int on) {
+  atomic_store(&emulate_preferred, on != 0);
+}
 
+/* The instruction, unless forced off or measured slower while subnormals
+ * are flushed: only then is the emulation's every bit the instruction's
+ * (header), so that the choice, made from a timing, changes no result. */
 static int native(void) {
 #if defined(__AVX512BF16__)
-  return !atomic_load_explicit(&emulate_forced, memory_order_relaxed);
+  return !atomic_load_explicit(&emulate_forced, memory_order_relaxed) &&
+         !(atomic_load_explicit(&emulate_preferred, memory_order_relaxed) &&
+           st_fp_flush());
 #else
   return 0;
 #endif
 }
 
+int st_bf16_native(void) { return native(); }
+
 const char *st_bf16_support(void) {
 #if defined(__AVX512BF16__)
   if (native()) return "AVX512-BF16 (vdpbf16ps)";
+  if (!atomic_load_explicit(&emulate_forced, memory_order_relaxed))
+    return "emulated (bf16 inputs, fp32 FMAs: the calibration profile "
+           "measured them faster than this CPU's vdpbf16ps)";
 #endif
   return "emulated (bf16 inputs, fp32 FMAs: no bf16 instructions in this "
          "build's target)";

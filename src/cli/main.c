@@ -707,6 +707,13 @@ static int cmd_train(int argc, char **argv) {
       printf("strata: notice: %ld row%s per product: bf16 is slower than "
              "fp32 below about 32 (docs/bf16.md)\n",
              rows, rows == 1 ? "" : "s");
+    /* what the calibration profile measured of both on this CPU */
+    double bf, f32;
+    if (st_bf16_profile_rates(&bf, &f32) && bf < f32)
+      printf("strata: notice: on this CPU bf16's products ran slower than "
+             "fp32's (%.0f against %.0f GFLOP/s a thread, calibration "
+             "profile): bf16 here saves memory, not time (docs/bf16.md)\n",
+             bf / 1e9, f32 / 1e9);
   }
   { /* as they run, as the plan counts them */
     double *flops = malloc((size_t)m->n_blocks * sizeof *flops);

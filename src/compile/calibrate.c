@@ -1072,6 +1072,25 @@ static int measure_choices(st_calibration *c, FILE *progress) {
               c->gemm_choice_rate[0][k] / 1e9, c->gemm_choice_rate[1][k] / 1e9);
   }
   st_gemm_choose(NULL);
+  /* bf16 at class 1, by the instruction where the build has it, then by
+   * the emulation; the process left in fp32, the instruction preferred */
+  j.ta = 0, j.K = k_top[1];
+  double flops = 2.0 * j.M * j.N * j.K;
+  st_gemm_set_bf16(1);
+  st_bf16_prefer_emulated(0);
+  for (int emulate = 0; emulate < 2; emulate++) {
+    st_bf16_set_emulated(emulate);
+    c->gemm_bf16_rate[emulate] = emulate || st_bf16_native()
+                                     ? flops / time_per_call(choice_step, &j)
+                                     : 0;
+  }
+  st_bf16_set_emulated(0);
+  st_gemm_set_bf16(0);
+  if (progress)
+    fprintf(progress,
+            "  bf16 at K %4d: vdpbf16ps %6.2f, emulated %6.2f GFLOP/s (one "
+            "thread)\n",
+            j.K, c->gemm_bf16_rate[0] / 1e9, c->gemm_bf16_rate[1] / 1e9);
   st_free(j.A), st_free(j.B), st_free(j.C);
   return 0;
 }
@@ -1083,6 +1102,17 @@ void st_calibration_gemm_choice(const st_calibration *c,
            other = c->gemm_choice_rate[1][k];
     blas[k] = packed > 0 && other > 0 ? other > packed : -1;
   }
+}
+
+/* The applied profile's bf16 and fp32 rates (st_bf16_profile_rates):
+ * set by st_gemm_choose_profile, which one thread calls before the
+ * trainers it makes run. */
+static double applied_bf16[2], applied_fp32;
+
+int st_bf16_profile_rates(double *bf16, double *fp32) {
+  *bf16 = applied_bf16[st_bf16_native() ? 0 : 1];
+  *fp32 = applied_fp32;
+  return *bf16 > 0 && *fp32 > 0;
 }
 
 static void choose_profile(void) { st_gemm_choose_profile(); }
@@ -1098,6 +1128,8 @@ int st_gemm_choose_profile(void) {
   st_error err = {0};
   int blas[ST_GEMM_CHOICES];
   st_calibration_path(path, sizeof path);
+  applied_bf16[0] = applied_bf16[1] = applied_fp32 = 0;
+  st_bf16_prefer_emulated(0);
   if (!path[0] || access(path, R_OK) != 0 ||
       st_calibration_read(&c, path, &err) != 0) {
     st_gemm_choose(NULL);
@@ -1105,6 +1137,11 @@ int st_gemm_choose_profile(void) {
   }
   st_calibration_gemm_choice(&c, blas);
   st_gemm_choose(blas);
+  const double *bf = c.gemm_bf16_rate, *f = c.gemm_choice_rate[0];
+  st_bf16_prefer_emulated(bf[0] > 0 && bf[1] > bf[0]);
+  applied_bf16[0] = bf[0], applied_bf16[1] = bf[1];
+  applied_fp32 =
+      f[1] > c.gemm_choice_rate[1][1] ? f[1] : c.gemm_choice_rate[1][1];
   for (int k = 0; k < ST_GEMM_CHOICES; k++)
     if (blas[k] >= 0) return 1;
   return 0;
@@ -1515,6 +1552,8 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
     MED(gemm_choice_rate[0][k]);
     MED(gemm_choice_rate[1][k]);
   }
+  MED(gemm_bf16_rate[0]);
+  MED(gemm_bf16_rate[1]);
 #undef MED
   if (out->n_threads > 1) { /* a one-thread profile keeps its built-in 5% */
     out->efficiency_slope =
@@ -1605,6 +1644,8 @@ int st_calibration_write(const st_calibration *c, const char *path,
     json_array(buf, cap, &at, "gemm_choice_blas", c->gemm_choice_rate[1],
                ST_GEMM_CHOICES, 0);
   }
+  if (c->gemm_bf16_rate[0] > 0 || c->gemm_bf16_rate[1] > 0) /* likewise */
+    json_array(buf, cap, &at, "gemm_bf16", c->gemm_bf16_rate, 2, 0);
   int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
   int row = c->row_bandwidth > 0;  /* likewise */
   if (c->hosted_latency > 0)       /* likewise */
@@ -1699,6 +1740,29 @@ static int bad(st_error *err, const char *path, const char *what) {
 }
 
 /* Reads array `key` of exactly n positive finite numbers. */
+/* An optional key of exactly n rates, each finite and at least 0 (0: not
+ * measured); all 0 where the profile lacks it. */
+static int rates_of(const char *text, const char *path, const char *key,
+                    double *out, int n, st_error *err) {
+  for (int k = 0; k < n; k++) out[k] = 0;
+  const char *at = value_of(text, key);
+  if (!at) return 0;
+  double v[64];
+  char what[128];
+  if (numbers_of(at, v, 64) != n) {
+    snprintf(what, sizeof what, "\"%s\": expected %d numbers", key, n);
+    return bad(err, path, what);
+  }
+  for (int k = 0; k < n; k++) {
+    if (!(v[k] >= 0) || !isfinite(v[k])) {
+      snprintf(what, sizeof what, "\"%s\": %g is not a rate", key, v[k]);
+      return bad(err, path, what);
+    }
+    out[k] = v[k];
+  }
+  return 0;
+}
+
 static int positive_array(const char *text, const char *path, const char *key,
                           double *out, int n, st_error *err) {
   double v[64];
@@ -1888,28 +1952,13 @@ static int parse(st_calibration *c, const char *text, const char *path,
     return rc;
   /* optional (profiles before them): the built-in kernel rule; 0 where the
    * packed kernel could not be measured */
-  memset(c->gemm_choice_rate, 0, sizeof c->gemm_choice_rate);
-  const char *choice_keys[2] = {"gemm_choice_packed", "gemm_choice_blas"};
-  for (int w = 0; w < 2; w++) {
-    const char *at = value_of(text, choice_keys[w]);
-    if (!at) continue;
-    double v[64];
-    char what[128];
-    int got = numbers_of(at, v, 64);
-    if (got != ST_GEMM_CHOICES) {
-      snprintf(what, sizeof what, "\"%s\": expected %d numbers", choice_keys[w],
-               ST_GEMM_CHOICES);
-      return bad(err, path, what);
-    }
-    for (int k = 0; k < ST_GEMM_CHOICES; k++) {
-      if (!(v[k] >= 0) || !isfinite(v[k])) {
-        snprintf(what, sizeof what, "\"%s\": %g is not a rate", choice_keys[w],
-                 v[k]);
-        return bad(err, path, what);
-      }
-      c->gemm_choice_rate[w][k] = v[k];
-    }
-  }
+  if ((rc = rates_of(text, path, "gemm_choice_packed", c->gemm_choice_rate[0],
+                     ST_GEMM_CHOICES, err)) ||
+      (rc = rates_of(text, path, "gemm_choice_blas", c->gemm_choice_rate[1],
+                     ST_GEMM_CHOICES, err)) ||
+      /* optional (profiles before them): bf16's kernels */
+      (rc = rates_of(text, path, "gemm_bf16", c->gemm_bf16_rate, 2, err)))
+    return rc;
   c->row_bandwidth = 0; /* optional (profiles before it): GEMM rates */
   if (value_of(text, "row_bandwidth") &&
       (rc = positive_array(text, path, "row_bandwidth", &c->row_bandwidth, 1,

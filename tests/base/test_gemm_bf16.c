@@ -209,6 +209,36 @@ static void check_shape(const shape *s, float alpha, float beta,
   release(&o);
 }
 
+/* A calibration profile's preference for the emulation: taken while
+ * subnormals are flushed (the same bits as the instruction, checked in
+ * check_shape), never with them kept, and only where the build has the
+ * instruction to prefer it to. */
+static void check_preference(const shape *sh, st_pool *pool) {
+  int built = strncmp(st_bf16_support(), "AVX512", 6) == 0;
+  CHECK(st_bf16_native() == built, "native %d in a build with%s AVX512-BF16",
+        st_bf16_native(), built ? "" : "out");
+  st_bf16_prefer_emulated(1);
+  CHECK(!st_bf16_native() &&
+            (!built || strstr(st_bf16_support(), "calibration profile")),
+        "the profile's preference not taken with subnormals flushed: %s",
+        st_bf16_support());
+  operands o;
+  fill(&o, sh);
+  float *E = run(&o, pool, 1.0f, 0.0f);
+  st_fp_set_flush(0);
+  CHECK(st_bf16_native() == built,
+        "with subnormals kept the instruction did not run (%s)",
+        st_bf16_support());
+  st_fp_set_flush(1);
+  st_bf16_prefer_emulated(0);
+  float *N = run(&o, pool, 1.0f, 0.0f);
+  CHECK(memcmp(E, N, (size_t)o.M * o.ldc * 4) == 0,
+        "the preferred emulation's bits differ from the instruction's");
+  CHECK(st_bf16_native() == built, "the preference outlived its reset");
+  free(E), free(N);
+  release(&o);
+}
+
 static void check_rounding(void) {
   /* the reference against hand-picked cases */
   CHECK(bf16_ref(from_bits(0x3F808000u)) == 1.0f, "tie rounds to even (down)");
@@ -419,6 +449,7 @@ int main(void) {
   float sub[2] = {FLT_MIN / 4, 1.0f}, col[2] = {1e30f, 1.0f}, out = 0;
   st_gemm_bf16(NULL, 0, 0, 1, 1, 2, 1.0f, sub, 2, col, 1, 0.0f, &out, 1);
   CHECK(out == 1.0f, "a subnormal input is zero (got %g)", out);
+  check_preference(&shapes[5], pools[1]);
   check_routing(pools[1]);
   check_linear(pools[1]);
   check_keep(pools[1]);

@@ -231,6 +231,28 @@ if [ "$rc" -eq 0 ] && grep -q "\"gemm_kernels\": \"packed kernel or the BLAS [a-
   fail "a run under a profile chooses kernels $chose" "rc=$rc" "$err" \
     "$(grep gemm_kernels "$T/run_cal/summary.json" 2>/dev/null)"
 fi
+# bf16 under a profile whose bf16 products (the instruction 1, the
+# emulation 2 GFLOP/s) ran slower than fp32's: a bf16 run says so, with
+# the emulation's figure while subnormals are flushed (the default), the
+# instruction's with them kept where the build has it
+if [ "$keys" -eq 1 ]; then
+  sed -E 's/"gemm_bf16": \[[^]]*\]/"gemm_bf16": [1e9, 2e9]/' "$T/cal.json" >"$T/cal_bf16.json"
+  STRATA_CALIBRATION="$T/cal_bf16.json" run train "$fc" "${small[@]}" --set train.steps=2 \
+    --set train.precision=bf16 --out "$T/run_bf16cal"
+  flushed=$out
+  STRATA_CALIBRATION="$T/cal_bf16.json" run train "$fc" "${small[@]}" --set train.steps=2 \
+    --set train.precision=bf16 --set train.flush_subnormals=false --out "$T/run_bf16kept"
+  kept=2
+  [[ $flushed == *"AVX512-BF16"* || $flushed == *"measured them faster"* ]] && kept=1
+  notice="strata: notice: on this CPU bf16's products ran slower than fp32's"
+  if grep -q '"gemm_bf16": \[1e9, 2e9\]' "$T/cal_bf16.json" && [ "$rc" -eq 0 ] &&
+    grep -qF "$notice (2 against " <<<"$flushed" && grep -qF "$notice ($kept against " <<<"$out" &&
+    { [ "$kept" -eq 2 ] || grep -q "fp32 master weights; emulated (.*measured them faster than this CPU's vdpbf16ps)" <<<"$flushed"; }; then
+    pass
+  else
+    fail "a bf16 run under a profile that measured bf16 slower says so" "rc=$rc" "$flushed" "$out" "$err"
+  fi
+fi
 # the machine's state now: a round trip over 2 threads, a positive time
 run bench --probe --threads 2
 if [ "$rc" -eq 0 ] && [[ $out =~ ^round\ trip\ on\ 2\ threads:\ ([0-9.]+)\ us$ ]] &&

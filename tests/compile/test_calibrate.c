@@ -1517,12 +1517,15 @@ static void test_gemm_choice(void) {
   memcpy(c.gemm_choice_rate[0], packed, sizeof packed);
   memcpy(c.gemm_choice_rate[1], blas, sizeof blas);
   c.gemm_choice_rate[0][4] = c.gemm_choice_rate[1][4] = 0; /* not measured */
+  c.gemm_bf16_rate[0] = 6e10, c.gemm_bf16_rate[1] = 8e10;  /* emulation ahead */
   st_error err = {0};
   CHECK(st_calibration_write(&c, path, &err) == 0 &&
             st_calibration_read(&back, path, &err) == 0,
         "choice round trip: %s", err.msg);
   CHECK(memcmp(back.gemm_choice_rate, c.gemm_choice_rate,
-               sizeof c.gemm_choice_rate) == 0,
+               sizeof c.gemm_choice_rate) == 0 &&
+            memcmp(back.gemm_bf16_rate, c.gemm_bf16_rate,
+                   sizeof c.gemm_bf16_rate) == 0,
         "the kernel rates survive the round trip");
   int want[ST_GEMM_CHOICES] = {0, 0, 0, 0, -1, 1}, got[ST_GEMM_CHOICES];
   st_calibration_gemm_choice(&back, got);
@@ -1537,9 +1540,28 @@ static void test_gemm_choice(void) {
   CHECK(st_gemm_choose_profile() == 1 && st_gemm_chosen(2) == 0 &&
             st_gemm_chosen(5) == 1 && st_gemm_choice_measured(),
         "st_gemm_choose_profile did not apply %s", path);
+  /* bf16: the emulation, measured faster, runs while subnormals are
+   * flushed where the build has the instruction; fp32's rate is class 1's
+   * faster kernel (1e11 packed against 8.6e10) */
+  int built = strncmp(st_bf16_support(), "AVX512", 6) == 0,
+      flush = st_fp_flush();
+  double bf, f32;
+  st_fp_set_flush(1);
+  int rates = st_bf16_profile_rates(&bf, &f32);
+  CHECK(!st_bf16_native() && rates && bf == 8e10 && f32 == 1e11,
+        "profile's bf16: native %d, rates %d: %g and %g (want 0, 1: 8e10 "
+        "and 1e11)",
+        st_bf16_native(), rates, bf, f32);
+  st_fp_set_flush(0);
+  rates = st_bf16_profile_rates(&bf, &f32);
+  CHECK(st_bf16_native() == built && rates == built && bf == (built ? 6e10 : 0),
+        "with subnormals kept: native %d (want %d), bf16 rate %g",
+        st_bf16_native(), built, bf);
+  st_fp_set_flush(flush);
   setenv("STRATA_CALIBRATION", "none", 1);
-  CHECK(st_gemm_choose_profile() == 0 && !st_gemm_choice_measured(),
-        "STRATA_CALIBRATION=none kept a measured kernel table");
+  CHECK(st_gemm_choose_profile() == 0 && !st_gemm_choice_measured() &&
+            st_bf16_native() == built && !st_bf16_profile_rates(&bf, &f32),
+        "STRATA_CALIBRATION=none kept a measured kernel table or bf16's");
   if (old)
     setenv("STRATA_CALIBRATION", saved, 1);
   else
@@ -1548,12 +1570,13 @@ static void test_gemm_choice(void) {
   st_calibration p[3] = {c, c, c};
   p[0].gemm_choice_rate[0][2] = 5e10; /* 5e10, 1.04e11, 2e11 -> 1.04e11 */
   p[2].gemm_choice_rate[0][2] = 2e11;
+  p[0].gemm_bf16_rate[1] = 9e10, p[1].gemm_bf16_rate[1] = 7e10; /* 8e10 */
   st_calibration m;
   CHECK(st_calibration_merge(&m, p, 3) == 0 &&
             m.gemm_choice_rate[0][2] == 1.04e11 &&
-            m.gemm_choice_rate[1][5] == 7.2e10,
-        "merged kernel rates %g %g", m.gemm_choice_rate[0][2],
-        m.gemm_choice_rate[1][5]);
+            m.gemm_choice_rate[1][5] == 7.2e10 && m.gemm_bf16_rate[1] == 8e10,
+        "merged kernel rates %g %g %g", m.gemm_choice_rate[0][2],
+        m.gemm_choice_rate[1][5], m.gemm_bf16_rate[1]);
   /* a negative rate is refused, naming the key */
   char text[4096];
   FILE *f = fopen(path, "rb");
@@ -1570,6 +1593,22 @@ static void test_gemm_choice(void) {
             st_calibration_read(&back, path, &err) != 0 &&
             strstr(err.msg, "gemm_choice_blas"),
         "a negative kernel rate: %s", err.msg);
+  /* bf16's rates: exactly two */
+  CHECK(st_calibration_write(&c, path, &err) == 0, "%s", err.msg);
+  f = fopen(path, "rb");
+  n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = 0;
+  at = strstr(text, "\"gemm_bf16\": [");
+  if (at) {
+    at += strlen("\"gemm_bf16\": [");
+    memmove(at + 4, at, strlen(at) + 1);
+    memcpy(at, "1e9,", 4);
+  }
+  CHECK(at && write_text(path, text) == 0 &&
+            st_calibration_read(&back, path, &err) != 0 &&
+            strstr(err.msg, "\"gemm_bf16\": expected 2 numbers"),
+        "three bf16 rates: %s", err.msg);
 }
 
 /* The one-row step's curve (st_calibration.row_step_*): written and read
