@@ -136,9 +136,14 @@ int st_linear_xent_chunk(int R, int V) {
 }
 
 /* The last chunks' logits the forward keeps for the backward, at most
- * XENT_KEEP_FLOATS a sample (16 MB): they need not be made again (at the
- * GPT-2 shape, T = 256, 5 of 17 chunks; at T = 1024, 4 of 50). */
-enum { XENT_KEEP_FLOATS = 1 << 22 };
+ * XENT_KEEP_FLOATS a sample (64 MB): they need not be made again. At the
+ * GPT-2 shape, T = 256, all 17 chunks (51 MB); at T = 1024, 16 of 50.
+ * Making a chunk again costs its forward product once more: with 16 MB a
+ * sample (5 of 17 kept at T = 256) bench_gpt 124m 4 2 stepped 10-14%
+ * slower than with every chunk kept (Intel Xeon VM of docs/bench.md,
+ * 2026-11-30, 3 alternating pairs: 289-319 against 327-357 tokens/s),
+ * for 32 MB a sample less scratch. */
+enum { XENT_KEEP_FLOATS = 1 << 24 };
 
 static int chunks_of(int V, int chunk) { return (V + chunk - 1) / chunk; }
 

@@ -584,7 +584,7 @@ static void test_linear_xent(void) {
             st_linear_xent_chunk(256, 50257) == 3072 &&
             st_linear_xent_chunk(64, 50257) == 3072 &&
             st_linear_xent_scratch_floats(1024, 50257) ==
-                16 + 1024 * (1024 * 5 + 2),
+                16 + 1024 * (1024 * 17 + 2),
         "linear_xent chunk %d %d %d %d %d %d",
         st_linear_xent_chunk(1024, 50257), st_linear_xent_chunk(64, 256),
         st_linear_xent_chunk(4096, 50257), st_linear_xent_chunk(512, 50257),
@@ -882,12 +882,14 @@ static void test_xent_cost(void) {
  * products plus the forward product again, and 4 a word. */
 static void test_linear_xent_cost(void) {
   const int D = 768, V = 50257;
-  /* rows a sample, the chunk, the chunks kept: 32768 rows keep none, 1024
-   * keep 4 of 50 chunks of 1024 words, 256 keep 5 of 17 of 3072 */
-  const int cases[3][3] = {{32768, 256, 0}, {1024, 1024, 4}, {256, 3072, 5}};
+  /* rows a sample, the chunk, the chunks kept: 32768 rows keep 2 of 197
+   * chunks of 256 words, 1024 keep 16 of 50 of 1024, 256 all 17 of 3072,
+   * 131072 (a chunk past 16M floats) none */
+  const int cases[4][3] = {
+      {32768, 256, 2}, {1024, 1024, 16}, {256, 3072, 17}, {131072, 256, 0}};
   st_cost u = st_linear_cost(D, V);
   double fwd = u.flops_fwd - V, bwd = u.flops_bwd - V; /* products alone */
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     int R = cases[i][0], chunk = cases[i][1], kept = cases[i][2];
     int n = (V + chunk - 1) / chunk;
     double again = kept ? (double)(n - kept) * chunk / V : 1.0;
