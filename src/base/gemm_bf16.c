@@ -25,8 +25,11 @@
  * Where the CPU has AVX512-BF16 (the target's __AVX512BF16__), a
  * register block's step is one VDPBF16PS per 16 outputs; elsewhere the
  * same packed bf16 pairs are widened (a mask and a shift) and fed to two
- * fp32 FMAs, which halves the packed operands' memory but computes at fp32
- * speed. st_bf16_support names which. A CPU may run the instruction at half
+ * fp32 FMAs, which halves op(B)'s packed memory but computes at fp32 speed
+ * at best; with AVX-512 op(A) is packed already widened (WIDE_A), which
+ * took the emulation from 105-119 to 170 GFLOP/s on one thread at 512 x
+ * 768 x 1536 on the Intel Xeon VM below (fp32's packed kernel 175-190).
+ * st_bf16_support names which. A CPU may run the instruction at half
  * the FMAs' rate (the Intel Xeon VM of docs/bench.md, family 6 model 207:
  * 24 independent VDPBF16PS at 101-103 GFLOP/s against 212-214 for FMAs),
  * where the emulation is faster: a calibration profile that measured so
@@ -149,8 +152,8 @@ INLINE u16 round16(v16 x, int native) {
 
 /* One packed operand: `rows` rows (of op(A), or columns of op(B)) of
  * `pairs` pairs, element (r, k) at x[r * sr + k * sk], into panels of W
- * rows: out[(panel * pairs + p) * W + r % W]. Rows past `rows` and k past
- * `K` are zeros. */
+ * rows: out[(panel * pairs + p) * W + r % W], or wide (WIDE_A) 2 W words a
+ * pair. Rows past `rows` and k past `K` are zeros. */
 typedef struct pack_job {
   const float *x;
   size_t sr, sk;
@@ -158,6 +161,7 @@ typedef struct pack_job {
   uint32_t *out;
   int along_r; /* elements along r contiguous (sr 1), else along k */
   int native;  /* round with the instruction */
+  int wide;    /* each pair as two floats (WIDE_A) */
 } pack_job;
 
 /* The first n (<= 16) lanes of v to p, or from p (the rest zeros). (A
@@ -186,6 +190,34 @@ INLINE v16 load_lanes(const float *p, int n) {
 #endif
 }
 
+/* With AVX-512 the emulation takes op(A) packed wide: for each pair, the W
+ * rows' odd elements widened to fp32 (the bf16 bits in the high half), then
+ * their even ones, 2 W floats, so that the kernel broadcasts each from
+ * memory instead of widening it in a register: one integer operation less
+ * per FMA on the ports the FMAs use (below). The values, and so the bits,
+ * are the same. */
+#if defined(__AVX512F__)
+enum { WIDE_A = 1 };
+#else
+enum { WIDE_A = 0 };
+#endif
+
+/* 16 pairs t (lanes = rows) to a packed pair row at o: as they are, or
+ * wide (o then holds 2 W floats: the odd ones, then the even ones). */
+INLINE void put_pairs(const pack_job *j, uint32_t *o, int r, u16 t, int n) {
+  if (!j->wide) {
+    store_lanes(o + r, t, n);
+    return;
+  }
+  store_lanes(o + r, t & splat_u(0xFFFF0000u), n);
+  store_lanes(o + j->W + r, t << 16, n);
+}
+
+/* uint32s a packed pair row takes */
+INLINE size_t row_words(const pack_job *j) {
+  return (size_t)j->W * (j->wide ? 2 : 1);
+}
+
 /* Elements along r contiguous (sr == 1): two k rows interleaved, 16 r at a
  * time, for panels [first, last) row pair by row pair, so that the rows are
  * read in order (one panel at a time walked K rows apart, a page apart at
@@ -196,7 +228,7 @@ static void pack_panels_r(const pack_job *j, int first, int last) {
     const float *e = j->x + (size_t)k * j->sk;
     const float *d = k + 1 < j->K ? e + j->sk : NULL;
     for (int panel = first; panel < last; panel++) {
-      uint32_t *op = j->out + ((size_t)panel * j->pairs + p) * j->W;
+      uint32_t *op = j->out + ((size_t)panel * j->pairs + p) * row_words(j);
       int r0 = panel * j->W, w = j->rows - r0 < j->W ? j->rows - r0 : j->W;
       for (int r = 0; r < j->W; r += 16) {
         int n = w - r < 16 ? (w - r > 0 ? w - r : 0) : 16;
@@ -206,7 +238,7 @@ static void pack_panels_r(const pack_job *j, int first, int last) {
           t = round16(load_lanes(e + r0 + r, n), j->native);
           if (d) t |= round16(load_lanes(d + r0 + r, n), j->native) << 16;
         }
-        store_lanes(op + r, t, lanes);
+        put_pairs(j, op, r, t, lanes);
       }
     }
   }
@@ -257,7 +289,8 @@ INLINE u16 pairs16(const float *e, int native) {
  * rows' 16 pairs each are rounded in place order and transposed into 16
  * rows of the panel. */
 static void pack_panel_k(const pack_job *j, int panel) {
-  uint32_t *o = j->out + (size_t)panel * j->pairs * j->W;
+  size_t words = row_words(j);
+  uint32_t *o = j->out + (size_t)panel * j->pairs * words;
   int r0 = panel * j->W, w = j->rows - r0 < j->W ? j->rows - r0 : j->W;
   int kn = j->K - j->k0 < 2 * j->pairs ? j->K - j->k0 : 2 * j->pairs;
   int vp = kn / 32 * 16; /* pairs done 16 at a time */
@@ -273,7 +306,7 @@ static void pack_panel_k(const pack_job *j, int panel) {
                 : splat_u(0);
       transpose16(r);
       for (int q = 0; q < 16; q++)
-        store_lanes(o + (size_t)(p + q) * j->W + g, r[q], gw);
+        put_pairs(j, o + (size_t)(p + q) * words, g, r[q], gw);
     }
   }
   for (int r = 0; r < j->W; r++) {
@@ -282,7 +315,12 @@ static void pack_panel_k(const pack_job *j, int panel) {
       int k = 2 * p;
       uint32_t lo = r < w && k < kn ? round_one(e[k]) : 0;
       uint32_t hi = r < w && k + 1 < kn ? round_one(e[k + 1]) : 0;
-      o[(size_t)p * j->W + r] = lo | hi << 16;
+      if (j->wide) {
+        o[(size_t)p * words + r] = hi << 16;
+        o[(size_t)p * words + j->W + r] = lo << 16;
+      } else {
+        o[(size_t)p * words + r] = lo | hi << 16;
+      }
     }
   }
 }
@@ -408,7 +446,24 @@ static void block_native(const block_args *g) {
 static void block_emulated(const block_args *g) {
   v16 acc[MR][2];
   load_block(g, acc);
-  BLOCK_LOOP(step_emulated);
+  if (WIDE_A) { /* op(A) wide: a pair's odd floats, then its even ones */
+    const float *a = (const float *)g->a;
+    const u16 *b = (const u16 *)g->b;
+    const u16 hi = splat_u(0xFFFF0000u);
+    for (int p = 0; p < g->pairs; p++, a += 2 * MR, b += 2) {
+      v16 b0o = (v16)(b[0] & hi), b0e = (v16)(b[0] << 16);
+      v16 b1o = (v16)(b[1] & hi), b1e = (v16)(b[1] << 16);
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {
+        float o = a[i], e = a[MR + i];
+        v16 ao = {o, o, o, o, o, o, o, o, o, o, o, o, o, o, o, o};
+        v16 ae = {e, e, e, e, e, e, e, e, e, e, e, e, e, e, e, e};
+        acc[i][0] = fma16(ae, b0e, fma16(ao, b0o, acc[i][0]));
+        acc[i][1] = fma16(ae, b1e, fma16(ao, b1o, acc[i][1]));
+      }
+    }
+  } else {
+    BLOCK_LOOP(step_emulated);
+  }
   store_block(g, acc);
 }
 
@@ -440,7 +495,7 @@ static void choose_tiles(int M, int N, int kc, int *tm, int *tn) {
 }
 
 typedef struct bf16_job {
-  int M, N, tm, tn, tiles_n, pairs, first, last, native;
+  int M, N, tm, tn, tiles_n, pairs, first, last, native, wide;
   float alpha, beta;
   const uint32_t *a, *b; /* this K block, packed */
   float *C;
@@ -459,7 +514,7 @@ static void tile_task(void *arg, int t) {
     g.b = j->b + (size_t)(c0 / NR) * j->pairs * NR;
     g.cols = j1 - c0 < NR ? j1 - c0 : NR;
     for (int r0 = i0; r0 < i1; r0 += MR) {
-      g.a = j->a + (size_t)(r0 / MR) * j->pairs * MR;
+      g.a = j->a + (size_t)(r0 / MR) * j->pairs * MR * (j->wide ? 2 : 1);
       g.rows = i1 - r0 < MR ? i1 - r0 : MR;
       g.c = j->C + (size_t)r0 * j->ldc + c0;
       g.next = r0 + 2 * MR <= i1 ? g.c + (size_t)MR * j->ldc : NULL;
@@ -564,18 +619,19 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
   }
   int pairs_all = (K + 1) / 2, kc = pairs_all < KC ? pairs_all : KC;
   int panels_a = count(M, MR), panels_b = count(N, NR);
-  uint32_t *buf = st_thread_scratch(
-      ST_SCRATCH_BF16,
-      ((size_t)panels_a * MR + (size_t)panels_b * NR) * kc * sizeof(uint32_t));
+  int nat = native(), wide = WIDE_A && !nat;
+  size_t words_a = (size_t)panels_a * MR * kc * (wide ? 2 : 1);
+  uint32_t *buf = st_thread_scratch(ST_SCRATCH_BF16,
+                                    (words_a + (size_t)panels_b * NR * kc) *
+                                        sizeof(uint32_t));
   if (!buf || (alpha != 1.0f && beta != 0.0f)) {
     gemm_plain(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   int threads = st_pool_threads(pool) > 0 ? st_pool_threads(pool) : 1;
-  int nat = native();
   bf16_job j = {0};
   j.M = M, j.N = N, j.alpha = alpha, j.beta = beta, j.C = C, j.ldc = ldc;
-  j.native = nat;
+  j.native = nat, j.wide = wide;
   choose_tiles(M, N, kc, &j.tm, &j.tn);
   j.tiles_n = count(N, j.tn);
   int tiles = count(M, j.tm) * j.tiles_n;
@@ -587,14 +643,15 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                     .panels = panels_a,
                     .out = buf,
                     .along_r = trans_a,
-                    .native = nat};
+                    .native = nat,
+                    .wide = wide};
   pb.a.sr = trans_a ? 1 : (size_t)lda, pb.a.sk = trans_a ? (size_t)lda : 1;
   pb.b = (pack_job){.x = B,
                     .rows = N,
                     .K = K,
                     .W = NR,
                     .panels = panels_b,
-                    .out = buf + (size_t)panels_a * MR * kc,
+                    .out = buf + words_a,
                     .along_r = !trans_b,
                     .native = nat};
   pb.b.sr = trans_b ? (size_t)ldb : 1, pb.b.sk = trans_b ? 1 : (size_t)ldb;
