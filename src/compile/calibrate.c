@@ -1086,11 +1086,16 @@ static int measure_choices(st_calibration *c, FILE *progress) {
   }
   st_bf16_set_emulated(0);
   st_gemm_set_bf16(0);
-  if (progress)
+  if (progress && c->gemm_bf16_rate[0] > 0)
     fprintf(progress,
             "  bf16 at K %4d: vdpbf16ps %6.2f, emulated %6.2f GFLOP/s (one "
             "thread)\n",
             j.K, c->gemm_bf16_rate[0] / 1e9, c->gemm_bf16_rate[1] / 1e9);
+  else if (progress)
+    fprintf(progress,
+            "  bf16 at K %4d: emulated %6.2f GFLOP/s (one thread; no "
+            "AVX512-BF16 in this build)\n",
+            j.K, c->gemm_bf16_rate[1] / 1e9);
   st_free(j.A), st_free(j.B), st_free(j.C);
   return 0;
 }
