@@ -43,9 +43,10 @@
  * output tiles (choose_tiles) run MR x 32 register blocks over them, each
  * block's 2 MR accumulators loaded from C and stored back once per K block.
  * The packed block lives in the calling thread's scratch, which grows to the
- * largest (M + N) x KC pairs it has seen (products are cut into chunks of at
- * most CHUNK rows and columns, so at most 8 MB) and is kept: no allocation
- * in the steady state.
+ * largest (M + N) x KC pairs it has seen, (2 M + N) x KC words with op(A)
+ * wide (products are cut into chunks of at most CHUNK rows and columns, so
+ * at most 8 MB, 12 MB wide) and is kept: no allocation in the steady
+ * state.
  */
 #include "strata.h"
 
@@ -605,7 +606,8 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     }
   }
   /* chunks of at most CHUNK rows and columns, so that the packing buffer
-   * stays under (2 CHUNK) x KC pairs (8 MB) whatever the shape: GPT-2's
+   * stays under (2 CHUNK) x KC pairs (8 MB; 12 MB with op(A) wide)
+   * whatever the shape: GPT-2's
    * output head (50,257 columns) in one piece would pack 51 MB */
   if (M > CHUNK || N > CHUNK) {
     for (int i0 = 0; i0 < M; i0 += CHUNK)
