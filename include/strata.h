@@ -558,7 +558,7 @@ st_cost st_xent_cost(int C);
  * words), and each chunk's logits x W_c^T (+ b_c)
  * (W (V, D) as st_linear_forward's) live in scratch only while they are
  * used, but for the last `keep` chunks (st_linear_xent_keep(R, V): at most
- * 4M logits a sample), which the forward leaves there for the backward.
+ * 16M logits a sample), which the forward leaves there for the backward.
  * The forward folds chunks into a running max and sum per row (an online
  * softmax, the sum in double) and writes out[2 r] = the row's loss,
  * logsumexp - z[label], and out[2 r + 1] = 1 if the first index of the

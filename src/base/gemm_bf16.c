@@ -38,7 +38,8 @@
  *
  * Layout: K is cut into blocks of KC pairs. For each block, op(A) is packed
  * in blocks of MR rows ([p][MR] 32-bit pairs: bf16(a(i,2p)) in the low
- * half, bf16(a(i,2p+1)) in the high one) and op(B) in panels of NR = 32
+ * half, bf16(a(i,2p+1)) in the high one; wide, [p][2][MR] floats, WIDE_A)
+ * and op(B) in panels of NR = 32
  * columns ([p][32]), both zero-padded, by the pool's threads; then the
  * output tiles (choose_tiles) run MR x 32 register blocks over them, each
  * block's 2 MR accumulators loaded from C and stored back once per K block.
@@ -66,6 +67,7 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
 typedef uint32_t u16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef float f32_alias __attribute__((may_alias)); /* a packed word's float */
 
 /* MR rows a register block: 2 MR accumulators of 16 floats, which with
  * AVX-512's 32 registers leaves room for the two B vectors and a
@@ -448,7 +450,7 @@ static void block_emulated(const block_args *g) {
   v16 acc[MR][2];
   load_block(g, acc);
   if (WIDE_A) { /* op(A) wide: a pair's odd floats, then its even ones */
-    const float *a = (const float *)g->a;
+    const f32_alias *a = (const f32_alias *)g->a;
     const u16 *b = (const u16 *)g->b;
     const u16 hi = splat_u(0xFFFF0000u);
     for (int p = 0; p < g->pairs; p++, a += 2 * MR, b += 2) {
@@ -475,8 +477,8 @@ static void block_emulated(const block_args *g) {
  * (header); it only spreads the work: halving the longer edge while there
  * are fewer than TILES tiles and a tile would keep at least MIN_TILE_FLOPS
  * per K block. A tile's rows stay at most TILE_ROWS, so that its packed A
- * (TILE_ROWS x KC pairs, 192 KB) stays in L2 while it passes over each
- * 32-column panel. */
+ * (TILE_ROWS x KC pairs, 192 KB; 384 KB wide) stays in L2 while it passes over
+ * each 32-column panel. */
 enum { TILES = 16, MIN_TILE_FLOPS = 1 << 18, TILE_ROWS = 16 * MR };
 
 static int round_to(int x, int m) { return (x + m - 1) / m * m; }

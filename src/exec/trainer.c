@@ -194,8 +194,9 @@ int st_usable_cores(void) { return st_usable_cpus(NULL, 0); }
 int st_eval_batch(const st_model *m, int micro_batch) {
   /* 256 samples, fewer when their logits, activations or scratch would
    * pass 64 MiB each (a GPT's vocabulary at every position, unfused; a
-   * fused head's vocabulary chunk, 4 MiB a sample) — but never fewer than
-   * a training micro-batch, whose buffers exist anyway */
+   * fused head's vocabulary chunk and the chunks it keeps, up to 71 MB a
+   * sample at GPT-2's context 1024: one sample) — but never fewer than a
+   * training micro-batch, whose buffers exist anyway */
   size_t logits = (size_t)m->label_rows * (size_t)m->out_cols, acts = 0;
   for (int i = 0; i < m->n_blocks; i++) acts += m->blocks[i].act_per_sample;
   size_t per_sample = logits > acts ? logits : acts, budget = (size_t)16 << 20;

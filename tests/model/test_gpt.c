@@ -523,8 +523,9 @@ static void run_variant(const st_safetensors *st, const variant *v) {
 
 /* The evaluation batch keeps each of its buffers within 64 MiB (16M
  * floats): a fused head's logits are 2 floats a position, but its
- * vocabulary chunk is 4 MiB a sample of scratch, which must bound the
- * batch as the logits did (a small GPT over GPT-2's vocabulary). */
+ * vocabulary chunk and the chunks it keeps are scratch (7 MB a sample
+ * here), which must bound the batch as the logits did (a small GPT over
+ * GPT-2's vocabulary). */
 static void check_eval_budget(void) {
   st_config c;
   st_config_defaults(&c);
