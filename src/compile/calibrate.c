@@ -1142,11 +1142,11 @@ int st_gemm_choose_profile(void) {
   }
   st_calibration_gemm_choice(&c, blas);
   st_gemm_choose(blas);
-  const double *bf = c.gemm_bf16_rate, *f = c.gemm_choice_rate[0];
+  const double *bf = c.gemm_bf16_rate;
   st_bf16_prefer_emulated(bf[0] > 0 && bf[1] > bf[0]);
   applied_bf16[0] = bf[0], applied_bf16[1] = bf[1];
-  applied_fp32 =
-      f[1] > c.gemm_choice_rate[1][1] ? f[1] : c.gemm_choice_rate[1][1];
+  double packed = c.gemm_choice_rate[0][1], other = c.gemm_choice_rate[1][1];
+  applied_fp32 = packed > other ? packed : other; /* class 1's faster */
   for (int k = 0; k < ST_GEMM_CHOICES; k++)
     if (blas[k] >= 0) return 1;
   return 0;

@@ -111,6 +111,25 @@ static int write_text(const char *path, const char *text) {
   return fclose(f);
 }
 
+/* The profile at path with ins written just after the first "key": [;
+ * -1 if it has no such key or the result would not fit 8 KB. */
+static int insert_after_key(const char *path, const char *key,
+                            const char *ins) {
+  char text[8192], open[64];
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = 0;
+  snprintf(open, sizeof open, "\"%s\": [", key);
+  char *at = strstr(text, open);
+  size_t extra = strlen(ins);
+  if (!at || n + extra >= sizeof text) return -1;
+  at += strlen(open);
+  memmove(at + extra, at, strlen(at) + 1);
+  memcpy(at, ins, extra);
+  return write_text(path, text);
+}
+
 static void test_round_trip(void) {
   char path[128];
   path_in(path, sizeof path, "cal.json");
@@ -1583,34 +1602,13 @@ static void test_gemm_choice(void) {
         "merged kernel rates %g %g %g", m.gemm_choice_rate[0][2],
         m.gemm_choice_rate[1][5], m.gemm_bf16_rate[1]);
   /* a negative rate is refused, naming the key */
-  char text[4096];
-  FILE *f = fopen(path, "rb");
-  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-  if (f) fclose(f);
-  text[n] = 0;
-  char *at = strstr(text, "\"gemm_choice_blas\": [");
-  if (at) {
-    at += strlen("\"gemm_choice_blas\": [");
-    memmove(at + 1, at, strlen(at) + 1);
-    *at = '-';
-  }
-  CHECK(at && write_text(path, text) == 0 &&
+  CHECK(insert_after_key(path, "gemm_choice_blas", "-") == 0 &&
             st_calibration_read(&back, path, &err) != 0 &&
             strstr(err.msg, "gemm_choice_blas"),
         "a negative kernel rate: %s", err.msg);
   /* bf16's rates: exactly two */
   CHECK(st_calibration_write(&c, path, &err) == 0, "%s", err.msg);
-  f = fopen(path, "rb");
-  n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-  if (f) fclose(f);
-  text[n] = 0;
-  at = strstr(text, "\"gemm_bf16\": [");
-  if (at) {
-    at += strlen("\"gemm_bf16\": [");
-    memmove(at + 4, at, strlen(at) + 1);
-    memcpy(at, "1e9,", 4);
-  }
-  CHECK(at && write_text(path, text) == 0 &&
+  CHECK(insert_after_key(path, "gemm_bf16", "1e9,") == 0 &&
             st_calibration_read(&back, path, &err) != 0 &&
             strstr(err.msg, "\"gemm_bf16\": expected 2 numbers"),
         "three bf16 rates: %s", err.msg);
