@@ -57,6 +57,42 @@ static void test_adamw(void) {
   CHECK(fabsf(w1[0] - 1.01f) < 1e-6f, "adamw first step: %.8f", w1[0]);
 }
 
+/* Late in training 1 - beta2^t rounds to 1 in float and adamw_one skips
+ * its division by the correction's root (x / 1 is x): one step at t = 1000,
+ * beta2 0.95 (0.95^1000 ~ 5e-23), against the double closed form and, bit
+ * for bit, against torch's order of float operations with the division
+ * written out. v is small enough that eps moves the step by ~10%. */
+static void test_adamw_late(void) {
+  enum { N = 3 };
+  const int64_t t = 1000;
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  const float g[N] = {2e-7f, -3e-7f, 0.05f};
+  float w[N] = {0.5f, -0.25f, 1.0f}, m[N] = {1e-7f, -1e-7f, 0.01f},
+        v[N] = {1e-14f, 4e-14f, 1e-3f};
+  float w0[N], m0[N], v0[N], want[N], bits[N];
+  memcpy(w0, w, sizeof w);
+  memcpy(m0, m, sizeof m);
+  memcpy(v0, v, sizeof v);
+  st_adamw_update(w, m, v, g, N, lr, b1, b2, eps, wd, t);
+  float bc2 = sqrtf(1.0f - powf(b2, (float)t));
+  float step = lr / (1.0f - powf(b1, (float)t));
+  CHECK(bc2 == 1.0f, "adamw late: the correction rounds to 1 (%.9g)", bc2);
+  for (int i = 0; i < N; i++) {
+    double mm = 0.9 * m0[i] + 0.1 * g[i],
+           vv = 0.95 * v0[i] + 0.05 * g[i] * g[i];
+    want[i] = (float)(w0[i] * (1 - 0.01 * 0.1) - 0.01 * mm / (sqrt(vv) + 1e-8));
+    float wf = w0[i] * (1.0f - lr * wd);
+    float mf = m0[i] * b1 + (1.0f - b1) * g[i];
+    float vf = v0[i] * b2 + (1.0f - b2) * (g[i] * g[i]);
+    bits[i] = wf - step * (mf / (sqrtf(vf) / bc2 + eps));
+  }
+  /* float against double over one step: a few ulps */
+  CHECK_CLOSE("adamw late step", w, want, N, 1e-6, 1e-9);
+  CHECK(memcmp(w, bits, sizeof w) == 0,
+        "adamw late step: torch's float order, bit for bit (%.9g %.9g %.9g)",
+        w[0], w[1], w[2]);
+}
+
 static void test_schedules(void) {
   st_config c;
   st_config_defaults(&c);
@@ -330,6 +366,7 @@ int main(void) {
   test_sgd(0, 0.01f);
   test_sgd(1, 0.01f);
   test_adamw();
+  test_adamw_late();
   test_schedules();
   st_config c;
   st_config_defaults(&c);
