@@ -369,12 +369,53 @@ done:
   return rc;
 }
 
+/* A file store (weight streaming) is a run's state, which the next run
+ * with its path resumes: each trainer the sweep makes gets a store of its
+ * own in the sweep's directory, `name`, with none there before it (a
+ * sweep stopped mid-trial leaves one), removed when the trainer is done
+ * (drop_store). With the config's path, every trial after the first went
+ * on from the one before's weights, whatever its learning rate. */
+static int file_store(const st_config *c) {
+  return !strcmp(c->execution.mode, "weight_streaming") &&
+         !strcmp(c->execution.store, "file");
+}
+
+static void drop_store(const st_config *c) {
+  if (!file_store(c)) return;
+  char tmp[sizeof c->execution.store_path + 8];
+  snprintf(tmp, sizeof tmp, "%s.tmp", c->execution.store_path);
+  unlink(c->execution.store_path);
+  unlink(tmp);
+}
+
+static int own_store(const st_sweep_options *o, st_config *c, const char *name,
+                     st_error *err) {
+  if (!file_store(c)) return 0;
+  if (!o->out_dir[0])
+    return st_error_set(err, ST_EARG,
+                        "sweep: execution.store: file: each trial needs a "
+                        "store of its own, in the sweep's directory, and "
+                        "this sweep has none");
+  int n = snprintf(c->execution.store_path, sizeof c->execution.store_path,
+                   "%s/%s", o->out_dir, name);
+  if (n < 0 || (size_t)n >= sizeof c->execution.store_path)
+    return st_error_set(err, ST_EARG,
+                        "sweep: %s/%s: a trial's store path is too long",
+                        o->out_dir, name);
+  drop_store(c);
+  return 0;
+}
+
 /* Trial `index`'s config at this batch size: its point of the search, the
- * budget as the schedule's length, no progress line. */
+ * budget as the schedule's length, no progress line, a store of its own. */
 static int trial_config(const st_sweep_options *o, const st_config *base,
                         int n_train, int batch, int index, st_config *c,
                         st_error *err) {
   *c = *base;
+  char name[64];
+  snprintf(name, sizeof name, "trial-b%d-%d.store", batch, index);
+  int rc = own_store(o, c, name, err);
+  if (rc) return rc;
   double lr, mom;
   st_sweep_point(o, base, index, &lr, &mom);
   c->train.batch = batch;
@@ -418,6 +459,7 @@ static int run_trial(const st_sweep_options *o, const st_config *base,
     }
   }
   st_trainer_destroy(t);
+  drop_store(&c);
   if (rc) r->done = 0;
   return rc;
 }
@@ -581,6 +623,7 @@ static int check_noise(const st_sweep_options *o, const st_config *base,
   int rc = noise_config(o, base, n_train, 0, &c, err);
   if (!rc) rc = st_trainer_create(&t, &c, NULL, err);
   st_trainer_destroy(t);
+  drop_store(&c);
   if (rc) {
     char msg[sizeof err->msg];
     snprintf(msg, sizeof msg, "%s", err->msg);
@@ -632,6 +675,7 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
   if ((rc = st_trainer_create(&t, &c, NULL, err))) {
     fclose(f);
     free(buf);
+    drop_store(&c);
     return rc;
   }
   int64_t S = bs[b].steps, eval_at = next_eval(o, 0);
@@ -661,6 +705,7 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
   ns->b_mid = window_b(&mid);
   ns->b_end = window_b(&end);
   st_trainer_destroy(t);
+  drop_store(&c);
   /* A divergence here (the trial itself did not diverge) ends the
    * measurement early; the rows so far stand. */
   if (rc == ST_ENONFINITE) rc = 0;
@@ -1237,16 +1282,20 @@ static int check_key(const st_sweep_options *o, const st_config *base,
 
 /* The training samples one epoch of this config passes over (for
  * --budget-epochs): a trainer is made to load the data and asked. */
-static int train_size(const st_config *base, int *n, st_error *err) {
+static int train_size(const st_sweep_options *o, const st_config *base, int *n,
+                      st_error *err) {
   st_config c = *base;
   c.train.steps = 1;
   snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
   st_trainer *t;
-  int rc = st_trainer_create(&t, &c, NULL, err);
-  if (rc) return rc;
-  *n = st_trainer_train_size(t);
-  st_trainer_destroy(t);
-  return 0;
+  int rc = own_store(o, &c, "size.store", err);
+  if (!rc) rc = st_trainer_create(&t, &c, NULL, err);
+  if (!rc) {
+    *n = st_trainer_train_size(t);
+    st_trainer_destroy(t);
+  }
+  drop_store(&c);
+  return rc;
 }
 
 int st_sweep_run(const st_sweep_options *o, const st_config *base,
@@ -1265,7 +1314,7 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   if ((rc = check_key(o, base, err))) goto done;
   summary sum = {0, NAN, NAN, NAN, {0, 0, NAN, NAN, NAN, 0}};
   if ((o->budget_epochs > 0 || o->noise_batch) &&
-      (rc = train_size(base, &sum.n_train, err)))
+      (rc = train_size(o, base, &sum.n_train, err)))
     goto done;
   if (o->noise_batch && (rc = check_noise(o, base, sum.n_train, err)))
     goto done;

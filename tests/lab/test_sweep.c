@@ -500,6 +500,35 @@ static void test_jobs(const char *root, char *const want[4]) {
         "the earlier trial's later error wins: rc %d '%s'", rc, err.msg);
 }
 
+/* Weight streaming from a file store trains as sequential does, bit for
+ * bit, so the sweep's files are the sequential sweep's (want) — with each
+ * trial in a store of its own: given the config's store path, every trial
+ * after the first went on from the one before's weights (batch 8's second
+ * trial "reached" the target at its first step), and the next batch size
+ * was refused as another run's store. That path is never touched, and no
+ * trial's store is left in the sweep's directory. Two jobs: two stores at
+ * once. */
+static void test_file_store(const char *root, char *const want[4]) {
+  st_config c;
+  tiny_config(&c);
+  snprintf(c.execution.mode, sizeof c.execution.mode, "weight_streaming");
+  snprintf(c.execution.store, sizeof c.execution.store, "file");
+  snprintf(c.execution.store_path, sizeof c.execution.store_path,
+           "%s/user.store", root);
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/file-store", root);
+  tiny_options(&o, dir);
+  o.jobs = 2;
+  if (run(&o, &c)) return;
+  check_same_files(dir, want, "a file store's sweep");
+  CHECK(access(c.execution.store_path, F_OK) != 0,
+        "the config's store path %s was made", c.execution.store_path);
+  char cmd[3 * ST_PATH_MAX];
+  snprintf(cmd, sizeof cmd, "ls %s | grep -c store >/dev/null", dir);
+  CHECK(system(cmd) != 0, "a trial's store left in %s", dir);
+}
+
 static void test_sweep(const char *root) {
   st_config c;
   tiny_config(&c);
@@ -541,6 +570,7 @@ static void test_sweep(const char *root) {
         "report.md has the table and states the rule");
 
   test_jobs(root, text);
+  test_file_store(root, text);
 
   /* Determinism: a second sweep into another folder. */
   tiny_options(&o, b);
