@@ -57,7 +57,9 @@ typedef struct st_executor {
   int (*start)(void *state, const st_trainer_view *v, st_error *err);
   int (*wait)(void *state, double *loss, st_error *err);
   /* Inference on B samples (B <= the create-time max_batch); returns the
-   * logits, valid until the next call. Used by evaluation. */
+   * logits, valid until the next call, or NULL if a message to another
+   * rank or a read failed (the read's error: commit with pos NULL). Used
+   * by evaluation. */
   const float *(*forward)(void *state, const st_ctx *ctx, const float *params,
                           const float *x, int B);
   /* Buffers for micro-batches of cfg's split and inference batches of up

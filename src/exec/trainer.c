@@ -1184,7 +1184,11 @@ int st_trainer_evaluate(st_trainer *t, double *loss, double *accuracy,
     fill_batch(t, t->pool, 1, t->eval_idx, B, t->x, t->y);
     const float *logits =
         t->exec->forward(t->exec_state, &ctx, t->params, t->x, B);
-    if (!logits) /* over ranks: a message failed */
+    int rc = logits || !t->exec->commit
+                 ? 0
+                 : t->exec->commit(t->exec_state, NULL, 0, err);
+    if (rc) return rc; /* a store's read failed: its error */
+    if (!logits)       /* over ranks: a message failed */
       return st_error_set(err, ST_EIO,
                           "rank %d: evaluation stopped: a message to or from "
                           "another rank failed",

@@ -716,7 +716,15 @@ static const float *input_of(const ws *w, int i, const float *x, int B) {
 static int finish_step(ws *w, st_trainer_view *v, int rc, int update,
                        st_error *err) {
   drain(w);
-  if (!rc) rc = pending_error(w, err); /* a failed commit: write nothing */
+  /* a failed read, write or commit: write nothing more, and say so first.
+   * Weights a read left stale may be what made the loss non-finite, and a
+   * sweep takes ST_ENONFINITE for a diverged trial, not a disk's fault. */
+  st_error io = {0};
+  int failed = pending_error(w, &io);
+  if (failed) {
+    *err = io;
+    return failed;
+  }
   if (rc || !update) return rc;
   st_trainer_view last_view = w->opt_view;
   last_view.ctx.pool = v->ctx.pool;
@@ -1090,14 +1098,18 @@ static int ws_step(void *state, st_trainer_view *v, double *loss,
 static const float *ws_forward(void *state, const st_ctx *ctx,
                                const float *params, const float *x, int B) {
   /* Evaluation: the same walk without a backward, fetching each block from
-   * the store (synchronously: evaluation is not where the time goes). */
+   * the store (synchronously: evaluation is not where the time goes). A
+   * failed read stops it (NULL; ws_commit names the error): the slot holds
+   * whatever it held before, and an evaluation on it reported a loss. */
   ws *w = state;
   if (w->ranks) return remote_forward(w, ctx, params, x, B);
   const float *h = x;
   float *slot = w->wslot;
   for (int i = 0; i < w->nb; i++) {
     const st_block *b = &w->model->blocks[i];
+    st_error e = {0};
     fetch_block(w, b, params, slot);
+    if (w->store && pending_error(w, &e)) return NULL;
     h = st_stage_forward_block(w->stage, ctx, i, slot, h, B);
     if (!w->keep) {
       memcpy(w->outs[i], h, (size_t)B * st_shape_numel(b->out) * sizeof *h);

@@ -19,12 +19,19 @@
  *    to the one before;
  *  - a store that cannot get its space (a size-limited file: RLIMIT_FSIZE)
  *    is refused at start, leaving no file behind;
- *  - a checkpoint file cannot be loaded over the store.
+ *  - a checkpoint file cannot be loaded over the store;
+ *  - an evaluation whose read of the store fails says so, with the path,
+ *    rather than reporting a loss of whatever weights the slot held; a
+ *    step whose reads fail (pread interposed below) says so too, even
+ *    where what they left made the loss non-finite.
  */
 #include "harness.h"
 #include "models.h"
 #include "strata.h"
 
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +48,33 @@ void *st_trainer_exec_state(st_trainer *t);
 void st_store_set_crash(st_store *s, int64_t step, int point);
 
 static char dir[] = "/tmp/strata_test_store_XXXXXX";
+
+/* While set, reads of a file whose path ends so fail with EIO, leaving
+ * NaNs in the buffer (what a read that failed halfway left is anyone's).
+ * This pread is the test binary's own: the library's calls reach it. */
+static const char *failing;
+
+static int is_failing(int fd) {
+  char link[64], path[ST_PATH_MAX];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = failing ? readlink(link, path, sizeof path - 1) : -1;
+  if (n <= 0) return 0;
+  path[n] = 0;
+  size_t k = strlen(failing);
+  return (size_t)n >= k && !strcmp(path + n - k, failing);
+}
+
+ssize_t pread(int fd, void *buf, size_t n, off_t off) {
+  static ssize_t (*real)(int, void *, size_t, off_t);
+  if (!real) *(void **)&real = dlsym(RTLD_NEXT, "pread");
+  if (is_failing(fd)) {
+    for (size_t i = 0; i + sizeof(float) <= n; i += sizeof(float))
+      ((float *)buf)[i / sizeof(float)] = NAN;
+    errno = EIO;
+    return -1;
+  }
+  return real(fd, buf, n, off);
+}
 
 static void file_store(st_config *c, const char *name) {
   snprintf(c->execution.mode, sizeof c->execution.mode, "weight_streaming");
@@ -370,6 +404,51 @@ static void test_full(void) {
         "and leaves no file behind");
 }
 
+/* The store cut short under a trainer (its weights gone): the next
+ * evaluation's first read fails. Before, the evaluation returned 0 with
+ * the loss of the block's slot as the last step left it. */
+static void test_eval_read(void) {
+  st_config c;
+  mlp_config(&c);
+  file_store(&c, "eval.strata");
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  if (!t) return;
+  CHECK(run_until(t, 2, &err) == 0, "%s", err.msg);
+  double loss = 0, acc = 0;
+  CHECK(st_trainer_evaluate(t, &loss, &acc, &err) == 0, "%s", err.msg);
+  CHECK(truncate(c.execution.store_path, 8192) == 0, "truncate %s",
+        c.execution.store_path);
+  err = (st_error){0};
+  int rc = st_trainer_evaluate(t, &loss, &acc, &err);
+  CHECK(rc == ST_EIO && strstr(err.msg, c.execution.store_path) &&
+            strstr(err.msg, "read failed"),
+        "an evaluation after a failed read: rc %d, '%s' (loss %g)", rc, err.msg,
+        loss);
+  st_trainer_destroy(t);
+}
+
+/* A step whose reads of the store fail: the read's error, not the
+ * non-finite loss the NaNs it left in the weights' slots make (a sweep
+ * took that for a diverged trial, and went on). */
+static void test_step_read(void) {
+  st_config c;
+  mlp_config(&c);
+  file_store(&c, "step.strata");
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  if (!t) return;
+  CHECK(run_until(t, 1, &err) == 0, "%s", err.msg);
+  double loss = 0;
+  failing = "step.strata";
+  int rc = st_trainer_step(t, &loss, &err);
+  failing = NULL;
+  CHECK(rc == ST_EIO && strstr(err.msg, "step.strata") &&
+            strstr(err.msg, "read failed"),
+        "a step whose reads failed: rc %d, '%s' (loss %g)", rc, err.msg, loss);
+  st_trainer_destroy(t);
+}
+
 int main(void) {
   st_blas_init();
   if (!mkdtemp(dir)) {
@@ -389,6 +468,8 @@ int main(void) {
   test_crash("gpt, bf16 weights", &c);
   test_bad();
   test_full();
+  test_eval_read();
+  test_step_read();
   char cmd[64];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   CHECK(system(cmd) == 0, "%s", cmd);
