@@ -169,7 +169,7 @@ static double step_flops(const st_model *m, int B) {
       const st_layer *L = &b->layers[l];
       if (L->kind != ST_OP_LINEAR_XENT) continue;
       int D = (int)(st_shape_numel(L->in) / L->rows);
-      st_cost f = st_linear_xent_cost(L->rows, D, L->vocab);
+      st_cost f = st_linear_xent_cost(L->rows, D, L->vocab, L->keep, L->split);
       st_cost u = st_linear_cost(D, L->vocab);
       per_sample -=
           (f.flops_fwd + f.flops_bwd - u.flops_fwd - u.flops_bwd) * L->rows;

@@ -558,7 +558,8 @@ st_cost st_xent_cost(int C);
  * words), and each chunk's logits x W_c^T (+ b_c)
  * (W (V, D) as st_linear_forward's) live in scratch only while they are
  * used, but for the last `keep` chunks (st_linear_xent_keep(R, V): at most
- * 16M logits a sample), which the forward leaves there for the backward.
+ * 16M logits a sample; the layer's keep: 0 in a mode whose backward would
+ * not find them), which the forward leaves there for the backward.
  * The forward folds chunks into a running max and sum per row (an online
  * softmax, the sum in double) and writes out[2 r] = the row's loss,
  * logsumexp - z[label], and out[2 r + 1] = 1 if the first index of the
@@ -575,8 +576,8 @@ st_cost st_xent_cost(int C);
  * makes them again. Both calls take the same chunk and keep (0: none
  * kept). dw, db, dx may each be NULL. scratch: 16 + rows x
  * (chunk x (1 + keep) + 2) floats, which B x
- * st_linear_xent_scratch_floats(R, V) covers at the shape's own chunk and
- * keep. Rows are independent and every product is st_gemm's, so the bits
+ * st_linear_xent_scratch_floats(R, V, keep) covers at the shape's own
+ * chunk. Rows are independent and every product is st_gemm's, so the bits
  * do not depend on threads. */
 int st_linear_xent_chunk(int R, int V);
 int st_linear_xent_keep(int R, int V);
@@ -584,7 +585,8 @@ int st_linear_xent_keep(int R, int V);
  * to write the scratch for something else (block.c does, for every block
  * without the head). */
 void st_linear_xent_forget(float *scratch);
-size_t st_linear_xent_scratch_floats(int R, int V); /* per sample */
+/* Per sample, with `keep` chunks kept (st_linear_xent_keep, or 0). */
+size_t st_linear_xent_scratch_floats(int R, int V, int keep);
 void st_linear_xent_forward(st_pool *pool, float *out, float *lse,
                             int32_t *saved_labels, const float *x,
                             const float *w, const float *b, const int *labels,
@@ -595,13 +597,15 @@ void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
                              const float *b, const float *lse,
                              const int32_t *labels, float *scratch, int rows,
                              int D, int V, int chunk, int keep);
-/* The share of the vocabulary whose logits the backward makes again (the
- * chunks the forward did not keep), at R rows a sample. */
-double st_linear_xent_again(int R, int V);
+/* The share of the vocabulary whose logits the backward makes again, at R
+ * rows a sample: the chunks the forward did not keep (all where keep is
+ * 0), and, where the backward runs in two halves (split: zb1p), all of
+ * them once more for the weight half. */
+double st_linear_xent_again(int R, int V, int keep, int split);
 /* Per row at R rows a sample: the head's products (2 D V forward; 4 D V
- * backward, and the forward's again for the chunks not kept) and the
+ * backward, and the forward's again: st_linear_xent_again) and the
  * softmax passes. */
-st_cost st_linear_xent_cost(int R, int D, int V);
+st_cost st_linear_xent_cost(int R, int D, int V, int keep, int split);
 
 /* conv2d, square kernel K, stride S, zero padding P; (B, IC, H, W) ->
  * (B, OC, OH, OW), OH = (H + 2P - K) / S + 1. col is scratch of
@@ -773,6 +777,11 @@ typedef struct st_layer {
   int heads, rotary_dim; /* attention, rotary */
   int vocab;             /* embed: rows of the token table; linear_xent:
                             words it scores */
+  int keep, split;       /* linear_xent: the chunks of logits its forward
+                            keeps for its backward (st_linear_xent_keep; 0
+                            where this mode's backward would never find
+                            them: model.c, head_keeps), and whether its
+                            backward runs in two halves (zb1p) */
   int skip;              /* residual: layer whose output is added, -1 = the
                             block's input */
   float init_std;        /* > 0: weights N(0, init_std), biases 0 (gpt, as

@@ -147,13 +147,14 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
      * product again (but for the chunks the forward kept), dW and dx, all
      * by vocabulary chunks over every row */
     double rows = L->rows, D = n_in / rows, V = L->vocab;
-    st_cost k = st_linear_xent_cost(L->rows, (int)D, (int)V);
+    st_cost k = st_linear_xent_cost(L->rows, (int)D, (int)V, L->keep, L->split);
     double M = batch * rows;
     double Mc = M >= 2 && M < ST_GEMM_REF_ROWS ? ST_GEMM_REF_ROWS : M;
     int cls = st_gemm_class(Mc, st_linear_xent_chunk(L->rows, (int)V), D);
     c->gemm_fwd[cls] += k.flops_fwd * rows;
     c->gemm_bwd[cls] += k.flops_bwd * rows;
-    linear_weights(c, 4.0 * D * V, 3 + st_linear_xent_again(L->rows, (int)V),
+    linear_weights(c, 4.0 * D * V,
+                   3 + st_linear_xent_again(L->rows, (int)V, L->keep, L->split),
                    M);
     break;
   }

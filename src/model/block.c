@@ -204,10 +204,10 @@ static void layer_forward(const st_block *b, const st_layer *L,
      * (int32) beside each row's logsumexp for its backward */
     float *lse = layer_save(L, acts, B);
     assert(ctx->labels);
-    st_linear_xent_forward(
-        ctx->pool, y, lse, (int32_t *)(lse + (size_t)B * R), x, w, bias,
-        ctx->labels, scratch, B * R, (int)(st_shape_numel(L->in) / R), L->vocab,
-        st_linear_xent_chunk(R, L->vocab), st_linear_xent_keep(R, L->vocab));
+    st_linear_xent_forward(ctx->pool, y, lse, (int32_t *)(lse + (size_t)B * R),
+                           x, w, bias, ctx->labels, scratch, B * R,
+                           (int)(st_shape_numel(L->in) / R), L->vocab,
+                           st_linear_xent_chunk(R, L->vocab), L->keep);
   } else if (L->kind == ST_OP_EMBED) {
     /* token ids arrive as floats (exact below 2^24); kept as int32 for the
      * backward's scatter */
@@ -414,8 +414,7 @@ static void layer_backward(const st_block *b, const st_layer *L,
     st_linear_xent_backward(
         ctx->pool, dx, dw, db, g, x, w, param(b, params, L->b_tensor), save,
         (const int32_t *)(save + (size_t)B * R), scratch, B * R,
-        (int)(n_in / R), L->vocab, st_linear_xent_chunk(R, L->vocab),
-        st_linear_xent_keep(R, L->vocab));
+        (int)(n_in / R), L->vocab, st_linear_xent_chunk(R, L->vocab), L->keep);
     break;
   case ST_OP_EMBED:
     if (dw || db)

@@ -340,6 +340,27 @@ static void add_seq_layernorm(builder *bd, const char *name) {
  * Face GPT-2's, c_attn / c_proj / c_fc weights in its (IC, OC) layout; the
  * initialisation is GPT-2's: N(0, 0.02), residual projections N(0, 0.02 /
  * sqrt(2 layers)), biases 0, layernorms 1 and 0. */
+/* Whether a fused head's backward finds the logits its forward kept: the
+ * forward must be the last one run in the stage's scratch before it. Not
+ * so where every micro-batch's forward runs before the first backward —
+ * gpipe and block_sequential with more than one micro-batch, which run
+ * the backwards in micro-batch order: the first finds the last forward's
+ * chunks, and ends them (reviewed by a helper on gpt_tiny: 0 of 24
+ * backwards took them). There the head keeps none, and neither its
+ * scratch nor the plan's FLOPs count them. */
+static int head_keeps(const st_config *c) {
+  const char *mode = c->execution.mode;
+  int fill =
+      !strcmp(mode, "block_sequential") ||
+      (!strcmp(mode, "pipeline") && !strcmp(c->execution.schedule, "gpipe"));
+  int R = c->execution.replicas > 1 ? c->execution.replicas : 1;
+  int share = c->train.batch / R > 0 ? c->train.batch / R : 1;
+  int mb = c->execution.micro_batch > 0 && c->execution.micro_batch < share
+               ? c->execution.micro_batch
+               : share;
+  return !fill || share / mb <= 1;
+}
+
 static int build_gpt(builder *bd) {
   const st_config *c = bd->cfg;
   int T = c->model.context, C = c->model.width, NH = c->model.heads;
@@ -435,6 +456,11 @@ static int build_gpt(builder *bd) {
       name_layer(H, "lm_head");
       H->init_std = std;
       H->vocab = V;
+      H->keep = head_keeps(c) ? st_linear_xent_keep(T, V) : 0;
+      /* zb1p's weight half makes every chunk again (the input half took
+       * the kept ones and ended them) */
+      H->split = !strcmp(c->execution.mode, "pipeline") &&
+                 !strcmp(c->execution.schedule, "zb1p");
       int64_t wd[2] = {V, C};
       H->w_tensor = add_tensor(bd, H, "weight", 2, wd);
     }
@@ -520,7 +546,7 @@ static st_cost layer_cost(const st_layer *L) {
   case ST_OP_LINEAR_XENT:
     return per_position(st_linear_xent_cost(rows,
                                             (int)(st_shape_numel(L->in) / rows),
-                                            L->vocab),
+                                            L->vocab, L->keep, L->split),
                         rows);
   }
   return st_pointwise_cost(n, 1, 1);
@@ -605,7 +631,7 @@ static void finish(st_model *m, int half) {
       if (L->kind == ST_OP_ATTENTION)
         s = st_attention_scratch_floats(1, L->out.h, L->out.c, L->heads);
       if (L->kind == ST_OP_LINEAR_XENT)
-        s = st_linear_xent_scratch_floats(L->rows, L->vocab);
+        s = st_linear_xent_scratch_floats(L->rows, L->vocab, L->keep);
       if (L->kind == ST_OP_LAYERNORM) /* B samples' blocks <= B x one's */
         s = st_layernorm_scratch_floats(
             L->rows, (int)(st_shape_numel(L->in) / (size_t)L->rows));

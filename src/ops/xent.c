@@ -158,10 +158,9 @@ int st_linear_xent_keep(int R, int V) {
  * the chunk being made, then the kept chunks. */
 enum { XENT_HEADER = 16 };
 
-size_t st_linear_xent_scratch_floats(int R, int V) {
+size_t st_linear_xent_scratch_floats(int R, int V, int keep) {
   size_t chunk = (size_t)st_linear_xent_chunk(R, V);
-  return XENT_HEADER +
-         (size_t)R * (chunk * (1 + (size_t)st_linear_xent_keep(R, V)) + 2);
+  return XENT_HEADER + (size_t)R * (chunk * (1 + (size_t)keep) + 2);
 }
 
 /* Chunk c's logits: the kept chunks (the last `keep`) in their own slot,
@@ -313,15 +312,17 @@ void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
   }
 }
 
-double st_linear_xent_again(int R, int V) {
-  int chunk = st_linear_xent_chunk(R, V), keep = st_linear_xent_keep(R, V);
-  /* every chunk but the kept (the last, the short one among them) */
-  return keep > 0 ? (double)(chunks_of(V, chunk) - keep) * chunk / V : 1.0;
+double st_linear_xent_again(int R, int V, int keep, int split) {
+  int chunk = st_linear_xent_chunk(R, V);
+  /* every chunk but the kept (the last, the short one among them); a
+   * split backward's second half, all of them */
+  return (keep > 0 ? (double)(chunks_of(V, chunk) - keep) * chunk / V : 1.0) +
+         (split ? 1.0 : 0.0);
 }
 
-st_cost st_linear_xent_cost(int R, int D, int V) {
+st_cost st_linear_xent_cost(int R, int D, int V, int keep, int split) {
   st_cost c;
-  double again = st_linear_xent_again(R, V) * V; /* words made again */
+  double again = st_linear_xent_again(R, V, keep, split) * V; /* words */
   c.flops_fwd = 2.0 * D * V + 6.0 * V; /* the product; max, exp, sum */
   /* the product again for the chunks not kept, then dW and dx; softmax */
   c.flops_bwd = 2.0 * D * again + 4.0 * D * V + 4.0 * V;

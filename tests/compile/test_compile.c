@@ -491,8 +491,8 @@ static void test_fused_head_costs(void) {
   /* its one chunk of 40 words kept by the forward: no product made again
    * in the backward, whose products read the weights twice */
   double T = 8, C = 16, V = 40;
-  CHECK(st_linear_xent_again(8, 40) == 0, "fused head: %g made again",
-        st_linear_xent_again(8, 40));
+  CHECK(st_linear_xent_again(8, 40, 1, 0) == 0, "fused head: %g made again",
+        st_linear_xent_again(8, 40, 1, 0));
   CHECK(classes == 1 && fwd == T * (2 * C * V + 6 * V) &&
             bwd == T * (4 * C * V + 4 * V),
         "fused head: %d classes, %g / %g FLOPs a sample", classes, fwd, bwd);

@@ -551,9 +551,74 @@ static void check_eval_budget(void) {
   }
 }
 
+/* The fused head keeps its last chunks of logits for the backward only in
+ * a mode whose backward finds them (model.c, head_keeps): not gpipe's or
+ * block_sequential's with more than one micro-batch (every forward runs
+ * before the first backward), whose head then has only its chunk as
+ * scratch, and the plan's FLOPs the whole product again; zb1p's weight
+ * half makes every chunk once more. */
+static void check_head_keeps(void) {
+  enum { T = 32, V = 50257 };
+  const char *base[] = {
+      "model.kind=gpt", "model.context=32",  "model.layers=1", "model.width=64",
+      "model.heads=2",  "model.vocab=50257", "train.batch=8"};
+  /* mode, schedule, micro-batch; kept (1: st_linear_xent_keep), split */
+  const struct {
+    const char *mode, *schedule;
+    int micro, kept, split;
+  } cases[] = {{"sequential", "1f1b", 2, 1, 0},
+               {"pipeline", "gpipe", 2, 0, 0},
+               {"pipeline", "gpipe", 8, 1, 0},
+               {"block_sequential", "1f1b", 4, 0, 0},
+               {"pipeline", "1f1b", 2, 1, 0},
+               {"pipeline", "zb1p", 2, 1, 1},
+               {"pipelined_backprop", "1f1b", 1, 1, 0}};
+  int keep = st_linear_xent_keep(T, V), chunk = st_linear_xent_chunk(T, V);
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    st_config c;
+    st_config_defaults(&c);
+    for (size_t i = 0; i < sizeof base / sizeof *base; i++)
+      set(&c, "%s", base[i]);
+    set(&c, "execution.mode=%s", cases[k].mode);
+    set(&c, "execution.schedule=%s", cases[k].schedule);
+    set(&c, "execution.micro_batch=%d", cases[k].micro);
+    st_model *m = NULL;
+    st_error err = {0};
+    if (st_model_create(&m, &c, (st_shape){1, T, 1}, &err)) {
+      CHECK(0, "head keeps: %s", err.msg);
+      continue;
+    }
+    const st_block *h = &m->blocks[m->n_blocks - 1];
+    const st_layer *L = &h->layers[h->n_layers - 1];
+    int want = cases[k].kept ? keep : 0;
+    double D = 64,
+           again = want ? (double)((V + chunk - 1) / chunk - want) * chunk / V
+                        : 1.0;
+    again += cases[k].split;
+    /* the head's backward a position: its two products, the forward's
+     * again, and the softmax's 4 a word; ln_f's beside it */
+    st_cost f = st_linear_xent_cost(T, (int)D, V, want, cases[k].split);
+    CHECK(L->kind == ST_OP_LINEAR_XENT && L->keep == want &&
+              L->split == cases[k].split &&
+              h->scratch_floats_per_sample >=
+                  st_linear_xent_scratch_floats(T, V, want) &&
+              (want > 0 || h->scratch_floats_per_sample <
+                               st_linear_xent_scratch_floats(T, V, keep)) &&
+              fabs(f.flops_bwd - (4 * D * V + again * 2 * D * V + 4.0 * V)) <=
+                  1e-9 * f.flops_bwd,
+          "%s %s, micro-batch %d: the head keeps %d of %d chunks (want %d), "
+          "split %d, scratch %zu floats a sample, backward %g FLOPs a "
+          "position",
+          cases[k].mode, cases[k].schedule, cases[k].micro, L->keep, keep, want,
+          L->split, h->scratch_floats_per_sample, f.flops_bwd);
+    st_model_destroy(m);
+  }
+}
+
 int main(void) {
   st_blas_init();
   check_eval_budget();
+  check_head_keeps();
   st_safetensors *st = open_gpt_fixture();
   if (st)
     for (size_t i = 0; i < sizeof VARIANTS / sizeof VARIANTS[0]; i++)

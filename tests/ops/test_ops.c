@@ -583,8 +583,10 @@ static void test_linear_xent(void) {
             st_linear_xent_chunk(512, 50257) == 2048 &&
             st_linear_xent_chunk(256, 50257) == 3072 &&
             st_linear_xent_chunk(64, 50257) == 3072 &&
-            st_linear_xent_scratch_floats(1024, 50257) ==
-                16 + 1024 * (1024 * 17 + 2),
+            st_linear_xent_scratch_floats(1024, 50257, 16) ==
+                16 + 1024 * (1024 * 17 + 2) &&
+            st_linear_xent_scratch_floats(1024, 50257, 0) ==
+                16 + 1024 * (1024 + 2),
         "linear_xent chunk %d %d %d %d %d %d",
         st_linear_xent_chunk(1024, 50257), st_linear_xent_chunk(64, 256),
         st_linear_xent_chunk(4096, 50257), st_linear_xent_chunk(512, 50257),
@@ -879,7 +881,9 @@ static void test_xent_cost(void) {
 
 /* The fused head's cost: the forward product of the head apart (its bias
  * term aside) and the softmax's 6 a word; the backward the head apart's two
- * products plus the forward product again, and 4 a word. */
+ * products plus the forward product again for the chunks not kept (all of
+ * them with none kept), once more for all of them where the backward is
+ * split in two halves, and 4 a word. */
 static void test_linear_xent_cost(void) {
   const int D = 768, V = 50257;
   /* rows a sample, the chunk, the chunks kept: 32768 rows keep 2 of 197
@@ -893,11 +897,19 @@ static void test_linear_xent_cost(void) {
     int R = cases[i][0], chunk = cases[i][1], kept = cases[i][2];
     int n = (V + chunk - 1) / chunk;
     double again = kept ? (double)(n - kept) * chunk / V : 1.0;
-    st_cost f = st_linear_xent_cost(R, D, V);
+    st_cost f = st_linear_xent_cost(R, D, V, kept, 0);
+    st_cost none = st_linear_xent_cost(R, D, V, 0, 0);
+    st_cost split = st_linear_xent_cost(R, D, V, kept, 1);
     CHECK(st_linear_xent_chunk(R, V) == chunk &&
               st_linear_xent_keep(R, V) == kept,
           "linear_xent at %d rows: chunk %d, %d kept", R,
           st_linear_xent_chunk(R, V), st_linear_xent_keep(R, V));
+    CHECK(fabs(none.flops_bwd - (bwd + fwd + 4.0 * V)) <=
+                  1e-12 * none.flops_bwd &&
+              fabs(split.flops_bwd - (bwd + (again + 1) * fwd + 4.0 * V)) <=
+                  1e-12 * split.flops_bwd,
+          "linear_xent cost at %d rows, none kept %g, split %g", R,
+          none.flops_bwd, split.flops_bwd);
     CHECK(f.flops_fwd == fwd + 6.0 * V &&
               fabs(f.flops_bwd - (bwd + again * fwd + 4.0 * V)) <=
                   1e-12 * f.flops_bwd &&
