@@ -332,14 +332,6 @@ static void add_seq_layernorm(builder *bd, const char *name) {
   L->b_tensor = add_tensor(bd, L, "bias", 1, d);
 }
 
-/* GPT-2 style (Radford et al. 2019), pre-layernorm: an embedding block,
- * `layers` transformer blocks
- *   x + c_proj(attention(c_attn(ln_1(x))))  then  y + mlp(ln_2(y)),
- * and a head block (ln_f, lm_head). Activations are (T, C) per sample,
- * position-major, written as the shape {C, T, 1}. Tensor names are Hugging
- * Face GPT-2's, c_attn / c_proj / c_fc weights in its (IC, OC) layout; the
- * initialisation is GPT-2's: N(0, 0.02), residual projections N(0, 0.02 /
- * sqrt(2 layers)), biases 0, layernorms 1 and 0. */
 /* Whether a fused head's backward finds the logits its forward kept: the
  * forward must be the last one run in the stage's scratch before it. Not
  * so where every micro-batch's forward runs before the first backward —
@@ -361,6 +353,14 @@ static int head_keeps(const st_config *c) {
   return !fill || share / mb <= 1;
 }
 
+/* GPT-2 style (Radford et al. 2019), pre-layernorm: an embedding block,
+ * `layers` transformer blocks
+ *   x + c_proj(attention(c_attn(ln_1(x))))  then  y + mlp(ln_2(y)),
+ * and a head block (ln_f, lm_head). Activations are (T, C) per sample,
+ * position-major, written as the shape {C, T, 1}. Tensor names are Hugging
+ * Face GPT-2's, c_attn / c_proj / c_fc weights in its (IC, OC) layout; the
+ * initialisation is GPT-2's: N(0, 0.02), residual projections N(0, 0.02 /
+ * sqrt(2 layers)), biases 0, layernorms 1 and 0. */
 static int build_gpt(builder *bd) {
   const st_config *c = bd->cfg;
   int T = c->model.context, C = c->model.width, NH = c->model.heads;
