@@ -298,9 +298,40 @@ static const char *size_text(char *buf, size_t cap, uint64_t bytes) {
   return buf;
 }
 
-/* Makes the store at path: under a temporary name, space reserved, weights
+/* A file in dir with no name (O_TMPFILE), or where the file system has
+ * none, `tmp` made anew; *named says which. */
+static int open_unnamed(const char *dir, const char *tmp, int *named) {
+  *named = 0;
+#ifdef O_TMPFILE
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL))
+    return fd;
+#endif
+  *named = 1;
+  unlink(tmp); /* a creation killed before: its space is free again */
+  return open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+}
+
+/* The made file at path, never over a store another process made
+ * meanwhile: an unnamed file linked in (fd still open), a named one
+ * renamed. */
+static int put_in_place(int fd, int named, const char *tmp, const char *path) {
+  if (named) return renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE);
+  char self[64];
+  snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+  if (linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0) return 0;
+  if (errno != ENOENT) return -1; /* no /proc: the same, by the descriptor */
+  return linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH);
+}
+
+/* Makes the store at path: in a file with no name yet (or, where the file
+ * system cannot, under a temporary one), space reserved, weights
  * initialised block by block (train.seed, as every mode), optimizer state
- * zero, one header; synced, then renamed into place. */
+ * zero, one header; synced, then linked (renamed) into place. Two
+ * processes making the same store at once each fill their own file, and
+ * the second to finish is refused; a creation killed leaves nothing. (With
+ * one temporary name, the second's unlink and create under it let the
+ * first rename the second's half-made file into place.) */
 static int create_store(const char *path, const st_model *m,
                         const st_config *cfg, st_error *err) {
   header h;
@@ -314,7 +345,6 @@ static int create_store(const char *path, const st_model *m,
     *slash = '\0';
   else
     snprintf(dir, sizeof dir, ".");
-  unlink(tmp); /* a creation killed before: its space is free again */
   struct statvfs vfs;
   char need[32], have[32];
   if (statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < total)
@@ -325,10 +355,11 @@ static int create_store(const char *path, const st_model *m,
         path, size_text(need, sizeof need, total), m->n_params,
         dtype_name(h.dtype), h.optimizer, dir,
         size_text(have, sizeof have, (uint64_t)vfs.f_bavail * vfs.f_frsize));
-  int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int named;
+  int fd = open_unnamed(dir, tmp, &named);
   if (fd < 0)
-    return st_error_set(err, ST_EIO, "%s: cannot create: %s", tmp,
-                        strerror(errno));
+    return st_error_set(err, ST_EIO, "%s: cannot create: %s",
+                        named ? tmp : path, strerror(errno));
   int rc = 0;
   int e = posix_fallocate(fd, 0, (off_t)total);
   if (e)
@@ -338,8 +369,8 @@ static int create_store(const char *path, const st_model *m,
   if (!rc) {
     map = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
-      rc =
-          st_error_set(err, ST_EIO, "%s: cannot map: %s", tmp, strerror(errno));
+      rc = st_error_set(err, ST_EIO, "%s: cannot map: %s", named ? tmp : path,
+                        strerror(errno));
   }
   if (!rc) {
     /* bf16 weights are made in fp32 where the gradients will be (a tied
@@ -365,18 +396,21 @@ static int create_store(const char *path, const st_model *m,
     if (msync(map, (size_t)total, MS_SYNC) != 0 ||
         copy_sum(fd, &h, 0, &h.sum) || write_header(fd, &h) ||
         fdatasync(fd) != 0)
-      rc = st_error_set(err, ST_EIO, "%s: cannot write: %s", tmp,
+      rc = st_error_set(err, ST_EIO, "%s: cannot write: %s", named ? tmp : path,
                         strerror(errno));
   }
   if (map != MAP_FAILED) munmap(map, (size_t)total);
+  if (!rc && !named && put_in_place(fd, 0, tmp, path) != 0)
+    rc = st_error_set(err, ST_EIO, "%s: cannot link into place: %s", path,
+                      strerror(errno));
   if (close(fd) != 0 && !rc)
-    rc = st_error_set(err, ST_EIO, "%s: %s", tmp, strerror(errno));
-  /* never over a store another process made meanwhile */
-  if (!rc && renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0)
+    rc = st_error_set(err, ST_EIO, "%s: %s", named ? tmp : path,
+                      strerror(errno));
+  if (!rc && named && put_in_place(fd, 1, tmp, path) != 0)
     rc = st_error_set(err, ST_EIO, "%s: cannot rename into place: %s", path,
                       strerror(errno));
   if (rc) {
-    unlink(tmp);
+    if (named) unlink(tmp);
     return rc;
   }
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -19,6 +19,8 @@
  *    to the one before;
  *  - a store that cannot get its space (a size-limited file: RLIMIT_FSIZE)
  *    is refused at start, leaving no file behind;
+ *  - two processes making the same store at once: one makes it, the other
+ *    is refused or opens it, and what is there is a whole store;
  *  - a checkpoint file cannot be loaded over the store;
  *  - an evaluation whose read of the store fails says so, with the path,
  *    rather than reporting a loss of whatever weights the slot held; a
@@ -404,6 +406,56 @@ static void test_full(void) {
         "and leaves no file behind");
 }
 
+/* Two processes make the same store at once, ROUNDS times (a wider model:
+ * its making takes a while). Each either trains a step on it or is refused
+ * (the other made it, or holds it); at least one trains, and the store
+ * then opens whole (its checksum) with no temporary file beside it. With
+ * one temporary name for both, the second's unlink and create under it let
+ * the first rename a half-made file into place. */
+static void test_create_race(void) {
+  enum { ROUNDS = 6 };
+  st_config c;
+  mlp_config(&c);
+  st_error err = {0};
+  CHECK(st_config_set(&c, "model.hidden=[1024,1024,1024]", &err) == 0, "%s",
+        err.msg);
+  int trained = 0, whole = 0;
+  for (int r = 0; r < ROUNDS; r++) {
+    char name[32];
+    snprintf(name, sizeof name, "race-%d.strata", r);
+    file_store(&c, name);
+    fflush(NULL);
+    pid_t pid[2];
+    for (int k = 0; k < 2; k++)
+      if ((pid[k] = fork()) == 0) {
+        st_error e = {0};
+        st_trainer *t = make(&c, &e);
+        double loss;
+        int ok = t && st_trainer_step(t, &loss, &e) == 0 &&
+                 st_trainer_sync(t, &e) == 0;
+        st_trainer_destroy(t);
+        _exit(ok ? 0 : 1);
+      }
+    int won = 0;
+    for (int k = 0; k < 2; k++) {
+      int status = 0;
+      waitpid(pid[k], &status, 0);
+      won += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    trained += won > 0;
+    st_trainer *t = make(&c, &err);
+    char tmp[ST_PATH_MAX + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp", c.execution.store_path);
+    whole += t != NULL && access(tmp, F_OK) != 0;
+    if (!t) fprintf(stderr, "round %d: %s\n", r, err.msg);
+    st_trainer_destroy(t);
+  }
+  CHECK(trained == ROUNDS && whole == ROUNDS,
+        "two processes making one store: %d of %d rounds trained, %d left a "
+        "whole store and no temporary file",
+        trained, ROUNDS, whole);
+}
+
 /* The store cut short under a trainer (its weights gone): the next
  * evaluation's first read fails. Before, the evaluation returned 0 with
  * the loss of the block's slot as the last step left it. */
@@ -470,6 +522,7 @@ int main(void) {
   test_full();
   test_eval_read();
   test_step_read();
+  test_create_race();
   char cmd[64];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   CHECK(system(cmd) == 0, "%s", cmd);
