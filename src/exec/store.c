@@ -18,8 +18,8 @@
  * header into the slot the last commit did not use, and syncs again. A
  * crash at any point leaves the newest valid header naming a copy that was
  * completely written and synced: the previous step's state, or this one's.
- * The file is created whole under a temporary name and renamed into place,
- * so a store that exists is never half made.
+ * The file is made whole with no name (or a temporary one) and linked
+ * (renamed) into place, so a store that exists is never half made.
  *
  * Reads go through pread, and the trainer reads the state through a shared
  * mapping, whose pages this process drops again after touching them (the
