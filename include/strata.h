@@ -997,7 +997,8 @@ struct st_optim_rule {
   float lr, momentum, weight_decay;
   float beta1, beta2, eps, decay, step_size, bc2_sqrt;
   float pk;    /* sgd: with a prediction array p, p = w - pk v
-                * after the update (linear weight prediction) */
+                * after the update (linear weight prediction; without
+                * momentum, non-zero keeps v = d for it) */
   float gamma; /* st_pb_update with a pipemare delta: its decay */
 };
 void st_optim_rule_init(st_optim_rule *r, const st_config *cfg, float lr,

@@ -329,7 +329,7 @@ static int backward(pb_stage *st, st_trainer_view *v, int64_t j) {
    * written as it is updated (the forward's k, this step's lr D), instead
    * of a pass over w and v before that forward. */
   float *pred = p->fuse && lwp_like(mit) && st->D > 0 ? st->wf : NULL;
-  rule.pk = v->lr * (float)st->D;
+  rule.pk = lwp_like(mit) ? v->lr * (float)st->D : 0.0f;
   st_ctx ctx = v->ctx;
   st_fused_update fused = {&rule,       v->params, v->opt,
                            m->n_params, pred,      st->off};

@@ -24,6 +24,11 @@ static inline void sgd_one(const st_optim_rule *r, float *w, float *v,
     d = r->nesterov ? d + r->momentum * *v
         : r->sc     ? r->sc_a * *v + r->sc_b * d
                     : *v;
+  } else if (r->pk != 0.0f) {
+    /* v = 0 v + d (BACKGROUND.md 2): linear weight prediction's velocity
+     * without momentum, w - pk v then the last step extended; left 0, the
+     * prediction was the weights themselves, lwp the same as none */
+    *v = d;
   }
   *w = *w - r->lr * d;
 }

@@ -93,6 +93,37 @@ static void test_adamw_late(void) {
         w[0], w[1], w[2]);
 }
 
+/* Linear weight prediction without momentum (BACKGROUND.md 2: v <- m v +
+ * g, so v = g at m = 0; the forward uses w - lr D v): the velocity keeps
+ * the step's d = g + wd w, and the prediction is w_new - pk d. It was
+ * left 0, so the prediction was w itself: lwp ran as none. Without a
+ * prediction (pk 0) the velocity is not written. */
+static void test_lwp_no_momentum(void) {
+  enum { N = 3 };
+  const float lr = 0.1f, wd = 0.01f, pk = 0.1f * 3;
+  float w[N] = {0.5f, -0.25f, 1.0f}, g[N] = {0.2f, -0.4f, 0.05f};
+  float v[N] = {0, 0, 0}, pred[N], w0[N], g0[N];
+  memcpy(w0, w, sizeof w);
+  memcpy(g0, g, sizeof g);
+  st_optim_rule r;
+  st_optim_rule_pb(&r, lr, 0.0f, wd, 3, 0, 5);
+  r.pk = pk;
+  st_pb_update(NULL, &r, w, g, v, NULL, pred, N);
+  int ok = 1;
+  for (int i = 0; i < N; i++) {
+    float d = g0[i] + wd * w0[i], wn = w0[i] - lr * d;
+    ok &= v[i] == d && w[i] == wn && pred[i] == wn - pk * d && g[i] == 0.0f;
+  }
+  CHECK(ok, "lwp without momentum: v %g %g %g, prediction %g %g %g", v[0], v[1],
+        v[2], pred[0], pred[1], pred[2]);
+  float v2[N] = {0, 0, 0};
+  memcpy(g, g0, sizeof g);
+  r.pk = 0.0f;
+  st_pb_update(NULL, &r, w, g, v2, NULL, NULL, N);
+  CHECK(v2[0] == 0 && v2[1] == 0 && v2[2] == 0,
+        "no prediction, no momentum: the velocity written");
+}
+
 static void test_schedules(void) {
   st_config c;
   st_config_defaults(&c);
@@ -367,6 +398,7 @@ int main(void) {
   test_sgd(1, 0.01f);
   test_adamw();
   test_adamw_late();
+  test_lwp_no_momentum();
   test_schedules();
   st_config c;
   st_config_defaults(&c);
