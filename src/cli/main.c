@@ -181,6 +181,44 @@ static int newest_checkpoint(const char *dir, char *out, size_t cap,
   return 0;
 }
 
+/* --resume where this config finds no state (a run killed before its
+ * first checkpoint starts again at step 0): refused where the run's state
+ * is elsewhere — a checkpoint in checkpoints/ while this config keeps a
+ * file store, or a store where the run's own config (DIR/config.yaml)
+ * kept it while this one keeps checkpoints or names another path. Either
+ * way the run would start again beside the steps it took (a killed run
+ * has no summary.json to say so). */
+static int state_elsewhere(const char *out, int stored, const char *store,
+                           st_error *err) {
+  char ck[ST_PATH_MAX + 64];
+  int64_t step = 0;
+  st_error none = {0}; /* no checkpoints/ at all: none */
+  if (stored && newest_checkpoint(out, ck, sizeof ck, &step, &none) == 0 &&
+      ck[0])
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: no store, but %s holds step %lld: the run kept "
+                        "checkpoints; resume it without execution.store: "
+                        "file (or --overwrite to start again)",
+                        store, ck, (long long)step);
+  char path[ST_PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/config.yaml", out);
+  st_config run;
+  st_error ignored = {0};
+  struct stat sb;
+  st_config_defaults(&run);
+  if (st_config_load(&run, path, &ignored) || !st_store_resolve(&run, out) ||
+      (stored && !strcmp(run.execution.store_path, store)) ||
+      stat(run.execution.store_path, &sb) != 0)
+    return 0;
+  return st_error_set(err, ST_ECONFIG,
+                      "%s: no %s, but %s holds the run's state (its "
+                      "execution.store_path in %s): resume it with the "
+                      "store it kept (or --overwrite to start again)",
+                      stored ? store : out,
+                      stored ? "store" : "checkpoint in checkpoints/",
+                      run.execution.store_path, path);
+}
+
 /* The run's folder a path names, as its first n bytes at *base (n is
  * returned): the path without trailing slashes, or, for a run's
  * checkpoints/ folder itself (not a sharded checkpoint's folder, which
@@ -632,7 +670,8 @@ static int cmd_train(int argc, char **argv) {
   char summary[ST_PATH_MAX + 16];
   snprintf(summary, sizeof summary, "%s/summary.json", out);
   int gone = 0;
-  if (speaks && fresh_resume && stat(summary, &sb) == 0) {
+  if (speaks && fresh_resume) gone = state_elsewhere(out, stored, store, &err);
+  if (speaks && fresh_resume && !gone && stat(summary, &sb) == 0) {
     gone = ST_EIO;
     st_error_set(&err, ST_EIO,
                  "%s: %s, yet %s says the run took steps: it cannot "

@@ -96,6 +96,27 @@ cp -r "$T/first" "$T/gone" && rm -f "$T/gone"/checkpoints/*
 expect_error "--resume of a run whose checkpoints are gone" \
   "^strata: error: $(re_quote "$T/gone"): no checkpoint in checkpoints/, yet $(re_quote "$T/gone")/summary.json says the run took steps: it cannot continue \(--overwrite starts it again\)$" \
   train - --resume "$T/gone"
+# a killed run (no summary) resumed with a config that looks for its state
+# elsewhere started again at step 0 beside the steps it took: refused, the
+# store a checkpoint run would look for, the checkpoints a store run would,
+# and a store at another path
+cp -r "$T/first" "$T/elsewhere" && rm "$T/elsewhere/summary.json"
+expect_error "--resume of a checkpoint run with a file store" \
+  "^strata: error: $(re_quote "$T/elsewhere")/store.strata: no store, but $(re_quote "$T/elsewhere")/checkpoints/step-[0-9]{8}\\.safetensors holds step [0-9]+: the run kept checkpoints; resume it without execution.store: file \(or --overwrite to start again\)$" \
+  train - --resume "$T/elsewhere" --set execution.mode=weight_streaming --set execution.store=file
+run train "$fc" "${small[@]}" --set train.steps=20 --set execution.mode=weight_streaming \
+  --set execution.store=file --out "$T/stored"
+rm -f "$T/stored/summary.json"
+expect_error "--resume of a store run without its store" \
+  "^strata: error: $(re_quote "$T/stored"): no checkpoint in checkpoints/, but $(re_quote "$T/stored")/store.strata holds the run's state \(its execution.store_path in $(re_quote "$T/stored")/config.yaml\): resume it with the store it kept \(or --overwrite to start again\)$" \
+  train - --resume "$T/stored" --set execution.store=memory
+expect_error "--resume of a store run at another store path" \
+  "^strata: error: $(re_quote "$T/stored")/other.strata: no store, but $(re_quote "$T/stored")/store.strata holds the run's state" \
+  train - --resume "$T/stored" --set execution.store_path="$T/stored/other.strata"
+run train - --resume "$T/stored" --set train.steps=30
+if [ "$rc" -eq 0 ] && grep -q '"steps": 30' "$T/stored/summary.json"; then pass; else
+  fail "the store run resumed as it was trained" "rc $rc" "$err"
+fi
 # one process a folder: a second run, or a resume, while a run holds it is
 # refused (their files would mix), and leaves the live run's files alone
 "$strata" train "$fc" "${small[@]}" --set train.steps=100000 --set data.train_limit=256 \
