@@ -456,17 +456,25 @@ static void test_create_race(void) {
         trained, ROUNDS, whole);
 }
 
+/* A trainer of the MLP on a new store `name`, `steps` steps trained and
+ * committed; NULL (a failed check) if it could not be made. */
+static st_trainer *trained(st_config *c, const char *name, int steps) {
+  mlp_config(c);
+  file_store(c, name);
+  st_error err = {0};
+  st_trainer *t = make(c, &err);
+  CHECK(t && run_until(t, steps, &err) == 0, "%s: %s", name, err.msg);
+  return t;
+}
+
 /* The store cut short under a trainer (its weights gone): the next
  * evaluation's first read fails. Before, the evaluation returned 0 with
  * the loss of the block's slot as the last step left it. */
 static void test_eval_read(void) {
   st_config c;
-  mlp_config(&c);
-  file_store(&c, "eval.strata");
   st_error err = {0};
-  st_trainer *t = make(&c, &err);
+  st_trainer *t = trained(&c, "eval.strata", 2);
   if (!t) return;
-  CHECK(run_until(t, 2, &err) == 0, "%s", err.msg);
   double loss = 0, acc = 0;
   CHECK(st_trainer_evaluate(t, &loss, &acc, &err) == 0, "%s", err.msg);
   CHECK(truncate(c.execution.store_path, 8192) == 0, "truncate %s",
@@ -485,12 +493,9 @@ static void test_eval_read(void) {
  * took that for a diverged trial, and went on). */
 static void test_step_read(void) {
   st_config c;
-  mlp_config(&c);
-  file_store(&c, "step.strata");
   st_error err = {0};
-  st_trainer *t = make(&c, &err);
+  st_trainer *t = trained(&c, "step.strata", 1);
   if (!t) return;
-  CHECK(run_until(t, 1, &err) == 0, "%s", err.msg);
   double loss = 0;
   failing = "step.strata";
   int rc = st_trainer_step(t, &loss, &err);
