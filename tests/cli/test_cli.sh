@@ -955,7 +955,7 @@ if [ "$rc" -eq 0 ] && cmp -s "$newest" "$T/w_seq_copy.safetensors"; then pass; e
   fail "export --out of a single-file checkpoint: the same bytes" "rc $rc" "$err"
 fi
 expect_error "a store path in a missing folder" \
-  "^strata: error: $(re_quote "$T/nowhere/s.strata").tmp: cannot create: No such file or directory$" \
+  "^strata: error: $(re_quote "$T/nowhere/s.strata"): cannot create: No such file or directory$" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T/nowhere/s.strata" --out "$T/o_ws_nowhere"
 
 # A store of bf16 weights: the summary says so, the export writes BF16

@@ -2,8 +2,9 @@
  * syncspy.c — a preloaded library (LD_PRELOAD) that writes down, in the
  * order they happen, the calls that make a file durable: fsync, fdatasync
  * (each with the path of its descriptor), rename and renameat2 (from and
- * to), and pwrite into a file's first 8 KiB (a weight store's two header
- * slots: the path and the offset), one line each, to the file
+ * to), linkat (the path of the file linked, " (deleted)" off where it had
+ * none yet, and to), and pwrite into a file's first 8 KiB (a weight store's two
+ * header slots: the path and the offset), one line each, to the file
  * $SYNCSPY_LOG. It then makes the call.
  *
  * tests/io/test_durable.sh reads the lines to check what no result of a
@@ -71,6 +72,30 @@ int renameat2(int dfrom, const char *from, int dto, const char *to,
   note("renameat2", from, to);
   int (*f)(int, const char *, int, const char *, unsigned) = (int (*)(
       int, const char *, int, const char *, unsigned))real("renameat2");
+  return f(dfrom, from, dto, to, flags);
+}
+
+/* A file with no name (O_TMPFILE) linked in by its descriptor, as
+ * /proc/self/fd/N or with AT_EMPTY_PATH: the path fsync and fdatasync
+ * wrote for it, without the " (deleted)" the kernel adds. */
+int linkat(int dfrom, const char *from, int dto, const char *to, int flags) {
+  char path[4096] = "";
+  int fd = -1;
+  if (!strncmp(from, "/proc/self/fd/", 14))
+    fd = atoi(from + 14);
+  else if (!from[0] && (flags & AT_EMPTY_PATH))
+    fd = dfrom;
+  if (fd >= 0) {
+    char link[64];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    path[n > 0 ? n : 0] = '\0';
+    char *gone = strstr(path, " (deleted)");
+    if (gone) *gone = '\0';
+  }
+  note("linkat", path[0] ? path : from, to);
+  int (*f)(int, const char *, int, const char *, int) =
+      (int (*)(int, const char *, int, const char *, int))real("linkat");
   return f(dfrom, from, dto, to, flags);
 }
 

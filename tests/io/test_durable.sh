@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # test_durable.sh — every file strata writes is written atomically and
 # durably, seen from the calls it makes (tests/io/syncspy.c, preloaded,
-# writes each fsync, fdatasync, rename and renameat2 down in order, and
+# writes each fsync, fdatasync, rename, renameat2 and linkat down in order, and
 # each pwrite into a file's first 8 KiB: a weight store's header slots):
 #
 #  - a file renamed into place was synced first, under its temporary name,
 #    and its folder is synced after the rename, before anything else is
 #    renamed (a crash then leaves the old file or the new one, whole);
-#  - a weight store is synced whole under its temporary name before it is
-#    renamed into place, never over another (renameat2), its folder after;
+#  - a weight store is synced whole in a file with no name (O_TMPFILE)
+#    before it is linked into place (a link never replaces another), its
+#    folder after;
 #  - each commit of a store syncs the step's values, then writes the header
 #    that names them, then syncs again: a header never names values that
 #    are not on disk.
@@ -42,19 +43,19 @@ renamed_durably() {
     END {
       renames = 0
       for (i = 1; i <= NR; i++) {
-        if (op[i] != "rename" && op[i] != "renameat2") continue
+        if (op[i] != "rename" && op[i] != "renameat2" && op[i] != "linkat") continue
         renames++
         synced = 0
         for (j = i - 1; j >= 1; j--) {
           if ((op[j] == "fsync" || op[j] == "fdatasync") && a[j] == a[i]) { synced = 1; break }
-          if (op[j] == "rename" || op[j] == "renameat2") break
+          if (op[j] == "rename" || op[j] == "renameat2" || op[j] == "linkat") break
         }
         if (!synced) { print "not synced before its rename: " line[i]; bad = 1 }
         dir = b[i]; sub(/\/[^\/]*$/, "", dir)
         after = 0
         for (j = i + 1; j <= NR; j++) {
           if (op[j] == "fsync" && a[j] == dir) { after = 1; break }
-          if (op[j] == "rename" || op[j] == "renameat2") break
+          if (op[j] == "rename" || op[j] == "renameat2" || op[j] == "linkat") break
         }
         if (!after) { print "its folder not synced after: " line[i]; bad = 1 }
       }
@@ -93,13 +94,13 @@ if [ "$rc" -eq 0 ] && grep -q "^rename .* $(re_quote "$T/tok.bpe")$" "$T/tok.log
 fi
 renamed_durably "a tokenizer's file: synced, renamed, its folder synced" "$T/tok.log"
 
-# a weight store: made whole, renamed never over another, then committed
+# a weight store: made whole, linked never over another, then committed
 # three times, each commit sync, header (a pwrite into slot 0 or 1), sync
 spied "$T/ws.log" train "$fc" "${small[@]}" --set train.steps=3 \
   --set execution.mode=weight_streaming --set execution.store=file --out "$T/ws"
 store="$T/ws/store.strata"
-if [ "$rc" -eq 0 ] && grep -q "^renameat2 $(re_quote "$store").tmp $(re_quote "$store")$" "$T/ws.log"; then pass; else
-  fail "a store is renamed into place with renameat2 (never over another)" "rc $rc" "$(cat "$T/stderr")" "$(cat "$T/ws.log")"
+if [ "$rc" -eq 0 ] && grep -q "^linkat $(re_quote "$T/ws")/#[0-9]* $(re_quote "$store")$" "$T/ws.log"; then pass; else
+  fail "a store is made with no name and linked into place (never over another)" "rc $rc" "$(cat "$T/stderr")" "$(cat "$T/ws.log")"
 fi
 renamed_durably "a store and the run's files: synced, renamed, their folder synced" "$T/ws.log"
 commits=$(awk -v s="$store" '
