@@ -302,13 +302,17 @@ static const char *size_text(char *buf, size_t cap, uint64_t bytes) {
  * none, `tmp` made anew; *named says which. */
 static int open_unnamed(const char *dir, const char *tmp, int *named) {
   *named = 0;
+  unlink(tmp); /* a named creation killed before: its space is free again */
 #ifdef O_TMPFILE
-  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
-  if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL))
-    return fd;
+  /* linked in through /proc/self/fd (put_in_place); without /proc only a
+   * process that may read any file could link it, by its descriptor */
+  if (access("/proc/self/fd", X_OK) == 0) {
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL))
+      return fd;
+  }
 #endif
   *named = 1;
-  unlink(tmp); /* a creation killed before: its space is free again */
   return open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 }
 
@@ -319,19 +323,19 @@ static int put_in_place(int fd, int named, const char *tmp, const char *path) {
   if (named) return renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE);
   char self[64];
   snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
-  if (linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0) return 0;
-  if (errno != ENOENT) return -1; /* no /proc: the same, by the descriptor */
-  return linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH);
+  return linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW);
 }
 
 /* Makes the store at path: in a file with no name yet (or, where the file
  * system cannot, under a temporary one), space reserved, weights
  * initialised block by block (train.seed, as every mode), optimizer state
- * zero, one header; synced, then linked (renamed) into place. Two
- * processes making the same store at once each fill their own file, and
- * the second to finish is refused; a creation killed leaves nothing. (With
- * one temporary name, the second's unlink and create under it let the
- * first rename the second's half-made file into place.) */
+ * zero, one header; synced, then linked (renamed) into place. With no
+ * name, two processes making the same store at once each fill their own
+ * file, and the second to finish is refused, and a creation killed leaves
+ * nothing; under the one temporary name (a file system without O_TMPFILE,
+ * or no /proc), the second's unlink and create under it can let the first
+ * rename the second's half-made file into place, which opening then
+ * refuses (its header, its checksum). */
 static int create_store(const char *path, const st_model *m,
                         const st_config *cfg, st_error *err) {
   header h;
@@ -341,7 +345,9 @@ static int create_store(const char *path, const st_model *m,
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
-  if (slash)
+  if (slash == dir)
+    snprintf(dir, sizeof dir, "/");
+  else if (slash)
     *slash = '\0';
   else
     snprintf(dir, sizeof dir, ".");

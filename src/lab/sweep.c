@@ -381,7 +381,7 @@ static int file_store(const st_config *c) {
 }
 
 static void drop_store(const st_config *c) {
-  if (!file_store(c)) return;
+  if (!file_store(c) || !c->execution.store_path[0]) return;
   char tmp[sizeof c->execution.store_path + 8];
   snprintf(tmp, sizeof tmp, "%s.tmp", c->execution.store_path);
   unlink(c->execution.store_path);
@@ -396,12 +396,15 @@ static int own_store(const st_sweep_options *o, st_config *c, const char *name,
                         "sweep: execution.store: file: each trial needs a "
                         "store of its own, in the sweep's directory, and "
                         "this sweep has none");
-  int n = snprintf(c->execution.store_path, sizeof c->execution.store_path,
-                   "%s/%s", o->out_dir, name);
-  if (n < 0 || (size_t)n >= sizeof c->execution.store_path)
+  char path[sizeof c->execution.store_path];
+  int n = snprintf(path, sizeof path, "%s/%s", o->out_dir, name);
+  if (n < 0 || (size_t)n >= sizeof path) {
+    c->execution.store_path[0] = '\0'; /* nothing of it to remove */
     return st_error_set(err, ST_EARG,
                         "sweep: %s/%s: a trial's store path is too long",
                         o->out_dir, name);
+  }
+  memcpy(c->execution.store_path, path, (size_t)n + 1);
   drop_store(c);
   return 0;
 }
@@ -437,7 +440,10 @@ static int run_trial(const st_sweep_options *o, const st_config *base,
   int rc = trial_config(o, base, n_train, batch, index, &c, err);
   if (rc) return rc;
   st_trainer *t;
-  if ((rc = st_trainer_create(&t, &c, NULL, err))) return rc;
+  if ((rc = st_trainer_create(&t, &c, NULL, err))) {
+    drop_store(&c);
+    return rc;
+  }
   *r = (trial){1, -1, NAN};
   int64_t budget = c.train.steps, eval_at = next_eval(o, 0);
   for (int64_t step = 1; step <= budget; step++) {

@@ -339,17 +339,25 @@ static void add_seq_layernorm(builder *bd, const char *name) {
  * the backwards in micro-batch order: the first finds the last forward's
  * chunks, and ends them (reviewed by a helper on gpt_tiny: 0 of 24
  * backwards took them). There the head keeps none, and neither its
- * scratch nor the plan's FLOPs count them. */
+ * scratch nor the plan's FLOPs count them. The micro-batches are a
+ * replica's: over MPI ranks without execution.placement: ranks, each rank
+ * is one (the run's ranks, or the plan's launch.ranks), and without
+ * micro-batches configured the noise scale measures the batch in two
+ * halves (trainer.c). */
 static int head_keeps(const st_config *c) {
   const char *mode = c->execution.mode;
   int fill =
       !strcmp(mode, "block_sequential") ||
       (!strcmp(mode, "pipeline") && !strcmp(c->execution.schedule, "gpipe"));
-  int R = c->execution.replicas > 1 ? c->execution.replicas : 1;
+  int W = st_dist_size() > 1 ? st_dist_size() : c->launch.ranks;
+  int R = c->execution.replicas > 1 ? c->execution.replicas
+          : W > 1 && strcmp(c->execution.placement, "ranks") ? W
+                                                             : 1;
   int share = c->train.batch / R > 0 ? c->train.batch / R : 1;
-  int mb = c->execution.micro_batch > 0 && c->execution.micro_batch < share
-               ? c->execution.micro_batch
-               : share;
+  int mb = c->execution.micro_batch > 0 ? c->execution.micro_batch
+           : c->metrics.noise_scale     ? share / 2
+                                        : share;
+  if (mb < 1 || mb > share) mb = share;
   return !fill || share / mb <= 1;
 }
 

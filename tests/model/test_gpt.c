@@ -556,23 +556,32 @@ static void check_eval_budget(void) {
  * block_sequential's with more than one micro-batch (every forward runs
  * before the first backward), whose head then has only its chunk as
  * scratch, and the plan's FLOPs the whole product again; zb1p's weight
- * half makes every chunk once more. */
+ * half makes every chunk once more. The micro-batches are a replica's:
+ * over 2 ranks (a plan's launch.ranks) each rank runs half the batch, one
+ * micro-batch of 4, unless the ranks are a pipeline's stages; the noise
+ * scale without micro-batches measures two halves. */
 static void check_head_keeps(void) {
   enum { T = 32, V = 50257 };
   const char *base[] = {
       "model.kind=gpt", "model.context=32",  "model.layers=1", "model.width=64",
       "model.heads=2",  "model.vocab=50257", "train.batch=8"};
-  /* mode, schedule, micro-batch; kept (1: st_linear_xent_keep), split */
+  /* mode, schedule, micro-batch, another setting; kept (1:
+   * st_linear_xent_keep), split */
   const struct {
     const char *mode, *schedule;
-    int micro, kept, split;
-  } cases[] = {{"sequential", "1f1b", 2, 1, 0},
-               {"pipeline", "gpipe", 2, 0, 0},
-               {"pipeline", "gpipe", 8, 1, 0},
-               {"block_sequential", "1f1b", 4, 0, 0},
-               {"pipeline", "1f1b", 2, 1, 0},
-               {"pipeline", "zb1p", 2, 1, 1},
-               {"pipelined_backprop", "1f1b", 1, 1, 0}};
+    int micro;
+    const char *also;
+    int kept, split;
+  } cases[] = {{"sequential", "1f1b", 2, NULL, 1, 0},
+               {"pipeline", "gpipe", 2, NULL, 0, 0},
+               {"pipeline", "gpipe", 8, NULL, 1, 0},
+               {"block_sequential", "1f1b", 4, NULL, 0, 0},
+               {"pipeline", "1f1b", 2, NULL, 1, 0},
+               {"pipeline", "zb1p", 2, NULL, 1, 1},
+               {"pipelined_backprop", "1f1b", 1, NULL, 1, 0},
+               {"pipeline", "gpipe", 4, "ranks", 1, 0},
+               {"pipeline", "gpipe", 2, "ranks", 0, 0},
+               {"pipeline", "gpipe", 0, "metrics.noise_scale=true", 0, 0}};
   int keep = st_linear_xent_keep(T, V), chunk = st_linear_xent_chunk(T, V);
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
     st_config c;
@@ -582,6 +591,10 @@ static void check_head_keeps(void) {
     set(&c, "execution.mode=%s", cases[k].mode);
     set(&c, "execution.schedule=%s", cases[k].schedule);
     set(&c, "execution.micro_batch=%d", cases[k].micro);
+    if (cases[k].also && !strcmp(cases[k].also, "ranks"))
+      c.launch.ranks = 2; /* not a key: the plan's, from --ranks */
+    else if (cases[k].also)
+      set(&c, "%s", cases[k].also);
     st_model *m = NULL;
     st_error err = {0};
     if (st_model_create(&m, &c, (st_shape){1, T, 1}, &err)) {
