@@ -375,17 +375,53 @@ static void abandon(const char *dir, int had_dir, int had_config) {
   if (!had_dir) rmdir(dir);
 }
 
+/* Whether path is absent or a config a run wrote (its first line, as
+ * st_config_write begins it). */
+#define CONFIG_HEADER "# strata config, fully resolved"
+static int written_by_run(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return errno == ENOENT;
+  char line[64] = "";
+  int ours = fgets(line, sizeof line, f) &&
+             !strncmp(line, CONFIG_HEADER, strlen(CONFIG_HEADER));
+  fclose(f);
+  return ours;
+}
+
 /* Whether DIR may take this run: a fresh one must not overwrite an earlier
  * run's work unless told to (--overwrite, which removes it first); a
  * resumed one needs the run's config.yaml. The filesystem root is refused. */
 static int check_out(const char *dir, const args *a, const char *store,
                      st_error *err) {
   char real[PATH_MAX], what[256], path[ST_PATH_MAX + 16];
+  struct stat sb;
   if (realpath(dir, real) && strcmp(real, "/") == 0)
     return st_error_set(err, ST_EARG,
                         "%s: the filesystem root cannot hold a run; give "
                         "--out DIR",
                         dir);
+  /* what is there and no run wrote is the user's: never written over, nor
+   * removed by --overwrite (a store path naming another file, or DIR
+   * holding a config.yaml of its own: `train config.yaml --out .` wrote
+   * the resolved config over the one it read) */
+  int64_t step;
+  st_error not_store = {0};
+  if (store && stat(store, &sb) == 0 &&
+      (S_ISDIR(sb.st_mode) ||
+       st_store_committed_step(store, &step, &not_store)))
+    return st_error_set(
+        err, ST_ECONFIG,
+        "execution.store_path: %s is not a weight store (%s): "
+        "a run makes its store there, and never over "
+        "another file; give another path",
+        store, S_ISDIR(sb.st_mode) ? "a directory" : "no store header");
+  snprintf(path, sizeof path, "%s/config.yaml", dir);
+  if (!a->resume && !written_by_run(path))
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: not a run's config (strata writes a run's "
+                        "resolved config there, and never over a file of "
+                        "yours): give another --out",
+                        path);
   if (a->resume) {
     snprintf(path, sizeof path, "%s/config.yaml", dir);
     if (access(path, F_OK) != 0)

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *usage_tokenize =
     "usage: strata tokenize train CORPUS --vocab N --out FILE\n"
@@ -56,6 +57,16 @@ static int train(const tokenize_args *a) {
   if (!a->out)
     return st_cli_usage_error(usage_tokenize,
                               "tokenize train needs --out FILE%s", "");
+  struct stat in_sb, out_sb; /* the corpus written over by its tokenizer */
+  if (stat(a->input, &in_sb) == 0 && stat(a->out, &out_sb) == 0 &&
+      in_sb.st_dev == out_sb.st_dev && in_sb.st_ino == out_sb.st_ino) {
+    st_error same = {0};
+    st_error_set(&same, ST_EARG,
+                 "--out %s is the corpus %s: the tokenizer would be written "
+                 "over it; give another --out",
+                 a->out, a->input);
+    return st_cli_fail(&same);
+  }
   char *stop;
   errno = 0;
   long vocab = strtol(a->vocab, &stop, 10);

@@ -559,6 +559,11 @@ run tokenize train "$T/corpus.txt" --vocab 300 --out "$T/tok.bpe"
 if [ "$rc" -eq 0 ] && head -n 1 "$T/tok.bpe" | grep -q "^strata-bpe 1$"; then pass; else
   fail "tokenize train writes a tokenizer" "rc $rc" "$out" "$err"
 fi
+cp "$T/corpus.txt" "$T/corpus2.txt"
+expect_error "tokenize train --out the corpus" \
+  "^strata: error: --out $(re_quote "$T/corpus2.txt") is the corpus $(re_quote "$T/corpus2.txt"): the tokenizer would be written over it; give another --out$" \
+  -- tokenize train "$T/corpus2.txt" --vocab 300 --out "$T/corpus2.txt"
+if cmp -s "$T/corpus.txt" "$T/corpus2.txt"; then pass; else fail "the corpus as it was"; fi
 run tokenize encode "$T/corpus.txt" --tokenizer "$T/tok.bpe"
 ids=$(printf '%s' "$out" | wc -w)
 bytes=$(wc -c <"$T/corpus.txt")
@@ -957,6 +962,28 @@ fi
 expect_error "a store path in a missing folder" \
   "^strata: error: $(re_quote "$T/nowhere/s.strata"): cannot create: No such file or directory$" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T/nowhere/s.strata" --out "$T/o_ws_nowhere"
+# a store path naming a file of the user's, or a folder: refused, even
+# under --overwrite (it replaced the file with a store), the file as it was
+# and no run folder made
+echo "keep me" >"$T/precious.txt"
+expect_error "a store path naming another file, --overwrite" \
+  "^strata: error: execution.store_path: $(re_quote "$T/precious.txt") is not a weight store \(no store header\): a run makes its store there, and never over another file; give another path$" \
+  -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T/precious.txt" --out "$T/o_ws_precious" --overwrite
+expect_error "a store path naming a folder" \
+  "^strata: error: execution.store_path: $(re_quote "$T") is not a weight store \(a directory\)" \
+  -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T" --out "$T/o_ws_folder"
+if [ "$(cat "$T/precious.txt")" = "keep me" ] && [ ! -e "$T/o_ws_precious" ] && [ ! -e "$T/o_ws_folder" ]; then pass; else
+  fail "a refused store path: the file as it was, no run folder" "$(ls "$T")"
+fi
+# --out a folder holding a config of the user's (train config.yaml --out
+# . wrote the resolved config over the one it read): refused, untouched
+mkdir -p "$T/own" && cp "$fc" "$T/own/config.yaml"
+expect_error "--out a folder with a config.yaml of the user's" \
+  "^strata: error: $(re_quote "$T/own")/config.yaml: not a run's config \(strata writes a run's resolved config there, and never over a file of yours\): give another --out$" \
+  -- train "$T/own/config.yaml" "${ws_args[@]}" --out "$T/own"
+if cmp -s "$fc" "$T/own/config.yaml"; then pass; else
+  fail "the user's config.yaml as it was"
+fi
 
 # A store of bf16 weights: the summary says so, the export writes BF16
 # weights (inspect reads them), and evaluating the export gives the run's
