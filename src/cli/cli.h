@@ -13,6 +13,10 @@
 int st_cli_fail(const st_error *err); /* "strata: error: ...", returns 1 */
 /* "strata: <fmt with what>" then the usage text; returns 2 */
 int st_cli_usage_error(const char *usage, const char *fmt, const char *what);
+/* An output file's path that names a folder: "OPTION PATH: a folder, not
+ * a file" into err and 1, before any work (the write at the end failed
+ * with "rename failed: Is a directory"); else 0. */
+int st_cli_out_folder(const char *option, const char *path, st_error *err);
 /* runs/<config file name without extension> */
 void st_cli_default_out(char *out, size_t cap, const char *config);
 

@@ -6,6 +6,15 @@
 #include "cli.h"
 
 #include <string.h>
+#include <sys/stat.h>
+
+int st_cli_out_folder(const char *option, const char *path, st_error *err) {
+  struct stat sb;
+  if (!path || stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return 0;
+  st_error_set(err, ST_EARG, "%s %s: a folder, not a file: give a file's path",
+               option, path);
+  return 1;
+}
 
 int st_cli_fail(const st_error *err) {
   /* over MPI ranks an error every rank shares is printed once, by rank 0;

@@ -718,7 +718,9 @@ static int cmd_train(int argc, char **argv) {
   }
   if (st_dist_agree(gone, &err)) return st_cli_fail(&err);
   /* the trace is written at the end: its folder is checked now */
-  if (a.trace && speaks) {
+  if (a.trace && speaks && st_cli_out_folder("--trace", a.trace, &err))
+    rc = err.code;
+  else if (a.trace && speaks) {
     char folder[ST_PATH_MAX];
     snprintf(folder, sizeof folder, "%s", a.trace);
     char *slash = strrchr(folder, '/');
@@ -1079,7 +1081,8 @@ static int cmd_export(int argc, char **argv) {
                                   : "not a run directory (export takes one)");
     return st_cli_fail(&err);
   }
-  if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
+  if (st_cli_out_folder("--out", a.out, &err) || load_config(&cfg, &a, &err))
+    return st_cli_fail(&err);
   if (!st_store_resolve(&cfg, dir)) return export_shards(dir, &cfg, a.out);
   if (stat(cfg.execution.store_path, &sb) != 0) {
     st_error_set(&err, ST_EIO, "%s: no store to export",

@@ -57,6 +57,8 @@ static int train(const tokenize_args *a) {
   if (!a->out)
     return st_cli_usage_error(usage_tokenize,
                               "tokenize train needs --out FILE%s", "");
+  st_error folder = {0};
+  if (st_cli_out_folder("--out", a->out, &folder)) return st_cli_fail(&folder);
   struct stat in_sb, out_sb; /* the corpus written over by its tokenizer */
   if (stat(a->input, &in_sb) == 0 && stat(a->out, &out_sb) == 0 &&
       in_sb.st_dev == out_sb.st_dev && in_sb.st_ino == out_sb.st_ino) {

@@ -564,6 +564,18 @@ expect_error "tokenize train --out the corpus" \
   "^strata: error: --out $(re_quote "$T/corpus2.txt") is the corpus $(re_quote "$T/corpus2.txt"): the tokenizer would be written over it; give another --out$" \
   -- tokenize train "$T/corpus2.txt" --vocab 300 --out "$T/corpus2.txt"
 if cmp -s "$T/corpus.txt" "$T/corpus2.txt"; then pass; else fail "the corpus as it was"; fi
+# an output file's path naming a folder, refused before any work (each
+# failed at its end with "rename failed: Is a directory"): tokenize's
+# --out, train's --trace (no run folder left), export's --out
+mkdir -p "$T/a_folder"
+expect_error "tokenize train --out a folder" \
+  "^strata: error: --out $(re_quote "$T/a_folder"): a folder, not a file: give a file's path$" \
+  -- tokenize train "$T/corpus.txt" --vocab 300 --out "$T/a_folder"
+expect_error "train --trace a folder" \
+  "^strata: error: --trace $(re_quote "$T/a_folder"): a folder, not a file: give a file's path$" \
+  -- train "$fc" --set data.train_limit=512 --set data.test_limit=64 --set train.steps=3 \
+  --set metrics.progress=off --trace "$T/a_folder" --out "$T/o_trace_folder"
+if [ ! -e "$T/o_trace_folder" ]; then pass; else fail "a refused --trace leaves no run folder"; fi
 run tokenize encode "$T/corpus.txt" --tokenizer "$T/tok.bpe"
 ids=$(printf '%s' "$out" | wc -w)
 bytes=$(wc -c <"$T/corpus.txt")
@@ -969,6 +981,9 @@ echo "keep me" >"$T/precious.txt"
 expect_error "a store path naming another file, --overwrite" \
   "^strata: error: execution.store_path: $(re_quote "$T/precious.txt") is not a weight store \(no store header\): a run makes its store there, and never over another file; give another path$" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T/precious.txt" --out "$T/o_ws_precious" --overwrite
+expect_error "export --out a folder" \
+  "^strata: error: --out $(re_quote "$T"): a folder, not a file: give a file's path$" \
+  -- export "$T/w_seq" --out "$T"
 expect_error "a store path naming a folder" \
   "^strata: error: execution.store_path: $(re_quote "$T") is not a weight store \(a directory\)" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T" --out "$T/o_ws_folder"
