@@ -423,7 +423,6 @@ static int check_out(const char *dir, const args *a, const char *store,
                         "yours): give another --out",
                         path);
   if (a->resume) {
-    snprintf(path, sizeof path, "%s/config.yaml", dir);
     if (access(path, F_OK) != 0)
       return st_error_set(err, ST_EIO, "%s: cannot open: no run to resume",
                           path);

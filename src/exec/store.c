@@ -304,7 +304,7 @@ static int open_unnamed(const char *dir, const char *tmp, int *named) {
   *named = 0;
   unlink(tmp); /* a named creation killed before: its space is free again */
 #ifdef O_TMPFILE
-  /* linked in through /proc/self/fd (put_in_place); without /proc only a
+  /* linked in through /proc/self/fd (link_unnamed); without /proc only a
    * process that may read any file could link it, by its descriptor */
   if (access("/proc/self/fd", X_OK) == 0) {
     int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
@@ -316,11 +316,9 @@ static int open_unnamed(const char *dir, const char *tmp, int *named) {
   return open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 }
 
-/* The made file at path, never over a store another process made
- * meanwhile: an unnamed file linked in (fd still open), a named one
- * renamed. */
-static int put_in_place(int fd, int named, const char *tmp, const char *path) {
-  if (named) return renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE);
+/* The unnamed file open at fd, linked in at path: never over a store
+ * another process made meanwhile (a link does not replace). */
+static int link_unnamed(int fd, const char *path) {
   char self[64];
   snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
   return linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW);
@@ -406,13 +404,15 @@ static int create_store(const char *path, const st_model *m,
                         strerror(errno));
   }
   if (map != MAP_FAILED) munmap(map, (size_t)total);
-  if (!rc && !named && put_in_place(fd, 0, tmp, path) != 0)
+  if (!rc && !named && link_unnamed(fd, path) != 0)
     rc = st_error_set(err, ST_EIO, "%s: cannot link into place: %s", path,
                       strerror(errno));
   if (close(fd) != 0 && !rc)
     rc = st_error_set(err, ST_EIO, "%s: %s", named ? tmp : path,
                       strerror(errno));
-  if (!rc && named && put_in_place(fd, 1, tmp, path) != 0)
+  /* never over a store another process made meanwhile */
+  if (!rc && named &&
+      renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0)
     rc = st_error_set(err, ST_EIO, "%s: cannot rename into place: %s", path,
                       strerror(errno));
   if (rc) {

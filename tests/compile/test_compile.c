@@ -508,6 +508,31 @@ static void test_fused_head_costs(void) {
         "fused head on a mesh: %g layers, %g bytes in, %g across; by hand "
         "1, 4 T C = %g, 4 T V = %g",
         h->region_layers, h->region_in, h->region_out, 4 * T * C, 4 * T * V);
+  /* where no backward finds the kept chunk (gpipe, two micro-batches) or
+   * a second half makes it again (zb1p), the backward makes the forward's
+   * product once more: 6 C V a position, the weight read by 4 products */
+  const char *modes[][3] = {
+      {"execution.mode=pipeline", "execution.schedule=gpipe",
+       "execution.micro_batch=2"},
+      {"execution.mode=pipeline", "execution.schedule=zb1p",
+       "execution.micro_batch=2"}};
+  for (int k = 0; k < 2; k++) {
+    st_config again = cfg;
+    for (int i = 0; i < 3; i++) set(&again, modes[k][i]);
+    st_model *a;
+    if (st_model_create(&a, &again, (st_shape){1, 8, 1}, &err)) {
+      CHECK(0, "%s: %s", modes[k][1], err.msg);
+      continue;
+    }
+    st_block_cost ab[3];
+    st_plan_costs(ab, a, &again);
+    double abwd = 0;
+    for (int c = 0; c < ST_GEMM_CLASSES; c++) abwd += ab[2].gemm_bwd[c];
+    CHECK(abwd == T * (6 * C * V + 4 * V) && ab[2].linear_gemms[0] == 4,
+          "fused head, %s: %g backward FLOPs a sample, %g products",
+          modes[k][1], abwd, ab[2].linear_gemms[0]);
+    st_model_destroy(a);
+  }
   set(&cfg, "model.fused_loss=false");
   st_model *u;
   if (st_model_create(&u, &cfg, (st_shape){1, 8, 1}, &err) == 0) {
