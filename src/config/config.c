@@ -238,9 +238,11 @@ static int parse_uint64(const char *s, uint64_t *out) {
 }
 
 /* Parsed straight to float (not via double) so that printing with enough
- * digits and reading back gives the same bits. */
+ * digits and reading back gives the same bits. Decimal only: strtof would
+ * also read "0x10" as 16 and "0x1p-3" as 0.125, which a config should not
+ * mean by a learning rate. */
 static int parse_float(const char *s, float *out) {
-  if (!*s || *s == ' ' || *s == '\t') return 1;
+  if (!*s || strspn(s, "+-.0123456789eE") != strlen(s)) return 1;
   char *end;
   errno = 0;
   float v = strtof(s, &end);

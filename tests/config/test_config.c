@@ -608,6 +608,15 @@ static void test_set_errors(void) {
   SET_ERROR("optimizer.lr=nan",
             "--set optimizer.lr=nan: optimizer.lr: expected a number, got "
             "'nan'");
+  SET_ERROR("optimizer.lr=0x10", /* strtof alone reads 16 */
+            "--set optimizer.lr=0x10: optimizer.lr: expected a number, got "
+            "'0x10'");
+  SET_ERROR("optimizer.lr=0x1p-3",
+            "--set optimizer.lr=0x1p-3: optimizer.lr: expected a number, got "
+            "'0x1p-3'");
+  SET_ERROR("optimizer.lr=infinity",
+            "--set optimizer.lr=infinity: optimizer.lr: expected a number, "
+            "got 'infinity'");
   SET_ERROR("optimizer.lr=1e39", "--set optimizer.lr=1e39: optimizer.lr: 1e39 "
                                  "is out of range for a float");
   SET_ERROR("optimizer.lr=1e-50", "--set optimizer.lr=1e-50: optimizer.lr: "
