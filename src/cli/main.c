@@ -10,6 +10,7 @@
 #include "../dist/dist.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -1150,11 +1151,21 @@ static int cmd_eval(int argc, char **argv) {
   return rc ? st_cli_fail(&err) : 0;
 }
 
-/* A whole-string number: strtoll / strtod that must consume everything. */
-static int parse_number(const char *text, double lo, double *v) {
+/* A whole decimal number in [0, hi], every character a digit: strtoull alone
+ * takes blanks, a sign ("-1" wraps) and "0x10". */
+static int parse_whole(const char *text, uint64_t hi, uint64_t *v) {
+  if (!*text || strspn(text, "0123456789") != strlen(text)) return 0;
+  errno = 0;
+  *v = strtoull(text, NULL, 10);
+  return errno != ERANGE && *v <= hi;
+}
+
+/* A decimal number in [0, FLT_MAX]: it is used as a float. */
+static int parse_real(const char *text, double *v) {
+  if (!*text || strspn(text, "+-.0123456789eE") != strlen(text)) return 0;
   char *end;
   *v = strtod(text, &end);
-  return end != text && !*end && *v >= lo && isfinite(*v);
+  return !*end && *v >= 0 && *v <= FLT_MAX;
 }
 
 static int cmd_generate(int argc, char **argv) {
@@ -1178,19 +1189,28 @@ static int cmd_generate(int argc, char **argv) {
                               "generate needs CONFIG, --checkpoint FILE and "
                               "--prompt TEXT%s",
                               "");
-  double n, t, k, s;
-  if (!parse_number(tokens, 0, &n) || n != (int)n)
-    return st_cli_usage_error(
-        usage_generate, "--tokens: '%s' is not a whole number >= 0", tokens);
-  if (!parse_number(temp, 0, &t))
+  uint64_t n, k, s;
+  double t;
+  if (!parse_whole(tokens, INT_MAX, &n))
     return st_cli_usage_error(usage_generate,
-                              "--temperature: '%s' is not a number >= 0", temp);
-  if (!parse_number(topk, 0, &k) || k != (int)k)
+                              "--tokens: '%s' is not a whole number from 0 to "
+                              "2147483647",
+                              tokens);
+  if (!parse_real(temp, &t))
     return st_cli_usage_error(usage_generate,
-                              "--top-k: '%s' is not a whole number >= 0", topk);
-  if (!parse_number(seed, 0, &s) || s != (double)(uint64_t)s)
+                              "--temperature: '%s' is not a number from 0 to "
+                              "3.4e38 (a float)",
+                              temp);
+  if (!parse_whole(topk, INT_MAX, &k))
     return st_cli_usage_error(usage_generate,
-                              "--seed: '%s' is not a whole number >= 0", seed);
+                              "--top-k: '%s' is not a whole number from 0 to "
+                              "2147483647",
+                              topk);
+  if (!parse_whole(seed, UINT64_MAX, &s))
+    return st_cli_usage_error(usage_generate,
+                              "--seed: '%s' is not a whole number from 0 to "
+                              "2^64 - 1",
+                              seed);
   st_error err = {0};
   char newest[ST_PATH_MAX + 64], own[ST_PATH_MAX + 16];
   run_config(&a, own, sizeof own);

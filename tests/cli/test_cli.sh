@@ -751,6 +751,19 @@ if [ "$rc" -eq 2 ] && printf '%s\n' "$err" | head -n 1 | grep -q "\-\-tokens: 'm
 else
   fail "generate: a bad --tokens is a usage error" "rc $rc" "$err"
 fi
+# numbers past what the sampler holds are usage errors, not wrapped or
+# rounded to infinity: 3e9 tokens was cast to int, 1e300 became an
+# infinite temperature, "0x10" read as 16 and "-1" as 2^64 - 1
+for bad in "--tokens 3000000000" "--tokens 0x10" "--temperature 1e300" \
+  "--temperature -0.5" "--top-k 1e3" "--seed -1" "--seed 18446744073709551616"; do
+  read -r opt val <<<"$bad"
+  run generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "x" "$opt" "$val"
+  if [ "$rc" -eq 2 ] && printf '%s\n' "$err" | head -n 1 | grep -q -- "^strata: error: $opt: '$val' is not a"; then
+    pass
+  else
+    fail "generate: $bad is a usage error" "rc $rc" "$err"
+  fi
+done
 : >"$T/empty.txt"
 expect_error "gpt: empty corpus" "$(re_quote "$T/empty.txt"): the corpus is empty" \
   -- train "$fc" "${gpt[@]}" --set data.path="$T/empty.txt" --out "$T/o_gpt_empty"
