@@ -6,9 +6,10 @@
  * IDX (http://yann.lecun.com/exdb/mnist/): a big-endian int32 magic (2049 for
  * labels, 2051 for images), one big-endian int32 per dimension, then the
  * bytes. Files come from outside, so every field is checked and every failure
- * is one line naming the file and the cause. zlib verifies the gzip CRC only
- * when the stream ends, so a full load reads past the last sample to reach
- * the trailer; a load with `limit` stops early and trusts the bytes it read.
+ * is one line naming the file and the cause. inflate verifies the gzip CRC
+ * only when the stream ends, so a full load reads past the last sample to
+ * reach the trailer; a load with `limit` stops early and trusts the bytes it
+ * read.
  */
 #include "strata.h"
 
@@ -30,71 +31,163 @@ int st_dataset_alloc(st_dataset **out, const char *name, int n, st_shape shape,
                      st_error *err);
 void st_dataset_compute_stats(st_dataset *ds);
 
-/* One IDX file being read. */
+/* One IDX file being read: plain, or one or more gzip members read with
+ * inflate directly (gzread ends quietly when input runs out at a buffer's
+ * edge, so a file cut inside its trailer could load without a CRC check,
+ * and it skips bytes after the last member). */
 typedef struct idx_file {
   const char *path;
   const char *kind;
-  gzFile gz;
+  int fd;
+  int gzip;         /* starts with the gzip magic 1f 8b */
+  int ended;        /* gzip: the last member ended where the file does */
+  int inflating;    /* z was initialised */
+  long long before; /* file bytes read before the buffer's first */
+  z_stream z;
+  uint8_t *in; /* IDX_IN bytes */
 } idx_file;
+
+#define IDX_IN (1u << 17) /* 128 KiB: fewer reads than zlib's 8 KiB */
+
+/* The offset in the file of the next byte inflate would take. */
+static long long idx_offset(const idx_file *f) {
+  return f->before + (long long)(f->z.next_in - f->in);
+}
+
+/* Moves the unread input to the buffer's start and reads more behind it.
+ * Returns the bytes now available; 0 only at the end of the file. */
+static int idx_fill(idx_file *f, size_t *avail, st_error *err) {
+  size_t keep = f->z.avail_in;
+  f->before = idx_offset(f);
+  memmove(f->in, f->z.next_in, keep);
+  f->z.next_in = f->in;
+  while (keep < IDX_IN) {
+    ssize_t n = read(f->fd, f->in + keep, IDX_IN - keep);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      return st_error_set(err, ST_EIO, "%s: read error at byte %lld: %s",
+                          f->path, f->before + (long long)keep,
+                          strerror(errno));
+    if (n == 0) break;
+    keep += (size_t)n;
+    if (keep >= 2) break; /* enough for a caller that peeks at a magic */
+  }
+  f->z.avail_in = (uInt)keep;
+  *avail = keep;
+  return 0;
+}
 
 /* Opens f->path; `kind` ("image" or "label") goes into the messages. */
 static int idx_open(idx_file *f, const char *kind, st_error *err) {
   f->kind = kind;
-  int fd = st_open_regular(f->path, err);
-  if (fd < 0) return err->code;
-  f->gz = gzdopen(fd, "rb");
-  if (!f->gz) {
-    close(fd);
+  f->fd = st_open_regular(f->path, err);
+  if (f->fd < 0) return err->code;
+  f->in = st_alloc(IDX_IN);
+  if (!f->in) return st_error_set(err, ST_ENOMEM, "%s: out of memory", f->path);
+  f->z.next_in = f->in;
+  size_t avail;
+  int rc = idx_fill(f, &avail, err);
+  if (rc) return rc;
+  f->gzip = avail >= 2 && f->in[0] == 0x1f && f->in[1] == 0x8b;
+  if (!f->gzip) return 0;
+  if (inflateInit2(&f->z, 16 + MAX_WBITS) != Z_OK)
     return st_error_set(err, ST_ENOMEM, "%s: out of memory", f->path);
-  }
-  /* 128 KiB instead of zlib's 8 KiB: fewer read calls, ~10% faster. */
-  gzbuffer(f->gz, 1u << 17);
+  f->inflating = 1;
   return 0;
 }
 
 static void idx_close(idx_file *f) {
-  if (f->gz) gzclose_r(f->gz);
-  f->gz = NULL;
+  if (f->inflating) inflateEnd(&f->z);
+  f->inflating = 0;
+  if (f->fd >= 0) close(f->fd);
+  f->fd = -1;
+  st_free(f->in);
+  f->in = NULL;
 }
 
-/* zlib's message for the stream's error, without the name it prepends. */
-static const char *zlib_reason(const idx_file *f, int *zerr) {
-  const char *msg = gzerror(f->gz, zerr);
-  /* gzdopen's stream names itself "<fd:N>" */
-  const char *close_ = strncmp(msg, "<fd:", 4) == 0 ? strstr(msg, ">: ") : NULL;
-  return close_ ? close_ + 3 : msg;
-}
-
-/* Turns a short read into the message that names its cause: zlib's verdict
- * on the stream when it has one, otherwise the file simply ended early. */
-static int short_read(const idx_file *f, size_t want, size_t got,
-                      const char *what, st_error *err) {
-  int zerr = Z_OK;
-  const char *reason = zlib_reason(f, &zerr);
-  if (zerr == Z_ERRNO)
-    return st_error_set(err, ST_EIO, "%s: read error: %s", f->path,
-                        strerror(errno));
-  if (zerr != Z_OK && zerr != Z_BUF_ERROR)
-    return st_error_set(err, ST_EFORMAT, "%s: corrupt gzip data: %s", f->path,
-                        reason);
-  /* Z_BUF_ERROR is zlib's "unexpected end of file"; Z_OK a clean end. */
+/* After a member's end: another member may follow, anything else is not
+ * part of a gzip file. */
+static int idx_next_member(idx_file *f, st_error *err) {
+  size_t avail = f->z.avail_in;
+  if (avail < 2) {
+    int rc = idx_fill(f, &avail, err);
+    if (rc) return rc;
+  }
+  if (avail == 0) {
+    f->ended = 1;
+    return 0;
+  }
+  if (avail >= 2 && f->z.next_in[0] == 0x1f && f->z.next_in[1] == 0x8b) {
+    inflateReset(&f->z);
+    return 0;
+  }
+  struct stat sb;
+  long long size = fstat(f->fd, &sb) == 0 ? (long long)sb.st_size : -1;
   return st_error_set(err, ST_EFORMAT,
-                      "%s: truncated: expected %zu %s, got %zu", f->path, want,
-                      what, got);
+                      "%s: %lld bytes after the gzip stream's end at byte "
+                      "%lld are not gzip data",
+                      f->path, size - idx_offset(f), idx_offset(f));
 }
 
-/* Reads exactly `bytes` bytes or fails; gzread takes an unsigned count, so
- * large bodies go in slices. */
+/* Reads up to `want` bytes into buf; *got < want only where the data ends
+ * cleanly (a plain file's end, or the last gzip member's). *cut says the
+ * file ended inside a gzip member. */
+static int idx_pull(idx_file *f, uint8_t *buf, size_t want, size_t *got,
+                    int *cut, st_error *err) {
+  *got = 0;
+  *cut = 0;
+  while (*got < want) {
+    size_t avail = f->z.avail_in;
+    if (!f->gzip) {
+      if (avail == 0) {
+        int rc = idx_fill(f, &avail, err);
+        if (rc) return rc;
+        if (avail == 0) return 0;
+      }
+      size_t n = want - *got < avail ? want - *got : avail;
+      memcpy(buf + *got, f->z.next_in, n);
+      f->z.next_in += n;
+      f->z.avail_in -= (uInt)n;
+      *got += n;
+      continue;
+    }
+    if (f->ended) return 0;
+    if (avail == 0) {
+      int rc = idx_fill(f, &avail, err);
+      if (rc) return rc;
+      if (avail == 0) return *cut = 1, 0;
+    }
+    size_t slice = want - *got;
+    if (slice > (1u << 30)) slice = 1u << 30;
+    f->z.next_out = buf + *got;
+    f->z.avail_out = (uInt)slice;
+    int zrc = inflate(&f->z, Z_NO_FLUSH);
+    *got += slice - f->z.avail_out;
+    if (zrc == Z_STREAM_END) {
+      int rc = idx_next_member(f, err);
+      if (rc) return rc;
+    } else if (zrc == Z_MEM_ERROR) {
+      return st_error_set(err, ST_ENOMEM, "%s: out of memory", f->path);
+    } else if (zrc != Z_OK && zrc != Z_BUF_ERROR) {
+      return st_error_set(
+          err, ST_EFORMAT, "%s: corrupt gzip data: %s (at byte %lld)", f->path,
+          f->z.msg ? f->z.msg : "inflate failed", idx_offset(f));
+    }
+  }
+  return 0;
+}
+
+/* Reads exactly `bytes` bytes or fails, naming `what` was cut short. */
 static int idx_read(idx_file *f, void *buf, size_t bytes, const char *what,
                     st_error *err) {
-  size_t got = 0;
-  while (got < bytes) {
-    size_t slice = bytes - got;
-    if (slice > (1u << 30)) slice = 1u << 30;
-    int n = gzread(f->gz, (uint8_t *)buf + got, (unsigned)slice);
-    if (n <= 0) return short_read(f, bytes, got, what, err);
-    got += (size_t)n;
-  }
+  size_t got;
+  int cut;
+  int rc = idx_pull(f, buf, bytes, &got, &cut, err);
+  if (rc) return rc;
+  if (got < bytes)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: truncated: expected %zu %s, got %zu", f->path,
+                        bytes, what, got);
   return 0;
 }
 
@@ -129,24 +222,24 @@ static int idx_read_header(idx_file *f, uint32_t magic, int ndims,
   return 0;
 }
 
-/* After the last sample the stream must end: reading on makes zlib check the
- * CRC and length in the gzip trailer, and any byte left over means the
+/* After the last sample the data must end: reading on makes inflate check
+ * the CRC and length in the gzip trailer, and any byte left over means the
  * header's count is wrong. */
 static int idx_expect_end(idx_file *f, int count, st_error *err) {
   uint8_t extra;
-  int n = gzread(f->gz, &extra, 1);
-  if (n == 1)
+  size_t got;
+  int cut;
+  int rc = idx_pull(f, &extra, 1, &got, &cut, err);
+  if (rc) return rc;
+  if (got == 1)
     return st_error_set(
         err, ST_EFORMAT,
         "%s: trailing data after %d %ss (header count too small?)", f->path,
         count, f->kind);
-  int zerr = Z_OK;
-  gzerror(f->gz, &zerr);
-  if (zerr == Z_BUF_ERROR)
+  if (cut)
     return st_error_set(err, ST_EFORMAT,
                         "%s: truncated: gzip trailer missing after %d %ss",
                         f->path, count, f->kind);
-  if (zerr != Z_OK) return short_read(f, 1, 0, "trailer bytes", err);
   return 0;
 }
 
@@ -185,15 +278,15 @@ static int fits_file(const idx_file *f, int count, size_t per_sample,
   struct stat sb;
   if (stat(f->path, &sb) != 0 || !S_ISREG(sb.st_mode)) return 0;
   double need = (double)count * (double)per_sample;
-  double room = gzdirect(f->gz) ? (double)sb.st_size - (double)header
-                                : 1032.0 * (double)sb.st_size;
+  double room = !f->gzip ? (double)sb.st_size - (double)header
+                         : 1032.0 * (double)sb.st_size;
   if (need <= room) return 0;
   return st_error_set(err, ST_EFORMAT,
                       "%s: the header counts %d %ss (%.0f bytes), more than "
                       "this %lld-byte %s can hold: a corrupt header or a "
                       "truncated file",
                       f->path, count, f->kind, need, (long long)sb.st_size,
-                      gzdirect(f->gz) ? "file" : "gzip file");
+                      !f->gzip ? "file" : "gzip file");
 }
 
 /* The file name without its directories, as the dataset's name. */
@@ -228,7 +321,8 @@ int st_dataset_load_idx(st_dataset **out, const char *images_gz,
   if (limit < 0)
     return st_error_set(err, ST_EARG, "%s: limit %d must be >= 0", images_gz,
                         limit);
-  idx_file images = {.path = images_gz}, labels = {.path = labels_gz};
+  idx_file images = {.path = images_gz, .fd = -1},
+           labels = {.path = labels_gz, .fd = -1};
   st_dataset *ds = NULL;
   int count = 0;
   st_shape shape;

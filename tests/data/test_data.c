@@ -388,6 +388,128 @@ static void test_truncated(void) {
                 "file can hold");
 }
 
+/* The gzip trailer on a file larger than the reader's buffer: zlib's gzread
+ * ended quietly when input ran out at a buffer's edge, so the 4.4 MB test
+ * images with 1, 4 or 8 trailer bytes cut loaded with no CRC check (the
+ * small label file above was caught). */
+static void test_trailer_of_large_file(void) {
+  st_dataset *ds = NULL;
+  st_error err = {0};
+  const size_t cuts[] = {1, 4, 8};
+  for (int i = 0; i < 3; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "cut%zu-images.gz", cuts[i]);
+    const char *cut = tmp_path(name);
+    write_prefix(TEST_IMAGES, cut, 0, cuts[i]);
+    int rc = st_dataset_load_idx(&ds, cut, TEST_LABELS, 0, &err);
+    check_failure("large file, trailer cut", rc, ds, &err, ST_EFORMAT, cut,
+                  "truncated: gzip trailer missing after 10000 images");
+  }
+  /* Damage inflate cannot see, in a stored gzip larger than the buffer,
+   * with the trailer that would catch it cut off. */
+  enum { N = 300000 };
+  uint8_t *pixels = malloc(N), *labels = malloc(N);
+  size_t bytes = 16 + (size_t)N;
+  uint8_t *raw = malloc(bytes);
+  if (!pixels || !labels || !raw) {
+    CHECK(0, "out of memory");
+    free(pixels), free(labels), free(raw);
+    return;
+  }
+  for (int j = 0; j < N; j++) pixels[j] = (uint8_t)(j * 7), labels[j] = 1;
+  put_be32(raw, 2051), put_be32(raw + 4, N), put_be32(raw + 8, 1);
+  put_be32(raw + 12, 1);
+  memcpy(raw + 16, pixels, N);
+  const char *img = tmp_path("stored-images.gz");
+  write_gz(img, "wb0", raw, bytes);
+  memcpy(raw + 8, labels, N);
+  put_be32(raw, 2049), put_be32(raw + 4, N);
+  const char *lab = tmp_path("stored-labels.gz");
+  write_gz(lab, "wb", raw, 8 + (size_t)N);
+  int rc = st_dataset_load_idx(&ds, img, lab, 0, &err);
+  CHECK(rc == 0 && ds && memcmp(ds->pixels, pixels, N) == 0,
+        "stored gzip of 300000 images loads: %s", err.msg);
+  st_dataset_destroy(ds);
+  ds = NULL;
+  size_t size = 0;
+  uint8_t *file = read_whole(img, &size);
+  if (file) {
+    file[size / 2] ^= 0x01;
+    const char *bad = tmp_path("stored-flipped-cut-images.gz");
+    write_raw(bad, file, size - 8);
+    rc = st_dataset_load_idx(&ds, bad, lab, 0, &err);
+    check_failure("stored, flipped, trailer cut", rc, ds, &err, ST_EFORMAT, bad,
+                  "truncated: gzip trailer missing after 300000 images");
+    free(file);
+  }
+  free(pixels), free(labels), free(raw);
+}
+
+/* gzip members: a file of two loads as their concatenation (as gzip -d
+ * reads it); bytes after the last member that are not one are refused with
+ * their offset, as is damage inside the deflate data. */
+static void test_gzip_members(void) {
+  size_t bytes = 0;
+  uint8_t *whole = read_whole(TEST_LABELS, &bytes);
+  if (!whole) {
+    CHECK(0, "cannot read %s", TEST_LABELS);
+    return;
+  }
+  uint8_t *plain = NULL;
+  size_t n = 0;
+  gzFile gz = gzopen(TEST_LABELS, "rb");
+  if (gz) {
+    plain = malloc(8 + 10000 + 1);
+    n = plain ? (size_t)gzread(gz, plain, 8 + 10000 + 1) : 0;
+    gzclose(gz);
+  }
+  CHECK(n == 8 + 10000, "t10k labels decompress to %zu bytes", n);
+  if (n != 8 + 10000) {
+    free(whole), free(plain);
+    return;
+  }
+  const char *a = tmp_path("member-a.gz"), *b = tmp_path("member-b.gz");
+  write_gz(a, "wb", plain, 5000);
+  write_gz(b, "wb", plain + 5000, n - 5000);
+  size_t na = 0, nb = 0;
+  uint8_t *da = read_whole(a, &na), *db = read_whole(b, &nb);
+  uint8_t *two = da && db ? malloc(na + nb + 3) : NULL;
+  if (two) {
+    memcpy(two, da, na);
+    memcpy(two + na, db, nb);
+    const char *joined = tmp_path("two-members-labels.gz");
+    write_raw(joined, two, na + nb);
+    st_dataset *ds = NULL;
+    st_error err = {0};
+    int rc = st_dataset_load_idx(&ds, TEST_IMAGES, joined, 0, &err);
+    CHECK(rc == 0 && ds && memcmp(ds->labels, plain + 8, 10000) == 0,
+          "two gzip members load as one: %s", err.msg);
+    st_dataset_destroy(ds);
+    ds = NULL;
+    memcpy(two + na + nb, "\n\0x", 3);
+    const char *junk = tmp_path("junk-after-labels.gz");
+    write_raw(junk, two, na + nb + 3);
+    rc = st_dataset_load_idx(&ds, TEST_IMAGES, junk, 0, &err);
+    char want[96];
+    snprintf(want, sizeof want,
+             "3 bytes after the gzip stream's end at byte %zu are not gzip "
+             "data",
+             na + nb);
+    check_failure("bytes after the stream", rc, ds, &err, ST_EFORMAT, junk,
+                  want);
+  }
+  free(two), free(da), free(db), free(whole), free(plain);
+  /* a deflate error names where in the file it was found */
+  const char *flipped = tmp_path("flipped-at-labels.gz");
+  write_flipped(TEST_LABELS, flipped, 100, 8);
+  st_dataset *ds = NULL;
+  st_error err = {0};
+  int rc = st_dataset_load_idx(&ds, TEST_IMAGES, flipped, 0, &err);
+  check_failure("corrupt deflate data", rc, ds, &err, ST_EFORMAT, flipped,
+                "corrupt gzip data: ");
+  CHECK(strstr(err.msg, "(at byte ") != NULL, "no offset: %s", err.msg);
+}
+
 static void test_wrong_content(void) {
   st_dataset *ds = NULL;
   st_error err = {0};
@@ -686,6 +808,8 @@ int main(void) {
   test_corrupt_gzip();
   test_crc_only_damage();
   test_truncated();
+  test_trailer_of_large_file();
+  test_gzip_members();
   test_wrong_content();
   test_shuffle();
   test_batch();
