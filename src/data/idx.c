@@ -223,19 +223,24 @@ static int idx_read_header(idx_file *f, uint32_t magic, int ndims,
 }
 
 /* After the last sample the data must end: reading on makes inflate check
- * the CRC and length in the gzip trailer, and any byte left over means the
- * header's count is wrong. */
+ * the CRC and length in the gzip trailer, and bytes left over in a sound
+ * file mean the header's count is wrong. */
 static int idx_expect_end(idx_file *f, int count, st_error *err) {
-  uint8_t extra;
-  size_t got;
+  uint8_t extra[4096];
+  size_t got, more = 0;
   int cut;
-  int rc = idx_pull(f, &extra, 1, &got, &cut, err);
-  if (rc) return rc;
-  if (got == 1)
-    return st_error_set(
-        err, ST_EFORMAT,
-        "%s: trailing data after %d %ss (header count too small?)", f->path,
-        count, f->kind);
+  /* read to the end: damage inside the deflate data can decode to extra
+   * bytes, and then the CRC names the cause rather than the count */
+  do {
+    int rc = idx_pull(f, extra, sizeof extra, &got, &cut, err);
+    if (rc) return rc;
+    more += got;
+  } while (got == sizeof extra);
+  if (more)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: trailing data after %d %ss: %zu byte%s more "
+                        "(header count too small?)",
+                        f->path, count, f->kind, more, more == 1 ? "" : "s");
   if (cut)
     return st_error_set(err, ST_EFORMAT,
                         "%s: truncated: gzip trailer missing after %d %ss",

@@ -172,13 +172,19 @@ static int check_data(const st_trainer *t, st_error *err) {
   const st_config *c = &t->cfg;
   if (t->text) return 0; /* ids below the vocabulary: load_text */
   const st_dataset *sets[2] = {t->train, t->test};
-  for (int i = 0; i < 2; i++)
-    if (sets[i]->classes > c->model.classes)
-      return st_error_set(
-          err, ST_ECONFIG, "%s: model.classes: %d, but %s has labels up to %d",
-          st_config_where(c, "model.classes"), c->model.classes,
-          sets[i]->labels_name[0] ? sets[i]->labels_name : sets[i]->name,
-          sets[i]->classes - 1);
+  for (int i = 0; i < 2; i++) {
+    const st_dataset *d = sets[i];
+    if (d->classes <= c->model.classes) continue;
+    /* the first sample past it: one damaged byte reads as a class count */
+    int s = 0;
+    while (s < d->n - 1 && d->labels[s] < c->model.classes) s++;
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: model.classes: %d, but %s has labels up to %d "
+                        "(the first past it: label %d of sample %d)",
+                        st_config_where(c, "model.classes"), c->model.classes,
+                        d->labels_name[0] ? d->labels_name : d->name,
+                        d->classes - 1, d->labels[s], s);
+  }
   st_shape a = t->train->shape, b = t->test->shape;
   if (a.c != b.c || a.h != b.h || a.w != b.w)
     return st_error_set(err, ST_EDATA,

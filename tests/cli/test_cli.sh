@@ -403,6 +403,17 @@ valid_jsonl "diverging run metrics" "$nan_dir/metrics.jsonl"
 expect_error "labels beyond model.classes" \
   "model\.classes: 5, but train-labels-idx1-ubyte\.gz has labels up to 9" \
   -- train "$fc" "${small[@]}" --set model.classes=5 --out "$T/o_classes"
+# one damaged label byte: the message says which sample holds it
+FM=/usr/share/datasets/fashion-mnist
+mkdir -p "$T/badlabel"
+cp "$FM"/train-*.gz "$T/badlabel/"
+gzip -dc "$FM/t10k-labels-idx1-ubyte.gz" >"$T/badlabel/t10k-labels-idx1-ubyte"
+printf '\310' | dd of="$T/badlabel/t10k-labels-idx1-ubyte" bs=1 seek=$((8 + 100)) conv=notrunc 2>/dev/null
+gzip "$T/badlabel/t10k-labels-idx1-ubyte"
+cp "$FM/t10k-images-idx3-ubyte.gz" "$T/badlabel/"
+expect_error "a damaged label names its sample" \
+  "model\.classes: 10, but t10k-labels-idx1-ubyte\.gz has labels up to 200 \(the first past it: label 200 of sample 100\)" \
+  -- train "$fc" "${small[@]}" --set data.dir="$T/badlabel" --out "$T/o_badlabel"
 mkdir -p "$T/shapes"
 python3 - "$T/shapes" <<'PY'
 import gzip, struct, sys

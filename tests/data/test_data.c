@@ -547,14 +547,14 @@ static void test_wrong_content(void) {
   write_images(img, "wb", 3, 1, 1, three, 3);
   rc = st_dataset_load_idx(&ds, img, extra, 0, &err);
   check_failure("trailing data", rc, ds, &err, ST_EFORMAT, extra,
-                "trailing data after 3 labels");
+                "trailing data after 3 labels: 1 byte more");
   const char *extra_images = tmp_path("extra-images.gz");
   write_images(extra_images, "wb", 3, 1, 1, four, 4);
   const char *three_labels = tmp_path("three-labels.gz");
   write_labels(three_labels, "wb", 2049, 3, three, 3);
   rc = st_dataset_load_idx(&ds, extra_images, three_labels, 0, &err);
   check_failure("trailing images", rc, ds, &err, ST_EFORMAT, extra_images,
-                "trailing data after 3 images");
+                "trailing data after 3 images: 1 byte more");
 }
 
 static int is_permutation(const int32_t *perm, int n) {
