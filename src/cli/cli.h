@@ -13,6 +13,8 @@
 int st_cli_fail(const st_error *err); /* "strata: error: ...", returns 1 */
 /* "strata: <fmt with what>" then the usage text; returns 2 */
 int st_cli_usage_error(const char *usage, const char *fmt, const char *what);
+/* The last usage error's line, as st_cli_usage_error formatted it. */
+const char *st_cli_usage_pending(void);
 /* An output file's path that names a folder: "OPTION PATH: a folder, not
  * a file" into err and 1, before any work (the write at the end failed
  * with "rename failed: Is a directory"); else 0. */

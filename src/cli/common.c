@@ -31,9 +31,15 @@ int st_cli_fail(const st_error *err) {
 /* Misuse: the cause on one line, then the command's synopsis (its usage
  * up to the first blank line) and where the rest is, not the whole help:
  * train's ran to 53 lines, burying the one that mattered. */
+static char usage_pending[512];
+
+const char *st_cli_usage_pending(void) { return usage_pending; }
+
 int st_cli_usage_error(const char *usage, const char *fmt, const char *what) {
-  fprintf(stderr, "strata: error: ");
-  fprintf(stderr, fmt, what);
+  snprintf(usage_pending, sizeof usage_pending, fmt, what);
+  /* over MPI ranks only rank 0 speaks; another's is agreed (cmd_train) */
+  if (st_dist_size() > 1 && st_dist_rank() > 0) return 2;
+  fprintf(stderr, "strata: error: %s", usage_pending);
   const char *end = strstr(usage, "\n\n");
   int n = end ? (int)(end - usage) + 1 : (int)strlen(usage);
   /* "usage: strata train CONFIG ...": the command is the word after strata */

@@ -623,18 +623,50 @@ static void on_stop(int sig) {
   st_run_say_durable();
 }
 
+/* The command line's own faults, before anything is read. */
+static int train_usage(const args *a) {
+  const char *given = a->resume ? a->resume : a->out;
+  if (!a->config)
+    return st_cli_usage_error(usage_train, "train needs a CONFIG%s", "");
+  if (a->resume && a->overwrite)
+    return st_cli_usage_error(usage_train,
+                              "--overwrite replaces a run and --resume "
+                              "continues one: give one of the two%s",
+                              "");
+  if (a->resume && a->out)
+    return st_cli_usage_error(usage_train,
+                              "--resume DIR continues the run in DIR; --out "
+                              "names another (give one of the two)%s",
+                              "");
+  if (given && !given[0])
+    return st_cli_usage_error(usage_train, "%s: an empty path is no directory",
+                              a->resume ? "--resume" : "--out");
+  return 0;
+}
+
 static int cmd_train(int argc, char **argv) {
   args a = {0};
   int rc = parse_args(argc, argv, &a, usage_train);
-  if (rc) return rc;
-  if (a.help) {
+  if (!rc && a.help) {
     fputs(usage_train, stdout);
     putchar('\n');
     st_config_print_schema(stdout);
     return 0;
   }
-  if (!a.config)
-    return st_cli_usage_error(usage_train, "train needs a CONFIG%s", "");
+  if (!rc) rc = train_usage(&a);
+  /* over ranks, mpirun gives each the same command line as a rule: the
+   * fault is said once, by rank 0 (with the synopsis), or by rank 0 for the
+   * first rank that has one alone; every rank then ends with no abort */
+  if (st_dist_size() > 1) {
+    st_error uerr = {0};
+    if (rc) st_error_set(&uerr, ST_EARG, "%s", st_cli_usage_pending());
+    if (st_dist_agree(rc ? ST_EARG : 0, &uerr)) {
+      if (!rc && st_dist_rank() == 0)
+        fprintf(stderr, "strata: error: %s\n", uerr.msg);
+      return 2;
+    }
+  }
+  if (rc) return rc;
   st_error err = {0};
   st_config cfg;
   /* over ranks the same config fails the same way on each: said once;
@@ -660,19 +692,6 @@ static int cmd_train(int argc, char **argv) {
             st_config_where(&cfg, unused[i]), unused[i], cfg.execution.mode);
   char out[ST_PATH_MAX];
   const char *given = a.resume ? a.resume : a.out;
-  if (a.resume && a.overwrite)
-    return st_cli_usage_error(usage_train,
-                              "--overwrite replaces a run and --resume "
-                              "continues one: give one of the two%s",
-                              "");
-  if (a.resume && a.out)
-    return st_cli_usage_error(usage_train,
-                              "--resume DIR continues the run in DIR; --out "
-                              "names another (give one of the two)%s",
-                              "");
-  if (given && !given[0])
-    return st_cli_usage_error(usage_train, "%s: an empty path is no directory",
-                              a.resume ? "--resume" : "--out");
   if (given)
     snprintf(out, sizeof out, "%s", given);
   else
@@ -827,6 +846,9 @@ static int cmd_train(int argc, char **argv) {
                         "a renamed or misplaced checkpoint",
                         ck, (long long)st_trainer_pos(t)->step,
                         (long long)ck_step);
+    /* every rank reads the same file: said once (or by the rank that
+     * failed alone) */
+    if (st_dist_size() > 1) rc = st_dist_agree(rc, &err);
     if (rc) {
       if (rc == ST_EFORMAT) name_fallback(out, ck, &err);
       st_trainer_destroy(t);
@@ -1263,9 +1285,11 @@ int main(int argc, char **argv) {
     st_error err = {0};
     if (st_dist_init(&argc, &argv, &err)) return st_cli_fail(&err);
     int rc = cmd_train(argc - 2, argv + 2);
-    /* an error only this rank has: the others may wait on it forever (a
-     * stop for a signal is every rank's) */
-    if (rc && !st_run_stopped_by() && st_dist_size() > 1 &&
+    /* an error only this rank has: the others may wait on it forever. A
+     * stop for a signal is every rank's, but an error while stopping (rank
+     * 0's checkpoint or log failing to write) is still this rank's alone */
+    int sig = st_run_stopped_by();
+    if (rc && !(sig && rc == 128 + sig) && st_dist_size() > 1 &&
         !st_dist_error_shared())
       st_dist_abort(rc);
     st_dist_finalize();

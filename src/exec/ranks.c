@@ -240,6 +240,31 @@ static int placed_create(ranks *p, const st_model *m, const st_config *cfg,
   return rc;
 }
 
+/* Why mpirun's W ranks cannot be W data-parallel replicas of this config,
+ * in the terms the user set: the rank count, not execution.replicas (which
+ * st_replicas_split's own message names, though the user may not have). */
+static int rank_split_error(const st_config *cfg, int W, int micro_batch,
+                            st_error *err) {
+  const char *mode = cfg->execution.mode;
+  if (strcmp(mode, "sequential") && strcmp(mode, "pipeline"))
+    return st_error_set(err, ST_ECONFIG,
+                        "%s: execution.mode: mpirun started %d ranks, which "
+                        "run %s as data-parallel replicas only in the "
+                        "sequential and pipeline modes; set "
+                        "execution.placement: ranks to place its stages on "
+                        "them, or start one process",
+                        st_config_where(cfg, "execution.mode"), W, mode);
+  char mb[64] = "";
+  if (micro_batch < cfg->train.batch)
+    snprintf(mb, sizeof mb, ", in whole micro-batches of %d", micro_batch);
+  return st_error_set(err, ST_ECONFIG,
+                      "%s: train.batch: %d does not split evenly over the %d "
+                      "ranks mpirun started (one replica each%s); use a "
+                      "batch that does, or another number of ranks",
+                      st_config_where(cfg, "train.batch"), cfg->train.batch, W,
+                      mb);
+}
+
 static int ranks_create(void **state, const st_model *m, const st_config *cfg,
                         int micro_batch, int max_batch, st_error *err) {
   *state = NULL;
@@ -271,9 +296,10 @@ static int ranks_create(void **state, const st_model *m, const st_config *cfg,
   world.execution.replicas = W;
   const st_executor *inner = NULL;
   int share = 0, mb = 0, rc;
+  st_error why = {0};
   if (!placed &&
-      (rc = st_replicas_split(&world, micro_batch, &inner, &share, &mb, err)))
-    return rc;
+      (rc = st_replicas_split(&world, micro_batch, &inner, &share, &mb, &why)))
+    return rank_split_error(cfg, W, micro_batch, err);
   ranks *p = calloc(1, sizeof *p);
   if (!p) return st_error_set(err, ST_ENOMEM, "out of memory");
   p->inner = inner;

@@ -42,6 +42,13 @@ int st_run_stopped_by(void) { return stopped_by; }
 static char durable[2][ST_PATH_MAX + 256];
 static atomic_int durable_at = -1;
 
+/* Said at a stop's first signal, before the run has saved its step: a
+ * plain stop goes on to save it and say so, but mpirun signals every rank
+ * when one is lost and ends them soon after. */
+#define STOP_NOTE                                                              \
+  "strata: stopping on a signal (if mpirun sent it for a lost rank, it may "   \
+  "end this process before the step is saved); "
+
 static void note_durable(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 static void note_durable(const char *fmt, ...) {
@@ -228,9 +235,8 @@ static int checkpoint(run_state *r, st_error *err) {
     rc = st_trainer_save(r->t, path, err);
   }
   if (rc) return rc;
-  note_durable("strata: stopping on a signal (mpirun sends one to every rank "
-               "when a rank is lost); the last complete checkpoint is %s "
-               "(step %lld): rerun with --resume %s to continue\n",
+  note_durable(STOP_NOTE "the last complete checkpoint is %s "
+                         "(step %lld): rerun with --resume %s to continue\n",
                path, (long long)p->step, r->dir);
   /* Keep exactly the newest keep_checkpoints step files, whatever an
    * earlier run or a kill between rename and unlink left. */
@@ -484,21 +490,20 @@ int st_trainer_run(st_trainer *t, st_error *err) {
                 (strcmp(c->metrics.progress, "auto") == 0 && r.tty));
   r.step0 = st_trainer_pos(t)->step;
   if (r.dir && st_trainer_store(t)) {
-    note_durable("strata: stopping on a signal (mpirun sends one to every "
-                 "rank when a rank is lost); the store %s holds the last "
+    note_durable(STOP_NOTE
+                 "the store %s holds the last "
                  "committed step: rerun with --resume %s to continue\n",
                  st_trainer_store(t), r.dir);
   } else if (r.dir && r.step0 > 0) {
     char path[ST_PATH_MAX + 64];
     st_run_checkpoint_path(r.dir, r.step0, path, sizeof path);
-    note_durable("strata: stopping on a signal (mpirun sends one to every "
-                 "rank when a rank is lost); the last complete checkpoint is "
+    note_durable(STOP_NOTE
+                 "the last complete checkpoint is "
                  "%s (step %lld): rerun with --resume %s to continue\n",
                  path, (long long)r.step0, r.dir);
   } else if (r.dir) {
-    note_durable("strata: stopping on a signal (mpirun sends one to every "
-                 "rank when a rank is lost); no checkpoint is complete yet: "
-                 "a rerun with --resume %s starts at step 0\n",
+    note_durable(STOP_NOTE "no checkpoint is complete yet: "
+                           "a rerun with --resume %s starts at step 0\n",
                  r.dir);
   }
   r.samples0 = st_trainer_pos(t)->samples;

@@ -672,17 +672,19 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if ((rc = st_dist_check_same((uint64_t)t->n_train << 32 | (uint32_t)t->n_test,
                                "data (its training and test set sizes)", err)))
     goto fail;
-  if (t->n_train < t->batch) {
+  if (t->n_train < t->batch)
     rc = st_error_set(err, ST_ECONFIG,
                       "%s: train.batch: %d is larger than the %d training "
                       "%s",
                       st_config_where(cfg, "train.batch"), t->batch, t->n_train,
                       t->text ? "sequences" : "samples");
-    goto fail;
-  }
   st_shape in =
       t->text ? (st_shape){1, cfg->model.context, 1} : t->train->shape;
-  if ((rc = st_model_create(&t->model, &t->cfg, in, err))) goto fail;
+  if (!rc) rc = st_model_create(&t->model, &t->cfg, in, err);
+  /* the same config and data sizes on every rank fail alike here: said
+   * once, by rank 0 (memory aside, which the agreement names by rank) */
+  if (st_dist_size() > 1) rc = st_dist_agree(rc, err);
+  if (rc) goto fail;
   t->eval_batch = st_eval_batch(t->model, t->micro_batch);
   /* stages over ranks, or weight streaming's store and compute ranks: each
    * rank's share, once known (check_rank_memory) */

@@ -512,11 +512,44 @@ else
 fi
 run_mpi 3 train "$fc" "${small[@]}" --out "$T/b3"
 if [ "$rc" -ne 0 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
-   grep -q "train.batch = 32 does not split into 3 replicas" <<<"$err"; then
+   grep -q "^strata: error: --set: train.batch: 32 does not split evenly over the 3 ranks mpirun started (one replica each); use a batch that does" <<<"$err"; then
   pass
 else
-  fail "a batch that does not split over the ranks: refused once" "rc $rc" "$err"
+  fail "a batch that does not split over the ranks: refused once, naming the ranks" "rc $rc" "$err"
 fi
+# (it used to name execution.replicas, which the user had not set)
+run_mpi 2 train "$fc" "${small[@]}" --set execution.mode=block_sequential --out "$T/bs2"
+if [ "$rc" -ne 0 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+   grep -q "^strata: error: --set: execution.mode: mpirun started 2 ranks, which run block_sequential as data-parallel replicas only in the sequential and pipeline modes; set execution.placement: ranks" <<<"$err"; then
+  pass
+else
+  fail "a mode that does not run as replicas over ranks: refused once, naming placement: ranks" "rc $rc" "$err"
+fi
+
+# faults every rank finds alike, said once by rank 0, with no MPI_ABORT:
+# each used to be printed by every rank (usage errors with their synopsis,
+# interleaved) and end in Open MPI's abort banner
+once() {
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+     grep -q "^strata: error: $2" <<<"$err" && ! grep -q "MPI_ABORT" <<<"$err"; then
+    pass
+  else
+    fail "$1: said once, no abort" "rc $rc" "$err"
+  fi
+}
+run_mpi 2 train "$fc" "${small[@]}" --bogus
+once "an unknown option over ranks" "unknown option '--bogus'"
+run_mpi 2 train "$fc" "${small[@]}" --resume "$T/x" --out "$T/y"
+once "--resume with --out over ranks" "--resume DIR continues the run in DIR"
+run_mpi 2 train "$fc" "${small[@]}" --set data.train_limit=2 --set train.batch=4 --out "$T/b_big"
+once "a batch larger than the data over ranks" "--set: train.batch: 4 is larger than the 2 training samples"
+run_mpi 2 train "$cnn" "${small[@]}" --set model.channels=[8,8,8,8,8,8] --out "$T/deep"
+once "a model that cannot be made over ranks" "--set: model.channels: stage 4 would pool a 1x1 map below 1x1"
+run_mpi 2 train "$fc" "${small[@]}" --set train.steps=4 --set train.checkpoint_every=2 --out "$T/cut_ck"
+truncate -s 1000 "$T/cut_ck/checkpoints/step-00000004.safetensors"
+run_mpi 2 train - --resume "$T/cut_ck" --set train.steps=6
+once "a truncated checkpoint resumed over ranks" \
+  "$(re_quote "$T/cut_ck/checkpoints/step-00000004.safetensors"): truncated or not safetensors"
 
 # --- a rank dies -----------------------------------------------------------------
 long=(--set data.train_limit=1024 --set data.test_limit=128 --set train.batch=32
@@ -826,9 +859,44 @@ signalled() {
     fail "$name: the stopped run resumes to the uninterrupted run's bytes" "rc $got / $rc" "$err"
   fi
 }
+# A stop whose checkpoint fails on rank 0 alone: rank 0's error ends the job
+# at once. It used to take the stop's way out, skipping the abort, while rank
+# 1 waited in the next collective for execution.rank_timeout (here 120 s;
+# the test allows 40) before blaming a stuck rank.
+stop_fails() {
+  local dir="$T/sig_fails"
+  "${mpi[@]}" -np 2 "$strata" train "$@" --set execution.rank_timeout=120 --out "$dir" \
+    >"$dir.out" 2>"$dir.err" &
+  local job=$! victim=
+  for _ in $(seq 300); do
+    [ -s "$dir/metrics.jsonl" ] && break
+    sleep 0.1
+  done
+  # the checkpoints folder becomes a file: rank 0's save fails
+  rm -rf "$dir/checkpoints" && : >"$dir/checkpoints"
+  for pid in $(pgrep -f "train .*--out $dir\$"); do
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
+  done
+  [ -n "$victim" ] && kill -TERM "$victim"
+  local start=$SECONDS
+  while kill -0 "$job" 2>/dev/null && [ $((SECONDS - start)) -lt 40 ]; do sleep 0.2; done
+  local late=0
+  kill -0 "$job" 2>/dev/null && late=1 && kill -9 "$job" && pkill -9 -f "train .*--out $dir\$"
+  wait "$job"
+  local jrc=$?
+  if [ -n "$victim" ] && [ "$late" -eq 0 ] && [ "$jrc" -ne 0 ] &&
+     grep -q "^strata: error: $(re_quote "$dir/checkpoints")" "$dir.err" &&
+     ! grep -q "no answer from a rank" "$dir.err"; then
+    pass
+  else
+    fail "a stop whose checkpoint fails on rank 0 ends the job at once with rank 0's error" \
+      "rc $jrc, victim '$victim', still running after 40 s: $late" "$(grep -v '^  ' "$dir.err" | tail -n 8)"
+  fi
+}
 sigargs=(--set data.train_limit=1024 --set data.test_limit=128 --set train.batch=32
          --set train.steps=100000 --set train.checkpoint_every=50 --set optimizer.schedule=constant
          --set metrics.progress=off --set execution.replicas=2)
 signalled rank1 rank1 "$fc" "${sigargs[@]}"
 signalled mpirun mpirun "$fc" "${sigargs[@]}"
+stop_fails "$fc" "${sigargs[@]}"
 finish
