@@ -1336,6 +1336,15 @@ int st_run_describe(const char *dir, const char *store, char *what, size_t cap);
  * config.yaml, metrics.jsonl, summary.json, plan.json, plan.svg and the
  * store at `store` when given. Other files are left alone. */
 int st_run_remove(const char *dir, const char *store, st_error *err);
+/* --overwrite without losing the earlier run to a new one that fails
+ * before it starts: st_run_set_aside moves the run's files (those
+ * st_run_remove names, and the store at `store`) into DIR/.overwritten;
+ * st_run_put_back returns them (best effort: a failed start); and
+ * st_run_drop_aside removes them once the new run has started. A store on
+ * another file system than DIR cannot move: it is removed at once. */
+int st_run_set_aside(const char *dir, const char *store, st_error *err);
+void st_run_put_back(const char *dir, const char *store);
+int st_run_drop_aside(const char *dir, st_error *err);
 /* Makes DIR and holds an exclusive lock on it (flock on the folder) until
  * the process exits, so two runs never write one folder at once; another
  * process holding it is an error naming the folder. A filesystem without

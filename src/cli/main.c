@@ -71,9 +71,11 @@ static const char *usage_train =
     "                   (bit-identical to an uninterrupted run, except in\n"
     "                   pipelined_backprop, which refills its pipeline);\n"
     "                   CONFIG may be '-' to reuse DIR/config.yaml\n"
-    "  --overwrite      remove the earlier run's files in DIR first, so "
-    "nothing\n"
-    "                   of two runs mixes\n"
+    "  --overwrite      replace the earlier run in DIR, so nothing of two "
+    "runs\n"
+    "                   mixes (removed once this one starts; put back if "
+    "it\n"
+    "                   fails before)\n"
     "  --trace FILE     write a Chrome trace-event JSON of the run (open it "
     "in\n"
     "                   Perfetto or chrome://tracing): one track per stage "
@@ -360,12 +362,17 @@ static int summary_says_done(const char *dir) {
   return strstr(text, "\"interrupted\": false") != NULL;
 }
 
+/* What --overwrite set aside in the run's folder ("" for nothing). */
+static char overwritten[256];
+
 /* A fresh run refused before its first step takes back what it made: its
  * config.yaml (when DIR had none), an empty checkpoints/ and DIR itself
- * (when it made DIR). Nothing else: a plan `strata compile` wrote there, or
- * a store (perhaps another run's, at a shared execution.store_path), stays.
- * The folder's lock is held to the exit; rmdir does not need it. */
-static void abandon(const char *dir, int had_dir, int had_config) {
+ * (when it made DIR), and puts back the run --overwrite set aside. Nothing
+ * else: a plan `strata compile` wrote there, or a store (perhaps another
+ * run's, at a shared execution.store_path), stays. The folder's lock is
+ * held to the exit; rmdir does not need it. */
+static void abandon(const char *dir, const char *store, int had_dir,
+                    int had_config) {
   char path[ST_PATH_MAX + 16];
   if (!had_config) {
     snprintf(path, sizeof path, "%s/config.yaml", dir);
@@ -373,6 +380,7 @@ static void abandon(const char *dir, int had_dir, int had_config) {
   }
   snprintf(path, sizeof path, "%s/checkpoints", dir);
   rmdir(path); /* only when empty, as the folder's */
+  if (overwritten[0]) st_run_put_back(dir, store);
   if (!had_dir) rmdir(dir);
 }
 
@@ -390,7 +398,7 @@ static int written_by_run(const char *path) {
 }
 
 /* Whether DIR may take this run: a fresh one must not overwrite an earlier
- * run's work unless told to (--overwrite, which removes it first); a
+ * run's work unless told to (--overwrite, which sets it aside first); a
  * resumed one needs the run's config.yaml. The filesystem root is refused. */
 static int check_out(const char *dir, const args *a, const char *store,
                      st_error *err) {
@@ -439,10 +447,9 @@ static int check_out(const char *dir, const args *a, const char *store,
                         "continues it, --overwrite replaces it, or give "
                         "another --out",
                         dir, what, dir);
-  rc = st_run_remove(dir, store, err);
-  if (!rc)
-    printf("strata: --overwrite: removed the earlier run in %s (%s)\n", dir,
-           what);
+  /* removed once this run has started (main: st_run_drop_aside) */
+  rc = st_run_set_aside(dir, store, err);
+  if (!rc) snprintf(overwritten, sizeof overwritten, "%s", what);
   return rc;
 }
 
@@ -751,7 +758,7 @@ static int cmd_train(int argc, char **argv) {
              : 0;
   }
   if (st_dist_agree(rc, &err)) {
-    if (fresh) abandon(out, had_out, had_config);
+    if (fresh) abandon(out, store, had_out, had_config);
     return st_cli_fail(&err);
   }
   /* A fresh run's config.yaml comes first, so a kill at any later moment
@@ -759,7 +766,7 @@ static int cmd_train(int argc, char **argv) {
    * once its checkpoint has been checked against the config). */
   if (!a.resume &&
       st_dist_agree(speaks ? write_config(out, &cfg, &err) : 0, &err)) {
-    if (fresh) abandon(out, had_out, had_config);
+    if (fresh) abandon(out, store, had_out, had_config);
     return st_cli_fail(&err);
   }
   /* Over MPI ranks, rank 0 alone prints and writes the run's files. */
@@ -769,8 +776,16 @@ static int cmd_train(int argc, char **argv) {
   }
   st_trainer *t;
   if (st_trainer_create(&t, &cfg, speaks ? out : NULL, &err)) {
-    if (fresh) abandon(out, had_out, had_config);
+    if (fresh) abandon(out, store, had_out, had_config);
     return st_cli_fail(&err);
+  }
+  if (overwritten[0]) {
+    st_error gone = {0};
+    if (st_run_drop_aside(out, &gone))
+      fprintf(stderr, "strata: warning: --overwrite: %s\n", gone.msg);
+    else
+      printf("strata: --overwrite: removed the earlier run in %s (%s)\n", out,
+             overwritten);
   }
   const st_model *m = st_trainer_model(t);
   int W = st_dist_size(), R = cfg.execution.replicas;

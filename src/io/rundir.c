@@ -266,6 +266,88 @@ int st_run_remove(const char *dir, const char *store, st_error *err) {
   return rc;
 }
 
+/* --overwrite in two halves: the earlier run moves into DIR/.overwritten
+ * and is removed only once the new run has started, so a new run that
+ * fails first (a data path mistyped, a model that cannot be made) puts it
+ * back. */
+static const char *const run_files[] = {
+    "config.yaml", "metrics.jsonl", "summary.json", "plan.json",
+    "plan.svg",    "schedule.svg",  "checkpoints"};
+#define N_RUN_FILES (sizeof run_files / sizeof run_files[0])
+#define ASIDE_STORE "store.strata"
+
+static void aside_path(const char *dir, const char *name, char *out,
+                       size_t cap) {
+  snprintf(out, cap, "%s/.overwritten%s%s", dir, name ? "/" : "",
+           name ? name : "");
+}
+
+int st_run_set_aside(const char *dir, const char *store, st_error *err) {
+  char aside[ST_PATH_MAX + 64], from[ST_PATH_MAX + 64], to[ST_PATH_MAX + 64];
+  aside_path(dir, NULL, aside, sizeof aside);
+  struct stat sb;
+  /* left by a replacement killed before it started: the same run, which
+   * --overwrite was asked to replace again */
+  if (stat(aside, &sb) == 0) {
+    int rc = st_run_drop_aside(dir, err);
+    if (rc) return rc;
+  }
+  if (mkdir(aside, 0777) != 0)
+    return st_error_set(err, ST_EIO, "%s: cannot make: %s", aside,
+                        strerror(errno));
+  for (size_t i = 0; i < N_RUN_FILES; i++) {
+    snprintf(from, sizeof from, "%s/%s", dir, run_files[i]);
+    aside_path(dir, run_files[i], to, sizeof to);
+    if (rename(from, to) != 0 && errno != ENOENT) {
+      int e = errno;
+      st_run_put_back(dir, NULL);
+      return st_error_set(err, ST_EIO, "%s: cannot move to %s: %s", from, to,
+                          strerror(e));
+    }
+  }
+  if (!store || !store[0]) return 0;
+  aside_path(dir, ASIDE_STORE, to, sizeof to);
+  if (rename(store, to) == 0 || errno == ENOENT) return 0;
+  /* on another file system: removed now, as --overwrite always did */
+  if (errno == EXDEV && unlink(store) == 0) return 0;
+  int e = errno;
+  st_run_put_back(dir, NULL);
+  return st_error_set(err, ST_EIO, "%s: cannot remove: %s", store, strerror(e));
+}
+
+void st_run_put_back(const char *dir, const char *store) {
+  char from[ST_PATH_MAX + 64], to[ST_PATH_MAX + 64];
+  for (size_t i = 0; i < N_RUN_FILES; i++) {
+    aside_path(dir, run_files[i], from, sizeof from);
+    snprintf(to, sizeof to, "%s/%s", dir, run_files[i]);
+    struct stat sb;
+    if (stat(from, &sb) != 0) continue;
+    if (S_ISDIR(sb.st_mode)) rmdir(to); /* the new run's, while empty */
+    rename(from, to);
+  }
+  aside_path(dir, ASIDE_STORE, from, sizeof from);
+  if (store && store[0]) rename(from, store);
+  aside_path(dir, NULL, from, sizeof from);
+  rmdir(from);
+}
+
+int st_run_drop_aside(const char *dir, st_error *err) {
+  char aside[ST_PATH_MAX + 64], store[ST_PATH_MAX + 64];
+  aside_path(dir, NULL, aside, sizeof aside);
+  aside_path(dir, ASIDE_STORE, store, sizeof store);
+  int rc = st_run_remove(aside, store, err);
+  if (rc) return rc;
+  st_run_clean_tmp(aside);
+  char ck[ST_PATH_MAX + 80];
+  snprintf(ck, sizeof ck, "%s/checkpoints", aside);
+  if ((rmdir(ck) != 0 && errno != ENOENT) || rmdir(aside) != 0)
+    return st_error_set(err, ST_EIO,
+                        "%s: cannot remove: %s (files no run wrote are "
+                        "left there)",
+                        aside, strerror(errno));
+  return 0;
+}
+
 int st_run_lock(const char *dir, st_error *err) {
   int rc = st_mkdir_p(dir, 1, err);
   if (rc) return rc;

@@ -33,6 +33,7 @@ no_stray() {
 checkpoints() { ls "$1/checkpoints" 2>/dev/null | grep -c '\.safetensors$'; }
 
 fc=configs/fc_mnist.yaml
+cnn=configs/cnn_fmnist.yaml
 small=(--set data.train_limit=512 --set data.test_limit=128 --set train.batch=32
        --set metrics.progress=off)
 
@@ -48,6 +49,22 @@ if cmp -s "$T/first/config.yaml" "$T/first.config" && [ "$(checkpoints "$T/first
   pass
 else
   fail "a refused run leaves the earlier one as it was"
+fi
+# --overwrite whose new run fails before it starts (a mistyped data path,
+# a model that cannot be made): the earlier run is put back as it was. It
+# used to be removed first, leaving a folder with only the new config.yaml.
+(cd "$T/first" && find . -type f | sort | xargs md5sum) >"$T/first.sums"
+expect_error "--overwrite with data that is not there" \
+  "^strata: error: $(re_quote "$T/nowhere")/train-labels-idx1-ubyte\.gz: cannot open" \
+  train "$fc" "${small[@]}" --set data.dir="$T/nowhere" --overwrite --out "$T/first"
+expect_error "--overwrite with a model that cannot be made" \
+  "model\.channels: stage 4 would pool a 1x1 map below 1x1" \
+  train "$cnn" "${small[@]}" --set model.channels=[8,8,8,8,8,8] --overwrite --out "$T/first"
+if (cd "$T/first" && find . -type f | sort | xargs md5sum) | cmp -s - "$T/first.sums"; then
+  pass
+else
+  fail "a failed --overwrite puts the earlier run back, byte for byte" \
+    "$(cd "$T/first" && find . | sort)"
 fi
 # --overwrite: nothing of the first run is left to mix with the second
 run train "$fc" "${small[@]}" --set train.steps=20 --set train.seed=7 --overwrite --out "$T/first"
