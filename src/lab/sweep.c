@@ -1286,12 +1286,14 @@ static int check_key(const st_sweep_options *o, const st_config *base,
   return rc;
 }
 
-/* The training samples one epoch of this config passes over (for
- * --budget-epochs): a trainer is made to load the data and asked. */
+/* The training samples one epoch of this config passes over (the largest
+ * batch's bound, --budget-epochs): a trainer is made to load the data and
+ * asked. */
 static int train_size(const st_sweep_options *o, const st_config *base, int *n,
                       st_error *err) {
   st_config c = *base;
   c.train.steps = 1;
+  c.train.batch = o->batch_sizes.v[0]; /* the base's may be too large */
   snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
   st_trainer *t;
   int rc = own_store(o, &c, "size.store", err);
@@ -1319,9 +1321,18 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   }
   if ((rc = check_key(o, base, err))) goto done;
   summary sum = {0, NAN, NAN, NAN, {0, 0, NAN, NAN, NAN, 0}};
-  if ((o->budget_epochs > 0 || o->noise_batch) &&
-      (rc = train_size(o, base, &sum.n_train, err)))
+  /* every batch size checked against the data before any trial: the
+   * largest used to fail only when the sweep reached it */
+  if ((rc = train_size(o, base, &sum.n_train, err))) goto done;
+  if (o->batch_sizes.v[nb - 1] > sum.n_train) {
+    rc = st_error_set(err, ST_EARG,
+                      "sweep: --batch-sizes: %d is larger than the %d "
+                      "training %s",
+                      o->batch_sizes.v[nb - 1], sum.n_train,
+                      !strcmp(base->model.kind, "gpt") ? "sequences"
+                                                       : "samples");
     goto done;
+  }
   if (o->noise_batch && (rc = check_noise(o, base, sum.n_train, err)))
     goto done;
   int reused;

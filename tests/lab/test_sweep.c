@@ -461,20 +461,37 @@ static void test_jobs(const char *root, char *const want[4]) {
     CHECK(stat(dir, &st) != 0, "jobs = %d: nothing written", jobs);
   }
 
-  /* Errors: batch sizes 1024 and 2048 exceed the 512 training samples, so
-   * their trials fail at once, in whichever order the threads get there;
-   * the error must be batch 1024's, the first in (batch, trial) order. The
-   * trial of batch 8 was handed out before them, so it was running and
-   * finishes, and sweep.csv records it. */
+  /* A batch size past the training set is refused before any trial: it
+   * used to fail only when the sweep reached it, after the smaller ones had
+   * trained. */
+  snprintf(dir, sizeof dir, "%s/big", root);
+  tiny_options(&o, dir);
+  o.batch_sizes = (st_int_list){2, {8, 1024}};
+  st_error err = {0};
+  rc = st_sweep_run(&o, &c, &err);
+  CHECK(rc == ST_EARG && !strcmp(err.msg, "sweep: --batch-sizes: 1024 is "
+                                          "larger than the 512 training "
+                                          "samples"),
+        "a batch size past the data refused first: rc %d '%s'", rc, err.msg);
+  char *none = slurp(dir, "sweep.csv");
+  CHECK(!none, "no trial ran before the refusal");
+  free(none);
+
+  /* Errors: with micro-batches of 8, batch sizes 12 and 20 do not split,
+   * so their trials fail at once, in whichever order the threads get
+   * there; the error must be batch 12's, the first in (batch, trial)
+   * order. The trial of batch 8 was handed out before them, so it was
+   * running and finishes, and sweep.csv records it. */
+  st_config cm = c;
+  cm.execution.micro_batch = 8;
   snprintf(dir, sizeof dir, "%s/fail", root);
   tiny_options(&o, dir);
   o.jobs = 3;
   o.trials = 1;
-  o.batch_sizes = (st_int_list){3, {8, 1024, 2048}};
-  st_error err = {0};
-  rc = st_sweep_run(&o, &c, &err);
-  CHECK(rc == ST_ECONFIG && strstr(err.msg, "sweep: batch 1024, trial 0:") &&
-            strstr(err.msg, "larger than the 512 training"),
+  o.batch_sizes = (st_int_list){3, {8, 12, 20}};
+  rc = st_sweep_run(&o, &cm, &err);
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, "sweep: batch 12, trial 0:") &&
+            strstr(err.msg, "does not divide train.batch = 12"),
         "first error in order wins: rc %d '%s'", rc, err.msg);
   char *rows = slurp(dir, "sweep.csv");
   CHECK(rows && strstr(rows, "\n8,0,") && count_lines(rows) == 2,
@@ -484,18 +501,18 @@ static void test_jobs(const char *root, char *const want[4]) {
 
   /* The order is (batch, trial), not time: batch 8's trial trains before
    * its sweep.csv write fails (a folder sits where the atomic write puts its
-   * temp file), long after batch 1024's trial failed at creation; the
+   * temp file), long after batch 12's trial failed at creation; the
    * error returned is still batch 8's. */
   snprintf(dir, sizeof dir, "%s/fail2", root);
   tiny_options(&o, dir);
   o.jobs = 2;
   o.trials = 1;
-  o.batch_sizes = (st_int_list){2, {8, 1024}};
+  o.batch_sizes = (st_int_list){2, {8, 12}};
   char tmp[ST_PATH_MAX + 64];
   snprintf(tmp, sizeof tmp, "%s/sweep.csv.tmp.%ld", dir, (long)getpid());
   CHECK(mkdir(dir, 0755) == 0 && mkdir(tmp, 0755) == 0, "mkdir %s", tmp);
   err.msg[0] = 0;
-  rc = st_sweep_run(&o, &c, &err);
+  rc = st_sweep_run(&o, &cm, &err);
   CHECK(rc == ST_EIO && strstr(err.msg, "sweep.csv"),
         "the earlier trial's later error wins: rc %d '%s'", rc, err.msg);
 }
