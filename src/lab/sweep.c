@@ -299,6 +299,17 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
   }
   while (fgets(line, sizeof line, f)) {
     lineno++;
+    /* every row was written whole, newline and all (atomically): one
+     * without it was cut short ("0.5312" read as "0.5"), or is too long */
+    if (!strchr(line, '\n')) {
+      rc = st_error_set(err, ST_EFORMAT,
+                        "%s:%d: %s; remove the row to run its trial again",
+                        path, lineno,
+                        feof(f) ? "the last row has no end of line: the file "
+                                  "was cut short"
+                                : "row longer than any sweep writes");
+      goto done;
+    }
     line[strcspn(line, "\r\n")] = 0;
     if (!line[0]) continue;
     char row[sizeof line];

@@ -623,6 +623,22 @@ static void test_sweep(const char *root) {
   }
   free(again);
 
+  /* A sweep.csv cut inside its last row (its final digits and newline
+   * gone) is refused, naming the line: the row parsed, and its trial
+   * counted as done with a metric that was never measured. */
+  char *whole = slurp(b, "sweep.csv");
+  if (whole && strlen(whole) > 3) {
+    whole[strlen(whole) - 3] = '\0';
+    put(b, "sweep.csv", whole);
+    st_error cut = {0};
+    int rc_cut = st_sweep_run(&o, &c, &cut);
+    CHECK(rc_cut == ST_EFORMAT && strstr(cut.msg, "sweep.csv:7: the last row "
+                                                  "has no end of line"),
+          "a row cut short refused: rc %d '%s'", rc_cut, cut.msg);
+    put(b, "sweep.csv", text[0]);
+  }
+  free(whole);
+
   /* Rows written by another learning-rate range are refused. */
   o.lr_min = 1e-2;
   st_error err = {0};
