@@ -1855,10 +1855,13 @@ typedef struct st_plan_options {
    * the activations of micro_batch x (the micro-batches its schedule keeps
    * between a forward and the op that frees it: st_schedule's slots; pb,
    * 2 (S - s) - 1) samples, of micro_batches M (V chunks a worker,
-   * interleaved), instead of samples_in_flight at every stage; versions
-   * then also follow it when weight_versions_follow (weight stashing) */
+   * interleaved), instead of samples_in_flight at every stage; with "pb",
+   * stage s's weight versions are its live weights and the copies its
+   * delay 2 (S - 1 - s) makes mitigation keep (st_pb_weight_copies) */
   const char *in_flight_schedule;
-  int micro_batch, micro_batches, virtual_stages, weight_versions_follow;
+  int micro_batch, micro_batches, virtual_stages;
+  const char *mitigation; /* pipelined backprop's execution.mitigation
+                             (NULL: none) */
 } st_plan_options;
 
 #define ST_CAUSE_MAX 320

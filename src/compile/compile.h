@@ -57,6 +57,15 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
                        const st_fabric *fabric, const st_block_cost *costs,
                        int n, int stages, st_error *err);
 
+/* Weight-sized buffers a pipelined-backprop stage with delay D holds
+ * besides its live weights, as src/exec/pb.c allocates them for
+ * execution.mitigation: stash D (a version per micro-batch in flight),
+ * pipemare 2 (the backward's weights and the EMA of the updates), lwp and
+ * sc+lwp 1 (the forward's predicted weights), none and sc 0 (spike
+ * compensation works on the optimizer's velocity). A stage of delay 0 (the
+ * last) mitigates nothing and holds none. */
+int st_pb_weight_copies(const char *mitigation, int delay);
+
 /* Samples per micro-batch as the trainer runs cfg: execution.micro_batch,
  * else 1 in pipelined backprop and the whole batch in the other modes;
  * with execution.replicas R, at most a replica's share B / R (not modelled: the

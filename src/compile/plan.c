@@ -185,12 +185,21 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
       st_plan_fmt_bytes(all, sizeof all, stage_memory(p, 0, n, s_all)));
 }
 
+int st_pb_weight_copies(const char *mitigation, int delay) {
+  if (delay <= 0 || !mitigation) return 0;
+  if (!strcmp(mitigation, "stash")) return delay;
+  if (!strcmp(mitigation, "pipemare")) return 2;
+  if (!strcmp(mitigation, "lwp") || !strcmp(mitigation, "sc+lwp")) return 1;
+  return 0;
+}
+
 /* What stage s of S holds as its schedule keeps it (st_plan_options): the
  * micro-batches between a forward and the op that frees its activations
- * (st_schedule's slots; pipelined backprop 2 (S - s) - 1, pb.c's delay),
- * times the micro-batch; weight versions, with stashing, one per
- * micro-batch in flight. A schedule that cannot be built for S counts every
- * micro-batch. */
+ * (st_schedule's slots; pipelined backprop 2 (S - s) - 1, pb.c's delay D
+ * plus one), times the micro-batch; weight versions, in pipelined backprop
+ * the live weights and the copies its mitigation keeps at delay D
+ * (st_pb_weight_copies: with stashing one per micro-batch in flight). A
+ * schedule that cannot be built for S counts every micro-batch. */
 static void in_flight_table(const st_plan_options *o, int S, double *flight,
                             double *vers) {
   const char *name = o->in_flight_schedule;
@@ -210,9 +219,9 @@ static void in_flight_table(const st_plan_options *o, int S, double *flight,
   }
   for (int s = 0; s < S; s++) {
     flight[s] = mb * held[s];
-    vers[s] = o->weight_versions_follow ? held[s]
-              : o->weight_versions > 0  ? o->weight_versions
-                                        : 1;
+    vers[s] = pb ? 1 + st_pb_weight_copies(o->mitigation, (int)held[s] - 1)
+              : o->weight_versions > 0 ? o->weight_versions
+                                       : 1;
   }
 }
 
@@ -1179,7 +1188,7 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
    * sequential step one micro-batch (the batch, unless split), block-
    * sequential all of the batch; a pipeline's schedule and pipelined
    * backprop what stage s of S keeps (st_plan_options.in_flight_schedule),
-   * with weight stashing a version per sample in flight. */
+   * with the weight copies its mitigation keeps (st_pb_weight_copies). */
   int pipelined =
       !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
   int pb = !strcmp(mode, "pipelined_backprop");
@@ -1200,8 +1209,7 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
       .micro_batch = mb,
       .micro_batches = mb > 0 ? cfg->train.batch / mb : 1,
       .virtual_stages = cfg->execution.virtual_stages,
-      .weight_versions_follow =
-          pb && !strcmp(cfg->execution.mitigation, "stash")};
+      .mitigation = pb ? cfg->execution.mitigation : NULL};
   /* a config that asks a pipelined mode for K stages compiles to K (what
    * `strata train` runs; more than the fabric's cores is an error naming
    * the key, where the run would share them); per_block stays automatic,

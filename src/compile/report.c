@@ -257,11 +257,12 @@ void st_plan_print(const st_plan *p, FILE *f) {
             "model: %sFLOP per sample (fwd+bwd); stage s holds its weights x "
             "its versions + gradient and optimizer state + (input + "
             "activations) x its samples in flight, as %s keeps them (stage "
-            "0: %g, last: %g)\n",
+            "0: %g, last: %g; weight versions %g, last %g)\n",
             rate_text(a, sizeof a, total_flops(p)),
             !strcmp(p->mode, "pipelined_backprop") ? "pipelined backprop"
                                                    : p->schedule,
-            p->stages[0].in_flight, p->stages[p->n_stages - 1].in_flight);
+            p->stages[0].in_flight, p->stages[p->n_stages - 1].in_flight,
+            p->stages[0].versions, p->stages[p->n_stages - 1].versions);
   else
     fprintf(f,
             "model: %sFLOP per sample (fwd+bwd); every stage holds its "

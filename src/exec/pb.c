@@ -570,11 +570,7 @@ static int check_in_flight(const pb *p, const st_config *cfg, st_error *err) {
     double acts = 0;
     for (int b = st->rt.first; b < st->rt.first + st->rt.count; b++)
       acts += (double)m->blocks[b].act_per_sample;
-    int copies = !st->D                          ? 0
-                 : p->mitigation == MIT_STASH    ? st->D
-                 : p->mitigation == MIT_PIPEMARE ? 2
-                 : lwp_like(p->mitigation)       ? 1
-                                                 : 0;
+    int copies = st_pb_weight_copies(cfg->execution.mitigation, st->D);
     double here = 4.0 * ((double)(st->D + 1) * p->rt.mb * acts +
                          (double)copies * (double)st->n);
     need += here;

@@ -17,6 +17,7 @@
 #include "strata.h"
 
 #include "../../src/compile/compile.h" /* st_plan_model */
+#include "../../src/exec/exec.h"       /* st_find_executor */
 #include "../../src/runtime/runtime.h" /* st_stage_work_bytes */
 
 #include <stdint.h>
@@ -1007,6 +1008,82 @@ static void test_workspace(void) {
   }
 }
 
+/* Pipelined backprop's weight copies, as its runtime allocates them
+ * (pb.c's alloc_stage): stage s of S has delay D = 2 (S - 1 - s), and each
+ * stage with D > 0 keeps, besides its live weights, D stashed versions
+ * (stash), one predicted forward copy (lwp, sc+lwp), the backward's
+ * weights and the update EMA (pipemare), or nothing (none, sc); the last
+ * stage (D = 0) none. By hand per stage, and against the bytes the
+ * executor really allocates: the difference from `none` is the plan's
+ * extra weight bytes. A 4-block MLP pinned to stages of 2, 1 and 1 blocks
+ * (D = 4, 2, 0), emulated. */
+static void test_pb_weight_copies(void) {
+  static const char *const mits[] = {"none",   "sc",       "lwp",
+                                     "sc+lwp", "pipemare", "stash"};
+  const double by_hand[][3] = {/* extra copies at D = 4, 2, 0 */
+                               {0, 0, 0}, {0, 0, 0}, {1, 1, 0},
+                               {1, 1, 0}, {2, 2, 0}, {4, 2, 0}};
+  /* weights of each stage: 784x128 + 128 and 128x128 + 128 in stage 0, one
+   * 128x128 + 128 layer in stage 1, 128x10 + 10 in stage 2 */
+  const double W[3] = {4.0 * (785 * 128 + 129 * 128), 4.0 * 129 * 128,
+                       4.0 * 129 * 10};
+  double exec_none = 0;
+  for (int k = 0; k < 6; k++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    set(&cfg, "model.hidden=[128, 128, 128]");
+    set(&cfg, "data.dataset=synthetic");
+    set(&cfg, "execution.mode=pipelined_backprop");
+    set(&cfg, "execution.stage_blocks=[2, 1, 1]");
+    set(&cfg, "execution.emulate=true");
+    set(&cfg, "train.batch=4");
+    set(&cfg, "fabric.cores=3");
+    char kv[64];
+    snprintf(kv, sizeof kv, "execution.mitigation=%s", mits[k]);
+    set(&cfg, kv);
+    st_plan *p = NULL;
+    st_model *m = NULL;
+    int rc = st_plan_compile(&p, &cfg, 0, &err);
+    if (!rc) rc = st_plan_model(&m, &cfg, &err);
+    CHECK(rc == 0 && p->n_stages == 3, "%s: %s", mits[k], err.msg);
+    if (rc || p->n_stages != 3) {
+      st_plan_destroy(p);
+      st_model_destroy(m);
+      continue;
+    }
+    double extra = 0;
+    for (int s = 0; s < 3; s++) {
+      const st_plan_stage *st = &p->stages[s];
+      double want = (1 + by_hand[k][s]) * W[s];
+      /* integers below 2^53: exact */
+      CHECK(st->versions == 1 + by_hand[k][s] && st->mem_weights == want,
+            "%s stage %d: %g weight versions, %.0f bytes; by hand %g, %.0f",
+            mits[k], s, st->versions, st->mem_weights, 1 + by_hand[k][s], want);
+      extra += st->mem_weights - W[s];
+    }
+    /* the runtime: what creating the executor allocates */
+    const st_executor *ex = st_find_executor("pipelined_backprop");
+    void *state = NULL;
+    size_t before = st_alloc_bytes();
+    rc = ex->create(&state, m, &cfg, 1, st_eval_batch(m, 1), &err);
+    double held = (double)(st_alloc_bytes() - before);
+    CHECK(rc == 0, "%s: create: %s", mits[k], err.msg);
+    if (state) ex->destroy(state);
+    if (k == 0) exec_none = held;
+    /* each buffer is held at its usable size, glibc's aligned chunk (up
+     * to about 100 bytes past the size asked for; 96-208 bytes over the
+     * 2-6 extra buffers here): 1 KB, where one missing copy is 66 KB */
+    double got = held - exec_none;
+    CHECK(fabs(got - extra) <= 1024,
+          "%s: the executor allocates %.0f bytes more than none's; the "
+          "plan's extra weight copies %.0f",
+          mits[k], got, extra);
+    st_plan_destroy(p);
+    st_model_destroy(m);
+  }
+}
+
 /* Data parallelism in one process (replicas.c): R replicas on C / R cores
  * each, B / R samples a step each, every replica its own gradient slab and
  * activations, the weights and optimizer state shared, and the slabs summed
@@ -1524,6 +1601,7 @@ int main(void) {
   test_compile_and_write();
   test_schedules();
   test_workspace();
+  test_pb_weight_copies();
   test_bound_by_hand();
   test_replicas();
   test_replicas_over_ranks();
