@@ -1268,8 +1268,12 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
  * for each r >= 1 slab r read and cleared, the sum read and written once
  * (its 64 KiB chunks stay in cache), 2 R x the weights' bytes a step, at
  * the fabric's memory bandwidth. A mesh (a what-if: replicas.c runs on a
- * cpu) gives each replica a strip of W / R columns, the slabs summed
- * across the strips' edges. */
+ * cpu) gives each replica a strip of W / R columns, and a PE has only its
+ * own memory: each strip holds its replica's own weights and optimizer
+ * state beside its slab, activations and workspace (the replica is
+ * planned on the strip's own memory); the slabs are summed along the
+ * strips' edges, one after another, and the sum goes back the same way to
+ * every strip, which updates its own copy. */
 static int plan_replicas(st_plan **out, const st_config *cfg,
                          const st_fabric *fabric, const st_block_cost *costs,
                          int n, int stages, st_error *err) {
@@ -1292,10 +1296,13 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
   st_config one = *cfg;
   one.execution.replicas = 1;
   one.train.batch = cfg->train.batch / R;
+  const int mesh = fabric->kind == ST_FABRIC_MESH;
   st_fabric sub = *fabric;
   sub.width = (int)per;
   sub.pes = per * sub.height;
-  sub.pe_memory = fabric->pe_memory * (double)fabric->pes / (double)sub.pes;
+  /* a cpu's memory is one pool; a mesh PE's is its own */
+  if (!mesh)
+    sub.pe_memory = fabric->pe_memory * (double)fabric->pes / (double)sub.pes;
   /* the R replicas run at once: each has its share of the machine's
    * memory bandwidth and last-level cache, not all of it */
   sub.memory_bandwidth =
@@ -1317,8 +1324,14 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
     for (int b = st->first; b < st->first + st->count; b++)
       g += p->blocks[b].param_bytes; /* the slab: one float a parameter */
     grads += g;
-    st->mem_replicas = (R - 1) * (g + st->mem_acts + st->mem_work);
-    st->mem_state += (R - 1) * g;
+    if (mesh) { /* every strip all of its stage: R copies of each part */
+      st->mem_replicas = (R - 1) * st->mem_total;
+      st->mem_weights *= R;
+      st->mem_state *= R;
+    } else {
+      st->mem_replicas = (R - 1) * (g + st->mem_acts + st->mem_work);
+      st->mem_state += (R - 1) * g;
+    }
     st->mem_acts *= R;
     st->mem_work *= R;
     st->mem_total += st->mem_replicas;
@@ -1327,7 +1340,8 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
     held += st->mem_total;
   }
   double cap = (double)fabric->pes * fabric->pe_memory;
-  if (cfg->launch.ranks <= 1 && !(held <= cap)) {
+  /* a mesh's strips each held their own above */
+  if (!mesh && cfg->launch.ranks <= 1 && !(held <= cap)) {
     char a[32], b[32], c[32], d[32], e[32];
     double one_acts = (p->stages[0].mem_acts) / R;
     st_plan_destroy(p);
@@ -1346,9 +1360,9 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
   }
   p->throughput = p->bottleneck_time > 0 ? R / p->bottleneck_time : INFINITY;
   /* cpu: through the machine's memory; a mesh: each strip's slab across
-   * the edge to the next, H links wide, one after another */
-  double bytes =
-      fabric->kind == ST_FABRIC_CPU ? 2.0 * R * grads : (R - 1.0) * grads;
+   * the edge to the next, H links wide, one after another, and the sum
+   * back across the same R - 1 edges to every strip's own weights */
+  double bytes = mesh ? 2.0 * (R - 1.0) * grads : 2.0 * R * grads;
   double bw = fabric->kind == ST_FABRIC_CPU
                   ? fabric->memory_bandwidth
                   : fabric->height * fabric->link_bandwidth;

@@ -1203,6 +1203,92 @@ static void test_replicas(void) {
   st_plan_destroy(p);
 }
 
+/* Replicas on a mesh (a what-if): each replica a strip of W / R columns,
+ * and a PE holds only its own memory, so every strip holds its replica's
+ * own weights and optimizer state beside its gradient slab, activations
+ * and workspace, as one replica trained alone at B / R holds them (the
+ * sequential runtime: the weights, the gradient and the momentum, 3 W,
+ * the micro-batch's activations and the workspace), against the strip's
+ * PEs only; after the slabs' sum along the strips' edges the sum goes
+ * back to every strip, 2 (R - 1) W over H links. By hand on mesh:8x2, R =
+ * 4 (strips of 2x2 PEs), batch 64: a strip of 99% of one replica's bytes
+ * is refused, as the same 4 PEs alone are refused that replica; at 101%
+ * both fit. */
+static void test_replicas_mesh(void) {
+  const double R = 4, share = 16;
+  double per = 0, w = 0, link = 0;
+  for (int k = 0; k < 3; k++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    set(&cfg, "model.hidden=[256, 256]");
+    set(&cfg, "train.batch=64");
+    set(&cfg, "execution.replicas=4");
+    CHECK(st_fabric_parse(&cfg, "mesh:8x2", &err) == 0, "%s", err.msg);
+    char kv[64];
+    snprintf(kv, sizeof kv, "fabric.pe_memory=%.0f",
+             k == 0 ? 1e7 : (k == 1 ? 0.99 : 1.01) * per / 4);
+    set(&cfg, kv);
+    st_plan *p = NULL;
+    int rc = st_plan_compile(&p, &cfg, 0, &err);
+    /* the same 4 PEs alone, one replica of B / R */
+    st_config alone = cfg;
+    set(&alone, "execution.replicas=1");
+    set(&alone, "train.batch=16");
+    CHECK(st_fabric_parse(&alone, "mesh:2x2", &err) == 0, "%s", err.msg);
+    set(&alone, kv);
+    st_plan *q = NULL;
+    int rc_alone = st_plan_compile(&q, &alone, 0, &err);
+    if (k == 0) {
+      CHECK(rc == 0 && rc_alone == 0, "mesh replicas, memory to spare: %s",
+            err.msg);
+      if (rc || rc_alone) {
+        st_plan_destroy(p);
+        st_plan_destroy(q);
+        return;
+      }
+      double state = 0, acts = p->blocks[0].in_bytes, wn = 0, wsc = 0;
+      for (int b = 0; b < p->n_blocks; b++) {
+        const st_block_cost *c = &p->blocks[b];
+        w += c->param_bytes;
+        state += c->state_bytes;
+        acts += c->act_bytes;
+        wn = fmax(wn, c->work_numel_bytes * c->call_samples);
+        wsc = fmax(wsc, c->work_scratch_bytes * c->call_samples);
+      }
+      per = w + state + share * acts + 5 * wn + wsc;
+      link = p->fabric.link_bandwidth;
+      const st_plan_stage *st = &p->stages[0];
+      /* 1e-12: sums of a few terms in another order */
+      CHECK(p->n_stages == 1 && st->pes == 4 && state == 2 * w &&
+                fabs(st->mem_total - R * per) <= 1e-12 * R * per &&
+                fabs(st->mem_replicas - (R - 1) * per) <= 1e-12 * R * per &&
+                st->mem_weights == R * w &&
+                fabs(q->stages[0].mem_total - per) <= 1e-12 * per,
+            "4 strips: %.0f bytes (others' %.0f, weights %.0f); by hand 4 x "
+            "%.0f (weights %.0f each); the strip alone %.0f",
+            st->mem_total, st->mem_replicas, st->mem_weights, per, w,
+            q->stages[0].mem_total);
+      double reduce = 2 * (R - 1) * w / (2 * link) / 64;
+      CHECK(link > 0 && fabs(p->reduce_time - reduce) <= 1e-12 * reduce,
+            "the slabs' sum and back: %.6g s a sample, by hand %.6g",
+            p->reduce_time, reduce);
+    } else if (k == 1) {
+      CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "does not fit") &&
+                rc_alone == ST_EUNSUPPORTED,
+            "strips of 99%% of a replica's bytes: rc %d, alone rc %d '%s'", rc,
+            rc_alone, err.msg);
+    } else {
+      CHECK(rc == 0 && rc_alone == 0 &&
+                p->stages[0].mem_total <= p->stages[0].mem_capacity,
+            "strips of 101%% of a replica's bytes: rc %d, alone rc %d '%s'", rc,
+            rc_alone, err.msg);
+    }
+    st_plan_destroy(p);
+    st_plan_destroy(q);
+  }
+}
+
 /* Replicas over MPI ranks hold their memory as the run does: no process
  * holds all R copies (each rank keeps one replica's stages, or one whole
  * replica), so the one-process sum is not checked against one machine;
@@ -1605,6 +1691,7 @@ int main(void) {
   test_bound_by_hand();
   test_replicas();
   test_replicas_over_ranks();
+  test_replicas_mesh();
   test_memory_bandwidth();
   test_streaming_traffic();
   test_compile_plans_the_config();
