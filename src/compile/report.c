@@ -307,16 +307,16 @@ void st_plan_print(const st_plan *p, FILE *f) {
     fprintf(f,
             "replicas: %d at once (execution.replicas), each on %s %s of "
             "its own with %d of the batch's %d samples a step: the stages "
-            "above are one replica's, their memory all %d copies' (%s)%s; "
+            "above are one replica's, their memory all %d copies' %s%s; "
             "the slabs' sum a step moves %s at %s/s%s, %s a sample -> %s "
             "samples/s\n",
             p->replicas, st_plan_fmt_count(c, sizeof c, (double)p->replica_pes),
             word, p->batch, p->global_batch, p->replicas,
-            cpu ? "each its own gradient slab, activations and workspace; the "
-                  "weights and optimizer state shared, as one process holds "
+            cpu ? "(each its own gradient slab, activations and workspace; the "
+                  "weights and optimizer state shared) as one process holds "
                   "them"
-                : "each strip its own weights, optimizer state, gradient "
-                  "slab, activations and workspace in its PEs' memory",
+                : "(each strip its own weights, optimizer state, gradient "
+                  "slab, activations and workspace, in its PEs' memory)",
             p->ranks > 1 ? " (over ranks each rank holds its own: below)" : "",
             st_plan_fmt_bytes(
                 a, sizeof a, 2.0 * (cpu ? p->replicas : p->replicas - 1.0) * w),
