@@ -66,6 +66,9 @@ uint64_t st_alloc_count(void); /* number of st_alloc calls so far */
  * at once since the process started (or st_alloc_reset_peak): what a rank
  * of a run over MPI measures against its plan. */
 size_t st_alloc_bytes(void);
+/* What st_alloc_bytes counts for one st_alloc of `bytes`: the request
+ * rounded up to 64 (a small buffer's usable size may add a few more). */
+size_t st_alloc_counted(size_t bytes);
 size_t st_alloc_peak(void);
 void st_alloc_reset_peak(void);
 /* The calling thread's buffer number `slot` (ST_SCRATCH_*), at least
@@ -1090,6 +1093,15 @@ typedef struct st_dataset {
  * only the first `limit` samples. Errors name the file and what is wrong. */
 int st_dataset_load_idx(st_dataset **out, const char *images_gz,
                         const char *labels_gz, int limit, st_error *err);
+/* What st_dataset_load_idx or st_dataset_synthetic holds for n samples of
+ * `shape`, as st_alloc_bytes counts it: the descriptor, the pixels and
+ * the labels. */
+size_t st_dataset_bytes(int n, st_shape shape);
+/* The sample count and shape in the headers of a pair of gzip IDX files
+ * (at most `limit` when limit > 0), checked as st_dataset_load_idx checks
+ * them, without reading a sample. */
+int st_dataset_idx_count(const char *images_gz, const char *labels_gz,
+                         int limit, int *n, st_shape *shape, st_error *err);
 /* Deterministic synthetic classification data (for tests and benches). */
 /* Samples [first, first + n) of the same problem (same class prototypes):
  * a training set and a held-out test set are two disjoint ranges. */
@@ -1180,6 +1192,29 @@ int st_text_open(st_text_dataset **out, st_tokenizer **tok,
                  const st_config *cfg, st_error *err);
 /* model.vocab, or when 0 the configured tokenizer's vocabulary. */
 int st_text_vocab(const st_config *cfg, int *vocab, st_error *err);
+/* The training sequences of `tokens` tokens at context T: windows of T + 1
+ * starting every T tokens (each token but the last a label once), at most
+ * limit when limit > 0. */
+int st_text_windows(size_t tokens, int T, int limit);
+/* Bytes the tokenizer holds from st_alloc (its tokens' spellings). */
+size_t st_tokenizer_bytes(const st_tokenizer *tok);
+
+/* What the trainer loads for data.dataset (trainer.c's load_data): the
+ * synthetic sets' sizes (data.train_limit and data.test_limit, else these),
+ * and the IDX files of data.dir, training (test = 0) or test (1). */
+#define ST_SYNTHETIC_TRAIN 6000
+#define ST_SYNTHETIC_TEST 1000
+void st_data_idx_paths(const st_config *cfg, int test, char *images,
+                       char *labels, size_t cap);
+/* What the trainer's data holds once loaded, sized from the files'
+ * headers and lengths without reading their samples (footprint.c): the
+ * bytes as st_alloc_bytes counts them (the training and test sets; a text
+ * corpus's token ids, st_alloc'd a token a byte, and its tokenizer), and
+ * the training samples, *n_train (text: st_text_windows of the training
+ * tokens, at most one a byte: exact for the byte tokenizer, a bound for a
+ * BPE one). A file that cannot be read fails as loading it would. */
+int st_data_footprint(const st_config *cfg, double *bytes, int *n_train,
+                      st_error *err);
 
 /* ------------------------------------------------------------------- io */
 
@@ -1934,6 +1969,14 @@ typedef struct st_plan {
                             (0: execution.rank_memory_limit does) */
   double mem_eval_whole; /* an evaluation of the whole model, in one stage */
   int eval_batch;        /* samples an evaluation runs at once (0: unknown) */
+  /* What every rank (or the one process) holds beside its stages, as the
+   * trainer holds it, counted in rank_memory (st_plan_compile, where there
+   * are ranks or a rank_memory_limit; 0 otherwise): the data as loaded
+   * (st_data_footprint; -1 where its files could not be sized, data_note
+   * then says why) and the trainer's batch buffers
+   * (st_trainer_batch_bytes) */
+  double mem_data, mem_batch;
+  char data_note[160];
   double *rank_memory;
   int *rank_stages, *rank_stages_end;
   /* The fabric's I/O (st_fabric.io_bandwidth): samples/s it carries in

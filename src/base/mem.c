@@ -159,6 +159,11 @@ void *st_thread_scratch(int slot, size_t bytes) {
   return b->p[slot];
 }
 
+size_t st_alloc_counted(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  return (bytes + 63) & ~(size_t)63;
+}
+
 size_t st_alloc_bytes(void) {
   return atomic_load_explicit(&held, memory_order_relaxed);
 }

@@ -1382,18 +1382,33 @@ static int rank_over(const st_plan *p, int r, double allowed, const char *what,
          b < p->stages[s].first + p->stages[s].count; b++)
       if (worst < 0 || p->blocks[b].param_bytes > p->blocks[worst].param_bytes)
         worst = b;
-  char need[32], lim[32], short_by[32], biggest[32], tail[160] = "";
+  char need[32], lim[32], short_by[32], biggest[32], tail[160] = "",
+                                                     host[160] = "";
   if (worst >= 0)
     snprintf(tail, sizeof tail, "; its largest block, %s, holds %s of weights",
              p->blocks[worst].name,
              st_plan_fmt_bytes(biggest, sizeof biggest,
                                p->blocks[worst].param_bytes));
+  if (p->mem_batch > 0) {
+    char d[32], b[32];
+    if (p->mem_data >= 0)
+      snprintf(host, sizeof host,
+               ", the data %s and the trainer's batch "
+               "buffers %s",
+               st_plan_fmt_bytes(d, sizeof d, p->mem_data),
+               st_plan_fmt_bytes(b, sizeof b, p->mem_batch));
+    else
+      snprintf(host, sizeof host,
+               ", the trainer's batch buffers %s; the "
+               "data not counted",
+               st_plan_fmt_bytes(b, sizeof b, p->mem_batch));
+  }
   return st_error_set(
       err, ST_ENOMEM,
       "%s is %s%s, but the plan gives rank %d of %d %s (its stages' "
-      "weights, state and activations): short by %s%s",
+      "weights, state and activations%s): short by %s%s",
       what, st_plan_fmt_bytes(lim, sizeof lim, allowed), why, r, p->ranks,
-      st_plan_fmt_bytes(need, sizeof need, p->rank_memory[r]),
+      st_plan_fmt_bytes(need, sizeof need, p->rank_memory[r]), host,
       st_plan_fmt_bytes(short_by, sizeof short_by, p->rank_memory[r] - allowed),
       tail);
 }
@@ -1449,6 +1464,9 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, st_error *err) {
     held +=
         p->stages[s].mem_total - (ranks > 1 ? p->stages[s].mem_replicas : 0);
   held += p->mem_eval_whole; /* a replica evaluates the whole model */
+  /* every rank loads the data and sizes the trainer's batch buffers
+   * (st_plan_compile: mem_data, mem_batch) */
+  double host = (p->mem_data > 0 ? p->mem_data : 0) + p->mem_batch;
   int file = !strcmp(cfg->execution.store, "file");
   for (int r = 0; r < ranks; r++) {
     double bytes = 0;
@@ -1480,7 +1498,7 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, st_error *err) {
     } else {
       bytes = held;
     }
-    p->rank_memory[r] = bytes;
+    p->rank_memory[r] = bytes + host;
     p->rank_stages[r] = lo;
     p->rank_stages_end[r] = hi;
   }

@@ -366,6 +366,19 @@ void st_plan_print(const st_plan *p, FILE *f) {
             p->rank_per_machine ? "its machine's memory, " : "",
             p->rank_per_machine ? many : "execution.rank_memory_limit");
   }
+  if (p->ranks > 0 && p->mem_batch > 0) {
+    if (p->mem_data >= 0)
+      fprintf(f,
+              "each rank also holds the data, %s as loaded, and the "
+              "trainer's batch buffers, %s (in its memory below)\n",
+              st_plan_fmt_bytes(a, sizeof a, p->mem_data),
+              st_plan_fmt_bytes(b, sizeof b, p->mem_batch));
+    else
+      fprintf(f,
+              "each rank also holds the trainer's batch buffers, %s (in its "
+              "memory below), and the data, not counted: %s\n",
+              st_plan_fmt_bytes(b, sizeof b, p->mem_batch), p->data_note);
+  }
   for (int r = 0; r < p->ranks; r++) {
     char st[48] = "no stage", mem[32];
     int lo = p->rank_stages[r], hi = p->rank_stages_end[r];
@@ -567,6 +580,8 @@ static void write_json(const st_plan *p, FILE *f) {
   fprintf(f, "],\n  ");
   jnum(f, "rank_allowed", p->rank_allowed, 0);
   fprintf(f, "\"rank_per_machine\": %d, ", p->rank_per_machine);
+  jnum(f, "rank_data", p->mem_data, 0);
+  jnum(f, "rank_batch_buffers", p->mem_batch, 0);
   jnum(f, "throughput", p->throughput, 0);
   fprintf(f, "\"bottleneck_stage\": %d, ", p->bottleneck);
   jnum(f, "bottleneck_time", p->bottleneck_time, 0);

@@ -354,7 +354,30 @@ fail:
   return rc;
 }
 
+int st_dataset_idx_count(const char *images_gz, const char *labels_gz,
+                         int limit, int *n, st_shape *shape, st_error *err) {
+  *n = 0;
+  idx_file images = {.path = images_gz, .fd = -1},
+           labels = {.path = labels_gz, .fd = -1};
+  int count = 0;
+  int rc = open_pair(&images, &labels, &count, shape, err);
+  if (!rc) {
+    *n = limit > 0 && limit < count ? limit : count;
+    rc = fits_file(&labels, *n, 1, 8, err);
+  }
+  if (!rc) rc = fits_file(&images, *n, st_shape_numel(*shape), 16, err);
+  idx_close(&images);
+  idx_close(&labels);
+  return rc;
+}
+
 /* ------------------------------------------------- the dataset life cycle */
+
+size_t st_dataset_bytes(int n, st_shape shape) {
+  size_t numel = st_shape_numel(shape);
+  return st_alloc_counted(sizeof(st_dataset)) +
+         st_alloc_counted((size_t)n * numel) + st_alloc_counted((size_t)n);
+}
 
 /* Creates a dataset with zeroed storage for n samples of `shape`; the
  * caller fills pixels and labels, sets classes, then computes the stats. */

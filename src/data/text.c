@@ -165,6 +165,12 @@ size_t st_utf8_invalid(const uint8_t *d, size_t n) {
   return n;
 }
 
+int st_text_windows(size_t tokens, int T, int limit) {
+  size_t n = tokens > (size_t)T ? (tokens - 1) / (size_t)T : 0;
+  if (n > INT32_MAX) n = INT32_MAX;
+  return limit > 0 && (size_t)limit < n ? limit : (int)n;
+}
+
 static int uses_bytes(const st_config *cfg) {
   return !cfg->data.tokenizer[0] || !strcmp(cfg->data.tokenizer, "bytes");
 }

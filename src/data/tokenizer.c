@@ -173,6 +173,10 @@ static int tokenizer_new(st_tokenizer **out, int n_merges, st_error *err) {
   return 0;
 }
 
+size_t st_tokenizer_bytes(const st_tokenizer *tok) {
+  return st_alloc_counted(tok->offset[tok->vocab]); /* tokenizer_finish's */
+}
+
 int st_tokenizer_create_bytes(st_tokenizer **out, st_error *err) {
   *out = NULL;
   st_tokenizer *tok = NULL;

@@ -323,6 +323,14 @@ void *st_trainer_exec_state(st_trainer *t);
 /* The samples of an evaluation batch (the trainer's, and what a plan
  * counts an evaluation stage's buffers for). */
 int st_eval_batch(const st_model *m, int micro_batch);
+/* The bytes of the trainer's own buffers (its batch's input, labels and
+ * losses, the logits' probabilities and gradient, the epoch's permutation
+ * of n_train samples, an evaluation's indices, a second batch where steps
+ * overlap) for model m under cfg over `ranks` MPI ranks (<= 1: one
+ * process), as the trainer sizes them and st_alloc_bytes counts them: what
+ * the compiler adds to each rank's memory. */
+double st_trainer_batch_bytes(const st_model *m, const st_config *cfg,
+                              int ranks, int n_train);
 /* Cores this process may run on (affinity and cgroup cpusets included). */
 int st_usable_cores(void);
 
@@ -336,6 +344,8 @@ int st_usable_cores(void);
  * (st_dist_traffic, 0 in one process). */
 typedef struct st_rank_memory {
   double weights, grads, state, buffers, data, planned;
+  double batch; /* within buffers: the trainer's batch buffers (the rest
+                   the executor's) */
   double peak, resident;
   double sent, received;
   int blocks;      /* the blocks whose weights it keeps */

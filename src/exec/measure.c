@@ -461,6 +461,19 @@ int st_plan_compile(st_plan **out, const st_config *cfg, int stages,
       p->stages[s].mem_eval = (double)st_stage_bytes(
           m, p->stages[s].first, p->stages[s].count, eval, 0);
     p->mem_eval_whole = (double)st_stage_bytes(m, 0, m->n_blocks, eval, 0);
+    /* what a rank holds beside its stages, where ranks are checked
+     * (st_plan_place_ranks): every rank loads the data and sizes the
+     * trainer's buffers, as `strata train` counts them against
+     * execution.rank_memory_limit */
+    if (cfg->launch.ranks > 1 || cfg->execution.rank_memory_limit > 0) {
+      int n_train = 0;
+      st_error e = {0};
+      if (st_data_footprint(cfg, &p->mem_data, &n_train, &e)) {
+        p->mem_data = -1;
+        snprintf(p->data_note, sizeof p->data_note, "%.150s", e.msg);
+      }
+      p->mem_batch = st_trainer_batch_bytes(m, cfg, cfg->launch.ranks, n_train);
+    }
   }
   st_free(costs);
   st_model_destroy(m);

@@ -84,14 +84,6 @@ const st_executor *st_find_executor(const char *mode) {
   return NULL;
 }
 
-/* Windows of T + 1 tokens starting every T tokens: each token but the last
- * is a label once. */
-static int windows(size_t tokens, int T, int limit) {
-  size_t n = tokens > (size_t)T ? (tokens - 1) / (size_t)T : 0;
-  if (n > INT32_MAX) n = INT32_MAX;
-  return limit > 0 && (size_t)limit < n ? limit : (int)n;
-}
-
 static int load_text(st_trainer *t, st_error *err) {
   st_config *c = &t->cfg;
   int rc = st_text_open(&t->text, &t->tok, c, err);
@@ -107,8 +99,8 @@ static int load_text(st_trainer *t, st_error *err) {
                         c->data.tokenizer, vocab - 1);
   int T = c->model.context;
   t->rows = T;
-  t->n_train = windows(t->text->n_train, T, c->data.train_limit);
-  t->n_test = windows(t->text->n_val, T, c->data.test_limit);
+  t->n_train = st_text_windows(t->text->n_train, T, c->data.train_limit);
+  t->n_test = st_text_windows(t->text->n_val, T, c->data.test_limit);
   if (t->n_train < 1 || t->n_test < 1)
     return st_error_set(
         err, ST_EDATA,
@@ -131,8 +123,8 @@ static int load_data(st_trainer *t, st_error *err) {
                           "makes at most 256 classes",
                           st_config_where(c, "model.classes"),
                           c->model.classes);
-    int ntrain = c->data.train_limit ? c->data.train_limit : 6000;
-    int ntest = c->data.test_limit ? c->data.test_limit : 1000;
+    int ntrain = c->data.train_limit ? c->data.train_limit : ST_SYNTHETIC_TRAIN;
+    int ntest = c->data.test_limit ? c->data.test_limit : ST_SYNTHETIC_TEST;
     int rc = st_dataset_synthetic(&t->train, ntrain, shape, c->model.classes,
                                   c->train.seed, err);
     /* the test set: later samples of the same problem, never seen in
@@ -149,12 +141,10 @@ static int load_data(st_trainer *t, st_error *err) {
     return rc;
   }
   char img[ST_PATH_MAX + 64], lab[ST_PATH_MAX + 64];
-  snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", c->data.dir);
-  snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", c->data.dir);
+  st_data_idx_paths(c, 0, img, lab, sizeof img);
   int rc = st_dataset_load_idx(&t->train, img, lab, c->data.train_limit, err);
   if (rc) return rc;
-  snprintf(img, sizeof img, "%s/t10k-images-idx3-ubyte.gz", c->data.dir);
-  snprintf(lab, sizeof lab, "%s/t10k-labels-idx1-ubyte.gz", c->data.dir);
+  st_data_idx_paths(c, 1, img, lab, sizeof img);
   rc = st_dataset_load_idx(&t->test, img, lab, c->data.test_limit, err);
   if (!rc) {
     t->test->mean = t->train->mean;
@@ -214,11 +204,15 @@ int st_eval_batch(const st_model *m, int micro_batch) {
 }
 
 /* Whether steps may overlap: the executor starts one before the last is
- * waited for, on the trainer's slabs, with no noise-scale sums (their
- * pointers are a step's own). */
+ * waited for, with no noise-scale sums (their pointers are a step's own),
+ * on the trainer's slabs (no executor that starts steps keeps slabs of its
+ * own: the compiler counts by steps_overlap alone). */
+static int steps_overlap(const st_executor *ex, const st_config *cfg) {
+  return ex && ex->start && ex->wait && !cfg->metrics.noise_scale;
+}
+
 static int overlaps(const st_trainer *t) {
-  return t->exec->start && t->exec->wait && t->owned &&
-         !t->cfg.metrics.noise_scale;
+  return t->owned && steps_overlap(t->exec, &t->cfg);
 }
 
 /* Each run of consecutive blocks this rank keeps: calls fn(arg, first,
@@ -332,6 +326,7 @@ void st_trainer_memory(const st_trainer *t, st_rank_memory *out) {
     out->state = w * st_optim_state_per_param(&t->cfg);
   }
   out->buffers = (double)(t->exec_bytes + t->batch_bytes);
+  out->batch = (double)t->batch_bytes;
   out->data = (double)t->data_bytes;
   out->planned =
       out->weights + out->grads + out->state + out->buffers + out->data;
@@ -411,15 +406,78 @@ static int check_rank_memory(const st_trainer *t, st_error *err) {
       tail);
 }
 
+/* The executor a trainer of cfg runs over `ranks` MPI ranks (<= 1: one
+ * process): replicas or stages over ranks (ranks.c), or weight streaming's
+ * store and compute ranks (ws.c); NULL for a mode this build lacks. */
+static const st_executor *executor_of(const st_config *cfg, int ranks) {
+  if (ranks > 1)
+    return !strcmp(cfg->execution.mode, "weight_streaming")
+               ? &st_exec_weight_streaming
+               : &st_exec_ranks;
+  return cfg->execution.replicas > 1 ? &st_exec_replicas
+                                     : st_find_executor(cfg->execution.mode);
+}
+
+/* The samples the trainer hands its executor at once: execution.micro_batch,
+ * else pipelined backprop's 1 or the batch; the noise scale measures the
+ * batch in two halves unless micro-batches are configured. */
+static int micro_batch_of(const st_config *cfg) {
+  if (cfg->execution.micro_batch) return cfg->execution.micro_batch;
+  if (cfg->metrics.noise_scale) return cfg->train.batch / 2;
+  return !strcmp(cfg->execution.mode, "pipelined_backprop") ? 1
+                                                            : cfg->train.batch;
+}
+
+/* The trainer's own buffers, in bytes (allocate sizes them here; the
+ * compiler counts them, st_trainer_batch_bytes): a batch's input, labels
+ * and losses (a row per label) at the larger of the batch and the
+ * evaluation batch; the logits' probabilities and gradient at the larger of
+ * the micro-batch the executor runs and the evaluation batch; the epoch's
+ * permutation and an evaluation's indices; and with steps that overlap a
+ * second batch's input, labels and losses. */
+typedef struct batch_sizes {
+  size_t x, y, losses, probs, dlogits, perm, eval_idx, x2, y2, losses2;
+} batch_sizes;
+
+static batch_sizes batch_sizes_of(const st_model *m, int label_rows, int batch,
+                                  int micro_batch, int eval_batch, int n_train,
+                                  int two) {
+  size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->out_cols;
+  size_t rows = (size_t)max_int(batch, eval_batch);
+  size_t labels = rows * (size_t)label_rows;
+  size_t exec_rows =
+      (size_t)max_int(micro_batch, eval_batch) * (size_t)label_rows;
+  size_t b = (size_t)batch;
+  return (batch_sizes){.x = rows * in_numel * sizeof(float),
+                       .y = labels * sizeof(int),
+                       .losses = labels * sizeof(float),
+                       .probs = exec_rows * classes * sizeof(float),
+                       .dlogits = exec_rows * classes * sizeof(float),
+                       .perm = (size_t)n_train * sizeof(int32_t),
+                       .eval_idx = (size_t)eval_batch * sizeof(int32_t),
+                       .x2 = two ? b * in_numel * sizeof(float) : 0,
+                       .y2 = two ? b * (size_t)label_rows * sizeof(int) : 0,
+                       .losses2 =
+                           two ? b * (size_t)label_rows * sizeof(float) : 0};
+}
+
+double st_trainer_batch_bytes(const st_model *m, const st_config *cfg,
+                              int ranks, int n_train) {
+  int mb = micro_batch_of(cfg);
+  int two = steps_overlap(executor_of(cfg, ranks), cfg);
+  batch_sizes z =
+      batch_sizes_of(m, m->label_rows > 0 ? m->label_rows : 1, cfg->train.batch,
+                     mb, st_eval_batch(m, mb), n_train, two);
+  size_t sizes[] = {z.x,    z.y,        z.losses, z.probs, z.dlogits,
+                    z.perm, z.eval_idx, z.x2,     z.y2,    z.losses2};
+  int n = two ? 10 : 7; /* the second batch's three only where allocated */
+  double bytes = 0;
+  for (int i = 0; i < n; i++) bytes += (double)st_alloc_counted(sizes[i]);
+  return bytes;
+}
+
 static int allocate(st_trainer *t, st_error *err) {
   const st_model *m = t->model;
-  size_t in_numel = st_shape_numel(m->in), classes = (size_t)m->out_cols;
-  /* x, y, losses; y and losses have a row per label */
-  size_t rows = (size_t)max_int(t->batch, t->eval_batch);
-  size_t labels = rows * (size_t)t->rows;
-  /* the executor runs micro-batches in training, eval batches in eval */
-  size_t exec_rows =
-      (size_t)max_int(t->micro_batch, t->eval_batch) * (size_t)t->rows;
   /* The executor first: one that keeps the weights (a file store) makes
    * them and says where they are. */
   st_config resolved = t->cfg; /* a file store's path, in the run's dir
@@ -460,19 +518,21 @@ static int allocate(st_trainer *t, st_error *err) {
                       sizeof(float));
   }
   held = st_alloc_bytes();
-  t->x = st_alloc(rows * in_numel * sizeof(float));
-  t->y = st_alloc(labels * sizeof(int));
-  t->losses = st_alloc(labels * sizeof(float));
-  t->probs = st_alloc(exec_rows * classes * sizeof(float));
-  t->dlogits = st_alloc(exec_rows * classes * sizeof(float));
-  t->perm = st_alloc((size_t)t->n_train * sizeof(int32_t));
-  t->eval_idx = st_alloc((size_t)t->eval_batch * sizeof(int32_t));
-  t->xb[0] = t->x, t->yb[0] = t->y, t->lb[0] = t->losses;
   int two = overlaps(t);
+  batch_sizes z = batch_sizes_of(m, t->rows, t->batch, t->micro_batch,
+                                 t->eval_batch, t->n_train, two);
+  t->x = st_alloc(z.x);
+  t->y = st_alloc(z.y);
+  t->losses = st_alloc(z.losses);
+  t->probs = st_alloc(z.probs);
+  t->dlogits = st_alloc(z.dlogits);
+  t->perm = st_alloc(z.perm);
+  t->eval_idx = st_alloc(z.eval_idx);
+  t->xb[0] = t->x, t->yb[0] = t->y, t->lb[0] = t->losses;
   if (two) {
-    t->xb[1] = st_alloc((size_t)t->batch * in_numel * sizeof(float));
-    t->yb[1] = st_alloc((size_t)t->batch * t->rows * sizeof(int));
-    t->lb[1] = st_alloc((size_t)t->batch * t->rows * sizeof(float));
+    t->xb[1] = st_alloc(z.x2);
+    t->yb[1] = st_alloc(z.y2);
+    t->lb[1] = st_alloc(z.losses2);
   }
   if (!rc && ((t->owned && !t->params) || !t->grads || !t->opt || !t->x ||
               !t->y || !t->losses || !t->probs || !t->dlogits || !t->perm ||
@@ -626,13 +686,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if (out_dir) snprintf(t->out_dir, sizeof t->out_dir, "%s", out_dir);
   /* over MPI ranks: replicas or stages (ranks.c), or weight streaming's
    * store and compute ranks (ws.c) */
-  int ws_ranks =
-      st_dist_size() > 1 && !strcmp(cfg->execution.mode, "weight_streaming");
-  t->exec = ws_ranks             ? &st_exec_weight_streaming
-            : st_dist_size() > 1 ? &st_exec_ranks
-            : cfg->execution.replicas > 1
-                ? &st_exec_replicas
-                : st_find_executor(cfg->execution.mode);
+  t->exec = executor_of(cfg, st_dist_size());
   if (!t->exec) {
     rc = st_error_set(err, ST_EUNSUPPORTED,
                       "%s: execution.mode: '%s' is not available in this build",
@@ -662,8 +716,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
                          pb ? t->micro_batch : t->batch);
   /* The noise scale needs gradients at two sizes: measure the batch in two
    * halves unless micro-batches are configured (validated even). */
-  if (cfg->metrics.noise_scale && !cfg->execution.micro_batch)
-    t->micro_batch = cfg->train.batch / 2;
+  t->micro_batch = micro_batch_of(cfg);
   st_noise_scale_init(&t->noise, cfg->metrics.noise_ema);
   size_t held = st_alloc_bytes();
   if ((rc = load_data(t, err))) goto fail;

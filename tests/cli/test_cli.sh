@@ -494,16 +494,18 @@ else
   fail "compile --ranks 3, weight streaming: the store and the compute ranks" "rc $rc" "$out" "$err"
 fi
 expect_error "compile --ranks 2: a rank over execution.rank_memory_limit" \
-  "--set: execution.rank_memory_limit is 10 MB, but the plan gives rank [01] of 2 [0-9.]+ MB \(its stages' weights, state and activations\): short by [0-9.]+ MB; its largest block, blocks.[0-9], holds [0-9.]+ MB of weights" \
+  "--set: execution.rank_memory_limit is 10 MB, but the plan gives rank [01] of 2 [0-9.]+ MB \(its stages' weights, state and activations, the data 55 MB and the trainer's batch buffers [0-9.]+ [KM]B\): short by [0-9.]+ MB; its largest block, blocks.[0-9], holds [0-9.]+ MB of weights" \
   -- compile "$fc" "${wide4[@]}" --ranks 2 --set execution.rank_memory_limit=10000000 --out "$T/o_lim"
 # replicas over ranks hold their memory as the run does: a 2 x 2 grid (2
 # replicas of a 2-stage pipeline) on a cpu:4 of 17.6 MB needs 19.5 MB in
-# one process, but at most 13.7 MB on a rank: it fits over 4 machines, is
-# refused with the 4 ranks on one machine (a quarter each), naming the
-# machine's memory and the rank
+# one process, but at most 15.1 MB on a rank (13.7 MB of stages, the data
+# every rank loads, 768 images, and the trainer's batch buffers): it fits
+# over 4 machines, is refused with the 4 ranks on one machine (a quarter
+# each), naming the machine's memory and the rank
 grid=(--set model.hidden=[512,512,512,512] --set train.batch=32 --set execution.mode=pipeline
       --set execution.stages=2 --set execution.micro_batch=4 --set execution.replicas=2
-      --set execution.placement=ranks --set fabric.cores=4 --set fabric.pe_memory=4400000)
+      --set execution.placement=ranks --set fabric.cores=4 --set fabric.pe_memory=4400000
+      --set data.train_limit=512 --set data.test_limit=256)
 run compile "$fc" "${grid[@]}" --ranks 4 --out "$T/o_grid"
 if [ "$rc" -eq 0 ] && grep -q "^mode: pipeline (1f1b): it fits cpu:4 over 4 ranks (each rank's share below)$" <<<"$out" &&
    grep -q "^each rank may hold 17.6 MB (its machine's memory, one rank a machine)$" <<<"$out" &&
@@ -516,7 +518,7 @@ expect_error "compile: replicas in one process do not fit" \
   "2 replicas do not fit cpu:4: .* they need 19.5 MB, the machine holds 17.6 MB: short by" \
   -- compile "$fc" "${grid[@]}" --mode pipeline --out "$T/o_grid1"
 expect_error "compile --ranks-per-machine 4: a rank over its share of the machine" \
-  "the memory its machine gives a rank is 4.4 MB \(cpu:4: 17.6 MB of memory, over the 4 ranks on it\), but the plan gives rank 0 of 4 13.7 MB \(its stages' weights, state and activations\): short by 9.29 MB; its largest block, blocks.0, holds 1.61 MB of weights" \
+  "the memory its machine gives a rank is 4.4 MB \(cpu:4: 17.6 MB of memory, over the 4 ranks on it\), but the plan gives rank 0 of 4 15.1 MB \(its stages' weights, state and activations, the data 603 KB and the trainer's batch buffers 828 KB\): short by 10.7 MB; its largest block, blocks.0, holds 1.61 MB of weights" \
   -- compile "$fc" "${grid[@]}" --mode pipeline --ranks 4 --ranks-per-machine 4 --out "$T/o_grid4"
 run compile "$fc" --ranks-per-machine 2 --out "$T/o_grid_usage"
 if [ "$rc" -eq 2 ] && grep -q -- "--ranks-per-machine takes a whole number from 1 to --ranks N, not '2'" <<<"$err"; then pass; else

@@ -1084,6 +1084,90 @@ static void test_pb_weight_copies(void) {
   }
 }
 
+/* execution.rank_memory_limit: compile checks what `strata train` counts
+ * against it. A rank (or the one process) holds, beside its stages, the
+ * data as loaded and the trainer's batch buffers; the plan sizes both
+ * before anything is loaded (mem_data, mem_batch), and they must be the
+ * bytes the trainer's load and allocation really took (st_trainer_memory:
+ * counted by st_alloc_bytes around them). Then a limit 2% under the
+ * trainer's figure is refused by both, where the plan without the data
+ * was under it. Fashion-MNIST (its 70,000 samples), synthetic data, a
+ * text corpus (gpt_tiny), and pipelined backprop, whose overlapping steps
+ * keep a second batch. */
+static void test_rank_memory_as_train(void) {
+  const char *cases[][6] = {
+      {"data.dataset=fashion_mnist", "model.hidden=[64]", "", "", "", ""},
+      {"data.dataset=synthetic", "data.train_limit=3000", "data.test_limit=500",
+       "model.hidden=[64]", "", ""},
+      {"data.dataset=synthetic", "model.hidden=[64, 64]",
+       "execution.mode=pipelined_backprop", "execution.stages=2",
+       "optimizer.nesterov=false", "train.batch=8"},
+      {"", "", "", "", "", ""}, /* configs/gpt_tiny.yaml */
+  };
+  for (int k = 0; k < 4; k++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    if (k == 3)
+      CHECK(st_config_load(&cfg, "configs/gpt_tiny.yaml", &err) == 0, "%s",
+            err.msg);
+    for (int i = 0; i < 6; i++)
+      if (cases[k][i][0]) set(&cfg, cases[k][i]);
+    const char *what = k == 3 ? "gpt_tiny" : cases[k][0];
+    /* the trainer's figure, under no limit */
+    st_trainer *t = NULL;
+    int rc = st_trainer_create(&t, &cfg, NULL, &err);
+    CHECK(rc == 0, "%s: trainer: %s", what, err.msg);
+    if (rc) continue;
+    st_rank_memory r;
+    st_trainer_memory(t, &r);
+    st_trainer_destroy(t);
+    /* the plan's, where a limit is set */
+    cfg.execution.rank_memory_limit = (int64_t)r.planned;
+    st_plan *p = NULL;
+    rc = st_plan_compile(&p, &cfg, 0, &err);
+    if (!rc) rc = st_plan_place_ranks(p, &cfg, &err);
+    CHECK(rc == 0 || rc == ST_ENOMEM, "%s: compile: %s", what, err.msg);
+    if (rc && rc != ST_ENOMEM) {
+      st_plan_destroy(p);
+      continue;
+    }
+    /* each buffer is counted at its usable size, a few tens of bytes past
+     * the rounded request for a small one: 1 KB over 6-10 buffers */
+    CHECK(r.data > 0 && fabs(p->mem_data - r.data) <= 1024,
+          "%s: the plan's data %.0f bytes, the trainer loaded %.0f", what,
+          p->mem_data, r.data);
+    CHECK(r.batch > 0 && fabs(p->mem_batch - r.batch) <= 1024,
+          "%s: the plan's batch buffers %.0f bytes, the trainer's %.0f", what,
+          p->mem_batch, r.batch);
+    /* 2% under the trainer's figure: the plan without its data and batch
+     * buffers was under it (the test would not tell otherwise), but for
+     * gpt_tiny, whose stages the plan counts above the runtime's buffers
+     * (its evaluation's and activations' bounds) */
+    double limit = floor(0.98 * r.planned);
+    double stages =
+        p->rank_memory ? p->rank_memory[0] - p->mem_data - p->mem_batch : 0;
+    CHECK(stages > 0 && (k == 3 || stages < limit),
+          "%s: the stages alone, %.0f bytes, under the limit %.0f", what,
+          stages, limit);
+    st_plan_destroy(p);
+    p = NULL;
+    cfg.execution.rank_memory_limit = (int64_t)limit;
+    rc = st_plan_compile(&p, &cfg, 0, &err);
+    if (!rc) rc = st_plan_place_ranks(p, &cfg, &err);
+    CHECK(rc == ST_ENOMEM && strstr(err.msg, "execution.rank_memory_limit") &&
+              strstr(err.msg, "the data"),
+          "%s: compile under a limit of 98%% of train's %.0f bytes: rc %d "
+          "'%s'",
+          what, r.planned, rc, err.msg);
+    st_plan_destroy(p);
+    rc = st_trainer_create(&t, &cfg, NULL, &err);
+    CHECK(rc == ST_ENOMEM, "%s: train under the same limit: rc %d '%s'", what,
+          rc, err.msg);
+    st_trainer_destroy(t);
+  }
+}
+
 /* Data parallelism in one process (replicas.c): R replicas on C / R cores
  * each, B / R samples a step each, every replica its own gradient slab and
  * activations, the weights and optimizer state shared, and the slabs summed
@@ -1301,6 +1385,10 @@ static void test_replicas_mesh(void) {
 static void test_replicas_over_ranks(void) {
   st_config cfg;
   st_config_defaults(&cfg);
+  /* data every rank loads: small beside the stages */
+  set(&cfg, "data.dataset=synthetic");
+  set(&cfg, "data.train_limit=256");
+  set(&cfg, "data.test_limit=64");
   set(&cfg, "model.hidden=[512, 512, 512, 512]");
   set(&cfg, "fabric.cores=4");
   set(&cfg, "train.batch=32");
@@ -1383,6 +1471,9 @@ static void test_replicas_over_ranks(void) {
    * gradient slabs outweigh the evaluation's activations */
   st_config seq;
   st_config_defaults(&seq);
+  set(&seq, "data.dataset=synthetic");
+  set(&seq, "data.train_limit=256");
+  set(&seq, "data.test_limit=64");
   set(&seq, "model.hidden=[2048, 2048]");
   set(&seq, "fabric.cores=4");
   set(&seq, "train.batch=32");
@@ -1651,17 +1742,28 @@ static void test_compile_plans_the_config(void) {
     if (rc) continue;
     applied.launch.ranks = 3;
     rc = st_plan_place_ranks(p, &applied, &err);
+    /* every rank, the store's too, loads the data: 4096 training and 1000
+     * test images of 784 bytes and a label each, and two descriptors
+     * (each buffer rounded up to 64 bytes); and the trainer's batch
+     * buffers (checked against the trainer in test_rank_memory_as_train) */
+    const double desc = 64 * ceil(sizeof(st_dataset) / 64.0);
+    const double data = 2 * desc + 4096 * 784 + 4096 + 1000 * 784 + 1024;
+    double host = data + p->mem_batch;
+    CHECK(p->mem_data == data && p->mem_batch > 0,
+          "store %s: data %.0f bytes, by hand %.0f; batch buffers %.0f",
+          c.execution.store, p->mem_data, data, p->mem_batch);
     if (file)
-      CHECK(rc == 0 && p->rank_memory[0] == 0,
+      CHECK(rc == 0 && p->rank_memory[0] == host,
             "file store over 3 ranks: rc %d (%s), rank 0 holds %.0f bytes; "
-            "by hand 0",
-            rc, err.msg, rc ? -1 : p->rank_memory[0]);
+            "by hand the data and batch buffers, %.0f",
+            rc, err.msg, rc ? -1 : p->rank_memory[0], host);
     else
-      CHECK(rc == ST_ENOMEM && p->rank_memory[0] == 16 * N &&
-                strstr(err.msg, "rank 0 of 3 362 MB"),
+      CHECK(rc == ST_ENOMEM && p->rank_memory[0] == 16 * N + host &&
+                strstr(err.msg, "rank 0 of 3 367 MB"),
             "memory store over 3 ranks: rc %d '%s', rank 0 %.0f bytes; by "
-            "hand 16 N = %.0f, over 300 MB",
-            rc, err.msg, p->rank_memory ? p->rank_memory[0] : -1, 16 * N);
+            "hand 16 N + %.0f = %.0f, over 300 MB",
+            rc, err.msg, p->rank_memory ? p->rank_memory[0] : -1, host,
+            16 * N + host);
     st_plan_destroy(p);
   }
   CHECK(16 * N == 361758880.0, "16 N = %.0f", 16 * N); /* the comment's */
@@ -1688,6 +1790,7 @@ int main(void) {
   test_schedules();
   test_workspace();
   test_pb_weight_copies();
+  test_rank_memory_as_train();
   test_bound_by_hand();
   test_replicas();
   test_replicas_over_ranks();
