@@ -1217,7 +1217,18 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
    * stages that no small machine's plan holds */
   char where[160];
   const st_int_list *pin = &cfg->execution.stage_blocks;
-  if (pipelined && pin->n > 0) { /* the cut is given */
+  int chunks = pipelined && !strcmp(cfg->execution.mode, "pipeline") &&
+               !strcmp(cfg->execution.schedule, "interleaved") &&
+               cfg->execution.virtual_stages > 1;
+  if (pipelined && pin->n > 0 && chunks) {
+    /* the interleaved pin cuts chunks, V to a worker and not contiguous:
+     * the plan, whose stages are its workers, takes their count */
+    opt.stages = pin->n / cfg->execution.virtual_stages;
+    opt.stages_key = "execution.stage_blocks";
+    snprintf(where, sizeof where, "%s",
+             st_config_where(cfg, "execution.stage_blocks"));
+    opt.stages_where = where;
+  } else if (pipelined && pin->n > 0) { /* the cut is given */
     opt.stage_blocks = pin->v;
     opt.n_stage_blocks = pin->n;
     opt.stages_key = "execution.stage_blocks";

@@ -997,6 +997,26 @@ static int check_lists(const st_config *cfg, st_error *err) {
   int pins = !strcmp(cfg->execution.mode, "pipeline") ||
              !strcmp(cfg->execution.mode, "pipelined_backprop");
   int S = cfg->execution.stages;
+  /* the interleaved schedule's pin is its chunks': V to a stage worker */
+  int V = !strcmp(cfg->execution.mode, "pipeline") &&
+                  !strcmp(cfg->execution.schedule, "interleaved")
+              ? cfg->execution.virtual_stages
+              : 1;
+  if (pins && V > 1 && sb->n > 0 && sb->n % V != 0)
+    return invalid(cfg, err, "execution.stage_blocks",
+                   "has %d chunks; the interleaved schedule gives each stage "
+                   "worker execution.virtual_stages = %d of them (%s), so "
+                   "the count must be a multiple of %d",
+                   sb->n, V, st_config_set_at(cfg, "execution.virtual_stages"),
+                   V);
+  if (pins && V > 1 && sb->n > 0 && S > 0 && S * V != sb->n)
+    return invalid(cfg, err, "execution.stage_blocks",
+                   "has %d chunks; execution.stages %d (%s) x "
+                   "execution.virtual_stages %d make %d: give one of the two, "
+                   "or both alike",
+                   sb->n, S, st_config_set_at(cfg, "execution.stages"), V,
+                   S * V);
+  if (pins && V > 1) return 0;
   if (pins && sb->n > 0 && S != 0 && S != sb->n)
     return S == ST_STAGES_PER_BLOCK
                ? invalid(cfg, err, "execution.stage_blocks",

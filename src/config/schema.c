@@ -216,7 +216,8 @@ const st_config_key st_config_schema[] = {
     LIST(execution, stage_blocks, "[]",
          "pipeline, pipelined_backprop: how many blocks each stage holds, "
          "in order (their sum the model's blocks; up to 32 stages), "
-         "pinning the cut the plan prints; [] = the compiler cuts"),
+         "pinning the cut the plan prints (interleaved: each chunk's, "
+         "stages x virtual_stages of them); [] = the compiler cuts"),
     INT(execution, blocks_per_segment, "0",
         "block_sequential: blocks in each segment (0 = the fewest segments "
         "whose weights, state and activations fit the cores' memory)"),

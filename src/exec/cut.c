@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* FLOP-balanced contiguous split into S runs, one core each (the fallback
  * when the compiler finds no plan): a small dynamic program minimising the
@@ -132,8 +133,13 @@ int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err) {
 }
 
 int st_pipeline_asked_stages(const st_config *cfg) {
-  return st_pipeline_pinned(cfg) ? cfg->execution.stage_blocks.n
-                                 : cfg->execution.stages;
+  if (!st_pipeline_pinned(cfg)) return cfg->execution.stages;
+  /* interleaved: the pin is the chunks', V to a stage worker */
+  int V = !strcmp(cfg->execution.mode, "pipeline") &&
+                  !strcmp(cfg->execution.schedule, "interleaved")
+              ? cfg->execution.virtual_stages
+              : 1;
+  return cfg->execution.stage_blocks.n / (V > 1 ? V : 1);
 }
 
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S, int cores,

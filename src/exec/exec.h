@@ -238,7 +238,9 @@ static inline int st_pipeline_pinned(const st_config *cfg) {
           !strcmp(cfg->execution.mode, "pipelined_backprop"));
 }
 /* The stages a pipelined mode asks for: execution.stage_blocks' count when
- * the cut is pinned, else execution.stages (0, N or ST_STAGES_PER_BLOCK). */
+ * the cut is pinned (the interleaved schedule's: its chunks over
+ * execution.virtual_stages), else execution.stages (0, N or
+ * ST_STAGES_PER_BLOCK). */
 int st_pipeline_asked_stages(const st_config *cfg);
 /* The key that set that count, for messages. */
 static inline const char *st_stages_key(const st_config *cfg) {

@@ -145,6 +145,30 @@ static void test_new_schedules(const char *what, const st_config *base,
         cases++;
         free(got);
         st_trainer_destroy(t);
+        /* the interleaved cut pinned chunk by chunk (execution.stage_blocks
+         * of S V entries, the worker count taken from it): one block in
+         * every chunk but the last. It was refused whatever its length. */
+        if (V == 1 || mi > 0 || S * V > ST_MAX_LIST) continue;
+        st_config p = c;
+        p.execution.stages = 0;
+        p.execution.stage_blocks.n = S * V;
+        for (int j = 0; j < S * V; j++)
+          p.execution.stage_blocks.v[j] = j < S * V - 1 ? 1 : blocks - j;
+        got = train(&p, &np, &t);
+        if (!got) continue;
+        CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
+              "%s: interleaved S=%d V=%d pinned: weights differ from "
+              "sequential",
+              what, S, V);
+        state = st_trainer_exec_state(t);
+        k = st_pipeline_stages(state, first, count);
+        int pinned = k == S * V;
+        for (int j = 0; pinned && j < k; j++)
+          pinned = count[j] == p.execution.stage_blocks.v[j];
+        CHECK(pinned, "%s: interleaved S=%d V=%d: %d chunks, not the pinned %d",
+              what, S, V, k, S * V);
+        free(got);
+        st_trainer_destroy(t);
       }
     free(want);
   }
