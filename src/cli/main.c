@@ -611,11 +611,23 @@ static void print_stages(const st_trainer *t, const st_config *c,
     const char *sched = strcmp(c->execution.mode, "pipeline") == 0
                             ? c->execution.schedule
                             : "gpipe";
+    /* the closed forms hold for whole groups of S micro-batches
+     * (interleaved) and for M >= S (zb1p); otherwise the figure is the
+     * schedule's span on the emulated clock (st_schedule_formula) */
+    int mb = c->execution.micro_batch > 0 ? c->execution.micro_batch
+                                          : c->train.batch;
+    int M = mb > 0 ? c->train.batch / mb : 1;
+    const char *form = !strcmp(sched, "zb1p")
+                           ? (M >= S ? "; (S-1)/3M of the ideal"
+                                     : "; its span on the emulated clock, "
+                                       "M < S")
+                       : !strcmp(sched, "interleaved")
+                           ? (M % S == 0 ? "; (S-1)/VM of the ideal"
+                                         : "; its span on the emulated clock, "
+                                           "M not a multiple of S")
+                           : "; M/(M+S-1)";
     printf(", %.2f by %s's bubble at S = %d (ops of equal cost%s)\n", bubble,
-           sched, S,
-           !strcmp(sched, "zb1p")          ? "; (S-1)/3M of the ideal"
-           : !strcmp(sched, "interleaved") ? "; (S-1)/VM of the ideal"
-                                           : "; M/(M+S-1)");
+           sched, S, form);
   }
 }
 
@@ -693,10 +705,16 @@ static int cmd_train(int argc, char **argv) {
   const char *unused[32];
   int n_unused = st_config_unused(&cfg, unused, 32);
   for (int i = 0; st_dist_rank() == 0 && i < n_unused && i < 32; i++)
-    fprintf(stderr,
-            "strata: notice: %s: %s is not used by execution.mode %s; "
-            "ignored\n",
-            st_config_where(&cfg, unused[i]), unused[i], cfg.execution.mode);
+    fprintf(stderr, "strata: notice: %s: %s is not used by %s %s; ignored\n",
+            st_config_where(&cfg, unused[i]), unused[i],
+            strcmp(unused[i], "execution.virtual_stages") ||
+                    strcmp(cfg.execution.mode, "pipeline")
+                ? "execution.mode"
+                : "execution.schedule",
+            strcmp(unused[i], "execution.virtual_stages") ||
+                    strcmp(cfg.execution.mode, "pipeline")
+                ? cfg.execution.mode
+                : cfg.execution.schedule);
   char out[ST_PATH_MAX];
   const char *given = a.resume ? a.resume : a.out;
   if (given)

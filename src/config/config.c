@@ -1201,6 +1201,14 @@ int st_config_unused(const st_config *cfg, const char **keys, int cap) {
     if (n < cap) keys[n] = mode_keys[i].key;
     n++;
   }
+  /* the pipeline reads virtual_stages under the interleaved schedule only */
+  int k = row_of("execution.virtual_stages");
+  if (k >= 0 && !strcmp(cfg->execution.mode, "pipeline") &&
+      strcmp(cfg->execution.schedule, "interleaved") &&
+      !at_default(cfg, &def, k)) {
+    if (n < cap) keys[n] = "execution.virtual_stages";
+    n++;
+  }
   return n;
 }
 

@@ -1091,10 +1091,14 @@ for key in execution.stages execution.stage_blocks execution.mitigation executio
     pass; else fail "unused keys: notice for $key" "$err"; fi
 done
 run train "$fc" "${small[@]}" --set execution.mode=pipeline \
-  --set execution.stages=2 --set execution.mitigation=sc --out "$T/unused_pipe"
+  --set execution.stages=2 --set execution.mitigation=sc --set execution.virtual_stages=3 \
+  --out "$T/unused_pipe"
 if [ "$rc" -eq 0 ] && printf '%s\n' "$err" | grep -q 'execution.mitigation is not used by execution.mode pipeline' &&
    ! printf '%s\n' "$err" | grep -q 'execution.stages is not used'; then pass; else
   fail "unused keys: pipeline reads stages, not mitigation" "rc $rc" "$err"; fi
+# virtual_stages is the interleaved schedule's alone (it was ignored silently)
+if printf '%s\n' "$err" | grep -q '^strata: notice: --set: execution.virtual_stages is not used by execution.schedule 1f1b; ignored$'; then
+  pass; else fail "unused keys: virtual_stages under 1f1b" "$err"; fi
 
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint folder that cannot be made (a file is in the way) is found
