@@ -196,10 +196,14 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
     c->bytes_fwd[4] += 4 * (n_in + n); /* read x, write y */
     c->bytes_bwd[4] += 4 * 3 * n;      /* read dy, x, write dx */
     break;
-  case ST_OP_DROPOUT:
-    c->bytes_fwd[0] += 4 * (n_in + 2 * n); /* and the mask */
-    c->bytes_bwd[0] += 4 * 3 * n;
+  case ST_OP_DROPOUT: {
+    /* the mask is a bit an element (st_dropout_mask_words), written
+     * forward beside y, read backward beside dy */
+    double mask = 4.0 * (double)st_dropout_mask_words((size_t)n);
+    c->bytes_fwd[0] += 4 * (n_in + n) + mask;
+    c->bytes_bwd[0] += 4 * 2 * n + mask;
     break;
+  }
   case ST_OP_RESIDUAL:
     c->bytes_fwd[0] += 4 * 3 * n; /* y = x + block input */
     c->bytes_bwd[0] += 4 * 4 * n; /* copy to dx and to the skip */

@@ -102,12 +102,24 @@ static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
   }
 }
 
+/* The weight-sized passes through memory of one call of a multi-row linear
+ * layer l (forward and backward): each of its step's GEMMs reads the
+ * weights once (the forward, the input gradient, the fused head's product
+ * made again) and the weight gradient's GEMM accumulates into its slab in
+ * place (st_gemm with beta 1: src/ops/linear.c, xent.c), reading and
+ * writing it: one pass more than the GEMMs. 4 for a layer's step, 3 for
+ * the model's first layer (no input gradient). */
+static double weight_passes(const st_block_cost *b, int l) {
+  return b->linear_gemms[l] + 1;
+}
+
 /* The weights a narrow call (2 <= r rows) of a linear layer that fits L2
  * alone streams from the last-level cache when its stage's working set
  * has pushed it out of L2, per sample at the row bandwidth: forward the
- * weights once, backward the input gradient's read of them and the weight
- * gradient's read and write of its slab (g GEMMs a step: g W), each call
- * covering r rows. Layers larger than L2 pay the narrow term instead. */
+ * weights once, backward the rest of its passes (the input gradient's read
+ * of them, the weight gradient's read and write of its slab: weight_passes
+ * less the forward's), each call covering r rows. Layers larger than L2
+ * pay the narrow term instead. */
 static void l2_traffic(const st_fabric *f, const st_block_cost *b,
                        double out[2]) {
   out[0] = out[1] = 0;
@@ -118,24 +130,33 @@ static void l2_traffic(const st_fabric *f, const st_block_cost *b,
     if (r < 2 || w > f->l2_bytes) continue;
     double per = w / r * (r / b->call_samples) / f->row_bandwidth;
     out[0] += per;
-    out[1] += b->linear_gemms[l] * per;
+    out[1] += (weight_passes(b, l) - 1) * per;
   }
 }
 
 /* The bytes one sample's step moves through memory in block b, at the
  * least: a one-row product's weights each pass (the forward's read, the
  * input gradient's, the weight gradient's read and write or the fused
- * update's weights and state: row_bytes_*), a wider product's weights once
- * a GEMM call shared by its rows, the other ops' reads and writes and the
- * optimizer's pass (bytes_*, per sample already). The activations the
- * GEMMs read and write are left out: a lower bound. */
+ * update's weights and state: row_bytes_*), a wider product's the same
+ * passes once a GEMM call shared by its rows (weight_passes: the weight
+ * gradient is read and written there too), the other ops' reads and writes
+ * and the optimizer's pass (bytes_*, per sample already). The activations
+ * the GEMMs read and write are left out: a lower bound. */
 static double dram_bytes(const st_block_cost *b) {
   double bytes = b->row_bytes_fwd + b->row_bytes_bwd;
   for (int l = 0; l < b->n_linear && b->call_samples > 0; l++)
     if (b->linear_rows[l] >= 2)
-      bytes += b->linear_gemms[l] * b->linear_bytes[l] / b->call_samples;
+      bytes += weight_passes(b, l) * b->linear_bytes[l] / b->call_samples;
+  /* of the other ops' bytes (cost.c), the norms' count their passes over a
+   * row or group (st_layernorm_*, st_groupnorm_*: the statistics, then the
+   * output; backward, two over dy and x), which stay in cache between
+   * passes: from memory, forward x read and y written (2 of its 3 n),
+   * backward dy and x read and dx written (3 of its 5 n) */
+  static const double from_memory[2][ST_OP_CLASSES] = {{1, 2.0 / 3, 1, 1, 1},
+                                                       {1, 3.0 / 5, 1, 1, 1}};
   for (int k = 0; k < ST_OP_CLASSES; k++)
-    bytes += b->bytes_fwd[k] + b->bytes_bwd[k];
+    bytes += b->bytes_fwd[k] * from_memory[0][k] +
+             b->bytes_bwd[k] * from_memory[1][k];
   return bytes;
 }
 

@@ -559,7 +559,8 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
     double dram = stage_dram_time(p, L, i, j, span[s]);
     snprintf(st->bound, sizeof st->bound, "%s",
              st->pes_for_memory > st->pes_for_time ? "memory"
-             : dram > 0 && dram >= st->time_fwd + st->time_bwd
+             /* (stretched to dram: equal but for the scaling's rounding) */
+             : dram > 0 && dram >= (st->time_fwd + st->time_bwd) * (1 - 1e-12)
                  ? "memory bandwidth"
              : st->time_comm > st->time_fwd + st->time_bwd ? "communication"
                                                            : "compute");

@@ -1569,6 +1569,100 @@ static void test_memory_bandwidth(void) {
   st_plan_destroy(p);
 }
 
+/* Products of several rows move their weights once a call, and the weight
+ * gradient's accumulates in place (st_gemm with beta 1, src/ops/linear.c),
+ * so it is read and written: per call 4 W, 3 W for the model's first layer
+ * (no input gradient), then AdamW's pass, 8 W a batch; a layer norm
+ * reads x and writes y, reads dy and x and writes dx, whatever passes it
+ * makes over a row in cache. By hand, blocks of W = 16.8 MB at micro-batch
+ * 8, batch 32, on cpu:4 at 100 GB/s: the first block moves 3 W / 8 + 8 W /
+ * 32, the second 4 W / 8 + 8 W / 32 a sample, each 5 W / 16 for its norm.
+ * Then configs/cluster_demo.yaml's pipeline (2048-wide layers, the same
+ * batches) on cpu:64: no stage moves its bytes faster than its cores'
+ * share of the bandwidth allows (planned at 1,779 samples/s, 562 us a
+ * sample on 60 cores, where 4 W a call needs 672). */
+static void test_memory_bandwidth_rows(void) {
+  const double W = 4.0 * 2048 * 2048, mb = 8, B = 32;
+  st_block_cost b[2];
+  for (int k = 0; k < 2; k++) {
+    memset(&b[k], 0, sizeof b[k]);
+    snprintf(b[k].name, sizeof b[k].name, "blocks.%d", k);
+    b[k].flops_fwd = 2.0 * 2048 * 2048;
+    b[k].flops_bwd = (k ? 2 : 1) * b[k].flops_fwd;
+    b[k].param_bytes = W;
+    b[k].state_bytes = 3 * W;
+    b[k].act_bytes = b[k].in_bytes = b[k].out_bytes = 4 * 2048;
+    b[k].n_linear = 1;
+    b[k].linear_bytes[0] = W;
+    b[k].linear_rows[0] = mb;
+    b[k].linear_gemms[0] = k ? 3 : 2;
+    b[k].bytes_bwd[3] = 8 * W / B; /* the optimizer's pass */
+    /* a layer norm's passes over rows of n = W / 16 bytes (cost.c: 3 n
+     * forward, 5 n backward), of which x, y, dy and dx cross memory */
+    b[k].bytes_fwd[1] = 3 * W / 16;
+    b[k].bytes_bwd[1] = 5 * W / 16;
+    b[k].ws_bytes = 4 * W; /* 67 MB: past the cache */
+    b[k].call_samples = mb;
+  }
+  st_fabric f = cpu_fabric(4, 1e9);
+  f.memory_bandwidth = 100e9;
+  f.cache_bytes = 32.0 * 1048576;
+  st_plan_options opt = {
+      .stages = 1, .samples_in_flight = mb, .weight_versions = 1};
+  st_plan *p = NULL;
+  st_error err = {0};
+  CHECK(st_plan_build(&p, b, 2, &f, &opt, &err) == 0, "%s", err.msg);
+  if (p) {
+    double want =
+        (3 * W / mb + 4 * W / mb + 2 * 8 * W / B + 2 * 5 * W / 16) / 100e9;
+    /* 1e-12: the same sum in another order */
+    CHECK(fabs(p->bottleneck_time - want) <= 1e-12 * want &&
+              !strcmp(p->stages[0].bound, "memory bandwidth"),
+          "rows of 8: %.6g s a sample, bound '%s'; by hand %.6g s (7 W / 8 "
+          "+ 16 W / 32 + 10 W / 16), memory bandwidth",
+          p->bottleneck_time, p->stages[0].bound, want);
+  }
+  st_plan_destroy(p);
+
+  st_config cfg;
+  st_config_defaults(&cfg);
+  const char *sets[] = {"model.hidden=[2048, 2048, 2048, 2048, 2048, 2048]",
+                        "optimizer.kind=adamw",
+                        "train.batch=32",
+                        "execution.mode=pipeline",
+                        "execution.micro_batch=8",
+                        "execution.stages=2",
+                        "fabric.cores=64",
+                        "fabric.memory_bandwidth=1e11"};
+  for (size_t k = 0; k < sizeof sets / sizeof *sets; k++) set(&cfg, sets[k]);
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0, "cluster_demo: %s", err.msg);
+  if (!p) return;
+  /* the layers 784 -> 2048 x 6 -> 10; a sample's least bytes by block */
+  const double in[] = {784, 2048, 2048, 2048, 2048, 2048, 2048};
+  const double out[] = {2048, 2048, 2048, 2048, 2048, 2048, 10};
+  double total = 0;
+  for (int s = 0; s < p->n_stages; s++) {
+    const st_plan_stage *st = &p->stages[s];
+    double d = 0;
+    for (int k = st->first; k < st->first + st->count; k++)
+      d += (k ? 4 : 3) * 4 * in[k] * out[k] / mb +
+           8 * 4 * (in[k] * out[k] + out[k]) / B;
+    double least = d / (1e11 * (double)st->pes / 64);
+    total += d;
+    /* 1e-12: a bound, not an equality (the ReLUs move bytes too) */
+    CHECK(st->time >= least * (1 - 1e-12) &&
+              !strcmp(st->bound, "memory bandwidth"),
+          "cluster_demo stage %d on %lld cores: %.6g s a sample, bound '%s'; "
+          "its %.4g MB need %.6g s",
+          s, (long long)st->pes, st->time, st->bound, d / 1e6, least);
+  }
+  CHECK(p->throughput <= 1e11 / total * (1 + 1e-12),
+        "cluster_demo: %.6g samples/s, above the %.6g the machine's "
+        "bandwidth carries (%.4g MB a sample)",
+        p->throughput, 1e11 / total, total / 1e6);
+  st_plan_destroy(p);
+}
+
 /* Weight streaming's store traffic (ws.c, store.c) against hand counts on
  * 4 equal blocks of W = 4 MB, a cpu's store one channel at bw = 10 GB/s:
  * per micro-batch W' in for each pass (W' = W, or W / 2 stored bf16), the
@@ -1796,6 +1890,7 @@ int main(void) {
   test_replicas_over_ranks();
   test_replicas_mesh();
   test_memory_bandwidth();
+  test_memory_bandwidth_rows();
   test_streaming_traffic();
   test_compile_plans_the_config();
   test_stages_by_rate();
