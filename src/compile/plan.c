@@ -410,6 +410,16 @@ static void describe_stage(const problem *p, const layout *L,
              st_plan_fmt_count(t1, sizeof t1, (double)spare_here));
 }
 
+/* How a mode hands a step to its stage threads (set_schedule) */
+enum { ST_HANDOFF_ASLEEP = 1, ST_HANDOFF_HOSTED = 2 };
+
+/* The hand-offs a step makes: one, but block_sequential's two a segment
+ * (pipeline.c's pipe_step: a run_on for the forwards, one for the
+ * backwards), of the plan's one segment. */
+static double step_handoffs(const char *mode) {
+  return !strcmp(mode, "block_sequential") ? 2 : 1;
+}
+
 /* Bubble utilization of the fill-and-drain schedule (BACKGROUND.md §1):
  * M t_max / ((M - 1) t_max + sum t_s) for gpipe and 1f1b (M / (M + S - 1)
  * with stages of equal time), and the bubble of interleaved or
@@ -419,9 +429,7 @@ static void describe_stage(const problem *p, const layout *L,
  * where a contiguous stage makes one, charged at the bottleneck stage's
  * own hand-off time. The caller's own time between steps, host_time: the
  * next batch's input, and (threaded: a ST_HANDOFF_ way) the step's
- * hand-off once a batch. */
-/* How a mode hands a step to its stage threads (set_schedule) */
-enum { ST_HANDOFF_ASLEEP = 1, ST_HANDOFF_HOSTED = 2 };
+ * hand-offs (step_handoffs) once a batch. */
 static void set_schedule(st_plan *plan, const char *mode, const char *schedule,
                          int V, int batch, int micro_batch, int threaded) {
   snprintf(plan->mode, sizeof plan->mode, "%s", mode);
@@ -464,7 +472,8 @@ static void set_schedule(st_plan *plan, const char *mode, const char *schedule,
   if (fb->input_bandwidth > 0 && plan->n_blocks > 0)
     plan->host_time += plan->blocks[0].in_bytes / fb->input_bandwidth;
   if (threaded && batch > 0)
-    plan->host_time += (threaded == ST_HANDOFF_HOSTED ? fb->hosted_latency
+    plan->host_time += step_handoffs(mode) *
+                       (threaded == ST_HANDOFF_HOSTED ? fb->hosted_latency
                                                       : fb->step_latency) /
                        batch;
 }
@@ -1193,25 +1202,33 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
   int pipelined =
       !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
   int pb = !strcmp(mode, "pipelined_backprop");
+  /* block_sequential runs gpipe's order inside its segment (pipeline.c:
+   * every stage's M forwards, then its M backwards, each stage holding all
+   * M): it fills and drains as gpipe does, and the stage count is chosen
+   * with that bubble, not by a steady state it never reaches (at M = 1 its
+   * stages never overlap). One segment: a plan that fits the machine is one
+   * (st_cut_segments), unless execution.blocks_per_segment cuts more. */
+  int blockseq = !strcmp(mode, "block_sequential");
   /* the sequential mode runs one stage on every core (what `strata train`
    * runs): a cut of it would be a pipeline's steady state, which no
    * sequential step reaches */
   int one_stage = !stages && !strcmp(mode, "sequential");
   if (one_stage) stages = 1;
-  st_plan_options opt = {
-      .stages = stages,
-      .samples_in_flight =
-          !strcmp(mode, "block_sequential") ? cfg->train.batch : mb,
-      .weight_versions = 1,
-      .algorithm = ST_PARTITION_AUTO,
-      .in_flight_schedule = pb          ? "pb"
-                            : pipelined ? cfg->execution.schedule
-                                        : NULL,
-      .micro_batch = mb,
-      .micro_batches = mb > 0 ? cfg->train.batch / mb : 1,
-      .virtual_stages = cfg->execution.virtual_stages,
-      .mitigation = pb ? cfg->execution.mitigation : NULL};
-  /* a config that asks a pipelined mode for K stages compiles to K (what
+  st_plan_options opt = {.stages = stages,
+                         .samples_in_flight = blockseq ? cfg->train.batch : mb,
+                         .weight_versions = 1,
+                         .algorithm = ST_PARTITION_AUTO,
+                         .in_flight_schedule = pb ? "pb"
+                                               : pipelined
+                                                   ? cfg->execution.schedule
+                                               : blockseq ? "gpipe"
+                                                          : NULL,
+                         .micro_batch = mb,
+                         .micro_batches = mb > 0 ? cfg->train.batch / mb : 1,
+                         .virtual_stages = cfg->execution.virtual_stages,
+                         .mitigation = pb ? cfg->execution.mitigation : NULL};
+  /* a config that asks a pipelined mode for K stages (block_sequential: in
+   * its segment) compiles to K (what
    * `strata train` runs; more than the fabric's cores is an error naming
    * the key, where the run would share them); per_block stays automatic,
    * as the shipped per_block configs are emulated experiments of 10-20
@@ -1236,7 +1253,7 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
     snprintf(where, sizeof where, "%s",
              st_config_where(cfg, "execution.stage_blocks"));
     opt.stages_where = where;
-  } else if (!stages && pipelined && cfg->execution.stages > 0 &&
+  } else if (!stages && (pipelined || blockseq) && cfg->execution.stages > 0 &&
              cfg->execution.stages != ST_STAGES_PER_BLOCK) {
     opt.stages = cfg->execution.stages;
     opt.stages_key = "execution.stages";
@@ -1249,7 +1266,7 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
   if (!rc) {
     snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
     /* the modes on stage threads hand each step over (block_sequential:
-     * once a phase, counted once; emulated pipelined backprop: none); in
+     * once a phase, step_handoffs; emulated pipelined backprop: none); in
      * one process a pipeline's and block_sequential's caller runs their
      * first stage (over ranks it does not: st_plan_place_ranks) */
     int threaded =
@@ -1462,8 +1479,9 @@ int st_plan_place_ranks(st_plan *p, const st_config *cfg, st_error *err) {
    * one where it sleeps, not the hosted one set_schedule charged */
   if (placed && p->batch > 0 &&
       (!strcmp(p->mode, "pipeline") || !strcmp(p->mode, "block_sequential")))
-    p->host_time +=
-        (p->fabric.step_latency - p->fabric.hosted_latency) / p->batch;
+    p->host_time += step_handoffs(p->mode) *
+                    (p->fabric.step_latency - p->fabric.hosted_latency) /
+                    p->batch;
   /* the largest block's weights: what a compute rank of weight streaming
    * holds in each of its prefetch + 1 slots */
   double block_w = 0, acts = 0, held = 0;

@@ -395,8 +395,11 @@ void st_plan_print(const st_plan *p, FILE *f) {
           st_plan_fmt_count(c, sizeof c, (double)p->pes_used),
           st_plan_fmt_count(d, sizeof d, (double)(fb->pes - p->pes_used)));
   if (p->n_stages > 1 && strcmp(p->mode, "pipelined_backprop") != 0) {
+    /* block_sequential runs gpipe's order inside its segment */
     const char *as =
-        strcmp(p->mode, "pipeline") == 0 ? "as configured" : "if run as gpipe";
+        !strcmp(p->mode, "pipeline") || !strcmp(p->mode, "block_sequential")
+            ? "as configured"
+            : "if run as gpipe";
     char extra[96] = "", t[32];
     if (p->virtual_stages > 1)
       snprintf(extra, sizeof extra,
@@ -946,7 +949,9 @@ static void write_svg(const st_plan *p, FILE *f) {
             "M = %d: fill-and-drain utilization %.3f (%s "
             "samples/s); pipelined backprop: %.2f in steady state</text>\n",
             margin, y,
-            strcmp(p->mode, "pipeline") == 0 ? "gpipe" : "if run as gpipe",
+            !strcmp(p->mode, "pipeline") || !strcmp(p->mode, "block_sequential")
+                ? "gpipe"
+                : "if run as gpipe",
             p->micro_batches, p->util_fill_drain,
             st_plan_fmt_rate(e, sizeof e, st_plan_rate(p, 0)),
             p->util_pipelined);

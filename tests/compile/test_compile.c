@@ -1569,6 +1569,67 @@ static void test_memory_bandwidth(void) {
   st_plan_destroy(p);
 }
 
+/* block_sequential runs gpipe's order inside its segment (exec/pipeline.c:
+ * all M forwards through its stages, then all M backwards): at M = 1 (the
+ * whole batch, no micro_batch) its stages never overlap, and a step takes
+ * the sum of their times. So the stage count is chosen by that rate: no K
+ * the plan lists beats the chosen plan's 1 / sum t_s, the one-stage plan
+ * (one stage on every core: 1 / t) is among them, and a config's
+ * execution.stages is planned as the run cuts each segment. cnn_fmnist's
+ * block_sequential on cpu:64, its memory's bandwidth out of the way
+ * (10 TB/s: compute-bound), was planned at K = 2, 54,154 samples/s in
+ * steady state and 28,442 with its bubble, where one stage gives 48,936. */
+static void test_block_sequential_stages(void) {
+  st_config cfg;
+  st_config_defaults(&cfg);
+  const char *sets[] = {"model.kind=cnn",
+                        "model.channels=[32, 64]",
+                        "model.kernel=3",
+                        "model.norm=groupnorm",
+                        "model.groups=8",
+                        "model.pool=max",
+                        "model.dense=[256]",
+                        "train.batch=64",
+                        "fabric.cores=64",
+                        "fabric.memory_bandwidth=1e13",
+                        "execution.mode=block_sequential"};
+  for (size_t k = 0; k < sizeof sets / sizeof *sets; k++) set(&cfg, sets[k]);
+  st_plan *p = NULL, *one = NULL;
+  st_error err = {0};
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0, "block_sequential: %s",
+        err.msg);
+  CHECK(st_plan_compile(&one, &cfg, 1, &err) == 0, "one stage: %s", err.msg);
+  if (p && one) {
+    double sum = 0;
+    for (int s = 0; s < p->n_stages; s++) sum += p->stages[s].time;
+    double rate = st_plan_rate(p, 0), alone = 1 / one->stages[0].time;
+    /* 1e-12: the same few sums in another order */
+    CHECK(p->micro_batches == 1 && fabs(rate - 1 / sum) <= 1e-12 * rate,
+          "block_sequential at M = %d: %.6g samples/s, 1 / sum t_s = %.6g",
+          p->micro_batches, rate, 1 / sum);
+    CHECK(rate >= alone * (1 - 1e-12),
+          "block_sequential: %d stages at %.6g samples/s, one stage %.6g",
+          p->n_stages, rate, alone);
+    for (int k = 1; p->throughput_by_k && k <= p->n_tried; k++)
+      CHECK(p->throughput_by_k[k - 1] <= rate * (1 + 1e-12),
+            "block_sequential: K=%d listed at %.6g samples/s, above the "
+            "chosen %d stages' %.6g",
+            k, p->throughput_by_k[k - 1], p->n_stages, rate);
+    CHECK(p->throughput_by_k && p->n_tried >= 1 &&
+              fabs(p->throughput_by_k[0] - alone) <= 1e-12 * alone,
+          "block_sequential: K=1 listed at %.6g, its plan %.6g",
+          p->throughput_by_k ? p->throughput_by_k[0] : 0, alone);
+  }
+  st_plan_destroy(p);
+  st_plan_destroy(one);
+  p = NULL;
+  set(&cfg, "execution.stages=3");
+  CHECK(st_plan_compile(&p, &cfg, 0, &err) == 0 && p->n_stages == 3,
+        "block_sequential, execution.stages 3: %d stages (%s)",
+        p ? p->n_stages : 0, err.msg);
+  st_plan_destroy(p);
+}
+
 /* Products of several rows move their weights once a call, and the weight
  * gradient's accumulates in place (st_gemm with beta 1, src/ops/linear.c),
  * so it is read and written: per call 4 W, 3 W for the model's first layer
@@ -1891,6 +1952,7 @@ int main(void) {
   test_replicas_mesh();
   test_memory_bandwidth();
   test_memory_bandwidth_rows();
+  test_block_sequential_stages();
   test_streaming_traffic();
   test_compile_plans_the_config();
   test_stages_by_rate();
