@@ -7,12 +7,15 @@
  * sample,
  *     t = (F_fwd + F_bwd) / (c r e(c)) + (o_{j-1} [j < n] + i_i [i > 0]) / bw
  * where e(c) = 1 / (1 + slope (c - 1)), o the output bytes sent forward and
- * i the input-gradient bytes sent back. With a calibration profile (cpu),
- * F / r becomes sum over GEMM classes of F_k / r_k (linear GEMMs, conv2d
- * and attention each at their own measured rate), plus a serial term
- * sum over op classes of bytes_k / bw_k that does not shrink with c. The
- * calibration's core sharing m(n) = 1/(1 + sigma (n - 1)) — the rate each
- * of n independent one-thread GEMMs keeps when run at once (hyperthreads
+ * i the input-gradient bytes sent back, each over its edge: bw is a copy's
+ * on a cpu; on a mesh the links along the edge the two stages' rectangles
+ * share times a link's (layout_links), which the partitioner's search
+ * takes as the band height (a placed plan counts them, plan.c). With a
+ * calibration profile (cpu), F / r becomes sum over GEMM classes of F_k / r_k
+ * (linear GEMMs, conv2d and attention each at their own measured rate), plus a
+ * serial term sum over op classes of bytes_k / bw_k that does not shrink with
+ * c. The calibration's core sharing m(n) = 1/(1 + sigma (n - 1)) — the rate
+ * each of n independent one-thread GEMMs keeps when run at once (hyperthreads
  * of one core, a shared memory bus) — scales the GEMM time of a stage on c
  * of the fabric's P cores by m(c) / m(P): e(c) was measured with only c
  * busy, a plan keeps all P busy. And
@@ -135,6 +138,10 @@ typedef struct problem {
   /* no stage hands data to another (weight streaming: one block at a time
    * on the whole fabric, its activations staying there) */
   int no_edges;
+  /* the links stage_time counts at the edges before and after a stage; 0:
+   * the search's model, the band height (a copy of the problem sets them
+   * to ask about one placed stage with its neighbours as they are) */
+  double edge_before, edge_after;
 } problem;
 
 /* The geometry of one candidate layout. */
@@ -176,6 +183,22 @@ double stage_dram_time(const problem *p, const layout *L, int i, int j,
                        int64_t units);
 double stage_time(const problem *p, const layout *L, int i, int j,
                   int64_t units, double *fwd, double *bwd, double *comm);
+/* The same with the links of the edge before the stage and after it
+ * (layout_links; 0: the partitioner's search model, L->h on a mesh, which
+ * stage_time uses unless the problem's edge_* say otherwise): a placed
+ * stage's time. */
+double stage_time_links(const problem *p, const layout *L, int i, int j,
+                        int64_t units, double before, double after, double *fwd,
+                        double *bwd, double *comm);
+/* The rectangle `span` units from snake position `start` of L cover, in
+ * PEs: r = {x, y, w, h}. */
+void layout_rect(const layout *L, int64_t start, int64_t span, int64_t r[4]);
+/* The links between two consecutive stages of L placed at (start, span):
+ * on a mesh the PEs along the edge their rectangles share (side by side
+ * in a band, the band height; one above the other at a band turn, the
+ * columns both cover); on a cpu 1 (one copy at link_bandwidth). */
+double layout_links(const problem *p, const layout *L, int64_t start_a,
+                    int64_t span_a, int64_t start_b, int64_t span_b);
 /* The region `units` units of L make: w PEs across, h down. */
 void region_shape(const layout *L, int64_t units, double *w, double *h);
 /* Whether stage [i, j) fits its memory in `units` units as stage s. */

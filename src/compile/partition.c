@@ -418,19 +418,51 @@ double stage_memory(const problem *p, int i, int j, int s) {
          stage_in_flight(p, s) * p->acts[at] + p->work_mem[at];
 }
 
-static double comm_bytes(const problem *p, int i, int j) {
-  double bytes = 0;
-  if (p->no_edges) return 0;
-  if (j < p->n) bytes += p->blocks[j - 1].out_bytes; /* activation forward */
-  if (i > 0) bytes += p->blocks[i].in_bytes;         /* its gradient back */
-  return bytes;
+/* The bytes stage [i, j) hands on per sample: its output activation
+ * forward, over the edge after it (j < n), and the gradient of its input
+ * back, over the edge before it (i > 0). */
+static void comm_bytes(const problem *p, int i, int j, double *before,
+                       double *after) {
+  *before = *after = 0;
+  if (p->no_edges) return;
+  if (j < p->n) *after = p->blocks[j - 1].out_bytes;
+  if (i > 0) *before = p->blocks[i].in_bytes;
 }
 
-/* Stage-to-stage bandwidth: on a mesh the shared edge of a band is h links
- * side by side; on a cpu one copy. */
-static double comm_bandwidth(const problem *p, const layout *L) {
-  const st_fabric *f = p->fabric;
-  return f->link_bandwidth * (f->kind == ST_FABRIC_MESH ? L->h : 1);
+void layout_rect(const layout *L, int64_t start, int64_t span, int64_t r[4]) {
+  int64_t W = L->width, band = start / W, off = start % W;
+  if (span <= W) {
+    r[2] = span;
+    r[3] = L->h;
+    r[0] = band % 2 == 0 ? off : W - off - span;
+  } else {
+    r[2] = W;
+    r[3] = span / W * L->h;
+    r[0] = 0;
+  }
+  r[1] = band * L->h;
+}
+
+/* The length of [a0, a0 + a) and [b0, b0 + b) in common. */
+static int64_t overlap(int64_t a0, int64_t a, int64_t b0, int64_t b) {
+  int64_t lo = a0 > b0 ? a0 : b0, hi = a0 + a < b0 + b ? a0 + a : b0 + b;
+  return hi > lo ? hi - lo : 0;
+}
+
+double layout_links(const problem *p, const layout *L, int64_t start_a,
+                    int64_t span_a, int64_t start_b, int64_t span_b) {
+  if (p->fabric->kind != ST_FABRIC_MESH) return 1;
+  int64_t a[4], b[4], links = 0;
+  layout_rect(L, start_a, span_a, a);
+  layout_rect(L, start_b, span_b, b);
+  if (a[0] + a[2] == b[0] || b[0] + b[2] == a[0]) /* side by side */
+    links = overlap(a[1], a[3], b[1], b[3]);
+  if (a[1] + a[3] == b[1] || b[1] + b[3] == a[1]) { /* one above the other */
+    int64_t across = overlap(a[0], a[2], b[0], b[2]);
+    links = across > links ? across : links;
+  }
+  /* consecutive stages always share an edge (the snake; tested): never 0 */
+  return links > 0 ? (double)links : 1;
 }
 
 /* Seconds per unit of work on c PEs: 1 / (c r e(c)) written as
@@ -476,6 +508,13 @@ double stage_dram_time(const problem *p, const layout *L, int i, int j,
 
 double stage_time(const problem *p, const layout *L, int i, int j,
                   int64_t units, double *fwd, double *bwd, double *comm) {
+  return stage_time_links(p, L, i, j, units, p->edge_before, p->edge_after, fwd,
+                          bwd, comm);
+}
+
+double stage_time_links(const problem *p, const layout *L, int i, int j,
+                        int64_t units, double before, double after, double *fwd,
+                        double *bwd, double *comm) {
   const st_fabric *f = p->fabric;
   double g = seconds_per_work(p, (double)units * L->h);
   int64_t at = range_index(p, i, j);
@@ -495,7 +534,16 @@ double stage_time(const problem *p, const layout *L, int i, int j,
     tf += p->l2_fwd[at] * g;
     tb += p->l2_bwd[at] * g;
   }
-  double tc = comm_bytes(p, i, j) / comm_bandwidth(p, L);
+  /* the edges' links: as given, else the search's h a side (on a cpu one
+   * copy) */
+  double h = f->kind == ST_FABRIC_MESH ? L->h : 1, sent_back, sent_on;
+  comm_bytes(p, i, j, &sent_back, &sent_on);
+  if (!(before > 0)) before = h;
+  if (!(after > 0)) after = h;
+  double tc = before == after
+                  ? (sent_back + sent_on) / (f->link_bandwidth * before)
+                  : sent_back / (f->link_bandwidth * before) +
+                        sent_on / (f->link_bandwidth * after);
   if (f->kind == ST_FABRIC_MESH) {
     /* the region's own traffic, each pass (forward, backward): the layers'
      * inputs enter along its west edge, h links wide, their partial sums

@@ -251,15 +251,59 @@ typedef struct alloc_state {
   int64_t *units, *start, *span;
 } alloc_state;
 
+/* Stage s of k, blocks [cut[s], cut[s + 1]) placed at (start, span) with
+ * its neighbours: its time with the links it shares with each
+ * (layout_links), its parts into the pointers that are not NULL. */
+static double placed_time(const problem *p, const layout *L, int k,
+                          const int *cut, const int64_t *start,
+                          const int64_t *span, int s, double *fwd, double *bwd,
+                          double *comm) {
+  double before =
+      s > 0 ? layout_links(p, L, start[s - 1], span[s - 1], start[s], span[s])
+            : 0;
+  double after = s + 1 < k ? layout_links(p, L, start[s], span[s], start[s + 1],
+                                          span[s + 1])
+                           : 0;
+  return stage_time_links(p, L, cut[s], cut[s + 1], span[s], before, after, fwd,
+                          bwd, comm);
+}
+
+/* The stage times of partition q as laid out (its units in order along the
+ * snake), into t[]; returns the slowest. The partitioner's search prices
+ * every edge at the band height h (stage_time); here each counts the links
+ * its two rectangles share, fewer (or more) at a band turn. */
+static double partition_times(const problem *p, const layout *L,
+                              const partition *q, double *t) {
+  int64_t start[q->k], span[q->k];
+  double worst = 0;
+  if (lay_out(L, q->units, q->k, start, span) < 0) return INFINITY;
+  for (int s = 0; s < q->k; s++) {
+    t[s] = placed_time(p, L, q->k, q->cut, start, span, s, 0, 0, 0);
+    worst = fmax(worst, t[s]);
+  }
+  return worst;
+}
+
 static double time_of(const alloc_state *a, int s) {
-  return stage_time(a->p, a->L, a->cut[s], a->cut[s + 1], a->span[s], 0, 0, 0);
+  return placed_time(a->p, a->L, a->k, a->cut, a->start, a->span, s, 0, 0, 0);
+}
+
+/* Whether no stage takes longer than was[] (their times before a change:
+ * more units for one stage move the later ones along the snake, which can
+ * change the links at their edges). */
+static int none_slower(const alloc_state *a, const double *was) {
+  for (int t = 0; t < a->k; t++)
+    if (time_of(a, t) > was[t]) return 0;
+  return 1;
 }
 
 /* Grows stage s by up to `want` units (halving on a misfit, or where more
- * units would make it slower: on a mesh the hops across a region grow with
- * it); returns the units it took. */
+ * units would make it, or another stage, slower: on a mesh the hops across
+ * a region grow with it, and the stages after it move); returns the units
+ * it took. */
 static int64_t grow(alloc_state *a, int s, int64_t want) {
-  double was = time_of(a, s);
+  double was[a->k];
+  for (int t = 0; t < a->k; t++) was[t] = time_of(a, t);
   if (a->p->fabric->kind == ST_FABRIC_MESH) { /* no further than its best */
     int64_t best = units_fastest(a->p, a->L, a->cut[s], a->cut[s + 1]);
     if (want > best - a->units[s]) want = best - a->units[s];
@@ -267,7 +311,7 @@ static int64_t grow(alloc_state *a, int s, int64_t want) {
   for (; want >= 1; want /= 2) {
     a->units[s] += want;
     if (lay_out(a->L, a->units, a->k, a->start, a->span) >= 0 &&
-        time_of(a, s) <= was) {
+        none_slower(a, was)) {
       /* a request above one band occupies whole bands: keep what it got */
       for (int t = 0; t < a->k; t++) a->units[t] = a->span[t];
       return want;
@@ -316,10 +360,13 @@ static void hand_out_spare(alloc_state *a, int64_t *spare_out) {
     int64_t W = a->L->width, end = a->start[s] + a->span[s];
     int alone = s == k - 1 || a->start[s + 1] != end;
     if (a->span[s] <= W && end % W != 0 && alone) {
-      double was = time_of(a, s);
+      double was[k];
+      for (int t = 0; t < k; t++) was[t] = time_of(a, t);
       a->units[s] += W - end % W;
       lay_out(a->L, a->units, k, a->start, a->span);
-      if (time_of(a, s) > was) { /* a mesh region past its best size */
+      /* a mesh region past its best size (the next stage, below it, only
+       * shares more of its edge) */
+      if (!none_slower(a, was)) {
         a->units[s] -= W - end % W;
         lay_out(a->L, a->units, k, a->start, a->span);
       }
@@ -337,17 +384,12 @@ static void hand_out_spare(alloc_state *a, int64_t *spare_out) {
 
 static void place_stage(const layout *L, int64_t start, int64_t span,
                         st_plan_stage *st) {
-  int64_t W = L->width, band = start / W, off = start % W;
-  if (span <= W) {
-    st->w = (int)span;
-    st->h = L->h;
-    st->x = (int)(band % 2 == 0 ? off : W - off - span);
-  } else {
-    st->w = (int)W;
-    st->h = (int)(span / W) * L->h;
-    st->x = 0;
-  }
-  st->y = (int)band * L->h;
+  int64_t r[4];
+  layout_rect(L, start, span, r);
+  st->x = (int)r[0];
+  st->y = (int)r[1];
+  st->w = (int)r[2];
+  st->h = (int)r[3];
   st->pes = (int64_t)st->w * st->h;
 }
 
@@ -533,8 +575,8 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
     int64_t at = range_index(p, i, j);
     st->flops_fwd = p->flops_fwd[at];
     st->flops_bwd = p->flops_bwd[at];
-    st->time = stage_time(p, L, i, j, span[s], &st->time_fwd, &st->time_bwd,
-                          &st->time_comm);
+    st->time = placed_time(p, L, k, q->cut, start, span, s, &st->time_fwd,
+                           &st->time_bwd, &st->time_comm);
     double weights = 0, state = 0, acts = p->blocks[i].in_bytes;
     st->working_set = 0;
     for (int b = i; b < j; b++) {
@@ -562,7 +604,15 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
   for (int s = 0; s < k; s++) {
     st_plan_stage *st = &plan->stages[s];
     int i = st->first, j = st->first + st->count;
-    int64_t ut = units_for_time(p, L, i, j, worst, 1);
+    /* the fewest that meet the bottleneck with the links its edges have */
+    problem here = *p;
+    here.edge_before =
+        s > 0 ? layout_links(p, L, start[s - 1], span[s - 1], start[s], span[s])
+              : 0;
+    here.edge_after = s + 1 < k ? layout_links(p, L, start[s], span[s],
+                                               start[s + 1], span[s + 1])
+                                : 0;
+    int64_t ut = units_for_time(&here, L, i, j, worst, 1);
     st->pes_for_time = ut == INT64_MAX ? st->pes : ut * L->h;
     st->pes_for_memory = units_for_memory(p, L, i, j, s) * L->h;
     double dram = stage_dram_time(p, L, i, j, span[s]);
@@ -573,7 +623,7 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
                  ? "memory bandwidth"
              : st->time_comm > st->time_fwd + st->time_bwd ? "communication"
                                                            : "compute");
-    describe_stage(p, L, plan, s, (span[s] - before[s]) * L->h);
+    describe_stage(&here, L, plan, s, (span[s] - before[s]) * L->h);
   }
   (void)spare;
   st_free(start);
@@ -647,32 +697,31 @@ static int choose_stages_text(st_plan *plan, const partition *q,
   return 0;
 }
 
-/* A fill-and-drain schedule's utilization of partition q (set_schedule's
+/* A fill-and-drain schedule's utilization of k stages taking t[] (a
+ * partition's, partition_times; set_schedule's
  * formula: gpipe and 1f1b at stages of unequal time M t_max / ((M - 1)
  * t_max + sum t_s); interleaved and zb1p st_schedule_formula); 1 for
  * pipelined backprop, which never drains, and for modes without a
  * schedule. The stage count is chosen by bottleneck / this: the rate a
  * run gets, not the steady state it never reaches at small M. */
-static double drain_utilization(const problem *p, const layout *L,
-                                const partition *q, const st_plan_options *o) {
+static double drain_utilization(const double *t, int k,
+                                const st_plan_options *o) {
   const char *name = o->in_flight_schedule;
-  if (!name || !name[0] || !strcmp(name, "pb") || q->k < 2) return 1;
+  if (!name || !name[0] || !strcmp(name, "pb") || k < 2) return 1;
   int M = o->micro_batches > 0 ? o->micro_batches : 1;
   int V = !strcmp(name, "interleaved") && o->virtual_stages > 1
               ? o->virtual_stages
               : 1;
   if (V == 1 && (!strcmp(name, "gpipe") || !strcmp(name, "1f1b"))) {
     double sum = 0, worst = 0;
-    for (int s = 0; s < q->k; s++) {
-      double t =
-          stage_time(p, L, q->cut[s], q->cut[s + 1], q->units[s], 0, 0, 0);
-      sum += t;
-      worst = fmax(worst, t);
+    for (int s = 0; s < k; s++) {
+      sum += t[s];
+      worst = fmax(worst, t[s]);
     }
     return worst > 0 ? M * worst / ((M - 1) * worst + sum) : 1;
   }
-  double f = st_schedule_formula(name, q->k, M, V);
-  return f > 0 ? f : (double)M / (M + q->k - 1);
+  double f = st_schedule_formula(name, k, M, V);
+  return f > 0 ? f : (double)M / (M + k - 1);
 }
 
 int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
@@ -780,31 +829,41 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   int k_lo = K ? K : 1, k_hi = K ? K : n_blocks;
   if (k_hi > fabric->pes) k_hi = (int)fabric->pes;
   int per_stage = opt->in_flight_schedule && opt->in_flight_schedule[0];
+  /* each S on its own where a schedule's bubble or a mesh's band turns
+   * (each S's plan laid out, its edges' real links: partition_times) make
+   * the chosen plan's figure other than the search's bottleneck */
+  int each_S = per_stage || fabric->kind == ST_FABRIC_MESH;
   double *flight = NULL, *vers = NULL, *table = NULL;
+  double *times = st_alloc((size_t)n_blocks * sizeof *times);
+  if (!times) rc = ST_ENOMEM;
   if (per_stage) {
     flight = st_alloc((size_t)n_blocks * sizeof *flight);
     vers = st_alloc((size_t)n_blocks * sizeof *vers);
-    table = K == 0 ? st_alloc((size_t)n_blocks * sizeof *table) : NULL;
-    if (!flight || !vers || (K == 0 && !table)) rc = ST_ENOMEM;
+    if (!flight || !vers) rc = ST_ENOMEM;
+  }
+  if (each_S && K == 0) {
+    table = st_alloc((size_t)n_blocks * sizeof *table);
+    if (!table) rc = ST_ENOMEM;
     for (int k = 0; table && k < n_blocks; k++) table[k] = INFINITY;
   }
   partition best = {0};
   double best_eff = INFINITY;
   layout best_layout = {0};
   int best_S = 0;
-  for (int S = per_stage ? k_lo : 0;
-       S <= (per_stage ? k_hi : 0) && rc != ST_ENOMEM; S++) {
+  for (int S = each_S ? k_lo : 0; S <= (each_S ? k_hi : 0) && rc != ST_ENOMEM;
+       S++) {
     if (per_stage) use_table(&p, opt, S, flight, vers);
-    int lo = per_stage ? S : k_lo, hi = per_stage ? S : k_hi;
+    int lo = each_S ? S : k_lo, hi = each_S ? S : k_hi;
     for (int t = 0; t < nh && rc != ST_ENOMEM; t++) {
       layout L = make_layout(fabric, hs[t]);
       partition q;
-      rc = partition_solve(&p, &L, lo, hi, opt->algorithm, K == 0 && !per_stage,
+      rc = partition_solve(&p, &L, lo, hi, opt->algorithm, K == 0 && !each_S,
                            &q);
       if (rc) continue;
-      /* per stage count, the time a sample takes with the bubble */
-      double eff = per_stage ? q.bottleneck / drain_utilization(&p, &L, &q, opt)
-                             : q.bottleneck;
+      /* per stage count, the time a sample takes as laid out, with the
+       * bubble */
+      double eff = partition_times(&p, &L, &q, times);
+      if (per_stage) eff /= drain_utilization(times, q.k, opt);
       if (table && eff < table[S - 1]) table[S - 1] = eff;
       double b = eff, bb = best_eff;
       int better = !best.k || (q.k < best.k && b <= bb * (1 + TIE)) ||
@@ -828,6 +887,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
       }
     }
   }
+  st_free(times);
   if (rc == ST_ENOMEM) {
     partition_free(&best);
     problem_free(&p);
@@ -845,13 +905,11 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
     st_plan_destroy(plan);
     return rc;
   }
-  if (per_stage) {
-    use_table(&p, opt, best_S, flight, vers);
-    if (table && k_lo < k_hi) {
-      best.by_k = table;
-      best.n_by_k = k_hi;
-      table = NULL;
-    }
+  if (per_stage) use_table(&p, opt, best_S, flight, vers);
+  if (table && k_lo < k_hi) { /* (each S solved alone: best has none) */
+    best.by_k = table;
+    best.n_by_k = k_hi;
+    table = NULL;
   }
   rc = build_stages(plan, &p, &best_layout, &best, err);
   if (!rc) {
