@@ -806,6 +806,20 @@ chaos ws-file 3 checkpoints/step-00001500.safetensors "$T/chaos_ref_ws" \
 # mpirun, which sends SIGTERM to every rank odls_base_sigkill_timeout
 # seconds later and SIGKILL as long again after that (Open MPI 4.1; 5 s
 # here, 1 s by default): the same.
+# started DIR: waits (up to 30 s) until the run writing DIR logs; rank_pid
+# DIR RANK: the pid of that run's rank RANK
+started() {
+  for _ in $(seq 300); do
+    [ -s "$1/metrics.jsonl" ] && break
+    sleep 0.1
+  done
+}
+rank_pid() {
+  local pid
+  for pid in $(pgrep -f "train .*--out $1\$"); do
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && echo "$pid"
+  done
+}
 # signalled NAME WHOM TRAIN-ARGS...: WHOM is "rank1" or "mpirun"
 signalled() {
   local name=$1 whom=$2
@@ -814,17 +828,12 @@ signalled() {
   "${mpi[@]}" --mca odls_base_sigkill_timeout 5 -np 2 "$strata" train "$@" --out "$dir" \
     >"$dir.out" 2>"$dir.err" &
   local job=$! victim=
-  for _ in $(seq 300); do
-    [ -s "$dir/metrics.jsonl" ] && break
-    sleep 0.1
-  done
+  started "$dir"
   if [ "$whom" = mpirun ]; then
     victim=$job
     kill -INT "$victim"
   else
-    for pid in $(pgrep -f "train .*--out $dir\$"); do
-      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
-    done
+    victim=$(rank_pid "$dir" 1)
     [ -n "$victim" ] && kill -TERM "$victim"
   fi
   local start=$SECONDS
@@ -863,15 +872,10 @@ stop_fails() {
   "${mpi[@]}" -np 2 "$strata" train "$@" --set execution.rank_timeout=120 --out "$dir" \
     >"$dir.out" 2>"$dir.err" &
   local job=$! victim=
-  for _ in $(seq 300); do
-    [ -s "$dir/metrics.jsonl" ] && break
-    sleep 0.1
-  done
+  started "$dir"
   # the checkpoints folder becomes a file: rank 0's save fails
   rm -rf "$dir/checkpoints" && : >"$dir/checkpoints"
-  for pid in $(pgrep -f "train .*--out $dir\$"); do
-    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
-  done
+  victim=$(rank_pid "$dir" 1)
   [ -n "$victim" ] && kill -TERM "$victim"
   local start=$SECONDS
   while kill -0 "$job" 2>/dev/null && [ $((SECONDS - start)) -lt 40 ]; do sleep 0.2; done
