@@ -704,17 +704,15 @@ static int cmd_train(int argc, char **argv) {
   /* keys the mode does not read: said once, and the run goes on */
   const char *unused[32];
   int n_unused = st_config_unused(&cfg, unused, 32);
-  for (int i = 0; st_dist_rank() == 0 && i < n_unused && i < 32; i++)
+  for (int i = 0; st_dist_rank() == 0 && i < n_unused && i < 32; i++) {
+    /* the pipeline's other schedules leave virtual_stages unread */
+    int by_schedule = !strcmp(unused[i], "execution.virtual_stages") &&
+                      !strcmp(cfg.execution.mode, "pipeline");
     fprintf(stderr, "strata: notice: %s: %s is not used by %s %s; ignored\n",
             st_config_where(&cfg, unused[i]), unused[i],
-            strcmp(unused[i], "execution.virtual_stages") ||
-                    strcmp(cfg.execution.mode, "pipeline")
-                ? "execution.mode"
-                : "execution.schedule",
-            strcmp(unused[i], "execution.virtual_stages") ||
-                    strcmp(cfg.execution.mode, "pipeline")
-                ? cfg.execution.mode
-                : cfg.execution.schedule);
+            by_schedule ? "execution.schedule" : "execution.mode",
+            by_schedule ? cfg.execution.schedule : cfg.execution.mode);
+  }
   char out[ST_PATH_MAX];
   const char *given = a.resume ? a.resume : a.out;
   if (given)
