@@ -344,6 +344,45 @@ static void test_attention_large_scores(void) {
   release_all();
 }
 
+/* A row whose last visible score beats every earlier one by more than the
+ * exp's range (~88): the max must include that score, or exp of the others
+ * minus a too-small max overflows its clamp. The spread of the test above
+ * is ~36, so a max search that skipped the last score of a row passed it
+ * (row 2 of T = 3 gave probabilities (0.5, 0.5, -1e-38) for (0, 0, 1)).
+ * Here q = k = a (1, ..., 1) at the last position, zero before it: that
+ * row's diagonal score a^2 sqrt(hs) = 98 against 0, and every length of
+ * row from 1 to T (the vector loops' tails). */
+static void test_attention_dominant_diagonal(void) {
+  enum { B = 1, C = 4, NH = 1 };
+  for (int T = 1; T <= 20; T++) {
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
+           natt = (size_t)B * NH * T * T;
+    float *qkv = random_floats(nqkv, 90 + (uint64_t)T, 1.0f);
+    for (int t = 0; t < T; t++)
+      for (int i = 0; i < 2 * C; i++) /* q and k */
+        qkv[(size_t)t * 3 * C + i] = t == T - 1 ? 7.0f : 0.0f;
+    float *dout = random_floats(nout, 130 + (uint64_t)T, 1.0f);
+    float *out = new_floats(nout), *att = new_floats(natt);
+    float *dqkv = new_floats(nqkv);
+    float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
+    double *ref_out = new_doubles(nout), *ref_att = new_doubles(natt);
+    double *ref_dqkv = new_doubles(nqkv);
+    forward_with_probs(NULL, out, att, qkv, B, T, C, NH);
+    st_attention_backward(NULL, dqkv, dout, qkv, scratch, B, T, C, NH);
+    naive_attention(ref_out, ref_att, ref_dqkv, qkv, dout, B, T, C, NH);
+    char what[64];
+    snprintf(what, sizeof what, "dominant diagonal T=%d att", T);
+    CHECK_CLOSE(what, att, to_floats(ref_att, natt), natt, ATT_PROB_TOL,
+                ATT_PROB_FLOOR);
+    snprintf(what, sizeof what, "dominant diagonal T=%d out", T);
+    CHECK_CLOSE(what, out, to_floats(ref_out, nout), nout, ATT_TOL, ATT_FLOOR);
+    snprintf(what, sizeof what, "dominant diagonal T=%d dqkv", T);
+    CHECK_CLOSE(what, dqkv, to_floats(ref_dqkv, nqkv), nqkv, ATT_TOL,
+                ATT_FLOOR);
+    release_all();
+  }
+}
+
 /* Changing position p's k and v (every head) must leave outputs and
  * probabilities at positions < p bit-identical, and change position p. */
 static void test_attention_causality(void) {
@@ -539,6 +578,7 @@ int main(void) {
   test_attention_fixtures();
   test_attention_naive();
   test_attention_large_scores();
+  test_attention_dominant_diagonal();
   test_attention_causality();
   test_attention_determinism();
   test_rotary();
