@@ -983,6 +983,94 @@ static void test_maxpool_special(void) {
         (double)out[1], idx[1]);
 }
 
+/* Maps whose windows do not tile them ((H - K) % S != 0, as a CNN pooling
+ * 28 -> 14 -> 7 -> 3 meets), which the PyTorch fixtures (8 with k2s2, 9
+ * with k3s2) never are: the output is floor((n - K) / S) + 1 a side, and
+ * nothing past it is written, against a float64 reference written here
+ * from the definition (first maximum in row-major window order, as
+ * PyTorch takes it; the mean of the K x K window). */
+static void test_pool_untiled(void) {
+  const int dims[][4] = {{7, 7, 2, 2}, {7, 9, 3, 2}, {10, 6, 3, 3},
+                         {5, 8, 2, 3}, {9, 9, 4, 3}, {6, 11, 3, 1}};
+  for (int k = 0; k < 6; k++) {
+    const int B = 2, C = 3, H = dims[k][0], W = dims[k][1], K = dims[k][2],
+              S = dims[k][3];
+    const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+    size_t nin = (size_t)B * C * H * W, nout = (size_t)B * C * OH * OW;
+    enum { GUARD = 64 };
+    float *in = random_floats(nin, 300 + (uint64_t)k, 1.0f);
+    float *dout = random_floats(nout, 400 + (uint64_t)k, 1.0f);
+    float *out = new_floats(nout + GUARD), *din = new_floats(nin);
+    int32_t *idx = malloc((nout + GUARD) * sizeof *idx);
+    double *want = new_doubles(nout), *want_din = new_doubles(nin);
+    double *avg = new_doubles(nout), *avg_din = new_doubles(nin);
+    int32_t *want_idx = malloc(nout * sizeof *want_idx);
+    if (!idx || !want_idx) {
+      CHECK(0, "out of memory");
+      free(idx), free(want_idx);
+      return;
+    }
+    for (size_t i = 0; i < nout + GUARD; i++) out[i] = 7.0f, idx[i] = -7;
+    memset(want_din, 0, nin * sizeof *want_din);
+    memset(avg_din, 0, nin * sizeof *avg_din);
+    for (size_t p = 0; p < (size_t)B * C; p++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++) {
+          size_t o = p * OH * OW + (size_t)oh * OW + ow;
+          double best = -INFINITY, sum = 0;
+          int at = -1;
+          for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++) {
+              int e = (oh * S + i) * W + ow * S + j;
+              double v = in[p * H * W + (size_t)e];
+              if (at < 0 || v > best) best = v, at = e;
+              sum += v;
+            }
+          want[o] = best, want_idx[o] = at;
+          avg[o] = sum / (K * K);
+          want_din[p * H * W + (size_t)at] += dout[o];
+          for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++)
+              avg_din[p * H * W + (size_t)((oh * S + i) * W + ow * S + j)] +=
+                  dout[o] / (K * K);
+        }
+    char what[96];
+    snprintf(what, sizeof what, "maxpool %dx%d k%ds%d", H, W, K, S);
+    st_maxpool_forward(out, idx, in, B, C, H, W, K, S);
+    int untouched = 1, same_idx = 1;
+    for (size_t i = nout; i < nout + GUARD; i++)
+      untouched &= out[i] == 7.0f && idx[i] == -7;
+    for (size_t i = 0; i < nout; i++) same_idx &= idx[i] == want_idx[i];
+    CHECK(untouched, "%s: wrote past its %d x %d output", what, OH, OW);
+    CHECK(same_idx, "%s: argmax differs from the definition's", what);
+    CHECK_CLOSE(what, out, to_floats(want, nout), nout, 0, 0);
+    st_maxpool_backward(din, dout, idx, B, C, H, W, K, S);
+    snprintf(what, sizeof what, "maxpool %dx%d k%ds%d din", H, W, K, S);
+    CHECK_CLOSE(what, din, to_floats(want_din, nin), nin, 1e-6, 1.0);
+    for (size_t i = 0; i < nout + GUARD; i++) out[i] = 7.0f;
+    st_avgpool_forward(out, in, B, C, H, W, K, S);
+    untouched = 1;
+    for (size_t i = nout; i < nout + GUARD; i++) untouched &= out[i] == 7.0f;
+    snprintf(what, sizeof what, "avgpool %dx%d k%ds%d", H, W, K, S);
+    CHECK(untouched, "%s: wrote past its %d x %d output", what, OH, OW);
+    /* fp32 sums of K*K <= 16 terms of order 1: a few 1e-7 absolute */
+    CHECK_CLOSE(what, out, to_floats(avg, nout), nout, 1e-6, 1.0);
+    st_avgpool_backward(din, dout, B, C, H, W, K, S);
+    snprintf(what, sizeof what, "avgpool %dx%d k%ds%d din", H, W, K, S);
+    CHECK_CLOSE(what, din, to_floats(avg_din, nin), nin, 1e-6, 1.0);
+    free(idx), free(want_idx);
+    release_all();
+  }
+  /* a window of -inf alone off the 2x2 fast path: PyTorch's index is the
+   * window's first element, and the gradient goes there */
+  float in[9], out1;
+  int32_t at;
+  for (int i = 0; i < 9; i++) in[i] = -INFINITY;
+  st_maxpool_forward(&out1, &at, in, 1, 1, 3, 3, 3, 3);
+  CHECK(out1 == -INFINITY && at == 0, "maxpool k3 -inf: out %g idx %d",
+        (double)out1, at);
+}
+
 static void test_avgpool(void) {
   st_safetensors *st = open_fixture("avgpool");
   if (!st) return;
@@ -1425,6 +1513,7 @@ int main(void) {
   test_linear_xent_cost();
   test_maxpool();
   test_maxpool_special();
+  test_pool_untiled();
   test_avgpool();
   test_layernorm();
   test_layernorm_threads();
