@@ -1176,6 +1176,107 @@ static void test_layernorm(void) {
   st_safetensors_destroy(st);
 }
 
+/* A float64 norm over `groups` of n values each (layernorm: a row, w and b
+ * per element of it; groupnorm: CG channels of HW, w and b per channel):
+ * out, and din, dw, db from dout, by the textbook formulas. dw and db
+ * accumulate: the caller zeroes them. */
+static void naive_norm(double *out, double *din, double *dw, double *db,
+                       const float *in, const float *w, const float *b,
+                       const float *dout, int groups, int n, int per_w, int n_w,
+                       float eps) {
+  for (int g = 0; g < groups; g++) {
+    const float *x = in + (size_t)g * n, *dy = dout + (size_t)g * n;
+    double mean = 0, var = 0, a = 0, c = 0;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    double r = 1 / sqrt(var / n + eps);
+    for (int i = 0; i < n; i++) {
+      /* element i's w: per_w elements share one, a group holds n / per_w
+       * of them, and the groups run through the n_w in order */
+      int wi = (g * (n / per_w) + i / per_w) % n_w;
+      double xh = (x[i] - mean) * r, dxh = dy[i] * (double)w[wi];
+      out[(size_t)g * n + i] = xh * w[wi] + b[wi];
+      dw[wi] += dy[i] * xh;
+      db[wi] += dy[i];
+      a += dxh, c += dxh * xh;
+    }
+    for (int i = 0; i < n; i++) {
+      int wi = (g * (n / per_w) + i / per_w) % n_w;
+      double xh = (x[i] - mean) * r;
+      din[(size_t)g * n + i] = r * (dy[i] * (double)w[wi] - a / n - xh * c / n);
+    }
+  }
+}
+
+/* Layer norm and group norm on inputs whose mean is 1e4 times their spread,
+ * against the float64 formulas: the backward refines the fp32 mean it is
+ * handed, without which din misses by ~6e-8 * 1e4 * sqrt(n) (5e-5 measured),
+ * where the offset-64 fixtures left it at 6e-7, inside the tolerance. Group
+ * norm had no offset case at all. Also: layer norm's dw alone (db NULL, as
+ * the header allows) is the dw of the full call. */
+static void test_norm_far_offset(void) {
+  enum { N = 40, D = 96, B = 3, C = 8, HW = 30, G = 2 };
+  const float eps = 1e-5f;
+  float *in = random_floats((size_t)N * D, 501, 1.0f);
+  float *dout = random_floats((size_t)N * D, 502, 1.0f);
+  float *w = random_floats(D, 503, 1.0f), *b = random_floats(D, 504, 1.0f);
+  for (size_t i = 0; i < (size_t)N * D; i++) in[i] += 1e4f;
+  size_t n = (size_t)N * D;
+  float *out = new_floats(n), *din = new_floats(n);
+  float *mean = new_floats(N), *rstd = new_floats(N);
+  float *dw = new_floats(D), *db = new_floats(D), *dw2 = new_floats(D);
+  double *ro = new_doubles(n), *rdin = new_doubles(n);
+  double *rdw = new_doubles(D), *rdb = new_doubles(D);
+  memset(rdw, 0, D * sizeof *rdw), memset(rdb, 0, D * sizeof *rdb);
+  naive_norm(ro, rdin, rdw, rdb, in, w, b, dout, N, D, 1, D, eps);
+  st_layernorm_forward(out, mean, rstd, in, w, b, N, D, eps);
+  float *scratch = new_floats(st_layernorm_scratch_floats(N, D));
+  st_layernorm_backward(NULL, din, dw, db, dout, in, w, mean, rstd, scratch, N,
+                        D);
+  CHECK_CLOSE("layernorm far offset out", out, to_floats(ro, n), n, NORM_TOL,
+              NORM_FLOOR);
+  CHECK_CLOSE("layernorm far offset din", din, to_floats(rdin, n), n, NORM_TOL,
+              NORM_FLOOR);
+  CHECK_CLOSE("layernorm far offset dw", dw, to_floats(rdw, D), D, NORM_TOL,
+              NORM_FLOOR);
+  CHECK_CLOSE("layernorm far offset db", db, to_floats(rdb, D), D, NORM_TOL,
+              NORM_FLOOR);
+  st_layernorm_backward(NULL, NULL, dw2, NULL, dout, in, w, mean, rstd, scratch,
+                        N, D);
+  CHECK(memcmp(dw2, dw, D * sizeof *dw) == 0,
+        "layernorm dw alone (db NULL) differs from the full call's");
+
+  size_t m = (size_t)B * C * HW;
+  float *gin = random_floats(m, 511, 1.0f),
+        *gdout = random_floats(m, 512, 1.0f);
+  float *gw = random_floats(C, 513, 1.0f), *gb = random_floats(C, 514, 1.0f);
+  for (size_t i = 0; i < m; i++) gin[i] += 1e4f;
+  float *gout = new_floats(m), *gdin = new_floats(m);
+  float *gmean = new_floats(B * G), *grstd = new_floats(B * G);
+  float *gdw = new_floats(C), *gdb = new_floats(C);
+  double *go = new_doubles(m), *gdin_ref = new_doubles(m);
+  double *gdw_ref = new_doubles(C), *gdb_ref = new_doubles(C);
+  memset(gdw_ref, 0, C * sizeof *gdw_ref),
+      memset(gdb_ref, 0, C * sizeof *gdb_ref);
+  /* a group: C / G channels of HW values, w and b per channel */
+  naive_norm(go, gdin_ref, gdw_ref, gdb_ref, gin, gw, gb, gdout, B * G,
+             (C / G) * HW, HW, C, eps);
+  st_groupnorm_forward(NULL, gout, gmean, grstd, gin, gw, gb, B, C, HW, G, eps);
+  memset(gdw, 0, C * sizeof *gdw), memset(gdb, 0, C * sizeof *gdb);
+  st_groupnorm_backward(NULL, gdin, gdw, gdb, gdout, gin, gw, gmean, grstd, B,
+                        C, HW, G);
+  CHECK_CLOSE("groupnorm far offset out", gout, to_floats(go, m), m, NORM_TOL,
+              NORM_FLOOR);
+  CHECK_CLOSE("groupnorm far offset din", gdin, to_floats(gdin_ref, m), m,
+              NORM_TOL, NORM_FLOOR);
+  CHECK_CLOSE("groupnorm far offset dw", gdw, to_floats(gdw_ref, C), C,
+              NORM_TOL, NORM_FLOOR);
+  CHECK_CLOSE("groupnorm far offset db", gdb, to_floats(gdb_ref, C), C,
+              NORM_TOL, NORM_FLOOR);
+  release_all();
+}
+
 /* The backward on pools of 1 and 3 threads gives the bits of no pool: 100
  * rows are 4 blocks (the last partial), dw and db are added to. */
 static void test_layernorm_threads(void) {
@@ -1514,6 +1615,7 @@ int main(void) {
   test_maxpool();
   test_maxpool_special();
   test_pool_untiled();
+  test_norm_far_offset();
   test_avgpool();
   test_layernorm();
   test_layernorm_threads();
