@@ -262,6 +262,30 @@ static void naive_attention(double *out, double *att, double *dqkv,
     }
 }
 
+/* The forward (and its probabilities) and backward of qkv against
+ * naive_attention's float64, at the tolerances above. */
+static void check_naive(const char *name, const char *c, const float *qkv,
+                        const float *dout, int B, int T, int C, int NH) {
+  size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
+         natt = (size_t)B * NH * T * T;
+  char what[128];
+  float *out = new_floats(nout), *att = new_floats(natt);
+  float *dqkv = new_floats(nqkv);
+  float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
+  double *ref_out = new_doubles(nout), *ref_att = new_doubles(natt);
+  double *ref_dqkv = new_doubles(nqkv);
+  forward_with_probs(NULL, out, att, qkv, B, T, C, NH);
+  st_attention_backward(NULL, dqkv, dout, qkv, scratch, B, T, C, NH);
+  naive_attention(ref_out, ref_att, ref_dqkv, qkv, dout, B, T, C, NH);
+  label(what, sizeof what, name, c, "out");
+  CHECK_CLOSE(what, out, to_floats(ref_out, nout), nout, ATT_TOL, ATT_FLOOR);
+  label(what, sizeof what, name, c, "att");
+  CHECK_CLOSE(what, att, to_floats(ref_att, natt), natt, ATT_PROB_TOL,
+              ATT_PROB_FLOOR);
+  label(what, sizeof what, name, c, "dqkv");
+  CHECK_CLOSE(what, dqkv, to_floats(ref_dqkv, nqkv), nqkv, ATT_TOL, ATT_FLOOR);
+}
+
 /* Lengths around the kernel's 32-row blocks: one row, one partial block,
  * exactly one and two blocks, two blocks and one row, several blocks with a
  * ragged end; head sizes 1 to 64. */
@@ -272,28 +296,11 @@ static void test_attention_naive(void) {
                 {2, 65, 24, 3}, {1, 150, 64, 4}, {1, 200, 64, 1}};
   for (int k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++) {
     int B = shapes[k].B, T = shapes[k].T, C = shapes[k].C, NH = shapes[k].NH;
-    char c[48], what[96];
+    char c[48];
     snprintf(c, sizeof c, "B%d T%d C%d NH%d", B, T, C, NH);
-    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
-           natt = (size_t)B * NH * T * T;
-    float *qkv = random_floats(nqkv, 50 + k, 1.0f);
-    float *dout = random_floats(nout, 60 + k, 1.0f);
-    float *out = new_floats(nout), *att = new_floats(natt);
-    float *dqkv = new_floats(nqkv);
-    float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
-    double *ref_out = new_doubles(nout), *ref_att = new_doubles(natt);
-    double *ref_dqkv = new_doubles(nqkv);
-    forward_with_probs(NULL, out, att, qkv, B, T, C, NH);
-    st_attention_backward(NULL, dqkv, dout, qkv, scratch, B, T, C, NH);
-    naive_attention(ref_out, ref_att, ref_dqkv, qkv, dout, B, T, C, NH);
-    label(what, sizeof what, "attention naive", c, "out");
-    CHECK_CLOSE(what, out, to_floats(ref_out, nout), nout, ATT_TOL, ATT_FLOOR);
-    label(what, sizeof what, "attention naive", c, "att");
-    CHECK_CLOSE(what, att, to_floats(ref_att, natt), natt, ATT_PROB_TOL,
-                ATT_PROB_FLOOR);
-    label(what, sizeof what, "attention naive", c, "dqkv");
-    CHECK_CLOSE(what, dqkv, to_floats(ref_dqkv, nqkv), nqkv, ATT_TOL,
-                ATT_FLOOR);
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+    check_naive("attention naive", c, random_floats(nqkv, 50 + k, 1.0f),
+                random_floats(nout, 60 + k, 1.0f), B, T, C, NH);
     release_all();
   }
 }
@@ -355,30 +362,15 @@ static void test_attention_large_scores(void) {
 static void test_attention_dominant_diagonal(void) {
   enum { B = 1, C = 4, NH = 1 };
   for (int T = 1; T <= 20; T++) {
-    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
-           natt = (size_t)B * NH * T * T;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
     float *qkv = random_floats(nqkv, 90 + (uint64_t)T, 1.0f);
     for (int t = 0; t < T; t++)
       for (int i = 0; i < 2 * C; i++) /* q and k */
         qkv[(size_t)t * 3 * C + i] = t == T - 1 ? 7.0f : 0.0f;
-    float *dout = random_floats(nout, 130 + (uint64_t)T, 1.0f);
-    float *out = new_floats(nout), *att = new_floats(natt);
-    float *dqkv = new_floats(nqkv);
-    float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
-    double *ref_out = new_doubles(nout), *ref_att = new_doubles(natt);
-    double *ref_dqkv = new_doubles(nqkv);
-    forward_with_probs(NULL, out, att, qkv, B, T, C, NH);
-    st_attention_backward(NULL, dqkv, dout, qkv, scratch, B, T, C, NH);
-    naive_attention(ref_out, ref_att, ref_dqkv, qkv, dout, B, T, C, NH);
-    char what[64];
-    snprintf(what, sizeof what, "dominant diagonal T=%d att", T);
-    CHECK_CLOSE(what, att, to_floats(ref_att, natt), natt, ATT_PROB_TOL,
-                ATT_PROB_FLOOR);
-    snprintf(what, sizeof what, "dominant diagonal T=%d out", T);
-    CHECK_CLOSE(what, out, to_floats(ref_out, nout), nout, ATT_TOL, ATT_FLOOR);
-    snprintf(what, sizeof what, "dominant diagonal T=%d dqkv", T);
-    CHECK_CLOSE(what, dqkv, to_floats(ref_dqkv, nqkv), nqkv, ATT_TOL,
-                ATT_FLOOR);
+    char c[16];
+    snprintf(c, sizeof c, "T%d", T);
+    check_naive("attention dominant diagonal", c, qkv,
+                random_floats(nout, 130 + (uint64_t)T, 1.0f), B, T, C, NH);
     release_all();
   }
 }
