@@ -1100,6 +1100,18 @@ if [ "$rc" -eq 0 ] && printf '%s\n' "$err" | grep -q 'execution.mitigation is no
 if printf '%s\n' "$err" | grep -q '^strata: notice: --set: execution.virtual_stages is not used by execution.schedule 1f1b; ignored$'; then
   pass; else fail "unused keys: virtual_stages under 1f1b" "$err"; fi
 
+# The bubble line names its closed form only where it holds: interleaved with
+# M a multiple of S; otherwise the figure is the emulated clock's (M = 3
+# printed 0.79 beside "(S-1)/VM", which gives 0.83 at S = 2, V = 2 ... )
+for M in 3 4; do
+  run train "$fc" "${small[@]}" --set model.hidden=[16,16,16] --set execution.mode=pipeline \
+    --set execution.schedule=interleaved --set execution.stages=2 --set train.batch=$((2 * M)) \
+    --set execution.micro_batch=2 --out "$T/il_m$M"
+  if [ "$M" -eq 3 ]; then want="its span on the emulated clock, M not a multiple of S"; else want="(S-1)/VM of the ideal"; fi
+  if [ "$rc" -eq 0 ] && grep -qF "by interleaved's bubble at S = 2 (ops of equal cost; $want)" <<<"$out"; then
+    pass; else fail "interleaved M=$M: the bubble line names what it printed" "rc $rc" "$out" "$err"; fi
+done
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint folder that cannot be made (a file is in the way) is found
 # before the first step, not at the first checkpoint; no failing run above
