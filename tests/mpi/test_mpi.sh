@@ -730,12 +730,12 @@ fi
 # naming the lost rank and rank 0 (when alive) the last complete checkpoint
 # or the store; the last rerun runs to the end, and its weights are the
 # uninterrupted run's, byte for byte.
-# chaos NAME NP FINAL REF-DIR TRAIN-ARGS...: FINAL: the path (under the run's
-# directory) of the weights at the end; REF-DIR holds the same path from an
-# uninterrupted run
+# chaos NAME NP FINAL REF-DIR STEPS TRAIN-ARGS...: FINAL: the path (under
+# the run's directory) of the weights at the end; REF-DIR holds the same
+# path from an uninterrupted run; STEPS: the run's train.steps
 chaos() {
-  local name=$1 np=$2 final=$3 ref=$4
-  shift 4
+  local name=$1 np=$2 final=$3 ref=$4 steps=$5
+  shift 5
   local dir="$T/chaos_$name" start_args=("$@") k logged
   for k in 1 2 3; do
     if [ "$k" -eq 1 ]; then
@@ -743,15 +743,27 @@ chaos() {
     else
       "${mpi[@]}" -np "$np" "$strata" train - --resume "$dir" >"$dir.$k.out" 2>&1 &
     fi
-    local job=$! victim= rank=$((RANDOM % np)) logged
-    # a random moment once this job trains (its metrics log grows a line)
+    local job=$! victim= rank=$((RANDOM % np)) logged at target
+    # a random moment once this job trains (its metrics log grows a line):
+    # a random step in the first third of what is left to train, so that
+    # the job cannot finish first however fast this machine is (a random
+    # time could outlast the last rerun's few hundred steps)
     trained() { cat "$dir/metrics.jsonl" 2>/dev/null | grep -c '"type":"train"'; }
+    last_step() {
+      grep '"type":"train"' "$dir/metrics.jsonl" 2>/dev/null | tail -n 1 |
+        sed -n 's/.*"step":\([0-9]*\).*/\1/p'
+    }
     logged=$(trained)
     for _ in $(seq 600); do
       [ "$(trained)" -gt "$logged" ] && break
       sleep 0.1
     done
-    sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 0.2 + 1.5 * r / 32767 }')"
+    at=$(last_step)
+    target=$((${at:-0} + 1 + RANDOM % ((steps - ${at:-0}) / 3 + 1)))
+    for _ in $(seq 1200); do
+      [ "$(last_step)" -ge "$target" ] 2>/dev/null && break
+      sleep 0.05
+    done
     for pid in $(pgrep -f "train .*$dir\$"); do
       tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank" && victim=$pid
     done
@@ -790,12 +802,12 @@ chaos_args=(--set data.train_limit=1024 --set data.test_limit=128 --set train.ba
 run train "$cnn" "${chaos_args[@]}" --set train.steps=400 --set train.checkpoint_every=20 \
   --set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4 \
   --set train.threads=2 --out "$T/chaos_ref_pipe"
-chaos pipeline 2 checkpoints/step-00000400.safetensors "$T/chaos_ref_pipe" \
+chaos pipeline 2 checkpoints/step-00000400.safetensors "$T/chaos_ref_pipe" 400 \
   "$cnn" "${chaos_args[@]}" --set train.steps=400 --set train.checkpoint_every=20 \
   --set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4 "${place[@]}"
 run train "$fc" "${chaos_args[@]}" --set train.steps=1500 --set execution.replicas=2 \
   --out "$T/chaos_ref_ws"
-chaos ws-file 3 checkpoints/step-00001500.safetensors "$T/chaos_ref_ws" \
+chaos ws-file 3 checkpoints/step-00001500.safetensors "$T/chaos_ref_ws" 1500 \
   "$fc" "${chaos_args[@]}" --set train.steps=1500 "${wsm[@]}" --set execution.store=file
 
 # --- a signal stops every rank at the same step ------------------------------------
