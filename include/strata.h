@@ -2122,6 +2122,11 @@ typedef struct st_train_pos {
   int64_t batch;         /* train.batch */
   int64_t train_samples; /* training-set size */
   int64_t shuffle;       /* data.shuffle */
+  /* metrics.noise_scale's averages after the step (st_noise_scale's g2,
+   * trace, weight, n), so that a resumed run reports what the
+   * uninterrupted one does; noise_n 0: none kept */
+  double noise_g2, noise_trace, noise_weight;
+  int64_t noise_n;
 } st_train_pos;
 
 /* Writes weights (by tensor name), optimizer state ("optim.<name>.<slot>")

@@ -43,8 +43,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-/* 2: bf16 weights; 3: the committed copy's checksum */
-enum { SLOT_BYTES = 4096, STORE_VERSION = 3 };
+/* 2: bf16 weights; 3: the committed copy's checksum; 4: the noise scale's
+ * averages in the position */
+enum { SLOT_BYTES = 4096, STORE_VERSION = 4 };
 static const char MAGIC[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'W', 'S'};
 
 /* One header slot as stored (little-endian fields, the build's layout:

@@ -74,6 +74,7 @@ struct st_trainer {
 static int check_same_run(const st_trainer *t, const st_train_pos *p,
                           const char *path, st_error *err);
 static st_train_pos run_pos(const st_trainer *t);
+static void take_pos(st_trainer *t, const st_train_pos *p);
 
 const st_executor *st_find_executor(const char *mode) {
   static const st_executor *all[] = {
@@ -797,7 +798,7 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
       p.seed = kept->seed;
     }
     if ((rc = check_same_run(t, &p, t->store_path, err))) goto fail;
-    if (kept->step > 0) t->pos = *kept;
+    if (kept->step > 0) take_pos(t, kept);
   }
   make_permutation(t, t->pos.epoch);
   *out = t;
@@ -1049,7 +1050,27 @@ static st_train_pos run_pos(const st_trainer *t) {
   pos.batch = t->batch;
   pos.train_samples = t->n_train;
   pos.shuffle = t->cfg.data.shuffle;
+  if (t->cfg.metrics.noise_scale) {
+    pos.noise_g2 = t->noise.g2;
+    pos.noise_trace = t->noise.trace;
+    pos.noise_weight = t->noise.weight;
+    pos.noise_n = t->noise.n;
+  }
   return pos;
+}
+
+/* A kept position becomes the trainer's, with the noise scale's averages
+ * where it kept some (a run without them starts its averages afresh). */
+static void take_pos(st_trainer *t, const st_train_pos *p) {
+  t->pos = *p;
+  t->pos.noise_g2 = t->pos.noise_trace = t->pos.noise_weight = 0;
+  t->pos.noise_n = 0;
+  if (t->cfg.metrics.noise_scale && p->noise_n > 0) {
+    t->noise.g2 = p->noise_g2;
+    t->noise.trace = p->noise_trace;
+    t->noise.weight = p->noise_weight;
+    t->noise.n = p->noise_n;
+  }
 }
 
 /* Evaluating, saving, ... while st_trainer_step_ahead left a step running
@@ -1370,7 +1391,7 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
     st_free(opt);
   }
   if (!rc) {
-    t->pos = pos;
+    take_pos(t, &pos);
     make_permutation(t, t->pos.epoch);
   }
   return rc;

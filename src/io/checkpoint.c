@@ -51,6 +51,29 @@ static int add_meta_i64(st_st_writer *w, const char *key, int64_t v,
   return st_st_writer_meta(w, key, buf, err);
 }
 
+/* The noise scale's averages (st_train_pos), where the run keeps some:
+ * 17 significant digits read back as the same double. */
+static const struct {
+  const char *key;
+  size_t offset;
+} noise_keys[] = {
+    {"noise_g2", offsetof(st_train_pos, noise_g2)},
+    {"noise_trace", offsetof(st_train_pos, noise_trace)},
+    {"noise_weight", offsetof(st_train_pos, noise_weight)},
+};
+enum { N_NOISE_KEYS = sizeof noise_keys / sizeof noise_keys[0] };
+
+static int add_noise(st_st_writer *w, const st_train_pos *pos, st_error *err) {
+  int rc = add_meta_i64(w, "noise_n", pos->noise_n, err);
+  for (int k = 0; !rc && k < N_NOISE_KEYS; k++) {
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g",
+             *(const double *)((const char *)pos + noise_keys[k].offset));
+    rc = st_st_writer_meta(w, noise_keys[k].key, buf, err);
+  }
+  return rc;
+}
+
 int st_checkpoint_save(const char *path, const st_model *m, const float *params,
                        const float *opt_state, const char *optim_kind,
                        const st_train_pos *pos, st_error *err) {
@@ -166,6 +189,7 @@ static int save(const char *path, const st_model *m, saving *sv, int ns,
       rc = add_meta_i64(
           w, pos_keys[k].key,
           *(const int64_t *)((const char *)pos + pos_keys[k].offset), err);
+    if (!rc && pos->noise_n > 0) rc = add_noise(w, pos, err);
   }
   if (!rc)
     rc = st_st_writer_write_fetch(w, path, sv->fetched ? fetch_tensor : NULL,
@@ -359,6 +383,29 @@ static int meta_i64(const st_safetensors *st, const char *key, int64_t min,
   return 0;
 }
 
+/* The noise scale's averages, when the checkpoint keeps them: all four
+ * keys, finite, the weight a bias correction in (0, 1]. */
+static int read_noise(const st_safetensors *st, st_train_pos *p,
+                      st_error *err) {
+  if (!st_safetensors_meta(st, "noise_n")) return 0;
+  int rc = meta_i64(st, "noise_n", 1, &p->noise_n, err);
+  for (int k = 0; !rc && k < N_NOISE_KEYS; k++) {
+    const char *s = st_safetensors_meta(st, noise_keys[k].key);
+    char *end = NULL;
+    double v = s ? strtod(s, &end) : NAN;
+    if (!s || end == s || *end || !isfinite(v) ||
+        (k == N_NOISE_KEYS - 1 && !(v > 0 && v <= 1)))
+      return st_error_set(err, ST_EFORMAT,
+                          "%s: metadata '%s' is %.32s, not %s: corrupt "
+                          "checkpoint",
+                          st->path, noise_keys[k].key, s ? s : "missing",
+                          k == N_NOISE_KEYS - 1 ? "a weight in (0, 1]"
+                                                : "a finite number");
+    *(double *)((char *)p + noise_keys[k].offset) = v;
+  }
+  return rc;
+}
+
 static int read_pos(const st_safetensors *st, st_train_pos *pos,
                     st_error *err) {
   st_train_pos p = {0};
@@ -395,6 +442,8 @@ static int read_pos(const st_safetensors *st, st_train_pos *pos,
                         st->path, (long long)p.step, (long long)p.epoch,
                         (long long)p.epoch_pos, (long long)p.samples,
                         (long long)p.batch, (long long)p.train_samples);
+  int rc = read_noise(st, &p, err);
+  if (rc) return rc;
   *pos = p;
   return 0;
 }

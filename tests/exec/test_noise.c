@@ -15,6 +15,8 @@
  *  2. In training, measuring does not perturb: with the same micro-batch
  *     split, weights with metrics.noise_scale on and off are bit-identical,
  *     and the estimate is finite and positive early in training.
+ *  3. Resumed (from a checkpoint file or a file store), the averages go on
+ *     from where they were, bit for bit.
  */
 #include "harness.h"
 #include "strata.h"
@@ -22,7 +24,9 @@
 #include "../../src/runtime/runtime.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { DIM = 40, BS = 8, BB = 64, PAIRS = 3000 };
 
@@ -259,10 +263,123 @@ static void test_training(void) {
         "batch 1 with the noise scale: %s", err.msg);
 }
 
+/* The noise scale's averages and their count, bit for bit. */
+static int same_noise(const st_noise_scale *a, const st_noise_scale *b) {
+  return a && b && memcmp(&a->g2, &b->g2, sizeof a->g2) == 0 &&
+         memcmp(&a->trace, &b->trace, sizeof a->trace) == 0 &&
+         memcmp(&a->weight, &b->weight, sizeof a->weight) == 0 && a->n == b->n;
+}
+
+static st_trainer *steps(const st_config *c, int n, st_error *err) {
+  st_trainer *t = NULL;
+  double loss;
+  if (st_trainer_create(&t, c, NULL, err)) return NULL;
+  for (int s = 0; s < n; s++)
+    if (st_trainer_step(t, &loss, err)) {
+      st_trainer_destroy(t);
+      return NULL;
+    }
+  return t;
+}
+
+/* 3. Resumed, the averages go on from where they were: a run stopped
+ * after 10 of 24 steps and resumed, from a checkpoint file or from a file
+ * store (which commits them with every step), reports what the
+ * uninterrupted run does, bit for bit; a checkpoint without them starts
+ * them afresh. */
+static void test_resume(void) {
+  static char dir[] = "/tmp/strata_test_noise_XXXXXX";
+  if (!mkdtemp(dir)) {
+    CHECK(0, "mkdtemp");
+    return;
+  }
+  st_config c;
+  st_config_defaults(&c);
+  c.data.train_limit = 2000;
+  c.data.test_limit = 100;
+  c.train.batch = 32;
+  c.train.steps = 24;
+  c.execution.micro_batch = 8;
+  c.optimizer.lr = 0.02f;
+  c.metrics.noise_scale = 1;
+  c.metrics.noise_ema = 0.9f;
+  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
+  char path[ST_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+  for (int store = 0; store < 2; store++) {
+    const char *what = store ? "a file store" : "a checkpoint";
+    if (store) {
+      snprintf(c.execution.mode, sizeof c.execution.mode, "weight_streaming");
+      snprintf(c.execution.store, sizeof c.execution.store, "file");
+      snprintf(c.execution.store_path, sizeof c.execution.store_path,
+               "%s/whole.strata", dir);
+    }
+    st_error err = {0};
+    st_trainer *whole = steps(&c, 24, &err), *part = NULL, *rest = NULL;
+    CHECK(whole, "%s: the uninterrupted run: %s", what, err.msg);
+    if (store)
+      snprintf(c.execution.store_path, sizeof c.execution.store_path,
+               "%s/part.strata", dir);
+    part = steps(&c, 10, &err);
+    int rc = part ? 0 : -1;
+    if (!rc)
+      rc = store ? st_trainer_sync(part, &err)
+                 : st_trainer_save(part, path, &err);
+    st_trainer_destroy(part);
+    if (!rc && st_trainer_create(&rest, &c, NULL, &err) == 0 && !store)
+      rc = st_trainer_load(rest, path, 0, &err);
+    double loss;
+    rc = rc || !rest ? -1 : 0;
+    CHECK(!rc && st_trainer_pos(rest)->step == 10 &&
+              st_trainer_noise(rest)->n == 10,
+          "%s: resumed at step %lld with %lld measurements: %s", what,
+          rest ? (long long)st_trainer_pos(rest)->step : -1LL,
+          rest ? (long long)st_trainer_noise(rest)->n : -1LL, err.msg);
+    for (int s = 10; !rc && s < 24; s++)
+      rc = st_trainer_step(rest, &loss, &err);
+    if (whole && !rc)
+      CHECK(same_noise(st_trainer_noise(whole), st_trainer_noise(rest)),
+            "%s: resumed at step 10, the noise averages at step 24 are "
+            "%.17g %.17g %.17g (%lld), uninterrupted %.17g %.17g %.17g "
+            "(%lld)",
+            what, st_trainer_noise(rest)->g2, st_trainer_noise(rest)->trace,
+            st_trainer_noise(rest)->weight,
+            (long long)st_trainer_noise(rest)->n, st_trainer_noise(whole)->g2,
+            st_trainer_noise(whole)->trace, st_trainer_noise(whole)->weight,
+            (long long)st_trainer_noise(whole)->n);
+    st_trainer_destroy(whole);
+    st_trainer_destroy(rest);
+  }
+  /* a checkpoint of a run that did not measure: the averages start afresh
+   * (and the first measurement after it is its own estimate) */
+  snprintf(c.execution.mode, sizeof c.execution.mode, "sequential");
+  snprintf(c.execution.store, sizeof c.execution.store, "memory");
+  c.metrics.noise_scale = 0;
+  st_error err = {0};
+  st_trainer *off = steps(&c, 10, &err), *on = NULL;
+  int rc = off ? st_trainer_save(off, path, &err) : -1;
+  c.metrics.noise_scale = 1;
+  if (!rc) rc = st_trainer_create(&on, &c, NULL, &err);
+  if (!rc) rc = st_trainer_load(on, path, 0, &err);
+  CHECK(!rc && st_trainer_noise(on)->n == 0 &&
+            isnan(st_noise_scale_value(st_trainer_noise(on), NULL, NULL)),
+        "a checkpoint without the averages: %s", err.msg);
+  st_trainer_destroy(off);
+  st_trainer_destroy(on);
+  unlink(path);
+  char store_file[ST_PATH_MAX + 32];
+  snprintf(store_file, sizeof store_file, "%s/whole.strata", dir);
+  unlink(store_file);
+  snprintf(store_file, sizeof store_file, "%s/part.strata", dir);
+  unlink(store_file);
+  rmdir(dir);
+}
+
 int main(void) {
   test_closed_form();
   test_linear_regression();
   test_tied_norm();
   test_training();
+  test_resume();
   TH_DONE();
 }

@@ -298,9 +298,22 @@ static void test_refusals(const st_config *base) {
     st_trainer_destroy(b);
   }
   /* Out-of-range positions written by hand. */
-  st_train_pos bad[2] = {
-      {3, 0, -64, 96, base->train.seed, base->train.batch, 2000, 1},
-      {3, 0, 4000, 96, base->train.seed, base->train.batch, 2000, 1}};
+  st_train_pos bad[2] = {{.step = 3,
+                          .epoch = 0,
+                          .epoch_pos = -64,
+                          .samples = 96,
+                          .seed = base->train.seed,
+                          .batch = base->train.batch,
+                          .train_samples = 2000,
+                          .shuffle = 1},
+                         {.step = 3,
+                          .epoch = 0,
+                          .epoch_pos = 4000,
+                          .samples = 96,
+                          .seed = base->train.seed,
+                          .batch = base->train.batch,
+                          .train_samples = 2000,
+                          .shuffle = 1}};
   const char *want[2] = {"below its minimum", "exceeds"};
   for (int k = 0; k < 2; k++) {
     const st_model *m = st_trainer_model(a);

@@ -643,7 +643,15 @@ static void roundtrip_checkpoint(const st_model *m, const char *kind,
   st_model_init(m, params, 3);
   fill(opt, slots * np, 4);
   /* step 63 = epoch 2 x 30 steps + 30 / 10 into epoch 2; 630 samples */
-  st_train_pos pos = {63, 2, 30, 630, 99, 10, 300, 1}, pos2 = {0};
+  st_train_pos pos = {.step = 63,
+                      .epoch = 2,
+                      .epoch_pos = 30,
+                      .samples = 630,
+                      .seed = 99,
+                      .batch = 10,
+                      .train_samples = 300,
+                      .shuffle = 1},
+               pos2 = {0};
   const char *path = in_dir("ckpt.safetensors");
   st_error err = {0};
   int rc = st_checkpoint_save(path, m, params, opt, kind, &pos, &err);
@@ -706,7 +714,14 @@ static void test_checkpoint(void) {
   /* a position that is not one: a step more than its samples say; and a
    * NaN weight, refused naming the tensor and the element */
   float *p0 = calloc(np, sizeof(float)), *o0 = calloc(2 * np, sizeof(float));
-  st_train_pos bad = {64, 2, 30, 630, 99, 10, 300, 1};
+  st_train_pos bad = {.step = 64,
+                      .epoch = 2,
+                      .epoch_pos = 30,
+                      .samples = 630,
+                      .seed = 99,
+                      .batch = 10,
+                      .train_samples = 300,
+                      .shuffle = 1};
   const char *odd = in_dir("odd.safetensors");
   int rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &bad, &err);
   rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
@@ -721,6 +736,32 @@ static void test_checkpoint(void) {
   CHECK(rc == ST_EFORMAT && contains(err.msg, "samples 631 do not describe"),
         "samples that are not step x batch: rc %d: %s", rc, err.msg);
   bad.samples = 630;
+  /* the noise scale's averages: read back as the same doubles (1/3 and a
+   * subnormal need all 17 digits); none kept, none read; a weight that is
+   * no bias correction refused naming the key */
+  st_train_pos noisy = bad;
+  noisy.noise_g2 = 1.0 / 3, noisy.noise_trace = -4.9e-320;
+  noisy.noise_weight = 0.1 * 3, noisy.noise_n = 7;
+  rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &noisy, &err);
+  memset(&pos, 0xff, sizeof pos);
+  rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
+  CHECK(rc == 0 && pos.noise_g2 == 1.0 / 3 && pos.noise_trace == -4.9e-320 &&
+            pos.noise_weight == 0.1 * 3 && pos.noise_n == 7,
+        "noise averages round trip: rc %d (%s): %.17g %.17g %.17g %lld", rc,
+        err.msg, pos.noise_g2, pos.noise_trace, pos.noise_weight,
+        (long long)pos.noise_n);
+  rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &bad, &err);
+  memset(&pos, 0xff, sizeof pos);
+  rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
+  CHECK(rc == 0 && pos.noise_n == 0 && pos.noise_g2 == 0 &&
+            pos.noise_weight == 0,
+        "no noise averages kept: rc %d (%s), n %lld", rc, err.msg,
+        (long long)pos.noise_n);
+  noisy.noise_weight = 1.5;
+  rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &noisy, &err);
+  rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
+  CHECK(rc == ST_EFORMAT && contains(err.msg, "metadata 'noise_weight' is 1.5"),
+        "a noise weight past 1: rc %d: %s", rc, err.msg);
   p0[m->blocks[1].param_off + 2] = NAN;
   bad.step = 63;
   rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &bad, &err);
