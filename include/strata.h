@@ -2127,6 +2127,9 @@ typedef struct st_train_pos {
    * uninterrupted one does; noise_n 0: none kept */
   double noise_g2, noise_trace, noise_weight;
   int64_t noise_n;
+  /* CRC-32 of the training set as trained on (samples and labels, or the
+   * tokens); has_train_crc 0: not recorded (an older checkpoint) */
+  uint32_t train_crc, has_train_crc;
 } st_train_pos;
 
 /* Writes weights (by tensor name), optimizer state ("optim.<name>.<slot>")

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 struct st_trainer {
   st_config cfg;
@@ -51,6 +52,7 @@ struct st_trainer {
   int batch, micro_batch, eval_batch;
   int evaluated;              /* st_trainer_note_result was called */
   st_noise_scale noise;       /* metrics.noise_scale */
+  uint32_t train_crc;         /* the training set's (st_train_pos) */
   double eval_loss, eval_acc; /* the run's final evaluation */
   double samples_per_s;       /* and its training rate */
   int64_t total_steps, steps_per_epoch;
@@ -153,6 +155,28 @@ static int load_data(st_trainer *t, st_error *err) {
     t->n_train = t->train->n, t->n_test = t->test->n;
   }
   return rc;
+}
+
+static uint32_t crc_of(uint32_t crc, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t at = 0; at < n; at += 1u << 30) {
+    size_t k = n - at < (1u << 30) ? n - at : 1u << 30;
+    crc = (uint32_t)crc32(crc, b + at, (uInt)k);
+  }
+  return crc;
+}
+
+/* The training set as trained on: its samples and labels, or the tokens
+ * its windows cover (a resumed run must read the same). */
+static uint32_t train_crc(const st_trainer *t) {
+  uint32_t crc = (uint32_t)crc32(0, Z_NULL, 0);
+  if (t->text) {
+    size_t tokens = (size_t)t->n_train * (size_t)t->rows + 1;
+    return crc_of(crc, t->text->train, tokens * sizeof *t->text->train);
+  }
+  size_t n = (size_t)t->n_train;
+  crc = crc_of(crc, t->train->pixels, n * st_shape_numel(t->train->shape));
+  return crc_of(crc, t->train->labels, n);
 }
 
 static int max_int(int a, int b) { return a > b ? a : b; }
@@ -726,6 +750,10 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if ((rc = st_dist_check_same((uint64_t)t->n_train << 32 | (uint32_t)t->n_test,
                                "data (its training and test set sizes)", err)))
     goto fail;
+  t->train_crc = train_crc(t);
+  if ((rc = st_dist_check_same(t->train_crc, "training data (by its CRC-32)",
+                               err)))
+    goto fail;
   if (t->n_train < t->batch)
     rc = st_error_set(err, ST_ECONFIG,
                       "%s: train.batch: %d is larger than the %d training "
@@ -1050,6 +1078,8 @@ static st_train_pos run_pos(const st_trainer *t) {
   pos.batch = t->batch;
   pos.train_samples = t->n_train;
   pos.shuffle = t->cfg.data.shuffle;
+  pos.train_crc = t->train_crc;
+  pos.has_train_crc = 1;
   if (t->cfg.metrics.noise_scale) {
     pos.noise_g2 = t->noise.g2;
     pos.noise_trace = t->noise.trace;
@@ -1335,6 +1365,16 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
   else if (p->shuffle != t->cfg.data.shuffle)
     what = "shuffling", key = "data.shuffle", had = p->shuffle,
     now = t->cfg.data.shuffle;
+  else if (p->has_train_crc && p->train_crc != t->train_crc)
+    return st_error_set(
+        err, ST_ECONFIG,
+        "%s: written on a training set of CRC-32 %08x, the config's (%s) has "
+        "%08x: the same size, other data: resuming would not continue the "
+        "same run",
+        path, (unsigned)p->train_crc,
+        t->text ? "data.path, data.tokenizer or data.val_fraction"
+                : "data.dataset or data.dir",
+        (unsigned)t->train_crc);
   if (!what) return 0;
   return st_error_set(err, ST_ECONFIG,
                       "%s: written with %s %lld, the config (%s) gives %lld: "

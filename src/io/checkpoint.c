@@ -190,6 +190,11 @@ static int save(const char *path, const st_model *m, saving *sv, int ns,
           w, pos_keys[k].key,
           *(const int64_t *)((const char *)pos + pos_keys[k].offset), err);
     if (!rc && pos->noise_n > 0) rc = add_noise(w, pos, err);
+    if (!rc && pos->has_train_crc) {
+      char crc[16];
+      snprintf(crc, sizeof crc, "%08x", (unsigned)pos->train_crc);
+      rc = st_st_writer_meta(w, "train_crc", crc, err);
+    }
   }
   if (!rc)
     rc = st_st_writer_write_fetch(w, path, sv->fetched ? fetch_tensor : NULL,
@@ -444,6 +449,18 @@ static int read_pos(const st_safetensors *st, st_train_pos *pos,
                         (long long)p.batch, (long long)p.train_samples);
   int rc = read_noise(st, &p, err);
   if (rc) return rc;
+  /* the training set's CRC-32, where the checkpoint records it */
+  const char *crc = st_safetensors_meta(st, "train_crc");
+  if (crc) {
+    unsigned long v = strtoul(crc, &end, 16);
+    if (strlen(crc) != 8 || strspn(crc, "0123456789abcdef") != 8)
+      return st_error_set(err, ST_EFORMAT,
+                          "%s: metadata 'train_crc' is %.32s, not 8 hex "
+                          "digits: corrupt checkpoint",
+                          st->path, crc);
+    p.train_crc = (uint32_t)v;
+    p.has_train_crc = 1;
+  }
   *pos = p;
   return 0;
 }

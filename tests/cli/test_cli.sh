@@ -435,6 +435,20 @@ expect_error "test images of another size" \
 expect_error "resume under another seed" \
   "step-0*20\.safetensors: written with seed 42, the config \(train\.seed\) gives 7" \
   -- train "$fc" "${small[@]}" --set train.seed=7 --resume "$T/run"
+# the same number of samples, one label changed: other data
+mkdir -p "$T/relabeled"
+cp "$FM"/*.gz "$T/relabeled/"
+gzip -dc "$FM/train-labels-idx1-ubyte.gz" >"$T/relabeled/train-labels-idx1-ubyte"
+printf '\011' | dd of="$T/relabeled/train-labels-idx1-ubyte" bs=1 seek=108 conv=notrunc 2>/dev/null
+gzip -f "$T/relabeled/train-labels-idx1-ubyte"
+expect_error "resume on other data of the same size" \
+  "step-0*20\.safetensors: written on a training set of CRC-32 [0-9a-f]{8}, the config's \(data\.dataset or data\.dir\) has [0-9a-f]{8}: the same size, other data" \
+  -- train "$fc" "${small[@]}" --set data.dir="$T/relabeled" --resume "$T/run"
+stored=(--set execution.mode=weight_streaming --set execution.store=file)
+run train "$fc" "${small[@]}" "${stored[@]}" --out "$T/run_store"
+expect_error "resume of a file store on other data of the same size" \
+  "store\.strata: written on a training set of CRC-32 [0-9a-f]{8}, the config's \(data\.dataset or data\.dir\) has [0-9a-f]{8}" \
+  -- train "$fc" "${small[@]}" "${stored[@]}" --set data.dir="$T/relabeled" --resume "$T/run_store"
 expect_error "resume from a missing run" \
   "^strata: error: $(re_quote "$T/nope")/config.yaml: cannot open: no run to resume$" \
   -- train "$fc" "${small[@]}" --resume "$T/nope"
