@@ -1109,6 +1109,121 @@ static void test_strict(void) {
   st_st_writer_destroy(w);
 }
 
+/* The bounds the reader keeps on a header a file may lie in: each refused
+ * with its own cause (a check removed let the next one catch some of these
+ * under another name, and wrote past a buffer for others: every one of them
+ * passed the tests above). */
+static void test_bounds(void) {
+  const char *path = in_dir("bounds.safetensors");
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+                 "\"data_offsets\":[0,4]}}",
+                 4);
+  expect_fail("nine dimensions", path, ST_EFORMAT, "too many dimensions", NULL);
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],"
+                 "\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\","
+                 "\"shape\":[1],\"data_offsets\":[4,8]}}",
+                 8);
+  expect_fail("overlapping tensors", path, ST_EFORMAT, "'b'", "overlap");
+  write_handmade(path,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],"
+                 "\"data_offsets\":[-4,4]}}",
+                 4);
+  expect_fail("negative data_offsets", path, ST_EFORMAT, "corrupt",
+              "bad data_offsets");
+  write_handmade(path, "{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4);
+  expect_fail("no shape", path, ST_EFORMAT, "corrupt", "lacks");
+  write_handmade(path,
+                 "{\"__metadata__\":{\"strata.crc32\":\"00000000\","
+                 "\"strata.crc32\":\"00000000\"},\"a\":{\"dtype\":\"U8\","
+                 "\"shape\":[1],\"data_offsets\":[0,1]}}",
+                 1);
+  expect_fail("the CRC list twice", path, ST_EFORMAT, "strata.crc32",
+              "appears twice");
+  write_handmade(path,
+                 "{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[1],"
+                 "\"data_offsets\":[0,1]}}",
+                 1);
+  expect_fail("a NUL in a name", path, ST_EFORMAT, "corrupt", "escape");
+  /* names up to 127 bytes are read; a longer one is refused, not cut */
+  char header[512], name[130];
+  for (int len = 127; len <= 128; len++) {
+    memset(name, 'n', (size_t)len);
+    name[len] = 0;
+    snprintf(header, sizeof header,
+             "{\"%s\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+             name);
+    write_handmade(path, header, 1);
+    if (len == 128) {
+      expect_fail("a name of 128 bytes", path, ST_EFORMAT, "string too long",
+                  NULL);
+      continue;
+    }
+    st_safetensors *st = NULL;
+    st_error err = {0};
+    int rc = st_safetensors_read(&st, path, &err);
+    CHECK(rc == 0 && st_safetensors_find(st, name),
+          "a name of 127 bytes: rc %d %s", rc, err.msg);
+    st_safetensors_destroy(st);
+  }
+  /* a header length past the specification's 100 MB, in a file that long
+   * (sparse): refused before it is allocated and read */
+  uint8_t len[8] = {0};
+  uint64_t hlen = (100u << 20) + 8;
+  for (int i = 0; i < 8; i++) len[i] = (uint8_t)(hlen >> (8 * i));
+  write_bytes(path, len, 8);
+  CHECK(truncate(path, (off_t)(8 + hlen)) == 0, "truncate: %s",
+        strerror(errno));
+  expect_fail("a header of 100 MB and 8 bytes", path, ST_EFORMAT,
+              "header length 104857608", NULL);
+
+  st_error err = {0};
+  int rc;
+  /* a sharded checkpoint's index: shards lie beside it (no way up or
+   * elsewhere), and it has a weight_map */
+  const char *index = in_dir("model.safetensors.index.json");
+  static const struct {
+    const char *text, *cause;
+  } bad_index[] = {
+      {"{\"weight_map\":{\"a\":\"../x.safetensors\"}}", "'/'"},
+      {"{\"weight_map\":{\"a\":\"/etc/x.safetensors\"}}", "'/'"},
+      {"{\"weight_map\":{\"a\":\"..\"}}", "'/'"},
+      {"{\"metadata\":{\"total_size\":4}}", "no weight_map"},
+  };
+  for (size_t i = 0; i < sizeof bad_index / sizeof bad_index[0]; i++) {
+    write_bytes(index, bad_index[i].text, strlen(bad_index[i].text));
+    st_st_index x;
+    st_error ierr = {0};
+    rc = st_safetensors_index_read(index, &x, &ierr);
+    CHECK(rc == ST_EFORMAT && contains(ierr.msg, index) &&
+              contains(ierr.msg, bad_index[i].cause),
+          "index %s: rc %d: %s", bad_index[i].text, rc, ierr.msg);
+    if (!rc) st_safetensors_index_free(&x);
+  }
+  /* a folder whose index maps no tensor: refused, not read as one file */
+  st_model *m = small_model(5);
+  const char *empty = "{\"weight_map\":{}}";
+  write_bytes(index, empty, strlen(empty));
+  float *params = m ? calloc(m->n_params, sizeof(float)) : NULL;
+  rc = m ? st_checkpoint_load(dir, m, params, NULL, NULL, NULL, &err)
+         : ST_ENOMEM;
+  CHECK(rc == ST_EFORMAT && contains(err.msg, "an empty weight_map"),
+        "an index with an empty weight_map: rc %d: %s", rc, err.msg);
+  /* an epoch far past the steps (epoch x steps per epoch overflows) */
+  st_train_pos far = {0, (int64_t)1 << 62, 0, 0, 1, 10, 40, 1};
+  rc = m ? st_checkpoint_save(path, m, params, NULL, "sgd", &far, &err)
+         : ST_ENOMEM;
+  st_train_pos got;
+  if (!rc) rc = st_checkpoint_load(path, m, params, NULL, "sgd", &got, &err);
+  CHECK(rc == ST_EFORMAT && contains(err.msg, "do not describe one position"),
+        "epoch 2^62 at step 0: rc %d: %s", rc, err.msg);
+  free(params);
+  st_model_destroy(m);
+  unlink(index);
+  unlink(path);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-safetensors.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -1123,6 +1238,7 @@ int main(void) {
   test_checkpoint();
   test_inspect();
   test_strict();
+  test_bounds();
   remove_dir();
   TH_DONE();
 }
