@@ -25,6 +25,20 @@ static double half_to(uint16_t h) {
   return h >> 15 ? -v : v;
 }
 
+/* The float8 formats of the safetensors specification (OCP FP8, as
+ * torch.float8_e4m3fn and float8_e5m2): E4M3 has no infinity and its
+ * NaN is S.1111.111; E5M2 is IEEE-like. */
+static double f8_to(uint8_t b, int e4m3) {
+  int e = e4m3 ? b >> 3 & 0xf : b >> 2 & 0x1f, m = e4m3 ? b & 7 : b & 3;
+  double v = e4m3 ? (e == 15 && m == 7 ? NAN
+                     : e == 0          ? ldexp(m, -9)
+                                       : ldexp(8 + m, e - 10))
+                  : (e == 31  ? (m ? NAN : INFINITY)
+                     : e == 0 ? ldexp(m, -16)
+                              : ldexp(4 + m, e - 17));
+  return b >> 7 ? -v : v;
+}
+
 /* Element i of a tensor of `dtype` at p, as a double (NAN for a dtype it
  * does not read: numeric() says which it does). */
 static double element(const uint8_t *p, const char *dtype, size_t i) {
@@ -46,6 +60,8 @@ static double element(const uint8_t *p, const char *dtype, size_t i) {
   AS("U64", uint64_t)
   AS("BOOL", uint8_t)
 #undef AS
+  if (strcmp(dtype, "F8_E4M3") == 0) return f8_to(p[i], 1);
+  if (strcmp(dtype, "F8_E5M2") == 0) return f8_to(p[i], 0);
   uint16_t h;
   memcpy(&h, p + 2 * i, 2);
   if (strcmp(dtype, "BF16") == 0) return st_bf16_to(h);
@@ -56,8 +72,8 @@ static double element(const uint8_t *p, const char *dtype, size_t i) {
 /* The dtypes element() reads. */
 static int numeric(const char *dtype) {
   static const char *const known[] = {
-      "F32", "F64", "F16", "BF16", "I8",  "I16",  "I32",
-      "I64", "U8",  "U16", "U32",  "U64", "BOOL",
+      "F32", "F64", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I8",   "I16",
+      "I32", "I64", "U8",  "U16",  "U32",     "U64",     "BOOL",
   };
   for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
     if (!strcmp(dtype, known[k])) return 1;
@@ -140,7 +156,7 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
       n *= (size_t)t->dims[d];
     }
     if (t->ndim == 0) snprintf(shape, sizeof shape, "scalar");
-    if (!numeric(t->dtype)) { /* F8 and the like: listed, not read */
+    if (!numeric(t->dtype)) { /* a dtype element() does not read: listed */
       fprintf(f, "  %-44s %-5s %-16s %12s %12s %12s %12s\n", t->name, t->dtype,
               shape, "-", "-", "-", "-");
       continue;

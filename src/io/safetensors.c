@@ -145,9 +145,10 @@ static size_t dtype_size(const char *dtype) {
   static const struct {
     const char *name;
     size_t size;
-  } table[] = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
-               {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1},
-               {"U16", 2}, {"U32", 4}, {"U64", 8}};
+  } table[] = {{"F64", 8},     {"F32", 4},     {"F16", 2}, {"BF16", 2},
+               {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4},
+               {"I16", 2},     {"I8", 1},      {"U8", 1},  {"BOOL", 1},
+               {"U16", 2},     {"U32", 4},     {"U64", 8}};
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
     if (strcmp(dtype, table[i].name) == 0) return table[i].size;
   return 0;

@@ -1224,6 +1224,52 @@ static void test_bounds(void) {
   unlink(path);
 }
 
+/* The float8 dtypes of the safetensors specification (F8_E4M3, F8_E5M2:
+ * one byte an element) are read, and inspect decodes them: a file of them
+ * was refused as "unknown dtype". E4M3 0x38 = 1, 0x40 = 2, 0xc0 = -2, 0x7e
+ * = 448 (its largest); E5M2 0x3c = 1, 0x40 = 2, 0x7b = 57344 (its largest),
+ * 0x7c = infinity. */
+static void test_float8(void) {
+  const char *path = in_dir("float8.safetensors");
+  write_handmade(path,
+                 "{\"e4\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],"
+                 "\"data_offsets\":[0,4]},\"e5\":{\"dtype\":\"F8_E5M2\","
+                 "\"shape\":[2,2],\"data_offsets\":[4,8]}}",
+                 8);
+  size_t n = 0;
+  uint8_t *raw = slurp(path, &n);
+  static const uint8_t values[8] = {0x38, 0x40, 0xc0, 0x7e,
+                                    0x3c, 0x40, 0x7b, 0x7c};
+  if (raw && n >= 8) {
+    memcpy(raw + n - 8, values, 8);
+    write_bytes(path, raw, n);
+  }
+  free(raw);
+  st_safetensors *st = NULL;
+  st_error err = {0};
+  int rc = st_safetensors_read(&st, path, &err);
+  CHECK(rc == 0 && st->n_tensors == 2 && st_safetensors_find(st, "e5"),
+        "float8 tensors: rc %d %s", rc, err.msg);
+  st_safetensors_destroy(st);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  rc = st_inspect(path, f, &err);
+  fclose(f);
+  /* %12.5g of min, max, mean and std over the finite elements */
+  CHECK(rc == 0 && contains(text, "F8_E4M3 4                          -2 "
+                                  "         448       112.25"),
+        "inspect of F8_E4M3: rc %d %s\n%s", rc, err.msg, text ? text : "");
+  CHECK(rc == 0 &&
+            contains(text, "F8_E5M2 2x2                         1 "
+                           "       57344        19116") &&
+            contains(text, "holds 0 NaN and 1 infinities, the first at "
+                           "element 3"),
+        "inspect of F8_E5M2: rc %d %s\n%s", rc, err.msg, text ? text : "");
+  free(text);
+  unlink(path);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/strata-test-safetensors.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -1239,6 +1285,7 @@ int main(void) {
   test_inspect();
   test_strict();
   test_bounds();
+  test_float8();
   remove_dir();
   TH_DONE();
 }
