@@ -367,6 +367,11 @@ static void test_file(void) {
       {"garbage.bpe", "line 4", "strata-bpe 1\nvocab 258\n97 97\nx y\n", 0},
       {"trailing.bpe", "unexpected data",
        "strata-bpe 1\nvocab 257\n97 97\n1 2\n", 0},
+      /* ids past int32 (2^32 + 97 once read as 97), signs and blanks
+       * strtol would skip: refused, not read as other merges */
+      {"wrap.bpe", "line 3", "strata-bpe 1\nvocab 257\n4294967393 97\n", 0},
+      {"sign.bpe", "line 3", "strata-bpe 1\nvocab 257\n+97 97\n", 0},
+      {"blank.bpe", "line 3", "strata-bpe 1\nvocab 257\n97  97\n", 0},
       {"cut.bpe", "truncated", NULL, n_good / 2},
       {"cutline.bpe", "truncated", NULL, n_good - 1},
   };
@@ -384,6 +389,23 @@ static void test_file(void) {
           "%s: rc %d, message '%s' should name the file and say '%s'",
           cases[i].name, rc, err.msg, cases[i].expect);
   }
+  /* Merges that double a token each time (0 0, 256 256, 257 257, ...):
+   * 60 of them spell 2^61 bytes; refused by the byte table's cap before
+   * it is sized (an allocation of that, or past 64 merges a wrapped one) */
+  char doubling[1024];
+  int at = snprintf(doubling, sizeof doubling, "strata-bpe 1\nvocab %d\n0 0\n",
+                    256 + 60);
+  for (int r = 1; r < 60; r++)
+    at += snprintf(doubling + at, sizeof doubling - (size_t)at, "%d %d\n",
+                   255 + r, 255 + r);
+  const char *dp = tmp_path("doubling.bpe");
+  write_file(dp, doubling, (size_t)at);
+  back = NULL;
+  int rc = st_tokenizer_load(&back, dp, &err);
+  CHECK(rc == ST_EFORMAT && back == NULL && strstr(err.msg, dp) &&
+            strstr(err.msg, "bytes in all"),
+        "doubling merges: rc %d, '%s'", rc, err.msg);
+  st_tokenizer_destroy(back);
   CHECK(st_tokenizer_load(&back, tmp_path("missing.bpe"), &err) == ST_EIO &&
             strstr(err.msg, "missing.bpe"),
         "a missing file: %s", err.msg);
