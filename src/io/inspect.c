@@ -144,7 +144,7 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
           st->data_bytes);
   for (int i = 0; i < st->n_meta; i++)
     fprintf(f, "  meta %-12s %s\n", st->meta_keys[i], st->meta_values[i]);
-  fprintf(f, "  %-44s %-5s %-16s %12s %12s %12s %12s\n", "name", "dtype",
+  fprintf(f, "  %-44s %-7s %-16s %12s %12s %12s %12s\n", "name", "dtype",
           "shape", "min", "max", "mean", "std");
   for (int i = 0; i < st->n_tensors; i++) {
     const st_st_tensor *t = &st->tensors[i];
@@ -157,7 +157,7 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
     }
     if (t->ndim == 0) snprintf(shape, sizeof shape, "scalar");
     if (!numeric(t->dtype)) { /* a dtype element() does not read: listed */
-      fprintf(f, "  %-44s %-5s %-16s %12s %12s %12s %12s\n", t->name, t->dtype,
+      fprintf(f, "  %-44s %-7s %-16s %12s %12s %12s %12s\n", t->name, t->dtype,
               shape, "-", "-", "-", "-");
       continue;
     }
@@ -184,7 +184,7 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
       double v = element(p, t->dtype, k);
       if (isfinite(v)) sq += (v - mean) * (v - mean);
     }
-    fprintf(f, "  %-44s %-5s %-16s %12.5g %12.5g %12.5g %12.5g", t->name,
+    fprintf(f, "  %-44s %-7s %-16s %12.5g %12.5g %12.5g %12.5g", t->name,
             t->dtype, shape, fin ? lo : 0, fin ? hi : 0, mean,
             fin ? sqrt(sq / (double)fin) : 0);
     if (nan || inf)

@@ -1211,7 +1211,11 @@ static void test_bounds(void) {
   CHECK(rc == ST_EFORMAT && contains(err.msg, "an empty weight_map"),
         "an index with an empty weight_map: rc %d: %s", rc, err.msg);
   /* an epoch far past the steps (epoch x steps per epoch overflows) */
-  st_train_pos far = {0, (int64_t)1 << 62, 0, 0, 1, 10, 40, 1};
+  st_train_pos far = {.epoch = (int64_t)1 << 62,
+                      .seed = 1,
+                      .batch = 10,
+                      .train_samples = 40,
+                      .shuffle = 1};
   rc = m ? st_checkpoint_save(path, m, params, NULL, "sgd", &far, &err)
          : ST_ENOMEM;
   st_train_pos got;
