@@ -1304,8 +1304,25 @@ static int cmd_inspect(int argc, char **argv) {
   return 0;
 }
 
+/* A command's output that could not all be written (a full disk, a
+ * closed file) fails the command, rather than exiting 0 with a part. */
+static int output_written(int rc) {
+  int e = fflush(stdout) != 0 ? errno : 0;
+  if (!e && !ferror(stdout)) return rc;
+  if (rc == 0)
+    fprintf(stderr, "strata: error: cannot write the standard output: %s\n",
+            e ? strerror(e) : "a write failed");
+  return rc ? rc : 1;
+}
+
+static int run_command(int argc, char **argv);
+
 int main(int argc, char **argv) {
   st_blas_init();
+  return output_written(run_command(argc, argv));
+}
+
+static int run_command(int argc, char **argv) {
   if (argc < 2) return fputs(usage_main, stderr), 2;
   const char *cmd = argv[1];
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||

@@ -187,6 +187,9 @@ static int read_crcs(json *j, st_safetensors *st) {
   }
 }
 
+#define MAX_META 1024 /* metadata entries a header may hold */
+_Static_assert(MAX_META == 1024, "read_metadata's message names 1024");
+
 static int read_metadata(json *j, st_safetensors *st) {
   if (expect(j, '{')) return ST_EFORMAT;
   if (peek(j, '}')) return j->p++, 0;
@@ -202,14 +205,22 @@ static int read_metadata(json *j, st_safetensors *st) {
       }
       return expect(j, '}');
     }
-    void *k = realloc(st->meta_keys, (size_t)(st->n_meta + 1) * 64);
-    if (!k)
-      return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
-    st->meta_keys = k;
-    void *v = realloc(st->meta_values, (size_t)(st->n_meta + 1) * 256);
-    if (!v)
-      return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
-    st->meta_values = v;
+    /* each entry holds a 64-byte key and a 256-byte value however short:
+     * a bounded count, grown by doubling, so a header of a million tiny
+     * entries costs neither gigabytes nor quadratic copying */
+    if (st->n_meta == MAX_META)
+      return json_fail(j, "more than 1024 metadata entries");
+    if ((st->n_meta & (st->n_meta - 1)) == 0) { /* 0, 1, 2, 4, ...: full */
+      size_t cap = st->n_meta ? 2 * (size_t)st->n_meta : 1;
+      void *k = realloc(st->meta_keys, cap * 64);
+      if (!k)
+        return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+      st->meta_keys = k;
+      void *v = realloc(st->meta_values, cap * 256);
+      if (!v)
+        return st_error_set(j->err, ST_ENOMEM, "%s: out of memory", j->path);
+      st->meta_values = v;
+    }
     if (read_string(j, st->meta_keys[st->n_meta], 64) || expect(j, ':') ||
         read_string(j, st->meta_values[st->n_meta], 256))
       return ST_EFORMAT;

@@ -298,6 +298,14 @@ if [ "$rc" -eq 0 ] &&
 else
   fail "inspect lists weights and optimizer state" "rc=$rc" "$out" "$err"
 fi
+# output that cannot be written (a full disk) fails the command, saying so
+"$strata" inspect "$checkpoint" >/dev/full 2>"$T/full.err"
+rc=$?
+if [ "$rc" -eq 1 ] && [ "$(cat "$T/full.err")" = "strata: error: cannot write the standard output: No space left on device" ]; then
+  pass
+else
+  fail "inspect to a full disk: exit 1 with one line" "rc=$rc" "$(cat "$T/full.err")"
+fi
 run eval "$fc" "${small[@]}" --checkpoint "$checkpoint"
 if [ "$rc" -eq 0 ] && [[ $out =~ test\ accuracy\ [01]\.[0-9]+ ]] && [ -z "$err" ]; then pass; else
   fail "eval prints a test accuracy" "rc=$rc" "$out" "$err"

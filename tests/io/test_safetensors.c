@@ -1167,6 +1167,38 @@ static void test_bounds(void) {
           "a name of 127 bytes: rc %d %s", rc, err.msg);
     st_safetensors_destroy(st);
   }
+  /* metadata entries: 1024 read (each one, across the buffers' growth),
+   * 1025 refused — each costs 320 bytes however short, so a header of a
+   * million tiny ones would cost gigabytes */
+  for (int n = 1024; n <= 1025; n++) {
+    size_t cap = 64 + 24 * (size_t)n, used = 0;
+    char *big = malloc(cap);
+    used += (size_t)snprintf(big, cap, "{\"__metadata__\":{");
+    for (int i = 0; i < n; i++)
+      used += (size_t)snprintf(big + used, cap - used, "%s\"k%d\":\"%d\"",
+                               i ? "," : "", i, 7 * i);
+    snprintf(big + used, cap - used, "}}");
+    write_handmade(path, big, 0);
+    free(big);
+    if (n == 1025) {
+      expect_fail("1025 metadata entries", path, ST_EFORMAT,
+                  "more than 1024 metadata entries", NULL);
+      continue;
+    }
+    st_safetensors *st = NULL;
+    st_error err = {0};
+    int rc = st_safetensors_read(&st, path, &err), all = rc == 0;
+    for (int i = 0; all && i < n; i++) {
+      char key[16], want[16];
+      snprintf(key, sizeof key, "k%d", i);
+      snprintf(want, sizeof want, "%d", 7 * i);
+      const char *got = st_safetensors_meta(st, key);
+      all = got && !strcmp(got, want);
+    }
+    CHECK(all && st->n_meta == n,
+          "1024 metadata entries, each read back: rc %d %s", rc, err.msg);
+    st_safetensors_destroy(st);
+  }
   /* a header length past the specification's 100 MB, in a file that long
    * (sparse): refused before it is allocated and read */
   uint8_t len[8] = {0};
