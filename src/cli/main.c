@@ -1093,7 +1093,25 @@ static int export_shards(const char *dir, const st_config *cfg,
       printf("strata: %s is one file already: step %lld\n", ck, step);
       return 0;
     }
-    if (copy_file(ck, out, &err)) return st_cli_fail(&err);
+    /* read whole first (every tensor's shape and CRC, the position):
+     * a damaged checkpoint is named, not passed on */
+    st_model *m = NULL;
+    float *params = NULL, *opt = NULL;
+    int rc = st_plan_model(&m, cfg, &err);
+    if (!rc) {
+      size_t n = m->n_params, state = (size_t)st_optim_state_per_param(cfg) * n;
+      params = st_alloc(n * sizeof *params);
+      opt = st_alloc(state * sizeof *opt);
+      rc = params && opt ? 0 : st_error_set(&err, ST_ENOMEM, "out of memory");
+    }
+    st_train_pos pos;
+    if (!rc)
+      rc = st_checkpoint_load(ck, m, params, opt, cfg->optimizer.kind, &pos,
+                              &err);
+    st_free(params);
+    st_free(opt);
+    st_model_destroy(m);
+    if (rc || copy_file(ck, out, &err)) return st_cli_fail(&err);
     printf("strata: wrote %s: step %lld of %s\n", out, step, ck);
     return 0;
   }

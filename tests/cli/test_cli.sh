@@ -1019,6 +1019,17 @@ run export "$T/w_seq" --out "$T/w_seq_copy.safetensors"
 if [ "$rc" -eq 0 ] && cmp -s "$newest" "$T/w_seq_copy.safetensors"; then pass; else
   fail "export --out of a single-file checkpoint: the same bytes" "rc $rc" "$err"
 fi
+# damaged (one byte of its last tensor's data flipped): named, not copied
+cp -r "$T/w_seq" "$T/w_seq_bad"
+bad=$(ls "$T/w_seq_bad/checkpoints/"step-*.safetensors | tail -n 1)
+size=$(stat -c %s "$bad")
+printf '\377' | dd of="$bad" bs=1 seek=$((size - 3)) conv=notrunc 2>/dev/null
+expect_error "export --out of a damaged single-file checkpoint" \
+  "^strata: error: $(re_quote "$bad"): tensor '[^']*' is damaged" \
+  -- export "$T/w_seq_bad" --out "$T/w_seq_bad_copy.safetensors"
+if [ ! -e "$T/w_seq_bad_copy.safetensors" ]; then pass; else
+  fail "export of a damaged checkpoint writes nothing" "$(ls -la "$T/w_seq_bad_copy.safetensors")"
+fi
 expect_error "a store path in a missing folder" \
   "^strata: error: $(re_quote "$T/nowhere/s.strata"): cannot create: No such file or directory$" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T/nowhere/s.strata" --out "$T/o_ws_nowhere"
