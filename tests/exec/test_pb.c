@@ -27,6 +27,11 @@
  *    in the step started ahead fails at its own step, with the message
  *    of the run without overlap; evaluating or saving meanwhile is refused;
  *  - optimizer.reference_batch's rescaling against its closed form;
+ *  - a resume refills the pipeline and the rules go on from each stage's
+ *    count of updates, N K - D(s): after one resumed step at micro-batch
+ *    1 the last stage holds the uninterrupted run's weights and the
+ *    others the checkpoint's; pipemare's warm-up factor on stage 0's first
+ *    resumed update is the closed form's at that count;
  *  - the replay of the stages' busy times with free hand-offs, on
  *    hand-worked schedules, and below the real wall of a threaded run;
  *  - impossible settings fail before any work.
@@ -595,6 +600,138 @@ static void test_replay(const st_config *base) {
   }
 }
 
+/* A resumed run starts with an empty pipeline (pb_start): by its
+ * checkpoint's step stage s had done every update but the last D(s)'s, and
+ * the rules go on from that count (momentum's first step, AdamW's bias
+ * correction, pipemare's warm-up). At micro-batch 1 the first micro-batch
+ * after the checkpoint meets in every stage's forward the weights the
+ * uninterrupted run's forward of it met, and the last stage (D = 0)
+ * updates with its gradient at once: after one resumed step that stage's
+ * weights are the uninterrupted run's, bit for bit, while every other
+ * stage still holds the checkpoint's (its first update comes D(s) steps
+ * later). */
+static void test_resume(const st_config *base) {
+  enum { N = 9 };
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/strata-pb-resume-%d.safetensors",
+           (int)getpid());
+  const char *const cases[][2] = {
+      {"none", "sgd"}, {"sc+lwp", "sgd"}, {"none", "adamw"}};
+  for (int k = 0; k < 3; k++) {
+    st_config c = *base;
+    c.execution.stages = 4;
+    c.train.batch = 1;
+    snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "%s",
+             cases[k][0]);
+    snprintf(c.optimizer.kind, sizeof c.optimizer.kind, "%s", cases[k][1]);
+    if (k == 2) c.optimizer.lr = 0.003f;
+    st_error err = {0};
+    st_trainer *a = NULL, *b = NULL, *r = NULL;
+    float *want = run_steps(&c, N + 1, &a);
+    float *saved = run_steps(&c, N, &b);
+    int ok = want && saved && st_trainer_save(b, path, &err) == 0;
+    CHECK(ok, "%s %s: %s", cases[k][0], cases[k][1], err.msg);
+    if (ok) r = make(&c, &err);
+    ok = r && st_trainer_load(r, path, 0, &err) == 0;
+    double loss;
+    ok = ok && st_trainer_step(r, &loss, &err) == 0;
+    CHECK(ok, "%s %s: resume: %s", cases[k][0], cases[k][1], err.msg);
+    if (ok) {
+      const st_model *m = st_trainer_model(r);
+      int first[8], count[8];
+      int S = st_pb_layout(st_trainer_exec_state(r), first, count, NULL);
+      const float *got = st_trainer_params(r);
+      for (int s = 0; s < S; s++) {
+        const st_block *lo = &m->blocks[first[s]],
+                       *hi = &m->blocks[first[s] + count[s] - 1];
+        size_t off = lo->param_off,
+               n = hi->param_off + hi->n_params - lo->param_off;
+        const float *ref = s == S - 1 ? want : saved;
+        CHECK(memcmp(got + off, ref + off, n * sizeof *got) == 0,
+              "%s %s: stage %d of %d after one resumed step: weights differ "
+              "from %s",
+              cases[k][0], cases[k][1], s, S,
+              s == S - 1 ? "the uninterrupted run's" : "the checkpoint's");
+      }
+    }
+    free(want);
+    free(saved);
+    st_trainer_destroy(a);
+    st_trainer_destroy(b);
+    st_trainer_destroy(r);
+    unlink(path);
+  }
+}
+
+/* The count a resumed stage goes on from, through pipemare's warm-up: at
+ * 2 stages and micro-batch 1, stage 0 (D = 2) makes its first update after
+ * a resume at step N in the resumed run's third step, with the gradient of
+ * the first micro-batch after the checkpoint. That gradient is the same
+ * whatever the warm-up T (stage 1, D = 0, is never rescaled; the backward
+ * runs on w - D delta with delta 0 after the load), so the change of stage
+ * 0's weights at T = 20 over the change at T = 1 (factor 1 from t = 1 on)
+ * is the warm-up's factor at its count t = N - D:
+ * D^-(1 - min(t / T, 1)) = 2^-(1 - 10 / 20) = 0.7071 (t = N: 0.758). */
+static void test_resume_count(const st_config *base) {
+  enum { N = 12, T = 20, D = 2 };
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/strata-pb-count-%d.safetensors",
+           (int)getpid());
+  st_config c = *base;
+  c.execution.stages = 2;
+  c.train.batch = 1;
+  c.execution.pipemare_warmup = T;
+  snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "pipemare");
+  st_error err = {0};
+  st_trainer *b = NULL;
+  float *saved = run_steps(&c, N, &b);
+  int ok = saved && st_trainer_save(b, path, &err) == 0;
+  CHECK(ok, "pipemare resume: save: %s", err.msg);
+  st_trainer_destroy(b);
+  float *after[2] = {NULL, NULL};
+  size_t off = 0, n = 0;
+  for (int k = 0; ok && k < 2; k++) {
+    c.execution.pipemare_warmup = k == 0 ? T : 1;
+    st_trainer *r = make(&c, &err);
+    double loss;
+    ok = r && st_trainer_load(r, path, 0, &err) == 0;
+    for (int i = 0; ok && i < D + 1; i++)
+      ok = st_trainer_step(r, &loss, &err) == 0;
+    CHECK(ok, "pipemare resume, warm-up %d: %s", c.execution.pipemare_warmup,
+          err.msg);
+    if (ok) {
+      const st_model *m = st_trainer_model(r);
+      int first[2], count[2];
+      st_pb_layout(st_trainer_exec_state(r), first, count, NULL);
+      off = m->blocks[first[0]].param_off;
+      const st_block *hi = &m->blocks[first[0] + count[0] - 1];
+      n = hi->param_off + hi->n_params - off;
+      after[k] = malloc(n * sizeof(float));
+      memcpy(after[k], st_trainer_params(r) + off, n * sizeof(float));
+    }
+    st_trainer_destroy(r);
+  }
+  if (ok && after[0] && after[1]) {
+    double warm = 0, plain = 0;
+    for (size_t i = 0; i < n; i++) {
+      warm += fabs((double)after[0][i] - saved[off + i]);
+      plain += fabs((double)after[1][i] - saved[off + i]);
+    }
+    double want = pow(D, -(1.0 - (double)(N - D) / T)), got = warm / plain;
+    /* each change is a difference of floats of about 0.1 that moved by
+     * about 1e-3 to 1e-2: 1e-5 relative each; 1e-3 sits 70x under the
+     * factor at the count N (0.758) */
+    CHECK(plain > 0 && fabs(got / want - 1) < 1e-3,
+          "pipemare after a resume at step %d: stage 0's first update "
+          "scaled by %.6f, want the warm-up's factor at t = %d, %.6f",
+          N, got, N - D, want);
+  }
+  free(after[0]);
+  free(after[1]);
+  free(saved);
+  unlink(path);
+}
+
 int main(void) {
   (void)train; /* models.h's 20-step helper; these tests count their own */
   st_blas_init();
@@ -684,5 +821,7 @@ int main(void) {
   test_reference_batch(&deep);
   test_refusals(&deep);
   test_replay(&deep);
+  test_resume(&deep);
+  test_resume_count(&deep);
   TH_DONE();
 }
