@@ -1,10 +1,11 @@
 #!/bin/bash
-# tools/mutate.sh — `make mutate`: do the pipelined-backprop tests catch a
-# wrong formula? Each mutation below removes or alters one rule of
-# BACKGROUND.md 2 in a scratch copy of the tree; the copy is rebuilt and
-# the PB tests run; a mutation is caught when a test fails. Prints one line
-# per mutation and `caught N of N`; exits 1 if any survived (or a mutation
-# no longer applies, or does not build: the list must follow the code).
+# tools/mutate.sh — `make mutate`: do the pipelined-backprop and noise
+# scale tests catch a wrong formula? Each mutation below removes or alters
+# one rule of BACKGROUND.md 2 or 5 in a scratch copy of the tree; the copy
+# is rebuilt and the tests run; a mutation is caught when a test fails.
+# Prints one line per mutation and `caught N of N`; exits 1 if any survived
+# (or a mutation no longer applies, or does not build: the list must
+# follow the code).
 #
 #   tools/mutate.sh [BUILD]      (BUILD: the build folder's name, "build")
 #   MUTATE_ONLY=name tools/mutate.sh    one mutation
@@ -17,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 SCRATCH=${MUTATE_DIR:-/tmp/strata-mutate}
-TESTS="exec/test_pb_ref exec/test_pb optim/test_optim"
+TESTS="exec/test_pb_ref exec/test_pb optim/test_optim exec/test_noise"
 
 # name | file | Perl substitution applied to the whole file (s{...}{...}, or
 # s#...#...# where the pattern holds a brace).
@@ -44,6 +45,12 @@ MUTATIONS=(
   "reference batch: the trainer rescales to train.batch, not the micro-batch|src/exec/trainer.c|s{pb \? t->micro_batch : t->batch\);}{t->batch);}"
   "reference batch: the trainer never rescales|src/exec/trainer.c|s{if \(cfg->optimizer.reference_batch > 0\)}{if (0)}"
   "reference batch: momentum kept at the batch recipe's|src/optim/optim.c|s{double m_hat = m > 0 \? pow\(m, r\) : 0;}{double m_hat = m;}"
+  "resume: the rules' count restarts at 0|src/exec/pb.c|s{p->stages\[s\]\.updates0 = done > 0 \? done : 0;}{p->stages[s].updates0 = 0 * done;}"
+  "resume: the count forgets the D(s) updates in flight|src/exec/pb.c|s{int64_t done = v->step \* job->K - p->stages\[s\]\.D;}{int64_t done = v->step * job->K;}"
+  "resume: pipemare's warm-up counts from the resume|src/exec/pb.c|s{st_pb_pipemare_lr\(v->lr, st->D, st->updates0 \+ st->updates,}{st_pb_pipemare_lr(v->lr, st->D, st->updates,}"
+  "noise scale: B_s given as 2/3 of the micro-batch|src/exec/trainer.c|s{gs2, t->micro_batch, gb2, t->batch\);}{gs2, t->micro_batch * 2 / 3, gb2, t->batch);}"
+  "noise scale: the first micro-batch's norm scaled once, not squared|src/runtime/step.c|s{\* scale \* scale;}{* scale;}"
+  "noise scale: the batch's norm counted twice|src/exec/trainer.c|s{\*r->v->gb2 \+= st_sum_squares}{*r->v->gb2 += 2 * st_sum_squares}"
 )
 
 say() { printf 'mutate: %s\n' "$*"; }
