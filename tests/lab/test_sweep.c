@@ -24,7 +24,8 @@
  *    eval_growth puts every steps to result on the geometric schedule;
  *    noise_batch reruns that batch's best trial and writes the B_simple of
  *    the windows an independent trainer with metrics.noise_scale gives,
- *    bit for bit;
+ *    bit for bit (noise.csv's last row; report.md's first 10%, 40-60% and
+ *    last 20%);
  *  - target parsing accepts accuracy=/loss= and refuses the rest.
  */
 #include "harness.h"
@@ -812,11 +813,16 @@ static void test_budget_noise(const char *root) {
       const long sched[] = {2, 4, 6, 9, 14, 21, 32};
       for (int k = 0; k < 7 && sched[k] < s16; k++) prev = sched[k];
       double row_tr = 0, row_g2 = 0, end_tr = 0, end_g2 = 0, loss;
+      double early_tr = 0, early_g2 = 0, mid_tr = 0, mid_g2 = 0;
       for (long k = 1; k <= s16; k++) {
         st_trainer_step(t, &loss, &err);
         double g2, tr;
         st_noise_scale_value(st_trainer_noise(t), &g2, &tr);
         if (k > prev) row_tr += tr, row_g2 += g2;
+        /* report.md's windows: the first 10% of the steps (at least the
+         * first), 40% to 60%, the last 20% */
+        if (10 * k <= s16 || k == 1) early_tr += tr, early_g2 += g2;
+        if (5 * k > 2 * s16 && 5 * k <= 3 * s16) mid_tr += tr, mid_g2 += g2;
         if (5 * k > 4 * s16) end_tr += tr, end_g2 += g2;
       }
       st_trainer_destroy(t);
@@ -827,13 +833,24 @@ static void test_budget_noise(const char *root) {
             "noise.csv ends with step %ld, B_simple %.9g over steps %ld.."
             "%ld as a trainer gives it:\n%s",
             s16, want, prev + 1, s16, noise);
-      char said[64];
-      if (isfinite(at_end) && at_end > 0)
-        snprintf(said, sizeof said, "**%.0f** over the last 20%%", at_end);
-      else /* estimates that divide to a ratio <= 0 give no figure */
-        snprintf(said, sizeof said, "no estimate (%s) over the last 20%%",
-                 isfinite(at_end) ? "a ratio <= 0" : "too few steps");
-      CHECK(report && strstr(report, said), "report says %s", said);
+      const double windows[3] = {early_g2 > 0 ? early_tr / early_g2 : NAN,
+                                 mid_g2 > 0 ? mid_tr / mid_g2 : NAN, at_end};
+      const char *const where[3] = {"the first 10%% of the steps", "40-60%%",
+                                    "the last 20%%"};
+      for (int w = 0; w < 3; w++) {
+        char said[96], fmt[64];
+        double b = windows[w];
+        if (isfinite(b) && b > 0) {
+          snprintf(fmt, sizeof fmt, "**%%.0f** over %s", where[w]);
+          snprintf(said, sizeof said, fmt, b);
+        } else { /* estimates that divide to a ratio <= 0 give no figure */
+          snprintf(fmt, sizeof fmt, "no estimate (%%s) over %s", where[w]);
+          snprintf(said, sizeof said, fmt,
+                   isfinite(b) ? "a ratio <= 0" : "too few steps");
+        }
+        CHECK(report && strstr(report, said), "report says %s (%ld steps)",
+              said, s16);
+      }
     } else {
       CHECK(0, "noise trainer: %s", err.msg);
     }
