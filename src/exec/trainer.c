@@ -1385,6 +1385,15 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err) {
   if (t->pending) return in_flight(err);
+  /* Pipelined backprop is never drained: the micro-batches of the steps
+   * run so far are in flight (activations, stashed weights, the stages'
+   * update counts), and their backward would reach the loaded weights. */
+  if (t->steps_run > 0 && !strcmp(t->cfg.execution.mode, "pipelined_backprop"))
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: this pipelined_backprop trainer has run %lld "
+                        "steps and its pipeline is full: load a checkpoint "
+                        "into a new trainer",
+                        path, (long long)t->steps_run);
   if (!t->owned)
     return st_error_set(err, ST_EUNSUPPORTED,
                         "%s: the weights live in the store %s, which is this "

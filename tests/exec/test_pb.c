@@ -32,6 +32,7 @@
  *    1 the last stage holds the uninterrupted run's weights and the
  *    others the checkpoint's; pipemare's warm-up factor on stage 0's first
  *    resumed update is the closed form's at that count;
+ *    a checkpoint loaded into a trainer that has run steps is refused;
  *  - the replay of the stages' busy times with free hand-offs, on
  *    hand-worked schedules, and below the real wall of a threaded run;
  *  - impossible settings fail before any work.
@@ -653,6 +654,19 @@ static void test_resume(const st_config *base) {
               cases[k][0], cases[k][1], s, S,
               s == S - 1 ? "the uninterrupted run's" : "the checkpoint's");
       }
+    }
+    /* into a trainer that has run steps (its pipeline full of
+     * micro-batches whose backward would reach the loaded weights): refused,
+     * the trainer as it was */
+    size_t np = a ? st_trainer_model(a)->n_params : 0;
+    for (int only = 0; a && want && k == 0 && only < 2; only++) {
+      err = (st_error){0};
+      int rc = st_trainer_load(a, path, only, &err);
+      CHECK(rc == ST_EUNSUPPORTED && strstr(err.msg, "new trainer") &&
+                memcmp(st_trainer_params(a), want, np * sizeof *want) == 0,
+            "a checkpoint loaded (weights only: %d) into a pipelined_backprop "
+            "trainer that ran %d steps: rc %d, %s",
+            only, N + 1, rc, err.msg);
     }
     free(want);
     free(saved);
