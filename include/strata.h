@@ -2304,7 +2304,9 @@ int st_store_resolve(st_config *cfg, const char *out_dir);
  * read from the header alone: no model, no check of the values. */
 int st_store_committed_step(const char *path, int64_t *step, st_error *err);
 int st_trainer_save(st_trainer *t, const char *path, st_error *err);
-/* weights_only: load weights, keep optimizer state and position. */
+/* weights_only: load weights, keep optimizer state and position. Refused
+ * by a pipelined_backprop trainer that has run steps (its pipeline is
+ * full): load into a new one. */
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err);
 const st_model *st_trainer_model(const st_trainer *t);
