@@ -795,14 +795,21 @@ static void report_critical(FILE *f, const st_sweep_options *o,
     else
       snprintf(w[i], sizeof w[i], "no estimate (%s)",
                isfinite(v[i]) ? "a ratio <= 0" : "too few steps");
+  /* the small batch: the first micro-batch where the config sets one */
+  char small[64];
+  if (base->execution.micro_batch)
+    snprintf(small, sizeof small, "first micro-batch (%d samples)",
+             base->execution.micro_batch);
+  else
+    snprintf(small, sizeof small, "first half of the batch");
   fprintf(f,
           ") run again for %lld steps; each step's gradient norms on the "
-          "first half of the batch and on the whole give unbiased estimates of "
+          "%s and on the whole batch give unbiased estimates of "
           "tr(S) and |G|^2, averaged over a window of steps and then "
           "divided: %s over the first 10%% of the steps, %s over 40-60%%, "
           "%s over the last 20%%, at the target (noise.csv: every "
           "evaluation interval).",
-          (long long)ns->steps, w[0], w[1], w[2]);
+          (long long)ns->steps, small, w[0], w[1], w[2]);
   if (!isnan(sum->b_crit) && ns->b_end > 0)
     fprintf(f,
             " At the target B_simple is %.2f times the fitted B_crit "

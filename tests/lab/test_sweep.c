@@ -789,7 +789,9 @@ static void test_budget_noise(const char *root) {
   const char *row = steps ? strstr(steps, "\n16,") : NULL;
   if (row && sscanf(row + 4, "%ld,%ld,", &s16, &trial16) != 2) s16 = -1;
   CHECK(s16 > 0 && noise && report && strstr(report, "B_simple") &&
-            strstr(report, "at the target"),
+            strstr(report, "at the target") &&
+            strstr(report, "norms on the first half of the batch and on the "
+                           "whole batch"),
         "batch 16 reached the target (step %ld) and noise.csv and the report "
         "say B_simple",
         s16);
