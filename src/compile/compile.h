@@ -75,6 +75,11 @@ int st_pb_weight_copies(const char *mitigation, int delay);
  * halves the trainer measures for metrics.noise_scale when no micro-batch is
  * set). */
 int st_plan_micro_batch(const st_config *cfg);
+/* The plan options of cfg's mode, stages 0: the activations and weight
+ * copies a stage holds and the schedule whose fill and drain the stage
+ * count is chosen by — what `strata compile` plans, and what the runtime
+ * cuts its stages by (st_cut_split), so the two choose alike. */
+st_plan_options st_plan_mode_options(const st_config *cfg);
 
 /* Whether linear layers' updates ride in a one-sample backward as the
  * trainer runs cfg: pb.c's condition (a micro-batch of one, the

@@ -1229,6 +1229,39 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
                          const st_fabric *fabric, const st_block_cost *costs,
                          int n, int stages, st_error *err);
 
+st_plan_options st_plan_mode_options(const st_config *cfg) {
+  const char *mode = cfg->execution.mode;
+  int mb = st_plan_micro_batch(cfg);
+  /* Samples whose activations a stage holds, as its mode keeps them: a
+   * sequential step one micro-batch (the batch, unless split), block-
+   * sequential all of the batch; a pipeline's schedule and pipelined
+   * backprop what stage s of S keeps (st_plan_options.in_flight_schedule),
+   * with the weight copies its mitigation keeps (st_pb_weight_copies). */
+  int pipelined =
+      !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
+  int pb = !strcmp(mode, "pipelined_backprop");
+  /* block_sequential runs gpipe's order inside its segment (pipeline.c:
+   * every stage's M forwards, then its M backwards, each stage holding all
+   * M): it fills and drains as gpipe does, and the stage count is chosen
+   * with that bubble, not by a steady state it never reaches (at M = 1 its
+   * stages never overlap). One segment: a plan that fits the machine is one
+   * (st_cut_segments), unless execution.blocks_per_segment cuts more. */
+  int blockseq = !strcmp(mode, "block_sequential");
+  st_plan_options opt = {.samples_in_flight = blockseq ? cfg->train.batch : mb,
+                         .weight_versions = 1,
+                         .algorithm = ST_PARTITION_AUTO,
+                         .in_flight_schedule = pb ? "pb"
+                                               : pipelined
+                                                   ? cfg->execution.schedule
+                                               : blockseq ? "gpipe"
+                                                          : NULL,
+                         .micro_batch = mb,
+                         .micro_batches = mb > 0 ? cfg->train.batch / mb : 1,
+                         .virtual_stages = cfg->execution.virtual_stages,
+                         .mitigation = pb ? cfg->execution.mitigation : NULL};
+  return opt;
+}
+
 int st_plan_from_costs(st_plan **out, const st_config *cfg,
                        const st_fabric *fabric, const st_block_cost *costs,
                        int n, int stages, st_error *err) {
@@ -1252,39 +1285,16 @@ int st_plan_from_costs(st_plan **out, const st_config *cfg,
     if (!rc) snprintf((*out)->model, sizeof(*out)->model, "%s", cfg->path);
     return rc;
   }
-  /* Samples whose activations a stage holds, as its mode keeps them: a
-   * sequential step one micro-batch (the batch, unless split), block-
-   * sequential all of the batch; a pipeline's schedule and pipelined
-   * backprop what stage s of S keeps (st_plan_options.in_flight_schedule),
-   * with the weight copies its mitigation keeps (st_pb_weight_copies). */
   int pipelined =
       !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
-  int pb = !strcmp(mode, "pipelined_backprop");
-  /* block_sequential runs gpipe's order inside its segment (pipeline.c:
-   * every stage's M forwards, then its M backwards, each stage holding all
-   * M): it fills and drains as gpipe does, and the stage count is chosen
-   * with that bubble, not by a steady state it never reaches (at M = 1 its
-   * stages never overlap). One segment: a plan that fits the machine is one
-   * (st_cut_segments), unless execution.blocks_per_segment cuts more. */
   int blockseq = !strcmp(mode, "block_sequential");
   /* the sequential mode runs one stage on every core (what `strata train`
    * runs): a cut of it would be a pipeline's steady state, which no
    * sequential step reaches */
   int one_stage = !stages && !strcmp(mode, "sequential");
   if (one_stage) stages = 1;
-  st_plan_options opt = {.stages = stages,
-                         .samples_in_flight = blockseq ? cfg->train.batch : mb,
-                         .weight_versions = 1,
-                         .algorithm = ST_PARTITION_AUTO,
-                         .in_flight_schedule = pb ? "pb"
-                                               : pipelined
-                                                   ? cfg->execution.schedule
-                                               : blockseq ? "gpipe"
-                                                          : NULL,
-                         .micro_batch = mb,
-                         .micro_batches = mb > 0 ? cfg->train.batch / mb : 1,
-                         .virtual_stages = cfg->execution.virtual_stages,
-                         .mitigation = pb ? cfg->execution.mitigation : NULL};
+  st_plan_options opt = st_plan_mode_options(cfg);
+  opt.stages = stages;
   /* a config that asks a pipelined mode for K stages (block_sequential: in
    * its segment) compiles to K (what
    * `strata train` runs; more than the fabric's cores is an error naming

@@ -9,6 +9,8 @@
  */
 #include "exec.h"
 
+#include "../compile/compile.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,17 +60,20 @@ done:
 }
 
 /* Splits blocks [0, n) of c into stages on `cores` cores as the compiler
- * plans it on fab (S = 0: the plan's choice): first/count/pes per stage;
- * returns the stage count. `shared`: more stages than cores, one thread
- * each. A model the planner cannot place (or no fab) falls back to the
- * FLOP balance with the cores shared evenly. */
+ * plans it on fab (S = 0: the plan's choice, by the fill and drain of
+ * mode's schedule as `strata compile` chooses; mode NULL: by the steady
+ * state): first/count/pes per stage; returns the stage count. `shared`:
+ * more stages than cores, one thread each. A model the planner cannot
+ * place (or no fab) falls back to the FLOP balance with the cores shared
+ * evenly. */
 int st_cut_split(const st_block_cost *c, int n, const st_fabric *fab, int S,
-                 int cores, int shared, const st_int_list *pin, int *first,
-                 int *count, int *pes) {
-  st_plan_options opt = {.stages = S,
-                         .samples_in_flight = 1,
+                 int cores, int shared, const st_int_list *pin,
+                 const st_config *mode, int *first, int *count, int *pes) {
+  st_plan_options opt = {.samples_in_flight = 1,
                          .weight_versions = 1,
                          .algorithm = ST_PARTITION_AUTO};
+  if (mode) opt = st_plan_mode_options(mode);
+  opt.stages = S;
   if (pin && pin->n > 0) { /* execution.stage_blocks */
     opt.stage_blocks = pin->v;
     opt.n_stage_blocks = pin->n;
@@ -154,7 +159,7 @@ int st_pipeline_split(const st_model *m, const st_config *cfg, int S, int cores,
              !st_plan_block_costs(c, m, cfg, err)) {
     st_fabric fab, *on = st_cut_fabric(&fab, cpu, cfg, S, cores);
     k = st_cut_split(c, n, on, S, cores, S > cores,
-                     &cfg->execution.stage_blocks, first, count, pes);
+                     &cfg->execution.stage_blocks, cfg, first, count, pes);
   }
   free(c);
   free(cpu);

@@ -261,13 +261,15 @@ int st_pipeline_check_pin(const st_config *cfg, int n, st_error *err);
 int st_pipeline_split(const st_model *m, const st_config *cfg, int S, int cores,
                       int *first, int *count, int *pes, st_error *err);
 /* The cut of blocks [0, n) of c into stages on `cores` cores as the
- * compiler plans it on fab (S = 0: the plan's choice): first/count/pes per
- * stage; returns the stage count. `shared`: more stages than cores, one
- * thread each. A model the planner cannot place (or no fab) falls back to
- * the FLOP balance with the cores shared evenly. */
+ * compiler plans it on fab (S = 0: the plan's choice, by the fill and
+ * drain of the schedule of mode's config as `strata compile` chooses;
+ * mode NULL: by the steady state): first/count/pes per stage; returns the
+ * stage count. `shared`: more stages than cores, one thread each. A model
+ * the planner cannot place (or no fab) falls back to the FLOP balance with
+ * the cores shared evenly. */
 int st_cut_split(const st_block_cost *c, int n, const st_fabric *fab, int S,
-                 int cores, int shared, const st_int_list *pin, int *first,
-                 int *count, int *pes);
+                 int cores, int shared, const st_int_list *pin,
+                 const st_config *mode, int *first, int *count, int *pes);
 /* The cpu fabric of `cores` cores (S of them when there are more stages)
  * in *fab, or NULL when it cannot be resolved (an unreadable calibration
  * profile). cpu: scratch space for the config it is resolved from. */

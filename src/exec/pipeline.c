@@ -400,7 +400,7 @@ static int lay_out_chunks(pipe *p, const st_config *cfg, const st_block_cost *c,
   if (!cpu) return st_error_set(err, ST_ENOMEM, "out of memory");
   st_fabric fab, *plan_on = st_cut_fabric(&fab, cpu, cfg, J, J);
   int k = st_cut_split(c, n, plan_on, J, J, 1, &cfg->execution.stage_blocks,
-                       first, count, pes);
+                       NULL, first, count, pes);
   free(cpu);
   if (k != J)
     return st_error_set(err, ST_EUNSUPPORTED,
@@ -489,10 +489,12 @@ static int lay_out(pipe *p, const st_config *cfg, int blockseq, int S,
   int total = 0;
   for (int g = 0; g < G; g++) {
     int b0 = starts[g], nb = starts[g + 1] - b0;
-    int want = S == 0 && blockseq ? (cores < nb ? cores : nb) : S > nb ? nb : S;
+    /* S = 0: the plan's stage count, chosen as `strata compile` chooses
+     * it (block_sequential: by gpipe's fill and drain of its segment) */
+    int want = S > nb ? nb : S;
     int k = st_cut_split(c + b0, nb, plan_on, want, cores, S > cores,
-                         blockseq ? NULL : &cfg->execution.stage_blocks, first,
-                         count, pes);
+                         blockseq ? NULL : &cfg->execution.stage_blocks, cfg,
+                         first, count, pes);
     p->seg[g] = total;
     for (int s = 0, off = 0; s < k; s++, total++) {
       pipe_stage *ps = &p->stages[total];

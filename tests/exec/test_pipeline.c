@@ -244,11 +244,13 @@ static void test_block_sequential(const char *what, const st_config *base) {
 
 /* The stages are the compiler's plan for this machine's cores: the same
  * cut points and cores per stage as st_plan_compile on fabric
- * cpu:threads. More stages than threads: one thread each. */
-static void test_plan(const st_config *base, const char *what, int S,
-                      int threads) {
+ * cpu:threads, the stage count too when S = 0 (chosen by the mode's fill
+ * and drain, as `strata compile` chooses it). More stages than threads:
+ * one thread each. */
+static void test_plan(const st_config *base, const char *mode, const char *what,
+                      int S, int threads) {
   st_config c = *base;
-  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  snprintf(c.execution.mode, sizeof c.execution.mode, "%s", mode);
   c.execution.stages = S;
   c.train.threads = threads;
   st_error err = {0};
@@ -619,17 +621,27 @@ int main(void) {
   test_block_sequential("mlp", &deep);
   test_block_sequential("cnn", &cnn);
   test_block_sequential("gpt", &deep_gpt);
-  test_plan(&mlp, "mlp S=2", 2, 2);
-  test_plan(&cnn, "cnn S=2", 2, 2);
-  test_plan(&cnn, "cnn S=0 (the plan's count)", 0, 2);
+  test_plan(&mlp, "pipeline", "mlp S=2", 2, 2);
+  test_plan(&cnn, "pipeline", "cnn S=2", 2, 2);
+  test_plan(&cnn, "pipeline", "cnn S=0 (the plan's count)", 0, 2);
+  /* block_sequential's own count: it ran min(cores, blocks) stages where
+   * the compiler, counting gpipe's fill and drain at M = 1 (no overlap),
+   * plans fewer */
+  test_plan(&cnn, "block_sequential", "block_sequential cnn S=0", 0, 2);
+  test_plan(&deep, "block_sequential", "block_sequential deep mlp S=0", 0, 8);
+  st_config deep_m = deep;
+  deep_m.execution.micro_batch = 4;
+  test_plan(&deep_m, "block_sequential",
+            "block_sequential deep mlp S=0 M=4 on 8 threads", 0, 8);
+  test_plan(&deep_m, "pipeline", "deep mlp S=0 M=4 on 8 threads", 0, 8);
   /* 784-128x7-10: a FLOP balance gives the first block a stage of its
    * own; the plan gives stage 0 two of 3 cores and blocks 0-3 */
   st_config mlp128 = mlp;
   set_all(&mlp128,
           (const char *[]){"model.hidden=[128,128,128,128,128,128,128]"}, 1);
-  test_plan(&mlp128, "mlp 128x7 S=2 on 3 threads", 2, 3);
-  test_plan(&deep, "deep mlp S=3 on 8 threads", 3, 8);
-  test_plan(&deep, "deep mlp S=4 on 2 threads", 4, 2);
+  test_plan(&mlp128, "pipeline", "mlp 128x7 S=2 on 3 threads", 2, 3);
+  test_plan(&deep, "pipeline", "deep mlp S=3 on 8 threads", 3, 8);
+  test_plan(&deep, "pipeline", "deep mlp S=4 on 2 threads", 4, 2);
   test_steady(&mlp, "pipeline");
   test_steady(&deep, "block_sequential");
   test_stats_trace(&mlp, "pipeline");
