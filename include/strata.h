@@ -2301,7 +2301,9 @@ const char *st_trainer_store(const st_trainer *t);
  * empty) is then cfg->execution.store_path: DIR/store.strata by default. */
 int st_store_resolve(st_config *cfg, const char *out_dir);
 /* The step a weight store's last commit finished (its newer valid header),
- * read from the header alone: no model, no check of the values. */
+ * read from the header alone: no model, no check of the values.
+ * ST_EFORMAT when the file is no store at all, ST_EDATA when it is one
+ * whose headers are damaged or of another format version. */
 int st_store_committed_step(const char *path, int64_t *step, st_error *err);
 int st_trainer_save(st_trainer *t, const char *path, st_error *err);
 /* weights_only: load weights, keep optimizer state and position. Refused

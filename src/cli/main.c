@@ -415,9 +415,15 @@ static int check_out(const char *dir, const args *a, const char *store,
    * the resolved config over the one it read) */
   int64_t step;
   st_error not_store = {0};
-  if (store && stat(store, &sb) == 0 &&
-      (S_ISDIR(sb.st_mode) ||
-       st_store_committed_step(store, &step, &not_store)))
+  int unread = store && stat(store, &sb) == 0 && !S_ISDIR(sb.st_mode)
+                   ? st_store_committed_step(store, &step, &not_store)
+                   : 0;
+  /* a store, damaged or of another version: its own error says which */
+  if (unread && unread != ST_EFORMAT) {
+    *err = not_store;
+    return unread;
+  }
+  if (store && stat(store, &sb) == 0 && (S_ISDIR(sb.st_mode) || unread))
     return st_error_set(
         err, ST_ECONFIG,
         "execution.store_path: %s is not a weight store (%s): "

@@ -453,11 +453,15 @@ static int newest_slot(int fd, const char *path, header *out, st_error *err) {
                         "reads version %d (export it with the strata that "
                         "wrote it)",
                         path, other_version, STORE_VERSION);
+  /* ST_EFORMAT: no store at all (the CLI never writes over such a file);
+   * ST_EDATA: a store, damaged */
+  if (!found && !marked)
+    return st_error_set(err, ST_EFORMAT, "%s: not a strata weight store", path);
   if (!found)
-    return st_error_set(err, ST_EDATA, "%s: %s", path,
-                        !marked ? "not a strata weight store"
-                                : "no valid header (both header slots fail "
-                                  "their checksum): the store is corrupt");
+    return st_error_set(err, ST_EDATA,
+                        "%s: no valid header (both header slots fail their "
+                        "checksum): the store is corrupt",
+                        path);
   *out = best;
   return 0;
 }

@@ -1088,6 +1088,21 @@ fi
 expect_error "a bf16 store resumed as fp32" \
   "^strata: error: $(re_quote "$T/w_bf16/store.strata"): the store holds bf16 weights; this config's execution.store_weights is fp32$" \
   -- train - --resume "$T/w_bf16" "${ws_args[@]}" --set execution.store_weights=fp32
+# a store whose headers are both damaged, or of another format version, is
+# a store: resumed, the error says what is wrong with it, not that the path
+# names some other file
+cp -r "$T/w_bf16" "$T/w_bad_hdr"
+printf 'xx' | dd of="$T/w_bad_hdr/store.strata" bs=1 seek=40 conv=notrunc 2>/dev/null
+printf 'xx' | dd of="$T/w_bad_hdr/store.strata" bs=1 seek=4136 conv=notrunc 2>/dev/null
+expect_error "a store with both headers damaged, resumed" \
+  "^strata: error: $(re_quote "$T/w_bad_hdr/store.strata"): no valid header \(both header slots fail their checksum\): the store is corrupt$" \
+  -- train - --resume "$T/w_bad_hdr" "${ws_args[@]}"
+cp -r "$T/w_bf16" "$T/w_old_ver"
+printf '\002' | dd of="$T/w_old_ver/store.strata" bs=1 seek=8 conv=notrunc 2>/dev/null
+printf '\002' | dd of="$T/w_old_ver/store.strata" bs=1 seek=4104 conv=notrunc 2>/dev/null
+expect_error "a store of another format version, resumed" \
+  "^strata: error: $(re_quote "$T/w_old_ver/store.strata"): a store of format version 2; this strata reads version 3 " \
+  -- train - --resume "$T/w_old_ver" "${ws_args[@]}"
 # A run on a read-only file system (an archive) still exports: the store
 # is opened read-only and gives the same bytes. Needs a read-only bind
 # mount, which root can make here; elsewhere this is said and not counted.
