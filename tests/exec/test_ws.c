@@ -13,7 +13,7 @@
  *    walked: per micro-batch every block's weights twice and its gradient
  *    out once, its partial gradient back in for every micro-batch but the
  *    first;
- *  - the gradient noise scale is the sequential mode's;
+ *  - the gradient noise scale is the sequential mode's, from either store;
  *  - a non-finite loss stops the step with the weights untouched;
  *  - the steady state allocates nothing;
  *  - compute_memory_limit below what one block needs is refused at start,
@@ -113,7 +113,9 @@ static void test_eval(void) {
   free(wb);
 }
 
-static void test_noise(void) {
+/* file: the file store, whose update sums the squared gradients chunk by
+ * chunk (in index order on one thread, as the sequential mode's ranges) */
+static void test_noise(int file) {
   st_config c;
   mlp_config(&c);
   c.metrics.noise_scale = 1;
@@ -121,12 +123,15 @@ static void test_noise(void) {
   size_t n;
   float *wa = train(&c, &n, &a);
   streaming(&c, 1, 1);
+  if (file) file_store(&c);
   float *wb = train(&c, &n, &b);
   double va = a ? st_noise_scale_value(st_trainer_noise(a), NULL, NULL) : 0;
   double vb = b ? st_noise_scale_value(st_trainer_noise(b), NULL, NULL) : 1;
-  CHECK(va == vb && isfinite(va), "noise scale %.9g, sequential %.9g", vb, va);
+  CHECK(va == vb && isfinite(va), "%s store: noise scale %.9g, sequential %.9g",
+        c.execution.store, vb, va);
   CHECK(wa && wb && memcmp(wa, wb, n * sizeof *wa) == 0,
-        "with the noise scale on, weights equal sequential's");
+        "%s store: with the noise scale on, weights equal sequential's",
+        c.execution.store);
   st_trainer_destroy(a);
   st_trainer_destroy(b);
   free(wa);
@@ -204,7 +209,8 @@ int main(void) {
   gpt_config(&c);
   test_equal("gpt (tied head)", &c);
   test_eval();
-  test_noise();
+  test_noise(0);
+  test_noise(1);
   test_nan_alloc();
   test_limit();
   char cmd[64];
