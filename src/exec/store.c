@@ -433,13 +433,21 @@ static int create_store(const char *path, const st_model *m,
 static int newest_slot(int fd, const char *path, header *out, st_error *err) {
   header best = {0}, h;
   int found = 0, marked = 0;  /* valid slots; slots with the magic */
+  int cut = 0;                /* a slot with the magic, cut short */
   uint32_t other_version = 0; /* a slot of another format version */
   for (int k = 0; k < 2; k++) {
-    char slot[SLOT_BYTES];
-    if (io_all(fd, 0, slot, SLOT_BYTES, (off_t)k * SLOT_BYTES)) continue;
+    char slot[SLOT_BYTES] = {0};
+    ssize_t got;
+    do got = pread(fd, slot, SLOT_BYTES, (off_t)k * SLOT_BYTES);
+    while (got < 0 && errno == EINTR);
+    if (got < (ssize_t)sizeof MAGIC) continue;
     memcpy(&h, slot, sizeof h);
     if (memcmp(h.magic, MAGIC, sizeof MAGIC) != 0) continue;
     marked = 1;
+    if (got < SLOT_BYTES) { /* the file ends inside it */
+      cut = 1;
+      continue;
+    }
     if (h.version != STORE_VERSION) other_version = h.version;
     if (h.version != STORE_VERSION || h.bytes != sizeof h ||
         h.crc != header_crc(&h) || h.seq % 2 != (uint64_t)k || h.cur > 1)
@@ -455,6 +463,12 @@ static int newest_slot(int fd, const char *path, header *out, st_error *err) {
                         path, other_version, STORE_VERSION);
   /* ST_EFORMAT: no store at all (the CLI never writes over such a file);
    * ST_EDATA: a store, damaged */
+  struct stat st;
+  if (!found && cut && fstat(fd, &st) == 0)
+    return st_error_set(err, ST_EDATA,
+                        "%s: truncated: %lld bytes, less than the store's two "
+                        "header slots (%d)",
+                        path, (long long)st.st_size, 2 * SLOT_BYTES);
   if (!found && !marked)
     return st_error_set(err, ST_EFORMAT, "%s: not a strata weight store", path);
   if (!found)

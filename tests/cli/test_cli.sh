@@ -1103,6 +1103,11 @@ printf '\002' | dd of="$T/w_old_ver/store.strata" bs=1 seek=4104 conv=notrunc 2>
 expect_error "a store of another format version, resumed" \
   "^strata: error: $(re_quote "$T/w_old_ver/store.strata"): a store of format version 2; this strata reads version 3 " \
   -- train - --resume "$T/w_old_ver" "${ws_args[@]}"
+cp -r "$T/w_bf16" "$T/w_cut_hdr"
+truncate -s 100 "$T/w_cut_hdr/store.strata"
+expect_error "a store cut inside its header slots, resumed" \
+  "^strata: error: $(re_quote "$T/w_cut_hdr/store.strata"): truncated: 100 bytes, less than the store's two header slots \(8192\)$" \
+  -- train - --resume "$T/w_cut_hdr" "${ws_args[@]}"
 # A run on a read-only file system (an archive) still exports: the store
 # is opened read-only and gives the same bytes. Needs a read-only bind
 # mount, which root can make here; elsewhere this is said and not counted.

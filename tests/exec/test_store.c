@@ -11,12 +11,12 @@
  *  - a store trained to step k and reopened continues as if never stopped;
  *  - bad stores are refused with the path and the cause, and left as they
  *    were: another model's, another optimizer's, another seed's, a
- *    truncated one, one whose headers are both corrupt, one whose weights
- *    or optimizer state changed or two of whose weights swapped places
- *    (their checksum), another model of the same size, another weight
- *    dtype or rounding, a file that is no store, one in use by another
- *    trainer; the newest header with its checksum field changed gives way
- *    to the one before;
+ *    truncated one (also inside its header slots), one whose headers are
+ *    both corrupt, one whose weights or optimizer state changed or two of
+ *    whose weights swapped places (their checksum), another model of the
+ *    same size, another weight dtype or rounding, a file that is no store,
+ *    one in use by another trainer; the newest header with its checksum field
+ * changed gives way to the one before;
  *  - a store that cannot get its space (a size-limited file: RLIMIT_FSIZE)
  *    is refused at start, leaving no file behind;
  *  - two processes making the same store at once: one makes it, the other
@@ -273,6 +273,12 @@ static void test_bad(void) {
   c = mlp;
   snprintf(c.execution.store_path, sizeof c.execution.store_path, "%s", path);
   refused(&c, "a truncated store", "truncated", NULL);
+  /* cut inside its header slots: a store still, not some other file */
+  snprintf(cmd, sizeof cmd, "cp %s %s && truncate -s 100 %s",
+           mlp.execution.store_path, path, path);
+  CHECK(system(cmd) == 0, "%s", cmd);
+  refused(&c, "a store cut inside its headers", "truncated: 100 bytes",
+          "header slots");
   /* both headers corrupt */
   snprintf(cmd, sizeof cmd,
            "cp %s %s && printf 'xx' | dd of=%s bs=1 seek=40 conv=notrunc "
