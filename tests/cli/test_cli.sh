@@ -1101,7 +1101,7 @@ cp -r "$T/w_bf16" "$T/w_old_ver"
 printf '\002' | dd of="$T/w_old_ver/store.strata" bs=1 seek=8 conv=notrunc 2>/dev/null
 printf '\002' | dd of="$T/w_old_ver/store.strata" bs=1 seek=4104 conv=notrunc 2>/dev/null
 expect_error "a store of another format version, resumed" \
-  "^strata: error: $(re_quote "$T/w_old_ver/store.strata"): a store of format version 2; this strata reads version 3 " \
+  "^strata: error: $(re_quote "$T/w_old_ver/store.strata"): a store of format version 2; this strata reads version [0-9]+ " \
   -- train - --resume "$T/w_old_ver" "${ws_args[@]}"
 cp -r "$T/w_bf16" "$T/w_cut_hdr"
 truncate -s 100 "$T/w_cut_hdr/store.strata"
