@@ -420,12 +420,7 @@ static int create_store(const char *path, const st_model *m,
     if (named) unlink(tmp);
     return rc;
   }
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
-  }
-  return 0;
+  return st_sync_dir(dir, err);
 }
 
 /* The newer valid header slot of the store open at fd (path: for the

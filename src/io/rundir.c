@@ -118,14 +118,13 @@ int st_run_checkpoint_dir(const char *dir, int64_t step, char *out,
 static int remove_shards(const char *path, st_error *err) {
   char index[2 * ST_PATH_MAX];
   snprintf(index, sizeof index, "%s/model.safetensors.index.json", path);
+  struct stat sb;
+  if (stat(path, &sb) != 0 && errno == ENOENT) return 0; /* none there */
   if (unlink(index) != 0 && errno != ENOENT)
     return st_error_set(err, ST_EIO, "%s: cannot remove: %s", index,
                         strerror(errno));
-  int dfd = open(path, O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
-  }
+  int rc = st_sync_dir(path, err);
+  if (rc) return rc;
   DIR *d = opendir(path);
   struct dirent *e;
   while (d && (e = readdir(d))) {

@@ -969,12 +969,18 @@ int st_atomic_close(st_atomic_file *f, int rc, st_error *err) {
   /* The rename is durable only once the directory entry is on disk. */
   char dir[ST_PATH_MAX];
   snprintf(dir, sizeof dir, "%s", f->path);
-  int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
-  }
-  return 0;
+  return st_sync_dir(dirname(dir), err);
+}
+
+int st_sync_dir(const char *dir, st_error *err) {
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int e = dfd < 0 || fsync(dfd) != 0 ? errno : 0;
+  if (dfd >= 0) close(dfd);
+  if (!e || e == EINVAL || e == ENOTSUP || e == EOPNOTSUPP) return 0;
+  return st_error_set(err, ST_EIO,
+                      "%s: cannot sync the folder: %s (its last change may "
+                      "not survive a crash)",
+                      dir, strerror(e));
 }
 
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,

@@ -5,17 +5,19 @@
  * to), linkat (the path of the file linked, " (deleted)" off where it had
  * none yet, and to), and pwrite into a file's first 8 KiB (a weight store's two
  * header slots: the path and the offset), one line each, to the file
- * $SYNCSPY_LOG. It then makes the call.
+ * $SYNCSPY_LOG. It then makes the call (or fails it, below).
  *
  * tests/io/test_durable.sh reads the lines to check what no result of a
  * run can show: that a file is synced before it is renamed into place,
  * and its folder after (STYLE.md: atomic writes). Not a test itself.
  */
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int log_fd = -1;
@@ -48,8 +50,16 @@ static void note_fd(const char *what, int fd, const char *b) {
 
 static void *real(const char *name) { return dlsym(RTLD_NEXT, name); }
 
+/* $SYNCSPY_FAIL_DIR set to EIO or EINVAL: every fsync of a folder fails
+ * with that errno (a failing disk; a file system that cannot sync one). */
 int fsync(int fd) {
   note_fd("fsync", fd, NULL);
+  const char *fail = getenv("SYNCSPY_FAIL_DIR");
+  struct stat sb;
+  if (fail && fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    errno = strcmp(fail, "EINVAL") == 0 ? EINVAL : EIO;
+    return -1;
+  }
   int (*f)(int) = (int (*)(int))real("fsync");
   return f(fd);
 }

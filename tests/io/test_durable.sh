@@ -121,4 +121,22 @@ if [ "$(head -n 1 <<<"$commits")" -eq 3 ] && [ "$(wc -l <<<"$commits")" -eq 1 ];
   fail "each of 3 commits: the store synced, its header written, synced again" "$commits" "$(cat "$T/ws.log")"
 fi
 
+# a folder that cannot be synced: a failing disk stops the run with one
+# line naming the folder; a file system that cannot sync folders (EINVAL)
+# is taken at its word
+SYNCSPY_FAIL_DIR=EIO spied "$T/failed.log" train "$fc" "${small[@]}" \
+  --set train.steps=2 --out "$T/failed"
+if [ "$rc" -eq 1 ] && [ "$(wc -l <"$T/stderr")" -eq 1 ] &&
+   grep -q "^strata: error: $(re_quote "$T/failed"): cannot sync the folder: Input/output error" "$T/stderr"; then
+  pass
+else
+  fail "a folder sync that fails (EIO): exit 1, one line naming the folder" "rc $rc" "$(cat "$T/stderr")"
+fi
+SYNCSPY_FAIL_DIR=EINVAL spied "$T/einval.log" train "$fc" "${small[@]}" \
+  --set train.steps=2 --set execution.mode=weight_streaming \
+  --set execution.store=file --out "$T/einval"
+if [ "$rc" -eq 0 ] && [ -s "$T/einval/summary.json" ]; then pass; else
+  fail "folders that cannot be synced (EINVAL): the run goes on" "rc $rc" "$(cat "$T/stderr")"
+fi
+
 finish
