@@ -155,6 +155,18 @@ static int evaluate(run_state *r, st_error *err) {
   int rc = st_trainer_evaluate(r->t, &r->test_loss, &r->test_acc, err);
   if (rc) return rc;
   const st_train_pos *p = st_trainer_pos(r->t);
+  /* an update after the last checked loss diverged: the weights (or the
+   * outputs they give) are no longer finite, and no checkpoint of them
+   * would load */
+  if (!isfinite(r->test_loss))
+    return st_error_set(err, ST_ENONFINITE,
+                        "step %lld: the %s loss is %s: the model diverged in "
+                        "its last updates; stopped, no checkpoint written — "
+                        "lower optimizer.lr",
+                        (long long)p->step,
+                        st_trainer_model(r->t)->label_rows > 1 ? "validation"
+                                                               : "test",
+                        isnan(r->test_loss) ? "NaN" : "infinite");
   r->evaluated_at = p->step;
   if (r->metrics) {
     fprintf(r->metrics,

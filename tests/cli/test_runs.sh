@@ -457,6 +457,15 @@ expect_error "a diverged run names its newest checkpoint" \
   "^strata: error: step [0-9]+: training loss is (NaN|infinite) .*no checkpoint written — lower optimizer.lr; the newest checkpoint, $(re_quote "$T/div")/checkpoints/step-[0-9]{8}.safetensors, is there to go back to$" \
   train "$fc" "${small[@]}" --set train.steps=300 --set optimizer.lr=3 --set train.checkpoint_every=2 \
   --set train.keep_checkpoints=0 --out "$T/div"
+# diverged in the last update, after the last checked loss: the final
+# evaluation says so (its loss is not finite), and no checkpoint of those
+# weights is written (nor a summary.json with a NaN, which JSON cannot hold)
+expect_error "a run whose last update diverges" \
+  "^strata: error: step 1: the test loss is (NaN|infinite): the model diverged in its last updates; stopped, no checkpoint written — lower optimizer.lr$" \
+  train "$fc" "${small[@]}" --set train.steps=1 --set optimizer.lr=1e30 --out "$T/div_last"
+if [ -z "$(ls "$T/div_last/checkpoints")" ] && [ ! -e "$T/div_last/summary.json" ]; then pass; else
+  fail "a run whose last update diverged: no checkpoint, no summary" "$(ls -R "$T/div_last")"
+fi
 # a NaN weight: eval and generate name the tensor
 # poison SRC DST TENSOR: DST is SRC with element 7 of TENSOR a NaN, its
 # CRC-32 in the metadata made to match, as a diverged run writes it (a
