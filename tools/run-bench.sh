@@ -453,7 +453,8 @@ for batch in 1 32 256; do
         (f == "true" ? " (target >= 0.9)" : "") }'
   done
 done
-pbr=(--set train.batch=1 --set train.steps=20000)
+# (the lr as given: the config's reference_batch would rescale it)
+pbr=(--set train.batch=1 --set train.steps=20000 --set optimizer.reference_batch=0)
 bad=0 good=0
 for _ in 1 2 3; do
   bad=$(best "$bad" "$(train_rate pb_mlp_fmnist "${pbr[@]}" --set optimizer.lr=0.01)")
