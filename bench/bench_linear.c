@@ -30,6 +30,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #if defined(ST_BLAS_OPENBLAS)
@@ -108,13 +109,19 @@ static double max_rel_diff(const float *a, const float *ref, size_t n) {
   return scale > 0 ? diff / scale : diff;
 }
 
-/* strata's forward minus its bias must equal the raw GEMM; its din must equal
- * the raw din. 1e-4 of the largest entry: a sum of IC or OC <= 2048 products
+/* strata's forward minus its bias must equal the raw GEMM; its din and dW
+ * must equal the raw din and dW (half the backward's FLOPs: unchecked, a
+ * backward that skipped it would time at twice the rate). 1e-4 of the
+ * largest entry: a sum of B, IC or OC <= 2048 products
  * of terms in [-1, 1] in float, summed in a different blocking, differs by a
  * few ulps of the partial sums (~1e-6 relative), far below 1e-4, while any
  * wrong index or missing tile gives an O(1) difference. */
 static int check(problem *p) {
   size_t n_out = (size_t)p->B * p->OC, n_in = (size_t)p->B * p->IC;
+  size_t n_w = (size_t)p->OC * p->IC;
+  /* dW accumulates: both from zero here */
+  memset(p->dw, 0, n_w * sizeof(float));
+  memset(p->dw_raw, 0, n_w * sizeof(float));
   st_blas_init();
   strata_forward(p);
   strata_backward(p);
@@ -125,11 +132,13 @@ static int check(problem *p) {
     for (int o = 0; o < p->OC; o++) p->out[s * p->OC + o] -= p->b[o];
   double e_out = max_rel_diff(p->out, p->out_raw, n_out);
   double e_din = max_rel_diff(p->din, p->din_raw, n_in);
-  if (e_out > 1e-4 || e_din > 1e-4) {
+  double e_dw = max_rel_diff(p->dw, p->dw_raw, n_w);
+  if (e_out > 1e-4 || e_din > 1e-4 || e_dw > 1e-4) {
     fprintf(stderr,
             "bench_linear: error: B=%d IC=%d OC=%d: strata differs from raw "
-            "sgemm (forward %.2e, din %.2e relative; tolerance 1e-4)\n",
-            p->B, p->IC, p->OC, e_out, e_din);
+            "sgemm (forward %.2e, din %.2e, dW %.2e relative; tolerance "
+            "1e-4)\n",
+            p->B, p->IC, p->OC, e_out, e_din, e_dw);
     return -1;
   }
   return 0;
