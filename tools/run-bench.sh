@@ -369,7 +369,7 @@ if ldd "$build/strata" | grep -q libmpi && command -v mpirun >/dev/null; then
         n, (n > 1 ? "s" : " "), m, n, (n > 1 ? "s" : ""), n, (n > 1 ? "s" : ""), p,
         (p > 0 ? m / p : 0), (one > 0 ? m / (n * one) : 0) }'
   done
-  echo "  (this machine has 2 vCPUs: 4 ranks share them)"
+  [ "$nproc" -lt 4 ] && echo "  (this machine has $nproc CPUs: 4 ranks share them)"
 fi
 
 # 9. A pipeline across MPI ranks (execution.placement: ranks) beside the same
@@ -566,7 +566,8 @@ if ldd "$build/strata" | grep -q libmpi && command -v mpirun >/dev/null; then
         (m > 0 && p > 0 ? 100 * (1 - m / p) : 0) }'
   done
   rm -rf "$tmp"
-  echo "  (2 vCPUs: the store rank and the compute ranks share them; on a 16-core machine, up to 8 compute ranks)"
+  [ "$nproc" -lt 3 ] &&
+    echo "  ($nproc CPUs: the store rank and the compute ranks share them; on a 16-core machine, up to 8 compute ranks)"
 fi
 
 [ "$status" -ne 0 ] && echo "run-bench: a benchmark program failed (see above)" >&2
