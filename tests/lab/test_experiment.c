@@ -14,6 +14,9 @@
  *    line per variant;
  *  - results.md's samples/s is the mean of results.csv's over the seeds,
  *    diverged runs included;
+ *  - results.csv's accuracy and final train loss are those of the same
+ *    config trained by a trainer of its own (plain steps, no evaluation
+ *    between, the mean loss of the last 10% of steps);
  *  - a run whose loss turns non-finite is recorded as diverged;
  *  - errors: a config the variants refuse (adamw) fails before any run or
  *    file, naming the variant and seed; a failure at run time reports the
@@ -254,6 +257,52 @@ static void check_speed_column(const char *dir, int seeds) {
   free(md);
 }
 
+/* results.csv's accuracy and final train loss of each variant's first seed
+ * against the same config trained independently: a trainer of
+ * st_experiment_pb_config's config, plain st_trainer_step for its steps
+ * (no evaluation between), evaluated once at the end, and the mean of its
+ * losses over the last 10% of steps (at least one). The accuracy is a
+ * count over the test set, printed with 9 digits: equal to 1e-9; the loss
+ * is printed with 9 significant digits: equal to 1e-8 relative. */
+static void check_against_trainer(const st_config *base, const char *dir,
+                                  const st_experiment_options *o) {
+  char *csv = slurp(dir, "results.csv");
+  CHECK(csv != NULL, "%s: results.csv missing", dir);
+  for (int v = 0; csv && v < ST_EXPERIMENT_PB_VARIANTS; v++) {
+    st_config c;
+    st_error err = {0};
+    st_trainer *t = NULL;
+    if (st_experiment_pb_config(&c, base, o, v, 0, &err) ||
+        st_trainer_create(&t, &c, NULL, &err)) {
+      CHECK(0, "%s: %s", st_experiment_pb_variant(v), err.msg);
+      continue;
+    }
+    int64_t n = st_trainer_total_steps(t), tail = (n + 9) / 10;
+    double loss, sum = 0, test_loss, acc = -1;
+    int rc = 0;
+    for (int64_t s = 1; !rc && s <= n; s++) {
+      rc = st_trainer_step(t, &loss, &err);
+      if (s > n - tail) sum += loss;
+    }
+    if (!rc) rc = st_trainer_evaluate(t, &test_loss, &acc, &err);
+    st_trainer_destroy(t);
+    CHECK(rc == 0, "%s: %s", st_experiment_pb_variant(v), err.msg);
+    char key[64];
+    snprintf(key, sizeof key, "\n%s,%llu,", st_experiment_pb_variant(v),
+             (unsigned long long)base->train.seed);
+    const char *row = strstr(csv, key);
+    const char *f = row ? csv_field(row + 1, 3) : NULL;
+    double got_acc = row ? atof(row + strlen(key)) : -1;
+    double got_loss = f ? atof(f) : NAN, want_loss = sum / (double)tail;
+    CHECK(fabs(got_acc - acc) <= 1e-9 &&
+              fabs(got_loss - want_loss) <= 1e-8 * fabs(want_loss),
+          "%s: results.csv's accuracy %.9g and final loss %.9g, an "
+          "independent trainer's %.9g and %.9g",
+          st_experiment_pb_variant(v), got_acc, got_loss, acc, want_loss);
+  }
+  free(csv);
+}
+
 static void test_runs(const st_config *base, const char *root) {
   char one[256], two[256];
   snprintf(one, sizeof one, "%s/jobs1", root);
@@ -314,6 +363,7 @@ static void test_runs(const st_config *base, const char *root) {
   free(md);
   check_spread_column(one);
   check_speed_column(one, 2);
+  check_against_trainer(base, one, &o1);
   char *svg = slurp(one, "curves.svg");
   CHECK(svg && !strncmp(svg, "<svg", 4) && strstr(svg, "</svg>"),
         "curves.svg is not an SVG");
