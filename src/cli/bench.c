@@ -7,7 +7,6 @@
 #include "cli.h"
 #include "strata.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -44,11 +43,8 @@ static const char *usage_bench =
 
 /* --passes/--threads: a whole number from 1 to max, or -1. */
 static int count_of(const char *text, long max) {
-  char *end;
-  errno = 0;
-  long n = strtol(text, &end, 10);
-  if (errno || end == text || *end || n < 1 || n > max) return -1;
-  return (int)n;
+  uint64_t n;
+  return st_cli_whole(text, (uint64_t)max, &n) && n >= 1 ? (int)n : -1;
 }
 
 int st_cli_bench(int argc, char **argv) {

@@ -21,6 +21,13 @@ const char *st_cli_usage_pending(void);
 int st_cli_out_folder(const char *option, const char *path, st_error *err);
 /* runs/<config file name without extension> */
 void st_cli_default_out(char *out, size_t cap, const char *config);
+/* Numbers on the command line, as written: a whole number in [0, hi], every
+ * character a decimal digit (strtol alone takes blanks, a sign, and
+ * strtoull wraps "-1"); a real, finite, in decimal digits with a sign, a
+ * point and an exponent (strtod alone takes blanks, hex, inf and nan).
+ * 1 and *v, else 0. */
+int st_cli_whole(const char *text, uint64_t hi, uint64_t *v);
+int st_cli_real(const char *text, double *v);
 
 /* Command-line parsing shared by every command: --help/-h, a repeatable
  * --set KEY=VALUE, valued options ("--out DIR"), flags, and up to two

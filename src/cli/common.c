@@ -5,6 +5,9 @@
 #include "strata.h"
 #include "cli.h"
 
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -111,4 +114,19 @@ int st_cli_parse(int argc, char **argv, const st_cli_spec *spec) {
     *slot = argv[++i];
   }
   return 0;
+}
+
+int st_cli_whole(const char *text, uint64_t hi, uint64_t *v) {
+  if (!*text || strspn(text, "0123456789") != strlen(text)) return 0;
+  errno = 0;
+  *v = strtoull(text, NULL, 10);
+  return errno != ERANGE && *v <= hi;
+}
+
+int st_cli_real(const char *text, double *v) {
+  if (!*text || strspn(text, "+-.0123456789eE") != strlen(text)) return 0;
+  char *end;
+  errno = 0;
+  *v = strtod(text, &end);
+  return end != text && !*end && errno != ERANGE && isfinite(*v);
 }

@@ -7,7 +7,6 @@
 #include "cli.h"
 #include "strata.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -106,11 +105,8 @@ static int parse(int argc, char **argv, compile_args *a) {
 /* --stages K: a whole number >= 1, or 0 when absent; -1 if malformed. */
 static int stages_of(const char *text) {
   if (!text) return 0;
-  char *end;
-  errno = 0;
-  long k = strtol(text, &end, 10);
-  if (errno || end == text || *end || k < 1 || k > 1000000) return -1;
-  return (int)k;
+  uint64_t k;
+  return st_cli_whole(text, 1000000, &k) && k >= 1 ? (int)k : -1;
 }
 
 static int load(st_config *cfg, const compile_args *a, st_error *err) {

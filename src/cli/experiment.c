@@ -9,7 +9,6 @@
 #include "cli.h"
 #include "strata.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,11 +87,8 @@ static int parse(int argc, char **argv, experiment_args *a) {
 
 /* A whole number in [1, max]; -1 if malformed. */
 static int positive(const char *text, int max) {
-  char *end;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (!*text || *end || errno || v < 1 || v > max) return -1;
-  return (int)v;
+  uint64_t v;
+  return st_cli_whole(text, (uint64_t)max, &v) && v >= 1 ? (int)v : -1;
 }
 
 /* --NAME's value into *out when given; a usage error when malformed. */
@@ -111,13 +107,14 @@ static int depths_option(st_experiment_options *o, const char *text) {
   const char *p = text;
   o->n_depths = 0;
   for (;;) {
-    char *end;
-    errno = 0;
-    long v = strtol(p, &end, 10);
-    if (end == p || errno || v < 2 || v > 1 << 20 ||
+    const char *end = strchr(p, ',');
+    char one[32] = "";
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len < sizeof one) memcpy(one, p, len), one[len] = 0;
+    uint64_t v = 0;
+    if (!st_cli_whole(one, 1 << 20, &v) || v < 2 ||
         o->n_depths == ST_EXPERIMENT_MAX_DEPTHS ||
-        (o->n_depths && v <= o->depths[o->n_depths - 1]) ||
-        (*end && *end != ',')) {
+        (o->n_depths && (int)v <= o->depths[o->n_depths - 1])) {
       char what[200];
       snprintf(what, sizeof what,
                "--depths takes rising stage counts >= 2 separated by "
@@ -126,7 +123,7 @@ static int depths_option(st_experiment_options *o, const char *text) {
       return st_cli_usage_error(usage_experiment, "%s", what);
     }
     o->depths[o->n_depths++] = (int)v;
-    if (!*end) return 0;
+    if (!end) return 0;
     p = end + 1;
   }
 }

@@ -1228,21 +1228,9 @@ static int cmd_eval(int argc, char **argv) {
   return rc ? st_cli_fail(&err) : 0;
 }
 
-/* A whole decimal number in [0, hi], every character a digit: strtoull alone
- * takes blanks, a sign ("-1" wraps) and "0x10". */
-static int parse_whole(const char *text, uint64_t hi, uint64_t *v) {
-  if (!*text || strspn(text, "0123456789") != strlen(text)) return 0;
-  errno = 0;
-  *v = strtoull(text, NULL, 10);
-  return errno != ERANGE && *v <= hi;
-}
-
 /* A decimal number in [0, FLT_MAX]: it is used as a float. */
 static int parse_real(const char *text, double *v) {
-  if (!*text || strspn(text, "+-.0123456789eE") != strlen(text)) return 0;
-  char *end;
-  *v = strtod(text, &end);
-  return !*end && *v >= 0 && *v <= FLT_MAX;
+  return st_cli_real(text, v) && *v >= 0 && *v <= FLT_MAX;
 }
 
 static int cmd_generate(int argc, char **argv) {
@@ -1268,7 +1256,7 @@ static int cmd_generate(int argc, char **argv) {
                               "");
   uint64_t n, k, s;
   double t;
-  if (!parse_whole(tokens, INT_MAX, &n))
+  if (!st_cli_whole(tokens, INT_MAX, &n))
     return st_cli_usage_error(usage_generate,
                               "--tokens: '%s' is not a whole number from 0 to "
                               "2147483647",
@@ -1278,12 +1266,12 @@ static int cmd_generate(int argc, char **argv) {
                               "--temperature: '%s' is not a number from 0 to "
                               "3.4e38 (a float)",
                               temp);
-  if (!parse_whole(topk, INT_MAX, &k))
+  if (!st_cli_whole(topk, INT_MAX, &k))
     return st_cli_usage_error(usage_generate,
                               "--top-k: '%s' is not a whole number from 0 to "
                               "2147483647",
                               topk);
-  if (!parse_whole(seed, UINT64_MAX, &s))
+  if (!st_cli_whole(seed, UINT64_MAX, &s))
     return st_cli_usage_error(usage_generate,
                               "--seed: '%s' is not a whole number from 0 to "
                               "2^64 - 1",

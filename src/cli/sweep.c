@@ -9,7 +9,6 @@
 #include "cli.h"
 #include "strata.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,20 +104,14 @@ static int parse(int argc, char **argv, sweep_args *a) {
 
 /* A whole number in [1, max]; -1 if malformed. */
 static long long positive(const char *text, long long max) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(text, &end, 10);
-  if (!*text || *end || errno || v < 1 || v > max) return -1;
-  return v;
+  uint64_t v;
+  return st_cli_whole(text, (uint64_t)max, &v) && v >= 1 ? (long long)v : -1;
 }
 
 /* A finite number >= lo; NAN if malformed. */
 static double at_least(const char *text, double lo) {
-  char *end;
-  errno = 0;
-  double v = strtod(text, &end);
-  if (!*text || *end || errno || !isfinite(v) || v < lo) return NAN;
-  return v;
+  double v;
+  return st_cli_real(text, &v) && v >= lo ? v : NAN;
 }
 
 static int parse_batches(st_int_list *l, const char *text) {
@@ -136,12 +129,13 @@ static int parse_batches(st_int_list *l, const char *text) {
 }
 
 static int parse_range(double *lo, double *hi, const char *text) {
-  char *end;
-  *lo = strtod(text, &end);
-  if (end == text || *end != ',') return -1;
-  const char *second = end + 1;
-  *hi = strtod(second, &end);
-  if (end == second || *end) return -1;
+  char buf[128];
+  const char *comma = strchr(text, ',');
+  size_t len = comma ? (size_t)(comma - text) : sizeof buf;
+  if (len >= sizeof buf) return -1;
+  memcpy(buf, text, len);
+  buf[len] = 0;
+  if (!st_cli_real(buf, lo) || !st_cli_real(comma + 1, hi)) return -1;
   return *lo > 0 && *lo <= *hi ? 0 : -1;
 }
 

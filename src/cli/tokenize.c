@@ -8,7 +8,6 @@
 #include "cli.h"
 #include "strata.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -69,10 +68,8 @@ static int train(const tokenize_args *a) {
                  a->out, a->input);
     return st_cli_fail(&same);
   }
-  char *stop;
-  errno = 0;
-  long vocab = strtol(a->vocab, &stop, 10);
-  if (errno || *stop || stop == a->vocab || vocab < 256 || vocab > 1 << 20)
+  uint64_t vocab;
+  if (!st_cli_whole(a->vocab, 1 << 20, &vocab) || vocab < 256)
     return st_cli_usage_error(
         usage_tokenize,
         "--vocab must be an integer in [256, 1048576], not "
@@ -121,7 +118,7 @@ static int train(const tokenize_args *a) {
          "merges/s\n",
          merges, st_tokenizer_vocab(tok), n, seconds,
          seconds > 0 ? merges / seconds : 0.0);
-  if (merges < vocab - 256)
+  if (merges < (int)vocab - 256)
     printf("stopped early: no pair occurs twice after %d merges\n", merges);
   printf("compression on %s: %zu bytes -> %zu tokens, %.3f bytes/token "
          "(encoded in %.3f s)\n",

@@ -271,6 +271,26 @@ run bench --calibrate --passes 10 --out "$T/cal10.json"
 if [ "$rc" -eq 2 ] && [[ $err == *"--passes takes a count from 1 to 9, not '10'"* ]]; then
   pass; else fail "bench --passes 10 refused" "rc=$rc" "$err"
 fi
+# numbers as written: no blank, sign, hex or trailing comma slips through
+# (strtol and strtod alone take them; $tiny: a slip runs seconds, not hours)
+tiny="--set data.train_limit=64 --set data.test_limit=16 --set train.steps=2 --out $T/o_numbers"
+while IFS='|' read -r want args; do
+  read -r -a argv <<<"$args"
+  argv=("${argv[@]//@/ }") # @: a blank inside one argument
+  run "${argv[@]}"
+  if [ "$rc" -eq 2 ] && [[ $err == *"$want"* ]]; then pass; else
+    fail "refused: strata ${argv[*]}" "rc=$rc" "$err"
+  fi
+done <<NUMBERS
+--seeds takes a whole number >= 1, not ' 3'|experiment pb configs/pb_mlp_fmnist.yaml $tiny --seeds @3
+--depths takes rising stage counts >= 2 separated by commas (at most 16), not '4,+8'|experiment pb configs/pb_deep_mlp_fmnist.yaml $tiny --depths 4,+8
+--depths takes rising stage counts >= 2 separated by commas (at most 16), not '4,8,'|experiment pb configs/pb_deep_mlp_fmnist.yaml $tiny --depths 4,8,
+--lr-range takes MIN,MAX with 0 < MIN <= MAX, not '0x1p-3,1'|sweep configs/fc_mnist.yaml $tiny --trials 1 --target accuracy=0.8 --batch-sizes 8,16 --lr-range 0x1p-3,1
+--batch-sizes takes increasing whole numbers >= 1, at most 32, as 1,2,4; not ' 8,16'|sweep configs/fc_mnist.yaml $tiny --trials 1 --target accuracy=0.8 --batch-sizes @8,16
+--stages takes a whole number >= 1, not ' 2'|compile configs/fc_mnist.yaml --stages @2
+--vocab must be an integer in [256, 1048576], not '+300'|tokenize train README.md --vocab +300 --out $T/plus.bpe
+--threads takes a count from 1 to 4096, not ' 1'|bench --probe --threads @1
+NUMBERS
 run bench --calibrate --out --threads 1
 if [ "$rc" -eq 2 ] && [[ $err == *"--out needs a value before the option '--threads'"* ]] &&
   [ ! -e --threads ]; then
