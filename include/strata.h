@@ -215,6 +215,10 @@ int st_gemm_bf16_on(void);
  * and widened back (st_bf16_unpack_pool, exact) rounds to the same bf16
  * again, so a product of it has the bits of a product of x. On the pool. */
 void st_bf16_pack_as_gemm(st_pool *pool, const float *x, uint16_t *h, size_t n);
+/* The same rounding, widened back: out[i] is the fp32 value of x[i]'s
+ * bf16 as st_gemm_bf16 multiplies it (a product computed elsewhere, as the
+ * fused batch-1 update's dy x^T, takes its operands so). */
+void st_bf16_round_as_gemm(const float *x, float *out, size_t n);
 void st_bf16_unpack_pool(st_pool *pool, const uint16_t *h, float *x, size_t n);
 /* How this build multiplies bf16: "AVX512-BF16 (vdpbf16ps)" or
  * "emulated (...)", saying why. st_bf16_set_emulated(1) makes it emulate
@@ -1017,7 +1021,9 @@ void st_optim_rule_pb(st_optim_rule *r, float lr, float momentum,
                       float weight_decay, int delay, int sc, int64_t updates);
 /* Updates an (OC, IC) weight whose gradient is the outer product dy x^T of
  * one sample, never materialising it; bitwise equal to writing dy[o]*x[i]
- * into a zeroed gradient and running the rule. s1 is NULL for SGD. p, when
+ * into a zeroed gradient and running the rule (with st_gemm_bf16_on, dy
+ * and x rounded as st_gemm_bf16 rounds them: the product's operands, as
+ * the unfused backward's). s1 is NULL for SGD. p, when
  * not NULL (SGD only), gets w - r->pk s0 of the updated values: the same
  * bits as st_pb_predict after the update, without another pass. dx, when
  * not NULL, first gets the input gradient dy w (1 x IC) with the weights

@@ -720,6 +720,13 @@ void st_bf16_pack_as_gemm(st_pool *pool, const float *x, uint16_t *h,
   st_pool_for(pool, convert_tasks(n), keep_task, &j);
 }
 
+void st_bf16_round_as_gemm(const float *x, float *out, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u = round_one(x[i]) << 16;
+    memcpy(out + i, &u, sizeof u);
+  }
+}
+
 void st_bf16_unpack_pool(st_pool *pool, const uint16_t *h, float *x, size_t n) {
   keep_job j = {NULL, h, NULL, x, n, 0};
   st_pool_for(pool, convert_tasks(n), unkeep_task, &j);

@@ -125,32 +125,54 @@ typedef struct outer_job {
   float *w, *s0, *s1, *p;
   const float *dy, *x;
   int OC, IC, rows; /* rows: a task's band of output rows (st_row_band) */
+  int bf16;         /* train.precision: bf16 (st_gemm_bf16_on) */
 } outer_job;
 
-/* Output rows [o0, o1): each element's update reads and writes only its
- * own w, state and prediction, so the bands may run in any order on any
- * thread and the bits stay those of one pass. */
+/* Row o's elements [i0, i0 + n) with gradient d x[i - i0]. Each element's
+ * update reads and writes only its own w, state and prediction. */
+static void outer_segment(const st_optim_rule *rp, const outer_job *j, int o,
+                          int i0, int n, const float *restrict x, float d) {
+  const st_optim_rule r = *rp;
+  size_t at = (size_t)o * j->IC + i0;
+  float *wr = j->w + at, *ar = j->s0 + at;
+  float *pr = j->p ? j->p + at : NULL;
+  if (heavy_ball(&r, wr, NULL, ar, NULL, pr, (size_t)n, x, d)) return;
+  if (r.adamw) {
+    float *br = j->s1 + at;
+    for (int i = 0; i < n; i++) adamw_one(&r, &wr[i], &ar[i], &br[i], d * x[i]);
+  } else if (pr) {
+    for (int i = 0; i < n; i++) {
+      sgd_one(&r, &wr[i], &ar[i], d * x[i]);
+      pr[i] = predicted(wr[i], r.pk, ar[i]);
+    }
+  } else {
+    for (int i = 0; i < n; i++) sgd_one(&r, &wr[i], &ar[i], d * x[i]);
+  }
+}
+
+/* bf16: x rounded this many elements at a time, on the stack */
+enum { OUTER_CHUNK = 256 };
+
+/* Output rows [o0, o1), so the bands may run in any order on any thread
+ * and the bits stay those of one pass. In bf16 dy x^T is a product like
+ * any other (docs/bf16.md): dy[o] and x rounded as st_gemm_bf16 rounds
+ * them, whose products are exact in fp32, the bits of the unfused
+ * backward's product. */
 static void outer_rows(void *arg, int o0, int o1) {
   const outer_job *j = arg;
-  const st_optim_rule r = *j->r;
-  const int IC = j->IC;
-  const float *restrict x = j->x;
-  for (int o = o0; o < o1; o++) {
-    const float d = j->dy[o];
-    float *wr = j->w + (size_t)o * IC, *ar = j->s0 + (size_t)o * IC;
-    float *pr = j->p ? j->p + (size_t)o * IC : NULL;
-    if (heavy_ball(&r, wr, NULL, ar, NULL, pr, (size_t)IC, x, d)) continue;
-    if (r.adamw) {
-      float *br = j->s1 + (size_t)o * IC;
-      for (int i = 0; i < IC; i++)
-        adamw_one(&r, &wr[i], &ar[i], &br[i], d * x[i]);
-    } else if (pr) {
-      for (int i = 0; i < IC; i++) {
-        sgd_one(&r, &wr[i], &ar[i], d * x[i]);
-        pr[i] = predicted(wr[i], r.pk, ar[i]);
-      }
-    } else {
-      for (int i = 0; i < IC; i++) sgd_one(&r, &wr[i], &ar[i], d * x[i]);
+  if (!j->bf16) {
+    for (int o = o0; o < o1; o++)
+      outer_segment(j->r, j, o, 0, j->IC, j->x, j->dy[o]);
+    return;
+  }
+  float xr[OUTER_CHUNK];
+  for (int i0 = 0; i0 < j->IC; i0 += OUTER_CHUNK) {
+    int n = j->IC - i0 < OUTER_CHUNK ? j->IC - i0 : OUTER_CHUNK;
+    st_bf16_round_as_gemm(j->x + i0, xr, (size_t)n);
+    for (int o = o0; o < o1; o++) {
+      float d;
+      st_bf16_round_as_gemm(&j->dy[o], &d, 1);
+      outer_segment(j->r, j, o, i0, n, xr, d);
     }
   }
 }
@@ -178,7 +200,8 @@ void st_optim_update_outer(st_pool *pool, const st_optim_rule *rule,
                  .x = x,
                  .OC = OC,
                  .IC = IC,
-                 .rows = st_row_band(OC, IC)};
+                 .rows = st_row_band(OC, IC),
+                 .bf16 = st_gemm_bf16_on()};
   /* the input gradient with the weights before the update: in the same
    * pass over each band where the shape allows, else first */
   if (dx && st_gemv_then(pool, dx, dy, w, OC, IC, outer_rows, &j)) return;
