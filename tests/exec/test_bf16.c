@@ -9,7 +9,8 @@
  *    of the two neighbours, the frequency of rounding up is the closed
  *    form (x - down) / (up - down) within 5 standard deviations, and the
  *    bits are a pure function of (seed, step, index): a range rounded in
- *    two pieces equals it rounded whole; elements 1 to 16 apart round
+ *    two pieces equals it rounded whole, another step or seed rounds
+ *    otherwise; elements 1 to 16 apart round
  *    up together at the independent rate;
  *  - after 20 steps a bf16 store's weights equal, bit for bit, the
  *    sequential mode's with its weights rounded to bf16 after every step,
@@ -163,6 +164,9 @@ static void test_stochastic(void) {
   memcpy(z, x, N * sizeof *x);
   st_bf16_round(z, N, 1, 3, 10, 100);
   CHECK(memcmp(y, z, N * sizeof *y) != 0, "another step rounds otherwise");
+  memcpy(z, x, N * sizeof *x);
+  st_bf16_round(z, N, 1, 4, 9, 100);
+  CHECK(memcmp(y, z, N * sizeof *y) != 0, "another seed rounds otherwise");
   free(x);
   free(y);
   free(z);
