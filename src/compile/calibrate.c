@@ -41,6 +41,7 @@
 #include <ctype.h>
 #include <stddef.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1789,6 +1790,27 @@ static int positive_array(const char *text, const char *path, const char *key,
   return 0;
 }
 
+/* Whether v[0 .. n) are whole numbers from 1 to INT_MAX (counts and
+ * sizes, which the profile keeps as int). */
+static int whole(const double *v, int n) {
+  for (int i = 0; i < n; i++)
+    if (!(v[i] >= 1 && v[i] <= INT_MAX && v[i] == floor(v[i]))) return 0;
+  return 1;
+}
+
+/* The whole number >= 1 at `at` ("key": N), alone up to the next ',' or
+ * '}', into *out; 0 if it is anything else. */
+static int count_at(const char *at, long *out) {
+  char *end;
+  errno = 0;
+  long v = at ? strtol(at, &end, 10) : 0;
+  if (!at || end == at || errno || v < 1 || v > INT_MAX) return 0;
+  while (isspace((unsigned char)*end)) end++;
+  if (*end != ',' && *end != '}') return 0;
+  *out = v;
+  return 1;
+}
+
 /* Reads an optional curve, "<name>_ws" and "<name>_rate": 2 to
  * ST_ROW_POINTS points, the bytes rising and the rates not; *n = 0 when
  * the profile has neither key. */
@@ -1829,11 +1851,10 @@ static int parse(st_calibration *c, const char *text, const char *path,
                "not a strata calibration profile (no \"format\": "
                "\"" FORMAT_NAME "\")");
   const char *ver = value_of(text, "version");
-  char *end;
-  long version = ver ? strtol(ver, &end, 10) : -1;
-  if (!ver || end == ver) {
-    return bad(err, path, "no \"version\"");
-  }
+  long version;
+  if (!ver) return bad(err, path, "no \"version\"");
+  if (!count_at(ver, &version))
+    return bad(err, path, "\"version\": expected a whole number");
   if (version != ST_CALIBRATION_VERSION) {
     char what[128];
     snprintf(what, sizeof what, "version %ld, this strata reads version %d",
@@ -1856,6 +1877,8 @@ static int parse(st_calibration *c, const char *text, const char *path,
       (rc = positive_array(text, path, "gemm_shapes", shapes,
                            3 * ST_GEMM_CLASSES, err)))
     return rc;
+  if (!whole(shapes, 3 * ST_GEMM_CLASSES))
+    return bad(err, path, "\"gemm_shapes\": expected whole numbers");
   for (int k = 0; k < 3 * ST_GEMM_CLASSES; k++)
     c->gemm_shape[k / 3][k % 3] = (int)shapes[k];
   /* a profile before gelu had its own class lists one fewer: gelu is then
@@ -1878,6 +1901,8 @@ static int parse(st_calibration *c, const char *text, const char *path,
         (rc = positive_array(text, path, "conv_rate_bwd", c->conv_rate[1],
                              ST_GEMM_CLASSES, err)))
       return rc;
+    if (!whole(sh, 4 * ST_GEMM_CLASSES))
+      return bad(err, path, "\"conv_shapes\": expected whole numbers");
     for (int k = 0; k < 4 * ST_GEMM_CLASSES; k++)
       c->conv_shape[k / 4][k % 4] = (int)sh[k];
     if ((rc = positive_array(text, path, "attention_shapes", sh,
@@ -1887,12 +1912,16 @@ static int parse(st_calibration *c, const char *text, const char *path,
         (rc = positive_array(text, path, "attention_rate_bwd",
                              c->attention_rate[1], ST_GEMM_CLASSES, err)))
       return rc;
+    if (!whole(sh, 4 * ST_GEMM_CLASSES))
+      return bad(err, path, "\"attention_shapes\": expected whole numbers");
     for (int k = 0; k < 4 * ST_GEMM_CLASSES; k++)
       c->attention_shape[k / 4][k % 4] = (int)sh[k];
   }
   int n = numbers_of(value_of(text, "threads"), th, ST_CALIBRATION_MAX_THREADS);
-  if (n < 1)
-    return bad(err, path, "\"threads\": expected 1 to 8 thread counts");
+  int rising = n >= 1 && whole(th, n);
+  for (int i = 1; rising && i < n; i++) rising = th[i] > th[i - 1];
+  if (!rising)
+    return bad(err, path, "\"threads\": expected 1 to 8 thread counts, rising");
   c->n_threads = n;
   for (int i = 0; i < n; i++) c->threads[i] = (int)th[i];
   if ((rc = positive_array(text, path, "gemm_rate_threads",
@@ -2035,9 +2064,10 @@ static int parse(st_calibration *c, const char *text, const char *path,
       c->n_spill = nw;
     }
   }
-  const char *cores = value_of(text, "cores");
-  c->cores = cores ? atoi(cores) : 0;
-  if (c->cores < 1) return bad(err, path, "\"cores\": expected a count >= 1");
+  long cores;
+  if (!count_at(value_of(text, "cores"), &cores))
+    return bad(err, path, "\"cores\": expected a count >= 1");
+  c->cores = (int)cores;
   return 0;
 }
 

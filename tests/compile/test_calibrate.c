@@ -655,6 +655,26 @@ static void test_bad_profiles(void) {
   CHECK(g != NULL, "the written profile has gemm_rate");
   if (g) g[strlen("\"gemm_rate\": [")] = '-';
   expect_bad("negative.json", edited, "\"gemm_rate\"");
+  /* counts and sizes are whole numbers, the thread counts rising: each
+   * of these was read (atoi's 4, (int) 32.5, thread counts 0 and -3) */
+  static const char *const wrong[][3] = {
+      {"\"threads\": [1, 2, 4]", "\"threads\": [0, -3, 4]", "\"threads\""},
+      {"\"threads\": [1, 2, 4]", "\"threads\": [1, 4, 2]", "rising"},
+      {"\"threads\": [1, 2, 4]", "\"threads\": [1, 2.5, 4]", "\"threads\""},
+      {"[32, 784, 9]", "[32.5, 784, 9]", "\"gemm_shapes\""},
+      {"[8, 1, 28, 32]", "[8, 1, 28, 32.25]", "\"conv_shapes\""},
+      {"[2, 256, 256, 4]", "[2, 256, 256, 4.5]", "\"attention_shapes\""},
+      {"\"cores\": 4", "\"cores\": 4x", "\"cores\""},
+      {"\"cores\": 4", "\"cores\": 1e9", "\"cores\""},
+      {"\"version\": 1", "\"version\": 1.5", "\"version\""}};
+  for (size_t k = 0; k < sizeof wrong / sizeof *wrong; k++) {
+    char *at = strstr(text, wrong[k][0]);
+    CHECK(at != NULL, "the written profile has %s", wrong[k][0]);
+    if (!at) continue;
+    snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - text), text,
+             wrong[k][1], at + strlen(wrong[k][0]));
+    expect_bad("wrong.json", edited, wrong[k][2]);
+  }
   /* an optional figure, present, is checked like the others */
   st_calibration with_row = sample_profile();
   with_row.row_bandwidth = 6.5e10;
