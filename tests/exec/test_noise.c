@@ -226,16 +226,21 @@ static void test_tied_norm(void) {
   st_model_destroy(m);
 }
 
+/* The trainings' config: batch 32 in micro-batches of 8. */
+static void small_config(st_config *c, int64_t steps) {
+  st_config_defaults(c);
+  c->data.train_limit = 2000;
+  c->data.test_limit = 100;
+  c->train.batch = 32;
+  c->train.steps = steps;
+  c->execution.micro_batch = 8;
+  c->optimizer.lr = 0.02f;
+  snprintf(c->metrics.progress, sizeof c->metrics.progress, "off");
+}
+
 static void test_training(void) {
   st_config c;
-  st_config_defaults(&c);
-  c.data.train_limit = 2000;
-  c.data.test_limit = 100;
-  c.train.batch = 32;
-  c.train.steps = 40;
-  c.execution.micro_batch = 8;
-  c.optimizer.lr = 0.02f;
-  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
+  small_config(&c, 40);
   st_error err = {0};
   st_trainer *off = NULL, *on = NULL;
   CHECK(st_trainer_create(&off, &c, NULL, &err) == 0, "%s", err.msg);
@@ -298,16 +303,9 @@ static void test_resume(void) {
     return;
   }
   st_config c;
-  st_config_defaults(&c);
-  c.data.train_limit = 2000;
-  c.data.test_limit = 100;
-  c.train.batch = 32;
-  c.train.steps = 24;
-  c.execution.micro_batch = 8;
-  c.optimizer.lr = 0.02f;
+  small_config(&c, 24);
   c.metrics.noise_scale = 1;
   c.metrics.noise_ema = 0.9f;
-  snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
   char path[ST_PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
   for (int store = 0; store < 2; store++) {

@@ -633,6 +633,20 @@ static void fill(float *v, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; i++) v[i] = st_rng_normal(&rng);
 }
 
+/* A position at `step`, 630 samples in, at batch 10 over 300 samples:
+ * step 63 is epoch 2 x 30 steps + 30 / 10 into epoch 2 (a consistent
+ * position; other steps are not). */
+static st_train_pos position(int64_t step) {
+  return (st_train_pos){.step = step,
+                        .epoch = 2,
+                        .epoch_pos = 30,
+                        .samples = 630,
+                        .seed = 99,
+                        .batch = 10,
+                        .train_samples = 300,
+                        .shuffle = 1};
+}
+
 static void roundtrip_checkpoint(const st_model *m, const char *kind,
                                  int slots) {
   size_t np = m->n_params;
@@ -642,16 +656,7 @@ static void roundtrip_checkpoint(const st_model *m, const char *kind,
   float *opt2 = calloc(slots * np, sizeof(float));
   st_model_init(m, params, 3);
   fill(opt, slots * np, 4);
-  /* step 63 = epoch 2 x 30 steps + 30 / 10 into epoch 2; 630 samples */
-  st_train_pos pos = {.step = 63,
-                      .epoch = 2,
-                      .epoch_pos = 30,
-                      .samples = 630,
-                      .seed = 99,
-                      .batch = 10,
-                      .train_samples = 300,
-                      .shuffle = 1},
-               pos2 = {0};
+  st_train_pos pos = position(63), pos2 = {0};
   const char *path = in_dir("ckpt.safetensors");
   st_error err = {0};
   int rc = st_checkpoint_save(path, m, params, opt, kind, &pos, &err);
@@ -714,14 +719,7 @@ static void test_checkpoint(void) {
   /* a position that is not one: a step more than its samples say; and a
    * NaN weight, refused naming the tensor and the element */
   float *p0 = calloc(np, sizeof(float)), *o0 = calloc(2 * np, sizeof(float));
-  st_train_pos bad = {.step = 64,
-                      .epoch = 2,
-                      .epoch_pos = 30,
-                      .samples = 630,
-                      .seed = 99,
-                      .batch = 10,
-                      .train_samples = 300,
-                      .shuffle = 1};
+  st_train_pos bad = position(64); /* one step past what its samples say */
   const char *odd = in_dir("odd.safetensors");
   int rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &bad, &err);
   rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
