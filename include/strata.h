@@ -1142,6 +1142,14 @@ int st_tokenizer_vocab(const st_tokenizer *tok);
 /* Merge r as (left, right) ids; r in [0, vocab - 256). */
 void st_tokenizer_merge(const st_tokenizer *tok, int r, int32_t *left,
                         int32_t *right);
+/* CRC-32 of the vocabulary and the merges in rank order: two tokenizers
+ * that give every text the same ids have the same one. */
+uint32_t st_tokenizer_crc(const st_tokenizer *tok);
+/* 0 when `had` (a checkpoint's record, st_checkpoint_tokenizer_crc) is
+ * tok's CRC-32; else an error naming the checkpoint at path and cfg's
+ * data.tokenizer: the checkpoint's token ids would name other text. */
+int st_tokenizer_check(const st_tokenizer *tok, const st_config *cfg,
+                       const char *path, uint32_t had, st_error *err);
 /* Token ids of text[0..n) into ids (room for n: never more ids than bytes);
  * *n_ids gets the count. */
 int st_tokenizer_encode(const st_tokenizer *tok, const uint8_t *text, size_t n,
@@ -2140,6 +2148,9 @@ typedef struct st_train_pos {
   /* CRC-32 of the training set as trained on (samples and labels, or the
    * tokens); has_train_crc 0: not recorded (an older checkpoint) */
   uint32_t train_crc, has_train_crc;
+  /* CRC-32 of a text run's tokenizer (st_tokenizer_crc); has 0: none (an
+   * image run, or an older checkpoint) */
+  uint32_t tokenizer_crc, has_tokenizer_crc;
 } st_train_pos;
 
 /* Writes weights (by tensor name), optimizer state ("optim.<name>.<slot>")
@@ -2174,6 +2185,8 @@ int st_checkpoint_load_blocks(const char *path, const st_model *m,
  * written with: 1 and *n when its metadata has them, 0 otherwise (another
  * tool's file, or one that cannot be read: loading says why). */
 int st_checkpoint_train_samples(const char *path, int64_t *n);
+/* The same for the tokenizer's CRC-32 a text run's checkpoint records. */
+int st_checkpoint_tokenizer_crc(const char *path, uint32_t *crc);
 /* A sharded checkpoint (train.checkpoint_format: shards): a directory of
  * shards model-0000k-of-0000n.safetensors, each the tensors (weights and
  * optimizer state) of the blocks mine[i] marks, with the metadata of a

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define BYTE_TOKENS 256
 #define MAX_VOCAB (1 << 20)
@@ -88,6 +89,26 @@ void st_tokenizer_merge(const st_tokenizer *tok, int r, int32_t *left,
                         int32_t *right) {
   *left = tok->merges[2 * r];
   *right = tok->merges[2 * r + 1];
+}
+
+uint32_t st_tokenizer_crc(const st_tokenizer *tok) {
+  int32_t v = tok->vocab;
+  uint32_t crc = (uint32_t)crc32(0, (const Bytef *)&v, sizeof v);
+  size_t bytes = (size_t)(tok->vocab - 256) * 2 * sizeof *tok->merges;
+  return bytes ? (uint32_t)crc32(crc, (const Bytef *)tok->merges, (uInt)bytes)
+               : crc;
+}
+
+int st_tokenizer_check(const st_tokenizer *tok, const st_config *cfg,
+                       const char *path, uint32_t had, st_error *err) {
+  uint32_t now = st_tokenizer_crc(tok);
+  if (had == now) return 0;
+  return st_error_set(err, ST_ECONFIG,
+                      "%s: trained with another tokenizer (CRC-32 %08x), the "
+                      "config's data.tokenizer (%s, %s) has %08x: its token "
+                      "ids would name other text",
+                      path, (unsigned)had, cfg->data.tokenizer,
+                      st_config_set_at(cfg, "data.tokenizer"), (unsigned)now);
 }
 
 static int32_t rank_of(const st_tokenizer *tok, int32_t left, int32_t right) {

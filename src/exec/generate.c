@@ -153,6 +153,9 @@ int st_generate(const st_config *cfg_in, const char *checkpoint,
     rc = st_error_set(err, ST_ENOMEM, "out of memory for %zu parameters",
                       m->n_params);
   if (!rc) rc = st_stage_create(&g.stage, m, 0, m->n_blocks, 1, err);
+  uint32_t had;
+  if (!rc && st_checkpoint_tokenizer_crc(checkpoint, &had))
+    rc = st_tokenizer_check(g.tok, &cfg, checkpoint, had, err);
   if (!rc)
     rc = st_checkpoint_load(checkpoint, m, g.params, NULL, NULL, NULL, err);
   if (!rc) rc = emit(&g, g.ids, g.n_ids, out, err);

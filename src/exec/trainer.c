@@ -1080,6 +1080,10 @@ static st_train_pos run_pos(const st_trainer *t) {
   pos.shuffle = t->cfg.data.shuffle;
   pos.train_crc = t->train_crc;
   pos.has_train_crc = 1;
+  if (t->tok) {
+    pos.tokenizer_crc = st_tokenizer_crc(t->tok);
+    pos.has_tokenizer_crc = 1;
+  }
   if (t->cfg.metrics.noise_scale) {
     pos.noise_g2 = t->noise.g2;
     pos.noise_trace = t->noise.trace;
@@ -1365,6 +1369,9 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
   else if (p->shuffle != t->cfg.data.shuffle)
     what = "shuffling", key = "data.shuffle", had = p->shuffle,
     now = t->cfg.data.shuffle;
+  else if (p->has_tokenizer_crc && t->tok &&
+           p->tokenizer_crc != st_tokenizer_crc(t->tok))
+    return st_tokenizer_check(t->tok, &t->cfg, path, p->tokenizer_crc, err);
   else if (p->has_train_crc && p->train_crc != t->train_crc)
     return st_error_set(
         err, ST_ECONFIG,
@@ -1400,6 +1407,12 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                         "run's checkpoint: a checkpoint file cannot be loaded "
                         "into it (use execution.store: memory)",
                         path, t->store_path);
+  /* eval of a text run's checkpoint: its tokenizer must be the config's */
+  uint32_t tok_crc;
+  int rc = weights_only && t->tok && st_checkpoint_tokenizer_crc(path, &tok_crc)
+               ? st_tokenizer_check(t->tok, &t->cfg, path, tok_crc, err)
+               : 0;
+  if (rc) return rc;
   if (weights_only)
     return st_checkpoint_load_blocks(path, t->model, t->params, NULL, NULL,
                                      NULL, t->mine, err);
@@ -1410,8 +1423,8 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
   st_train_pos pos;
   const st_model *m = t->model;
   size_t state = (size_t)st_optim_state_per_param(&t->cfg) * m->n_params;
-  int rc = st_checkpoint_load_blocks(path, m, NULL, NULL, t->cfg.optimizer.kind,
-                                     &pos, t->mine, err);
+  rc = st_checkpoint_load_blocks(path, m, NULL, NULL, t->cfg.optimizer.kind,
+                                 &pos, t->mine, err);
   if (!rc) rc = check_same_run(t, &pos, path, err);
   if (!rc && pos.step > t->total_steps)
     rc = st_error_set(err, ST_ECONFIG,

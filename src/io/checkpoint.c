@@ -51,6 +51,14 @@ static int add_meta_i64(st_st_writer *w, const char *key, int64_t v,
   return st_st_writer_meta(w, key, buf, err);
 }
 
+/* A CRC-32 as 8 hex digits (read_crc reads it back). */
+static int add_crc(st_st_writer *w, const char *key, uint32_t crc,
+                   st_error *err) {
+  char text[16];
+  snprintf(text, sizeof text, "%08x", (unsigned)crc);
+  return st_st_writer_meta(w, key, text, err);
+}
+
 /* The noise scale's averages (st_train_pos), where the run keeps some:
  * 17 significant digits read back as the same double. */
 static const struct {
@@ -190,11 +198,10 @@ static int save(const char *path, const st_model *m, saving *sv, int ns,
           w, pos_keys[k].key,
           *(const int64_t *)((const char *)pos + pos_keys[k].offset), err);
     if (!rc && pos->noise_n > 0) rc = add_noise(w, pos, err);
-    if (!rc && pos->has_train_crc) {
-      char crc[16];
-      snprintf(crc, sizeof crc, "%08x", (unsigned)pos->train_crc);
-      rc = st_st_writer_meta(w, "train_crc", crc, err);
-    }
+    if (!rc && pos->has_train_crc)
+      rc = add_crc(w, "train_crc", pos->train_crc, err);
+    if (!rc && pos->has_tokenizer_crc)
+      rc = add_crc(w, "tokenizer_crc", pos->tokenizer_crc, err);
   }
   if (!rc)
     rc = st_st_writer_write_fetch(w, path, sv->fetched ? fetch_tensor : NULL,
@@ -411,6 +418,22 @@ static int read_noise(const st_safetensors *st, st_train_pos *p,
   return rc;
 }
 
+/* Metadata `key` as add_crc writes it into *crc, *has 1; absent: *has 0. */
+static int read_crc(const st_safetensors *st, const char *key, uint32_t *crc,
+                    uint32_t *has, st_error *err) {
+  const char *text = st_safetensors_meta(st, key);
+  *has = 0;
+  if (!text) return 0;
+  if (strlen(text) != 8 || strspn(text, "0123456789abcdef") != 8)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: metadata '%s' is %.32s, not 8 hex digits: "
+                        "corrupt checkpoint",
+                        st->path, key, text);
+  *crc = (uint32_t)strtoul(text, NULL, 16);
+  *has = 1;
+  return 0;
+}
+
 static int read_pos(const st_safetensors *st, st_train_pos *pos,
                     st_error *err) {
   st_train_pos p = {0};
@@ -449,18 +472,11 @@ static int read_pos(const st_safetensors *st, st_train_pos *pos,
                         (long long)p.batch, (long long)p.train_samples);
   int rc = read_noise(st, &p, err);
   if (rc) return rc;
-  /* the training set's CRC-32, where the checkpoint records it */
-  const char *crc = st_safetensors_meta(st, "train_crc");
-  if (crc) {
-    unsigned long v = strtoul(crc, &end, 16);
-    if (strlen(crc) != 8 || strspn(crc, "0123456789abcdef") != 8)
-      return st_error_set(err, ST_EFORMAT,
-                          "%s: metadata 'train_crc' is %.32s, not 8 hex "
-                          "digits: corrupt checkpoint",
-                          st->path, crc);
-    p.train_crc = (uint32_t)v;
-    p.has_train_crc = 1;
-  }
+  /* the training set's and the tokenizer's CRC-32, where recorded */
+  if ((rc = read_crc(st, "train_crc", &p.train_crc, &p.has_train_crc, err)) ||
+      (rc = read_crc(st, "tokenizer_crc", &p.tokenizer_crc,
+                     &p.has_tokenizer_crc, err)))
+    return rc;
   *pos = p;
   return 0;
 }
@@ -686,6 +702,16 @@ int st_checkpoint_train_samples(const char *path, int64_t *n) {
             !meta_i64(src.parts[0], "train_samples", 1, n, &ignored);
   source_close(&src);
   return has;
+}
+
+int st_checkpoint_tokenizer_crc(const char *path, uint32_t *crc) {
+  source src;
+  st_error ignored = {0};
+  uint32_t has = 0;
+  if (!source_open(&src, path, &ignored))
+    read_crc(src.parts[0], "tokenizer_crc", crc, &has, &ignored);
+  source_close(&src);
+  return (int)has;
 }
 
 int st_checkpoint_load_blocks(const char *path, const st_model *m,

@@ -143,7 +143,7 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
   fprintf(f, "%s: %d tensors, %zu data bytes\n", path, st->n_tensors,
           st->data_bytes);
   for (int i = 0; i < st->n_meta; i++)
-    fprintf(f, "  meta %-12s %s\n", st->meta_keys[i], st->meta_values[i]);
+    fprintf(f, "  meta %-14s %s\n", st->meta_keys[i], st->meta_values[i]);
   fprintf(f, "  %-44s %-7s %-16s %12s %12s %12s %12s\n", "name", "dtype",
           "shape", "min", "max", "mean", "std");
   for (int i = 0; i < st->n_tensors; i++) {

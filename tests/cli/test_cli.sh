@@ -786,6 +786,17 @@ run generate "$fc" "${gpt[@]}" --set data.tokenizer="$T/bpe.txt" --checkpoint "$
 if [ "$rc" -eq 0 ] && [[ $out == "line 7"* ]]; then pass; else
   fail "generate decodes BPE tokens" "rc $rc" "$out" "$err"
 fi
+# another tokenizer of the same vocabulary: its ids name other text, so
+# generate and eval refuse the checkpoint, naming both CRC-32s
+cat README.md >>"$T/corpus2.txt"
+run tokenize train "$T/corpus2.txt" --vocab 300 --out "$T/bpe_other.txt"
+for cmd in generate eval; do
+  more=()
+  [ "$cmd" = generate ] && more=(--prompt "line 7" --tokens 5)
+  expect_error "$cmd with another tokenizer of the same vocabulary" \
+    "^strata: error: $(re_quote "$bck"): trained with another tokenizer \(CRC-32 [0-9a-f]{8}\), the config's data.tokenizer \($(re_quote "$T/bpe_other.txt"), set by --set\) has [0-9a-f]{8}: its token ids would name other text$" \
+    -- "$cmd" "$fc" "${gpt[@]}" --set data.tokenizer="$T/bpe_other.txt" --checkpoint "$bck" "${more[@]}"
+done
 expect_error "generate: prompt longer than the context" \
   "the prompt is 17 tokens, longer than the context of 16 \(model.context, --set\)" \
   -- generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "0123456789abcdefg"
