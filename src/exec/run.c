@@ -157,16 +157,20 @@ static int evaluate(run_state *r, st_error *err) {
   const st_train_pos *p = st_trainer_pos(r->t);
   /* an update after the last checked loss diverged: the weights (or the
    * outputs they give) are no longer finite, and no checkpoint of them
-   * would load */
+   * would load. A store commits every step: it holds them already, and a
+   * resume would evaluate them again. */
+  const char *store = st_trainer_store(r->t);
   if (!isfinite(r->test_loss))
-    return st_error_set(err, ST_ENONFINITE,
-                        "step %lld: the %s loss is %s: the model diverged in "
-                        "its last updates; stopped, no checkpoint written — "
-                        "lower optimizer.lr",
-                        (long long)p->step,
-                        st_trainer_model(r->t)->label_rows > 1 ? "validation"
-                                                               : "test",
-                        isnan(r->test_loss) ? "NaN" : "infinite");
+    return st_error_set(
+        err, ST_ENONFINITE,
+        "step %lld: the %s loss is %s: the model diverged in its last "
+        "updates; stopped, %s%s%s — lower optimizer.lr%s",
+        (long long)p->step,
+        st_trainer_model(r->t)->label_rows > 1 ? "validation" : "test",
+        isnan(r->test_loss) ? "NaN" : "infinite",
+        store ? "but the store " : "no checkpoint written", store ? store : "",
+        store ? " holds these weights (committed with the step)" : "",
+        store ? " and start afresh (a resume evaluates them again)" : "");
   r->evaluated_at = p->step;
   if (r->metrics) {
     fprintf(r->metrics,

@@ -466,6 +466,12 @@ expect_error "a run whose last update diverges" \
 if [ -z "$(ls "$T/div_last/checkpoints")" ] && [ ! -e "$T/div_last/summary.json" ]; then pass; else
   fail "a run whose last update diverged: no checkpoint, no summary" "$(ls -R "$T/div_last")"
 fi
+# a file store commits every step: it holds the diverged weights, and the
+# message says so (not "no checkpoint written": a resume evaluates them again)
+expect_error "a store run whose last update diverges" \
+  "^strata: error: step 1: the test loss is (NaN|infinite): the model diverged in its last updates; stopped, but the store $(re_quote "$T/div_ws")/store.strata holds these weights \(committed with the step\) — lower optimizer.lr and start afresh \(a resume evaluates them again\)$" \
+  train "$fc" "${small[@]}" --set train.steps=1 --set optimizer.lr=1e30 \
+  --set execution.mode=weight_streaming --set execution.store=file --out "$T/div_ws"
 # a NaN weight: eval and generate name the tensor
 # poison SRC DST TENSOR: DST is SRC with element 7 of TENSOR a NaN, its
 # CRC-32 in the metadata made to match, as a diverged run writes it (a
