@@ -1328,8 +1328,9 @@ int st_inspect_against(const char *path, const char *other, FILE *f,
                        st_error *err);
 
 /* Makes a folder's entries durable (after a rename or a link into it, or
- * an unlink): a file system that cannot sync a folder (EINVAL, ENOTSUP) is
- * taken at its word; any other failure is an error naming the folder. */
+ * an unlink): a file system that cannot sync a folder (EINVAL, ENOTSUP),
+ * or a folder this process may write but not read (EACCES), is taken at its
+ * word; any other failure is an error naming the folder. */
 int st_sync_dir(const char *dir, st_error *err);
 /* Atomic small-file write (temp, fsync, rename). */
 int st_write_file_atomic(const char *path, const void *data, size_t bytes,

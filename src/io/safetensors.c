@@ -976,7 +976,10 @@ int st_sync_dir(const char *dir, st_error *err) {
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   int e = dfd < 0 || fsync(dfd) != 0 ? errno : 0;
   if (dfd >= 0) close(dfd);
-  if (!e || e == EINVAL || e == ENOTSUP || e == EOPNOTSUPP) return 0;
+  /* EACCES: a folder one may write but not read cannot be opened to
+   * sync, by this process or any other without privilege */
+  if (!e || e == EINVAL || e == ENOTSUP || e == EOPNOTSUPP || e == EACCES)
+    return 0;
   return st_error_set(err, ST_EIO,
                       "%s: cannot sync the folder: %s (its last change may "
                       "not survive a crash)",

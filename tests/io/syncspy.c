@@ -50,14 +50,17 @@ static void note_fd(const char *what, int fd, const char *b) {
 
 static void *real(const char *name) { return dlsym(RTLD_NEXT, name); }
 
-/* $SYNCSPY_FAIL_DIR set to EIO or EINVAL: every fsync of a folder fails
- * with that errno (a failing disk; a file system that cannot sync one). */
+/* $SYNCSPY_FAIL_DIR set to EIO, EINVAL or EACCES: every fsync of a folder
+ * fails with that errno (a failing disk; a file system that cannot sync
+ * one; a folder this process may not read). */
 int fsync(int fd) {
   note_fd("fsync", fd, NULL);
   const char *fail = getenv("SYNCSPY_FAIL_DIR");
   struct stat sb;
   if (fail && fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-    errno = strcmp(fail, "EINVAL") == 0 ? EINVAL : EIO;
+    errno = strcmp(fail, "EINVAL") == 0   ? EINVAL
+            : strcmp(fail, "EACCES") == 0 ? EACCES
+                                          : EIO;
     return -1;
   }
   int (*f)(int) = (int (*)(int))real("fsync");

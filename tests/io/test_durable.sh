@@ -122,8 +122,8 @@ if [ "$(head -n 1 <<<"$commits")" -eq 3 ] && [ "$(wc -l <<<"$commits")" -eq 1 ];
 fi
 
 # a folder that cannot be synced: a failing disk stops the run with one
-# line naming the folder; a file system that cannot sync folders (EINVAL)
-# is taken at its word
+# line naming the folder; a file system that cannot sync folders (EINVAL),
+# or a folder that cannot be read (EACCES), is taken at its word
 SYNCSPY_FAIL_DIR=EIO spied "$T/failed.log" train "$fc" "${small[@]}" \
   --set train.steps=2 --out "$T/failed"
 if [ "$rc" -eq 1 ] && [ "$(wc -l <"$T/stderr")" -eq 1 ] &&
@@ -132,11 +132,13 @@ if [ "$rc" -eq 1 ] && [ "$(wc -l <"$T/stderr")" -eq 1 ] &&
 else
   fail "a folder sync that fails (EIO): exit 1, one line naming the folder" "rc $rc" "$(cat "$T/stderr")"
 fi
-SYNCSPY_FAIL_DIR=EINVAL spied "$T/einval.log" train "$fc" "${small[@]}" \
-  --set train.steps=2 --set execution.mode=weight_streaming \
-  --set execution.store=file --out "$T/einval"
-if [ "$rc" -eq 0 ] && [ -s "$T/einval/summary.json" ]; then pass; else
-  fail "folders that cannot be synced (EINVAL): the run goes on" "rc $rc" "$(cat "$T/stderr")"
-fi
+for e in EINVAL EACCES; do
+  SYNCSPY_FAIL_DIR=$e spied "$T/$e.log" train "$fc" "${small[@]}" \
+    --set train.steps=2 --set execution.mode=weight_streaming \
+    --set execution.store=file --out "$T/$e"
+  if [ "$rc" -eq 0 ] && [ -s "$T/$e/summary.json" ]; then pass; else
+    fail "folders that cannot be synced ($e): the run goes on" "rc $rc" "$(cat "$T/stderr")"
+  fi
+done
 
 finish
