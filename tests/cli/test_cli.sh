@@ -772,6 +772,19 @@ run generate "$fc" "${gpt[@]}" --checkpoint "$T/gpt" --prompt "line 7" --tokens 
 if [ "$rc" -eq 0 ] && [ "$out" = "$first" ]; then pass; else
   fail "generate from the run's folder: its newest checkpoint's text" "rc $rc" "$first" "$out" "$err"
 fi
+# The training set's CRC-32 covers exactly the tokens its windows read: 8
+# windows of 16 from 0 read bytes 0-128 (byte tokens). Byte 128 changed is
+# other data; byte 129, past every window, is not.
+run train "$fc" "${gpt[@]}" --set data.train_limit=8 --set train.steps=2 --out "$T/gpt_crc"
+for at in 128 129; do
+  python3 -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[int(sys.argv[2])] ^= 1; open(sys.argv[3], "wb").write(b)' \
+    "$T/corpus.txt" "$at" "$T/corpus_$at.txt"
+  run train - --resume "$T/gpt_crc" --set data.path="$T/corpus_$at.txt" --set train.steps=3
+  if [ "$at" -eq 128 ] && [ "$rc" -eq 1 ] && grep -q "written on a training set of CRC-32" <<<"$err"; then pass
+  elif [ "$at" -eq 129 ] && [ "$rc" -eq 0 ]; then pass
+  else fail "resume on the corpus with byte $at changed" "rc $rc" "$err"; fi
+  rm -rf "$T/gpt_crc/checkpoints/step-00000003.safetensors"
+done
 # A BPE tokenizer strata trained itself: the model takes its vocabulary.
 run tokenize train "$T/corpus.txt" --vocab 300 --out "$T/bpe.txt"
 run train "$fc" "${gpt[@]}" --set data.tokenizer="$T/bpe.txt" --out "$T/gpt_bpe"
@@ -1122,15 +1135,21 @@ expect_error "a bf16 store resumed as fp32" \
 # a store whose headers are both damaged, or of another format version, is
 # a store: resumed, the error says what is wrong with it, not that the path
 # names some other file
+# both_slots FILE BYTES OFFSET: BYTES (printf's format) at OFFSET of each of
+# the store's two 4 KiB header slots
+both_slots() {
+  local at
+  for at in "$3" $(($3 + 4096)); do
+    printf "$2" | dd of="$1" bs=1 seek="$at" conv=notrunc 2>/dev/null
+  done
+}
 cp -r "$T/w_bf16" "$T/w_bad_hdr"
-printf 'xx' | dd of="$T/w_bad_hdr/store.strata" bs=1 seek=40 conv=notrunc 2>/dev/null
-printf 'xx' | dd of="$T/w_bad_hdr/store.strata" bs=1 seek=4136 conv=notrunc 2>/dev/null
+both_slots "$T/w_bad_hdr/store.strata" 'xx' 40
 expect_error "a store with both headers damaged, resumed" \
   "^strata: error: $(re_quote "$T/w_bad_hdr/store.strata"): no valid header \(both header slots fail their checksum\): the store is corrupt$" \
   -- train - --resume "$T/w_bad_hdr" "${ws_args[@]}"
 cp -r "$T/w_bf16" "$T/w_old_ver"
-printf '\002' | dd of="$T/w_old_ver/store.strata" bs=1 seek=8 conv=notrunc 2>/dev/null
-printf '\002' | dd of="$T/w_old_ver/store.strata" bs=1 seek=4104 conv=notrunc 2>/dev/null
+both_slots "$T/w_old_ver/store.strata" '\002' 8
 expect_error "a store of another format version, resumed" \
   "^strata: error: $(re_quote "$T/w_old_ver/store.strata"): a store of format version 2; this strata reads version [0-9]+ " \
   -- train - --resume "$T/w_old_ver" "${ws_args[@]}"
