@@ -95,7 +95,8 @@ uint32_t st_tokenizer_crc(const st_tokenizer *tok) {
   int32_t v = tok->vocab;
   uint32_t crc = (uint32_t)crc32(0, (const Bytef *)&v, sizeof v);
   size_t bytes = (size_t)(tok->vocab - 256) * 2 * sizeof *tok->merges;
-  return bytes ? (uint32_t)crc32(crc, (const Bytef *)tok->merges, (uInt)bytes)
+  /* (zlib answers a NULL buffer with 0: the byte tokenizer has no merges) */
+  return bytes ? (uint32_t)crc32_z(crc, (const Bytef *)tok->merges, bytes)
                : crc;
 }
 

@@ -157,26 +157,17 @@ static int load_data(st_trainer *t, st_error *err) {
   return rc;
 }
 
-static uint32_t crc_of(uint32_t crc, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t at = 0; at < n; at += 1u << 30) {
-    size_t k = n - at < (1u << 30) ? n - at : 1u << 30;
-    crc = (uint32_t)crc32(crc, b + at, (uInt)k);
-  }
-  return crc;
-}
-
 /* The training set as trained on: its samples and labels, or the tokens
  * its windows cover (a resumed run must read the same). */
 static uint32_t train_crc(const st_trainer *t) {
-  uint32_t crc = (uint32_t)crc32(0, Z_NULL, 0);
   if (t->text) {
     size_t tokens = (size_t)t->n_train * (size_t)t->rows + 1;
-    return crc_of(crc, t->text->train, tokens * sizeof *t->text->train);
+    return (uint32_t)crc32_z(0, (const Bytef *)t->text->train,
+                             tokens * sizeof *t->text->train);
   }
   size_t n = (size_t)t->n_train;
-  crc = crc_of(crc, t->train->pixels, n * st_shape_numel(t->train->shape));
-  return crc_of(crc, t->train->labels, n);
+  uLong crc = crc32_z(0, t->train->pixels, n * st_shape_numel(t->train->shape));
+  return (uint32_t)crc32_z(crc, t->train->labels, n);
 }
 
 static int max_int(int a, int b) { return a > b ? a : b; }
