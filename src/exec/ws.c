@@ -555,6 +555,13 @@ static int remote_create(ws *w, const st_model *m, const st_config *cfg,
                         "ranks is a store rank and %d compute ranks "
                         "(placement: threads)",
                         st_config_where(cfg, "execution.placement"), N, C);
+  /* as data parallel over ranks: the compute ranks' shares are the
+   * replicas', and no rank forms a first micro-batch's gradient */
+  if (cfg->metrics.noise_scale)
+    return st_error_set(err, ST_EUNSUPPORTED,
+                        "%s: metrics.noise_scale is measured in one process "
+                        "(not over MPI ranks yet)",
+                        st_config_where(cfg, "metrics.noise_scale"));
   if (batch % C)
     return st_error_set(err, ST_ECONFIG,
                         "%s: train.batch: %d does not split over %d compute "

@@ -16,7 +16,8 @@
 #    a batch that does not split are refused once;
 #  - a rank killed mid-run (SIGKILL) ends the job within 30 seconds, mpirun
 #    naming the lost rank, and the last checkpoint resumes;
-#  - metrics.noise_scale over ranks is refused (not measured there yet).
+#  - metrics.noise_scale over ranks is refused (not measured there yet),
+#    data parallel or weight streaming.
 #  - execution.placement: ranks, a pipeline's stages over 2 and 4 ranks
 #    gives the threaded pipeline's checkpoint byte for byte (gpipe, 1f1b,
 #    zb1p, interleaved,
@@ -470,6 +471,9 @@ refused "weight streaming, a batch that does not split over the compute ranks: r
 run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set execution.micro_batch=4 --out "$T/ws_mb"
 refused "weight streaming over ranks, micro-batches: refused" \
   "runs each compute rank's 16 samples as one micro-batch"
+run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set metrics.noise_scale=true --out "$T/ws_ns"
+refused "weight streaming over ranks, the noise scale: refused (the compute ranks measure no first micro-batch)" \
+  "metrics.noise_scale is measured in one process"
 run_mpi 3 train "$fc" "${small[@]}" "${wsm[@]}" --set optimizer.lr=1e10 --set optimizer.nesterov=false \
   --out "$T/ws_nan"
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
