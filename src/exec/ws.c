@@ -130,6 +130,8 @@ typedef struct ws {
   st_dist_req *req, greq[2];
   float *sbuf, *ggot, *gnext, *lossbuf, *logits;
   st_train_pos kept;
+  int leaky; /* requests given up after a failed step: MPI may still write
+              * or read their buffers, which are then kept (ws_destroy) */
 
   /* Counters (st_ws_stats). */
   int held_max;         /* most slots filled and not released at once */
@@ -417,15 +419,30 @@ static void drain(ws *w) {
 
 /* ------------------------------------------------------------ lifecycle */
 
+/* A failed step's requests given up (cancelled and freed), as the stage
+ * runtime's are (rt.c): 1 if any was still live. */
+static int forget_requests(ws *w) {
+  int live = 0;
+  size_t n = !w->req      ? 0
+             : w->me == 0 ? (size_t)w->slots * (w->ranks - 1)
+                          : (size_t)w->slots;
+  for (size_t k = 0; k < n; k++) live |= st_dist_forget(&w->req[k]);
+  for (int j = 0; j < 2; j++) live |= st_dist_forget(&w->greq[j]);
+  return live;
+}
+
 static void ws_destroy(void *state) {
   ws *w = state;
   if (!w) return;
+  if (w->ranks && forget_requests(w)) w->leaky = 1;
   pthread_mutex_lock(&w->mu);
   w->stop = 1;
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
   if (w->fetch_thread) pthread_join(w->fetcher, NULL);
   if (w->opt_thread) pthread_join(w->optimizer, NULL);
+  if (w->leaky) /* MPI may still write or read these: kept */
+    w->wslot = w->sbuf = w->ggot = w->gbuf = w->gnext = NULL;
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   st_pool_destroy(w->opt_pool);
@@ -903,11 +920,14 @@ static int gather_grad(ws *w, st_trainer_view *v, const st_block *b,
     rc = st_dist_reduce_in(w->all, sum, n, 0, err);
   } else {
     st_dist_req got[ST_DIST_MAX_RANKS];
+    memset(got, 0, (size_t)C * sizeof *got); /* none live */
     for (int r = 0; r < C && !rc; r++)
       rc = st_dist_irecv(w->all, 1, w->ggot + (size_t)r * w->max_params,
                          n * sizeof(float), r + 1, 0, &got[r], err);
     for (int r = 0; r < C && !rc; r++)
       rc = st_dist_wait(&got[r], NULL, NULL, err);
+    for (int r = 0; rc && r < C; r++) /* those not waited for: given up */
+      w->leaky |= st_dist_forget(&got[r]);
     /* ((g1 + g2) + g3) + ...: the replicas' order */
     if (!rc && sum != w->ggot) memcpy(sum, w->ggot, n * sizeof(float));
     for (int r = 1; r < C && !rc; r++) {
