@@ -91,10 +91,19 @@ static int syntax_error(const yaml_parser_t *parser, const source *src,
     return st_error_set(
         err, ST_ECONFIG, "%s: YAML syntax error at byte %zu: %s",
         src->file ? src->file : src->label, parser->problem_offset, problem);
-  /* libyaml's word for a tab where indentation goes says nothing of tabs */
+  /* libyaml's word for a tab where indentation goes says nothing of tabs.
+   * Its mark counts characters from after a byte-order mark, not bytes: an
+   * "é" or a BOM before the tab once hid it. */
   const unsigned char *in = parser->input.string.start;
-  size_t at = parser->problem_mark.index;
-  if (in && at < (size_t)(parser->input.string.end - in) && in[at] == '\t')
+  const unsigned char *end = parser->input.string.end;
+  const unsigned char *at = NULL;
+  if (in && parser->encoding == YAML_UTF8_ENCODING) {
+    if (end - in >= 3 && !memcmp(in, "\xef\xbb\xbf", 3)) in += 3;
+    size_t left = parser->problem_mark.index;
+    for (const unsigned char *p = in; p < end && !at; p++)
+      if ((*p & 0xc0) != 0x80 && left-- == 0) at = p; /* a character's start */
+  }
+  if (at && *at == '\t')
     return fail(err, ST_ECONFIG, src, parser->problem_mark,
                 "YAML syntax error: a tab; YAML indents with spaces");
   if (parser->context)

@@ -700,6 +700,12 @@ static void test_load_errors(void) {
              "%s:2:1: YAML syntax error: a tab; YAML indents with spaces");
   LOAD_ERROR("model:\n  kind: cnn\ntrain:\n  batch: 3\n\t\n",
              "%s:5:1: YAML syntax error: a tab; YAML indents with spaces");
+  /* libyaml's marks count characters: text of two- and three-byte ones,
+   * or a byte-order mark, before the tab must not hide it */
+  LOAD_ERROR("# caf\xc3\xa9 \xe2\x80\x94 x\nmodel:\n\tkind: cnn\n",
+             "%s:3:1: YAML syntax error: a tab; YAML indents with spaces");
+  LOAD_ERROR("\xef\xbb\xbfmodel:\n\tkind: cnn\n",
+             "%s:2:1: YAML syntax error: a tab; YAML indents with spaces");
   LOAD_ERROR("model: \xff\n",
              "%s: YAML syntax error at byte 7: invalid leading UTF-8 octet");
   LOAD_ERROR("# a comment\nmodle:\n  kind: mlp\n",
