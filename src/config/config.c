@@ -87,6 +87,27 @@ static int syntax_error(const yaml_parser_t *parser, const source *src,
     return st_error_set(err, ST_ENOMEM, "%s: out of memory while parsing YAML",
                         src->file ? src->file : src->label);
   const char *problem = parser->problem ? parser->problem : "unknown error";
+  const unsigned char *in = parser->input.string.start;
+  const unsigned char *end = parser->input.string.end;
+  const int utf8 = in && parser->encoding == YAML_UTF8_ENCODING;
+  const size_t bom = utf8 && end - in >= 3 && !memcmp(in, "\xef\xbb\xbf", 3);
+  /* A byte that is not text has only a byte offset (a BOM counted in it):
+   * its line and column, counted as libyaml's marks count them (characters
+   * after a BOM), so the message names a place an editor can go to. */
+  if (parser->error == YAML_READER_ERROR && utf8 &&
+      parser->problem_offset <= (size_t)(end - in)) {
+    yaml_mark_t at = {0};
+    for (const unsigned char *p = in + 3 * bom; p < in + parser->problem_offset;
+         p++)
+      if (*p == '\n' || (*p == '\r' && (p + 1 == end || p[1] != '\n')))
+        at.line++, at.column = 0;
+      else if ((*p & 0xc0) != 0x80) /* a character's first byte */
+        at.column++;
+    if (parser->problem_value >= 0)
+      return fail(err, ST_ECONFIG, src, at, "YAML syntax error: %s (0x%02x)",
+                  problem, (unsigned)parser->problem_value);
+    return fail(err, ST_ECONFIG, src, at, "YAML syntax error: %s", problem);
+  }
   if (parser->error == YAML_READER_ERROR)
     return st_error_set(
         err, ST_ECONFIG, "%s: YAML syntax error at byte %zu: %s",
@@ -94,11 +115,9 @@ static int syntax_error(const yaml_parser_t *parser, const source *src,
   /* libyaml's word for a tab where indentation goes says nothing of tabs.
    * Its mark counts characters from after a byte-order mark, not bytes: an
    * "é" or a BOM before the tab once hid it. */
-  const unsigned char *in = parser->input.string.start;
-  const unsigned char *end = parser->input.string.end;
   const unsigned char *at = NULL;
-  if (in && parser->encoding == YAML_UTF8_ENCODING) {
-    if (end - in >= 3 && !memcmp(in, "\xef\xbb\xbf", 3)) in += 3;
+  if (utf8) {
+    in += 3 * bom;
     size_t left = parser->problem_mark.index;
     for (const unsigned char *p = in; p < end && !at; p++)
       if ((*p & 0xc0) != 0x80 && left-- == 0) at = p; /* a character's start */

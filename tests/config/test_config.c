@@ -707,7 +707,15 @@ static void test_load_errors(void) {
   LOAD_ERROR("\xef\xbb\xbfmodel:\n\tkind: cnn\n",
              "%s:2:1: YAML syntax error: a tab; YAML indents with spaces");
   LOAD_ERROR("model: \xff\n",
-             "%s: YAML syntax error at byte 7: invalid leading UTF-8 octet");
+             "%s:1:8: YAML syntax error: invalid leading UTF-8 octet (0xff)");
+  /* a byte that is not text: its line and column, not only its offset
+   * (characters counted, as libyaml's marks count them; a BOM not one) */
+  LOAD_ERROR("\xef\xbb\xbf# caf\xc3\xa9\r\nmodel:\n  kind: ml\xc3p\n",
+             "%s:3:12: YAML syntax error: invalid trailing UTF-8 octet "
+             "(0x70)");
+  LOAD_ERROR("model:\n  kind: mlp\n  activation: re\x01lu\n",
+             "%s:3:17: YAML syntax error: control characters are not "
+             "allowed (0x01)");
   LOAD_ERROR("# a comment\nmodle:\n  kind: mlp\n",
              "%s:2:1: unknown section 'modle' (did you mean 'model'?)");
   LOAD_ERROR("model:\n  kind: mlp\nparallelism:\n  x: 1\n",
