@@ -1263,15 +1263,22 @@ static void write_float(FILE *f, float v) {
   fputs(buf, f);
 }
 
-/* Double-quoted YAML string, so any path reads back verbatim. */
+/* Double-quoted YAML string, so any path reads back verbatim: what YAML's
+ * reader refuses raw (C1 controls, U+FFFE, U+FFFF) or takes for a line
+ * break (NEL, U+0085) is escaped too, as the string's own escapes wrote it
+ * (the strings are UTF-8: libyaml read them). */
 static void write_string(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
+    unsigned char c = (unsigned char)*s, c1 = (unsigned char)s[1];
     if (c == '"' || c == '\\')
       fprintf(f, "\\%c", c);
     else if (c < 0x20 || c == 0x7f)
       fprintf(f, "\\x%02x", c);
+    else if (c == 0xc2 && c1 >= 0x80 && c1 <= 0x9f) /* U+0080 to U+009F */
+      fprintf(f, "\\x%02x", c1), s++;
+    else if (c == 0xef && c1 == 0xbf && ((unsigned char)s[2] & 0xfe) == 0xbe)
+      fprintf(f, "\\u%04x", 0xfffe + (s[2] & 1)), s += 2; /* U+FFFE, FFFF */
     else
       fputc(c, f);
   }

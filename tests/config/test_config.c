@@ -531,6 +531,23 @@ static void test_round_trip(void) {
   CHECK(rc == 0 && same_settings(&a, &b) && !strcmp(b.data.dir, "tab\there"),
         "control characters in strings: %s", err.msg);
   free(text);
+  /* characters YAML's reader refuses raw (C1 controls, U+FFFE, U+FFFF)
+   * or reads as a line break (NEL, U+0085): the file written must still
+   * load, as the same string */
+  static const char *const odd[] = {"data.dir=\"/a\\x80b\"",
+                                    "data.dir=\"/a\\x85b\"",
+                                    "data.dir=\"/a\\x9fb\\ufffec\\uffffd\""};
+  for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+    st_config_defaults(&a);
+    CHECK(st_config_set(&a, odd[i], &err) == 0, "--set %s: %s", odd[i],
+          err.msg);
+    text = capture(write_config, &a);
+    st_config_defaults(&b);
+    rc = load_text(&b, text, path, &err);
+    CHECK(rc == 0 && !strcmp(a.data.dir, b.data.dir),
+          "--set %s: written, then read back: rc %d %s", odd[i], rc, err.msg);
+    free(text);
+  }
 
   /* st_config_write reports a failed stream */
   FILE *ro = fopen("/dev/null", "r");
