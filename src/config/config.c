@@ -1158,6 +1158,14 @@ static int check_training(const st_config *cfg, st_error *err) {
                    (double)cfg->data.val_fraction);
   if (text && !cfg->data.path[0])
     return invalid(cfg, err, "data.path", "text data needs a corpus file");
+  /* the byte tokenizer is no file: its ids are known here, so compile
+   * refuses the vocabulary that train refuses (a tokenizer file's ids only
+   * the trainer, which reads it, knows) */
+  if (text && cfg->model.vocab > 0 && cfg->model.vocab < 256 &&
+      (!cfg->data.tokenizer[0] || !strcmp(cfg->data.tokenizer, "bytes")))
+    return invalid(cfg, err, "model.vocab",
+                   "%d, but the tokenizer (bytes) makes ids up to 255",
+                   cfg->model.vocab);
   if (cfg->metrics.noise_scale) {
     /* gradients at two batch sizes: the first micro-batch and the batch */
     if (mb ? mb >= batch : batch < 2 || batch % 2)

@@ -976,6 +976,21 @@ static void test_validate(void) {
           "model.kind=cnn", "model.norm=groupnorm", "model.channels=[16, 20]");
   INVALID("--set: model.channels: a cnn needs at least one conv stage, got []",
           "model.kind=cnn", "model.channels=[]");
+  /* the byte tokenizer's vocabulary needs no file: compile refuses what
+   * train would (its 256 ids fit, as does 0, the tokenizer's own) */
+  INVALID("--set: model.vocab: 100, but the tokenizer (bytes) makes ids up "
+          "to 255",
+          "model.kind=gpt", "data.dataset=text", "model.vocab=100");
+  {
+    st_config g;
+    st_error e = {0};
+    st_config_defaults(&g);
+    const char *gpt[] = {"model.kind=gpt", "data.dataset=text",
+                         "model.vocab=256"};
+    for (size_t i = 0; i < sizeof gpt / sizeof gpt[0]; i++)
+      st_config_set(&g, gpt[i], &e);
+    CHECK(st_config_validate(&g, &e) == 0, "vocab 256 of bytes: %s", e.msg);
+  }
 
   /* the remaining simple bounds: the message names the key and its rule */
   static const char *const more[][2] = {
