@@ -567,7 +567,13 @@ static int load_key(st_config *cfg, yaml_document_t *doc,
                 keys->at[row].line, keys->at[row].col);
   keys->at[row] = origin_of(knode->start_mark);
   rc = set_value(cfg, row, doc, value, src, err);
-  if (!rc) cfg->origin[row] = origin_of(value->start_mark);
+  /* a value that starts before its key is an alias's (*x): libyaml gives
+   * the anchored node, marked where the anchor is, under another key; the
+   * key's own place is where this one was set */
+  yaml_mark_t at = value->start_mark.index < knode->start_mark.index
+                       ? knode->start_mark
+                       : value->start_mark;
+  if (!rc) cfg->origin[row] = origin_of(at);
   return rc;
 }
 

@@ -1065,6 +1065,16 @@ static void test_validate(void) {
            path, path);
   CHECK(st_config_validate(&c, &err) == ST_ECONFIG && !strcmp(err.msg, want),
         "micro_batch from file:\n  got  '%s'\n  want '%s'", err.msg, want);
+  /* a value given by an alias is placed at its own key, not at the anchor
+   * (another key's line, which libyaml's node is marked with) */
+  st_config_defaults(&c);
+  CHECK(load_text(&c, "optimizer:\n  lr: &x 1\n  momentum: *x\n", path, &err) ==
+            0,
+        "load: %s", err.msg);
+  snprintf(want, sizeof want,
+           "%s:3:3: optimizer.momentum: must be in [0, 1), got 1", path);
+  CHECK(st_config_validate(&c, &err) == ST_ECONFIG && !strcmp(err.msg, want),
+        "an alias's value:\n  got  '%s'\n  want '%s'", err.msg, want);
 }
 
 static void test_schema_print(void) {
