@@ -64,6 +64,7 @@
 #include "narrow.h"
 
 #include <stdatomic.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -208,6 +209,7 @@ typedef struct narrow_job {
   /* The packed path's tasks: col_tasks across C's columns times row
    * chunks of rows_per_task (1 chunk of M rows unless few columns). */
   int col_tasks, rows_per_task;
+  int group; /* strips of op(B) packed at once (packed_task) */
 } narrow_job;
 
 /* What a sum of C's row is added to (how ADD): C's own element, or with a
@@ -741,17 +743,34 @@ static void packed_strip(const narrow_job *J, const float *strip, int n, int w,
     packed_rows(J, strip, n, w, 0, 0, r0, r1);
 }
 
+enum { GROUP_MAX = 8, GROUP_CAP = 512 << 10 }; /* packed_group */
+
+/* A task's columns in groups of J->group strips: the group's strips
+ * packed, then each register block of rows passes over every strip of the
+ * group in turn, so that its rows of op(A) come from L1 for all but the
+ * first strip where they came from L3 for each (op(A) at GPT-2's 1024 x 768
+ * is 3 MB, past L2). The elements' chains are those of one strip at a time. */
 static void packed_task(void *arg, int t) {
   const narrow_job *J = arg;
-  float strip[(size_t)J->K * STRIP] __attribute__((aligned(64)));
+  size_t each = (size_t)J->K * STRIP;
+  float strips[each * J->group] __attribute__((aligned(64)));
   int n = (t % J->col_tasks) * J->per_task;
   int end = n + J->per_task < J->N ? n + J->per_task : J->N;
   int r0 = (t / J->col_tasks) * J->rows_per_task;
   int r1 = r0 + J->rows_per_task < J->M ? r0 + J->rows_per_task : J->M;
-  for (; n < end; n += STRIP) {
-    int w = end - n < STRIP ? end - n : STRIP;
-    pack_strip(J, n, w, strip);
-    packed_strip(J, strip, n, w, r0, r1);
+  int at[GROUP_MAX], w[GROUP_MAX];
+  while (n < end) {
+    int g = 0;
+    for (; g < J->group && n < end; g++, n += STRIP) {
+      at[g] = n, w[g] = end - n < STRIP ? end - n : STRIP;
+      pack_strip(J, n, w[g], strips + g * each);
+    }
+    int r = r0;
+    for (; r + PACKED_MR <= r1; r += PACKED_MR)
+      for (int s = 0; s < g; s++)
+        packed_strip(J, strips + s * each, at[s], w[s], r, r + PACKED_MR);
+    for (int s = 0; r < r1 && s < g; s++)
+      packed_strip(J, strips + s * each, at[s], w[s], r, r1);
   }
 }
 
@@ -816,6 +835,53 @@ static int task_edge(int edge, double flops_per_column) {
  * alone, so no bit depends on the thread count. */
 enum { TARGET_TASKS = 16, ROW_CHUNK = 96 };
 
+/* Strips of op(B) a packed task packs at once (packed_task): as many as
+ * fit in a quarter of L2 (GROUP_CAP at most), GROUP_MAX at most, and few
+ * enough that the product still has TARGET_TASKS tasks where its rows
+ * allow (columns' tasks times chunks of ROW_CHUNK rows). The tasks change
+ * no bit (the header), so L2's size may decide them. (An MLP's products
+ * and gpt_tiny's have too few strips for groups: one strip at a time, as
+ * before. Not measured on AMD's CPUs, whose L2 is 512 KB or 1 MB: groups
+ * of 1 or 2 at K = 768 there.)
+ *
+ * Measured on the Intel Xeon VM of COPY_A_LDA (2026-12-01, 2 MB of L2 a
+ * core: groups of 5 strips at K = 768, 4 at 1024, 1 from 1366), one
+ * thread, operands out of cache (a 256 MB pass between calls), 12-20
+ * alternating calls, mean GFLOP/s, one strip at a time against grouped:
+ * GPT-2-124M's 1024 x 2304 x 768 (B transposed) 152.5 against 169.3,
+ * 1024 x 3072 x 768 155.7 / 170.8, 1024 x 3072 x 768 (B untransposed)
+ * 152.0 / 175.3, 768 x 3072 x 1024 (A transposed, copied) 159.7 / 175.3;
+ * the products at K = 2304 and 3072 (one strip either way) unchanged. */
+static long l2_bytes(void) {
+  static _Atomic long known;
+  long b = atomic_load_explicit(&known, memory_order_relaxed);
+  if (!b) {
+    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    b = b > 0 ? b : 1 << 20; /* unknown: 1 MB */
+    atomic_store_explicit(&known, b, memory_order_relaxed);
+  }
+  return b;
+}
+
+static _Atomic int group_forced;
+
+void st_gemm_strip_group(int g) {
+  atomic_store(&group_forced, g < 0 ? 0 : g > GROUP_MAX ? GROUP_MAX : g);
+}
+
+static int packed_group(int M, int N, int K) {
+  int forced = atomic_load_explicit(&group_forced, memory_order_relaxed);
+  long fit = (1L << 20) / ((long)K * STRIP * (long)sizeof(float));
+  if (forced) return forced < fit ? forced : fit < 1 ? 1 : (int)fit;
+  long budget = l2_bytes() / 4 < GROUP_CAP ? l2_bytes() / 4 : GROUP_CAP;
+  long g = budget / ((long)K * STRIP * (long)sizeof(float));
+  int strips = (N + STRIP - 1) / STRIP, chunks = M / ROW_CHUNK;
+  chunks = chunks < 1 ? 1 : chunks;
+  g = g < 1 ? 1 : g > GROUP_MAX ? GROUP_MAX : g;
+  while (g > 1 && (strips + g - 1) / g * chunks < TARGET_TASKS) g--;
+  return (int)g;
+}
+
 static int packed_row_chunk(int M, int K, int per_task, int col_tasks) {
   int chunks = (TARGET_TASKS + col_tasks - 1) / col_tasks;
   double task_flops = 2.0 * K * per_task * ((double)M / chunks);
@@ -855,6 +921,10 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
 /* A product's tasks (J's shape, operands and transposes set). */
 static void narrow_run(st_pool *pool, int kernel, narrow_job *J) {
   J->per_task = task_edge(J->N, 2.0 * J->M * J->K); /* over C's columns */
+  if (kernel == NARROW_PACKED) {
+    J->group = packed_group(J->M, J->N, J->K);
+    if (J->per_task < J->group * STRIP) J->per_task = J->group * STRIP;
+  }
   J->col_tasks = (J->N + J->per_task - 1) / J->per_task;
   int tasks = J->col_tasks;
   if (kernel == NARROW_PACKED) {
@@ -882,7 +952,7 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
             : alpha == 1.0f && beta == 1.0f ? ADD
                                             : SCALED;
   narrow_job J = {M, N, K, lda, ldb, ldc,  how,  alpha, beta, A,
-                  B, C, 0, 0,   0,   bias, relu, 0,     0};
+                  B, C, 0, 0,   0,   bias, relu, 0,     0,    1};
   J.ta = trans_a, J.tb = trans_b;
   if (kernel == NARROW_PACKED_COPY) {
     int panel = COPY_A_BYTES / (int)sizeof(float) / K;

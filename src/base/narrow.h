@@ -64,6 +64,11 @@ void st_gemm_piece_limits(int *rows, int *K);
  * scratch cannot be had; 0 as usual. */
 void st_gemm_copy_a_off(int on);
 
+/* For tests: the strips of op(B) the packed kernel packs at once (g from
+ * 1 to 8, as long as they fit 1 MB; narrow.c's packed_group), 0 the rule
+ * as usual. The bits are the same whatever it is. */
+void st_gemm_strip_group(int g);
+
 /* For tests: 1 runs every one-row product summed in bands whose partials
  * do not fit the stack in waves on the stack, as when the calling thread's
  * buffer for them cannot be had (gemm.c); 0 as usual. */

@@ -388,6 +388,10 @@ int main(void) {
       {0, 1, 13, 45, 37, "packed"},
       {0, 0, 20, 95, 40, "packed"},
       {1, 0, 31, 61, 33, "packed dW"},
+      /* 10 strips, the last of 12 columns: groups of strips (below) */
+      {0, 1, 250, 300, 200, "packed, 10 strips"},
+      {1, 0, 250, 300, 100, "packed dW, 10 strips"},
+      {0, 0, 43, 1000, 64, "packed, 32 strips"},
       {0, 0, 12, 29, 16, "axpy"},
       {0, 0, 14, 95, 40, "axpy"},
       {0, 0, 1024, 40, 512, "packed limits"},
@@ -654,6 +658,22 @@ int main(void) {
       st_gemm_copy_a_off(0);
     }
   }
+  /* the packed kernel's strips packed in groups of 2, 3 and 8 (a task's
+   * last group short, rows in blocks and a rest, each block over every
+   * strip of its group): each element still one chain, and the same bits
+   * on every pool */
+  for (int g = 2; g <= 8; g += g == 2 ? 1 : 5) {
+    st_gemm_strip_group(g);
+    for (int i = 0; i < n; i++) {
+      const shape *s = &shapes[i];
+      int kernel = st_gemm_narrow_kernel(s->ta, s->tb, s->M, s->N, s->K,
+                                         s->ta ? s->M : s->K);
+      if (kernel != NARROW_PACKED && kernel != NARROW_PACKED_COPY) continue;
+      run_chain(s);
+      run(s, PAD, 0.5f, -0.75f, 0, pools, 4);
+    }
+  }
+  st_gemm_strip_group(0);
 #endif
   for (int p = 1; p < 4; p++) st_pool_destroy(pools[p]);
   printf("%d passed, %d failed\n", th_passed, th_failed);
