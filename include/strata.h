@@ -231,6 +231,9 @@ void st_bf16_unpack_pool(st_pool *pool, const uint16_t *h, float *x, size_t n);
 const char *st_bf16_support(void);
 void st_bf16_set_emulated(int on);
 void st_bf16_prefer_emulated(int on);
+/* For tests: 1 runs every bf16 product one element at a time, as when the
+ * packing scratch cannot be had (the same bits); 0 as usual. */
+void st_bf16_set_plain(int on);
 int st_bf16_native(void);
 /* Which kernel takes the products narrow.c's packed kernel could: by
  * class, A transposed or not (0, 3) plus the inner size K <= 512, <= 1536,

@@ -81,7 +81,7 @@ enum { NR = 32, KC = 256, CHUNK = 4096 };
 
 #define INLINE static inline __attribute__((always_inline))
 
-static atomic_int bf16_on, emulate_forced, emulate_preferred;
+static atomic_int bf16_on, emulate_forced, emulate_preferred, plain_forced;
 
 void st_gemm_set_bf16(int on) { atomic_store(&bf16_on, on != 0); }
 int st_gemm_bf16_on(void) {
@@ -91,6 +91,7 @@ void st_bf16_set_emulated(int on) { atomic_store(&emulate_forced, on != 0); }
 void st_bf16_prefer_emulated(int on) {
   atomic_store(&emulate_preferred, on != 0);
 }
+void st_bf16_set_plain(int on) { atomic_store(&plain_forced, on != 0); }
 
 /* The instruction, unless forced off or measured slower while subnormals
  * are flushed: only then is the emulation's every bit the instruction's
@@ -628,7 +629,8 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
   uint32_t *buf = st_thread_scratch(ST_SCRATCH_BF16,
                                     (words_a + (size_t)panels_b * NR * kc) *
                                         sizeof(uint32_t));
-  if (!buf || (alpha != 1.0f && beta != 0.0f)) {
+  if (!buf || (alpha != 1.0f && beta != 0.0f) ||
+      atomic_load_explicit(&plain_forced, memory_order_relaxed)) {
     gemm_plain(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }

@@ -197,6 +197,15 @@ static void check_shape(const shape *s, float alpha, float beta,
           "%s: bits differ with the rows in two calls", what);
     free(D);
   }
+  /* one element at a time (no packing scratch): the same bits */
+  {
+    st_bf16_set_plain(1);
+    float *D = run(&o, pools[npools - 1], alpha, beta);
+    st_bf16_set_plain(0);
+    CHECK(memcmp(C, D, (size_t)o.M * o.ldc * 4) == 0,
+          "%s: one element at a time, the bits differ from the kernel's", what);
+    free(D);
+  }
   if (strncmp(st_bf16_support(), "AVX512", 6) == 0) {
     st_bf16_set_emulated(1);
     float *D = run(&o, pools[npools - 1], alpha, beta);
