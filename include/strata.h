@@ -1841,6 +1841,12 @@ typedef struct st_block_cost {
   double linear_bytes[ST_BLOCK_LINEARS], linear_rows[ST_BLOCK_LINEARS];
   double linear_gemms[ST_BLOCK_LINEARS];
   double call_samples, ws_bytes;
+  /* What a step touches beside ws_bytes: the optimizer state its update
+   * reads and writes (slots floats a parameter, but for those a fused
+   * update streams in place of a gradient, which ws_bytes counts). With
+   * ws_bytes, what must pass through memory once a step when it is more
+   * than the cache holds (stage_dram_time). */
+  double state_touched;
   /* Measured (execution.block_costs: measured, st_plan_measure): this
    * block's forward, and backward with its update, timed here on one core
    * at the plan's micro-batch, seconds per sample; the partitioner takes

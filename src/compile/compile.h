@@ -122,6 +122,10 @@ typedef struct problem {
    * ws_bytes), and the seconds of work a sample its narrow linear calls
    * add when a core's share of that passes L2 (l2_traffic) */
   double *ws, *l2_fwd, *l2_bwd;
+  /* what a step touches, ws and the optimizer state beside it
+   * (st_block_cost.state_touched): past the cache, memory's bandwidth
+   * bounds the stage (stage_dram_time) */
+  double *touched;
   /* one-row products' work (the row curve's), which scales on a stage's
    * cores by the fabric's row_slope, not efficiency_slope */
   double *row_fwd, *row_bwd;

@@ -316,6 +316,9 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
      * the batch is not split) */
     c->ws_bytes = 2 * c->param_bytes + (batch < cfg->train.batch ? 2 : 1) *
                                            batch * (c->act_bytes + c->in_bytes);
+    /* beside them the update reads and writes the optimizer state; a
+     * fused layer's stands where its gradient would (ws_bytes) */
+    c->state_touched = 4.0 * ((double)b->n_params - fused) * slots;
     if (i == 0) skip_input_gradient(c, b, &x);
     /* the optimizer step: read weights, gradients and state, write weights
      * and state, clear the gradients; a fused update's weights are in

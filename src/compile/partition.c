@@ -175,7 +175,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       &p->acts,       &p->work_fwd,  &p->work_bwd,   &p->serial_fwd,
       &p->serial_bwd, &p->region_in, &p->region_out, &p->region_layers,
       &p->ws,         &p->l2_fwd,    &p->l2_bwd,     &p->work_mem,
-      &p->row_fwd,    &p->row_bwd,   &p->dram};
+      &p->row_fwd,    &p->row_bwd,   &p->dram,       &p->touched};
   int ok = 1;
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
     ok &= (*arrays[a] = st_alloc(cells * sizeof(double))) != NULL;
@@ -206,7 +206,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
     double ff = 0, fb = 0, weights = 0, state = 0, acts = blocks[i].in_bytes;
     double lw = 0, ls = 0; /* weight prediction: work, serial seconds */
     double rin = 0, rout = 0, rl = 0; /* through a mesh region */
-    double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0, dram = 0;
+    double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0, dram = 0, touched = 0;
     double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
     double l2t[2] = {0, 0};  /* weights from past L2, seconds a sample */
     double wn = 0, wsc = 0;  /* the workspace's largest terms */
@@ -265,6 +265,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         ws += b->ws_bytes;
       }
       dram += dram_bytes(b);
+      touched += b->ws_bytes + b->state_touched;
       weights += b->param_bytes;
       state += b->state_bytes;
       acts += b->act_bytes;
@@ -294,6 +295,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       p->row_bwd[at] = row_b;
       p->ws[at] = ws;
       p->dram[at] = dram;
+      p->touched[at] = touched;
       p->l2_fwd[at] = l2t[0];
       p->l2_bwd[at] = l2t[1];
       p->serial_fwd[at] = sf;
@@ -397,7 +399,7 @@ void problem_free(problem *p) {
       &p->serial_bwd, &p->region_in, &p->region_out,     &p->region_layers,
       &p->ws,         &p->l2_fwd,    &p->l2_bwd,         &p->row_fwd,
       &p->row_bwd,    &p->work_mem,  &p->last_free_work, &p->last_free_serial,
-      &p->dram};
+      &p->dram,       &p->touched};
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
     st_free(*arrays[a]);
     *arrays[a] = NULL;
@@ -502,7 +504,7 @@ double stage_dram_time(const problem *p, const layout *L, int i, int j,
   int64_t at = range_index(p, i, j);
   double share = (double)units * L->h / (double)f->pes;
   double cache = f->cache_bytes > 0 ? f->cache_bytes : 0;
-  if (p->ws[at] <= cache * share) return 0;
+  if (p->touched[at] <= cache * share) return 0;
   return p->dram[at] / (f->memory_bandwidth * share);
 }
 
