@@ -490,12 +490,19 @@ const char *st_config_where(const st_config *cfg, const char *key);
  * file:line:col", "set by --set" or "the default"; four rotating
  * thread-local buffers of its own, as st_config_where's. */
 const char *st_config_set_at(const st_config *cfg, const char *key);
-/* The keys set away from their defaults that cfg's execution.mode does
- * not use (execution.stages under sequential, execution.mitigation under
- * pipeline, ...): up to cap of them in keys; returns how many. A user
- * switches modes by changing one word, so these get a notice, not an
- * error (the CLI prints one line each). */
+/* The keys set away from their defaults that cfg's setting does not read:
+ * another execution.mode's (execution.stages under sequential), another
+ * model.kind's (model.hidden with a cnn), optimizer.kind's
+ * (optimizer.beta1 with sgd), optimizer.schedule's, data.dataset's, ...:
+ * up to cap of them in keys, in the schema's order; returns how many. A
+ * user switches a mode, a model or an optimizer by changing one word, so
+ * these get a notice, not an error (train and compile print one line
+ * each). */
 int st_config_unused(const st_config *cfg, const char **keys, int cap);
+/* Why cfg does not read key: the key and value that leave it unread,
+ * "execution.mode sequential", "optimizer.kind sgd"; NULL if cfg reads it.
+ * Four rotating thread-local buffers, as st_config_where's. */
+const char *st_config_unused_why(const st_config *cfg, const char *key);
 /* Prints the schema (every key, type, default, meaning) for --help. */
 void st_config_print_schema(FILE *f);
 

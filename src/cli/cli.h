@@ -19,6 +19,10 @@ const char *st_cli_usage_pending(void);
  * a file" into err and 1, before any work (the write at the end failed
  * with "rename failed: Is a directory"); else 0. */
 int st_cli_out_folder(const char *option, const char *path, st_error *err);
+/* One line on stderr for each key cfg sets that its setting does not read
+ * (st_config_unused): "strata: notice: WHERE: KEY is not used by WHY;
+ * ignored". train and compile say the same of the same config. */
+void st_cli_notice_unused(const st_config *cfg);
 /* runs/<config file name without extension> */
 void st_cli_default_out(char *out, size_t cap, const char *config);
 /* Numbers on the command line, as written: a whole number in [0, hi], every

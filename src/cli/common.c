@@ -19,6 +19,15 @@ int st_cli_out_folder(const char *option, const char *path, st_error *err) {
   return 1;
 }
 
+void st_cli_notice_unused(const st_config *cfg) {
+  const char *unused[ST_CONFIG_MAX_KEYS];
+  int n = st_config_unused(cfg, unused, ST_CONFIG_MAX_KEYS);
+  for (int i = 0; i < n && i < ST_CONFIG_MAX_KEYS; i++)
+    fprintf(stderr, "strata: notice: %s: %s is not used by %s; ignored\n",
+            st_config_where(cfg, unused[i]), unused[i],
+            st_config_unused_why(cfg, unused[i]));
+}
+
 int st_cli_fail(const st_error *err) {
   /* over MPI ranks an error every rank shares is printed once, by rank 0;
    * one rank's own error names the rank */

@@ -707,18 +707,8 @@ static int cmd_train(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   if (!rc) st_dist_watch(cfg.execution.rank_timeout);
   if (st_dist_agree(rc, &err)) return st_cli_fail(&err);
-  /* keys the mode does not read: said once, and the run goes on */
-  const char *unused[32];
-  int n_unused = st_config_unused(&cfg, unused, 32);
-  for (int i = 0; st_dist_rank() == 0 && i < n_unused && i < 32; i++) {
-    /* the pipeline's other schedules leave virtual_stages unread */
-    int by_schedule = !strcmp(unused[i], "execution.virtual_stages") &&
-                      !strcmp(cfg.execution.mode, "pipeline");
-    fprintf(stderr, "strata: notice: %s: %s is not used by %s %s; ignored\n",
-            st_config_where(&cfg, unused[i]), unused[i],
-            by_schedule ? "execution.schedule" : "execution.mode",
-            by_schedule ? cfg.execution.schedule : cfg.execution.mode);
-  }
+  /* keys the setting does not read: said once, and the run goes on */
+  if (st_dist_rank() == 0) st_cli_notice_unused(&cfg);
   char out[ST_PATH_MAX];
   const char *given = a.resume ? a.resume : a.out;
   if (given)

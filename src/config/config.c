@@ -1186,33 +1186,85 @@ static int check_training(const st_config *cfg, st_error *err) {
   return 0;
 }
 
-/* Keys only some modes read (every other key applies to every mode, or is
- * refused where it cannot apply, as replicas are). */
+/* Keys only some settings read: `key` is read only where the value of
+ * `by` (an enum or a bool) is a word of `values`; a key with several rows
+ * needs all of them, and the first it fails says why it is not read. Each
+ * row is what the code that consumes the key reads: the executors for the
+ * modes (docs/modes.md), model.c's builders, trainer.c's load_data and
+ * data/, optim.c's rules and st_lr_at. Every other key applies to every
+ * setting, or is refused where it cannot apply (execution.replicas,
+ * optimizer.reference_batch). */
 static const struct {
-  const char *key, *modes;
-} mode_keys[] = {
-    {"execution.schedule", "pipeline"},
-    {"execution.virtual_stages", "pipeline"},
-    {"execution.stages", "pipeline block_sequential pipelined_backprop"},
-    {"execution.stage_blocks", "pipeline pipelined_backprop"},
-    {"execution.blocks_per_segment", "block_sequential"},
-    {"execution.mitigation", "pipelined_backprop"},
-    {"execution.emulate", "pipelined_backprop"},
-    {"execution.pipemare_warmup", "pipelined_backprop"},
-    {"execution.pipemare_gamma", "pipelined_backprop"},
-    {"execution.store", "weight_streaming"},
-    {"execution.store_path", "weight_streaming"},
-    {"execution.store_weights", "weight_streaming"},
-    {"execution.store_rounding", "weight_streaming"},
-    {"execution.prefetch", "weight_streaming"},
-    {"execution.keep_activations", "weight_streaming"},
-    {"execution.compute_memory_limit", "weight_streaming"},
+  const char *key, *by, *values;
+} key_reads[] = {
+    {"execution.schedule", "execution.mode", "pipeline"},
+    {"execution.virtual_stages", "execution.mode", "pipeline"},
+    {"execution.virtual_stages", "execution.schedule", "interleaved"},
+    {"execution.stages", "execution.mode",
+     "pipeline block_sequential pipelined_backprop"},
+    {"execution.stage_blocks", "execution.mode", "pipeline pipelined_backprop"},
+    {"execution.blocks_per_segment", "execution.mode", "block_sequential"},
+    {"execution.mitigation", "execution.mode", "pipelined_backprop"},
+    {"execution.emulate", "execution.mode", "pipelined_backprop"},
+    {"execution.pipemare_warmup", "execution.mode", "pipelined_backprop"},
+    {"execution.pipemare_gamma", "execution.mode", "pipelined_backprop"},
+    {"execution.store", "execution.mode", "weight_streaming"},
+    {"execution.store_path", "execution.mode", "weight_streaming"},
+    {"execution.store_weights", "execution.mode", "weight_streaming"},
+    {"execution.store_rounding", "execution.mode", "weight_streaming"},
+    {"execution.prefetch", "execution.mode", "weight_streaming"},
+    {"execution.keep_activations", "execution.mode", "weight_streaming"},
+    {"execution.compute_memory_limit", "execution.mode", "weight_streaming"},
+    /* build_mlp, build_cnn, build_gpt: a gpt's layernorms are its own and
+     * its classes are its vocabulary */
+    {"model.hidden", "model.kind", "mlp"},
+    {"model.residual", "model.kind", "mlp"},
+    {"model.norm", "model.kind", "mlp cnn"},
+    {"model.groups", "model.kind", "cnn"},
+    {"model.groups", "model.norm", "groupnorm"},
+    {"model.channels", "model.kind", "cnn"},
+    {"model.kernel", "model.kind", "cnn"},
+    {"model.residual_blocks", "model.kind", "cnn"},
+    {"model.pool", "model.kind", "cnn"},
+    {"model.dense", "model.kind", "cnn"},
+    {"model.classes", "model.kind", "mlp cnn"},
+    {"model.vocab", "model.kind", "gpt"},
+    {"model.context", "model.kind", "gpt"},
+    {"model.layers", "model.kind", "gpt"},
+    {"model.heads", "model.kind", "gpt"},
+    {"model.width", "model.kind", "gpt"},
+    {"model.mlp_ratio", "model.kind", "gpt"},
+    {"model.tied", "model.kind", "gpt"},
+    {"model.fused_loss", "model.kind", "gpt"},
+    {"model.positions", "model.kind", "gpt"},
+    {"model.rotary_dim", "model.kind", "gpt"},
+    {"model.rotary_dim", "model.positions", "rotary"},
+    /* load_data: the IDX files' folder, pixel statistics, a corpus */
+    {"data.dir", "data.dataset", "fashion_mnist"},
+    {"data.normalize", "data.dataset", "fashion_mnist synthetic"},
+    {"data.path", "data.dataset", "text"},
+    {"data.tokenizer", "data.dataset", "text"},
+    {"data.encoding", "data.dataset", "text"},
+    {"data.val_fraction", "data.dataset", "text"},
+    /* sgd_one, adamw_one, st_lr_at */
+    {"optimizer.momentum", "optimizer.kind", "sgd"},
+    {"optimizer.nesterov", "optimizer.kind", "sgd"},
+    {"optimizer.beta1", "optimizer.kind", "adamw"},
+    {"optimizer.beta2", "optimizer.kind", "adamw"},
+    {"optimizer.eps", "optimizer.kind", "adamw"},
+    {"optimizer.min_lr", "optimizer.schedule", "cosine linear"},
+    {"optimizer.step_size", "optimizer.schedule", "step"},
+    {"optimizer.gamma", "optimizer.schedule", "step"},
+    /* only a gpt's sequence layers keep bf16 inputs (mark_transient) */
+    {"train.bf16_activations", "model.kind", "gpt"},
+    {"train.bf16_activations", "train.precision", "bf16"},
+    {"metrics.noise_ema", "metrics.noise_scale", "true"},
 };
 
-/* Whether mode is a word of the space-separated list. */
-static int listed(const char *list, const char *mode) {
-  size_t n = strlen(mode);
-  for (const char *p = list; (p = strstr(p, mode)); p += n)
+/* Whether word is a word of the space-separated list. */
+static int listed(const char *list, const char *word) {
+  size_t n = strlen(word);
+  for (const char *p = list; (p = strstr(p, word)); p += n)
     if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) return 1;
   return 0;
 }
@@ -1231,27 +1283,49 @@ static int at_default(const st_config *cfg, const st_config *def, int k) {
   return memcmp(a, b, key->size) == 0;
 }
 
+/* The value of an enum or bool key as a word: "sgd", "true". */
+static const char *word_of(const st_config *cfg, const char *key) {
+  int row = row_of(key);
+  assert(row >= 0);
+  const st_config_key *k = &st_config_schema[row];
+  const char *p = (const char *)cfg + k->offset;
+  if (k->type == ST_CONFIG_BOOL) return *(const int *)p ? "true" : "false";
+  assert(k->type == ST_CONFIG_ENUM);
+  return p;
+}
+
+/* The row of key_reads that leaves key unread in cfg, or -1 if it is read. */
+static int unread_by(const st_config *cfg, const char *key) {
+  for (size_t i = 0; i < sizeof key_reads / sizeof key_reads[0]; i++)
+    if (!strcmp(key_reads[i].key, key) &&
+        !listed(key_reads[i].values, word_of(cfg, key_reads[i].by)))
+      return (int)i;
+  return -1;
+}
+
 int st_config_unused(const st_config *cfg, const char **keys, int cap) {
   st_config def;
   st_config_defaults(&def);
   int n = 0;
-  for (size_t i = 0; i < sizeof mode_keys / sizeof mode_keys[0]; i++) {
-    int k = row_of(mode_keys[i].key);
-    if (k < 0 || listed(mode_keys[i].modes, cfg->execution.mode) ||
-        at_default(cfg, &def, k))
-      continue;
-    if (n < cap) keys[n] = mode_keys[i].key;
-    n++;
-  }
-  /* the pipeline reads virtual_stages under the interleaved schedule only */
-  int k = row_of("execution.virtual_stages");
-  if (k >= 0 && !strcmp(cfg->execution.mode, "pipeline") &&
-      strcmp(cfg->execution.schedule, "interleaved") &&
-      !at_default(cfg, &def, k)) {
-    if (n < cap) keys[n] = "execution.virtual_stages";
+  for (int k = 0; k < st_config_schema_count; k++) {
+    key_text key = full_name(&st_config_schema[k]);
+    int i = unread_by(cfg, key.s);
+    if (i < 0 || at_default(cfg, &def, k)) continue;
+    if (n < cap) keys[n] = key_reads[i].key;
     n++;
   }
   return n;
+}
+
+const char *st_config_unused_why(const st_config *cfg, const char *key) {
+  static _Thread_local char ring[4][96];
+  static _Thread_local int next;
+  int i = unread_by(cfg, key);
+  if (i < 0) return NULL;
+  char *buf = ring[next++ & 3];
+  snprintf(buf, sizeof ring[0], "%s %s", key_reads[i].by,
+           word_of(cfg, key_reads[i].by));
+  return buf;
 }
 
 int st_config_validate(const st_config *cfg, st_error *err) {

@@ -742,7 +742,8 @@ for i in $(seq 1 400); do echo "line $i: the quick brown fox jumps over the lazy
 gpt=(--set model.kind=gpt --set data.dataset=text --set data.path="$T/corpus.txt"
      --set model.context=16 --set model.layers=1 --set model.heads=2
      --set model.width=16 --set train.batch=4 --set train.steps=5
-     --set optimizer.kind=adamw --set optimizer.lr=0.01)
+     --set optimizer.kind=adamw --set optimizer.lr=0.01
+     --set optimizer.nesterov=false) # fc_mnist's, which adamw does not read
 run train "$fc" "${gpt[@]}" --out "$T/gpt"
 gck="$T/gpt/checkpoints/step-00000005.safetensors"
 if [ "$rc" -eq 0 ] && [ -s "$gck" ] &&
@@ -1202,6 +1203,22 @@ if [ "$rc" -eq 0 ] && printf '%s\n' "$err" | grep -q 'execution.mitigation is no
 # virtual_stages is the interleaved schedule's alone (it was ignored silently)
 if printf '%s\n' "$err" | grep -q '^strata: notice: --set: execution.virtual_stages is not used by execution.schedule 1f1b; ignored$'; then
   pass; else fail "unused keys: virtual_stages under 1f1b" "$err"; fi
+
+# Keys the model kind, optimizer, schedule or dataset does not read get the
+# same notice (they were ignored without a word: model.channels under an mlp,
+# optimizer.beta1 under sgd, min_lr under the constant schedule), naming the
+# file's line; a key the setting reads, or one set to its default, none.
+printf 'model:\n  kind: mlp\n  channels: [8]\n  classes: 10\noptimizer:\n  kind: sgd\n  beta1: 0.95\n  beta2: 0.999\n  min_lr: 0.001\ndata:\n  val_fraction: 0.2\n' >"$T/dead.yaml"
+run train "$T/dead.yaml" "${small[@]}" --set optimizer.kind=adamw --set optimizer.momentum=0.5 \
+  --out "$T/unused_dead"
+dead_train=$(printf '%s\n' "$err" | grep '^strata: notice: ')
+want_dead="strata: notice: $T/dead.yaml:3:13: model.channels is not used by model.kind mlp; ignored
+strata: notice: $T/dead.yaml:11:17: data.val_fraction is not used by data.dataset fashion_mnist; ignored
+strata: notice: --set: optimizer.momentum is not used by optimizer.kind adamw; ignored
+strata: notice: $T/dead.yaml:9:11: optimizer.min_lr is not used by optimizer.schedule constant; ignored"
+if [ "$rc" -eq 0 ] && [ "$dead_train" = "$want_dead" ]; then pass; else
+  fail "unused keys of the model, data, optimizer and schedule: one notice each" "rc $rc" \
+    "want:" "$want_dead" "got:" "$err"; fi
 
 # The bubble line names its closed form only where it holds: interleaved with
 # M a multiple of S; otherwise the figure is the emulated clock's (M = 3

@@ -1168,6 +1168,20 @@ static void test_shipped_round_trip(void) {
     files++;
     char path[512], set[64];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    {
+      /* as shipped, every key it sets is read: a notice from `strata
+       * train` on a shipped config is a dead line in the config */
+      st_config c;
+      st_error err = {0};
+      const char *unused[ST_CONFIG_MAX_KEYS];
+      st_config_defaults(&c);
+      int rc = st_config_load(&c, path, &err);
+      if (!rc) rc = st_config_validate(&c, &err);
+      int n = rc ? 0 : st_config_unused(&c, unused, ST_CONFIG_MAX_KEYS);
+      CHECK(rc == 0 && n == 0, "%s: %d keys it sets are not read (%s %s) %s",
+            path, n, n ? unused[0] : "",
+            n ? st_config_unused_why(&c, unused[0]) : "", err.msg);
+    }
     for (int m = 0; m < 5; m++) {
       st_config a, b;
       st_error err = {0}, err_b = {0};
@@ -1211,6 +1225,156 @@ static void test_shipped_round_trip(void) {
   CHECK(files >= 10, "only %d configs found in %s", files, dir);
 }
 
+/* Keys the chosen setting does not read (st_config_unused): a key another
+ * model kind, optimizer, schedule, dataset or mode reads, set away from its
+ * default, is listed with the key and value that leave it unread, as the
+ * code that consumes it reads it (model.c's builders, optim.c, load_data,
+ * the executors); a key the setting reads, or one left at its default, is
+ * not. Before, only execution.mode's keys were listed: model.hidden under a
+ * cnn or optimizer.beta1 under sgd were ignored without a word. */
+static void test_unused_keys(void) {
+  static const struct {
+    const char *sets; /* --set assignments, space-separated; the last is
+                         the key in question */
+    const char *why;  /* st_config_unused_why, or NULL: the key is read */
+  } cases[] = {
+      {"model.kind=cnn model.hidden=[64]", "model.kind cnn"},
+      {"model.kind=cnn model.residual=true", "model.kind cnn"},
+      {"model.channels=[8]", "model.kind mlp"},
+      {"model.kernel=5", "model.kind mlp"},
+      {"model.residual_blocks=1", "model.kind mlp"},
+      {"model.pool=avg", "model.kind mlp"},
+      {"model.dense=[64]", "model.kind mlp"},
+      {"model.groups=4", "model.kind mlp"},
+      {"model.kind=cnn model.groups=4", "model.norm none"},
+      {"model.kind=cnn model.norm=groupnorm model.groups=4", NULL},
+      {"model.kind=cnn model.channels=[8]", NULL},
+      {"model.kind=cnn model.dense=[64]", NULL},
+      {"model.vocab=300", "model.kind mlp"},
+      {"model.context=32", "model.kind mlp"},
+      {"model.layers=2", "model.kind mlp"},
+      {"model.heads=2", "model.kind mlp"},
+      {"model.width=64", "model.kind mlp"},
+      {"model.mlp_ratio=2", "model.kind mlp"},
+      {"model.tied=false", "model.kind mlp"},
+      {"model.fused_loss=false", "model.kind mlp"},
+      {"model.positions=rotary", "model.kind mlp"},
+      {"model.rotary_dim=8", "model.kind mlp"},
+      {"model.hidden=[64]", NULL},
+      {"model.residual=true model.hidden=[64,64]", NULL},
+      {"model.norm=layernorm", NULL},
+      {"model.classes=12", NULL},
+      {"model.kind=gpt data.dataset=text model.hidden=[64]", "model.kind gpt"},
+      {"model.kind=gpt data.dataset=text model.classes=5", "model.kind gpt"},
+      {"model.kind=gpt data.dataset=text model.norm=layernorm",
+       "model.kind gpt"},
+      {"model.kind=gpt data.dataset=text model.rotary_dim=8",
+       "model.positions learned"},
+      {"model.kind=gpt data.dataset=text model.positions=rotary "
+       "model.rotary_dim=8",
+       NULL},
+      {"model.kind=gpt data.dataset=text model.width=64", NULL},
+      {"model.kind=gpt data.dataset=text model.dropout=0.1", NULL},
+      {"model.kind=gpt data.dataset=text model.activation=gelu", NULL},
+      {"optimizer.beta1=0.95", "optimizer.kind sgd"},
+      {"optimizer.beta2=0.95", "optimizer.kind sgd"},
+      {"optimizer.eps=1e-6", "optimizer.kind sgd"},
+      {"optimizer.kind=adamw optimizer.momentum=0.5", "optimizer.kind adamw"},
+      {"optimizer.kind=adamw optimizer.nesterov=true", "optimizer.kind adamw"},
+      {"optimizer.kind=adamw optimizer.beta2=0.95", NULL},
+      {"optimizer.momentum=0.5", NULL},
+      {"optimizer.nesterov=true", NULL},
+      {"optimizer.weight_decay=0.1", NULL},
+      {"optimizer.warmup_steps=10", NULL},
+      {"optimizer.min_lr=0.001", "optimizer.schedule constant"},
+      {"optimizer.schedule=step optimizer.min_lr=0.001",
+       "optimizer.schedule step"},
+      {"optimizer.schedule=cosine optimizer.min_lr=0.001", NULL},
+      {"optimizer.schedule=linear optimizer.min_lr=0.001", NULL},
+      {"optimizer.step_size=10", "optimizer.schedule constant"},
+      {"optimizer.schedule=cosine optimizer.gamma=0.5",
+       "optimizer.schedule cosine"},
+      {"optimizer.schedule=step optimizer.step_size=10", NULL},
+      {"optimizer.schedule=step optimizer.gamma=0.5", NULL},
+      {"data.path=/tmp/corpus", "data.dataset fashion_mnist"},
+      {"data.tokenizer=tok.json", "data.dataset fashion_mnist"},
+      {"data.encoding=utf8", "data.dataset fashion_mnist"},
+      {"data.val_fraction=0.2", "data.dataset fashion_mnist"},
+      {"data.dataset=synthetic data.dir=/tmp", "data.dataset synthetic"},
+      {"data.dataset=synthetic data.normalize=false", NULL},
+      {"model.kind=gpt data.dataset=text data.normalize=false",
+       "data.dataset text"},
+      {"model.kind=gpt data.dataset=text data.val_fraction=0.2", NULL},
+      {"data.train_limit=100", NULL},
+      {"data.shuffle=false", NULL},
+      {"train.bf16_activations=false", "model.kind mlp"},
+      {"model.kind=gpt data.dataset=text train.bf16_activations=false",
+       "train.precision fp32"},
+      {"model.kind=gpt data.dataset=text train.precision=bf16 "
+       "train.bf16_activations=false",
+       NULL},
+      {"metrics.noise_ema=0.5", "metrics.noise_scale false"},
+      {"metrics.noise_scale=true metrics.noise_ema=0.5", NULL},
+      {"execution.stages=2", "execution.mode sequential"},
+      {"execution.mode=pipeline execution.virtual_stages=3",
+       "execution.schedule 1f1b"},
+      {"execution.mode=pipeline execution.schedule=interleaved "
+       "execution.virtual_stages=3",
+       NULL},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    char sets[256], key[96] = "";
+    snprintf(sets, sizeof sets, "%s", cases[c].sets);
+    int rc = 0;
+    for (char *tok = strtok(sets, " "); tok && !rc; tok = strtok(NULL, " ")) {
+      rc = st_config_set(&cfg, tok, &err);
+      snprintf(key, sizeof key, "%.*s", (int)strcspn(tok, "="), tok);
+    }
+    if (!rc) rc = st_config_validate(&cfg, &err);
+    CHECK(rc == 0, "%s: %s", cases[c].sets, err.msg);
+    if (rc) continue;
+    const char *unused[ST_CONFIG_MAX_KEYS];
+    int n = st_config_unused(&cfg, unused, ST_CONFIG_MAX_KEYS);
+    const char *why = st_config_unused_why(&cfg, key);
+    if (cases[c].why)
+      CHECK(n == 1 && !strcmp(unused[0], key) && why &&
+                !strcmp(why, cases[c].why),
+            "%s: %d keys listed (first %s), why '%s', not %s alone by '%s'",
+            cases[c].sets, n, n ? unused[0] : "none", why ? why : "(read)", key,
+            cases[c].why);
+    else
+      CHECK(n == 0 && !why, "%s: %d keys listed (first %s), why '%s'",
+            cases[c].sets, n, n ? unused[0] : "none", why ? why : "(read)");
+  }
+  /* set, but to the default: nothing said (a run's own config.yaml holds
+   * every key); the same value away from the default is listed */
+  st_config cfg;
+  st_error err = {0};
+  char path[64];
+  st_config_defaults(&cfg);
+  const char *unused[ST_CONFIG_MAX_KEYS];
+  int rc = load_text(&cfg,
+                     "optimizer:\n  kind: sgd\n  beta1: 0.9\n  eps: 1e-8\n"
+                     "model:\n  kernel: 3\n",
+                     path, &err);
+  CHECK(rc == 0 && st_config_unused(&cfg, unused, ST_CONFIG_MAX_KEYS) == 0,
+        "keys set to their defaults: %d listed (%s)",
+        rc ? -1 : st_config_unused(&cfg, unused, ST_CONFIG_MAX_KEYS), err.msg);
+  /* a file's key names its line, for the CLI's notice */
+  st_config_defaults(&cfg);
+  rc = load_text(&cfg, "optimizer:\n  kind: sgd\n  beta1: 0.95\n", path, &err);
+  int n = rc ? -1 : st_config_unused(&cfg, unused, ST_CONFIG_MAX_KEYS);
+  char want[128];
+  snprintf(want, sizeof want, "%s:3:10", path);
+  CHECK(n == 1 && !strcmp(unused[0], "optimizer.beta1") &&
+            !strcmp(st_config_where(&cfg, "optimizer.beta1"), want),
+        "a file's beta1 under sgd: %d listed, at %s (%s)", n,
+        n == 1 ? st_config_where(&cfg, unused[0]) : "-", err.msg);
+}
+
 /* The fabric kinds the compiler knows; anything else is refused here. */
 static void test_fabric_kinds(void) {
   const char *ok[] = {"fabric.kind=cpu", "fabric.kind=mesh",
@@ -1239,6 +1403,7 @@ int main(void) {
   test_partial_and_empty_files();
   test_round_trip();
   test_shipped_round_trip();
+  test_unused_keys();
   test_set();
   test_set_errors();
   test_load_errors();
