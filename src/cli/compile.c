@@ -145,8 +145,12 @@ int st_cli_compile(int argc, char **argv) {
   if (load(&cfg, &a, &err)) return st_cli_fail(&err);
   cfg.launch.ranks = ranks;
   cfg.launch.per_machine = per_machine;
-  if (a.validate_only)
+  /* the keys the config sets that its setting does not read, as train
+   * says them (a mode forced by --mode is the one planned) */
+  if (a.validate_only) {
+    st_cli_notice_unused(&cfg);
     return st_plan_validate(&cfg, stdout, &err) ? st_cli_fail(&err) : 0;
+  }
 
   char out[ST_PATH_MAX], json[ST_PATH_MAX + 16], svg[ST_PATH_MAX + 16];
   if (a.out)
@@ -170,6 +174,11 @@ int st_cli_compile(int argc, char **argv) {
                                 "weight_streaming, not '%s'",
                                 force);
   }
+  st_config noticed = cfg;
+  if (force)
+    snprintf(noticed.execution.mode, sizeof noticed.execution.mode, "%s",
+             force);
+  st_cli_notice_unused(&noticed);
   /* a pipeline over ranks with execution.stages 0 runs a stage a rank
    * (each replica's pipeline its share of them), as `strata train` does */
   const char *mode = force ? force : cfg.execution.mode;

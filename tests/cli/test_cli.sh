@@ -1219,6 +1219,25 @@ strata: notice: $T/dead.yaml:9:11: optimizer.min_lr is not used by optimizer.sch
 if [ "$rc" -eq 0 ] && [ "$dead_train" = "$want_dead" ]; then pass; else
   fail "unused keys of the model, data, optimizer and schedule: one notice each" "rc $rc" \
     "want:" "$want_dead" "got:" "$err"; fi
+# compile says what train says, of the same config
+run compile "$T/dead.yaml" --validate-only --set optimizer.kind=adamw --set optimizer.momentum=0.5
+if [ "$rc" -eq 0 ] && [ "$(printf '%s\n' "$err" | grep '^strata: notice: ')" = "$want_dead" ]; then
+  pass; else fail "compile --validate-only: the notices train prints" "rc $rc" "$err"; fi
+run compile "$fc" --set execution.stages=2 --set optimizer.beta1=0.95 --fabric cpu:2 --out "$T/unused_plan"
+if [ "$rc" -eq 0 ] && [ "$(printf '%s\n' "$err" | grep -c '^strata: notice: ')" -eq 2 ] &&
+   printf '%s\n' "$err" | grep -q '^strata: notice: --set: execution.stages is not used by execution.mode sequential; ignored$' &&
+   printf '%s\n' "$err" | grep -q '^strata: notice: --set: optimizer.beta1 is not used by optimizer.kind sgd; ignored$'; then
+  pass; else fail "compile: the notices train prints" "rc $rc" "$err"; fi
+# --mode is the mode compile plans: a pipeline reads the stages
+run compile "$fc" --set execution.stages=2 --fabric cpu:2 --mode pipeline --out "$T/unused_plan_pipe"
+if [ "$rc" -eq 0 ] && ! printf '%s\n' "$err" | grep -q '^strata: notice: '; then
+  pass; else fail "compile --mode pipeline: stages are read" "rc $rc" "$err"; fi
+# every key a shipped config sets is read by it
+for f in configs/*.yaml; do
+  run compile "$f" --validate-only
+  if [ "$rc" -eq 0 ] && ! printf '%s\n' "$err" | grep -q '^strata: notice: '; then
+    pass; else fail "$f: every key it sets is read (compile --validate-only)" "rc $rc" "$err"; fi
+done
 
 # The bubble line names its closed form only where it holds: interleaved with
 # M a multiple of S; otherwise the figure is the emulated clock's (M = 3
