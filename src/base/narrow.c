@@ -420,8 +420,9 @@ enum { STRIP = 2 * VL };
  *     products and 195-231 at K = 2048-3072: there the packed kernel
  *     takes K up to 1536 only (st_blas_avx512). Other BLAS libraries
  *     count as having such kernels.
- * The strip, K x STRIP floats, lives on the task's stack: 192 KB at K =
- * 3072 with AVX2, 384 KB with AVX-512. glibc gives the main
+ * The strips, K x STRIP floats each, live on the task's stack: one strip
+ * up to 192 KB at K = 3072 with AVX2, 384 KB with AVX-512, or a group of
+ * strips up to GROUP_CAP (512 KB; packed_group). glibc gives the main
  * thread and every new thread the stack size limit, 8 MB unless set
  * otherwise; a limit (`ulimit -s`) under about 1 MB is not supported. */
 #if defined(__AVX512F__) && defined(__FMA__)
