@@ -828,6 +828,14 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   int hs[64], nh = band_heights(fabric, hs, 64);
   int k_lo = K ? K : 1, k_hi = K ? K : n_blocks;
   if (k_hi > fabric->pes) k_hi = (int)fabric->pes;
+  /* interleaved: the stages are workers of V chunks, each chunk a block
+   * or more (pipeline.c cuts S V of them) */
+  int V = opt->in_flight_schedule &&
+                  !strcmp(opt->in_flight_schedule, "interleaved") &&
+                  opt->virtual_stages > 1
+              ? opt->virtual_stages
+              : 1;
+  if (!K && k_hi > n_blocks / V) k_hi = n_blocks / V > 0 ? n_blocks / V : 1;
   int per_stage = opt->in_flight_schedule && opt->in_flight_schedule[0];
   /* each S on its own where a schedule's bubble or a mesh's band turns
    * (each S's plan laid out, its edges' real links: partition_times) make
@@ -896,7 +904,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
     return st_error_set(err, ST_ENOMEM, "out of memory partitioning");
   }
   if (!best.k) {
-    int kmax = K ? K : (int)(n_blocks < fabric->pes ? n_blocks : fabric->pes);
+    int kmax = K ? K : k_hi;
     if (per_stage) use_table(&p, opt, kmax, flight, vers);
     rc = pinned ? explain_pin_no_fit(&p, fabric, where, sep, key, err)
                 : explain_no_fit(&p, fabric, kmax, K, err);

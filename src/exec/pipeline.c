@@ -382,23 +382,35 @@ static int lay_out_chunks(pipe *p, const st_config *cfg, const st_block_cost *c,
                         "%s: execution.stages: per_block with the interleaved "
                         "schedule; give a number of stage workers",
                         st_config_where(cfg, "execution.stages"));
-  if (S == 0) S = cores < n / V ? cores : n / V;
-  if (S < 1 || (long)S * V > n)
+  st_config *cpu = malloc(sizeof *cpu);
+  if (!cpu) return st_error_set(err, ST_ENOMEM, "out of memory");
+  st_fabric fab, *plan_on;
+  if (S == 0) {
+    /* the plan's count of workers, chosen as `strata compile` chooses it
+     * (interleaved's fill and drain of V chunks a worker, at most n / V
+     * workers); no plan: one a core, as many as the blocks allow */
+    plan_on = st_cut_fabric(&fab, cpu, cfg, 0, cores);
+    S = st_cut_split(c, n, plan_on, 0, cores, 0, NULL, cfg, first, count, pes);
+    if (S > n / V) S = n / V;
+  }
+  if (S < 1 || (long)S * V > n) {
+    free(cpu);
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.virtual_stages: %d chunks for each of "
                         "%d stage workers need %d blocks; the model has %d",
                         key, V, S > 0 ? S : 1, (S > 0 ? S : 1) * V, n);
+  }
   int J = S * V;
-  if (cfg->execution.stage_blocks.n > 0 && cfg->execution.stage_blocks.n != J)
+  if (cfg->execution.stage_blocks.n > 0 && cfg->execution.stage_blocks.n != J) {
+    free(cpu);
     return st_error_set(err, ST_ECONFIG,
                         "%s: execution.stage_blocks: %d entries; the "
                         "interleaved schedule cuts %d chunks (execution.stages "
                         "x execution.virtual_stages)",
                         st_config_where(cfg, "execution.stage_blocks"),
                         cfg->execution.stage_blocks.n, J);
-  st_config *cpu = malloc(sizeof *cpu);
-  if (!cpu) return st_error_set(err, ST_ENOMEM, "out of memory");
-  st_fabric fab, *plan_on = st_cut_fabric(&fab, cpu, cfg, J, J);
+  }
+  plan_on = st_cut_fabric(&fab, cpu, cfg, J, J);
   int k = st_cut_split(c, n, plan_on, J, J, 1, &cfg->execution.stage_blocks,
                        NULL, first, count, pes);
   free(cpu);

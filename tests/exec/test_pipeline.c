@@ -289,6 +289,58 @@ static void test_plan(const st_config *base, const char *mode, const char *what,
   st_trainer_destroy(t);
 }
 
+/* The interleaved schedule with S = 0 runs the plan's count of stage
+ * workers, as `strata compile` picks it on cpu:threads (interleaved's
+ * fill and drain of V chunks a worker counted, of 1 .. blocks / V
+ * workers), each worker V chunks. The run took one worker a core, up to blocks
+ * / V: a 6-block GPT on 8 threads ran 3 workers where the plan has 2. */
+static void test_plan_interleaved(const st_config *base, const char *what,
+                                  int V, int threads) {
+  st_config c = *base;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  snprintf(c.execution.schedule, sizeof c.execution.schedule, "interleaved");
+  c.execution.stages = 0;
+  c.execution.virtual_stages = V;
+  c.train.threads = threads;
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s: %s", what, err.msg);
+  if (!t) return;
+  char spec[32];
+  snprintf(spec, sizeof spec, "cpu:%d", threads);
+  CHECK(st_fabric_parse(&c, spec, &err) == 0, "%s", err.msg);
+  st_plan *plan = NULL;
+  CHECK(st_plan_compile(&plan, &c, 0, &err) == 0, "%s: %s", what, err.msg);
+  int workers = st_trainer_stages(t), first[64], count[64];
+  int k = st_pipeline_stages(st_trainer_exec_state(t), first, count);
+  CHECK(plan && workers == plan->n_stages,
+        "%s: V=%d on %d threads: %d stage workers, the plan %d", what, V,
+        threads, workers, plan ? plan->n_stages : -1);
+  CHECK(k == workers * V, "%s: V=%d: %d chunks for %d workers", what, V, k,
+        workers);
+  /* a worker count the run cannot cut is never a choice */
+  int blocks = st_trainer_model(t)->n_blocks;
+  CHECK(plan && plan->n_tried * V <= blocks,
+        "%s: V=%d: the plan tried up to %d workers; %d blocks hold %d", what, V,
+        plan ? plan->n_tried : -1, blocks, blocks / V);
+  st_plan_destroy(plan);
+  st_trainer_destroy(t);
+}
+
+/* configs/gpt_tiny.yaml on 8 threads with 2 chunks a worker and
+ * micro-batches of 1 (M = 16): the plan's 2 workers, where the run took 3 */
+static void test_plan_interleaved_tiny(void) {
+  st_config c;
+  st_error err = {0};
+  st_config_defaults(&c);
+  CHECK(st_config_load(&c, "configs/gpt_tiny.yaml", &err) == 0, "%s", err.msg);
+  set_all(&c,
+          (const char *[]){"data.path=tests/fixtures/gpt_corpus.txt",
+                           "metrics.progress=off", "execution.micro_batch=1"},
+          3);
+  test_plan_interleaved(&c, "gpt_tiny", 2, 8);
+}
+
 /* Steps allocate nothing once running (st_alloc counts every buffer). */
 static void test_steady(const st_config *base, const char *mode) {
   st_config c = *base;
@@ -642,6 +694,12 @@ int main(void) {
   test_plan(&mlp128, "pipeline", "mlp 128x7 S=2 on 3 threads", 2, 3);
   test_plan(&deep, "pipeline", "deep mlp S=3 on 8 threads", 3, 8);
   test_plan(&deep, "pipeline", "deep mlp S=4 on 2 threads", 4, 2);
+  test_plan_interleaved(&deep_gpt, "gpt 6 blocks", 2, 8);
+  test_plan_interleaved(&deep_gpt, "gpt 6 blocks", 3, 8);
+  test_plan_interleaved(&deep, "deep mlp", 2, 8);
+  test_plan_interleaved(&deep24, "mlp 24 blocks", 2, 8);
+  test_plan_interleaved(&deep24, "mlp 24 blocks", 3, 2);
+  test_plan_interleaved_tiny();
   test_steady(&mlp, "pipeline");
   test_steady(&deep, "block_sequential");
   test_stats_trace(&mlp, "pipeline");
