@@ -195,8 +195,9 @@ int st_pb_weight_copies(const char *mitigation, int delay) {
 
 /* What stage s of S holds as its schedule keeps it (st_plan_options): the
  * micro-batches between a forward and the op that frees its activations
- * (st_schedule's slots; pipelined backprop 2 (S - s) - 1, pb.c's delay D
- * plus one), times the micro-batch; weight versions, in pipelined backprop
+ * (st_schedule's slots, an interleaved worker's the mean of its V
+ * chunks'; pipelined backprop 2 (S - s) - 1, pb.c's delay D plus one),
+ * times the micro-batch; weight versions, in pipelined backprop
  * the live weights and the copies its mitigation keeps at delay D
  * (st_pb_weight_copies: with stashing one per micro-batch in flight). A
  * schedule that cannot be built for S counts every micro-batch. */
@@ -213,8 +214,15 @@ static void in_flight_table(const st_plan_options *o, int S, double *flight,
   for (int s = 0; s < S; s++) held[s] = pb ? 2.0 * (S - s) - 1 : M;
   st_schedule sc;
   st_error e;
-  if (!pb && S % V == 0 && st_schedule_build(&sc, name, S / V, M, V, &e) == 0) {
-    for (int s = 0; s < S; s++) held[s] = sc.slots[s];
+  /* interleaved: stage s is worker s of S (execution.stages counts them),
+   * running chunks s, s + S, ..., each an equal share of its blocks: the
+   * mean of their slots */
+  if (!pb && st_schedule_build(&sc, name, S, M, V, &e) == 0) {
+    for (int s = 0; s < S; s++) {
+      double sum = 0;
+      for (int v = 0; v < V; v++) sum += sc.slots[s + v * S];
+      held[s] = sum / V;
+    }
     st_schedule_free(&sc);
   }
   for (int s = 0; s < S; s++) {

@@ -1041,6 +1041,62 @@ static void test_stages_by_rate(void) {
   st_plan_destroy(p);
 }
 
+/* An interleaved plan's stages are its workers (execution.stages counts
+ * them; the bubble is figured for S workers), each running V chunks:
+ * stage k holds the micro-batch x the mean of the slots its chunks k,
+ * k + S, ... keep in the runtime's schedule (st_schedule_build of S
+ * workers, the list the executor runs and allocates by; the chunks equal
+ * shares of the worker's blocks, as the plan cuts S V balanced ones). The
+ * plan built a schedule of S / V workers and gave its chunks' slots to the
+ * stages: S = 2, V = 2, M = 4 held [2, 1] where the run's schedule holds
+ * [4, 3, 2, 1] (worker 0 the chunks of 4 and 2, 1.5x), and an S that V
+ * does not divide counted every micro-batch at every stage. */
+static void test_interleaved_in_flight(void) {
+  const int cases[][3] = {{2, 2, 4}, {2, 2, 8}, {3, 2, 6}, {3, 2, 5},
+                          {4, 2, 8}, {4, 2, 3}, {3, 3, 6}, {2, 3, 3},
+                          {4, 3, 7}, {5, 2, 10}}; /* S, V, M */
+  for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+    int S = cases[i][0], V = cases[i][1], M = cases[i][2];
+    st_config cfg;
+    st_config_defaults(&cfg);
+    set(&cfg, "model.hidden=[64,64,64,64,64,64,64,64,64,64,64]"); /* 12 */
+    set(&cfg, "fabric.cores=8");
+    set(&cfg, "execution.mode=pipeline");
+    set(&cfg, "execution.schedule=interleaved");
+    set(&cfg, "execution.micro_batch=2");
+    char kv[64];
+    snprintf(kv, sizeof kv, "execution.stages=%d", S);
+    set(&cfg, kv);
+    snprintf(kv, sizeof kv, "execution.virtual_stages=%d", V);
+    set(&cfg, kv);
+    snprintf(kv, sizeof kv, "train.batch=%d", 2 * M);
+    set(&cfg, kv);
+    st_plan *p = NULL;
+    st_schedule sc;
+    st_error err = {0};
+    if (st_plan_compile(&p, &cfg, 0, &err) ||
+        st_schedule_build(&sc, "interleaved", S, M, V, &err)) {
+      CHECK(0, "S=%d V=%d M=%d: %s", S, V, M, err.msg);
+      st_plan_destroy(p);
+      continue;
+    }
+    CHECK(p->n_stages == S && p->micro_batches == M,
+          "S=%d V=%d M=%d: the plan has %d stages, M = %d", S, V, M,
+          p->n_stages, p->micro_batches);
+    for (int k = 0; k < S && k < p->n_stages; k++) {
+      int sum = 0;
+      for (int v = 0; v < V; v++) sum += sc.slots[k + v * S];
+      double want = 2.0 * sum / V;
+      CHECK(fabs(p->stages[k].in_flight - want) < 1e-12,
+            "S=%d V=%d M=%d: stage %d holds %g samples in flight; its "
+            "chunks' slots in the schedule hold %g",
+            S, V, M, k, p->stages[k].in_flight, want);
+    }
+    st_schedule_free(&sc);
+    st_plan_destroy(p);
+  }
+}
+
 /* The whole pipeline on a config, and the files it writes. */
 /* The plan's bubble follows execution.schedule, each against its closed
  * form (BACKGROUND.md §1; Qi et al.; Narayanan et al. SC'21), and an
@@ -2184,6 +2240,7 @@ int main(void) {
   test_sequential_one_stage();
   test_compile_and_write();
   test_schedules();
+  test_interleaved_in_flight();
   test_workspace();
   test_pb_weight_copies();
   test_rank_memory_as_train();
