@@ -774,6 +774,19 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
                         "%s%s%s %d: more stages than the model's %d blocks "
                         "(a stage holds at least one block)",
                         where, sep, key, K, n_blocks);
+  /* interleaved: the stages are workers of V chunks, each chunk a block
+   * or more (pipeline.c cuts S V of them) */
+  int V = opt->in_flight_schedule &&
+                  !strcmp(opt->in_flight_schedule, "interleaved") &&
+                  opt->virtual_stages > 1
+              ? opt->virtual_stages
+              : 1;
+  if ((long long)K * V > n_blocks)
+    return st_error_set(err, ST_EARG,
+                        "%s%s%s %d: %d stage workers of %d chunks each "
+                        "(execution.virtual_stages) need %lld blocks; the "
+                        "model has %d",
+                        where, sep, key, K, K, V, (long long)K * V, n_blocks);
   if (K > fabric->pes) {
     char hint[96] = "";
     if (pinned)
@@ -836,13 +849,6 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
   int hs[64], nh = band_heights(fabric, hs, 64);
   int k_lo = K ? K : 1, k_hi = K ? K : n_blocks;
   if (k_hi > fabric->pes) k_hi = (int)fabric->pes;
-  /* interleaved: the stages are workers of V chunks, each chunk a block
-   * or more (pipeline.c cuts S V of them) */
-  int V = opt->in_flight_schedule &&
-                  !strcmp(opt->in_flight_schedule, "interleaved") &&
-                  opt->virtual_stages > 1
-              ? opt->virtual_stages
-              : 1;
   if (!K && k_hi > n_blocks / V) k_hi = n_blocks / V > 0 ? n_blocks / V : 1;
   int per_stage = opt->in_flight_schedule && opt->in_flight_schedule[0];
   /* each S on its own where a schedule's bubble or a mesh's band turns

@@ -829,6 +829,28 @@ static void test_errors(void) {
             strstr(err.msg, "more stages than the 2 cores of cpu:2"),
         "K > cores: '%s'", err.msg);
   CHECK(p == NULL, "no plan on error");
+  /* interleaved: K workers of V chunks need K V blocks, as the run refuses
+   * them (pipeline.c); the plan was made, for a run that cannot be */
+  st_config icfg;
+  st_config_defaults(&icfg);
+  set(&icfg, "model.hidden=[64,64,64,64,64]"); /* 6 blocks */
+  set(&icfg, "fabric.cores=8");
+  set(&icfg, "execution.mode=pipeline");
+  set(&icfg, "execution.schedule=interleaved");
+  set(&icfg, "execution.virtual_stages=2");
+  set(&icfg, "execution.stages=4");
+  CHECK(st_plan_compile(&p, &icfg, 0, &err) == ST_EARG && !p &&
+            strstr(err.msg, "execution.stages 4: 4 stage workers of 2 chunks "
+                            "each (execution.virtual_stages) need 8 blocks; "
+                            "the model has 6"),
+        "interleaved K V > blocks: '%s'", err.msg);
+  st_plan_destroy(p);
+  p = NULL;
+  set(&icfg, "execution.stages=3");
+  CHECK(st_plan_compile(&p, &icfg, 0, &err) == 0 && p && p->n_stages == 3,
+        "interleaved K V = blocks: '%s'", err.msg);
+  st_plan_destroy(p);
+  p = NULL;
 
   /* An mlp whose first layer alone outgrows a tiny mesh: named, with the
    * shortfall. */
@@ -1108,7 +1130,8 @@ static void test_schedules(void) {
   for (int i = 0; i < 5; i++) {
     st_config cfg;
     st_config_defaults(&cfg);
-    set(&cfg, "model.hidden=[256,256,256,256,256,256,256]");
+    /* 12 blocks: 4 workers of 3 chunks need them */
+    set(&cfg, "model.hidden=[256,256,256,256,256,256,256,256,256,256,256]");
     set(&cfg, "fabric.cores=8");
     set(&cfg, "execution.mode=pipeline");
     set(&cfg, "execution.stages=4");
