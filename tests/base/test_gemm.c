@@ -661,7 +661,7 @@ int main(void) {
   /* the packed kernel's strips packed in groups of 2, 3 and 8 (a task's
    * last group short, rows in blocks and a rest, each block over every
    * strip of its group): each element still one chain, and the same bits
-   * on every pool */
+   * on every pool, with a bias and a relu too */
   for (int g = 2; g <= 8; g += g == 2 ? 1 : 5) {
     st_gemm_strip_group(g);
     for (int i = 0; i < n; i++) {
@@ -671,6 +671,8 @@ int main(void) {
       if (kernel != NARROW_PACKED && kernel != NARROW_PACKED_COPY) continue;
       run_chain(s);
       run(s, PAD, 0.5f, -0.75f, 0, pools, 4);
+      run_bias(s, pools, 4);
+      run_relu(s, pools, 4);
     }
   }
   st_gemm_strip_group(0);
