@@ -58,8 +58,11 @@ static shown_text shown(const char *text) {
   size_t n = strlen(text);
   if (n < sizeof t.s)
     memcpy(t.s, text, n + 1);
-  else
-    snprintf(t.s, sizeof t.s, "%.*s...", (int)sizeof t.s - 4, text);
+  else { /* cut at a character's first byte, not inside a UTF-8 one */
+    int keep = (int)sizeof t.s - 4;
+    while (keep > 0 && ((unsigned char)text[keep] & 0xC0) == 0x80) keep--;
+    snprintf(t.s, sizeof t.s, "%.*s...", keep, text);
+  }
   return t;
 }
 

@@ -775,6 +775,19 @@ static void test_load_errors(void) {
              "%s:2:3: a key name contains a NUL character");
   LOAD_ERROR("model:\n  kind: *nothing\n",
              "%s:2:9: YAML syntax error: found undefined alias");
+  /* a long value is cut short in the message at a character's first byte:
+   * "a" and 40 two-byte characters cut to "a" and 33 of them, not 33 and a
+   * half */
+  {
+    char yaml[128] = "train:\n  batch: a", want[160];
+    char *w = want + sprintf(want, "%%s:2:10: train.batch: expected an "
+                                   "integer, got 'a");
+    for (int i = 0; i < 40; i++) strcat(yaml, "\xc3\xa9");
+    strcat(yaml, "\n");
+    for (int i = 0; i < 33; i++) w += sprintf(w, "\xc3\xa9");
+    strcpy(w, "...'");
+    LOAD_ERROR(yaml, want);
+  }
 }
 
 /* Text a config never is, refused before it is loaded (libyaml's load is
