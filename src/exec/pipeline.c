@@ -76,6 +76,8 @@ typedef struct pipe_stage {
   int tie_source;        /* the stage whose tensor this one holds a copy
                             of, else -1 */
   int held, max_held;    /* micro-batches in flight, and the most this step */
+  int track;             /* its trace track: its place among this process's
+                            stages, the order st_rt_stats names them in */
   uint32_t jitter_state; /* test knob: this stage's sleep stream */
 } pipe_stage;
 
@@ -280,7 +282,7 @@ static void run_phase(pipe_stage *st, int phase) {
   st_rt_stage *r = &st->rt;
   st_trainer_view view = *p->v, *v = &view; /* with this worker's pool */
   view.ctx.pool = r->pool;
-  view.track = p->v->track + st->worker;
+  view.track = p->v->track + st->track;
   double now = st_now();
   /* (a replica's gaps hold the caller's all-reduce: not marked idle) */
   if (r->last_end > 0 && !v->grads_only)
@@ -304,7 +306,10 @@ static void run_phase(pipe_stage *st, int phase) {
     for (int i = s->start[st->worker]; ok && i < s->start[st->worker + 1];
          i++) {
       const st_sched_op *o = &s->ops[i];
-      ok = !run_op(&p->stages[st->worker + o->chunk * p->workers], v, o);
+      pipe_stage *cs = &p->stages[st->worker + o->chunk * p->workers];
+      /* each chunk on its own track (only this thread writes to them) */
+      view.track = p->v->track + cs->track;
+      ok = !run_op(cs, v, o);
     }
   }
   r->last_end = st_now();
@@ -655,6 +660,8 @@ static int create(void **state, const st_model *m, const st_config *cfg,
     pipe_destroy(p);
     return rc;
   }
+  for (int s = 0, track = 0; s < p->rt.S; s++)
+    p->stages[s].track = p->stages[s].rt.local ? track++ : -1;
   /* Spin before sleeping only when every stage thread has a core of its
    * own (over ranks: when the ranks on this machine have one each). */
   int threads = 0;

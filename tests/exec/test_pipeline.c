@@ -364,12 +364,18 @@ static void test_steady(const st_config *base, const char *mode) {
   st_trainer_destroy(t);
 }
 
-/* Busy seconds per stage and the trace: S tracks, each with M forwards and
- * M backwards a step and one update per block. */
-static void test_stats_trace(const st_config *base, const char *mode) {
+/* Busy seconds per stage and the trace: a track per pipeline stage (under
+ * the interleaved schedule, per chunk: S V), each with M forwards and M
+ * backwards a step and one update per block. schedule NULL: the default. */
+static void test_stats_trace(const st_config *base, const char *mode,
+                             const char *schedule, int V) {
   enum { M = 4, S = 2, NSTEPS = 3 };
   st_config c = *base;
   snprintf(c.execution.mode, sizeof c.execution.mode, "%s", mode);
+  if (schedule)
+    snprintf(c.execution.schedule, sizeof c.execution.schedule, "%s", schedule);
+  c.execution.virtual_stages = V;
+  const char *what = schedule ? schedule : mode;
   c.train.batch = BATCH;
   c.execution.micro_batch = BATCH / M;
   c.execution.stages = S;
@@ -385,11 +391,11 @@ static void test_stats_trace(const st_config *base, const char *mode) {
   st_track_stats st[16];
   int n = st_trainer_stats(t, st, 16, &wall);
   int stages = st_pipeline_stages(st_trainer_exec_state(t), NULL, NULL);
-  CHECK(n == stages && wall > 0, "%s: %d tracks, %d stages, wall %g", mode, n,
+  CHECK(n == stages && wall > 0, "%s: %d tracks, %d stages, wall %g", what, n,
         stages, wall);
   for (int i = 0; i < n && i < 16; i++)
     CHECK(st[i].busy_s > 0 && st[i].busy_s <= wall, "%s: %s busy %g of %g s",
-          mode, st[i].name, st[i].busy_s, wall);
+          what, st[i].name, st[i].busy_s, wall);
   char path[] = "/tmp/strata_trace_XXXXXX";
   int fd = mkstemp(path);
   CHECK(fd >= 0, "mkstemp");
@@ -401,7 +407,7 @@ static void test_stats_trace(const st_config *base, const char *mode) {
   if (f) fclose(f);
   CHECK(len > 0 && strncmp(text, "{\"displayTimeUnit\"", 18) == 0 &&
             strstr(text, "\"dropped_events\":0"),
-        "%s: trace file: %.60s", mode, text);
+        "%s: trace file: %.60s", what, text);
   int first[16], count[16];
   st_pipeline_stages(st_trainer_exec_state(t), first, count);
   for (int s = 0; s < n; s++) {
@@ -414,10 +420,10 @@ static void test_stats_trace(const st_config *base, const char *mode) {
       for (const char *q = text; (q = strstr(q, key)); q++) (*counts[kind])++;
     }
     CHECK(fwd == M * NSTEPS && bwd == M * NSTEPS && upd == count[s] * NSTEPS,
-          "%s: track %d: %d forwards, %d backwards, %d updates", mode, s, fwd,
+          "%s: track %d: %d forwards, %d backwards, %d updates", what, s, fwd,
           bwd, upd);
     snprintf(key, sizeof key, "\"name\":\"%.47s\"", st[s].name);
-    CHECK(strstr(text, key) != NULL, "%s: no track named %s", mode, st[s].name);
+    CHECK(strstr(text, key) != NULL, "%s: no track named %s", what, st[s].name);
   }
   free(text);
   unlink(path);
@@ -702,8 +708,9 @@ int main(void) {
   test_plan_interleaved_tiny();
   test_steady(&mlp, "pipeline");
   test_steady(&deep, "block_sequential");
-  test_stats_trace(&mlp, "pipeline");
-  test_stats_trace(&deep, "block_sequential");
+  test_stats_trace(&mlp, "pipeline", NULL, 1);
+  test_stats_trace(&deep, "block_sequential", NULL, 1);
+  test_stats_trace(&deep, "pipeline", "interleaved", 2);
   test_nan(&mlp, "1f1b");
   test_nan(&mlp, "gpipe");
   test_nan(&gpt, "1f1b"); /* the tied copy is updated by stage 0 */

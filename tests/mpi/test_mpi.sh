@@ -180,6 +180,18 @@ same "CNN in bf16, 2 ranks: the in-process replicas' checkpoint" \
   "$T/cnn_r2_bf16/$ck" "$T/cnn_m2_bf16/$ck"
 placed "block_sequential" 2 --set execution.mode=block_sequential \
   --set execution.blocks_per_segment=2 --set execution.stages=2 --set execution.micro_batch=4
+# rank 0's trace has a track per stage it holds (segment 0's stage 0 and
+# segment 1's), each with its own spans: segment 1's went to the track of
+# stage 2 of the whole pipeline, which rank 0 does not have, and were lost
+run_mpi 2 train "$cnn" "${small[@]}" --set execution.mode=block_sequential \
+  --set execution.blocks_per_segment=2 --set execution.stages=2 --set execution.micro_batch=4 \
+  "${place[@]}" --set train.steps=2 --trace "$T/bs_trace.json" --out "$T/m_bs_trace"
+if [ "$rc" -eq 0 ] && grep -q '"tid":1,"name":"forward"' "$T/bs_trace.json" &&
+   grep -q '"segment 1 stage 0 (rank 0)"' "$T/bs_trace.json"; then
+  pass
+else
+  fail "block_sequential over 2 ranks: rank 0's second track (segment 1's stage) has its forwards" "rc $rc" "$err"
+fi
 grep -q '"name": "stage 0 (rank 0)"' "$T/m_1f1b-4/summary.json" &&
   ! grep -q '(rank 1)' "$T/m_1f1b-4/summary.json" && pass ||
   fail "rank 0's summary names its own stages and their rank" "$(cat "$T/m_1f1b-4/summary.json")"
