@@ -254,7 +254,11 @@ int st_schedule_build(st_schedule *s, const char *name, int S, int M, int V,
   s->start[S] = n;
   s->n_ops = n;
   if (kind == ST_SCHED_INTERLEAVED && M % S) {
-    if (interleaved_greedy(s, err)) return err->code;
+    if (interleaved_greedy(s, err)) {
+      int code = err->code;
+      st_schedule_free(s); /* as the allocation's failure above */
+      return code;
+    }
     s->n_ops = s->start[S]; /* every worker's ops, laid out by the greedy */
   }
   /* each chunk's activation slots: the most micro-batches between a
