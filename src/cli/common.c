@@ -13,9 +13,17 @@
 
 int st_cli_out_folder(const char *option, const char *path, st_error *err) {
   struct stat sb;
-  if (!path || stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return 0;
-  st_error_set(err, ST_EARG, "%s %s: a folder, not a file: give a file's path",
-               option, path);
+  if (!path || stat(path, &sb) != 0 || S_ISREG(sb.st_mode)) return 0;
+  if (S_ISDIR(sb.st_mode))
+    st_error_set(err, ST_EARG,
+                 "%s %s: a folder, not a file: give a file's path", option,
+                 path);
+  else /* the write renames its temp file over the path: a device's node
+        * (root may replace /dev/full) or a FIFO would become the file */
+    st_error_set(err, ST_EARG,
+                 "%s %s: not a regular file (a device, FIFO or socket), "
+                 "which the write would replace: give a file's path",
+                 option, path);
   return 1;
 }
 

@@ -631,6 +631,13 @@ expect_error "train --trace a folder" \
   -- train "$fc" --set data.train_limit=512 --set data.test_limit=64 --set train.steps=3 \
   --set metrics.progress=off --trace "$T/a_folder" --out "$T/o_trace_folder"
 if [ ! -e "$T/o_trace_folder" ]; then pass; else fail "a refused --trace leaves no run folder"; fi
+# a path that is no regular file: the write's rename would replace it (as
+# root, --out /dev/full made /dev/full a regular file holding the tokenizer)
+mkfifo "$T/a_fifo"
+expect_error "tokenize train --out a FIFO" \
+  "^strata: error: --out $(re_quote "$T/a_fifo"): not a regular file \(a device, FIFO or socket\), which the write would replace: give a file's path$" \
+  -- tokenize train "$T/corpus.txt" --vocab 300 --out "$T/a_fifo"
+if [ -p "$T/a_fifo" ]; then pass; else fail "the FIFO --out named is still a FIFO"; fi
 run tokenize encode "$T/corpus.txt" --tokenizer "$T/tok.bpe"
 ids=$(printf '%s' "$out" | wc -w)
 bytes=$(wc -c <"$T/corpus.txt")
