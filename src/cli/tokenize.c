@@ -92,6 +92,8 @@ static int train(const tokenize_args *a) {
   }
   double t0 = st_now();
   if (st_bpe_train(&tok, text, n, (int)vocab, &err)) {
+    st_error named = err; /* which corpus */
+    st_error_set(&err, named.code, "%s: %s", a->input, named.msg);
     status = st_cli_fail(&err);
     goto done;
   }

@@ -421,11 +421,13 @@ int st_bpe_train(st_tokenizer **out, const uint8_t *text, size_t n, int vocab,
                         "BPE vocabulary %d is outside [%d, %d] (256 byte "
                         "tokens plus the merges)",
                         vocab, BYTE_TOKENS, MAX_VOCAB);
-  if (n >= (size_t)INT32_MAX)
+  /* the pairs' chains of places hold int32 indices: n - 1 places at
+   * first and at most two new ones a merged place, so fewer than 3n */
+  if (n > (size_t)INT32_MAX / 3)
     return st_error_set(err, ST_EARG,
                         "BPE training text of %zu bytes is too long (at most "
                         "%d bytes)",
-                        n, INT32_MAX - 1);
+                        n, INT32_MAX / 3);
   st_tokenizer *tok = NULL;
   int rc = tokenizer_new(&tok, vocab - BYTE_TOKENS, err);
   if (rc) return rc;

@@ -199,6 +199,15 @@ static void test_classic(void) {
   CHECK(n_ids == 3 && ids[0] == 256 && ids[1] == 256 && ids[2] == 'a',
         "aaaaa encodes leftmost first to 256 256 a (%zu ids)", n_ids);
   st_tokenizer_destroy(tok);
+
+  /* A text whose pairs' places could pass int32 (3n of them at most) is
+   * refused before it is read: the length alone is checked here */
+  tok = NULL;
+  int rc = st_bpe_train(&tok, (const uint8_t *)"ab", (size_t)INT32_MAX / 3 + 1,
+                        300, &err);
+  CHECK(rc == ST_EARG && !tok && strstr(err.msg, "too long"),
+        "a text of %zu bytes: rc %d (%s)", (size_t)INT32_MAX / 3 + 1, rc,
+        err.msg);
 }
 
 static void test_against_naive(void) {
