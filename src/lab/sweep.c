@@ -436,6 +436,10 @@ static int trial_config(const st_sweep_options *o, const st_config *base,
   c->train.steps = budget_at(o, n_train, batch);
   c->optimizer.lr = (float)lr;
   if (mom >= 0) c->optimizer.momentum = (float)mom;
+  /* The point is the recipe at this batch, searched for it: a recipe the
+   * config says was tuned at another batch is moved from this one (to the
+   * micro-batch, in pipelined backprop; not at all elsewhere). */
+  if (c->optimizer.reference_batch > 0) c->optimizer.reference_batch = batch;
   snprintf(c->metrics.progress, sizeof c->metrics.progress, "off");
   return st_config_validate(c, err);
 }

@@ -974,6 +974,35 @@ static void test_budget_rounding(const char *root) {
   free(progress);
 }
 
+/* optimizer.reference_batch in the config: each trial's point is the
+ * recipe at its own batch (the sweep searches lr and momentum per batch
+ * size), so in a sequential run no rescaling applies and the trials are
+ * those of a config without the key: the same sweep.csv byte for byte,
+ * whose lr and momentum columns are then what the trials ran. */
+static void test_reference_batch(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  st_sweep_options o;
+  char plain[ST_PATH_MAX], ref[ST_PATH_MAX];
+  snprintf(plain, sizeof plain, "%s/ref0", root);
+  snprintf(ref, sizeof ref, "%s/ref8", root);
+  tiny_options(&o, plain);
+  o.batch_sizes = (st_int_list){1, {16}};
+  if (run(&o, &c)) return;
+  st_config r = c;
+  r.optimizer.reference_batch = 8; /* the recipe "tuned at batch 8" */
+  tiny_options(&o, ref);
+  o.batch_sizes = (st_int_list){1, {16}};
+  if (run(&o, &r)) return;
+  char *a = slurp(plain, "sweep.csv"), *b = slurp(ref, "sweep.csv");
+  CHECK(a && b && !strcmp(a, b),
+        "reference_batch 8: batch 16's trials run the searched lr and "
+        "momentum:\n%s\nwant\n%s",
+        b ? b : "", a ? a : "");
+  free(a);
+  free(b);
+}
+
 int main(void) {
   test_halton();
   test_fit();
@@ -990,6 +1019,7 @@ int main(void) {
     test_budget_noise(root);
     test_target_equal(root);
     test_budget_rounding(root);
+    test_reference_batch(root);
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
