@@ -51,10 +51,11 @@ typedef struct noise {
   int64_t steps; /* the run's length: that trial's steps to result */
   /* B_simple over three windows of the run: the steps' estimates of
    * tr(S) and |G|^2 each averaged over the window, then divided */
-  double b_early; /* the first 10% of the steps */
-  double b_mid;   /* 40% to 60% */
-  double b_end;   /* the last 20%: at the target */
-  int failed;     /* the run stopped at an error */
+  double b_early;      /* the first 10% of the steps */
+  double b_mid;        /* 40% to 60% */
+  double b_end;        /* the last 20%: at the target */
+  int failed;          /* the run stopped at an error */
+  const char *none[3]; /* why each window has no figure, if it has none */
 } noise;
 
 /* What the report and the plot say beyond the table. */
@@ -624,6 +625,15 @@ static double window_b(const window *w) {
   return w->n > 0 && w->g2 > 0 ? w->trace / w->g2 : NAN;
 }
 
+/* Why window_b gives no B_simple (NaN, or a ratio <= 0): no steps in the
+ * window, or estimates that are noise (each is unbiased, so either sum
+ * can be <= 0). */
+static const char *window_none(const window *w) {
+  return w->n == 0    ? "too few steps"
+         : w->g2 <= 0 ? "a |G|^2 estimate <= 0"
+                      : "a ratio <= 0";
+}
+
 /* The noise run's config: trial `index` at the noise batch, measuring. */
 static int noise_config(const st_sweep_options *o, const st_config *base,
                         int n_train, int index, st_config *c, st_error *err) {
@@ -668,7 +678,7 @@ static int check_noise(const st_sweep_options *o, const st_config *base,
  * size never reached the target. */
 static int run_noise(const st_sweep_options *o, const st_config *base,
                      int n_train, const best *bs, noise *ns, st_error *err) {
-  *ns = (noise){0, 0, NAN, NAN, NAN, 0};
+  *ns = (noise){0, 0, NAN, NAN, NAN, 0, {NULL, NULL, NULL}};
   int b = 0;
   while (o->batch_sizes.v[b] != o->noise_batch) b++;
   char path[ST_PATH_MAX + 32];
@@ -725,6 +735,9 @@ static int run_noise(const st_sweep_options *o, const st_config *base,
   ns->b_early = window_b(&early);
   ns->b_mid = window_b(&mid);
   ns->b_end = window_b(&end);
+  ns->none[0] = window_none(&early);
+  ns->none[1] = window_none(&mid);
+  ns->none[2] = window_none(&end);
   st_trainer_destroy(t);
   drop_store(&c);
   /* A divergence here (the trial itself did not diverge) ends the
@@ -789,16 +802,16 @@ static void report_critical(FILE *f, const st_sweep_options *o,
           "(lr %.4g",
           ns->batch, lr);
   if (mom >= 0) fprintf(f, ", momentum %.4g", mom);
-  /* a window of too few steps, or whose estimates divide to a ratio <= 0
-   * (each is unbiased, so it can be negative), has no figure */
+  /* a window of too few steps, or whose estimates are <= 0 or divide to
+   * a ratio <= 0 (each is unbiased, so it can be negative), has no
+   * figure */
   char w[3][48];
   const double v[3] = {ns->b_early, ns->b_mid, ns->b_end};
   for (int i = 0; i < 3; i++)
     if (isfinite(v[i]) && v[i] > 0)
       snprintf(w[i], sizeof w[i], "**%.0f**", v[i]);
     else
-      snprintf(w[i], sizeof w[i], "no estimate (%s)",
-               isfinite(v[i]) ? "a ratio <= 0" : "too few steps");
+      snprintf(w[i], sizeof w[i], "no estimate (%s)", ns->none[i]);
   /* the small batch: the first micro-batch where the config sets one */
   char small[64];
   if (base->execution.micro_batch)
@@ -1342,7 +1355,8 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
     goto done;
   }
   if ((rc = check_key(o, base, err))) goto done;
-  summary sum = {0, NAN, NAN, NAN, {0, 0, NAN, NAN, NAN, 0}};
+  summary sum = {
+      0, NAN, NAN, NAN, {0, 0, NAN, NAN, NAN, 0, {NULL, NULL, NULL}}};
   /* every batch size checked against the data before any trial: the
    * largest used to fail only when the sweep reached it */
   if ((rc = train_size(o, base, &sum.n_train, err))) goto done;
@@ -1378,7 +1392,7 @@ int st_sweep_run(const st_sweep_options *o, const st_config *base,
   st_error noise_err = {0};
   if (o->noise_batch &&
       (noise_rc = run_noise(o, base, sum.n_train, bs, &sum.ns, &noise_err)))
-    sum.ns = (noise){0, 0, NAN, NAN, NAN, 1};
+    sum.ns = (noise){0, 0, NAN, NAN, NAN, 1, {NULL, NULL, NULL}};
   if (!o->noise_batch) { /* an earlier run's, which this report lacks */
     char noise_csv[ST_PATH_MAX + 32];
     join(noise_csv, sizeof noise_csv, o->out_dir, "noise.csv");

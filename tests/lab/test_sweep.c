@@ -836,7 +836,12 @@ static void test_budget_noise(const char *root) {
             "%ld as a trainer gives it:\n%s",
             s16, want, prev + 1, s16, noise);
       const double windows[3] = {early_g2 > 0 ? early_tr / early_g2 : NAN,
-                                 mid_g2 > 0 ? mid_tr / mid_g2 : NAN, at_end};
+                                 mid_g2 > 0 ? mid_tr / mid_g2 : NAN,
+                                 end_g2 > 0 ? at_end : NAN};
+      /* the windows' |G|^2 sums and whether they hold a step (40-60%
+       * holds none only in a run of one step) */
+      const double g2s[3] = {early_g2, mid_g2, end_g2};
+      const int empty[3] = {0, s16 < 2, 0};
       const char *const where[3] = {"the first 10%% of the steps", "40-60%%",
                                     "the last 20%%"};
       for (int w = 0; w < 3; w++) {
@@ -845,10 +850,12 @@ static void test_budget_noise(const char *root) {
         if (isfinite(b) && b > 0) {
           snprintf(fmt, sizeof fmt, "**%%.0f** over %s", where[w]);
           snprintf(said, sizeof said, fmt, b);
-        } else { /* estimates that divide to a ratio <= 0 give no figure */
+        } else { /* estimates <= 0, or a ratio <= 0, give no figure */
           snprintf(fmt, sizeof fmt, "no estimate (%%s) over %s", where[w]);
           snprintf(said, sizeof said, fmt,
-                   isfinite(b) ? "a ratio <= 0" : "too few steps");
+                   empty[w]      ? "too few steps"
+                   : g2s[w] <= 0 ? "a |G|^2 estimate <= 0"
+                                 : "a ratio <= 0");
         }
         CHECK(report && strstr(report, said), "report says %s (%ld steps)",
               said, s16);
@@ -1003,6 +1010,67 @@ static void test_reference_batch(const char *root) {
   free(b);
 }
 
+/* A window whose |G|^2 estimates sum to <= 0 (each step's is unbiased, so
+ * it can be) has no B_simple, and report.md says so: not "too few
+ * steps". Batch 2 measured on its first sample and on both: the step's
+ * |G|^2 estimate 2 |G_2|^2 - |G_1|^2 is negative for some seeds; a loss
+ * target every trial meets at its first evaluation (step 1) makes the
+ * noise run that one step, every window but 40-60% (no step) step 1. */
+static void test_noise_negative(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/negative", root);
+  tiny_options(&o, dir);
+  o.batch_sizes = (st_int_list){1, {2}};
+  o.trials = 1;
+  o.budget_steps = 1;
+  o.eval_every = 1;
+  o.noise_batch = 2;
+  o.target = (st_sweep_target){ST_TARGET_LOSS, 100};
+  /* a seed whose first step's |G|^2 estimate is <= 0, as an independent
+   * trainer measures it */
+  int found = 0;
+  for (uint64_t seed = 1; seed <= 40 && !found; seed++) {
+    st_config n = c;
+    double lr, mom, loss, g2 = NAN, tr;
+    st_sweep_point(&o, &c, 0, &lr, &mom);
+    n.train.seed = seed;
+    n.train.batch = 2;
+    n.train.steps = 1;
+    n.optimizer.lr = (float)lr;
+    if (mom >= 0) n.optimizer.momentum = (float)mom;
+    n.metrics.noise_scale = 1;
+    n.metrics.noise_ema = 0;
+    st_trainer *t;
+    st_error err = {0};
+    int rc = st_config_validate(&n, &err);
+    if (!rc) rc = st_trainer_create(&t, &n, NULL, &err);
+    if (rc) {
+      CHECK(0, "noise trainer: %s", err.msg);
+      return;
+    }
+    if (!st_trainer_step(t, &loss, &err))
+      st_noise_scale_value(st_trainer_noise(t), &g2, &tr);
+    st_trainer_destroy(t);
+    if (g2 <= 0) c.train.seed = seed, found = 1;
+  }
+  CHECK(found, "a seed whose first |G|^2 estimate is <= 0");
+  if (!found || run(&o, &c)) return;
+  char *report = slurp(dir, "report.md");
+  CHECK(report &&
+            strstr(report, "no estimate (a |G|^2 estimate <= 0) over the "
+                           "first 10% of the steps") &&
+            strstr(report, "no estimate (too few steps) over 40-60%") &&
+            strstr(report, "no estimate (a |G|^2 estimate <= 0) over the "
+                           "last 20%"),
+        "seed %llu: the windows of step 1 have no estimate, its |G|^2 "
+        "being <= 0:\n%s",
+        (unsigned long long)c.train.seed, report ? report : "");
+  free(report);
+}
+
 int main(void) {
   test_halton();
   test_fit();
@@ -1020,6 +1088,7 @@ int main(void) {
     test_target_equal(root);
     test_budget_rounding(root);
     test_reference_batch(root);
+    test_noise_negative(root);
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
