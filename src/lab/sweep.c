@@ -1193,9 +1193,11 @@ static int run_trials(const st_sweep_options *o, const st_config *base,
     if (!t[k].done) todo[n_todo++] = k;
   int jobs = o->jobs < n_todo ? o->jobs : n_todo;
   /* Trials sharing the machine get a core each; a train.threads the user
-   * set is kept (then jobs x threads cores are busy). */
+   * set is kept (then jobs x threads cores are busy). None pins: each
+   * would pin its threads to the same first cpus (as experiment.c). */
   st_config trial_config = *base;
   if (jobs > 1 && base->train.threads == 0) trial_config.train.threads = 1;
+  if (jobs > 1) trial_config.execution.pin = 0;
   work w = {.o = o,
             .base = base,
             .trial = &trial_config,
@@ -1329,6 +1331,7 @@ static int train_size(const st_sweep_options *o, const st_config *base, int *n,
   st_config c = *base;
   c.train.steps = 1;
   c.train.batch = o->batch_sizes.v[0]; /* the base's may be too large */
+  c.execution.pin = 0;                 /* it never steps */
   snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
   st_trainer *t;
   int rc = own_store(o, &c, "size.store", err);

@@ -32,12 +32,25 @@
 #include "strata.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 static char data_dir[64]; /* the IDX files written by write_data */
+
+/* Threads pinned to cpus (execution.pin), counted: this definition stands
+ * in for the C library's, and pins nothing. */
+static atomic_int pins;
+int pthread_setaffinity_np(pthread_t thread, size_t size,
+                           const cpu_set_t *set) {
+  (void)thread, (void)size, (void)set;
+  atomic_fetch_add(&pins, 1);
+  return 0;
+}
 
 /* Big-endian IDX header: magic, then one int32 per dimension. */
 static void put_be32(uint8_t *p, uint32_t v) {
@@ -1071,6 +1084,44 @@ static void test_noise_negative(const char *root) {
   free(report);
 }
 
+/* Trials run at once pin nothing: execution.pin (on by default) pins a
+ * pipeline's stage threads to the first train.threads cpus of the
+ * process, the same ones in every trial, so trials run side by side would
+ * share those cpus and leave the others idle. A lone pipeline trainer of the
+ * config pins (on a machine with the cpus for its stages), the sweep's trials
+ * with jobs = 2 do not. */
+static void test_pinned(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  c.execution.stages = 2;
+  c.train.threads = 2; /* kept by the trials: a core a stage */
+  c.train.batch = 8;
+  st_trainer *t;
+  st_error err = {0};
+  atomic_store(&pins, 0);
+  int rc = st_config_validate(&c, &err);
+  if (!rc) rc = st_trainer_create(&t, &c, NULL, &err);
+  if (rc) {
+    CHECK(0, "pipeline trainer: %s", err.msg);
+    return;
+  }
+  st_trainer_destroy(t);
+  if (atomic_load(&pins) == 0) return; /* too few cpus to pin: no case */
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/pinned", root);
+  tiny_options(&o, dir);
+  o.batch_sizes = (st_int_list){2, {8, 16}};
+  o.budget_steps = 5;
+  o.jobs = 2;
+  atomic_store(&pins, 0);
+  if (run(&o, &c)) return;
+  CHECK(atomic_load(&pins) == 0,
+        "jobs = 2: the trials' pipelines pinned %d threads to the same cpus",
+        atomic_load(&pins));
+}
+
 int main(void) {
   test_halton();
   test_fit();
@@ -1089,6 +1140,7 @@ int main(void) {
     test_budget_rounding(root);
     test_reference_batch(root);
     test_noise_negative(root);
+    test_pinned(root);
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
