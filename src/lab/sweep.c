@@ -191,7 +191,13 @@ static int check_options(const st_sweep_options *o, st_error *err) {
 static int64_t budget_at(const st_sweep_options *o, int n_train, int batch) {
   int64_t s = o->budget_steps;
   if (o->budget_epochs > 0) {
-    double e = ceil(o->budget_epochs * n_train / batch);
+    /* E came as decimal text, which a double holds only nearly: 0.56 x
+     * 400 samples is 224.00000000000003, whose ceiling over batch 8 would
+     * be a step more than 0.56 epochs. A product that close to whole is
+     * taken as whole. */
+    double samples = o->budget_epochs * n_train, whole = round(samples);
+    if (fabs(samples - whole) <= 1e-9 * samples) samples = whole;
+    double e = ceil(samples / batch);
     if (e < (double)s) s = e < 1 ? 1 : (int64_t)e;
   }
   return s;

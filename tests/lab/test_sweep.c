@@ -1122,6 +1122,32 @@ static void test_pinned(const char *root) {
         atomic_load(&pins));
 }
 
+/* budget_epochs whose product with the training samples is whole in
+ * decimal but not in binary: 0.56 epochs of 400 samples are 224 samples,
+ * 28, 14 and 7 steps of batch 8, 16 and 32, where 0.56 x 400 in doubles
+ * is 224.00000000000003 and its ceiling a step more. */
+static void test_budget_decimal(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  c.data.train_limit = 400;
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/decimal", root);
+  tiny_options(&o, dir);
+  o.trials = 1;
+  o.budget_epochs = 0.56;
+  o.target = (st_sweep_target){ST_TARGET_LOSS, 1e-30};
+  if (run(&o, &c)) return;
+  char *report = slurp(dir, "report.md");
+  const int budget[3] = {28, 14, 7};
+  for (int b = 0; b < 3; b++)
+    CHECK(budget_column(report, o.batch_sizes.v[b]) == budget[b],
+          "0.56 epochs of 400 samples at batch %d: budget %ld steps, want %d",
+          o.batch_sizes.v[b], budget_column(report, o.batch_sizes.v[b]),
+          budget[b]);
+  free(report);
+}
+
 int main(void) {
   test_halton();
   test_fit();
@@ -1141,6 +1167,7 @@ int main(void) {
     test_reference_batch(root);
     test_noise_negative(root);
     test_pinned(root);
+    test_budget_decimal(root);
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
