@@ -186,18 +186,21 @@ static int check_options(const st_sweep_options *o, st_error *err) {
   return 0;
 }
 
+/* x, a product of a number given as decimal text, as a whole number when
+ * it is one but for the double's rounding: 0.56 epochs of 400 samples are
+ * 224.00000000000003 in doubles, and 2.2 x 25 steps 55.000000000000007,
+ * whose ceilings would be one more than the decimal's. */
+static double whole_if_near(double x) {
+  double whole = round(x);
+  return fabs(x - whole) <= 1e-9 * fabs(x) ? whole : x;
+}
+
 /* A trial's steps at this batch size: budget_steps, or budget_epochs passes
  * over the n_train training samples when that is fewer. */
 static int64_t budget_at(const st_sweep_options *o, int n_train, int batch) {
   int64_t s = o->budget_steps;
   if (o->budget_epochs > 0) {
-    /* E came as decimal text, which a double holds only nearly: 0.56 x
-     * 400 samples is 224.00000000000003, whose ceiling over batch 8 would
-     * be a step more than 0.56 epochs. A product that close to whole is
-     * taken as whole. */
-    double samples = o->budget_epochs * n_train, whole = round(samples);
-    if (fabs(samples - whole) <= 1e-9 * samples) samples = whole;
-    double e = ceil(samples / batch);
+    double e = ceil(whole_if_near(o->budget_epochs * n_train) / batch);
     if (e < (double)s) s = e < 1 ? 1 : (int64_t)e;
   }
   return s;
@@ -207,7 +210,7 @@ static int64_t budget_at(const st_sweep_options *o, int n_train, int batch) {
 static int64_t next_eval(const st_sweep_options *o, int64_t s) {
   int64_t n = s + o->eval_every;
   if (o->eval_growth > 1) {
-    double g = ceil((double)s * o->eval_growth);
+    double g = ceil(whole_if_near((double)s * o->eval_growth));
     if (g > (double)n) n = (int64_t)g;
   }
   return n;

@@ -1148,6 +1148,57 @@ static void test_budget_decimal(const char *root) {
   free(report);
 }
 
+/* eval_growth as decimal text: with eval_every 2 and growth 2.2 the
+ * schedule is 2, 5, 11, 25, then ceil(2.2 x 25) = 55, which in doubles is
+ * 55.000000000000007, whose ceiling is 56. A loss target that trial 0 at
+ * batch 8 first meets at step 55 of those (its test loss there, as an
+ * independent trainer gives it) must be met at step 55. */
+static void test_growth_decimal(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/growth", root);
+  tiny_options(&o, dir);
+  o.batch_sizes = (st_int_list){1, {8}};
+  o.trials = 1;
+  o.eval_every = 2;
+  o.eval_growth = 2.2;
+  const int at[5] = {2, 5, 11, 25, 55};
+  double lr, mom, loss, test_loss[5], acc;
+  st_sweep_point(&o, &c, 0, &lr, &mom);
+  st_config n = c;
+  n.train.batch = 8;
+  n.train.steps = o.budget_steps;
+  n.optimizer.lr = (float)lr;
+  if (mom >= 0) n.optimizer.momentum = (float)mom;
+  st_trainer *t;
+  st_error err = {0};
+  int rc = st_config_validate(&n, &err);
+  if (!rc) rc = st_trainer_create(&t, &n, NULL, &err);
+  if (rc) {
+    CHECK(0, "trainer: %s", err.msg);
+    return;
+  }
+  for (int k = 1, e = 0; k <= 55 && !rc; k++)
+    if (!(rc = st_trainer_step(t, &loss, &err)) && k == at[e])
+      rc = st_trainer_evaluate(t, &test_loss[e++], &acc, &err);
+  st_trainer_destroy(t);
+  CHECK(rc == 0, "trainer: %s", err.msg);
+  int first = 1; /* the target first met at step 55 */
+  for (int e = 0; e < 4; e++) first &= test_loss[e] > test_loss[4];
+  CHECK(first, "trial 0's test loss at 2, 5, 11, 25 above step 55's (%.6g)",
+        test_loss[4]);
+  if (rc || !first) return;
+  o.target = (st_sweep_target){ST_TARGET_LOSS, test_loss[4]};
+  if (run(&o, &c)) return;
+  char *steps = slurp(dir, "steps.csv");
+  CHECK(steps && strstr(steps, "\n8,55,0,"),
+        "eval growth 2.2: evaluated at step 55, where the target is met:\n%s",
+        steps ? steps : "");
+  free(steps);
+}
+
 int main(void) {
   test_halton();
   test_fit();
@@ -1168,6 +1219,7 @@ int main(void) {
     test_noise_negative(root);
     test_pinned(root);
     test_budget_decimal(root);
+    test_growth_decimal(root);
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
