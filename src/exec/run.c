@@ -243,11 +243,14 @@ static int checkpoint(run_state *r, st_error *err) {
   int rc;
   const st_train_pos *p = st_trainer_pos(r->t);
   char path[ST_PATH_MAX + 64];
+  st_run_checkpoint_dir(r->dir, p->step, path, sizeof path);
   if (shards) {
-    st_run_checkpoint_dir(r->dir, p->step, path, sizeof path);
     rc = st_trainer_save_shards(r->t, path, err);
   } else {
-    st_run_checkpoint_path(r->dir, p->step, path, sizeof path);
+    /* the file, even where this step's shards are there (a sharded run
+     * resumed at its last step with single files): st_run_checkpoint_path
+     * would name their folder, which a file cannot replace */
+    strncat(path, ".safetensors", sizeof path - strlen(path) - 1);
     rc = st_trainer_save(r->t, path, err);
   }
   if (rc) return rc;

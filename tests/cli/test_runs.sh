@@ -107,6 +107,18 @@ if [ "$rc" -eq 0 ] && ! grep -q "nothing to train" <<<"$out" &&
    grep -q '"evaluated_at_step": 20' "$T/nosum/summary.json"; then pass; else
   fail "a run at its last step without a summary gets one on resume" "rc $rc" "$out" "$err"
 fi
+# the same with its last checkpoint sharded and the resume writing single
+# files: the final checkpoint goes to step-N.safetensors beside the
+# shards' folder step-N (it was written at the folder's path, which the
+# rename could not replace: "Is a directory")
+run train "$fc" "${small[@]}" --set train.steps=20 --set train.checkpoint_every=10 \
+  --set train.checkpoint_format=shards --out "$T/nosum_shards"
+rm -f "$T/nosum_shards/summary.json"
+run train - --resume "$T/nosum_shards" --set train.checkpoint_format=single
+if [ "$rc" -eq 0 ] && grep -q '"interrupted": false' "$T/nosum_shards/summary.json" &&
+   [ -f "$T/nosum_shards/checkpoints/step-00000020.safetensors" ]; then pass; else
+  fail "a sharded run at its last step resumed with single checkpoints" "rc $rc" "$out" "$err"
+fi
 # a run whose checkpoints were removed does not start again from step 0
 # under --resume: its summary says it took steps
 cp -r "$T/first" "$T/gone" && rm -f "$T/gone"/checkpoints/*
