@@ -32,13 +32,19 @@ static int cmp_i64(const void *a, const void *b) {
 }
 
 /* "step-NNNNNNNN.safetensors" (or "step-NNNNNNNN" with sharded = 1) ->
- * NNNNNNNN; -1 for any other name. */
+ * NNNNNNNN; -1 for any other name, and for the digits of a step in another
+ * form than "%08lld" (step-9, step-000000009): st_run_checkpoint_path
+ * names a step's checkpoint by that form, which such a file is not. */
 static int64_t step_of(const char *name, int sharded) {
   if (strncmp(name, "step-", 5) != 0) return -1;
   const char *p = name + 5, *q = p;
   int64_t v = 0;
   while (*q >= '0' && *q <= '9' && q - p < 18) v = v * 10 + (*q++ - '0');
-  return q > p && strcmp(q, sharded ? "" : ".safetensors") == 0 ? v : -1;
+  char canon[24];
+  int n = snprintf(canon, sizeof canon, "%08lld", (long long)v);
+  return q > p && n == q - p && strcmp(q, sharded ? "" : ".safetensors") == 0
+             ? v
+             : -1;
 }
 
 /* A sharded checkpoint's directory is whole once its index is there. */

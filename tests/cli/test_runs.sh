@@ -323,6 +323,20 @@ if [ "$rc" -eq 1 ] && grep -q "step-00000030.safetensors: holds step 10, but its
 else
   fail "a renamed checkpoint is refused on resume, naming both steps" "rc $rc" "$err"
 fi
+# A name the run would not write (step-9 for step-00000009) is none of its
+# checkpoints: the resume takes the newest it wrote. The listing took it as
+# step 9 and the resume then opened step-00000009.safetensors, which is not
+# there ("cannot open: No such file or directory").
+run train "$fc" "${small[@]}" --set train.steps=10 --set train.checkpoint_every=5 --out "$T/short_name"
+cp "$T/short_name/checkpoints/step-00000005.safetensors" "$T/short_name/checkpoints/step-9.safetensors"
+mkdir "$T/short_name/checkpoints/step-11"
+: >"$T/short_name/checkpoints/step-11/model.safetensors.index.json"
+run train - --resume "$T/short_name" --set train.steps=15
+if [ "$rc" -eq 0 ] && grep -q "resumed from .*/step-00000010.safetensors at step 10" <<<"$out"; then
+  pass
+else
+  fail "a checkpoint not named as the run names them is not taken on resume" "rc $rc" "$err"
+fi
 
 # --- 4. stale temp files and pruning ------------------------------------------
 # a temp file of a dead process goes, one of a live process stays; pruning
