@@ -201,6 +201,16 @@ int st_inspect(const char *path, FILE *f, st_error *err) {
 int st_inspect_against(const char *path, const char *other, FILE *f,
                        st_error *err) {
   st_safetensors *a = NULL, *b = NULL;
+  /* a sharded checkpoint (a run's folder names its newest, which may be
+   * one) is not one file: said as such, not as "not a regular file" */
+  struct stat sb;
+  for (int i = 0; i < 2; i++)
+    if (stat(i ? other : path, &sb) == 0 && S_ISDIR(sb.st_mode))
+      return st_error_set(err, ST_EARG,
+                          "%s: a sharded checkpoint's folder: --against "
+                          "compares two files (`strata export` of its run "
+                          "merges its shards into one)",
+                          i ? other : path);
   int rc = st_safetensors_read(&a, path, err);
   if (!rc) rc = st_safetensors_read(&b, other, err);
   if (!rc && a->n_tensors != b->n_tensors)

@@ -767,6 +767,12 @@ if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -q "transformer.h.0.attn.c_att
 else
   fail "gpt checkpoint uses HF GPT-2 names, tied head stored once" "$out"
 fi
+# --against a sharded run's folder (its newest checkpoint is a folder of
+# shards): said as such, not "not a regular file"
+run train "$fc" "${gpt[@]}" --set train.checkpoint_format=shards --out "$T/gpt_shards"
+expect_error "inspect --against a sharded checkpoint" \
+  "^strata: error: $(re_quote "$T/gpt_shards")/checkpoints/step-00000005: a sharded checkpoint's folder: --against compares two files \(\`strata export\` of its run merges its shards into one\)$" \
+  -- inspect "$gck" --against "$T/gpt_shards"
 run generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "line 7" --tokens 20 --seed 3
 first=$out
 run generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "line 7" --tokens 20 --seed 3
