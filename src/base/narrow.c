@@ -850,7 +850,7 @@ enum { TARGET_TASKS = 16, ROW_CHUNK = 96 };
  * thread, operands out of cache (a 256 MB pass between calls), 12-20
  * alternating calls, mean GFLOP/s, one strip at a time against grouped:
  * GPT-2-124M's 1024 x 2304 x 768 (B transposed) 152.5 against 169.3,
- * 1024 x 3072 x 768 155.7 / 170.8, 1024 x 3072 x 768 (B untransposed)
+ * 1024 x 3072 x 768 (B transposed) 155.7 / 170.8, the same untransposed
  * 152.0 / 175.3, 768 x 3072 x 1024 (A transposed, copied) 159.7 / 175.3;
  * the products at K = 2304 and 3072 (one strip either way) unchanged. */
 static long l2_bytes(void) {
