@@ -1026,11 +1026,13 @@ static int cmd_train(int argc, char **argv) {
            (long long)st_trainer_pos(t)->step, acc, loss, out);
   /* the synchronous modes fill and drain every step: the plan's steady
    * state times the bubble (1 for one stage, and for pipelined backprop) */
+  /* a resume at the last step takes none: nothing was measured */
+  char measured[64] = "not measured (no step in this run)";
+  if (rate > 0)
+    snprintf(measured, sizeof measured, "measured %.0f samples/s", rate);
   if (plan)
     printf(
-        "strata: training rate: measured %.0f samples/s, plan predicted "
-        "%.0f (%s%s)%s\n",
-        rate,
+        "strata: training rate: %s, plan predicted %.0f (%s%s)%s\n", measured,
         st_plan_rate(plan, !strcmp(cfg.execution.mode, "pipelined_backprop")),
         plan->fabric.name,
         plan->fabric.estimated ? ", uncalibrated estimate" : "",

@@ -107,6 +107,11 @@ if [ "$rc" -eq 0 ] && ! grep -q "nothing to train" <<<"$out" &&
    grep -q '"evaluated_at_step": 20' "$T/nosum/summary.json"; then pass; else
   fail "a run at its last step without a summary gets one on resume" "rc $rc" "$out" "$err"
 fi
+# it took no step, so it measured no rate (not "0 samples/s")
+if grep -q "training rate: not measured (no step in this run), plan predicted" <<<"$out" &&
+   ! grep -q "measured 0 samples/s" <<<"$out"; then pass; else
+  fail "a resume that takes no step says its rate was not measured" "$out"
+fi
 # the same with its last checkpoint sharded and the resume writing single
 # files: the final checkpoint goes to step-N.safetensors beside the
 # shards' folder step-N (it was written at the folder's path, which the
