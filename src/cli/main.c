@@ -1024,12 +1024,12 @@ static int cmd_train(int argc, char **argv) {
     printf("strata: done: %lld steps, test accuracy %.4f, test loss %.4f; "
            "wrote %s\n",
            (long long)st_trainer_pos(t)->step, acc, loss, out);
-  /* the synchronous modes fill and drain every step: the plan's steady
-   * state times the bubble (1 for one stage, and for pipelined backprop) */
   /* a resume at the last step takes none: nothing was measured */
   char measured[64] = "not measured (no step in this run)";
   if (rate > 0)
     snprintf(measured, sizeof measured, "measured %.0f samples/s", rate);
+  /* the synchronous modes fill and drain every step: the plan's steady
+   * state times the bubble (1 for one stage, and for pipelined backprop) */
   if (plan)
     printf(
         "strata: training rate: %s, plan predicted %.0f (%s%s)%s\n", measured,

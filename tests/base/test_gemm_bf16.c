@@ -132,6 +132,17 @@ static float *run(const operands *o, st_pool *pool, float alpha, float beta) {
   return C;
 }
 
+/* Whether the product run with set(1) (set(0) after) has C's bits. */
+static int same_with(void (*set)(int), const operands *o, st_pool *pool,
+                     float alpha, float beta, const float *C) {
+  set(1);
+  float *D = run(o, pool, alpha, beta);
+  set(0);
+  int same = memcmp(C, D, (size_t)o->M * o->ldc * 4) == 0;
+  free(D);
+  return same;
+}
+
 static void check_shape(const shape *s, float alpha, float beta,
                         st_pool **pools, int npools) {
   operands o;
@@ -198,22 +209,12 @@ static void check_shape(const shape *s, float alpha, float beta,
     free(D);
   }
   /* one element at a time (no packing scratch): the same bits */
-  {
-    st_bf16_set_plain(1);
-    float *D = run(&o, pools[npools - 1], alpha, beta);
-    st_bf16_set_plain(0);
-    CHECK(memcmp(C, D, (size_t)o.M * o.ldc * 4) == 0,
-          "%s: one element at a time, the bits differ from the kernel's", what);
-    free(D);
-  }
-  if (strncmp(st_bf16_support(), "AVX512", 6) == 0) {
-    st_bf16_set_emulated(1);
-    float *D = run(&o, pools[npools - 1], alpha, beta);
-    st_bf16_set_emulated(0);
-    CHECK(memcmp(C, D, (size_t)o.M * o.ldc * 4) == 0,
-          "%s: the emulated kernel's bits differ from the native one's", what);
-    free(D);
-  }
+  CHECK(same_with(st_bf16_set_plain, &o, pools[npools - 1], alpha, beta, C),
+        "%s: one element at a time, the bits differ from the kernel's", what);
+  if (strncmp(st_bf16_support(), "AVX512", 6) == 0)
+    CHECK(
+        same_with(st_bf16_set_emulated, &o, pools[npools - 1], alpha, beta, C),
+        "%s: the emulated kernel's bits differ from the native one's", what);
   free(C);
   release(&o);
 }
