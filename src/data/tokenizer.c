@@ -122,9 +122,10 @@ static int32_t rank_of(const st_tokenizer *tok, int32_t left, int32_t right) {
 }
 
 /* Checks the merges and builds the rank map and the byte table. `where`
- * (a file name or "training") starts every message. */
+ * (a file name or "training") starts every message; merge r was read from
+ * line first_line + r of that file (first_line 0: not from a file). */
 static int tokenizer_finish(st_tokenizer *tok, const char *where,
-                            st_error *err) {
+                            int first_line, st_error *err) {
   int n = tok->n_merges;
   tok->rank_cap = 16;
   while (tok->rank_cap < 2 * (size_t)n + 2) tok->rank_cap *= 2;
@@ -141,28 +142,30 @@ static int tokenizer_finish(st_tokenizer *tok, const char *where,
   for (int r = 0; r < n; r++) {
     int32_t left = tok->merges[2 * r], right = tok->merges[2 * r + 1];
     int32_t known = BYTE_TOKENS + r; /* tokens that exist before merge r */
+    char at[48] = "";
+    if (first_line > 0) snprintf(at, sizeof at, "line %d: ", first_line + r);
     if (left < 0 || left >= known || right < 0 || right >= known)
       return st_error_set(err, ST_EFORMAT,
-                          "%s: merge %d (%d %d) uses a token not defined "
+                          "%s: %smerge %d (%d %d) uses a token not defined "
                           "before it (ids must be below %d)",
-                          where, r, left, right, known);
+                          where, at, r, left, right, known);
     uint64_t key = pair_key(left, right);
     size_t i = hash_key(key) & mask;
     while (tok->rank_keys[i] != EMPTY_KEY && tok->rank_keys[i] != key)
       i = (i + 1) & mask;
     if (tok->rank_keys[i] == key)
       return st_error_set(err, ST_EFORMAT,
-                          "%s: merge %d (%d %d) repeats merge %d", where, r,
-                          left, right, tok->ranks[i]);
+                          "%s: %smerge %d (%d %d) repeats merge %d", where, at,
+                          r, left, right, tok->ranks[i]);
     tok->rank_keys[i] = key;
     tok->ranks[i] = r;
     total += (tok->offset[left + 1] - tok->offset[left]) +
              (tok->offset[right + 1] - tok->offset[right]);
     if (total > MAX_TOKEN_BYTES)
       return st_error_set(err, ST_EFORMAT,
-                          "%s: the tokens up to merge %d spell more than %zu "
-                          "bytes in all; not a tokenizer strata trained",
-                          where, r, MAX_TOKEN_BYTES);
+                          "%s: %sthe tokens up to merge %d spell more than "
+                          "%zu bytes in all; not a tokenizer strata trained",
+                          where, at, r, MAX_TOKEN_BYTES);
     tok->offset[BYTE_TOKENS + r + 1] = total;
   }
   tok->bytes = st_alloc(total);
@@ -204,7 +207,7 @@ int st_tokenizer_create_bytes(st_tokenizer **out, st_error *err) {
   st_tokenizer *tok = NULL;
   int rc = tokenizer_new(&tok, 0, err);
   if (rc) return rc;
-  rc = tokenizer_finish(tok, "byte tokenizer", err);
+  rc = tokenizer_finish(tok, "byte tokenizer", 0, err);
   if (rc) {
     st_tokenizer_destroy(tok);
     return rc;
@@ -468,7 +471,7 @@ int st_bpe_train(st_tokenizer **out, const uint8_t *text, size_t n, int vocab,
   }
   tok->n_merges = n_merges;
   tok->vocab = BYTE_TOKENS + n_merges;
-  rc = tokenizer_finish(tok, "BPE training", err);
+  rc = tokenizer_finish(tok, "BPE training", 0, err);
   if (rc) {
     st_tokenizer_destroy(tok);
     return rc;
@@ -712,7 +715,7 @@ int st_tokenizer_load(st_tokenizer **out, const char *path, st_error *err) {
                       path, n_merges, tok->vocab);
     goto done;
   }
-  rc = tokenizer_finish(tok, path, err);
+  rc = tokenizer_finish(tok, path, 3, err);
 done:
   st_free(data);
   if (rc) {

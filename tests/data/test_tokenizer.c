@@ -369,9 +369,9 @@ static void test_file(void) {
       {"version.bpe", "version 2", "strata-bpe 2\nvocab 256\n", 0},
       {"short.bpe", "truncated", "strata-b", 0},
       {"vocab.bpe", "vocab N", "strata-bpe 1\nvocab 12\n", 0},
-      {"future.bpe", "not defined before it",
+      {"future.bpe", "line 4: merge 1 (256 257) uses a token not defined",
        "strata-bpe 1\nvocab 258\n97 97\n256 257\n", 0},
-      {"repeat.bpe", "repeats merge 0",
+      {"repeat.bpe", "line 4: merge 1 (97 97) repeats merge 0",
        "strata-bpe 1\nvocab 258\n97 97\n97 97\n", 0},
       {"garbage.bpe", "line 4", "strata-bpe 1\nvocab 258\n97 97\nx y\n", 0},
       {"trailing.bpe", "unexpected data",
@@ -412,6 +412,7 @@ static void test_file(void) {
   back = NULL;
   int rc = st_tokenizer_load(&back, dp, &err);
   CHECK(rc == ST_EFORMAT && back == NULL && strstr(err.msg, dp) &&
+            strstr(err.msg, "line 29: the tokens up to merge 26") &&
             strstr(err.msg, "bytes in all"),
         "doubling merges: rc %d, '%s'", rc, err.msg);
   st_tokenizer_destroy(back);
