@@ -250,6 +250,9 @@ int st_cli_sweep(int argc, char **argv) {
     snprintf(o.out_dir, sizeof o.out_dir, "runs/sweep-%s", dir + 5);
   }
   o.progress = stdout;
+  /* every trial trains the config's mode, model and optimizer: a key none
+   * of them reads is as dead here as under `strata train` */
+  st_cli_notice_unused(&cfg);
 
   printf("strata: sweep of %s: %d batch size%s x %d trial%s, at most %lld "
          "steps each, target %s, %d at once; writing %s\n",
