@@ -424,6 +424,14 @@ void st_conv2d_backward(st_pool *pool, float *din, float *dw, float *db,
       input_grads(pool, &j);
     return;
   }
+  if (!dw) { /* din and db without dW: db's sums alone (reduce_partials) */
+    if (din)
+      st_conv2d_backward(pool, din, NULL, NULL, dout, in, w, col, B, IC, H, W,
+                         OC, K, S, P);
+    j.dw_chunks = 0;
+    st_pool_for(pool, OC, reduce_partials, &j);
+    return;
+  }
   if (j.groups >= 2) {
     size_t n = (size_t)OC * j.rows;
     j.dw_chunks = (int)((n + REDUCE_CHUNK - 1) / REDUCE_CHUNK);

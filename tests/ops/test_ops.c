@@ -830,6 +830,13 @@ static void test_conv2d_naive(void) {
                        s.W, s.OC, s.K, s.S, s.P);
     CHECK(memcmp(din, din2, nin * sizeof(float)) == 0,
           "conv2d naive %s: din alone differs from din with dW", c);
+    /* the bias's gradient without dW (the header allows either NULL): the
+     * same sums, accumulated into db as with dW */
+    float *db2 = new_floats((size_t)s.OC);
+    st_conv2d_backward(NULL, NULL, NULL, db2, dout, in, w, col, s.B, s.IC, s.H,
+                       s.W, s.OC, s.K, s.S, s.P);
+    CHECK(memcmp(db, db2, (size_t)s.OC * sizeof(float)) == 0,
+          "conv2d naive %s: db without dW differs from db with it", c);
     release_all();
   }
 }
