@@ -241,6 +241,19 @@ static int conv_unit(builder *bd, int oc) {
   return 0;
 }
 
+/* The flatten in front of the first dense layer: the map as one vector,
+ * whose width (st_shape.c, an int) must hold every element of it. */
+static int add_flatten(builder *bd) {
+  size_t n = st_shape_numel(bd->cur);
+  if (n > INT_MAX)
+    return shape_error(bd, "model.channels",
+                       "the last stage's %dx%dx%d map is %zu values, more "
+                       "than the %d a dense layer may read",
+                       bd->cur.c, bd->cur.h, bd->cur.w, n, INT_MAX);
+  add_layer(bd, ST_OP_FLATTEN, vec((int)n));
+  return 0;
+}
+
 static int build_cnn(builder *bd) {
   const st_config *c = bd->cfg;
   /* the blocks' tables are built before the memory check can refuse them */
@@ -278,14 +291,13 @@ static int build_cnn(builder *bd) {
   }
   for (int i = 0; i < c->model.dense.n; i++) {
     begin_block(bd);
-    if (i == 0) add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
+    if (i == 0 && add_flatten(bd)) return ST_ESHAPE;
     add_linear(bd, c->model.dense.v[i]);
     add_activation(bd, c->model.activation);
     add_dropout(bd, c->model.dropout);
   }
   begin_block(bd);
-  if (c->model.dense.n == 0)
-    add_layer(bd, ST_OP_FLATTEN, vec((int)st_shape_numel(bd->cur)));
+  if (c->model.dense.n == 0 && add_flatten(bd)) return ST_ESHAPE;
   add_linear(bd, c->model.classes);
   return bd->failed ? failure(bd) : 0;
 }

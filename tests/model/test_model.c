@@ -819,6 +819,20 @@ static void check_cnn_counts(void) {
                             "3.87e+10 elements, more than the 2147483647"),
         "a tensor past int: rc %d '%s'", rc, err.msg);
   if (rc == 0) st_model_destroy(m);
+
+  /* every key in range, every tensor within int, but the flattened map
+   * past it: 2^24 x 14 x 14 = 3.3e9 floats, which the flatten's vector
+   * width (an int) cannot hold; it wrapped negative and the model was
+   * built with a negative-width dense layer (negative FLOPs, exabytes) */
+  c.model.channels = (st_int_list){1, {1 << 24}};
+  c.model.dense = (st_int_list){0, {0}};
+  c.model.classes = 2;
+  m = NULL;
+  rc = st_model_create(&m, &c, (st_shape){1, 28, 28}, &err);
+  CHECK(rc == ST_ESHAPE && m == NULL && strstr(err.msg, "model.channels") &&
+            strstr(err.msg, "16777216x14x14"),
+        "a flattened map past int: rc %d '%s'", rc, err.msg);
+  if (rc == 0) st_model_destroy(m);
 }
 
 /* ------------------------------------------------------ initialisation */
