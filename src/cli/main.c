@@ -1015,7 +1015,7 @@ static int cmd_train(int argc, char **argv) {
     return 128 + sig;
   }
   double loss, acc, rate = 0;
-  int text = m->label_rows > 1;
+  int text = !strcmp(m->kind, "gpt");
   if (st_trainer_last_eval(t, &loss, &acc, &rate) == 0 && text)
     printf("strata: done: %lld steps, validation loss %.4f (%.3f bits per "
            "token), next-token accuracy %.4f; wrote %s\n",
@@ -1210,7 +1210,7 @@ static int cmd_eval(int argc, char **argv) {
             a.checkpoint, (long long)had, (long long)now,
             st_config_set_at(&cfg, "data.train_limit"));
   if (!rc) rc = st_trainer_evaluate(t, &loss, &acc, &err);
-  if (!rc && st_trainer_model(t)->label_rows > 1)
+  if (!rc && !strcmp(st_trainer_model(t)->kind, "gpt"))
     printf("validation loss %.4f, next-token accuracy %.4f (%s)\n", loss, acc,
            a.checkpoint);
   else if (!rc)

@@ -416,7 +416,7 @@ int st_plan_validate(const st_config *cfg, FILE *f, st_error *err) {
   double weights = 4.0 * (double)m->n_params;
   char a[32], b[32], c[32], d[32];
   fprintf(f, "config %s: valid\n", cfg->path[0] ? cfg->path : "(defaults)");
-  if (m->label_rows > 1)
+  if (!strcmp(m->kind, "gpt"))
     fprintf(f, "model: %s, %d blocks, %d tokens per sequence, vocabulary %d\n",
             m->kind, m->n_blocks, m->in.h, m->classes);
   else

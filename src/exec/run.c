@@ -146,7 +146,8 @@ static void progress(run_state *r, int final) {
           "ETA %s%s",
           r->tty ? "\r\033[K" : "", (long long)p->epoch + 1, (long long)epochs,
           (long long)p->step, (long long)total, r->last_loss, rate * rows,
-          rows > 1 ? "tokens" : "samples", eta_s, r->tty ? "" : "\n");
+          !strcmp(st_trainer_model(r->t)->kind, "gpt") ? "tokens" : "samples",
+          eta_s, r->tty ? "" : "\n");
   if (r->tty && final) fputc('\n', stderr);
   fflush(stderr);
 }
@@ -166,7 +167,7 @@ static int evaluate(run_state *r, st_error *err) {
         "step %lld: the %s loss is %s: the model diverged in its last "
         "updates; stopped, %s%s%s — lower optimizer.lr%s",
         (long long)p->step,
-        st_trainer_model(r->t)->label_rows > 1 ? "validation" : "test",
+        !strcmp(st_trainer_model(r->t)->kind, "gpt") ? "validation" : "test",
         isnan(r->test_loss) ? "NaN" : "infinite",
         store ? "but the store " : "no checkpoint written", store ? store : "",
         store ? " holds these weights (committed with the step)" : "",
@@ -181,7 +182,7 @@ static int evaluate(run_state *r, st_error *err) {
     if ((rc = metrics_written(r, err))) return rc;
   }
   if (r->progress && r->tty) fputs("\r\033[K", stderr);
-  if (r->progress && st_trainer_model(r->t)->label_rows > 1)
+  if (r->progress && !strcmp(st_trainer_model(r->t)->kind, "gpt"))
     fprintf(stderr,
             "eval  step %lld  validation loss %.4f  next-token accuracy "
             "%.4f\n",

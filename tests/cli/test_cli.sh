@@ -767,6 +767,22 @@ if [ "$rc" -eq 0 ] && [ -s "$gck" ] &&
 else
   fail "gpt trains on a text corpus and reports its validation loss" "rc $rc" "$out" "$err"
 fi
+# At context 1 (one label a sample, as a classifier's) it is still a language
+# model: a validation loss in bits per token, and a vocabulary, not classes.
+run train "$fc" "${gpt[@]}" --set model.context=1 --out "$T/gpt_c1"
+if [ "$rc" -eq 0 ] &&
+   printf '%s\n' "$out" | grep -q "validation loss .* bits per token), next-token accuracy" &&
+   printf '%s\n' "$out" | grep -q "a sample is one sequence"; then
+  pass
+else
+  fail "a gpt at context 1 reports its validation loss" "rc $rc" "$out" "$err"
+fi
+run compile "$fc" "${gpt[@]}" --set model.context=1 --validate-only
+if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -q "^model: gpt, 3 blocks, 1 tokens per sequence, vocabulary"; then
+  pass
+else
+  fail "compile --validate-only sizes a gpt at context 1 as a language model" "rc $rc" "$out" "$err"
+fi
 # The HF GPT-2 names; the tied head is stored once, as transformer.wte.
 run inspect "$gck"
 if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -q "transformer.h.0.attn.c_attn.weight  *F32  *16x48" &&
