@@ -195,6 +195,8 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
   case ST_OP_GELU:
     c->bytes_fwd[4] += 4 * (n_in + n); /* read x, write y */
     c->bytes_bwd[4] += 4 * 3 * n;      /* read dy, x, write dx */
+    if (L->transient == ST_RECOMPUTED) /* y made again (block.c) */
+      c->bytes_bwd[4] += 4 * (n_in + n);
     break;
   case ST_OP_DROPOUT: {
     /* the mask is a bit an element (st_dropout_mask_words), written

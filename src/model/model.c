@@ -547,8 +547,10 @@ static st_cost layer_cost(const st_layer *L) {
     return st_groupnorm_cost(L->in.c, L->in.h * L->in.w, L->groups);
   case ST_OP_DROPOUT:
     return st_dropout_cost(n);
-  case ST_OP_GELU:
-    return st_pointwise_cost(n, 20, 30); /* erf/tanh: ~20 flops each way */
+  case ST_OP_GELU: /* erf/tanh: ~20 flops each way */
+    /* a recomputed output is made again before the backward */
+    return st_pointwise_cost(n, 20,
+                             L->transient == ST_RECOMPUTED ? 30 + 20 : 30);
   case ST_OP_FLATTEN:
     return st_pointwise_cost(n, 0, 0); /* a copy */
   case ST_OP_RELU:

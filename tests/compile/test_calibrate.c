@@ -836,10 +836,29 @@ static void test_split_gpt(void) {
             bc[1].attn_bwd[0] == a.flops_bwd && attn_other == 0 && conv == 0,
         "h.0 attention %g %g (want %g %g)", bc[1].attn_fwd[0],
         bc[1].attn_bwd[0], a.flops_fwd, a.flops_bwd);
-  /* gelu on 64 positions x 512: read x, write y; read dy and x, write dx */
+  /* gelu on 64 positions x 512: read x, write y; in the backward its
+   * output is made again for the projection's (ST_RECOMPUTED: read x,
+   * write y, 20 FLOPs an element, as the forward), then read dy and x,
+   * write dx */
   double n = 64.0 * 512;
-  CHECK(bc[1].bytes_fwd[4] == 4 * 2 * n && bc[1].bytes_bwd[4] == 4 * 3 * n,
+  CHECK(m->blocks[1].layers[7].kind == ST_OP_GELU &&
+            m->blocks[1].layers[7].transient == ST_RECOMPUTED,
+        "h.0 layer 7 is a recomputed gelu");
+  CHECK(bc[1].bytes_fwd[4] == 4 * 2 * n &&
+            bc[1].bytes_bwd[4] == 4 * 2 * n + 4 * 3 * n,
         "h.0 gelu %g %g", bc[1].bytes_fwd[4], bc[1].bytes_bwd[4]);
+  /* the block's backward FLOPs, op by op (model.c's layer_cost) */
+  double T = 64, C = 128;
+  double want = 2 * T * st_layernorm_cost(128).flops_bwd +
+                T * (st_linear_cost(128, 384).flops_bwd +
+                     st_linear_cost(128, 128).flops_bwd +
+                     st_linear_cost(128, 512).flops_bwd +
+                     st_linear_cost(512, 128).flops_bwd) +
+                a.flops_bwd + 2 * T * C /* two residual adds */ + 30 * n +
+                20 * n /* gelu's backward, and it again */;
+  CHECK(fabs(m->blocks[1].cost.flops_bwd - want) <= 1e-9 * want,
+        "h.0 backward FLOPs %.0f, want %.0f", m->blocks[1].cost.flops_bwd,
+        want);
   /* the four linear layers (qkv, projection, MLP up and down) stay GEMMs:
    * 2 x 64 x 128 x (384 + 128 + 512 + 512) forward */
   double gemm = 0;
