@@ -142,6 +142,12 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
                         "process may use; use model",
                         st_config_where(cfg, "execution.block_costs"),
                         need / 1e9, ram / 1e9);
+  /* the arithmetic training runs in, process-wide as the trainer sets it:
+   * `strata compile` makes no trainer, and timed bf16 products as fp32's
+   * and subnormals at the slow path the run would flush */
+  st_fp_set_flush(cfg->train.flush_subnormals);
+  st_gemm_set_bf16(!strcmp(cfg->train.precision, "bf16"));
+  st_gemm_choose_profile_once();
   const size_t in_n = (size_t)mb * st_shape_numel(m->in);
   const size_t rows = (size_t)mb * R;
   float *params = st_alloc(P * sizeof(float));

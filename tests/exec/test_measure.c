@@ -21,6 +21,8 @@
  *    finite and 0 without it, and the partitioner charging them to every
  *    stage but the last (hand-made costs, and seeded figures that move a
  *    threaded run's cut and the plan's);
+ *  - the blocks are timed in the config's arithmetic (bf16 products,
+ *    flushed subnormals), set as the trainer sets it;
  *  - a model too big to hold in memory (GPT-NeoX 20B) is refused, naming
  *    the key, before anything is allocated; so is a plan for a mesh;
  *  - execution.stage_blocks pins the cut over what model or measured costs
@@ -232,6 +234,43 @@ static void test_measure(const char *what, const st_config *c, st_shape in) {
   free(a);
   free(b);
   st_model_destroy(m);
+}
+
+/* The blocks are timed in the arithmetic the run trains in: bf16 products
+ * and flushed subnormals where the config says so, set process-wide as
+ * the trainer sets them (`strata compile` makes no trainer: it timed fp32
+ * products for a bf16 run, and kept subnormals the run flushes). Each case
+ * starts from the other modes and a model not measured yet. */
+static void test_modes(const st_config *c, st_shape in) {
+  const char *const cases[][2] = {{"bf16", "true"}, {"fp32", "false"}};
+  for (int k = 0; k < 2; k++) {
+    st_config cm = *c;
+    set(&cm, "execution.block_costs=measured");
+    set(&cm, "train.seed=7"); /* another key than test_measure's */
+    char kv[64];
+    snprintf(kv, sizeof kv, "train.precision=%s", cases[k][0]);
+    set(&cm, kv);
+    snprintf(kv, sizeof kv, "train.flush_subnormals=%s", cases[k][1]);
+    set(&cm, kv);
+    st_model *m = model_of(&cm, in);
+    if (!m) return;
+    st_block_cost *b = calloc((size_t)m->n_blocks, sizeof *b);
+    int bf16 = k == 0;
+    st_gemm_set_bf16(!bf16);
+    st_fp_set_flush(!bf16);
+    st_error err = {0};
+    CHECK(st_plan_block_costs(b, m, &cm, &err) == 0, "%s: %s", cases[k][0],
+          err.msg);
+    CHECK(st_gemm_bf16_on() == bf16 && st_fp_flush() == bf16,
+          "precision %s, flush_subnormals %s: measured with bf16 products "
+          "%s, subnormals %s",
+          cases[k][0], cases[k][1], st_gemm_bf16_on() ? "on" : "off",
+          st_fp_flush() ? "flushed" : "kept");
+    free(b);
+    st_model_destroy(m);
+  }
+  st_gemm_set_bf16(0); /* the process's modes at start */
+  st_fp_set_flush(0);
 }
 
 /* Weight prediction's costs of pipelined backprop's blocks: modelled, the
@@ -667,6 +706,7 @@ int main(void) {
   st_config gpt1 = gpt; /* one position: inputs still token ids */
   set(&gpt1, "model.context=1");
   test_measure("gpt context 1", &gpt1, (st_shape){1, 1, 1});
+  test_modes(&mlp, img);
   test_lwp_costs(&mlp, img);
   test_lwp_run(&mlp, img);
   test_cut("mlp pb", &mlp, "pipelined_backprop", img);
