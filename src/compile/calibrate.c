@@ -2068,6 +2068,13 @@ static int parse(st_calibration *c, const char *text, const char *path,
   if (!count_at(value_of(text, "cores"), &cores))
     return bad(err, path, "\"cores\": expected a count >= 1");
   c->cores = (int)cores;
+  /* the object closed: a profile cut at a line's end has every figure
+   * before the cut whole, and the optional ones after it missing, so it
+   * would read as an older profile without them */
+  size_t len = strlen(text);
+  while (len > 0 && isspace((unsigned char)text[len - 1])) len--;
+  if (len == 0 || text[len - 1] != '}')
+    return bad(err, path, "truncated (it does not end with '}')");
   return 0;
 }
 
