@@ -1478,6 +1478,8 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
         st_plan_fmt_bytes(e, sizeof e, held - cap));
   }
   p->throughput = p->bottleneck_time > 0 ? R / p->bottleneck_time : INFINITY;
+  /* all R take their samples in through the one fabric's I/O */
+  apply_io(p);
   /* cpu: through the machine's memory; a mesh: each strip's slab across
    * the edge to the next, H links wide, one after another, and the sum
    * back across the same R - 1 edges to every strip's own weights */

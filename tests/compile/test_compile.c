@@ -1648,6 +1648,53 @@ static void test_replicas_mesh(void) {
   }
 }
 
+/* The fabric's I/O caps a plan of replicas as it caps one replica: R
+ * strips take in R times one strip's samples, all through the same I/O.
+ * With the I/O between one strip's steady rate and R strips', the plan's
+ * throughput had been R strips' (above what the I/O carries) and every
+ * stage's bound its own, though the predicted rate is the I/O's. */
+static void test_replicas_io(void) {
+  double io = 0;
+  for (int k = 0; k < 2; k++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    set(&cfg, "model.hidden=[256, 256]");
+    set(&cfg, "train.batch=64");
+    set(&cfg, "execution.replicas=4");
+    CHECK(st_fabric_parse(&cfg, "mesh:8x2", &err) == 0, "%s", err.msg);
+    set(&cfg, "fabric.pe_memory=10000000");
+    char kv[64];
+    if (k == 1) {
+      snprintf(kv, sizeof kv, "fabric.io_bandwidth=%.17g", io);
+      set(&cfg, kv);
+    }
+    st_plan *p = NULL;
+    int rc = st_plan_compile(&p, &cfg, 0, &err);
+    CHECK(rc == 0, "mesh replicas: %s", err.msg);
+    if (rc) return;
+    if (k == 0) {
+      /* I/O for twice one strip's steady rate: bytes a sample x rate */
+      double bytes = p->fabric.io_bandwidth / p->io_rate;
+      io = bytes * 2 / p->bottleneck_time;
+      CHECK(p->io_rate > p->throughput, "the default I/O binds nothing");
+    } else {
+      int bound = 1;
+      for (int s = 0; s < p->n_stages; s++)
+        bound &= !strcmp(p->stages[s].bound, "I/O");
+      /* 1e-12: the cap is the I/O's rate itself */
+      CHECK(p->throughput <= p->io_rate * (1 + 1e-12) && bound,
+            "4 strips at twice one strip's rate through the I/O: "
+            "throughput %.6g, the I/O carries %.6g; stage 0 bound '%s'",
+            p->throughput, p->io_rate, p->stages[0].bound);
+      double rate = st_plan_rate(p, 0);
+      CHECK(rate <= p->io_rate * (1 + 1e-12), "rate %.6g, I/O %.6g", rate,
+            p->io_rate);
+    }
+    st_plan_destroy(p);
+  }
+}
+
 /* Replicas over MPI ranks hold their memory as the run does: no process
  * holds all R copies (each rank keeps one replica's stages, or one whole
  * replica), so the one-process sum is not checked against one machine;
@@ -2271,6 +2318,7 @@ int main(void) {
   test_replicas();
   test_replicas_over_ranks();
   test_replicas_mesh();
+  test_replicas_io();
   test_memory_bandwidth();
   test_memory_bandwidth_rows();
   test_memory_bandwidth_state();
