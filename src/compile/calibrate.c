@@ -1571,12 +1571,25 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
 
 /* ------------------------------------------------------------- write */
 
+/* v in the fewest significant digits (6 at least) that read back as v:
+ * at a fixed 6, the L2's 1048576 bytes came back 1048580. */
+static int json_number(char *out, size_t cap, double v) {
+  int n = 0;
+  for (int digits = 6; digits <= 17; digits++) {
+    n = snprintf(out, cap, "%.*g", digits, v);
+    if (strtod(out, NULL) == v) break;
+  }
+  return n;
+}
+
 static void json_array(char *buf, size_t cap, size_t *at, const char *key,
                        const double *v, int n, int last) {
   *at += (size_t)snprintf(buf + *at, cap - *at, "  \"%s\": [", key);
-  for (int i = 0; i < n && *at < cap; i++)
-    *at +=
-        (size_t)snprintf(buf + *at, cap - *at, "%s%.6g", i ? ", " : "", v[i]);
+  for (int i = 0; i < n && *at < cap; i++) {
+    char num[32];
+    json_number(num, sizeof num, v[i]);
+    *at += (size_t)snprintf(buf + *at, cap - *at, "%s%s", i ? ", " : "", num);
+  }
   if (*at < cap)
     *at += (size_t)snprintf(buf + *at, cap - *at, "]%s\n", last ? "" : ",");
 }
