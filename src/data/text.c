@@ -95,6 +95,16 @@ int st_text_dataset_load(st_text_dataset **out, const char *path,
     rc = st_tokenizer_create_bytes(&bytes, err);
     tok = bytes;
   }
+  /* BPE's encoder indexes a text with int32 (st_tokenizer_encode): a
+   * corpus past that is refused here, naming it, before it is read and
+   * 4 bytes a byte are set aside for its ids */
+  struct stat sb;
+  if (!rc && st_tokenizer_vocab(tok) > 256 && stat(path, &sb) == 0 &&
+      sb.st_size >= INT32_MAX)
+    rc = st_error_set(err, ST_EDATA,
+                      "%s: %lld bytes; a BPE tokenizer encodes a corpus of "
+                      "at most %d bytes (split the corpus, or train on bytes)",
+                      path, (long long)sb.st_size, INT32_MAX - 1);
   if (!rc) rc = st_file_read(&text, &ds->n_bytes, path, err);
   if (rc) goto fail;
   if (ds->n_bytes == 0) {

@@ -11,6 +11,7 @@
 #include "harness.h"
 #include "strata.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -464,6 +465,18 @@ static void test_text_dataset(void) {
           "BPE dataset holds the encoded file, split at n_train");
     st_text_dataset_destroy(ds);
   }
+  /* a corpus of 2^31 bytes (sparse: nothing is written) is past what
+   * BPE's encoder indexes: refused naming the file, before it is read */
+  const char *big = tmp_path("big.txt");
+  int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  int sized = fd >= 0 && ftruncate(fd, (off_t)1 << 31) == 0;
+  if (fd >= 0) close(fd);
+  ds = NULL;
+  err.msg[0] = 0;
+  CHECK(sized && st_text_dataset_load(&ds, big, tok, 0.1, &err) == ST_EDATA &&
+            !ds && strstr(err.msg, big) && strstr(err.msg, "2147483648 bytes"),
+        "a 2 GiB corpus under BPE: %s", err.msg);
+  unlink(big);
   ds = NULL;
   CHECK(st_text_dataset_load(&ds, path, NULL, 0, &err) == 0 && ds &&
             ds->n_val == 0 && ds->n_train == N,
