@@ -128,7 +128,9 @@ int st_plan_measure(st_block_cost *out, const st_model *m, const st_config *cfg,
    * streaming can train is refused, not swapped through */
   double acts = 0;
   for (int i = 0; i < n; i++) acts += (double)m->blocks[i].act_per_sample;
-  double need = ((double)P * (2 + slots) +
+  /* (weights, gradients, the optimizer's slots and, with linear weight
+   * prediction, its predicted copy: `pred` below) */
+  double need = ((double)P * (2 + slots + st_plan_predicts(cfg)) +
                  (double)mb * (acts + 6.0 * (double)m->max_numel +
                                (double)m->max_scratch_per_sample)) *
                 sizeof(float);
