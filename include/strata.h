@@ -2204,6 +2204,8 @@ int st_checkpoint_load_blocks(const char *path, const st_model *m,
 int st_checkpoint_train_samples(const char *path, int64_t *n);
 /* The same for the tokenizer's CRC-32 a text run's checkpoint records. */
 int st_checkpoint_tokenizer_crc(const char *path, uint32_t *crc);
+/* The same for the training set's CRC-32 (st_train_pos.train_crc). */
+int st_checkpoint_train_crc(const char *path, uint32_t *crc);
 /* A sharded checkpoint (train.checkpoint_format: shards): a directory of
  * shards model-0000k-of-0000n.safetensors, each the tensors (weights and
  * optimizer state) of the blocks mine[i] marks, with the metadata of a
@@ -2363,6 +2365,8 @@ float *st_trainer_params(st_trainer *t);
 const st_train_pos *st_trainer_pos(const st_trainer *t);
 /* The samples (text: windows) of the training set the config selects. */
 int64_t st_trainer_train_samples(const st_trainer *t);
+/* Their CRC-32, as a checkpoint records it (st_train_pos.train_crc). */
+uint32_t st_trainer_train_crc(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */
 const st_noise_scale *st_trainer_noise(const st_trainer *t);
 int64_t st_trainer_total_steps(const st_trainer *t);

@@ -1209,6 +1209,20 @@ static int cmd_eval(int argc, char **argv) {
             "config.yaml\n",
             a.checkpoint, (long long)had, (long long)now,
             st_config_set_at(&cfg, "data.train_limit"));
+  /* as many samples, but other ones: its CRC-32 says so */
+  uint32_t had_crc, now_crc = st_trainer_train_crc(t);
+  if (!rc && cfg.data.normalize && strcmp(cfg.data.dataset, "text") != 0 &&
+      st_checkpoint_train_samples(a.checkpoint, &had) && had == now &&
+      st_checkpoint_train_crc(a.checkpoint, &had_crc) && had_crc != now_crc)
+    fprintf(stderr,
+            "strata: notice: %s was trained on %lld samples of CRC-32 %08x, "
+            "this config selects %lld of CRC-32 %08x (data.dataset, %s; "
+            "data.dir, %s): the images are standardised with other "
+            "statistics than in training; evaluate with the run's "
+            "config.yaml\n",
+            a.checkpoint, (long long)had, (unsigned)had_crc, (long long)now,
+            (unsigned)now_crc, st_config_set_at(&cfg, "data.dataset"),
+            st_config_set_at(&cfg, "data.dir"));
   if (!rc) rc = st_trainer_evaluate(t, &loss, &acc, &err);
   if (!rc && !strcmp(st_trainer_model(t)->kind, "gpt"))
     printf("validation loss %.4f, next-token accuracy %.4f (%s)\n", loss, acc,

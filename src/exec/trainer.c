@@ -1458,6 +1458,7 @@ int st_trainer_stages(const st_trainer *t) {
 float *st_trainer_params(st_trainer *t) { return t->params; }
 const st_train_pos *st_trainer_pos(const st_trainer *t) { return &t->pos; }
 int64_t st_trainer_train_samples(const st_trainer *t) { return t->n_train; }
+uint32_t st_trainer_train_crc(const st_trainer *t) { return t->train_crc; }
 int64_t st_trainer_total_steps(const st_trainer *t) { return t->total_steps; }
 const st_config *st_trainer_config(const st_trainer *t) { return &t->cfg; }
 const char *st_trainer_dir(const st_trainer *t) {

@@ -714,6 +714,16 @@ int st_checkpoint_tokenizer_crc(const char *path, uint32_t *crc) {
   return (int)has;
 }
 
+int st_checkpoint_train_crc(const char *path, uint32_t *crc) {
+  source src;
+  st_error ignored = {0};
+  uint32_t has = 0;
+  if (!source_open(&src, path, &ignored))
+    read_crc(src.parts[0], "train_crc", crc, &has, &ignored);
+  source_close(&src);
+  return (int)has;
+}
+
 int st_checkpoint_load_blocks(const char *path, const st_model *m,
                               float *params, float *opt_state,
                               const char *optim_kind, st_train_pos *pos,

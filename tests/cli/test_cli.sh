@@ -335,6 +335,12 @@ run eval "$fc" "${small[@]}" --set data.train_limit=256 --checkpoint "$checkpoin
 if [ "$rc" -eq 0 ] && grep -q "^strata: notice: .* was trained on 512 samples, this config selects 256 (data.train_limit, set by --set): the images are standardised with other statistics than in training" <<<"$err"; then pass; else
   fail "eval names a training set other than the checkpoint's" "rc=$rc" "$out" "$err"
 fi
+# as many samples as the weights saw, but other ones (another dataset):
+# other statistics too, said by the training set's CRC-32
+run eval "$fc" "${small[@]}" --set data.dataset=synthetic --checkpoint "$checkpoint"
+if [ "$rc" -eq 0 ] && grep -q "^strata: notice: .* was trained on 512 samples of CRC-32 [0-9a-f]\{8\}, this config selects 512 of CRC-32 [0-9a-f]\{8\} (data.dataset, set by --set; data.dir, set at [^)]*): the images are standardised with other statistics than in training" <<<"$err"; then pass; else
+  fail "eval names a training set of the same size but other samples" "rc=$rc" "$out" "$err"
+fi
 
 # a run's folder for a checkpoint: its newest (by step, not the first
 # listed): step 19 a stub that could not load, step 20 the run's
