@@ -70,6 +70,16 @@ static void apply(st_config *c, const candidate *k, int mb) {
   }
 }
 
+/* Whether micro-batches of mb (applied as apply() sets them) are a
+ * config `strata train` runs: a divisor of the batch and, with replicas
+ * (weight streaming drops them), of each replica's share of it. */
+static int splits(const st_config *cfg, const candidate *k, int mb,
+                  int applied) {
+  const int batch = cfg->train.batch;
+  int R = is_ws(k->mode) ? 1 : cfg->execution.replicas;
+  return batch % mb == 0 && (applied == 0 || R <= 1 || batch % (R * mb) == 0);
+}
+
 /* One candidate at the micro-batch the compiler picks (or the config's);
  * *why says how it was picked. The last failure's message stays in err. */
 static int plan_candidate(st_plan **out, const st_config *cfg,
@@ -88,7 +98,7 @@ static int plan_candidate(st_plan **out, const st_config *cfg,
     /* the whole batch if it fits, else the largest part of it that does */
     int rc = ST_EUNSUPPORTED;
     for (int mb = batch; mb >= 1; mb--) {
-      if (batch % mb) continue;
+      if (!splits(cfg, k, mb, mb == batch ? 0 : mb)) continue;
       apply(&c, k, mb == batch ? 0 : mb);
       st_error e = {0};
       rc = st_plan_compile(out, &c, stages, &e);
@@ -111,7 +121,7 @@ static int plan_candidate(st_plan **out, const st_config *cfg,
   double best = 0, rates[64];
   int best_mb = 0, n = 0, mbs[64];
   for (int mb = 1; mb <= batch && n < 64; mb++) {
-    if (batch % mb) continue;
+    if (!splits(cfg, k, mb, mb)) continue;
     st_plan *p;
     st_error e = {0};
     apply(&c, k, mb);

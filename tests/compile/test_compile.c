@@ -2290,6 +2290,49 @@ static void test_compile_plans_the_config(void) {
   CHECK(16 * N == 361758880.0, "16 N = %.0f", 16 * N); /* the comment's */
 }
 
+/* The micro-batch compile picks (execution.micro_batch: 0) is one `strata
+ * train` runs: with replicas each replica's share of the batch must be
+ * whole micro-batches. Batch 24 over 2 replicas is shares of 12; 8 divides
+ * the batch but not a share, and the config it names is refused. On cpu:4
+ * at 8 MB a PE the CNN's whole share did not fit and compile picked 8
+ * ("execution.micro_batch=8"), where 6 fits; each memory from 4 to 12 MB a
+ * PE is tried, in the sequential mode and in a 2-stage pipeline. */
+static void test_choose_splits_replicas(void) {
+  st_config base;
+  st_error err = {0};
+  CHECK(st_config_load(&base, "configs/cnn_fmnist.yaml", &err) == 0, "%s",
+        err.msg);
+  set(&base, "train.batch=24");
+  set(&base, "execution.replicas=2");
+  set(&base, "execution.micro_batch=0");
+  CHECK(st_fabric_parse(&base, "cpu:4", &err) == 0, "%s", err.msg);
+  for (int pipe = 0; pipe < 2; pipe++) {
+    int fits = 0;
+    for (int mb = 4; mb <= 12; mb++) {
+      st_config c = base;
+      if (pipe) {
+        set(&c, "execution.mode=pipeline");
+        set(&c, "execution.stages=2");
+      }
+      c.fabric.pe_memory = mb * 1e6;
+      st_plan *p = NULL;
+      st_config applied;
+      err = (st_error){0};
+      if (st_plan_choose(&p, &c, 0, NULL, &applied, &err)) continue;
+      fits++;
+      st_error why = {0};
+      CHECK(st_config_validate(&applied, &why) == 0,
+            "%s, %d MB a PE: compile picks micro-batches of %d (%s), which "
+            "the config refuses: %s",
+            pipe ? "pipeline" : "sequential", mb, applied.execution.micro_batch,
+            p->mode_why, why.msg);
+      st_plan_destroy(p);
+    }
+    CHECK(fits > 0, "%s: nothing fits from 4 to 12 MB a PE",
+          pipe ? "pipeline" : "sequential");
+  }
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -2326,5 +2369,6 @@ int main(void) {
   test_streaming_traffic();
   test_compile_plans_the_config();
   test_stages_by_rate();
+  test_choose_splits_replicas();
   TH_DONE();
 }
