@@ -939,7 +939,9 @@ static int cmd_train(int argc, char **argv) {
   if (speaks && rc != ST_EIO && !strcmp(cfg.execution.mode, "pipeline")) {
     char path[ST_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/schedule.svg", out);
-    int share = cfg.train.batch / cfg.execution.replicas;
+    /* a replica's share: over ranks data parallel, a rank's */
+    int share = cfg.train.batch /
+                (W > 1 && strcmp(cfg.execution.placement, "ranks") ? W : R);
     int mb = cfg.execution.micro_batch > 0 && cfg.execution.micro_batch < share
                  ? cfg.execution.micro_batch
                  : share;

@@ -1486,9 +1486,15 @@ double st_trainer_utilization(const st_trainer *t, double *bubble) {
   if (all) st_trainer_stats(t, all, n, &wall);
   for (int i = 0; all && i < n; i++) busy += all[i].busy_s;
   free(all);
+  /* the batch's shares: the replicas, or over ranks data parallel one a
+   * rank (execution.replicas 1 takes the ranks; n: this rank's tracks) */
+  int R = t->exec == &st_exec_ranks &&
+                  strcmp(t->cfg.execution.placement, "ranks") != 0
+              ? st_dist_size()
+              : t->cfg.execution.replicas,
+      S = st_trainer_stages(t);
   /* stages that run at once: every track, except that block_sequential's
    * segments take turns on the same cores */
-  int R = t->cfg.execution.replicas, S = st_trainer_stages(t);
   int at_once = n < R * S ? n : R * S;
   int share = t->batch / R,
       mb = t->micro_batch < share ? t->micro_batch : share;

@@ -5,7 +5,8 @@
 #  - data-parallel over 2 and 4 ranks gives the in-process replicas'
 #    checkpoint at the same R byte for byte: the MLP with dropout
 #    (sequential inside each rank), the CNN at 4 ranks, and the CNN with a
-#    gpipe and a 1f1b pipeline inside each rank;
+#    gpipe and a 1f1b pipeline inside each rank (whose schedule.svg and
+#    summary.json bubble are a rank's share's, as the replicas' are);
 #  - with execution.deterministic: false (MPI_Allreduce) 2 ranks still
 #    give the in-process replicas' bytes (a sum of two is order-free);
 #  - rank 0 alone prints: one summary, one progress stream;
@@ -113,6 +114,19 @@ for sched in gpipe 1f1b; do
   run_mpi 2 train "$cnn" "${small[@]}" "${pipe[@]}" --out "$T/p_m2_$sched"
   same "CNN, 2 ranks each running a $sched pipeline of 2 stages: the in-process replicas' checkpoint" \
     "$T/p_r2_$sched/$ck" "$T/p_m2_$sched/$ck"
+  # each rank runs its share, 16 samples in 4 micro-batches: the schedule
+  # drawn and the bubble in summary.json are the in-process replicas'
+  # (they were the whole batch's, 8 micro-batches, on the old code)
+  bub() { grep -o '"utilization_bubble": [0-9.]*' "$1/summary.json"; }
+  if [ "$rc" -eq 0 ] && cmp -s "$T/p_r2_$sched/schedule.svg" "$T/p_m2_$sched/schedule.svg" &&
+     grep -q "2 workers, 4 micro-batches" "$T/p_m2_$sched/schedule.svg" &&
+     [ -n "$(bub "$T/p_m2_$sched")" ] && [ "$(bub "$T/p_m2_$sched")" = "$(bub "$T/p_r2_$sched")" ]; then
+    pass
+  else
+    fail "2 ranks each running a $sched pipeline: a rank's 4 micro-batches in schedule.svg and summary.json" \
+      "$(grep -o '[a-z0-9]*: 2 workers, [0-9]* micro-batches' "$T/p_m2_$sched/schedule.svg")" \
+      "$(bub "$T/p_m2_$sched"), in-process $(bub "$T/p_r2_$sched")"
+  fi
 done
 
 run_mpi 2 train "$fc" "${small[@]}" --set model.dropout=0.1 --set execution.deterministic=false --out "$T/fc_nd"
