@@ -178,6 +178,19 @@ static int check_data(const st_trainer *t, st_error *err) {
   const st_config *c = &t->cfg;
   if (t->text) return 0; /* ids below the vocabulary: load_text */
   const st_dataset *sets[2] = {t->train, t->test};
+  /* IDX files by their paths under data.dir (a dataset keeps base names) */
+  const int idx = !strcmp(c->data.dataset, "fashion_mnist");
+  char img[2][ST_PATH_MAX + 64], lab[2][ST_PATH_MAX + 64];
+  for (int i = 0; i < 2; i++) {
+    const st_dataset *d = sets[i];
+    if (idx) {
+      st_data_idx_paths(c, i, img[i], lab[i], sizeof img[i]);
+      continue;
+    }
+    snprintf(img[i], sizeof img[i], "%s", d->name);
+    snprintf(lab[i], sizeof lab[i], "%s",
+             d->labels_name[0] ? d->labels_name : d->name);
+  }
   for (int i = 0; i < 2; i++) {
     const st_dataset *d = sets[i];
     if (d->classes <= c->model.classes) continue;
@@ -188,16 +201,14 @@ static int check_data(const st_trainer *t, st_error *err) {
                         "%s: model.classes: %d, but %s has labels up to %d "
                         "(the first past it: label %d of sample %d)",
                         st_config_where(c, "model.classes"), c->model.classes,
-                        d->labels_name[0] ? d->labels_name : d->name,
-                        d->classes - 1, d->labels[s], s);
+                        lab[i], d->classes - 1, d->labels[s], s);
   }
   st_shape a = t->train->shape, b = t->test->shape;
   if (a.c != b.c || a.h != b.h || a.w != b.w)
     return st_error_set(err, ST_EDATA,
                         "%s: test images are %dx%dx%d but the training "
                         "images (%s) are %dx%dx%d",
-                        t->test->name, b.c, b.h, b.w, t->train->name, a.c, a.h,
-                        a.w);
+                        img[1], b.c, b.h, b.w, img[0], a.c, a.h, a.w);
   return 0;
 }
 
