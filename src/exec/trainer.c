@@ -1366,7 +1366,9 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
     what = "training-set size",
     key = t->text ? "data.path, data.tokenizer, data.val_fraction or "
                     "data.train_limit"
-                  : "data.train_limit",
+          : !strcmp(t->cfg.data.dataset, "fashion_mnist")
+              ? "data.dataset, data.dir or data.train_limit"
+              : "data.dataset or data.train_limit",
     had = p->train_samples, now = t->n_train;
   else if (p->shuffle != t->cfg.data.shuffle)
     what = "shuffling", key = "data.shuffle", had = p->shuffle,

@@ -469,6 +469,10 @@ expect_error "test images of another size" \
 expect_error "resume under another seed" \
   "step-0*20\.safetensors: written with seed 42, the config \(train\.seed\) gives 7" \
   -- train "$fc" "${small[@]}" --set train.seed=7 --resume "$T/run"
+# another count of samples: the keys that choose them are named
+expect_error "resume on a training set of another size" \
+  "step-0*20\.safetensors: written with training-set size [0-9]+, the config \(data\.dataset, data\.dir or data\.train_limit\) gives 1000" \
+  -- train "$fc" "${small[@]}" --set data.train_limit=1000 --resume "$T/run"
 # the same number of samples, one label changed: other data
 mkdir -p "$T/relabeled"
 cp "$FM"/*.gz "$T/relabeled/"
