@@ -211,7 +211,8 @@ const st_config_key st_config_schema[] = {
     INT(execution, stages, "0",
         "pipeline: stages, contiguous runs of blocks cut by the compiler's "
         "plan (0 = the plan's choice, at most one per core); "
-        "block_sequential: stages inside each segment (0 = one per core); "
+        "block_sequential: stages inside each segment (0 = the plan's choice "
+        "for the segment, at most one per core); "
         "per_block = every block its own stage"),
     LIST(execution, stage_blocks, "[]",
          "pipeline, pipelined_backprop: how many blocks each stage holds, "
