@@ -181,7 +181,10 @@ static st_pool *create(int nthreads, int brief) {
     if (!p->blocks) goto fail;
     p->threads = st_alloc(sizeof(pthread_t) * (size_t)(nthreads - 1));
     p->workers = st_alloc(sizeof(worker) * (size_t)(nthreads - 1));
-    if (!p->threads || !p->workers) goto fail;
+    if (!p->threads || !p->workers) {
+      p->nthreads = 1; /* no thread started: destroy joins none */
+      goto fail;
+    }
     for (int i = 0; i < nthreads - 1; i++) {
       p->workers[i] = (worker){.pool = p, .index = i};
       if (pthread_create(&p->threads[i], NULL, worker_main, &p->workers[i]) !=
