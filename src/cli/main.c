@@ -570,8 +570,12 @@ static void print_stages(const st_trainer *t, const st_config *c,
   /* pipelined backprop's replay: the utilization its busy times allow */
   double busy = 0, bound = n > 0 ? st[0].bound_s : 0;
   for (int i = 0; i < n; i++) busy += st[i].busy_s;
-  /* each replica's stages see its share of the samples */
-  double per = (double)samples / c->execution.replicas;
+  /* each replica's stages see its share of the samples; over ranks data
+   * parallel (execution.replicas 1 takes the ranks) a rank's */
+  int shares = st_dist_size() > 1 && strcmp(c->execution.placement, "ranks")
+                   ? st_dist_size()
+                   : c->execution.replicas;
+  double per = (double)samples / shares;
   printf("strata: stage          blocks   busy   measured/sample   "
          "planned/sample\n");
   for (int i = 0; i < n; i++) {
@@ -620,9 +624,11 @@ static void print_stages(const st_trainer *t, const st_config *c,
     /* the closed forms hold for whole groups of S micro-batches
      * (interleaved) and for M >= S (zb1p); otherwise the figure is the
      * schedule's span on the emulated clock (st_schedule_formula) */
-    int mb = c->execution.micro_batch > 0 ? c->execution.micro_batch
-                                          : c->train.batch;
-    int M = mb > 0 ? c->train.batch / mb : 1;
+    int share = c->train.batch / shares;
+    int mb = c->execution.micro_batch > 0 && c->execution.micro_batch < share
+                 ? c->execution.micro_batch
+                 : share;
+    int M = mb > 0 ? share / mb : 1;
     const char *form = !strcmp(sched, "zb1p")
                            ? (M >= S ? "; (S-1)/3M of the ideal"
                                      : "; its span on the emulated clock, "

@@ -911,6 +911,19 @@ expect_error "gpt: heads must divide the width" "model.heads: 3 heads do not spl
   -- train "$fc" "${gpt[@]}" --set model.heads=3 --out "$T/o_gpt_heads"
 
 # --- 8c. the pipeline mode through the command ------------------------------
+# Replicas each run their share of the batch: at batch 2 over 2 replicas
+# of micro-batches of 1, each pipeline holds M = 1 < S = 2, and the bubble
+# line says which figure it gives (it took M from the whole batch).
+run train "$fc" --set data.dataset=synthetic --set data.train_limit=64 \
+  --set data.test_limit=32 --set train.steps=3 --set train.batch=2 \
+  --set execution.mode=pipeline --set execution.schedule=zb1p \
+  --set execution.stages=2 --set execution.replicas=2 \
+  --set execution.micro_batch=1 --set metrics.progress=off --out "$T/p_zbr"
+if [ "$rc" -eq 0 ] && grep -q "by zb1p's bubble at S = 2 (ops of equal cost; its span on the emulated clock, M < S)" <<<"$out"; then
+  pass
+else
+  fail "replicas: the bubble line counts a replica's micro-batches" "rc $rc" "$out" "$err"
+fi
 # Three stages, four micro-batches: the same checkpoint, byte for byte, as
 # the sequential mode at the same split; and the plan has the run's stages.
 pipe_args=(--set data.train_limit=512 --set data.test_limit=64 --set train.steps=12
