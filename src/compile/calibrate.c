@@ -45,6 +45,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -2097,11 +2098,23 @@ int st_calibration_read(st_calibration *c, const char *path, st_error *err) {
   if (!f)
     return st_error_set(err, ST_EIO, "%s: cannot open calibration profile: %s",
                         path, strerror(errno));
+  /* a folder opens, and reads as nothing (EISDIR): said as what it is,
+   * not as a file without the format's name */
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    fclose(f);
+    return bad(err, path,
+               S_ISDIR(sb.st_mode) ? "a folder, not a file" : "not a file");
+  }
   char text[16384];
   size_t n = fread(text, 1, sizeof text - 1, f);
   int too_long = n == sizeof text - 1 && fgetc(f) != EOF;
+  int failed = ferror(f), why = errno;
   fclose(f);
   text[n] = '\0';
+  if (failed)
+    return st_error_set(err, ST_EIO, "%s: cannot read calibration profile: %s",
+                        path, strerror(why));
   if (too_long) return bad(err, path, "longer than 16 KB");
   if (strlen(text) != n) return bad(err, path, "binary data (NUL bytes)");
   return parse(c, text, path, err);

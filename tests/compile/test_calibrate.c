@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char dir[64];
@@ -21,7 +22,7 @@ static void path_in(char *buf, size_t cap, const char *name) {
   snprintf(buf, cap, "%s/%s", dir, name);
 }
 
-/* A profile with round figures (exact in the file's %.6g). */
+/* A profile with round figures. */
 static st_calibration sample_profile(void) {
   st_calibration c;
   memset(&c, 0, sizeof c);
@@ -648,6 +649,16 @@ static void test_bad_profiles(void) {
   expect_bad("foreign.json", "{\"format\": \"strata-plan\", \"version\": 1}",
              "not a strata calibration profile");
   expect_bad("empty.json", "", "not a strata calibration profile");
+  /* STRATA_CALIBRATION naming a folder: said so, not "no format" */
+  char folder[128];
+  path_in(folder, sizeof folder, "a_folder");
+  mkdir(folder, 0700);
+  st_calibration back;
+  err.msg[0] = 0;
+  CHECK(st_calibration_read(&back, folder, &err) != 0 &&
+            strstr(err.msg, folder) && strstr(err.msg, "a folder, not a file"),
+        "a folder as the profile: '%s'", err.msg);
+  rmdir(folder);
   char edited[4096];
   /* a future version */
   snprintf(edited, sizeof edited, "%s", text);
