@@ -2587,11 +2587,13 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
  * DIR/results.md (settings and the comparison table), DIR/results.csv (one
  * row per run) and DIR/curves.svg (mean test accuracy against samples
  * seen, one line per variant). Every config is checked before any run
- * starts. A run whose training loss turns non-finite is recorded as
- * diverged; any other error starts no further run, lets the running ones
- * finish and returns the error of the first failed run in (variant, seed)
- * order. Every number but the measured speeds (samples/s, seconds)
- * depends only on the config, seeds and points: not on jobs or timing. */
+ * starts. A run whose training loss turns non-finite, or whose test loss
+ * is non-finite at an evaluation (an update after the last checked loss
+ * diverged), is recorded as diverged; any other error starts no further run,
+ * lets the running ones finish and returns the error of the first failed run in
+ * (variant, seed) order. Every number but the measured speeds (samples/s,
+ * seconds) depends only on the config, seeds and points: not on jobs or timing.
+ */
 int st_experiment_pb(const st_experiment_options *o, const st_config *base,
                      st_error *err);
 

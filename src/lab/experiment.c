@@ -43,7 +43,8 @@ static const char *const variants[ST_EXPERIMENT_PB_VARIANTS] = {
  * evaluation point; accuracy is NaN at the points after a divergence. */
 typedef struct run {
   int64_t steps;        /* the run's total steps */
-  int64_t diverged_at;  /* step whose training loss was non-finite; 0: none */
+  int64_t diverged_at;  /* step whose training loss, or test loss after
+                           it, was non-finite; 0: none */
   double accuracy;      /* test accuracy at the last point; NaN: diverged */
   double final_loss;    /* mean step loss over the last 10% of steps */
   double samples_per_s; /* samples / seconds inside st_trainer_step */
@@ -153,8 +154,8 @@ static int64_t point_step(int i, int n, int64_t total) {
   return (int64_t)(i + 1) * total / n;
 }
 
-/* One run from scratch. A non-finite training loss ends it as diverged;
- * any other error is returned. */
+/* One run from scratch. A non-finite training loss, or test loss, ends it
+ * as diverged; any other error is returned. */
 static int run_one(const st_config *c, int points, run *r, st_error *err) {
   double t0 = st_now();
   *r = (run){.accuracy = NAN, .final_loss = NAN};
@@ -210,6 +211,13 @@ static int run_one(const st_config *c, int points, run *r, st_error *err) {
     if (step != point_step(next, r->points, r->steps)) continue;
     double test_loss, acc;
     if ((rc = st_trainer_evaluate(t, &test_loss, &acc, err))) break;
+    /* an update after the last checked training loss left the weights
+     * non-finite (strata train stops there too): the accuracy NaN logits
+     * score is no result */
+    if (!isfinite(test_loss)) {
+      r->diverged_at = step;
+      break;
+    }
     r->curve[2 * next] = (double)st_trainer_pos(t)->samples;
     r->curve[2 * next + 1] = acc;
     next++;
@@ -499,7 +507,8 @@ static int write_report(const st_experiment_options *o, const st_config *base,
           "this machine, not a pipeline's speed.\n",
           o->jobs, o->jobs == 1 ? "" : "s");
   if (any_diverged)
-    fprintf(f, "\nA diverged run's training loss turned non-finite; it is "
+    fprintf(f, "\nA diverged run's training loss (or the test loss after "
+               "its last updates) turned non-finite; it is "
                "left out of the accuracy and loss columns (results.csv has "
                "nan) and its curve ends there.\n");
   fprintf(f, "\nFiles: results.csv (every run), curves.svg (mean test "

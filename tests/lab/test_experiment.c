@@ -467,6 +467,24 @@ static void test_divergence(const st_config *base, const char *root) {
   /* a diverged run's speed counts: with every run diverged the mean is
    * still theirs, not 0 or a division by no finished run */
   check_speed_column(dir, 1);
+  /* One step: its training loss is the initial weights' (finite), and the
+   * update after it leaves the weights non-finite. The test loss says so,
+   * as it does in strata train; the baseline is diverged, not a run with
+   * the accuracy NaN logits happen to score. */
+  snprintf(dir, sizeof dir, "%s/diverged_last", root);
+  c.train.steps = 1;
+  c.optimizer.lr = 1e30f;
+  o = options(dir, 1, 1);
+  CHECK(st_experiment_pb(&o, &c, &err) == 0, "%s", err.msg);
+  csv = slurp(dir, "results.csv"), md = slurp(dir, "results.md");
+  CHECK(csv && strstr(csv, "\nbaseline,42,nan,nan,"),
+        "baseline with non-finite weights after its last update not "
+        "diverged: %s",
+        csv ? csv : "(none)");
+  CHECK(md && strstr(md, "| baseline | diverged |"),
+        "results.md: baseline with non-finite weights not diverged");
+  free(csv);
+  free(md);
 }
 
 static void test_errors(const st_config *base, const char *root) {
