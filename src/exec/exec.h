@@ -361,6 +361,9 @@ void st_trainer_memory(const st_trainer *t, st_rank_memory *out);
  * st_trainer_save is then collective, every rank calling it, path NULL on
  * all but rank 0, which writes the file. */
 int st_trainer_saves_together(const st_trainer *t);
+/* ST_ENONFINITE, naming the tensor and element, when a weight this rank
+ * keeps is NaN or infinite: a checkpoint of it would not load. */
+int st_trainer_check_finite(const st_trainer *t, st_error *err);
 /* A sharded checkpoint into the directory dir (train.checkpoint_format:
  * shards): a shard per rank holding stages (one in one process) and the
  * index; collective as st_trainer_save. */

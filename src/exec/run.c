@@ -234,6 +234,11 @@ static int checkpoint(run_state *r, st_error *err) {
   /* A store that keeps the weights commits every step: it is the
    * checkpoint (wait for its last commit). */
   if (st_trainer_store(r->t)) return st_trainer_sync(r->t, err);
+  /* Weights can turn NaN while every loss stays finite (a relu maps a NaN
+   * to 0): such a checkpoint would not load, and pruning would drop the
+   * good ones before it. */
+  int rc = st_trainer_check_finite(r->t, err);
+  if (rc) return rc;
   /* stages over ranks: every rank sends its own to rank 0, which writes
    * (or writes its own shard) */
   int shards = !strcmp(r->cfg->train.checkpoint_format, "shards");
@@ -241,7 +246,6 @@ static int checkpoint(run_state *r, st_error *err) {
     return !st_trainer_saves_together(r->t) ? 0
            : shards ? st_trainer_save_shards(r->t, NULL, err)
                     : st_trainer_save(r->t, NULL, err);
-  int rc;
   const st_train_pos *p = st_trainer_pos(r->t);
   char path[ST_PATH_MAX + 64];
   st_run_checkpoint_dir(r->dir, p->step, path, sizeof path);

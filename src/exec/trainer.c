@@ -1281,6 +1281,27 @@ int st_trainer_sync(st_trainer *t, st_error *err) {
 
 int st_trainer_saves_together(const st_trainer *t) { return t->mine != NULL; }
 
+int st_trainer_check_finite(const st_trainer *t, st_error *err) {
+  const st_model *m = t->model;
+  for (int i = 0; t->params && i < m->n_blocks; i++) {
+    const st_block *b = &m->blocks[i];
+    for (int k = 0; (!t->mine || t->mine[i]) && k < b->n_tensors; k++) {
+      const st_tensor_info *ti = &b->tensors[k];
+      const float *w = t->params + b->param_off + ti->offset;
+      for (size_t j = 0; j < ti->numel; j++)
+        if (!isfinite(w[j]))
+          return st_error_set(
+              err, ST_ENONFINITE,
+              "step %lld: tensor '%s' holds %s at element %zu: the model "
+              "diverged though its losses stayed finite; stopped, no "
+              "checkpoint written — lower optimizer.lr",
+              (long long)t->pos.step, ti->name,
+              isnan(w[j]) ? "NaN" : "an infinity", j);
+    }
+  }
+  return 0;
+}
+
 int st_trainer_finish(st_trainer *t, st_error *err) {
   if (t->pending) return in_flight(err);
   return t->exec->finish ? t->exec->finish(t->exec_state, err) : 0;

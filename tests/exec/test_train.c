@@ -10,7 +10,9 @@
  *    gives exactly the weights of computing gradients and then updating;
  *  - the loss a step reports is the whole batch's mean, in micro-batches
  *    too; a step stopped by a non-finite loss leaves no partial gradient
- *    (sequential and a 1f1b pipeline, reloaded and stepped again).
+ *    (sequential and a 1f1b pipeline, reloaded and stepped again);
+ *  - a run whose weights hold a NaN while its losses stay finite writes no
+ *    checkpoint of them.
  */
 #include "harness.h"
 #include "strata.h"
@@ -332,6 +334,37 @@ static void test_refusals(const st_config *base) {
   st_trainer_destroy(a);
 }
 
+/* A NaN weight whose unit a relu zeroes leaves every loss finite: the run
+ * must still refuse to checkpoint it (its resume would refuse the file),
+ * naming the tensor, and write no checkpoint. */
+static void test_nan_weight_run(const char *what, st_config c) {
+  char dir[] = "/tmp/strata-nanw-XXXXXX", cmd[64];
+  if (!mkdtemp(dir)) {
+    CHECK(0, "%s: mkdtemp", what);
+    return;
+  }
+  c.train.steps = 3;
+  st_error err = {0};
+  st_trainer *t = NULL;
+  int rc = st_trainer_create(&t, &c, dir, &err);
+  CHECK(rc == 0, "%s: trainer: %s", what, err.msg);
+  if (t) {
+    st_trainer_params(t)[0] = NAN; /* blocks.0's first weight */
+    rc = st_trainer_run(t, &err);
+    CHECK(rc == ST_ENONFINITE && strstr(err.msg, "'blocks.0.linear0.weight'") &&
+              strstr(err.msg, "NaN at element 0") &&
+              strstr(err.msg, "no checkpoint written"),
+          "%s: a NaN weight was not refused: rc %d, %s", what, rc, err.msg);
+    int64_t *ck = NULL;
+    int n = st_run_checkpoints(dir, &ck, &err);
+    CHECK(n == 0, "%s: %d checkpoint(s) of a NaN weight written", what, n);
+    free(ck);
+    st_trainer_destroy(t);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0, "%s: %s", what, cmd);
+}
+
 int main(void) {
   st_blas_init();
   st_config cnn, mlp;
@@ -358,6 +391,8 @@ int main(void) {
   snprintf(p1.execution.schedule, sizeof p1.execution.schedule, "1f1b");
   p1.execution.stages = 2;
   test_nan_clears("mlp pipeline 1f1b", p1);
+  test_nan_weight_run("mlp sequential", mlp);
+  test_nan_weight_run("mlp pipeline 1f1b", p1);
   st_config ln = mlp;
   snprintf(ln.model.norm, sizeof ln.model.norm, "layernorm");
   ln.optimizer.weight_decay = 0.01f;
