@@ -418,8 +418,9 @@ static int write_summary(run_state *r, st_error *err) {
 /* The log a resumed run appends to: its whole lines up to the step resumed
  * from. A line cut short (a full disk, a kill) and the lines of steps past
  * the checkpoint (logged before a later checkpoint failed, or a kill) go,
- * so the log reads as one run's. */
-static void trim_log(const char *path, int64_t step) {
+ * so the log reads as one run's. An evaluation logged at that step is the
+ * run's (r->evaluated_at): the run's end does not make it again. */
+static void trim_log(run_state *r, const char *path, int64_t step) {
   FILE *f = fopen(path, "r+");
   if (!f) return;
   char *line = NULL;
@@ -431,6 +432,14 @@ static void trim_log(const char *path, int64_t step) {
     const char *at = strstr(line, "\"step\":");
     if (at && strtoll(at + 7, NULL, 10) > step) break;
     keep += (long)n;
+    const char *tl = strstr(line, "\"test_loss\":"),
+               *ta = strstr(line, "\"test_accuracy\":");
+    if (at && strtoll(at + 7, NULL, 10) == step && tl && ta &&
+        strstr(line, "\"type\":\"eval\"")) {
+      r->evaluated_at = step;
+      r->test_loss = strtod(tl + 12, NULL);
+      r->test_acc = strtod(ta + 16, NULL);
+    }
   }
   free(line);
   if (fseek(f, 0, SEEK_END) == 0 && ftell(f) > keep)
@@ -446,7 +455,7 @@ static int open_outputs(run_state *r, st_error *err) {
   snprintf(path, sizeof path, "%s/metrics.jsonl", r->dir);
   int64_t at = st_trainer_pos(r->t)->step;
   int resumed = at > 0;
-  if (resumed) trim_log(path, at);
+  if (resumed) trim_log(r, path, at);
   r->metrics = fopen(path, resumed ? "a" : "w");
   if (!r->metrics)
     return st_error_set(err, ST_EIO, "%s: cannot write: %s", path,
@@ -533,6 +542,11 @@ int st_trainer_run(st_trainer *t, st_error *err) {
   r.samples0 = st_trainer_pos(t)->samples;
   stopped_by = 0;
   int rc = open_outputs(&r, err);
+  /* rank 0's log decides whether the run's end evaluates: over ranks the
+   * evaluation is every rank's */
+  int logged = r.evaluated_at >= 0;
+  if (!rc && st_dist_size() > 1 && !(rc = st_dist_max(&logged, err)) && logged)
+    r.evaluated_at = r.step0;
   if (!rc) rc = loop(&r, err);
   if (!rc && r.window_n) rc = log_train(&r, err);
   if (!rc) progress(&r, 1);

@@ -107,6 +107,12 @@ if [ "$rc" -eq 0 ] && ! grep -q "nothing to train" <<<"$out" &&
    grep -q '"evaluated_at_step": 20' "$T/nosum/summary.json"; then pass; else
   fail "a run at its last step without a summary gets one on resume" "rc $rc" "$out" "$err"
 fi
+# its final evaluation was logged before the kill: the log is not given it
+# twice, and the summary holds its figures
+if [ "$rc" -eq 0 ] && cmp -s "$T/first/metrics.jsonl" "$T/nosum/metrics.jsonl" &&
+   [ "$(grep '"test_' "$T/first/summary.json")" = "$(grep '"test_' "$T/nosum/summary.json")" ]; then pass; else
+  fail "a resume at the last step logs no second evaluation" "$(diff "$T/first/metrics.jsonl" "$T/nosum/metrics.jsonl")"
+fi
 # it took no step, so it measured no rate (not "0 samples/s")
 if grep -q "training rate: not measured (no step in this run), plan predicted" <<<"$out" &&
    ! grep -q "measured 0 samples/s" <<<"$out"; then pass; else
