@@ -540,6 +540,9 @@ int st_trainer_run(st_trainer *t, st_error *err) {
                  r.dir);
   }
   r.samples0 = st_trainer_pos(t)->samples;
+  /* the stop the last run made is spent (one asked since, or before the
+   * first run, stands) */
+  if (stopped_by) atomic_store(&stop_asked, 0);
   stopped_by = 0;
   int rc = open_outputs(&r, err);
   /* rank 0's log decides whether the run's end evaluates: over ranks the

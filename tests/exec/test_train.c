@@ -12,7 +12,8 @@
  *    too; a step stopped by a non-finite loss leaves no partial gradient
  *    (sequential and a 1f1b pipeline, reloaded and stepped again);
  *  - a run whose weights hold a NaN while its losses stay finite writes no
- *    checkpoint of them.
+ *    checkpoint of them;
+ *  - a stop asked for ends one run, not the next.
  */
 #include "harness.h"
 #include "strata.h"
@@ -365,6 +366,27 @@ static void test_nan_weight_run(const char *what, st_config c) {
   CHECK(system(cmd) == 0, "%s: %s", what, cmd);
 }
 
+/* A stop asked for (a signal) ends the run it reaches, not the next one a
+ * library user starts in the same process. */
+static void test_stop_spent(const char *what, st_config c) {
+  c.train.steps = 3;
+  st_error err = {0};
+  st_run_request_stop(SIGINT);
+  for (int k = 0; k < 2; k++) {
+    st_trainer *t = make(&c);
+    if (!t) return;
+    int rc = st_trainer_run(t, &err);
+    int64_t want = k ? 3 : 0;
+    CHECK(rc == 0 && st_trainer_pos(t)->step == want &&
+              st_run_stopped_by() == (k ? 0 : SIGINT),
+          "%s: run %d: rc %d (%s), stopped at step %lld by %d, want step "
+          "%lld",
+          what, k + 1, rc, err.msg, (long long)st_trainer_pos(t)->step,
+          st_run_stopped_by(), (long long)want);
+    st_trainer_destroy(t);
+  }
+}
+
 int main(void) {
   st_blas_init();
   st_config cnn, mlp;
@@ -393,6 +415,7 @@ int main(void) {
   test_nan_clears("mlp pipeline 1f1b", p1);
   test_nan_weight_run("mlp sequential", mlp);
   test_nan_weight_run("mlp pipeline 1f1b", p1);
+  test_stop_spent("mlp sequential", mlp);
   st_config ln = mlp;
   snprintf(ln.model.norm, sizeof ln.model.norm, "layernorm");
   ln.optimizer.weight_decay = 0.01f;
