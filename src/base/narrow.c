@@ -177,7 +177,7 @@ INLINE float finish(int how, float x, float alpha, float beta, const float *c,
   float y = how == SET   ? alpha * x
             : how == ADD ? *c + x
                          : fma1(alpha, x, beta * *c);
-  return relu && !(y > 0.0f) ? 0.0f : y;
+  return relu && y <= 0.0f ? 0.0f : y; /* a NaN kept: st_relu_forward */
 }
 
 /* Integers of vf's width: a lane-wise compare's mask. */
@@ -192,8 +192,9 @@ INLINE vf finish_v(int how, vf x, float alpha, float beta, const float *c,
     y = load(c) + x;
   else
     y = vfma(splat(alpha), x, splat(beta) * load(c));
-  /* y where y > 0, else +0 (a false compare's lanes are all zero bits) */
-  return relu ? (vf)((vfm)(y > splat(0.0f)) & (vfm)y) : y;
+  /* +0 where y <= 0, else y (a NaN kept: st_relu_forward); a true
+   * compare's lanes are all one bits */
+  return relu ? (vf)(~(vfm)(y <= splat(0.0f)) & (vfm)y) : y;
 }
 
 typedef struct narrow_job {

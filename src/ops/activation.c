@@ -7,13 +7,17 @@
 
 #include <math.h>
 
+/* relu(x) = max(x, 0), a NaN kept (as PyTorch's): a NaN mapped to 0 let
+ * weights turn NaN behind finite losses, so no check saw the divergence.
+ * -0 gives +0. Its gradient passes where the output is not <= 0 (a NaN's
+ * too, as PyTorch's threshold_backward). */
 void st_relu_forward(float *out, const float *in, size_t n) {
-  for (size_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+  for (size_t i = 0; i < n; i++) out[i] = in[i] <= 0.0f ? 0.0f : in[i];
 }
 
 void st_relu_backward(float *din, const float *dout, const float *out,
                       size_t n) {
-  for (size_t i = 0; i < n; i++) din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+  for (size_t i = 0; i < n; i++) din[i] = out[i] <= 0.0f ? 0.0f : dout[i];
 }
 
 /* GELU (Hendrycks & Gimpel 2016). Exact: x * Phi(x), Phi the normal CDF;

@@ -186,6 +186,16 @@ static void test_relu(void) {
   /* relu is exact: max(x, 0) and a copy or a zero of dout. */
   CHECK_CLOSE("relu out", out, fx(st, "relu", "out", n), n, 0.0, 1e-30);
   CHECK_CLOSE("relu din", din, fx(st, "relu", "din", n), n, 0.0, 1e-30);
+  /* a NaN stays NaN and passes its gradient, as PyTorch's relu and
+   * threshold_backward do (mapped to 0, weights went NaN behind finite
+   * losses); -0 gives +0 */
+  float x[3] = {NAN, -0.0f, -1.0f}, y[3], g[3] = {2, 3, 4}, dx[3];
+  st_relu_forward(y, x, 3);
+  st_relu_backward(dx, g, y, 3);
+  CHECK(isnan(y[0]) && y[1] == 0 && !signbit(y[1]) && y[2] == 0 && dx[0] == 2 &&
+            dx[1] == 0 && dx[2] == 0,
+        "relu of NaN, -0, -1: %g %g %g, gradients %g %g %g", y[0], y[1], y[2],
+        dx[0], dx[1], dx[2]);
   release_all();
   st_safetensors_destroy(st);
 }
