@@ -16,6 +16,10 @@
  * M x N window is written (leading dimensions padded with a sentinel); the
  * result is bitwise the same on pools of 1, 2 and 3 threads and none.
  * st_gemm_bias equals filling C with the bias and adding, bit for bit.
+ * A sweep of random small shapes (every transpose pair, M, N and K from 0
+ * or 1 up, leading dimensions from tight to 40 floats past the width,
+ * alpha 0 and not, beta 0 with NaN in C) holds the same checks on pools
+ * of 1, 2, 3 and 5 threads, with a bias and a relu too.
  * Where the target has FMA, the axpy and packed kernels give each element
  * exactly one fmaf chain over k in order from 0 (then C's term), as
  * narrow.c's header says: so their vector width and register blocks
@@ -295,6 +299,33 @@ static void run_relu(const shape *s, st_pool **pools, int npools) {
     }
   }
   operands_free(&o);
+}
+
+/* Random small shapes against the double reference (run, run_bias and
+ * run_relu), on pools of 1, 2, 3 and 5 threads: whichever path each lands
+ * on (one row, dot, axpy, packed, the BLAS's tiles), odd sizes and tails
+ * of every kernel's blocks, K 0 and 1, rows padded or not. */
+static void run_sweep(st_pool **pools, int npools) {
+  const float alphas[] = {1.0f, 0.5f, 0.0f, -2.0f},
+              betas[] = {0.0f, 1.0f, -0.75f};
+  for (int i = 0; i < 300; i++) {
+    uint32_t r = (uint32_t)(rng_state >> 11);
+    uniform();
+    shape s = {(int)(r & 1),           (int)(r >> 1 & 1),
+               1 + (int)(r >> 2) % 40, 1 + (int)(r >> 8) % 70,
+               (int)(r >> 15) % 90,    "random"};
+    if (i % 10 == 0) s.M = 1 + i / 10 % 2; /* one row or two */
+    if (i % 8 == 1) s.K = i / 8 % 3;       /* K 0, 1 or 2 */
+    if (i % 16 == 2) s.N = 1;              /* one column */
+    int pad = i % 3 ? (int)(r >> 22) % 40 : 0;
+    if (s.K == 0 && pad == 0) pad = 1; /* lda >= 1, as the BLAS asks */
+    float alpha = alphas[(r >> 28) % 4], beta = betas[(r >> 30) % 3];
+    run(&s, pad, alpha, beta, beta == 0.0f && (r >> 29 & 1), pools, npools);
+    if (s.K > 0 && i % 4 == 0) {
+      run_bias(&s, pools, npools);
+      run_relu(&s, pools, npools);
+    }
+  }
 }
 
 #if defined(__FMA__)
@@ -645,6 +676,12 @@ int main(void) {
   }
   for (int i = 0; i < n; i++) run_bias(&shapes[i], pools, 4);
   for (int i = 0; i < n; i++) run_relu(&shapes[i], pools, 4);
+  {
+    st_pool *five = st_pool_create(5);
+    st_pool *sweep_pools[5] = {NULL, pools[1], pools[2], pools[3], five};
+    run_sweep(sweep_pools, 5);
+    st_pool_destroy(five);
+  }
 #if defined(__FMA__)
   for (int i = 0; i < n; i++) {
     const shape *s = &shapes[i];
