@@ -8,14 +8,15 @@
  * odd K's last pair padded with zeros), and element (i, j) starts from
  * beta * C (from 0 when beta is 0) and takes, pair by pair in order of p,
  *     c = fma(a(i,2p+1), b(2p+1,j), c);  c = fma(a(i,2p), b(2p,j), c)
- * — the odd product first — then c * alpha at the end. That is what one
- * AVX512-BF16 VDPBF16PS lane does per pair (Intel SDM; checked on Zen 4
- * against 3.2 million random lanes, and VCVTNEPS2BF16 against every fp32
- * bit pattern: subnormal inputs become zeros, the rest matches
- * st_bf16_from), each product of two bf16 values being exact in fp32. The
- * instruction flushes as FTZ/DAZ do, so the emulated path equals it where
- * train.flush_subnormals is on (the default); with subnormals kept the two
- * may differ on products near FLT_MIN.
+ * — the odd product first — then c * alpha at the end where alpha is not 1
+ * (beta 0; with both, the sum starts from 0 and C = alpha c + beta C). That is
+ * what one AVX512-BF16 VDPBF16PS lane does per pair (Intel SDM; checked on Zen
+ * 4 against 3.2 million random lanes, and VCVTNEPS2BF16 against every fp32 bit
+ * pattern: subnormal inputs become zeros, the rest matches st_bf16_from), each
+ * product of two bf16 values being exact in fp32. The instruction flushes as
+ * FTZ/DAZ do, so the emulated path equals it where train.flush_subnormals is on
+ * (the default); with subnormals kept the two may differ on products near
+ * FLT_MIN.
  *
  * Every element is one chain in a fixed order, whatever the tiling, so the
  * result depends on the values and K alone: not on the thread count, nor on
