@@ -239,12 +239,13 @@ int st_inspect_against(const char *path, const char *other, FILE *f,
       double x = element(a->data + t->begin, t->dtype, k),
              y = element(b->data + u->begin, u->dtype, k);
       double d = fabs(x - y), m = fmax(fabs(x), fabs(y));
-      if (!(d <= most)) most = d; /* a NaN in either counts as the most */
+      /* a NaN in either counts as the most, and stays the most */
+      if (!isnan(most) && !(d <= most)) most = d;
       if (m > 0 && d / m > rel) rel = d / m;
     }
     fprintf(f, "  %-44s max |a - b| %-12.5g max relative %.5g\n", t->name, most,
             rel);
-    if (!(most <= worst_abs) || !worst_name)
+    if (!worst_name || (!isnan(worst_abs) && !(most <= worst_abs)))
       worst_abs = most, worst_name = t->name;
     if (rel > worst_rel) worst_rel = rel;
   }

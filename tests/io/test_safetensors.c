@@ -1046,6 +1046,42 @@ static void test_inspect(void) {
   free(text);
 }
 
+/* --against: a NaN difference is the largest, wherever it falls: in a
+ * tensor before elements that agree, and in a tensor before others that
+ * agree (a NaN compares false with everything, so `d > most` alone never
+ * keeps it, and `!(d <= most)` lets the next finite one replace it). */
+static void test_inspect_against(void) {
+  const char *pa = in_dir("against_a.safetensors");
+  const char *pb = in_dir("against_b.safetensors");
+  float a_early[3] = {NAN, 1, 2}, b_early[3] = {0, 1, 2};
+  float a_rest[2] = {5, 6}, b_rest[2] = {5, 7};
+  int64_t d3[1] = {3}, d2[1] = {2};
+  st_error err = {0};
+  for (int i = 0; i < 2; i++) {
+    st_st_writer *w = st_st_writer_create();
+    st_st_writer_add(w, "a.early", "F32", 1, d3, i ? b_early : a_early, &err);
+    st_st_writer_add(w, "b.rest", "F32", 1, d2, i ? b_rest : a_rest, &err);
+    int rc = st_st_writer_write(w, i ? pb : pa, &err);
+    st_st_writer_destroy(w);
+    CHECK(rc == 0, "against: write: %s", err.msg);
+  }
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  int rc = st_inspect_against(pa, pb, f, &err);
+  fclose(f);
+  CHECK(rc == 0, "against: %s", err.msg);
+  CHECK(text && contains(text, "a.early") &&
+            contains(strstr(text, "a.early"), "max |a - b| nan"),
+        "against: the NaN in a.early is not its largest difference:\n%s",
+        text ? text : "");
+  CHECK(text && contains(text, "largest difference nan (a.early)"),
+        "against: the NaN is not the largest of all:\n%s", text ? text : "");
+  free(text);
+  unlink(pa);
+  unlink(pb);
+}
+
 /* ------------------------------------------------------------ cleanup */
 
 static void remove_dir(void) {
@@ -1320,6 +1356,7 @@ int main(void) {
   test_atomic();
   test_checkpoint();
   test_inspect();
+  test_inspect_against();
   test_strict();
   test_bounds();
   test_float8();
