@@ -65,17 +65,13 @@ const char *st_plan_fmt_time(char *buf, size_t cap, double s) {
   return buf;
 }
 
+/* v with an SI prefix, to three significant digits ("51.2 k", "90 G"):
+ * the unit follows. A figure that rounds to 1000 takes the next prefix. */
 static const char *rate_text(char *buf, size_t cap, double v) {
-  if (v >= 1e15)
-    snprintf(buf, cap, "%.3g P", v / 1e15);
-  else if (v >= 1e12)
-    snprintf(buf, cap, "%.3g T", v / 1e12);
-  else if (v >= 1e9)
-    snprintf(buf, cap, "%.3g G", v / 1e9);
-  else if (v >= 1e6)
-    snprintf(buf, cap, "%.3g M", v / 1e6);
-  else
-    snprintf(buf, cap, "%.3g ", v);
+  static const char *prefix[] = {"", "k", "M", "G", "T", "P"};
+  int u = 0;
+  while (v >= 999.5 && u < 5) v /= 1000, u++;
+  snprintf(buf, cap, "%.3g %s", v, prefix[u]);
   return buf;
 }
 

@@ -2333,6 +2333,58 @@ static void test_choose_splits_replicas(void) {
   }
 }
 
+/* Whether a FLOP or FLOP/s figure of text is written with an exponent
+ * ("5.12e+04 FLOP", "1e+03 MFLOP/s"). */
+static int flop_exponent(const char *text) {
+  for (const char *at = strstr(text, "FLOP"); at; at = strstr(at + 1, "FLOP")) {
+    const char *c = at;
+    while (c > text && c[-1] != ' ') c--; /* the unit's prefix: k, M, G */
+    if (c > text) c--;                    /* the space before it */
+    while (c > text && c[-1] != ' ') c--; /* the number */
+    if (memchr(c, 'e', (size_t)(at - c))) return 1;
+  }
+  return 0;
+}
+
+/* The report's figures in SI units, never in exponent notation: a model
+ * of 51.2 kFLOP a sample and a fabric of 50 kFLOP/s a core read so, as the
+ * GFLOP/s and MFLOP ones do ("5.12e+04 FLOP" below 1e6), and a figure
+ * that rounds to 1000 of a unit reads as 1 of the next. */
+static void test_report_flop_units(void) {
+  st_fabric f = cpu_fabric(1, 1e9);
+  f.pe_flops = 50e3;
+  st_block_cost b;
+  memset(&b, 0, sizeof b);
+  snprintf(b.name, sizeof b.name, "blocks.0");
+  b.flops_fwd = 17.2e3, b.flops_bwd = 34e3; /* 51.2 kFLOP */
+  b.param_bytes = 1e3, b.state_bytes = 2e3, b.act_bytes = 1e2;
+  b.in_bytes = b.out_bytes = 1e2;
+  st_plan_options opt = {
+      .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
+  for (int round = 0; round < 2; round++) {
+    if (round) f.pe_flops = 999.7e6, b.flops_bwd = 999.7e6 - 17.2e3;
+    st_plan *p = NULL;
+    st_error err = {0};
+    int rc = st_plan_build(&p, &b, 1, &f, &opt, &err);
+    CHECK(rc == 0, "plan: %s", err.msg);
+    if (rc) return;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    st_plan_print(p, out);
+    fclose(out);
+    const char *want_fabric = round ? "; 1 GFLOP/s, " : "; 50 kFLOP/s, ";
+    const char *want_model =
+        round ? "model: 1 GFLOP per sample" : "model: 51.2 kFLOP per sample";
+    CHECK(strstr(text, want_fabric) && strstr(text, want_model) &&
+              !flop_exponent(text),
+          "report: want '%s' and '%s', no exponents:\n%s", want_fabric,
+          want_model, text);
+    free(text);
+    st_plan_destroy(p);
+  }
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -2352,6 +2404,7 @@ int main(void) {
   test_validate_flops_as_run();
   test_sequential_one_stage();
   test_compile_and_write();
+  test_report_flop_units();
   test_schedules();
   test_interleaved_in_flight();
   test_workspace();
