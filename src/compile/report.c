@@ -54,11 +54,15 @@ const char *st_plan_fmt_time(char *buf, size_t cap, double s) {
     snprintf(buf, cap, "inf");
   else if (s == 0)
     snprintf(buf, cap, "0");
-  else if (s >= 1)
+  /* the next unit from where %.3g rounds to 1000 of this one (0.9997 s
+   * is "1 s", not "1e+03 ms"); past 999.5 s whole seconds */
+  else if (s >= 999.5)
+    snprintf(buf, cap, "%.0f s", s);
+  else if (s >= 0.9995)
     snprintf(buf, cap, "%.3g s", s);
-  else if (s >= 1e-3)
+  else if (s >= 0.9995e-3)
     snprintf(buf, cap, "%.3g ms", s * 1e3);
-  else if (s >= 1e-6)
+  else if (s >= 0.9995e-6)
     snprintf(buf, cap, "%.3g us", s * 1e6);
   else
     snprintf(buf, cap, "%.3g ns", s * 1e9);

@@ -2385,6 +2385,25 @@ static void test_report_flop_units(void) {
   }
 }
 
+/* A time that rounds to 1000 of its unit reads as 1 of the next, and a
+ * long one in whole seconds: never "1e+03 ms" or "1.23e+03 s" in the
+ * report's table, its throughput line or a stage's cause. */
+static void test_report_time_units(void) {
+  static const struct {
+    double s;
+    const char *want;
+  } cases[] = {{0.9997, "1 s"},    {0.9997e-3, "1 ms"},  {0.9997e-6, "1 us"},
+               {0.9994, "999 ms"}, {1234.4, "1234 s"},   {999.7, "1000 s"},
+               {2.5, "2.5 s"},     {3.14e-6, "3.14 us"}, {0, "0"},
+               {INFINITY, "inf"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char buf[32];
+    st_plan_fmt_time(buf, sizeof buf, cases[i].s);
+    CHECK(strcmp(buf, cases[i].want) == 0, "time %.9g s: '%s', want '%s'",
+          cases[i].s, buf, cases[i].want);
+  }
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -2405,6 +2424,7 @@ int main(void) {
   test_sequential_one_stage();
   test_compile_and_write();
   test_report_flop_units();
+  test_report_time_units();
   test_schedules();
   test_interleaved_in_flight();
   test_workspace();
