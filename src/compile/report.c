@@ -887,14 +887,20 @@ static void write_svg(const st_plan *p, FILE *f) {
   st_svg_escape(f, p->model[0] ? p->model : "plan");
   fprintf(f, " on %s: %d blocks in %d stage%s</text>\n", p->fabric.name,
           p->n_blocks, p->n_stages, p->n_stages == 1 ? "" : "s");
+  /* where the prediction comes from, as the text report says it */
+  if (!cpu)
+    snprintf(c, sizeof c, "what-if estimate");
+  else if (p->fabric.calibrated)
+    snprintf(c, sizeof c, "calibrated %s", p->fabric.calibrated_at);
+  else
+    snprintf(c, sizeof c, "uncalibrated estimate");
   fprintf(f,
           "<text x='%.0f' y='56' font-size='14' fill='#333'>predicted %s "
-          "samples/s in steady state; bottleneck S%d at %s per sample; "
-          "%s</text>\n",
+          "samples/s in steady state; bottleneck S%d at %s per sample; ",
           margin, st_plan_fmt_rate(a, sizeof a, p->throughput), p->bottleneck,
-          st_plan_fmt_time(b, sizeof b, p->bottleneck_time),
-          p->fabric.kind == ST_FABRIC_CPU ? "uncalibrated estimate"
-                                          : "what-if estimate");
+          st_plan_fmt_time(b, sizeof b, p->bottleneck_time));
+  st_svg_escape(f, c); /* the profile's date, as its file gives it */
+  fprintf(f, "</text>\n");
   if (cpu)
     draw_cpu(p, f, margin, top, map_w);
   else

@@ -2404,6 +2404,50 @@ static void test_report_time_units(void) {
   }
 }
 
+/* plan.svg's subtitle says where the prediction comes from as the text
+ * report does: a cpu plan from a calibration profile is not an
+ * "uncalibrated estimate" (it named every cpu plan so). */
+static void test_svg_calibrated(void) {
+  st_block_cost b;
+  memset(&b, 0, sizeof b);
+  snprintf(b.name, sizeof b.name, "blocks.0");
+  b.flops_fwd = 1e6, b.flops_bwd = 2e6;
+  b.param_bytes = 1e3, b.state_bytes = 2e3, b.act_bytes = b.in_bytes = 1e2;
+  b.out_bytes = 1e2;
+  st_plan_options opt = {
+      .stages = 1, .samples_in_flight = 1, .weight_versions = 1};
+  char dir[] = "/tmp/strata-compile-XXXXXX", svg[64];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(svg, sizeof svg, "%s/plan.svg", dir);
+  for (int calibrated = 0; calibrated < 2; calibrated++) {
+    st_fabric f = cpu_fabric(2, 1e9);
+    f.estimated = !calibrated;
+    f.calibrated = calibrated;
+    snprintf(f.calibrated_at, sizeof f.calibrated_at, "2026-01-02T03:04:05Z");
+    st_plan *p = NULL;
+    st_error err = {0};
+    int rc = st_plan_build(&p, &b, 1, &f, &opt, &err);
+    CHECK(rc == 0, "plan: %s", err.msg);
+    if (rc) break;
+    CHECK(st_plan_write_svg(p, svg, &err) == 0, "%s", err.msg);
+    st_plan_destroy(p);
+    static char text[1 << 16];
+    FILE *in = fopen(svg, "rb");
+    size_t n = in ? fread(text, 1, sizeof text - 1, in) : 0;
+    text[n] = 0;
+    if (in) fclose(in);
+    if (calibrated)
+      CHECK(!strstr(text, "uncalibrated") &&
+                strstr(text, "calibrated 2026-01-02T03:04:05Z"),
+            "plan.svg of a calibrated cpu plan:\n%.600s", text);
+    else
+      CHECK(strstr(text, "uncalibrated estimate") != NULL,
+            "plan.svg of an uncalibrated cpu plan:\n%.600s", text);
+  }
+  unlink(svg);
+  rmdir(dir);
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -2425,6 +2469,7 @@ int main(void) {
   test_compile_and_write();
   test_report_flop_units();
   test_report_time_units();
+  test_svg_calibrated();
   test_schedules();
   test_interleaved_in_flight();
   test_workspace();
