@@ -238,7 +238,8 @@ int st_inspect_against(const char *path, const char *other, FILE *f,
     for (size_t k = 0; k < n; k++) {
       double x = element(a->data + t->begin, t->dtype, k),
              y = element(b->data + u->begin, u->dtype, k);
-      double d = fabs(x - y), m = fmax(fabs(x), fabs(y));
+      /* equal infinities differ by nothing, not by inf - inf = NaN */
+      double d = x == y ? 0 : fabs(x - y), m = fmax(fabs(x), fabs(y));
       /* a NaN in either counts as the most, and stays the most */
       if (!isnan(most) && !(d <= most)) most = d;
       if (m > 0 && d / m > rel) rel = d / m;

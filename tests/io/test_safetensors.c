@@ -1082,6 +1082,37 @@ static void test_inspect_against(void) {
   unlink(pb);
 }
 
+/* --against of a tensor with the same infinities in both files: no
+ * difference there (inf - inf is NaN, which read as the largest of all,
+ * so a checkpoint compared with its own copy differed by NaN). */
+static void test_inspect_against_inf(void) {
+  const char *pa = in_dir("inf_a.safetensors");
+  const char *pb = in_dir("inf_b.safetensors");
+  float a[3] = {INFINITY, -INFINITY, 1}, b[3] = {INFINITY, -INFINITY, 1.5f};
+  int64_t d3[1] = {3};
+  st_error err = {0};
+  for (int i = 0; i < 2; i++) {
+    st_st_writer *w = st_st_writer_create();
+    st_st_writer_add(w, "w", "F32", 1, d3, i ? b : a, &err);
+    int rc = st_st_writer_write(w, i ? pb : pa, &err);
+    st_st_writer_destroy(w);
+    CHECK(rc == 0, "against inf: write: %s", err.msg);
+  }
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  int rc = st_inspect_against(pa, pb, f, &err);
+  fclose(f);
+  CHECK(rc == 0 && text &&
+            contains(text, "largest difference 0.5 (w), largest relative "
+                           "0.333333"),
+        "against: equal infinities are no difference: rc %d %s\n%s", rc,
+        err.msg, text ? text : "");
+  free(text);
+  unlink(pa);
+  unlink(pb);
+}
+
 /* ------------------------------------------------------------ cleanup */
 
 static void remove_dir(void) {
@@ -1357,6 +1388,7 @@ int main(void) {
   test_checkpoint();
   test_inspect();
   test_inspect_against();
+  test_inspect_against_inf();
   test_strict();
   test_bounds();
   test_float8();
