@@ -349,7 +349,7 @@ static int read_sweep_csv(const st_sweep_options *o, const st_config *base,
     long long steps = -1;
     if (ok && *field[4]) {
       steps = strtoll(field[4], &end, 10);
-      ok = !*end && steps >= 0;
+      ok = !*end && steps >= 1; /* a trial's first step is step 1 */
     }
     double metric = strtod(field[5], &end);
     ok = ok && *field[5] && !*end && index >= 0 && index < INT_MAX;

@@ -654,6 +654,43 @@ static void test_sweep(const char *root) {
   }
   free(whole);
 
+  /* A trial that reached the target took a step at least: a row of 0
+   * steps is refused, naming the line, before anything is written. Taken
+   * as done, its log10(0) = -inf became steps.svg's lowest decade, and
+   * the grid loop from (int)-inf wrote lines until memory ran out. A
+   * folder where steps.csv's temp file goes stops the old code there
+   * (ST_EIO) rather than in that loop. */
+  char *zero = slurp(b, "sweep.csv");
+  int zero_line = 0;
+  for (char *row = zero ? strchr(zero, '\n') : NULL; row && !zero_line;
+       row = strchr(row + 1, '\n')) {
+    char *field = row + 1;
+    for (int k = 0; k < 4 && field; k++)
+      field = strchr(field, ',') ? strchr(field, ',') + 1 : NULL;
+    if (!field || *field == ',') continue; /* not reached: no steps */
+    char *end = strchr(field, ',');
+    memmove(field + 1, end, strlen(end) + 1);
+    field[0] = '0';
+    zero_line = 1;
+    for (char *c = zero; c <= row; c++) zero_line += *c == '\n';
+  }
+  CHECK(zero_line > 0, "sweep.csv has a trial that reached the target");
+  if (zero_line) {
+    put(b, "sweep.csv", zero);
+    char stop[ST_PATH_MAX + 64];
+    snprintf(stop, sizeof stop, "%s/steps.csv.tmp.%ld", b, (long)getpid());
+    CHECK(mkdir(stop, 0755) == 0, "mkdir %s", stop);
+    st_error bad = {0};
+    char want[64];
+    snprintf(want, sizeof want, "sweep.csv:%d: malformed row", zero_line);
+    int rc_zero = st_sweep_run(&o, &c, &bad);
+    CHECK(rc_zero == ST_EFORMAT && strstr(bad.msg, want),
+          "a row of 0 steps: rc %d '%s' (want '%s')", rc_zero, bad.msg, want);
+    rmdir(stop);
+    put(b, "sweep.csv", text[0]);
+  }
+  free(zero);
+
   /* Rows written by another learning-rate range are refused. */
   o.lr_min = 1e-2;
   st_error err = {0};
