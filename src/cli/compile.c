@@ -102,7 +102,8 @@ static int parse(int argc, char **argv, compile_args *a) {
   return rc;
 }
 
-/* --stages K: a whole number >= 1, or 0 when absent; -1 if malformed. */
+/* --stages K: a whole number from 1 to 1000000, or 0 when absent; -1 if
+ * malformed. */
 static int stages_of(const char *text) {
   if (!text) return 0;
   uint64_t k;
@@ -128,13 +129,17 @@ int st_cli_compile(int argc, char **argv) {
     return st_cli_usage_error(usage_compile, "compile needs a CONFIG%s", "");
   int stages = stages_of(a.stages), ranks = stages_of(a.ranks),
       per_machine = stages_of(a.per_machine);
+  /* the bound is said: '2000000' is >= 1 */
   if (stages < 0)
     return st_cli_usage_error(usage_compile,
-                              "--stages takes a whole number >= 1, not '%s'",
+                              "--stages takes a whole number from 1 to "
+                              "1000000, not '%s'",
                               a.stages);
   if (ranks < 0)
-    return st_cli_usage_error(
-        usage_compile, "--ranks takes a whole number >= 1, not '%s'", a.ranks);
+    return st_cli_usage_error(usage_compile,
+                              "--ranks takes a whole number from 1 to "
+                              "1000000, not '%s'",
+                              a.ranks);
   if (per_machine < 0 || (a.per_machine && !ranks) || per_machine > ranks)
     return st_cli_usage_error(usage_compile,
                               "--ranks-per-machine takes a whole number from "

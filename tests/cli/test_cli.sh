@@ -287,7 +287,9 @@ done <<NUMBERS
 --depths takes rising stage counts >= 2 separated by commas (at most 16), not '4,8,'|experiment pb configs/pb_deep_mlp_fmnist.yaml $tiny --depths 4,8,
 --lr-range takes MIN,MAX with 0 < MIN <= MAX, not '0x1p-3,1'|sweep configs/fc_mnist.yaml $tiny --trials 1 --target accuracy=0.8 --batch-sizes 8,16 --lr-range 0x1p-3,1
 --batch-sizes takes increasing whole numbers >= 1, at most 32, as 1,2,4; not ' 8,16'|sweep configs/fc_mnist.yaml $tiny --trials 1 --target accuracy=0.8 --batch-sizes @8,16
---stages takes a whole number >= 1, not ' 2'|compile configs/fc_mnist.yaml --stages @2
+--stages takes a whole number from 1 to 1000000, not ' 2'|compile configs/fc_mnist.yaml --stages @2
+--stages takes a whole number from 1 to 1000000, not '1000001'|compile configs/fc_mnist.yaml --stages 1000001
+--ranks takes a whole number from 1 to 1000000, not '1000001'|compile configs/fc_mnist.yaml --ranks 1000001
 --vocab must be an integer in [256, 1048576], not '+300'|tokenize train README.md --vocab +300 --out $T/plus.bpe
 --threads takes a count from 1 to 4096, not ' 1'|bench --probe --threads @1
 NUMBERS
