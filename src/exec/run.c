@@ -234,9 +234,10 @@ static int checkpoint(run_state *r, st_error *err) {
   /* A store that keeps the weights commits every step: it is the
    * checkpoint (wait for its last commit). */
   if (st_trainer_store(r->t)) return st_trainer_sync(r->t, err);
-  /* Weights can turn NaN while every loss stays finite (a relu maps a NaN
-   * to 0): such a checkpoint would not load, and pruning would drop the
-   * good ones before it. */
+  /* Weights can turn NaN while every loss stays finite (a row no sample
+   * reads, as an untied embedding's for a byte the corpus lacks): such a
+   * checkpoint would not load, and pruning would drop the good ones before
+   * it. */
   int rc = st_trainer_check_finite(r->t, err);
   if (rc) return rc;
   /* stages over ranks: every rank sends its own to rank 0, which writes
