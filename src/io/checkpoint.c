@@ -704,24 +704,23 @@ int st_checkpoint_train_samples(const char *path, int64_t *n) {
   return has;
 }
 
-int st_checkpoint_tokenizer_crc(const char *path, uint32_t *crc) {
+/* Whether the checkpoint at path records the CRC-32 `key`, into *crc. */
+static int recorded_crc(const char *path, const char *key, uint32_t *crc) {
   source src;
   st_error ignored = {0};
   uint32_t has = 0;
   if (!source_open(&src, path, &ignored))
-    read_crc(src.parts[0], "tokenizer_crc", crc, &has, &ignored);
+    read_crc(src.parts[0], key, crc, &has, &ignored);
   source_close(&src);
   return (int)has;
 }
 
+int st_checkpoint_tokenizer_crc(const char *path, uint32_t *crc) {
+  return recorded_crc(path, "tokenizer_crc", crc);
+}
+
 int st_checkpoint_train_crc(const char *path, uint32_t *crc) {
-  source src;
-  st_error ignored = {0};
-  uint32_t has = 0;
-  if (!source_open(&src, path, &ignored))
-    read_crc(src.parts[0], "train_crc", crc, &has, &ignored);
-  source_close(&src);
-  return (int)has;
+  return recorded_crc(path, "train_crc", crc);
 }
 
 int st_checkpoint_load_blocks(const char *path, const st_model *m,
