@@ -427,11 +427,17 @@ fi
 # alternating; the rate is the run's own (summary.json).
 echo
 tmp=$(mktemp -d)
-train_rate() { # config, then args: the run's samples/s
+train_rate() { # config, then args: the run's samples/s (nothing if it failed)
   local cfg=$1
   shift
-  "$build/strata" train "configs/$cfg.yaml" "$@" --set metrics.progress=off \
-    --set data.test_limit=256 --out "$tmp/r" --overwrite >/dev/null 2>&1
+  # a run refused before its first step puts back the run --overwrite set
+  # aside, whose summary.json would then be read as this run's rate
+  rm -rf "$tmp/r"
+  if ! "$build/strata" train "configs/$cfg.yaml" "$@" --set metrics.progress=off \
+    --set data.test_limit=256 --out "$tmp/r" --overwrite >/dev/null 2>&1; then
+    echo "run-bench: error: strata train configs/$cfg.yaml $* failed" >&2
+    return 1
+  fi
   sed -n 's/^  "samples_per_s": \([0-9.]*\),$/\1/p' "$tmp/r/summary.json" 2>/dev/null
 }
 best() { awk -v a="$1" -v b="$2" 'BEGIN { print (b + 0 > a + 0 ? b : a) }'; }
