@@ -69,6 +69,9 @@
 
 #if defined(ST_BLAS_OPENBLAS)
 #define set_blas_threads(n) openblas_set_num_threads(n)
+#elif defined(ST_BLAS_BLIS) /* st_blas_init pins it to 1: unpin */
+#include <blis/blis.h>
+#define set_blas_threads(n) bli_thread_set_num_threads(n)
 #else
 #define set_blas_threads(n) ((void)(n)) /* no portable knob; runs as is */
 #endif
