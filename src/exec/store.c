@@ -720,6 +720,16 @@ int st_store_crash_point(const st_store *s, int64_t step) {
 int st_store_commit(st_store *s, int copy, const st_train_pos *pos,
                     st_error *err) {
   if (s->read_only[0]) return refuse_write(s, err);
+  /* a file removed under the run still takes writes and syncs, but what
+   * it commits goes when this process does: stop, rather than report
+   * steps committed that no resume can find */
+  struct stat st;
+  if (fstat(s->fd, &st) == 0 && st.st_nlink == 0)
+    return st_error_set(err, ST_EIO,
+                        "%s: the store file was removed while the run was "
+                        "using it: no step can be committed (start the run "
+                        "again)",
+                        s->path);
   if (fdatasync(s->fd) != 0)
     return st_error_set(err, ST_EIO,
                         "%s: sync failed: %s (the previous "

@@ -28,7 +28,10 @@
  *    where what they left made the loss non-finite;
  *  - a commit whose sync fails (fdatasync interposed below) stops the run
  *    with the store's error, the step after it writes nothing, and the
- *    store reopens at the last good commit.
+ *    store reopens at the last good commit;
+ *  - a store file removed under a running trainer stops it at the next
+ *    commit, naming the path, rather than committing steps that no file
+ *    holds once the process ends.
  */
 #include "harness.h"
 #include "models.h"
@@ -578,6 +581,27 @@ static void test_commit_fails(void) {
   free(want);
 }
 
+/* The store's file unlinked while a trainer has it open: writes and syncs
+ * still succeed (the process holds the inode), so before, every later step
+ * was "committed" into a file that vanishes with the process, and the run
+ * ended saying its store had committed the last step. */
+static void test_removed(void) {
+  st_config c;
+  st_error err = {0};
+  st_trainer *t = trained(&c, "removed.strata", 2);
+  if (!t) return;
+  CHECK(unlink(c.execution.store_path) == 0, "unlink %s",
+        c.execution.store_path);
+  double loss;
+  int rc = st_trainer_step(t, &loss, &err); /* its commit: queued */
+  if (!rc) rc = st_trainer_sync(t, &err);
+  CHECK(rc == ST_EIO && strstr(err.msg, c.execution.store_path) &&
+            strstr(err.msg, "removed"),
+        "a commit to a removed store fails, naming it: rc %d, '%s'", rc,
+        err.msg);
+  st_trainer_destroy(t);
+}
+
 int main(void) {
   st_blas_init();
   if (!mkdtemp(dir)) {
@@ -600,6 +624,7 @@ int main(void) {
   test_eval_read();
   test_step_read();
   test_commit_fails();
+  test_removed();
   test_create_race();
   char cmd[64];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
