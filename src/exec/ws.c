@@ -502,10 +502,12 @@ static int buffers(ws *w, int dry) {
 
 /* What the compute side holds for `rows` samples: the weight slots, the
  * gradient, the activations (all blocks' when kept) and the shared
- * workspace — the figure compute_memory_limit is checked against. rows is
- * the larger of the micro-batch and the evaluation batch (eval_rows). */
-static int check_limit(const st_model *m, const st_config *cfg, int rows,
-                       int eval_rows, int64_t have, st_error *err) {
+ * workspace — the figure compute_memory_limit is checked against. slots:
+ * the weight slots counted (prefetch + 1, at most the walk's 2 n uses);
+ * rows is the larger of the micro-batch and the evaluation batch
+ * (eval_rows). */
+static int check_limit(const st_model *m, const st_config *cfg, int slots,
+                       int rows, int eval_rows, int64_t have, st_error *err) {
   int64_t limit = cfg->execution.compute_memory_limit;
   if (limit <= 0 || have <= limit) return 0;
   /* name the block that needs the most of it */
@@ -524,8 +526,7 @@ static int check_limit(const st_model *m, const st_config *cfg, int rows,
       "execution.prefetch or the samples, or set "
       "execution.keep_activations: false)",
       st_config_where(cfg, "execution.compute_memory_limit"), (long long)limit,
-      worst, b->name, cfg->execution.prefetch + 1,
-      cfg->execution.prefetch ? "s" : "", b->n_params, rows,
+      worst, b->name, slots, slots > 1 ? "s" : "", b->n_params, rows,
       rows == eval_rows ? "the evaluation batch" : "the micro-batch",
       (long long)have);
 }
@@ -631,7 +632,8 @@ static int remote_create(ws *w, const st_model *m, const st_config *cfg,
     }
   } else if (!rc) {
     buffers(w, 1);
-    rc = check_limit(m, cfg, w->rows, max_batch, w->compute_bytes, err);
+    rc = check_limit(m, cfg, w->slots, w->rows, max_batch, w->compute_bytes,
+                     err);
     if (!rc) {
       w->outs = calloc((size_t)w->nb, sizeof *w->outs);
       w->gnext = st_alloc(w->max_params * sizeof(float));
@@ -681,7 +683,8 @@ static int ws_create(void **state, const st_model *m, const st_config *cfg,
   }
   /* size first, check the limit, then allocate */
   buffers(w, 1);
-  int rc = check_limit(m, cfg, w->rows, max_batch, w->compute_bytes, err);
+  int rc =
+      check_limit(m, cfg, w->slots, w->rows, max_batch, w->compute_bytes, err);
   if (!rc && strcmp(cfg->execution.store, "file") != 0 &&
       strcmp(cfg->execution.store_weights, "bf16") == 0)
     rc = st_error_set(err, ST_ECONFIG,

@@ -181,6 +181,19 @@ static void test_limit(void) {
             strstr(err.msg, "block"),
         "a limit below one block is refused: '%s'", err.msg);
   st_trainer_destroy(t);
+  /* prefetch past the walk's 2 n uses fills no more slots than 2 n: the
+   * message counts those it sized (it said prefetch + 1, 51 here) */
+  c.execution.prefetch = 50;
+  int n = 2 * 4; /* the MLP's 4 blocks, each used twice */
+  char want[64];
+  snprintf(want, sizeof want, ": %d slots of its", n);
+  err = (st_error){0};
+  t = make(&c, &err);
+  CHECK(!t && strstr(err.msg, want),
+        "a limit with prefetch 50 names the %d slots it counted: '%s'", n,
+        err.msg);
+  st_trainer_destroy(t);
+  c.execution.prefetch = 1;
   c.execution.compute_memory_limit = (int64_t)1 << 30;
   t = make(&c, &err);
   CHECK(t != NULL, "a limit that fits is accepted: '%s'", err.msg);
