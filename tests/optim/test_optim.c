@@ -140,6 +140,14 @@ static void test_schedules(void) {
   snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "linear");
   CHECK(fabsf(st_lr_at(&c, 25, 100) - 0.0775f) < 1e-6f, "linear quarter %g",
         st_lr_at(&c, 25, 100));
+  /* Past the end (progress > 1, clamped to 1) both stay at min_lr: unclamped,
+   * linear at twice the span is 0.01 - 0.09 = -0.08, a negative rate, and
+   * cosine at 1.5 spans climbs back to the middle, 0.055. */
+  CHECK(st_lr_at(&c, 200, 100) == 0.01f, "linear past the end: %g",
+        st_lr_at(&c, 200, 100));
+  snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "cosine");
+  CHECK(st_lr_at(&c, 150, 100) == 0.01f, "cosine past the end: %g",
+        st_lr_at(&c, 150, 100));
   snprintf(c.optimizer.schedule, sizeof c.optimizer.schedule, "step");
   c.optimizer.step_size = 30;
   c.optimizer.gamma = 0.5f;
