@@ -124,6 +124,16 @@ static void test_closed_form(void) {
   CHECK(isnan(nv) && fabs(ng2 - 5) < 1e-12 && fabs(ntr + 4) < 1e-12,
         "a negative tr(S) estimate gives no scale: got %g (|G|^2 %g, tr %g)",
         nv, ng2, ntr);
+  /* tr(S) = 0 (both batches' norms equal: no noise) is an estimate, not
+   * noise: B_simple = 0, any batch as good as a larger one. (2, 1, 2, 4):
+   * |G|^2 = (8 - 2) / 3 = 2, tr(S) = 0 / (3/4) = 0, exactly. */
+  st_noise_scale quiet;
+  st_noise_scale_init(&quiet, 0.9);
+  st_noise_scale_add(&quiet, 2.0, 1, 2.0, 4);
+  double qg2, qtr, qv = st_noise_scale_value(&quiet, &qg2, &qtr);
+  CHECK(qv == 0 && qg2 == 2 && qtr == 0,
+        "a zero tr(S) estimate gives B_simple 0: got %g (|G|^2 %g, tr %g)", qv,
+        qg2, qtr);
 }
 
 /* A linear-regression problem: loss 1/2 (w.x - y)^2 with x ~ N(0, I_d) and
