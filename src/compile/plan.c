@@ -30,11 +30,19 @@ static layout make_layout(const st_fabric *f, int h) {
 }
 
 /* Band heights to try, largest first: every divisor of the height (a cpu
- * has height 1). Returns the count. */
-static int band_heights(const st_fabric *f, int *out, int cap) {
-  int n = 0;
-  for (int h = f->height; h >= 1 && n < cap; h--)
-    if (f->height % h == 0) out[n++] = h;
+ * has height 1), found in pairs up to its square root (a loop over every
+ * height took 1e9 turns at mesh:1x1000000000). An int has at most 1600
+ * divisors (2095133040), so MAX_HEIGHTS holds them all. Returns the count. */
+enum { MAX_HEIGHTS = 1600 };
+static int band_heights(const st_fabric *f, int *out) {
+  int h = f->height, n = 0, small[MAX_HEIGHTS], ns = 0;
+  for (int d = 1; (int64_t)d * d <= h; d++)
+    if (h % d == 0) small[ns++] = d;
+  for (int i = 0; i < ns; i++) /* the large halves, largest (h) first */
+    if ((int64_t)small[i] * small[i] != h) out[n++] = h / small[i];
+  for (int i = ns - 1; i >= 0; i--) out[n++] = small[i];
+  /* out is descending: h / small[i] falls as small[i] grows, every large
+   * half is past the root and every small one at most it */
   return n;
 }
 
@@ -113,7 +121,7 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
         st_plan_fmt_bytes(short_by, sizeof short_by, m - total));
   }
   /* Memory-only packing, uncapped: the fewest units each prefix needs. */
-  int hs[64], nh = band_heights(f, hs, 64), n = p->n;
+  int hs[MAX_HEIGHTS], nh = band_heights(f, hs), n = p->n;
   double best_need = INFINITY;
   int worst_block = n - 1;
   for (int t = 0; t < nh; t++) {
@@ -846,7 +854,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
    * taller bands, which are tried first). When what a stage holds depends
    * on its place in a pipeline of S stages (in_flight_schedule), once per
    * S as well, each S solved exactly. */
-  int hs[64], nh = band_heights(fabric, hs, 64);
+  int hs[MAX_HEIGHTS], nh = band_heights(fabric, hs);
   int k_lo = K ? K : 1, k_hi = K ? K : n_blocks;
   if (k_hi > fabric->pes) k_hi = (int)fabric->pes;
   if (!K && k_hi > n_blocks / V) k_hi = n_blocks / V > 0 ? n_blocks / V : 1;
