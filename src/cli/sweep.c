@@ -191,11 +191,13 @@ int st_cli_sweep(int argc, char **argv) {
   o.trials = 8;
   if (a.trials && (o.trials = (int)positive(a.trials, 1 << 20)) < 0)
     return st_cli_usage_error(
-        usage_sweep, "--trials takes a whole number >= 1, not '%s'", a.trials);
+        usage_sweep,
+        "--trials takes a whole number from 1 to 1048576, not '%s'", a.trials);
   o.jobs = st_usable_cpus(NULL, 0);
   if (a.jobs && (o.jobs = (int)positive(a.jobs, 1 << 16)) < 0)
     return st_cli_usage_error(
-        usage_sweep, "--jobs takes a whole number >= 1, not '%s'", a.jobs);
+        usage_sweep, "--jobs takes a whole number from 1 to 65536, not '%s'",
+        a.jobs);
   o.lr_min = 1e-3, o.lr_max = 1;
   if (a.lr_range && parse_range(&o.lr_min, &o.lr_max, a.lr_range))
     return st_cli_usage_error(
@@ -221,14 +223,19 @@ int st_cli_sweep(int argc, char **argv) {
   o.budget_steps = cfg.train.steps > 0 ? cfg.train.steps : 1000;
   if (a.budget && (o.budget_steps = positive(a.budget, (long long)1 << 40)) < 0)
     return st_cli_usage_error(
-        usage_sweep, "--budget-steps takes a whole number >= 1, not '%s'",
+        usage_sweep,
+        "--budget-steps takes a whole number from 1 to 2^40, not '%s'",
         a.budget);
+  /* a hundredth of the budget, within an int (2^40 steps' is not) */
+  long long hundredth = o.budget_steps / 100;
   o.eval_every = cfg.train.eval_every > 0 ? cfg.train.eval_every
-                                          : (int)(o.budget_steps / 100);
+                 : hundredth < (1 << 30)  ? (int)hundredth
+                                          : 1 << 30;
   if (o.eval_every < 1) o.eval_every = 1;
   if (a.eval_every && (o.eval_every = (int)positive(a.eval_every, 1 << 30)) < 0)
     return st_cli_usage_error(
-        usage_sweep, "--eval-every takes a whole number >= 1, not '%s'",
+        usage_sweep,
+        "--eval-every takes a whole number from 1 to 2^30, not '%s'",
         a.eval_every);
   if (a.epochs && isnan(o.budget_epochs = at_least(a.epochs, 0)))
     return st_cli_usage_error(
@@ -239,7 +246,8 @@ int st_cli_sweep(int argc, char **argv) {
   if (a.noise_batch &&
       (o.noise_batch = (int)positive(a.noise_batch, 1 << 30)) < 0)
     return st_cli_usage_error(
-        usage_sweep, "--noise-batch takes a whole number >= 1, not '%s'",
+        usage_sweep,
+        "--noise-batch takes a whole number from 1 to 2^30, not '%s'",
         a.noise_batch);
   if (a.out)
     snprintf(o.out_dir, sizeof o.out_dir, "%s", a.out);

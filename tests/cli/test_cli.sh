@@ -287,6 +287,8 @@ done <<NUMBERS
 --depths takes rising stage counts >= 2 separated by commas (at most 16), not '4,8,'|experiment pb configs/pb_deep_mlp_fmnist.yaml $tiny --depths 4,8,
 --lr-range takes MIN,MAX with 0 < MIN <= MAX, not '0x1p-3,1'|sweep configs/fc_mnist.yaml $tiny --trials 1 --target accuracy=0.8 --batch-sizes 8,16 --lr-range 0x1p-3,1
 --batch-sizes takes increasing whole numbers >= 1, at most 32, as 1,2,4; not ' 8,16'|sweep configs/fc_mnist.yaml $tiny --trials 1 --target accuracy=0.8 --batch-sizes @8,16
+--jobs takes a whole number from 1 to 65536, not '65537'|sweep configs/fc_mnist.yaml $tiny --target accuracy=0.8 --batch-sizes 8 --jobs 65537
+--budget-steps takes a whole number from 1 to 2^40, not '1099511627777'|sweep configs/fc_mnist.yaml $tiny --target accuracy=0.8 --batch-sizes 8 --budget-steps 1099511627777
 --stages takes a whole number from 1 to 1000000, not ' 2'|compile configs/fc_mnist.yaml --stages @2
 --stages takes a whole number from 1 to 1000000, not '1000001'|compile configs/fc_mnist.yaml --stages 1000001
 --ranks takes a whole number from 1 to 1000000, not '1000001'|compile configs/fc_mnist.yaml --ranks 1000001
