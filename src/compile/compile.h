@@ -161,6 +161,12 @@ typedef struct layout {
   int64_t units; /* R * W */
 } layout;
 
+/* The band heights a mesh of height h is tried at, into out[], largest
+ * first: every divisor of h. An int has at most 1600 divisors
+ * (2095133040), so ST_MAX_BAND_HEIGHTS holds them all. Returns the count. */
+enum { ST_MAX_BAND_HEIGHTS = 1600 };
+int st_band_heights(int h, int *out);
+
 int problem_init(problem *p, const st_block_cost *blocks, int n,
                  const st_fabric *f, double in_flight, double versions,
                  st_error *err);

@@ -31,11 +31,9 @@ static layout make_layout(const st_fabric *f, int h) {
 
 /* Band heights to try, largest first: every divisor of the height (a cpu
  * has height 1), found in pairs up to its square root (a loop over every
- * height took 1e9 turns at mesh:1x1000000000). An int has at most 1600
- * divisors (2095133040), so MAX_HEIGHTS holds them all. Returns the count. */
-enum { MAX_HEIGHTS = 1600 };
-static int band_heights(const st_fabric *f, int *out) {
-  int h = f->height, n = 0, small[MAX_HEIGHTS], ns = 0;
+ * height took 1e9 turns at mesh:1x1000000000). */
+int st_band_heights(int h, int *out) {
+  int n = 0, small[ST_MAX_BAND_HEIGHTS], ns = 0;
   for (int d = 1; (int64_t)d * d <= h; d++)
     if (h % d == 0) small[ns++] = d;
   for (int i = 0; i < ns; i++) /* the large halves, largest (h) first */
@@ -121,7 +119,7 @@ static int explain_no_fit(const problem *p, const st_fabric *f, int kmax,
         st_plan_fmt_bytes(short_by, sizeof short_by, m - total));
   }
   /* Memory-only packing, uncapped: the fewest units each prefix needs. */
-  int hs[MAX_HEIGHTS], nh = band_heights(f, hs), n = p->n;
+  int hs[ST_MAX_BAND_HEIGHTS], nh = st_band_heights(f->height, hs), n = p->n;
   double best_need = INFINITY;
   int worst_block = n - 1;
   for (int t = 0; t < nh; t++) {
@@ -854,7 +852,7 @@ int st_plan_build(st_plan **out, const st_block_cost *blocks, int n_blocks,
    * taller bands, which are tried first). When what a stage holds depends
    * on its place in a pipeline of S stages (in_flight_schedule), once per
    * S as well, each S solved exactly. */
-  int hs[MAX_HEIGHTS], nh = band_heights(fabric, hs);
+  int hs[ST_MAX_BAND_HEIGHTS], nh = st_band_heights(fabric->height, hs);
   int k_lo = K ? K : 1, k_hi = K ? K : n_blocks;
   if (k_hi > fabric->pes) k_hi = (int)fabric->pes;
   if (!K && k_hi > n_blocks / V) k_hi = n_blocks / V > 0 ? n_blocks / V : 1;

@@ -13,6 +13,7 @@
  *     when streaming and when compute binds;
  *   - in flight as each schedule keeps it (1f1b, gpipe, pipelined backprop
  *     with stashing), against the counts written out here;
+ *   - a mesh's band heights are every divisor of its height;
  *   - every published GPT config plans at its published batch on cpu:16,
  *     cpu:64, mesh:757x996 and wse2 with a mode whose plan fits, and a mesh
  *     too small for any is refused naming the smallest that would do.
@@ -429,6 +430,36 @@ static void test_band_turn(void) {
   st_plan_destroy(p);
 }
 
+/* The band heights a mesh is tried at are every divisor of its height,
+ * largest first (docs/compiler.md): against a loop over every height up to
+ * 3000, and, for heights too large to loop over, against the divisor count
+ * from the factorisation (720720 has 240 divisors, 2095133040 the most an
+ * int has, 1600), each a divisor and strictly falling. */
+static void test_band_heights(void) {
+  static int got[ST_MAX_BAND_HEIGHTS];
+  for (int h = 1; h <= 3000; h++) {
+    int n = st_band_heights(h, got), k = 0, ok = 1;
+    for (int d = h; d >= 1; d--)
+      if (h % d == 0) ok &= k < n && got[k++] == d;
+    CHECK(ok && k == n, "height %d: %d band heights, not its divisors", h, n);
+  }
+  static const int big[] = {720720, 1000000000, 2095133040, 2147483647,
+                            2147483646};
+  for (size_t i = 0; i < sizeof big / sizeof *big; i++) {
+    int h = big[i], n = st_band_heights(h, got), want = 1, ok = 1;
+    for (int64_t q = h, p = 2; q > 1; p++) {
+      if (p * p > q) p = q; /* what is left is prime */
+      int e = 0;
+      while (q % p == 0) q /= p, e++;
+      want *= e + 1;
+    }
+    for (int k = 0; k < n; k++)
+      ok &= h % got[k] == 0 && (k == 0 || got[k] < got[k - 1]);
+    CHECK(ok && n == want && got[0] == h && got[n - 1] == 1,
+          "height %d: %d band heights, want its %d divisors", h, n, want);
+  }
+}
+
 /* Every published config at its published batch on four fabrics: a plan
  * that fits, by a mode the chooser names. The cpu's memory is fixed here
  * (24 GB in all) so that the answer does not depend on the test machine. */
@@ -539,6 +570,7 @@ int main(void) {
   test_streaming_closed_form();
   test_in_flight();
   test_band_turn();
+  test_band_heights();
   test_published();
   TH_DONE();
 }
