@@ -432,9 +432,13 @@ void st_plan_print(const st_plan *p, FILE *f) {
 
 /* ------------------------------------------------------------- JSON */
 
+/* JSON is UTF-8: a byte that starts no valid sequence (a path that is not
+ * UTF-8, or one cut short mid-character in fabric.source) is written as
+ * U+FFFD, so that the file still parses. */
 static void json_string(FILE *f, const char *s) {
   fputc('"', f);
-  for (; *s; s++) {
+  while (*s) {
+    int n = st_utf8_len(s);
     unsigned char ch = (unsigned char)*s;
     if (ch == '"' || ch == '\\')
       fprintf(f, "\\%c", ch);
@@ -442,8 +446,11 @@ static void json_string(FILE *f, const char *s) {
       fputs("\\n", f);
     else if (ch < 0x20)
       fprintf(f, "\\u%04x", ch);
+    else if (!n)
+      fputs("\\ufffd", f);
     else
-      fputc(ch, f);
+      fwrite(s, 1, (size_t)n, f);
+    s += n ? n : 1;
   }
   fputc('"', f);
 }

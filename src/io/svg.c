@@ -15,18 +15,42 @@ void st_svg_begin(FILE *f, double w, double h, const char *font, int size) {
 
 void st_svg_end(FILE *f) { fprintf(f, "</svg>\n"); }
 
+int st_utf8_len(const char *s) {
+  static const unsigned least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  unsigned c = (unsigned char)s[0], cp;
+  int n = c < 0x80             ? 1
+          : (c & 0xe0) == 0xc0 ? 2
+          : (c & 0xf0) == 0xe0 ? 3
+          : (c & 0xf8) == 0xf0 ? 4
+                               : 0;
+  if (n < 2) return n;
+  cp = c & (0x7f >> n);
+  for (int i = 1; i < n; i++) { /* a NUL ends it: not a continuation */
+    if (((unsigned char)s[i] & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | ((unsigned char)s[i] & 0x3f);
+  }
+  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;
+  return n;
+}
+
 void st_svg_escape(FILE *f, const char *s) {
-  for (; *s; s++) {
-    if (*s == '<')
+  while (*s) {
+    int n = st_utf8_len(s);
+    unsigned char c = (unsigned char)*s;
+    if (c == '<')
       fputs("&lt;", f);
-    else if (*s == '>')
+    else if (c == '>')
       fputs("&gt;", f);
-    else if (*s == '&')
+    else if (c == '&')
       fputs("&amp;", f);
-    else if (*s == '"')
+    else if (c == '"')
       fputs("&quot;", f);
+    else if (!n || (c < 0x20 && c != '\t' && c != '\n' && c != '\r'))
+      fputs("\xef\xbf\xbd", f); /* U+FFFD */
     else
-      fputc(*s, f);
+      fwrite(s, 1, (size_t)n, f);
+    s += n ? n : 1;
   }
 }
 

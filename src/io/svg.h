@@ -17,8 +17,13 @@
  * pixels (0: the viewer's default). */
 void st_svg_begin(FILE *f, double w, double h, const char *font, int size);
 void st_svg_end(FILE *f);
-/* s with XML's special characters escaped. */
+/* s with XML's special characters escaped; a byte that starts no valid
+ * UTF-8 sequence, and a control character XML 1.0 cannot hold, as U+FFFD
+ * (a path cut short mid-character, a name from a YAML escape). */
 void st_svg_escape(FILE *f, const char *s);
+/* The length of the valid UTF-8 sequence s starts with (1 to 4), 0 if it
+ * starts none (an overlong form, a surrogate, past U+10FFFF, cut short). */
+int st_utf8_len(const char *s);
 
 /* A line's look: colour, width (NULL: 1) and dash pattern (NULL: solid). */
 typedef struct st_svg_pen {

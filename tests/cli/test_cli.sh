@@ -224,6 +224,22 @@ if [ "$rc" -eq 0 ] && { { [ "$membw" -eq 1 ] && grep -q "^fabric: .*; memory [0-
      { [ "$membw" -eq 0 ] && grep -q "memory     ignored" "$T/cal_out" 2>/dev/null; }; }; then pass; else
   fail "a one-pass profile's memory bandwidth, and the plan under it" "rc=$rc" "$out" "$(cat "$T/cal.json")"
 fi
+# plan.json and plan.svg stay valid UTF-8 (U+FFFD for a bad byte) where a
+# path is not: a config and a profile in a folder named with a byte 0xff
+# and then 120 two-byte characters, so that fabric.source's 200 bytes of
+# the profile's path end mid-character
+odd="$T/"
+(((200 - $(printf %s "$odd" | wc -c) - 1) % 2 == 0)) && odd+=a
+odd+=$'\xff'$(printf '\xc3\xa9%.0s' {1..120})
+mkdir -p "$odd" && cp "$T/cal.json" "$fc" "$odd/"
+STRATA_CALIBRATION="$odd/cal.json" run compile "$odd/$(basename "$fc")" --out "$T/o_odd"
+if [ "$rc" -eq 0 ] && python3 -c '
+import json, sys, xml.dom.minidom
+plan = json.load(open(sys.argv[1], encoding="utf-8"))
+assert "\ufffd" in plan["config"] and plan["fabric"]["source"].count("\ufffd") == 2
+xml.dom.minidom.parse(sys.argv[2])' "$T/o_odd/plan.json" "$T/o_odd/plan.svg"; then pass; else
+  fail "plan.json and plan.svg from paths not UTF-8" "rc=$rc" "$err"
+fi
 STRATA_CALIBRATION="$T/cal.json" run train "$fc" "${small[@]}" --set train.steps=2 \
   --out "$T/run_cal"
 if [ "$rc" -eq 0 ] && grep -q "\"gemm_kernels\": \"packed kernel or the BLAS [a-z, ]*$chose\"" \
