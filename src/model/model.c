@@ -399,6 +399,13 @@ static int build_gpt(builder *bd) {
                        "%d heads do not split model.width %d evenly", NH, C);
   if (R < 1) return shape_error(bd, "model.mlp_ratio", "%d; must be >= 1", R);
   int hs = C / NH, rd = c->model.rotary_dim ? c->model.rotary_dim : hs;
+  if (rotary && !c->model.rotary_dim && (rd < 2 || rd % 2))
+    return shape_error(bd, "model.rotary_dim",
+                       "0 rotates all %d dims of a head (model.width %d / "
+                       "model.heads %d), but rotary turns them in pairs: set "
+                       "it to an even number of at most %d, or make the head "
+                       "size even",
+                       hs, C, NH, hs);
   if (rotary && (rd < 2 || rd % 2 || rd > hs))
     return shape_error(bd, "model.rotary_dim",
                        "%d; must be even and at most the head size %d", rd, hs);

@@ -890,6 +890,31 @@ static void check_gpt_init(void) {
         normal);
   st_free(p);
   st_model_destroy(m);
+
+  /* rotary positions with model.rotary_dim left 0 (the whole head) over an
+   * odd head size, 66 / 2 = 33: the message named model.rotary_dim 33, a
+   * value the user never set ("default: model.rotary_dim: 33; must be
+   * even and at most the head size 33"); it says what 0 meant and why
+   * that is refused */
+  CHECK(st_config_set(&c, "model.positions=rotary", &err) == 0 &&
+            st_config_set(&c, "model.width=66", &err) == 0,
+        "rotary, head size 33: %s", err.msg);
+  m = NULL;
+  int rc = st_model_create(&m, &c, (st_shape){1, 8, 1}, &err);
+  CHECK(rc == ST_ESHAPE && m == NULL &&
+            strstr(err.msg, "model.rotary_dim: 0 rotates all 33 dims of a "
+                            "head (model.width 66 / model.heads 2)"),
+        "rotary, head size 33: rc %d '%s'", rc, err.msg);
+  if (rc == 0) st_model_destroy(m);
+  /* one set to an odd value says so, as before */
+  CHECK(st_config_set(&c, "model.rotary_dim=5", &err) == 0, "%s", err.msg);
+  m = NULL;
+  rc = st_model_create(&m, &c, (st_shape){1, 8, 1}, &err);
+  CHECK(rc == ST_ESHAPE && m == NULL &&
+            strstr(err.msg, "model.rotary_dim: 5; must be even and at most "
+                            "the head size 33"),
+        "rotary_dim 5: rc %d '%s'", rc, err.msg);
+  if (rc == 0) st_model_destroy(m);
 }
 
 static void check_init(void) {
