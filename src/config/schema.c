@@ -104,7 +104,7 @@ const st_config_key st_config_schema[] = {
          "gpt: the output head and the loss run fused, a chunk of the "
          "vocabulary at a time, so no logits buffer is kept (the backward "
          "makes the head's product again for all but the last chunks, "
-         "which the forward leaves in the scratch, at most 4M logits a "
+         "which the forward leaves in the scratch, at most 16M logits a "
          "sample: up to +1/3 of its FLOPs)"),
     ENUM(model, positions, "learned", positions,
          "gpt: learned positional embeddings (GPT-2/3) or rotary (GPT-J, "

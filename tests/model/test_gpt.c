@@ -40,7 +40,8 @@
  *
  * Runs from the repository root.
  */
-#include "../../src/exec/exec.h" /* internal: the stage worker */
+#include "../../src/config/schema.h" /* internal: the keys' help */
+#include "../../src/exec/exec.h"     /* internal: the stage worker */
 #include "harness.h"
 #include "strata.h"
 
@@ -626,6 +627,26 @@ static void check_head_keeps(void) {
           L->split, h->scratch_floats_per_sample, f.flops_bwd);
     st_model_destroy(m);
   }
+  /* the help of model.fused_loss (docs/config.md) gives the kept logits'
+   * bound a sample: GPT-2's 16 chunks of 1024 words at context 1024 (it
+   * said 4M, the bound before 2026-11-30's 16M) */
+  char *help = NULL, want[48];
+  size_t len = 0;
+  FILE *f = open_memstream(&help, &len);
+  if (f) {
+    st_config_schema_markdown(f);
+    fclose(f);
+  }
+  int bound = (int)(((size_t)st_linear_xent_keep(1024, V) *
+                     (size_t)st_linear_xent_chunk(1024, V) * 1024) >>
+                    20);
+  snprintf(want, sizeof want, "at most %dM logits a sample", bound);
+  const char *row = help ? strstr(help, "| `model.fused_loss` |") : NULL;
+  const char *eol = row ? strchr(row, '\n') : NULL;
+  const char *at = row ? strstr(row, want) : NULL;
+  CHECK(bound == 16 && at && at < eol,
+        "model.fused_loss's help does not say '%s'", want);
+  free(help);
 }
 
 int main(void) {
