@@ -287,6 +287,19 @@ run bench --calibrate --passes 10 --out "$T/cal10.json"
 if [ "$rc" -eq 2 ] && [[ $err == *"--passes takes a count from 1 to 9, not '10'"* ]]; then
   pass; else fail "bench --passes 10 refused" "rc=$rc" "$err"
 fi
+# the profile's path a folder or a FIFO: refused before any pass is
+# measured (each was found after them: the folder's rename failed, and
+# the FIFO was replaced by a regular file holding the profile)
+mkdir -p "$T/cal_folder"
+expect_error "bench --calibrate --out a folder" \
+  "^strata: error: --out $(re_quote "$T/cal_folder"): a folder, not a file: give a file's path$" \
+  -- bench --calibrate --threads 1 --passes 1 --out "$T/cal_folder"
+[[ $out != *calibrating* ]] && pass || fail "bench --out a folder measured first" "$out"
+mkfifo "$T/cal_fifo"
+STRATA_CALIBRATION="$T/cal_fifo" expect_error "bench --calibrate to a FIFO" \
+  "^strata: error: STRATA_CALIBRATION $(re_quote "$T/cal_fifo"): not a regular file \(a device, FIFO or socket\), which the write would replace: give a file's path$" \
+  -- bench --calibrate --threads 1 --passes 1
+[ -p "$T/cal_fifo" ] && pass || fail "the FIFO STRATA_CALIBRATION names is still a FIFO"
 # numbers as written: no blank, sign, hex or trailing comma slips through
 # (strtol and strtod alone take them; $tiny: a slip runs seconds, not hours)
 tiny="--set data.train_limit=64 --set data.test_limit=16 --set train.steps=2 --out $T/o_numbers"
