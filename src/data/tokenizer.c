@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -640,6 +641,15 @@ static int read_line_ints(const char **at, const char *end, long *v, int want) {
 
 int st_tokenizer_load(st_tokenizer **out, const char *path, st_error *err) {
   *out = NULL;
+  /* the most merges at the longest lines take 26 MB: a larger file (a
+   * corpus named by mistake) is refused before it is read into memory */
+  struct stat sb;
+  if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) &&
+      (uint64_t)sb.st_size > MAX_FILE_BYTES)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: %lld bytes, more than a strata BPE tokenizer "
+                        "takes (%zu); not a file from `strata tokenize train`",
+                        path, (long long)sb.st_size, MAX_FILE_BYTES);
   uint8_t *data = NULL;
   size_t n = 0;
   int rc = st_file_read(&data, &n, path, err);

@@ -417,6 +417,17 @@ static void test_file(void) {
             strstr(err.msg, "bytes in all"),
         "doubling merges: rc %d, '%s'", rc, err.msg);
   st_tokenizer_destroy(back);
+  /* a file past the largest tokenizer (a corpus given by mistake; sparse
+   * here) is refused by its size, not read whole into memory first */
+  const char *huge = tmp_path("huge.bpe");
+  write_file(huge, "strata-bpe 1\nvocab 256\n", 23);
+  CHECK(truncate(huge, ((off_t)64 << 20) + 1) == 0, "sparse %s", huge);
+  back = NULL;
+  rc = st_tokenizer_load(&back, huge, &err);
+  CHECK(rc == ST_EFORMAT && back == NULL && strstr(err.msg, huge) &&
+            strstr(err.msg, "67108865 bytes, more than a strata BPE"),
+        "a 64 MiB + 1 file: rc %d, '%s'", rc, err.msg);
+  unlink(huge);
   CHECK(st_tokenizer_load(&back, tmp_path("missing.bpe"), &err) == ST_EIO &&
             strstr(err.msg, "missing.bpe"),
         "a missing file: %s", err.msg);
