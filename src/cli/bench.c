@@ -91,14 +91,15 @@ int st_cli_bench(int argc, char **argv) {
     snprintf(path, sizeof path, "%s", out);
   else
     st_calibration_path(path, sizeof path);
-  if (!path[0])
-    return st_cli_usage_error(usage_bench,
-                              "STRATA_CALIBRATION=none: give --out FILE%s", "");
   /* a folder, FIFO or device there: refused now, not after the passes (the
    * write's rename would fail on a folder, or replace the other two) */
   st_error where = {0};
-  if (st_cli_out_folder(out ? "--out" : "STRATA_CALIBRATION", path, &where))
+  if ((out || path[0]) &&
+      st_cli_out_folder(out ? "--out" : "STRATA_CALIBRATION", path, &where))
     return st_cli_fail(&where);
+  if (!path[0])
+    return st_cli_usage_error(usage_bench,
+                              "STRATA_CALIBRATION=none: give --out FILE%s", "");
   if (threads == 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     threads = n > 0 ? (int)n : 1;

@@ -19,7 +19,8 @@ const char *st_cli_usage_pending(void);
  * a file" into err and 1, before any work (the write at the end failed
  * with "rename failed: Is a directory"); one that names another file that
  * is not regular (a device, a FIFO: the atomic write's rename would
- * replace it) likewise; else 0. */
+ * replace it) likewise, and an empty path ("OPTION: an empty path");
+ * else 0. */
 int st_cli_out_folder(const char *option, const char *path, st_error *err);
 /* One line on stderr for each key cfg sets that its setting does not read
  * (st_config_unused): "strata: notice: WHERE: KEY is not used by WHY;

@@ -13,6 +13,10 @@
 
 int st_cli_out_folder(const char *option, const char *path, st_error *err) {
   struct stat sb;
+  if (path && !*path) { /* else found at the end: ": rename failed" */
+    st_error_set(err, ST_EARG, "%s: an empty path: give a file's path", option);
+    return 1;
+  }
   if (!path || stat(path, &sb) != 0 || S_ISREG(sb.st_mode)) return 0;
   if (S_ISDIR(sb.st_mode))
     st_error_set(err, ST_EARG,

@@ -681,6 +681,14 @@ expect_error "tokenize train --out a FIFO" \
   "^strata: error: --out $(re_quote "$T/a_fifo"): not a regular file \(a device, FIFO or socket\), which the write would replace: give a file's path$" \
   -- tokenize train "$T/corpus.txt" --vocab 300 --out "$T/a_fifo"
 if [ -p "$T/a_fifo" ]; then pass; else fail "the FIFO --out named is still a FIFO"; fi
+# an empty path: refused before training (it trained, then ended in
+# ": rename failed: No such file or directory", naming no option)
+expect_error "tokenize train --out ''" \
+  "^strata: error: --out: an empty path: give a file's path$" \
+  -- tokenize train "$T/corpus.txt" --vocab 300 --out ""
+expect_error "bench --calibrate --out ''" \
+  "^strata: error: --out: an empty path: give a file's path$" \
+  -- bench --calibrate --threads 1 --passes 1 --out ""
 run tokenize encode "$T/corpus.txt" --tokenizer "$T/tok.bpe"
 ids=$(printf '%s' "$out" | wc -w)
 bytes=$(wc -c <"$T/corpus.txt")
