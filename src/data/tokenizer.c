@@ -721,8 +721,9 @@ int st_tokenizer_load(st_tokenizer **out, const char *path, st_error *err) {
   }
   if (s != end) {
     rc = st_error_set(err, ST_EFORMAT,
-                      "%s: unexpected data after the %d merges of vocab %d",
-                      path, n_merges, tok->vocab);
+                      "%s: line %d: unexpected data after the %d merges of "
+                      "vocab %d",
+                      path, n_merges + 3, n_merges, tok->vocab);
     goto done;
   }
   rc = tokenizer_finish(tok, path, 3, err);

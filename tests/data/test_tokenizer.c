@@ -375,7 +375,7 @@ static void test_file(void) {
       {"repeat.bpe", "line 4: merge 1 (97 97) repeats merge 0",
        "strata-bpe 1\nvocab 258\n97 97\n97 97\n", 0},
       {"garbage.bpe", "line 4", "strata-bpe 1\nvocab 258\n97 97\nx y\n", 0},
-      {"trailing.bpe", "unexpected data",
+      {"trailing.bpe", "line 4: unexpected data",
        "strata-bpe 1\nvocab 257\n97 97\n1 2\n", 0},
       /* ids past int32 (2^32 + 97 once read as 97), signs and blanks
        * strtol would skip: refused, not read as other merges */
