@@ -150,6 +150,15 @@ static int encode(const tokenize_args *a) {
   int status = 1;
   int rc = a->tokenizer ? st_tokenizer_load(&tok, a->tokenizer, &err)
                         : st_tokenizer_create_bytes(&tok, &err);
+  /* BPE encodes at most INT32_MAX - 1 bytes: a longer FILE is refused by
+   * its size, naming it, not read first (as st_text_dataset_load) */
+  struct stat sb;
+  if (!rc && st_tokenizer_vocab(tok) > 256 && stat(a->input, &sb) == 0 &&
+      sb.st_size >= INT32_MAX)
+    rc = st_error_set(&err, ST_EDATA,
+                      "%s: %lld bytes; a BPE tokenizer encodes at most %d "
+                      "bytes at once (split the file)",
+                      a->input, (long long)sb.st_size, INT32_MAX - 1);
   if (!rc) rc = st_file_read(&text, &n, a->input, &err);
   if (!rc && n) {
     ids = st_alloc(n * sizeof *ids);

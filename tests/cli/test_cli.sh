@@ -695,6 +695,14 @@ bytes=$(wc -c <"$T/corpus.txt")
 if [ "$rc" -eq 0 ] && [ "$ids" -gt 0 ] && [ "$ids" -lt $((bytes / 2)) ]; then pass; else
   fail "tokenize encode compresses the corpus" "rc $rc, $ids ids for $bytes bytes" "$err"
 fi
+# a FILE past what BPE encodes at once (2^31 bytes, sparse): refused by
+# its size, naming it (it was read whole, then 'encode: text of 2147483648
+# bytes is too long' named no file)
+truncate -s 2147483648 "$T/big.txt"
+expect_error "tokenize encode: a 2 GiB FILE under BPE" \
+  "^strata: error: $(re_quote "$T/big.txt"): 2147483648 bytes; a BPE tokenizer encodes at most 2147483646 bytes at once \(split the file\)$" \
+  -- tokenize encode "$T/big.txt" --tokenizer "$T/tok.bpe"
+rm -f "$T/big.txt"
 printf 'not a tokenizer\n' >"$T/bad.bpe"
 expect_error "tokenize: not a tokenizer file" "$(re_quote "$T/bad.bpe")" \
   -- tokenize encode "$T/corpus.txt" --tokenizer "$T/bad.bpe"
