@@ -2370,6 +2370,10 @@ uint32_t st_trainer_train_crc(const st_trainer *t);
 /* The noise-scale estimator, or NULL unless metrics.noise_scale is on. */
 const st_noise_scale *st_trainer_noise(const st_trainer *t);
 int64_t st_trainer_total_steps(const st_trainer *t);
+/* Samples the executor takes at once: execution.micro_batch, else
+ * pipelined backprop's 1 or the batch (a replica or rank runs at most its
+ * share of it). */
+int st_trainer_micro_batch(const st_trainer *t);
 /* Training samples (windows for text) one epoch passes over. */
 int st_trainer_train_size(const st_trainer *t);
 /* Where the mode's time went: one entry per stage (and replica), the

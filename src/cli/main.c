@@ -807,6 +807,10 @@ static int cmd_train(int argc, char **argv) {
   }
   const st_model *m = st_trainer_model(t);
   int W = st_dist_size(), R = cfg.execution.replicas;
+  int share = cfg.train.batch / R; /* the samples of a replica or a rank */
+  if (W > 1 && strcmp(cfg.execution.placement, "ranks") != 0)
+    share = cfg.train.batch /
+            (!strcmp(cfg.execution.mode, "weight_streaming") ? W - 1 : W);
   if (W > 1 && !strcmp(cfg.execution.placement, "ranks"))
     printf("strata: %d MPI ranks: %d replica%s of %d samples per step, each "
            "a pipeline over %d ranks that hold only their own stages\n",
@@ -829,8 +833,8 @@ static int cmd_train(int argc, char **argv) {
     /* each product rounds and lays out its weights anew: at a few rows that
      * costs more than the products save (MLP, Zen 4: 0.25x fp32's rate at
      * batch 1, 0.75x at 16, 1.4x at 32 and 256; docs/bf16.md) */
-    int each = cfg.execution.micro_batch > 0 ? cfg.execution.micro_batch
-                                             : cfg.train.batch;
+    int each =
+        st_trainer_micro_batch(t) < share ? st_trainer_micro_batch(t) : share;
     long rows = (long)each * m->label_rows;
     if (rows < 32)
       printf("strata: notice: %ld row%s per product: bf16 is slower than "

@@ -1507,6 +1507,7 @@ int64_t st_trainer_steps_per_epoch(const st_trainer *t) {
   return t->steps_per_epoch;
 }
 int st_trainer_threads(const st_trainer *t) { return st_pool_threads(t->pool); }
+int st_trainer_micro_batch(const st_trainer *t) { return t->micro_batch; }
 
 int st_trainer_stats(const st_trainer *t, st_track_stats *out, int cap,
                      double *wall) {

@@ -269,6 +269,22 @@ if [ "$keys" -eq 1 ]; then
     fail "a bf16 run under a profile that measured bf16 slower says so" "rc=$rc" "$flushed" "$out" "$err"
   fi
 fi
+# bf16's notice of few rows per product counts the samples one product
+# takes: pipelined backprop's default micro-batch of one sample, a
+# replica's share of the batch (it said nothing of either at batch 32)
+rows_notice="strata: notice: 1 row per product: bf16 is slower than fp32"
+run train configs/pb_mlp_fmnist.yaml --set data.dataset=synthetic "${small[@]}" \
+  --set train.steps=1 --set train.precision=bf16 --out "$T/run_bf16pb"
+pb_out=$out
+run train "$fc" "${small[@]}" --set train.steps=1 --set execution.replicas=4 \
+  --set train.precision=bf16 --out "$T/run_bf16rep"
+if [ "$rc" -eq 0 ] && grep -qF "$rows_notice" <<<"$pb_out" &&
+  grep -qF "strata: notice: 8 rows per product: bf16 is slower than fp32" <<<"$out"; then
+  pass
+else
+  fail "bf16's few-rows notice counts a micro-batch of pipelined backprop or a replica" \
+    "rc=$rc" "$pb_out" "$out" "$err"
+fi
 # the machine's state now: a round trip over 2 threads, a positive time
 run bench --probe --threads 2
 if [ "$rc" -eq 0 ] && [[ $out =~ ^round\ trip\ on\ 2\ threads:\ ([0-9.]+)\ us$ ]] &&
