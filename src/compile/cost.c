@@ -287,6 +287,8 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
    * backprop */
   double updates = 1.0 / (is_pb(cfg) ? batch : cfg->train.batch);
   int lwp = st_plan_predicts(cfg);
+  int zb1p = !strcmp(cfg->execution.mode, "pipeline") &&
+             !strcmp(cfg->execution.schedule, "zb1p");
   for (int i = 0; i < m->n_blocks; i++) {
     const st_block *b = &m->blocks[i];
     st_block_cost *c = &out[i];
@@ -300,6 +302,10 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
       if (b->tensors[t].tie >= 0)
         c->tied_bytes += 4.0 * (double)b->tensors[t].numel;
     c->act_bytes = 4.0 * (double)b->act_per_sample;
+    /* zb1p's B keeps each weighted layer's output gradient until its W,
+     * a buffer per micro-batch in flight (pipeline.c's
+     * st_stage_enable_split): held as the activations are */
+    if (zb1p) c->act_bytes += 4.0 * (double)st_block_dys_floats(b);
     c->in_bytes = 4.0 * (double)st_shape_numel(b->in);
     c->out_bytes = 4.0 * (double)st_shape_numel(b->out);
     c->work_numel_bytes = 4.0 * (double)b->max_numel;

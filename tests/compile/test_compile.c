@@ -2448,6 +2448,56 @@ static void test_svg_calibrated(void) {
   rmdir(dir);
 }
 
+/* zb1p's B keeps each weighted layer's output gradient for W, a buffer per
+ * micro-batch in flight (st_stage_enable_split): the plan counted none, so
+ * gpt_tiny's 2-stage zb1p plan held as much as its 1f1b one while the
+ * executor allocated 6 MB more. At one micro-batch (M = 1: one slot a
+ * stage under both schedules) what zb1p's executor allocates past 1f1b's
+ * is the dys and stage 1's own copy of its input (which the plan counts
+ * under both schedules); the plan's difference must be the rest. */
+static void test_zb1p_memory(void) {
+  const char *scheds[] = {"1f1b", "zb1p"};
+  double run[2] = {0, 0}, plan[2] = {0, 0}, own_in = 0;
+  for (int k = 0; k < 2; k++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    CHECK(st_config_load(&cfg, "configs/gpt_tiny.yaml", &err) == 0, "%s",
+          err.msg);
+    set(&cfg, "execution.mode=pipeline");
+    set(&cfg, "execution.stages=2");
+    set(&cfg, "train.batch=4");
+    set(&cfg, "execution.micro_batch=4");
+    char sc[48];
+    snprintf(sc, sizeof sc, "execution.schedule=%s", scheds[k]);
+    set(&cfg, sc);
+    st_trainer *t = NULL;
+    int rc = st_trainer_create(&t, &cfg, NULL, &err);
+    CHECK(rc == 0, "%s: trainer: %s", scheds[k], err.msg);
+    if (rc) return;
+    st_rank_memory r;
+    st_trainer_memory(t, &r);
+    st_trainer_destroy(t);
+    run[k] = r.buffers;
+    st_plan *p = NULL;
+    rc = st_plan_compile(&p, &cfg, 0, &err);
+    CHECK(rc == 0 && p->n_stages == 2, "%s: compile: %s", scheds[k], err.msg);
+    if (rc) return;
+    for (int s = 0; s < p->n_stages; s++) {
+      plan[k] += p->stages[s].mem_total;
+      if (k == 1 && s > 0)
+        own_in +=
+            p->stages[s].in_flight * p->blocks[p->stages[s].first].in_bytes;
+    }
+    st_plan_destroy(p);
+  }
+  double ran = run[1] - run[0] - own_in, planned = plan[1] - plan[0];
+  CHECK(ran > 0 && fabs(planned - ran) <= 1024,
+        "zb1p holds %.0f bytes past 1f1b's (their output gradients for W); "
+        "the plan counts %.0f",
+        ran, planned);
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -2475,6 +2525,7 @@ int main(void) {
   test_workspace();
   test_pb_weight_copies();
   test_rank_memory_as_train();
+  test_zb1p_memory();
   test_bound_by_hand();
   test_replicas();
   test_replicas_over_ranks();
