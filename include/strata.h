@@ -1863,6 +1863,12 @@ typedef struct st_block_cost {
    * weight streaming's update reads its gradient and writes it from its
    * source's new weights, reading no weights or state of its own. */
   double tied_bytes;
+  /* The optimizer step's FLOPs a sample (its updates per sample times the
+   * rule's FLOPs a parameter; a tied copy has no update of its own):
+   * uncalibrated, timed at pe_flops with the backward; calibrated, its
+   * bytes (bytes_bwd[3]) time it. 0 under weight streaming, whose model
+   * prices the update on its own. Not in flops_bwd. */
+  double flops_update;
   /* Pipelined backprop with linear weight prediction (lwp, sc+lwp): what the
    * prediction adds to the block at a stage with D > 0, every stage but the
    * last, per sample. Modelled, the bytes it moves: where the update is folded

@@ -6,6 +6,7 @@
  * report prints. A stage of blocks [i, j) on c PEs of rate r takes, per
  * sample,
  *     t = (F_fwd + F_bwd) / (c r e(c)) + (o_{j-1} [j < n] + i_i [i > 0]) / bw
+ * (F_bwd with the optimizer step's FLOPs, st_block_cost.flops_update)
  * where e(c) = 1 / (1 + slope (c - 1)), o the output bytes sent forward and
  * i the input-gradient bytes sent back, each over its edge: bw is a copy's
  * on a cpu; on a mesh the links along the edge the two stages' rectangles

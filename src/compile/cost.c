@@ -230,6 +230,18 @@ static void split_layer(st_block_cost *c, const st_block *b, const st_layer *L,
   }
 }
 
+/* FLOPs of one update of one parameter by cfg's rule (src/optim/optim.c):
+ * SGD's w - lr d, with weight decay's d + wd w, momentum's v = mu v + d
+ * and Nesterov's d + mu v; AdamW's decay, two moments, the square root,
+ * the bias correction, eps and the step. */
+static double update_flops(const st_config *cfg) {
+  if (!strcmp(cfg->optimizer.kind, "adamw")) return 14;
+  double f = 2;
+  if (cfg->optimizer.weight_decay != 0) f += 2;
+  if (cfg->optimizer.momentum != 0) f += cfg->optimizer.nesterov ? 4 : 2;
+  return f;
+}
+
 /* The model's first block computes no gradient for the model's input
  * (st_block_backward without a din): layers below its first weighted layer
  * run no backward, and that layer (linear, conv2d) skips its input-gradient
@@ -327,6 +339,9 @@ void st_plan_costs(st_block_cost *out, const st_model *m,
     /* beside them the update reads and writes the optimizer state; a
      * fused layer's stands where its gradient would (ws_bytes) */
     c->state_touched = 4.0 * ((double)b->n_params - fused) * slots;
+    if (strcmp(cfg->execution.mode, "weight_streaming") != 0)
+      c->flops_update = ((double)b->n_params - c->tied_bytes / 4) *
+                        update_flops(cfg) * updates;
     if (i == 0) skip_input_gradient(c, b, &x);
     /* the optimizer step: read weights, gradients and state, write weights
      * and state, clear the gradients; a fused update's weights are in

@@ -63,7 +63,7 @@ static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
   t[0] = t[1] = t[2] = t[3] = 0;
   if (!f->calibrated) {
     t[0] = b->flops_fwd;
-    t[1] = b->flops_bwd;
+    t[1] = b->flops_bwd + b->flops_update;
     return;
   }
   /* one-row linear products by the bytes they stream at rho, where the
@@ -261,7 +261,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         ls += b->lwp_bytes / f->op_bandwidth[3]; /* as the update's bytes */
       } else {
         wf += b->flops_fwd;
-        wb += b->flops_bwd;
+        wb += b->flops_bwd + b->flops_update;
         ws += b->ws_bytes;
       }
       dram += dram_bytes(b);

@@ -1044,7 +1044,8 @@ static void test_stages_by_rate(void) {
   if (!p) return;
   double flops = 0;
   for (int b = 0; b < p->n_blocks; b++)
-    flops += p->blocks[b].flops_fwd + p->blocks[b].flops_bwd;
+    flops += p->blocks[b].flops_fwd + p->blocks[b].flops_bwd +
+             p->blocks[b].flops_update;
   double rate1 = 90e9 / (flops * (0.05 + 0.95 / 16));
   CHECK(p->n_stages == 1 && p->micro_batches == 1,
         "1f1b at M = %d: %d stages; want 1", p->micro_batches, p->n_stages);
@@ -1463,7 +1464,7 @@ static void test_replicas(void) {
          wsc = 0;
   for (int b = 0; b < p->n_blocks; b++) {
     const st_block_cost *c = &p->blocks[b];
-    flops += c->flops_fwd + c->flops_bwd;
+    flops += c->flops_fwd + c->flops_bwd + c->flops_update;
     w += c->param_bytes;
     state += c->state_bytes;
     acts += c->act_bytes;
@@ -2498,6 +2499,52 @@ static void test_zb1p_memory(void) {
         ran, planned);
 }
 
+/* The optimizer step is work the fabric does: uncalibrated, its FLOPs went
+ * uncounted, so pipelined backprop's update at every sample (5 FLOPs a
+ * parameter against the forward and backward's 6 for an MLP) was left out
+ * of a mesh plan's time, a rate no PE at pe_flops reaches. By hand: SGD
+ * with momentum, Nesterov and weight decay 8 FLOPs a parameter (wd 2,
+ * momentum 2, Nesterov 2, the step 2), AdamW 14; once a micro-batch in
+ * pipelined backprop, once a batch elsewhere; and a one-stage plan on one
+ * uncalibrated core takes every FLOP at 90 GFLOP/s. */
+static void test_update_flops(void) {
+  const char *cases[][4] = {
+      {"optimizer.kind=sgd", "optimizer.nesterov=true",
+       "optimizer.weight_decay=0.0005", "execution.mode=sequential"},
+      {"optimizer.kind=adamw", "optimizer.weight_decay=0.1",
+       "execution.mode=sequential", "train.batch=8"},
+      {"optimizer.kind=sgd", "optimizer.nesterov=false",
+       "optimizer.weight_decay=0", "execution.mode=pipelined_backprop"}};
+  const double per[] = {8, 14, 4};
+  for (int k = 0; k < 3; k++) {
+    st_config cfg;
+    st_config_defaults(&cfg);
+    set(&cfg, "optimizer.momentum=0.9");
+    set(&cfg, "fabric.cores=1");
+    for (int i = 0; i < 4; i++) set(&cfg, cases[k][i]);
+    st_error err = {0};
+    st_plan *p = NULL;
+    int rc = st_plan_compile(&p, &cfg, 1, &err);
+    CHECK(rc == 0, "%s: %s", cases[k][3], err.msg);
+    if (rc) continue;
+    double updates = k == 2 ? 1 : cfg.train.batch, flops = 0;
+    for (int b = 0; b < p->n_blocks; b++) {
+      const st_block_cost *c = &p->blocks[b];
+      double want = c->param_bytes / 4 * per[k] / updates;
+      CHECK(fabs(c->flops_update - want) <= 1e-12 * want,
+            "%s, %s: block %d's update %.6g FLOPs a sample, by hand %.6g",
+            cases[k][0], cases[k][3], b, c->flops_update, want);
+      flops += c->flops_fwd + c->flops_bwd + c->flops_update;
+    }
+    double t = flops / 90e9;
+    CHECK(p->n_stages == 1 && fabs(p->stages[0].time - t) <= 1e-12 * t,
+          "%s, %s: one core %.6g s a sample, by hand %.6g (the update's "
+          "FLOPs included)",
+          cases[k][0], cases[k][3], p->n_stages ? p->stages[0].time : 0, t);
+    st_plan_destroy(p);
+  }
+}
+
 int main(void) {
   /* the built-in cpu estimates are under test here, not a profile that a
    * `strata bench --calibrate` on this machine may have left (see
@@ -2526,6 +2573,7 @@ int main(void) {
   test_pb_weight_copies();
   test_rank_memory_as_train();
   test_zb1p_memory();
+  test_update_flops();
   test_bound_by_hand();
   test_replicas();
   test_replicas_over_ranks();
