@@ -241,6 +241,10 @@ static void resolve_wse2(st_fabric *f) {
            "model's tensors are assumptions, not published");
 }
 
+/* The most PEs a mesh may have: past it a plan's PE counts (doubles in
+ * places) no longer add up exactly. */
+#define MAX_MESH_PES ((int64_t)1 << 40)
+
 static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
   int w = cfg->fabric.width, h = cfg->fabric.height;
   if (w <= 0 || h <= 0)
@@ -249,6 +253,12 @@ static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
         "%s: fabric.width, fabric.height: a mesh needs both "
         "> 0 (got %d x %d); give --fabric mesh:WxH",
         st_config_where(cfg, w <= 0 ? "fabric.width" : "fabric.height"), w, h);
+  if ((int64_t)w * h > MAX_MESH_PES) /* as --fabric mesh:WxH refuses */
+    return st_error_set(
+        err, ST_ECONFIG,
+        "%s: fabric.width, fabric.height: %d x %d PEs, more than a mesh "
+        "takes (2^40)",
+        st_config_where(cfg, "fabric.width"), w, h);
   f->kind = ST_FABRIC_MESH;
   snprintf(f->name, sizeof f->name, "mesh:%dx%d", w, h);
   f->width = w;
@@ -309,6 +319,8 @@ static int parse_count(const char *s, const char *end, int *out) {
   return 0;
 }
 
+enum { MAX_CORES = 1 << 20 }; /* fabric.cores' bound (config.c) */
+
 int st_fabric_parse(st_config *cfg, const char *spec, st_error *err) {
   char set[96];
   int rc;
@@ -317,9 +329,11 @@ int st_fabric_parse(st_config *cfg, const char *spec, st_error *err) {
   const char *arg = colon ? colon + 1 : NULL;
   if (kind_len == 3 && strncmp(spec, "cpu", 3) == 0) {
     int cores = 0;
-    if (arg && parse_count(arg, arg + strlen(arg), &cores))
+    if (arg &&
+        (parse_count(arg, arg + strlen(arg), &cores) || cores > MAX_CORES))
       return st_error_set(err, ST_EARG,
-                          "--fabric %s: cpu:N takes a core count >= 1", spec);
+                          "--fabric %s: cpu:N takes a core count from 1 to %d",
+                          spec, MAX_CORES);
     if ((rc = st_config_set(cfg, "fabric.kind=cpu", err))) return rc;
     snprintf(set, sizeof set, "fabric.cores=%d", cores);
     return st_config_set(cfg, set, err);
@@ -331,7 +345,7 @@ int st_fabric_parse(st_config *cfg, const char *spec, st_error *err) {
       return st_error_set(err, ST_EARG,
                           "--fabric %s: a mesh is mesh:WxH, e.g. mesh:64x64",
                           spec);
-    if ((int64_t)w * h > (int64_t)1 << 40)
+    if ((int64_t)w * h > MAX_MESH_PES)
       return st_error_set(err, ST_EARG, "--fabric %s: too many PEs", spec);
     if ((rc = st_config_set(cfg, "fabric.kind=mesh", err))) return rc;
     snprintf(set, sizeof set, "fabric.width=%d", w);

@@ -881,13 +881,24 @@ static void test_errors(void) {
 
   /* Fabric specs */
   st_config_defaults(&cfg);
-  const char *bad[] = {"cpu:0",   "cpu:x", "mesh:4", "mesh:0x4",
-                       "mesh:4x", "tpu",   "wse3",   "mesh:4x4x4"};
+  const char *bad[] = {"cpu:0", "cpu:x", "mesh:4",     "mesh:0x4",   "mesh:4x",
+                       "tpu",   "wse3",  "mesh:4x4x4", "cpu:1048577"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     rc = st_fabric_parse(&cfg, bad[i], &err);
-    CHECK(rc == ST_EARG && strstr(err.msg, bad[i]), "--fabric %s: rc %d '%s'",
-          bad[i], rc, err.msg);
+    CHECK(rc == ST_EARG && strstr(err.msg, "--fabric") &&
+              strstr(err.msg, bad[i]),
+          "--fabric %s: rc %d '%s'", bad[i], rc, err.msg);
   }
+  /* a config's mesh past 2^40 PEs, as --fabric's: refused (2e9 x 2e9
+   * planned, its idle PEs counted in doubles past 2^53) */
+  st_config_defaults(&cfg);
+  set(&cfg, "fabric.kind=mesh");
+  set(&cfg, "fabric.width=2000000000");
+  set(&cfg, "fabric.height=2000000000");
+  st_fabric fb;
+  rc = st_fabric_resolve(&fb, &cfg, &err);
+  CHECK(rc == ST_ECONFIG && strstr(err.msg, "2000000000 x 2000000000 PEs"),
+        "a mesh of 4e18 PEs: rc %d '%s'", rc, err.msg);
   st_config_defaults(&cfg);
   set(&cfg, "fabric.kind=mesh");
   st_fabric fm;
