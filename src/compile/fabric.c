@@ -116,7 +116,7 @@ static void apply_overrides(st_fabric *f, const st_config *cfg) {
     f->link_bandwidth = cfg->fabric.link_bandwidth;
     strcat(note, " link_bandwidth");
   }
-  if (f->kind == ST_FABRIC_CPU && cfg->fabric.memory_bandwidth > 0) {
+  if (cfg->fabric.memory_bandwidth > 0) {
     f->memory_bandwidth = cfg->fabric.memory_bandwidth;
     snprintf(f->memory_bandwidth_source, sizeof f->memory_bandwidth_source,
              "config");
@@ -270,6 +270,10 @@ static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
   f->link_bandwidth = WSE2_LINK_BANDWIDTH;
   f->efficiency_slope = 0;
   mesh_figures(f);
+  /* each PE its SRAM's share of the WSE-2's 20 PB/s */
+  f->memory_bandwidth = WSE2_MEMORY_BANDWIDTH / WSE2_CORES * (double)f->pes;
+  snprintf(f->memory_bandwidth_source, sizeof f->memory_bandwidth_source,
+           "published");
   f->estimated = 0;
   snprintf(f->source, sizeof f->source,
            "per-PE figures of one WSE-2 PE and a CS-2's I/O unless the "

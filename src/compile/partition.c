@@ -499,10 +499,11 @@ void region_shape(const layout *L, int64_t units, double *w, double *h) {
 double stage_dram_time(const problem *p, const layout *L, int i, int j,
                        int64_t units) {
   const st_fabric *f = p->fabric;
-  if (f->kind != ST_FABRIC_CPU || !(f->memory_bandwidth > 0) || !p->dram)
-    return 0;
+  if (!(f->memory_bandwidth > 0) || !p->dram) return 0;
   int64_t at = range_index(p, i, j);
   double share = (double)units * L->h / (double)f->pes;
+  /* a mesh's PEs have no cache before their memory (cache_bytes 0): every
+   * byte is the SRAM's, at the PEs' share of the fabric's bandwidth */
   double cache = f->cache_bytes > 0 ? f->cache_bytes : 0;
   if (p->touched[at] <= cache * share) return 0;
   return p->dram[at] / (f->memory_bandwidth * share);
@@ -560,8 +561,9 @@ double stage_time_links(const problem *p, const layout *L, int i, int j,
     tf += nl * f->pe_overhead;
     tb += nl * f->pe_overhead;
   }
-  /* no faster than memory carries its bytes (cpu): the passes stretched
-   * in proportion, the copies to the next stage beside them */
+  /* no faster than memory carries its bytes (a cpu's DRAM, a mesh's
+   * SRAM): the passes stretched in proportion, the copies to the next
+   * stage beside them */
   double dram = stage_dram_time(p, L, i, j, units);
   if (dram > tf + tb && tf + tb > 0) {
     double k = dram / (tf + tb);

@@ -631,12 +631,12 @@ static int build_stages(st_plan *plan, const problem *p, const layout *L,
     st->pes_for_memory = units_for_memory(p, L, i, j, s) * L->h;
     double dram = stage_dram_time(p, L, i, j, span[s]);
     snprintf(st->bound, sizeof st->bound, "%s",
-             st->pes_for_memory > st->pes_for_time ? "memory"
+             st->pes_for_memory > st->pes_for_time         ? "memory"
+             : st->time_comm > st->time_fwd + st->time_bwd ? "communication"
              /* (stretched to dram: equal but for the scaling's rounding) */
              : dram > 0 && dram >= (st->time_fwd + st->time_bwd) * (1 - 1e-12)
                  ? "memory bandwidth"
-             : st->time_comm > st->time_fwd + st->time_bwd ? "communication"
-                                                           : "compute");
+                 : "compute");
     describe_stage(&here, L, plan, s, (span[s] - before[s]) * L->h);
   }
   (void)spare;

@@ -148,8 +148,12 @@ void st_plan_print(const st_plan *p, FILE *f) {
                                            : "default",
             st_plan_fmt_bytes(a, sizeof a, fb->cache_bytes));
   else
-    fprintf(f, "link %s/s one way; e(c) = 1\n",
-            st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth));
+    fprintf(
+        f, "link %s/s one way; memory %s/s each (%s); e(c) = 1\n",
+        st_plan_fmt_bytes(d, sizeof d, fb->link_bandwidth),
+        st_plan_fmt_bytes(e, sizeof e, fb->memory_bandwidth / (double)fb->pes),
+        fb->memory_bandwidth_source[0] ? fb->memory_bandwidth_source
+                                       : "default");
   fprintf(f, "  figures: %s\n", fb->source);
   if (fb->calibrated) {
     fprintf(f,

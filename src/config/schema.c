@@ -332,9 +332,11 @@ const st_config_key st_config_schema[] = {
           "GbE = 1.5e11, published; a cpu: 2e9, an estimate of one NVMe "
           "SSD, docs/compiler.md)"),
     FLOAT(fabric, memory_bandwidth, "0",
-          "cpu: bytes/s of the machine's memory (DRAM), all cores together; "
-          "0 = the fabric's own figure (the calibration profile's measured "
-          "one, else 1e11, a built-in estimate; docs/compiler.md)"),
+          "bytes/s of the memory, all cores or PEs together: a cpu's DRAM, "
+          "a mesh's SRAM; 0 = the fabric's own figure (cpu: the calibration "
+          "profile's measured one, else 1e11, a built-in estimate; mesh and "
+          "wse2: a WSE-2 PE's share of 20 PB/s, published, times the PEs; "
+          "docs/compiler.md)"),
 
     INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
     ENUM(metrics, progress, "auto", progress_modes,

@@ -14,6 +14,7 @@
  *   - in flight as each schedule keeps it (1f1b, gpipe, pipelined backprop
  *     with stashing), against the counts written out here;
  *   - a mesh's band heights are every divisor of its height;
+ *   - a PE's SRAM bandwidth bounds a plan whose compute is near free;
  *   - every published GPT config plans at its published batch on cpu:16,
  *     cpu:64, mesh:757x996 and wse2 with a mode whose plan fits, and a mesh
  *     too small for any is refused naming the smallest that would do.
@@ -430,6 +431,74 @@ static void test_band_turn(void) {
   st_plan_destroy(p);
 }
 
+/* A PE's SRAM bounds it as a cpu's DRAM does (docs/compiler.md, "Memory
+ * bandwidth"): pb_mlp_fmnist at one sample (pipelined backprop) on a
+ * 64 x 64 mesh whose compute and links are made near free reads each
+ * weight at least once a sample, so no plan passes the fabric's memory
+ * bandwidth over the weights' bytes, 4 x its parameters, samples a second.
+ * The SRAM's bandwidth was recorded and never used: that plan ran at
+ * 1e18 FLOP/s a PE. At half the bandwidth the rate halves (the bound
+ * binds, and the stages say so); at a WSE-2 PE's 2.2 GFLOP/s, compute
+ * binds as before. */
+static void test_sram_bandwidth(void) {
+  double rate[2] = {0, 0}, had[2] = {0, 0};
+  for (int k = 0; k < 3; k++) {
+    st_config cfg;
+    st_error err = {0};
+    st_config_defaults(&cfg);
+    CHECK(st_config_load(&cfg, "configs/pb_mlp_fmnist.yaml", &err) == 0, "%s",
+          err.msg);
+    CHECK(st_fabric_parse(&cfg, "mesh:64x64", &err) == 0, "%s", err.msg);
+    if (k < 2) {
+      const char *fast[] = {
+          "fabric.pe_flops=1e18", "fabric.link_bandwidth=1e18",
+          "fabric.hop_latency=1e-18", "fabric.pe_overhead=1e-18",
+          "fabric.io_bandwidth=1e18"};
+      for (size_t i = 0; i < sizeof fast / sizeof *fast; i++)
+        set(&cfg, fast[i]);
+    }
+    /* a WSE-2 PE's share of 20 PB/s, all 4,096 PEs together; then half */
+    double bw = 20e15 / 850000 * 4096 / (k == 1 ? 2 : 1);
+    if (k == 1) {
+      char b[64];
+      snprintf(b, sizeof b, "fabric.memory_bandwidth=%.17g", bw);
+      set(&cfg, b);
+    }
+    st_plan *p = NULL;
+    int rc = st_plan_compile(&p, &cfg, 0, &err);
+    CHECK(rc == 0, "sram %d: %s", k, err.msg);
+    if (rc) continue;
+    double params = 0;
+    for (int b = 0; b < p->n_blocks; b++) params += p->blocks[b].param_bytes;
+    /* 1e-7: the key is a float */
+    CHECK(fabs(p->fabric.memory_bandwidth - bw) <= 1e-7 * bw,
+          "sram %d: memory bandwidth %g, want %g", k,
+          p->fabric.memory_bandwidth, bw);
+    if (k < 2) {
+      rate[k] = p->throughput;
+      had[k] = p->fabric.memory_bandwidth;
+      CHECK(p->throughput <= p->fabric.memory_bandwidth / params,
+            "sram %d: %.4g samples/s past the SRAM's %.4g B/s over %.4g B of "
+            "weights a sample",
+            k, p->throughput, p->fabric.memory_bandwidth, params);
+      CHECK(!strcmp(p->stages[p->bottleneck].bound, "memory bandwidth"),
+            "sram %d: the bottleneck bound by '%s'", k,
+            p->stages[p->bottleneck].bound);
+    } else {
+      for (int s = 0; s < p->n_stages; s++)
+        CHECK(strcmp(p->stages[s].bound, "memory bandwidth") != 0,
+              "a WSE-2 PE's rate: stage %d bound by its memory bandwidth", s);
+    }
+    st_plan_destroy(p);
+  }
+  double want = rate[0] * had[1] / (had[0] > 0 ? had[0] : 1);
+  /* 1e-6: the near-free links' and overheads' femtoseconds beside it */
+  CHECK(fabs(rate[1] - want) <= 1e-6 * want,
+        "at half the SRAM's bandwidth %.9g samples/s, want %.9g (half of "
+        "%.9g)",
+        rate[1], want, rate[0]);
+}
+
 /* The band heights a mesh is tried at are every divisor of its height,
  * largest first (docs/compiler.md): against a loop over every height up to
  * 3000, and, for heights too large to loop over, against the divisor count
@@ -571,6 +640,7 @@ int main(void) {
   test_in_flight();
   test_band_turn();
   test_band_heights();
+  test_sram_bandwidth();
   test_published();
   TH_DONE();
 }
