@@ -1204,6 +1204,18 @@ static int cmd_eval(int argc, char **argv) {
     return st_cli_fail(&err);
   st_config cfg;
   if (load_config(&cfg, &a, &err)) return st_cli_fail(&err);
+  /* The weights come from FILE (a file store's run: its export), never
+   * from a store: a file store is a run's training state, which a trainer
+   * without a run's folder cannot name and no checkpoint loads into. The
+   * memory store, the trainer's own fp32 slabs, takes them as it takes any
+   * checkpoint (bf16 weights widen exactly, as a fetch widens them). */
+  if (!strcmp(cfg.execution.mode, "weight_streaming") &&
+      !strcmp(cfg.execution.store, "file")) {
+    snprintf(cfg.execution.store, sizeof cfg.execution.store, "memory");
+    snprintf(cfg.execution.store_weights, sizeof cfg.execution.store_weights,
+             "fp32");
+    cfg.execution.store_path[0] = '\0';
+  }
   st_trainer *t;
   if (st_trainer_create(&t, &cfg, NULL, &err)) return st_cli_fail(&err);
   double loss, acc;

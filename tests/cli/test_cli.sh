@@ -1144,6 +1144,14 @@ run eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_ws"
 if [ "$rc" -eq 0 ] && grep -q "^test accuracy [01]\.[0-9]*, test loss [0-9.]* ($(re_quote "$T/w_ws/checkpoints/step-00000300.safetensors"))$" <<<"$out"; then pass; else
   fail "eval of a store's run after its export: the exported checkpoint" "rc $rc" "$out" "$err"
 fi
+# and with the run's own config.yaml (CONFIG '-', a file store's config):
+# the weights come from the export, not from a store (refused before: the
+# store needs a run's folder)
+fc_eval=$out
+run eval - --checkpoint "$T/w_ws"
+if [ "$rc" -eq 0 ] && [ "$out" = "$fc_eval" ]; then pass; else
+  fail "eval - of a store's run after its export: its own config, the same figures" "rc $rc" "$out" "$err"
+fi
 # (by step numbers, not file times: a copied folder's times say nothing)
 cp -rp "$T/w_ws" "$T/w_ws_copy"
 touch "$T/w_ws_copy/checkpoints/"*
@@ -1254,6 +1262,13 @@ if [ "$rc" -eq 0 ] && [ -n "$bf16_done" ] && grep -q "^$bf16_done " <<<"$out"; t
   pass
 else
   fail "the bf16 export evaluates as the run ended ($bf16_done)" "rc $rc" "$out" "$err"
+fi
+# under the run's own config, whose store holds bf16 weights
+run eval "$T/w_bf16/config.yaml" --checkpoint "$T/w_bf16.safetensors"
+if [ "$rc" -eq 0 ] && [ -n "$bf16_done" ] && grep -q "^$bf16_done " <<<"$out"; then
+  pass
+else
+  fail "the bf16 export evaluates under the run's config.yaml as the run ended ($bf16_done)" "rc $rc" "$out" "$err"
 fi
 expect_error "a bf16 store resumed as fp32" \
   "^strata: error: $(re_quote "$T/w_bf16/store.strata"): the store holds bf16 weights; this config's execution.store_weights is fp32$" \
