@@ -16,6 +16,9 @@ needs=(
   "libopenmpi-dev:/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h"
   "openmpi-bin:/usr/bin/mpirun.openmpi"
   "clang-format:/usr/bin/clang-format"
+  # the shell tests' own tools (a container's Debian has neither)
+  "python3:/usr/bin/python3"
+  "procps:/usr/bin/pgrep"
 )
 
 missing=()

@@ -1391,6 +1391,21 @@ for M in 3 4; do
     pass; else fail "interleaved M=$M: the bubble line names what it printed" "rc $rc" "$out" "$err"; fi
 done
 
+# --- 8z. the set-up contract ---------------------------------------------------
+# `make test` on a fresh Debian installs what tools/install-deps.sh lists, and
+# README.md names that list: every program the shell tests run beside strata
+# must come from it (python3 and pgrep were missing: a container's Debian has
+# neither, and the JSON checks and test_mpi's kills failed there).
+deps=$(sed -n 's/^  "\([a-z0-9.+-]*\):.*"$/\1/p' tools/install-deps.sh | tr '\n' ' ')
+for need in python3 procps openmpi-bin; do
+  if [[ " $deps" == *" $need "* ]]; then pass; else
+    fail "tools/install-deps.sh installs $need, which the shell tests run" "its list: $deps"; fi
+done
+readme=$(sed -n '/^Both start with `tools\/install-deps.sh`/,/`\./p' README.md | tr '\n' ' ' |
+  sed 's/.*Debian packages: `\([^`]*\)`.*/\1/' | tr -s ' ')
+if [ "$readme " = "$deps" ]; then pass; else
+  fail "README.md names the packages tools/install-deps.sh installs" "README: $readme" "script: $deps"; fi
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint folder that cannot be made (a file is in the way) is found
 # before the first step, not at the first checkpoint; no failing run above
