@@ -1406,6 +1406,21 @@ readme=$(sed -n '/^Both start with `tools\/install-deps.sh`/,/`\./p' README.md |
 if [ "$readme " = "$deps" ]; then pass; else
   fail "README.md names the packages tools/install-deps.sh installs" "README: $readme" "script: $deps"; fi
 
+# Every `strata COMMAND ...` the docs show names a command, and each --option
+# in it one that the command's --help lists (docs/bf16.md named a `strata
+# calibrate`, which strata refuses as an unknown command).
+cmds=$("$strata" --help | sed -n 's/^  \([a-z]*\) .*/\1/p' | tr '\n' ' ')
+while read -r doc cmd opt; do
+  if [[ " $cmds" != *" $cmd "* ]]; then
+    fail "$doc shows \`strata $cmd\`, which is no command" "commands: $cmds"
+  elif [ -n "$opt" ] && ! "$strata" "$cmd" --help | grep -q -- "$opt\b"; then
+    fail "$doc shows \`strata $cmd ... $opt\`, which strata $cmd --help does not list"
+  else pass; fi
+done < <(grep -oE '`strata [a-z]+[^`]*`' README.md docs/*.md |
+  grep -oE '^[^:`]*:|`strata [a-z]+|--[a-z][a-z-]*' |
+  awk '/:$/ {doc = $0; next} /^`strata/ {cmd = $2; print doc, cmd; next} {print doc, cmd, $0}' |
+  sort -u)
+
 # --- 9. atomic writes ---------------------------------------------------------
 # A checkpoint folder that cannot be made (a file is in the way) is found
 # before the first step, not at the first checkpoint; no failing run above
