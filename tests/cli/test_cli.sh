@@ -1002,6 +1002,14 @@ if [ "$rc" -eq 0 ] && cmp -s "$T/p_seq/checkpoints/step-00000012.safetensors" \
 else
   fail "pipeline checkpoint equals sequential's byte for byte" "rc $rc" "$err"
 fi
+# every file the run wrote is one that train --help and README.md's table
+# name (schedule.svg and plan.json were in neither --help nor the table)
+run train --help
+for f in "$T/p_pipe"/* store.strata; do
+  f=${f##*/}
+  if grep -q "^  DIR/$f[/ ]" <<<"$out" && grep -Eq "^\| \`$f[/\`]|^\| .*, \`$f\` \|" README.md; then pass; else
+    fail "train --help and README.md name $f, which a pipeline run writes"; fi
+done
 # sequential replicas: a stage each, no pipeline, so no bubble formula
 run train "$fc" "${pipe_args[@]}" --set execution.replicas=2 --out "$T/p_rep"
 if [ "$rc" -eq 0 ] && grep -Eq "^strata:   replica 1 stage 0 +0-2 " <<<"$out" &&
