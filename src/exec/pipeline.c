@@ -222,22 +222,24 @@ static int weights_one(pipe_stage *st, st_trainer_view *v, int k) {
   st_rt_stage *r = &st->rt;
   jitter(st);
   int slot = k % r->slots, last = k == p->M - 1;
-  double t0 = st_now();
   /* a tied tensor is updated with its copies' gradients: their last W
-   * (on another stage, not ordered before this one by the schedule) first */
+   * (on another stage, not ordered before this one by the schedule) first;
+   * the wait is idle, not this W's work (its span and busy time start
+   * after it, as a forward's start after its receive) */
   if (last && st->tie_copies &&
       st_wait_ge(&r->w, &p->copies_done, st->tie_copies, p->rt.spin,
                  &p->rt.abort, &p->rt.stop))
     return -1;
+  double t0 = st_now();
   st_stage_backward_weights_each(
       r->run[slot], &v->ctx, v->params, v->grads, r->in[slot], p->rt.mb,
       last && !v->grads_only ? st_exec_update_block : NULL, v);
   st->held--;
+  double t1 = st_now(); /* before the source may start its own W */
   if (last && st->tie_source >= 0) {
     atomic_fetch_add(&p->copies_done, 1);
     st_waiter_wake(&p->stages[st->tie_source].rt.w);
   }
-  double t1 = st_now();
   st_rt_trace(v, ST_TRACE_WEIGHT, k, t0, t1);
   r->busy += t1 - t0;
   return 0;

@@ -540,6 +540,69 @@ static void test_jitter_schedules(const st_config *base) {
   }
 }
 
+/* zb1p on the tied GPT with random pauses, traced: the stage holding the
+ * token embedding waits for its head copy's last W before its own last W
+ * updates the pair. That wait is idle, not the W's work: its span (and
+ * the stage's busy seconds) started before the wait, so the embedding's
+ * last W began before the copy's had ended in about a third of the steps.
+ * Every step, the one must begin no earlier than the other ends (the
+ * file's microseconds have three decimals: 0.002 of rounding either way). */
+static void test_tie_wait_traced(const st_config *base) {
+  enum { S = 4, M = 8, N = 100 };
+  st_config c = *base;
+  c.train.batch = 2 * M;
+  c.execution.micro_batch = 2;
+  snprintf(c.execution.mode, sizeof c.execution.mode, "pipeline");
+  snprintf(c.execution.schedule, sizeof c.execution.schedule, "zb1p");
+  c.execution.stages = S;
+  st_error err = {0};
+  st_trainer *t = make(&c, &err);
+  CHECK(t != NULL, "%s", err.msg);
+  if (!t) return;
+  CHECK(st_trainer_trace(t, 100000, &err) == 0, "%s", err.msg);
+  st_pipeline_set_jitter(st_trainer_exec_state(t), 1000, 4242);
+  double loss;
+  int rc = 0;
+  for (int i = 0; i < N && !rc; i++) rc = st_trainer_step(t, &loss, &err);
+  CHECK(rc == 0, "zb1p traced: %s", err.msg);
+  char path[] = "/tmp/strata_tie_trace_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0, "mkstemp");
+  if (fd >= 0) close(fd);
+  CHECK(st_trainer_write_trace(t, path, &err) == 0, "%s", err.msg);
+  double begin[N], end[N];
+  for (int i = 0; i < N; i++) begin[i] = end[i] = -1;
+  FILE *f = fopen(path, "r");
+  char line[512];
+  while (f && fgets(line, sizeof line, f)) {
+    int tid, step, mb;
+    double ts, dur;
+    if (sscanf(line,
+               "{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"name\":\"weight-grad\","
+               "\"ts\":%lf,\"dur\":%lf,\"args\":{\"step\":%d,"
+               "\"micro_batch\":%d",
+               &tid, &ts, &dur, &step, &mb) != 5 ||
+        mb != M - 1 || step < 0 || step >= N)
+      continue;
+    if (tid == 0) begin[step] = ts;
+    if (tid == S - 1) end[step] = ts + dur;
+  }
+  if (f) fclose(f);
+  unlink(path);
+  int bad = 0, missing = 0;
+  for (int i = 0; i < N; i++) {
+    missing += begin[i] < 0 || end[i] < 0;
+    bad += begin[i] >= 0 && end[i] >= 0 && begin[i] < end[i] - 0.002;
+  }
+  CHECK(missing == 0, "zb1p traced: %d of %d steps without both last Ws",
+        missing, N);
+  CHECK(bad == 0,
+        "zb1p traced: in %d of %d steps the tied embedding's last W began "
+        "before its head copy's last W ended (the wait counted as work)",
+        bad, N);
+  st_trainer_destroy(t);
+}
+
 /* 10,000 steps of a 4-stage 1f1b pipeline with random pauses in every
  * stage (a test-only knob) end with the same weights as without: no
  * deadlock, no lost or reordered message. */
@@ -732,5 +795,6 @@ int main(void) {
   test_refusals(&mlp);
   test_stress(&mlp);
   test_jitter_schedules(&gpt6);
+  test_tie_wait_traced(&gpt6);
   TH_DONE();
 }
