@@ -937,10 +937,11 @@ static int cmd_train(int argc, char **argv) {
    * made does not stop a sequential run; it is reported. */
   st_plan *plan = NULL;
   st_fabric fab;
-  if (speaks && st_dist_size() == 1 && !st_fabric_resolve(&fab, &cfg, &err) &&
+  if (speaks && !st_fabric_resolve(&fab, &cfg, &err) &&
       st_trainer_stages(t) > fab.pes) {
     /* more stages than cores: the run shares them; a plan gives each
-     * stage a core of its own, so there is none to compare with */
+     * stage a core of its own, so there is none to compare with (over
+     * ranks too: the plan's error named a --stages no one gave) */
     printf("strata: no plan: the run's %d stages share the %lld cores of "
            "%s; a plan gives each stage one of its own ('strata compile' "
            "with a larger --fabric plans them)\n",

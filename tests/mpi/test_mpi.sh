@@ -184,6 +184,12 @@ placed "interleaved-2x2-m3" 2 --set execution.mode=pipeline --set execution.sche
 placed "1f1b-4-stages" 2 --set execution.mode=pipeline --set execution.stages=4 \
   --set execution.micro_batch=4
 placed "pb-stash-4-stages" 2 "${pbo[@]}" --set execution.mitigation=stash --set execution.stages=4
+# more stages than the machine's cores: no plan, said as a run says it (it
+# was "warning: no plan: --stages 4: ...", a flag no one gave)
+if [ "$(nproc)" -lt 4 ]; then
+  if [[ $out == *"no plan: the run's 4 stages share the"* && $err != *"--stages"* ]]; then pass; else
+    fail "4 stages over 2 ranks on $(nproc) cores: the run's no-plan line" "$out" "$err"; fi
+fi
 # bf16 products (train.precision: bf16): a placed 1f1b pipeline and
 # data-parallel ranks keep their bytes
 placed "1f1b-2-bf16" 2 --set execution.mode=pipeline --set execution.stages=2 \
