@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *usage_sweep =
     "usage: strata sweep CONFIG --batch-sizes B1,B2,... --target METRIC=VALUE\n"
@@ -269,8 +270,12 @@ int st_cli_sweep(int argc, char **argv) {
          o.out_dir);
   fflush(stdout);
   if (st_sweep_run(&o, &cfg, &err)) return st_cli_fail(&err);
-  printf("strata: done: wrote %s/sweep.csv, steps.csv, steps.svg and "
+  /* noise.csv where the noise run measured B_simple */
+  char noise[ST_PATH_MAX + 16];
+  snprintf(noise, sizeof noise, "%s/noise.csv", o.out_dir);
+  printf("strata: done: wrote %s/sweep.csv, steps.csv, steps.svg%s and "
          "report.md\n",
-         o.out_dir);
+         o.out_dir,
+         o.noise_batch && access(noise, F_OK) == 0 ? ", noise.csv" : "");
   return 0;
 }

@@ -760,7 +760,9 @@ run sweep "$fc" --batch-sizes 8,16 --target accuracy=0.9 --trials 2 \
   --set data.test_limit=128 --set model.hidden=[16] --set metrics.progress=off
 if [ "$rc" -eq 0 ] && grep -q "^## Critical batch size" "$T/sweep2/report.md" &&
    grep -q "^| 16 |.* 32 |$" "$T/sweep2/report.md" &&
-   { [ -s "$T/sweep2/noise.csv" ] || grep -q "not measured" "$T/sweep2/report.md"; }; then
+   { [ -s "$T/sweep2/noise.csv" ] || grep -q "not measured" "$T/sweep2/report.md"; } &&
+   # the closing line names noise.csv where it was written (it never did)
+   { [[ $out == *"steps.svg, noise.csv and report.md"* ]] || [ ! -e "$T/sweep2/noise.csv" ]; }; then
   pass
 else
   fail "sweep --budget-epochs --eval-growth --noise-batch" "rc $rc" "$err" \
