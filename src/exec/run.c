@@ -230,16 +230,24 @@ static int log_train(run_state *r, st_error *err) {
   return 0;
 }
 
-static int checkpoint(run_state *r, st_error *err) {
-  /* A store that keeps the weights commits every step: it is the
-   * checkpoint (wait for its last commit). */
-  if (st_trainer_store(r->t)) return st_trainer_sync(r->t, err);
+/* alone: this rank's own save after its own failure (the others are not
+ * here to agree with). */
+static int checkpoint(run_state *r, int alone, st_error *err) {
   /* Weights can turn NaN while every loss stays finite (a row no sample
    * reads, as an untied embedding's for a byte the corpus lacks): such a
    * checkpoint would not load, and pruning would drop the good ones before
-   * it. */
-  int rc = st_trainer_check_finite(r->t, err);
+   * it. Over ranks every rank checks (a placed one its own blocks): one
+   * that finds such a weight stops them all with its error before the
+   * save, which the others would enter (a collective where ranks save
+   * together), rather than end the job by MPI_Abort. Every rank agrees,
+   * the store's rank of weight streaming too (it checks nothing). */
+  const char *store = st_trainer_store(r->t);
+  int rc = store ? 0 : st_trainer_check_finite(r->t, err);
+  if (!alone && st_dist_size() > 1) rc = st_dist_agree(rc, err);
   if (rc) return rc;
+  /* A store that keeps the weights commits every step: it is the
+   * checkpoint (wait for its last commit). */
+  if (store) return st_trainer_sync(r->t, err);
   /* stages over ranks: every rank sends its own to rank 0, which writes
    * (or writes its own shard) */
   int shards = !strcmp(r->cfg->train.checkpoint_format, "shards");
@@ -506,7 +514,7 @@ static int loop(run_state *r, st_error *err) {
     progress(r, 0);
     int pause = pauses_after(r, p->step, total);
     if ((pause & 1) && (rc = evaluate(r, err))) return rc;
-    if ((pause & 2) && (rc = checkpoint(r, err))) return rc;
+    if ((pause & 2) && (rc = checkpoint(r, 0, err))) return rc;
   }
   return 0;
 }
@@ -559,7 +567,7 @@ int st_trainer_run(st_trainer *t, st_error *err) {
     rc = evaluate(&r, err);
   if (!rc && !stopped_by)
     st_trainer_note_result(t, r.test_loss, r.test_acc, samples_per_s(&r));
-  if (!rc) rc = checkpoint(&r, err);
+  if (!rc) rc = checkpoint(&r, 0, err);
   if (!rc) rc = st_trainer_finish(t, err); /* over ranks: every rank */
   if (!rc) rc = gather_memory(&r, err);    /* every rank too */
   if (!rc) rc = write_summary(&r, err);
@@ -572,7 +580,7 @@ int st_trainer_run(st_trainer *t, st_error *err) {
       if (st_trainer_in_flight(t)) st_trainer_step_ahead(t, 0, &loss, &ignored);
       /* (not where every rank must take part: only this one failed) */
       if (!st_trainer_in_flight(t) && !st_trainer_saves_together(t))
-        checkpoint(&r, &ignored);
+        checkpoint(&r, 1, &ignored);
     }
     st_trainer_sync(t, &ignored);
   }

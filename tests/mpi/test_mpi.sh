@@ -26,7 +26,8 @@
 #    block_sequential), and a 2 x 2 grid of replicas and stages the
 #    in-process replicas'; rank 0's summary lists its own stages; a placed
 #    run's checkpoint resumes on another number of ranks as the threaded
-#    run resumes; a NaN loss stops every rank with one error; sequential,
+#    run resumes; a NaN loss stops every rank with one error, and so does
+#    a NaN weight the checkpoint's check finds on one rank; sequential,
 #    fewer stages than ranks, a tied head and embedding on two ranks,
 #    replicas that do not divide the ranks and stages cut by blocks timed
 #    on each rank (execution.block_costs: measured) are refused once;
@@ -243,6 +244,46 @@ for mode in pipeline pipelined_backprop; do
     pass
   else
     fail "$mode over ranks, a NaN loss: one error naming the rank and step, no hang" "rc $rc" "$err"
+  fi
+done
+# a weight turned NaN by an update while every loss stayed finite (a NaN
+# momentum, resumed: the loader checks weights, not optimizer state) is
+# found by the checkpoint's check on the rank that holds it: every rank
+# stops there with one error and no save begun, placed (rank 1 holds
+# blocks.3 alone; rank 0 went on into the save and the job ended by
+# MPI_Abort, a temp file left) or data parallel (each rank printed it)
+nan_state() { # nan_state SRC DST TENSOR: DST is SRC with a NaN in TENSOR
+  python3 - "$@" <<'PY'
+import json, struct, sys, zlib
+data = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+b, e = header[sys.argv[3]]["data_offsets"]
+data[8 + n + b:8 + n + b + 4] = struct.pack("<f", float("nan"))
+crcs = header["__metadata__"]["strata.crc32"]
+new = crcs.split(",")
+new[[k for k in header if k != "__metadata__"].index(sys.argv[3])] = \
+    "%08x" % zlib.crc32(data[8 + n + b:8 + n + e])
+assert data[8:8 + n].count(crcs.encode()) == 1
+data[8:8 + n] = data[8:8 + n].replace(crcs.encode(), ",".join(new).encode())
+open(sys.argv[2], "wb").write(data)
+PY
+}
+for run_dir in m_1f1b-2:blocks.3 fc_m2:blocks.2; do
+  src=$T/${run_dir%%:*}
+  cp -r "$src" "$src-nan"
+  if ! nan_state "$src/$ck" "$src-nan/$ck" "optim.${run_dir#*:}.linear0.weight.momentum"; then
+    fail "a NaN momentum written into $src-nan/$ck"
+    continue
+  fi
+  run_mpi 2 train - --resume "$src-nan" --set train.steps=14 --set train.checkpoint_every=13
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+     grep -Eq "^strata: error: (rank 1: )?step 13: tensor '${run_dir#*:}.linear0.weight' holds NaN" <<<"$err" &&
+     ! grep -q "MPI_ABORT" <<<"$err" && [ "$(ls "$src-nan/checkpoints")" = "${ck#*/}" ]; then
+    pass
+  else
+    fail "${run_dir%%:*} resumed with a NaN momentum: one error naming the tensor, no abort, no save begun" \
+      "rc $rc" "$err" "$(ls "$src-nan/checkpoints")"
   fi
 done
 # refusals, once each
