@@ -159,10 +159,12 @@ static int evaluate(run_state *r, st_error *err) {
   /* an update after the last checked loss diverged: the weights (or the
    * outputs they give) are no longer finite, and no checkpoint of them
    * would load. A store commits every step: it holds them already, and a
-   * resume would evaluate them again. */
+   * resume would evaluate them again. Over ranks every rank evaluates
+   * (the same weights, or the logits a placed pipeline's last rank
+   * broadcast): agreed, said once, the job not aborted. */
   const char *store = st_trainer_store(r->t);
   if (!isfinite(r->test_loss))
-    return st_error_set(
+    rc = st_error_set(
         err, ST_ENONFINITE,
         "step %lld: the %s loss is %s: the model diverged in its last "
         "updates; stopped, %s%s%s — lower optimizer.lr%s",
@@ -172,6 +174,8 @@ static int evaluate(run_state *r, st_error *err) {
         store ? "but the store " : "no checkpoint written", store ? store : "",
         store ? " holds these weights (committed with the step)" : "",
         store ? " and start afresh (a resume evaluates them again)" : "");
+  if (st_dist_size() > 1) rc = st_dist_agree(rc, err);
+  if (rc) return rc;
   r->evaluated_at = p->step;
   if (r->metrics) {
     fprintf(r->metrics,

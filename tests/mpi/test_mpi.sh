@@ -27,7 +27,8 @@
 #    in-process replicas'; rank 0's summary lists its own stages; a placed
 #    run's checkpoint resumes on another number of ranks as the threaded
 #    run resumes; a NaN loss stops every rank with one error, and so does
-#    a NaN weight the checkpoint's check finds on one rank; sequential,
+#    a NaN weight the checkpoint's check finds on one rank, or a NaN
+#    test loss (data parallel too); sequential,
 #    fewer stages than ranks, a tied head and embedding on two ranks,
 #    replicas that do not divide the ranks and stages cut by blocks timed
 #    on each rank (execution.block_costs: measured) are refused once;
@@ -284,6 +285,22 @@ for run_dir in m_1f1b-2:blocks.3 fc_m2:blocks.2; do
   else
     fail "${run_dir%%:*} resumed with a NaN momentum: one error naming the tensor, no abort, no save begun" \
       "rc $rc" "$err" "$(ls "$src-nan/checkpoints")"
+  fi
+done
+# the last update diverged, no training loss saw it: every rank's
+# evaluation finds a NaN test loss, agreed and said once (each rank printed
+# it and ended the job by MPI_Abort)
+for how in data placed; do
+  args=()
+  [ "$how" = placed ] && args=(--set execution.mode=pipeline --set execution.stages=2 "${place[@]}")
+  run_mpi 2 train "$fc" "${small[@]}" "${args[@]}" --set train.steps=1 --set optimizer.lr=1e30 \
+    --out "$T/nan_test_$how"
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c '^strata: error:' <<<"$err")" -eq 1 ] &&
+     grep -Eq "^strata: error: step 1: the test loss is (NaN|infinite)" <<<"$err" &&
+     ! grep -q "MPI_ABORT" <<<"$err"; then
+    pass
+  else
+    fail "$how over ranks, a NaN test loss: one error, no abort" "rc $rc" "$err"
   fi
 done
 # refusals, once each
