@@ -44,8 +44,12 @@ int st_cli_fail(const st_error *err) {
   /* over MPI ranks an error every rank shares is printed once, by rank 0;
    * one rank's own error names the rank */
   if (st_dist_size() > 1 && st_dist_rank() > 0) {
+    /* (not twice: many messages over ranks name their rank already) */
+    char mine[32];
+    int n = snprintf(mine, sizeof mine, "rank %d: ", st_dist_rank());
     if (!st_dist_error_shared())
-      fprintf(stderr, "strata: error: rank %d: %s\n", st_dist_rank(), err->msg);
+      fprintf(stderr, "strata: error: %s%s\n",
+              strncmp(err->msg, mine, (size_t)n) ? mine : "", err->msg);
     return 1;
   }
   fprintf(stderr, "strata: error: %s\n", err->msg);
