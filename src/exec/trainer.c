@@ -1432,9 +1432,11 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                         "run's checkpoint: a checkpoint file cannot be loaded "
                         "into it (use execution.store: memory)",
                         path, t->store_path);
-  /* eval of a text run's checkpoint: its tokenizer must be the config's */
+  /* a text run's checkpoint: its tokenizer must be the config's, for eval
+   * and for a resume alike (checked before the tensors, whose shapes a
+   * tokenizer of another vocabulary changes: that is not a damaged file) */
   uint32_t tok_crc;
-  int rc = weights_only && t->tok && st_checkpoint_tokenizer_crc(path, &tok_crc)
+  int rc = t->tok && st_checkpoint_tokenizer_crc(path, &tok_crc)
                ? st_tokenizer_check(t->tok, &t->cfg, path, tok_crc, err)
                : 0;
   if (rc) return rc;

@@ -925,6 +925,13 @@ for cmd in generate eval; do
     "^strata: error: $(re_quote "$bck"): trained with another tokenizer \(CRC-32 [0-9a-f]{8}\), the config's data.tokenizer \($(re_quote "$T/bpe_other.txt"), set by --set\) has [0-9a-f]{8}: its token ids would name other text$" \
     -- "$cmd" "$fc" "${gpt[@]}" --set data.tokenizer="$T/bpe_other.txt" --checkpoint "$bck" "${more[@]}"
 done
+# a resume under another tokenizer is refused as eval and generate refuse
+# it, naming both CRC-32s: before, its embedding of another vocabulary was
+# refused first as a tensor of the wrong shape, as if the file were bad
+cp -r "$T/gpt_bpe" "$T/gpt_bpe_resume"
+expect_error "resume with another tokenizer" \
+  "^strata: error: $(re_quote "$T/gpt_bpe_resume/checkpoints/step-00000005.safetensors"): trained with another tokenizer \(CRC-32 [0-9a-f]{8}\), the config's data.tokenizer \(bytes, set by --set\) has [0-9a-f]{8}: its token ids would name other text$" \
+  -- train - --resume "$T/gpt_bpe_resume" --set data.tokenizer=bytes --set train.steps=6
 expect_error "generate: prompt longer than the context" \
   "the prompt is 17 tokens, longer than the context of 16 \(model.context, --set\)" \
   -- generate "$fc" "${gpt[@]}" --checkpoint "$gck" --prompt "0123456789abcdefg"
