@@ -2359,6 +2359,12 @@ int st_trainer_save(st_trainer *t, const char *path, st_error *err);
  * full): load into a new one. */
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err);
+/* What resuming from path checks before it reads any tensor's data (the
+ * tokenizer, every tensor and the optimizer state in this model's shapes,
+ * the position, the run): 0 where a resume from it would start, copying
+ * nothing. */
+int st_trainer_check_resume(const st_trainer *t, const char *path,
+                            st_error *err);
 const st_model *st_trainer_model(const st_trainer *t);
 /* The configuration the trainer runs: the one it was given, with
  * optimizer.reference_batch's rescaled lr and momentum applied. */

@@ -332,8 +332,13 @@ static void run_config(args *a, char *buf, size_t cap) {
 }
 
 /* Appends to err's message the checkpoint a run can go back to: the
- * newest in DIR other than `skip` (a damaged one), when there is one. */
-static void name_fallback(const char *dir, const char *skip, st_error *err) {
+ * newest in DIR other than `skip` (a damaged one), when there is one. With
+ * t (the resume that refused `skip`), that one is checked as t would
+ * resume from it: refused too, it is the config that is not the run's
+ * (another width, optimizer, ...), and it is said so, not that `skip` is
+ * damaged and should be moved aside. */
+static void name_fallback(const char *dir, const char *skip,
+                          const st_trainer *t, st_error *err) {
   int64_t *steps;
   st_error e = {0};
   int n = st_run_checkpoints(dir, &steps, &e);
@@ -346,7 +351,13 @@ static void name_fallback(const char *dir, const char *skip, st_error *err) {
   if (!path[0]) return;
   char msg[sizeof err->msg];
   snprintf(msg, sizeof msg, "%s", err->msg);
-  if (skip)
+  st_error older = {0};
+  if (t && st_trainer_check_resume(t, path, &older))
+    st_error_set(err, err->code,
+                 "%s; the older %s is refused too: it is the config that "
+                 "differs from the run's",
+                 msg, path);
+  else if (skip)
     st_error_set(err, err->code,
                  "%s; the older %s is there to go back to (move the damaged "
                  "one aside)",
@@ -894,7 +905,7 @@ static int cmd_train(int argc, char **argv) {
      * failed alone) */
     if (st_dist_size() > 1) rc = st_dist_agree(rc, &err);
     if (rc) {
-      if (rc == ST_EFORMAT) name_fallback(out, ck, &err);
+      if (rc == ST_EFORMAT) name_fallback(out, ck, t, &err);
       st_trainer_destroy(t);
       return st_cli_fail(&err);
     }
@@ -1013,7 +1024,7 @@ static int cmd_train(int argc, char **argv) {
   }
   if (rc) {
     if (rc == ST_ENONFINITE && speaks && !st_trainer_store(t))
-      name_fallback(out, NULL, &err);
+      name_fallback(out, NULL, NULL, &err);
     st_plan_destroy(plan);
     st_trainer_destroy(t);
     return st_cli_fail(&err);

@@ -1414,6 +1414,46 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
                       path, what, had, key, now);
 }
 
+/* The tokenizer a text run's checkpoint records must be the config's, for
+ * eval and for a resume alike (checked before the tensors, whose shapes a
+ * tokenizer of another vocabulary changes: that is not a damaged file). */
+static int check_tokenizer(const st_trainer *t, const char *path,
+                           st_error *err) {
+  uint32_t tok_crc;
+  return t->tok && st_checkpoint_tokenizer_crc(path, &tok_crc)
+             ? st_tokenizer_check(t->tok, &t->cfg, path, tok_crc, err)
+             : 0;
+}
+
+/* What a resume checks of a checkpoint before it reads any tensor's data:
+ * its tokenizer, every tensor (weights, and optimizer state of the
+ * config's kind) in this model's shapes, its position, that it is this
+ * run's and within its steps. */
+static int check_resume(const st_trainer *t, const char *path,
+                        st_train_pos *pos, st_error *err) {
+  int rc = check_tokenizer(t, path, err);
+  /* opt without params: the optimizer state is checked, nothing copied */
+  if (!rc)
+    rc = st_checkpoint_load_blocks(path, t->model, NULL, t->opt,
+                                   t->cfg.optimizer.kind, pos, t->mine, err);
+  if (!rc) rc = check_same_run(t, pos, path, err);
+  if (!rc && pos->step > t->total_steps)
+    rc = st_error_set(err, ST_ECONFIG,
+                      "%s: at step %lld, past this run's last step %lld "
+                      "(%s): raise train.steps to continue it",
+                      path, (long long)pos->step, (long long)t->total_steps,
+                      st_config_set_at(&t->cfg, t->cfg.train.steps > 0
+                                                    ? "train.steps"
+                                                    : "train.epochs"));
+  return rc;
+}
+
+int st_trainer_check_resume(const st_trainer *t, const char *path,
+                            st_error *err) {
+  st_train_pos pos;
+  return check_resume(t, path, &pos, err);
+}
+
 int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                     st_error *err) {
   if (t->pending) return in_flight(err);
@@ -1432,17 +1472,12 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
                         "run's checkpoint: a checkpoint file cannot be loaded "
                         "into it (use execution.store: memory)",
                         path, t->store_path);
-  /* a text run's checkpoint: its tokenizer must be the config's, for eval
-   * and for a resume alike (checked before the tensors, whose shapes a
-   * tokenizer of another vocabulary changes: that is not a damaged file) */
-  uint32_t tok_crc;
-  int rc = t->tok && st_checkpoint_tokenizer_crc(path, &tok_crc)
-               ? st_tokenizer_check(t->tok, &t->cfg, path, tok_crc, err)
-               : 0;
-  if (rc) return rc;
+  int rc;
   if (weights_only)
-    return st_checkpoint_load_blocks(path, t->model, t->params, NULL, NULL,
-                                     NULL, t->mine, err);
+    return (rc = check_tokenizer(t, path, err))
+               ? rc
+               : st_checkpoint_load_blocks(path, t->model, t->params, NULL,
+                                           NULL, NULL, t->mine, err);
   /* A checkpoint of another run must leave this trainer as it was: every
    * tensor and the position are checked first; then the weights are read
    * into copies (in one process) or, over ranks, where they go (a rank's
@@ -1450,17 +1485,7 @@ int st_trainer_load(st_trainer *t, const char *path, int weights_only,
   st_train_pos pos;
   const st_model *m = t->model;
   size_t state = (size_t)st_optim_state_per_param(&t->cfg) * m->n_params;
-  rc = st_checkpoint_load_blocks(path, m, NULL, NULL, t->cfg.optimizer.kind,
-                                 &pos, t->mine, err);
-  if (!rc) rc = check_same_run(t, &pos, path, err);
-  if (!rc && pos.step > t->total_steps)
-    rc = st_error_set(err, ST_ECONFIG,
-                      "%s: at step %lld, past this run's last step %lld "
-                      "(%s): raise train.steps to continue it",
-                      path, (long long)pos.step, (long long)t->total_steps,
-                      st_config_set_at(&t->cfg, t->cfg.train.steps > 0
-                                                    ? "train.steps"
-                                                    : "train.epochs"));
+  rc = check_resume(t, path, &pos, err);
   if (rc) return rc;
   if (t->mine) {
     rc = st_checkpoint_load_blocks(path, m, t->params, t->opt,

@@ -489,6 +489,17 @@ python3 -c 'import sys; p=sys.argv[1]; b=bytearray(open(p,"rb").read()); b[-100]
 expect_error "a damaged newest checkpoint names the older one" \
   "^strata: error: .*step-00000020.safetensors: tensor '.*' is damaged: .*; the older $(re_quote "$T/dmg")/checkpoints/step-00000010.safetensors is there to go back to \(move the damaged one aside\)$" \
   train - --resume "$T/dmg" --set train.steps=30
+# a config that is not the run's (another width, optimizer) refuses every
+# checkpoint alike: the older one is no way back, and the newest is not
+# called damaged (it was: "move the damaged one aside")
+rm -rf "$T/other" && cp -r "$T/whole" "$T/other"
+expect_error "a resume under another model does not call the checkpoint damaged" \
+  "^strata: error: $(re_quote "$T/other")/checkpoints/step-00000020.safetensors: tensor 'blocks.0.linear0.weight' is F32 [0-9x]+, the model needs F32 [0-9x]+; the older $(re_quote "$T/other")/checkpoints/step-00000010.safetensors is refused too: it is the config that differs from the run's$" \
+  train - --resume "$T/other" --set train.steps=30 --set 'model.hidden=[64,64]'
+expect_error "a resume under another optimizer does not call the checkpoint damaged" \
+  "^strata: error: .*step-00000020.safetensors: holds sgd optimizer state but the config asks for adamw \(optimizer.kind\); the older .*step-00000010.safetensors is refused too: it is the config that differs from the run's$" \
+  train - --resume "$T/other" --set train.steps=30 --set optimizer.kind=adamw --set optimizer.nesterov=false \
+  --set optimizer.reference_batch=0
 # a run that diverges names its newest checkpoint
 expect_error "a diverged run names its newest checkpoint" \
   "^strata: error: step [0-9]+: training loss is (NaN|infinite) .*no checkpoint written — lower optimizer.lr; the newest checkpoint, $(re_quote "$T/div")/checkpoints/step-[0-9]{8}.safetensors, is there to go back to$" \
