@@ -1274,6 +1274,15 @@ if [ "$rc" -eq 0 ] && grep -Eq "^  blocks\.0\.linear0\.weight +BF16 +256x784 +-?
 else
   fail "a bf16 store exports BF16 weights and F32 state" "rc $rc" "$ins"
 fi
+# against an fp32 run's checkpoint of the same tensors: compared as the
+# values they hold (it was refused: "another dtype or shape")
+run inspect "$T/w_bf16.safetensors" --against "$T/w_seq_copy.safetensors"
+if [ "$rc" -eq 0 ] && grep -Eq "^  blocks\.0\.linear0\.weight +max \|a - b\| [0-9]" <<<"$out" &&
+   grep -Eq "^largest difference [0-9.e+-]+ \(" <<<"$out"; then
+  pass
+else
+  fail "inspect --against a bf16 export and an fp32 checkpoint" "rc $rc" "$out" "$err"
+fi
 run eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_bf16.safetensors"
 if [ "$rc" -eq 0 ] && [ -n "$bf16_done" ] && grep -q "^$bf16_done " <<<"$out"; then
   pass
