@@ -196,6 +196,20 @@ int st_cli_compile(int argc, char **argv) {
   st_config as_planned; /* the ranks hold what compile chose */
   if (st_plan_choose(&plan, &cfg, stages, force, &as_planned, &err))
     return st_cli_fail(&err);
+  /* pipelined backprop refuses a tied head and embedding in different
+   * stages (src/exec/pb.c): the run would refuse this plan, so compile
+   * does, as the run says it */
+  if (!strcmp(plan->mode, "pipelined_backprop") && plan->n_stages > 1 &&
+      !strcmp(cfg.model.kind, "gpt") && cfg.model.tied) {
+    st_plan_destroy(plan);
+    st_error_set(&err, ST_ECONFIG,
+                 "%s: model.tied: the head and the token embedding share "
+                 "weights but land in different stages, which update at "
+                 "different delays in pipelined_backprop; set model.tied: "
+                 "false",
+                 st_config_where(&cfg, "model.tied"));
+    return st_cli_fail(&err);
+  }
   if (st_plan_place_ranks(plan, &as_planned, &err)) {
     st_plan_destroy(plan);
     return st_cli_fail(&err);

@@ -860,6 +860,23 @@ if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -q "^model: gpt, 3 blocks, 1 t
 else
   fail "compile --validate-only sizes a gpt at context 1 as a language model" "rc $rc" "$out" "$err"
 fi
+# pipelined backprop with a tied head and embedding in different stages:
+# compile refuses the plan as the run refuses it (it planned 2 stages the
+# run would not start); untied, or in one stage, it plans
+pbt=(--set execution.mode=pipelined_backprop --set execution.mitigation=stash)
+for how in "train" "compile"; do
+  more=(--out "$T/gpt_pb_tied_$how")
+  [ "$how" = compile ] && more+=(--stages 2) || more+=(--set execution.stages=2)
+  expect_error "$how: pipelined backprop splits a tied gpt" \
+    "^strata: error: default: model.tied: the head and the token embedding share weights but land in different stages, which update at different delays in pipelined_backprop; set model.tied: false$" \
+    -- "$how" "$fc" "${gpt[@]}" "${pbt[@]}" "${more[@]}"
+done
+run compile "$fc" "${gpt[@]}" "${pbt[@]}" --set model.tied=false --stages 2 --out "$T/gpt_pb_untied"
+rc_untied=$rc
+run compile "$fc" "${gpt[@]}" "${pbt[@]}" --stages 1 --out "$T/gpt_pb_one"
+if [ "$rc_untied" -eq 0 ] && [ "$rc" -eq 0 ]; then pass; else
+  fail "compile: pipelined backprop plans an untied gpt, or a tied one in one stage" "rc $rc_untied/$rc" "$err"
+fi
 # The HF GPT-2 names; the tied head is stored once, as transformer.wte.
 run inspect "$gck"
 if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -q "transformer.h.0.attn.c_attn.weight  *F32  *16x48" &&
