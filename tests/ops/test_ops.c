@@ -1630,6 +1630,24 @@ static void test_costs(void) {
   c = st_dropout_cost(1000);
   /* out, and a mask bit per element: 32 words */
   CHECK(c.act_bytes == 4000.0 + 4.0 * 32, "dropout keeps out + mask");
+
+  /* The pooling and pointwise FLOPs by hand (pooling.c, activation.c): the
+   * plan's block costs add these up, so a test that compared a block with
+   * the same functions could not see a wrong term. Max 3x3 stride 2 on
+   * 28x28 gives 13x13 (floor(25 / 2) + 1) a channel, 8 x 169 = 1352
+   * outputs: 9 compares each forward, one add each backward. Average: the
+   * 9 adds and the division, both ways. Pointwise: per element. */
+  c = st_maxpool_cost(8, 28, 28, 3, 2);
+  CHECK(c.flops_fwd == 1352.0 * 9 && c.flops_bwd == 1352.0,
+        "maxpool 8x28x28 k3s2 FLOPs %g %g, by hand 12168 1352", c.flops_fwd,
+        c.flops_bwd);
+  c = st_avgpool_cost(8, 28, 28, 3, 2);
+  CHECK(c.flops_fwd == 1352.0 * 10 && c.flops_bwd == 1352.0 * 10,
+        "avgpool 8x28x28 k3s2 FLOPs %g %g, by hand 13520 13520", c.flops_fwd,
+        c.flops_bwd);
+  c = st_pointwise_cost(1000, 20, 30);
+  CHECK(c.flops_fwd == 20000.0 && c.flops_bwd == 30000.0 && c.param_bytes == 0,
+        "pointwise 1000 at 20/30 FLOPs: %g %g", c.flops_fwd, c.flops_bwd);
 }
 
 int main(void) {
