@@ -658,6 +658,121 @@ static void test_costs_closed_forms(void) {
   st_model_destroy(m);
 }
 
+/* Terms of the block costs no other test pins, by hand (mutation testing
+ * changed each with every test passing):
+ *  - st_gemm_class's bounds: M N K below 2^18 tiny, below 2^21 small,
+ *    below 2^24 medium, else large (each bound in the upper class);
+ *  - the optimizer state a step touches leaves out what a fused update
+ *    touches inside the backward: pipelined backprop's SGD at one sample
+ *    updates a [linear relu] block's weights and bias in its backward, so
+ *    4 (P - P) = 0 bytes, and 4 P a slot without the fusion;
+ *  - the update's FLOPs leave out the tied head copy, which is not
+ *    updated: a GPT (T 8, C 16, V 40, tied) head block's P less its 4 C V
+ *    bytes of copy, at AdamW's 14 FLOPs, once a batch of 4;
+ *  - the model's first block runs no backward below its first weighted
+ *    layer: a cnn with no conv stages and no dense layers is one block,
+ *    flatten then linear 784 -> 10, whose pointwise backward bytes are the
+ *    loss's alone (4 x 2 x 10: read the probabilities, write dy), not the
+ *    flatten's 4 x 2 x 784 beside them. */
+static void test_cost_terms_by_hand(void) {
+  CHECK(st_gemm_class(1, 1, 262143) == 0 && st_gemm_class(64, 64, 64) == 1 &&
+            st_gemm_class(1, 1, 2097151) == 1 &&
+            st_gemm_class(128, 128, 128) == 2 &&
+            st_gemm_class(1, 1, 16777215) == 2 &&
+            st_gemm_class(256, 256, 256) == 3,
+        "gemm class bounds: %d %d %d %d %d %d, want 0 1 1 2 2 3",
+        st_gemm_class(1, 1, 262143), st_gemm_class(64, 64, 64),
+        st_gemm_class(1, 1, 2097151), st_gemm_class(128, 128, 128),
+        st_gemm_class(1, 1, 16777215), st_gemm_class(256, 256, 256));
+
+  st_error err = {0};
+  for (int fusion = 1; fusion >= 0; fusion--) {
+    st_config cfg;
+    st_config_defaults(&cfg);
+    const char *sets[] = {
+        "model.kind=mlp",          "model.hidden=[32]",
+        "model.norm=none",         "model.dropout=0",
+        "optimizer.kind=sgd",      "execution.mode=pipelined_backprop",
+        "execution.micro_batch=1", "execution.mitigation=none"};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) set(&cfg, sets[i]);
+    set(&cfg, fusion ? "execution.fused_update=true"
+                     : "execution.fused_update=false");
+    CHECK(st_plan_fuses_update(&cfg) == fusion, "fused update %d, want %d",
+          st_plan_fuses_update(&cfg), fusion);
+    st_model *m;
+    int rc = st_model_create(&m, &cfg, (st_shape){1, 28, 28}, &err);
+    CHECK(rc == 0, "mlp: %s", err.msg);
+    if (rc) continue;
+    st_block_cost bc[4];
+    CHECK(m->n_blocks == 2, "mlp blocks %d", m->n_blocks);
+    if (m->n_blocks == 2) {
+      st_plan_costs(bc, m, &cfg);
+      double P = (double)m->blocks[0].n_params, want = fusion ? 0 : 4 * P;
+      CHECK(P == 784.0 * 32 + 32 && bc[0].state_touched == want,
+            "mlp block 0 (%g parameters), fused %d: optimizer state touched "
+            "%g bytes, by hand %g",
+            P, fusion, bc[0].state_touched, want);
+    }
+    st_model_destroy(m);
+  }
+
+  st_config gpt;
+  st_config_defaults(&gpt);
+  const char *gsets[] = {"model.kind=gpt",
+                         "model.context=8",
+                         "model.layers=1",
+                         "model.width=16",
+                         "model.heads=2",
+                         "model.vocab=40",
+                         "model.dropout=0",
+                         "model.tied=true",
+                         "train.batch=4",
+                         "optimizer.kind=adamw",
+                         "execution.mode=sequential"};
+  for (size_t i = 0; i < sizeof gsets / sizeof *gsets; i++) set(&gpt, gsets[i]);
+  st_model *g;
+  int rc = st_model_create(&g, &gpt, (st_shape){1, 8, 1}, &err);
+  CHECK(rc == 0, "gpt: %s", err.msg);
+  if (!rc) {
+    st_block_cost bc[3];
+    CHECK(g->n_blocks == 3, "gpt blocks %d", g->n_blocks);
+    if (g->n_blocks == 3) {
+      st_plan_costs(bc, g, &gpt);
+      double P = (double)g->blocks[2].n_params, copy = 16.0 * 40;
+      double want = (P - copy) * 14 / 4;
+      CHECK(bc[2].tied_bytes == 4 * copy && bc[2].flops_update == want,
+            "gpt head block: %g parameters, %g bytes tied; update %g FLOPs "
+            "a sample, by hand (P - 640) 14 / 4 = %g",
+            P, bc[2].tied_bytes, bc[2].flops_update, want);
+    }
+    st_model_destroy(g);
+  }
+
+  st_config cnn;
+  st_config_defaults(&cnn);
+  set(&cnn, "model.kind=cnn");
+  set(&cnn, "model.channels=[]");
+  set(&cnn, "model.dense=[]");
+  set(&cnn, "model.norm=none");
+  st_model *c;
+  rc = st_model_create(&c, &cnn, (st_shape){1, 28, 28}, &err);
+  CHECK(rc == 0, "cnn without stages: %s", err.msg);
+  if (!rc) {
+    st_block_cost bc[2];
+    CHECK(c->n_blocks == 1 && c->blocks[0].n_layers == 2 &&
+              c->blocks[0].layers[0].kind == ST_OP_FLATTEN,
+          "cnn without stages: %d blocks", c->n_blocks);
+    if (c->n_blocks == 1) {
+      st_plan_costs(bc, c, &cnn);
+      CHECK(bc[0].bytes_bwd[0] == 4 * 2 * 10,
+            "flatten linear 784 -> 10 as block 0: pointwise backward %g "
+            "bytes, by hand the loss's 80 (the flatten runs no backward)",
+            bc[0].bytes_bwd[0]);
+    }
+    st_model_destroy(c);
+  }
+}
+
 /* A GPT's fused head in the calibrated split: every FLOP of its products
  * in one GEMM class (forward 2 C V a position, backward 6 C V: the
  * forward made again, dW and dx), and its weight read by 4 products a step
@@ -2567,6 +2682,7 @@ int main(void) {
   test_auto_stages();
   test_placement_snake();
   test_costs_closed_forms();
+  test_cost_terms_by_hand();
   test_fused_head_costs();
   test_plan_by_hand();
   test_errors();
