@@ -20,8 +20,10 @@ static int pooled_size(int n, int K, int S) { return (n - K) / S + 1; }
 /* The common 2x2 window, stride 2, without branches: after ReLU many
  * comparisons are ties at zero, which makes the general loop's branches
  * unpredictable (it took 12% of a CNN step). Same decisions as the general
- * loop: a first element of -inf leaves (-inf, first) either way. */
-static inline float max2(float a, float b) { return a > b ? a : b; }
+ * loop: a first element of -inf leaves (-inf, first) either way, and a tie
+ * keeps the first of the two (-0 and +0 are a tie: the first one's sign is
+ * the output's, as the general loop's and PyTorch's). */
+static inline float max2(float a, float b) { return b > a ? b : a; }
 
 /* Returns 0 when the window has a NaN; the caller then uses the general
  * loop, whose NaN rules are PyTorch's. */

@@ -1016,6 +1016,25 @@ static void test_maxpool_special(void) {
         (double)out[0], idx[0]);
   CHECK(out[1] == -INFINITY && idx[1] == 0, "maxpool -inf: out %g idx %d",
         (double)out[1], idx[1]);
+
+  /* Zeros of both signs compare equal: the first in row-major order is the
+   * maximum, its sign kept (PyTorch's val > maxval leaves the first).
+   * Window 0 is -0, +0 / -1, -1: -0 at 0; window 1 is -1, -0 / +0, -1:
+   * -0 at 3 (a 2x4 map, k2s2, whose branch-free path decides these), the
+   * same as the general loop's (k2s1 over the map's first two columns). */
+  const float z[8] = {-0.0f, 0.0f, -1.0f, -0.0f, -1.0f, -1.0f, 0.0f, -1.0f};
+  float zo[3];
+  int32_t zi[3];
+  st_maxpool_forward(zo, zi, z, 1, 1, 2, 4, 2, 2);
+  CHECK(zo[0] == 0 && signbit(zo[0]) && zi[0] == 0 && zo[1] == 0 &&
+            signbit(zo[1]) && zi[1] == 3,
+        "maxpool k2s2 of signed zeros: %g at %d, %g at %d; want -0 at 0, -0 "
+        "at 3",
+        (double)zo[0], zi[0], (double)zo[1], zi[1]);
+  st_maxpool_forward(zo, zi, z, 1, 1, 2, 4, 2, 1);
+  CHECK(zo[0] == 0 && signbit(zo[0]) && zi[0] == 0,
+        "maxpool k2s1 of signed zeros: %g at %d; want -0 at 0", (double)zo[0],
+        zi[0]);
 }
 
 /* Maps whose windows do not tile them ((H - K) % S != 0, as a CNN pooling
