@@ -261,6 +261,27 @@ static void test_interleaved_partial(void) {
                       "BW1c1 BW0c0 BW1c0";
   const char *s3m2v3[3] = {all_f, all_f, all_f};
   check_interleaved(3, 2, 3, s3m2v3);
+  /* The clock's BW of two ticks decides S = 2, M = 5, V = 2 (w = 4 and 2;
+   * stages 0, 1 are chunk 0 of workers 0, 1, stages 2, 3 their chunk 1).
+   * Worker 0 runs F0c0 F1c0 F0c1 F1c1 at 0..4, worker 1 F0c0 F1c0 at 1..3,
+   * then (wanting BW0c1, which waits for its own F0c1) F0c1 at 3..4 and
+   * BW0c1 at 4..6. Worker 0, past its warm-up at 4, wants BW0c1, which
+   * waits for worker 1's (6): F2c0 at 4..5; at 5 still not: F3c0 at
+   * 5..6; then BW0c1. On a clock of BW one tick, worker 1's BW0c1 ends at
+   * 5 and worker 0 runs BW0c1 before F3c0. */
+  st_schedule s;
+  st_error err = {0};
+  char got[512];
+  const char *want = "F0c0 F1c0 F0c1 F1c1 F2c0 F3c0 BW0c1 ";
+  if (st_schedule_build(&s, "interleaved", 2, 5, 2, &err) == 0) {
+    chunk_ops_of(&s, 0, got, sizeof got);
+    CHECK(strncmp(got, want, strlen(want)) == 0,
+          "interleaved S=2 M=5 V=2 worker 0:\n  got  %s\n  want %s...", got,
+          want);
+    st_schedule_free(&s);
+  } else {
+    CHECK(0, "interleaved S=2 M=5 V=2: %s", err.msg);
+  }
 }
 
 /* The emulator catches what a wrong list does: a backward before its
