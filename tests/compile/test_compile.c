@@ -744,6 +744,54 @@ static void test_cost_terms_by_hand(void) {
             "gpt head block: %g parameters, %g bytes tied; update %g FLOPs "
             "a sample, by hand (P - 640) 14 / 4 = %g",
             P, bc[2].tied_bytes, bc[2].flops_update, want);
+      /* on a mesh the embedding is a region layer: its T ids in (4 T
+       * bytes), its T x C output across (4 T C) */
+      CHECK(bc[0].region_layers == 1 && bc[0].region_in == 4 * 8 &&
+                bc[0].region_out == 4 * 8 * 16,
+            "gpt embedding on a mesh: %g layers, %g bytes in, %g across; by "
+            "hand 1, 32, 512",
+            bc[0].region_layers, bc[0].region_in, bc[0].region_out);
+    }
+    st_model_destroy(g);
+  }
+
+  /* Attention's products are classed by their rows, T where the context
+   * is under the 32-row block: T 16, head size 512 (width 1024, 2 heads)
+   * is 16 x 16 x 512 = 2^17, tiny (32 rows would make it 2^18, small). A
+   * conv's by (OC, OH OW, IC K K): 64 x 784 x 9 = 451584, small (K in
+   * place of K^2 would make it 150528, tiny). */
+  st_config wide = gpt;
+  set(&wide, "model.context=16");
+  set(&wide, "model.width=1024");
+  rc = st_model_create(&g, &wide, (st_shape){1, 16, 1}, &err);
+  CHECK(rc == 0, "gpt width 1024: %s", err.msg);
+  if (!rc) {
+    st_block_cost bc[3];
+    if (g->n_blocks == 3) {
+      st_plan_costs(bc, g, &wide);
+      CHECK(bc[1].attn_fwd[0] > 0 && bc[1].attn_fwd[1] == 0,
+            "attention T 16, head size 512: FLOPs %g tiny, %g small; want "
+            "all tiny",
+            bc[1].attn_fwd[0], bc[1].attn_fwd[1]);
+    }
+    st_model_destroy(g);
+  }
+  st_config conv;
+  st_config_defaults(&conv);
+  set(&conv, "model.kind=cnn");
+  set(&conv, "model.channels=[64]");
+  set(&conv, "model.dense=[]");
+  set(&conv, "model.norm=none");
+  rc = st_model_create(&g, &conv, (st_shape){1, 28, 28}, &err);
+  CHECK(rc == 0, "cnn [64]: %s", err.msg);
+  if (!rc) {
+    st_block_cost bc[2];
+    if (g->n_blocks == 2) {
+      st_plan_costs(bc, g, &conv);
+      CHECK(bc[0].conv_fwd[0] == 0 && bc[0].conv_fwd[1] > 0,
+            "conv 1 -> 64 3x3 on 28x28: FLOPs %g tiny, %g small; want all "
+            "small",
+            bc[0].conv_fwd[0], bc[0].conv_fwd[1]);
     }
     st_model_destroy(g);
   }
