@@ -196,6 +196,13 @@ int st_cli_compile(int argc, char **argv) {
   st_config as_planned; /* the ranks hold what compile chose */
   if (st_plan_choose(&plan, &cfg, stages, force, &as_planned, &err))
     return st_cli_fail(&err);
+  /* the mode planned (--mode's, or the chooser's) under the config's own
+   * rules, as `strata train` would check it: pipelined backprop's
+   * mitigations with AdamW, its heavy-ball momentum, ... */
+  if (st_config_validate(&as_planned, &err)) {
+    st_plan_destroy(plan);
+    return st_cli_fail(&err);
+  }
   /* pipelined backprop refuses a tied head and embedding in different
    * stages (src/exec/pb.c): the run would refuse this plan, so compile
    * does, as the run says it */

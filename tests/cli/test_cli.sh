@@ -871,6 +871,15 @@ for how in "train" "compile"; do
     "^strata: error: default: model.tied: the head and the token embedding share weights but land in different stages, which update at different delays in pipelined_backprop; set model.tied: false$" \
     -- "$how" "$fc" "${gpt[@]}" "${pbt[@]}" "${more[@]}"
 done
+# --mode pipelined_backprop under the config's own rules, as train checks
+# them (it planned sc+lwp under AdamW, Nesterov's momentum, both refused)
+expect_error "compile --mode pipelined_backprop of an AdamW config" \
+  "^strata: error: default: execution.mitigation: sc\+lwp is defined for momentum SGD \(BACKGROUND.md 2\); with optimizer.kind adamw \(set by --set\) use none or stash$" \
+  -- compile configs/gpt_tiny.yaml --set model.tied=false --set optimizer.kind=adamw \
+  --mode pipelined_backprop --out "$T/pb_adamw"
+expect_error "compile --mode pipelined_backprop of a Nesterov config" \
+  "^strata: error: .*optimizer.nesterov: pipelined_backprop updates with heavy-ball momentum" \
+  -- compile "$fc" --mode pipelined_backprop --out "$T/pb_nesterov"
 run compile "$fc" "${gpt[@]}" "${pbt[@]}" --set model.tied=false --stages 2 --out "$T/gpt_pb_untied"
 rc_untied=$rc
 run compile "$fc" "${gpt[@]}" "${pbt[@]}" --stages 1 --out "$T/gpt_pb_one"
