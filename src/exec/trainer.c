@@ -87,10 +87,28 @@ const st_executor *st_find_executor(const char *mode) {
   return NULL;
 }
 
+/* A data file that would not open, named by the key that gives it and where
+ * that was set: "tests/fixtures/corpus.txt: cannot open" named neither, and
+ * a run's config.yaml keeps a relative path, read from the working
+ * directory (a resume from elsewhere). */
+static int name_data_key(const st_config *c, const char *key, const char *path,
+                         int rc, st_error *err) {
+  size_t n = strlen(path);
+  if (!rc || !n || strncmp(err->msg, path, n) != 0) return rc;
+  char msg[sizeof err->msg];
+  snprintf(msg, sizeof msg, "%s", err->msg);
+  return st_error_set(err, rc, "%s: %s: %s%s", st_config_where(c, key), key,
+                      msg,
+                      path[0] == '/' || !strstr(msg, ": cannot open")
+                          ? ""
+                          : " (a relative path: read from the working "
+                            "directory)");
+}
+
 static int load_text(st_trainer *t, st_error *err) {
   st_config *c = &t->cfg;
   int rc = st_text_open(&t->text, &t->tok, c, err);
-  if (rc) return rc;
+  if (rc) return name_data_key(c, "data.path", c->data.path, rc, err);
   int vocab = st_tokenizer_vocab(t->tok);
   if (c->model.vocab == 0)
     c->model.vocab = vocab; /* the tokenizer's */
@@ -146,9 +164,10 @@ static int load_data(st_trainer *t, st_error *err) {
   char img[ST_PATH_MAX + 64], lab[ST_PATH_MAX + 64];
   st_data_idx_paths(c, 0, img, lab, sizeof img);
   int rc = st_dataset_load_idx(&t->train, img, lab, c->data.train_limit, err);
-  if (rc) return rc;
+  if (rc) return name_data_key(c, "data.dir", c->data.dir, rc, err);
   st_data_idx_paths(c, 1, img, lab, sizeof img);
   rc = st_dataset_load_idx(&t->test, img, lab, c->data.test_limit, err);
+  if (rc) return name_data_key(c, "data.dir", c->data.dir, rc, err);
   if (!rc) {
     t->test->mean = t->train->mean;
     t->test->std = t->train->std;

@@ -102,9 +102,15 @@ expect_error "impossible shape via --set" \
   --out "$T/o_shape_set"
 
 # --- 5. missing dataset -------------------------------------------------------
+# named by the key that gives the path and where it was set (and a
+# relative path said to be read from the working directory: a run's
+# config.yaml, resumed from another folder)
 expect_error "missing dataset" \
-  "/nonexistent/[a-z0-9-]+\.gz: cannot open: No such file or directory" \
+  "^strata: error: --set: data.dir: /nonexistent/[a-z0-9-]+\.gz: cannot open: No such file or directory$" \
   -- train "$fc" "${small[@]}" --set data.dir=/nonexistent --out "$T/o_nodata"
+expect_error "missing corpus, a relative path" \
+  "^strata: error: --set: data.path: no-such-corpus\.txt: cannot open: No such file or directory \(a relative path: read from the working directory\)$" \
+  -- train configs/gpt_tiny.yaml --set data.path=no-such-corpus.txt --out "$T/o_nocorpus"
 
 # --- 6. corrupt and truncated gzip --------------------------------------------
 # The whole training file is read (no train_limit): a load with a limit stops

@@ -55,7 +55,7 @@ fi
 # used to be removed first, leaving a folder with only the new config.yaml.
 (cd "$T/first" && find . -type f | sort | xargs md5sum) >"$T/first.sums"
 expect_error "--overwrite with data that is not there" \
-  "^strata: error: $(re_quote "$T/nowhere")/train-labels-idx1-ubyte\.gz: cannot open" \
+  "^strata: error: --set: data.dir: $(re_quote "$T/nowhere")/train-labels-idx1-ubyte\.gz: cannot open" \
   train "$fc" "${small[@]}" --set data.dir="$T/nowhere" --overwrite --out "$T/first"
 expect_error "--overwrite with a model that cannot be made" \
   "model\.channels: stage 4 would pool a 1x1 map below 1x1" \
