@@ -18,6 +18,7 @@
 
 #include "../../src/compile/compile.h" /* st_plan_model */
 #include "../../src/exec/exec.h"       /* st_find_executor */
+#include "../../src/io/svg.h"          /* st_utf8_len */
 #include "../../src/runtime/runtime.h" /* st_stage_work_bytes */
 
 #include <stdint.h>
@@ -2582,6 +2583,63 @@ static void test_report_time_units(void) {
 /* plan.svg's subtitle says where the prediction comes from as the text
  * report does: a cpu plan from a calibration profile is not an
  * "uncalibrated estimate" (it named every cpu plan so). */
+/* st_utf8_len against the Unicode standard's table of well-formed
+ * sequences (Table 3-7): the boundaries of each length, the overlong
+ * forms, the surrogates, past U+10FFFF, cut short and a stray
+ * continuation byte; and st_svg_escape writing U+FFFD for each bad byte. */
+static void test_utf8_len(void) {
+  static const struct {
+    const char *s;
+    int n;
+  } cases[] = {
+      {"a", 1},
+      {"\x7f", 1},
+      {"\xc2\x80", 2},         /* U+0080, the least of two bytes */
+      {"\xdf\xbf", 2},         /* U+07FF */
+      {"\xc0\x80", 0},         /* overlong NUL */
+      {"\xc1\xbf", 0},         /* overlong U+007F */
+      {"\xe0\xa0\x80", 3},     /* U+0800 */
+      {"\xe0\x9f\xbf", 0},     /* overlong U+07FF */
+      {"\xed\x9f\xbf", 3},     /* U+D7FF, below the surrogates */
+      {"\xed\xa0\x80", 0},     /* U+D800 */
+      {"\xed\xbf\xbf", 0},     /* U+DFFF */
+      {"\xee\x80\x80", 3},     /* U+E000 */
+      {"\xef\xbf\xbf", 3},     /* U+FFFF */
+      {"\xf0\x90\x80\x80", 4}, /* U+10000 */
+      {"\xf0\x8f\xbf\xbf", 0}, /* overlong U+FFFF */
+      {"\xf4\x8f\xbf\xbf", 4}, /* U+10FFFF */
+      {"\xf4\x90\x80\x80", 0}, /* U+110000 */
+      {"\xf5\x80\x80\x80", 0},
+      {"\xf8\x88\x80\x80\x80", 0}, /* a five-byte form */
+      {"\xff", 0},
+      {"\x80", 0}, /* a continuation byte first */
+      {"\xc3", 0}, /* cut short by the NUL */
+      {"\xe2\x80", 0},
+      {"\xf0\x9f\x98", 0},
+      {"\xc3"
+       "A",
+       0}, /* a lead byte, then no continuation */
+      {"\xe2\x80\x94x", 3},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    CHECK(st_utf8_len(cases[i].s) == cases[i].n,
+          "st_utf8_len case %zu: %d, want %d", i, st_utf8_len(cases[i].s),
+          cases[i].n);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  CHECK(f != NULL, "open_memstream");
+  if (!f) return;
+  st_svg_escape(f, "a<\xff\xc3\xa9\x01\xed\xa0\x80\t&\xf0\x9f\x98");
+  fclose(f);
+  const char *want = "a&lt;\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd"
+                     "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\t&amp;"
+                     "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd";
+  CHECK(len == strlen(want) && !memcmp(buf, want, len),
+        "st_svg_escape: %zu bytes '%s'", len, buf);
+  free(buf);
+}
+
 static void test_svg_calibrated(void) {
   st_block_cost b;
   memset(&b, 0, sizeof b);
@@ -2762,5 +2820,6 @@ int main(void) {
   test_compile_plans_the_config();
   test_stages_by_rate();
   test_choose_splits_replicas();
+  test_utf8_len();
   TH_DONE();
 }
