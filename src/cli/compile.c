@@ -147,6 +147,11 @@ int st_cli_compile(int argc, char **argv) {
                               a.per_machine);
   st_error err = {0};
   st_config cfg;
+  /* a malformed --fabric is a misused command line, as --stages x is:
+   * its spec checked before the config is read */
+  st_config_defaults(&cfg);
+  if (a.fabric && st_fabric_parse(&cfg, a.fabric, &err) == ST_EARG)
+    return st_cli_usage_error(usage_compile, "%s", err.msg);
   if (load(&cfg, &a, &err)) return st_cli_fail(&err);
   cfg.launch.ranks = ranks;
   cfg.launch.per_machine = per_machine;
