@@ -1075,12 +1075,19 @@ int st_optim_state_per_param(const st_config *cfg);
  * squared gradient norms measured at two batch sizes B_s < B_b, the unbiased
  * estimates |G|^2 = (B_b |G_b|^2 - B_s |G_s|^2) / (B_b - B_s) and
  * tr(S) = (|G_s|^2 - |G_b|^2) / (1/B_s - 1/B_b) are averaged separately
- * (bias-corrected EMAs) and only then divided: B_simple = tr(S) / |G|^2. */
+ * (bias-corrected EMAs) and only then divided: B_simple = tr(S) / |G|^2.
+ * Those two hold for samples drawn with replacement. Drawn without, from a
+ * training set of N (an epoch's shuffled order), E|G_B|^2 = |G|^2 +
+ * tr(S) (1/B - 1/N), G the set's gradient and S its per-sample covariance
+ * (divisor N - 1): the tr(S) estimate is unchanged and the |G|^2 one
+ * falls short by tr(S)/N, which `population` N adds back (0: with
+ * replacement, or N unknown). */
 typedef struct st_noise_scale {
-  double beta;      /* EMA decay */
-  double g2, trace; /* the EMAs, uncorrected */
-  double weight;    /* 1 - beta^n: the correction */
-  int64_t n;        /* pairs added */
+  double beta;        /* EMA decay */
+  double g2, trace;   /* the EMAs, uncorrected */
+  double weight;      /* 1 - beta^n: the correction */
+  int64_t n;          /* pairs added */
+  int64_t population; /* N samples drawn without replacement, or 0 */
 } st_noise_scale;
 
 void st_noise_scale_init(st_noise_scale *ns, double beta);

@@ -768,6 +768,8 @@ int st_trainer_create(st_trainer **out, const st_config *cfg,
   if ((rc = load_data(t, err))) goto fail;
   t->data_bytes = st_alloc_bytes() - held;
   if ((rc = check_data(t, err))) goto fail;
+  /* an epoch draws its batches without replacement from the n_train */
+  t->noise.population = t->n_train;
   if ((rc = st_dist_check_same((uint64_t)t->n_train << 32 | (uint32_t)t->n_test,
                                "data (its training and test set sizes)", err)))
     goto fail;

@@ -10,6 +10,11 @@
  *     s^2 / |w - w*|^2) + 1.
  *     The averages' bias correction by hand: one estimate is its own
  *     |G|^2 and tr(S) at any beta, two their beta-weighted mean.
+ *     Without replacement from a training set of N (as an epoch draws its
+ *     batches), exactly: over every ordered draw of B_b of N = 6 fixed
+ *     per-sample gradients, the first B_s the small batch, the estimates'
+ *     means are the set's |G|^2 and tr(S) (divisor N - 1) with the
+ *     population given, and |G|^2 - tr(S)/N without it.
  *     The squared norm it is fed counts a tied pair of tensors as the one
  *     weight it is: against the norm of the unique parameters' gradient.
  *  2. In training, measuring does not perturb: with the same micro-batch
@@ -191,6 +196,54 @@ static void test_linear_regression(void) {
  * model's weight is one tensor, its gradient the sum of the two copies',
  * so the norm is that of the sum, not the sum of the two norms (which
  * overstates |G|^2 and understates B_simple by the cross term). */
+static void test_without_replacement(void) {
+  enum { N = 6, D3 = 3, SMALL = 2, BIG = 4 };
+  static const double g[N][D3] = {{1.0, -2.0, 0.5},  {3.0, 1.0, -1.0},
+                                  {-0.5, 0.25, 2.0}, {2.0, 2.0, 2.0},
+                                  {0.0, -1.5, 1.0},  {4.0, -0.75, -3.0}};
+  double G[D3] = {0}, g2 = 0, trace = 0;
+  for (int i = 0; i < N; i++)
+    for (int d = 0; d < D3; d++) G[d] += g[i][d] / N;
+  for (int d = 0; d < D3; d++) g2 += G[d] * G[d];
+  for (int i = 0; i < N; i++)
+    for (int d = 0; d < D3; d++) trace += (g[i][d] - G[d]) * (g[i][d] - G[d]);
+  trace /= N - 1;
+  for (int population = 0; population <= N; population += N) {
+    double sum_g2 = 0, sum_trace = 0;
+    int draws = 0;
+    for (int a = 0; a < N; a++)
+      for (int b = 0; b < N; b++)
+        for (int c = 0; c < N; c++)
+          for (int e = 0; e < N; e++) {
+            int pick[BIG] = {a, b, c, e};
+            if (a == b || a == c || a == e || b == c || b == e || c == e)
+              continue;
+            double ms[D3] = {0}, mb[D3] = {0}, gs2 = 0, gb2 = 0;
+            for (int k = 0; k < BIG; k++)
+              for (int d = 0; d < D3; d++) {
+                mb[d] += g[pick[k]][d] / BIG;
+                if (k < SMALL) ms[d] += g[pick[k]][d] / SMALL;
+              }
+            for (int d = 0; d < D3; d++)
+              gs2 += ms[d] * ms[d], gb2 += mb[d] * mb[d];
+            st_noise_scale ns;
+            st_noise_scale_init(&ns, 0); /* each draw's own estimates */
+            ns.population = population;
+            st_noise_scale_add(&ns, gs2, SMALL, gb2, BIG);
+            double eg2, etrace;
+            st_noise_scale_value(&ns, &eg2, &etrace);
+            sum_g2 += eg2, sum_trace += etrace, draws++;
+          }
+    double want = population ? g2 : g2 - trace / N;
+    CHECK(draws == 360 && fabs(sum_g2 / draws - want) < 1e-12 * trace,
+          "population %d: mean |G|^2 estimate %.15g over %d draws, want %.15g",
+          population, sum_g2 / draws, draws, want);
+    CHECK(fabs(sum_trace / draws - trace) < 1e-12 * trace,
+          "population %d: mean tr(S) estimate %.15g, want %.15g", population,
+          sum_trace / draws, trace);
+  }
+}
+
 static void test_tied_norm(void) {
   st_config c;
   st_config_defaults(&c);
@@ -395,7 +448,8 @@ static void test_resume(void) {
  * and one at batch BS (the same first BS samples, from the same initial
  * weights) give |G_b|^2 and |G_s|^2 independently. With metrics.noise_ema
  * 0 the estimator holds the one step's |G|^2 and tr(S), from which gs2 =
- * |G|^2 + tr(S) / BS and gb2 = |G|^2 + tr(S) / BB. In the sequential mode,
+ * |G|^2 + tr(S) (1/BS - 1/N) and gb2 = |G|^2 + tr(S) (1/BB - 1/N), N the
+ * training set's samples (windows for the GPT). In the sequential mode,
  * the two halves of the batch (no micro_batch set), and weight streaming
  * from a memory and a file store. A tied GPT counts its tied weight once:
  * the copy's update mirrors its source's. */
@@ -447,13 +501,22 @@ static void check_fed_norms(const char *what, st_config c, int bs, int bb) {
   snprintf(c.metrics.progress, sizeof c.metrics.progress, "off");
   st_error err = {0};
   st_trainer *t = NULL;
-  double loss, g2 = NAN, trace = NAN;
+  double loss, g2 = NAN, trace = NAN, n = 0;
   CHECK(st_trainer_create(&t, &c, NULL, &err) == 0, "%s: %s", what, err.msg);
-  if (t && st_trainer_step(t, &loss, &err) == 0)
+  if (t && st_trainer_step(t, &loss, &err) == 0) {
     st_noise_scale_value(st_trainer_noise(t), &g2, &trace);
+    n = (double)st_trainer_noise(t)->population;
+  }
   st_trainer_destroy(t);
   if (c.execution.store_path[0]) unlink(c.execution.store_path);
-  double gs2 = g2 + trace / bs, gb2 = g2 + trace / bb;
+  /* the training set's N, drawn without replacement: E|G_B|^2 = |G|^2 +
+   * tr(S) (1/B - 1/N) (noise_scale.c) */
+  double bytes;
+  int want_n = -1;
+  CHECK(st_data_footprint(&c, &bytes, &want_n, &err) == 0 && n == want_n,
+        "%s: population %.0f, want the training samples, %d", what, n, want_n);
+  double gs2 = g2 + trace * (1.0 / bs - 1.0 / n),
+         gb2 = g2 + trace * (1.0 / bb - 1.0 / n);
   double want_s = first_step_norm(&c, bs, lr),
          want_b = first_step_norm(&c, bb, lr);
   /* each update w - lr g is rounded to the weights' float, and the runs
@@ -507,6 +570,7 @@ static void test_fed_norms(void) {
 int main(void) {
   test_closed_form();
   test_linear_regression();
+  test_without_replacement();
   test_tied_norm();
   test_training();
   test_resume();
