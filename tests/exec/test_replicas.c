@@ -4,7 +4,8 @@
  *    (gpipe, 1f1b) end 20 steps within fp32 rounding of the sequential mode
  *    (R = 1) for an MLP, a CNN and a GPT (tied head), also with
  *    micro-batches; twice the same config gives the same bits (SGD and
- *    AdamW), and so do the inner modes among themselves at the same split;
+ *    AdamW), and so do the inner modes among themselves at the same split,
+ *    and so does any number of threads a replica;
  *  - a non-finite loss stops the step before any weight changes, and no
  *    replica keeps a partial gradient afterwards;
  *  - the steady state allocates nothing;
@@ -118,6 +119,36 @@ static void test_equivalence(const char *what, const st_config *base,
     free(first);
   }
   free(want);
+}
+
+/* The contract holds whatever the cores: R replicas on 1, 2, 3 and 5
+ * threads each (train.threads R, 2R, 3R, 5R; the inner pools and a
+ * pipeline's stage pools sized by them) end with the same bits. */
+static void test_threads(const char *what, const st_config *base, int mode,
+                         int R, int micro_batch) {
+  st_config c = *base;
+  c.train.batch = BATCH;
+  c.execution.micro_batch = micro_batch;
+  c.execution.replicas = R;
+  set_mode(&c, mode);
+  const int per[] = {1, 2, 3, 5};
+  float *first = NULL;
+  size_t n0 = 0;
+  for (int i = 0; i < 4; i++) {
+    c.train.threads = R * per[i];
+    size_t n = 0;
+    float *w = train(&c, &n, NULL);
+    if (!w) continue;
+    if (!first) {
+      first = w, n0 = n;
+      continue;
+    }
+    CHECK(n == n0 && memcmp(w, first, n * sizeof *w) == 0,
+          "%s: R=%d %s mb=%d: %d threads a replica give other weights than %d",
+          what, R, mode_names[mode], micro_batch, per[i], per[0]);
+    free(w);
+  }
+  free(first);
 }
 
 /* A step whose loss is not finite changes no weight, and leaves no
@@ -335,6 +366,12 @@ int main(void) {
   test_equivalence("mlp", &mlp, two, 1, 4, 0);
   test_equivalence("gpt", &gpt, two, 1, 4, 0);
   test_equivalence("cnn", &cnn, two, 1, 4, 1);
+  /* the same bits on any number of threads a replica */
+  test_threads("mlp", &mlp, 0, 2, 0);
+  test_threads("cnn", &cnn, 0, 2, 4);
+  test_threads("gpt", &gpt, 0, 4, 0);
+  test_threads("mlp", &mlp, 2, 2, 2);
+  test_threads("gpt", &gpt, 1, 2, 4);
   test_nan("mlp", &mlp, 0);
   test_nan("mlp", &mlp, 2);
   test_nan("gpt", &gpt, 0); /* the tied head's copy in every slab */
