@@ -242,6 +242,41 @@ static void test_block_sequential(const char *what, const st_config *base) {
   }
 }
 
+/* block_sequential as it runs unpinned by the config: the plan's stages
+ * (S = 0) and segments (blocks_per_segment = 0), or a stage a block, on 1,
+ * 3 and 8 threads (other cuts, other stage pools), with M in {1, 4} and at
+ * batch 1 (the update fused into the backward): the sequential mode's bits
+ * on 2 threads, every time. */
+static void test_block_sequential_cores(const char *what,
+                                        const st_config *base) {
+  const int Ms[] = {1, 4, 1}, threads[] = {1, 3, 8};
+  for (int mi = 0; mi < 3; mi++) {
+    st_config seq = *base;
+    seq.train.batch = mi == 2 ? 1 : BATCH;
+    seq.execution.micro_batch = seq.train.batch / Ms[mi];
+    size_t n = 0, np;
+    float *want = train(&seq, &n, NULL);
+    if (!want) return;
+    for (int ti = 0; ti < 3; ti++)
+      for (int per_block = 0; per_block < 2; per_block++) {
+        st_config c = seq;
+        snprintf(c.execution.mode, sizeof c.execution.mode, "block_sequential");
+        c.train.threads = threads[ti];
+        c.execution.stages = per_block ? ST_STAGES_PER_BLOCK : 0;
+        c.execution.blocks_per_segment = 0;
+        float *got = train(&c, &np, NULL);
+        if (!got) continue;
+        CHECK(np == n && memcmp(got, want, n * sizeof *got) == 0,
+              "%s: block_sequential %s on %d threads batch %d M=%d: weights "
+              "differ from sequential",
+              what, per_block ? "per_block" : "S=0", threads[ti],
+              seq.train.batch, Ms[mi]);
+        free(got);
+      }
+    free(want);
+  }
+}
+
 /* The stages are the compiler's plan for this machine's cores: the same
  * cut points and cores per stage as st_plan_compile on fabric
  * cpu:threads, the stage count too when S = 0 (chosen by the mode's fill
@@ -742,6 +777,8 @@ int main(void) {
   test_block_sequential("mlp", &deep);
   test_block_sequential("cnn", &cnn);
   test_block_sequential("gpt", &deep_gpt);
+  test_block_sequential_cores("mlp", &deep);
+  test_block_sequential_cores("gpt", &deep_gpt);
   test_plan(&mlp, "pipeline", "mlp S=2", 2, 2);
   test_plan(&cnn, "pipeline", "cnn S=2", 2, 2);
   test_plan(&cnn, "pipeline", "cnn S=0 (the plan's count)", 0, 2);
