@@ -1189,6 +1189,15 @@ static int cmd_export(int argc, char **argv) {
                  cfg.execution.store_path);
     return st_cli_fail(&err);
   }
+  struct stat out_sb; /* the store renamed over by its own export */
+  if (a.out && stat(a.out, &out_sb) == 0 && out_sb.st_dev == sb.st_dev &&
+      out_sb.st_ino == sb.st_ino) {
+    st_error_set(&err, ST_EARG,
+                 "--out %s is the run's store %s: the checkpoint would be "
+                 "written over it; give another --out",
+                 a.out, cfg.execution.store_path);
+    return st_cli_fail(&err);
+  }
   st_trainer *t;
   if (st_trainer_create(&t, &cfg, dir, &err)) return st_cli_fail(&err);
   char path[ST_PATH_MAX + 64];

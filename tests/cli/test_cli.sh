@@ -1225,6 +1225,15 @@ run train - --resume "$T/w_else" --set train.steps=7
 expect_error "eval of a run whose store is elsewhere, committed after its export" \
   "^strata: error: $(re_quote "$T/w_else"): the run keeps its weights in its store \($(re_quote "$T/elsewhere.strata"), step 7\); its newest checkpoint is step 5: " \
   -- eval "$fc" "${ws_args[@]}" --checkpoint "$T/w_else"
+# --out naming the store itself: refused, the store left as it was (the
+# checkpoint was renamed over it: the run could not resume)
+cp "$T/elsewhere.strata" "$T/elsewhere.before"
+expect_error "export --out the run's own store" \
+  "^strata: error: --out $(re_quote "$T/elsewhere.strata") is the run's store $(re_quote "$T/elsewhere.strata"): the checkpoint would be written over it; give another --out$" \
+  -- export "$T/w_else" --out "$T/elsewhere.strata"
+if cmp -s "$T/elsewhere.before" "$T/elsewhere.strata"; then pass; else
+  fail "export --out the run's own store leaves the store as it was"
+fi
 mkdir -p "$T/w_store_only"
 cp "$T/w_ws/store.strata" "$T/w_store_only/"
 expect_error "eval of a store's run never exported" \
