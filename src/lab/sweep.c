@@ -483,6 +483,12 @@ static int run_trial(const st_sweep_options *o, const st_config *base,
     if (step < eval_at && step != budget) continue;
     eval_at = next_eval(o, step);
     if ((rc = st_trainer_evaluate(t, &eval_loss, &acc, err))) break;
+    /* an update after the last checked training loss left the weights
+     * non-finite: diverged (the accuracy NaN logits score is no result) */
+    if (!isfinite(eval_loss)) {
+      r->metric = NAN;
+      break;
+    }
     r->metric = o->target.kind == ST_TARGET_ACCURACY ? acc : eval_loss;
     if (meets(o, r->metric)) {
       r->steps = step;

@@ -26,7 +26,9 @@
  *    the windows an independent trainer with metrics.noise_scale gives,
  *    bit for bit (noise.csv's last row; report.md's first 10%, 40-60% and
  *    last 20%);
- *  - target parsing accepts accuracy=/loss= and refuses the rest.
+ *  - target parsing accepts accuracy=/loss= and refuses the rest;
+ *  - weights an update left non-finite after a finite training loss are a
+ *    divergence, not a trial that met an accuracy target.
  */
 #include "harness.h"
 #include "strata.h"
@@ -1236,6 +1238,58 @@ static void test_growth_decimal(const char *root) {
   free(steps);
 }
 
+/* An update that leaves the weights non-finite after a finite training
+ * loss (here the first step's, at lr 1e20) is a divergence, as in strata
+ * train and strata experiment: the evaluation right after it scores NaN
+ * logits as class 0 everywhere, an accuracy of the test set's share of
+ * class 0, which met a target below it. The trial must not reach the
+ * target, and sweep.csv's final metric is nan. An independent trainer
+ * shows the premise: finite loss at step 1, non-finite test loss, an
+ * accuracy above the target. */
+static void test_nonfinite_weights(const char *root) {
+  st_config c;
+  tiny_config(&c);
+  st_sweep_options o;
+  char dir[ST_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/nonfinite", root);
+  tiny_options(&o, dir);
+  o.batch_sizes = (st_int_list){1, {8}};
+  o.trials = 1;
+  o.budget_steps = 1;
+  o.eval_every = 1;
+  o.lr_min = o.lr_max = 1e20;
+  o.target = (st_sweep_target){ST_TARGET_ACCURACY, 0.01};
+  double lr, mom, loss = NAN, test_loss = 0, acc = NAN;
+  st_sweep_point(&o, &c, 0, &lr, &mom);
+  st_config n = c;
+  n.train.batch = 8;
+  n.train.steps = 1;
+  n.optimizer.lr = (float)lr;
+  if (mom >= 0) n.optimizer.momentum = (float)mom;
+  st_trainer *t;
+  st_error err = {0};
+  int rc = st_config_validate(&n, &err);
+  if (!rc) rc = st_trainer_create(&t, &n, NULL, &err);
+  if (rc) {
+    CHECK(0, "trainer at lr 1e20: %s", err.msg);
+    return;
+  }
+  rc = st_trainer_step(t, &loss, &err);
+  if (!rc) rc = st_trainer_evaluate(t, &test_loss, &acc, &err);
+  st_trainer_destroy(t);
+  CHECK(rc == 0 && isfinite(loss) && !isfinite(test_loss) && acc >= 0.01,
+        "lr 1e20, step 1: loss %g, test loss %g, accuracy %g: %s", loss,
+        test_loss, acc, err.msg);
+  if (run(&o, &c)) return;
+  char *steps = slurp(dir, "steps.csv"), *sweep = slurp(dir, "sweep.csv");
+  CHECK(steps && strstr(steps, "\n8,,,,\n"),
+        "non-finite weights do not reach the target:\n%s", steps ? steps : "");
+  CHECK(sweep && strstr(sweep, ",nan\n"),
+        "non-finite weights: final accuracy nan:\n%s", sweep ? sweep : "");
+  free(steps);
+  free(sweep);
+}
+
 int main(void) {
   test_halton();
   test_fit();
@@ -1257,6 +1311,7 @@ int main(void) {
     test_pinned(root);
     test_budget_decimal(root);
     test_growth_decimal(root);
+    test_nonfinite_weights(root);
   }
   char cmd[sizeof root + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
