@@ -2181,6 +2181,9 @@ typedef struct st_train_pos {
   /* CRC-32 of a text run's tokenizer (st_tokenizer_crc); has 0: none (an
    * image run, or an older checkpoint) */
   uint32_t tokenizer_crc, has_tokenizer_crc;
+  /* data.normalize of an image run: 1 if its pixels were standardised;
+   * has_normalize 0: not recorded (a text run, or an older checkpoint) */
+  uint32_t normalize, has_normalize;
 } st_train_pos;
 
 /* Writes weights (by tensor name), optimizer state ("optim.<name>.<slot>")
@@ -2219,6 +2222,8 @@ int st_checkpoint_train_samples(const char *path, int64_t *n);
 int st_checkpoint_tokenizer_crc(const char *path, uint32_t *crc);
 /* The same for the training set's CRC-32 (st_train_pos.train_crc). */
 int st_checkpoint_train_crc(const char *path, uint32_t *crc);
+/* The same for an image run's data.normalize (st_train_pos.normalize). */
+int st_checkpoint_normalize(const char *path, int *normalize);
 /* A sharded checkpoint (train.checkpoint_format: shards): a directory of
  * shards model-0000k-of-0000n.safetensors, each the tensors (weights and
  * optimizer state) of the blocks mine[i] marks, with the metadata of a

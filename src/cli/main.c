@@ -1248,10 +1248,24 @@ static int cmd_eval(int argc, char **argv) {
   if (st_trainer_create(&t, &cfg, NULL, &err)) return st_cli_fail(&err);
   double loss, acc;
   rc = st_trainer_load(t, a.checkpoint, 1, &err);
+  /* images standardised (data.normalize) or not as the weights saw them */
+  int trained_norm;
+  int image = strcmp(cfg.data.dataset, "text") != 0;
+  if (!rc && image && st_checkpoint_normalize(a.checkpoint, &trained_norm) &&
+      trained_norm != (cfg.data.normalize != 0)) {
+    fprintf(stderr,
+            "strata: notice: %s was trained on %s images, this config "
+            "(data.normalize, %s) gives %s ones: the inputs are not those of "
+            "training; evaluate with the run's config.yaml\n",
+            a.checkpoint, trained_norm ? "standardised" : "raw",
+            st_config_set_at(&cfg, "data.normalize"),
+            trained_norm ? "raw" : "standardised");
+    image = 0; /* the statistics below are beside the point */
+  }
   /* images are standardised with the training set's statistics: the set
    * this config selects, which need not be the one the weights saw */
   int64_t had, now = st_trainer_train_samples(t);
-  if (!rc && cfg.data.normalize && strcmp(cfg.data.dataset, "text") != 0 &&
+  if (!rc && cfg.data.normalize && image &&
       st_checkpoint_train_samples(a.checkpoint, &had) && had != now)
     fprintf(stderr,
             "strata: notice: %s was trained on %lld samples, this config "
@@ -1263,7 +1277,7 @@ static int cmd_eval(int argc, char **argv) {
             st_config_set_at(&cfg, "data.train_limit"));
   /* as many samples, but other ones: its CRC-32 says so */
   uint32_t had_crc, now_crc = st_trainer_train_crc(t);
-  if (!rc && cfg.data.normalize && strcmp(cfg.data.dataset, "text") != 0 &&
+  if (!rc && cfg.data.normalize && image &&
       st_checkpoint_train_samples(a.checkpoint, &had) && had == now &&
       st_checkpoint_train_crc(a.checkpoint, &had_crc) && had_crc != now_crc)
     fprintf(stderr,

@@ -126,7 +126,8 @@ const st_config_key st_config_schema[] = {
          "standardise pixels with the mean/std of the training images the "
          "config selects (data.train_limit: evaluate with the run's "
          "config.yaml to see them as trained; eval says when the "
-         "checkpoint's training set differs)"),
+         "checkpoint's training set or data.normalize differs, a resume "
+         "refuses another data.normalize)"),
     STRING(data, path, "/usr/share/games/fortunes/cookie",
            "text: the corpus, any file of bytes (default: Debian's fortunes "
            "package)"),

@@ -1106,6 +1106,9 @@ static st_train_pos run_pos(const st_trainer *t) {
   if (t->tok) {
     pos.tokenizer_crc = st_tokenizer_crc(t->tok);
     pos.has_tokenizer_crc = 1;
+  } else {
+    pos.normalize = t->cfg.data.normalize != 0;
+    pos.has_normalize = 1;
   }
   if (t->cfg.metrics.noise_scale) {
     pos.noise_g2 = t->noise.g2;
@@ -1415,6 +1418,10 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
   else if (p->shuffle != t->cfg.data.shuffle)
     what = "shuffling", key = "data.shuffle", had = p->shuffle,
     now = t->cfg.data.shuffle;
+  else if (p->has_normalize && !t->text &&
+           p->normalize != (t->cfg.data.normalize != 0))
+    what = "pixel standardisation", key = "data.normalize", had = p->normalize,
+    now = t->cfg.data.normalize != 0;
   else if (p->has_tokenizer_crc && t->tok &&
            p->tokenizer_crc != st_tokenizer_crc(t->tok))
     return st_tokenizer_check(t->tok, &t->cfg, path, p->tokenizer_crc, err);

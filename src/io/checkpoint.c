@@ -202,6 +202,8 @@ static int save(const char *path, const st_model *m, saving *sv, int ns,
       rc = add_crc(w, "train_crc", pos->train_crc, err);
     if (!rc && pos->has_tokenizer_crc)
       rc = add_crc(w, "tokenizer_crc", pos->tokenizer_crc, err);
+    if (!rc && pos->has_normalize)
+      rc = st_st_writer_meta(w, "normalize", pos->normalize ? "1" : "0", err);
   }
   if (!rc)
     rc = st_st_writer_write_fetch(w, path, sv->fetched ? fetch_tensor : NULL,
@@ -434,6 +436,22 @@ static int read_crc(const st_safetensors *st, const char *key, uint32_t *crc,
   return 0;
 }
 
+/* Metadata 'normalize', where recorded: "0" or "1". */
+static int read_normalize(const st_safetensors *st, uint32_t *v, uint32_t *has,
+                          st_error *err) {
+  const char *text = st_safetensors_meta(st, "normalize");
+  *has = 0;
+  if (!text) return 0;
+  if (strcmp(text, "0") != 0 && strcmp(text, "1") != 0)
+    return st_error_set(err, ST_EFORMAT,
+                        "%s: metadata 'normalize' is %.32s, not 0 or 1: "
+                        "corrupt checkpoint",
+                        st->path, text);
+  *v = text[0] == '1';
+  *has = 1;
+  return 0;
+}
+
 static int read_pos(const st_safetensors *st, st_train_pos *pos,
                     st_error *err) {
   st_train_pos p = {0};
@@ -475,7 +493,8 @@ static int read_pos(const st_safetensors *st, st_train_pos *pos,
   /* the training set's and the tokenizer's CRC-32, where recorded */
   if ((rc = read_crc(st, "train_crc", &p.train_crc, &p.has_train_crc, err)) ||
       (rc = read_crc(st, "tokenizer_crc", &p.tokenizer_crc,
-                     &p.has_tokenizer_crc, err)))
+                     &p.has_tokenizer_crc, err)) ||
+      (rc = read_normalize(st, &p.normalize, &p.has_normalize, err)))
     return rc;
   *pos = p;
   return 0;
@@ -721,6 +740,17 @@ int st_checkpoint_tokenizer_crc(const char *path, uint32_t *crc) {
 
 int st_checkpoint_train_crc(const char *path, uint32_t *crc) {
   return recorded_crc(path, "train_crc", crc);
+}
+
+int st_checkpoint_normalize(const char *path, int *normalize) {
+  source src;
+  st_error ignored = {0};
+  uint32_t has = 0, v = 0;
+  if (!source_open(&src, path, &ignored))
+    read_normalize(src.parts[0], &v, &has, &ignored);
+  source_close(&src);
+  if (has) *normalize = (int)v;
+  return (int)has;
 }
 
 int st_checkpoint_load_blocks(const char *path, const st_model *m,

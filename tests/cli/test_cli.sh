@@ -400,6 +400,16 @@ run eval "$fc" "${small[@]}" --set data.dataset=synthetic --checkpoint "$checkpo
 if [ "$rc" -eq 0 ] && grep -q "^strata: notice: .* was trained on 512 samples of CRC-32 [0-9a-f]\{8\}, this config selects 512 of CRC-32 [0-9a-f]\{8\} (data.dataset, set by --set; data.dir, set at [^)]*): the images are standardised with other statistics than in training" <<<"$err"; then pass; else
   fail "eval names a training set of the same size but other samples" "rc=$rc" "$out" "$err"
 fi
+# raw pixels for weights trained on standardised ones (data.normalize,
+# which the checkpoint records): said; a resume with it is refused
+run eval "$fc" "${small[@]}" --set data.normalize=false --checkpoint "$checkpoint"
+if [ "$rc" -eq 0 ] && [ "$err" = "strata: notice: $checkpoint was trained on standardised images, this config (data.normalize, set by --set) gives raw ones: the inputs are not those of training; evaluate with the run's config.yaml" ]; then pass; else
+  fail "eval names a data.normalize other than the checkpoint's" "rc=$rc" "$out" "$err"
+fi
+cp -r "$run_dir" "$T/norm_run"
+expect_error "resume with another data.normalize" \
+  "^strata: error: .*: written with pixel standardisation 1, the config \(data.normalize\) gives 0: resuming would not continue the same run$" \
+  -- train - --resume "$T/norm_run" --set data.normalize=false --set train.steps=30
 
 # a run's folder for a checkpoint: its newest (by step, not the first
 # listed): step 19 a stub that could not load, step 20 the run's
