@@ -148,7 +148,8 @@ test-tsan: deps
 mutate: deps
 	@tools/mutate.sh $(BUILD)
 
-bench: deps
+bench:
+	@tools/install-deps.sh --bench
 	@$(MAKE) --no-print-directory benches
 	@tools/run-bench.sh $(BUILD)
 

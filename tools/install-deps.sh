@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what strata needs to build and test, from Debian packages only,
 # and only what is missing. Run as root on Debian (apt-get); says what it does.
+# With --bench it also installs the benchmarks' peer, PyTorch (python3-torch):
+# `make bench` prints ratios against it, and has none to print without it.
 set -euo pipefail
 
 # package : a file that proves it is installed
@@ -21,6 +23,10 @@ needs=(
   "procps:/usr/bin/pgrep"
 )
 
+if [ "${1:-}" = --bench ]; then
+  needs+=("python3-torch:/usr/lib/python3/dist-packages/torch/__init__.py")
+fi
+
 missing=()
 for entry in "${needs[@]}"; do
   pkg=${entry%%:*}; file=${entry#*:}
@@ -35,7 +41,11 @@ for entry in "${needs[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all build and test dependencies are present"
+  if [ "${1:-}" = --bench ]; then
+    echo "install-deps: all build, test and benchmark dependencies are present"
+  else
+    echo "install-deps: all build and test dependencies are present"
+  fi
   exit 0
 fi
 
