@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # test_runs.sh — a run's directory keeps what it holds: a new run does not
 # overwrite an earlier one (--overwrite replaces it whole), a run's own
-# config.yaml loads back as the run's config, SIGINT and SIGTERM stop a run
-# with a checkpoint that resumes bit for bit and leave no stray file,
-# start-up clears the temp files of killed writes and pruning keeps exactly
-# the newest checkpoints, and what can be checked before the first step is:
-# the checkpoint folder, the memory the model needs, the checkpoint's
-# metadata; a full disk under metrics.jsonl stops the run with a
-# checkpoint; weights a diverged run saved are refused by eval and
-# generate. Closing line "N passed, N failed".
+# config.yaml loads back as the run's config, a run killed after a
+# checkpoint resumes to the uninterrupted run's bytes in every mode, SIGINT
+# and SIGTERM stop a run with a checkpoint that resumes bit for bit and
+# leave no stray file, start-up clears the temp files of killed writes and
+# pruning keeps exactly the newest checkpoints, and what can be checked
+# before the first step is: the checkpoint folder, the memory the model
+# needs, the checkpoint's metadata; a full disk under metrics.jsonl stops
+# the run with a checkpoint; weights a diverged run saved are refused by
+# eval and generate. Closing line "N passed, N failed".
 . "$(dirname "$0")/../harness.sh"
 
 # expect_error NAME ERE ARGS...: exit 1 and one stderr line matching ERE.
@@ -229,6 +230,51 @@ if [ "$rc" -eq 0 ] && cmp -s <(grep -v '"config":' "$T/plan_a/plan.json") \
 else
   fail "compile DIR/config.yaml plans as the run's config" "rc $rc" "$err" "$(diff <(echo "$plan_a") <(echo "$out") | head)"
 fi
+
+# --- 2b. every mode resumes to the uninterrupted run's bytes ------------------
+# A run killed just after its checkpoint at step 8 (its folder as the whole
+# run left it, less the later checkpoints and the summary: what the kill
+# leaves, the log's later lines too) resumes to the whole run's checkpoints
+# at steps 16 and 24, byte for byte, in every mode. Step 8 is inside the
+# first epoch (16 steps), between two log lines (every 5) and before an
+# evaluation (every 12); dropout, a warm-up and a cosine schedule make every
+# piece of state count. Pipelined backprop over more than one stage is left
+# out: its checkpoint drops the micro-batches in flight (docs/modes.md,
+# "Checkpoints"); in one stage nothing is in flight.
+every=(--set data.dataset=synthetic --set data.train_limit=256 --set data.test_limit=64
+       --set train.batch=16 --set train.steps=24 --set train.checkpoint_every=8
+       --set train.keep_checkpoints=0 --set train.eval_every=12 --set metrics.log_every=5
+       --set model.hidden=[32,32,32] --set model.dropout=0.1
+       --set optimizer.warmup_steps=3 --set metrics.progress=off)
+pipe2=(--set execution.mode=pipeline --set execution.stages=2 --set execution.micro_batch=4)
+modes=(sequential "" replicas "--set execution.replicas=2"
+       gpipe "${pipe2[*]} --set execution.schedule=gpipe"
+       1f1b "${pipe2[*]} --set execution.schedule=1f1b"
+       zb1p "${pipe2[*]} --set execution.schedule=zb1p"
+       interleaved "${pipe2[*]} --set execution.schedule=interleaved"
+       1f1b_replicas "${pipe2[*]} --set execution.schedule=1f1b --set execution.replicas=2"
+       block_sequential "--set execution.mode=block_sequential --set execution.blocks_per_segment=2 --set execution.micro_batch=4"
+       weight_streaming "--set execution.mode=weight_streaming --set execution.store=memory --set execution.micro_batch=8"
+       pb "--set execution.mode=pipelined_backprop --set execution.stages=1 --set optimizer.nesterov=false --set optimizer.lr=0.002")
+for ((k = 0; k < ${#modes[@]}; k += 2)); do
+  name=${modes[k]}
+  read -ra mode <<<"${modes[k + 1]}"
+  run train "$fc" "${every[@]}" "${mode[@]}" --out "$T/every_$name"
+  [ "$rc" -eq 0 ] || { fail "$name: the whole run" "rc $rc" "$err"; continue; }
+  cp -r "$T/every_$name" "$T/every_${name}_cut"
+  rm -r "$T/every_${name}_cut"/checkpoints/step-000000{16,24}.safetensors \
+    "$T/every_${name}_cut/summary.json"
+  run train - --resume "$T/every_${name}_cut"
+  same=1
+  for s in 16 24; do
+    cmp -s "$T/every_$name/checkpoints/step-000000$s.safetensors" \
+      "$T/every_${name}_cut/checkpoints/step-000000$s.safetensors" || same=0
+  done
+  if [ "$rc" -eq 0 ] && [ "$same" -eq 1 ]; then pass; else
+    fail "$name: killed after step 8 and resumed, the whole run's checkpoints byte for byte" "rc $rc" "$err"
+  fi
+  rm -rf "$T/every_$name" "$T/every_${name}_cut"
+done
 
 # --- 3. signals ---------------------------------------------------------------
 # SIGINT or SIGTERM at a random moment (start-up, a step, an evaluation, a
