@@ -339,7 +339,10 @@ const st_config_key st_config_schema[] = {
           "wse2: a WSE-2 PE's share of 20 PB/s, published, times the PEs; "
           "docs/compiler.md)"),
 
-    INT(metrics, log_every, "50", "steps between metrics.jsonl lines"),
+    INT(metrics, log_every, "50",
+        "steps between metrics.jsonl train lines; each "
+        "train.checkpoint_every checkpoint writes one too, so a run "
+        "resumed from it averages the same steps in each line"),
     ENUM(metrics, progress, "auto", progress_modes,
          "progress line (auto = only on a terminal)"),
     BOOL(metrics, noise_scale, "false",

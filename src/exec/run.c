@@ -513,10 +513,14 @@ static int loop(run_state *r, st_error *err) {
     r->window_loss += loss;
     r->window_n++;
     const st_train_pos *p = st_trainer_pos(t);
-    if (p->step % c->metrics.log_every == 0 && (rc = log_train(r, err)))
+    int pause = pauses_after(r, p->step, total);
+    /* a checkpoint closes the loss window too: a run resumed from it
+     * starts a new one, and its next line then averages the same steps as
+     * this run's does */
+    if ((p->step % c->metrics.log_every == 0 || (pause & 2)) &&
+        (rc = log_train(r, err)))
       return rc;
     progress(r, 0);
-    int pause = pauses_after(r, p->step, total);
     if ((pause & 1) && (rc = evaluate(r, err))) return rc;
     if ((pause & 2) && (rc = checkpoint(r, 0, err))) return rc;
   }

@@ -238,7 +238,8 @@ fi
 # at steps 16 and 24, byte for byte, in every mode. Step 8 is inside the
 # first epoch (16 steps), between two log lines (every 5) and before an
 # evaluation (every 12); dropout, a warm-up and a cosine schedule make every
-# piece of state count. Pipelined backprop over more than one stage is left
+# piece of state count. Its metrics.jsonl is the whole run's too, but for
+# the timings (samples_per_s, wall_s). Pipelined backprop over more than one stage is left
 # out: its checkpoint drops the micro-batches in flight (docs/modes.md,
 # "Checkpoints"); in one stage nothing is in flight.
 every=(--set data.dataset=synthetic --set data.train_limit=256 --set data.test_limit=64
@@ -272,6 +273,14 @@ for ((k = 0; k < ${#modes[@]}; k += 2)); do
   done
   if [ "$rc" -eq 0 ] && [ "$same" -eq 1 ]; then pass; else
     fail "$name: killed after step 8 and resumed, the whole run's checkpoints byte for byte" "rc $rc" "$err"
+  fi
+  # and its metrics.jsonl is the whole run's but for the timings
+  untimed() { sed -E 's/,"(samples_per_s|wall_s)":[0-9.]+//g' "$1/metrics.jsonl"; }
+  if [ "$rc" -eq 0 ] && cmp -s <(untimed "$T/every_$name") <(untimed "$T/every_${name}_cut"); then
+    pass
+  else
+    fail "$name: killed after step 8 and resumed, the whole run's metrics.jsonl" \
+      "$(diff <(untimed "$T/every_$name") <(untimed "$T/every_${name}_cut"))"
   fi
   rm -rf "$T/every_$name" "$T/every_${name}_cut"
 done
