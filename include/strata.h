@@ -2601,9 +2601,12 @@ const char *st_experiment_pb_variant(int k);
 /* The validated config run `seed` (0-based) of variant k trains: base with
  * train.seed + seed, metrics.progress off, one replica, no noise scale, and
  *   baseline  execution.mode sequential, whole-batch steps, no
- *             optimizer.reference_batch, no emulation;
+ *             optimizer.reference_batch (base's where it names a batch
+ *             other than train.batch: the recipe was tuned there), no
+ *             emulation;
  *   others    execution.mode pipelined_backprop, execution.mitigation the
- *             variant's, optimizer.nesterov false, reference_batch B,
+ *             variant's, optimizer.nesterov false, reference_batch base's
+ *             where set, else train.batch B,
  *             execution.stages as configured (0 becomes per_block), and
  *             execution.emulate on for per_block or more stages than the
  *             run's threads (bit-identical to threaded), else as set.

@@ -10,7 +10,9 @@
  * step hands the pipeline B micro-batches of one sample: the step count,
  * the lr schedule and the samples seen are the baseline's, and the
  * recipe tuned at B is moved to the micro-batch by
- * optimizer.reference_batch = B (st_optim_scale_batch). Each variant runs
+ * optimizer.reference_batch = B (st_optim_scale_batch). A config whose
+ * optimizer.reference_batch R names another batch was tuned at R: every
+ * variant, the baseline included, moves it from R. Each variant runs
  * for o->seeds seeds; each run evaluates the test set at o->points evenly
  * spaced steps, the last at the final step.
  *
@@ -85,6 +87,13 @@ static int check_options(const st_experiment_options *o, st_error *err) {
   return 0;
 }
 
+/* The batch base's SGD recipe was tuned at: its optimizer.reference_batch
+ * where it sets one, else its train.batch B. */
+static int tuned_batch(const st_config *base) {
+  return base->optimizer.reference_batch > 0 ? base->optimizer.reference_batch
+                                             : base->train.batch;
+}
+
 /* Puts "experiment pb: variant V, seed S: " before err's message. */
 static int name_run(st_error *err, int rc, const char *label, uint64_t seed) {
   if (!err) return rc;
@@ -111,12 +120,16 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
     if (c.train.threads == 0) c.train.threads = 1;
     c.execution.pin = 0;
   }
+  /* the batch the recipe was tuned at: the config's reference_batch where
+   * it sets one (the baseline then moves the recipe to train.batch, as
+   * `strata train` would), else train.batch (the baseline runs it as given) */
+  int tuned = tuned_batch(base);
   if (variant == 0) {
     snprintf(c.execution.mode, sizeof c.execution.mode, "sequential");
     c.execution.micro_batch = 0;
     c.execution.emulate = 0;
     c.execution.stage_blocks.n = 0; /* a pipelined mode's */
-    c.optimizer.reference_batch = 0;
+    c.optimizer.reference_batch = tuned != base->train.batch ? tuned : 0;
   } else {
     /* reference_batch would refuse it too, but naming its own key */
     if (strcmp(c.optimizer.kind, "sgd") != 0) {
@@ -131,7 +144,7 @@ int st_experiment_pb_config(st_config *out, const st_config *base,
     snprintf(c.execution.mitigation, sizeof c.execution.mitigation, "%s",
              variants[variant]);
     c.optimizer.nesterov = 0;
-    c.optimizer.reference_batch = base->train.batch;
+    c.optimizer.reference_batch = tuned;
     if (c.execution.stages == 0 && c.execution.stage_blocks.n == 0)
       c.execution.stages = ST_STAGES_PER_BLOCK;
     /* More stages than threads would time-share the cores: one thread
@@ -422,31 +435,47 @@ static int write_report(const st_experiment_options *o, const st_config *base,
   if (!f) return ST_ENOMEM;
   const run *seq = &runs[0], *pb = &runs[o->seeds]; /* first of each */
   const st_config *pc = &configs[1];
-  int B = base->train.batch;
+  int B = base->train.batch, R = tuned_batch(base);
   fprintf(f, "# Pipelined backprop against sequential training\n\n");
   fprintf(f,
           "Config `%s`: model %s, %d blocks; optimizer sgd, lr %g, momentum "
-          "%g%s, schedule %s, tuned at train.batch B = %d. Every run trains "
-          "%lld steps of %d samples (%lld samples), evaluating the test set "
-          "at %d evenly spaced steps, the last at the end; %d seed%s "
-          "(train.seed %llu..%llu).\n\n",
+          "%g%s, schedule %s, ",
           base->path[0] ? base->path : "(none)", base->model.kind, seq->blocks,
           (double)base->optimizer.lr, (double)base->optimizer.momentum,
           base->optimizer.nesterov ? " (Nesterov)" : "",
-          base->optimizer.schedule, B, (long long)seq->steps, B,
-          (long long)seq->steps * B, seq->points, o->seeds,
-          o->seeds == 1 ? "" : "s", (unsigned long long)base->train.seed,
+          base->optimizer.schedule);
+  if (R != B)
+    fprintf(f,
+            "tuned at batch R = %d (optimizer.reference_batch), "
+            "train.batch B = %d. ",
+            R, B);
+  else
+    fprintf(f, "tuned at train.batch B = %d. ", B);
+  fprintf(f,
+          "Every run trains %lld steps of %d samples (%lld samples), "
+          "evaluating the test set at %d evenly spaced steps, the last at "
+          "the end; %d seed%s (train.seed %llu..%llu).\n\n",
+          (long long)seq->steps, B, (long long)seq->steps * B, seq->points,
+          o->seeds, o->seeds == 1 ? "" : "s",
+          (unsigned long long)base->train.seed,
           (unsigned long long)(base->train.seed + (uint64_t)o->seeds - 1));
   fprintf(f, "- **baseline**: `strata train CONFIG --set "
-             "execution.mode=sequential --set execution.micro_batch=0`, the "
-             "recipe as given.\n");
+             "execution.mode=sequential --set execution.micro_batch=0`, ");
+  if (R != B)
+    fprintf(f,
+            "the recipe moved from batch %d to B = %d: lr %g -> %.6g, "
+            "momentum %g -> %.6g.\n",
+            R, B, (double)base->optimizer.lr, (double)seq->lr,
+            (double)base->optimizer.momentum, (double)seq->momentum);
+  else
+    fprintf(f, "the recipe as given.\n");
   fprintf(f,
           "- **pipelined backprop** (the other rows, M the row's name): "
           "`strata train CONFIG "
           "--set execution.mode=pipelined_backprop --set "
           "execution.mitigation=M --set optimizer.nesterov=false --set "
           "optimizer.reference_batch=%d --set execution.stages=",
-          B);
+          R);
   const st_int_list *pin = &pc->execution.stage_blocks;
   if (pin->n > 0) { /* the pinned cut: execution.stages stays 0 */
     fprintf(f, "0 --set execution.stage_blocks=[");
@@ -458,20 +487,20 @@ static int write_report(const st_experiment_options *o, const st_config *base,
   } else {
     fprintf(f, "%d", pc->execution.stages);
   }
-  fprintf(f,
-          "%s`: %d stages, micro-batches of %d sample%s (%d per step), "
-          "%s. Heavy-ball momentum with the recipe moved from batch %d "
-          "to the micro-batch (m' = m^(b/B), lr' = lr (b/B) (1 - m') / "
-          "(1 - m); BACKGROUND.md 2): lr %g -> %.6g, momentum %g -> "
-          "%.6g.\n",
-          pc->execution.emulate ? " --set execution.emulate=true" : "",
-          pb->stages, pb->micro_batch, pb->micro_batch == 1 ? "" : "s",
-          B / pb->micro_batch,
-          pb->emulated ? "emulated (one thread runs every stage, tick by "
-                         "tick; bit-identical to threaded)"
-                       : "one thread per stage",
-          B, (double)base->optimizer.lr, (double)pb->lr,
-          (double)base->optimizer.momentum, (double)pb->momentum);
+  fprintf(
+      f,
+      "%s`: %d stages, micro-batches of %d sample%s (%d per step), "
+      "%s. Heavy-ball momentum with the recipe moved from batch %d "
+      "to the micro-batch (m' = m^(b/%s), lr' = lr (b/%s) (1 - m') / "
+      "(1 - m); BACKGROUND.md 2): lr %g -> %.6g, momentum %g -> "
+      "%.6g.\n",
+      pc->execution.emulate ? " --set execution.emulate=true" : "", pb->stages,
+      pb->micro_batch, pb->micro_batch == 1 ? "" : "s", B / pb->micro_batch,
+      pb->emulated ? "emulated (one thread runs every stage, tick by "
+                     "tick; bit-identical to threaded)"
+                   : "one thread per stage",
+      R, R != B ? "R" : "B", R != B ? "R" : "B", (double)base->optimizer.lr,
+      (double)pb->lr, (double)base->optimizer.momentum, (double)pb->momentum);
   fprintf(f, "- The same `--set` options given to the experiment apply to "
              "every run; run k uses train.seed + k.\n\n");
   fprintf(f, "| variant | test accuracy (%%) | Δ vs baseline (pp) | beyond "
@@ -694,23 +723,37 @@ static int write_depth_report(const st_experiment_options *o,
       open_text(path, sizeof path, o->out_dir, "depth.md", &buf, &len, err);
   if (!f) return ST_ENOMEM;
   const run *seq = &runs[0];
-  int B = base->train.batch;
+  int B = base->train.batch, R = tuned_batch(base);
   fprintf(f, "# Pipelined backprop against depth\n\n");
   fprintf(f,
           "Config `%s`: model %s, %d blocks; optimizer sgd, lr %g, momentum "
-          "%g, tuned at train.batch B = %d; %lld steps of %d samples per "
-          "run, %d seed%s. Each row cuts the model into that many stages "
-          "(`--set execution.stages=N`), the rest as in `strata experiment "
-          "pb` (micro-batch %d, the recipe moved to it by "
-          "optimizer.reference_batch = B). Stage s of S waits D(s) = 2 (S - "
-          "1 - s) updates for its gradient: the deeper the pipeline, the "
-          "staler the first stages' gradients.\n\n",
+          "%g, ",
           base->path[0] ? base->path : "(none)", base->model.kind, seq->blocks,
-          (double)base->optimizer.lr, (double)base->optimizer.momentum, B,
+          (double)base->optimizer.lr, (double)base->optimizer.momentum);
+  if (R != B)
+    fprintf(f,
+            "tuned at batch R = %d (optimizer.reference_batch), "
+            "train.batch B = %d; ",
+            R, B);
+  else
+    fprintf(f, "tuned at train.batch B = %d; ", B);
+  fprintf(f,
+          "%lld steps of %d samples per run, %d seed%s. Each row cuts the "
+          "model into that many stages (`--set execution.stages=N`), the "
+          "rest as in `strata experiment pb` (micro-batch %d, the recipe "
+          "moved to it by optimizer.reference_batch = %s). Stage s of S "
+          "waits D(s) = 2 (S - 1 - s) updates for its gradient: the deeper "
+          "the pipeline, the staler the first stages' gradients.\n\n",
           (long long)seq->steps, B, o->seeds, o->seeds == 1 ? "" : "s",
-          depth_runs(o, runs, 0, 0)->micro_batch);
+          depth_runs(o, runs, 0, 0)->micro_batch, R != B ? "R" : "B");
   summary s0 = summarize_runs(o, runs);
-  fprintf(f, "Baseline (sequential at batch %d): ", B);
+  if (R != B)
+    fprintf(f,
+            "Baseline (sequential at batch %d, the recipe moved from "
+            "batch %d): ",
+            B, R);
+  else
+    fprintf(f, "Baseline (sequential at batch %d): ", B);
   put_accuracy(f, &s0);
   fprintf(f, "%s.\n\n| stages |", s0.ok ? "% test accuracy" : "");
   for (int j = 0; j < N_DEPTH_VARIANTS; j++)

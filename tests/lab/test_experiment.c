@@ -17,6 +17,9 @@
  *  - results.csv's accuracy and final train loss are those of the same
  *    config trained by a trainer of its own (plain steps, no evaluation
  *    between, the mean loss of the last 10% of steps);
+ *  - a config's optimizer.reference_batch other than train.batch (a recipe
+ *    tuned at another batch) is the batch every variant moves the recipe
+ *    from, the baseline included, and results.md says so;
  *  - a run whose loss turns non-finite is recorded as diverged;
  *  - errors: a config the variants refuse (adamw) fails before any run or
  *    file, naming the variant and seed; a failure at run time reports the
@@ -373,6 +376,47 @@ static void test_runs(const st_config *base, const char *root) {
   free(svg);
 }
 
+/* A recipe tuned at batch 8 (optimizer.reference_batch) run at
+ * train.batch 4: the baseline moves it from 8 to 4, the pipelined variants
+ * from 8 to the micro-batch; results.md names 8, not train.batch. */
+static void test_tuned_elsewhere(const st_config *base, const char *root) {
+  st_config tuned = *base;
+  tuned.optimizer.reference_batch = 8;
+  st_experiment_options o = options("unused", 1, 1);
+  st_config c;
+  st_error err = {0};
+  CHECK(st_experiment_pb_config(&c, &tuned, &o, 0, 0, &err) == 0 &&
+            c.optimizer.reference_batch == 8 && c.train.batch == 4,
+        "baseline of a recipe tuned at 8: reference_batch %d (%s)",
+        c.optimizer.reference_batch, err.msg);
+  CHECK(st_experiment_pb_config(&c, &tuned, &o, 1, 0, &err) == 0 &&
+            c.optimizer.reference_batch == 8 && c.train.batch == 4,
+        "none of a recipe tuned at 8: reference_batch %d (%s)",
+        c.optimizer.reference_batch, err.msg);
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s/tuned8", root);
+  o = options(dir, 1, 1);
+  int rc = st_experiment_pb(&o, &tuned, &err);
+  CHECK(rc == 0, "tuned at 8: %s", err.msg);
+  char *md = rc ? NULL : slurp(dir, "results.md");
+  /* momentum 0.9 at 8 is 0.9^(4/8) at the baseline's batch 4 and
+   * 0.9^(1/8) at micro-batch 1 (rounded to float, as the trainer runs) */
+  char seq[64], pb[64];
+  snprintf(seq, sizeof seq, "momentum %g -> %.6g",
+           (double)base->optimizer.momentum,
+           (double)(float)pow(base->optimizer.momentum, 0.5));
+  snprintf(pb, sizeof pb, "momentum %g -> %.6g",
+           (double)base->optimizer.momentum,
+           (double)(float)pow(base->optimizer.momentum, 0.125));
+  CHECK(md && strstr(md, "tuned at batch R = 8 (optimizer.reference_batch)") &&
+            strstr(md, "the recipe moved from batch 8 to B = 4") &&
+            strstr(md, seq) && strstr(md, "optimizer.reference_batch=8") &&
+            strstr(md, pb),
+        "results.md of a recipe tuned at 8: want '%s' and '%s':\n%s", seq, pb,
+        md ? md : "(missing)");
+  free(md);
+}
+
 /* --depths 2,4 on the 4-block MLP: the baseline, then none, sc, lwp and
  * sc+lwp cut into 2 and 4 stages; depth 4 is the per-block pipeline of
  * test_runs, so its rows repeat that experiment's accuracies. A depth the
@@ -539,6 +583,7 @@ int main(void) {
   any_threads.train.threads = 0;
   test_runs(&any_threads, root);
   test_depths(&any_threads, root);
+  test_tuned_elsewhere(&any_threads, root);
   test_divergence(&base, root);
   test_errors(&base, root);
   char cmd[sizeof root + 16];
