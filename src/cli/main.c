@@ -1095,6 +1095,27 @@ static int copy_file(const char *from, const char *to, st_error *err) {
   return st_atomic_close(&out, rc, err);
 }
 
+/* 1 if paths a and b name the same existing file or folder. */
+static int same_inode(const char *a, const char *b) {
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+/* 1 if out (existing or not) lies directly in the folder dir. */
+static int inside_folder(const char *out, const char *dir) {
+  char parent[ST_PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", out);
+  char *slash = strrchr(parent, '/');
+  if (slash == parent) /* "/name": the root */
+    parent[1] = 0;
+  else if (slash)
+    *slash = 0;
+  else
+    snprintf(parent, sizeof parent, ".");
+  return same_inode(parent, dir);
+}
+
 /* export of a run without a store: its newest checkpoint as one file —
  * sharded, merged (the file a single-file checkpoint would be); one file
  * already, copied to --out. */
@@ -1144,11 +1165,21 @@ static int export_shards(const char *dir, const st_config *cfg,
     printf("strata: wrote %s: step %lld of %s\n", out, step, ck);
     return 0;
   }
+  free(steps);
+  /* the merged file renamed over a shard or the index, or beside them:
+   * the folder it reads would no longer be the checkpoint */
+  if (out && inside_folder(out, ck)) {
+    st_error_set(&err, ST_EARG,
+                 "--out %s is inside the sharded checkpoint %s that the "
+                 "export reads: the file would be written among its shards; "
+                 "give another --out",
+                 out, ck);
+    return st_cli_fail(&err);
+  }
   if (out)
     snprintf(path, sizeof path, "%s", out);
   else
     snprintf(path, sizeof path, "%s.safetensors", ck);
-  free(steps);
   st_model *m = NULL;
   st_train_pos pos;
   int rc = st_plan_model(&m, cfg, &err);
@@ -1183,6 +1214,16 @@ static int cmd_export(int argc, char **argv) {
   }
   if (st_cli_out_folder("--out", a.out, &err) || load_config(&cfg, &a, &err))
     return st_cli_fail(&err);
+  /* the run's config.yaml, which the export reads, renamed over by it */
+  char own[ST_PATH_MAX + 16];
+  snprintf(own, sizeof own, "%s/config.yaml", dir);
+  if (a.out && same_inode(a.out, own)) {
+    st_error_set(&err, ST_EARG,
+                 "--out %s is the run's config %s: the checkpoint would be "
+                 "written over it; give another --out",
+                 a.out, own);
+    return st_cli_fail(&err);
+  }
   if (!st_store_resolve(&cfg, dir)) return export_shards(dir, &cfg, a.out);
   if (stat(cfg.execution.store_path, &sb) != 0) {
     st_error_set(&err, ST_EIO, "%s: no store to export",

@@ -1292,6 +1292,28 @@ expect_error "a store path naming another file, --overwrite" \
 expect_error "export --out a folder" \
   "^strata: error: --out $(re_quote "$T"): a folder, not a file: give a file's path$" \
   -- export "$T/w_seq" --out "$T"
+# --out naming what the export reads: the run's config.yaml (written over,
+# the run could no longer be read), a file in the sharded checkpoint's
+# folder (the merged file renamed over its index or a shard, or put beside
+# them): refused, the run as it was
+cp "$T/w_seq/config.yaml" "$T/w_seq_config.before"
+expect_error "export --out the run's config.yaml" \
+  "^strata: error: --out $(re_quote "$T/w_seq/config.yaml") is the run's config $(re_quote "$T/w_seq/config.yaml"): the checkpoint would be written over it; give another --out$" \
+  -- export "$T/w_seq" --out "$T/w_seq/config.yaml"
+if cmp -s "$T/w_seq_config.before" "$T/w_seq/config.yaml"; then pass; else
+  fail "export --out the run's config.yaml leaves it as it was"
+fi
+run train "$fc" "${small[@]}" --set train.checkpoint_format=shards --out "$T/x_shards"
+sck="$T/x_shards/checkpoints/step-00000020"
+cp -r "$sck" "$T/x_shards_before"
+for o in model.safetensors.index.json model-00001-of-00001.safetensors merged.safetensors; do
+  expect_error "export --out $o in the sharded checkpoint's folder" \
+    "^strata: error: --out $(re_quote "$sck/$o") is inside the sharded checkpoint $(re_quote "$sck") that the export reads: the file would be written among its shards; give another --out$" \
+    -- export "$T/x_shards" --out "$sck/$o"
+done
+if diff -r "$T/x_shards_before" "$sck" >/dev/null; then pass; else
+  fail "export --out into the sharded checkpoint leaves it as it was" "$(ls -la "$sck")"
+fi
 expect_error "a store path naming a folder" \
   "^strata: error: execution.store_path: $(re_quote "$T") is not a weight store \(a directory\)" \
   -- train "$fc" "${ws_args[@]}" "${ws_file[@]}" --set "execution.store_path=$T" --out "$T/o_ws_folder"
