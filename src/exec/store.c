@@ -44,8 +44,14 @@
 #include <zlib.h>
 
 /* 2: bf16 weights; 3: the committed copy's checksum; 4: the noise scale's
- * averages in the position */
-enum { SLOT_BYTES = 4096, STORE_VERSION = 4 };
+ * averages in the position; 5: the training set's and the tokenizer's
+ * CRC-32 and data.normalize in the position (added under 4, which made
+ * the stores 4 had written read as corrupt) */
+enum { SLOT_BYTES = 4096, STORE_VERSION = 5 };
+/* The header holds the position as it is: another layout of it is another
+ * format version (bump STORE_VERSION, then this size). */
+_Static_assert(sizeof(st_train_pos) == 120,
+               "st_train_pos changed: a new STORE_VERSION");
 static const char MAGIC[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'W', 'S'};
 
 /* One header slot as stored (little-endian fields, the build's layout:

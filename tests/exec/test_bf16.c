@@ -309,7 +309,7 @@ static void test_layout(void) {
   snprintf(f.execution.store_path, sizeof f.execution.store_path, "%s", old);
   t = make(&f, &err);
   CHECK(!t && strstr(err.msg, "format version 1") &&
-            strstr(err.msg, "reads version 4"),
+            strstr(err.msg, "reads version 5"),
         "a store of format version 1 is refused as such: '%s'", err.msg);
   st_trainer_destroy(t);
   /* the memory store is the trainer's fp32 slabs */
