@@ -1135,6 +1135,15 @@ static int check_training(const st_config *cfg, st_error *err) {
     return invalid(cfg, err, "metrics.noise_scale",
                    "is not available in pipelined_backprop (every update "
                    "sees one micro-batch)");
+  /* the pipeline executor (both modes) refuses it too (pipeline.c): here
+   * so that compile refuses what train refuses, and says so first */
+  if (cfg->metrics.noise_scale &&
+      (!strcmp(cfg->execution.mode, "pipeline") ||
+       !strcmp(cfg->execution.mode, "block_sequential")))
+    return invalid(cfg, err, "metrics.noise_scale",
+                   "is not available in the %s mode yet; sequential and "
+                   "weight_streaming measure it",
+                   cfg->execution.mode);
   if (cfg->optimizer.reference_batch > 0 && !sgd)
     return invalid(cfg, err, "optimizer.reference_batch",
                    "rescales SGD's lr and momentum; optimizer.kind is %s (%s)",

@@ -6,8 +6,10 @@
  * modes that could run the model are tried in order, and the first whose
  * plan fits the fabric is the plan.
  *   mesh, wse2  layer-pipelined (the config's pipeline or pipelined_backprop,
- *               else a pipeline on its schedule), then weight streaming as
- *               the config sets keep_activations, then the other way
+ *               else a pipeline on its schedule; none with
+ *               metrics.noise_scale, which no pipeline measures), then
+ *               weight streaming as the config sets keep_activations, then
+ *               the other way
  *   cpu         the config's own mode, then weight streaming as the config
  *               sets it (its store and keep_activations), then a memory
  *               store, a file store keeping the activations, one
@@ -177,7 +179,8 @@ static int candidates(const st_config *cfg, const st_fabric *f, int stages,
   }
   candidate own = {"weight_streaming", cfg->execution.keep_activations, "", 1};
   if (f->kind == ST_FABRIC_MESH) {
-    if (!is_ws(mode)) {
+    /* a pipeline does not measure the noise scale (st_config_validate) */
+    if (!is_ws(mode) && !cfg->metrics.noise_scale) {
       int pipelined =
           !strcmp(mode, "pipeline") || !strcmp(mode, "pipelined_backprop");
       snprintf(out[n].mode, sizeof out->mode, "%s",

@@ -582,6 +582,21 @@ fi
 [ ! -e "$T/o_fabric" ] && pass || fail "a refused --fabric wrote $T/o_fabric"
 expect_error "compile: more stages than blocks" "--stages 9: more stages than the model's 3 blocks" \
   -- compile "$fc" --fabric cpu:8 --stages 9 --out "$T/o_stages"
+# the noise scale in a mode that train refuses it in: compile refuses it
+# too, up front, naming the key; on a mesh a sequential config's plan is
+# then weight streaming, which measures it, not a pipeline, which does not
+for m in pipeline block_sequential; do
+  expect_error "compile: the noise scale in the $m mode" \
+    "^strata: error: --set: metrics\.noise_scale: is not available in the $m mode yet" \
+    -- compile "$fc" --set execution.mode=$m --set metrics.noise_scale=true --out "$T/o_noise"
+  expect_error "train: the noise scale in the $m mode" \
+    "^strata: error: --set: metrics\.noise_scale: is not available in the $m mode yet" \
+    -- train "$fc" "${small[@]}" --set execution.mode=$m --set metrics.noise_scale=true --out "$T/o_noise"
+done
+run compile "$fc" --fabric wse2 --set metrics.noise_scale=true --out "$T/o_noise_wse2"
+if [ "$rc" -eq 0 ] && grep -q "^mode: weight streaming" <<<"$out"; then pass; else
+  fail "compile --fabric wse2 with the noise scale plans weight streaming" "rc $rc" "$out" "$err"
+fi
 # --ranks N: which stages each rank holds and its memory by the plan (a
 # stage per rank with placement: ranks; the weights at the store rank of
 # weight streaming), in the text and in plan.json; a rank over

@@ -978,6 +978,13 @@ static void test_validate(void) {
   INVALID("--set: metrics.noise_scale: is not available with "
           "execution.replicas = 2 yet",
           "metrics.noise_scale=true", "execution.replicas=2");
+  INVALID("--set: metrics.noise_scale: is not available in the pipeline mode "
+          "yet; sequential and weight_streaming measure it",
+          "metrics.noise_scale=true", "execution.mode=pipeline");
+  INVALID("--set: metrics.noise_scale: is not available in the "
+          "block_sequential mode yet; sequential and weight_streaming "
+          "measure it",
+          "metrics.noise_scale=true", "execution.mode=block_sequential");
   INVALID("--set: optimizer.min_lr: 0.1 is above optimizer.lr = 0.05 (the "
           "default)",
           "optimizer.schedule=cosine", "optimizer.min_lr=0.1");
