@@ -1110,7 +1110,9 @@ static int check_training(const st_config *cfg, st_error *err) {
                    "the sequential and pipeline modes",
                    R, cfg->execution.mode,
                    st_config_set_at(cfg, "execution.mode"));
-  if (R > 1 && batch % (R * (mb > 0 ? mb : 1)) != 0)
+  /* a micro-batch of the whole batch is micro_batch 0: each replica runs
+   * its share whole (st_replicas_split) */
+  if (R > 1 && batch % (R * (mb > 0 && mb < batch ? mb : 1)) != 0)
     return invalid(cfg, err, "execution.replicas",
                    "train.batch = %d (%s) does not split into %d replicas "
                    "of whole micro-batches (execution.micro_batch = %d)",

@@ -1088,6 +1088,22 @@ if [ "$rc" -eq 0 ] && grep -Eq "^strata:   replica 1 stage 0 +0-2 " <<<"$out" &&
 else
   fail "sequential replicas: their busy shares, no bubble formula" "rc $rc" "$out" "$err"
 fi
+# a micro-batch of the whole batch is micro_batch 0 (each replica runs its
+# share whole): accepted, and the same checkpoint byte for byte
+run train "$fc" "${pipe_args[@]}" --set execution.replicas=2 \
+  --set execution.micro_batch=0 --out "$T/p_rep_zero"
+run train "$fc" "${pipe_args[@]}" --set execution.replicas=2 \
+  --set execution.micro_batch=16 --out "$T/p_rep_whole"
+if [ "$rc" -eq 0 ] && cmp -s "$T/p_rep_zero/checkpoints/step-00000012.safetensors" \
+     "$T/p_rep_whole/checkpoints/step-00000012.safetensors"; then
+  pass
+else
+  fail "replicas: micro_batch = train.batch trains as micro_batch 0" "rc $rc" "$err"
+fi
+expect_error "replicas: a micro-batch above a replica's share" \
+  "--set: execution.replicas: train.batch = 16 \(set by --set\) does not split into 4 replicas of whole micro-batches \(execution.micro_batch = 8\)" \
+  -- train "$fc" "${pipe_args[@]}" --set execution.replicas=4 \
+  --set execution.micro_batch=8 --out "$T/o_rep_share"
 # more replicas than the fabric's cores (one, set): no plan, but the run
 # still says how fast it trained (tools/run-bench.sh reads that line)
 run train "$fc" "${pipe_args[@]}" --set fabric.cores=1 --set execution.replicas=2 \
