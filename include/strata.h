@@ -2184,6 +2184,13 @@ typedef struct st_train_pos {
   /* data.normalize of an image run: 1 if its pixels were standardised;
    * has_normalize 0: not recorded (a text run, or an older checkpoint) */
   uint32_t normalize, has_normalize;
+  /* pipelined backprop's micro-batch (execution.micro_batch, 0 taken as 1):
+   * every micro-batch is an update, so it fixes the updates a step makes
+   * (train.batch / it), which the optimizer's step count (AdamW's bias
+   * correction, momentum's first step, PipeMare's warm-up) and a resume's
+   * count of them rest on; 0: not recorded (another mode, or an older
+   * checkpoint) */
+  int64_t pb_micro_batch;
 } st_train_pos;
 
 /* Writes weights (by tensor name), optimizer state ("optim.<name>.<slot>")

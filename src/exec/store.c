@@ -46,11 +46,12 @@
 /* 2: bf16 weights; 3: the committed copy's checksum; 4: the noise scale's
  * averages in the position; 5: the training set's and the tokenizer's
  * CRC-32 and data.normalize in the position (added under 4, which made
- * the stores 4 had written read as corrupt) */
+ * the stores 4 had written read as corrupt), and pipelined backprop's
+ * micro-batch */
 enum { SLOT_BYTES = 4096, STORE_VERSION = 5 };
 /* The header holds the position as it is: another layout of it is another
  * format version (bump STORE_VERSION, then this size). */
-_Static_assert(sizeof(st_train_pos) == 120,
+_Static_assert(sizeof(st_train_pos) == 128,
                "st_train_pos changed: a new STORE_VERSION");
 static const char MAGIC[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'W', 'S'};
 

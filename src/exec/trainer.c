@@ -1110,6 +1110,8 @@ static st_train_pos run_pos(const st_trainer *t) {
     pos.normalize = t->cfg.data.normalize != 0;
     pos.has_normalize = 1;
   }
+  pos.pb_micro_batch =
+      !strcmp(t->cfg.execution.mode, "pipelined_backprop") ? t->micro_batch : 0;
   if (t->cfg.metrics.noise_scale) {
     pos.noise_g2 = t->noise.g2;
     pos.noise_trace = t->noise.trace;
@@ -1397,7 +1399,8 @@ int st_trainer_save_shards(st_trainer *t, const char *dir, st_error *err) {
 }
 
 /* A checkpoint continues this run only under the same seed, batch, training
- * set and shuffling; anything else would silently train something else. */
+ * set, shuffling, pixel standardisation and (pipelined backprop) the same
+ * micro-batch; anything else would silently train something else. */
 static int check_same_run(const st_trainer *t, const st_train_pos *p,
                           const char *path, st_error *err) {
   const char *what = NULL, *key = NULL;
@@ -1422,6 +1425,13 @@ static int check_same_run(const st_trainer *t, const st_train_pos *p,
            p->normalize != (t->cfg.data.normalize != 0))
     what = "pixel standardisation", key = "data.normalize", had = p->normalize,
     now = t->cfg.data.normalize != 0;
+  else if (p->pb_micro_batch > 0 &&
+           !strcmp(t->cfg.execution.mode, "pipelined_backprop") &&
+           p->pb_micro_batch != t->micro_batch)
+    /* each micro-batch an update: the stages' update counts (pb.c's
+     * updates0) would be taken at another number per step */
+    what = "pipelined_backprop's micro-batch", key = "execution.micro_batch",
+    had = p->pb_micro_batch, now = t->micro_batch;
   else if (p->has_tokenizer_crc && t->tok &&
            p->tokenizer_crc != st_tokenizer_crc(t->tok))
     return st_tokenizer_check(t->tok, &t->cfg, path, p->tokenizer_crc, err);

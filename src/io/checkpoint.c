@@ -204,6 +204,8 @@ static int save(const char *path, const st_model *m, saving *sv, int ns,
       rc = add_crc(w, "tokenizer_crc", pos->tokenizer_crc, err);
     if (!rc && pos->has_normalize)
       rc = st_st_writer_meta(w, "normalize", pos->normalize ? "1" : "0", err);
+    if (!rc && pos->pb_micro_batch > 0)
+      rc = add_meta_i64(w, "pb_micro_batch", pos->pb_micro_batch, err);
   }
   if (!rc)
     rc = st_st_writer_write_fetch(w, path, sv->fetched ? fetch_tensor : NULL,
@@ -495,6 +497,10 @@ static int read_pos(const st_safetensors *st, st_train_pos *pos,
       (rc = read_crc(st, "tokenizer_crc", &p.tokenizer_crc,
                      &p.has_tokenizer_crc, err)) ||
       (rc = read_normalize(st, &p.normalize, &p.has_normalize, err)))
+    return rc;
+  /* pipelined backprop's micro-batch, where recorded: at least 1 */
+  if (st_safetensors_meta(st, "pb_micro_batch") &&
+      (rc = meta_i64(st, "pb_micro_batch", 1, &p.pb_micro_batch, err)))
     return rc;
   *pos = p;
   return 0;

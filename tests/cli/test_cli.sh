@@ -1197,6 +1197,19 @@ if grep -Eq '"utilization_allowed": (0\.[0-9]{4}|1\.0000),' "$T/pb_thr/summary.j
 else
   fail "pipelined backprop: utilization_allowed in summary.json" "$(grep utilization "$T/pb_thr/summary.json")"
 fi
+# every micro-batch is an update, and a resume counts the updates so far by
+# the micro-batch: one other than the checkpoint's is refused (the run's
+# config.yaml kept), the same one continues
+cp -r "$T/pb_thr" "$T/pb_mb"
+expect_error "resume pipelined backprop with another micro-batch" \
+  "^strata: error: .*step-00000225\.safetensors: written with pipelined_backprop's micro-batch 1, the config \(execution.micro_batch\) gives 2: resuming would not continue the same run$" \
+  -- train - --resume "$T/pb_mb" --set execution.micro_batch=2 --set train.epochs=4
+grep -q "^  micro_batch: 0$" "$T/pb_mb/config.yaml" && pass ||
+  fail "a refused resume leaves the run's config.yaml" "$(grep micro_batch "$T/pb_mb/config.yaml")"
+run train - --resume "$T/pb_mb" --set execution.micro_batch=1 --set train.epochs=4
+if [ "$rc" -eq 0 ] && grep -q "^strata: resumed from .*step-00000225.safetensors at step 225$" <<<"$out"; then pass; else
+  fail "resume pipelined backprop with its own micro-batch" "rc $rc" "$err"
+fi
 
 # --- 8d. weight streaming from a file store ----------------------------------
 # The store is the run's checkpoint: a run killed with SIGKILL at a random

@@ -743,6 +743,7 @@ static void test_checkpoint(void) {
   noisy.train_crc = 0xdeadbeef, noisy.has_train_crc = 1;
   noisy.tokenizer_crc = 0x0badcafe, noisy.has_tokenizer_crc = 1;
   noisy.normalize = 0, noisy.has_normalize = 1;
+  noisy.pb_micro_batch = 4;
   rc = st_checkpoint_save(odd, m, p0, o0, "sgd", &noisy, &err);
   memset(&pos, 0xff, sizeof pos);
   rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
@@ -750,7 +751,8 @@ static void test_checkpoint(void) {
             pos.noise_weight == 0.1 * 3 && pos.noise_n == 7 &&
             pos.train_crc == 0xdeadbeef && pos.has_train_crc == 1 &&
             pos.tokenizer_crc == 0x0badcafe && pos.has_tokenizer_crc == 1 &&
-            pos.normalize == 0 && pos.has_normalize == 1,
+            pos.normalize == 0 && pos.has_normalize == 1 &&
+            pos.pb_micro_batch == 4,
         "noise averages round trip: rc %d (%s): %.17g %.17g %.17g %lld", rc,
         err.msg, pos.noise_g2, pos.noise_trace, pos.noise_weight,
         (long long)pos.noise_n);
@@ -759,7 +761,8 @@ static void test_checkpoint(void) {
   rc = rc ? rc : st_checkpoint_load(odd, m, params, opt, "sgd", &pos, &err);
   CHECK(rc == 0 && pos.noise_n == 0 && pos.noise_g2 == 0 &&
             pos.noise_weight == 0 && pos.has_train_crc == 0 &&
-            pos.has_tokenizer_crc == 0 && pos.has_normalize == 0,
+            pos.has_tokenizer_crc == 0 && pos.has_normalize == 0 &&
+            pos.pb_micro_batch == 0,
         "no noise averages kept: rc %d (%s), n %lld", rc, err.msg,
         (long long)pos.noise_n);
   noisy.noise_weight = 1.5;
