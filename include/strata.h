@@ -482,6 +482,10 @@ int st_config_set(st_config *cfg, const char *assignment, st_error *err);
 int st_config_validate(const st_config *cfg, st_error *err);
 /* Writes the resolved config as YAML. */
 int st_config_write(const st_config *cfg, FILE *f);
+/* Writes the keys whose values differ from was to now, in the schema's
+ * order, as "key old -> new" joined by ", " (values as st_config_write
+ * gives them); returns how many differ (0: nothing written). */
+int st_config_changes(const st_config *was, const st_config *now, FILE *f);
 /* Where a key was set, for error messages: "file:line:col", "--set", or
  * "default". Returns one of four rotating thread-local buffers, so two calls
  * may share one printf; copy the text if it must live longer. */

@@ -493,6 +493,32 @@ static int write_config(const char *dir, const st_config *cfg, st_error *err) {
   return st_write_stream_atomic(f, &text, &len, path, err);
 }
 
+/* A resume may change keys (train.steps to go on, a new lr, more threads):
+ * those that would not continue the same run are refused with the
+ * checkpoint (st_trainer_load); the rest are said in one line, naming each
+ * with its value in the run's DIR/config.yaml and the new one, before
+ * config.yaml is rewritten with them. Nothing said when it cannot be read
+ * (the resume goes on as before). */
+static void notice_changes(const char *dir, const st_config *cfg) {
+  char path[ST_PATH_MAX + 16], *text = NULL;
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/config.yaml", dir);
+  st_config run;
+  st_error ignored = {0};
+  st_config_defaults(&run);
+  if (st_config_load(&run, path, &ignored)) return;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return;
+  int n = st_config_changes(&run, cfg, f);
+  if (fclose(f) == 0 && n > 0)
+    fprintf(stderr,
+            "strata: notice: --resume: %d key%s differ%s from the run's %s: "
+            "%s; the run goes on with the new value%s, which %s now holds\n",
+            n, n == 1 ? "" : "s", n == 1 ? "s" : "", path, text,
+            n == 1 ? "" : "s", path);
+  free(text);
+}
+
 /* Compiles cfg and writes DIR/plan.json and DIR/plan.svg; prints one line. */
 static int compile_into(st_plan **plan, const st_config *cfg, int stages,
                         const char *dir, st_error *err) {
@@ -938,6 +964,7 @@ static int cmd_train(int argc, char **argv) {
     st_trainer_destroy(t);
     return 0;
   }
+  if (a.resume && speaks) notice_changes(out, &cfg);
   if ((a.resume &&
        st_dist_agree(speaks ? write_config(out, &cfg, &err) : 0, &err))) {
     st_trainer_destroy(t);

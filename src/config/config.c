@@ -1283,8 +1283,9 @@ static int listed(const char *list, const char *word) {
   return 0;
 }
 
-/* Whether row k of cfg holds its default value. */
-static int at_default(const st_config *cfg, const st_config *def, int k) {
+/* Whether row k holds the same value in cfg and def (the defaults, or
+ * another config). */
+static int same_value(const st_config *cfg, const st_config *def, int k) {
   const st_config_key *key = &st_config_schema[k];
   const char *a = (const char *)cfg + key->offset,
              *b = (const char *)def + key->offset;
@@ -1324,7 +1325,7 @@ int st_config_unused(const st_config *cfg, const char **keys, int cap) {
   for (int k = 0; k < st_config_schema_count; k++) {
     key_text key = full_name(&st_config_schema[k]);
     int i = unread_by(cfg, key.s);
-    if (i < 0 || at_default(cfg, &def, k)) continue;
+    if (i < 0 || same_value(cfg, &def, k)) continue;
     if (n < cap) keys[n] = key_reads[i].key;
     n++;
   }
@@ -1440,4 +1441,17 @@ int st_config_write(const st_config *cfg, FILE *f) {
     fputc('\n', f);
   }
   return ferror(f) ? ST_EIO : 0;
+}
+
+int st_config_changes(const st_config *was, const st_config *now, FILE *f) {
+  int n = 0;
+  for (int i = 0; i < st_config_schema_count; i++) {
+    if (same_value(was, now, i)) continue;
+    const st_config_key *k = &st_config_schema[i];
+    fprintf(f, "%s%s ", n++ ? ", " : "", full_name(k).s);
+    write_value(f, was, k);
+    fputs(" -> ", f);
+    write_value(f, now, k);
+  }
+  return n;
 }

@@ -410,6 +410,19 @@ cp -r "$run_dir" "$T/norm_run"
 expect_error "resume with another data.normalize" \
   "^strata: error: .*: written with pixel standardisation 1, the config \(data.normalize\) gives 0: resuming would not continue the same run$" \
   -- train - --resume "$T/norm_run" --set data.normalize=false --set train.steps=30
+# keys a resume changes and may change: said in one line, old and new
+# values, and config.yaml holds the new ones (a second resume of it names
+# only what it changes itself)
+cp -r "$run_dir" "$T/changed_run"
+run train - --resume "$T/changed_run" --set train.steps=25 --set optimizer.lr=0.1
+if [ "$rc" -eq 0 ] && [ "$err" = "strata: notice: --resume: 2 keys differ from the run's $T/changed_run/config.yaml: optimizer.lr 0.05 -> 0.1, train.steps 20 -> 25; the run goes on with the new values, which $T/changed_run/config.yaml now holds" ] &&
+   grep -q "^  lr: 0.1$" "$T/changed_run/config.yaml"; then pass; else
+  fail "resume names the keys it changes" "rc=$rc" "$err"
+fi
+run train - --resume "$T/changed_run" --set train.steps=30
+if [ "$rc" -eq 0 ] && [ "$err" = "strata: notice: --resume: 1 key differs from the run's $T/changed_run/config.yaml: train.steps 25 -> 30; the run goes on with the new value, which $T/changed_run/config.yaml now holds" ]; then pass; else
+  fail "a second resume names only its own change" "rc=$rc" "$err"
+fi
 
 # a run's folder for a checkpoint: its newest (by step, not the first
 # listed): step 19 a stub that could not load, step 20 the run's

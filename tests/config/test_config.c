@@ -1416,12 +1416,38 @@ static void test_fabric_kinds(void) {
         "unknown fabric kind: '%s'", e.msg);
 }
 
+/* st_config_changes: the keys whose values differ, in the schema's order,
+ * each with both values as config.yaml writes them; none for two equal
+ * configs. */
+static void test_changes(void) {
+  st_config a, b;
+  st_error err = {0};
+  st_config_defaults(&a);
+  b = a;
+  const char *sets[] = {"train.steps=30", "optimizer.lr=0.1",
+                        "model.hidden=[64]", "execution.stages=per_block"};
+  for (int i = 0; i < 4; i++)
+    CHECK(st_config_set(&b, sets[i], &err) == 0, "%s: %s", sets[i], err.msg);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  int n = st_config_changes(&a, &b, f), none = st_config_changes(&b, &b, f);
+  fclose(f);
+  CHECK(n == 4 && none == 0 &&
+            !strcmp(text, "model.hidden [256, 256] -> [64], optimizer.lr "
+                          "0.05 -> 0.1, train.steps 0 -> 30, "
+                          "execution.stages 0 -> per_block"),
+        "%d and %d changes: '%s'", n, none, text);
+  free(text);
+}
+
 int main(void) {
   test_defaults();
   test_fabric_kinds();
   test_full_file();
   test_partial_and_empty_files();
   test_round_trip();
+  test_changes();
   test_shipped_round_trip();
   test_unused_keys();
   test_set();
