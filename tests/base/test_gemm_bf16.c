@@ -291,6 +291,33 @@ static void check_rounding(void) {
     }
   CHECK(bad == 0, "%d inputs rounded unlike the reference (%s)", bad,
         st_bf16_support());
+  /* the same inputs in a row of K = 64 (zeros but one, at an even or an
+   * odd k), times ones: each operand packed along k (16 pairs at a time)
+   * and along r (two k rows interleaved), as op(A) and as op(B) */
+  enum { KR = 64 };
+  float row[KR], ones[KR];
+  for (int k = 0; k < KR; k++) ones[k] = 1.0f;
+  bad = 0;
+  for (int side = 0; side < 2; side++)
+    for (int t = 0; t < 2; t++)
+      for (int i = 0; i < n; i++) {
+        int at = (7 * i + side + t) % KR;
+        for (int k = 0; k < KR; k++) row[k] = k == at ? xs[i] : 0.0f;
+        const float *a = side ? ones : row, *b = side ? row : ones;
+        float c = 0.0f;
+        /* 1 x 1 products: op(A) is a row (ta 0, along k; ta 1, along r
+         * with lda 1) and op(B) a column (tb 1, along k; tb 0, along r) */
+        st_gemm_bf16(NULL, t, !t, 1, 1, KR, 1.0f, a, t ? 1 : KR, b, t ? 1 : KR,
+                     0.0f, &c, 1);
+        int ok = isnan(xs[i]) ? isnan(c)
+                              : bits(c) == bits(bf16_ref(xs[i])) ||
+                                    (c == 0.0f && bf16_ref(xs[i]) == 0.0f);
+        if (!ok)
+          bad++, fprintf(stderr, "  %a at k %d -> %a, want %a (%s, ta %d)\n",
+                         xs[i], at, c, bf16_ref(xs[i]), side ? "B" : "A", t);
+      }
+  CHECK(bad == 0, "%d inputs in a row of %d rounded unlike the reference (%s)",
+        bad, KR, st_bf16_support());
 }
 
 /* st_bf16_pack_as_gemm (activations kept as bf16): each value is the
