@@ -1454,10 +1454,10 @@ expect_error "a store of another format version, resumed" \
   "^strata: error: $(re_quote "$T/w_old_ver/store.strata"): a store of format version 2; this strata reads version [0-9]+ " \
   -- train - --resume "$T/w_old_ver" "${ws_args[@]}"
 # a store of the version-4 layout as written before the position grew by
-# data.normalize (fc400ab: 8 bytes, the header 224 bytes, not 232): the
-# header slots rewritten so, checksums and all (byte for byte the store the
-# strata of fc400ab^ writes). It is a store of an older format, not a
-# corrupt one.
+# data.normalize (fc400ab: 8 bytes) and pipelined backprop's micro-batch
+# (8 more, under version 5): the header 224 bytes, not 240. The header
+# slots rewritten so, checksums and all (byte for byte the store the strata
+# of fc400ab^ writes). It is a store of an older format, not a corrupt one.
 cp -r "$T/w_bf16" "$T/w_v4"
 python3 - "$T/w_v4/store.strata" <<'PY'
 import struct, sys, zlib
@@ -1467,8 +1467,8 @@ with open(sys.argv[1], "r+b") as f:
         slot = f.read(4096)
         size = struct.unpack_from("<I", slot, 12)[0]  # the header's bytes
         pos_end = size - 16  # then sum, pad, crc and 4 bytes of padding
-        old = bytearray(slot[:pos_end - 8] + slot[pos_end:pos_end + 8])
-        struct.pack_into("<II", old, 8, 4, size - 8)  # version 4, its size
+        old = bytearray(slot[:pos_end - 16] + slot[pos_end:pos_end + 8])
+        struct.pack_into("<II", old, 8, 4, size - 16)  # version 4, its size
         old += struct.pack("<I", zlib.crc32(bytes(old)))
         f.seek(at)
         f.write(bytes(old).ljust(4096, b"\0"))
