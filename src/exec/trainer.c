@@ -1475,14 +1475,15 @@ static int check_resume(const st_trainer *t, const char *path,
     rc = st_checkpoint_load_blocks(path, t->model, NULL, t->opt,
                                    t->cfg.optimizer.kind, pos, t->mine, err);
   if (!rc) rc = check_same_run(t, pos, path, err);
+  /* the key that sets the run's length: train.steps, or train.epochs
+   * where train.steps is 0 */
+  const char *length = t->cfg.train.steps > 0 ? "train.steps" : "train.epochs";
   if (!rc && pos->step > t->total_steps)
     rc = st_error_set(err, ST_ECONFIG,
                       "%s: at step %lld, past this run's last step %lld "
-                      "(%s): raise train.steps to continue it",
+                      "(%s): raise %s to continue it",
                       path, (long long)pos->step, (long long)t->total_steps,
-                      st_config_set_at(&t->cfg, t->cfg.train.steps > 0
-                                                    ? "train.steps"
-                                                    : "train.epochs"));
+                      st_config_set_at(&t->cfg, length), length);
   return rc;
 }
 

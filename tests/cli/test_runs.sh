@@ -537,6 +537,10 @@ rm -rf "$T/meta" && cp -r "$T/whole" "$T/meta"
 expect_error "a checkpoint past the run's steps" \
   "^strata: error: .*step-00000020.safetensors: at step 20, past this run's last step 10 \(set by --set\): raise train.steps to continue it$" \
   train - --resume "$T/meta" --set train.steps=10
+# the run's length set by train.epochs (train.steps 0): that key to raise
+expect_error "a checkpoint past the run's epochs" \
+  "^strata: error: .*step-00000020.safetensors: at step 20, past this run's last step 16 \(set by --set\): raise train.epochs to continue it$" \
+  train - --resume "$T/meta" --set train.steps=0 --set train.epochs=1
 # a damaged newest checkpoint names the older one to go back to
 rm -rf "$T/dmg" && cp -r "$T/whole" "$T/dmg"
 python3 -c 'import sys; p=sys.argv[1]; b=bytearray(open(p,"rb").read()); b[-100]^=1; open(p,"wb").write(b)' \
