@@ -22,6 +22,9 @@ const char *st_cli_usage_pending(void);
  * replace it) likewise, and an empty path ("OPTION: an empty path");
  * else 0. */
 int st_cli_out_folder(const char *option, const char *path, st_error *err);
+/* 1 if paths a and b name the same existing file or folder (an output the
+ * atomic write would rename over an input), else 0. */
+int st_cli_same_file(const char *a, const char *b);
 /* One line on stderr for each key cfg sets that its setting does not read
  * (st_config_unused): "strata: notice: WHERE: KEY is not used by WHY;
  * ignored". train and compile say the same of the same config. */

@@ -31,6 +31,12 @@ int st_cli_out_folder(const char *option, const char *path, st_error *err) {
   return 1;
 }
 
+int st_cli_same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 void st_cli_notice_unused(const st_config *cfg) {
   const char *unused[ST_CONFIG_MAX_KEYS];
   int n = st_config_unused(cfg, unused, ST_CONFIG_MAX_KEYS);

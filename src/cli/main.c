@@ -1122,13 +1122,6 @@ static int copy_file(const char *from, const char *to, st_error *err) {
   return st_atomic_close(&out, rc, err);
 }
 
-/* 1 if paths a and b name the same existing file or folder. */
-static int same_inode(const char *a, const char *b) {
-  struct stat sa, sb;
-  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
-}
-
 /* 1 if out (existing or not) lies directly in the folder dir. */
 static int inside_folder(const char *out, const char *dir) {
   char parent[ST_PATH_MAX];
@@ -1140,7 +1133,7 @@ static int inside_folder(const char *out, const char *dir) {
     *slash = 0;
   else
     snprintf(parent, sizeof parent, ".");
-  return same_inode(parent, dir);
+  return st_cli_same_file(parent, dir);
 }
 
 /* export of a run without a store: its newest checkpoint as one file —
@@ -1244,7 +1237,7 @@ static int cmd_export(int argc, char **argv) {
   /* the run's config.yaml, which the export reads, renamed over by it */
   char own[ST_PATH_MAX + 16];
   snprintf(own, sizeof own, "%s/config.yaml", dir);
-  if (a.out && same_inode(a.out, own)) {
+  if (a.out && st_cli_same_file(a.out, own)) {
     st_error_set(&err, ST_EARG,
                  "--out %s is the run's config %s: the checkpoint would be "
                  "written over it; give another --out",
@@ -1257,9 +1250,8 @@ static int cmd_export(int argc, char **argv) {
                  cfg.execution.store_path);
     return st_cli_fail(&err);
   }
-  struct stat out_sb; /* the store renamed over by its own export */
-  if (a.out && stat(a.out, &out_sb) == 0 && out_sb.st_dev == sb.st_dev &&
-      out_sb.st_ino == sb.st_ino) {
+  /* the store renamed over by its own export */
+  if (a.out && st_cli_same_file(a.out, cfg.execution.store_path)) {
     st_error_set(&err, ST_EARG,
                  "--out %s is the run's store %s: the checkpoint would be "
                  "written over it; give another --out",

@@ -58,9 +58,8 @@ static int train(const tokenize_args *a) {
                               "tokenize train needs --out FILE%s", "");
   st_error folder = {0};
   if (st_cli_out_folder("--out", a->out, &folder)) return st_cli_fail(&folder);
-  struct stat in_sb, out_sb; /* the corpus written over by its tokenizer */
-  if (stat(a->input, &in_sb) == 0 && stat(a->out, &out_sb) == 0 &&
-      in_sb.st_dev == out_sb.st_dev && in_sb.st_ino == out_sb.st_ino) {
+  /* the corpus written over by its tokenizer */
+  if (st_cli_same_file(a->input, a->out)) {
     st_error same = {0};
     st_error_set(&same, ST_EARG,
                  "--out %s is the corpus %s: the tokenizer would be written "
