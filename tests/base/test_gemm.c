@@ -619,8 +619,15 @@ int main(void) {
         {{0, 1, 4097, 20, 40, "4097 rows: 2 pieces of rows"}, 2064, 40},
         {{1, 1, 4100, 24, 3100, "4100 rows, K 3100: 2 x 2"}, 2064, 1552},
     };
+    /* every class on the packed kernel: the rule sends K past 1536 to
+     * the BLAS where it has 16-lane kernels (OpenBLAS's SkylakeX on an
+     * Intel Xeon that it knows), pieces and all, and then nothing is cut */
+    int packed[ST_GEMM_CHOICES];
+    for (int c = 0; c < ST_GEMM_CHOICES; c++) packed[c] = 0;
+    st_gemm_choose(packed);
     for (int i = 0; i < 4; i++)
       run_pieces(&cut[i].s, cut[i].m, cut[i].k, pools, 4);
+    st_gemm_choose(NULL);
   }
 #endif
   /* The kernel table (st_gemm_choose): each class forced to the BLAS and to
