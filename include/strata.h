@@ -234,7 +234,16 @@ void st_bf16_prefer_emulated(int on);
 /* For tests: 1 runs every bf16 product one element at a time, as when the
  * packing scratch cannot be had (the same bits); 0 as usual. */
 void st_bf16_set_plain(int on);
+/* Whether an instruction runs the products now: AMX's tiles or VDPBF16PS. */
 int st_bf16_native(void);
+/* AMX's tiles (TDPBF16PS) run the products wherever the build targets them
+ * and the kernel grants them (st_bf16_tiles: whether they run now), ahead
+ * of VDPBF16PS: an order of magnitude faster, but their sums are not the
+ * definition's fmaf chain (gemm_bf16.c's header), so the choice is by the
+ * CPU alone, never by a timing. st_bf16_set_tiles(0) turns them off (tests
+ * of the definition), (1) on again. */
+int st_bf16_tiles(void);
+void st_bf16_set_tiles(int on);
 /* Which kernel takes the products narrow.c's packed kernel could: by
  * class, A transposed or not (0, 3) plus the inner size K <= 512, <= 1536,
  * larger (0, 1, 2), each the packed kernel (0) or the BLAS's tiles (1).

@@ -37,6 +37,22 @@
  * makes the trainer emulate while subnormals are flushed
  * (st_bf16_prefer_emulated), the same bits.
  *
+ * AMX's tiles, where the build targets them and the kernel grants them
+ * (amx_on), run instead, and are the exception to the definition: each
+ * element starts from beta C, takes its K block's pairs 16 at a time (one
+ * TDPBF16PS, zeros padding the block's last 16), and is scaled by alpha as
+ * above, but a tile step's sum is the hardware's own: on the Intel Xeon VM
+ * of docs/bf16.md it matched neither fmaf chain order nor the exact sum
+ * rounded once, in about half of 512,000 random elements, and kept fewer
+ * low bits (docs/bf16.md). An element's step still reads only its own row,
+ * column and sum, so its bits depend on the values and K alone, as above
+ * (tests/base/test_gemm_bf16.c: every pool, rows or columns split); they
+ * are not the definition's bits, so the tiles are chosen by the CPU alone,
+ * never by a timing. Their packing: op(A) in panels of 16 rows whose
+ * 16 x 16-pair blocks are each one tile, rows of pairs (the [p][row] pack
+ * transposed, tile_panels); op(B) in panels of 16 columns, [p][16], each
+ * 16 pairs one tile; 2 x 2 tiles of C a block (amx_block_run).
+ *
  * Layout: K is cut into blocks of KC pairs. For each block, op(A) is packed
  * in blocks of MR rows ([p][MR] 32-bit pairs: bf16(a(i,2p)) in the low
  * half, bf16(a(i,2p+1)) in the high one; wide, [p][2][MR] floats, WIDE_A)
@@ -55,10 +71,18 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define HAVE_TILES 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define HAVE_TILES 0
 #endif
 
 /* 16 lanes everywhere, so that the packed layout and the register blocks
@@ -82,7 +106,8 @@ enum { NR = 32, KC = 256, CHUNK = 4096 };
 
 #define INLINE static inline __attribute__((always_inline))
 
-static atomic_int bf16_on, emulate_forced, emulate_preferred, plain_forced;
+static atomic_int bf16_on, emulate_forced, emulate_preferred, plain_forced,
+    tiles_off;
 
 void st_gemm_set_bf16(int on) { atomic_store(&bf16_on, on != 0); }
 int st_gemm_bf16_on(void) {
@@ -93,6 +118,37 @@ void st_bf16_prefer_emulated(int on) {
   atomic_store(&emulate_preferred, on != 0);
 }
 void st_bf16_set_plain(int on) { atomic_store(&plain_forced, on != 0); }
+void st_bf16_set_tiles(int on) { atomic_store(&tiles_off, on == 0); }
+
+#if HAVE_TILES
+static int tiles_granted;
+/* Linux gives a thread AMX's 8 KB of tile data only once its process has
+ * asked (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18); a
+ * kernel or VM that refuses leaves the products to VDPBF16PS, as does
+ * STRATA_BF16_TILES=0 (the definition's bits, as on a CPU without AMX). */
+static void ask_for_tiles(void) {
+  const char *env = getenv("STRATA_BF16_TILES");
+  tiles_granted = !(env && strcmp(env, "0") == 0) &&
+                  syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+#endif
+
+/* AMX's tiles: wherever the build and the kernel have them, unless turned
+ * off or emulation is forced; never by a timing, since their bits are not
+ * the definition's (header). */
+static int amx_on(void) {
+#if HAVE_TILES
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, ask_for_tiles);
+  return tiles_granted &&
+         !atomic_load_explicit(&tiles_off, memory_order_relaxed) &&
+         !atomic_load_explicit(&emulate_forced, memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
+
+int st_bf16_tiles(void) { return amx_on(); }
 
 /* The instruction, unless forced off or measured slower while subnormals
  * are flushed: only then is the emulation's every bit the instruction's
@@ -107,9 +163,10 @@ static int native(void) {
 #endif
 }
 
-int st_bf16_native(void) { return native(); }
+int st_bf16_native(void) { return amx_on() || native(); }
 
 const char *st_bf16_support(void) {
+  if (amx_on()) return "AMX tiles (tdpbf16ps)";
 #if defined(__AVX512BF16__)
   if (native()) return "AVX512-BF16 (vdpbf16ps)";
   if (!atomic_load_explicit(&emulate_forced, memory_order_relaxed))
@@ -163,10 +220,12 @@ typedef struct pack_job {
   const float *x;
   size_t sr, sk;
   int rows, K, k0, pairs, W, panels_per_task, panels;
+  int stride; /* pairs a panel holds (>= pairs; the rest zeros) */
   uint32_t *out;
   int along_r; /* elements along r contiguous (sr 1), else along k */
   int native;  /* round with the instruction */
   int wide;    /* each pair as two floats (WIDE_A) */
+  int rows_k;  /* AMX's A: each 16 x 16 block transposed, rows of pairs */
 } pack_job;
 
 /* The first n (<= 16) lanes of v to p, or from p (the rest zeros). (A
@@ -233,7 +292,7 @@ static void pack_panels_r(const pack_job *j, int first, int last) {
     const float *e = j->x + (size_t)k * j->sk;
     const float *d = k + 1 < j->K ? e + j->sk : NULL;
     for (int panel = first; panel < last; panel++) {
-      uint32_t *op = j->out + ((size_t)panel * j->pairs + p) * row_words(j);
+      uint32_t *op = j->out + ((size_t)panel * j->stride + p) * row_words(j);
       int r0 = panel * j->W, w = j->rows - r0 < j->W ? j->rows - r0 : j->W;
       for (int r = 0; r < j->W; r += 16) {
         int n = w - r < 16 ? (w - r > 0 ? w - r : 0) : 16;
@@ -295,7 +354,7 @@ INLINE u16 pairs16(const float *e, int native) {
  * rows of the panel. */
 static void pack_panel_k(const pack_job *j, int panel) {
   size_t words = row_words(j);
-  uint32_t *o = j->out + (size_t)panel * j->pairs * words;
+  uint32_t *o = j->out + (size_t)panel * j->stride * words;
   int r0 = panel * j->W, w = j->rows - r0 < j->W ? j->rows - r0 : j->W;
   int kn = j->K - j->k0 < 2 * j->pairs ? j->K - j->k0 : 2 * j->pairs;
   int vp = kn / 32 * 16; /* pairs done 16 at a time */
@@ -330,6 +389,24 @@ static void pack_panel_k(const pack_job *j, int panel) {
   }
 }
 
+/* For AMX (W 16, not wide): the pairs past `pairs` zeroed up to the
+ * stride, and for op(A) each 16 x 16 block, [p][row] as packed,
+ * transposed to [row][p], the rows of pairs a tile of A takes. */
+static void tile_panels(const pack_job *j, int first, int last) {
+  for (int panel = first; panel < last; panel++) {
+    uint32_t *o = j->out + (size_t)panel * j->stride * 16;
+    memset(o + (size_t)j->pairs * 16, 0,
+           (size_t)(j->stride - j->pairs) * 16 * sizeof *o);
+    if (!j->rows_k) continue;
+    for (int p = 0; p < j->stride; p += 16) {
+      u16 r[16];
+      for (int i = 0; i < 16; i++) r[i] = *(const u16 *)(o + (p + i) * 16);
+      transpose16(r);
+      for (int i = 0; i < 16; i++) *(u16 *)(o + (p + i) * 16) = r[i];
+    }
+  }
+}
+
 static void pack_task(void *arg, int task) {
   const pack_job *j = arg;
   int first = task * j->panels_per_task, last = first + j->panels_per_task;
@@ -338,6 +415,7 @@ static void pack_task(void *arg, int task) {
     pack_panels_r(j, first, last);
   else
     for (int panel = first; panel < last; panel++) pack_panel_k(j, panel);
+  if (j->stride > j->pairs || j->rows_k) tile_panels(j, first, last);
 }
 
 /* ---------------------------------------------------------------- kernel */
@@ -486,13 +564,16 @@ enum { TILES = 16, MIN_TILE_FLOPS = 1 << 18, TILE_ROWS = 16 * MR };
 static int round_to(int x, int m) { return (x + m - 1) / m * m; }
 static int count(int total, int tile) { return (total + tile - 1) / tile; }
 
-static void choose_tiles(int M, int N, int kc, int *tm, int *tn) {
-  *tm = round_to(M, MR), *tn = round_to(N, NR);
-  while (*tm > TILE_ROWS) *tm = round_to((*tm + 1) / 2, MR);
+/* mr x nr: the register block (MR x NR), or AMX's 32 x 32 block of tiles
+ * with at most 256 rows a tile (their packed A, 256 KB, in L2). */
+static void choose_tiles(int M, int N, int kc, int mr, int nr, int max_rows,
+                         int *tm, int *tn) {
+  *tm = round_to(M, mr), *tn = round_to(N, nr);
+  while (*tm > max_rows) *tm = round_to((*tm + 1) / 2, mr);
   while (count(M, *tm) * count(N, *tn) < TILES) {
-    int rows = *tm >= 2 * MR && (*tm >= *tn || *tn < 2 * NR);
-    int h = rows ? round_to((*tm + 1) / 2, MR) : round_to((*tn + 1) / 2, NR);
-    if ((!rows && *tn < 2 * NR) ||
+    int rows = *tm >= 2 * mr && (*tm >= *tn || *tn < 2 * nr);
+    int h = rows ? round_to((*tm + 1) / 2, mr) : round_to((*tn + 1) / 2, nr);
+    if ((!rows && *tn < 2 * nr) ||
         4.0 * kc * h * (rows ? *tn : *tm) < MIN_TILE_FLOPS)
       return;
     *(rows ? tm : tn) = h;
@@ -501,6 +582,7 @@ static void choose_tiles(int M, int N, int kc, int *tm, int *tn) {
 
 typedef struct bf16_job {
   int M, N, tm, tn, tiles_n, pairs, first, last, native, wide;
+  int stride; /* AMX: pairs a packed panel holds, a multiple of 16 */
   float alpha, beta;
   const uint32_t *a, *b; /* this K block, packed */
   float *C;
@@ -533,6 +615,151 @@ static void tile_task(void *arg, int t) {
     }
   }
 }
+
+/* ------------------------------------------------------------ AMX tiles */
+
+#if HAVE_TILES
+/* A block of up to 2 x 2 tiles of 16 x 16 outputs: C in tiles 0-3 (row
+ * tile ti, column tile tj at 2 ti + tj), op(A)'s two row tiles in 4 and
+ * 5, op(B)'s two column tiles in 6 and 7. A K step is 16 pairs: one
+ * TDPBF16PS per C tile, 16 x 16 x 32 products. Tile numbers are
+ * immediates, hence the macros. */
+typedef struct tile_cfg {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tile_cfg;
+
+typedef struct amx_block {
+  const uint32_t *a, *b;   /* the block's first row and column panels */
+  size_t panel_a, panel_b; /* words to the next panel */
+  int steps, rows, cols;   /* K steps; the valid rows and columns (<= 32) */
+  float *c;
+  int ldc, first, last;
+  float alpha, beta;
+  float tmp[4][16 * 16]; /* a partial C tile, or one scaled */
+} amx_block;
+
+/* Where C tile (ti, tj) is loaded from: C itself where whole and not to
+ * be scaled, else tmp holding it (zero-padded, times beta on the first K
+ * block); NULL for zeros (beta 0, first block). *ld: its stride, bytes. */
+static const float *c_source(amx_block *g, int ti, int tj, size_t *ld) {
+  if (g->first && g->beta == 0.0f) return NULL;
+  int r = g->rows - 16 * ti < 16 ? g->rows - 16 * ti : 16;
+  int n = g->cols - 16 * tj < 16 ? g->cols - 16 * tj : 16;
+  float scale = g->first ? g->beta : 1.0f;
+  const float *c = g->c + (size_t)16 * ti * g->ldc + 16 * tj;
+  if (r == 16 && n == 16 && scale == 1.0f) {
+    *ld = (size_t)g->ldc * sizeof(float);
+    return c;
+  }
+  float *t = g->tmp[2 * ti + tj];
+  memset(t, 0, sizeof g->tmp[0]);
+  for (int i = 0; i < r; i++)
+    for (int l = 0; l < n; l++)
+      t[16 * i + l] = c[(size_t)i * g->ldc + l] * scale;
+  *ld = 16 * sizeof(float);
+  return t;
+}
+
+/* Where C tile (ti, tj) is stored to: C where whole and not to be scaled,
+ * else tmp, copied out by c_finish. */
+static float *c_target(amx_block *g, int ti, int tj, size_t *ld) {
+  int r = g->rows - 16 * ti < 16 ? g->rows - 16 * ti : 16;
+  int n = g->cols - 16 * tj < 16 ? g->cols - 16 * tj : 16;
+  if (r == 16 && n == 16 && !(g->last && g->alpha != 1.0f)) {
+    *ld = (size_t)g->ldc * sizeof(float);
+    return g->c + (size_t)16 * ti * g->ldc + 16 * tj;
+  }
+  *ld = 16 * sizeof(float);
+  return g->tmp[2 * ti + tj];
+}
+
+static void c_finish(amx_block *g, int ti, int tj, const float *t) {
+  if (t != g->tmp[2 * ti + tj]) return;
+  int r = g->rows - 16 * ti < 16 ? g->rows - 16 * ti : 16;
+  int n = g->cols - 16 * tj < 16 ? g->cols - 16 * tj : 16;
+  float scale = g->last ? g->alpha : 1.0f;
+  float *c = g->c + (size_t)16 * ti * g->ldc + 16 * tj;
+  for (int i = 0; i < r; i++)
+    for (int l = 0; l < n; l++)
+      c[(size_t)i * g->ldc + l] =
+          scale == 1.0f ? t[16 * i + l] : t[16 * i + l] * scale;
+}
+
+#define C_LOAD(T, ti, tj)                                                      \
+  do {                                                                         \
+    size_t ld = 0;                                                             \
+    const float *src = c_source(g, ti, tj, &ld);                               \
+    if (src)                                                                   \
+      _tile_loadd(T, src, ld);                                                 \
+    else                                                                       \
+      _tile_zero(T);                                                           \
+  } while (0)
+
+#define C_STORE(T, ti, tj)                                                     \
+  do {                                                                         \
+    size_t ld = 0;                                                             \
+    float *dst = c_target(g, ti, tj, &ld);                                     \
+    _tile_stored(T, dst, ld);                                                  \
+    c_finish(g, ti, tj, dst);                                                  \
+  } while (0)
+
+static void amx_block_run(amx_block *g) {
+  int two_r = g->rows > 16, two_c = g->cols > 16;
+  C_LOAD(0, 0, 0);
+  if (two_c) C_LOAD(1, 0, 1);
+  if (two_r) C_LOAD(2, 1, 0);
+  if (two_r && two_c) C_LOAD(3, 1, 1);
+  const uint32_t *a = g->a, *b = g->b;
+  for (int s = 0; s < g->steps; s++, a += 256, b += 256) {
+    _tile_loadd(4, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (two_c) {
+      _tile_loadd(7, b + g->panel_b, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (two_r) {
+      _tile_loadd(5, a + g->panel_a, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      if (two_c) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  C_STORE(0, 0, 0);
+  if (two_c) C_STORE(1, 0, 1);
+  if (two_r) C_STORE(2, 1, 0);
+  if (two_r && two_c) C_STORE(3, 1, 1);
+}
+
+/* One output tile of the job: its rows 32 at a time (their 2 panels of A,
+ * 32 KB per 256 pairs, stay in L1) over its columns 32 at a time. */
+static void amx_task(void *arg, int t) {
+  const struct bf16_job *j = arg;
+  int i0 = (t / j->tiles_n) * j->tm, j0 = (t % j->tiles_n) * j->tn;
+  int i1 = i0 + j->tm < j->M ? i0 + j->tm : j->M;
+  int j1 = j0 + j->tn < j->N ? j0 + j->tn : j->N;
+  tile_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int k = 0; k < 8; k++) cfg.rows[k] = 16, cfg.colsb[k] = 64;
+  _tile_loadconfig(&cfg);
+  amx_block g;
+  g.panel_a = g.panel_b = (size_t)j->stride * 16;
+  g.steps = j->stride / 16, g.ldc = j->ldc, g.first = j->first;
+  g.last = j->last, g.alpha = j->alpha, g.beta = j->beta;
+  for (int r0 = i0; r0 < i1; r0 += 32)
+    for (int c0 = j0; c0 < j1; c0 += 32) {
+      g.a = j->a + (size_t)(r0 / 16) * g.panel_a;
+      g.b = j->b + (size_t)(c0 / 16) * g.panel_b;
+      g.rows = i1 - r0 < 32 ? i1 - r0 : 32;
+      g.cols = j1 - c0 < 32 ? j1 - c0 : 32;
+      g.c = j->C + (size_t)r0 * j->ldc + c0;
+      amx_block_run(&g);
+    }
+  _tile_release(); /* the thread's tile state back to its initial one */
+}
+#endif
 
 /* ------------------------------------------------------------------ entry */
 
@@ -624,11 +851,18 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     return;
   }
   int pairs_all = (K + 1) / 2, kc = pairs_all < KC ? pairs_all : KC;
-  int panels_a = count(M, MR), panels_b = count(N, NR);
-  int nat = native(), wide = WIDE_A && !nat;
-  size_t words_a = (size_t)panels_a * MR * kc * (wide ? 2 : 1);
+  /* AMX: panels of 16 rows or columns, each K block's pairs padded with
+   * zeros to whole K steps of 16 */
+  int amx = 0;
+#if HAVE_TILES
+  amx = amx_on();
+#endif
+  int mr = amx ? 16 : MR, nr = amx ? 16 : NR, kcs = amx ? round_to(kc, 16) : kc;
+  int panels_a = count(M, mr), panels_b = count(N, nr);
+  int nat = native(), wide = WIDE_A && !nat && !amx;
+  size_t words_a = (size_t)panels_a * mr * kcs * (wide ? 2 : 1);
   uint32_t *buf = st_thread_scratch(ST_SCRATCH_BF16,
-                                    (words_a + (size_t)panels_b * NR * kc) *
+                                    (words_a + (size_t)panels_b * nr * kcs) *
                                         sizeof(uint32_t));
   if (!buf || (alpha != 1.0f && beta != 0.0f) ||
       atomic_load_explicit(&plain_forced, memory_order_relaxed)) {
@@ -639,24 +873,26 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
   bf16_job j = {0};
   j.M = M, j.N = N, j.alpha = alpha, j.beta = beta, j.C = C, j.ldc = ldc;
   j.native = nat, j.wide = wide;
-  choose_tiles(M, N, kc, &j.tm, &j.tn);
+  choose_tiles(M, N, kc, amx ? 32 : MR, amx ? 32 : NR, amx ? 256 : TILE_ROWS,
+               &j.tm, &j.tn);
   j.tiles_n = count(N, j.tn);
   int tiles = count(M, j.tm) * j.tiles_n;
   pack_both pb;
   pb.a = (pack_job){.x = A,
                     .rows = M,
                     .K = K,
-                    .W = MR,
+                    .W = mr,
                     .panels = panels_a,
                     .out = buf,
                     .along_r = trans_a,
                     .native = nat,
-                    .wide = wide};
+                    .wide = wide,
+                    .rows_k = amx};
   pb.a.sr = trans_a ? 1 : (size_t)lda, pb.a.sk = trans_a ? (size_t)lda : 1;
   pb.b = (pack_job){.x = B,
                     .rows = N,
                     .K = K,
-                    .W = NR,
+                    .W = nr,
                     .panels = panels_b,
                     .out = buf + words_a,
                     .along_r = !trans_b,
@@ -667,12 +903,19 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     int pairs = (K - k0 + 1) / 2 < kc ? (K - k0 + 1) / 2 : kc;
     pb.a.k0 = pb.b.k0 = k0;
     pb.a.pairs = pb.b.pairs = pairs;
+    pb.a.stride = pb.b.stride = j.stride = amx ? round_to(pairs, 16) : pairs;
     pb.tasks_a = tasks_for(&pb.a, 2 * threads);
     int tasks_b = tasks_for(&pb.b, 2 * threads);
     st_pool_for(pool, pb.tasks_a + tasks_b, pack_both_task, &pb);
     j.pairs = pairs;
     j.a = pb.a.out, j.b = pb.b.out;
     j.first = k0 == 0, j.last = k0 + 2 * kc >= K;
+#if HAVE_TILES
+    if (amx) {
+      st_pool_for(pool, tiles, amx_task, &j);
+      continue;
+    }
+#endif
     st_pool_for(pool, tiles, tile_task, &j);
   }
 }

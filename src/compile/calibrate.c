@@ -1074,8 +1074,9 @@ static int measure_choices(st_calibration *c, FILE *progress) {
               c->gemm_choice_rate[0][k] / 1e9, c->gemm_choice_rate[1][k] / 1e9);
   }
   st_gemm_choose(NULL);
-  /* bf16 at class 1, by the instruction where the build has it, then by
-   * the emulation; the process left in fp32, the instruction preferred */
+  /* bf16 at class 1, by the instruction where the build has it (AMX's
+   * tiles where they run, else VDPBF16PS), then by the emulation; the
+   * process left in fp32, the instruction preferred */
   j.ta = 0, j.K = k_top[1];
   double flops = 2.0 * j.M * j.N * j.K;
   st_gemm_set_bf16(1);
@@ -1090,9 +1091,10 @@ static int measure_choices(st_calibration *c, FILE *progress) {
   st_gemm_set_bf16(0);
   if (progress && c->gemm_bf16_rate[0] > 0)
     fprintf(progress,
-            "  bf16 at K %4d: vdpbf16ps %6.2f, emulated %6.2f GFLOP/s (one "
+            "  bf16 at K %4d: %s %6.2f, emulated %6.2f GFLOP/s (one "
             "thread)\n",
-            j.K, c->gemm_bf16_rate[0] / 1e9, c->gemm_bf16_rate[1] / 1e9);
+            j.K, st_bf16_tiles() ? "AMX tiles" : "vdpbf16ps",
+            c->gemm_bf16_rate[0] / 1e9, c->gemm_bf16_rate[1] / 1e9);
   else if (progress)
     fprintf(progress,
             "  bf16 at K %4d: emulated %6.2f GFLOP/s (one thread; no "

@@ -21,9 +21,12 @@
  *    would fail it.
  * A linear layer's forward, weight and input gradients run through it
  * (against the same double sums); its bias gradient stays an fp32 sum.
+ * Where AMX's tiles run the products, whose sums are not the chain's
+ * (gemm_bf16.c), they are held to 3 (and to every invariance below), and
+ * must differ from 2 somewhere; then 1-3 again with the tiles off.
  * Also: the bits do not depend on the pool (none, 1, 2, 3 threads), nor on
- * splitting the rows into two calls; nothing outside C's window is
- * written; beta 0 ignores a NaN in C; st_gemm and st_gemm_bias run this
+ * splitting the rows or the columns into two calls; nothing outside C's window
+ * is written; beta 0 ignores a NaN in C; st_gemm and st_gemm_bias run this
  * product when st_gemm_set_bf16(1), and fp32 again after (0).
  */
 #include "harness.h"
@@ -143,6 +146,13 @@ static int same_with(void (*set)(int), const operands *o, st_pool *pool,
   return same;
 }
 
+/* 1 while AMX's tiles run the products (st_bf16_tiles): their sums are
+ * not the chain's (gemm_bf16.c), so the chain and the one-element path are
+ * not asked of them; the double reference, the pools and the splits are.
+ * chain_differs counts their elements off the chain, to show they ran. */
+static int under_tiles;
+static long chain_differs;
+
 static void check_shape(const shape *s, float alpha, float beta,
                         st_pool **pools, int npools) {
   operands o;
@@ -166,7 +176,10 @@ static void check_shape(const shape *s, float alpha, float beta,
       if (!(r <= worst)) worst = r;
     }
   }
-  CHECK(differ == 0, "%s: %ld elements differ from the chain", what, differ);
+  if (under_tiles)
+    chain_differs += differ;
+  else
+    CHECK(differ == 0, "%s: %ld elements differ from the chain", what, differ);
   CHECK(outside == 0, "%s: %ld writes outside C's window", what, outside);
   CHECK(worst <= 1e-5, "%s: %.3g of the terms' magnitude off the double sum",
         what, worst);
@@ -208,9 +221,24 @@ static void check_shape(const shape *s, float alpha, float beta,
           "%s: bits differ with the rows in two calls", what);
     free(D);
   }
+  /* the columns in two calls */
+  if (o.N >= 2) {
+    int h = o.N / 2 + 1;
+    float *D = malloc((size_t)o.M * o.ldc * 4);
+    memcpy(D, o.C0, (size_t)o.M * o.ldc * 4);
+    st_gemm_bf16(pools[1], o.ta, o.tb, o.M, h, o.K, alpha, o.A, o.lda, o.B,
+                 o.ldb, beta, D, o.ldc);
+    st_gemm_bf16(pools[1], o.ta, o.tb, o.M, o.N - h, o.K, alpha, o.A, o.lda,
+                 o.tb ? o.B + (size_t)h * o.ldb : o.B + h, o.ldb, beta, D + h,
+                 o.ldc);
+    CHECK(memcmp(C, D, (size_t)o.M * o.ldc * 4) == 0,
+          "%s: bits differ with the columns in two calls", what);
+    free(D);
+  }
   /* one element at a time (no packing scratch): the same bits */
-  CHECK(same_with(st_bf16_set_plain, &o, pools[npools - 1], alpha, beta, C),
-        "%s: one element at a time, the bits differ from the kernel's", what);
+  if (!under_tiles)
+    CHECK(same_with(st_bf16_set_plain, &o, pools[npools - 1], alpha, beta, C),
+          "%s: one element at a time, the bits differ from the kernel's", what);
   if (strncmp(st_bf16_support(), "AVX512", 6) == 0)
     CHECK(
         same_with(st_bf16_set_emulated, &o, pools[npools - 1], alpha, beta, C),
@@ -487,6 +515,25 @@ int main(void) {
       {1, 0, 7, 9, 5},                          /* both packed along r, K odd */
   };
   float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}, {0.5f, 2}};
+  /* AMX's tiles where they run: within the double reference's tolerance,
+   * their bits the same on every pool and split, and not the chain's (so
+   * that it was they that ran); then the definition without them */
+  if (st_bf16_tiles()) {
+    under_tiles = 1;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+      for (size_t c = 0; c < sizeof ab / sizeof *ab; c++)
+        check_shape(&shapes[s], ab[c][0], ab[c][1], pools, 3);
+    CHECK(chain_differs > 0, "the tiles gave the chain's bits everywhere");
+    printf("AMX's tiles: %ld elements off the chain\n", chain_differs);
+    check_routing(pools[1]);
+    check_linear(pools[1]);
+    under_tiles = 0;
+    st_bf16_set_tiles(0);
+    CHECK(!st_bf16_tiles() && !strstr(st_bf16_support(), "AMX"),
+          "the tiles still run once turned off: %s", st_bf16_support());
+    printf("bf16 products without the tiles: %s\n", st_bf16_support());
+    check_rounding();
+  }
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
     for (size_t c = 0; c < sizeof ab / sizeof *ab; c++)
       check_shape(&shapes[s], ab[c][0], ab[c][1], pools, 3);
