@@ -214,7 +214,7 @@ INLINE u16 round16(v16 x, int native) {
 
 /* One packed operand: `rows` rows (of op(A), or columns of op(B)) of
  * `pairs` pairs, element (r, k) at x[r * sr + k * sk], into panels of W
- * rows: out[(panel * pairs + p) * W + r % W], or wide (WIDE_A) 2 W words a
+ * rows: out[(panel * stride + p) * W + r % W], or wide (WIDE_A) 2 W words a
  * pair. Rows past `rows` and k past `K` are zeros. */
 typedef struct pack_job {
   const float *x;

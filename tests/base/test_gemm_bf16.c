@@ -513,6 +513,7 @@ int main(void) {
       {1, 1, 12, 32, 1025}, {0, 0, 300, 260, 96},  {0, 1, 2, 300, 768},
       {0, 1, 3, 4200, 40},  {1, 0, 4100, 2, 9}, /* chunks of 4096 */
       {1, 0, 7, 9, 5},                          /* both packed along r, K odd */
+      {0, 1, 48, 16, 96}, /* whole AMX tiles, one of a block's two */
   };
   float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}, {0.5f, 2}};
   /* AMX's tiles where they run: within the double reference's tolerance,

@@ -278,6 +278,15 @@ if [ "$keys" -eq 1 ]; then
     fail "a bf16 run under a profile that measured bf16 slower says so" "rc=$rc" "$flushed" "$out" "$err"
   fi
 fi
+# STRATA_BF16_TILES=0: the definition's kernel where AMX's tiles would run
+# (on a CPU without them the run names its kernel as always)
+STRATA_BF16_TILES=0 run train "$fc" "${small[@]}" --set train.steps=2 \
+  --set train.precision=bf16 --out "$T/run_notiles"
+if [ "$rc" -eq 0 ] && [[ $out == *"fp32 master weights; "* ]] && [[ $out != *"AMX tiles"* ]]; then
+  pass
+else
+  fail "STRATA_BF16_TILES=0 keeps AMX's tiles off" "rc=$rc" "$out" "$err"
+fi
 # bf16's notice of few rows per product counts the samples one product
 # takes: pipelined backprop's default micro-batch of one sample, a
 # replica's share of the batch (it said nothing of either at batch 32)
