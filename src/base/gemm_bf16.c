@@ -43,10 +43,10 @@
  * TDPBF16PS, zeros padding the block's last 16), and is scaled by alpha as
  * above, but a tile step's sum is the hardware's own: on the Intel Xeon VM
  * of docs/bf16.md it matched neither fmaf chain order nor the exact sum
- * rounded once, in about half of 512,000 random elements, and kept fewer
- * low bits (docs/bf16.md). An element's step still reads only its own row,
- * column and sum, so its bits depend on the values and K alone, as above
- * (tests/base/test_gemm_bf16.c: every pool, rows or columns split); they
+ * rounded once, in about half of 512,000 random elements, while erring no
+ * more than the chain (docs/bf16.md). An element's step still reads only its
+ * own row, column and sum, so its bits depend on the values and K alone, as
+ * above (tests/base/test_gemm_bf16.c: every pool, rows or columns split); they
  * are not the definition's bits, so the tiles are chosen by the CPU alone,
  * never by a timing. Their packing: op(A) in panels of 16 rows whose
  * 16 x 16-pair blocks are each one tile, rows of pairs (the [p][row] pack
