@@ -231,8 +231,9 @@ void st_bf16_unpack_pool(st_pool *pool, const uint16_t *h, float *x, size_t n);
 const char *st_bf16_support(void);
 void st_bf16_set_emulated(int on);
 void st_bf16_prefer_emulated(int on);
-/* For tests: 1 runs every bf16 product one element at a time, as when the
- * packing scratch cannot be had (the same bits); 0 as usual. */
+/* For tests: 1 runs every bf16 product as when the packing scratch cannot
+ * be had, one element at a time (under AMX's tiles, one tile at a time):
+ * the same bits; 0 as usual. */
 void st_bf16_set_plain(int on);
 /* Whether an instruction runs the products now: AMX's tiles or VDPBF16PS. */
 int st_bf16_native(void);

@@ -763,6 +763,60 @@ static void amx_task(void *arg, int t) {
 
 /* ------------------------------------------------------------------ entry */
 
+#if HAVE_TILES
+/* The tiles' product without the scratch: one 16 x 16 tile of C at a time,
+ * its panels of op(A) and op(B) packed on the stack (16 KB each) for each K
+ * block, the K blocks those of st_gemm_bf16. Each element takes the same
+ * tile steps from the same sums as there, so the same bits, slowly. */
+static void gemm_tiles_alone(int trans_a, int trans_b, int M, int N, int K,
+                             float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C,
+                             int ldc) {
+  _Static_assert(KC % 16 == 0, "a K block is whole tile steps");
+  uint32_t pa[16 * KC], pb[16 * KC];
+  tile_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int k = 0; k < 8; k++) cfg.rows[k] = 16, cfg.colsb[k] = 64;
+  _tile_loadconfig(&cfg);
+  amx_block g;
+  g.ldc = ldc, g.alpha = alpha, g.beta = beta, g.panel_a = g.panel_b = 0;
+  for (int i0 = 0; i0 < M; i0 += 16)
+    for (int j0 = 0; j0 < N; j0 += 16)
+      for (int k0 = 0; k0 < K; k0 += 2 * KC) {
+        int pairs = (K - k0 + 1) / 2 < KC ? (K - k0 + 1) / 2 : KC;
+        int stride = round_to(pairs, 16);
+        pack_job a = {.x = trans_a ? A + i0 : A + (size_t)i0 * lda,
+                      .sr = trans_a ? 1 : (size_t)lda,
+                      .sk = trans_a ? (size_t)lda : 1,
+                      .rows = M - i0,
+                      .K = K,
+                      .k0 = k0,
+                      .pairs = pairs,
+                      .W = 16,
+                      .panels_per_task = 1,
+                      .panels = 1,
+                      .stride = stride,
+                      .out = pa,
+                      .along_r = trans_a,
+                      .native = native(),
+                      .rows_k = 1};
+        pack_job b = a;
+        b.x = trans_b ? B + (size_t)j0 * ldb : B + j0;
+        b.sr = trans_b ? (size_t)ldb : 1, b.sk = trans_b ? 1 : (size_t)ldb;
+        b.rows = N - j0, b.out = pb, b.along_r = !trans_b, b.rows_k = 0;
+        pack_task(&a, 0);
+        pack_task(&b, 0);
+        g.a = pa, g.b = pb, g.steps = stride / 16;
+        g.rows = M - i0 < 16 ? M - i0 : 16, g.cols = N - j0 < 16 ? N - j0 : 16;
+        g.c = C + (size_t)i0 * ldc + j0;
+        g.first = k0 == 0, g.last = k0 + 2 * KC >= K;
+        amx_block_run(&g);
+      }
+  _tile_release();
+}
+#endif
+
 /* The definition, one element at a time: where the scratch cannot be had. */
 static void gemm_plain(int trans_a, int trans_b, int M, int N, int K,
                        float alpha, const float *A, int lda, const float *B,
@@ -866,6 +920,13 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                                         sizeof(uint32_t));
   if (!buf || (alpha != 1.0f && beta != 0.0f) ||
       atomic_load_explicit(&plain_forced, memory_order_relaxed)) {
+#if HAVE_TILES
+    if (amx && !(alpha != 1.0f && beta != 0.0f)) { /* the tiles' bits */
+      gemm_tiles_alone(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+                       C, ldc);
+      return;
+    }
+#endif
     gemm_plain(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }

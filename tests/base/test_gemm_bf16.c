@@ -235,10 +235,11 @@ static void check_shape(const shape *s, float alpha, float beta,
           "%s: bits differ with the columns in two calls", what);
     free(D);
   }
-  /* one element at a time (no packing scratch): the same bits */
-  if (!under_tiles)
-    CHECK(same_with(st_bf16_set_plain, &o, pools[npools - 1], alpha, beta, C),
-          "%s: one element at a time, the bits differ from the kernel's", what);
+  /* without the packing scratch (one element at a time; under the tiles,
+   * one tile at a time): the same bits */
+  CHECK(same_with(st_bf16_set_plain, &o, pools[npools - 1], alpha, beta, C),
+        "%s: without the packing scratch, the bits differ from the kernel's",
+        what);
   if (strncmp(st_bf16_support(), "AVX512", 6) == 0)
     CHECK(
         same_with(st_bf16_set_emulated, &o, pools[npools - 1], alpha, beta, C),
