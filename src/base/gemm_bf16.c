@@ -732,6 +732,18 @@ static void amx_block_run(amx_block *g) {
   if (two_r && two_c) C_STORE(3, 1, 1);
 }
 
+/* The calling thread's 8 tiles, each 16 rows of 64 bytes (palette 1);
+ * _tile_release after. A constant object: GCC 12's _tile_loadconfig tells
+ * the compiler that LDTILECFG reads 8 bytes of its 64, and a build of one
+ * on the stack lost its stores past them once the function was inlined
+ * (the tiles unconfigured: SIGILL at the first TILEZERO). */
+static const tile_cfg tiles_16x64
+    __attribute__((aligned(64))) = {.palette = 1,
+                                    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                    .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+static void configure_tiles(void) { _tile_loadconfig(&tiles_16x64); }
+
 /* One output tile of the job: its rows 32 at a time (their 2 panels of A,
  * 32 KB per 256 pairs, stay in L1) over its columns 32 at a time. */
 static void amx_task(void *arg, int t) {
@@ -739,11 +751,7 @@ static void amx_task(void *arg, int t) {
   int i0 = (t / j->tiles_n) * j->tm, j0 = (t % j->tiles_n) * j->tn;
   int i1 = i0 + j->tm < j->M ? i0 + j->tm : j->M;
   int j1 = j0 + j->tn < j->N ? j0 + j->tn : j->N;
-  tile_cfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int k = 0; k < 8; k++) cfg.rows[k] = 16, cfg.colsb[k] = 64;
-  _tile_loadconfig(&cfg);
+  configure_tiles();
   amx_block g;
   g.panel_a = g.panel_b = (size_t)j->stride * 16;
   g.steps = j->stride / 16, g.ldc = j->ldc, g.first = j->first;
@@ -774,11 +782,7 @@ static void gemm_tiles_alone(int trans_a, int trans_b, int M, int N, int K,
                              int ldc) {
   _Static_assert(KC % 16 == 0, "a K block is whole tile steps");
   uint32_t pa[16 * KC], pb[16 * KC];
-  tile_cfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int k = 0; k < 8; k++) cfg.rows[k] = 16, cfg.colsb[k] = 64;
-  _tile_loadconfig(&cfg);
+  configure_tiles();
   amx_block g;
   g.ldc = ldc, g.alpha = alpha, g.beta = beta, g.panel_a = g.panel_b = 0;
   for (int i0 = 0; i0 < M; i0 += 16)
