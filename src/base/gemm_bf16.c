@@ -687,10 +687,16 @@ static void c_finish(amx_block *g, int ti, int tj, const float *t) {
           scale == 1.0f ? t[16 * i + l] : t[16 * i + l] * scale;
 }
 
+/* GCC 12's _tile_loadd is an asm that names no memory, so stores before
+ * it (tmp, C, the packed panels) could legally move past it: a compiler
+ * barrier before the loads of memory just written. */
+#define WRITTEN() __asm__ volatile("" ::: "memory")
+
 #define C_LOAD(T, ti, tj)                                                      \
   do {                                                                         \
     size_t ld = 0;                                                             \
     const float *src = c_source(g, ti, tj, &ld);                               \
+    WRITTEN();                                                                 \
     if (src)                                                                   \
       _tile_loadd(T, src, ld);                                                 \
     else                                                                       \
@@ -707,6 +713,7 @@ static void c_finish(amx_block *g, int ti, int tj, const float *t) {
 
 static void amx_block_run(amx_block *g) {
   int two_r = g->rows > 16, two_c = g->cols > 16;
+  WRITTEN(); /* the packed panels, C */
   C_LOAD(0, 0, 0);
   if (two_c) C_LOAD(1, 0, 1);
   if (two_r) C_LOAD(2, 1, 0);
