@@ -640,13 +640,20 @@ typedef struct amx_block {
   float tmp[4][16 * 16]; /* a partial C tile, or one scaled */
 } amx_block;
 
+/* The valid rows of row tile ti, and columns of column tile tj (<= 16). */
+static int tile_rows(const amx_block *g, int ti) {
+  return g->rows - 16 * ti < 16 ? g->rows - 16 * ti : 16;
+}
+static int tile_cols(const amx_block *g, int tj) {
+  return g->cols - 16 * tj < 16 ? g->cols - 16 * tj : 16;
+}
+
 /* Where C tile (ti, tj) is loaded from: C itself where whole and not to
  * be scaled, else tmp holding it (zero-padded, times beta on the first K
  * block); NULL for zeros (beta 0, first block). *ld: its stride, bytes. */
 static const float *c_source(amx_block *g, int ti, int tj, size_t *ld) {
   if (g->first && g->beta == 0.0f) return NULL;
-  int r = g->rows - 16 * ti < 16 ? g->rows - 16 * ti : 16;
-  int n = g->cols - 16 * tj < 16 ? g->cols - 16 * tj : 16;
+  int r = tile_rows(g, ti), n = tile_cols(g, tj);
   float scale = g->first ? g->beta : 1.0f;
   const float *c = g->c + (size_t)16 * ti * g->ldc + 16 * tj;
   if (r == 16 && n == 16 && scale == 1.0f) {
@@ -665,8 +672,7 @@ static const float *c_source(amx_block *g, int ti, int tj, size_t *ld) {
 /* Where C tile (ti, tj) is stored to: C where whole and not to be scaled,
  * else tmp, copied out by c_finish. */
 static float *c_target(amx_block *g, int ti, int tj, size_t *ld) {
-  int r = g->rows - 16 * ti < 16 ? g->rows - 16 * ti : 16;
-  int n = g->cols - 16 * tj < 16 ? g->cols - 16 * tj : 16;
+  int r = tile_rows(g, ti), n = tile_cols(g, tj);
   if (r == 16 && n == 16 && !(g->last && g->alpha != 1.0f)) {
     *ld = (size_t)g->ldc * sizeof(float);
     return g->c + (size_t)16 * ti * g->ldc + 16 * tj;
@@ -677,8 +683,7 @@ static float *c_target(amx_block *g, int ti, int tj, size_t *ld) {
 
 static void c_finish(amx_block *g, int ti, int tj, const float *t) {
   if (t != g->tmp[2 * ti + tj]) return;
-  int r = g->rows - 16 * ti < 16 ? g->rows - 16 * ti : 16;
-  int n = g->cols - 16 * tj < 16 ? g->cols - 16 * tj : 16;
+  int r = tile_rows(g, ti), n = tile_cols(g, tj);
   float scale = g->last ? g->alpha : 1.0f;
   float *c = g->c + (size_t)16 * ti * g->ldc + 16 * tj;
   for (int i = 0; i < r; i++)
