@@ -501,6 +501,20 @@ static void check_linear(st_pool *pool) {
   CHECK(e <= 1e-6, "linear bias gradient (fp32, unrounded): %.3g off", e);
 }
 
+/* beta 0 ignores C, NaN included (a partial tile and a whole one) */
+static void check_beta0(st_pool *pool) {
+  float A[4] = {1, 2, 3, 4}, B[4] = {1, 0, 0, 1}, C[4] = {NAN, NAN, NAN, NAN};
+  st_gemm_bf16(pool, 0, 0, 2, 2, 2, 1.0f, A, 2, B, 2, 0.0f, C, 2);
+  CHECK(C[0] == 1 && C[1] == 2 && C[2] == 3 && C[3] == 4,
+        "beta 0 ignores a NaN in C (%s)", st_bf16_support());
+  enum { W = 16 };
+  static float I[W * W], X[W * W], D[W * W];
+  for (int i = 0; i < W * W; i++)
+    I[i] = i % (W + 1) == 0, X[i] = (float)(i % 7), D[i] = NAN;
+  st_gemm_bf16(pool, 0, 0, W, W, W, 1.0f, X, W, I, W, 0.0f, D, W);
+  CHECK(memcmp(D, X, sizeof D) == 0, "beta 0 ignores NaNs in a whole tile");
+}
+
 int main(void) {
   st_blas_init();
   st_fp_set_flush(1); /* the instruction flushes; so must the chain here */
@@ -529,6 +543,7 @@ int main(void) {
     printf("AMX's tiles: %ld elements off the chain\n", chain_differs);
     check_routing(pools[1]);
     check_linear(pools[1]);
+    check_beta0(pools[1]);
     under_tiles = 0;
     st_bf16_set_tiles(0);
     CHECK(!st_bf16_tiles() && !strstr(st_bf16_support(), "AMX"),
@@ -539,11 +554,7 @@ int main(void) {
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
     for (size_t c = 0; c < sizeof ab / sizeof *ab; c++)
       check_shape(&shapes[s], ab[c][0], ab[c][1], pools, 3);
-  /* beta 0 ignores C, NaN included */
-  float A[4] = {1, 2, 3, 4}, B[4] = {1, 0, 0, 1}, C[4] = {NAN, NAN, NAN, NAN};
-  st_gemm_bf16(pools[1], 0, 0, 2, 2, 2, 1.0f, A, 2, B, 2, 0.0f, C, 2);
-  CHECK(C[0] == 1 && C[1] == 2 && C[2] == 3 && C[3] == 4,
-        "beta 0 ignores a NaN in C");
+  check_beta0(pools[1]);
   /* a subnormal input counts as zero */
   float sub[2] = {FLT_MIN / 4, 1.0f}, col[2] = {1e30f, 1.0f}, out = 0;
   st_gemm_bf16(NULL, 0, 0, 1, 1, 2, 1.0f, sub, 2, col, 1, 0.0f, &out, 1);
