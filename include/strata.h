@@ -249,8 +249,9 @@ void st_bf16_set_tiles(int on);
  * class, A transposed or not (0, 3) plus the inner size K <= 512, <= 1536,
  * larger (0, 1, 2), each the packed kernel (0) or the BLAS's tiles (1).
  * Process-wide, as the precision: st_gemm_choose(NULL), or -1 for a
- * class, restores the rule built in (the BLAS past K = 1536 where it runs
- * 16-lane kernels of its own, else packed); a calibration profile measures
+ * class, restores the rule built in (the BLAS for A transposed past K =
+ * 1536 where it runs 16-lane kernels of its own, else packed); a
+ * calibration profile measures
  * both per class on this machine (st_calibration.gemm_choice_rate) and the
  * trainer sets what was faster, once a process (st_gemm_choose_profile_once).
  * Products of up to ST_NARROW_ROWS rows keep the rule. The choice depends

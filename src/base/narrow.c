@@ -419,8 +419,9 @@ enum { STRIP = 2 * VL };
  *   - where OpenBLAS runs its own AVX-512 kernels (OPENBLAS_CORETYPE=
  *     SkylakeX on the same machine) it reached 223-235 on the 124M
  *     products and 195-231 at K = 2048-3072: there the packed kernel
- *     takes K up to 1536 only (st_blas_avx512). Other BLAS libraries
- *     count as having such kernels.
+ *     took K up to 1536 only (st_blas_avx512; since 2026-12-02 with A
+ *     transposed only: rule_blas). Other BLAS libraries count as having
+ *     such kernels.
  * The strips, K x STRIP floats each, live on the task's stack: one strip
  * up to 192 KB at K = 3072 with AVX2, 384 KB with AVX-512, or a group of
  * strips up to GROUP_CAP (512 KB; packed_group). glibc gives the main
@@ -513,7 +514,7 @@ enum { COPY_A_LDA = 0, COPY_A_BYTES = 0 };
 #endif
 
 /* The packed kernel or the BLAS, by product class (st_gemm_choose): 0
- * packed, 1 BLAS, -1 unset (the rule above: the BLAS past
+ * packed, 1 BLAS, -1 unset (rule_blas: the BLAS for A transposed past
  * PACKED_K_WIDE_BLAS where it has 16-lane kernels). Read once per product;
  * set between runs, never during one. */
 static _Atomic int choice[ST_GEMM_CHOICES] = {-1, -1, -1, -1, -1, -1};
@@ -535,10 +536,21 @@ int st_gemm_choice_measured(void) {
   return 0;
 }
 
-/* The rule built in: the BLAS for the classes past PACKED_K_WIDE_BLAS
- * where it has 16-lane kernels. */
+/* The rule built in: the BLAS for A transposed past PACKED_K_WIDE_BLAS
+ * (class 5) where it has 16-lane kernels, the packed kernel for the rest.
+ * Until 2026-12-02 the rule sent A plain past that K (class 2) to the BLAS
+ * too, from Zen 5 with OpenBLAS forced onto its SkylakeX kernels
+ * (above), before the packed kernel's 12-row blocks and strip groups.
+ * Every machine since whose OpenBLAS picks such kernels by itself
+ * measured class 2 faster packed, one thread, GFLOP/s packed against the
+ * BLAS: Zen 4 (Cooperlake's kernels, 500 x 768 x 3072) 103.5 against
+ * 75.2; an Intel Xeon with AMX (SkylakeX's, the calibration's 500 x 768 x
+ * 3072) 201.0 against 148.0, and GPT-2-124M's 1024 x 768 x 3072 and 1024
+ * x 768 x 2304 199-208 against 153-167. Class 5 is mixed: Zen 4 read a
+ * transposed A of 500 rows in place at 47.0 against 72.4; the Intel Xeon
+ * 160.6 against 129.2. */
 static int rule_blas(int c) {
-  return c % 3 == 2 && st_blas_avx512() && PACKED_K_WIDE_BLAS < PACKED_K;
+  return c == 5 && st_blas_avx512() && PACKED_K_WIDE_BLAS < PACKED_K;
 }
 
 int st_gemm_chosen(int c) {

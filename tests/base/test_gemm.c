@@ -57,11 +57,11 @@ static const float SENTINEL = 1234.5f;
  * transposed shapes this macro serves do not reach past K = 64; with
  * AVX2 alone, B untransposed past K = 1024 only from 512 rows, which the
  * shapes this macro serves do not reach: 60 rows, K 1000 then). */
-/* The rule built in for class c (narrow.c): the BLAS past K = 1536 where
- * the BLAS has 16-lane kernels, on targets whose packed kernel goes past
- * it (AVX-512). */
+/* The rule built in for class c (narrow.c): the BLAS for A transposed
+ * past K = 1536 where the BLAS has 16-lane kernels, on targets whose
+ * packed kernel goes past it (AVX-512). */
 #if defined(__AVX512F__) && defined(__FMA__)
-#define RULE_BLAS(c) ((c) % 3 == 2 && st_blas_avx512())
+#define RULE_BLAS(c) ((c) == 5 && st_blas_avx512())
 #else
 #define RULE_BLAS(c) 0
 #endif
