@@ -560,6 +560,18 @@ static void block_emulated(const block_args *g) {
  * (TILE_ROWS x KC pairs, 192 KB; 384 KB wide) stays in L2 while it passes over
  * each 32-column panel. */
 enum { TILES = 16, MIN_TILE_FLOPS = 1 << 18, TILE_ROWS = 16 * MR };
+/* Under AMX's tiles a tile of work keeps 32 times as many FLOPs: they run
+ * about 15 times the FMAs' rate (docs/bf16.md), so a task of
+ * MIN_TILE_FLOPS took a fraction of a microsecond, less than the pool's
+ * hand-off. On the Intel Xeon VM of docs/bench.md (2026-12-02, 2
+ * threads, a layer's three products, GFLOP/s, 2^18 against 2^23):
+ * 64 x 256 x 256 309-311 against 433-451 (one thread alone: 485), 64 x
+ * 128 x 128 155-163 against 341-373, 64 x 10 x 256 39 against 79-85,
+ * 64 x 256 x 3136 unchanged (522-538 against 533-537); `bench_mlp 32 2`
+ * in bf16 102-108k samples/s against 131-138k (fp32 117k), at 256
+ * unchanged; fc_mnist trained in bf16 133-180k against 201-206k
+ * samples/s; `bench_gpt 124m 4 2` bf16 and gpt_tiny unchanged. */
+enum { AMX_MIN_TILE_FLOPS = 1 << 23 };
 
 static int round_to(int x, int m) { return (x + m - 1) / m * m; }
 static int count(int total, int tile) { return (total + tile - 1) / tile; }
@@ -567,14 +579,14 @@ static int count(int total, int tile) { return (total + tile - 1) / tile; }
 /* mr x nr: the register block (MR x NR), or AMX's 32 x 32 block of tiles
  * with at most 256 rows a tile (their packed A, 256 KB, in L2). */
 static void choose_tiles(int M, int N, int kc, int mr, int nr, int max_rows,
-                         int *tm, int *tn) {
+                         double min_flops, int *tm, int *tn) {
   *tm = round_to(M, mr), *tn = round_to(N, nr);
   while (*tm > max_rows) *tm = round_to((*tm + 1) / 2, mr);
   while (count(M, *tm) * count(N, *tn) < TILES) {
     int rows = *tm >= 2 * mr && (*tm >= *tn || *tn < 2 * nr);
     int h = rows ? round_to((*tm + 1) / 2, mr) : round_to((*tn + 1) / 2, nr);
     if ((!rows && *tn < 2 * nr) ||
-        4.0 * kc * h * (rows ? *tn : *tm) < MIN_TILE_FLOPS)
+        4.0 * kc * h * (rows ? *tn : *tm) < min_flops)
       return;
     *(rows ? tm : tn) = h;
   }
@@ -951,7 +963,7 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
   j.M = M, j.N = N, j.alpha = alpha, j.beta = beta, j.C = C, j.ldc = ldc;
   j.native = nat, j.wide = wide;
   choose_tiles(M, N, kc, amx ? 32 : MR, amx ? 32 : NR, amx ? 256 : TILE_ROWS,
-               &j.tm, &j.tn);
+               amx ? AMX_MIN_TILE_FLOPS : MIN_TILE_FLOPS, &j.tm, &j.tn);
   j.tiles_n = count(N, j.tn);
   int tiles = count(M, j.tm) * j.tiles_n;
   pack_both pb;
