@@ -1539,7 +1539,17 @@ typedef struct st_fabric {
    * bandwidth, instead of every FLOP at pe_flops. */
   int calibrated;
   char calibrated_at[32]; /* the profile's date, "2026-11-22T23:40:00Z" */
-  double gemm_rate[ST_GEMM_CLASSES];  /* FLOP/s of one core, by class */
+  double gemm_rate[ST_GEMM_CLASSES]; /* FLOP/s of one core, by class */
+  /* the same under train.precision: bf16 (st_calibration's
+   * gemm_bf16_class_rate; 0: not measured) */
+  double gemm_rate_bf16[ST_GEMM_CLASSES];
+  /* and their parallel efficiency by class, e(c) = 1/(1 + slope (c - 1)),
+   * fitted to gemm_bf16_class_rate_all (-1: not measured, fp32's e(c)) */
+  double gemm_slope_bf16[ST_GEMM_CLASSES];
+  /* 1: the products are a bf16 run's, timed at gemm_rate_bf16 (the plan's
+   * copy, st_plan_from_costs); -1: a bf16 run's, timed at fp32's rates
+   * (the profile has no bf16 rates); 0: fp32's */
+  int bf16;
   double op_bandwidth[ST_OP_CLASSES]; /* bytes/s, one thread, by op class */
   /* FLOP/s of one core in the conv2d and attention kernels, [0] forward,
    * [1] backward, by the class of their GEMMs; 0: timed as GEMMs */
@@ -1735,6 +1745,17 @@ typedef struct st_calibration {
    * build has none) and by its emulation [1]; 0 0 in a profile without
    * them (older). */
   double gemm_bf16_rate[2];
+  /* FLOP/s on one thread of each class's layer step (gemm_rate's shapes)
+   * under train.precision: bf16, by the kernel such a run takes here (the
+   * instruction, or the emulation where gemm_bf16_rate measured it
+   * faster); the compiler times a bf16 run's products at these rates (0 in
+   * a profile without them, older: at fp32's, and the plan says so). */
+  double gemm_bf16_class_rate[ST_GEMM_CLASSES];
+  /* The same on all the profile's cores (`cores` threads; 0 on one core or
+   * in an older profile): how each class's bf16 products share out, which
+   * fp32's e(c) does not tell (AMX's tiles finish a small product before
+   * a second thread would pay for itself). */
+  double gemm_bf16_class_rate_all[ST_GEMM_CLASSES];
   /* st_calibration_round_trip as the pass began and ended (0 on one
    * thread): in which state of a shared VM the pass was measured. Not
    * stored in the profile. */

@@ -1104,6 +1104,37 @@ static int measure_choices(st_calibration *c, FILE *progress) {
   return 0;
 }
 
+/* Each class's layer step (gemm_rate's) under train.precision: bf16, by
+ * the kernel a run takes (the emulation where measure_choices found it
+ * faster than the instruction, as st_gemm_choose_profile prefers it); the
+ * process left in fp32 with the instruction preferred. */
+static int measure_bf16_classes(st_calibration *c, FILE *progress) {
+  const double *bf = c->gemm_bf16_rate;
+  st_gemm_set_bf16(1);
+  st_bf16_set_emulated(bf[0] > 0 && bf[1] > bf[0]);
+  int rc = 0;
+  for (int k = 0; k < ST_GEMM_CLASSES && !rc; k++) {
+    double *one = &c->gemm_bf16_class_rate[k],
+           *all = &c->gemm_bf16_class_rate_all[k];
+    rc = gemm_rate(k, 1, one);
+    *all = 0;
+    if (!rc && c->cores > 1) rc = gemm_rate(k, c->cores, all);
+    if (!rc && progress)
+      fprintf(progress,
+              "  gemm %-6s %4dx%4dx%4d %8.2f GFLOP/s in bf16 (one thread, "
+              "%s), %.2f on %d\n",
+              st_gemm_class_name(k), gemm_shapes[k][0], gemm_shapes[k][1],
+              gemm_shapes[k][2], *one / 1e9,
+              st_bf16_tiles()    ? "AMX tiles"
+              : st_bf16_native() ? "vdpbf16ps"
+                                 : "emulated",
+              *all / 1e9, c->cores);
+  }
+  st_bf16_set_emulated(0);
+  st_gemm_set_bf16(0);
+  return rc;
+}
+
 void st_calibration_gemm_choice(const st_calibration *c,
                                 int blas[ST_GEMM_CHOICES]) {
   for (int k = 0; k < ST_GEMM_CHOICES; k++) {
@@ -1418,7 +1449,8 @@ int st_calibration_measure(st_calibration *c, int max_threads, FILE *progress,
             c->sharing_slope);
   int rc = measure_narrow(c, progress, err);
   if (!rc) rc = measure_row(c, progress, err);
-  if (!rc && measure_choices(c, progress))
+  if (!rc &&
+      (measure_choices(c, progress) || measure_bf16_classes(c, progress)))
     rc = st_error_set(err, ST_ENOMEM, "calibration: out of memory");
   if (!rc) rc = measure_kernels(c, progress, err);
   if (!rc) rc = measure_ops(c, progress, err);
@@ -1563,6 +1595,10 @@ int st_calibration_merge(st_calibration *out, const st_calibration *p, int n) {
   }
   MED(gemm_bf16_rate[0]);
   MED(gemm_bf16_rate[1]);
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    MED(gemm_bf16_class_rate[k]);
+    MED(gemm_bf16_class_rate_all[k]);
+  }
 #undef MED
   if (out->n_threads > 1) { /* a one-thread profile keeps its built-in 5% */
     out->efficiency_slope =
@@ -1668,6 +1704,12 @@ int st_calibration_write(const st_calibration *c, const char *path,
   }
   if (c->gemm_bf16_rate[0] > 0 || c->gemm_bf16_rate[1] > 0) /* likewise */
     json_array(buf, cap, &at, "gemm_bf16", c->gemm_bf16_rate, 2, 0);
+  if (c->gemm_bf16_class_rate[ST_GEMM_CLASSES - 1] > 0) /* likewise */
+    json_array(buf, cap, &at, "gemm_bf16_classes", c->gemm_bf16_class_rate,
+               ST_GEMM_CLASSES, 0);
+  if (c->gemm_bf16_class_rate_all[ST_GEMM_CLASSES - 1] > 0) /* likewise */
+    json_array(buf, cap, &at, "gemm_bf16_classes_all",
+               c->gemm_bf16_class_rate_all, ST_GEMM_CLASSES, 0);
   int narrow = c->narrow_rows > 0; /* measured (a profile read may lack it) */
   int row = c->row_bandwidth > 0;  /* likewise */
   if (c->hosted_latency > 0)       /* likewise */
@@ -2007,7 +2049,11 @@ static int parse(st_calibration *c, const char *text, const char *path,
       (rc = rates_of(text, path, "gemm_choice_blas", c->gemm_choice_rate[1],
                      ST_GEMM_CHOICES, err)) ||
       /* optional (profiles before them): bf16's kernels */
-      (rc = rates_of(text, path, "gemm_bf16", c->gemm_bf16_rate, 2, err)))
+      (rc = rates_of(text, path, "gemm_bf16", c->gemm_bf16_rate, 2, err)) ||
+      (rc = rates_of(text, path, "gemm_bf16_classes", c->gemm_bf16_class_rate,
+                     ST_GEMM_CLASSES, err)) ||
+      (rc = rates_of(text, path, "gemm_bf16_classes_all",
+                     c->gemm_bf16_class_rate_all, ST_GEMM_CLASSES, err)))
     return rc;
   c->row_bandwidth = 0; /* optional (profiles before it): GEMM rates */
   if (value_of(text, "row_bandwidth") &&
@@ -2139,7 +2185,20 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
   f->calibrated = 1;
   f->estimated = 0;
   snprintf(f->calibrated_at, sizeof f->calibrated_at, "%s", c->date);
-  for (int k = 0; k < ST_GEMM_CLASSES; k++) f->gemm_rate[k] = c->gemm_rate[k];
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    f->gemm_rate[k] = c->gemm_rate[k];
+    f->gemm_rate_bf16[k] = c->gemm_bf16_class_rate[k];
+    /* e(C) = all / (C one) on the profile's C cores, and the slope of
+     * 1/(1 + slope (C - 1)) through it, as efficiency_slope's form */
+    double one = c->gemm_bf16_class_rate[k],
+           all = c->gemm_bf16_class_rate_all[k];
+    f->gemm_slope_bf16[k] = -1;
+    if (c->cores > 1 && one > 0 && all > 0) {
+      double slope = (c->cores * one / all - 1) / (c->cores - 1);
+      f->gemm_slope_bf16[k] = slope < 0 ? 0 : slope > 0.99 ? 0.99 : slope;
+    }
+  }
+  f->bf16 = 0;
   for (int k = 0; k < ST_OP_CLASSES; k++)
     f->op_bandwidth[k] = c->op_bandwidth[k];
   memcpy(f->conv_rate, c->conv_rate, sizeof f->conv_rate);

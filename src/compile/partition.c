@@ -53,6 +53,21 @@ static double block_row_rate(const st_fabric *f, const st_block_cost *b) {
   return f->n_row_step >= 2 ? st_row_rate(f, b->ws_bytes) : f->row_bandwidth;
 }
 
+/* A class's linear products in a bf16 run (fabric.bf16 1) whose parallel
+ * efficiency the profile measured (gemm_slope_bf16, s_k): of T one-core
+ * seconds, x T shared by the stage's c cores under fp32's e(c) (slope s)
+ * and y T serial, so that x T (s + (1 - s)/c) + y T = T (s_k + (1 -
+ * s_k)/c) at every c: x = (1 - s_k)/(1 - s), y = (s_k - s)/(1 - s). A
+ * class that shares out better than fp32's (s_k < s) keeps fp32's e(c)
+ * (y would be negative); so does every class of an fp32 run. */
+static void bf16_share(const st_fabric *f, int k, double *x, double *y) {
+  double s = f->efficiency_slope, sk = f->gemm_slope_bf16[k];
+  *x = 1, *y = 0;
+  if (f->bf16 != 1 || !(sk > s) || !(s < 1)) return;
+  *x = (1 - sk) / (1 - s);
+  *y = (sk - s) / (1 - s);
+}
+
 /* One block's calibrated terms (without the narrow and spill terms, which
  * depend on the stage): t[0], t[1] the forward and backward work (one-core
  * seconds that more cores share), t[2], t[3] their serial seconds; one-row
@@ -81,18 +96,27 @@ static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
     t[1] += (b->row_bytes_bwd - b->row_fused_bwd) / r;
   }
   for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    /* a linear layer's products of class k, one-core seconds: x of them
+     * shared by the stage's cores under e(c), y serial (bf16_share) */
+    double x, y, fwd = 0, bwd = 0, r = f->gemm_rate[k];
+    bf16_share(f, k, &x, &y);
     if (!rows_by_bytes(f)) {
-      t[0] += b->row_gemm_fwd[k] / f->gemm_rate[k];
-      t[1] += b->row_gemm_bwd[k] / f->gemm_rate[k];
+      fwd += b->row_gemm_fwd[k] / r;
+      bwd += b->row_gemm_bwd[k] / r;
     }
-    /* conv2d and attention at their kernels' rates when measured */
-    double r = f->gemm_rate[k];
+    fwd += b->gemm_fwd[k] / r;
+    bwd += b->gemm_bwd[k] / r;
+    t[0] += x * fwd, t[1] += x * bwd;
+    t[2] += y * fwd, t[3] += y * bwd;
+    /* conv2d and attention at their kernels' rates when measured; their
+     * products run one to a thread (a sample's, a head's), so they share
+     * out over cores as the kernels' fp32 e(c) says in either precision */
     double cf = f->conv_rate[0][k] > 0 ? f->conv_rate[0][k] : r;
     double cb = f->conv_rate[1][k] > 0 ? f->conv_rate[1][k] : r;
     double af = f->attention_rate[0][k] > 0 ? f->attention_rate[0][k] : r;
     double ab = f->attention_rate[1][k] > 0 ? f->attention_rate[1][k] : r;
-    t[0] += b->gemm_fwd[k] / r + b->conv_fwd[k] / cf + b->attn_fwd[k] / af;
-    t[1] += b->gemm_bwd[k] / r + b->conv_bwd[k] / cb + b->attn_bwd[k] / ab;
+    t[0] += b->conv_fwd[k] / cf + b->attn_fwd[k] / af;
+    t[1] += b->conv_bwd[k] / cb + b->attn_bwd[k] / ab;
   }
   for (int k = 0; k < ST_OP_CLASSES; k++) {
     t[2] += b->bytes_fwd[k] / f->op_bandwidth[k];

@@ -155,16 +155,31 @@ void st_plan_print(const st_plan *p, FILE *f) {
         fb->memory_bandwidth_source[0] ? fb->memory_bandwidth_source
                                        : "default");
   fprintf(f, "  figures: %s\n", fb->source);
+  if (fb->bf16 < 0)
+    fprintf(f,
+            "  train.precision bf16: %s, so its products are timed at "
+            "fp32's rates (`strata bench --calibrate` measures bf16's)\n",
+            fb->calibrated ? "the calibration profile has no bf16 rates"
+                           : "no calibration profile");
   if (fb->calibrated) {
     fprintf(f,
             "  calibrated %s: GEMM %.3g/%.3g/%.3g/%.3g GFLOP/s per core (tiny/"
-            "small/medium/large); one-thread ops %.3g/%.3g/%.3g/%.3g/%.3g "
+            "small/medium/large%s); one-thread ops %.3g/%.3g/%.3g/%.3g/%.3g "
             "GB/s (pointwise/norm/pool/optimizer/gelu)\n",
             fb->calibrated_at, fb->gemm_rate[0] / 1e9, fb->gemm_rate[1] / 1e9,
             fb->gemm_rate[2] / 1e9, fb->gemm_rate[3] / 1e9,
-            fb->op_bandwidth[0] / 1e9, fb->op_bandwidth[1] / 1e9,
-            fb->op_bandwidth[2] / 1e9, fb->op_bandwidth[3] / 1e9,
-            fb->op_bandwidth[4] / 1e9);
+            fb->bf16 > 0 ? "; bf16" : "", fb->op_bandwidth[0] / 1e9,
+            fb->op_bandwidth[1] / 1e9, fb->op_bandwidth[2] / 1e9,
+            fb->op_bandwidth[3] / 1e9, fb->op_bandwidth[4] / 1e9);
+    if (fb->bf16 > 0 && fb->gemm_slope_bf16[ST_GEMM_CLASSES - 1] >= 0)
+      fprintf(f,
+              "    bf16's linear products over c cores: e(c) = 1/(1 + s (c - "
+              "1)), s = "
+              "%.3g/%.3g/%.3g/%.3g by class as measured (fp32's %.3g where "
+              "that is more)\n",
+              fb->gemm_slope_bf16[0], fb->gemm_slope_bf16[1],
+              fb->gemm_slope_bf16[2], fb->gemm_slope_bf16[3],
+              fb->efficiency_slope);
     if (fb->conv_rate[0][0] > 0)
       fprintf(f,
               "    conv2d %.3g/%.3g/%.3g/%.3g forward, %.3g/%.3g/%.3g/%.3g "
@@ -507,6 +522,10 @@ static void write_json(const st_plan *p, FILE *f) {
     json_string(f, fb->calibrated_at);
   else
     fputs("null", f);
+  fprintf(f, ", \"products\": \"%s\"",
+          fb->bf16 > 0   ? "bf16"
+          : fb->bf16 < 0 ? "bf16 at fp32's rates"
+                         : "fp32");
   fputs(", \"source\": ", f);
   json_string(f, fb->source);
   fprintf(f, "},\n  \"options\": {\"stages_requested\": %d, ",

@@ -1616,6 +1616,8 @@ static void test_gemm_choice(void) {
   memcpy(c.gemm_choice_rate[1], blas, sizeof blas);
   c.gemm_choice_rate[0][4] = c.gemm_choice_rate[1][4] = 0; /* not measured */
   c.gemm_bf16_rate[0] = 6e10, c.gemm_bf16_rate[1] = 8e10;  /* emulation ahead */
+  double bf16_classes[ST_GEMM_CLASSES] = {1e10, 5e10, 1.2e11, 3e11};
+  memcpy(c.gemm_bf16_class_rate, bf16_classes, sizeof bf16_classes);
   st_error err = {0};
   CHECK(st_calibration_write(&c, path, &err) == 0 &&
             st_calibration_read(&back, path, &err) == 0,
@@ -1623,7 +1625,9 @@ static void test_gemm_choice(void) {
   CHECK(memcmp(back.gemm_choice_rate, c.gemm_choice_rate,
                sizeof c.gemm_choice_rate) == 0 &&
             memcmp(back.gemm_bf16_rate, c.gemm_bf16_rate,
-                   sizeof c.gemm_bf16_rate) == 0,
+                   sizeof c.gemm_bf16_rate) == 0 &&
+            memcmp(back.gemm_bf16_class_rate, c.gemm_bf16_class_rate,
+                   sizeof c.gemm_bf16_class_rate) == 0,
         "the kernel rates survive the round trip");
   int want[ST_GEMM_CHOICES] = {0, 0, 0, 0, -1, 1}, got[ST_GEMM_CHOICES];
   st_calibration_gemm_choice(&back, got);
@@ -1687,12 +1691,15 @@ static void test_gemm_choice(void) {
   p[0].gemm_choice_rate[0][2] = 5e10; /* 5e10, 1.04e11, 2e11 -> 1.04e11 */
   p[2].gemm_choice_rate[0][2] = 2e11;
   p[0].gemm_bf16_rate[1] = 9e10, p[1].gemm_bf16_rate[1] = 7e10; /* 8e10 */
+  p[1].gemm_bf16_class_rate[3] = 1e11, p[2].gemm_bf16_class_rate[3] = 4e11;
   st_calibration m;
   CHECK(st_calibration_merge(&m, p, 3) == 0 &&
             m.gemm_choice_rate[0][2] == 1.04e11 &&
-            m.gemm_choice_rate[1][5] == 7.2e10 && m.gemm_bf16_rate[1] == 8e10,
-        "merged kernel rates %g %g %g", m.gemm_choice_rate[0][2],
-        m.gemm_choice_rate[1][5], m.gemm_bf16_rate[1]);
+            m.gemm_choice_rate[1][5] == 7.2e10 && m.gemm_bf16_rate[1] == 8e10 &&
+            m.gemm_bf16_class_rate[3] == 3e11,
+        "merged kernel rates %g %g %g %g", m.gemm_choice_rate[0][2],
+        m.gemm_choice_rate[1][5], m.gemm_bf16_rate[1],
+        m.gemm_bf16_class_rate[3]);
   /* a negative rate is refused, naming the key */
   CHECK(insert_after_key(path, "gemm_choice_blas", "-") == 0 &&
             st_calibration_read(&back, path, &err) != 0 &&
@@ -1704,6 +1711,109 @@ static void test_gemm_choice(void) {
             st_calibration_read(&back, path, &err) != 0 &&
             strstr(err.msg, "\"gemm_bf16\": expected 2 numbers"),
         "three bf16 rates: %s", err.msg);
+}
+
+/* A bf16 run's plan (train.precision: bf16) times its products at the
+ * profile's bf16 rates by class, each class's conv2d and attention rates
+ * scaled as its GEMM's, the rest as fp32's, and shares each class's out
+ * over a stage's cores as measured on the profile's (e(c) with the
+ * slope fitted to e(4), where it is worse than fp32's): by hand, on 1 and
+ * 2 cores, the stage's time is fp32's with each class's GEMM seconds
+ * replaced. A profile without bf16 rates (older) leaves fp32's rates and
+ * says so (fabric.bf16 -1); an fp32 run ignores them. */
+static void test_bf16_rates(void) {
+  char path[128], older[128];
+  path_in(path, sizeof path, "bf16.json");
+  path_in(older, sizeof older, "bf16-older.json");
+  st_calibration c = sample_profile();
+  st_error err = {0};
+  CHECK(st_calibration_write(&c, older, &err) == 0, "%s", err.msg);
+  /* bf16 against fp32 by class, and e(4) of bf16's products: classes 0
+   * and 1 share out worse than fp32's e(c) (slope 0.25), 2 and 3 better */
+  const double ratio[ST_GEMM_CLASSES] = {0.5, 1.5, 2.5, 3};
+  const double e4[ST_GEMM_CLASSES] = {0.25, 0.5, 0.8, 0.95};
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    c.gemm_bf16_class_rate[k] = ratio[k] * c.gemm_rate[k];
+    c.gemm_bf16_class_rate_all[k] = 4 * e4[k] * c.gemm_bf16_class_rate[k];
+  }
+  CHECK(st_calibration_write(&c, path, &err) == 0, "%s", err.msg);
+  st_calibration back;
+  CHECK(st_calibration_read(&back, path, &err) == 0 &&
+            memcmp(back.gemm_bf16_class_rate_all, c.gemm_bf16_class_rate_all,
+                   sizeof c.gemm_bf16_class_rate_all) == 0,
+        "bf16's rates on all cores survive the round trip: %s", err.msg);
+  const char *saved = getenv("STRATA_CALIBRATION");
+  char keep[256] = "";
+  if (saved) snprintf(keep, sizeof keep, "%s", saved);
+  for (int cores = 1; cores <= 2; cores++) {
+    st_config cfg;
+    st_config_defaults(&cfg);
+    char cs[32];
+    snprintf(cs, sizeof cs, "fabric.cores=%d", cores);
+    const char *sets[] = {"model.kind=mlp", "model.hidden=[256,256]",
+                          "train.batch=64", cs};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+      CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
+    /* fp32, bf16, bf16 on the older profile, fp32 on it */
+    st_plan *p[4] = {NULL, NULL, NULL, NULL};
+    const char *profile[4] = {path, path, older, older};
+    for (int i = 0; i < 4; i++) {
+      setenv("STRATA_CALIBRATION", profile[i], 1);
+      CHECK(st_config_set(
+                &cfg, i % 3 ? "train.precision=bf16" : "train.precision=fp32",
+                &err) == 0 &&
+                st_plan_compile(&p[i], &cfg, 1, &err) == 0,
+            "plan %d: %s", i, err.msg);
+    }
+    if (p[0] && p[1] && p[2] && p[3]) {
+      const st_fabric *f = &p[1]->fabric;
+      int rates = f->bf16 == 1 && p[0]->fabric.bf16 == 0;
+      for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+        double r = ratio[k];
+        rates = rates && f->gemm_rate[k] == c.gemm_bf16_class_rate[k] &&
+                p[0]->fabric.gemm_rate[k] == c.gemm_rate[k];
+        for (int d = 0; d < 2; d++)
+          rates = rates &&
+                  fabs(f->conv_rate[d][k] - r * c.conv_rate[d][k]) <=
+                      1e-15 * r * c.conv_rate[d][k] &&
+                  fabs(f->attention_rate[d][k] - r * c.attention_rate[d][k]) <=
+                      1e-15 * r * c.attention_rate[d][k];
+      }
+      CHECK(rates, "bf16's fabric: bf16 %d, large %g (want 1, %g)", f->bf16,
+            f->gemm_rate[3], c.gemm_bf16_class_rate[3]);
+      /* by hand: fp32's GEMM seconds out, bf16's in, each class on c
+       * cores at e(c) with slope max(s, s_k), s_k through e(4) */
+      double s = c.efficiency_slope, n = cores;
+      double d_fwd = 0, d_bwd = 0, flops = 0;
+      for (int b = 0; b < p[1]->n_blocks; b++)
+        for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+          double sk = fmin((1 / e4[k] - 1) / 3, 0.99);
+          sk = sk > s ? sk : s;
+          double d = (sk + (1 - sk) / n) / c.gemm_bf16_class_rate[k] -
+                     (s + (1 - s) / n) / c.gemm_rate[k];
+          d_fwd += p[1]->blocks[b].gemm_fwd[k] * d;
+          d_bwd += p[1]->blocks[b].gemm_bwd[k] * d;
+          flops += p[1]->blocks[b].gemm_fwd[k];
+        }
+      const st_plan_stage *s32 = &p[0]->stages[0], *s16 = &p[1]->stages[0];
+      double fwd = s32->time_fwd + d_fwd, bwd = s32->time_bwd + d_bwd;
+      CHECK(flops > 0 && p[1]->n_stages == 1 && s16->pes == cores &&
+                fabs(s16->time_fwd - fwd) <= 1e-12 * fwd &&
+                fabs(s16->time_bwd - bwd) <= 1e-12 * bwd,
+            "bf16's stage on %d cores: fwd %.9g want %.9g, bwd %.9g want %.9g",
+            cores, s16->time_fwd, fwd, s16->time_bwd, bwd);
+      CHECK(p[2]->fabric.bf16 == -1 && p[3]->fabric.bf16 == 0 &&
+                p[2]->stages[0].time == p[3]->stages[0].time &&
+                p[3]->stages[0].time == s32->time,
+            "an older profile: bf16 %d, %.9g against fp32's %.9g",
+            p[2]->fabric.bf16, p[2]->stages[0].time, p[3]->stages[0].time);
+    }
+    for (int i = 0; i < 4; i++) st_plan_destroy(p[i]);
+  }
+  if (saved)
+    setenv("STRATA_CALIBRATION", keep, 1);
+  else
+    unsetenv("STRATA_CALIBRATION");
 }
 
 /* The one-row step's curve (st_calibration.row_step_*): written and read
@@ -2067,6 +2177,7 @@ int main(void) {
   test_micro_batch_pick();
   test_merge();
   test_gemm_choice();
+  test_bf16_rates();
   test_memory_bandwidth();
   test_row_curve();
   test_near();
