@@ -1544,11 +1544,17 @@ typedef struct st_fabric {
    * gemm_bf16_class_rate; 0: not measured) */
   double gemm_rate_bf16[ST_GEMM_CLASSES];
   /* and their parallel efficiency by class, e(c) = 1/(1 + slope (c - 1)),
-   * fitted to gemm_bf16_class_rate_all (-1: not measured, fp32's e(c)) */
+   * fitted to gemm_bf16_class_rate_all (-1 from a profile that did not
+   * measure it, 0 on a fabric not built from one: fp32's e(c) either way,
+   * as where it is the better) */
   double gemm_slope_bf16[ST_GEMM_CLASSES];
-  /* 1: the products are a bf16 run's, timed at gemm_rate_bf16 (the plan's
-   * copy, st_plan_from_costs); -1: a bf16 run's, timed at fp32's rates
-   * (the profile has no bf16 rates); 0: fp32's */
+  /* How the products are timed (st_fabric_resolve, by train.precision):
+   * ST_PRODUCTS_FP32; ST_PRODUCTS_BF16, a bf16 run's at gemm_rate_bf16
+   * (gemm_rate, conv_rate and attention_rate then hold bf16's); a bf16
+   * run's at fp32's rates for want of bf16's (no calibration profile, or
+   * an older one: ST_PRODUCTS_BF16_AS_FP32), at a what-if fabric's
+   * pe_flops (a mesh, or fabric.pe_flops given), or by blocks measured in
+   * bf16 (execution.block_costs: measured) */
   int bf16;
   double op_bandwidth[ST_OP_CLASSES]; /* bytes/s, one thread, by op class */
   /* FLOP/s of one core in the conv2d and attention kernels, [0] forward,
@@ -1617,6 +1623,16 @@ int st_fabric_parse(st_config *cfg, const char *spec, st_error *err);
  * takes fabric.width/height and the per-PE keys. A fabric.pe_* key that was
  * set explicitly overrides the built-in figure of every kind. */
 int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err);
+/* st_fabric.bf16's values, and its words ("fp32", "bf16", ...) as the
+ * report and plan.json give them */
+enum {
+  ST_PRODUCTS_BF16_AS_FP32 = -1,
+  ST_PRODUCTS_FP32 = 0,
+  ST_PRODUCTS_BF16 = 1,
+  ST_PRODUCTS_BF16_PE_FLOPS = 2,
+  ST_PRODUCTS_BF16_MEASURED = 3
+};
+const char *st_fabric_products(const st_fabric *f);
 
 int st_gemm_class(double M, double N, double K);
 /* The calibrated share of spill_cost a stage touching ws bytes per

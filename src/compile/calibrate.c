@@ -1104,14 +1104,22 @@ static int measure_choices(st_calibration *c, FILE *progress) {
   return 0;
 }
 
-/* Each class's layer step (gemm_rate's) under train.precision: bf16, by
- * the kernel a run takes (the emulation where measure_choices found it
- * faster than the instruction, as st_gemm_choose_profile prefers it); the
- * process left in fp32 with the instruction preferred. */
-static int measure_bf16_classes(st_calibration *c, FILE *progress) {
+/* Whether a profile prefers bf16's emulation to its instruction
+ * (st_gemm_choose_profile: while subnormals are flushed, and never over
+ * AMX's tiles): measure_choices found it the faster. */
+static int prefers_emulation(const st_calibration *c) {
   const double *bf = c->gemm_bf16_rate;
+  return bf[0] > 0 && bf[1] > bf[0];
+}
+
+/* Each class's layer step (gemm_rate's) under train.precision: bf16, by
+ * the kernel a run with subnormals flushed (the default) takes: AMX's
+ * tiles where they run, else the emulation where the profile prefers it,
+ * else the instruction; on one thread and on all the profile's cores. The
+ * process is left in fp32 with the instruction preferred. */
+static int measure_bf16_classes(st_calibration *c, FILE *progress) {
   st_gemm_set_bf16(1);
-  st_bf16_set_emulated(bf[0] > 0 && bf[1] > bf[0]);
+  st_bf16_set_emulated(!st_bf16_tiles() && prefers_emulation(c));
   int rc = 0;
   for (int k = 0; k < ST_GEMM_CLASSES && !rc; k++) {
     double *one = &c->gemm_bf16_class_rate[k],
@@ -1119,16 +1127,17 @@ static int measure_bf16_classes(st_calibration *c, FILE *progress) {
     rc = gemm_rate(k, 1, one);
     *all = 0;
     if (!rc && c->cores > 1) rc = gemm_rate(k, c->cores, all);
-    if (!rc && progress)
+    if (!rc && progress) {
       fprintf(progress,
-              "  gemm %-6s %4dx%4dx%4d %8.2f GFLOP/s in bf16 (one thread, "
-              "%s), %.2f on %d\n",
+              "  gemm %-6s %4dx%4dx%4d %8.2f GFLOP/s in bf16 (one thread, %s)",
               st_gemm_class_name(k), gemm_shapes[k][0], gemm_shapes[k][1],
               gemm_shapes[k][2], *one / 1e9,
               st_bf16_tiles()    ? "AMX tiles"
               : st_bf16_native() ? "vdpbf16ps"
-                                 : "emulated",
-              *all / 1e9, c->cores);
+                                 : "emulated");
+      if (*all > 0) fprintf(progress, ", %.2f on %d", *all / 1e9, c->cores);
+      fputc('\n', progress);
+    }
   }
   st_bf16_set_emulated(0);
   st_gemm_set_bf16(0);
@@ -1178,7 +1187,7 @@ int st_gemm_choose_profile(void) {
   st_calibration_gemm_choice(&c, blas);
   st_gemm_choose(blas);
   const double *bf = c.gemm_bf16_rate;
-  st_bf16_prefer_emulated(bf[0] > 0 && bf[1] > bf[0]);
+  st_bf16_prefer_emulated(prefers_emulation(&c));
   applied_bf16[0] = bf[0], applied_bf16[1] = bf[1];
   double packed = c.gemm_choice_rate[0][1], other = c.gemm_choice_rate[1][1];
   applied_fp32 = packed > other ? packed : other; /* class 1's faster */
@@ -2194,11 +2203,10 @@ void st_calibration_apply(const st_calibration *c, st_fabric *f,
            all = c->gemm_bf16_class_rate_all[k];
     f->gemm_slope_bf16[k] = -1;
     if (c->cores > 1 && one > 0 && all > 0) {
-      double slope = (c->cores * one / all - 1) / (c->cores - 1);
-      f->gemm_slope_bf16[k] = slope < 0 ? 0 : slope > 0.99 ? 0.99 : slope;
+      double e = all / (c->cores * one);
+      f->gemm_slope_bf16[k] = fit_slope(&c->cores, &e, 1);
     }
   }
-  f->bf16 = 0;
   for (int k = 0; k < ST_OP_CLASSES; k++)
     f->op_bandwidth[k] = c->op_bandwidth[k];
   memcpy(f->conv_rate, c->conv_rate, sizeof f->conv_rate);

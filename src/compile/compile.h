@@ -130,6 +130,10 @@ typedef struct problem {
   /* one-row products' work (the row curve's), which scales on a stage's
    * cores by the fabric's row_slope, not efficiency_slope */
   double *row_fwd, *row_bwd;
+  /* a bf16 run's linear products that do not share out over the stage's
+   * cores (bf16_share's y part): one-core seconds, slowed by the other
+   * stages' contention as work is (seconds_per_work_at at slope 1) */
+  double *solo_fwd, *solo_bwd;
   /* cpu: the bytes a sample moves through memory (dram_bytes), for the
    * machine's memory bandwidth (stage_dram_time) */
   double *dram;

@@ -281,6 +281,59 @@ static int resolve_mesh(st_fabric *f, const st_config *cfg, st_error *err) {
   return 0;
 }
 
+/* How a run of cfg's precision has its products timed (st_fabric.bf16).
+ * bf16 on a calibrated cpu with the profile's bf16 rates: its products —
+ * linear layers', conv2d's and attention's, all st_gemm's — at those
+ * rates, each class's conv2d and attention rates scaled as its GEMM's; the
+ * rest (the pointwise ops, the optimizer, memory, the narrow and one-row
+ * terms) as fp32's. Here, so that the runtime's cut (st_cut_fabric) and
+ * `strata compile` time a run alike. */
+static void fabric_precision(st_fabric *f, const st_config *cfg) {
+  f->bf16 = ST_PRODUCTS_FP32;
+  if (strcmp(cfg->train.precision, "bf16")) return;
+  if (f->kind == ST_FABRIC_CPU &&
+      !strcmp(cfg->execution.block_costs, "measured")) {
+    f->bf16 = ST_PRODUCTS_BF16_MEASURED; /* timed in bf16 (measure.c) */
+    return;
+  }
+  if (f->kind != ST_FABRIC_CPU || cfg->fabric.pe_flops > 0) {
+    f->bf16 = ST_PRODUCTS_BF16_PE_FLOPS; /* a what-if's one rate */
+    return;
+  }
+  int have = f->calibrated;
+  for (int k = 0; k < ST_GEMM_CLASSES; k++)
+    have = have && f->gemm_rate_bf16[k] > 0 && f->gemm_rate[k] > 0;
+  if (!have) {
+    f->bf16 = ST_PRODUCTS_BF16_AS_FP32;
+    return;
+  }
+  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+    double r = f->gemm_rate_bf16[k] / f->gemm_rate[k];
+    f->gemm_rate[k] = f->gemm_rate_bf16[k];
+    for (int i = 0; i < 2; i++) {
+      f->conv_rate[i][k] *= r;
+      f->attention_rate[i][k] *= r;
+    }
+  }
+  f->pe_flops = f->gemm_rate[ST_GEMM_CLASSES - 1];
+  f->bf16 = ST_PRODUCTS_BF16;
+}
+
+const char *st_fabric_products(const st_fabric *f) {
+  switch (f->bf16) {
+  case ST_PRODUCTS_BF16:
+    return "bf16";
+  case ST_PRODUCTS_BF16_AS_FP32:
+    return "bf16 at fp32's rates";
+  case ST_PRODUCTS_BF16_PE_FLOPS:
+    return "bf16 at the fabric's pe_flops";
+  case ST_PRODUCTS_BF16_MEASURED:
+    return "bf16, blocks measured";
+  default:
+    return "fp32";
+  }
+}
+
 int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err) {
   memset(f, 0, sizeof *f);
   int rc;
@@ -306,6 +359,7 @@ int st_fabric_resolve(st_fabric *f, const st_config *cfg, st_error *err) {
        (rc = positive(cfg, "fabric.hop_latency", f->hop_latency, err)) ||
        (rc = positive(cfg, "fabric.pe_overhead", f->pe_overhead, err))))
     return rc;
+  fabric_precision(f, cfg);
   return 0;
 }
 

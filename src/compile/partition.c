@@ -53,29 +53,33 @@ static double block_row_rate(const st_fabric *f, const st_block_cost *b) {
   return f->n_row_step >= 2 ? st_row_rate(f, b->ws_bytes) : f->row_bandwidth;
 }
 
-/* A class's linear products in a bf16 run (fabric.bf16 1) whose parallel
- * efficiency the profile measured (gemm_slope_bf16, s_k): of T one-core
- * seconds, x T shared by the stage's c cores under fp32's e(c) (slope s)
- * and y T serial, so that x T (s + (1 - s)/c) + y T = T (s_k + (1 -
- * s_k)/c) at every c: x = (1 - s_k)/(1 - s), y = (s_k - s)/(1 - s). A
- * class that shares out better than fp32's (s_k < s) keeps fp32's e(c)
- * (y would be negative); so does every class of an fp32 run. */
+/* A class's linear products in a bf16 run (ST_PRODUCTS_BF16) whose
+ * parallel efficiency the profile measured (gemm_slope_bf16, s_k): of T
+ * one-core seconds, x T shared by the stage's c cores under fp32's e(c)
+ * (slope s) and y T on one of them, both slowed alike by the other stages'
+ * contention (F, seconds_per_work_at), so that F (x T (s + (1 - s)/c) + y
+ * T) = F T (s_k + (1 - s_k)/c) at every c: x = (1 - s_k)/(1 - s), y =
+ * (s_k - s)/(1 - s). A class that shares out better than fp32's (s_k < s)
+ * keeps fp32's e(c) (y would be negative); so does every class of an fp32
+ * run. */
 static void bf16_share(const st_fabric *f, int k, double *x, double *y) {
   double s = f->efficiency_slope, sk = f->gemm_slope_bf16[k];
   *x = 1, *y = 0;
-  if (f->bf16 != 1 || !(sk > s) || !(s < 1)) return;
+  if (f->bf16 != ST_PRODUCTS_BF16 || !(sk > s) || !(s < 1)) return;
   *x = (1 - sk) / (1 - s);
   *y = (sk - s) / (1 - s);
 }
 
 /* One block's calibrated terms (without the narrow and spill terms, which
  * depend on the stage): t[0], t[1] the forward and backward work (one-core
- * seconds that more cores share), t[2], t[3] their serial seconds; one-row
+ * seconds that more cores share), t[2], t[3] their serial seconds, t[4],
+ * t[5] a bf16 run's linear products that stay on one core (bf16_share);
+ * one-row
  * products at rho (infinite: see below). Uncalibrated: the FLOPs as work,
  * no serial time. */
 static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
-                        double t[4]) {
-  t[0] = t[1] = t[2] = t[3] = 0;
+                        double t[6]) {
+  t[0] = t[1] = t[2] = t[3] = t[4] = t[5] = 0;
   if (!f->calibrated) {
     t[0] = b->flops_fwd;
     t[1] = b->flops_bwd + b->flops_update;
@@ -107,7 +111,7 @@ static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
     fwd += b->gemm_fwd[k] / r;
     bwd += b->gemm_bwd[k] / r;
     t[0] += x * fwd, t[1] += x * bwd;
-    t[2] += y * fwd, t[3] += y * bwd;
+    t[4] += y * fwd, t[5] += y * bwd;
     /* conv2d and attention at their kernels' rates when measured; their
      * products run one to a thread (a sample's, a head's), so they share
      * out over cores as the kernels' fp32 e(c) says in either precision */
@@ -199,7 +203,8 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
       &p->acts,       &p->work_fwd,  &p->work_bwd,   &p->serial_fwd,
       &p->serial_bwd, &p->region_in, &p->region_out, &p->region_layers,
       &p->ws,         &p->l2_fwd,    &p->l2_bwd,     &p->work_mem,
-      &p->row_fwd,    &p->row_bwd,   &p->dram,       &p->touched};
+      &p->row_fwd,    &p->row_bwd,   &p->dram,       &p->touched,
+      &p->solo_fwd,   &p->solo_bwd};
   int ok = 1;
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
     ok &= (*arrays[a] = st_alloc(cells * sizeof(double))) != NULL;
@@ -231,6 +236,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
     double lw = 0, ls = 0; /* weight prediction: work, serial seconds */
     double rin = 0, rout = 0, rl = 0; /* through a mesh region */
     double wf = 0, wb = 0, sf = 0, sb = 0, ws = 0, dram = 0, touched = 0;
+    double of = 0, ob = 0; /* a bf16 run's products on one core */
     double narrow[2] = {0, 0}, traffic[2] = {0, 0}; /* forward, backward */
     double l2t[2] = {0, 0};  /* weights from past L2, seconds a sample */
     double wn = 0, wsc = 0;  /* the workspace's largest terms */
@@ -246,10 +252,10 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         /* timed on one core (st_plan_measure): its seconds stand for
          * every modelled term, shared between work that more cores speed
          * up and serial time as the model shares the block's */
-        double m[4];
+        double m[6];
         block_terms(f, b, block_row_rate(f, b), m);
-        double par_f = m[0] + m[2] > 0 ? m[0] / (m[0] + m[2]) : 1;
-        double par_b = m[1] + m[3] > 0 ? m[1] / (m[1] + m[3]) : 1;
+        double par_f = m[0] + m[2] + m[4] > 0 ? m[0] / (m[0] + m[2] + m[4]) : 1;
+        double par_b = m[1] + m[3] + m[5] > 0 ? m[1] / (m[1] + m[3] + m[5]) : 1;
         wf += b->measured_fwd * par_f * p->work_rate;
         wb += b->measured_bwd * par_b * p->work_rate;
         sf += b->measured_fwd * (1 - par_f);
@@ -258,7 +264,7 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         ls += b->measured_lwp * (1 - par_b);
         ws += b->ws_bytes;
       } else if (f->calibrated) {
-        double nb[2], tb[2], m[4];
+        double nb[2], tb[2], m[6];
         linear_memory(f, b, nb, tb);
         double lb[2];
         l2_traffic(f, b, lb);
@@ -282,6 +288,8 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
         wb += m[1];
         sf += m[2];
         sb += m[3];
+        of += m[4];
+        ob += m[5];
         ls += b->lwp_bytes / f->op_bandwidth[3]; /* as the update's bytes */
       } else {
         wf += b->flops_fwd;
@@ -317,6 +325,8 @@ int problem_init(problem *p, const st_block_cost *blocks, int n,
           wb + narrow[1] + spill * traffic[1] + (ro > 0 ? ubb / ro : 0);
       p->row_fwd[at] = row_f;
       p->row_bwd[at] = row_b;
+      p->solo_fwd[at] = of;
+      p->solo_bwd[at] = ob;
       p->ws[at] = ws;
       p->dram[at] = dram;
       p->touched[at] = touched;
@@ -423,7 +433,7 @@ void problem_free(problem *p) {
       &p->serial_bwd, &p->region_in, &p->region_out,     &p->region_layers,
       &p->ws,         &p->l2_fwd,    &p->l2_bwd,         &p->row_fwd,
       &p->row_bwd,    &p->work_mem,  &p->last_free_work, &p->last_free_serial,
-      &p->dram,       &p->touched};
+      &p->dram,       &p->touched,   &p->solo_fwd,       &p->solo_bwd};
   for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
     st_free(*arrays[a]);
     *arrays[a] = NULL;
@@ -547,6 +557,11 @@ double stage_time_links(const problem *p, const layout *L, int i, int j,
   int64_t at = range_index(p, i, j);
   double tf = p->work_fwd[at] * g + p->serial_fwd[at];
   double tb = p->work_bwd[at] * g + p->serial_bwd[at];
+  if (p->solo_fwd[at] > 0 || p->solo_bwd[at] > 0) { /* bf16_share's y */
+    double g1 = seconds_per_work_at(p, (double)units * L->h, 1.0);
+    tf += p->solo_fwd[at] * g1;
+    tb += p->solo_bwd[at] * g1;
+  }
   if (p->row_fwd[at] > 0 || p->row_bwd[at] > 0) {
     double gr = seconds_per_work_at(p, (double)units * L->h,
                                     st_row_slope(f, p->ws[at]));

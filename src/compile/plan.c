@@ -1290,41 +1290,10 @@ st_plan_options st_plan_mode_options(const st_config *cfg) {
   return opt;
 }
 
-/* A bf16 run's fabric: its products (linear layers', conv2d's and
- * attention's, all st_gemm's) at the profile's bf16 rates, each class's
- * conv2d and attention rates scaled as its GEMM's; the rest (the
- * pointwise ops, the optimizer, memory) as fp32's. Without bf16 rates
- * (no profile, or an older one) the fp32 rates stay, and f->bf16 = -1
- * says so in the plan. */
-static void bf16_fabric(st_fabric *f, const st_config *cfg) {
-  f->bf16 = 0;
-  if (strcmp(cfg->train.precision, "bf16")) return;
-  int have = f->calibrated;
-  for (int k = 0; k < ST_GEMM_CLASSES; k++)
-    have = have && f->gemm_rate_bf16[k] > 0 && f->gemm_rate[k] > 0;
-  if (!have) {
-    f->bf16 = -1;
-    return;
-  }
-  for (int k = 0; k < ST_GEMM_CLASSES; k++) {
-    double r = f->gemm_rate_bf16[k] / f->gemm_rate[k];
-    f->gemm_rate[k] = f->gemm_rate_bf16[k];
-    for (int i = 0; i < 2; i++) {
-      f->conv_rate[i][k] *= r;
-      f->attention_rate[i][k] *= r;
-    }
-  }
-  f->pe_flops = f->gemm_rate[ST_GEMM_CLASSES - 1];
-  f->bf16 = 1;
-}
-
 int st_plan_from_costs(st_plan **out, const st_config *cfg,
-                       const st_fabric *machine, const st_block_cost *costs,
+                       const st_fabric *fabric, const st_block_cost *costs,
                        int n, int stages, st_error *err) {
   *out = NULL;
-  st_fabric precise = *machine;
-  bf16_fabric(&precise, cfg);
-  const st_fabric *fabric = &precise;
   const char *mode = cfg->execution.mode;
   if (cfg->execution.replicas > 1 && strcmp(mode, "weight_streaming"))
     return plan_replicas(out, cfg, fabric, costs, n, stages, err);
@@ -1464,7 +1433,7 @@ static int plan_replicas(st_plan **out, const st_config *cfg,
   sub.memory_bandwidth =
       fabric->memory_bandwidth * (double)sub.pes / (double)fabric->pes;
   sub.cache_bytes = fabric->cache_bytes * (double)sub.pes / (double)fabric->pes;
-  snprintf(sub.name, sizeof sub.name, "%.10s/%d replicas", fabric->name, R);
+  snprintf(sub.name, sizeof sub.name, "%.14s/%d replicas", fabric->name, R);
   int rc = st_plan_from_costs(out, &one, &sub, costs, n, stages, err);
   if (rc) return rc;
   st_plan *p = *out;

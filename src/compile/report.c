@@ -155,7 +155,7 @@ void st_plan_print(const st_plan *p, FILE *f) {
         fb->memory_bandwidth_source[0] ? fb->memory_bandwidth_source
                                        : "default");
   fprintf(f, "  figures: %s\n", fb->source);
-  if (fb->bf16 < 0)
+  if (fb->bf16 == ST_PRODUCTS_BF16_AS_FP32)
     fprintf(f,
             "  train.precision bf16: %s, so its products are timed at "
             "fp32's rates (`strata bench --calibrate` measures bf16's)\n",
@@ -168,10 +168,12 @@ void st_plan_print(const st_plan *p, FILE *f) {
             "GB/s (pointwise/norm/pool/optimizer/gelu)\n",
             fb->calibrated_at, fb->gemm_rate[0] / 1e9, fb->gemm_rate[1] / 1e9,
             fb->gemm_rate[2] / 1e9, fb->gemm_rate[3] / 1e9,
-            fb->bf16 > 0 ? "; bf16" : "", fb->op_bandwidth[0] / 1e9,
-            fb->op_bandwidth[1] / 1e9, fb->op_bandwidth[2] / 1e9,
-            fb->op_bandwidth[3] / 1e9, fb->op_bandwidth[4] / 1e9);
-    if (fb->bf16 > 0 && fb->gemm_slope_bf16[ST_GEMM_CLASSES - 1] >= 0)
+            fb->bf16 == ST_PRODUCTS_BF16 ? "; bf16" : "",
+            fb->op_bandwidth[0] / 1e9, fb->op_bandwidth[1] / 1e9,
+            fb->op_bandwidth[2] / 1e9, fb->op_bandwidth[3] / 1e9,
+            fb->op_bandwidth[4] / 1e9);
+    if (fb->bf16 == ST_PRODUCTS_BF16 &&
+        fb->gemm_slope_bf16[ST_GEMM_CLASSES - 1] >= 0)
       fprintf(f,
               "    bf16's linear products over c cores: e(c) = 1/(1 + s (c - "
               "1)), s = "
@@ -522,10 +524,7 @@ static void write_json(const st_plan *p, FILE *f) {
     json_string(f, fb->calibrated_at);
   else
     fputs("null", f);
-  fprintf(f, ", \"products\": \"%s\"",
-          fb->bf16 > 0   ? "bf16"
-          : fb->bf16 < 0 ? "bf16 at fp32's rates"
-                         : "fp32");
+  fprintf(f, ", \"products\": \"%s\"", st_fabric_products(fb));
   fputs(", \"source\": ", f);
   json_string(f, fb->source);
   fprintf(f, "},\n  \"options\": {\"stages_requested\": %d, ",

@@ -633,8 +633,9 @@ int main(void) {
   /* The kernel table (st_gemm_choose): each class forced to the BLAS and to
    * the packed kernel routes its products there, every class of the six,
    * and the result is right and the same on every pool either way; NULL
-   * restores the built-in rule (the BLAS past K = 1536 only where it has
-   * 16-lane kernels), and a forced class moves no other. */
+   * restores the built-in rule (the BLAS for A transposed past K = 1536,
+   * only where it has 16-lane kernels), and a forced class moves no
+   * other. */
   {
     const shape chosen[] = {
         {0, 1, 60, 70, 500, "class 0"},  {0, 0, 60, 70, 1000, "class 1"},

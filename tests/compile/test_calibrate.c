@@ -1745,7 +1745,10 @@ static void test_bf16_rates(void) {
   const char *saved = getenv("STRATA_CALIBRATION");
   char keep[256] = "";
   if (saved) snprintf(keep, sizeof keep, "%s", saved);
-  for (int cores = 1; cores <= 2; cores++) {
+  /* one stage on 1 core, on 2; two pinned stages of a core each on 2,
+   * where the other stage's contention slows both parts alike */
+  for (int layout = 0; layout < 3; layout++) {
+    int cores = layout ? 2 : 1, stages = layout == 2 ? 2 : 1;
     st_config cfg;
     st_config_defaults(&cfg);
     char cs[32];
@@ -1754,6 +1757,10 @@ static void test_bf16_rates(void) {
                           "train.batch=64", cs};
     for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
       CHECK(st_config_set(&cfg, sets[i], &err) == 0, "%s", err.msg);
+    if (stages == 2)
+      CHECK(st_config_set(&cfg, "execution.mode=pipeline", &err) == 0 &&
+                st_config_set(&cfg, "execution.stage_blocks=[1,2]", &err) == 0,
+            "%s", err.msg);
     /* fp32, bf16, bf16 on the older profile, fp32 on it */
     st_plan *p[4] = {NULL, NULL, NULL, NULL};
     const char *profile[4] = {path, path, older, older};
@@ -1762,12 +1769,14 @@ static void test_bf16_rates(void) {
       CHECK(st_config_set(
                 &cfg, i % 3 ? "train.precision=bf16" : "train.precision=fp32",
                 &err) == 0 &&
-                st_plan_compile(&p[i], &cfg, 1, &err) == 0,
+                st_plan_compile(&p[i], &cfg, stages, &err) == 0,
             "plan %d: %s", i, err.msg);
     }
     if (p[0] && p[1] && p[2] && p[3]) {
       const st_fabric *f = &p[1]->fabric;
-      int rates = f->bf16 == 1 && p[0]->fabric.bf16 == 0;
+      int rates = f->bf16 == ST_PRODUCTS_BF16 &&
+                  p[0]->fabric.bf16 == ST_PRODUCTS_FP32 &&
+                  !strcmp(st_fabric_products(f), "bf16");
       for (int k = 0; k < ST_GEMM_CLASSES; k++) {
         double r = ratio[k];
         rates = rates && f->gemm_rate[k] == c.gemm_bf16_class_rate[k] &&
@@ -1781,34 +1790,90 @@ static void test_bf16_rates(void) {
       }
       CHECK(rates, "bf16's fabric: bf16 %d, large %g (want 1, %g)", f->bf16,
             f->gemm_rate[3], c.gemm_bf16_class_rate[3]);
-      /* by hand: fp32's GEMM seconds out, bf16's in, each class on c
-       * cores at e(c) with slope max(s, s_k), s_k through e(4) */
-      double s = c.efficiency_slope, n = cores;
-      double d_fwd = 0, d_bwd = 0, flops = 0;
-      for (int b = 0; b < p[1]->n_blocks; b++)
-        for (int k = 0; k < ST_GEMM_CLASSES; k++) {
-          double sk = fmin((1 / e4[k] - 1) / 3, 0.99);
-          sk = sk > s ? sk : s;
-          double d = (sk + (1 - sk) / n) / c.gemm_bf16_class_rate[k] -
-                     (s + (1 - s) / n) / c.gemm_rate[k];
-          d_fwd += p[1]->blocks[b].gemm_fwd[k] * d;
-          d_bwd += p[1]->blocks[b].gemm_bwd[k] * d;
-          flops += p[1]->blocks[b].gemm_fwd[k];
-        }
-      const st_plan_stage *s32 = &p[0]->stages[0], *s16 = &p[1]->stages[0];
-      double fwd = s32->time_fwd + d_fwd, bwd = s32->time_bwd + d_bwd;
-      CHECK(flops > 0 && p[1]->n_stages == 1 && s16->pes == cores &&
-                fabs(s16->time_fwd - fwd) <= 1e-12 * fwd &&
-                fabs(s16->time_bwd - bwd) <= 1e-12 * bwd,
-            "bf16's stage on %d cores: fwd %.9g want %.9g, bwd %.9g want %.9g",
-            cores, s16->time_fwd, fwd, s16->time_bwd, bwd);
-      CHECK(p[2]->fabric.bf16 == -1 && p[3]->fabric.bf16 == 0 &&
+      /* by hand, stage by stage: fp32's GEMM seconds out, bf16's in, each
+       * class on the stage's n cores at e(n) with slope max(s, s_k), s_k
+       * through e(4), times the contention F = m(P) / m(n) on P cores */
+      double s = c.efficiency_slope, m = c.sharing_slope;
+      int same = p[0]->n_stages == stages && p[1]->n_stages == stages;
+      for (int st = 0; same && st < stages; st++) {
+        const st_plan_stage *s32 = &p[0]->stages[st], *s16 = &p[1]->stages[st];
+        double n = (double)s16->pes,
+               F = (1 + m * (cores - 1)) / (1 + m * (n - 1));
+        double d_fwd = 0, d_bwd = 0, flops = 0;
+        for (int b = s16->first; b < s16->first + s16->count; b++)
+          for (int k = 0; k < ST_GEMM_CLASSES; k++) {
+            double sk = fmin((1 / e4[k] - 1) / 3, 0.99);
+            sk = sk > s ? sk : s;
+            double d = F * ((sk + (1 - sk) / n) / c.gemm_bf16_class_rate[k] -
+                            (s + (1 - s) / n) / c.gemm_rate[k]);
+            d_fwd += p[1]->blocks[b].gemm_fwd[k] * d;
+            d_bwd += p[1]->blocks[b].gemm_bwd[k] * d;
+            flops += p[1]->blocks[b].gemm_fwd[k];
+          }
+        double fwd = s32->time_fwd + d_fwd, bwd = s32->time_bwd + d_bwd;
+        CHECK(flops > 0 && s16->pes == s32->pes &&
+                  s16->pes == (stages == 2 ? 1 : cores) &&
+                  s16->first == s32->first &&
+                  fabs(s16->time_fwd - fwd) <= 1e-12 * fwd &&
+                  fabs(s16->time_bwd - bwd) <= 1e-12 * bwd,
+              "bf16's stage %d of %d on %lld of %d cores: fwd %.9g want %.9g, "
+              "bwd %.9g want %.9g",
+              st, stages, (long long)s16->pes, cores, s16->time_fwd, fwd,
+              s16->time_bwd, bwd);
+      }
+      CHECK(same, "stages %d and %d, want %d", p[0]->n_stages, p[1]->n_stages,
+            stages);
+      CHECK(p[2]->fabric.bf16 == ST_PRODUCTS_BF16_AS_FP32 &&
+                p[3]->fabric.bf16 == ST_PRODUCTS_FP32 &&
+                !strcmp(st_fabric_products(&p[2]->fabric),
+                        "bf16 at fp32's rates") &&
                 p[2]->stages[0].time == p[3]->stages[0].time &&
-                p[3]->stages[0].time == s32->time,
+                p[3]->stages[0].time == p[0]->stages[0].time,
             "an older profile: bf16 %d, %.9g against fp32's %.9g",
             p[2]->fabric.bf16, p[2]->stages[0].time, p[3]->stages[0].time);
     }
     for (int i = 0; i < 4; i++) st_plan_destroy(p[i]);
+  }
+  /* st_fabric_resolve gives the bf16 rates to every fabric made from a
+   * config (`strata compile`'s, the runtime cut's: st_cut_fabric), and says
+   * how a bf16 run's products are timed where no profile's rates apply */
+  struct {
+    const char *set, *profile;
+    int want;
+    const char *words;
+  } cases[] = {
+      {"fabric.cores=2", path, ST_PRODUCTS_BF16, "bf16"},
+      {"fabric.cores=2", older, ST_PRODUCTS_BF16_AS_FP32,
+       "bf16 at fp32's rates"},
+      {"fabric.cores=2", "none", ST_PRODUCTS_BF16_AS_FP32,
+       "bf16 at fp32's rates"},
+      {"fabric.pe_flops=1e12", path, ST_PRODUCTS_BF16_PE_FLOPS,
+       "bf16 at the fabric's pe_flops"},
+      {"fabric.kind=wse2", path, ST_PRODUCTS_BF16_PE_FLOPS,
+       "bf16 at the fabric's pe_flops"},
+      {"execution.block_costs=measured", path, ST_PRODUCTS_BF16_MEASURED,
+       "bf16, blocks measured"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    st_config cfg;
+    st_config_defaults(&cfg);
+    st_fabric f;
+    setenv("STRATA_CALIBRATION", cases[i].profile, 1);
+    int ok = st_config_set(&cfg, "train.precision=bf16", &err) == 0 &&
+             st_config_set(&cfg, cases[i].set, &err) == 0 &&
+             st_fabric_resolve(&f, &cfg, &err) == 0;
+    CHECK(ok && f.bf16 == cases[i].want &&
+              !strcmp(st_fabric_products(&f), cases[i].words) &&
+              (f.bf16 != ST_PRODUCTS_BF16 ||
+               f.gemm_rate[3] == c.gemm_bf16_class_rate[3]),
+          "%s on %s: %s, products %d (%s), want %d", cases[i].set,
+          cases[i].profile, err.msg, f.bf16, st_fabric_products(&f),
+          cases[i].want);
+    CHECK(st_config_set(&cfg, "train.precision=fp32", &err) == 0 &&
+              st_fabric_resolve(&f, &cfg, &err) == 0 &&
+              f.bf16 == ST_PRODUCTS_FP32 &&
+              !strcmp(st_fabric_products(&f), "fp32"),
+          "%s in fp32: products %d", cases[i].set, f.bf16);
   }
   if (saved)
     setenv("STRATA_CALIBRATION", keep, 1);
