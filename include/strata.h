@@ -251,9 +251,9 @@ void st_bf16_set_tiles(int on);
  * Process-wide, as the precision: st_gemm_choose(NULL), or -1 for a
  * class, restores the rule built in (the BLAS for A transposed past K =
  * 1536 where it runs 16-lane kernels of its own, else packed); a
- * calibration profile measures
- * both per class on this machine (st_calibration.gemm_choice_rate) and the
- * trainer sets what was faster, once a process (st_gemm_choose_profile_once).
+ * calibration profile measures both per class on this machine
+ * (st_calibration.gemm_choice_rate) and the trainer sets what was faster,
+ * once a process (st_gemm_choose_profile_once).
  * Products of up to ST_NARROW_ROWS rows keep the rule. The choice depends
  * on the shape and the table alone, so results stay the same for every
  * thread count. */
@@ -1762,10 +1762,11 @@ typedef struct st_calibration {
    * them (older). */
   double gemm_bf16_rate[2];
   /* FLOP/s on one thread of each class's layer step (gemm_rate's shapes)
-   * under train.precision: bf16, by the kernel such a run takes here (the
-   * instruction, or the emulation where gemm_bf16_rate measured it
-   * faster); the compiler times a bf16 run's products at these rates (0 in
-   * a profile without them, older: at fp32's, and the plan says so). */
+   * under train.precision: bf16, by the kernel such a run takes here with
+   * subnormals flushed (AMX's tiles, the instruction, or the emulation
+   * where gemm_bf16_rate measured it faster); the compiler times a bf16
+   * run's products at these rates (0 in a profile without them, older: at
+   * fp32's, and the plan says so). */
   double gemm_bf16_class_rate[ST_GEMM_CLASSES];
   /* The same on all the profile's cores (`cores` threads; 0 on one core or
    * in an older profile): how each class's bf16 products share out, which

@@ -74,9 +74,8 @@ static void bf16_share(const st_fabric *f, int k, double *x, double *y) {
  * depend on the stage): t[0], t[1] the forward and backward work (one-core
  * seconds that more cores share), t[2], t[3] their serial seconds, t[4],
  * t[5] a bf16 run's linear products that stay on one core (bf16_share);
- * one-row
- * products at rho (infinite: see below). Uncalibrated: the FLOPs as work,
- * no serial time. */
+ * one-row products at rho (infinite: see below). Uncalibrated: the FLOPs
+ * as work, no serial time. */
 static void block_terms(const st_fabric *f, const st_block_cost *b, double rho,
                         double t[6]) {
   t[0] = t[1] = t[2] = t[3] = t[4] = t[5] = 0;
