@@ -544,7 +544,7 @@ int st_gemm_choice_measured(void) {
  * Every machine since whose OpenBLAS picks such kernels by itself
  * measured class 2 faster packed, one thread, GFLOP/s packed against the
  * BLAS: Zen 4 (Cooperlake's kernels, 500 x 768 x 3072) 103.5 against
- * 75.2; an Intel Xeon with AMX (SkylakeX's, the calibration's 500 x 768 x
+ * 75.2; an Intel Xeon with AMX (SkylakeX's, the calibration's 512 x 768 x
  * 3072) 201.0 against 148.0, and GPT-2-124M's 1024 x 768 x 3072 and 1024
  * x 768 x 2304 199-208 against 153-167. Class 5 is mixed: Zen 4 read a
  * transposed A of 500 rows in place at 47.0 against 72.4; the Intel Xeon
