@@ -63,7 +63,7 @@
  * The packed block lives in the calling thread's scratch, which grows to the
  * largest (M + N) x KC pairs it has seen, (2 M + N) x KC words with op(A)
  * wide (products are cut into chunks of at most CHUNK rows and columns, so
- * at most 8 MB, 12 MB wide) and is kept: no allocation in the steady
+ * at most 16 MB, 24 MB wide) and is kept: no allocation in the steady
  * state.
  */
 #include "strata.h"
@@ -102,7 +102,19 @@ enum { MR = 12 };
 #else
 enum { MR = 3 };
 #endif
-enum { NR = 32, KC = 256, CHUNK = 4096 };
+/* KC: 512 pairs (K = 1024) a K block. Each K block loads and stores every
+ * register block's C once and costs the pool two hand-offs, and the
+ * products of GPT-2's layers have K = 768, 1024 or 3072: at 256 pairs they
+ * took 2, 2 and 6 blocks, at 512 one, one and 3. The whole product on the
+ * Zen 5 VM of docs/bench.md (2026-12-02, 2 threads, GFLOP/s, 256 against
+ * 512, alternating, twice each): 1024 x 3072 x 768 624-654 against
+ * 699-711, 768 x 3072 x 1024 660-673 against 697-717, 1024 x 768 x 3072
+ * 661-688 against 694-699, 3072 x 768 x 1024 678-681 against 693-714
+ * (one thread likewise, +3-11%); 768 and 1024 pairs no faster than 512.
+ * op(B)'s 32-column panel (64 KB) no longer fits L1 beside op(A)'s block,
+ * but the register block reads it at 11 bytes a cycle, which L2 serves.
+ * The bits do not depend on KC (header; AMX's K steps stay whole). */
+enum { NR = 32, KC = 512, CHUNK = 4096 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -557,8 +569,9 @@ static void block_emulated(const block_args *g) {
  * (header); it only spreads the work: halving the longer edge while there
  * are fewer than TILES tiles and a tile would keep at least MIN_TILE_FLOPS
  * per K block. A tile's rows stay at most TILE_ROWS, so that its packed A
- * (TILE_ROWS x KC pairs, 192 KB; 384 KB wide) stays in L2 while it passes over
- * each 32-column panel. */
+ * (TILE_ROWS x KC pairs, 384 KB; 768 KB wide) stays in L2 while it passes over
+ * each 32-column panel (at 512 pairs, 96 rows measured no faster than 192,
+ * 384 no faster either). */
 enum { TILES = 16, MIN_TILE_FLOPS = 1 << 18, TILE_ROWS = 16 * MR };
 /* Under AMX's tiles a tile of work keeps 32 times as many FLOPs: they run
  * about 15 times the FMAs' rate (docs/bf16.md), so a task of
@@ -577,7 +590,7 @@ static int round_to(int x, int m) { return (x + m - 1) / m * m; }
 static int count(int total, int tile) { return (total + tile - 1) / tile; }
 
 /* mr x nr: the register block (MR x NR), or AMX's 32 x 32 block of tiles
- * with at most 256 rows a tile (their packed A, 256 KB, in L2). */
+ * with at most 256 rows a tile (their packed A, 512 KB, in L2). */
 static void choose_tiles(int M, int N, int kc, int mr, int nr, int max_rows,
                          double min_flops, int *tm, int *tn) {
   *tm = round_to(M, mr), *tn = round_to(N, nr);
@@ -797,7 +810,7 @@ static void amx_task(void *arg, int t) {
 
 #if HAVE_TILES
 /* The tiles' product without the scratch: one 16 x 16 tile of C at a time,
- * its panels of op(A) and op(B) packed on the stack (16 KB each) for each K
+ * its panels of op(A) and op(B) packed on the stack (32 KB each) for each K
  * block, the K blocks those of st_gemm_bf16. Each element takes the same
  * tile steps from the same sums as there, so the same bits, slowly. */
 static void gemm_tiles_alone(int trans_a, int trans_b, int M, int N, int K,
@@ -919,7 +932,7 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     }
   }
   /* chunks of at most CHUNK rows and columns, so that the packing buffer
-   * stays under (2 CHUNK) x KC pairs (8 MB; 12 MB with op(A) wide)
+   * stays under (2 CHUNK) x KC pairs (16 MB; 24 MB with op(A) wide)
    * whatever the shape: GPT-2's
    * output head (50,257 columns) in one piece would pack 51 MB */
   if (M > CHUNK || N > CHUNK) {

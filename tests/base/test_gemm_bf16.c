@@ -2,7 +2,7 @@
  * test_gemm_bf16.c — st_gemm_bf16 (train.precision: bf16) against two
  * references written here from the definition in src/base/gemm_bf16.c's
  * header, for every transpose pair, alpha and beta, shapes that cut
- * register blocks, tiles, K blocks (KC = 256 pairs) and chunks (4096 rows
+ * register blocks, tiles, K blocks (KC = 512 pairs) and chunks (4096 rows
  * or columns) anywhere.
  *
  * 1. The rounding: bf16 of each input, found by comparing its two bf16
@@ -528,7 +528,8 @@ int main(void) {
       {1, 1, 12, 32, 1025}, {0, 0, 300, 260, 96},  {0, 1, 2, 300, 768},
       {0, 1, 3, 4200, 40},  {1, 0, 4100, 2, 9}, /* chunks of 4096 */
       {1, 0, 7, 9, 5},                          /* both packed along r, K odd */
-      {0, 1, 48, 16, 96}, /* whole AMX tiles, one of a block's two */
+      {0, 1, 20, 40, 2100}, /* three K blocks of 512 pairs */
+      {0, 1, 48, 16, 96},   /* whole AMX tiles, one of a block's two */
   };
   float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}, {0.5f, 2}};
   /* AMX's tiles where they run: within the double reference's tolerance,
