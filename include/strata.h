@@ -80,6 +80,7 @@ enum {
   ST_SCRATCH_GEMV,   /* gemm.c: one-row products' partials */
   ST_SCRATCH_COPY_A, /* narrow.c: a transposed A copied out */
   ST_SCRATCH_BF16,   /* gemm_bf16.c: the packed operands */
+  ST_SCRATCH_HEADS,  /* attention.c: a head's keys and values packed */
   ST_SCRATCH_SLOTS
 };
 void *st_thread_scratch(int slot, size_t bytes);
@@ -205,6 +206,20 @@ void st_gemm_bias_relu(st_pool *pool, int trans_a, int trans_b, int M, int N,
 void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                   float alpha, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
+/* op(B) of st_gemm_bf16 packed once (N columns, K rows, panels_K = K)
+ * for products that take a prefix of it, as attention takes each head's
+ * keys and values: st_gemm_bf16_panels multiplies op(A) by the first N
+ * columns and K rows (K even, or panels_K), single-threaded, with the bits
+ * of st_gemm_bf16(NULL, ...) on op(B), which it runs instead where the
+ * panels do not serve (B and ldb say op(B) for that). Words the panels
+ * take, 0 where they would not serve (past one K block, AMX's tiles). */
+size_t st_bf16_panels_words(int N, int K);
+void st_bf16_pack_panels(int trans_b, int N, int K, const float *B, int ldb,
+                         uint32_t *panels);
+void st_gemm_bf16_panels(int trans_a, int trans_b, int M, int N, int K,
+                         float alpha, const float *A, int lda, const float *B,
+                         int ldb, const uint32_t *panels, int panels_K,
+                         float beta, float *C, int ldc);
 /* One process-wide precision for st_gemm and st_gemm_bias, as the
  * subnormal mode: on, they run st_gemm_bf16. st_trainer_create sets it
  * from train.precision; the process starts in fp32. */

@@ -607,7 +607,8 @@ static void choose_tiles(int M, int N, int kc, int mr, int nr, int max_rows,
 
 typedef struct bf16_job {
   int M, N, tm, tn, tiles_n, pairs, first, last, native, wide;
-  int stride; /* AMX: pairs a packed panel holds, a multiple of 16 */
+  int stride;  /* AMX: pairs a packed panel holds, a multiple of 16 */
+  int bstride; /* pairs from one packed 32-column panel of op(B) to the next */
   float alpha, beta;
   const uint32_t *a, *b; /* this K block, packed */
   float *C;
@@ -623,7 +624,7 @@ static void tile_task(void *arg, int t) {
   g.pairs = j->pairs, g.ldc = j->ldc, g.first = j->first, g.last = j->last;
   g.alpha = j->alpha, g.beta = j->beta;
   for (int c0 = j0; c0 < j1; c0 += NR) {
-    g.b = j->b + (size_t)(c0 / NR) * j->pairs * NR;
+    g.b = j->b + (size_t)(c0 / NR) * j->bstride * NR;
     g.cols = j1 - c0 < NR ? j1 - c0 : NR;
     for (int r0 = i0; r0 < i1; r0 += MR) {
       g.a = j->a + (size_t)(r0 / MR) * j->pairs * MR * (j->wide ? 2 : 1);
@@ -1006,6 +1007,7 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
     pb.a.k0 = pb.b.k0 = k0;
     pb.a.pairs = pb.b.pairs = pairs;
     pb.a.stride = pb.b.stride = j.stride = amx ? round_to(pairs, 16) : pairs;
+    j.bstride = pairs;
     pb.tasks_a = tasks_for(&pb.a, 2 * threads);
     int tasks_b = tasks_for(&pb.b, 2 * threads);
     st_pool_for(pool, pb.tasks_a + tasks_b, pack_both_task, &pb);
@@ -1020,6 +1022,82 @@ void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
 #endif
     st_pool_for(pool, tiles, tile_task, &j);
   }
+}
+
+/* ------------------------------------- op(B) packed once, taken often */
+
+/* Attention multiplies each head's keys and values into every row block's
+ * products, as op(B) of a prefix [0, i1): packed again each time, at T = 256
+ * 4.5 times each, the packing took more than a third of a bf16 attention
+ * on the Zen 5 VM of docs/bench.md. Packed once (st_bf16_pack_panels), a
+ * product takes their first N columns and K rows as they lie. One K block,
+ * so K at most 2 KC, and not under AMX's tiles (their own panels): there
+ * st_bf16_panels_words is 0 and the products pack as usual. */
+size_t st_bf16_panels_words(int N, int K) {
+  if (N <= 0 || K <= 0 || (K + 1) / 2 > KC || amx_on()) return 0;
+  return (size_t)count(N, NR) * NR * (size_t)((K + 1) / 2);
+}
+
+void st_bf16_pack_panels(int trans_b, int N, int K, const float *B, int ldb,
+                         uint32_t *panels) {
+  int pairs = (K + 1) / 2;
+  pack_job j = {.x = B,
+                .rows = N,
+                .K = K,
+                .pairs = pairs,
+                .stride = pairs,
+                .W = NR,
+                .panels = count(N, NR),
+                .out = panels,
+                .along_r = !trans_b,
+                .native = native()};
+  j.sr = trans_b ? (size_t)ldb : 1, j.sk = trans_b ? 1 : (size_t)ldb;
+  j.panels_per_task = j.panels;
+  pack_task(&j, 0);
+}
+
+void st_gemm_bf16_panels(int trans_a, int trans_b, int M, int N, int K,
+                         float alpha, const float *A, int lda, const float *B,
+                         int ldb, const uint32_t *panels, int panels_K,
+                         float beta, float *C, int ldc) {
+  int pairs = (K + 1) / 2;
+  /* the panels hold K's rows and zeros past panels_K: a prefix of odd K
+   * would take row K where the product pads with a zero */
+  int fits = panels && M > 0 && N > 0 && K > 0 && K <= panels_K &&
+             (K % 2 == 0 || K == panels_K) && (panels_K + 1) / 2 <= KC &&
+             alpha != 0.0f && !(alpha != 1.0f && beta != 0.0f) && M <= CHUNK &&
+             !amx_on() &&
+             !atomic_load_explicit(&plain_forced, memory_order_relaxed);
+  int nat = native(), wide = WIDE_A && !nat;
+  size_t words_a = (size_t)count(M, MR) * MR * pairs * (wide ? 2 : 1);
+  uint32_t *buf =
+      fits ? st_thread_scratch(ST_SCRATCH_BF16, words_a * sizeof *buf) : NULL;
+  if (!buf) {
+    st_gemm_bf16(NULL, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+                 C, ldc);
+    return;
+  }
+  pack_job a = {.x = A,
+                .rows = M,
+                .K = K,
+                .pairs = pairs,
+                .stride = pairs,
+                .W = MR,
+                .panels = count(M, MR),
+                .out = buf,
+                .along_r = trans_a,
+                .native = nat,
+                .wide = wide};
+  a.sr = trans_a ? 1 : (size_t)lda, a.sk = trans_a ? (size_t)lda : 1;
+  a.panels_per_task = a.panels;
+  pack_task(&a, 0);
+  bf16_job j = {0};
+  j.M = M, j.N = N, j.alpha = alpha, j.beta = beta, j.C = C, j.ldc = ldc;
+  j.native = nat, j.wide = wide;
+  j.tm = round_to(M, MR), j.tn = round_to(N, NR), j.tiles_n = 1;
+  j.pairs = j.stride = pairs, j.bstride = (panels_K + 1) / 2;
+  j.a = buf, j.b = panels, j.first = j.last = 1;
+  tile_task(&j, 0);
 }
 
 /* ----------------------------------------- activations kept as bf16 */

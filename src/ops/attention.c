@@ -26,6 +26,13 @@
  * -ffast-math); at T = 1024, 338 / 324 / 325 / 594 ms. 32 is within noise of
  * the best at every length and needs the least scratch.
  *
+ * Under bf16 (st_gemm_bf16) a task packs its head's keys and values once,
+ * in the layouts of the four products that take a prefix of them as op(B)
+ * (head_panels), instead of once for each row block: at T = 256, B = 4,
+ * 12 heads of 64, forward and backward on the 2-vCPU Zen 5 VM of
+ * docs/bench.md (2026-12-02) 110-119 ms a step's 12 layers fell to 83-85
+ * (fp32: 95-107), the products' bits unchanged.
+ *
  * Nothing T x T is kept: a block's probabilities live in a BLOCK x T slice
  * of the task's scratch, and the backward computes them again, block by
  * block, with the very calls the forward made (the same product of the same
@@ -111,14 +118,69 @@ static attention_job job_of(int T, int C, int NH) {
   return j;
 }
 
+/* Under bf16 a task packs its head's keys and values once as op(B) of the
+ * products that take a prefix of them (st_gemm_bf16_panels; packed again
+ * for each row block they were 4.5 times each at T = 256): keys and values
+ * transposed (the scores, dP) and not (dQ, Y). The products' bits are
+ * st_gemm's. NULL where a layout is not wanted or would not serve. */
+typedef struct head_panels {
+  const uint32_t *kt, *vt, *k, *v;
+} head_panels;
+
+enum { WANT_KT = 1, WANT_VT = 2, WANT_K = 4, WANT_V = 8 };
+
+static head_panels pack_head(const attention_job *j, const float *k,
+                             const float *v, int want) {
+  head_panels h = {0};
+  if (!st_gemm_bf16_on()) return h;
+  int T = j->T, hs = j->hs, ld = 3 * j->C;
+  size_t across = st_bf16_panels_words(T, hs),
+         down = st_bf16_panels_words(hs, T);
+  size_t words = 0;
+  for (int b = WANT_KT; b <= WANT_V; b <<= 1)
+    if (want & b) words += b <= WANT_VT ? across : down;
+  uint32_t *w = words ? st_thread_scratch(ST_SCRATCH_HEADS, words * 4) : NULL;
+  if (!w) return h;
+  if ((want & WANT_KT) && across) {
+    st_bf16_pack_panels(1, T, hs, k, ld, w);
+    h.kt = w, w += across;
+  }
+  if ((want & WANT_VT) && across) {
+    st_bf16_pack_panels(1, T, hs, v, ld, w);
+    h.vt = w, w += across;
+  }
+  if ((want & WANT_K) && down) {
+    st_bf16_pack_panels(0, hs, T, k, ld, w);
+    h.k = w, w += down;
+  }
+  if ((want & WANT_V) && down) {
+    st_bf16_pack_panels(0, hs, T, v, ld, w);
+    h.v = w;
+  }
+  return h;
+}
+
+/* st_gemm(NULL, ...) with op(B) taken from its panels where packed
+ * (panels_K: the K they were packed with). */
+static void gemm_b(int ta, int tb, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb,
+                   const uint32_t *panels, int panels_K, float beta, float *C,
+                   int ldc) {
+  if (panels)
+    st_gemm_bf16_panels(ta, tb, M, N, K, alpha, A, lda, B, ldb, panels,
+                        panels_K, beta, C, ldc);
+  else
+    st_gemm(NULL, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 /* The probabilities of rows [i0, i1) (keys 0 .. i1) into ab (leading
  * dimension T): the forward's and, again, the backward's. */
 static void block_probs(const attention_job *j, const float *q, const float *k,
-                        int i0, int i1, float *ab) {
+                        const uint32_t *kt, int i0, int i1, float *ab) {
   int T = j->T, ld = 3 * j->C;
   /* S[i0:i1, 0:i1] = scale Q[i0:i1] K[0:i1]^T */
-  st_gemm(NULL, 0, 1, i1 - i0, i1, j->hs, j->scale, q + (size_t)i0 * ld, ld, k,
-          ld, 0.0f, ab, T);
+  gemm_b(0, 1, i1 - i0, i1, j->hs, j->scale, q + (size_t)i0 * ld, ld, k, ld, kt,
+         j->hs, 0.0f, ab, T);
   for (int t = i0; t < i1; t++)
     softmax_causal_row(ab + (size_t)(t - i0) * T, t + 1, T);
 }
@@ -131,12 +193,13 @@ static void forward_task(void *arg, int task) {
   const float *k = q + C, *v = q + 2 * C;
   float *ab = j->scratch + (size_t)task * 2 * slice_floats(T);
   float *y = j->out + (size_t)b * T * C + (size_t)h * hs;
+  head_panels p = pack_head(j, k, v, WANT_KT | WANT_V);
   for (int i0 = 0; i0 < T; i0 += BLOCK) {
     int i1 = T - i0 < BLOCK ? T : i0 + BLOCK, rows = i1 - i0;
-    block_probs(j, q, k, i0, i1, ab);
+    block_probs(j, q, k, p.kt, i0, i1, ab);
     /* Y[i0:i1] = A[i0:i1, 0:i1] V[0:i1] */
-    st_gemm(NULL, 0, 0, rows, hs, i1, 1.0f, ab, T, v, ld, 0.0f,
-            y + (size_t)i0 * C, C);
+    gemm_b(0, 0, rows, hs, i1, 1.0f, ab, T, v, ld, p.v, T, 0.0f,
+           y + (size_t)i0 * C, C);
   }
 }
 
@@ -152,9 +215,10 @@ static void probs_task(void *arg, int task) {
   int T = j->T, C = j->C, hs = j->hs, b = task / j->NH, h = task % j->NH;
   const float *q = j->qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
   float *ab = j->scratch + (size_t)task * 2 * slice_floats(T);
+  head_panels p = pack_head(j, q + C, NULL, WANT_KT);
   for (int i0 = 0; i0 < T; i0 += BLOCK) {
     int i1 = T - i0 < BLOCK ? T : i0 + BLOCK;
-    block_probs(j, q, q + C, i0, i1, ab);
+    block_probs(j, q, q + C, p.kt, i0, i1, ab);
     memcpy(j->out + ((size_t)task * T + i0) * T, ab,
            sizeof(float) * (size_t)(i1 - i0) * T);
   }
@@ -200,18 +264,19 @@ static void backward_task(void *arg, int task) {
     memset(dk + (size_t)t * ld, 0, sizeof(float) * (size_t)hs);
     memset(dv + (size_t)t * ld, 0, sizeof(float) * (size_t)hs);
   }
+  head_panels p = pack_head(j, k, v, WANT_KT | WANT_VT | WANT_K);
   for (int i0 = 0; i0 < T; i0 += BLOCK) {
     int i1 = T - i0 < BLOCK ? T : i0 + BLOCK, rows = i1 - i0;
-    block_probs(j, q, k, i0, i1, ab); /* the forward's, bit for bit */
+    block_probs(j, q, k, p.kt, i0, i1, ab); /* the forward's, bit for bit */
     const float *dyb = dy + (size_t)i0 * C;
     /* dV[0:i1] += A[i0:i1, 0:i1]^T dY[i0:i1] */
     st_gemm(NULL, 1, 0, i1, hs, rows, 1.0f, ab, T, dyb, C, 1.0f, dv, ld);
     /* dP = dY[i0:i1] V[0:i1]^T, then dS in place */
-    st_gemm(NULL, 0, 1, rows, i1, hs, 1.0f, dyb, C, v, ld, 0.0f, dp, i1);
+    gemm_b(0, 1, rows, i1, hs, 1.0f, dyb, C, v, ld, p.vt, hs, 0.0f, dp, i1);
     softmax_causal_grad(dp, ab, i0, rows, i1, T, j->scale);
     /* dQ[i0:i1] = dS K[0:i1];  dK[0:i1] += dS^T Q[i0:i1] */
-    st_gemm(NULL, 0, 0, rows, hs, i1, 1.0f, dp, i1, k, ld, 0.0f,
-            dq + (size_t)i0 * ld, ld);
+    gemm_b(0, 0, rows, hs, i1, 1.0f, dp, i1, k, ld, p.k, T, 0.0f,
+           dq + (size_t)i0 * ld, ld);
     st_gemm(NULL, 1, 0, i1, hs, rows, 1.0f, dp, i1, q + (size_t)i0 * ld, ld,
             1.0f, dk, ld);
   }

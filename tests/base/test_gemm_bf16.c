@@ -515,6 +515,55 @@ static void check_beta0(st_pool *pool) {
   CHECK(memcmp(D, X, sizeof D) == 0, "beta 0 ignores NaNs in a whole tile");
 }
 
+/* st_gemm_bf16_panels: op(B) packed once (st_bf16_pack_panels), products
+ * over prefixes of its columns and rows, bit for bit st_gemm_bf16's, C
+ * outside the window untouched. Prefixes the panels cannot serve (an odd
+ * K short of theirs, whose last pair would take row K where the product
+ * pads with zero) and shapes past one K block run st_gemm_bf16 itself. */
+static void check_panels(void) {
+  shape full[] = {{0, 1, 32, 77, 64},  {0, 0, 32, 24, 77},
+                  {1, 0, 13, 40, 100}, {0, 1, 50, 300, 130},
+                  {1, 1, 9, 33, 7},    {0, 0, 8, 16, 1030}};
+  float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}};
+  int served = 0;
+  for (size_t f = 0; f < sizeof full / sizeof *full; f++) {
+    operands o;
+    fill(&o, &full[f]);
+    /* an infinity in op(B)'s last row: a prefix one short of it, padded
+     * with zeros, must not meet it (0 x inf is NaN) */
+    if (o.K % 2 == 0)
+      o.B[o.tb ? (size_t)o.K - 1 : (size_t)(o.K - 1) * o.ldb] = INFINITY;
+    size_t words = st_bf16_panels_words(o.N, o.K);
+    CHECK(words > 0 || o.K > 1024 || st_bf16_tiles(),
+          "no panels for %d x %d within one K block", o.N, o.K);
+    CHECK(o.K <= 1024 || words == 0, "panels past one K block (K = %d)", o.K);
+    uint32_t *panels = words ? malloc(words * 4) : NULL;
+    if (panels) st_bf16_pack_panels(o.tb, o.N, o.K, o.B, o.ldb, panels);
+    int ns[] = {o.N, o.N - 13, 1}, ks[] = {o.K, o.K - 1, o.K - 2, 2, 1};
+    size_t nc = (size_t)o.M * o.ldc;
+    float *C1 = malloc(nc * 4), *C2 = malloc(nc * 4);
+    for (int a = 0; a < 3; a++)
+      for (int b = 0; b < 5; b++)
+        for (int c = 0; c < 4; c++) {
+          int n = ns[a], k = ks[b];
+          if (n < 1 || k < 1) continue;
+          memcpy(C1, o.C0, nc * 4), memcpy(C2, o.C0, nc * 4);
+          st_gemm_bf16(NULL, o.ta, o.tb, o.M, n, k, ab[c][0], o.A, o.lda, o.B,
+                       o.ldb, ab[c][1], C1, o.ldc);
+          st_gemm_bf16_panels(o.ta, o.tb, o.M, n, k, ab[c][0], o.A, o.lda, o.B,
+                              o.ldb, panels, o.K, ab[c][1], C2, o.ldc);
+          CHECK(memcmp(C1, C2, nc * 4) == 0,
+                "panels: %d x %d x %d (of %d x %d), ta %d tb %d, alpha %g "
+                "beta %g: not st_gemm_bf16's bits",
+                o.M, n, k, o.N, o.K, o.ta, o.tb, ab[c][0], ab[c][1]);
+          served += panels && (k % 2 == 0 || k == o.K);
+        }
+    free(C1), free(C2), free(panels);
+    release(&o);
+  }
+  CHECK(served > 0 || st_bf16_tiles(), "the panels served no product");
+}
+
 int main(void) {
   st_blas_init();
   st_fp_set_flush(1); /* the instruction flushes; so must the chain here */
@@ -556,6 +605,7 @@ int main(void) {
     for (size_t c = 0; c < sizeof ab / sizeof *ab; c++)
       check_shape(&shapes[s], ab[c][0], ab[c][1], pools, 3);
   check_beta0(pools[1]);
+  check_panels();
   /* a subnormal input counts as zero */
   float sub[2] = {FLT_MIN / 4, 1.0f}, col[2] = {1e30f, 1.0f}, out = 0;
   st_gemm_bf16(NULL, 0, 0, 1, 1, 2, 1.0f, sub, 2, col, 1, 0.0f, &out, 1);

@@ -452,6 +452,60 @@ done:
   st_pool_destroy(pools[2]);
 }
 
+/* Under bf16 each task packs its head's keys and values once for the
+ * products that take them (st_gemm_bf16_panels): the same bits as the
+ * products of the definition one element at a time (st_bf16_set_plain,
+ * which test_gemm_bf16 holds to it), at an odd length, head sizes under
+ * one 32-column panel and over, and row blocks crossed; not fp32's (so that
+ * bf16 ran); and nothing allocated once a shape has run. */
+static void test_attention_bf16(void) {
+  struct {
+    int B, T, C, NH;
+  } shapes[] = {{2, 77, 96, 3}, {1, 160, 128, 2}, {3, 33, 48, 2}};
+  int flush = st_fp_flush();
+  st_fp_set_flush(1); /* the instruction's bits are the definition's so */
+  st_pool *pool = st_pool_create(2);
+  CHECK(pool, "st_pool_create failed");
+  for (int k = 0; pool && k < 3; k++) {
+    int B = shapes[k].B, T = shapes[k].T, C = shapes[k].C, NH = shapes[k].NH;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
+           natt = (size_t)B * NH * T * T;
+    float *qkv = random_floats(nqkv, 100 + k, 1.0f);
+    float *dout = random_floats(nout, 110 + k, 1.0f);
+    float *scratch = new_floats(st_attention_scratch_floats(B, T, C, NH));
+    float *out[3], *att[3], *dqkv[3];
+    for (int r = 0; r < 3; r++) { /* bf16, bf16 one element at a time, fp32 */
+      out[r] = new_floats(nout), att[r] = new_floats(natt);
+      dqkv[r] = new_floats(nqkv);
+      st_gemm_set_bf16(r < 2);
+      st_bf16_set_plain(r == 1);
+      forward_with_probs(pool, out[r], att[r], qkv, B, T, C, NH);
+      st_attention_backward(pool, dqkv[r], dout, qkv, scratch, B, T, C, NH);
+    }
+    st_bf16_set_plain(0);
+    st_gemm_set_bf16(0);
+    CHECK(memcmp(out[0], out[1], nout * 4) == 0 &&
+              memcmp(att[0], att[1], natt * 4) == 0 &&
+              memcmp(dqkv[0], dqkv[1], nqkv * 4) == 0,
+          "bf16 attention, shape %d: not the definition's bits", k);
+    CHECK(memcmp(out[0], out[2], nout * 4) != 0 &&
+              memcmp(dqkv[0], dqkv[2], nqkv * 4) != 0,
+          "bf16 attention, shape %d: fp32's bits", k);
+    st_gemm_set_bf16(1); /* one thread, so that it has seen every product */
+    for (int again = 0; again < 2; again++) {
+      uint64_t allocs = st_alloc_count();
+      forward_with_probs(NULL, out[2], att[2], qkv, B, T, C, NH);
+      st_attention_backward(NULL, dqkv[2], dout, qkv, scratch, B, T, C, NH);
+      CHECK(!again || st_alloc_count() == allocs,
+            "bf16 attention allocated once its shape had run");
+    }
+    st_gemm_set_bf16(0);
+    release_all();
+  }
+  st_pool_destroy(pool);
+  st_fp_set_flush(flush);
+}
+
 /* --------------------------------------------------------------- rotary */
 
 typedef struct rotary_ctx {
@@ -573,6 +627,7 @@ int main(void) {
   test_attention_dominant_diagonal();
   test_attention_causality();
   test_attention_determinism();
+  test_attention_bf16();
   test_rotary();
   test_costs();
   TH_DONE();
