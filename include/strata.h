@@ -206,6 +206,12 @@ void st_gemm_bias_relu(st_pool *pool, int trans_a, int trans_b, int M, int N,
 void st_gemm_bf16(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                   float alpha, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc);
+/* C = bias + op(A) op(B) (bias: N floats, each row's start) on bf16
+ * inputs: the bits of C filled with the bias and st_gemm_bf16 at alpha 1,
+ * beta 1; st_gemm_bias runs it under bf16. */
+void st_gemm_bf16_bias(st_pool *pool, int trans_a, int trans_b, int M, int N,
+                       int K, const float *A, int lda, const float *B, int ldb,
+                       const float *bias, float *C, int ldc);
 /* op(B) of st_gemm_bf16 packed once (N columns, K rows, panels_K = K)
  * for products that take a prefix of it, as attention takes each head's
  * keys and values: st_gemm_bf16_panels multiplies op(A) by the first N

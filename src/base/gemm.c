@@ -407,8 +407,12 @@ void st_gemm_bias(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                   const float *A, int lda, const float *B, int ldb,
                   const float *bias, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
-  if (!st_gemm_bf16_on() &&
-      st_gemm_narrow(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb,
+  if (st_gemm_bf16_on()) { /* the sums start from the bias there */
+    st_gemm_bf16_bias(pool, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, C,
+                      ldc);
+    return;
+  }
+  if (st_gemm_narrow(pool, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb,
                      1.0f, C, ldc, bias, 0))
     return;
   for (int i = 0; i < M; i++)

@@ -515,6 +515,39 @@ static void check_beta0(st_pool *pool) {
   CHECK(memcmp(D, X, sizeof D) == 0, "beta 0 ignores NaNs in a whole tile");
 }
 
+/* st_gemm_bf16_bias: the sums start from the bias in the kernel itself;
+ * bit for bit C filled with it and st_gemm_bf16 at beta 1, on every pool,
+ * over K blocks, column chunks and partial panels, the bias's columns
+ * followed into each chunk; nothing outside C's window written. */
+static void check_bias(st_pool **pools, int npools) {
+  shape shapes[] = {{0, 1, 37, 45, 70},  {1, 0, 30, 100, 2100},
+                    {0, 0, 3, 4200, 40}, {1, 1, 25, 65, 1},
+                    {0, 1, 64, 96, 512}, {0, 0, 13, 31, 1025}};
+  for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+    operands o;
+    fill(&o, &shapes[k]);
+    size_t nc = (size_t)o.M * o.ldc;
+    float *bias = malloc((size_t)o.N * 4), *want = malloc(nc * 4),
+          *got = malloc(nc * 4);
+    for (int j = 0; j < o.N; j++) bias[j] = uniform();
+    memcpy(want, o.C0, nc * 4);
+    for (int i = 0; i < o.M; i++)
+      memcpy(want + (size_t)i * o.ldc, bias, (size_t)o.N * 4);
+    st_gemm_bf16(NULL, o.ta, o.tb, o.M, o.N, o.K, 1.0f, o.A, o.lda, o.B, o.ldb,
+                 1.0f, want, o.ldc);
+    for (int p = -1; p < npools; p++) {
+      memcpy(got, o.C0, nc * 4);
+      st_gemm_bf16_bias(p < 0 ? NULL : pools[p], o.ta, o.tb, o.M, o.N, o.K, o.A,
+                        o.lda, o.B, o.ldb, bias, got, o.ldc);
+      CHECK(memcmp(got, want, nc * 4) == 0,
+            "bias: %d x %d x %d, ta %d tb %d, pool %d: not the filled C's bits",
+            o.M, o.N, o.K, o.ta, o.tb, p);
+    }
+    free(bias), free(want), free(got);
+    release(&o);
+  }
+}
+
 /* st_gemm_bf16_panels: op(B) packed once (st_bf16_pack_panels), products
  * over prefixes of its columns and rows, bit for bit st_gemm_bf16's, C
  * outside the window untouched. Prefixes the panels cannot serve (an odd
@@ -606,6 +639,10 @@ int main(void) {
       check_shape(&shapes[s], ab[c][0], ab[c][1], pools, 3);
   check_beta0(pools[1]);
   check_panels();
+  check_bias(pools, 3);
+  st_bf16_set_plain(1); /* the definition one element at a time */
+  check_bias(pools, 1);
+  st_bf16_set_plain(0);
   /* a subnormal input counts as zero */
   float sub[2] = {FLT_MIN / 4, 1.0f}, col[2] = {1e30f, 1.0f}, out = 0;
   st_gemm_bf16(NULL, 0, 0, 1, 1, 2, 1.0f, sub, 2, col, 1, 0.0f, &out, 1);
