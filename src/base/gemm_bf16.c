@@ -481,8 +481,8 @@ INLINE void load_block(const block_args *g, v16 acc[MR][2]) {
       __builtin_prefetch(g->next + (size_t)i * g->ldc + 16, 1);
     }
   for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = (v16){0};
-  if (g->first &&
-      g->bias) { /* C = bias + op(A) op(B): the sums start from it */
+  /* C = bias + op(A) op(B): the sums start from the bias */
+  if (g->first && g->bias) {
     for (int i = 0; i < g->rows; i++) {
       if (g->cols == NR) {
         acc[i][0] = *(const v16 *)g->bias;
