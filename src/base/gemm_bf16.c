@@ -1090,22 +1090,32 @@ size_t st_bf16_panels_words(int N, int K) {
   return (size_t)count(N, NR) * NR * (size_t)((K + 1) / 2);
 }
 
-void st_bf16_pack_panels(int trans_b, int N, int K, const float *B, int ldb,
-                         uint32_t *panels) {
+/* All of an operand's rows (of op(A), or columns of op(B)) and K in one
+ * K block, on the calling thread: element (r, k) at x[r * ld + k], or with
+ * along_r at x[k * ld + r]. */
+static void pack_whole(const float *x, int ld, int along_r, int rows, int K,
+                       int W, int wide, uint32_t *out) {
   int pairs = (K + 1) / 2;
-  pack_job j = {.x = B,
-                .rows = N,
+  pack_job j = {.x = x,
+                .sr = along_r ? 1 : (size_t)ld,
+                .sk = along_r ? (size_t)ld : 1,
+                .rows = rows,
                 .K = K,
                 .pairs = pairs,
                 .stride = pairs,
-                .W = NR,
-                .panels = count(N, NR),
-                .out = panels,
-                .along_r = !trans_b,
-                .native = native()};
-  j.sr = trans_b ? (size_t)ldb : 1, j.sk = trans_b ? 1 : (size_t)ldb;
+                .W = W,
+                .panels = count(rows, W),
+                .out = out,
+                .along_r = along_r,
+                .native = native(),
+                .wide = wide};
   j.panels_per_task = j.panels;
   pack_task(&j, 0);
+}
+
+void st_bf16_pack_panels(int trans_b, int N, int K, const float *B, int ldb,
+                         uint32_t *panels) {
+  pack_whole(B, ldb, !trans_b, N, K, NR, 0, panels);
 }
 
 void st_gemm_bf16_panels(int trans_a, int trans_b, int M, int N, int K,
@@ -1129,20 +1139,7 @@ void st_gemm_bf16_panels(int trans_a, int trans_b, int M, int N, int K,
                  C, ldc);
     return;
   }
-  pack_job a = {.x = A,
-                .rows = M,
-                .K = K,
-                .pairs = pairs,
-                .stride = pairs,
-                .W = MR,
-                .panels = count(M, MR),
-                .out = buf,
-                .along_r = trans_a,
-                .native = nat,
-                .wide = wide};
-  a.sr = trans_a ? 1 : (size_t)lda, a.sk = trans_a ? (size_t)lda : 1;
-  a.panels_per_task = a.panels;
-  pack_task(&a, 0);
+  pack_whole(A, lda, trans_a, M, K, MR, wide, buf);
   bf16_job j = {0};
   j.M = M, j.N = N, j.alpha = alpha, j.beta = beta, j.C = C, j.ldc = ldc;
   j.native = nat, j.wide = wide;
