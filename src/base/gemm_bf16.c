@@ -115,8 +115,12 @@ enum { MR = 3 };
  * (one thread likewise, +3-11%); 768 and 1024 pairs no faster than 512.
  * op(B)'s 32-column panel (64 KB) no longer fits L1 beside op(A)'s block,
  * but the register block reads it at 11 bytes a cycle, which L2 serves.
- * The bits do not depend on KC (header; AMX's K steps stay whole). */
-enum { NR = 32, KC = 512, CHUNK = 4096 };
+ * The bits do not depend on KC (header). AMX's tiles keep blocks of
+ * AMX_KC = 256 pairs, as measured on the Intel Xeon VM of docs/bf16.md:
+ * their two 16-row panels of op(A) a K block, 32 KB, stay in L1 there,
+ * and no CPU with the tiles has timed 512; their K steps of 16 pairs start
+ * at the same pairs either way, so their bits are those of any KC. */
+enum { NR = 32, KC = 512, AMX_KC = 256, CHUNK = 4096 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -605,7 +609,7 @@ static int round_to(int x, int m) { return (x + m - 1) / m * m; }
 static int count(int total, int tile) { return (total + tile - 1) / tile; }
 
 /* mr x nr: the register block (MR x NR), or AMX's 32 x 32 block of tiles
- * with at most 256 rows a tile (their packed A, 512 KB, in L2). */
+ * with at most 256 rows a tile (their packed A, 256 KB, in L2). */
 static void choose_tiles(int M, int N, int kc, int mr, int nr, int max_rows,
                          double min_flops, int *tm, int *tn) {
   *tm = round_to(M, mr), *tn = round_to(N, nr);
@@ -828,22 +832,22 @@ static void amx_task(void *arg, int t) {
 
 #if HAVE_TILES
 /* The tiles' product without the scratch: one 16 x 16 tile of C at a time,
- * its panels of op(A) and op(B) packed on the stack (32 KB each) for each K
+ * its panels of op(A) and op(B) packed on the stack (16 KB each) for each K
  * block, the K blocks those of st_gemm_bf16. Each element takes the same
  * tile steps from the same sums as there, so the same bits, slowly. */
 static void gemm_tiles_alone(int trans_a, int trans_b, int M, int N, int K,
                              float alpha, const float *A, int lda,
                              const float *B, int ldb, float beta, float *C,
                              int ldc) {
-  _Static_assert(KC % 16 == 0, "a K block is whole tile steps");
-  uint32_t pa[16 * KC], pb[16 * KC];
+  _Static_assert(AMX_KC % 16 == 0, "a K block is whole tile steps");
+  uint32_t pa[16 * AMX_KC], pb[16 * AMX_KC];
   configure_tiles();
   amx_block g;
   g.ldc = ldc, g.alpha = alpha, g.beta = beta, g.panel_a = g.panel_b = 0;
   for (int i0 = 0; i0 < M; i0 += 16)
     for (int j0 = 0; j0 < N; j0 += 16)
-      for (int k0 = 0; k0 < K; k0 += 2 * KC) {
-        int pairs = (K - k0 + 1) / 2 < KC ? (K - k0 + 1) / 2 : KC;
+      for (int k0 = 0; k0 < K; k0 += 2 * AMX_KC) {
+        int pairs = (K - k0 + 1) / 2 < AMX_KC ? (K - k0 + 1) / 2 : AMX_KC;
         int stride = round_to(pairs, 16);
         pack_job a = {.x = trans_a ? A + i0 : A + (size_t)i0 * lda,
                       .sr = trans_a ? 1 : (size_t)lda,
@@ -869,7 +873,7 @@ static void gemm_tiles_alone(int trans_a, int trans_b, int M, int N, int K,
         g.a = pa, g.b = pb, g.steps = stride / 16;
         g.rows = M - i0 < 16 ? M - i0 : 16, g.cols = N - j0 < 16 ? N - j0 : 16;
         g.c = C + (size_t)i0 * ldc + j0;
-        g.first = k0 == 0, g.last = k0 + 2 * KC >= K;
+        g.first = k0 == 0, g.last = k0 + 2 * AMX_KC >= K;
         amx_block_run(&g);
       }
   _tile_release();
@@ -979,13 +983,14 @@ static void gemm_run(st_pool *pool, int trans_a, int trans_b, int M, int N,
                  C + (size_t)i0 * ldc + j0, ldc, bias ? bias + j0 : NULL);
     return;
   }
-  int pairs_all = (K + 1) / 2, kc = pairs_all < KC ? pairs_all : KC;
   /* AMX: panels of 16 rows or columns, each K block's pairs padded with
    * zeros to whole K steps of 16 */
   int amx = 0;
 #if HAVE_TILES
   amx = amx_on();
 #endif
+  int kcap = amx ? AMX_KC : KC;
+  int pairs_all = (K + 1) / 2, kc = pairs_all < kcap ? pairs_all : kcap;
   int mr = amx ? 16 : MR, nr = amx ? 16 : NR, kcs = amx ? round_to(kc, 16) : kc;
   int panels_a = count(M, mr), panels_b = count(N, nr);
   int nat = native(), wide = WIDE_A && !nat && !amx;
@@ -993,13 +998,12 @@ static void gemm_run(st_pool *pool, int trans_a, int trans_b, int M, int N,
   uint32_t *buf = st_thread_scratch(ST_SCRATCH_BF16,
                                     (words_a + (size_t)panels_b * nr * kcs) *
                                         sizeof(uint32_t));
-  if (bias && (amx || !buf ||
-               atomic_load_explicit(&plain_forced, memory_order_relaxed))) {
+  int plain = atomic_load_explicit(&plain_forced, memory_order_relaxed);
+  if (bias && (amx || !buf || plain)) {
     fill_bias(bias, M, N, C, ldc); /* the tiles load C; the paths below too */
     bias = NULL;
   }
-  if (!buf || (alpha != 1.0f && beta != 0.0f) ||
-      atomic_load_explicit(&plain_forced, memory_order_relaxed)) {
+  if (!buf || (alpha != 1.0f && beta != 0.0f) || plain) {
 #if HAVE_TILES
     if (amx && !(alpha != 1.0f && beta != 0.0f)) { /* the tiles' bits */
       gemm_tiles_alone(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,

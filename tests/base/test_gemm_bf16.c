@@ -557,7 +557,8 @@ static void check_panels(void) {
   shape full[] = {{0, 1, 32, 77, 64},  {0, 0, 32, 24, 77},
                   {1, 0, 13, 40, 100}, {0, 1, 50, 300, 130},
                   {1, 1, 9, 33, 7},    {0, 0, 8, 16, 1030}};
-  float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}};
+  float ab[][2] = {{1, 0},    {1, 1}, {0.125f, 0}, {1, 0.5f},
+                   {0.5f, 2}, {0, 0}, {0, 1}};
   int served = 0;
   for (size_t f = 0; f < sizeof full / sizeof *full; f++) {
     operands o;
@@ -577,7 +578,7 @@ static void check_panels(void) {
     float *C1 = malloc(nc * 4), *C2 = malloc(nc * 4);
     for (int a = 0; a < 3; a++)
       for (int b = 0; b < 5; b++)
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < 7; c++) {
           int n = ns[a], k = ks[b];
           if (n < 1 || k < 1) continue;
           memcpy(C1, o.C0, nc * 4), memcpy(C2, o.C0, nc * 4);
@@ -610,8 +611,8 @@ int main(void) {
       {1, 1, 12, 32, 1025}, {0, 0, 300, 260, 96},  {0, 1, 2, 300, 768},
       {0, 1, 3, 4200, 40},  {1, 0, 4100, 2, 9}, /* chunks of 4096 */
       {1, 0, 7, 9, 5},                          /* both packed along r, K odd */
-      {0, 1, 20, 40, 2100}, /* three K blocks of 512 pairs */
-      {0, 1, 48, 16, 96},   /* whole AMX tiles, one of a block's two */
+      {0, 1, 4, 40, 2100}, /* three K blocks of 512 pairs */
+      {0, 1, 48, 16, 96},  /* whole AMX tiles, one of a block's two */
   };
   float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}, {0.5f, 2}};
   /* AMX's tiles where they run: within the double reference's tolerance,
@@ -658,6 +659,8 @@ int main(void) {
     st_bf16_set_emulated(1);
     check_rounding();
     check_keep(pools[1]);
+    check_panels(); /* op(A) packed wide */
+    check_bias(pools, 3);
     st_bf16_set_emulated(0);
   }
   for (int p = 0; p < 3; p++) st_pool_destroy(pools[p]);

@@ -461,12 +461,15 @@ done:
 static void test_attention_bf16(void) {
   struct {
     int B, T, C, NH;
-  } shapes[] = {{2, 77, 96, 3}, {1, 160, 128, 2}, {3, 33, 48, 2}};
+  } shapes[] = {{2, 77, 96, 3},
+                {1, 160, 128, 2},
+                {3, 33, 48, 2},
+                {1, 1030, 16, 1}}; /* past one K block: values unpacked */
   int flush = st_fp_flush();
   st_fp_set_flush(1); /* the instruction's bits are the definition's so */
   st_pool *pool = st_pool_create(2);
   CHECK(pool, "st_pool_create failed");
-  for (int k = 0; pool && k < 3; k++) {
+  for (int k = 0; pool && k < 4; k++) {
     int B = shapes[k].B, T = shapes[k].T, C = shapes[k].C, NH = shapes[k].NH;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
            natt = (size_t)B * NH * T * T;
