@@ -625,8 +625,10 @@ static void choose_tiles(int M, int N, int kc, int mr, int nr, int max_rows,
 }
 
 typedef struct bf16_job {
-  int M, N, tm, tn, tiles_n, pairs, first, last, native, wide;
-  int stride;  /* AMX: pairs a packed panel holds, a multiple of 16 */
+  int M, N, pairs, first, last, native, wide;
+  int tiles_m, tiles_n; /* output tiles: rows, columns */
+  int gm, gn;           /* their rows and columns in whole gm and gn */
+  int stride;           /* AMX: pairs a packed panel holds, a multiple of 16 */
   int bstride; /* pairs from one packed 32-column panel of op(B) to the next */
   float alpha, beta;
   const uint32_t *a, *b; /* this K block, packed */
@@ -635,11 +637,29 @@ typedef struct bf16_job {
   int ldc;
 } bf16_job;
 
+/* Piece i of n of `total` in whole granules of g: the granules shared out
+ * so that pieces differ by one at most. The pool gives each thread a run of
+ * consecutive tiles (pool.c), so tiles of choose_tiles's fixed size left the
+ * short last row of tiles to one of them: at 1024 rows, 7 tiles of 11
+ * register blocks and one of 9, each thread's half of the work 88 blocks
+ * against 84, the other waiting 4 (docs/bench.md). */
+static void share(int i, int n, int total, int g, int *lo, int *hi) {
+  long long units = count(total, g);
+  *lo = (int)(i * units / n) * g;
+  *hi = (int)((i + 1) * units / n) * g;
+  if (*hi > total) *hi = total;
+}
+
+static void tile_span(const bf16_job *j, int t, int *i0, int *i1, int *j0,
+                      int *j1) {
+  share(t / j->tiles_n, j->tiles_m, j->M, j->gm, i0, i1);
+  share(t % j->tiles_n, j->tiles_n, j->N, j->gn, j0, j1);
+}
+
 static void tile_task(void *arg, int t) {
   const bf16_job *j = arg;
-  int i0 = (t / j->tiles_n) * j->tm, j0 = (t % j->tiles_n) * j->tn;
-  int i1 = i0 + j->tm < j->M ? i0 + j->tm : j->M;
-  int j1 = j0 + j->tn < j->N ? j0 + j->tn : j->N;
+  int i0, i1, j0, j1;
+  tile_span(j, t, &i0, &i1, &j0, &j1);
   block_args g = {0};
   g.pairs = j->pairs, g.ldc = j->ldc, g.first = j->first, g.last = j->last;
   g.alpha = j->alpha, g.beta = j->beta;
@@ -807,9 +827,8 @@ static void configure_tiles(void) { _tile_loadconfig(&tiles_16x64); }
  * 32 KB per 256 pairs, stay in L1) over its columns 32 at a time. */
 static void amx_task(void *arg, int t) {
   const struct bf16_job *j = arg;
-  int i0 = (t / j->tiles_n) * j->tm, j0 = (t % j->tiles_n) * j->tn;
-  int i1 = i0 + j->tm < j->M ? i0 + j->tm : j->M;
-  int j1 = j0 + j->tn < j->N ? j0 + j->tn : j->N;
+  int i0, i1, j0, j1;
+  tile_span(j, t, &i0, &i1, &j0, &j1);
   configure_tiles();
   amx_block g;
   g.panel_a = g.panel_b = (size_t)j->stride * 16;
@@ -1018,10 +1037,12 @@ static void gemm_run(st_pool *pool, int trans_a, int trans_b, int M, int N,
   bf16_job j = {0};
   j.M = M, j.N = N, j.alpha = alpha, j.beta = beta, j.C = C, j.ldc = ldc;
   j.native = nat, j.wide = wide, j.bias = bias;
-  choose_tiles(M, N, kc, amx ? 32 : MR, amx ? 32 : NR, amx ? 256 : TILE_ROWS,
-               amx ? AMX_MIN_TILE_FLOPS : MIN_TILE_FLOPS, &j.tm, &j.tn);
-  j.tiles_n = count(N, j.tn);
-  int tiles = count(M, j.tm) * j.tiles_n;
+  int tm, tn;
+  j.gm = amx ? 32 : MR, j.gn = amx ? 32 : NR;
+  choose_tiles(M, N, kc, j.gm, j.gn, amx ? 256 : TILE_ROWS,
+               amx ? AMX_MIN_TILE_FLOPS : MIN_TILE_FLOPS, &tm, &tn);
+  j.tiles_m = count(M, tm), j.tiles_n = count(N, tn);
+  int tiles = j.tiles_m * j.tiles_n;
   pack_both pb;
   pb.a = (pack_job){.x = A,
                     .rows = M,
@@ -1147,7 +1168,7 @@ void st_gemm_bf16_panels(int trans_a, int trans_b, int M, int N, int K,
   bf16_job j = {0};
   j.M = M, j.N = N, j.alpha = alpha, j.beta = beta, j.C = C, j.ldc = ldc;
   j.native = nat, j.wide = wide;
-  j.tm = round_to(M, MR), j.tn = round_to(N, NR), j.tiles_n = 1;
+  j.tiles_m = j.tiles_n = 1, j.gm = MR, j.gn = NR;
   j.pairs = j.stride = pairs, j.bstride = (panels_K + 1) / 2;
   j.a = buf, j.b = panels, j.first = j.last = 1;
   tile_task(&j, 0);
