@@ -497,13 +497,13 @@ static void backward(const st_block *b, const st_ctx *ctx, const float *params,
             ? layer_out(&b->layers[l - 1], acts, scratch, B)
             : backward_input(b, ctx, in, acts, scratch, l, B);
     if (L->kind == ST_OP_RESIDUAL) {
-      memcpy(skip, g, (size_t)B * st_shape_numel(L->out) * sizeof *skip);
+      st_pool_copy(ctx->pool, skip, g, (size_t)B * st_shape_numel(L->out));
       pending = L->skip;
     }
     if (dys && L->w_tensor >= 0) { /* kept for the W half */
       size_t n = (size_t)B * st_shape_numel(L->out);
       dy_end -= n;
-      memcpy(dys + dy_end, g, n * sizeof *dys);
+      st_pool_copy(ctx->pool, dys + dy_end, g, n);
     }
     float *dx = g == ping ? pong : ping;
     if (l == stop) {
@@ -519,15 +519,13 @@ static void backward(const st_block *b, const st_ctx *ctx, const float *params,
                      scratch, B);
     if (pending == l - 1 && l > 0 && dx) {
       /* dx is the gradient of layer l-1's output: the skip joins here */
-      size_t n = (size_t)B * st_shape_numel(L->in);
-      for (size_t i = 0; i < n; i++) dx[i] += skip[i];
+      st_pool_add(ctx->pool, dx, skip, (size_t)B * st_shape_numel(L->in));
       pending = NONE;
     }
     g = dx;
   }
   if (pending == -1 && din && b->has_residual) {
-    size_t n = (size_t)B * st_shape_numel(b->in);
-    for (size_t i = 0; i < n; i++) din[i] += skip[i];
+    st_pool_add(ctx->pool, din, skip, (size_t)B * st_shape_numel(b->in));
   }
 }
 

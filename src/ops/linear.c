@@ -2,7 +2,7 @@
  * linear.c — fully connected layer: out (B, OC) = in (B, IC) W^T + b, with W
  * (OC, IC) as in PyTorch. Forward and backward are GEMMs through st_gemm;
  * the bias gradient sums over the batch in sample order (fixed, so the
- * result does not depend on threads).
+ * result does not depend on threads; st_pool_sum_rows splits the columns).
  */
 #include "strata.h"
 
@@ -35,9 +35,7 @@ static void backward(st_pool *pool, int wt, float *din, float *dw, float *db,
     st_gemm(pool, 1, 0, OC, IC, B, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
   if (dw && wt)
     st_gemm(pool, 1, 0, IC, OC, B, 1.0f, in, IC, dout, OC, 1.0f, dw, OC);
-  if (db)
-    for (int s = 0; s < B; s++)
-      for (int o = 0; o < OC; o++) db[o] += dout[(size_t)s * OC + o];
+  if (db) st_pool_sum_rows(pool, db, dout, B, OC);
   /* din (B, IC) = dout (B, OC) . W, or dout . W^T */
   if (din)
     st_gemm(pool, 0, wt, B, IC, OC, 1.0f, dout, OC, w, wt ? OC : IC, 0.0f, din,

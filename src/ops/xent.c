@@ -303,9 +303,7 @@ void st_linear_xent_backward(st_pool *pool, float *dx, float *dw, float *db,
     if (dw)
       st_gemm(pool, 1, 0, nc, D, rows, 1.0f, z, nc, x, D, 1.0f,
               dw + (size_t)c0 * D, D);
-    if (db)
-      for (int r = 0; r < rows; r++)
-        for (int k = 0; k < nc; k++) db[c0 + k] += z[(size_t)r * nc + k];
+    if (db) st_pool_sum_rows(pool, db + c0, z, rows, nc);
     if (dx)
       st_gemm(pool, 0, 0, rows, D, nc, 1.0f, z, nc, w + (size_t)c0 * D, D,
               c0 ? 1.0f : 0.0f, dx, D);

@@ -12,8 +12,10 @@
 #include "harness.h"
 #include "strata.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -82,6 +84,55 @@ static void sleepy(int threads, int brief) {
   st_pool_destroy(pool);
 }
 
+/* st_pool_add, st_pool_copy and st_pool_sum_rows against the plain loops,
+ * bit for bit, on pools of 1, 2 and 3 threads, at sizes below and above the
+ * inline threshold and column counts that leave a short last piece. The
+ * values span 2^-12 .. 2^12 with both signs, so that a column summed in any
+ * other row order (or an element added twice, or missed) changes bits. */
+static float value(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  uint32_t u = (uint32_t)(*s >> 40);
+  float m = 1.0f + (float)(u & 0xFFFF) / 65536.0f;
+  int e = (int)((u >> 16) % 25) - 12;
+  return (u & 0x800000u ? -m : m) * ldexpf(1.0f, e);
+}
+
+static void elementwise(void) {
+  const int rows[] = {1, 3, 64, 300}, cols[] = {1, 100, 129, 385};
+  for (int threads = 1; threads <= 3; threads++) {
+    st_pool *pool = st_pool_create(threads);
+    for (int a = 0; a < 4; a++)
+      for (int b = 0; b < 4; b++) {
+        int R = rows[a], C = cols[b];
+        size_t n = (size_t)R * C;
+        float *x = malloc(n * sizeof *x), *d = malloc(n * sizeof *d);
+        float *want = malloc(n * sizeof *want);
+        uint64_t seed = (uint64_t)(R * 1000 + C);
+        for (size_t i = 0; i < n; i++) x[i] = value(&seed);
+        for (size_t i = 0; i < n; i++) d[i] = want[i] = value(&seed);
+        for (size_t i = 0; i < n; i++) want[i] += x[i];
+        st_pool_add(pool, d, x, n);
+        CHECK(memcmp(d, want, n * sizeof *d) == 0,
+              "st_pool_add, %zu elements, pool of %d: the plain loop's bits", n,
+              threads);
+        memset(d, 0, n * sizeof *d);
+        st_pool_copy(pool, d, x, n);
+        CHECK(memcmp(d, x, n * sizeof *d) == 0,
+              "st_pool_copy, %zu elements, pool of %d", n, threads);
+        float acc[385], ref[385];
+        for (int c = 0; c < C; c++) acc[c] = ref[c] = value(&seed);
+        for (int r = 0; r < R; r++)
+          for (int c = 0; c < C; c++) ref[c] += x[(size_t)r * C + c];
+        st_pool_sum_rows(pool, acc, x, R, C);
+        CHECK(memcmp(acc, ref, (size_t)C * sizeof *acc) == 0,
+              "st_pool_sum_rows, %d x %d, pool of %d: rows summed in order", R,
+              C, threads);
+        free(x), free(d), free(want);
+      }
+    st_pool_destroy(pool);
+  }
+}
+
 int main(void) {
   /* generous: TSan runs the stress 10-20x slower */
   th_alarm(300, "FAIL tests/base/test_pool.c: the test ran 300 s: a job "
@@ -94,5 +145,6 @@ int main(void) {
     for (int i = 1; i < 4; i++) sleepy(sizes[i], brief);
   }
   st_pool_for(NULL, 3, task, &(job){0}); /* a NULL pool runs inline */
+  elementwise();
   TH_DONE();
 }
