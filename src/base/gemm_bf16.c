@@ -300,11 +300,55 @@ INLINE size_t row_words(const pack_job *j) {
   return (size_t)j->W * (j->wide ? 2 : 1);
 }
 
+#if defined(__AVX512F__)
+/* Panels of 12 rows (op(A) transposed: a weight gradient's dY^T) four at a
+ * time, 48 rows, three whole vectors a k row, over every pair before the
+ * next four; returns the first panel left (pack_panels_r does the rest).
+ * Pair by pair over all the task's panels (below), each pair's 48-byte
+ * runs went to every panel at once, a few hundred partly written lines in
+ * flight, and the masked loads straddled lines: 2.5-3.0 G elements/s on one
+ * thread from a 2304 x 1024 operand in L3 on the Zen 5 VM of docs/bench.md,
+ * 3.8 from L2, against 6-9 for the 32-column panels; four at a time 10.1
+ * and 12.8 (this step pair by pair over all the panels: 2.0-2.2). The same
+ * words. */
+_Static_assert(MR == 12, "four 12-row panels are three vectors");
+
+INLINE u16 lanes_from(u16 hi, u16 lo, int shift) {
+  return (u16)_mm512_alignr_epi32((__m512i)hi, (__m512i)lo, shift);
+}
+
+static int fours_r12(const pack_job *j, int first, int last) {
+  size_t words = row_words(j), step = (size_t)j->stride * words;
+  int four = first;
+  for (; four + 4 <= last && (four + 4) * 12 <= j->rows; four += 4) {
+    for (int p = 0; p < j->pairs; p++) {
+      int k = j->k0 + 2 * p;
+      const float *e = j->x + (size_t)k * j->sk + four * 12;
+      const float *d = k + 1 < j->K ? e + j->sk : NULL;
+      u16 t[3];
+      for (int v = 0; v < 3; v++) {
+        t[v] = round16(*(const v16 *)(e + 16 * v), j->native);
+        if (d) t[v] |= round16(*(const v16 *)(d + 16 * v), j->native) << 16;
+      }
+      uint32_t *o = j->out + ((size_t)four * j->stride + p) * words;
+      put_pairs(j, o, 0, t[0], 12);
+      put_pairs(j, o + step, 0, lanes_from(t[1], t[0], 12), 12);
+      put_pairs(j, o + 2 * step, 0, lanes_from(t[2], t[1], 8), 12);
+      put_pairs(j, o + 3 * step, 0, lanes_from(t[2], t[2], 4), 12);
+    }
+  }
+  return four;
+}
+#endif
+
 /* Elements along r contiguous (sr == 1): two k rows interleaved, 16 r at a
  * time, for panels [first, last) row pair by row pair, so that the rows are
  * read in order (one panel at a time walked K rows apart, a page apart at
  * GPT-2's widths, and stalled on the loads). */
 static void pack_panels_r(const pack_job *j, int first, int last) {
+#if defined(__AVX512F__)
+  if (j->W == 12) first = fours_r12(j, first, last);
+#endif
   for (int p = 0; p < j->pairs; p++) {
     int k = j->k0 + 2 * p;
     const float *e = j->x + (size_t)k * j->sk;
