@@ -472,6 +472,51 @@ static void test_linear_xent_kept(st_pool *one, st_pool *three, const float *x,
  * short last chunk, rows with their largest logit in a later chunk than
  * the first (the running max and sum rescaled), per-row gradient scales;
  * then bit for bit across thread counts, and against one chunk. */
+/* The head's hit (out[2 r + 1]: the label is the first index of the
+ * largest logit) where the largest is tied or odd: one row a call, its
+ * logits the bias (W zero, so z = b exactly, infinities and NaNs too), over
+ * one chunk of V = 83 words (16-word lanes, then 3 more). The answer is
+ * the loop `best = z[c] > z[best] ? c : best`. */
+static void test_xent_first_largest(void) {
+  enum { V = 83, D = 4 };
+  const float inf = INFINITY, nan = NAN;
+  struct {
+    int at[3]; /* words set to `top` (-1: none) */
+    float top, rest, odd;
+    int odd_at, want;
+  } cases[] = {
+      {{5, 21, -1}, 2.0f, 0.0f, 0.0f, -1, 5},   /* tie in one lane */
+      {{40, 62, -1}, 2.0f, 0.0f, 0.0f, -1, 40}, /* lanes 8 and 14 */
+      {{36, 13, -1}, 2.0f, 0.0f, 0.0f, -1, 13}, /* lane 13 before lane 4 */
+      {{50, -1, -1}, 1.0f, 0.0f, nan, 7, 50},   /* a NaN past word 0 */
+      {{50, -1, -1}, 1.0f, 0.0f, nan, 0, 0},    /* a NaN at word 0 */
+      {{-1, -1, -1}, 0.0f, -inf, 0.0f, -1, 0},  /* all -inf */
+      {{-1, -1, -1}, 0.0f, -inf, nan, 3, 0},    /* -inf and a NaN */
+      {{81, 10, -1}, 3.0f, 0.0f, 0.0f, -1, 10}, /* tied in the last 3 */
+      {{82, -1, -1}, 3.0f, 0.0f, 0.0f, -1, 82}, /* largest in them */
+      {{0, 16, 32}, 0.0f, -1.0f, 0.0f, -1, 0},  /* +0 thrice in lane 0 */
+  };
+  float x[D] = {1, 1, 1, 1}, *w = new_floats((size_t)V * D), b[V];
+  float out[2], lse[1];
+  int32_t lab[3];
+  float *scratch = head_scratch(1, V, 0);
+  int n = (int)(sizeof cases / sizeof cases[0]), ok = 0;
+  for (int i = 0; i < n; i++)
+    for (int label = 0; label < V; label++) {
+      for (int v = 0; v < V; v++) b[v] = cases[i].rest;
+      for (int k = 0; k < 3; k++)
+        if (cases[i].at[k] >= 0) b[cases[i].at[k]] = cases[i].top;
+      if (cases[i].odd_at >= 0) b[cases[i].odd_at] = cases[i].odd;
+      st_linear_xent_forward(NULL, out, lse, lab, x, w, b, &label, scratch, 1,
+                             D, V, V, 0);
+      ok += out[1] == (label == cases[i].want ? 1.0f : 0.0f);
+    }
+  CHECK(ok == n * V,
+        "linear_xent: the hit is the first largest logit's in "
+        "%d of %d rows with ties, NaNs or -inf",
+        ok, n * V);
+}
+
 static void test_linear_xent(void) {
   enum { ROWS = 37, D = 24, V = 203, CHUNK = 48 };
   float *x = random_floats((size_t)ROWS * D, 61, 1.0f);
@@ -1678,6 +1723,7 @@ int main(void) {
   test_xent();
   test_xent_widths();
   test_linear_xent();
+  test_xent_first_largest();
   test_conv2d_fixtures();
   test_conv2d_naive();
   test_conv2d_determinism();
