@@ -1244,13 +1244,18 @@ static void keep_task(void *arg, int task) {
   for (; i < hi; i++) j->h[i] = (uint16_t)round_one(j->x[i]);
 }
 
+/* (Through the job's pointers the loop reloaded j->out each element and
+ * ran one at a time: 0.9% of a GPT-2 bf16 step. Restrict locals let it
+ * widen 16 at a time.) */
 static void unkeep_task(void *arg, int task) {
   const keep_job *j = arg;
   size_t lo = (size_t)task * CONVERT_CHUNK,
          hi = j->n - lo < CONVERT_CHUNK ? j->n : lo + CONVERT_CHUNK;
+  const uint16_t *restrict h = j->hin;
+  float *restrict out = j->out;
   for (size_t i = lo; i < hi; i++) {
-    uint32_t u = (uint32_t)j->hin[i] << 16;
-    memcpy(j->out + i, &u, sizeof u);
+    uint32_t u = (uint32_t)h[i] << 16;
+    memcpy(out + i, &u, sizeof u);
   }
 }
 

@@ -100,7 +100,7 @@ void st_layernorm_forward(float *out, float *mean, float *rstd, const float *in,
  * shows in x - mean. The backward passes therefore refine it in double, m =
  * mean + sum(x - mean) / n, one extra pass over the row or group. They work
  * on blocks of BLOCK rows or samples so the refined means fit on the stack. */
-enum { BLOCK = 32 };
+enum { BLOCK = 32, SUMS = 256 };
 
 static double refined_mean(const float *restrict x, size_t n, float saved) {
   double lane[4] = {0, 0, 0, 0};
@@ -151,16 +151,28 @@ static void ln_bwd_block(void *arg, int t) {
                          j->rstd[r0 + k], D);
   }
   if (!j->sums) return;
+  /* each feature's sums over the block's rows in row order, SUMS features
+   * at a time row by row (one feature at a time down the rows, the sums
+   * were scalar: 40% of a GPT-2 layernorm backward) */
   float *pw = j->part + (size_t)2 * D * t, *pb = pw + D;
-  for (int i = 0; i < D; i++) {
-    double w_sum = 0, b_sum = 0;
+  for (int i0 = 0; i0 < D; i0 += SUMS) {
+    int n = D - i0 < SUMS ? D - i0 : SUMS;
+    double w_sum[SUMS], b_sum[SUMS];
+    for (int i = 0; i < n; i++) w_sum[i] = b_sum[i] = 0;
     for (int k = 0; k < rows; k++) {
-      size_t at = (size_t)(r0 + k) * D + i;
-      w_sum += (double)j->dout[at] * (j->in[at] - m[k]) * j->rstd[r0 + k];
-      b_sum += j->dout[at];
+      const float *restrict dy = j->dout + (size_t)(r0 + k) * D + i0;
+      const float *restrict x = j->in + (size_t)(r0 + k) * D + i0;
+      double mk = m[k];
+      float s = j->rstd[r0 + k];
+      for (int i = 0; i < n; i++) {
+        w_sum[i] += (double)dy[i] * (x[i] - mk) * s;
+        b_sum[i] += dy[i];
+      }
     }
-    pw[i] = (float)w_sum;
-    pb[i] = (float)b_sum;
+    for (int i = 0; i < n; i++) {
+      pw[i0 + i] = (float)w_sum[i];
+      pb[i0 + i] = (float)b_sum[i];
+    }
   }
 }
 
