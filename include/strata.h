@@ -132,10 +132,11 @@ st_pool *st_pool_create(int nthreads); /* nthreads >= 1, includes caller */
 st_pool *st_pool_create_brief(int nthreads);
 void st_pool_destroy(st_pool *pool);
 int st_pool_threads(const st_pool *pool);
-/* dst[i] += src[i], dst = src, and acc[c] += x[r][c] over r = 0 .. rows in
- * order (x rows x cols): on the pool in pieces by the size alone, so the
- * bits are those of the plain loops whatever the threads; small ones
- * inline. */
+/* dst[i] += src[i] and dst[i] = src[i] for i in [0, n), and acc[c] +=
+ * x[r][c] for r in [0, rows) in order (x rows x cols, row-major): on the
+ * pool in pieces by the size alone, so the bits are those of the plain
+ * loops whatever the threads; small ones inline. The buffers must not
+ * overlap. */
 void st_pool_add(st_pool *pool, float *dst, const float *src, size_t n);
 void st_pool_copy(st_pool *pool, float *dst, const float *src, size_t n);
 void st_pool_sum_rows(st_pool *pool, float *acc, const float *x, int rows,

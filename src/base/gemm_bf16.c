@@ -313,9 +313,11 @@ INLINE size_t row_words(const pack_job *j) {
  * words. */
 _Static_assert(MR == 12, "four 12-row panels are three vectors");
 
-INLINE u16 lanes_from(u16 hi, u16 lo, int shift) {
-  return (u16)_mm512_alignr_epi32((__m512i)hi, (__m512i)lo, shift);
-}
+/* lanes shift .. shift + 15 of lo's 16 then hi's (VALIGND): a macro, as
+ * the shift must be an immediate (without optimisation GCC's intrinsic is
+ * itself a macro over the builtin) */
+#define LANES_FROM(hi, lo, shift)                                              \
+  ((u16)_mm512_alignr_epi32((__m512i)(hi), (__m512i)(lo), (shift)))
 
 static int fours_r12(const pack_job *j, int first, int last) {
   size_t words = row_words(j), step = (size_t)j->stride * words;
@@ -332,9 +334,9 @@ static int fours_r12(const pack_job *j, int first, int last) {
       }
       uint32_t *o = j->out + ((size_t)four * j->stride + p) * words;
       put_pairs(j, o, 0, t[0], 12);
-      put_pairs(j, o + step, 0, lanes_from(t[1], t[0], 12), 12);
-      put_pairs(j, o + 2 * step, 0, lanes_from(t[2], t[1], 8), 12);
-      put_pairs(j, o + 3 * step, 0, lanes_from(t[2], t[2], 4), 12);
+      put_pairs(j, o + step, 0, LANES_FROM(t[1], t[0], 12), 12);
+      put_pairs(j, o + 2 * step, 0, LANES_FROM(t[2], t[1], 8), 12);
+      put_pairs(j, o + 3 * step, 0, LANES_FROM(t[2], t[2], 4), 12);
     }
   }
   return four;
@@ -343,8 +345,9 @@ static int fours_r12(const pack_job *j, int first, int last) {
 
 /* Elements along r contiguous (sr == 1): two k rows interleaved, 16 r at a
  * time, for panels [first, last) row pair by row pair, so that the rows are
- * read in order (one panel at a time walked K rows apart, a page apart at
- * GPT-2's widths, and stalled on the loads). */
+ * read in order (one 32-row panel at a time walked K rows apart, a page
+ * apart at GPT-2's widths, and stalled on the loads); 12-row panels go
+ * four at a time first (fours_r12), the rest as here. */
 static void pack_panels_r(const pack_job *j, int first, int last) {
 #if defined(__AVX512F__)
   if (j->W == 12) first = fours_r12(j, first, last);
@@ -629,9 +632,11 @@ static void block_emulated(const block_args *g) {
 
 /* Output tiles: rows in multiples of MR, columns of NR, so that register
  * blocks never straddle two tiles. The bits do not depend on the tiling
- * (header); it only spreads the work: halving the longer edge while there
- * are fewer than TILES tiles and a tile would keep at least MIN_TILE_FLOPS
- * per K block. A tile's rows stay at most TILE_ROWS, so that its packed A
+ * (header); it only spreads the work. choose_tiles sets how many tiles
+ * and their largest size, halving the longer edge while there are fewer
+ * than TILES tiles and a tile would keep at least MIN_TILE_FLOPS per K
+ * block; share then cuts the edges evenly (no tile larger). A tile's rows
+ * stay at most TILE_ROWS, so that its packed A
  * (TILE_ROWS x KC pairs, 384 KB; 768 KB wide) stays in L2 while it passes over
  * each 32-column panel (at 512 pairs, 96 rows measured no faster than 192,
  * 384 no faster either). */
@@ -671,8 +676,9 @@ static void choose_tiles(int M, int N, int kc, int mr, int nr, int max_rows,
 typedef struct bf16_job {
   int M, N, pairs, first, last, native, wide;
   int tiles_m, tiles_n; /* output tiles: rows, columns */
-  int gm, gn;           /* their rows and columns in whole gm and gn */
-  int stride;           /* AMX: pairs a packed panel holds, a multiple of 16 */
+  int gm, gn;  /* tile edges in multiples of gm rows (MR, or 32 under AMX)
+                  and gn columns (NR, or 32): share */
+  int stride;  /* AMX: pairs a packed panel holds, a multiple of 16 */
   int bstride; /* pairs from one packed 32-column panel of op(B) to the next */
   float alpha, beta;
   const uint32_t *a, *b; /* this K block, packed */
@@ -684,9 +690,10 @@ typedef struct bf16_job {
 /* Piece i of n of `total` in whole granules of g: the granules shared out
  * so that pieces differ by one at most. The pool gives each thread a run of
  * consecutive tiles (pool.c), so tiles of choose_tiles's fixed size left the
- * short last row of tiles to one of them: at 1024 rows, 7 tiles of 11
- * register blocks and one of 9, each thread's half of the work 88 blocks
- * against 84, the other waiting 4 (docs/bench.md). */
+ * short last row of tiles to one of them: at 1024 rows, 7 tiles of 11 rows
+ * of register blocks and one of 9, each thread's half 88 rows of blocks
+ * against 84, the other waiting on the difference (docs/bench.md,
+ * 2026-12-02, forty-first session). */
 static void share(int i, int n, int total, int g, int *lo, int *hi) {
   long long units = count(total, g);
   *lo = (int)(i * units / n) * g;

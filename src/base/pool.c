@@ -310,10 +310,12 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg) {
 /* ------------------------------------------------ elementwise on the pool */
 
 /* Pieces by the length alone (each element's result is the same however
- * the work is cut); under ELEMENTWISE_MIN elements, inline, where a hand-off
- * (0.5 us) would cost more than the loop. In a GPT-2 step these loops (the
- * bias gradients, the residuals' gradients kept and added back) ran on the
- * caller alone, about 1% of the step, the workers waiting. */
+ * the work is cut); under ELEMENTWISE_MIN elements (two pieces), inline:
+ * an MLP's bias sums at batch 1 (256 floats, tens of nanoseconds) would
+ * otherwise wait on a hand-off (about 0.5 us, bench_gpt's round_trip_ns).
+ * In a GPT-2 step these loops (the bias gradients, the residuals'
+ * gradients kept and added back) ran on the caller alone, about 1% of the
+ * step, the workers waiting. */
 enum { ELEMENTWISE_CHUNK = 1 << 14, ELEMENTWISE_MIN = 1 << 15, SUM_COLS = 128 };
 
 typedef struct elementwise_job {

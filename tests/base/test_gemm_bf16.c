@@ -554,9 +554,9 @@ static void check_bias(st_pool **pools, int npools) {
  * K short of theirs, whose last pair would take row K where the product
  * pads with zero) and shapes past one K block run st_gemm_bf16 itself. */
 static void check_panels(void) {
-  shape full[] = {{0, 1, 32, 77, 64},  {0, 0, 32, 24, 77},
-                  {1, 0, 13, 40, 100}, {0, 1, 50, 300, 130},
-                  {1, 1, 9, 33, 7},    {0, 0, 8, 16, 1030}};
+  shape full[] = {{0, 1, 32, 77, 64},   {0, 0, 32, 24, 77}, {1, 0, 13, 40, 100},
+                  {0, 1, 50, 300, 130}, {1, 1, 9, 33, 7},   {0, 0, 8, 16, 1030},
+                  {1, 0, 100, 40, 64}}; /* op(A)'s panels in fours */
   float ab[][2] = {{1, 0},    {1, 1}, {0.125f, 0}, {1, 0.5f},
                    {0.5f, 2}, {0, 0}, {0, 1}};
   int served = 0;
@@ -605,14 +605,28 @@ int main(void) {
   st_pool *pools[3] = {st_pool_create(1), st_pool_create(2), st_pool_create(3)};
   check_rounding();
   shape shapes[] = {
-      {0, 0, 1, 1, 1},      {0, 0, 1, 40, 33},     {0, 1, 5, 7, 3},
-      {1, 0, 13, 33, 64},   {1, 1, 25, 65, 129},   {0, 1, 64, 96, 512},
-      {0, 0, 100, 70, 513}, {1, 0, 37, 130, 1100}, {0, 1, 150, 200, 300},
-      {1, 1, 12, 32, 1025}, {0, 0, 300, 260, 96},  {0, 1, 2, 300, 768},
-      {0, 1, 3, 4200, 40},  {1, 0, 4100, 2, 9}, /* chunks of 4096 */
-      {1, 0, 7, 9, 5},                          /* both packed along r, K odd */
+      {0, 0, 1, 1, 1},
+      {0, 0, 1, 40, 33},
+      {0, 1, 5, 7, 3},
+      {1, 0, 13, 33, 64},
+      {1, 1, 25, 65, 129},
+      {0, 1, 64, 96, 512},
+      {0, 0, 100, 70, 513},
+      {1, 0, 37, 130, 1100},
+      {0, 1, 150, 200, 300},
+      {1, 1, 12, 32, 1025},
+      {0, 0, 300, 260, 96},
+      {0, 1, 2, 300, 768},
+      {0, 1, 3, 4200, 40},
+      {1, 0, 4100, 2, 9},  /* chunks of 4096 */
+      {1, 0, 7, 9, 5},     /* both packed along r, K odd */
       {0, 1, 4, 40, 2100}, /* three K blocks of 512 pairs */
       {0, 1, 48, 16, 96},  /* whole AMX tiles, one of a block's two */
+      /* op(A) along r in 12-row panels four at a time (fours_r12), then
+       * the rest one at a time: 100 rows (two fours and 4 rows), odd K;
+       * 200 rows, a task's panels starting past a four's boundary */
+      {1, 0, 100, 70, 513},
+      {1, 1, 200, 64, 64},
   };
   float ab[][2] = {{1, 0}, {1, 1}, {0.125f, 0}, {1, 0.5f}, {0.5f, 2}};
   /* AMX's tiles where they run: within the double reference's tolerance,

@@ -466,17 +466,12 @@ static void test_linear_xent_kept(st_pool *one, st_pool *three, const float *x,
   }
 }
 
-/* st_linear_xent_* against the closed form in double (logits x W^T + b,
- * logsumexp, softmax - onehot), over a vocabulary of 203 in chunks of 48
- * (four whole chunks and one of 11), labels on chunk edges and in the
- * short last chunk, rows with their largest logit in a later chunk than
- * the first (the running max and sum rescaled), per-row gradient scales;
- * then bit for bit across thread counts, and against one chunk. */
 /* The head's hit (out[2 r + 1]: the label is the first index of the
  * largest logit) where the largest is tied or odd: one row a call, its
- * logits the bias (W zero, so z = b exactly, infinities and NaNs too), over
- * one chunk of V = 83 words (16-word lanes, then 3 more). The answer is
- * the loop `best = z[c] > z[best] ? c : best`. */
+ * logits the bias (W zero: z = b + 0, so b exactly, infinities and NaNs
+ * too, but a -0 becomes +0, so the ties of -0 and +0 are not reached
+ * here), over one chunk of V = 83 words (16-word lanes, then 3 more). The
+ * answer is the loop `best = z[c] > z[best] ? c : best`. */
 static void test_xent_first_largest(void) {
   enum { V = 83, D = 4 };
   const float inf = INFINITY, nan = NAN;
@@ -495,6 +490,7 @@ static void test_xent_first_largest(void) {
       {{81, 10, -1}, 3.0f, 0.0f, 0.0f, -1, 10}, /* tied in the last 3 */
       {{82, -1, -1}, 3.0f, 0.0f, 0.0f, -1, 82}, /* largest in them */
       {{0, 16, 32}, 0.0f, -1.0f, 0.0f, -1, 0},  /* +0 thrice in lane 0 */
+      {{70, 20, -1}, inf, 0.0f, nan, 4, 20},    /* +inf twice, a NaN */
   };
   float x[D] = {1, 1, 1, 1}, *w = new_floats((size_t)V * D), b[V];
   float out[2], lse[1];
@@ -517,6 +513,12 @@ static void test_xent_first_largest(void) {
         ok, n * V);
 }
 
+/* st_linear_xent_* against the closed form in double (logits x W^T + b,
+ * logsumexp, softmax - onehot), over a vocabulary of 203 in chunks of 48
+ * (four whole chunks and one of 11), labels on chunk edges and in the
+ * short last chunk, rows with their largest logit in a later chunk than
+ * the first (the running max and sum rescaled), per-row gradient scales;
+ * then bit for bit across thread counts, and against one chunk. */
 static void test_linear_xent(void) {
   enum { ROWS = 37, D = 24, V = 203, CHUNK = 48 };
   float *x = random_floats((size_t)ROWS * D, 61, 1.0f);
@@ -1219,6 +1221,53 @@ static double layernorm_loss(void *p) {
   return dot(c->out, c->dout, (size_t)c->N * c->D);
 }
 
+/* The backward past the fixtures' widths: 70 rows (blocks of 32, 32 and
+ * 6) of 300 features (two pieces of the feature sums, 256 and 44, and a
+ * row's 8 lanes with a tail of 4), against the closed form in double:
+ * din = rstd (g - mean(g) - xhat mean(g xhat)), g = dout w, dw = sum dout
+ * xhat, db = sum dout. */
+static void test_layernorm_wide(void) {
+  enum { N = 70, D = 300 };
+  size_t n = (size_t)N * D;
+  float *in = random_floats(n, 71, 1.0f), *dout = random_floats(n, 72, 1.0f);
+  float *w = random_floats(D, 73, 0.3f), *b = random_floats(D, 74, 0.3f);
+  for (size_t i = 0; i < n; i++) in[i] += 3.0f;
+  for (int i = 0; i < D; i++) w[i] += 1.0f;
+  float *out = new_floats(n), *din = new_floats(n), *rdin = new_floats(n);
+  float *mean = new_floats(N), *rstd = new_floats(N);
+  float *dw = new_floats(D), *db = new_floats(D);
+  float *rdw = new_floats(D), *rdb = new_floats(D);
+  double *sw = calloc(D, sizeof *sw), *sb = calloc(D, sizeof *sb);
+  for (int r = 0; r < N; r++) {
+    const float *x = in + (size_t)r * D, *dy = dout + (size_t)r * D;
+    double m = 0, v = 0, gm = 0, gxm = 0;
+    for (int i = 0; i < D; i++) m += x[i];
+    m /= D;
+    for (int i = 0; i < D; i++) v += (x[i] - m) * (x[i] - m);
+    double s = 1 / sqrt(v / D + 1e-5);
+    for (int i = 0; i < D; i++) {
+      double g = (double)dy[i] * w[i], xh = (x[i] - m) * s;
+      gm += g / D, gxm += g * xh / D;
+      sw[i] += dy[i] * xh, sb[i] += dy[i];
+    }
+    for (int i = 0; i < D; i++) {
+      double g = (double)dy[i] * w[i], xh = (x[i] - m) * s;
+      rdin[(size_t)r * D + i] = (float)(s * (g - gm - xh * gxm));
+    }
+  }
+  for (int i = 0; i < D; i++) rdw[i] = (float)sw[i], rdb[i] = (float)sb[i];
+  free(sw), free(sb);
+  st_pool *pool = st_pool_create(2);
+  st_layernorm_forward(out, mean, rstd, in, w, b, N, D, 1e-5f);
+  st_layernorm_backward(pool, din, dw, db, dout, in, w, mean, rstd,
+                        new_floats(st_layernorm_scratch_floats(N, D)), N, D);
+  st_pool_destroy(pool);
+  CHECK_CLOSE("layernorm 70 x 300 din", din, rdin, n, NORM_TOL, NORM_FLOOR);
+  CHECK_CLOSE("layernorm 70 x 300 dw", dw, rdw, D, NORM_TOL, NORM_FLOOR);
+  CHECK_CLOSE("layernorm 70 x 300 db", db, rdb, D, NORM_TOL, NORM_FLOOR);
+  release_all();
+}
+
 static void test_layernorm(void) {
   st_safetensors *st = open_fixture("layernorm");
   if (!st) return;
@@ -1736,6 +1785,7 @@ int main(void) {
   test_norm_far_offset();
   test_avgpool();
   test_layernorm();
+  test_layernorm_wide();
   test_layernorm_threads();
   test_groupnorm();
   test_dropout();
