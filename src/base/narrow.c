@@ -204,7 +204,7 @@ typedef struct narrow_job {
   const float *A, *B;
   float *C;
   int per_task;      /* columns of C per task */
-  int ta, tb;        /* the packed path's transposes */
+  int ta, tb;        /* the packed path's transposes; ta A_PANELS: panels */
   const float *bias; /* with how ADD: added in place of C (C not read) */
   int relu;          /* C then goes through relu (finish) */
   /* The packed path's tasks: col_tasks across C's columns times row
@@ -397,6 +397,11 @@ enum { STRIP = 2 * VL };
 #else
 #define PACKED_MR 6
 #endif
+/* op(A)'s layouts in the packed kernel: its rows (A untransposed, row
+ * stride lda), its columns (A transposed), or panels of PANEL rows, each
+ * step of k their PANEL elements side by side (copied: copy_a_task). */
+enum { A_ROWS, A_COLS, A_PANELS };
+enum { PANEL = PACKED_MR, PANEL_AHEAD = 1024 };
 /* The packed kernel's limits (this file's header). It runs only where the
  * target has FMA: without it (a build without -march=native) each product
  * and sum round apart, and a CNN's AdamW trajectory in test_e2e drifted
@@ -477,12 +482,13 @@ enum { PACKED_TRANS_A_ANY_K = 64, ALIAS_STRIDE = 1024 };
 enum { PACKED_TRANS_A_LDA = 128, PACKED_TRANS_A_K = 512 };
 
 /* With AVX-512, a transposed A past K = PACKED_TRANS_A_ANY_K whose rows
- * lie at least COPY_A_LDA floats apart is first copied out untransposed
- * (op(A), M x K, in 8 x 8 blocks on the pool) into the calling thread's
- * scratch, COPY_A_BYTES at most at a time (panels of rows), and the
- * packed kernel reads the copy as an untransposed A: each element is the
- * same FMA chain as when A is read in place (the header), which is what
- * runs if the scratch cannot be had. Read in place, each step of k is a
+ * lie at least COPY_A_LDA floats apart is first copied out (op(A) in
+ * panels of 12 rows, A_PANELS, on the pool) into the calling thread's
+ * scratch, COPY_A_BYTES at most a pass, and the packed kernel reads the
+ * copy: each element is the same FMA chain as when A is read in place
+ * (the header), which is what runs if the scratch cannot be had. (Until
+ * 2026-12-02 the copy was op(A) untransposed, in 8 x 8 transposes, 4 MB a
+ * pass.) Read in place, each step of k is a
  * row of A lda floats on: past 2 KB a new page every step or two, which
  * the prefetchers do not follow, and with rows a multiple of 4 KB apart
  * the same few cache sets. GPT-2's weight gradients are such products (A
@@ -506,11 +512,37 @@ enum { PACKED_TRANS_A_LDA = 128, PACKED_TRANS_A_K = 512 };
  * `bench_gpt 124m 4 2`, alternating: 158-184 tokens/s (0.29-0.36 of the
  * FMA peak) before, 320-334 (0.60-0.65) copied. Without AVX-512 a copy
  * paid only at 128-256 rows and by about 1% in a training step (Zen 3,
- * docs/bench.md), so it does not run there. */
+ * docs/bench.md), so it does not run there.
+ *
+ * Since 2026-12-02 an untransposed A is copied so too where it passes
+ * half of L2 against at least PANEL_MIN_N columns (GPT-2's products but
+ * for the weight gradients, which copy as above). In place a 12-row block
+ * reads 12 streams lda floats apart, once for each group of strips (each
+ * strip at K past 1024 on Zen 5's 1 MB of L2); the panels are one stream,
+ * prefetched PANEL_AHEAD floats on (from DRAM the one stream without it
+ * ran slower than the twelve). On the 2-vCPU Zen 5 VM (AMD EPYC family 26
+ * model 2, one thread, the kernel's rate over an FMA loop's measured
+ * beside each call, medians of 20-30 calls alternating copied and in
+ * place, operands in st_alloc's huge pages):
+ *   - one 12 x 32 register block over 85 blocks of A (a harness): 3 MB of
+ *     A (K = 768) 0.86 in place against 0.96 in panels; 12 MB (K = 3072)
+ *     0.85 against 0.65-0.69 without the prefetch, 0.94-0.96 with it 512
+ *     and 1024 floats on;
+ *   - GPT-2-124M's products, M x N x K: 1024 x 768 x 3072 0.70-0.80
+ *     against 0.84-0.88 copied, B transposed 0.69 against 0.86; 3072 x
+ *     768 x 1024 (A transposed, read in place down its columns) 0.76
+ *     against 0.87; 1024 x 3072 x 768, 1024 x 2304 x 768 and 1024 x 768 x
+ *     768 within 1% either way. 1024 x 768 x 1024 ran in place at 0.69
+ *     in some processes and 0.89-0.90 in others, copied at 0.84-0.89 in
+ *     all; the copy lost 3-6% at 1024 x 768 x 1536 and 1024 x 256 x 3072.
+ *   - `bench_gpt 124m 4 2` (fp32), this binary against the one before,
+ *     alternating: see docs/bench.md (forty-second session).
+ * The copy is a pass over A, a share 1/N of the product's FMAs; under
+ * PANEL_MIN_N columns it was not measured. */
 #if defined(__AVX512F__) && defined(__FMA__)
-enum { COPY_A_LDA = 512, COPY_A_BYTES = 4 << 20 };
+enum { COPY_A_LDA = 512, COPY_A_BYTES = 16 << 20, PANEL_MIN_N = 256 };
 #else
-enum { COPY_A_LDA = 0, COPY_A_BYTES = 0 };
+enum { COPY_A_LDA = 0, COPY_A_BYTES = 0, PANEL_MIN_N = 0 };
 #endif
 
 /* The packed kernel or the BLAS, by product class (st_gemm_choose): 0
@@ -566,10 +598,15 @@ void st_gemm_piece_limits(int *rows, int *K) {
 #endif
 }
 
-/* Whether the packed kernel reads op(A) from a copy (COPY_A_LDA). */
-static int copies_a(int trans_a, int K, int lda) {
-  return COPY_A_LDA > 0 && trans_a && K > PACKED_TRANS_A_ANY_K &&
-         lda >= COPY_A_LDA;
+static long l2_bytes(void);
+
+/* Whether the packed kernel reads op(A) from a copy in panels: a
+ * transposed A as COPY_A_LDA says; an untransposed one past half of L2
+ * against at least PANEL_MIN_N columns (COPY_A_LDA). */
+static int copies_a(int trans_a, int M, int N, int K, int lda) {
+  if (COPY_A_LDA == 0) return 0;
+  if (trans_a) return K > PACKED_TRANS_A_ANY_K && lda >= COPY_A_LDA;
+  return N >= PANEL_MIN_N && (long)M * K * (long)sizeof(float) > l2_bytes() / 2;
 }
 
 /* Products of up to ST_NARROW_ROWS rows keep the rule: the table was
@@ -582,7 +619,7 @@ static int packed_fits(int trans_a, int trans_b, int M, int K, int lda) {
   if (M > ST_NARROW_ROWS ? st_gemm_chosen(c) : rule_blas(c)) return 0;
   if (!trans_a || K <= PACKED_TRANS_A_ANY_K) return 1;
   if (lda <= PACKED_TRANS_A_LDA && K <= PACKED_TRANS_A_K) return 1;
-  if (copies_a(trans_a, K, lda)) return 1;
+  if (copies_a(trans_a, M, 0, K, lda)) return 1;
 #if defined(__AVX512F__)
   return lda % ALIAS_STRIDE != 0;
 #else
@@ -668,11 +705,18 @@ static void pack_strip(const narrow_job *J, int n, int w, float *strip) {
 
 /* C[r][n .. n + w) for RR rows of op(A) from r0 against a packed strip:
  * as axpy_block, each lane sums over k in order. op(A)'s element (r, k)
- * lies at A + r * rs + k * ks (A transposed or not). */
+ * lies at A + r * rs + k * ks: A untransposed (TA A_ROWS) or transposed
+ * (A_COLS), or copied into panels (A_PANELS: copy_panels; the block lies
+ * within one panel). */
 INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
                          int w, int RR, int TA, int RELU) {
   const float *A = J->A;
-  size_t rs = TA ? 1 : (size_t)J->lda, ks = TA ? (size_t)J->lda : 1;
+  size_t rs = TA == A_ROWS ? (size_t)J->lda : 1, ks = TA == A_ROWS ? 1
+                                                      : TA == A_COLS
+                                                          ? (size_t)J->lda
+                                                          : PANEL;
+  if (TA == A_PANELS) /* row r0 + r of the panel at A + (r0 / PANEL) PANEL K */
+    A += (size_t)(r0 / PANEL) * PANEL * (J->K - 1);
   vf acc[PACKED_MR][2];
   for (int r = 0; r < RR; r++) acc[r][0] = acc[r][1] = splat(0.0f);
   for (int k = 0; k < J->K; k++) {
@@ -680,6 +724,7 @@ INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
        b1 = load(strip + (size_t)k * STRIP + VL);
     KEEP(b0);
     KEEP(b1);
+    if (TA == A_PANELS) __builtin_prefetch(A + r0 + k * ks + PANEL_AHEAD);
     for (int r = 0; r < RR; r++) {
       vf a = splat(A[(r0 + r) * rs + k * ks]);
       acc[r][0] = vfma(a, b0, acc[r][0]);
@@ -743,18 +788,31 @@ INLINE void packed_rows(const narrow_job *J, const float *strip, int n, int w,
   }
 }
 
+/* TA and RELU constants in each copy, as in axpy_span (a test of relu
+ * at every store cost 15% of 256 x 784 x 8, A transposed); a function for
+ * each layout: with the three in one, GCC 12 kept the 12-row blocks'
+ * accumulators in registers no longer (moves and spills in the loop, all
+ * three layouts at 0.7 of the FMA peak against 0.9). */
+#define PACKED_STRIP(name, TA)                                                 \
+  static void name(const narrow_job *J, const float *strip, int n, int w,      \
+                   int r0, int r1) {                                           \
+    if (J->relu)                                                               \
+      packed_rows(J, strip, n, w, TA, 1, r0, r1);                              \
+    else                                                                       \
+      packed_rows(J, strip, n, w, TA, 0, r0, r1);                              \
+  }
+PACKED_STRIP(packed_strip_rows, A_ROWS)
+PACKED_STRIP(packed_strip_cols, A_COLS)
+PACKED_STRIP(packed_strip_panels, A_PANELS)
+
 static void packed_strip(const narrow_job *J, const float *strip, int n, int w,
                          int r0, int r1) {
-  /* TA and RELU constants in each copy, as in axpy_span (a test of relu
-   * at every store cost 15% of 256 x 784 x 8, A transposed) */
-  if (J->ta && J->relu)
-    packed_rows(J, strip, n, w, 1, 1, r0, r1);
+  if (J->ta == A_PANELS)
+    packed_strip_panels(J, strip, n, w, r0, r1);
   else if (J->ta)
-    packed_rows(J, strip, n, w, 1, 0, r0, r1);
-  else if (J->relu)
-    packed_rows(J, strip, n, w, 0, 1, r0, r1);
+    packed_strip_cols(J, strip, n, w, r0, r1);
   else
-    packed_rows(J, strip, n, w, 0, 0, r0, r1);
+    packed_strip_rows(J, strip, n, w, r0, r1);
 }
 
 enum { GROUP_MAX = 8, GROUP_CAP = 512 << 10 }; /* packed_group */
@@ -788,40 +846,65 @@ static void packed_task(void *arg, int t) {
   }
 }
 
-/* ------------------------------------------------- A copied untransposed */
+/* -------------------------------------------------- A copied in panels */
 
-/* op(A)'s rows r0 .. r0 + M, M x K, written to T untransposed (row stride
- * K) from A stored K x (its rows), row stride lda: COPY_ROWS rows a task. */
+/* op(A)'s M x K rows written to T in panels (A_PANELS): row i's element k
+ * at T[(i / PANEL) PANEL K + k PANEL + i % PANEL], the last panel's rows
+ * past M not written (no block reads them), from A untransposed (row
+ * stride lda) or transposed (stored K x (its rows), row stride lda):
+ * COPY_PANELS panels a task. Transposed, a panel's PANEL elements of one
+ * step of k lie side by side in A already: a copy of runs. */
 typedef struct copy_a_job {
   const float *A;
-  int lda, M, K;
+  int ta, lda, M, K;
   float *T;
 } copy_a_job;
 
-enum { COPY_ROWS = 32 };
+enum { COPY_PANELS = 4 };
 
 static void copy_a_task(void *arg, int t) {
   const copy_a_job *j = arg;
-  int r = t * COPY_ROWS, end = r + COPY_ROWS < j->M ? r + COPY_ROWS : j->M;
+  int panels = (j->M + PANEL - 1) / PANEL, p0 = t * COPY_PANELS;
+  int p1 = p0 + COPY_PANELS < panels ? p0 + COPY_PANELS : panels;
   size_t lda = (size_t)j->lda, K = (size_t)j->K;
-  const float *A = j->A;
-  float *T = j->T;
-#if defined(__AVX__)
-  for (; r + 8 <= end; r += 8) {
-    size_t k = 0;
-    for (; k + 8 <= K; k += 8)
-      transpose8(A + k * lda + r, lda, T + (size_t)r * K + k, K);
-    for (; k < K; k++)
-      for (int i = r; i < r + 8; i++) T[(size_t)i * K + k] = A[k * lda + i];
-  }
+  for (int p = p0; p < p1; p++) {
+    int rows = j->M - p * PANEL < PANEL ? j->M - p * PANEL : PANEL;
+    float *T = j->T + (size_t)p * PANEL * K;
+    if (j->ta) {
+      const float *A = j->A + (size_t)p * PANEL;
+      size_t k = 0;
+#if defined(__AVX__) && PACKED_MR == 12
+      if (rows == PANEL) /* 12 floats as 8 and the last 8 (overlapping) */
+        for (; k < K; k++) {
+          store_d(T + k * PANEL, load_d(A + k * lda));
+          store_d(T + k * PANEL + 4, load_d(A + k * lda + 4));
+        }
 #endif
-  for (; r < end; r++)
-    for (size_t k = 0; k < K; k++) T[(size_t)r * K + k] = A[k * lda + r];
+      for (; k < K; k++)
+        for (int i = 0; i < rows; i++) T[k * PANEL + i] = A[k * lda + i];
+    } else {
+      const float *A = j->A + (size_t)p * PANEL * lda;
+      size_t k = 0;
+#if defined(__AVX__) && PACKED_MR == 12
+      if (rows == PANEL) /* rows 0-7, then 4-11 (4-7 again, the same) */
+        for (; k + 8 <= K; k += 8) {
+          transpose8(A + k, lda, T + k * PANEL, PANEL);
+          transpose8(A + 4 * lda + k, lda, T + k * PANEL + 4, PANEL);
+        }
+#endif
+      for (; k < K; k++)
+        for (int i = 0; i < rows; i++) T[k * PANEL + i] = A[i * lda + k];
+    }
+  }
 }
 
-static _Atomic int copy_a_off;
+static _Atomic int copy_a_off, pass_forced;
 
 void st_gemm_copy_a_off(int on) { atomic_store(&copy_a_off, on); }
+
+void st_gemm_copy_a_pass(int rows) {
+  atomic_store(&pass_forced, rows < 0 ? 0 : rows);
+}
 
 /* ------------------------------------------------------------ dispatch */
 
@@ -842,8 +925,9 @@ static int task_edge(int edge, double flops_per_column) {
 }
 
 /* Rows of a packed task. A product with few column tasks (a tall, narrow
- * C: 4096 x 32 was one task) is cut across its rows too, in chunks of a
- * multiple of 6 rows and at least ROW_CHUNK, towards TARGET_TASKS tasks of
+ * C: 4096 x 32 was one task) is cut across its rows too, in chunks of
+ * whole panels (PANEL rows: a copy's panels are never cut) and at least
+ * ROW_CHUNK, towards TARGET_TASKS tasks of
  * at least TASK_FLOPS; each chunk packs its own strips of op(B), K x STRIP
  * floats against at least ROW_CHUNK x K x STRIP FMAs. From the shape
  * alone, so no bit depends on the thread count. */
@@ -904,7 +988,7 @@ static int packed_row_chunk(int M, int K, int per_task, int col_tasks) {
     task_flops = 2.0 * K * per_task * ((double)M / chunks);
   }
   int rows = (M + chunks - 1) / chunks;
-  return (rows + 5) / 6 * 6;
+  return (rows + PANEL - 1) / PANEL * PANEL; /* whole panels (A_PANELS) */
 }
 
 /* With AVX-512, B transposed: rows up to which the dot kernel runs, and
@@ -929,7 +1013,10 @@ int st_gemm_narrow_kernel(int trans_a, int trans_b, int M, int N, int K,
   if (!trans_a && !trans_b && M <= ST_NARROW_ROWS && K <= ST_NARROW_AXPY_K)
     return NARROW_AXPY;
   if (!packed_fits(trans_a, trans_b, M, K, lda)) return NARROW_NONE;
-  return copies_a(trans_a, K, lda) ? NARROW_PACKED_COPY : NARROW_PACKED;
+  int forced = COPY_A_LDA > 0 &&
+               atomic_load_explicit(&pass_forced, memory_order_relaxed) > 0;
+  return forced || copies_a(trans_a, M, N, K, lda) ? NARROW_PACKED_COPY
+                                                   : NARROW_PACKED;
 }
 
 /* A product's tasks (J's shape, operands and transposes set). */
@@ -969,20 +1056,25 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                   B, C, 0, 0,   0,   bias, relu, 0,     0,    1};
   J.ta = trans_a, J.tb = trans_b;
   if (kernel == NARROW_PACKED_COPY) {
-    int panel = COPY_A_BYTES / (int)sizeof(float) / K;
-    panel = panel < COPY_ROWS ? COPY_ROWS : panel / COPY_ROWS * COPY_ROWS;
-    panel = panel < M ? panel : M;
+    /* rows a pass: whole panels in COPY_A_BYTES, one panel at least */
+    int forced = atomic_load_explicit(&pass_forced, memory_order_relaxed);
+    int pass = (forced ? forced : COPY_A_BYTES / (int)sizeof(float) / K) /
+               PANEL * PANEL;
+    pass = pass < PANEL ? PANEL : pass < M ? pass : M;
+    size_t floats = (size_t)(pass + PANEL - 1) / PANEL * PANEL * K;
     float *T = atomic_load_explicit(&copy_a_off, memory_order_relaxed)
                    ? NULL
-                   : st_thread_scratch(ST_SCRATCH_COPY_A,
-                                       (size_t)panel * K * sizeof *T);
+                   : st_thread_scratch(ST_SCRATCH_COPY_A, floats * sizeof *T);
     if (T) { /* else A is read in place: the same bits */
-      for (int r = 0; r < M; r += panel) {
+      for (int r = 0; r < M; r += pass) {
         narrow_job P = J;
-        P.M = M - r < panel ? M - r : panel;
-        copy_a_job cj = {A + r, lda, P.M, K, T};
-        st_pool_for(pool, (P.M + COPY_ROWS - 1) / COPY_ROWS, copy_a_task, &cj);
-        P.A = T, P.lda = K, P.ta = 0, P.C = C + (size_t)r * ldc;
+        P.M = M - r < pass ? M - r : pass;
+        copy_a_job cj = {
+            trans_a ? A + r : A + (size_t)r * lda, trans_a, lda, P.M, K, T};
+        int panels = (P.M + PANEL - 1) / PANEL;
+        st_pool_for(pool, (panels + COPY_PANELS - 1) / COPY_PANELS, copy_a_task,
+                    &cj);
+        P.A = T, P.lda = K, P.ta = A_PANELS, P.C = C + (size_t)r * ldc;
         narrow_run(pool, NARROW_PACKED, &P);
       }
       return 1;

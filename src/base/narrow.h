@@ -19,10 +19,10 @@
 int st_blas_avx512(void);
 
 /* Which of narrow.c's kernels a product goes to (alpha not 0): NARROW_NONE
- * (the BLAS's), or dot, axpy, packed, or packed on a transposed A first
- * copied out untransposed (NARROW_PACKED_COPY: the bits of packed, which
- * reads it in place); a function of the shape, A's row stride, the target
- * and the BLAS's kernels (st_blas_avx512) alone. */
+ * (the BLAS's), or dot, axpy, packed, or packed on op(A) first copied out
+ * in panels of rows (NARROW_PACKED_COPY: the bits of packed, which reads
+ * it in place); a function of the shape, A's row stride, the target, the
+ * size of L2 and the BLAS's kernels (st_blas_avx512) alone. */
 enum {
   NARROW_NONE,
   NARROW_DOT,
@@ -59,10 +59,16 @@ void st_narrow_row(int N, int K, float alpha, const float *x, const float *B,
  * elsewhere. */
 void st_gemm_piece_limits(int *rows, int *K);
 
-/* For tests: 1 runs every product whose A narrow.c would copy out
+/* For tests: 1 runs every product whose op(A) narrow.c would copy out
  * (NARROW_PACKED_COPY) with A read in place, as when the calling thread's
  * scratch cannot be had; 0 as usual. */
 void st_gemm_copy_a_off(int on);
+
+/* For tests: rows > 0 makes every packed product read op(A) from a copy
+ * in panels (NARROW_PACKED_COPY, with AVX-512 only), `rows` rows a pass
+ * (whole panels, one at least); 0 as usual. The bits are the same either
+ * way. */
+void st_gemm_copy_a_pass(int rows);
 
 /* For tests: the strips of op(B) the packed kernel packs at once (g from
  * 1 to 8, as long as they fit 1 MB; narrow.c's packed_group), 0 the rule

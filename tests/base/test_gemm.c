@@ -460,10 +460,15 @@ int main(void) {
       {1, 0, 120, 50, 512, "dW K=512, lda 123 (packed)"},
       {1, 0, 20, 50, 513, "dW K>512 (AVX2 sgemm)"},
       /* with AVX-512, A transposed with rows 512 floats apart or more:
-       * copied out untransposed (tails of the copy's 8 x 8 blocks and 32
-       * rows a task), then in panels of 320 rows at K = 3000 (4 MB) */
+       * copied out in panels of 12 rows (the last short, 4 panels a
+       * task); passes of fewer rows below */
       {1, 0, 517, 70, 93, "dW lda 517 (AVX-512: A copied out; AVX2 sgemm)"},
-      {1, 1, 530, 24, 3000, "lda 530, 2 panels (AVX-512: A copied out)"},
+      {1, 1, 530, 24, 3000, "lda 530 (AVX-512: A copied out)"},
+      /* with AVX-512, A untransposed past half of L2 (where L2 is 2 MB at
+       * most) against 256 columns or more: copied out too (the 8 x 8
+       * transposes' K tails; with AVX2 the sgemm) */
+      {0, 0, 250, 256, 1100, "A past L2 / 2 (AVX-512: copied out)"},
+      {0, 1, 250, 260, 1099, "A past L2 / 2 (AVX-512: copied out)"},
       {0, 1, 200, 300, 600, "tiled (AVX2 sgemm)"},
       {0, 1, 130, 140, 3100, "tiled K>3072 (sgemm; AVX-512 pieces)"},
       /* too few tiles at the usual edge: split further (gpt_tiny's
@@ -584,6 +589,23 @@ int main(void) {
           "A transposed past K 64: kernels %d %d %d %d %d %d %d", k[0], k[1],
           k[2], k[3], k[4], k[5], k[6]);
   }
+#endif
+#if defined(__AVX512F__) && defined(__FMA__)
+  /* A untransposed copied out past half of L2 against 256 columns or
+   * more: GPT-2's 1024 x 768 x 3072 (12 MB of A), not at 255 columns nor
+   * with A of 64 x 768 (192 KB) */
+  CHECK(st_gemm_narrow_kernel(0, 0, 1024, 768, 3072, 3072) ==
+                NARROW_PACKED_COPY &&
+            st_gemm_narrow_kernel(0, 1, 1024, 768, 3072, 3072) ==
+                NARROW_PACKED_COPY &&
+            st_gemm_narrow_kernel(0, 0, 1024, 255, 3072, 3072) ==
+                NARROW_PACKED &&
+            st_gemm_narrow_kernel(0, 0, 64, 768, 768, 768) == NARROW_PACKED,
+        "A untransposed: kernels %d %d %d %d",
+        st_gemm_narrow_kernel(0, 0, 1024, 768, 3072, 3072),
+        st_gemm_narrow_kernel(0, 1, 1024, 768, 3072, 3072),
+        st_gemm_narrow_kernel(0, 0, 1024, 255, 3072, 3072),
+        st_gemm_narrow_kernel(0, 0, 64, 768, 768, 768));
 #endif
   /* A transposed with rows a multiple of 4 KB apart (lda 1024 and 2048):
    * the tiled sgemm past K = 64 (read in place its steps down A fall into
@@ -722,6 +744,31 @@ int main(void) {
     }
   }
   st_gemm_strip_group(0);
+#endif
+#if defined(__AVX512F__) && defined(__FMA__)
+  /* op(A) copied in panels of 12 rows for every packed product, A
+   * transposed or not, in passes of 12 and 36 rows (a pass's last panel
+   * short where M is not a multiple of 12, task row chunks of whole
+   * panels): each element still one chain, and the same bits on every
+   * pool, with alpha and beta, a bias and a relu */
+  for (int pass = 12; pass <= 36; pass += 24) {
+    st_gemm_copy_a_pass(pass);
+    for (int i = 0; i < n; i++) {
+      const shape *s = &shapes[i];
+      int kernel = st_gemm_narrow_kernel(s->ta, s->tb, s->M, s->N, s->K,
+                                         s->ta ? s->M : s->K);
+      if (kernel == NARROW_PACKED) {
+        CHECK(0, "%s: kernel packed with every A copied in panels", s->path);
+        continue;
+      }
+      if (kernel != NARROW_PACKED_COPY) continue;
+      run_chain(s);
+      run(s, PAD, 0.5f, -0.75f, 0, pools, 4);
+      run_bias(s, pools, 4);
+      run_relu(s, pools, 4);
+    }
+  }
+  st_gemm_copy_a_pass(0);
 #endif
   for (int p = 1; p < 4; p++) st_pool_destroy(pools[p]);
   printf("%d passed, %d failed\n", th_passed, th_failed);
