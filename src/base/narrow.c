@@ -517,8 +517,9 @@ enum { PACKED_TRANS_A_LDA = 128, PACKED_TRANS_A_K = 512 };
  * Since 2026-12-02 an untransposed A is copied so too where it passes
  * half of L2 against at least PANEL_MIN_N columns (GPT-2's products but
  * for the weight gradients, which copy as above). In place a 12-row block
- * reads 12 streams lda floats apart, once for each group of strips (each
- * strip at K past 1024 on Zen 5's 1 MB of L2); the panels are one stream,
+ * reads 12 streams lda floats apart, once for each group of strips (a
+ * group is one strip past K = 1024 on Zen 5's 1 MB of L2: packed_group);
+ * the panels are one stream,
  * prefetched PANEL_AHEAD floats on (from DRAM the one stream without it
  * ran slower than the twelve). On the 2-vCPU Zen 5 VM (AMD EPYC family 26
  * model 2, one thread, the kernel's rate over an FMA loop's measured
@@ -706,7 +707,7 @@ static void pack_strip(const narrow_job *J, int n, int w, float *strip) {
 /* C[r][n .. n + w) for RR rows of op(A) from r0 against a packed strip:
  * as axpy_block, each lane sums over k in order. op(A)'s element (r, k)
  * lies at A + r * rs + k * ks: A untransposed (TA A_ROWS) or transposed
- * (A_COLS), or copied into panels (A_PANELS: copy_panels; the block lies
+ * (A_COLS), or copied into panels (A_PANELS: copy_a_task; the block lies
  * within one panel). */
 INLINE void packed_block(const narrow_job *J, const float *strip, int r0, int n,
                          int w, int RR, int TA, int RELU) {
