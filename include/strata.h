@@ -78,7 +78,7 @@ void st_alloc_reset_peak(void);
  * the next call for the same slot on the same thread. The kernels' own. */
 enum {
   ST_SCRATCH_GEMV,   /* gemm.c: one-row products' partials */
-  ST_SCRATCH_COPY_A, /* narrow.c: a transposed A copied out */
+  ST_SCRATCH_COPY_A, /* narrow.c: op(A) copied out in panels */
   ST_SCRATCH_BF16,   /* gemm_bf16.c: the packed operands */
   ST_SCRATCH_HEADS,  /* attention.c: a head's keys and values packed */
   ST_SCRATCH_SLOTS
@@ -172,10 +172,11 @@ void st_run_workers(int workers, void *(*fn)(void *arg), void *arg);
  * inner size (K <= 3072, past 1024 only with B transposed or from 512
  * rows; K <= 64 with A transposed, or K <= 512 with A's rows at most 128
  * floats apart; at most 1024 rows: a GPT's at a batch of a few sequences,
- * attention's blocks, a narrow layer's weight gradient), which only copy
+ * attention's blocks, a narrow layer's weight gradient), which copy
  * strips of op(B), and with AVX-512 most products up to 4096 rows and K =
- * 3072 (narrow.c says which); all equally independent of the thread
- * count. */
+ * 3072 (narrow.c says which), these copying op(A) too where it is large
+ * or transposed with its rows far apart; all equally independent of the
+ * thread count. */
 #define ST_NARROW_ROWS 16
 void st_gemm(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
              float alpha, const float *A, int lda, const float *B, int ldb,

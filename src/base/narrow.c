@@ -28,17 +28,16 @@
  *         contiguous buffer (B transposed: 8 x 8 blocks at a time, in
  *         registers), and blocks of 6 rows of op(A) (12 with AVX-512)
  *         pass over it as in axpy; op(A) is read in place (with AVX-512,
- *         a transposed A whose rows lie far apart is first copied out:
- *         COPY_A_LDA). The copy keeps the strip in L1 whatever B's row
- *         stride, where axpy's walk down B fell into a few
- *         cache sets. On 1 thread (OpenBLAS 0.3.21, Zen 3, best of 200):
- *         gpt_tiny's 12 products at batch 1 ran at 84-93 GFLOP/s against
- *         the BLAS's 73-82 (one call each); attention's 32 x 32 blocks at
- *         72-81 against 43-58; an MLP's at batch 32 and 256, 76-96 against
- *         60-91, except a 32 x 512 x 512 product without transposes (73
- *         against 76). With A transposed the walk down A's columns costs
- *         past K = 64 (512 x 512 x 128: 82 against 84; 1024 x 1024 x 512:
- *         67 against 92), hence its limit.
+ *         a transposed A whose rows lie far apart, or a large one, is
+ *         first copied out in panels of 12 rows: COPY_A_LDA). The strip's
+ *         copy keeps it in L1 whatever B's row stride, where axpy's walk
+ *         down B fell into a few cache sets. On 1 thread (OpenBLAS 0.3.21, Zen
+ * 3, best of 200): gpt_tiny's 12 products at batch 1 ran at 84-93 GFLOP/s
+ * against the BLAS's 73-82 (one call each); attention's 32 x 32 blocks at 72-81
+ * against 43-58; an MLP's at batch 32 and 256, 76-96 against 60-91, except a 32
+ * x 512 x 512 product without transposes (73 against 76). With A transposed the
+ * walk down A's columns costs past K = 64 (512 x 512 x 128: 82 against 84; 1024
+ * x 1024 x 512: 67 against 92), hence its limit.
  *
  * VL, the lanes of the axpy and packed kernels, is 16 where the target has
  * AVX-512, else 8 (AVX) or 4. On Zen 5 (2026-11-27: one thread, hot caches,
@@ -1068,7 +1067,7 @@ int st_gemm_narrow(st_pool *pool, int trans_a, int trans_b, int M, int N, int K,
                                             : SCALED;
   narrow_job J = {M, N, K, lda, ldb, ldc,  how,  alpha, beta, A,
                   B, C, 0, 0,   0,   bias, relu, 0,     0,    1};
-  J.ta = trans_a, J.tb = trans_b;
+  J.ta = trans_a != 0, J.tb = trans_b != 0; /* ta 2 would be A_PANELS */
   if (kernel == NARROW_PACKED_COPY) {
     /* rows a pass: whole panels in COPY_A_BYTES, one panel at least */
     int forced = atomic_load_explicit(&pass_forced, memory_order_relaxed);

@@ -436,8 +436,9 @@ int main(void) {
       /* with AVX-512 packed up to 4096 rows and K = 3072 (A transposed
        * too, unless its rows lie a multiple of 4 KB apart, below; K =
        * 1536 where the BLAS has AVX-512 kernels); past them, and without
-       * AVX-512, the tiled sgemm. Few columns: row chunks of 256 and of
-       * 102 (the last 82). */
+       * AVX-512, the tiled sgemm. Few columns: row chunks of whole
+       * panels, 264 rows at 4096 (the last 136) and 108 at 1000 (the
+       * last 28) with AVX-512. */
       {0, 1, 64, 40, 3072, "K=3072 (packed; the BLAS's if AVX-512)"},
       /* with AVX2 alone, B untransposed past K = 1024 only from 512 rows */
       {0, 0, 511, 40, 1025, "K=1025 511 rows (AVX2 sgemm)"},
@@ -466,7 +467,8 @@ int main(void) {
       {1, 1, 530, 24, 3000, "lda 530 (AVX-512: A copied out)"},
       /* with AVX-512, A untransposed past half of L2 (where L2 is 2 MB at
        * most) against 256 columns or more: copied out too (the 8 x 8
-       * transposes' K tails; with AVX2 the sgemm) */
+       * transposes' K tails; row chunks of 132 rows, whole panels; with
+       * AVX2 the sgemm, or packed in place with B transposed) */
       {0, 0, 250, 256, 1100, "A past L2 / 2 (AVX-512: copied out)"},
       {0, 1, 250, 260, 1099, "A past L2 / 2 (AVX-512: copied out)"},
       {0, 1, 200, 300, 600, "tiled (AVX2 sgemm)"},
@@ -747,11 +749,14 @@ int main(void) {
 #endif
 #if defined(__AVX512F__) && defined(__FMA__)
   /* op(A) copied in panels of 12 rows for every packed product, A
-   * transposed or not, in passes of 12 and 36 rows (a pass's last panel
-   * short where M is not a multiple of 12, task row chunks of whole
-   * panels): each element still one chain, and the same bits on every
-   * pool, with alpha and beta, a bias and a relu */
-  for (int pass = 12; pass <= 36; pass += 24) {
+   * transposed or not, in passes of 12 rows (5 asked), 36 and 240 (a
+   * pass's last panel short where M is not a multiple of 12; from 240
+   * rows, row chunks of whole panels within a pass): each element still
+   * one chain, and the same bits on every pool, with alpha and beta, a
+   * bias and a relu */
+  static const int passes[3] = {5, 36, 240};
+  for (int v = 0; v < 3; v++) {
+    int pass = passes[v];
     st_gemm_copy_a_pass(pass);
     for (int i = 0; i < n; i++) {
       const shape *s = &shapes[i];
